@@ -1,0 +1,1 @@
+"""Pure math: no hooks, no Lightning, no files."""
