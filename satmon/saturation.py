@@ -1,0 +1,141 @@
+"""Stateful saturation counting: a torchmetrics ``Metric`` whose states sum across DDP ranks,
+and the forward hooks that feed it. The live callback and :func:`satmon.probe` both use these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+from torchmetrics import Metric
+
+from satmon.discovery import NormLayer
+from satmon.functional.saturation import saturation_counts, saturation_fraction
+
+__all__ = ["SaturationCounter", "SaturationHooks"]
+
+
+class SaturationCounter(Metric):
+    """Per-layer counts of saturated, non-finite and total DyT input elements.
+
+    States are int64 tensors of shape ``(L,)`` declared with ``dist_reduce_fx="sum"``: DDP ranks
+    add up raw counts, never averaged fractions, so the pooled fraction over ranks equals the one
+    a single process would get over the same global data.
+
+    Args:
+        num_layers: number of monitored layers ``L``.
+        level: saturation level; an element is saturated when ``|alpha * x| > level``.
+
+    Example:
+        >>> import torch
+        >>> c = SaturationCounter(num_layers=1)
+        >>> c.update(0, torch.tensor([0.5, 1.5, -3.0]), torch.tensor([2.0]))
+        >>> c.pooled().item(), c.per_layer().tolist()
+        (0.6666666666666666, [0.6666666666666666])
+    """
+
+    full_state_update = False
+    higher_is_better = None
+    is_differentiable = False
+
+    saturated: Tensor
+    total: Tensor
+    nonfinite: Tensor
+
+    def __init__(self, num_layers: int, level: float = 2.0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if num_layers < 1:
+            raise ValueError(f"Expected num_layers >= 1, got {num_layers}.")
+        self.level = float(level)
+        for name in ("saturated", "total", "nonfinite"):
+            self.add_state(name, default=torch.zeros(num_layers, dtype=torch.int64), dist_reduce_fx="sum")
+
+    def update(self, index: int, x: Tensor, alpha: Tensor) -> None:  # type: ignore[override]
+        """Count one forward input ``x`` of layer ``index`` (no host sync)."""
+        sat, bad = saturation_counts(x, alpha, self.level)
+        self.saturated[index] += sat
+        self.nonfinite[index] += bad
+        self.total[index] += x.numel()
+
+    def compute(self) -> dict[str, Tensor]:
+        """Fractions (float64): ``pooled`` (0-dim) and ``per_layer`` (``(L,)``), plus raw counts."""
+        return {
+            "pooled": saturation_fraction(self.saturated.sum(), self.total.sum()),
+            "per_layer": saturation_fraction(self.saturated, self.total),
+            "saturated": self.saturated.clone(),
+            "total": self.total.clone(),
+            "nonfinite": self.nonfinite.clone(),
+        }
+
+    def pooled(self) -> Tensor:
+        """Pooled fraction over all layers, this process only (no sync)."""
+        return saturation_fraction(self.saturated.sum(), self.total.sum())
+
+    def per_layer(self) -> Tensor:
+        """Per-layer fractions, this process only (no sync)."""
+        return saturation_fraction(self.saturated, self.total)
+
+
+class SaturationHooks:
+    """Forward hooks on DyT layers that feed a :class:`SaturationCounter`.
+
+    The hot path is one ``abs``, two comparisons and two sums per layer, all on the activations'
+    device; no ``.item()``, no reference kept to activations. ``enabled`` is a plain Python flag:
+    under ``torch.compile`` it is a guard, so flipping it once (window over) costs one recompile,
+    not one per step.
+
+    Args:
+        layers: DyT layers (from :func:`satmon.discovery.find_dyt_layers`).
+        counter: where counts go (its layer ``i`` is ``layers[i]``).
+
+    Example:
+        >>> import torch
+        >>> from satmon import DyT
+        >>> from satmon.discovery import find_dyt_layers
+        >>> model = torch.nn.Sequential(DyT(4, alpha_init=2.0))
+        >>> layers = find_dyt_layers(model)
+        >>> hooks = SaturationHooks(layers, SaturationCounter(len(layers))).attach()
+        >>> _ = model(torch.tensor([[0.5, 1.5, -3.0, 0.1]]))
+        >>> hooks.counter.saturated.tolist()
+        [2]
+        >>> hooks.detach()
+    """
+
+    def __init__(self, layers: Sequence[NormLayer], counter: SaturationCounter) -> None:
+        if len(layers) != counter.saturated.numel():
+            raise ValueError(f"Expected a counter with {len(layers)} layers, got {counter.saturated.numel()}.")
+        self.layers = list(layers)
+        self.counter = counter
+        self.enabled = True
+        self._handles: list[RemovableHandle] = []
+
+    def _make_hook(self, index: int, module: nn.Module):
+        def hook(mod: nn.Module, args: tuple, output: Tensor) -> None:
+            if not self.enabled or not args:
+                return
+            with torch.no_grad():
+                self.counter.update(index, args[0], mod.alpha)
+
+        return hook
+
+    def attach(self) -> "SaturationHooks":
+        """Register the hooks (idempotent)."""
+        if not self._handles:
+            self._handles = [l.module.register_forward_hook(self._make_hook(i, l.module)) for i, l in enumerate(self.layers)]
+        return self
+
+    def detach(self) -> None:
+        """Remove the hooks: afterwards forward passes run no satmon code at all."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._handles)
+
+    def alphas(self) -> Tensor:
+        """Current ``|alpha|`` of each layer as one float64 device tensor (mean for per-channel alpha)."""
+        return torch.stack([l.module.alpha.detach().to(torch.float64).abs().mean() for l in self.layers])

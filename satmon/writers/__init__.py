@@ -1,0 +1,1 @@
+"""Writers: where readings go (TensorBoard through Lightning's loggers). No math here."""

@@ -1,0 +1,86 @@
+"""Write satmon readings to Lightning loggers, TensorBoard first.
+
+Every tag satmon writes is built here, so the live callback and ``satmon replay`` produce runs
+that open side by side and line up. Scalars go to every Lightning logger; text, the hparams
+view and the custom-scalars layout need TensorBoard and are skipped for other loggers.
+Lightning's loggers write on rank zero only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from lightning.pytorch.loggers import Logger, TensorBoardLogger
+
+__all__ = ["TAG", "log_scalars", "log_text", "log_verdict", "add_layout"]
+
+
+class TAG:
+    """Tag names (a namespace, not an enum, so ``TAG.layer_saturation("ln_f")`` reads well)."""
+
+    saturation = "satmon/saturation"
+    verdict = "satmon/verdict"
+    margin = "satmon/margin"
+    nonfinite = "satmon/nonfinite"
+    stop = "satmon/stop"
+
+    @staticmethod
+    def layer_saturation(layer: str) -> str:
+        return f"satmon/saturation/{layer}"
+
+    @staticmethod
+    def alpha(layer: str) -> str:
+        return f"satmon/alpha/{layer}"
+
+
+def _tensorboards(loggers: Iterable[Logger]) -> list[TensorBoardLogger]:
+    return [lg for lg in loggers if isinstance(lg, TensorBoardLogger)]
+
+
+def log_scalars(loggers: Iterable[Logger], scalars: Mapping[str, float], step: int) -> None:
+    """Write scalars to every logger at ``step`` (rank zero only, as Lightning's loggers do)."""
+    for lg in loggers:
+        lg.log_metrics(dict(scalars), step=step)
+
+
+def log_text(loggers: Iterable[Logger], tag: str, text: str, step: int) -> None:
+    """Write markdown text to every TensorBoard logger."""
+    for lg in _tensorboards(loggers):
+        lg.experiment.add_text(tag, text, global_step=step)
+
+
+def log_verdict(loggers: Iterable[Logger], verdict: Any) -> None:
+    """Write the verdict: scalars, the card as text, and the hparams/metrics view.
+
+    Args:
+        loggers: Lightning loggers (``trainer.loggers``, or a ``TensorBoardLogger`` built by replay).
+        verdict: a :class:`satmon.verdict.Verdict`.
+    """
+    loggers = list(loggers)
+    step = verdict.step
+    scalars = {TAG.verdict: 1.0 if verdict.go else 0.0, TAG.margin: verdict.margin, TAG.saturation: verdict.saturation}
+    if verdict.collapse_risk is not None:
+        scalars["satmon/collapse/risk"] = 1.0 if verdict.collapse_risk else 0.0
+    log_scalars(loggers, scalars, step)
+    log_text(loggers, TAG.verdict, verdict.card(), step)
+    params = {
+        "satmon/window": verdict.window, "satmon/threshold": verdict.threshold, "satmon/level": verdict.level,
+        "satmon/decision": verdict.decision,
+    }
+    metrics = {TAG.verdict: scalars[TAG.verdict], TAG.margin: verdict.margin, "satmon/verdict_saturation": verdict.saturation}
+    for lg in _tensorboards(loggers):
+        lg.log_hyperparams({**dict(lg.hparams), **params}, metrics=metrics)
+
+
+def add_layout(loggers: Iterable[Logger], layer_names: list[str]) -> None:
+    """A TensorBoard custom-scalars layout: pooled saturation beside the per-layer curves."""
+    layout = {
+        "satmon": {
+            "saturation (pooled vs per layer)": ["Multiline", [TAG.saturation] + [TAG.layer_saturation(n) for n in layer_names]],
+            "alpha per layer": ["Multiline", [TAG.alpha(n) for n in layer_names]],
+            "verdict and margin": ["Multiline", [TAG.verdict, TAG.margin]],
+        }
+    }
+    for lg in _tensorboards(loggers):
+        lg.experiment.add_custom_scalars(layout)
