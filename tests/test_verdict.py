@@ -1,0 +1,107 @@
+"""The GO/NO-GO rule: a model tuned just above and just below 0.43, the card, bad inputs."""
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from helpers import tiny_lit, token_loader, trainer
+from satmon import DyT, SaturationMonitor, decide
+
+
+class Tuned(pl.LightningModule):
+    """One DyT over inputs |x| = 0.005, 0.015, ..., 0.995: exactly the share above 2/alpha saturates."""
+
+    def __init__(self, alpha: float) -> None:
+        super().__init__()
+        self.norm = DyT(100, alpha_init=alpha)
+        self.head = nn.Linear(100, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.head(self.norm(batch[0])).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)  # alpha stays where it was put
+
+
+def tuned_loader():
+    x = (torch.arange(100, dtype=torch.float32) + 0.5) / 100
+    signs = torch.where(torch.arange(100) % 2 == 0, 1.0, -1.0)
+    return DataLoader(TensorDataset((x * signs).repeat(8, 1)), batch_size=4)
+
+
+@pytest.mark.parametrize(("cut", "expected_sat", "decision"), [(0.56, 0.44, "go"), (0.58, 0.42, "no-go")])
+def test_decision_flips_at_threshold(tmp_path, cut, expected_sat, decision):
+    monitor = SaturationMonitor(window=2, verbose=False)
+    trainer(tmp_path, max_steps=2, callbacks=[monitor]).fit(Tuned(alpha=2.0 / cut), tuned_loader())
+    v = monitor.verdict
+    assert v.saturation == pytest.approx(expected_sat, abs=1e-12)
+    assert v.decision == decision and v.margin == pytest.approx(expected_sat - 0.43, abs=1e-12)
+    assert v.per_layer == {"norm": pytest.approx(expected_sat, abs=1e-12)} and v.step == 2 and v.window == 2
+
+
+def test_user_threshold_changes_the_call(tmp_path):
+    monitor = SaturationMonitor(window=2, threshold=0.45, verbose=False)
+    trainer(tmp_path, max_steps=2, callbacks=[monitor]).fit(Tuned(alpha=2.0 / 0.56), tuned_loader())
+    assert monitor.verdict.decision == "no-go" and monitor.verdict.threshold == 0.45
+
+
+def test_card_shows_decision_threshold_window_table_and_one_line_caveat():
+    v = decide(0.5, {"a": 0.25, "b": 0.75}, threshold=0.43, step=500, window=500)
+    card = v.card()
+    assert "**GO**" in card and "0.43" in card and "500" in card
+    assert "| a | 0.2500 |" in card and "| b | 0.7500 |" in card
+    caveat = [l for l in card.splitlines() if "Caveat" in l]
+    assert len(caveat) == 1 and "12 cells" in caveat[0] and "75%" in caveat[0] and "alpha_init 2.0" in caveat[0]
+    assert decide(0.44, {}, step=1, window=1).inconclusive and not decide(0.6, {}, step=1, window=1).inconclusive
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"window": 0}, "Expected `window` to be a positive int"),
+        ({"window": -3}, "Expected `window`"),
+        ({"threshold": 0.0}, r"Expected `threshold` in \(0, 1\)"),
+        ({"threshold": 1.0}, r"Expected `threshold` in \(0, 1\)"),
+        ({"level": 0}, "Expected `level` > 0"),
+        ({"level": float("nan")}, "Expected `level` > 0"),
+        ({"abort_on": "sometimes"}, "Expected `abort_on` in"),
+        ({"abort_mode": "explode"}, "Expected `abort_mode` in"),
+        ({"sample_every": 0}, "Expected `sample_every`"),
+    ],
+)
+def test_bad_arguments_fail_in_init(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SaturationMonitor(**kwargs)
+
+
+def test_model_without_dyt_errors_at_setup_with_guidance(tmp_path):
+    model = tiny_lit(norm="layernorm")
+    with pytest.raises(ValueError, match=r"no DyT layer.*found 5 LayerNorm/RMSNorm.*convert_to_dyt.*include="):
+        trainer(tmp_path, max_steps=1, callbacks=[SaturationMonitor(window=1)]).fit(model, token_loader(2))
+
+
+def test_model_without_dyt_warns_when_asked(tmp_path):
+    monitor = SaturationMonitor(window=1, on_missing="warn")
+    with pytest.warns(UserWarning, match="Monitoring is off"):
+        trainer(tmp_path, max_steps=1, callbacks=[monitor]).fit(tiny_lit(norm="layernorm"), token_loader(2))
+    assert monitor.verdict is None
+
+
+class Poisoned(Tuned):
+    def training_step(self, batch, batch_idx):
+        x = batch[0].clone()
+        if batch_idx == 1:
+            x[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+        return self.head(self.norm(x)).nan_to_num().mean()
+
+
+def test_nonfinite_activations_are_counted_and_reported(tmp_path):
+    monitor = SaturationMonitor(window=2, verbose=False)
+    trainer(tmp_path, max_steps=2, callbacks=[monitor]).fit(Poisoned(alpha=2.0 / 0.56), tuned_loader())
+    v = monitor.verdict
+    assert v.nonfinite == 3 and "3 non-finite" in v.card()
+    # inf counts as saturated (|alpha * inf| > 2), nan does not: 44 of 100 per row, row 0 of batch 1 changed
+    expected = (8 * 44 - 0 + 2 - sum(1 for i in range(3) if (i + 0.5) / 100 > 0.56)) / 800
+    assert v.saturation == pytest.approx(expected, abs=1e-12)
