@@ -17,7 +17,10 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from satmon.abort import ABORT_MODES, ABORT_ON, AbortMode, AbortOn, SatmonAbort, StopReason, StopRecord, breaches
+from satmon.collapse import GateCounter, GateHooks, LossHistory
 from satmon.discovery import NormLayer, Selector, find_dyt_layers, find_norm_layers
+from satmon.functional.loss import robust_z
+from satmon.gating import GatingReport, detect_gating
 from satmon.saturation import SaturationCounter, SaturationHooks
 from satmon.verdict import Verdict, decide
 from satmon.writers.tensorboard import TAG, add_layout, log_scalars, log_text, log_verdict
@@ -44,11 +47,24 @@ class SaturationMonitor(Callback):
             many optimizer steps; ``None`` uses the Trainer's ``log_every_n_steps``.
         include: extra layers to monitor: a regex on module names or a predicate ``(name, module)``.
         exclude: layers to skip, same form.
-        abort_on: ``"never"`` (default) or ``"no-go"``: stop training at the end of the window when
-            the verdict is NO-GO (every DDP rank agrees).
-        abort_mode: ``"graceful"`` (the Trainer finishes the step and exits) or ``"raise"``
-            (:class:`satmon.SatmonAbort`).
-        dry_run: log what would have stopped the run, without stopping it.
+        abort_on: when satmon stops training (every DDP rank takes the same decision):
+            ``"never"`` (default); ``"no-go"``: a NO-GO verdict at the end of the window;
+            ``"collapse"``: collapse risk at the verdict or during the watch; ``"any"``: all of
+            these plus non-finite values and loss spikes during the watch.
+        abort_mode: ``"graceful"`` (the Trainer finishes the step, your ``ModelCheckpoint`` saves if
+            it is set to, and ``fit`` returns) or ``"raise"`` (:class:`satmon.SatmonAbort`).
+        dry_run: log what would have stopped the run (TensorBoard text ``satmon/stop``, console),
+            without stopping it.
+        collapse_threshold: pooled DyT saturation at or above which a gated model (DyT feeding a
+            SwiGLU/GeGLU MLP) is a collapse risk (study: 0.5).
+        gating_mapping: ``{dyt_layer_name: gated_mlp_module_name}`` when names do not tell which
+            DyT feeds which gated MLP.
+        watch_every_n_steps: after the window, measure one optimizer step in every this many
+            (saturation of gated blocks, non-finite DyT inputs, the loss); ``0`` turns the watch off.
+        patience: consecutive breaching checks before a watch breach stops the run.
+        loss_spike_z: a loss spike is a median loss since the last check more than this many
+            robust sigmas (1.4826 MAD) above the median of the ``loss_baseline`` steps before it.
+        loss_baseline: steps in the loss baseline.
         sample_every: count only every ``k``-th optimizer step of the window (cheaper; the verdict
             then rests on ``window / k`` steps).
         on_missing: ``"raise"`` (default) or ``"warn"`` when the model has no DyT layer.
@@ -74,6 +90,12 @@ class SaturationMonitor(Callback):
         abort_on: AbortOn = "never",
         abort_mode: AbortMode = "graceful",
         dry_run: bool = False,
+        collapse_threshold: float = 0.5,
+        gating_mapping: dict[str, str] | None = None,
+        watch_every_n_steps: int = 50,
+        patience: int = 1,
+        loss_spike_z: float = 8.0,
+        loss_baseline: int = 200,
         sample_every: int = 1,
         on_missing: str = "raise",
         verbose: bool = True,
@@ -92,6 +114,18 @@ class SaturationMonitor(Callback):
             raise ValueError(f"Expected `abort_mode` in {ABORT_MODES}, got {abort_mode!r}.")
         if not isinstance(sample_every, int) or sample_every < 1 or sample_every > window:
             raise ValueError(f"Expected `sample_every` to be an int in [1, window={window}], got {sample_every!r}.")
+        if not (isinstance(collapse_threshold, (int, float)) and 0.0 < collapse_threshold < 1.0):
+            raise ValueError(f"Expected `collapse_threshold` in (0, 1) (the study's is 0.5), got {collapse_threshold!r}.")
+        if not isinstance(watch_every_n_steps, int) or watch_every_n_steps < 0:
+            raise ValueError(f"Expected `watch_every_n_steps` to be an int >= 0 (0 turns the watch off), got {watch_every_n_steps!r}.")
+        if not isinstance(patience, int) or patience < 1:
+            raise ValueError(f"Expected `patience` to be an int >= 1 (consecutive breaching checks), got {patience!r}.")
+        if not (isinstance(loss_spike_z, (int, float)) and loss_spike_z > 0):
+            raise ValueError(f"Expected `loss_spike_z` > 0 (robust sigmas), got {loss_spike_z!r}.")
+        if not isinstance(loss_baseline, int) or loss_baseline < 2:
+            raise ValueError(f"Expected `loss_baseline` to be an int >= 2 (steps), got {loss_baseline!r}.")
+        if gating_mapping is not None and not isinstance(gating_mapping, dict):
+            raise ValueError(f"Expected `gating_mapping` to be a dict {{dyt_layer: gated_mlp}}, got {type(gating_mapping).__name__}.")
         if on_missing not in ("raise", "warn"):
             raise ValueError(f"Expected `on_missing` in ('raise', 'warn'), got {on_missing!r}.")
         self.window, self.threshold, self.level = window, float(threshold), float(level)
@@ -99,10 +133,19 @@ class SaturationMonitor(Callback):
         self.include, self.exclude = include, exclude
         self.abort_on, self.abort_mode, self.dry_run = abort_on, abort_mode, dry_run
         self.sample_every, self.on_missing, self.verbose = sample_every, on_missing, verbose
+        self.collapse_threshold, self.gating_mapping = float(collapse_threshold), gating_mapping
+        self.watch_every_n_steps, self.patience = watch_every_n_steps, patience
+        self.loss_spike_z, self.loss_baseline = float(loss_spike_z), loss_baseline
 
         self.layer_names: list[str] = []
         self.counter: SaturationCounter | None = None
         self.hooks: SaturationHooks | None = None
+        self.gating: GatingReport | None = None
+        self.gate_hooks: GateHooks | None = None
+        self.watch_hooks: SaturationHooks | None = None
+        self.losses: LossHistory | None = None
+        self.watch_log: list[dict[str, Any]] = []  # one record per watch check (host values)
+        self._streak: dict[StopReason, int] = {}
         self.verdict: Verdict | None = None
         self.stop: StopRecord | None = None
         self.steps_seen = 0
@@ -135,6 +178,9 @@ class SaturationMonitor(Callback):
             rank_zero_warn(msg + " Monitoring is off for this run (on_missing='warn').")
             return
         self.layer_names = [l.name for l in layers]
+        self.gating = detect_gating(pl_module, norm_names=self.layer_names, mapping=self.gating_mapping)
+        if self.gating.gated and not self.gating.pairings:
+            rank_zero_warn(f"satmon: {self.gating.message}")
         if not trainer.loggers:
             rank_zero_warn("satmon: the Trainer has no logger, so nothing goes to TensorBoard; the verdict is printed and kept in `monitor.verdict`.")
 
@@ -151,31 +197,60 @@ class SaturationMonitor(Callback):
             self._loaded = None
         self.hooks = SaturationHooks(layers, self.counter)
         self._last_step = trainer.global_step
+        if self.gating is not None and self.gating.pairings:
+            self.gate_hooks = GateHooks(pl_module, self.gating, GateCounter(len(self.gating.pairings)).to(pl_module.device))
+        if self.watch_every_n_steps:
+            self.watch_hooks = SaturationHooks(layers, SaturationCounter(len(layers), level=self.level).to(pl_module.device))
+            self.losses = LossHistory(self.loss_baseline + self.watch_every_n_steps, device=pl_module.device)
         if self.verdict is None and trainer.global_step < self.window:
             self.hooks.attach()
             self.hooks.enabled = True
+            if self.gate_hooks is not None:
+                self.gate_hooks.attach()
             add_layout(trainer.loggers, self.layer_names)
+        else:
+            self._start_watch()
 
     # ------------------------------------------------------------------ which forwards are counted
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
         if self.hooks is not None and self.hooks.attached and self.sample_every > 1:
             self.hooks.enabled = trainer.global_step % self.sample_every == 0
+        elif self.watch_hooks is not None and self.watch_hooks.attached:
+            on = trainer.global_step % self.watch_every_n_steps == 0  # flips once per check: 2 compiled variants at most
+            if self.watch_hooks.enabled != on:
+                self.watch_hooks.enabled = on
+                if self.gate_hooks is not None:
+                    self.gate_hooks.enabled = on
+
+    def _set_counting(self, on: bool) -> None:
+        for hooks in (self.hooks, self.gate_hooks):
+            if hooks is not None and hooks.attached:
+                hooks.enabled = on
+        if self.watch_hooks is not None and not on:
+            self.watch_hooks.enabled = False
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.hooks is not None:
-            self.hooks.enabled = False
+        self._set_counting(False)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.hooks is not None and self.hooks.attached:
-            self.hooks.enabled = True
+            self._set_counting(True)
 
     # ------------------------------------------------------------------------------ per step
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
-        if self.hooks is None or step == self._last_step:  # not monitoring, or mid gradient accumulation
+        if self.hooks is None:
+            return
+        if self.losses is not None:
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+                self.losses.push(loss)  # device copy, no host sync
+        if step == self._last_step:  # mid gradient accumulation
             return
         self._last_step = step
         if self.verdict is not None:
+            if self.watch_hooks is not None and self.watch_hooks.enabled:
+                self._watch_check(trainer, step)
             return
         self.steps_seen = min(step, self.window)
         every = self.log_every_n_steps or trainer.log_every_n_steps
@@ -222,9 +297,19 @@ class SaturationMonitor(Callback):
         assert self.hooks is not None
         self.hooks.detach()  # the rest of training runs no satmon code in forward passes
         self.hooks.enabled = False
+        gated_layers = list(self.gating.pairings) if self.gating is not None else []
+        risk: dict[str, dict[str, float]] = {}
+        if self.gate_hooks is not None:
+            self.gate_hooks.detach()
+            for norm, stats in self.gate_hooks.readings().items():
+                risk[self.gating.pairings[norm].mlp] = {"dyt_saturation": r["per_layer"][norm], **stats}
+            self.gate_hooks.counter.reset()
         verdict = decide(
             r["pooled"], r["per_layer"], threshold=self.threshold, step=step, window=self.steps_seen if partial else self.window,
             level=self.level, elements=r["elements"], nonfinite=r["nonfinite"],
+            gated=self.gating.gated if self.gating is not None else None, gated_layers=gated_layers,
+            collapse_threshold=self.collapse_threshold, risk=risk,
+            gating_message=self.gating.message if self.gating is not None else "",
         )
         if partial:
             verdict.reason = f"window cut short at {self.steps_seen} of {self.window} steps; " + verdict.reason
@@ -234,9 +319,76 @@ class SaturationMonitor(Callback):
         if self.verbose:
             rank_zero_info("\n" + verdict.card() + "\n")
         log.info(verdict.summary())
-        if not verdict.go and not partial:
-            reason = StopReason.COLLAPSE_RISK if verdict.collapse_risk else StopReason.NO_GO
-            self._maybe_stop(trainer, reason, verdict.reason, step)
+        if partial:
+            return
+        if verdict.collapse_risk:
+            self._streak[StopReason.COLLAPSE_RISK] = 1
+            if self.abort_on == "no-go" or self.patience == 1:
+                if self._maybe_stop(trainer, StopReason.COLLAPSE_RISK, verdict.reason, step):
+                    return
+        elif not verdict.go and self._maybe_stop(trainer, StopReason.NO_GO, verdict.reason, step):
+            return
+        self._start_watch()
+
+    # ------------------------------------------------------------------------ collapse watch
+    def _start_watch(self) -> None:
+        """After the window: the watch hooks stay attached but disabled between checks (a flag, so
+        ``torch.compile`` keeps two graphs instead of recompiling at every check)."""
+        if self.watch_hooks is not None:
+            self.watch_hooks.attach()
+            self.watch_hooks.enabled = False
+        if self.gate_hooks is not None and self.watch_hooks is not None:
+            self.gate_hooks.attach()
+            self.gate_hooks.enabled = False
+
+    def _watch_check(self, trainer: pl.Trainer, step: int) -> None:
+        """One watch check: read the watched step's counts and the loss history, log, apply the policy."""
+        assert self.watch_hooks is not None
+        self.watch_hooks.enabled = False
+        counter = self.watch_hooks.counter
+        with counter.sync_context(should_sync=True, should_unsync=True):
+            sat, total, bad = torch.stack([counter.saturated, counter.total, counter.nonfinite]).cpu().tolist()
+        counter.reset()
+        gated = [i for i, n in enumerate(self.layer_names) if self.gating is not None and n in self.gating.pairings]
+        g_total = sum(total[i] for i in gated)
+        gated_sat = sum(sat[i] for i in gated) / g_total if g_total else None
+        scalars: dict[str, float] = {"satmon/collapse/nonfinite": float(sum(bad))}
+        if gated_sat is not None:
+            scalars["satmon/collapse/saturation"] = gated_sat
+        if self.gate_hooks is not None:
+            self.gate_hooks.enabled = False
+            for norm, stats in self.gate_hooks.readings().items():
+                for k, v in stats.items():
+                    scalars[f"satmon/collapse/{k}/{self.gating.pairings[norm].mlp}"] = v
+            self.gate_hooks.counter.reset()
+        baseline, recent = self.losses.read() if self.losses is not None else ([], [])
+        loss_nonfinite = any(not math.isfinite(v) for v in recent)
+        finite_base = [v for v in baseline if math.isfinite(v)]
+        z = robust_z([v for v in recent if math.isfinite(v)], finite_base) if len(finite_base) >= 10 else 0.0
+        if recent:
+            scalars["satmon/collapse/loss_z"] = z
+        # every rank must take the same decision: reduce each local finding with OR
+        found = {
+            StopReason.COLLAPSE_RISK: gated_sat is not None and gated_sat >= self.collapse_threshold,
+            StopReason.NONFINITE: sum(bad) > 0 or loss_nonfinite,
+            StopReason.LOSS_SPIKE: z > self.loss_spike_z,
+        }
+        found = {k: trainer.strategy.reduce_boolean_decision(bool(v), all=False) for k, v in found.items()}
+        for k, v in found.items():
+            self._streak[k] = self._streak.get(k, 0) + 1 if v else 0
+            scalars[f"satmon/collapse/breach/{k.value}"] = float(v)
+        log_scalars(trainer.loggers, scalars, step)
+        self.watch_log.append({"step": step, "gated_saturation": gated_sat, "nonfinite": sum(bad), "loss_z": z, **{k.value: v for k, v in found.items()}})
+        messages = {
+            StopReason.COLLAPSE_RISK: f"saturation of DyT feeding gated MLPs {gated_sat if gated_sat is not None else 0:.4f} >= {self.collapse_threshold:g}",
+            StopReason.NONFINITE: f"{sum(bad)} non-finite DyT inputs" + (" and a non-finite training loss" if loss_nonfinite else "") + " in the watched step",
+            StopReason.LOSS_SPIKE: f"training loss {z:.1f} robust sigmas above its running baseline (limit {self.loss_spike_z:g})",
+        }
+        for reason in (StopReason.NONFINITE, StopReason.COLLAPSE_RISK, StopReason.LOSS_SPIKE):
+            if self._streak.get(reason, 0) >= self.patience and (self.stop is None or self.stop.dry_run):
+                msg = messages[reason] + (f" for {self.patience} consecutive checks" if self.patience > 1 else "")
+                if self._maybe_stop(trainer, reason, msg, step):
+                    return
 
     # ---------------------------------------------------------------------------------- stopping
     def _maybe_stop(self, trainer: pl.Trainer, reason: StopReason, message: str, step: int) -> bool:
@@ -244,6 +396,8 @@ class SaturationMonitor(Callback):
         wants = breaches(self.abort_on, reason)
         if not trainer.strategy.reduce_boolean_decision(wants, all=False):
             return False
+        if self.stop is not None and self.stop.dry_run and self.stop.reason == reason:
+            return False  # a dry run reports each reason once
         self.stop = StopRecord(reason=reason, message=message, step=step, dry_run=self.dry_run)
         text = (f"**satmon {'would stop' if self.dry_run else 'stopped'} training at step {step}** "
                 f"({reason.value}{', dry run' if self.dry_run else ''}): {message}")

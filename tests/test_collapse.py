@@ -1,0 +1,173 @@
+"""Collapse risk of DyT feeding SwiGLU gates, the post-window watch and the abort policy."""
+
+import math
+
+import pytest
+import torch
+
+from helpers import token_loader, trainer
+from satmon import SatmonAbort, SaturationMonitor, StopReason
+from satmon.models.lit import LitLM
+
+
+def llama(mlp="swiglu", alpha=200.0, lr=0.0, **kw):
+    return LitLM(arch="llama", d_model=32, n_layers=2, n_heads=2, seq_len=16, norm="dyt", mlp=mlp, alpha_init=alpha, lr=lr, warmup=1, **kw)
+
+
+def test_gated_model_above_collapse_threshold_is_no_go_with_collapse_risk(tmp_path):
+    monitor = SaturationMonitor(window=3, verbose=False, watch_every_n_steps=0)
+    trainer(tmp_path, max_steps=3, callbacks=[monitor]).fit(llama("swiglu"), token_loader(3))
+    v = monitor.verdict
+    assert v.saturation >= 0.5 and v.gated is True and v.collapse_risk is True
+    assert v.decision == "no-go" and v.reason.startswith("collapse risk")
+    assert v.gated_layers == ["blocks.0.mlp_norm", "blocks.1.mlp_norm"] or v.gated_layers == ["model.blocks.0.mlp_norm", "model.blocks.1.mlp_norm"]
+    # a risk reading per gated block: the feeding DyT's saturation and the gate statistics
+    assert len(v.risk) == 2
+    for block, r in v.risk.items():
+        norm = block.replace(".mlp", ".mlp_norm")
+        assert r["dyt_saturation"] == pytest.approx(v.per_layer[norm])
+        assert 0.0 <= r["flat_fraction"] <= 1.0 and r["mean_abs_hidden"] > 0
+    assert "Gated MLP after DyT: yes" in v.card() and "collapse risk: YES" in v.card()
+
+
+def test_same_model_without_gate_follows_the_043_rule(tmp_path):
+    monitor = SaturationMonitor(window=3, verbose=False, watch_every_n_steps=0)
+    trainer(tmp_path, max_steps=3, callbacks=[monitor]).fit(llama("gelu"), token_loader(3))
+    v = monitor.verdict
+    assert v.saturation >= 0.5 and v.gated is False and v.collapse_risk is False
+    assert v.decision == "go" and "Gated MLP after DyT: no" in v.card()
+
+
+def test_gate_statistics_match_a_float64_recomputation(tmp_path):
+    model = llama("swiglu")
+    captured = {}
+
+    def grab(name):
+        def hook(mod, args, out):
+            if mod.training:
+                captured.setdefault(name, []).append((out.detach().double(),))
+        return hook
+
+    mlp = model.model.blocks[0].mlp
+    h1 = mlp.gate_proj.register_forward_hook(grab("g"))
+    h2 = mlp.down_proj.register_forward_pre_hook(lambda m, a: captured.setdefault("h", []).append(a[0].detach().double()))
+    monitor = SaturationMonitor(window=2, verbose=False, watch_every_n_steps=0)
+    trainer(tmp_path, max_steps=2, callbacks=[monitor]).fit(model, token_loader(2))
+    h1.remove(), h2.remove()
+    g = torch.cat([x[0].reshape(-1) for x in captured["g"]])
+    h = torch.cat([x.reshape(-1) for x in captured["h"]])
+    t = -4.0826  # SiLU flat-region edge (|silu'| < 0.05 below it)
+    r = monitor.verdict.risk[[k for k in monitor.verdict.risk if "blocks.0" in k][0]]
+    assert r["flat_fraction"] == pytest.approx(float((g < t).double().mean()), abs=2e-3)
+    assert r["mean_abs_hidden"] == pytest.approx(float(h.abs().mean()), rel=1e-9)
+
+
+def test_graceful_abort_stops_at_the_verdict_step_with_reason(tmp_path):
+    monitor = SaturationMonitor(window=4, abort_on="collapse", verbose=False)
+    with pytest.warns(UserWarning, match="stopped training at step 4"):
+        t = trainer(tmp_path, max_steps=20, callbacks=[monitor])
+        t.fit(llama("swiglu"), token_loader(20))
+    assert t.global_step == 4 and monitor.stop.reason is StopReason.COLLAPSE_RISK and not monitor.stop.dry_run
+
+
+def test_raise_mode_raises_the_dedicated_exception(tmp_path):
+    monitor = SaturationMonitor(window=2, abort_on="collapse", abort_mode="raise", verbose=False)
+    with pytest.raises(SatmonAbort, match="collapse-risk") as info:
+        trainer(tmp_path, max_steps=20, callbacks=[monitor]).fit(llama("swiglu"), token_loader(20))
+    assert info.value.reason is StopReason.COLLAPSE_RISK and info.value.step == 2
+
+
+def test_dry_run_neither_stops_nor_raises_but_logs(tmp_path):
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger = TensorBoardLogger(tmp_path, name="tb")
+    monitor = SaturationMonitor(window=2, abort_on="collapse", abort_mode="raise", dry_run=True, verbose=False)
+    t = trainer(tmp_path, max_steps=6, callbacks=[monitor], logger=logger)
+    t.fit(llama("swiglu"), token_loader(6))
+    assert t.global_step == 6 and monitor.stop.dry_run and monitor.stop.reason is StopReason.COLLAPSE_RISK
+    ea = EventAccumulator(logger.log_dir, size_guidance={"tensors": 0, "scalars": 0}).Reload()
+    text = ea.Tensors("satmon/stop/text_summary")[0]
+    assert text.step == 2 and b"would stop" in text.tensor_proto.string_val[0]
+
+
+class LossBomb(LitLM):
+    """Returns a non-finite (or a huge) loss from step `at` on."""
+
+    def __init__(self, at=7, kind="nan", **kw):
+        super().__init__(**kw)
+        self.at, self.kind = at, kind
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        if self.global_step >= self.at:
+            return loss * (float("nan") if self.kind == "nan" else 50.0)
+        return loss
+
+
+@pytest.mark.parametrize("abort_on", ["any", "collapse"])
+def test_nonfinite_loss_triggers_the_any_breach_policy_only(tmp_path, abort_on):
+    model = LossBomb(at=7, arch="gpt", d_model=32, n_layers=2, n_heads=2, seq_len=16, alpha_init=200.0, lr=1e-3, warmup=1)
+    monitor = SaturationMonitor(window=2, abort_on=abort_on, watch_every_n_steps=3, verbose=False)
+    t = trainer(tmp_path, max_steps=14, callbacks=[monitor])
+    t.fit(model, token_loader(14))
+    if abort_on == "any":
+        # NaN loss at step 7 -> the check of watched step 9 sees it in the loss history
+        assert monitor.stop.reason is StopReason.NONFINITE and t.global_step == 10 and monitor.stop.step == 10
+    else:
+        assert monitor.stop is None and t.global_step == 14
+
+
+class ActivationBomb(LitLM):
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        if self.global_step == 6:
+            self.model.blocks[1].ln_1.register_forward_pre_hook(lambda m, a: (a[0].masked_fill(a[0] > 0, float("inf")),))
+        return super().training_step(batch, batch_idx)
+
+
+def test_nonfinite_activation_mid_run_triggers_any(tmp_path):
+    model = ActivationBomb(arch="gpt", d_model=32, n_layers=2, n_heads=2, seq_len=16, alpha_init=200.0, lr=1e-3, warmup=1)
+    monitor = SaturationMonitor(window=2, abort_on="any", watch_every_n_steps=2, verbose=False)
+    t = trainer(tmp_path, max_steps=20, callbacks=[monitor])
+    t.fit(model, token_loader(20))
+    assert monitor.stop.reason is StopReason.NONFINITE and monitor.stop.step == 7
+    assert monitor.watch_log[-1]["nonfinite"] > 0 and monitor.watch_log[0]["nonfinite"] == 0
+
+
+def test_loss_spike_with_patience(tmp_path):
+    model = LossBomb(at=30, kind="spike", arch="gpt", d_model=32, n_layers=2, n_heads=2, seq_len=16, alpha_init=200.0, lr=1e-4, warmup=1)
+    monitor = SaturationMonitor(window=2, abort_on="any", watch_every_n_steps=4, patience=2, loss_baseline=20, verbose=False)
+    t = trainer(tmp_path, max_steps=60, callbacks=[monitor])
+    t.fit(model, token_loader(60))
+    # spike from step 30: checks at the ends of steps 32 and 36 breach; patience 2 stops at the second
+    assert monitor.stop.reason is StopReason.LOSS_SPIKE and monitor.stop.step == 37
+    spikes = [r for r in monitor.watch_log if r["loss-spike"]]
+    assert [r["step"] for r in spikes] == [33, 37] and all(not r["loss-spike"] for r in monitor.watch_log if r["step"] < 33)
+
+
+def test_state_round_trip_keeps_the_stop_reason(tmp_path):
+    monitor = SaturationMonitor(window=2, abort_on="collapse", verbose=False)
+    with pytest.warns(UserWarning):
+        trainer(tmp_path, max_steps=10, callbacks=[monitor]).fit(llama("swiglu"), token_loader(10))
+    state = monitor.state_dict()
+    fresh = SaturationMonitor(window=2, abort_on="collapse")
+    fresh.load_state_dict(state)
+    assert fresh.stop.reason is StopReason.COLLAPSE_RISK and fresh.stop.step == 2 and fresh.stop.message == monitor.stop.message
+    assert fresh.verdict.collapse_risk and fresh.verdict.to_dict() == monitor.verdict.to_dict()
+
+
+def test_watch_keeps_hooks_disabled_between_checks(tmp_path):
+    monitor = SaturationMonitor(window=2, watch_every_n_steps=5, verbose=False)
+    trainer(tmp_path, max_steps=12, callbacks=[monitor]).fit(llama("swiglu", lr=1e-3), token_loader(12))
+    assert [r["step"] for r in monitor.watch_log] == [6, 11]  # steps 5 and 10 watched, read when they end
+    assert not monitor.hooks.attached and monitor.watch_hooks.enabled is False
+    assert int(monitor.watch_hooks.counter.total.sum()) == 0  # read and reset at each check
+    assert all(math.isfinite(r["gated_saturation"]) for r in monitor.watch_log)
+
+
+def test_bad_policy_arguments():
+    for kwargs, match in [({"patience": 0}, "patience"), ({"collapse_threshold": 1.5}, "collapse_threshold"),
+                          ({"watch_every_n_steps": -1}, "watch_every_n_steps"), ({"loss_spike_z": 0}, "loss_spike_z")]:
+        with pytest.raises(ValueError, match=f"Expected `{match}`"):
+            SaturationMonitor(**kwargs)
