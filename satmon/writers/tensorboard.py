@@ -33,6 +33,29 @@ class TAG:
     def alpha(layer: str) -> str:
         return f"satmon/alpha/{layer}"
 
+    # dead directions and the residual stream (satmon.probe, the live probe, replay)
+    sigma_min_min_ratio = "satmon/sigma_min/min_ratio"
+
+    @staticmethod
+    def deadir_alignment(layer: str) -> str:
+        return f"satmon/deadir/{layer}/alignment"
+
+    @staticmethod
+    def deadir_null_dim(layer: str) -> str:
+        return f"satmon/deadir/{layer}/null_dim"
+
+    @staticmethod
+    def deadir_null_projection(layer: str) -> str:
+        return f"satmon/deadir/{layer}/null_projection"
+
+    @staticmethod
+    def sigma_min_ratio(block: str) -> str:
+        return f"satmon/sigma_min/ratio/{block}"
+
+    @staticmethod
+    def init_gap(layer: str) -> str:
+        return f"satmon/init_gap/{layer}"
+
 
 def _tensorboards(loggers: Iterable[Logger]) -> list[TensorBoardLogger]:
     return [lg for lg in loggers if isinstance(lg, TensorBoardLogger)]
