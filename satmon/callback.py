@@ -365,15 +365,17 @@ class SaturationMonitor(Callback):
         loss_nonfinite = any(not math.isfinite(v) for v in recent)
         finite_base = [v for v in baseline if math.isfinite(v)]
         z = robust_z([v for v in recent if math.isfinite(v)], finite_base) if len(finite_base) >= 10 else 0.0
+        # Every rank must take the same decision from the same numbers: counts are already summed over
+        # ranks; the loss readings are per rank, so take their maximum over ranks (one all-reduce).
+        local = torch.tensor([float(loss_nonfinite), z], dtype=torch.float64, device=counter.total.device)
+        loss_nonfinite, z = (bool(v) if i == 0 else float(v) for i, v in enumerate(trainer.strategy.reduce(local, reduce_op="max").tolist()))
         if recent:
             scalars["satmon/collapse/loss_z"] = z
-        # every rank must take the same decision: reduce each local finding with OR
         found = {
             StopReason.COLLAPSE_RISK: gated_sat is not None and gated_sat >= self.collapse_threshold,
             StopReason.NONFINITE: sum(bad) > 0 or loss_nonfinite,
             StopReason.LOSS_SPIKE: z > self.loss_spike_z,
         }
-        found = {k: trainer.strategy.reduce_boolean_decision(bool(v), all=False) for k, v in found.items()}
         for k, v in found.items():
             self._streak[k] = self._streak.get(k, 0) + 1 if v else 0
             scalars[f"satmon/collapse/breach/{k.value}"] = float(v)
