@@ -1,0 +1,54 @@
+"""Write replay records as JSON: a ``.jsonl`` file gets one record a line, any other name one JSON array.
+
+Non-finite floats become ``null`` (strict JSON has no NaN/inf), tensors and numpy values become
+numbers or lists, paths and other objects their ``str``. The file is replaced atomically, so a
+reader never sees half a file and an interrupted replay keeps the records written so far.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["to_json", "write_records"]
+
+
+def to_json(obj: Any) -> Any:
+    """A strictly JSON-serialisable copy of ``obj``.
+
+    Example:
+        >>> to_json({"a": float("nan"), "b": (1, 2.5), "c": Path("x.ckpt")})
+        {'a': None, 'b': [1, 2.5], 'c': 'x.ckpt'}
+    """
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {str(k): to_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set)):
+        return [to_json(v) for v in obj]
+    if hasattr(obj, "tolist"):  # torch tensors, numpy arrays and scalars
+        return to_json(obj.tolist())
+    if hasattr(obj, "to_dict"):
+        return to_json(obj.to_dict())
+    return str(obj)
+
+
+def write_records(path: str | Path, records: Sequence[Mapping[str, Any]]) -> Path:
+    """Write ``records`` to ``path`` (``.jsonl``: one a line; otherwise an indented JSON array)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    clean = [to_json(r) for r in records]
+    if path.suffix == ".jsonl":
+        text = "".join(json.dumps(r, allow_nan=False) + "\n" for r in clean)
+    else:
+        text = json.dumps(clean, indent=1, allow_nan=False) + "\n"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path

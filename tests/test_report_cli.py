@@ -1,0 +1,76 @@
+"""``satmon report LOGDIR``: the verdict card and trajectories of a live run and of a replayed run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from helpers import tiny_lit, token_loader
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from satmon import SaturationMonitor
+from satmon.cli.main import main
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """A live run: SaturationMonitor + TensorBoardLogger, checkpoints every 4 steps."""
+    root = tmp_path_factory.mktemp("live")
+    pl.seed_everything(0, verbose=False)
+    trainer = pl.Trainer(
+        max_steps=8, accelerator="cpu", devices=1, logger=TensorBoardLogger(str(root / "logs"), name="live"),
+        callbacks=[SaturationMonitor(window=6, log_every_n_steps=2, verbose=False),
+                   ModelCheckpoint(dirpath=root / "ckpts", every_n_train_steps=4, save_top_k=-1)],
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+    )
+    trainer.fit(tiny_lit(), token_loader(8))
+    return root
+
+
+def test_report_prints_the_live_verdict_and_trajectories(live, capsys):
+    for target in (live / "logs", live / "logs" / "live" / "version_0"):  # a parent folder or the version folder
+        assert main(["report", str(target)]) == 0
+        out = capsys.readouterr().out
+        assert "live/version_0" in out
+        assert "### satmon verdict:" in out and "threshold **0.43**" in out and "verdict at step 6" in out
+        assert "| saturation (pooled)" in out and "@ 6" in out  # the trajectory table, with steps
+        assert "Per layer, last value:" in out and "model.ln_f" in out
+
+
+def test_report_on_a_replayed_run(live, tmp_path, capsys):
+    torch.save([b for _, b in zip(range(2), token_loader(2))], tmp_path / "calib.pt")
+    code = main(["replay", str(live / "ckpts"), "--model", "satmon.models.lit:LitLM", "--data", str(tmp_path / "calib.pt"),
+                 "--logdir", str(tmp_path), "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "replay")]) == 0
+    out = capsys.readouterr().out
+    assert "verdict at step 8" in out and "sigma_min ratio (min over depth)" in out
+    assert "@ 4" in out and "@ 8" in out  # the checkpoints' global steps
+
+
+def test_no_satmon_data_exits_1(tmp_path, capsys):
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(tmp_path / "other")) as w:
+        w.add_scalar("loss", 1.0, 0)
+    assert main(["report", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "no satmon data" in err and "1 TensorBoard run folder(s)" in err
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
+
+
+def test_console_script_entry_point(live):
+    script = shutil.which("satmon") or str(Path(sys.executable).parent / "satmon")
+    proc = subprocess.run([script, "report", str(live / "logs"), "--latest"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0, proc.stderr
+    assert "### satmon verdict:" in proc.stdout
