@@ -6,18 +6,19 @@ from __future__ import annotations
 import fractions
 import json
 import shutil
+import warnings
 
 import lightning.pytorch as pl
 import pytest
 import torch
 from helpers import tiny_lit
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from satmon import find_dyt_layers
+from satmon import SaturationMonitor, find_dyt_layers
 from satmon.cli.main import main
 from satmon.data import CorpusDataModule
-from satmon.probe import feed_first, probe
+from satmon.probe import feed_first
 from satmon.replay import CheckpointInfo, input_forward_fn, order_checkpoints
 
 LEVEL = 0.5  # at the tiny model's scale |alpha x| > 2 is never reached; 0.5 spreads layers over 0 .. 0.9
@@ -31,37 +32,29 @@ def _calibration() -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [b for _, b in zip(range(3), dm.train_dataloader())]
 
 
-class ProbeAtSave(Callback):
-    """The live reading at each checkpoint: ``satmon.probe`` on the module being saved, on fixed batches."""
-
-    def __init__(self, batches):
-        self.batches, self.reports = batches, {}
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
-        self.reports[trainer.global_step] = probe(pl_module, self.batches, forward_fn=feed_first, level=LEVEL).to_dict()
-
-
-def _train(root, norm="dyt", steps=9, every=3, batches=None):
+def _train(root, norm="dyt", steps=9, every=3, callbacks=()):
     pl.seed_everything(0, verbose=False)
-    live = ProbeAtSave(batches) if batches is not None else None
     ckpt = ModelCheckpoint(dirpath=root / "ckpts", every_n_train_steps=every, save_top_k=-1)
     trainer = pl.Trainer(
-        max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=[ckpt] + ([live] if live else []),
+        max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=[ckpt, *callbacks],
         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
     )
     trainer.fit(tiny_lit(norm=norm, lr=1e-2), CorpusDataModule(**DM_ARGS))
-    return root / "ckpts", live
+    return root / "ckpts"
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
+    """A real run whose monitor probes at every checkpoint save; its calibration batches are saved for replay."""
     root = tmp_path_factory.mktemp("run")
-    batches = _calibration()
-    torch.save(batches, root / "calib.pt")
-    ckpts, live = _train(root, batches=batches)
+    monitor = SaturationMonitor(window=9, level=LEVEL, probe_on_checkpoint=True, calibration_batches=3, verbose=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*no logger.*")
+        ckpts = _train(root, callbacks=[monitor])
+    torch.save(monitor.live_probe.batches, root / "calib.pt")
     # the file names must not decide the order: the step-3 checkpoint gets a name that sorts last
     (ckpts / "epoch=0-step=3.ckpt").rename(ckpts / "zz-first.ckpt")
-    return root, ckpts, live
+    return root, ckpts, dict(monitor.live_probe.reports)
 
 
 def _reference(ckpt_path, batches) -> dict[str, tuple[int, int]]:
@@ -131,7 +124,7 @@ def test_live_probe_and_replay_agree(run, tmp_path, capsys):
                            "--level", LEVEL, "--logdir", tmp_path, "--json", tmp_path / "r.json")
     assert code == 0, err
     (rec,) = json.loads((tmp_path / "r.json").read_text())
-    want = live.reports[6]
+    want = live[6].to_dict()  # SaturationMonitor(probe_on_checkpoint=True): the probe at the step-6 save
     assert rec["global_step"] == 6
     assert rec["saturation"] == want["saturation"]  # exact integer counts on the same weights and batches
     assert {n: v["saturation"] for n, v in rec["layers"].items()} == {n: v["saturation"] for n, v in want["layers"].items()}
@@ -172,7 +165,7 @@ def test_incompatible_checkpoint_is_skipped(run, tmp_path, capsys):
 
 def test_json_and_markdown_report_with_plots(tmp_path, capsys):
     # a LayerNorm model: alignment, null space and the init-gap twin, beside the DyT run's saturation plot
-    ckpts, _ = _train(tmp_path, norm="layernorm", steps=4, every=2)
+    ckpts = _train(tmp_path, norm="layernorm", steps=4, every=2)
     torch.save(_calibration(), tmp_path / "calib.pt")
     code, out, err = _replay(capsys, ckpts, "--model", MODEL, "--data", tmp_path / "calib.pt", "--logdir", tmp_path / "tb",
                              "--json", tmp_path / "out" / "r.jsonl", "--report", tmp_path / "out" / "report.md")

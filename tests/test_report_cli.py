@@ -18,6 +18,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from satmon import SaturationMonitor
 from satmon.cli.main import main
 
+pytestmark = pytest.mark.filterwarnings("ignore:.*validation_step.*", "ignore:.*logging interval.*")
+
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):

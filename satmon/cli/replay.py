@@ -60,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-twin", action="store_true", help="skip the random-init twin (no init-to-trained readout; faster)")
     p.add_argument("--weights-only", action="store_true", help="never fall back to torch.load(weights_only=False): "
                    "checkpoints that need it are skipped")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's own choice); "
+                   "1 is often fastest for small models on a busy machine")
     p.add_argument("--quiet", action="store_true", help="no progress output (the summary is still printed)")
     return p
 
@@ -125,6 +127,12 @@ def run(args: argparse.Namespace) -> int:
         except ImportError as e:
             raise rp.ReplayUsageError(f"--report: {e}") from e
     device = _device(args.device)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise rp.ReplayUsageError(f"Expected --threads >= 1, got {args.threads}.")
+        import torch
+
+        torch.set_num_threads(args.threads)
     loader = rp.ModelLoader(model_cls, factory, device=device)
 
     infos = [rp.inspect_checkpoint(f, allow_unsafe=not args.weights_only) for f in rp.find_checkpoints(args.paths)]

@@ -61,11 +61,15 @@ def require_matplotlib() -> None:
         raise ImportError(MATPLOTLIB_MISSING) from e
 
 
-def _figure(width: float = 7.5, height: float = 4.2):
+def _figure(width: float = 8.5, height: float = 4.2):
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
 
+    from matplotlib.ticker import MaxNLocator
+
     fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
-    return fig, fig.add_subplot()
+    ax = fig.add_subplot()
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and depths are integers
+    return fig, ax
 
 
 def _plot_saturation(records: Sequence[Mapping[str, Any]], threshold: float, out: Path) -> Path | None:
@@ -77,14 +81,14 @@ def _plot_saturation(records: Sequence[Mapping[str, Any]], threshold: float, out
     names = [n for n, v in points[-1][2].items() if isinstance(v, Mapping) and v.get("saturation") is not None]
     for name in names:
         ys = [p[2].get(name, {}).get("saturation") for p in points]
-        ax.plot(steps, [math.nan if y is None else y for y in ys], lw=1, alpha=0.6, label=name)
+        ax.plot(steps, [math.nan if y is None else y for y in ys], ".--", lw=1, alpha=0.8, label=name)
     ax.plot(steps, [p[1] for p in points], "o-", color="black", lw=2.2, label="pooled")
     ax.axhspan(threshold, 1.0, color="tab:green", alpha=0.07)
     ax.axhspan(0.0, threshold, color="tab:red", alpha=0.05)
     ax.axhline(threshold, ls="--", color="tab:red", lw=1.5, label=f"GO threshold {threshold:g}")
-    ax.set(xlabel="global step", ylabel="saturation  (fraction |alpha x| > level)", ylim=(0, 1),
+    ax.set(xlabel="global step", ylabel="saturation  (fraction |alpha x| > level)", ylim=(-0.02, 1.02),
            title="DyT saturation per checkpoint (GO above the line)")
-    ax.legend(fontsize=7, ncol=2, loc="best")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.savefig(out)
     return out
 
@@ -138,9 +142,9 @@ def _plot_alignment(records: Sequence[Mapping[str, Any]], out: Path) -> Path | N
         ax.plot(steps, [math.nan if v is None else v for v in cos], "o-", color=color, lw=1.4, ms=3, label=f"{name} |cos|")
         if any(v is not None for v in proj):
             ax.plot(steps, [math.nan if v is None else v for v in proj], ":", color=color, lw=1.2)
-    ax.set(xlabel="global step", ylabel="|cos(v*, u_min)|  (dotted: null-space projection)", ylim=(0, 1.05),
+    ax.set(xlabel="global step", ylabel="|cos(v*, u_min)|  (dotted: null-space projection)", ylim=(-0.02, 1.05),
            title="gamma^-1 alignment per norm layer")
-    ax.legend(fontsize=7, ncol=2, loc="best")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.savefig(out)
     return out
 
@@ -178,7 +182,8 @@ def write_report(
          "no LayerNorm/RMSNorm layer: the gamma^-1 alignment does not apply (DyT has no mean subtraction)"),
     ]
     headers = ["step", "checkpoint", "saturation", "verdict", "margin", "norm type", "min sigma ratio", "min alignment"]
-    body = [[r["step"], r["name"], r["saturation"], r["decision"], r["margin"], r["norm_type"], r["min_ratio"],
+    body = [[r["step"], r["name"], r["saturation"], r["decision"], None if r["margin"] is None else f"{r['margin']:+.4f}",
+             r["norm_type"], r["min_ratio"],
              r["min_alignment"]] for r in rows if r["error"] is None]
     lines = ["# satmon replay report", "", *intro, ""]
     if body:
