@@ -54,6 +54,14 @@ class SaturationCounter(Metric):
 
     def update(self, index: int, x: Tensor, alpha: Tensor) -> None:  # type: ignore[override]
         """Count one forward input ``x`` of layer ``index`` (no host sync)."""
+        self.accumulate(index, x, alpha)
+
+    def accumulate(self, index: int, x: Tensor, alpha: Tensor) -> None:
+        """:meth:`update` without torchmetrics' wrapper: the hooks' hot path.
+
+        The wrapper bumps a Python counter on every call, which ``torch.compile`` guards on, so a
+        hooked compiled model would recompile at every step; this path touches tensors only.
+        """
         sat, bad = saturation_counts(x, alpha, self.level)
         self.saturated[index] += sat
         self.nonfinite[index] += bad
@@ -116,7 +124,7 @@ class SaturationHooks:
             if not self.enabled or not args:
                 return
             with torch.no_grad():
-                self.counter.update(index, args[0], mod.alpha)
+                self.counter.accumulate(index, args[0], mod.alpha)
 
         return hook
 

@@ -104,12 +104,6 @@ def test_compiled_counts_equal_eager(runs):
     assert 0.05 < eager.verdict.saturation < 0.95
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="satmon bug: the hook calls SaturationCounter.update, whose torchmetrics wrapper does "
-           "`self._update_count += 1`; Dynamo guards on that int, so every step in the window recompiles and "
-           "after recompile_limit steps gives up (the model then runs eagerly). Remove this marker once fixed.",
-)
 def test_compiles_stay_bounded(runs):
     _, (compiled, _, per_step) = runs
     graphs = per_step.after_step

@@ -91,9 +91,33 @@ def log_verdict(loggers: Iterable[Logger], verdict: Any) -> None:
         "satmon/window": verdict.window, "satmon/threshold": verdict.threshold, "satmon/level": verdict.level,
         "satmon/decision": verdict.decision,
     }
-    metrics = {TAG.verdict: scalars[TAG.verdict], TAG.margin: verdict.margin, "satmon/verdict_saturation": verdict.saturation}
     for lg in _tensorboards(loggers):
-        lg.log_hyperparams({**dict(lg.hparams), **params}, metrics=metrics)
+        _write_hparams(lg, params, scalars, step)
+
+
+def _write_hparams(logger: TensorBoardLogger, params: dict[str, Any], metrics: dict[str, float], step: int) -> None:
+    """The verdict in TensorBoard's HParams view, as a sub-run ``<log_dir>/satmon_hparams``.
+
+    TensorBoard keeps only the first hparams session of a run, and Lightning writes one at train
+    start (``hp_metric``), so satmon writes its session, with the metric scalars it refers to,
+    into a run of its own, as ``SummaryWriter.add_hparams`` does.
+    """
+    import os
+
+    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard.summary import hparams
+
+    if getattr(logger, "log_dir", None) is None or not hasattr(logger.experiment, "add_scalar"):
+        return  # not rank zero
+    merged = {k: v for k, v in {**dict(logger.hparams), **params}.items() if isinstance(v, (int, float, str, bool))}
+    writer = SummaryWriter(os.path.join(logger.log_dir, "satmon_hparams"))
+    try:
+        for summary in hparams(merged, metrics):
+            writer.file_writer.add_summary(summary)
+        for k, v in metrics.items():
+            writer.add_scalar(k, v, step)
+    finally:
+        writer.close()
 
 
 def add_layout(loggers: Iterable[Logger], layer_names: list[str]) -> None:
