@@ -121,8 +121,9 @@ def _natural_key(path: Path) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
 
 
-def find_checkpoints(paths: Sequence[str | Path]) -> list[Path]:
-    """Files as given, directories expanded (recursively) to their ``CHECKPOINT_SUFFIXES`` files.
+def find_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] = ()) -> list[Path]:
+    """Files as given, directories expanded (recursively) to their ``CHECKPOINT_SUFFIXES`` files,
+    except ``exclude`` (e.g. the calibration data file, when it sits among the checkpoints).
 
     Raises:
         ReplayUsageError: a path does not exist, or nothing to replay was found.
@@ -138,7 +139,7 @@ def find_checkpoints(paths: Sequence[str | Path]) -> list[Path]:
             out.append(p)
         else:
             raise ReplayUsageError(f"No such checkpoint file or directory: {str(p)!r}.")
-    seen: set[Path] = set()
+    seen: set[Path] = {Path(p).resolve() for p in exclude}
     return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]  # type: ignore[func-returns-value]
 
 
@@ -304,7 +305,7 @@ class ModelLoader:
             state = extract_state_dict(obj)
             del obj
             model = self._fresh()
-            model.load_state_dict(state, strict=True)
+            _load_weights(model, state)
             del state
         return model.to(self.device).eval()
 
@@ -324,6 +325,18 @@ class ModelLoader:
         if not isinstance(model, nn.Module):
             raise TypeError(f"Expected --factory to return an nn.Module, got {type(model).__name__}")
         return model
+
+
+def _load_weights(model: nn.Module, state: Mapping[str, Tensor]) -> None:
+    """``load_state_dict`` that also accepts files without the duplicate of a tied weight (safetensors
+    stores a shared tensor once): a missing key is fine when its tensor is shared with a loaded one."""
+    result = model.load_state_dict(state, strict=False)
+    own = model.state_dict(keep_vars=True)
+    loaded = {own[k].data_ptr() for k in state if k in own}
+    missing = [k for k in result.missing_keys if own[k].data_ptr() not in loaded]
+    if missing or result.unexpected_keys:
+        raise RuntimeError(f"Error(s) in loading state_dict for {type(model).__name__}: missing keys {missing[:6]}, "
+                           f"unexpected keys {list(result.unexpected_keys)[:6]}: is --factory building the right architecture?")
 
 
 # ---------------------------------------------------------------------------------- calibration data

@@ -233,6 +233,24 @@ def test_plain_state_dict_with_factory(run, tmp_path, capsys, monkeypatch):
     assert rec["layers"]["ln_f"]["saturation"] == pytest.approx(want["model.ln_f"][0] / want["model.ln_f"][1], abs=1e-12)
 
 
+def test_safetensors_with_factory_and_data_file_beside_it(run, tmp_path, capsys, monkeypatch):
+    safetensors = pytest.importorskip("safetensors.torch")
+    root, ckpts, _ = run
+    ckpt = torch.load(ckpts / "epoch=0-step=6.ckpt", weights_only=True)
+    safetensors.save_file({k.removeprefix("model."): v.contiguous() for k, v in ckpt["state_dict"].items()
+                           if k != "model.lm_head.weight"}, str(tmp_path / "w.safetensors"))
+    shutil.copy(root / "calib.pt", tmp_path / "calib.pt")  # in the replayed folder: must not be taken for a checkpoint
+    (tmp_path / "mymodels2.py").write_text(
+        "from satmon.models.gpt import GPT, GPTConfig\n"
+        "def build():\n    return GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16))\n")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _replay(capsys, ".", "--factory", "mymodels2:build", "--data", "calib.pt", "--logdir", "tb", "--json", "r.json")
+    assert code == 0, err
+    (rec,) = json.loads((tmp_path / "r.json").read_text())
+    assert rec["checkpoint"].endswith("w.safetensors") and rec["global_step"] == 0  # no step in the file: its position
+    assert any("no global step" in n for n in rec["notes"])
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -40,7 +40,7 @@ def test_report_prints_the_live_verdict_and_trajectories(live, capsys):
     for target in (live / "logs", live / "logs" / "live" / "version_0"):  # a parent folder or the version folder
         assert main(["report", str(target)]) == 0
         out = capsys.readouterr().out
-        assert "live/version_0" in out
+        assert "live/version_0" in out and out.count("== satmon run") == 1  # the hparams sub-run is not a run of its own
         assert "### satmon verdict:" in out and "threshold **0.43**" in out and "verdict at step 6" in out
         assert "| saturation (pooled)" in out and "@ 6" in out  # the trajectory table, with steps
         assert "Per layer, last value:" in out and "model.ln_f" in out

@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     loader = rp.ModelLoader(model_cls, factory, device=device)
 
-    infos = [rp.inspect_checkpoint(f, allow_unsafe=not args.weights_only) for f in rp.find_checkpoints(args.paths)]
+    infos = [rp.inspect_checkpoint(f, allow_unsafe=not args.weights_only) for f in rp.find_checkpoints(args.paths, exclude=[args.data] if args.data else [])]
     ordered = rp.order_checkpoints(infos)
     failed = [i for i in infos if i.error is not None]
     unbuildable = [loader.check(i) for i in ordered]

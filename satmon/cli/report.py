@@ -45,10 +45,16 @@ def _trajectory(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
     return sorted(kept.items())
 
 
+#: The sub-run in which :func:`satmon.writers.tensorboard.log_verdict` writes TensorBoard's hparams view.
+HPARAMS_SUBRUN = "satmon_hparams"
+
+
 def _event_dirs(root: Path) -> list[Path]:
+    """Run folders: those holding event files, without the hparams sub-runs (their parent run has the same readings)."""
     if root.is_file():
         return [root.parent]
-    return sorted({f.parent for f in root.rglob("events.out.tfevents.*")})
+    dirs = sorted({f.parent for f in root.rglob("events.out.tfevents.*")})
+    return [d for d in dirs if d.name != HPARAMS_SUBRUN] or dirs
 
 
 def load_runs(root: str | Path) -> tuple[list[Run], int]:
