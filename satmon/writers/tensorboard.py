@@ -110,14 +110,18 @@ def _write_hparams(logger: TensorBoardLogger, params: dict[str, Any], metrics: d
     if getattr(logger, "log_dir", None) is None or not hasattr(logger.experiment, "add_scalar"):
         return  # not rank zero
     merged = {k: v for k, v in {**dict(logger.hparams), **params}.items() if isinstance(v, (int, float, str, bool))}
-    writer = SummaryWriter(os.path.join(logger.log_dir, "satmon_hparams"))
-    try:
-        for summary in hparams(merged, metrics):
-            writer.file_writer.add_summary(summary)
-        for k, v in metrics.items():
-            writer.add_scalar(k, v, step)
-    finally:
-        writer.close()
+    path = os.path.join(logger.log_dir, "satmon_hparams")
+    writer = _HPARAM_WRITERS.get(path)
+    if writer is None:  # one event file per run, however many verdicts (replay writes one per checkpoint)
+        writer = _HPARAM_WRITERS[path] = SummaryWriter(path)
+    for summary in hparams(merged, metrics):
+        writer.file_writer.add_summary(summary)
+    for k, v in metrics.items():
+        writer.add_scalar(k, v, step)
+    writer.flush()
+
+
+_HPARAM_WRITERS: dict[str, Any] = {}
 
 
 def add_layout(loggers: Iterable[Logger], layer_names: list[str]) -> None:
