@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -21,6 +22,7 @@ from satmon.collapse import GateCounter, GateHooks, LossHistory
 from satmon.discovery import NormLayer, Selector, find_dyt_layers, find_norm_layers
 from satmon.functional.loss import robust_z
 from satmon.gating import GatingReport, detect_gating
+from satmon.live_probe import LiveProbe
 from satmon.saturation import SaturationCounter, SaturationHooks
 from satmon.verdict import Verdict, decide
 from satmon.writers.tensorboard import TAG, add_layout, log_scalars, log_text, log_verdict
@@ -69,6 +71,14 @@ class SaturationMonitor(Callback):
             then rests on ``window / k`` steps).
         on_missing: ``"raise"`` (default) or ``"warn"`` when the model has no DyT layer.
         verbose: print the verdict card to the console (rank zero).
+        probe_every_n_steps: run :func:`satmon.probe.probe` (dead directions, residual-stream
+            ``sigma_min``) on a fixed calibration set every this many optimizer steps, from step 0 on,
+            also after the window; ``None``: off. See :class:`satmon.live_probe.LiveProbe`.
+        probe_on_checkpoint: run the probe at each checkpoint save (once per step at most).
+        calibration_batches: batches taken once from the training loader at train start for the probe.
+        probe_forward_fn: ``forward_fn(model, batch)`` for the probe; default ``model(batch[0])`` for
+            ``(x, y)`` batches (:func:`satmon.probe.feed_first`). With a probe set, a model without
+            DyT layers is not an error: the saturation screen is off and the probe runs.
 
     Example:
         >>> import lightning.pytorch as pl
@@ -99,6 +109,10 @@ class SaturationMonitor(Callback):
         sample_every: int = 1,
         on_missing: str = "raise",
         verbose: bool = True,
+        probe_every_n_steps: int | None = None,
+        probe_on_checkpoint: bool = False,
+        calibration_batches: int = 4,
+        probe_forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
     ) -> None:
         if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
             raise ValueError(f"Expected `window` to be a positive int (optimizer steps), got {window!r}.")
@@ -136,6 +150,10 @@ class SaturationMonitor(Callback):
         self.collapse_threshold, self.gating_mapping = float(collapse_threshold), gating_mapping
         self.watch_every_n_steps, self.patience = watch_every_n_steps, patience
         self.loss_spike_z, self.loss_baseline = float(loss_spike_z), loss_baseline
+        live = LiveProbe(probe_every_n_steps, probe_on_checkpoint, calibration_batches, probe_forward_fn, include=include,
+                         exclude=exclude, level=level, threshold=threshold, collapse_threshold=collapse_threshold,
+                         gating_mapping=gating_mapping)  # validates the probe arguments
+        self.live_probe: LiveProbe | None = live if live.active else None
 
         self.layer_names: list[str] = []
         self.counter: SaturationCounter | None = None
@@ -173,6 +191,9 @@ class SaturationMonitor(Callback):
                 "`satmon.convert_to_dyt(model)`, or point satmon at your layers with "
                 "`SaturationMonitor(include='regex on module names')` or a predicate `include=lambda name, m: ...`."
             )
+            if self.live_probe is not None:
+                rank_zero_info(f"satmon: no DyT layer in {type(pl_module).__name__}: the saturation screen is off, the live probe runs.")
+                return
             if self.on_missing == "raise":
                 raise ValueError(msg)
             rank_zero_warn(msg + " Monitoring is off for this run (on_missing='warn').")
@@ -185,6 +206,9 @@ class SaturationMonitor(Callback):
             rank_zero_warn("satmon: the Trainer has no logger, so nothing goes to TensorBoard; the verdict is printed and kept in `monitor.verdict`.")
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.live_probe is not None:
+            self.live_probe.capture(trainer, pl_module)
+            self._probe(self.live_probe.maybe_run, trainer, pl_module)
         if not self.layer_names:
             return
         layers = self._discover(pl_module)  # after the strategy wrapped the model (DDP/FSDP/compile)
@@ -239,6 +263,8 @@ class SaturationMonitor(Callback):
     # ------------------------------------------------------------------------------ per step
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
+        if self.live_probe is not None:  # before the early returns; it probes each step once at most
+            self._probe(self.live_probe.maybe_run, trainer, pl_module)
         if self.hooks is None:
             return
         if self.losses is not None:
@@ -267,6 +293,22 @@ class SaturationMonitor(Callback):
                 "the shorter window. Lower `window` or train longer."
             )
             self._conclude(trainer, trainer.global_step, partial=True)
+
+    # ---------------------------------------------------------------------------- live probe
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self.live_probe is not None:
+            self._probe(self.live_probe.on_save_checkpoint, trainer, pl_module)
+
+    def _probe(self, run: Callable[[pl.Trainer, pl.LightningModule], Any], trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Run the live probe with satmon's counting hooks paused: its forwards are not training forwards."""
+        paused = [(h, h.enabled) for h in (self.hooks, self.gate_hooks, self.watch_hooks) if h is not None]
+        for h, _ in paused:
+            h.enabled = False
+        try:
+            run(trainer, pl_module)
+        finally:
+            for h, on in paused:
+                h.enabled = on
 
     # ----------------------------------------------------------------------------- readings
     def _readings(self) -> dict[str, Any]:
