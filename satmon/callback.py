@@ -467,7 +467,7 @@ class SaturationMonitor(Callback):
             counts = {k: self._loaded[k] for k in ("saturated", "total", "nonfinite") if k in self._loaded}
         return {
             "version": 1,
-            "layers": list(self.layer_names),
+            "layers": list(self.layer_names) or list((self._loaded or {}).get("layers", [])),
             **counts,
             "steps_seen": self.steps_seen,
             "verdict": self.verdict.to_dict() if self.verdict else None,

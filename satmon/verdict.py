@@ -92,7 +92,7 @@ class Verdict:
         extra += " [inconclusive]" if self.inconclusive else ""
         return (
             f"satmon verdict: {head}{extra}  saturation {self.saturation:.4f} {op} threshold {self.threshold:g} "
-            f"(margin {self.margin:+.4f}, window {self.window} steps)"
+            f"(margin {self.margin:+.4f}, " + (f"window {self.window} steps)" if self.window > 0 else f"probe at step {self.step})")
         )
 
     def card(self) -> str:
@@ -115,8 +115,9 @@ class Verdict:
             "",
             f"Pooled saturation **{self.saturation:.4f}** {op} threshold **{self.threshold:g}** "
             f"(margin {self.margin:+.4f}{', inconclusive' if self.inconclusive else ''}) "
-            f"over a window of {self.window} optimizer steps (verdict at step {self.step}); "
-            f"saturated means |alpha x| > {self.level:g}; {self.elements:,} elements counted.",
+            + (f"over a window of {self.window} optimizer steps (verdict at step {self.step}); " if self.window > 0
+               else f"from a probe on calibration batches (step {self.step}, no training window); ")
+            + f"saturated means |alpha x| > {self.level:g}; {self.elements:,} elements counted.",
         ]
         if self.reason:
             lines += ["", f"Reason: {self.reason}"]

@@ -116,8 +116,6 @@ def test_state_dict_round_trip(original, step):
         assert again[key] == state[key], key
 
 
-@pytest.mark.xfail(strict=True, reason="satmon bug: state_dict() before on_train_start drops the loaded layer names "
-                   "(returns self.layer_names, still []), so a re-saved checkpoint loses the layer check. Remove once fixed.")
 def test_state_dict_round_trip_keeps_layer_names(original):
     monitor, _, _ = original
     fresh = _monitor()

@@ -54,7 +54,7 @@ def test_report_on_a_replayed_run(live, tmp_path, capsys):
     capsys.readouterr()
     assert main(["report", str(tmp_path / "replay")]) == 0
     out = capsys.readouterr().out
-    assert "verdict at step 8" in out and "sigma_min ratio (min over depth)" in out
+    assert "(step 8, no training window)" in out and "sigma_min ratio (min over depth)" in out
     assert "@ 4" in out and "@ 8" in out  # the checkpoints' global steps
 
 

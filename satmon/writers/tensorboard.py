@@ -110,9 +110,11 @@ def _write_hparams(logger: TensorBoardLogger, params: dict[str, Any], metrics: d
     if getattr(logger, "log_dir", None) is None or not hasattr(logger.experiment, "add_scalar"):
         return  # not rank zero
     merged = {k: v for k, v in {**dict(logger.hparams), **params}.items() if isinstance(v, (int, float, str, bool))}
-    path = os.path.join(logger.log_dir, "satmon_hparams")
+    path = os.path.abspath(os.path.join(logger.log_dir, "satmon_hparams"))
     writer = _HPARAM_WRITERS.get(path)
-    if writer is None:  # one event file per run, however many verdicts (replay writes one per checkpoint)
+    if writer is None or not os.path.isdir(path):  # one event file per run, however many verdicts (replay: one per checkpoint)
+        if writer is not None:
+            writer.close()
         writer = _HPARAM_WRITERS[path] = SummaryWriter(path)
     for summary in hparams(merged, metrics):
         writer.file_writer.add_summary(summary)
