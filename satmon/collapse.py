@@ -18,6 +18,7 @@ from torchmetrics import Metric
 
 from satmon.functional.gate import flat_threshold, gate_stats_update, split_gate_up
 from satmon.gating import GatingReport
+from satmon.hooks import HookSet
 
 __all__ = ["GateCounter", "GateHooks", "LossHistory"]
 
@@ -43,7 +44,7 @@ class GateCounter(Metric):
         return {"n_flat": self.n_flat, "n_gate": self.n_gate, "sum_hidden": self.sum_hidden, "n_hidden": self.n_hidden}
 
 
-class GateHooks:
+class GateHooks(HookSet):
     """Hooks on each gated block's gate (or fused gate-up) projection and on its ``down`` input.
 
     Args:
@@ -56,30 +57,20 @@ class GateHooks:
         from satmon.discovery import strip_wrappers
 
         modules = {strip_wrappers(n): m for n, m in model.named_modules()}
+        super().__init__()
         self.blocks = list(gating.pairings)
         self.counter = counter
-        self.enabled = True
         self._targets = []
         for i, (norm, p) in enumerate(gating.pairings.items()):
             act = p.activation if p.activation in ("silu", "gelu", "gelu_tanh") else "silu"
             self._targets.append((i, modules[p.gate], modules[p.down], p.fused, act, flat_threshold(act)))
-        self._handles: list[RemovableHandle] = []
 
-    def attach(self) -> "GateHooks":
-        if not self._handles:
-            for i, gate, down, fused, act, t in self._targets:
-                self._handles.append(gate.register_forward_hook(self._gate_hook(i, fused, act, t)))
-                self._handles.append(down.register_forward_pre_hook(self._down_hook(i)))
-        return self
-
-    def detach(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
-    @property
-    def attached(self) -> bool:
-        return bool(self._handles)
+    def _register(self) -> list[RemovableHandle]:
+        handles = []
+        for i, gate, down, fused, act, t in self._targets:
+            handles.append(gate.register_forward_hook(self._gate_hook(i, fused, act, t)))
+            handles.append(down.register_forward_pre_hook(self._down_hook(i)))
+        return handles
 
     def _gate_hook(self, i: int, fused: bool, act: str, t: float):
         def hook(mod: nn.Module, args: tuple, out: Tensor) -> None:

@@ -13,6 +13,7 @@ from torchmetrics import Metric
 
 from satmon.discovery import NormLayer
 from satmon.functional.saturation import saturation_counts, saturation_fraction
+from satmon.hooks import HookSet
 
 __all__ = ["SaturationCounter", "SaturationHooks"]
 
@@ -86,7 +87,7 @@ class SaturationCounter(Metric):
         return saturation_fraction(self.saturated, self.total)
 
 
-class SaturationHooks:
+class SaturationHooks(HookSet):
     """Forward hooks on DyT layers that feed a :class:`SaturationCounter`.
 
     The hot path is one ``abs``, two comparisons and two sums per layer, all on the activations'
@@ -114,10 +115,9 @@ class SaturationHooks:
     def __init__(self, layers: Sequence[NormLayer], counter: SaturationCounter) -> None:
         if len(layers) != counter.saturated.numel():
             raise ValueError(f"Expected a counter with {len(layers)} layers, got {counter.saturated.numel()}.")
+        super().__init__()
         self.layers = list(layers)
         self.counter = counter
-        self.enabled = True
-        self._handles: list[RemovableHandle] = []
 
     def _make_hook(self, index: int, module: nn.Module):
         def hook(mod: nn.Module, args: tuple, output: Tensor) -> None:
@@ -128,21 +128,8 @@ class SaturationHooks:
 
         return hook
 
-    def attach(self) -> "SaturationHooks":
-        """Register the hooks (idempotent)."""
-        if not self._handles:
-            self._handles = [l.module.register_forward_hook(self._make_hook(i, l.module)) for i, l in enumerate(self.layers)]
-        return self
-
-    def detach(self) -> None:
-        """Remove the hooks: afterwards forward passes run no satmon code at all."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
-    @property
-    def attached(self) -> bool:
-        return bool(self._handles)
+    def _register(self) -> list[RemovableHandle]:
+        return [l.module.register_forward_hook(self._make_hook(i, l.module)) for i, l in enumerate(self.layers)]
 
     def alphas(self) -> Tensor:
         """Current ``|alpha|`` of each layer as one float64 device tensor (mean for per-channel alpha)."""

@@ -1,0 +1,39 @@
+"""The attach / detach / enable life cycle shared by satmon's forward-hook sets."""
+
+from __future__ import annotations
+
+from torch.utils.hooks import RemovableHandle
+
+__all__ = ["HookSet"]
+
+
+class HookSet:
+    """A set of forward hooks that can be attached, detached, and switched off without detaching.
+
+    ``enabled`` is a plain Python flag read at the top of each hook: under ``torch.compile`` it is a
+    guard, so flipping it (window over, watch step) costs at most one extra graph, never a
+    recompile per step. Subclasses implement :meth:`_register`.
+    """
+
+    def __init__(self) -> None:
+        self.enabled = True
+        self._handles: list[RemovableHandle] = []
+
+    def _register(self) -> list[RemovableHandle]:
+        raise NotImplementedError
+
+    def attach(self):
+        """Register the hooks (idempotent); returns ``self``."""
+        if not self._handles:
+            self._handles = self._register()
+        return self
+
+    def detach(self) -> None:
+        """Remove the hooks: afterwards forward passes run no code of this set."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._handles)
