@@ -49,7 +49,7 @@ def run_demo(args: argparse.Namespace):
                   norm=args.norm, alpha_init=2.0, lr=3e-3, warmup=50)
     data = CorpusDataModule(seq_len=args.seq_len, batch_size=args.batch_size, train_tokens=args.train_tokens, seed=args.seed)
     monitor = SaturationMonitor(window=args.window, threshold=args.threshold, log_every_n_steps=25, verbose=False)
-    logger = TensorBoardLogger(args.logdir, name="demo")
+    logger = TensorBoardLogger(args.logdir, name="demo", default_hp_metric=False)  # the HParams view shows satmon's verdict
     ckpt = ModelCheckpoint(every_n_train_steps=args.checkpoint_every or None, save_top_k=-1 if args.checkpoint_every else 1)
     trainer = pl.Trainer(
         max_steps=steps, accelerator="cpu", devices=1, logger=logger, callbacks=[monitor, ckpt],

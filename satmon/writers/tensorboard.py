@@ -127,12 +127,15 @@ _HPARAM_WRITERS: dict[str, Any] = {}
 
 
 def add_layout(loggers: Iterable[Logger], layer_names: list[str]) -> None:
-    """A TensorBoard custom-scalars layout: pooled saturation beside the per-layer curves."""
+    """A TensorBoard custom-scalars layout: pooled saturation beside the per-layer curves.
+
+    Tags are regexes, so runs with different layers share one layout.
+    """
     layout = {
         "satmon": {
-            "saturation (pooled vs per layer)": ["Multiline", [TAG.saturation] + [TAG.layer_saturation(n) for n in layer_names]],
-            "alpha per layer": ["Multiline", [TAG.alpha(n) for n in layer_names]],
-            "verdict and margin": ["Multiline", [TAG.verdict, TAG.margin]],
+            "saturation (pooled vs per layer)": ["Multiline", [r"^satmon/saturation(/.*)?$"]],
+            "alpha per layer": ["Multiline", [r"^satmon/alpha/.*"]],
+            "verdict and margin": ["Multiline", [r"^satmon/(verdict|margin)$"]],
         }
     }
     for lg in _tensorboards(loggers):
