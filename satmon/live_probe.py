@@ -115,6 +115,7 @@ class LiveProbe:
         self.alignment_warn_below, self.ratio_warn_below = float(alignment_warn_below), float(ratio_warn_below)
         self.probe_kwargs = probe_kwargs
         self.batches: list[Any] = []
+        self.saved_to: str | None = None  # where the calibration set was saved (rank zero, with a logger)
         self.reports: list[tuple[int, Report]] = []
         self._last_step: int | None = None
         self._warned: set[str] = set()
@@ -142,6 +143,18 @@ class LiveProbe:
         if len(self.batches) < self.calibration_batches:
             rank_zero_warn(f"satmon: the training loader gave {len(self.batches)} of the {self.calibration_batches} "
                            "calibration batches asked for; the live probe uses those.")  # fmt: skip
+        self._save_batches(trainer)
+
+    def _save_batches(self, trainer: pl.Trainer) -> None:
+        """Save the calibration set beside the logs (rank zero), so ``satmon replay --data`` reads the same batches."""
+        log_dir = trainer.log_dir if trainer.loggers else None
+        if trainer.global_rank != 0 or not log_dir or not self.batches:
+            return
+        import os
+
+        os.makedirs(log_dir, exist_ok=True)
+        self.saved_to = os.path.join(log_dir, "satmon_calibration.pt")
+        torch.save(self.batches, self.saved_to)
 
     # ------------------------------------------------------------------------------------ runs
     def maybe_run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Report | None:

@@ -58,6 +58,9 @@ def test_callback_logs_dead_direction_trajectories_at_expected_steps(tmp_path):
     assert [s for s, _ in tb[TAG.sigma_min_min_ratio]] == [0, 2, 4, 6]
     assert [v for _, v in tb[TAG.sigma_min_min_ratio]] == pytest.approx([r.sigma_min.min_ratio for _, r in live.reports], rel=1e-6)
     assert TAG.saturation not in tb  # no DyT, and the probe leaves saturation tags to the window
+    # the calibration set is saved beside the logs, so a replay can use the very same batches
+    saved = torch.load(live.saved_to, weights_only=True)
+    assert len(saved) == 2 and all(torch.equal(a, b) for x, y in zip(saved, live.batches) for a, b in zip(x, y))
 
 
 def test_probe_on_checkpoint_save_runs_once_per_step(tmp_path):

@@ -19,7 +19,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, help="total training steps (default: the window)")
     p.add_argument("--threshold", type=float, default=0.43)
     p.add_argument("--logdir", default="satmon_logs", help="TensorBoard root (default ./satmon_logs)")
-    p.add_argument("--norm", choices=["dyt", "layernorm"], default="dyt")
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=16)
@@ -46,7 +45,7 @@ def run_demo(args: argparse.Namespace):
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     steps = args.steps or args.window
     model = LitLM(arch="gpt", d_model=args.d_model, n_layers=args.layers, n_heads=4, seq_len=args.seq_len,
-                  norm=args.norm, alpha_init=2.0, lr=3e-3, warmup=50)
+                  norm="dyt", alpha_init=2.0, lr=3e-3, warmup=50)
     data = CorpusDataModule(seq_len=args.seq_len, batch_size=args.batch_size, train_tokens=args.train_tokens, seed=args.seed)
     monitor = SaturationMonitor(window=args.window, threshold=args.threshold, log_every_n_steps=25, verbose=False)
     logger = TensorBoardLogger(args.logdir, name="demo", default_hp_metric=False)  # the HParams view shows satmon's verdict
@@ -62,9 +61,6 @@ def run_demo(args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.norm != "dyt":
-        print("satmon demo: --norm layernorm trains the LayerNorm baseline; there is no DyT to screen.")
-        return 2
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*LeafSpec.*")
