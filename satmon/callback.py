@@ -425,7 +425,7 @@ class SaturationMonitor(Callback):
         self.watch_log.append({"step": step, "gated_saturation": gated_sat, "nonfinite": sum(bad), "loss_z": z, **{k.value: v for k, v in found.items()}})
         messages = {
             StopReason.COLLAPSE_RISK: f"saturation of DyT feeding gated MLPs {gated_sat if gated_sat is not None else 0:.4f} >= {self.collapse_threshold:g}",
-            StopReason.NONFINITE: f"{sum(bad)} non-finite DyT inputs" + (" and a non-finite training loss" if loss_nonfinite else "") + " in the watched step",
+            StopReason.NONFINITE: f"{sum(bad)} DyT layer input(s) with non-finite values" + (" and a non-finite training loss" if loss_nonfinite else "") + " in the watched step",
             StopReason.LOSS_SPIKE: f"training loss {z:.1f} robust sigmas above its running baseline (limit {self.loss_spike_z:g})",
         }
         for reason in (StopReason.NONFINITE, StopReason.COLLAPSE_RISK, StopReason.LOSS_SPIKE):

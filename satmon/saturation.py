@@ -12,7 +12,7 @@ from torch.utils.hooks import RemovableHandle
 from torchmetrics import Metric
 
 from satmon.discovery import NormLayer
-from satmon.functional.saturation import saturation_counts, saturation_fraction
+from satmon.functional.saturation import saturation_counts, saturation_fraction, saturation_threshold
 from satmon.hooks import HookSet
 
 __all__ = ["SaturationCounter", "SaturationHooks"]
@@ -57,16 +57,16 @@ class SaturationCounter(Metric):
         """Count one forward input ``x`` of layer ``index`` (no host sync)."""
         self.accumulate(index, x, alpha)
 
-    def accumulate(self, index: int, x: Tensor, alpha: Tensor) -> None:
+    def accumulate(self, index: int, x: Tensor, alpha: Tensor, threshold: Tensor | None = None) -> None:
         """:meth:`update` without torchmetrics' wrapper: the hooks' hot path.
 
         The wrapper bumps a Python counter on every call, which ``torch.compile`` guards on, so a
         hooked compiled model would recompile at every step; this path touches tensors only.
         """
-        sat, bad = saturation_counts(x, alpha, self.level)
-        self.saturated[index] += sat
-        self.nonfinite[index] += bad
-        self.total[index] += x.numel()
+        sat, bad = saturation_counts(x, alpha, self.level, threshold)
+        self.saturated.select(0, index).add_(sat)
+        self.nonfinite.select(0, index).add_(bad)
+        self.total.select(0, index).add_(x.numel())
 
     def compute(self) -> dict[str, Tensor]:
         """Fractions (float64): ``pooled`` (0-dim) and ``per_layer`` (``(L,)``), plus raw counts."""
@@ -90,7 +90,7 @@ class SaturationCounter(Metric):
 class SaturationHooks(HookSet):
     """Forward hooks on DyT layers that feed a :class:`SaturationCounter`.
 
-    The hot path is one ``abs``, two comparisons and two sums per layer, all on the activations'
+    The hot path is one ``abs``, one in-place comparison and two sums per layer, all on the activations'
     device; no ``.item()``, no reference kept to activations. ``enabled`` is a plain Python flag:
     under ``torch.compile`` it is a guard, so flipping it once (window over) costs one recompile,
     not one per step.
@@ -118,15 +118,31 @@ class SaturationHooks(HookSet):
         super().__init__()
         self.layers = list(layers)
         self.counter = counter
+        self._thresholds: dict[int, tuple[tuple, Tensor]] = {}
 
     def _make_hook(self, index: int, module: nn.Module):
         def hook(mod: nn.Module, args: tuple, output: Tensor) -> None:
             if not self.enabled or not args:
                 return
             with torch.no_grad():
-                self.counter.accumulate(index, args[0], mod.alpha)
+                self.counter.accumulate(index, args[0], mod.alpha, self._threshold(index, mod.alpha))
 
         return hook
+
+    def _threshold(self, index: int, alpha: Tensor) -> Tensor | None:
+        """The layer's threshold, recomputed only when ``alpha`` changed.
+
+        ``alpha`` changes only in place (optimizer steps, loads), which bumps its version counter:
+        a cache keyed on ``(data_ptr, _version)`` needs no device read. Under ``torch.compile`` the
+        threshold ops are part of the graph, so there is nothing to cache.
+        """
+        if torch.compiler.is_compiling():
+            return None
+        key = (alpha.data_ptr(), alpha._version, alpha.device)
+        cached = self._thresholds.get(index)
+        if cached is None or cached[0] != key:
+            cached = self._thresholds[index] = (key, saturation_threshold(alpha, self.counter.level))
+        return cached[1]
 
     def _register(self) -> list[RemovableHandle]:
         return [l.module.register_forward_hook(self._make_hook(i, l.module)) for i, l in enumerate(self.layers)]

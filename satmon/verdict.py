@@ -34,8 +34,9 @@ class Verdict:
         level: the saturation level.
         reason: one human sentence.
         elements: number of elements counted (all layers, all ranks).
-        nonfinite: non-finite DyT inputs seen (they are excluded from nothing: ``inf`` counts as
-            saturated, ``nan`` as not; any non-zero value deserves a look).
+        nonfinite: DyT layer inputs (one layer, one forward pass each) that held any ``inf``/``nan``
+            in the window. ``inf`` elements count as saturated, ``nan`` ones do not; any non-zero
+            value deserves a look.
         inconclusive: ``|margin| < INCONCLUSIVE_BAND``.
         gated: whether a DyT layer feeds a gated (SwiGLU/GeGLU) MLP; ``None`` when not checked.
         gated_layers: the DyT layers that feed a gated MLP.
@@ -127,7 +128,7 @@ class Verdict:
                       + (f"; collapse risk: {'YES' if self.collapse_risk else 'no'} "
                          f"(pooled saturation vs {self.collapse_threshold:g})" if self.gated else "")]
         if self.nonfinite:
-            lines += ["", f"Warning: {self.nonfinite:,} non-finite DyT inputs were seen in the window."]
+            lines += ["", f"Warning: {self.nonfinite:,} DyT layer input(s) held non-finite values in the window."]
         lines += ["", "| layer | saturation |", "|---|---|"]
         lines += [f"| {name} | {frac:.4f} |" for name, frac in self.per_layer.items()]
         if self.risk:

@@ -55,7 +55,35 @@ def test_nonfinite_counted_separately_never_raises():
     x = torch.tensor([1.0, float("inf"), -float("inf"), float("nan"), 0.1])
     sat, bad = saturation_counts(x, torch.tensor([1.0]), 2.0)
     ref_sat, ref_bad = reference(x, torch.tensor([1.0]), 2.0)
-    assert (sat.item(), bad.item()) == (ref_sat, ref_bad) == (2, 3)
+    assert sat.item() == ref_sat == 2 and ref_bad == 3 and bad.item() == 1  # a flag per input
+    assert saturation_counts(torch.tensor([1.0, 3.0]), torch.tensor([1.0]), 2.0)[1].item() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_input_is_never_modified(dtype):
+    x = torch.randn(4, 8).to(dtype)
+    before = x.clone()
+    saturation_counts(x, torch.tensor([2.0]), 2.0)
+    assert torch.equal(x, before)
+
+
+def test_cached_threshold_follows_alpha_changes():
+    from satmon import DyT
+    from satmon.discovery import find_dyt_layers
+    from satmon.saturation import SaturationHooks
+
+    norm = DyT(64, alpha_init=2.0)
+    layers = find_dyt_layers(torch.nn.Sequential(norm))
+    hooks = SaturationHooks(layers, SaturationCounter(1)).attach()
+    g = torch.Generator().manual_seed(4)
+    expected = 0
+    for alpha in (2.0, 2.0, 0.7, 3.1):
+        with torch.no_grad():
+            norm.alpha.fill_(alpha)  # in place, as an optimizer step: bumps the version counter
+        x = torch.randn(8, 64, generator=g) * 2
+        norm(x)
+        expected += reference(x, torch.tensor([alpha]), 2.0)[0]
+        assert hooks.counter.saturated.item() == expected
 
 
 def test_zero_alpha_saturates_nothing():

@@ -101,7 +101,7 @@ def test_nonfinite_activations_are_counted_and_reported(tmp_path):
     monitor = SaturationMonitor(window=2, verbose=False)
     trainer(tmp_path, max_steps=2, callbacks=[monitor]).fit(Poisoned(alpha=2.0 / 0.56), tuned_loader())
     v = monitor.verdict
-    assert v.nonfinite == 3 and "3 non-finite" in v.card()
+    assert v.nonfinite == 1 and "1 DyT layer input(s) held non-finite values" in v.card()  # one poisoned forward
     # inf counts as saturated (|alpha * inf| > 2), nan does not: 44 of 100 per row, row 0 of batch 1 changed
     expected = (8 * 44 - 0 + 2 - sum(1 for i in range(3) if (i + 0.5) / 100 > 0.56)) / 800
     assert v.saturation == pytest.approx(expected, abs=1e-12)

@@ -53,17 +53,24 @@ def saturation_threshold(alpha: Tensor, level: float) -> Tensor:
     return torch.where(fits & torch.isfinite(up), up, t)
 
 
-def saturation_counts(x: Tensor, alpha: Tensor, level: float) -> tuple[Tensor, Tensor]:
-    """Count the saturated and the non-finite elements of one DyT input.
+def saturation_counts(x: Tensor, alpha: Tensor, level: float, threshold: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Count the saturated elements of one DyT input, and flag non-finite ones.
+
+    Cost: one ``abs``, one sum, one in-place comparison and one more sum over ``x`` (a bool
+    comparison followed by a bool sum is several times slower on CPUs, and an exact count of
+    non-finite elements would need another full comparison pass: the flag is one ``isfinite`` on
+    a scalar).
 
     Args:
         x: the DyT input, any shape (``(B, T, C)`` or channels-first ``(B, C, H, W)``).
         alpha: the layer's ``alpha`` (read at call time, so FSDP-gathered parameters are whole).
         level: saturation level; an element is saturated when ``|alpha * x| > level`` (strict).
+        threshold: ``saturation_threshold(alpha, level)`` when the caller caches it.
 
     Returns:
-        ``(saturated, nonfinite)``: int64 0-dim device tensors. ``inf`` inputs count as saturated
-        (``|alpha * inf| > level``) and as non-finite; ``nan`` inputs only as non-finite.
+        ``(saturated, nonfinite)``: int64 0-dim device tensors. ``saturated`` counts ``inf`` inputs
+        (``|alpha * inf| > level``) and never ``nan``; ``nonfinite`` is 1 when ``x`` holds any
+        ``inf``/``nan``, else 0 (so summed over calls it counts the inputs that had one).
 
     Example:
         >>> import torch
@@ -73,14 +80,18 @@ def saturation_counts(x: Tensor, alpha: Tensor, level: float) -> tuple[Tensor, T
         (1, 1)
     """
     with torch.no_grad():
-        ax = x.detach().abs()
-        t = saturation_threshold(alpha, level)
-        if alpha.numel() != 1 and x.dim() >= 1:
-            t = t.to(ax.device)
-        saturated = (ax > t).sum()
-        # abs(x) <= float max is False exactly for +-inf and nan: one pass counts both.
-        nonfinite = ax.numel() - (ax <= torch.finfo(ax.dtype).max).sum()
-    return saturated, nonfinite
+        x = x.detach()
+        if x.dtype == torch.float64:  # float64 activations: compare the product itself
+            ax = x.abs()
+            a = alpha.detach().to(torch.float64).abs().reshape(-1 if alpha.numel() == 1 else alpha.shape)
+            return (ax * a > level).sum(), (~torch.isfinite(ax.sum())).to(torch.int64)
+        t = saturation_threshold(alpha, level) if threshold is None else threshold
+        ax = x.abs() if x.dtype == torch.float32 else x.to(torch.float32).abs_()  # a fresh float32 buffer
+        total = ax.sum()  # non-finite exactly when some element is
+        ax.gt_(t)  # 1.0 where |x| > t, in place
+        # a float32 sum of 0/1 is exact below 2**24 elements; beyond, accumulate in float64
+        saturated = ax.sum() if ax.numel() < 2**24 else ax.sum(dtype=torch.float64)
+        return saturated.to(torch.int64), (~torch.isfinite(total)).to(torch.int64)
 
 
 def saturation_fraction(saturated: Tensor, total: Tensor) -> Tensor:
