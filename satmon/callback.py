@@ -337,7 +337,7 @@ class SaturationMonitor(Callback):
     def _conclude(self, trainer: pl.Trainer, step: int, partial: bool = False) -> None:
         r = self._readings()
         assert self.hooks is not None
-        self.hooks.detach()  # the rest of training runs no satmon code in forward passes
+        self.hooks.detach()  # the window is over: only the idle collapse-watch hooks (if any) remain
         self.hooks.enabled = False
         gated_layers = list(self.gating.pairings) if self.gating is not None else []
         risk: dict[str, dict[str, float]] = {}
