@@ -239,6 +239,8 @@ class SaturationMonitor(Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
         if self.hooks is not None and self.hooks.attached and self.sample_every > 1:
             self.hooks.enabled = trainer.global_step % self.sample_every == 0
+        if self.hooks is not None and self.hooks.attached and self.hooks.enabled:
+            self.hooks.refresh_thresholds()  # one batched op per step instead of one per layer
         elif self.watch_hooks is not None and self.watch_hooks.attached:
             on = trainer.global_step % self.watch_every_n_steps == 0  # flips once per check: 2 compiled variants at most
             if self.watch_hooks.enabled != on:

@@ -57,13 +57,13 @@ class SaturationCounter(Metric):
         """Count one forward input ``x`` of layer ``index`` (no host sync)."""
         self.accumulate(index, x, alpha)
 
-    def accumulate(self, index: int, x: Tensor, alpha: Tensor, threshold: Tensor | None = None) -> None:
+    def accumulate(self, index: int, x: Tensor, alpha: Tensor, threshold: Tensor | None = None, scratch: Tensor | None = None) -> None:
         """:meth:`update` without torchmetrics' wrapper: the hooks' hot path.
 
         The wrapper bumps a Python counter on every call, which ``torch.compile`` guards on, so a
         hooked compiled model would recompile at every step; this path touches tensors only.
         """
-        sat, bad = saturation_counts(x, alpha, self.level, threshold)
+        sat, bad = saturation_counts(x, alpha, self.level, threshold, scratch)
         self.saturated.select(0, index).add_(sat)
         self.nonfinite.select(0, index).add_(bad)
         self.total.select(0, index).add_(x.numel())
@@ -119,13 +119,15 @@ class SaturationHooks(HookSet):
         self.layers = list(layers)
         self.counter = counter
         self._thresholds: dict[int, tuple[tuple, Tensor]] = {}
+        self._buffers: dict[torch.Size, Tensor] = {}
 
     def _make_hook(self, index: int, module: nn.Module):
         def hook(mod: nn.Module, args: tuple, output: Tensor) -> None:
             if not self.enabled or not args:
                 return
             with torch.no_grad():
-                self.counter.accumulate(index, args[0], mod.alpha, self._threshold(index, mod.alpha))
+                x = args[0]
+                self.counter.accumulate(index, x, mod.alpha, self._threshold(index, mod.alpha), self._scratch(x))
 
         return hook
 
@@ -143,6 +145,29 @@ class SaturationHooks(HookSet):
         if cached is None or cached[0] != key:
             cached = self._thresholds[index] = (key, saturation_threshold(alpha, self.counter.level))
         return cached[1]
+
+    def refresh_thresholds(self) -> None:
+        """Compute every scalar-``alpha`` layer's threshold in one batched op (call once per optimizer
+        step, outside the forward). Layers whose ``alpha`` is not a whole scalar here (per-channel, or
+        an FSDP shard outside the forward) keep computing theirs in the hook."""
+        alphas = [l.module.alpha for l in self.layers]
+        scalar = [i for i, a in enumerate(alphas) if a.numel() == 1]
+        if not scalar or len({alphas[i].device for i in scalar}) != 1:
+            return
+        with torch.no_grad():
+            t = saturation_threshold(torch.stack([alphas[i].detach().reshape(()) for i in scalar]), self.counter.level)  # (L,)
+        for j, i in enumerate(scalar):
+            a = alphas[i]
+            self._thresholds[i] = ((a.data_ptr(), a._version, a.device), t[j : j + 1])
+
+    def _scratch(self, x: Tensor) -> Tensor | None:
+        """A float32 work buffer shared by the layers, on CPU only (GPU allocations are cached already)."""
+        if x.device.type != "cpu" or torch.compiler.is_compiling():
+            return None
+        buf = self._buffers.get(x.shape)
+        if buf is None:
+            buf = self._buffers[x.shape] = torch.empty(x.shape, dtype=torch.float32)
+        return buf
 
     def _register(self) -> list[RemovableHandle]:
         return [l.module.register_forward_hook(self._make_hook(i, l.module)) for i, l in enumerate(self.layers)]

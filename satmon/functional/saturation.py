@@ -53,7 +53,9 @@ def saturation_threshold(alpha: Tensor, level: float) -> Tensor:
     return torch.where(fits & torch.isfinite(up), up, t)
 
 
-def saturation_counts(x: Tensor, alpha: Tensor, level: float, threshold: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def saturation_counts(
+    x: Tensor, alpha: Tensor, level: float, threshold: Tensor | None = None, scratch: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Count the saturated elements of one DyT input, and flag non-finite ones.
 
     Cost: one ``abs``, one sum, one in-place comparison and one more sum over ``x`` (a bool
@@ -66,6 +68,8 @@ def saturation_counts(x: Tensor, alpha: Tensor, level: float, threshold: Tensor 
         alpha: the layer's ``alpha`` (read at call time, so FSDP-gathered parameters are whole).
         level: saturation level; an element is saturated when ``|alpha * x| > level`` (strict).
         threshold: ``saturation_threshold(alpha, level)`` when the caller caches it.
+        scratch: a float32 buffer of ``x``'s shape and device to work in (saves an allocation per
+            call; its content is overwritten).
 
     Returns:
         ``(saturated, nonfinite)``: int64 0-dim device tensors. ``saturated`` counts ``inf`` inputs
@@ -86,7 +90,10 @@ def saturation_counts(x: Tensor, alpha: Tensor, level: float, threshold: Tensor 
             a = alpha.detach().to(torch.float64).abs().reshape(-1 if alpha.numel() == 1 else alpha.shape)
             return (ax * a > level).sum(), (~torch.isfinite(ax.sum())).to(torch.int64)
         t = saturation_threshold(alpha, level) if threshold is None else threshold
-        ax = x.abs() if x.dtype == torch.float32 else x.to(torch.float32).abs_()  # a fresh float32 buffer
+        if scratch is not None and scratch.shape == x.shape and scratch.dtype == torch.float32 and scratch.device == x.device:
+            ax = torch.abs(x, out=scratch) if x.dtype == torch.float32 else scratch.copy_(x).abs_()
+        else:
+            ax = x.abs() if x.dtype == torch.float32 else x.to(torch.float32).abs_()  # a fresh float32 buffer
         total = ax.sum()  # non-finite exactly when some element is
         ax.gt_(t)  # 1.0 where |x| > t, in place
         # a float32 sum of 0/1 is exact below 2**24 elements; beyond, accumulate in float64
