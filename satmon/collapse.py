@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 from torchmetrics import Metric
 
-from satmon.functional.gate import flat_threshold, gate_stats_update, split_gate_up
+from satmon.functional.gate import flat_count, flat_threshold, split_gate_up
 from satmon.gating import GatingReport
 from satmon.hooks import HookSet
 
@@ -63,24 +63,23 @@ class GateHooks(HookSet):
         self._targets = []
         for i, (norm, p) in enumerate(gating.pairings.items()):
             act = p.activation if p.activation in ("silu", "gelu", "gelu_tanh") else "silu"
-            self._targets.append((i, modules[p.gate], modules[p.down], p.fused, act, flat_threshold(act)))
+            self._targets.append((i, modules[p.gate], modules[p.down], p.fused, flat_threshold(act)))
 
     def _register(self) -> list[RemovableHandle]:
         handles = []
-        for i, gate, down, fused, act, t in self._targets:
-            handles.append(gate.register_forward_hook(self._gate_hook(i, fused, act, t)))
+        for i, gate, down, fused, t in self._targets:
+            handles.append(gate.register_forward_hook(self._gate_hook(i, fused, t)))
             handles.append(down.register_forward_pre_hook(self._down_hook(i)))
         return handles
 
-    def _gate_hook(self, i: int, fused: bool, act: str, t: float):
+    def _gate_hook(self, i: int, fused: bool, t: float):
         def hook(mod: nn.Module, args: tuple, out: Tensor) -> None:
             if not self.enabled:
                 return
             with torch.no_grad():
                 g = split_gate_up(out)[0] if fused else out
-                n_flat, _, _ = gate_stats_update(g, None, activation=act, threshold=t)
-                self.counter.n_flat[i] += n_flat
-                self.counter.n_gate[i] += g.numel()
+                self.counter.n_flat.select(0, i).add_(flat_count(g, t))  # only the count: no act(g), no sum
+                self.counter.n_gate.select(0, i).add_(g.numel())
 
         return hook
 
@@ -90,16 +89,16 @@ class GateHooks(HookSet):
                 return
             with torch.no_grad():
                 h = args[0].detach()
-                self.counter.sum_hidden[i] += h.abs().sum(dtype=torch.float64)
-                self.counter.n_hidden[i] += h.numel()
+                self.counter.sum_hidden.select(0, i).add_(h.abs().sum(dtype=torch.float64))
+                self.counter.n_hidden.select(0, i).add_(h.numel())
 
         return hook
 
     def readings(self) -> dict[str, dict[str, float]]:
         """Per gated block: ``flat_fraction`` and ``mean_abs_hidden`` (syncs ranks and the host)."""
         with self.counter.sync_context(should_sync=True, should_unsync=True):
-            n_flat, n_gate, n_hidden = (getattr(self.counter, k).cpu().tolist() for k in ("n_flat", "n_gate", "n_hidden"))
-            s_hidden = self.counter.sum_hidden.cpu().tolist()
+            packed = torch.stack([getattr(self.counter, k).to(torch.float64) for k in ("n_flat", "n_gate", "sum_hidden", "n_hidden")])
+            n_flat, n_gate, s_hidden, n_hidden = packed.cpu().tolist()  # one transfer
         return {
             b: {"flat_fraction": f / g if g else 0.0, "mean_abs_hidden": s / h if h else 0.0}
             for b, f, g, s, h in zip(self.blocks, n_flat, n_gate, s_hidden, n_hidden)

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["ACTIVATIONS", "flat_threshold", "gate_stats", "gate_stats_finalize", "gate_stats_update", "split_gate_up"]
+__all__ = ["ACTIVATIONS", "flat_count", "flat_threshold", "gate_stats", "gate_stats_finalize", "gate_stats_update", "split_gate_up"]
 
 ACTIVATIONS = {
     "silu": F.silu,
@@ -106,6 +106,20 @@ def split_gate_up(gate_up: Tensor, gate_first: bool = True) -> tuple[Tensor, Ten
     return (g, u) if gate_first else (u, g)
 
 
+def flat_count(gate: Tensor, threshold: float) -> Tensor:
+    """Number of gate pre-activations in the flat region ``g < threshold`` (int64 device tensor, no sync).
+
+    bf16/fp16 gates are compared in float32, so the threshold is not rounded to the gate's dtype.
+
+    Example:
+        >>> import torch
+        >>> int(flat_count(torch.tensor([-6.0, -4.0, 2.0]), -4.0826))
+        1
+    """
+    g = gate.detach()
+    return ((g if g.dtype in (torch.float32, torch.float64) else g.float()) < threshold).sum()
+
+
 def gate_stats_update(
     gate: Tensor,
     up: Tensor | None = None,
@@ -141,7 +155,7 @@ def gate_stats_update(
     act = _activation(activation)
     t = flat_threshold(activation, tol) if threshold is None else float(threshold)
     g = gate.detach().float()  # upcast bf16/fp16: the sums below accumulate many elements
-    n_flat = (g < t).sum()  # int64, stays on device
+    n_flat = flat_count(g, t)  # int64, stays on device
     n_total = torch.tensor(g.numel(), dtype=torch.int64, device=g.device)
     hidden = act(g) if up is None else act(g) * up.detach().float()  # (..., H)
     return n_flat, n_total, hidden.abs().sum()
