@@ -315,11 +315,8 @@ class SaturationMonitor(Callback):
     # ----------------------------------------------------------------------------- readings
     def _readings(self) -> dict[str, Any]:
         """Counts summed over ranks, moved to the host once (the only host transfer)."""
-        assert self.counter is not None and self.hooks is not None
-        with self.counter.sync_context(should_sync=True, should_unsync=True):
-            packed = torch.stack([self.counter.saturated, self.counter.total, self.counter.nonfinite]).cpu()
-        sat, total, bad = packed.tolist()
-        alphas = self.hooks.alphas().cpu().tolist()
+        assert self.hooks is not None
+        sat, total, bad, alphas = self.hooks.host_counts(sync=True)
         n = sum(total)
         return {
             "pooled": sum(sat) / n if n else 0.0,

@@ -656,8 +656,7 @@ def _saturation_readout(
     """Per-layer and pooled DyT saturation (this process only: no collective), then the verdict."""
     if counter is None or hooks is None:
         return None, None
-    sat, total, bad = torch.stack([counter.saturated, counter.total, counter.nonfinite]).cpu().tolist()
-    alphas = hooks.alphas().cpu().tolist()
+    sat, total, bad, alphas = hooks.host_counts(sync=False)  # local: a probe on one rank never waits for others
     per_layer = {}
     for l, s, t, b, a in zip(dyt, sat, total, bad, alphas):
         r = readings[l.name]

@@ -172,6 +172,20 @@ class SaturationHooks(HookSet):
     def _register(self) -> list[RemovableHandle]:
         return [l.module.register_forward_hook(self._make_hook(i, l.module)) for i, l in enumerate(self.layers)]
 
+    def host_counts(self, sync: bool = True) -> tuple[list[int], list[int], list[int], list[float]]:
+        """``(saturated, total, nonfinite, alpha)`` per layer on the host, in one transfer.
+
+        Args:
+            sync: sum the counts over DDP ranks first (a collective: every rank must call it);
+                ``False`` reads this process's counts only (the probe).
+        """
+        c = self.counter
+        with c.sync_context(should_sync=sync, should_unsync=True):
+            counts = torch.stack([c.saturated, c.total, c.nonfinite]).to(torch.float64)  # exact below 2**53
+        packed = torch.cat([counts, self.alphas().to(counts.device).unsqueeze(0)]).cpu().tolist()
+        sat, total, bad = ([int(v) for v in row] for row in packed[:3])
+        return sat, total, bad, packed[3]
+
     def alphas(self) -> Tensor:
         """Current ``|alpha|`` of each layer as one float64 device tensor (mean for per-channel alpha)."""
         return torch.stack([l.module.alpha.detach().to(torch.float64).abs().mean() for l in self.layers])
