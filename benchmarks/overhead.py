@@ -56,6 +56,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from satmon import SaturationMonitor, find_dyt_layers
@@ -349,55 +350,119 @@ def audit_cuda(spec: ModelSpec, plan: Plan, configs: list[str]) -> dict[str, str
 
 
 def profile_hook(spec: ModelSpec, device: str, reps: int) -> str:
-    """Time each op of satmon's per-layer hook on one DyT input of ``spec``'s shape, and a few leaner variants."""
-    from satmon.functional.saturation import saturation_counts, saturation_threshold
-    from satmon.saturation import SaturationCounter
+    """Where the hook's time goes, per op: measured inside real training steps of ``spec``'s model,
+    and the same ops in a warm loop on one input for contrast.
 
-    x = torch.randn(spec.batch_size, spec.seq_len, spec.d_model, device=device)
-    alpha = torch.nn.Parameter(torch.tensor([2.0], device=device))
-    counter = SaturationCounter(1).to(device)
-    t = saturation_threshold(alpha, 2.0)
-    tmax = torch.finfo(x.dtype).max
-    thr_all = torch.full((spec.n_layers * 2 + 1,), 1.0, device=device)
+    Inside a step the activations and the allocator/dispatcher state are cold (the step just walked
+    through every weight and optimizer state), and each op costs several times its warm-loop
+    figure: that is why satmon's hook runs four tensor ops and nothing else.
+    """
+    from collections import defaultdict
 
-    def timeit(fn) -> float:
-        for _ in range(5):
-            fn()
+    from satmon.functional.saturation import saturation_sums, saturation_threshold, saturation_threshold_host
+    from satmon.models.gpt import GPT, GPTConfig
+    from satmon.saturation import SaturationCounter, SaturationHooks
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(d_model=spec.d_model, n_layers=spec.n_layers, n_heads=spec.n_heads, seq_len=spec.seq_len)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    layers = find_dyt_layers(model)
+    hooks = SaturationHooks(layers, SaturationCounter(len(layers)).to(device))
+    clock = time.perf_counter
+
+    def sync() -> None:
         if device == "cuda":
             torch.cuda.synchronize()
-        best = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            for _ in range(10):
-                fn()
-            if device == "cuda":
-                torch.cuda.synchronize()
-            best.append((time.perf_counter() - t0) / 10)
-        return quantile(best, 0.2)
 
-    ax = x.abs()
-    ops = {
-        "whole hook: counter.update(x, alpha)": lambda: counter.update(0, x, alpha),
-        "  saturation_counts(x, alpha)": lambda: saturation_counts(x, alpha, 2.0),
-        "    saturation_threshold(alpha) (per call)": lambda: saturation_threshold(alpha, 2.0),
-        "    x.abs()": lambda: x.abs(),
-        "    (|x| > t).sum()": lambda: (ax > t).sum(),
-        "    nonfinite: numel - (|x| <= max).sum()": lambda: ax.numel() - (ax <= tmax).sum(),
-        "  3 counter state updates": lambda: (counter.saturated[0].add_(1), counter.nonfinite[0].add_(0), counter.total[0].add_(1)),
-        "lean: count_nonzero(|x| > t)": lambda: torch.count_nonzero(x.abs() > t),
-        "lean: (x.abs() > t).sum() only": lambda: (x.abs() > t).sum(),
-        "lean: nonfinite via isfinite(x.sum())": lambda: torch.isfinite(x.sum()),
-        "one threshold for all layers (batched, per step)": lambda: saturation_threshold(thr_all, 2.0),
-        "float64 re-count |alpha*x|>2 (reference)": lambda: ((alpha.double() * x.double()).abs() > 2.0).sum(),
-        "user: ((alpha*x).abs()>2).float().mean().item()": lambda: ((alpha * x).abs() > 2.0).float().mean().item(),
-    }
+    spent: dict[str, list[float]] = defaultdict(list)
+    scratch: dict[str, Tensor] = {}
+
+    def ops(x: Tensor, alpha: Tensor, record: bool) -> None:
+        """The hook's hot path, one op at a time (what SaturationHooks runs, timed)."""
+        stamps = [clock()]
+        t = saturation_threshold_host(alpha.item(), 2.0) if device == "cpu" else saturation_threshold(alpha, 2.0)
+        sync(); stamps.append(clock())
+        buf = scratch.setdefault("buf", torch.empty(x.shape, dtype=torch.float32, device=device))
+        ax = torch.abs(x, out=buf)
+        sync(); stamps.append(clock())
+        ax.sum()
+        sync(); stamps.append(clock())
+        ax.gt_(t)
+        sync(); stamps.append(clock())
+        ax.sum()
+        sync(); stamps.append(clock())
+        if record:
+            names = ("threshold (read alpha, compute)", "abs(x) into the work buffer", "sum (non-finite flag)",
+                     "in-place > threshold", "sum (saturated count)")
+            for k, a, b in zip(names, stamps, stamps[1:]):
+                spent[k].append(b - a)
+
+    mode = {"v": "off"}
+    start: dict[str, float] = {}
+
+    def probe(mod, args, out) -> None:
+        if mode["v"] == "ops":
+            with torch.no_grad():
+                ops(args[0].detach(), mod.alpha.detach(), record=True)
+
+    def before(mod, args, out) -> None:
+        if mode["v"] == "satmon":
+            sync()
+            start["t"] = clock()
+
+    def after(mod, args, out) -> None:
+        if mode["v"] == "satmon":
+            sync()
+            spent["whole satmon hook (in a step)"].append(clock() - start["t"])
+
+    for l in layers:
+        l.module.register_forward_hook(before)
+    hooks.attach()
+    for l in layers:
+        l.module.register_forward_hook(after)
+        l.module.register_forward_hook(probe)
+    w = corpus_tokens(reps * 3 * spec.batch_size * (spec.seq_len + 1)).view(-1, spec.seq_len + 1).to(device)
+
+    def step(i: int) -> None:
+        b = w[i * spec.batch_size : (i + 1) * spec.batch_size]
+        logits = model(b[:, :-1])
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), b[:, 1:].flatten()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for i in range(reps * 3):
+        mode["v"] = ("satmon", "ops", "off")[i % 3]
+        hooks.enabled = mode["v"] == "satmon"
+        step(i)
+        if mode["v"] == "satmon":
+            hooks.counter.flush()
+    warm: dict[str, float] = {}
+    x = torch.randn(spec.batch_size, spec.seq_len, spec.d_model, device=device)
+    alpha = torch.tensor([2.0], device=device)
+    for _ in range(5):
+        ops(x, alpha, record=False)
+    before_warm = {k: len(v) for k, v in spent.items()}
+    for _ in range(reps * 10):
+        ops(x, alpha, record=True)
+    for k, v in spent.items():
+        if k in before_warm:
+            warm[k] = quantile(v[before_warm[k]:], 0.5)
+            del v[before_warm[k]:]
     with torch.no_grad():
-        rows = [(k, timeit(f)) for k, f in ops.items()]
-    layers = 2 * spec.n_layers + 1
-    lines = [f"Per-call cost of the hook's ops on one DyT input {tuple(x.shape)} ({x.numel():,} elements, {device}); "
-             f"the model has {layers} DyT layers, so one step pays {layers} calls.",
-             "| op | us per call | x layers = us per step |", "|---|---|---|"]
-    lines += [f"| {k.strip()} | {v * 1e6:.1f} | {v * 1e6 * layers:.0f} |" for k, v in rows]
+        t_warm = []
+        for _ in range(reps * 10):
+            t0 = clock()
+            hooks.counter.defer(0, *saturation_sums(x, 1.0), x.numel())
+            sync()
+            t_warm.append(clock() - t0)
+    warm["whole satmon hook (in a step)"] = quantile(t_warm, 0.5)
+    n = len(layers)
+    lines = [f"Per-call cost of satmon's hook on the {spec.name} model's DyT inputs {tuple(x.shape)} ({x.numel():,} elements, "
+             f"{device}), median over {reps} training steps x {n} DyT layers, against the same op in a warm loop on one input.",
+             "| op | us per call, in a training step | x layers = us per step | us per call, warm loop |", "|---|---|---|---|"]
+    for k, v in spent.items():
+        med = quantile(v, 0.5)
+        lines.append(f"| {k} | {med * 1e6:.1f} | {med * 1e6 * n:.0f} | {warm.get(k, float('nan')) * 1e6:.1f} |")
     return "\n".join(lines)
 
 
@@ -439,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         p.error(f"expected --configs from {CONFIGS}, got {bad}")
     if args.profile_hook:
-        print(profile_hook(specs["wide"], args.device, reps=20))
+        print(profile_hook(specs["wide"], args.device, reps=20 if not args.smoke else 2))
         return 0
     repeats = 2 if args.smoke else args.repeats
     watch_every = 4 if args.smoke else args.watch_every

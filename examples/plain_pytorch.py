@@ -48,9 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()
         opt.step()
         if step == args.window:  # the only host transfer of the window
-            per_layer = dict(zip((l.name for l in layers), counter.per_layer().tolist()))
-            verdict = decide(float(counter.pooled()), per_layer, threshold=args.threshold, step=step, window=args.window,
-                             elements=int(counter.total.sum()), nonfinite=int(counter.nonfinite.sum()))
+            counts = counter.compute()  # folds the hooks' queued sums into the counts first
+            per_layer = dict(zip((l.name for l in layers), counts["per_layer"].tolist()))
+            verdict = decide(float(counts["pooled"]), per_layer, threshold=args.threshold, step=step, window=args.window,
+                             elements=int(counts["total"].sum()), nonfinite=int(counts["nonfinite"].sum()))
             hooks.detach()  # the rest of training runs no satmon code
             print(verdict.card(), end="\n\n")
         if step % 100 == 0 or step == args.steps:

@@ -12,7 +12,13 @@ from torch.utils.hooks import RemovableHandle
 from torchmetrics import Metric
 
 from satmon.discovery import NormLayer
-from satmon.functional.saturation import saturation_counts, saturation_fraction, saturation_threshold
+from satmon.functional.saturation import (
+    saturation_counts,
+    saturation_fraction,
+    saturation_sums,
+    saturation_threshold,
+    saturation_threshold_host,
+)
 from satmon.hooks import HookSet
 
 __all__ = ["SaturationCounter", "SaturationHooks"]
@@ -24,6 +30,11 @@ class SaturationCounter(Metric):
     States are int64 tensors of shape ``(L,)`` declared with ``dist_reduce_fx="sum"``: DDP ranks
     add up raw counts, never averaged fractions, so the pooled fraction over ranks equals the one
     a single process would get over the same global data.
+
+    Deferred counts. :class:`SaturationHooks` hand over each call's two sums with :meth:`defer`
+    and the counter folds them into its states in one batch (:meth:`flush`, once per step in the
+    callback). Every reading method (``compute``, ``pooled``, ``per_layer``, ``sync``) flushes
+    first; code that reads the state tensors directly calls :meth:`flush` before.
 
     Args:
         num_layers: number of monitored layers ``L``.
@@ -46,30 +57,88 @@ class SaturationCounter(Metric):
     nonfinite: Tensor
 
     def __init__(self, num_layers: int, level: float = 2.0, **kwargs) -> None:
+        # the hooks update the states outside ``update()``, so torchmetrics' result cache would go stale
+        kwargs.setdefault("compute_with_cache", False)
         super().__init__(**kwargs)
         if num_layers < 1:
             raise ValueError(f"Expected num_layers >= 1, got {num_layers}.")
         self.level = float(level)
         for name in ("saturated", "total", "nonfinite"):
             self.add_state(name, default=torch.zeros(num_layers, dtype=torch.int64), dist_reduce_fx="sum")
+        self._pending: list[tuple[int, Tensor, Tensor, int]] = []
+        self._folds: dict[tuple, tuple[Tensor | None, Tensor]] = {}
 
     def update(self, index: int, x: Tensor, alpha: Tensor) -> None:  # type: ignore[override]
         """Count one forward input ``x`` of layer ``index`` (no host sync)."""
         self.accumulate(index, x, alpha)
 
     def accumulate(self, index: int, x: Tensor, alpha: Tensor, threshold: Tensor | None = None, scratch: Tensor | None = None) -> None:
-        """:meth:`update` without torchmetrics' wrapper: the hooks' hot path.
+        """:meth:`update` without torchmetrics' wrapper: the hooks' path under ``torch.compile``.
 
         The wrapper bumps a Python counter on every call, which ``torch.compile`` guards on, so a
         hooked compiled model would recompile at every step; this path touches tensors only.
         """
         sat, bad = saturation_counts(x, alpha, self.level, threshold, scratch)
+        if not torch.compiler.is_compiling():
+            self._update_count += 1  # what ``update()`` records (compute() warns without it)
         self.saturated.select(0, index).add_(sat)
         self.nonfinite.select(0, index).add_(bad)
         self.total.select(0, index).add_(x.numel())
 
+    def defer(self, index: int, abs_sum: Tensor, saturated: Tensor, numel: int) -> None:
+        """Queue one call's :func:`~satmon.functional.saturation.saturation_sums` for layer ``index``.
+
+        No tensor op runs here: the integer conversion, the non-finite flag and the state updates
+        of all queued calls happen together in :meth:`flush`.
+        """
+        self._pending.append((index, abs_sum, saturated, numel))
+        self._update_count += 1  # what ``update()`` records (compute() warns without it)
+        if len(self._pending) >= 16384:  # a loop that never reads its counts still holds little
+            self.flush()
+
+    def flush(self) -> None:
+        """Fold the deferred calls into the states: a handful of tensor ops for all of them, no host sync."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        index, abs_sums, sats, numels = zip(*pending)
+        n = len(pending)
+        sums = torch.stack(abs_sums + sats)  # (2n,), float64 if any call summed in float64
+        sat = sums[n:].to(torch.int64)
+        bad = (~torch.isfinite(sums[:n])).to(torch.int64)
+        key = (index, numels)
+        fold = self._folds.get(key)
+        if fold is None:  # a new call pattern (first step, new shapes): build its index and totals once
+            if len(self._folds) >= 64:
+                self._folds.clear()
+            per_layer = [0] * self.total.numel()
+            for i, k in zip(index, numels):
+                per_layer[i] += k
+            device = self.total.device
+            totals = torch.tensor(per_layer, dtype=torch.int64).to(device, non_blocking=True)
+            in_order = index == tuple(range(self.total.numel()))
+            idx = None if in_order else torch.tensor(index, dtype=torch.int64).to(device, non_blocking=True)
+            fold = self._folds[key] = (idx, totals)
+        idx, totals = fold
+        if idx is None:  # every layer once, in order: the usual step
+            self.saturated.add_(sat)
+            self.nonfinite.add_(bad)
+        else:
+            self.saturated.index_add_(0, idx, sat)
+            self.nonfinite.index_add_(0, idx, bad)
+        self.total.add_(totals)
+
+    def sync(self, *args, **kwargs) -> None:  # type: ignore[override]
+        self.flush()
+        super().sync(*args, **kwargs)
+
+    def reset(self) -> None:
+        self._pending = []
+        super().reset()
+
     def compute(self) -> dict[str, Tensor]:
         """Fractions (float64): ``pooled`` (0-dim) and ``per_layer`` (``(L,)``), plus raw counts."""
+        self.flush()
         return {
             "pooled": saturation_fraction(self.saturated.sum(), self.total.sum()),
             "per_layer": saturation_fraction(self.saturated, self.total),
@@ -80,18 +149,22 @@ class SaturationCounter(Metric):
 
     def pooled(self) -> Tensor:
         """Pooled fraction over all layers, this process only (no sync)."""
+        self.flush()
         return saturation_fraction(self.saturated.sum(), self.total.sum())
 
     def per_layer(self) -> Tensor:
         """Per-layer fractions, this process only (no sync)."""
+        self.flush()
         return saturation_fraction(self.saturated, self.total)
 
 
 class SaturationHooks(HookSet):
     """Forward hooks on DyT layers that feed a :class:`SaturationCounter`.
 
-    The hot path is one ``abs``, one in-place comparison and two sums per layer, all on the activations'
-    device; no ``.item()``, no reference kept to activations. ``enabled`` is a plain Python flag:
+    The hot path is one ``abs``, one in-place comparison and two sums per layer call, all on the
+    activations' device, handed to :meth:`SaturationCounter.defer`; the integer conversions and state
+    updates of all layers run once per step in :meth:`SaturationCounter.flush`. No ``.item()``, no
+    reference kept to activations (only to the 0-dim sums, until the flush). ``enabled`` is a plain Python flag:
     under ``torch.compile`` it is a guard, so flipping it once (window over) costs one recompile,
     not one per step.
 
@@ -107,8 +180,8 @@ class SaturationHooks(HookSet):
         >>> layers = find_dyt_layers(model)
         >>> hooks = SaturationHooks(layers, SaturationCounter(len(layers))).attach()
         >>> _ = model(torch.tensor([[0.5, 1.5, -3.0, 0.1]]))
-        >>> hooks.counter.saturated.tolist()
-        [2]
+        >>> hooks.counter.per_layer().tolist()  # 2 of the 4 elements: |2 * 1.5|, |2 * -3.0| > 2
+        [0.5]
         >>> hooks.detach()
     """
 
@@ -127,31 +200,46 @@ class SaturationHooks(HookSet):
                 return
             with torch.no_grad():
                 x = args[0]
-                self.counter.accumulate(index, x, mod.alpha, self._threshold(index, mod.alpha), self._scratch(x))
+                if torch.compiler.is_compiling() or x.dtype == torch.float64:
+                    # compiled: the whole update is in the graph (no Python-side queue); float64: the product path
+                    self.counter.accumulate(index, x, mod.alpha)
+                    return
+                t = self._threshold(index, mod.alpha)
+                assert t is not None
+                abs_sum, sat = saturation_sums(x, t, self._scratch(x))
+                self.counter.defer(index, abs_sum, sat, x.numel())
 
         return hook
 
-    def _threshold(self, index: int, alpha: Tensor) -> Tensor | None:
+    def _threshold(self, index: int, alpha: Tensor) -> Tensor | float | None:
         """The layer's threshold, recomputed only when ``alpha`` changed.
 
         ``alpha`` changes only in place (optimizer steps, loads), which bumps its version counter:
-        a cache keyed on ``(data_ptr, _version)`` needs no device read. Under ``torch.compile`` the
-        threshold ops are part of the graph, so there is nothing to cache.
+        a cache keyed on ``(data_ptr, _version)`` needs no device read. A scalar ``alpha`` on the CPU
+        is read with ``.item()`` (nothing to wait for) and its threshold computed in plain Python
+        (:func:`saturation_threshold_host`): microseconds, where a dozen tensor ops cost far more
+        in the middle of a training step. Under ``torch.compile`` the threshold ops are part of the
+        graph, so there is nothing to cache.
         """
         if torch.compiler.is_compiling():
             return None
         key = (alpha.data_ptr(), alpha._version, alpha.device)
         cached = self._thresholds.get(index)
         if cached is None or cached[0] != key:
-            cached = self._thresholds[index] = (key, saturation_threshold(alpha, self.counter.level))
+            if alpha.device.type == "cpu" and alpha.numel() == 1:
+                t: Tensor | float = saturation_threshold_host(alpha.item(), self.counter.level)
+            else:
+                t = saturation_threshold(alpha, self.counter.level)
+            cached = self._thresholds[index] = (key, t)
         return cached[1]
 
     def refresh_thresholds(self) -> None:
         """Compute every scalar-``alpha`` layer's threshold in one batched op (call once per optimizer
         step, outside the forward). Layers whose ``alpha`` is not a whole scalar here (per-channel, or
-        an FSDP shard outside the forward) keep computing theirs in the hook."""
+        an FSDP shard outside the forward) keep computing theirs in the hook, and so do CPU layers,
+        whose threshold is a few microseconds of plain Python (see :meth:`_threshold`)."""
         alphas = [l.module.alpha for l in self.layers]
-        scalar = [i for i, a in enumerate(alphas) if a.numel() == 1]
+        scalar = [i for i, a in enumerate(alphas) if a.numel() == 1 and a.device.type != "cpu"]
         if not scalar or len({alphas[i].device for i in scalar}) != 1:
             return
         with torch.no_grad():
@@ -180,6 +268,7 @@ class SaturationHooks(HookSet):
                 ``False`` reads this process's counts only (the probe).
         """
         c = self.counter
+        c.flush()
         with c.sync_context(should_sync=sync, should_unsync=True):
             counts = torch.stack([c.saturated, c.total, c.nonfinite]).to(torch.float64)  # exact below 2**53
         packed = torch.cat([counts, self.alphas().to(counts.device).unsqueeze(0)]).cpu().tolist()

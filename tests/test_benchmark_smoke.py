@@ -32,3 +32,17 @@ def test_overhead_benchmark_smoke(tmp_path):
             assert len(verdicts) == 2 and all(v["decision"] in ("go", "no-go") for v in verdicts)
         # every monitored run saw the same data and model: the same verdict each repeat
         assert r["verdicts"]["window"][0] == r["verdicts"]["window"][1]
+
+
+def test_profile_hook_smoke(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--smoke", "--profile-hook"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    names = [r.split(" | ")[0].lstrip("| ") for r in rows]
+    assert names[0] == "whole satmon hook (in a step)" and "in-place > threshold" in names
+    for r in rows:  # every cell a finite, positive time
+        cells = [float(c) for c in r.strip(" |").split(" | ")[1:]]
+        assert len(cells) == 3 and all(0 < c < 1e7 for c in cells)

@@ -55,4 +55,5 @@ def test_hot_path_has_no_host_sync():
             model(x).sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    hooks.counter.flush()
     assert int(hooks.counter.total.sum()) > 0

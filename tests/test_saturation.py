@@ -83,6 +83,7 @@ def test_cached_threshold_follows_alpha_changes():
         x = torch.randn(8, 64, generator=g) * 2
         norm(x)
         expected += reference(x, torch.tensor([alpha]), 2.0)[0]
+        hooks.counter.flush()  # the hooks queue their sums; reading the state tensors directly needs the fold
         assert hooks.counter.saturated.item() == expected
 
 
@@ -115,3 +116,95 @@ def test_counts_stay_on_device_dtype_int64():
     c = SaturationCounter(2)
     c.update(1, torch.randn(3, 4), torch.tensor([2.0]))
     assert c.saturated.dtype == torch.int64 and c.saturated[0].item() == 0 and c.total.tolist() == [0, 12]
+
+
+# ---------------------------------------------------------------- CPU host thresholds, deferred fold
+def test_host_threshold_equals_tensor_threshold_bit_for_bit():
+    """The plain-Python threshold (CPU hot path) against the tensor one, edges included."""
+    from satmon.functional.saturation import saturation_threshold_host
+
+    g = torch.Generator().manual_seed(11)
+    f32 = torch.finfo(torch.float32)
+    edges = torch.tensor([0.0, 1e-45, 1e-40, f32.tiny, 5.9e-39, 1e-30, 0.5, 0.8, 1.0, 2.0, -0.8, 1e30, 3.4e38, f32.max])
+    alphas = torch.cat([edges, torch.rand(3000, generator=g) * 10 - 5, 10 ** (torch.rand(3000, generator=g) * 82 - 44)])
+    for level in (2.0, 0.5, 3.0, 1.7):
+        want = saturation_threshold(alphas, level).tolist()
+        got = [saturation_threshold_host(a, level) for a in alphas.tolist()]
+        assert got == want
+
+
+@pytest.mark.parametrize("alpha", [0.37, 2.0, -1.3, 0.8001])
+def test_host_threshold_counts_equal_float64_reference(alpha):
+    from satmon.functional.saturation import saturation_sums, saturation_threshold_host
+
+    a = torch.tensor([alpha])
+    t = saturation_threshold_host(a.item(), 2.0)
+    around = torch.tensor([t]).nextafter(torch.tensor([0.0])), torch.tensor([t]), torch.tensor([t]).nextafter(torch.tensor([9e9]))
+    x = torch.cat([*around, *(-v for v in around), torch.randn(5000, generator=torch.Generator().manual_seed(5)) * 3])
+    assert int(saturation_sums(x, t)[1]) == reference(x, a, 2.0)[0]
+
+
+class _Twice(torch.nn.Module):
+    """Odd call patterns for the deferred fold: a layer run twice per forward, layers out of order, two shapes."""
+
+    def __init__(self):
+        super().__init__()
+        from satmon import DyT
+
+        self.a, self.b, self.c = DyT(16, alpha_init=0.9), DyT(16, alpha_init=1.7), DyT(16, alpha_init=0.4)
+
+    def forward(self, x):
+        y = self.c(x) + self.a(x)
+        return self.a(y).sum() + self.b(x[:, :3]).sum()
+
+
+def test_deferred_fold_equals_float64_reference_with_odd_call_patterns():
+    from satmon.discovery import find_dyt_layers
+    from satmon.saturation import SaturationHooks
+
+    model = _Twice()
+    layers = find_dyt_layers(model)
+    names = [l.name for l in layers]
+    hooks = SaturationHooks(layers, SaturationCounter(len(layers))).attach()
+    g = torch.Generator().manual_seed(8)
+    want = {n: [0, 0, 0] for n in names}
+    seen: dict[str, list] = {n: [] for n in names}
+    for n, mod in zip(names, (l.module for l in layers)):
+        mod.register_forward_hook(lambda m, args, out, n=n: seen[n].append((args[0].detach().clone(), m.alpha.detach().clone())))
+    for step in range(3):
+        x = torch.randn(4, 6, 16, generator=g) * 3
+        if step == 1:
+            x[0, 0, 0] = float("nan")  # one non-finite input: flagged once per call it reaches
+        with torch.no_grad():
+            model(x)
+            for mod in (model.a, model.b, model.c):
+                mod.alpha.mul_(1.1)  # thresholds must follow alpha
+        for n in names:
+            for xi, a in seen[n]:
+                s, bad = reference(xi, a, 2.0)
+                want[n][0] += s
+                want[n][1] += xi.numel()
+                want[n][2] += int(bad > 0)
+            seen[n].clear()
+        out = hooks.counter.compute()  # flushes; a second compute must see new counts (no stale cache)
+        assert out["saturated"].tolist() == [want[n][0] for n in names]
+        assert out["total"].tolist() == [want[n][1] for n in names]
+        assert out["nonfinite"].tolist() == [want[n][2] for n in names]
+    hooks.detach()
+
+
+def test_flush_is_needed_only_for_direct_state_reads():
+    from satmon import DyT
+    from satmon.discovery import find_dyt_layers
+    from satmon.saturation import SaturationHooks
+
+    layers = find_dyt_layers(torch.nn.Sequential(DyT(4, alpha_init=2.0)))
+    hooks = SaturationHooks(layers, SaturationCounter(1)).attach()
+    layers[0].module(torch.tensor([[0.5, 1.5, -3.0, 0.1]]))
+    assert hooks.counter.saturated.tolist() == [0]  # queued, not folded yet
+    assert hooks.counter.per_layer().tolist() == [0.5]  # reading methods fold first
+    assert hooks.counter.saturated.tolist() == [2] and hooks.counter.total.tolist() == [4]
+    layers[0].module(torch.tensor([[9.0, 0.0, 0.0, 0.0]]))
+    hooks.counter.reset()  # reset drops queued calls too
+    hooks.counter.flush()
+    assert hooks.counter.saturated.tolist() == [0] and hooks.counter.total.tolist() == [0]

@@ -6,21 +6,26 @@ with ``x`` the DyT input, and pools the fraction over tokens x channels x layers
 Exactness. The product ``alpha * x`` computed in the activation dtype rounds, and near the
 boundary rounding can flip an element. satmon instead compares ``|x|`` against a per-layer
 threshold ``t = largest float32 number <= level / |alpha|`` (computed on the device in float64,
-then corrected by one ulp either way). For any float32 (or bf16/fp16, which embed exactly in
+then corrected by one ulp either way; for a scalar ``alpha`` on the CPU, the same value in plain
+Python by :func:`saturation_threshold_host`). For any float32 (or bf16/fp16, which embed exactly in
 float32) input, ``|x| > t`` holds exactly when the real product ``|alpha| * |x| > level``, which is
 what a float64 re-computation gives (the product of two float32 numbers is exact in float64).
 So counts are integers that agree with the float64 reference bit for bit, in every dtype, with
 one cheap comparison per element.
 
-No host sync: every function here returns device tensors and never calls ``.item()``.
+No host sync: every tensor function here returns device tensors and never calls ``.item()``
+(:func:`saturation_threshold_host` takes a host float; satmon calls it for CPU parameters only).
 """
 
 from __future__ import annotations
 
+import math
+import struct
+
 import torch
 from torch import Tensor
 
-__all__ = ["saturation_threshold", "saturation_counts", "saturation_fraction"]
+__all__ = ["saturation_threshold", "saturation_threshold_host", "saturation_sums", "saturation_counts", "saturation_fraction"]
 
 
 def saturation_threshold(alpha: Tensor, level: float) -> Tensor:
@@ -53,15 +58,74 @@ def saturation_threshold(alpha: Tensor, level: float) -> Tensor:
     return torch.where(fits & torch.isfinite(up), up, t)
 
 
+def saturation_threshold_host(alpha: float, level: float) -> float:
+    """:func:`saturation_threshold` for a scalar ``alpha`` already on the host, in plain Python.
+
+    The same value, bit for bit, as the tensor version (the tests check both against each other and
+    against a float64 count): for CPU training, where reading ``alpha`` is free (no device to wait
+    for), this costs a few microseconds instead of a dozen tensor ops per optimizer step.
+
+    Args:
+        alpha: the DyT scale, a float32 value (e.g. ``param.item()``).
+        level: the saturation level.
+
+    Returns:
+        The largest float32 ``t`` with ``|alpha| * t <= level`` (``inf`` when ``alpha == 0``).
+
+    Example:
+        >>> saturation_threshold_host(2.0, 2.0)
+        1.0
+        >>> a = torch.tensor([0.8])  # float32
+        >>> saturation_threshold_host(a.item(), 2.0) == saturation_threshold(a, 2.0).item()
+        True
+    """
+    a = abs(float(alpha))
+    if a == 0.0:
+        return math.inf
+    t = _f32(level / a)  # round to nearest, inf past the float32 range: as ``.to(torch.float32)``
+    if t * a > level:  # a product of two float32 values is exact in float64
+        t = _f32_step(t, -1)
+    up = _f32_step(t, +1)
+    if math.isfinite(up) and up * a <= level:
+        t = up
+    return t
+
+
+_F32 = struct.Struct("<f")
+_U32 = struct.Struct("<I")
+
+
+def _f32(v: float) -> float:
+    """``v`` rounded to the nearest float32 (``inf`` when it overflows)."""
+    try:
+        return _F32.unpack(_F32.pack(v))[0]
+    except OverflowError:
+        return math.copysign(math.inf, v)
+
+
+def _f32_step(t: float, direction: int) -> float:
+    """The float32 neighbour of a non-negative float32 ``t``: ``+1`` up (``inf`` past the top), ``-1`` down (not below 0)."""
+    if math.isinf(t):
+        return t if direction > 0 else _U32_TO_F32(0x7F7FFFFF)
+    bits = _U32.unpack(_F32.pack(t))[0]
+    if direction < 0 and bits == 0:
+        return 0.0
+    return _U32_TO_F32(bits + direction)
+
+
+def _U32_TO_F32(bits: int) -> float:
+    return _F32.unpack(_U32.pack(bits))[0]
+
+
 def saturation_counts(
     x: Tensor, alpha: Tensor, level: float, threshold: Tensor | None = None, scratch: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """Count the saturated elements of one DyT input, and flag non-finite ones.
 
-    Cost: one ``abs``, one sum, one in-place comparison and one more sum over ``x`` (a bool
-    comparison followed by a bool sum is several times slower on CPUs, and an exact count of
-    non-finite elements would need another full comparison pass: the flag is one ``isfinite`` on
-    a scalar).
+    Cost: :func:`saturation_sums` (one ``abs``, one sum, one in-place comparison and one more sum
+    over ``x``; a bool comparison followed by a bool sum is several times slower on CPUs, and an
+    exact count of non-finite elements would need another full comparison pass) plus three tiny
+    ops on the two sums. The hooks skip those three per call and convert all calls' sums at once.
 
     Args:
         x: the DyT input, any shape (``(B, T, C)`` or channels-first ``(B, C, H, W)``).
@@ -90,15 +154,47 @@ def saturation_counts(
             a = alpha.detach().to(torch.float64).abs().reshape(-1 if alpha.numel() == 1 else alpha.shape)
             return (ax * a > level).sum(), (~torch.isfinite(ax.sum())).to(torch.int64)
         t = saturation_threshold(alpha, level) if threshold is None else threshold
-        if scratch is not None and scratch.shape == x.shape and scratch.dtype == torch.float32 and scratch.device == x.device:
-            ax = torch.abs(x, out=scratch) if x.dtype == torch.float32 else scratch.copy_(x).abs_()
-        else:
-            ax = x.abs() if x.dtype == torch.float32 else x.to(torch.float32).abs_()  # a fresh float32 buffer
-        total = ax.sum()  # non-finite exactly when some element is
-        ax.gt_(t)  # 1.0 where |x| > t, in place
-        # a float32 sum of 0/1 is exact below 2**24 elements; beyond, accumulate in float64
-        saturated = ax.sum() if ax.numel() < 2**24 else ax.sum(dtype=torch.float64)
-        return saturated.to(torch.int64), (~torch.isfinite(total)).to(torch.int64)
+        abs_sum, saturated = saturation_sums(x, t, scratch)
+        return saturated.to(torch.int64), (~torch.isfinite(abs_sum)).to(torch.int64)
+
+
+def saturation_sums(x: Tensor, threshold: Tensor | float, scratch: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The hot path of :func:`saturation_counts`: four tensor ops, nothing else.
+
+    ``abs(x)``, its sum, an in-place ``> threshold`` and the sum of the resulting 0/1 values. The
+    results stay floating-point device tensors; :func:`saturation_counts` (or a caller that batches
+    many calls, like :class:`satmon.SaturationHooks`) turns them into integer counts and a flag.
+    Every extra tiny op per call costs measurable time in a real training step (on a CPU about as
+    much as a pass over a 131k-element activation), which is why the conversions are left out.
+
+    Args:
+        x: a float32/bf16/fp16 DyT input, any shape (float64 needs the product; use
+            :func:`saturation_counts`).
+        threshold: ``saturation_threshold(alpha, level)``, or the Python float of
+            :func:`saturation_threshold_host` (exact too: a float32 value compared with float32 data).
+        scratch: optional float32 work buffer of ``x``'s shape and device (content overwritten).
+
+    Returns:
+        ``(abs_sum, saturated)``: 0-dim float tensors. ``abs_sum`` is non-finite exactly when ``x``
+        holds an ``inf``/``nan`` (or, for finite data, when the sum of ``|x|`` overflows float32,
+        i.e. values near 1e38, which are not meaningful activations either). ``saturated`` is the
+        exact count ``#{|x| > threshold}`` (float32 below ``2**24`` elements, float64 above).
+
+    Example:
+        >>> import torch
+        >>> s, n = saturation_sums(torch.tensor([0.5, -1.5, 1.0]), saturation_threshold(torch.tensor([2.0]), 2.0))
+        >>> float(s), float(n)
+        (3.0, 1.0)
+    """
+    x = x.detach()
+    if scratch is not None and scratch.shape == x.shape and scratch.dtype == torch.float32 and scratch.device == x.device:
+        ax = torch.abs(x, out=scratch) if x.dtype == torch.float32 else scratch.copy_(x).abs_()
+    else:
+        ax = x.abs() if x.dtype == torch.float32 else x.to(torch.float32).abs_()  # a fresh float32 buffer
+    abs_sum = ax.sum()  # non-finite exactly when some element is
+    ax.gt_(threshold)  # 1.0 where |x| > t, in place
+    # a float32 sum of 0/1 is exact below 2**24 elements; beyond, accumulate in float64
+    return abs_sum, (ax.sum() if ax.numel() < 2**24 else ax.sum(dtype=torch.float64))
 
 
 def saturation_fraction(saturated: Tensor, total: Tensor) -> Tensor:
