@@ -23,6 +23,8 @@ from satmon.hooks import HookSet
 
 __all__ = ["SaturationCounter", "SaturationHooks"]
 
+_NO_BUFFER = object()
+
 
 class SaturationCounter(Metric):
     """Per-layer counts of saturated, non-finite and total DyT input elements.
@@ -192,22 +194,24 @@ class SaturationHooks(HookSet):
         self.layers = list(layers)
         self.counter = counter
         self._thresholds: dict[int, tuple[tuple, Tensor]] = {}
-        self._buffers: dict[torch.Size, Tensor] = {}
+        self._buffers: dict[torch.Size, Tensor | None] = {}
 
     def _make_hook(self, index: int, module: nn.Module):
         def hook(mod: nn.Module, args: tuple, output: Tensor) -> None:
             if not self.enabled or not args:
                 return
-            with torch.no_grad():
-                x = args[0]
-                if torch.compiler.is_compiling() or x.dtype == torch.float64:
-                    # compiled: the whole update is in the graph (no Python-side queue); float64: the product path
+            x = args[0]
+            if x.dtype == torch.float64 or torch.compiler.is_compiling():
+                # compiled: the whole update is in the graph (no Python-side queue); float64: the product path
+                with torch.no_grad():
                     self.counter.accumulate(index, x, mod.alpha)
-                    return
-                t = self._threshold(index, mod.alpha)
-                assert t is not None
-                abs_sum, sat = saturation_sums(x, t, self._scratch(x))
-                self.counter.defer(index, abs_sum, sat, x.numel())
+                return
+            # Eager: as little Python as possible (inside a training step every call and op is
+            # several times its warm-loop cost); saturation_sums detaches x, so no grad-mode switch.
+            t = self._threshold(index, mod.alpha)
+            assert t is not None
+            abs_sum, sat = saturation_sums(x, t, self._scratch(x))
+            self.counter.defer(index, abs_sum, sat, x.numel())
 
         return hook
 
@@ -223,7 +227,7 @@ class SaturationHooks(HookSet):
         """
         if torch.compiler.is_compiling():
             return None
-        key = (alpha.data_ptr(), alpha._version, alpha.device)
+        key = (alpha.data_ptr(), alpha._version)
         cached = self._thresholds.get(index)
         if cached is None or cached[0] != key:
             if alpha.device.type == "cpu" and alpha.numel() == 1:
@@ -246,16 +250,14 @@ class SaturationHooks(HookSet):
             t = saturation_threshold(torch.stack([alphas[i].detach().reshape(()) for i in scalar]), self.counter.level)  # (L,)
         for j, i in enumerate(scalar):
             a = alphas[i]
-            self._thresholds[i] = ((a.data_ptr(), a._version, a.device), t[j : j + 1])
+            self._thresholds[i] = ((a.data_ptr(), a._version), t[j : j + 1])
 
     def _scratch(self, x: Tensor) -> Tensor | None:
-        """A float32 work buffer shared by the layers, on CPU only (GPU allocations are cached already)."""
-        if x.device.type != "cpu" or torch.compiler.is_compiling():
-            return None
-        buf = self._buffers.get(x.shape)
-        if buf is None:
-            buf = self._buffers[x.shape] = torch.empty(x.shape, dtype=torch.float32)
-        return buf
+        """A float32 work buffer per input shape, shared by the layers, on CPU only (GPU allocations are cached already)."""
+        buf = self._buffers.get(x.shape, _NO_BUFFER)
+        if buf is _NO_BUFFER:
+            buf = self._buffers[x.shape] = torch.empty(x.shape, dtype=torch.float32) if x.is_cpu else None
+        return None if buf is None or not x.is_cpu else buf  # type: ignore[return-value]
 
     def _register(self) -> list[RemovableHandle]:
         return [l.module.register_forward_hook(self._make_hook(i, l.module)) for i, l in enumerate(self.layers)]
