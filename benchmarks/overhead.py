@@ -271,18 +271,28 @@ def quantile(xs: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def neighbour_ratios(run: list[float], first: int) -> list[float]:
-    """For every even step ``g`` of one run: ``t_g / mean(t_{g-1}, t_{g+1})`` (its two neighbours)."""
-    return [run[i] / ((run[i - 1] + run[i + 1]) / 2) for i in range(1, len(run) - 1) if (first + i) % 2 == 0]
+def neighbour_ratios(run: list[float], first: int, every: int = 2) -> list[float]:
+    """For every step ``g`` of one run with ``g % every == 0``: ``t_g / mean(t_{g-1}, t_{g+1})`` (its two neighbours)."""
+    return [run[i] / ((run[i - 1] + run[i + 1]) / 2) for i in range(1, len(run) - 1) if (first + i) % every == 0]
 
 
-def paired_estimate(runs: dict[str, list[list[float]]], first: int) -> dict[str, float] | None:
-    """Median neighbour ratio of the ``paired`` runs (counted even steps) over that of the ``off`` runs (control)."""
+def paired_estimate(runs: dict[str, list[list[float]]], first: int, sample_every: int = 4) -> dict[str, float] | None:
+    """Median neighbour ratio of the counted steps over that of the same steps of the ``off`` runs (control).
+
+    From the ``paired`` runs (``sample_every=2``): the window's cost per counted step. From the
+    ``sampled`` runs (``sample_every=4``) when present: the same, measured again, and divided by 4
+    (one step in four is counted; the other three run idle hooks only) as that setting's overhead.
+    """
     if "paired" not in runs or not runs["paired"]:
         return None
-    med = lambda c: quantile([r for run in runs[c] for r in neighbour_ratios(run, first)], 0.5)
-    counted, control = med("paired"), med("off")
-    return {"counted_vs_neighbours": counted, "control_even_vs_odd": control, "ratio": counted / control}
+    med = lambda c, k: quantile([r for run in runs[c] for r in neighbour_ratios(run, first, k)], 0.5)
+    counted, control = med("paired", 2), med("off", 2)
+    out = {"counted_vs_neighbours": counted, "control_even_vs_odd": control, "ratio": counted / control}
+    if runs.get("sampled"):
+        c4, k4 = med("sampled", sample_every), med("off", sample_every)
+        out.update({"sampled_counted_vs_neighbours": c4, "sampled_control": k4,
+                    "sampled_step_ratio": 1 + (c4 / k4 - 1) / sample_every})
+    return out
 
 
 def summarise(times: dict[str, list[float]], q: float) -> dict[str, dict[str, float]]:
@@ -552,6 +562,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nPaired estimate, {m}: a counted window step takes {pe['counted_vs_neighbours']:.4f} x its two uncounted "
                   f"neighbours (median; control, no monitor, even vs odd steps: {pe['control_even_vs_odd']:.4f}): "
                   f"window hot-path overhead {100 * (pe['ratio'] - 1):+.2f}%.")
+            if "sampled_step_ratio" in pe:
+                print(f"Paired estimate, {m}, sample_every=4: a counted step takes {pe['sampled_counted_vs_neighbours']:.4f} x "
+                      f"its neighbours (control {pe['sampled_control']:.4f}); one step in four counted: overhead "
+                      f"{100 * (pe['sampled_step_ratio'] - 1):+.2f}% per step.")
     print(f"\nTotal {time.perf_counter() - t_start:.0f} s.")
     if args.json:
         with open(args.json, "w") as f:
