@@ -416,14 +416,15 @@ def profile_hook(spec: ModelSpec, device: str, reps: int) -> str:
                 ops(args[0].detach(), mod.alpha.detach(), record=True)
 
     def before(mod, args, out) -> None:
-        if mode["v"] == "satmon":
+        if mode["v"] in ("satmon", "idle"):
             sync()
             start["t"] = clock()
 
     def after(mod, args, out) -> None:
-        if mode["v"] == "satmon":
+        if mode["v"] in ("satmon", "idle"):
             sync()
-            spent["whole satmon hook (in a step)"].append(clock() - start["t"])
+            name = "whole satmon hook (in a step)" if mode["v"] == "satmon" else "idle satmon hook (uncounted step)"
+            spent[name].append(clock() - start["t"])
 
     for l in layers:
         l.module.register_forward_hook(before)
@@ -441,7 +442,7 @@ def profile_hook(spec: ModelSpec, device: str, reps: int) -> str:
         opt.zero_grad(set_to_none=True)
 
     for i in range(reps * 3):
-        mode["v"] = ("satmon", "ops", "off")[i % 3]
+        mode["v"] = ("satmon", "ops", "idle")[i % 3]
         hooks.enabled = mode["v"] == "satmon"
         step(i)
         if mode["v"] == "satmon":
@@ -466,6 +467,14 @@ def profile_hook(spec: ModelSpec, device: str, reps: int) -> str:
             sync()
             t_warm.append(clock() - t0)
     warm["whole satmon hook (in a step)"] = quantile(t_warm, 0.5)
+    hooks.enabled = False
+    idle_hook = hooks._make_hook(0, layers[0].module)
+    t_idle = []
+    for _ in range(reps * 10):
+        t0 = clock()
+        idle_hook(layers[0].module, (x,), x)
+        t_idle.append(clock() - t0)
+    warm["idle satmon hook (uncounted step)"] = quantile(t_idle, 0.5)
     n = len(layers)
     lines = [f"Per-call cost of satmon's hook on the {spec.name} model's DyT inputs {tuple(x.shape)} ({x.numel():,} elements, "
              f"{device}), median over {reps} training steps x {n} DyT layers, against the same op in a warm loop on one input.",

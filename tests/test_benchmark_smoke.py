@@ -43,6 +43,7 @@ def test_profile_hook_smoke(tmp_path):
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
     names = [r.split(" | ")[0].lstrip("| ") for r in rows]
     assert names[0] == "whole satmon hook (in a step)" and "in-place > threshold" in names
+    assert "idle satmon hook (uncounted step)" in names
     for r in rows:  # every cell a finite, positive time
         cells = [float(c) for c in r.strip(" |").split(" | ")[1:]]
         assert len(cells) == 3 and all(0 < c < 1e7 for c in cells)
