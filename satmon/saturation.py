@@ -34,9 +34,10 @@ class SaturationCounter(Metric):
     a single process would get over the same global data.
 
     Deferred counts. :class:`SaturationHooks` hand over each call's two sums with :meth:`defer`
-    and the counter folds them into its states in one batch (:meth:`flush`, once per step in the
-    callback). Every reading method (``compute``, ``pooled``, ``per_layer``, ``sync``) flushes
-    first; code that reads the state tensors directly calls :meth:`flush` before.
+    and the counter folds them into its states in one batch (:meth:`flush`), when the counts are
+    read: every reading method (``compute``, ``pooled``, ``per_layer``, ``sync``, so also
+    ``sync_context``) flushes first; code that reads the state tensors directly calls :meth:`flush`
+    before.
 
     Args:
         num_layers: number of monitored layers ``L``.
@@ -165,8 +166,9 @@ class SaturationHooks(HookSet):
 
     The hot path is one ``abs``, one in-place comparison and two sums per layer call, all on the
     activations' device, handed to :meth:`SaturationCounter.defer`; the integer conversions and state
-    updates of all layers run once per step in :meth:`SaturationCounter.flush`. No ``.item()``, no
-    reference kept to activations (only to the 0-dim sums, until the flush). ``enabled`` is a plain Python flag:
+    updates of all queued calls run together in :meth:`SaturationCounter.flush` when the counts are
+    read. No ``.item()``, no reference kept to activations (only to the 0-dim sums, until the
+    flush). ``enabled`` is a plain Python flag:
     under ``torch.compile`` it is a guard, so flipping it once (window over) costs one recompile,
     not one per step.
 
@@ -193,7 +195,7 @@ class SaturationHooks(HookSet):
         super().__init__()
         self.layers = list(layers)
         self.counter = counter
-        self._thresholds: dict[int, tuple[tuple, Tensor]] = {}
+        self._thresholds: dict[int, tuple[tuple, Tensor | float]] = {}
         self._buffers: dict[torch.Size, Tensor | None] = {}
 
     def _make_hook(self, index: int, module: nn.Module):
