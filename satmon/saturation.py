@@ -23,8 +23,6 @@ from satmon.hooks import HookSet
 
 __all__ = ["SaturationCounter", "SaturationHooks"]
 
-_NO_BUFFER = object()
-
 
 class SaturationCounter(Metric):
     """Per-layer counts of saturated, non-finite and total DyT input elements.
@@ -69,19 +67,18 @@ class SaturationCounter(Metric):
         for name in ("saturated", "total", "nonfinite"):
             self.add_state(name, default=torch.zeros(num_layers, dtype=torch.int64), dist_reduce_fx="sum")
         self._pending: list[tuple[int, Tensor, Tensor, int]] = []
-        self._folds: dict[tuple, tuple[Tensor | None, Tensor]] = {}
 
     def update(self, index: int, x: Tensor, alpha: Tensor) -> None:  # type: ignore[override]
         """Count one forward input ``x`` of layer ``index`` (no host sync)."""
         self.accumulate(index, x, alpha)
 
-    def accumulate(self, index: int, x: Tensor, alpha: Tensor, threshold: Tensor | None = None, scratch: Tensor | None = None) -> None:
+    def accumulate(self, index: int, x: Tensor, alpha: Tensor) -> None:
         """:meth:`update` without torchmetrics' wrapper: the hooks' path under ``torch.compile``.
 
         The wrapper bumps a Python counter on every call, which ``torch.compile`` guards on, so a
         hooked compiled model would recompile at every step; this path touches tensors only.
         """
-        sat, bad = saturation_counts(x, alpha, self.level, threshold, scratch)
+        sat, bad = saturation_counts(x, alpha, self.level)
         if not torch.compiler.is_compiling():
             self._update_count += 1  # what ``update()`` records (compute() warns without it)
         self.saturated.select(0, index).add_(sat)
@@ -107,29 +104,13 @@ class SaturationCounter(Metric):
         index, abs_sums, sats, numels = zip(*pending)
         n = len(pending)
         sums = torch.stack(abs_sums + sats)  # (2n,), float64 if any call summed in float64
-        sat = sums[n:].to(torch.int64)
-        bad = (~torch.isfinite(sums[:n])).to(torch.int64)
-        key = (index, numels)
-        fold = self._folds.get(key)
-        if fold is None:  # a new call pattern (first step, new shapes): build its index and totals once
-            if len(self._folds) >= 64:
-                self._folds.clear()
-            per_layer = [0] * self.total.numel()
-            for i, k in zip(index, numels):
-                per_layer[i] += k
-            device = self.total.device
-            totals = torch.tensor(per_layer, dtype=torch.int64).to(device, non_blocking=True)
-            in_order = index == tuple(range(self.total.numel()))
-            idx = None if in_order else torch.tensor(index, dtype=torch.int64).to(device, non_blocking=True)
-            fold = self._folds[key] = (idx, totals)
-        idx, totals = fold
-        if idx is None:  # every layer once, in order: the usual step
-            self.saturated.add_(sat)
-            self.nonfinite.add_(bad)
-        else:
-            self.saturated.index_add_(0, idx, sat)
-            self.nonfinite.index_add_(0, idx, bad)
-        self.total.add_(totals)
+        device = self.total.device
+        # flush runs where counts are read (a host transfer follows anyway); non_blocking keeps
+        # the rare self-flush of defer() free of a sync
+        idx = torch.tensor(index, dtype=torch.int64).to(device, non_blocking=True)
+        self.saturated.index_add_(0, idx, sums[n:].to(torch.int64))
+        self.nonfinite.index_add_(0, idx, (~torch.isfinite(sums[:n])).to(torch.int64))
+        self.total.index_add_(0, idx, torch.tensor(numels, dtype=torch.int64).to(device, non_blocking=True))
 
     def sync(self, *args, **kwargs) -> None:  # type: ignore[override]
         self.flush()
@@ -196,7 +177,7 @@ class SaturationHooks(HookSet):
         self.layers = list(layers)
         self.counter = counter
         self._thresholds: dict[int, tuple[tuple, Tensor | float]] = {}
-        self._buffers: dict[torch.Size, Tensor | None] = {}
+        self._buffers: dict[torch.Size, Tensor] = {}
 
     def _make_hook(self, index: int, module: nn.Module):
         def hook(mod: nn.Module, args: tuple, output: Tensor) -> None:
@@ -210,25 +191,20 @@ class SaturationHooks(HookSet):
                 return
             # Eager: as little Python as possible (inside a training step every call and op is
             # several times its warm-loop cost); saturation_sums detaches x, so no grad-mode switch.
-            t = self._threshold(index, mod.alpha)
-            assert t is not None
-            abs_sum, sat = saturation_sums(x, t, self._scratch(x))
+            abs_sum, sat = saturation_sums(x, self._threshold(index, mod.alpha), self._scratch(x))
             self.counter.defer(index, abs_sum, sat, x.numel())
 
         return hook
 
-    def _threshold(self, index: int, alpha: Tensor) -> Tensor | float | None:
+    def _threshold(self, index: int, alpha: Tensor) -> Tensor | float:
         """The layer's threshold, recomputed only when ``alpha`` changed.
 
         ``alpha`` changes only in place (optimizer steps, loads), which bumps its version counter:
         a cache keyed on ``(data_ptr, _version)`` needs no device read. A scalar ``alpha`` on the CPU
         is read with ``.item()`` (nothing to wait for) and its threshold computed in plain Python
         (:func:`saturation_threshold_host`): microseconds, where a dozen tensor ops cost far more
-        in the middle of a training step. Under ``torch.compile`` the threshold ops are part of the
-        graph, so there is nothing to cache.
+        in the middle of a training step. Eager only: compiled hooks take :meth:`SaturationCounter.accumulate`.
         """
-        if torch.compiler.is_compiling():
-            return None
         key = (alpha.data_ptr(), alpha._version)
         cached = self._thresholds.get(index)
         if cached is None or cached[0] != key:
@@ -256,10 +232,12 @@ class SaturationHooks(HookSet):
 
     def _scratch(self, x: Tensor) -> Tensor | None:
         """A float32 work buffer per input shape, shared by the layers, on CPU only (GPU allocations are cached already)."""
-        buf = self._buffers.get(x.shape, _NO_BUFFER)
-        if buf is _NO_BUFFER:
-            buf = self._buffers[x.shape] = torch.empty(x.shape, dtype=torch.float32) if x.is_cpu else None
-        return None if buf is None or not x.is_cpu else buf  # type: ignore[return-value]
+        if not x.is_cpu:
+            return None
+        buf = self._buffers.get(x.shape)
+        if buf is None:
+            buf = self._buffers[x.shape] = torch.empty(x.shape, dtype=torch.float32)
+        return buf
 
     def _register(self) -> list[RemovableHandle]:
         return [l.module.register_forward_hook(self._make_hook(i, l.module)) for i, l in enumerate(self.layers)]

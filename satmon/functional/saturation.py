@@ -106,14 +106,14 @@ def _f32(v: float) -> float:
 def _f32_step(t: float, direction: int) -> float:
     """The float32 neighbour of a non-negative float32 ``t``: ``+1`` up (``inf`` past the top), ``-1`` down (not below 0)."""
     if math.isinf(t):
-        return t if direction > 0 else _U32_TO_F32(0x7F7FFFFF)
+        return t if direction > 0 else _f32_from_bits(0x7F7FFFFF)
     bits = _U32.unpack(_F32.pack(t))[0]
     if direction < 0 and bits == 0:
         return 0.0
-    return _U32_TO_F32(bits + direction)
+    return _f32_from_bits(bits + direction)
 
 
-def _U32_TO_F32(bits: int) -> float:
+def _f32_from_bits(bits: int) -> float:
     return _F32.unpack(_U32.pack(bits))[0]
 
 
