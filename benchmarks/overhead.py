@@ -75,6 +75,7 @@ LABELS = {
     "paired": "window, sample_every=2 (for the paired estimate)",
 }
 MONITORED = ("window", "sampled", "after", "watch", "paired")
+SAMPLED_EVERY = 4  # the ``sampled`` configuration's ``sample_every``
 
 
 @dataclass
@@ -212,7 +213,7 @@ def run_once(spec: ModelSpec, config: str, plan: Plan, device: str, audit_mode: 
     elif config == "paired":
         monitor = SaturationMonitor(window=plan.total, sample_every=2, log_every_n_steps=quiet, verbose=False)
     elif config == "sampled":
-        monitor = SaturationMonitor(window=plan.total, sample_every=4, log_every_n_steps=quiet, verbose=False)
+        monitor = SaturationMonitor(window=plan.total, sample_every=SAMPLED_EVERY, log_every_n_steps=quiet, verbose=False)
     elif config == "after":
         monitor = SaturationMonitor(window=plan.window_small, watch_every_n_steps=0, log_every_n_steps=quiet, verbose=False)
     elif config == "watch":
@@ -276,7 +277,7 @@ def neighbour_ratios(run: list[float], first: int, every: int = 2) -> list[float
     return [run[i] / ((run[i - 1] + run[i + 1]) / 2) for i in range(1, len(run) - 1) if (first + i) % every == 0]
 
 
-def paired_estimate(runs: dict[str, list[list[float]]], first: int, sample_every: int = 4) -> dict[str, float] | None:
+def paired_estimate(runs: dict[str, list[list[float]]], first: int) -> dict[str, float] | None:
     """Median neighbour ratio of the counted steps over that of the same steps of the ``off`` runs (control).
 
     From the ``paired`` runs (``sample_every=2``): the window's cost per counted step. From the
@@ -289,9 +290,9 @@ def paired_estimate(runs: dict[str, list[list[float]]], first: int, sample_every
     counted, control = med("paired", 2), med("off", 2)
     out = {"counted_vs_neighbours": counted, "control_even_vs_odd": control, "ratio": counted / control}
     if runs.get("sampled"):
-        c4, k4 = med("sampled", sample_every), med("off", sample_every)
+        c4, k4 = med("sampled", SAMPLED_EVERY), med("off", SAMPLED_EVERY)
         out.update({"sampled_counted_vs_neighbours": c4, "sampled_control": k4,
-                    "sampled_step_ratio": 1 + (c4 / k4 - 1) / sample_every})
+                    "sampled_step_ratio": 1 + (c4 / k4 - 1) / SAMPLED_EVERY})
     return out
 
 
@@ -369,7 +370,7 @@ def profile_hook(spec: ModelSpec, device: str, reps: int) -> str:
     """
     from collections import defaultdict
 
-    from satmon.functional.saturation import saturation_sums, saturation_threshold, saturation_threshold_host
+    from satmon.functional.saturation import saturation_threshold, saturation_threshold_host
     from satmon.models.gpt import GPT, GPTConfig
     from satmon.saturation import SaturationCounter, SaturationHooks
 
@@ -385,14 +386,13 @@ def profile_hook(spec: ModelSpec, device: str, reps: int) -> str:
             torch.cuda.synchronize()
 
     spent: dict[str, list[float]] = defaultdict(list)
-    scratch: dict[str, Tensor] = {}
+    buf = torch.empty(spec.batch_size, spec.seq_len, spec.d_model, dtype=torch.float32, device=device)
 
     def ops(x: Tensor, alpha: Tensor, record: bool) -> None:
         """The hook's hot path, one op at a time (what SaturationHooks runs, timed)."""
         stamps = [clock()]
         t = saturation_threshold_host(alpha.item(), 2.0) if device == "cpu" else saturation_threshold(alpha, 2.0)
         sync(); stamps.append(clock())
-        buf = scratch.setdefault("buf", torch.empty(x.shape, dtype=torch.float32, device=device))
         ax = torch.abs(x, out=buf)
         sync(); stamps.append(clock())
         ax.sum()
@@ -407,7 +407,7 @@ def profile_hook(spec: ModelSpec, device: str, reps: int) -> str:
             for k, a, b in zip(names, stamps, stamps[1:]):
                 spent[k].append(b - a)
 
-    mode = {"v": "off"}
+    mode = {"v": "satmon"}
     start: dict[str, float] = {}
 
     def probe(mod, args, out) -> None:
@@ -459,22 +459,16 @@ def profile_hook(spec: ModelSpec, device: str, reps: int) -> str:
         if k in before_warm:
             warm[k] = quantile(v[before_warm[k]:], 0.5)
             del v[before_warm[k]:]
-    with torch.no_grad():
+    hook = hooks._make_hook(0, layers[0].module)  # the hook satmon registers, called directly
+    for name, enabled in (("whole satmon hook (in a step)", True), ("idle satmon hook (uncounted step)", False)):
+        hooks.enabled = enabled
         t_warm = []
         for _ in range(reps * 10):
             t0 = clock()
-            hooks.counter.defer(0, *saturation_sums(x, 1.0), x.numel())
+            hook(layers[0].module, (x,), x)
             sync()
             t_warm.append(clock() - t0)
-    warm["whole satmon hook (in a step)"] = quantile(t_warm, 0.5)
-    hooks.enabled = False
-    idle_hook = hooks._make_hook(0, layers[0].module)
-    t_idle = []
-    for _ in range(reps * 10):
-        t0 = clock()
-        idle_hook(layers[0].module, (x,), x)
-        t_idle.append(clock() - t0)
-    warm["idle satmon hook (uncounted step)"] = quantile(t_idle, 0.5)
+        warm[name] = quantile(t_warm, 0.5)
     n = len(layers)
     lines = [f"Per-call cost of satmon's hook on the {spec.name} model's DyT inputs {tuple(x.shape)} ({x.numel():,} elements, "
              f"{device}), median over {reps} training steps x {n} DyT layers, against the same op in a warm loop on one input.",
@@ -572,8 +566,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"neighbours (median; control, no monitor, even vs odd steps: {pe['control_even_vs_odd']:.4f}): "
                   f"window hot-path overhead {100 * (pe['ratio'] - 1):+.2f}%.")
             if "sampled_step_ratio" in pe:
-                print(f"Paired estimate, {m}, sample_every=4: a counted step takes {pe['sampled_counted_vs_neighbours']:.4f} x "
-                      f"its neighbours (control {pe['sampled_control']:.4f}); one step in four counted: overhead "
+                print(f"Paired estimate, {m}, sample_every={SAMPLED_EVERY}: a counted step takes {pe['sampled_counted_vs_neighbours']:.4f} x "
+                      f"its neighbours (control {pe['sampled_control']:.4f}); one step in {SAMPLED_EVERY} counted: overhead "
                       f"{100 * (pe['sampled_step_ratio'] - 1):+.2f}% per step.")
     print(f"\nTotal {time.perf_counter() - t_start:.0f} s.")
     if args.json:
