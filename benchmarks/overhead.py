@@ -366,7 +366,9 @@ def profile_hook(spec: ModelSpec, device: str, reps: int) -> str:
 
     Inside a step the activations and the allocator/dispatcher state are cold (the step just walked
     through every weight and optimizer state), and each op costs several times its warm-loop
-    figure: that is why satmon's hook runs four tensor ops and nothing else.
+    figure: that is why satmon's hook runs four tensor ops and nothing else, and why on a CPU the
+    callback only keeps each input in the hook and counts them all after the forward
+    (``keep_inputs``), where the same four ops per layer run back to back.
     """
     from collections import defaultdict
 
@@ -415,16 +417,20 @@ def profile_hook(spec: ModelSpec, device: str, reps: int) -> str:
             with torch.no_grad():
                 ops(args[0].detach(), mod.alpha.detach(), record=True)
 
+    count_row = "count_inputs() after the forward, per layer (keep_inputs)"
+    hook_rows = {"satmon": "whole satmon hook, counting in the hook (in a step)",
+                 "kept": "whole satmon hook, keep_inputs (as the callback runs it)",
+                 "idle": "idle satmon hook (uncounted step)"}
+
     def before(mod, args, out) -> None:
-        if mode["v"] in ("satmon", "idle"):
+        if mode["v"] in hook_rows:
             sync()
             start["t"] = clock()
 
     def after(mod, args, out) -> None:
-        if mode["v"] in ("satmon", "idle"):
+        if mode["v"] in hook_rows:
             sync()
-            name = "whole satmon hook (in a step)" if mode["v"] == "satmon" else "idle satmon hook (uncounted step)"
-            spent[name].append(clock() - start["t"])
+            spent[hook_rows[mode["v"]]].append(clock() - start["t"])
 
     for l in layers:
         l.module.register_forward_hook(before)
@@ -432,21 +438,29 @@ def profile_hook(spec: ModelSpec, device: str, reps: int) -> str:
     for l in layers:
         l.module.register_forward_hook(after)
         l.module.register_forward_hook(probe)
-    w = corpus_tokens(reps * 3 * spec.batch_size * (spec.seq_len + 1)).view(-1, spec.seq_len + 1).to(device)
+    w = corpus_tokens(reps * 4 * spec.batch_size * (spec.seq_len + 1)).view(-1, spec.seq_len + 1).to(device)
 
     def step(i: int) -> None:
         b = w[i * spec.batch_size : (i + 1) * spec.batch_size]
         logits = model(b[:, :-1])
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), b[:, 1:].flatten()).backward()
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), b[:, 1:].flatten())
+        if mode["v"] == "kept":  # what SaturationMonitor.on_before_backward runs
+            sync()
+            t0 = clock()
+            hooks.counter.count_inputs()
+            sync()
+            spent[count_row].append((clock() - t0) / len(layers))
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for i in range(reps * 3):
-        mode["v"] = ("satmon", "ops", "idle")[i % 3]
-        hooks.enabled = mode["v"] == "satmon"
+    modes = ("satmon", "ops", "idle", "kept")
+    for i in range(reps * len(modes)):
+        mode["v"] = modes[i % len(modes)]
+        hooks.enabled = mode["v"] in ("satmon", "kept")
+        hooks.keep_inputs = mode["v"] == "kept"
         step(i)
-        if mode["v"] == "satmon":
-            hooks.counter.flush()
+        hooks.counter.flush()
     warm: dict[str, float] = {}
     x = torch.randn(spec.batch_size, spec.seq_len, spec.d_model, device=device)
     alpha = torch.tensor([2.0], device=device)
@@ -460,15 +474,22 @@ def profile_hook(spec: ModelSpec, device: str, reps: int) -> str:
             warm[k] = quantile(v[before_warm[k]:], 0.5)
             del v[before_warm[k]:]
     hook = hooks._make_hook(0, layers[0].module)  # the hook satmon registers, called directly
-    for name, enabled in (("whole satmon hook (in a step)", True), ("idle satmon hook (uncounted step)", False)):
-        hooks.enabled = enabled
-        t_warm = []
+    for name, enabled, keep in ((hook_rows["satmon"], True, False), (hook_rows["idle"], False, False),
+                                (hook_rows["kept"], True, True)):
+        hooks.enabled, hooks.keep_inputs = enabled, keep
+        t_warm, t_count = [], []
         for _ in range(reps * 10):
             t0 = clock()
             hook(layers[0].module, (x,), x)
             sync()
-            t_warm.append(clock() - t0)
+            t1 = clock()
+            hooks.counter.count_inputs()
+            sync()
+            t_warm.append(t1 - t0)
+            t_count.append(clock() - t1)
         warm[name] = quantile(t_warm, 0.5)
+        if keep:
+            warm[count_row] = quantile(t_count, 0.5)
     n = len(layers)
     lines = [f"Per-call cost of satmon's hook on the {spec.name} model's DyT inputs {tuple(x.shape)} ({x.numel():,} elements, "
              f"{device}), median over {reps} training steps x {n} DyT layers, against the same op in a warm loop on one input.",

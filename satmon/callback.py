@@ -219,12 +219,13 @@ class SaturationMonitor(Callback):
         if self._loaded is not None:
             self._restore(self._loaded, trainer)
             self._loaded = None
-        self.hooks = SaturationHooks(layers, self.counter)
+        keep = pl_module.device.type == "cpu"  # CPU: the hooks keep the inputs, counted in on_before_backward
+        self.hooks = SaturationHooks(layers, self.counter, keep_inputs=keep)
         self._last_step = trainer.global_step
         if self.gating is not None and self.gating.pairings:
             self.gate_hooks = GateHooks(pl_module, self.gating, GateCounter(len(self.gating.pairings)).to(pl_module.device))
         if self.watch_every_n_steps:
-            self.watch_hooks = SaturationHooks(layers, SaturationCounter(len(layers), level=self.level).to(pl_module.device))
+            self.watch_hooks = SaturationHooks(layers, SaturationCounter(len(layers), level=self.level).to(pl_module.device), keep_inputs=keep)
             self.losses = LossHistory(self.loss_baseline + self.watch_every_n_steps, device=pl_module.device)
         if self.verdict is None and trainer.global_step < self.window:
             self.hooks.attach()
@@ -263,6 +264,13 @@ class SaturationMonitor(Callback):
             self._set_counting(True)
 
     # ------------------------------------------------------------------------------ per step
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+        # the forward is over: count the inputs the hooks kept (CPU), while autograd holds them anyway and
+        # before the optimizer step changes alpha
+        for hooks in (self.hooks, self.watch_hooks):
+            if hooks is not None:
+                hooks.counter.count_inputs()
+
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
         if self.live_probe is not None:  # before the early returns; it probes each step once at most

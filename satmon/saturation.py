@@ -4,6 +4,7 @@ and the forward hooks that feed it. The live callback and :func:`satmon.probe` b
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -35,7 +36,9 @@ class SaturationCounter(Metric):
     and the counter folds them into its states in one batch (:meth:`flush`), when the counts are
     read: every reading method (``compute``, ``pooled``, ``per_layer``, ``sync``, so also
     ``sync_context``) flushes first; code that reads the state tensors directly calls :meth:`flush`
-    before.
+    before. Hooks with ``keep_inputs`` set hand over the inputs themselves (:meth:`defer_input`),
+    counted together by :meth:`count_inputs` after the forward (the callback calls it before the
+    backward; :meth:`flush` calls it too).
 
     Args:
         num_layers: number of monitored layers ``L``.
@@ -67,6 +70,11 @@ class SaturationCounter(Metric):
         for name in ("saturated", "total", "nonfinite"):
             self.add_state(name, default=torch.zeros(num_layers, dtype=torch.int64), dist_reduce_fx="sum")
         self._pending: list[tuple[int, Tensor, Tensor, int]] = []
+        self._inputs: list[tuple[int, Tensor, int, Tensor, int]] = []  # (layer, x, x's version, alpha, alpha's version)
+        self._input_layers: set[int] = set()
+        self._inputs_unsafe = False  # set when a kept input or alpha changed in place before it was counted
+        self._buffers: dict[torch.Size, Tensor] = {}
+        self._thresholds: dict[int, tuple[tuple, Tensor | float]] = {}
 
     def update(self, index: int, x: Tensor, alpha: Tensor) -> None:  # type: ignore[override]
         """Count one forward input ``x`` of layer ``index`` (no host sync)."""
@@ -96,8 +104,97 @@ class SaturationCounter(Metric):
         if len(self._pending) >= 16384:  # a loop that never reads its counts still holds little
             self.flush()
 
+    def defer_input(self, index: int, x: Tensor, alpha: Tensor) -> None:
+        """Count the forward input ``x`` of layer ``index`` later, in :meth:`count_inputs`.
+
+        Inside a CPU training step every op, even reading ``alpha``, costs several times its
+        warm-loop cost (the layer's own forward left the caches cold); counting all the layers'
+        inputs in one loop after the forward costs markedly less (``benchmarks/overhead.py
+        --profile-hook``). This call only keeps ``x`` and ``alpha`` by reference with their version
+        counters. During training autograd saves the DyT input for the backward anyway, so keeping
+        it until the end of the forward holds no extra memory. Keeping a second input of a layer
+        that already has one counts the kept ones first, so at most one forward's inputs are held.
+        An inference tensor (no version counter) is counted at once, and so is every input once a
+        kept one was found changed (see :meth:`count_inputs`).
+
+        Args:
+            index: the layer.
+            x: its forward input (floating point).
+            alpha: the layer's ``alpha`` (the threshold is computed when counted, from its value then,
+                which must still be the forward's: :meth:`count_inputs` checks).
+        """
+        try:
+            version = x._version
+        except RuntimeError:  # an inference tensor: nothing to check a kept reference against
+            version = None
+        if self._inputs_unsafe or version is None:
+            abs_sum, sat = saturation_sums(x, self.threshold(index, alpha), self._scratch(x))
+            self.defer(index, abs_sum, sat, x.numel())
+            return
+        if index in self._input_layers:
+            self.count_inputs()
+        self._inputs.append((index, x, version, alpha, alpha._version))
+        self._input_layers.add(index)
+
+    def count_inputs(self) -> None:
+        """Count the inputs kept by :meth:`defer_input`, then drop the references (no host sync).
+
+        A kept input or ``alpha`` changed in place since its forward (a version counter moved: the
+        model edited the input, or an optimizer step ran before the count) no longer shows what the
+        layer saw: that input is skipped (neither its elements nor its saturated ones are counted),
+        a warning says so, and from then on every input is counted at once, in its hook.
+        """
+        inputs, self._inputs = self._inputs, []
+        self._input_layers.clear()
+        stale = 0
+        for index, x, version, alpha, alpha_version in reversed(inputs):  # the latest first: still in cache
+            if x._version != version or alpha._version != alpha_version:
+                stale += 1
+                continue
+            abs_sum, sat = saturation_sums(x, self.threshold(index, alpha), self._scratch(x))
+            self.defer(index, abs_sum, sat, x.numel())
+        if stale:
+            self._inputs_unsafe = True
+            warnings.warn(
+                f"satmon: {stale} kept DyT input(s) or their alpha changed in place between the forward and the count "
+                "(count_inputs() must run before the optimizer step); they were skipped, and from now on every input is "
+                "counted in its hook.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    def threshold(self, index: int, alpha: Tensor) -> Tensor | float:
+        """Layer ``index``'s saturation threshold for ``alpha``, recomputed only when ``alpha`` changed.
+
+        ``alpha`` changes only in place (optimizer steps, loads), which bumps its version counter:
+        a cache keyed on ``(data_ptr, _version)`` needs no device read. A scalar ``alpha`` on the CPU
+        is read with ``.item()`` (nothing to wait for) and its threshold computed in plain Python
+        (:func:`saturation_threshold_host`): microseconds, where a dozen tensor ops cost far more
+        in the middle of a training step. Eager only: compiled hooks take :meth:`accumulate`.
+        """
+        key = (alpha.data_ptr(), alpha._version)
+        cached = self._thresholds.get(index)
+        if cached is None or cached[0] != key:
+            if alpha.device.type == "cpu" and alpha.numel() == 1:
+                t: Tensor | float = saturation_threshold_host(alpha.item(), self.level)
+            else:
+                t = saturation_threshold(alpha, self.level)
+            cached = self._thresholds[index] = (key, t)
+        return cached[1]
+
+    def _scratch(self, x: Tensor) -> Tensor | None:
+        """A float32 work buffer per input shape, shared by the layers, on CPU only (GPU allocations are cached already)."""
+        if not x.is_cpu:
+            return None
+        buf = self._buffers.get(x.shape)
+        if buf is None:
+            buf = self._buffers[x.shape] = torch.empty(x.shape, dtype=torch.float32)
+        return buf
+
     def flush(self) -> None:
         """Fold the deferred calls into the states: a handful of tensor ops for all of them, no host sync."""
+        if self._inputs:
+            self.count_inputs()
         pending, self._pending = self._pending, []
         if not pending:
             return
@@ -118,6 +215,8 @@ class SaturationCounter(Metric):
 
     def reset(self) -> None:
         self._pending = []
+        self._inputs = []
+        self._input_layers.clear()
         super().reset()
 
     def compute(self) -> dict[str, Tensor]:
@@ -148,14 +247,25 @@ class SaturationHooks(HookSet):
     The hot path is one ``abs``, one in-place comparison and two sums per layer call, all on the
     activations' device, handed to :meth:`SaturationCounter.defer`; the integer conversions and state
     updates of all queued calls run together in :meth:`SaturationCounter.flush` when the counts are
-    read. No ``.item()``, no reference kept to activations (only to the 0-dim sums, until the
-    flush). ``enabled`` is a plain Python flag:
-    under ``torch.compile`` it is a guard, so flipping it once (window over) costs one recompile,
-    not one per step.
+    read. No ``.item()``. By default no reference is kept to activations (only to the 0-dim sums,
+    until the flush). ``enabled`` is a plain Python flag: under ``torch.compile`` it is a guard, so
+    flipping it once (window over) costs one recompile, not one per step.
+
+    With ``keep_inputs=True`` an eager hook only keeps a reference to its input and to ``alpha``
+    (:meth:`SaturationCounter.defer_input`); the four ops run for all layers together in
+    :meth:`SaturationCounter.count_inputs`, which the owner calls once the forward is over and
+    before the optimizer step (:class:`~satmon.SaturationMonitor` calls it before the backward,
+    while autograd still holds the inputs anyway, and sets ``keep_inputs`` when training on the
+    CPU). Inside a CPU training step that costs markedly less than counting in each hook. The counts
+    are the same either way. On a GPU the ops are asynchronous, so there is nothing to gain.
 
     Args:
         layers: DyT layers (from :func:`satmon.discovery.find_dyt_layers`).
         counter: where counts go (its layer ``i`` is ``layers[i]``).
+        keep_inputs: keep the inputs until :meth:`SaturationCounter.count_inputs` (or any read of
+            the counts) instead of counting them in the hook. Only for a loop that calls
+            ``count_inputs`` after each forward, before the optimizer step: an input counted after
+            ``alpha`` changed is skipped with a warning (see :meth:`SaturationCounter.count_inputs`).
 
     Example:
         >>> import torch
@@ -170,14 +280,13 @@ class SaturationHooks(HookSet):
         >>> hooks.detach()
     """
 
-    def __init__(self, layers: Sequence[NormLayer], counter: SaturationCounter) -> None:
+    def __init__(self, layers: Sequence[NormLayer], counter: SaturationCounter, keep_inputs: bool = False) -> None:
         if len(layers) != counter.saturated.numel():
             raise ValueError(f"Expected a counter with {len(layers)} layers, got {counter.saturated.numel()}.")
         super().__init__()
         self.layers = list(layers)
         self.counter = counter
-        self._thresholds: dict[int, tuple[tuple, Tensor | float]] = {}
-        self._buffers: dict[torch.Size, Tensor] = {}
+        self.keep_inputs = keep_inputs
 
     def _make_hook(self, index: int, module: nn.Module):
         def hook(mod: nn.Module, args: tuple, output: Tensor) -> None:
@@ -191,35 +300,20 @@ class SaturationHooks(HookSet):
                 return
             # Eager: as little Python as possible (inside a training step every call and op is
             # several times its warm-loop cost); saturation_sums detaches x, so no grad-mode switch.
-            abs_sum, sat = saturation_sums(x, self._threshold(index, mod.alpha), self._scratch(x))
-            self.counter.defer(index, abs_sum, sat, x.numel())
+            c = self.counter
+            if self.keep_inputs:
+                c.defer_input(index, x, mod.alpha)
+            else:
+                abs_sum, sat = saturation_sums(x, c.threshold(index, mod.alpha), c._scratch(x))
+                c.defer(index, abs_sum, sat, x.numel())
 
         return hook
-
-    def _threshold(self, index: int, alpha: Tensor) -> Tensor | float:
-        """The layer's threshold, recomputed only when ``alpha`` changed.
-
-        ``alpha`` changes only in place (optimizer steps, loads), which bumps its version counter:
-        a cache keyed on ``(data_ptr, _version)`` needs no device read. A scalar ``alpha`` on the CPU
-        is read with ``.item()`` (nothing to wait for) and its threshold computed in plain Python
-        (:func:`saturation_threshold_host`): microseconds, where a dozen tensor ops cost far more
-        in the middle of a training step. Eager only: compiled hooks take :meth:`SaturationCounter.accumulate`.
-        """
-        key = (alpha.data_ptr(), alpha._version)
-        cached = self._thresholds.get(index)
-        if cached is None or cached[0] != key:
-            if alpha.device.type == "cpu" and alpha.numel() == 1:
-                t: Tensor | float = saturation_threshold_host(alpha.item(), self.counter.level)
-            else:
-                t = saturation_threshold(alpha, self.counter.level)
-            cached = self._thresholds[index] = (key, t)
-        return cached[1]
 
     def refresh_thresholds(self) -> None:
         """Compute every scalar-``alpha`` layer's threshold in one batched op (call once per optimizer
         step, outside the forward). Layers whose ``alpha`` is not a whole scalar here (per-channel, or
         an FSDP shard outside the forward) keep computing theirs in the hook, and so do CPU layers,
-        whose threshold is a few microseconds of plain Python (see :meth:`_threshold`)."""
+        whose threshold is a few microseconds of plain Python (see :meth:`SaturationCounter.threshold`)."""
         alphas = [l.module.alpha for l in self.layers]
         scalar = [i for i, a in enumerate(alphas) if a.numel() == 1 and a.device.type != "cpu"]
         if not scalar or len({alphas[i].device for i in scalar}) != 1:
@@ -228,16 +322,7 @@ class SaturationHooks(HookSet):
             t = saturation_threshold(torch.stack([alphas[i].detach().reshape(()) for i in scalar]), self.counter.level)  # (L,)
         for j, i in enumerate(scalar):
             a = alphas[i]
-            self._thresholds[i] = ((a.data_ptr(), a._version), t[j : j + 1])
-
-    def _scratch(self, x: Tensor) -> Tensor | None:
-        """A float32 work buffer per input shape, shared by the layers, on CPU only (GPU allocations are cached already)."""
-        if not x.is_cpu:
-            return None
-        buf = self._buffers.get(x.shape)
-        if buf is None:
-            buf = self._buffers[x.shape] = torch.empty(x.shape, dtype=torch.float32)
-        return buf
+            self.counter._thresholds[i] = ((a.data_ptr(), a._version), t[j : j + 1])
 
     def _register(self) -> list[RemovableHandle]:
         return [l.module.register_forward_hook(self._make_hook(i, l.module)) for i, l in enumerate(self.layers)]

@@ -42,8 +42,10 @@ def test_profile_hook_smoke(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
     names = [r.split(" | ")[0].lstrip("| ") for r in rows]
-    assert names[0] == "whole satmon hook (in a step)" and "in-place > threshold" in names
+    assert names[0] == "whole satmon hook, counting in the hook (in a step)" and "in-place > threshold" in names
     assert "idle satmon hook (uncounted step)" in names
+    assert "whole satmon hook, keep_inputs (as the callback runs it)" in names
+    assert "count_inputs() after the forward, per layer (keep_inputs)" in names
     for r in rows:  # every cell a finite, positive time
         cells = [float(c) for c in r.strip(" |").split(" | ")[1:]]
         assert len(cells) == 3 and all(0 < c < 1e7 for c in cells)

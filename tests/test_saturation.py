@@ -158,14 +158,15 @@ class _Twice(torch.nn.Module):
         return self.a(y).sum() + self.b(x[:, :3]).sum()
 
 
-def test_deferred_fold_equals_float64_reference_with_odd_call_patterns():
+@pytest.mark.parametrize("keep_inputs", [False, True])
+def test_deferred_fold_equals_float64_reference_with_odd_call_patterns(keep_inputs):
     from satmon.discovery import find_dyt_layers
     from satmon.saturation import SaturationHooks
 
     model = _Twice()
     layers = find_dyt_layers(model)
     names = [l.name for l in layers]
-    hooks = SaturationHooks(layers, SaturationCounter(len(layers))).attach()
+    hooks = SaturationHooks(layers, SaturationCounter(len(layers)), keep_inputs=keep_inputs).attach()
     g = torch.Generator().manual_seed(8)
     want = {n: [0, 0, 0] for n in names}
     seen: dict[str, list] = {n: [] for n in names}
@@ -177,6 +178,8 @@ def test_deferred_fold_equals_float64_reference_with_odd_call_patterns():
             x[0, 0, 0] = float("nan")  # one non-finite input: flagged once per call it reaches
         with torch.no_grad():
             model(x)
+            if keep_inputs:
+                hooks.counter.count_inputs()  # the contract: after the forward, before alpha changes
             for mod in (model.a, model.b, model.c):
                 mod.alpha.mul_(1.1)  # thresholds must follow alpha
         for n in names:
@@ -208,3 +211,73 @@ def test_flush_is_needed_only_for_direct_state_reads():
     hooks.counter.reset()  # reset drops queued calls too
     hooks.counter.flush()
     assert hooks.counter.saturated.tolist() == [0] and hooks.counter.total.tolist() == [0]
+
+
+def _kept_setup():
+    from satmon import DyT
+    from satmon.discovery import find_dyt_layers
+    from satmon.saturation import SaturationHooks
+
+    layers = find_dyt_layers(torch.nn.Sequential(DyT(4, alpha_init=2.0)))
+    return layers[0].module, SaturationHooks(layers, SaturationCounter(1), keep_inputs=True).attach()
+
+
+def test_kept_inputs_are_counted_after_the_forward_and_released():
+    import weakref
+
+    dyt, hooks = _kept_setup()
+    dyt(torch.tensor([[0.5, 1.5, -3.0, 0.1]]))
+    kept = weakref.ref(hooks.counter._inputs[0][1])  # the hook keeps a reference, nothing counted yet
+    assert hooks.counter.total.tolist() == [0] and kept() is not None
+    hooks.counter.count_inputs()
+    assert kept() is None  # counted: the reference is gone
+    hooks.counter.flush()
+    assert hooks.counter.saturated.tolist() == [2] and hooks.counter.total.tolist() == [4]
+    dyt(torch.tensor([[9.0, 0.0, 0.0, 0.0]]))
+    dyt(torch.tensor([[9.0, 9.0, 0.0, 0.0]]))  # the layer again: its kept input is counted first
+    assert len(hooks.counter._inputs) == 1
+    assert hooks.counter.per_layer().tolist() == [5 / 12]  # a read counts what is kept
+    dyt(torch.tensor([[9.0, 0.0, 0.0, 0.0]]))
+    hooks.counter.reset()  # reset drops kept inputs too
+    hooks.counter.flush()
+    assert hooks.counter.total.tolist() == [0] and hooks.counter.saturated.tolist() == [0]
+
+
+def test_kept_input_modified_in_place_is_skipped_with_a_warning_then_counted_in_the_hook():
+    dyt, hooks = _kept_setup()
+    x = torch.tensor([[0.5, 1.5, -3.0, 0.1]])
+    dyt(x)
+    x.mul_(100.0)  # the model changed the layer's input after the forward: what is kept is not what it saw
+    with pytest.warns(RuntimeWarning, match="changed in place"):
+        hooks.counter.count_inputs()
+    hooks.counter.flush()
+    assert hooks.counter.total.tolist() == [0]  # skipped, not miscounted
+    y = torch.tensor([[0.5, 1.5, -3.0, 0.1]])
+    dyt(y)
+    y.mul_(100.0)  # from now on counted in the hook, so this no longer matters
+    assert not hooks.counter._inputs
+    assert hooks.counter.saturated.tolist() == [0]
+    assert hooks.counter.per_layer().tolist() == [0.5]
+
+
+def test_inference_tensors_are_counted_at_once():
+    dyt, hooks = _kept_setup()
+    with torch.inference_mode():  # inference tensors have no version counter to check: never kept
+        dyt(torch.tensor([[0.5, 1.5, -3.0, 0.1]]))
+    assert not hooks.counter._inputs
+    assert hooks.counter.per_layer().tolist() == [0.5]
+
+
+def test_kept_input_counted_after_alpha_changed_is_skipped_with_a_warning():
+    dyt, hooks = _kept_setup()
+    dyt(torch.tensor([[0.5, 1.5, -3.0, 0.1]]))
+    hooks.counter.count_inputs()  # in time: counted with the forward's alpha
+    dyt(torch.tensor([[0.5, 1.5, -3.0, 0.1]]))
+    with torch.no_grad():
+        dyt.alpha.mul_(10.0)  # an optimizer step before the count: the forward's threshold is gone
+    with pytest.warns(RuntimeWarning, match="before the optimizer step"):
+        dyt(torch.tensor([[0.5, 0.05, 0.0, 0.0]]))  # the layer again: the kept input is counted first
+    assert hooks.counter.saturated.tolist() == [0]
+    hooks.counter.flush()
+    # the first input (2 of 4 with alpha 2) and the third, counted in its hook (alpha 20: 0.5 only)
+    assert hooks.counter.saturated.tolist() == [3] and hooks.counter.total.tolist() == [8]
