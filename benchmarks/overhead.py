@@ -286,14 +286,36 @@ def paired_estimate(runs: dict[str, list[list[float]]], first: int) -> dict[str,
     """
     if "paired" not in runs or not runs["paired"]:
         return None
-    med = lambda c, k: quantile([r for run in runs[c] for r in neighbour_ratios(run, first, k)], 0.5)
-    counted, control = med("paired", 2), med("off", 2)
-    out = {"counted_vs_neighbours": counted, "control_even_vs_odd": control, "ratio": counted / control}
+    ratios = lambda c, k: [r for run in runs[c] for r in neighbour_ratios(run, first, k)]
+    counted, control = quantile(ratios("paired", 2), 0.5), quantile(ratios("off", 2), 0.5)
+    lo, hi = bootstrap_interval(ratios("paired", 2), ratios("off", 2))
+    out = {"counted_vs_neighbours": counted, "control_even_vs_odd": control, "ratio": counted / control,
+           "ratio_lo": lo, "ratio_hi": hi}
     if runs.get("sampled"):
-        c4, k4 = med("sampled", SAMPLED_EVERY), med("off", SAMPLED_EVERY)
+        c4, k4 = quantile(ratios("sampled", SAMPLED_EVERY), 0.5), quantile(ratios("off", SAMPLED_EVERY), 0.5)
+        lo4, hi4 = bootstrap_interval(ratios("sampled", SAMPLED_EVERY), ratios("off", SAMPLED_EVERY))
+        per_step = lambda r: 1 + (r - 1) / SAMPLED_EVERY
         out.update({"sampled_counted_vs_neighbours": c4, "sampled_control": k4,
-                    "sampled_step_ratio": 1 + (c4 / k4 - 1) / SAMPLED_EVERY})
+                    "sampled_step_ratio": per_step(c4 / k4), "sampled_step_lo": per_step(lo4), "sampled_step_hi": per_step(hi4)})
     return out
+
+
+def bootstrap_interval(counted: list[float], control: list[float], level: float = 0.9, n: int = 2000) -> tuple[float, float]:
+    """Percentile-bootstrap interval of ``median(counted) / median(control)``, both resampled (seeded).
+
+    How far the paired estimate could move by the luck of which steps were measured: a target is
+    met with confidence only when the interval's upper end is below it.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a, b = np.asarray(counted), np.asarray(control)
+    if len(a) < 2 or len(b) < 2:
+        return float("nan"), float("nan")
+    ra = np.median(a[rng.integers(0, len(a), (n, len(a)))], axis=1)
+    rb = np.median(b[rng.integers(0, len(b), (n, len(b)))], axis=1)
+    lo, hi = np.quantile(ra / rb, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
 
 
 def summarise(times: dict[str, list[float]], q: float) -> dict[str, dict[str, float]]:
@@ -585,11 +607,13 @@ def main(argv: list[str] | None = None) -> int:
         if pe:
             print(f"\nPaired estimate, {m}: a counted window step takes {pe['counted_vs_neighbours']:.4f} x its two uncounted "
                   f"neighbours (median; control, no monitor, even vs odd steps: {pe['control_even_vs_odd']:.4f}): "
-                  f"window hot-path overhead {100 * (pe['ratio'] - 1):+.2f}%.")
+                  f"window hot-path overhead {100 * (pe['ratio'] - 1):+.2f}% "
+                  f"(90% bootstrap interval {100 * (pe['ratio_lo'] - 1):+.2f}% to {100 * (pe['ratio_hi'] - 1):+.2f}%).")
             if "sampled_step_ratio" in pe:
                 print(f"Paired estimate, {m}, sample_every={SAMPLED_EVERY}: a counted step takes {pe['sampled_counted_vs_neighbours']:.4f} x "
                       f"its neighbours (control {pe['sampled_control']:.4f}); one step in {SAMPLED_EVERY} counted: overhead "
-                      f"{100 * (pe['sampled_step_ratio'] - 1):+.2f}% per step.")
+                      f"{100 * (pe['sampled_step_ratio'] - 1):+.2f}% per step (90% interval {100 * (pe['sampled_step_lo'] - 1):+.2f}% "
+                      f"to {100 * (pe['sampled_step_hi'] - 1):+.2f}%).")
     print(f"\nTotal {time.perf_counter() - t_start:.0f} s.")
     if args.json:
         with open(args.json, "w") as f:
