@@ -37,6 +37,7 @@ Usage::
     python benchmarks/overhead.py --device cuda
     python benchmarks/overhead.py --smoke                # tiny, correctness only (the test suite)
     python benchmarks/overhead.py --profile-hook         # where the hook's time goes, per op
+    python benchmarks/overhead.py --pool a.json b.json   # paired estimates of earlier --json runs, pooled
 """
 
 from __future__ import annotations
@@ -538,7 +539,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", action="store_true", help="print the table as markdown")
     p.add_argument("--json", default=None, help="also write every per-step time and summary to this JSON file")
     p.add_argument("--profile-hook", action="store_true", help="time the hook's ops on the wide model's DyT input, then exit")
+    p.add_argument("--pool", nargs="+", metavar="JSON", default=None,
+                   help="print the paired estimates of these earlier --json runs pooled together, then exit")
     args = p.parse_args(argv)
+    if args.pool:
+        return pool(args.pool)
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("benchmarks/overhead.py: --device cuda asked for, but torch.cuda.is_available() is False.", file=sys.stderr)
@@ -602,6 +607,42 @@ def main(argv: list[str] | None = None) -> int:
         print(f"- {m}: {r['spec']}, {r['dyt_layers']} DyT layers; reference {r['summary']['off']['median'] * 1e3:.1f} ms/step (median)")
     print()
     print(table(results, args.quantile, args.markdown, cuda))
+    print_paired(results)
+    print(f"\nTotal {time.perf_counter() - t_start:.0f} s.")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine(), "args": vars(args), "results": results}, f, indent=1, default=str)
+    if args.smoke:
+        print("smoke: OK (every monitored run produced a verdict; all numbers finite)")
+    return 0
+
+
+def pool(paths: list[str]) -> int:
+    """Pool the per-step times of earlier runs (their ``--json`` files) and print the paired estimates of the pool.
+
+    Runs of the same code on a noisy machine each give a wide interval; pooled, the interval
+    narrows. Only the configurations needed (``off``, ``paired``, ``sampled``) are pooled, per model.
+    """
+    results: dict[str, Any] = {}
+    for path in paths:
+        with open(path) as f:
+            saved = json.load(f)
+        warmup = saved["args"]["warmup"]
+        for m, r in saved["results"].items():
+            into = results.setdefault(m, {"runs": {}, "warmup": warmup, "files": 0})
+            if into["warmup"] != warmup:
+                raise SystemExit(f"benchmarks/overhead.py --pool: expected one --warmup in every file, got {into['warmup']} and {warmup} ({path}).")
+            into["files"] += 1
+            for c in ("off", "paired", "sampled"):
+                into["runs"].setdefault(c, []).extend(r["runs"].get(c, []))
+    print(f"# pooled paired estimates over {len(paths)} file(s): {', '.join(paths)}")
+    for m, r in results.items():
+        print(f"- {m}: {r['files']} file(s), {len(r['runs']['paired'])} paired runs, {len(r['runs']['off'])} reference runs")
+    print_paired({m: {"paired": paired_estimate(r["runs"], r["warmup"])} for m, r in results.items()})
+    return 0
+
+
+def print_paired(results: dict[str, Any]) -> None:
     for m, r in results.items():
         pe = r["paired"]
         if pe:
@@ -614,13 +655,6 @@ def main(argv: list[str] | None = None) -> int:
                       f"its neighbours (control {pe['sampled_control']:.4f}); one step in {SAMPLED_EVERY} counted: overhead "
                       f"{100 * (pe['sampled_step_ratio'] - 1):+.2f}% per step (90% interval {100 * (pe['sampled_step_lo'] - 1):+.2f}% "
                       f"to {100 * (pe['sampled_step_hi'] - 1):+.2f}%).")
-    print(f"\nTotal {time.perf_counter() - t_start:.0f} s.")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine(), "args": vars(args), "results": results}, f, indent=1, default=str)
-    if args.smoke:
-        print("smoke: OK (every monitored run produced a verdict; all numbers finite)")
-    return 0
 
 
 def check_run(config: str, out: dict[str, Any], plan: Plan) -> None:

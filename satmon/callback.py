@@ -267,6 +267,13 @@ class SaturationMonitor(Callback):
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
         # the forward is over: count the inputs the hooks kept (CPU), while autograd holds them anyway and
         # before the optimizer step changes alpha
+        self._count_kept_inputs()
+
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # activation checkpointing re-runs forwards inside the backward: their inputs too, before the optimizer step
+        self._count_kept_inputs()
+
+    def _count_kept_inputs(self) -> None:
         for hooks in (self.hooks, self.watch_hooks):
             if hooks is not None:
                 hooks.counter.count_inputs()

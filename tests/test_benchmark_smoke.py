@@ -32,6 +32,17 @@ def test_overhead_benchmark_smoke(tmp_path):
             assert len(verdicts) == 2 and all(v["decision"] in ("go", "no-go") for v in verdicts)
         # every monitored run saw the same data and model: the same verdict each repeat
         assert r["verdicts"]["window"][0] == r["verdicts"]["window"][1]
+        assert r["paired"]["ratio_lo"] <= r["paired"]["ratio"] <= r["paired"]["ratio_hi"]
+    # pooling a run with itself doubles every sample: the medians, so the point estimates, stay the same
+    pooled = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--pool", str(out), str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert pooled.returncode == 0, pooled.stdout[-3000:] + pooled.stderr[-3000:]
+    assert "- wide: 2 file(s), 4 paired runs, 4 reference runs" in pooled.stdout
+    for model in ("demo", "wide"):
+        want = f"window hot-path overhead {100 * (data['results'][model]['paired']['ratio'] - 1):+.2f}%"
+        assert want in pooled.stdout.split(f"Paired estimate, {model}:")[1]
 
 
 def test_profile_hook_smoke(tmp_path):

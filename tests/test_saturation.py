@@ -281,3 +281,36 @@ def test_kept_input_counted_after_alpha_changed_is_skipped_with_a_warning():
     hooks.counter.flush()
     # the first input (2 of 4 with alpha 2) and the third, counted in its hook (alpha 20: 0.5 only)
     assert hooks.counter.saturated.tolist() == [3] and hooks.counter.total.tolist() == [8]
+
+
+def test_kept_inputs_with_activation_checkpointing_counted_before_the_optimizer_step():
+    """Checkpointing re-runs the forward inside the backward: counting before and after the backward
+    (what the callback does) keeps every input's alpha, so nothing is skipped and nothing warns."""
+    import warnings
+
+    from torch.utils.checkpoint import checkpoint
+
+    from satmon import DyT
+    from satmon.discovery import find_dyt_layers
+    from satmon.saturation import SaturationHooks
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), DyT(8, alpha_init=1.5), torch.nn.Linear(8, 1))
+    layers = find_dyt_layers(model)
+    hooks = SaturationHooks(layers, SaturationCounter(1), keep_inputs=True).attach()
+    seen: list[torch.Tensor] = []
+    model[1].register_forward_hook(lambda m, a, o: seen.append((a[0].detach().double() * m.alpha.detach().double()).abs()))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    g = torch.Generator().manual_seed(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a skipped input would warn
+        for _ in range(3):
+            out = checkpoint(model, torch.randn(16, 8, generator=g) * 2, use_reentrant=False)
+            hooks.counter.count_inputs()  # on_before_backward
+            out.square().mean().backward()  # re-runs the forward: the hook keeps the recomputed input
+            hooks.counter.count_inputs()  # on_after_backward
+            opt.step()
+            opt.zero_grad()
+    assert len(seen) == 6  # three forwards, each run twice
+    hooks.counter.flush()
+    assert hooks.counter.saturated.tolist() == [int(sum((s > 2.0).sum() for s in seen))]
+    assert hooks.counter.total.tolist() == [6 * 16 * 8]
