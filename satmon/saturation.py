@@ -99,8 +99,11 @@ class SaturationCounter(Metric):
         No tensor op runs here: the integer conversion, the non-finite flag and the state updates
         of all queued calls happen together in :meth:`flush`.
         """
-        self._pending.append((index, abs_sum, saturated, numel))
         self._update_count += 1  # what ``update()`` records (compute() warns without it)
+        self._queue(index, abs_sum, saturated, numel)
+
+    def _queue(self, index: int, abs_sum: Tensor, saturated: Tensor, numel: int) -> None:
+        self._pending.append((index, abs_sum, saturated, numel))
         if len(self._pending) >= 16384:  # a loop that never reads its counts still holds little
             self.flush()
 
@@ -135,6 +138,7 @@ class SaturationCounter(Metric):
             self.count_inputs()
         self._inputs.append((index, x, version, alpha, alpha._version))
         self._input_layers.add(index)
+        self._update_count += 1  # counted here, once: compute() checks it before it counts what is kept
 
     def count_inputs(self) -> None:
         """Count the inputs kept by :meth:`defer_input`, then drop the references (no host sync).
@@ -152,7 +156,7 @@ class SaturationCounter(Metric):
                 stale += 1
                 continue
             abs_sum, sat = saturation_sums(x, self.threshold(index, alpha), self._scratch(x))
-            self.defer(index, abs_sum, sat, x.numel())
+            self._queue(index, abs_sum, sat, x.numel())
         if stale:
             self._inputs_unsafe = True
             warnings.warn(

@@ -260,6 +260,18 @@ def test_kept_input_modified_in_place_is_skipped_with_a_warning_then_counted_in_
     assert hooks.counter.per_layer().tolist() == [0.5]
 
 
+def test_compute_on_kept_inputs_counts_them_without_warning():
+    import warnings
+
+    dyt, hooks = _kept_setup()
+    dyt(torch.tensor([[0.5, 1.5, -3.0, 0.1]]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torchmetrics warns when compute() runs before any update
+        out = hooks.counter.compute()
+    assert int(out["saturated"]) == 2 and int(out["total"]) == 4  # (one layer: torchmetrics squeezes to 0-dim)
+    assert hooks.counter.update_count == 1
+
+
 def test_inference_tensors_are_counted_at_once():
     dyt, hooks = _kept_setup()
     with torch.inference_mode():  # inference tensors have no version counter to check: never kept
