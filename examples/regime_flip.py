@@ -5,7 +5,9 @@ tokens (over-parameterised: DyT lowered validation loss by 27%) and on 118M toke
 raised it by 19%), and proposed pooled DyT saturation >= 0.43 as the sign of the helpful regime.
 
 This script runs the same experiment on a model and a corpus a CPU can handle: satmon's GPT-2-style
-model with LayerNorm and with DyT, trained for the same number of steps on a few tokens (repeated
+model with LayerNorm and with DyT (embeddings x sqrt(d_model) in both: with GPT-2's std-0.02
+embeddings the DyT model stalls at the unigram level at this scale, see docs/regime_flip.md;
+``--emb-scale 1`` restores them), trained for the same number of steps on a few tokens (repeated
 for many epochs) and on many tokens (about one pass), all evaluated on one held-out split of the
 embedded corpus (Python's standard library, byte-level). For the DyT runs ``SaturationMonitor``
 screens the first ``min(500, steps)`` steps and gives its verdict; the end-of-training saturation
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -56,6 +59,7 @@ class Setup:
     seeds: tuple[int, ...]
     lr: float = 3e-3
     alpha_init: float = 2.0  # the study's "canonical" DyT init
+    emb_scale: float | None = None  # embedding multiplier, both norms; None: sqrt(d_model) (1.0 is GPT-2's, DyT stalls)
     weight_decay: float = 0.1
     warmup: int = 50
     evals: int = 8  # validation passes during training (the curves); the last one is at the final step
@@ -108,7 +112,8 @@ def train_one(setup: Setup, regime: str, norm: str, seed: int, out: str, threads
     val = DataLoader(val_set, batch_size=64)
 
     model = LitLM(arch="gpt", d_model=setup.d_model, n_layers=setup.n_layers, n_heads=setup.n_heads,
-                  seq_len=setup.seq_len, norm=norm, alpha_init=setup.alpha_init, lr=setup.lr, weight_decay=setup.weight_decay,
+                  seq_len=setup.seq_len, norm=norm, alpha_init=setup.alpha_init, emb_scale=emb_scale(setup), lr=setup.lr,
+                  weight_decay=setup.weight_decay,
                   warmup=setup.warmup)
 
     class History(Callback):
@@ -224,11 +229,17 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def emb_scale(setup: Setup) -> float:
+    """The embedding multiplier of every run of ``setup`` (LayerNorm and DyT alike)."""
+    return math.sqrt(setup.d_model) if setup.emb_scale is None else setup.emb_scale
+
+
 def markdown(summary: dict[str, dict[str, Any]], setup: Setup, mode: str, command: str) -> str:
     lines = [
         f"Mode `{mode}`: GPT-2-style d={setup.d_model}, {setup.n_layers} blocks, seq {setup.seq_len}, batch "
         f"{setup.batch_size}, {setup.steps} steps, AdamW lr {setup.lr:g} (warm-up {setup.warmup}), weight decay "
-        f"{setup.weight_decay:g}, DyT alpha_init {setup.alpha_init:g}, seeds {list(setup.seeds)}; validation: the same "
+        f"{setup.weight_decay:g}, DyT alpha_init {setup.alpha_init:g}, embeddings x {emb_scale(setup):g}, seeds "
+        f"{list(setup.seeds)}; validation: the same "
         f"{setup.val_tokens:,} held-out tokens for every run. Command: `{command}`",
         "",
         "| regime | train tokens | epochs | val loss LN | val loss DyT | DyT vs LN | best val LN / DyT | "
@@ -314,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--few-tokens", type=int, default=None, help="override the few-token training split size")
     p.add_argument("--lr", type=float, default=None, help="override the learning rate (default 3e-3)")
     p.add_argument("--alpha-init", type=float, default=None, help="override DyT's alpha_init (default 2.0, the study's)")
+    p.add_argument("--emb-scale", type=float, default=None,
+                   help="multiply token + position embeddings by this, both norms (default sqrt(d_model); 1 is GPT-2's)")
     p.add_argument("--jobs", type=int, default=None, help="parallel training processes (default: 2 when >= 2 cores; smoke: 1)")
     args = p.parse_args(argv)
     _quiet()
@@ -329,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
         setup = replace(setup, lr=args.lr)
     if args.alpha_init:
         setup = replace(setup, alpha_init=args.alpha_init)
+    if args.emb_scale is not None:
+        if not args.emb_scale > 0:
+            p.error(f"expected --emb-scale > 0, got {args.emb_scale}")
+        setup = replace(setup, emb_scale=args.emb_scale)
     jobs = args.jobs or (1 if args.smoke else min(2, os.cpu_count() or 1))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -135,3 +135,16 @@ def test_convert_rmsnorm_on_request_only():
 def test_convert_rejects_multi_dim_layernorm():
     with pytest.raises(ValueError, match="one channel dimension"):
         convert_to_dyt(nn.Sequential(nn.LayerNorm([4, 4])))
+
+
+@pytest.mark.parametrize("scale", [1.0, 8.0])
+def test_gpt_emb_scale_multiplies_the_embeddings_the_first_block_sees(scale):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(d_model=16, n_layers=1, n_heads=2, seq_len=8, emb_scale=scale))
+    seen = []
+    model.blocks[0].register_forward_pre_hook(lambda m, a: seen.append(a[0].detach()))
+    idx = torch.tensor([[3, 1, 4, 1, 5]])
+    model(idx)
+    ref = (model.tok_emb.weight[idx[0]] + model.pos_emb.weight[:5]).detach() * scale
+    torch.testing.assert_close(seen[0][0], ref)
+    assert GPTConfig().emb_scale == 1.0  # GPT-2's: the demo model is unchanged

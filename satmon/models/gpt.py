@@ -59,6 +59,9 @@ class GPTConfig:
     norm: Literal["dyt", "layernorm", "rmsnorm"] = "dyt"
     alpha_init: float = 2.0  # the regime study's "canonical" init
     dropout: float = 0.0
+    # multiplies token + position embeddings; 1.0 is GPT-2. With embeddings at std 0.02 a DyT model
+    # can stall at the unigram level; sqrt(d_model) lets it train (docs/regime_flip.md)
+    emb_scale: float = 1.0
 
 
 class CausalSelfAttention(nn.Module):
@@ -139,7 +142,10 @@ class GPT(nn.Module):
     def forward(self, idx: Tensor) -> Tensor:
         B, T = idx.shape
         pos = torch.arange(T, device=idx.device)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C)
+        x = self.tok_emb(idx) + self.pos_emb(pos)  # (B, T, C)
+        if self.cfg.emb_scale != 1.0:
+            x = x * self.cfg.emb_scale
+        x = self.drop(x)
         for block in self.blocks:
             x = block(x)
         return self.lm_head(self.ln_f(x))  # (B, T, vocab)
