@@ -481,7 +481,7 @@ def profile_hook(spec: ModelSpec, device: str, reps: int) -> str:
     for i in range(reps * len(modes)):
         mode["v"] = modes[i % len(modes)]
         hooks.enabled = mode["v"] in ("satmon", "kept")
-        hooks.keep_inputs = mode["v"] == "kept"
+        hooks.counter.keep_inputs = mode["v"] == "kept"
         step(i)
         hooks.counter.flush()
     warm: dict[str, float] = {}
@@ -499,7 +499,7 @@ def profile_hook(spec: ModelSpec, device: str, reps: int) -> str:
     hook = hooks._make_hook(0, layers[0].module)  # the hook satmon registers, called directly
     for name, enabled, keep in ((hook_rows["satmon"], True, False), (hook_rows["idle"], False, False),
                                 (hook_rows["kept"], True, True)):
-        hooks.enabled, hooks.keep_inputs = enabled, keep
+        hooks.enabled, hooks.counter.keep_inputs = enabled, keep
         t_warm, t_count = [], []
         for _ in range(reps * 10):
             t0 = clock()

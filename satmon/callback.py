@@ -215,17 +215,17 @@ class SaturationMonitor(Callback):
         names = [l.name for l in layers]
         if names != self.layer_names:
             raise RuntimeError(f"Expected the same DyT layers as at setup ({self.layer_names}), got {names}.")
-        self.counter = SaturationCounter(len(layers), level=self.level).to(pl_module.device)
+        keep = pl_module.device.type == "cpu"  # CPU: the hooks keep the inputs, counted around the backward
+        self.counter = SaturationCounter(len(layers), level=self.level, keep_inputs=keep).to(pl_module.device)
         if self._loaded is not None:
             self._restore(self._loaded, trainer)
             self._loaded = None
-        keep = pl_module.device.type == "cpu"  # CPU: the hooks keep the inputs, counted in on_before_backward
-        self.hooks = SaturationHooks(layers, self.counter, keep_inputs=keep)
+        self.hooks = SaturationHooks(layers, self.counter)
         self._last_step = trainer.global_step
         if self.gating is not None and self.gating.pairings:
             self.gate_hooks = GateHooks(pl_module, self.gating, GateCounter(len(self.gating.pairings)).to(pl_module.device))
         if self.watch_every_n_steps:
-            self.watch_hooks = SaturationHooks(layers, SaturationCounter(len(layers), level=self.level).to(pl_module.device), keep_inputs=keep)
+            self.watch_hooks = SaturationHooks(layers, SaturationCounter(len(layers), level=self.level, keep_inputs=keep).to(pl_module.device))
             self.losses = LossHistory(self.loss_baseline + self.watch_every_n_steps, device=pl_module.device)
         if self.verdict is None and trainer.global_step < self.window:
             self.hooks.attach()

@@ -32,17 +32,22 @@ class SaturationCounter(Metric):
     add up raw counts, never averaged fractions, so the pooled fraction over ranks equals the one
     a single process would get over the same global data.
 
-    Deferred counts. :class:`SaturationHooks` hand over each call's two sums with :meth:`defer`
-    and the counter folds them into its states in one batch (:meth:`flush`), when the counts are
-    read: every reading method (``compute``, ``pooled``, ``per_layer``, ``sync``, so also
-    ``sync_context``) flushes first; code that reads the state tensors directly calls :meth:`flush`
-    before. Hooks with ``keep_inputs`` set hand over the inputs themselves (:meth:`defer_input`),
-    counted together by :meth:`count_inputs` after the forward (the callback calls it before the
-    backward; :meth:`flush` calls it too).
+    Deferred counts. :class:`SaturationHooks` hand each forward input to :meth:`defer_input`,
+    which runs the four tensor ops of :func:`~satmon.functional.saturation.saturation_sums` and
+    queues the two 0-dim sums; the counter folds all queued sums into its states in one batch
+    (:meth:`flush`) when the counts are read: every reading method (``compute``, ``pooled``,
+    ``per_layer``, ``sync``, so also ``sync_context``) flushes first; code that reads the state
+    tensors directly calls :meth:`flush` before. With ``keep_inputs`` the ops themselves wait too:
+    :meth:`defer_input` only keeps the input, and :meth:`count_inputs` counts all kept inputs
+    after the forward (the callback calls it around the backward; :meth:`flush` calls it too).
 
     Args:
         num_layers: number of monitored layers ``L``.
         level: saturation level; an element is saturated when ``|alpha * x| > level``.
+        keep_inputs: keep each input until :meth:`count_inputs` instead of counting it at once
+            (see :meth:`defer_input`). Only for a loop that calls ``count_inputs`` after each
+            forward, before the optimizer step; an input counted after its ``alpha`` changed is
+            skipped with a warning. :class:`~satmon.SaturationMonitor` sets it when training on the CPU.
 
     Example:
         >>> import torch
@@ -60,7 +65,7 @@ class SaturationCounter(Metric):
     total: Tensor
     nonfinite: Tensor
 
-    def __init__(self, num_layers: int, level: float = 2.0, **kwargs) -> None:
+    def __init__(self, num_layers: int, level: float = 2.0, keep_inputs: bool = False, **kwargs) -> None:
         # the hooks update the states outside ``update()``, so torchmetrics' result cache would go stale
         kwargs.setdefault("compute_with_cache", False)
         super().__init__(**kwargs)
@@ -72,7 +77,7 @@ class SaturationCounter(Metric):
         self._pending: list[tuple[int, Tensor, Tensor, int]] = []
         self._inputs: list[tuple[int, Tensor, int, Tensor, int]] = []  # (layer, x, x's version, alpha, alpha's version)
         self._input_layers: set[int] = set()
-        self._inputs_unsafe = False  # set when a kept input or alpha changed in place before it was counted
+        self.keep_inputs = keep_inputs  # turned off for good when a kept input or alpha changed before its count
         self._buffers: dict[torch.Size, Tensor] = {}
         self._thresholds: dict[int, tuple[tuple, Tensor | float]] = {}
 
@@ -93,52 +98,48 @@ class SaturationCounter(Metric):
         self.nonfinite.select(0, index).add_(bad)
         self.total.select(0, index).add_(x.numel())
 
-    def defer(self, index: int, abs_sum: Tensor, saturated: Tensor, numel: int) -> None:
-        """Queue one call's :func:`~satmon.functional.saturation.saturation_sums` for layer ``index``.
-
-        No tensor op runs here: the integer conversion, the non-finite flag and the state updates
-        of all queued calls happen together in :meth:`flush`.
-        """
-        self._update_count += 1  # what ``update()`` records (compute() warns without it)
-        self._queue(index, abs_sum, saturated, numel)
-
-    def _queue(self, index: int, abs_sum: Tensor, saturated: Tensor, numel: int) -> None:
-        self._pending.append((index, abs_sum, saturated, numel))
+    def _count_now(self, index: int, x: Tensor, alpha: Tensor) -> None:
+        """The four ops of :func:`~satmon.functional.saturation.saturation_sums`, their sums queued for :meth:`flush`."""
+        abs_sum, sat = saturation_sums(x, self.threshold(index, alpha), self._scratch(x))
+        self._pending.append((index, abs_sum, sat, x.numel()))
         if len(self._pending) >= 16384:  # a loop that never reads its counts still holds little
             self.flush()
 
     def defer_input(self, index: int, x: Tensor, alpha: Tensor) -> None:
-        """Count the forward input ``x`` of layer ``index`` later, in :meth:`count_inputs`.
+        """Count the eager forward input ``x`` of layer ``index``: the hooks' path (no host sync).
 
-        Inside a CPU training step every op, even reading ``alpha``, costs several times its
-        warm-loop cost (the layer's own forward left the caches cold); counting all the layers'
-        inputs in one loop after the forward costs markedly less (``benchmarks/overhead.py
-        --profile-hook``). This call only keeps ``x`` and ``alpha`` by reference with their version
-        counters. During training autograd saves the DyT input for the backward anyway, so keeping
-        it until the end of the forward holds no extra memory. Keeping a second input of a layer
-        that already has one counts the kept ones first, so at most one forward's inputs are held.
-        An inference tensor (no version counter) is counted at once, and so is every input once a
-        kept one was found changed (see :meth:`count_inputs`).
+        Runs the four tensor ops at once and queues their two 0-dim sums: the integer conversion,
+        the non-finite flag and the state updates of all queued calls happen together in
+        :meth:`flush`. With ``keep_inputs`` not even the ops run here: inside a CPU training step
+        every op, even reading ``alpha``, costs several times its warm-loop cost (the layer's own
+        forward left the caches cold), and counting all the layers' inputs in one loop after the
+        forward costs markedly less (``benchmarks/overhead.py --profile-hook``). Then this call only
+        keeps ``x`` and ``alpha`` by reference with their version counters, for :meth:`count_inputs`.
+        During training autograd saves the DyT input for the backward anyway, so keeping it until
+        the end of the forward holds no extra memory. Keeping a second input of a layer that already
+        has one counts the kept ones first, so at most one forward's inputs are held. An inference
+        tensor (no version counter) is counted at once.
 
         Args:
             index: the layer.
-            x: its forward input (floating point).
-            alpha: the layer's ``alpha`` (the threshold is computed when counted, from its value then,
-                which must still be the forward's: :meth:`count_inputs` checks).
+            x: its forward input (floating point; float64 takes :meth:`accumulate`).
+            alpha: the layer's ``alpha`` (a kept input's threshold is computed when counted, from
+                ``alpha``'s value then, which must still be the forward's: :meth:`count_inputs` checks).
         """
-        try:
-            version = x._version
-        except RuntimeError:  # an inference tensor: nothing to check a kept reference against
-            version = None
-        if self._inputs_unsafe or version is None:
-            abs_sum, sat = saturation_sums(x, self.threshold(index, alpha), self._scratch(x))
-            self.defer(index, abs_sum, sat, x.numel())
+        self._update_count += 1  # what ``update()`` records (compute() warns without it), once per input
+        version = None
+        if self.keep_inputs:
+            try:
+                version = x._version
+            except RuntimeError:  # an inference tensor: nothing to check a kept reference against
+                pass
+        if version is None:
+            self._count_now(index, x, alpha)
             return
         if index in self._input_layers:
             self.count_inputs()
         self._inputs.append((index, x, version, alpha, alpha._version))
         self._input_layers.add(index)
-        self._update_count += 1  # counted here, once: compute() checks it before it counts what is kept
 
     def count_inputs(self) -> None:
         """Count the inputs kept by :meth:`defer_input`, then drop the references (no host sync).
@@ -155,10 +156,9 @@ class SaturationCounter(Metric):
             if x._version != version or alpha._version != alpha_version:
                 stale += 1
                 continue
-            abs_sum, sat = saturation_sums(x, self.threshold(index, alpha), self._scratch(x))
-            self._queue(index, abs_sum, sat, x.numel())
+            self._count_now(index, x, alpha)
         if stale:
-            self._inputs_unsafe = True
+            self.keep_inputs = False
             warnings.warn(
                 f"satmon: {stale} kept DyT input(s) or their alpha changed in place between the forward and the count "
                 "(count_inputs() must run before the optimizer step); they were skipped, and from now on every input is "
@@ -185,6 +185,23 @@ class SaturationCounter(Metric):
                 t = saturation_threshold(alpha, self.level)
             cached = self._thresholds[index] = (key, t)
         return cached[1]
+
+    def refresh_thresholds(self, alphas: Sequence[Tensor]) -> None:
+        """Compute the thresholds of all layers with a scalar accelerator ``alpha`` in one batched op.
+
+        Call once per optimizer step, outside the forward (``alphas[i]`` is layer ``i``'s). Layers
+        whose ``alpha`` is not a whole scalar here (per-channel, or an FSDP shard outside the
+        forward) keep computing theirs when counted, and so do CPU layers, whose threshold is a few
+        microseconds of plain Python (see :meth:`threshold`).
+        """
+        scalar = [i for i, a in enumerate(alphas) if a.numel() == 1 and a.device.type != "cpu"]
+        if not scalar or len({alphas[i].device for i in scalar}) != 1:
+            return
+        with torch.no_grad():
+            t = saturation_threshold(torch.stack([alphas[i].detach().reshape(()) for i in scalar]), self.level)  # (L,)
+        for j, i in enumerate(scalar):
+            a = alphas[i]
+            self._thresholds[i] = ((a.data_ptr(), a._version), t[j : j + 1])
 
     def _scratch(self, x: Tensor) -> Tensor | None:
         """A float32 work buffer per input shape, shared by the layers, on CPU only (GPU allocations are cached already)."""
@@ -248,28 +265,19 @@ class SaturationCounter(Metric):
 class SaturationHooks(HookSet):
     """Forward hooks on DyT layers that feed a :class:`SaturationCounter`.
 
-    The hot path is one ``abs``, one in-place comparison and two sums per layer call, all on the
-    activations' device, handed to :meth:`SaturationCounter.defer`; the integer conversions and state
-    updates of all queued calls run together in :meth:`SaturationCounter.flush` when the counts are
-    read. No ``.item()``. By default no reference is kept to activations (only to the 0-dim sums,
-    until the flush). ``enabled`` is a plain Python flag: under ``torch.compile`` it is a guard, so
-    flipping it once (window over) costs one recompile, not one per step.
-
-    With ``keep_inputs=True`` an eager hook only keeps a reference to its input and to ``alpha``
-    (:meth:`SaturationCounter.defer_input`); the four ops run for all layers together in
-    :meth:`SaturationCounter.count_inputs`, which the owner calls once the forward is over and
-    before the optimizer step (:class:`~satmon.SaturationMonitor` calls it before the backward,
-    while autograd still holds the inputs anyway, and sets ``keep_inputs`` when training on the
-    CPU). Inside a CPU training step that costs markedly less than counting in each hook. The counts
-    are the same either way. On a GPU the ops are asynchronous, so there is nothing to gain.
+    Each eager call hands its input to :meth:`SaturationCounter.defer_input`: one ``abs``, one
+    in-place comparison and two sums on the activations' device, or, when the counter keeps inputs
+    (``SaturationCounter(keep_inputs=True)``, what :class:`~satmon.SaturationMonitor` uses on the
+    CPU), only a reference until :meth:`SaturationCounter.count_inputs` after the forward. The
+    integer conversions and state updates of all calls run together in
+    :meth:`SaturationCounter.flush` when the counts are read. No ``.item()``. Compiled hooks
+    (and float64 inputs) count in place with :meth:`SaturationCounter.accumulate`. ``enabled`` is a
+    plain Python flag: under ``torch.compile`` it is a guard, so flipping it once (window over)
+    costs one recompile, not one per step.
 
     Args:
         layers: DyT layers (from :func:`satmon.discovery.find_dyt_layers`).
         counter: where counts go (its layer ``i`` is ``layers[i]``).
-        keep_inputs: keep the inputs until :meth:`SaturationCounter.count_inputs` (or any read of
-            the counts) instead of counting them in the hook. Only for a loop that calls
-            ``count_inputs`` after each forward, before the optimizer step: an input counted after
-            ``alpha`` changed is skipped with a warning (see :meth:`SaturationCounter.count_inputs`).
 
     Example:
         >>> import torch
@@ -284,13 +292,12 @@ class SaturationHooks(HookSet):
         >>> hooks.detach()
     """
 
-    def __init__(self, layers: Sequence[NormLayer], counter: SaturationCounter, keep_inputs: bool = False) -> None:
+    def __init__(self, layers: Sequence[NormLayer], counter: SaturationCounter) -> None:
         if len(layers) != counter.saturated.numel():
             raise ValueError(f"Expected a counter with {len(layers)} layers, got {counter.saturated.numel()}.")
         super().__init__()
         self.layers = list(layers)
         self.counter = counter
-        self.keep_inputs = keep_inputs
 
     def _make_hook(self, index: int, module: nn.Module):
         def hook(mod: nn.Module, args: tuple, output: Tensor) -> None:
@@ -304,29 +311,13 @@ class SaturationHooks(HookSet):
                 return
             # Eager: as little Python as possible (inside a training step every call and op is
             # several times its warm-loop cost); saturation_sums detaches x, so no grad-mode switch.
-            c = self.counter
-            if self.keep_inputs:
-                c.defer_input(index, x, mod.alpha)
-            else:
-                abs_sum, sat = saturation_sums(x, c.threshold(index, mod.alpha), c._scratch(x))
-                c.defer(index, abs_sum, sat, x.numel())
+            self.counter.defer_input(index, x, mod.alpha)
 
         return hook
 
     def refresh_thresholds(self) -> None:
-        """Compute every scalar-``alpha`` layer's threshold in one batched op (call once per optimizer
-        step, outside the forward). Layers whose ``alpha`` is not a whole scalar here (per-channel, or
-        an FSDP shard outside the forward) keep computing theirs in the hook, and so do CPU layers,
-        whose threshold is a few microseconds of plain Python (see :meth:`SaturationCounter.threshold`)."""
-        alphas = [l.module.alpha for l in self.layers]
-        scalar = [i for i, a in enumerate(alphas) if a.numel() == 1 and a.device.type != "cpu"]
-        if not scalar or len({alphas[i].device for i in scalar}) != 1:
-            return
-        with torch.no_grad():
-            t = saturation_threshold(torch.stack([alphas[i].detach().reshape(()) for i in scalar]), self.counter.level)  # (L,)
-        for j, i in enumerate(scalar):
-            a = alphas[i]
-            self.counter._thresholds[i] = ((a.data_ptr(), a._version), t[j : j + 1])
+        """:meth:`SaturationCounter.refresh_thresholds` for these layers' ``alpha`` (once per optimizer step)."""
+        self.counter.refresh_thresholds([l.module.alpha for l in self.layers])
 
     def _register(self) -> list[RemovableHandle]:
         return [l.module.register_forward_hook(self._make_hook(i, l.module)) for i, l in enumerate(self.layers)]

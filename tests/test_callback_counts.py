@@ -86,7 +86,7 @@ def test_counts_equal_float64_reference_and_skip_validation(tmp_path):
     assert probe.sanity_batches == 2
     assert probe.eval_forwards == 2 + 3 * 2  # validation really ran, inside the window too
     assert len(next(iter(rec.inputs.values()))) == 10  # training forwards (the reference keeps all of them)
-    assert monitor.hooks.keep_inputs  # CPU: counted after each forward, from the kept inputs
+    assert monitor.counter.keep_inputs  # CPU: counted after each forward, from the kept inputs
     _assert_counts_equal(monitor, _reference(rec, range(window)))
     assert monitor.verdict.step == window and monitor.verdict.window == window and monitor.steps_seen == window
     assert monitor.verdict.decision == ("go" if monitor.verdict.saturation >= 0.43 else "no-go")

@@ -166,7 +166,7 @@ def test_deferred_fold_equals_float64_reference_with_odd_call_patterns(keep_inpu
     model = _Twice()
     layers = find_dyt_layers(model)
     names = [l.name for l in layers]
-    hooks = SaturationHooks(layers, SaturationCounter(len(layers)), keep_inputs=keep_inputs).attach()
+    hooks = SaturationHooks(layers, SaturationCounter(len(layers), keep_inputs=keep_inputs)).attach()
     g = torch.Generator().manual_seed(8)
     want = {n: [0, 0, 0] for n in names}
     seen: dict[str, list] = {n: [] for n in names}
@@ -219,7 +219,7 @@ def _kept_setup():
     from satmon.saturation import SaturationHooks
 
     layers = find_dyt_layers(torch.nn.Sequential(DyT(4, alpha_init=2.0)))
-    return layers[0].module, SaturationHooks(layers, SaturationCounter(1), keep_inputs=True).attach()
+    return layers[0].module, SaturationHooks(layers, SaturationCounter(1, keep_inputs=True)).attach()
 
 
 def test_kept_inputs_are_counted_after_the_forward_and_released():
@@ -250,6 +250,7 @@ def test_kept_input_modified_in_place_is_skipped_with_a_warning_then_counted_in_
     x.mul_(100.0)  # the model changed the layer's input after the forward: what is kept is not what it saw
     with pytest.warns(RuntimeWarning, match="changed in place"):
         hooks.counter.count_inputs()
+    assert not hooks.counter.keep_inputs  # counting moved back into the hooks for good
     hooks.counter.flush()
     assert hooks.counter.total.tolist() == [0]  # skipped, not miscounted
     y = torch.tensor([[0.5, 1.5, -3.0, 0.1]])
@@ -308,7 +309,7 @@ def test_kept_inputs_with_activation_checkpointing_counted_before_the_optimizer_
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), DyT(8, alpha_init=1.5), torch.nn.Linear(8, 1))
     layers = find_dyt_layers(model)
-    hooks = SaturationHooks(layers, SaturationCounter(1), keep_inputs=True).attach()
+    hooks = SaturationHooks(layers, SaturationCounter(1, keep_inputs=True)).attach()
     seen: list[torch.Tensor] = []
     model[1].register_forward_hook(lambda m, a, o: seen.append((a[0].detach().double() * m.alpha.detach().double()).abs()))
     opt = torch.optim.SGD(model.parameters(), lr=0.5)

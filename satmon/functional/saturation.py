@@ -117,23 +117,20 @@ def _f32_from_bits(bits: int) -> float:
     return _F32.unpack(_U32.pack(bits))[0]
 
 
-def saturation_counts(
-    x: Tensor, alpha: Tensor, level: float, threshold: Tensor | None = None, scratch: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
+def saturation_counts(x: Tensor, alpha: Tensor, level: float) -> tuple[Tensor, Tensor]:
     """Count the saturated elements of one DyT input, and flag non-finite ones.
 
     Cost: :func:`saturation_sums` (one ``abs``, one sum, one in-place comparison and one more sum
     over ``x``; a bool comparison followed by a bool sum is several times slower on CPUs, and an
     exact count of non-finite elements would need another full comparison pass) plus three tiny
-    ops on the two sums. The hooks skip those three per call and convert all calls' sums at once.
+    ops on the two sums. The hooks skip those three per call and convert all calls' sums at once
+    (:meth:`satmon.SaturationCounter.defer_input`, which also caches the threshold and reuses a
+    work buffer).
 
     Args:
         x: the DyT input, any shape (``(B, T, C)`` or channels-first ``(B, C, H, W)``).
         alpha: the layer's ``alpha`` (read at call time, so FSDP-gathered parameters are whole).
         level: saturation level; an element is saturated when ``|alpha * x| > level`` (strict).
-        threshold: ``saturation_threshold(alpha, level)`` when the caller caches it.
-        scratch: a float32 buffer of ``x``'s shape and device to work in (saves an allocation per
-            call; its content is overwritten).
 
     Returns:
         ``(saturated, nonfinite)``: int64 0-dim device tensors. ``saturated`` counts ``inf`` inputs
@@ -153,8 +150,7 @@ def saturation_counts(
             ax = x.abs()
             a = alpha.detach().to(torch.float64).abs().reshape(-1 if alpha.numel() == 1 else alpha.shape)
             return (ax * a > level).sum(), (~torch.isfinite(ax.sum())).to(torch.int64)
-        t = saturation_threshold(alpha, level) if threshold is None else threshold
-        abs_sum, saturated = saturation_sums(x, t, scratch)
+        abs_sum, saturated = saturation_sums(x, saturation_threshold(alpha, level))
         return saturated.to(torch.int64), (~torch.isfinite(abs_sum)).to(torch.int64)
 
 
