@@ -288,13 +288,15 @@ def paired_estimate(runs: dict[str, list[list[float]]], first: int) -> dict[str,
     if "paired" not in runs or not runs["paired"]:
         return None
     ratios = lambda c, k: [r for run in runs[c] for r in neighbour_ratios(run, first, k)]
-    counted, control = quantile(ratios("paired", 2), 0.5), quantile(ratios("off", 2), 0.5)
-    lo, hi = bootstrap_interval(ratios("paired", 2), ratios("off", 2))
+    counted2, control2 = ratios("paired", 2), ratios("off", 2)
+    counted, control = quantile(counted2, 0.5), quantile(control2, 0.5)
+    lo, hi = bootstrap_interval(counted2, control2)
     out = {"counted_vs_neighbours": counted, "control_even_vs_odd": control, "ratio": counted / control,
            "ratio_lo": lo, "ratio_hi": hi}
     if runs.get("sampled"):
-        c4, k4 = quantile(ratios("sampled", SAMPLED_EVERY), 0.5), quantile(ratios("off", SAMPLED_EVERY), 0.5)
-        lo4, hi4 = bootstrap_interval(ratios("sampled", SAMPLED_EVERY), ratios("off", SAMPLED_EVERY))
+        counted4, control4 = ratios("sampled", SAMPLED_EVERY), ratios("off", SAMPLED_EVERY)
+        c4, k4 = quantile(counted4, 0.5), quantile(control4, 0.5)
+        lo4, hi4 = bootstrap_interval(counted4, control4)
         per_step = lambda r: 1 + (r - 1) / SAMPLED_EVERY
         out.update({"sampled_counted_vs_neighbours": c4, "sampled_control": k4,
                     "sampled_step_ratio": per_step(c4 / k4), "sampled_step_lo": per_step(lo4), "sampled_step_hi": per_step(hi4)})
