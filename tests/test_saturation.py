@@ -271,6 +271,13 @@ def test_compute_on_kept_inputs_counts_them_without_warning():
         out = hooks.counter.compute()
     assert int(out["saturated"]) == 2 and int(out["total"]) == 4  # (one layer: torchmetrics squeezes to 0-dim)
     assert hooks.counter.update_count == 1
+    hooks.counter.keep_inputs = False
+    dyt(torch.tensor([[0.5, 1.5, -3.0, 0.1]]))  # queued, not folded: counted once before and after the fold
+    assert hooks.counter.update_count == 2
+    hooks.counter.flush()
+    assert hooks.counter.update_count == 2
+    hooks.counter.reset()
+    assert hooks.counter.update_count == 0 and not hooks.counter.update_called
 
 
 def test_inference_tensors_are_counted_at_once():
