@@ -24,7 +24,7 @@ from satmon.functional.loss import robust_z
 from satmon.gating import GatingReport, detect_gating
 from satmon.live_probe import LiveProbe
 from satmon.saturation import SaturationCounter, SaturationHooks
-from satmon.verdict import Verdict, decide
+from satmon.verdict import GatingInfo, LayerCounts, Source, Verdict, build_verdict
 from satmon.writers.tensorboard import TAG, add_layout, log_scalars, log_text, log_verdict
 
 __all__ = ["SaturationMonitor"]
@@ -339,6 +339,7 @@ class SaturationMonitor(Callback):
             "alpha": dict(zip(self.layer_names, alphas)),
             "elements": n,
             "nonfinite": sum(bad),
+            "counts": list(zip(sat, total, bad)),
         }
 
     @staticmethod
@@ -360,15 +361,14 @@ class SaturationMonitor(Callback):
             for norm, stats in self.gate_hooks.readings().items():
                 risk[self.gating.pairings[norm].mlp] = {"dyt_saturation": r["per_layer"][norm], **stats}
             self.gate_hooks.counter.reset()
-        verdict = decide(
-            r["pooled"], r["per_layer"], threshold=self.threshold, step=step, window=self.steps_seen if partial else self.window,
-            level=self.level, elements=r["elements"], nonfinite=r["nonfinite"],
-            gated=self.gating.gated if self.gating is not None else None, gated_layers=gated_layers,
+        gating = None
+        if self.gating is not None:
+            gating = GatingInfo(self.gating.gated, tuple(gated_layers), self.gating.message)
+        verdict = build_verdict(
+            {name: LayerCounts(*c) for name, c in zip(self.layer_names, r["counts"])}, step=step, window=self.steps_seen if partial else self.window,
+            source=Source.WINDOW, planned_window=self.window, threshold=self.threshold, level=self.level, gating=gating,
             collapse_threshold=self.collapse_threshold, risk=risk,
-            gating_message=self.gating.message if self.gating is not None else "",
         )
-        if partial:
-            verdict.reason = f"window cut short at {self.steps_seen} of {self.window} steps; " + verdict.reason
         self.verdict = verdict
         log_scalars(trainer.loggers, self._scalars(r), step)
         log_verdict(trainer.loggers, verdict)

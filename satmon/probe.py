@@ -56,7 +56,7 @@ from satmon.functional.deadir import (
 from satmon.collapse import GateCounter, GateHooks
 from satmon.gating import detect_gating
 from satmon.saturation import SaturationCounter, SaturationHooks
-from satmon.verdict import Verdict, decide
+from satmon.verdict import GatingInfo, LayerCounts, Source, Verdict, build_verdict
 from satmon.writers.tensorboard import TAG
 
 __all__ = ["EMBEDDING", "LayerReading", "Report", "SigmaMinReading", "feed_first", "probe"]
@@ -671,12 +671,10 @@ def _saturation_readout(
     stats = gate_hooks.readings() if gate_hooks is not None else {}
     risk = {p["mlp"]: {"dyt_saturation": per_layer.get(norm, math.nan), **stats.get(norm, {})} for norm, p in pairings.items()}
     gating["risk"] = risk
-    verdict = decide(
-        pooled, per_layer, threshold=threshold, step=0, window=0, level=level, elements=sum(total), nonfinite=sum(bad),
-        gated=bool(gating.get("gated")), gated_layers=list(pairings), collapse_threshold=collapse_threshold, risk=risk,
-        gating_message=gating.get("message", ""),
-    )
-    verdict.reason = "probe (no training window): " + verdict.reason
+    info = GatingInfo(bool(gating.get("gated")), tuple(pairings), gating.get("message", ""))
+    counts = {l.name: LayerCounts(s, t, b) for l, s, t, b in zip(dyt, sat, total, bad)}
+    verdict = build_verdict(counts, step=0, source=Source.PROBE, threshold=threshold, level=level, gating=info,
+                            collapse_threshold=collapse_threshold, risk=risk)
     return pooled, verdict
 
 

@@ -12,6 +12,8 @@ is loaded with ``weights_only=False`` only when the caller allows it, and the re
 
 from __future__ import annotations
 
+import dataclasses
+
 import gc
 import importlib
 import importlib.util
@@ -26,6 +28,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from satmon.verdict import Source
 
 __all__ = [
     "CHECKPOINT_SUFFIXES", "ReplayUsageError", "CheckpointInfo", "import_object", "find_checkpoints",
@@ -495,7 +499,8 @@ def replay(
                 report = probe(model, batches, twin=twin_model, **kwargs)
                 record.update(report.to_dict())
                 if report.verdict is not None:
-                    report.verdict.step = step
+                    report.verdict = dataclasses.replace(report.verdict, step=step, source=Source.REPLAY.value,
+                                                         reason=report.verdict.reason.replace("probe (", "replay (", 1))
                     record["verdict"] = report.verdict.to_dict()
                 record.update(seconds=round(time.perf_counter() - t0, 3), weights_only=info.weights_only)
             except Exception as e:  # an incompatible checkpoint (shapes, missing keys...) is skipped, not fatal
