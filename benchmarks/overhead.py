@@ -61,8 +61,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from satmon import SaturationMonitor, find_dyt_layers
-from satmon.data import corpus_tokens
-from satmon.models.lit import LitLM
+from satmon.demos.corpus import corpus_tokens
+from satmon.demos.lit import LitLM
 
 CONFIGS = ("off", "off-again", "window", "sampled", "after", "watch", "user-item", "paired")
 LABELS = {
@@ -398,8 +398,8 @@ def profile_hook(spec: ModelSpec, device: str, reps: int) -> str:
     from collections import defaultdict
 
     from satmon.functional.saturation import saturation_threshold, saturation_threshold_host
-    from satmon.models.gpt import GPT, GPTConfig
-    from satmon.saturation import SaturationCounter, SaturationHooks
+    from satmon.demos.gpt import GPT, GPTConfig
+    from satmon.core.saturation_hooks import SaturationCounter, SaturationHooks
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(d_model=spec.d_model, n_layers=spec.n_layers, n_heads=spec.n_heads, seq_len=spec.seq_len)).to(device)

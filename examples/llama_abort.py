@@ -24,8 +24,8 @@ import warnings
 import lightning.pytorch as pl
 
 from satmon import SaturationMonitor
-from satmon.data import CorpusDataModule
-from satmon.models.lit import LitLM
+from satmon.demos.corpus import CorpusDataModule
+from satmon.demos.lit import LitLM
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from satmon import SaturationCounter, SaturationHooks, decide, find_dyt_layers
-from satmon.data import WindowDataset, corpus_tokens
-from satmon.models.gpt import GPT, GPTConfig
+from satmon.demos.corpus import WindowDataset, corpus_tokens
+from satmon.demos.gpt import GPT, GPTConfig
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -97,8 +97,8 @@ def train_one(setup: Setup, regime: str, norm: str, seed: int, out: str, threads
     from torch.utils.data import DataLoader
 
     from satmon import SaturationCounter, SaturationHooks, SaturationMonitor, find_dyt_layers
-    from satmon.data import WindowDataset, corpus_tokens
-    from satmon.models.lit import LitLM
+    from satmon.demos.corpus import WindowDataset, corpus_tokens
+    from satmon.demos.lit import LitLM
 
     _quiet()
     torch.set_num_threads(threads)
@@ -198,7 +198,7 @@ def unigram_loss(setup: Setup, n_train: int) -> float:
     a model reaches when it ignores the context; a run stuck there has learnt nothing else."""
     import torch
 
-    from satmon.data import corpus_tokens
+    from satmon.demos.corpus import corpus_tokens
 
     tokens = corpus_tokens(setup.val_offset + setup.val_tokens)
     p = torch.bincount(tokens[:n_train], minlength=256).double() + 1.0

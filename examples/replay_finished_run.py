@@ -4,7 +4,7 @@ A run that was trained without satmon (or whose logs are gone) still has its che
 example trains a short DyT run that saves a checkpoint every ``--every`` steps (standing in for your
 finished run), then runs
 
-    satmon replay CKPT_DIR --model satmon.models.lit:LitLM --datamodule satmon.data:CorpusDataModule \\
+    satmon replay CKPT_DIR --model satmon.demos.lit:LitLM --datamodule satmon.demos.corpus:CorpusDataModule \\
         --logdir DIR --json replay.json --report replay.md
 
 which re-reads every checkpoint, measures saturation (and satmon's other diagnostics) on the same
@@ -32,8 +32,8 @@ def train(args: argparse.Namespace, workdir: Path) -> tuple[Path, object]:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from satmon import SaturationMonitor
-    from satmon.data import CorpusDataModule
-    from satmon.models.lit import LitLM
+    from satmon.demos.corpus import CorpusDataModule
+    from satmon.demos.lit import LitLM
 
     pl.seed_everything(0, verbose=False)
     model = LitLM(arch="gpt", d_model=64, n_layers=2, n_heads=4, seq_len=64, norm="dyt", alpha_init=2.0, lr=3e-3, warmup=20)
@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Trained {args.steps} steps; checkpoints in {ckpt_dir}: {', '.join(sorted(f.name for f in ckpt_dir.glob('*.ckpt')))}")
 
     satmon = [shutil.which("satmon")] if shutil.which("satmon") else [sys.executable, "-m", "satmon.cli.main"]
-    cmd = satmon + ["replay", str(ckpt_dir), "--model", "satmon.models.lit:LitLM",
-                    "--datamodule", "satmon.data:CorpusDataModule", "--logdir", str(workdir / "satmon_logs"),
+    cmd = satmon + ["replay", str(ckpt_dir), "--model", "satmon.demos.lit:LitLM",
+                    "--datamodule", "satmon.demos.corpus:CorpusDataModule", "--logdir", str(workdir / "satmon_logs"),
                     "--json", str(workdir / "replay.json"), "--report", str(workdir / "replay.md"),
                     "--batches", str(args.batches), "--quiet"]
     print("$ " + " ".join(["satmon"] + cmd[len(satmon):]), flush=True)

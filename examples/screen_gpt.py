@@ -11,8 +11,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from satmon import SaturationMonitor
-from satmon.data import CorpusDataModule
-from satmon.models.lit import LitLM
+from satmon.demos.corpus import CorpusDataModule
+from satmon.demos.lit import LitLM
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--window", type=int, default=500, help="screening window, optimizer steps")

@@ -6,17 +6,21 @@ Example:
     ['DyT', 'SaturationMonitor', 'convert_to_dyt']
 """
 
+from satmon import _deprecated
 from satmon.abort import SatmonAbort, StopReason
 from satmon.callback import SaturationMonitor
 from satmon.convert import convert_to_dyt
+from satmon.core.saturation_hooks import SaturationCounter, SaturationHooks
 from satmon.discovery import find_blocks, find_dyt_layers, find_norm_layers
 from satmon.dyt import DyT
-from satmon.probe import Report, probe
-from satmon.saturation import SaturationCounter, SaturationHooks
-from satmon.verdict import Verdict, decide
+from satmon.probing import Report, probe
+from satmon.verdict import LayerCounts, Source, Verdict, build_verdict, decide
+
+_deprecated.install()
 
 __all__ = [
-    "DyT", "convert_to_dyt", "SaturationMonitor", "Verdict", "decide", "SatmonAbort", "StopReason",
-    "SaturationCounter", "SaturationHooks", "find_dyt_layers", "find_norm_layers", "find_blocks", "probe", "Report",
+    "DyT", "convert_to_dyt", "SaturationMonitor", "Verdict", "build_verdict", "LayerCounts", "Source", "decide",
+    "SatmonAbort", "StopReason", "SaturationCounter", "SaturationHooks", "find_dyt_layers", "find_norm_layers",
+    "find_blocks", "probe", "Report",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,6 +1,6 @@
 """``SaturationMonitor``: the Lightning glue around satmon's counters, verdict and abort policy.
 
-The math lives in :mod:`satmon.functional`, counting in :mod:`satmon.saturation`, the rule in
+The math lives in :mod:`satmon.functional`, counting in :mod:`satmon.core.saturation_hooks`, the rule in
 :mod:`satmon.verdict`, the stop policy in :mod:`satmon.abort`, the writing in
 :mod:`satmon.writers.tensorboard`. This file decides *when*.
 """
@@ -18,12 +18,12 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from satmon.abort import ABORT_MODES, ABORT_ON, AbortMode, AbortOn, SatmonAbort, StopReason, StopRecord, breaches
-from satmon.collapse import GateCounter, GateHooks, LossHistory
+from satmon.core.gate_hooks import GateCounter, GateHooks, LossHistory
 from satmon.discovery import NormLayer, Selector, find_dyt_layers, find_norm_layers
 from satmon.functional.loss import robust_z
-from satmon.gating import GatingReport, detect_gating
+from satmon.core.gated_mlp import GatingReport, detect_gating
 from satmon.live_probe import LiveProbe
-from satmon.saturation import SaturationCounter, SaturationHooks
+from satmon.core.saturation_hooks import SaturationCounter, SaturationHooks
 from satmon.verdict import GatingInfo, LayerCounts, Source, Verdict, build_verdict
 from satmon.writers.tensorboard import TAG, add_layout, log_scalars, log_text, log_verdict
 
@@ -71,13 +71,13 @@ class SaturationMonitor(Callback):
             then rests on ``window / k`` steps).
         on_missing: ``"raise"`` (default) or ``"warn"`` when the model has no DyT layer.
         verbose: print the verdict card to the console (rank zero).
-        probe_every_n_steps: run :func:`satmon.probe.probe` (dead directions, residual-stream
+        probe_every_n_steps: run :func:`satmon.probing.probe` (dead directions, residual-stream
             ``sigma_min``) on a fixed calibration set every this many optimizer steps, from step 0 on,
             also after the window; ``None``: off. See :class:`satmon.live_probe.LiveProbe`.
         probe_on_checkpoint: run the probe at each checkpoint save (once per step at most).
         calibration_batches: batches taken once from the training loader at train start for the probe.
         probe_forward_fn: ``forward_fn(model, batch)`` for the probe; default ``model(batch[0])`` for
-            ``(x, y)`` batches (:func:`satmon.probe.feed_first`). With a probe set, a model without
+            ``(x, y)`` batches (:func:`satmon.probing.feed_first`). With a probe set, a model without
             DyT layers is not an error: the saturation screen is off and the probe runs.
 
     Example:

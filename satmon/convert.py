@@ -24,7 +24,7 @@ def norm_position(model: nn.Module) -> dict[str, Position]:
     norm layers outside the blocks are "final".
 
     Example:
-        >>> from satmon.models.gpt import GPT, GPTConfig
+        >>> from satmon.demos.gpt import GPT, GPTConfig
         >>> pos = norm_position(GPT(GPTConfig(n_layers=1)))
         >>> pos["blocks.0.ln_1"], pos["blocks.0.ln_2"], pos["ln_f"]
         ('attn', 'mlp', 'final')

@@ -1,6 +1,6 @@
-"""``LiveProbe``: run :func:`satmon.probe.probe` during training on a fixed calibration set, and log it.
+"""``LiveProbe``: run :func:`satmon.probing.probe` during training on a fixed calibration set, and log it.
 
-Lightning glue only: the readings come from :func:`satmon.probe.probe` (the same call ``satmon
+Lightning glue only: the readings come from :func:`satmon.probing.probe` (the same call ``satmon
 replay`` makes on saved checkpoints), the tags from :class:`satmon.writers.tensorboard.TAG`.
 :class:`satmon.SaturationMonitor` owns one when ``probe_every_n_steps`` or ``probe_on_checkpoint``
 is set; it can also be driven by hand (``capture`` once, then ``maybe_run`` / ``run``).
@@ -17,7 +17,7 @@ rank zero logs and warns, so the logged readings are rank zero's.
 
 Warnings (each at most once per run, naming the layer or block):
 
-- a LayerNorm whose kernel alignment (:meth:`satmon.probe.LayerReading.kernel_alignment`, the
+- a LayerNorm whose kernel alignment (:meth:`satmon.probing.LayerReading.kernel_alignment`, the
   better of ``|cos(v*, u_min)|`` and the null-space projection) falls below
   ``alignment_warn_below = 0.99``. The kernel is exact algebra for any weights: the paper reads
   >= 0.9999 at random init on 9/9 models and >= 0.998 along a training run (Pythia-1B); 0.99 sits
@@ -45,7 +45,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from satmon.probe import Report, feed_first, probe
+from satmon.probing import Report, feed_first, probe
 from satmon.writers.tensorboard import log_scalars
 
 __all__ = ["LiveProbe"]
@@ -58,7 +58,7 @@ SEVERE_RATIO = 0.5
 class LiveProbe:
     """Probe the training model every ``every_n_steps`` optimizer steps and/or at each checkpoint save.
 
-    Logs :meth:`satmon.probe.Report.scalars` at the global step: ``satmon/deadir/<layer>/...``,
+    Logs :meth:`satmon.probing.Report.scalars` at the global step: ``satmon/deadir/<layer>/...``,
     ``satmon/sigma_min/ratio/<block>``, ``satmon/sigma_min/min_ratio``. DyT saturation tags are
     left out by default (``log_saturation=False``): during the window the monitor logs
     ``satmon/saturation`` from the training forwards, and two measurements under one tag would not
@@ -69,14 +69,14 @@ class LiveProbe:
             start); ``None``: not on a schedule.
         on_checkpoint: probe whenever a checkpoint is saved (never twice for one step).
         calibration_batches: batches taken from the training loader at train start.
-        forward_fn: ``forward_fn(model, batch)``; default :func:`satmon.probe.feed_first`: a
+        forward_fn: ``forward_fn(model, batch)``; default :func:`satmon.probing.feed_first`: a
             tuple/list batch feeds ``model(batch[0])`` (Lightning's ``(x, y)``), a dict
             ``model(**batch)``, a tensor ``model(batch)``.
         log_saturation: also log the probe's DyT saturation tags.
         alignment_warn_below: LayerNorm kernel alignment below this warns (once).
         ratio_warn_below: a block's ``sigma_min`` ratio below this warns (once; from step 1 on, after
             the invariance held or by more than 2x: see the module notes).
-        probe_kwargs: more :func:`satmon.probe.probe` arguments (``layers``, ``blocks``,
+        probe_kwargs: more :func:`satmon.probing.probe` arguments (``layers``, ``blocks``,
             ``autocast_dtype``, ``max_dim``...).
 
     Attributes:

@@ -83,7 +83,7 @@ def import_object(spec: str, option: str, example: str) -> Any:
     from the folder that holds ``mymodels.py``.
 
     Example:
-        >>> import_object("satmon.models.lit:LitLM", "--model", "satmon.models.lit:LitLM").__name__
+        >>> import_object("satmon.demos.lit:LitLM", "--model", "satmon.demos.lit:LitLM").__name__
         'LitLM'
     """
     hint = f"Pass {option} MODULE:NAME, e.g. {option} {example}"
@@ -433,7 +433,7 @@ def input_forward_fn(batches: Sequence[Any], input_key: str | None = None) -> Ca
     first = batches[0]
     if (isinstance(first, (tuple, list)) and len(first) == 2 and all(isinstance(t, Tensor) for t in first)
             and not first[1].is_floating_point() and not first[1].is_complex() and first[1].shape == first[0].shape):
-        from satmon.probe import feed_first  # the live probe's own rule for (inputs, targets) batches
+        from satmon.probing import feed_first  # the live probe's own rule for (inputs, targets) batches
 
         return feed_first
     return None
@@ -473,7 +473,7 @@ def replay(
             record is yielded, e.g. to write TensorBoard.
     """
     from satmon.discovery import find_norm_layers
-    from satmon.probe import probe
+    from satmon.probing import probe
 
     kwargs = dict(probe_kwargs or {})
     position = 0

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from satmon.models.lit import LitLM
+from satmon.demos.lit import LitLM
 
 
 def tiny_lit(**overrides) -> LitLM:

@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import Callback
 
 from satmon import SaturationMonitor
 from satmon.discovery import find_dyt_layers
-from satmon.saturation import SaturationHooks
+from satmon.core.saturation_hooks import SaturationHooks
 
 ALPHA = 50.0
 

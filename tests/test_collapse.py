@@ -7,7 +7,7 @@ import torch
 
 from helpers import token_loader, trainer
 from satmon import SatmonAbort, SaturationMonitor, StopReason
-from satmon.models.lit import LitLM
+from satmon.demos.lit import LitLM
 
 
 def llama(mlp="swiglu", alpha=200.0, lr=0.0, **kw):

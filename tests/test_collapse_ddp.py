@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent(
     import lightning.pytorch as pl
     from helpers import token_loader, trainer
     from satmon import SaturationMonitor
-    from satmon.models.lit import LitLM
+    from satmon.demos.lit import LitLM
 
     out = sys.argv[1]
     torch.set_num_threads(1)

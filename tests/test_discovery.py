@@ -6,7 +6,7 @@ from torch import nn
 
 from satmon import DyT, convert_to_dyt, find_blocks, find_dyt_layers, find_norm_layers
 from satmon.convert import norm_position
-from satmon.models.gpt import GPT, GPTConfig
+from satmon.demos.gpt import GPT, GPTConfig
 
 
 class DynamicTanh(nn.Module):  # the official repo's class, written out: not satmon's

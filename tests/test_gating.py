@@ -1,4 +1,4 @@
-"""Gated-MLP detection (satmon.gating), gate statistics (satmon.functional.gate) and LlamaLM."""
+"""Gated-MLP detection (satmon.core.gated_mlp), gate statistics (satmon.functional.gate) and LlamaLM."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from torch import nn
 
 from satmon import DyT
 from satmon.functional.gate import flat_threshold, gate_stats, gate_stats_finalize, gate_stats_update, split_gate_up
-from satmon.gating import detect_gating, gate_linear_modules
-from satmon.models.gpt import RMSNorm
-from satmon.models.llama import LlamaConfig, LlamaLM
+from satmon.core.gated_mlp import detect_gating, gate_linear_modules
+from satmon.demos.gpt import RMSNorm
+from satmon.demos.llama import LlamaConfig, LlamaLM
 
 D, H = 16, 24
 

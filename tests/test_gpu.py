@@ -41,7 +41,7 @@ def test_bf16_autocast_counts_exact(tmp_path):
 
 @cuda
 def test_hot_path_has_no_host_sync():
-    from satmon.saturation import SaturationCounter, SaturationHooks
+    from satmon.core.saturation_hooks import SaturationCounter, SaturationHooks
 
     model = tiny_lit(alpha_init=50.0).cuda()
     layers = find_dyt_layers(model)

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from satmon import SaturationMonitor
 from satmon.discovery import find_dyt_layers
 from satmon.live_probe import LiveProbe
-from satmon.probe import EMBEDDING, Report, SigmaMinReading
+from satmon.probing import EMBEDDING, Report, SigmaMinReading
 from satmon.writers.tensorboard import TAG
 
 

@@ -16,9 +16,9 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from satmon.discovery import find_dyt_layers
-from satmon.models.gpt import GPT, GPTConfig
-from satmon.models.llama import LlamaLM
-from satmon.probe import EMBEDDING, Report, feed_first, probe
+from satmon.demos.gpt import GPT, GPTConfig
+from satmon.demos.llama import LlamaLM
+from satmon.probing import EMBEDDING, Report, feed_first, probe
 from satmon.writers.tensorboard import TAG
 
 VOCAB = 256

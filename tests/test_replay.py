@@ -17,12 +17,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from satmon import SaturationMonitor, find_dyt_layers
 from satmon.cli.main import main
-from satmon.data import CorpusDataModule
-from satmon.probe import feed_first
+from satmon.demos.corpus import CorpusDataModule
+from satmon.probing import feed_first
 from satmon.replay import CheckpointInfo, input_forward_fn, order_checkpoints
 
 LEVEL = 0.5  # at the tiny model's scale |alpha x| > 2 is never reached; 0.5 spreads layers over 0 .. 0.9
-MODEL = "satmon.models.lit:LitLM"
+MODEL = "satmon.demos.lit:LitLM"
 DM_ARGS = dict(seq_len=16, batch_size=4, train_tokens=20_000, val_tokens=2_000, seed=0)
 
 
@@ -59,7 +59,7 @@ def run(tmp_path_factory):
 
 def _reference(ckpt_path, batches) -> dict[str, tuple[int, int]]:
     """Independent of satmon's counting code: record each DyT input, count |alpha x| > LEVEL in float64."""
-    from satmon.models.lit import LitLM
+    from satmon.demos.lit import LitLM
 
     model = LitLM.load_from_checkpoint(ckpt_path, map_location="cpu").eval()
     names = [l.name for l in find_dyt_layers(model)]
@@ -140,7 +140,7 @@ def test_corrupt_and_truncated_files_are_named_and_skipped(run, tmp_path, capsys
     (folder / "random.ckpt").write_bytes(torch.randint(0, 256, (4096,), dtype=torch.uint8).numpy().tobytes())
     good = (folder / "epoch=0-step=6.ckpt").read_bytes()
     (folder / "truncated.ckpt").write_bytes(good[: len(good) // 2])
-    code, out, err = _replay(capsys, folder, "--model", MODEL, "--datamodule", "satmon.data:CorpusDataModule",
+    code, out, err = _replay(capsys, folder, "--model", MODEL, "--datamodule", "satmon.demos.corpus:CorpusDataModule",
                              "--batches", 2, "--logdir", tmp_path / "tb", "--json", tmp_path / "r.json")
     assert code == 1
     assert "random.ckpt" in err and "truncated.ckpt" in err and "truncated or corrupt" in err
@@ -221,7 +221,7 @@ def test_plain_state_dict_with_factory(run, tmp_path, capsys, monkeypatch):
     sd = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()}
     torch.save({"model": sd, "iter_num": 9}, tmp_path / "weights.pt")
     (tmp_path / "mymodels.py").write_text(
-        "from satmon.models.gpt import GPT, GPTConfig\n"
+        "from satmon.demos.gpt import GPT, GPTConfig\n"
         "def build():\n    return GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16))\n")
     monkeypatch.chdir(tmp_path)
     code, _, err = _replay(capsys, "weights.pt", "--factory", "mymodels:build", "--data", root / "calib.pt",
@@ -241,7 +241,7 @@ def test_safetensors_with_factory_and_data_file_beside_it(run, tmp_path, capsys,
                            if k != "model.lm_head.weight"}, str(tmp_path / "w.safetensors"))
     shutil.copy(root / "calib.pt", tmp_path / "calib.pt")  # in the replayed folder: must not be taken for a checkpoint
     (tmp_path / "mymodels2.py").write_text(
-        "from satmon.models.gpt import GPT, GPTConfig\n"
+        "from satmon.demos.gpt import GPT, GPTConfig\n"
         "def build():\n    return GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16))\n")
     monkeypatch.chdir(tmp_path)
     code, _, err = _replay(capsys, ".", "--factory", "mymodels2:build", "--data", "calib.pt", "--logdir", "tb", "--json", "r.json")
@@ -254,13 +254,13 @@ def test_safetensors_with_factory_and_data_file_beside_it(run, tmp_path, capsys,
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--model", "satmon.models.lit"], "MODULE:NAME"),
+        (["--model", "satmon.demos.lit"], "MODULE:NAME"),
         (["--model", "no_such_module_xyz:Net"], "cannot import module 'no_such_module_xyz'"),
-        (["--model", "satmon.models.lit:NoSuchClass"], "has no attribute 'NoSuchClass'"),
-        (["--model", "satmon.models.lit:build_model"], "expected a LightningModule class"),
+        (["--model", "satmon.demos.lit:NoSuchClass"], "has no attribute 'NoSuchClass'"),
+        (["--model", "satmon.demos.lit:build_model"], "expected a LightningModule class"),
         (["--model", MODEL, "--data", "missing.pt"], "--data 'missing.pt': no such file"),
         (["--model", MODEL, "--no-data"], "No calibration data: pass --data FILE"),
-        (["--model", MODEL, "--datamodule", "satmon.data:Nope"], "has no attribute 'Nope'"),
+        (["--model", MODEL, "--datamodule", "satmon.demos.corpus:Nope"], "has no attribute 'Nope'"),
     ],
 )
 def test_usage_errors_exit_2_with_one_clear_message(run, tmp_path, capsys, args, message):

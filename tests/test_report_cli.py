@@ -48,7 +48,7 @@ def test_report_prints_the_live_verdict_and_trajectories(live, capsys):
 
 def test_report_on_a_replayed_run(live, tmp_path, capsys):
     torch.save([b for _, b in zip(range(2), token_loader(2))], tmp_path / "calib.pt")
-    code = main(["replay", str(live / "ckpts"), "--model", "satmon.models.lit:LitLM", "--data", str(tmp_path / "calib.pt"),
+    code = main(["replay", str(live / "ckpts"), "--model", "satmon.demos.lit:LitLM", "--data", str(tmp_path / "calib.pt"),
                  "--logdir", str(tmp_path), "--quiet"])
     assert code == 0, capsys.readouterr().err
     capsys.readouterr()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from satmon.functional.saturation import saturation_counts, saturation_threshold
-from satmon.saturation import SaturationCounter
+from satmon.core.saturation_hooks import SaturationCounter
 
 
 def reference(x: torch.Tensor, alpha: torch.Tensor, level: float) -> tuple[int, int]:
@@ -70,7 +70,7 @@ def test_input_is_never_modified(dtype):
 def test_cached_threshold_follows_alpha_changes():
     from satmon import DyT
     from satmon.discovery import find_dyt_layers
-    from satmon.saturation import SaturationHooks
+    from satmon.core.saturation_hooks import SaturationHooks
 
     norm = DyT(64, alpha_init=2.0)
     layers = find_dyt_layers(torch.nn.Sequential(norm))
@@ -161,7 +161,7 @@ class _Twice(torch.nn.Module):
 @pytest.mark.parametrize("keep_inputs", [False, True])
 def test_deferred_fold_equals_float64_reference_with_odd_call_patterns(keep_inputs):
     from satmon.discovery import find_dyt_layers
-    from satmon.saturation import SaturationHooks
+    from satmon.core.saturation_hooks import SaturationHooks
 
     model = _Twice()
     layers = find_dyt_layers(model)
@@ -199,7 +199,7 @@ def test_deferred_fold_equals_float64_reference_with_odd_call_patterns(keep_inpu
 def test_flush_is_needed_only_for_direct_state_reads():
     from satmon import DyT
     from satmon.discovery import find_dyt_layers
-    from satmon.saturation import SaturationHooks
+    from satmon.core.saturation_hooks import SaturationHooks
 
     layers = find_dyt_layers(torch.nn.Sequential(DyT(4, alpha_init=2.0)))
     hooks = SaturationHooks(layers, SaturationCounter(1)).attach()
@@ -216,7 +216,7 @@ def test_flush_is_needed_only_for_direct_state_reads():
 def _kept_setup():
     from satmon import DyT
     from satmon.discovery import find_dyt_layers
-    from satmon.saturation import SaturationHooks
+    from satmon.core.saturation_hooks import SaturationHooks
 
     layers = find_dyt_layers(torch.nn.Sequential(DyT(4, alpha_init=2.0)))
     return layers[0].module, SaturationHooks(layers, SaturationCounter(1, keep_inputs=True)).attach()
@@ -312,7 +312,7 @@ def test_kept_inputs_with_activation_checkpointing_counted_before_the_optimizer_
 
     from satmon import DyT
     from satmon.discovery import find_dyt_layers
-    from satmon.saturation import SaturationHooks
+    from satmon.core.saturation_hooks import SaturationHooks
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), DyT(8, alpha_init=1.5), torch.nn.Linear(8, 1))
     layers = find_dyt_layers(model)

@@ -38,8 +38,8 @@ def run_demo(args: argparse.Namespace):
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from satmon import SaturationMonitor
-    from satmon.data import CorpusDataModule
-    from satmon.models.lit import LitLM
+    from satmon.demos.corpus import CorpusDataModule
+    from satmon.demos.lit import LitLM
 
     pl.seed_everything(args.seed, verbose=False)
     torch.set_num_threads(max(1, os.cpu_count() or 1))

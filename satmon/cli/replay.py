@@ -20,8 +20,8 @@ __all__ = ["main"]
 
 EPILOG = """\
 examples:
-  satmon replay lightning_logs/version_0/checkpoints --model satmon.models.lit:LitLM \\
-      --datamodule satmon.data:CorpusDataModule --logdir satmon_logs --report replay.md
+  satmon replay lightning_logs/version_0/checkpoints --model satmon.demos.lit:LitLM \\
+      --datamodule satmon.demos.corpus:CorpusDataModule --logdir satmon_logs --report replay.md
   satmon replay ckpts/ --model mypkg.model:MyLit --data calib.pt --batches 8 --json replay.json
   satmon replay weights/*.safetensors --factory mypkg.model:build --data calib.pt
 
@@ -113,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
         raise rp.ReplayUsageError(f"Expected --batches >= 1, got {args.batches}.")
     if args.data is None and args.datamodule is None:
         raise rp.ReplayUsageError("No calibration data: pass --data FILE (a torch.save'd tensor, list of batches or dict "
-                                  "of tensors) or --datamodule MODULE:CLASS (e.g. satmon.data:CorpusDataModule).")
-    model_cls = rp.import_object(args.model, "--model", "satmon.models.lit:LitLM") if args.model else None
+                                  "of tensors) or --datamodule MODULE:CLASS (e.g. satmon.demos.corpus:CorpusDataModule).")
+    model_cls = rp.import_object(args.model, "--model", "satmon.demos.lit:LitLM") if args.model else None
     if model_cls is not None and not (isinstance(model_cls, type) and hasattr(model_cls, "load_from_checkpoint")):
         raise rp.ReplayUsageError(f"--model {args.model}: expected a LightningModule class, got {model_cls!r}. For a "
                                   "plain nn.Module pass --factory MODULE:FUNCTION returning it.")
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         batches = rp.load_data_file(args.data, args.batches, args.batch_size)
         data_text = f"{len(batches)} batch(es) from {args.data}"
     else:
-        dm_cls = rp.import_object(args.datamodule, "--datamodule", "satmon.data:CorpusDataModule")
+        dm_cls = rp.import_object(args.datamodule, "--datamodule", "satmon.demos.corpus:CorpusDataModule")
         hp = next((i.datamodule_hparams for i in ordered if i.datamodule_hparams), {})
         batches = rp.datamodule_batches(dm_cls, hp, args.batches)
         data_text = f"{len(batches)} batch(es) of {dm_cls.__name__}.train_dataloader()" + (

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from satmon.functional.deadir import (
+from satmon.functional.dead_directions import (
     INIT_GAP_FLOOR,
     Alignment,
     CovarianceAccumulator,

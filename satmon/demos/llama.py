@@ -4,7 +4,7 @@ Each block is pre-norm: ``x = x + attn(attn_norm(x)); x = x + mlp(mlp_norm(x))``
 final ``norm_f`` and an untied ``lm_head``. With ``norm="dyt"`` every norm is a bias-free
 :class:`satmon.DyT` with the LLaMA inits of the DyT paper (0.8 / 0.2 / 0.2 for
 pre-attention / pre-MLP / final norm); ``"layernorm"`` has no bias either and ``"rmsnorm"`` is
-satmon's own RMSNorm (not ``torch.nn.RMSNorm``), all built by :func:`satmon.models.gpt.make_norm`.
+satmon's own RMSNorm (not ``torch.nn.RMSNorm``), all built by :func:`satmon.demos.gpt.make_norm`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from satmon.models.gpt import make_norm  # the GPT model's norms: DyT, LayerNorm, satmon's own RMSNorm
+from satmon.demos.gpt import make_norm  # the GPT model's norms: DyT, LayerNorm, satmon's own RMSNorm
 
 __all__ = ["LlamaConfig", "LlamaLM"]
 
@@ -145,7 +145,7 @@ class LlamaLM(nn.Module):
 
     Example:
         >>> import torch
-        >>> from satmon.models.llama import LlamaLM
+        >>> from satmon.demos.llama import LlamaLM
         >>> model = LlamaLM(vocab_size=32, d_model=16, n_layers=2, n_heads=2, seq_len=8)
         >>> tuple(model(torch.zeros(3, 8, dtype=torch.long)).shape)
         (3, 8, 32)

@@ -20,7 +20,7 @@ from satmon.functional.saturation import (
     saturation_threshold,
     saturation_threshold_host,
 )
-from satmon.hooks import HookSet
+from satmon.core.hookset import HookSet
 
 __all__ = ["SaturationCounter", "SaturationHooks"]
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from satmon.models.gpt import GPT, GPTConfig
+from satmon.demos.gpt import GPT, GPTConfig
 
 __all__ = ["LitLM"]
 
@@ -19,7 +19,7 @@ def build_model(arch: str, **config: Any) -> torch.nn.Module:
     if arch == "gpt":
         return GPT(GPTConfig(**config))
     if arch == "llama":
-        from satmon.models.llama import LlamaConfig, LlamaLM
+        from satmon.demos.llama import LlamaConfig, LlamaLM
 
         return LlamaLM(LlamaConfig(**config))
     raise ValueError(f"Expected arch 'gpt' or 'llama', got {arch!r}.")

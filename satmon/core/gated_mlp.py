@@ -277,8 +277,8 @@ def detect_gating(
         A :class:`GatingReport`.
 
     Example:
-        >>> from satmon.gating import detect_gating
-        >>> from satmon.models.llama import LlamaLM
+        >>> from satmon.core.gated_mlp import detect_gating
+        >>> from satmon.demos.llama import LlamaLM
         >>> model = LlamaLM(vocab_size=16, d_model=16, n_layers=1, n_heads=2, seq_len=8)
         >>> detect_gating(model).message
         'gated MLP after DyT: yes (blocks.0.mlp_norm -> blocks.0.mlp)'
@@ -382,8 +382,8 @@ def gate_linear_modules(model: nn.Module, report: GatingReport) -> dict[str, Gat
     """Per paired norm, the gate (or fused gate-up) and up projection modules to hook.
 
     Example:
-        >>> from satmon.gating import detect_gating, gate_linear_modules
-        >>> from satmon.models.llama import LlamaLM
+        >>> from satmon.core.gated_mlp import detect_gating, gate_linear_modules
+        >>> from satmon.demos.llama import LlamaLM
         >>> model = LlamaLM(vocab_size=16, d_model=16, n_layers=1, n_heads=2, seq_len=8)
         >>> mods = gate_linear_modules(model, detect_gating(model))
         >>> mods["blocks.0.mlp_norm"].gate is model.blocks[0].mlp.gate_proj, mods["blocks.0.mlp_norm"].activation

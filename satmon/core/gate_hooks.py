@@ -17,8 +17,8 @@ from torch.utils.hooks import RemovableHandle
 from torchmetrics import Metric
 
 from satmon.functional.gate import flat_count, flat_threshold, split_gate_up
-from satmon.gating import GatingReport
-from satmon.hooks import HookSet
+from satmon.core.gated_mlp import GatingReport
+from satmon.core.hookset import HookSet
 
 __all__ = ["GateCounter", "GateHooks", "LossHistory"]
 
@@ -49,7 +49,7 @@ class GateHooks(HookSet):
 
     Args:
         model: the model holding the modules.
-        gating: the :class:`~satmon.gating.GatingReport` (its pairings name the modules).
+        gating: the :class:`~satmon.core.gated_mlp.GatingReport` (its pairings name the modules).
         counter: a :class:`GateCounter` with one slot per pairing, in ``gating.pairings`` order.
     """
 

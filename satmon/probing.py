@@ -3,18 +3,18 @@ r"""``satmon.probe(model, batches)``: one no-grad pass over a few batches, every
 Forward hooks, attached for the call and removed afterwards, feed satmon's float64 math:
 
 - **DyT** layers: saturation ``|alpha * x| > level`` of their inputs, counted by the same
-  :class:`~satmon.saturation.SaturationHooks` / :class:`~satmon.saturation.SaturationCounter` the
+  :class:`~satmon.core.saturation_hooks.SaturationHooks` / :class:`~satmon.core.saturation_hooks.SaturationCounter` the
   live monitor uses, then the GO / NO-GO rule (:func:`satmon.verdict.decide`). When a DyT feeds a
-  gated MLP (:func:`satmon.gating.detect_gating`), the collapse watch's
-  :class:`~satmon.collapse.GateHooks` take gate statistics in the same forward and the verdict is
+  gated MLP (:func:`satmon.core.gated_mlp.detect_gating`), the collapse watch's
+  :class:`~satmon.core.gate_hooks.GateHooks` take gate statistics in the same forward and the verdict is
   ``gated`` (as the live monitor decides it: the model has a gated MLP).
-- **LayerNorm / RMSNorm** layers: a :class:`~satmon.functional.deadir.CovarianceAccumulator` of the
-  layer OUTPUT, then :func:`~satmon.functional.deadir.alignment` with the layer's weight (gamma):
+- **LayerNorm / RMSNorm** layers: a :class:`~satmon.functional.dead_directions.CovarianceAccumulator` of the
+  layer OUTPUT, then :func:`~satmon.functional.dead_directions.alignment` with the layer's weight (gamma):
   ``|cos(v*, u_min)|``, the projection of ``v*`` on the numerical null space, its dimension, and
   the per-layer and model norm type (SCIENCE.md section 3).
 - **Residual stream**: ``X_0`` (the input of the first block, i.e. the embedding output) and
   every block output feed uncentred Gram matrices ``X^T X``, then
-  :func:`~satmon.functional.deadir.sigma_min_profile`: ``sigma_min(X_l) / sigma_min(X_0)``.
+  :func:`~satmon.functional.dead_directions.sigma_min_profile`: ``sigma_min(X_l) / sigma_min(X_0)``.
 
 The live callback (:class:`satmon.live_probe.LiveProbe`) and ``satmon replay`` call this same
 function, so a checkpoint replayed and the live reading at that step agree.
@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from satmon.discovery import NormKind, NormLayer, Selector, find_blocks, find_norm_layers
-from satmon.functional.deadir import (
+from satmon.functional.dead_directions import (
     Alignment,
     CovarianceAccumulator,
     InitGap,
@@ -53,9 +53,9 @@ from satmon.functional.deadir import (
     init_gap,
     sigma_min_profile,
 )
-from satmon.collapse import GateCounter, GateHooks
-from satmon.gating import detect_gating
-from satmon.saturation import SaturationCounter, SaturationHooks
+from satmon.core.gate_hooks import GateCounter, GateHooks
+from satmon.core.gated_mlp import detect_gating
+from satmon.core.saturation_hooks import SaturationCounter, SaturationHooks
 from satmon.verdict import GatingInfo, LayerCounts, Source, Verdict, build_verdict
 from satmon.writers.tensorboard import TAG
 
@@ -79,11 +79,11 @@ class LayerReading:
         tokens: rows seen (for DyT: input elements / ``d``).
         saturation: DyT: fraction of input elements with ``|alpha * x| > level``.
         alpha: DyT: ``|alpha|`` (mean over channels for a per-channel alpha).
-        alignment: LayerNorm/RMSNorm: ``|cos(v*, u_min)|`` (:class:`~satmon.functional.deadir.Alignment`).
+        alignment: LayerNorm/RMSNorm: ``|cos(v*, u_min)|`` (:class:`~satmon.functional.dead_directions.Alignment`).
         null_projection: ``||P_null v*||``, the reading that stays meaningful when ``null_dim >= 2``.
         null_dim: dimension of the numerical null space of the output covariance.
-        depth, depth_diag, lambda_min_rel, n_degenerate: as in :class:`~satmon.functional.deadir.Alignment`.
-        norm_type: this layer's label by :func:`~satmon.functional.deadir.classify_norm_type`.
+        depth, depth_diag, lambda_min_rel, n_degenerate: as in :class:`~satmon.functional.dead_directions.Alignment`.
+        norm_type: this layer's label by :func:`~satmon.functional.dead_directions.classify_norm_type`.
         nonfinite: skipped rows (LayerNorm/RMSNorm) or non-finite input elements (DyT).
         init_gap: satmon's init-gap against the random-init twin (``probe(..., twin=...)``).
     """
@@ -106,7 +106,7 @@ class LayerReading:
     init_gap: InitGap | None = None
 
     def reading(self) -> Alignment | None:
-        """The :class:`~satmon.functional.deadir.Alignment` behind a LayerNorm/RMSNorm reading (``None`` otherwise)."""
+        """The :class:`~satmon.functional.dead_directions.Alignment` behind a LayerNorm/RMSNorm reading (``None`` otherwise)."""
         if self.alignment is None:
             return None
         return Alignment(self.alignment, self.null_projection, self.null_dim, self.depth, self.depth_diag,
@@ -165,7 +165,7 @@ class Report:
         layers: layer name -> :class:`LayerReading`, in registration order.
         sigma_min: the residual-stream profile (:class:`SigmaMinReading`).
         norm_type: the model's norm type from its LayerNorm/RMSNorm layers
-            (:func:`~satmon.functional.deadir.classify_model_norm_type`: ``"layernorm-like"``,
+            (:func:`~satmon.functional.dead_directions.classify_model_norm_type`: ``"layernorm-like"``,
             ``"rmsnorm-like"``, ``"undetermined"``), or ``"dyt"`` when the only norm layers are DyT
             (no kernel to test: DyT has no mean subtraction and no normalisation).
         norm_type_note: how ``norm_type`` was reached, in words.
@@ -173,7 +173,7 @@ class Report:
         verdict: the GO / NO-GO :class:`~satmon.verdict.Verdict` on the pooled saturation (``None``
             without DyT); ``step`` and ``window`` are 0 (a probe has no window).
         gating: ``{"gated", "pairings", "unpaired_gated_mlps", "message", "risk"}``; empty without DyT.
-        init_gap: layer -> satmon's :class:`~satmon.functional.deadir.InitGap` when a twin was given.
+        init_gap: layer -> satmon's :class:`~satmon.functional.dead_directions.InitGap` when a twin was given.
         tokens: rows of ``X_0`` (batch x sequence) when blocks were found, else the most rows any
             monitored layer saw.
         batches: forward passes run.
@@ -486,13 +486,13 @@ def probe(
             the wrong ones. ``X_0`` is the first block's input.
         level, threshold, collapse_threshold: the saturation rule (:func:`satmon.verdict.decide`).
         gating_mapping: ``{dyt_name: mlp_name}`` when the names rule of
-            :func:`satmon.gating.detect_gating` cannot pair a DyT with its gated MLP.
+            :func:`satmon.core.gated_mlp.detect_gating` cannot pair a DyT with its gated MLP.
         device: where batches go; default the device of the model's first parameter.
         autocast_dtype: run the forward under ``torch.autocast(device.type, dtype)``, e.g.
             ``torch.bfloat16``.
         max_batches: stop after this many batches.
         twin: a random-init instance of the same architecture (same layer names): probed on the same
-            batches, then :func:`satmon.functional.deadir.init_gap` per LayerNorm/RMSNorm layer.
+            batches, then :func:`satmon.functional.dead_directions.init_gap` per LayerNorm/RMSNorm layer.
         max_dim: LayerNorm/RMSNorm layers and streams wider than this are skipped, with a warning.
         train_mode: run the forward in train mode instead of eval mode.
 
@@ -501,7 +501,7 @@ def probe(
 
     Example:
         >>> import torch
-        >>> from satmon.models.gpt import GPT, GPTConfig
+        >>> from satmon.demos.gpt import GPT, GPTConfig
         >>> _ = torch.manual_seed(0)
         >>> model = GPT(GPTConfig(norm="layernorm", n_layers=2))
         >>> report = probe(model, torch.randint(0, 256, (16, 64)))
