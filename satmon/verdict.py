@@ -79,7 +79,8 @@ class Verdict:
         level: the saturation level.
         reason: one human sentence.
         elements: number of elements counted (all layers, all ranks).
-        nonfinite: DyT layer inputs (one layer, one forward pass each) that held any ``inf``/``nan``.
+        nonfinite: DyT layer inputs (one layer, one forward pass each) that held any ``inf``/``nan``, plus
+            layers whose ``alpha`` is non-finite when the verdict is made.
         inconclusive: ``|margin| < INCONCLUSIVE_BAND``.
         gated: whether a DyT layer feeds a gated (SwiGLU/GeGLU) MLP; ``None`` when unknown.
         gated_layers: the DyT layers that feed a gated MLP.
@@ -194,7 +195,7 @@ class Verdict:
             lines += ["", f"Reason: {self.reason}"]
         lines += self._gating_lines()
         if self.nonfinite:
-            lines += ["", f"Warning: {self.nonfinite:,} DyT layer input(s) held non-finite values."]
+            lines += ["", f"Warning: {self.nonfinite:,} DyT layer input(s) or alpha(s) held non-finite values."]
         lines += [f"\nNote: {n}" for n in self.notes]
         lines += ["", "| layer | saturation |", "|---|---|"]
         lines += [f"| {name} | {frac:.4f} |" for name, frac in self.per_layer.items()]
@@ -221,7 +222,7 @@ def _rule(saturation: float, threshold: float, gated: bool | None, collapse_thre
     """The study's rule: ``(decision, reason, collapse_risk)``; non-finite inputs come first."""
     if nonfinite:
         return "non-finite", (
-            f"{nonfinite:,} DyT layer input(s) held NaN/inf: the run diverged, and a NaN element counts as "
+            f"{nonfinite:,} DyT layer input(s) or alpha(s) held NaN/inf: the run diverged, and a NaN element counts as "
             "unsaturated, so the pooled saturation is not a reading of a healthy run. Lower the learning rate, "
             "clip gradients or check the data, then screen again"), None
     collapse = None if gated is None else bool(gated) and saturation >= collapse_threshold

@@ -83,7 +83,7 @@ SCRIPT = textwrap.dedent(
     tr.fit(lit, datamodule=Data())
     result = dict(
         world_size=tr.world_size, rank=tr.global_rank, layers=monitor.layer_names,
-        saturated=monitor.counter.saturated.tolist(), total=monitor.counter.total.tolist(),
+        saturated=monitor.screen.hooks.counter.saturated.tolist(), total=monitor.screen.hooks.counter.total.tolist(),
         reference=rec.counts(first={window}), forwards=len(rec.inputs[names[0]]),
         state=probe.state, verdict=monitor.verdict.to_dict(),
         per_step=[sum(int(((a * x).abs() > 2.0).sum()) for x, a in (rec.inputs[n][i] for n in names)) for i in range({window})],

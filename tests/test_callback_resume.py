@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from satmon import SaturationMonitor
 from satmon.discovery import find_dyt_layers
-from test_callback_counts import satmon_hooks
+from test_callback import satmon_hooks
 
 WINDOW, PER_EPOCH, EPOCHS = 12, 4, 4
 
@@ -75,11 +75,11 @@ def test_resume_mid_window_reproduces_uninterrupted_verdict(original, tmp_path):
     assert resumed.verdict.saturation == monitor.verdict.saturation
     assert resumed.verdict.decision == monitor.verdict.decision
     assert resumed.verdict.to_dict() == monitor.verdict.to_dict()  # per-layer fractions, elements, step, margin, ...
-    assert resumed.counter.saturated.tolist() == monitor.counter.saturated.tolist()
-    assert resumed.counter.total.tolist() == monitor.counter.total.tolist()
+    assert resumed.screen.hooks.counter.saturated.tolist() == monitor.screen.hooks.counter.saturated.tolist()
+    assert resumed.screen.hooks.counter.total.tolist() == monitor.screen.hooks.counter.total.tolist()
     # and both equal the float64 reference over the window (first 12 forwards of the original run)
     ref = rec.counts(first=WINDOW)
-    assert resumed.counter.saturated.tolist() == [ref[n][0] for n in monitor.layer_names]
+    assert resumed.screen.hooks.counter.saturated.tolist() == [ref[n][0] for n in monitor.layer_names]
     assert monitor.verdict.step == WINDOW and resumed.steps_seen == WINDOW
 
 
@@ -90,14 +90,14 @@ def test_resume_after_verdict_restores_it_and_keeps_hooks_off(original, tmp_path
     resumed, _, tr = _fit(tmp_path, seed=7, ckpt_path=str(ckpts[12]))
     assert tr.global_step == PER_EPOCH * EPOCHS
     assert resumed.verdict is not None and resumed.verdict.to_dict() == monitor.verdict.to_dict()
-    assert resumed.hooks is not None and resumed.hooks.attached is False
+    assert resumed.screen.hooks is not None and resumed.screen.hooks.attached is False
     for layer in find_dyt_layers(tr.lightning_module):
         owners = [o for _, o in satmon_hooks(layer.module)]
-        assert resumed.hooks not in owners  # the window's hooks were never attached in this run
+        assert resumed.screen.hooks not in owners  # the window's hooks were never attached in this run
         assert all(o.enabled is False for o in owners)  # whatever else satmon keeps there is off
     # nothing was counted after the verdict: the counts are the checkpoint's
-    assert resumed.counter.saturated.tolist() == state["saturated"]
-    assert resumed.counter.total.tolist() == state["total"]
+    assert resumed.screen.hooks.counter.saturated.tolist() == state["saturated"]
+    assert resumed.screen.hooks.counter.total.tolist() == state["total"]
 
 
 @pytest.mark.parametrize("step", [8, 16])

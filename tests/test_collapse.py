@@ -112,8 +112,8 @@ def test_nonfinite_loss_triggers_the_any_breach_policy_only(tmp_path, abort_on):
     t = trainer(tmp_path, max_steps=14, callbacks=[monitor])
     t.fit(model, token_loader(14))
     if abort_on == "any":
-        # NaN loss at step 7 -> the check of watched step 9 sees it in the loss history
-        assert monitor.stop.reason is StopReason.NONFINITE and t.global_step == 10 and monitor.stop.step == 10
+        # NaN loss in optimizer step 7 -> the per-step guard stops at its end (0.1 waited for watched step 9: step 10)
+        assert monitor.stop.reason is StopReason.NONFINITE and t.global_step == 8 and monitor.stop.step == 8
     else:
         assert monitor.stop is None and t.global_step == 14
 
@@ -161,8 +161,8 @@ def test_watch_keeps_hooks_disabled_between_checks(tmp_path):
     monitor = SaturationMonitor(window=2, watch_every_n_steps=5, verbose=False)
     trainer(tmp_path, max_steps=12, callbacks=[monitor]).fit(llama("swiglu", lr=1e-3), token_loader(12))
     assert [r["step"] for r in monitor.watch_log] == [6, 11]  # steps 5 and 10 watched, read when they end
-    assert not monitor.hooks.attached and monitor.watch_hooks.enabled is False
-    assert int(monitor.watch_hooks.counter.total.sum()) == 0  # read and reset at each check
+    assert not monitor.screen.hooks.attached and monitor.screen.watch.hooks.enabled is False
+    assert int(monitor.screen.watch.hooks.counter.total.sum()) == 0  # read and reset at each check
     assert all(math.isfinite(r["gated_saturation"]) for r in monitor.watch_log)
 
 

@@ -96,18 +96,18 @@ def test_compiled_counts_equal_eager(runs):
     (eager, rec, _), (compiled, _, per_step) = runs
     assert per_step.backend.graphs >= 1  # the model really ran compiled
     assert compiled.layer_names == eager.layer_names  # torch.compile's `_orig_mod.` is stripped
-    assert compiled.counter.saturated.tolist() == eager.counter.saturated.tolist()
-    assert compiled.counter.total.tolist() == eager.counter.total.tolist()
+    assert compiled.screen.hooks.counter.saturated.tolist() == eager.screen.hooks.counter.saturated.tolist()
+    assert compiled.screen.hooks.counter.total.tolist() == eager.screen.hooks.counter.total.tolist()
     assert compiled.verdict.to_dict() == eager.verdict.to_dict()
     ref = rec.counts(first=WINDOW)  # and eager equals the float64 reference
-    assert eager.counter.saturated.tolist() == [ref[n][0] for n in eager.layer_names]
+    assert eager.screen.hooks.counter.saturated.tolist() == [ref[n][0] for n in eager.layer_names]
     assert 0.05 < eager.verdict.saturation < 0.95
 
 
 def test_compiles_stay_bounded(runs):
     _, (compiled, _, per_step) = runs
     graphs = per_step.after_step
-    assert compiled.hooks.attached is False
+    assert compiled.screen.hooks.attached is False
     assert graphs[STEPS] < RECOMPILE_LIMIT, f"{graphs[STEPS]} graphs compiled in {STEPS} steps: {graphs}"
     assert graphs[WINDOW] <= 2, f"recompiles inside the window: {graphs}"
     assert graphs[STEPS] - graphs[WINDOW] <= 2, f"recompiles after the window: {graphs}"

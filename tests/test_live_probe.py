@@ -86,12 +86,12 @@ def test_probe_forwards_are_not_counted_by_the_window_and_run_after_it(tmp_path)
     tr = trainer(tmp_path, callbacks=[monitor], max_steps=7)
     tr.fit(lit, token_loader(7))
     ref = rec.counts(first=4)
-    assert monitor.counter.saturated.tolist() == [ref[n][0] for n in monitor.layer_names]
-    assert monitor.counter.total.tolist() == [ref[n][1] for n in monitor.layer_names]
+    assert monitor.screen.hooks.counter.saturated.tolist() == [ref[n][0] for n in monitor.layer_names]
+    assert monitor.screen.hooks.counter.total.tolist() == [ref[n][1] for n in monitor.layer_names]
     assert [s for s, _ in monitor.live_probe.reports] == list(range(8))  # 0..7, window over at 4
     report = monitor.live_probe.reports[-1][1]
     assert report.norm_type == "dyt" and report.saturation is not None
-    assert not monitor.hooks.attached
+    assert not monitor.screen.hooks.attached
     assert all(not m._forward_pre_hooks for m in lit.modules())
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["HookSet"]
+__all__ = ["HookSet", "paused"]
 
 
 class HookSet:
@@ -37,3 +40,29 @@ class HookSet:
     @property
     def attached(self) -> bool:
         return bool(self._handles)
+
+
+@contextmanager
+def paused(*hook_sets: HookSet | None) -> Iterator[None]:
+    """Switch hook sets off for a block (validation, a probe's forwards) and restore each one's state.
+
+    Example:
+        >>> class Nothing(HookSet):
+        ...     def _register(self):
+        ...         return []
+        >>> h = Nothing()
+        >>> with paused(h, None):
+        ...     h.enabled
+        False
+        >>> h.enabled
+        True
+    """
+    sets = [h for h in hook_sets if h is not None]
+    before = [h.enabled for h in sets]
+    for h in sets:
+        h.enabled = False
+    try:
+        yield
+    finally:
+        for h, on in zip(sets, before):
+            h.enabled = on

@@ -47,11 +47,11 @@ def _reference(rec: InputRecorder, forwards, level: float = 2.0) -> dict[str, tu
 
 def _assert_counts_equal(monitor: SaturationMonitor, ref: dict[str, tuple[int, int]]) -> None:
     assert monitor.layer_names == list(ref)
-    sat = monitor.counter.saturated.tolist()
-    total = monitor.counter.total.tolist()
+    sat = monitor.screen.hooks.counter.saturated.tolist()
+    total = monitor.screen.hooks.counter.total.tolist()
     assert sat == [ref[n][0] for n in monitor.layer_names]
     assert total == [ref[n][1] for n in monitor.layer_names]
-    assert monitor.counter.nonfinite.tolist() == [0] * len(ref)
+    assert monitor.screen.hooks.counter.nonfinite.tolist() == [0] * len(ref)
     v = monitor.verdict
     assert v is not None
     assert v.per_layer == {n: s / t for n, (s, t) in ref.items()}
@@ -86,7 +86,7 @@ def test_counts_equal_float64_reference_and_skip_validation(tmp_path):
     assert probe.sanity_batches == 2
     assert probe.eval_forwards == 2 + 3 * 2  # validation really ran, inside the window too
     assert len(next(iter(rec.inputs.values()))) == 10  # training forwards (the reference keeps all of them)
-    assert monitor.counter.keep_inputs  # CPU: counted after each forward, from the kept inputs
+    assert monitor.screen.hooks.queue.keep_inputs  # CPU: counted after each forward, from the kept inputs
     _assert_counts_equal(monitor, _reference(rec, range(window)))
     assert monitor.verdict.step == window and monitor.verdict.window == window and monitor.steps_seen == window
     assert monitor.verdict.decision == ("go" if monitor.verdict.saturation >= 0.43 else "no-go")
@@ -102,7 +102,7 @@ def test_gradient_accumulation_counts_optimizer_steps(tmp_path):
     ref = _reference(rec, range(2 * window))  # two micro-batches per optimizer step
     _assert_counts_equal(monitor, ref)
     per_forward = 4 * 16 * 32  # (B, T, C)
-    assert monitor.counter.total.tolist() == [2 * window * per_forward] * len(ref)
+    assert monitor.screen.hooks.counter.total.tolist() == [2 * window * per_forward] * len(ref)
 
 
 def satmon_hooks(module: torch.nn.Module) -> list[tuple[object, SaturationHooks]]:
@@ -130,18 +130,18 @@ class _HooksDuringWindow(Callback):
 
 def _assert_window_over(lit, monitor: SaturationMonitor) -> None:
     """The window's hooks are gone, any other satmon hook left is switched off, and forwards count nothing."""
-    assert monitor.hooks.attached is False
+    assert monitor.screen.hooks.attached is False
     for layer in find_dyt_layers(lit):
         owners = [o for _, o in satmon_hooks(layer.module)]
-        assert monitor.hooks not in owners, layer.name
+        assert monitor.screen.hooks not in owners, layer.name
         assert all(o.enabled is False for o in owners), layer.name
-    before = [t.clone() for t in (monitor.counter.saturated, monitor.counter.total, monitor.counter.nonfinite)]
+    before = [t.clone() for t in (monitor.screen.hooks.counter.saturated, monitor.screen.hooks.counter.total, monitor.screen.hooks.counter.nonfinite)]
     x = torch.randint(0, 256, (2, 16))
     for mode in (True, False):
         lit.train(mode)
         with torch.no_grad():
             lit(x)
-    after = (monitor.counter.saturated, monitor.counter.total, monitor.counter.nonfinite)
+    after = (monitor.screen.hooks.counter.saturated, monitor.screen.hooks.counter.total, monitor.screen.hooks.counter.nonfinite)
     assert all(torch.equal(b, a) for b, a in zip(before, after))
 
 
@@ -152,7 +152,7 @@ def test_hooks_removed_after_window(tmp_path, watch):
     during = _HooksDuringWindow()
     lit, rec, tr = _fit(tmp_path, monitor, n_batches=8, callbacks=[during], max_steps=7)
     layers = find_dyt_layers(lit)
-    assert during.seen == [[monitor.hooks]] * len(layers)  # the detection does see satmon's hooks in the window
+    assert during.seen == [[monitor.screen.hooks]] * len(layers)  # the detection does see satmon's hooks in the window
     _assert_counts_equal(monitor, _reference(rec, range(window)))  # steps 4..6 were not counted
     _assert_window_over(lit, monitor)
     if not watch or not _no_watch():

@@ -1,0 +1,382 @@
+"""``Screen``: the object a training loop drives. It attaches the hooks, counts the window, makes the
+verdict, runs the collapse watch and applies the abort policy, for the Lightning callback, a plain
+PyTorch loop or any other trainer. Cross-rank agreement goes through an :class:`Agreement`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from satmon.abort import SatmonAbort, StopReason, StopRecord, breaches
+from satmon.core.agreement import Agreement, TorchDistributed
+from satmon.core.collapse_watch import CollapseWatch, LossHistory
+from satmon.core.counters import SaturationCounter
+from satmon.core.gate_hooks import GateCounter, GateHooks
+from satmon.core.gated_mlp import GatingReport, detect_gating
+from satmon.core.hookset import paused
+from satmon.core.nonfinite_guard import NonFiniteGuard
+from satmon.core.saturation_hooks import HookReadings, SaturationHooks
+from satmon.core.screen_state import restore_plan, saved_state
+from satmon.core.settings import ScreenSettings
+from satmon.discovery import NormLayer, find_dyt_layers
+from satmon.verdict import GatingInfo, LayerCounts, Source, Verdict, build_verdict
+from satmon.writers import tensorboard as tb
+
+__all__ = ["Screen"]
+
+
+def _print_rank_zero(text: str) -> None:
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()) or torch.distributed.get_rank() == 0:
+        print(text)
+
+
+def _warn(text: str) -> None:
+    warnings.warn(text, UserWarning, stacklevel=3)
+
+
+class Screen:
+    """Screen a DyT model over its first ``window`` optimizer steps, then watch it.
+
+    A loop calls :meth:`attach` once, :meth:`begin_step` before each optimizer step's forwards,
+    :meth:`end_step` after the optimizer step (with the loss), and reads :attr:`verdict` and
+    :attr:`should_stop`. Settings are those of :class:`satmon.SaturationMonitor`
+    (:class:`~satmon.core.settings.ScreenSettings`).
+
+    Args:
+        settings: the validated settings.
+        loggers: Lightning loggers to write to (a ``TensorBoardLogger`` works without a Trainer).
+        agreement: how ranks agree (default: ``torch.distributed`` when initialised, else one process).
+        info: where console lines go (default: print on rank zero).
+        warn: where warnings go (default: ``warnings.warn``).
+        verbose: print the verdict card when it is made.
+        log_every_n_steps: how often the running saturation is logged (and read from the device).
+
+    Example:
+        >>> from satmon import DyT
+        >>> from satmon.core.settings import ScreenSettings
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), DyT(4, alpha_init=2.0))
+        >>> screen = Screen(ScreenSettings(window=2), verbose=False).attach(model)
+        >>> for step in range(2):
+        ...     screen.begin_step(step)
+        ...     loss = model(torch.randn(8, 4)).square().mean()
+        ...     screen.end_step(step + 1, loss)
+        >>> screen.verdict.window, screen.verdict.elements
+        (2, 64)
+    """
+
+    def __init__(self, settings: ScreenSettings | None = None, *, loggers: Sequence[Any] = (),
+                 agreement: Agreement | None = None, info: Callable[[str], None] | None = None,
+                 warn: Callable[[str], None] | None = None, verbose: bool = True,
+                 log_every_n_steps: int = 50) -> None:
+        self.settings = settings or ScreenSettings()
+        self.loggers = list(loggers)
+        self.agreement = agreement or TorchDistributed()
+        self.info, self.warn = info or _print_rank_zero, warn or _warn
+        self.verbose, self.log_every_n_steps = ScreenSettings.check_flag("verbose", verbose), log_every_n_steps
+        self.layers: list[NormLayer] = []
+        self.gating: GatingReport | None = None
+        self.hooks: SaturationHooks | None = None
+        self.gate_hooks: GateHooks | None = None
+        self.watch: CollapseWatch | None = None
+        self.losses: LossHistory | None = None
+        self.guard: NonFiniteGuard | None = None
+        self.verdict: Verdict | None = None
+        self.stop: StopRecord | None = None
+        self.should_stop = False
+        self.steps_seen = 0
+        self.first_step = 0  # the step counting (re)started at: not 0 after a resume that dropped the counts
+        self.notes: list[str] = []
+        self.status = "not attached"
+        self._last_step = -1
+        self._loaded: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------------------- life cycle
+    @property
+    def layer_names(self) -> list[str]:
+        return [l.name for l in self.layers]
+
+    @property
+    def active(self) -> bool:
+        """Whether the model has DyT layers to screen."""
+        return bool(self.layers)
+
+    def discover(self, model: nn.Module, example_input: Any = None) -> list[NormLayer]:
+        """Find the DyT layers and what they feed; no hooks yet. An empty list: nothing to screen."""
+        s = self.settings
+        self.layers = find_dyt_layers(model, include=s.include, exclude=s.exclude)
+        if not self.layers:
+            self.status = "no DyT layer: the saturation screen is off"
+            return []
+        self.gating = detect_gating(model, norm_names=self.layer_names, mapping=dict(s.gating_mapping or {}),
+                                    example_input=example_input)
+        self.status = "discovered"
+        return self.layers
+
+    def attach(self, model: nn.Module, step: int = 0, keep_inputs: bool = False, example_input: Any = None) -> Screen:
+        """Attach the hooks to ``model`` (after any wrapping: DDP, FSDP, compile) at optimizer step ``step``.
+
+        Args:
+            model: the model (the one whose forwards train).
+            step: optimizer steps already done (a resumed run).
+            keep_inputs: CPU training: keep inputs and count them in :meth:`count_kept` after the forward.
+            example_input: a batch's model input for the gated-MLP trace (optional).
+        """
+        names = self.layer_names
+        if not self.discover(model, example_input) and not names:
+            return self
+        if names and self.layer_names != names:
+            raise RuntimeError(f"Expected the same DyT layers as at discovery ({names}), got {self.layer_names}.")
+        device = self.layers[0].module.alpha.device
+        s = self.settings
+        self.hooks = SaturationHooks(self.layers, SaturationCounter(len(self.layers), level=s.level).to(device), keep_inputs)
+        if self._loaded is not None:
+            self._restore(self._loaded)
+            self._loaded = None
+        if self.gating is not None and self.gating.pairings:
+            self.gate_hooks = GateHooks(model, self.gating, GateCounter(len(self.gating.pairings)).to(device))
+        self.losses = LossHistory(s.loss_baseline + max(s.watch_every_n_steps, 1), device=device)
+        if s.watch_every_n_steps:
+            watch_hooks = SaturationHooks(self.layers, SaturationCounter(len(self.layers), level=s.level).to(device), keep_inputs)
+            gated = [i for i, n in enumerate(self.layer_names) if n in (self.gating.pairings if self.gating else {})]
+            mlps = {n: p.mlp for n, p in (self.gating.pairings if self.gating else {}).items()}
+            self.watch = CollapseWatch(watch_hooks, gated, self.gate_hooks, mlps, s.watch_every_n_steps,
+                                       s.collapse_threshold, s.loss_spike_z, s.patience, self.losses)
+        if breaches(s.abort_on, StopReason.NONFINITE):
+            self.guard = NonFiniteGuard(device)
+        self._last_step = step
+        if self.verdict is None and step < s.window:
+            self.hooks.attach()
+            if self.gate_hooks is not None:
+                self.gate_hooks.attach()
+            tb.add_layout(self.loggers, self.layer_names)
+            self.status = "screening"
+        else:
+            self._start_watch()
+        return self
+
+    def detach(self) -> None:
+        """Remove every hook (the counts and the verdict stay)."""
+        for h in (self.hooks, self.gate_hooks, self.watch):
+            if h is not None:
+                h.detach()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No counting inside the block (validation, a probe's forwards)."""
+        with paused(self.hooks, self.gate_hooks, self.watch.hooks if self.watch else None):
+            yield
+
+    # ------------------------------------------------------------------------------- per step
+    def begin_step(self, step: int) -> None:
+        """Before the forwards of optimizer step ``step`` (steps done so far): choose what counts."""
+        if self.hooks is None:
+            return
+        if self.hooks.attached:
+            k = self.settings.sample_every
+            if k > 1:
+                self.hooks.enabled = step % k == 0
+            if self.hooks.enabled:
+                self.hooks.refresh_thresholds()  # one batched op per step instead of one per layer
+        elif self.watch is not None and self.watch.hooks.attached:
+            self.watch.select(step)
+
+    def count_kept(self) -> None:
+        """Count inputs kept during the forward (CPU); call after the forward, before the optimizer step."""
+        for h in (self.hooks, self.watch.hooks if self.watch else None):
+            if h is not None:
+                h.count_kept()
+
+    def push_loss(self, loss: Any) -> None:
+        """Record a training loss (a 1-element tensor; kept on its device, no host sync)."""
+        if self.losses is not None and isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            self.losses.push(loss)
+
+    def end_step(self, step: int, loss: Any = None) -> None:
+        """After an optimizer step; ``step`` = optimizer steps done. Mid-accumulation calls only record the loss.
+
+        Every rank must call it at every step: the window's end, running readings, watch checks and
+        the non-finite guard are cross-rank operations taken at the same step on every rank.
+        """
+        self.push_loss(loss)
+        if self.hooks is None or step == self._last_step:
+            return
+        self._last_step = step
+        if self.guard is not None:
+            self._guard_step(step, loss)
+        if self.should_stop:
+            return
+        if self.verdict is not None:
+            if self.watch is not None and self.watch.measuring:
+                self._watch_check(step)
+            return
+        self.steps_seen = min(step, self.settings.window)
+        if step >= self.settings.window:
+            self.conclude(step)
+        elif step % self.log_every_n_steps == 0:
+            tb.log_scalars(self.loggers, self._window_scalars(self.hooks.read(sync=True)), step)
+
+    def finish(self, step: int) -> None:
+        """Training ended. A window cut short gets a partial verdict from THIS process's counts: no
+        collective here, since another rank may have stopped elsewhere (uneven data) and would never join."""
+        if self.hooks is not None and self.verdict is None and self.steps_seen > 0:
+            self.warn(f"satmon: training ended after {self.steps_seen} of the {self.settings.window} window steps; "
+                      "the verdict rests on the shorter window. Lower `window` or train longer.")
+            notes = []
+            if self.agreement.world_size > 1:
+                notes.append(f"training ended before the window closed: counts of rank {self.agreement.rank} only "
+                             "(no cross-rank sum at the end of training, where ranks may not all be present)")
+            self.conclude(step, partial=True, sync=False, extra_notes=notes)
+
+    # ------------------------------------------------------------------------------- verdict
+    def conclude(self, step: int, partial: bool = False, sync: bool = True, extra_notes: Sequence[str] = ()) -> Verdict | None:
+        """Make the verdict from the window's counts, log it, detach the window hooks, apply the policy."""
+        assert self.hooks is not None
+        r = self.hooks.read(sync=sync)
+        self.hooks.detach()
+        risk = self._gate_risk(r) if self.gate_hooks is not None else {}
+        self.verdict = build_verdict(
+            self._layer_counts(r), step=step, window=(self.steps_seen if partial else self.settings.window) - self.first_step,
+            source=Source.WINDOW, planned_window=self.settings.window, threshold=self.settings.threshold,
+            level=self.settings.level, gating=self._gating_info(), collapse_threshold=self.settings.collapse_threshold,
+            risk=risk, notes=[*self.notes, *extra_notes])
+        if self.verdict is None:
+            self.status = "window over: no DyT input was counted"
+            self.warn(f"satmon: no DyT input was counted in the window ({self.steps_seen} steps): no verdict.")
+            return None
+        tb.log_scalars(self.loggers, self._window_scalars(r), step)
+        tb.log_verdict(self.loggers, self.verdict)
+        if self.verbose:
+            self.info("\n" + self.verdict.card() + "\n")
+        self.status = "verdict made"
+        if not partial:
+            self._verdict_policy(step)
+        return self.verdict
+
+    def _layer_counts(self, r: HookReadings) -> dict[str, LayerCounts]:
+        """Per-layer counts; a non-finite ``alpha`` counts as a non-finite input of its layer."""
+        return {name: LayerCounts(s, t, b + (not math.isfinite(a)))
+                for name, s, t, b, a in zip(self.layer_names, r.saturated, r.total, r.nonfinite, r.alphas)}
+
+    def _gating_info(self) -> GatingInfo | None:
+        g = self.gating
+        return None if g is None else GatingInfo(g.gated, tuple(g.pairings), g.message)
+
+    def _gate_risk(self, r: HookReadings) -> dict[str, dict[str, float]]:
+        assert self.gate_hooks is not None and self.gating is not None
+        self.gate_hooks.detach()
+        per_layer = {n: (s / t if t else float("nan")) for n, s, t in zip(self.layer_names, r.saturated, r.total)}
+        risk = {self.gating.pairings[norm].mlp: {"dyt_saturation": per_layer[norm], **stats}
+                for norm, stats in self.gate_hooks.readings().items()}
+        self.gate_hooks.counter.reset()
+        return risk
+
+    def _verdict_policy(self, step: int) -> None:
+        v = self.verdict
+        assert v is not None
+        if v.decision == "non-finite":
+            if self.request_stop(StopReason.NONFINITE, v.reason, step):
+                return
+        elif v.collapse_risk:
+            self.watch_streak_start()
+            if (self.settings.abort_on == "no-go" or self.settings.patience == 1) and \
+                    self.request_stop(StopReason.COLLAPSE_RISK, v.reason, step):
+                return
+        elif not v.go and self.request_stop(StopReason.NO_GO, v.reason, step):
+            return
+        self._start_watch()
+
+    def watch_streak_start(self) -> None:
+        """A collapse-risk verdict is the first breaching check of the watch's streak."""
+        if self.watch is not None:
+            self.watch.streak[StopReason.COLLAPSE_RISK] = 1
+
+    def _start_watch(self) -> None:
+        if self.watch is not None:
+            self.watch.start()
+            self.status = "watching"
+
+    def _watch_check(self, step: int) -> None:
+        assert self.watch is not None
+        reading = self.watch.check(step, self.agreement.max)
+        tb.log_scalars(self.loggers, tb.watch_scalars(reading.nonfinite, reading.gated_saturation, reading.gate_stats,
+                                                      reading.loss_z, reading.found), step)
+        for reason, message in reading.due:
+            if self.stop is None or self.stop.dry_run:
+                if self.request_stop(reason, message, step):
+                    return
+
+    def _guard_step(self, step: int, loss: Any) -> None:
+        assert self.guard is not None
+        if self.hooks is not None and self.hooks.attached:
+            self.hooks.flush()
+            self.guard.push(self.hooks.counter.nonfinite.sum(), self.hooks.alphas(), loss, self.agreement.max)
+        else:
+            self.guard.push(None, None, loss, self.agreement.max)
+        seen = self.guard.poll()
+        if seen:
+            self.request_stop(StopReason.NONFINITE, f"non-finite DyT input(s), alpha(s) or training loss on some rank "
+                              f"({seen} so far, all ranks)", step)
+
+    # ------------------------------------------------------------------------------- stopping
+    def request_stop(self, reason: StopReason, message: str, step: int) -> bool:
+        """Apply the abort policy with every rank (``Agreement.any``); True when training must stop now."""
+        s = self.settings
+        if not self.agreement.any(breaches(s.abort_on, reason)):
+            return False
+        if self.stop is not None and self.stop.dry_run and self.stop.reason == reason:
+            return False  # a dry run reports each reason once
+        self.stop = StopRecord(reason=reason, message=message, step=step, dry_run=s.dry_run)
+        text = (f"**satmon {'would stop' if s.dry_run else 'stopped'} training at step {step}** "
+                f"({reason.value}{', dry run' if s.dry_run else ''}): {message}")
+        tb.log_text(self.loggers, tb.TAG.stop, text, step)
+        tb.log_scalars(self.loggers, {tb.TAG.stop: 1.0}, step)
+        self.warn(text.replace("**", ""))
+        if s.dry_run:
+            return False
+        if s.abort_mode == "raise":
+            raise SatmonAbort(reason, message, step)
+        self.should_stop = True
+        return True
+
+    # ------------------------------------------------------------------------------- readings
+    def _window_scalars(self, r: HookReadings) -> dict[str, float]:
+        n = sum(r.total)
+        per_layer = {name: s / t for name, s, t in zip(self.layer_names, r.saturated, r.total) if t}
+        return tb.window_scalars(sum(r.saturated) / n if n else 0.0, per_layer, dict(zip(self.layer_names, r.alphas)),
+                                 sum(r.nonfinite))
+
+    # ------------------------------------------------------------------------------- state
+    def state_dict(self, sync: bool = True) -> dict[str, Any]:
+        """What a checkpoint keeps: the window's counts (summed over ranks with ``sync``), settings, verdict, stop."""
+        counts = None
+        if self.hooks is not None:
+            r = self.hooks.read(sync=sync)
+            counts = (r.saturated, r.total, r.nonfinite)
+        return saved_state(self, counts)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take a saved state back; the counts are restored at :meth:`attach`."""
+        self._loaded = dict(state)
+        self.steps_seen = int(state.get("steps_seen", 0))
+        self.first_step = int(state.get("first_step", 0))
+        self.verdict = Verdict.from_dict(state["verdict"]) if state.get("verdict") else None
+        self.stop = StopRecord.from_dict(state["stop"]) if state.get("stop") else None
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        assert self.hooks is not None
+        plan = restore_plan(state, self.settings, self.layer_names, self.steps_seen)
+        for message in plan.warnings:
+            self.warn(message)
+        self.notes.extend(plan.notes)
+        if plan.restart:
+            self.first_step = self.steps_seen
+        if plan.counts is not None and self.agreement.rank == 0:  # saved counts are sums over ranks
+            for k, v in zip(("saturated", "total", "nonfinite"), plan.counts):
+                getattr(self.hooks.counter, k).copy_(torch.tensor(v, dtype=torch.int64))
