@@ -11,6 +11,7 @@ from satmon.abort import SatmonAbort, StopReason
 from satmon.callback import SaturationMonitor
 from satmon.convert import convert_to_dyt
 from satmon.core.saturation_hooks import SaturationCounter, SaturationHooks
+from satmon.core.screen import Screen
 from satmon.discovery import find_blocks, find_dyt_layers, find_norm_layers
 from satmon.dyt import DyT
 from satmon.probing import Report, probe
@@ -19,7 +20,7 @@ from satmon.verdict import LayerCounts, Source, Verdict, build_verdict, decide
 _deprecated.install()
 
 __all__ = [
-    "DyT", "convert_to_dyt", "SaturationMonitor", "Verdict", "build_verdict", "LayerCounts", "Source", "decide",
+    "DyT", "convert_to_dyt", "SaturationMonitor", "Screen", "Verdict", "build_verdict", "LayerCounts", "Source", "decide",
     "SatmonAbort", "StopReason", "SaturationCounter", "SaturationHooks", "find_dyt_layers", "find_norm_layers",
     "find_blocks", "probe", "Report",
 ]

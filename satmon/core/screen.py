@@ -44,14 +44,16 @@ def _warn(text: str) -> None:
 class Screen:
     """Screen a DyT model over its first ``window`` optimizer steps, then watch it.
 
-    A loop calls :meth:`attach` once, :meth:`begin_step` before each optimizer step's forwards,
-    :meth:`end_step` after the optimizer step (with the loss), and reads :attr:`verdict` and
-    :attr:`should_stop`. Settings are those of :class:`satmon.SaturationMonitor`
+    A plain loop calls :meth:`attach` once and :meth:`step` after each optimizer step (with the loss),
+    then reads :attr:`verdict` and :attr:`should_stop`, and calls :meth:`detach` at the end. A
+    framework driver (the Lightning callback) calls :meth:`begin_step` before each optimizer step's
+    forwards and :meth:`end_step` after it instead. Settings are those of :class:`satmon.SaturationMonitor`
     (:class:`~satmon.core.settings.ScreenSettings`).
 
     Args:
-        settings: the validated settings.
+        settings: the validated settings, or pass them as keyword ``options`` (``window=500, ...``).
         loggers: Lightning loggers to write to (a ``TensorBoardLogger`` works without a Trainer).
+        logdir: write TensorBoard files there (a ``TensorBoardLogger`` made for you).
         agreement: how ranks agree (default: ``torch.distributed`` when initialised, else one process).
         info: where console lines go (default: print on rank zero).
         warn: where warnings go (default: ``warnings.warn``).
@@ -60,22 +62,27 @@ class Screen:
 
     Example:
         >>> from satmon import DyT
-        >>> from satmon.core.settings import ScreenSettings
         >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), DyT(4, alpha_init=2.0))
-        >>> screen = Screen(ScreenSettings(window=2), verbose=False).attach(model)
-        >>> for step in range(2):
-        ...     screen.begin_step(step)
-        ...     loss = model(torch.randn(8, 4)).square().mean()
-        ...     screen.end_step(step + 1, loss)
+        >>> screen = Screen(window=2, verbose=False).attach(model)
+        >>> for _ in range(3):
+        ...     loss = model(torch.randn(8, 4)).square().mean()  # forward (+ backward, optimizer step)
+        ...     stop = screen.step(loss)                         # once per optimizer step
         >>> screen.verdict.window, screen.verdict.elements
         (2, 64)
     """
 
-    def __init__(self, settings: ScreenSettings | None = None, *, loggers: Sequence[Any] = (),
+    def __init__(self, settings: ScreenSettings | None = None, *, loggers: Sequence[Any] = (), logdir: str | None = None,
                  agreement: Agreement | None = None, info: Callable[[str], None] | None = None,
-                 warn: Callable[[str], None] | None = None, verbose: bool = True,
-                 log_every_n_steps: int = 50) -> None:
-        self.settings = settings or ScreenSettings()
+                 warn: Callable[[str], None] | None = None, verbose: bool = True, log_every_n_steps: int = 50,
+                 **options: Any) -> None:
+        if settings is not None and options:
+            raise ValueError(f"Expected either `settings` or keyword options, got both (options {sorted(options)}).")
+        settings = settings or ScreenSettings(**options)
+        if logdir is not None:
+            from lightning.pytorch.loggers import TensorBoardLogger  # the writer satmon's TensorBoard layout is made for
+
+            loggers = [*loggers, TensorBoardLogger(logdir, name="", version="", default_hp_metric=False)]
+        self.settings = settings
         self.loggers = list(loggers)
         self.agreement = agreement or TorchDistributed()
         self.info, self.warn = info or _print_rank_zero, warn or _warn
@@ -95,6 +102,7 @@ class Screen:
         self.notes: list[str] = []
         self.status = "not attached"
         self._last_step = -1
+        self._steps_done = 0  # optimizer steps, for plain loops that call step()
         self._loaded: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------------------- life cycle
@@ -150,7 +158,7 @@ class Screen:
                                        s.collapse_threshold, s.loss_spike_z, s.patience, self.losses)
         if breaches(s.abort_on, StopReason.NONFINITE):
             self.guard = NonFiniteGuard(device)
-        self._last_step = step
+        self._last_step = self._steps_done = step
         if self.verdict is None and step < s.window:
             self.hooks.attach()
             if self.gate_hooks is not None:
@@ -159,6 +167,7 @@ class Screen:
             self.status = "screening"
         else:
             self._start_watch()
+        self.begin_step(step)
         return self
 
     def detach(self) -> None:
@@ -222,9 +231,17 @@ class Screen:
         elif step % self.log_every_n_steps == 0:
             tb.log_scalars(self.loggers, self._window_scalars(self.hooks.read(sync=True)), step)
 
-    def finish(self, step: int) -> None:
+    def step(self, loss: Any = None) -> bool:
+        """One optimizer step done (plain loops): end it, prepare the next; returns :attr:`should_stop`."""
+        self._steps_done += 1
+        self.end_step(self._steps_done, loss)
+        self.begin_step(self._steps_done)
+        return self.should_stop
+
+    def finish(self, step: int | None = None) -> None:
         """Training ended. A window cut short gets a partial verdict from THIS process's counts: no
         collective here, since another rank may have stopped elsewhere (uneven data) and would never join."""
+        step = self._steps_done if step is None else step
         if self.hooks is not None and self.verdict is None and self.steps_seen > 0:
             self.warn(f"satmon: training ended after {self.steps_seen} of the {self.settings.window} window steps; "
                       "the verdict rests on the shorter window. Lower `window` or train longer.")
