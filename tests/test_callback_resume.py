@@ -9,6 +9,7 @@ deterministic, so the resumed run's counts, and hence its verdict, must equal th
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -100,24 +101,78 @@ def test_resume_after_verdict_restores_it_and_keeps_hooks_off(original, tmp_path
     assert resumed.screen.hooks.counter.total.tolist() == state["total"]
 
 
-@pytest.mark.parametrize("step", [8, 16])
-def test_state_dict_round_trip(original, step):
+def _resume(tmp_path: Path, ckpt: Path, **settings):
+    """Continue the original run from ``ckpt`` with other satmon settings; returns the monitor and the warnings."""
+    torch.manual_seed(7)
+    lit = tiny_lit(alpha_init=50.0)
+    rec = InputRecorder(lit, [l.name for l in find_dyt_layers(lit)])
+    monitor = SaturationMonitor(**{"window": WINDOW, "verbose": False, **settings})
+    tr = trainer(tmp_path, max_epochs=EPOCHS, callbacks=[monitor])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tr.fit(lit, token_loader(PER_EPOCH), ckpt_path=str(ckpt))
+    return monitor, rec, [str(w.message) for w in caught if "satmon" in str(w.message)]
+
+
+def _counts(rec: InputRecorder, level: float, start: int, stop: int) -> tuple[int, int]:
+    """Saturated and total elements of forwards ``start:stop`` (all layers), float64, independent of satmon."""
+    items = [item for name in rec.inputs for item in rec.inputs[name][start:stop]]
+    return sum(int(((a * x).abs() > level).sum()) for x, a in items), sum(x.numel() for x, _ in items)
+
+
+def test_resume_with_another_threshold_keeps_the_counts(original, tmp_path):
     monitor, _, ckpts = original
-    state = _callback_state(ckpts[step]) if step != 16 else monitor.state_dict()
-    fresh = _monitor()
-    fresh.load_state_dict(state)
-    assert fresh.steps_seen == state["steps_seen"]
-    if state["verdict"] is None:
-        assert fresh.verdict is None
-    else:
-        assert fresh.verdict.to_dict() == monitor.verdict.to_dict()
-    again = fresh.state_dict()  # before any Trainer: the counts come back from what was loaded
-    for key in ("saturated", "total", "nonfinite", "steps_seen", "verdict", "stop", "version"):
-        assert again[key] == state[key], key
+    resumed, _, said = _resume(tmp_path, ckpts[8], threshold=0.9)
+    v = resumed.verdict
+    # the counts belong to the window: the saturation is the uninterrupted run's, the decision the new threshold's
+    assert v.saturation == monitor.verdict.saturation and v.elements == monitor.verdict.elements
+    assert v.threshold == 0.9 and v.decision == ("go" if v.saturation >= 0.9 else "no-go")
+    assert any("threshold 0.9 (saved: 0.43)" in n and "kept" in n for n in v.notes)
+    assert not [w for w in said if "dropped" in w]
 
 
-def test_state_dict_round_trip_keeps_layer_names(original):
-    monitor, _, _ = original
-    fresh = _monitor()
-    fresh.load_state_dict(monitor.state_dict())
-    assert fresh.state_dict() == monitor.state_dict()
+def test_resume_with_another_level_restarts_the_count_loudly(original, tmp_path):
+    _, rec, ckpts = original
+    resumed, _, said = _resume(tmp_path, ckpts[8], level=1.5)
+    assert any("level 1.5 (saved: 2.0)" in w and "dropped" in w and "restarts" in w for w in said)
+    v = resumed.verdict
+    # only the steps after the resume were counted, at the new level: the original run's forwards 8..11
+    sat, total = _counts(rec, 1.5, 8, WINDOW)
+    assert (v.elements, v.window, v.step) == (total, WINDOW - 8, WINDOW)
+    assert v.saturation == sat / total
+    assert any("window restarted at step 8" in n for n in v.notes) and "window restarted at step 8" in v.card()
+
+
+def test_resume_with_another_window_keeps_the_counts_and_says_so(original, tmp_path):
+    _, rec, ckpts = original
+    resumed, _, said = _resume(tmp_path, ckpts[8], window=10)
+    assert any("window 10 (saved: 12)" in w for w in said)
+    v = resumed.verdict
+    sat, total = _counts(rec, 2.0, 0, 10)  # the first 8 steps from the checkpoint, 2 more after the resume
+    assert (v.step, v.elements, v.saturation) == (10, total, sat / total)
+    assert any("window 10 (saved: 12)" in n for n in v.notes)
+
+
+def test_resume_from_a_satmon_0_1_checkpoint_finds_its_state(original, tmp_path):
+    monitor, _, ckpts = original
+    ckpt = torch.load(ckpts[8], map_location="cpu", weights_only=False)
+    state = ckpt["callbacks"].pop("SaturationMonitor")
+    state.pop("settings")  # 0.1 kept the settings in the key, not in the state
+    ckpt["callbacks"]["SaturationMonitor{'window': 12, 'threshold': 0.43, 'level': 2.0}"] = state
+    old = tmp_path / "old.ckpt"
+    torch.save(ckpt, old)
+    resumed, _, said = _resume(tmp_path, old)
+    got, want = resumed.verdict, monitor.verdict
+    assert (got.saturation, got.per_layer, got.elements, got.step) == (want.saturation, want.per_layer, want.elements, want.step)
+    assert not [w for w in said if "dropped" in w]
+
+
+def test_mid_epoch_resume_warns_that_the_data_order_restarts(tmp_path):
+    # a checkpoint in the middle of an epoch: a plain DataLoader cannot resume its position
+    torch.manual_seed(0)
+    save = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=2, save_top_k=-1)
+    trainer(tmp_path, max_steps=2, callbacks=[_monitor(), save], enable_checkpointing=True).fit(
+        tiny_lit(alpha_init=50.0), token_loader(PER_EPOCH))
+    resumed, _, said = _resume(tmp_path, tmp_path / "ckpt" / "step=2.ckpt")
+    assert any("resumed mid-window at step 2" in w and "cannot resume its position" in w for w in said)
+    assert any("data order did not resume" in n for n in resumed.verdict.notes)
