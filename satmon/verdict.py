@@ -28,6 +28,16 @@ CAVEAT = (
 #: where seeds and scales disagree, so satmon flags +-0.02.
 INCONCLUSIVE_BAND = 0.02
 
+#: What each flag means, in the card. Flags sit beside the study's rule; they never change the decision.
+FLAG_TEXT = {
+    "stalled-loss": "saturation at or above the threshold while the training loss stopped improving over the "
+                    "window's second half: the stalled-run pattern (docs/faq.md), not DyT regularising. Check the "
+                    "offset reading and the loss before keeping DyT.",
+    "offset-driven": "most of the saturation comes from per-channel constants in the DyT inputs (each channel sits on "
+                     "an offset far above its token-to-token spread), not from informative activations: the stalled-run "
+                     "pattern (docs/faq.md), not a regulariser at work.",
+}
+
 Decision = Literal["go", "no-go", "non-finite"]
 
 
@@ -92,6 +102,10 @@ class Verdict:
         source: where the counts came from (:class:`Source` value).
         planned_window: the window length asked for (``window`` is less when training ended early).
         notes: what the reader must know beside the decision (restarted window, unclassified layers...).
+        loss: the training loss over the window (:func:`satmon.functional.loss.loss_trend`: ``first``,
+            ``last``, ``change``, ``late_change``, ``stalled``); empty when not measured.
+        flags: warnings derived from the readings beside the rule (``"stalled-loss"``, ``"offset-driven"``).
+        offset: per-layer offset readings (``centered`` saturation, ``offset_ratio``), when measured.
     """
 
     decision: Decision
@@ -116,6 +130,9 @@ class Verdict:
     source: str = Source.WINDOW.value
     planned_window: int = 0
     notes: tuple[str, ...] = ()
+    loss: dict[str, Any] = field(default_factory=dict)
+    flags: tuple[str, ...] = ()
+    offset: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def go(self) -> bool:
@@ -129,7 +146,7 @@ class Verdict:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict (also what the callback keeps in its ``state_dict``)."""
         d = asdict(self)
-        d["notes"] = list(self.notes)
+        d["notes"], d["flags"] = list(self.notes), list(self.flags)
         return d
 
     @classmethod
@@ -139,6 +156,7 @@ class Verdict:
         known.setdefault("source", Source.WINDOW.value if known.get("window", 0) > 0 else Source.PROBE.value)
         known.setdefault("planned_window", known.get("window", 0))
         known["notes"] = tuple(known.get("notes", ()))
+        known["flags"] = tuple(known.get("flags", ()))
         return cls(**known)
 
     def headline(self) -> str:
@@ -196,6 +214,7 @@ class Verdict:
         lines += self._gating_lines()
         if self.nonfinite:
             lines += ["", f"Warning: {self.nonfinite:,} DyT layer input(s) or alpha(s) held non-finite values."]
+        lines += self._reading_lines()
         lines += [f"\nNote: {n}" for n in self.notes]
         lines += ["", "| layer | saturation |", "|---|---|"]
         lines += [f"| {name} | {frac:.4f} |" for name, frac in self.per_layer.items()]
@@ -205,6 +224,17 @@ class Verdict:
             lines += [f"| {b} | " + " | ".join(f"{r.get(k, float('nan')):.4f}" for k in keys) + " |" for b, r in self.risk.items()]
         lines += ["", f"_{self.caveat}_"]
         return "\n".join(lines)
+
+    def _reading_lines(self) -> list[str]:
+        """The loss beside the verdict, and what the flags mean."""
+        out = []
+        if self.loss and self.loss.get("first") == self.loss.get("first"):  # not NaN
+            out += ["", f"Training loss over the window: {self.loss['first']:.4f} -> {self.loss['last']:.4f} "
+                        f"({100 * self.loss['change']:+.1f}%; second half {100 * self.loss['late_change']:+.1f}%)"
+                        + (": stopped improving" if self.loss.get("stalled") else "")]
+        for flag in self.flags:
+            out += ["", f"**Flag: {flag}**: {FLAG_TEXT[flag]}"]
+        return out
 
     def _gating_lines(self) -> list[str]:
         if self.gated is None:
@@ -250,6 +280,9 @@ def build_verdict(
     collapse_threshold: float = 0.5,
     risk: Mapping[str, Mapping[str, float]] | None = None,
     notes: Sequence[str] = (),
+    loss: Mapping[str, Any] | None = None,
+    offset: Mapping[str, Mapping[str, float]] | None = None,
+    offset_flag: bool = False,
 ) -> Verdict | None:
     """Build the verdict from per-layer counts: the one place a :class:`Verdict` is made.
 
@@ -270,6 +303,9 @@ def build_verdict(
         collapse_threshold: pooled saturation that flags collapse in a gated model.
         risk: per gated block readings, shown in the card.
         notes: extra lines for the card (what the reader must know).
+        loss: the window's loss trend (:func:`satmon.functional.loss.loss_trend`); a stalled loss with
+            saturation at or above ``threshold`` adds the ``"stalled-loss"`` flag.
+        offset: per-layer offset readings to show; ``offset_flag`` adds the ``"offset-driven"`` flag.
 
     Returns:
         The verdict, or ``None`` when no element was counted.
@@ -296,6 +332,11 @@ def build_verdict(
     elif source != Source.WINDOW.value:
         reason = f"{source} (no training window): " + reason
     margin = saturation - threshold
+    flags = []
+    if loss and loss.get("stalled") and saturation >= threshold and decision != "non-finite":
+        flags.append("stalled-loss")
+    if offset_flag and decision != "non-finite":
+        flags.append("offset-driven")
     return Verdict(
         decision=decision, saturation=float(saturation), threshold=float(threshold), margin=float(margin),
         per_layer={k: c.saturated / c.total for k, c in rows.items() if c.total}, step=int(step), window=int(window),
@@ -304,7 +345,7 @@ def build_verdict(
         gated_layers=list(gating.gated_layers) if gating is not None else [], collapse_risk=collapse,
         collapse_threshold=float(collapse_threshold), risk={k: dict(v) for k, v in (risk or {}).items()},
         gating_message=gating.message if gating is not None else "", source=source, planned_window=planned,
-        notes=tuple(notes),
+        notes=tuple(notes), loss=dict(loss or {}), flags=tuple(flags), offset={k: dict(v) for k, v in (offset or {}).items()},
     )
 
 

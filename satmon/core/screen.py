@@ -25,6 +25,8 @@ from satmon.core.nonfinite_guard import NonFiniteGuard
 from satmon.core.saturation_hooks import HookReadings, SaturationHooks
 from satmon.core.screen_state import restore_plan, saved_state
 from satmon.core.settings import ScreenSettings
+from satmon.core.window_loss import WindowLoss
+from satmon.functional.loss import loss_trend
 from satmon.discovery import NormLayer, find_dyt_layers
 from satmon.verdict import GatingInfo, LayerCounts, Source, Verdict, build_verdict
 from satmon.writers import tensorboard as tb
@@ -94,6 +96,7 @@ class Screen:
         self.watch: CollapseWatch | None = None
         self.losses: LossHistory | None = None
         self.guard: NonFiniteGuard | None = None
+        self.window_loss: WindowLoss | None = None
         self.verdict: Verdict | None = None
         self.stop: StopRecord | None = None
         self.should_stop = False
@@ -144,6 +147,7 @@ class Screen:
         device = self.layers[0].module.alpha.device
         s = self.settings
         self.hooks = SaturationHooks(self.layers, SaturationCounter(len(self.layers), level=s.level).to(device), keep_inputs)
+        self.window_loss = WindowLoss(s.window).to(device)
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
@@ -206,6 +210,8 @@ class Screen:
         """Record a training loss (a 1-element tensor; kept on its device, no host sync)."""
         if self.losses is not None and isinstance(loss, torch.Tensor) and loss.numel() == 1:
             self.losses.push(loss)
+            if self.window_loss is not None and self.verdict is None:
+                self.window_loss.push(loss, max(self._last_step, 0))  # the step this loss belongs to
 
     def end_step(self, step: int, loss: Any = None) -> None:
         """After an optimizer step; ``step`` = optimizer steps done. Mid-accumulation calls only record the loss.
@@ -262,7 +268,8 @@ class Screen:
             self._layer_counts(r), step=step, window=(self.steps_seen if partial else self.settings.window) - self.first_step,
             source=Source.WINDOW, planned_window=self.settings.window, threshold=self.settings.threshold,
             level=self.settings.level, gating=self._gating_info(), collapse_threshold=self.settings.collapse_threshold,
-            risk=risk, notes=[*self.notes, *extra_notes])
+            risk=risk, notes=[*self.notes, *extra_notes],
+            loss=loss_trend(self.window_loss.means(sync=sync)) if self.window_loss is not None else None)
         if self.verdict is None:
             self.status = "window over: no DyT input was counted"
             self.warn(f"satmon: no DyT input was counted in the window ({self.steps_seen} steps): no verdict.")
@@ -376,7 +383,11 @@ class Screen:
         if self.hooks is not None:
             r = self.hooks.read(sync=sync)
             counts = (r.saturated, r.total, r.nonfinite)
-        return saved_state(self, counts)
+        state = saved_state(self, counts)
+        if self.window_loss is not None:
+            with self.window_loss.sync_context(should_sync=sync, should_unsync=True):
+                state["loss_segments"] = [self.window_loss.sums.cpu().tolist(), self.window_loss.counts.cpu().tolist()]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take a saved state back; the counts are restored at :meth:`attach`."""
@@ -397,3 +408,7 @@ class Screen:
         if plan.counts is not None and self.agreement.rank == 0:  # saved counts are sums over ranks
             for k, v in zip(("saturated", "total", "nonfinite"), plan.counts):
                 getattr(self.hooks.counter, k).copy_(torch.tensor(v, dtype=torch.int64))
+            segments = state.get("loss_segments")
+            if self.window_loss is not None and segments and len(segments[0]) == self.window_loss.segments and not plan.restart:
+                self.window_loss.sums.copy_(torch.tensor(segments[0], dtype=torch.float64))
+                self.window_loss.counts.copy_(torch.tensor(segments[1], dtype=torch.int64))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["robust_z", "MAD_TO_SIGMA"]
+__all__ = ["robust_z", "loss_trend", "MAD_TO_SIGMA", "STALL_IMPROVEMENT"]
 
 #: MAD of a normal distribution times this is its standard deviation.
 MAD_TO_SIGMA = 1.4826
@@ -46,3 +46,32 @@ def _median(values: Sequence[float]) -> float:
     if n == 0:
         return math.nan
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+#: the share of the window's first-segment loss the last half must still gain for the loss to count as improving
+STALL_IMPROVEMENT = 0.02
+
+
+def loss_trend(segment_means: Sequence[float], stall_improvement: float = STALL_IMPROVEMENT) -> dict[str, float | bool]:
+    """The training loss over a window, from the mean loss of equal segments of it (oldest first).
+
+    ``first`` and ``last`` are the first and last segments' means; ``change`` is ``last / first - 1``;
+    ``late_change`` is the relative change over the window's second half (mean of the middle segment
+    to the last); the loss has ``stalled`` when the second half improved it by less than
+    ``stall_improvement`` of the first segment's loss (a loss that fell and then sat flat).
+    Segments without a finite mean are skipped.
+
+    Example:
+        >>> t = loss_trend([5.5, 4.0, 3.3, 3.25, 3.24, 3.24, 3.23, 3.23, 3.23, 3.22])
+        >>> round(t["change"], 3), round(t["late_change"], 4), t["stalled"]
+        (-0.415, -0.0062, True)
+        >>> loss_trend([5.5, 4.0, 3.3, 3.0, 2.8, 2.7, 2.6, 2.5, 2.45, 2.4])["stalled"]
+        False
+    """
+    values = [v for v in segment_means if math.isfinite(v)]
+    if len(values) < 4:
+        return {"first": math.nan, "last": math.nan, "change": math.nan, "late_change": math.nan, "stalled": False}
+    first, last, mid = values[0], values[-1], values[len(values) // 2 - 1]
+    gained = (mid - last) / abs(first) if first else 0.0
+    return {"first": first, "last": last, "change": last / first - 1 if first else math.nan,
+            "late_change": last / mid - 1 if mid else math.nan, "stalled": gained < stall_improvement}
