@@ -1,0 +1,110 @@
+"""The benchmark programs on tiny sizes: they run, count what they should, and report finite numbers.
+
+No timing assertion: the machine may be busy. What is asserted is what the programs count and
+compute: the element count of every monitored run, its verdict against a float64 re-count of the
+same training run, and pooling's arithmetic.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from helpers import InputRecorder
+from lightning.pytorch.callbacks import Callback
+
+from satmon import build_verdict, find_dyt_layers
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+from harness import MODELS_SMOKE, Plan, run_once  # noqa: E402
+
+CONFIGS = ("off", "off-again", "window", "sampled", "after", "watch", "user-item", "paired")
+# --smoke: 6 warm-up + 6 measured steps + 1 closing step, the small window half the warm-up
+TOTAL, WINDOW_SMALL = 13, 3
+
+
+def _run(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _dyt_elements(spec) -> int:
+    """DyT input elements per training step: every token's d_model channels, 2 DyT per block + the final one."""
+    return spec.batch_size * spec.seq_len * spec.d_model * (2 * spec.n_layers + 1)
+
+
+def test_overhead_smoke_counts_and_pools(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = _run(str(BENCH / "overhead.py"), "--smoke", "--markdown", "--threads", "1", "--json", str(out), cwd=tmp_path)
+    assert "smoke: OK" in proc.stdout and "Paired estimate, wide" in proc.stdout
+    assert "| demo | (a) window, default settings |" in proc.stdout
+    assert "| wide | (e) user hook with .item() per layer |" in proc.stdout
+    data = json.loads(out.read_text())
+    # optimizer steps each configuration counts: all (window), the first few (after, watch), every 2nd / 4th from 0
+    counted_steps = {"window": TOTAL, "after": WINDOW_SMALL, "watch": WINDOW_SMALL, "paired": (TOTAL + 1) // 2,
+                     "sampled": (TOTAL + 3) // 4}
+    for model in ("demo", "wide"):
+        r = data["results"][model]
+        assert set(r["summary"]) == set(CONFIGS) and r["warmup"] == 6
+        assert r["summary"]["off"]["ratio_q"] == 1.0
+        assert r["paired"]["ratio_lo"] <= r["paired"]["ratio"] <= r["paired"]["ratio_hi"]
+        per_step = _dyt_elements(MODELS_SMOKE[model])
+        for config, steps in counted_steps.items():
+            first, second = r["verdicts"][config]
+            assert first == second, f"{model}/{config}: the same seed and data gave two verdicts"
+            assert first["elements"] == steps * per_step, f"{model}/{config}: {first['elements']} elements"
+    pooled = _run(str(BENCH / "overhead.py"), "--pool", str(out), str(out), cwd=tmp_path, timeout=120)
+    assert "- wide: 2 file(s), 4 paired runs, 4 reference runs" in pooled.stdout
+    for model in ("demo", "wide"):  # a run pooled with itself: every ratio twice, the medians unchanged
+        pe = data["results"][model]["paired"]
+        part = pooled.stdout.split(f"Paired estimate, {model}")
+        assert f"window hot-path overhead {100 * (pe['ratio'] - 1):+.2f}%" in part[1]
+        assert f"overhead {100 * (pe['sampled_step_ratio'] - 1):+.2f}% per step" in part[2]
+
+
+class _Recorder(Callback):
+    """Float64 copies of every DyT input of the run (tests/helpers.py), attached when training starts.
+
+    It also sets every ``alpha`` to 50 first: at the benchmark's ``alpha_init=2`` a freshly built
+    model saturates nothing, and a recount of zeros would not tell a right count from no count.
+    """
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        layers = find_dyt_layers(pl_module)
+        with torch.no_grad():
+            for layer in layers:
+                layer.module.alpha.fill_(50.0)
+        self.rec = InputRecorder(pl_module, [l.name for l in layers])
+
+
+def test_window_verdict_equals_a_float64_recount():
+    spec, plan = MODELS_SMOKE["demo"], Plan(warmup=2, measured=3, window_small=1, watch_every=4)
+    recorder = _Recorder()
+    out = run_once(spec, "window", plan, "cpu", extra_callbacks=[recorder])
+    counts = recorder.rec.counts()
+    assert sum(t for _, t in counts.values()) == plan.total * _dyt_elements(spec)  # every step's inputs recorded
+    ref = build_verdict(counts, step=plan.total, window=plan.total)
+    got = out["verdict"]
+    assert got["decision"] == ref.decision
+    assert got["saturation"] == ref.saturation and got["elements"] == ref.elements
+    assert got["per_layer"] == ref.per_layer
+    assert 0.05 < ref.saturation < 0.95  # both saturated and unsaturated elements: a count that can be wrong
+
+
+def test_profile_hook_smoke(tmp_path):
+    proc = _run(str(BENCH / "overhead.py"), "--smoke", "--profile-hook", "--threads", "1", cwd=tmp_path)
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    names = [r.split(" | ")[0].lstrip("| ") for r in rows]
+    assert names[0] == "whole satmon hook, counting in the hook (in a step)" and "in-place > threshold" in names
+    assert set(names) >= {"idle satmon hook (uncounted step)", "whole satmon hook, keep_inputs (as the callback runs it)",
+                          "count_kept() after the forward, per layer (keep_inputs)", "abs(x) into the work buffer"}
+    for r in rows:  # every cell a finite, positive time
+        cells = [float(c) for c in r.strip(" |").split(" | ")[1:]]
+        assert len(cells) == 3 and all(0 < c < 1e7 for c in cells)
