@@ -1,1 +1,1 @@
-"""Writers: where readings go (TensorBoard through Lightning's loggers). No math here."""
+"""Writers: where readings go (TensorBoard tags, writer and reader; JSON records; markdown). No math here."""

@@ -1,16 +1,19 @@
 """Write replay records as JSON: a ``.jsonl`` file gets one record a line, any other name one JSON array.
 
-Non-finite floats become ``null`` (strict JSON has no NaN/inf), tensors and numpy values become
-numbers or lists, paths and other objects their ``str``. The file is replaced atomically, so a
-reader never sees half a file and an interrupted replay keeps the records written so far.
+:func:`to_json` is satmon's one JSON sanitiser (the probe report, replay records): non-finite floats
+become ``null`` (strict JSON has no NaN/inf), tensors and numpy values numbers or lists. The file is
+replaced atomically, so a reader never sees half a file and an interrupted replay keeps the records
+written so far.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 from collections.abc import Mapping, Sequence
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +21,34 @@ __all__ = ["to_json", "write_records"]
 
 
 def to_json(obj: Any) -> Any:
-    """A strictly JSON-serialisable copy of ``obj``.
+    """A strictly JSON-serialisable copy of ``obj``: the one sanitiser of everything satmon writes as JSON.
+
+    NaN/inf become ``None``; tensors and numpy values Python numbers or lists; enums their value;
+    objects with ``to_dict`` (satmon's results) and other dataclasses a dict; tuples and sets lists;
+    anything else (paths...) its ``str``.
 
     Example:
         >>> to_json({"a": float("nan"), "b": (1, 2.5), "c": Path("x.ckpt")})
         {'a': None, 'b': [1, 2.5], 'c': 'x.ckpt'}
     """
-    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
+    if isinstance(obj, Enum):  # before str/int: StopReason and Source are str enums
+        return to_json(obj.value)
+    if isinstance(obj, bool) or obj is None:
         return obj
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
+    if isinstance(obj, (int, str)):
+        return int(obj) if isinstance(obj, int) else str(obj)
+    if isinstance(obj, float):  # numpy.float64 is a float: made a plain one
+        return float(obj) if math.isfinite(obj) else None
     if isinstance(obj, Mapping):
         return {str(k): to_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set)):
+    if isinstance(obj, (list, tuple, set, frozenset)):
         return [to_json(v) for v in obj]
     if hasattr(obj, "tolist"):  # torch tensors, numpy arrays and scalars
         return to_json(obj.tolist())
     if hasattr(obj, "to_dict"):
         return to_json(obj.to_dict())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # shallow: fields go through to_json, not deepcopy
+        return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     return str(obj)
 
 

@@ -1,4 +1,5 @@
-"""``satmon report LOGDIR``: the verdict card and trajectories of a live run and of a replayed run."""
+"""``satmon report LOGDIR``: the verdict card and trajectories of a live run, a replayed run, and a
+non-finite verdict with notes written by the writer."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from helpers import tiny_lit, token_loader
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from satmon import SaturationMonitor
+from satmon import SaturationMonitor, build_verdict
 from satmon.cli.main import main
+from satmon.writers import tensorboard_reader
+from satmon.writers.tensorboard import log_scalars, log_verdict, window_scalars
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*validation_step.*", "ignore:.*logging interval.*")
 
@@ -43,6 +46,7 @@ def test_report_prints_the_live_verdict_and_trajectories(live, capsys):
         assert "live/version_0" in out and out.count("== satmon run") == 1  # the hparams sub-run is not a run of its own
         assert "### satmon verdict:" in out and "threshold **0.43**" in out and "verdict at step 6" in out
         assert "| saturation (pooled)" in out and "@ 6" in out  # the trajectory table, with steps
+        assert "| verdict (1 GO, 0 NO-GO, -1 non-finite)" in out
         assert "Per layer, last value:" in out and "model.ln_f" in out
 
 
@@ -76,3 +80,28 @@ def test_console_script_entry_point(live):
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert proc.returncode == 0, proc.stderr
     assert "### satmon verdict:" in proc.stdout
+
+
+def test_report_shows_a_non_finite_verdict_and_its_notes(tmp_path, capsys):
+    logger = TensorBoardLogger(str(tmp_path), name="diverged", version=0, default_hp_metric=False)
+    log_scalars([logger], window_scalars(0.5, {"ln_f": 0.5}, {"ln_f": 2.0}, 2), 4)
+    note = "window restarted at step 3 after a resume"
+    verdict = build_verdict({"ln_f": (3, 4, 2)}, step=8, window=8, notes=(note,))
+    log_verdict([logger], verdict)
+    logger.finalize("success")
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert verdict.card() in out  # the card as written: headline, reason, notes, per-layer table
+    assert "### satmon verdict: **NON-FINITE**" in out and f"Note: {note}" in out
+    row = next(line for line in out.splitlines() if line.startswith("| verdict"))
+    assert "-1.0000 @ 8" in row and "nan" not in row.lower()
+    per_layer = out[out.index("Per layer, last value:"):].splitlines()
+    assert [c.strip() for c in per_layer[3].split("|")[1:-1]] == ["ln_f", "0.5000", "2.0000"]  # saturation, alpha
+
+
+def test_reader_names_stay_importable_from_the_cli_module():
+    import satmon.cli.report as report
+
+    assert report.load_runs is tensorboard_reader.load_runs and report.Run is tensorboard_reader.Run
+    with pytest.deprecated_call(match="HPARAMS_SUBRUN is deprecated"):
+        assert report.HPARAMS_SUBRUN == "satmon_hparams"
