@@ -7,8 +7,10 @@ finished run), then runs
     satmon replay CKPT_DIR --model satmon.demos.lit:LitLM --datamodule satmon.demos.corpus:CorpusDataModule \\
         --logdir DIR --json replay.json --report replay.md
 
-which re-reads every checkpoint, measures saturation (and satmon's other diagnostics) on the same
-calibration batches, and writes a TensorBoard run, JSON records and a markdown report.
+which re-reads every checkpoint (with ``torch.load(weights_only=True)``: no code stored in a file
+runs), measures saturation (and satmon's other diagnostics) on the same calibration batches, and
+writes a TensorBoard run, JSON records and a markdown report. Exit codes: 0 all replayed, 1 a
+checkpoint skipped, 2 usage error, 3 a checkpoint holds NaN/inf (a diverged run).
 
     python examples/replay_finished_run.py                       # 300 steps, a checkpoint every 50
     python examples/replay_finished_run.py --steps 6 --every 3 --window 3
@@ -72,16 +74,17 @@ def main(argv: list[str] | None = None) -> int:
                     "--batches", str(args.batches), "--quiet"]
     print("$ " + " ".join(["satmon"] + cmd[len(satmon):]), flush=True)
     rc = subprocess.call(cmd)
-    if rc not in (0, 1):  # 1: some checkpoint skipped (named above); 2: usage error
+    if rc not in (0, 1, 3):  # 1: some checkpoint skipped, 3: non-finite values (both named above); 2: usage error
         print(f"satmon replay failed with exit code {rc}", file=sys.stderr)
         return rc
 
     records = json.loads((workdir / "replay.json").read_text())
-    print("\nstep  replayed saturation  verdict")
+    print("\nstep  replayed saturation  verdict     non-finite weights / DyT inputs")
     for r in records:
         v = r.get("verdict") or {}
         sat = v.get("saturation")
-        print(f"{r.get('global_step')!s:>4}  {sat if sat is None else format(sat, '.4f'):>19}  {str(v.get('decision', r.get('error', '-'))).upper()}")
+        print(f"{r.get('global_step')!s:>4}  {sat if sat is None else format(sat, '.4f'):>19}  "
+              f"{str(v.get('decision', r.get('error', '-'))).upper():<10}  {r.get('nonfinite_weights', '-')} / {v.get('nonfinite', '-')}")
     if monitor.verdict is not None:
         print(f"\nLive monitor over the first {monitor.verdict.window} steps: {monitor.verdict.summary()}")
     print(f"Report: {workdir / 'replay.md'}   TensorBoard: tensorboard --logdir {workdir / 'satmon_logs'}")

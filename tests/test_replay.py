@@ -1,11 +1,9 @@
-"""``satmon replay``: a real training run's checkpoints, replayed and checked against an independent
-float64 count, the live probe, TensorBoard, JSON and the markdown report; broken files; bad usage."""
+"""The replay loop: models built from the one read of each file exactly as Lightning's
+``load_from_checkpoint`` builds them, typed records, the verdict of each checkpoint, non-finite weights.
+The command line (TensorBoard, JSON, report, exit codes) is tested in tests/cli/test_cli_replay.py."""
 
 from __future__ import annotations
 
-import fractions
-import json
-import shutil
 import warnings
 
 import lightning.pytorch as pl
@@ -13,286 +11,138 @@ import pytest
 import torch
 from helpers import tiny_lit
 from lightning.pytorch.callbacks import ModelCheckpoint
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from satmon import SaturationMonitor, find_dyt_layers
-from satmon.cli.main import main
+from satmon import probe
+from satmon.batches import feed_first
+from satmon.checkpoints import find_checkpoints, inspect_checkpoint, order_checkpoints
 from satmon.demos.corpus import CorpusDataModule
-from satmon.probing import feed_first
-from satmon.replay import CheckpointInfo, input_forward_fn, order_checkpoints
+from satmon.demos.lit import LitLM
+from satmon.replay import ModelLoader, ReplayRecord, nonfinite_parameters, replay, summary_row
 
-LEVEL = 0.5  # at the tiny model's scale |alpha x| > 2 is never reached; 0.5 spreads layers over 0 .. 0.9
-MODEL = "satmon.demos.lit:LitLM"
 DM_ARGS = dict(seq_len=16, batch_size=4, train_tokens=20_000, val_tokens=2_000, seed=0)
-
-
-def _calibration() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    dm = CorpusDataModule(**DM_ARGS)
-    dm.setup("fit")
-    return [b for _, b in zip(range(3), dm.train_dataloader())]
-
-
-def _train(root, norm="dyt", steps=9, every=3, callbacks=()):
-    pl.seed_everything(0, verbose=False)
-    ckpt = ModelCheckpoint(dirpath=root / "ckpts", every_n_train_steps=every, save_top_k=-1)
-    trainer = pl.Trainer(
-        max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=[ckpt, *callbacks],
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-    )
-    trainer.fit(tiny_lit(norm=norm, lr=1e-2), CorpusDataModule(**DM_ARGS))
-    return root / "ckpts"
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A real run whose monitor probes at every checkpoint save; its calibration batches are saved for replay."""
+    """Checkpoints at steps 2 and 4 of a DyT run, and three calibration batches."""
     root = tmp_path_factory.mktemp("run")
-    monitor = SaturationMonitor(window=9, level=LEVEL, probe_on_checkpoint=True, calibration_batches=3, verbose=False)
+    pl.seed_everything(0, verbose=False)
+    ckpt = ModelCheckpoint(dirpath=root, every_n_train_steps=2, save_top_k=-1)
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", ".*no logger.*")
-        ckpts = _train(root, callbacks=[monitor])
-    torch.save(monitor.live_probe.batches, root / "calib.pt")
-    # the file names must not decide the order: the step-3 checkpoint gets a name that sorts last
-    (ckpts / "epoch=0-step=3.ckpt").rename(ckpts / "zz-first.ckpt")
-    return root, ckpts, dict(monitor.live_probe.reports)
+        warnings.filterwarnings("ignore", ".*does not have many workers.*")
+        pl.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=False, callbacks=[ckpt], enable_progress_bar=False,
+                   enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0
+                   ).fit(tiny_lit(lr=1e-2), CorpusDataModule(**DM_ARGS))
+    dm = CorpusDataModule(**DM_ARGS)
+    dm.setup("fit")
+    return sorted(root.glob("*.ckpt")), [b for _, b in zip(range(3), dm.train_dataloader())]
 
 
-def _reference(ckpt_path, batches) -> dict[str, tuple[int, int]]:
-    """Independent of satmon's counting code: record each DyT input, count |alpha x| > LEVEL in float64."""
-    from satmon.demos.lit import LitLM
-
-    model = LitLM.load_from_checkpoint(ckpt_path, map_location="cpu").eval()
-    names = [l.name for l in find_dyt_layers(model)]
-    modules = dict(model.named_modules())
-    counts = {n: [0, 0] for n in names}
-
-    def hook(name):
-        def fn(mod, args, out):
-            pre = mod.alpha.detach().double() * args[0].detach().double()
-            counts[name][0] += int((pre.abs() > LEVEL).sum())
-            counts[name][1] += pre.numel()
-        return fn
-
-    handles = [modules[n].register_forward_hook(hook(n)) for n in names]
-    with torch.no_grad():
-        for x, _ in batches:
-            model(x)
-    for h in handles:
-        h.remove()
-    return {n: (s, t) for n, (s, t) in counts.items()}
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
-def _replay(capsys, *args):
-    code = main(["replay", *map(str, args)])
-    out, err = capsys.readouterr()
-    return code, out, err
+def test_model_built_from_the_read_equals_load_from_checkpoint(run):
+    (path, _), batches = run[0], run[1]
+    info = inspect_checkpoint(path)
+    model = ModelLoader(LitLM).load(info)
+    want = LitLM.load_from_checkpoint(path, map_location="cpu").eval()
+    assert _same_weights(model, want) and dict(model.hparams) == dict(want.hparams) and not model.training
+    got, ref = probe(model, batches, forward_fn=feed_first, level=0.5), probe(want, batches, forward_fn=feed_first, level=0.5)
+    assert got.to_dict()["layers"] == ref.to_dict()["layers"]
 
 
-def test_replay_matches_float64_reference_and_tensorboard(run, tmp_path, capsys):
-    root, ckpts, _ = run
-    code, out, err = _replay(capsys, ckpts, "--model", MODEL, "--data", root / "calib.pt", "--level", LEVEL,
-                             "--logdir", tmp_path / "tb", "--json", tmp_path / "r.json")
-    assert code == 0, err
-    records = json.loads((tmp_path / "r.json").read_text())
-    assert [r["global_step"] for r in records] == [3, 6, 9]  # by the step inside the file, not the name
-    assert records[0]["checkpoint"].endswith("zz-first.ckpt")
-    batches = torch.load(root / "calib.pt")
-    for rec in records:
-        ref = _reference(rec["checkpoint"], batches)
-        pooled = sum(s for s, _ in ref.values()) / sum(t for _, t in ref.values())
-        assert rec["verdict"]["saturation"] == pytest.approx(pooled, abs=1e-12)
-        assert rec["verdict"]["step"] == rec["global_step"]
-        for name, (s, t) in ref.items():
-            assert rec["layers"][name]["saturation"] == pytest.approx(s / t, abs=1e-12)
-    assert 0.05 < records[-1]["verdict"]["saturation"] < 0.95  # a reading with something to compare
-
-    acc = EventAccumulator(str(tmp_path / "tb" / "replay" / "version_0"), size_guidance={"scalars": 0, "tensors": 0})
-    acc.Reload()
-    sat = acc.Scalars("satmon/saturation")
-    assert [e.step for e in sat] == [3, 6, 9]
-    assert [e.value for e in sat] == pytest.approx([r["verdict"]["saturation"] for r in records], abs=1e-6)
-    layer = "model.ln_f"
-    assert [e.step for e in acc.Scalars(f"satmon/saturation/{layer}")] == [3, 6, 9]
-    assert [e.step for e in acc.Scalars("satmon/sigma_min/min_ratio")] == [3, 6, 9]
-    assert [e.step for e in acc.Tensors("satmon/verdict/text_summary")] == [3, 6, 9]
-    assert "| step" in out and "zz-first.ckpt" in out  # the console summary
+class Hooked(LitLM):
+    def on_load_checkpoint(self, checkpoint):
+        self.loaded_step = checkpoint["global_step"]
 
 
-def test_live_probe_and_replay_agree(run, tmp_path, capsys):
-    root, ckpts, live = run
-    code, _, err = _replay(capsys, ckpts / "epoch=0-step=6.ckpt", "--model", MODEL, "--data", root / "calib.pt",
-                           "--level", LEVEL, "--logdir", tmp_path, "--json", tmp_path / "r.json")
-    assert code == 0, err
-    (rec,) = json.loads((tmp_path / "r.json").read_text())
-    want = live[6].to_dict()  # SaturationMonitor(probe_on_checkpoint=True): the probe at the step-6 save
-    assert rec["global_step"] == 6
-    assert rec["saturation"] == want["saturation"]  # exact integer counts on the same weights and batches
-    assert {n: v["saturation"] for n, v in rec["layers"].items()} == {n: v["saturation"] for n, v in want["layers"].items()}
-    assert rec["sigma_min"]["blocks"] == want["sigma_min"]["blocks"]
-    assert rec["sigma_min"]["values"] == pytest.approx(want["sigma_min"]["values"], rel=1e-9)
-    assert rec["norm_type"] == want["norm_type"]
+class ConfigModule(pl.LightningModule):
+    def __init__(self, config: dict) -> None:
+        super().__init__()
+        self.save_hyperparameters(config)  # Lightning stores hparams_name="config"
+        self.lin = torch.nn.Linear(config["d"], 2)
 
 
-def test_corrupt_and_truncated_files_are_named_and_skipped(run, tmp_path, capsys):
-    _, ckpts, _ = run
-    folder = tmp_path / "mixed"
-    shutil.copytree(ckpts, folder)
-    (folder / "random.ckpt").write_bytes(torch.randint(0, 256, (4096,), dtype=torch.uint8).numpy().tobytes())
-    good = (folder / "epoch=0-step=6.ckpt").read_bytes()
-    (folder / "truncated.ckpt").write_bytes(good[: len(good) // 2])
-    code, out, err = _replay(capsys, folder, "--model", MODEL, "--datamodule", "satmon.demos.corpus:CorpusDataModule",
-                             "--batches", 2, "--logdir", tmp_path / "tb", "--json", tmp_path / "r.json")
-    assert code == 1
-    assert "random.ckpt" in err and "truncated.ckpt" in err and "truncated or corrupt" in err
-    records = json.loads((tmp_path / "r.json").read_text())
-    assert [r["global_step"] for r in records if "error" not in r] == [3, 6, 9]
-    errors = {r["checkpoint"].rsplit("/", 1)[-1]: r["error"] for r in records if "error" in r}
-    assert set(errors) == {"random.ckpt", "truncated.ckpt"} and all(errors.values())
+def test_lightning_hooks_and_hparams_forms_as_lightning_does(run, tmp_path):
+    info = inspect_checkpoint(run[0][0])
+    assert ModelLoader(Hooked).load(info).loaded_step == 2  # on_load_checkpoint is called, as Lightning calls it
+    module = ConfigModule({"d": 3})
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams), "hparams_name": "config",
+                "pytorch-lightning_version": pl.__version__, "global_step": 5}, tmp_path / "cfg.ckpt")
+    info = inspect_checkpoint(tmp_path / "cfg.ckpt")
+    built = ModelLoader(ConfigModule).load(info)
+    assert _same_weights(built, ConfigModule.load_from_checkpoint(tmp_path / "cfg.ckpt"))
+    assert ModelLoader(ConfigModule).twin(info).lin.in_features == 3
 
 
-def test_incompatible_checkpoint_is_skipped(run, tmp_path, capsys):
-    _, ckpts, _ = run
-    ckpt = torch.load(ckpts / "epoch=0-step=6.ckpt", weights_only=True)
-    ckpt["state_dict"]["model.ln_f.alpha"] = torch.ones(3)  # wrong shape: load_state_dict refuses it
-    torch.save(ckpt, tmp_path / "bad-shape.ckpt")
-    shutil.copy(ckpts / "epoch=0-step=9.ckpt", tmp_path / "good.ckpt")
-    code, _, err = _replay(capsys, tmp_path / "bad-shape.ckpt", tmp_path / "good.ckpt", "--model", MODEL,
-                           "--data", run[0] / "calib.pt", "--logdir", tmp_path / "tb", "--json", tmp_path / "r.json")
-    assert code == 1 and "bad-shape.ckpt" in err and "size mismatch" in err
-    records = json.loads((tmp_path / "r.json").read_text())
-    assert [("error" in r, r["global_step"]) for r in records] == [(True, 6), (False, 9)]
-
-
-def test_json_and_markdown_report_with_plots(tmp_path, capsys):
-    # a LayerNorm model: alignment, null space and the init-gap twin, beside the DyT run's saturation plot
-    ckpts = _train(tmp_path, norm="layernorm", steps=4, every=2)
-    torch.save(_calibration(), tmp_path / "calib.pt")
-    code, out, err = _replay(capsys, ckpts, "--model", MODEL, "--data", tmp_path / "calib.pt", "--logdir", tmp_path / "tb",
-                             "--json", tmp_path / "out" / "r.jsonl", "--report", tmp_path / "out" / "report.md")
-    assert code == 0, err
-    lines = (tmp_path / "out" / "r.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
-    assert [r["global_step"] for r in records] == [2, 4]
+def test_replay_reads_each_file_once_and_steps_each_verdict(run, monkeypatch):
+    paths, batches = run
+    calls = []
+    real = torch.load
+    monkeypatch.setattr(torch, "load", lambda f, *a, **kw: calls.append(str(f)) or real(f, *a, **kw))
+    infos = order_checkpoints([inspect_checkpoint(p) for p in find_checkpoints([paths[0].parent])])
+    records = list(replay(infos, ModelLoader(LitLM), batches, probe_kwargs=dict(forward_fn=feed_first, level=0.5)))
+    assert sorted(calls) == sorted(map(str, paths))  # one torch.load per file, inspection included
+    assert all(i.checkpoint is None for i in infos)  # the loop released what it read
+    assert [r.global_step for r in records] == [2, 4] and all(isinstance(r, ReplayRecord) for r in records)
     for r in records:
-        assert {"checkpoint", "global_step", "verdict", "layers", "sigma_min", "norm_type", "init_gap"} <= set(r)
-        assert r["verdict"] is None and r["norm_type"] == "layernorm-like"
-        assert all(v["kind"] == "layernorm" and v["alignment"] > 0.999 and v["null_dim"] == 1 for v in r["layers"].values())
-        assert set(r["init_gap"]) == set(r["layers"])
-        assert r["sigma_min"]["blocks"][0] == "embedding" and len(r["sigma_min"]["ratios"]) == 3
-    md = (tmp_path / "out" / "report.md").read_text()
-    assert md.startswith("# satmon replay report") and "| step" in md and "layernorm-like" in md
-    for png in ("report_sigma_min.png", "report_alignment.png"):
-        assert f"]({png})" in md
-        data = (tmp_path / "out" / png).read_bytes()
-        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1024
-    assert "no DyT layer" in md  # the saturation plot is left out, and the report says why
+        v = r.verdict
+        assert v.step == r.global_step and v.source == "replay" and v.window == 0 and v.reason.startswith("replay (")
+        assert r.to_dict()["verdict"] == v.to_dict() and r.error is None and r.weights_only and not r.nonfinite
 
 
-def test_dyt_report_has_saturation_plot_and_verdict_card(run, tmp_path, capsys):
-    root, ckpts, _ = run
-    code, _, err = _replay(capsys, ckpts, "--model", MODEL, "--data", root / "calib.pt", "--level", LEVEL,
-                           "--logdir", tmp_path, "--report", tmp_path / "r.md", "--quiet")
-    assert code == 0, err
-    md = (tmp_path / "r.md").read_text()
-    data = (tmp_path / "r_saturation.png").read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1024
-    assert "](r_saturation.png)" in md and "](r_sigma_min.png)" in md and "### satmon verdict" in md
+def test_record_dict_keys_are_the_json_of_satmon_0_1(run):
+    paths, batches = run
+    good, bad = list(replay([inspect_checkpoint(paths[0]), inspect_checkpoint(paths[0].parent / "nope.pt")],
+                            ModelLoader(LitLM), batches, probe_kwargs=dict(forward_fn=feed_first)))
+    report_keys = list(good.report.to_dict())
+    assert list(good.to_dict()) == ["checkpoint", "global_step", *report_keys, "seconds", "weights_only", "nonfinite_weights"]
+    assert list(bad.to_dict()) == ["checkpoint", "global_step", "error"] and bad.report is None
+    with pytest.warns(DeprecationWarning, match="to_dict"):
+        assert good["global_step"] == 2
 
 
-def test_weights_only_fallback_is_reported_and_can_be_refused(run, tmp_path, capsys):
-    root, ckpts, _ = run
-    ckpt = torch.load(ckpts / "epoch=0-step=6.ckpt", weights_only=True)
-    ckpt["user_extra"] = fractions.Fraction(1, 3)  # not on torch's weights_only allow-list
-    torch.save(ckpt, tmp_path / "pickled.ckpt")
-    args = [tmp_path / "pickled.ckpt", "--model", MODEL, "--data", root / "calib.pt", "--logdir", tmp_path / "tb",
-            "--json", tmp_path / "r.json"]
-    code, _, err = _replay(capsys, *args)
-    assert code == 0, err
-    assert "weights_only=False" in err and "pickled.ckpt" in err
-    (rec,) = json.loads((tmp_path / "r.json").read_text())
-    assert rec["weights_only"] is False and any("weights_only=False" in n for n in rec["notes"])
-    code, _, err = _replay(capsys, *args, "--weights-only")
-    assert code == 1 and "pickled.ckpt" in err and "weights_only=True) refused" in err
+def test_nonfinite_weights_are_counted_and_make_the_record_nonfinite(run, tmp_path):
+    paths, batches = run
+    ckpt = torch.load(paths[1], weights_only=True)
+    w = ckpt["state_dict"]["model.blocks.1.mlp.c_fc.weight"].clone()
+    w[0, :5] = float("nan")
+    w[1, 0] = float("inf")
+    ckpt["state_dict"]["model.blocks.1.mlp.c_fc.weight"] = w
+    torch.save(ckpt, tmp_path / "nan.ckpt")
+    (record,) = replay([inspect_checkpoint(tmp_path / "nan.ckpt")], ModelLoader(LitLM), batches,
+                       probe_kwargs=dict(forward_fn=feed_first))
+    assert record.nonfinite_weights == 6 and record.nonfinite
+    assert any("model.blocks.1.mlp.c_fc.weight (6)" in n for n in record.notes)
+    assert record.verdict.decision == "non-finite" and record.verdict.nonfinite > 0  # the NaN reaches the next DyT
+    assert summary_row(record)["nonfinite"] == f"6 weights, {record.verdict.nonfinite} DyT inputs"
 
 
-def test_plain_state_dict_with_factory(run, tmp_path, capsys, monkeypatch):
-    root, ckpts, _ = run
-    ckpt = torch.load(ckpts / "epoch=0-step=9.ckpt", weights_only=True)
-    sd = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()}
-    torch.save({"model": sd, "iter_num": 9}, tmp_path / "weights.pt")
-    (tmp_path / "mymodels.py").write_text(
-        "from satmon.demos.gpt import GPT, GPTConfig\n"
-        "def build():\n    return GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16))\n")
-    monkeypatch.chdir(tmp_path)
-    code, _, err = _replay(capsys, "weights.pt", "--factory", "mymodels:build", "--data", root / "calib.pt",
-                           "--level", LEVEL, "--logdir", "tb", "--json", "r.json")
-    assert code == 0, err
-    (rec,) = json.loads((tmp_path / "r.json").read_text())
-    want = _reference(ckpts / "epoch=0-step=9.ckpt", torch.load(root / "calib.pt"))
-    assert rec["global_step"] == 9
-    assert rec["layers"]["ln_f"]["saturation"] == pytest.approx(want["model.ln_f"][0] / want["model.ln_f"][1], abs=1e-12)
+def test_nonfinite_parameters_skips_buffers():
+    m = torch.nn.Linear(3, 2)
+    m.register_buffer("mask", torch.full((2,), float("-inf")))  # attention masks hold -inf on purpose
+    assert nonfinite_parameters(m) == {}
+    with torch.no_grad():
+        m.weight[0, 1] = float("nan")
+    assert nonfinite_parameters(m) == {"weight": 1}
 
 
-def test_safetensors_with_factory_and_data_file_beside_it(run, tmp_path, capsys, monkeypatch):
-    safetensors = pytest.importorskip("safetensors.torch")
-    root, ckpts, _ = run
-    ckpt = torch.load(ckpts / "epoch=0-step=6.ckpt", weights_only=True)
-    safetensors.save_file({k.removeprefix("model."): v.contiguous() for k, v in ckpt["state_dict"].items()
-                           if k != "model.lm_head.weight"}, str(tmp_path / "w.safetensors"))
-    shutil.copy(root / "calib.pt", tmp_path / "calib.pt")  # in the replayed folder: must not be taken for a checkpoint
-    (tmp_path / "mymodels2.py").write_text(
-        "from satmon.demos.gpt import GPT, GPTConfig\n"
-        "def build():\n    return GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16))\n")
-    monkeypatch.chdir(tmp_path)
-    code, _, err = _replay(capsys, ".", "--factory", "mymodels2:build", "--data", "calib.pt", "--logdir", "tb", "--json", "r.json")
-    assert code == 0, err
-    (rec,) = json.loads((tmp_path / "r.json").read_text())
-    assert rec["checkpoint"].endswith("w.safetensors") and rec["global_step"] == 0  # no step in the file: its position
-    assert any("no global step" in n for n in rec["notes"])
+def test_unbuildable_and_failed_files_become_error_records(run, tmp_path):
+    paths, batches = run
+    torch.save({"w": torch.zeros(1)}, tmp_path / "plain.pt")
+    records = list(replay([inspect_checkpoint(tmp_path / "plain.pt")], ModelLoader(LitLM), batches))
+    assert records[0].error.startswith("a plain state_dict file needs --factory")
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--model", "satmon.demos.lit"], "MODULE:NAME"),
-        (["--model", "no_such_module_xyz:Net"], "cannot import module 'no_such_module_xyz'"),
-        (["--model", "satmon.demos.lit:NoSuchClass"], "has no attribute 'NoSuchClass'"),
-        (["--model", "satmon.demos.lit:build_model"], "expected a LightningModule class"),
-        (["--model", MODEL, "--data", "missing.pt"], "--data 'missing.pt': no such file"),
-        (["--model", MODEL, "--no-data"], "No calibration data: pass --data FILE"),
-        (["--model", MODEL, "--datamodule", "satmon.demos.corpus:Nope"], "has no attribute 'Nope'"),
-    ],
-)
-def test_usage_errors_exit_2_with_one_clear_message(run, tmp_path, capsys, args, message):
-    root, ckpts, _ = run
-    if "--no-data" in args:
-        args = [a for a in args if a != "--no-data"]
-    elif "--data" not in args and "--datamodule" not in args:
-        args = args + ["--data", str(root / "calib.pt")]
-    code, _, err = _replay(capsys, ckpts, *args, "--logdir", tmp_path)
-    assert code == 2
-    assert message in err and len(err.strip().splitlines()) == 1
+def test_old_names_still_import_with_a_warning():
+    import satmon.replay as rp
+    from satmon.checkpoints import find_checkpoints as moved
 
-
-def test_missing_path_and_empty_dir_exit_2(tmp_path, capsys):
-    code, _, err = _replay(capsys, tmp_path / "nope", "--model", MODEL, "--data", "x.pt")
-    assert code == 2 and "No such checkpoint" in err
-    code, _, err = _replay(capsys, tmp_path, "--model", MODEL, "--data", "x.pt")
-    assert code == 2 and "No checkpoint" in err
-
-
-def test_input_rule():
-    x = torch.zeros(2, 8, dtype=torch.long)
-    assert input_forward_fn([(x, x)]) is feed_first  # (inputs, integer targets of the same shape)
-    assert input_forward_fn([(x, torch.zeros(2, 8))]) is None  # a float second tensor is an input
-    assert input_forward_fn([(x, x[:, :4])]) is None
-    assert input_forward_fn([x]) is None
-    fn = input_forward_fn([{"input_ids": x, "labels": x}], input_key="input_ids")
-    assert fn(lambda t: t.shape, {"input_ids": x, "labels": x}) == (2, 8)
-
-
-def test_order_by_step_and_last_ckpt_dropped(tmp_path):
-    infos = [CheckpointInfo(tmp_path / n, "lightning", s) for n, s in
-             [("last.ckpt", 20), ("b.ckpt", 20), ("a.ckpt", 10), ("nostep.pt", None), ("last-v1.ckpt", 30)]]
-    infos.append(CheckpointInfo(tmp_path / "broken.ckpt", error="x"))
-    assert [i.path.name for i in order_checkpoints(infos)] == ["a.ckpt", "b.ckpt", "last-v1.ckpt", "nostep.pt"]
+    with pytest.warns(DeprecationWarning, match="satmon.checkpoints.find_checkpoints"):
+        assert rp.find_checkpoints is moved
+    with pytest.warns(DeprecationWarning, match="satmon.writers.tensorboard_replay"):
+        from satmon.replay import TensorBoardReplay  # noqa: F401
+    with pytest.raises(AttributeError):
+        rp.no_such_name  # noqa: B018

@@ -2,48 +2,70 @@
 that lines up with live runs (same tags, stepped by each checkpoint's global step), plus optional
 JSON records and a markdown report with plots.
 
-The logic lives in :mod:`satmon.replay`; the readings come from :func:`satmon.probe`, the live
-callback's own code. Exit codes: 0 all replayed, 1 some checkpoint was skipped (named on stderr
-and in the JSON), 2 the command cannot run as given (the message says what to pass).
+Every argument is checked before any checkpoint is read. Security (checkpoints read with
+weights_only=True unless --trust-checkpoints; --model/--factory/--datamodule run user code) and the
+exit codes (0 ok, 1 skipped, 2 usage, 3 non-finite) are in :data:`EPILOG` and docs/replay.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main"]
+__all__ = ["EXIT_OK", "EXIT_SKIPPED", "EXIT_USAGE", "EXIT_NONFINITE", "main"]
+
+EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, EXIT_NONFINITE = 0, 1, 2, 3
 
 EPILOG = """\
 examples:
   satmon replay lightning_logs/version_0/checkpoints --model satmon.demos.lit:LitLM \\
       --datamodule satmon.demos.corpus:CorpusDataModule --logdir satmon_logs --report replay.md
   satmon replay ckpts/ --model mypkg.model:MyLit --data calib.pt --batches 8 --json replay.json
-  satmon replay weights/*.safetensors --factory mypkg.model:build --data calib.pt
+  satmon replay weights/*.safetensors --factory ./build_model.py:build --data calib.pt
+
+user code: --model, --factory and --datamodule IMPORT AND RUN the code they name: MODULE:ATTR is
+imported from sys.path (an installed package, or PYTHONPATH; the working directory is not searched),
+path/to/file.py:ATTR runs that file. Name only code you trust.
+
+checkpoints: read with torch.load(weights_only=True): no code stored in a file runs. A file that
+needs more (custom classes in its pickle) is skipped, named with the type torch refused.
+--trust-checkpoints loads such files with weights_only=False, which RUNS CODE STORED IN THEM: only
+for files you made or trust.
 
 batches: a tuple/list (x, y) whose y is an integer tensor of x's shape is read as (inputs, targets)
 and only x is fed; otherwise a tensor is fed as model(t), a tuple as model(*b), a dict as model(**b).
 --input-key K feeds batch[K] only (an index for tuples, a key for dicts).
+
+exit codes: 0 all replayed, 1 a checkpoint was skipped, 2 usage error (nothing read),
+3 non-finite values (NaN/inf weights or DyT inputs) in a replayed checkpoint.
 """
+
+_USER_CODE = "imports and runs that code; MODULE:ATTR from sys.path (not the working directory) or path/to/file.py:ATTR"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="satmon replay", description=__doc__, epilog=EPILOG,
+    p = argparse.ArgumentParser(prog="satmon replay", description=__doc__.split("\n\n")[0], epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", metavar="CHECKPOINT_OR_DIR",
                    help="checkpoint files, or directories (searched recursively for .ckpt/.pt/.pth/.safetensors)")
-    p.add_argument("--model", metavar="MODULE:CLASS", help="the LightningModule class; .ckpt files are rebuilt with "
-                   "CLASS.load_from_checkpoint and the random-init twin with CLASS(**hyper_parameters)")
+    p.add_argument("--model", metavar="MODULE:CLASS", help="the LightningModule class: .ckpt files are rebuilt from "
+                   f"their hyper-parameters and weights, the random-init twin with CLASS(**hyper_parameters) ({_USER_CODE})")
     p.add_argument("--factory", metavar="MODULE:FUNCTION", help="a function returning the nn.Module, for plain state_dict "
-                   "files (.pt/.pth/.safetensors)")
+                   f"files (.pt/.pth/.safetensors) ({_USER_CODE})")
     data = p.add_mutually_exclusive_group()
-    data.add_argument("--data", metavar="FILE", help="calibration batches: a torch.save'd tensor, list of batches or dict of tensors")
+    data.add_argument("--data", metavar="FILE", help="calibration batches: a torch.save'd tensor, list of batches or dict "
+                      "of tensors (read with weights_only=True)")
     data.add_argument("--datamodule", metavar="MODULE:CLASS", help="a LightningDataModule: its train_dataloader, built "
-                      "with the datamodule hyper-parameters stored in the checkpoint when present")
+                      f"with the datamodule hyper-parameters stored in the checkpoint when present ({_USER_CODE})")
+    p.add_argument("--trust-checkpoints", action="store_true", help="load checkpoints with torch.load(weights_only=False): "
+                   "RUNS CODE STORED IN THE FILES; only for checkpoints you trust (default: weights_only=True, and "
+                   "files that need more are skipped with the reason)")
+    p.add_argument("--weights-only", action="store_true", help=argparse.SUPPRESS)  # 0.1's opt-in; now the default
     p.add_argument("--batches", type=int, default=4, help="calibration batches, the same for every checkpoint (default 4)")
     p.add_argument("--batch-size", type=int, default=None, help="split a --data tensor/dict into batches of this many rows")
     p.add_argument("--input-key", default=None, help="feed only batch[KEY] to the model (index or dict key)")
@@ -58,34 +80,98 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--level", type=float, default=2.0, help="saturation level: |alpha x| > LEVEL (default 2.0)")
     p.add_argument("--collapse-threshold", type=float, default=0.5, help="collapse-risk level for gated models (default 0.5)")
     p.add_argument("--no-twin", action="store_true", help="skip the random-init twin (no init-to-trained readout; faster)")
-    p.add_argument("--weights-only", action="store_true", help="never fall back to torch.load(weights_only=False): "
-                   "checkpoints that need it are skipped")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's own choice); "
                    "1 is often fastest for small models on a busy machine")
     p.add_argument("--quiet", action="store_true", help="no progress output (the summary is still printed)")
     return p
 
 
-def _device(choice: str):
+# ------------------------------------------------------------------------------------ validation
+def _writable(option: str, value: str, folder: bool) -> None:
+    """Raise a usage error unless ``value`` (a folder, or a file) can be created or replaced."""
+    from satmon.user_code import ReplayUsageError
+
+    path = Path(value)
+    if path.exists() and path.is_dir() != folder:
+        raise ReplayUsageError(f"{option} {value!r}: expected a {'folder' if folder else 'file'}, got a "
+                               f"{'folder' if path.is_dir() else 'file'}. Pass a {'folder' if folder else 'file'} path.")
+    parent = path if folder and path.exists() else path.parent  # files are replaced atomically: their folder is written
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ReplayUsageError(f"{option} {value!r}: cannot write there: {str(parent)!r} is a file, not a folder. "
+                               "Pass a path in a writable folder.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ReplayUsageError(f"{option} {value!r}: cannot write there: no write permission on {str(parent)!r}. "
+                               "Pass a path in a writable folder.")
+
+
+def _validate(args: argparse.Namespace) -> Any:
+    """Check every argument before any file is read; returns the torch device."""
+    from satmon.user_code import ReplayUsageError
+
+    for option, value in (("--batches", args.batches), ("--batch-size", args.batch_size), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            raise ReplayUsageError(f"Expected {option} >= 1, got {value}.")
+    if args.data is None and args.datamodule is None:
+        raise ReplayUsageError("No calibration data: pass --data FILE (a torch.save'd tensor, list of batches or dict "
+                               "of tensors) or --datamodule MODULE:CLASS (e.g. satmon.demos.corpus:CorpusDataModule).")
+    if args.model is None and args.factory is None:
+        raise ReplayUsageError("Pass --model MODULE:CLASS (a LightningModule, for .ckpt files) or --factory "
+                               "MODULE:FUNCTION (returns the nn.Module, for plain state_dict files).")
+    if args.data is not None and not Path(args.data).is_file():
+        raise ReplayUsageError(f"--data {args.data!r}: no such file. Pass --data FILE (a torch.save'd tensor, list of "
+                               "batches or dict of tensors) or --datamodule MODULE:CLASS.")
+    _writable("--logdir", args.logdir, folder=True)
+    for option, value in (("--json", args.json), ("--report", args.report)):
+        if value is not None:
+            _writable(option, value, folder=False)
+    if args.report:
+        from satmon.writers.markdown import require_matplotlib
+
+        try:
+            require_matplotlib()
+        except ImportError as e:
+            raise ReplayUsageError(f"--report: {e}") from e
     import torch
 
-    from satmon.replay import ReplayUsageError
-
-    if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if choice == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         raise ReplayUsageError("--device cuda: no CUDA device is available here; pass --device cpu (or auto).")
-    return torch.device(choice)
+    return torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                        "cpu" if args.device == "auto" else args.device)
 
 
-def _progress(records_total: int, quiet: bool):
-    """``(update(record), close())``: a tqdm bar on a terminal, one plain line a checkpoint otherwise."""
+def _user_objects(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """``(model_cls, factory, datamodule_cls)`` imported from what the user named, each checked."""
+    from lightning.pytorch import LightningModule
+
+    from satmon.user_code import ReplayUsageError, import_object
+
+    model_cls = import_object(args.model, "--model", "satmon.demos.lit:LitLM") if args.model else None
+    if model_cls is not None and not (isinstance(model_cls, type) and issubclass(model_cls, LightningModule)):
+        raise ReplayUsageError(f"--model {args.model}: expected a LightningModule class, got {model_cls!r}. For a "
+                               "plain nn.Module pass --factory MODULE:FUNCTION returning it.")
+    factory = import_object(args.factory, "--factory", "mypkg.model:build") if args.factory else None
+    if factory is not None and not callable(factory):
+        raise ReplayUsageError(f"--factory {args.factory}: expected a callable returning an nn.Module, got {factory!r}.")
+    dm_cls = None
+    if args.datamodule:
+        dm_cls = import_object(args.datamodule, "--datamodule", "satmon.demos.corpus:CorpusDataModule")
+        if not (isinstance(dm_cls, type) and hasattr(dm_cls, "train_dataloader")):
+            raise ReplayUsageError(f"--datamodule {args.datamodule}: expected a LightningDataModule class with "
+                                   f"train_dataloader(), got {dm_cls!r}.")
+    return model_cls, factory, dm_cls
+
+
+# ------------------------------------------------------------------------------------ output
+def _progress(total: int, quiet: bool):
+    """``(update(row), close())``: a tqdm bar on a terminal, one plain line a checkpoint otherwise."""
     if quiet:
         return (lambda row: None), (lambda: None)
     if sys.stdout.isatty():
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=records_total, unit="ckpt", desc="satmon replay", dynamic_ncols=True)
+        bar = tqdm(total=total, unit="ckpt", desc="satmon replay", dynamic_ncols=True)
 
         def update(row: dict[str, Any]) -> None:
             bar.set_postfix_str(f"step {row['step']} " + ("FAILED" if row["error"] else f"sat {row['saturation'] or 0:.3f}"))
@@ -98,124 +184,158 @@ def _progress(records_total: int, quiet: bool):
         done[0] += 1
         what = f"skipped: {row['error']}" if row["error"] else (
             f"saturation {row['saturation']:.4f} {row['decision']}" if row["saturation"] is not None else f"norm type {row['norm_type']}")
+        what += f" [non-finite: {row['nonfinite']}]" if row["nonfinite"] else ""
         secs = f" ({row['seconds']:.1f} s)" if row["seconds"] is not None else ""
         step = "" if row["step"] is None else f" step {row['step']}"
-        print(f"[{done[0]}/{records_total}]{step} {row['name']}: {what}{secs}", flush=True)
+        print(f"[{done[0]}/{total}]{step} {row['name']}: {what}{secs}", flush=True)
 
     return line, (lambda: None)
 
 
+def _summary(rows: list[dict[str, Any]], records: list[Any]) -> None:
+    from satmon.writers.markdown import table
+
+    print()
+    print(table(["step", "checkpoint", "saturation", "verdict", "non-finite", "norm type", "min sigma ratio",
+                 "min alignment", "s"],
+                [[r["step"], r["name"], r["saturation"], r["decision"], r["nonfinite"], r["norm_type"], r["min_ratio"],
+                  r["min_alignment"], None if r["seconds"] is None else f"{r['seconds']:.2f}"] for r in rows if r["error"] is None]))
+    last = next((r for r in reversed(records) if r.verdict is not None), None)
+    if last is not None:
+        v = last.verdict
+        print(f"\nLast checkpoint (step {last.global_step}): {v.decision.upper()}  pooled saturation "
+              f"{v.saturation:.4f} {'>=' if v.saturation >= v.threshold else '<'} threshold {v.threshold:g} "
+              f"(margin {v.margin:+.4f})")
+
+
+def _nonfinite_lines(rows: list[dict[str, Any]]) -> list[str]:
+    bad = [r for r in rows if r["nonfinite"]]
+    if not bad:
+        return []
+    return [f"Non-finite values (NaN/inf) in {len(bad)} replayed checkpoint(s): "
+            + "; ".join(f"step {r['step']} {r['name']}: {r['nonfinite']}" for r in bad)
+            + ". The run diverged there: the saturation rule does not apply (exit code 3)."]
+
+
+def _calibration(args: argparse.Namespace, ordered: list[Any], dm_cls: Any, batches: list[Any] | None) -> tuple[list[Any], str]:
+    """The calibration batches (the --data file's, or the datamodule's built with the checkpoint's
+    hyper-parameters), and where they came from in words."""
+    from satmon.calibration_data import datamodule_batches
+
+    if batches is not None:
+        return batches, f"{len(batches)} batch(es) from {args.data}"
+    hp = next((i.datamodule_hparams for i in ordered if i.datamodule_hparams), {})
+    batches = datamodule_batches(dm_cls, hp, args.batches)
+    return batches, f"{len(batches)} batch(es) of {dm_cls.__name__}.train_dataloader()" + (
+        f" with the checkpoint's hyper-parameters {hp}" if hp else " with its default arguments")
+
+
+def _loop(args: argparse.Namespace, infos: list[Any], loader: Any, batches: list[Any], probe_kwargs: dict[str, Any]):
+    """Replay every checkpoint, with progress, stderr notes, TensorBoard and the JSON file after each one."""
+    from satmon.replay import replay, summary_row
+    from satmon.writers.json_records import to_json, write_records
+    from satmon.writers.tensorboard_replay import TensorBoardReplay
+
+    tb = TensorBoardReplay(args.logdir, name=args.name)
+    records, dicts = [], []
+    update, close = _progress(len(infos), args.quiet)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*LeafSpec.*")
+        for record in replay(infos, loader, batches, probe_kwargs=probe_kwargs, twin=not args.no_twin, on_record=tb):
+            records.append(record)
+            dicts.append(to_json(record.to_dict()))  # NaN/inf -> None, as written to --json
+            for note in record.notes:
+                print(f"satmon replay: note: {record.checkpoint}: {note}", file=sys.stderr)
+            if record.error:
+                print(f"satmon replay: skipped {record.checkpoint}: {record.error}", file=sys.stderr)
+            update(summary_row(dicts[-1]))
+            if args.json:  # rewritten after each checkpoint: an interrupted replay keeps its records
+                write_records(args.json, dicts)
+    close()
+    tb.close()
+    return records, dicts, tb.log_dir
+
+
 def run(args: argparse.Namespace) -> int:
-    from satmon import replay as rp
-    from satmon.writers.markdown import require_matplotlib, table, write_report
-
-    if args.batches < 1:
-        raise rp.ReplayUsageError(f"Expected --batches >= 1, got {args.batches}.")
-    if args.data is None and args.datamodule is None:
-        raise rp.ReplayUsageError("No calibration data: pass --data FILE (a torch.save'd tensor, list of batches or dict "
-                                  "of tensors) or --datamodule MODULE:CLASS (e.g. satmon.demos.corpus:CorpusDataModule).")
-    model_cls = rp.import_object(args.model, "--model", "satmon.demos.lit:LitLM") if args.model else None
-    if model_cls is not None and not (isinstance(model_cls, type) and hasattr(model_cls, "load_from_checkpoint")):
-        raise rp.ReplayUsageError(f"--model {args.model}: expected a LightningModule class, got {model_cls!r}. For a "
-                                  "plain nn.Module pass --factory MODULE:FUNCTION returning it.")
-    factory = rp.import_object(args.factory, "--factory", "mypkg.model:build") if args.factory else None
-    if factory is not None and not callable(factory):
-        raise rp.ReplayUsageError(f"--factory {args.factory}: expected a callable returning an nn.Module, got {factory!r}.")
-    if args.report:
-        try:
-            require_matplotlib()
-        except ImportError as e:
-            raise rp.ReplayUsageError(f"--report: {e}") from e
-    device = _device(args.device)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise rp.ReplayUsageError(f"Expected --threads >= 1, got {args.threads}.")
-        import torch
-
-        torch.set_num_threads(args.threads)
-    loader = rp.ModelLoader(model_cls, factory, device=device)
-
-    infos = [rp.inspect_checkpoint(f, allow_unsafe=not args.weights_only) for f in rp.find_checkpoints(args.paths, exclude=[args.data] if args.data else [])]
-    ordered = rp.order_checkpoints(infos)
-    failed = [i for i in infos if i.error is not None]
-    unbuildable = [loader.check(i) for i in ordered]
-    if ordered and all(unbuildable):
-        raise rp.ReplayUsageError(f"Cannot build any checkpoint: {unbuildable[0]}.")
-
-    if args.data is not None:
-        batches = rp.load_data_file(args.data, args.batches, args.batch_size)
-        data_text = f"{len(batches)} batch(es) from {args.data}"
-    else:
-        dm_cls = rp.import_object(args.datamodule, "--datamodule", "satmon.demos.corpus:CorpusDataModule")
-        hp = next((i.datamodule_hparams for i in ordered if i.datamodule_hparams), {})
-        batches = rp.datamodule_batches(dm_cls, hp, args.batches)
-        data_text = f"{len(batches)} batch(es) of {dm_cls.__name__}.train_dataloader()" + (
-            f" with the checkpoint's hyper-parameters {hp}" if hp else " with its default arguments")
+    """Validate everything the user passed, then read the checkpoints, replay them and report; the exit code."""
     import torch
 
+    from satmon import checkpoints as ck
+    from satmon.calibration_data import input_forward_fn, load_data_file
+    from satmon.replay import ModelLoader, summary_row
+    from satmon.user_code import ReplayUsageError
+
+    device = _validate(args)
+    model_cls, factory, dm_cls = _user_objects(args)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.weights_only:
+        print("satmon replay: note: --weights-only is the default since satmon 0.2 (the flag is ignored).", file=sys.stderr)
+    if args.trust_checkpoints:
+        print("satmon replay: --trust-checkpoints: checkpoints are read with torch.load(weights_only=False), which runs "
+              "code stored in them.", file=sys.stderr)
+    files = ck.find_checkpoints(args.paths, exclude=[args.data] if args.data else [])  # lists, opens nothing
+    batches = load_data_file(args.data, args.batches, args.batch_size) if args.data is not None else None
+    # the first checkpoint read: everything the user passed has been checked above
+    infos = [ck.inspect_checkpoint(f, trust=args.trust_checkpoints) for f in files]
+    ordered = ck.order_checkpoints(infos)
+    loader = ModelLoader(model_cls, factory, device=device)
+    unbuildable = [loader.check(i) for i in ordered]
+    if ordered and all(unbuildable):
+        raise ReplayUsageError(f"Cannot build any checkpoint: {unbuildable[0]}.")
+    batches, data_text = _calibration(args, ordered, dm_cls, batches)
     probe_kwargs = dict(
-        forward_fn=rp.input_forward_fn(batches, args.input_key), device=device, threshold=args.threshold,
+        forward_fn=input_forward_fn(batches, args.input_key), device=device, threshold=args.threshold,
         level=args.level, collapse_threshold=args.collapse_threshold,
         autocast_dtype=torch.bfloat16 if args.dtype == "bfloat16" else None,
     )
-
-    tb = rp.TensorBoardReplay(args.logdir, name=args.name)
-    records: list[dict[str, Any]] = []
-    update, close = _progress(len(ordered) + len(failed), args.quiet)
     t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", ".*LeafSpec.*")
-        for record in rp.replay(ordered + failed, loader, batches, probe_kwargs=probe_kwargs, twin=not args.no_twin, on_record=tb):
-            records.append(record)
-            row = rp.summary_row(record)
-            for note in record.get("notes", []):
-                print(f"satmon replay: note: {record['checkpoint']}: {note}", file=sys.stderr)
-            if row["error"]:
-                print(f"satmon replay: skipped {record['checkpoint']}: {row['error']}", file=sys.stderr)
-            update(row)
-            if args.json:
-                from satmon.writers.json_records import write_records
-
-                write_records(args.json, records)  # rewritten after each checkpoint: an interrupted replay keeps its records
-    close()
-    tb.close()
+    records, dicts, log_dir = _loop(args, ordered + [i for i in infos if i.error is not None], loader, batches, probe_kwargs)
     took = time.perf_counter() - t0
 
-    rows = [rp.summary_row(r) for r in records]
+    rows = [summary_row(d) for d in dicts]
     ok = [r for r in rows if r["error"] is None]
-    print()
-    print(table(["step", "checkpoint", "saturation", "verdict", "norm type", "min sigma ratio", "min alignment", "s"],
-                [[r["step"], r["name"], r["saturation"], r["decision"], r["norm_type"], r["min_ratio"], r["min_alignment"],
-                  None if r["seconds"] is None else f"{r['seconds']:.2f}"] for r in rows if r["error"] is None]))
-    last = next((r for r in reversed(records) if r.get("verdict")), None)
-    if last is not None:
-        v = last["verdict"]
-        print(f"\nLast checkpoint (step {last['global_step']}): {rp.summary_row(last)['decision']}  pooled saturation "
-              f"{v['saturation']:.4f} {'>=' if v['saturation'] >= v['threshold'] else '<'} threshold {v['threshold']:g} "
-              f"(margin {v['margin']:+.4f})")
+    _summary(rows, records)
+    nonfinite = _nonfinite_lines(rows)
     print(f"\nReplayed {len(ok)} of {len(rows)} checkpoint(s) in {took:.1f} s on {device.type} ({args.dtype}); calibration: {data_text}.")
-    print(f"TensorBoard run: {Path(tb.log_dir).resolve()}   (satmon report {Path(tb.log_dir).resolve()})")
+    print(f"TensorBoard run: {Path(log_dir).resolve()}   (satmon report {Path(log_dir).resolve()})")
     if args.json:
         print(f"JSON records:    {Path(args.json).resolve()}")
     if args.report:
-        intro = [
-            f"Model `{args.model or args.factory}`; {len(ok)} of {len(rows)} checkpoint(s) replayed on {device.type} "
-            f"({args.dtype} forward, float64 statistics); calibration: {data_text}.",
-            f"GO threshold {args.threshold:g} on pooled saturation (|alpha x| > {args.level:g}); TensorBoard run "
-            f"`{Path(tb.log_dir).resolve()}`.",
-        ]
-        card = None
-        if last is not None:
-            from satmon.verdict import Verdict
+        _report(args, records, dicts, rows, device, data_text, log_dir, nonfinite)
+    return _exit_code(rows, records, infos, nonfinite)
 
-            card = Verdict.from_dict(last["verdict"]).card()
-        written = write_report(args.report, records, rows, threshold=args.threshold, intro=intro, last_card=card)
-        print(f"Report:          {written[0].resolve()} (+ {len(written) - 1} PNG)")
-    if len(ok) < len(rows):
-        print(f"satmon replay: {len(rows) - len(ok)} checkpoint(s) skipped: "
-              + ", ".join(r["name"] for r in rows if r["error"]), file=sys.stderr)
-        return 1
-    return 0
+
+def _report(args, records, dicts, rows, device, data_text: str, log_dir: str, nonfinite: list[str]) -> None:
+    from satmon.writers.markdown import write_report
+
+    ok = [r for r in rows if r["error"] is None]
+    intro = [
+        f"Model `{args.model or args.factory}`; {len(ok)} of {len(rows)} checkpoint(s) replayed on {device.type} "
+        f"({args.dtype} forward, float64 statistics); calibration: {data_text}.",
+        f"GO threshold {args.threshold:g} on pooled saturation (|alpha x| > {args.level:g}); TensorBoard run "
+        f"`{Path(log_dir).resolve()}`.",
+    ] + [f"\n**{line}**" for line in nonfinite]
+    last = next((r for r in reversed(records) if r.verdict is not None), None)
+    written = write_report(args.report, dicts, rows, threshold=args.threshold, intro=intro,
+                           last_card=None if last is None else last.verdict.card())
+    print(f"Report:          {written[0].resolve()} (+ {len(written) - 1} PNG)")
+
+
+def _exit_code(rows: list[dict[str, Any]], records: list[Any], infos: list[Any], nonfinite: list[str]) -> int:
+    code = EXIT_OK
+    skipped = [r["name"] for r in rows if r["error"]]
+    if skipped:
+        print(f"satmon replay: {len(skipped)} checkpoint(s) skipped: " + ", ".join(skipped), file=sys.stderr)
+        refused = [i.path.name for i in infos if i.refused]
+        if refused:
+            print(f"satmon replay: {len(refused)} of them refused by torch.load(weights_only=True): {', '.join(refused)}; "
+                  "--trust-checkpoints would load them, and run code stored in them: only for files you trust.",
+                  file=sys.stderr)
+        code = EXIT_SKIPPED
+    for line in nonfinite:
+        print(f"satmon replay: {line}", file=sys.stderr)
+    return EXIT_NONFINITE if any(r.nonfinite for r in records) else code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,10 +343,10 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # argparse already printed the usage line
         return int(e.code or 0)
-    from satmon.replay import ReplayUsageError
+    from satmon.user_code import ReplayUsageError
 
     try:
         return run(args)
     except ReplayUsageError as e:
         print(f"satmon replay: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
