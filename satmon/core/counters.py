@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from satmon.functional.saturation import saturation_fraction
+from satmon.functional.saturation import Product, saturation_fraction
 
 __all__ = ["SaturationCounter"]
 
@@ -25,6 +25,9 @@ class SaturationCounter(Metric):
     Args:
         num_layers: number of monitored layers ``L``.
         level: the saturation level the counts use (kept with the counts: ``|alpha * x| > level``).
+        product: which product the counts compare with ``level`` (kept with the counts too):
+            ``"module"`` the product as the layer's forward rounds it (``torch.result_type(alpha, x)``,
+            the study's measure), ``"exact"`` the real product (:mod:`satmon.functional.saturation`).
 
     Example:
         >>> c = SaturationCounter(num_layers=2)
@@ -41,7 +44,7 @@ class SaturationCounter(Metric):
     total: Tensor
     nonfinite: Tensor
 
-    def __init__(self, num_layers: int, level: float = 2.0, **kwargs) -> None:
+    def __init__(self, num_layers: int, level: float = 2.0, product: Product = "module", **kwargs) -> None:
         if "keep_inputs" in kwargs:
             raise TypeError("SaturationCounter(keep_inputs=...) moved to SaturationHooks(keep_inputs=...) in satmon 0.2: "
                             "the counter holds states only.")
@@ -50,7 +53,10 @@ class SaturationCounter(Metric):
         super().__init__(**kwargs)
         if not isinstance(num_layers, int) or num_layers < 1:
             raise ValueError(f"Expected num_layers to be an int >= 1, got {num_layers!r}.")
+        if product not in ("module", "exact"):
+            raise ValueError(f"Expected product to be 'module' or 'exact', got {product!r}.")
         self.level = float(level)
+        self.product = product
         for name in ("saturated", "total", "nonfinite"):
             self.add_state(name, default=torch.zeros(num_layers, dtype=torch.int64), dist_reduce_fx="sum")
 

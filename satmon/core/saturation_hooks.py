@@ -17,6 +17,7 @@ from satmon.core.counters import SaturationCounter
 from satmon.core.hookset import HookSet
 from satmon.discovery import NormLayer
 from satmon.functional.saturation import (
+    module_product_dtype,
     saturation_counts,
     saturation_sums,
     saturation_threshold,
@@ -57,8 +58,8 @@ class CountQueue:
             before the optimizer step).
     """
 
-    def __init__(self, counter: SaturationCounter, level: float, keep_inputs: bool = False) -> None:
-        self.counter, self.level, self.keep_inputs = counter, float(level), keep_inputs
+    def __init__(self, counter: SaturationCounter, level: float, keep_inputs: bool = False, product: str = "module") -> None:
+        self.counter, self.level, self.keep_inputs, self.product = counter, float(level), keep_inputs, product
         self._pending: list[tuple[int, Tensor, Tensor, int]] = []
         self._kept: list[tuple[int, Tensor, int, Tensor, int]] = []  # (layer, x, x's version, alpha, alpha's version)
         self._kept_layers: set[int] = set()
@@ -82,7 +83,7 @@ class CountQueue:
         self._kept_layers.add(index)
 
     def _count_now(self, index: int, x: Tensor, alpha: Tensor) -> None:
-        abs_sum, sat = saturation_sums(x, self.threshold(index, alpha), self._scratch(x))
+        abs_sum, sat = saturation_sums(x, self.threshold(index, alpha, x.dtype), self._scratch(x))
         self._pending.append((index, abs_sum, sat, x.numel()))
         if len(self._pending) >= _MAX_PENDING:
             self.flush()
@@ -104,33 +105,42 @@ class CountQueue:
                 "(count_kept() must run before the optimizer step); they were skipped, and from now on every input is "
                 "counted in its hook.", RuntimeWarning, stacklevel=2)
 
-    def threshold(self, index: int, alpha: Tensor) -> Tensor | float:
-        """Layer ``index``'s threshold on ``|x|``, recomputed only when ``alpha`` changed.
+    def threshold(self, index: int, alpha: Tensor, dtype: torch.dtype = torch.float32) -> Tensor | float:
+        """Layer ``index``'s threshold on ``|x|`` of ``dtype``, recomputed only when ``alpha`` or ``dtype`` changed.
 
         ``alpha`` changes only in place (optimizer steps, loads), which bumps its version counter, so
         a cache keyed on ``(data_ptr, _version)`` needs no device read. A scalar CPU ``alpha`` is read
         with ``.item()`` (nothing to wait for) and its threshold computed in plain Python.
         """
-        key = (alpha.data_ptr(), alpha._version)
+        key = (alpha.data_ptr(), alpha._version, dtype)
         cached = self._thresholds.get(index)
         if cached is None or cached[0] != key:
             if alpha.device.type == "cpu" and alpha.numel() == 1:
-                t: Tensor | float = saturation_threshold_host(alpha.item(), self.level)
+                t: Tensor | float = saturation_threshold_host(alpha.item(), self.level, dtype=dtype, product=self.product,
+                                                              product_dtype=module_product_dtype(alpha, dtype))
             else:
-                t = saturation_threshold(alpha, self.level)
+                t = saturation_threshold(alpha, self.level, dtype=dtype, product=self.product)
             cached = self._thresholds[index] = (key, t)
         return cached[1]
 
     def refresh_thresholds(self, alphas: Sequence[Tensor]) -> None:
         """The thresholds of all layers with a scalar accelerator ``alpha`` in one batched op (once per step)."""
-        scalar = [i for i, a in enumerate(alphas) if a.numel() == 1 and a.device.type != "cpu"]
+        # FSDP2-sharded alphas (DTensors here) are left to their hooks, which read them whole
+        scalar = [i for i, a in enumerate(alphas) if a.numel() == 1 and a.device.type != "cpu" and not hasattr(a, "full_tensor")]
         if not scalar or len({alphas[i].device for i in scalar}) != 1:
             return
-        with torch.no_grad():
-            t = saturation_threshold(torch.stack([alphas[i].detach().reshape(()) for i in scalar]), self.level)  # (L,)
-        for j, i in enumerate(scalar):
-            a = alphas[i]
-            self._thresholds[i] = ((a.data_ptr(), a._version), t[j : j + 1])
+        # the threshold depends on the inputs' dtype: the one each layer's cached threshold was made for
+        groups: dict[tuple, list[int]] = {}
+        for i in scalar:
+            dtype = self._thresholds[i][0][2] if i in self._thresholds else torch.float32
+            groups.setdefault((dtype, module_product_dtype(alphas[i], dtype)), []).append(i)
+        for (dtype, pdt), group in groups.items():
+            with torch.no_grad():
+                stacked = torch.stack([alphas[i].detach().reshape(()) for i in group])  # (L,)
+                t = saturation_threshold(stacked, self.level, dtype=dtype, product=self.product, product_dtype=pdt)
+            for j, i in enumerate(group):
+                a = alphas[i]
+                self._thresholds[i] = ((a.data_ptr(), a._version, dtype), t[j : j + 1])
 
     def _scratch(self, x: Tensor) -> Tensor | None:
         """A float32 work buffer per input shape, on CPU only (GPU allocations are cached already)."""
@@ -193,17 +203,21 @@ class SaturationHooks(HookSet):
         super().__init__()
         self.layers = list(layers)
         self.counter = counter
-        self.queue = CountQueue(counter, counter.level, keep_inputs)
+        self.queue = CountQueue(counter, counter.level, keep_inputs, product=counter.product)
 
     def _make_hook(self, index: int):
+        # FSDP2 (alpha a DTensor outside the forward) gathers alpha into fresh storage each forward, keeps its
+        # version and frees it after: neither a kept reference nor the (data_ptr, version) threshold cache holds
+        sharded = hasattr(self.layers[index].module.alpha, "full_tensor")
+
         def hook(mod: nn.Module, args: tuple, output: Tensor) -> None:
             if not self.enabled or not args:
                 return
             x = args[0]
-            if x.dtype == torch.float64 or torch.compiler.is_compiling():
+            if x.dtype == torch.float64 or sharded or torch.compiler.is_compiling():
                 # compiled: the whole update is in the graph (no Python-side queue); float64: the product path
                 with torch.no_grad():
-                    sat, bad = saturation_counts(x, mod.alpha, self.counter.level)
+                    sat, bad = saturation_counts(x, mod.alpha, self.counter.level, product=self.counter.product)
                     self.counter.add_counts(index, sat, x.numel(), bad)
                 return
             self.queue.add_input(index, x, mod.alpha)  # saturation_sums detaches x: no grad-mode switch
@@ -248,6 +262,21 @@ class SaturationHooks(HookSet):
     host_counts = read  # deprecated name (0.1): it also returns the alphas
 
     def alphas(self) -> Tensor:
-        """Current ``|alpha|`` of each layer as one float64 device tensor (mean for per-channel alpha)."""
-        return torch.stack([l.module.alpha.detach().to(torch.float64).abs().mean() for l in self.layers])
+        """Current ``|alpha|`` of each layer as one float64 device tensor (mean for per-channel alpha).
+
+        An FSDP2-sharded ``alpha`` (a ``DTensor`` outside the forward) is gathered whole first: a
+        collective, so every rank must call this at the same point (as :meth:`read` with ``sync``).
+        """
+        return torch.stack([whole(l.module.alpha).detach().to(torch.float64).abs().mean() for l in self.layers])
+
+    def local_alphas(self) -> Tensor:
+        """This process's ``alpha`` values (its shards under FSDP2), flattened: no collective, for finiteness checks."""
+        alphas = (l.module.alpha for l in self.layers)
+        return torch.cat([(a.to_local() if hasattr(a, "to_local") else a).detach().reshape(-1) for a in alphas])
+
+
+def whole(t: Tensor) -> Tensor:
+    """``t`` itself, or the whole tensor of a sharded ``DTensor`` (FSDP2 parameters outside the forward; a collective)."""
+    full = getattr(t, "full_tensor", None)
+    return full() if callable(full) else t
 

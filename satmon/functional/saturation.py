@@ -1,54 +1,164 @@
-"""Saturation counts of DyT inputs: ``|alpha * x| > level``, exactly, on the activations' device.
+"""Saturation counts of DyT inputs, ``|alpha * x| > level``, on the activations' device, per element.
 
 The regime study (Verma, 2026) calls an element saturated when ``|alpha * x| > 2.0`` (strict),
 with ``x`` the DyT input, and pools the fraction over tokens x channels x layers.
 
-Exactness. The product ``alpha * x`` computed in the activation dtype rounds, and near the
-boundary rounding can flip an element. satmon instead compares ``|x|`` against a per-layer
-threshold ``t = largest float32 number <= level / |alpha|`` (computed on the device in float64,
-then corrected by one ulp either way; for a scalar ``alpha`` on the CPU, the same value in plain
-Python by :func:`saturation_threshold_host`). For any float32 (or bf16/fp16, which embed exactly in
-float32) input, ``|x| > t`` holds exactly when the real product ``|alpha| * |x| > level``, which is
-what a float64 re-computation gives (the product of two float32 numbers is exact in float64).
-So counts are integers that agree with the float64 reference bit for bit, in every dtype, with
-one cheap comparison per element.
+Which product. ``product="module"`` (the default) counts the product the layer's own forward
+computes and its ``tanh`` receives: ``alpha * x`` in ``torch.result_type(alpha, x)`` (bf16 in a
+bf16 model, float16 in an fp16 one, float32 under bf16-mixed autocast where ``alpha`` stays
+float32), rounded to that dtype, then compared with ``level`` as a real number. This is what the
+study measured (its hook takes ``mod.alpha * inp[0]``): in a bf16 model a product in
+``(2, 2 + half a bf16 step]`` rounds to 2.0, which the module's ``tanh`` sees and the rule does not
+count. ``product="exact"`` counts the real product instead (what a float64 re-computation gives,
+satmon's rule before 0.2). In float32 models the two differ only for products within half a
+float32 step of ``level`` (rounded onto ``level`` itself when it is a float32 value). ``alpha`` enters the product as
+``alpha.to(dtype)``, as torch applies it; a forward under ``torch.compile`` may keep a fused bf16
+product unrounded, and the count still follows eager arithmetic.
 
-No host sync: every tensor function here returns device tensors and never calls ``.item()``
-(:func:`saturation_threshold_host` takes a host float; satmon calls it for CPU parameters only).
+Exactness, one comparison per element. Rounding is monotone, so under either rule there is a
+threshold ``t`` with ``|x| > t`` exactly when the element is saturated. :func:`saturation_threshold`
+computes it on ``alpha``'s device, without a host sync: for ``"exact"``, the largest float32
+``t`` with ``|alpha| * t <= level`` (float32, bf16 and fp16 data embed exactly in float32, and the
+product of two float32 numbers is exact in float64); for ``"module"``, the largest ``t`` of the
+input's dtype whose rounded product is ``<= level``, found among a few neighbours of
+``level / |alpha|`` (float64 and integer arithmetic only, so compiled and eager thresholds agree
+bit for bit). For a scalar ``alpha`` on the CPU,
+:func:`saturation_threshold_host` computes the same value, bit for bit, in plain Python.
+
+Broadcasting. A per-channel ``alpha`` is applied as ``alpha * x`` broadcasts: the threshold has
+``alpha``'s shape and is compared with ``|x|`` by broadcasting, so ``(C,)`` acts on the last
+dimension and ``(C, 1, 1)`` on dimension -3 (channels-first ``(B, C, H, W)``). An ``alpha`` for
+which ``alpha * x`` would not keep ``x``'s shape raises :class:`AlphaBroadcastError`.
+
+No host sync: every tensor function here returns device tensors and never calls ``.item()``.
 """
 
 from __future__ import annotations
 
 import math
 import struct
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-__all__ = ["saturation_threshold", "saturation_threshold_host", "saturation_sums", "saturation_counts", "saturation_fraction"]
+__all__ = [
+    "AlphaBroadcastError",
+    "Product",
+    "module_product_dtype",
+    "saturation_threshold",
+    "saturation_threshold_host",
+    "saturation_sums",
+    "saturation_counts",
+    "saturation_fraction",
+]
+
+#: ``"module"``: the product as the layer's forward rounds it; ``"exact"``: the real product
+Product = Literal["module", "exact"]
+_PRODUCTS = ("module", "exact")
+#: input dtypes that a threshold on ``|x|`` serves (float64 inputs compare the product itself)
+_THRESHOLD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_PRODUCT_DTYPES = (torch.float64, *_THRESHOLD_DTYPES)
+#: bit patterns of +inf, and the integer dtype that views each float dtype
+_INF_BITS = {torch.float32: 0x7F800000, torch.bfloat16: 0x7F80, torch.float16: 0x7C00}
+_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+#: (significand bits, minimum normal exponent, maximum exponent) of the formats rounded by hand
+_FORMATS = {torch.bfloat16: (8, -126, 127), torch.float16: (11, -14, 15), torch.float32: (24, -126, 127)}
+#: the module threshold is searched among this many grid steps either side of level / |alpha|
+#: (it lies within two: the rounding boundary above level is within one product-dtype rounding of it)
+_WINDOW = 4
 
 
-def saturation_threshold(alpha: Tensor, level: float) -> Tensor:
-    """Largest float32 ``t`` with ``|alpha| * t <= level``: ``|x| > t`` iff ``|alpha * x| > level``.
+class AlphaBroadcastError(ValueError):
+    """A DyT ``alpha`` whose product with the layer's input would not keep the input's shape."""
+
+
+def module_product_dtype(alpha: Tensor, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of ``alpha * x`` for an input ``x`` (with at least one dimension) of ``dtype``.
+
+    ``torch.result_type(alpha, x)``: a 0-dim ``alpha`` takes the input's dtype, any other is promoted.
+
+    Example:
+        >>> module_product_dtype(torch.ones(1), torch.bfloat16)  # bf16-mixed autocast: alpha stays float32
+        torch.float32
+        >>> module_product_dtype(torch.ones(1, dtype=torch.bfloat16), torch.bfloat16)  # a bf16 model
+        torch.bfloat16
+    """
+    if alpha.dim() == 0 and alpha.is_floating_point():
+        return dtype
+    return torch.promote_types(alpha.dtype, dtype)
+
+
+def _check(level: float, dtype: torch.dtype, product: str, product_dtype: torch.dtype | None = None) -> None:
+    if product not in _PRODUCTS:
+        raise ValueError(f"Expected product to be one of {_PRODUCTS}, got {product!r}.")
+    if not (math.isfinite(level) and level >= 0):
+        raise ValueError(f"Expected a finite saturation level >= 0, got {level!r}.")
+    if dtype not in _THRESHOLD_DTYPES:
+        raise ValueError(
+            f"Expected the input dtype to be one of {_THRESHOLD_DTYPES}, got {dtype}. "
+            "For float64 inputs use saturation_counts, which compares the float64 product itself."
+        )
+    if product_dtype is None:
+        return
+    if product_dtype not in _PRODUCT_DTYPES or torch.promote_types(dtype, product_dtype) != product_dtype:
+        raise ValueError(
+            f"Expected a product dtype in {_PRODUCT_DTYPES} at least as wide as the input dtype {dtype}, "
+            f"got {product_dtype}. Pass torch.result_type(alpha, x) (module_product_dtype(alpha, x.dtype))."
+        )
+    info = torch.finfo(product_dtype)
+    if not info.tiny <= level <= info.max:  # where the rounding boundary above level is within one rounding of it
+        raise ValueError(
+            f"Expected a level between the smallest normal ({info.tiny}) and the largest ({info.max}) {product_dtype} "
+            f"value for product='module', got {level!r}. Use product='exact' for such a level."
+        )
+
+
+def saturation_threshold(
+    alpha: Tensor,
+    level: float,
+    *,
+    dtype: torch.dtype = torch.float32,
+    product: Product = "module",
+    product_dtype: torch.dtype | None = None,
+) -> Tensor:
+    """The threshold ``t`` on ``|x|``: ``|x| > t`` iff ``x`` is saturated (``|alpha * x| > level``).
 
     Runs on ``alpha``'s device, without a host sync.
 
     Args:
         alpha: the DyT scale, a scalar (any shape with one element) or per-channel tensor.
-        level: the saturation level (study: 2.0).
+        level: the saturation level (study: 2.0): finite, ``>= 0``; for ``"module"``, a normal
+            number of the product dtype (so that the search below is exact).
+        dtype: the dtype of the inputs ``x`` the threshold serves (float32, bf16 or fp16).
+        product: ``"module"`` counts the product rounded as the layer's forward computes it,
+            ``"exact"`` the real product (see the module docstring).
+        product_dtype: the forward's product dtype, for ``"module"``; default
+            ``module_product_dtype(alpha, dtype)`` (pass it when ``alpha`` was reshaped or stacked).
 
     Returns:
-        A float32 tensor with at least one dimension (so that comparing it with bf16/fp16 activations
-        promotes them to float32 instead of rounding the threshold to the activation dtype).
+        A float32 tensor of ``alpha``'s shape (``(1,)`` for a scalar ``alpha``), compared with
+        ``|x|`` in float32 (where bf16/fp16 data are exact); ``inf`` where ``alpha == 0`` (and,
+        for ``"module"``, where ``alpha`` is NaN: ``|nan * x| > level`` never holds).
 
     Example:
-        >>> import torch
-        >>> t = saturation_threshold(torch.tensor([2.0]), 2.0)
-        >>> t.item()
+        >>> a = torch.tensor([2.0])
+        >>> saturation_threshold(a, 2.0, product="exact").item()  # the largest float32 t with 2t <= 2
         1.0
-        >>> bool(torch.tensor([1.0]) > t), bool(torch.tensor([1.0000001]) > t)
-        (False, True)
+        >>> a = torch.tensor([1.5], dtype=torch.bfloat16)  # a bf16 model: 1.5 * 1.3359375 rounds to 2.0
+        >>> saturation_threshold(a, 2.0, dtype=torch.bfloat16).item(), saturation_threshold(a, 2.0, product="exact").item()
+        (1.3359375, 1.3333332538604736)
     """
+    if product == "exact":
+        _check(level, dtype, product)
+        return _exact_threshold(alpha, level)
+    pdt = product_dtype or module_product_dtype(alpha, dtype)
+    _check(level, dtype, product, pdt)
+    return _module_threshold(alpha, level, dtype, pdt)
+
+
+def _exact_threshold(alpha: Tensor, level: float) -> Tensor:
+    """Largest float32 ``t`` with ``|alpha| * t <= level`` (the real product, alpha at most float32)."""
     a = alpha.detach().to(torch.float64).abs().reshape(-1) if alpha.numel() == 1 else alpha.detach().to(torch.float64).abs()
     t = (level / a).to(torch.float32)  # round to nearest: within one ulp of the answer (inf when alpha == 0)
     too_big = t.to(torch.float64) * a > level
@@ -58,19 +168,83 @@ def saturation_threshold(alpha: Tensor, level: float) -> Tensor:
     return torch.where(fits & torch.isfinite(up), up, t)
 
 
-def saturation_threshold_host(alpha: float, level: float) -> float:
+def _module_threshold(alpha: Tensor, level: float, dtype: torch.dtype, pdt: torch.dtype) -> Tensor:
+    """Largest non-negative ``t`` of ``dtype`` with ``|fl_pdt(alpha_pdt * t)| <= level``, as float32.
+
+    Only float64 and integer arithmetic, so a compiler cannot skip a bf16/fp16 rounding (Inductor keeps
+    a fused bf16 product in float32): the product of two float32-or-narrower values is exact in
+    float64, and whether it rounds above ``level`` is one comparison with :func:`_boundary`.
+    """
+    a = alpha.detach()
+    a = a.reshape(-1) if a.numel() == 1 else a
+    if torch.promote_types(a.dtype, pdt) != pdt:  # a 0-dim alpha wider than the input: the product rounds it
+        a = _round_tensor((a.to(torch.float32) if a.dtype == torch.float64 else a).to(torch.float64).abs(), pdt)
+    else:
+        a = a.to(torch.float64).abs()  # exact
+    start = (level / a).to(dtype)  # within a grid step or two of the answer
+    ints = _INT_VIEW[dtype]
+    steps = torch.arange(-_WINDOW, _WINDOW + 1, dtype=ints, device=a.device).reshape((-1,) + (1,) * a.dim())
+    # consecutive bit patterns of non-negative floats are consecutive values: (2W+1, *alpha) ascending
+    cand = (start.view(ints).unsqueeze(0) + steps).clamp_(0, _INF_BITS[dtype]).view(dtype).to(torch.float64)
+    mid, ties_up = _boundary(level, pdt)
+    prod = a * cand  # exact below float64 (the float64 product itself when pdt is float64)
+    over = prod >= mid if ties_up else prod > mid  # the product as the forward rounds it exceeds level
+    t = cand.masked_fill(over, 0.0).amax(0)  # monotone in |x|: the largest candidate that does not exceed
+    return torch.where(torch.isnan(a), float("inf"), t).to(torch.float32)  # alpha 0 gives inf too (0 * inf is nan)
+
+
+@torch.compiler.assume_constant_result  # host arithmetic on constants: evaluated once when traced
+def _boundary(level: float, pdt: torch.dtype) -> tuple[float, bool]:
+    """``(mid, ties_up)``: a real product rounds to a ``pdt`` value above ``level`` iff it is ``> mid``,
+    or ``== mid`` when ``ties_up`` (round half to even: ``mid`` lies between the ``pdt`` values around
+    ``level``, and the tie goes up when the lower one is odd)."""
+    if pdt == torch.float64:
+        return level, False  # the float64 product is compared as computed
+    r = _round_to(level, pdt)
+    lo = r if r <= level else _step(r, -1, pdt)
+    down, up = _step(lo, -1, pdt), _step(lo, +1, pdt)
+    if math.isinf(up):  # level in the top step: the next binade would start one step above
+        up = lo + (lo - down)
+    return (lo + up) / 2, bool(_bits(lo, pdt) & 1)
+
+
+def _round_tensor(v: Tensor, dtype: torch.dtype) -> Tensor:
+    """Non-negative float64 ``v`` rounded to ``dtype`` (to nearest, ties to even; ``inf`` past its range),
+    as float64: a power-of-two scaling, ``round`` and the scaling back, all exact."""
+    if dtype == torch.float64:
+        return v
+    bits, emin, emax = _FORMATS[dtype]
+    e = ((v.view(torch.int64) >> 52) & 0x7FF) - 1023  # binary exponent of v (normal in float64)
+    q = e.clamp(min=emin) - (bits - 1)  # exponent of one unit in the last place of dtype at v
+    unit = ((q + 1023) << 52).view(torch.float64)  # 2**q, built from its bits
+    r = torch.round(v * ((1023 - q) << 52).view(torch.float64)) * unit  # torch.round: half to even
+    return torch.where(r > math.ldexp(2 - 2.0 ** (1 - bits), emax), float("inf"), r)
+
+
+def saturation_threshold_host(
+    alpha: float,
+    level: float,
+    *,
+    dtype: torch.dtype = torch.float32,
+    product: Product = "module",
+    product_dtype: torch.dtype | None = None,
+) -> float:
     """:func:`saturation_threshold` for a scalar ``alpha`` already on the host, in plain Python.
 
     The same value, bit for bit, as the tensor version (the tests check both against each other and
-    against a float64 count): for CPU training, where reading ``alpha`` is free (no device to wait
-    for), this costs a few microseconds instead of a dozen tensor ops per optimizer step.
+    against independent re-counts): for CPU training, where reading ``alpha`` is free (no device to
+    wait for), a few microseconds instead of a dozen tensor ops per optimizer step.
 
     Args:
-        alpha: the DyT scale, a float32 value (e.g. ``param.item()``).
+        alpha: the DyT scale's value (e.g. ``param.item()``; its dtype's values are exact floats).
         level: the saturation level.
+        dtype: the inputs' dtype (float32, bf16 or fp16).
+        product: ``"module"`` or ``"exact"``, as in :func:`saturation_threshold`.
+        product_dtype: the forward's product dtype (``module_product_dtype(alpha_tensor, dtype)``);
+            default ``torch.promote_types(torch.float32, dtype)``: a float32 ``alpha`` with a dimension.
 
     Returns:
-        The largest float32 ``t`` with ``|alpha| * t <= level`` (``inf`` when ``alpha == 0``).
+        The threshold as a float (``inf`` when ``alpha == 0``, as in :func:`saturation_threshold`).
 
     Example:
         >>> saturation_threshold_host(2.0, 2.0)
@@ -79,6 +253,15 @@ def saturation_threshold_host(alpha: float, level: float) -> float:
         >>> saturation_threshold_host(a.item(), 2.0) == saturation_threshold(a, 2.0).item()
         True
     """
+    if product == "exact":
+        _check(level, dtype, product)
+        return _exact_threshold_host(alpha, level)
+    pdt = product_dtype or torch.promote_types(torch.float32, dtype)
+    _check(level, dtype, product, pdt)
+    return _module_threshold_host(alpha, level, dtype, pdt)
+
+
+def _exact_threshold_host(alpha: float, level: float) -> float:
     a = abs(float(alpha))
     if a == 0.0:
         return math.inf
@@ -91,8 +274,29 @@ def saturation_threshold_host(alpha: float, level: float) -> float:
     return t
 
 
+def _module_threshold_host(alpha: float, level: float, dtype: torch.dtype, pdt: torch.dtype) -> float:
+    a = _round_to(abs(float(alpha)), pdt)
+    if a == 0.0 or math.isnan(a):
+        return math.inf  # nothing exceeds level (0 * inf and nan products are nan)
+    mid, ties_up = _boundary(level, pdt)
+
+    def over(v: float) -> bool:  # a * v: exact for float32-or-narrower operands, the float64 product otherwise
+        return a * v >= mid if ties_up else a * v > mid
+
+    t = _round_to(level / a, dtype)
+    while t > 0.0 and over(t):  # (over(inf) holds: a > 0)
+        t = _step(t, -1, dtype)
+    while True:
+        up = _step(t, +1, dtype)
+        if up == t or over(up):
+            return t
+        t = up
+
+
 _F32 = struct.Struct("<f")
 _U32 = struct.Struct("<I")
+_F16 = struct.Struct("<e")
+_U16 = struct.Struct("<H")
 
 
 def _f32(v: float) -> float:
@@ -101,6 +305,38 @@ def _f32(v: float) -> float:
         return _F32.unpack(_F32.pack(v))[0]
     except OverflowError:
         return math.copysign(math.inf, v)
+
+
+def _round_to(v: float, dtype: torch.dtype) -> float:
+    """``v`` converted to ``dtype`` as torch converts a float64 value: to float32 first, then to bf16/fp16."""
+    if dtype == torch.float64:
+        return v
+    v = _f32(v)
+    if dtype == torch.float32 or v == 0.0 or not math.isfinite(v):
+        return v
+    bits, emin, emax = _FORMATS[dtype]
+    m, e = math.frexp(v)  # v = m * 2**e, 0.5 <= |m| < 1
+    q = max(e - 1, emin) - (bits - 1)  # the exponent of one unit in the last place
+    r = math.ldexp(round(math.ldexp(m, e - q)), q)  # round() on a float: to nearest, ties to even
+    return r if abs(r) <= math.ldexp(2 - 2.0 ** (1 - bits), emax) else math.copysign(math.inf, v)
+
+
+def _bits(t: float, dtype: torch.dtype) -> int:
+    """The bit pattern of a non-negative ``dtype`` value ``t`` (float32, bf16 or fp16)."""
+    if dtype == torch.float16:
+        return _U16.unpack(_F16.pack(t))[0]
+    bits = _U32.unpack(_F32.pack(t))[0]
+    return bits >> 16 if dtype == torch.bfloat16 else bits  # bf16: the top half of a float32
+
+
+def _step(t: float, direction: int, dtype: torch.dtype) -> float:
+    """The ``dtype`` neighbour of a non-negative ``dtype`` value ``t``, clamped to ``[0, inf]``."""
+    if dtype == torch.float32:
+        return _f32_step(t, direction)
+    bits = min(max(_bits(t, dtype) + direction, 0), _INF_BITS[dtype])
+    if dtype == torch.float16:
+        return _F16.unpack(_U16.pack(bits))[0]
+    return _f32_from_bits(bits << 16)
 
 
 def _f32_step(t: float, direction: int) -> float:
@@ -117,28 +353,51 @@ def _f32_from_bits(bits: int) -> float:
     return _F32.unpack(_U32.pack(bits))[0]
 
 
-def saturation_counts(x: Tensor, alpha: Tensor, level: float) -> tuple[Tensor, Tensor]:
+def _fit_threshold(threshold: Tensor, shape: torch.Size) -> Tensor:
+    """``threshold`` (``alpha``'s shape) for an in-place comparison with ``|x|`` of ``shape``, as ``alpha * x`` broadcasts."""
+    if threshold.numel() == 1 or threshold.shape == shape:
+        return threshold
+    try:
+        out = torch.broadcast_shapes(threshold.shape, shape)
+    except RuntimeError:
+        out = None
+    if out is None or out.numel() != shape.numel():
+        raise AlphaBroadcastError(
+            f"Expected a DyT alpha that broadcasts against its input as `alpha * x` does, keeping the input's shape; "
+            f"got alpha of shape {tuple(threshold.shape)} for an input of shape {tuple(shape)}. A forward that reshapes "
+            "alpha (e.g. alpha.view(-1, 1, 1) for channels-first input) is invisible to satmon: store alpha in the shape "
+            "the forward uses (e.g. (C, 1, 1)), or leave the layer out of the screen (exclude=...)."
+        )
+    if threshold.dim() <= len(shape):  # broadcasts to x's shape already
+        return threshold
+    return threshold.reshape(threshold.shape[threshold.dim() - len(shape) :])  # drop alpha's extra leading 1-dims
+
+
+def saturation_counts(x: Tensor, alpha: Tensor, level: float, *, product: Product = "module") -> tuple[Tensor, Tensor]:
     """Count the saturated elements of one DyT input, and flag non-finite ones.
 
     Cost: :func:`saturation_sums` (one ``abs``, one sum, one in-place comparison and one more sum
-    over ``x``; a bool comparison followed by a bool sum is several times slower on CPUs, and an
-    exact count of non-finite elements would need another full comparison pass) plus three tiny
-    ops on the two sums. The hooks skip those three per call and convert all calls' sums at once
-    (:meth:`satmon.SaturationCounter.defer_input`, which also caches the threshold and reuses a
-    work buffer).
+    over ``x``) plus the threshold and three tiny ops on the two sums. The hooks skip those per call:
+    they cache the threshold per ``alpha`` and convert all calls' sums at once.
 
     Args:
         x: the DyT input, any shape (``(B, T, C)`` or channels-first ``(B, C, H, W)``).
-        alpha: the layer's ``alpha`` (read at call time, so FSDP-gathered parameters are whole).
+        alpha: the layer's ``alpha`` (read at call time, so FSDP-gathered parameters are whole),
+            applied as ``alpha * x`` broadcasts.
         level: saturation level; an element is saturated when ``|alpha * x| > level`` (strict).
+        product: ``"module"`` (the product rounded to ``torch.result_type(alpha, x)``, as the forward
+            computes it) or ``"exact"`` (the real product). Float64 inputs compare the float64
+            product under both.
 
     Returns:
         ``(saturated, nonfinite)``: int64 0-dim device tensors. ``saturated`` counts ``inf`` inputs
         (``|alpha * inf| > level``) and never ``nan``; ``nonfinite`` is 1 when ``x`` holds any
         ``inf``/``nan``, else 0 (so summed over calls it counts the inputs that had one).
 
+    Raises:
+        AlphaBroadcastError: when ``alpha * x`` would not keep ``x``'s shape.
+
     Example:
-        >>> import torch
         >>> x = torch.tensor([[0.5, -1.5, 1.0, float("nan")]])
         >>> sat, bad = saturation_counts(x, torch.tensor([2.0]), level=2.0)
         >>> int(sat), int(bad)
@@ -146,11 +405,14 @@ def saturation_counts(x: Tensor, alpha: Tensor, level: float) -> tuple[Tensor, T
     """
     with torch.no_grad():
         x = x.detach()
-        if x.dtype == torch.float64:  # float64 activations: compare the product itself
+        if x.dtype == torch.float64:  # float64 activations: compare the (float64) product itself
+            _check(level, torch.float32, product)
             ax = x.abs()
-            a = alpha.detach().to(torch.float64).abs().reshape(-1 if alpha.numel() == 1 else alpha.shape)
+            a = alpha.detach().to(torch.float64).abs()
+            a = _fit_threshold(a.reshape(-1) if a.numel() == 1 else a, x.shape)
             return (ax * a > level).sum(), (~torch.isfinite(ax.sum())).to(torch.int64)
-        abs_sum, saturated = saturation_sums(x, saturation_threshold(alpha, level))
+        t = _fit_threshold(saturation_threshold(alpha, level, dtype=x.dtype, product=product), x.shape)
+        abs_sum, saturated = saturation_sums(x, t)
         return saturated.to(torch.int64), (~torch.isfinite(abs_sum)).to(torch.int64)
 
 
@@ -160,14 +422,13 @@ def saturation_sums(x: Tensor, threshold: Tensor | float, scratch: Tensor | None
     ``abs(x)``, its sum, an in-place ``> threshold`` and the sum of the resulting 0/1 values. The
     results stay floating-point device tensors; :func:`saturation_counts` (or a caller that batches
     many calls, like :class:`satmon.SaturationHooks`) turns them into integer counts and a flag.
-    Every extra tiny op per call costs measurable time in a real training step (on a CPU about as
-    much as a pass over a 131k-element activation), which is why the conversions are left out.
 
     Args:
         x: a float32/bf16/fp16 DyT input, any shape (float64 needs the product; use
             :func:`saturation_counts`).
-        threshold: ``saturation_threshold(alpha, level)``, or the Python float of
+        threshold: ``saturation_threshold(alpha, level, dtype=x.dtype)``, or the Python float of
             :func:`saturation_threshold_host` (exact too: a float32 value compared with float32 data).
+            A per-channel threshold broadcasts against ``x`` as ``alpha * x`` does.
         scratch: optional float32 work buffer of ``x``'s shape and device (content overwritten).
 
     Returns:
@@ -176,8 +437,11 @@ def saturation_sums(x: Tensor, threshold: Tensor | float, scratch: Tensor | None
         i.e. values near 1e38, which are not meaningful activations either). ``saturated`` is the
         exact count ``#{|x| > threshold}`` (float32 below ``2**24`` elements, float64 above).
 
+    Raises:
+        AlphaBroadcastError: when the threshold (``alpha``'s shape) does not broadcast against ``x``
+            the way ``alpha * x`` would while keeping ``x``'s shape.
+
     Example:
-        >>> import torch
         >>> s, n = saturation_sums(torch.tensor([0.5, -1.5, 1.0]), saturation_threshold(torch.tensor([2.0]), 2.0))
         >>> float(s), float(n)
         (3.0, 1.0)
@@ -188,7 +452,12 @@ def saturation_sums(x: Tensor, threshold: Tensor | float, scratch: Tensor | None
     else:
         ax = x.abs() if x.dtype == torch.float32 else x.to(torch.float32).abs_()  # a fresh float32 buffer
     abs_sum = ax.sum()  # non-finite exactly when some element is
-    ax.gt_(threshold)  # 1.0 where |x| > t, in place
+    try:
+        ax.gt_(threshold)  # 1.0 where |x| > t, in place
+    except RuntimeError:  # the shape check fails before any element is written: no cost on the usual path
+        if not isinstance(threshold, Tensor):
+            raise
+        ax.gt_(_fit_threshold(threshold, x.shape))  # extra leading 1-dims, or AlphaBroadcastError
     # a float32 sum of 0/1 is exact below 2**24 elements; beyond, accumulate in float64
     return abs_sum, (ax.sum() if ax.numel() < 2**24 else ax.sum(dtype=torch.float64))
 
@@ -197,7 +466,6 @@ def saturation_fraction(saturated: Tensor, total: Tensor) -> Tensor:
     """Fraction ``saturated / total`` in float64, 0 where nothing was counted.
 
     Example:
-        >>> import torch
         >>> saturation_fraction(torch.tensor([3, 0]), torch.tensor([4, 0])).tolist()
         [0.75, 0.0]
     """
