@@ -3,9 +3,12 @@
 Discovery never relies on satmon's own class names, so third-party models (Hugging Face,
 nanoGPT, timm, torchtitan) work as they are:
 
-- **DyT**: the study's rule: a module that owns (directly) a parameter named ``alpha`` and whose
-  forward is tanh-bounded (its class is satmon's :class:`~satmon.DyT`, its class name says
-  DyT/DynamicTanh, or the source of its ``forward`` calls ``tanh``).
+- **DyT**: the study's rule: a module that owns (directly) a parameter named ``alpha`` and computes
+  ``weight * tanh(alpha * x) + bias``. Checked by behaviour, not by how tanh is spelled: a float64
+  copy of the module is evaluated on a known input and its output must fit that form per channel
+  (``torch.tanh`` in forward, an ``nn.Tanh()`` child, a fused op: all the same). Only when the module
+  cannot run on a float64 CPU copy does its class name (DyT/DynamicTanh) or the source of its
+  ``forward`` (calls ``tanh``) decide.
 - **LayerNorm**: ``nn.LayerNorm``, or a class whose name contains ``LayerNorm`` (not ``RMS``) with a
   ``weight`` of one dimension.
 - **RMSNorm**: ``nn.RMSNorm`` or a class whose name contains ``RMSNorm``/``RmsNorm``/``RMSNorm``
@@ -15,7 +18,8 @@ nanoGPT, timm, torchtitan) work as they are:
   all of one class and each contain a norm layer.
 
 Users narrow or widen discovery with ``include``/``exclude``: a regex on the module name or a
-predicate ``(name, module) -> bool``.
+predicate ``(name, module) -> bool``. :func:`modules_by_name` is the one "module by name" lookup
+(wrapper prefixes of ``torch.compile``, DDP, FSDP and activation checkpointing removed).
 """
 
 from __future__ import annotations
@@ -26,9 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Union
 
+import torch
 from torch import nn
 
-__all__ = ["Selector", "NormLayer", "find_norm_layers", "find_dyt_layers", "find_blocks", "norm_kind", "strip_wrappers"]
+__all__ = [
+    "Selector", "NormLayer", "find_norm_layers", "find_dyt_layers", "find_blocks", "modules_by_name", "norm_kind",
+    "strip_wrappers",
+]
 
 Selector = Union[str, Callable[[str, nn.Module], bool], None]
 NormKind = Literal["dyt", "layernorm", "rmsnorm"]
@@ -39,6 +47,7 @@ _RMS_NAME = re.compile(r"rms_?norm", re.IGNORECASE)
 _LN_NAME = re.compile(r"layer_?norm", re.IGNORECASE)
 _NO_MEAN_LAYERNORMS = ("T5LayerNorm", "MT5LayerNorm", "LongT5LayerNorm", "UMT5LayerNorm", "Pix2StructLayerNorm")
 _tanh_cache: dict[type, bool] = {}
+_DYT_FIT_TOL = 1e-4  # relative residual of the per-channel fit y = w * tanh(alpha * x) + b
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,25 @@ def strip_wrappers(name: str) -> str:
     return ".".join(parts)
 
 
+def modules_by_name(model: nn.Module) -> dict[str, nn.Module]:
+    """Every module of ``model`` by its name with wrapper prefixes removed (see :func:`strip_wrappers`).
+
+    The one "module by name" lookup of satmon: names match what :func:`find_norm_layers` reports,
+    whether the model is plain, compiled, DDP- or FSDP-wrapped. When a wrapper and the module it
+    wraps get the same stripped name, the inner module (registered later) wins.
+
+    Example:
+        >>> from torch import nn
+        >>> wrapper = nn.Module()
+        >>> wrapper._orig_mod = nn.Sequential(nn.Linear(2, 2))  # what torch.compile registers
+        >>> sorted(modules_by_name(wrapper))
+        ['', '0']
+        >>> modules_by_name(wrapper)[""] is wrapper._orig_mod
+        True
+    """
+    return {strip_wrappers(n): m for n, m in model.named_modules()}
+
+
 def _forward_uses_tanh(cls: type) -> bool:
     if cls not in _tanh_cache:
         try:
@@ -78,6 +106,65 @@ def _forward_uses_tanh(cls: type) -> bool:
             src = ""
         _tanh_cache[cls] = "tanh" in src
     return _tanh_cache[cls]
+
+
+def _dyt_channels(module: nn.Module) -> int:
+    """The channel count: the length of the module's own vector parameters, whatever they are called."""
+    for value in module.parameters(recurse=False):
+        if value.dim() == 1 and value.numel() > 1:
+            return value.numel()
+    shape = getattr(module, "normalized_shape", None)
+    if isinstance(shape, int) or (isinstance(shape, (tuple, list, torch.Size)) and len(shape) == 1):
+        return int(shape if isinstance(shape, int) else shape[0])
+    return 4  # scalar affine (or none): any width works
+
+
+def _fits_tanh(y: torch.Tensor, t: torch.Tensor, dim: int) -> bool:
+    """Does ``y = w * t + b`` hold per channel (channels on ``dim``), to a relative residual of 1e-4?"""
+    y, t = y.movedim(dim, -1).reshape(-1, y.shape[dim]), t.movedim(dim, -1).reshape(-1, t.shape[dim])  # (N, C)
+    dt, dy = t - t.mean(0), y - y.mean(0)
+    w = (dt * dy).sum(0) / dt.pow(2).sum(0).clamp_min(1e-300)
+    fitted = w * dt + y.mean(0)
+    return bool((y - fitted).abs().max() <= _DYT_FIT_TOL * y.abs().max().clamp_min(1e-12))
+
+
+def _behaves_like_dyt(module: nn.Module) -> bool | None:
+    """``weight * tanh(alpha * x) + bias`` on a known input (float64 copy, no hooks); None if it cannot run."""
+    from satmon.functional.affine import _float64_clone
+
+    c = _dyt_channels(module)
+    try:
+        clone = _float64_clone(module)
+        with torch.no_grad():
+            clone.alpha.fill_(0.7)  # the check must not depend on the trained alpha (0 would fit anything constant)
+        alpha = clone.alpha.reshape(-1)
+    except Exception:
+        return None
+    ran = False
+    for shape, dim in (((3, 5, c), -1), ((2, c, 3, 3), 1)):  # channels last (B, T, C), then first (B, C, H, W)
+        # values spread over the tanh's curved range, different in every channel and row
+        x = torch.linspace(-3.0, 3.0, int(torch.tensor(shape).prod()), dtype=torch.float64).reshape(shape)
+        x = x[..., torch.randperm(shape[-1], generator=torch.Generator().manual_seed(0))] * 1.7
+        a = alpha if alpha.numel() == 1 else alpha.reshape([-1 if i == (dim % len(shape)) else 1 for i in range(len(shape))])
+        try:
+            with torch.no_grad():
+                y = clone.forward(x)
+        except Exception:
+            continue
+        ran = True
+        if isinstance(y, torch.Tensor) and y.shape == x.shape and _fits_tanh(y.to(torch.float64), torch.tanh(a * x), dim):
+            return True
+    return False if ran else None
+
+
+def _is_dyt(module: nn.Module, own: dict[str, nn.Parameter]) -> bool:
+    if "alpha" not in own or any(True for c in module.children() for _ in c.parameters()):
+        return False  # a DyT holds no parametrised submodules (an nn.Tanh child is fine)
+    cls = type(module)
+    behaves = _behaves_like_dyt(module)
+    if behaves is not None:
+        return behaves
+    return bool(_DYT_NAME.search(cls.__name__)) or _forward_uses_tanh(cls)
 
 
 def _has_vector_weight(module: nn.Module) -> bool:
@@ -100,7 +187,7 @@ def norm_kind(module: nn.Module) -> NormKind | None:
     if isinstance(module, DyT):
         return "dyt"
     own = dict(module.named_parameters(recurse=False))
-    if "alpha" in own and (_DYT_NAME.search(cls.__name__) or _forward_uses_tanh(cls)):
+    if _is_dyt(module, own):
         return "dyt"
     if isinstance(module, nn.LayerNorm):
         return "layernorm"
@@ -200,7 +287,7 @@ def find_blocks(model: nn.Module, names: list[str] | None = None) -> list[tuple[
         >>> [n for n, _ in find_blocks(model)]
         ['h.0', 'h.1']
     """
-    modules = {strip_wrappers(n): m for n, m in model.named_modules()}
+    modules = modules_by_name(model)
     if names is not None:
         missing = [n for n in names if n not in modules]
         if missing:

@@ -3,7 +3,6 @@
 import math
 
 import pytest
-import torch
 
 from helpers import token_loader, trainer
 from satmon import SatmonAbort, SaturationMonitor, StopReason
@@ -20,7 +19,7 @@ def test_gated_model_above_collapse_threshold_is_no_go_with_collapse_risk(tmp_pa
     v = monitor.verdict
     assert v.saturation >= 0.5 and v.gated is True and v.collapse_risk is True
     assert v.decision == "no-go" and v.reason.startswith("collapse risk")
-    assert v.gated_layers == ["blocks.0.mlp_norm", "blocks.1.mlp_norm"] or v.gated_layers == ["model.blocks.0.mlp_norm", "model.blocks.1.mlp_norm"]
+    assert v.gated_layers == ["model.blocks.0.mlp_norm", "model.blocks.1.mlp_norm"]  # names as discovered on the LightningModule
     # a risk reading per gated block: the feeding DyT's saturation and the gate statistics
     assert len(v.risk) == 2
     for block, r in v.risk.items():
@@ -36,30 +35,6 @@ def test_same_model_without_gate_follows_the_043_rule(tmp_path):
     v = monitor.verdict
     assert v.saturation >= 0.5 and v.gated is False and v.collapse_risk is False
     assert v.decision == "go" and "Gated MLP after DyT: no" in v.card()
-
-
-def test_gate_statistics_match_a_float64_recomputation(tmp_path):
-    model = llama("swiglu")
-    captured = {}
-
-    def grab(name):
-        def hook(mod, args, out):
-            if mod.training:
-                captured.setdefault(name, []).append((out.detach().double(),))
-        return hook
-
-    mlp = model.model.blocks[0].mlp
-    h1 = mlp.gate_proj.register_forward_hook(grab("g"))
-    h2 = mlp.down_proj.register_forward_pre_hook(lambda m, a: captured.setdefault("h", []).append(a[0].detach().double()))
-    monitor = SaturationMonitor(window=2, verbose=False, watch_every_n_steps=0)
-    trainer(tmp_path, max_steps=2, callbacks=[monitor]).fit(model, token_loader(2))
-    h1.remove(), h2.remove()
-    g = torch.cat([x[0].reshape(-1) for x in captured["g"]])
-    h = torch.cat([x.reshape(-1) for x in captured["h"]])
-    t = -4.0826  # SiLU flat-region edge (|silu'| < 0.05 below it)
-    r = monitor.verdict.risk[[k for k in monitor.verdict.risk if "blocks.0" in k][0]]
-    assert r["flat_fraction"] == pytest.approx(float((g < t).double().mean()), abs=2e-3)
-    assert r["mean_abs_hidden"] == pytest.approx(float(h.abs().mean()), rel=1e-9)
 
 
 def test_graceful_abort_stops_at_the_verdict_step_with_reason(tmp_path):

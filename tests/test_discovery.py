@@ -1,54 +1,21 @@
-"""Layer discovery on satmon's, third-party and hand-built models; DyT and convert_to_dyt."""
+"""Layer discovery on satmon's, third-party and hand-built models; the DyT module."""
 
 import pytest
 import torch
 from torch import nn
 
-from satmon import DyT, convert_to_dyt, find_blocks, find_dyt_layers, find_norm_layers
-from satmon.convert import norm_position
+from satmon import DyT, find_blocks, find_dyt_layers, find_norm_layers
 from satmon.demos.gpt import GPT, GPTConfig
-
-
-class DynamicTanh(nn.Module):  # the official repo's class, written out: not satmon's
-    def __init__(self, normalized_shape, channels_last, alpha_init_value=0.5):
-        super().__init__()
-        self.channels_last = channels_last
-        self.alpha = nn.Parameter(torch.ones(1) * alpha_init_value)
-        self.weight = nn.Parameter(torch.ones(normalized_shape))
-        self.bias = nn.Parameter(torch.zeros(normalized_shape))
-
-    def forward(self, x):
-        x = torch.tanh(self.alpha * x)
-        if self.channels_last:
-            return x * self.weight + self.bias
-        return x * self.weight[:, None, None] + self.bias[:, None, None]
-
-
-class ScaledThing(nn.Module):  # owns `alpha` but is not tanh-bounded: must not be taken for DyT
-    def __init__(self):
-        super().__init__()
-        self.alpha = nn.Parameter(torch.ones(1))
-
-    def forward(self, x):
-        return self.alpha * x
-
-
-class MyRMSNorm(nn.Module):  # a third-party RMSNorm (as Hugging Face's LlamaRMSNorm)
-    def __init__(self, d, eps=1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.variance_epsilon = eps
-
-    def forward(self, x):
-        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+from satmon.discovery import modules_by_name, norm_kind, strip_wrappers
+from third_party import DynamicTanh, LlamaRMSNorm, ScaledThing, SquashBlock, SquashNorm, UserLM
 
 
 class HFLayer(nn.Module):
     def __init__(self, d):
         super().__init__()
-        self.input_layernorm = MyRMSNorm(d)
+        self.input_layernorm = LlamaRMSNorm(d)
         self.self_attn = nn.Linear(d, d)
-        self.post_attention_layernorm = MyRMSNorm(d)
+        self.post_attention_layernorm = LlamaRMSNorm(d)
         self.mlp = nn.Linear(d, d)
 
 
@@ -57,7 +24,7 @@ class HFModel(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(10, d)
         self.layers = nn.ModuleList([HFLayer(d) for _ in range(n)])
-        self.norm = MyRMSNorm(d)
+        self.norm = LlamaRMSNorm(d)
 
 
 def test_finds_satmon_and_third_party_dyt_but_not_alpha_scalers():
@@ -65,6 +32,51 @@ def test_finds_satmon_and_third_party_dyt_but_not_alpha_scalers():
     assert [l.name for l in find_dyt_layers(model)] == ["0", "1"]
     kinds = {l.name: l.kind for l in find_norm_layers(model)}
     assert kinds == {"0": "dyt", "1": "dyt", "3": "layernorm"}
+
+
+def test_dyt_is_found_by_behaviour_however_tanh_is_spelled():
+    model = UserLM(SquashBlock, n_layers=2, norm=SquashNorm)  # nn.Tanh() submodule, no "tanh"/"DyT" in any name
+    found = find_dyt_layers(model)
+    assert [l.name for l in found] == ["stack.0.pre", "stack.0.post", "stack.1.pre", "stack.1.post", "out_norm"]
+    assert all(l.kind == "dyt" for l in found)
+    # channels-first official DyT, a per-channel affine that is not ones, and alpha = 0 are DyT all the same
+    cf = DynamicTanh(6, channels_last=False)
+    with torch.no_grad():
+        cf.weight.normal_(), cf.bias.normal_(), cf.alpha.zero_()
+    assert norm_kind(cf) == "dyt"
+
+
+def test_alpha_owners_that_are_not_tanh_bounded_are_not_dyt():
+    class TanhThenScale(nn.Module):  # tanh in forward's source, but alpha scales the output, not the input
+        def __init__(self):
+            super().__init__()
+            self.alpha = nn.Parameter(torch.full((1,), 2.0))
+
+        def forward(self, x):
+            return self.alpha * torch.tanh(x)
+
+    class DyTNamedBlock(nn.Module):  # owns alpha and holds a parametrised submodule: a block, not a DyT
+        def __init__(self):
+            super().__init__()
+            self.alpha, self.inner = nn.Parameter(torch.ones(1)), nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.tanh(self.alpha * self.inner(x))
+
+    assert [norm_kind(m) for m in (ScaledThing(), TanhThenScale(), DyTNamedBlock())] == [None, None, None]
+
+
+def test_modules_by_name_strips_every_wrapper():
+    inner = nn.Sequential(nn.Linear(2, 2))
+    fsdp = nn.Module()
+    fsdp._fsdp_wrapped_module = nn.Module()
+    fsdp._fsdp_wrapped_module._checkpoint_wrapped_module = inner
+    ddp = nn.Module()
+    ddp.module = fsdp  # DistributedDataParallel's attribute
+    names = modules_by_name(ddp)
+    assert names[""] is inner and names["0"] is inner[0] and set(names) == {"", "0"}
+    assert strip_wrappers("module._orig_mod._forward_module.blocks.0") == "blocks.0"
+    assert strip_wrappers("blocks.module.x") == "blocks.module.x"  # only DDP's leading "module." is a wrapper
 
 
 def test_include_exclude_by_regex_and_predicate():
@@ -106,35 +118,6 @@ def test_dyt_forward_matches_formula(channels_last):
     assert DyT(6, bias=False).bias is None
     with pytest.raises(ValueError, match="Expected `normalized_shape`"):
         DyT((3, 4))
-
-
-def test_convert_positions_and_copy_affine():
-    model = GPT(GPTConfig(norm="layernorm", n_layers=2))
-    with torch.no_grad():
-        model.blocks[0].ln_1.weight.fill_(3.0)
-    pos = norm_position(model)
-    assert pos == {"blocks.0.ln_1": "attn", "blocks.0.ln_2": "mlp", "blocks.1.ln_1": "attn", "blocks.1.ln_2": "mlp", "ln_f": "final"}
-    convert_to_dyt(model, alpha_init=2.0, alpha_init_attn=0.8, alpha_init_mlp=0.2, alpha_init_final=0.3, copy_affine=True)
-    assert isinstance(model.blocks[0].ln_1, DyT) and not find_norm_layers(model, kinds=("layernorm",))
-    assert float(model.blocks[1].ln_1.alpha) == pytest.approx(0.8)
-    assert float(model.blocks[1].ln_2.alpha) == pytest.approx(0.2)
-    assert float(model.ln_f.alpha) == pytest.approx(0.3)
-    assert torch.all(model.blocks[0].ln_1.weight == 3.0)
-    assert model(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, 256)
-
-
-def test_convert_rmsnorm_on_request_only():
-    model = HFModel()
-    convert_to_dyt(model)
-    assert not find_dyt_layers(model)
-    convert_to_dyt(model, rmsnorm=True, alpha_init=0.5)
-    dyts = find_dyt_layers(model)
-    assert len(dyts) == 7 and all(l.module.bias is None for l in dyts)  # RMSNorm had no bias
-
-
-def test_convert_rejects_multi_dim_layernorm():
-    with pytest.raises(ValueError, match="one channel dimension"):
-        convert_to_dyt(nn.Sequential(nn.LayerNorm([4, 4])))
 
 
 @pytest.mark.parametrize("scale", [1.0, 8.0])

@@ -1,5 +1,5 @@
-"""Collapse watch for DyT feeding gated (SwiGLU/GeGLU) MLPs: gate-statistics hooks and a
-device-side loss history. Counting only; the callback decides and the writers log.
+"""Gate-statistics hooks on the gated (SwiGLU/GeGLU) MLPs a DyT feeds. Counting only; the
+collapse watch decides and the writers log.
 
 Gate statistics, per gated block (the DyT feeding it is named by the block's key):
 
@@ -7,6 +7,8 @@ Gate statistics, per gated block (the DyT feeding it is named by the block's key
   (``g < t`` with ``|act'| < 0.05`` below ``t``: SiLU ``t = -4.08``; see :mod:`satmon.functional.gate`):
   gates that pass nothing and no gradient.
 - ``mean_abs_hidden``: mean ``|act(g) * up(h)|``, read as the input of the ``down`` projection.
+
+Both are NaN for a block that saw no data, as :func:`satmon.functional.gate.gate_stats_finalize` says.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 from torchmetrics import Metric
 
-from satmon.functional.gate import flat_count, flat_threshold, split_gate_up
 from satmon.core.gated_mlp import GatingReport
 from satmon.core.hookset import HookSet
+from satmon.discovery import modules_by_name
+from satmon.functional.gate import ACTIVATIONS, flat_count, flat_threshold, gate_stats_finalize, split_gate_up
 
-__all__ = ["GateCounter", "GateHooks", "LossHistory"]
+__all__ = ["GateCounter", "GateHooks"]
 
 
 class GateCounter(Metric):
@@ -47,37 +50,54 @@ class GateCounter(Metric):
 class GateHooks(HookSet):
     """Hooks on each gated block's gate (or fused gate-up) projection and on its ``down`` input.
 
+    The statistics are :mod:`satmon.functional.gate`'s: the hooks count with :func:`flat_count`
+    and :func:`split_gate_up`, and :meth:`readings` divides with :func:`gate_stats_finalize`, so a
+    block that saw no data reads NaN (never 0.0). A gate whose activation has no known flat region
+    (ReLU, sigmoid, ...) or a pairing without hookable modules also reads NaN.
+
     Args:
         model: the model holding the modules.
         gating: the :class:`~satmon.core.gated_mlp.GatingReport` (its pairings name the modules).
         counter: a :class:`GateCounter` with one slot per pairing, in ``gating.pairings`` order.
+
+    Example:
+        >>> from satmon.core.gated_mlp import detect_gating
+        >>> from satmon.demos.llama import LlamaLM
+        >>> model = LlamaLM(vocab_size=16, d_model=16, n_layers=1, n_heads=2, seq_len=8)
+        >>> report = detect_gating(model)
+        >>> hooks = GateHooks(model, report, GateCounter(len(report.pairings)))
+        >>> hooks.readings()  # nothing seen yet: NaN, not 0.0
+        {'blocks.0.mlp_norm': {'flat_fraction': nan, 'mean_abs_hidden': nan}}
     """
 
     def __init__(self, model: nn.Module, gating: GatingReport, counter: GateCounter) -> None:
-        from satmon.discovery import strip_wrappers
-
-        modules = {strip_wrappers(n): m for n, m in model.named_modules()}
+        modules = modules_by_name(model)
         super().__init__()
         self.blocks = list(gating.pairings)
         self.counter = counter
-        self._targets = []
-        for i, (norm, p) in enumerate(gating.pairings.items()):
-            act = p.activation if p.activation in ("silu", "gelu", "gelu_tanh") else "silu"
-            self._targets.append((i, modules[p.gate], modules[p.down], p.fused, flat_threshold(act)))
+        self._targets: list[tuple[int, nn.Module | None, nn.Module | None, bool, bool, float | None]] = []
+        for i, p in enumerate(gating.pairings.values()):
+            hookable = getattr(p, "gate_stats", True)
+            gate = modules.get(p.gate) if hookable else None
+            down = modules.get(p.down) if hookable and p.down else None
+            t = flat_threshold(p.activation) if p.activation in ACTIVATIONS else None  # no flat tail known: NaN
+            self._targets.append((i, gate, down, p.fused, getattr(p, "gate_first", True), t))
 
     def _register(self) -> list[RemovableHandle]:
         handles = []
-        for i, gate, down, fused, t in self._targets:
-            handles.append(gate.register_forward_hook(self._gate_hook(i, fused, t)))
-            handles.append(down.register_forward_pre_hook(self._down_hook(i)))
+        for i, gate, down, fused, gate_first, t in self._targets:
+            if gate is not None and t is not None:
+                handles.append(gate.register_forward_hook(self._gate_hook(i, fused, gate_first, t)))
+            if down is not None:
+                handles.append(down.register_forward_pre_hook(self._down_hook(i)))
         return handles
 
-    def _gate_hook(self, i: int, fused: bool, t: float):
+    def _gate_hook(self, i: int, fused: bool, gate_first: bool, t: float):
         def hook(mod: nn.Module, args: tuple, out: Tensor) -> None:
-            if not self.enabled:
+            if not self.enabled or not isinstance(out, Tensor):
                 return
             with torch.no_grad():
-                g = split_gate_up(out)[0] if fused else out
+                g = split_gate_up(out, gate_first=gate_first)[0] if fused else out
                 self.counter.n_flat.select(0, i).add_(flat_count(g, t))  # only the count: no act(g), no sum
                 self.counter.n_gate.select(0, i).add_(g.numel())
 
@@ -85,7 +105,7 @@ class GateHooks(HookSet):
 
     def _down_hook(self, i: int):
         def hook(mod: nn.Module, args: tuple) -> None:
-            if not self.enabled or not args:
+            if not self.enabled or not args or not isinstance(args[0], Tensor):
                 return
             with torch.no_grad():
                 h = args[0].detach()
@@ -95,40 +115,27 @@ class GateHooks(HookSet):
         return hook
 
     def readings(self) -> dict[str, dict[str, float]]:
-        """Per gated block: ``flat_fraction`` and ``mean_abs_hidden`` (syncs ranks and the host)."""
+        """Per gated block: ``flat_fraction`` and ``mean_abs_hidden``, NaN without data (syncs ranks and the host)."""
         with self.counter.sync_context(should_sync=True, should_unsync=True):
             packed = torch.stack([getattr(self.counter, k).to(torch.float64) for k in ("n_flat", "n_gate", "sum_hidden", "n_hidden")])
             n_flat, n_gate, s_hidden, n_hidden = packed.cpu().tolist()  # one transfer
         return {
-            b: {"flat_fraction": f / g if g else 0.0, "mean_abs_hidden": s / h if h else 0.0}
+            b: {
+                "flat_fraction": gate_stats_finalize(int(f), int(g), 0.0)["flat_fraction"],
+                "mean_abs_hidden": gate_stats_finalize(0, int(h), s)["mean_abs_hidden"],
+            }
             for b, f, g, s, h in zip(self.blocks, n_flat, n_gate, s_hidden, n_hidden)
         }
 
 
-class LossHistory:
-    """Training losses kept in a device ring buffer (no host sync per step), read at checks.
+def __getattr__(name: str):
+    """``LossHistory`` lived here until 0.2; it is :class:`satmon.core.collapse_watch.LossHistory` now."""
+    if name == "LossHistory":
+        import warnings
 
-    Args:
-        capacity: how many recent losses are kept (baseline + recent).
-        device: where the buffer lives (the loss's device).
-    """
+        from satmon.core.collapse_watch import LossHistory
 
-    def __init__(self, capacity: int, device: torch.device | str = "cpu") -> None:
-        self.buffer = torch.full((capacity,), float("nan"), dtype=torch.float32, device=device)
-        self.capacity = capacity
-        self.written = 0  # host counter of pushes
-        self.last_read = 0
-
-    def push(self, loss: Tensor) -> None:
-        self.buffer[self.written % self.capacity] = loss.detach().to(torch.float32).reshape(())
-        self.written += 1
-
-    def read(self) -> tuple[list[float], list[float]]:
-        """``(baseline, recent)``: losses before the last read and since it, oldest first (one host transfer)."""
-        n = min(self.written, self.capacity)
-        values = self.buffer.cpu().tolist()
-        start = self.written - n
-        ordered = [values[i % self.capacity] for i in range(start, self.written)]
-        k = min(self.written - self.last_read, n)
-        self.last_read = self.written
-        return ordered[: n - k], ordered[n - k :]
+        warnings.warn("satmon.core.gate_hooks.LossHistory moved to satmon.core.collapse_watch.LossHistory.",
+                      DeprecationWarning, stacklevel=2)  # fmt: skip
+        return LossHistory
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
