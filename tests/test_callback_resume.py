@@ -165,6 +165,8 @@ def test_resume_from_a_satmon_0_1_checkpoint_finds_its_state(original, tmp_path)
     got, want = resumed.verdict, monitor.verdict
     assert (got.saturation, got.per_layer, got.elements, got.step) == (want.saturation, want.per_layer, want.elements, want.step)
     assert not [w for w in said if "dropped" in w]
+    # 0.1 counted the exact product; 0.2 counts the module's: the counts are kept and the change is said
+    assert any("product 'module' (saved: 'exact')" in w for w in said)
 
 
 def test_mid_epoch_resume_warns_that_the_data_order_restarts(tmp_path):

@@ -146,7 +146,7 @@ class Screen:
             raise RuntimeError(f"Expected the same DyT layers as at discovery ({names}), got {self.layer_names}.")
         device = self.layers[0].module.alpha.device
         s = self.settings
-        self.hooks = SaturationHooks(self.layers, SaturationCounter(len(self.layers), level=s.level).to(device), keep_inputs)
+        self.hooks = SaturationHooks(self.layers, SaturationCounter(len(self.layers), level=s.level, product=s.product).to(device), keep_inputs)
         self.window_loss = WindowLoss(s.window).to(device)
         if self._loaded is not None:
             self._restore(self._loaded)
@@ -155,7 +155,7 @@ class Screen:
             self.gate_hooks = GateHooks(model, self.gating, GateCounter(len(self.gating.pairings)).to(device))
         self.losses = LossHistory(s.loss_baseline + max(s.watch_every_n_steps, 1), device=device)
         if s.watch_every_n_steps:
-            watch_hooks = SaturationHooks(self.layers, SaturationCounter(len(self.layers), level=s.level).to(device), keep_inputs)
+            watch_hooks = SaturationHooks(self.layers, SaturationCounter(len(self.layers), level=s.level, product=s.product).to(device), keep_inputs)
             gated = [i for i, n in enumerate(self.layer_names) if n in (self.gating.pairings if self.gating else {})]
             mlps = {n: p.mlp for n, p in (self.gating.pairings if self.gating else {}).items()}
             self.watch = CollapseWatch(watch_hooks, gated, self.gate_hooks, mlps, s.watch_every_n_steps,
@@ -340,7 +340,7 @@ class Screen:
         assert self.guard is not None
         if self.hooks is not None and self.hooks.attached:
             self.hooks.flush()
-            self.guard.push(self.hooks.counter.nonfinite.sum(), self.hooks.alphas(), loss, self.agreement.max)
+            self.guard.push(self.hooks.counter.nonfinite.sum(), self.hooks.local_alphas(), loss, self.agreement.max)
         else:
             self.guard.push(None, None, loss, self.agreement.max)
         seen = self.guard.poll()

@@ -1,7 +1,8 @@
 """What a checkpoint keeps of a screen, and what resuming with other settings does to it.
 
 The counts belong to the window, not to the decision: a resume that changes only ``threshold``
-(or ``collapse_threshold``) keeps them. A change of what was counted (``level``) restarts the
+(or ``collapse_threshold``) keeps them, and so does a change of ``product`` (the two rules differ only for
+elements within one rounding step of the level), with a warning. A change of what was counted (``level``) restarts the
 count at the resume step; a change of ``window`` or ``sample_every`` keeps the counts made so far.
 Every change is named in a warning (old and new values) and in the verdict card's notes.
 """
@@ -16,6 +17,7 @@ __all__ = ["STATE_VERSION", "RestorePlan", "restore_plan", "saved_state"]
 STATE_VERSION = 2
 #: settings that change what is counted (the counts restart) / how long / only how counts are judged
 _COUNTED = ("level",)
+_ROUNDING = ("product",)
 _SPAN = ("window", "sample_every")
 _DECISION = ("threshold", "collapse_threshold")
 
@@ -26,7 +28,7 @@ def saved_state(screen: Any, counts: tuple[list[int], list[int], list[int]] | No
     loaded = screen._loaded or {}
     state: dict[str, Any] = {
         "version": STATE_VERSION,
-        "settings": {k: getattr(s, k) for k in (*_COUNTED, *_SPAN, *_DECISION)},
+        "settings": {k: getattr(s, k) for k in (*_COUNTED, *_ROUNDING, *_SPAN, *_DECISION)},
         "layers": list(screen.layer_names) or list(loaded.get("layers", [])),
         "steps_seen": screen.steps_seen,
         "first_step": screen.first_step,
@@ -69,7 +71,7 @@ def restore_plan(state: dict[str, Any], settings: Any, layer_names: list[str], s
     counts = tuple(state[k] for k in ("saturated", "total", "nonfinite")) if "saturated" in state else None
     plan = RestorePlan(counts, notes=list(state.get("notes", [])))
     saved = state.get("settings") or {}
-    changed = {k: (saved[k], getattr(settings, k)) for k in saved if k in (*_COUNTED, *_SPAN, *_DECISION)
+    changed = {k: (saved[k], getattr(settings, k)) for k in saved if k in (*_COUNTED, *_ROUNDING, *_SPAN, *_DECISION)
                and saved[k] != getattr(settings, k)}
     if not changed or counts is None or state.get("verdict"):
         return plan
@@ -77,9 +79,15 @@ def restore_plan(state: dict[str, Any], settings: Any, layer_names: list[str], s
     text = ", ".join(f"{k} {new!r} (saved: {old!r})" for k, (old, new) in changed.items())
     if any(k in changed for k in _COUNTED):
         plan.counts, plan.restart = None, True
-        plan.warnings.append(f"satmon: {where} with {text}: the saved counts used another level, so they were dropped "
-                             f"and the window restarts counting at step {steps_seen}. Resume with the saved level to keep them.")
+        plan.warnings.append(f"satmon: {where} with {text}: the saved counts were made by another rule, so they were "
+                             f"dropped and the window restarts counting at step {steps_seen}. Resume with the saved "
+                             "setting to keep them.")
         plan.notes.append(f"window restarted at step {steps_seen} ({text}): the verdict covers the steps after it only")
+    elif any(k in changed for k in _ROUNDING):
+        plan.warnings.append(f"satmon: {where} with {text}: the counts of the first {steps_seen} steps were kept; they "
+                             "used the other product rule, which differs only for elements within one rounding step of "
+                             "the level.")
+        plan.notes.append(f"{where} with {text}; the counts of the first {steps_seen} steps were kept")
     elif any(k in changed for k in _SPAN):
         plan.warnings.append(f"satmon: {where} with {text}: the counts of the first {steps_seen} steps were kept; "
                              "the window's span changed, so the verdict rests on a window made of two settings.")

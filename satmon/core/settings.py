@@ -86,6 +86,7 @@ class ScreenSettings:
     patience: int = 1
     loss_spike_z: float = 8.0
     loss_baseline: int = 200
+    product: str = "module"
 
     def __post_init__(self) -> None:
         _int("window", self.window, 1, "optimizer steps")
@@ -111,6 +112,9 @@ class ScreenSettings:
             raise ValueError(f"Expected `loss_spike_z` > 0 (robust sigmas), got {z!r}.")
         object.__setattr__(self, "loss_spike_z", float(z))
         _int("loss_baseline", self.loss_baseline, 2, "steps")
+        if self.product not in ("module", "exact"):
+            raise ValueError("Expected `product` in ('module', 'exact') (the product as the layer's forward computes it, "
+                             f"or the exact one), got {self.product!r}.")
 
     @staticmethod
     def check_flag(name: str, value: Any) -> bool:
