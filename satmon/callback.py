@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
+from satmon.batches import feed_first
 from satmon.abort import AbortMode, AbortOn, StopRecord
 from satmon.core.screen import Screen
 from satmon.core.settings import ScreenSettings
@@ -81,6 +82,9 @@ class SaturationMonitor(Callback):
         verbose: print the verdict card to the console (rank zero).
         probe_every_n_steps, probe_on_checkpoint, calibration_batches, probe_forward_fn: the live
             dead-direction probe (:class:`satmon.live_probe.LiveProbe`).
+        gating_forward_fn: how the first training batch reaches the LightningModule for the one traced
+            forward that finds gated MLPs (default :func:`satmon.batches.feed_first`: ``model(batch[0])``
+            for ``(inputs, targets)`` batches).
 
     Example:
         >>> from satmon import SaturationMonitor
@@ -97,6 +101,7 @@ class SaturationMonitor(Callback):
         sample_every: int = 1, product: str = "module", on_missing: str = "warn", verbose: bool = True, probe_every_n_steps: int | None = None,
         probe_on_checkpoint: bool = False, calibration_batches: int = 4,
         probe_forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
+        gating_forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
     ) -> None:
         self.settings = ScreenSettings(
             window=window, threshold=threshold, level=level, include=include, exclude=exclude, sample_every=sample_every,
@@ -117,6 +122,8 @@ class SaturationMonitor(Callback):
         self.live_probe: LiveProbe | None = live if live.active else None
         self.screen = Screen(self.settings, info=rank_zero_info, warn=rank_zero_warn, verbose=verbose)
         self._paused = ExitStack()  # validation: no counting between on_validation_start and _end
+        self._attached = False
+        self.gating_forward_fn = gating_forward_fn or feed_first
 
     # the settings, readable as attributes (monitor.window, monitor.threshold, ...)
     def __getattr__(self, name: str) -> Any:
@@ -181,10 +188,16 @@ class SaturationMonitor(Callback):
         self.screen.agreement = _StrategyAgreement(trainer)
         if not self.screen.active:
             log_text(trainer.loggers, TAG.verdict, f"### satmon: no screen\n\n{self.screen.status}", trainer.global_step)
-            return
+        self._attached = False  # the hooks go on at the first training batch, which the gating trace reads
+
+    def _attach(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
+        """At the first training batch, on every rank, before any counting hook: trace gating on this batch
+        (one eval, no-grad forward of the LightningModule), then attach to the wrapped model."""
+        self._attached = True
         resumed_mid_window = self.screen.steps_seen > 0 and self.screen.verdict is None
-        # after the strategy wrapped the model (DDP/FSDP/compile); CPU: inputs kept and counted around the backward
-        self.screen.attach(pl_module, step=trainer.global_step, keep_inputs=pl_module.device.type == "cpu")
+        # CPU: inputs kept and counted around the backward
+        self.screen.attach(pl_module, step=trainer.global_step, keep_inputs=pl_module.device.type == "cpu",
+                           example_input=batch, forward_fn=self.gating_forward_fn)
         if resumed_mid_window:
             self._warn_data_order(trainer)
 
@@ -206,6 +219,8 @@ class SaturationMonitor(Callback):
 
     # ------------------------------------------------------------------------------------ per step
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        if not self._attached and self.screen.active:
+            self._attach(trainer, pl_module, batch)
         self.screen.begin_step(trainer.global_step)
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:

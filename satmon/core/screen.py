@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from satmon.batches import ForwardFn
 from satmon.abort import SatmonAbort, StopReason, StopRecord, breaches
 from satmon.core.agreement import Agreement, TorchDistributed
 from satmon.core.collapse_watch import CollapseWatch, LossHistory
@@ -118,29 +119,38 @@ class Screen:
         """Whether the model has DyT layers to screen."""
         return bool(self.layers)
 
-    def discover(self, model: nn.Module, example_input: Any = None) -> list[NormLayer]:
-        """Find the DyT layers and what they feed; no hooks yet. An empty list: nothing to screen."""
+    def discover(self, model: nn.Module, example_input: Any = None, forward_fn: ForwardFn | None = None) -> list[NormLayer]:
+        """Find the DyT layers and what they feed; no hooks yet. An empty list: nothing to screen.
+
+        With ``example_input`` (a batch; ``forward_fn(model, batch)`` feeds it) gating is read from
+        the data flow of one traced eval forward; without it, from module names (a fallback that
+        says "unknown" where it cannot tell)."""
         s = self.settings
         self.layers = find_dyt_layers(model, include=s.include, exclude=s.exclude)
         if not self.layers:
             self.status = "no DyT layer: the saturation screen is off"
             return []
         self.gating = detect_gating(model, norm_names=self.layer_names, mapping=dict(s.gating_mapping or {}),
-                                    example_input=example_input)
+                                    example_input=example_input, forward_fn=forward_fn)
+        if self.gating.gated is None:
+            self.warn(f"satmon: {self.gating.message}")
         self.status = "discovered"
         return self.layers
 
-    def attach(self, model: nn.Module, step: int = 0, keep_inputs: bool = False, example_input: Any = None) -> Screen:
+    def attach(self, model: nn.Module, step: int = 0, keep_inputs: bool = False, example_input: Any = None,
+               forward_fn: ForwardFn | None = None) -> Screen:
         """Attach the hooks to ``model`` (after any wrapping: DDP, FSDP, compile) at optimizer step ``step``.
 
         Args:
             model: the model (the one whose forwards train).
             step: optimizer steps already done (a resumed run).
             keep_inputs: CPU training: keep inputs and count them in :meth:`count_kept` after the forward.
-            example_input: a batch's model input for the gated-MLP trace (optional).
+            example_input: a batch for the gated-MLP trace (optional; every rank must pass one under
+                FSDP, whose traced forward runs collectives), fed by ``forward_fn``.
+            forward_fn: how ``example_input`` reaches the model (default :func:`satmon.batches.feed`).
         """
         names = self.layer_names
-        if not self.discover(model, example_input) and not names:
+        if not self.discover(model, example_input, forward_fn) and not names:
             return self
         if names and self.layer_names != names:
             raise RuntimeError(f"Expected the same DyT layers as at discovery ({names}), got {self.layer_names}.")
