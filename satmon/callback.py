@@ -77,6 +77,8 @@ class SaturationMonitor(Callback):
         product: ``"module"`` (default): count ``alpha * x`` as the layer's forward computes it, rounded to
             ``torch.result_type(alpha, x)`` (bf16 in a bf16 model), as the study measured and as tanh sees it;
             ``"exact"``: the real product (satmon 0.1's rule).
+        offset_every: on every this many counted window steps, also measure how much of each layer's
+            saturation a per-channel constant explains (card flag "offset-driven"); ``0``: off.
         on_missing: what a model without DyT layers gets: ``"warn"`` (default: no screen, a console
             line and a TensorBoard card say why; probes still run) or ``"raise"``.
         verbose: print the verdict card to the console (rank zero).
@@ -98,7 +100,7 @@ class SaturationMonitor(Callback):
         include: Selector = None, exclude: Selector = None, abort_on: AbortOn = "never", abort_mode: AbortMode = "graceful",
         dry_run: bool = False, collapse_threshold: float = 0.5, gating_mapping: dict[str, str] | None = None,
         watch_every_n_steps: int = 50, patience: int = 1, loss_spike_z: float = 8.0, loss_baseline: int = 200,
-        sample_every: int = 1, product: str = "module", on_missing: str = "warn", verbose: bool = True, probe_every_n_steps: int | None = None,
+        sample_every: int = 1, product: str = "module", offset_every: int = 10, on_missing: str = "warn", verbose: bool = True, probe_every_n_steps: int | None = None,
         probe_on_checkpoint: bool = False, calibration_batches: int = 4,
         probe_forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
         gating_forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
@@ -107,7 +109,7 @@ class SaturationMonitor(Callback):
             window=window, threshold=threshold, level=level, include=include, exclude=exclude, sample_every=sample_every,
             abort_on=abort_on, abort_mode=abort_mode, dry_run=dry_run, collapse_threshold=collapse_threshold,
             gating_mapping=gating_mapping, watch_every_n_steps=watch_every_n_steps, patience=patience,
-            loss_spike_z=loss_spike_z, loss_baseline=loss_baseline, product=product)
+            loss_spike_z=loss_spike_z, loss_baseline=loss_baseline, product=product, offset_every=offset_every)
         if log_every_n_steps is not None and (isinstance(log_every_n_steps, bool) or not isinstance(log_every_n_steps, int)
                                               or log_every_n_steps <= 0):
             raise ValueError(f"Expected `log_every_n_steps` to be a positive int or None, got {log_every_n_steps!r}.")

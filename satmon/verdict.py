@@ -232,6 +232,10 @@ class Verdict:
             out += ["", f"Training loss over the window: {self.loss['first']:.4f} -> {self.loss['last']:.4f} "
                         f"({100 * self.loss['change']:+.1f}%; second half {100 * self.loss['late_change']:+.1f}%)"
                         + (": stopped improving" if self.loss.get("stalled") else "")]
+        if self.offset:
+            out += ["", "| layer | saturation (sampled) | after removing channel means | median abs(mean)/spread |",
+                    "|---|---|---|---|"]
+            out += [f"| {n} | {r['saturated']:.4f} | {r['centered']:.4f} | {r['offset_ratio']:.3g} |" for n, r in self.offset.items()]
         for flag in self.flags:
             out += ["", f"**Flag: {flag}**: {FLAG_TEXT[flag]}"]
         return out

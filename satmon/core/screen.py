@@ -23,6 +23,7 @@ from satmon.core.gate_hooks import GateCounter, GateHooks
 from satmon.core.gated_mlp import GatingReport, detect_gating
 from satmon.core.hookset import paused
 from satmon.core.nonfinite_guard import NonFiniteGuard
+from satmon.core.offset_hooks import OffsetCounter, OffsetHooks, offset_driven
 from satmon.core.saturation_hooks import HookReadings, SaturationHooks
 from satmon.core.screen_state import restore_plan, saved_state
 from satmon.core.settings import ScreenSettings
@@ -98,6 +99,7 @@ class Screen:
         self.losses: LossHistory | None = None
         self.guard: NonFiniteGuard | None = None
         self.window_loss: WindowLoss | None = None
+        self.offset_hooks: OffsetHooks | None = None
         self.verdict: Verdict | None = None
         self.stop: StopRecord | None = None
         self.should_stop = False
@@ -158,6 +160,8 @@ class Screen:
         s = self.settings
         self.hooks = SaturationHooks(self.layers, SaturationCounter(len(self.layers), level=s.level, product=s.product).to(device), keep_inputs)
         self.window_loss = WindowLoss(s.window).to(device)
+        if s.offset_every:
+            self.offset_hooks = OffsetHooks(self.layers, OffsetCounter(len(self.layers)).to(device), s.level)
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
@@ -175,6 +179,8 @@ class Screen:
         self._last_step = self._steps_done = step
         if self.verdict is None and step < s.window:
             self.hooks.attach()
+            if self.offset_hooks is not None:
+                self.offset_hooks.attach()
             if self.gate_hooks is not None:
                 self.gate_hooks.attach()
             tb.add_layout(self.loggers, self.layer_names)
@@ -186,14 +192,14 @@ class Screen:
 
     def detach(self) -> None:
         """Remove every hook (the counts and the verdict stay)."""
-        for h in (self.hooks, self.gate_hooks, self.watch):
+        for h in (self.hooks, self.gate_hooks, self.watch, self.offset_hooks):
             if h is not None:
                 h.detach()
 
     @contextmanager
     def paused(self) -> Iterator[None]:
         """No counting inside the block (validation, a probe's forwards)."""
-        with paused(self.hooks, self.gate_hooks, self.watch.hooks if self.watch else None):
+        with paused(self.hooks, self.gate_hooks, self.offset_hooks, self.watch.hooks if self.watch else None):
             yield
 
     # ------------------------------------------------------------------------------- per step
@@ -207,6 +213,8 @@ class Screen:
                 self.hooks.enabled = step % k == 0
             if self.hooks.enabled:
                 self.hooks.refresh_thresholds()  # one batched op per step instead of one per layer
+            if self.offset_hooks is not None:  # sampled: a float64 pass over the inputs
+                self.offset_hooks.enabled = self.hooks.enabled and (step // k) % self.settings.offset_every == 0
         elif self.watch is not None and self.watch.hooks.attached:
             self.watch.select(step)
 
@@ -274,17 +282,22 @@ class Screen:
         r = self.hooks.read(sync=sync)
         self.hooks.detach()
         risk = self._gate_risk(r) if self.gate_hooks is not None else {}
+        offset = {}
+        if self.offset_hooks is not None:
+            offset = self.offset_hooks.read(self.layer_names, sync=sync)
+            self.offset_hooks.detach()
         self.verdict = build_verdict(
             self._layer_counts(r), step=step, window=(self.steps_seen if partial else self.settings.window) - self.first_step,
             source=Source.WINDOW, planned_window=self.settings.window, threshold=self.settings.threshold,
             level=self.settings.level, gating=self._gating_info(), collapse_threshold=self.settings.collapse_threshold,
             risk=risk, notes=[*self.notes, *extra_notes],
-            loss=loss_trend(self.window_loss.means(sync=sync)) if self.window_loss is not None else None)
+            loss=loss_trend(self.window_loss.means(sync=sync)) if self.window_loss is not None else None,
+            offset=offset, offset_flag=bool(offset) and offset_driven(offset))
         if self.verdict is None:
             self.status = "window over: no DyT input was counted"
             self.warn(f"satmon: no DyT input was counted in the window ({self.steps_seen} steps): no verdict.")
             return None
-        tb.log_scalars(self.loggers, self._window_scalars(r), step)
+        tb.log_scalars(self.loggers, {**self._window_scalars(r), **tb.offset_scalars(offset)}, step)
         tb.log_verdict(self.loggers, self.verdict)
         if self.verbose:
             self.info("\n" + self.verdict.card() + "\n")
@@ -394,9 +407,10 @@ class Screen:
             r = self.hooks.read(sync=sync)
             counts = (r.saturated, r.total, r.nonfinite)
         state = saved_state(self, counts)
-        if self.window_loss is not None:
-            with self.window_loss.sync_context(should_sync=sync, should_unsync=True):
-                state["loss_segments"] = [self.window_loss.sums.cpu().tolist(), self.window_loss.counts.cpu().tolist()]
+        for key, metric in (("loss_segments", self.window_loss), ("offset", self.offset_hooks and self.offset_hooks.counter)):
+            if metric is not None:
+                with metric.sync_context(should_sync=sync, should_unsync=True):
+                    state[key] = {k: getattr(metric, k).cpu().tolist() for k in metric._defaults}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -418,7 +432,11 @@ class Screen:
         if plan.counts is not None and self.agreement.rank == 0:  # saved counts are sums over ranks
             for k, v in zip(("saturated", "total", "nonfinite"), plan.counts):
                 getattr(self.hooks.counter, k).copy_(torch.tensor(v, dtype=torch.int64))
-            segments = state.get("loss_segments")
-            if self.window_loss is not None and segments and len(segments[0]) == self.window_loss.segments and not plan.restart:
-                self.window_loss.sums.copy_(torch.tensor(segments[0], dtype=torch.float64))
-                self.window_loss.counts.copy_(torch.tensor(segments[1], dtype=torch.int64))
+            for key, metric in (("loss_segments", self.window_loss), ("offset", self.offset_hooks and self.offset_hooks.counter)):
+                saved = state.get(key)
+                if metric is None or not isinstance(saved, dict) or plan.restart:
+                    continue
+                for k, v in saved.items():
+                    t = getattr(metric, k, None)
+                    if isinstance(t, torch.Tensor) and t.numel() == len(v):
+                        t.copy_(torch.tensor(v, dtype=t.dtype))

@@ -87,6 +87,7 @@ class ScreenSettings:
     loss_spike_z: float = 8.0
     loss_baseline: int = 200
     product: str = "module"
+    offset_every: int = 10
 
     def __post_init__(self) -> None:
         _int("window", self.window, 1, "optimizer steps")
@@ -112,6 +113,7 @@ class ScreenSettings:
             raise ValueError(f"Expected `loss_spike_z` > 0 (robust sigmas), got {z!r}.")
         object.__setattr__(self, "loss_spike_z", float(z))
         _int("loss_baseline", self.loss_baseline, 2, "steps")
+        _int("offset_every", self.offset_every, 0, "offset statistics on every k-th counted window step; 0 turns them off")
         if self.product not in ("module", "exact"):
             raise ValueError("Expected `product` in ('module', 'exact') (the product as the layer's forward computes it, "
                              f"or the exact one), got {self.product!r}.")

@@ -95,6 +95,14 @@ class TAG:
         return f"satmon/sigma_min/ratio/{block}"
 
     @staticmethod
+    def offset_centered(layer: str) -> str:
+        return f"satmon/offset/centered/{layer}"
+
+    @staticmethod
+    def offset_ratio(layer: str) -> str:
+        return f"satmon/offset/ratio/{layer}"
+
+    @staticmethod
     def init_gap(layer: str) -> str:
         return f"satmon/init_gap/{layer}"
 
@@ -116,6 +124,20 @@ def window_scalars(pooled: float, per_layer: Mapping[str, float], alphas: Mappin
     out = {TAG.saturation: float(pooled), TAG.nonfinite: float(nonfinite)}
     out.update({TAG.layer_saturation(k): float(v) for k, v in per_layer.items()})
     out.update({TAG.alpha(k): float(v) for k, v in alphas.items()})
+    return out
+
+
+def offset_scalars(readings: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """Per layer: the saturation left once each channel's mean is removed, and the median |mean| / spread.
+
+    Example:
+        >>> offset_scalars({"ln_f": {"saturated": 0.74, "centered": 0.006, "offset_ratio": 102.0}})
+        {'satmon/offset/centered/ln_f': 0.006, 'satmon/offset/ratio/ln_f': 102.0}
+    """
+    out: dict[str, float] = {}
+    for layer, r in readings.items():
+        out[TAG.offset_centered(layer)] = float(r["centered"])
+        out[TAG.offset_ratio(layer)] = float(r["offset_ratio"])
     return out
 
 
