@@ -14,8 +14,11 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Literal, NamedTuple
 
+from satmon import verdict_card
+from satmon.verdict_card import FLAG_TEXT
+
 __all__ = [
-    "CAVEAT", "INCONCLUSIVE_BAND", "Decision", "GatingInfo", "LayerCounts", "Source", "Verdict", "build_verdict", "decide",
+    "CAVEAT", "FLAG_TEXT", "INCONCLUSIVE_BAND", "Decision", "GatingInfo", "LayerCounts", "Source", "Verdict", "build_verdict", "decide",
 ]
 
 CAVEAT = (
@@ -28,15 +31,6 @@ CAVEAT = (
 #: where seeds and scales disagree, so satmon flags +-0.02.
 INCONCLUSIVE_BAND = 0.02
 
-#: What each flag means, in the card. Flags sit beside the study's rule; they never change the decision.
-FLAG_TEXT = {
-    "stalled-loss": "saturation at or above the threshold while the training loss stopped improving over the "
-                    "window's second half: the stalled-run pattern (docs/faq.md), not DyT regularising. Check the "
-                    "offset reading and the loss before keeping DyT.",
-    "offset-driven": "most of the saturation comes from per-channel constants in the DyT inputs (each channel sits on "
-                     "an offset far above its token-to-token spread), not from informative activations: the stalled-run "
-                     "pattern (docs/faq.md), not a regulariser at work.",
-}
 
 Decision = Literal["go", "no-go", "non-finite"]
 
@@ -70,6 +64,11 @@ class GatingInfo:
     gated: bool | None
     gated_layers: tuple[str, ...] = ()
     message: str = ""
+
+    @classmethod
+    def of(cls, report: Any) -> GatingInfo | None:
+        """From a :class:`~satmon.core.gated_mlp.GatingReport` (``None`` stays ``None``)."""
+        return None if report is None else cls(report.gated, tuple(report.pairings), report.message)
 
 
 @dataclass(frozen=True)
@@ -161,18 +160,7 @@ class Verdict:
 
     def headline(self) -> str:
         """The decision in words (the card's title)."""
-        if self.decision == "non-finite":
-            return "**NON-FINITE**: DyT inputs held NaN/inf: the run diverged; fix that before judging the norm"
-        if self.collapse_risk:
-            return "**NO-GO**: collapse risk: DyT feeds a gated MLP and saturates; switch back to RMSNorm/LayerNorm"
-        if self.go:
-            return "**GO**: DyT acts as a useful regulariser here; keep it"
-        return "**NO-GO**: DyT looks like a convergence penalty here; switch back to LayerNorm"
-
-    def _where(self) -> str:
-        if self.source == Source.WINDOW.value:
-            return f"window {self.window} steps)"
-        return f"{self.source} at step {self.step})"
+        return verdict_card.headline(self)
 
     def summary(self) -> str:
         """One console line.
@@ -182,13 +170,7 @@ class Verdict:
             >>> v.summary()
             'satmon verdict: GO  saturation 0.5000 >= threshold 0.43 (margin +0.0700, window 500 steps)'
         """
-        op = ">=" if self.saturation >= self.threshold else "<"
-        head = {"go": "GO", "no-go": "NO-GO", "non-finite": "NON-FINITE"}[self.decision]
-        extra = " [collapse risk]" if self.collapse_risk else ""
-        extra += " [inconclusive]" if self.inconclusive else ""
-        extra += " [partial window]" if self.partial else ""
-        return (f"satmon verdict: {head}{extra}  saturation {self.saturation:.4f} {op} threshold {self.threshold:g} "
-                f"(margin {self.margin:+.4f}, " + self._where())
+        return verdict_card.summary(self)
 
     def card(self) -> str:
         """The verdict as a markdown card (TensorBoard text, console, reports).
@@ -198,57 +180,7 @@ class Verdict:
             >>> print(v.card().splitlines()[0])
             ### satmon verdict: **NO-GO**: DyT looks like a convergence penalty here; switch back to LayerNorm
         """
-        op = ">=" if self.saturation >= self.threshold else "<"
-        if self.source == Source.WINDOW.value:
-            where = f"over a window of {self.window} optimizer steps (verdict at step {self.step}); "
-        else:
-            where = f"from a {self.source} on calibration batches (step {self.step}, no training window); "
-        lines = [
-            f"### satmon verdict: {self.headline()}", "",
-            f"Pooled saturation **{self.saturation:.4f}** {op} threshold **{self.threshold:g}** "
-            f"(margin {self.margin:+.4f}{', inconclusive' if self.inconclusive else ''}) " + where
-            + f"saturated means |alpha x| > {self.level:g}; {self.elements:,} elements counted.",
-        ]
-        if self.reason:
-            lines += ["", f"Reason: {self.reason}"]
-        lines += self._gating_lines()
-        if self.nonfinite:
-            lines += ["", f"Warning: {self.nonfinite:,} DyT layer input(s) or alpha(s) held non-finite values."]
-        lines += self._reading_lines()
-        lines += [f"\nNote: {n}" for n in self.notes]
-        lines += ["", "| layer | saturation |", "|---|---|"]
-        lines += [f"| {name} | {frac:.4f} |" for name, frac in self.per_layer.items()]
-        if self.risk:
-            keys = sorted({k for r in self.risk.values() for k in r})
-            lines += ["", "| gated block | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
-            lines += [f"| {b} | " + " | ".join(f"{r.get(k, float('nan')):.4f}" for k in keys) + " |" for b, r in self.risk.items()]
-        lines += ["", f"_{self.caveat}_"]
-        return "\n".join(lines)
-
-    def _reading_lines(self) -> list[str]:
-        """The loss beside the verdict, and what the flags mean."""
-        out = []
-        if self.loss and self.loss.get("first") == self.loss.get("first"):  # not NaN
-            out += ["", f"Training loss over the window: {self.loss['first']:.4f} -> {self.loss['last']:.4f} "
-                        f"({100 * self.loss['change']:+.1f}%; second half {100 * self.loss['late_change']:+.1f}%)"
-                        + (": stopped improving" if self.loss.get("stalled") else "")]
-        if self.offset:
-            out += ["", "| layer | saturation (sampled) | after removing channel means | median abs(mean)/spread |",
-                    "|---|---|---|---|"]
-            out += [f"| {n} | {r['saturated']:.4f} | {r['centered']:.4f} | {r['offset_ratio']:.3g} |" for n, r in self.offset.items()]
-        for flag in self.flags:
-            out += ["", f"**Flag: {flag}**: {FLAG_TEXT[flag]}"]
-        return out
-
-    def _gating_lines(self) -> list[str]:
-        if self.gated is None:
-            return ["", f"Gated MLP after DyT: unknown ({self.gating_message})"] if self.gating_message else []
-        line = f"Gated MLP after DyT: {'yes' if self.gated else 'no'}"
-        line += f" ({', '.join(self.gated_layers)})" if self.gated_layers else ""
-        if self.gated:
-            line += (f"; collapse risk: {'YES' if self.collapse_risk else 'no'} "
-                     f"(pooled saturation vs {self.collapse_threshold:g})")
-        return ["", line]
+        return verdict_card.card(self)
 
 
 def _rule(saturation: float, threshold: float, gated: bool | None, collapse_threshold: float,

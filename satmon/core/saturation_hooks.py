@@ -5,6 +5,7 @@ queued sums are folded into the counter's states. No host sync on the hooks' pat
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -16,6 +17,7 @@ from torch.utils.hooks import RemovableHandle
 from satmon.core.counters import SaturationCounter
 from satmon.core.hookset import HookSet
 from satmon.discovery import NormLayer
+from satmon.verdict import LayerCounts
 from satmon.functional.saturation import (
     module_product_dtype,
     saturation_counts,
@@ -37,6 +39,16 @@ class HookReadings(NamedTuple):
     total: list[int]
     nonfinite: list[int]
     alphas: list[float]
+
+    def layer_counts(self, names: Sequence[str]) -> dict[str, LayerCounts]:
+        """Counts by layer name for :func:`satmon.verdict.build_verdict`; a non-finite ``alpha`` counts as
+        a non-finite input of its layer (its threshold is NaN: nothing would read as saturated)."""
+        return {n: LayerCounts(s, t, b + (not math.isfinite(a)))
+                for n, s, t, b, a in zip(names, self.saturated, self.total, self.nonfinite, self.alphas)}
+
+    def fractions(self, names: Sequence[str]) -> dict[str, float]:
+        """Saturation by layer name (layers that counted nothing left out)."""
+        return {n: s / t for n, s, t in zip(names, self.saturated, self.total) if t}
 
 
 class CountQueue:
@@ -180,10 +192,16 @@ class SaturationHooks(HookSet):
     CPU training with ``keep_inputs``); compiled hooks and float64 inputs count in place with tensor
     ops only. No ``.item()`` on the way. Read the counts with :meth:`read` (one host transfer).
 
+    A layer whose ``alpha * x`` would not keep its input's shape (a per-channel ``alpha`` that its
+    forward reshapes, invisible to the hook) is refused rather than stopping training: one
+    ``RuntimeWarning`` names it, :attr:`refused` keeps the reason, and it is counted no further.
+
     Args:
         layers: DyT layers (from :func:`satmon.discovery.find_dyt_layers`).
         counter: where counts go (its layer ``i`` is ``layers[i]``); its ``level`` is used.
         keep_inputs: see :class:`CountQueue`.
+        refused: layer name -> reason, shared with another hook set on the same layers (the screen's
+            window and watch hooks) so that a refused layer warns once; default a new dict.
 
     Example:
         >>> from satmon import DyT
@@ -197,35 +215,54 @@ class SaturationHooks(HookSet):
         >>> hooks.detach()
     """
 
-    def __init__(self, layers: Sequence[NormLayer], counter: SaturationCounter, keep_inputs: bool = False) -> None:
+    def __init__(self, layers: Sequence[NormLayer], counter: SaturationCounter, keep_inputs: bool = False,
+                 refused: dict[str, str] | None = None) -> None:
         if len(layers) != counter.num_layers:
             raise ValueError(f"Expected a counter with {len(layers)} layers, got {counter.num_layers}.")
         super().__init__()
         self.layers = list(layers)
         self.counter = counter
         self.queue = CountQueue(counter, counter.level, keep_inputs, product=counter.product)
+        self.refused: dict[str, str] = {} if refused is None else refused
 
     def _make_hook(self, index: int):
         # FSDP2 (alpha a DTensor outside the forward) gathers alpha into fresh storage each forward, keeps its
         # version and frees it after: neither a kept reference nor the (data_ptr, version) threshold cache holds
         sharded = hasattr(self.layers[index].module.alpha, "full_tensor")
+        name = self.layers[index].name
 
         def hook(mod: nn.Module, args: tuple, output: Tensor) -> None:
-            if not self.enabled or not args:
+            if not self.enabled or not args or name in self.refused:
                 return
-            x = args[0]
+            x, alpha = args[0], mod.alpha
+            # a per-channel alpha matching x's trailing dims broadcasts; anything else is checked in full
+            if alpha.numel() != 1 and alpha.shape != x.shape[-alpha.dim():]:
+                reason = _broadcast_refusal(alpha.shape, x.shape)
+                if reason is not None:
+                    self._refuse(name, reason)
+                    return
             if x.dtype == torch.float64 or sharded or torch.compiler.is_compiling():
                 # compiled: the whole update is in the graph (no Python-side queue); float64: the product path
                 with torch.no_grad():
-                    sat, bad = saturation_counts(x, mod.alpha, self.counter.level, product=self.counter.product)
+                    sat, bad = saturation_counts(x, alpha, self.counter.level, product=self.counter.product)
                     self.counter.add_counts(index, sat, x.numel(), bad)
                 return
-            self.queue.add_input(index, x, mod.alpha)  # saturation_sums detaches x: no grad-mode switch
+            self.queue.add_input(index, x, alpha)  # saturation_sums detaches x: no grad-mode switch
 
         return hook
 
     def _register(self) -> list[RemovableHandle]:
         return [l.module.register_forward_hook(self._make_hook(i)) for i, l in enumerate(self.layers)]
+
+    def _refuse(self, name: str, reason: str) -> None:
+        """Stop counting layer ``name`` for the rest of the run, with one warning that says how to resolve it."""
+        self.refused[name] = reason
+        warnings.warn(
+            f"satmon: DyT layer {name!r} is not counted for the rest of the run: {reason}, so `alpha * x` would not "
+            "keep the input's shape (a forward that reshapes alpha, e.g. alpha.view(-1, 1, 1) for channels-first "
+            f"input, is invisible to satmon). Pass exclude=[{name!r}] to leave it out of the screen, or include= "
+            "only layers whose alpha broadcasts; or store alpha in the shape the forward uses (e.g. (C, 1, 1)).",
+            RuntimeWarning, stacklevel=2)
 
     def refresh_thresholds(self) -> None:
         """Batched thresholds of these layers' scalar accelerator ``alpha`` (once per optimizer step)."""
@@ -273,6 +310,17 @@ class SaturationHooks(HookSet):
         """This process's ``alpha`` values (its shards under FSDP2), flattened: no collective, for finiteness checks."""
         alphas = (l.module.alpha for l in self.layers)
         return torch.cat([(a.to_local() if hasattr(a, "to_local") else a).detach().reshape(-1) for a in alphas])
+
+
+def _broadcast_refusal(alpha_shape: torch.Size, x_shape: torch.Size) -> str | None:
+    """Why an ``alpha`` of ``alpha_shape`` cannot be counted against ``x`` of ``x_shape``, or None when it can:
+    ``alpha * x`` must keep ``x``'s elements (the rule of :func:`~satmon.functional.saturation.saturation_sums`)."""
+    try:
+        if torch.broadcast_shapes(alpha_shape, x_shape).numel() == x_shape.numel():
+            return None
+    except RuntimeError:
+        pass
+    return f"alpha of shape {tuple(alpha_shape)} does not broadcast against its input of shape {tuple(x_shape)}"
 
 
 def whole(t: Tensor) -> Tensor:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from satmon.batches import ForwardFn
-from satmon.abort import SatmonAbort, StopReason, StopRecord, breaches
+from satmon.abort import StopReason, StopRecord, breaches
 from satmon.core.agreement import Agreement, TorchDistributed
 from satmon.core.collapse_watch import CollapseWatch, LossHistory
 from satmon.core.counters import SaturationCounter
@@ -25,12 +25,13 @@ from satmon.core.hookset import paused
 from satmon.core.nonfinite_guard import NonFiniteGuard
 from satmon.core.offset_hooks import OffsetCounter, OffsetHooks, offset_driven
 from satmon.core.saturation_hooks import HookReadings, SaturationHooks
-from satmon.core.screen_state import restore_plan, saved_state
+from satmon.core.screen_state import dump_state, restore_state
+from satmon.core.stop_policy import StopPolicy
 from satmon.core.settings import ScreenSettings
 from satmon.core.window_loss import WindowLoss
 from satmon.functional.loss import loss_trend
 from satmon.discovery import NormLayer, find_dyt_layers
-from satmon.verdict import GatingInfo, LayerCounts, Source, Verdict, build_verdict
+from satmon.verdict import GatingInfo, Source, Verdict, build_verdict
 from satmon.writers import tensorboard as tb
 
 __all__ = ["Screen"]
@@ -101,8 +102,7 @@ class Screen:
         self.window_loss: WindowLoss | None = None
         self.offset_hooks: OffsetHooks | None = None
         self.verdict: Verdict | None = None
-        self.stop: StopRecord | None = None
-        self.should_stop = False
+        self.policy = StopPolicy(self.settings)
         self.steps_seen = 0
         self.first_step = 0  # the step counting (re)started at: not 0 after a resume that dropped the counts
         self.notes: list[str] = []
@@ -169,7 +169,8 @@ class Screen:
             self.gate_hooks = GateHooks(model, self.gating, GateCounter(len(self.gating.pairings)).to(device))
         self.losses = LossHistory(s.loss_baseline + max(s.watch_every_n_steps, 1), device=device)
         if s.watch_every_n_steps:
-            watch_hooks = SaturationHooks(self.layers, SaturationCounter(len(self.layers), level=s.level, product=s.product).to(device), keep_inputs)
+            watch_hooks = SaturationHooks(self.layers, SaturationCounter(len(self.layers), level=s.level, product=s.product).to(device), keep_inputs,
+                                          refused=self.hooks.refused)  # a refused layer warns once per run
             gated = [i for i, n in enumerate(self.layer_names) if n in (self.gating.pairings if self.gating else {})]
             mlps = {n: p.mlp for n, p in (self.gating.pairings if self.gating else {}).items()}
             self.watch = CollapseWatch(watch_hooks, gated, self.gate_hooks, mlps, s.watch_every_n_steps,
@@ -287,10 +288,10 @@ class Screen:
             offset = self.offset_hooks.read(self.layer_names, sync=sync)
             self.offset_hooks.detach()
         self.verdict = build_verdict(
-            self._layer_counts(r), step=step, window=(self.steps_seen if partial else self.settings.window) - self.first_step,
+            r.layer_counts(self.layer_names), step=step, window=(self.steps_seen if partial else self.settings.window) - self.first_step,
             source=Source.WINDOW, planned_window=self.settings.window, threshold=self.settings.threshold,
-            level=self.settings.level, gating=self._gating_info(), collapse_threshold=self.settings.collapse_threshold,
-            risk=risk, notes=[*self.notes, *extra_notes],
+            level=self.settings.level, gating=GatingInfo.of(self.gating), collapse_threshold=self.settings.collapse_threshold,
+            risk=risk, notes=[*self.notes, *extra_notes, *(f"layer {n} not counted: {why}" for n, why in self.hooks.refused.items())],
             loss=loss_trend(self.window_loss.means(sync=sync)) if self.window_loss is not None else None,
             offset=offset, offset_flag=bool(offset) and offset_driven(offset))
         if self.verdict is None:
@@ -306,20 +307,11 @@ class Screen:
             self._verdict_policy(step)
         return self.verdict
 
-    def _layer_counts(self, r: HookReadings) -> dict[str, LayerCounts]:
-        """Per-layer counts; a non-finite ``alpha`` counts as a non-finite input of its layer."""
-        return {name: LayerCounts(s, t, b + (not math.isfinite(a)))
-                for name, s, t, b, a in zip(self.layer_names, r.saturated, r.total, r.nonfinite, r.alphas)}
-
-    def _gating_info(self) -> GatingInfo | None:
-        g = self.gating
-        return None if g is None else GatingInfo(g.gated, tuple(g.pairings), g.message)
-
     def _gate_risk(self, r: HookReadings) -> dict[str, dict[str, float]]:
         assert self.gate_hooks is not None and self.gating is not None
         self.gate_hooks.detach()
-        per_layer = {n: (s / t if t else float("nan")) for n, s, t in zip(self.layer_names, r.saturated, r.total)}
-        risk = {self.gating.pairings[norm].mlp: {"dyt_saturation": per_layer[norm], **stats}
+        per_layer = r.fractions(self.layer_names)
+        risk = {self.gating.pairings[norm].mlp: {"dyt_saturation": per_layer.get(norm, math.nan), **stats}
                 for norm, stats in self.gate_hooks.readings().items()}
         self.gate_hooks.counter.reset()
         return risk
@@ -373,45 +365,28 @@ class Screen:
 
     # ------------------------------------------------------------------------------- stopping
     def request_stop(self, reason: StopReason, message: str, step: int) -> bool:
-        """Apply the abort policy with every rank (``Agreement.any``); True when training must stop now."""
-        s = self.settings
-        if not self.agreement.any(breaches(s.abort_on, reason)):
-            return False
-        if self.stop is not None and self.stop.dry_run and self.stop.reason == reason:
-            return False  # a dry run reports each reason once
-        self.stop = StopRecord(reason=reason, message=message, step=step, dry_run=s.dry_run)
-        text = (f"**satmon {'would stop' if s.dry_run else 'stopped'} training at step {step}** "
-                f"({reason.value}{', dry run' if s.dry_run else ''}): {message}")
-        tb.log_text(self.loggers, tb.TAG.stop, text, step)
-        tb.log_scalars(self.loggers, {tb.TAG.stop: 1.0}, step)
-        self.warn(text.replace("**", ""))
-        if s.dry_run:
-            return False
-        if s.abort_mode == "raise":
-            raise SatmonAbort(reason, message, step)
-        self.should_stop = True
-        return True
+        """Apply the abort policy with every rank; True when training must stop now."""
+        return self.policy.request(reason, message, step, self.agreement, self.loggers, self.warn)
+
+    @property
+    def stop(self) -> StopRecord | None:
+        """Why satmon stopped (or, in a dry run, would have stopped) the run."""
+        return self.policy.stop
+
+    @property
+    def should_stop(self) -> bool:
+        return self.policy.should_stop
 
     # ------------------------------------------------------------------------------- readings
     def _window_scalars(self, r: HookReadings) -> dict[str, float]:
         n = sum(r.total)
-        per_layer = {name: s / t for name, s, t in zip(self.layer_names, r.saturated, r.total) if t}
-        return tb.window_scalars(sum(r.saturated) / n if n else 0.0, per_layer, dict(zip(self.layer_names, r.alphas)),
-                                 sum(r.nonfinite))
+        return tb.window_scalars(sum(r.saturated) / n if n else 0.0, r.fractions(self.layer_names),
+                                 dict(zip(self.layer_names, r.alphas)), sum(r.nonfinite))
 
     # ------------------------------------------------------------------------------- state
     def state_dict(self, sync: bool = True) -> dict[str, Any]:
         """What a checkpoint keeps: the window's counts (summed over ranks with ``sync``), settings, verdict, stop."""
-        counts = None
-        if self.hooks is not None:
-            r = self.hooks.read(sync=sync)
-            counts = (r.saturated, r.total, r.nonfinite)
-        state = saved_state(self, counts)
-        for key, metric in (("loss_segments", self.window_loss), ("offset", self.offset_hooks and self.offset_hooks.counter)):
-            if metric is not None:
-                with metric.sync_context(should_sync=sync, should_unsync=True):
-                    state[key] = {k: getattr(metric, k).cpu().tolist() for k in metric._defaults}
-        return state
+        return dump_state(self, sync)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take a saved state back; the counts are restored at :meth:`attach`."""
@@ -419,24 +394,7 @@ class Screen:
         self.steps_seen = int(state.get("steps_seen", 0))
         self.first_step = int(state.get("first_step", 0))
         self.verdict = Verdict.from_dict(state["verdict"]) if state.get("verdict") else None
-        self.stop = StopRecord.from_dict(state["stop"]) if state.get("stop") else None
+        self.policy.stop = StopRecord.from_dict(state["stop"]) if state.get("stop") else None
 
     def _restore(self, state: dict[str, Any]) -> None:
-        assert self.hooks is not None
-        plan = restore_plan(state, self.settings, self.layer_names, self.steps_seen)
-        for message in plan.warnings:
-            self.warn(message)
-        self.notes.extend(plan.notes)
-        if plan.restart:
-            self.first_step = self.steps_seen
-        if plan.counts is not None and self.agreement.rank == 0:  # saved counts are sums over ranks
-            for k, v in zip(("saturated", "total", "nonfinite"), plan.counts):
-                getattr(self.hooks.counter, k).copy_(torch.tensor(v, dtype=torch.int64))
-            for key, metric in (("loss_segments", self.window_loss), ("offset", self.offset_hooks and self.offset_hooks.counter)):
-                saved = state.get(key)
-                if metric is None or not isinstance(saved, dict) or plan.restart:
-                    continue
-                for k, v in saved.items():
-                    t = getattr(metric, k, None)
-                    if isinstance(t, torch.Tensor) and t.numel() == len(v):
-                        t.copy_(torch.tensor(v, dtype=t.dtype))
+        restore_state(self, state)

@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["STATE_VERSION", "RestorePlan", "restore_plan", "saved_state"]
+import torch
+
+__all__ = ["STATE_VERSION", "RestorePlan", "dump_state", "restore_plan", "restore_state", "saved_state"]
 
 STATE_VERSION = 2
 #: settings that change what is counted (the counts restart) / how long / only how counts are judged
@@ -95,3 +97,44 @@ def restore_plan(state: dict[str, Any], settings: Any, layer_names: list[str], s
     else:
         plan.notes.append(f"{where} with {text}; the counts were kept")
     return plan
+
+
+def _metrics(screen: Any) -> tuple[tuple[str, Any], ...]:
+    """The screen's extra window states kept in checkpoints: the loss segments and the offset sums."""
+    return (("loss_segments", screen.window_loss), ("offset", screen.offset_hooks and screen.offset_hooks.counter))
+
+
+def dump_state(screen: Any, sync: bool) -> dict[str, Any]:
+    """A screen's state; with ``sync`` the counts are summed over ranks (every rank must call it)."""
+    counts = None
+    if screen.hooks is not None:
+        r = screen.hooks.read(sync=sync)
+        counts = (r.saturated, r.total, r.nonfinite)
+    state = saved_state(screen, counts)
+    for key, metric in _metrics(screen):
+        if metric is not None:
+            with metric.sync_context(should_sync=sync, should_unsync=True):
+                state[key] = {k: getattr(metric, k).cpu().tolist() for k in metric._defaults}
+    return state
+
+
+def restore_state(screen: Any, state: dict[str, Any]) -> None:
+    """Put a saved state back into an attached screen, as :func:`restore_plan` decides (rank zero takes the sums)."""
+    plan = restore_plan(state, screen.settings, screen.layer_names, screen.steps_seen)
+    for message in plan.warnings:
+        screen.warn(message)
+    screen.notes.extend(plan.notes)
+    if plan.restart:
+        screen.first_step = screen.steps_seen
+    if plan.counts is None or screen.agreement.rank != 0:  # saved counts are sums over ranks
+        return
+    for k, v in zip(("saturated", "total", "nonfinite"), plan.counts):
+        getattr(screen.hooks.counter, k).copy_(torch.tensor(v, dtype=torch.int64))
+    for key, metric in _metrics(screen):
+        saved = state.get(key)
+        if metric is None or not isinstance(saved, dict):
+            continue
+        for k, v in saved.items():
+            t = getattr(metric, k, None)
+            if isinstance(t, torch.Tensor) and t.numel() == len(v):
+                t.copy_(torch.tensor(v, dtype=t.dtype))
