@@ -176,7 +176,8 @@ def _trace(model: nn.Module, norms: list[str], example_input: Any, forward_fn: C
     try:
         return trace_flow(model, norms, example_input, forward_fn or feed), ""
     except Exception as err:  # a monitor must not stop training: report and fall back to names
-        return None, f"the traced forward failed ({type(err).__name__}: {err}); pass forward_fn= or gating_mapping="
+        return None, (f"the traced forward failed ({type(err).__name__}: {err}); give it a forward that works "
+                      "(SaturationMonitor(gating_forward_fn=...), detect_gating(forward_fn=...))")
 
 
 class _Pairs:
