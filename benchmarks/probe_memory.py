@@ -4,7 +4,8 @@ Each configuration runs in a fresh subprocess. Memory: the kernel's peak residen
 reset with ``/proc/self/clear_refs`` just before the call, minus the resident set then (Linux only;
 ``tracemalloc`` does not see torch's CPU allocations). The model and its batches exist before the
 reset; what the probe's forwards allocate is included, so a plain no-grad forward is measured the
-same way for reference. Results go to docs/performance.md ("The dead-direction probe").
+same way for reference. Time: wall and CPU (``time.process_time``: less sensitive to other
+tenants of a shared machine), one torch thread. Results: docs/performance.md ("The dead-direction probe").
 
     OMP_NUM_THREADS=1 python benchmarks/probe_memory.py --d 2048 --blocks 2 --budget none 1
 """
@@ -44,8 +45,9 @@ def rss(key):
 def measure(fn):
     base = rss("VmRSS:")
     open("/proc/self/clear_refs", "w").write("5")
-    t0 = time.perf_counter(); out = fn(); s = time.perf_counter() - t0
-    return out, rss("VmHWM:") - base, s
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, rss("VmHWM:") - base, (time.perf_counter() - t0, time.process_time() - c0)
 
 with torch.no_grad():
     _, fwd, fwd_s = measure(lambda: model(x))
@@ -53,7 +55,7 @@ budget = None if budget_matrices is None else budget_matrices * matrix_bytes(d) 
 report, peak, seconds = measure(lambda: satmon.probe(model, [x], memory_budget=budget))
 print(json.dumps({"d": d, "blocks": blocks, "rows": rows, "budget": budget, "plan": report.plan.describe(),
                   "matrices": report.plan.matrices, "passes": report.plan.passes, "planned_peak": report.plan.peak_bytes,
-                  "peak": peak, "seconds": seconds, "forward_peak": fwd, "forward_s": fwd_s,
+                  "peak": peak, "seconds": seconds[0], "cpu_seconds": seconds[1], "forward_peak": fwd, "forward_s": fwd_s[0],
                   "norm_type": report.norm_type}))
 """
 
@@ -66,8 +68,8 @@ def main() -> None:
     p.add_argument("--budget", nargs="+", default=["none"], help="'none' or matrices per pass (plus one readout)")
     args = p.parse_args()
     print("| d | blocks | rows | budget (matrices/pass) | matrices | passes | planned peak MiB | measured peak MiB "
-          "| forward alone MiB | seconds |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| forward alone MiB | wall s | CPU s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for d in args.d:
         for b in args.budget:
             t0 = time.perf_counter()
@@ -76,7 +78,7 @@ def main() -> None:
             r = json.loads(out.stdout.strip().splitlines()[-1])
             mib = 2**20
             print(f"| {d} | {args.blocks} | {args.rows} | {b} | {r['matrices']} | {r['passes']} | {r['planned_peak'] / mib:.0f} "
-                  f"| {r['peak'] / mib:.0f} | {r['forward_peak'] / mib:.0f} | {r['seconds']:.1f} |", flush=True)
+                  f"| {r['peak'] / mib:.0f} | {r['forward_peak'] / mib:.0f} | {r['seconds']:.1f} | {r['cpu_seconds']:.1f} |", flush=True)
             print(f"<!-- {r['plan']} ({time.perf_counter() - t0:.0f} s with start-up) -->", flush=True)
 
 

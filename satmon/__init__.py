@@ -14,7 +14,9 @@ from satmon.core.saturation_hooks import SaturationCounter, SaturationHooks
 from satmon.core.screen import Screen
 from satmon.discovery import find_blocks, find_dyt_layers, find_norm_layers
 from satmon.dyt import DyT
-from satmon.probing import Report, probe
+from satmon.probing import probe
+from satmon.report import ProbeReport
+from satmon.report import ProbeReport as Report  # deprecated alias (0.2); satmon.report.Report warns
 from satmon.verdict import LayerCounts, Source, Verdict, build_verdict, decide
 
 _deprecated.install()

@@ -17,7 +17,7 @@ rank zero logs and warns, so the logged readings are rank zero's.
 
 Warnings (each at most once per run, naming the layer or block):
 
-- a LayerNorm whose kernel alignment (:meth:`satmon.probing.LayerReading.kernel_alignment`, the
+- a LayerNorm whose kernel alignment (:meth:`satmon.report.LayerReading.kernel_alignment`, the
   better of ``|cos(v*, u_min)|`` and the null-space projection) falls below
   ``alignment_warn_below = 0.99``. The kernel is exact algebra for any weights: the paper reads
   >= 0.9999 at random init on 9/9 models and >= 0.998 along a training run (Pythia-1B); 0.99 sits
@@ -45,8 +45,10 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from satmon.probing import Report, feed_first, probe
-from satmon.writers.tensorboard import log_scalars
+from satmon.batches import feed_first
+from satmon.probing import probe
+from satmon.report import ProbeReport
+from satmon.writers.tensorboard import log_scalars, probe_scalars
 
 __all__ = ["LiveProbe"]
 
@@ -58,7 +60,7 @@ SEVERE_RATIO = 0.5
 class LiveProbe:
     """Probe the training model every ``every_n_steps`` optimizer steps and/or at each checkpoint save.
 
-    Logs :meth:`satmon.probing.Report.scalars` at the global step: ``satmon/deadir/<layer>/...``,
+    Logs :func:`satmon.writers.tensorboard.probe_scalars` at the global step: ``satmon/deadir/<layer>/...``,
     ``satmon/sigma_min/ratio/<block>``, ``satmon/sigma_min/min_ratio``. DyT saturation tags are
     left out by default (``log_saturation=False``): during the window the monitor logs
     ``satmon/saturation`` from the training forwards, and two measurements under one tag would not
@@ -69,7 +71,7 @@ class LiveProbe:
             start); ``None``: not on a schedule.
         on_checkpoint: probe whenever a checkpoint is saved (never twice for one step).
         calibration_batches: batches taken from the training loader at train start.
-        forward_fn: ``forward_fn(model, batch)``; default :func:`satmon.probing.feed_first`: a
+        forward_fn: ``forward_fn(model, batch)``; default :func:`satmon.batches.feed_first`: a
             tuple/list batch feeds ``model(batch[0])`` (Lightning's ``(x, y)``), a dict
             ``model(**batch)``, a tensor ``model(batch)``.
         log_saturation: also log the probe's DyT saturation tags.
@@ -77,10 +79,10 @@ class LiveProbe:
         ratio_warn_below: a block's ``sigma_min`` ratio below this warns (once; from step 1 on, after
             the invariance held or by more than 2x: see the module notes).
         probe_kwargs: more :func:`satmon.probing.probe` arguments (``layers``, ``blocks``,
-            ``autocast_dtype``, ``max_dim``...).
+            ``autocast_dtype``, ``max_dim``, ``memory_budget``...).
 
     Attributes:
-        reports: ``[(global_step, Report), ...]`` of this run, oldest first (small: no matrices).
+        reports: ``[(global_step, ProbeReport), ...]`` of this run, oldest first (small: no matrices).
 
     Example:
         >>> live = LiveProbe(every_n_steps=100, on_checkpoint=True, calibration_batches=2)
@@ -116,7 +118,7 @@ class LiveProbe:
         self.probe_kwargs = probe_kwargs
         self.batches: list[Any] = []
         self.saved_to: str | None = None  # where the calibration set was saved (rank zero, with a logger)
-        self.reports: list[tuple[int, Report]] = []
+        self.reports: list[tuple[int, ProbeReport]] = []
         self._last_step: int | None = None
         self._warned: set[str] = set()
         self._invariance_held = False  # every block's ratio >= ratio_warn_below at some probe of this run
@@ -157,35 +159,36 @@ class LiveProbe:
         torch.save(self.batches, self.saved_to)
 
     # ------------------------------------------------------------------------------------ runs
-    def maybe_run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Report | None:
+    def maybe_run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> ProbeReport | None:
         """Run when ``global_step`` is a multiple of ``every_n_steps`` and was not probed yet."""
         step = trainer.global_step
         if self.every_n_steps is None or step % self.every_n_steps:
             return None
         return self.run_once(trainer, pl_module)
 
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Report | None:
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> ProbeReport | None:
         """Run for a checkpoint save when ``on_checkpoint`` is set (not twice for one step)."""
         return self.run_once(trainer, pl_module) if self.on_checkpoint else None
 
-    def run_once(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Report | None:
+    def run_once(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> ProbeReport | None:
         """:meth:`run` at the current global step unless that step was probed already."""
         step = trainer.global_step
         if step == self._last_step or not self.batches:
             return None
         return self.run(trainer, pl_module, step)
 
-    def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int) -> Report:
-        """Probe ``pl_module`` on the calibration batches, log the scalars at ``step`` (rank zero), warn."""
+    def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int) -> ProbeReport:
+        """Probe ``pl_module`` on the calibration batches (its verdict stamped at ``step``), log the scalars at
+        ``step`` (rank zero), warn."""
         self._last_step = step
-        report = probe(pl_module, self.batches, forward_fn=self.forward_fn, **self.probe_kwargs)
+        report = probe(pl_module, self.batches, forward_fn=self.forward_fn, step=step, **self.probe_kwargs)
         self.reports.append((step, report))
         if trainer.is_global_zero:
-            log_scalars(trainer.loggers, report.scalars(saturation=self.log_saturation), step)
+            log_scalars(trainer.loggers, probe_scalars(report, saturation=self.log_saturation), step)
         self._warn(report, step)
         return report
 
-    def _warn(self, report: Report, step: int) -> None:
+    def _warn(self, report: ProbeReport, step: int) -> None:
         if "alignment" not in self._warned:
             low = [(n, l.kernel_alignment()) for n, l in report.layers.items()
                    if l.kind == "layernorm" and l.alignment is not None and l.kernel_alignment() < self.alignment_warn_below]

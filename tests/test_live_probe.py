@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from satmon import SaturationMonitor
 from satmon.discovery import find_dyt_layers
 from satmon.live_probe import LiveProbe
-from satmon.probing import EMBEDDING, Report, SigmaMinReading
+from satmon.report import EMBEDDING, ProbeReport, SigmaMinReading
 from satmon.writers.tensorboard import TAG
 
 
@@ -189,11 +189,11 @@ def test_no_warning_on_a_healthy_trained_layernorm_gpt(tmp_path):
 def test_sigma_min_warning_when_the_invariance_held_then_broke(monkeypatch):
     import satmon.live_probe as live_probe_module
 
-    def report(*ratios: float) -> Report:
+    def report(*ratios: float) -> ProbeReport:
         blocks = [EMBEDDING, *(f"b{i}" for i in range(len(ratios)))]
         k = min(range(len(ratios)), key=ratios.__getitem__)
         sigma = SigmaMinReading(blocks, [1.0] * len(blocks), [1.0, *ratios], True, "", ratios[k], blocks[k + 1])
-        return Report(layers={}, sigma_min=sigma, norm_type="undetermined")
+        return ProbeReport(layers={}, sigma_min=sigma, norm_type="undetermined")
 
     queue = [report(0.8, 0.9), report(0.8, 0.9), report(1.1, 1.2), report(1.05, 0.95), report(0.9, 0.3)]
     monkeypatch.setattr(live_probe_module, "probe", lambda *a, **k: queue.pop(0))
@@ -217,7 +217,7 @@ def test_sigma_min_warning_when_the_invariance_held_then_broke(monkeypatch):
     [
         (dict(probe_every_n_steps=0), "Expected `probe_every_n_steps` to be a positive int"),
         (dict(probe_every_n_steps=2.5), "Expected `probe_every_n_steps`"),
-        (dict(probe_on_checkpoint="yes"), "Expected `probe_on_checkpoint` to be a bool"),
+        (dict(probe_on_checkpoint="yes"), "Expected `probe_on_checkpoint` to be True or False"),
         (dict(probe_every_n_steps=5, calibration_batches=0), "Expected `calibration_batches` to be a positive int"),
         (dict(probe_every_n_steps=5, probe_forward_fn="x[0]"), "Expected `probe_forward_fn` to be a callable"),
     ],
@@ -227,9 +227,11 @@ def test_bad_probe_arguments(kwargs, match):
         SaturationMonitor(**kwargs)
 
 
-def test_no_probe_by_default_and_dyt_free_model_still_raises_without_probe():
+def test_no_probe_by_default_and_a_dyt_free_model_raises_only_without_a_probe():
     assert SaturationMonitor().live_probe is None
     assert isinstance(SaturationMonitor(probe_on_checkpoint=True).live_probe, LiveProbe)
     lit = tiny_lit(norm="layernorm")
     with pytest.raises(ValueError, match="no DyT layer"):
-        SaturationMonitor().setup(None, lit, "fit")
+        SaturationMonitor(on_missing="raise").setup(None, lit, "fit")
+    with pytest.warns(UserWarning, match="no DyT layer"):  # the probe has LayerNorms to read: no error
+        SaturationMonitor(on_missing="raise", probe_on_checkpoint=True).setup(None, lit, "fit")

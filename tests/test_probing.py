@@ -1,7 +1,8 @@
 """satmon.probe against independent float64 references, on satmon's models and on third-party layouts.
 
 The Hugging Face-style and nanoGPT-style models below are written inline with those projects'
-module names and their own norm classes, so discovery cannot lean on satmon's class names.
+module names, with norm classes from tests/third_party.py, so discovery cannot lean on satmon's
+class names.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from satmon.discovery import find_dyt_layers
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.demos.llama import LlamaLM
-from satmon.probing import EMBEDDING, Report, feed_first, probe
-from satmon.writers.tensorboard import TAG
+from satmon.discovery import find_dyt_layers
+from satmon.probing import EMBEDDING, feed_first, probe
+from satmon.verdict import Source
+from satmon.writers.json_records import to_json
+from satmon.writers.tensorboard import TAG, probe_scalars
+from third_party import GemmaStyleRMSNorm, LlamaRMSNorm, SkewedLayerNorm
 
 VOCAB = 256
 
@@ -35,22 +39,6 @@ def _gpt(norm: str, seed: int = 0, **cfg) -> GPT:
 
 
 # ------------------------------------------------------------------ third-party layouts (inline)
-class LlamaRMSNorm(nn.Module):
-    """Hugging Face's LlamaRMSNorm, as transformers writes it."""
-
-    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
-
-    def forward(self, hidden_states: Tensor) -> Tensor:
-        input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
-
-
 class LlamaAttention(nn.Module):
     def __init__(self, d: int, n_heads: int) -> None:
         super().__init__()
@@ -230,9 +218,8 @@ def test_zero_gamma_layernorm_gives_null_space_of_dead_channels(dead):
         assert 0.0 <= l.alignment <= 1.0 and l.norm_type == "undetermined"
     assert report.layers["blocks.1.ln_1"].null_dim == 1
     assert report.norm_type == "layernorm-like"  # 3 of 5 layers, none rmsnorm-like
-    d = report.to_dict()
-    json.dumps(d, allow_nan=False)
-    assert all(math.isfinite(v) for v in report.scalars().values())
+    json.dumps(to_json(report.to_dict()), allow_nan=False)
+    assert all(math.isfinite(v) for v in probe_scalars(report).values())
 
 
 # ---------------------------------------------------------------------- state left unchanged
@@ -295,7 +282,7 @@ def test_dyt_saturation_equals_float64_recount():
     assert 0.05 < report.saturation < 0.95
     assert report.verdict.saturation == report.saturation and report.verdict.elements == sum(tot.values())
     assert report.norm_type == "dyt"
-    assert report.scalars()[TAG.saturation] == report.saturation
+    assert probe_scalars(report)[TAG.saturation] == report.saturation
 
 
 def test_sigma_min_equals_svdvals_of_captured_streams():
@@ -337,7 +324,7 @@ def test_anti_aligned_block_drives_ratio_below_one():
     assert s.blocks == [EMBEDDING, "1.0", "1.1"]
     assert s.ratios == pytest.approx([1.0, 0.1, 0.01], rel=1e-6)
     assert s.min_ratio == pytest.approx(0.01, rel=1e-6) and s.argmin == "1.1"
-    assert report.scalars()[TAG.sigma_min_ratio("1.0")] == pytest.approx(0.1, rel=1e-6)
+    assert probe_scalars(report)[TAG.sigma_min_ratio("1.0")] == pytest.approx(0.1, rel=1e-6)
 
 
 # ------------------------------------------------------------------------------ gated models
@@ -357,14 +344,14 @@ def test_gated_dyt_model_gets_gated_verdict_with_gate_stats():
         assert risk["flat_fraction"] == pytest.approx(flat, abs=1e-12)
         assert risk["dyt_saturation"] == report.layers[mlp.replace("mlp", "mlp_norm")].saturation
     assert v.collapse_risk == (report.saturation >= 0.5)
-    json.dumps(report.to_dict(), allow_nan=False)
+    json.dumps(to_json(report.to_dict()), allow_nan=False)
 
 
 # ------------------------------------------------------------------------------ the report
-def test_to_dict_round_trips_through_json_and_scalars_use_the_live_tags():
+def test_report_keys_round_trip_through_json_and_tags_match_the_live_callback():
     model = _gpt("layernorm")
     report = probe(model, _tokens(0, n_batches=2))
-    d = report.to_dict()
+    d = to_json(report.to_dict())
     assert json.loads(json.dumps(d, allow_nan=False)) == d
     assert set(d) >= {"layers", "sigma_min", "norm_type"}
     assert d["layers"]["ln_f"]["kind"] == "layernorm" and d["layers"]["ln_f"]["null_dim"] == 1
@@ -373,8 +360,22 @@ def test_to_dict_round_trips_through_json_and_scalars_use_the_live_tags():
     lns = list(report.layers)
     expected = {f"satmon/deadir/{n}/{k}" for n in lns for k in ("alignment", "null_dim", "null_projection")}
     expected |= {"satmon/sigma_min/ratio/blocks.0", "satmon/sigma_min/ratio/blocks.1", "satmon/sigma_min/min_ratio"}
-    assert set(report.scalars()) == expected
+    assert set(probe_scalars(report)) == expected
     assert "norm type layernorm-like" in report.summary()
+
+
+@pytest.mark.parametrize("alpha, decision", [(100.0, "go"), (50.0, "no-go")])
+def test_probe_decision_equals_the_rule_on_an_independent_float64_recount(alpha, decision):
+    model = _gpt("dyt", alpha_init=alpha)
+    layers = find_dyt_layers(model)
+    seen: list[tuple[Tensor, Tensor]] = []
+    for l in layers:
+        l.module.register_forward_hook(lambda m, a, o: seen.append((a[0].detach().double(), m.alpha.detach().double())))
+    report = probe(model, _tokens(0, n_batches=2, batch=8))
+    pooled = sum(int(((al * x).abs() > 2.0).sum()) for x, al in seen) / sum(x.numel() for x, _ in seen)
+    assert report.saturation == pooled
+    assert report.verdict.decision == ("go" if pooled >= 0.43 else "no-go") == decision  # the study's rule, by hand
+    assert report.verdict.source == "probe" and report.verdict.step == 0 and report.verdict.window == 0
 
 
 def test_dyt_to_dict_keys_and_invalid_profile_gives_none_ratios():
@@ -382,10 +383,19 @@ def test_dyt_to_dict_keys_and_invalid_profile_gives_none_ratios():
     report = probe(model, torch.randint(0, VOCAB, (1, 16)))  # 16 tokens < d = 64: sigma_min is 0 by rank
     d = report.to_dict()
     assert d["layers"]["ln_f"]["kind"] == "dyt" and "saturation" in d["layers"]["ln_f"]
-    assert d["norm_type"] == "dyt" and d["verdict"]["decision"] in ("go", "no-go")
+    assert d["norm_type"] == "dyt" and d["verdict"]["saturation"] == report.saturation
     assert not d["sigma_min"]["valid"] and d["sigma_min"]["ratios"] == [None, None, None]
-    assert not any(k.startswith("satmon/sigma_min") for k in report.scalars())
-    json.dumps(d, allow_nan=False)
+    assert not any(k.startswith("satmon/sigma_min") for k in probe_scalars(report))
+
+
+def test_step_and_source_reach_the_verdict():
+    report = probe(_gpt("dyt", alpha_init=100.0), _tokens(0, n_batches=1), step=1234, source=Source.REPLAY)
+    v = report.verdict
+    assert v.step == 1234 and v.source == "replay" and v.reason.startswith("replay (no training window)")
+    with pytest.raises(ValueError, match="Expected `source` to be a satmon.verdict.Source"):
+        probe(_gpt("dyt"), _tokens(0, n_batches=1), source="nowhere")
+    with pytest.raises(TypeError, match="Expected `step` to be an int"):
+        probe(_gpt("dyt"), _tokens(0, n_batches=1), step=1.5)
 
 
 def test_twin_gives_init_gap_per_layer():
@@ -398,7 +408,7 @@ def test_twin_gives_init_gap_per_layer():
     assert set(report.init_gap) == set(report.layers)
     for name, gap in report.init_gap.items():
         assert report.layers[name].init_gap is gap and math.isfinite(gap.depth_deepening)
-        assert report.scalars()[TAG.init_gap(name)] == gap.depth_deepening
+        assert probe_scalars(report)[TAG.init_gap(name)] == gap.depth_deepening
     assert report.to_dict()["init_gap"]["ln_f"].keys() == {"depth_deepening", "lambda_min_deepening"}
 
 
@@ -435,9 +445,82 @@ def test_batch_forms_dataloader_forward_fn_max_batches_and_bad_inputs():
         probe(nn.Linear(2, 2), torch.zeros(1, 2))
 
 
-def test_bf16_autocast_keeps_float64_statistics_finite():
-    model = _gpt("layernorm")
-    report = probe(model, _tokens(0, n_batches=1), autocast_dtype=torch.bfloat16)
-    assert isinstance(report, Report)
-    assert all(l.alignment is not None and 0 <= l.alignment <= 1 for l in report.layers.values())
-    json.dumps(report.to_dict(), allow_nan=False)
+BF16_TOL = 2.0**-9  # half a bf16 step: autocast rounds each matmul output to 8 significant bits
+
+
+@pytest.mark.parametrize("norm, alpha", [("dyt", 100.0), ("layernorm", None)])
+def test_bf16_autocast_probe_equals_float32_probe_within_bf16_rounding(norm, alpha):
+    """Under CPU autocast the matmuls run in bf16 and round their outputs to 2^-9 relative; layer_norm
+    and the DyT tanh input stay float32. Saturation (a fraction of elements: only those within one
+    rounding step of the level can flip) and sigma_min (a smooth function of the activations) move by
+    less than that rounding; LayerNorm outputs are float32, so their kernel stays exact."""
+    model = _gpt(norm, **({"alpha_init": alpha} if alpha else {}))
+    dtypes = []
+    model.blocks[0].mlp.register_forward_hook(lambda m, a, o: dtypes.append(o.dtype))
+    x = _tokens(0, n_batches=2, batch=8)
+    f32, bf16 = probe(model, x), probe(model, x, autocast_dtype=torch.bfloat16)
+    assert dtypes == [torch.float32] * 2 + [torch.bfloat16] * 2  # autocast really ran the second probe in bf16
+    assert bf16.sigma_min.values == pytest.approx(f32.sigma_min.values, rel=BF16_TOL)
+    assert bf16.sigma_min.ratios == pytest.approx(f32.sigma_min.ratios, rel=BF16_TOL)
+    assert bf16.sigma_min.values != f32.sigma_min.values  # not the same forward
+    for name, a in f32.layers.items():
+        b = bf16.layers[name]
+        if norm == "dyt":
+            assert b.saturation == pytest.approx(a.saturation, abs=BF16_TOL), name
+        else:
+            assert b.alignment == pytest.approx(a.alignment, abs=1e-9) and b.null_dim == a.null_dim == 1, name
+            assert b.norm_type == a.norm_type == "layernorm-like", name
+    if norm == "dyt":
+        assert bf16.saturation == pytest.approx(f32.saturation, abs=BF16_TOL)
+        assert bf16.verdict.decision == f32.verdict.decision == "go"  # margin 0.077, far beyond the tolerance
+
+
+# ------------------------------------------------------------------- effective gain (issue 13)
+class OnePlusLayerNorm(nn.Module):
+    """A LayerNorm parametrised like Gemma's RMSNorm: gain 1 + weight, weight initialised at zero."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x, (x.shape[-1],), 1.0 + self.weight, None, 1e-5)
+
+
+def _with_norms(model: nn.Module, make: type) -> nn.Module:
+    for name, m in list(model.named_modules()):
+        for child, sub in list(m.named_children()):
+            if isinstance(sub, LlamaRMSNorm):
+                setattr(m, child, make(sub.weight.numel()))
+    return model
+
+
+def test_gemma_style_rmsnorm_reads_rmsnorm_like_through_its_effective_gain():
+    torch.manual_seed(0)
+    model = _with_norms(LlamaForCausalLM(d=64), GemmaStyleRMSNorm)
+    report = probe(model, [{"input_ids": t} for t in _tokens(0, n_batches=2, batch=8, seq=128)])
+    assert len(report.layers) == 5 and all(l.kind == "rmsnorm" for l in report.layers.values())
+    for name, l in report.layers.items():  # raw weight 0 would make every channel "degenerate": undetermined
+        assert l.n_degenerate == 0 and l.null_dim == 0 and l.norm_type == "rmsnorm-like", name
+    assert report.norm_type == "rmsnorm-like"
+
+
+def test_unit_weight_and_one_plus_weight_layernorms_read_layernorm_like():
+    torch.manual_seed(0)
+    d = 32
+    model = nn.Sequential(nn.Embedding(VOCAB, d), nn.Linear(d, d), nn.LayerNorm(d), nn.Linear(d, d), OnePlusLayerNorm(d))
+    report = probe(model, _tokens(0, n_batches=2, batch=8, seq=64))
+    assert [(n, l.kind) for n, l in report.layers.items()] == [("2", "layernorm"), ("4", "layernorm")]
+    for name, l in report.layers.items():
+        assert l.n_degenerate == 0 and l.null_dim == 1 and l.alignment >= 0.9999, name
+        assert l.norm_type == "layernorm-like", name
+    assert report.norm_type == "layernorm-like"
+
+
+def test_a_norm_whose_affine_map_cannot_be_read_is_skipped_with_the_reason():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(VOCAB, 16), nn.LayerNorm(16), SkewedLayerNorm(16))
+    with pytest.warns(UserWarning, match=r"no reading for 2 \(Expected SkewedLayerNorm to compute gain \* normalize\(x\) \+ bias"):
+        report = probe(model, _tokens(0, n_batches=1))
+    assert report.layers["2"].alignment is None and "exclude it" in report.skipped["2"]
+    assert report.layers["1"].norm_type == "layernorm-like"  # the other layers are still read

@@ -1,7 +1,8 @@
 r"""Dead directions of normalisation layers: covariance kernel, alignment, sigma_min, norm type.
 
-Pure math in float64: no hooks, no Lightning, no files. See SCIENCE.md section 3
-(Shirodkar, Narayanan, 2026, "Algebraic Dead Directions in LayerNorm Transformers").
+Pure math in float64: no hooks, no Lightning, no files. The science: docs/science.md ("Dead
+directions"; Shirodkar, Narayanan, 2026, "Algebraic Dead Directions in LayerNorm Transformers");
+the readings and their tolerances: docs/dead_directions.md.
 
 LayerNorm ``y = gamma * (x - mean(x)) / std(x) + beta``: the normalised part sums to zero over
 channels, so ``sum_i y_i / gamma_i`` is the same for every token and
@@ -51,6 +52,7 @@ __all__ = [
     "Alignment",
     "CovarianceAccumulator",
     "CovarianceState",
+    "GramSpectrum",
     "InitGap",
     "NormType",
     "NullSpace",
@@ -59,6 +61,7 @@ __all__ = [
     "classify_model_norm_type",
     "classify_norm_type",
     "degenerate_coordinates",
+    "gram_spectrum",
     "init_gap",
     "null_space",
     "sigma_min",
@@ -586,6 +589,31 @@ def _gram_extremes(acc: CovarianceAccumulator) -> tuple[int, float, float]:
     return acc.count, float(evals[0] * scale), float(evals[-1] * scale)
 
 
+class GramSpectrum(NamedTuple):
+    """What ``sigma_min`` needs of one stream's ``X^T X``: its finite rows, width and extreme eigenvalues."""
+
+    tokens: int
+    dim: int
+    lambda_min: float
+    lambda_max: float
+
+
+@torch.no_grad()
+def gram_spectrum(x: Tensor | CovarianceAccumulator) -> GramSpectrum:
+    """The :class:`GramSpectrum` of a ``(tokens, d)`` matrix or an accumulator fed with its rows.
+
+    :func:`sigma_min_profile` accepts these in place of the streams, so the ``d x d`` matrices can
+    be read (and freed) one at a time.
+
+    Example:
+        >>> gram_spectrum(torch.tensor([[3.0, 0.0], [0.0, 2.0], [0.0, 0.0]]))
+        GramSpectrum(tokens=3, dim=2, lambda_min=4.0, lambda_max=9.0)
+    """
+    acc = _gram_source(x)
+    tokens, lam_min, lam_max = _gram_extremes(acc)
+    return GramSpectrum(tokens, acc.dim, lam_min, lam_max)
+
+
 @torch.no_grad()
 def sigma_min(x: Tensor | CovarianceAccumulator) -> float:
     r"""Smallest singular value of a ``(tokens, d)`` matrix: ``sqrt(lambda_min(X^T X))`` in float64.
@@ -626,11 +654,13 @@ class SigmaMinProfile:
 
 
 @torch.no_grad()
-def sigma_min_profile(streams: Sequence[Tensor | CovarianceAccumulator], rtol: float = NULL_RTOL) -> SigmaMinProfile:
+def sigma_min_profile(
+    streams: Sequence[Tensor | CovarianceAccumulator | GramSpectrum], rtol: float = NULL_RTOL
+) -> SigmaMinProfile:
     r"""Residual-stream depth readout: ``sigma_min(X_l) / sigma_min(X_0)`` for every stream ``l``.
 
     ``streams[0]`` is the embedding output ``X_0``, then the stream after each block (matrices or
-    accumulators of the same tokens). The paper's invariance: the ratio stays ``>= 1`` while no
+    accumulators of the same tokens, or their :func:`gram_spectrum`). The paper's invariance: the ratio stays ``>= 1`` while no
     block's update anti-aligns with the stream; a ratio below 1 flags one that does.
 
     The ratios are only defined with a full-rank ``X_0``. ``valid`` is False, and every ratio
@@ -647,15 +677,14 @@ def sigma_min_profile(streams: Sequence[Tensor | CovarianceAccumulator], rtol: f
     """
     if len(streams) == 0:
         raise ValueError("Expected at least one stream, got none. Pass [X_0, X_1, ...] with X_0 the embedding output.")
-    accs = [_gram_source(s) for s in streams]
-    extremes = [_gram_extremes(a) for a in accs]
-    values = [0.0 if n < a.dim else math.sqrt(max(lo, 0.0)) for a, (n, lo, _) in zip(accs, extremes)]
-    short = [l for l, (a, (n, _, _)) in enumerate(zip(accs, extremes)) if n < a.dim]
-    n0, lo0, hi0 = extremes[0]
+    spectra = [s if isinstance(s, GramSpectrum) else gram_spectrum(s) for s in streams]
+    values = [0.0 if s.tokens < s.dim else math.sqrt(max(s.lambda_min, 0.0)) for s in spectra]
+    short = [l for l, s in enumerate(spectra) if s.tokens < s.dim]
+    _, _, lo0, hi0 = spectra[0]
     reason = ""
     if short:
         reason = (
-            f"streams {short} have fewer finite tokens than channels (d={accs[short[0]].dim}): sigma_min is 0 by rank;"
+            f"streams {short} have fewer finite tokens than channels (d={spectra[short[0]].dim}): sigma_min is 0 by rank;"
             " feed at least d tokens"
         )
     elif lo0 <= rtol * abs(hi0):

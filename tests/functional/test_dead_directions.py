@@ -17,27 +17,16 @@ from satmon.functional.dead_directions import (
     classify_model_norm_type,
     classify_norm_type,
     degenerate_coordinates,
+    gram_spectrum,
     init_gap,
     null_space,
     sigma_min,
     sigma_min_profile,
     v_star,
 )
+from third_party import LlamaRMSNorm
 
 D, TOKENS = 64, 2000
-
-
-class ThirdPartyRMSNorm(nn.Module):
-    """An RMSNorm as third-party (HF-LLaMA-style) code writes it; not torch.nn.RMSNorm, not satmon's."""
-
-    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
-
-    def forward(self, hidden_states: Tensor) -> Tensor:
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
 
 
 def _layernorm(seed: int, gamma_edit=None, beta_edit=None) -> nn.LayerNorm:
@@ -203,7 +192,7 @@ def test_layernorm_random_init_has_exact_kernel_along_v_star():
 
 @pytest.mark.parametrize("seed", range(5))
 def test_third_party_rmsnorm_has_no_kernel(seed):
-    rms = ThirdPartyRMSNorm(D)
+    rms = LlamaRMSNorm(D)
     with torch.no_grad():
         rms.weight.copy_(1 + 0.1 * torch.randn(D, generator=torch.Generator().manual_seed(seed)))
     r = _reading(rms, _tokens(seed))
@@ -214,7 +203,7 @@ def test_third_party_rmsnorm_has_no_kernel(seed):
 
 
 def test_rmsnorm_with_one_tiny_weight_is_not_mistaken_for_layernorm():
-    rms = ThirdPartyRMSNorm(D)
+    rms = LlamaRMSNorm(D)
     with torch.no_grad():
         rms.weight[7] = 2e-5  # not degenerate, but pulls v* onto channel 7
     r = _reading(rms, _tokens(0))
@@ -255,7 +244,7 @@ def test_layernorm_with_dead_gamma_channels(gamma_edit, beta_edit):
 
 def test_model_level_classification():
     ln = _reading(_layernorm(0), _tokens(0))
-    rms = _reading(ThirdPartyRMSNorm(D), _tokens(0))
+    rms = _reading(LlamaRMSNorm(D), _tokens(0))
     dead = _reading(_layernorm(1, _set_zero), _tokens(1))
     assert classify_model_norm_type([ln, ln, dead]) == "layernorm-like"
     assert classify_model_norm_type([rms, rms, rms]) == "rmsnorm-like"
@@ -318,3 +307,15 @@ def test_sigma_min_profile_too_few_tokens_is_flagged_not_nan():
     p = sigma_min_profile([singular, torch.randn(40, 4)])
     assert not p.valid and "numerically singular" in p.reason
     assert all(math.isfinite(r) for r in p.ratios + p.values)
+
+
+def test_gram_spectrum_matches_eigvalsh_and_profiles_read_from_spectra_equal_those_from_matrices():
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(300, 16, generator=g, dtype=torch.float64) * (1 + i) for i in range(3)]
+    for x in xs:
+        s = gram_spectrum(x)
+        ev = np.linalg.eigvalsh((x.T @ x).numpy())
+        assert s.tokens == 300 and s.dim == 16
+        assert s.lambda_min == pytest.approx(ev[0], rel=1e-10) and s.lambda_max == pytest.approx(ev[-1], rel=1e-10)
+    accs = [CovarianceAccumulator(16).update(x) for x in xs]
+    assert sigma_min_profile([gram_spectrum(a) for a in accs]) == sigma_min_profile(accs) == sigma_min_profile(xs)
