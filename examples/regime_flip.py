@@ -11,12 +11,13 @@ embeddings the DyT model stalls at the unigram level at this scale, see docs/reg
 for many epochs) and on many tokens (about one pass), all evaluated on one held-out split of the
 embedded corpus (Python's standard library, byte-level). For the DyT runs ``SaturationMonitor``
 screens the first ``min(500, steps)`` steps and gives its verdict; the end-of-training saturation
-(the study's threshold was fit on end-of-training checkpoints) is measured too, with the same
-counter, on training-split batches in eval mode.
+(the study's threshold was fit on end-of-training checkpoints) is measured too, by
+``satmon.probe`` (the same counters), on training-split batches in eval mode.
 
     python examples/regime_flip.py --quick            # < 15 min on 2 cores
     python examples/regime_flip.py                    # full: longer, 3 seeds
     python examples/regime_flip.py --smoke            # seconds, for the test suite
+    python examples/regime_flip.py --grid             # 18 small cells on one core: a calibration grid
 
 Writes ``OUT/regime_flip.md`` (the table), ``OUT/regime_flip.json`` (every number) and
 ``OUT/regime_flip.png`` (validation loss, LayerNorm vs DyT per regime, annotated with the saturation
@@ -88,15 +89,20 @@ def _quiet() -> None:
     warnings.filterwarnings("ignore", ".*smaller than the logging interval.*")
 
 
-def train_one(setup: Setup, regime: str, norm: str, seed: int, out: str, threads: int) -> dict[str, Any]:
-    """Train one cell; return its validation losses and, for DyT, satmon's verdict and saturation."""
+def train_one(setup: Setup, regime: str, norm: str, seed: int, out: str, threads: int,
+              on_end: Any = None, name: str | None = None) -> dict[str, Any]:
+    """Train one cell; return its validation losses and, for DyT, satmon's verdict and saturation.
+
+    ``on_end(model, train_set) -> dict`` adds readings taken after training (the grid's); ``name``
+    names the TensorBoard run (default ``{regime}_{norm}_s{seed}``).
+    """
     import lightning.pytorch as pl
     import torch
     from lightning.pytorch.callbacks import Callback
     from lightning.pytorch.loggers import TensorBoardLogger
     from torch.utils.data import DataLoader
 
-    from satmon import SaturationCounter, SaturationHooks, SaturationMonitor, find_dyt_layers
+    from satmon import SaturationMonitor, probe
     from satmon.demos.corpus import WindowDataset, corpus_tokens
     from satmon.demos.lit import LitLM
 
@@ -135,7 +141,7 @@ def train_one(setup: Setup, regime: str, norm: str, seed: int, out: str, threads
         max_steps=setup.steps, accelerator="cpu", devices=1, callbacks=callbacks, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         val_check_interval=every, check_val_every_n_epoch=None, log_every_n_steps=min(50, setup.steps),
-        logger=TensorBoardLogger(str(Path(out) / "tb"), name=f"{regime}_{norm}_s{seed}"),
+        logger=TensorBoardLogger(str(Path(out) / "tb"), name=name or f"{regime}_{norm}_s{seed}"),
     )
     t0 = time.perf_counter()
     trainer.fit(model, train, val)
@@ -152,18 +158,12 @@ def train_one(setup: Setup, regime: str, norm: str, seed: int, out: str, threads
         v = monitor.verdict
         result.update(saturation=v.saturation, decision=v.decision, margin=v.margin, window=v.window,
                       per_layer=v.per_layer)
-        # End-of-training saturation with satmon's counter (study protocol: training split, eval mode).
-        layers = find_dyt_layers(model)
-        counter = SaturationCounter(len(layers))
-        hooks = SaturationHooks(layers, counter).attach()
-        model.eval()
-        with torch.no_grad():
-            for i, (x, _) in enumerate(DataLoader(train_set, batch_size=setup.batch_size)):
-                if i >= setup.end_batches:
-                    break
-                model(x)
-        hooks.detach()
-        result["saturation_end"] = float(counter.compute()["pooled"])
+        # End-of-training saturation (study protocol: training split, eval mode) by satmon.probe, the
+        # live window's counters; only the inputs of each (input, target) batch are fed.
+        loader = DataLoader(train_set, batch_size=setup.batch_size)
+        result["saturation_end"] = probe(model, [x for _, (x, _) in zip(range(setup.end_batches), loader)]).saturation
+    if on_end is not None:
+        result.update(on_end(model, train_set))
     return result
 
 
@@ -319,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="one seed, 800 steps: under 15 minutes on 2 cores")
     mode.add_argument("--smoke", action="store_true", help="a few steps on tiny sizes: the test suite's check")
+    p.add_argument("--grid", action="store_true",
+                   help="the calibration grid (3 widths x 3 token budgets x 2 seeds, one thread; see regime_flip_grid.py); "
+                        "with --smoke: a tiny one")
     p.add_argument("--out", default="regime_flip_out", help="output directory (default ./regime_flip_out)")
     p.add_argument("--steps", type=int, default=None, help="override the mode's step count")
     p.add_argument("--seeds", default=None, help="override the mode's seeds, e.g. 0,1,2")
@@ -330,6 +333,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=None, help="parallel training processes (default: 2 when >= 2 cores; smoke: 1)")
     args = p.parse_args(argv)
     _quiet()
+    if args.grid:
+        if args.quick:
+            p.error("--grid takes --smoke (a tiny grid) or nothing, not --quick")
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import regime_flip_grid  # beside this file
+
+        command = "python examples/regime_flip.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        return regime_flip_grid.main(sys.modules[__name__], args.smoke, Path(args.out), command)
     name = "smoke" if args.smoke else "quick" if args.quick else "full"
     setup = MODES[name]
     if args.steps:

@@ -11,6 +11,7 @@ SUBCOMMANDS = {
     "demo": ("satmon.cli.demo", "train the demo GPT (DyT) for the screening window and print the verdict"),
     "replay": ("satmon.cli.replay", "replay every diagnostic over saved checkpoints"),
     "report": ("satmon.cli.report", "print the verdict and trajectories of a satmon TensorBoard run"),
+    "calibrate": ("satmon.cli.calibrate", "fit the GO threshold on your own runs' outcomes (writes calibration.json)"),
 }
 
 
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"satmon {__version__}")
         return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
-        lines = ["usage: satmon {demo,replay,report} ...", ""] + [f"  {k:<8}{v[1]}" for k, v in SUBCOMMANDS.items()]
+        lines = [f"usage: satmon {{{','.join(SUBCOMMANDS)}}} ...", ""] + [f"  {k:<11}{v[1]}" for k, v in SUBCOMMANDS.items()]
         if argv and argv[0] not in ("-h", "--help"):
             print(f"satmon: unknown command {argv[0]!r}; expected one of {', '.join(SUBCOMMANDS)}.\n", file=sys.stderr)
             print("\n".join(lines), file=sys.stderr)

@@ -1,0 +1,146 @@
+"""``satmon calibrate``: fit the GO threshold on your own runs and write ``calibration.json``.
+
+Give it one of:
+  RUNS... --outcomes CSV   satmon TensorBoard folders and/or replay JSON files (each DyT run's verdict
+                           saturation), with a CSV: run,dyt_val_loss,layernorm_val_loss,group
+  --cells FILE             the cells directly: a CSV (saturation, outcome or delta or helps, group) or
+                           a JSON list of cells; `--metric` picks another numeric column
+  --study                  the regime study's own 12 cells (reproduces its 0.43985 / 75% / 50% / AUC 0.75)
+
+It fits "metric >= threshold -> DyT helps (GO)" by the study's midpoint rule (best accuracy) and by
+the balanced rule (best balanced accuracy), scores both in-sample and leave-one-group-out, gives the
+AUC, and writes OUT/calibration.json (read it with satmon.calibrate.load_calibration) and
+OUT/calibration.png. Exit codes: 0 written, 2 input that cannot be calibrated on (the message says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from satmon.calibrate import STUDY_THRESHOLD, CalibrationError, CalibrationResult, calibrate, read_cells, study_cells, write_calibration
+from satmon.calibrate_runs import join_outcomes, read_outcomes, run_readings
+
+__all__ = ["main", "format_result", "plot"]
+
+RULE_NAMES = {"midpoint": "midpoint (best accuracy; the study's)", "balanced": "balanced (best balanced accuracy)"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="satmon calibrate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="*", metavar="RUNS", help="satmon TensorBoard folders or replay JSON files (with --outcomes)")
+    p.add_argument("--outcomes", metavar="CSV", help="run,dyt_val_loss,layernorm_val_loss,group: one row per DyT run")
+    p.add_argument("--cells", metavar="FILE", help="a cells CSV or JSON (saturation, outcome, group)")
+    p.add_argument("--study", action="store_true", help="the regime study's 12 calibration cells (shipped with satmon)")
+    p.add_argument("--metric", default="saturation", help="the reading to threshold (a column of --cells; default saturation)")
+    p.add_argument("--rule", choices=("midpoint", "balanced"), default="midpoint",
+                   help="whose threshold calibration.json carries (default midpoint, the study's; both are printed)")
+    p.add_argument("--out", default="satmon_calibration", help="output folder (default ./satmon_calibration)")
+    p.add_argument("--plot", default=None, help="plot path (default OUT/calibration.png)")
+    p.add_argument("--no-plot", action="store_true", help="skip the plot")
+    return p
+
+
+def _load(args: argparse.Namespace) -> tuple[list, str]:
+    given = [bool(args.runs or args.outcomes), bool(args.cells), bool(args.study)]
+    if sum(given) != 1:
+        raise CalibrationError(f"Expected one input: RUNS with --outcomes, --cells FILE, or --study; got {sum(given)}. "
+                               "See `satmon calibrate --help`.")
+    if args.study:
+        return study_cells(), "study: Verma (2026), 12 calibration cells (satmon/data_files/study_cells.csv)"
+    if args.cells:
+        return read_cells(args.cells), f"cells: {args.cells}"
+    if not args.runs or not args.outcomes:
+        raise CalibrationError(f"Expected run folders or replay JSON files together with --outcomes CSV, got "
+                               f"{'runs' if args.runs else '--outcomes'} only: give both.")
+    if args.metric != "saturation":
+        raise CalibrationError(f"Expected --metric saturation with runs (the verdict's pooled saturation), got "
+                               f"{args.metric!r}: other readings come from a --cells file.")
+    return join_outcomes(run_readings(args.runs), read_outcomes(args.outcomes)), f"runs: {', '.join(args.runs)}; outcomes: {args.outcomes}"
+
+
+def _frac(correct: int, n: int) -> str:
+    return f"{correct}/{n} = {correct / n:.3f}"
+
+
+def format_result(r: CalibrationResult) -> str:
+    """The console report: both rules, in-sample and leave-one-group-out, AUC, the folds."""
+    from satmon.writers.markdown import table
+
+    n, helps = len(r.cells), sum(c.helps for c in r.cells)
+    groups = sorted({c.group for c in r.cells})
+    rows = [[RULE_NAMES[k], f"{f.threshold:.5f}", _frac(f.correct, f.n), f"{f.balanced_accuracy:.3f}",
+             _frac(r.cv[k].correct, r.cv[k].n), f"{r.cv[k].balanced_accuracy:.3f}"] for k, f in r.fits.items()]
+    lines = [f"satmon calibrate: {n} cells in {len(groups)} groups ({', '.join(groups)}); DyT helped in {helps}, hurt in "
+             f"{n - helps}; metric {r.metric!r}; rule: {r.metric} >= threshold -> DyT helps (GO)", f"source: {r.source}", "",
+             table(["rule", "threshold", "in-sample", "balanced", "leave-one-group-out", "balanced (held out)"], rows), "",
+             f"AUC of {r.metric}: {r.auc:.3f} (ties count half; 0.5 = chance, below 0.5 = it reads the wrong way round). "
+             f"The study's {STUDY_THRESHOLD:g} on these cells: {r.study_accuracy:.3f} in-sample."]
+    for k, cv in r.cv.items():
+        folds = "; ".join(f"{f.group}: t={f.threshold:.4f}, {f.correct}/{f.n}" for f in cv.folds)
+        lines.append(f"Held-out folds, {k} rule: {folds}")
+    for k, f in r.fits.items():
+        if f.threshold_outside:
+            lines.append(f"Note: the {k} threshold lies outside every {r.metric} value: it predicts the same outcome for every "
+                         "cell, so this metric does not separate them.")
+    return "\n".join(lines)
+
+
+def plot(r: CalibrationResult, path: Path) -> Path:
+    """Each cell's reading against its outcome, both fitted thresholds and the study's 0.43."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
+
+    fig = Figure(figsize=(9.5, 4.2), dpi=110, layout="constrained")
+    ax = fig.add_subplot()
+    groups = sorted({c.group for c in r.cells})
+    markers = "osD^vP*Xh<>p"
+    with_delta = all(c.delta is not None for c in r.cells)
+    for gi, g in enumerate(groups):
+        for helped, color in ((True, "tab:green"), (False, "tab:red")):
+            cs = [c for c in r.cells if c.group == g and c.helps == helped]
+            ys = [100 * c.delta for c in cs] if with_delta else [(1.0 if helped else 0.0) + 0.04 * (gi - len(groups) / 2) for c in cs]
+            ax.scatter([c.readings[r.metric] for c in cs], ys, color=color, marker=markers[gi % len(markers)], s=40,
+                       label=f"{g}, DyT {'helped' if helped else 'hurt'}" if cs else None, edgecolor="black", linewidths=0.5)
+    styles = {"midpoint": ("black", "--"), "balanced": ("tab:blue", "-.")}
+    for k, f in r.fits.items():
+        ax.axvline(f.threshold, color=styles[k][0], ls=styles[k][1], lw=1.3,
+                   label=f"{k} rule {f.threshold:.4f} ({f.accuracy:.0%} in, {r.cv[k].accuracy:.0%} held out)")
+    if r.metric == "saturation":
+        ax.axvline(STUDY_THRESHOLD, color="gray", ls=":", lw=1.2, label=f"study {STUDY_THRESHOLD:g}")
+    if with_delta:
+        ax.axhline(0.0, color="gray", lw=0.8)
+    ax.set(xlabel=f"{r.metric} (GO when >= threshold)",
+           ylabel="DyT vs LayerNorm final val loss (%, < 0: DyT helped)" if with_delta else "DyT helped (1) / hurt (0)",
+           title=f"satmon calibrate: {len(r.cells)} cells, AUC {r.auc:.2f}")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never over a cell
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    command = "satmon calibrate " + " ".join(sys.argv[1:] if argv is None else argv)
+    try:
+        cells, source = _load(args)
+        result = calibrate(cells, args.metric, source)
+        out = Path(args.out)
+        cal = write_calibration(result, out / "calibration.json", rule=args.rule, command=command)
+    except CalibrationError as e:
+        print(f"satmon calibrate: {e}", file=sys.stderr)
+        return 2
+    print(format_result(result))
+    print(f"\nWrote {out / 'calibration.json'}: threshold {cal.threshold:.5f} ({cal.rule} rule on {cal.metric}).")
+    if not args.no_plot:
+        try:
+            print(f"Plot: {plot(result, Path(args.plot) if args.plot else out / 'calibration.png')}")
+        except ImportError:
+            print("satmon calibrate: the plot needs matplotlib: pip install 'satmon[report]' (or pip install matplotlib); "
+                  "skipped it, the JSON is written.", file=sys.stderr)
+    if cal.metric == "saturation" and 0.0 < cal.threshold < 1.0:
+        print(f"Use it: SaturationMonitor(threshold={cal.threshold:.5f}), or load_calibration({str(out / 'calibration.json')!r}).")
+    return 0
