@@ -8,6 +8,7 @@ the abort policy live in :mod:`satmon.core`.
 from __future__ import annotations
 
 import ast
+import os
 from contextlib import ExitStack
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
 from satmon.batches import feed_first
+from satmon.calibrate import Calibration, load_calibration
 from satmon.abort import AbortMode, AbortOn, StopRecord
 from satmon.core.screen import Screen
 from satmon.core.settings import ScreenSettings
@@ -30,6 +32,20 @@ from satmon.writers.tensorboard import TAG, log_text
 __all__ = ["SaturationMonitor"]
 
 _ON_MISSING = ("warn", "raise")
+
+
+def _calibrated(threshold: float, calibration: Any) -> tuple[float, str]:
+    """The threshold and card caveat from a calibration file, or the given threshold and the study's caveat."""
+    if calibration is None:
+        return threshold, ""
+    if threshold != 0.43:
+        raise ValueError(f"Expected either `threshold` or `calibration`, got both (threshold={threshold!r}, "
+                         f"calibration={calibration!r}). The calibration file holds its own threshold.")
+    cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
+    if cal.metric != "saturation":
+        raise ValueError(f"Expected a calibration of the pooled saturation (metric 'saturation'), got metric {cal.metric!r} "
+                         f"from {cal.path or calibration!r}: the verdict's rule reads the pooled saturation.")
+    return cal.threshold, cal.caveat()
 
 
 class _StrategyAgreement:
@@ -84,6 +100,9 @@ class SaturationMonitor(Callback):
         verbose: print the verdict card to the console (rank zero).
         probe_every_n_steps, probe_on_checkpoint, calibration_batches, probe_forward_fn: the live
             dead-direction probe (:class:`satmon.live_probe.LiveProbe`).
+        calibration: a ``calibration.json`` written by ``satmon calibrate`` on your own runs (or its
+            :class:`~satmon.calibrate.Calibration`): its threshold replaces the study's and its provenance
+            replaces the study's caveat on the card. Give ``threshold`` or ``calibration``, not both.
         gating_forward_fn: how the first training batch reaches the LightningModule for the one traced
             forward that finds gated MLPs (default :func:`satmon.batches.feed_first`: ``model(batch[0])``
             for ``(inputs, targets)`` batches).
@@ -104,12 +123,14 @@ class SaturationMonitor(Callback):
         probe_on_checkpoint: bool = False, calibration_batches: int = 4,
         probe_forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
         gating_forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
+        calibration: str | os.PathLike | Calibration | None = None,
     ) -> None:
+        threshold, caveat = _calibrated(threshold, calibration)
         self.settings = ScreenSettings(
             window=window, threshold=threshold, level=level, include=include, exclude=exclude, sample_every=sample_every,
             abort_on=abort_on, abort_mode=abort_mode, dry_run=dry_run, collapse_threshold=collapse_threshold,
             gating_mapping=gating_mapping, watch_every_n_steps=watch_every_n_steps, patience=patience,
-            loss_spike_z=loss_spike_z, loss_baseline=loss_baseline, product=product, offset_every=offset_every)
+            loss_spike_z=loss_spike_z, loss_baseline=loss_baseline, product=product, offset_every=offset_every, caveat=caveat)
         if log_every_n_steps is not None and (isinstance(log_every_n_steps, bool) or not isinstance(log_every_n_steps, int)
                                               or log_every_n_steps <= 0):
             raise ValueError(f"Expected `log_every_n_steps` to be a positive int or None, got {log_every_n_steps!r}.")

@@ -219,6 +219,7 @@ def build_verdict(
     loss: Mapping[str, Any] | None = None,
     offset: Mapping[str, Mapping[str, float]] | None = None,
     offset_flag: bool = False,
+    caveat: str = "",
 ) -> Verdict | None:
     """Build the verdict from per-layer counts: the one place a :class:`Verdict` is made.
 
@@ -242,6 +243,7 @@ def build_verdict(
         loss: the window's loss trend (:func:`satmon.functional.loss.loss_trend`); a stalled loss with
             saturation at or above ``threshold`` adds the ``"stalled-loss"`` flag.
         offset: per-layer offset readings to show; ``offset_flag`` adds the ``"offset-driven"`` flag.
+        caveat: the threshold's provenance (default: the study's, :data:`CAVEAT`).
 
     Returns:
         The verdict, or ``None`` when no element was counted.
@@ -281,7 +283,7 @@ def build_verdict(
         gated_layers=list(gating.gated_layers) if gating is not None else [], collapse_risk=collapse,
         collapse_threshold=float(collapse_threshold), risk={k: dict(v) for k, v in (risk or {}).items()},
         gating_message=gating.message if gating is not None else "", source=source, planned_window=planned,
-        notes=tuple(notes), loss=dict(loss or {}), flags=tuple(flags), offset={k: dict(v) for k, v in (offset or {}).items()},
+        notes=tuple(notes), caveat=caveat or CAVEAT, loss=dict(loss or {}), flags=tuple(flags), offset={k: dict(v) for k, v in (offset or {}).items()},
     )
 
 

@@ -49,6 +49,24 @@ def test_user_threshold_changes_the_call(tmp_path):
     assert monitor.verdict.decision == "no-go" and monitor.verdict.threshold == 0.45
 
 
+def test_calibration_file_sets_the_threshold_and_the_caveat(tmp_path):
+    from satmon.calibrate import Cell, calibrate, write_calibration
+
+    # cells whose midpoint rule lands at 0.45 (0.44 hurt, 0.46 helped): the tuned model's 0.44 reads NO-GO there
+    rows = [(0.30, False, "a"), (0.44, False, "a"), (0.46, True, "a"), (0.60, True, "b"), (0.35, False, "b"), (0.70, True, "b")]
+    cells = [Cell(f"c{i}", g, helps, {"saturation": s}) for i, (s, helps, g) in enumerate(rows)]
+    path = tmp_path / "calibration.json"
+    cal = write_calibration(calibrate(cells, source="mine"), path)
+    assert cal.threshold == pytest.approx(0.45)
+    monitor = SaturationMonitor(window=2, calibration=str(path), verbose=False)
+    trainer(tmp_path, max_steps=2, callbacks=[monitor]).fit(Tuned(alpha=2.0 / 0.56), tuned_loader())
+    v = monitor.verdict
+    assert v.threshold == pytest.approx(0.45) and v.decision == "no-go" and v.saturation == pytest.approx(0.44)
+    assert v.caveat == cal.caveat() and "satmon calibrate" in v.card() and "12 cells" not in v.card()
+    with pytest.raises(ValueError, match="either `threshold` or `calibration`"):
+        SaturationMonitor(threshold=0.5, calibration=str(path))
+
+
 def test_card_shows_decision_threshold_window_table_and_one_line_caveat():
     v = decide(0.5, {"a": 0.25, "b": 0.75}, threshold=0.43, step=500, window=500)
     card = v.card()

@@ -293,7 +293,7 @@ class Screen:
             level=self.settings.level, gating=GatingInfo.of(self.gating), collapse_threshold=self.settings.collapse_threshold,
             risk=risk, notes=[*self.notes, *extra_notes, *(f"layer {n} not counted: {why}" for n, why in self.hooks.refused.items())],
             loss=loss_trend(self.window_loss.means(sync=sync)) if self.window_loss is not None else None,
-            offset=offset, offset_flag=bool(offset) and offset_driven(offset))
+            offset=offset, offset_flag=bool(offset) and offset_driven(offset), caveat=self.settings.caveat)
         if self.verdict is None:
             self.status = "window over: no DyT input was counted"
             self.warn(f"satmon: no DyT input was counted in the window ({self.steps_seen} steps): no verdict.")

@@ -88,6 +88,7 @@ class ScreenSettings:
     loss_baseline: int = 200
     product: str = "module"
     offset_every: int = 10
+    caveat: str = ""  # the threshold's provenance when it is not the study's (a calibration file's)
 
     def __post_init__(self) -> None:
         _int("window", self.window, 1, "optimizer steps")
