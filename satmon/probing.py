@@ -35,6 +35,7 @@ from satmon.core.counters import SaturationCounter
 from satmon.core.covariance_taps import CovarianceTap, CovarianceTaps
 from satmon.core.gate_hooks import GateCounter, GateHooks
 from satmon.core.gated_mlp import detect_gating
+from satmon.core.settings import check_rule
 from satmon.core.memory_plan import MemoryPlan, plan_memory
 from satmon.core.model_state import frozen_forward
 from satmon.core.saturation_hooks import SaturationHooks
@@ -78,6 +79,7 @@ def probe(
     max_dim: int = 8192,
     train_mode: bool = False,
     memory_budget: int | str | None = None,
+    product: str = "module",
     verbose: bool = False,
     step: int = 0,
     source: Source | str = Source.PROBE,
@@ -134,6 +136,8 @@ def probe(
         verbose: print the memory plan before the first pass.
         step: the step the verdict is taken at (replay: the checkpoint's global step).
         source: the verdict's :class:`~satmon.verdict.Source` (``Source.REPLAY`` for ``satmon replay``).
+        product: ``"module"``: count the DyT product as the layer computes it; ``"exact"``: the real product
+            (see :class:`satmon.SaturationMonitor`).
 
     Returns:
         A :class:`~satmon.report.ProbeReport`.
@@ -150,7 +154,7 @@ def probe(
         (['embedding', 'blocks.0', 'blocks.1'], True, 1)
     """
     t0 = time.perf_counter()
-    _check_args(level, threshold, collapse_threshold, max_dim, max_batches, autocast_dtype, forward_fn, step, source)
+    _check_args(level, threshold, collapse_threshold, max_dim, max_batches, autocast_dtype, forward_fn, step, source, product)
     device = torch.device(device) if device is not None else _model_device(model)
     targets = find_probe_targets(model, layers, include, exclude, blocks, max_dim, budgeted=memory_budget is not None)
     plan = plan_memory([(name, t.width) for name, t in targets.taps.items()], memory_budget)
@@ -158,7 +162,9 @@ def probe(
     if verbose:
         print(plan.describe(), flush=True)
     batch_list = _calibration_batches(batches, max_batches, keep=plan.passes > 1 or twin is not None)
-    screen = _SaturationScreen(model, targets.dyt, level, gating_mapping)
+    first, batch_list = _peek(batch_list)  # the first batch also feeds the gated-MLP trace
+    example = to_device(first, device) if first is not None and targets.dyt else None
+    screen = _SaturationScreen(model, targets.dyt, level, gating_mapping, example, forward_fn or feed, product)
     run = _Run(model, batch_list, device, forward_fn or feed, train_mode, autocast_dtype)
     results = _read_all(run, targets, plan, screen)
     verdict_args = dict(step=step, source=source, level=level, threshold=threshold, collapse_threshold=collapse_threshold)
@@ -168,6 +174,7 @@ def probe(
             twin, batch_list, forward_fn=forward_fn, layers=list(report.layers), blocks=targets.block_names or None,
             level=level, threshold=threshold, collapse_threshold=collapse_threshold, autocast_dtype=autocast_dtype,
             max_dim=max_dim, train_mode=train_mode, include=include, exclude=exclude, memory_budget=memory_budget,
+            product=product,
         ))  # fmt: skip
     report.elapsed_s = time.perf_counter() - t0
     return report
@@ -262,7 +269,8 @@ def _gamma(module: nn.Module, d: int, device: torch.device) -> Tensor:
 class _SaturationScreen:
     """DyT saturation hooks, gate hooks on the gated MLPs the DyT layers feed, and the verdict from their counts."""
 
-    def __init__(self, model: nn.Module, dyt: list[NormLayer], level: float, mapping: dict[str, str] | None) -> None:
+    def __init__(self, model: nn.Module, dyt: list[NormLayer], level: float, mapping: dict[str, str] | None,
+                 example: Any = None, forward_fn: ForwardFn | None = None, product: str = "module") -> None:
         self.dyt = dyt
         self.hooks: SaturationHooks | None = None
         self.gate_hooks: GateHooks | None = None
@@ -270,8 +278,9 @@ class _SaturationScreen:
         if not dyt:
             return
         where = dyt[0].module.alpha.device
-        self.hooks = SaturationHooks(dyt, SaturationCounter(len(dyt), level=level).to(where))
-        found = detect_gating(model, norm_names=[l.name for l in dyt], mapping=mapping)
+        self.hooks = SaturationHooks(dyt, SaturationCounter(len(dyt), level=level, product=product).to(where))
+        found = detect_gating(model, norm_names=[l.name for l in dyt], mapping=mapping, example_input=example,
+                              forward_fn=forward_fn)
         self.gating = {**found.to_dict(), "risk": {}}
         if found.pairings:
             # a probe on one rank never waits for the others: the gate counter does not sync
@@ -336,13 +345,20 @@ def _calibration_batches(batches: Any, max_batches: int | None, keep: bool) -> I
     return list(batch_iter) if keep else batch_iter
 
 
+def _peek(batches: Iterable[Any]) -> tuple[Any, Iterable[Any]]:
+    """The first batch, and the batches with it still in front (a list stays a list)."""
+    if isinstance(batches, list):
+        return (batches[0] if batches else None), batches
+    it = iter(batches)
+    first = next(it, None)
+    return first, (itertools.chain([first], it) if first is not None else it)
+
+
 def _check_args(level: float, threshold: float, collapse_threshold: float, max_dim: int, max_batches: int | None,
-                autocast_dtype: Any, forward_fn: Any, step: Any, source: Any) -> None:  # fmt: skip
-    if not (isinstance(level, (int, float)) and math.isfinite(level) and level > 0):
-        raise ValueError(f"Expected `level` > 0 (the |alpha * x| cut-off; the study's is 2.0), got {level!r}.")
-    for name, v in (("threshold", threshold), ("collapse_threshold", collapse_threshold)):
-        if not (isinstance(v, (int, float)) and 0.0 < v < 1.0):
-            raise ValueError(f"Expected `{name}` in (0, 1) (a saturation fraction), got {v!r}.")
+                autocast_dtype: Any, forward_fn: Any, step: Any, source: Any, product: Any) -> None:  # fmt: skip
+    check_rule(level, threshold, collapse_threshold)  # the same checks as the monitor's
+    if product not in ("module", "exact"):
+        raise ValueError(f"Expected `product` in ('module', 'exact'), got {product!r}.")
     if isinstance(max_dim, bool) or not isinstance(max_dim, int) or max_dim < 1:
         raise ValueError(f"Expected `max_dim` to be a positive int (widest layer to read), got {max_dim!r}.")
     if max_batches is not None and (isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1):

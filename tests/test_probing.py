@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.demos.llama import LlamaLM
+from satmon.core.dataflow import tracing
 from satmon.discovery import find_dyt_layers
 from satmon.probing import EMBEDDING, feed_first, probe
 from satmon.verdict import Source
@@ -233,7 +234,7 @@ def test_probe_restores_mixed_modes_parameters_buffers_and_rng():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
     seen_training = []
-    model.blocks[1].mlp.register_forward_hook(lambda m, a, o: seen_training.append(m.training))
+    model.blocks[1].mlp.register_forward_hook(lambda m, a, o: None if tracing() else seen_training.append(m.training))
     probe(model, _tokens(0, n_batches=2))
     assert seen_training == [False, False], "the probe runs in eval mode"
     assert {n: m.training for n, m in model.named_modules()} == modes
@@ -270,8 +271,8 @@ def test_dyt_saturation_equals_float64_recount():
     layers = find_dyt_layers(model)
     inputs: dict[str, list[tuple[Tensor, Tensor]]] = {l.name: [] for l in layers}
     for l in layers:
-        l.module.register_forward_hook(
-            lambda m, a, o, n=l.name: inputs[n].append((a[0].detach().double(), m.alpha.detach().double())))
+        l.module.register_forward_hook(  # satmon's gating trace (one eval forward of the first batch) left out
+            lambda m, a, o, n=l.name: None if tracing() else inputs[n].append((a[0].detach().double(), m.alpha.detach().double())))
     report = probe(model, _tokens(0))
     sat = {n: sum(int(((al * x).abs() > 2.0).sum()) for x, al in items) for n, items in inputs.items()}
     tot = {n: sum(x.numel() for x, _ in items) for n, items in inputs.items()}
@@ -370,7 +371,7 @@ def test_probe_decision_equals_the_rule_on_an_independent_float64_recount(alpha,
     layers = find_dyt_layers(model)
     seen: list[tuple[Tensor, Tensor]] = []
     for l in layers:
-        l.module.register_forward_hook(lambda m, a, o: seen.append((a[0].detach().double(), m.alpha.detach().double())))
+        l.module.register_forward_hook(lambda m, a, o: None if tracing() else seen.append((a[0].detach().double(), m.alpha.detach().double())))
     report = probe(model, _tokens(0, n_batches=2, batch=8))
     pooled = sum(int(((al * x).abs() > 2.0).sum()) for x, al in seen) / sum(x.numel() for x, _ in seen)
     assert report.saturation == pooled
@@ -456,7 +457,7 @@ def test_bf16_autocast_probe_equals_float32_probe_within_bf16_rounding(norm, alp
     less than that rounding; LayerNorm outputs are float32, so their kernel stays exact."""
     model = _gpt(norm, **({"alpha_init": alpha} if alpha else {}))
     dtypes = []
-    model.blocks[0].mlp.register_forward_hook(lambda m, a, o: dtypes.append(o.dtype))
+    model.blocks[0].mlp.register_forward_hook(lambda m, a, o: None if tracing() else dtypes.append(o.dtype))
     x = _tokens(0, n_batches=2, batch=8)
     f32, bf16 = probe(model, x), probe(model, x, autocast_dtype=torch.bfloat16)
     assert dtypes == [torch.float32] * 2 + [torch.bfloat16] * 2  # autocast really ran the second probe in bf16

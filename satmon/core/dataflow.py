@@ -25,7 +25,7 @@ from torch.overrides import TorchFunctionMode
 from satmon.batches import feed
 from satmon.discovery import norm_kind, strip_wrappers
 
-__all__ = ["FlowTrace", "GatedProduct", "Interaction", "trace_flow"]
+__all__ = ["FlowTrace", "GatedProduct", "Interaction", "trace_flow", "tracing"]
 
 _PROJECTIONS = {
     "linear", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "mv",
@@ -313,17 +313,35 @@ def trace_flow(
     for m in model.modules():
         handles.append(m.register_forward_pre_hook(mode.pre_hook))
         handles.append(m.register_forward_hook(mode.post_hook))
-    was_training = model.training
+    modes = [(m, m.training) for m in model.modules()]  # restored one by one: a model may mix train and eval parts
     stance = getattr(torch.compiler, "set_stance", None)
+    global _TRACING
     try:
         model.eval()
+        _TRACING += 1
         with torch.no_grad(), (stance("force_eager") if stance else _null()), mode:
             forward_fn(model, example_input)
     finally:
-        model.train(was_training)
+        _TRACING -= 1
+        for m, training in modes:
+            m.training = training
         for h in handles:
             h.remove()
     return FlowTrace(mode.products(), mode.unclassified, mode.executed)
+
+
+_TRACING = 0
+
+
+def tracing() -> bool:
+    """Whether satmon's gating trace is running its forward now: a user's own forward hooks can tell
+    satmon's one traced eval forward (of the first training or calibration batch) from the model's.
+
+    Example:
+        >>> tracing()
+        False
+    """
+    return _TRACING > 0
 
 
 class _null:
