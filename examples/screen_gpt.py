@@ -21,7 +21,9 @@ p.add_argument("--logdir", default="satmon_logs")
 args = p.parse_args()
 
 pl.seed_everything(0)
-model = LitLM(arch="gpt", d_model=64, n_layers=2, n_heads=4, seq_len=64, norm="dyt", alpha_init=2.0, lr=3e-3, warmup=50)
+# the demo's model: token embedding (tied with the output head) at std d_model ** -0.5, so that DyT trains
+model = LitLM(arch="gpt", d_model=64, n_layers=2, n_heads=4, seq_len=64, norm="dyt", alpha_init=2.0, emb_std=64 ** -0.5,
+              lr=3e-3, warmup=50)
 data = CorpusDataModule(seq_len=64, batch_size=16, train_tokens=400_000)
 monitor = SaturationMonitor(window=args.window, threshold=0.43, log_every_n_steps=25, verbose=False)
 logger = TensorBoardLogger(args.logdir, name="screen_gpt")

@@ -1,24 +1,36 @@
-"""``satmon demo``: the main job. Train a small GPT-2-style DyT model on the embedded corpus for the
-screening window, on CPU, print the verdict card and where the TensorBoard logs are."""
+"""``satmon demo``: train a small GPT-2-style DyT model on the embedded corpus for the screening window,
+on CPU, and print the verdict card beside the validation loss at the start and the end, so that the
+verdict is read next to whether the run learned.
+
+The default model draws its token embedding (tied with the output head) at std d_model ** -0.5 and
+trains. ``--stalled`` keeps GPT-2's std 0.02: that model stalls near the byte-frequency level while
+its deep DyT layers saturate on a constant offset, and the 0.43 rule still says GO (docs/faq.md)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main", "run_demo"]
 
+#: held-out batches scored at the start and at the end (the same ones Lightning's validation reads)
+VAL_BATCHES = 8
+
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="satmon demo", description=__doc__)
+    p = argparse.ArgumentParser(prog="satmon demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--window", type=int, default=500, help="screening window in optimizer steps (default 500)")
     p.add_argument("--steps", type=int, default=None, help="total training steps (default: the window)")
     p.add_argument("--threshold", type=float, default=0.43)
     p.add_argument("--logdir", default="satmon_logs", help="TensorBoard root (default ./satmon_logs)")
+    p.add_argument("--stalled", action="store_true", help="GPT-2's embedding init (std 0.02, 0.1's demo): the model "
+                   "stalls and saturates on a constant offset; the example of offset-driven saturation")
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=16)
@@ -26,12 +38,71 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--train-tokens", type=int, default=400_000, help="size of the training split of the embedded corpus")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps (0: only the last)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: $OMP_NUM_THREADS, else every core)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 
-def run_demo(args: argparse.Namespace):
-    """Train and return ``(monitor, logger_dir)``."""
+def _emb_std(args: argparse.Namespace) -> float:
+    """Init std of the tied token embedding: GPT-2's 0.02 stalls a DyT model here, d_model ** -0.5 trains."""
+    return 0.02 if args.stalled else 1.0 / math.sqrt(args.d_model)
+
+
+def _step_bar(window: int):
+    """One progress bar over the optimizer steps (Lightning's restarts every epoch and, with
+    ``max_steps`` only, reads "Epoch 1/-2")."""
+    from lightning.pytorch.callbacks import TQDMProgressBar
+    from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
+
+    class StepProgressBar(TQDMProgressBar):
+        def on_train_start(self, trainer, pl_module) -> None:
+            super().on_train_start(trainer, pl_module)
+            self.train_progress_bar.reset(total=trainer.max_steps)
+            self.train_progress_bar.set_description(f"steps (window {window})")
+
+        def on_train_epoch_start(self, trainer, *_: Any) -> None:
+            pass  # one bar for the whole run, not one per epoch
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+            n = trainer.global_step
+            if self._should_update(n, self.train_progress_bar.total):
+                _update_n(self.train_progress_bar, n)
+                self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
+
+    return StepProgressBar(refresh_rate=5)
+
+
+def heldout_loss(model, data, batches: int = VAL_BATCHES) -> float:
+    """Mean next-token loss of ``model`` on the first ``batches`` validation batches (eval mode, no grad,
+    no random state touched: the training that follows is unchanged)."""
+    import torch
+    import torch.nn.functional as F
+
+    n = min(len(data.val_set), batches * data.batch_size)
+    x, y = (torch.stack(t) for t in zip(*(data.val_set[i] for i in range(n))))  # (n, T) each
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        losses = [F.cross_entropy(model(xb).flatten(0, 1).float(), yb.flatten())
+                  for xb, yb in zip(x.split(data.batch_size), y.split(data.batch_size))]
+    model.train(was_training)
+    return float(torch.stack(losses).mean())
+
+
+def unigram_loss(data, batches: int = VAL_BATCHES) -> float:
+    """Loss of byte frequencies (add-one counts of the training split) on the same targets: a model
+    that ignores the context scores this; one stuck near it has learnt little else."""
+    import torch
+
+    counts = torch.bincount(data.train_set.tokens, minlength=256).double() + 1.0
+    n = min(len(data.val_set), batches * data.batch_size)
+    targets = torch.cat([data.val_set[i][1] for i in range(n)])
+    return float(-(counts / counts.sum()).log()[targets].mean())
+
+
+def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
+    """Train and return ``(monitor, logger_dir, losses)``; ``losses`` holds the held-out loss at the
+    start and the end and the byte-frequency (unigram) level on the same batches."""
     import lightning.pytorch as pl
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -42,21 +113,42 @@ def run_demo(args: argparse.Namespace):
     from satmon.demos.lit import LitLM
 
     pl.seed_everything(args.seed, verbose=False)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(max(1, args.threads or int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1))
     steps = args.steps or args.window
     model = LitLM(arch="gpt", d_model=args.d_model, n_layers=args.layers, n_heads=4, seq_len=args.seq_len,
-                  norm="dyt", alpha_init=2.0, lr=3e-3, warmup=50)
+                  norm="dyt", alpha_init=2.0, emb_std=_emb_std(args), lr=3e-3, warmup=50)
     data = CorpusDataModule(seq_len=args.seq_len, batch_size=args.batch_size, train_tokens=args.train_tokens, seed=args.seed)
+    data.setup("fit")
+    losses = {"start": heldout_loss(model, data), "unigram": unigram_loss(data)}
     monitor = SaturationMonitor(window=args.window, threshold=args.threshold, log_every_n_steps=25, verbose=False)
-    logger = TensorBoardLogger(args.logdir, name="demo", default_hp_metric=False)  # the HParams view shows satmon's verdict
+    name = "demo_stalled" if args.stalled else "demo"
+    logger = TensorBoardLogger(args.logdir, name=name, default_hp_metric=False)  # the HParams view shows satmon's verdict
     ckpt = ModelCheckpoint(every_n_train_steps=args.checkpoint_every or None, save_top_k=-1 if args.checkpoint_every else 1)
+    callbacks = [monitor, ckpt] + ([] if args.quiet else [_step_bar(args.window)])
     trainer = pl.Trainer(
-        max_steps=steps, accelerator="cpu", devices=1, logger=logger, callbacks=[monitor, ckpt],
+        max_steps=steps, accelerator="cpu", devices=1, logger=logger, callbacks=callbacks,
         enable_progress_bar=not args.quiet, enable_model_summary=False, log_every_n_steps=25,
-        val_check_interval=min(250, steps), limit_val_batches=8, num_sanity_val_steps=0,
+        val_check_interval=min(250, steps), limit_val_batches=VAL_BATCHES, num_sanity_val_steps=0,
     )
     trainer.fit(model, data)
-    return monitor, logger.log_dir
+    losses["end"] = heldout_loss(model, data)
+    return monitor, logger.log_dir, losses
+
+
+def _loss_lines(losses: dict[str, float], steps: int, go: bool) -> list[str]:
+    """The held-out loss beside the verdict, and what it says about the run (0.1 nats from the
+    byte-frequency level counts as "at" it)."""
+    start, end, unigram = losses["start"], losses["end"], losses["unigram"]
+    if end < unigram - 0.1:
+        what = "The model learned beyond byte frequencies: the verdict reads a run that trains."
+    elif end <= unigram + 0.1:
+        what = "The loss is stuck near the byte-frequency level: the model has learnt little beyond byte frequencies"
+        what += (", so the high saturation is not a regulariser at work (docs/faq.md: offset-driven saturation)."
+                 if go else ".")
+    else:
+        what = "The loss has not reached the byte-frequency level yet: too few steps to read the run."
+    return [f"Validation loss ({VAL_BATCHES} held-out batches, nats/byte): {start:.4f} at step 0 -> {end:.4f} at step "
+            f"{steps} (byte-frequency level {unigram:.4f}).", what]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,19 +156,22 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*LeafSpec.*")
-    print(f"satmon demo: GPT-2-style model (d={args.d_model}, {args.layers} blocks, DyT alpha_init 2.0) on the "
+    emb = "embeddings at GPT-2's std 0.02 (--stalled)" if args.stalled else f"embeddings at std d_model^-0.5 = {_emb_std(args):.3g}"
+    print(f"satmon demo: GPT-2-style model (d={args.d_model}, {args.layers} blocks, DyT alpha_init 2.0, {emb}) on the "
           f"embedded corpus (Python's standard library), {args.window}-step screening window, CPU.")
     t0 = time.perf_counter()
-    monitor, log_dir = run_demo(args)
+    monitor, log_dir, losses = run_demo(args)
     took = time.perf_counter() - t0
     if monitor.verdict is None:
         print("satmon demo: no verdict (training stopped before any step was counted).")
         return 1
+    steps = args.steps or args.window
     print()
     print(monitor.verdict.card())
     print()
     print(monitor.verdict.summary())
-    print(f"Trained {args.steps or args.window} steps in {took:.0f} s.")
+    print("\n".join(_loss_lines(losses, steps, monitor.verdict.go)))
+    print(f"Trained {steps} steps in {took:.0f} s.")
     print(f"TensorBoard logs: {Path(log_dir).resolve()}")
     print(f"Open them with:   tensorboard --logdir {Path(args.logdir).resolve()}")
     print(f"Or, without a browser: satmon report {Path(log_dir).resolve()}")

@@ -49,7 +49,8 @@ def make_norm(kind: str, dim: int, alpha_init: float = 2.0, bias: bool = True) -
 
 @dataclass
 class GPTConfig:
-    """Hyper-parameters of :class:`GPT` (defaults: the demo model, ~0.2M parameters)."""
+    """Hyper-parameters of :class:`GPT` (defaults: GPT-2's inits at the demo size, ~0.12M parameters;
+    ``satmon demo`` sets ``emb_std=d_model ** -0.5``, ``satmon demo --stalled`` keeps the defaults)."""
 
     vocab_size: int = 256  # bytes
     seq_len: int = 64
@@ -62,6 +63,15 @@ class GPTConfig:
     # multiplies token + position embeddings; 1.0 is GPT-2. With embeddings at std 0.02 a DyT model
     # can stall at the unigram level; sqrt(d_model) lets it train (docs/regime_flip.md)
     emb_scale: float = 1.0
+    # init std of the token embedding, which is also the output head (tied); 0.02 is GPT-2. At 0.02 a
+    # DyT model can reach the byte frequencies only through saturated norms and stalls there;
+    # d_model ** -0.5 lets it train (docs/faq.md). Drawn at 0.02 and rescaled: other weights unchanged
+    emb_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("emb_scale", "emb_std"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"Expected {name} > 0, got {getattr(self, name)}.")
 
 
 class CausalSelfAttention(nn.Module):
@@ -129,6 +139,9 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2's scaled init of residual projections
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
+        if cfg.emb_std != 0.02:
+            with torch.no_grad():  # a rescale, not a new draw: the random stream and every other weight stay GPT-2's
+                self.tok_emb.weight.mul_(cfg.emb_std / 0.02)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

@@ -33,7 +33,7 @@ class LitLM(pl.LightningModule):
         >>> import torch
         >>> lit = LitLM(arch="gpt", n_layers=1)
         >>> x = torch.zeros(2, 8, dtype=torch.long)
-        >>> float(lit.training_step((x, x), 0)) > 0
+        >>> float(lit.training_step((x, x), 0).detach()) > 0
         True
     """
 
