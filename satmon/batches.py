@@ -8,6 +8,7 @@ with Lightning's ``apply_to_collection``.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -15,7 +16,9 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor, nn
 
-__all__ = ["ForwardFn", "as_batch_list", "feed", "feed_first", "first_tensor", "split_batch", "to_device"]
+__all__ = [
+    "ForwardFn", "as_batch_list", "feed", "feed_first", "first_tensor", "peek_batch", "split_batch", "take_batches", "to_device",
+]
 
 #: ``forward_fn(model, batch)``: how one batch is fed (its return value is ignored by satmon).
 ForwardFn = Callable[[nn.Module, Any], Any]
@@ -109,3 +112,32 @@ def split_batch(batch: Any, batch_size: int | None) -> list[Any]:
         parts = [batch[k].split(batch_size) for k in keys]
         return [dict(zip(keys, chunk)) for chunk in zip(*parts)]
     return [batch]
+
+
+def take_batches(batches: Any, max_batches: int | None = None, keep: bool = False) -> Iterable[Any]:
+    """The first ``max_batches`` of ``batches`` (all with ``None``); a list when they must be run more
+    than once (``keep``), else an iterator that runs through them once.
+
+    Example:
+        >>> take_batches(iter([1, 2, 3]), 2, keep=True)
+        [1, 2]
+    """
+    batch_iter: Iterable[Any] = as_batch_list(batches)
+    if max_batches is not None:
+        batch_iter = itertools.islice(batch_iter, max_batches)
+    return list(batch_iter) if keep else batch_iter
+
+
+def peek_batch(batches: Iterable[Any]) -> tuple[Any, Iterable[Any]]:
+    """The first batch, and the batches with it still in front (a list stays a list).
+
+    Example:
+        >>> first, rest = peek_batch(iter([1, 2]))
+        >>> first, list(rest)
+        (1, [1, 2])
+    """
+    if isinstance(batches, list):
+        return (batches[0] if batches else None), batches
+    it = iter(batches)
+    first = next(it, None)
+    return first, (itertools.chain([first], it) if first is not None else it)

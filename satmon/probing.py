@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from satmon.batches import ForwardFn, as_batch_list, feed, feed_first, to_device
+from satmon.batches import ForwardFn, feed, feed_first, peek_batch, take_batches, to_device
 from satmon.core.counters import SaturationCounter
 from satmon.core.covariance_taps import CovarianceTap, CovarianceTaps
 from satmon.core.gate_hooks import GateCounter, GateHooks
@@ -161,8 +161,8 @@ def probe(
     log.info("%s", plan.describe())
     if verbose:
         print(plan.describe(), flush=True)
-    batch_list = _calibration_batches(batches, max_batches, keep=plan.passes > 1 or twin is not None)
-    first, batch_list = _peek(batch_list)  # the first batch also feeds the gated-MLP trace
+    batch_list = take_batches(batches, max_batches, keep=plan.passes > 1 or twin is not None)
+    first, batch_list = peek_batch(batch_list)  # the first batch also feeds the gated-MLP trace
     example = to_device(first, device) if first is not None and targets.dyt else None
     screen = _SaturationScreen(model, targets.dyt, level, gating_mapping, example, forward_fn or feed, product)
     run = _Run(model, batch_list, device, forward_fn or feed, train_mode, autocast_dtype)
@@ -337,23 +337,6 @@ def _assemble(targets: ProbeTargets, results: _Results, screen: _SaturationScree
 
 
 # ------------------------------------------------------------------------------------------ inputs
-def _calibration_batches(batches: Any, max_batches: int | None, keep: bool) -> Iterable[Any]:
-    """The batches to run; a list when they must be run more than once (several passes, a twin)."""
-    batch_iter: Iterable[Any] = as_batch_list(batches)
-    if max_batches is not None:
-        batch_iter = itertools.islice(batch_iter, max_batches)
-    return list(batch_iter) if keep else batch_iter
-
-
-def _peek(batches: Iterable[Any]) -> tuple[Any, Iterable[Any]]:
-    """The first batch, and the batches with it still in front (a list stays a list)."""
-    if isinstance(batches, list):
-        return (batches[0] if batches else None), batches
-    it = iter(batches)
-    first = next(it, None)
-    return first, (itertools.chain([first], it) if first is not None else it)
-
-
 def _check_args(level: float, threshold: float, collapse_threshold: float, max_dim: int, max_batches: int | None,
                 autocast_dtype: Any, forward_fn: Any, step: Any, source: Any, product: Any) -> None:  # fmt: skip
     check_rule(level, threshold, collapse_threshold)  # the same checks as the monitor's
