@@ -111,8 +111,8 @@ def _forward_uses_tanh(cls: type) -> bool:
 def _dyt_channels(module: nn.Module) -> int:
     """The channel count: the length of the module's own vector parameters, whatever they are called."""
     for value in module.parameters(recurse=False):
-        if value.dim() == 1 and value.numel() > 1:
-            return value.numel()
+        if value.numel() > 1:  # (C,), or (C, 1, 1) for channels-first layers
+            return max(value.shape)
     shape = getattr(module, "normalized_shape", None)
     if isinstance(shape, int) or (isinstance(shape, (tuple, list, torch.Size)) and len(shape) == 1):
         return int(shape if isinstance(shape, int) else shape[0])
@@ -149,10 +149,11 @@ def _behaves_like_dyt(module: nn.Module) -> bool | None:
         try:
             with torch.no_grad():
                 y = clone.forward(x)
+                expected = torch.tanh(a * x)  # alpha shaped for the other layout does not broadcast: not this one
         except Exception:
             continue
         ran = True
-        if isinstance(y, torch.Tensor) and y.shape == x.shape and _fits_tanh(y.to(torch.float64), torch.tanh(a * x), dim):
+        if isinstance(y, torch.Tensor) and y.shape == x.shape and _fits_tanh(y.to(torch.float64), expected, dim):
             return True
     return False if ran else None
 

@@ -131,3 +131,19 @@ def test_gpt_emb_scale_multiplies_the_embeddings_the_first_block_sees(scale):
     ref = (model.tok_emb.weight[idx[0]] + model.pos_emb.weight[:5]).detach() * scale
     torch.testing.assert_close(seen[0][0], ref)
     assert GPTConfig().emb_scale == 1.0  # GPT-2's: the demo model is unchanged
+
+
+def test_channels_first_dyt_with_every_parameter_shaped_c11_is_found():
+    # a ConvNeXt-style DyT: alpha, weight and bias all (C, 1, 1), applied to (B, C, H, W)
+    class ConvDyT(nn.Module):
+        def __init__(self, c: int) -> None:
+            super().__init__()
+            self.alpha = nn.Parameter(torch.full((c, 1, 1), 0.5))
+            self.weight = nn.Parameter(torch.ones(c, 1, 1))
+            self.bias = nn.Parameter(torch.zeros(c, 1, 1))
+
+        def forward(self, x):
+            return self.weight * torch.tanh(self.alpha * x) + self.bias
+
+    model = nn.Sequential(nn.Conv2d(3, 6, 1), ConvDyT(6))
+    assert [(l.name, l.kind) for l in find_norm_layers(model)] == [("1", "dyt")]

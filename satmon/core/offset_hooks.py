@@ -67,14 +67,19 @@ def _channel_dim(module: nn.Module, x: Tensor, alpha: Tensor) -> int:
 class OffsetHooks(HookSet):
     """Forward hooks that feed an :class:`OffsetCounter` (enable them on sampled steps only)."""
 
-    def __init__(self, layers: Sequence[NormLayer], counter: OffsetCounter, level: float) -> None:
+    def __init__(self, layers: Sequence[NormLayer], counter: OffsetCounter, level: float,
+                 refused: dict[str, str] | None = None) -> None:
         super().__init__()
         self.layers, self.counter, self.level = list(layers), counter, float(level)
+        self.refused = refused if refused is not None else {}  # shared with the saturation hooks: they refuse first
         self.enabled = False
 
     def _make_hook(self, index: int):
+        name = self.layers[index].name
+
         def hook(mod: nn.Module, args: tuple, output: Tensor) -> None:
-            if self.enabled and args and not torch.compiler.is_compiling():
+            # eager only: under torch.compile the statistics are left out (no offset readings on the card)
+            if self.enabled and args and not torch.compiler.is_compiling() and name not in self.refused:
                 x, alpha = args[0], mod.alpha
                 self.counter.update(index, x, alpha, self.level, _channel_dim(mod, x, alpha))
 

@@ -6,6 +6,7 @@ queued sums are folded into the counter's states. No host sync on the hooks' pat
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -258,11 +259,11 @@ class SaturationHooks(HookSet):
         """Stop counting layer ``name`` for the rest of the run, with one warning that says how to resolve it."""
         self.refused[name] = reason
         warnings.warn(
-            f"satmon: DyT layer {name!r} is not counted for the rest of the run: {reason}, so `alpha * x` would not "
-            "keep the input's shape (a forward that reshapes alpha, e.g. alpha.view(-1, 1, 1) for channels-first "
-            f"input, is invisible to satmon). Pass exclude=[{name!r}] to leave it out of the screen, or include= "
-            "only layers whose alpha broadcasts; or store alpha in the shape the forward uses (e.g. (C, 1, 1)).",
-            RuntimeWarning, stacklevel=2)
+            f"satmon: DyT layer {name!r} is not counted for the rest of the run: {reason}, so satmon cannot apply it "
+            "as `alpha * x` (a forward that reshapes alpha, e.g. alpha.view(-1, 1, 1) for channels-first input, is "
+            f'invisible to satmon). Leave the layer out with exclude=r"^{re.escape(name)}$" (and, if another module '
+            "applies an alpha that broadcasts, select that one with include=), or store alpha in the shape the "
+            "forward uses (e.g. (C, 1, 1)).", RuntimeWarning, stacklevel=2)
 
     def refresh_thresholds(self) -> None:
         """Batched thresholds of these layers' scalar accelerator ``alpha`` (once per optimizer step)."""

@@ -161,7 +161,7 @@ class Screen:
         self.hooks = SaturationHooks(self.layers, SaturationCounter(len(self.layers), level=s.level, product=s.product).to(device), keep_inputs)
         self.window_loss = WindowLoss(s.window).to(device)
         if s.offset_every:
-            self.offset_hooks = OffsetHooks(self.layers, OffsetCounter(len(self.layers)).to(device), s.level)
+            self.offset_hooks = OffsetHooks(self.layers, OffsetCounter(len(self.layers)).to(device), s.level, self.hooks.refused)
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
