@@ -1,24 +1,57 @@
-"""satmon without Lightning: a plain PyTorch training loop screened with satmon's core.
+"""satmon without Lightning: a plain PyTorch training loop (nanoGPT-style) screened by ``satmon.Screen``.
 
-The pieces the Lightning callback is built from, used directly:
-``find_dyt_layers`` (which layers to watch), ``SaturationCounter`` (device-side counts),
-``SaturationHooks`` (forward hooks that feed it, no host sync per step) and ``decide`` (the rule).
+The public core only: ``Screen(...).attach(model)``, ``screen.step(loss)`` after each optimizer
+step, ``screen.paused()`` around validation, ``screen.finish()`` and ``screen.detach()`` at the end,
+``screen.verdict`` for the decision. TensorBoard files go to ``--logdir``.
 
     python examples/plain_pytorch.py                  # 500-step window, then 100 more steps
-    python examples/plain_pytorch.py --window 20 --steps 30
+    python examples/plain_pytorch.py --window 20 --steps 30 --abort-on no-go
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
 
-from satmon import SaturationCounter, SaturationHooks, decide, find_dyt_layers
+import satmon
 from satmon.demos.corpus import WindowDataset, corpus_tokens
 from satmon.demos.gpt import GPT, GPTConfig
+
+
+def lm_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    logits = model(x)  # (B, T, V)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
+
+
+def fit(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], screen: satmon.Screen, steps: int, lr: float,
+        validate=None, every: int = 100) -> int:
+    """Train ``model`` for up to ``steps`` optimizer steps, screened; returns the steps run.
+
+    ``screen`` is attached to ``model`` already; it counts every forward between two ``step`` calls
+    except those under ``screen.paused()`` (validation here).
+    """
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    step = 0
+    for step, (x, y) in enumerate(itertools.islice(batches, steps), start=1):
+        loss = lm_loss(model, x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        stop = screen.step(loss)  # once per optimizer step, after it; True: the abort policy fired
+        if validate is not None and (step % every == 0 or step == steps or stop):
+            with screen.paused():  # validation forwards are not training forwards
+                print(f"step {step}: train loss {loss.item():.3f}, val loss {validate(model):.3f}")
+        if stop:
+            print(f"satmon stopped training at step {step}: {screen.stop.message}")
+            break
+    screen.finish()  # a window cut short still gets a (partial) verdict
+    screen.detach()
+    return step
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=500, help="screening window, optimizer steps (default 500)")
     p.add_argument("--steps", type=int, default=600, help="training steps (default 600)")
     p.add_argument("--threshold", type=float, default=0.43)
+    p.add_argument("--abort-on", default="never", choices=["never", "no-go", "collapse", "any"])
+    p.add_argument("--logdir", default=None, help="TensorBoard directory for the verdict card and scalars")
     args = p.parse_args(argv)
 
     torch.manual_seed(0)
@@ -33,40 +68,22 @@ def main(argv: list[str] | None = None) -> int:
     tokens = corpus_tokens(440_000)
     train = torch.utils.data.DataLoader(WindowDataset(tokens[:400_000], 64), batch_size=16, shuffle=True, drop_last=True)
     val = torch.utils.data.DataLoader(WindowDataset(tokens[400_000:], 64), batch_size=16)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
 
-    layers = find_dyt_layers(model)  # every module owning an `alpha` with a tanh-bounded forward
-    counter = SaturationCounter(len(layers), level=2.0)  # int64 counts on the model's device
-    hooks = SaturationHooks(layers, counter).attach()  # count training forwards from now on
-    verdict = None
+    def validate(m: nn.Module) -> float:
+        m.eval()
+        with torch.no_grad():
+            losses = [lm_loss(m, vx, vy).item() for vx, vy in itertools.islice(val, 8)]
+        m.train()
+        return sum(losses) / len(losses)
 
-    batches = itertools.cycle(train)
-    for step in range(1, args.steps + 1):
-        x, y = next(batches)
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())  # (B*T, V) vs (B*T,)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if step == args.window:  # the only host transfer of the window
-            counts = counter.compute()  # folds the hooks' queued sums into the counts first
-            per_layer = dict(zip((l.name for l in layers), counts["per_layer"].tolist()))
-            verdict = decide(float(counts["pooled"]), per_layer, threshold=args.threshold, step=step, window=args.window,
-                             elements=int(counts["total"].sum()), nonfinite=int(counts["nonfinite"].sum()))
-            hooks.detach()  # the rest of training runs no satmon code
-            print(verdict.card(), end="\n\n")
-        if step % 100 == 0 or step == args.steps:
-            hooks.enabled = False  # validation forwards are not counted
-            with torch.no_grad():
-                model.eval()
-                vl = [F.cross_entropy(model(vx).flatten(0, 1), vy.flatten()).item() for vx, vy in itertools.islice(val, 8)]
-                model.train()
-            hooks.enabled = True
-            print(f"step {step}: train loss {loss.item():.3f}, val loss {sum(vl) / len(vl):.3f}")
-
-    if verdict is None:
-        print(f"no verdict: {args.steps} steps are fewer than the {args.window}-step window")
+    screen = satmon.Screen(window=args.window, threshold=args.threshold, abort_on=args.abort_on, logdir=args.logdir)
+    # forward hooks on every DyT layer (the card prints when the window closes); one batch for the gated-MLP trace
+    screen.attach(model, example_input=next(iter(val))[0])
+    fit(model, itertools.cycle(train), screen, args.steps, lr=3e-3, validate=validate)
+    if screen.verdict is None:
+        print(f"no verdict: {screen.status}")
         return 1
-    print(verdict.summary())
+    print(screen.verdict.summary())
     return 0
 
 

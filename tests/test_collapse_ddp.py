@@ -64,7 +64,8 @@ def test_one_rank_breach_stops_both_ranks_at_the_same_step(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["verdict"] == ranks[1]["verdict"] == "go"
-    # NaN loss at step 5 on rank 1 -> the check after watched step 6 (global step 7) stops both ranks
-    assert ranks[0]["global_step"] == ranks[1]["global_step"] == 7
+    # NaN loss in optimizer step 5 on rank 1 only -> the per-step guard (a maximum over ranks) stops both ranks
+    # at the end of that step, global step 6 (0.1 waited for the check after watched step 6: global step 7)
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] == 6
     assert ranks[0]["stop"] == ranks[1]["stop"]
-    assert ranks[0]["stop"]["reason"] == "nonfinite" and ranks[0]["stop"]["step"] == 7
+    assert ranks[0]["stop"]["reason"] == "nonfinite" and ranks[0]["stop"]["step"] == 6

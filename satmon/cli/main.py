@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Example:
         >>> main(["--version"])
-        satmon 0.1.0
+        satmon 0.2.0
         0
     """
     argv = list(sys.argv[1:] if argv is None else argv)

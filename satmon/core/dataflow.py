@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from satmon.batches import feed
+from satmon.core.model_state import reshard_fsdp
 from satmon.discovery import norm_kind, strip_wrappers
 
 __all__ = ["FlowTrace", "GatedProduct", "Interaction", "trace_flow", "tracing"]
@@ -327,6 +328,7 @@ def trace_flow(
             m.training = training
         for h in handles:
             h.remove()
+        reshard_fsdp(model)  # FSDP2 keeps its root unsharded after a no-grad forward: training must not see that
     return FlowTrace(mode.products(), mode.unclassified, mode.executed)
 
 

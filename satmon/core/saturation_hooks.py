@@ -308,9 +308,11 @@ class SaturationHooks(HookSet):
         return torch.stack([whole(l.module.alpha).detach().to(torch.float64).abs().mean() for l in self.layers])
 
     def local_alphas(self) -> Tensor:
-        """This process's ``alpha`` values (its shards under FSDP2), flattened: no collective, for finiteness checks."""
+        """Per layer, ``sum |alpha|`` over this process's elements (its shard under FSDP2; 0 for an empty
+        one): finite exactly when they all are. No collective: the per-step non-finite check."""
         alphas = (l.module.alpha for l in self.layers)
-        return torch.cat([(a.to_local() if hasattr(a, "to_local") else a).detach().reshape(-1) for a in alphas])
+        return torch.stack([(a.to_local() if hasattr(a, "to_local") else a).detach().to(torch.float64).abs().sum()
+                            for a in alphas])
 
 
 def _broadcast_refusal(alpha_shape: torch.Size, x_shape: torch.Size) -> str | None:
