@@ -154,7 +154,14 @@ def test_ddp_equals_one_process_exactly_when_weights_are_equal(runs):
     assert _global(ddp, "saturated") == single["saturated"]
     assert _global(ddp, "total") == single["total"]
     for r in ddp:
-        assert r["verdict"] == single["verdict"]  # decision, pooled and per-layer fractions, elements, step
+        # decision, pooled and per-layer fractions, elements, step: exact; the window's loss trend is the mean of
+        # the ranks' losses, equal to the one-process loss up to float rounding
+        # the ranks' losses, equal to the one-process loss up to float rounding; the offset statistics centre each
+        # rank's own batch (half the tokens), so only their plain sampled saturation is the same number
+        assert {**r["verdict"], "loss": None, "offset": None} == {**single["verdict"], "loss": None, "offset": None}
+        assert r["verdict"]["loss"]["first"] == pytest.approx(single["verdict"]["loss"]["first"], rel=1e-6)
+        for name, got in r["verdict"]["offset"].items():
+            assert got["saturated"] == single["verdict"]["offset"][name]["saturated"]
         # state_dict() keeps the counts summed over ranks (what a resume needs whatever the world size).
         assert r["state"]["saturated"] == single["saturated"] and r["state"]["total"] == single["total"]
         assert r["state"]["steps_seen"] == WINDOW
