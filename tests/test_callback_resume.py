@@ -178,3 +178,21 @@ def test_mid_epoch_resume_warns_that_the_data_order_restarts(tmp_path):
     resumed, _, said = _resume(tmp_path, tmp_path / "ckpt" / "step=2.ckpt")
     assert any("resumed mid-window at step 2" in w and "cannot resume its position" in w for w in said)
     assert any("data order did not resume" in n for n in resumed.verdict.notes)
+
+
+def test_gated_model_resumed_mid_window_keeps_gate_statistics_and_offsets(tmp_path):
+    # a LLaMA-style DyT model (SwiGLU after DyT): the card's gate statistics and offset readings must survive too
+    def fit(path: Path, ckpt: str | None = None, save: bool = False) -> SaturationMonitor:
+        torch.manual_seed(0 if ckpt is None else 7)
+        lit = tiny_lit(arch="llama", alpha_init=50.0)
+        monitor = SaturationMonitor(window=WINDOW, offset_every=3, verbose=False)
+        callbacks = [monitor]
+        if save:
+            callbacks.append(ModelCheckpoint(dirpath=path / "ckpt", filename="{step}", every_n_epochs=1, save_top_k=-1))
+        trainer(path, max_epochs=4, callbacks=callbacks, enable_checkpointing=save).fit(lit, token_loader(PER_EPOCH), ckpt_path=ckpt)
+        return monitor
+
+    original = fit(tmp_path / "a", save=True)
+    resumed = fit(tmp_path / "b", ckpt=str(tmp_path / "a" / "ckpt" / "step=8.ckpt"))
+    assert original.verdict.gated and original.verdict.risk and original.verdict.offset
+    assert resumed.verdict.to_dict() == original.verdict.to_dict()

@@ -162,11 +162,11 @@ class Screen:
         self.window_loss = WindowLoss(s.window).to(device)
         if s.offset_every:
             self.offset_hooks = OffsetHooks(self.layers, OffsetCounter(len(self.layers)).to(device), s.level, self.hooks.refused)
+        if self.gating is not None and self.gating.pairings:
+            self.gate_hooks = GateHooks(model, self.gating, GateCounter(len(self.gating.pairings)).to(device))
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
-        if self.gating is not None and self.gating.pairings:
-            self.gate_hooks = GateHooks(model, self.gating, GateCounter(len(self.gating.pairings)).to(device))
         self.losses = LossHistory(s.loss_baseline + max(s.watch_every_n_steps, 1), device=device)
         if s.watch_every_n_steps:
             watch_hooks = SaturationHooks(self.layers, SaturationCounter(len(self.layers), level=s.level, product=s.product).to(device), keep_inputs,

@@ -100,8 +100,9 @@ def restore_plan(state: dict[str, Any], settings: Any, layer_names: list[str], s
 
 
 def _metrics(screen: Any) -> tuple[tuple[str, Any], ...]:
-    """The screen's extra window states kept in checkpoints: the loss segments and the offset sums."""
-    return (("loss_segments", screen.window_loss), ("offset", screen.offset_hooks and screen.offset_hooks.counter))
+    """The screen's extra window states kept in checkpoints: loss segments, offset sums, gate statistics."""
+    return (("loss_segments", screen.window_loss), ("offset", screen.offset_hooks and screen.offset_hooks.counter),
+            ("gate", screen.gate_hooks and screen.gate_hooks.counter))
 
 
 def dump_state(screen: Any, sync: bool) -> dict[str, Any]:
