@@ -9,6 +9,8 @@ import shutil
 import subprocess
 import sys
 import warnings
+import time
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,3 +190,137 @@ def test_fault(case, world, tmp_path, monkeypatch, capsys):
     assert f.runs == case.runs, f"payload ran {f.runs} time(s)"
     if case.exit == 2:
         assert not (tmp_path / "tb").exists()  # nothing was written either
+
+
+# --- training: non-finite values, resume, constructor input ---
+class _NaNLossAt(type(tiny_lit())):
+    """The training loss turns NaN at one optimizer step (its gradient stays finite)."""
+
+    at = 3
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        return loss + (float("nan") - loss.detach()) if self.global_step == self.at else loss
+
+
+class _NaNGradientAt(_NaNLossAt):
+    """The loss and its gradient turn NaN at one step: the optimizer makes the weights NaN (a diverged run)."""
+
+    def training_step(self, batch, batch_idx):
+        loss = type(tiny_lit()).training_step(self, batch, batch_idx)
+        return loss * float("nan") if self.global_step == self.at else loss
+
+
+def _nan_model(kind: type = _NaNLossAt):
+    return kind(arch="gpt", d_model=32, n_layers=2, n_heads=2, seq_len=16, alpha_init=2.0, lr=3e-3, warmup=1)
+
+
+@pytest.mark.parametrize("abort_on", ["any", "no-go", "collapse", "never"])
+def test_nonfinite_loss_in_the_window_stops_within_one_step_only_when_asked(tmp_path, abort_on):
+    from satmon import SaturationMonitor
+
+    monitor = SaturationMonitor(window=20, abort_on=abort_on, verbose=False)
+    t = trainer(tmp_path, max_steps=8, callbacks=[monitor])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t.fit(_nan_model(), token_loader(8))
+    if abort_on == "any":  # 0.1 ran on to the end of the window and stopped with reason "no-go"
+        assert monitor.stop.reason.value == "nonfinite" and monitor.stop.step == _NaNLossAt.at + 1
+        assert t.global_step == _NaNLossAt.at + 1
+    else:
+        assert monitor.stop is None and t.global_step == 8
+
+
+def test_nonfinite_inputs_in_the_window_give_a_nonfinite_verdict_not_no_go(tmp_path):
+    from satmon import SaturationMonitor
+
+    monitor = SaturationMonitor(window=6, verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer(tmp_path, max_steps=6, callbacks=[monitor]).fit(_nan_model(_NaNGradientAt), token_loader(6))
+    v = monitor.verdict  # the NaN gradient made the weights NaN: every later DyT input is NaN (0.1 said NO-GO)
+    assert v.decision == "non-finite" and v.nonfinite > 0 and "NON-FINITE" in v.card() and "LayerNorm" not in v.headline()
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"include": 123}, "Expected `include`"), ({"exclude": ["a"]}, "Expected `exclude`"),
+    ({"include": "(unclosed"}, "valid regular expression"), ({"dry_run": "yes"}, "Expected `dry_run` to be True or False"),
+    ({"verbose": "no"}, "Expected `verbose` to be True or False"), ({"window": True}, "Expected `window`"),
+    ({"product": "rounded"}, "Expected `product`"), ({"offset_every": -1}, "Expected `offset_every`"),
+    ({"on_missing": "ignore"}, "Expected `on_missing`"), ({"gating_mapping": ["a"]}, "Expected `gating_mapping`"),
+])
+def test_bad_constructor_arguments_fail_at_construction_with_what_to_do(kwargs, match):
+    from satmon import SaturationMonitor
+
+    with pytest.raises(ValueError, match=match):  # 0.1 accepted include=123 until fit, dry_run="yes", verbose="no"
+        SaturationMonitor(**kwargs)
+
+
+# --- distributed ---
+UNEVEN_DDP_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    sys.path.insert(0, {tests!r})
+    import torch
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, Subset
+    from helpers import tiny_lit, token_loader, trainer
+    from satmon import SaturationMonitor
+
+    with_satmon, out = sys.argv[1] == "1", sys.argv[2]
+    torch.set_num_threads(1)
+
+
+    class Uneven(pl.LightningDataModule):
+        # rank 0 gets 5 batches, rank 1 gets 4: a custom split Lightning does not pad
+        def train_dataloader(self):
+            data = token_loader(n_batches=9, batch_size=2).dataset
+            rank = self.trainer.global_rank
+            idx = range(0, 10) if rank == 0 else range(10, 18)
+            return DataLoader(Subset(data, list(idx)), batch_size=2, shuffle=False)
+
+
+    monitor = SaturationMonitor(window=50, verbose=False)
+    callbacks = [monitor] if with_satmon else []
+    tr = trainer(out, devices=2, strategy="ddp", num_nodes=1, max_epochs=1, callbacks=callbacks,
+                 use_distributed_sampler=False)
+    try:
+        tr.fit(tiny_lit(alpha_init=2.0), datamodule=Uneven())
+        status = "finished"
+    except Exception as e:  # what Lightning/gloo raise is theirs; satmon must not turn it into a hang
+        status = "error: " + type(e).__name__
+    verdict = monitor.verdict.to_dict() if with_satmon and monitor.verdict else None
+    with open(os.path.join(out, f"rank-{{tr.global_rank}}.json"), "w") as f:
+        json.dump(dict(status=status, verdict=verdict, steps=tr.global_step), f)
+    """
+)
+
+
+def _run_uneven_ddp(tmp_path: Path, with_satmon: bool, timeout: float) -> tuple[float, bool]:
+    out = tmp_path / ("satmon" if with_satmon else "baseline")
+    out.mkdir()
+    script = out / "run.py"
+    script.write_text(UNEVEN_DDP_SCRIPT.format(tests=str(Path(__file__).resolve().parent)))
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+           "TORCH_GLOO_TIMEOUT": "30"}
+    for var in ("MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "PL_GLOBAL_SEED"):
+        env.pop(var, None)
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, str(script), "1" if with_satmon else "0", str(out)], cwd=str(out), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        proc.wait(timeout=timeout)
+        return time.monotonic() - start, False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        return time.monotonic() - start, True
+
+
+@pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(), reason="needs gloo")
+def test_ddp_uneven_batches_do_not_hang_with_satmon(tmp_path):
+    """Two ranks with 5 and 4 batches, training shorter than the window: 0.1 hung in its end-of-training sync."""
+    baseline, baseline_hung = _run_uneven_ddp(tmp_path, with_satmon=False, timeout=150)
+    assert not baseline_hung, "the run without satmon did not end: the scenario itself hangs on this machine"
+    took, hung = _run_uneven_ddp(tmp_path, with_satmon=True, timeout=max(90.0, 3 * baseline))
+    assert not hung, f"satmon's run hung (killed after {took:.0f} s; without satmon it ended in {baseline:.0f} s)"
