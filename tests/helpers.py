@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import lightning.pytorch as pl
 import torch
 from torch import nn
@@ -57,3 +59,12 @@ class InputRecorder:
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
+
+
+def clean_env() -> dict[str, str]:
+    """The test process's environment without what an earlier in-process distributed run (Lightning,
+    accelerate) may have left there, for a subprocess that starts its own process group."""
+    stale = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
+             "GROUP_RANK", "PL_GLOBAL_SEED", "TORCHELASTIC_RUN_ID")
+    return {**{k: v for k, v in os.environ.items() if k not in stale and not k.startswith("ACCELERATE_")},
+            "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}

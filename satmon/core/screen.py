@@ -5,7 +5,6 @@ PyTorch loop or any other trainer. Cross-rank agreement goes through an :class:`
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -15,23 +14,18 @@ import torch
 from torch import nn
 
 from satmon.batches import ForwardFn
-from satmon.abort import StopReason, StopRecord, breaches
+from satmon.abort import StopReason, StopRecord
 from satmon.core.agreement import Agreement, TorchDistributed
-from satmon.core.collapse_watch import CollapseWatch, LossHistory
-from satmon.core.counters import SaturationCounter
-from satmon.core.gate_hooks import GateCounter, GateHooks
 from satmon.core.gated_mlp import GatingReport, detect_gating
 from satmon.core.hookset import paused
-from satmon.core.nonfinite_guard import NonFiniteGuard
-from satmon.core.offset_hooks import OffsetCounter, OffsetHooks, offset_driven
+from satmon.core.screen_parts import build_parts
+from satmon.core.window_verdict import make_window_verdict, verdict_stop_reason
 from satmon.core.saturation_hooks import HookReadings, SaturationHooks
 from satmon.core.screen_state import dump_state, restore_state
 from satmon.core.stop_policy import StopPolicy
 from satmon.core.settings import ScreenSettings
-from satmon.core.window_loss import WindowLoss
-from satmon.functional.loss import loss_trend
 from satmon.discovery import NormLayer, find_dyt_layers
-from satmon.verdict import GatingInfo, Source, Verdict, build_verdict
+from satmon.verdict import Verdict
 from satmon.writers import tensorboard as tb
 
 __all__ = ["Screen"]
@@ -94,13 +88,9 @@ class Screen:
         self.verbose, self.log_every_n_steps = ScreenSettings.check_flag("verbose", verbose), log_every_n_steps
         self.layers: list[NormLayer] = []
         self.gating: GatingReport | None = None
+        # built at attach (satmon.core.screen_parts): the window's hooks and states, the watch, the guard
         self.hooks: SaturationHooks | None = None
-        self.gate_hooks: GateHooks | None = None
-        self.watch: CollapseWatch | None = None
-        self.losses: LossHistory | None = None
-        self.guard: NonFiniteGuard | None = None
-        self.window_loss: WindowLoss | None = None
-        self.offset_hooks: OffsetHooks | None = None
+        self.gate_hooks = self.watch = self.losses = self.guard = self.window_loss = self.offset_hooks = None
         self.verdict: Verdict | None = None
         self.policy = StopPolicy(self.settings)
         self.steps_seen = 0
@@ -156,29 +146,14 @@ class Screen:
             return self
         if names and self.layer_names != names:
             raise RuntimeError(f"Expected the same DyT layers as at discovery ({names}), got {self.layer_names}.")
-        device = self.layers[0].module.alpha.device
-        s = self.settings
-        self.hooks = SaturationHooks(self.layers, SaturationCounter(len(self.layers), level=s.level, product=s.product).to(device), keep_inputs)
-        self.window_loss = WindowLoss(s.window).to(device)
-        if s.offset_every:
-            self.offset_hooks = OffsetHooks(self.layers, OffsetCounter(len(self.layers)).to(device), s.level, self.hooks.refused)
-        if self.gating is not None and self.gating.pairings:
-            self.gate_hooks = GateHooks(model, self.gating, GateCounter(len(self.gating.pairings)).to(device))
+        parts = build_parts(self.settings, self.layers, self.gating, model, keep_inputs)
+        self.hooks, self.window_loss, self.losses = parts.hooks, parts.window_loss, parts.losses
+        self.offset_hooks, self.gate_hooks, self.watch, self.guard = parts.offset_hooks, parts.gate_hooks, parts.watch, parts.guard
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
-        self.losses = LossHistory(s.loss_baseline + max(s.watch_every_n_steps, 1), device=device)
-        if s.watch_every_n_steps:
-            watch_hooks = SaturationHooks(self.layers, SaturationCounter(len(self.layers), level=s.level, product=s.product).to(device), keep_inputs,
-                                          refused=self.hooks.refused)  # a refused layer warns once per run
-            gated = [i for i, n in enumerate(self.layer_names) if n in (self.gating.pairings if self.gating else {})]
-            mlps = {n: p.mlp for n, p in (self.gating.pairings if self.gating else {}).items()}
-            self.watch = CollapseWatch(watch_hooks, gated, self.gate_hooks, mlps, s.watch_every_n_steps,
-                                       s.collapse_threshold, s.loss_spike_z, s.patience, self.losses)
-        if breaches(s.abort_on, StopReason.NONFINITE):
-            self.guard = NonFiniteGuard(device)
         self._last_step = self._steps_done = step
-        if self.verdict is None and step < s.window:
+        if self.verdict is None and step < self.settings.window:
             self.hooks.attach()
             if self.offset_hooks is not None:
                 self.offset_hooks.attach()
@@ -279,62 +254,19 @@ class Screen:
     # ------------------------------------------------------------------------------- verdict
     def conclude(self, step: int, partial: bool = False, sync: bool = True, extra_notes: Sequence[str] = ()) -> Verdict | None:
         """Make the verdict from the window's counts, log it, detach the window hooks, apply the policy."""
-        assert self.hooks is not None
-        r = self.hooks.read(sync=sync)
-        self.hooks.detach()
-        risk = self._gate_risk(r) if self.gate_hooks is not None else {}
-        offset = {}
-        if self.offset_hooks is not None:
-            offset = self.offset_hooks.read(self.layer_names, sync=sync)
-            self.offset_hooks.detach()
-        self.verdict = build_verdict(
-            r.layer_counts(self.layer_names), step=step, window=(self.steps_seen if partial else self.settings.window) - self.first_step,
-            source=Source.WINDOW, planned_window=self.settings.window, threshold=self.settings.threshold,
-            level=self.settings.level, gating=GatingInfo.of(self.gating), collapse_threshold=self.settings.collapse_threshold,
-            risk=risk, notes=[*self.notes, *extra_notes, *(f"layer {n} not counted: {why}" for n, why in self.hooks.refused.items())],
-            loss=loss_trend(self.window_loss.means(sync=sync)) if self.window_loss is not None else None,
-            offset=offset, offset_flag=bool(offset) and offset_driven(offset), caveat=self.settings.caveat)
-        if self.verdict is None:
-            self.status = "window over: no DyT input was counted"
-            self.warn(f"satmon: no DyT input was counted in the window ({self.steps_seen} steps): no verdict.")
-            return None
-        tb.log_scalars(self.loggers, {**self._window_scalars(r), **tb.offset_scalars(offset)}, step)
-        tb.log_verdict(self.loggers, self.verdict)
-        if self.verbose:
-            self.info("\n" + self.verdict.card() + "\n")
-        self.status = "verdict made"
-        if not partial:
+        self.verdict = make_window_verdict(self, step, partial, sync, extra_notes)
+        if self.verdict is not None and not partial:
             self._verdict_policy(step)
         return self.verdict
 
-    def _gate_risk(self, r: HookReadings) -> dict[str, dict[str, float]]:
-        assert self.gate_hooks is not None and self.gating is not None
-        self.gate_hooks.detach()
-        per_layer = r.fractions(self.layer_names)
-        risk = {self.gating.pairings[norm].mlp: {"dyt_saturation": per_layer.get(norm, math.nan), **stats}
-                for norm, stats in self.gate_hooks.readings().items()}
-        self.gate_hooks.counter.reset()
-        return risk
-
     def _verdict_policy(self, step: int) -> None:
-        v = self.verdict
-        assert v is not None
-        if v.decision == "non-finite":
-            if self.request_stop(StopReason.NONFINITE, v.reason, step):
-                return
-        elif v.collapse_risk:
-            self.watch_streak_start()
-            if (self.settings.abort_on == "no-go" or self.settings.patience == 1) and \
-                    self.request_stop(StopReason.COLLAPSE_RISK, v.reason, step):
-                return
-        elif not v.go and self.request_stop(StopReason.NO_GO, v.reason, step):
+        assert self.verdict is not None
+        if self.verdict.collapse_risk and self.watch is not None:
+            self.watch.streak[StopReason.COLLAPSE_RISK] = 1  # the verdict is the watch streak's first breach
+        reason = verdict_stop_reason(self.verdict, self.settings)
+        if reason is not None and self.request_stop(reason, self.verdict.reason, step):
             return
         self._start_watch()
-
-    def watch_streak_start(self) -> None:
-        """A collapse-risk verdict is the first breaching check of the watch's streak."""
-        if self.watch is not None:
-            self.watch.streak[StopReason.COLLAPSE_RISK] = 1
 
     def _start_watch(self) -> None:
         if self.watch is not None:

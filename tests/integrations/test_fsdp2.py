@@ -22,6 +22,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import clean_env
 import torch
 import torch.distributed as dist
 
@@ -148,7 +149,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     script = tmp / "fsdp2_run.py"
     script.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n" + SHARDED.format(window=WINDOW, steps=STEPS))
     proc = subprocess.run([sys.executable, str(script), str(_free_port()), str(tmp)], cwd=tmp, capture_output=True,
-                          text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          text=True, timeout=240, env=clean_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in (0, 1)]
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/, where helpers.py lives
 SCRIPT = textwrap.dedent(
     """
     import json, sys

@@ -1,0 +1,62 @@
+"""What a :class:`~satmon.core.screen.Screen` builds when it attaches: the window's hooks and states,
+the collapse watch and the non-finite guard, all on the DyT layers' device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from satmon.abort import StopReason, breaches
+from satmon.core.collapse_watch import CollapseWatch, LossHistory
+from satmon.core.counters import SaturationCounter
+from satmon.core.gate_hooks import GateCounter, GateHooks
+from satmon.core.nonfinite_guard import NonFiniteGuard
+from satmon.core.offset_hooks import OffsetCounter, OffsetHooks
+from satmon.core.saturation_hooks import SaturationHooks
+from satmon.core.settings import ScreenSettings
+from satmon.core.window_loss import WindowLoss
+from satmon.discovery import NormLayer
+
+__all__ = ["ScreenParts", "build_parts"]
+
+
+@dataclass
+class ScreenParts:
+    """The hook sets and device states of one attached screen (``None``: switched off by the settings)."""
+
+    hooks: SaturationHooks
+    window_loss: WindowLoss
+    losses: LossHistory
+    offset_hooks: OffsetHooks | None = None
+    gate_hooks: GateHooks | None = None
+    watch: CollapseWatch | None = None
+    guard: NonFiniteGuard | None = None
+
+
+def build_parts(s: ScreenSettings, layers: list[NormLayer], gating: Any, model: nn.Module, keep_inputs: bool) -> ScreenParts:
+    """Make (not attach) every hook set and state the settings ask for."""
+    device = layers[0].module.alpha.device
+    n = len(layers)
+
+    def saturation_hooks(refused: dict[str, str] | None = None) -> SaturationHooks:
+        return SaturationHooks(layers, SaturationCounter(n, level=s.level, product=s.product).to(device), keep_inputs,
+                               refused=refused)
+
+    hooks = saturation_hooks()
+    parts = ScreenParts(hooks, WindowLoss(s.window).to(device),
+                        LossHistory(s.loss_baseline + max(s.watch_every_n_steps, 1), device=device))
+    if s.offset_every:  # the hook sets share one record of refused layers: each warns once per run
+        parts.offset_hooks = OffsetHooks(layers, OffsetCounter(n).to(device), s.level, hooks.refused)
+    pairings = gating.pairings if gating is not None else {}
+    if pairings:
+        parts.gate_hooks = GateHooks(model, gating, GateCounter(len(pairings)).to(device))
+    if s.watch_every_n_steps:
+        gated = [i for i, layer in enumerate(layers) if layer.name in pairings]
+        parts.watch = CollapseWatch(saturation_hooks(hooks.refused), gated, parts.gate_hooks,
+                                    {k: p.mlp for k, p in pairings.items()}, s.watch_every_n_steps,
+                                    s.collapse_threshold, s.loss_spike_z, s.patience, parts.losses)
+    if breaches(s.abort_on, StopReason.NONFINITE):
+        parts.guard = NonFiniteGuard(device)
+    return parts
