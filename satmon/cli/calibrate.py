@@ -142,5 +142,6 @@ def main(argv: list[str] | None = None) -> int:
             print("satmon calibrate: the plot needs matplotlib: pip install 'satmon[report]' (or pip install matplotlib); "
                   "skipped it, the JSON is written.", file=sys.stderr)
     if cal.metric == "saturation" and 0.0 < cal.threshold < 1.0:
-        print(f"Use it: SaturationMonitor(threshold={cal.threshold:.5f}), or load_calibration({str(out / 'calibration.json')!r}).")
+        print(f"Use it: SaturationMonitor(calibration={str(out / 'calibration.json')!r}) (the threshold and its provenance "
+              "on the card).")
     return 0
