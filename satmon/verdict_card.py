@@ -44,6 +44,7 @@ def summary(v: Verdict) -> str:
     extra = " [collapse risk]" if v.collapse_risk else ""
     extra += " [inconclusive]" if v.inconclusive else ""
     extra += " [partial window]" if v.partial else ""
+    extra += "".join(f" [{flag}]" for flag in v.flags)
     return (f"satmon verdict: {head}{extra}  saturation {v.saturation:.4f} {op} threshold {v.threshold:g} "
             f"(margin {v.margin:+.4f}, " + _where(v))
 
