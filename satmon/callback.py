@@ -185,7 +185,7 @@ class SaturationMonitor(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        if not self.screen.discover(pl_module):
+        if not self.screen.discover(pl_module, gating=False):  # gating is traced on the first training batch
             self._no_dyt(pl_module)
         elif not trainer.loggers:
             rank_zero_warn("satmon: the Trainer has no logger, so nothing goes to TensorBoard; the verdict is printed and "

@@ -111,8 +111,9 @@ class Screen:
         """Whether the model has DyT layers to screen."""
         return bool(self.layers)
 
-    def discover(self, model: nn.Module, example_input: Any = None, forward_fn: ForwardFn | None = None) -> list[NormLayer]:
-        """Find the DyT layers and what they feed; no hooks yet. An empty list: nothing to screen.
+    def discover(self, model: nn.Module, example_input: Any = None, forward_fn: ForwardFn | None = None,
+                 gating: bool = True) -> list[NormLayer]:
+        """Find the DyT layers and (with ``gating``) what they feed; no hooks yet. An empty list: nothing to screen.
 
         With ``example_input`` (a batch; ``forward_fn(model, batch)`` feeds it) gating is read from
         the data flow of one traced eval forward; without it, from module names (a fallback that
@@ -122,6 +123,8 @@ class Screen:
         if not self.layers:
             self.status = "no DyT layer: the saturation screen is off"
             return []
+        if not gating:
+            return self.layers
         self.gating = detect_gating(model, norm_names=self.layer_names, mapping=dict(s.gating_mapping or {}),
                                     example_input=example_input, forward_fn=forward_fn)
         if self.gating.gated is None:
