@@ -17,7 +17,12 @@ ABORT_MODES: tuple[str, ...] = ("graceful", "raise")
 
 
 class StopReason(str, Enum):
-    """Why satmon stopped (or, in dry-run mode, would have stopped) training."""
+    """Why satmon stopped (or, in dry-run mode, would have stopped) training.
+
+    Example:
+        >>> StopReason("nonfinite") is StopReason.NONFINITE
+        True
+    """
 
     NO_GO = "no-go"  # the screening verdict said NO-GO
     COLLAPSE_RISK = "collapse-risk"  # gated model, DyT saturation at/above the collapse threshold
@@ -75,6 +80,11 @@ class SatmonAbort(RuntimeError):
     Attributes:
         reason: a :class:`StopReason`.
         step: the optimizer step of the decision.
+
+    Example:
+        >>> err = SatmonAbort(StopReason.NO_GO, "pooled saturation 0.21 < 0.43", 500)
+        >>> err.reason.value, err.step
+        ('no-go', 500)
     """
 
     def __init__(self, reason: StopReason, message: str, step: int) -> None:

@@ -36,7 +36,12 @@ Decision = Literal["go", "no-go", "non-finite"]
 
 
 class Source(str, Enum):
-    """Where a verdict's counts came from."""
+    """Where a verdict's counts came from.
+
+    Example:
+        >>> Source("probe") is Source.PROBE, Source.REPLAY.value
+        (True, 'replay')
+    """
 
     WINDOW = "window"  #: the live screening window (training forwards)
     PROBE = "probe"  #: one :func:`satmon.probe` call on calibration batches (no training window)
@@ -44,7 +49,13 @@ class Source(str, Enum):
 
 
 class LayerCounts(NamedTuple):
-    """Counts of one layer: saturated elements, all elements, inputs that held a non-finite value."""
+    """Counts of one layer: saturated elements, all elements, inputs that held a non-finite value.
+
+    Example:
+        >>> c = LayerCounts(saturated=3, total=12)
+        >>> c.saturated / c.total, c.nonfinite
+        (0.25, 0)
+    """
 
     saturated: int
     total: int
@@ -105,6 +116,11 @@ class Verdict:
             ``last``, ``change``, ``late_change``, ``stalled``); empty when not measured.
         flags: warnings derived from the readings beside the rule (``"stalled-loss"``, ``"offset-driven"``).
         offset: per-layer offset readings (``centered`` saturation, ``offset_ratio``), when measured.
+
+    Example:
+        >>> v = build_verdict({"ln_f": LayerCounts(45, 100)}, step=500, window=500)
+        >>> v.decision, v.margin > 0, v.source, Verdict.from_dict(v.to_dict()) == v
+        ('go', True, 'window', True)
     """
 
     decision: Decision
