@@ -258,7 +258,8 @@ def build_verdict(
         notes: extra lines for the card (what the reader must know).
         loss: the window's loss trend (:func:`satmon.functional.loss.loss_trend`); a stalled loss with
             saturation at or above ``threshold`` adds the ``"stalled-loss"`` flag.
-        offset: per-layer offset readings to show; ``offset_flag`` adds the ``"offset-driven"`` flag.
+        offset: per-layer offset readings to show; ``offset_flag`` adds the ``"offset-driven"`` flag when the
+            saturation is at or above ``threshold`` (what the flag qualifies is a high saturation, a GO).
         caveat: the threshold's provenance (default: the study's, :data:`CAVEAT`).
 
     Returns:
@@ -289,7 +290,7 @@ def build_verdict(
     flags = []
     if loss and loss.get("stalled") and saturation >= threshold and decision != "non-finite":
         flags.append("stalled-loss")
-    if offset_flag and decision != "non-finite":
+    if offset_flag and saturation >= threshold and decision != "non-finite":  # it qualifies a high saturation
         flags.append("offset-driven")
     return Verdict(
         decision=decision, saturation=float(saturation), threshold=float(threshold), margin=float(margin),

@@ -131,3 +131,14 @@ def test_nonfinite_activations_are_counted_and_reported(tmp_path):
     # inf counts as saturated (|alpha * inf| > 2), nan does not: 44 of 100 per row, row 0 of batch 1 changed
     expected = (8 * 44 - 0 + 2 - sum(1 for i in range(3) if (i + 0.5) / 100 > 0.56)) / 800
     assert v.saturation == pytest.approx(expected, abs=1e-12)
+
+
+def test_flags_qualify_a_high_saturation_and_never_change_the_decision():
+    from satmon.verdict import LayerCounts, build_verdict
+
+    stalled = {"first": 4.2, "last": 3.14, "change": -0.25, "late_change": -0.003, "stalled": True}
+    high = build_verdict({"a": LayerCounts(60, 100)}, step=9, window=9, loss=stalled, offset_flag=True)
+    low = build_verdict({"a": LayerCounts(10, 100)}, step=9, window=9, loss=stalled, offset_flag=True)
+    assert high.decision == "go" and high.flags == ("stalled-loss", "offset-driven")
+    assert low.decision == "no-go" and low.flags == ()  # below the threshold the advice is NO-GO either way
+    assert "[stalled-loss] [offset-driven]" in high.summary() and "Flag: offset-driven" in high.card()
