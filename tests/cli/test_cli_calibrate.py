@@ -27,7 +27,7 @@ def test_study_prints_and_writes_the_studys_figures(tmp_path, capsys):
     row = next(l for l in out.splitlines() if l.startswith("| midpoint"))
     assert "0.43985" in row and "9/12 = 0.750" in row and "6/12 = 0.500" in row
     assert "AUC of saturation: 0.750" in out
-    assert "SaturationMonitor(threshold=0.43985)" in out
+    assert f"SaturationMonitor(calibration={str(tmp_path / 'o' / 'calibration.json')!r})" in out
     cal = load_calibration(tmp_path / "o" / "calibration.json")
     assert (round(cal.threshold, 5), cal.accuracy, cal.loso_accuracy, cal.auc) == (0.43985, 0.75, 0.5, 0.75)
     assert cal.source.startswith("study")
