@@ -92,5 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def shutdown() -> None:
+    """Every rank done, then a clean shutdown of the process group (gloo can abort at exit without it)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    shutdown()
+    raise SystemExit(code)
