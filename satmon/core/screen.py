@@ -19,8 +19,8 @@ from satmon.core.agreement import Agreement, TorchDistributed
 from satmon.core.gated_mlp import GatingReport, detect_gating
 from satmon.core.hookset import paused
 from satmon.core.screen_parts import build_parts
-from satmon.core.window_verdict import make_window_verdict, verdict_stop_reason
-from satmon.core.saturation_hooks import HookReadings, SaturationHooks
+from satmon.core.window_verdict import make_window_verdict, running_scalars, verdict_stop_reason
+from satmon.core.saturation_hooks import SaturationHooks
 from satmon.core.screen_state import dump_state, restore_state
 from satmon.core.stop_policy import StopPolicy
 from satmon.core.settings import ScreenSettings
@@ -205,10 +205,12 @@ class Screen:
 
     def push_loss(self, loss: Any) -> None:
         """Record a training loss (a 1-element tensor; kept on its device, no host sync)."""
-        if self.losses is not None and isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            return
+        if self.losses is not None:  # the watch's loss history (no watch, no history)
             self.losses.push(loss)
-            if self.window_loss is not None and self.verdict is None:
-                self.window_loss.push(loss, max(self._last_step, 0))  # the step this loss belongs to
+        if self.window_loss is not None and self.verdict is None:
+            self.window_loss.push(loss, max(self._last_step, 0))  # the step this loss belongs to
 
     def end_step(self, step: int, loss: Any = None) -> None:
         """After an optimizer step; ``step`` = optimizer steps done. Mid-accumulation calls only record the loss.
@@ -232,7 +234,7 @@ class Screen:
         if step >= self.settings.window:
             self.conclude(step)
         elif step % self.log_every_n_steps == 0:
-            tb.log_scalars(self.loggers, self._window_scalars(self.hooks.read(sync=True)), step)
+            tb.log_scalars(self.loggers, running_scalars(self.hooks.read(sync=True), self.layer_names), step)
 
     def step(self, loss: Any = None) -> bool:
         """One optimizer step done (plain loops): end it, prepare the next; returns :attr:`should_stop`."""
@@ -311,12 +313,6 @@ class Screen:
     @property
     def should_stop(self) -> bool:
         return self.policy.should_stop
-
-    # ------------------------------------------------------------------------------- readings
-    def _window_scalars(self, r: HookReadings) -> dict[str, float]:
-        n = sum(r.total)
-        return tb.window_scalars(sum(r.saturated) / n if n else 0.0, r.fractions(self.layer_names),
-                                 dict(zip(self.layer_names, r.alphas)), sum(r.nonfinite))
 
     # ------------------------------------------------------------------------------- state
     def state_dict(self, sync: bool = True) -> dict[str, Any]:

@@ -28,7 +28,7 @@ class ScreenParts:
 
     hooks: SaturationHooks
     window_loss: WindowLoss
-    losses: LossHistory
+    losses: LossHistory | None = None  # the watch's loss history
     offset_hooks: OffsetHooks | None = None
     gate_hooks: GateHooks | None = None
     watch: CollapseWatch | None = None
@@ -45,14 +45,14 @@ def build_parts(s: ScreenSettings, layers: list[NormLayer], gating: Any, model: 
                                refused=refused)
 
     hooks = saturation_hooks()
-    parts = ScreenParts(hooks, WindowLoss(s.window).to(device),
-                        LossHistory(s.loss_baseline + max(s.watch_every_n_steps, 1), device=device))
+    parts = ScreenParts(hooks, WindowLoss(s.window).to(device))
     if s.offset_every:  # the hook sets share one record of refused layers: each warns once per run
         parts.offset_hooks = OffsetHooks(layers, OffsetCounter(n).to(device), s.level, hooks.refused)
     pairings = gating.pairings if gating is not None else {}
     if pairings:
         parts.gate_hooks = GateHooks(model, gating, GateCounter(len(pairings)).to(device))
     if s.watch_every_n_steps:
+        parts.losses = LossHistory(s.loss_baseline + s.watch_every_n_steps, device=device)
         gated = [i for i, layer in enumerate(layers) if layer.name in pairings]
         parts.watch = CollapseWatch(saturation_hooks(hooks.refused), gated, parts.gate_hooks,
                                     {k: p.mlp for k, p in pairings.items()}, s.watch_every_n_steps,

@@ -23,6 +23,8 @@ class StopPolicy:
         True
         >>> p.stop.reason.value, p.should_stop
         ('no-go', True)
+        >>> p.request(StopReason.NONFINITE, "later finding", 501, TorchDistributed(), [], lambda m: None), p.stop.step
+        (True, 500)
     """
 
     def __init__(self, settings: Any) -> None:
@@ -35,6 +37,8 @@ class StopPolicy:
         """Stop when any rank's finding breaches the policy (``agreement.any``: a collective every rank
         reaches at this step); returns True when training must stop now."""
         s = self.settings
+        if self.should_stop:  # already stopping (every rank agreed on it): record and log it once
+            return True
         if not agreement.any(breaches(s.abort_on, reason)):
             return False
         if self.stop is not None and self.stop.dry_run and self.stop.reason == reason:

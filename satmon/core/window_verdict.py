@@ -13,7 +13,7 @@ from satmon.functional.loss import loss_trend
 from satmon.verdict import GatingInfo, Source, Verdict, build_verdict
 from satmon.writers import tensorboard as tb
 
-__all__ = ["make_window_verdict", "verdict_stop_reason"]
+__all__ = ["make_window_verdict", "running_scalars", "verdict_stop_reason"]
 
 
 def _gate_risk(screen: Any, per_layer: dict[str, float]) -> dict[str, dict[str, float]]:
@@ -23,6 +23,13 @@ def _gate_risk(screen: Any, per_layer: dict[str, float]) -> dict[str, dict[str, 
             for norm, stats in screen.gate_hooks.readings().items()}
     screen.gate_hooks.counter.reset()
     return risk
+
+
+def running_scalars(r: Any, names: Sequence[str]) -> dict[str, float]:
+    """The window's readings under their tags: pooled and per-layer saturation, alpha, non-finite inputs."""
+    n = sum(r.total)
+    return tb.window_scalars(sum(r.saturated) / n if n else 0.0, r.fractions(names), dict(zip(names, r.alphas)),
+                             sum(r.nonfinite))
 
 
 def make_window_verdict(screen: Any, step: int, partial: bool, sync: bool, extra_notes: Sequence[str]) -> Verdict | None:
@@ -47,10 +54,7 @@ def make_window_verdict(screen: Any, step: int, partial: bool, sync: bool, extra
         screen.status = "window over: no DyT input was counted"
         screen.warn(f"satmon: no DyT input was counted in the window ({screen.steps_seen} steps): no verdict.")
         return None
-    n = sum(r.total)
-    scalars = tb.window_scalars(sum(r.saturated) / n if n else 0.0, r.fractions(screen.layer_names),
-                                dict(zip(screen.layer_names, r.alphas)), sum(r.nonfinite))
-    tb.log_scalars(screen.loggers, {**scalars, **tb.offset_scalars(offset)}, step)
+    tb.log_scalars(screen.loggers, {**running_scalars(r, screen.layer_names), **tb.offset_scalars(offset)}, step)
     tb.log_verdict(screen.loggers, verdict)
     if screen.verbose:
         screen.info("\n" + verdict.card() + "\n")
