@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from helpers import clean_env, distributed_run_ok
+from helpers import clean_env
 from integration_recipe import ROOT, STEPS, WINDOW, comparable, lightning_run, load_example
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def test_two_processes_agree_on_the_verdict_and_the_stop(tmp_path):
            "--abort-on", "no-go", "--threshold", "0.9", "--json", str(out)]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=240,
                           env=clean_env())
-    assert distributed_run_ok(proc, [out / f"rank{r}.json" for r in (0, 1)]), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["world_size"] == 2 for r in ranks)
 

@@ -22,7 +22,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import clean_env, distributed_run_ok
+from helpers import clean_env
 import torch
 import torch.distributed as dist
 
@@ -150,7 +150,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     script.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n" + SHARDED.format(window=WINDOW, steps=STEPS))
     proc = subprocess.run([sys.executable, str(script), str(_free_port()), str(tmp)], cwd=tmp, capture_output=True,
                           text=True, timeout=240, env=clean_env())
-    assert distributed_run_ok(proc, [tmp / f"rank{r}.json" for r in (0, 1)]), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
