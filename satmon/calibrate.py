@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from satmon.functional.threshold_fit import GroupCV, ThresholdFit, accuracy, auc, fit_threshold, leave_one_group_out
+from satmon.functional.threshold_fit import RULES, GroupCV, ThresholdFit, accuracy, auc, fit_threshold, leave_one_group_out
 
 __all__ = [
     "Calibration", "CalibrationError", "CalibrationResult", "Cell", "STUDY_THRESHOLD", "calibrate", "load_calibration",
@@ -210,8 +210,8 @@ def calibrate(cells: Sequence[Cell], metric: str = "saturation", source: str = "
                                f"{'helped' if helps[0] else 'hurt'} ({len(cells)} cells): no threshold separates one class; "
                                "add runs from the other regime.")
     scores, names = [c.readings[metric] for c in cells], [c.group for c in cells]
-    fits = {r: fit_threshold(scores, helps, r) for r in ("midpoint", "balanced")}
-    cv = {r: leave_one_group_out(scores, helps, names, r) for r in ("midpoint", "balanced")}
+    fits = {r: fit_threshold(scores, helps, r) for r in RULES}
+    cv = {r: leave_one_group_out(scores, helps, names, r) for r in RULES}
     return CalibrationResult(metric, tuple(cells), fits, cv, auc(scores, helps), accuracy(scores, helps, STUDY_THRESHOLD), source)
 
 

@@ -49,14 +49,6 @@ def read_outcomes(path: str | Path) -> dict[str, tuple[float, float, str]]:
     return out
 
 
-def _verdict_saturation(scalars: Mapping[str, list[tuple[int, float]]]) -> float | None:
-    """The pooled saturation written with the last verdict (``satmon/saturation`` at that step)."""
-    from satmon.writers.tensorboard import TAG
-
-    verdicts, sats = scalars.get(TAG.verdict) or [], dict(scalars.get(TAG.saturation) or [])
-    return sats.get(verdicts[-1][0]) if verdicts else None
-
-
 def _replay_saturation(path: Path) -> float | None:
     text = path.read_text()
     try:
@@ -92,7 +84,7 @@ def run_readings(paths: Iterable[str | Path]) -> dict[str, float | None]:
 
         for run in load_runs(p)[0]:
             name = run.path.relative_to(p).as_posix() if p.is_dir() and run.path != p else run.path.name
-            out[name] = _verdict_saturation(run.scalars)
+            out[name] = run.verdict_saturation()
     return out
 
 

@@ -171,8 +171,7 @@ class ModelLoader:
                 raise ValueError(f"Expected the checkpoint inspect_checkpoint loaded from {info.path}, got None (already used).")
             model = _new_lightning_module(self.model_cls, ckpt)
             model.on_load_checkpoint(ckpt)  # Lightning's hook, as load_from_checkpoint calls it
-            strict = model.strict_loading if getattr(model, "_strict_loading", None) is not None else True
-            model.load_state_dict(ckpt["state_dict"], strict=strict)
+            model.load_state_dict(ckpt["state_dict"], strict=model.strict_loading)  # True unless the module set it
         else:
             model = self._fresh()
             _load_weights(model, state_dict_of(info))

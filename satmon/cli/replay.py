@@ -231,13 +231,14 @@ def _calibration(args: argparse.Namespace, ordered: list[Any], dm_cls: Any, batc
 
 
 def _loop(args: argparse.Namespace, infos: list[Any], loader: Any, batches: list[Any], probe_kwargs: dict[str, Any]):
-    """Replay every checkpoint, with progress, stderr notes, TensorBoard and the JSON file after each one."""
+    """Replay every checkpoint, with progress, stderr notes, TensorBoard and the JSON file after each one;
+    returns the records, their JSON dicts, their summary rows and the TensorBoard run folder."""
     from satmon.replay import replay, summary_row
     from satmon.writers.json_records import to_json, write_records
     from satmon.writers.tensorboard_replay import TensorBoardReplay
 
     tb = TensorBoardReplay(args.logdir, name=args.name)
-    records, dicts = [], []
+    records, dicts, rows = [], [], []
     update, close = _progress(len(infos), args.quiet)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*LeafSpec.*")
@@ -248,12 +249,13 @@ def _loop(args: argparse.Namespace, infos: list[Any], loader: Any, batches: list
                 print(f"satmon replay: note: {record.checkpoint}: {note}", file=sys.stderr)
             if record.error:
                 print(f"satmon replay: skipped {record.checkpoint}: {record.error}", file=sys.stderr)
-            update(summary_row(dicts[-1]))
+            rows.append(summary_row(dicts[-1]))
+            update(rows[-1])
             if args.json:  # rewritten after each checkpoint: an interrupted replay keeps its records
                 write_records(args.json, dicts)
     close()
     tb.close()
-    return records, dicts, tb.log_dir
+    return records, dicts, rows, tb.log_dir
 
 
 def run(args: argparse.Namespace) -> int:
@@ -262,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
 
     from satmon import checkpoints as ck
     from satmon.calibration_data import input_forward_fn, load_data_file
-    from satmon.replay import ModelLoader, summary_row
+    from satmon.replay import ModelLoader
     from satmon.user_code import ReplayUsageError
 
     device = _validate(args)
@@ -290,10 +292,9 @@ def run(args: argparse.Namespace) -> int:
         autocast_dtype=torch.bfloat16 if args.dtype == "bfloat16" else None,
     )
     t0 = time.perf_counter()
-    records, dicts, log_dir = _loop(args, ordered + [i for i in infos if i.error is not None], loader, batches, probe_kwargs)
+    records, dicts, rows, log_dir = _loop(args, ordered + [i for i in infos if i.error is not None], loader, batches, probe_kwargs)
     took = time.perf_counter() - t0
 
-    rows = [summary_row(d) for d in dicts]
     ok = [r for r in rows if r["error"] is None]
     _summary(rows, records)
     nonfinite = _nonfinite_lines(rows)

@@ -173,10 +173,9 @@ def fit_threshold(scores: Sequence[float], helps: Sequence[bool], rule: Rule = "
         value = score(scores, helps, t)
         if value > best_value:  # strict: the first best is kept (the study's tie rule)
             best, best_value = t, value
-    tp, _, _, tn = _confusion(scores, helps, best)
+    tp, fn, fp, tn = _confusion(scores, helps, best)
     outside = best < min(scores) or best > max(scores)
-    return ThresholdFit(best, rule, (tp + tn) / len(scores), balanced_accuracy(scores, helps, best), tp + tn,
-                        len(scores), outside)
+    return ThresholdFit(best, rule, (tp + tn) / len(scores), _balanced(tp, fn, fp, tn), tp + tn, len(scores), outside)
 
 
 def leave_one_group_out(scores: Sequence[float], helps: Sequence[bool], groups: Sequence[str],
