@@ -35,6 +35,7 @@ Warnings (each at most once per run, naming the layer or block):
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -152,8 +153,6 @@ class LiveProbe:
         log_dir = trainer.log_dir if trainer.loggers else None
         if trainer.global_rank != 0 or not log_dir or not self.batches:
             return
-        import os
-
         os.makedirs(log_dir, exist_ok=True)
         self.saved_to = os.path.join(log_dir, "satmon_calibration.pt")
         torch.save(self.batches, self.saved_to)
@@ -190,8 +189,8 @@ class LiveProbe:
 
     def _warn(self, report: ProbeReport, step: int) -> None:
         if "alignment" not in self._warned:
-            low = [(n, l.kernel_alignment()) for n, l in report.layers.items()
-                   if l.kind == "layernorm" and l.alignment is not None and l.kernel_alignment() < self.alignment_warn_below]
+            aligned = [(n, l.kernel_alignment()) for n, l in report.layers.items() if l.kind == "layernorm" and l.alignment is not None]
+            low = [(n, a) for n, a in aligned if a < self.alignment_warn_below]
             if low:
                 self._warned.add("alignment")
                 rank_zero_warn(

@@ -83,9 +83,9 @@ def find_probe_targets(
     widths = {l.name: d for l in find_norm_layers(model) if (d := layer_dim(l.module)) is not None}
     t = ProbeTargets(chosen, [l for l in chosen if l.kind == "dyt"], {}, block_names, {})
     for l in chosen:
-        d = layer_dim(l.module)
         if l.kind == "dyt":
             continue
+        d = layer_dim(l.module)
         if d is not None and d > max_dim:
             t.skipped[l.name] = f"d={d} > max_dim={max_dim}"
             continue

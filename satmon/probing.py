@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from satmon.batches import ForwardFn, feed, feed_first, peek_batch, take_batches, to_device
 from satmon.core.counters import SaturationCounter
@@ -171,7 +171,8 @@ def probe(
     report = _assemble(targets, results, screen, screen.read(results.readings, **verdict_args), run.batches, plan)
     if twin is not None:
         report.attach_init_gap(probe(
-            twin, batch_list, forward_fn=forward_fn, layers=list(report.layers), blocks=targets.block_names or None,
+            # only the LayerNorm/RMSNorm readings are compared: the twin needs no DyT hooks or gating trace
+            twin, batch_list, forward_fn=forward_fn, layers=list(targets.norms), blocks=targets.block_names or None,
             level=level, threshold=threshold, collapse_threshold=collapse_threshold, autocast_dtype=autocast_dtype,
             max_dim=max_dim, train_mode=train_mode, include=include, exclude=exclude, memory_budget=memory_budget,
             product=product,
@@ -215,7 +216,6 @@ class _Run:
 class _Results:
     readings: dict[str, LayerReading]
     spectra: dict[str, GramSpectrum] = field(default_factory=dict)
-    embedding_rows: int | None = None
 
 
 def _read_all(run: _Run, targets: ProbeTargets, plan: MemoryPlan, screen: _SaturationScreen) -> _Results:
@@ -231,8 +231,6 @@ def _read_all(run: _Run, targets: ProbeTargets, plan: MemoryPlan, screen: _Satur
 
 def _read_tap(name: str, tap: CovarianceTap, targets: ProbeTargets, results: _Results) -> None:
     """The reading of one covariance tap; its matrix is freed before the next one is read."""
-    if name == EMBEDDING and tap.acc is not None:
-        results.embedding_rows = tap.acc.count
     acc = tap.ready()
     if acc is None:
         targets.skipped[name] = tap.skipped
@@ -243,7 +241,8 @@ def _read_tap(name: str, tap: CovarianceTap, targets: ProbeTargets, results: _Re
         return
     layer = targets.norms[name]
     try:
-        gain = _gamma(layer.module, acc.dim, acc.total.device)
+        # the gain the layer applies after normalising, read from what it computes (1 + weight for Gemma)
+        gain = effective_affine(layer.module, acc.dim).gain.to(acc.total.device)
     except ValueError as err:
         targets.skipped[name] = str(err)
         tap.release()
@@ -257,12 +256,6 @@ def _read_tap(name: str, tap: CovarianceTap, targets: ProbeTargets, results: _Re
         null_dim=r.null_dim, depth=r.depth, depth_diag=r.depth_diag, lambda_min_rel=r.lambda_min_rel,
         n_degenerate=r.n_degenerate, norm_type=classify_norm_type(r), nonfinite=nonfinite,
     )  # fmt: skip
-
-
-def _gamma(module: nn.Module, d: int, device: torch.device) -> Tensor:
-    """The gain the layer applies after normalising, read from what it computes (``1 + weight`` for a
-    Gemma-style RMSNorm); ones for a layer without one. Raises ``ValueError`` when it cannot be told."""
-    return effective_affine(module, d).gain.to(device)
 
 
 # ------------------------------------------------------------------------------------ DyT and gates
@@ -319,8 +312,8 @@ def _assemble(targets: ProbeTargets, results: _Results, screen: _SaturationScree
     readings, skipped = results.readings, targets.skipped
     sigma = SigmaMinReading.from_spectra(targets.streams, results.spectra)
     norm_type, note = model_norm_type(readings)
-    if results.embedding_rows is not None:
-        tokens = results.embedding_rows
+    if EMBEDDING in results.spectra:
+        tokens = results.spectra[EMBEDDING].tokens
     else:
         tokens = max((l.tokens for l in readings.values()), default=0)
     if skipped:

@@ -26,7 +26,7 @@ from satmon.functional.dead_directions import (
 from satmon.verdict import Verdict
 
 if TYPE_CHECKING:
-    from satmon.core.covariance_taps import MemoryPlan
+    from satmon.core.memory_plan import MemoryPlan
 
 __all__ = ["EMBEDDING", "LayerReading", "ProbeReport", "SigmaMinReading", "model_norm_type"]
 
@@ -181,7 +181,7 @@ class ProbeReport:
         batches: batches in the calibration set (each pass of a multi-pass plan runs all of them).
         elapsed_s: wall time of the call (twin included).
         skipped: layer or stream -> why it has no reading.
-        plan: how the covariance matrices were grouped into passes (:class:`~satmon.core.covariance_taps.MemoryPlan`);
+        plan: how the covariance matrices were grouped into passes (:class:`~satmon.core.memory_plan.MemoryPlan`);
             not part of :meth:`to_dict`.
 
     Example:

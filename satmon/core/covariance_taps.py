@@ -73,7 +73,7 @@ class CovarianceTap:
         if self.skipped:
             return None
         if self.acc is None or self.acc.count == 0:
-            self.skipped = self.skipped or "not called during the forward passes (or only non-finite rows)"
+            self.skipped = "not called during the forward passes (or only non-finite rows)"
             return None
         return self.acc
 

@@ -582,13 +582,6 @@ def _gram_source(x: Tensor | CovarianceAccumulator) -> CovarianceAccumulator:
     return CovarianceAccumulator(x.shape[1], device=x.device).update(x)
 
 
-def _gram_extremes(acc: CovarianceAccumulator) -> tuple[int, float, float]:
-    """(tokens, lambda_min, lambda_max) of ``X^T X``, float64."""
-    g = (acc.outer + acc.outer.T) / 2
-    evals, _, scale = _scaled_eigh(g)
-    return acc.count, float(evals[0] * scale), float(evals[-1] * scale)
-
-
 class GramSpectrum(NamedTuple):
     """What ``sigma_min`` needs of one stream's ``X^T X``: its finite rows, width and extreme eigenvalues."""
 
@@ -610,8 +603,13 @@ def gram_spectrum(x: Tensor | CovarianceAccumulator) -> GramSpectrum:
         GramSpectrum(tokens=3, dim=2, lambda_min=4.0, lambda_max=9.0)
     """
     acc = _gram_source(x)
-    tokens, lam_min, lam_max = _gram_extremes(acc)
-    return GramSpectrum(tokens, acc.dim, lam_min, lam_max)
+    evals, _, scale = _scaled_eigh((acc.outer + acc.outer.T) / 2)
+    return GramSpectrum(acc.count, acc.dim, float(evals[0] * scale), float(evals[-1] * scale))
+
+
+def _sigma_min_of(s: GramSpectrum) -> float:
+    """``sqrt(lambda_min)``, or exactly 0.0 with fewer tokens than channels (rank < d)."""
+    return 0.0 if s.tokens < s.dim else math.sqrt(max(s.lambda_min, 0.0))
 
 
 @torch.no_grad()
@@ -628,11 +626,7 @@ def sigma_min(x: Tensor | CovarianceAccumulator) -> float:
         >>> sigma_min(torch.tensor([[3.0, 0.0], [0.0, 2.0], [0.0, 0.0]]))
         2.0
     """
-    acc = _gram_source(x)
-    tokens, lam_min, _ = _gram_extremes(acc)
-    if tokens < acc.dim:
-        return 0.0
-    return math.sqrt(max(lam_min, 0.0))
+    return _sigma_min_of(gram_spectrum(x))
 
 
 @dataclass(frozen=True)
@@ -678,7 +672,7 @@ def sigma_min_profile(
     if len(streams) == 0:
         raise ValueError("Expected at least one stream, got none. Pass [X_0, X_1, ...] with X_0 the embedding output.")
     spectra = [s if isinstance(s, GramSpectrum) else gram_spectrum(s) for s in streams]
-    values = [0.0 if s.tokens < s.dim else math.sqrt(max(s.lambda_min, 0.0)) for s in spectra]
+    values = [_sigma_min_of(s) for s in spectra]
     short = [l for l, s in enumerate(spectra) if s.tokens < s.dim]
     _, _, lo0, hi0 = spectra[0]
     reason = ""
