@@ -14,7 +14,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from satmon.discovery import find_blocks, find_norm_layers, strip_wrappers
+from satmon.discovery import find_blocks, find_norm_layers
 from satmon.dyt import DyT
 from satmon.functional.affine import effective_affine
 
@@ -149,6 +149,6 @@ def _affine(name: str, norm: nn.Module, channels: int):
         return effective_affine(norm, dim=channels)
     except ValueError as err:
         raise ValueError(
-            f"convert_to_dyt(copy_affine=True) cannot read the gain/bias of {strip_wrappers(name)} "
+            f"convert_to_dyt(copy_affine=True) cannot read the gain/bias of {name} "
             f"({type(norm).__name__}): {err} Convert without copy_affine, or exclude this layer."
         ) from err

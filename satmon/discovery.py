@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Union
@@ -47,6 +48,9 @@ _RMS_NAME = re.compile(r"rms_?norm", re.IGNORECASE)
 _LN_NAME = re.compile(r"layer_?norm", re.IGNORECASE)
 _NO_MEAN_LAYERNORMS = ("T5LayerNorm", "MT5LayerNorm", "LongT5LayerNorm", "UMT5LayerNorm", "Pix2StructLayerNorm")
 _tanh_cache: dict[type, bool] = {}
+#: the behaviour check's answer per module (it does not depend on trained values): one float64 run per module,
+#: not one per norm_kind call (gating detection asks several times per module)
+_behaviour_cache: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 _DYT_FIT_TOL = 1e-4  # relative residual of the per-channel fit y = w * tanh(alpha * x) + b
 
 
@@ -162,7 +166,11 @@ def _is_dyt(module: nn.Module, own: dict[str, nn.Parameter]) -> bool:
     if "alpha" not in own or any(True for c in module.children() for _ in c.parameters()):
         return False  # a DyT holds no parametrised submodules (an nn.Tanh child is fine)
     cls = type(module)
-    behaves = _behaves_like_dyt(module)
+    behaves = _behaviour_cache.get(module)
+    if behaves is None:
+        behaves = _behaves_like_dyt(module)
+        if behaves is not None:  # None (could not run, e.g. on the meta device) is asked again next time
+            _behaviour_cache[module] = behaves
     if behaves is not None:
         return behaves
     return bool(_DYT_NAME.search(cls.__name__)) or _forward_uses_tanh(cls)

@@ -12,6 +12,7 @@ each projection happened. Norm layers are opaque: their output starts a new reco
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import weakref
 from collections.abc import Callable, Iterator
@@ -320,7 +321,7 @@ def trace_flow(
     try:
         model.eval()
         _TRACING += 1
-        with torch.no_grad(), (stance("force_eager") if stance else _null()), mode:
+        with torch.no_grad(), (stance("force_eager") if stance else contextlib.nullcontext()), mode:
             forward_fn(model, example_input)
     finally:
         _TRACING -= 1
@@ -344,11 +345,3 @@ def tracing() -> bool:
         False
     """
     return _TRACING > 0
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None

@@ -77,11 +77,11 @@ class GateHooks(HookSet):
         self.counter = counter
         self._targets: list[tuple[int, nn.Module | None, nn.Module | None, bool, bool, float | None]] = []
         for i, p in enumerate(gating.pairings.values()):
-            hookable = getattr(p, "gate_stats", True)
+            hookable = p.gate_stats
             gate = modules.get(p.gate) if hookable else None
             down = modules.get(p.down) if hookable and p.down else None
             t = flat_threshold(p.activation) if p.activation in ACTIVATIONS else None  # no flat tail known: NaN
-            self._targets.append((i, gate, down, p.fused, getattr(p, "gate_first", True), t))
+            self._targets.append((i, gate, down, p.fused, p.gate_first, t))
 
     def _register(self) -> list[RemovableHandle]:
         handles = []

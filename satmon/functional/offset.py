@@ -25,6 +25,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from satmon.functional.saturation import saturation_fraction
+
 __all__ = ["OffsetSums", "OffsetSummary", "offset_sums", "offset_summary"]
 
 
@@ -133,20 +135,14 @@ def offset_summary(sums: OffsetSums) -> OffsetSummary:
         >>> r.saturated_fraction.item(), r.centered_fraction.item(), r.offset_channel_share.item()
         (0.5, 0.0, 1.0)
     """
-    total = sums.total.to(torch.float64)
-    saturated = sums.saturated.to(torch.float64)
     ratio = sums.abs_mean / sums.spread  # inf for an offset without spread, nan for an all-zero channel
     ratio = torch.where(sums.abs_mean == 0, torch.zeros_like(ratio), ratio)
     ordered = ratio.sort(dim=-1).values
     c = ordered.shape[-1]
     median = (ordered[..., (c - 1) // 2] + ordered[..., c // 2]) / 2  # the mean of the two middles, as numpy
     return OffsetSummary(
-        saturated_fraction=_fraction(saturated, total),
-        centered_fraction=_fraction(sums.centered_saturated.to(torch.float64), total),
+        saturated_fraction=saturation_fraction(sums.saturated, sums.total),
+        centered_fraction=saturation_fraction(sums.centered_saturated, sums.total),
         offset_ratio_median=median,
-        offset_channel_share=_fraction(sums.offset_channel_saturated.to(torch.float64), saturated),
+        offset_channel_share=saturation_fraction(sums.offset_channel_saturated, sums.saturated),
     )
-
-
-def _fraction(num: Tensor, den: Tensor) -> Tensor:
-    return torch.where(den > 0, num / den.clamp_min(1), torch.zeros_like(den))

@@ -159,7 +159,8 @@ def saturation_threshold(
 
 def _exact_threshold(alpha: Tensor, level: float) -> Tensor:
     """Largest float32 ``t`` with ``|alpha| * t <= level`` (the real product, alpha at most float32)."""
-    a = alpha.detach().to(torch.float64).abs().reshape(-1) if alpha.numel() == 1 else alpha.detach().to(torch.float64).abs()
+    a = alpha.detach().to(torch.float64).abs()
+    a = a.reshape(-1) if a.numel() == 1 else a
     t = (level / a).to(torch.float32)  # round to nearest: within one ulp of the answer (inf when alpha == 0)
     too_big = t.to(torch.float64) * a > level
     t = torch.where(too_big, torch.nextafter(t, torch.zeros_like(t)), t)
@@ -241,7 +242,7 @@ def saturation_threshold_host(
         dtype: the inputs' dtype (float32, bf16 or fp16).
         product: ``"module"`` or ``"exact"``, as in :func:`saturation_threshold`.
         product_dtype: the forward's product dtype (``module_product_dtype(alpha_tensor, dtype)``);
-            default ``torch.promote_types(torch.float32, dtype)``: a float32 ``alpha`` with a dimension.
+            default float32 (a float32 ``alpha`` with a dimension, for any of the accepted input dtypes).
 
     Returns:
         The threshold as a float (``inf`` when ``alpha == 0``, as in :func:`saturation_threshold`).
@@ -256,7 +257,7 @@ def saturation_threshold_host(
     if product == "exact":
         _check(level, dtype, product)
         return _exact_threshold_host(alpha, level)
-    pdt = product_dtype or torch.promote_types(torch.float32, dtype)
+    pdt = product_dtype or torch.float32  # a float32 alpha with a dimension: float32 for every accepted dtype
     _check(level, dtype, product, pdt)
     return _module_threshold_host(alpha, level, dtype, pdt)
 
