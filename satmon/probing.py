@@ -36,6 +36,7 @@ from satmon.core.covariance_taps import CovarianceTap, CovarianceTaps
 from satmon.core.gate_hooks import GateCounter, GateHooks
 from satmon.core.gated_mlp import detect_gating
 from satmon.core.settings import check_rule
+from satmon.functional.saturation import check_product
 from satmon.core.memory_plan import MemoryPlan, plan_memory
 from satmon.core.model_state import frozen_forward
 from satmon.core.saturation_hooks import SaturationHooks
@@ -333,8 +334,7 @@ def _assemble(targets: ProbeTargets, results: _Results, screen: _SaturationScree
 def _check_args(level: float, threshold: float, collapse_threshold: float, max_dim: int, max_batches: int | None,
                 autocast_dtype: Any, forward_fn: Any, step: Any, source: Any, product: Any) -> None:  # fmt: skip
     check_rule(level, threshold, collapse_threshold)  # the same checks as the monitor's
-    if product not in ("module", "exact"):
-        raise ValueError(f"Expected `product` in ('module', 'exact'), got {product!r}.")
+    check_product(product)
     if isinstance(max_dim, bool) or not isinstance(max_dim, int) or max_dim < 1:
         raise ValueError(f"Expected `max_dim` to be a positive int (widest layer to read), got {max_dim!r}.")
     if max_batches is not None and (isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1):

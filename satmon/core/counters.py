@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from satmon.functional.saturation import Product, saturation_fraction
+from satmon.functional.saturation import Product, check_product, saturation_fraction
 
 __all__ = ["SaturationCounter"]
 
@@ -53,8 +53,7 @@ class SaturationCounter(Metric):
         super().__init__(**kwargs)
         if not isinstance(num_layers, int) or num_layers < 1:
             raise ValueError(f"Expected num_layers to be an int >= 1, got {num_layers!r}.")
-        if product not in ("module", "exact"):
-            raise ValueError(f"Expected product to be 'module' or 'exact', got {product!r}.")
+        check_product(product)
         self.level = float(level)
         self.product = product
         for name in ("saturated", "total", "nonfinite"):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from satmon.abort import ABORT_MODES, ABORT_ON
+from satmon.functional.saturation import check_product
 
 __all__ = ["ScreenSettings", "check_rule", "check_selector"]
 
@@ -115,9 +116,7 @@ class ScreenSettings:
         object.__setattr__(self, "loss_spike_z", float(z))
         _int("loss_baseline", self.loss_baseline, 2, "steps")
         _int("offset_every", self.offset_every, 0, "offset statistics on every k-th counted window step; 0 turns them off")
-        if self.product not in ("module", "exact"):
-            raise ValueError("Expected `product` in ('module', 'exact') (the product as the layer's forward computes it, "
-                             f"or the exact one), got {self.product!r}.")
+        check_product(self.product)
 
     @staticmethod
     def check_flag(name: str, value: Any) -> bool:

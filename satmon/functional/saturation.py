@@ -45,6 +45,7 @@ from torch import Tensor
 __all__ = [
     "AlphaBroadcastError",
     "Product",
+    "check_product",
     "module_product_dtype",
     "saturation_threshold",
     "saturation_threshold_host",
@@ -89,9 +90,21 @@ def module_product_dtype(alpha: Tensor, dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(alpha.dtype, dtype)
 
 
-def _check(level: float, dtype: torch.dtype, product: str, product_dtype: torch.dtype | None = None) -> None:
+def check_product(product: object) -> str:
+    """The ``product`` option, checked once for the counter, the screen and the probe.
+
+    Example:
+        >>> check_product("exact")
+        'exact'
+    """
     if product not in _PRODUCTS:
-        raise ValueError(f"Expected product to be one of {_PRODUCTS}, got {product!r}.")
+        raise ValueError(f"Expected `product` in {_PRODUCTS} (the product as the layer's forward computes it, or the "
+                         f"exact one), got {product!r}.")
+    return product  # type: ignore[return-value]
+
+
+def _check(level: float, dtype: torch.dtype, product: str, product_dtype: torch.dtype | None = None) -> None:
+    check_product(product)
     if not (math.isfinite(level) and level >= 0):
         raise ValueError(f"Expected a finite saturation level >= 0, got {level!r}.")
     if dtype not in _THRESHOLD_DTYPES:
