@@ -250,10 +250,6 @@ class SaturationMonitor(Callback):
         # the forward is over: count the kept inputs (CPU) before the optimizer step changes alpha
         self.screen.count_kept()
 
-    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # activation checkpointing re-runs forwards inside the backward: their inputs too
-        self.screen.count_kept()
-
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.live_probe is not None:  # first: it probes each step once at most
             self._probe(self.live_probe.maybe_run, trainer, pl_module)

@@ -19,7 +19,7 @@ from torch.utils.hooks import RemovableHandle
 from torchmetrics import Metric
 
 from satmon.core.gated_mlp import GatingReport
-from satmon.core.hookset import HookSet
+from satmon.core.hookset import HookSet, recomputing
 from satmon.discovery import modules_by_name
 from satmon.functional.gate import ACTIVATIONS, flat_count, flat_threshold, gate_stats_finalize, split_gate_up
 
@@ -94,7 +94,7 @@ class GateHooks(HookSet):
 
     def _gate_hook(self, i: int, fused: bool, gate_first: bool, t: float):
         def hook(mod: nn.Module, args: tuple, out: Tensor) -> None:
-            if not self.enabled or not isinstance(out, Tensor):
+            if not self.enabled or not isinstance(out, Tensor) or recomputing():
                 return
             with torch.no_grad():
                 g = split_gate_up(out, gate_first=gate_first)[0] if fused else out
@@ -105,7 +105,7 @@ class GateHooks(HookSet):
 
     def _down_hook(self, i: int):
         def hook(mod: nn.Module, args: tuple) -> None:
-            if not self.enabled or not args or not isinstance(args[0], Tensor):
+            if not self.enabled or not args or not isinstance(args[0], Tensor) or recomputing():
                 return
             with torch.no_grad():
                 h = args[0].detach()

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["HookSet", "paused"]
+__all__ = ["HookSet", "paused", "recomputing"]
 
 
 class HookSet:
@@ -66,3 +67,15 @@ def paused(*hook_sets: HookSet | None) -> Iterator[None]:
     finally:
         for h, on in zip(sets, before):
             h.enabled = on
+
+
+def recomputing() -> bool:
+    """Whether a forward runs inside a backward pass: activation checkpointing re-running a forward it
+    already ran. satmon's hooks skip those, so each training forward is counted once (eager only:
+    under ``torch.compile`` the check is not traced and a checkpointed forward counts twice).
+
+    Example:
+        >>> recomputing()
+        False
+    """
+    return not torch.compiler.is_compiling() and torch._C._current_graph_task_id() != -1

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 from torchmetrics import Metric
 
-from satmon.core.hookset import HookSet
+from satmon.core.hookset import HookSet, recomputing
 from satmon.discovery import NormLayer
 from satmon.functional.offset import offset_summary, offset_sums
 
@@ -79,7 +79,7 @@ class OffsetHooks(HookSet):
 
         def hook(mod: nn.Module, args: tuple, output: Tensor) -> None:
             # eager only: under torch.compile the statistics are left out (no offset readings on the card)
-            if self.enabled and args and not torch.compiler.is_compiling() and name not in self.refused:
+            if self.enabled and args and not torch.compiler.is_compiling() and name not in self.refused and not recomputing():
                 x, alpha = args[0], mod.alpha
                 self.counter.update(index, x, alpha, self.level, _channel_dim(mod, x, alpha))
 

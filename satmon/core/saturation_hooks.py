@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from satmon.core.counters import SaturationCounter
-from satmon.core.hookset import HookSet
+from satmon.core.hookset import HookSet, recomputing
 from satmon.discovery import NormLayer
 from satmon.verdict import LayerCounts
 from satmon.functional.saturation import (
@@ -233,7 +233,7 @@ class SaturationHooks(HookSet):
         name = self.layers[index].name
 
         def hook(mod: nn.Module, args: tuple, output: Tensor) -> None:
-            if not self.enabled or not args or name in self.refused:
+            if not self.enabled or not args or name in self.refused or recomputing():
                 return
             x, alpha = args[0], mod.alpha
             # a per-channel alpha matching x's trailing dims broadcasts; anything else is checked in full
