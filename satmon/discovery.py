@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -234,7 +235,9 @@ def find_norm_layers(
         include: a regex on the module name or a predicate ``(name, module) -> bool``. When given,
             modules it selects are included even if the built-in rules do not recognise them; they
             are treated as DyT when they own an ``alpha`` parameter, otherwise by the rules above
-            (default ``"layernorm"`` for a selected module with a vector ``weight``).
+            (default ``"layernorm"`` for a selected module with a vector ``weight``). A selected module
+            with ``alpha`` that, run on a test input, does not compute ``w * tanh(alpha * x) + b`` is
+            left out with a warning: its saturation is not ``|alpha * x| > level``.
         exclude: the same form; modules it selects are dropped.
 
     Returns:
@@ -260,11 +263,24 @@ def find_norm_layers(
         kind = norm_kind(module)
         if kind is None and _selected(name, module, include):
             kind = "dyt" if "alpha" in dict(module.named_parameters(recurse=False)) else "layernorm"
+            if kind == "dyt" and _behaves_like_dyt(module) is False:
+                _refuse_included(name, module)
+                continue
         if kind is None or kind not in kinds or _selected(name, module, exclude):
             continue
         seen.add(id(module))
         found.append(NormLayer(name, module, kind))
     return found
+
+
+def _refuse_included(name: str, module: nn.Module) -> None:
+    """``include=`` selected a module that owns ``alpha`` but is shown not to compute a DyT: counting
+    ``|alpha * x| > level`` there would read a saturation its tanh does not have."""
+    warnings.warn(
+        f"satmon: include= selects {name!r} ({type(module).__name__}), which owns `alpha` but, run on a test input, does "
+        "not compute weight * tanh(alpha * x) + bias (alpha rescaled, divided, offset, or no tanh): its saturation is "
+        "not |alpha * x| > level, so satmon leaves it out rather than report a wrong number. Select the module that "
+        "applies tanh(alpha * x) itself.", UserWarning, stacklevel=3)
 
 
 def find_dyt_layers(model: nn.Module, include: Selector = None, exclude: Selector = None) -> list[NormLayer]:

@@ -82,7 +82,9 @@ def test_modules_by_name_strips_every_wrapper():
 def test_include_exclude_by_regex_and_predicate():
     model = nn.Sequential(DyT(4), DyT(4), ScaledThing())
     assert [l.name for l in find_dyt_layers(model, exclude=r"^1$")] == ["0"]
-    assert [l.name for l in find_dyt_layers(model, include=lambda n, m: isinstance(m, ScaledThing))] == ["0", "1", "2"]
+    # include= cannot make a module that owns alpha but computes alpha * x (no tanh) a DyT: left out, with a warning
+    with pytest.warns(UserWarning, match=r"include= selects '2' \(ScaledThing\)"):
+        assert [l.name for l in find_dyt_layers(model, include=lambda n, m: isinstance(m, ScaledThing))] == ["0", "1"]
     with pytest.raises(TypeError, match="Expected `include`"):
         find_dyt_layers(model, include=3)
 

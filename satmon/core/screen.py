@@ -146,6 +146,8 @@ class Screen:
         """
         names = self.layer_names
         if not self.discover(model, example_input, forward_fn) and not names:
+            self.warn(f"satmon: no DyT layer in {type(model).__name__}, so there is no screen and no verdict. Convert the "
+                      "norms with satmon.convert_to_dyt(model), or select your DyT layers with include=.")
             return self
         if names and self.layer_names != names:
             raise RuntimeError(f"Expected the same DyT layers as at discovery ({names}), got {self.layer_names}.")
