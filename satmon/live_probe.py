@@ -42,11 +42,10 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
-from lightning_utilities.core.apply_func import apply_to_collection
-from torch import Tensor
 from torch.utils.data import DataLoader
 
 from satmon.batches import feed_first
+from satmon.calibration_data import capture_batches
 from satmon.probing import probe
 from satmon.report import ProbeReport
 from satmon.writers.tensorboard import log_scalars, probe_scalars
@@ -139,10 +138,7 @@ class LiveProbe:
             rank_zero_warn("satmon: no training dataloader to take calibration batches from; the live probe is off.")
             return
         with torch.random.fork_rng(devices=[]):  # a fresh iterator draws seeds from the global RNG
-            for batch in _batches(source):
-                self.batches.append(apply_to_collection(batch, Tensor, lambda t: t.detach().cpu().clone()))
-                if len(self.batches) >= self.calibration_batches:
-                    break
+            self.batches = capture_batches(_batches(source), self.calibration_batches)
         if len(self.batches) < self.calibration_batches:
             rank_zero_warn(f"satmon: the training loader gave {len(self.batches)} of the {self.calibration_batches} "
                            "calibration batches asked for; the live probe uses those.")  # fmt: skip

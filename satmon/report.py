@@ -288,9 +288,3 @@ def model_norm_type(readings: Mapping[str, LayerReading]) -> tuple[str, str]:
 def _gap_dict(gap: InitGap) -> dict[str, float]:
     return {"depth_deepening": gap.depth_deepening, "lambda_min_deepening": gap.lambda_min_deepening}
 
-
-def __getattr__(name: str) -> Any:
-    if name == "Report":  # the v0.1 name, kept for one release
-        warnings.warn("satmon Report is deprecated since 0.2; use satmon.report.ProbeReport.", DeprecationWarning, stacklevel=2)
-        return ProbeReport
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -59,8 +59,10 @@ def test_report_module_imports_no_writer():
 def test_deprecated_names_warn_and_still_work():
     import satmon.probing
 
+    import satmon
+
     with pytest.deprecated_call(match="ProbeReport"):
-        assert report_module.Report is ProbeReport
+        assert satmon.Report is ProbeReport  # 0.1's name lived in the package and in the probe's module
     with pytest.deprecated_call(match="ProbeReport"):
         assert satmon.probing.Report is ProbeReport
     r = _report()
