@@ -20,6 +20,7 @@ from satmon.core.hookset import HookSet, recomputing
 from satmon.discovery import NormLayer
 from satmon.verdict import LayerCounts
 from satmon.functional.saturation import (
+    alpha_broadcast_problem,
     module_product_dtype,
     saturation_counts,
     saturation_sums,
@@ -238,7 +239,7 @@ class SaturationHooks(HookSet):
             x, alpha = args[0], mod.alpha
             # a per-channel alpha matching x's trailing dims broadcasts; anything else is checked in full
             if alpha.numel() != 1 and alpha.shape != x.shape[-alpha.dim():]:
-                reason = _broadcast_refusal(alpha.shape, x.shape)
+                reason = alpha_broadcast_problem(alpha.shape, x.shape)
                 if reason is not None:
                     self._refuse(name, reason)
                     return
@@ -313,17 +314,6 @@ class SaturationHooks(HookSet):
         alphas = (l.module.alpha for l in self.layers)
         return torch.stack([(a.to_local() if hasattr(a, "to_local") else a).detach().to(torch.float64).abs().sum()
                             for a in alphas])
-
-
-def _broadcast_refusal(alpha_shape: torch.Size, x_shape: torch.Size) -> str | None:
-    """Why an ``alpha`` of ``alpha_shape`` cannot be counted against ``x`` of ``x_shape``, or None when it can:
-    ``alpha * x`` must keep ``x``'s elements (the rule of :func:`~satmon.functional.saturation.saturation_sums`)."""
-    try:
-        if torch.broadcast_shapes(alpha_shape, x_shape).numel() == x_shape.numel():
-            return None
-    except RuntimeError:
-        pass
-    return f"alpha of shape {tuple(alpha_shape)} does not broadcast against its input of shape {tuple(x_shape)}"
 
 
 def whole(t: Tensor) -> Tensor:

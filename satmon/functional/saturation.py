@@ -45,6 +45,7 @@ from torch import Tensor
 __all__ = [
     "AlphaBroadcastError",
     "Product",
+    "alpha_broadcast_problem",
     "check_product",
     "module_product_dtype",
     "saturation_threshold",
@@ -367,15 +368,29 @@ def _f32_from_bits(bits: int) -> float:
     return _F32.unpack(_U32.pack(bits))[0]
 
 
+def alpha_broadcast_problem(alpha_shape: torch.Size, x_shape: torch.Size) -> str | None:
+    """Why ``alpha * x`` would not keep ``x``'s elements for these shapes, or ``None`` when it does (the
+    rule every count applies: ``alpha`` broadcasts as the module's own product broadcasts it).
+
+    Example:
+        >>> alpha_broadcast_problem(torch.Size([8, 1, 1]), torch.Size([2, 8, 4, 4])) is None
+        True
+        >>> alpha_broadcast_problem(torch.Size([8]), torch.Size([2, 8, 4, 4]))
+        'alpha of shape (8,) does not broadcast against its input of shape (2, 8, 4, 4)'
+    """
+    try:
+        if torch.broadcast_shapes(alpha_shape, x_shape).numel() == x_shape.numel():
+            return None
+    except RuntimeError:
+        pass
+    return f"alpha of shape {tuple(alpha_shape)} does not broadcast against its input of shape {tuple(x_shape)}"
+
+
 def _fit_threshold(threshold: Tensor, shape: torch.Size) -> Tensor:
     """``threshold`` (``alpha``'s shape) for an in-place comparison with ``|x|`` of ``shape``, as ``alpha * x`` broadcasts."""
     if threshold.numel() == 1 or threshold.shape == shape:
         return threshold
-    try:
-        out = torch.broadcast_shapes(threshold.shape, shape)
-    except RuntimeError:
-        out = None
-    if out is None or out.numel() != shape.numel():
+    if alpha_broadcast_problem(threshold.shape, shape) is not None:
         raise AlphaBroadcastError(
             f"Expected a DyT alpha that broadcasts against its input as `alpha * x` does, keeping the input's shape; "
             f"got alpha of shape {tuple(threshold.shape)} for an input of shape {tuple(shape)}. A forward that reshapes "
