@@ -76,6 +76,11 @@ class Screen:
                  **options: Any) -> None:
         if settings is not None and options:
             raise ValueError(f"Expected either `settings` or keyword options, got both (options {sorted(options)}).")
+        unknown = sorted(set(options) - set(ScreenSettings.__dataclass_fields__))
+        if unknown:
+            raise TypeError(f"Expected Screen options among {sorted(ScreenSettings.__dataclass_fields__)} (plus loggers, "
+                            f"logdir, agreement, info, warn, verbose, log_every_n_steps), got {unknown}. A model without "
+                            "DyT gets no screen and a warning; there is no on_missing option here.")
         settings = settings or ScreenSettings(**options)
         if logdir is not None:
             from lightning.pytorch.loggers import TensorBoardLogger  # the writer satmon's TensorBoard layout is made for

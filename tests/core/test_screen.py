@@ -32,3 +32,8 @@ def test_include_does_not_turn_a_look_alike_into_a_screened_layer():
     with pytest.warns(UserWarning, match=r"include= selects '1' \(ScaledTanh\).*does not compute weight \* tanh"):
         layers = satmon.find_dyt_layers(model, include=r"^1$")
     assert layers == []  # 0.2 before this review counted it: a confident verdict on a saturation its tanh does not have
+
+
+def test_an_unknown_option_is_named_with_the_valid_ones():
+    with pytest.raises(TypeError, match=r"Expected Screen options among \[.*'window'.*\].*got \['on_missing'\]"):
+        satmon.Screen(window=2, on_missing="raise")
