@@ -22,7 +22,7 @@ _CHILD = r"""
 import json, sys, time, torch
 from torch import nn
 import satmon
-from satmon.core.memory_plan import READOUT_MATRICES, matrix_bytes
+from satmon.probing.memory_plan import READOUT_MATRICES, matrix_bytes
 
 d, blocks, rows, budget_matrices = (int(a) if a != "none" else None for a in sys.argv[1:5])
 torch.set_num_threads(1)

@@ -199,8 +199,8 @@ def _calibrate_all(out: Path) -> int:
 
 def summary_markdown(path: Path) -> str:
     """The grid's cells and, per reading, both rules' in-sample and leave-one-group-out accuracy beside the study's."""
-    from satmon.calibrate import CalibrationError, calibrate, read_cells
-    from satmon.writers.markdown import table
+    from satmon.calibrate.fit import CalibrationError, calibrate, read_cells
+    from satmon.io.markdown import table
 
     cells = json.loads(path.read_text())["cells"]
     rows = [[c["name"], f"{c['val_loss_layernorm']:.3f}", f"{c['val_loss_dyt']:.3f}", f"{c['delta'] * 100:+.1f}%",

@@ -1,37 +1,73 @@
 """satmon: watch activation saturation from inside transformer training.
 
+The public names load on first use (PEP 562): ``import satmon`` imports neither torch nor
+Lightning, ``satmon.Screen``, ``satmon.probe`` and ``satmon.Verdict`` load torch but no Lightning,
+and ``satmon.SaturationMonitor`` loads Lightning when it is first touched.
+
 Example:
     >>> import satmon
-    >>> sorted(n for n in ("DyT", "SaturationMonitor", "convert_to_dyt") if hasattr(satmon, n))
+    >>> sorted(n for n in ("DyT", "SaturationMonitor", "convert_to_dyt") if n in dir(satmon))
     ['DyT', 'SaturationMonitor', 'convert_to_dyt']
 """
 
-from satmon import _deprecated
-from satmon.abort import SatmonAbort, StopReason
-from satmon.callback import SaturationMonitor
-from satmon.convert import convert_to_dyt
-from satmon.core.saturation_hooks import SaturationCounter, SaturationHooks
-from satmon.core.screen import Screen
-from satmon.discovery import find_blocks, find_dyt_layers, find_norm_layers
-from satmon.dyt import DyT
-from satmon.probing import probe
-from satmon.report import ProbeReport
-from satmon.verdict import LayerCounts, Source, Verdict, build_verdict, decide
+from __future__ import annotations
 
-_deprecated.install()
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "DyT", "convert_to_dyt", "SaturationMonitor", "Screen", "Verdict", "build_verdict", "LayerCounts", "Source", "decide",
-    "SatmonAbort", "StopReason", "SaturationCounter", "SaturationHooks", "find_dyt_layers", "find_norm_layers",
-    "find_blocks", "probe", "ProbeReport",
-]
-__version__ = "0.2.0"
+from satmon import _compat
+from satmon._version import __version__
+
+_compat.install()  # satmon 0.2's import paths, with a warning, until 0.4
+
+#: public name -> the module that defines it
+_PUBLIC = {
+    "DyT": "satmon.dyt",
+    "convert_to_dyt": "satmon.convert",
+    "SaturationMonitor": "satmon.drivers.lightning",
+    "Screen": "satmon.screen.screen",
+    "Settings": "satmon.settings",
+    "Verdict": "satmon.results.verdict",
+    "build_verdict": "satmon.results.verdict",
+    "LayerCounts": "satmon.results.verdict",
+    "Source": "satmon.results.verdict",
+    "GatingInfo": "satmon.results.verdict",
+    "SatmonAbort": "satmon.results.stop",
+    "StopReason": "satmon.results.stop",
+    "SaturationCounter": "satmon.observe.counters",
+    "SaturationHooks": "satmon.observe.saturation",
+    "find_dyt_layers": "satmon.model.discovery",
+    "find_norm_layers": "satmon.model.discovery",
+    "find_blocks": "satmon.model.discovery",
+    "probe": "satmon.probing.passes",
+    "ProbeReport": "satmon.results.probe_report",
+}
+
+__all__ = ["__version__", *_PUBLIC]
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
+    from satmon.convert import convert_to_dyt
+    from satmon.drivers.lightning import SaturationMonitor
+    from satmon.dyt import DyT
+    from satmon.model.discovery import find_blocks, find_dyt_layers, find_norm_layers
+    from satmon.observe.counters import SaturationCounter
+    from satmon.observe.saturation import SaturationHooks
+    from satmon.probing.passes import probe
+    from satmon.results.probe_report import ProbeReport
+    from satmon.results.stop import SatmonAbort, StopReason
+    from satmon.results.verdict import GatingInfo, LayerCounts, Source, Verdict, build_verdict
+    from satmon.screen.screen import Screen
+    from satmon.settings import Settings
 
 
-def __getattr__(name: str):
-    if name == "Report":  # 0.1's name of the probe's result
-        import warnings
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        return _compat.moved_attribute("satmon", name)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later reads skip this function
+    return value
 
-        warnings.warn("satmon.Report is deprecated since satmon 0.2; use satmon.ProbeReport.", DeprecationWarning, stacklevel=2)
-        return ProbeReport
-    raise AttributeError(f"module 'satmon' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})

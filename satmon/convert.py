@@ -1,7 +1,7 @@
 """Swap LayerNorm (and, on request, RMSNorm) layers for DyT, in place.
 
 With ``copy_affine=True`` the DyT takes the norm's *effective* gain and bias, read from what the
-layer computes (:func:`satmon.functional.affine.effective_affine`), not its ``weight`` attribute:
+layer computes (:func:`satmon.model.affine.effective_affine`), not its ``weight`` attribute:
 a Gemma-style RMSNorm computes ``x_hat * (1 + weight)``, so its gain is ``1 + weight``.
 """
 
@@ -14,9 +14,9 @@ from typing import Literal
 import torch
 from torch import nn
 
-from satmon.discovery import find_blocks, find_norm_layers
+from satmon.model.discovery import find_blocks, find_norm_layers
 from satmon.dyt import DyT
-from satmon.functional.affine import effective_affine
+from satmon.model.affine import effective_affine
 
 __all__ = ["convert_to_dyt", "norm_position"]
 
@@ -26,7 +26,7 @@ Position = Literal["attn", "mlp", "final"]
 def norm_position(model: nn.Module) -> dict[str, Position]:
     """Guess each norm layer's position: pre-attention, pre-MLP, or final (outside the blocks).
 
-    Rule: inside each residual block (see :func:`satmon.discovery.find_blocks`) the first norm in
+    Rule: inside each residual block (see :func:`satmon.model.discovery.find_blocks`) the first norm in
     registration order is pre-attention, the second pre-MLP (a third and later: pre-MLP too);
     norm layers outside the blocks are "final".
 
@@ -62,7 +62,7 @@ def convert_to_dyt(
     Like the official converter, the new DyT starts fresh (``weight`` = 1, ``bias`` = 0) unless
     ``copy_affine=True`` copies the norm's effective gain (gamma) and bias (beta): the values the
     layer actually multiplies and adds (``1 + weight`` for Gemma-style RMSNorms), read by
-    :func:`~satmon.functional.affine.effective_affine`.
+    :func:`~satmon.model.affine.effective_affine`.
 
     Args:
         module: the model (changed in place and returned).

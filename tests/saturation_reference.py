@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from satmon.core.counters import SaturationCounter
-from satmon.core.saturation_hooks import SaturationHooks
-from satmon.discovery import find_dyt_layers
+from satmon.observe.counters import SaturationCounter
+from satmon.observe.saturation import SaturationHooks
+from satmon.model.discovery import find_dyt_layers
 
 
 def float64_count(x: torch.Tensor, alpha: torch.Tensor, level: float = 2.0) -> int:

@@ -9,7 +9,7 @@ import torch
 
 from helpers import InputRecorder, tiny_lit, token_loader, trainer
 from satmon import SaturationMonitor
-from satmon.discovery import find_dyt_layers
+from satmon.model.discovery import find_dyt_layers
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -63,8 +63,8 @@ def test_bf16_autocast_counts_equal_the_rule_they_name(tmp_path, product):
 
 @cuda
 def test_hot_path_has_no_host_sync():
-    from satmon.core.counters import SaturationCounter
-    from satmon.core.saturation_hooks import SaturationHooks
+    from satmon.observe.counters import SaturationCounter
+    from satmon.observe.saturation import SaturationHooks
 
     model = tiny_lit(alpha_init=50.0).cuda()
     layers = find_dyt_layers(model)

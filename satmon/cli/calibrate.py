@@ -9,7 +9,7 @@ Give it one of:
 
 It fits "metric >= threshold -> DyT helps (GO)" by the study's midpoint rule (best accuracy) and by
 the balanced rule (best balanced accuracy), scores both in-sample and leave-one-group-out, gives the
-AUC, and writes OUT/calibration.json (read it with satmon.calibrate.load_calibration) and
+AUC, and writes OUT/calibration.json (read it with satmon.calibrate.fit.load_calibration) and
 OUT/calibration.png. Exit codes: 0 written, 2 input that cannot be calibrated on (the message says why).
 """
 
@@ -19,8 +19,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from satmon.calibrate import STUDY_THRESHOLD, CalibrationError, CalibrationResult, calibrate, read_cells, study_cells, write_calibration
-from satmon.calibrate_runs import join_outcomes, read_outcomes, run_readings
+from satmon.calibrate.fit import STUDY_THRESHOLD, CalibrationError, CalibrationResult, calibrate, read_cells, study_cells, write_calibration
+from satmon.calibrate.runs import join_outcomes, read_outcomes, run_readings
 
 __all__ = ["main", "format_result", "plot"]
 
@@ -66,7 +66,7 @@ def _frac(correct: int, n: int) -> str:
 
 def format_result(r: CalibrationResult) -> str:
     """The console report: both rules, in-sample and leave-one-group-out, AUC, the folds."""
-    from satmon.writers.markdown import table
+    from satmon.io.markdown import table
 
     n, helps = len(r.cells), sum(c.helps for c in r.cells)
     groups = sorted({c.group for c in r.cells})

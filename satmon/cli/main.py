@@ -19,12 +19,12 @@ def main(argv: list[str] | None = None) -> int:
 
     Example:
         >>> main(["--version"])
-        satmon 0.2.0
+        satmon 0.3.0
         0
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("--version", "-V"):
-        from satmon import __version__
+        from satmon._version import __version__
 
         print(f"satmon {__version__}")
         return 0

@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
 # ------------------------------------------------------------------------------------ validation
 def _writable(option: str, value: str, folder: bool) -> None:
     """Raise a usage error unless ``value`` (a folder, or a file) can be created or replaced."""
-    from satmon.user_code import ReplayUsageError
+    from satmon.replay.user_code import ReplayUsageError
 
     path = Path(value)
     if path.exists() and path.is_dir() != folder:
@@ -108,7 +108,7 @@ def _writable(option: str, value: str, folder: bool) -> None:
 
 def _validate(args: argparse.Namespace) -> Any:
     """Check every argument before any file is read; returns the torch device."""
-    from satmon.user_code import ReplayUsageError
+    from satmon.replay.user_code import ReplayUsageError
 
     for option, value in (("--batches", args.batches), ("--batch-size", args.batch_size), ("--threads", args.threads)):
         if value is not None and value < 1:
@@ -127,7 +127,7 @@ def _validate(args: argparse.Namespace) -> Any:
         if value is not None:
             _writable(option, value, folder=False)
     if args.report:
-        from satmon.writers.markdown import require_matplotlib
+        from satmon.io.markdown import require_matplotlib
 
         try:
             require_matplotlib()
@@ -145,7 +145,7 @@ def _user_objects(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """``(model_cls, factory, datamodule_cls)`` imported from what the user named, each checked."""
     from lightning.pytorch import LightningModule
 
-    from satmon.user_code import ReplayUsageError, import_object
+    from satmon.replay.user_code import ReplayUsageError, import_object
 
     model_cls = import_object(args.model, "--model", "satmon.demos.lit:LitLM") if args.model else None
     if model_cls is not None and not (isinstance(model_cls, type) and issubclass(model_cls, LightningModule)):
@@ -193,7 +193,7 @@ def _progress(total: int, quiet: bool):
 
 
 def _summary(rows: list[dict[str, Any]], records: list[Any]) -> None:
-    from satmon.writers.markdown import table
+    from satmon.io.markdown import table
 
     print()
     print(table(["step", "checkpoint", "saturation", "verdict", "non-finite", "norm type", "min sigma ratio",
@@ -220,7 +220,7 @@ def _nonfinite_lines(rows: list[dict[str, Any]]) -> list[str]:
 def _calibration(args: argparse.Namespace, ordered: list[Any], dm_cls: Any, batches: list[Any] | None) -> tuple[list[Any], str]:
     """The calibration batches (the --data file's, or the datamodule's built with the checkpoint's
     hyper-parameters), and where they came from in words."""
-    from satmon.calibration_data import datamodule_batches
+    from satmon.replay.data import datamodule_batches
 
     if batches is not None:
         return batches, f"{len(batches)} batch(es) from {args.data}"
@@ -233,9 +233,9 @@ def _calibration(args: argparse.Namespace, ordered: list[Any], dm_cls: Any, batc
 def _loop(args: argparse.Namespace, infos: list[Any], loader: Any, batches: list[Any], probe_kwargs: dict[str, Any]):
     """Replay every checkpoint, with progress, stderr notes, TensorBoard and the JSON file after each one;
     returns the records, their JSON dicts, their summary rows and the TensorBoard run folder."""
-    from satmon.replay import replay, summary_row
-    from satmon.writers.json_records import to_json, write_records
-    from satmon.writers.tensorboard_replay import TensorBoardReplay
+    from satmon.replay.loop import replay, summary_row
+    from satmon.io.json_records import to_json, write_records
+    from satmon.io.tensorboard_replay import TensorBoardReplay
 
     tb = TensorBoardReplay(args.logdir, name=args.name)
     records, dicts, rows = [], [], []
@@ -262,10 +262,10 @@ def run(args: argparse.Namespace) -> int:
     """Validate everything the user passed, then read the checkpoints, replay them and report; the exit code."""
     import torch
 
-    from satmon import checkpoints as ck
-    from satmon.calibration_data import input_forward_fn, load_data_file
-    from satmon.replay import ModelLoader
-    from satmon.user_code import ReplayUsageError
+    from satmon.replay import checkpoints as ck
+    from satmon.replay.data import input_forward_fn, load_data_file
+    from satmon.replay.loop import ModelLoader
+    from satmon.replay.user_code import ReplayUsageError
 
     device = _validate(args)
     model_cls, factory, dm_cls = _user_objects(args)
@@ -308,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(args, records, dicts, rows, device, data_text: str, log_dir: str, nonfinite: list[str]) -> None:
-    from satmon.writers.markdown import write_report
+    from satmon.io.markdown import write_report
 
     ok = [r for r in rows if r["error"] is None]
     intro = [
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # argparse already printed the usage line
         return int(e.code or 0)
-    from satmon.user_code import ReplayUsageError
+    from satmon.replay.user_code import ReplayUsageError
 
     try:
         return run(args)

@@ -10,14 +10,12 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import warnings
 from pathlib import Path
-from typing import Any
 
-from satmon.writers.tensorboard import TAG
-from satmon.writers.tensorboard_reader import Run, load_runs
+from satmon.io.tensorboard import TAG
+from satmon.io.tensorboard_reader import Run, load_runs
 
-__all__ = ["main", "Run", "load_runs", "format_run"]  # Run and load_runs: re-exported from satmon.writers.tensorboard_reader
+__all__ = ["main", "Run", "load_runs", "format_run"]  # Run and load_runs: re-exported from satmon.io.tensorboard_reader
 
 #: Trajectory rows with a name of their own, in this order.
 _NAMED = {TAG.saturation: "saturation (pooled)", TAG.margin: "margin", TAG.verdict: "verdict (1 GO, 0 NO-GO, -1 non-finite)",
@@ -39,7 +37,7 @@ def _points(series: list[tuple[int, float]]) -> list[str]:
 
 def format_run(run: Run) -> str:
     """The verdict card (decision, notes, per-layer table), then the trajectories' key points, as compact tables."""
-    from satmon.writers.markdown import table
+    from satmon.io.markdown import table
 
     steps = run.steps()
     head = f"== satmon run {run.path}"
@@ -99,14 +97,3 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(format_run(r) for r in runs), end="")
     return 0
 
-
-_MOVED = {"HPARAMS_SUBRUN": TAG.hparams_run, "HPARAMS_ONLY": (TAG.legacy_verdict_saturation,)}
-
-
-def __getattr__(name: str) -> Any:
-    """Deprecated names (0.2): the tag constants moved to :class:`satmon.writers.tensorboard.TAG`."""
-    if name in _MOVED:
-        warnings.warn(f"satmon.cli.report.{name} is deprecated; use satmon.writers.tensorboard.TAG "
-                      "(hparams_run, legacy_verdict_saturation)", DeprecationWarning, stacklevel=2)
-        return _MOVED[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

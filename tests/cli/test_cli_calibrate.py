@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from satmon.calibrate import load_calibration
+from satmon.calibrate.fit import load_calibration
 from satmon.cli import calibrate as cli
 from satmon.cli.main import main as satmon_main
 
@@ -113,7 +113,7 @@ def test_missing_matplotlib_is_a_message_not_a_crash(tmp_path, capsys, monkeypat
 def test_docs_quote_what_the_command_computes_on_the_committed_grid():
     """docs/calibration_grid.json is real data (examples/regime_flip.py --grid); docs/calibration.md's
     accuracy table is what `satmon calibrate` computes on it, reading by reading."""
-    from satmon.calibrate import calibrate, read_cells
+    from satmon.calibrate.fit import calibrate, read_cells
 
     docs = Path(__file__).resolve().parents[2] / "docs"
     grid = docs / "calibration_grid.json"

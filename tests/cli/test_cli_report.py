@@ -18,8 +18,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from satmon import SaturationMonitor, build_verdict
 from satmon.cli.main import main
-from satmon.writers import tensorboard_reader
-from satmon.writers.tensorboard import log_scalars, log_verdict, window_scalars
+from satmon.io.tensorboard import log_scalars, log_verdict, window_scalars
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*validation_step.*", "ignore:.*logging interval.*")
 
@@ -97,11 +96,3 @@ def test_report_shows_a_non_finite_verdict_and_its_notes(tmp_path, capsys):
     assert "-1.0000 @ 8" in row and "nan" not in row.lower()
     per_layer = out[out.index("Per layer, last value:"):].splitlines()
     assert [c.strip() for c in per_layer[3].split("|")[1:-1]] == ["ln_f", "0.5000", "2.0000"]  # saturation, alpha
-
-
-def test_reader_names_stay_importable_from_the_cli_module():
-    import satmon.cli.report as report
-
-    assert report.load_runs is tensorboard_reader.load_runs and report.Run is tensorboard_reader.Run
-    with pytest.deprecated_call(match="HPARAMS_SUBRUN is deprecated"):
-        assert report.HPARAMS_SUBRUN == "satmon_hparams"

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from conftest import float64_counts, load_example
-from satmon.calibrate import read_cells
-from satmon.calibrate_runs import join_outcomes, read_outcomes, run_readings
+from satmon.calibrate.fit import read_cells
+from satmon.calibrate.runs import join_outcomes, read_outcomes, run_readings
 
 ROOT = Path(__file__).resolve().parents[2]
 

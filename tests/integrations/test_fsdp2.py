@@ -29,7 +29,7 @@ import torch.distributed as dist
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
 
 import satmon  # noqa: E402
-from satmon.functional.affine import effective_affine  # noqa: E402
+from satmon.model.affine import effective_affine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOW, STEPS = 4, 6
@@ -97,7 +97,7 @@ SHARDED = COMMON + textwrap.dedent(
     import json, os, sys
     import torch.distributed as dist
     import torch.multiprocessing as mp
-    from satmon.functional.affine import effective_affine
+    from satmon.model.affine import effective_affine
 
 
     def shard(model):

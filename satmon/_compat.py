@@ -1,0 +1,168 @@
+"""Every deprecated import path, in one place: satmon 0.2's module paths and the names that moved.
+
+satmon 0.3 moved its modules into folders that show the layers (``docs/architecture.md``). The 0.2
+paths keep working until satmon 0.4: importing one, or reading a name from it, gives a
+:class:`SatmonDeprecationWarning` that names the new home. The 0.1 aliases (deprecated in 0.2) are gone.
+
+Example:
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     from satmon.callback import SaturationMonitor
+    >>> SaturationMonitor.__module__, caught[0].category.__name__
+    ('satmon.drivers.lightning', 'SatmonDeprecationWarning')
+    >>> print(caught[0].message)
+    satmon.callback is deprecated since satmon 0.3: use satmon.drivers.lightning (the old path works until satmon 0.4).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+import warnings
+from typing import Any
+
+__all__ = ["MODULES", "NAMES", "REMOVED_IN", "SatmonDeprecationWarning", "install", "moved_attribute"]
+
+#: The release that drops these paths.
+REMOVED_IN = "0.4"
+
+
+class SatmonDeprecationWarning(DeprecationWarning):
+    """A satmon import path or name that moved; the message says where to."""
+
+
+#: satmon 0.2 module path -> its 0.3 home (``None``: a 0.2 package that holds nothing of its own now)
+MODULES: dict[str, str | None] = {
+    "satmon.abort": "satmon.results.stop",
+    "satmon.verdict": "satmon.results.verdict",
+    "satmon.verdict_card": "satmon.results.card",
+    "satmon.report": "satmon.results.probe_report",
+    "satmon.discovery": "satmon.model.discovery",
+    "satmon.functional.affine": "satmon.model.affine",
+    "satmon.probe_targets": "satmon.probing.targets",
+    "satmon.checkpoints": "satmon.replay.checkpoints",
+    "satmon.calibration_data": "satmon.replay.data",
+    "satmon.user_code": "satmon.replay.user_code",
+    "satmon.calibrate_runs": "satmon.calibrate.runs",
+    "satmon.callback": "satmon.drivers.lightning",
+    "satmon.live_probe": "satmon.drivers.live_probe",
+    "satmon.core": None,
+    "satmon.core.dataflow": "satmon.model.dataflow",
+    "satmon.core.gated_mlp": "satmon.model.gating",
+    "satmon.core.gated_mlp_names": "satmon.model.gating_names",
+    "satmon.core.model_state": "satmon.model.frozen",
+    "satmon.core.hookset": "satmon.observe.hookset",
+    "satmon.core.counters": "satmon.observe.counters",
+    "satmon.core.saturation_hooks": "satmon.observe.saturation",
+    "satmon.core.offset_hooks": "satmon.observe.offset",
+    "satmon.core.gate_hooks": "satmon.observe.gate",
+    "satmon.core.covariance_taps": "satmon.observe.covariance",
+    "satmon.core.window_loss": "satmon.observe.window_loss",
+    "satmon.core.collapse_watch": "satmon.screen.watch",
+    "satmon.core.nonfinite_guard": "satmon.screen.nonfinite_guard",
+    "satmon.core.stop_policy": "satmon.screen.stop_policy",
+    "satmon.core.agreement": "satmon.screen.agreement",
+    "satmon.core.screen": "satmon.screen.screen",
+    "satmon.core.screen_parts": "satmon.screen.screen",
+    "satmon.core.window_verdict": "satmon.screen.screen",
+    "satmon.core.screen_state": "satmon.screen.state",
+    "satmon.core.settings": "satmon.settings",
+    "satmon.core.memory_plan": "satmon.probing.memory_plan",
+    "satmon.writers": "satmon.io",
+    "satmon.writers.tensorboard": "satmon.io.tensorboard",
+    "satmon.writers.tensorboard_reader": "satmon.io.tensorboard_reader",
+    "satmon.writers.tensorboard_replay": "satmon.io.tensorboard_replay",
+    "satmon.writers.json_records": "satmon.io.json_records",
+    "satmon.writers.markdown": "satmon.io.markdown",
+    "satmon.integrations": "satmon.drivers",
+    "satmon.integrations.hf": "satmon.drivers.hf",
+}
+#: 0.2 packages (their submodules are aliases too)
+_PACKAGES = {"satmon.core", "satmon.writers", "satmon.integrations"}
+
+#: (0.2 module, name) -> (0.3 module, name): names that moved between modules or were renamed.
+#: ``satmon.probing``, ``satmon.replay`` and ``satmon.calibrate`` were modules in 0.2 and are packages
+#: now: their 0.2 names that the package does not export are read from the modules that hold them.
+NAMES: dict[tuple[str, str], tuple[str, str]] = {
+    ("satmon.core.settings", "ScreenSettings"): ("satmon.settings", "Settings"),
+    **{("satmon.probing", n): ("satmon.probing.passes", n) for n in ("probe", "EMBEDDING", "LayerReading", "ProbeReport",
+                                                                     "SigmaMinReading", "feed_first")},
+    **{("satmon.replay", n): ("satmon.replay.loop", n) for n in ("TWIN_SEED", "nonfinite_parameters", "summary_row")},
+    ("satmon.replay", "ReplayUsageError"): ("satmon.replay.user_code", "ReplayUsageError"),
+    **{("satmon.calibrate", n): ("satmon.calibrate.fit", n) for n in ("STUDY_THRESHOLD", "FORMAT", "MIN_CELLS", "csv_rows",
+                                                                      "to_float")},
+}
+
+
+def _warn(old: str, new: str, stacklevel: int = 4) -> None:
+    warnings.warn(f"{old} is deprecated since satmon 0.3: use {new} (the old path works until satmon {REMOVED_IN}).",
+                  SatmonDeprecationWarning, stacklevel=stacklevel)
+
+
+def moved_attribute(module: str, name: str) -> Any:
+    """``module.name`` for a name that moved (with a warning), or the usual AttributeError.
+
+    Example:
+        >>> moved_attribute("satmon", "decide")
+        Traceback (most recent call last):
+        ...
+        AttributeError: module 'satmon' has no attribute 'decide'
+    """
+    target = NAMES.get((module, name))
+    if target is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    _warn(f"{module}.{name}", f"{target[0]}.{target[1]}")
+    return getattr(importlib.import_module(target[0]), target[1])
+
+
+class _Alias(types.ModuleType):
+    """A 0.2 module path: reads go to the module's 0.3 home (importing the path warned once)."""
+
+    def __init__(self, old: str, new: str | None) -> None:
+        super().__init__(old, f"Deprecated alias of {new or 'nothing'} (satmon 0.2 path; gone in satmon {REMOVED_IN}).")
+        self.__dict__["_new"] = new
+        if old in _PACKAGES:
+            self.__dict__["__path__"] = []  # submodules resolve through the finder
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        old, new = self.__name__, self.__dict__["_new"]
+        if f"{old}.{name}" in MODULES:
+            return importlib.import_module(f"{old}.{name}")
+        if (old, name) in NAMES:
+            return moved_attribute(old, name)
+        if new is None:
+            raise AttributeError(f"module {old!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(new), name)  # the import of this path already warned
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds 0.2 module paths (after the real modules: a path that exists is never shadowed)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in MODULES:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=fullname in _PACKAGES)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        new = MODULES[spec.name]
+        if new is not None:
+            _warn(spec.name, new, stacklevel=3)  # _warn, this, then the importer (importlib's frames are skipped)
+        return _Alias(spec.name, new)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+_FINDER = _Finder()
+
+
+def install() -> None:
+    """Let the 0.2 paths import (``import satmon`` calls it; idempotent)."""
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.append(_FINDER)

@@ -1,0 +1,3 @@
+"""satmon's version, importable without importing anything else."""
+
+__version__ = "0.3.0"

@@ -1,0 +1,220 @@
+"""satmon for the Hugging Face ``Trainer``: a ``TrainerCallback`` that drives :class:`satmon.Screen`.
+
+    trainer = Trainer(model, args, train_dataset=..., callbacks=[SatmonTrainerCallback(window=500)])
+
+What it maps (see ``docs/integrations.md``):
+
+- **Steps.** The ``Trainer`` calls ``on_step_end`` after ``optimizer.step()``, so inputs are counted
+  in the forward hooks (``keep_inputs=False``), never after the step. Forwards between
+  ``on_step_end`` and the next ``on_step_begin`` (evaluation, ``eval_on_start``) are not counted.
+- **Loss.** The loss satmon keeps beside the verdict (and the collapse watch's spike check) is the
+  ``loss`` of the model's training outputs (``outputs.loss`` / ``outputs["loss"]``), one per micro-batch.
+- **TensorBoard.** The verdict card and the scalars go to ``logdir``; by default the directory
+  Hugging Face's own TensorBoard writer uses when ``TENSORBOARD_LOGGING_DIR`` is set (or
+  ``args.logging_dir`` on transformers 4), else ``<output_dir>/runs/satmon``: ``tensorboard --logdir
+  <output_dir>/runs`` shows both. Written on the world's process zero only.
+- **Stopping.** When the abort policy fires, ``control.should_training_stop`` is set on every
+  process: the ranks agree through ``torch.distributed`` when it is initialised (as it is under
+  ``torchrun`` / ``accelerate launch``).
+- **Resume.** ``on_save`` writes the screen's state (counts summed over ranks) to
+  ``satmon_state.pt`` in the checkpoint folder; ``train(resume_from_checkpoint=...)`` reads it back
+  (``torch.load(weights_only=True)``) from ``<output_dir>/checkpoint-<global step>``, or from
+  ``resume_from`` when the checkpoint lives elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+from torch import nn
+
+from satmon.results.stop import StopRecord
+from satmon.screen.agreement import TorchDistributed
+from satmon.screen.screen import Screen
+from satmon.settings import Settings
+from satmon.model.discovery import find_dyt_layers
+from satmon.results.verdict import Verdict
+
+try:
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+except ImportError as err:  # pragma: no cover - the message is the point
+    raise ImportError(f"Expected `transformers` to be installed for satmon.drivers.hf, got {err}. "
+                      "Install it with `pip install 'satmon[hf]'`.") from err
+
+__all__ = ["SatmonTrainerCallback", "STATE_FILE"]
+
+#: the file, in each checkpoint folder, that holds the screen's state
+STATE_FILE = "satmon_state.pt"
+_ON_MISSING = ("warn", "raise")
+
+
+def _feed(model: nn.Module, batch: tuple[tuple, dict]) -> Any:
+    args, kwargs = batch
+    return model(*args, **kwargs)
+
+
+def _loss_of(output: Any) -> torch.Tensor | None:
+    """The ``loss`` of a model output (``ModelOutput`` or dict); ``None`` when there is none."""
+    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
+
+
+class SatmonTrainerCallback(TrainerCallback):
+    """Screen a DyT model trained by a Hugging Face ``Trainer`` and give the GO / NO-GO verdict.
+
+    The same counts, verdict, collapse watch and abort policy as :class:`satmon.SaturationMonitor`
+    (both drive :class:`satmon.Screen`); the verdict is in :attr:`verdict` after training.
+
+    Args:
+        window: screening window in optimizer steps.
+        threshold: GO threshold on pooled saturation (study: 0.43).
+        logdir: TensorBoard directory for satmon's card and scalars (default: see the module docstring).
+        resume_from: the checkpoint folder to read ``satmon_state.pt`` from on a resume (default:
+            ``<output_dir>/checkpoint-<global step>``, where ``resume_from_checkpoint=True`` finds it).
+        on_missing: a model without DyT layers: ``"warn"`` (train unscreened) or ``"raise"``.
+        verbose: print the verdict card (process zero).
+        log_every_n_steps: running saturation is logged every this many steps (default: ``args.logging_steps``).
+        **options: the other settings of :class:`satmon.SaturationMonitor` (``level``, ``abort_on``,
+            ``abort_mode``, ``dry_run``, ``include``, ``exclude``, ``watch_every_n_steps``, ...).
+
+    Example:
+        >>> cb = SatmonTrainerCallback(window=200, abort_on="no-go")
+        >>> cb.settings.window, cb.settings.abort_on, cb.verdict is None
+        (200, 'no-go', True)
+    """
+
+    def __init__(self, window: int = 500, threshold: float = 0.43, *, logdir: str | None = None,
+                 resume_from: str | os.PathLike | None = None, on_missing: str = "warn", verbose: bool = True,
+                 log_every_n_steps: int | None = None, **options: Any) -> None:
+        self.settings = Settings(window=window, threshold=threshold, **options)
+        if on_missing not in _ON_MISSING:
+            raise ValueError(f"Expected `on_missing` in {_ON_MISSING}, got {on_missing!r}.")
+        if log_every_n_steps is not None and (isinstance(log_every_n_steps, bool) or not isinstance(log_every_n_steps, int)
+                                              or log_every_n_steps <= 0):
+            raise ValueError(f"Expected `log_every_n_steps` to be a positive int or None, got {log_every_n_steps!r}.")
+        self.logdir, self.resume_from, self.on_missing = logdir, resume_from, on_missing
+        self.verbose = Settings.check_flag("verbose", verbose)
+        self.log_every_n_steps = log_every_n_steps
+        self.screen: Screen | None = None
+        self._losses: list[torch.Tensor] = []
+        self._hooks: list[Any] = []  # on the model: attach at the first training forward; keep each training loss
+        self._step = 0
+        self._paused = ExitStack()  # between steps: evaluation forwards are not training forwards
+
+    @property
+    def verdict(self) -> Verdict | None:
+        return self.screen.verdict if self.screen is not None else None
+
+    @property
+    def stop(self) -> StopRecord | None:
+        return self.screen.stop if self.screen is not None else None
+
+    # ------------------------------------------------------------------------------- begin / end
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       model: nn.Module | None = None, **kwargs: Any) -> None:
+        if model is None:
+            raise ValueError("Expected the Trainer to pass `model` to on_train_begin, got None.")
+        steps = self.log_every_n_steps or (int(args.logging_steps) if args.logging_steps >= 1 else 50)
+        logdir = (self.logdir or self._default_logdir(args)) if state.is_world_process_zero else None
+        self.screen = Screen(self.settings, logdir=logdir, agreement=TorchDistributed(), verbose=self.verbose,
+                             log_every_n_steps=steps)
+        self._step = state.global_step
+        if not find_dyt_layers(model, include=self.settings.include, exclude=self.settings.exclude):
+            self._no_dyt(model)
+            return
+        if state.global_step > 0:
+            self._load(args, state)
+        # the hooks go on at the first training forward, whose batch the gated-MLP trace reads (as the Lightning callback)
+        self._hooks = [model.register_forward_pre_hook(self._attach, with_kwargs=True, prepend=True),
+                       model.register_forward_hook(self._keep_loss)]
+
+    def _attach(self, model: nn.Module, args: tuple, kwargs: dict) -> None:
+        if not model.training:  # evaluation before training (eval_on_start)
+            return
+        self._hooks.pop(0).remove()
+        assert self.screen is not None
+        # counted in the hooks (keep_inputs=False): on_step_end comes after optimizer.step(), too late for kept inputs
+        self.screen.attach(model, step=self._step, keep_inputs=False, example_input=(args, kwargs), forward_fn=_feed)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self.screen is None or not self.screen.active:
+            return
+        self._paused.close()
+        self.screen.finish(state.global_step)
+        self.screen.detach()
+        for lg in self.screen.loggers:
+            lg.finalize("success")  # flush the event files before train() returns
+
+    # ------------------------------------------------------------------------------------ per step
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        self._step = state.global_step
+        if self.screen is None or not self.screen.active:
+            return
+        self._paused.close()
+        self.screen.begin_step(state.global_step)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if self.screen is None or not self.screen.active:
+            return
+        losses, self._losses = self._losses, []
+        for loss in losses[:-1]:  # earlier micro-batches of this optimizer step
+            self.screen.push_loss(loss)
+        self.screen.end_step(state.global_step, losses[-1] if losses else None)
+        if self.screen.should_stop:  # agreed by every rank inside the screen
+            control.should_training_stop = True
+        self._paused.enter_context(self.screen.paused())
+
+    def _keep_loss(self, module: nn.Module, args: Any, output: Any) -> None:
+        loss = _loss_of(output) if module.training else None
+        if loss is not None:
+            self._losses.append(loss.detach())
+
+    # --------------------------------------------------------------------------------------- state
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if self.screen is None or not self.screen.active:
+            return
+        saved = self.screen.state_dict(sync=True)  # every process: the counts are summed over ranks
+        if state.is_world_process_zero:
+            folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            os.makedirs(folder, exist_ok=True)
+            torch.save(saved, os.path.join(folder, STATE_FILE))
+
+    def _load(self, args: TrainingArguments, state: TrainerState) -> None:
+        """On a resume: rank zero reads the saved state and every rank takes the same copy."""
+        assert self.screen is not None
+        folder = self.resume_from or os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        path = os.path.join(folder, STATE_FILE)
+        saved = torch.load(path, weights_only=True) if os.path.isfile(path) else None
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            box = [saved]
+            dist.broadcast_object_list(box, src=0)
+            saved = box[0]
+        if saved is None:
+            self.screen.warn(f"satmon: resumed at step {state.global_step} without a saved screen ({path} not found): the "
+                             "window counts from here, so the verdict covers the steps after the resume only. Pass "
+                             "`resume_from=` the checkpoint folder when it is not under the Trainer's output_dir.")
+            self.screen.first_step = self.screen.steps_seen = state.global_step
+            return
+        self.screen.load_state_dict(saved)
+
+    # ------------------------------------------------------------------------------------ helpers
+    @staticmethod
+    def _default_logdir(args: TrainingArguments) -> str:
+        return (os.getenv("TENSORBOARD_LOGGING_DIR") or getattr(args, "logging_dir", None)
+                or os.path.join(args.output_dir, "runs", "satmon"))
+
+    def _no_dyt(self, model: nn.Module) -> None:
+        msg = (f"satmon found no DyT layer in {type(model).__name__}, so the saturation screen is off (no verdict). "
+               "Convert the norms with `satmon.convert_to_dyt(model)` before training, or point satmon at your DyT "
+               "layers with `include=`.")
+        if self.on_missing == "raise":
+            raise ValueError(msg + " (on_missing='raise')")
+        warnings.warn(msg, UserWarning, stacklevel=2)

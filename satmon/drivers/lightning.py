@@ -1,0 +1,307 @@
+"""``SaturationMonitor``: the Lightning glue that drives satmon's framework-free :class:`~satmon.screen.screen.Screen`.
+
+This file maps Lightning's hook points to ``Screen`` calls, Lightning's strategy to the ranks'
+agreement, and Lightning's loggers to the writers. Counting, the verdict, the collapse watch and
+the abort policy live in :mod:`satmon.core`.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from contextlib import ExitStack
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch import Tensor
+
+from satmon.batches import feed_first
+from satmon.calibrate.fit import Calibration, load_calibration
+from satmon.results.stop import AbortMode, AbortOn, StopRecord
+from satmon.screen.screen import Screen
+from satmon.settings import Settings
+from satmon.model.discovery import Selector, find_norm_layers
+from satmon.drivers.live_probe import LiveProbe
+from satmon.results.verdict import Verdict
+from satmon.io.tensorboard import TAG, log_text
+
+__all__ = ["SaturationMonitor"]
+
+_ON_MISSING = ("warn", "raise")
+
+
+def _calibrated(threshold: float, calibration: Any) -> tuple[float, str]:
+    """The threshold and card caveat from a calibration file, or the given threshold and the study's caveat."""
+    if calibration is None:
+        return threshold, ""
+    if threshold != 0.43:
+        raise ValueError(f"Expected either `threshold` or `calibration`, got both (threshold={threshold!r}, "
+                         f"calibration={calibration!r}). The calibration file holds its own threshold.")
+    cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
+    if cal.metric != "saturation":
+        raise ValueError(f"Expected a calibration of the pooled saturation (metric 'saturation'), got metric {cal.metric!r} "
+                         f"from {cal.path or calibration!r}: the verdict's rule reads the pooled saturation.")
+    return cal.threshold, cal.caveat()
+
+
+class _StrategyAgreement:
+    """Ranks agree through the Lightning strategy (``reduce_boolean_decision`` / ``reduce``)."""
+
+    def __init__(self, trainer: pl.Trainer) -> None:
+        self.strategy, self.rank, self.world_size = trainer.strategy, trainer.global_rank, trainer.world_size
+
+    def any(self, flag: bool) -> bool:
+        return bool(self.strategy.reduce_boolean_decision(bool(flag), all=False))
+
+    def max(self, values: Tensor) -> Tensor:
+        return self.strategy.reduce(values, reduce_op="max")
+
+
+class SaturationMonitor(Callback):
+    r"""Screen a DyT model during its first ``window`` optimizer steps and give a GO / NO-GO verdict.
+
+    Forward hooks on every DyT layer count, on the activations' device, the elements with
+    ``|alpha * x| > level`` during training forward passes (not validation, not the sanity check).
+    At the end of the window the pooled fraction is compared with ``threshold``: GO (``>=``: DyT
+    acts as a regulariser) or NO-GO (``<``: switch back to LayerNorm); any non-finite DyT input makes
+    it ``"non-finite"`` (a diverged run). Then the window's hooks are removed.
+
+    Args:
+        window: screening window in optimizer steps (gradient accumulation does not change it).
+        threshold: GO threshold on pooled saturation (study: 0.43; supply your own calibration).
+        level: per-element cut-off; an element is saturated when ``|alpha * x| > level`` (strict).
+        log_every_n_steps: running saturation is logged (and read from the device) every this many
+            optimizer steps; ``None`` uses the Trainer's ``log_every_n_steps``.
+        include: extra layers to monitor: a regex on module names or a predicate ``(name, module)``.
+        exclude: layers to skip, same form.
+        abort_on: ``"never"`` (default), ``"no-go"`` (a NO-GO verdict), ``"collapse"`` (collapse risk at
+            the verdict or during the watch), ``"any"`` (all of these, plus non-finite values: checked
+            every step, the run stops within one step on every rank, and loss spikes).
+        abort_mode: ``"graceful"`` (``fit`` returns after the step) or ``"raise"`` (:class:`satmon.SatmonAbort`).
+        dry_run: log what would have stopped the run, without stopping it.
+        collapse_threshold: pooled DyT saturation at or above which a gated model is a collapse risk (study: 0.5).
+        gating_mapping: ``{dyt_layer_name: gated_mlp_module_name}`` when detection cannot tell.
+        watch_every_n_steps: after the window, measure one optimizer step in every this many; ``0``: off.
+        patience: consecutive breaching checks before a watch breach stops the run.
+        loss_spike_z: robust sigmas (1.4826 MAD) above the loss baseline that make a spike.
+        loss_baseline: steps in the loss baseline.
+        sample_every: count only every ``k``-th optimizer step of the window.
+        product: ``"module"`` (default): count ``alpha * x`` as the layer's forward computes it, rounded to
+            ``torch.result_type(alpha, x)`` (bf16 in a bf16 model), as the study measured and as tanh sees it;
+            ``"exact"``: the real product (satmon 0.1's rule).
+        offset_every: on every this many counted window steps, also measure how much of each layer's
+            saturation a per-channel constant explains (card flag "offset-driven"); ``0``: off.
+        on_missing: what a model without DyT layers gets: ``"warn"`` (default: no screen, a console
+            line and a TensorBoard card say why; probes still run) or ``"raise"``.
+        verbose: print the verdict card to the console (rank zero).
+        probe_every_n_steps, probe_on_checkpoint, calibration_batches, probe_forward_fn: the live
+            dead-direction probe (:class:`satmon.drivers.live_probe.LiveProbe`).
+        calibration: a ``calibration.json`` written by ``satmon calibrate`` on your own runs (or its
+            :class:`~satmon.calibrate.fit.Calibration`): its threshold replaces the study's and its provenance
+            replaces the study's caveat on the card. Give ``threshold`` or ``calibration``, not both.
+        gating_forward_fn: how the first training batch reaches the LightningModule for the one traced
+            forward that finds gated MLPs (default :func:`satmon.batches.feed_first`: ``model(batch[0])``
+            for ``(inputs, targets)`` batches).
+
+    Example:
+        >>> from satmon import SaturationMonitor
+        >>> monitor = SaturationMonitor(window=500, threshold=0.43)
+        >>> monitor.window, monitor.threshold
+        (500, 0.43)
+    """
+
+    def __init__(
+        self, window: int = 500, threshold: float = 0.43, level: float = 2.0, log_every_n_steps: int | None = None,
+        include: Selector = None, exclude: Selector = None, abort_on: AbortOn = "never", abort_mode: AbortMode = "graceful",
+        dry_run: bool = False, collapse_threshold: float = 0.5, gating_mapping: dict[str, str] | None = None,
+        watch_every_n_steps: int = 50, patience: int = 1, loss_spike_z: float = 8.0, loss_baseline: int = 200,
+        sample_every: int = 1, product: str = "module", offset_every: int = 10, on_missing: str = "warn", verbose: bool = True, probe_every_n_steps: int | None = None,
+        probe_on_checkpoint: bool = False, calibration_batches: int = 4,
+        probe_forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
+        gating_forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
+        calibration: str | os.PathLike | Calibration | None = None,
+    ) -> None:
+        threshold, caveat = _calibrated(threshold, calibration)
+        self.settings = Settings(
+            window=window, threshold=threshold, level=level, include=include, exclude=exclude, sample_every=sample_every,
+            abort_on=abort_on, abort_mode=abort_mode, dry_run=dry_run, collapse_threshold=collapse_threshold,
+            gating_mapping=gating_mapping, watch_every_n_steps=watch_every_n_steps, patience=patience,
+            loss_spike_z=loss_spike_z, loss_baseline=loss_baseline, product=product, offset_every=offset_every, caveat=caveat)
+        if log_every_n_steps is not None and (isinstance(log_every_n_steps, bool) or not isinstance(log_every_n_steps, int)
+                                              or log_every_n_steps <= 0):
+            raise ValueError(f"Expected `log_every_n_steps` to be a positive int or None, got {log_every_n_steps!r}.")
+        if on_missing not in _ON_MISSING:
+            raise ValueError(f"Expected `on_missing` in {_ON_MISSING}, got {on_missing!r}.")
+        self.log_every_n_steps, self.on_missing = log_every_n_steps, on_missing
+        self.verbose = Settings.check_flag("verbose", verbose)
+        Settings.check_flag("probe_on_checkpoint", probe_on_checkpoint)
+        live = LiveProbe(probe_every_n_steps, probe_on_checkpoint, calibration_batches, probe_forward_fn, include=include,
+                         exclude=exclude, level=level, threshold=threshold, collapse_threshold=collapse_threshold,
+                         gating_mapping=gating_mapping)  # validates the probe arguments
+        self.live_probe: LiveProbe | None = live if live.active else None
+        self.screen = Screen(self.settings, info=rank_zero_info, warn=rank_zero_warn, verbose=verbose)
+        self._paused = ExitStack()  # validation: no counting between on_validation_start and _end
+        self._attached = False
+        self.gating_forward_fn = gating_forward_fn or feed_first
+
+    # the settings, readable as attributes (monitor.window, monitor.threshold, ...)
+    def __getattr__(self, name: str) -> Any:
+        settings = self.__dict__.get("settings")
+        if settings is not None and name in type(settings).__dataclass_fields__:
+            return getattr(settings, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def verdict(self) -> Verdict | None:
+        return self.screen.verdict
+
+    @property
+    def stop(self) -> StopRecord | None:
+        return self.screen.stop
+
+    @property
+    def steps_seen(self) -> int:
+        return self.screen.steps_seen
+
+    @property
+    def layer_names(self) -> list[str]:
+        return self.screen.layer_names
+
+    @property
+    def watch_log(self) -> list[dict[str, Any]]:
+        return self.screen.watch.log if self.screen.watch is not None else []
+
+    @property
+    def state_key(self) -> str:
+        # the counts belong to the window, not to the settings: one key, so a resume with other settings
+        # finds its state (and says what changed) instead of silently starting over
+        return "SaturationMonitor"
+
+    # ----------------------------------------------------------------------------------- setup
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        if not self.screen.discover(pl_module, gating=False):  # gating is traced on the first training batch
+            self._no_dyt(pl_module)
+        elif not trainer.loggers:
+            rank_zero_warn("satmon: the Trainer has no logger, so nothing goes to TensorBoard; the verdict is printed and "
+                           "kept in `monitor.verdict`.")
+
+    def _no_dyt(self, pl_module: pl.LightningModule) -> None:
+        others = find_norm_layers(pl_module, kinds=("layernorm", "rmsnorm"))
+        msg = (f"satmon found no DyT layer in {type(pl_module).__name__}, so the saturation screen is off (no verdict). "
+               f"It found {len(others)} LayerNorm/RMSNorm layer(s): the dead-direction probe reads those "
+               "(`probe_every_n_steps=` or `satmon.probe`). To screen DyT, convert the norms with `satmon.convert_to_dyt(model)`,"
+               " or point satmon at your DyT layers with `include='regex on module names'` or `include=lambda name, m: ...`.")
+        self.screen.status = msg
+        if self.on_missing == "raise" and self.live_probe is None:
+            raise ValueError(msg + " (on_missing='raise')")
+        rank_zero_warn(msg)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.live_probe is not None:
+            self.live_probe.capture(trainer, pl_module)
+            self._probe(self.live_probe.maybe_run, trainer, pl_module)
+        self.screen.loggers = list(trainer.loggers)
+        self.screen.log_every_n_steps = self.log_every_n_steps or trainer.log_every_n_steps
+        self.screen.agreement = _StrategyAgreement(trainer)
+        if not self.screen.active:
+            log_text(trainer.loggers, TAG.verdict, f"### satmon: no screen\n\n{self.screen.status}", trainer.global_step)
+        self._attached = False  # the hooks go on at the first training batch, which the gating trace reads
+
+    def _attach(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
+        """At the first training batch, on every rank, before any counting hook: trace gating on this batch
+        (one eval, no-grad forward of the LightningModule), then attach to the wrapped model."""
+        self._attached = True
+        resumed_mid_window = self.screen.steps_seen > 0 and self.screen.verdict is None
+        # CPU: inputs kept and counted around the backward
+        self.screen.attach(pl_module, step=trainer.global_step, keep_inputs=pl_module.device.type == "cpu",
+                           example_input=batch, forward_fn=self.gating_forward_fn)
+        if resumed_mid_window:
+            self._warn_data_order(trainer)
+
+    def _warn_data_order(self, trainer: pl.Trainer) -> None:
+        """A mid-window resume reaches the same verdict only if the data order resumes too."""
+        loop = trainer.fit_loop
+        if not (getattr(loop, "restarted_mid_epoch", False) and not loop.epoch_loop.batch_progress.is_last_batch):
+            return  # resumed at an epoch boundary: the data order restarts where it would have anyway
+        loader = trainer.train_dataloader
+        loaders = loader if isinstance(loader, (list, tuple)) else [loader]
+        if all(hasattr(dl, "state_dict") for dl in loaders if dl is not None):
+            return
+        message = (f"satmon: resumed mid-window at step {trainer.global_step} of {self.settings.window} with a train "
+                   "dataloader that cannot resume its position (no state_dict): Lightning restarts its epoch, so the rest "
+                   "of the window sees other batches than an uninterrupted run would. The verdict covers the same number "
+                   "of steps, not the same data; use a stateful loader (torchdata's StatefulDataLoader) for that.")
+        rank_zero_warn(message)
+        self.screen.notes.append(f"resumed mid-window at step {trainer.global_step}; the data order did not resume")
+
+    # ------------------------------------------------------------------------------------ per step
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        if not self._attached and self.screen.active:
+            self._attach(trainer, pl_module, batch)
+        self.screen.begin_step(trainer.global_step)
+
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+        # the forward is over: count the kept inputs (CPU) before the optimizer step changes alpha
+        self.screen.count_kept()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.live_probe is not None:  # first: it probes each step once at most
+            self._probe(self.live_probe.maybe_run, trainer, pl_module)
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        self.screen.end_step(trainer.global_step, loss)
+        if self.screen.should_stop:
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.screen.finish(trainer.global_step)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._paused.enter_context(self.screen.paused())
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._paused.close()
+
+    # ----------------------------------------------------------------------------------- live probe
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self.live_probe is not None:
+            self._probe(self.live_probe.on_save_checkpoint, trainer, pl_module)
+
+    def _probe(self, run: Callable[[pl.Trainer, pl.LightningModule], Any], trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Run the live probe with the counting hooks paused: its forwards are not training forwards."""
+        with self.screen.paused():
+            run(trainer, pl_module)
+
+    # ---------------------------------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        # Lightning calls this on every rank inside trainer.save_checkpoint, which every rank must call:
+        # the counts are summed over ranks there (rank zero's file keeps the sum)
+        return self.screen.state_dict(sync=True)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.screen.load_state_dict(state_dict)
+        stop = self.screen.stop
+        if stop is not None:
+            rank_zero_info(f"satmon: the run this checkpoint came from was stopped by satmon at step {stop.step} "
+                           f"({stop.reason.value}): {stop.message}")
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """A satmon 0.1 checkpoint keyed its state by its settings: find it and read the settings from the key."""
+        states = checkpoint.get("callbacks", {})
+        if self.state_key in states:
+            return
+        for key, state in states.items():
+            if isinstance(key, str) and key.startswith("SaturationMonitor{"):
+                try:
+                    saved = ast.literal_eval(key[len("SaturationMonitor"):])
+                except (ValueError, SyntaxError):
+                    saved = {}
+                settings = {k: v for k, v in saved.items() if isinstance(v, (int, float))}
+                self.load_state_dict({**state, "settings": {**settings, "product": "exact"}})  # 0.1 counted the exact product
+                return
+

@@ -1,0 +1,347 @@
+"""Where a norm layer's output goes: one traced no-grad forward, followed tensor by tensor.
+
+A ``TorchFunctionMode`` sees every torch call of the forward; each tensor that derives from a
+watched norm's output carries a small record (which norm, how many projections away, which
+projection started its branch, which activation it passed). An element-wise product of two
+branches of one norm, each one projection away, of which exactly one passed through an activation,
+is a gated MLP ``down(act(gate(h)) * up(h))`` (split or fused gate/up). Any other product of two
+such branches (no activation, both activated, one the norm output itself) is reported as an
+interaction satmon cannot classify. Names play no part; module names are only read to say where
+each projection happened. Norm layers are opaque: their output starts a new record (or none).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+
+from satmon.batches import feed
+from satmon.model.frozen import reshard_fsdp
+from satmon.model.discovery import norm_kind, strip_wrappers
+
+__all__ = ["FlowTrace", "GatedProduct", "Interaction", "trace_flow", "tracing"]
+
+_PROJECTIONS = {
+    "linear", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "mv",
+    "addmv", "tensordot", "bilinear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+    "scaled_dot_product_attention", "_grouped_mm", "grouped_mm",
+}  # fmt: skip
+_ACTIVATIONS = {
+    "silu", "gelu", "sigmoid", "relu", "relu6", "tanh", "softplus", "mish", "elu", "selu", "celu", "leaky_relu",
+    "hardswish", "hardsigmoid", "hardtanh", "logsigmoid", "softsign", "tanhshrink",
+}  # fmt: skip
+_PRODUCTS = {"mul", "__mul__", "__rmul__", "mul_", "__imul__", "multiply"}
+_SPLITS = {"chunk", "split", "tensor_split", "unbind", "split_with_sizes"}
+_MAX_HOPS = 2  # a branch is followed through two projections (the MLP's down projection), then dropped
+
+
+@dataclass(frozen=True)
+class GatedProduct:
+    """``act(gate(h)) * up(h)`` with ``h`` a watched norm's output; module names as in :func:`modules_by_name`.
+
+    ``up == gate`` when ``fused`` (one gate-up projection split in two; ``gate_first`` says which
+    half is the gate). ``down`` is the projection that consumes the product (``None``: none did).
+    ``hookable``: the gate module's output is the gate pre-activation (or the fused gate-up) and
+    the down module's input is the product, so module hooks read the gate statistics.
+    """
+
+    norm: str
+    gate: str
+    up: str
+    down: str | None
+    fused: bool
+    gate_first: bool
+    activation: str
+    hookable: bool
+
+
+@dataclass(frozen=True)
+class Interaction:
+    """An element-wise product of two branches of a watched norm's output that is not ``act(gate) * up``."""
+
+    norm: str
+    module: str
+    detail: str
+
+
+@dataclass
+class FlowTrace:
+    """What one traced forward showed: gated products, unclassified products, the modules that ran."""
+
+    products: list[GatedProduct]
+    unclassified: list[Interaction]
+    executed: set[str]
+
+
+@dataclass(frozen=True)
+class _Flow:
+    hops: int  # projections since the norm
+    source: tuple  # the branch: which projection (and which split of it) it comes from
+    proj: str | None = None  # module in which the branch's projection ran
+    act: str | None = None  # activation applied since that projection
+    split: tuple[int, int] | None = None  # (index, parts) of a split fused projection
+    product: int | None = None  # index into the pending gated products, on the product and its views
+
+
+@dataclass
+class _Pending:
+    norm: str
+    gate: tuple  # (module, source) of the gate branch
+    up: tuple
+    fused: bool
+    gate_first: bool
+    activation: str
+    down: str | None = None
+
+
+class _Mode(TorchFunctionMode):
+    def __init__(self, names: dict[int, str], watched: set[str], norms: set[str]) -> None:
+        super().__init__()
+        self.names, self.watched, self.norms = names, watched, norms
+        self.records: dict[int, tuple[weakref.ref, dict[str, _Flow]]] = {}
+        self.stack: list[str] = []
+        self.inside_norm = 0
+        self.events = itertools.count()
+        self.pending: list[_Pending] = []
+        self.unclassified: list[Interaction] = []
+        self.hookable_sources: dict[str, set[tuple]] = {}  # module -> branch sources its output is
+        self.product_inputs: dict[int, set[str]] = {}  # pending product -> modules whose first input it is
+        self.executed: set[str] = set()
+
+    # ---------------------------------------------------------------- records
+    def get(self, t: Any) -> dict[str, _Flow] | None:
+        if not isinstance(t, Tensor):
+            return None
+        rec = self.records.get(id(t))
+        return rec[1] if rec is not None and rec[0]() is t else None
+
+    def put(self, t: Tensor, flows: dict[str, _Flow] | None) -> None:
+        key = id(t)
+        if not flows:
+            self.records.pop(key, None)
+            return
+        self.records[key] = (weakref.ref(t, lambda _r, k=key, rs=self.records: rs.pop(k, None)), flows)
+
+    # ---------------------------------------------------------------- module hooks
+    def pre_hook(self, module: nn.Module, args: tuple) -> None:
+        name = self.names.get(id(module), "?")
+        self.stack.append(name)
+        self.executed.add(name)
+        if name in self.norms:
+            self.inside_norm += 1
+        elif args and (flows := self.get(args[0])):
+            for f in flows.values():
+                if f.product is not None:
+                    self.product_inputs.setdefault(f.product, set()).add(name)
+
+    def post_hook(self, module: nn.Module, args: tuple, out: Any) -> None:
+        name = self.stack.pop() if self.stack else "?"
+        if name in self.norms:
+            self.inside_norm -= 1
+            if isinstance(out, Tensor) and not self.inside_norm:
+                self.put(out, {name: _Flow(0, ("norm", name))} if name in self.watched else None)
+            return
+        flows = self.get(out)
+        for f in (flows or {}).values():
+            if f.hops >= 1 and f.act is None and f.split is None and f.proj == name:
+                self.hookable_sources.setdefault(name, set()).add(f.source)
+
+    # ---------------------------------------------------------------- torch calls
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        if self.inside_norm or name == "__get__":
+            return out
+        inputs = [f for a in _tensors(args, kwargs) if (f := self.get(a))]
+        if not inputs:
+            return out
+        outs = list(_tensors((out,), {}))
+        if name == "__setitem__" and args and isinstance(args[0], Tensor):
+            outs = [args[0]]
+        if not outs:
+            return out
+        if name in _PROJECTIONS:
+            flows = self._project(inputs)
+        elif name in _ACTIVATIONS:
+            act = "gelu_tanh" if name == "gelu" and kwargs.get("approximate", args[1] if len(args) > 1 else "none") == "tanh" else name
+            flows = {n: replace(f, act=f.act or act) for n, f in _merge(inputs, self.events).items()}
+        elif name == "glu":
+            flows = self._glu(inputs)
+        elif name in _PRODUCTS and len(inputs) == 2:
+            flows = self._product(inputs[0], inputs[1])
+        else:
+            flows = _merge(inputs, self.events)
+        if name in _SPLITS or name == "__getitem__":
+            for i, t in enumerate(outs):
+                key = (name, i, len(outs)) if name in _SPLITS else (name, repr(args[1:]), _starts_at_zero(args[1:]))
+                split = (i, len(outs)) if name in _SPLITS else (0 if key[2] else 1, 2)
+                self.put(t, {n: replace(f, source=f.source + (key,), split=split) for n, f in flows.items()})
+            return out
+        for t in outs:
+            self.put(t, flows)
+        return out
+
+    def _project(self, inputs: list[dict[str, _Flow]]) -> dict[str, _Flow]:
+        module = self.stack[-1] if self.stack else ""
+        event = next(self.events)
+        flows = {}
+        for n, f in _merge(inputs, self.events).items():
+            if f.product is not None and self.pending[f.product].down is None:
+                self.pending[f.product].down = module
+            if f.hops + 1 <= _MAX_HOPS:
+                flows[n] = _Flow(f.hops + 1, ("proj", event), proj=module)
+        return flows
+
+    def _glu(self, inputs: list[dict[str, _Flow]]) -> dict[str, _Flow]:
+        flows = _merge(inputs, self.events)
+        for n, f in list(flows.items()):
+            if f.hops == 1 and f.proj is not None:  # F.glu(a|b) = a * sigmoid(b): the second half gates
+                self.pending.append(_Pending(n, (f.proj, f.source), (f.proj, f.source), True, False, "sigmoid"))
+                flows[n] = _Flow(1, ("glu", next(self.events)), product=len(self.pending) - 1)
+        return flows
+
+    def _product(self, a: dict[str, _Flow], b: dict[str, _Flow]) -> dict[str, _Flow]:
+        flows = _merge([a, b], self.events)
+        for n in set(a) & set(b):
+            fa, fb = a[n], b[n]
+            if fa.source == fb.source:  # one branch times itself: an activation written out (x * sigmoid(x))
+                flows[n] = replace(fa, act=fa.act or fb.act or "product")
+                continue
+            if max(fa.hops, fb.hops) > 1:
+                continue  # e.g. router weights times an expert's output: past the MLP's first projection
+            gate, up = (fa, fb) if fa.act and not fb.act else (fb, fa) if fb.act and not fa.act else (None, None)
+            if gate is not None and gate.hops == up.hops == 1 and gate.proj is not None and up.proj is not None:
+                fused = gate.source[:2] == up.source[:2]
+                gate_first = gate.split is None or gate.split[0] == 0
+                self.pending.append(_Pending(n, (gate.proj, gate.source[:2]), (up.proj, up.source[:2]), fused, gate_first, gate.act))
+                flows[n] = _Flow(1, ("product", next(self.events)), product=len(self.pending) - 1)
+                continue
+            self.unclassified.append(Interaction(n, self.stack[-1] if self.stack else "", _describe(fa, fb)))
+        return flows
+
+    def products(self) -> list[GatedProduct]:
+        out = []
+        for i, p in enumerate(self.pending):
+            gate_out = p.gate[1] in self.hookable_sources.get(p.gate[0], set())
+            hookable = gate_out and p.down is not None and p.down in self.product_inputs.get(i, set())
+            out.append(GatedProduct(p.norm, p.gate[0], p.up[0], p.down, p.fused, p.gate_first, p.activation, hookable))
+        return list(dict.fromkeys(out))  # a module called twice in the forward gives one product
+
+
+def _describe(a: _Flow, b: _Flow) -> str:
+    if min(a.hops, b.hops) == 0:
+        return "one factor is the norm output itself"
+    if a.act and b.act:
+        return f"both factors passed through activations ({a.act}, {b.act})"
+    if not a.act and not b.act:
+        return "neither factor passed through an activation"
+    return "the factors are not both one projection away from the norm"
+
+
+def _merge(inputs: list[dict[str, _Flow]], events: Iterator[int]) -> dict[str, _Flow]:
+    """Per norm, the branch of the output: the input's when one branch (or one source) enters, else a new one."""
+    by_norm: dict[str, list[_Flow]] = {}
+    for flows in inputs:
+        for n, f in flows.items():
+            by_norm.setdefault(n, []).append(f)
+    merged = {}
+    for n, fs in by_norm.items():
+        if len({f.source for f in fs}) == 1:
+            merged[n] = fs[0] if len(fs) == 1 else replace(fs[0], act=next((f.act for f in fs if f.act), None))
+        else:
+            merged[n] = _Flow(max(f.hops for f in fs), ("mix", next(events)))
+    return merged
+
+
+def _tensors(args: tuple, kwargs: dict) -> Iterator[Tensor]:
+    for a in itertools.chain(args, kwargs.values()):
+        if isinstance(a, Tensor):
+            yield a
+        elif isinstance(a, (tuple, list)):
+            yield from (t for t in a if isinstance(t, Tensor))
+
+
+def _starts_at_zero(index: tuple) -> bool:
+    key = index[0] if len(index) == 1 else index
+    last = key[-1] if isinstance(key, tuple) and key else key
+    return isinstance(last, slice) and last.start in (None, 0)
+
+
+def trace_flow(
+    model: nn.Module, norm_names: list[str], example_input: Any, forward_fn: Callable[[nn.Module, Any], Any] = feed
+) -> FlowTrace:
+    """Follow the outputs of ``norm_names`` through one eval, no-grad forward of ``example_input``.
+
+    Args:
+        model: the model (put in eval mode for the forward, then restored; nothing else changes).
+        norm_names: the norm layers to follow (stripped names, as :func:`modules_by_name` gives them).
+        example_input: one batch, fed by ``forward_fn``.
+        forward_fn: ``forward_fn(model, batch)``; default :func:`satmon.batches.feed`.
+
+    Returns:
+        A :class:`FlowTrace`.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> class SwiGLU(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.pre, self.proj_g, self.proj_u, self.proj_d = nn.LayerNorm(4), nn.Linear(4, 8), nn.Linear(4, 8), nn.Linear(8, 4)
+        ...     def forward(self, x):
+        ...         h = self.pre(x)
+        ...         return self.proj_d(nn.functional.silu(self.proj_g(h)) * self.proj_u(h))
+        >>> p = trace_flow(SwiGLU(), ["pre"], torch.randn(2, 4)).products[0]
+        >>> p.norm, p.gate, p.up, p.down, p.activation
+        ('pre', 'proj_g', 'proj_u', 'proj_d', 'silu')
+    """
+    names: dict[int, str] = {}
+    for raw, m in model.named_modules():
+        names.setdefault(id(m), strip_wrappers(raw))
+    norms = {n for i, n in names.items() if n in norm_names} | {
+        names[id(m)] for m in model.modules() if norm_kind(m) is not None
+    }
+    mode = _Mode(names, set(norm_names), norms)
+    handles = []
+    for m in model.modules():
+        handles.append(m.register_forward_pre_hook(mode.pre_hook))
+        handles.append(m.register_forward_hook(mode.post_hook))
+    modes = [(m, m.training) for m in model.modules()]  # restored one by one: a model may mix train and eval parts
+    stance = getattr(torch.compiler, "set_stance", None)
+    global _TRACING
+    try:
+        model.eval()
+        _TRACING += 1
+        with torch.no_grad(), (stance("force_eager") if stance else contextlib.nullcontext()), mode:
+            forward_fn(model, example_input)
+    finally:
+        _TRACING -= 1
+        for m, training in modes:
+            m.training = training
+        for h in handles:
+            h.remove()
+        reshard_fsdp(model)  # FSDP2 keeps its root unsharded after a no-grad forward: training must not see that
+    return FlowTrace(mode.products(), mode.unclassified, mode.executed)
+
+
+_TRACING = 0
+
+
+def tracing() -> bool:
+    """Whether satmon's gating trace is running its forward now: a user's own forward hooks can tell
+    satmon's one traced eval forward (of the first training or calibration batch) from the model's.
+
+    Example:
+        >>> tracing()
+        False
+    """
+    return _TRACING > 0

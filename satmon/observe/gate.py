@@ -1,0 +1,129 @@
+"""Gate-statistics hooks on the gated (SwiGLU/GeGLU) MLPs a DyT feeds. Counting only; the
+collapse watch decides and the writers log.
+
+Gate statistics, per gated block (the DyT feeding it is named by the block's key):
+
+- ``flat_fraction``: share of gate pre-activations ``g`` in the activation's flat negative tail
+  (``g < t`` with ``|act'| < 0.05`` below ``t``: SiLU ``t = -4.08``; see :mod:`satmon.functional.gate`):
+  gates that pass nothing and no gradient.
+- ``mean_abs_hidden``: mean ``|act(g) * up(h)|``, read as the input of the ``down`` projection.
+
+Both are NaN for a block that saw no data, as :func:`satmon.functional.gate.gate_stats_finalize` says.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+from torchmetrics import Metric
+
+from satmon.model.gating import GatingReport
+from satmon.observe.hookset import HookSet, recomputing
+from satmon.model.discovery import modules_by_name
+from satmon.functional.gate import ACTIVATIONS, flat_count, flat_threshold, gate_stats_finalize, split_gate_up
+
+__all__ = ["GateCounter", "GateHooks"]
+
+
+class GateCounter(Metric):
+    """Per gated block: flat gate count, gate element count, sum and count of ``|down input|`` (summed over ranks)."""
+
+    full_state_update = False
+    n_flat: Tensor
+    n_gate: Tensor
+    sum_hidden: Tensor
+    n_hidden: Tensor
+
+    def __init__(self, num_blocks: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        for name, dtype in (("n_flat", torch.int64), ("n_gate", torch.int64), ("sum_hidden", torch.float64), ("n_hidden", torch.int64)):
+            self.add_state(name, default=torch.zeros(num_blocks, dtype=dtype), dist_reduce_fx="sum")
+
+    def update(self, *args) -> None:  # hooks write the states directly
+        raise NotImplementedError("GateCounter is fed by GateHooks.")
+
+    def compute(self) -> dict[str, Tensor]:
+        return {"n_flat": self.n_flat, "n_gate": self.n_gate, "sum_hidden": self.sum_hidden, "n_hidden": self.n_hidden}
+
+
+class GateHooks(HookSet):
+    """Hooks on each gated block's gate (or fused gate-up) projection and on its ``down`` input.
+
+    The statistics are :mod:`satmon.functional.gate`'s: the hooks count with :func:`flat_count`
+    and :func:`split_gate_up`, and :meth:`readings` divides with :func:`gate_stats_finalize`, so a
+    block that saw no data reads NaN (never 0.0). A gate whose activation has no known flat region
+    (ReLU, sigmoid, ...) or a pairing without hookable modules also reads NaN.
+
+    Args:
+        model: the model holding the modules.
+        gating: the :class:`~satmon.model.gating.GatingReport` (its pairings name the modules).
+        counter: a :class:`GateCounter` with one slot per pairing, in ``gating.pairings`` order.
+
+    Example:
+        >>> from satmon.model.gating import detect_gating
+        >>> from satmon.demos.llama import LlamaLM
+        >>> model = LlamaLM(vocab_size=16, d_model=16, n_layers=1, n_heads=2, seq_len=8)
+        >>> report = detect_gating(model)
+        >>> hooks = GateHooks(model, report, GateCounter(len(report.pairings)))
+        >>> hooks.readings()  # nothing seen yet: NaN, not 0.0
+        {'blocks.0.mlp_norm': {'flat_fraction': nan, 'mean_abs_hidden': nan}}
+    """
+
+    def __init__(self, model: nn.Module, gating: GatingReport, counter: GateCounter) -> None:
+        modules = modules_by_name(model)
+        super().__init__()
+        self.blocks = list(gating.pairings)
+        self.counter = counter
+        self._targets: list[tuple[int, nn.Module | None, nn.Module | None, bool, bool, float | None]] = []
+        for i, p in enumerate(gating.pairings.values()):
+            hookable = p.gate_stats
+            gate = modules.get(p.gate) if hookable else None
+            down = modules.get(p.down) if hookable and p.down else None
+            t = flat_threshold(p.activation) if p.activation in ACTIVATIONS else None  # no flat tail known: NaN
+            self._targets.append((i, gate, down, p.fused, p.gate_first, t))
+
+    def _register(self) -> list[RemovableHandle]:
+        handles = []
+        for i, gate, down, fused, gate_first, t in self._targets:
+            if gate is not None and t is not None:
+                handles.append(gate.register_forward_hook(self._gate_hook(i, fused, gate_first, t)))
+            if down is not None:
+                handles.append(down.register_forward_pre_hook(self._down_hook(i)))
+        return handles
+
+    def _gate_hook(self, i: int, fused: bool, gate_first: bool, t: float):
+        def hook(mod: nn.Module, args: tuple, out: Tensor) -> None:
+            if not self.enabled or not isinstance(out, Tensor) or recomputing():
+                return
+            with torch.no_grad():
+                g = split_gate_up(out, gate_first=gate_first)[0] if fused else out
+                self.counter.n_flat.select(0, i).add_(flat_count(g, t))  # only the count: no act(g), no sum
+                self.counter.n_gate.select(0, i).add_(g.numel())
+
+        return hook
+
+    def _down_hook(self, i: int):
+        def hook(mod: nn.Module, args: tuple) -> None:
+            if not self.enabled or not args or not isinstance(args[0], Tensor) or recomputing():
+                return
+            with torch.no_grad():
+                h = args[0].detach()
+                self.counter.sum_hidden.select(0, i).add_(h.abs().sum(dtype=torch.float64))
+                self.counter.n_hidden.select(0, i).add_(h.numel())
+
+        return hook
+
+    def readings(self) -> dict[str, dict[str, float]]:
+        """Per gated block: ``flat_fraction`` and ``mean_abs_hidden``, NaN without data (syncs ranks and the host)."""
+        with self.counter.sync_context(should_sync=True, should_unsync=True):
+            packed = torch.stack([getattr(self.counter, k).to(torch.float64) for k in ("n_flat", "n_gate", "sum_hidden", "n_hidden")])
+            n_flat, n_gate, s_hidden, n_hidden = packed.cpu().tolist()  # one transfer
+        return {
+            b: {
+                "flat_fraction": gate_stats_finalize(int(f), int(g), 0.0)["flat_fraction"],
+                "mean_abs_hidden": gate_stats_finalize(0, int(h), s)["mean_abs_hidden"],
+            }
+            for b, f, g, s, h in zip(self.blocks, n_flat, n_gate, s_hidden, n_hidden)
+        }
+

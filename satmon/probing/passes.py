@@ -1,0 +1,350 @@
+r"""``satmon.probe(model, batches)``: no-grad passes over calibration batches, every satmon reading at once.
+
+Forward hooks, attached for the call and removed afterwards, feed satmon's float64 math:
+
+- **DyT** layers: saturation ``|alpha * x| > level``, counted by the live monitor's
+  :class:`~satmon.observe.saturation.SaturationHooks`, then :func:`~satmon.results.verdict.build_verdict`.
+  When a DyT feeds a gated MLP (:func:`~satmon.model.gating.detect_gating`), the collapse watch's
+  :class:`~satmon.observe.gate.GateHooks` take gate statistics in the same forward.
+- **LayerNorm / RMSNorm** layers: the covariance of the layer output
+  (:class:`~satmon.observe.covariance.CovarianceTaps`), then
+  :func:`~satmon.functional.dead_directions.alignment` with the layer's effective gain
+  (:func:`~satmon.model.affine.effective_affine`: ``1 + weight`` for a Gemma-style RMSNorm).
+- **Residual stream**: ``X_0`` (the first block's input) and every block output feed ``X^T X``,
+  then :func:`~satmon.functional.dead_directions.sigma_min_profile`.
+
+The live callback (:class:`satmon.drivers.live_probe.LiveProbe`) and ``satmon replay`` call this same function.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from satmon.batches import ForwardFn, feed, feed_first, peek_batch, take_batches, to_device
+from satmon.observe.counters import SaturationCounter
+from satmon.observe.covariance import CovarianceTap, CovarianceTaps
+from satmon.observe.gate import GateCounter, GateHooks
+from satmon.model.gating import detect_gating
+from satmon.settings import check_rule
+from satmon.functional.saturation import check_product
+from satmon.probing.memory_plan import MemoryPlan, plan_memory
+from satmon.model.frozen import frozen_forward
+from satmon.observe.saturation import SaturationHooks
+from satmon.model.discovery import NormLayer, Selector
+from satmon.model.affine import effective_affine
+from satmon.functional.dead_directions import GramSpectrum, alignment, classify_norm_type, gram_spectrum
+from satmon.probing.targets import ProbeTargets, find_probe_targets, layer_dim
+from satmon.results.probe_report import EMBEDDING, LayerReading, ProbeReport, SigmaMinReading, model_norm_type
+from satmon.results.verdict import GatingInfo, Source, Verdict, build_verdict
+
+__all__ = ["EMBEDDING", "LayerReading", "ProbeReport", "SigmaMinReading", "feed_first", "probe"]
+
+log = logging.getLogger(__name__)
+
+
+
+
+# ------------------------------------------------------------------------------------------ probe
+def probe(
+    model: nn.Module,
+    batches: Any,
+    *,
+    forward_fn: ForwardFn | None = None,
+    layers: list[str] | Selector = None,
+    include: Selector = None,
+    exclude: Selector = None,
+    blocks: list[str] | None = None,
+    level: float = 2.0,
+    threshold: float = 0.43,
+    collapse_threshold: float = 0.5,
+    gating_mapping: dict[str, str] | None = None,
+    device: torch.device | str | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    max_batches: int | None = None,
+    twin: nn.Module | None = None,
+    max_dim: int = 8192,
+    train_mode: bool = False,
+    memory_budget: int | str | None = None,
+    product: str = "module",
+    verbose: bool = False,
+    step: int = 0,
+    source: Source | str = Source.PROBE,
+) -> ProbeReport:
+    r"""Run ``model`` over ``batches`` without gradients and read every satmon diagnostic from that pass.
+
+    Batches. ``batches`` is one batch (a tensor or a dict) or an iterable of batches (a list, a
+    ``DataLoader``, a generator). Each batch is moved to ``device`` and fed by ``forward_fn(model,
+    batch)`` when given, else by :func:`satmon.batches.feed`: a tensor as ``model(batch)``, a
+    tuple/list as ``model(*batch)``, a dict as ``model(**batch)``. A dataloader's ``(inputs,
+    targets)`` pair would feed the targets as a second input: pass ``forward_fn=feed_first``
+    (``model(batch[0])``), as the live probe does. The output is discarded.
+
+    Mode and state. Eval mode (dropout off, as the study measured) unless ``train_mode``; modes,
+    buffers, grad mode and RNG are restored after each pass, parameters are never written, hooks are
+    removed, also on error (:func:`satmon.model.frozen.frozen_forward`). Other code's hooks
+    (e.g. a running :class:`~satmon.SaturationMonitor`) see these forwards.
+
+    Memory. One ``d x d`` float64 matrix per LayerNorm/RMSNorm layer and per stream. With
+    ``memory_budget`` they are grouped (:func:`satmon.probing.memory_plan.plan_memory`) and the batches
+    run once per group (DyT and gate counts in the first pass only); every pass starts from the same
+    state, so the readings equal the one-pass readings bit for bit (on deterministic kernels). The
+    plan is logged at INFO on ``satmon.probing.passes`` before the first pass (printed with ``verbose``);
+    a budget that cannot hold one matrix and its readout raises ``ValueError`` before any forward.
+
+    Readings (see :class:`~satmon.results.probe_report.ProbeReport`): DyT saturation and a verdict; LayerNorm/RMSNorm
+    alignment of ``v* = gain^-1/||gain^-1||`` with the bottom of the output covariance, the null
+    space, the norm type; the residual stream's ``sigma_min`` ratios; with ``twin``, the init-gap.
+    Statistics are float64 whatever the forward's dtype. bf16 LayerNorm outputs (a bf16 model) lift
+    the kernel to ~1e-6, norm type ``"undetermined"``; under autocast LayerNorm runs in float32.
+
+    Args:
+        model: any ``nn.Module`` (a LightningModule too); it is not moved.
+        batches: see above.
+        forward_fn: ``forward_fn(model, batch)`` runs one batch.
+        layers: which discovered norm layers to read: a list of names, a regex or a predicate
+            ``(name, module) -> bool``; default all. The final norm (the last norm outside the
+            blocks) is always read.
+        include, exclude: widen/narrow discovery itself (:func:`satmon.model.discovery.find_norm_layers`).
+        blocks: names of the residual blocks, when :func:`satmon.model.discovery.find_blocks` finds none or
+            the wrong ones. ``X_0`` is the first block's input.
+        level, threshold, collapse_threshold: the saturation rule (:func:`satmon.results.verdict.build_verdict`).
+        gating_mapping: ``{dyt_name: mlp_name}`` when :func:`satmon.model.gating.detect_gating`
+            cannot pair a DyT with its gated MLP.
+        device: where batches go; default the device of the model's first parameter.
+        autocast_dtype: run the forward under ``torch.autocast(device.type, dtype)``, e.g. ``torch.bfloat16``.
+        max_batches: use at most this many batches.
+        twin: a random-init instance of the same architecture (same layer names): probed on the same
+            batches, then :func:`satmon.functional.dead_directions.init_gap` per LayerNorm/RMSNorm layer.
+        max_dim: LayerNorm/RMSNorm layers and streams wider than this are skipped, with a warning.
+        train_mode: run the forward in train mode instead of eval mode.
+        memory_budget: most bytes the probe's matrices may hold at once (an int, or ``"2GiB"``,
+            ``"512MB"``); ``None``: no limit, one pass.
+        verbose: print the memory plan before the first pass.
+        step: the step the verdict is taken at (replay: the checkpoint's global step).
+        source: the verdict's :class:`~satmon.results.verdict.Source` (``Source.REPLAY`` for ``satmon replay``).
+        product: ``"module"``: count the DyT product as the layer computes it; ``"exact"``: the real product
+            (see :class:`satmon.SaturationMonitor`).
+
+    Returns:
+        A :class:`~satmon.results.probe_report.ProbeReport`.
+
+    Example:
+        >>> import torch
+        >>> from satmon.demos.gpt import GPT, GPTConfig
+        >>> _ = torch.manual_seed(0)
+        >>> model = GPT(GPTConfig(norm="layernorm", n_layers=2))
+        >>> report = probe(model, torch.randint(0, 256, (16, 64)))
+        >>> report.norm_type, report.layers["ln_f"].null_dim, report.layers["ln_f"].alignment > 0.9999
+        ('layernorm-like', 1, True)
+        >>> report.sigma_min.blocks, report.sigma_min.valid, report.plan.passes
+        (['embedding', 'blocks.0', 'blocks.1'], True, 1)
+    """
+    t0 = time.perf_counter()
+    _check_args(level, threshold, collapse_threshold, max_dim, max_batches, autocast_dtype, forward_fn, step, source, product)
+    device = torch.device(device) if device is not None else _model_device(model)
+    targets = find_probe_targets(model, layers, include, exclude, blocks, max_dim, budgeted=memory_budget is not None)
+    plan = plan_memory([(name, t.width) for name, t in targets.taps.items()], memory_budget)
+    log.info("%s", plan.describe())
+    if verbose:
+        print(plan.describe(), flush=True)
+    batch_list = take_batches(batches, max_batches, keep=plan.passes > 1 or twin is not None)
+    first, batch_list = peek_batch(batch_list)  # the first batch also feeds the gated-MLP trace
+    example = to_device(first, device) if first is not None and targets.dyt else None
+    screen = _SaturationScreen(model, targets.dyt, level, gating_mapping, example, forward_fn or feed, product)
+    run = _Run(model, batch_list, device, forward_fn or feed, train_mode, autocast_dtype)
+    results = _read_all(run, targets, plan, screen)
+    verdict_args = dict(step=step, source=source, level=level, threshold=threshold, collapse_threshold=collapse_threshold)
+    report = _assemble(targets, results, screen, screen.read(results.readings, **verdict_args), run.batches, plan)
+    if twin is not None:
+        report.attach_init_gap(probe(
+            # only the LayerNorm/RMSNorm readings are compared: the twin needs no DyT hooks or gating trace
+            twin, batch_list, forward_fn=forward_fn, layers=list(targets.norms), blocks=targets.block_names or None,
+            level=level, threshold=threshold, collapse_threshold=collapse_threshold, autocast_dtype=autocast_dtype,
+            max_dim=max_dim, train_mode=train_mode, include=include, exclude=exclude, memory_budget=memory_budget,
+            product=product,
+        ))  # fmt: skip
+    report.elapsed_s = time.perf_counter() - t0
+    return report
+
+
+# -------------------------------------------------------------------------------------- the passes
+@dataclass
+class _Run:
+    """The forward passes: model, calibration batches and how they are fed."""
+
+    model: nn.Module
+    batch_iter: Iterable[Any]
+    device: torch.device
+    feed: ForwardFn
+    train_mode: bool
+    autocast_dtype: torch.dtype | None
+    batches: int = 0
+
+    def one_pass(self, hooksets: list[Any]) -> None:
+        """Every batch once, with ``hooksets`` attached; the model state is restored afterwards."""
+        n = 0
+        try:
+            for h in hooksets:
+                h.attach()
+            with frozen_forward(self.model, self.device, train_mode=self.train_mode, autocast_dtype=self.autocast_dtype):
+                for batch in self.batch_iter:
+                    self.feed(self.model, to_device(batch, self.device))
+                    n += 1
+        finally:
+            for h in hooksets:
+                h.detach()
+        if n == 0:
+            raise ValueError("Expected at least one batch, got none. Pass a tensor, a dict, or a non-empty iterable of batches.")
+        self.batches = n  # the same every pass: several passes run over a list
+
+
+@dataclass
+class _Results:
+    readings: dict[str, LayerReading]
+    spectra: dict[str, GramSpectrum] = field(default_factory=dict)
+
+
+def _read_all(run: _Run, targets: ProbeTargets, plan: MemoryPlan, screen: _SaturationScreen) -> _Results:
+    """One pass per group of the plan (the first also counts DyT saturation); each group read, then freed."""
+    results = _Results({l.name: LayerReading(l.name, l.kind, layer_dim(l.module) or 0) for l in targets.chosen})
+    for i, group in enumerate(plan.groups or ((),)):
+        taps = CovarianceTaps([targets.taps[name] for name in group])
+        run.one_pass([taps, *screen.hooksets()] if i == 0 else [taps])
+        for name in group:
+            _read_tap(name, taps.taps[name], targets, results)
+    return results
+
+
+def _read_tap(name: str, tap: CovarianceTap, targets: ProbeTargets, results: _Results) -> None:
+    """The reading of one covariance tap; its matrix is freed before the next one is read."""
+    acc = tap.ready()
+    if acc is None:
+        targets.skipped[name] = tap.skipped
+        return
+    if name not in targets.norms:
+        results.spectra[name] = gram_spectrum(acc)
+        tap.release()
+        return
+    layer = targets.norms[name]
+    try:
+        # the gain the layer applies after normalising, read from what it computes (1 + weight for Gemma)
+        gain = effective_affine(layer.module, acc.dim).gain.to(acc.total.device)
+    except ValueError as err:
+        targets.skipped[name] = str(err)
+        tap.release()
+        return
+    cov, count, nonfinite, dim = acc.covariance(), acc.count, acc.nonfinite_rows, acc.dim
+    del acc  # with the tap's reference: the d x d sums are freed before eigh needs its workspace
+    tap.release()
+    r = alignment(cov, gain)
+    results.readings[name] = LayerReading(
+        name, layer.kind, dim, tokens=count, alignment=r.cosine, null_projection=r.null_projection,
+        null_dim=r.null_dim, depth=r.depth, depth_diag=r.depth_diag, lambda_min_rel=r.lambda_min_rel,
+        n_degenerate=r.n_degenerate, norm_type=classify_norm_type(r), nonfinite=nonfinite,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ DyT and gates
+class _SaturationScreen:
+    """DyT saturation hooks, gate hooks on the gated MLPs the DyT layers feed, and the verdict from their counts."""
+
+    def __init__(self, model: nn.Module, dyt: list[NormLayer], level: float, mapping: dict[str, str] | None,
+                 example: Any = None, forward_fn: ForwardFn | None = None, product: str = "module") -> None:
+        self.dyt = dyt
+        self.hooks: SaturationHooks | None = None
+        self.gate_hooks: GateHooks | None = None
+        self.gating: dict[str, Any] = {}
+        if not dyt:
+            return
+        where = dyt[0].module.alpha.device
+        self.hooks = SaturationHooks(dyt, SaturationCounter(len(dyt), level=level, product=product).to(where))
+        found = detect_gating(model, norm_names=[l.name for l in dyt], mapping=mapping, example_input=example,
+                              forward_fn=forward_fn)
+        self.gating = {**found.to_dict(), "risk": {}}
+        if found.pairings:
+            # a probe on one rank never waits for the others: the gate counter does not sync
+            counter = GateCounter(len(found.pairings), distributed_available_fn=lambda: False).to(where)
+            self.gate_hooks = GateHooks(model, found, counter)
+
+    def hooksets(self) -> list[Any]:
+        return [h for h in (self.hooks, self.gate_hooks) if h is not None]
+
+    def read(self, readings: dict[str, LayerReading], **verdict_args: Any) -> tuple[float | None, Verdict | None]:
+        """Fill the DyT readings (this process only: no collective); returns pooled saturation and verdict."""
+        if self.hooks is None:
+            return None, None
+        counted = self.hooks.read(sync=False)
+        names = [l.name for l in self.dyt]
+        for name, s, t, b, a in zip(names, *counted):
+            r = readings[name]
+            r.saturation, r.alpha, r.nonfinite = (s / t if t else None), a, b
+            r.tokens = t // r.dim if r.dim else 0
+        if not sum(counted.total):
+            return None, None
+        per_layer = counted.fractions(names)
+        pairings = self.gating.get("pairings", {})
+        stats = self.gate_hooks.readings() if self.gate_hooks is not None else {}
+        risk = {p["mlp"]: {"dyt_saturation": per_layer.get(norm, math.nan), **stats.get(norm, {})} for norm, p in pairings.items()}
+        self.gating["risk"] = risk
+        gated = self.gating.get("gated")
+        info = GatingInfo(None if gated is None else bool(gated), tuple(pairings), self.gating.get("message", ""))
+        pooled = sum(counted.saturated) / sum(counted.total)
+        return pooled, build_verdict(counted.layer_counts(names), gating=info, risk=risk, **verdict_args)
+
+
+# ------------------------------------------------------------------------------------------ report
+def _assemble(targets: ProbeTargets, results: _Results, screen: _SaturationScreen, saturation: tuple[float | None, Verdict | None],
+              n_batches: int, plan: MemoryPlan) -> ProbeReport:  # fmt: skip
+    readings, skipped = results.readings, targets.skipped
+    sigma = SigmaMinReading.from_spectra(targets.streams, results.spectra)
+    norm_type, note = model_norm_type(readings)
+    if EMBEDDING in results.spectra:
+        tokens = results.spectra[EMBEDDING].tokens
+    else:
+        tokens = max((l.tokens for l in readings.values()), default=0)
+    if skipped:
+        warnings.warn(
+            "satmon probe: no reading for " + "; ".join(f"{n} ({why})" for n, why in skipped.items())
+            + ". Raise `max_dim` or choose layers with `layers=` / blocks with `blocks=`.",
+            stacklevel=3,
+        )
+    pooled, verdict = saturation
+    return ProbeReport(
+        layers=readings, sigma_min=sigma, norm_type=norm_type, norm_type_note=note, saturation=pooled, verdict=verdict,
+        gating=screen.gating, tokens=tokens, batches=n_batches, skipped=skipped, plan=plan,
+    )
+
+
+# ------------------------------------------------------------------------------------------ inputs
+def _check_args(level: float, threshold: float, collapse_threshold: float, max_dim: int, max_batches: int | None,
+                autocast_dtype: Any, forward_fn: Any, step: Any, source: Any, product: Any) -> None:  # fmt: skip
+    check_rule(level, threshold, collapse_threshold)  # the same checks as the monitor's
+    check_product(product)
+    if isinstance(max_dim, bool) or not isinstance(max_dim, int) or max_dim < 1:
+        raise ValueError(f"Expected `max_dim` to be a positive int (widest layer to read), got {max_dim!r}.")
+    if max_batches is not None and (isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1):
+        raise ValueError(f"Expected `max_batches` to be a positive int or None, got {max_batches!r}.")
+    if autocast_dtype is not None and not isinstance(autocast_dtype, torch.dtype):
+        raise TypeError(f"Expected `autocast_dtype` to be a torch.dtype (e.g. torch.bfloat16) or None, got {autocast_dtype!r}.")
+    if forward_fn is not None and not callable(forward_fn):
+        raise TypeError(f"Expected `forward_fn` to be a callable (model, batch) -> Any, got {type(forward_fn).__name__}.")
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise TypeError(f"Expected `step` to be an int (the step the verdict is taken at), got {step!r}.")
+    if source not in {s.value for s in Source}:  # a Source is a str: its value compares equal
+        raise ValueError(f"Expected `source` to be a satmon.results.verdict.Source ({', '.join(s.value for s in Source)}), got {source!r}.")
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        return t.device
+    return torch.device("cpu")

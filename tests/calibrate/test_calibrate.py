@@ -1,0 +1,117 @@
+"""satmon.calibrate.fit: cells in (CSV, JSON, the study's), the fit, calibration.json out and back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from satmon.calibrate.fit import (
+    Calibration, CalibrationError, calibrate, load_calibration, read_cells, study_cells, write_calibration,
+)
+
+# SCIENCE.md section 2, typed in independently of the shipped CSV: (scale, tokens, saturation, delta %)
+STUDY = [("64M", "1M", 0.4931, -27.3), ("64M", "10M", 0.4135, 5.9), ("64M", "50M", 0.2368, 19.7),
+         ("64M", "118M", 0.2343, 18.8), ("124M", "1M", 0.4662, -9.6), ("124M", "10M", 0.2925, -12.3),
+         ("124M", "118M", 0.1931, 12.8), ("354M", "1M", 0.4902, 4.3), ("354M", "10M", 0.3688, -24.1),
+         ("354M", "118M", 0.3271, 13.4), ("1.3B", "1M", 0.3934, 2.1), ("1.3B", "118M", 0.2376, 10.4)]
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_shipped_study_cells_match_the_study_table():
+    cells = study_cells()
+    assert [(c.group, c.name.split("/")[1], c.readings["saturation"], c.helps) for c in cells] == \
+        [(g, t, s, d < 0) for g, t, s, d in STUDY]
+    assert [round(c.delta * 100, 1) for c in cells] == [d for *_, d in STUDY]
+
+
+def test_study_reproduces_the_studys_validation_code():
+    r = calibrate(study_cells(), source="study")
+    assert r.fits["midpoint"].threshold == pytest.approx(0.43985, abs=1e-12)
+    assert (r.fits["midpoint"].correct, r.fits["midpoint"].accuracy) == (9, 0.75)
+    assert (r.cv["midpoint"].correct, r.cv["midpoint"].accuracy) == (6, 0.5)
+    assert r.auc == 0.75
+    assert r.study_accuracy == 0.75  # the paper's rounded 0.43 classifies the same 9 cells
+
+
+def test_cells_csv_outcome_forms_and_comments(tmp_path):
+    p = write(tmp_path, "c.csv", "# a comment\nname,saturation,first_block,outcome,group\n"
+              "a,0.5,0.1,-0.2,g1\nb,0.4,0.2,yes,g1\nc,0.3,0.3,no,g2\nd,0.2,0.4,0.05,g2\n")
+    cells = read_cells(p)
+    assert [(c.name, c.helps, c.delta) for c in cells] == [("a", True, -0.2), ("b", True, None), ("c", False, None),
+                                                           ("d", False, 0.05)]
+    assert cells[0].readings == {"saturation": 0.5, "first_block": 0.1}
+    helps = write(tmp_path, "h.csv", "saturation,helps,group\n0.5,1,a\n0.1,0,b\n")
+    assert [c.helps for c in read_cells(helps)] == [True, False]
+
+
+def test_cells_json_list_or_object(tmp_path):
+    rows = [{"name": "x", "group": "a", "delta": -0.1, "saturation": 0.6, "per_layer": {"l": 0.3}},
+            {"name": "y", "group": "b", "helps": False, "saturation": 0.2}]
+    for payload in (rows, {"format": "satmon-cells", "cells": rows}):
+        cells = read_cells(write(tmp_path, "c.json", json.dumps(payload)))
+        assert [(c.name, c.helps, c.readings) for c in cells] == [("x", True, {"saturation": 0.6}), ("y", False, {"saturation": 0.2})]
+
+
+@pytest.mark.parametrize("text, match", [
+    ("saturation,delta,group\n0.5,-0.1\n", "Expected 3 columns .* got 2 on data row 1"),
+    ("saturation,delta,group\n0.5,,a\n", "Expected an outcome for every cell"),
+    ("saturation,delta,group\n0.5,-0.1,\n", "Expected a 'group' for every cell"),
+    ("saturation,delta,group\n0.5,abc,a\n", "Expected a number for 'delta'"),
+    ("saturation,helps,group\n0.5,maybe,a\n", "Expected yes/no in 'helps'"),
+    ("saturation,delta,group\n", "Expected a CSV header and at least one row"),
+])
+def test_malformed_cells_csv(tmp_path, text, match):
+    with pytest.raises(CalibrationError, match=match):
+        read_cells(write(tmp_path, "bad.csv", text))
+
+
+def cells_from(tmp_path: Path, rows: list[tuple[float, float, str]]):
+    return read_cells(write(tmp_path, "c.csv", "saturation,delta,group\n" + "".join(f"{s},{d},{g}\n" for s, d, g in rows)))
+
+
+@pytest.mark.parametrize("rows, match", [
+    ([(0.5, -0.1, "a"), (0.2, 0.1, "b"), (0.4, -0.1, "b")], "Expected at least 4 cells .* got 3"),
+    ([(0.5, -0.1, "a"), (0.2, 0.1, "a"), (0.4, -0.1, "a"), (0.1, 0.1, "a")], "Expected at least 2 groups .* got 1 \\('a'\\)"),
+    ([(0.5, 0.1, "a"), (0.2, 0.1, "b"), (0.4, 0.1, "a"), (0.1, 0.1, "b")], "Expected cells where DyT helped and cells where it hurt, got only hurt"),
+])
+def test_calibrate_refuses_what_it_cannot_fit(tmp_path, rows, match):
+    with pytest.raises(CalibrationError, match=match):
+        calibrate(cells_from(tmp_path, rows))
+
+
+def test_calibrate_names_the_cells_missing_a_metric(tmp_path):
+    cells = cells_from(tmp_path, [(0.5, -0.1, "a"), (0.2, 0.1, "b"), (0.4, -0.1, "a"), (0.1, 0.1, "b")])
+    with pytest.raises(CalibrationError, match="Expected a finite 'first_block' reading .* pick a metric every cell has \\(saturation\\)"):
+        calibrate(cells, metric="first_block")
+
+
+def test_json_round_trip(tmp_path):
+    r = calibrate(study_cells(), source="study")
+    written = write_calibration(r, tmp_path / "out" / "calibration.json", rule="midpoint", command="satmon calibrate --study")
+    cal = load_calibration(tmp_path / "out" / "calibration.json")
+    assert isinstance(cal, Calibration) and cal == written
+    assert (cal.threshold, cal.rule, cal.metric, cal.n, cal.groups) == (r.fits["midpoint"].threshold, "midpoint", "saturation", 12, 4)
+    assert (cal.accuracy, cal.loso_accuracy, cal.auc, cal.source) == (0.75, 0.5, 0.75, "study")
+    assert "0.4398" in cal.caveat() and "75% in-sample" in cal.caveat() and "50% leave-one-group-out" in cal.caveat()
+    data = json.loads((tmp_path / "out" / "calibration.json").read_text())
+    assert data["fits"]["balanced"]["threshold"] == r.fits["balanced"].threshold
+    assert [c["saturation"] for c in data["cells"]] == [s for _, _, s, _ in STUDY]
+    assert data["provenance"]["command"] == "satmon calibrate --study"
+    balanced = write_calibration(r, tmp_path / "b.json", rule="balanced")
+    assert balanced.threshold == pytest.approx(0.26505) and balanced.loso_accuracy == pytest.approx(7 / 12)
+
+
+def test_load_calibration_errors(tmp_path):
+    with pytest.raises(CalibrationError, match="got no file at"):
+        load_calibration(tmp_path / "none.json")
+    with pytest.raises(CalibrationError, match="Expected format 'satmon-calibration'"):
+        load_calibration(write(tmp_path, "x.json", json.dumps({"threshold": 0.4})))
+    with pytest.raises(CalibrationError, match="Expected a threshold in \\(0, 1\\)"):
+        load_calibration(write(tmp_path, "y.json", json.dumps({"format": "satmon-calibration", "threshold": 1.01})))

@@ -1,0 +1,315 @@
+"""Gated-MLP detection (satmon.model.gating): the names rule, the traced data flow, mappings, unknowns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from satmon import DyT
+from satmon.model.gating import detect_gating, gate_linear_modules
+from satmon.functional.gate import gate_stats
+from satmon.demos.llama import LlamaLM
+
+D, H = 16, 24
+
+
+# ----------------------------------------------------------------------------- tiny models, one naming convention each
+class HFMLP(nn.Module):  # LLaMA / Mistral / Qwen in transformers
+    def __init__(self):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = nn.Linear(D, H), nn.Linear(D, H), nn.Linear(H, D)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class HFLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.input_layernorm, self.self_attn = DyT(D, bias=False), nn.Linear(D, D)
+        self.post_attention_layernorm, self.mlp = DyT(D, bias=False), HFMLP()
+
+    def forward(self, x):
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class HFModel(nn.Module):
+    def __init__(self, n=2):
+        super().__init__()
+        self.layers, self.norm = nn.ModuleList(HFLayer() for _ in range(n)), DyT(D, bias=False)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
+
+
+class MetaFeedForward(nn.Module):  # Meta LLaMA / torchtitan: activation only in forward's source
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w2, self.w3 = nn.Linear(D, H, bias=False), nn.Linear(H, D, bias=False), nn.Linear(D, H, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MetaBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention_norm, self.attention = DyT(D), nn.Linear(D, D)
+        self.ffn_norm, self.feed_forward = DyT(D), MetaFeedForward()
+
+    def forward(self, x):
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class T5GatedFF(nn.Module):  # T5 v1.1 GeGLU
+    def __init__(self):
+        super().__init__()
+        self.wi_0, self.wi_1, self.wo = nn.Linear(D, H, bias=False), nn.Linear(D, H, bias=False), nn.Linear(H, D, bias=False)
+        self.act = nn.GELU(approximate="tanh")
+
+    def forward(self, x):
+        return self.wo(self.act(self.wi_0(x)) * self.wi_1(x))
+
+
+class T5LayerFF(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.DenseReluDense, self.layer_norm = T5GatedFF(), DyT(D)
+
+    def forward(self, x):
+        return x + self.DenseReluDense(self.layer_norm(x))
+
+
+class T5Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.ModuleList([nn.Sequential(DyT(D), nn.Linear(D, D)), T5LayerFF()])
+
+    def forward(self, x):
+        return self.layer[1](x + self.layer[0](x))
+
+
+class Phi3MLP(nn.Module):  # fused gate-up, gate half first
+    def __init__(self):
+        super().__init__()
+        self.gate_up_proj, self.down_proj, self.activation_fn = nn.Linear(D, 2 * H), nn.Linear(H, D), nn.SiLU()
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.activation_fn(gate) * up)
+
+
+class Phi3Layer(HFLayer):
+    def __init__(self):
+        super().__init__()
+        self.mlp = Phi3MLP()
+
+
+class OpaqueMLP(nn.Module):  # gated, but no recognisable names; registered as (up, gate, down)
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(D, H), nn.Linear(D, H), nn.Linear(H, D)
+
+    def forward(self, x):
+        return self.c(self.a(x) * F.silu(self.b(x)))
+
+
+class OpaqueBlock(nn.Module):  # two norms with names that say nothing about their role
+    def __init__(self, mlp: nn.Module):
+        super().__init__()
+        self.n_a, self.n_b, self.mix, self.ff = DyT(D), DyT(D), nn.Linear(D, D), mlp
+
+    def forward(self, x):
+        x = x + self.mix(self.n_b(x))
+        return x + self.ff(self.n_a(x))
+
+
+class GPT2Block(nn.Module):  # non-gated
+    def __init__(self):
+        super().__init__()
+        self.ln_1, self.attn, self.ln_2 = DyT(D), nn.Linear(D, D), DyT(D)
+        self.mlp = nn.Sequential()
+        self.mlp.c_fc, self.mlp.gelu, self.mlp.c_proj = nn.Linear(D, 4 * D), nn.GELU(), nn.Linear(4 * D, D)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class MoEExperts(nn.Module):  # Mixtral: experts with w1/w2/w3 two levels below the norm
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(D, 2)  # the router: not a gate projection
+        self.experts = nn.ModuleList(MetaFeedForward() for _ in range(2))
+
+
+class MixtralLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.input_layernorm, self.post_attention_layernorm = DyT(D), DyT(D)
+        self.block_sparse_moe = MoEExperts()
+
+
+def names_of(model):
+    return [n for n, m in model.named_modules() if isinstance(m, DyT)]
+
+
+X = torch.randn(2, 5, D)
+
+
+# ----------------------------------------------------------------------------- detection
+def test_hf_gate_up_down_with_post_attention_layernorm():
+    model = HFModel()
+    report = detect_gating(model, names_of(model))
+    assert report.gated and report.unpaired_gated_mlps == []
+    assert set(report.pairings) == {"layers.0.post_attention_layernorm", "layers.1.post_attention_layernorm"}
+    p = report.pairings["layers.1.post_attention_layernorm"]
+    assert (p.mlp, p.gate, p.up, p.down) == ("layers.1.mlp", "layers.1.mlp.gate_proj", "layers.1.mlp.up_proj", "layers.1.mlp.down_proj")
+    assert (p.fused, p.activation, p.source) == (False, "silu", "names")
+    assert report.message.startswith("gated MLP after DyT: yes (layers.0.post_attention_layernorm -> layers.0.mlp")
+    assert report.to_dict()["pairings"]["layers.0.post_attention_layernorm"]["gate"] == "layers.0.mlp.gate_proj"
+
+
+def test_meta_w1_w2_w3_with_ffn_norm():
+    model = MetaBlock()
+    p = detect_gating(model, names_of(model)).pairings["ffn_norm"]
+    assert (p.gate, p.up, p.down, p.activation) == ("feed_forward.w1", "feed_forward.w3", "feed_forward.w2", "silu")
+
+
+def test_t5_geglu_wi0_wi1_wo_single_norm_in_ff_layer():
+    model = T5Block()
+    report = detect_gating(model, names_of(model))
+    p = report.pairings["layer.1.layer_norm"]
+    assert (p.mlp, p.gate, p.up, p.down) == ("layer.1.DenseReluDense", "layer.1.DenseReluDense.wi_0", "layer.1.DenseReluDense.wi_1", "layer.1.DenseReluDense.wo")
+    assert p.activation == "gelu_tanh" and "layer.0.0" not in report.pairings
+
+
+def test_fused_gate_up_proj():
+    model = nn.ModuleDict({"layer": Phi3Layer()})
+    p = detect_gating(model, names_of(model)).pairings["layer.post_attention_layernorm"]
+    assert (p.gate, p.up, p.down, p.fused) == ("layer.mlp.gate_up_proj", None, "layer.mlp.down_proj", True)
+
+
+def test_gemma2_pre_feedforward_wins_and_post_norms_are_skipped():
+    model = HFLayer()
+    model.pre_feedforward_layernorm, model.post_feedforward_layernorm = DyT(D), DyT(D)
+    assert list(detect_gating(model, names_of(model)).pairings) == ["pre_feedforward_layernorm"]
+
+
+def test_wrapped_model_uses_discovery_names():
+    wrapper = nn.Module()
+    wrapper._orig_mod = HFModel(n=1)  # what torch.compile registers
+    report = detect_gating(wrapper)  # default: satmon.model.discovery's DyT layers, wrapper parts stripped
+    assert list(report.pairings) == ["layers.0.post_attention_layernorm"]
+    assert gate_linear_modules(wrapper, report)["layers.0.post_attention_layernorm"].gate is wrapper._orig_mod.layers[0].mlp.gate_proj
+
+
+def test_unpairable_gated_mlp_is_reported_not_guessed():
+    model = OpaqueBlock(HFMLP())
+    report = detect_gating(model, names_of(model))
+    assert report.gated and report.pairings == {} and report.unpaired_gated_mlps == ["ff"]
+    assert report.message.startswith("gated MLP found but not paired with any DyT: ff; pass mapping=")
+
+
+def test_trace_pairs_what_names_cannot():
+    model = OpaqueBlock(HFMLP())
+    report = detect_gating(model, names_of(model), example_input=X)
+    assert list(report.pairings) == ["n_a"] and report.pairings["n_a"].source == "trace"
+    assert model.training  # the trace restored the mode
+
+
+def test_mapping_with_opaque_names_and_gate_up_order():
+    model = OpaqueBlock(OpaqueMLP())
+    unasked = detect_gating(model, names_of(model))  # opaque names: gated by shape only, so unknown, never "no"
+    assert unasked.gated is None and "ff looks like a gated MLP by its projection shapes" in unasked.message
+    report = detect_gating(model, names_of(model), mapping={"n_a": "ff"})
+    p = report.pairings["n_a"]
+    assert (p.source, p.gate, p.up, p.down) == ("mapping", "ff.a", "ff.b", "ff.c")
+    assert "registration order" in report.message
+    verified = detect_gating(model, names_of(model), mapping={"n_a": "ff"}, example_input=X).pairings["n_a"]
+    assert (verified.gate, verified.up, verified.activation) == ("ff.b", "ff.a", "silu")
+
+
+def test_mapping_overrides_names():
+    model = HFModel(n=1)
+    report = detect_gating(model, names_of(model), mapping={"layers.0.input_layernorm": "layers.0.mlp"})
+    assert list(report.pairings) == ["layers.0.input_layernorm"] and report.unpaired_gated_mlps == []
+
+
+@pytest.mark.parametrize(
+    ("mapping", "match"),
+    [
+        ({"nope": "ff"}, "Expected mapping keys to name norm modules, got 'nope'. Available norm-like modules: n_a"),
+        ({"n_a": "nope"}, "Expected mapping values to name MLP modules, got 'nope'"),
+        ({"n_a": "mix"}, "Expected mapping value 'mix' to be a gated MLP"),
+    ],
+)
+def test_mapping_errors(mapping, match):
+    model = OpaqueBlock(HFMLP())
+    with pytest.raises(ValueError, match=match):
+        detect_gating(model, names_of(model), mapping=mapping)
+
+
+def test_unknown_norm_name_errors():
+    with pytest.raises(ValueError, match="Expected `norm_names` to name modules of the model, got 'ln_3'. Available norm-like modules: ln_1, ln_2"):
+        detect_gating(GPT2Block(), ["ln_3"])
+
+
+def test_non_gated_gelu_mlp():
+    model = GPT2Block()
+    report = detect_gating(model, names_of(model), example_input=X)
+    assert report.gated is False and report.pairings == {} and report.message == "gated MLP after DyT: no (a traced forward shows no gated MLP)"
+    plain = detect_gating(model, names_of(model))
+    assert plain.gated is False and plain.message.endswith("(no gated MLP found by module names; no example_input traced)")
+
+
+def test_moe_experts_pair_with_the_block_norm():
+    model = MixtralLayer()
+    report = detect_gating(model, names_of(model))
+    p = report.pairings["post_attention_layernorm"]
+    assert p.mlp == "block_sparse_moe.experts.0" and p.also_feeds == ["block_sparse_moe.experts.1"]
+
+
+def test_mlp_fed_by_an_unmonitored_norm_is_not_paired():
+    model = HFModel(n=1)
+    report = detect_gating(model, ["layers.0.input_layernorm", "norm"])
+    assert report.gated and report.pairings == {} and report.unpaired_gated_mlps == ["layers.0.mlp"]
+
+
+@pytest.mark.parametrize("mlp", ["swiglu", "gelu"])
+def test_llama_lm(mlp):
+    model = LlamaLM(vocab_size=32, d_model=D, n_layers=2, n_heads=2, seq_len=8, mlp=mlp)
+    idx = torch.randint(0, 32, (2, 8))
+    for report, source in ((detect_gating(model), "names"), (detect_gating(model, example_input=idx), "trace")):
+        if mlp == "gelu":
+            assert report.gated is False and report.pairings == {}
+            continue
+        assert set(report.pairings) == {"blocks.0.mlp_norm", "blocks.1.mlp_norm"}
+        p = report.pairings["blocks.0.mlp_norm"]
+        assert (p.gate, p.up, p.down, p.activation, p.source) == (
+            "blocks.0.mlp.gate_proj", "blocks.0.mlp.up_proj", "blocks.0.mlp.down_proj", "silu", source)
+
+
+def test_gate_linear_modules_feed_gate_stats():
+    torch.manual_seed(0)
+    model = LlamaLM(vocab_size=32, d_model=D, n_layers=2, n_heads=2, seq_len=8)
+    mods = gate_linear_modules(model, detect_gating(model))
+    captured = {}
+    handles = [m.gate.register_forward_hook(lambda _m, _i, o, n=n: captured.setdefault((n, "g"), o)) for n, m in mods.items()]
+    handles += [m.up.register_forward_hook(lambda _m, _i, o, n=n: captured.setdefault((n, "u"), o)) for n, m in mods.items()]
+    idx = torch.randint(0, 32, (2, 8))
+    with torch.no_grad():
+        model(idx)
+    for h in handles:
+        h.remove()
+    h_in = model.blocks[0].mlp_norm(model.tok_emb(idx) + model.blocks[0].attn(model.blocks[0].attn_norm(model.tok_emb(idx))))
+    torch.testing.assert_close(captured[("blocks.0.mlp_norm", "g")], model.blocks[0].mlp.gate_proj(h_in))
+    stats = gate_stats(captured[("blocks.0.mlp_norm", "g")], captured[("blocks.0.mlp_norm", "u")], mods["blocks.0.mlp_norm"].activation)
+    assert 0 <= stats["flat_fraction"] <= 1 and stats["mean_abs_hidden"] > 0

@@ -1,0 +1,173 @@
+"""Checkpoint reading: weights_only=True unless trusted, one read per file, real Lightning and satmon
+checkpoints load without the opt-in, non-checkpoints are named for what they are not."""
+
+from __future__ import annotations
+
+import fractions
+import warnings
+import zipfile
+
+import pytest
+import torch
+from helpers import tiny_lit, token_loader, trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from satmon import SaturationMonitor
+from satmon.replay.checkpoints import (
+    TRUST_FLAG,
+    CheckpointInfo,
+    find_checkpoints,
+    inspect_checkpoint,
+    order_checkpoints,
+    state_dict_of,
+)
+
+
+class Payload:
+    """Unpickling this runs ``exec``: one line appended to ``marker`` per load (the evidence that code from a file ran)."""
+
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'a').write('ran\\n')",)
+
+
+def runs(marker) -> int:
+    return len(marker.read_text().splitlines()) if marker.exists() else 0
+
+
+@pytest.fixture(scope="module")
+def lightning_ckpt(tmp_path_factory):
+    """A real Lightning checkpoint of a run with satmon's callback (its state is in the file too)."""
+    root = tmp_path_factory.mktemp("ckpt")
+    ckpt = ModelCheckpoint(dirpath=root, every_n_train_steps=2, save_top_k=-1)
+    monitor = SaturationMonitor(window=2, verbose=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*no logger.*|.*does not have many workers.*")
+        trainer(root, max_steps=2, enable_checkpointing=True, callbacks=[ckpt, monitor]).fit(tiny_lit(), token_loader(2))
+    (path,) = root.glob("*.ckpt")
+    return path
+
+
+@pytest.fixture
+def count_loads(monkeypatch):
+    """Counts torch.load calls (each one is a read of a file, and a run of any code in its pickle)."""
+    calls = []
+    real = torch.load
+
+    def counting(f, *a, **kw):
+        calls.append((str(f), kw.get("weights_only")))
+        return real(f, *a, **kw)
+
+    monkeypatch.setattr(torch, "load", counting)
+    return calls
+
+
+def test_lightning_and_satmon_checkpoint_loads_without_trust_in_one_read(lightning_ckpt, count_loads):
+    info = inspect_checkpoint(lightning_ckpt)
+    assert info.error is None and info.weights_only and not info.refused
+    assert info.kind == "lightning" and info.global_step == 2
+    assert info.hparams["d_model"] == 32 and info.hparams_name == "kwargs"
+    assert any("SaturationMonitor" in k for k in info.checkpoint["callbacks"])  # satmon's own state was read too
+    assert count_loads == [(str(lightning_ckpt), True)]
+    sd = state_dict_of(info)  # from what inspection loaded: no second read
+    assert len(count_loads) == 1
+    want = torch.load(lightning_ckpt, weights_only=True)["state_dict"]
+    assert sd.keys() == want.keys() and all(torch.equal(sd[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy-pickle"])
+@pytest.mark.parametrize("suffix", [".ckpt", ".pt"])
+def test_payload_never_runs_without_trust_and_runs_once_with_it(lightning_ckpt, tmp_path, count_loads, suffix, legacy):
+    marker = tmp_path / "marker"
+    ckpt = torch.load(lightning_ckpt, weights_only=True)
+    obj = ckpt if suffix == ".ckpt" else {"model": {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()}}
+    obj["extra"] = Payload(marker)
+    path = tmp_path / f"crafted{suffix}"
+    torch.save(obj, path, _use_new_zipfile_serialization=not legacy)
+    count_loads.clear()
+
+    info = inspect_checkpoint(path)
+    assert runs(marker) == 0
+    assert info.refused and info.checkpoint is None
+    assert "refused by torch.load(weights_only=True)" in info.error and "exec" in info.error and TRUST_FLAG in info.error
+
+    trusted = inspect_checkpoint(path, trust=True)
+    assert runs(marker) == 1  # read once, so the payload ran once
+    assert trusted.error is None and not trusted.weights_only and trusted.kind == ("lightning" if suffix == ".ckpt" else "state_dict")
+    state_dict_of(trusted)
+    assert runs(marker) == 1
+    # a legacy file refuses mmap before its pickle is read, so it is opened twice but unpickled once
+    assert [wo for _, wo in count_loads] == [True] * (1 + legacy) + [False] * (1 + legacy)
+
+
+def test_a_custom_type_is_refused_with_its_name_and_registering_it_as_safe_loads_it(lightning_ckpt, tmp_path):
+    ckpt = torch.load(lightning_ckpt, weights_only=True)
+    ckpt["hyper_parameters"]["ratio"] = fractions.Fraction(1, 3)
+    torch.save(ckpt, tmp_path / "frac.ckpt")
+    info = inspect_checkpoint(tmp_path / "frac.ckpt")
+    assert "fractions.Fraction" in info.error and TRUST_FLAG in info.error
+    with torch.serialization.safe_globals([fractions.Fraction]):  # the API user's way to allow their own safe type
+        info = inspect_checkpoint(tmp_path / "frac.ckpt")
+    assert info.error is None and info.hparams["ratio"] == fractions.Fraction(1, 3)
+
+
+def test_non_checkpoints_are_named_for_what_they_are_not(lightning_ckpt, tmp_path, count_loads):
+    files = {
+        "notes.ckpt": b"step 100: loss 2.31\n",
+        "empty.pt": b"",
+        "random.pth": bytes([7, 0, 255, 1]) * 64,
+        "data.ckpt": None,  # a zip archive, but not torch.save's
+        "half.ckpt": lightning_ckpt.read_bytes()[:2000],
+        "bad.safetensors": b"\x00" * 32,
+    }
+    for name, data in files.items():
+        if data is None:
+            with zipfile.ZipFile(tmp_path / name, "w") as z:
+                z.writestr("readme.txt", "hello")
+        else:
+            (tmp_path / name).write_bytes(data)
+    torch.save([torch.zeros(2)], tmp_path / "batches.pt")
+    count_loads.clear()
+    errors = {p.name: inspect_checkpoint(p).error for p in tmp_path.iterdir()}
+    assert errors["notes.ckpt"] == "not a PyTorch checkpoint: a text file (starts 'step 100: loss 2.31')"
+    assert errors["empty.pt"] == "not a PyTorch checkpoint: an empty file"
+    assert errors["random.pth"].startswith("not a PyTorch checkpoint: neither a torch.save zip archive nor a pickle")
+    assert errors["data.ckpt"] == "not a PyTorch checkpoint: a zip archive without the data.pkl of torch.save"
+    assert errors["half.ckpt"].startswith("truncated or corrupt")
+    assert errors["bad.safetensors"] == "not a safetensors file: no JSON header"
+    assert errors["batches.pt"].startswith("not a checkpoint: expected a state_dict") and "got list" in errors["batches.pt"]
+    assert [f for f, _ in count_loads] == [str(tmp_path / "batches.pt")]  # the others never reached the unpickler
+
+
+def test_safetensors_header_at_inspection_tensors_when_built(tmp_path):
+    safetensors = pytest.importorskip("safetensors.torch")
+    weights = {"w": torch.randn(3, 2), "b": torch.arange(3.0)}
+    safetensors.save_file(weights, str(tmp_path / "w.safetensors"))
+    info = inspect_checkpoint(tmp_path / "w.safetensors", trust=True)
+    assert info.error is None and info.weights_only and info.global_step is None and info.checkpoint is None
+    assert any("no global step" in n for n in info.notes)
+    got = state_dict_of(info)
+    assert got.keys() == weights.keys() and all(torch.equal(got[k], weights[k]) for k in weights)
+
+
+def test_step_from_plain_checkpoints(tmp_path):
+    torch.save({"model": {"w": torch.zeros(1)}, "iter_num": torch.tensor(40)}, tmp_path / "nano.pt")
+    torch.save({"w": torch.zeros(1)}, tmp_path / "bare.pt")
+    assert inspect_checkpoint(tmp_path / "nano.pt").global_step == 40
+    assert inspect_checkpoint(tmp_path / "bare.pt").global_step is None
+
+
+def test_find_expands_folders_in_natural_order_and_excludes(tmp_path):
+    for name in ("s10.ckpt", "s9.ckpt", "calib.pt", "notes.txt"):
+        (tmp_path / name).write_bytes(b"x")
+    found = find_checkpoints([tmp_path], exclude=[tmp_path / "calib.pt"])
+    assert [p.name for p in found] == ["s9.ckpt", "s10.ckpt"]
+
+
+def test_order_by_step_and_last_ckpt_dropped(tmp_path):
+    infos = [CheckpointInfo(tmp_path / n, "lightning", s) for n, s in
+             [("last.ckpt", 20), ("b.ckpt", 20), ("a.ckpt", 10), ("nostep.pt", None), ("last-v1.ckpt", 30)]]
+    infos.append(CheckpointInfo(tmp_path / "broken.ckpt", error="x"))
+    assert [i.path.name for i in order_checkpoints(infos)] == ["a.ckpt", "b.ckpt", "last-v1.ckpt", "nostep.pt"]

@@ -1,0 +1,145 @@
+"""The GO/NO-GO rule: a model tuned just above and just below 0.43, the card, bad inputs."""
+
+import math
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from helpers import tiny_lit, token_loader, trainer
+from satmon import DyT, SaturationMonitor, build_verdict
+
+
+class Tuned(pl.LightningModule):
+    """One DyT over inputs |x| = 0.005, 0.015, ..., 0.995: exactly the share above 2/alpha saturates."""
+
+    def __init__(self, alpha: float) -> None:
+        super().__init__()
+        self.norm = DyT(100, alpha_init=alpha)
+        self.head = nn.Linear(100, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.head(self.norm(batch[0])).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)  # alpha stays where it was put
+
+
+def tuned_loader():
+    x = (torch.arange(100, dtype=torch.float32) + 0.5) / 100
+    signs = torch.where(torch.arange(100) % 2 == 0, 1.0, -1.0)
+    return DataLoader(TensorDataset((x * signs).repeat(8, 1)), batch_size=4)
+
+
+@pytest.mark.parametrize(("cut", "expected_sat", "decision"), [(0.56, 0.44, "go"), (0.58, 0.42, "no-go")])
+def test_decision_flips_at_threshold(tmp_path, cut, expected_sat, decision):
+    monitor = SaturationMonitor(window=2, verbose=False)
+    trainer(tmp_path, max_steps=2, callbacks=[monitor]).fit(Tuned(alpha=2.0 / cut), tuned_loader())
+    v = monitor.verdict
+    assert v.saturation == pytest.approx(expected_sat, abs=1e-12)
+    assert v.decision == decision and v.margin == pytest.approx(expected_sat - 0.43, abs=1e-12)
+    assert v.per_layer == {"norm": pytest.approx(expected_sat, abs=1e-12)} and v.step == 2 and v.window == 2
+
+
+def test_user_threshold_changes_the_call(tmp_path):
+    monitor = SaturationMonitor(window=2, threshold=0.45, verbose=False)
+    trainer(tmp_path, max_steps=2, callbacks=[monitor]).fit(Tuned(alpha=2.0 / 0.56), tuned_loader())
+    assert monitor.verdict.decision == "no-go" and monitor.verdict.threshold == 0.45
+
+
+def test_calibration_file_sets_the_threshold_and_the_caveat(tmp_path):
+    from satmon.calibrate.fit import Cell, calibrate, write_calibration
+
+    # cells whose midpoint rule lands at 0.45 (0.44 hurt, 0.46 helped): the tuned model's 0.44 reads NO-GO there
+    rows = [(0.30, False, "a"), (0.44, False, "a"), (0.46, True, "a"), (0.60, True, "b"), (0.35, False, "b"), (0.70, True, "b")]
+    cells = [Cell(f"c{i}", g, helps, {"saturation": s}) for i, (s, helps, g) in enumerate(rows)]
+    path = tmp_path / "calibration.json"
+    cal = write_calibration(calibrate(cells, source="mine"), path)
+    assert cal.threshold == pytest.approx(0.45)
+    monitor = SaturationMonitor(window=2, calibration=str(path), verbose=False)
+    trainer(tmp_path, max_steps=2, callbacks=[monitor]).fit(Tuned(alpha=2.0 / 0.56), tuned_loader())
+    v = monitor.verdict
+    assert v.threshold == pytest.approx(0.45) and v.decision == "no-go" and v.saturation == pytest.approx(0.44)
+    assert v.caveat == cal.caveat() and "satmon calibrate" in v.card() and "12 cells" not in v.card()
+    with pytest.raises(ValueError, match="either `threshold` or `calibration`"):
+        SaturationMonitor(threshold=0.5, calibration=str(path))
+
+
+def test_card_shows_decision_threshold_window_table_and_one_line_caveat():
+    v = build_verdict({"a": (1, 4), "b": (3, 4)}, threshold=0.43, step=500, window=500)
+    card = v.card()
+    assert "**GO**" in card and "0.43" in card and "500" in card
+    assert "| a | 0.2500 |" in card and "| b | 0.7500 |" in card
+    caveat = [l for l in card.splitlines() if "Caveat" in l]
+    assert len(caveat) == 1 and "12 cells" in caveat[0] and "75%" in caveat[0] and "alpha_init 2.0" in caveat[0]
+    assert build_verdict({"a": (44, 100)}, step=1, window=1).inconclusive
+    assert not build_verdict({"a": (60, 100)}, step=1, window=1).inconclusive
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"window": 0}, "Expected `window` to be a positive int"),
+        ({"window": -3}, "Expected `window`"),
+        ({"threshold": 0.0}, r"Expected `threshold` in \(0, 1\)"),
+        ({"threshold": 1.0}, r"Expected `threshold` in \(0, 1\)"),
+        ({"level": 0}, "Expected `level` > 0"),
+        ({"level": float("nan")}, "Expected `level` > 0"),
+        ({"abort_on": "sometimes"}, "Expected `abort_on` in"),
+        ({"abort_mode": "explode"}, "Expected `abort_mode` in"),
+        ({"sample_every": 0}, "Expected `sample_every`"),
+    ],
+)
+def test_bad_arguments_fail_in_init(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SaturationMonitor(**kwargs)
+
+
+def test_model_without_dyt_errors_at_setup_when_asked(tmp_path):
+    model = tiny_lit(norm="layernorm")
+    with pytest.raises(ValueError, match=r"no DyT layer.*found 5 LayerNorm/RMSNorm.*convert_to_dyt.*include="):
+        trainer(tmp_path, max_steps=1, callbacks=[SaturationMonitor(window=1, on_missing="raise")]).fit(model, token_loader(2))
+
+
+def test_model_without_dyt_trains_by_default_and_says_why(tmp_path):
+    # adding a monitor must never be what stops training: no screen, a warning and a card say so
+    monitor = SaturationMonitor(window=1)
+    t = trainer(tmp_path, max_steps=2, callbacks=[monitor])
+    with pytest.warns(UserWarning, match=r"no DyT layer.*screen is off.*found 5 LayerNorm/RMSNorm"):
+        t.fit(tiny_lit(norm="layernorm"), token_loader(2))
+    assert t.global_step == 2 and monitor.verdict is None and "screen is off" in monitor.screen.status
+
+
+class Poisoned(Tuned):
+    def training_step(self, batch, batch_idx):
+        x = batch[0].clone()
+        if batch_idx == 1:
+            x[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+        return self.head(self.norm(x)).nan_to_num().mean()
+
+
+def test_nonfinite_activations_are_counted_and_reported(tmp_path):
+    monitor = SaturationMonitor(window=2, verbose=False)
+    trainer(tmp_path, max_steps=2, callbacks=[monitor]).fit(Poisoned(alpha=2.0 / 0.56), tuned_loader())
+    v = monitor.verdict
+    # one poisoned forward, and its NaN gradient made alpha NaN (SGD with lr=0 still computes 0 * NaN = NaN)
+    assert v.nonfinite == 2 and "2 DyT layer input(s) or alpha(s) held non-finite values" in v.card()
+    assert math.isnan(monitor.screen.hooks.alphas()[0].item())
+    # a diverged run is neither GO nor NO-GO (0.1 said NO-GO: "switch back to LayerNorm")
+    assert v.decision == "non-finite" and not v.go and "NON-FINITE" in v.card().splitlines()[0]
+    # inf counts as saturated (|alpha * inf| > 2), nan does not: 44 of 100 per row, row 0 of batch 1 changed
+    expected = (8 * 44 - 0 + 2 - sum(1 for i in range(3) if (i + 0.5) / 100 > 0.56)) / 800
+    assert v.saturation == pytest.approx(expected, abs=1e-12)
+
+
+def test_flags_qualify_a_high_saturation_and_never_change_the_decision():
+    from satmon.results.verdict import LayerCounts, build_verdict
+
+    stalled = {"first": 4.2, "last": 3.14, "change": -0.25, "late_change": -0.003, "stalled": True}
+    high = build_verdict({"a": LayerCounts(60, 100)}, step=9, window=9, loss=stalled, offset_flag=True)
+    low = build_verdict({"a": LayerCounts(10, 100)}, step=9, window=9, loss=stalled, offset_flag=True)
+    assert high.decision == "go" and high.flags == ("stalled-loss", "offset-driven")
+    assert low.decision == "no-go" and low.flags == ()  # below the threshold the advice is NO-GO either way
+    assert "[stalled-loss] [offset-driven]" in high.summary() and "Flag: offset-driven" in high.card()

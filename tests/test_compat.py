@@ -1,0 +1,87 @@
+"""satmon 0.2's import paths still work until 0.4, with a warning naming the new home; 0.1's are gone.
+
+These are the only tests that import deprecated paths: everywhere else pyproject turns satmon's own
+deprecation warnings into errors.
+"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import satmon
+from satmon import _compat
+from satmon._compat import MODULES, NAMES, SatmonDeprecationWarning
+
+
+def _fresh(name: str) -> None:
+    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+        if key in MODULES:
+            del sys.modules[key]
+
+
+@pytest.mark.parametrize("old", sorted(k for k, v in MODULES.items() if v is not None))
+def test_every_0_2_module_path_imports_with_a_warning_that_names_its_new_home(old):
+    _fresh(old)
+    new = MODULES[old]
+    with pytest.warns(SatmonDeprecationWarning, match=rf"{old.replace('.', '[.]')} is deprecated.*use {new}.*until satmon 0\.4"):
+        alias = importlib.import_module(old)
+    target = importlib.import_module(new)
+    public = [n for n in getattr(target, "__all__", ()) if not n.startswith("_")]
+    for name in public:  # every public name of the new home reads through the old path
+        assert getattr(alias, name) is getattr(target, name)
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(NAMES.items()))
+def test_names_that_moved_between_modules_warn_and_resolve(old, new):
+    module, name = old
+    _fresh(module)
+    if module in MODULES:  # an alias module: importing it warns too
+        with pytest.warns(SatmonDeprecationWarning):
+            mod = importlib.import_module(module)
+    else:  # a 0.2 module that is a package now
+        mod = importlib.import_module(module)
+    with pytest.warns(SatmonDeprecationWarning, match=f"{module}.{name} is deprecated"):
+        value = getattr(mod, name)
+    assert value is getattr(importlib.import_module(new[0]), new[1])
+
+
+def test_from_import_of_a_0_2_path_gets_the_new_object():
+    _fresh("satmon.core")
+    with pytest.warns(SatmonDeprecationWarning):
+        from satmon.core.screen import Screen as Old
+    from satmon import Screen
+
+    assert Old is Screen
+
+
+def test_the_warning_points_at_the_user_line_so_python_shows_it_by_default(tmp_path):
+    script = tmp_path / "user.py"
+    script.write_text("import satmon.callback\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
+    assert f"{script}:1: SatmonDeprecationWarning: satmon.callback is deprecated" in out.stderr
+
+
+@pytest.mark.parametrize("gone", ["satmon.decide", "satmon.Report"])
+def test_0_1_aliases_are_gone(gone):
+    import satmon
+
+    with pytest.raises(AttributeError, match=gone.split(".")[1]):
+        getattr(satmon, gone.split(".")[1])
+
+
+@pytest.mark.parametrize("gone", ["satmon.models", "satmon.hooks", "satmon.gating", "satmon.functional.deadir", "satmon.data"])
+def test_0_1_module_paths_are_gone(gone):
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(gone)
+
+
+def test_no_alias_names_a_path_that_exists_so_a_real_module_is_never_shadowed():
+    root = Path(satmon.__file__).parent.parent
+    for old in MODULES:
+        rel = root / old.replace(".", "/")
+        assert not rel.with_suffix(".py").exists() and not (rel / "__init__.py").exists(), old
