@@ -64,11 +64,22 @@ class NormLayer:
             ``torch.compile``, ``module.`` of DDP, FSDP's) removed so names are stable.
         module: the module itself.
         kind: ``"dyt"``, ``"layernorm"`` or ``"rmsnorm"``.
+        function: for a point-wise normaliser (the DyT family), the bounded function it applies to
+            its pre-activation ``u = alpha * x (+ shift)``: ``"tanh"`` (DyT), ``"erf"`` (Derf) or
+            ``"hardtanh"``; ``None`` for LayerNorm/RMSNorm.
+        shift: the name of the module's parameter ``s`` added to ``alpha * x`` before the function
+            (Derf's), or ``None`` when there is none.
     """
 
     name: str
     module: nn.Module
     kind: NormKind
+    function: str | None = None
+    shift: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.function is None and self.kind == "dyt":
+            object.__setattr__(self, "function", "tanh")
 
 
 def strip_wrappers(name: str) -> str:
