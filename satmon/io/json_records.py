@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from collections.abc import Mapping, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any
+
+from satmon.io.atomic import atomic_write
 
 __all__ = ["to_json", "write_records"]
 
@@ -61,7 +62,5 @@ def write_records(path: str | Path, records: Sequence[Mapping[str, Any]]) -> Pat
         text = "".join(json.dumps(r, allow_nan=False) + "\n" for r in clean)
     else:
         text = json.dumps(clean, indent=1, allow_nan=False) + "\n"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write(path, text)  # complete or not at all: the previous file stays whole until the rename
     return path

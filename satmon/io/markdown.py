@@ -18,7 +18,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["table", "fmt", "require_matplotlib", "write_report"]
+from satmon.io.atomic import atomic_open, atomic_write
+
+__all__ = ["table", "fmt", "plot_paths", "require_matplotlib", "write_report"]
+
+#: The plots beside a report, by the suffix of their file name (``<stem>_<name>.png``).
+PLOTS = ("saturation", "sigma_min", "alignment")
 
 MATPLOTLIB_MISSING = "the markdown report's plots need matplotlib: pip install 'satmon[report]' (or pip install matplotlib)"
 
@@ -51,6 +56,23 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731
     return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in cells])
+
+
+def plot_paths(path: str | Path) -> list[Path]:
+    """The PNG files :func:`write_report` may write beside the report ``path``.
+
+    Example:
+        >>> [p.name for p in plot_paths("out/replay.md")]
+        ['replay_saturation.png', 'replay_sigma_min.png', 'replay_alignment.png']
+    """
+    stem = Path(path).with_suffix("")
+    return [Path(f"{stem}_{name}.png") for name in PLOTS]
+
+
+def _save(fig: Any, out: Path) -> Path:
+    with atomic_open(out, "wb") as f:  # a complete PNG or the previous one
+        fig.savefig(f, format="png")
+    return out
 
 
 def require_matplotlib() -> None:
@@ -89,8 +111,7 @@ def _plot_saturation(records: Sequence[Mapping[str, Any]], threshold: float, out
     ax.set(xlabel="global step", ylabel="saturation  (fraction |alpha x| > level)", ylim=(-0.02, 1.02),
            title="DyT saturation per checkpoint (GO above the line)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.savefig(out)
-    return out
+    return _save(fig, out)
 
 
 def _plot_sigma_min(records: Sequence[Mapping[str, Any]], out: Path) -> Path | None:
@@ -123,8 +144,7 @@ def _plot_sigma_min(records: Sequence[Mapping[str, Any]], out: Path) -> Path | N
     ax.set(xlabel="depth", ylabel="sigma_min(X_l) / sigma_min(X_0)", title="Residual-stream sigma_min ratio by depth")
     fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="global step")
     ax.legend(fontsize=7, loc="best")
-    fig.savefig(out)
-    return out
+    return _save(fig, out)
 
 
 def _plot_alignment(records: Sequence[Mapping[str, Any]], out: Path) -> Path | None:
@@ -145,8 +165,7 @@ def _plot_alignment(records: Sequence[Mapping[str, Any]], out: Path) -> Path | N
     ax.set(xlabel="global step", ylabel="|cos(v*, u_min)|  (dotted: null-space projection)", ylim=(-0.02, 1.05),
            title="gamma^-1 alignment per norm layer")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.savefig(out)
-    return out
+    return _save(fig, out)
 
 
 def write_report(
@@ -172,13 +191,13 @@ def write_report(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     good = [dict(r, _pooled=row["saturation"]) for r, row in zip(records, rows) if "error" not in r]
-    stem = path.with_suffix("")
+    saturation_png, sigma_png, alignment_png = plot_paths(path)
     plots = [
-        ("Saturation vs step", _plot_saturation(good, threshold, Path(f"{stem}_saturation.png")),
+        ("Saturation vs step", _plot_saturation(good, threshold, saturation_png),
          "no DyT layer: saturation does not apply"),
-        ("sigma_min ratio by depth", _plot_sigma_min(good, Path(f"{stem}_sigma_min.png")),
+        ("sigma_min ratio by depth", _plot_sigma_min(good, sigma_png),
          "no residual-stream profile (no blocks found)"),
-        ("Alignment vs step", _plot_alignment(good, Path(f"{stem}_alignment.png")),
+        ("Alignment vs step", _plot_alignment(good, alignment_png),
          "no LayerNorm/RMSNorm layer: the gamma^-1 alignment does not apply (DyT has no mean subtraction)"),
     ]
     headers = ["step", "checkpoint", "saturation", "verdict", "margin", "norm type", "min sigma ratio", "min alignment"]
@@ -196,5 +215,5 @@ def write_report(
         lines += ["## Skipped checkpoints", "", table(["checkpoint", "error"], failed), ""]
     if last_card:
         lines += ["## Verdict at the last checkpoint", "", last_card, ""]
-    path.write_text("\n".join(lines))
+    atomic_write(path, "\n".join(lines))
     return [path] + [png for _, png, _ in plots if png is not None]

@@ -90,16 +90,19 @@ def test_payload_never_runs_without_trust_and_runs_once_with_it(lightning_ckpt, 
 
     info = inspect_checkpoint(path)
     assert runs(marker) == 0
-    assert info.refused and info.checkpoint is None
-    assert "refused by torch.load(weights_only=True)" in info.error and "exec" in info.error and TRUST_FLAG in info.error
+    assert info.refused and info.unsafe and info.checkpoint is None
+    # the global is named, called unsafe, and trusting the file is not advised
+    assert "refused by torch.load(weights_only=True)" in info.error and "GLOBAL exec" in info.error
+    assert "runs Python code: not safe to allow" in info.error and TRUST_FLAG not in info.error
 
     trusted = inspect_checkpoint(path, trust=True)
-    assert runs(marker) == 1  # read once, so the payload ran once
+    assert runs(marker) == 1  # the index is read once, so the payload ran once
     assert trusted.error is None and not trusted.weights_only and trusted.kind == ("lightning" if suffix == ".ckpt" else "state_dict")
     state_dict_of(trusted)
-    assert runs(marker) == 1
-    # a legacy file refuses mmap before its pickle is read, so it is opened twice but unpickled once
-    assert [wo for _, wo in count_loads] == [True] * (1 + legacy) + [False] * (1 + legacy)
+    # a zip archive's tensors are copied from the file without unpickling it again; a legacy file keeps its
+    # tensors inside the pickle stream, so it is read again at its turn (and its code runs again)
+    assert runs(marker) == 1 + legacy
+    assert [wo for _, wo in count_loads] == [True, False] + [False] * legacy
 
 
 def test_a_custom_type_is_refused_with_its_name_and_registering_it_as_safe_loads_it(lightning_ckpt, tmp_path):
