@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import signal
+import stat
 import sys
 import time
 import warnings
@@ -175,7 +176,7 @@ def _check_outputs(args: argparse.Namespace) -> Outputs:
     """Check every output path before any work: the TensorBoard folder and run name, --json and its partial
     file, --report and its plots."""
     from satmon.io.atomic import OutputError, check_output
-    from satmon.io.markdown import plot_paths
+    from satmon.io.markdown import PLOTS, plot_paths
 
     logdir = _check_folder("--logdir", args.logdir)
     name = args.name
@@ -189,15 +190,21 @@ def _check_outputs(args: argparse.Namespace) -> Outputs:
     if run.exists():
         _check_folder("--logdir/--name", str(run))
     out = Outputs(logdir=logdir, name=name)
+
+    def beside(path: Path, what: str, option: str) -> Path:
+        if path.is_dir():
+            raise _usage(f"{option} {getattr(args, option[2:])!r}: {str(path)!r} is a folder, where {what} goes: move it "
+                         f"away or pass another {option}.")
+        return _resolved(check_output(path, f"{option}'s {what}"))
+
     try:
         if args.json is not None:
             out.json = _resolved(check_output(args.json, "--json", (".json", ".jsonl")))
-            out.partial = check_output(out.json.with_name(out.json.name + ".partial.jsonl"),
-                                       f"--json's partial records file (beside {args.json})")
+            out.partial = beside(out.json.with_name(out.json.name + ".partial.jsonl"), "the file of partial records",
+                                 "--json")
         if args.report is not None:
             out.report = _resolved(check_output(args.report, "--report", (".md",)))
-            out.plots = [_resolved(check_output(p, f"--report's plot (beside {args.report})", (".png",)))
-                         for p in plot_paths(out.report)]
+            out.plots = [beside(p, f"its {n} plot", "--report") for p, n in zip(plot_paths(out.report), PLOTS)]
     except OutputError as e:
         raise _usage(str(e)) from None
     for target in (out.json, out.report, *out.plots):
@@ -347,12 +354,15 @@ def _calibration(args: argparse.Namespace, ordered: list[Any], dm_cls: Any, batc
 
 
 class _TensorBoard:
-    """The TensorBoard run, made at the first record (a refused or interrupted-before-work replay leaves none)."""
+    """The TensorBoard run, made at the first record (a refused or interrupted-before-work replay leaves none,
+    and so does a replay where no checkpoint could be read: ``enabled=False``)."""
 
-    def __init__(self, logdir: Path, name: str) -> None:
-        self.logdir, self.name, self.writer = logdir, name, None
+    def __init__(self, logdir: Path, name: str, enabled: bool = True) -> None:
+        self.logdir, self.name, self.writer, self.enabled = logdir, name, None, enabled
 
     def __call__(self, record: Any) -> None:
+        if not self.enabled:
+            return
         if self.writer is None:
             from satmon.io.tensorboard_replay import TensorBoardReplay
 
@@ -369,13 +379,16 @@ class _TensorBoard:
 
 
 class _Partial:
-    """The records as they come, one JSON line each, flushed to disk: what an interrupted (even killed) replay keeps."""
+    """The records as they come, one JSON line each, flushed to disk: what an interrupted (even killed) replay
+    keeps. It gets the permissions of the file it stands for (a private --json stays private)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, like: Path) -> None:
         self.path, self.count = path, 0
         self.replaced = path.exists()
         path.parent.mkdir(parents=True, exist_ok=True)
         self.file = open(path, "w", encoding="utf-8")
+        if like.exists():
+            os.chmod(path, stat.S_IMODE(os.stat(like).st_mode))
 
     def add(self, record: dict[str, Any]) -> None:
         self.file.write(json.dumps(record, allow_nan=False) + "\n")
@@ -422,16 +435,16 @@ class _State:
 
 
 def _loop(args: argparse.Namespace, state: _State, infos: list[Any], loader: Any, batches: list[Any],
-          probe_kwargs: dict[str, Any]):
+          probe_kwargs: dict[str, Any], tensorboard: bool = True):
     """Replay every checkpoint, with progress, stderr notes, TensorBoard and the partial JSON records as they
     come; returns the records, their JSON dicts and their summary rows."""
     from satmon.io.json_records import to_json
     from satmon.replay.loop import replay, summary_row
 
     out = state.outputs
-    state.tensorboard = _TensorBoard(out.logdir, out.name)
+    state.tensorboard = _TensorBoard(out.logdir, out.name, enabled=tensorboard)
     if out.partial is not None:
-        state.partial = _Partial(out.partial)
+        state.partial = _Partial(out.partial, out.json)
         if state.partial.replaced:
             print(f"satmon replay: note: {out.partial} (the records of an earlier interrupted replay) is replaced by "
                   "this run's.", file=sys.stderr)
@@ -486,7 +499,7 @@ def run(args: argparse.Namespace, state: _State | None = None) -> int:
     listing = ck.list_checkpoints(args.paths, exclude=[p for p in (args.data, out.partial) if p])  # stat only
     if not listing.paths:
         raise _usage(ck.nothing_to_replay(args.paths, listing))
-    for path, why in listing.explicit:
+    for path, why in listing.explicit + [(p, w) for p, w in listing.left_out if w.startswith(("a broken", "cannot"))]:
         print(f"satmon replay: note: not replayed: {path}: {why}.", file=sys.stderr)
     batches = load_data_file(args.data, args.batches, args.batch_size) if args.data is not None else None
     if args.trust_checkpoints:
@@ -507,7 +520,7 @@ def run(args: argparse.Namespace, state: _State | None = None) -> int:
         )
     t0 = time.perf_counter()
     records, dicts, rows = _loop(args, state, ordered + [i for i in infos if i.error is not None], loader, batches or [],
-                                 probe_kwargs)
+                                 probe_kwargs, tensorboard=bool(ordered))
     took = time.perf_counter() - t0
 
     ok = [r for r in rows if r["error"] is None]
@@ -515,7 +528,10 @@ def run(args: argparse.Namespace, state: _State | None = None) -> int:
     nonfinite = _nonfinite_lines(rows)
     print(f"\nReplayed {len(ok)} of {len(rows)} checkpoint(s) in {took:.1f} s on {device.type} ({args.dtype}); calibration: {data_text}.")
     log_dir = state.tensorboard.log_dir
-    print(f"TensorBoard run: {log_dir}   (satmon report {log_dir})")
+    if log_dir is not None:
+        print(f"TensorBoard run: {log_dir}   (satmon report {log_dir})")
+    else:
+        print("TensorBoard run: none (no checkpoint could be read)")
     if out.json is not None:
         from satmon.io.json_records import write_records
 

@@ -42,7 +42,7 @@ from satmon.replay.user_code import ReplayUsageError, error_line, short
 __all__ = [
     "CHECKPOINT_SUFFIXES", "TRAINER_STATE_FILES", "TRUST_FLAG", "CheckpointInfo", "Listing", "extract_state_dict",
     "find_checkpoints", "inspect_checkpoint", "list_checkpoints", "load_checkpoint", "meta_state_dict",
-    "order_checkpoints", "state_dict_of",
+    "nothing_to_replay", "order_checkpoints", "state_dict_of",
 ]
 
 #: File suffixes a directory expands to.
@@ -416,7 +416,7 @@ def _step_of(obj: Mapping[str, Any], weights: _Weights) -> tuple[int | None, str
             if v.is_meta:
                 if weights.layout != "zip":
                     return None, f"its step ({k!r}) is a tensor inside a legacy file: ordered and logged by its position"
-                v = copy_tensors({k: v}, weights.stamp)[k]
+                v = copy_tensors({k: v}, weights.stamp, index=obj)[k]
         return int(v), None
     return None, None
 
@@ -448,7 +448,7 @@ def extract_state_dict(obj: Any) -> dict[str, Tensor]:
 
 def _copy_small(obj: Any, weights: _Weights) -> Any:
     """Hyper-parameters as stored: their (rare) tensors copied from a zip archive at inspection."""
-    return copy_tensors(obj, weights.stamp) if weights.layout == "zip" else obj
+    return copy_tensors(obj, weights.stamp, index=weights.index) if weights.layout == "zip" else obj
 
 
 def inspect_checkpoint(path: str | Path, trust: bool = False, stamps: Sequence[FileStamp] | None = None) -> CheckpointInfo:
@@ -640,8 +640,8 @@ def state_dict_of(info: CheckpointInfo) -> dict[str, Tensor]:
         if w.layout == "safetensors":
             out.update(w.index.tensors(w.stamp))
         elif w.layout == "zip":
-            out.update(copy_tensors(extract_state_dict(w.index) if info.kind != "lightning" else dict(w.index["state_dict"]),
-                                    w.stamp))
+            part = extract_state_dict(w.index) if info.kind != "lightning" else dict(w.index["state_dict"])
+            out.update(copy_tensors(part, w.stamp, index=w.index))
         else:
             whole = load_whole(w.stamp, trust=not info.weights_only)
             out.update(whole["state_dict"] if info.kind == "lightning" else extract_state_dict(whole))

@@ -165,10 +165,10 @@ def _walk(obj: Any, fn: Callable[[Tensor], Tensor], skip: set[str], depth: int) 
     return obj
 
 
-def _zip_records(path: Path) -> dict[int, int]:
-    """Data offset -> size of every stored (uncompressed) tensor record of a torch zip archive, read from
-    the zip directory and each record's local header (independently of torch's own offset arithmetic)."""
-    out: dict[int, int] = {}
+def _zip_records(path: Path) -> list[tuple[str, int, int]]:
+    """``(key, data offset, size)`` of every stored (uncompressed) tensor record of a torch zip archive,
+    read from the zip directory and each record's local header (independently of torch's offset arithmetic)."""
+    out = []
     with zipfile.ZipFile(path) as z, open(path, "rb") as f:
         for info in z.infolist():
             parts = info.filename.split("/")
@@ -179,8 +179,36 @@ def _zip_records(path: Path) -> dict[int, int]:
             if len(head) < 30 or head[:4] != b"PK\x03\x04":
                 raise ValueError(f"corrupt zip archive: no local header for {info.filename}")
             name_len, extra_len = struct.unpack("<HH", head[26:30])
-            out[info.header_offset + 30 + name_len + extra_len] = info.file_size
+            out.append((parts[-1], info.header_offset + 30 + name_len + extra_len, info.file_size))
     return out
+
+
+def _offsets(obj: Any, path: Path) -> dict[int, int]:
+    """torch's offset of each storage (``_checkpoint_offset``) -> where its bytes really are.
+
+    torch computes the offsets of a meta load from the layout its own zip writer produces; an archive
+    rewritten by another zip tool (same records, other headers) puts them elsewhere. The zip directory
+    decides: the offsets are used when each is a record of the storage's size; otherwise the storages,
+    in the order torch met them (the order ``torch.save`` wrote them), are matched with the records in
+    key order, sizes checked pairwise.
+    """
+    storages: dict[int, int] = {}
+    for t in meta_tensors(obj):
+        storage = t.untyped_storage()
+        offset = getattr(storage, "_checkpoint_offset", None)
+        if offset is None:
+            raise ValueError("a tensor without its offset in the archive: not read with torch.load(map_location='meta')")
+        storages.setdefault(offset, storage.nbytes())
+    records = _zip_records(path)
+    sizes = {off: size for _, off, size in records}
+    if all(sizes.get(off) == n for off, n in storages.items()):
+        return {off: off for off in storages}
+    by_key = sorted(records, key=lambda r: (not r[0].isdigit(), int(r[0]) if r[0].isdigit() else 0, r[0]))
+    mine = sorted(storages.items())
+    if len(by_key) == len(mine) and all(size == n for (_, _, size), (_, n) in zip(by_key, mine)):
+        return {off: real for (off, _), (_, real, _) in zip(mine, by_key)}
+    raise ValueError(f"its {len(mine)} tensor storage(s) do not match the {len(records)} record(s) of its zip "
+                     "directory: the archive is corrupt or was not written by torch.save")
 
 
 def _byteorder(path: Path) -> str:
@@ -203,9 +231,10 @@ def _read_exactly(f: Any, offset: int, nbytes: int, stamp: FileStamp) -> bytearr
     return buf
 
 
-def copy_tensors(obj: Any, stamp: FileStamp, skip: Iterable[str] = ()) -> Any:
-    """``obj`` (from :func:`load_index` on a zip archive) with its meta tensors replaced by CPU tensors
-    copied from the file with plain reads; the tensors under the top-level keys ``skip`` stay on meta.
+def copy_tensors(obj: Any, stamp: FileStamp, skip: Iterable[str] = (), index: Any = None) -> Any:
+    """``obj`` (from :func:`load_index` on a zip archive, or a part of it) with its meta tensors replaced
+    by CPU tensors copied from the file with plain reads; the tensors under the top-level keys ``skip``
+    stay on meta. ``index``: the whole object :func:`load_index` returned, when ``obj`` is a part of it.
 
     Each storage is read once (tied tensors stay tied); offsets and sizes are checked against the zip
     directory first.
@@ -215,26 +244,21 @@ def copy_tensors(obj: Any, stamp: FileStamp, skip: Iterable[str] = ()) -> Any:
         ValueError: an archive whose tensors are not where its directory says.
     """
     tensors = meta_tensors(obj, skip)
+    stamp.check()
     if not tensors:
-        stamp.check()
         return obj
     if _byteorder(stamp.path) != sys.byteorder:
         raise ValueError(f"written on a {_byteorder(stamp.path)}-endian machine: satmon replay reads only "
                          f"{sys.byteorder}-endian archives; load and re-save it with torch.save on this machine")
-    stamp.check()
-    records = _zip_records(stamp.path)
+    where = _offsets(obj if index is None else index, stamp.path)
     storages: dict[int, bytearray] = {}
     with open(stamp.path, "rb", buffering=0) as f:
         stamp.check("since it was listed", os.fstat(f.fileno()))
         for t in tensors:
             storage = t.untyped_storage()
-            offset, nbytes = getattr(storage, "_checkpoint_offset", None), storage.nbytes()
-            if offset in storages or nbytes == 0:
-                continue
-            if offset is None or records.get(offset) != nbytes:
-                raise ValueError(f"a tensor of {nbytes:,} bytes at offset {offset} is not a record of the zip directory: "
-                                 "the archive was not written by torch.save (or is corrupt)")
-            storages[offset] = _read_exactly(f, offset, nbytes, stamp)
+            offset, nbytes = storage._checkpoint_offset, storage.nbytes()
+            if offset not in storages and nbytes:
+                storages[offset] = _read_exactly(f, where[offset], nbytes, stamp)
         stamp.check("while it was being read", os.fstat(f.fileno()))
     stamp.check("while it was being read")  # the path still names the file that was read
 
