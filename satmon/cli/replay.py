@@ -176,7 +176,7 @@ def _check_outputs(args: argparse.Namespace) -> Outputs:
     """Check every output path before any work: the TensorBoard folder and run name, --json and its partial
     file, --report and its plots."""
     from satmon.io.atomic import OutputError, check_output
-    from satmon.io.markdown import PLOTS, plot_paths
+    from satmon.io.markdown import PLOTS, report_paths
 
     logdir = _check_folder("--logdir", args.logdir)
     name = args.name
@@ -204,7 +204,7 @@ def _check_outputs(args: argparse.Namespace) -> Outputs:
                                  "--json")
         if args.report is not None:
             out.report = _resolved(check_output(args.report, "--report", (".md",)))
-            out.plots = [beside(p, f"its {n} plot", "--report") for p, n in zip(plot_paths(out.report), PLOTS)]
+            out.plots = [beside(p, f"its {n} plot", "--report") for p, n in zip(report_paths(out.report)[1:], PLOTS)]
     except OutputError as e:
         raise _usage(str(e)) from None
     for target in (out.json, out.report, *out.plots):

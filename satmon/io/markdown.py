@@ -20,9 +20,9 @@ from typing import Any
 
 from satmon.io.atomic import atomic_open, atomic_write
 
-__all__ = ["table", "fmt", "plot_paths", "require_matplotlib", "write_report"]
+__all__ = ["PLOTS", "fmt", "report_paths", "require_matplotlib", "table", "write_report"]
 
-#: The plots beside a report, by the suffix of their file name (``<stem>_<name>.png``).
+#: The plots a report may hold, by the suffix of their file name (``<stem>_<plot>.png``).
 PLOTS = ("saturation", "sigma_min", "alignment")
 
 MATPLOTLIB_MISSING = "the markdown report's plots need matplotlib: pip install 'satmon[report]' (or pip install matplotlib)"
@@ -58,15 +58,16 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in cells])
 
 
-def plot_paths(path: str | Path) -> list[Path]:
-    """The PNG files :func:`write_report` may write beside the report ``path``.
+def report_paths(path: str | Path) -> list[Path]:
+    """Every file :func:`write_report` may write for the report ``path``: the markdown first, then its plots.
 
     Example:
-        >>> [p.name for p in plot_paths("out/replay.md")]
-        ['replay_saturation.png', 'replay_sigma_min.png', 'replay_alignment.png']
+        >>> [p.name for p in report_paths("out/replay.md")]
+        ['replay.md', 'replay_saturation.png', 'replay_sigma_min.png', 'replay_alignment.png']
     """
-    stem = Path(path).with_suffix("")
-    return [Path(f"{stem}_{name}.png") for name in PLOTS]
+    path = Path(path)
+    stem = path.with_suffix("")
+    return [path] + [Path(f"{stem}_{plot}.png") for plot in PLOTS]
 
 
 def _save(fig: Any, out: Path) -> Path:
@@ -191,7 +192,7 @@ def write_report(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     good = [dict(r, _pooled=row["saturation"]) for r, row in zip(records, rows) if "error" not in r]
-    saturation_png, sigma_png, alignment_png = plot_paths(path)
+    _, saturation_png, sigma_png, alignment_png = report_paths(path)
     plots = [
         ("Saturation vs step", _plot_saturation(good, threshold, saturation_png),
          "no DyT layer: saturation does not apply"),

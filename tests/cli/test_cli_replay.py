@@ -307,3 +307,38 @@ def test_help_says_what_runs_code_and_the_exit_codes(capsys):
     assert "the working directory is not searched" in out
     assert "--trust-checkpoints load checkpoints with torch.load(weights_only=False): RUNS CODE STORED IN THE FILES" in out
     assert "3 non-finite values (NaN/inf weights or DyT inputs) in a replayed checkpoint" in out
+
+
+def test_help_imports_neither_torch_nor_lightning():
+    import subprocess
+    import sys
+
+    script = ("import sys\nfrom satmon.cli.main import main\nassert main(['replay', '--help']) == 0\n"
+              "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'lightning', 'pytorch_lightning', 'transformers'}))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert "exit codes: 0 all replayed" in done.stdout and "130 interrupted (Ctrl-C)" in done.stdout
+
+
+def test_partial_records_are_written_as_they_come_and_removed_when_complete(run, tmp_path, capsys, monkeypatch):
+    """Each record reaches the partial file before the next checkpoint is read; the target only at the end."""
+    from satmon.replay import loop
+
+    root, ckpts, _ = run
+    seen = []
+    real = loop._replay_one
+
+    def spy(*a, **k):
+        partial = tmp_path / "r.jsonl.partial.jsonl"
+        seen.append((len(partial.read_text().splitlines()) if partial.exists() else None, (tmp_path / "r.jsonl").exists()))
+        return real(*a, **k)
+
+    monkeypatch.setattr(loop, "_replay_one", spy)
+    code, out, err = _replay(capsys, ckpts, "--model", MODEL, "--data", root / "calib.pt", "--level", LEVEL,
+                             "--logdir", tmp_path / "tb", "--json", tmp_path / "r.jsonl")
+    assert code == 0, err
+    assert seen == [(0, False), (1, False), (2, False)]
+    assert not (tmp_path / "r.jsonl.partial.jsonl").exists()
+    assert [json.loads(line)["global_step"] for line in (tmp_path / "r.jsonl").read_text().splitlines()] == [3, 6, 9]
+    assert "replaced the previous file" not in out  # a new file: nothing replaced, nothing said
