@@ -482,7 +482,7 @@ def test_an_interrupted_replay_leaves_the_previous_json_untouched_and_keeps_its_
     capsys.readouterr()
     for i in range(12):  # other weights at the same steps: the new records differ from the previous ones
         f.ckpt(f"{folder}/step-{2 * (i + 1)}.ckpt", _nan if i % 2 else None, step=2 * (i + 1))
-    got, out, err = _replay_until(tmp_path, folder, sig, after=3)
+    got, _, err = _replay_until(tmp_path, folder, sig, after=3)
     assert got == code, err
     assert (tmp_path / "prev.json").read_bytes() == before  # complete records, untouched
     assert len(json.loads(before)) == 12 and stat.S_IMODE(os.stat(tmp_path / "prev.json").st_mode) == 0o640

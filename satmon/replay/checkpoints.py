@@ -33,10 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from satmon.replay.reading import FileChanged, FileStamp, SafetensorsIndex, copy_tensors, load_index, load_whole
+from satmon.replay.reading import (
+    FileChanged,
+    FileStamp,
+    SafetensorsIndex,
+    copy_tensors,
+    load_index,
+    load_whole,
+)
 from satmon.replay.user_code import ReplayUsageError, error_line, short
 
 __all__ = [

@@ -23,7 +23,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from satmon.replay.checkpoints import CheckpointInfo, load_checkpoint, meta_state_dict, state_dict_of
+from satmon.replay.checkpoints import (
+    CheckpointInfo,
+    load_checkpoint,
+    meta_state_dict,
+    state_dict_of,
+)
 from satmon.replay.reading import FileChanged
 from satmon.replay.user_code import ReplayUsageError, error_line, short
 from satmon.results.replay_record import ReplayRecord

@@ -17,9 +17,10 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 safetensors = pytest.importorskip("safetensors.torch")
 
-from satmon import probe  # noqa: E402
-from satmon.cli.main import main  # noqa: E402
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+from satmon import probe
+from satmon.cli.main import main
 
 VOCAB, SEQ = 64, 16
 CONFIG = dict(vocab_size=VOCAB, n_positions=SEQ, n_embd=16, n_layer=2, n_head=2)

@@ -16,7 +16,14 @@ import pytest
 import torch
 
 from satmon.replay import reading
-from satmon.replay.reading import FileChanged, FileStamp, SafetensorsIndex, copy_tensors, load_index, meta_tensors
+from satmon.replay.reading import (
+    FileChanged,
+    FileStamp,
+    SafetensorsIndex,
+    copy_tensors,
+    load_index,
+    meta_tensors,
+)
 
 
 def _checkpoint() -> dict:

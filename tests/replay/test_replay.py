@@ -14,10 +14,20 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from satmon import probe
 from satmon.batches import feed_first
-from satmon.replay.checkpoints import find_checkpoints, inspect_checkpoint, order_checkpoints
 from satmon.demos.corpus import CorpusDataModule
 from satmon.demos.lit import LitLM
-from satmon.replay.loop import ModelLoader, ReplayRecord, nonfinite_parameters, replay, summary_row
+from satmon.replay.checkpoints import (
+    find_checkpoints,
+    inspect_checkpoint,
+    order_checkpoints,
+)
+from satmon.replay.loop import (
+    ModelLoader,
+    ReplayRecord,
+    nonfinite_parameters,
+    replay,
+    summary_row,
+)
 
 DM_ARGS = dict(seq_len=16, batch_size=4, train_tokens=20_000, val_tokens=2_000, seed=0)
 
