@@ -523,6 +523,33 @@ def test_a_complete_replay_replaces_the_json_once_keeps_its_permissions_and_says
     assert out.count("replaced 1 previous file(s), their permissions kept") == 1
 
 
+def test_a_full_disk_mid_replay_stops_in_one_line_and_leaves_the_previous_json(world, tmp_path, monkeypatch, capsys):
+    import errno
+
+    from satmon.cli import replay as cli
+
+    f = Folder(tmp_path, world)
+    monkeypatch.chdir(tmp_path)
+    folder = f.run_folder(4)
+    before = _complete_previous(tmp_path, folder)
+    capsys.readouterr()
+    real = cli._Partial.add
+
+    def add(self, record):
+        if self.count == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+        real(self, record)
+
+    monkeypatch.setattr(cli._Partial, "add", add)
+    code = main(["replay", folder, *DATA, "--logdir", "tb", "--json", "prev.json", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1 and (tmp_path / "prev.json").read_bytes() == before
+    assert err.strip().splitlines()[-1] == (
+        "satmon replay: stopped by OSError: [Errno 28] No space left on device: 'prev.json.partial.jsonl' after 2 of 4 "
+        "checkpoint(s): prev.json was left as it was; the 2 new record(s) are in prev.json.partial.jsonl; TensorBoard run "
+        f"{tmp_path / 'tb' / 'replay' / 'version_1'} holds the checkpoints replayed so far.")
+
+
 def test_a_refused_replay_leaves_no_empty_tensorboard_run(world, tmp_path, monkeypatch, capsys):
     f = Folder(tmp_path, world)
     monkeypatch.chdir(tmp_path)
@@ -539,7 +566,7 @@ def test_reliability_figures_are_the_matrix():
     text = (ROOT / "docs" / "reliability.md").read_text()
     bad = [c for c in CASES if c.kind == "bad-input"]
     faults = [c for c in CASES if c.kind == "fault"]
-    interrupts = 3  # test_an_interrupted_replay_...: Ctrl-C, SIGTERM, SIGKILL
+    interrupts = 4  # test_an_interrupted_replay_...: Ctrl-C, SIGTERM, SIGKILL; test_a_full_disk_mid_replay_...
     want = {"bad inputs tried": len(bad), "clear errors": len(bad), "faults survived": len(faults) + interrupts,
             "data lost": 0}
     for label, value in want.items():

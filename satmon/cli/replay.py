@@ -609,6 +609,11 @@ def main(argv: list[str] | None = None) -> int:
         terminated = isinstance(e, _Terminated)
         print("\n" + state.interrupted("terminated (SIGTERM)" if terminated else "interrupted (Ctrl-C)"), file=sys.stderr)
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+    except OSError as e:  # an output that cannot be written mid-run (a full disk...): what was there stays
+        from satmon.replay.user_code import error_line
+
+        print(state.interrupted(f"stopped by {error_line(e)}"), file=sys.stderr)
+        return EXIT_SKIPPED
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

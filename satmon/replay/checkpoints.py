@@ -193,7 +193,12 @@ def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] 
         key = (stamps[0].device, stamps[0].inode) if stamps else None
         if key in seen_files:
             other = seen_files[key]
-            why = "the --data file" if key in excluded else f"the same file as {other} (a link)"
+            if key in excluded:
+                why = "the --data file"
+            elif os.path.abspath(other) == os.path.abspath(path):
+                return  # the same path given twice (or a file inside a folder also given): listed once, nothing to say
+            else:
+                why = f"the same file as {other} (a link)"
             (out.explicit if explicit else out.left_out).append((path, why))
             return
         if key is not None:
