@@ -440,6 +440,7 @@ def extract_state_dict(obj: Any) -> dict[str, Tensor]:
     """The weights inside a loaded checkpoint: the object itself, or under ``state_dict``/``model_state_dict``/``model``.
 
     Example:
+        >>> import torch
         >>> sorted(extract_state_dict({"model": {"w": torch.zeros(1)}, "iter_num": 3}))
         ['w']
     """
@@ -473,7 +474,7 @@ def inspect_checkpoint(path: str | Path, trust: bool = False, stamps: Sequence[F
         stamps: the files' stamps from :func:`list_checkpoints` (taken now when not given).
 
     Example:
-        >>> import os, tempfile
+        >>> import os, tempfile, torch
         >>> f = os.path.join(tempfile.mkdtemp(), "w.pt")
         >>> torch.save({"model": {"w": torch.zeros(2)}, "iter_num": 7}, f)
         >>> info = inspect_checkpoint(f)

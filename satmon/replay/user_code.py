@@ -56,7 +56,7 @@ def short(obj: Any, width: int = 200) -> str:
         >>> for _ in range(60_000):
         ...     deep = [deep]
         >>> short({"seq_len": 64, "blob": deep, "name": "x" * 100})
-        "{'seq_len': 64, 'blob': [[...]], 'name': 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...'}"
+        "{'seq_len': 64, 'blob': [[...]], 'name': 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'...}"
     """
 
     def fmt(o: Any, depth: int) -> str:
