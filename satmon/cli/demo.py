@@ -15,6 +15,7 @@ import argparse
 import logging
 import math
 import os
+import signal
 import sys
 import sysconfig
 import time
@@ -194,12 +195,15 @@ def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
         enable_progress_bar=not args.quiet, enable_model_summary=False, log_every_n_steps=25,
         val_check_interval=min(250, steps), limit_val_batches=VAL_BATCHES, num_sanity_val_steps=0,
     )
+    sigint = signal.getsignal(signal.SIGINT)
     try:
         trainer.fit(model, data)
     except SystemExit:  # Lightning ends a Ctrl-C'd fit with sys.exit(1) after its graceful shutdown
         if trainer.interrupted:
             raise KeyboardInterrupt from None
         raise
+    finally:
+        signal.signal(signal.SIGINT, sigint)  # Lightning ignores SIGINT while it shuts down, and leaves it so
     losses["end"] = heldout_loss(model, data)
     return monitor, logger.log_dir, losses
 
