@@ -440,3 +440,20 @@ def test_sigkill_while_writing_keeps_the_previous_calibration(folder):
     assert (folder / "prev" / "calibration.json").read_text() == FILES["prev/calibration.json"]
     left = {p.name for p in (folder / "prev").iterdir()} - {"calibration.json", "calibration.png"}
     assert all(n.startswith(".calibration.json.") and n.endswith(".tmp") for n in left), left  # at most the killed write's
+
+
+def test_a_full_disk_while_writing_is_exit_1_and_the_previous_files_stay(folder, capsys, monkeypatch):
+    import errno
+
+    import satmon.io.atomic as atomic
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(atomic.os, "fsync", full)
+    before = snapshot(folder, folder_times=False)
+    assert main(["calibrate", "--study", "--out", "prev"]) == 1
+    err = capsys.readouterr().err
+    assert err == ("satmon calibrate: could not write 'prev/calibration.json': No space left on device; the file that "
+                   "was there is as it was.\n")
+    assert snapshot(folder, folder_times=False) == before
