@@ -196,7 +196,7 @@ def test_an_unreadable_calibration_is_refused_at_construction(tmp_path):
     binary = tmp_path / "calibration.json"
     binary.write_bytes(bytes(range(256)))  # 0.2: UnicodeDecodeError from deep inside json
     with pytest.raises(ValueError, match=r"Expected a calibration JSON \(UTF-8 text\) written by `satmon calibrate` at "
-                                         r".*calibration.json, got a binary file \(byte 0x80 at offset 128"):
+                                         r".*calibration.json', got a binary file \(byte 0x80 at offset 128"):
         SaturationMonitor(calibration=binary)
     with pytest.raises(ValueError, match="got a folder at"):
         SaturationMonitor(calibration=tmp_path)
