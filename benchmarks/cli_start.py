@@ -58,7 +58,7 @@ def make_run(folder: Path) -> Path:
     """A small real run: ``satmon demo`` with an 8-step window (a verdict, scalars, texts, a checkpoint)."""
     satmon, _ = satmon_command()
     args = ["demo", "--window", "8", "--train-tokens", "20000", "--logdir", str(folder), "--quiet", "--threads", "1"]
-    proc = subprocess.run([*satmon, *args], capture_output=True, text=True, env=_env(), timeout=900)
+    proc = subprocess.run([*satmon, *args], capture_output=True, text=True, env=_env(), timeout=900, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"cli_start: the demo run failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     return folder / "demo" / "version_0"
@@ -66,7 +66,7 @@ def make_run(folder: Path) -> Path:
 
 def time_once(argv: list[str]) -> float:
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env(), timeout=300)
+    proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env(), timeout=300, check=False)
     took = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"cli_start: {' '.join(argv)} exited {proc.returncode}: {proc.stderr.decode()[-2000:]}")

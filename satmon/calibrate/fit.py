@@ -24,6 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from satmon.results.calibration import FORMAT, Calibration, CalibrationError, calibration_from_payload, load_calibration
 from satmon.study import THRESHOLD
 from satmon.functional.threshold_fit import RULES, GroupCV, ThresholdFit, accuracy, auc, fit_threshold, leave_one_group_out
 
@@ -33,16 +34,11 @@ __all__ = [
 ]
 
 STUDY_THRESHOLD = THRESHOLD
-FORMAT = "satmon-calibration"
 MIN_CELLS = 4
 _YES, _NO = {"yes", "true", "helps", "help", "go"}, {"no", "false", "hurts", "hurt", "no-go"}
 _NOT_READINGS = {"name", "group", "delta", "helps", "outcome", "seed"}
 #: characters no CSV or JSON text holds (C0 controls but tab, newlines, vertical tab, form feed; DEL)
 _CONTROL = re.compile("[\x00-\x08\x0e-\x1f\x7f]")
-
-
-class CalibrationError(ValueError):
-    """Input that cannot be calibrated on; the message says what was expected and what to do."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +80,7 @@ def check_reading(name: str, value: float, where: str) -> float:
         >>> check_reading("saturation", 1.7, "cells.csv row 3")
         Traceback (most recent call last):
         ...
-        satmon.calibrate.fit.CalibrationError: Expected 'saturation' in [0, 1] (a fraction of elements), got 1.7 (cells.csv row 3): ...
+        satmon.results.calibration.CalibrationError: Expected 'saturation' in [0, 1] (a fraction of elements), got 1.7 (cells.csv row 3): ...
     """
     if is_fraction(name) and math.isfinite(value) and not 0.0 <= value <= 1.0:
         raise CalibrationError(f"Expected {name!r} in [0, 1] (a fraction of elements), got {value!r} ({where}): it is "
@@ -101,7 +97,7 @@ def to_float(value: Any, what: str, where: str) -> float | None:
         >>> to_float("nan", "dyt_val_loss", "row 1")
         Traceback (most recent call last):
         ...
-        satmon.calibrate.fit.CalibrationError: Expected a finite number for dyt_val_loss (row 1), got 'nan': ...
+        satmon.results.calibration.CalibrationError: Expected a finite number for dyt_val_loss (row 1), got 'nan': ...
     """
     if _blank(value):
         return None
@@ -376,40 +372,6 @@ def calibrate(cells: Sequence[Cell], metric: str = "saturation", source: str = "
 
 
 # ------------------------------------------------------------------------------------ the JSON file
-@dataclass(frozen=True)
-class Calibration:
-    """A threshold fitted by ``satmon calibrate``, with where it came from (read by :func:`load_calibration`).
-
-    Attributes:
-        threshold: the GO threshold on ``metric`` (``metric >= threshold``: DyT predicted to help).
-        rule: how it was fitted (``"midpoint"``: best accuracy, the study's; ``"balanced"``: best balanced accuracy).
-        metric: the reading it applies to (``"saturation"``: the verdict's pooled saturation).
-        n: cells fitted on. groups: distinct group keys.
-        accuracy: in-sample accuracy. loso_accuracy: leave-one-group-out accuracy. auc: AUC of the metric.
-        source: what the cells were (files, ``study``). created: UTC time of the fit. path: the file read.
-    """
-
-    threshold: float
-    rule: str
-    metric: str
-    n: int
-    groups: int
-    accuracy: float
-    loso_accuracy: float
-    auc: float
-    source: str = ""
-    created: str = ""
-    satmon_version: str = ""
-    path: str = ""
-
-    def caveat(self) -> str:
-        """The provenance line for the verdict card."""
-        return (f"Caveat: threshold {self.threshold:.4g} was fit by `satmon calibrate` ({self.rule} rule, {self.metric}) on "
-                f"{self.n} cells in {self.groups} groups ({self.source or 'user cells'}): {self.accuracy:.0%} in-sample, "
-                f"{self.loso_accuracy:.0%} leave-one-group-out, AUC {self.auc:.2f}. A measurement on those runs, not a "
-                "guarantee for others.")
-
-
 def _fit_json(fit: ThresholdFit, cv: GroupCV) -> dict[str, Any]:
     return {"threshold": fit.threshold, "accuracy": fit.accuracy, "balanced_accuracy": fit.balanced_accuracy,
             "correct": fit.correct, "threshold_outside_scores": fit.threshold_outside,
@@ -443,43 +405,4 @@ def write_calibration(result: CalibrationResult, path: str | Path, rule: str = "
     }
     path = Path(path)
     atomic_write(path, json.dumps(to_json(payload), indent=1) + "\n")  # an interrupt leaves the previous file whole
-    return _from_payload(to_json(payload), path)
-
-
-def load_calibration(path: str | Path) -> Calibration:
-    """Read a ``calibration.json`` written by ``satmon calibrate``.
-
-    Raises:
-        CalibrationError: no such file, not a satmon calibration, or a threshold outside (0, 1).
-
-    Example:
-        >>> import tempfile, pathlib
-        >>> out = pathlib.Path(tempfile.mkdtemp()) / "calibration.json"
-        >>> cal = write_calibration(calibrate(study_cells(), source="study"), out)
-        >>> round(load_calibration(out).threshold, 5), cal.loso_accuracy
-        (0.43985, 0.5)
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise CalibrationError(f"Expected a calibration JSON written by `satmon calibrate`, got no file at {str(path)!r}.")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CalibrationError(f"Expected a calibration JSON written by `satmon calibrate` at {path}, got a parse error: {e}.") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        got = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise CalibrationError(f"Expected format {FORMAT!r} in {path}, got {got!r}: write it with `satmon calibrate`.")
-    t = data.get("threshold")
-    if not (isinstance(t, (int, float)) and 0.0 < t < 1.0):
-        raise CalibrationError(f"Expected a threshold in (0, 1) in {path}, got {t!r}: the fit predicts one class for every "
-                               "cell, so it cannot screen; add runs from both regimes and calibrate again.")
-    return _from_payload(data, path)
-
-
-def _from_payload(data: Mapping[str, Any], path: Path) -> Calibration:
-    prov = data.get("provenance") or {}
-    auc_value, t = data.get("auc"), data["threshold"]
-    return Calibration(float(t), str(data.get("rule", "")), str(data.get("metric", "saturation")), int(data.get("n", 0)),
-                       int(data.get("groups", 0)), float(data.get("accuracy") or 0.0), float(data.get("loso_accuracy") or 0.0),
-                       math.nan if auc_value is None else float(auc_value), str(prov.get("source", "")),
-                       str(prov.get("created", "")), str(prov.get("satmon_version", "")), str(path))
+    return calibration_from_payload(to_json(payload), path)

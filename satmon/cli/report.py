@@ -19,7 +19,7 @@ from satmon.cli.main import EXIT_USAGE
 if TYPE_CHECKING:
     from satmon.io.tensorboard_reader import Run
 
-__all__ = ["EXIT_NO_DATA", "EXIT_OK", "EXIT_USAGE", "main", "Run", "load_runs", "format_run"]
+__all__ = ["EXIT_NO_DATA", "EXIT_OK", "EXIT_USAGE", "format_run", "main"]  # and Run, load_runs: see __getattr__
 
 EXIT_OK, EXIT_NO_DATA = 0, 1
 

@@ -220,7 +220,7 @@ def test_deeply_nested_json_is_a_parse_error_not_a_recursion_error(tmp_path):
 
 
 def test_write_calibration_keeps_the_previous_file_when_interrupted(tmp_path, monkeypatch):
-    import satmon.io.atomic as atomic
+    from satmon.io import atomic
 
     target = write(tmp_path, "calibration.json", '{"previous": true}')
     result = calibrate(study_cells(), source="study")

@@ -85,7 +85,7 @@ def test_ctrl_c_during_training_ends_with_one_line_and_exit_130(tmp_path, capsys
 
     from lightning.pytorch.callbacks import Callback
 
-    import satmon.cli.demo as demo
+    from satmon.cli import demo
     from satmon.cli.main import main as satmon_main
 
     class CtrlC(Callback):

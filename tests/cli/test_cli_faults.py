@@ -87,7 +87,7 @@ FILES: dict[str, str | bytes | None] = {
     "cells_header_only.csv": CELLS_HEADER + "\n",
     "cells_empty.csv": "",
     "cells_binary.csv": _noise(0, 512),
-    "cells_nul.csv": ("name,saturation,delta,group\na,0.6,-0.1,sm\x00all\n").encode(),
+    "cells_nul.csv": b"name,saturation,delta,group\na,0.6,-0.1,sm\x00all\n",
     "cells_latin1.csv": _cells("caf\xe9,0.6,-0.1,small").encode("latin-1"),
     "cells_few.csv": "\n".join([CELLS_HEADER, *GOOD_ROWS[:3]]) + "\n",
     "cells_one_group.csv": "\n".join([CELLS_HEADER, *(r.replace("big", "small") for r in GOOD_ROWS)]) + "\n",
@@ -347,7 +347,7 @@ def folder(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_is_refused_before_any_work_and_nothing_changes(case, folder, capsys, monkeypatch):
-    import satmon.cli.demo as demo
+    from satmon.cli import demo
 
     def never(*_):
         raise AssertionError("satmon demo built or trained a model before refusing its flags")
@@ -376,7 +376,7 @@ def test_the_console_command_prints_one_line_and_no_traceback(argv, tmp_path):
     before = snapshot(work)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "satmon.cli.main", *argv], cwd=work, capture_output=True, text=True,
-                          timeout=120, env=env)
+                          timeout=120, env=env, check=False)
     assert proc.returncode == 2, proc.stderr
     check_message(proc.stderr, r"Expected|error|expected")
     assert proc.stdout == ""
@@ -414,7 +414,7 @@ def test_a_byte_order_mark_and_utf16_are_read(folder, capsys):
 
 
 def test_ctrl_c_while_writing_keeps_the_previous_calibration_and_exits_130(folder, capsys, monkeypatch):
-    import satmon.io.atomic as atomic
+    from satmon.io import atomic
 
     def interrupted(fd):
         raise KeyboardInterrupt
@@ -422,7 +422,7 @@ def test_ctrl_c_while_writing_keeps_the_previous_calibration_and_exits_130(folde
     monkeypatch.setattr(atomic.os, "fsync", interrupted)
     before = snapshot(folder, folder_times=False)
     assert main(["calibrate", "--study", "--out", "prev"]) == 130
-    out, err = capsys.readouterr()
+    err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("satmon calibrate: interrupted (Ctrl-C)") and "Traceback" not in err
     assert snapshot(folder, folder_times=False) == before  # the previous calibration.json is whole, no temporary is left
 
@@ -434,7 +434,7 @@ def test_sigkill_while_writing_keeps_the_previous_calibration(folder):
               "atomic.os.fsync = killed\n"
               "from satmon.cli.main import main\n"
               "sys.exit(main(['calibrate', '--study', '--out', 'prev']))\n")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=folder, capture_output=True, text=True, timeout=120,
+    proc = subprocess.run([sys.executable, "-c", script], cwd=folder, capture_output=True, text=True, check=False, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == -9, proc.stderr
     assert (folder / "prev" / "calibration.json").read_text() == FILES["prev/calibration.json"]
@@ -445,7 +445,7 @@ def test_sigkill_while_writing_keeps_the_previous_calibration(folder):
 def test_a_full_disk_while_writing_is_exit_1_and_the_previous_files_stay(folder, capsys, monkeypatch):
     import errno
 
-    import satmon.io.atomic as atomic
+    from satmon.io import atomic
 
     def full(fd):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

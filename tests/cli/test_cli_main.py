@@ -32,7 +32,7 @@ print(json.dumps({"code": code, "out": out.getvalue(), "modules": sorted(sys.mod
 
 def loaded(*argv: str) -> dict:
     """Run ``satmon ARGV`` in a fresh interpreter; its exit code, stdout and every module it loaded."""
-    proc = subprocess.run([sys.executable, "-c", LOADED, *argv], capture_output=True, text=True, timeout=120,
+    proc = subprocess.run([sys.executable, "-c", LOADED, *argv], capture_output=True, text=True, check=False, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
