@@ -122,9 +122,10 @@ def _usage(message: str) -> Exception:
     return ReplayUsageError(message)
 
 
-def _check_numbers(args: argparse.Namespace) -> None:
-    """Counts and the rule's numbers (``--threshold`` in (0, 1), ``--level`` > 0, ``--collapse-threshold`` in (0, 1))."""
-    from satmon.settings import check_rule
+def _check_numbers(args: argparse.Namespace) -> Any:
+    """Counts and the rule's numbers (``--threshold`` in (0, 1), ``--level`` > 0, ``--collapse-threshold`` in (0, 1));
+    returns the one :class:`satmon.Settings` every checkpoint is read with."""
+    from satmon.settings import Settings, check_rule
 
     for option, value in (("--batches", args.batches), ("--batch-size", args.batch_size), ("--threads", args.threads)):
         if value is not None and value < 1:
@@ -136,6 +137,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
         for name, flag in (("`collapse_threshold`", "--collapse-threshold"), ("`threshold`", "--threshold"), ("`level`", "--level")):
             message = message.replace(name, flag)
         raise _usage(message) from None
+    return Settings(threshold=args.threshold, level=args.level, collapse_threshold=args.collapse_threshold)
 
 
 @dataclass
@@ -434,7 +436,7 @@ class _State:
         return ": ".join(said[:1]) + (": " + "; ".join(said[1:]) if len(said) > 1 else "") + "."
 
 
-def _loop(args: argparse.Namespace, state: _State, infos: list[Any], loader: Any, batches: list[Any],
+def _loop(args: argparse.Namespace, state: _State, infos: list[Any], loader: Any, batches: list[Any], settings: Any,
           probe_kwargs: dict[str, Any], tensorboard: bool = True):
     """Replay every checkpoint, with progress, stderr notes, TensorBoard and the partial JSON records as they
     come; returns the records, their JSON dicts and their summary rows."""
@@ -454,8 +456,8 @@ def _loop(args: argparse.Namespace, state: _State, infos: list[Any], loader: Any
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", ".*LeafSpec.*")
-            for record in replay(infos, loader, batches, probe_kwargs=probe_kwargs, twin=not args.no_twin,
-                                 on_record=state.tensorboard):
+            for record in replay(infos, loader, batches, settings=settings, probe_kwargs=probe_kwargs,
+                                 twin=not args.no_twin, on_record=state.tensorboard):
                 records.append(record)
                 dicts.append(to_json(record.to_dict()))  # NaN/inf -> None, as written to --json
                 if state.partial is not None:
@@ -482,7 +484,7 @@ def _replaced(out: Outputs, path: Path) -> str:
 def run(args: argparse.Namespace, state: _State | None = None) -> int:
     """Check everything the user passed, then read the checkpoints, replay them and report; the exit code."""
     state = _State() if state is None else state
-    _check_numbers(args)
+    settings = _check_numbers(args)
     state.outputs = out = _check_outputs(args)
     device = _check_inputs(args)
     import torch
@@ -514,13 +516,12 @@ def run(args: argparse.Namespace, state: _State | None = None) -> int:
     if ordered:
         batches, data_text = _calibration(args, ordered, dm_cls, batches)
         probe_kwargs = dict(
-            forward_fn=input_forward_fn(batches, args.input_key), device=device, threshold=args.threshold,
-            level=args.level, collapse_threshold=args.collapse_threshold,
+            forward_fn=input_forward_fn(batches, args.input_key), device=device,
             autocast_dtype=torch.bfloat16 if args.dtype == "bfloat16" else None,
         )
     t0 = time.perf_counter()
     records, dicts, rows = _loop(args, state, ordered + [i for i in infos if i.error is not None], loader, batches or [],
-                                 probe_kwargs, tensorboard=bool(ordered))
+                                 settings, probe_kwargs, tensorboard=bool(ordered))
     took = time.perf_counter() - t0
 
     ok = [r for r in rows if r["error"] is None]

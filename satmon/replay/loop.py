@@ -33,6 +33,7 @@ from satmon.replay.reading import FileChanged
 from satmon.replay.user_code import ReplayUsageError, error_line, short
 from satmon.results.replay_record import ReplayRecord
 from satmon.results.verdict import Source
+from satmon.settings import Settings, settings_from
 
 __all__ = ["TWIN_SEED", "ModelLoader", "ReplayRecord", "ReplayUsageError", "is_lightning_module", "nonfinite_parameters",
            "replay", "summary_row"]
@@ -284,7 +285,7 @@ def _release(device: torch.device) -> None:
 
 
 def _replay_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any], step: int | None,
-                kwargs: Mapping[str, Any], twin: bool) -> ReplayRecord:
+                settings: Settings, kwargs: Mapping[str, Any], twin: bool) -> ReplayRecord:
     """Build, check and probe one checkpoint; its record, built here once (an error record when it cannot be replayed)."""
     from satmon.model.discovery import find_norm_layers
     from satmon.probing.passes import probe
@@ -304,7 +305,8 @@ def _replay_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any
                              + ", ".join(f"{n} ({c:,})" for n, c in list(bad.items())[:6]) + ("..." if len(bad) > 6 else ""))
             # the twin only feeds the LayerNorm/RMSNorm init-gap: a DyT-only model skips it (half the cost)
             twin_model = loader.twin(info) if twin and find_norm_layers(model, kinds=("layernorm", "rmsnorm")) else None
-            report = probe(model, batches, twin=twin_model, step=int(step or 0), source=Source.REPLAY, **kwargs)
+            report = probe(model, batches, settings=settings, twin=twin_model, step=int(step or 0), source=Source.REPLAY,
+                           **kwargs)
             seconds = round(time.perf_counter() - t0, 3)
         except FileChanged as e:
             error, report = str(e), None
@@ -322,6 +324,7 @@ def replay(
     loader: ModelLoader,
     batches: Sequence[Any],
     *,
+    settings: Settings | None = None,
     probe_kwargs: Mapping[str, Any] | None = None,
     twin: bool = True,
     on_record: Callable[[ReplayRecord], None] | None = None,
@@ -336,8 +339,11 @@ def replay(
             released once its model is built.
         loader: builds each model and its twin.
         batches: calibration batches, the same for every checkpoint.
-        probe_kwargs: passed to :func:`satmon.probe` (``forward_fn``, ``device``, ``autocast_dtype``,
-            ``threshold``, ``level``...).
+        settings: the rule and the selection every checkpoint is read with (a :class:`satmon.Settings`,
+            passed whole to :func:`satmon.probe`); ``None``: the study's, or built from the
+            :class:`~satmon.Settings` fields in ``probe_kwargs``.
+        probe_kwargs: :func:`satmon.probe`'s own arguments (``forward_fn``, ``device``, ``autocast_dtype``,
+            ``max_dim``...); Settings fields (``threshold``, ``level``...) only without ``settings``.
         twin: also probe a random-init twin, for the init-to-trained readout.
         on_record: called with each record before it is yielded, e.g. a
             :class:`~satmon.io.tensorboard_replay.TensorBoardReplay`.
@@ -353,11 +359,13 @@ def replay(
         (5, None, 'layernorm')
     """
     kwargs = dict(probe_kwargs or {})
+    fields = {k: kwargs.pop(k) for k in list(kwargs) if k in Settings.names()}
+    settings = settings_from(settings, fields, owner="replay")  # checked once, before any checkpoint
     position = 0
     for info in infos:
         step = position if info.error is None and info.global_step is None else info.global_step
         position += info.error is None
-        record = _replay_one(info, loader, batches, step, kwargs, twin)
+        record = _replay_one(info, loader, batches, step, settings, kwargs, twin)
         info.release()
         if on_record is not None:
             on_record(record)
