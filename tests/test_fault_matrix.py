@@ -255,6 +255,12 @@ def _partial_a_folder(f: Folder) -> list[str]:
     return [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--json", "r.json"]
 
 
+def _temporary_name_taken(f: Folder) -> list[str]:
+    """A folder at 0.2's temporary name (``r.json.tmp``): the temporary file is another, random name now."""
+    (f.tmp / "r.json.tmp").mkdir()
+    return [f.ckpt("a.ckpt"), *DATA, "--json", "r.json"]
+
+
 def _only(*names: str) -> Callable[[Folder], list[str]]:
     def make(f: Folder) -> list[str]:
         (f.tmp / "d").mkdir()
@@ -381,6 +387,7 @@ CASES = [
          ("step-6.ckpt: changed since it was listed (modified", "Replayed 3 of 4"), built=("meta", "cpu", "cpu", "cpu"),
          absent=("NON-FINITE", "non-finite (NaN")),
     Case("symlinked-checkpoints-folder", _symlinked_checkpoints, 0, ("Replayed 4 of 4",), built=("meta",) + ("cpu",) * 4),
+    Case("temporary-name-taken", _temporary_name_taken, 0, ("Replayed 1 of 1", "JSON records:")),
     Case("hugging-face-folder", _hf_folder, 0, ("Replayed 2 of 2",), absent=NO_TRUST + ("rng_state", "optimizer.pt")),
     # files that are not what they say, diverged runs, other faults
     Case("text-file-in-folder", _text_in_folder, 1,
@@ -440,6 +447,8 @@ def test_fault(case, world, tmp_path, monkeypatch, capsys):
         assert not (tmp_path / "tb").exists() and not (tmp_path / "tb2" / "replay" / "version_0").exists()
         assert not [p for p in tmp_path.rglob("*.partial.jsonl") if p.is_file()]
         assert not list(tmp_path.rglob(".*.tmp"))
+    if case.id == "temporary-name-taken":
+        assert (tmp_path / "r.json.tmp").is_dir() and len(json.loads((tmp_path / "r.json").read_text())) == 1
     for name in ("r.json", "r.md"):
         if case.id == f"read-only-{name.split('.')[1].replace('md', 'report')}":  # left as it was
             assert (tmp_path / name).read_text() in ("[]\n", "# previous report\n")
