@@ -48,6 +48,7 @@ from satmon.batches import feed_first
 from satmon.replay.data import capture_batches
 from satmon.probing.passes import probe
 from satmon.results.probe_report import ProbeReport
+from satmon.io.lightning import LightningSink
 from satmon.io.tensorboard import log_scalars, probe_scalars
 
 __all__ = ["LiveProbe"]
@@ -179,7 +180,7 @@ class LiveProbe:
         report = probe(pl_module, self.batches, forward_fn=self.forward_fn, step=step, **self.probe_kwargs)
         self.reports.append((step, report))
         if trainer.is_global_zero:
-            log_scalars(trainer.loggers, probe_scalars(report, saturation=self.log_saturation), step)
+            log_scalars(LightningSink(trainer.loggers), probe_scalars(report, saturation=self.log_saturation), step)
         self._warn(report, step)
         return report
 
