@@ -394,6 +394,11 @@ class SummaryWriterSink:
         return not self.rank_zero_only or _global_rank() == 0
 
     @property
+    def is_open(self) -> bool:
+        """Whether the run's event file is open (written to and not closed since)."""
+        return self._writer is not None
+
+    @property
     def writer(self) -> Any:
         """The run's ``SummaryWriter`` (opened on first use)."""
         if self._writer is None:

@@ -142,11 +142,11 @@ class RestorePlan:
     warnings: tuple[str, ...] = ()
 
 
-def restore_plan(saved: ScreenState, settings: Settings, layers: Sequence[str], steps: int) -> RestorePlan:
+def restore_plan(saved: ScreenState | Mapping[str, Any], settings: Settings, layers: Sequence[str], steps: int) -> RestorePlan:
     """Compare the saved settings with the current ones and decide what the saved counts still mean.
 
     Args:
-        saved: the checkpoint's state.
+        saved: the checkpoint's state (or its saved dict).
         settings: the resumed screen's settings.
         layers: the resumed model's DyT layers (they must be the saved ones).
         steps: window steps counted before the resume.
@@ -160,6 +160,8 @@ def restore_plan(saved: ScreenState, settings: Settings, layers: Sequence[str], 
         >>> plan.counts, plan.restart, plan.notes
         (((3,), (10,), (0,)), False, ('resumed at step 100 with threshold 0.43 (saved: 0.5); the counts were kept',))
     """
+    if not isinstance(saved, ScreenState):
+        saved = ScreenState.from_dict(saved)
     if saved.layers and list(saved.layers) != list(layers):
         raise RuntimeError(f"Expected the checkpoint's satmon layers {list(saved.layers)} to match the model's "
                            f"{list(layers)}. Resume with the same model, or start a new screen (a new SaturationMonitor "
