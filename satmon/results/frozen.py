@@ -1,16 +1,17 @@
 """Read-only containers for frozen results: :class:`FrozenMap`, and :func:`freeze` / :func:`thaw`.
 
 A frozen dataclass is only as frozen as its fields: a ``dict`` field can still be changed in place.
-satmon's results hold tuples and :class:`FrozenMap` instead, which cannot be changed, compare equal
-to the ``dict`` they were made from, hash (so a frozen result does too) and pickle (checkpoints).
-``types.MappingProxyType`` would not pickle. ``to_dict`` methods :func:`thaw` them back to plain
-``dict`` and ``list`` (JSON, ``torch.load(weights_only=True)``).
+satmon's results hold tuples and :class:`FrozenMap` instead: a ``dict`` that refuses every change,
+so it still reads, compares, prints to JSON and ``isinstance(..., dict)``-checks as the dict it was
+made from, and it hashes (a frozen result does too) and pickles (checkpoints). ``to_dict`` methods
+:func:`thaw` them back to plain ``dict`` and ``list`` (``torch.load(weights_only=True)`` takes only those).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any, TypeVar
+import copy
+from collections.abc import Mapping
+from typing import Any, NoReturn, TypeVar
 
 __all__ = ["FrozenMap", "freeze", "thaw"]
 
@@ -18,52 +19,43 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
-class FrozenMap(Mapping[K, V]):
-    """A read-only mapping, in insertion order: equal to a ``dict`` of the same items, hashable, picklable.
+class FrozenMap(dict[K, V]):
+    """A ``dict`` that cannot be changed: equal to a ``dict`` of the same items, JSON-serialisable, hashable, picklable.
 
     Example:
+        >>> import json
         >>> m = FrozenMap({"ln_f": 0.5})
-        >>> m["ln_f"], m == {"ln_f": 0.5}, dict(m)
-        (0.5, True, {'ln_f': 0.5})
+        >>> m["ln_f"], m == {"ln_f": 0.5}, json.dumps(m)
+        (0.5, True, '{"ln_f": 0.5}')
         >>> m["ln_f"] = 1.0
         Traceback (most recent call last):
         ...
-        TypeError: 'FrozenMap' object does not support item assignment
+        TypeError: 'FrozenMap' object does not support item assignment (satmon results are frozen: use dataclasses.replace)
     """
 
-    __slots__ = ("_data", "_hash")
+    __slots__ = ()
 
-    def __init__(self, items: Mapping[K, V] | Any = ()) -> None:
-        object.__setattr__(self, "_data", dict(items))
-        object.__setattr__(self, "_hash", None)
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError(f"{type(self).__name__!r} object does not support item assignment "
+                        "(satmon results are frozen: use dataclasses.replace)")
 
-    def __getitem__(self, key: K) -> V:
-        return self._data[key]
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse
 
-    def __iter__(self) -> Iterator[K]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def __hash__(self) -> int:
-        if self._hash is None:
-            object.__setattr__(self, "_hash", hash(tuple(self._data.items())))
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Mapping):
-            return self._data == dict(other.items())
-        return NotImplemented
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{type(self).__name__} is read-only")
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(self.items()))
 
     def __repr__(self) -> str:
-        return f"FrozenMap({self._data!r})"
+        return f"FrozenMap({dict.__repr__(self)})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (FrozenMap, (self._data,))
+        return (FrozenMap, (dict(self),))
+
+    def __copy__(self) -> FrozenMap[K, V]:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenMap[K, V]:
+        return FrozenMap(copy.deepcopy(dict(self), memo))
 
 
 def freeze(value: Any) -> Any:

@@ -43,11 +43,14 @@ def test_frozen_map_reads_like_a_dict_and_cannot_change():
     assert m != {"a": 1} and hash(m) == hash(FrozenMap({"a": 1, "b": 2}))
     with pytest.raises(TypeError):
         m["a"] = 3  # type: ignore[index]
+    for change in (lambda: m.update({"c": 3}), lambda: m.pop("a"), lambda: m.setdefault("c", 3), m.clear, m.popitem,
+                   lambda: operator.delitem(m, "a"), lambda: operator.ior(m, {"c": 3})):
+        with pytest.raises(TypeError, match="satmon results are frozen: use dataclasses.replace"):
+            change()
     with pytest.raises(AttributeError):
-        m.update({"c": 3})  # type: ignore[attr-defined]
-    with pytest.raises(AttributeError):
-        m._data = {}  # type: ignore[misc]
-    assert pickle.loads(pickle.dumps(m)) == m
+        m.extra = 1  # type: ignore[attr-defined]
+    assert m == {"a": 1, "b": 2} and isinstance(m, dict) and json.loads(json.dumps(m)) == m  # still reads as the dict
+    assert pickle.loads(pickle.dumps(m)) == m and type(pickle.loads(pickle.dumps(m))) is FrozenMap
     nested = freeze({"x": [1, {"y": [2]}]})
     assert nested == {"x": (1, {"y": (2,)})} and thaw(nested) == {"x": [1, {"y": [2]}]}
 

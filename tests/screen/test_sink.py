@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import InputRecorder
+from helpers import InputRecorder, RecordingSink
 
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.io.sink import LayoutSink, MultiSink, Sink
@@ -28,32 +28,11 @@ from satmon.screen.screen import Screen
 WINDOW, STEPS, EVERY = 4, 9, 2
 
 
-class Recorder:
-    """A layout sink that records every call, in order."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple] = []
-
-    def scalars(self, values, step):
-        self.calls.append(("scalars", dict(values), step))
-
-    def text(self, tag, markdown, step):
-        self.calls.append(("text", tag, markdown, step))
-
-    def hparams(self, params, metrics, step):
-        self.calls.append(("hparams", dict(params), dict(metrics), step))
-
-    def layout(self, layout):
-        self.calls.append(("layout", layout))
-
-    def close(self):
-        self.calls.append(("close",))
-
-
-def _loop(screen: Screen, recorder: InputRecorder | None = None) -> Screen:
+def _loop(screen: Screen) -> InputRecorder:
+    """A plain loop of STEPS steps; returns the float64 record of every DyT input it trained on."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16, alpha_init=8.0))
-    rec = InputRecorder(model, [l.name for l in find_dyt_layers(model)]) if recorder is None else recorder
+    rec = InputRecorder(model, [l.name for l in find_dyt_layers(model)])
     opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
     batches = torch.randint(0, 256, (STEPS, 4, 17), generator=torch.Generator().manual_seed(0))
     screen.attach(model, example_input=batches[0, :, :-1])
@@ -65,28 +44,27 @@ def _loop(screen: Screen, recorder: InputRecorder | None = None) -> Screen:
         screen.step(loss)
     screen.finish()
     screen.detach()
-    screen.recorded = rec
-    return screen
+    return rec
 
 
 @pytest.fixture(scope="module")
-def run() -> tuple[Screen, Recorder]:
-    sink = Recorder()
+def run() -> tuple[Screen, RecordingSink, InputRecorder]:
+    sink = RecordingSink()
     assert isinstance(sink, LayoutSink)
-    screen = _loop(Screen(window=WINDOW, log_every_n_steps=EVERY, watch_every_n_steps=EVERY, offset_every=2,
-                          verbose=False, sink=sink))
-    return screen, sink
+    screen = Screen(window=WINDOW, log_every_n_steps=EVERY, watch_every_n_steps=EVERY, offset_every=2, verbose=False,
+                    sink=sink)
+    return screen, sink, _loop(screen)
 
 
 def test_the_layout_goes_once_at_attach(run):
-    _, sink = run
+    _, sink, _ = run
     assert sink.calls[0] == ("layout", custom_scalars_layout())
     assert [c for c in sink.calls if c[0] == "layout"] == [sink.calls[0]]
 
 
 def test_running_readings_equal_a_float64_recount(run):
-    screen, sink = run
-    rec, names = screen.recorded, screen.layer_names
+    screen, sink, rec = run
+    names = screen.layer_names
     steps = {c[2]: c[1] for c in sink.calls if c[0] == "scalars" and TAG.nonfinite in c[1]}
     assert sorted(steps) == [2, WINDOW]  # every EVERY steps in the window, then at the verdict
     for step, got in steps.items():
@@ -101,7 +79,7 @@ def test_running_readings_equal_a_float64_recount(run):
 
 
 def test_the_verdict_goes_as_scalars_card_and_one_hparams_session(run):
-    screen, sink = run
+    screen, sink, _ = run
     v = screen.verdict
     at_verdict = [c for c in sink.calls if c[-1] == WINDOW]
     kinds = [c[0] if c[0] != "text" else f"text:{c[1]}" for c in at_verdict]
@@ -113,7 +91,7 @@ def test_the_verdict_goes_as_scalars_card_and_one_hparams_session(run):
 
 
 def test_watch_checks_go_at_their_steps(run):
-    screen, sink = run
+    screen, sink, _ = run
     watched = [c for c in sink.calls if c[0] == "scalars" and TAG.collapse_nonfinite in c[1]]
     assert [c[2] for c in watched] == [r["step"] for r in screen.watch.log] and watched
     for (_, values, _), logged in zip(watched, screen.watch.log):
@@ -122,12 +100,12 @@ def test_watch_checks_go_at_their_steps(run):
 
 
 def test_a_given_sink_is_the_callers_to_close(run):
-    _, sink = run
+    _, sink, _ = run
     assert ("close",) not in sink.calls and not any(c[0] == "text" and c[1] == TAG.stop for c in sink.calls)
 
 
 def test_the_screen_closes_the_files_it_opened_and_writes_to_both(tmp_path):
-    sink = Recorder()
+    sink = RecordingSink()
     screen = Screen(window=WINDOW, verbose=False, sink=sink, logdir=tmp_path / "run", offset_every=0)
     assert isinstance(screen.sink, MultiSink) and isinstance(screen.sink, Sink)
     _loop(screen)

@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+from helpers import RecordingSink
 
 from satmon import DyT
 from satmon.results.stop import SatmonAbort, StopDecision, StopReason, StopRecord
@@ -116,25 +117,6 @@ def test_the_reason_a_verdict_asks_for(counts, gated, abort_on, patience, expect
     assert verdict_stop_reason(v, Settings(abort_on=abort_on, patience=patience)) == expected
 
 
-class Recorder:
-    """A sink that records every call, in order."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple] = []
-
-    def scalars(self, values, step):
-        self.calls.append(("scalars", dict(values), step))
-
-    def text(self, tag, markdown, step):
-        self.calls.append(("text", tag, markdown, step))
-
-    def hparams(self, params, metrics, step):
-        self.calls.append(("hparams", dict(params), dict(metrics), step))
-
-    def close(self):
-        self.calls.append(("close",))
-
-
 def _no_go_screen(sink, **options) -> tuple[Screen, torch.nn.Module]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), DyT(4, alpha_init=0.1))  # |0.1 x| > 2: almost never: NO-GO
@@ -144,7 +126,7 @@ def _no_go_screen(sink, **options) -> tuple[Screen, torch.nn.Module]:
 
 
 def test_the_screen_logs_what_the_policy_decided_then_raises():
-    sink = Recorder()
+    sink = RecordingSink()
     screen, model = _no_go_screen(sink, abort_mode="raise")
     model(torch.randn(8, 4))
     screen.step()
@@ -161,7 +143,7 @@ def test_the_screen_logs_what_the_policy_decided_then_raises():
 
 
 def test_a_dry_run_screen_logs_the_would_be_stop_and_trains_on():
-    sink = Recorder()
+    sink = RecordingSink()
     screen, model = _no_go_screen(sink, dry_run=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
