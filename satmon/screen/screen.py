@@ -440,10 +440,10 @@ class Screen:
         over ranks with ``sync``: every rank must call it), settings, verdict, stop. Before :meth:`attach`,
         a loaded state passes through."""
         common = dict(steps_seen=self.steps_seen, first_step=self.first_step, verdict=self.verdict, stop=self.stop)
-        if self.hooks is None:  # not attached (yet)
-            loaded = self._loaded or ScreenState({}, ())
-            state = ScreenState(ScreenState.saved_settings(self.settings), tuple(self.layer_names) or loaded.layers,
-                                notes=(*loaded.notes, *self.notes), counts=loaded.counts, extras=loaded.extras, **common)
+        if self.hooks is None:  # not attached (yet): a loaded state passes through, with the settings of its counts
+            loaded = self._loaded or ScreenState(ScreenState.saved_settings(self.settings), ())
+            state = ScreenState(loaded.settings, tuple(self.layer_names) or loaded.layers, notes=(*loaded.notes, *self.notes),
+                                counts=loaded.counts, extras=loaded.extras, **common)
             return state.to_dict()
         r = self.hooks.read(sync=sync)  # collectives, in the same order on every rank: counts, then each state
         extras = {key: read_window_state(m, sync) for key, m in self._window_states() if m is not None}

@@ -129,7 +129,7 @@ def _run(resume_at: int | None, **resume_settings) -> tuple[Screen, dict]:
     opt.load_state_dict(saved["opt"])
     again = Screen(**{**options, **resume_settings})
     again.load_state_dict(saved["satmon"])
-    assert again.state_dict() == {**saved["satmon"], "settings": again.state_dict()["settings"]}  # before attach: passes through
+    assert again.state_dict() == saved["satmon"]  # before attach: passes through whole, with the counts' settings
     again.attach(model, step=resume_at, example_input=batches[0, :, :-1])
     _train(model, opt, again, batches, resume_at, STEPS)
     return again, saved["satmon"]
