@@ -38,9 +38,11 @@ from satmon.screen.nonfinite_guard import NonFiniteGuard
 from satmon.screen.state import COUNTS, ScreenState, WindowState, load_window_state, read_window_state, restore_plan
 from satmon.screen.stop_policy import StopPolicy, verdict_stop_reason
 from satmon.screen.watch import CollapseWatch, LossHistory
-from satmon.settings import Settings
+from satmon.settings import Settings, settings_from
 
 __all__ = ["Screen", "running_scalars"]
+
+_OWN = ("sink", "logdir", "agreement", "info", "warn", "verbose", "log_every_n_steps")
 
 
 def _print_rank_zero(text: str) -> None:
@@ -101,14 +103,8 @@ class Screen:
                  agreement: Agreement | None = None, info: Callable[[str], None] | None = None,
                  warn: Callable[[str], None] | None = None, verbose: bool = True, log_every_n_steps: int = 50,
                  **options: Any) -> None:
-        if settings is not None and options:
-            raise ValueError(f"Expected either `settings` or keyword options, got both (options {sorted(options)}).")
-        unknown = sorted(set(options) - set(Settings.__dataclass_fields__))
-        if unknown:
-            raise TypeError(f"Expected Screen options among {sorted(Settings.__dataclass_fields__)} (plus sink, "
-                            f"logdir, agreement, info, warn, verbose, log_every_n_steps), got {unknown}. A model without "
-                            "DyT gets no screen and a warning; there is no on_missing option here.")
-        self.settings = settings or Settings(**options)
+        self.settings = settings_from(settings, options, owner="Screen", own=_OWN, hint="A model without DyT gets no "
+                                      "screen and a warning; there is no on_missing option here.")
         self._own_sink = tb.SummaryWriterSink(logdir) if logdir is not None else None
         given = [check_sink(sink)] if sink is not None else []
         sinks = [*given, *([self._own_sink] if self._own_sink is not None else [])]
