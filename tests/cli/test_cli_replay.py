@@ -8,7 +8,6 @@ import fractions
 import json
 import shutil
 import warnings
-from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -345,11 +344,6 @@ def test_partial_records_are_written_as_they_come_and_removed_when_complete(run,
     assert "replaced the previous file" not in out  # a new file: nothing replaced, nothing said
 
 
-_TB_WRITER_USES_LIGHTNING = "lightning" in (Path(__file__).resolve().parents[2] / "satmon" / "io" / "tensorboard_replay.py").read_text()
-
-
-@pytest.mark.xfail(_TB_WRITER_USES_LIGHTNING, strict=True,
-                   reason="the TensorBoard writer still goes through Lightning's logger (its SummaryWriter sink is issue 18.2)")
 def test_a_factory_replay_never_imports_lightning(run, tmp_path):
     """The whole command, plain weights with a factory, in a fresh process: no Lightning module is loaded."""
     import subprocess
