@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer.fit(model, data)
 
     if monitor.verdict is not None:
-        print(monitor.verdict.card())
+        print(monitor.verdict.text())
         print()
     stop = monitor.stop
     if stop is None:

@@ -32,5 +32,5 @@ trainer = pl.Trainer(max_steps=args.steps, accelerator="cpu", logger=logger, cal
 trainer.fit(model, data)
 
 verdict = monitor.verdict
-print(f"{verdict.card()}\n\n{verdict.summary()}" if verdict else "no verdict: training stopped before the first step")
+print(f"{verdict.text()}\n\n{verdict.summary()}" if verdict else "no verdict: training stopped before the first step")
 print(f"TensorBoard: tensorboard --logdir {args.logdir}   (run: {logger.log_dir})")

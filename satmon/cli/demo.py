@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NO_VERDICT
     steps = args.steps or args.window
     print()
-    print(monitor.verdict.card())
+    print(monitor.verdict.text())  # the card in plain text (TensorBoard holds its markdown)
     print()
     print(monitor.verdict.summary())
     print("\n".join(_loss_lines(losses, steps, monitor.verdict.go)))

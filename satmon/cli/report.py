@@ -67,14 +67,15 @@ def format_run(run: Run) -> str:
     """The verdict card (decision, notes, per-layer table), then the trajectories' key points, as compact tables."""
     from satmon.io.markdown import table
     from satmon.io.tensorboard import TAG
+    from satmon.results.card import plain
 
     named = _named()
     steps = run.steps()
     head = f"== satmon run {run.path}"
     if steps:
         head += f"  (steps {steps[0]}..{steps[-1]}, {len(run.scalars)} satmon scalar tags)"
-    card = run.last_text(TAG.verdict)
-    out = [head, "", card or "(no verdict card in this run: the screening window has not ended yet)", ""]
+    card = run.last_text(TAG.verdict)  # markdown in TensorBoard; plain text on the console
+    out = [head, "", plain(card) if card else "(no verdict card in this run: the screening window has not ended yet)", ""]
     stop = run.last_text(TAG.stop)
     if stop:
         out += [stop.replace("**", ""), ""]

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from satmon.results.card import plain
 from satmon.results.stop import StopRecord
 from satmon.screen.agreement import TorchDistributed
 from satmon.screen.screen import Screen
@@ -77,7 +78,8 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         resume_from: the checkpoint folder to read ``satmon_state.pt`` from on a resume (default:
             ``<output_dir>/checkpoint-<global step>``, where ``resume_from_checkpoint=True`` finds it).
         on_missing: a model without DyT layers: ``"warn"`` (train unscreened) or ``"raise"``.
-        verbose: print the verdict card (process zero).
+        verbose: print the verdict to stdout when it is made (its plain-text card, process zero, once), as every
+            satmon driver does; :meth:`card` gives the same text later, or why there is no verdict.
         log_every_n_steps: running saturation is logged every this many steps (default: ``args.logging_steps``).
         **options: the :class:`satmon.Settings` fields, as documented in :class:`satmon.SaturationMonitor`
             (``window``, ``threshold``, ``calibration``, ``level``, ``product``, ``abort_on``, ``abort_mode``,
@@ -112,7 +114,22 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
 
     @property
     def verdict(self) -> Verdict | None:
+        """The verdict (``None`` before the window closes, or for a model without DyT: :meth:`card` says why)."""
         return self.screen.verdict if self.screen is not None else None
+
+    def card(self, markdown: bool = False) -> str:
+        """The verdict's card in plain text (``markdown``: as TensorBoard shows it), or why there is none.
+
+        Example:
+            >>> print(SatmonTrainerCallback(window=10).card())
+            satmon: no verdict
+            <BLANKLINE>
+            training has not started: the screen is made at the Trainer's on_train_begin.
+        """
+        if self.screen is None:
+            text = "### satmon: no verdict\n\ntraining has not started: the screen is made at the Trainer's on_train_begin."
+            return text if markdown else plain(text)
+        return self.screen.card(markdown)
 
     @property
     def stop(self) -> StopRecord | None:
@@ -218,6 +235,8 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         msg = (f"satmon found no DyT layer in {type(model).__name__}, so the saturation screen is off (no verdict). "
                "Convert the norms with `satmon.convert_to_dyt(model)` before training, or point satmon at your DyT "
                "layers with `include=`.")
+        if self.screen is not None:
+            self.screen.status = msg
         if self.on_missing == "raise":
             raise ValueError(msg + " (on_missing='raise')")
         warnings.warn(msg, UserWarning, stacklevel=2)

@@ -70,7 +70,8 @@ class SaturationMonitor(ReadsSettings, Callback):
             optimizer steps; ``None`` uses the Trainer's ``log_every_n_steps``.
         on_missing: what a model without DyT layers gets: ``"warn"`` (default: no screen, a console
             line and a TensorBoard card say why; probes still run) or ``"raise"``.
-        verbose: print the verdict card to the console (rank zero).
+        verbose: print the verdict to stdout when it is made (its plain-text card, rank zero, once), as every
+            satmon driver does; :meth:`card` gives the same text later, or why there is no verdict.
         probe_every_n_steps, probe_on_checkpoint, calibration_batches, probe_forward_fn: the live
             dead-direction probe (:class:`satmon.drivers.live_probe.LiveProbe`); it reads with these settings
             (the same ``level``, ``product``, layers, threshold and caveat).
@@ -123,6 +124,10 @@ class SaturationMonitor(ReadsSettings, Callback):
         >>> shared = Settings(window=200, product="exact")
         >>> SaturationMonitor(settings=shared).settings is shared
         True
+        >>> print(monitor.card())  # before training: no verdict yet, and why
+        satmon: no verdict
+        <BLANKLINE>
+        the screen is not attached to a model yet (Screen.attach(model), or the callback at the first batch).
     """
 
     def __init__(
@@ -147,14 +152,23 @@ class SaturationMonitor(ReadsSettings, Callback):
         live = LiveProbe(probe_every_n_steps, probe_on_checkpoint, calibration_batches, probe_forward_fn,
                          settings=self.settings)  # validates the probe arguments
         self.live_probe: LiveProbe | None = live if live.active else None
-        self.screen = Screen(self.settings, info=rank_zero_info, warn=rank_zero_warn, verbose=verbose)
+        # the verdict goes to stdout on rank zero (the Screen's default), as in every satmon driver
+        self.screen = Screen(self.settings, warn=rank_zero_warn, verbose=verbose)
         self._paused = ExitStack()  # validation: no counting between on_validation_start and _end
         self._attached = False
         self.gating_forward_fn = gating_forward_fn or feed_first
 
     @property
     def verdict(self) -> Verdict | None:
+        """The verdict (``None`` before the window closes, or for a model without DyT: :meth:`card` says why)."""
         return self.screen.verdict
+
+    def card(self, markdown: bool = False) -> str:
+        """The verdict's card in plain text (``markdown``: as TensorBoard shows it), or why there is none.
+
+        ``print(monitor.card())`` works for every model: for one without DyT it says there is no screen and why.
+        """
+        return self.screen.card(markdown)
 
     @property
     def stop(self) -> StopRecord | None:
@@ -207,25 +221,26 @@ class SaturationMonitor(ReadsSettings, Callback):
         self.screen.log_every_n_steps = self.log_every_n_steps or trainer.log_every_n_steps
         self.screen.agreement = _StrategyAgreement(trainer)
         if not self.screen.active:
-            log_text(self.screen.sink, TAG.verdict, f"### satmon: no screen\n\n{self.screen.status}", trainer.global_step)
+            log_text(self.screen.sink, TAG.verdict, self.screen.card(markdown=True), trainer.global_step)
         self._attached = False  # the hooks go on at the first training batch, which the gating trace reads
 
-    def _attach(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
+    def _attach(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
         """At the first training batch, on every rank, before any counting hook: trace gating on this batch
         (one eval, no-grad forward of the LightningModule), then attach to the wrapped model."""
         self._attached = True
-        resumed_mid_window = self.screen.steps_seen > 0 and self.screen.verdict is None
         # CPU: inputs kept and counted around the backward
         self.screen.attach(pl_module, step=trainer.global_step, keep_inputs=pl_module.device.type == "cpu",
                            example_input=batch, forward_fn=self.gating_forward_fn)
+        resumed_mid_window = self.screen.steps_seen > self.screen.first_step and self.screen.verdict is None
         if resumed_mid_window:
-            self._warn_data_order(trainer)
+            self._warn_data_order(trainer, batch_idx)
 
-    def _warn_data_order(self, trainer: pl.Trainer) -> None:
+    def _warn_data_order(self, trainer: pl.Trainer, batch_idx: int) -> None:
         """A mid-window resume reaches the same verdict only if the data order resumes too."""
-        loop = trainer.fit_loop
-        if not (getattr(loop, "restarted_mid_epoch", False) and not loop.epoch_loop.batch_progress.is_last_batch):
-            return  # resumed at an epoch boundary: the data order restarts where it would have anyway
+        if batch_idx == 0:
+            # the first batch of the resumed run opens an epoch (a checkpoint saved at an epoch's last batch or at its
+            # end): a new epoch starts where the uninterrupted run's would have, whatever the loader
+            return
         loader = trainer.train_dataloader
         loaders = loader if isinstance(loader, (list, tuple)) else [loader]
         if all(hasattr(dl, "state_dict") for dl in loaders if dl is not None):
@@ -240,7 +255,7 @@ class SaturationMonitor(ReadsSettings, Callback):
     # ------------------------------------------------------------------------------------ per step
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
         if not self._attached and self.screen.active:
-            self._attach(trainer, pl_module, batch)
+            self._attach(trainer, pl_module, batch, batch_idx)
         self.screen.begin_step(trainer.global_step)
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:

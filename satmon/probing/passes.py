@@ -2,10 +2,12 @@ r"""``satmon.probe(model, batches)``: no-grad passes over calibration batches, e
 
 Forward hooks, attached for the call and removed afterwards, feed satmon's float64 math:
 
-- **DyT** layers: saturation ``|alpha * x| > level``, counted by the live monitor's
-  :class:`~satmon.observe.saturation.SaturationHooks`, then :func:`~satmon.results.verdict.build_verdict`.
-  When a DyT feeds a gated MLP (:func:`~satmon.model.gating.detect_gating`), the collapse watch's
-  :class:`~satmon.observe.gate.GateHooks` take gate statistics in the same forward.
+- **DyT** layers: the live window's hook sets (:class:`~satmon.observe.reading_hooks.ReadingHooks`):
+  saturation ``|alpha * x| > level``, the offset statistics on every batch, and, when a DyT feeds a
+  gated MLP (:func:`~satmon.model.gating.detect_gating`), gate statistics in the same forward; read
+  into one :class:`~satmon.results.reading.Reading` with the model's non-finite weights, then
+  :func:`~satmon.results.reading.verdict_of`: the window's reading -> verdict function, so a probe's
+  verdict carries the same offset table and flags as the window's, and NaN/inf weights read NON-FINITE.
 - **LayerNorm / RMSNorm** layers: the covariance of the layer output
   (:class:`~satmon.observe.covariance.CovarianceTaps`), then
   :func:`~satmon.functional.dead_directions.alignment` with the layer's effective gain
@@ -32,20 +34,19 @@ import torch
 from torch import nn
 
 from satmon.batches import ForwardFn, feed, feed_first, peek_batch, take_batches, to_device
-from satmon.observe.counters import SaturationCounter
 from satmon.observe.covariance import CovarianceTap, CovarianceTaps
-from satmon.observe.gate import GateCounter, GateHooks
+from satmon.observe.reading_hooks import ReadingHooks, nonfinite_parameters
 from satmon.model.gating import detect_gating
 from satmon.settings import Settings, settings_from
 from satmon.probing.memory_plan import MemoryPlan, plan_memory
 from satmon.model.frozen import frozen_forward
-from satmon.observe.saturation import SaturationHooks
 from satmon.model.discovery import NormLayer, Selector
 from satmon.model.affine import effective_affine
 from satmon.functional.dead_directions import GramSpectrum, alignment, classify_norm_type, gram_spectrum
 from satmon.probing.targets import ProbeTargets, find_probe_targets, layer_dim
 from satmon.results.probe_report import EMBEDDING, LayerReading, ProbeReport, SigmaMinReading, init_gaps, model_norm_type
-from satmon.results.verdict import GatingInfo, Source, Verdict, build_verdict
+from satmon.results.reading import Reading, Rule, verdict_of
+from satmon.results.verdict import GatingInfo, Source, Verdict
 
 __all__ = ["EMBEDDING", "OWN_OPTIONS", "LayerReading", "ProbeReport", "SigmaMinReading", "check_options", "feed_first", "probe"]
 
@@ -96,7 +97,9 @@ def probe(
     plan is logged at INFO on ``satmon.probing.passes`` before the first pass (printed with ``verbose``);
     a budget that cannot hold one matrix and its readout raises ``ValueError`` before any forward.
 
-    Readings (see :class:`~satmon.results.probe_report.ProbeReport`): DyT saturation and a verdict; LayerNorm/RMSNorm
+    Readings (see :class:`~satmon.results.probe_report.ProbeReport`): DyT saturation, the offset statistics
+    and a verdict (``NON-FINITE`` when any parameter of ``model`` is NaN/inf; its ``reading`` is the
+    :class:`~satmon.results.reading.Reading` it was made from); LayerNorm/RMSNorm
     alignment of ``v* = gain^-1/||gain^-1||`` with the bottom of the output covariance, the null
     space, the norm type; the residual stream's ``sigma_min`` ratios; with ``twin``, the init-gap.
     Statistics are float64 whatever the forward's dtype. bf16 LayerNorm outputs (a bf16 model) lift
@@ -162,12 +165,10 @@ def probe(
     batch_list = take_batches(batches, max_batches, keep=plan.passes > 1 or twin is not None)
     first, batch_list = peek_batch(batch_list)  # the first batch also feeds the gated-MLP trace
     example = to_device(first, device) if first is not None and targets.dyt else None
-    screen = _SaturationScreen(model, targets.dyt, s.level, s.gating_mapping, example, forward_fn or feed, s.product)
+    gating, hooks = _dyt_hooks(model, targets.dyt, s, example, forward_fn or feed)
     run = _Run(model, batch_list, device, forward_fn or feed, train_mode, autocast_dtype)
-    results = _read_all(run, targets, plan, screen)
-    verdict_args = dict(step=step, source=source, level=s.level, threshold=s.threshold,
-                        collapse_threshold=s.collapse_threshold, caveat=s.caveat)
-    dyt = screen.read(**verdict_args)
+    results = _read_all(run, targets, plan, hooks)
+    dyt = _read_dyt(model, targets.dyt, hooks, s, step=step, source=Source(source).value)
     _warn_skipped(targets.skipped)
     twin_report = None
     if twin is not None:
@@ -177,7 +178,7 @@ def probe(
             blocks=targets.block_names or None, autocast_dtype=autocast_dtype, max_dim=max_dim, train_mode=train_mode,
             memory_budget=memory_budget,
         )  # fmt: skip
-    return _assemble(targets, results, dyt, screen.gating, run.batches, plan, twin_report, t0)
+    return _assemble(targets, results, dyt, gating, run.batches, plan, twin_report, t0)
 
 
 # -------------------------------------------------------------------------------------- the passes
@@ -219,12 +220,13 @@ class _Results:
     spectra: dict[str, GramSpectrum] = field(default_factory=dict)
 
 
-def _read_all(run: _Run, targets: ProbeTargets, plan: MemoryPlan, screen: _SaturationScreen) -> _Results:
-    """One pass per group of the plan (the first also counts DyT saturation); each group read, then freed."""
+def _read_all(run: _Run, targets: ProbeTargets, plan: MemoryPlan, hooks: ReadingHooks | None) -> _Results:
+    """One pass per group of the plan (the first also counts the DyT layers); each group read, then freed."""
     results = _Results()
+    dyt = hooks.hooksets if hooks is not None else []
     for i, group in enumerate(plan.groups or ((),)):
         taps = CovarianceTaps([targets.taps[name] for name in group])
-        run.one_pass([taps, *screen.hooksets()] if i == 0 else [taps])
+        run.one_pass([taps, *dyt] if i == 0 else [taps])
         for name in group:
             _read_tap(name, taps.taps[name], targets, results)
     return results
@@ -260,59 +262,42 @@ def _read_tap(name: str, tap: CovarianceTap, targets: ProbeTargets, results: _Re
 
 
 # ------------------------------------------------------------------------------------ DyT and gates
-class _SaturationScreen:
-    """DyT saturation hooks, gate hooks on the gated MLPs the DyT layers feed, and the verdict from their counts."""
+def _dyt_hooks(model: nn.Module, dyt: list[NormLayer], s: Settings, example: Any,
+               forward_fn: ForwardFn) -> tuple[GatingInfo | None, ReadingHooks | None]:
+    """The gating of the DyT layers and the window's hook sets on them (offset statistics on every batch)."""
+    if not dyt:
+        return None, None
+    found = detect_gating(model, norm_names=[l.name for l in dyt], mapping=s.gating_mapping, example_input=example,
+                          forward_fn=forward_fn)
+    # a probe on one rank never waits for the others: nothing it reads syncs
+    hooks = ReadingHooks(model, dyt, found, level=s.level, product=s.product, offset=True, distributed=False)
+    hooks.offset_enabled = True
+    return GatingInfo.of(found), hooks
 
-    def __init__(self, model: nn.Module, dyt: list[NormLayer], level: float, mapping: dict[str, str] | None,
-                 example: Any = None, forward_fn: ForwardFn | None = None, product: str = "module") -> None:
-        self.dyt = dyt
-        self.hooks: SaturationHooks | None = None
-        self.gate_hooks: GateHooks | None = None
-        self.gating: GatingInfo | None = None
-        if not dyt:
-            return
-        where = dyt[0].module.alpha.device
-        self.hooks = SaturationHooks(dyt, SaturationCounter(len(dyt), level=level, product=product).to(where))
-        found = detect_gating(model, norm_names=[l.name for l in dyt], mapping=mapping, example_input=example,
-                              forward_fn=forward_fn)
-        self.gating = GatingInfo.of(found)
-        if found.pairings:
-            # a probe on one rank never waits for the others: the gate counter does not sync
-            counter = GateCounter(len(found.pairings), distributed_available_fn=lambda: False).to(where)
-            self.gate_hooks = GateHooks(model, found, counter)
 
-    def hooksets(self) -> list[Any]:
-        return [h for h in (self.hooks, self.gate_hooks) if h is not None]
-
-    def read(self, **verdict_args: Any) -> _DytReadings:
-        """The DyT readings, the pooled saturation and the verdict (this process only: no collective)."""
-        if self.hooks is None:
-            return _DytReadings({}, None, None)
-        counted = self.hooks.read(sync=False)
-        names = [l.name for l in self.dyt]
-        readings = {}
-        for layer, s, t, b, a in zip(self.dyt, *counted):
-            dim = layer_dim(layer.module) or 0
-            readings[layer.name] = LayerReading(layer.name, layer.kind, dim, tokens=t // dim if dim else 0,
-                                                saturation=s / t if t else None, alpha=a, nonfinite=b)
-        if not sum(counted.total):
-            return _DytReadings(readings, None, None)
-        per_layer = counted.fractions(names)
-        assert self.gating is not None  # made with the hooks
-        stats = self.gate_hooks.readings() if self.gate_hooks is not None else {}
-        risk = {p["mlp"]: {"dyt_saturation": per_layer.get(norm, math.nan), **stats.get(norm, {})}
-                for norm, p in self.gating.pairings.items()}
-        pooled = sum(counted.saturated) / sum(counted.total)
-        return _DytReadings(readings, pooled, build_verdict(counted.layer_counts(names), gating=self.gating, risk=risk,
-                                                            **verdict_args))
+def _read_dyt(model: nn.Module, dyt: list[NormLayer], hooks: ReadingHooks | None, s: Settings, *, step: int,
+              source: str) -> _DytReadings:
+    """The DyT layers' readings, the reading and the verdict (this process only: no collective)."""
+    if hooks is None:
+        return _DytReadings({}, None, None, None)
+    reading = hooks.read(step=step, source=source, sync=False, nonfinite_weights=nonfinite_parameters(model))
+    layers = {}
+    for layer in dyt:
+        c, a = reading.counts[layer.name], reading.alphas[layer.name]
+        dim = layer_dim(layer.module) or 0
+        layers[layer.name] = LayerReading(layer.name, layer.kind, dim, tokens=c.total // dim if dim else 0,
+                                          saturation=c.saturated / c.total if c.total else None, alpha=a,
+                                          nonfinite=c.nonfinite - (not math.isfinite(a)))  # inputs only
+    return _DytReadings(layers, reading.pooled, verdict_of(reading, Rule.of(s)), reading)
 
 
 class _DytReadings(NamedTuple):
-    """The DyT layers' readings, their pooled saturation and the verdict (``None``: no element counted)."""
+    """The DyT layers' readings, their pooled saturation, the verdict (``None``: no element counted), the reading."""
 
     readings: dict[str, LayerReading]
     pooled: float | None
     verdict: Verdict | None
+    reading: Reading | None
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -345,7 +330,7 @@ def _assemble(targets: ProbeTargets, results: _Results, dyt: _DytReadings, gatin
     return ProbeReport(
         layers=readings, sigma_min=sigma, norm_type=norm_type, norm_type_note=note, saturation=dyt.pooled,
         verdict=dyt.verdict, gating=gating, init_gap=gaps, tokens=tokens, batches=n_batches,
-        skipped=targets.skipped, plan=plan, elapsed_s=time.perf_counter() - t0,
+        skipped=targets.skipped, plan=plan, elapsed_s=time.perf_counter() - t0, reading=dyt.reading,
     )
 
 

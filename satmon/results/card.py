@@ -1,13 +1,23 @@
-"""How a :class:`~satmon.results.verdict.Verdict` reads: its title, its console line and its markdown card."""
+"""How a :class:`~satmon.results.verdict.Verdict` reads: its headline, its console line and its card.
+
+The headline says the decision and how far to trust it (``Verdict.trust``): the study's rule decides,
+and a flag, a window cut short, a function the study did not calibrate or a margin inside the
+inconclusive band qualify it ("do not rely on this GO"), never a bare "keep it". The card is markdown
+(TensorBoard, reports): the headline, the numbers, the trust, the reason, the flags and the caveat
+come first, then one per-layer table. :func:`plain` renders the same card for a console.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
+
+from satmon.study import INCONCLUSIVE_BAND
 
 if TYPE_CHECKING:
     from satmon.results.verdict import Verdict
 
-__all__ = ["FLAG_TEXT", "card", "headline", "summary"]
+__all__ = ["FLAG_TEXT", "TRUST_TEXT", "card", "headline", "plain", "summary"]
 
 #: What each flag means, in the card. Flags sit beside the study's rule; they never change the decision.
 FLAG_TEXT = {
@@ -18,17 +28,67 @@ FLAG_TEXT = {
                      "an offset far above its token-to-token spread), not from informative activations: the stalled-run "
                      "pattern (docs/faq.md), not a regulariser at work.",
 }
+#: What each trust value means, in the card (docs/science.md, "How far to trust a verdict").
+TRUST_TEXT = {
+    "ok": "nothing satmon measured undercuts the decision; the caveat below still applies.",
+    "uncalibrated": "the screened layers apply {functions}, for which no threshold was calibrated: the study's {threshold:g} "
+                    "and its collapse rule were fit on DyT (tanh) only. Read the saturation as a measurement; calibrate "
+                    "a threshold on your own runs with `satmon calibrate`, or pass `threshold=`.",
+    "flagged": "the flags below say the saturation is not the regulariser the rule reads.",
+    "partial": "training ended after {window} of the {planned} window steps: the verdict is provisional. Resuming "
+               "from a checkpoint continues the window; or lower `window`.",
+    "inconclusive": "the margin {margin:+.4f} is within {band:g} of the threshold, where the study's cells disagree "
+                    "(0.4135 hurt, 0.4662 helped).",
+}
+_WORD = {"go": "GO", "no-go": "NO-GO", "non-finite": "NON-FINITE"}
 
 
-def headline(v: Verdict) -> str:
-    """The decision in words (the card's title)."""
+def _by(v: Verdict) -> str:
+    """Whose rule decided."""
+    if v.threshold_source == "calibration":
+        return f"by your calibration's threshold {v.threshold:g}"
+    if v.threshold_source == "user":
+        return f"by your threshold {v.threshold:g}"
+    return "by the study's rule"
+
+
+def _qualifiers(v: Verdict) -> list[str]:
+    """Each caution in a few words, most serious first."""
+    words = {
+        "uncalibrated": "no calibrated threshold for " + ", ".join(v.uncalibrated_functions),
+        "flagged": f"flagged ({', '.join(v.flags)})",
+        "partial": f"partial window ({v.window} of {v.planned_window} steps)",
+        "inconclusive": f"inconclusive (margin {v.margin:+.4f})",
+    }
+    return [words[c] for c in v.cautions if c in words]
+
+
+def _nonfinite_what(v: Verdict) -> str:
+    parts = (["DyT inputs"] if v.nonfinite else []) + (["weights"] if v.nonfinite_weights else [])
+    return " and ".join(parts) or "DyT inputs"
+
+
+def headline(v: Verdict, markdown: bool = False, advice: bool = True) -> str:
+    """The decision and how far to trust it, in one line (the card's title; ``markdown`` bolds the decision).
+
+    ``advice=False`` leaves out the advice of an unqualified decision ("keep it", "switch back"): the
+    console line keeps it short. A qualified decision always says "do not rely on this <decision>".
+    """
+    word = _WORD[v.decision]
+    shown = f"**{word}**" if markdown else word
     if v.decision == "non-finite":
-        return "**NON-FINITE**: DyT inputs held NaN/inf: the run diverged; fix that before judging the norm"
+        return f"{shown}: NaN/inf in the {_nonfinite_what(v)}: the run diverged; fix that before judging the norm"
+    head = f"{shown} {_by(v)}" + (" (collapse risk)" if v.collapse_risk else "")
+    quals = _qualifiers(v)
+    if quals:
+        return f"{head}, {', '.join(quals)}: do not rely on this {word}"
+    if not advice:
+        return head
     if v.collapse_risk:
-        return "**NO-GO**: collapse risk: DyT feeds a gated MLP and saturates; switch back to RMSNorm/LayerNorm"
+        return f"{head}: DyT feeds a gated MLP and saturates; switch back to RMSNorm/LayerNorm"
     if v.go:
-        return "**GO**: DyT acts as a useful regulariser here; keep it"
-    return "**NO-GO**: DyT looks like a convergence penalty here; switch back to LayerNorm"
+        return f"{head}: DyT acts as a useful regulariser here; keep it"
+    return f"{head}: DyT looks like a convergence penalty here; switch back to LayerNorm"
 
 
 def _where(v: Verdict) -> str:
@@ -38,60 +98,89 @@ def _where(v: Verdict) -> str:
 
 
 def summary(v: Verdict) -> str:
-    """One console line: decision, saturation against the threshold, margin, window."""
+    """One console line: the decision and its trust, the saturation against the threshold, margin, window."""
     op = ">=" if v.saturation >= v.threshold else "<"
-    head = {"go": "GO", "no-go": "NO-GO", "non-finite": "NON-FINITE"}[v.decision]
-    extra = " [collapse risk]" if v.collapse_risk else ""
-    extra += " [inconclusive]" if v.inconclusive else ""
-    extra += " [partial window]" if v.partial else ""
-    extra += "".join(f" [{flag}]" for flag in v.flags)
-    return (f"satmon verdict: {head}{extra}  saturation {v.saturation:.4f} {op} threshold {v.threshold:g} "
+    return (f"satmon verdict: {headline(v, advice=False)}  saturation {v.saturation:.4f} {op} threshold {v.threshold:g} "
             f"(margin {v.margin:+.4f}, " + _where(v))
 
 
 def card(v: Verdict) -> str:
-    """The markdown card: title, the numbers, reason, gating, loss and offset readings, flags, notes, layers, caveat."""
+    """The markdown card: headline, the numbers, trust, reason, flags, gating, loss, notes, caveat, then the tables."""
     op = ">=" if v.saturation >= v.threshold else "<"
     if v.source == "window":
-        where = f"over a window of {v.window} optimizer steps (verdict at step {v.step}); "
+        asked = f"{v.planned_window} asked for; " if v.planned_window and v.planned_window != v.window else ""
+        where = f"over a window of {v.window} optimizer steps ({asked}verdict at step {v.step}); "
     else:
         where = f"from a {v.source} on calibration batches (step {v.step}, no training window); "
     lines = [
-        f"### satmon verdict: {headline(v)}", "",
+        f"### satmon verdict: {headline(v, markdown=True)}", "",
         f"Pooled saturation **{v.saturation:.4f}** {op} threshold **{v.threshold:g}** "
         f"(margin {v.margin:+.4f}{', inconclusive' if v.inconclusive else ''}) " + where
         + f"saturated means |alpha x| > {v.level:g}; {v.elements:,} elements counted.",
     ]
+    lines += ["", _trust_line(v)]
     if v.reason:
         lines += ["", f"Reason: {v.reason}"]
-    lines += _gating_lines(v)
+    for flag in v.flags:
+        lines += ["", f"**Flag: {flag}**: {FLAG_TEXT[flag]}"]
     if v.nonfinite:
         lines += ["", f"Warning: {v.nonfinite:,} DyT layer input(s) or alpha(s) held non-finite values."]
-    lines += _reading_lines(v)
+    if v.nonfinite_weights:
+        lines += ["", f"Warning: {v.nonfinite_weights:,} weight element(s) of the model are NaN/inf."]
+    lines += _gating_lines(v)
+    lines += _loss_lines(v)
     lines += [f"\nNote: {n}" for n in v.notes]
-    lines += ["", "| layer | saturation |", "|---|---|"]
-    lines += [f"| {name} | {frac:.4f} |" for name, frac in v.per_layer.items()]
+    lines += ["", f"_{v.caveat}_"]
+    lines += _layer_table(v)
     if v.risk:
         keys = sorted({k for r in v.risk.values() for k in r})
         lines += ["", "| gated block | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
         lines += [f"| {b} | " + " | ".join(f"{r.get(k, float('nan')):.4f}" for k in keys) + " |" for b, r in v.risk.items()]
-    lines += ["", f"_{v.caveat}_"]
     return "\n".join(lines)
 
 
-def _reading_lines(v: Verdict) -> list[str]:
-    """The loss beside the verdict, and what the flags mean."""
-    out = []
+def _trust_line(v: Verdict) -> str:
+    """``Trust: **<trust>**: what it means``, then each further caution in a sentence of its own."""
+    if not v.cautions:
+        return f"Trust: **ok**: {TRUST_TEXT['ok']}"
+    values = {"functions": ", ".join(v.uncalibrated_functions), "threshold": v.threshold, "window": v.window,
+              "planned": v.planned_window, "margin": v.margin, "band": INCONCLUSIVE_BAND}
+    first, *more = v.cautions
+    line = f"Trust: **{first}**" + (f" (also {', '.join(more)})" if more else "") + f": {TRUST_TEXT[first].format(**values)}"
+    return line + "".join(f" {c.capitalize()}: {TRUST_TEXT[c].format(**values)}" for c in more)
+
+
+def _loss_lines(v: Verdict) -> list[str]:
     if v.loss and v.loss.get("first") == v.loss.get("first"):  # not NaN
-        out += ["", f"Training loss over the window: {v.loss['first']:.4f} -> {v.loss['last']:.4f} "
+        return ["", f"Training loss over the window: {v.loss['first']:.4f} -> {v.loss['last']:.4f} "
                     f"({100 * v.loss['change']:+.1f}%; second half {100 * v.loss['late_change']:+.1f}%)"
                     + (": stopped improving" if v.loss.get("stalled") else "")]
-    if v.offset:
-        out += ["", "| layer | saturation (sampled) | after removing channel means | median abs(mean)/spread |",
-                "|---|---|---|---|"]
-        out += [f"| {n} | {r['saturated']:.4f} | {r['centered']:.4f} | {r['offset_ratio']:.3g} |" for n, r in v.offset.items()]
-    for flag in v.flags:
-        out += ["", f"**Flag: {flag}**: {FLAG_TEXT[flag]}"]
+    return []
+
+
+def _layer_table(v: Verdict) -> list[str]:
+    """One row per layer: its saturation over everything counted, then the offset readings (sampled in a window)."""
+    if not v.offset:
+        counted = "window" if v.source == "window" else "all batches"
+        out = ["", f"| layer | saturation ({counted}) |", "|---|---|"]
+        return out + [f"| {name} | {frac:.4f} |" for name, frac in v.per_layer.items()]
+    if v.source == "window":
+        counted, label = "window", "sampled"
+        scope = (f"sampled on every {v.offset_every}th counted window step" if v.offset_every > 1
+                 else "sampled on every counted window step")
+    else:
+        counted = label = "all batches"
+        scope = "read on every calibration batch"
+    out = ["", f"| layer | saturation ({counted}) | after removing channel means ({label}) | median abs(mean)/spread ({label}) |",
+           "|---|---|---|---|"]
+    for name, frac in v.per_layer.items():
+        r = v.offset.get(name)
+        cells = f"{r['centered']:.4f} | {r['offset_ratio']:.3g}" if r is not None else "- | -"
+        out.append(f"| {name} | {frac:.4f} | {cells} |")
+    out += ["", (f"Offset columns: {scope}, with the exact product alpha x. After removing channel means: the saturation "
+                 "left once each channel's mean over a batch's tokens is subtracted. Median abs(mean)/spread: over channels, "
+                 "a channel's abs(mean) over its token-to-token standard deviation; far above 1, each channel sits on a "
+                 "constant and its saturation carries little token information (the offset-driven flag).")]
     return out
 
 
@@ -104,3 +193,30 @@ def _gating_lines(v: Verdict) -> list[str]:
         line += (f"; collapse risk: {'YES' if v.collapse_risk else 'no'} "
                  f"(pooled saturation vs {v.collapse_threshold:g})")
     return ["", line]
+
+
+_BOLD = re.compile(r"\*\*(.+?)\*\*")
+_CODE = re.compile(r"`([^`]*)`")
+
+
+def plain(markdown: str) -> str:
+    """A satmon card (or any short markdown of headings, bold, code and an italic line) as plain text.
+
+    Headings lose their ``#``, ``**bold**`` and ```code``` their marks, a line in ``_underscores_`` its
+    underscores; tables stay (pipes read well in a console).
+
+    Example:
+        >>> print(plain("### satmon verdict: **GO** by the study's rule\\n\\nrun `satmon calibrate`\\n\\n_Caveat: x._"))
+        satmon verdict: GO by the study's rule
+        <BLANKLINE>
+        run satmon calibrate
+        <BLANKLINE>
+        Caveat: x.
+    """
+    out = []
+    for line in markdown.splitlines():
+        line = re.sub(r"^#+\s+", "", line)
+        if len(line) > 2 and line.startswith("_") and line.endswith("_"):
+            line = line[1:-1]
+        out.append(_CODE.sub(r"\1", _BOLD.sub(r"\1", line)))
+    return "\n".join(out)

@@ -25,6 +25,7 @@ from satmon.functional.dead_directions import (
 )
 from satmon.results.frozen import FrozenMap, freeze, thaw
 from satmon.results.plan import MemoryPlan
+from satmon.results.reading import Reading
 from satmon.results.verdict import GatingInfo, Verdict
 
 __all__ = ["EMBEDDING", "LayerReading", "NormKind", "ProbeReport", "SigmaMinReading", "init_gaps", "model_norm_type"]
@@ -190,6 +191,8 @@ class ProbeReport:
         skipped: layer or stream -> why it has no reading (read-only).
         plan: how the covariance matrices were grouped into passes (:class:`~satmon.results.plan.MemoryPlan`);
             not part of :meth:`to_dict`.
+        reading: the DyT layers' :class:`~satmon.results.reading.Reading` the verdict was made from (the live
+            window's kind of reading); ``None`` without DyT; not part of :meth:`to_dict` (the verdict holds it).
 
     Example:
         >>> r = ProbeReport(layers={}, sigma_min=SigmaMinReading(), norm_type="undetermined")
@@ -210,6 +213,7 @@ class ProbeReport:
     elapsed_s: float = 0.0
     skipped: Mapping[str, str] = FrozenMap()
     plan: MemoryPlan | None = None
+    reading: Reading | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", FrozenMap(self.layers))

@@ -1,9 +1,15 @@
 """The GO / NO-GO verdict: one constructor (:func:`build_verdict`), an immutable result, how it reads.
 
 Every verdict satmon gives (the live window, a probe, a replayed checkpoint, the examples) is made
-by :func:`build_verdict` from per-layer counts. A :class:`Verdict` is frozen, down to its fields
-(tuples and read-only mappings, :mod:`satmon.results.frozen`): what it says is fixed when it is made,
-and where it came from is its ``source`` field. A variant is made with :func:`dataclasses.replace`.
+by :func:`build_verdict` from per-layer counts; the screening paths reach it through one reading
+(:class:`satmon.results.reading.Reading` and :func:`~satmon.results.reading.verdict_of`). A
+:class:`Verdict` is frozen, down to its fields (tuples and read-only mappings,
+:mod:`satmon.results.frozen`): what it says is fixed when it is made, and where it came from is its
+``source`` field. A variant is made with :func:`dataclasses.replace`.
+
+Two fields say what the verdict is worth: ``decision`` is the study's rule, always (scripts that read
+it keep their contract), and ``trust`` says how far to rely on it (:data:`TRUST`): ``"ok"``, or the
+first of ``cautions``, the qualifications that apply, most serious first.
 """
 
 from __future__ import annotations
@@ -19,10 +25,24 @@ from satmon.results.frozen import FrozenMap, freeze, thaw
 from satmon.study import CAVEAT, COLLAPSE_THRESHOLD, INCONCLUSIVE_BAND, LEVEL, THRESHOLD
 
 __all__ = [
-    "CAVEAT", "FLAG_TEXT", "INCONCLUSIVE_BAND", "Decision", "GatingInfo", "LayerCounts", "Source", "Verdict", "build_verdict",
+    "CAVEAT", "FLAG_TEXT", "INCONCLUSIVE_BAND", "THRESHOLD_SOURCES", "TRUST", "Decision", "GatingInfo", "LayerCounts", "Source",
+    "Trust", "Verdict", "build_verdict",
 ]
 
 Decision = Literal["go", "no-go", "non-finite"]
+Trust = Literal["ok", "uncalibrated", "flagged", "partial", "inconclusive"]
+#: What ``Verdict.trust`` can say, most serious first: the order in which ``cautions`` are listed and
+#: the one ``trust`` names. ``"ok"``: nothing undercuts the decision. ``"uncalibrated"``: a layer applies a
+#: point-wise function the study did not calibrate (not tanh) and the threshold is the study's (give your own
+#: ``threshold=`` or ``calibration=``). ``"flagged"``: a flag (offset-driven, stalled-loss) says the saturation is
+#: not the regulariser the rule reads. ``"partial"``: training ended before the window closed; the verdict is
+#: provisional (a resume from a checkpoint finishes the window). ``"inconclusive"``: ``|margin|`` is within
+#: :data:`~satmon.study.INCONCLUSIVE_BAND`. A ``"non-finite"`` decision is a fact, not a rule's call: its trust is ``"ok"``.
+TRUST: tuple[str, ...] = ("ok", "uncalibrated", "flagged", "partial", "inconclusive")
+#: Whose threshold the decision used: the study's 0.43 (and caveat), one the user gave, or a calibration's.
+THRESHOLD_SOURCES: tuple[str, ...] = ("study", "user", "calibration")
+#: The point-wise function the study's threshold was calibrated for (DyT's).
+CALIBRATED_FUNCTION = "tanh"
 
 
 class Source(str, Enum):
@@ -101,7 +121,7 @@ class GatingInfo:
 
 
 #: the Verdict fields that hold containers (frozen at construction, thawed by to_dict)
-_CONTAINERS = ("per_layer", "gated_layers", "risk", "notes", "loss", "flags", "offset")
+_CONTAINERS = ("per_layer", "gated_layers", "risk", "notes", "loss", "flags", "offset", "cautions", "functions")
 
 
 @dataclass(frozen=True)
@@ -109,9 +129,10 @@ class Verdict:
     """What a screen concluded. Made only by :func:`build_verdict`; immutable.
 
     Attributes:
-        decision: ``"go"`` (DyT acts as a regulariser: keep it), ``"no-go"`` (convergence penalty, or
-            collapse risk in a gated model: switch back to LayerNorm/RMSNorm), or ``"non-finite"``
-            (DyT inputs held NaN/inf: the run diverged; the saturation rule does not apply).
+        decision: the study's rule: ``"go"`` (DyT acts as a regulariser), ``"no-go"`` (convergence penalty, or
+            collapse risk in a gated model: switch back to LayerNorm/RMSNorm), or ``"non-finite"`` (DyT inputs,
+            alphas or the model's weights held NaN/inf: the run diverged; the saturation rule does not apply).
+            ``trust`` says how far to rely on it.
         saturation: pooled fraction of DyT input elements with ``|alpha * x| > level``.
         threshold: the GO threshold used (study: 0.43).
         margin: ``saturation - threshold``.
@@ -123,6 +144,8 @@ class Verdict:
         elements: number of elements counted (all layers, all ranks).
         nonfinite: DyT layer inputs (one layer, one forward pass each) that held any ``inf``/``nan``, plus
             layers whose ``alpha`` is non-finite when the verdict is made.
+        nonfinite_weights: parameter elements of the model that were NaN/inf when the verdict was made
+            (any makes the decision ``"non-finite"``; the reason names the parameters).
         inconclusive: ``|margin| < INCONCLUSIVE_BAND``.
         gated: whether a DyT layer feeds a gated (SwiGLU/GeGLU) MLP; ``None`` when unknown.
         gated_layers: the DyT layers that feed a gated MLP.
@@ -137,7 +160,14 @@ class Verdict:
         loss: the training loss over the window (:func:`satmon.functional.loss.loss_trend`: ``first``,
             ``last``, ``change``, ``late_change``, ``stalled``); empty when not measured.
         flags: warnings derived from the readings beside the rule (``"stalled-loss"``, ``"offset-driven"``).
-        offset: per-layer offset readings (``centered`` saturation, ``offset_ratio``), when measured.
+        offset: per-layer offset readings (``saturated`` and ``centered`` fractions, ``offset_ratio``), when measured.
+        offset_every: the offset readings come from every this many counted window steps (``0``: from every
+            forward counted, as in a probe).
+        functions: the point-wise functions the screened layers apply (``"tanh"`` for DyT, ``"erf"``,
+            ``"hardtanh"``); the study calibrated its threshold for tanh only.
+        threshold_source: whose threshold the decision used (:data:`THRESHOLD_SOURCES`).
+        trust: how far to rely on the decision (:data:`TRUST`): ``"ok"`` or the first of ``cautions``.
+        cautions: every qualification that applies, most serious first (empty when ``trust == "ok"``).
 
     Mappings are read-only (:class:`~satmon.results.frozen.FrozenMap`) and sequences tuples, also when
     a verdict is made with :func:`dataclasses.replace`; :meth:`to_dict` gives plain ``dict`` and ``list``.
@@ -148,6 +178,8 @@ class Verdict:
         ('go', True, 'window', True)
         >>> v.per_layer == {"ln_f": 0.45}, type(v.to_dict()["per_layer"]).__name__
         (True, 'dict')
+        >>> v.trust, build_verdict({"ln_f": LayerCounts(45, 100)}, step=3, window=3, planned_window=500).trust
+        ('ok', 'partial')
     """
 
     decision: Decision
@@ -175,6 +207,12 @@ class Verdict:
     loss: Mapping[str, Any] = FrozenMap()
     flags: tuple[str, ...] = ()
     offset: Mapping[str, Mapping[str, float]] = FrozenMap()
+    nonfinite_weights: int = 0
+    offset_every: int = 0
+    functions: tuple[str, ...] = ()
+    threshold_source: str = "study"
+    trust: str = "ok"
+    cautions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in _CONTAINERS:
@@ -186,8 +224,13 @@ class Verdict:
 
     @property
     def partial(self) -> bool:
-        """The live window ended before ``planned_window`` steps."""
+        """The live window ended before ``planned_window`` steps (training ended early): a provisional verdict."""
         return self.source == Source.WINDOW.value and 0 < self.window < self.planned_window
+
+    @property
+    def uncalibrated_functions(self) -> tuple[str, ...]:
+        """The screened point-wise functions the study calibrated no threshold for (every one but tanh)."""
+        return tuple(f for f in self.functions if f != CALIBRATED_FUNCTION)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of plain ``dict``, ``list`` and scalars (also what the callback keeps in
@@ -200,41 +243,69 @@ class Verdict:
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         known.setdefault("source", Source.WINDOW.value if known.get("window", 0) > 0 else Source.PROBE.value)
         known.setdefault("planned_window", known.get("window", 0))
+        if "trust" not in known:  # a 0.2 verdict: its qualifications, read from its fields
+            known["cautions"] = _cautions(
+                known["decision"], tuple(known.get("functions", ())), known.get("threshold_source", "study"),
+                tuple(known.get("flags", ())), known["source"] == Source.WINDOW.value and 0 < known.get("window", 0) < known["planned_window"],
+                bool(known.get("inconclusive")))
+            known["trust"] = known["cautions"][0] if known["cautions"] else "ok"
         return cls(**known)  # lists and dicts are frozen by __post_init__
 
     def headline(self) -> str:
-        """The decision in words (the card's title)."""
+        """The decision and how far to trust it, in plain text (the card's title without its markdown).
+
+        Example:
+            >>> build_verdict({"a": LayerCounts(3, 10)}, step=3, window=3, planned_window=10).headline()
+            "NO-GO by the study's rule, partial window (3 of 10 steps): do not rely on this NO-GO"
+        """
         return verdict_card.headline(self)
 
     def summary(self) -> str:
-        """One console line.
+        """One console line: the decision, how far to trust it, the numbers.
 
         Example:
             >>> v = build_verdict({"a": LayerCounts(1, 2)}, step=500, window=500)
             >>> v.summary()
-            'satmon verdict: GO  saturation 0.5000 >= threshold 0.43 (margin +0.0700, window 500 steps)'
+            "satmon verdict: GO by the study's rule  saturation 0.5000 >= threshold 0.43 (margin +0.0700, window 500 steps)"
         """
         return verdict_card.summary(self)
 
     def card(self) -> str:
-        """The verdict as a markdown card (TensorBoard text, console, reports).
+        """The verdict as a markdown card (TensorBoard text, reports); :meth:`text` is the console's.
 
         Example:
             >>> v = build_verdict({"blocks.0.ln_1": LayerCounts(1, 10), "ln_f": LayerCounts(5, 10)}, step=500, window=500)
             >>> print(v.card().splitlines()[0])
-            ### satmon verdict: **NO-GO**: DyT looks like a convergence penalty here; switch back to LayerNorm
+            ### satmon verdict: **NO-GO** by the study's rule: DyT looks like a convergence penalty here; switch back to LayerNorm
         """
         return verdict_card.card(self)
 
+    def text(self) -> str:
+        """The card in plain text, for a console (what the drivers print): the same lines as :meth:`card`.
+
+        Example:
+            >>> v = build_verdict({"ln_f": LayerCounts(5, 10)}, step=500, window=500)
+            >>> print(v.text().splitlines()[0])
+            satmon verdict: GO by the study's rule: DyT acts as a useful regulariser here; keep it
+        """
+        return verdict_card.plain(verdict_card.card(self))
+
 
 def _rule(saturation: float, threshold: float, gated: bool | None, collapse_threshold: float,
-          nonfinite: int) -> tuple[Decision, str, bool | None]:
-    """The study's rule: ``(decision, reason, collapse_risk)``; non-finite inputs come first."""
-    if nonfinite:
+          nonfinite: int, weights: Mapping[str, int]) -> tuple[Decision, str, bool | None]:
+    """The study's rule: ``(decision, reason, collapse_risk)``; non-finite inputs and weights come first."""
+    bad_weights = sum(weights.values())
+    if nonfinite or bad_weights:
+        what = []
+        if nonfinite:
+            what.append(f"{nonfinite:,} DyT layer input(s) or alpha(s) held NaN/inf")
+        if bad_weights:
+            names = ", ".join(f"{n} ({c:,})" for n, c in list(weights.items())[:6]) + (", ..." if len(weights) > 6 else "")
+            what.append(f"{bad_weights:,} weight element(s) are NaN/inf ({names})")
         return "non-finite", (
-            f"{nonfinite:,} DyT layer input(s) or alpha(s) held NaN/inf: the run diverged, and a NaN element counts as "
-            "unsaturated, so the pooled saturation is not a reading of a healthy run. Lower the learning rate, "
-            "clip gradients or check the data, then screen again"), None
+            "; ".join(what) + ": the run diverged, and a NaN element counts as unsaturated, so the pooled saturation is "
+            "not a reading of a healthy run. Lower the learning rate, clip gradients or check the data, then screen "
+            "again"), None
     collapse = None if gated is None else bool(gated) and saturation >= collapse_threshold
     if collapse:
         return "no-go", (
@@ -264,13 +335,22 @@ def build_verdict(
     offset: Mapping[str, Mapping[str, float]] | None = None,
     offset_flag: bool = False,
     caveat: str = "",
+    nonfinite_weights: Mapping[str, int] | int = 0,
+    offset_every: int = 0,
+    functions: Sequence[str] = (),
+    threshold_source: str = "study",
 ) -> Verdict | None:
     """Build the verdict from per-layer counts: the one place a :class:`Verdict` is made.
 
     Rule (the study's): non-gated model, GO when the pooled saturation ``sum(saturated) / sum(total)``
     is ``>= threshold``, NO-GO below. Gated model (a DyT feeds a SwiGLU/GeGLU MLP): pooled saturation
     ``>= collapse_threshold`` is a collapse risk and forces NO-GO. Any non-finite DyT input makes the
-    decision ``"non-finite"``: a diverged run, not a norm choice.
+    decision ``"non-finite"``, and so does any NaN/inf weight (``nonfinite_weights``): a diverged run,
+    not a norm choice.
+
+    Trust (:data:`TRUST`): the decision stays the rule's; ``cautions`` lists what undercuts it, most
+    serious first (an uncalibrated function with the study's threshold, a flag, a window cut short, a
+    margin within the inconclusive band), and ``trust`` is the first of them, or ``"ok"``.
 
     Args:
         counts: layer name -> :class:`LayerCounts` (or a ``(saturated, total[, nonfinite])`` tuple).
@@ -289,6 +369,11 @@ def build_verdict(
         offset: per-layer offset readings to show; ``offset_flag`` adds the ``"offset-driven"`` flag when the
             saturation is at or above ``threshold`` (what the flag qualifies is a high saturation, a GO).
         caveat: the threshold's provenance (default: the study's, :data:`CAVEAT`).
+        nonfinite_weights: parameter name -> NaN/inf element count (or the total): any makes it ``"non-finite"``.
+        offset_every: the offset readings' sampling (every this many counted window steps; 0: every forward).
+        functions: the screened layers' point-wise functions (``"tanh"``, ``"erf"``, ``"hardtanh"``).
+        threshold_source: whose threshold this is (:data:`THRESHOLD_SOURCES`): with ``"study"`` and a
+            function other than tanh the verdict is ``"uncalibrated"``.
 
     Returns:
         The verdict, or ``None`` when no element was counted.
@@ -299,15 +384,23 @@ def build_verdict(
         ('no-go', 0.4, {'blocks.0.ln_1': 0.6, 'ln_f': 0.2})
         >>> build_verdict({"x": (0, 10, 3)}, step=9, window=9).decision
         'non-finite'
+        >>> build_verdict({"x": (5, 10)}, step=9, nonfinite_weights={"head.weight": 4}, source="replay").decision
+        'non-finite'
+        >>> build_verdict({"x": (5, 10)}, step=9, source="probe", functions=("erf",)).trust
+        'uncalibrated'
     """
+    if threshold_source not in THRESHOLD_SOURCES:
+        raise ValueError(f"Expected `threshold_source` in {THRESHOLD_SOURCES}, got {threshold_source!r}.")
     rows = {name: LayerCounts(*c) for name, c in counts.items()}
     n = sum(c.total for c in rows.values())
     if n == 0:
         return None
     saturation = sum(c.saturated for c in rows.values()) / n
     nonfinite = sum(c.nonfinite for c in rows.values())
+    weights = {"model": int(nonfinite_weights)} if isinstance(nonfinite_weights, int) else dict(nonfinite_weights)
+    weights = {k: int(c) for k, c in weights.items() if c}
     gated = gating.gated if gating is not None else None
-    decision, reason, collapse = _rule(saturation, threshold, gated, collapse_threshold, nonfinite)
+    decision, reason, collapse = _rule(saturation, threshold, gated, collapse_threshold, nonfinite, weights)
     planned = window if planned_window is None else int(planned_window)
     source = Source(source).value
     if source == Source.WINDOW.value and window < planned:
@@ -320,13 +413,33 @@ def build_verdict(
         flags.append("stalled-loss")
     if offset_flag and saturation >= threshold and decision != "non-finite":  # it qualifies a high saturation
         flags.append("offset-driven")
+    functions = tuple(dict.fromkeys(str(f) for f in functions))  # each once, in layer order
+    inconclusive = abs(margin) < INCONCLUSIVE_BAND
+    partial = source == Source.WINDOW.value and 0 < window < planned
+    cautions = _cautions(decision, functions, threshold_source, tuple(flags), partial, inconclusive)
     return Verdict(
         decision=decision, saturation=float(saturation), threshold=float(threshold), margin=float(margin),
         per_layer={k: c.saturated / c.total for k, c in rows.items() if c.total}, step=int(step), window=int(window),
         level=float(level), reason=reason, elements=int(n), nonfinite=int(nonfinite),
-        inconclusive=abs(margin) < INCONCLUSIVE_BAND, gated=gated,
+        inconclusive=inconclusive, gated=gated,
         gated_layers=gating.gated_layers if gating is not None else (), collapse_risk=collapse,
         collapse_threshold=float(collapse_threshold), risk=risk or {},
         gating_message=gating.message if gating is not None else "", source=source, planned_window=planned,
         notes=tuple(notes), caveat=caveat or CAVEAT, loss=loss or {}, flags=tuple(flags), offset=offset or {},
+        nonfinite_weights=sum(weights.values()), offset_every=int(offset_every), functions=functions,
+        threshold_source=threshold_source, trust=cautions[0] if cautions else "ok", cautions=cautions,
     )
+
+
+def _cautions(decision: str, functions: tuple[str, ...], threshold_source: str, flags: tuple[str, ...], partial: bool,
+              inconclusive: bool) -> tuple[str, ...]:
+    """What undercuts a decision, most serious first (:data:`TRUST`); nothing for a non-finite one (a fact)."""
+    if decision == "non-finite":
+        return ()
+    found = {
+        "uncalibrated": threshold_source == "study" and any(f != CALIBRATED_FUNCTION for f in functions),
+        "flagged": bool(flags),
+        "partial": partial,
+        "inconclusive": inconclusive,
+    }
+    return tuple(t for t in TRUST if found.get(t))

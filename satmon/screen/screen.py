@@ -6,6 +6,11 @@ readings go to a :class:`~satmon.io.sink.Sink` (TensorBoard files with ``logdir=
 What the screen owns, each a collaborator with explicit inputs: the hook sets and device states
 (:mod:`satmon.observe`), the collapse watch (:mod:`satmon.screen.watch`), the non-finite guard, the
 stop policy (it decides; the screen logs and acts) and the checkpoint state (:mod:`satmon.screen.state`).
+
+The window counts with the same hook sets as :func:`satmon.probe` (:class:`~satmon.observe.reading_hooks.ReadingHooks`)
+and its verdict comes from the same :class:`~satmon.results.reading.Reading` -> verdict function
+(:func:`~satmon.results.reading.verdict_of`). A verdict made because training ended early is provisional
+(trust ``"partial"``): a checkpoint keeps its counts, and a resume continues the window.
 """
 
 from __future__ import annotations
@@ -23,16 +28,19 @@ from satmon.batches import ForwardFn
 from satmon.functional.loss import loss_trend
 from satmon.io import tensorboard as tb
 from satmon.io.sink import MultiSink, NullSink, Sink, check_sink
+from satmon.results.card import plain
 from satmon.model.discovery import NormLayer, find_dyt_layers
 from satmon.model.gating import GatingReport, detect_gating
 from satmon.observe.counters import SaturationCounter
-from satmon.observe.gate import GateCounter, GateHooks
+from satmon.observe.gate import GateHooks
 from satmon.observe.hookset import paused
-from satmon.observe.offset import OffsetCounter, OffsetHooks, offset_driven
+from satmon.observe.offset import OffsetHooks
+from satmon.observe.reading_hooks import ReadingHooks, nonfinite_parameters
 from satmon.observe.saturation import HookReadings, SaturationHooks
 from satmon.observe.window_loss import WindowLoss
+from satmon.results.reading import Reading, Rule, verdict_of
 from satmon.results.stop import StopReason, StopRecord, breaches
-from satmon.results.verdict import GatingInfo, Source, Verdict, build_verdict
+from satmon.results.verdict import Source, Verdict
 from satmon.screen.agreement import Agreement, TorchDistributed
 from satmon.screen.nonfinite_guard import NonFiniteGuard
 from satmon.screen.state import COUNTS, ScreenState, WindowState, load_window_state, read_window_state, restore_plan
@@ -83,9 +91,9 @@ class Screen:
         logdir: write TensorBoard files there (a :class:`~satmon.io.tensorboard.SummaryWriterSink` the
             screen makes, on rank zero, and closes at :meth:`detach`); with ``sink`` too, both are written.
         agreement: how ranks agree (default: ``torch.distributed`` when initialised, else one process).
-        info: where console lines go (default: print on rank zero).
+        info: where console lines go (default: print to stdout on rank zero).
         warn: where warnings go (default: ``warnings.warn``).
-        verbose: print the verdict card when it is made.
+        verbose: print the verdict (its plain-text card, :meth:`Verdict.text`) when it is made, once.
         log_every_n_steps: how often the running saturation is logged (and read from the device).
 
     Example:
@@ -97,6 +105,8 @@ class Screen:
         ...     stop = screen.step(loss)                         # once per optimizer step
         >>> screen.verdict.window, screen.verdict.elements
         (2, 64)
+        >>> print(screen.card().splitlines()[0][:22])
+        satmon verdict: NO-GO
     """
 
     def __init__(self, settings: Settings | None = None, *, sink: Sink | None = None, logdir: str | PathLike | None = None,
@@ -116,6 +126,7 @@ class Screen:
         self.layers: list[NormLayer] = []
         self.gating: GatingReport | None = None
         # made at attach (:meth:`_build`): the window's hooks and states, the watch, the guard (None: off)
+        self.reader: ReadingHooks | None = None  # the window's hook sets (saturation, offset, gate), read as one Reading
         self.hooks: SaturationHooks | None = None
         self.window_loss: WindowLoss | None = None
         self.losses: LossHistory | None = None  # the watch's loss history
@@ -124,6 +135,7 @@ class Screen:
         self.watch: CollapseWatch | None = None
         self.guard: NonFiniteGuard | None = None
         self.verdict: Verdict | None = None
+        self.reading: Reading | None = None  # what the verdict was made from
         self.policy = StopPolicy(self.settings)
         self.steps_seen = 0
         self.first_step = 0  # the step counting (re)started at: not 0 after a resume that dropped the counts
@@ -132,6 +144,7 @@ class Screen:
         self._last_step = -1
         self._steps_done = 0  # optimizer steps, for plain loops that call step()
         self._loaded: ScreenState | None = None  # a checkpoint's state, restored at attach
+        self._model: nn.Module | None = None  # the model attached to (its weights are checked at the verdict)
 
     # ------------------------------------------------------------------------------- life cycle
     @property
@@ -178,49 +191,59 @@ class Screen:
         """
         names = self.layer_names
         if not self.discover(model, example_input, forward_fn) and not names:
-            self.warn(f"satmon: no DyT layer in {type(model).__name__}, so there is no screen and no verdict. Convert the "
-                      "norms with satmon.convert_to_dyt(model), or select your DyT layers with include=.")
+            self.status = (f"no DyT layer in {type(model).__name__}, so there is no screen and no verdict. Convert the norms "
+                           "with satmon.convert_to_dyt(model), or select your DyT layers with include=.")
+            self.warn(f"satmon: {self.status}")
             return self
         if names and self.layer_names != names:
             raise RuntimeError(f"Expected the same DyT layers as at discovery ({names}), got {self.layer_names}.")
         self._build(model, keep_inputs)
-        assert self.hooks is not None
+        assert self.hooks is not None and self.reader is not None
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
+            if self.verdict is not None and self.verdict.partial:
+                # a provisional verdict (training ended before the window closed): its counts are restored, and
+                # the window goes on from them; the verdict is made again when it closes
+                self.verdict = None
         self._last_step = self._steps_done = step
-        if self.verdict is None and step < self.settings.window:
-            for h in (self.hooks, self.offset_hooks, self.gate_hooks):
-                if h is not None:
-                    h.attach()
+        window = self.settings.window
+        if self.verdict is None and step < window:
+            self.reader.attach()
             tb.add_layout(self.sink)
             self.status = "screening"
+        elif self.verdict is None and self.steps_seen > self.first_step:
+            self._close_at_resume(step)
         else:
             self._start_watch()
         self.begin_step(step)
         return self
+
+    def _close_at_resume(self, step: int) -> None:
+        """Resumed with a window no longer than the steps already counted: the window is over, so the verdict
+        is made now, on every step counted (the resume's note, :func:`~satmon.screen.state.restore_plan`, says so)."""
+        self.conclude(step)
 
     def _build(self, model: nn.Module, keep_inputs: bool) -> None:
         """Make (not attach) every hook set and device state the settings ask for, on the DyT layers' device."""
         s, layers = self.settings, self.layers
         device = layers[0].module.alpha.device
         n = len(layers)
-
-        def saturation_hooks(refused: dict[str, str] | None = None) -> SaturationHooks:
-            return SaturationHooks(layers, SaturationCounter(n, level=s.level, product=s.product).to(device), keep_inputs,
-                                   refused=refused)
-
-        self.hooks = hooks = saturation_hooks()
+        self._model = model
+        # the window's hook sets: the same as a probe's (satmon.observe.reading_hooks)
+        self.reader = ReadingHooks(model, layers, self.gating, level=s.level, product=s.product, offset=bool(s.offset_every),
+                                   keep_inputs=keep_inputs)
+        self.hooks, self.offset_hooks, self.gate_hooks = self.reader.saturation, self.reader.offset, self.reader.gate
+        hooks = self.hooks
         self.window_loss = WindowLoss(s.window).to(device)
-        # the hook sets share one record of refused layers: each warns once per run
-        self.offset_hooks = OffsetHooks(layers, OffsetCounter(n).to(device), s.level, hooks.refused) if s.offset_every else None
         pairings = self.gating.pairings if self.gating is not None else {}
-        self.gate_hooks = GateHooks(model, self.gating, GateCounter(len(pairings)).to(device)) if pairings else None
         self.losses = self.watch = None
         if s.watch_every_n_steps:
             self.losses = LossHistory(s.loss_baseline + s.watch_every_n_steps, device=device)
             gated = [i for i, layer in enumerate(layers) if layer.name in pairings]
-            self.watch = CollapseWatch(saturation_hooks(hooks.refused), gated, self.gate_hooks,
+            watch_hooks = SaturationHooks(layers, SaturationCounter(n, level=s.level, product=s.product).to(device),
+                                          keep_inputs, refused=hooks.refused)
+            self.watch = CollapseWatch(watch_hooks, gated, self.gate_hooks,
                                        {k: p.mlp for k, p in pairings.items()}, s.watch_every_n_steps,
                                        s.collapse_threshold, s.loss_spike_z, s.patience, self.losses)
         self.guard = NonFiniteGuard(device) if breaches(s.abort_on, StopReason.NONFINITE) else None
@@ -307,8 +330,9 @@ class Screen:
         collective here, since another rank may have stopped elsewhere (uneven data) and would never join."""
         step = self._steps_done if step is None else step
         if self.hooks is not None and self.verdict is None and self.steps_seen > 0:
-            self.warn(f"satmon: training ended after {self.steps_seen} of the {self.settings.window} window steps; "
-                      "the verdict rests on the shorter window. Lower `window` or train longer.")
+            self.warn(f"satmon: training ended after {self.steps_seen} of the {self.settings.window} window steps; the "
+                      "verdict is provisional (trust 'partial'): resuming from a checkpoint saved from here on continues "
+                      "the window. Lower `window` or train longer.")
             notes = []
             if self.agreement.world_size > 1:
                 notes.append(f"training ended before the window closed: counts of rank {self.agreement.rank} only "
@@ -318,50 +342,68 @@ class Screen:
     # ------------------------------------------------------------------------------- verdict
     def conclude(self, step: int, partial: bool = False, sync: bool = True, extra_notes: Sequence[str] = ()) -> Verdict | None:
         """Make the verdict from the window's counts (summed over ranks with ``sync``), log it, detach the
-        window hooks, apply the policy (a full window only)."""
+        window hooks, apply the policy (a full window only; a ``partial`` verdict is provisional)."""
         self.verdict = self._window_verdict(step, partial, sync, extra_notes)
         if self.verdict is not None and not partial:
             self._verdict_policy(step)
         return self.verdict
 
+    def read(self, step: int, sync: bool = True, extra_notes: Sequence[str] = ()) -> Reading:
+        """The window's reading so far (counts, offset and gate readings, loss trend, non-finite weights), with
+        ``sync`` summed over ranks (collectives: every rank must call it at the same point)."""
+        assert self.reader is not None
+        return self._read(step, sync, extra_notes)[1]
+
+    def _read(self, step: int, sync: bool, extra_notes: Sequence[str]) -> tuple[HookReadings, Reading]:
+        assert self.reader is not None and self.hooks is not None
+        s = self.settings
+        counts = self.hooks.read(sync=sync)  # collectives, in the same order on every rank: counts, states, weights
+        loss = loss_trend(self.window_loss.means(sync=sync)) if self.window_loss is not None else None
+        weights = nonfinite_parameters(self._model, self.agreement.max if sync else None) if self._model is not None else {}
+        reading = self.reader.read(step=step, source=Source.WINDOW.value, sync=sync, counts=counts,
+                                   window=self.steps_seen - self.first_step, planned_window=s.window,
+                                   offset_every=s.offset_every, loss=loss, nonfinite_weights=weights,
+                                   notes=[*self.notes, *extra_notes])
+        return counts, reading
+
     def _window_verdict(self, step: int, partial: bool, sync: bool, extra_notes: Sequence[str]) -> Verdict | None:
         """Read every window count once, detach the window's hooks, build and log the verdict."""
-        assert self.hooks is not None
-        s, names = self.settings, self.layer_names
-        r = self.hooks.read(sync=sync)
-        self.hooks.detach()
-        risk = self._gate_risk(r.fractions(names)) if self.gate_hooks is not None else {}
-        offset: dict[str, dict[str, float]] = {}
-        if self.offset_hooks is not None:
-            offset = self.offset_hooks.read(names, sync=sync)
-            self.offset_hooks.detach()
-        refused = [f"layer {n} not counted: {why}" for n, why in self.hooks.refused.items()]
-        verdict = build_verdict(
-            r.layer_counts(names), step=step, window=(self.steps_seen if partial else s.window) - self.first_step,
-            source=Source.WINDOW, planned_window=s.window, threshold=s.threshold, level=s.level,
-            gating=GatingInfo.of(self.gating), collapse_threshold=s.collapse_threshold, risk=risk,
-            notes=[*self.notes, *extra_notes, *refused], caveat=s.caveat,
-            loss=loss_trend(self.window_loss.means(sync=sync)) if self.window_loss is not None else None,
-            offset=offset, offset_flag=bool(offset) and offset_driven(offset))
+        assert self.reader is not None
+        counts, reading = self._read(step, sync, extra_notes)
+        self.reader.detach()
+        if self.gate_hooks is not None and not partial:
+            self.gate_hooks.counter.reset()  # the watch reads the gates afresh; a provisional verdict keeps them
+        self.reading = reading
+        verdict = verdict_of(reading, Rule.of(self.settings))
         if verdict is None:
             self.status = "window over: no DyT input was counted"
             self.warn(f"satmon: no DyT input was counted in the window ({self.steps_seen} steps): no verdict.")
             return None
-        tb.log_scalars(self.sink, {**running_scalars(r, names), **tb.offset_scalars(offset)}, step)
+        tb.log_scalars(self.sink, {**running_scalars(counts, self.layer_names), **tb.offset_scalars(reading.offset)}, step)
         tb.log_verdict(self.sink, verdict)
         if self.verbose:
-            self.info("\n" + verdict.card() + "\n")
-        self.status = "verdict made"
+            self.info("\n" + verdict.text() + "\n")
+        self.status = "verdict made" if not partial else "provisional verdict made (training ended before the window closed)"
         return verdict
 
-    def _gate_risk(self, per_layer: dict[str, float]) -> dict[str, dict[str, float]]:
-        """Per gated MLP: the saturation of the DyT feeding it and its gate statistics (then the gate hooks stop)."""
-        assert self.gate_hooks is not None and self.gating is not None
-        self.gate_hooks.detach()
-        risk = {self.gating.pairings[norm].mlp: {"dyt_saturation": per_layer.get(norm, float("nan")), **stats}
-                for norm, stats in self.gate_hooks.readings().items()}
-        self.gate_hooks.counter.reset()
-        return risk
+    def card(self, markdown: bool = False) -> str:
+        """The verdict's card in plain text (``markdown``: as TensorBoard shows it), or, without a verdict,
+        what the screen is doing and why there is none (a model without DyT, a window still open...).
+
+        Works whatever the model: ``print(screen.card())`` never raises where ``screen.verdict`` is ``None``.
+        """
+        if self.verdict is not None:
+            return self.verdict.card() if markdown else self.verdict.text()
+        if self.status == "screening":
+            why = (f"the window is open: {self.steps_seen} of its {self.settings.window} optimizer steps counted; the "
+                   f"verdict comes at step {self.settings.window}.")
+        elif self.status == "not attached":
+            why = "the screen is not attached to a model yet (Screen.attach(model), or the callback at the first batch)."
+        else:
+            why = self.status
+        title = "no verdict" if self.active else "no screen"
+        text = f"### satmon: {title}\n\n{why}"
+        return text if markdown else plain(text)
 
     def _verdict_policy(self, step: int) -> None:
         assert self.verdict is not None

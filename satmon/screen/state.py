@@ -7,6 +7,11 @@ elements within one rounding step of the level), with a warning. A change of wha
 count at the resume step; a change of ``window`` or ``sample_every`` keeps the counts made so far.
 Every change is named in a warning (old and new values) and in the verdict card's notes.
 
+A verdict made because training ended before the window closed is provisional (``Verdict.partial``):
+the state keeps its counts as for an open window, and a resume continues the window from them (the
+final verdict equals the uninterrupted run's). A resume whose window is no longer than the steps
+already counted closes the window at once, on every step counted.
+
 The saved form is a dict of plain values (``torch.load(weights_only=True)`` reads it back):
 ``version``, ``settings`` (those above), ``layers``, ``steps_seen``, ``first_step``, ``notes``,
 ``verdict`` and ``stop`` (their ``to_dict``), the counts ``saturated``, ``total``, ``nonfinite`` (summed
@@ -77,7 +82,8 @@ class ScreenState:
         layers: the screened DyT layers, in order.
         steps_seen, first_step: window steps counted; the step counting (re)started at.
         notes: the card's notes so far.
-        verdict, stop: the verdict and the stop, once made.
+        verdict, stop: the verdict and the stop, once made (a provisional verdict, :attr:`provisional`, leaves the
+            window open for a resume).
         counts: ``(saturated, total, nonfinite)`` per layer, summed over ranks (``None``: none saved).
         extras: the window's other states (:data:`EXTRA_STATES`), each ``{state: values}``.
 
@@ -100,6 +106,16 @@ class ScreenState:
     def __post_init__(self) -> None:
         for name in ("settings", "layers", "notes", "counts", "extras"):
             object.__setattr__(self, name, freeze(getattr(self, name)))
+
+    @property
+    def provisional(self) -> bool:
+        """The saved verdict was made because training ended before the window closed: a resume continues the window."""
+        return self.verdict is not None and self.verdict.partial
+
+    @property
+    def window_open(self) -> bool:
+        """No verdict yet, or a provisional one: the counts still belong to an open window."""
+        return self.verdict is None or self.provisional
 
     @staticmethod
     def saved_settings(settings: Settings) -> dict[str, Any]:
@@ -168,7 +184,7 @@ def restore_plan(saved: ScreenState | Mapping[str, Any], settings: Settings, lay
                            "without the checkpoint's callback state).")
     notes, found = list(saved.notes), []
     changed = {k: (v, getattr(settings, k)) for k, v in saved.settings.items() if k in _SAVED and v != getattr(settings, k)}
-    if not changed or saved.counts is None or saved.verdict is not None:
+    if not changed or saved.counts is None or not saved.window_open:
         return RestorePlan(saved.counts, notes=tuple(notes))
     where = f"resumed at step {steps}"
     text = ", ".join(f"{k} {new!r} (saved: {old!r})" for k, (old, new) in changed.items())
@@ -182,6 +198,12 @@ def restore_plan(saved: ScreenState | Mapping[str, Any], settings: Settings, lay
         found.append(f"satmon: {where} with {text}: the counts of the first {steps} steps were kept; they used the other "
                      "product rule, which differs only for elements within one rounding step of the level.")
         notes.append(f"{where} with {text}; the counts of the first {steps} steps were kept")
+    elif "window" in changed and settings.window <= steps:
+        found.append(f"satmon: {where} with {text}: {steps} window steps were counted before the resume, as many as the "
+                     f"window now asks for or more, so the window closes at once, on those {steps} steps. Resume with the "
+                     "saved window to screen the steps it asked for.")
+        notes.append(f"{where} with {text} after {steps} window steps were counted: the window closed at the resume, "
+                     f"on those {steps} steps")
     elif any(k in changed for k in _SPAN):
         found.append(f"satmon: {where} with {text}: the counts of the first {steps} steps were kept; the window's span "
                      "changed, so the verdict rests on a window made of two settings.")

@@ -44,7 +44,8 @@ def test_report_prints_the_live_verdict_and_trajectories(live, capsys):
         assert main(["report", str(target)]) == 0
         out = capsys.readouterr().out
         assert "live/version_0" in out and out.count("== satmon run") == 1  # the hparams sub-run is not a run of its own
-        assert "### satmon verdict:" in out and "threshold **0.43**" in out and "verdict at step 6" in out
+        assert "\nsatmon verdict:" in out and "threshold 0.43" in out and "verdict at step 6" in out
+        assert "###" not in out and "**" not in out  # the console gets the card in plain text
         assert "| saturation (pooled)" in out and "@ 6" in out  # the trajectory table, with steps
         assert "| verdict (1 GO, 0 NO-GO, -1 non-finite)" in out
         assert "Per layer, last value:" in out and "model.ln_f" in out
@@ -79,7 +80,7 @@ def test_console_script_entry_point(live):
     proc = subprocess.run([script, "report", str(live / "logs"), "--latest"], capture_output=True, text=True, check=False, timeout=60,
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert proc.returncode == 0, proc.stderr
-    assert "### satmon verdict:" in proc.stdout
+    assert "\nsatmon verdict:" in proc.stdout
 
 
 def test_report_shows_a_non_finite_verdict_and_its_notes(tmp_path, capsys):
@@ -91,8 +92,8 @@ def test_report_shows_a_non_finite_verdict_and_its_notes(tmp_path, capsys):
     sink.close()
     assert main(["report", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert verdict.card() in out  # the card as written: headline, reason, notes, per-layer table
-    assert "### satmon verdict: **NON-FINITE**" in out and f"Note: {note}" in out
+    assert verdict.text() in out  # the card as written, in plain text: headline, reason, notes, per-layer table
+    assert "satmon verdict: NON-FINITE" in out and f"Note: {note}" in out
     row = next(line for line in out.splitlines() if line.startswith("| verdict"))
     assert "-1.0000 @ 8" in row and "nan" not in row.lower()
     per_layer = out[out.index("Per layer, last value:"):].splitlines()
@@ -115,6 +116,6 @@ def test_reading_a_run_loads_no_lightning(live):
     proc = subprocess.run([sys.executable, "-c", script, "report", str(live / "logs")], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     got = __import__("json").loads(proc.stdout.splitlines()[-1])
-    assert got["code"] == 0 and "### satmon verdict:" in got["out"]
+    assert got["code"] == 0 and "\nsatmon verdict:" in got["out"]
     frameworks = sorted(m for m in got["modules"] if m.split(".")[0] in ("lightning", "lightning_fabric", "pytorch_lightning"))
     assert frameworks == [], frameworks[:8]

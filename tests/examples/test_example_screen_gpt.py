@@ -21,8 +21,8 @@ def test_screen_gpt_verdict_equals_float64_recount(tmp_path, monkeypatch, record
     assert (verdict.decision, verdict.window, verdict.step) == (ref.decision, 6, 6)
     assert verdict.saturation == ref.saturation and verdict.per_layer == ref.per_layer
     assert len(rec.inputs[next(iter(rec.inputs))]) == 8  # it trained on past the window
-    # what it prints: the card and the summary line of that verdict, and where the logs are
-    assert verdict.card() in out and verdict.summary() in out
+    # what it prints: the card (plain text) and the summary line of that verdict, and where the logs are
+    assert verdict.text() in out and verdict.summary() in out
     assert "tensorboard --logdir logs" in out
     assert list((tmp_path / "logs" / "screen_gpt").glob("version_0/events.out.tfevents.*"))
 

@@ -1,0 +1,171 @@
+"""One reading -> one verdict: what a Reading carries reaches the verdict, and the verdict says how far to trust it.
+
+The trust set (``ok``, ``uncalibrated``, ``flagged``, ``partial``, ``inconclusive``), its order and how it
+combines; the headline never says "keep it" when a caution applies; NaN/inf weights read NON-FINITE; whose
+threshold it is; the console text carries no markdown.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from satmon import Settings, study
+from satmon.results.reading import Reading, Rule, verdict_of
+from satmon.results.verdict import (
+    TRUST,
+    GatingInfo,
+    LayerCounts,
+    Verdict,
+    build_verdict,
+)
+
+STALLED = {"first": 4.2, "last": 3.14, "change": -0.25, "late_change": -0.003, "stalled": True}
+OFFSET = {"a": {"saturated": 0.6, "centered": 0.01, "offset_ratio": 40.0}}
+
+
+def _reading(sat: int = 60, total: int = 100, **kw) -> Reading:
+    fields = {"source": "window", "step": 10, "counts": {"a": LayerCounts(sat, total)}, "level": 2.0, "window": 10,
+              "planned_window": 10}
+    fields.update(kw)
+    return Reading(**fields)
+
+
+def test_a_reading_carries_everything_the_verdict_shows():
+    gating = GatingInfo(True, ("a",), "a feeds a SwiGLU MLP", pairings={"a": {"mlp": "blocks.0.mlp"}})
+    r = _reading(offset=OFFSET, offset_driven=True, offset_every=5, loss=STALLED, gating=gating,
+                 gate={"a": {"flat_fraction": 0.25, "mean_abs_hidden": 0.5}}, refused={"b": "alpha reshaped"},
+                 notes=("resumed at step 4",))
+    v = verdict_of(r)
+    assert (v.decision, v.saturation, v.elements, v.step, v.window) == ("no-go", 0.6, 100, 10, 10)
+    assert v.collapse_risk and v.gated_layers == ("a",)  # 0.6 >= 0.5 in a gated model
+    assert v.risk == {"blocks.0.mlp": {"dyt_saturation": 0.6, "flat_fraction": 0.25, "mean_abs_hidden": 0.5}}
+    assert v.flags == ("stalled-loss", "offset-driven") and v.offset == OFFSET and v.offset_every == 5
+    assert v.notes == ("resumed at step 4", "layer b not counted: alpha reshaped")
+    assert v.trust == "flagged" and v.cautions == ("flagged",)
+    # the reading's pooled numbers are the verdict's
+    assert r.pooled == v.saturation and r.elements == v.elements and r.per_layer == dict(v.per_layer)
+
+
+def test_an_offset_reading_without_the_flag_and_a_flag_without_offsets_do_not_flag():
+    assert verdict_of(_reading(offset=OFFSET, offset_driven=False)).flags == ()
+    assert verdict_of(_reading(offset_driven=True)).flags == ()  # no offset readings: nothing to flag from
+
+
+@pytest.mark.parametrize("weights", [{"head.weight": 3}, {"head.weight": 1, "head.bias": 2}])
+def test_nonfinite_weights_read_nonfinite_whatever_the_saturation(weights):
+    v = verdict_of(_reading(sat=90, source="replay", window=0, planned_window=0, nonfinite_weights=weights))
+    assert v.decision == "non-finite" and not v.go and v.nonfinite_weights == sum(weights.values()) and v.nonfinite == 0
+    assert all(name in v.reason for name in weights) and v.trust == "ok" and v.flags == ()
+    assert v.headline().startswith("NON-FINITE: NaN/inf in the weights")
+    assert v.card().splitlines()[0].startswith("### satmon verdict: **NON-FINITE**")
+
+
+def test_rule_of_settings_says_whose_threshold_it_is():
+    assert Rule.of(Settings()) == Rule(study.THRESHOLD, study.COLLAPSE_THRESHOLD, study.CAVEAT, "study")
+    assert Rule.of(Settings(threshold=study.THRESHOLD)).threshold_source == "study"  # the study's number is the study's
+    assert Rule.of(Settings(threshold=0.5)).threshold_source == "user"
+    assert Rule.of(Settings(caveat="my own runs")).threshold_source == "user"
+
+
+def test_rule_of_a_calibration_is_the_calibration(tmp_path):
+    from satmon.calibrate.fit import Cell, calibrate, write_calibration
+
+    rows = [(0.30, False, "a"), (0.44, False, "a"), (0.46, True, "a"), (0.60, True, "b"), (0.35, False, "b"), (0.70, True, "b")]
+    cal = write_calibration(calibrate([Cell(f"c{i}", g, h, {"saturation": s}) for i, (s, h, g) in enumerate(rows)],
+                                      source="mine"), tmp_path / "calibration.json")
+    rule = Rule.of(Settings(calibration=cal))
+    assert rule.threshold_source == "calibration" and rule.threshold == pytest.approx(cal.threshold)
+    v = verdict_of(_reading(counts={"a": LayerCounts(60, 100)}, functions={"a": "erf"}), rule)
+    assert v.trust == "ok" and v.threshold_source == "calibration"  # calibrated on the user's runs: no "uncalibrated"
+    assert f"by your calibration's threshold {cal.threshold:g}" in v.headline()
+
+
+@pytest.mark.parametrize("function", ["erf", "hardtanh"])
+def test_a_function_the_study_did_not_calibrate_says_so_unless_the_user_gave_a_threshold(function):
+    r = _reading(source="probe", window=0, planned_window=0, functions={"a": function})
+    v = verdict_of(r)
+    assert v.decision == "go" and v.trust == "uncalibrated" and v.functions == (function,)
+    assert v.headline() == f"GO by the study's rule, no calibrated threshold for {function}: do not rely on this GO"
+    assert "satmon calibrate" in v.card() and "keep it" not in v.card()
+    mine = verdict_of(r, Rule.of(Settings(threshold=0.55)))
+    assert mine.trust == "ok" and mine.headline().startswith("GO by your threshold 0.55: ")
+
+
+def test_dyt_with_the_study_threshold_is_calibrated():
+    v = verdict_of(_reading(functions={"a": "tanh"}))
+    assert v.trust == "ok" and v.cautions == () and v.headline().endswith("keep it")
+
+
+def test_cautions_combine_most_serious_first_and_trust_names_the_first():
+    # 44.5% over 3 of 10 steps, stalled loss and offsets, erf under the study's threshold: everything at once
+    v = verdict_of(_reading(sat=445, total=1000, window=3, planned_window=10, loss=STALLED, offset=OFFSET,
+                            offset_driven=True, functions={"a": "erf"}))
+    assert v.cautions == ("uncalibrated", "flagged", "partial", "inconclusive") and v.trust == "uncalibrated"
+    assert list(v.cautions) == [t for t in TRUST if t in v.cautions]
+    assert v.headline() == ("GO by the study's rule, no calibrated threshold for erf, flagged (stalled-loss, offset-driven), "
+                            "partial window (3 of 10 steps), inconclusive (margin +0.0150): do not rely on this GO")
+    card = v.card()
+    assert "Trust: **uncalibrated** (also flagged, partial, inconclusive)" in card
+    assert "Partial: training ended after 3 of the 10 window steps" in card
+
+
+@pytest.mark.parametrize(("kw", "trust", "words"), [
+    ({"window": 3, "planned_window": 10}, "partial", "partial window (3 of 10 steps)"),
+    ({"loss": STALLED}, "flagged", "flagged (stalled-loss)"),
+    ({"offset": OFFSET, "offset_driven": True}, "flagged", "flagged (offset-driven)"),
+])
+def test_a_go_undercut_by_a_flag_or_a_short_window_never_says_keep_it(kw, trust, words):
+    v = verdict_of(_reading(**kw))
+    assert v.decision == "go" and v.trust == trust  # the decision keeps the study's rule: scripts keep their contract
+    assert v.headline() == f"GO by the study's rule, {words}: do not rely on this GO"
+    for text in (v.card(), v.text(), v.summary()):
+        assert "keep it" not in text and "do not rely on this GO" in text
+
+
+def test_a_partial_no_go_is_not_a_confident_switch_back_either():
+    v = verdict_of(_reading(sat=10, window=3, planned_window=10))
+    assert v.decision == "no-go" and v.trust == "partial" and "switch back" not in v.headline()
+
+
+def test_the_console_gets_plain_text_and_the_card_markdown():
+    v = verdict_of(_reading(offset=OFFSET, offset_driven=True, offset_every=10))
+    card, text = v.card(), v.text()
+    assert card.startswith("### satmon verdict: **GO** by the study's rule, flagged (offset-driven)")
+    assert text.startswith("satmon verdict: GO by the study's rule, flagged (offset-driven)")
+    assert "###" not in text and "**" not in text and "`" not in text and "\n_" not in text
+    assert len(card.splitlines()) == len(text.splitlines())  # the same lines, rendered twice
+    assert v.summary().startswith(f"satmon verdict: {v.headline()}  saturation 0.6000 >= threshold 0.43")
+
+
+def test_the_card_puts_headline_numbers_trust_flags_and_caveat_before_one_table():
+    v = verdict_of(_reading(offset=OFFSET, offset_driven=True, offset_every=10, counts={"a": (60, 100), "b": (30, 100)}))
+    lines = v.card().splitlines()
+    table = [i for i, l in enumerate(lines) if l.startswith("| layer |")]
+    assert len(table) == 1  # one per-layer table (0.2 had two, with different numbers for one layer)
+    first_table = table[0]
+    for marker in ("Pooled saturation", "Trust:", "Reason:", "**Flag: offset-driven**", "_Caveat:"):
+        assert next(i for i, l in enumerate(lines) if l.startswith(marker)) < first_table, marker
+    assert "(sampled)" in lines[first_table] and "saturation (window)" in lines[first_table]
+    assert "| a | 0.6000 | 0.0100 | 40 |" in lines and "| b | 0.3000 | - | - |" in lines  # b had no sampled step
+    explained = [l for l in lines if l.startswith("Offset columns:")]
+    assert len(explained) == 1 and "every 10th counted window step" in explained[0] and "abs(mean)" in explained[0]
+
+
+def test_a_probe_labels_its_offset_columns_as_every_batch():
+    v = verdict_of(_reading(source="replay", window=0, planned_window=0, offset=OFFSET, offset_driven=True))
+    header = next(l for l in v.card().splitlines() if l.startswith("| layer |"))
+    assert "(all batches)" in header and "sampled" not in header
+    assert "read on every calibration batch" in v.card()
+
+
+def test_a_verdict_of_satmon_0_2_reads_back_with_its_trust():
+    old = build_verdict({"a": (45, 100)}, step=3, window=3, planned_window=10).to_dict()
+    for key in ("trust", "cautions", "functions", "threshold_source", "nonfinite_weights", "offset_every"):
+        old.pop(key)
+    again = Verdict.from_dict(old)
+    assert again.trust == "partial" and again.cautions == ("partial",)
+
+
+def test_a_bad_threshold_source_is_refused():
+    with pytest.raises(ValueError, match=r"Expected `threshold_source` in \('study', 'user', 'calibration'\), got 'mine'"):
+        build_verdict({"a": (1, 2)}, step=1, threshold_source="mine")
