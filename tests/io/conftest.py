@@ -36,11 +36,11 @@ def hparams_view(log_root: str | Path) -> dict:
     differ first, then by name): ``shown``, the columns the tab opens with (its frontend shows the first
     five, differing ones first), ``hparams`` (every column, in order) and ``metrics``."""
     from tensorboard import context
-    from tensorboard.backend.event_processing import data_provider
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
     from tensorboard.plugins import base_plugin
     from tensorboard.plugins.hparams import backend_context
 
-    mux = event_multiplexer.EventMultiplexer(size_guidance=GUIDANCE).AddRunsFromDirectory(str(log_root))
+    mux = plugin_event_multiplexer.EventMultiplexer(size_guidance=GUIDANCE).AddRunsFromDirectory(str(log_root))
     mux.Reload()
     provider = data_provider.MultiplexerDataProvider(mux, str(log_root))
     plugin = backend_context.Context(base_plugin.TBContext(logdir=str(log_root), data_provider=provider, multiplexer=mux))
