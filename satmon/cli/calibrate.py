@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(f"Plot: {plot(result, plot_path)}{_replaced(existed)}")
         except ImportError:
-            print("satmon calibrate: the plot needs matplotlib: pip install 'satmon[report]' (or pip install matplotlib); "
+            print("satmon calibrate: the plot needs matplotlib: pip install matplotlib (or pip install -e '.[report]' in satmon's clone); "
                   "skipped it, the JSON is written.", file=sys.stderr)
         except OSError as e:
             print(f"satmon calibrate: could not write the plot {str(plot_path)!r}: {e.strerror or e}; the file that was "

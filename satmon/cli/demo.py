@@ -33,6 +33,8 @@ EXIT_OK, EXIT_NO_VERDICT = 0, 1
 VAL_BATCHES = 8
 #: the demo model's attention heads (d_model must be a multiple) and held-out split (tokens after the training split)
 N_HEADS, VAL_TOKENS = 4, 40_000
+#: --checkpoint-every's default: five checkpoints over the 500-step window, for satmon replay
+CHECKPOINT_EVERY = 100
 
 DESCRIPTION = """\
 Train a small GPT-2-style DyT model on the embedded corpus (Python's standard library) for the
@@ -44,8 +46,10 @@ trains. --stalled keeps GPT-2's std 0.02: that model stalls near the byte-freque
 deep DyT layers saturate on a constant offset, and the study's rule still says GO (docs/faq.md)."""
 
 EPILOG = """\
-outputs: a TensorBoard run LOGDIR/demo/version_N (LOGDIR/demo_stalled/... with --stalled) with its
-checkpoints; read it with satmon report, or tensorboard --logdir LOGDIR.
+outputs: a TensorBoard run LOGDIR/demo/version_N (LOGDIR/demo_stalled/... with --stalled); read it with
+satmon report, or tensorboard --logdir LOGDIR. Its checkpoints, every --checkpoint-every steps and the
+last step, all kept, are in LOGDIR/demo/version_N/checkpoints/epoch=E-step=S.ckpt: satmon replay reads
+them.
 
 exit codes: 0 verdict printed, 1 no verdict (training stopped before any step was counted),
 2 usage error (a flag out of range, an unwritable --logdir: nothing built or trained),
@@ -70,7 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--train-tokens", type=integer(2), default=400_000,
                    help="size of the training split of the embedded corpus, in bytes (default 400000)")
     p.add_argument("--seed", type=integer(0, 2**32 - 1), default=0, help="random seed of the model and the data order (default 0)")
-    p.add_argument("--checkpoint-every", type=integer(0), default=0, help="save a checkpoint every N steps (default 0: only the last)")
+    p.add_argument("--checkpoint-every", type=integer(0), default=CHECKPOINT_EVERY,
+                   help=f"save a checkpoint every N optimizer steps and at the last step, all kept (default "
+                        f"{CHECKPOINT_EVERY}; 0: the last step only)")
     p.add_argument("--threads", type=integer(1), default=None, help="CPU threads (default: $OMP_NUM_THREADS, else every core)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -138,6 +144,25 @@ def _step_bar(window: int):
     return StepProgressBar(refresh_rate=5)
 
 
+def _step_checkpoints(dirpath: Path, every: int, last: int):
+    """Save a checkpoint every ``every`` optimizer steps (0: none) and at step ``last``, each kept, as
+    ``dirpath/epoch=E-step=S.ckpt`` (the names Lightning's ``ModelCheckpoint`` gives). A ``ModelCheckpoint``
+    with ``val_check_interval`` saves after validation only (step 250 of the 500, 0.2's demo), not at the end."""
+    from lightning.pytorch.callbacks import Callback
+
+    class StepCheckpoints(Callback):
+        def __init__(self) -> None:
+            self.saved: dict[int, Path] = {}  # step -> file
+
+        def on_train_batch_end(self, trainer, *_: Any) -> None:
+            step = trainer.global_step
+            if ((every and step % every == 0) or step == last) and step not in self.saved:
+                self.saved[step] = dirpath / f"epoch={trainer.current_epoch}-step={step}.ckpt"
+                trainer.save_checkpoint(self.saved[step])
+
+    return StepCheckpoints()
+
+
 def heldout_loss(model, data, batches: int = VAL_BATCHES) -> float:
     """Mean next-token loss of ``model`` on the first ``batches`` validation batches (eval mode, no grad,
     no random state touched: the training that follows is unchanged)."""
@@ -171,7 +196,6 @@ def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
     start and the end and the byte-frequency (unigram) level on the same batches."""
     import lightning.pytorch as pl
     import torch
-    from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from satmon import SaturationMonitor
@@ -188,10 +212,10 @@ def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
     losses = {"start": heldout_loss(model, data), "unigram": unigram_loss(data)}
     monitor = SaturationMonitor(window=args.window, threshold=args.threshold, log_every_n_steps=25, verbose=False)
     logger = TensorBoardLogger(args.logdir, name=_run_name(args), default_hp_metric=False)  # the HParams view shows satmon's verdict
-    ckpt = ModelCheckpoint(every_n_train_steps=args.checkpoint_every or None, save_top_k=-1 if args.checkpoint_every else 1)
+    ckpt = _step_checkpoints(Path(logger.log_dir) / "checkpoints", args.checkpoint_every, steps)
     callbacks = [monitor, ckpt] + ([] if args.quiet else [_step_bar(args.window)])
     trainer = pl.Trainer(
-        max_steps=steps, accelerator="cpu", devices=1, logger=logger, callbacks=callbacks,
+        max_steps=steps, accelerator="cpu", devices=1, logger=logger, callbacks=callbacks, enable_checkpointing=False,
         enable_progress_bar=not args.quiet, enable_model_summary=False, log_every_n_steps=25,
         val_check_interval=min(250, steps), limit_val_batches=VAL_BATCHES, num_sanity_val_steps=0,
     )
@@ -254,4 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"TensorBoard logs: {Path(log_dir).resolve()}")
     print(f"Open them with:   tensorboard --logdir {Path(args.logdir).resolve()}")
     print(f"Or, without a browser: satmon report {Path(log_dir).resolve()}")
+    ckpts = Path(log_dir) / "checkpoints"
+    steps_saved = sorted(int(f.stem.rsplit("step=", 1)[1]) for f in ckpts.glob("*-step=*.ckpt"))
+    print(f"Checkpoints (steps {', '.join(map(str, steps_saved))}): {ckpts.resolve()}")
+    print(f"Replay them: satmon replay {ckpts.resolve()} --model satmon.demos.lit:LitLM "
+          "--datamodule satmon.demos.corpus:CorpusDataModule")
     return EXIT_OK

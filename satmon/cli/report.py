@@ -74,9 +74,9 @@ def format_run(run: Run) -> str:
     head = f"== satmon run {run.path}"
     if steps:
         head += f"  (steps {steps[0]}..{steps[-1]}, {len(run.scalars)} satmon scalar tags)"
-    card = run.last_text(TAG.verdict)  # markdown in TensorBoard; plain text on the console
+    card = run.last_text(TAG.verdict_text)  # markdown in TensorBoard; plain text on the console
     out = [head, "", plain(card) if card else "(no verdict card in this run: the screening window has not ended yet)", ""]
-    stop = run.last_text(TAG.stop)
+    stop = run.last_text(TAG.stop_text)
     if stop:
         out += [stop.replace("**", ""), ""]
 

@@ -44,7 +44,7 @@ try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 except ImportError as err:  # pragma: no cover - the message is the point
     raise ImportError(f"Expected `transformers` to be installed for satmon.drivers.hf, got {err}. "
-                      "Install it with `pip install 'satmon[hf]'`.") from err
+                      "Install it with `pip install transformers accelerate` (or `pip install -e '.[hf]'` in satmon's clone).") from err
 
 __all__ = ["SatmonTrainerCallback", "STATE_FILE"]
 

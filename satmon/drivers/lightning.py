@@ -221,7 +221,7 @@ class SaturationMonitor(ReadsSettings, Callback):
         self.screen.log_every_n_steps = self.log_every_n_steps or trainer.log_every_n_steps
         self.screen.agreement = _StrategyAgreement(trainer)
         if not self.screen.active:
-            log_text(self.screen.sink, TAG.verdict, self.screen.card(markdown=True), trainer.global_step)
+            log_text(self.screen.sink, TAG.verdict_text, self.screen.card(markdown=True), trainer.global_step)
         self._attached = False  # the hooks go on at the first training batch, which the gating trace reads
 
     def _attach(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:

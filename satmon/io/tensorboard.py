@@ -23,96 +23,168 @@ from typing import Any
 from satmon.io.sink import LayoutSink, Sink, check_sink
 
 __all__ = [
-    "TAG", "VERDICT_VALUES", "HparamsRun", "SummaryWriterSink", "add_layout", "custom_scalars_layout", "log_scalars", "log_stop",
-    "log_text", "log_verdict", "offset_scalars", "probe_scalars", "verdict_hparams", "verdict_scalars", "watch_scalars",
-    "window_scalars",
+    "SHOWN_HPARAMS", "TAG", "VERDICT_VALUES", "HparamsRun", "SummaryWriterSink", "add_layout", "custom_scalars_layout",
+    "hparams_summaries", "log_scalars", "log_stop", "log_text", "log_verdict", "offset_scalars", "probe_scalars", "text_summary",
+    "verdict_hparams", "verdict_scalars", "watch_scalars", "window_scalars",
 ]
 
 
 class TAG:
     """Every tag satmon writes (a namespace, not an enum, so ``TAG.layer_saturation("ln_f")`` reads well).
 
+    TensorBoard groups a run's curves by the tag's prefix before the first ``/`` and orders the groups
+    by name (upper case before lower case, so before Lightning's ``epoch``, ``train/...``). satmon's
+    curves use that: the group ``Satmon`` holds what the verdict is read from (the pooled saturation,
+    the verdict, the margin, the non-finite count, the collapse risk, a stop) and opens first; each
+    per-layer family has a group of its own, ``satmon_<family>`` (docs/tensorboard.md). The texts (the
+    verdict card, a stop, replay's checkpoint names) are the Text tab's group ``satmon``. A text and a
+    scalar never share a tag: TensorBoard keeps one kind of data per tag and run.
+
+    satmon 0.2 wrote every scalar under ``satmon/`` and every text under ``<tag>/text_summary``;
+    :meth:`from_v02` names a 0.2 tag the way 0.3 writes it, so readers take runs of both versions.
+
     Example:
-        >>> TAG.layer_saturation("ln_f"), TAG.collapse_breach("loss-spike")
-        ('satmon/saturation/ln_f', 'satmon/collapse/breach/loss-spike')
+        >>> TAG.verdict, TAG.verdict_text, TAG.layer_saturation("ln_f"), TAG.collapse_breach("loss-spike")
+        ('Satmon/verdict', 'satmon/verdict', 'satmon_saturation/ln_f', 'satmon_collapse/breach/loss-spike')
     """
 
-    prefix = "satmon/"  #: every satmon tag starts with it
-    # the screening window (scalars; verdict and stop are also text tags)
-    saturation = "satmon/saturation"
-    nonfinite = "satmon/nonfinite"
-    verdict = "satmon/verdict"
-    margin = "satmon/margin"
-    stop = "satmon/stop"
+    summary = "Satmon"  #: the Scalars group that opens first
+    # the screening window and the verdict (scalars: the summary group)
+    saturation = "Satmon/saturation"
+    nonfinite = "Satmon/nonfinite"
+    verdict = "Satmon/verdict"
+    margin = "Satmon/margin"
+    collapse_risk = "Satmon/collapse_risk"
+    stop = "Satmon/stop"
+    # texts (the Text tab's group "satmon")
+    verdict_text = "satmon/verdict"
+    stop_text = "satmon/stop"
+    replay_checkpoint = "satmon/replay/checkpoint"
+    replay_error = "satmon/replay/error"
     # the collapse watch after the window
-    collapse_nonfinite = "satmon/collapse/nonfinite"
-    collapse_saturation = "satmon/collapse/saturation"
-    collapse_loss_z = "satmon/collapse/loss_z"
-    collapse_risk = "satmon/collapse/risk"
+    collapse_nonfinite = "satmon_collapse/nonfinite"
+    collapse_saturation = "satmon_collapse/saturation"
+    collapse_loss_z = "satmon_collapse/loss_z"
     # the hparams view: hyper-parameter keys, and the sub-run that holds the session
     hp_window = "satmon/window"
     hp_threshold = "satmon/threshold"
     hp_level = "satmon/level"
     hp_decision = "satmon/decision"
+    hp_trust = "satmon/trust"
     hp_source = "satmon/source"
     hp_partial = "satmon/partial"
     hparams_run = "satmon_hparams"
     #: v0.1 wrote the pooled saturation under this name for the hparams view, in the run itself; read, never written
     legacy_verdict_saturation = "satmon/verdict_saturation"
-    # satmon replay (text)
-    replay_checkpoint = "satmon/replay/checkpoint"
-    replay_error = "satmon/replay/error"
     # dead directions and the residual stream (satmon.probe, the live probe, replay)
-    sigma_min_min_ratio = "satmon/sigma_min/min_ratio"
+    sigma_min_min_ratio = "satmon_sigma_min/min_ratio"
+    #: the per-layer (and per-block, per-MLP) families: each is a Scalars group of its own
+    families = ("satmon_saturation", "satmon_alpha", "satmon_offset", "satmon_collapse", "satmon_deadir",
+                "satmon_sigma_min", "satmon_init_gap")
 
     @staticmethod
     def layer_saturation(layer: str) -> str:
-        return f"satmon/saturation/{layer}"
+        return f"satmon_saturation/{layer}"
 
     @staticmethod
     def alpha(layer: str) -> str:
-        return f"satmon/alpha/{layer}"
+        return f"satmon_alpha/{layer}"
 
     @staticmethod
     def collapse_gate(stat: str, mlp: str) -> str:
         """A gate statistic of one gated MLP during the watch (``stat`` from :mod:`satmon.functional.gate`)."""
-        return f"satmon/collapse/{stat}/{mlp}"
+        return f"satmon_collapse/{stat}/{mlp}"
 
     @staticmethod
     def collapse_breach(reason: str | Enum) -> str:
         """1.0 when the watch check found ``reason`` (a :class:`satmon.results.stop.StopReason` or its value)."""
-        return f"satmon/collapse/breach/{reason.value if isinstance(reason, Enum) else reason}"
+        return f"satmon_collapse/breach/{reason.value if isinstance(reason, Enum) else reason}"
 
     @staticmethod
     def deadir_alignment(layer: str) -> str:
-        return f"satmon/deadir/{layer}/alignment"
+        return f"satmon_deadir/{layer}/alignment"
 
     @staticmethod
     def deadir_null_dim(layer: str) -> str:
-        return f"satmon/deadir/{layer}/null_dim"
+        return f"satmon_deadir/{layer}/null_dim"
 
     @staticmethod
     def deadir_null_projection(layer: str) -> str:
-        return f"satmon/deadir/{layer}/null_projection"
+        return f"satmon_deadir/{layer}/null_projection"
 
     @staticmethod
     def sigma_min_ratio(block: str) -> str:
-        return f"satmon/sigma_min/ratio/{block}"
+        return f"satmon_sigma_min/ratio/{block}"
 
     @staticmethod
     def offset_centered(layer: str) -> str:
-        return f"satmon/offset/centered/{layer}"
+        return f"satmon_offset/centered/{layer}"
 
     @staticmethod
     def offset_ratio(layer: str) -> str:
-        return f"satmon/offset/ratio/{layer}"
+        return f"satmon_offset/ratio/{layer}"
 
     @staticmethod
     def init_gap(layer: str) -> str:
-        return f"satmon/init_gap/{layer}"
+        return f"satmon_init_gap/{layer}"
+
+    @staticmethod
+    def is_satmon(tag: str) -> bool:
+        """Whether satmon 0.3 writes ``tag`` (a scalar or a text; the hparams keys are not tags).
+
+        Example:
+            >>> TAG.is_satmon("Satmon/margin"), TAG.is_satmon("satmon_alpha/ln_f"), TAG.is_satmon("satmon_logs/x")
+            (True, True, False)
+        """
+        group = tag.split("/", 1)[0]
+        return "/" in tag and (group in (TAG.summary, "satmon") or group in TAG.families)
+
+    @staticmethod
+    def from_v02(tag: str) -> str | None:
+        """The 0.3 name of a tag satmon 0.2 wrote (its scalars under ``satmon/``, its texts under
+        ``<tag>/text_summary``), or ``None`` when 0.2 wrote no such tag.
+
+        Example:
+            >>> [TAG.from_v02(t) for t in ("satmon/verdict", "satmon/collapse/risk", "satmon/alpha/ln_f",
+            ...                            "satmon/collapse/loss_z", "satmon/verdict/text_summary", "epoch")]
+            ['Satmon/verdict', 'Satmon/collapse_risk', 'satmon_alpha/ln_f', 'satmon_collapse/loss_z', 'satmon/verdict', None]
+        """
+        if tag.endswith(_V02_TEXT_SUFFIX):
+            text = tag[: -len(_V02_TEXT_SUFFIX)]
+            return text if text in _TEXTS else None
+        if tag in _V02_SUMMARY:
+            return _V02_SUMMARY[tag]
+        for family in TAG.families:
+            old = "satmon/" + family.removeprefix("satmon_") + "/"
+            if tag.startswith(old) and len(tag) > len(old):
+                return f"{family}/{tag[len(old):]}"
+        return None
+
+    @staticmethod
+    def read_name(tag: str, text: bool = False) -> str | None:
+        """The name a tag read back from a run has in this table: 0.3's tags as they are, 0.2's by
+        :meth:`from_v02`; ``None`` for a tag satmon did not write (and v0.1's ``satmon/verdict_saturation``).
+
+        Example:
+            >>> TAG.read_name("satmon/margin"), TAG.read_name("Satmon/margin"), TAG.read_name("satmon/verdict", text=True)
+            ('Satmon/margin', 'Satmon/margin', 'satmon/verdict')
+        """
+        if text:
+            return TAG.from_v02(tag) if tag.endswith(_V02_TEXT_SUFFIX) else (tag if tag in _TEXTS else None)
+        if tag.startswith("satmon/"):  # 0.3 writes texts only there: a 0.2 scalar
+            return TAG.from_v02(tag)
+        return tag if TAG.is_satmon(tag) else None
 
 
-#: The ``satmon/verdict`` scalar of each decision. A non-finite verdict is -1, not NaN: NaN reads as
+#: satmon 0.2's scalars of the summary group, by their 0.3 names
+_V02_SUMMARY = {"satmon/saturation": TAG.saturation, "satmon/nonfinite": TAG.nonfinite, "satmon/verdict": TAG.verdict,
+                "satmon/margin": TAG.margin, "satmon/collapse/risk": TAG.collapse_risk, "satmon/stop": TAG.stop}
+#: torch's ``SummaryWriter.add_text(tag, ...)`` writes under ``tag + "/text_summary"`` (satmon 0.2 did)
+_V02_TEXT_SUFFIX = "/text_summary"
+_TEXTS = (TAG.verdict_text, TAG.stop_text, TAG.replay_checkpoint, TAG.replay_error)
+
+
+#: The ``Satmon/verdict`` scalar of each decision. A non-finite verdict is -1, not NaN: NaN reads as
 #: "no reading" and cannot be sorted or compared across runs; -1 sorts below NO-GO (docs/tensorboard.md).
 VERDICT_VALUES: dict[str, float] = {"go": 1.0, "no-go": 0.0, "non-finite": -1.0}
 _SOURCES = ("window", "probe", "replay")
@@ -124,7 +196,7 @@ def window_scalars(pooled: float, per_layer: Mapping[str, float], alphas: Mappin
 
     Example:
         >>> window_scalars(0.5, {"ln_f": 0.5}, {"ln_f": 2.0}, 0)
-        {'satmon/saturation': 0.5, 'satmon/nonfinite': 0.0, 'satmon/saturation/ln_f': 0.5, 'satmon/alpha/ln_f': 2.0}
+        {'Satmon/saturation': 0.5, 'Satmon/nonfinite': 0.0, 'satmon_saturation/ln_f': 0.5, 'satmon_alpha/ln_f': 2.0}
     """
     out = {TAG.saturation: float(pooled), TAG.nonfinite: float(nonfinite)}
     out.update({TAG.layer_saturation(k): float(v) for k, v in per_layer.items()})
@@ -137,7 +209,7 @@ def offset_scalars(readings: Mapping[str, Mapping[str, float]]) -> dict[str, flo
 
     Example:
         >>> offset_scalars({"ln_f": {"saturated": 0.74, "centered": 0.006, "offset_ratio": 102.0}})
-        {'satmon/offset/centered/ln_f': 0.006, 'satmon/offset/ratio/ln_f': 102.0}
+        {'satmon_offset/centered/ln_f': 0.006, 'satmon_offset/ratio/ln_f': 102.0}
     """
     out: dict[str, float] = {}
     for layer, r in readings.items():
@@ -164,7 +236,7 @@ def watch_scalars(
 
     Example:
         >>> watch_scalars(0, 0.61, {"blocks.0.mlp": {"flat_fraction": 0.3}}, None, {"collapse-risk": True})
-        {'satmon/collapse/nonfinite': 0.0, 'satmon/collapse/saturation': 0.61, 'satmon/collapse/flat_fraction/blocks.0.mlp': 0.3, 'satmon/collapse/breach/collapse-risk': 1.0}
+        {'satmon_collapse/nonfinite': 0.0, 'satmon_collapse/saturation': 0.61, 'satmon_collapse/flat_fraction/blocks.0.mlp': 0.3, 'satmon_collapse/breach/collapse-risk': 1.0}
     """
     out = {TAG.collapse_nonfinite: float(nonfinite)}
     if gated_saturation is not None:
@@ -180,16 +252,16 @@ def watch_scalars(
 def probe_scalars(report: Any, saturation: bool = True) -> dict[str, float]:
     """A probe's readings under the live callback's tags; non-finite and missing readings are left out.
 
-    ``satmon/saturation``, ``satmon/saturation/<layer>``, ``satmon/alpha/<layer>`` (DyT; left out with
-    ``saturation=False``, e.g. when the live window writes them), ``satmon/deadir/<layer>/...``
-    (LayerNorm/RMSNorm), ``satmon/sigma_min/ratio/<block>`` and ``.../min_ratio`` (a valid profile),
-    ``satmon/init_gap/<layer>``. ``report`` is read by attribute (a :class:`satmon.results.probe_report.ProbeReport`).
+    ``Satmon/saturation``, ``satmon_saturation/<layer>``, ``satmon_alpha/<layer>`` (DyT; left out with
+    ``saturation=False``, e.g. when the live window writes them), ``satmon_deadir/<layer>/...``
+    (LayerNorm/RMSNorm), ``satmon_sigma_min/ratio/<block>`` and ``.../min_ratio`` (a valid profile),
+    ``satmon_init_gap/<layer>``. ``report`` is read by attribute (a :class:`satmon.results.probe_report.ProbeReport`).
 
     Example:
         >>> from types import SimpleNamespace as NS
         >>> dyt = NS(kind="dyt", saturation=0.5, alpha=2.0, init_gap=None)
         >>> probe_scalars(NS(saturation=0.5, layers={"ln_f": dyt}, sigma_min=NS(valid=False)))
-        {'satmon/saturation': 0.5, 'satmon/saturation/ln_f': 0.5, 'satmon/alpha/ln_f': 2.0}
+        {'Satmon/saturation': 0.5, 'satmon_saturation/ln_f': 0.5, 'satmon_alpha/ln_f': 2.0}
     """
     out: dict[str, Any] = {}
     if saturation and report.saturation is not None:
@@ -214,12 +286,12 @@ def probe_scalars(report: Any, saturation: bool = True) -> dict[str, float]:
 
 
 def verdict_scalars(verdict: Any) -> dict[str, float]:
-    """The verdict's scalars (also the hparams view's metrics); ``satmon/verdict`` from :data:`VERDICT_VALUES`.
+    """The verdict's scalars (also the hparams view's metrics); ``Satmon/verdict`` from :data:`VERDICT_VALUES`.
 
     Example:
         >>> from satmon.results.verdict import build_verdict
         >>> verdict_scalars(build_verdict({"ln_f": (1, 4, 2)}, step=5, window=5))
-        {'satmon/verdict': -1.0, 'satmon/margin': -0.18, 'satmon/saturation': 0.25}
+        {'Satmon/verdict': -1.0, 'Satmon/margin': -0.18, 'Satmon/saturation': 0.25}
     """
     if verdict.decision not in VERDICT_VALUES:
         raise ValueError(f"Expected a verdict decision in {tuple(VERDICT_VALUES)}, got {verdict.decision!r}. "
@@ -232,15 +304,80 @@ def verdict_scalars(verdict: Any) -> dict[str, float]:
 
 
 def verdict_hparams(verdict: Any) -> dict[str, Any]:
-    """The verdict's hyper-parameters in the hparams view: the decision and source as strings, so runs filter by them.
+    """The verdict's hyper-parameters in the hparams view: the decision, how far to trust it and the source
+    as strings, so runs filter by them (``satmon/trust`` when the verdict has a ``trust``).
 
     Example:
         >>> from satmon.results.verdict import build_verdict
-        >>> verdict_hparams(build_verdict({"ln_f": (5, 10)}, step=3, window=3, planned_window=9))
-        {'satmon/window': 3, 'satmon/threshold': 0.43, 'satmon/level': 2.0, 'satmon/decision': 'go', 'satmon/source': 'window', 'satmon/partial': 1}
+        >>> hp = verdict_hparams(build_verdict({"ln_f": (5, 10)}, step=3, window=3, planned_window=9))
+        >>> {k: v for k, v in hp.items() if k != TAG.hp_trust}
+        {'satmon/decision': 'go', 'satmon/source': 'window', 'satmon/window': 3, 'satmon/partial': 1, 'satmon/threshold': 0.43, 'satmon/level': 2.0}
     """
-    return {TAG.hp_window: verdict.window, TAG.hp_threshold: verdict.threshold, TAG.hp_level: verdict.level,
-            TAG.hp_decision: verdict.decision, TAG.hp_source: verdict.source, TAG.hp_partial: int(verdict.partial)}
+    out = {TAG.hp_decision: verdict.decision}
+    trust = getattr(verdict, "trust", None)
+    if isinstance(trust, str):
+        out[TAG.hp_trust] = trust
+    out.update({TAG.hp_source: str(getattr(verdict.source, "value", verdict.source)), TAG.hp_window: verdict.window,
+                TAG.hp_partial: int(verdict.partial), TAG.hp_threshold: verdict.threshold, TAG.hp_level: verdict.level})
+    return out
+
+
+#: The hparams keys the HParams tab shows first (besides those whose values differ between runs, TensorBoard shows
+#: the first five by name: a run's own hyper-parameters beside satmon's would hide the decision otherwise).
+SHOWN_HPARAMS = (TAG.hp_decision, TAG.hp_trust)
+
+
+def _hparams_domains() -> dict[str, list[str]]:
+    """The string hparams' values, for the HParams tab's filter boxes (the trust values when the verdict has them)."""
+    domains = {TAG.hp_decision: list(VERDICT_VALUES), TAG.hp_source: list(_SOURCES)}
+    from satmon.results import verdict as _verdict
+
+    trust = getattr(_verdict, "TRUST", None)
+    if trust:
+        domains[TAG.hp_trust] = list(trust)
+    return domains
+
+
+def text_summary(tag: str, markdown: str) -> Any:
+    """A text summary under ``tag`` itself, with the text plugin's metadata (TensorBoard's ``text_pb``;
+    ``SummaryWriter.add_text`` would write it under ``tag + "/text_summary"``).
+
+    Example:
+        >>> summary = text_summary(TAG.verdict_text, "### satmon verdict")
+        >>> summary.value[0].tag, summary.value[0].metadata.plugin_data.plugin_name
+        ('satmon/verdict', 'text')
+    """
+    from tensorboard.plugins.text.summary_v2 import text_pb
+
+    return text_pb(tag, markdown)
+
+
+def hparams_summaries(params: Mapping[str, Any], metrics: Mapping[str, float]) -> list[Any]:
+    """The three summaries of one hparams session (experiment, session start, session end), as
+    ``SummaryWriter.add_hparams`` writes them, with satmon's string values as discrete domains and
+    :data:`SHOWN_HPARAMS` marked to be shown first (``differs``, the mark TensorBoard sorts columns by).
+
+    ``params`` of other types than str, int, float and bool are left out.
+
+    Example:
+        >>> from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+        >>> exp, start, end = hparams_summaries({"lr": 0.1, TAG.hp_decision: "go"}, {TAG.verdict: 1.0})
+        >>> data = HParamsPluginData.FromString(exp.value[0].metadata.plugin_data.content)
+        >>> [(h.name, h.differs) for h in data.experiment.hparam_infos]
+        [('lr', False), ('satmon/decision', True)]
+    """
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+    from torch.utils.tensorboard.summary import hparams
+
+    params = {k: v for k, v in params.items() if isinstance(v, (int, float, str, bool))}
+    domains = {k: v for k, v in _hparams_domains().items() if params.get(k) in v}
+    exp, start, end = hparams(params, dict(metrics), domains)
+    value = exp.value[0]
+    data = HParamsPluginData.FromString(value.metadata.plugin_data.content)
+    for info in data.experiment.hparam_infos:
+        info.differs = info.name in SHOWN_HPARAMS
+    value.metadata.plugin_data.content = data.SerializeToString()
+    return [exp, start, end]
 
 
 # ---------------------------------------------------------------------------------- writing
@@ -273,14 +410,15 @@ def log_verdict(sink: Sink, verdict: Any) -> None:
     sink = check_sink(sink)
     scalars = verdict_scalars(verdict)
     sink.scalars(scalars, verdict.step)
-    sink.text(TAG.verdict, verdict.card(), verdict.step)
+    sink.text(TAG.verdict_text, verdict.card(), verdict.step)
     sink.hparams(verdict_hparams(verdict), scalars, verdict.step)
 
 
 def log_stop(sink: Sink, record: Any) -> None:
-    """Write a stop (a :class:`satmon.results.stop.StopRecord`) at its step: its line as text and ``satmon/stop`` = 1."""
+    """Write a stop (a :class:`satmon.results.stop.StopRecord`) at its step: its line as the text ``satmon/stop``
+    and the scalar ``Satmon/stop`` = 1."""
     sink = check_sink(sink)
-    sink.text(TAG.stop, record.text(), record.step)
+    sink.text(TAG.stop_text, record.text(), record.step)
     sink.scalars({TAG.stop: 1.0}, record.step)
 
 
@@ -293,11 +431,12 @@ def custom_scalars_layout() -> dict[str, Any]:
         >>> sorted(custom_scalars_layout()["satmon"])
         ['alpha per layer', 'saturation (pooled vs per layer)', 'verdict and margin']
     """
-    sat, alpha, verdict, margin = (re.escape(t) for t in (TAG.saturation, TAG.alpha(""), TAG.verdict, TAG.margin))
+    sat, layer, alpha, verdict, margin = (re.escape(t) for t in (TAG.saturation, TAG.layer_saturation(""), TAG.alpha(""),
+                                                                 TAG.verdict, TAG.margin))
     return {
         "satmon": {
-            "saturation (pooled vs per layer)": ["Multiline", [rf"^{sat}(/.*)?$"]],
-            "alpha per layer": ["Multiline", [rf"^{alpha}.*"]],
+            "saturation (pooled vs per layer)": ["Multiline", [rf"^{sat}$", rf"^{layer}.+"]],
+            "alpha per layer": ["Multiline", [rf"^{alpha}.+"]],
             "verdict and margin": ["Multiline", [rf"^({verdict}|{margin})$"]],
         }
     }
@@ -343,14 +482,11 @@ class HparamsRun:
     def write(self, params: Mapping[str, Any], metrics: Mapping[str, float], step: int) -> None:
         """One session: ``params`` (those of type str, int, float, bool), ``metrics`` and their values at ``step``."""
         from torch.utils.tensorboard import SummaryWriter
-        from torch.utils.tensorboard.summary import hparams
 
-        params = {k: v for k, v in params.items() if isinstance(v, (int, float, str, bool))}
         if self._writer is None or not os.path.isdir(self.path):  # the folder was removed: a new file
             self.close()
             self._writer = SummaryWriter(self.path)
-        domains = {TAG.hp_decision: list(VERDICT_VALUES), TAG.hp_source: list(_SOURCES)}  # filter boxes in the HParams tab
-        for summary in hparams(params, dict(metrics), {k: v for k, v in domains.items() if params.get(k) in v}):
+        for summary in hparams_summaries(params, metrics):
             self._writer.file_writer.add_summary(summary)
         for k, v in metrics.items():
             self._writer.add_scalar(k, v, step)
@@ -414,8 +550,9 @@ class SummaryWriterSink:
             self.writer.flush()
 
     def text(self, tag: str, markdown: str, step: int) -> None:
+        """Write ``markdown`` under ``tag`` itself (:func:`text_summary`), as TensorBoard's Text tab names it."""
         if self._writes():
-            self.writer.add_text(tag, markdown, global_step=step)
+            self.writer.file_writer.add_summary(text_summary(tag, markdown), step)
             self.writer.flush()
 
     def hparams(self, params: Mapping[str, Any], metrics: Mapping[str, float], step: int) -> None:

@@ -2,7 +2,9 @@
 
 Scalars come back as ``(step, value)`` trajectories and texts as ``(step, markdown)``, keyed by the
 :class:`~satmon.io.tensorboard.TAG` names they were written under (``satmon report`` prints
-them; a browserless machine reads a run this way).
+them; a browserless machine reads a run this way). Runs of satmon 0.2, which wrote its scalars under
+``satmon/`` and its texts under ``<tag>/text_summary``, come back under the same names
+(:meth:`~satmon.io.tensorboard.TAG.read_name`).
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ __all__ = ["EVENT_GLOB", "Run", "load_runs", "read_run", "run_dirs", "trajectory
 
 #: TensorBoard's event files, by name.
 EVENT_GLOB = "events.out.tfevents.*"
-#: TensorBoard's text plugin stores ``add_text(tag, ...)`` under ``tag + TEXT_SUFFIX``.
+#: ``SummaryWriter.add_text(tag, ...)`` stores the text under ``tag + TEXT_SUFFIX`` (satmon 0.2's texts; 0.3 writes under ``tag``).
 TEXT_SUFFIX = "/text_summary"
 #: Per-layer scalar families: tag prefix -> the reading's name in :meth:`Run.layers`.
 _LAYER_FAMILIES = {TAG.layer_saturation(""): "saturation", TAG.alpha(""): "alpha", TAG.init_gap(""): "init_gap"}
-_DEADIR = TAG.deadir_alignment("").removesuffix("/alignment")  # "satmon/deadir/": then <layer>/<reading>
+_DEADIR = TAG.deadir_alignment("").removesuffix("/alignment")  # "satmon_deadir/": then <layer>/<reading>
 
 
 @dataclass
@@ -32,7 +34,7 @@ class Run:
     Attributes:
         path: the run folder.
         scalars: tag -> ``[(step, value)]`` in step order (see :func:`trajectory`).
-        texts: tag (without TensorBoard's ``/text_summary``) -> ``[(step, text)]`` in write order.
+        texts: tag (without 0.2's ``/text_summary``) -> ``[(step, text)]`` in write order.
     """
 
     path: Path
@@ -44,12 +46,12 @@ class Run:
         return sorted({s for series in self.scalars.values() for s, _ in series})
 
     def last_text(self, tag: str) -> str | None:
-        """The last text written under ``tag`` (e.g. ``TAG.verdict``: the latest verdict card), or ``None``."""
+        """The last text written under ``tag`` (e.g. ``TAG.verdict_text``: the latest verdict card), or ``None``."""
         texts = self.texts.get(tag)
         return texts[-1][1] if texts else None
 
     def decision(self) -> str | None:
-        """The last verdict's decision (``"go"``, ``"no-go"``, ``"non-finite"``) from ``satmon/verdict``, or ``None``.
+        """The last verdict's decision (``"go"``, ``"no-go"``, ``"non-finite"``) from ``Satmon/verdict``, or ``None``.
 
         Example:
             >>> Run(Path("."), scalars={TAG.verdict: [(7, -1.0)]}).decision()
@@ -61,7 +63,7 @@ class Run:
         return {v: k for k, v in VERDICT_VALUES.items()}.get(series[-1][1])
 
     def verdict_saturation(self) -> float | None:
-        """The pooled saturation written with the last verdict (``satmon/saturation`` at its step), or ``None``."""
+        """The pooled saturation written with the last verdict (``Satmon/saturation`` at its step), or ``None``."""
         series = self.scalars.get(TAG.verdict)
         return dict(self.scalars.get(TAG.saturation, [])).get(series[-1][0]) if series else None
 
@@ -79,7 +81,7 @@ class Run:
                 rest = tag[len(prefix):]
                 if tag.startswith(prefix) and rest and "/" not in rest:
                     layers[rest][reading] = series[-1][1]
-            if tag.startswith(_DEADIR) and tag.count("/") >= 3:
+            if tag.startswith(_DEADIR) and tag.count("/") > _DEADIR.count("/"):
                 layer, reading = tag[len(_DEADIR):].rsplit("/", 1)
                 layers[layer][reading] = series[-1][1]
         return dict(layers)
@@ -136,16 +138,20 @@ def read_run(path: str | Path) -> Run:
     acc.Reload()
     tags = acc.Tags()
     run = Run(path=Path(path))
+    points: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for tag in tags.get("scalars", []):
-        if tag.startswith(TAG.prefix) and tag != TAG.legacy_verdict_saturation:
-            run.scalars[tag] = trajectory([(e.step, float(e.value)) for e in acc.Scalars(tag)])
+        name = TAG.read_name(tag)
+        if name is not None:  # a 0.2 run's tags by their 0.3 names (a run both wrote: one series)
+            points[name] += [(e.step, float(e.value)) for e in acc.Scalars(tag)]
+    run.scalars = {name: trajectory(p) for name, p in points.items()}
     for tag in tags.get("tensors", []):
-        if tag.startswith(TAG.prefix) and tag.endswith(TEXT_SUFFIX):
+        name = TAG.read_name(tag, text=True)
+        if name is not None and acc.SummaryMetadata(tag).plugin_data.plugin_name == "text":
             texts = []
             for e in acc.Tensors(tag):
                 value = tensor_util.make_ndarray(e.tensor_proto).reshape(-1)
                 texts.append((e.step, b"\n".join(v if isinstance(v, bytes) else str(v).encode() for v in value).decode()))
-            run.texts[tag[: -len(TEXT_SUFFIX)]] = texts
+            run.texts[name] = run.texts.get(name, []) + texts
     return run
 
 

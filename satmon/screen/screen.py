@@ -67,7 +67,7 @@ def running_scalars(r: HookReadings, names: Sequence[str]) -> dict[str, float]:
 
     Example:
         >>> r = HookReadings(saturated=[1, 3], total=[4, 4], nonfinite=[0, 0], alphas=[2.0, 0.5])
-        >>> running_scalars(r, ["a", "b"])["satmon/saturation"]
+        >>> running_scalars(r, ["a", "b"])["Satmon/saturation"]
         0.5
     """
     n = sum(r.total)

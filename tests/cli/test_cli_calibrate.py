@@ -106,7 +106,7 @@ def test_missing_matplotlib_is_a_message_not_a_crash(tmp_path, capsys, monkeypat
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     assert cli.main(["--study", "--out", str(tmp_path)]) == 0
-    assert "the plot needs matplotlib: pip install 'satmon[report]'" in capsys.readouterr().err
+    assert "the plot needs matplotlib: pip install matplotlib" in capsys.readouterr().err
     assert (tmp_path / "calibration.json").exists() and not (tmp_path / "calibration.png").exists()
 
 

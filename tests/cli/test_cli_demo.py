@@ -78,6 +78,31 @@ def test_demo_prints_verdict_and_losses_with_a_step_progress_bar(tmp_path, capsy
     assert _ckpt_hparams(tmp_path, "demo_stalled")["emb_std"] == 0.02  # GPT-2's init, the 0.1 demo model
 
 
+def _saved(root, name="demo"):
+    """step -> the global step stored in each checkpoint the run kept, by file name."""
+    files = sorted((root / name).glob("version_0/checkpoints/*.ckpt"))
+    return {int(f.stem.rsplit("step=", 1)[1]): torch.load(f, map_location="cpu", weights_only=False)["global_step"]
+            for f in files}
+
+
+def test_demo_keeps_a_checkpoint_every_n_steps_and_the_last(tmp_path, capsys):
+    """What --help promises: every --checkpoint-every steps and the last step, all kept (0: the last only)."""
+    help_text = _help(capsys)
+    assert "every N optimizer steps and at the last step, all kept" in " ".join(help_text.split())
+    base = ["--window", "4", "--steps", "7", "--train-tokens", "20000", "--threads", "1", "--quiet"]
+    assert main(base + ["--checkpoint-every", "3", "--logdir", str(tmp_path / "every3")]) == 0
+    out = capsys.readouterr().out
+    assert _saved(tmp_path / "every3") == {3: 3, 6: 6, 7: 7}  # each file holds the step its name says
+    assert f"Checkpoints (steps 3, 6, 7): {(tmp_path / 'every3' / 'demo' / 'version_0' / 'checkpoints').resolve()}" in out
+    assert main(base + ["--checkpoint-every", "0", "--logdir", str(tmp_path / "last")]) == 0
+    assert _saved(tmp_path / "last") == {7: 7}
+
+
+def _help(capsys) -> str:
+    assert main(["--help"]) == 0
+    return capsys.readouterr().out
+
+
 def test_ctrl_c_during_training_ends_with_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
     """Lightning turns a KeyboardInterrupt into sys.exit(1) after its graceful shutdown: the demo reports it
     as an interrupt (exit 130, one line, no traceback) and gives SIGINT its handler back."""

@@ -110,13 +110,13 @@ def test_replay_matches_float64_reference_and_tensorboard(run, tmp_path, capsys)
 
     acc = EventAccumulator(str(tmp_path / "tb" / "replay" / "version_0"), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
-    sat = acc.Scalars("satmon/saturation")
+    sat = acc.Scalars("Satmon/saturation")
     assert [e.step for e in sat] == [3, 6, 9]
     assert [e.value for e in sat] == pytest.approx([r["verdict"]["saturation"] for r in records], abs=1e-6)
-    assert [e.step for e in acc.Scalars("satmon/saturation/model.ln_f")] == [3, 6, 9]
-    assert [e.step for e in acc.Scalars("satmon/sigma_min/min_ratio")] == [3, 6, 9]
-    assert [e.step for e in acc.Tensors("satmon/verdict/text_summary")] == [3, 6, 9]
-    assert [e.step for e in acc.Tensors("satmon/replay/checkpoint/text_summary")] == [3, 6, 9]
+    assert [e.step for e in acc.Scalars("satmon_saturation/model.ln_f")] == [3, 6, 9]
+    assert [e.step for e in acc.Scalars("satmon_sigma_min/min_ratio")] == [3, 6, 9]
+    assert [e.step for e in acc.Tensors("satmon/verdict")] == [3, 6, 9]
+    assert [e.step for e in acc.Tensors("satmon/replay/checkpoint")] == [3, 6, 9]
     assert "| step" in out and "| non-finite" in out and "zz-first.ckpt" in out  # the console summary
 
 

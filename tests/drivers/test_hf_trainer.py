@@ -131,9 +131,9 @@ def test_card_and_scalars_go_to_tensorboard(tmp_path, reference):
     cb, _ = hf_run(tmp_path, llama(), Tokens())
     run = EventAccumulator(str(tmp_path / "runs" / "satmon"), size_guidance={"tensors": 0, "scalars": 0})
     run.Reload()
-    card = run.Tensors("satmon/verdict/text_summary")[0].tensor_proto.string_val[0].decode()
+    card = run.Tensors("satmon/verdict")[0].tensor_proto.string_val[0].decode()
     assert card == cb.verdict.card()
-    (event,) = run.Scalars("satmon/saturation")[-1:]
+    (event,) = run.Scalars("Satmon/saturation")[-1:]
     assert (event.step, event.value) == (WINDOW, pytest.approx(reference.verdict.saturation, rel=1e-6))
 
 

@@ -25,7 +25,31 @@ def scalars(ea: event_accumulator.EventAccumulator, tag: str) -> list[tuple[int,
 
 
 def text(ea: event_accumulator.EventAccumulator, tag: str) -> list[tuple[int, str]]:
-    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in ea.Tensors(f"{tag}/text_summary")]
+    """The texts under ``tag`` as TensorBoard's Text tab names it (the tag itself, text plugin's data)."""
+    assert ea.SummaryMetadata(tag).plugin_data.plugin_name == "text", f"{tag} holds no text"
+    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in ea.Tensors(tag)]
+
+
+def hparams_view(log_root: str | Path) -> dict:
+    """What TensorBoard's HParams tab shows for ``log_root``, from its own backend (the hparams plugin's
+    ``Context``, which picks the experiment summary and sorts its hyper-parameters: those whose values
+    differ first, then by name): ``shown``, the columns the tab opens with (its frontend shows the first
+    five, differing ones first), ``hparams`` (every column, in order) and ``metrics``."""
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.hparams import backend_context
+
+    mux = plugin_event_multiplexer.EventMultiplexer(size_guidance=GUIDANCE).AddRunsFromDirectory(str(log_root))
+    mux.Reload()
+    provider = data_provider.MultiplexerDataProvider(mux, str(log_root))
+    plugin = backend_context.Context(base_plugin.TBContext(logdir=str(log_root), data_provider=provider, multiplexer=mux))
+    ctx = context.RequestContext()
+    exp = plugin.experiment_from_metadata(ctx, "", True, plugin.hparams_metadata(ctx, ""),
+                                          plugin.hparams_from_data_provider(ctx, "", limit=None))
+    infos = sorted(exp.hparam_infos, key=lambda h: not h.differs)  # the frontend's stable sort
+    return {"shown": [h.name for h in infos[:5]], "hparams": [h.name for h in infos],
+            "metrics": [m.name.tag for m in exp.metric_infos]}
 
 
 def hparams_sessions(log_root: str | Path) -> list[dict]:
@@ -47,5 +71,7 @@ def hparams_sessions(log_root: str | Path) -> list[dict]:
 
 @pytest.fixture(scope="session")
 def tb() -> SimpleNamespace:
-    """The reference reader's functions (``tb.accumulate``, ``tb.scalars``, ``tb.text``, ``tb.hparams_sessions``)."""
-    return SimpleNamespace(accumulate=accumulate, scalars=scalars, text=text, hparams_sessions=hparams_sessions)
+    """The reference reader's functions (``tb.accumulate``, ``tb.scalars``, ``tb.text``, ``tb.hparams_sessions``,
+    ``tb.hparams_view``)."""
+    return SimpleNamespace(accumulate=accumulate, scalars=scalars, text=text, hparams_sessions=hparams_sessions,
+                           hparams_view=hparams_view)

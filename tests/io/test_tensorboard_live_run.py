@@ -60,25 +60,25 @@ def test_running_and_verdict_scalars(run, tb):
     decision, (monitor, rec, ea, _) = run
     v = monitor.verdict
     assert v.decision == decision and v.step == WINDOW
-    pooled = tb.scalars(ea, "satmon/saturation")
+    pooled = tb.scalars(ea, "Satmon/saturation")
     assert sorted({s for s, _ in pooled}) == LOG_STEPS  # the verdict writes the pooled value again at step 7
     for step in LOG_STEPS:
         ref_pooled, ref_layers, ref_alpha = _running(rec, step)
         assert {val for s, val in pooled if s == step} == {_f32(ref_pooled)}, step
         for name in monitor.layer_names:
-            assert (step, _f32(ref_layers[name])) in tb.scalars(ea, f"satmon/saturation/{name}")
-            assert (step, _f32(ref_alpha[name])) in tb.scalars(ea, f"satmon/alpha/{name}")
+            assert (step, _f32(ref_layers[name])) in tb.scalars(ea, f"satmon_saturation/{name}")
+            assert (step, _f32(ref_alpha[name])) in tb.scalars(ea, f"satmon_alpha/{name}")
     for name in monitor.layer_names:
-        assert [s for s, _ in tb.scalars(ea, f"satmon/saturation/{name}")] == LOG_STEPS
-        assert [s for s, _ in tb.scalars(ea, f"satmon/alpha/{name}")] == LOG_STEPS
+        assert [s for s, _ in tb.scalars(ea, f"satmon_saturation/{name}")] == LOG_STEPS
+        assert [s for s, _ in tb.scalars(ea, f"satmon_alpha/{name}")] == LOG_STEPS
     # the callback's verdict numbers are the reference's, and are what TensorBoard holds
     ref_pooled, ref_layers, _ = _running(rec, WINDOW)
     assert v.saturation == ref_pooled and v.per_layer == ref_layers
     assert v.margin == pytest.approx(ref_pooled - v.threshold, rel=1e-12)
     # once each, at the verdict step (the hparams view's copies live in the satmon_hparams sub-run)
-    assert tb.scalars(ea, "satmon/verdict") == [(WINDOW, 1.0 if decision == "go" else 0.0)]
-    assert tb.scalars(ea, "satmon/margin") == [(WINDOW, _f32(v.margin))]
-    assert tb.scalars(ea, "satmon/nonfinite") == [(s, 0.0) for s in LOG_STEPS]
+    assert tb.scalars(ea, "Satmon/verdict") == [(WINDOW, 1.0 if decision == "go" else 0.0)]
+    assert tb.scalars(ea, "Satmon/margin") == [(WINDOW, _f32(v.margin))]
+    assert tb.scalars(ea, "Satmon/nonfinite") == [(s, 0.0) for s in LOG_STEPS]
 
 
 def test_verdict_text_card(run, tb):
@@ -121,7 +121,7 @@ def _check_verdict_in_hparams_view(tb, case: str, tmp_path: Path) -> None:
         "satmon/window": ("number_value", float(WINDOW)), "satmon/threshold": ("number_value", v.threshold),
         "satmon/level": ("number_value", 2.0), "satmon/partial": ("number_value", 0.0),
     }
-    assert {"satmon/verdict", "satmon/margin", "satmon/saturation"} <= set(mine[0]["metrics"])
+    assert {"Satmon/verdict", "Satmon/margin", "Satmon/saturation"} <= set(mine[0]["metrics"])
 
 
 def test_verdict_in_hparams_view_without_default_hp_metric(tmp_path, tb):

@@ -27,7 +27,7 @@ def written(tmp_path_factory) -> tuple[Path, Path, object]:
     log_scalars(sink, window_scalars(0.375, {"h.0.dyt": 0.75, "ln_f": 0.0}, {"h.0.dyt": 2.5, "ln_f": 1.25}, 1), 4)
     verdict = build_verdict({"h.0.dyt": (3, 4), "ln_f": (0, 4, 1)}, step=6, window=6, notes=(NOTE,))
     log_verdict(sink, verdict)
-    log_text(sink, TAG.stop, "**satmon stopped training at step 6** (nonfinite): NaN in the watched step", 6)
+    log_text(sink, TAG.stop_text, "**satmon stopped training at step 6** (nonfinite): NaN in the watched step", 6)
     log_scalars(sink, {TAG.stop: 1.0, TAG.deadir_alignment("h.1.ln"): 0.5, TAG.deadir_null_dim("h.1.ln"): 2.0,
                            TAG.sigma_min_ratio("h.1"): 0.5, TAG.sigma_min_ratio("h.2"): 0.25}, 6)
     sink.writer.add_scalar("loss", 3.0, 6)  # not satmon's: left out
@@ -41,7 +41,7 @@ def test_reader_equals_tensorboards_event_accumulator(written, tb):
     assert looked == 1 and [r.path for r in runs] == [log_dir]  # the satmon_hparams sub-run is no run of its own
     run = runs[0]
     ea = tb.accumulate(log_dir)
-    satmon_tags = [t for t in ea.Tags()["scalars"] if t.startswith("satmon/")]
+    satmon_tags = [t for t in ea.Tags()["scalars"] if TAG.is_satmon(t)]
     assert sorted(run.scalars) == sorted(satmon_tags) and "loss" not in run.scalars
     for tag in satmon_tags:
         assert run.scalars[tag] == [(s, float(v)) for s, v in tb.scalars(ea, tag)], tag
@@ -51,12 +51,12 @@ def test_reader_equals_tensorboards_event_accumulator(written, tb):
 def test_reader_values_steps_and_views(written):
     _, log_dir, verdict = written
     run = read_run(log_dir)
-    assert run.scalars["satmon/saturation"] == [(2, 0.25), (4, 0.375), (6, 0.375)]  # the verdict writes the pooled value too
-    assert run.scalars["satmon/alpha/ln_f"] == [(2, 1.5), (4, 1.25)]
-    assert run.scalars["satmon/nonfinite"] == [(2, 0.0), (4, 1.0)]
-    assert run.scalars["satmon/verdict"] == [(6, -1.0)] and run.decision() == "non-finite"
+    assert run.scalars["Satmon/saturation"] == [(2, 0.25), (4, 0.375), (6, 0.375)]  # the verdict writes the pooled value too
+    assert run.scalars["satmon_alpha/ln_f"] == [(2, 1.5), (4, 1.25)]
+    assert run.scalars["Satmon/nonfinite"] == [(2, 0.0), (4, 1.0)]
+    assert run.scalars["Satmon/verdict"] == [(6, -1.0)] and run.decision() == "non-finite"
     assert run.verdict_saturation() == 0.375 == verdict.saturation  # 3 of 8 elements, written at the verdict step
-    assert run.last_text(TAG.verdict) == verdict.card() and f"Note: {NOTE}" in verdict.card()
+    assert run.last_text(TAG.verdict_text) == verdict.card() and f"Note: {NOTE}" in verdict.card()
     assert run.last_text(TAG.replay_checkpoint) is None
     assert run.steps() == [2, 4, 6]
     assert run.layers() == {

@@ -37,13 +37,13 @@ def snapshot(root: Path, tb) -> dict[str, dict]:
     for run in sorted({p.parent for p in root.rglob("events.out.tfevents.*")}):
         ea = tb.accumulate(run)
         tags = ea.Tags()
-        texts = {t[: -len("/text_summary")]: tb.text(ea, t[: -len("/text_summary")])
-                 for t in tags["tensors"] if t.endswith("/text_summary")}
+        text_tags = [t for t in tags["tensors"] if ea.SummaryMetadata(t).plugin_data.plugin_name == "text"]
+        texts = {t: tb.text(ea, t) for t in text_tags}
         layouts = [str(layout_pb2.Layout.FromString(e.tensor_proto.string_val[0]))
                    for e in (ea.Tensors("custom_scalars__config__") if "custom_scalars__config__" in tags["tensors"] else [])]
         runs[run.relative_to(root).as_posix()] = {
             "scalars": {t: tb.scalars(ea, t) for t in sorted(tags["scalars"])}, "texts": texts, "layout": layouts,
-            "other tensors": sorted(t for t in tags["tensors"] if not t.endswith("/text_summary")),
+            "other tensors": sorted(t for t in tags["tensors"] if t not in text_tags),
         }
     sessions = tb.hparams_sessions(root)
     for s in sessions:
@@ -82,12 +82,12 @@ def test_summary_writer_sink_writes_the_layout_lightnings_logger_wrote(tmp_path,
     got, expected = snapshot(tmp_path / "ours", tb), snapshot(tmp_path / "lightning", tb)
     assert got == expected
     run = got["runs"]["run"]
-    assert run["scalars"]["satmon/saturation"] == [(2, 0.25), (4, 0.375), (6, 0.4375), (10, 0.4375)]
-    assert run["scalars"]["satmon/stop"] == [(6, 1.0)] and run["scalars"]["satmon/collapse/risk"] == [(6, 0.0), (10, 0.0)]
+    assert run["scalars"]["Satmon/saturation"] == [(2, 0.25), (4, 0.375), (6, 0.4375), (10, 0.4375)]
+    assert run["scalars"]["Satmon/stop"] == [(6, 1.0)] and run["scalars"]["Satmon/collapse_risk"] == [(6, 0.0), (10, 0.0)]
     assert [s for s, _ in run["texts"]["satmon/verdict"]] == [6, 10] and run["texts"]["satmon/stop"][0][0] == 6
     assert len(run["layout"]) == 1 and "alpha per layer" in run["layout"][0]
     assert [s["run"] for s in got["sessions"]] == ["run/satmon_hparams"]  # one session shown: TensorBoard keeps the first
-    assert got["runs"]["run/satmon_hparams"]["scalars"]["satmon/verdict"] == [(6, 1.0), (10, 1.0)]  # 7 of 16 >= 0.43
+    assert got["runs"]["run/satmon_hparams"]["scalars"]["Satmon/verdict"] == [(6, 1.0), (10, 1.0)]  # 7 of 16 >= 0.43
 
 
 def _screen_run(sink_or_logdir: dict) -> Screen:
@@ -117,9 +117,9 @@ def test_screen_logdir_equals_satmon_0_2s_tensorboard_logger(tmp_path, tb):
     got, expected = snapshot(tmp_path / "ours", tb), snapshot(tmp_path / "lightning", tb)
     assert got == expected
     run = got["runs"]["."]
-    assert run["scalars"]["satmon/verdict"] == [(6, 1.0 if ours.verdict.go else 0.0)]
-    assert [s for s, _ in run["scalars"]["satmon/saturation"]] == [2, 4, 6, 6]  # running, running, verdict (twice)
-    assert [s for s, _ in run["scalars"]["satmon/collapse/nonfinite"]] == [r["step"] for r in ours.watch.log]
+    assert run["scalars"]["Satmon/verdict"] == [(6, 1.0 if ours.verdict.go else 0.0)]
+    assert [s for s, _ in run["scalars"]["Satmon/saturation"]] == [2, 4, 6, 6]  # running, running, verdict (twice)
+    assert [s for s, _ in run["scalars"]["satmon_collapse/nonfinite"]] == [r["step"] for r in ours.watch.log]
     assert run["texts"]["satmon/verdict"] == [(6, ours.verdict.card())] and run["texts"]["satmon/stop"] == [(6, ours.stop.text())]
 
 
@@ -167,7 +167,7 @@ def test_lightning_sink_sends_scalars_to_every_logger_and_the_rest_to_tensorboar
     sink.close()
     csv.finalize("success")
     text = Path(csv.log_dir, "metrics.csv").read_text()
-    assert "satmon/saturation" in text and "satmon/verdict" in text
+    assert "Satmon/saturation" in text and "Satmon/verdict" in text
     assert not list(tmp_path.rglob(TAG.hparams_run))  # no TensorBoard logger: no hparams sub-run
 
 

@@ -52,8 +52,11 @@ SINKS = ["summary_writer", "lightning"]
 
 
 def test_every_tag_literal_is_in_the_tag_table():
-    """No string literal that starts a satmon tag outside writers/tensorboard.py (comments do not count)."""
-    tag = re.compile(r"""^[rbfRBF]*['"]{1,3}(satmon/|satmon_hparams)""")
+    """No string literal that starts a satmon tag outside io/tensorboard.py (comments do not count): 0.3's
+    groups (``Satmon/``, ``satmon/``, ``satmon_<family>/``), the hparams sub-run, or 0.2's ``satmon/...``."""
+    groups = "|".join(re.escape(g) for g in (TAG.summary, "satmon", *TAG.families))
+    tag = re.compile(rf"""^[rbfRBF]*['"]{{1,3}}(({groups})/|{TAG.hparams_run})""")
+    assert tag.match('"satmon_alpha/x"') and tag.match("f'Satmon/{x}'") and not tag.match('"satmon_logs"')
     found = []
     for path in sorted((ROOT / "satmon").rglob("*.py")):
         if path.relative_to(ROOT).as_posix() == "satmon/io/tensorboard.py":
@@ -74,9 +77,9 @@ def test_window_scalars_round_trip(kind, tmp_path, tb):
     run.finish()
     ea = tb.accumulate(run.log_dir)
     expected = {
-        "satmon/saturation": [(2, 0.25), (4, 0.375)], "satmon/nonfinite": [(2, 0.0), (4, 3.0)],
-        "satmon/saturation/blocks.0.ln_1": [(2, 0.0), (4, 0.125)], "satmon/saturation/ln_f": [(2, 0.5), (4, 0.625)],
-        "satmon/alpha/blocks.0.ln_1": [(2, 1.5), (4, 1.25)], "satmon/alpha/ln_f": [(2, 2.25), (4, 2.5)],
+        "Satmon/saturation": [(2, 0.25), (4, 0.375)], "Satmon/nonfinite": [(2, 0.0), (4, 3.0)],
+        "satmon_saturation/blocks.0.ln_1": [(2, 0.0), (4, 0.125)], "satmon_saturation/ln_f": [(2, 0.5), (4, 0.625)],
+        "satmon_alpha/blocks.0.ln_1": [(2, 1.5), (4, 1.25)], "satmon_alpha/ln_f": [(2, 2.25), (4, 2.5)],
     }
     assert {t: tb.scalars(ea, t) for t in ea.Tags()["scalars"]} == expected  # values chosen exact in float32
 
@@ -85,15 +88,15 @@ def test_watch_scalars_tags_and_values():
     got = watch_scalars(2, 0.625, {"blocks.0.mlp": {"flat_fraction": 0.25, "mean_abs_hidden": 1.5}}, 7.5,
                         {StopReason.COLLAPSE_RISK: True, StopReason.NONFINITE: True, StopReason.LOSS_SPIKE: False})
     assert got == {
-        "satmon/collapse/nonfinite": 2.0, "satmon/collapse/saturation": 0.625,
-        "satmon/collapse/flat_fraction/blocks.0.mlp": 0.25, "satmon/collapse/mean_abs_hidden/blocks.0.mlp": 1.5,
-        "satmon/collapse/loss_z": 7.5, "satmon/collapse/breach/collapse-risk": 1.0,
-        "satmon/collapse/breach/nonfinite": 1.0, "satmon/collapse/breach/loss-spike": 0.0,
+        "satmon_collapse/nonfinite": 2.0, "satmon_collapse/saturation": 0.625,
+        "satmon_collapse/flat_fraction/blocks.0.mlp": 0.25, "satmon_collapse/mean_abs_hidden/blocks.0.mlp": 1.5,
+        "satmon_collapse/loss_z": 7.5, "satmon_collapse/breach/collapse-risk": 1.0,
+        "satmon_collapse/breach/nonfinite": 1.0, "satmon_collapse/breach/loss-spike": 0.0,
     }
     assert all(type(v) is float for v in got.values())
     # no gated MLP and no loss reading yet: those tags are left out, not written as 0
     assert watch_scalars(0, None, None, None, {"nonfinite": False}) == {
-        "satmon/collapse/nonfinite": 0.0, "satmon/collapse/breach/nonfinite": 0.0}
+        "satmon_collapse/nonfinite": 0.0, "satmon_collapse/breach/nonfinite": 0.0}
 
 
 def _report(saturation=0.5, min_ratio=0.25, valid=True):
@@ -112,13 +115,13 @@ def _report(saturation=0.5, min_ratio=0.25, valid=True):
 
 def test_probe_scalars_maps_each_reading_and_drops_missing_and_nonfinite():
     assert probe_scalars(_report()) == {
-        "satmon/saturation": 0.5, "satmon/deadir/h.0.ln/alignment": 0.875, "satmon/deadir/h.0.ln/null_dim": 1.0,
-        "satmon/init_gap/h.0.ln": 0.125, "satmon/saturation/h.1.dyt": 0.5, "satmon/alpha/h.1.dyt": 2.0,
-        "satmon/sigma_min/ratio/h.1": 0.5, "satmon/sigma_min/ratio/h.2": 0.25, "satmon/sigma_min/min_ratio": 0.25,
+        "Satmon/saturation": 0.5, "satmon_deadir/h.0.ln/alignment": 0.875, "satmon_deadir/h.0.ln/null_dim": 1.0,
+        "satmon_init_gap/h.0.ln": 0.125, "satmon_saturation/h.1.dyt": 0.5, "satmon_alpha/h.1.dyt": 2.0,
+        "satmon_sigma_min/ratio/h.1": 0.5, "satmon_sigma_min/ratio/h.2": 0.25, "satmon_sigma_min/min_ratio": 0.25,
     }  # the NaN null_projection is left out: TensorBoard would draw a gap
     no_dyt = probe_scalars(_report(valid=False), saturation=False)  # the live window writes saturation itself
-    assert no_dyt == {"satmon/deadir/h.0.ln/alignment": 0.875, "satmon/deadir/h.0.ln/null_dim": 1.0,
-                      "satmon/init_gap/h.0.ln": 0.125}
+    assert no_dyt == {"satmon_deadir/h.0.ln/alignment": 0.875, "satmon_deadir/h.0.ln/null_dim": 1.0,
+                      "satmon_init_gap/h.0.ln": 0.125}
 
 
 VERDICTS = {  # decision -> (counts, the satmon/verdict scalar): 3 of 4 saturated >= 0.43; 1 of 4 < 0.43; a NaN input
@@ -139,10 +142,10 @@ def test_log_verdict_scalars_card_and_hparams(decision, kind, tmp_path, tb):
     run.finish()
     pooled = sum(c[0] for c in counts.values()) / 4
     ea = tb.accumulate(run.log_dir)
-    assert set(ea.Tags()["scalars"]) == {"satmon/verdict", "satmon/margin", "satmon/saturation"}  # not gated: no risk tag
-    assert tb.scalars(ea, "satmon/verdict") == [(9, value)]
-    assert tb.scalars(ea, "satmon/margin") == [(9, _f32(pooled - 0.43))]
-    assert tb.scalars(ea, "satmon/saturation") == [(9, _f32(pooled))]
+    assert set(ea.Tags()["scalars"]) == {"Satmon/verdict", "Satmon/margin", "Satmon/saturation"}  # not gated: no risk tag
+    assert tb.scalars(ea, "Satmon/verdict") == [(9, value)]
+    assert tb.scalars(ea, "Satmon/margin") == [(9, _f32(pooled - 0.43))]
+    assert tb.scalars(ea, "Satmon/saturation") == [(9, _f32(pooled))]
     [(step, card)] = tb.text(ea, "satmon/verdict")
     assert step == 9 and card == verdict.card()
     assert "Note: window restarted at step 3 after a resume" in card
@@ -157,9 +160,9 @@ def test_log_verdict_scalars_card_and_hparams(decision, kind, tmp_path, tb):
     }
     assert session["domains"] == {"satmon/decision": ["go", "no-go", "non-finite"],
                                   "satmon/source": ["window", "probe", "replay"]}
-    assert sorted(session["metrics"]) == ["satmon/margin", "satmon/saturation", "satmon/verdict"]
+    assert sorted(session["metrics"]) == ["Satmon/margin", "Satmon/saturation", "Satmon/verdict"]
     sub = tb.accumulate(Path(run.log_dir) / "satmon_hparams")
-    assert tb.scalars(sub, "satmon/verdict") == [(9, value)]  # the metric the session refers to
+    assert tb.scalars(sub, "Satmon/verdict") == [(9, value)]  # the metric the session refers to
 
 
 @pytest.mark.parametrize("kind", SINKS)
@@ -173,8 +176,8 @@ def test_log_verdict_partial_gated_probe(kind, tmp_path, tb):
         log_verdict(run.sink, verdict)
         run.finish()
     ea = tb.accumulate(tmp_path / "probe" / "tb" / "version_0")
-    assert tb.scalars(ea, "satmon/verdict") == [(5, 0.0)] and tb.scalars(ea, "satmon/collapse/risk") == [(5, 1.0)]
-    assert tb.scalars(tb.accumulate(tmp_path / "cut" / "tb" / "version_0"), "satmon/collapse/risk") == [(12, 0.0)]
+    assert tb.scalars(ea, "Satmon/verdict") == [(5, 0.0)] and tb.scalars(ea, "Satmon/collapse_risk") == [(5, 1.0)]
+    assert tb.scalars(tb.accumulate(tmp_path / "cut" / "tb" / "version_0"), "Satmon/collapse_risk") == [(12, 0.0)]
     [hp_probe] = [s["hparams"] for s in tb.hparams_sessions(tmp_path / "probe")]
     [hp_cut] = [s["hparams"] for s in tb.hparams_sessions(tmp_path / "cut")]
     assert hp_probe["satmon/source"] == ("string_value", "probe") and hp_probe["satmon/window"] == ("number_value", 0.0)
@@ -212,6 +215,6 @@ def test_layout_regexes_match_the_tags_written(kind, tmp_path, tb):
     def matched(title: str) -> list[str]:
         return [t for t in written if any(re.search(rx, t) for rx in charts[title])]
 
-    assert matched("saturation (pooled vs per layer)") == ["satmon/saturation", *(f"satmon/saturation/{n}" for n in LAYERS)]
-    assert matched("alpha per layer") == [f"satmon/alpha/{n}" for n in LAYERS]
-    assert matched("verdict and margin") == ["satmon/verdict", "satmon/margin"]
+    assert matched("saturation (pooled vs per layer)") == ["Satmon/saturation", *(f"satmon_saturation/{n}" for n in LAYERS)]
+    assert matched("alpha per layer") == [f"satmon_alpha/{n}" for n in LAYERS]
+    assert matched("verdict and margin") == ["Satmon/verdict", "Satmon/margin"]

@@ -359,8 +359,8 @@ def test_report_keys_round_trip_through_json_and_tags_match_the_live_callback():
     assert {"alignment", "null_projection", "null_dim"} <= set(d["layers"]["ln_f"])
     assert set(d["sigma_min"]) >= {"blocks", "values", "ratios"}
     lns = list(report.layers)
-    expected = {f"satmon/deadir/{n}/{k}" for n in lns for k in ("alignment", "null_dim", "null_projection")}
-    expected |= {"satmon/sigma_min/ratio/blocks.0", "satmon/sigma_min/ratio/blocks.1", "satmon/sigma_min/min_ratio"}
+    expected = {f"satmon_deadir/{n}/{k}" for n in lns for k in ("alignment", "null_dim", "null_projection")}
+    expected |= {"satmon_sigma_min/ratio/blocks.0", "satmon_sigma_min/ratio/blocks.1", "satmon_sigma_min/min_ratio"}
     assert set(probe_scalars(report)) == expected
     assert "norm type layernorm-like" in report.summary()
 
@@ -386,7 +386,7 @@ def test_dyt_to_dict_keys_and_invalid_profile_gives_none_ratios():
     assert d["layers"]["ln_f"]["kind"] == "dyt" and "saturation" in d["layers"]["ln_f"]
     assert d["norm_type"] == "dyt" and d["verdict"]["saturation"] == report.saturation
     assert not d["sigma_min"]["valid"] and d["sigma_min"]["ratios"] == [None, None, None]
-    assert not any(k.startswith("satmon/sigma_min") for k in probe_scalars(report))
+    assert not any(k.startswith("satmon_sigma_min") for k in probe_scalars(report))
 
 
 def test_step_and_source_reach_the_verdict():

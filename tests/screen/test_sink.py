@@ -85,7 +85,7 @@ def test_the_verdict_goes_as_scalars_card_and_one_hparams_session(run):
     kinds = [c[0] if c[0] != "text" else f"text:{c[1]}" for c in at_verdict]
     assert kinds == ["scalars", "scalars", "text:satmon/verdict", "hparams"]
     readings, scalars, card, hparams = at_verdict
-    assert any(k.startswith("satmon/offset/") for k in readings[1])  # the offset readings ride with the last running ones
+    assert any(k.startswith("satmon_offset/") for k in readings[1])  # the offset readings ride with the last running ones
     assert scalars[1] == verdict_scalars(v) and card[2] == v.card()
     assert hparams[1:] == (verdict_hparams(v), verdict_scalars(v), WINDOW)
 

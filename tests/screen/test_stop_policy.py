@@ -138,7 +138,7 @@ def test_the_screen_logs_what_the_policy_decided_then_raises():
     assert err.value.reason is StopReason.NO_GO and err.value.step == 2 == stop.step
     line = f"**satmon stopped training at step 2** (no-go): {screen.verdict.reason}"
     assert stop.text() == line
-    assert sink.calls[-2:] == [("text", "satmon/stop", line, 2), ("scalars", {"satmon/stop": 1.0}, 2)]  # logged first
+    assert sink.calls[-2:] == [("text", "satmon/stop", line, 2), ("scalars", {"Satmon/stop": 1.0}, 2)]  # logged first
     assert [str(w.message) for w in caught] == [line.replace("**", "")]
 
 

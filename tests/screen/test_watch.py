@@ -62,7 +62,7 @@ def test_dry_run_neither_stops_nor_raises_but_logs(tmp_path):
     t.fit(llama("swiglu"), token_loader(6))
     assert t.global_step == 6 and monitor.stop.dry_run and monitor.stop.reason is StopReason.COLLAPSE_RISK
     ea = EventAccumulator(logger.log_dir, size_guidance={"tensors": 0, "scalars": 0}).Reload()
-    text = ea.Tensors("satmon/stop/text_summary")[0]
+    text = ea.Tensors("satmon/stop")[0]
     assert text.step == 2 and b"would stop" in text.tensor_proto.string_val[0]
 
 
