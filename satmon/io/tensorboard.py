@@ -305,18 +305,15 @@ def verdict_scalars(verdict: Any) -> dict[str, float]:
 
 def verdict_hparams(verdict: Any) -> dict[str, Any]:
     """The verdict's hyper-parameters in the hparams view: the decision, how far to trust it and the source
-    as strings, so runs filter by them (``satmon/trust`` when the verdict has a ``trust``).
+    as strings, so runs filter by them.
 
     Example:
         >>> from satmon.results.verdict import build_verdict
         >>> hp = verdict_hparams(build_verdict({"ln_f": (5, 10)}, step=3, window=3, planned_window=9))
-        >>> {k: v for k, v in hp.items() if k != TAG.hp_trust}
-        {'satmon/decision': 'go', 'satmon/source': 'window', 'satmon/window': 3, 'satmon/partial': 1, 'satmon/threshold': 0.43, 'satmon/level': 2.0}
+        >>> hp
+        {'satmon/decision': 'go', 'satmon/trust': 'partial', 'satmon/source': 'window', 'satmon/window': 3, 'satmon/partial': 1, 'satmon/threshold': 0.43, 'satmon/level': 2.0}
     """
-    out = {TAG.hp_decision: verdict.decision}
-    trust = getattr(verdict, "trust", None)
-    if isinstance(trust, str):
-        out[TAG.hp_trust] = trust
+    out = {TAG.hp_decision: verdict.decision, TAG.hp_trust: verdict.trust}
     out.update({TAG.hp_source: str(getattr(verdict.source, "value", verdict.source)), TAG.hp_window: verdict.window,
                 TAG.hp_partial: int(verdict.partial), TAG.hp_threshold: verdict.threshold, TAG.hp_level: verdict.level})
     return out
@@ -328,14 +325,10 @@ SHOWN_HPARAMS = (TAG.hp_decision, TAG.hp_trust)
 
 
 def _hparams_domains() -> dict[str, list[str]]:
-    """The string hparams' values, for the HParams tab's filter boxes (the trust values when the verdict has them)."""
-    domains = {TAG.hp_decision: list(VERDICT_VALUES), TAG.hp_source: list(_SOURCES)}
-    from satmon.results import verdict as _verdict
+    """The string hparams' values, for the HParams tab's filter boxes."""
+    from satmon.results.verdict import TRUST
 
-    trust = getattr(_verdict, "TRUST", None)
-    if trust:
-        domains[TAG.hp_trust] = list(trust)
-    return domains
+    return {TAG.hp_decision: list(VERDICT_VALUES), TAG.hp_source: list(_SOURCES), TAG.hp_trust: list(TRUST)}
 
 
 def text_summary(tag: str, markdown: str) -> Any:

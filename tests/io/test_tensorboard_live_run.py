@@ -117,7 +117,7 @@ def _check_verdict_in_hparams_view(tb, case: str, tmp_path: Path) -> None:
     hp = mine[0]["hparams"]
     # each key with its exact protobuf kind: a decision stored as a number (or a number as a string) fails
     assert {k: hp[k] for k in hp if k.startswith("satmon/")} == {
-        "satmon/decision": ("string_value", v.decision), "satmon/source": ("string_value", "window"),
+        "satmon/decision": ("string_value", v.decision), "satmon/trust": ("string_value", v.trust), "satmon/source": ("string_value", "window"),
         "satmon/window": ("number_value", float(WINDOW)), "satmon/threshold": ("number_value", v.threshold),
         "satmon/level": ("number_value", 2.0), "satmon/partial": ("number_value", 0.0),
     }

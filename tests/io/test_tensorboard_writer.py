@@ -154,12 +154,13 @@ def test_log_verdict_scalars_card_and_hparams(decision, kind, tmp_path, tb):
     [session] = tb.hparams_sessions(tmp_path)
     assert session["run"].endswith("satmon_hparams")
     assert session["hparams"] == {
-        "satmon/decision": ("string_value", decision), "satmon/source": ("string_value", "window"),
-        "satmon/window": ("number_value", 9.0), "satmon/threshold": ("number_value", 0.43),
+        "satmon/decision": ("string_value", decision), "satmon/trust": ("string_value", verdict.trust),
+        "satmon/source": ("string_value", "window"), "satmon/window": ("number_value", 9.0), "satmon/threshold": ("number_value", 0.43),
         "satmon/level": ("number_value", 2.0), "satmon/partial": ("number_value", 0.0),
     }
     assert session["domains"] == {"satmon/decision": ["go", "no-go", "non-finite"],
-                                  "satmon/source": ["window", "probe", "replay"]}
+                                  "satmon/source": ["window", "probe", "replay"],
+                                  "satmon/trust": ["ok", "uncalibrated", "flagged", "partial", "inconclusive"]}
     assert sorted(session["metrics"]) == ["Satmon/margin", "Satmon/saturation", "Satmon/verdict"]
     sub = tb.accumulate(Path(run.log_dir) / "satmon_hparams")
     assert tb.scalars(sub, "Satmon/verdict") == [(9, value)]  # the metric the session refers to
