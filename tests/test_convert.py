@@ -53,9 +53,23 @@ def test_copy_affine_takes_gemma_gain_one_plus_weight_not_the_zero_weight():
     assert logits.std(dim=-1).min() > 1e-3
 
 
-def test_copy_affine_refuses_an_undetermined_layer_and_leaves_the_model_untouched():
+def test_a_layer_named_like_a_norm_that_computes_no_norm_is_left_with_a_warning():
     model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8), SkewedLayerNorm(8))
-    with pytest.raises(ValueError, match=r"cannot read the gain/bias of 2 \(SkewedLayerNorm\).*Convert without copy_affine, or exclude"):
+    with pytest.warns(UserWarning, match=r"left as they are: 2 \(SkewedLayerNorm is named like a normaliser but.*computes neither"):
+        convert_to_dyt(model, rmsnorm=True, copy_affine=True, position_fn=lambda n, m: "final")
+    assert isinstance(model[0], DyT) and isinstance(model[2], SkewedLayerNorm)
+
+
+def test_copy_affine_refuses_a_layer_whose_gain_cannot_be_read_and_leaves_the_model_untouched():
+    class Meta(nn.LayerNorm):  # a LayerNorm, known by what it computes, whose parameters live on the meta device now
+        pass
+
+    model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8), Meta(8))
+    from satmon.model.map import model_map
+
+    assert model_map(model).layer("2").kind == "layernorm"
+    model[2].to_empty(device="meta")
+    with pytest.raises(ValueError, match=r"cannot read the gain/bias of 2 \(Meta\).*Convert without copy_affine, or exclude"):
         convert_to_dyt(model, rmsnorm=True, copy_affine=True, position_fn=lambda n, m: "final")
     assert isinstance(model[0], nn.LayerNorm)  # nothing converted before the refusal
 

@@ -24,7 +24,8 @@ from satmon.calibrate.fit import Calibration, load_calibration
 from satmon.results.stop import AbortMode, AbortOn, StopRecord
 from satmon.screen.screen import Screen
 from satmon.settings import Settings
-from satmon.model.discovery import Selector, find_norm_layers
+from satmon.model.discovery import Selector
+from satmon.model.map import model_map
 from satmon.drivers.live_probe import LiveProbe
 from satmon.results.verdict import Verdict
 from satmon.io.tensorboard import TAG, log_text
@@ -192,7 +193,7 @@ class SaturationMonitor(Callback):
                            "kept in `monitor.verdict`.")
 
     def _no_dyt(self, pl_module: pl.LightningModule) -> None:
-        others = find_norm_layers(pl_module, kinds=("layernorm", "rmsnorm"))
+        others = model_map(pl_module).layers(("layernorm", "rmsnorm"))
         msg = (f"satmon found no DyT layer in {type(pl_module).__name__}, so the saturation screen is off (no verdict). "
                f"It found {len(others)} LayerNorm/RMSNorm layer(s): the dead-direction probe reads those "
                "(`probe_every_n_steps=` or `satmon.probe`). To screen DyT, convert the norms with `satmon.convert_to_dyt(model)`,"

@@ -43,9 +43,10 @@ from satmon.observe.saturation import SaturationHooks
 from satmon.model.discovery import NormLayer, Selector
 from satmon.model.affine import effective_affine
 from satmon.functional.dead_directions import GramSpectrum, alignment, classify_norm_type, gram_spectrum
-from satmon.probing.targets import ProbeTargets, find_probe_targets, layer_dim
+from satmon.probing.targets import ProbeTargets, find_probe_targets
 from satmon.results.probe_report import EMBEDDING, LayerReading, ProbeReport, SigmaMinReading, model_norm_type
-from satmon.results.verdict import GatingInfo, Source, Verdict, build_verdict
+from satmon.results.gating import GatingInfo
+from satmon.results.verdict import Source, Verdict, build_verdict
 
 __all__ = ["EMBEDDING", "LayerReading", "ProbeReport", "SigmaMinReading", "feed_first", "probe"]
 
@@ -216,7 +217,7 @@ class _Results:
 
 def _read_all(run: _Run, targets: ProbeTargets, plan: MemoryPlan, screen: _SaturationScreen) -> _Results:
     """One pass per group of the plan (the first also counts DyT saturation); each group read, then freed."""
-    results = _Results({l.name: LayerReading(l.name, l.kind, layer_dim(l.module) or 0) for l in targets.chosen})
+    results = _Results({l.name: LayerReading(l.name, l.kind, l.channels or 0) for l in targets.chosen})
     for i, group in enumerate(plan.groups or ((),)):
         taps = CovarianceTaps([targets.taps[name] for name in group])
         run.one_pass([taps, *screen.hooksets()] if i == 0 else [taps])
@@ -238,7 +239,7 @@ def _read_tap(name: str, tap: CovarianceTap, targets: ProbeTargets, results: _Re
     layer = targets.norms[name]
     try:
         # the gain the layer applies after normalising, read from what it computes (1 + weight for Gemma)
-        gain = effective_affine(layer.module, acc.dim).gain.to(acc.total.device)
+        gain = effective_affine(layer.module, acc.dim, axis=layer.axis).gain.to(acc.total.device)
     except ValueError as err:
         targets.skipped[name] = str(err)
         tap.release()
@@ -247,10 +248,15 @@ def _read_tap(name: str, tap: CovarianceTap, targets: ProbeTargets, results: _Re
     del acc  # with the tap's reference: the d x d sums are freed before eigh needs its workspace
     tap.release()
     r = alignment(cov, gain)
+    norm_type, note = classify_norm_type(r), ""
+    if count <= dim:  # the centred covariance has rank <= count - 1 < dim: some direction is a kernel whatever the norm
+        norm_type = "undetermined"
+        note = (f"{count} token(s) for {dim} channels: the output covariance has rank at most {count - 1} < {dim}, so a kernel "
+                f"is there whatever the norm; feed more than {dim} tokens (positions x batch for a channels-first layer)")
     results.readings[name] = LayerReading(
         name, layer.kind, dim, tokens=count, alignment=r.cosine, null_projection=r.null_projection,
         null_dim=r.null_dim, depth=r.depth, depth_diag=r.depth_diag, lambda_min_rel=r.lambda_min_rel,
-        n_degenerate=r.n_degenerate, norm_type=classify_norm_type(r), nonfinite=nonfinite,
+        n_degenerate=r.n_degenerate, norm_type=norm_type, nonfinite=nonfinite, note=note,
     )  # fmt: skip
 
 
@@ -263,14 +269,14 @@ class _SaturationScreen:
         self.dyt = dyt
         self.hooks: SaturationHooks | None = None
         self.gate_hooks: GateHooks | None = None
-        self.gating: dict[str, Any] = {}
+        self.gating: GatingInfo | None = None
         if not dyt:
             return
         where = dyt[0].module.alpha.device
         self.hooks = SaturationHooks(dyt, SaturationCounter(len(dyt), level=level, product=product).to(where))
         found = detect_gating(model, norm_names=[l.name for l in dyt], mapping=mapping, example_input=example,
                               forward_fn=forward_fn)
-        self.gating = {**found.to_dict(), "risk": {}}
+        self.gating = found
         if found.pairings:
             # a probe on one rank never waits for the others: the gate counter does not sync
             counter = GateCounter(len(found.pairings), distributed_available_fn=lambda: False).to(where)
@@ -292,14 +298,13 @@ class _SaturationScreen:
         if not sum(counted.total):
             return None, None
         per_layer = counted.fractions(names)
-        pairings = self.gating.get("pairings", {})
+        assert self.gating is not None
         stats = self.gate_hooks.readings() if self.gate_hooks is not None else {}
-        risk = {p["mlp"]: {"dyt_saturation": per_layer.get(norm, math.nan), **stats.get(norm, {})} for norm, p in pairings.items()}
-        self.gating["risk"] = risk
-        gated = self.gating.get("gated")
-        info = GatingInfo(None if gated is None else bool(gated), tuple(pairings), self.gating.get("message", ""))
+        risk = {p.mlp: {"dyt_saturation": per_layer.get(norm, math.nan), **stats.get(norm, {})}
+                for norm, p in self.gating.pairings.items()}
+        self.gating = self.gating.with_risk(risk)
         pooled = sum(counted.saturated) / sum(counted.total)
-        return pooled, build_verdict(counted.layer_counts(names), gating=info, risk=risk, **verdict_args)
+        return pooled, build_verdict(counted.layer_counts(names), gating=self.gating, risk=risk, **verdict_args)
 
 
 # ------------------------------------------------------------------------------------------ report

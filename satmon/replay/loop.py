@@ -215,7 +215,7 @@ def _release(device: torch.device) -> None:
 def _probe_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any], record: ReplayRecord,
                kwargs: Mapping[str, Any], twin: bool) -> None:
     """Build, check and probe one checkpoint into ``record`` (raises on an incompatible checkpoint)."""
-    from satmon.model.discovery import find_norm_layers
+    from satmon.model.map import model_map
     from satmon.probing.passes import probe
 
     t0 = time.perf_counter()
@@ -229,7 +229,8 @@ def _probe_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any]
             record.notes.append(f"{record.nonfinite_weights:,} non-finite (NaN/inf) parameter element(s) in "
                                 + ", ".join(f"{n} ({c:,})" for n, c in list(bad.items())[:6]) + ("..." if len(bad) > 6 else ""))
         # the twin only feeds the LayerNorm/RMSNorm init-gap: a DyT-only model skips it (half the cost)
-        twin_model = loader.twin(info) if twin and find_norm_layers(model, kinds=("layernorm", "rmsnorm")) else None
+        # the model map is read once here; the probe reads the same (cached) map
+        twin_model = loader.twin(info) if twin and model_map(model).layers(("layernorm", "rmsnorm")) else None
         record.report = probe(model, batches, twin=twin_model, step=int(record.global_step or 0), source=Source.REPLAY, **kwargs)
         record.seconds = round(time.perf_counter() - t0, 3)
     finally:

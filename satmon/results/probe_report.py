@@ -22,6 +22,7 @@ from satmon.functional.dead_directions import (
     init_gap,
     sigma_min_profile,
 )
+from satmon.results.gating import GatingInfo
 from satmon.results.verdict import Verdict
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class LayerReading:
         norm_type: this layer's label by :func:`~satmon.functional.dead_directions.classify_norm_type`.
         nonfinite: skipped rows (LayerNorm/RMSNorm) or non-finite input elements (DyT).
         init_gap: satmon's init-gap against the random-init twin (``probe(..., twin=...)``).
+        note: why ``norm_type`` is ``"undetermined"`` when the reading itself says so (too few tokens), else ``""``.
 
     Example:
         >>> r = LayerReading("ln_f", "layernorm", 64, alignment=0.99, null_projection=1.0, null_dim=1)
@@ -74,6 +76,7 @@ class LayerReading:
     norm_type: NormType | None = None
     nonfinite: int = 0
     init_gap: InitGap | None = None
+    note: str = ""
 
     def reading(self) -> Alignment | None:
         """The :class:`~satmon.functional.dead_directions.Alignment` behind a LayerNorm/RMSNorm reading (``None`` otherwise)."""
@@ -96,6 +99,8 @@ class LayerReading:
             "alignment", "null_projection", "null_dim", "depth", "depth_diag", "lambda_min_rel", "n_degenerate", "norm_type")
         out = {"kind": self.kind, "dim": self.dim, "tokens": self.tokens, **{k: getattr(self, k) for k in keys}}
         out["nonfinite"] = self.nonfinite
+        if self.note:
+            out["note"] = self.note
         if self.init_gap is not None:
             out["init_gap"] = _gap_dict(self.init_gap)
         return out
@@ -173,7 +178,8 @@ class ProbeReport:
         saturation: pooled DyT saturation (``None`` without DyT layers).
         verdict: the GO / NO-GO :class:`~satmon.results.verdict.Verdict` on the pooled saturation (``None``
             without DyT); its ``source`` is ``"probe"`` (or ``"replay"``), its ``window`` 0.
-        gating: ``{"gated", "pairings", "unpaired_gated_mlps", "message", "risk"}``; empty without DyT.
+        gating: the :class:`~satmon.results.gating.GatingInfo` of the DyT layers, with the gate readings in its
+            ``risk``; ``None`` without DyT.
         init_gap: layer -> satmon's :class:`~satmon.functional.dead_directions.InitGap` when a twin was given.
         tokens: rows of ``X_0`` (batch x sequence) when blocks were found, else the most rows any
             monitored layer saw.
@@ -195,7 +201,7 @@ class ProbeReport:
     norm_type_note: str = ""
     saturation: float | None = None
     verdict: Verdict | None = None
-    gating: dict[str, Any] = field(default_factory=dict)
+    gating: GatingInfo | None = None
     init_gap: dict[str, InitGap] | None = None
     tokens: int = 0
     batches: int = 0
@@ -213,7 +219,7 @@ class ProbeReport:
             "norm_type_note": self.norm_type_note,
             "saturation": self.saturation,
             "verdict": self.verdict.to_dict() if self.verdict is not None else None,
-            "gating": dict(self.gating),
+            "gating": self.gating.to_dict() if self.gating is not None else {},
             "init_gap": None if self.init_gap is None else {n: _gap_dict(g) for n, g in self.init_gap.items()},
             "tokens": self.tokens,
             "batches": self.batches,

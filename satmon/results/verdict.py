@@ -14,6 +14,7 @@ from typing import Any, Literal, NamedTuple
 
 from satmon.results import card as verdict_card
 from satmon.results.card import FLAG_TEXT
+from satmon.results.gating import GatingInfo
 from satmon.study import CAVEAT, INCONCLUSIVE_BAND
 
 __all__ = [
@@ -50,26 +51,6 @@ class LayerCounts(NamedTuple):
     saturated: int
     total: int
     nonfinite: int = 0
-
-
-@dataclass(frozen=True)
-class GatingInfo:
-    """What architecture detection found, as the verdict needs it.
-
-    Attributes:
-        gated: a DyT feeds a gated MLP (``True``), none does (``False``), or satmon could not tell (``None``).
-        gated_layers: the DyT layers that feed a gated MLP.
-        message: the finding in words (names the layers and the option that resolves an unknown).
-    """
-
-    gated: bool | None
-    gated_layers: tuple[str, ...] = ()
-    message: str = ""
-
-    @classmethod
-    def of(cls, report: Any) -> GatingInfo | None:
-        """From a :class:`~satmon.model.gating.GatingReport` (``None`` stays ``None``)."""
-        return None if report is None else cls(report.gated, tuple(report.pairings), report.message)
 
 
 @dataclass(frozen=True)

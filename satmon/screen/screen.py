@@ -16,7 +16,7 @@ from torch import nn
 from satmon.batches import ForwardFn
 from satmon.results.stop import StopReason, StopRecord
 from satmon.screen.agreement import Agreement, TorchDistributed
-from satmon.model.gating import GatingReport, detect_gating
+from satmon.model.gating import detect_gating
 from satmon.observe.hookset import paused
 from satmon.screen.parts import build_parts
 from satmon.screen.window_verdict import make_window_verdict, running_scalars, verdict_stop_reason
@@ -24,7 +24,9 @@ from satmon.observe.saturation import SaturationHooks
 from satmon.screen.state import dump_state, restore_state
 from satmon.screen.stop_policy import StopPolicy
 from satmon.settings import Settings
-from satmon.model.discovery import NormLayer, find_dyt_layers
+from satmon.model.discovery import NormLayer
+from satmon.model.map import model_map
+from satmon.results.gating import GatingInfo
 from satmon.results.verdict import Verdict
 from satmon.io import tensorboard as tb
 
@@ -92,7 +94,7 @@ class Screen:
         self.info, self.warn = info or _print_rank_zero, warn or _warn
         self.verbose, self.log_every_n_steps = Settings.check_flag("verbose", verbose), log_every_n_steps
         self.layers: list[NormLayer] = []
-        self.gating: GatingReport | None = None
+        self.gating: GatingInfo | None = None
         # built at attach (satmon.screen.parts): the window's hooks and states, the watch, the guard
         self.hooks: SaturationHooks | None = None
         self.gate_hooks = self.watch = self.losses = self.guard = self.window_loss = self.offset_hooks = None
@@ -124,7 +126,7 @@ class Screen:
         the data flow of one traced eval forward; without it, from module names (a fallback that
         says "unknown" where it cannot tell)."""
         s = self.settings
-        self.layers = find_dyt_layers(model, include=s.include, exclude=s.exclude)
+        self.layers = model_map(model).layers(("dyt",), include=s.include, exclude=s.exclude)
         if not self.layers:
             self.status = "no DyT layer: the saturation screen is off"
             return []

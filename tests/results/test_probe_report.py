@@ -33,7 +33,7 @@ def _report() -> ProbeReport:
     layers = {"ln": _ln("ln", 1e-14), "dyt": LayerReading("dyt", "dyt", 8, tokens=12, saturation=0.6, alpha=2.0)}
     sigma = SigmaMinReading([EMBEDDING, "b0"], [2.0, math.inf], [None, None], False, "X_0 is numerically singular")
     return ProbeReport(layers, sigma, "layernorm-like", saturation=0.6, verdict=verdict,
-                       gating={"gated": True, "risk": {"mlp": {"dyt_saturation": math.nan}}}, tokens=100, batches=1)  # fmt: skip
+                       gating=GatingInfo(True, ("dyt",), risk={"mlp": {"dyt_saturation": math.nan}}), tokens=100, batches=1)  # fmt: skip
 
 
 def test_to_dict_keeps_plain_values_and_the_json_writer_sanitises_them():
