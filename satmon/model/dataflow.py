@@ -94,6 +94,8 @@ class FlowTrace:
     unclassified: list[Interaction]
     executed: set[str]
     feeds: dict[str, set[str]] = field(default_factory=dict)
+    #: norm -> the modules whose projections read its output directly (the first projection of each branch)
+    reached: dict[str, set[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ class _Mode(TorchFunctionMode):
         self.product_inputs: dict[int, set[str]] = {}  # pending product -> modules whose first input it is
         self.executed: set[str] = set()
         self.feeds: dict[str, set[str]] = {}
+        self.reached: dict[str, set[str]] = {}
 
     def went(self, norm: str, where: str) -> None:
         self.feeds.setdefault(norm, set()).add(where)
@@ -144,7 +147,7 @@ class _Mode(TorchFunctionMode):
 
     def put(self, t: Tensor, flows: dict[str, _Flow] | None) -> None:
         key = id(t)
-        if not flows:
+        if not flows or not (t.is_floating_point() or t.is_complex()):  # indices and masks carry no branch
             self.records.pop(key, None)
             return
         self.records[key] = (weakref.ref(t, lambda _r, k=key, rs=self.records: rs.pop(k, None)), flows)
@@ -219,24 +222,24 @@ class _Mode(TorchFunctionMode):
         flows = _merge(inputs, self.events)
         for n in list(flows):
             carried = [self.get(t) or {} for t in operands]
-            if any(f.get(n) is not None and f[n].hops == 0 for f in carried) and len(operands) > 1:
-                sources = {f[n].source if n in f else None for f in carried}
-                if len(sources) > 1:
-                    self.went(n, "residual")  # its output itself, added to something else
+            direct = any(f.get(n) is not None and f[n].hops == 0 for f in carried)
+            # its output itself, added to another stream or to a branch computed from it (a residual connection);
+            # two pieces of its output added together (rotary embeddings) are neither
+            if direct and len(operands) > 1 and any(n not in f or f[n].hops >= 1 for f in carried):
+                self.went(n, "residual")
             if any(n not in f for f in carried):
                 del flows[n]  # mixed with another stream: no longer this norm's output
         return flows
 
     def _attention(self, name: str, args: tuple, kwargs: dict) -> None:
         tensors = [f for t in _tensors(args, kwargs) if (f := self.get(t))]
-        if name in _ATTENTION:
+        if name in _ATTENTION:  # q, k, v: projections of the norm's output, or a q/k norm's output itself
             for flows in tensors:
-                for n, f in flows.items():
-                    if f.hops >= 1:
-                        self.went(n, "attention")
-        elif name in _PAIRWISE and len(tensors) >= 2:
-            for n in set(tensors[0]) & set(tensors[1]):
-                if tensors[0][n].hops >= 1 and tensors[1][n].hops >= 1:
+                for n in flows:
+                    self.went(n, "attention")
+        elif name in _PAIRWISE and len(tensors) >= 2:  # activations times activations (q @ k^T), not times weights
+            for flows in tensors:
+                for n in flows:
                     self.went(n, "attention")
 
     def _project(self, inputs: list[dict[str, _Flow]]) -> dict[str, _Flow]:
@@ -246,6 +249,7 @@ class _Mode(TorchFunctionMode):
         for n, f in _merge(inputs, self.events).items():
             if f.hops == 0:
                 self.went(n, "projection")
+                self.reached.setdefault(n, set()).add(module)
             elif f.hops == 1 and f.act is not None and f.product is None:
                 self.went(n, "mlp")
             if f.product is not None and self.pending[f.product].down is None:
@@ -392,7 +396,7 @@ def trace_flow(
             h.remove()
         reshard_fsdp(model)  # FSDP2 keeps its root unsharded after a no-grad forward: training must not see that
     feeds = {n: _summary(w) for n, w in mode.feeds.items()}
-    return FlowTrace(mode.products(), mode.unclassified, mode.executed, feeds)
+    return FlowTrace(mode.products(), mode.unclassified, mode.executed, feeds, mode.reached)
 
 
 def _summary(where: set[str]) -> set[str]:

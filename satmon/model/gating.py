@@ -208,8 +208,9 @@ def _maybe_gated(m: ModelMap, names_found: dict[str, dict[str, Any]]) -> dict[st
     for name, mod in m.modules.items():
         if name in names_found or any(_inside(n, name) and n != name for n in names_found) or _norm_named(m, name):
             continue
-        if not any(getattr(getattr(c, "weight", None), "dim", lambda: 0)() == 2 for c in mod.children()):
-            continue
+        if not any(getattr(getattr(c, "weight", None), "dim", lambda: 0)() == 2 for c in mod.children()) and not any(
+                p.dim() >= 2 for p in mod.parameters(recurse=False)):
+            continue  # neither a projection child nor a weight of its own (experts stored as 3-D parameters)
         parts = gated_parts(mod, structural=True)
         source = multiplies_projections(mod)  # the source decides where it can be read; shapes where it cannot
         if source:
@@ -266,12 +267,14 @@ def _pair_mapping(pairs: _Pairs, m: ModelMap, mapping: dict[str, str | None], fo
                 f"Expected mapping value {mlp!r} to be a gated MLP down(act(gate(h)) * up(h)), got a"
                 f" {type(modules[mlp]).__name__} with children {list(dict(modules[mlp].named_children()))}."
                 f" Map the norm to the module that owns the gate, up and down projections, or to None. {_available(candidates, 'gated MLPs')}")
-        others = sorted({p.norm for p in traced_here} - {norm})
-        if traced_here and norm not in {p.norm for p in traced_here}:
+        if trace is not None and _join(mlp, parts["gate"]) in trace.executed and not any(
+                _inside(mlp, r) for r in trace.reached.get(norm, ())):
+            others = sorted({p.norm for p in traced_here} - {norm})
+            shown = f"the output of {', '.join(others)}" if others else "no normaliser's output directly (an addition of streams, or another module's output)"
+            fix = f"Map {others[0]!r} to {mlp!r}, or {norm!r} to None." if others else f"Map {norm!r} to None."
             raise ValueError(
-                f"Expected gating_mapping[{norm!r}] = {mlp!r} to agree with the traced forward, got a forward in which "
-                f"{mlp}'s gate and value projections read the output of {', '.join(others)}, not of {norm}. Map "
-                f"{others[0]!r} to {mlp!r}, or {norm!r} to None.")
+                f"Expected gating_mapping[{norm!r}] = {mlp!r} to agree with the traced forward, got a forward in which no "
+                f"projection of {mlp} reads {norm}'s output directly: its gate and value projections read {shown}. {fix}")
         found[mlp] = _traced_parts(mlp, parts, trace) if parts["note"] or trace is not None else parts
         pairs.add(norm, mlp, found[mlp], "mapping")
 

@@ -35,6 +35,9 @@ _SPLIT_METHODS = {"chunk", "split", "tensor_split", "unbind"}
 _ACTIVATIONS = {"silu", "gelu", "relu", "sigmoid", "tanh", "softplus", "mish", "elu", "selu", "leaky_relu", "hardswish",
                 "gelu_new", "swish", "relu6", "hardsigmoid"}  # fmt: skip
 _PASS_FUNCTIONS = {"dropout", "contiguous", "to", *_ACTIVATIONS}
+#: functional projections: ``F.linear(x, self.w)``, ``x @ self.w[e]`` (experts stored as 3-D parameters)
+_PROJECT_FUNCTIONS = {"linear", "matmul", "mm", "bmm", "grouped_mm", "_grouped_mm"}
+PARAM = "param:"  # the origin name of a functional projection on a parameter of the module
 #: words of an attention forward: a helper called on two of its projections there is q and k, not a gate
 _ATTENTION_WORDS = ("softmax", "attention", "attn", "matmul", "einsum", "bmm", "rotary", "rope", "baddbmm")
 
@@ -63,8 +66,8 @@ class _Reading:
     attention_like: bool = False
 
 
-def _path(node: ast.AST) -> str | None:
-    """``self.a.b`` -> ``"a.b"``; ``self.layers[0]`` -> ``"layers.0"``; anything else None."""
+def _path(node: ast.AST, me: str = "self") -> str | None:
+    """``self.a.b`` -> ``"a.b"``; ``self.layers[0]`` -> ``"layers.0"``; anything else None (``me``: forward's first argument)."""
     parts: list[str] = []
     while True:
         if isinstance(node, ast.Attribute):
@@ -78,14 +81,14 @@ def _path(node: ast.AST) -> str | None:
             node = node.value
         else:
             break
-    if isinstance(node, ast.Name) and node.id == "self" and parts:
+    if isinstance(node, ast.Name) and node.id == me and parts:
         return ".".join(reversed(parts))
     return None
 
 
 class _Walker:
-    def __init__(self, module: nn.Module, args: list[str]) -> None:
-        self.module = module
+    def __init__(self, module: nn.Module, args: list[str], me: str = "self") -> None:
+        self.module, self.me = module, me
         self.env: dict[str, Origin | None | tuple] = {a: Origin("arg", a) for a in args}
         self.aliases: dict[str, str] = {}  # local name -> child path (expert = self.experts[i])
         self.out = _Reading()
@@ -122,8 +125,7 @@ class _Walker:
         if isinstance(node, ast.BinOp):
             a, b = self.value(node.left), self.value(node.right)
             if isinstance(node.op, ast.Mult):
-                self.out.products.append((_single(a), _single(b)))
-                return Origin("product", sources=_sources(a) | _sources(b))
+                return self._multiply(a, b)
             if isinstance(node.op, (ast.Add, ast.Sub)):
                 return _mix(a, b)
             return _single(a) if _single(b) is None else _mix(a, b)
@@ -147,7 +149,7 @@ class _Walker:
     def call(self, node: ast.Call) -> Origin | None | tuple:
         func = node.func
         first = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg in ("hidden_states", "x", "input")), None)
-        path = _path(func) if not (isinstance(func, ast.Attribute) and func.attr == "forward") else _path(func.value)
+        path = _path(func, self.me) if not (isinstance(func, ast.Attribute) and func.attr == "forward") else _path(func.value, self.me)
         if path is None and isinstance(func, ast.Name) and func.id in self.aliases:
             path = self.aliases[func.id]
         if path is not None:
@@ -161,6 +163,13 @@ class _Walker:
                     return None if arg is None else Origin(arg.kind, arg.name, arg.part, True, arg.sources)
                 self.out.calls.append((path, arg))
                 return Origin("child", path)
+        fname = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        if fname in _PROJECT_FUNCTIONS and len(node.args) >= 2:
+            weight = _path(node.args[1].value if isinstance(node.args[1], ast.Subscript) else node.args[1], self.me)
+            if weight is not None and weight in self.module._parameters:
+                arg = _single(self.value(node.args[0]))
+                self.out.calls.append((PARAM + weight, arg))
+                return Origin("child", PARAM + weight)
         if isinstance(func, ast.Attribute):
             if func.attr in _SPLIT_METHODS:
                 base = _single(self.value(func.value))
@@ -175,9 +184,7 @@ class _Walker:
                 o = _single(self.value(first))
                 return None if o is None else Origin(o.kind, o.name, o.part, o.acted or name in _ACTIVATIONS, o.sources)
             if name in ("mul", "multiply") and len(node.args) >= 2:
-                a, b = _single(self.value(node.args[0])), _single(self.value(node.args[1]))
-                self.out.products.append((a, b))
-                return Origin("product", sources=_sources(a) | _sources(b))
+                return self._multiply(self.value(node.args[0]), self.value(node.args[1]))
         if isinstance(func, ast.Name) and func.id in _PASS_FUNCTIONS and first is not None:
             o = _single(self.value(first))
             return None if o is None else Origin(o.kind, o.name, o.part, o.acted or func.id in _ACTIVATIONS, o.sources)
@@ -185,11 +192,20 @@ class _Walker:
         self.out.opaque.append([_single(self.value(a)) for a in node.args])
         return _UNKNOWN
 
+    def _multiply(self, a: Origin | None | tuple, b: Origin | None | tuple) -> Origin | None:
+        """A product of two known values is recorded; a value times something of no known origin (a
+        scale, noise, a constant) keeps its origin, as the traced forward keeps a branch."""
+        a, b = _single(a), _single(b)
+        if a is None or b is None:
+            return a if b is None else b
+        self.out.products.append((a, b))
+        return Origin("product", sources=_sources(a) | _sources(b))
+
     # ---------------------------------------------------------------- statements
     def assign(self, target: ast.AST, value: Origin | None | tuple, node: ast.AST | None = None) -> None:
         if isinstance(target, ast.Name):
-            if node is not None and isinstance(node, ast.Subscript) and _path(node) is not None:
-                self.aliases[target.id] = _path(node)  # expert_layer = self.experts[i]
+            if node is not None and isinstance(node, ast.Subscript) and _path(node, self.me) is not None:
+                self.aliases[target.id] = _path(node, self.me)  # expert_layer = self.experts[i]
             self.env[target.id] = value
         elif isinstance(target, (ast.Tuple, ast.List)):
             items = value if isinstance(value, tuple) else None
@@ -214,14 +230,13 @@ class _Walker:
                 if isinstance(st.target, ast.Name):
                     old = self.env.get(st.target.id, _UNKNOWN)
                     if isinstance(st.op, ast.Mult):
-                        self.out.products.append((_single(old), _single(v)))
-                        self.env[st.target.id] = Origin("product", sources=_sources(old) | _sources(v))
+                        self.env[st.target.id] = self._multiply(old, v)
                     else:
                         self.env[st.target.id] = _mix(old, v)
             elif isinstance(st, (ast.Expr, ast.Return)) and st.value is not None:
                 self.value(st.value)
-            elif isinstance(st, ast.For) and isinstance(st.target, ast.Name) and _path(st.iter) is not None:
-                self.aliases[st.target.id] = _path(st.iter) + ".*"  # for block in self.blocks: x = block(x)
+            elif isinstance(st, ast.For) and isinstance(st.target, ast.Name) and _path(st.iter, self.me) is not None:
+                self.aliases[st.target.id] = _path(st.iter, self.me) + ".*"  # for block in self.blocks: x = block(x)
                 self.statements(st.body)
             elif isinstance(st, (ast.If, ast.For, ast.While, ast.With, ast.Try)):
                 for part in ("body", "orelse", "finalbody"):
@@ -276,8 +291,10 @@ def _read(module: nn.Module) -> _Reading | None:
     fn = _parsed(type(module))
     if fn is None:
         return None
+    if not fn.args.args:
+        return None
     args = [a.arg for a in fn.args.args[1:]] + [a.arg for a in fn.args.kwonlyargs]
-    w = _Walker(module, args)
+    w = _Walker(module, args, fn.args.args[0].arg)
     try:
         w.statements(fn.body)
     except RecursionError:
@@ -308,7 +325,9 @@ def _matches(pattern: str, path: str) -> bool:
     return len(a) == len(b) and all(x == "*" or x == y for x, y in zip(a, b))
 
 
-def _is_projection(m: nn.Module | None) -> bool:
+def _is_projection(m: nn.Module | None | str) -> bool:
+    if isinstance(m, str):
+        return m.startswith(PARAM)
     if m is None:
         return False
     w = getattr(m, "weight", None)
@@ -325,7 +344,7 @@ def multiplied_projections(module: nn.Module) -> tuple[str, ...] | None:
     walker = _Walker(module, [])
 
     def projections(o: Origin | None) -> set:
-        return {s for s in _sources(o) if _is_projection(walker.child(s[0]))}
+        return {s for s in _sources(o) if _is_projection(s[0] if s[0].startswith(PARAM) else walker.child(s[0]))}
 
     pairs = [(projections(a), projections(b)) for a, b in r.products]
     if not r.attention_like:
