@@ -225,10 +225,10 @@ def read_module(module: nn.Module, selected: bool = False) -> Reading | None:
         >>> r.kind, r.channels, r.axis, r.basis
         ('rmsnorm', 8, -1, 'behaviour')
     """
-    key = _signature(module)
+    key = (_signature(module), selected)
     cached = _cache.get(module)
-    if cached is not None and cached[0] == key:
-        return cached[1]
+    if cached is not None and (cached[0] == key or cached[0] == (key[0], False) and cached[1] is not None):
+        return cached[1]  # a module read as a normaliser is one whether include= selected it or not
     reading = _read(module, selected)
     if reading is None or reading.basis != "names":  # a module that could not run is asked again next time
         _cache[module] = (key, reading)

@@ -127,6 +127,7 @@ class ModelMap:
             self._raw.setdefault(id(m), n)
         entries: list[tuple[str, nn.Module, Reading]] = []
         undetermined: dict[str, str] = {}
+        could_not_run = False
         seen: set[int] = set()
         for n, m in raw:
             if n == "" or id(m) in seen:
@@ -135,11 +136,12 @@ class ModelMap:
             r = read_module(m)
             if r is None:
                 continue
+            could_not_run |= r.basis == "names"
             if r.kind == "unknown":
                 undetermined[strip_wrappers(n)] = r.note
                 continue
             entries.append((strip_wrappers(n), m, r))
-        self._complete = not undetermined and not any(r.basis == "names" for _, _, r in entries)
+        self._complete = not could_not_run  # a module that could not run is read again at the next lookup (materialised?)
         norm_ids = {id(m) for _, m, _ in entries}
         self.blocks: tuple[tuple[str, nn.Module], ...] = tuple(blocks_of(self.modules, norm_ids))
         block_names = [b for b, _ in self.blocks]
