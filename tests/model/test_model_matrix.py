@@ -84,6 +84,9 @@ FAMILIES = {
     "gpt-neox": Family(_tx("GPTNeoXConfig", "GPTNeoXForCausalLM", use_parallel_residual=True, **HF), "layernorm", ()),
     "gpt-j": Family(_tx("GPTJConfig", "GPTJForCausalLM", n_embd=D, n_layer=LAYERS, n_head=4, vocab_size=VOCAB, n_positions=32,
                         rotary_dim=4, bos_token_id=1, eos_token_id=2), "layernorm", (), norms=LAYERS + 1),  # fmt: skip
+    "falcon": Family(_tx("FalconConfig", "FalconForCausalLM", hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=4,
+                         vocab_size=VOCAB, parallel_attn=True, new_decoder_architecture=False, bos_token_id=1, eos_token_id=2),
+                     "layernorm", (), norms=LAYERS + 1),  # fmt: skip  # parallel attention, one norm a block
     "cohere": Family(_tx("CohereConfig", "CohereForCausalLM", logit_scale=1.0, **DECODER), "layernorm",
                      _per_layer("model.layers.{}.input_layernorm"), norms=LAYERS + 1),  # parallel: one norm feeds both
     "convnext": Family(_tx("ConvNextConfig", "ConvNextModel", num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2),
