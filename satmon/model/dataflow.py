@@ -34,8 +34,8 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from satmon.batches import feed
-from satmon.model.frozen import reshard_fsdp
 from satmon.model.discovery import strip_wrappers
+from satmon.model.frozen import reshard_fsdp
 
 __all__ = ["FlowTrace", "GatedProduct", "Interaction", "trace_flow", "tracing"]
 
@@ -233,11 +233,7 @@ class _Mode(TorchFunctionMode):
 
     def _attention(self, name: str, args: tuple, kwargs: dict) -> None:
         tensors = [f for t in _tensors(args, kwargs) if (f := self.get(t))]
-        if name in _ATTENTION:  # q, k, v: projections of the norm's output, or a q/k norm's output itself
-            for flows in tensors:
-                for n in flows:
-                    self.went(n, "attention")
-        elif name in _PAIRWISE and len(tensors) >= 2:  # activations times activations (q @ k^T), not times weights
+        if name in _ATTENTION or name in _PAIRWISE and len(tensors) >= 2:  # q, k, v: projections of the norm's output, or a q/k norm's output itself
             for flows in tensors:
                 for n in flows:
                     self.went(n, "attention")

@@ -43,8 +43,17 @@ from torch import nn
 from satmon.model import _evaluate as ev
 
 __all__ = [
-    "Reading", "Selector", "NormLayer", "find_norm_layers", "find_dyt_layers", "find_blocks", "modules_by_name", "norm_channels",
-    "norm_kind", "read_module", "strip_wrappers",
+    "NormLayer",
+    "Reading",
+    "Selector",
+    "find_blocks",
+    "find_dyt_layers",
+    "find_norm_layers",
+    "modules_by_name",
+    "norm_channels",
+    "norm_kind",
+    "read_module",
+    "strip_wrappers",
 ]  # fmt: skip
 
 Selector = Union[str, Callable[[str, nn.Module], bool], None]
@@ -319,7 +328,7 @@ def _pointwise(module: nn.Module, c: int, own: dict[str, torch.Tensor]) -> Readi
     for device, dtype in _devices(module):
         tol = ev.tolerance(dtype)
         for layout in ev.layouts(c):
-            shape, axis = layout
+            axis = layout[1]
             x = _spread(layout, dtype, device)
             for shift in [*shifts, None]:
                 fill = {"alpha": _ALPHA, **({shift: _SHIFT} if shift else {})}

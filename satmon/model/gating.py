@@ -44,7 +44,12 @@ from satmon.model.dataflow import FlowTrace, GatedProduct
 from satmon.model.discovery import modules_by_name
 from satmon.model.gating_names import activation_of, gated_parts, pair_by_names
 from satmon.model.map import ModelMap, model_map
-from satmon.model.source_flow import argument_origin, called_children, multiplied_projections, multiplies_projections
+from satmon.model.source_flow import (
+    argument_origin,
+    called_children,
+    multiplied_projections,
+    multiplies_projections,
+)
 from satmon.results.gating import GatedPairing, GatingInfo
 
 __all__ = ["GateModules", "GatedPairing", "GatingInfo", "detect_gating", "gate_linear_modules"]
@@ -259,9 +264,9 @@ def _pair_mapping(pairs: _Pairs, m: ModelMap, mapping: dict[str, str | None], fo
         parts = found.get(mlp) or gated_parts(modules[mlp], structural=True)
         if parts is None and traced_here:
             p = traced_here[0]
-            rel = (lambda n: n[len(mlp) + 1 :] if mlp else n)
+            rel = (lambda n, mlp=mlp: n[len(mlp) + 1 :] if mlp else n)
             parts = {"gate": rel(p.gate), "up": None if p.fused else rel(p.up), "down": rel(p.down) if p.down else None,
-                     "fused": p.fused, "note": ""}  # fmt: skip
+                     "fused": p.fused, "note": ""}
         if parts is None:
             raise ValueError(
                 f"Expected mapping value {mlp!r} to be a gated MLP down(act(gate(h)) * up(h)), got a"
@@ -394,7 +399,7 @@ def detect_gating(
     unpaired = _pair_names(built, m, left, monitored, unknown) if monitored else list(left)
     if trace is None:
         for name, why in _maybe_gated(m, found).items():
-            norm, how, before = _feeder(m, name, _first_projection(m.modules[name]))
+            norm, _, before = _feeder(m, name, _first_projection(m.modules[name]))
             if norm is not None and norm not in monitored:
                 continue  # the source shows a layer that is not watched feeding it: it cannot make a watched layer gated
             candidates = _candidates(m, name, monitored)
@@ -460,7 +465,7 @@ def gate_linear_modules(model: nn.Module, report: GatingInfo) -> dict[str, GateM
     modules = modules_by_name(model)
     return {
         norm: GateModules(gate=modules[p.gate], up=modules[p.up] if p.up else None, fused=p.fused,
-                          activation=p.activation, gate_first=p.gate_first)  # fmt: skip
+                          activation=p.activation, gate_first=p.gate_first)
         for norm, p in report.pairings.items()
         if p.gate_stats
     }

@@ -55,7 +55,6 @@ def _on_registration(parent: nn.Module, name: str, submodule: nn.Module | None) 
     if owners:
         for m in list(owners):
             m._flag(parent, name)
-    return None
 
 
 def _install_hook() -> None:

@@ -268,9 +268,9 @@ def _mix(a: Origin | None | tuple, b: Origin | None | tuple) -> Origin | None:
 
 
 def _split_count(node: ast.Call) -> int | None:
-    if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, int):
-        if isinstance(node.func, ast.Attribute) and node.func.attr == "chunk":
-            return node.args[0].value
+    if (node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, int)
+            and isinstance(node.func, ast.Attribute) and node.func.attr == "chunk"):
+        return node.args[0].value
     if node.args and isinstance(node.args[0], (ast.List, ast.Tuple)):
         return len(node.args[0].elts)
     return 2 if isinstance(node.func, ast.Attribute) and node.func.attr in ("chunk", "split") else None

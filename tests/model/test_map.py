@@ -4,9 +4,9 @@ O(1); a deletion is caught at the next lookup), the one reading every caller use
 from __future__ import annotations
 
 import torch
+from lookalikes import D, Derf, PreNormBlock, Stack
 from torch import nn
 
-from lookalikes import D, Derf, PreNormBlock, Stack
 from satmon import DyT, probe
 from satmon.model import map as model_map_module
 from satmon.model.map import model_map

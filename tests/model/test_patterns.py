@@ -8,13 +8,10 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
-
 from lookalikes import (
-    D,
     ChunkedGLU,
     ConvNet,
+    D,
     Derf,
     GammaBetaLN,
     HardTanhNorm,
@@ -31,6 +28,8 @@ from lookalikes import (
     Squash,
     Stack,
 )
+from torch import nn
+
 from satmon import DyT, Screen, convert_to_dyt, find_dyt_layers, find_norm_layers, probe
 from satmon.model.affine import effective_affine
 from satmon.model.gating import detect_gating

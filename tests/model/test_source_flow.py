@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from lookalikes import ChunkedGLU, D, H, PostNormBlock, PreNormBlock, SwiGLU
 from torch import nn
 
-from lookalikes import D, H, ChunkedGLU, PostNormBlock, PreNormBlock, SwiGLU
-from satmon.model.source_flow import argument_origin, called_children, multiplied_projections
+from satmon.model.source_flow import (
+    argument_origin,
+    called_children,
+    multiplied_projections,
+)
 
 
 def test_what_a_call_receives_through_variables_views_dropout_and_additions():
