@@ -29,7 +29,8 @@ def test_convert_positions_and_copy_affine():
 
 def test_convert_rmsnorm_on_request_only():
     model = HFModel()
-    convert_to_dyt(model)
+    with pytest.warns(UserWarning, match=r"converted nothing: the model holds 7 RMSNorm .*Pass rmsnorm=True"):
+        convert_to_dyt(model)
     assert not find_dyt_layers(model)
     convert_to_dyt(model, rmsnorm=True, alpha_init=0.5)
     dyts = find_dyt_layers(model)
@@ -95,3 +96,9 @@ def test_compiled_model_converts_under_the_stripped_names():
 def test_convert_rejects_multi_dim_layernorm():
     with pytest.raises(ValueError, match="one channel dimension"):
         convert_to_dyt(nn.Sequential(nn.LayerNorm([4, 4])))
+
+
+def test_exclude_keeps_a_layer_as_it_is():
+    model = GPT(GPTConfig(norm="layernorm", n_layers=1))
+    convert_to_dyt(model, exclude=r"^ln_f$")
+    assert isinstance(model.ln_f, nn.LayerNorm) and [l.name for l in find_dyt_layers(model)] == ["blocks.0.ln_1", "blocks.0.ln_2"]

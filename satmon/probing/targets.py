@@ -77,9 +77,12 @@ def find_probe_targets(
     block_names = [n for n, _ in block_list]
     chosen = _select_layers(model, layers, include, exclude, block_names)
     if not chosen and not block_list:
+        undetermined = model_map(model).undetermined
+        unread = f" ({len(undetermined)} module(s) look like normalisers but could not be read: " + "; ".join(
+            f"{n}: {why}" for n, why in list(undetermined.items())[:3]) + ")" if undetermined else ""
         raise ValueError(
-            f"Expected a model with DyT, LayerNorm or RMSNorm layers or residual blocks, found none in {type(model).__name__}."
-            " Point satmon at them with `include='regex on module names'` and `blocks=[...]`."
+            f"Expected a model with DyT, LayerNorm or RMSNorm layers or residual blocks, found none in {type(model).__name__}"
+            f"{unread}. Point satmon at them with `include='regex on module names'` and `blocks=[...]`."
         )
     widths = {l.name: l.channels for l in model_map(model).norms if l.channels is not None}
     t = ProbeTargets(chosen, [l for l in chosen if l.kind == "dyt"], {}, block_names, {})

@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 from lookalikes import (
     ChunkedGLU,
     ConvNet,
@@ -249,3 +250,42 @@ def test_a_model_that_multiplies_two_projections_anywhere_is_unknown_without_a_t
     assert blind.gated is None and "blocks.0.mlp may be a gated MLP (its forward multiplies two projections" in blind.message
     traced = detect_gating(model, example_input=X)  # the trace: a product of two branches that is not act(gate) * up
     assert traced.gated is None and "neither factor passed through an activation" in traced.message
+
+
+def test_a_layer_whose_kernel_takes_only_its_own_dtype_is_read_in_that_dtype():
+    class Float32Only(RMSNormG):  # a fused kernel written for one dtype (Triton, apex): float64 is refused
+        def forward(self, x):
+            if x.dtype != torch.float32:
+                raise RuntimeError(f"kernel supports float32 only, got {x.dtype}")
+            return super().forward(x)
+
+    model = nn.Sequential(nn.Linear(D, D), _randomise(Float32Only()))
+    (layer,) = find_norm_layers(model)
+    assert (layer.kind, layer.channels, layer.basis) == ("rmsnorm", D, "behaviour")
+
+
+def test_a_module_named_like_a_norm_that_cannot_run_is_unknown_not_dropped():
+    class FusedLayerNorm(nn.Module):  # takes the residual as a second input: nothing satmon can make up
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(D))
+
+        def forward(self, x, residual):
+            return F.layer_norm(x + residual, (D,), self.weight)
+
+    class Net(nn.Module):
+        def __init__(self, with_layernorm: bool):
+            super().__init__()
+            self.lin, self.fused = nn.Linear(D, D), FusedLayerNorm()
+            self.ln = nn.LayerNorm(D) if with_layernorm else nn.Identity()
+
+        def forward(self, x):
+            return self.ln(self.fused(self.lin(x), x))
+
+    m = model_map(Net(False))
+    assert m.norms == () and "FusedLayerNorm could not be run on a copy of itself" in m.undetermined["fused"]
+    with pytest.raises(ValueError, match=r"found none in Net \(1 module\(s\) look like normalisers but could not be read: fused"):
+        probe(Net(False), torch.randn(4, D))
+    with pytest.warns(UserWarning, match=r"no reading for fused \(FusedLayerNorm could not be run"):
+        report = probe(Net(True), torch.randn(32, D))
+    assert list(report.layers) == ["ln"] and "named like a normaliser, kind unknown" in report.skipped["fused"]
