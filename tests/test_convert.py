@@ -7,8 +7,17 @@ from torch import nn
 from satmon import DyT, convert_to_dyt, find_dyt_layers, find_norm_layers
 from satmon.convert import norm_position
 from satmon.demos.gpt import GPT, GPTConfig
-from test_discovery import HFModel
-from third_party import GemmaStyleRMSNorm, SkewedLayerNorm, UserLM, OddGatedBlock
+from third_party import GemmaStyleRMSNorm, LlamaRMSNorm, OddGatedBlock, SkewedLayerNorm, UserLM
+
+
+class HFModel(nn.Module):  # Hugging Face's layout: 3 layers of two RMSNorms, a final one
+    def __init__(self, d=8, n=3):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(10, d)
+        self.layers = nn.ModuleList(nn.ModuleDict({"input_layernorm": LlamaRMSNorm(d), "self_attn": nn.Linear(d, d),
+                                                   "post_attention_layernorm": LlamaRMSNorm(d), "mlp": nn.Linear(d, d)})
+                                    for _ in range(n))
+        self.norm = LlamaRMSNorm(d)
 
 
 def test_convert_positions_and_copy_affine():
