@@ -147,7 +147,7 @@ def convert_to_dyt(
         setattr(parent, child, new)
     if not layers:
         _warn_nothing(m, rmsnorm)
-    left = {n: why for n, why in m.undetermined.items() if not _selected(n, m.modules[n], exclude)}
+    left = {n: why for n, why in m.undetermined.items() if not _selected(n, m.module(n), exclude)}
     if layers and left:
         warnings.warn("convert_to_dyt left as they are: " + "; ".join(f"{n} ({why})" for n, why in left.items())
                       + ". Convert them by hand if they normalise, or exclude them (exclude=...).", UserWarning, stacklevel=2)

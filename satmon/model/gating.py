@@ -170,7 +170,7 @@ def _feeder(m: ModelMap, mlp: str, entry: str | None = None) -> tuple[str | None
     while path:
         parent, _, _ = path.rpartition(".")
         rel = path[len(parent) + 1 :] if parent else path
-        holder = m.modules.get(parent)
+        holder = m.module(parent)
         if holder is None:
             return None, how, before
         origins, called = None, None
@@ -310,11 +310,12 @@ def _pair_names(pairs: _Pairs, m: ModelMap, mlps: dict[str, dict[str, Any]], mon
     """Gated MLPs by names, paired with the layer whose output their call receives (source, else names).
     Returns the MLPs left unpaired; each adds an unknown naming the normaliser that runs before it."""
     left = []
+    modules = m.modules
     for mlp, parts in mlps.items():
         norm, how, before = _feeder(m, mlp, parts["gate"])
         by_source = norm is not None
         if norm is None and not how:  # no source to read: the block's norm names say
-            norm = pair_by_names(mlp, m.modules, monitored | {l.name for l in m.norms})
+            norm = pair_by_names(mlp, modules, monitored | {l.name for l in m.norms})
             how = "" if norm is not None else "an input satmon cannot follow (no forward source, no telling norm names)"
         if norm is not None and norm in monitored:
             pairs.add(norm, mlp, parts, "names")
@@ -399,7 +400,7 @@ def detect_gating(
     unpaired = _pair_names(built, m, left, monitored, unknown) if monitored else list(left)
     if trace is None:
         for name, why in _maybe_gated(m, found).items():
-            norm, _, before = _feeder(m, name, _first_projection(m.modules[name]))
+            norm, _, before = _feeder(m, name, _first_projection(m.module(name)))
             if norm is not None and norm not in monitored:
                 continue  # the source shows a layer that is not watched feeding it: it cannot make a watched layer gated
             candidates = _candidates(m, name, monitored)

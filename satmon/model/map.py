@@ -103,10 +103,11 @@ class ModelMap:
     Example:
         >>> import torch
         >>> from satmon.demos.gpt import GPT, GPTConfig
-        >>> m = model_map(GPT(GPTConfig(n_layers=1)))
+        >>> model = GPT(GPTConfig(n_layers=1))
+        >>> m = model_map(model)  # the cache holds the model weakly: keep your own reference
         >>> [(l.name, l.kind, l.channels, l.block) for l in m.norms][:2]
         [('blocks.0.ln_1', 'dyt', 64, 'blocks.0'), ('blocks.0.ln_2', 'dyt', 64, 'blocks.0')]
-        >>> m is model_map(m.model), m.changed()
+        >>> m is model_map(model), m.changed()
         (True, False)
     """
 
@@ -118,7 +119,10 @@ class ModelMap:
         self._changed: list[str] = []
         raw = list(model.named_modules())
         self._tree = tuple(id(m) for _, m in raw)
-        self.modules: dict[str, nn.Module] = {strip_wrappers(n): m for n, m in raw}
+        # the root is held weakly (the cache must not keep a model alive): its names stand in for it
+        self._modules: dict[str, nn.Module | None] = {}
+        for n, m in raw:
+            self._modules[strip_wrappers(n)] = None if m is model else m
         self._names: dict[int, str] = {}
         self._raw: dict[int, str] = {}
         for n, m in raw:
@@ -129,7 +133,7 @@ class ModelMap:
         could_not_run = False
         seen: set[int] = set()
         for n, m in raw:
-            if n == "" or id(m) in seen:
+            if m is model or id(m) in seen:
                 continue
             seen.add(id(m))
             r = read_module(m)
@@ -150,6 +154,7 @@ class ModelMap:
         self.trace_failure = ""
         for _, m in raw:
             _owners.setdefault(m, weakref.WeakSet()).add(self)
+        del raw
 
     @staticmethod
     def _layer(name: str, module: nn.Module, r: Reading, blocks: list[str]) -> NormLayer:
@@ -157,6 +162,19 @@ class ModelMap:
         return NormLayer(name, module, r.kind, r.function, r.shift, r.channels, r.axis, block, None, r.basis)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------------------------ state
+    @property
+    def modules(self) -> dict[str, nn.Module]:
+        """Every module by its stripped name (:func:`~satmon.model.discovery.modules_by_name`), root included."""
+        model = self.model
+        return {n: model if m is None else m for n, m in self._modules.items()}
+
+    def module(self, name: str) -> nn.Module | None:
+        """The module called ``name`` (stripped name; ``""`` is the model), ``None`` when there is none (O(1))."""
+        if name not in self._modules:
+            return None
+        m = self._modules[name]
+        return self.model if m is None else m
+
     @property
     def model(self) -> nn.Module:
         model = self._model()

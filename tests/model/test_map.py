@@ -3,6 +3,9 @@ O(1); a deletion is caught at the next lookup), the one reading every caller use
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import torch
 from lookalikes import D, Derf, PreNormBlock, Stack
 from torch import nn
@@ -95,3 +98,13 @@ def test_replay_builds_one_map_per_model(monkeypatch, tmp_path):
     records = list(replay([inspect_checkpoint(p) for p in paths], ModelLoader(factory=_model), [torch.randn(2, 8, D)]))
     assert all(r.error is None and r.report is not None for r in records)
     assert sorted(builds.per_model.values()) == [1, 1, 1, 1]  # two checkpoints and their twins: one map each
+
+
+def test_the_cache_never_keeps_a_model_alive():
+    model = _model()
+    m = model_map(model, example_input=torch.randn(1, 4, D))
+    assert m.modules[""] is model and m.module("blocks.0") is model.blocks[0] and m.module("nope") is None
+    ref = weakref.ref(model)
+    del model, m
+    gc.collect()
+    assert ref() is None  # replay builds one model per checkpoint: each must go once its record is made
