@@ -76,6 +76,8 @@ class GatingInfo:
         >>> info = GatingInfo(False, message="gated MLP after DyT: no (a traced forward shows no gated MLP)")
         >>> info.to_dict()["gated"], info.gated_layers, GatingInfo.from_dict(info.to_dict()) == info
         (False, (), True)
+        >>> list(info.record())
+        ['gated', 'pairings', 'unpaired_gated_mlps', 'message', 'unclassified', 'risk']
     """
 
     gated: bool | None
@@ -114,19 +116,26 @@ class GatingInfo:
         return replace(self, risk=risk)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain values (the ``gating`` entry of a probe report / replay record)."""
+        """Every field as plain values (``dict``, ``list``)."""
         return {
             "gated": self.gated,
+            "gated_layers": list(self.gated_layers),
+            "message": self.message,
             "pairings": {k: p.to_dict() for k, p in self.pairings.items()},
             "unpaired_gated_mlps": list(self.unpaired_gated_mlps),
-            "message": self.message,
             "unclassified": dict(self.unclassified),
             "risk": {k: dict(v) for k, v in self.risk.items()},
         }
+
+    def record(self) -> dict[str, Any]:
+        """The ``gating`` record of a probe report / replay JSON (the keys 0.2 wrote, in its order)."""
+        d = self.to_dict()
+        return {k: d[k] for k in ("gated", "pairings", "unpaired_gated_mlps", "message", "unclassified", "risk")}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> GatingInfo:
         """Read back :meth:`to_dict`."""
         pairings = {k: GatedPairing(**{**p, "also_feeds": tuple(p.get("also_feeds", ()))}) for k, p in d.get("pairings", {}).items()}
-        return cls(d.get("gated"), tuple(pairings), d.get("message", ""), pairings, tuple(d.get("unpaired_gated_mlps", ())),
+        return cls(d.get("gated"), tuple(d.get("gated_layers", pairings)), d.get("message", ""), pairings,
+                   tuple(d.get("unpaired_gated_mlps", ())),
                    d.get("unclassified", {}), d.get("risk", {}))

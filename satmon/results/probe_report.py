@@ -219,7 +219,7 @@ class ProbeReport:
             "norm_type_note": self.norm_type_note,
             "saturation": self.saturation,
             "verdict": self.verdict.to_dict() if self.verdict is not None else None,
-            "gating": self.gating.to_dict() if self.gating is not None else {},
+            "gating": self.gating.record() if self.gating is not None else {},
             "init_gap": None if self.init_gap is None else {n: _gap_dict(g) for n, g in self.init_gap.items()},
             "tokens": self.tokens,
             "batches": self.batches,
