@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from satmon.model import _evaluate as ev
+from satmon.results.probe_report import NormKind  # results/ holds the kinds: model/ and results/ both read them
 
 __all__ = [
     "NormLayer",
@@ -57,7 +58,6 @@ __all__ = [
 ]  # fmt: skip
 
 Selector = Union[str, Callable[[str, nn.Module], bool], None]
-NormKind = Literal["dyt", "layernorm", "rmsnorm"]
 Basis = Literal["type", "behaviour", "names"]
 
 _WRAPPER_PARTS = {"_orig_mod", "_forward_module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}

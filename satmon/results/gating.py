@@ -2,21 +2,18 @@
 
 Made by :func:`satmon.model.gating.detect_gating` (and the model map), read by the verdict, the
 screen's gate hooks, the probe report and the writers. Nothing changes it after it is made: a
-variant (the probe's gate readings added) is a :func:`dataclasses.replace`.
+variant is a :func:`dataclasses.replace`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
-from types import MappingProxyType
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from satmon.results.frozen import FrozenMap
+
 __all__ = ["GatedPairing", "GatingInfo"]
-
-
-def _frozen(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    return MappingProxyType(dict(mapping or {}))
 
 
 @dataclass(frozen=True)
@@ -56,7 +53,11 @@ class GatedPairing:
 
 @dataclass(frozen=True)
 class GatingInfo:
-    """Whether the watched DyT layers feed gated MLPs, as every part of satmon reads it.
+    """Whether the watched DyT layers feed gated MLPs: the one representation of gating in satmon.
+
+    Made by :func:`satmon.model.gating.detect_gating`; the verdict reads ``gated``, ``gated_layers`` and
+    ``message``, the gate hooks ``pairings``, a :class:`~satmon.results.probe_report.ProbeReport` keeps the
+    whole finding (its JSON ``gating`` record). Frozen down to its fields (tuples, read-only maps).
 
     Attributes:
         gated: ``True`` when a watched layer feeds a gated MLP directly (its gate and value
@@ -65,44 +66,37 @@ class GatingInfo:
             when satmon could not tell: ``message`` then names the layer and the option that resolves it.
         gated_layers: the watched layers that feed a gated MLP (the keys of ``pairings``).
         message: the finding in words.
-        pairings: layer name -> :class:`GatedPairing` (read-only).
+        pairings: layer name -> :class:`GatedPairing`.
         unpaired_gated_mlps: gated MLPs that no watched layer feeds directly (fed by other layers,
             through an addition, or not paired by names).
-        unclassified: layer -> why its answer is unknown (read-only).
-        risk: per gated MLP, the probe's readings (``dyt_saturation`` and the gate statistics); empty
-            until a probe adds them.
+        unclassified: layer -> why its answer is unknown.
 
     Example:
         >>> info = GatingInfo(False, message="gated MLP after DyT: no (a traced forward shows no gated MLP)")
         >>> info.to_dict()["gated"], info.gated_layers, GatingInfo.from_dict(info.to_dict()) == info
         (False, (), True)
         >>> list(info.record())
-        ['gated', 'pairings', 'unpaired_gated_mlps', 'message', 'unclassified', 'risk']
+        ['gated', 'pairings', 'unpaired_gated_mlps', 'message', 'unclassified']
     """
 
     gated: bool | None
     gated_layers: tuple[str, ...] = ()
     message: str = ""
-    pairings: Mapping[str, GatedPairing] = field(default_factory=dict)
+    pairings: Mapping[str, GatedPairing] = FrozenMap()
     unpaired_gated_mlps: tuple[str, ...] = ()
-    unclassified: Mapping[str, str] = field(default_factory=dict)
-    risk: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    unclassified: Mapping[str, str] = FrozenMap()
 
     def __post_init__(self) -> None:
         if self.gated not in (True, False, None):
             raise ValueError(f"Expected `gated` to be True, False or None (unknown), got {self.gated!r}.")
+        bad = [k for k, p in dict(self.pairings).items() if not isinstance(p, GatedPairing)]
+        if bad:
+            raise TypeError(f"Expected GatingInfo.pairings to hold GatedPairing values, got {type(self.pairings[bad[0]]).__name__} "
+                            f"for {bad[0]!r}. Read a dict back with GatingInfo.from_dict.")
         object.__setattr__(self, "gated_layers", tuple(self.gated_layers or tuple(self.pairings)))
-        object.__setattr__(self, "pairings", _frozen(self.pairings))
+        object.__setattr__(self, "pairings", FrozenMap(self.pairings))
         object.__setattr__(self, "unpaired_gated_mlps", tuple(self.unpaired_gated_mlps))
-        object.__setattr__(self, "unclassified", _frozen(self.unclassified))
-        object.__setattr__(self, "risk", _frozen({k: _frozen(v) for k, v in (self.risk or {}).items()}))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, GatingInfo):
-            return NotImplemented
-        return self.to_dict() == other.to_dict()
-
-    __hash__ = None  # type: ignore[assignment]  # mappings inside: compared by value, not hashed
+        object.__setattr__(self, "unclassified", FrozenMap(self.unclassified))
 
     @classmethod
     def of(cls, found: GatingInfo | None) -> GatingInfo | None:
@@ -110,10 +104,6 @@ class GatingInfo:
         if found is not None and not isinstance(found, GatingInfo):
             raise TypeError(f"Expected a GatingInfo or None, got {type(found).__name__}.")
         return found
-
-    def with_risk(self, risk: Mapping[str, Mapping[str, float]]) -> GatingInfo:
-        """A copy with the probe's per-MLP readings."""
-        return replace(self, risk=risk)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain values (``dict``, ``list``)."""
@@ -124,18 +114,17 @@ class GatingInfo:
             "pairings": {k: p.to_dict() for k, p in self.pairings.items()},
             "unpaired_gated_mlps": list(self.unpaired_gated_mlps),
             "unclassified": dict(self.unclassified),
-            "risk": {k: dict(v) for k, v in self.risk.items()},
         }
 
     def record(self) -> dict[str, Any]:
-        """The ``gating`` record of a probe report / replay JSON (the keys 0.2 wrote, in its order)."""
+        """The ``gating`` record of a probe report / replay JSON (the keys 0.2 wrote, in its order; the
+        report adds the gate readings, ``risk``)."""
         d = self.to_dict()
-        return {k: d[k] for k in ("gated", "pairings", "unpaired_gated_mlps", "message", "unclassified", "risk")}
+        return {k: d[k] for k in ("gated", "pairings", "unpaired_gated_mlps", "message", "unclassified")}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> GatingInfo:
-        """Read back :meth:`to_dict`."""
+        """Read back :meth:`to_dict` (or :meth:`record`)."""
         pairings = {k: GatedPairing(**{**p, "also_feeds": tuple(p.get("also_feeds", ()))}) for k, p in d.get("pairings", {}).items()}
         return cls(d.get("gated"), tuple(d.get("gated_layers", pairings)), d.get("message", ""), pairings,
-                   tuple(d.get("unpaired_gated_mlps", ())),
-                   d.get("unclassified", {}), d.get("risk", {}))
+                   tuple(d.get("unpaired_gated_mlps", ())), d.get("unclassified", {}))
