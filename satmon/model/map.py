@@ -54,7 +54,7 @@ def _on_registration(parent: nn.Module, name: str, submodule: nn.Module | None) 
     owners = _owners.get(parent)
     if owners:
         for m in list(owners):
-            m._flag(parent, name)
+            m._flag(parent, name, submodule)
 
 
 def _install_hook() -> None:
@@ -117,6 +117,7 @@ class ModelMap:
         _install_hook()
         self._model = weakref.ref(model)
         self._changed: list[str] = []
+        self._listeners: list[weakref.WeakMethod] = []
         raw = list(model.named_modules())
         self._tree = tuple(id(m) for _, m in raw)
         # the root is held weakly (the cache must not keep a model alive): its names stand in for it
@@ -182,9 +183,34 @@ class ModelMap:
             raise RuntimeError("Expected the model of this map to be alive, got a map whose model was deleted.")
         return model
 
-    def _flag(self, parent: nn.Module, name: str) -> None:
+    def _flag(self, parent: nn.Module, name: str, submodule: nn.Module | None = None) -> None:
         where = self._names.get(id(parent), "?")
         self._changed.append(f"{where}.{name}" if where else name)
+        for ref in list(self._listeners):
+            listener = ref()
+            if listener is not None:
+                listener(self, f"{where}.{name}" if where else name, submodule)
+
+    def listen(self, callback: Callable[[ModelMap, str, nn.Module | None], None]) -> None:
+        """Call ``callback(map, name, submodule)`` when a module is registered under the model (a bound method,
+        held weakly: the listener's owner goes when nothing else holds it). ``submodule`` is the module being
+        registered (``None`` when a child is set to ``None``); it is not in the model yet when the call runs.
+
+        Example:
+            >>> from torch import nn
+            >>> from satmon import DyT
+            >>> class Log:
+            ...     def __init__(self):
+            ...         self.seen = []
+            ...     def __call__(self, m, name, sub):
+            ...         self.seen.append((name, type(sub).__name__))
+            >>> model, log = nn.Sequential(nn.Linear(4, 4), DyT(4)), Log()
+            >>> model_map(model).listen(log.__call__)
+            >>> model[1] = DyT(4)
+            >>> log.seen
+            [('1', 'DyT')]
+        """
+        self._listeners.append(weakref.WeakMethod(callback))  # type: ignore[arg-type]
 
     def changed(self) -> bool:
         """Whether a module was registered under one of the model's modules since the map was built (O(1))."""
