@@ -178,3 +178,31 @@ def test_a_checkpoint_after_a_change_resumes_with_every_count():
     resumed.attach(model, step=3)  # the resumed model holds the added layer: every count comes back
     _run(model, resumed, 3, {})
     assert resumed.verdict.elements == (6 + 6 + 5) * B * T * D
+
+
+def test_a_dyt_replaced_on_a_step_not_sampled_is_counted_on_the_sampled_steps_only():
+    model, rec = _net(), Recorder()
+    sampled = Recorder()  # the reference, on the steps sample_every=2 counts (0, 2, 4)
+    for i in (1, 3):
+        rec.watch(str(i), model[i])
+
+    def swap(m):
+        m[3] = DyT(D, alpha_init=3.0)
+        rec.watch("3", m[3])
+
+    screen = Screen(window=6, sample_every=2, verbose=False, watch_every_n_steps=0, warn=lambda m: None).attach(model)
+    for step in range(6):
+        if step == 3:
+            swap(model)
+        before = {k: list(v) for k, v in rec.counts.items()}
+        model(torch.randn(B, T, 8))
+        if step % 2 == 0:
+            for k, (s, t) in rec.counts.items():
+                c = sampled.counts.setdefault(k, [0, 0])
+                c[0] += s - before.get(k, [0, 0])[0]
+                c[1] += t - before.get(k, [0, 0])[1]
+        screen.step()
+    v = screen.verdict
+    assert v.elements == sum(t for _, t in sampled.counts.values()) == 3 * 2 * 512  # step 3's forward not counted
+    for name, (sat, total) in sampled.counts.items():
+        assert v.per_layer[name] == sat / total
