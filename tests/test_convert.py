@@ -7,8 +7,17 @@ from torch import nn
 from satmon import DyT, convert_to_dyt, find_dyt_layers, find_norm_layers
 from satmon.convert import norm_position
 from satmon.demos.gpt import GPT, GPTConfig
-from test_discovery import HFModel
-from third_party import GemmaStyleRMSNorm, SkewedLayerNorm, UserLM, OddGatedBlock
+from third_party import GemmaStyleRMSNorm, LlamaRMSNorm, OddGatedBlock, SkewedLayerNorm, UserLM
+
+
+class HFModel(nn.Module):  # Hugging Face's layout: 3 layers of two RMSNorms, a final one
+    def __init__(self, d=8, n=3):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(10, d)
+        self.layers = nn.ModuleList(nn.ModuleDict({"input_layernorm": LlamaRMSNorm(d), "self_attn": nn.Linear(d, d),
+                                                   "post_attention_layernorm": LlamaRMSNorm(d), "mlp": nn.Linear(d, d)})
+                                    for _ in range(n))
+        self.norm = LlamaRMSNorm(d)
 
 
 def test_convert_positions_and_copy_affine():
@@ -29,7 +38,8 @@ def test_convert_positions_and_copy_affine():
 
 def test_convert_rmsnorm_on_request_only():
     model = HFModel()
-    convert_to_dyt(model)
+    with pytest.warns(UserWarning, match=r"converted nothing: the model holds 7 RMSNorm .*Pass rmsnorm=True"):
+        convert_to_dyt(model)
     assert not find_dyt_layers(model)
     convert_to_dyt(model, rmsnorm=True, alpha_init=0.5)
     dyts = find_dyt_layers(model)
@@ -53,9 +63,23 @@ def test_copy_affine_takes_gemma_gain_one_plus_weight_not_the_zero_weight():
     assert logits.std(dim=-1).min() > 1e-3
 
 
-def test_copy_affine_refuses_an_undetermined_layer_and_leaves_the_model_untouched():
+def test_a_layer_named_like_a_norm_that_computes_no_norm_is_left_with_a_warning():
     model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8), SkewedLayerNorm(8))
-    with pytest.raises(ValueError, match=r"cannot read the gain/bias of 2 \(SkewedLayerNorm\).*Convert without copy_affine, or exclude"):
+    with pytest.warns(UserWarning, match=r"left as they are: 2 \(SkewedLayerNorm is named like a normaliser but.*computes neither"):
+        convert_to_dyt(model, rmsnorm=True, copy_affine=True, position_fn=lambda n, m: "final")
+    assert isinstance(model[0], DyT) and isinstance(model[2], SkewedLayerNorm)
+
+
+def test_copy_affine_refuses_a_layer_whose_gain_cannot_be_read_and_leaves_the_model_untouched():
+    class Meta(nn.LayerNorm):  # a LayerNorm, known by what it computes, whose parameters live on the meta device now
+        pass
+
+    model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8), Meta(8))
+    from satmon.model.map import model_map
+
+    assert model_map(model).layer("2").kind == "layernorm"
+    model[2].to_empty(device="meta")
+    with pytest.raises(ValueError, match=r"cannot read the gain/bias of 2 \(Meta\).*Convert without copy_affine, or exclude"):
         convert_to_dyt(model, rmsnorm=True, copy_affine=True, position_fn=lambda n, m: "final")
     assert isinstance(model[0], nn.LayerNorm)  # nothing converted before the refusal
 
@@ -81,3 +105,9 @@ def test_compiled_model_converts_under_the_stripped_names():
 def test_convert_rejects_multi_dim_layernorm():
     with pytest.raises(ValueError, match="one channel dimension"):
         convert_to_dyt(nn.Sequential(nn.LayerNorm([4, 4])))
+
+
+def test_exclude_keeps_a_layer_as_it_is():
+    model = GPT(GPTConfig(norm="layernorm", n_layers=1))
+    convert_to_dyt(model, exclude=r"^ln_f$")
+    assert isinstance(model.ln_f, nn.LayerNorm) and [l.name for l in find_dyt_layers(model)] == ["blocks.0.ln_1", "blocks.0.ln_2"]

@@ -37,7 +37,7 @@ from satmon.results.stop import StopRecord
 from satmon.screen.agreement import TorchDistributed
 from satmon.screen.screen import Screen
 from satmon.settings import ReadsSettings, Settings, settings_from, short_repr
-from satmon.model.discovery import find_dyt_layers
+from satmon.model.map import model_map
 from satmon.results.verdict import Verdict
 
 try:
@@ -145,7 +145,7 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         self.screen = Screen(self.settings, logdir=logdir, agreement=TorchDistributed(), verbose=self.verbose,
                              log_every_n_steps=steps)
         self._step = state.global_step
-        if not find_dyt_layers(model, include=self.settings.include, exclude=self.settings.exclude):
+        if not model_map(model).layers(("dyt",), include=self.settings.include, exclude=self.settings.exclude):
             self._no_dyt(model)
             return
         if state.global_step > 0:

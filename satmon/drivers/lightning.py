@@ -22,7 +22,7 @@ from satmon.batches import feed_first
 from satmon.results.stop import StopRecord
 from satmon.screen.screen import Screen
 from satmon.settings import ReadsSettings, Settings, settings_from, short_repr
-from satmon.model.discovery import find_norm_layers
+from satmon.model.map import model_map
 from satmon.drivers.live_probe import LiveProbe
 from satmon.results.verdict import Verdict
 from satmon.io.lightning import LightningSink
@@ -203,7 +203,7 @@ class SaturationMonitor(ReadsSettings, Callback):
                            "kept in `monitor.verdict`.")
 
     def _no_dyt(self, pl_module: pl.LightningModule) -> None:
-        others = find_norm_layers(pl_module, kinds=("layernorm", "rmsnorm"))
+        others = model_map(pl_module).layers(("layernorm", "rmsnorm"))
         msg = (f"satmon found no DyT layer in {type(pl_module).__name__}, so the saturation screen is off (no verdict). "
                f"It found {len(others)} LayerNorm/RMSNorm layer(s): the dead-direction probe reads those "
                "(`probe_every_n_steps=` or `satmon.probe`). To screen DyT, convert the norms with `satmon.convert_to_dyt(model)`,"

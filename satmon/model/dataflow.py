@@ -8,6 +8,16 @@ is a gated MLP ``down(act(gate(h)) * up(h))`` (split or fused gate/up). Any othe
 such branches (no activation, both activated, one the norm output itself) is reported as an
 interaction satmon cannot classify. Names play no part; module names are only read to say where
 each projection happened. Norm layers are opaque: their output starts a new record (or none).
+
+A branch is the norm's output *read directly*: views, casts, dropout, a permute keep it; an addition
+with another stream ends it (``h = x + norm(attn(x))`` is the residual stream, not the norm's
+output: a post-norm layer never feeds the next MLP). "Another stream" is a tensor operand of the
+result's full size that carries no branch of that norm and is not a parameter (a bias, a broadcast
+position table or mask keep the branch). Where each norm's output goes is recorded in
+:attr:`FlowTrace.feeds`: ``"gated-mlp"``, ``"attention"`` (a product of two of its projections,
+``q @ k^T``, or ``scaled_dot_product_attention``), ``"mlp"`` (projection, activation, projection),
+``"residual"`` (its output itself added to another stream) and ``"projection"`` (a projection that
+is none of those, e.g. a head).
 """
 
 from __future__ import annotations
@@ -16,7 +26,7 @@ import contextlib
 import itertools
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -24,8 +34,8 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from satmon.batches import feed
+from satmon.model.discovery import strip_wrappers
 from satmon.model.frozen import reshard_fsdp
-from satmon.model.discovery import norm_kind, strip_wrappers
 
 __all__ = ["FlowTrace", "GatedProduct", "Interaction", "trace_flow", "tracing"]
 
@@ -40,6 +50,9 @@ _ACTIVATIONS = {
 }  # fmt: skip
 _PRODUCTS = {"mul", "__mul__", "__rmul__", "mul_", "__imul__", "multiply"}
 _SPLITS = {"chunk", "split", "tensor_split", "unbind", "split_with_sizes"}
+_ADDS = {"add", "__add__", "__radd__", "add_", "__iadd__", "sub", "__sub__", "__rsub__", "sub_", "__isub__", "subtract"}
+_ATTENTION = {"scaled_dot_product_attention", "flash_attention", "_scaled_dot_product_flash_attention"}
+_PAIRWISE = {"matmul", "__matmul__", "__rmatmul__", "bmm", "einsum", "baddbmm"}  # q @ k^T when both come from the norm
 _MAX_HOPS = 2  # a branch is followed through two projections (the MLP's down projection), then dropped
 
 
@@ -74,11 +87,15 @@ class Interaction:
 
 @dataclass
 class FlowTrace:
-    """What one traced forward showed: gated products, unclassified products, the modules that ran."""
+    """What one traced forward showed: gated products, unclassified products, the modules that ran,
+    and where each watched norm's output went (``feeds``: norm -> destinations, see the module docstring)."""
 
     products: list[GatedProduct]
     unclassified: list[Interaction]
     executed: set[str]
+    feeds: dict[str, set[str]] = field(default_factory=dict)
+    #: norm -> the modules whose projections read its output directly (the first projection of each branch)
+    reached: dict[str, set[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -115,6 +132,11 @@ class _Mode(TorchFunctionMode):
         self.hookable_sources: dict[str, set[tuple]] = {}  # module -> branch sources its output is
         self.product_inputs: dict[int, set[str]] = {}  # pending product -> modules whose first input it is
         self.executed: set[str] = set()
+        self.feeds: dict[str, set[str]] = {}
+        self.reached: dict[str, set[str]] = {}
+
+    def went(self, norm: str, where: str) -> None:
+        self.feeds.setdefault(norm, set()).add(where)
 
     # ---------------------------------------------------------------- records
     def get(self, t: Any) -> dict[str, _Flow] | None:
@@ -125,7 +147,7 @@ class _Mode(TorchFunctionMode):
 
     def put(self, t: Tensor, flows: dict[str, _Flow] | None) -> None:
         key = id(t)
-        if not flows:
+        if not flows or not (t.is_floating_point() or t.is_complex()):  # indices and masks carry no branch
             self.records.pop(key, None)
             return
         self.records[key] = (weakref.ref(t, lambda _r, k=key, rs=self.records: rs.pop(k, None)), flows)
@@ -169,7 +191,10 @@ class _Mode(TorchFunctionMode):
             outs = [args[0]]
         if not outs:
             return out
-        if name in _PROJECTIONS:
+        if name in _ADDS:
+            flows = self._add(args, kwargs, inputs, outs)
+        elif name in _PROJECTIONS:
+            self._attention(name, args, kwargs)
             flows = self._project(inputs)
         elif name in _ACTIVATIONS:
             act = "gelu_tanh" if name == "gelu" and kwargs.get("approximate", args[1] if len(args) > 1 else "none") == "tanh" else name
@@ -190,11 +215,39 @@ class _Mode(TorchFunctionMode):
             self.put(t, flows)
         return out
 
+    def _add(self, args: tuple, kwargs: dict, inputs: list[dict[str, _Flow]], outs: list[Tensor]) -> dict[str, _Flow]:
+        """An addition: a norm's branch that meets another stream ends there (the residual stream)."""
+        size = outs[0].numel()
+        operands = [t for t in _tensors(args, kwargs) if not isinstance(t, nn.Parameter) and t.numel() == size]
+        flows = _merge(inputs, self.events)
+        for n in list(flows):
+            carried = [self.get(t) or {} for t in operands]
+            direct = any(f.get(n) is not None and f[n].hops == 0 for f in carried)
+            # its output itself, added to another stream or to a branch computed from it (a residual connection);
+            # two pieces of its output added together (rotary embeddings) are neither
+            if direct and len(operands) > 1 and any(n not in f or f[n].hops >= 1 for f in carried):
+                self.went(n, "residual")
+            if any(n not in f for f in carried):
+                del flows[n]  # mixed with another stream: no longer this norm's output
+        return flows
+
+    def _attention(self, name: str, args: tuple, kwargs: dict) -> None:
+        tensors = [f for t in _tensors(args, kwargs) if (f := self.get(t))]
+        if name in _ATTENTION or name in _PAIRWISE and len(tensors) >= 2:  # q, k, v: projections of the norm's output, or a q/k norm's output itself
+            for flows in tensors:
+                for n in flows:
+                    self.went(n, "attention")
+
     def _project(self, inputs: list[dict[str, _Flow]]) -> dict[str, _Flow]:
         module = self.stack[-1] if self.stack else ""
         event = next(self.events)
         flows = {}
         for n, f in _merge(inputs, self.events).items():
+            if f.hops == 0:
+                self.went(n, "projection")
+                self.reached.setdefault(n, set()).add(module)
+            elif f.hops == 1 and f.act is not None and f.product is None:
+                self.went(n, "mlp")
             if f.product is not None and self.pending[f.product].down is None:
                 self.pending[f.product].down = module
             if f.hops + 1 <= _MAX_HOPS:
@@ -206,6 +259,7 @@ class _Mode(TorchFunctionMode):
         for n, f in list(flows.items()):
             if f.hops == 1 and f.proj is not None:  # F.glu(a|b) = a * sigmoid(b): the second half gates
                 self.pending.append(_Pending(n, (f.proj, f.source), (f.proj, f.source), True, False, "sigmoid"))
+                self.went(n, "gated-mlp")
                 flows[n] = _Flow(1, ("glu", next(self.events)), product=len(self.pending) - 1)
         return flows
 
@@ -223,6 +277,7 @@ class _Mode(TorchFunctionMode):
                 fused = gate.source[:2] == up.source[:2]
                 gate_first = gate.split is None or gate.split[0] == 0
                 self.pending.append(_Pending(n, (gate.proj, gate.source[:2]), (up.proj, up.source[:2]), fused, gate_first, gate.act))
+                self.went(n, "gated-mlp")
                 flows[n] = _Flow(1, ("product", next(self.events)), product=len(self.pending) - 1)
                 continue
             self.unclassified.append(Interaction(n, self.stack[-1] if self.stack else "", _describe(fa, fb)))
@@ -277,7 +332,8 @@ def _starts_at_zero(index: tuple) -> bool:
 
 
 def trace_flow(
-    model: nn.Module, norm_names: list[str], example_input: Any, forward_fn: Callable[[nn.Module, Any], Any] = feed
+    model: nn.Module, norm_names: list[str], example_input: Any, forward_fn: Callable[[nn.Module, Any], Any] = feed,
+    opaque: set[str] | None = None,
 ) -> FlowTrace:
     """Follow the outputs of ``norm_names`` through one eval, no-grad forward of ``example_input``.
 
@@ -286,6 +342,8 @@ def trace_flow(
         norm_names: the norm layers to follow (stripped names, as :func:`modules_by_name` gives them).
         example_input: one batch, fed by ``forward_fn``.
         forward_fn: ``forward_fn(model, batch)``; default :func:`satmon.batches.feed`.
+        opaque: the normalisers whose insides are not followed (default: every normaliser of the
+            model map, and ``norm_names``).
 
     Returns:
         A :class:`FlowTrace`.
@@ -307,9 +365,12 @@ def trace_flow(
     names: dict[int, str] = {}
     for raw, m in model.named_modules():
         names.setdefault(id(m), strip_wrappers(raw))
-    norms = {n for i, n in names.items() if n in norm_names} | {
-        names[id(m)] for m in model.modules() if norm_kind(m) is not None
-    }
+    if opaque is None:
+        from satmon.model.map import model_map
+
+        m = model_map(model)
+        opaque = {l.name for l in m.norms} | set(m.undetermined)
+    norms = {n for n in names.values() if n in norm_names or n in opaque}
     mode = _Mode(names, set(norm_names), norms)
     handles = []
     for m in model.modules():
@@ -330,7 +391,13 @@ def trace_flow(
         for h in handles:
             h.remove()
         reshard_fsdp(model)  # FSDP2 keeps its root unsharded after a no-grad forward: training must not see that
-    return FlowTrace(mode.products(), mode.unclassified, mode.executed)
+    feeds = {n: _summary(w) for n, w in mode.feeds.items()}
+    return FlowTrace(mode.products(), mode.unclassified, mode.executed, feeds, mode.reached)
+
+
+def _summary(where: set[str]) -> set[str]:
+    """``"projection"`` only when the norm's projections went nowhere more telling (attention, an MLP)."""
+    return where - {"projection"} if where & {"attention", "mlp", "gated-mlp"} else where
 
 
 _TRACING = 0

@@ -1,21 +1,27 @@
-"""Find the layers satmon watches: DyT, LayerNorm, RMSNorm, and the residual blocks.
+"""Find the layers satmon watches by what they compute: the point-wise family (DyT, Derf, HardTanh),
+LayerNorm and RMSNorm, on any axis, whatever their classes and parameters are called.
 
-Discovery never relies on satmon's own class names, so third-party models (Hugging Face,
-nanoGPT, timm, torchtitan) work as they are:
+A candidate module (no parametrised submodule; its own parameters scalars or vectors) is evaluated
+on known inputs, as a copy (:mod:`satmon.model._evaluate`: float64 on the CPU, no hooks, nothing
+changed), with its parameters drawn at random, so the answer does not depend on trained values:
 
-- **DyT**: the study's rule: a module that owns (directly) a parameter named ``alpha`` and computes
-  ``weight * tanh(alpha * x) + bias``. Checked by behaviour, not by how tanh is spelled: a float64
-  copy of the module is evaluated on a known input and its output must fit that form per channel
-  (``torch.tanh`` in forward, an ``nn.Tanh()`` child, a fused op: all the same). Only when the module
-  cannot run on a float64 CPU copy does its class name (DyT/DynamicTanh) or the source of its
-  ``forward`` (calls ``tanh``) decide.
-- **LayerNorm**: ``nn.LayerNorm``, or a class whose name contains ``LayerNorm`` (not ``RMS``) with a
-  ``weight`` of one dimension.
-- **RMSNorm**: ``nn.RMSNorm`` or a class whose name contains ``RMSNorm``/``RmsNorm``/``RMSNorm``
-  (e.g. ``LlamaRMSNorm``, ``T5LayerNorm`` is special-cased: T5's "LayerNorm" has no mean
-  subtraction) with a one-dimensional ``weight``.
-- **Blocks** (the residual stream): the longest ``nn.ModuleList``/``nn.Sequential`` whose children are
-  all of one class and each contain a norm layer.
+- **point-wise** (``kind="dyt"``): the module owns a parameter named ``alpha`` (the study's rule for
+  which scale is ``alpha``) and its output fits ``w * f(alpha * x + s) + b`` per channel, with ``f``
+  one of ``tanh`` (DyT), ``erf`` (Derf) or ``hardtanh`` (the study's control) and ``s`` an optional
+  shift parameter, found by setting each other parameter in turn to a known value;
+- **LayerNorm / RMSNorm**: the output fits ``g * normalize(x) + b`` per channel, with
+  ``normalize`` the LayerNorm (mean removed) or the RMSNorm one (:mod:`satmon.model.affine`);
+- **the axis**: each is tried on a channels-last ``(B, T, C)`` input, then channels-first
+  ``(B, C, H, W)`` and ``(B, C, T)``, whose other sizes all differ from ``C``: the layout that fits
+  gives the axis the layer normalises (``-1``, or ``1`` for a ConvNeXt-style channels-first layer).
+
+``nn.LayerNorm`` and ``nn.RMSNorm`` themselves (not subclasses) and satmon's :class:`~satmon.dyt.DyT`
+are known by type. A parameterless module is evaluated only when it carries a normaliser's attributes
+(``eps``, ``variance_epsilon``, ``normalized_shape``) or its class is named like one: running arbitrary
+forwards could have side effects. Names never exclude a module; when a module cannot be run at all
+(meta device, kernels for another device), its class name may make it a normaliser of unknown kind
+(:attr:`satmon.model.map.ModelMap.undetermined`) or, for an ``alpha`` owner named like a DyT or
+whose source calls tanh, a DyT (``basis="names"``).
 
 Users narrow or widen discovery with ``include``/``exclude``: a regex on the module name or a
 predicate ``(name, module) -> bool``. :func:`modules_by_name` is the one "module by name" lookup
@@ -26,50 +32,69 @@ from __future__ import annotations
 
 import inspect
 import re
-import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Union
+from typing import Literal, Union
 
 import torch
 from torch import nn
 
+from satmon.model import _evaluate as ev
 from satmon.results.probe_report import NormKind  # results/ holds the kinds: model/ and results/ both read them
 
 __all__ = [
-    "Selector", "NormLayer", "find_norm_layers", "find_dyt_layers", "find_blocks", "modules_by_name", "norm_kind",
+    "NormLayer",
+    "Reading",
+    "Selector",
+    "find_blocks",
+    "find_dyt_layers",
+    "find_norm_layers",
+    "modules_by_name",
+    "norm_channels",
+    "norm_kind",
+    "read_module",
     "strip_wrappers",
-]
+]  # fmt: skip
 
 Selector = Union[str, Callable[[str, nn.Module], bool], None]
+Basis = Literal["type", "behaviour", "names"]
 
 _WRAPPER_PARTS = {"_orig_mod", "_forward_module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
-_DYT_NAME = re.compile(r"dyt|dynamic_?tanh", re.IGNORECASE)
-_RMS_NAME = re.compile(r"rms_?norm", re.IGNORECASE)
-_LN_NAME = re.compile(r"layer_?norm", re.IGNORECASE)
-_NO_MEAN_LAYERNORMS = ("T5LayerNorm", "MT5LayerNorm", "LongT5LayerNorm", "UMT5LayerNorm", "Pix2StructLayerNorm")
-_tanh_cache: dict[type, bool] = {}
-#: the behaviour check's answer per module (it does not depend on trained values): one float64 run per module,
-#: not one per norm_kind call (gating detection asks several times per module)
-_behaviour_cache: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
-_DYT_FIT_TOL = 1e-4  # relative residual of the per-channel fit y = w * tanh(alpha * x) + b
+_DYT_NAME = re.compile(r"dyt|dynamic_?tanh|derf", re.IGNORECASE)
+_NORM_NAME = re.compile(r"norm", re.IGNORECASE)
+_NORM_ATTRS = ("normalized_shape", "eps", "variance_epsilon", "epsilon")
+_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "tanh": torch.tanh, "erf": torch.erf, "hardtanh": lambda u: u.clamp(-1.0, 1.0),
+}  # fmt: skip
+_ALPHA, _SHIFT = 0.7, 0.3  # the values set while reading a point-wise layer (0 would fit anything constant)
 
 
 @dataclass(frozen=True)
 class NormLayer:
-    """A discovered normalization layer.
+    """A normaliser of the model, as the model map reads it.
 
     Attributes:
         name: the module's name in the model, with wrapper prefixes (``_orig_mod.`` of
             ``torch.compile``, ``module.`` of DDP, FSDP's) removed so names are stable.
         module: the module itself.
-        kind: ``"dyt"``, ``"layernorm"`` or ``"rmsnorm"``.
-        function: for a point-wise normaliser (the DyT family), the bounded function it applies to
-            its pre-activation ``u = alpha * x (+ shift)``: ``"tanh"`` (DyT), ``"erf"`` (Derf) or
-            ``"hardtanh"``; ``None`` for LayerNorm/RMSNorm.
+        kind: ``"dyt"`` (the point-wise family), ``"layernorm"`` or ``"rmsnorm"``, from what it computes.
+        function: for a point-wise normaliser, the bounded function it applies to its pre-activation
+            ``u = alpha * x (+ shift)``: ``"tanh"`` (DyT), ``"erf"`` (Derf) or ``"hardtanh"``;
+            ``None`` for LayerNorm/RMSNorm.
         shift: the name of the module's parameter ``s`` added to ``alpha * x`` before the function
             (Derf's), or ``None`` when there is none.
+        channels: the channel count ``C`` (``None``: the layer takes any width, or normalises
+            over several dimensions).
+        axis: the input dimension holding the channels: ``-1`` (channels last), ``1`` (channels first,
+            ``(B, C, H, W)``).
+        block: the residual block holding the layer (:func:`find_blocks`), ``None`` outside the blocks.
+        feeds: where the layer's output goes in a traced forward, among ``"gated-mlp"`` (a gated MLP's
+            gate and value projections read it directly), ``"mlp"``, ``"attention"``, ``"residual"``
+            (it is added to another stream) and ``"projection"`` (any other projection, e.g. a head);
+            ``None`` until a forward was traced.
+        basis: how the kind was read: ``"behaviour"`` (evaluated), ``"type"`` (``nn.LayerNorm``,
+            ``nn.RMSNorm``, satmon's ``DyT``) or ``"names"`` (the module could not be run).
     """
 
     name: str
@@ -77,10 +102,44 @@ class NormLayer:
     kind: NormKind
     function: str | None = None
     shift: str | None = None
+    channels: int | None = None
+    axis: int = -1
+    block: str | None = None
+    feeds: tuple[str, ...] | None = None
+    basis: Basis = "behaviour"
 
     def __post_init__(self) -> None:
         if self.function is None and self.kind == "dyt":
             object.__setattr__(self, "function", "tanh")
+
+    def affine(self):
+        """The layer's effective gain and bias now (:func:`satmon.model.affine.effective_affine`, read from its
+        current values along its axis); raises ``ValueError`` when they cannot be read.
+
+        Example:
+            >>> from torch import nn
+            >>> layer = find_norm_layers(nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2)))[0]
+            >>> layer.affine().gain.tolist(), layer.affine().note
+            ([1.0, 1.0], 'gain = weight')
+        """
+        from satmon.model.affine import effective_affine
+
+        return effective_affine(self.module, self.channels, axis=self.axis)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What one module computes (:func:`read_module`): the fields of :class:`NormLayer` that do not
+    depend on the model around it. ``kind`` is ``"unknown"`` for a module named like a normaliser
+    that could not be run; ``note`` says why, or what the reading rests on."""
+
+    kind: NormKind | Literal["unknown"]
+    function: str | None = None
+    shift: str | None = None
+    channels: int | None = None
+    axis: int = -1
+    basis: Basis = "behaviour"
+    note: str = ""
 
 
 def strip_wrappers(name: str) -> str:
@@ -115,87 +174,215 @@ def modules_by_name(model: nn.Module) -> dict[str, nn.Module]:
     return {strip_wrappers(n): m for n, m in model.named_modules()}
 
 
-def _forward_uses_tanh(cls: type) -> bool:
-    if cls not in _tanh_cache:
-        try:
-            src = inspect.getsource(cls.forward)
-        except (OSError, TypeError):
-            src = ""
-        _tanh_cache[cls] = "tanh" in src
-    return _tanh_cache[cls]
+# ----------------------------------------------------------------------------------- channels
+def norm_channels(module: nn.Module) -> int | None:
+    """A normaliser's channel count: the length of its own vector parameters, whatever they are called
+    (``(C,)``, or ``(C, 1, 1)`` for channels-first layers), else its ``normalized_shape``; ``None`` when
+    neither says (a parameterless layer takes any width) or it normalises over several dimensions.
 
+    The one rule satmon counts channels by (discovery, the affine map, the converter, the probe).
 
-def _dyt_channels(module: nn.Module) -> int:
-    """The channel count: the length of the module's own vector parameters, whatever they are called."""
-    for value in module.parameters(recurse=False):
-        if value.numel() > 1:  # (C,), or (C, 1, 1) for channels-first layers
-            return max(value.shape)
+    Example:
+        >>> from torch import nn
+        >>> norm_channels(nn.LayerNorm(8)), norm_channels(nn.LayerNorm(8, elementwise_affine=False))
+        (8, 8)
+        >>> norm_channels(nn.LayerNorm([4, 4])), norm_channels(nn.Identity())
+        (None, None)
+    """
+    sizes = []
+    for p in module.parameters(recurse=False):
+        big = [s for s in p.shape if s > 1]
+        if len(big) == 1:
+            sizes.append(big[0])
+    if sizes:
+        return max(set(sizes), key=sizes.count)
     shape = getattr(module, "normalized_shape", None)
-    if isinstance(shape, int) or (isinstance(shape, (tuple, list, torch.Size)) and len(shape) == 1):
-        return int(shape if isinstance(shape, int) else shape[0])
-    return 4  # scalar affine (or none): any width works
+    if isinstance(shape, int) and not isinstance(shape, bool):
+        return shape
+    if isinstance(shape, (tuple, list, torch.Size)) and len(shape) == 1:
+        return int(shape[0])
+    return None
 
 
-def _fits_tanh(y: torch.Tensor, t: torch.Tensor, dim: int) -> bool:
-    """Does ``y = w * t + b`` hold per channel (channels on ``dim``), to a relative residual of 1e-4?"""
-    y, t = y.movedim(dim, -1).reshape(-1, y.shape[dim]), t.movedim(dim, -1).reshape(-1, t.shape[dim])  # (N, C)
-    dt, dy = t - t.mean(0), y - y.mean(0)
-    w = (dt * dy).sum(0) / dt.pow(2).sum(0).clamp_min(1e-300)
-    fitted = w * dt + y.mean(0)
-    return bool((y - fitted).abs().max() <= _DYT_FIT_TOL * y.abs().max().clamp_min(1e-12))
+def _vector_like(p: torch.Tensor) -> bool:
+    return sum(s > 1 for s in p.shape) <= 1
 
 
-def _behaves_like_dyt(module: nn.Module) -> bool | None:
-    """``weight * tanh(alpha * x) + bias`` on a known input (float64 copy, no hooks); None if it cannot run."""
-    from satmon.model.affine import _float64_clone
-
-    c = _dyt_channels(module)
-    try:
-        clone = _float64_clone(module)
-        with torch.no_grad():
-            clone.alpha.fill_(0.7)  # the check must not depend on the trained alpha (0 would fit anything constant)
-        alpha = clone.alpha.reshape(-1)
-    except Exception:
-        return None
-    ran = False
-    for shape, dim in (((3, 5, c), -1), ((2, c, 3, 3), 1)):  # channels last (B, T, C), then first (B, C, H, W)
-        # values spread over the tanh's curved range, different in every channel and row
-        x = torch.linspace(-3.0, 3.0, int(torch.tensor(shape).prod()), dtype=torch.float64).reshape(shape)
-        x = x[..., torch.randperm(shape[-1], generator=torch.Generator().manual_seed(0))] * 1.7
-        a = alpha if alpha.numel() == 1 else alpha.reshape([-1 if i == (dim % len(shape)) else 1 for i in range(len(shape))])
-        try:
-            with torch.no_grad():
-                y = clone.forward(x)
-                expected = torch.tanh(a * x)  # alpha shaped for the other layout does not broadcast: not this one
-        except Exception:
-            continue
-        ran = True
-        if isinstance(y, torch.Tensor) and y.shape == x.shape and _fits_tanh(y.to(torch.float64), expected, dim):
-            return True
-    return False if ran else None
+def _is_candidate(module: nn.Module) -> bool:
+    """Worth evaluating: no parametrised submodule, own parameters scalars or vectors, and either
+    parameters or a normaliser's attributes (a parameterless forward is run only when it looks like one)."""
+    if any(True for c in module.children() for _ in c.parameters()):
+        return False
+    own = list(module.parameters(recurse=False))
+    if own:
+        return all(_vector_like(p) for p in own)
+    return any(hasattr(module, a) for a in _NORM_ATTRS) or bool(_NORM_NAME.search(type(module).__name__))
 
 
-def _is_dyt(module: nn.Module, own: dict[str, nn.Parameter]) -> bool:
-    if "alpha" not in own or any(True for c in module.children() for _ in c.parameters()):
-        return False  # a DyT holds no parametrised submodules (an nn.Tanh child is fine)
+# ----------------------------------------------------------------------------------- reading one module
+_CANNOT_RUN = "cannot run"
+_cache: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, Reading | None]] = weakref.WeakKeyDictionary()
+
+
+def _signature(module: nn.Module) -> tuple:
+    return (type(module), tuple((n, tuple(p.shape)) for n, p in module.named_parameters(recurse=False)))
+
+
+def read_module(module: nn.Module, selected: bool = False) -> Reading | None:
+    """What ``module`` computes, or ``None`` when it is no normaliser satmon reads.
+
+    Args:
+        module: any module.
+        selected: evaluate it even when it is no candidate (``include=`` selected it).
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> class Scaled(nn.Module):  # an RMSNorm whose gain is called `g`
+        ...     def __init__(self, d):
+        ...         super().__init__()
+        ...         self.g = nn.Parameter(torch.ones(d))
+        ...     def forward(self, x):
+        ...         return self.g * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        >>> r = read_module(Scaled(8))
+        >>> r.kind, r.channels, r.axis, r.basis
+        ('rmsnorm', 8, -1, 'behaviour')
+    """
+    key = (_signature(module), selected)
+    cached = _cache.get(module)
+    if cached is not None and (cached[0] == key or cached[0] == (key[0], False) and cached[1] is not None):
+        return cached[1]  # a module read as a normaliser is one whether include= selected it or not
+    reading = _read(module, selected)
+    if reading is None or reading.basis != "names":  # a module that could not run is asked again next time
+        _cache[module] = (key, reading)
+    return reading
+
+
+def _read(module: nn.Module, selected: bool) -> Reading | None:
+    from satmon.dyt import DyT
+
+    c = norm_channels(module)
+    if isinstance(module, DyT):
+        return Reading("dyt", "tanh", None, c, -1 if module.channels_last else 1, "type")
     cls = type(module)
-    behaves = _behaviour_cache.get(module)
-    if behaves is None:
-        behaves = _behaves_like_dyt(module)
-        if behaves is not None:  # None (could not run, e.g. on the meta device) is asked again next time
-            _behaviour_cache[module] = behaves
-    if behaves is not None:
-        return behaves
-    return bool(_DYT_NAME.search(cls.__name__)) or _forward_uses_tanh(cls)
+    if cls in (nn.LayerNorm, getattr(nn, "RMSNorm", None)):
+        kind: NormKind = "layernorm" if cls is nn.LayerNorm else "rmsnorm"
+        dims = len(module.normalized_shape)
+        return Reading(kind, channels=c, basis="type", note="" if dims == 1 else f"normalises over {dims} dimensions")
+    if cls.__module__.startswith("torch.nn.modules") or not (selected or _is_candidate(module)):
+        return None  # torch's own other layers (BatchNorm, GroupNorm, activations, ...) are not normalisers satmon reads
+    own = dict(module.named_parameters(recurse=False))
+    failures = []
+    if "alpha" in own:
+        found = _pointwise(module, c or 8, own)
+        if isinstance(found, Reading):
+            return found
+        if found == _CANNOT_RUN:
+            failures.append("point-wise")
+    found = _normaliser(module, c)
+    if isinstance(found, Reading):
+        return found
+    if found == _CANNOT_RUN:
+        failures.append("normaliser")
+    if not failures or (len(failures) == 1 and "alpha" in own and failures[0] == "normaliser"):
+        if _NORM_NAME.search(cls.__name__):  # names may say "unknown", never "no"
+            return Reading("unknown", channels=c, note=(
+                f"{cls.__name__} is named like a normaliser but, run on test inputs, computes neither weight * f(alpha * x + s) "
+                "+ bias nor gain * normalize(x) + bias along any axis"))
+        return None  # it ran and computes something else
+    return _by_names(module, own, c)
 
 
-def _has_vector_weight(module: nn.Module) -> bool:
-    w = getattr(module, "weight", None)
-    return isinstance(w, nn.Parameter) and w.dim() == 1 or w is None and hasattr(module, "normalized_shape")
+def _by_names(module: nn.Module, own: dict, c: int | None) -> Reading | None:
+    """The module could not run on a copy: its names may say what it is, never what it is not."""
+    cls = type(module)
+    note = f"{cls.__name__} could not be run on a copy of itself (float64 CPU, nor its own device and dtype)"
+    if "alpha" in own:
+        source = _forward_source(cls)
+        function = next((f for f in ("erf", "hardtanh", "tanh") if f in source), None)
+        if function or _DYT_NAME.search(cls.__name__):
+            return Reading("dyt", function or "tanh", None, c, -1, "names", note + ": taken as DyT by its names")
+    if _NORM_NAME.search(cls.__name__) or any(hasattr(module, a) for a in _NORM_ATTRS):
+        return Reading("unknown", channels=c, basis="names", note=note + ": named like a normaliser, kind unknown")
+    return None
+
+
+def _forward_source(cls: type) -> str:
+    try:
+        return inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return ""
+
+
+def _devices(module: nn.Module) -> list[tuple[torch.device, torch.dtype]]:
+    """Float64 on the CPU first; then the module's own device and dtype (kernels written for it)."""
+    out = [(torch.device("cpu"), torch.float64)]
+    p = next(iter(module.parameters(recurse=False)), None)
+    if p is None:
+        p = next(iter(module.buffers(recurse=False)), None)
+    if p is not None and p.device.type != "meta" and (p.device.type != "cpu" or p.dtype != torch.float64) and p.is_floating_point():
+        out.append((p.device, p.dtype if p.dtype != torch.float64 else torch.float32))
+    return out
+
+
+def _spread(layout: ev.Layout, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Values over tanh's curved range, different in every channel and row."""
+    shape, _ = layout
+    n = int(torch.tensor(shape).prod())
+    x = torch.linspace(-3.0, 3.0, n, dtype=torch.float64).reshape(shape)
+    perm = torch.randperm(shape[-1], generator=torch.Generator().manual_seed(0))
+    return (x[..., perm] * 1.7).to(device, dtype)
+
+
+def _pointwise(module: nn.Module, c: int, own: dict[str, torch.Tensor]) -> Reading | str | None:
+    """``w * f(alpha * x + s) + b`` for f in tanh / erf / hardtanh; the shift found by setting it."""
+    others = tuple(n for n, p in own.items() if n != "alpha" and p.is_floating_point())
+    shifts = [n for n in others if own[n].numel() in (1, c)]
+    ran = False
+    for device, dtype in _devices(module):
+        tol = ev.tolerance(dtype)
+        for layout in ev.layouts(c):
+            axis = layout[1]
+            x = _spread(layout, dtype, device)
+            for shift in [*shifts, None]:
+                fill = {"alpha": _ALPHA, **({shift: _SHIFT} if shift else {})}
+                try:
+                    y = ev.run(ev.clone(module, device, dtype, fill=fill, randomize=tuple(o for o in others if o != shift)), x)
+                except Exception:
+                    break  # this layout does not suit the layer
+                ran = True
+                u = _ALPHA * x.to(torch.float64) + (_SHIFT if shift else 0.0)
+                rows = ev.to_rows(y, axis)
+                for name, f in _FUNCTIONS.items():
+                    if ev.fit_per_channel(ev.to_rows(f(u), axis), rows)[2] <= tol:
+                        return Reading("dyt", name, shift, norm_channels(module), axis, "behaviour")
+        if ran:
+            return None
+    return _CANNOT_RUN
+
+
+def _normaliser(module: nn.Module, c: int | None) -> Reading | str | None:
+    """``g * normalize(x) + b`` (LayerNorm or RMSNorm normalisation) along some axis."""
+    from satmon.model.affine import fit_normalisation
+
+    own = tuple(n for n, p in module.named_parameters(recurse=False) if p.is_floating_point())
+    ran = False
+    for device, dtype in _devices(module):
+        for layout in ev.layouts(c or 16):
+            try:
+                fit = fit_normalisation(ev.clone(module, device, dtype, randomize=own), layout, dtype, device)
+            except Exception:
+                continue
+            ran = True
+            if fit is not None:
+                return Reading(fit.kind, channels=c, axis=layout[1], basis="behaviour")
+        if ran:
+            return None
+    return _CANNOT_RUN
 
 
 def norm_kind(module: nn.Module) -> NormKind | None:
-    """Classify one module as ``"dyt"``, ``"layernorm"``, ``"rmsnorm"`` or ``None``.
+    """Classify one module as ``"dyt"``, ``"layernorm"``, ``"rmsnorm"`` or ``None``, by what it computes.
 
     Example:
         >>> from torch import nn
@@ -203,26 +390,8 @@ def norm_kind(module: nn.Module) -> NormKind | None:
         >>> norm_kind(DyT(8)), norm_kind(nn.LayerNorm(8)), norm_kind(nn.Linear(2, 2))
         ('dyt', 'layernorm', None)
     """
-    from satmon.dyt import DyT
-
-    cls = type(module)
-    if isinstance(module, DyT):
-        return "dyt"
-    own = dict(module.named_parameters(recurse=False))
-    if _is_dyt(module, own):
-        return "dyt"
-    if isinstance(module, nn.LayerNorm):
-        return "layernorm"
-    if hasattr(nn, "RMSNorm") and isinstance(module, nn.RMSNorm):
-        return "rmsnorm"
-    name = cls.__name__
-    if not _has_vector_weight(module) or len(list(module.children())) > 0:
-        return None
-    if _RMS_NAME.search(name) or name in _NO_MEAN_LAYERNORMS:
-        return "rmsnorm"
-    if _LN_NAME.search(name):
-        return "layernorm"
-    return None
+    r = read_module(module)
+    return None if r is None or r.kind == "unknown" else r.kind
 
 
 def _selected(name: str, module: nn.Module, selector: Selector) -> bool:
@@ -233,23 +402,28 @@ def _selected(name: str, module: nn.Module, selector: Selector) -> bool:
     return bool(selector(name, module))
 
 
+def check_selector(value: Selector, what: str) -> None:
+    """``include=``/``exclude=`` must be a regex or a predicate."""
+    if value is not None and not (isinstance(value, str) or callable(value)):
+        raise TypeError(f"Expected `{what}` to be a regex string or a predicate (name, module) -> bool, got {type(value).__name__}.")
+
+
+# ----------------------------------------------------------------------------------- the public finders
 def find_norm_layers(
     model: nn.Module,
     kinds: tuple[NormKind, ...] = ("dyt", "layernorm", "rmsnorm"),
     include: Selector = None,
     exclude: Selector = None,
 ) -> list[NormLayer]:
-    """Find normalization layers, in registration order.
+    """Find normalization layers, in registration order (read from the model map, built once per model).
 
     Args:
         model: any ``nn.Module`` (compiled, DDP- or FSDP-wrapped models work too).
         kinds: which kinds to return.
-        include: a regex on the module name or a predicate ``(name, module) -> bool``. When given,
-            modules it selects are included even if the built-in rules do not recognise them; they
-            are treated as DyT when they own an ``alpha`` parameter, otherwise by the rules above
-            (default ``"layernorm"`` for a selected module with a vector ``weight``). A selected module
-            with ``alpha`` that, run on a test input, does not compute ``w * tanh(alpha * x) + b`` is
-            left out with a warning: its saturation is not ``|alpha * x| > level``.
+        include: a regex on the module name or a predicate ``(name, module) -> bool``. Modules it
+            selects are evaluated even when discovery would not try them, and get the kind their
+            computation shows; a selected module that computes none of the forms is left out with a
+            warning (counting ``|alpha * x| > level`` there would read a saturation it does not have).
         exclude: the same form; modules it selects are dropped.
 
     Returns:
@@ -262,41 +436,13 @@ def find_norm_layers(
         >>> [(l.name, l.kind) for l in find_norm_layers(model)]
         [('1', 'dyt'), ('2', 'layernorm')]
     """
-    if include is not None and not (isinstance(include, str) or callable(include)):
-        raise TypeError(f"Expected `include` to be a regex string or a predicate (name, module) -> bool, got {type(include).__name__}.")
-    if exclude is not None and not (isinstance(exclude, str) or callable(exclude)):
-        raise TypeError(f"Expected `exclude` to be a regex string or a predicate (name, module) -> bool, got {type(exclude).__name__}.")
-    seen: set[int] = set()
-    found: list[NormLayer] = []
-    for raw_name, module in model.named_modules():
-        if id(module) in seen or raw_name == "":
-            continue
-        name = strip_wrappers(raw_name)
-        kind = norm_kind(module)
-        if kind is None and _selected(name, module, include):
-            kind = "dyt" if "alpha" in dict(module.named_parameters(recurse=False)) else "layernorm"
-            if kind == "dyt" and _behaves_like_dyt(module) is False:
-                _refuse_included(name, module)
-                continue
-        if kind is None or kind not in kinds or _selected(name, module, exclude):
-            continue
-        seen.add(id(module))
-        found.append(NormLayer(name, module, kind))
-    return found
+    from satmon.model.map import model_map
 
-
-def _refuse_included(name: str, module: nn.Module) -> None:
-    """``include=`` selected a module that owns ``alpha`` but is shown not to compute a DyT: counting
-    ``|alpha * x| > level`` there would read a saturation its tanh does not have."""
-    warnings.warn(
-        f"satmon: include= selects {name!r} ({type(module).__name__}), which owns `alpha` but, run on a test input, does "
-        "not compute weight * tanh(alpha * x) + bias (alpha rescaled, divided, offset, or no tanh): its saturation is "
-        "not |alpha * x| > level, so satmon leaves it out rather than report a wrong number. Select the module that "
-        "applies tanh(alpha * x) itself.", UserWarning, stacklevel=3)
+    return model_map(model).layers(kinds, include=include, exclude=exclude)
 
 
 def find_dyt_layers(model: nn.Module, include: Selector = None, exclude: Selector = None) -> list[NormLayer]:
-    """Find DyT layers (see :func:`find_norm_layers`).
+    """Find the point-wise layers (DyT, Derf, HardTanh; see :func:`find_norm_layers`).
 
     Example:
         >>> from torch import nn
@@ -309,6 +455,9 @@ def find_dyt_layers(model: nn.Module, include: Selector = None, exclude: Selecto
 
 def find_blocks(model: nn.Module, names: list[str] | None = None) -> list[tuple[str, nn.Module]]:
     """Find the transformer blocks whose outputs form the residual stream.
+
+    Rule: the longest ``nn.ModuleList``/``nn.Sequential`` whose children are all of one class and
+    each hold a normaliser.
 
     Args:
         model: the model.
@@ -324,12 +473,20 @@ def find_blocks(model: nn.Module, names: list[str] | None = None) -> list[tuple[
         >>> [n for n, _ in find_blocks(model)]
         ['h.0', 'h.1']
     """
-    modules = modules_by_name(model)
-    if names is not None:
-        missing = [n for n in names if n not in modules]
-        if missing:
-            raise ValueError(f"Expected block names that exist in the model, got unknown {missing}. Available: {sorted(modules)[:20]}...")
-        return [(n, modules[n]) for n in names]
+    from satmon.model.map import model_map
+
+    m = model_map(model)
+    if names is None:
+        return list(m.blocks)
+    modules = m.modules
+    missing = [n for n in names if n not in modules]
+    if missing:
+        raise ValueError(f"Expected block names that exist in the model, got unknown {missing}. Available: {sorted(modules)[:20]}...")
+    return [(n, modules[n]) for n in names]
+
+
+def blocks_of(modules: dict[str, nn.Module], norm_ids: set[int]) -> list[tuple[str, nn.Module]]:
+    """The block rule of :func:`find_blocks` over ``modules`` (stripped names), given which modules are normalisers."""
     best: list[tuple[str, nn.Module]] = []
     for name, module in modules.items():
         if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < 1:
@@ -337,7 +494,7 @@ def find_blocks(model: nn.Module, names: list[str] | None = None) -> list[tuple[
         children = list(module.named_children())
         if len({type(c) for _, c in children}) != 1:
             continue
-        if not all(any(norm_kind(m) for m in c.modules()) for _, c in children):
+        if not all(any(id(m) in norm_ids for m in c.modules()) for _, c in children):
             continue
         if len(children) > len(best):
             best = [(f"{name}.{n}" if name else n, c) for n, c in children]

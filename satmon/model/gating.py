@@ -2,94 +2,60 @@
 
 The regime study found that high saturation means opposite things in the two cases: useful
 regularisation in a non-gated model, collapse risk when DyT feeds a SwiGLU gate
-(``down(act(gate(h)) * up(h))``). :func:`detect_gating` pairs each norm with the gated MLP its
-output feeds, in this order of trust:
+(``down(act(gate(h)) * up(h))``). "Feeds" means the MLP's gate and value projections read the
+layer's output directly: through views, casts, dropout or a permute, never through an addition
+with another stream. So a post-norm layer (``h = x + norm(attn(x))``; ``out = h + norm(mlp(h))``)
+feeds no MLP, and a parallel-residual layer feeds the MLP it is applied to.
+
+:func:`detect_gating` pairs each watched layer with the gated MLP it feeds, in this order of trust:
 
 1. ``mapping`` given by the user, ``{norm_name: mlp_module_name}`` (``source="mapping"``;
-   ``{norm_name: None}`` says "feeds no gated MLP");
+   ``{norm_name: None}``: that layer feeds no gated MLP). A key that names no normaliser, or a value
+   that names no module or a module that is no gated MLP, is refused with the candidates; a pairing
+   the traced forward contradicts (the MLP's projections read another layer's output) too;
 2. data flow, when ``example_input`` is given: one traced eval forward
-   (:func:`satmon.model.dataflow.trace_flow`) finds the element-wise products ``act(a) * b`` of two
-   projections of the norm's output, whatever the modules are called (``source="trace"``); a
-   product of the norm's branches that is not of that form makes the answer *unknown*
-   (``gated=None``), never "no";
-3. names, only for MLPs the trace did not reach (or without ``example_input``): children named
-   ``gate_proj``/``up_proj``/``down_proj``, ``w1``/``w3``/``w2``, ``wi_0``/``wi_1``/``wo``, a fused
-   ``gate_up_proj``/``w12``, paired with the block's norm whose name says "pre-MLP" (``mlp_norm``,
-   ``ffn_norm``, ``post_attention_layernorm``, ``ln_2``, ...) or its only norm (``source="names"``).
-   Without ``example_input``, a module that looks gated by its projection shapes alone makes the
-   answer unknown.
+   (:func:`satmon.model.dataflow.trace_flow`, cached in the model map) finds the element-wise
+   products ``act(a) * b`` of two projections of the layer's output, whatever the modules are
+   called (``source="trace"``); a product of the layer's branches that is not of that form makes
+   the answer *unknown* (``gated=None``), never "no";
+3. names and source, only for MLPs the trace did not reach (or without ``example_input``): a gated
+   MLP by its children's names (``gate_proj``/``up_proj``/``down_proj``, ``w1``/``w3``/``w2``,
+   ``wi_0``/``wi_1``/``wo``, a fused ``gate_up_proj``/``w12``), paired with the layer whose output
+   its call receives in the enclosing ``forward``'s source (:mod:`satmon.model.source_flow`), or, when
+   no source can be read, by the norm's name (``source="names"``). A module that may hold a gated
+   product without the names to say so (two same-shape projections, a projection chunked in two,
+   a forward that multiplies two projections of its input), or a gated MLP whose input is an
+   addition or that no watched layer's output reaches, makes the answer unknown: the message names
+   the normaliser that runs just before that MLP and the option that resolves it.
 
-A gated MLP that none of these pairs is listed in ``unpaired_gated_mlps``: never a guess.
+``gated`` is ``True`` only when a watched layer feeds a gated MLP; gated MLPs fed by other layers
+(or through an addition) are listed in ``unpaired_gated_mlps``, never guessed onto a layer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from torch import nn
 
-from satmon.batches import feed
-from satmon.model.dataflow import FlowTrace, GatedProduct, trace_flow
+from satmon.model.dataflow import FlowTrace, GatedProduct
+from satmon.model.discovery import modules_by_name
 from satmon.model.gating_names import activation_of, gated_parts, pair_by_names
-from satmon.model.discovery import find_dyt_layers, modules_by_name, norm_kind
+from satmon.model.map import ModelMap, model_map
+from satmon.model.source_flow import (
+    argument_origin,
+    called_children,
+    multiplied_projections,
+    multiplies_projections,
+)
+from satmon.results.gating import GatedPairing, GatingInfo
 
-__all__ = ["GateModules", "GatedPairing", "GatingReport", "detect_gating", "gate_linear_modules"]
+__all__ = ["GateModules", "GatedPairing", "GatingInfo", "detect_gating", "gate_linear_modules"]
 
 _SHOWN = 3  # pairings spelled out in the message
 _KNOWN = ("silu", "gelu", "gelu_tanh")
-
-
-@dataclass
-class GatedPairing:
-    """One norm feeding one gated MLP ``down(act(gate(h)) * up(h))``; all fields are module names.
-
-    ``up`` is ``None`` when ``fused`` (``gate`` then names the fused gate-up projection; ``gate_first``
-    says which half gates). ``activation`` is ``"silu"``, ``"gelu"``, ``"gelu_tanh"`` or what the
-    trace or the module called it (``"unknown"`` when nothing said). ``source`` is the rule that
-    paired them: ``"mapping"``, ``"trace"`` or ``"names"``. ``also_feeds`` lists further gated MLPs
-    fed by the same norm (MoE experts). ``gate_stats`` is False when the gate pre-activations are
-    not a module's output (experts computed inside one module): no gate statistics then.
-    """
-
-    norm: str
-    mlp: str
-    gate: str
-    up: str | None
-    down: str
-    fused: bool
-    activation: str
-    source: str
-    also_feeds: list[str] = field(default_factory=list)
-    gate_first: bool = True
-    gate_stats: bool = True
-
-
-@dataclass
-class GatingReport:
-    """What :func:`detect_gating` found.
-
-    ``gated``: ``True`` when the model has a gated MLP, ``False`` when none was found, ``None``
-    (unknown) when a monitored norm's output reaches an element-wise product satmon cannot classify
-    (``unclassified`` names each such norm and where), or when only projection shapes suggest a
-    gated MLP. ``message`` says it in words, with the option that resolves an unknown.
-    """
-
-    gated: bool | None
-    pairings: dict[str, GatedPairing]
-    unpaired_gated_mlps: list[str]
-    message: str
-    unclassified: dict[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "gated": self.gated,
-            "pairings": {k: asdict(v) for k, v in self.pairings.items()},
-            "unpaired_gated_mlps": list(self.unpaired_gated_mlps),
-            "message": self.message,
-            "unclassified": dict(self.unclassified),
-        }
 
 
 class GateModules(NamedTuple):
@@ -103,6 +69,8 @@ class GateModules(NamedTuple):
 
 
 def _available(names: list[str], what: str) -> str:
+    if not names:
+        return f"The model has no {what}."
     return f"Available {what}: {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}."
 
 
@@ -128,29 +96,8 @@ def _join(parent: str, child: str) -> str:
     return f"{parent}.{child}" if parent and child else parent or child
 
 
-def _hint(norm: str) -> str:
-    return f"pass gating_mapping={{'{norm}': '<gated MLP module>'}} if it feeds a gated MLP, or {{'{norm}': None}} if not"
-
-
-def _message(pairs: dict[str, GatedPairing], unpaired: list[str], gated: bool | None, label: str,
-             unknown: dict[str, str], basis: str) -> str:  # fmt: skip
-    hint = "pass mapping={'<norm name>': '<mlp name>'} (gating_mapping= in the callback and the probe) or example_input=... to pair them"
-    if gated is None:
-        first = next(iter(unknown))
-        more = f" (and {len(unknown) - 1} more layer(s))" if len(unknown) > 1 else ""
-        return f"gated MLP after {label}: unknown: {first}: {unknown[first]}{more}; {_hint(first)}"
-    if not gated:
-        return f"gated MLP after {label}: no ({basis})"
-    if not pairs:
-        msg = f"gated MLP found but not paired with any {label}: {_listing(unpaired)}; {hint}"
-    else:
-        msg = f"gated MLP after {label}: yes ({_listing([f'{p.norm} -> {p.mlp}' for p in pairs.values()])})"
-        odd = sorted({p.activation for p in pairs.values()} - set(_KNOWN))
-        msg += f"; activation not recognised: {', '.join(odd)}" if odd else ""
-        msg += f"; {len(unpaired)} gated MLP(s) not paired ({_listing(unpaired)}): {hint}" if unpaired else ""
-    if unknown:
-        msg += "; unknown for " + "; ".join(f"{n}: {d}" for n, d in list(unknown.items())[:_SHOWN])
-    return msg
+def _hint(norm: str, mlp: str = "<gated MLP module>") -> str:
+    return f"pass gating_mapping={{'{norm}': '{mlp}'}} if it feeds a gated MLP, or {{'{norm}': None}} if not"
 
 
 def _traced_activation(p: GatedProduct) -> str | None:
@@ -159,25 +106,25 @@ def _traced_activation(p: GatedProduct) -> str | None:
     return None if p.activation in ("tanh", "product") else p.activation
 
 
+def _mlp_of(p: GatedProduct) -> str:
+    return _common_parent(p.gate, p.up, p.down) if p.down else p.gate.rpartition(".")[0]
+
+
+def _inside(mlp: str, name: str) -> bool:
+    return name == mlp or name.startswith(f"{mlp}.") or mlp == ""
+
+
 def _traced_parts(mlp: str, parts: dict[str, Any], trace: FlowTrace | None) -> dict[str, Any]:
     """A mapped MLP's gate/up order and activation as the traced forward showed them."""
     if trace is None:
         return parts
-    inside = [p for p in trace.products if p.gate.startswith(f"{mlp}.") or p.gate == mlp]
+    inside = [p for p in trace.products if _inside(mlp, p.gate)]
     if not inside:
-        return {**parts, "note": parts["note"] + " (example_input showed no gated product in this MLP)"}
+        return {**parts, "note": parts["note"] + (" (example_input showed no gated product in this MLP)" if parts["note"] else "")}
     p = inside[0]
     rel = (lambda n: n[len(mlp) + 1 :] if mlp else n)
     return {**parts, "gate": rel(p.gate), "up": None if p.fused else rel(p.up), "fused": p.fused,
-            "activation": _traced_activation(p), "note": ""}  # fmt: skip
-
-
-def _trace(model: nn.Module, norms: list[str], example_input: Any, forward_fn: Callable | None) -> tuple[FlowTrace | None, str]:
-    try:
-        return trace_flow(model, norms, example_input, forward_fn or feed), ""
-    except Exception as err:  # a monitor must not stop training: report and fall back to names
-        return None, (f"the traced forward failed ({type(err).__name__}: {err}); give it a forward that works "
-                      "(SaturationMonitor(gating_forward_fn=...), detect_gating(forward_fn=...))")
+            "activation": _traced_activation(p), "note": "", "gate_first": p.gate_first}  # fmt: skip
 
 
 class _Pairs:
@@ -187,11 +134,16 @@ class _Pairs:
         self.modules = modules
         self.pairs: dict[str, GatedPairing] = {}
         self.paired: set[str] = set()
+        self.notes: list[str] = []
 
     def add(self, norm: str, mlp: str, parts: dict[str, Any], source: str, product: GatedProduct | None = None) -> None:
         self.paired.add(mlp)
+        if parts.get("note"):
+            self.notes.append(f"{mlp}: {parts['note']}")
         if norm in self.pairs:
-            self.pairs[norm].also_feeds.append(mlp)
+            old = self.pairs[norm]
+            if mlp != old.mlp and mlp not in old.also_feeds:
+                self.pairs[norm] = replace(old, also_feeds=(*old.also_feeds, mlp))
             return
         act = parts.get("activation") or activation_of(self.modules[mlp])
         act = product.activation if act == "unknown" and product is not None else act
@@ -202,41 +154,149 @@ class _Pairs:
         )
 
 
-def _pair_mapping(pairs: _Pairs, mapping: dict[str, str | None], found: dict[str, dict[str, Any]], trace: FlowTrace | None,
-                  all_norms: list[str]) -> None:  # fmt: skip
+# ------------------------------------------------------------------------------------------ where an MLP's input comes from
+def _norm_named(m: ModelMap, name: str) -> bool:
+    return any(l.name == name for l in m.norms) or name in m.undetermined
+
+
+def _feeder(m: ModelMap, mlp: str, entry: str | None = None) -> tuple[str | None, str, str | None]:
+    """From the forwards' source: ``(norm, how, runs_before)``. ``norm`` is the normaliser whose output the
+    MLP's gate projection (``entry``, a child of ``mlp``) receives directly (``None`` otherwise);
+    ``how`` says what it receives when not a norm's output (``""``: the source could not be read);
+    ``runs_before`` is the last normaliser called before the MLP, in source order."""
+    path = _join(mlp, entry) if entry else mlp
+    before: str | None = None
+    how = ""
+    while path:
+        parent, _, _ = path.rpartition(".")
+        rel = path[len(parent) + 1 :] if parent else path
+        holder = m.module(parent)
+        if holder is None:
+            return None, how, before
+        origins, called = None, None
+        parts = rel.split(".")
+        for k in range(len(parts), 0, -1):  # the call may name the MLP or an enclosing child of it
+            prefix = ".".join(parts[:k])
+            origins = argument_origin(holder, prefix)
+            if origins is not None:
+                called = prefix
+                break
+        children = called_children(holder)
+        if origins is None or children is None:
+            path = parent  # this forward does not call it by name (or has no source): look one level up
+            continue
+        at = children.index(called) if called in children else len(children)
+        norms_before = [c for c in children[:at] if _norm_named(m, _join(parent, c))]
+        before = before or (_join(parent, norms_before[-1]) if norms_before else None)
+        o = origins[0]
+        if o is None:
+            return None, "a value satmon cannot follow in the source", before
+        if o.kind == "arg":
+            path = parent  # the holder's own input: how is the holder called?
+            continue
+        if o.kind == "child":
+            name = _join(parent, o.name)
+            if _norm_named(m, name) and not o.part:
+                return name, "", before or name
+            return None, f"the output of {name}", before
+        if o.kind == "mix":
+            return None, "an addition of streams (x + ...), not a normaliser's output", before
+        return None, "a product", before
+    return None, how, before
+
+
+def _maybe_gated(m: ModelMap, names_found: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Modules that may hold a gated product that the names rule did not recognise: opaque same-shape
+    projections or a projection twice as wide as a down projection (by shape), or a forward that
+    multiplies two projections of its input (by source)."""
+    out = {}
+    for name, mod in m.modules.items():
+        if name in names_found or any(_inside(n, name) and n != name for n in names_found) or _norm_named(m, name):
+            continue
+        if not any(getattr(getattr(c, "weight", None), "dim", lambda: 0)() == 2 for c in mod.children()) and not any(
+                p.dim() >= 2 for p in mod.parameters(recurse=False)):
+            continue  # neither a projection child nor a weight of its own (experts stored as 3-D parameters)
+        parts = gated_parts(mod, structural=True)
+        source = multiplies_projections(mod)  # the source decides where it can be read; shapes where it cannot
+        if source:
+            out[name] = f"{name} may be a gated MLP (its forward multiplies two projections of its input), but its names do not say"
+        elif source is None and parts is not None:
+            shape = "a projection twice as wide as its down projection" if parts["fused"] else "two same-shape projections into a third"
+            out[name] = f"{name} may be a gated MLP ({shape}; no forward source to read), but its names do not say"
+    return out
+
+
+def _first_projection(mod: nn.Module) -> str | None:
+    """A projection whose output ``mod.forward`` multiplies (else the first registered): where its gate path starts."""
+    multiplied = multiplied_projections(mod)
+    if multiplied:
+        return multiplied[0]
+    parts = gated_parts(mod, structural=True)
+    return parts["gate"] if parts is not None else None
+
+
+def _candidates(m: ModelMap, mlp: str, monitored: set[str]) -> list[str]:
+    """The watched layers nearest to ``mlp`` (same enclosing module, climbing): whom an unknown is about."""
+    parts = mlp.split(".")
+    for depth in range(len(parts), -1, -1):
+        prefix = ".".join(parts[:depth])
+        near = [n for n in sorted(monitored) if not prefix or n.startswith(prefix + ".")]
+        if near:
+            return near
+    return []
+
+
+# ------------------------------------------------------------------------------------------ the rules
+def _pair_mapping(pairs: _Pairs, m: ModelMap, mapping: dict[str, str | None], found: dict[str, dict[str, Any]],
+                  trace: FlowTrace | None, all_norms: list[str]) -> None:  # fmt: skip
     """The user's ``{norm: mlp}`` entries, validated; opaque MLPs read by shape, then checked against the trace."""
-    modules = pairs.modules
+    modules = m.modules
+    candidates = sorted({*found, *(_mlp_of(p) for p in trace.products)} if trace is not None else set(found))
     for norm, mlp in mapping.items():
-        if norm not in modules:
+        if norm not in modules or not _norm_named(m, norm):
             raise ValueError(f"Expected mapping keys to name norm modules, got {norm!r}. {_available(all_norms, 'norm-like modules')}")
         if mlp is None:
             continue
-        if mlp not in modules:
-            names = [n for n, m in modules.items() if n and norm_kind(m) is None and len(m._modules) > 1]
-            raise ValueError(f"Expected mapping values to name MLP modules, got {mlp!r}. {_available(names, 'container modules')}")
+        if not isinstance(mlp, str) or mlp not in modules:
+            raise ValueError(f"Expected mapping values to name MLP modules, got {mlp!r}. "
+                             f"{_available(candidates, 'gated MLPs')} (None: the layer feeds no gated MLP.)")
+        traced_here = [p for p in trace.products if _inside(mlp, p.gate)] if trace is not None else []
         parts = found.get(mlp) or gated_parts(modules[mlp], structural=True)
+        if parts is None and traced_here:
+            p = traced_here[0]
+            rel = (lambda n, mlp=mlp: n[len(mlp) + 1 :] if mlp else n)
+            parts = {"gate": rel(p.gate), "up": None if p.fused else rel(p.up), "down": rel(p.down) if p.down else None,
+                     "fused": p.fused, "note": ""}
         if parts is None:
             raise ValueError(
                 f"Expected mapping value {mlp!r} to be a gated MLP down(act(gate(h)) * up(h)), got a"
                 f" {type(modules[mlp]).__name__} with children {list(dict(modules[mlp].named_children()))}."
-                " Map the norm to the module that owns the gate, up and down projections, or to None."
-            )
-        found[mlp] = _traced_parts(mlp, parts, trace) if parts["note"] else parts
+                f" Map the norm to the module that owns the gate, up and down projections, or to None. {_available(candidates, 'gated MLPs')}")
+        if trace is not None and _join(mlp, parts["gate"]) in trace.executed and not any(
+                _inside(mlp, r) for r in trace.reached.get(norm, ())):
+            others = sorted({p.norm for p in traced_here} - {norm})
+            shown = f"the output of {', '.join(others)}" if others else "no normaliser's output directly (an addition of streams, or another module's output)"
+            fix = f"Map {others[0]!r} to {mlp!r}, or {norm!r} to None." if others else f"Map {norm!r} to None."
+            raise ValueError(
+                f"Expected gating_mapping[{norm!r}] = {mlp!r} to agree with the traced forward, got a forward in which no "
+                f"projection of {mlp} reads {norm}'s output directly: its gate and value projections read {shown}. {fix}")
+        found[mlp] = _traced_parts(mlp, parts, trace) if parts["note"] or trace is not None else parts
         pairs.add(norm, mlp, found[mlp], "mapping")
 
 
 def _pair_trace(pairs: _Pairs, trace: FlowTrace, monitored: set[str], found: dict[str, dict[str, Any]]) -> tuple[set[str], dict[str, str]]:
-    """Pairings from the traced products; returns the MLPs the trace reached and the unclassified norms."""
+    """Pairings from the traced products; returns the gated MLPs the trace settled and the unclassified norms."""
     settled: set[str] = set()  # names do not override what the trace showed
     for p in trace.products:
-        mlp = _common_parent(p.gate, p.up, p.down) if p.down else p.gate.rpartition(".")[0]
+        mlp = _mlp_of(p)
         settled.add(mlp)
         if p.norm in monitored:
             rel = (lambda n, mlp=mlp: n[len(mlp) + 1 :] if mlp and n else n)
             parts = {"gate": rel(p.gate), "up": None if p.fused else rel(p.up), "down": rel(p.down), "fused": p.fused,
                      "activation": _traced_activation(p), "gate_first": p.gate_first}  # fmt: skip
             pairs.add(p.norm, mlp, parts, "trace", p)
-    settled.update(m for m, parts in found.items() if _join(m, parts["gate"]) in trace.executed)
+    # a names-found MLP that ran shows in the trace what feeds it: nothing directly, if no product was seen
+    settled.update(name for name, parts in found.items() if _join(name, parts["gate"]) in trace.executed)
     unknown: dict[str, str] = {}
     for i in trace.unclassified:
         if i.norm in monitored and i.norm not in pairs.pairs:
@@ -245,19 +305,49 @@ def _pair_trace(pairs: _Pairs, trace: FlowTrace, monitored: set[str], found: dic
     return settled, unknown
 
 
+def _pair_names(pairs: _Pairs, m: ModelMap, mlps: dict[str, dict[str, Any]], monitored: set[str],
+                unknown: dict[str, str]) -> list[str]:  # fmt: skip
+    """Gated MLPs by names, paired with the layer whose output their call receives (source, else names).
+    Returns the MLPs left unpaired; each adds an unknown naming the normaliser that runs before it."""
+    left = []
+    modules = m.modules
+    for mlp, parts in mlps.items():
+        norm, how, before = _feeder(m, mlp, parts["gate"])
+        by_source = norm is not None
+        if norm is None and not how:  # no source to read: the block's norm names say
+            norm = pair_by_names(mlp, modules, monitored | {l.name for l in m.norms})
+            how = "" if norm is not None else "an input satmon cannot follow (no forward source, no telling norm names)"
+        if norm is not None and norm in monitored:
+            pairs.add(norm, mlp, parts, "names")
+            continue
+        left.append(mlp)
+        if by_source:
+            continue  # the source shows a layer that is not watched feeding it: that is no watched layer's gate
+        candidates = _candidates(m, mlp, monitored)
+        key = norm or before or (candidates[0] if candidates else mlp)
+        if norm is not None:
+            why = f"{mlp} is a gated MLP that its block's norm names pair with {norm}, which is not watched"
+        elif before is not None:
+            why = f"{mlp} is a gated MLP that receives {how}; the normaliser that runs just before it is {before}"
+        else:
+            why = f"{mlp} is a gated MLP that receives {how}; watched layers near it: {_listing(candidates)}"
+        unknown.setdefault(key, why + " (names and source only: no traced forward)")
+    return left
+
+
 def detect_gating(
     model: nn.Module,
     norm_names: list[str] | None = None,
     mapping: dict[str, str | None] | None = None,
     example_input: Any = None,
     forward_fn: Callable[[nn.Module, Any], Any] | None = None,
-) -> GatingReport:
+) -> GatingInfo:
     """Find gated MLPs (SwiGLU/GeGLU) and the norm layers that feed them.
 
     Args:
         model: any ``nn.Module``.
         norm_names: the norm layers to pair (module names, wrapper prefixes of compile/DDP/FSDP
-            optional). ``None``: every DyT layer :func:`satmon.model.discovery.find_dyt_layers` finds.
+            optional). ``None``: every point-wise (DyT) layer of the model map.
         mapping: ``{norm_name: mlp_module_name}`` overrides the other rules for those norms; the MLP
             may use opaque child names. ``{norm_name: None}``: the norm feeds no gated MLP.
         example_input: one batch (e.g. the first training batch) for one eval, no-grad traced
@@ -267,7 +357,11 @@ def detect_gating(
             for ``(inputs, targets)`` batches.
 
     Returns:
-        A :class:`GatingReport`.
+        A :class:`~satmon.results.gating.GatingInfo`.
+
+    Raises:
+        ValueError: a ``norm_names`` entry or a mapping key names no normaliser, a mapping value
+            names no module or no gated MLP, or the traced forward contradicts a mapping entry.
 
     Example:
         >>> from satmon.model.gating import detect_gating
@@ -279,57 +373,84 @@ def detect_gating(
         >>> detect_gating(model, example_input=torch.zeros(1, 8, dtype=torch.long)).pairings["blocks.0.mlp_norm"].source
         'trace'
     """
-    modules = modules_by_name(model)
+    m = model_map(model)
+    if example_input is not None:
+        m.trace_forward(example_input, forward_fn)
+    trace = m.trace if example_input is not None else None
+    failure = m.trace_failure if example_input is not None and trace is None else ""
+    modules = m.modules
     if norm_names is None:
-        norm_names = [layer.name for layer in find_dyt_layers(model)]
-    all_norms = [n for n, m in modules.items() if n and norm_kind(m) is not None]
+        norm_names = [l.name for l in m.layers(("dyt",))]
+    all_norms = [l.name for l in m.norms] + list(m.undetermined)
     for name in norm_names:
         if name not in modules:
             raise ValueError(f"Expected `norm_names` to name modules of the model, got {name!r}. {_available(all_norms, 'norm-like modules')}")
-    label = "DyT" if norm_names and all(norm_kind(modules[n]) == "dyt" for n in norm_names) else "norm"
+    kinds = {l.name: l.kind for l in m.norms}
+    label = "DyT" if norm_names and all(kinds.get(n) == "dyt" for n in norm_names) else "norm"
     mapping = dict(mapping or {})
-    found = {n: parts for n, m in modules.items() if (parts := gated_parts(m)) is not None}
-    traced = list(dict.fromkeys([*norm_names, *mapping, *all_norms]))  # every norm: gated MLPs anywhere count
-    trace, failure = _trace(model, traced, example_input, forward_fn) if example_input is not None else (None, "")
+    found = {n: parts for n, mod in modules.items() if (parts := gated_parts(mod)) is not None}
     built = _Pairs(modules)
-    _pair_mapping(built, mapping, found, trace, all_norms)
+    _pair_mapping(built, m, mapping, found, trace, all_norms)
     monitored = set(norm_names) - set(mapping)
-    settled, unknown = _pair_trace(built, trace, monitored, found) if trace is not None else (set(), {})
-    if failure and not found:
-        unknown = {(norm_names or ["the model"])[0]: failure}
-    for mlp in [m for m in found if m not in built.paired and m not in settled]:
-        norm = pair_by_names(mlp, modules, monitored)
-        if norm is not None:
-            built.add(norm, mlp, found[mlp], "names")
-    if trace is None and not found and not failure:
-        unknown = _looks_gated(modules, monitored)
+    unknown: dict[str, str] = {}
+    settled: set[str] = set()
+    if trace is not None:
+        settled, unknown = _pair_trace(built, trace, monitored, found)
+    left = {n: p for n, p in found.items() if n not in built.paired and n not in settled}
+    unpaired = _pair_names(built, m, left, monitored, unknown) if monitored else list(left)
+    if trace is None:
+        for name, why in _maybe_gated(m, found).items():
+            norm, _, before = _feeder(m, name, _first_projection(m.module(name)))
+            if norm is not None and norm not in monitored:
+                continue  # the source shows a layer that is not watched feeding it: it cannot make a watched layer gated
+            candidates = _candidates(m, name, monitored)
+            key = norm or before or (candidates[0] if candidates else name)
+            where = f"; its input is the output of {norm}" if norm else f"; the normaliser that runs just before it is {before}" \
+                if before else f"; watched layers near it: {_listing(candidates)}"
+            unknown.setdefault(key, why + where + " (pass example_input= to trace it)")
+    if failure and not built.pairs:
+        unknown.setdefault((norm_names or ["the model"])[0], failure)
+    unknown = {n: d for n, d in unknown.items() if n not in built.pairs and n not in mapping}
     pairs = built.pairs
-    unpaired = list(dict.fromkeys([m for m in [*found, *settled] if m not in built.paired]))
-    gated = True if found or settled or pairs else None if unknown else False
-    basis = "a traced forward shows no gated MLP" if trace is not None else "no gated MLP found by module names; no example_input traced"
-    message = _message(pairs, unpaired, gated, label, unknown, basis)
-    notes = [f"{p.mlp}: {found[p.mlp]['note']}" for p in pairs.values() if found.get(p.mlp, {}).get("note")]
-    if failure and gated is not None:
+    gated_elsewhere = sorted({*(settled - built.paired), *unpaired})
+    gated = True if pairs else None if unknown else False
+    message = _message(pairs, gated_elsewhere, gated, label, unknown, trace is not None, mapping, norm_names)
+    notes = list(dict.fromkeys(built.notes))
+    if failure and failure not in message:
         notes.append(failure)
     if notes:
         message += "; " + "; ".join(notes)
-    return GatingReport(gated=gated, pairings=pairs, unpaired_gated_mlps=unpaired, message=message, unclassified=unknown)
+    return GatingInfo(gated, tuple(pairs), message, pairs, tuple(gated_elsewhere), unknown)
 
 
-def _looks_gated(modules: dict[str, nn.Module], monitored: set[str]) -> dict[str, str]:
-    """Without a trace: MLPs gated by their projection shapes (opaque names) next to a monitored norm."""
-    out = {}
-    for name, m in modules.items():
-        parts = gated_parts(m, structural=True) if norm_kind(m) is None else None
-        if parts is not None and not parts["fused"]:  # shape alone would call any 2x-wide projection "fused"
-            near = [n for n in sorted(monitored) if n.rpartition(".")[0] in (name, name.rpartition(".")[0])]
-            if near:
-                out.setdefault(near[0], f"{name} looks like a gated MLP by its projection shapes, but its names do not say "
-                                        "(pass example_input= to trace it)")  # fmt: skip
-    return out
+def _message(pairs: dict[str, GatedPairing], elsewhere: list[str], gated: bool | None, label: str, unknown: dict[str, str],
+             traced: bool, mapping: dict[str, str | None], norm_names: list[str]) -> str:  # fmt: skip
+    if gated is None:
+        first = next(iter(unknown))
+        more = f" (and {len(unknown) - 1} more layer(s))" if len(unknown) > 1 else ""
+        return f"gated MLP after {label}: unknown: {first}: {unknown[first]}{more}; {_hint(first)}"
+    if not gated:
+        if norm_names and all(mapping.get(n, "") is None for n in norm_names):
+            basis = "gating_mapping maps every layer to None"
+        elif traced:
+            basis = "a traced forward shows no gated MLP" if not elsewhere else (
+                f"a traced forward shows no {label} feeding a gated MLP directly; gated MLPs fed otherwise: {_listing(elsewhere)}")
+        elif elsewhere:
+            basis = (f"the forward sources show no {label} feeding a gated MLP directly; gated MLPs fed otherwise: "
+                     f"{_listing(elsewhere)}; no example_input traced")
+        else:
+            basis = "no gated MLP found by module names; no example_input traced"
+        return f"gated MLP after {label}: no ({basis})"
+    msg = f"gated MLP after {label}: yes ({_listing([f'{p.norm} -> {p.mlp}' for p in pairs.values()])})"
+    odd = sorted({p.activation for p in pairs.values()} - set(_KNOWN))
+    msg += f"; activation not recognised: {', '.join(odd)}" if odd else ""
+    msg += f"; {len(elsewhere)} gated MLP(s) fed by no watched {label} directly ({_listing(elsewhere)})" if elsewhere else ""
+    if unknown:
+        msg += "; unknown for " + "; ".join(f"{n}: {d}" for n, d in list(unknown.items())[:_SHOWN])
+    return msg
 
 
-def gate_linear_modules(model: nn.Module, report: GatingReport) -> dict[str, GateModules]:
+def gate_linear_modules(model: nn.Module, report: GatingInfo) -> dict[str, GateModules]:
     """Per paired norm, the gate (or fused gate-up) and up projection modules to hook.
 
     Pairings whose gate statistics cannot be read from module outputs (``gate_stats=False``) are left out.
@@ -345,7 +466,7 @@ def gate_linear_modules(model: nn.Module, report: GatingReport) -> dict[str, Gat
     modules = modules_by_name(model)
     return {
         norm: GateModules(gate=modules[p.gate], up=modules[p.up] if p.up else None, fused=p.fused,
-                          activation=p.activation, gate_first=p.gate_first)  # fmt: skip
+                          activation=p.activation, gate_first=p.gate_first)
         for norm, p in report.pairings.items()
         if p.gate_stats
     }

@@ -31,6 +31,7 @@ class CovarianceTap:
         max_dim: widest activation accepted.
         dim: the width the layer's weight says (``None``: any width up to ``max_dim``).
         limit_note: why ``max_dim`` is what it is, for the skip reason (default ``"max_dim"``).
+        axis: the dimension holding the channels (``-1``; ``1`` for a channels-first layer's ``(B, C, H, W)``).
 
     Example:
         >>> import torch
@@ -41,8 +42,8 @@ class CovarianceTap:
         'd=4 > max_dim=2'
     """
 
-    def __init__(self, max_dim: int, dim: int | None = None, limit_note: str = "max_dim") -> None:
-        self.max_dim, self.dim, self.limit_note = max_dim, dim, limit_note
+    def __init__(self, max_dim: int, dim: int | None = None, limit_note: str = "max_dim", axis: int = -1) -> None:
+        self.max_dim, self.dim, self.limit_note, self.axis = max_dim, dim, limit_note, axis
         self.acc: CovarianceAccumulator | None = None
         self.skipped = ""
 
@@ -54,6 +55,11 @@ class CovarianceTap:
         if x is None or not x.is_floating_point() or x.dim() == 0:
             self.skipped = "no floating-point tensor output"
             return
+        if self.axis != -1:
+            if x.dim() <= self.axis:
+                self.skipped = f"its output has {x.dim()} dimension(s), no channel axis {self.axis}"
+                return
+            x = x.movedim(self.axis, -1)  # (B, C, H, W) -> (B, H, W, C): every position is a token
         d = x.shape[-1]
         if self.acc is None:
             if self.dim is not None and d != self.dim:
@@ -95,6 +101,7 @@ class TapTarget:
         max_dim: widest activation accepted.
         limit_note: why ``max_dim`` is what it is (shown when a wider activation is skipped).
         width: the width expected before the forward, for memory planning (``None``: unknown).
+        axis: the dimension holding the channels (``-1``, or ``1`` for a channels-first norm layer).
     """
 
     name: str
@@ -104,6 +111,7 @@ class TapTarget:
     max_dim: int
     limit_note: str = "max_dim"
     width: int | None = None
+    axis: int = -1
 
 
 class CovarianceTaps(HookSet):
@@ -124,7 +132,7 @@ class CovarianceTaps(HookSet):
     def __init__(self, targets: list[TapTarget]) -> None:
         super().__init__()
         self.targets = list(targets)
-        self.taps = {t.name: CovarianceTap(t.max_dim, t.dim, t.limit_note) for t in self.targets}
+        self.taps = {t.name: CovarianceTap(t.max_dim, t.dim, t.limit_note, t.axis) for t in self.targets}
 
     def _register(self) -> list[RemovableHandle]:
         handles = []

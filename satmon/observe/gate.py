@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 from torchmetrics import Metric
 
-from satmon.model.gating import GatingReport
+from satmon.results.gating import GatingInfo
 from satmon.observe.hookset import HookSet, recomputing
 from satmon.model.discovery import modules_by_name
 from satmon.functional.gate import ACTIVATIONS, flat_count, flat_threshold, gate_stats_finalize, split_gate_up
@@ -57,7 +57,7 @@ class GateHooks(HookSet):
 
     Args:
         model: the model holding the modules.
-        gating: the :class:`~satmon.model.gating.GatingReport` (its pairings name the modules).
+        gating: the :class:`~satmon.results.gating.GatingInfo` (its pairings name the modules).
         counter: a :class:`GateCounter` with one slot per pairing, in ``gating.pairings`` order.
 
     Example:
@@ -70,7 +70,7 @@ class GateHooks(HookSet):
         {'blocks.0.mlp_norm': {'flat_fraction': nan, 'mean_abs_hidden': nan}}
     """
 
-    def __init__(self, model: nn.Module, gating: GatingReport, counter: GateCounter) -> None:
+    def __init__(self, model: nn.Module, gating: GatingInfo, counter: GateCounter) -> None:
         modules = modules_by_name(model)
         super().__init__()
         self.blocks = list(gating.pairings)

@@ -24,14 +24,13 @@ import torch
 from torch import nn
 
 from satmon.model.discovery import NormLayer, strip_wrappers
-from satmon.model.gating import GatingReport
+from satmon.results.gating import GatingInfo
 from satmon.observe.counters import SaturationCounter
 from satmon.observe.gate import GateCounter, GateHooks
 from satmon.observe.hookset import HookSet, paused
 from satmon.observe.offset import OffsetCounter, OffsetHooks, offset_driven
 from satmon.observe.saturation import HookReadings, SaturationHooks
 from satmon.results.reading import Reading
-from satmon.results.verdict import GatingInfo
 
 __all__ = ["ReadingHooks", "nonfinite_parameters"]
 
@@ -64,7 +63,7 @@ class ReadingHooks:
         >>> hooks.detach()
     """
 
-    def __init__(self, model: nn.Module, layers: Sequence[NormLayer], gating: GatingReport | None, *, level: float,
+    def __init__(self, model: nn.Module, layers: Sequence[NormLayer], gating: GatingInfo | None, *, level: float,
                  product: str = "module", offset: bool = True, keep_inputs: bool = False, distributed: bool = True) -> None:
         if not layers:
             raise ValueError("Expected at least one DyT layer to read, got none.")
@@ -117,7 +116,8 @@ class ReadingHooks:
         with paused(*self.hooksets):
             yield
 
-    def read(self, *, step: int, source: str, sync: bool = True, counts: HookReadings | None = None, window: int = 0,
+    def read(self, *, step: int, source: str, sync: bool = True, counts: HookReadings | None = None,
+             layers: Sequence[NormLayer] | None = None, window: int = 0,
              planned_window: int = 0, offset_every: int = 0, loss: Mapping[str, Any] | None = None,
              nonfinite_weights: Mapping[str, int] | None = None, notes: Sequence[str] = ()) -> Reading:
         """Every hook set's counts as one reading (with ``sync``, summed over ranks: every rank must call it).
@@ -127,14 +127,23 @@ class ReadingHooks:
                 knows beside the counts (:class:`~satmon.results.reading.Reading`'s fields).
             sync: sum over ranks first (collectives, in the same order on every rank).
             counts: the saturation counts when the owner has just read them (one read, not two).
+            layers: the layers of ``counts``, in its order, when the owner counted more than these hook sets
+                (a layer that appeared during the window); the offset and gate readings stay these hook sets'.
         """
         names = self.names
         r = counts if counts is not None else self.saturation.read(sync=sync)
         offset = self.offset.read(names, sync=sync) if self.offset is not None else {}
+        if layers is not None:
+            if counts is None or len(layers) != len(counts.total):
+                raise ValueError(f"Expected the layers of the counts passed ({0 if counts is None else len(counts.total)}), "
+                                 f"got {len(layers)} layers.")
+            names = [l.name for l in layers]
+        else:
+            layers = self.layers
         gate = self.gate.readings() if self.gate is not None else {}
         return Reading(
             source=source, step=int(step), counts=r.layer_counts(names), level=self.level, product=self.product,
-            alphas=dict(zip(names, r.alphas)), functions={l.name: l.function or "tanh" for l in self.layers},
+            alphas=dict(zip(names, r.alphas)), functions={l.name: l.function or "tanh" for l in layers},
             window=int(window), planned_window=int(planned_window), offset=offset, offset_every=int(offset_every),
             offset_driven=bool(offset) and offset_driven(offset), gate=gate, gating=GatingInfo.of(self.gating),
             loss=loss or {}, nonfinite_weights=nonfinite_weights or {}, refused=dict(self.saturation.refused), notes=tuple(notes),

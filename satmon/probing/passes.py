@@ -43,10 +43,11 @@ from satmon.model.frozen import frozen_forward
 from satmon.model.discovery import NormLayer, Selector
 from satmon.model.affine import effective_affine
 from satmon.functional.dead_directions import GramSpectrum, alignment, classify_norm_type, gram_spectrum
-from satmon.probing.targets import ProbeTargets, find_probe_targets, layer_dim
+from satmon.probing.targets import ProbeTargets, find_probe_targets
+from satmon.results.gating import GatingInfo
 from satmon.results.probe_report import EMBEDDING, LayerReading, ProbeReport, SigmaMinReading, init_gaps, model_norm_type
 from satmon.results.reading import Reading, Rule, verdict_of
-from satmon.results.verdict import GatingInfo, Source, Verdict
+from satmon.results.verdict import Source, Verdict
 
 __all__ = ["EMBEDDING", "OWN_OPTIONS", "LayerReading", "ProbeReport", "SigmaMinReading", "check_options", "feed_first", "probe"]
 
@@ -245,7 +246,7 @@ def _read_tap(name: str, tap: CovarianceTap, targets: ProbeTargets, results: _Re
     layer = targets.norms[name]
     try:
         # the gain the layer applies after normalising, read from what it computes (1 + weight for Gemma)
-        gain = effective_affine(layer.module, acc.dim).gain.to(acc.total.device)
+        gain = effective_affine(layer.module, acc.dim, axis=layer.axis).gain.to(acc.total.device)
     except ValueError as err:
         targets.skipped[name] = str(err)
         tap.release()
@@ -254,10 +255,15 @@ def _read_tap(name: str, tap: CovarianceTap, targets: ProbeTargets, results: _Re
     del acc  # with the tap's reference: the d x d sums are freed before eigh needs its workspace
     tap.release()
     r = alignment(cov, gain)
+    norm_type, note = classify_norm_type(r), ""
+    if count <= dim:  # the centred covariance has rank <= count - 1 < dim: some direction is a kernel whatever the norm
+        norm_type = "undetermined"
+        note = (f"{count} token(s) for {dim} channels: the output covariance has rank at most {count - 1} < {dim}, so a kernel "
+                f"is there whatever the norm; feed more than {dim} tokens (positions x batch for a channels-first layer)")
     results.readings[name] = LayerReading(
         name, layer.kind, dim, tokens=count, alignment=r.cosine, null_projection=r.null_projection,
         null_dim=r.null_dim, depth=r.depth, depth_diag=r.depth_diag, lambda_min_rel=r.lambda_min_rel,
-        n_degenerate=r.n_degenerate, norm_type=classify_norm_type(r), nonfinite=nonfinite,
+        n_degenerate=r.n_degenerate, norm_type=norm_type, nonfinite=nonfinite, note=note,
     )  # fmt: skip
 
 
@@ -284,7 +290,7 @@ def _read_dyt(model: nn.Module, dyt: list[NormLayer], hooks: ReadingHooks | None
     layers = {}
     for layer in dyt:
         c, a = reading.counts[layer.name], reading.alphas[layer.name]
-        dim = layer_dim(layer.module) or 0
+        dim = layer.channels or 0
         layers[layer.name] = LayerReading(layer.name, layer.kind, dim, tokens=c.total // dim if dim else 0,
                                           saturation=c.saturated / c.total if c.total else None, alpha=a,
                                           nonfinite=c.nonfinite - (not math.isfinite(a)))  # inputs only
@@ -317,7 +323,7 @@ def _assemble(targets: ProbeTargets, results: _Results, dyt: _DytReadings, gatin
     readings = {}
     for l in targets.chosen:
         reading = results.readings.get(l.name) or dyt.readings.get(l.name)
-        readings[l.name] = reading if reading is not None else LayerReading(l.name, l.kind, layer_dim(l.module) or 0)
+        readings[l.name] = reading if reading is not None else LayerReading(l.name, l.kind, l.channels or 0)
     gaps = init_gaps(readings, twin.layers) if twin is not None else None
     if gaps:
         readings = {n: replace(r, init_gap=gaps[n]) if n in gaps else r for n, r in readings.items()}

@@ -1,8 +1,9 @@
 """What one :func:`satmon.probe` call reads: the norm layers chosen, the residual streams, their widths.
 
-Widths are read before the forward (a norm layer's ``weight`` or ``normalized_shape``; a stream's
-from the first norm layer inside its block), so a ``memory_budget`` can be planned before anything
-runs; under a budget a tap never grows past its planned width.
+Widths are read before the forward from the model map (a norm layer's channels; a stream's from
+the first norm layer inside its block), so a ``memory_budget`` can be planned before anything
+runs; under a budget a tap never grows past its planned width. A channels-first norm layer is read
+over its channel axis (every spatial position a token).
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-import torch
-from torch import Tensor, nn
+from torch import nn
 
 from satmon.observe.covariance import TapTarget
-from satmon.model.discovery import NormLayer, Selector, find_blocks, find_norm_layers
+from satmon.model.discovery import NormLayer, Selector, find_blocks, norm_channels
+from satmon.model.map import model_map
 from satmon.results.probe_report import EMBEDDING
 
 __all__ = ["ProbeTargets", "find_probe_targets", "layer_dim"]
@@ -76,21 +77,25 @@ def find_probe_targets(
     block_names = [n for n, _ in block_list]
     chosen = _select_layers(model, layers, include, exclude, block_names)
     if not chosen and not block_list:
+        undetermined = model_map(model).undetermined
+        unread = f" ({len(undetermined)} module(s) look like normalisers but could not be read: " + "; ".join(
+            f"{n}: {why}" for n, why in list(undetermined.items())[:3]) + ")" if undetermined else ""
         raise ValueError(
-            f"Expected a model with DyT, LayerNorm or RMSNorm layers or residual blocks, found none in {type(model).__name__}."
-            " Point satmon at them with `include='regex on module names'` and `blocks=[...]`."
+            f"Expected a model with DyT, LayerNorm or RMSNorm layers or residual blocks, found none in {type(model).__name__}"
+            f"{unread}. Point satmon at them with `include='regex on module names'` and `blocks=[...]`."
         )
-    widths = {l.name: d for l in find_norm_layers(model) if (d := layer_dim(l.module)) is not None}
+    widths = {l.name: l.channels for l in model_map(model).norms if l.channels is not None}
     t = ProbeTargets(chosen, [l for l in chosen if l.kind == "dyt"], {}, block_names, {})
+    t.skipped.update(model_map(model).undetermined)  # named like normalisers, but they could not be run: no reading
     for l in chosen:
         if l.kind == "dyt":
             continue
-        d = layer_dim(l.module)
+        d = l.channels
         if d is not None and d > max_dim:
             t.skipped[l.name] = f"d={d} > max_dim={max_dim}"
             continue
         t.norms[l.name] = l
-        t.taps[l.name] = _tap(l.name, l.module, "output", d, d or _widest(widths), max_dim, budgeted)
+        t.taps[l.name] = _tap(l.name, l.module, "output", d, d or _widest(widths), max_dim, budgeted, l.axis)
     if block_list:
         sites = [(EMBEDDING, block_list[0][1], "input", block_names[0]), *((n, m, "output", n) for n, m in block_list)]
         for name, module, site, block in sites:
@@ -99,22 +104,17 @@ def find_probe_targets(
 
 
 def layer_dim(module: nn.Module) -> int | None:
-    """A norm layer's channel count from its 1-D ``weight`` or its ``normalized_shape``; ``None`` when neither says.
+    """A norm layer's channel count (:func:`satmon.model.discovery.norm_channels`, the one rule); ``None`` when it does not say.
 
     Example:
         >>> layer_dim(nn.LayerNorm(8, elementwise_affine=False)), layer_dim(nn.Identity())
         (8, None)
     """
-    w = getattr(module, "weight", None)
-    if isinstance(w, Tensor) and w.dim() == 1:
-        return w.numel()
-    shape = getattr(module, "normalized_shape", None)
-    if isinstance(shape, (tuple, list, torch.Size)) and len(shape) >= 1:
-        return int(shape[-1])
-    return int(shape) if isinstance(shape, int) else None
+    return norm_channels(module)
 
 
-def _tap(name: str, module: nn.Module, site: str, dim: int | None, planned: int | None, max_dim: int, budgeted: bool) -> TapTarget:
+def _tap(name: str, module: nn.Module, site: str, dim: int | None, planned: int | None, max_dim: int, budgeted: bool,
+         axis: int = -1) -> TapTarget:
     """A tap; under a budget it never grows past its planned width, so the plan bounds what it holds."""
     width = None if planned is None else min(planned, max_dim)
     if budgeted and width is None:
@@ -123,8 +123,8 @@ def _tap(name: str, module: nn.Module, site: str, dim: int | None, planned: int 
             " with a weight to read it from. Pass memory_budget=None, or choose blocks with `blocks=`."
         )
     if not budgeted or width == max_dim:
-        return TapTarget(name, module, site, dim, max_dim, width=width)  # type: ignore[arg-type]
-    return TapTarget(name, module, site, dim, width, limit_note="the memory plan's d", width=width)  # type: ignore[arg-type]
+        return TapTarget(name, module, site, dim, max_dim, width=width, axis=axis)  # type: ignore[arg-type]
+    return TapTarget(name, module, site, dim, width, limit_note="the memory plan's d", width=width, axis=axis)  # type: ignore[arg-type]
 
 
 def _block_width(block: str, widths: dict[str, int]) -> int | None:
@@ -140,7 +140,7 @@ def _widest(widths: dict[str, int]) -> int | None:
 def _select_layers(
     model: nn.Module, layers: list[str] | Selector, include: Selector, exclude: Selector, block_names: list[str]
 ) -> list[NormLayer]:
-    found = find_norm_layers(model, include=include, exclude=exclude)
+    found = model_map(model).layers(include=include, exclude=exclude)
     if layers is None:
         return found
     by_name = {l.name: l for l in found}

@@ -287,7 +287,7 @@ def _release(device: torch.device) -> None:
 def _replay_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any], step: int | None,
                 settings: Settings, kwargs: Mapping[str, Any], twin: bool) -> ReplayRecord:
     """Build, check and probe one checkpoint; its record, built here once (an error record when it cannot be replayed)."""
-    from satmon.model.discovery import find_norm_layers
+    from satmon.model.map import model_map
     from satmon.probing.passes import probe
 
     notes, report, seconds, nonfinite = list(info.notes), None, None, 0
@@ -303,8 +303,9 @@ def _replay_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any
                 nonfinite = sum(bad.values())
                 notes.append(f"{nonfinite:,} non-finite (NaN/inf) parameter element(s) in "
                              + ", ".join(f"{n} ({c:,})" for n, c in list(bad.items())[:6]) + ("..." if len(bad) > 6 else ""))
-            # the twin only feeds the LayerNorm/RMSNorm init-gap: a DyT-only model skips it (half the cost)
-            twin_model = loader.twin(info) if twin and find_norm_layers(model, kinds=("layernorm", "rmsnorm")) else None
+            # the twin only feeds the LayerNorm/RMSNorm init-gap: a DyT-only model skips it (half the cost); the model
+            # map is read once here, and the probe reads the same (cached) map
+            twin_model = loader.twin(info) if twin and model_map(model).layers(("layernorm", "rmsnorm")) else None
             report = probe(model, batches, settings=settings, twin=twin_model, step=int(step or 0), source=Source.REPLAY,
                            **kwargs)
             seconds = round(time.perf_counter() - t0, 3)

@@ -25,8 +25,9 @@ from satmon.functional.dead_directions import (
 )
 from satmon.results.frozen import FrozenMap, freeze, thaw
 from satmon.results.plan import MemoryPlan
+from satmon.results.gating import GatingInfo
 from satmon.results.reading import Reading
-from satmon.results.verdict import GatingInfo, Verdict
+from satmon.results.verdict import Verdict
 
 __all__ = ["EMBEDDING", "LayerReading", "NormKind", "ProbeReport", "SigmaMinReading", "init_gaps", "model_norm_type"]
 
@@ -54,6 +55,7 @@ class LayerReading:
         norm_type: this layer's label by :func:`~satmon.functional.dead_directions.classify_norm_type`.
         nonfinite: skipped rows (LayerNorm/RMSNorm) or non-finite input elements (DyT).
         init_gap: satmon's init-gap against the random-init twin (``probe(..., twin=...)``).
+        note: why ``norm_type`` is ``"undetermined"`` when the reading itself says so (too few tokens), else ``""``.
 
     Example:
         >>> r = LayerReading("ln_f", "layernorm", 64, alignment=0.99, null_projection=1.0, null_dim=1)
@@ -77,6 +79,7 @@ class LayerReading:
     norm_type: NormType | None = None
     nonfinite: int = 0
     init_gap: InitGap | None = None
+    note: str = ""
 
     def reading(self) -> Alignment | None:
         """The :class:`~satmon.functional.dead_directions.Alignment` behind a LayerNorm/RMSNorm reading (``None`` otherwise)."""
@@ -99,6 +102,8 @@ class LayerReading:
             "alignment", "null_projection", "null_dim", "depth", "depth_diag", "lambda_min_rel", "n_degenerate", "norm_type")
         out = {"kind": self.kind, "dim": self.dim, "tokens": self.tokens, **{k: getattr(self, k) for k in keys}}
         out["nonfinite"] = self.nonfinite
+        if self.note:
+            out["note"] = self.note
         if self.init_gap is not None:
             out["init_gap"] = _gap_dict(self.init_gap)
         return out
@@ -229,7 +234,7 @@ class ProbeReport:
         through :func:`satmon.io.json_records.to_json` (NaN/inf -> ``null``). ``gating`` holds the
         detection's record and the verdict's per-gated-MLP ``risk`` (``{}`` without DyT)."""
         gating: dict[str, Any] = {}
-        if self.gating is not None:  # the detection's record (the keys of GatingReport.to_dict) and the readings
+        if self.gating is not None:  # the detection's record (GatingInfo.record) and the readings
             g = self.gating.to_dict()
             gating = {**{k: g[k] for k in ("gated", "pairings", "unpaired_gated_mlps", "message", "unclassified")},
                       "risk": thaw(self.verdict.risk) if self.verdict else {}}

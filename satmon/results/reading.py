@@ -155,7 +155,7 @@ class Reading:
         if self.gating is None:
             return {}
         per_layer = self.per_layer
-        return {p["mlp"]: {"dyt_saturation": per_layer.get(norm, math.nan), **self.gate.get(norm, {})}
+        return {p.mlp: {"dyt_saturation": per_layer.get(norm, math.nan), **self.gate.get(norm, {})}
                 for norm, p in self.gating.pairings.items()}
 
     def to_dict(self) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import Any, Literal, NamedTuple
 from satmon.results import card as verdict_card
 from satmon.results.card import FLAG_TEXT
 from satmon.results.frozen import FrozenMap, freeze, thaw
+from satmon.results.gating import GatingInfo
 from satmon.study import CAVEAT, COLLAPSE_THRESHOLD, INCONCLUSIVE_BAND, LEVEL, THRESHOLD
 
 __all__ = [
@@ -70,54 +71,6 @@ class LayerCounts(NamedTuple):
     saturated: int
     total: int
     nonfinite: int = 0
-
-
-@dataclass(frozen=True)
-class GatingInfo:
-    """What architecture detection found: the one representation of gating in satmon's results.
-
-    The verdict reads ``gated``, ``gated_layers`` and ``message``; a :class:`~satmon.results.probe_report.ProbeReport`
-    keeps the whole finding (its JSON ``gating`` record).
-
-    Attributes:
-        gated: a DyT feeds a gated MLP (``True``), none does (``False``), or satmon could not tell (``None``).
-        gated_layers: the DyT layers that feed a gated MLP.
-        message: the finding in words (names the layers and the option that resolves an unknown).
-        pairings: DyT layer -> its pairing with a gated MLP, as plain values (``mlp``, ``gate``, ``up``,
-            ``down``, ``fused``, ``activation``, ``source``, ...: the fields of
-            :class:`~satmon.model.gating.GatedPairing`).
-        unpaired_gated_mlps: gated MLPs that no DyT layer was paired with.
-        unclassified: DyT layer -> why its output's element-wise product could not be classified.
-
-    Example:
-        >>> g = GatingInfo(True, ("ln_2",), "ln_2 feeds a SwiGLU MLP", pairings={"ln_2": {"mlp": "mlp"}})
-        >>> g.pairings["ln_2"]["mlp"], g.to_dict()["gated_layers"]
-        ('mlp', ['ln_2'])
-    """
-
-    gated: bool | None
-    gated_layers: tuple[str, ...] = ()
-    message: str = ""
-    pairings: Mapping[str, Mapping[str, Any]] = FrozenMap()
-    unpaired_gated_mlps: tuple[str, ...] = ()
-    unclassified: Mapping[str, str] = FrozenMap()
-
-    def __post_init__(self) -> None:
-        for name in ("gated_layers", "pairings", "unpaired_gated_mlps", "unclassified"):
-            object.__setattr__(self, name, freeze(getattr(self, name)))
-
-    @classmethod
-    def of(cls, report: Any) -> GatingInfo | None:
-        """From a :class:`~satmon.model.gating.GatingReport` (``None`` stays ``None``)."""
-        if report is None:
-            return None
-        d = report.to_dict()
-        return cls(d["gated"], tuple(d["pairings"]), d["message"], d["pairings"], tuple(d["unpaired_gated_mlps"]),
-                   d.get("unclassified", {}))
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every field as plain values (``dict``, ``list``)."""
-        return {f.name: thaw(getattr(self, f.name)) for f in fields(self)}
 
 
 #: the Verdict fields that hold containers (frozen at construction, thawed by to_dict)

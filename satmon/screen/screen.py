@@ -29,8 +29,9 @@ from satmon.functional.loss import loss_trend
 from satmon.io import tensorboard as tb
 from satmon.io.sink import MultiSink, NullSink, Sink, check_sink
 from satmon.results.card import plain
-from satmon.model.discovery import NormLayer, find_dyt_layers
-from satmon.model.gating import GatingReport, detect_gating
+from satmon.model.discovery import NormLayer
+from satmon.model.gating import detect_gating
+from satmon.model.map import ModelMap, model_map
 from satmon.observe.counters import SaturationCounter
 from satmon.observe.gate import GateHooks
 from satmon.observe.hookset import paused
@@ -40,6 +41,7 @@ from satmon.observe.saturation import HookReadings, SaturationHooks
 from satmon.observe.window_loss import WindowLoss
 from satmon.results.reading import Reading, Rule, verdict_of
 from satmon.results.stop import StopReason, StopRecord, breaches
+from satmon.results.gating import GatingInfo
 from satmon.results.verdict import Source, Verdict
 from satmon.screen.agreement import Agreement, TorchDistributed
 from satmon.screen.nonfinite_guard import NonFiniteGuard
@@ -105,7 +107,7 @@ class Screen:
         ...     stop = screen.step(loss)                         # once per optimizer step
         >>> screen.verdict.window, screen.verdict.elements
         (2, 64)
-        >>> print(screen.card().splitlines()[0][:22])
+        >>> print(screen.card().splitlines()[0][:21])
         satmon verdict: NO-GO
     """
 
@@ -124,7 +126,7 @@ class Screen:
         self.info, self.warn = info or _print_rank_zero, warn or _warn
         self.verbose, self.log_every_n_steps = Settings.check_flag("verbose", verbose), log_every_n_steps
         self.layers: list[NormLayer] = []
-        self.gating: GatingReport | None = None
+        self.gating: GatingInfo | None = None
         # made at attach (:meth:`_build`): the window's hooks and states, the watch, the guard (None: off)
         self.reader: ReadingHooks | None = None  # the window's hook sets (saturation, offset, gate), read as one Reading
         self.hooks: SaturationHooks | None = None
@@ -145,6 +147,14 @@ class Screen:
         self._steps_done = 0  # optimizer steps, for plain loops that call step()
         self._loaded: ScreenState | None = None  # a checkpoint's state, restored at attach
         self._model: nn.Module | None = None  # the model attached to (its weights are checked at the verdict)
+        # modules that change during the window: the model map flags a registration (O(1) a step); layers that
+        # appear (added, or another module under a counted name) are counted by hook sets of their own
+        self._map: ModelMap | None = None
+        self._counted: dict[str, nn.Module] = {}  # layer name -> the module now counted under it
+        self._late: list[tuple[SaturationHooks, list[str]]] = []
+        self._late_layers: dict[str, NormLayer] = {}  # the layers counted by those hook sets
+        self._keep_inputs = False
+        self._first_forward_hooks: list[Any] = []  # on modules just registered: follow the change at their first forward
 
     # ------------------------------------------------------------------------------- life cycle
     @property
@@ -164,7 +174,7 @@ class Screen:
         the data flow of one traced eval forward; without it, from module names (a fallback that
         says "unknown" where it cannot tell)."""
         s = self.settings
-        self.layers = find_dyt_layers(model, include=s.include, exclude=s.exclude)
+        self.layers = model_map(model).layers(("dyt",), include=s.include, exclude=s.exclude)
         if not self.layers:
             self.status = "no DyT layer: the saturation screen is off"
             return []
@@ -199,6 +209,9 @@ class Screen:
             raise RuntimeError(f"Expected the same DyT layers as at discovery ({names}), got {self.layer_names}.")
         self._build(model, keep_inputs)
         assert self.hooks is not None and self.reader is not None
+        self._map, self._keep_inputs = model_map(model), keep_inputs
+        self._map.listen(self._registered)
+        self._counted, self._late, self._late_layers = {l.name: l.module for l in self.layers}, [], {}
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
@@ -251,7 +264,7 @@ class Screen:
     def detach(self) -> None:
         """Remove every hook and close the TensorBoard files the screen opened (``logdir=``); the counts
         and the verdict stay (a later write opens the files again)."""
-        for h in (self.hooks, self.gate_hooks, self.watch, self.offset_hooks):
+        for h in (self.hooks, self.gate_hooks, self.watch, self.offset_hooks, *(h for h, _ in self._late)):
             if h is not None:
                 h.detach()
         if self._own_sink is not None:
@@ -260,7 +273,8 @@ class Screen:
     @contextmanager
     def paused(self) -> Iterator[None]:
         """No counting inside the block (validation, a probe's forwards)."""
-        with paused(self.hooks, self.gate_hooks, self.offset_hooks, self.watch.hooks if self.watch else None):
+        with paused(self.hooks, self.gate_hooks, self.offset_hooks, self.watch.hooks if self.watch else None,
+                    *(h for h, _ in self._late)):
             yield
 
     # ------------------------------------------------------------------------------- per step
@@ -269,9 +283,15 @@ class Screen:
         if self.hooks is None:
             return
         if self.hooks.attached:
+            if self._map is not None and self._map.changed():  # O(1): a module was registered under the model
+                self._follow_changes(step)
             k = self.settings.sample_every
             if k > 1:
                 self.hooks.enabled = step % k == 0
+            for late, _ in self._late:
+                late.enabled = self.hooks.enabled
+                if late.enabled:
+                    late.refresh_thresholds()
             if self.hooks.enabled:
                 self.hooks.refresh_thresholds()  # one batched op per step instead of one per layer
             if self.offset_hooks is not None:  # sampled: a float64 pass over the inputs
@@ -281,7 +301,7 @@ class Screen:
 
     def count_kept(self) -> None:
         """Count inputs kept during the forward (CPU); call after the forward, before the optimizer step."""
-        for h in (self.hooks, self.watch.hooks if self.watch else None):
+        for h in (self.hooks, self.watch.hooks if self.watch else None, *(h for h, _ in self._late)):
             if h is not None:
                 h.count_kept()
 
@@ -354,13 +374,16 @@ class Screen:
         assert self.reader is not None
         return self._read(step, sync, extra_notes)[1]
 
-    def _read(self, step: int, sync: bool, extra_notes: Sequence[str]) -> tuple[HookReadings, Reading]:
+    def _read(self, step: int, sync: bool, extra_notes: Sequence[str], final: bool = False) -> tuple[HookReadings, Reading]:
         assert self.reader is not None and self.hooks is not None
         s = self.settings
-        counts = self.hooks.read(sync=sync)  # collectives, in the same order on every rank: counts, states, weights
+        # collectives, in the same order on every rank: counts, states, weights
+        counts, names = self._window_readings(sync, final=final)
         loss = loss_trend(self.window_loss.means(sync=sync)) if self.window_loss is not None else None
         weights = nonfinite_parameters(self._model, self.agreement.max if sync else None) if self._model is not None else {}
+        layers = {l.name: l for l in self.layers} | self._late_layers
         reading = self.reader.read(step=step, source=Source.WINDOW.value, sync=sync, counts=counts,
+                                   layers=[layers[n] for n in names],
                                    window=self.steps_seen - self.first_step, planned_window=s.window,
                                    offset_every=s.offset_every, loss=loss, nonfinite_weights=weights,
                                    notes=[*self.notes, *extra_notes])
@@ -369,8 +392,11 @@ class Screen:
     def _window_verdict(self, step: int, partial: bool, sync: bool, extra_notes: Sequence[str]) -> Verdict | None:
         """Read every window count once, detach the window's hooks, build and log the verdict."""
         assert self.reader is not None
-        counts, reading = self._read(step, sync, extra_notes)
+        if self._map is not None:
+            self._follow_changes(step, at_end=True)  # one walk over the modules: removals no hook sees (del)
+        counts, reading = self._read(step, sync, extra_notes, final=True)
         self.reader.detach()
+        self._drop_first_forward_hooks()
         if self.gate_hooks is not None and not partial:
             self.gate_hooks.counter.reset()  # the watch reads the gates afresh; a provisional verdict keeps them
         self.reading = reading
@@ -379,7 +405,7 @@ class Screen:
             self.status = "window over: no DyT input was counted"
             self.warn(f"satmon: no DyT input was counted in the window ({self.steps_seen} steps): no verdict.")
             return None
-        tb.log_scalars(self.sink, {**running_scalars(counts, self.layer_names), **tb.offset_scalars(reading.offset)}, step)
+        tb.log_scalars(self.sink, {**running_scalars(counts, list(reading.counts)), **tb.offset_scalars(reading.offset)}, step)
         tb.log_verdict(self.sink, verdict)
         if self.verbose:
             self.info("\n" + verdict.text() + "\n")
@@ -404,6 +430,102 @@ class Screen:
         title = "no verdict" if self.active else "no screen"
         text = f"### satmon: {title}\n\n{why}"
         return text if markdown else plain(text)
+
+    def _registered(self, _map: ModelMap, name: str, submodule: nn.Module | None) -> None:
+        """A module is being registered under the model: its first forward (the screen's next chance to see it
+        in place) follows the change, so that the DyT layers it holds are counted from their first forward."""
+        if self.verdict is None and self.hooks is not None and self.hooks.attached and isinstance(submodule, nn.Module):
+            self._first_forward_hooks.append(submodule.register_forward_pre_hook(self._first_forward))
+
+    def _first_forward(self, _module: nn.Module, _args: Any) -> None:
+        self._drop_first_forward_hooks()
+        if self._map is not None and self.hooks is not None and self.hooks.attached:
+            self._follow_changes(max(self._last_step, 0))
+
+    def _drop_first_forward_hooks(self) -> None:
+        for h in self._first_forward_hooks:
+            h.remove()
+        self._first_forward_hooks = []
+
+    def _stop_counting(self, name: str) -> None:
+        """The module counted under ``name`` left that name: its hook goes (its counts stay), so that a module moved
+        to another name is counted once, under the name it now runs as."""
+        assert self.hooks is not None
+        sets = [(self.hooks, self.layer_names), *self._late]
+        for hooks, names in reversed(sets):  # the latest set holding the name counts its module now
+            if name in names and hooks.attached:
+                hooks._handles[names.index(name)].remove()
+                return
+
+    def _follow_changes(self, step: int, at_end: bool = False) -> None:
+        """The model's point-wise layers changed: count the ones that appeared from their first forward, keep the
+        counts of the ones that went, and say so in the verdict's notes (layer and step)."""
+        assert self._map is not None and self.hooks is not None
+        try:
+            model = self._map.model
+        except RuntimeError:  # the model is gone: nothing to follow
+            self._map = None
+            return
+        s = self.settings
+        new = model_map(model)
+        if new is self._map:
+            return
+        current = {l.name: l for l in new.layers(("dyt",), include=s.include, exclude=s.exclude)}
+        self._drop_first_forward_hooks()  # the change is followed now
+        when = f"before step {step}" if at_end else f"at step {step}"
+        for name in [n for n in self._counted if n not in current]:
+            there = new.module(name)
+            if there is None or self._map.name_of(there) is not None:  # nothing there, or a module renamed (del)
+                self.notes.append(f"layer {name} was removed {when}: its counts up to then are kept")
+            else:  # another module under the name, no DyT (a LayerNorm put back, an Identity)
+                self.notes.append(f"layer {name} was replaced by {type(there).__name__} (not a DyT) {when}: its DyT "
+                                  "counts up to then are kept, and it is not counted after")
+            self._stop_counting(name)
+            del self._counted[name]
+        fresh = [l for n, l in current.items() if self._counted.get(n) is not l.module]
+        for l in fresh:
+            how = "replaced" if l.name in self._counted else "added"
+            if at_end:  # seen only now (ModuleList.insert and the like register nothing): it was not counted
+                self.notes.append(f"layer {l.name} was {how} {when} without a module registration: not counted")
+                continue
+            self.notes.append(f"layer {l.name} was {how} {when}: counted from its first forward"
+                              + (" (the replaced module's counts are kept)" if how == "replaced" else ""))
+            if how == "replaced":
+                self._stop_counting(l.name)
+        self._map = new
+        new.listen(self._registered)
+        if fresh and not at_end:
+            device = fresh[0].module.alpha.device
+            late = SaturationHooks(fresh, SaturationCounter(len(fresh), level=s.level, product=s.product).to(device),
+                                   self._keep_inputs, refused=self.hooks.refused)
+            late.enabled = self.hooks.enabled  # this step's sampling, and its thresholds (begin_step ran before)
+            if late.enabled:
+                late.refresh_thresholds()
+            late.attach()
+            self._late.append((late, [l.name for l in fresh]))
+            self._counted.update({l.name: l.module for l in fresh})
+            self._late_layers.update({l.name: l for l in fresh})
+
+    def _window_readings(self, sync: bool, final: bool = True) -> tuple[HookReadings, list[str]]:
+        """The window's counts by layer name: the layers found at attach and those that appeared since (a replaced
+        layer's counts are the sum of its modules'; its alpha the latest module's). ``final``: the window is over,
+        the late hook sets are detached."""
+        assert self.hooks is not None
+        names = list(self.layer_names)
+        r = self.hooks.read(sync=sync)
+        if not self._late:
+            return r, names
+        rows = {n: [s, t, b, a] for n, s, t, b, a in zip(names, r.saturated, r.total, r.nonfinite, r.alphas)}
+        for late, late_names in self._late:
+            lr = late.read(sync=sync)
+            if final:
+                late.detach()
+            for n, s, t, b, a in zip(late_names, lr.saturated, lr.total, lr.nonfinite, lr.alphas):
+                old = rows.get(n)
+                rows[n] = [s, t, b, a] if old is None else [old[0] + s, old[1] + t, old[2] + b, a]
+                if old is None:
+                    names.append(n)
+        return HookReadings(*(list(col) for col in zip(*(rows[n] for n in names)))), names
 
     def _verdict_policy(self, step: int) -> None:
         assert self.verdict is not None
@@ -432,7 +554,12 @@ class Screen:
         assert self.guard is not None
         if self.hooks is not None and self.hooks.attached:
             self.hooks.flush()
-            self.guard.push(self.hooks.counter.nonfinite.sum(), self.hooks.local_alphas(), loss, self.agreement.max)
+            nonfinite, alphas = self.hooks.counter.nonfinite.sum(), self.hooks.local_alphas()
+            for late, _ in self._late:  # layers that appeared during the window are guarded too
+                late.flush()
+                nonfinite = nonfinite + late.counter.nonfinite.sum().to(nonfinite.device)
+                alphas = torch.cat([alphas, late.local_alphas().to(alphas.device)])
+            self.guard.push(nonfinite, alphas, loss, self.agreement.max)
         else:
             self.guard.push(None, None, loss, self.agreement.max)
         seen = self.guard.poll()
@@ -483,9 +610,10 @@ class Screen:
             state = ScreenState(loaded.settings, tuple(self.layer_names) or loaded.layers, notes=(*loaded.notes, *self.notes),
                                 counts=loaded.counts, extras=loaded.extras, **common)
             return state.to_dict()
-        r = self.hooks.read(sync=sync)  # collectives, in the same order on every rank: counts, then each state
+        # collectives, in the same order on every rank: counts (with those of layers that appeared), then each state
+        r, names = self._window_readings(sync, final=False)
         extras = {key: read_window_state(m, sync) for key, m in self._window_states() if m is not None}
-        return ScreenState(ScreenState.saved_settings(self.settings), tuple(self.layer_names), notes=tuple(self.notes),
+        return ScreenState(ScreenState.saved_settings(self.settings), tuple(names), notes=tuple(self.notes),
                            counts=(tuple(r.saturated), tuple(r.total), tuple(r.nonfinite)), extras=extras,
                            **common).to_dict()
 

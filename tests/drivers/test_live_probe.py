@@ -128,13 +128,16 @@ class AntiBlock(nn.Module):
 
 
 class MeanlessLayerNorm(nn.Module):
-    """Named like a LayerNorm but without the mean subtraction (an RMSNorm in disguise)."""
+    """A LayerNorm whose float32 path drops the mean subtraction (a kernel bug): satmon reads it as a LayerNorm
+    (its float64 copy subtracts the mean), and in training it has lost the LayerNorm kernel."""
 
     def __init__(self, d: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.dtype == torch.float64:
+            x = x - x.mean(-1, keepdim=True)
         return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 

@@ -96,7 +96,7 @@ def test_an_attribute_that_does_not_reproduce_the_output_is_not_trusted():
 def test_undetermined_layers_are_refused_with_the_class_and_what_to_do():
     with pytest.raises(ValueError, match=r"Expected SkewedLayerNorm to compute gain \* normalize\(x\) \+ bias.*exclude it"):
         effective_affine(SkewedLayerNorm(D))
-    with pytest.raises(ValueError, match=r"Expected Identity to have `normalized_shape` or a 1-D `weight`.*Pass `dim=`"):
+    with pytest.raises(ValueError, match=r"Expected Identity to have a vector parameter or `normalized_shape`.*Pass `dim=`"):
         effective_affine(nn.Identity())
     with pytest.raises(ValueError, match=r"Expected Identity to compute gain"):
         effective_affine(nn.Identity(), dim=D)  # runs, but does not normalise

@@ -34,7 +34,8 @@ def test_unusual_names_are_found_from_the_data_flow():
     # without a batch to trace, the names say nothing: the answer is "unknown", never "no"
     blind = detect_gating(model)
     assert blind.gated is None and blind.pairings == {}
-    assert "stack.0.post: stack.0 looks like a gated MLP" in blind.message and "gating_mapping={'stack.0.post'" in blind.message
+    assert "stack.0.post: stack.0 may be a gated MLP (its forward multiplies two projections" in blind.message
+    assert "its input is the output of stack.0.post" in blind.message and "gating_mapping={'stack.0.post'" in blind.message
     # and the study's rule then flags the model (before: GO at 0.85 saturation)
     counts = {"stack.0.post": LayerCounts(85, 100)}
     for r, decision, risk in ((report, "no-go", True), (blind, "go", None)):
@@ -108,7 +109,7 @@ def test_feed_first_batches_and_a_failing_trace_never_crash():
     model = _dyt_user_lm(OddGatedBlock)
     report = detect_gating(model, example_input=(IDX, IDX), forward_fn=feed_first)
     assert report.gated is True and report.pairings["stack.0.post"].source == "trace"
-    broken = detect_gating(model, example_input=(IDX, IDX))  # model(x, y): TypeError inside the trace
+    broken = detect_gating(_dyt_user_lm(OddGatedBlock), example_input=(IDX, IDX))  # model(x, y): TypeError inside the trace
     assert broken.gated is None and "the traced forward failed (TypeError" in broken.message
     named = HFModel(n=1)
     fallback = detect_gating(named, names_of(named), example_input="not a tensor")

@@ -168,7 +168,7 @@ X = torch.randn(2, 5, D)
 def test_hf_gate_up_down_with_post_attention_layernorm():
     model = HFModel()
     report = detect_gating(model, names_of(model))
-    assert report.gated and report.unpaired_gated_mlps == []
+    assert report.gated and report.unpaired_gated_mlps == ()
     assert set(report.pairings) == {"layers.0.post_attention_layernorm", "layers.1.post_attention_layernorm"}
     p = report.pairings["layers.1.post_attention_layernorm"]
     assert (p.mlp, p.gate, p.up, p.down) == ("layers.1.mlp", "layers.1.mlp.gate_proj", "layers.1.mlp.up_proj", "layers.1.mlp.down_proj")
@@ -197,10 +197,21 @@ def test_fused_gate_up_proj():
     assert (p.gate, p.up, p.down, p.fused) == ("layer.mlp.gate_up_proj", None, "layer.mlp.down_proj", True)
 
 
-def test_gemma2_pre_feedforward_wins_and_post_norms_are_skipped():
-    model = HFLayer()
-    model.pre_feedforward_layernorm, model.post_feedforward_layernorm = DyT(D), DyT(D)
-    assert list(detect_gating(model, names_of(model)).pairings) == ["pre_feedforward_layernorm"]
+class Gemma2Layer(HFLayer):  # four norms: post_attention_layernorm is applied to the attention output, before the add
+    def __init__(self):
+        super().__init__()
+        self.pre_feedforward_layernorm, self.post_feedforward_layernorm = DyT(D), DyT(D)
+
+    def forward(self, x):
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x)))
+        h = self.pre_feedforward_layernorm(x)
+        return x + self.post_feedforward_layernorm(self.mlp(h))
+
+
+def test_gemma2_the_norm_whose_output_the_mlp_reads_is_paired_not_the_one_its_name_suggests():
+    model = Gemma2Layer()
+    for report in (detect_gating(model, names_of(model)), detect_gating(model, names_of(model), example_input=X)):
+        assert list(report.pairings) == ["pre_feedforward_layernorm"], report.message
 
 
 def test_wrapped_model_uses_discovery_names():
@@ -211,11 +222,28 @@ def test_wrapped_model_uses_discovery_names():
     assert gate_linear_modules(wrapper, report)["layers.0.post_attention_layernorm"].gate is wrapper._orig_mod.layers[0].mlp.gate_proj
 
 
-def test_unpairable_gated_mlp_is_reported_not_guessed():
-    model = OpaqueBlock(HFMLP())
+def test_the_forward_source_pairs_what_norm_names_cannot():
+    model = OpaqueBlock(HFMLP())  # norms n_a / n_b: the names say nothing, `x + self.ff(self.n_a(x))` does
     report = detect_gating(model, names_of(model))
-    assert report.gated and report.pairings == {} and report.unpaired_gated_mlps == ["ff"]
-    assert report.message.startswith("gated MLP found but not paired with any DyT: ff; pass mapping=")
+    assert report.gated is True and list(report.pairings) == ["n_a"] and report.pairings["n_a"].source == "names"
+
+
+_NO_SOURCE = {}
+exec(compile(  # a block whose forward has no source satmon can read (defined from a string)
+    "def forward(self, x):\n    x = x + self.mix(self.n_b(x))\n    return x + self.ff(self.n_a(x))\n", "<generated>", "exec"), _NO_SOURCE)
+
+
+class SourcelessBlock(OpaqueBlock):
+    forward = _NO_SOURCE["forward"]
+
+
+def test_unpairable_gated_mlp_is_unknown_not_guessed():
+    model = SourcelessBlock(HFMLP())
+    report = detect_gating(model, names_of(model))
+    assert report.gated is None and report.pairings == {} and report.unpaired_gated_mlps == ("ff",)
+    assert report.message.startswith("gated MLP after DyT: unknown: n_a: ff is a gated MLP that receives an input satmon "
+                                     "cannot follow (no forward source, no telling norm names); watched layers near it: n_a, n_b")
+    assert "gating_mapping={'n_a': '<gated MLP module>'}" in report.message
 
 
 def test_trace_pairs_what_names_cannot():
@@ -228,7 +256,8 @@ def test_trace_pairs_what_names_cannot():
 def test_mapping_with_opaque_names_and_gate_up_order():
     model = OpaqueBlock(OpaqueMLP())
     unasked = detect_gating(model, names_of(model))  # opaque names: gated by shape only, so unknown, never "no"
-    assert unasked.gated is None and "ff looks like a gated MLP by its projection shapes" in unasked.message
+    assert unasked.gated is None and "ff may be a gated MLP (its forward multiplies two projections" in unasked.message
+    assert unasked.message.startswith("gated MLP after DyT: unknown: n_a: ") and "its input is the output of n_a" in unasked.message
     report = detect_gating(model, names_of(model), mapping={"n_a": "ff"})
     p = report.pairings["n_a"]
     assert (p.source, p.gate, p.up, p.down) == ("mapping", "ff.a", "ff.b", "ff.c")
@@ -240,15 +269,15 @@ def test_mapping_with_opaque_names_and_gate_up_order():
 def test_mapping_overrides_names():
     model = HFModel(n=1)
     report = detect_gating(model, names_of(model), mapping={"layers.0.input_layernorm": "layers.0.mlp"})
-    assert list(report.pairings) == ["layers.0.input_layernorm"] and report.unpaired_gated_mlps == []
+    assert list(report.pairings) == ["layers.0.input_layernorm"] and report.unpaired_gated_mlps == ()
 
 
 @pytest.mark.parametrize(
     ("mapping", "match"),
     [
         ({"nope": "ff"}, "Expected mapping keys to name norm modules, got 'nope'. Available norm-like modules: n_a"),
-        ({"n_a": "nope"}, "Expected mapping values to name MLP modules, got 'nope'"),
-        ({"n_a": "mix"}, "Expected mapping value 'mix' to be a gated MLP"),
+        ({"n_a": "nope"}, r"Expected mapping values to name MLP modules, got 'nope'. Available gated MLPs: ff. \(None: the"),
+        ({"n_a": "mix"}, r"Expected mapping value 'mix' to be a gated MLP.*Available gated MLPs: ff\."),
     ],
 )
 def test_mapping_errors(mapping, match):
@@ -274,13 +303,14 @@ def test_moe_experts_pair_with_the_block_norm():
     model = MixtralLayer()
     report = detect_gating(model, names_of(model))
     p = report.pairings["post_attention_layernorm"]
-    assert p.mlp == "block_sparse_moe.experts.0" and p.also_feeds == ["block_sparse_moe.experts.1"]
+    assert p.mlp == "block_sparse_moe.experts.0" and p.also_feeds == ("block_sparse_moe.experts.1",)
 
 
 def test_mlp_fed_by_an_unmonitored_norm_is_not_paired():
     model = HFModel(n=1)
-    report = detect_gating(model, ["layers.0.input_layernorm", "norm"])
-    assert report.gated and report.pairings == {} and report.unpaired_gated_mlps == ["layers.0.mlp"]
+    report = detect_gating(model, ["layers.0.input_layernorm", "norm"])  # the source shows post_attention_layernorm feeding it
+    assert report.gated is False and report.pairings == {} and report.unpaired_gated_mlps == ("layers.0.mlp",)
+    assert "no DyT feeding a gated MLP directly; gated MLPs fed otherwise: layers.0.mlp" in report.message
 
 
 @pytest.mark.parametrize("mlp", ["swiglu", "gelu"])

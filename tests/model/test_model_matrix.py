@@ -1,11 +1,16 @@
 """The model matrix: satmon on tiny models of real families (built from configs, no download) and on
 user models with unusual names. Each family is checked for what a user relies on:
 
-- discovery: every norm found, with the kind its computation shows (``effective_affine``);
+- discovery: every norm found, with the kind its computation shows (``effective_affine``) and the axis
+  it normalises (ConvNeXt's channels-first layers: axis 1);
 - ``convert_to_dyt(copy_affine=True)``: every norm converted, DyT gain = the norm's effective gain,
   outputs not degenerate (Gemma's ``1 + weight`` norms once gave constant logits);
-- gated-MLP detection from one traced forward: yes for gated families, no for the others;
-- ``satmon.probe`` norm type at random init (LayerNorm: |cos| >= 0.9999 on every layer);
+- gated-MLP detection from one traced forward against the architecture's truth, written from each
+  family's modeling code: which norm feeds which gated MLP (post-norm Olmo-2: none; Gemma-2: the
+  pre-feedforward norm; parallel Cohere: the one norm of the block; Mixtral: the experts), and the names
+  fallback never says "no" for a gated family nor "yes" for a non-gated one;
+- ``satmon.probe`` norm type at random init (LayerNorm: |cos| >= 0.9999 on every layer with more tokens than
+  channels; fewer: "undetermined" with the reason);
 - the callback's saturation over a few steps = a float64 recount from an independent hook.
 """
 
@@ -17,14 +22,21 @@ from dataclasses import dataclass
 import lightning.pytorch as pl
 import pytest
 import torch
+from helpers import InputRecorder, trainer
+from third_party import OddGatedBlock, SquashBlock, SquashNorm, UserLM
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from helpers import InputRecorder, trainer
-from satmon import SaturationMonitor, convert_to_dyt, find_dyt_layers, find_norm_layers, probe
-from satmon.model.gating import detect_gating
+from satmon import (
+    SaturationMonitor,
+    convert_to_dyt,
+    find_dyt_layers,
+    find_norm_layers,
+    probe,
+)
 from satmon.model.affine import effective_affine
-from third_party import OddGatedBlock, SquashBlock, SquashNorm, UserLM
+from satmon.model.gating import detect_gating
+from satmon.model.map import model_map
 
 transformers = pytest.importorskip("transformers")
 
@@ -40,6 +52,10 @@ class Family:
     kind: str  # the kind of every norm: "layernorm", "rmsnorm" or "dyt"
     gated_norms: tuple[str, ...]  # the norms that feed a gated MLP (after conversion to DyT); () for non-gated
     images: bool = False
+    norms: int = 0  # how many normalisers (0: two per block and one more)
+    channels_first: tuple[str, ...] = ()  # the norms that normalise dim 1 of (B, C, H, W)
+    gated_mlps: bool | None = None  # the model has gated MLPs (None: as gated_norms says); post-norm: yes, fed by none
+    gate_stats: bool = True  # the gate pre-activations are a module's output (experts inside one module: no)
 
 
 def _tx(config: str, model: str, **kw) -> Callable[[], nn.Module]:
@@ -52,7 +68,7 @@ def _per_layer(pattern: str) -> tuple[str, ...]:
 
 FAMILIES = {
     "gpt2": Family(_tx("GPT2Config", "GPT2LMHeadModel", n_embd=D, n_layer=LAYERS, n_head=4, vocab_size=VOCAB, n_positions=32,
-                       bos_token_id=1, eos_token_id=2), "layernorm", ()),  # fmt: skip
+                       bos_token_id=1, eos_token_id=2), "layernorm", ()),
     "bert": Family(_tx("BertConfig", "BertModel", **HF), "layernorm", ()),  # post-norm
     "llama": Family(_tx("LlamaConfig", "LlamaForCausalLM", **DECODER), "rmsnorm", _per_layer("model.layers.{}.post_attention_layernorm")),
     "qwen2": Family(_tx("Qwen2Config", "Qwen2ForCausalLM", **DECODER), "rmsnorm", _per_layer("model.layers.{}.post_attention_layernorm")),
@@ -60,11 +76,36 @@ FAMILIES = {
     "gemma": Family(_tx("GemmaConfig", "GemmaForCausalLM", head_dim=8, **DECODER), "rmsnorm", _per_layer("model.layers.{}.post_attention_layernorm")),
     "phi3": Family(_tx("Phi3Config", "Phi3ForCausalLM", **DECODER), "rmsnorm", _per_layer("model.layers.{}.post_attention_layernorm")),
     "vit": Family(_tx("ViTConfig", "ViTModel", hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=4, intermediate_size=64,
-                      image_size=16, patch_size=8), "layernorm", (), images=True),  # fmt: skip
+                      image_size=16, patch_size=8), "layernorm", (), images=True),
+    "olmo2": Family(_tx("Olmo2Config", "Olmo2ForCausalLM", **DECODER), "rmsnorm", (), norms=4 * LAYERS + 1,
+                    gated_mlps=True),  # reordered post-norm: norm(attn(x)) and norm(mlp(h)) are added
+    "gemma2": Family(_tx("Gemma2Config", "Gemma2ForCausalLM", head_dim=8, **DECODER), "rmsnorm",
+                     _per_layer("model.layers.{}.pre_feedforward_layernorm"), norms=4 * LAYERS + 1),
+    "qwen3": Family(_tx("Qwen3Config", "Qwen3ForCausalLM", head_dim=8, **DECODER), "rmsnorm",
+                    _per_layer("model.layers.{}.post_attention_layernorm"), norms=4 * LAYERS + 1),  # q_norm, k_norm per head
+    "mixtral": Family(_tx("MixtralConfig", "MixtralForCausalLM", num_local_experts=2, num_experts_per_tok=2, **DECODER),
+                      "rmsnorm", _per_layer("model.layers.{}.post_attention_layernorm"), gate_stats=False),
+    "t5": Family(_tx("T5Config", "T5EncoderModel", d_model=D, d_kv=8, d_ff=64, num_layers=LAYERS, num_heads=4, vocab_size=VOCAB,
+                     feed_forward_proj="gated-gelu"), "rmsnorm", _per_layer("encoder.block.{}.layer.1.layer_norm")),
+    "gpt-neox": Family(_tx("GPTNeoXConfig", "GPTNeoXForCausalLM", use_parallel_residual=True, **HF), "layernorm", ()),
+    "gpt-j": Family(_tx("GPTJConfig", "GPTJForCausalLM", n_embd=D, n_layer=LAYERS, n_head=4, vocab_size=VOCAB, n_positions=32,
+                        rotary_dim=4, bos_token_id=1, eos_token_id=2), "layernorm", (), norms=LAYERS + 1),
+    "falcon": Family(_tx("FalconConfig", "FalconForCausalLM", hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=4,
+                         vocab_size=VOCAB, parallel_attn=True, new_decoder_architecture=False, bos_token_id=1, eos_token_id=2),
+                     "layernorm", (), norms=LAYERS + 1),  # parallel attention, one norm a block
+    "cohere": Family(_tx("CohereConfig", "CohereForCausalLM", logit_scale=1.0, **DECODER), "layernorm",
+                     _per_layer("model.layers.{}.input_layernorm"), norms=LAYERS + 1),  # parallel: one norm feeds both
+    "convnext": Family(_tx("ConvNextConfig", "ConvNextModel", num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2),
+                       "layernorm", (), images=True,
+                       channels_first=("embeddings.layernorm", "encoder.stages.1.downsampling_layer.0")),
     "user-gated": Family(lambda: UserLM(OddGatedBlock, VOCAB, D, n_layers=LAYERS), "layernorm", _per_layer("stack.{}.post")),
     "user-dyt": Family(lambda: UserLM(SquashBlock, VOCAB, D, n_layers=LAYERS, norm=SquashNorm), "dyt", ()),
 }
-NORMS = 2 * LAYERS + 1  # every family: two norms per block and one more (final, or BERT's embedding norm)
+NORMS = 2 * LAYERS + 1  # most families: two norms per block and one more (final, or BERT's embedding norm)
+
+
+def _norms(name: str) -> int:
+    return FAMILIES[name].norms or NORMS
 
 
 def _build(name: str, seed: int = 0) -> nn.Module:
@@ -97,10 +138,11 @@ def _converted(name: str, alpha: float = 1.0) -> tuple[nn.Module, dict[str, Tens
 @pytest.mark.parametrize("name", FAMILIES)
 def test_every_norm_is_found_with_the_kind_it_computes(name):
     layers = find_norm_layers(_build(name))
-    assert len(layers) == NORMS and {l.kind for l in layers} == {FAMILIES[name].kind}
+    assert len(layers) == _norms(name) and {l.kind for l in layers} == {FAMILIES[name].kind}
+    assert {l.name for l in layers if l.axis == 1} == set(FAMILIES[name].channels_first)
     for l in layers:
         if l.kind != "dyt":
-            assert effective_affine(l.module).kind == l.kind, l.name  # behaviour agrees with the class-name rule
+            assert effective_affine(l.module).kind == l.kind, l.name  # the affine fit agrees with discovery
 
 
 # ----------------------------------------------------------------------------- conversion
@@ -114,7 +156,8 @@ def test_convert_copies_the_effective_gain_and_the_outputs_are_not_degenerate(na
     model.eval()
     with torch.no_grad():
         a, b = _output(model(_inputs(name, 1))), _output(model(_inputs(name, 2)))
-    assert torch.isfinite(a).all() and a.std(dim=-1).min() > 1e-4  # not constant along the features
+    feats = a.flatten(1) if a.dim() == 4 else a  # (B, C, H, W): channels and positions
+    assert torch.isfinite(a).all() and feats.std(dim=-1).min() > 1e-4  # not constant along the features
     assert (a - b).abs().max() > 1e-3  # and it depends on the input
 
 
@@ -123,10 +166,19 @@ def test_convert_copies_the_effective_gain_and_the_outputs_are_not_degenerate(na
 def test_gated_mlp_detection_from_the_data_flow(name):
     model = _converted(name)[0] if FAMILIES[name].kind != "dyt" else _build(name)
     report = detect_gating(model, example_input=_inputs(name, 0, n=1))
-    expected = FAMILIES[name].gated_norms
+    family = FAMILIES[name]
+    expected = family.gated_norms
     assert report.gated is bool(expected), report.message
     assert tuple(report.pairings) == expected
-    assert all(p.source == "trace" and p.gate_stats for p in report.pairings.values())
+    assert all(p.source == "trace" and p.gate_stats is family.gate_stats for p in report.pairings.values())
+    has_gated_mlps = bool(expected) if family.gated_mlps is None else family.gated_mlps
+    assert bool(report.pairings or report.unpaired_gated_mlps) is has_gated_mlps, report.message
+    assert {l.name for l in model_map(model).norms if "gated-mlp" in (l.feeds or ())} == set(expected)
+    # without a batch: never "no" for a gated family, never "yes" for one whose norms feed no gated MLP
+    blind = detect_gating(model)
+    assert blind.gated is not (not expected), blind.message
+    if blind.gated:
+        assert tuple(blind.pairings) == expected
     if name == "phi3":
         assert all(p.fused and p.up is None and p.gate.endswith("gate_up_proj") for p in report.pairings.values())
     # the original (LayerNorm/RMSNorm) model reads the same from its norms
@@ -143,9 +195,13 @@ def test_probe_norm_type_at_random_init(name):
     want = "layernorm-like" if FAMILIES[name].kind == "layernorm" else "rmsnorm-like"
     assert report.norm_type == want, report.norm_type_note
     readings = [r for r in report.layers.values() if r.kind != "dyt"]
-    assert len(readings) == NORMS and all(r.norm_type == want for r in readings)
+    assert len(readings) == _norms(name)
+    few = [r for r in readings if r.tokens <= r.dim]  # rank-deficient: no reading of the type, and it says why
+    assert all(r.norm_type == "undetermined" and f"{r.tokens} token(s) for {r.dim} channels" in r.note for r in few)
+    read = [r for r in readings if r.tokens > r.dim]
+    assert len(read) >= len(readings) - 1 and all(r.norm_type == want for r in read)
     if want == "layernorm-like":
-        assert min(abs(r.alignment) for r in readings) >= 0.9999
+        assert min(abs(r.alignment) for r in read) >= 0.9999
 
 
 # ----------------------------------------------------------------------------- the callback's counts

@@ -12,7 +12,7 @@ from torch import nn
 from helpers import token_loader, trainer
 from satmon import DyT, SaturationMonitor
 from satmon.observe.gate import GateCounter, GateHooks
-from satmon.model.gating import GatedPairing, GatingReport, detect_gating
+from satmon.model.gating import GatedPairing, GatingInfo, detect_gating
 from satmon.demos.lit import LitLM
 from satmon.demos.llama import LlamaLM
 from satmon.functional.gate import flat_threshold
@@ -20,10 +20,10 @@ from satmon.functional.gate import flat_threshold
 D, H = 16, 24
 
 
-def _report(**pairing) -> GatingReport:
+def _report(**pairing) -> GatingInfo:
     p = GatedPairing(**{"norm": "norm", "mlp": "", "gate": "fc_in", "up": None, "down": "fc_out", "fused": True,
                         "activation": "silu", "source": "mapping", **pairing})  # fmt: skip
-    return GatingReport(True, {"norm": p}, [], "")
+    return GatingInfo(True, ("norm",), "", {"norm": p})
 
 
 class _Fused(nn.Module):

@@ -17,6 +17,7 @@ from satmon.results.frozen import FrozenMap, freeze, thaw
 from satmon.results.plan import MemoryPlan
 from satmon.results.probe_report import LayerReading, ProbeReport, SigmaMinReading
 from satmon.results.stop import StopReason, StopRecord
+from satmon.results.gating import GatedPairing
 from satmon.results.verdict import GatingInfo, Verdict, build_verdict
 
 
@@ -28,9 +29,14 @@ def _plain(value) -> bool:
     return value is None or type(value) in (str, int, float, bool)
 
 
+def _pairing(**kw) -> GatedPairing:
+    return GatedPairing(**{"norm": "ln_2", "mlp": "mlp", "gate": "mlp.w1", "up": "mlp.w3", "down": "mlp.w2", "fused": False,
+                           "activation": "silu", "source": "trace", **kw})
+
+
 def _verdict() -> Verdict:
     gating = GatingInfo(True, ("ln_2",), "ln_2 feeds a SwiGLU MLP",
-                        pairings={"ln_2": {"mlp": "mlp", "also_feeds": ["mlp2"]}}, unpaired_gated_mlps=("mlp3",))
+                        pairings={"ln_2": _pairing(also_feeds=("mlp2",))}, unpaired_gated_mlps=("mlp3",))
     return build_verdict({"ln_1": (1, 10), "ln_2": (6, 10)}, step=8, window=8, gating=gating,
                          risk={"mlp": {"dyt_saturation": 0.6, "flat_fraction": math.nan}}, notes=["a note"],
                          loss={"first": 3.0, "last": 2.0, "change": -1 / 3, "late_change": -0.1, "stalled": False},
@@ -88,13 +94,16 @@ def test_verdict_round_trips_through_dict_json_pickle_and_a_weights_only_checkpo
 
 def test_gating_info_is_one_frozen_value():
     g = _verdict()
-    info = GatingInfo(True, ["ln_2"], "m", pairings={"ln_2": {"mlp": "mlp", "also_feeds": ["a"]}})
-    assert info.gated_layers == ("ln_2",) and info.pairings["ln_2"]["also_feeds"] == ("a",)
+    info = GatingInfo(True, ["ln_2"], "m", pairings={"ln_2": _pairing(also_feeds=("a",))})
+    assert info.gated_layers == ("ln_2",) and info.pairings["ln_2"].also_feeds == ("a",)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        info.pairings["ln_2"].mlp = "other"  # type: ignore[misc]
     with pytest.raises(TypeError):
-        info.pairings["ln_2"]["mlp"] = "other"  # type: ignore[index]
+        info.pairings["ln_2"] = _pairing()  # type: ignore[index]
     assert info.to_dict() == {"gated": True, "gated_layers": ["ln_2"], "message": "m",
-                              "pairings": {"ln_2": {"mlp": "mlp", "also_feeds": ["a"]}}, "unpaired_gated_mlps": [],
-                              "unclassified": {}}
+                              "pairings": {"ln_2": {**dataclasses.asdict(_pairing()), "also_feeds": ["a"]}},
+                              "unpaired_gated_mlps": [], "unclassified": {}}
+    assert GatingInfo.from_dict(info.to_dict()) == info and hash(info) == hash(GatingInfo.from_dict(info.to_dict()))
     assert g.gated and g.gated_layers == ("ln_2",)
 
 

@@ -15,6 +15,7 @@ import torch
 import satmon.results.probe_report as report_module
 from satmon.functional.dead_directions import InitGap, gram_spectrum, sigma_min_profile
 from satmon.results.probe_report import EMBEDDING, LayerReading, ProbeReport, SigmaMinReading, model_norm_type
+from satmon.results.gating import GatedPairing
 from satmon.results.verdict import GatingInfo, LayerCounts, Source, build_verdict
 from satmon.io.json_records import to_json
 
@@ -32,14 +33,16 @@ def _report() -> ProbeReport:
                             gating=GatingInfo(True, ("dyt",), "gated"), risk={"mlp": {"flat_fraction": math.nan}})  # fmt: skip
     layers = {"ln": _ln("ln", 1e-14), "dyt": LayerReading("dyt", "dyt", 8, tokens=12, saturation=0.6, alpha=2.0)}
     sigma = SigmaMinReading([EMBEDDING, "b0"], [2.0, math.inf], [None, None], False, "X_0 is numerically singular")
-    gating = GatingInfo(True, ("dyt",), "gated", pairings={"dyt": {"mlp": "mlp", "also_feeds": []}})
+    gating = GatingInfo(True, ("dyt",), "gated", pairings={"dyt": GatedPairing("dyt", "mlp", "mlp.g", "mlp.u", "mlp.d", False, "silu", "trace")})
     return ProbeReport(layers, sigma, "layernorm-like", saturation=0.6, verdict=verdict, gating=gating, tokens=100, batches=1)
 
 
 def test_to_dict_keeps_plain_values_and_the_json_writer_sanitises_them():
     d = _report().to_dict()
     assert math.isnan(d["gating"]["risk"]["mlp"]["flat_fraction"]) and d["sigma_min"]["values"][1] == math.inf
-    assert d["gating"] == {"gated": True, "pairings": {"dyt": {"mlp": "mlp", "also_feeds": []}}, "unpaired_gated_mlps": [],
+    pairing = {"norm": "dyt", "mlp": "mlp", "gate": "mlp.g", "up": "mlp.u", "down": "mlp.d", "fused": False, "activation": "silu",
+               "source": "trace", "also_feeds": [], "gate_first": True, "gate_stats": True}
+    assert d["gating"] == {"gated": True, "pairings": {"dyt": pairing}, "unpaired_gated_mlps": [],
                            "message": "gated", "unclassified": {}, "risk": d["verdict"]["risk"]}  # the verdict's risk, once
     assert d["layers"]["dyt"] == {"kind": "dyt", "dim": 8, "tokens": 12, "saturation": 0.6, "alpha": 2.0, "nonfinite": 0}
     assert d["verdict"]["step"] == 7 and d["verdict"]["decision"] == "no-go"  # gated, 0.6 >= 0.5: collapse risk

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from satmon import Settings, study
+from satmon.results.gating import GatedPairing
 from satmon.results.reading import Reading, Rule, verdict_of
 from satmon.results.verdict import (
     TRUST,
@@ -31,7 +32,8 @@ def _reading(sat: int = 60, total: int = 100, **kw) -> Reading:
 
 
 def test_a_reading_carries_everything_the_verdict_shows():
-    gating = GatingInfo(True, ("a",), "a feeds a SwiGLU MLP", pairings={"a": {"mlp": "blocks.0.mlp"}})
+    gating = GatingInfo(True, ("a",), "a feeds a SwiGLU MLP", pairings={"a": GatedPairing(
+        "a", "blocks.0.mlp", "blocks.0.mlp.w1", "blocks.0.mlp.w3", "blocks.0.mlp.w2", False, "silu", "trace")})
     r = _reading(offset=OFFSET, offset_driven=True, offset_every=5, loss=STALLED, gating=gating,
                  gate={"a": {"flat_fraction": 0.25, "mean_abs_hidden": 0.5}}, refused={"b": "alpha reshaped"},
                  notes=("resumed at step 4",))
