@@ -35,6 +35,7 @@ No host sync: every tensor function here returns device tensors and never calls 
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from typing import Literal
@@ -44,15 +45,20 @@ from torch import Tensor
 
 __all__ = [
     "AlphaBroadcastError",
+    "POINTWISE_FUNCTIONS",
     "Product",
     "alpha_broadcast_problem",
     "check_product",
+    "fused_counts",
     "module_product_dtype",
+    "pointwise_cutoff",
+    "pointwise_gain",
     "saturation_threshold",
     "saturation_threshold_host",
     "saturation_sums",
     "saturation_counts",
     "saturation_fraction",
+    "shifted_saturation_counts",
 ]
 
 #: ``"module"``: the product as the layer's forward rounds it; ``"exact"``: the real product
@@ -104,6 +110,7 @@ def check_product(product: object) -> str:
     return product  # type: ignore[return-value]
 
 
+@functools.lru_cache(maxsize=512)  # the hot path checks the same few combinations every step (errors are not cached)
 def _check(level: float, dtype: torch.dtype, product: str, product_dtype: torch.dtype | None = None) -> None:
     check_product(product)
     if not (math.isfinite(level) and level >= 0):
@@ -213,6 +220,11 @@ def _boundary(level: float, pdt: torch.dtype) -> tuple[float, bool]:
     """``(mid, ties_up)``: a real product rounds to a ``pdt`` value above ``level`` iff it is ``> mid``,
     or ``== mid`` when ``ties_up`` (round half to even: ``mid`` lies between the ``pdt`` values around
     ``level``, and the tie goes up when the lower one is odd)."""
+    return _boundary_cached(level, pdt)
+
+
+@functools.lru_cache(maxsize=512)
+def _boundary_cached(level: float, pdt: torch.dtype) -> tuple[float, bool]:
     if pdt == torch.float64:
         return level, False  # the float64 product is compared as computed
     r = _round_to(level, pdt)
@@ -293,7 +305,7 @@ def _module_threshold_host(alpha: float, level: float, dtype: torch.dtype, pdt: 
     a = _round_to(abs(float(alpha)), pdt)
     if a == 0.0 or math.isnan(a):
         return math.inf  # nothing exceeds level (0 * inf and nan products are nan)
-    mid, ties_up = _boundary(level, pdt)
+    mid, ties_up = _boundary_cached(level, pdt)
 
     def over(v: float) -> bool:  # a * v: exact for float32-or-narrower operands, the float64 product otherwise
         return a * v >= mid if ties_up else a * v > mid
@@ -489,6 +501,135 @@ def saturation_sums(x: Tensor, threshold: Tensor | float, scratch: Tensor | None
         ax.gt_(_fit_threshold(threshold, x.shape))  # extra leading 1-dims, or AlphaBroadcastError
     # a float32 sum of 0/1 is exact below 2**24 elements; beyond, accumulate in float64
     return abs_sum, (ax.sum() if ax.numel() < 2**24 else ax.sum(dtype=torch.float64))
+
+
+def fused_counts(x: Tensor, threshold: Tensor) -> tuple[Tensor, Tensor]:
+    """``#{|x| > threshold}`` and whether ``x`` holds a non-finite value, written as one reduction pass.
+
+    The tensor-op form of :func:`saturation_sums` that a compiler fuses into a single kernel (both
+    reductions read ``x`` once): satmon runs it under ``torch.compile`` (traced into a compiled model,
+    or compiled on its own for an accelerator's eager forwards). In eager CPU code the four ATen ops
+    of :func:`saturation_sums` are faster (docs/performance.md).
+
+    Args:
+        x: a float32/bf16/fp16 DyT input, any shape.
+        threshold: ``saturation_threshold(alpha, level, dtype=x.dtype)`` (float32, ``alpha``'s shape,
+            broadcast against ``x`` as ``alpha * x``), compared with ``|x|`` in float32 (exact for
+            bf16/fp16 data).
+
+    Returns:
+        ``(saturated, nonfinite)``: int64 0-dim tensors, as :func:`saturation_counts` returns them.
+
+    Example:
+        >>> sat, bad = fused_counts(torch.tensor([0.5, -1.5, float("inf")]), torch.tensor([1.0]))
+        >>> int(sat), int(bad)
+        (2, 1)
+    """
+    x = x.detach()
+    saturated = (x.abs().to(torch.float32) > threshold).sum()  # int64
+    return saturated, (~torch.isfinite(x)).any().to(torch.int64)
+
+
+def shifted_saturation_counts(x: Tensor, alpha: Tensor, shift: Tensor, cutoff: float, *,
+                              product: Product = "module") -> tuple[Tensor, Tensor]:
+    """Saturated and non-finite counts of a point-wise layer whose pre-activation carries a shift:
+    ``|u| > cutoff`` with ``u = alpha * x + shift`` (Derf's ``erf(alpha * x + s)``).
+
+    With a shift no single threshold on ``|x|`` exists, so ``u`` itself is computed: as the layer's
+    forward computes it for ``product="module"`` (``alpha * x + shift`` with torch's own rounding and
+    broadcasting, the same bits as the module's eager forward), in float64 for ``"exact"``; then
+    compared with ``cutoff`` in float64 (exact for any ``u`` of float64 or narrower).
+
+    Args:
+        x: the layer's input.
+        alpha: the layer's scale, as its forward applies it.
+        shift: the layer's shift ``s``, as its forward adds it.
+        cutoff: the cut-off on ``|u|`` (:func:`pointwise_cutoff`).
+        product: ``"module"`` or ``"exact"``.
+
+    Returns:
+        ``(saturated, nonfinite)``: int64 0-dim tensors (``nonfinite`` is 1 when ``x`` holds an ``inf``/``nan``).
+
+    Example:
+        >>> x = torch.tensor([0.1, 0.9, -1.2])
+        >>> sat, bad = shifted_saturation_counts(x, torch.tensor([2.0]), torch.tensor([0.5]), 1.6)
+        >>> int(sat), int(bad)  # u = 0.7, 2.3, -1.9
+        (2, 0)
+    """
+    check_product(product)
+    with torch.no_grad():
+        x, a, s = x.detach(), alpha.detach(), shift.detach()
+        if product == "exact" or x.dtype == torch.float64:
+            u = a.to(torch.float64) * x.to(torch.float64) + s.to(torch.float64)
+        else:
+            u = (a * x + s).to(torch.float64)
+        if u.shape != x.shape:
+            raise AlphaBroadcastError(f"Expected alpha * x + shift to keep the input's shape {tuple(x.shape)}, got "
+                                      f"{tuple(u.shape)} (alpha {tuple(a.shape)}, shift {tuple(s.shape)}).")
+        return (u.abs() > cutoff).sum(), (~torch.isfinite(x)).any().to(torch.int64)
+
+
+#: the point-wise functions satmon counts (``NormLayer.function``): DyT's tanh, Derf's erf, the study's HardTanh control
+POINTWISE_FUNCTIONS = ("tanh", "erf", "hardtanh")
+
+
+def pointwise_gain(function: str, u: Tensor) -> Tensor:
+    """The local gain ``|f'(u)| / f'(0)`` of a point-wise function (1 at ``u = 0``), in ``u``'s dtype.
+
+    ``tanh``: ``1 - tanh(u)^2``; ``erf``: ``exp(-u^2)``; ``hardtanh``: 1 on ``|u| < 1``, 0 outside
+    (its derivative at ``|u| = 1`` is undefined; 0 here).
+
+    Example:
+        >>> pointwise_gain("erf", torch.tensor([0.0, 1.0], dtype=torch.float64)).tolist()
+        [1.0, 0.36787944117144233]
+    """
+    if function == "tanh":
+        return 1 - torch.tanh(u) ** 2
+    if function == "erf":
+        return torch.exp(-u * u)
+    if function == "hardtanh":
+        return (u.abs() < 1).to(u.dtype)
+    raise ValueError(f"Expected a point-wise function in {POINTWISE_FUNCTIONS}, got {function!r}.")
+
+
+@functools.lru_cache(maxsize=64)
+def pointwise_cutoff(function: str, level: float) -> float:
+    """The cut-off ``c`` on ``|u|`` at which a point-wise function saturates at the study's ``level``.
+
+    satmon's rule for the DyT family (docs/science.md; the rule is satmon's, the level the study's):
+    an element is saturated when the local gain of the function at its pre-activation ``u`` is below
+    tanh's at ``level``, ``|f'(u)| <= f'(0) * (1 - tanh(level)^2)``; with the study's strict ``>``,
+    saturated iff ``|u| > c``:
+
+    - ``tanh``: ``c = level`` (the study's rule, returned as given: the same bits as before);
+    - ``erf``: ``exp(-c^2) = 1 - tanh(level)^2``, so ``c = sqrt(-ln(1 - tanh(level)^2)) = sqrt(2 ln cosh(level))``
+      (1.62788... at level 2; computed through ``ln cosh`` so that large levels stay accurate);
+    - ``hardtanh``: its gain is 1 inside ``|u| < 1`` and 0 outside, so ``c = 1`` (0 at level 0, where every
+      gain qualifies).
+
+    Args:
+        function: one of :data:`POINTWISE_FUNCTIONS` (``NormLayer.function``).
+        level: the study's level (2.0), finite and ``>= 0``.
+
+    Returns:
+        ``c`` as a Python float.
+
+    Example:
+        >>> pointwise_cutoff("tanh", 2.0), round(pointwise_cutoff("erf", 2.0), 5), pointwise_cutoff("hardtanh", 2.0)
+        (2.0, 1.62788, 1.0)
+    """
+    if not (isinstance(level, (int, float)) and math.isfinite(level) and level >= 0):
+        raise ValueError(f"Expected a finite saturation level >= 0, got {level!r}.")
+    level = float(level)
+    if function == "tanh":
+        return level
+    if function == "erf":
+        log_cosh = level + math.log1p(math.exp(-2 * level)) - math.log(2)  # ln cosh(level), stable for large levels
+        return math.sqrt(max(2 * log_cosh, 0.0))
+    if function == "hardtanh":
+        return 1.0 if level > 0 else 0.0
+    raise ValueError(f"Expected a point-wise function in {POINTWISE_FUNCTIONS} (NormLayer.function), got {function!r}. "
+                     "satmon counts tanh (DyT), erf (Derf) and hardtanh; leave other layers out with exclude=.")
 
 
 def saturation_fraction(saturated: Tensor, total: Tensor) -> Tensor:

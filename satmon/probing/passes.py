@@ -273,8 +273,7 @@ class _SaturationScreen:
         self.gating = {**found.to_dict(), "risk": {}}
         if found.pairings:
             # a probe on one rank never waits for the others: the gate counter does not sync
-            counter = GateCounter(len(found.pairings), distributed_available_fn=lambda: False).to(where)
-            self.gate_hooks = GateHooks(model, found, counter)
+            self.gate_hooks = GateHooks(model, found, GateCounter(len(found.pairings)).to(where))
 
     def hooksets(self) -> list[Any]:
         return [h for h in (self.hooks, self.gate_hooks) if h is not None]
@@ -293,7 +292,7 @@ class _SaturationScreen:
             return None, None
         per_layer = counted.fractions(names)
         pairings = self.gating.get("pairings", {})
-        stats = self.gate_hooks.readings() if self.gate_hooks is not None else {}
+        stats = self.gate_hooks.readings(sync=False) if self.gate_hooks is not None else {}
         risk = {p["mlp"]: {"dyt_saturation": per_layer.get(norm, math.nan), **stats.get(norm, {})} for norm, p in pairings.items()}
         self.gating["risk"] = risk
         gated = self.gating.get("gated")

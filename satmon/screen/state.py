@@ -114,8 +114,7 @@ def dump_state(screen: Any, sync: bool) -> dict[str, Any]:
     state = saved_state(screen, counts)
     for key, metric in _metrics(screen):
         if metric is not None:
-            with metric.sync_context(should_sync=sync, should_unsync=True):
-                state[key] = {k: getattr(metric, k).cpu().tolist() for k in metric._defaults}
+            state[key] = {k: v.cpu().tolist() for k, v in metric.synced(sync).items()}
     return state
 
 
