@@ -110,8 +110,14 @@ def check_product(product: object) -> str:
     return product  # type: ignore[return-value]
 
 
-@functools.lru_cache(maxsize=512)  # the hot path checks the same few combinations every step (errors are not cached)
 def _check(level: float, dtype: torch.dtype, product: str, product_dtype: torch.dtype | None = None) -> None:
+    if torch.compiler.is_compiling():  # traced once per graph: no cache (Dynamo would trace through it anyway)
+        _check_args(level, dtype, product, product_dtype)
+    else:
+        _check_cached(level, dtype, product, product_dtype)
+
+
+def _check_args(level: float, dtype: torch.dtype, product: str, product_dtype: torch.dtype | None = None) -> None:
     check_product(product)
     if not (math.isfinite(level) and level >= 0):
         raise ValueError(f"Expected a finite saturation level >= 0, got {level!r}.")
@@ -133,6 +139,10 @@ def _check(level: float, dtype: torch.dtype, product: str, product_dtype: torch.
             f"Expected a level between the smallest normal ({info.tiny}) and the largest ({info.max}) {product_dtype} "
             f"value for product='module', got {level!r}. Use product='exact' for such a level."
         )
+
+
+#: the hot path checks the same few combinations every step (errors are not cached)
+_check_cached = functools.lru_cache(maxsize=512)(_check_args)
 
 
 def saturation_threshold(

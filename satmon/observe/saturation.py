@@ -107,6 +107,9 @@ class CountQueue:
         #: how an eager input is counted: ``None`` by device (fused on accelerators, the four ATen ops on the
         #: CPU), ``True`` always fused (one compiled kernel), ``False`` always the four ops
         self.fused: bool | None = None
+        #: a scalar CPU ``alpha`` is read on the host (``.item()`` of a CPU scalar: nothing to wait for) and its
+        #: threshold computed in plain Python; ``False`` takes the accelerator's path (tensor thresholds)
+        self.host_thresholds = True
         self._fused_fn: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
         self._sums: list[tuple[int, Tensor, Tensor, int]] = []  # four-op results: (layer, abs sum, saturated, numel)
         self._counts: list[tuple[int, Tensor, Tensor, int]] = []  # int64 results: (layer, saturated, non-finite, numel)
@@ -196,7 +199,7 @@ class CountQueue:
         if cached is not None and cached[0] == key:
             return cached[1]
         level = self.cutoffs[index]
-        if not tensor and alpha.device.type == "cpu" and alpha.numel() == 1:
+        if not tensor and self.host_thresholds and alpha.device.type == "cpu" and alpha.numel() == 1:
             t: Tensor | float = saturation_threshold_host(alpha.item(), level, dtype=dtype, product=self.product,
                                                           product_dtype=module_product_dtype(alpha, dtype))
         else:
