@@ -109,17 +109,19 @@ def offset_sums(x: Tensor, alpha: Tensor, level: float = 2.0, channel_dim: int =
     """
     dim = channel_dim % x.dim()
     a = _channel_alpha(alpha, x.shape, dim)  # (C,) or (1,)
-    x64 = x.detach().to(torch.float64).movedim(dim, -1)  # (..., C)
-    flat = x64.reshape(-1, x64.shape[-1])  # (N, C): the batch's tokens
+    flat = x.detach().to(torch.float64).movedim(dim, -1).reshape(-1, x.shape[dim])  # (N, C): the batch's tokens
+    if flat.data_ptr() == x.data_ptr():  # float64 input, channels last: the buffer below is written in place
+        flat = flat.clone()
     mean = flat.mean(0)  # (C,)
     dev = flat - mean  # (N, C), two passes: a large offset does not cancel the spread away
-    spread = dev.square().mean(0).sqrt()  # (C,) population std over tokens
-    saturated_c = (flat.abs() * a > level).sum(0)  # (C,)
+    # two (N, C) buffers in all, reused in place (the values are those of the out-of-place expressions)
+    saturated_c = flat.abs_().mul_(a).gt_(level).sum(0).to(torch.int64)  # (C,): |alpha * x| > level
+    spread = torch.square(dev, out=flat).mean(0).sqrt()  # (C,) population std over tokens
     offset_channel = mean.abs() * a > level  # (C,) channels whose mean alone saturates
     return OffsetSums(
-        total=torch.full((), flat.numel(), dtype=torch.int64, device=x.device),  # a fill, not a host-to-device copy
+        total=torch.full((), dev.numel(), dtype=torch.int64, device=x.device),  # a fill, not a host-to-device copy
         saturated=saturated_c.sum(),
-        centered_saturated=(dev.abs() * a > level).sum(),
+        centered_saturated=dev.abs_().mul_(a).gt_(level).sum().to(torch.int64),
         offset_channel_saturated=(saturated_c * offset_channel).sum(),
         abs_mean=mean.abs(),
         spread=spread,
