@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import math
 import struct
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -55,6 +56,7 @@ __all__ = [
     "pointwise_gain",
     "saturation_threshold",
     "saturation_threshold_host",
+    "threshold_host_fn",
     "saturation_sums",
     "saturation_counts",
     "saturation_fraction",
@@ -298,6 +300,37 @@ def saturation_threshold_host(
     return _module_threshold_host(alpha, level, dtype, pdt)
 
 
+def threshold_host_fn(level: float, *, dtype: torch.dtype = torch.float32, product: Product = "module",
+                      product_dtype: torch.dtype | None = None) -> Callable[[float], float]:
+    """:func:`saturation_threshold_host` with everything but ``alpha`` fixed: the arguments are checked
+    once and a function of ``alpha`` alone is returned (the CPU hot path calls it once per layer and step).
+
+    Example:
+        >>> t = threshold_host_fn(2.0)
+        >>> t(2.0), t(0.8) == saturation_threshold_host(0.8, 2.0)
+        (1.0, True)
+    """
+    if product == "exact":
+        _check(level, dtype, product)
+        return functools.partial(_exact_threshold_host, level=level)
+    pdt = product_dtype or torch.float32
+    _check(level, dtype, product, pdt)
+    if dtype != torch.float32:
+        return functools.partial(_module_threshold_host, level=level, dtype=dtype, pdt=pdt)
+    mid, ties_up = _boundary_cached(level, pdt)
+    narrow = pdt != torch.float64  # a float32 alpha rounds to itself; a wider one to float32 first
+
+    def threshold(alpha: float) -> float:
+        a = abs(float(alpha))
+        if narrow:
+            a = _f32(a)
+        if a == 0.0 or a != a:
+            return math.inf
+        return _float32_search(a, level, mid, ties_up)
+
+    return threshold
+
+
 def _exact_threshold_host(alpha: float, level: float) -> float:
     a = abs(float(alpha))
     if a == 0.0:
@@ -316,6 +349,8 @@ def _module_threshold_host(alpha: float, level: float, dtype: torch.dtype, pdt: 
     if a == 0.0 or math.isnan(a):
         return math.inf  # nothing exceeds level (0 * inf and nan products are nan)
     mid, ties_up = _boundary_cached(level, pdt)
+    if dtype == torch.float32:
+        return _float32_search(a, level, mid, ties_up)
 
     def over(v: float) -> bool:  # a * v: exact for float32-or-narrower operands, the float64 product otherwise
         return a * v >= mid if ties_up else a * v > mid
@@ -334,6 +369,35 @@ _F32 = struct.Struct("<f")
 _U32 = struct.Struct("<I")
 _F16 = struct.Struct("<e")
 _U16 = struct.Struct("<H")
+_F32_INF_BITS = 0x7F800000
+
+
+def _float32_search(a: float, level: float, mid: float, ties_up: bool) -> float:
+    """:func:`_module_threshold_host`'s search for float32 inputs, on the bit patterns directly (the CPU hot
+    path: one threshold per layer and optimizer step). The same steps as the general loop: down from
+    ``fl32(level / a)`` while the product rounds above ``level``, then up while the next value's does not."""
+    pack_f, unpack_f, pack_u, unpack_u = _F32.pack, _F32.unpack, _U32.pack, _U32.unpack
+    t = _f32(level / a)  # to nearest, inf past the float32 range: as the general loop starts
+    bits = unpack_u(pack_f(t))[0]
+    if ties_up:
+        while bits > 0 and a * t >= mid:
+            bits -= 1
+            t = unpack_f(pack_u(bits))[0]
+        while bits < _F32_INF_BITS:
+            up = unpack_f(pack_u(bits + 1))[0]
+            if a * up >= mid:
+                break
+            bits, t = bits + 1, up
+        return t
+    while bits > 0 and a * t > mid:
+        bits -= 1
+        t = unpack_f(pack_u(bits))[0]
+    while bits < _F32_INF_BITS:
+        up = unpack_f(pack_u(bits + 1))[0]
+        if a * up > mid:
+            break
+        bits, t = bits + 1, up
+    return t
 
 
 def _f32(v: float) -> float:

@@ -41,8 +41,8 @@ from satmon.functional.saturation import (
     saturation_counts,
     saturation_sums,
     saturation_threshold,
-    saturation_threshold_host,
     shifted_saturation_counts,
+    threshold_host_fn,
     _fit_threshold,
 )
 from satmon.model.discovery import NormLayer
@@ -117,6 +117,7 @@ class CountQueue:
         self._kept_layers: set[int] = set()
         self._buffers: dict[torch.Size, Tensor] = {}
         self._thresholds: dict[int, tuple[tuple, Tensor | float]] = {}
+        self._host_rules: dict[tuple, Callable[[float], float]] = {}
         self._folds: dict[tuple, tuple[Tensor, Tensor]] = {}  # (layers, numels) -> device (index, totals)
 
     def add_input(self, index: int, x: Tensor, alpha: Tensor) -> None:
@@ -172,19 +173,23 @@ class CountQueue:
     def count_kept(self) -> None:
         """Count the kept inputs (no host sync), skipping any changed in place since its forward."""
         kept, self._kept = self._kept, []
+        if not kept:
+            return
         self._kept_layers.clear()
         stale = 0
-        for index, x, version, alpha, alpha_version in reversed(kept):  # the latest first: still in cache
-            if x._version != version or alpha._version != alpha_version:
-                stale += 1
-                continue
-            self._count_now(index, x, alpha)
+        with torch.no_grad():  # one grad-mode switch for all the layers
+            for index, x, version, alpha, alpha_version in reversed(kept):  # the latest first: still in cache
+                if x._version != version or alpha._version != alpha_version:
+                    stale += 1
+                    continue
+                self._count_now(index, x, alpha)
         if stale:
             self.keep_inputs = False
             warnings.warn(
                 f"satmon: {stale} kept DyT input(s) or their alpha changed in place between the forward and the count "
-                "(count_kept() must run before the optimizer step); they were skipped, and from now on every input is "
-                "counted in its hook.", RuntimeWarning, stacklevel=2)
+                "(kept inputs are counted when the model's forward returns or at count_kept(), which must run before "
+                "the optimizer step; a model run through .forward() skips the first); they were skipped, and from now "
+                "on every input is counted in its hook.", RuntimeWarning, stacklevel=2)
 
     def threshold(self, index: int, alpha: Tensor, dtype: torch.dtype = torch.float32, tensor: bool = False) -> Tensor | float:
         """Layer ``index``'s threshold on ``|x|`` of ``dtype``, recomputed only when ``alpha`` or ``dtype`` changed.
@@ -200,8 +205,12 @@ class CountQueue:
             return cached[1]
         level = self.cutoffs[index]
         if not tensor and self.host_thresholds and alpha.device.type == "cpu" and alpha.numel() == 1:
-            t: Tensor | float = saturation_threshold_host(alpha.item(), level, dtype=dtype, product=self.product,
-                                                          product_dtype=module_product_dtype(alpha, dtype))
+            rule = (index, dtype, alpha.dtype, alpha.dim())  # what the product dtype depends on
+            fn = self._host_rules.get(rule)
+            if fn is None:  # the arguments checked once, not per step
+                fn = self._host_rules[rule] = threshold_host_fn(level, dtype=dtype, product=self.product,
+                                                                product_dtype=module_product_dtype(alpha, dtype))
+            t: Tensor | float = fn(alpha.item())
         else:
             t = saturation_threshold(alpha, level, dtype=dtype, product=self.product)
         self._thresholds[index] = (key, t)
@@ -308,6 +317,9 @@ class SaturationHooks(HookSet):
         keep_inputs: see :class:`CountQueue`.
         refused: layer name -> reason, shared with another hook set on the same layers (the screen's
             window and watch hooks) so that a refused layer warns once; default a new dict.
+        root: the model whose forward calls the layers: with ``keep_inputs``, a forward hook on it
+            counts the kept inputs as soon as its forward returns (before any backward or optimizer
+            step), so a plain loop needs no :meth:`count_kept` call.
 
     Example:
         >>> from satmon import DyT
@@ -322,7 +334,7 @@ class SaturationHooks(HookSet):
     """
 
     def __init__(self, layers: Sequence[NormLayer], counter: SaturationCounter, keep_inputs: bool = False,
-                 refused: dict[str, str] | None = None) -> None:
+                 refused: dict[str, str] | None = None, root: nn.Module | None = None) -> None:
         if len(layers) != counter.num_layers:
             raise ValueError(f"Expected a counter with {len(layers)} layers, got {counter.num_layers}.")
         for l in layers:
@@ -338,6 +350,7 @@ class SaturationHooks(HookSet):
         self.cutoffs = [pointwise_cutoff(l.function, counter.level) for l in self.layers]
         self.queue = CountQueue(counter, counter.level, keep_inputs, product=counter.product, cutoffs=self.cutoffs)
         self.refused: dict[str, str] = {} if refused is None else refused
+        self.root = root
 
     def _make_hook(self, index: int):
         layer = self.layers[index]
@@ -381,7 +394,15 @@ class SaturationHooks(HookSet):
         return hook
 
     def _register(self) -> list[RemovableHandle]:
-        return [l.module.register_forward_hook(self._make_hook(i)) for i, l in enumerate(self.layers)]
+        handles = [l.module.register_forward_hook(self._make_hook(i)) for i, l in enumerate(self.layers)]
+        if self.root is not None and self.queue.keep_inputs:
+            handles.append(self.root.register_forward_hook(self._after_forward))
+        return handles
+
+    def _after_forward(self, mod: nn.Module, args: tuple, output: object) -> None:
+        """The model's forward returned: count what its layers kept (eager only; nothing kept under compile)."""
+        if not torch.compiler.is_compiling() and self.queue._kept and not recomputing():
+            self.queue.count_kept()
 
     def _refuse(self, name: str, reason: str) -> None:
         """Stop counting layer ``name`` for the rest of the run, with one warning that says how to resolve it."""

@@ -35,14 +35,15 @@ class ScreenParts:
     guard: NonFiniteGuard | None = None
 
 
-def build_parts(s: Settings, layers: list[NormLayer], gating: Any, model: nn.Module, keep_inputs: bool) -> ScreenParts:
-    """Make (not attach) every hook set and state the settings ask for."""
+def build_parts(s: Settings, layers: list[NormLayer], gating: Any, model: nn.Module, keep_inputs: bool | None) -> ScreenParts:
+    """Make (not attach) every hook set and state the settings ask for (``keep_inputs=None``: on a CPU model)."""
     device = layers[0].module.alpha.device
     n = len(layers)
+    keep = device.type == "cpu" if keep_inputs is None else keep_inputs  # kept: counted when the model's forward returns
 
     def saturation_hooks(refused: dict[str, str] | None = None) -> SaturationHooks:
-        return SaturationHooks(layers, SaturationCounter(n, level=s.level, product=s.product).to(device), keep_inputs,
-                               refused=refused)
+        return SaturationHooks(layers, SaturationCounter(n, level=s.level, product=s.product).to(device), keep,
+                               refused=refused, root=model)
 
     hooks = saturation_hooks()
     parts = ScreenParts(hooks, WindowLoss(s.window).to(device))

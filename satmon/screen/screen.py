@@ -137,14 +137,16 @@ class Screen:
         self.status = "discovered"
         return self.layers
 
-    def attach(self, model: nn.Module, step: int = 0, keep_inputs: bool = False, example_input: Any = None,
+    def attach(self, model: nn.Module, step: int = 0, keep_inputs: bool | None = None, example_input: Any = None,
                forward_fn: ForwardFn | None = None) -> Screen:
         """Attach the hooks to ``model`` (after any wrapping: DDP, FSDP, compile) at optimizer step ``step``.
 
         Args:
             model: the model (the one whose forwards train).
             step: optimizer steps already done (a resumed run).
-            keep_inputs: CPU training: keep inputs and count them in :meth:`count_kept` after the forward.
+            keep_inputs: keep the DyT inputs and count them when ``model``'s forward returns (or at
+                :meth:`count_kept`), before the backward: cheaper than counting in each layer's hook on a
+                CPU. Default (``None``): on a CPU model.
             example_input: a batch for the gated-MLP trace (optional; every rank must pass one under
                 FSDP, whose traced forward runs collectives), fed by ``forward_fn``.
             forward_fn: how ``example_input`` reaches the model (default :func:`satmon.batches.feed`).

@@ -415,3 +415,20 @@ def test_shifted_counts_equal_the_modules_own_preactivation(dtype, shift_shape):
     assert bad.item() == 1 and sat.item() == int(((a * x + s).to(torch.float64).abs() > c).sum())
     with pytest.raises(AlphaBroadcastError, match="keep the input's shape"):
         shifted_saturation_counts(x, a, torch.zeros(2, 1, 1, 1), c)
+
+
+@pytest.mark.parametrize("product", ["module", "exact"])
+@pytest.mark.parametrize("dtype, product_dtype", [(torch.float32, torch.float32), (torch.float32, torch.float64),
+                                                   (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)])
+def test_threshold_host_fn_equals_the_tensor_threshold(product, dtype, product_dtype):
+    """The pre-checked host threshold (one per layer and step on the CPU) against the tensor version, bit for bit."""
+    from satmon.functional.saturation import threshold_host_fn
+
+    g = torch.Generator().manual_seed(21)
+    alphas = torch.cat([torch.tensor([0.0, 1e-45, 1e-30, 0.8, 2.0, 3.4e38]), 10 ** (torch.rand(2000, generator=g) * 60 - 30)])
+    alphas = alphas.to(product_dtype if product_dtype != torch.float32 or dtype == torch.float32 else torch.float32)
+    for level in (2.0, pointwise_cutoff("erf", 2.0), 1.0):
+        fn = threshold_host_fn(level, dtype=dtype, product=product, product_dtype=product_dtype)
+        want = saturation_threshold(alphas.reshape(-1, 1), level, dtype=dtype, product=product,
+                                    product_dtype=product_dtype).reshape(-1).tolist()
+        assert [fn(a) for a in alphas.tolist()] == want, level
