@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from satmon.functional.saturation import saturation_fraction
+from satmon.functional.saturation import _exact_threshold, saturation_fraction
 
 __all__ = ["OffsetSums", "OffsetSummary", "offset_sums", "offset_summary"]
 
@@ -109,19 +109,28 @@ def offset_sums(x: Tensor, alpha: Tensor, level: float = 2.0, channel_dim: int =
     """
     dim = channel_dim % x.dim()
     a = _channel_alpha(alpha, x.shape, dim)  # (C,) or (1,)
-    flat = x.detach().to(torch.float64).movedim(dim, -1).reshape(-1, x.shape[dim])  # (N, C): the batch's tokens
-    if flat.data_ptr() == x.data_ptr():  # float64 input, channels last: the buffer below is written in place
-        flat = flat.clone()
-    mean = flat.mean(0)  # (C,)
-    dev = flat - mean  # (N, C), two passes: a large offset does not cancel the spread away
-    # two (N, C) buffers in all, reused in place (the values are those of the out-of-place expressions)
-    saturated_c = flat.abs_().mul_(a).gt_(level).sum(0).to(torch.int64)  # (C,): |alpha * x| > level
-    spread = torch.square(dev, out=flat).mean(0).sqrt()  # (C,) population std over tokens
+    flat = x.detach().movedim(dim, -1).reshape(-1, x.shape[dim])  # (N, C): the batch's tokens (a view, channels last)
+    if flat.dtype == torch.float64:
+        flat = flat.clone()  # written in place below
+        mean = flat.mean(0)  # (C,)
+        saturated_c = None
+    else:  # float32/bf16/fp16: the same sums without a float64 copy of x
+        mean = flat.mean(0, dtype=torch.float64)  # (C,), as flat.to(float64).mean(0)
+        ax = flat.abs() if flat.dtype == torch.float32 else flat.to(torch.float32).abs_()  # (N, C) float32
+        # |alpha * x| > level for the exact (float64) product: |x| > the exact float32 threshold, per channel
+        saturated_c = ax.gt_(_exact_threshold(a, level)).sum(0, dtype=torch.float64).to(torch.int64)  # (C,)
+    dev = flat - mean  # (N, C) float64, two passes: a large offset does not cancel the spread away
+    if saturated_c is None:
+        saturated_c = flat.abs_().mul_(a).gt_(level).sum(0).to(torch.int64)  # (C,): |alpha * x| > level
+        sq = torch.square(dev, out=flat)
+    else:
+        sq = torch.square(dev)
+    spread = sq.mean(0).sqrt()  # (C,) population std over tokens
     offset_channel = mean.abs() * a > level  # (C,) channels whose mean alone saturates
     return OffsetSums(
         total=torch.full((), dev.numel(), dtype=torch.int64, device=x.device),  # a fill, not a host-to-device copy
         saturated=saturated_c.sum(),
-        centered_saturated=dev.abs_().mul_(a).gt_(level).sum().to(torch.int64),
+        centered_saturated=torch.abs(dev, out=sq).mul_(a).gt_(level).sum().to(torch.int64),
         offset_channel_saturated=(saturated_c * offset_channel).sum(),
         abs_mean=mean.abs(),
         spread=spread,
