@@ -107,6 +107,8 @@ class CountQueue:
         #: how an eager input is counted: ``None`` by device (fused on accelerators, the four ATen ops on the
         #: CPU), ``True`` always fused (one compiled kernel), ``False`` always the four ops
         self.fused: bool | None = None
+        #: the ``torch.compile`` back end of the fused count (Inductor: one kernel per input)
+        self.fused_backend = "inductor"
         #: a scalar CPU ``alpha`` is read on the host (``.item()`` of a CPU scalar: nothing to wait for) and its
         #: threshold computed in plain Python; ``False`` takes the accelerator's path (tensor thresholds)
         self.host_thresholds = True
@@ -156,13 +158,12 @@ class CountQueue:
     def _count_fused(self, index: int, x: Tensor, alpha: Tensor) -> bool:
         """One compiled kernel for ``x``; ``False`` (and the four ops from now on) where compiling fails."""
         if self._fused_fn is None:
-            self._fused_fn = torch.compile(fused_counts, dynamic=True, fullgraph=True)
-        t = self.threshold(index, alpha, x.dtype, tensor=True)
+            self._fused_fn = torch.compile(fused_counts, dynamic=True, fullgraph=True, backend=self.fused_backend)
+        t = _fit_threshold(self.threshold(index, alpha, x.dtype, tensor=True), x.shape)
         try:
-            sat, bad = self._fused_fn(x, _fit_threshold(t, x.shape))
+            with torch.no_grad():
+                sat, bad = self._fused_fn(x.detach(), t)
         except Exception as exc:  # no compiler back end for this device, an unsupported Python, ...
-            if isinstance(exc, ValueError) and "alpha" in str(exc):
-                raise
             self.fused = False
             warnings.warn(f"satmon: compiling the fused saturation count failed ({type(exc).__name__}: {exc}); counting "
                           "with four tensor ops per input instead (exact either way).", RuntimeWarning, stacklevel=3)

@@ -295,3 +295,42 @@ def test_kept_inputs_with_activation_checkpointing_counted_before_the_optimizer_
     assert len(seen) == 6 and seen[0::2] == seen[1::2]  # three forwards, each run twice on the same input
     r = hooks.read(sync=False)
     assert r.saturated == [sum(seen[0::2])] and r.total == [3 * 16 * 8]
+
+
+# ----------------------------------------------------------------------------- the fused (compiled) count
+@pytest.mark.parametrize("keep_inputs", [False, True])
+def test_the_fused_count_equals_the_reference_and_falls_back_when_compiling_fails(keep_inputs):
+    """The accelerators' path (one compiled kernel per input), forced on the CPU with the aot_eager back end."""
+    dynamo = pytest.importorskip("torch._dynamo")
+    model = _Twice()
+    hooks = hooked(model, keep_inputs=keep_inputs)
+    hooks.queue.fused, hooks.queue.fused_backend = True, "aot_eager"
+    g = torch.Generator().manual_seed(6)
+    seen = {l.name: [] for l in hooks.layers}
+    for l in hooks.layers:
+        l.module.register_forward_hook(lambda m, a, o, n=l.name: seen[n].append((a[0].detach().clone(), m.alpha.detach().clone())))
+    try:
+        with torch.no_grad():
+            for _ in range(2):
+                model(torch.randn(4, 6, 16, generator=g) * 3)
+                hooks.count_kept()
+        want = [sum(reference(x, a) for x, a in seen[l.name]) for l in hooks.layers]
+        r = hooks.read(sync=False)
+        assert r.saturated == want and hooks.queue.fused is True and not hooks.queue._sums
+        assert r.total == [sum(x.numel() for x, _ in seen[l.name]) for l in hooks.layers]
+
+        def broken(gm, example_inputs):
+            raise RuntimeError("no compiler here")
+
+        hooks.reset()
+        for v in seen.values():
+            v.clear()
+        dynamo.reset()
+        hooks.queue._fused_fn, hooks.queue.fused_backend = None, broken
+        with pytest.warns(RuntimeWarning, match="compiling the fused saturation count failed"), torch.no_grad():
+            model(torch.randn(4, 6, 16, generator=g) * 3)
+            hooks.count_kept()
+        assert hooks.queue.fused is False  # the four ops from now on, exact as well
+        assert hooks.read(sync=False).saturated == [sum(reference(x, a) for x, a in seen[l.name]) for l in hooks.layers]
+    finally:
+        dynamo.reset()
