@@ -5,7 +5,8 @@ paths keep working until satmon 0.4: importing one, or reading a name from it, g
 :class:`SatmonDeprecationWarning` that names the new home. The 0.1 aliases (deprecated in 0.2) are gone.
 
 Example:
-    >>> import warnings
+    >>> import sys, warnings
+    >>> _ = sys.modules.pop("satmon.callback", None)  # a fresh import, as in a new process
     >>> with warnings.catch_warnings(record=True) as caught:
     ...     warnings.simplefilter("always")
     ...     from satmon.callback import SaturationMonitor

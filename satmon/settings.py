@@ -1,17 +1,37 @@
-"""The screen's settings, validated once (constructor time) for the callback, the core and the probe."""
+"""``Settings``: every option of the rule, the window, the watch and the abort policy, validated once and
+passed whole.
+
+One frozen object is built once (by the user, or by a driver from its keyword options) and handed, the
+same object, to :class:`satmon.Screen`, the live probe, :func:`satmon.probe` and ``satmon replay``: no
+consumer restates or re-checks an option, so none can drop one. Its four parts:
+
+- **the rule**: ``threshold``, ``level``, ``collapse_threshold``, ``product``, and where the threshold comes
+  from: ``caveat`` (the card's provenance line) or ``calibration`` (a ``calibration.json`` of ``satmon
+  calibrate``, whose threshold and provenance both apply);
+- **the window**: ``window``, ``sample_every``, ``offset_every``, ``include`` / ``exclude``, ``gating_mapping``;
+- **the watch**: ``watch_every_n_steps``, ``patience``, ``loss_spike_z``, ``loss_baseline``;
+- **the abort policy**: ``abort_on``, ``abort_mode``, ``dry_run``.
+
+Defaults are the study's (:mod:`satmon.study`). ``threshold=None`` and ``caveat=None`` mean "the study's,
+or the calibration's": after construction both hold the value in force, so ``settings.threshold`` is
+always the number the verdict compares with.
+"""
 
 from __future__ import annotations
 
 import math
+import os
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from satmon.results.stop import ABORT_MODES, ABORT_ON
+from satmon import study
 from satmon.functional.saturation import check_product
+from satmon.results.calibration import Calibration, CalibrationError, load_calibration
+from satmon.results.stop import ABORT_MODES, ABORT_ON
 
-__all__ = ["Settings", "check_rule", "check_selector"]
+__all__ = ["ReadsSettings", "Settings", "check_rule", "check_selector", "settings_from", "short_repr"]
 
 
 def _fraction(name: str, value: Any, note: str) -> float:
@@ -33,81 +53,166 @@ def _flag(name: str, value: Any) -> bool:
     return value
 
 
-def check_rule(level: Any, threshold: Any, collapse_threshold: Any) -> tuple[float, float, float]:
-    """Validate the saturation rule's three numbers (the callback's and the probe's).
+def short_repr(value: Any) -> str:
+    """A bounded representation of ``value`` for an error message (a crafted object never floods it).
 
     Example:
-        >>> check_rule(2.0, 0.43, 0.5)
-        (2.0, 0.43, 0.5)
+        >>> short_repr(123), short_repr("x" * 200)[-5:], short_repr([[[]]])
+        ('123', 'xx...', '<list>')
+    """
+    text = repr(value) if isinstance(value, (int, float, str, bytes, type(None))) else f"<{type(value).__name__}>"
+    return (text[:80] + "...") if len(text) > 80 else text
+
+
+def check_rule(level: Any, threshold: Any, collapse_threshold: Any) -> tuple[float, float, float]:
+    """Validate the saturation rule's three numbers.
+
+    Example:
+        >>> from satmon import study
+        >>> rule = (study.LEVEL, study.THRESHOLD, study.COLLAPSE_THRESHOLD)
+        >>> check_rule(*rule) == rule
+        True
+        >>> check_rule(-1, study.THRESHOLD, study.COLLAPSE_THRESHOLD)
+        Traceback (most recent call last):
+        ...
+        ValueError: Expected `level` > 0 (the per-element cut-off |alpha * x| > level; the study's is 2), got -1.
     """
     if isinstance(level, bool) or not isinstance(level, (int, float)) or not math.isfinite(level) or level <= 0:
-        raise ValueError(f"Expected `level` > 0 (the per-element cut-off |alpha * x| > level; the study's is 2.0), got {level!r}.")
-    return (float(level), _fraction("threshold", threshold, "the GO level of pooled saturation; the study's is 0.43"),
-            _fraction("collapse_threshold", collapse_threshold, "the study's is 0.5"))
+        raise ValueError(f"Expected `level` > 0 (the per-element cut-off |alpha * x| > level; the study's is {study.LEVEL:g}), "
+                         f"got {level!r}.")
+    return (float(level), _fraction("threshold", threshold, f"the GO level of pooled saturation; the study's is {study.THRESHOLD:g}"),
+            _fraction("collapse_threshold", collapse_threshold, f"the study's is {study.COLLAPSE_THRESHOLD:g}"))
 
 
 def check_selector(name: str, value: Any) -> None:
-    """``include`` / ``exclude``: ``None``, a regex string, or a predicate ``(name, module) -> bool``."""
+    """``include`` / ``exclude``: ``None``, a regex string, or a predicate ``(name, module) -> bool``.
+
+    Example:
+        >>> check_selector("include", r"\\.norm$") is None
+        True
+    """
     if value is None or callable(value):
         return
     if not isinstance(value, str):
         raise ValueError(f"Expected `{name}` to be None, a regex on module names or a predicate (name, module) -> bool, "
-                         f"got {value!r} ({type(value).__name__}).")
+                         f"got {short_repr(value)} ({type(value).__name__}).")
     try:
         re.compile(value)
     except re.error as e:
         raise ValueError(f"Expected `{name}` to be a valid regular expression, got {value!r}: {e}.") from e
 
 
-@dataclass(frozen=True)
+def _gating_mapping(value: Any) -> dict[str, str | None] | None:
+    """``{dyt_layer_name: gated_mlp_module_name or None}`` (``None``: the layer feeds no gated MLP), copied."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError("Expected `gating_mapping` to be a dict {dyt_layer_name: gated_mlp_module_name or None}, "
+                         f"got {type(value).__name__}: e.g. gating_mapping={{'blocks.0.norm_2': 'blocks.0.mlp'}}.")
+    for key, mlp in value.items():
+        if not isinstance(key, str):
+            raise ValueError(f"Expected the keys of `gating_mapping` to be DyT layer names (str), got {short_repr(key)} "
+                             f"({type(key).__name__}): name the layer as model.named_modules() does, e.g. 'blocks.0.norm_2'.")
+        if mlp is not None and not isinstance(mlp, str):
+            raise ValueError(f"Expected `gating_mapping[{key!r}]` to be the name of the gated MLP module it feeds (str) or "
+                             f"None (it feeds none), got {short_repr(mlp)} ({type(mlp).__name__}): e.g. {{{short_repr(key)}: 'blocks.0.mlp'}}.")
+    return dict(value)
+
+
+def _calibration(value: Any) -> Calibration | None:
+    """A :class:`Calibration` of the pooled saturation, read from a path when given one."""
+    if value is None:
+        return None
+    if isinstance(value, Calibration):
+        cal = value
+    elif isinstance(value, (str, os.PathLike)):
+        cal = load_calibration(value)
+    else:
+        raise CalibrationError(f"Expected a path to a calibration.json or a Calibration, got {short_repr(value)} "
+                               f"({type(value).__name__}) for `calibration`: pass the file `satmon calibrate` wrote "
+                               "(calibration='OUT/calibration.json').")
+    if cal.metric != "saturation":
+        raise CalibrationError(f"Expected a calibration of the pooled saturation (metric 'saturation'), got metric "
+                               f"{cal.metric!r} from {cal.path or short_repr(value)}: the verdict's rule reads the pooled "
+                               "saturation; calibrate with `--metric saturation`.")
+    return cal
+
+
+@dataclass(frozen=True, kw_only=True)
 class Settings:
-    """Every setting of the screen and the watch, checked when made (see :class:`satmon.SaturationMonitor`).
+    """Every setting of the rule, the window, the watch and the abort policy, checked when made.
+
+    Build it once and pass it whole (``Screen(settings)``, ``SaturationMonitor(settings=...)``,
+    ``probe(model, batches, settings=...)``, ``replay(..., settings=...)``); a variant is
+    ``dataclasses.replace(settings, window=100)``. Each field is documented in
+    :class:`satmon.SaturationMonitor`.
+
+    The rule's threshold comes from one place: ``threshold=None`` (the default) means the study's
+    (:data:`satmon.study.THRESHOLD`) or, with ``calibration=``, the calibration's; ``caveat=None``
+    the matching provenance line for the card. A ``threshold`` or ``caveat`` that differs from the
+    calibration's is refused (give one source of the threshold). After construction ``threshold``
+    and ``caveat`` hold the values in force and ``calibration`` the :class:`Calibration` read.
 
     Example:
-        >>> Settings(window=100).window
-        100
+        >>> from satmon import study
+        >>> s = Settings(window=100)
+        >>> s.window, s.threshold == study.THRESHOLD, s.caveat == study.CAVEAT
+        (100, True, True)
         >>> Settings(dry_run="yes")
         Traceback (most recent call last):
         ...
         ValueError: Expected `dry_run` to be True or False, got 'yes' (str).
     """
 
+    # the rule
+    threshold: float | None = None
+    level: float = study.LEVEL
+    collapse_threshold: float = study.COLLAPSE_THRESHOLD
+    product: str = "module"
+    caveat: str | None = None  # the card's provenance line; None: the study's, or the calibration's
+    calibration: Calibration | str | os.PathLike | None = None
+    # the window
     window: int = 500
-    threshold: float = 0.43
-    level: float = 2.0
+    sample_every: int = 1
+    offset_every: int = 10
     include: str | Callable[[str, Any], bool] | None = None
     exclude: str | Callable[[str, Any], bool] | None = None
-    sample_every: int = 1
-    abort_on: str = "never"
-    abort_mode: str = "graceful"
-    dry_run: bool = False
-    collapse_threshold: float = 0.5
-    gating_mapping: Mapping[str, str] | None = field(default=None, hash=False)
+    gating_mapping: Mapping[str, str | None] | None = field(default=None, hash=False)
+    # the watch
     watch_every_n_steps: int = 50
     patience: int = 1
     loss_spike_z: float = 8.0
     loss_baseline: int = 200
-    product: str = "module"
-    offset_every: int = 10
-    caveat: str = ""  # the threshold's provenance when it is not the study's (a calibration file's)
+    # the abort policy
+    abort_on: str = "never"
+    abort_mode: str = "graceful"
+    dry_run: bool = False
 
     def __post_init__(self) -> None:
+        cal = _calibration(self.calibration)
+        threshold, caveat = self.threshold, self.caveat
+        if caveat is not None and not isinstance(caveat, str):
+            raise ValueError(f"Expected `caveat` to be a str (the card's provenance line) or None, got {short_repr(caveat)} "
+                             f"({type(caveat).__name__}).")
+        if cal is not None:
+            for name, given, own in (("threshold", threshold, cal.threshold), ("caveat", caveat, cal.caveat())):
+                if given not in (None, "") and given != own:  # its own value (a dataclasses.replace) is no clash
+                    raise ValueError(f"Expected either `{name}` or `calibration`, got both ({name}={short_repr(given)}, "
+                                     f"calibration={cal.path or 'a Calibration'!r} with threshold {cal.threshold:.4g}): the "
+                                     f"calibration holds its own threshold and provenance; drop `{name}` (or the calibration).")
+            threshold, caveat = cal.threshold, cal.caveat()
+        level, threshold, collapse = check_rule(self.level, study.THRESHOLD if threshold is None else threshold,
+                                                self.collapse_threshold)
+        for name, value in (("calibration", cal), ("threshold", threshold), ("level", level),
+                            ("collapse_threshold", collapse), ("caveat", caveat or study.CAVEAT),
+                            ("gating_mapping", _gating_mapping(self.gating_mapping))):
+            object.__setattr__(self, name, value)
+        check_product(self.product)
         _int("window", self.window, 1, "optimizer steps")
-        level, threshold, collapse = check_rule(self.level, self.threshold, self.collapse_threshold)
-        object.__setattr__(self, "level", level)
-        object.__setattr__(self, "threshold", threshold)
-        object.__setattr__(self, "collapse_threshold", collapse)
+        _int("sample_every", self.sample_every, 1, "count every k-th step of the window", high=self.window)
+        _int("offset_every", self.offset_every, 0, "offset statistics on every k-th counted window step; 0 turns them off")
         check_selector("include", self.include)
         check_selector("exclude", self.exclude)
-        _int("sample_every", self.sample_every, 1, "count every k-th step of the window", high=self.window)
-        if self.abort_on not in ABORT_ON:
-            raise ValueError(f"Expected `abort_on` in {ABORT_ON}, got {self.abort_on!r}.")
-        if self.abort_mode not in ABORT_MODES:
-            raise ValueError(f"Expected `abort_mode` in {ABORT_MODES}, got {self.abort_mode!r}.")
-        _flag("dry_run", self.dry_run)
-        if self.gating_mapping is not None and not isinstance(self.gating_mapping, Mapping):
-            raise ValueError("Expected `gating_mapping` to be a dict {dyt_layer: gated_mlp}, "
-                             f"got {type(self.gating_mapping).__name__}.")
         _int("watch_every_n_steps", self.watch_every_n_steps, 0, "0 turns the watch off")
         _int("patience", self.patience, 1, "consecutive breaching checks")
         z = self.loss_spike_z
@@ -115,10 +220,83 @@ class Settings:
             raise ValueError(f"Expected `loss_spike_z` > 0 (robust sigmas), got {z!r}.")
         object.__setattr__(self, "loss_spike_z", float(z))
         _int("loss_baseline", self.loss_baseline, 2, "steps")
-        _int("offset_every", self.offset_every, 0, "offset statistics on every k-th counted window step; 0 turns them off")
-        check_product(self.product)
+        if self.abort_on not in ABORT_ON:
+            raise ValueError(f"Expected `abort_on` in {ABORT_ON}, got {short_repr(self.abort_on)}.")
+        if self.abort_mode not in ABORT_MODES:
+            raise ValueError(f"Expected `abort_mode` in {ABORT_MODES}, got {short_repr(self.abort_mode)}.")
+        _flag("dry_run", self.dry_run)
+
+    @staticmethod
+    def names() -> tuple[str, ...]:
+        """The option names, in the order of the four parts.
+
+        Example:
+            >>> Settings.names()[:3]
+            ('threshold', 'level', 'collapse_threshold')
+        """
+        return _NAMES
 
     @staticmethod
     def check_flag(name: str, value: Any) -> bool:
         """A boolean argument (``verbose=``): ``True``/``False`` only, not ``"no"``."""
         return _flag(name, value)
+
+
+_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Settings))
+
+
+class ReadsSettings:
+    """A mixin for what holds a :class:`Settings` in ``self.settings``: ``obj.window``, ``obj.threshold``... read it.
+
+    Example:
+        >>> class Holder(ReadsSettings):
+        ...     def __init__(self) -> None:
+        ...         self.settings = Settings(window=7)
+        >>> Holder().window
+        7
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        settings = self.__dict__.get("settings")
+        if isinstance(settings, Settings) and name in _NAMES:
+            return getattr(settings, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+def settings_from(settings: Any, options: Mapping[str, Any], *, owner: str, own: Iterable[str] = (),
+                  hint: str = "") -> Settings:
+    """The one :class:`Settings` a consumer runs on: ``settings`` as given, or one built from its keyword ``options``.
+
+    Args:
+        settings: a :class:`Settings` or ``None``.
+        options: keyword options (``window=500, ...``): each must be a :class:`Settings` field.
+        owner: who asks (``"SaturationMonitor"``, ``"probe"``), for the messages.
+        own: the owner's own keyword arguments, listed in the message for an unknown option.
+        hint: a sentence added to that message.
+
+    Raises:
+        TypeError: ``settings`` is not a :class:`Settings`, or an option is unknown (the message lists the valid ones).
+        ValueError: both ``settings`` and options were given, or an option's value is wrong.
+
+    Example:
+        >>> settings_from(None, {"window": 100}, owner="Screen").window
+        100
+        >>> settings_from(None, {"windw": 100}, owner="Screen")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: Expected Screen options among ['abort_mode', 'abort_on', ...], got ['windw']...
+    """
+    if settings is not None and not isinstance(settings, Settings):
+        raise TypeError(f"Expected `settings` to be a satmon.Settings or None, got {short_repr(settings)} "
+                        f"({type(settings).__name__}): pass the options by keyword ({owner}(window=500, ...)) or build "
+                        "them once with satmon.Settings(...).")
+    valid = Settings.names()
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        extra = f" (plus {', '.join(own)})" if own else ""
+        raise TypeError(f"Expected {owner} options among {sorted(valid)}{extra}, got {unknown}: check the spelling."
+                        + (f" {hint}" if hint else ""))
+    if settings is not None and options:
+        raise ValueError(f"Expected either `settings` or keyword options, got both (options {sorted(options)}): put them "
+                         f"in the Settings, e.g. dataclasses.replace(settings, {min(options)}=...).")
+    return settings if settings is not None else Settings(**options)

@@ -11,10 +11,12 @@ with :mod:`satmon.functional.threshold_fit`; :func:`write_calibration` writes th
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -22,23 +24,21 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from satmon.results.calibration import FORMAT, Calibration, CalibrationError, calibration_from_payload, load_calibration
 from satmon.study import THRESHOLD
 from satmon.functional.threshold_fit import RULES, GroupCV, ThresholdFit, accuracy, auc, fit_threshold, leave_one_group_out
 
 __all__ = [
-    "Calibration", "CalibrationError", "CalibrationResult", "Cell", "STUDY_THRESHOLD", "calibrate", "load_calibration",
-    "read_cells", "study_cells", "write_calibration",
+    "Calibration", "CalibrationError", "CalibrationResult", "Cell", "STUDY_THRESHOLD", "calibrate", "check_reading",
+    "is_fraction", "load_calibration", "read_cells", "read_text", "study_cells", "write_calibration",
 ]
 
 STUDY_THRESHOLD = THRESHOLD
-FORMAT = "satmon-calibration"
 MIN_CELLS = 4
 _YES, _NO = {"yes", "true", "helps", "help", "go"}, {"no", "false", "hurts", "hurt", "no-go"}
 _NOT_READINGS = {"name", "group", "delta", "helps", "outcome", "seed"}
-
-
-class CalibrationError(ValueError):
-    """Input that cannot be calibrated on; the message says what was expected and what to do."""
+#: characters no CSV or JSON text holds (C0 controls but tab, newlines, vertical tab, form feed; DEL)
+_CONTROL = re.compile("[\x00-\x08\x0e-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -61,67 +61,211 @@ class Cell:
 
 
 # ---------------------------------------------------------------------------------------- cells in
+def is_fraction(name: str) -> bool:
+    """Whether a reading is a fraction of elements, so must lie in [0, 1]: ``saturation`` and ``saturation_*``.
+
+    Example:
+        >>> is_fraction("saturation"), is_fraction("saturation_end"), is_fraction("d_model")
+        (True, True, False)
+    """
+    return name == "saturation" or name.startswith("saturation_")
+
+
+def check_reading(name: str, value: float, where: str) -> float:
+    """``value`` unless it is a finite fraction reading (:func:`is_fraction`) outside [0, 1]: then an error.
+
+    Non-finite readings pass here; :func:`calibrate` refuses them in the metric it fits.
+
+    Example:
+        >>> check_reading("saturation", 1.7, "cells.csv row 3")
+        Traceback (most recent call last):
+        ...
+        satmon.results.calibration.CalibrationError: Expected 'saturation' in [0, 1] (a fraction of elements), got 1.7 (cells.csv row 3): ...
+    """
+    if is_fraction(name) and math.isfinite(value) and not 0.0 <= value <= 1.0:
+        raise CalibrationError(f"Expected {name!r} in [0, 1] (a fraction of elements), got {value!r} ({where}): it is "
+                               "not a saturation satmon measured; fix the value or drop the cell.")
+    return value
+
+
 def to_float(value: Any, what: str, where: str) -> float | None:
-    """``value`` as a float; ``None`` when blank; an error when it is not a number."""
-    if value is None or (isinstance(value, str) and not value.strip()):
+    """``value`` as a finite float; ``None`` when blank; an error when it is not a number, or NaN or inf.
+
+    Example:
+        >>> to_float(" 2.5 ", "dyt_val_loss", "row 1"), to_float("", "dyt_val_loss", "row 1")
+        (2.5, None)
+        >>> to_float("nan", "dyt_val_loss", "row 1")
+        Traceback (most recent call last):
+        ...
+        satmon.results.calibration.CalibrationError: Expected a finite number for dyt_val_loss (row 1), got 'nan': ...
+    """
+    if _blank(value):
         return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise CalibrationError(f"Expected a number for {what} ({where}), got {value!r}: fix the file.") from None
+    number = _number(value)
+    if number is None:
+        raise CalibrationError(f"Expected a number for {what} ({where}), got {_short(value)}: fix the file.")
+    if not math.isfinite(number):
+        raise CalibrationError(f"Expected a finite number for {what} ({where}), got {_short(value)}: a NaN or inf outcome "
+                               "cannot be compared; fix the value or drop the row.")
+    return number
+
+
+def _names(names: Sequence[str], quote: bool = True, limit: int = 5) -> str:
+    """The first few of ``names``, for a message."""
+    shown = [repr(n) if quote else n for n in names[:limit]]
+    return ", ".join(shown) + (f" ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    """A bounded repr of a value from a user's file, for messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 5] + "...'"
 
 
 def _number(value: Any) -> float | None:
+    """``value`` as a float (NaN and inf included), or ``None`` when it is no number."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
     try:
         return float(value)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: an integer beyond float's range
         return None
 
 
+def _blank(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def _helps_word(key: str, raw: Any, where: str) -> bool | None:
+    """``helps``/``outcome`` read as yes/no: ``None`` when it is no such word (a number in ``outcome``)."""
+    if isinstance(raw, bool):
+        return raw
+    word = str(raw).strip().lower()
+    if word in _YES or (key == "helps" and word in ("1", "1.0")):
+        return True
+    if word in _NO or (key == "helps" and word in ("0", "0.0")):
+        return False
+    if key == "helps":
+        raise CalibrationError(f"Expected yes/no in 'helps' ({where}), got {_short(raw)}: write yes or no (or 1/0).")
+    return None
+
+
 def _outcome(row: Mapping[str, Any], where: str) -> tuple[bool, float | None]:
-    """``(helps, delta)`` from ``delta`` (negative = DyT helps), ``helps`` (yes/no, 1/0) or ``outcome``
-    (a delta, or yes/no)."""
+    """``(helps, delta)`` from ``delta`` (a finite number, negative = DyT helps), ``helps`` (yes/no, 1/0)
+    or ``outcome`` (a delta, or yes/no). The outcome columns a row fills must agree."""
+    said: dict[str, bool] = {}
     delta = to_float(row.get("delta"), "'delta'", where)
     if delta is not None:
-        return delta < 0, delta
-    for key in ("helps", "outcome"):
-        raw = row.get(key)
-        if raw is None or (isinstance(raw, str) and not raw.strip()):
-            continue
-        if isinstance(raw, bool):
-            return raw, None
-        word = str(raw).strip().lower()
-        if word in _YES or (key == "helps" and word in ("1", "1.0")):
-            return True, None
-        if word in _NO or (key == "helps" and word in ("0", "0.0")):
-            return False, None
-        if key == "outcome":
-            value = to_float(raw, "'outcome' (a delta, negative = DyT helps, or yes/no)", where)
-            return bool(value is not None and value < 0), value
-        raise CalibrationError(f"Expected yes/no in 'helps' ({where}), got {raw!r}: write yes or no.")
-    raise CalibrationError(f"Expected an outcome for every cell ('delta', negative = DyT helps; or 'helps', yes/no), "
-                           f"got none ({where}): fill it in or drop the cell.")
+        said["delta"] = delta < 0
+    if not _blank(row.get("helps")):
+        said["helps"] = bool(_helps_word("helps", row["helps"], where))
+    if not _blank(row.get("outcome")):
+        word = _helps_word("outcome", row["outcome"], where)
+        if word is None:
+            value = to_float(row["outcome"], "'outcome' (a delta, negative = DyT helps, or yes/no)", where)
+            delta, word = (value if delta is None else delta), value < 0
+        said["outcome"] = word
+    if not said:
+        raise CalibrationError(f"Expected an outcome for every cell ('delta', negative = DyT helps; or 'helps', yes/no), "
+                               f"got none ({where}): fill it in or drop the cell.")
+    if len(set(said.values())) > 1:
+        told = ", ".join(f"{k} says DyT {'helped' if v else 'hurt'}" for k, v in said.items())
+        raise CalibrationError(f"Expected the outcome columns to agree ({where}), got {told}: fix one of them.")
+    return next(iter(said.values())), delta
+
+
+def _label(row: Mapping[str, Any], key: str, where: str) -> str:
+    """A cell's ``name`` or ``group``: a string or an integer (``""`` when absent)."""
+    value = row.get(key)
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise CalibrationError(f"Expected {key!r} to be a name (text or a number), got {_short(value)} ({where}).")
+    return str(value).strip()
 
 
 def _cell(row: Mapping[str, Any], where: str) -> Cell:
     """A cell from a row with ``group``, an outcome and numeric readings (every other numeric field)."""
-    group = str(row.get("group") if row.get("group") is not None else "").strip()
+    group = _label(row, "group", where)
     if not group:
         raise CalibrationError(f"Expected a 'group' for every cell, got none ({where}): add a group key such as model size.")
     helps, delta = _outcome(row, where)
-    readings = {k: v for k, v in ((k, _number(v)) for k, v in row.items() if k not in _NOT_READINGS) if v is not None}
-    return Cell(str(row.get("name") or where), group, helps, readings, delta)
+    numbers = ((str(k), _number(v)) for k, v in row.items() if k not in _NOT_READINGS)
+    readings = {k: check_reading(k, v, where) for k, v in numbers if v is not None}
+    return Cell(_label(row, "name", where) or where, group, helps, readings, delta)
+
+
+def _unique(cells: Sequence[Cell], path: Path) -> list[Cell]:
+    """``cells`` unless two share a name (a run listed twice would count twice)."""
+    seen: dict[str, int] = {}
+    for c in cells:
+        seen[c.name] = seen.get(c.name, 0) + 1
+    twice = [n for n, k in seen.items() if k > 1]
+    if twice:
+        raise CalibrationError(f"Expected each cell once in {path}, got {len(twice)} name(s) listed more than once: "
+                               f"{_names(twice)}: keep one row per run.")
+    return list(cells)
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The text of a user's input file: UTF-8 (a byte-order mark is dropped) or UTF-16 with its mark.
+
+    Raises:
+        CalibrationError: no such file, a folder, an unreadable file, or bytes that are not text
+            (a binary file, another encoding), naming the file and what to do.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "c.csv"
+        >>> _ = p.write_bytes(b"\\xef\\xbb\\xbfsaturation,group\\n")
+        >>> read_text(p, "a cells file")
+        'saturation,group\\n'
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise CalibrationError(f"Expected {what}, got a folder at {str(path)!r}: pass the file itself.")
+    if not path.is_file():
+        raise CalibrationError(f"Expected {what}, got no file at {str(path)!r}.")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise CalibrationError(f"Expected {what} this user can read, got {e.strerror or e} at {str(path)!r}.") from None
+    try:
+        if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+            text = data.decode("utf-16")
+        else:
+            text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise CalibrationError(f"Expected {what} as UTF-8 text, got bytes that are not (byte {e.start} of {str(path)!r}: "
+                               "a binary file, or another encoding): save it as UTF-8 CSV or JSON.") from None
+    control = _CONTROL.search(text)
+    if control:
+        raise CalibrationError(f"Expected {what} as text, got the control character {control.group()!r} at character "
+                               f"{control.start()} of {str(path)!r} (a binary file?): pass the CSV or JSON file.")
+    return text
 
 
 def csv_rows(text: str, path: str) -> list[dict[str, str]]:
-    """Rows of a CSV with a header (``#`` lines are comments); every row must have the header's width."""
-    rows = list(csv.reader(io.StringIO("\n".join(l for l in text.splitlines() if not l.lstrip().startswith("#")))))
+    """Rows of a CSV with a header (``#`` lines are comments); every row must have the header's width,
+    and no column name may repeat. A byte-order mark before the header is dropped.
+
+    Example:
+        >>> csv_rows("\\ufeffrun,group\\n# a comment\\na, d64\\n", "o.csv")
+        [{'run': 'a', 'group': 'd64'}]
+    """
+    lines = (l for l in text.removeprefix("\ufeff").splitlines() if not l.lstrip().startswith("#"))
+    try:
+        rows = list(csv.reader(io.StringIO("\n".join(lines))))
+    except csv.Error as e:
+        raise CalibrationError(f"Expected a CSV in {path}, got a parse error: {e}: fix the file.") from None
     rows = [r for r in rows if any(v.strip() for v in r)]
     if len(rows) < 2:
         raise CalibrationError(f"Expected a CSV header and at least one row in {path}, got {max(0, len(rows) - 1)} rows.")
     header = [h.strip() for h in rows[0]]
+    twice = sorted({h for h in header if header.count(h) > 1})
+    if twice:
+        raise CalibrationError(f"Expected each column once in the header of {path}, got {', '.join(map(repr, twice))} "
+                               "more than once: rename or drop the copies.")
     for i, r in enumerate(rows[1:], start=1):
         if len(r) != len(header):
             raise CalibrationError(f"Expected {len(header)} columns ({','.join(header)}) on every row of {path}, got "
@@ -133,6 +277,9 @@ def read_cells(path: str | Path) -> list[Cell]:
     """Cells from a CSV (columns ``group``, ``delta`` or ``helps``, readings such as ``saturation``;
     ``#`` lines are comments) or a JSON file (a list of cell objects, or ``{"cells": [...]}``).
 
+    Every outcome must be finite and the outcome columns given must agree; ``saturation`` readings
+    (and ``saturation_*``) must lie in [0, 1]; a ``name`` may appear once.
+
     Example:
         >>> import tempfile, pathlib
         >>> p = pathlib.Path(tempfile.mkdtemp()) / "cells.csv"
@@ -141,19 +288,18 @@ def read_cells(path: str | Path) -> list[Cell]:
         [(0.5, True, 'a'), (0.2, True, 'b')]
     """
     path = Path(path)
-    if not path.is_file():
-        raise CalibrationError(f"Expected a cells file (CSV or JSON), got no file at {str(path)!r}.")
-    text = path.read_text()
+    text = read_text(path, "a cells file (CSV or JSON)")
     if path.suffix.lower() == ".json":
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise CalibrationError(f"Expected JSON in {path}, got a parse error: {e}.") from None
+        except (json.JSONDecodeError, RecursionError) as e:
+            why = "nested too deep" if isinstance(e, RecursionError) else str(e)
+            raise CalibrationError(f"Expected JSON in {path}, got a parse error: {why}.") from None
         rows = data.get("cells") if isinstance(data, dict) else data
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise CalibrationError(f"Expected a list of cell objects (or {{'cells': [...]}}) in {path}, got {type(rows).__name__}.")
-        return [_cell(r, f"{path.name} cell {i}") for i, r in enumerate(rows)]
-    return [_cell(r, f"{path.name} row {i}") for i, r in enumerate(csv_rows(text, str(path)), start=1)]
+        return _unique([_cell(r, f"{path.name} cell {i}") for i, r in enumerate(rows)], path)
+    return _unique([_cell(r, f"{path.name} row {i}") for i, r in enumerate(csv_rows(text, str(path)), start=1)], path)
 
 
 def study_cells() -> list[Cell]:
@@ -178,7 +324,7 @@ class CalibrationResult:
     fits: Mapping[str, ThresholdFit]
     cv: Mapping[str, GroupCV]
     auc: float
-    study_accuracy: float  # the study's 0.43 applied to these cells
+    study_accuracy: float  # the study's threshold applied to these cells
     source: str = ""
 
 
@@ -186,18 +332,27 @@ def calibrate(cells: Sequence[Cell], metric: str = "saturation", source: str = "
     """Fit the GO threshold on ``metric`` by both rules, with leave-one-group-out accuracy and AUC.
 
     Raises:
-        CalibrationError: fewer than 4 cells, fewer than 2 groups, one class only, or a cell without ``metric``.
+        CalibrationError: fewer than 4 cells, fewer than 2 groups, one class only, a cell without a finite
+            ``metric`` reading (or a fraction reading outside [0, 1]), or a non-finite delta.
 
     Example:
         >>> r = calibrate(study_cells(), source="study")
         >>> round(r.fits["midpoint"].threshold, 5), r.fits["midpoint"].accuracy, r.cv["midpoint"].accuracy, r.auc
         (0.43985, 0.75, 0.5, 0.75)
     """
-    lacking = [c.name for c in cells if not math.isfinite(c.readings.get(metric, math.nan))]
-    if lacking:
+    missing = [c.name for c in cells if metric not in c.readings]
+    if missing:
         have = sorted({k for c in cells for k in c.readings})
-        raise CalibrationError(f"Expected a finite {metric!r} reading for every cell, got none for {', '.join(lacking[:5])}"
-                               f"{' ...' if len(lacking) > 5 else ''}: pick a metric every cell has ({', '.join(have)}).")
+        raise CalibrationError(f"Expected a finite {metric!r} reading for every cell, got none for {_names(missing)}: pick a "
+                               f"metric every cell has ({', '.join(have) or 'none'}).")
+    bad = [f"{c.readings[metric]} for {c.name!r}" for c in cells if not math.isfinite(c.readings[metric])]
+    if bad:
+        raise CalibrationError(f"Expected a finite {metric!r} reading for every cell, got {_names(bad, quote=False)}: a NaN "
+                               "or inf reading is a run that diverged or a measurement that failed; drop the cell.")
+    for c in cells:
+        check_reading(metric, c.readings[metric], f"cell {c.name!r}")
+        if c.delta is not None and not math.isfinite(c.delta):
+            raise CalibrationError(f"Expected a finite delta for every cell, got {c.delta} for {c.name!r}: drop the cell.")
     if len(cells) < MIN_CELLS:
         raise CalibrationError(f"Expected at least {MIN_CELLS} cells (runs with an outcome), got {len(cells)}: add runs; "
                                "a threshold fit on fewer is noise.")
@@ -217,40 +372,6 @@ def calibrate(cells: Sequence[Cell], metric: str = "saturation", source: str = "
 
 
 # ------------------------------------------------------------------------------------ the JSON file
-@dataclass(frozen=True)
-class Calibration:
-    """A threshold fitted by ``satmon calibrate``, with where it came from (read by :func:`load_calibration`).
-
-    Attributes:
-        threshold: the GO threshold on ``metric`` (``metric >= threshold``: DyT predicted to help).
-        rule: how it was fitted (``"midpoint"``: best accuracy, the study's; ``"balanced"``: best balanced accuracy).
-        metric: the reading it applies to (``"saturation"``: the verdict's pooled saturation).
-        n: cells fitted on. groups: distinct group keys.
-        accuracy: in-sample accuracy. loso_accuracy: leave-one-group-out accuracy. auc: AUC of the metric.
-        source: what the cells were (files, ``study``). created: UTC time of the fit. path: the file read.
-    """
-
-    threshold: float
-    rule: str
-    metric: str
-    n: int
-    groups: int
-    accuracy: float
-    loso_accuracy: float
-    auc: float
-    source: str = ""
-    created: str = ""
-    satmon_version: str = ""
-    path: str = ""
-
-    def caveat(self) -> str:
-        """The provenance line for the verdict card."""
-        return (f"Caveat: threshold {self.threshold:.4g} was fit by `satmon calibrate` ({self.rule} rule, {self.metric}) on "
-                f"{self.n} cells in {self.groups} groups ({self.source or 'user cells'}): {self.accuracy:.0%} in-sample, "
-                f"{self.loso_accuracy:.0%} leave-one-group-out, AUC {self.auc:.2f}. A measurement on those runs, not a "
-                "guarantee for others.")
-
-
 def _fit_json(fit: ThresholdFit, cv: GroupCV) -> dict[str, Any]:
     return {"threshold": fit.threshold, "accuracy": fit.accuracy, "balanced_accuracy": fit.balanced_accuracy,
             "correct": fit.correct, "threshold_outside_scores": fit.threshold_outside,
@@ -262,9 +383,10 @@ def write_calibration(result: CalibrationResult, path: str | Path, rule: str = "
     """Write ``calibration.json`` (threshold by ``rule``, both rules' fits, the cells, provenance) and return it.
 
     A threshold outside (0, 1) (a fit that predicts one class everywhere) is written, but
-    :func:`load_calibration` refuses it.
+    :func:`load_calibration` refuses it. The file is replaced only by a complete one.
     """
     from satmon._version import __version__
+    from satmon.io.atomic import atomic_write
     from satmon.io.json_records import to_json
 
     if rule not in result.fits:
@@ -282,45 +404,5 @@ def write_calibration(result: CalibrationResult, path: str | Path, rule: str = "
                        "satmon_version": __version__, "command": command},
     }
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(to_json(payload), indent=1) + "\n")
-    return _from_payload(to_json(payload), path)
-
-
-def load_calibration(path: str | Path) -> Calibration:
-    """Read a ``calibration.json`` written by ``satmon calibrate``.
-
-    Raises:
-        CalibrationError: no such file, not a satmon calibration, or a threshold outside (0, 1).
-
-    Example:
-        >>> import tempfile, pathlib
-        >>> out = pathlib.Path(tempfile.mkdtemp()) / "calibration.json"
-        >>> cal = write_calibration(calibrate(study_cells(), source="study"), out)
-        >>> round(load_calibration(out).threshold, 5), cal.loso_accuracy
-        (0.43985, 0.5)
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise CalibrationError(f"Expected a calibration JSON written by `satmon calibrate`, got no file at {str(path)!r}.")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CalibrationError(f"Expected a calibration JSON written by `satmon calibrate` at {path}, got a parse error: {e}.") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        got = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise CalibrationError(f"Expected format {FORMAT!r} in {path}, got {got!r}: write it with `satmon calibrate`.")
-    t = data.get("threshold")
-    if not (isinstance(t, (int, float)) and 0.0 < t < 1.0):
-        raise CalibrationError(f"Expected a threshold in (0, 1) in {path}, got {t!r}: the fit predicts one class for every "
-                               "cell, so it cannot screen; add runs from both regimes and calibrate again.")
-    return _from_payload(data, path)
-
-
-def _from_payload(data: Mapping[str, Any], path: Path) -> Calibration:
-    prov = data.get("provenance") or {}
-    auc_value, t = data.get("auc"), data["threshold"]
-    return Calibration(float(t), str(data.get("rule", "")), str(data.get("metric", "saturation")), int(data.get("n", 0)),
-                       int(data.get("groups", 0)), float(data.get("accuracy") or 0.0), float(data.get("loso_accuracy") or 0.0),
-                       math.nan if auc_value is None else float(auc_value), str(prov.get("source", "")),
-                       str(prov.get("created", "")), str(prov.get("satmon_version", "")), str(path))
+    atomic_write(path, json.dumps(to_json(payload), indent=1) + "\n")  # an interrupt leaves the previous file whole
+    return calibration_from_payload(to_json(payload), path)

@@ -9,10 +9,11 @@ checkpoint). A run's outcome is ``DyT final validation loss < LayerNorm's`` on t
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from satmon.calibrate.fit import CalibrationError, Cell, csv_rows, to_float
+from satmon.calibrate.fit import CalibrationError, Cell, check_reading, csv_rows, read_text, to_float
 
 __all__ = ["OUTCOME_COLUMNS", "join_outcomes", "read_outcomes", "run_readings"]
 
@@ -31,40 +32,68 @@ def read_outcomes(path: str | Path) -> dict[str, tuple[float, float, str]]:
         {'small_dyt': (2.0, 2.5, 'd64')}
     """
     path = Path(path)
-    if not path.is_file():
-        raise CalibrationError(f"Expected an outcomes CSV ({','.join(OUTCOME_COLUMNS)}), got no file at {str(path)!r}.")
-    rows = csv_rows(path.read_text(), str(path))
+    rows = csv_rows(read_text(path, f"an outcomes CSV ({','.join(OUTCOME_COLUMNS)})"), str(path))
     missing = [c for c in OUTCOME_COLUMNS if c not in rows[0]]
     if missing:
         raise CalibrationError(f"Expected columns {','.join(OUTCOME_COLUMNS)} in {path}, got {','.join(rows[0])}: "
                                f"add {', '.join(missing)}.")
     out: dict[str, tuple[float, float, str]] = {}
+    first: dict[str, int] = {}
     for i, r in enumerate(rows, start=1):
-        where = f"{path.name} row {i}, run {r['run']!r}"
+        run = r["run"].strip()
+        where = f"{path.name} row {i}, run {run!r}"
         dyt, ln = to_float(r["dyt_val_loss"], "dyt_val_loss", where), to_float(r["layernorm_val_loss"], "layernorm_val_loss", where)
-        if dyt is None or ln is None or not r["group"].strip() or not r["run"].strip():
+        if dyt is None or ln is None or not r["group"].strip() or not run:
             raise CalibrationError(f"Expected run, both validation losses and a group on every row, got a blank ({where}): "
                                    "fill it in or drop the row.")
-        out[r["run"].strip()] = (dyt, ln, r["group"].strip())
+        if run in first:
+            raise CalibrationError(f"Expected each run once in {path}, got {run!r} on rows {first[run]} and {i}: keep the "
+                                   "row of its final outcome.")
+        first[run] = i
+        out[run] = (_loss(dyt, "dyt_val_loss", where), _loss(ln, "layernorm_val_loss", where), r["group"].strip())
     return out
 
 
+def _loss(value: float, column: str, where: str) -> float:
+    """A final validation loss: finite and above zero (the relative change divides by LayerNorm's)."""
+    if not (math.isfinite(value) and value > 0.0):
+        raise CalibrationError(f"Expected {column} > 0 (a final validation loss, e.g. cross-entropy in nats) ({where}), got "
+                               f"{value!r}: fix the value or drop the row.")
+    return value
+
+
 def _replay_saturation(path: Path) -> float | None:
-    text = path.read_text()
+    text = read_text(path, "replay records (JSON or JSONL)")
     try:
         records = [json.loads(l) for l in text.splitlines() if l.strip()] if path.suffix == ".jsonl" else json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CalibrationError(f"Expected replay records (JSON or JSONL) in {path}, got a parse error: {e}.") from None
+    except (json.JSONDecodeError, RecursionError) as e:
+        why = "nested too deep" if isinstance(e, RecursionError) else str(e)
+        raise CalibrationError(f"Expected replay records (JSON or JSONL) in {path}, got a parse error: {why}.") from None
     records = [records] if isinstance(records, dict) else records
-    good = [r for r in records if isinstance(r, dict) and isinstance(r.get("verdict"), dict)
-            and isinstance(r["verdict"].get("saturation"), (int, float))]
-    return float(max(good, key=lambda r: r.get("global_step") or 0)["verdict"]["saturation"]) if good else None
+    if not isinstance(records, list):
+        raise CalibrationError(f"Expected replay records (a JSON list of objects) in {path}, got {type(records).__name__}.")
+    verdicts = [r for r in records if isinstance(r, dict) and isinstance(r.get("verdict"), dict)]
+    steps = [r.get("global_step") or 0 for r in verdicts]
+    odd = [s for s in steps if isinstance(s, bool) or not isinstance(s, int)]
+    if odd:
+        raise CalibrationError(f"Expected integer global_step values in {path}, got {odd[0]!r}: is it a file written by "
+                               "satmon replay --json?")
+    if not verdicts:
+        return None
+    latest = verdicts[max(range(len(verdicts)), key=steps.__getitem__)]["verdict"].get("saturation")
+    if isinstance(latest, bool) or not isinstance(latest, (int, float)):
+        return math.nan  # the latest verdict was non-finite (written as null): never an earlier checkpoint's instead
+    return float(latest)
 
 
 def run_readings(paths: Iterable[str | Path]) -> dict[str, float | None]:
     """``run name -> verdict saturation`` (``None``: no verdict) for satmon TensorBoard folders (every
     run below, named by its path under the folder) and replay JSON files (named by the file stem; the
     latest checkpoint's verdict).
+
+    Raises:
+        CalibrationError: a path that does not exist, unreadable records, or one run reached twice
+            (the same file or folder given twice, nested folders, two files with the same stem).
 
     Example:
         >>> import json, tempfile, pathlib
@@ -74,17 +103,31 @@ def run_readings(paths: Iterable[str | Path]) -> dict[str, float | None]:
         {'run1': 0.61}
     """
     out: dict[str, float | None] = {}
-    for p in map(Path, paths):
-        if not p.exists():
-            raise CalibrationError(f"Expected a satmon TensorBoard folder or replay JSON, got no such path: {str(p)!r}.")
+    where: dict[str, Path] = {}  # name -> the run's file or folder
+    named: dict[Path, str] = {}  # the run's resolved file or folder -> name
+
+    def add(name: str, path: Path, value: float | None) -> None:
+        real = path.resolve()
+        if real in named:
+            raise CalibrationError(f"Expected each run once, got {str(path)!r} twice (as {named[real]!r} and {name!r}): a "
+                                   "run counted twice weighs double; give each file or folder once.")
+        if name in out:
+            raise CalibrationError(f"Expected distinct run names, got {name!r} for both {str(where[name])!r} and "
+                                   f"{str(path)!r}: rename one, or give them as separate folders of one parent.")
+        out[name], where[name], named[real] = value, path, name
+
+    for raw in paths:
+        p = Path(raw)
+        if not str(raw).strip() or not p.exists():
+            raise CalibrationError(f"Expected a satmon TensorBoard folder or replay JSON, got no such path: {str(raw)!r}.")
         if p.is_file() and p.suffix in (".json", ".jsonl"):
-            out[p.stem] = _replay_saturation(p)
+            add(p.stem, p, _replay_saturation(p))
             continue
         from satmon.io.tensorboard_reader import load_runs
 
         for run in load_runs(p)[0]:
             name = run.path.relative_to(p).as_posix() if p.is_dir() and run.path != p else run.path.name
-            out[name] = run.verdict_saturation()
+            add(name, run.path, run.verdict_saturation())
     return out
 
 
@@ -96,11 +139,16 @@ def _match(key: str, names: Sequence[str]) -> list[str]:
 def join_outcomes(readings: Mapping[str, float | None], outcomes: Mapping[str, tuple[float, float, str]]) -> list[Cell]:
     """One cell per outcome row: its run's verdict saturation, ``helps = DyT loss < LayerNorm loss``.
 
+    Raises:
+        CalibrationError: an outcome row that names no run or several, two rows naming one run, a run
+            without a finite verdict saturation in [0, 1], a loss that is not finite and positive.
+
     Example:
         >>> [c.helps for c in join_outcomes({"a/version_0": 0.5}, {"a": (2.0, 2.5, "small")})]
         [True]
     """
     names, cells, unknown = list(readings), [], []
+    taken: dict[str, str] = {}  # run -> the outcome row that named it
     for key, (dyt, ln, group) in outcomes.items():
         found = _match(key, names)
         if len(found) > 1:
@@ -109,10 +157,21 @@ def join_outcomes(readings: Mapping[str, float | None], outcomes: Mapping[str, t
         if not found:
             unknown.append(key)
             continue
-        sat = readings[found[0]]
+        run = found[0]
+        if run in taken:
+            raise CalibrationError(f"Expected each run once in the outcomes CSV, got run {run!r} named by both {taken[run]!r} "
+                                   f"and {key!r}: keep one row.")
+        taken[run] = key
+        sat = readings[run]
         if sat is None:
-            raise CalibrationError(f"Expected a verdict in run {found[0]!r}, got none (the screening window did not end, "
+            raise CalibrationError(f"Expected a verdict in run {run!r}, got none (the screening window did not end, "
                                    "or it is a LayerNorm run): list the DyT runs in the outcomes CSV.")
+        if not math.isfinite(sat):
+            raise CalibrationError(f"Expected a finite verdict saturation in run {run!r}, got {sat}: its verdict was "
+                                   "non-finite (the run diverged); drop it from the outcomes CSV.")
+        where = f"run {run!r}"
+        check_reading("saturation", sat, where)
+        dyt, ln = _loss(dyt, "dyt_val_loss", where), _loss(ln, "layernorm_val_loss", where)
         cells.append(Cell(key, group, dyt < ln, {"saturation": sat}, (dyt - ln) / ln))
     if unknown:
         raise CalibrationError(f"Expected every run of the outcomes CSV among the runs given, got no run for "

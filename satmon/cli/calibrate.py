@@ -1,16 +1,8 @@
 """``satmon calibrate``: fit the GO threshold on your own runs and write ``calibration.json``.
 
-Give it one of:
-  RUNS... --outcomes CSV   satmon TensorBoard folders and/or replay JSON files (each DyT run's verdict
-                           saturation), with a CSV: run,dyt_val_loss,layernorm_val_loss,group
-  --cells FILE             the cells directly: a CSV (saturation, outcome or delta or helps, group) or
-                           a JSON list of cells; `--metric` picks another numeric column
-  --study                  the regime study's own 12 cells (reproduces its 0.43985 / 75% / 50% / AUC 0.75)
-
-It fits "metric >= threshold -> DyT helps (GO)" by the study's midpoint rule (best accuracy) and by
-the balanced rule (best balanced accuracy), scores both in-sample and leave-one-group-out, gives the
-AUC, and writes OUT/calibration.json (read it with satmon.calibrate.fit.load_calibration) and
-OUT/calibration.png. Exit codes: 0 written, 2 input that cannot be calibrated on (the message says why).
+Every output path is checked before any input is read, and every input before anything is written
+(exit 2, one line, nothing written); outputs are replaced only by complete files
+(:mod:`satmon.io.atomic`). The help text is :data:`DESCRIPTION` and :data:`EPILOG` (plain text).
 """
 
 from __future__ import annotations
@@ -18,17 +10,51 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from satmon.calibrate.fit import STUDY_THRESHOLD, CalibrationError, CalibrationResult, calibrate, read_cells, study_cells, write_calibration
-from satmon.calibrate.runs import join_outcomes, read_outcomes, run_readings
+from satmon import study
+from satmon.cli.main import EXIT_USAGE
 
-__all__ = ["main", "format_result", "plot"]
+if TYPE_CHECKING:
+    from satmon.calibrate.fit import CalibrationResult
+
+__all__ = ["EXIT_OK", "EXIT_UNWRITTEN", "EXIT_USAGE", "PLOT_SUFFIXES", "main", "format_result", "plot"]
+
+EXIT_OK, EXIT_UNWRITTEN = 0, 1
+#: the plot formats --plot accepts (matplotlib picks the format from the suffix)
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 
 RULE_NAMES = {"midpoint": "midpoint (best accuracy; the study's)", "balanced": "balanced (best balanced accuracy)"}
 
+DESCRIPTION = f"""\
+Fit the GO threshold on your own runs and write calibration.json.
+
+Give it one of:
+  RUNS... --outcomes CSV   satmon TensorBoard folders and/or replay JSON files (each DyT run's verdict
+                           saturation), with a CSV: run,dyt_val_loss,layernorm_val_loss,group
+  --cells FILE             the cells directly: a CSV (saturation, outcome or delta or helps, group) or
+                           a JSON list of cells; --metric picks another numeric column
+  --study                  the regime study's own 12 cells (reproduces its {study.FIT_THRESHOLD:g} / 75% / 50% / AUC 0.75)
+
+It fits "metric >= threshold -> DyT helps (GO)" by the study's midpoint rule (best accuracy) and by
+the balanced rule (best balanced accuracy), scores both in-sample and leave-one-group-out, gives the
+AUC, and writes OUT/calibration.json (SaturationMonitor(calibration=...) reads it) and
+OUT/calibration.png."""
+
+EPILOG = """\
+refused before anything is written: outcomes or readings that are NaN or inf, losses that are not
+positive, saturations outside [0, 1], a run or cell listed twice, outcome columns that disagree,
+files that are not UTF-8 text (a byte-order mark is fine), and blocked outputs (--out naming a file
+or under one, --plot naming a folder or without a .png/.pdf/.svg suffix, read-only files).
+
+exit codes: 0 written, 1 an output could not be written (the file that was there is as it was),
+2 usage error or input that cannot be calibrated on (one line says why; nothing written),
+130 interrupted (Ctrl-C)."""
+
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="satmon calibrate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="satmon calibrate", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="*", metavar="RUNS", help="satmon TensorBoard folders or replay JSON files (with --outcomes)")
     p.add_argument("--outcomes", metavar="CSV", help="run,dyt_val_loss,layernorm_val_loss,group: one row per DyT run")
     p.add_argument("--cells", metavar="FILE", help="a cells CSV or JSON (saturation, outcome, group)")
@@ -37,12 +63,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rule", choices=("midpoint", "balanced"), default="midpoint",
                    help="whose threshold calibration.json carries (default midpoint, the study's; both are printed)")
     p.add_argument("--out", default="satmon_calibration", help="output folder (default ./satmon_calibration)")
-    p.add_argument("--plot", default=None, help="plot path (default OUT/calibration.png)")
-    p.add_argument("--no-plot", action="store_true", help="skip the plot")
+    plots = p.add_mutually_exclusive_group()
+    plots.add_argument("--plot", default=None, metavar="FILE", help="plot path, ending in .png, .pdf or .svg "
+                       "(default OUT/calibration.png)")
+    plots.add_argument("--no-plot", action="store_true", help="skip the plot")
     return p
 
 
+def _outputs(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    """``(calibration.json, plot or None)``, each checked before any input is read."""
+    from satmon.io.atomic import check_output, check_output_dir
+
+    out = check_output_dir(args.out, "--out")
+    cal = check_output(out / "calibration.json", "--out's calibration.json", (".json",))
+    if args.no_plot:
+        return cal, None
+    return cal, check_output(out / "calibration.png" if args.plot is None else args.plot, "--plot", PLOT_SUFFIXES)
+
+
 def _load(args: argparse.Namespace) -> tuple[list, str]:
+    from satmon.calibrate.fit import CalibrationError, read_cells, study_cells
+    from satmon.calibrate.runs import join_outcomes, read_outcomes, run_readings
+
     given = [bool(args.runs or args.outcomes), bool(args.cells), bool(args.study)]
     if sum(given) != 1:
         raise CalibrationError(f"Expected one input: RUNS with --outcomes, --cells FILE, or --study; got {sum(given)}. "
@@ -76,7 +118,7 @@ def format_result(r: CalibrationResult) -> str:
              f"{n - helps}; metric {r.metric!r}; rule: {r.metric} >= threshold -> DyT helps (GO)", f"source: {r.source}", "",
              table(["rule", "threshold", "in-sample", "balanced", "leave-one-group-out", "balanced (held out)"], rows), "",
              f"AUC of {r.metric}: {r.auc:.3f} (ties count half; 0.5 = chance, below 0.5 = it reads the wrong way round). "
-             f"The study's {STUDY_THRESHOLD:g} on these cells: {r.study_accuracy:.3f} in-sample."]
+             f"The study's {study.THRESHOLD:g} on these cells: {r.study_accuracy:.3f} in-sample."]
     for k, cv in r.cv.items():
         folds = "; ".join(f"{f.group}: t={f.threshold:.4f}, {f.correct}/{f.n}" for f in cv.folds)
         lines.append(f"Held-out folds, {k} rule: {folds}")
@@ -88,8 +130,11 @@ def format_result(r: CalibrationResult) -> str:
 
 
 def plot(r: CalibrationResult, path: Path) -> Path:
-    """Each cell's reading against its outcome, both fitted thresholds and the study's 0.43."""
+    """Each cell's reading against its outcome, both fitted thresholds and the study's threshold; the
+    file is replaced only once complete (its format from the suffix: .png, .pdf or .svg)."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
+
+    from satmon.io.atomic import atomic_open
 
     fig = Figure(figsize=(9.5, 4.2), dpi=110, layout="constrained")
     ax = fig.add_subplot()
@@ -107,41 +152,59 @@ def plot(r: CalibrationResult, path: Path) -> Path:
         ax.axvline(f.threshold, color=styles[k][0], ls=styles[k][1], lw=1.3,
                    label=f"{k} rule {f.threshold:.4f} ({f.accuracy:.0%} in, {r.cv[k].accuracy:.0%} held out)")
     if r.metric == "saturation":
-        ax.axvline(STUDY_THRESHOLD, color="gray", ls=":", lw=1.2, label=f"study {STUDY_THRESHOLD:g}")
+        ax.axvline(study.THRESHOLD, color="gray", ls=":", lw=1.2, label=f"study {study.THRESHOLD:g}")
     if with_delta:
         ax.axhline(0.0, color="gray", lw=0.8)
     ax.set(xlabel=f"{r.metric} (GO when >= threshold)",
            ylabel="DyT vs LayerNorm final val loss (%, < 0: DyT helped)" if with_delta else "DyT helped (1) / hurt (0)",
            title=f"satmon calibrate: {len(r.cells)} cells, AUC {r.auc:.2f}")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never over a cell
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format=Path(path).suffix.lstrip(".").lower() or "png")
+    return Path(path)
+
+
+def _replaced(existed: bool) -> str:
+    return " (it replaced the file that was there)" if existed else ""
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``satmon calibrate``; returns the exit code (see :data:`EPILOG`)."""
     try:
         args = _parser().parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
+    except SystemExit as e:  # --help (0), or a usage error argparse has printed (2)
+        return EXIT_USAGE if e.code not in (0, None) else 0
+    from satmon.calibrate.fit import CalibrationError, calibrate, write_calibration
+    from satmon.io.atomic import OutputError
+
     command = "satmon calibrate " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
+        cal_path, plot_path = _outputs(args)
         cells, source = _load(args)
         result = calibrate(cells, args.metric, source)
-        out = Path(args.out)
-        cal = write_calibration(result, out / "calibration.json", rule=args.rule, command=command)
-    except CalibrationError as e:
+    except (CalibrationError, OutputError) as e:
         print(f"satmon calibrate: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    existed = cal_path.exists()
+    try:
+        cal = write_calibration(result, cal_path, rule=args.rule, command=command)
+    except OSError as e:
+        print(f"satmon calibrate: could not write {str(cal_path)!r}: {e.strerror or e}; the file that was there is as it "
+              "was.", file=sys.stderr)
+        return EXIT_UNWRITTEN
     print(format_result(result))
-    print(f"\nWrote {out / 'calibration.json'}: threshold {cal.threshold:.5f} ({cal.rule} rule on {cal.metric}).")
-    if not args.no_plot:
+    print(f"\nWrote {cal_path}{_replaced(existed)}: threshold {cal.threshold:.5f} ({cal.rule} rule on {cal.metric}).")
+    if plot_path is not None:
+        existed = plot_path.exists()
         try:
-            print(f"Plot: {plot(result, Path(args.plot) if args.plot else out / 'calibration.png')}")
+            print(f"Plot: {plot(result, plot_path)}{_replaced(existed)}")
         except ImportError:
             print("satmon calibrate: the plot needs matplotlib: pip install 'satmon[report]' (or pip install matplotlib); "
                   "skipped it, the JSON is written.", file=sys.stderr)
+        except OSError as e:
+            print(f"satmon calibrate: could not write the plot {str(plot_path)!r}: {e.strerror or e}; the file that was "
+                  "there is as it was (the JSON is written).", file=sys.stderr)
+            return EXIT_UNWRITTEN
     if cal.metric == "saturation" and 0.0 < cal.threshold < 1.0:
-        print(f"Use it: SaturationMonitor(calibration={str(out / 'calibration.json')!r}) (the threshold and its provenance "
-              "on the card).")
-    return 0
+        print(f"Use it: SaturationMonitor(calibration={str(cal_path)!r}) (the threshold and its provenance on the card).")
+    return EXIT_OK

@@ -4,7 +4,10 @@ verdict is read next to whether the run learned.
 
 The default model draws its token embedding (tied with the output head) at std d_model ** -0.5 and
 trains. ``--stalled`` keeps GPT-2's std 0.02: that model stalls near the byte-frequency level while
-its deep DyT layers saturate on a constant offset, and the 0.43 rule still says GO (docs/faq.md)."""
+its deep DyT layers saturate on a constant offset, and the study's rule still says GO (docs/faq.md).
+
+Every flag is checked before anything is built or trained (exit 2, one usage line and one error line);
+the help text is :data:`DESCRIPTION` and :data:`EPILOG` (plain text)."""
 
 from __future__ import annotations
 
@@ -12,35 +15,98 @@ import argparse
 import logging
 import math
 import os
+import signal
+import sys
+import sysconfig
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "run_demo"]
+from satmon import study
+from satmon.cli.main import EXIT_USAGE, fraction, integer
 
+__all__ = ["EXIT_NO_VERDICT", "EXIT_OK", "EXIT_USAGE", "main", "run_demo"]
+
+EXIT_OK, EXIT_NO_VERDICT = 0, 1
 #: held-out batches scored at the start and at the end (the same ones Lightning's validation reads)
 VAL_BATCHES = 8
+#: the demo model's attention heads (d_model must be a multiple) and held-out split (tokens after the training split)
+N_HEADS, VAL_TOKENS = 4, 40_000
+
+DESCRIPTION = """\
+Train a small GPT-2-style DyT model on the embedded corpus (Python's standard library) for the
+screening window, on CPU, and print the verdict card beside the validation loss at the start and the
+end, so that the verdict is read next to whether the run learned.
+
+The default model draws its token embedding (tied with the output head) at std d_model ** -0.5 and
+trains. --stalled keeps GPT-2's std 0.02: that model stalls near the byte-frequency level while its
+deep DyT layers saturate on a constant offset, and the study's rule still says GO (docs/faq.md)."""
+
+EPILOG = """\
+outputs: a TensorBoard run LOGDIR/demo/version_N (LOGDIR/demo_stalled/... with --stalled) with its
+checkpoints; read it with satmon report, or tensorboard --logdir LOGDIR.
+
+exit codes: 0 verdict printed, 1 no verdict (training stopped before any step was counted),
+2 usage error (a flag out of range, an unwritable --logdir: nothing built or trained),
+130 interrupted (Ctrl-C)."""
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="satmon demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--window", type=int, default=500, help="screening window in optimizer steps (default 500)")
-    p.add_argument("--steps", type=int, default=None, help="total training steps (default: the window)")
-    p.add_argument("--threshold", type=float, default=0.43)
+    p = argparse.ArgumentParser(prog="satmon demo", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--window", type=integer(1), default=500, help="screening window in optimizer steps (default 500)")
+    p.add_argument("--steps", type=integer(1), default=None, help="total training steps, at least the window (default: the window)")
+    p.add_argument("--threshold", type=fraction, default=study.THRESHOLD,
+                   help=f"GO threshold on pooled saturation, in (0, 1) (default {study.THRESHOLD:g}, the study's)")
     p.add_argument("--logdir", default="satmon_logs", help="TensorBoard root (default ./satmon_logs)")
     p.add_argument("--stalled", action="store_true", help="GPT-2's embedding init (std 0.02, 0.1's demo): the model "
                    "stalls and saturates on a constant offset; the example of offset-driven saturation")
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--train-tokens", type=int, default=400_000, help="size of the training split of the embedded corpus")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps (0: only the last)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: $OMP_NUM_THREADS, else every core)")
+    p.add_argument("--d-model", type=integer(N_HEADS), default=64,
+                   help=f"model width, a multiple of {N_HEADS} (the attention heads) (default 64)")
+    p.add_argument("--layers", type=integer(1), default=2, help="transformer blocks (default 2)")
+    p.add_argument("--batch-size", type=integer(1), default=16, help="sequences per optimizer step (default 16)")
+    p.add_argument("--seq-len", type=integer(1, VAL_TOKENS - 1), default=64, help="tokens (bytes) per sequence (default 64)")
+    p.add_argument("--train-tokens", type=integer(2), default=400_000,
+                   help="size of the training split of the embedded corpus, in bytes (default 400000)")
+    p.add_argument("--seed", type=integer(0, 2**32 - 1), default=0, help="random seed of the model and the data order (default 0)")
+    p.add_argument("--checkpoint-every", type=integer(0), default=0, help="save a checkpoint every N steps (default 0: only the last)")
+    p.add_argument("--threads", type=integer(1), default=None, help="CPU threads (default: $OMP_NUM_THREADS, else every core)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
+
+
+def _corpus_bytes() -> int:
+    """Bytes of the embedded corpus: the standard library's top-level ``*.py`` files, which
+    :func:`satmon.demos.corpus.corpus_tokens` reads (sizes only: nothing is read here)."""
+    return sum(f.stat().st_size for f in Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+
+
+def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What one flag's range cannot say, checked before anything is built (``p.error``: usage error, exit 2)."""
+    from satmon.io.atomic import OutputError, check_output_dir
+
+    if args.steps is not None and args.steps < args.window:
+        p.error(f"expected --steps >= --window ({args.window}) so that the screening window ends, got {args.steps}")
+    if args.d_model % N_HEADS:
+        p.error(f"expected --d-model to be a multiple of {N_HEADS} (the attention heads), got {args.d_model}")
+    windows = (args.train_tokens - 1) // args.seq_len
+    if windows < args.batch_size:
+        p.error(f"expected --train-tokens of at least {args.batch_size * args.seq_len + 1} (one batch of "
+                f"{args.batch_size} x {args.seq_len}-token sequences), got {args.train_tokens}")
+    available = _corpus_bytes() - VAL_TOKENS
+    if args.train_tokens > available:
+        p.error(f"expected --train-tokens <= {available} (the embedded corpus less its {VAL_TOKENS}-byte held-out "
+                f"split), got {args.train_tokens}")
+    try:
+        check_output_dir(args.logdir, "--logdir")
+        check_output_dir(Path(args.logdir) / _run_name(args), "--logdir's run folder")
+    except OutputError as e:
+        p.error(str(e))
+
+
+def _run_name(args: argparse.Namespace) -> str:
+    return "demo_stalled" if args.stalled else "demo"
 
 
 def _emb_std(args: argparse.Namespace) -> float:
@@ -121,8 +187,7 @@ def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
     data.setup("fit")
     losses = {"start": heldout_loss(model, data), "unigram": unigram_loss(data)}
     monitor = SaturationMonitor(window=args.window, threshold=args.threshold, log_every_n_steps=25, verbose=False)
-    name = "demo_stalled" if args.stalled else "demo"
-    logger = TensorBoardLogger(args.logdir, name=name, default_hp_metric=False)  # the HParams view shows satmon's verdict
+    logger = TensorBoardLogger(args.logdir, name=_run_name(args), default_hp_metric=False)  # the HParams view shows satmon's verdict
     ckpt = ModelCheckpoint(every_n_train_steps=args.checkpoint_every or None, save_top_k=-1 if args.checkpoint_every else 1)
     callbacks = [monitor, ckpt] + ([] if args.quiet else [_step_bar(args.window)])
     trainer = pl.Trainer(
@@ -130,7 +195,15 @@ def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
         enable_progress_bar=not args.quiet, enable_model_summary=False, log_every_n_steps=25,
         val_check_interval=min(250, steps), limit_val_batches=VAL_BATCHES, num_sanity_val_steps=0,
     )
-    trainer.fit(model, data)
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        trainer.fit(model, data)
+    except SystemExit:  # Lightning ends a Ctrl-C'd fit with sys.exit(1) after its graceful shutdown
+        if trainer.interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        signal.signal(signal.SIGINT, sigint)  # Lightning ignores SIGINT while it shuts down, and leaves it so
     losses["end"] = heldout_loss(model, data)
     return monitor, logger.log_dir, losses
 
@@ -152,7 +225,13 @@ def _loss_lines(losses: dict[str, float], steps: int, go: bool) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """Run ``satmon demo``; returns the exit code (see :data:`EPILOG`)."""
+    p = _parser()
+    try:
+        args = p.parse_args(argv)
+        _check(p, args)
+    except SystemExit as e:  # --help (0), or a usage error argparse has printed (2)
+        return EXIT_USAGE if e.code not in (0, None) else 0
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*LeafSpec.*")
@@ -163,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     monitor, log_dir, losses = run_demo(args)
     took = time.perf_counter() - t0
     if monitor.verdict is None:
-        print("satmon demo: no verdict (training stopped before any step was counted).")
-        return 1
+        print("satmon demo: no verdict (training stopped before any step was counted).", file=sys.stderr)
+        return EXIT_NO_VERDICT
     steps = args.steps or args.window
     print()
     print(monitor.verdict.card())
@@ -175,4 +254,4 @@ def main(argv: list[str] | None = None) -> int:
     print(f"TensorBoard logs: {Path(log_dir).resolve()}")
     print(f"Open them with:   tensorboard --logdir {Path(args.logdir).resolve()}")
     print(f"Or, without a browser: satmon report {Path(log_dir).resolve()}")
-    return 0
+    return EXIT_OK

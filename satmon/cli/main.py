@@ -1,11 +1,19 @@
-"""``satmon`` entry point: dispatches to the subcommands."""
+"""``satmon`` entry point: dispatches to the subcommands.
+
+The top-level parser and every subcommand's parser are built from the standard library alone: torch,
+Lightning and the readers are imported inside the function that runs a command, after its arguments
+are parsed, so ``satmon --help``, ``--version`` and ``satmon COMMAND --help`` start at once.
+"""
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import sys
 
-__all__ = ["main"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "SUBCOMMANDS", "fraction", "integer", "main"]
 
+#: command -> (module with ``main(argv) -> int``, one line for ``satmon --help``)
 SUBCOMMANDS = {
     "demo": ("satmon.cli.demo", "train the demo GPT (DyT) for the screening window and print the verdict"),
     "replay": ("satmon.cli.replay", "replay every diagnostic over saved checkpoints"),
@@ -13,9 +21,80 @@ SUBCOMMANDS = {
     "calibrate": ("satmon.cli.calibrate", "fit the GO threshold on your own runs' outcomes (writes calibration.json)"),
 }
 
+#: the exit code of a usage error (argparse's), and of a command ended by Ctrl-C (128 + SIGINT, the shell's)
+EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
+
+DESCRIPTION = "Watch DyT saturation from inside transformer training, and replay it over saved checkpoints."
+
+EPILOG = "commands:\n" + "\n".join(f"  {name:<11}{line}" for name, (_, line) in SUBCOMMANDS.items()) + """
+
+Run satmon COMMAND --help for a command's options and exit codes.
+exit codes: 0 success, 2 usage error (nothing done), 130 interrupted (Ctrl-C); each command
+documents its others."""
+
+
+def integer(low: int, high: int | None = None):
+    """An argparse ``type``: an integer in ``[low, high]`` (argparse turns a refusal into a usage error, exit 2).
+
+    Example:
+        >>> integer(1)("3")
+        3
+        >>> integer(1)("0")
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: expected an integer >= 1, got '0'
+    """
+    span = f">= {low}" if high is None else f"in [{low}, {high}]"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer {span}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected an integer {span}, got {text!r}")
+        return value
+
+    parse.__name__ = "integer"  # argparse names the type in its own messages
+    return parse
+
+
+def fraction(text: str) -> float:
+    """An argparse ``type``: a number strictly between 0 and 1 (a threshold on a fraction of elements).
+
+    Example:
+        >>> fraction("0.5")
+        0.5
+        >>> fraction("nan")
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: expected a number in (0, 1), got 'nan'
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
+    if not 0.0 < value < 1.0:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    from satmon._version import __version__
+
+    p = argparse.ArgumentParser(prog="satmon", usage="satmon [-h] [-V] COMMAND [ARGS ...]", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-V", "--version", action="version", version=f"satmon {__version__}", help="print the version and exit")
+    p.add_argument("command", choices=list(SUBCOMMANDS), metavar="COMMAND", help="one of " + ", ".join(SUBCOMMANDS))
+    return p
+
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``satmon SUBCOMMAND ...``; returns the exit code.
+    """Run ``satmon COMMAND ...``; returns the exit code.
+
+    Bare ``satmon`` and an unknown command print the usage on stderr and return 2 (argparse's
+    convention); ``--help`` prints it on stdout and returns 0. Ctrl-C during a command ends it with one
+    line on stderr and exit code 130, no traceback.
 
     Example:
         >>> main(["--version"])
@@ -23,23 +102,20 @@ def main(argv: list[str] | None = None) -> int:
         0
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("--version", "-V"):
-        from satmon._version import __version__
-
-        print(f"satmon {__version__}")
-        return 0
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
-        lines = [f"usage: satmon {{{','.join(SUBCOMMANDS)}}} ...", ""] + [f"  {k:<11}{v[1]}" for k, v in SUBCOMMANDS.items()]
-        if argv and argv[0] not in ("-h", "--help"):
-            print(f"satmon: unknown command {argv[0]!r}; expected one of {', '.join(SUBCOMMANDS)}.\n", file=sys.stderr)
-            print("\n".join(lines), file=sys.stderr)
-            return 2
-        print("\n".join(lines))
-        return 0
-    import importlib
-
-    module = importlib.import_module(SUBCOMMANDS[argv[0]][0])
-    return int(module.main(argv[1:]) or 0)
+    if not argv or argv[0] not in SUBCOMMANDS:
+        try:
+            _parser().parse_args(argv)  # --help, --version, or a usage error: argparse prints and exits
+        except SystemExit as e:
+            return 0 if e.code is None else int(e.code) if isinstance(e.code, int) else 2
+        return 2  # not reached: a valid command is dispatched below
+    name = argv[0]
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    try:
+        return int(module.main(argv[1:]) or 0)
+    except KeyboardInterrupt:
+        print(f"satmon {name}: interrupted (Ctrl-C); every output satmon replaces is either as it was or complete "
+              "(files are replaced only by finished ones).", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,8 +1,9 @@
 """``satmon report LOGDIR``: print the verdict card and the key points of a satmon TensorBoard run
 (live or replayed), for a machine without a browser.
 
-``LOGDIR`` may be a run's version folder, any folder above it (every run found below is printed)
-or an event file. Exit codes: 0 printed, 1 no satmon data found, 2 no such path.
+The parser needs the standard library only; the TensorBoard reader (and :class:`TAG`) load when a run
+is read, so ``satmon report --help`` imports neither torch nor Lightning. The help text is
+:data:`DESCRIPTION` (plain text).
 """
 
 from __future__ import annotations
@@ -11,15 +12,42 @@ import argparse
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from satmon.io.tensorboard import TAG
-from satmon.io.tensorboard_reader import Run, load_runs
+from satmon.cli.main import EXIT_USAGE
 
-__all__ = ["main", "Run", "load_runs", "format_run"]  # Run and load_runs: re-exported from satmon.io.tensorboard_reader
+if TYPE_CHECKING:
+    from satmon.io.tensorboard_reader import Run
 
-#: Trajectory rows with a name of their own, in this order.
-_NAMED = {TAG.saturation: "saturation (pooled)", TAG.margin: "margin", TAG.verdict: "verdict (1 GO, 0 NO-GO, -1 non-finite)",
-          TAG.collapse_risk: "collapse risk"}
+__all__ = ["EXIT_NO_DATA", "EXIT_OK", "EXIT_USAGE", "format_run", "main"]  # and Run, load_runs: see __getattr__
+
+EXIT_OK, EXIT_NO_DATA = 0, 1
+
+DESCRIPTION = """\
+Print the verdict card and the key points of a satmon TensorBoard run (live or replayed), for a
+machine without a browser.
+
+LOGDIR may be a run's version folder, any folder above it (every run found below is printed) or an
+event file (events.out.tfevents.*: the run folder that holds it is printed).
+
+exit codes: 0 printed, 1 no satmon data found under LOGDIR, 2 usage error (no such path, an empty
+path, a file that is not a TensorBoard event file)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Run", "load_runs"):  # re-exported from satmon.io.tensorboard_reader, loaded on first use
+        from satmon.io import tensorboard_reader
+
+        return getattr(tensorboard_reader, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _named() -> dict[str, str]:
+    """Trajectory rows with a name of their own, in this order."""
+    from satmon.io.tensorboard import TAG
+
+    return {TAG.saturation: "saturation (pooled)", TAG.margin: "margin",
+            TAG.verdict: "verdict (1 GO, 0 NO-GO, -1 non-finite)", TAG.collapse_risk: "collapse risk"}
 
 
 def _at(point: tuple[int, float] | None) -> str:
@@ -38,7 +66,9 @@ def _points(series: list[tuple[int, float]]) -> list[str]:
 def format_run(run: Run) -> str:
     """The verdict card (decision, notes, per-layer table), then the trajectories' key points, as compact tables."""
     from satmon.io.markdown import table
+    from satmon.io.tensorboard import TAG
 
+    named = _named()
     steps = run.steps()
     head = f"== satmon run {run.path}"
     if steps:
@@ -49,11 +79,11 @@ def format_run(run: Run) -> str:
     if stop:
         out += [stop.replace("**", ""), ""]
 
-    rows = [[label, *_points(run.scalars[tag])] for tag, label in _NAMED.items() if tag in run.scalars]
+    rows = [[label, *_points(run.scalars[tag])] for tag, label in named.items() if tag in run.scalars]
     sigma = run.sigma_min_min_ratio()
     if sigma:
         rows.append(["sigma_min ratio (min over depth)", *_points(sigma)])
-    other = sorted(t for t in run.scalars if t.count("/") == 1 and t not in _NAMED)
+    other = sorted(t for t in run.scalars if t.count("/") == 1 and t not in named)
     rows += [[t, *_points(run.scalars[t])] for t in other]
     if rows:
         out += [table(["trajectory", "first", "last", "min", "max", "points"], rows), ""]
@@ -69,31 +99,55 @@ def format_run(run: Run) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="satmon report", description=__doc__,
+    p = argparse.ArgumentParser(prog="satmon report", description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("logdir", metavar="LOGDIR", help="a TensorBoard run folder, a folder above runs, or an event file")
     p.add_argument("--latest", action="store_true", help="print only the most recently written run")
     return p
 
 
+def _usage_error(root: str) -> str | None:
+    """Why ``root`` cannot be read as a run, or ``None``."""
+    from satmon.io.tensorboard_reader import EVENT_GLOB
+
+    hint = "Pass the --logdir of a satmon run (e.g. satmon_logs/demo/version_0) or a folder above it."
+    if not root.strip():
+        return f"Expected LOGDIR to name a folder or an event file, got an empty path. {hint}"
+    path = Path(root)
+    if not path.exists():
+        return f"no such file or directory: {root!r}. {hint}"
+    if not path.is_dir() and not path.match(EVENT_GLOB):
+        return f"Expected LOGDIR to be a folder or a TensorBoard event file ({EVENT_GLOB}), got the file {root!r}. {hint}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run ``satmon report``; returns the exit code (see :data:`DESCRIPTION`)."""
     try:
         args = _parser().parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
+    except SystemExit as e:  # --help (0), or a usage error argparse has printed (2)
+        return EXIT_USAGE if e.code not in (0, None) else 0
+    why = _usage_error(args.logdir)
+    if why is not None:
+        print(f"satmon report: {why}", file=sys.stderr)
+        return EXIT_USAGE
+    from satmon.io.tensorboard_reader import load_runs
+
     root = Path(args.logdir)
-    if not root.exists():
-        print(f"satmon report: no such file or directory: {str(root)!r}. Pass the --logdir of a satmon run "
-              "(e.g. satmon_logs/demo/version_0) or a folder above it.", file=sys.stderr)
-        return 2
-    runs, looked = load_runs(root)
+    try:
+        runs, looked = load_runs(root)
+    except OSError as e:  # a folder or event file this user cannot read
+        print(f"satmon report: cannot read {str(root)!r}: {e.strerror or e} ({e.filename or root}).", file=sys.stderr)
+        return EXIT_NO_DATA
     if not runs:
         print(f"satmon report: no satmon data under {str(root)!r} ({looked} TensorBoard run folder(s) looked at). "
               "Point it at a run written by SaturationMonitor (with a TensorBoardLogger) or by `satmon replay`.",
               file=sys.stderr)
-        return 1
+        return EXIT_NO_DATA
     if args.latest:
-        runs = [max(runs, key=lambda r: max(f.stat().st_mtime for f in r.path.glob("events.out.tfevents.*")))]
+        from satmon.io.tensorboard_reader import EVENT_GLOB
+
+        runs = [max(runs, key=lambda r: max(f.stat().st_mtime for f in r.path.glob(EVENT_GLOB)))]
     print("\n".join(format_run(r) for r in runs), end="")
-    return 0
+    return EXIT_OK
 

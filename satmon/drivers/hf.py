@@ -35,7 +35,7 @@ from torch import nn
 from satmon.results.stop import StopRecord
 from satmon.screen.agreement import TorchDistributed
 from satmon.screen.screen import Screen
-from satmon.settings import Settings
+from satmon.settings import ReadsSettings, Settings, settings_from, short_repr
 from satmon.model.discovery import find_dyt_layers
 from satmon.results.verdict import Verdict
 
@@ -50,6 +50,7 @@ __all__ = ["SatmonTrainerCallback", "STATE_FILE"]
 #: the file, in each checkpoint folder, that holds the screen's state
 STATE_FILE = "satmon_state.pt"
 _ON_MISSING = ("warn", "raise")
+_OWN = ("logdir", "resume_from", "on_missing", "verbose", "log_every_n_steps")
 
 
 def _feed(model: nn.Module, batch: tuple[tuple, dict]) -> Any:
@@ -63,39 +64,43 @@ def _loss_of(output: Any) -> torch.Tensor | None:
     return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
 
 
-class SatmonTrainerCallback(TrainerCallback):
+class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
     """Screen a DyT model trained by a Hugging Face ``Trainer`` and give the GO / NO-GO verdict.
 
     The same counts, verdict, collapse watch and abort policy as :class:`satmon.SaturationMonitor`
     (both drive :class:`satmon.Screen`); the verdict is in :attr:`verdict` after training.
 
     Args:
-        window: screening window in optimizer steps.
-        threshold: GO threshold on pooled saturation (study: 0.43).
+        settings: the rule, the window, the watch and the abort policy (a :class:`satmon.Settings`);
+            ``None``: built from ``**options``.
         logdir: TensorBoard directory for satmon's card and scalars (default: see the module docstring).
         resume_from: the checkpoint folder to read ``satmon_state.pt`` from on a resume (default:
             ``<output_dir>/checkpoint-<global step>``, where ``resume_from_checkpoint=True`` finds it).
         on_missing: a model without DyT layers: ``"warn"`` (train unscreened) or ``"raise"``.
         verbose: print the verdict card (process zero).
         log_every_n_steps: running saturation is logged every this many steps (default: ``args.logging_steps``).
-        **options: the other settings of :class:`satmon.SaturationMonitor` (``level``, ``abort_on``,
-            ``abort_mode``, ``dry_run``, ``include``, ``exclude``, ``watch_every_n_steps``, ...).
+        **options: the :class:`satmon.Settings` fields, as documented in :class:`satmon.SaturationMonitor`
+            (``window``, ``threshold``, ``calibration``, ``level``, ``product``, ``abort_on``, ``abort_mode``,
+            ``dry_run``, ``include``, ``exclude``, ``watch_every_n_steps``, ...); not together with ``settings``.
 
     Example:
         >>> cb = SatmonTrainerCallback(window=200, abort_on="no-go")
-        >>> cb.settings.window, cb.settings.abort_on, cb.verdict is None
+        >>> cb.window, cb.abort_on, cb.verdict is None  # cb.window reads cb.settings.window
         (200, 'no-go', True)
     """
 
-    def __init__(self, window: int = 500, threshold: float = 0.43, *, logdir: str | None = None,
+    def __init__(self, settings: Settings | None = None, *, logdir: str | None = None,
                  resume_from: str | os.PathLike | None = None, on_missing: str = "warn", verbose: bool = True,
                  log_every_n_steps: int | None = None, **options: Any) -> None:
-        self.settings = Settings(window=window, threshold=threshold, **options)
+        self.settings = settings_from(settings, options, owner="SatmonTrainerCallback", own=_OWN)
         if on_missing not in _ON_MISSING:
-            raise ValueError(f"Expected `on_missing` in {_ON_MISSING}, got {on_missing!r}.")
+            raise ValueError(f"Expected `on_missing` in {_ON_MISSING}, got {short_repr(on_missing)}.")
         if log_every_n_steps is not None and (isinstance(log_every_n_steps, bool) or not isinstance(log_every_n_steps, int)
                                               or log_every_n_steps <= 0):
-            raise ValueError(f"Expected `log_every_n_steps` to be a positive int or None, got {log_every_n_steps!r}.")
+            raise ValueError(f"Expected `log_every_n_steps` to be a positive int or None, got {short_repr(log_every_n_steps)}.")
+        for name, value in (("logdir", logdir), ("resume_from", resume_from)):
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise ValueError(f"Expected `{name}` to be a folder path or None, got {short_repr(value)} ({type(value).__name__}).")
         self.logdir, self.resume_from, self.on_missing = logdir, resume_from, on_missing
         self.verbose = Settings.check_flag("verbose", verbose)
         self.log_every_n_steps = log_every_n_steps

@@ -2,13 +2,12 @@
 
 This file maps Lightning's hook points to ``Screen`` calls, Lightning's strategy to the ranks'
 agreement, and Lightning's loggers to the writers. Counting, the verdict, the collapse watch and
-the abort policy live in :mod:`satmon.core`.
+the abort policy live in :mod:`satmon.screen`; every option is one :class:`satmon.Settings`.
 """
 
 from __future__ import annotations
 
 import ast
-import os
 from contextlib import ExitStack
 from collections.abc import Callable
 from typing import Any
@@ -20,11 +19,10 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
 from satmon.batches import feed_first
-from satmon.calibrate.fit import Calibration, load_calibration
-from satmon.results.stop import AbortMode, AbortOn, StopRecord
+from satmon.results.stop import StopRecord
 from satmon.screen.screen import Screen
-from satmon.settings import Settings
-from satmon.model.discovery import Selector, find_norm_layers
+from satmon.settings import ReadsSettings, Settings, settings_from, short_repr
+from satmon.model.discovery import find_norm_layers
 from satmon.drivers.live_probe import LiveProbe
 from satmon.results.verdict import Verdict
 from satmon.io.tensorboard import TAG, log_text
@@ -32,20 +30,9 @@ from satmon.io.tensorboard import TAG, log_text
 __all__ = ["SaturationMonitor"]
 
 _ON_MISSING = ("warn", "raise")
-
-
-def _calibrated(threshold: float, calibration: Any) -> tuple[float, str]:
-    """The threshold and card caveat from a calibration file, or the given threshold and the study's caveat."""
-    if calibration is None:
-        return threshold, ""
-    if threshold != 0.43:
-        raise ValueError(f"Expected either `threshold` or `calibration`, got both (threshold={threshold!r}, "
-                         f"calibration={calibration!r}). The calibration file holds its own threshold.")
-    cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
-    if cal.metric != "saturation":
-        raise ValueError(f"Expected a calibration of the pooled saturation (metric 'saturation'), got metric {cal.metric!r} "
-                         f"from {cal.path or calibration!r}: the verdict's rule reads the pooled saturation.")
-    return cal.threshold, cal.caveat()
+#: the monitor's own keyword arguments (every other option is a satmon.Settings field)
+_OWN = ("log_every_n_steps", "on_missing", "verbose", "probe_every_n_steps", "probe_on_checkpoint", "calibration_batches",
+        "probe_forward_fn", "gating_forward_fn")
 
 
 class _StrategyAgreement:
@@ -61,7 +48,7 @@ class _StrategyAgreement:
         return self.strategy.reduce(values, reduce_op="max")
 
 
-class SaturationMonitor(Callback):
+class SaturationMonitor(ReadsSettings, Callback):
     r"""Screen a DyT model during its first ``window`` optimizer steps and give a GO / NO-GO verdict.
 
     Forward hooks on every DyT layer count, on the activations' device, the elements with
@@ -70,90 +57,99 @@ class SaturationMonitor(Callback):
     acts as a regulariser) or NO-GO (``<``: switch back to LayerNorm); any non-finite DyT input makes
     it ``"non-finite"`` (a diverged run). Then the window's hooks are removed.
 
+    Settings. The rule, the window, the watch and the abort policy are one :class:`satmon.Settings`:
+    pass ``settings=`` (built once, shared with a ``Screen``, :func:`satmon.probe` or a replay), or
+    its fields as keyword options, which build it (not both). The monitor's own options (how it logs,
+    what a model without DyT gets, the live probe, the gating trace's forward) are its keyword
+    arguments. ``monitor.window``, ``monitor.threshold``... read the settings.
+
     Args:
-        window: screening window in optimizer steps (gradient accumulation does not change it).
-        threshold: GO threshold on pooled saturation (study: 0.43; supply your own calibration).
-        level: per-element cut-off; an element is saturated when ``|alpha * x| > level`` (strict).
+        settings: every setting below at once (a :class:`satmon.Settings`); ``None``: built from ``**options``.
         log_every_n_steps: running saturation is logged (and read from the device) every this many
             optimizer steps; ``None`` uses the Trainer's ``log_every_n_steps``.
-        include: extra layers to monitor: a regex on module names or a predicate ``(name, module)``.
-        exclude: layers to skip, same form.
-        abort_on: ``"never"`` (default), ``"no-go"`` (a NO-GO verdict), ``"collapse"`` (collapse risk at
-            the verdict or during the watch), ``"any"`` (all of these, plus non-finite values: checked
-            every step, the run stops within one step on every rank, and loss spikes).
-        abort_mode: ``"graceful"`` (``fit`` returns after the step) or ``"raise"`` (:class:`satmon.SatmonAbort`).
-        dry_run: log what would have stopped the run, without stopping it.
-        collapse_threshold: pooled DyT saturation at or above which a gated model is a collapse risk (study: 0.5).
-        gating_mapping: ``{dyt_layer_name: gated_mlp_module_name}`` when detection cannot tell.
-        watch_every_n_steps: after the window, measure one optimizer step in every this many; ``0``: off.
-        patience: consecutive breaching checks before a watch breach stops the run.
-        loss_spike_z: robust sigmas (1.4826 MAD) above the loss baseline that make a spike.
-        loss_baseline: steps in the loss baseline.
-        sample_every: count only every ``k``-th optimizer step of the window.
-        product: ``"module"`` (default): count ``alpha * x`` as the layer's forward computes it, rounded to
-            ``torch.result_type(alpha, x)`` (bf16 in a bf16 model), as the study measured and as tanh sees it;
-            ``"exact"``: the real product (satmon 0.1's rule).
-        offset_every: on every this many counted window steps, also measure how much of each layer's
-            saturation a per-channel constant explains (card flag "offset-driven"); ``0``: off.
         on_missing: what a model without DyT layers gets: ``"warn"`` (default: no screen, a console
             line and a TensorBoard card say why; probes still run) or ``"raise"``.
         verbose: print the verdict card to the console (rank zero).
         probe_every_n_steps, probe_on_checkpoint, calibration_batches, probe_forward_fn: the live
-            dead-direction probe (:class:`satmon.drivers.live_probe.LiveProbe`).
-        calibration: a ``calibration.json`` written by ``satmon calibrate`` on your own runs (or its
-            :class:`~satmon.calibrate.fit.Calibration`): its threshold replaces the study's and its provenance
-            replaces the study's caveat on the card. Give ``threshold`` or ``calibration``, not both.
+            dead-direction probe (:class:`satmon.drivers.live_probe.LiveProbe`); it reads with these settings
+            (the same ``level``, ``product``, layers, threshold and caveat).
         gating_forward_fn: how the first training batch reaches the LightningModule for the one traced
             forward that finds gated MLPs (default :func:`satmon.batches.feed_first`: ``model(batch[0])``
             for ``(inputs, targets)`` batches).
+        **options: the :class:`satmon.Settings` fields:
+
+            - ``threshold``: GO threshold on pooled saturation; ``None`` (default): the study's
+              (:data:`satmon.study.THRESHOLD`), or the calibration's. Supply your own calibration.
+            - ``level``: per-element cut-off; an element is saturated when ``|alpha * x| > level`` (strict;
+              the study's :data:`satmon.study.LEVEL`).
+            - ``collapse_threshold``: pooled DyT saturation at or above which a gated model is a collapse
+              risk (the study's :data:`satmon.study.COLLAPSE_THRESHOLD`).
+            - ``product``: ``"module"`` (default): count ``alpha * x`` as the layer's forward computes it, rounded
+              to ``torch.result_type(alpha, x)`` (bf16 in a bf16 model), as the study measured and as tanh sees
+              it; ``"exact"``: the real product (satmon 0.1's rule).
+            - ``calibration``: a ``calibration.json`` written by ``satmon calibrate`` on your own runs (or its
+              :class:`~satmon.results.calibration.Calibration`): its threshold replaces the study's and its
+              provenance replaces the study's caveat on the card. Give ``threshold`` or ``calibration``, not both.
+            - ``caveat``: the card's provenance line for your own ``threshold`` (default: the study's, or the
+              calibration's).
+            - ``window``: screening window in optimizer steps (gradient accumulation does not change it).
+            - ``sample_every``: count only every ``k``-th optimizer step of the window.
+            - ``offset_every``: on every this many counted window steps, also measure how much of each layer's
+              saturation a per-channel constant explains (card flag "offset-driven"); ``0``: off.
+            - ``include``: extra layers to monitor: a regex on module names or a predicate ``(name, module)``.
+            - ``exclude``: layers to skip, same form.
+            - ``gating_mapping``: ``{dyt_layer_name: gated_mlp_module_name}`` (``None`` as a value: the layer
+              feeds no gated MLP) when detection cannot tell.
+            - ``watch_every_n_steps``: after the window, measure one optimizer step in every this many; ``0``: off.
+            - ``patience``: consecutive breaching checks before a watch breach stops the run.
+            - ``loss_spike_z``: robust sigmas (1.4826 MAD) above the loss baseline that make a spike.
+            - ``loss_baseline``: steps in the loss baseline.
+            - ``abort_on``: ``"never"`` (default), ``"no-go"`` (a NO-GO verdict), ``"collapse"`` (collapse risk
+              at the verdict or during the watch), ``"any"`` (all of these, plus non-finite values: checked
+              every step, the run stops within one step on every rank, and loss spikes).
+            - ``abort_mode``: ``"graceful"`` (``fit`` returns after the step) or ``"raise"`` (:class:`satmon.SatmonAbort`).
+            - ``dry_run``: log what would have stopped the run, without stopping it.
+
+    Raises:
+        TypeError: an unknown option (the message lists the valid ones), or ``settings`` that is not a Settings.
+        ValueError: a wrong value, or ``settings`` and options together.
 
     Example:
-        >>> from satmon import SaturationMonitor
-        >>> monitor = SaturationMonitor(window=500, threshold=0.43)
-        >>> monitor.window, monitor.threshold
-        (500, 0.43)
+        >>> from satmon import SaturationMonitor, Settings, study
+        >>> monitor = SaturationMonitor(window=500, abort_on="no-go")
+        >>> monitor.window, monitor.abort_on, monitor.threshold == study.THRESHOLD
+        (500, 'no-go', True)
+        >>> shared = Settings(window=200, product="exact")
+        >>> SaturationMonitor(settings=shared).settings is shared
+        True
     """
 
     def __init__(
-        self, window: int = 500, threshold: float = 0.43, level: float = 2.0, log_every_n_steps: int | None = None,
-        include: Selector = None, exclude: Selector = None, abort_on: AbortOn = "never", abort_mode: AbortMode = "graceful",
-        dry_run: bool = False, collapse_threshold: float = 0.5, gating_mapping: dict[str, str] | None = None,
-        watch_every_n_steps: int = 50, patience: int = 1, loss_spike_z: float = 8.0, loss_baseline: int = 200,
-        sample_every: int = 1, product: str = "module", offset_every: int = 10, on_missing: str = "warn", verbose: bool = True, probe_every_n_steps: int | None = None,
-        probe_on_checkpoint: bool = False, calibration_batches: int = 4,
-        probe_forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
-        gating_forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
-        calibration: str | os.PathLike | Calibration | None = None,
+        self, settings: Settings | None = None, *, log_every_n_steps: int | None = None, on_missing: str = "warn",
+        verbose: bool = True, probe_every_n_steps: int | None = None, probe_on_checkpoint: bool = False,
+        calibration_batches: int = 4, probe_forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
+        gating_forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None, **options: Any,
     ) -> None:
-        threshold, caveat = _calibrated(threshold, calibration)
-        self.settings = Settings(
-            window=window, threshold=threshold, level=level, include=include, exclude=exclude, sample_every=sample_every,
-            abort_on=abort_on, abort_mode=abort_mode, dry_run=dry_run, collapse_threshold=collapse_threshold,
-            gating_mapping=gating_mapping, watch_every_n_steps=watch_every_n_steps, patience=patience,
-            loss_spike_z=loss_spike_z, loss_baseline=loss_baseline, product=product, offset_every=offset_every, caveat=caveat)
+        self.settings = settings_from(settings, options, owner="SaturationMonitor", own=_OWN)
         if log_every_n_steps is not None and (isinstance(log_every_n_steps, bool) or not isinstance(log_every_n_steps, int)
                                               or log_every_n_steps <= 0):
-            raise ValueError(f"Expected `log_every_n_steps` to be a positive int or None, got {log_every_n_steps!r}.")
+            raise ValueError(f"Expected `log_every_n_steps` to be a positive int or None, got {short_repr(log_every_n_steps)}.")
         if on_missing not in _ON_MISSING:
-            raise ValueError(f"Expected `on_missing` in {_ON_MISSING}, got {on_missing!r}.")
+            raise ValueError(f"Expected `on_missing` in {_ON_MISSING}, got {short_repr(on_missing)}.")
+        if gating_forward_fn is not None and not callable(gating_forward_fn):
+            raise ValueError(f"Expected `gating_forward_fn` to be a callable (model, batch) -> Any or None, got "
+                             f"{short_repr(gating_forward_fn)} ({type(gating_forward_fn).__name__}): pass a function, e.g. "
+                             "gating_forward_fn=lambda model, batch: model(batch['input_ids']), or None for model(batch[0]).")
         self.log_every_n_steps, self.on_missing = log_every_n_steps, on_missing
         self.verbose = Settings.check_flag("verbose", verbose)
         Settings.check_flag("probe_on_checkpoint", probe_on_checkpoint)
-        live = LiveProbe(probe_every_n_steps, probe_on_checkpoint, calibration_batches, probe_forward_fn, include=include,
-                         exclude=exclude, level=level, threshold=threshold, collapse_threshold=collapse_threshold,
-                         gating_mapping=gating_mapping)  # validates the probe arguments
+        live = LiveProbe(probe_every_n_steps, probe_on_checkpoint, calibration_batches, probe_forward_fn,
+                         settings=self.settings)  # validates the probe arguments
         self.live_probe: LiveProbe | None = live if live.active else None
         self.screen = Screen(self.settings, info=rank_zero_info, warn=rank_zero_warn, verbose=verbose)
         self._paused = ExitStack()  # validation: no counting between on_validation_start and _end
         self._attached = False
         self.gating_forward_fn = gating_forward_fn or feed_first
-
-    # the settings, readable as attributes (monitor.window, monitor.threshold, ...)
-    def __getattr__(self, name: str) -> Any:
-        settings = self.__dict__.get("settings")
-        if settings is not None and name in type(settings).__dataclass_fields__:
-            return getattr(settings, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def verdict(self) -> Verdict | None:

@@ -46,9 +46,10 @@ from torch.utils.data import DataLoader
 
 from satmon.batches import feed_first
 from satmon.replay.data import capture_batches
-from satmon.probing.passes import probe
+from satmon.probing.passes import OWN_OPTIONS, check_options, probe
 from satmon.results.probe_report import ProbeReport
 from satmon.io.tensorboard import log_scalars, probe_scalars
+from satmon.settings import Settings, settings_from, short_repr
 
 __all__ = ["LiveProbe"]
 
@@ -78,16 +79,21 @@ class LiveProbe:
         alignment_warn_below: LayerNorm kernel alignment below this warns (once).
         ratio_warn_below: a block's ``sigma_min`` ratio below this warns (once; from step 1 on, after
             the invariance held or by more than 2x: see the module notes).
+        settings: the rule and the selection the probe reads with (:class:`satmon.Settings`):
+            :class:`satmon.SaturationMonitor` passes its own, so the probe counts with the monitor's
+            ``level``, ``product``, ``include``/``exclude`` and ``gating_mapping``, and its verdict has the
+            monitor's threshold and caveat (a calibration's, under ``calibration=``). Default: the study's.
         probe_kwargs: more :func:`satmon.probing.passes.probe` arguments (``layers``, ``blocks``,
-            ``autocast_dtype``, ``max_dim``, ``memory_budget``...).
+            ``autocast_dtype``, ``max_dim``, ``memory_budget``...), checked here; without ``settings``,
+            :class:`satmon.Settings` fields too (``threshold=``...).
 
     Attributes:
         reports: ``[(global_step, ProbeReport), ...]`` of this run, oldest first (small: no matrices).
 
     Example:
-        >>> live = LiveProbe(every_n_steps=100, on_checkpoint=True, calibration_batches=2)
-        >>> live.active, live.reports
-        (True, [])
+        >>> live = LiveProbe(every_n_steps=100, on_checkpoint=True, calibration_batches=2, settings=Settings(product="exact"))
+        >>> live.active, live.reports, live.settings.product
+        (True, [], 'exact')
     """
 
     def __init__(
@@ -97,6 +103,7 @@ class LiveProbe:
         calibration_batches: int = 4,
         forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
         *,
+        settings: Settings | None = None,
         log_saturation: bool = False,
         alignment_warn_below: float = ALIGNMENT_WARN_BELOW,
         ratio_warn_below: float = RATIO_WARN_BELOW,
@@ -109,7 +116,19 @@ class LiveProbe:
         if isinstance(calibration_batches, bool) or not isinstance(calibration_batches, int) or calibration_batches < 1:
             raise ValueError(f"Expected `calibration_batches` to be a positive int, got {calibration_batches!r}.")
         if forward_fn is not None and not callable(forward_fn):
-            raise ValueError(f"Expected `probe_forward_fn` to be a callable (model, batch) -> Any or None, got {forward_fn!r}.")
+            raise ValueError(f"Expected `probe_forward_fn` to be a callable (model, batch) -> Any or None, got "
+                             f"{short_repr(forward_fn)} ({type(forward_fn).__name__}): pass a function, e.g. "
+                             "probe_forward_fn=lambda model, batch: model(batch['input_ids']), or None for model(batch[0]).")
+        set_here = sorted({"step", "source", "forward_fn", "settings"} & set(probe_kwargs))
+        if set_here:
+            raise TypeError(f"Expected no {set_here} among the probe arguments, got them: the live probe sets the step and "
+                            "the source itself; pass forward_fn as its fourth argument and settings as `settings=`.")
+        fields = {k: probe_kwargs.pop(k) for k in list(probe_kwargs) if k in Settings.names()}
+        unknown = sorted(set(probe_kwargs) - set(OWN_OPTIONS))
+        if unknown:
+            raise TypeError(f"Expected probe arguments among {sorted(OWN_OPTIONS)} or satmon.Settings fields, got {unknown}.")
+        check_options(**probe_kwargs)
+        self.settings = settings_from(settings, fields, owner="LiveProbe", own=OWN_OPTIONS)
         self.every_n_steps, self.on_checkpoint = every_n_steps, on_checkpoint
         self.calibration_batches = calibration_batches
         self.forward_fn = forward_fn if forward_fn is not None else feed_first
@@ -176,7 +195,7 @@ class LiveProbe:
         """Probe ``pl_module`` on the calibration batches (its verdict stamped at ``step``), log the scalars at
         ``step`` (rank zero), warn."""
         self._last_step = step
-        report = probe(pl_module, self.batches, forward_fn=self.forward_fn, step=step, **self.probe_kwargs)
+        report = probe(pl_module, self.batches, settings=self.settings, forward_fn=self.forward_fn, step=step, **self.probe_kwargs)
         self.reports.append((step, report))
         if trainer.is_global_zero:
             log_scalars(trainer.loggers, probe_scalars(report, saturation=self.log_saturation), step)

@@ -5,7 +5,8 @@ one file system), flushes it to disk and renames it over the target only once it
 interrupt, a crash or a full disk leaves the previous file exactly as it was. An existing target's
 permission bits are kept. :func:`check_output` finds what would block an output before any work is
 done (a missing or read-only folder, a folder where the file goes, a read-only file, an empty name,
-a wrong suffix), so a command can refuse at once instead of failing after an hour of work.
+a wrong suffix), and :func:`check_output_dir` the same for an output folder, so a command can refuse
+at once instead of failing after an hour of work.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-__all__ = ["OutputError", "atomic_open", "atomic_write", "check_output"]
+__all__ = ["OutputError", "atomic_open", "atomic_write", "check_output", "check_output_dir"]
 
 
 class OutputError(ValueError):
@@ -31,11 +32,12 @@ def check_output(path: str | os.PathLike | None, what: str, suffixes: Sequence[s
     Args:
         path: the output file (``None``: no such output asked for).
         what: how the user named it (``"--json"``), for the message.
-        suffixes: the accepted suffixes (``(".json", ".jsonl")``); empty: any.
+        suffixes: the accepted suffixes (``(".json", ".jsonl")``), compared case-insensitively; empty: any.
 
     Raises:
-        OutputError: an empty name, a wrong suffix, a folder at the path, a read-only file, a parent
-            that is a file or is not writable.
+        OutputError: an empty name, a name ending in a path separator, a wrong suffix, a folder (or a
+            device, a pipe: anything but a regular file) at the path, a read-only file, a parent that is
+            a file or is not writable.
 
     Example:
         >>> import tempfile, pathlib
@@ -50,28 +52,74 @@ def check_output(path: str | os.PathLike | None, what: str, suffixes: Sequence[s
     if path is None:
         return None
     text = os.fspath(path)
+    example = "out" + (suffixes[0] if suffixes else ".txt")
     if not text.strip():
-        raise OutputError(f"Expected {what} to name a file, got an empty name: pass a path such as out{suffixes[0] if suffixes else '.txt'}.")
+        raise OutputError(f"Expected {what} to name a file, got an empty name: pass a path such as {example}.")
     p = Path(text).expanduser()
     want = " or ".join(suffixes)
-    if p.is_dir():
+    if p.is_dir() or text.endswith((os.sep, "/")):
         raise OutputError(f"Expected {what} to name a file{' ending in ' + want if want else ''}, got {text!r} (a folder): "
-                          f"name a file inside it, e.g. {str(p / ('out' + (suffixes[0] if suffixes else '.txt')))!r}.")
-    if suffixes and p.suffix not in suffixes:
+                          f"name a file inside it, e.g. {str(p / example)!r}.")
+    if p.exists() and not p.is_file():
+        raise OutputError(f"Expected {what} to name a regular file, got {text!r}, which is a device, a pipe or a socket: "
+                          "choose another path.")
+    if suffixes and p.suffix.lower() not in {s.lower() for s in suffixes}:
         raise OutputError(f"Expected {what} to end in {want}, got {text!r}: rename it, e.g. {str(p.with_suffix(suffixes[0]))!r}.")
-    parent = p.parent if str(p.parent) else Path(".")
-    if parent.exists() and not parent.is_dir():
-        raise OutputError(f"Expected the folder of {what} {text!r} to be a folder, got a file at {str(parent)!r}: choose another path.")
-    existing = next((a for a in (parent, *parent.parents) if a.exists()), None)
+    _check_folder(_real(p).parent, what, text)
+    if p.exists() and (not os.access(p, os.W_OK) or _read_only(p)):
+        raise OutputError(f"Expected {what} {text!r} to be writable, got a read-only file: make it writable "
+                          f"(chmod u+w {text}) or choose another path. It was left as it is.")
+    return p
+
+
+def check_output_dir(path: str | os.PathLike | None, what: str) -> Path | None:
+    """Check, before any work, that ``path`` is a folder that exists and is writable or can be made.
+
+    Args:
+        path: the output folder (``None``: not asked for).
+        what: how the user named it (``"--out"``), for the message.
+
+    Raises:
+        OutputError: an empty name, a file (or anything but a folder) at the path or above it, a
+            folder this user cannot write to.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> check_output_dir(d / "new" / "folder", "--out") == d / "new" / "folder"
+        True
+        >>> _ = (d / "f").write_text("x")
+        >>> check_output_dir(d / "f", "--out")
+        Traceback (most recent call last):
+        ...
+        satmon.io.atomic.OutputError: Expected --out to name a folder, got ... (a file): ...
+    """
+    if path is None:
+        return None
+    text = os.fspath(path)
+    if not text.strip():
+        raise OutputError(f"Expected {what} to name a folder, got an empty name: pass a path such as ./satmon_out.")
+    p = Path(text).expanduser()
+    if p.exists() and not p.is_dir():
+        raise OutputError(f"Expected {what} to name a folder, got {text!r} (a file): choose another path; the file was "
+                          "left as it is.")
+    _check_folder(_real(p) if p.exists() else _real(p).parent, what, text)
+    return p
+
+
+def _real(p: Path) -> Path:
+    """``p`` with symlinks resolved where they exist (an output through a link goes where the link points)."""
+    return Path(os.path.realpath(p))
+
+
+def _check_folder(folder: Path, what: str, text: str) -> None:
+    """The nearest existing folder at or above ``folder`` must be a folder this user can write to."""
+    existing = next((a for a in (folder, *folder.parents) if a.exists()), None)
     if existing is not None and not existing.is_dir():
         raise OutputError(f"Expected {what} {text!r} under a folder, got a file at {str(existing)!r}: choose another path.")
     if existing is not None and (not os.access(existing, os.W_OK | os.X_OK) or _read_only(existing)):
         raise OutputError(f"Expected a writable folder for {what} {text!r}, got {str(existing)!r}, which this user cannot "
                           "write to: choose another path or fix its permissions.")
-    if p.exists() and (not os.access(p, os.W_OK) or _read_only(p)):
-        raise OutputError(f"Expected {what} {text!r} to be writable, got a read-only file: make it writable "
-                          f"(chmod u+w {text}) or choose another path. It was left as it is.")
-    return p
 
 
 def _read_only(p: Path) -> bool:
@@ -84,6 +132,9 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     """Open a temporary file beside ``path``; on a clean exit it replaces ``path``, on an exception it is removed.
 
     The target keeps its permission bits when it existed (a new file gets the usual ``0o666 & ~umask``).
+    A target that is a symlink is written where the link points (the link stays). A process killed
+    in the middle (SIGKILL, power loss) can leave the hidden ``.<name>.<random>.tmp`` beside the
+    target; the target itself is never partial.
 
     Example:
         >>> import tempfile, pathlib
@@ -93,7 +144,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
         >>> target.read_text()
         'complete'
     """
-    target = Path(path)
+    target = _real(Path(path))
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
@@ -115,6 +166,21 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
         except FileNotFoundError:
             pass
         raise
+    _fsync_folder(target.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename itself durable (best effort: some file systems cannot open a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> bool:
@@ -126,7 +192,7 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> bool:
         >>> atomic_write(target, "[]"), atomic_write(target, "[1]"), target.read_text()
         (False, True, '[1]')
     """
-    existed = Path(path).exists()
+    existed = _real(Path(path)).exists()
     with atomic_open(path, "wb" if isinstance(data, bytes) else "w") as f:
         f.write(data)
     return existed

@@ -3,7 +3,7 @@
 :func:`to_json` is satmon's one JSON sanitiser (the probe report, replay records): non-finite floats
 become ``null`` (strict JSON has no NaN/inf), tensors and numpy values numbers or lists. The file is
 replaced atomically, so a reader never sees half a file and an interrupted replay keeps the records
-written so far.
+written so far (:mod:`satmon.io.atomic`).
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from collections.abc import Mapping, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any
+
+from satmon.io.atomic import atomic_write
 
 __all__ = ["to_json", "write_records"]
 
@@ -53,15 +54,23 @@ def to_json(obj: Any) -> Any:
 
 
 def write_records(path: str | Path, records: Sequence[Mapping[str, Any]]) -> Path:
-    """Write ``records`` to ``path`` (``.jsonl``: one a line; otherwise an indented JSON array)."""
+    """Write ``records`` to ``path`` (``.jsonl``: one a line; otherwise an indented JSON array).
+
+    The whole file is replaced in one rename (:func:`satmon.io.atomic.atomic_write`): an interrupt or a
+    crash during the write leaves the previous file as it was, never a partial one. Check the path
+    with :func:`satmon.io.atomic.check_output` before any work.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = write_records(pathlib.Path(tempfile.mkdtemp()) / "r.jsonl", [{"step": 1, "s": float("nan")}])
+        >>> p.read_text()
+        '{"step": 1, "s": null}\\n'
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     clean = [to_json(r) for r in records]
     if path.suffix == ".jsonl":
         text = "".join(json.dumps(r, allow_nan=False) + "\n" for r in clean)
     else:
         text = json.dumps(clean, indent=1, allow_nan=False) + "\n"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write(path, text)
     return path

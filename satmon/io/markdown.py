@@ -8,7 +8,9 @@ Plots (matplotlib, imported only here and only when a report is asked for):
   LayerNorm/RMSNorm layer vs step.
 
 A plot with nothing to show (no DyT layer, no LayerNorm...) is left out and the report says why.
-:func:`table` also renders the console summaries of ``satmon replay`` and ``satmon report``.
+Every file is replaced only by a complete one (:mod:`satmon.io.atomic`); :func:`check_report` finds
+what would block any of them before any work. :func:`table` also renders the console summaries of
+``satmon replay`` and ``satmon report``.
 """
 
 from __future__ import annotations
@@ -18,9 +20,50 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["table", "fmt", "require_matplotlib", "write_report"]
+from satmon.io.atomic import atomic_open, atomic_write, check_output
+
+__all__ = ["PLOTS", "check_report", "fmt", "report_paths", "require_matplotlib", "table", "write_report"]
 
 MATPLOTLIB_MISSING = "the markdown report's plots need matplotlib: pip install 'satmon[report]' (or pip install matplotlib)"
+#: The plots a report may hold, by the suffix of their file name (``<stem>_<plot>.png``).
+PLOTS = ("saturation", "sigma_min", "alignment")
+
+
+def report_paths(path: str | Path) -> list[Path]:
+    """Every file :func:`write_report` may write for the report ``path``: the markdown first, then its plots.
+
+    Example:
+        >>> [p.name for p in report_paths("out/replay.md")]
+        ['replay.md', 'replay_saturation.png', 'replay_sigma_min.png', 'replay_alignment.png']
+    """
+    path = Path(path)
+    stem = path.with_suffix("")
+    return [path] + [Path(f"{stem}_{plot}.png") for plot in PLOTS]
+
+
+def check_report(path: str | Path | None, what: str = "--report") -> list[Path]:
+    """Check, before any work, that the report and each of its plots can be written; returns the files.
+
+    Raises:
+        satmon.io.atomic.OutputError: the report does not end in ``.md``, or it or a plot's path is
+            blocked (a folder, a read-only file...), with the path and what to do.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> (d / "r_saturation.png").mkdir()
+        >>> check_report(d / "r.md")
+        Traceback (most recent call last):
+        ...
+        satmon.io.atomic.OutputError: Expected --report's saturation plot to name a file ending in .png, got ... (a folder): ...
+    """
+    if path is None:
+        return []
+    check_output(path, what, (".md",))
+    files = report_paths(path)
+    for plot, png in zip(PLOTS, files[1:]):
+        check_output(png, f"{what}'s {plot} plot", (".png",))
+    return files
 
 
 def fmt(value: Any, digits: int = 4) -> str:
@@ -72,6 +115,12 @@ def _figure(width: float = 8.5, height: float = 4.2):
     return fig, ax
 
 
+def _save(fig, out: Path) -> None:
+    """``fig`` as a PNG at ``out``, replacing it only once complete."""
+    with atomic_open(out, "wb") as f:
+        fig.savefig(f, format="png")
+
+
 def _plot_saturation(records: Sequence[Mapping[str, Any]], threshold: float, out: Path) -> Path | None:
     points = [(r["global_step"], r["_pooled"], r.get("layers") or {}) for r in records if r.get("_pooled") is not None]
     if not points:
@@ -89,7 +138,7 @@ def _plot_saturation(records: Sequence[Mapping[str, Any]], threshold: float, out
     ax.set(xlabel="global step", ylabel="saturation  (fraction |alpha x| > level)", ylim=(-0.02, 1.02),
            title="DyT saturation per checkpoint (GO above the line)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.savefig(out)
+    _save(fig, out)
     return out
 
 
@@ -123,7 +172,7 @@ def _plot_sigma_min(records: Sequence[Mapping[str, Any]], out: Path) -> Path | N
     ax.set(xlabel="depth", ylabel="sigma_min(X_l) / sigma_min(X_0)", title="Residual-stream sigma_min ratio by depth")
     fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="global step")
     ax.legend(fontsize=7, loc="best")
-    fig.savefig(out)
+    _save(fig, out)
     return out
 
 
@@ -145,7 +194,7 @@ def _plot_alignment(records: Sequence[Mapping[str, Any]], out: Path) -> Path | N
     ax.set(xlabel="global step", ylabel="|cos(v*, u_min)|  (dotted: null-space projection)", ylim=(-0.02, 1.05),
            title="gamma^-1 alignment per norm layer")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.savefig(out)
+    _save(fig, out)
     return out
 
 
@@ -160,6 +209,9 @@ def write_report(
 ) -> list[Path]:
     """Write the markdown report and its PNGs; returns the files written (report first).
 
+    Each file is replaced only by a complete one (an interrupt leaves the previous report and plots as
+    they were); check the paths first with :func:`check_report`.
+
     Args:
         path: the ``.md`` file; plots go beside it as ``<stem>_<plot>.png``.
         records: replay records (successful ones carry ``layers``, ``sigma_min``, ``global_step``).
@@ -169,16 +221,12 @@ def write_report(
         last_card: the last checkpoint's verdict card (markdown), appended at the end.
     """
     require_matplotlib()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path, saturation_png, sigma_png, alignment_png = report_paths(path)
     good = [dict(r, _pooled=row["saturation"]) for r, row in zip(records, rows) if "error" not in r]
-    stem = path.with_suffix("")
-    plots = [
-        ("Saturation vs step", _plot_saturation(good, threshold, Path(f"{stem}_saturation.png")),
-         "no DyT layer: saturation does not apply"),
-        ("sigma_min ratio by depth", _plot_sigma_min(good, Path(f"{stem}_sigma_min.png")),
-         "no residual-stream profile (no blocks found)"),
-        ("Alignment vs step", _plot_alignment(good, Path(f"{stem}_alignment.png")),
+    plots = [  # the plots first, the markdown that links them last
+        ("Saturation vs step", _plot_saturation(good, threshold, saturation_png), "no DyT layer: saturation does not apply"),
+        ("sigma_min ratio by depth", _plot_sigma_min(good, sigma_png), "no residual-stream profile (no blocks found)"),
+        ("Alignment vs step", _plot_alignment(good, alignment_png),
          "no LayerNorm/RMSNorm layer: the gamma^-1 alignment does not apply (DyT has no mean subtraction)"),
     ]
     headers = ["step", "checkpoint", "saturation", "verdict", "margin", "norm type", "min sigma ratio", "min alignment"]
@@ -196,5 +244,5 @@ def write_report(
         lines += ["## Skipped checkpoints", "", table(["checkpoint", "error"], failed), ""]
     if last_card:
         lines += ["## Verdict at the last checkpoint", "", last_card, ""]
-    path.write_text("\n".join(lines))
+    atomic_write(path, "\n".join(lines))
     return [path] + [png for _, png, _ in plots if png is not None]

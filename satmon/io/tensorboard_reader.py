@@ -14,8 +14,10 @@ from pathlib import Path
 
 from satmon.io.tensorboard import TAG, VERDICT_VALUES
 
-__all__ = ["Run", "load_runs", "read_run", "run_dirs", "trajectory", "TEXT_SUFFIX"]
+__all__ = ["EVENT_GLOB", "Run", "load_runs", "read_run", "run_dirs", "trajectory", "TEXT_SUFFIX"]
 
+#: TensorBoard's event files, by name.
+EVENT_GLOB = "events.out.tfevents.*"
 #: TensorBoard's text plugin stores ``add_text(tag, ...)`` under ``tag + TEXT_SUFFIX``.
 TEXT_SUFFIX = "/text_summary"
 #: Per-layer scalar families: tag prefix -> the reading's name in :meth:`Run.layers`.
@@ -121,7 +123,7 @@ def run_dirs(root: str | Path) -> list[Path]:
     root = Path(root)
     if root.is_file():
         return [root.parent]
-    dirs = sorted({f.parent for f in root.rglob("events.out.tfevents.*")})
+    dirs = sorted({f.parent for f in root.rglob(EVENT_GLOB)})
     return [d for d in dirs if d.name != TAG.hparams_run] or dirs
 
 

@@ -18,6 +18,7 @@ The live callback (:class:`satmon.drivers.live_probe.LiveProbe`) and ``satmon re
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 import math
@@ -35,8 +36,7 @@ from satmon.observe.counters import SaturationCounter
 from satmon.observe.covariance import CovarianceTap, CovarianceTaps
 from satmon.observe.gate import GateCounter, GateHooks
 from satmon.model.gating import detect_gating
-from satmon.settings import check_rule
-from satmon.functional.saturation import check_product
+from satmon.settings import Settings, settings_from
 from satmon.probing.memory_plan import MemoryPlan, plan_memory
 from satmon.model.frozen import frozen_forward
 from satmon.observe.saturation import SaturationHooks
@@ -47,7 +47,7 @@ from satmon.probing.targets import ProbeTargets, find_probe_targets, layer_dim
 from satmon.results.probe_report import EMBEDDING, LayerReading, ProbeReport, SigmaMinReading, model_norm_type
 from satmon.results.verdict import GatingInfo, Source, Verdict, build_verdict
 
-__all__ = ["EMBEDDING", "LayerReading", "ProbeReport", "SigmaMinReading", "feed_first", "probe"]
+__all__ = ["EMBEDDING", "OWN_OPTIONS", "LayerReading", "ProbeReport", "SigmaMinReading", "check_options", "feed_first", "probe"]
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +59,10 @@ def probe(
     model: nn.Module,
     batches: Any,
     *,
+    settings: Settings | None = None,
     forward_fn: ForwardFn | None = None,
     layers: list[str] | Selector = None,
-    include: Selector = None,
-    exclude: Selector = None,
     blocks: list[str] | None = None,
-    level: float = 2.0,
-    threshold: float = 0.43,
-    collapse_threshold: float = 0.5,
-    gating_mapping: dict[str, str] | None = None,
     device: torch.device | str | None = None,
     autocast_dtype: torch.dtype | None = None,
     max_batches: int | None = None,
@@ -75,10 +70,10 @@ def probe(
     max_dim: int = 8192,
     train_mode: bool = False,
     memory_budget: int | str | None = None,
-    product: str = "module",
     verbose: bool = False,
     step: int = 0,
     source: Source | str = Source.PROBE,
+    **options: Any,
 ) -> ProbeReport:
     r"""Run ``model`` over ``batches`` without gradients and read every satmon diagnostic from that pass.
 
@@ -107,19 +102,23 @@ def probe(
     Statistics are float64 whatever the forward's dtype. bf16 LayerNorm outputs (a bf16 model) lift
     the kernel to ~1e-6, norm type ``"undetermined"``; under autocast LayerNorm runs in float32.
 
+    Settings. The rule (``threshold``, ``level``, ``collapse_threshold``, ``product``, ``caveat`` or
+    ``calibration``) and the selection (``include``, ``exclude``, ``gating_mapping``) come from one
+    :class:`satmon.Settings`: pass ``settings=`` (the live probe and replay pass the run's), or its
+    fields as keyword ``options`` (``probe(model, batches, threshold=0.45)``), not both. The window,
+    watch and abort options of a Settings do not apply to a probe.
+
     Args:
         model: any ``nn.Module`` (a LightningModule too); it is not moved.
         batches: see above.
+        settings: the rule and the selection (default: the study's rule, every DyT and norm layer).
         forward_fn: ``forward_fn(model, batch)`` runs one batch.
         layers: which discovered norm layers to read: a list of names, a regex or a predicate
             ``(name, module) -> bool``; default all. The final norm (the last norm outside the
-            blocks) is always read.
-        include, exclude: widen/narrow discovery itself (:func:`satmon.model.discovery.find_norm_layers`).
+            blocks) is always read. (``include`` / ``exclude`` of the settings widen/narrow discovery
+            itself: :func:`satmon.model.discovery.find_norm_layers`.)
         blocks: names of the residual blocks, when :func:`satmon.model.discovery.find_blocks` finds none or
             the wrong ones. ``X_0`` is the first block's input.
-        level, threshold, collapse_threshold: the saturation rule (:func:`satmon.results.verdict.build_verdict`).
-        gating_mapping: ``{dyt_name: mlp_name}`` when :func:`satmon.model.gating.detect_gating`
-            cannot pair a DyT with its gated MLP.
         device: where batches go; default the device of the model's first parameter.
         autocast_dtype: run the forward under ``torch.autocast(device.type, dtype)``, e.g. ``torch.bfloat16``.
         max_batches: use at most this many batches.
@@ -132,8 +131,9 @@ def probe(
         verbose: print the memory plan before the first pass.
         step: the step the verdict is taken at (replay: the checkpoint's global step).
         source: the verdict's :class:`~satmon.results.verdict.Source` (``Source.REPLAY`` for ``satmon replay``).
-        product: ``"module"``: count the DyT product as the layer computes it; ``"exact"``: the real product
-            (see :class:`satmon.SaturationMonitor`).
+        **options: :class:`satmon.Settings` fields, when ``settings`` is not given: ``threshold``,
+            ``level``, ``collapse_threshold``, ``product``, ``caveat``, ``calibration``, ``include``,
+            ``exclude``, ``gating_mapping`` (see :class:`satmon.SaturationMonitor`).
 
     Returns:
         A :class:`~satmon.results.probe_report.ProbeReport`.
@@ -150,9 +150,11 @@ def probe(
         (['embedding', 'blocks.0', 'blocks.1'], True, 1)
     """
     t0 = time.perf_counter()
-    _check_args(level, threshold, collapse_threshold, max_dim, max_batches, autocast_dtype, forward_fn, step, source, product)
+    s = settings_from(settings, options, owner="probe", own=OWN_OPTIONS)
+    check_options(max_dim=max_dim, max_batches=max_batches, autocast_dtype=autocast_dtype, forward_fn=forward_fn, step=step,
+                  source=source)
     device = torch.device(device) if device is not None else _model_device(model)
-    targets = find_probe_targets(model, layers, include, exclude, blocks, max_dim, budgeted=memory_budget is not None)
+    targets = find_probe_targets(model, layers, s.include, s.exclude, blocks, max_dim, budgeted=memory_budget is not None)
     plan = plan_memory([(name, t.width) for name, t in targets.taps.items()], memory_budget)
     log.info("%s", plan.describe())
     if verbose:
@@ -160,18 +162,18 @@ def probe(
     batch_list = take_batches(batches, max_batches, keep=plan.passes > 1 or twin is not None)
     first, batch_list = peek_batch(batch_list)  # the first batch also feeds the gated-MLP trace
     example = to_device(first, device) if first is not None and targets.dyt else None
-    screen = _SaturationScreen(model, targets.dyt, level, gating_mapping, example, forward_fn or feed, product)
+    screen = _SaturationScreen(model, targets.dyt, s.level, s.gating_mapping, example, forward_fn or feed, s.product)
     run = _Run(model, batch_list, device, forward_fn or feed, train_mode, autocast_dtype)
     results = _read_all(run, targets, plan, screen)
-    verdict_args = dict(step=step, source=source, level=level, threshold=threshold, collapse_threshold=collapse_threshold)
+    verdict_args = dict(step=step, source=source, level=s.level, threshold=s.threshold,
+                        collapse_threshold=s.collapse_threshold, caveat=s.caveat)
     report = _assemble(targets, results, screen, screen.read(results.readings, **verdict_args), run.batches, plan)
     if twin is not None:
         report.attach_init_gap(probe(
             # only the LayerNorm/RMSNorm readings are compared: the twin needs no DyT hooks or gating trace
-            twin, batch_list, forward_fn=forward_fn, layers=list(targets.norms), blocks=targets.block_names or None,
-            level=level, threshold=threshold, collapse_threshold=collapse_threshold, autocast_dtype=autocast_dtype,
-            max_dim=max_dim, train_mode=train_mode, include=include, exclude=exclude, memory_budget=memory_budget,
-            product=product,
+            twin, batch_list, settings=s, forward_fn=forward_fn, layers=list(targets.norms),
+            blocks=targets.block_names or None, autocast_dtype=autocast_dtype, max_dim=max_dim, train_mode=train_mode,
+            memory_budget=memory_budget,
         ))  # fmt: skip
     report.elapsed_s = time.perf_counter() - t0
     return report
@@ -325,10 +327,20 @@ def _assemble(targets: ProbeTargets, results: _Results, screen: _SaturationScree
 
 
 # ------------------------------------------------------------------------------------------ inputs
-def _check_args(level: float, threshold: float, collapse_threshold: float, max_dim: int, max_batches: int | None,
-                autocast_dtype: Any, forward_fn: Any, step: Any, source: Any, product: Any) -> None:  # fmt: skip
-    check_rule(level, threshold, collapse_threshold)  # the same checks as the monitor's
-    check_product(product)
+def check_options(**options: Any) -> None:
+    """Check :func:`probe`'s own options (the rule and the selection are checked by :class:`satmon.Settings`).
+
+    The live probe calls it when it is made, so a wrong option fails before training, not at the first probe.
+
+    Example:
+        >>> check_options(max_dim=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: Expected `max_dim` to be a positive int (widest layer to read), got 0.
+    """
+    max_dim, max_batches = options.get("max_dim", 1), options.get("max_batches")
+    autocast_dtype, forward_fn = options.get("autocast_dtype"), options.get("forward_fn")
+    step, source = options.get("step", 0), options.get("source", Source.PROBE)
     if isinstance(max_dim, bool) or not isinstance(max_dim, int) or max_dim < 1:
         raise ValueError(f"Expected `max_dim` to be a positive int (widest layer to read), got {max_dim!r}.")
     if max_batches is not None and (isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1):
@@ -336,11 +348,17 @@ def _check_args(level: float, threshold: float, collapse_threshold: float, max_d
     if autocast_dtype is not None and not isinstance(autocast_dtype, torch.dtype):
         raise TypeError(f"Expected `autocast_dtype` to be a torch.dtype (e.g. torch.bfloat16) or None, got {autocast_dtype!r}.")
     if forward_fn is not None and not callable(forward_fn):
-        raise TypeError(f"Expected `forward_fn` to be a callable (model, batch) -> Any, got {type(forward_fn).__name__}.")
+        raise TypeError(f"Expected `forward_fn` to be a callable (model, batch) -> Any, got {type(forward_fn).__name__}: "
+                        "e.g. forward_fn=lambda model, batch: model(batch[0]).")
     if isinstance(step, bool) or not isinstance(step, int):
         raise TypeError(f"Expected `step` to be an int (the step the verdict is taken at), got {step!r}.")
     if source not in {s.value for s in Source}:  # a Source is a str: its value compares equal
         raise ValueError(f"Expected `source` to be a satmon.results.verdict.Source ({', '.join(s.value for s in Source)}), got {source!r}.")
+
+
+#: :func:`probe`'s own keyword arguments (everything else it takes is a :class:`satmon.Settings` field).
+OWN_OPTIONS: tuple[str, ...] = tuple(n for n, p in inspect.signature(probe).parameters.items()
+                                     if p.kind is p.KEYWORD_ONLY and n != "settings")
 
 
 def _model_device(model: nn.Module) -> torch.device:

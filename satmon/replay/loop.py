@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from satmon.replay.checkpoints import CheckpointInfo, state_dict_of
 from satmon.replay.user_code import ReplayUsageError, error_line
 from satmon.results.verdict import Source, Verdict
+from satmon.settings import Settings, settings_from
 
 if TYPE_CHECKING:
     from satmon.results.probe_report import ProbeReport
@@ -213,7 +214,7 @@ def _release(device: torch.device) -> None:
 
 
 def _probe_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any], record: ReplayRecord,
-               kwargs: Mapping[str, Any], twin: bool) -> None:
+               settings: Settings, kwargs: Mapping[str, Any], twin: bool) -> None:
     """Build, check and probe one checkpoint into ``record`` (raises on an incompatible checkpoint)."""
     from satmon.model.discovery import find_norm_layers
     from satmon.probing.passes import probe
@@ -230,7 +231,8 @@ def _probe_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any]
                                 + ", ".join(f"{n} ({c:,})" for n, c in list(bad.items())[:6]) + ("..." if len(bad) > 6 else ""))
         # the twin only feeds the LayerNorm/RMSNorm init-gap: a DyT-only model skips it (half the cost)
         twin_model = loader.twin(info) if twin and find_norm_layers(model, kinds=("layernorm", "rmsnorm")) else None
-        record.report = probe(model, batches, twin=twin_model, step=int(record.global_step or 0), source=Source.REPLAY, **kwargs)
+        record.report = probe(model, batches, settings=settings, twin=twin_model, step=int(record.global_step or 0),
+                              source=Source.REPLAY, **kwargs)
         record.seconds = round(time.perf_counter() - t0, 3)
     finally:
         del model, twin_model
@@ -242,6 +244,7 @@ def replay(
     loader: ModelLoader,
     batches: Sequence[Any],
     *,
+    settings: Settings | None = None,
     probe_kwargs: Mapping[str, Any] | None = None,
     twin: bool = True,
     on_record: Callable[[ReplayRecord], None] | None = None,
@@ -255,8 +258,11 @@ def replay(
             is released once its model is built.
         loader: builds each model and its twin.
         batches: calibration batches, the same for every checkpoint.
-        probe_kwargs: passed to :func:`satmon.probe` (``forward_fn``, ``device``, ``autocast_dtype``,
-            ``threshold``, ``level``...).
+        settings: the rule and the selection every checkpoint is read with (a :class:`satmon.Settings`,
+            passed whole to :func:`satmon.probe`); ``None``: the study's, or built from the
+            :class:`~satmon.Settings` fields in ``probe_kwargs``.
+        probe_kwargs: :func:`satmon.probe`'s own arguments (``forward_fn``, ``device``, ``autocast_dtype``,
+            ``max_dim``...); Settings fields (``threshold``, ``level``...) only without ``settings``.
         twin: also probe a random-init twin, for the init-to-trained readout.
         on_record: called with each record before it is yielded, e.g. a
             :class:`~satmon.io.tensorboard_replay.TensorBoardReplay`.
@@ -272,6 +278,8 @@ def replay(
         (5, None, 'layernorm')
     """
     kwargs = dict(probe_kwargs or {})
+    fields = {k: kwargs.pop(k) for k in list(kwargs) if k in Settings.names()}
+    settings = settings_from(settings, fields, owner="replay")  # checked once, before any checkpoint
     position = 0
     for info in infos:
         step = position if info.error is None and info.global_step is None else info.global_step
@@ -281,7 +289,7 @@ def replay(
         record.error = info.error or loader.check(info)
         if record.error is None:
             try:
-                _probe_one(info, loader, batches, record, kwargs, twin)
+                _probe_one(info, loader, batches, record, settings, kwargs, twin)
             except Exception as e:  # an incompatible checkpoint (shapes, missing keys...) is skipped, not fatal
                 record.error, record.report = error_line(e), None
         info.checkpoint = None

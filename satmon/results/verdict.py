@@ -14,7 +14,7 @@ from typing import Any, Literal, NamedTuple
 
 from satmon.results import card as verdict_card
 from satmon.results.card import FLAG_TEXT
-from satmon.study import CAVEAT, INCONCLUSIVE_BAND
+from satmon.study import CAVEAT, COLLAPSE_THRESHOLD, INCONCLUSIVE_BAND, LEVEL, THRESHOLD
 
 __all__ = [
     "CAVEAT", "FLAG_TEXT", "INCONCLUSIVE_BAND", "Decision", "GatingInfo", "LayerCounts", "Source", "Verdict", "build_verdict",
@@ -120,7 +120,7 @@ class Verdict:
     per_layer: dict[str, float]
     step: int
     window: int
-    level: float = 2.0
+    level: float = LEVEL
     reason: str = ""
     elements: int = 0
     nonfinite: int = 0
@@ -128,7 +128,7 @@ class Verdict:
     gated: bool | None = None
     gated_layers: list[str] = field(default_factory=list)
     collapse_risk: bool | None = None
-    collapse_threshold: float = 0.5
+    collapse_threshold: float = COLLAPSE_THRESHOLD
     risk: dict[str, dict[str, float]] = field(default_factory=dict)
     gating_message: str = ""
     caveat: str = CAVEAT
@@ -216,10 +216,10 @@ def build_verdict(
     window: int = 0,
     source: Source | str = Source.WINDOW,
     planned_window: int | None = None,
-    threshold: float = 0.43,
-    level: float = 2.0,
+    threshold: float = THRESHOLD,
+    level: float = LEVEL,
     gating: GatingInfo | None = None,
-    collapse_threshold: float = 0.5,
+    collapse_threshold: float = COLLAPSE_THRESHOLD,
     risk: Mapping[str, Mapping[str, float]] | None = None,
     notes: Sequence[str] = (),
     loss: Mapping[str, Any] | None = None,

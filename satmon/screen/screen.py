@@ -23,12 +23,14 @@ from satmon.screen.window_verdict import make_window_verdict, running_scalars, v
 from satmon.observe.saturation import SaturationHooks
 from satmon.screen.state import dump_state, restore_state
 from satmon.screen.stop_policy import StopPolicy
-from satmon.settings import Settings
+from satmon.settings import Settings, settings_from
 from satmon.model.discovery import NormLayer, find_dyt_layers
 from satmon.results.verdict import Verdict
 from satmon.io import tensorboard as tb
 
 __all__ = ["Screen"]
+
+_OWN = ("loggers", "logdir", "agreement", "info", "warn", "verbose", "log_every_n_steps")
 
 
 def _print_rank_zero(text: str) -> None:
@@ -74,14 +76,8 @@ class Screen:
                  agreement: Agreement | None = None, info: Callable[[str], None] | None = None,
                  warn: Callable[[str], None] | None = None, verbose: bool = True, log_every_n_steps: int = 50,
                  **options: Any) -> None:
-        if settings is not None and options:
-            raise ValueError(f"Expected either `settings` or keyword options, got both (options {sorted(options)}).")
-        unknown = sorted(set(options) - set(Settings.__dataclass_fields__))
-        if unknown:
-            raise TypeError(f"Expected Screen options among {sorted(Settings.__dataclass_fields__)} (plus loggers, "
-                            f"logdir, agreement, info, warn, verbose, log_every_n_steps), got {unknown}. A model without "
-                            "DyT gets no screen and a warning; there is no on_missing option here.")
-        settings = settings or Settings(**options)
+        settings = settings_from(settings, options, owner="Screen", own=_OWN, hint="A model without DyT gets no screen "
+                                 "and a warning; there is no on_missing option here.")
         if logdir is not None:
             from lightning.pytorch.loggers import TensorBoardLogger  # the writer satmon's TensorBoard layout is made for
 

@@ -115,3 +115,123 @@ def test_load_calibration_errors(tmp_path):
         load_calibration(write(tmp_path, "x.json", json.dumps({"threshold": 0.4})))
     with pytest.raises(CalibrationError, match="Expected a threshold in \\(0, 1\\)"):
         load_calibration(write(tmp_path, "y.json", json.dumps({"format": "satmon-calibration", "threshold": 1.01})))
+
+
+# --- input that is refused, at the mechanism that reads it --------------------------------------------------
+def test_to_float_refuses_what_is_no_finite_number():
+    from satmon.calibrate.fit import to_float
+
+    assert to_float(" 1e-3 ", "x", "w") == 1e-3 and to_float(7, "x", "w") == 7.0 and to_float(None, "x", "w") is None
+    for bad, match in (("nan", "finite"), ("-inf", "finite"), (float("nan"), "finite"), ("1e999", "finite"),
+                       (True, "Expected a number"), ([1], "Expected a number"), ("1,5", "Expected a number"),
+                       (10**400, "Expected a number")):
+        with pytest.raises(CalibrationError, match=match):
+            to_float(bad, "'delta'", "row 1")
+
+
+@pytest.mark.parametrize(("row", "helps", "delta"), [
+    ({"delta": "-0.2"}, True, -0.2), ({"delta": "0"}, False, 0.0), ({"helps": "yes"}, True, None),
+    ({"helps": "0"}, False, None), ({"outcome": "hurt"}, False, None), ({"outcome": "-0.1"}, True, -0.1),
+    ({"delta": "-0.2", "helps": "yes", "outcome": "go"}, True, -0.2), ({"helps": True}, True, None),
+])
+def test_outcome_columns(row, helps, delta):
+    from satmon.calibrate.fit import _outcome
+
+    assert _outcome(row, "w") == (helps, delta)
+
+
+@pytest.mark.parametrize(("row", "match"), [
+    ({"delta": "-0.2", "helps": "no"}, "delta says DyT helped, helps says DyT hurt"),
+    ({"helps": "yes", "outcome": "0.3"}, "helps says DyT helped, outcome says DyT hurt"),
+    ({"delta": "nan"}, "finite"), ({"outcome": "inf"}, "finite"), ({"helps": "2"}, "Expected yes/no"),
+    ({"delta": ""}, "Expected an outcome"),
+])
+def test_outcome_columns_that_cannot_be_read(row, match):
+    from satmon.calibrate.fit import _outcome
+
+    with pytest.raises(CalibrationError, match=match):
+        _outcome(row, "w")
+
+
+@pytest.mark.parametrize("value", [1.7, -0.3, 1.0000001])
+def test_saturation_readings_outside_0_1_are_refused_in_any_saturation_column(tmp_path, value):
+    for column in ("saturation", "saturation_end"):
+        other = "saturation_end" if column == "saturation" else "saturation"
+        text = f"{column},{other},delta,group\n{value},0.5,-0.1,a\n0.2,0.5,0.1,b\n"
+        with pytest.raises(CalibrationError, match=rf"Expected '{column}' in \[0, 1\]"):
+            read_cells(write(tmp_path, "c.csv", text))
+    ok = read_cells(write(tmp_path, "ok.csv", "saturation,d_model,delta,group\n1.0,512,-0.1,a\n0.0,64,0.1,b\n"))
+    assert [c.readings for c in ok] == [{"saturation": 1.0, "d_model": 512.0}, {"saturation": 0.0, "d_model": 64.0}]
+
+
+def test_a_non_finite_reading_is_refused_only_where_it_is_fitted(tmp_path):
+    text = "saturation,first_block,delta,group\n0.5,nan,-0.1,a\n0.2,0.1,0.1,b\n0.6,0.3,-0.2,b\n0.1,0.4,0.2,a\n"
+    cells = read_cells(write(tmp_path, "c.csv", text))
+    assert calibrate(cells).fits["midpoint"].accuracy == 1.0  # saturation is fitted; first_block's NaN is not used
+    with pytest.raises(CalibrationError, match=r"Expected a finite 'first_block' reading for every cell, got nan for 'c.csv row 1'"):
+        calibrate(cells, "first_block")
+
+
+def test_calibrate_checks_cells_built_in_code_too():
+    from satmon.calibrate.fit import Cell
+
+    good = [Cell(n, g, h, {"saturation": s}) for n, g, h, s in (("a", "x", True, 0.6), ("b", "x", False, 0.2),
+                                                                  ("c", "y", True, 0.7), ("d", "y", False, 0.3))]
+    with pytest.raises(CalibrationError, match=r"Expected 'saturation' in \[0, 1\] .* got 1.5 \(cell 'e'\)"):
+        calibrate(good + [Cell("e", "y", True, {"saturation": 1.5})])
+    with pytest.raises(CalibrationError, match="Expected a finite delta for every cell, got nan for 'e'"):
+        calibrate(good + [Cell("e", "y", True, {"saturation": 0.5}, float("nan"))])
+
+
+def test_duplicated_cells_and_columns_are_named(tmp_path):
+    with pytest.raises(CalibrationError, match=r"got 2 name\(s\) listed more than once: 'r1', 'r2'"):
+        read_cells(write(tmp_path, "c.csv", "name,saturation,delta,group\nr1,0.5,-0.1,a\nr1,0.5,-0.1,b\n"
+                                            "r2,0.1,0.1,a\nr2,0.2,0.1,b\n"))
+    with pytest.raises(CalibrationError, match="'group' more than once"):
+        read_cells(write(tmp_path, "d.csv", "saturation,group,delta,group\n0.5,a,-0.1,a\n"))
+
+
+def test_byte_order_marks_are_read_and_binary_files_refused(tmp_path):
+    from satmon.calibrate.fit import read_text
+
+    text = "saturation,delta,group\n0.5,-0.1,a\n0.2,0.1,b\n"
+    (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    (tmp_path / "utf16.csv").write_text(text, encoding="utf-16")  # with its mark, as Excel's "Unicode text"
+    for name in ("bom.csv", "utf16.csv"):
+        assert read_text(tmp_path / name, "cells") == text
+        assert [c.readings["saturation"] for c in read_cells(tmp_path / name)] == [0.5, 0.2]
+    (tmp_path / "bin.csv").write_bytes(bytes(range(128)))  # ASCII, so UTF-8: refused for its control characters
+    (tmp_path / "ctl.csv").write_text("saturation,group\x1c\n")
+    (tmp_path / "latin.csv").write_bytes("saturation,delta,group\n0.5,-0.1,caf\xe9\n".encode("latin-1"))
+    with pytest.raises(CalibrationError, match=r"got the control character '\\x00'"):
+        read_text(tmp_path / "bin.csv", "cells")
+    with pytest.raises(CalibrationError, match=r"got the control character '\\x1c' at character 16"):
+        read_text(tmp_path / "ctl.csv", "cells")
+    at = len("saturation,delta,group\n0.5,-0.1,caf")  # where the latin-1 byte sits
+    with pytest.raises(CalibrationError, match=rf"as UTF-8 text, got bytes that are not \(byte {at} of"):
+        read_cells(tmp_path / "latin.csv")
+    with pytest.raises(CalibrationError, match="got a folder at"):
+        read_cells(tmp_path)
+
+
+def test_deeply_nested_json_is_a_parse_error_not_a_recursion_error(tmp_path):
+    with pytest.raises(CalibrationError, match="nested too deep"):
+        read_cells(write(tmp_path, "deep.json", "[" * 200_000 + "]" * 200_000))
+
+
+def test_write_calibration_keeps_the_previous_file_when_interrupted(tmp_path, monkeypatch):
+    from satmon.io import atomic
+
+    target = write(tmp_path, "calibration.json", '{"previous": true}')
+    result = calibrate(study_cells(), source="study")
+
+    def interrupted(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic.os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_calibration(result, target)
+    assert target.read_text() == '{"previous": true}' and [p.name for p in tmp_path.iterdir()] == ["calibration.json"]
+    monkeypatch.undo()
+    write_calibration(result, target)
+    assert load_calibration(target).n == 12

@@ -74,3 +74,48 @@ def test_tensorboard_runs_read_the_verdicts_saturation(tmp_path):
     for k, v in expected.items():
         assert got[k] == pytest.approx(v, abs=1e-7)  # TensorBoard stores float32
     assert not math.isnan(got["small_dyt/version_0"])
+
+
+# --- refusals: what would silently count a run twice, divide by zero or take a stale verdict ---------------
+def test_outcomes_refuse_duplicates_and_losses_that_are_not_positive_and_finite(tmp_path):
+    head = "run,dyt_val_loss,layernorm_val_loss,group\n"
+    with pytest.raises(CalibrationError, match=r"got 'r1' on rows 1 and 3"):
+        read_outcomes(write(tmp_path, "dup.csv", head + "r1,2.0,2.5,a\nr2,2.0,2.5,a\nr1,3.0,2.5,b\n"))
+    for dyt, ln, match in (("2.0", "0", "layernorm_val_loss > 0"), ("0", "2.0", "dyt_val_loss > 0"),
+                           ("-1", "2", "dyt_val_loss > 0"), ("nan", "2", "finite"), ("2", "inf", "finite"),
+                           ("2", "1e999", "finite")):
+        with pytest.raises(CalibrationError, match=match):
+            read_outcomes(write(tmp_path, "bad.csv", head + f"r1,{dyt},{ln},a\n"))
+    (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbf" + (head + "r1,2.0,2.5,a\n").encode())
+    assert read_outcomes(tmp_path / "bom.csv") == {"r1": (2.0, 2.5, "a")}
+
+
+def test_join_refuses_a_run_named_twice_and_readings_no_verdict_could_give():
+    readings = {"d32/version_0": 0.5, "big/version_0": 1.5, "nan/version_0": math.nan}
+    with pytest.raises(CalibrationError, match=r"got run 'd32/version_0' named by both 'd32' and 'd32/version_0'"):
+        join_outcomes(readings, {"d32": (2.0, 2.5, "a"), "d32/version_0": (2.0, 2.5, "b")})
+    with pytest.raises(CalibrationError, match=r"Expected 'saturation' in \[0, 1\]"):
+        join_outcomes(readings, {"big": (2.0, 2.5, "a")})
+    with pytest.raises(CalibrationError, match=r"Expected a finite verdict saturation in run 'nan/version_0', got nan"):
+        join_outcomes(readings, {"nan": (2.0, 2.5, "a")})
+    with pytest.raises(CalibrationError, match=r"layernorm_val_loss > 0"):  # a programmatic caller gets the same check
+        join_outcomes(readings, {"d32": (2.0, 0.0, "a")})
+
+
+def test_the_latest_verdict_is_read_even_when_it_is_non_finite(tmp_path):
+    """A run that diverged at its last checkpoint is not read as its earlier checkpoint's saturation."""
+    p = write(tmp_path, "r.json", json.dumps([{"global_step": 500, "verdict": {"saturation": None, "decision": "non-finite"}},
+                                              {"global_step": 250, "verdict": {"saturation": 0.6}}]))
+    assert math.isnan(run_readings([p])["r"])
+
+
+def test_one_run_reached_twice_is_refused(tmp_path):
+    a = replay_file(tmp_path, "a.json", [0.5])
+    (tmp_path / "sub").mkdir()
+    other = replay_file(tmp_path / "sub", "a.json", [0.4])
+    with pytest.raises(CalibrationError, match="Expected each run once, got .*a.json' twice"):
+        run_readings([a, tmp_path / "." / "a.json"])
+    with pytest.raises(CalibrationError, match=r"Expected distinct run names, got 'a' for both"):
+        run_readings([a, other])
+    with pytest.raises(CalibrationError, match="no such path: ''"):
+        run_readings([""])

@@ -76,3 +76,25 @@ def test_demo_prints_verdict_and_losses_with_a_step_progress_bar(tmp_path, capsy
     out, err = capsys.readouterr()
     assert "satmon verdict: " in out and "steps (window" not in out + err
     assert _ckpt_hparams(tmp_path, "demo_stalled")["emb_std"] == 0.02  # GPT-2's init, the 0.1 demo model
+
+
+def test_ctrl_c_during_training_ends_with_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
+    """Lightning turns a KeyboardInterrupt into sys.exit(1) after its graceful shutdown: the demo reports it
+    as an interrupt (exit 130, one line, no traceback) and gives SIGINT its handler back."""
+    import signal
+
+    from lightning.pytorch.callbacks import Callback
+
+    from satmon.cli import demo
+    from satmon.cli.main import main as satmon_main
+
+    class CtrlC(Callback):
+        def on_train_batch_end(self, *_):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "_step_bar", lambda window: CtrlC())
+    handler = signal.getsignal(signal.SIGINT)
+    assert satmon_main(["demo", "--window", "4", "--train-tokens", "20000", "--logdir", str(tmp_path), "--threads", "1"]) == 130
+    err = capsys.readouterr().err
+    assert "satmon demo: interrupted (Ctrl-C)" in err and "Traceback" not in err
+    assert signal.getsignal(signal.SIGINT) is handler

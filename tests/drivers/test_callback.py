@@ -8,8 +8,6 @@ initialised GPT saturates nothing, which would make every comparison vacuous).
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 from helpers import InputRecorder, tiny_lit, token_loader, trainer
@@ -117,7 +115,7 @@ def satmon_hooks(module: torch.nn.Module) -> list[tuple[object, SaturationHooks]
 
 def _no_watch() -> dict:
     """Turn off the post-window watch where the monitor has one (it keeps its own, disabled hooks)."""
-    return {"watch_every_n_steps": 0} if "watch_every_n_steps" in inspect.signature(SaturationMonitor).parameters else {}
+    return {"watch_every_n_steps": 0}
 
 
 class _HooksDuringWindow(Callback):
@@ -156,7 +154,7 @@ def test_hooks_removed_after_window(tmp_path, watch):
     assert during.seen == [[monitor.screen.hooks]] * len(layers)  # the detection does see satmon's hooks in the window
     _assert_counts_equal(monitor, _reference(rec, range(window)))  # steps 4..6 were not counted
     _assert_window_over(lit, monitor)
-    if not watch or not _no_watch():
+    if not watch:
         for layer in layers:  # nothing of satmon's is left: only the reference recorder's hook
             assert satmon_hooks(layer.module) == [], layer.name
             assert len(layer.module._forward_hooks) == 1 and not layer.module._forward_pre_hooks
@@ -171,3 +169,50 @@ def test_sample_every_counts_only_sampled_steps(tmp_path, accumulate):
     forwards = [s * accumulate + m for s in steps for m in range(accumulate)]
     _assert_counts_equal(monitor, _reference(rec, forwards))
     assert monitor.verdict.step == window
+
+
+# ------------------------------------------------------------------------------- refused at construction
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"calibration": 123}, r"Expected a path to a calibration.json or a Calibration, got 123 \(int\) for `calibration`: "
+                           r"pass the file `satmon calibrate` wrote"),
+    ({"calibration": ["cal.json"]}, r"Expected a path to a calibration.json or a Calibration, got <list> \(list\)"),
+    ({"gating_mapping": {"a": 1}}, r"Expected `gating_mapping\['a'\]` to be the name of the gated MLP module it feeds "
+                                   r"\(str\) or None \(it feeds none\), got 1 \(int\): e.g."),
+    ({"gating_mapping": {("a",): "mlp"}}, r"Expected the keys of `gating_mapping` to be DyT layer names \(str\), got "
+                                          r"<tuple> \(tuple\): name the layer as model.named_modules\(\) does"),
+    ({"gating_forward_fn": "x"}, r"Expected `gating_forward_fn` to be a callable \(model, batch\) -> Any or None, got "
+                                 r"'x' \(str\): pass a function, e.g. gating_forward_fn=lambda model, batch:"),
+    ({"probe_every_n_steps": 5, "probe_forward_fn": 3}, r"Expected `probe_forward_fn` to be a callable \(model, batch\) "
+                                                        r"-> Any or None, got 3 \(int\): pass a function"),
+    ({"probe_forward_fn": 3}, r"Expected `probe_forward_fn` to be a callable"),  # checked with the probe off too
+    ({"log_every_n_steps": 0}, "Expected `log_every_n_steps` to be a positive int or None"),
+])
+def test_bad_arguments_are_refused_at_construction_saying_what_to_do(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SaturationMonitor(**kwargs)
+
+
+def test_an_unreadable_calibration_is_refused_at_construction(tmp_path):
+    binary = tmp_path / "calibration.json"
+    binary.write_bytes(bytes(range(256)))  # 0.2: UnicodeDecodeError from deep inside json
+    with pytest.raises(ValueError, match=r"Expected a calibration JSON \(UTF-8 text\) written by `satmon calibrate` at "
+                                         r".*calibration.json', got a binary file \(byte 0x80 at offset 128"):
+        SaturationMonitor(calibration=binary)
+    with pytest.raises(ValueError, match="got a folder at"):
+        SaturationMonitor(calibration=tmp_path)
+
+
+def test_unknown_options_and_settings_together_are_refused():
+    from satmon import Settings
+
+    with pytest.raises(TypeError, match=r"Expected SaturationMonitor options among \[.*'watch_every_n_steps', 'window'\] "
+                                        r"\(plus log_every_n_steps, on_missing, verbose, .*gating_forward_fn\), got "
+                                        r"\['windw'\]: check the spelling"):
+        SaturationMonitor(windw=3)
+    with pytest.raises(ValueError, match=r"Expected either `settings` or keyword options, got both \(options \['window'\]\)"):
+        SaturationMonitor(settings=Settings(), window=3)
+    shared = Settings(window=3, sample_every=3)
+    monitor = SaturationMonitor(settings=shared, verbose=False)
+    assert monitor.settings is shared and monitor.screen.settings is shared and (monitor.window, monitor.sample_every) == (3, 3)
+    with pytest.raises(AttributeError, match="has no attribute 'windw'"):
+        monitor.windw

@@ -3,7 +3,9 @@ from TensorBoard), checkpoint-save probes, warnings, and no interference with th
 
 from __future__ import annotations
 
+import struct
 import warnings
+from fractions import Fraction
 from types import SimpleNamespace
 
 import lightning.pytorch as pl
@@ -16,7 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from satmon import SaturationMonitor
+from satmon import DyT, SaturationMonitor, Settings
 from satmon.model.discovery import find_dyt_layers
 from satmon.drivers.live_probe import LiveProbe
 from satmon.results.probe_report import EMBEDDING, ProbeReport, SigmaMinReading
@@ -235,3 +237,90 @@ def test_no_probe_by_default_and_a_dyt_free_model_raises_only_without_a_probe():
         SaturationMonitor(on_missing="raise").setup(None, lit, "fit")
     with pytest.warns(UserWarning, match="no DyT layer"):  # the probe has LayerNorms to read: no error
         SaturationMonitor(on_missing="raise", probe_on_checkpoint=True).setup(None, lit, "fit")
+
+
+# ------------------------------------------------------------------------- the monitor's settings, whole
+ALPHA = 3.0
+EDGE = struct.unpack("<f", struct.pack("<f", 2.0 / 3.0))[0]  # float32(2/3) = 0.6666666865...: 3 * EDGE is just above 2
+
+
+def _f32(v: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", v))[0]
+
+
+class Edge(pl.LightningModule):
+    """One DyT (alpha 3, float32) over inputs at the rounding edge of the level: the exact product 3 * EDGE is
+    2.00000006 > 2 (saturated), the float32 product the layer computes rounds to 2.0 (not saturated)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = DyT(8, alpha_init=ALPHA)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.norm(x))
+
+    def training_step(self, batch, batch_idx):
+        return self(batch[0]).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)  # alpha stays 3
+
+
+def _edge_data() -> torch.Tensor:
+    row = [EDGE, -EDGE, EDGE, 1.0, -0.9, 0.1, 0.5, -EDGE]  # 4 at the edge, 2 clearly saturated, 2 clearly not
+    return torch.tensor([row] * 6, dtype=torch.float32)
+
+
+def _edge_counts(x: torch.Tensor) -> tuple[int, int]:
+    """Independent re-counts: the exact product in rationals, and the product rounded to float32 (one rounding of the
+    exact product, which a double holds exactly for two float32 factors)."""
+    values = [float(v) for v in x.flatten()]
+    exact = sum(abs(Fraction(ALPHA) * Fraction(v)) > 2 for v in values)
+    module = sum(abs(_f32(ALPHA * v)) > 2 for v in values)
+    return exact, module
+
+
+@pytest.mark.parametrize("product", ["exact", "module"])
+def test_live_probe_counts_with_the_monitors_product(tmp_path, product):
+    x = _edge_data()
+    exact, module = _edge_counts(x)
+    assert (exact, module) == (36, 12)  # the data does separate the two rules
+    monitor = SaturationMonitor(window=2, product=product, probe_every_n_steps=1, calibration_batches=2,
+                                watch_every_n_steps=0, verbose=False)
+    trainer(tmp_path, max_steps=2, callbacks=[monitor]).fit(Edge(), DataLoader(TensorDataset(x), batch_size=3))
+    assert monitor.live_probe.settings is monitor.settings
+    want = (exact if product == "exact" else module) / x.numel()
+    for step, report in monitor.live_probe.reports:  # 0.2's live probe counted the module product whatever was set
+        assert report.verdict.elements == x.numel() and report.verdict.saturation == want, (step, product)
+    assert monitor.verdict.saturation == want  # the window, on the same data, counts with the same rule
+
+
+def test_live_probe_verdict_shows_the_calibrations_caveat(tmp_path):
+    from satmon.calibrate.fit import Cell, calibrate, write_calibration
+
+    rows = [(0.30, False, "a"), (0.44, False, "a"), (0.46, True, "a"), (0.60, True, "b"), (0.35, False, "b"), (0.70, True, "b")]
+    cal = write_calibration(calibrate([Cell(f"c{i}", g, h, {"saturation": s}) for i, (s, h, g) in enumerate(rows)],
+                                      source="six runs"), tmp_path / "calibration.json")
+    monitor = SaturationMonitor(calibration=str(tmp_path / "calibration.json"), probe_every_n_steps=1,
+                                calibration_batches=1, verbose=False)
+    trainer(tmp_path, max_steps=1, callbacks=[monitor]).fit(Edge(), DataLoader(TensorDataset(_edge_data()), batch_size=3))
+    for _, report in monitor.live_probe.reports:  # 0.2's live probe showed the study's caveat and compared with 0.43
+        v = report.verdict
+        assert v.threshold == cal.threshold and v.caveat == cal.caveat()
+        card = v.card()
+        assert "satmon calibrate" in card and "6 cells in 2 groups (six runs)" in card and "12 cells" not in card
+
+
+def test_live_probe_by_hand_takes_settings_or_fields_and_checks_probe_arguments():
+    s = Settings(product="exact", level=1.5)
+    assert LiveProbe(every_n_steps=1, settings=s).settings is s
+    assert LiveProbe(every_n_steps=1, level=1.5).settings.level == 1.5  # fields build the Settings
+    with pytest.raises(ValueError, match="got both"):
+        LiveProbe(every_n_steps=1, settings=s, level=2.5)
+    with pytest.raises(TypeError, match=r"Expected probe arguments among .*'max_dim'.*got \['max_dims'\]"):
+        LiveProbe(every_n_steps=1, max_dims=10)
+    with pytest.raises(TypeError, match=r"Expected no \['step'\] among the probe arguments"):
+        LiveProbe(every_n_steps=1, step=3)
+    with pytest.raises(ValueError, match="Expected `max_dim` to be a positive int"):
+        LiveProbe(every_n_steps=1, max_dim=0)  # at construction, not at the first probe
