@@ -109,22 +109,23 @@ def offset_sums(x: Tensor, alpha: Tensor, level: float = 2.0, channel_dim: int =
     """
     dim = channel_dim % x.dim()
     a = _channel_alpha(alpha, x.shape, dim)  # (C,) or (1,)
-    flat = x.detach().movedim(dim, -1).reshape(-1, x.shape[dim])  # (N, C): the batch's tokens (a view, channels last)
-    if flat.dtype == torch.float64:
-        flat = flat.clone()  # written in place below
-        mean = flat.mean(0)  # (C,)
-        saturated_c = None
-    else:  # float32/bf16/fp16: the same sums without a float64 copy of x
-        mean = flat.mean(0, dtype=torch.float64)  # (C,), as flat.to(float64).mean(0)
-        ax = flat.abs() if flat.dtype == torch.float32 else flat.to(torch.float32).abs_()  # (N, C) float32
+    c = x.shape[dim]
+    x = x.detach()
+    # (N, C) float64, a copy written in place below (one conversion; float64 ops on float64 operands only:
+    # torch's mixed-dtype kernels are several times slower than same-dtype ones on the CPU)
+    flat = x.to(torch.float64, copy=True).movedim(dim, -1).reshape(-1, c)
+    mean = flat.mean(0)  # (C,)
+    if x.dtype in (torch.float32, torch.bfloat16, torch.float16):
         # |alpha * x| > level for the exact (float64) product: |x| > the exact float32 threshold, per channel
-        saturated_c = ax.gt_(_exact_threshold(a, level)).sum(0, dtype=torch.float64).to(torch.int64)  # (C,)
-    dev = flat - mean  # (N, C) float64, two passes: a large offset does not cancel the spread away
-    if saturated_c is None:
-        saturated_c = flat.abs_().mul_(a).gt_(level).sum(0).to(torch.int64)  # (C,): |alpha * x| > level
-        sq = torch.square(dev, out=flat)
+        ax = x.movedim(dim, -1).reshape(-1, c).to(torch.float32).abs()  # (N, C) float32
+        ones = ax.gt_(_exact_threshold(a, level))
+        saturated_c = (ones.sum(0) if ones.shape[0] < 2**24 else ones.sum(0, dtype=torch.float64)).to(torch.int64)  # (C,)
     else:
-        sq = torch.square(dev)
+        saturated_c = None
+    dev = flat - mean  # (N, C), two passes: a large offset does not cancel the spread away
+    if saturated_c is None:  # float64 input: the product itself, in place
+        saturated_c = flat.abs_().mul_(a).gt_(level).sum(0).to(torch.int64)  # (C,)
+    sq = torch.mul(dev, dev, out=flat)  # dev ** 2, rounded once (as dev.square())
     spread = sq.mean(0).sqrt()  # (C,) population std over tokens
     offset_channel = mean.abs() * a > level  # (C,) channels whose mean alone saturates
     return OffsetSums(
