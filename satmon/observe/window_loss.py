@@ -39,20 +39,26 @@ class WindowLoss(SumStates):
         self.window, self.segments = window, max(1, min(segments, window))
         self.add_state("sums", torch.zeros(self.segments, dtype=torch.float64))
         self.add_state("counts", torch.zeros(self.segments, dtype=torch.int64))
+        self._views: list[tuple[Tensor, Tensor]] | None = None
 
     def segment(self, step: int) -> int | None:
         """The segment of optimizer step ``step`` (0-based), ``None`` outside the window."""
         return step * self.segments // self.window if 0 <= step < self.window else None
 
     def push(self, loss: Tensor, step: int) -> None:
-        """Add the loss of optimizer step ``step`` (0-based, inside the window); a non-finite loss is left out."""
+        """Add the loss of optimizer step ``step`` (0-based, inside the window); a non-finite loss is left out.
+
+        Five tensor ops a step (the segment's views of the states are made once)."""
         i = self.segment(step)
         if i is None:
             return
-        v = loss.detach().reshape(1).to(torch.float64)  # (1,)
-        ok = torch.isfinite(v)
-        self.sums.narrow(0, i, 1).add_(v.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0))  # views: no indexing ops
-        self.counts.narrow(0, i, 1).add_(ok)
+        views = self._views
+        if views is None or views[0][0].data_ptr() != self.sums.data_ptr():  # first push, or the states moved
+            views = self._views = [(self.sums.narrow(0, k, 1), self.counts.narrow(0, k, 1)) for k in range(self.segments)]
+        v = loss.detach().reshape(1)
+        sums, counts = views[i]
+        sums.add_(v.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0))  # added in float64: the value as loss.double()
+        counts.add_(torch.isfinite(v))
 
     update = push
 
