@@ -218,17 +218,9 @@ class CountQueue:
         return t
 
     def refresh_thresholds(self, alphas: Sequence[Tensor]) -> None:
-        """Every layer's threshold for the coming step, before its forward (once per counted step).
-
-        Scalar accelerator ``alpha``: one batched op per group, no host read. Scalar CPU ``alpha``: the
-        plain-Python threshold now, between steps, where the interpreter is warm (inside a step, right
-        after the forward's kernels, the same Python costs several times as much).
-        """
-        if self.host_thresholds:
-            for i, a in enumerate(alphas):
-                if a.numel() == 1 and a.device.type == "cpu" and not hasattr(a, "full_tensor"):
-                    cached = self._thresholds.get(i)
-                    self.threshold(i, a, cached[0][2] if cached is not None else torch.float32)
+        """The thresholds of all layers with a scalar accelerator ``alpha`` in one batched op per group (once per
+        counted step, before its forward; no host read). A scalar CPU ``alpha`` is left to the count, which
+        reads it on the host (measured: computing it here costs the same, only in another step)."""
         # FSDP2-sharded alphas (DTensors here) are left to their hooks, which read them whole
         scalar = [i for i, a in enumerate(alphas) if a.numel() == 1 and a.device.type != "cpu" and not hasattr(a, "full_tensor")]
         if not scalar or len({alphas[i].device for i in scalar}) != 1:
