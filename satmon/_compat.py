@@ -96,6 +96,7 @@ NAMES: dict[tuple[str, str], tuple[str, str]] = {
     ("satmon.replay", "ReplayUsageError"): ("satmon.replay.user_code", "ReplayUsageError"),
     **{("satmon.calibrate", n): ("satmon.calibrate.fit", n) for n in ("STUDY_THRESHOLD", "FORMAT", "MIN_CELLS", "csv_rows",
                                                                       "to_float")},
+    ("satmon.core.window_verdict", "verdict_stop_reason"): ("satmon.screen.stop_policy", "verdict_stop_reason"),
 }
 
 

@@ -69,3 +69,27 @@ def clean_env() -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k not in stale and not k.startswith("ACCELERATE_")},
             "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
 
+
+
+class RecordingSink:
+    """A satmon sink (with a layout) that records every call, in order: ``calls`` holds
+    ``("scalars", values, step)``, ``("text", tag, markdown, step)``, ``("hparams", params, metrics, step)``,
+    ``("layout", layout)`` and ``("close",)``."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def scalars(self, values, step):
+        self.calls.append(("scalars", dict(values), step))
+
+    def text(self, tag, markdown, step):
+        self.calls.append(("text", tag, markdown, step))
+
+    def hparams(self, params, metrics, step):
+        self.calls.append(("hparams", dict(params), dict(metrics), step))
+
+    def layout(self, layout):
+        self.calls.append(("layout", layout))
+
+    def close(self):
+        self.calls.append(("close",))

@@ -37,13 +37,8 @@ FRAMEWORKS = {
 ROOT_MODULES_ALLOWED = 6  # besides __init__, _version and _compat
 #: Imports that break the rules today, each with the change that removes it. Empty when the house is in order.
 KNOWN = {
-    ("satmon.results.probe_report", "satmon.model.discovery"): "NormKind moves below results",
-    ("satmon.results.probe_report", "satmon.probing.memory_plan"): "MemoryPlan moves below results",
     ("satmon.cli.replay", "lightning.pytorch"): "replay recognises a LightningModule without importing Lightning",
     ("satmon.replay.loop", "lightning.pytorch.utilities.model_helpers"): "same",
-    ("satmon.io.tensorboard", "lightning.pytorch.loggers"): "the TensorBoard sink over SummaryWriter",
-    ("satmon.io.tensorboard_replay", "lightning.pytorch.loggers"): "same",
-    ("satmon.screen.screen", "lightning.pytorch.loggers"): "same",
 }
 
 

@@ -153,9 +153,7 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
             return
         self._paused.close()
         self.screen.finish(state.global_step)
-        self.screen.detach()
-        for lg in self.screen.loggers:
-            lg.finalize("success")  # flush the event files before train() returns
+        self.screen.detach()  # also closes the screen's TensorBoard files before train() returns
 
     # ------------------------------------------------------------------------------------ per step
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:

@@ -25,6 +25,7 @@ from satmon.settings import ReadsSettings, Settings, settings_from, short_repr
 from satmon.model.discovery import find_norm_layers
 from satmon.drivers.live_probe import LiveProbe
 from satmon.results.verdict import Verdict
+from satmon.io.lightning import LightningSink
 from satmon.io.tensorboard import TAG, log_text
 
 __all__ = ["SaturationMonitor"]
@@ -202,11 +203,11 @@ class SaturationMonitor(ReadsSettings, Callback):
         if self.live_probe is not None:
             self.live_probe.capture(trainer, pl_module)
             self._probe(self.live_probe.maybe_run, trainer, pl_module)
-        self.screen.loggers = list(trainer.loggers)
+        self.screen.sink = LightningSink(trainer.loggers)  # closed at the end of fit
         self.screen.log_every_n_steps = self.log_every_n_steps or trainer.log_every_n_steps
         self.screen.agreement = _StrategyAgreement(trainer)
         if not self.screen.active:
-            log_text(trainer.loggers, TAG.verdict, f"### satmon: no screen\n\n{self.screen.status}", trainer.global_step)
+            log_text(self.screen.sink, TAG.verdict, f"### satmon: no screen\n\n{self.screen.status}", trainer.global_step)
         self._attached = False  # the hooks go on at the first training batch, which the gating trace reads
 
     def _attach(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
@@ -256,6 +257,10 @@ class SaturationMonitor(ReadsSettings, Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.screen.finish(trainer.global_step)
+        self.screen.sink.close()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self.screen.sink.close()  # e.g. SatmonAbort (abort_mode="raise"): what was written is closed too
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._paused.enter_context(self.screen.paused())

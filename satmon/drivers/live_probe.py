@@ -48,6 +48,7 @@ from satmon.batches import feed_first
 from satmon.replay.data import capture_batches
 from satmon.probing.passes import OWN_OPTIONS, check_options, probe
 from satmon.results.probe_report import ProbeReport
+from satmon.io.lightning import LightningSink
 from satmon.io.tensorboard import log_scalars, probe_scalars
 from satmon.settings import Settings, settings_from, short_repr
 
@@ -198,7 +199,7 @@ class LiveProbe:
         report = probe(pl_module, self.batches, settings=self.settings, forward_fn=self.forward_fn, step=step, **self.probe_kwargs)
         self.reports.append((step, report))
         if trainer.is_global_zero:
-            log_scalars(trainer.loggers, probe_scalars(report, saturation=self.log_saturation), step)
+            log_scalars(LightningSink(trainer.loggers), probe_scalars(report, saturation=self.log_saturation), step)
         self._warn(report, step)
         return report
 

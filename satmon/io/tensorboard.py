@@ -1,10 +1,13 @@
-"""Write satmon readings to Lightning loggers, TensorBoard first.
+"""What satmon writes to TensorBoard: every tag, every reading -> tag map, and the ``SummaryWriter`` sink.
 
 Every tag satmon writes is in :class:`TAG`, and every reading -> tag map is a function here
 (:func:`window_scalars`, :func:`watch_scalars`, :func:`probe_scalars`, :func:`verdict_scalars`), so
 the live callback, the live probe and ``satmon replay`` produce runs that open side by side and line
-up. Scalars go to every Lightning logger; text, the hparams view and the custom-scalars layout need
-TensorBoard and are skipped for other loggers. Lightning's loggers write on rank zero only.
+up. The ``log_*`` functions write to a :class:`~satmon.io.sink.Sink`: :class:`SummaryWriterSink`
+(event files through torch's ``SummaryWriter``; ``Screen(logdir=...)``, ``satmon replay``) or
+:class:`satmon.io.lightning.LightningSink` (a Trainer's loggers). Both write the same layout: the
+scalars and texts in the run, the custom-scalars layout, and the hparams session in the sub-run
+``<run>/satmon_hparams`` (:class:`HparamsRun`). Nothing here imports torch or Lightning until a file is written.
 """
 
 from __future__ import annotations
@@ -12,15 +15,17 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
-from lightning.pytorch.loggers import Logger, TensorBoardLogger
+from satmon.io.sink import LayoutSink, Sink, check_sink
 
 __all__ = [
-    "TAG", "VERDICT_VALUES", "window_scalars", "watch_scalars", "probe_scalars", "verdict_scalars", "verdict_hparams",
-    "log_scalars", "log_text", "log_verdict", "add_layout",
+    "TAG", "VERDICT_VALUES", "HparamsRun", "SummaryWriterSink", "add_layout", "custom_scalars_layout", "log_scalars", "log_stop",
+    "log_text", "log_verdict", "offset_scalars", "probe_scalars", "verdict_hparams", "verdict_scalars", "watch_scalars",
+    "window_scalars",
 ]
 
 
@@ -239,79 +244,191 @@ def verdict_hparams(verdict: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------- writing
-def _tensorboards(loggers: Iterable[Logger]) -> list[TensorBoardLogger]:
-    return [lg for lg in loggers if isinstance(lg, TensorBoardLogger)]
+def log_scalars(sink: Sink, scalars: Mapping[str, float], step: int) -> None:
+    """Write scalars to ``sink`` at ``step``."""
+    check_sink(sink).scalars(dict(scalars), step)
 
 
-def log_scalars(loggers: Iterable[Logger], scalars: Mapping[str, float], step: int) -> None:
-    """Write scalars to every logger at ``step`` (rank zero only, as Lightning's loggers do)."""
-    for lg in loggers:
-        lg.log_metrics(dict(scalars), step=step)
+def log_text(sink: Sink, tag: str, text: str, step: int) -> None:
+    """Write markdown text to ``sink`` (sinks without a text view skip it)."""
+    check_sink(sink).text(tag, text, step)
 
 
-def log_text(loggers: Iterable[Logger], tag: str, text: str, step: int) -> None:
-    """Write markdown text to every TensorBoard logger."""
-    for lg in _tensorboards(loggers):
-        lg.experiment.add_text(tag, text, global_step=step)
-
-
-def log_verdict(loggers: Iterable[Logger], verdict: Any) -> None:
+def log_verdict(sink: Sink, verdict: Any) -> None:
     """Write the verdict at its step: :func:`verdict_scalars`, the card as text, and the hparams view.
 
     Args:
-        loggers: Lightning loggers (``trainer.loggers``, or a ``TensorBoardLogger`` built by replay).
+        sink: where it goes (:class:`SummaryWriterSink`, :class:`satmon.io.lightning.LightningSink`, ...).
         verdict: a :class:`satmon.results.verdict.Verdict` (GO, NO-GO or non-finite).
+
+    Example:
+        >>> import tempfile
+        >>> from satmon.results.verdict import build_verdict
+        >>> sink = SummaryWriterSink(tempfile.mkdtemp())
+        >>> log_verdict(sink, build_verdict({"ln_f": (3, 4)}, step=10, window=10))
+        >>> sorted(os.listdir(sink.log_dir))[-1]
+        'satmon_hparams'
+        >>> sink.close()
     """
-    loggers = list(loggers)
+    sink = check_sink(sink)
     scalars = verdict_scalars(verdict)
-    log_scalars(loggers, scalars, verdict.step)
-    log_text(loggers, TAG.verdict, verdict.card(), verdict.step)
-    for lg in _tensorboards(loggers):
-        _write_hparams(lg, verdict_hparams(verdict), scalars, verdict.step)
+    sink.scalars(scalars, verdict.step)
+    sink.text(TAG.verdict, verdict.card(), verdict.step)
+    sink.hparams(verdict_hparams(verdict), scalars, verdict.step)
 
 
-def _write_hparams(logger: TensorBoardLogger, params: dict[str, Any], metrics: dict[str, float], step: int) -> None:
-    """The verdict in TensorBoard's HParams view, as a sub-run ``<log_dir>/satmon_hparams``.
-
-    TensorBoard keeps only the first hparams session of a run, and Lightning writes one at train
-    start (``hp_metric``), so satmon writes its session, with the metric scalars it refers to,
-    into a run of its own, as ``SummaryWriter.add_hparams`` does.
-    """
-    from torch.utils.tensorboard import SummaryWriter
-    from torch.utils.tensorboard.summary import hparams
-
-    if getattr(logger, "log_dir", None) is None or not hasattr(logger.experiment, "add_scalar"):
-        return  # not rank zero
-    merged = {k: v for k, v in {**dict(logger.hparams), **params}.items() if isinstance(v, (int, float, str, bool))}
-    path = os.path.abspath(os.path.join(logger.log_dir, TAG.hparams_run))
-    writer = _HPARAM_WRITERS.get(path)
-    if writer is None or not os.path.isdir(path):  # one event file per run, however many verdicts (replay: one per checkpoint)
-        if writer is not None:
-            writer.close()
-        writer = _HPARAM_WRITERS[path] = SummaryWriter(path)
-    domains = {TAG.hp_decision: list(VERDICT_VALUES), TAG.hp_source: list(_SOURCES)}  # filter boxes in the HParams tab
-    for summary in hparams(merged, metrics, {k: v for k, v in domains.items() if merged.get(k) in v}):
-        writer.file_writer.add_summary(summary)
-    for k, v in metrics.items():
-        writer.add_scalar(k, v, step)
-    writer.flush()
+def log_stop(sink: Sink, record: Any) -> None:
+    """Write a stop (a :class:`satmon.results.stop.StopRecord`) at its step: its line as text and ``satmon/stop`` = 1."""
+    sink = check_sink(sink)
+    sink.text(TAG.stop, record.text(), record.step)
+    sink.scalars({TAG.stop: 1.0}, record.step)
 
 
-_HPARAM_WRITERS: dict[str, Any] = {}
-
-
-def add_layout(loggers: Iterable[Logger], layer_names: list[str]) -> None:
-    """A TensorBoard custom-scalars layout: pooled saturation beside the per-layer curves.
+def custom_scalars_layout() -> dict[str, Any]:
+    """The custom-scalars layout: pooled saturation beside the per-layer curves, the alphas, verdict and margin.
 
     Tags are regexes, so runs with different layers share one layout.
+
+    Example:
+        >>> sorted(custom_scalars_layout()["satmon"])
+        ['alpha per layer', 'saturation (pooled vs per layer)', 'verdict and margin']
     """
     sat, alpha, verdict, margin = (re.escape(t) for t in (TAG.saturation, TAG.alpha(""), TAG.verdict, TAG.margin))
-    layout = {
+    return {
         "satmon": {
             "saturation (pooled vs per layer)": ["Multiline", [rf"^{sat}(/.*)?$"]],
             "alpha per layer": ["Multiline", [rf"^{alpha}.*"]],
             "verdict and margin": ["Multiline", [rf"^({verdict}|{margin})$"]],
         }
     }
-    for lg in _tensorboards(loggers):
-        lg.experiment.add_custom_scalars(layout)
+
+
+def add_layout(sink: Sink) -> None:
+    """Write :func:`custom_scalars_layout` to ``sink`` when it shows one (a :class:`~satmon.io.sink.LayoutSink`)."""
+    if isinstance(check_sink(sink), LayoutSink):
+        sink.layout(custom_scalars_layout())
+
+
+# ----------------------------------------------------------------------------------- SummaryWriter
+def _global_rank() -> int:
+    """This process's rank: ``torch.distributed``'s when it is initialised, else the launcher's environment
+    (``RANK``, ``LOCAL_RANK``, ``SLURM_PROCID``, ``JSM_NAMESPACE_RANK``, Lightning's rule), else 0."""
+    torch = sys.modules.get("torch")  # not imported: no process group either
+    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        value = os.environ.get(key)
+        if value is not None:
+            return int(value)
+    return 0
+
+
+class HparamsRun:
+    """The hparams view's session of one run, in its sub-run ``<log_dir>/satmon_hparams``.
+
+    TensorBoard keeps only the first hparams session of a run, and Lightning writes one at train
+    start (``hp_metric``), so satmon writes its session, with the metric scalars it refers to, into a
+    run of its own, as ``SummaryWriter.add_hparams`` does. One event file per run, however many
+    sessions (replay: one per checkpoint); the writer is opened at the first session, flushed after
+    each, and closed by :meth:`close` (a later session opens it again).
+
+    Args:
+        log_dir: the run's folder.
+    """
+
+    def __init__(self, log_dir: str | os.PathLike) -> None:
+        self.path = os.path.abspath(os.path.join(os.fspath(log_dir), TAG.hparams_run))
+        self._writer: Any = None
+
+    def write(self, params: Mapping[str, Any], metrics: Mapping[str, float], step: int) -> None:
+        """One session: ``params`` (those of type str, int, float, bool), ``metrics`` and their values at ``step``."""
+        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard.summary import hparams
+
+        params = {k: v for k, v in params.items() if isinstance(v, (int, float, str, bool))}
+        if self._writer is None or not os.path.isdir(self.path):  # the folder was removed: a new file
+            self.close()
+            self._writer = SummaryWriter(self.path)
+        domains = {TAG.hp_decision: list(VERDICT_VALUES), TAG.hp_source: list(_SOURCES)}  # filter boxes in the HParams tab
+        for summary in hparams(params, dict(metrics), {k: v for k, v in domains.items() if params.get(k) in v}):
+            self._writer.file_writer.add_summary(summary)
+        for k, v in metrics.items():
+            self._writer.add_scalar(k, v, step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+class SummaryWriterSink:
+    """A :class:`~satmon.io.sink.Sink` that writes TensorBoard event files with torch's ``SummaryWriter``.
+
+    The run's scalars, texts and layout go to ``log_dir``; the hparams session to ``log_dir/satmon_hparams``
+    (:class:`HparamsRun`). Files are opened at the first write (a screen that never writes leaves no
+    empty run), flushed after each write (an interrupted run keeps what it wrote), and closed by
+    :meth:`close`; a write after :meth:`close` opens a new event file in the same run.
+
+    Args:
+        log_dir: the run's folder (made when first written).
+        rank_zero_only: write on the process of global rank 0 only (each rank may make one, as
+            Lightning's loggers do); ``False``: write on every process.
+
+    Example:
+        >>> import tempfile
+        >>> sink = SummaryWriterSink(tempfile.mkdtemp())
+        >>> sink.scalars({TAG.saturation: 0.5}, step=10)
+        >>> any(f.startswith("events.out.tfevents") for f in os.listdir(sink.log_dir))
+        True
+        >>> sink.close()
+    """
+
+    def __init__(self, log_dir: str | os.PathLike, *, rank_zero_only: bool = True) -> None:
+        self.log_dir = os.fspath(log_dir)
+        self.rank_zero_only = rank_zero_only
+        self._writer: Any = None
+        self._hparams = HparamsRun(self.log_dir)
+
+    def _writes(self) -> bool:
+        return not self.rank_zero_only or _global_rank() == 0
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the run's event file is open (written to and not closed since)."""
+        return self._writer is not None
+
+    @property
+    def writer(self) -> Any:
+        """The run's ``SummaryWriter`` (opened on first use)."""
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(self.log_dir)
+        return self._writer
+
+    def scalars(self, values: Mapping[str, float], step: int) -> None:
+        if self._writes():
+            for tag, value in values.items():
+                self.writer.add_scalar(tag, value, global_step=step)
+            self.writer.flush()
+
+    def text(self, tag: str, markdown: str, step: int) -> None:
+        if self._writes():
+            self.writer.add_text(tag, markdown, global_step=step)
+            self.writer.flush()
+
+    def hparams(self, params: Mapping[str, Any], metrics: Mapping[str, float], step: int) -> None:
+        if self._writes():
+            self._hparams.write(params, metrics, step)
+
+    def layout(self, layout: Mapping[str, Any]) -> None:
+        if self._writes():
+            self.writer.add_custom_scalars(dict(layout))
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._hparams.close()

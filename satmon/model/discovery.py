@@ -30,10 +30,12 @@ import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Union
 
 import torch
 from torch import nn
+
+from satmon.results.probe_report import NormKind  # results/ holds the kinds: model/ and results/ both read them
 
 __all__ = [
     "Selector", "NormLayer", "find_norm_layers", "find_dyt_layers", "find_blocks", "modules_by_name", "norm_kind",
@@ -41,7 +43,6 @@ __all__ = [
 ]
 
 Selector = Union[str, Callable[[str, nn.Module], bool], None]
-NormKind = Literal["dyt", "layernorm", "rmsnorm"]
 
 _WRAPPER_PARTS = {"_orig_mod", "_forward_module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
 _DYT_NAME = re.compile(r"dyt|dynamic_?tanh", re.IGNORECASE)

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from satmon.results.plan import UPDATE_BYTES_PER_VALUE, MemoryPlan, format_bytes, matrix_bytes
 
 __all__ = ["READOUT_MATRICES", "UPDATE_BYTES_PER_VALUE", "MemoryPlan", "format_bytes", "matrix_bytes", "parse_bytes", "plan_memory"]
 
 #: ``8 d^2``-byte matrices one readout holds beside its accumulator, at its peak (5.7 measured, CPU).
 READOUT_MATRICES = 6
-#: Transient bytes per activation value while one batch is added (float64 copy, masked copy, mask).
-UPDATE_BYTES_PER_VALUE = 20
 
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
@@ -45,66 +44,8 @@ def parse_bytes(size: int | str) -> int:
     return int(float(m.group(1)) * _UNITS[unit or "b"])
 
 
-def format_bytes(n: float) -> str:
-    """Binary units, three significant digits.
-
-    Example:
-        >>> format_bytes(512 * 2**20), format_bytes(1536)
-        ('512 MiB', '1.50 KiB')
-    """
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            v = n / size
-            return f"{v:.0f} {unit}" if v >= 100 else f"{v:.1f} {unit}" if v >= 10 else f"{v:.2f} {unit}"
-    return f"{int(n)} B"
-
-
-def matrix_bytes(d: int | None) -> int:
-    """One accumulator's state: ``X^T X`` ``(d, d)`` and the row sum ``(d,)`` in float64, two int64 counts
-    (0 for an unknown width)."""
-    return 8 * d * d + 8 * d + 16 if d else 0
-
-
 def _readout_bytes(d: int | None) -> int:
     return READOUT_MATRICES * 8 * d * d if d else 0
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """Which covariance matrices each pass over the calibration batches holds.
-
-    Attributes:
-        groups: tap names per pass; empty when nothing needs a matrix (then one pass runs).
-        dims: tap name -> its width ``d`` (``None``: unknown before the forward, not counted; only without a budget).
-        budget: the budget in bytes (``None``: no budget, one pass holds every matrix).
-        peak_bytes: the most the probe holds at once: a group's matrices plus one readout.
-    """
-
-    groups: tuple[tuple[str, ...], ...]
-    dims: dict[str, int | None]
-    budget: int | None
-    peak_bytes: int
-
-    @property
-    def matrices(self) -> int:
-        return sum(len(g) for g in self.groups)
-
-    @property
-    def passes(self) -> int:
-        return max(1, len(self.groups))
-
-    def describe(self) -> str:
-        """The plan in one line, e.g. for the console before the run."""
-        widths = sorted({d for d in self.dims.values() if d is not None})
-        sizes = [", ".join(f"d={d}: {format_bytes(matrix_bytes(d))}" for d in widths) + " each"] if widths else []
-        unknown = sum(d is None for d in self.dims.values())
-        sizes += [f"{unknown} of unknown width, not counted"] if unknown else []
-        budget = "no budget" if self.budget is None else f"budget {format_bytes(self.budget)}"
-        most = max((len(g) for g in self.groups), default=0)
-        return (
-            f"satmon probe plan: {self.matrices} covariance matrices ({'; '.join(sizes) or 'none'}) in {self.passes} pass(es) of <= {most},"
-            f" peak {format_bytes(self.peak_bytes)} ({budget}); plus {UPDATE_BYTES_PER_VALUE} B x rows x d while a batch is added"
-        )
 
 
 def plan_memory(dims: Sequence[tuple[str, int | None]], budget: int | str | None = None) -> MemoryPlan:

@@ -25,8 +25,8 @@ import math
 import time
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -44,7 +44,7 @@ from satmon.model.discovery import NormLayer, Selector
 from satmon.model.affine import effective_affine
 from satmon.functional.dead_directions import GramSpectrum, alignment, classify_norm_type, gram_spectrum
 from satmon.probing.targets import ProbeTargets, find_probe_targets, layer_dim
-from satmon.results.probe_report import EMBEDDING, LayerReading, ProbeReport, SigmaMinReading, model_norm_type
+from satmon.results.probe_report import EMBEDDING, LayerReading, ProbeReport, SigmaMinReading, init_gaps, model_norm_type
 from satmon.results.verdict import GatingInfo, Source, Verdict, build_verdict
 
 __all__ = ["EMBEDDING", "OWN_OPTIONS", "LayerReading", "ProbeReport", "SigmaMinReading", "check_options", "feed_first", "probe"]
@@ -147,7 +147,7 @@ def probe(
         >>> report.norm_type, report.layers["ln_f"].null_dim, report.layers["ln_f"].alignment > 0.9999
         ('layernorm-like', 1, True)
         >>> report.sigma_min.blocks, report.sigma_min.valid, report.plan.passes
-        (['embedding', 'blocks.0', 'blocks.1'], True, 1)
+        (('embedding', 'blocks.0', 'blocks.1'), True, 1)
     """
     t0 = time.perf_counter()
     s = settings_from(settings, options, owner="probe", own=OWN_OPTIONS)
@@ -167,16 +167,17 @@ def probe(
     results = _read_all(run, targets, plan, screen)
     verdict_args = dict(step=step, source=source, level=s.level, threshold=s.threshold,
                         collapse_threshold=s.collapse_threshold, caveat=s.caveat)
-    report = _assemble(targets, results, screen, screen.read(results.readings, **verdict_args), run.batches, plan)
+    dyt = screen.read(**verdict_args)
+    _warn_skipped(targets.skipped)
+    twin_report = None
     if twin is not None:
-        report.attach_init_gap(probe(
+        twin_report = probe(
             # only the LayerNorm/RMSNorm readings are compared: the twin needs no DyT hooks or gating trace
             twin, batch_list, settings=s, forward_fn=forward_fn, layers=list(targets.norms),
             blocks=targets.block_names or None, autocast_dtype=autocast_dtype, max_dim=max_dim, train_mode=train_mode,
             memory_budget=memory_budget,
-        ))  # fmt: skip
-    report.elapsed_s = time.perf_counter() - t0
-    return report
+        )  # fmt: skip
+    return _assemble(targets, results, dyt, screen.gating, run.batches, plan, twin_report, t0)
 
 
 # -------------------------------------------------------------------------------------- the passes
@@ -212,13 +213,15 @@ class _Run:
 
 @dataclass
 class _Results:
-    readings: dict[str, LayerReading]
+    """What the passes read, collected while they run: the LayerNorm/RMSNorm readings and the streams' spectra."""
+
+    readings: dict[str, LayerReading] = field(default_factory=dict)
     spectra: dict[str, GramSpectrum] = field(default_factory=dict)
 
 
 def _read_all(run: _Run, targets: ProbeTargets, plan: MemoryPlan, screen: _SaturationScreen) -> _Results:
     """One pass per group of the plan (the first also counts DyT saturation); each group read, then freed."""
-    results = _Results({l.name: LayerReading(l.name, l.kind, layer_dim(l.module) or 0) for l in targets.chosen})
+    results = _Results()
     for i, group in enumerate(plan.groups or ((),)):
         taps = CovarianceTaps([targets.taps[name] for name in group])
         run.one_pass([taps, *screen.hooksets()] if i == 0 else [taps])
@@ -265,14 +268,14 @@ class _SaturationScreen:
         self.dyt = dyt
         self.hooks: SaturationHooks | None = None
         self.gate_hooks: GateHooks | None = None
-        self.gating: dict[str, Any] = {}
+        self.gating: GatingInfo | None = None
         if not dyt:
             return
         where = dyt[0].module.alpha.device
         self.hooks = SaturationHooks(dyt, SaturationCounter(len(dyt), level=level, product=product).to(where))
         found = detect_gating(model, norm_names=[l.name for l in dyt], mapping=mapping, example_input=example,
                               forward_fn=forward_fn)
-        self.gating = {**found.to_dict(), "risk": {}}
+        self.gating = GatingInfo.of(found)
         if found.pairings:
             # a probe on one rank never waits for the others: the gate counter does not sync
             self.gate_hooks = GateHooks(model, found, GateCounter(len(found.pairings)).to(where))
@@ -280,49 +283,68 @@ class _SaturationScreen:
     def hooksets(self) -> list[Any]:
         return [h for h in (self.hooks, self.gate_hooks) if h is not None]
 
-    def read(self, readings: dict[str, LayerReading], **verdict_args: Any) -> tuple[float | None, Verdict | None]:
-        """Fill the DyT readings (this process only: no collective); returns pooled saturation and verdict."""
+    def read(self, **verdict_args: Any) -> _DytReadings:
+        """The DyT readings, the pooled saturation and the verdict (this process only: no collective)."""
         if self.hooks is None:
-            return None, None
+            return _DytReadings({}, None, None)
         counted = self.hooks.read(sync=False)
         names = [l.name for l in self.dyt]
-        for name, s, t, b, a in zip(names, *counted):
-            r = readings[name]
-            r.saturation, r.alpha, r.nonfinite = (s / t if t else None), a, b
-            r.tokens = t // r.dim if r.dim else 0
+        readings = {}
+        for layer, s, t, b, a in zip(self.dyt, *counted):
+            dim = layer_dim(layer.module) or 0
+            readings[layer.name] = LayerReading(layer.name, layer.kind, dim, tokens=t // dim if dim else 0,
+                                                saturation=s / t if t else None, alpha=a, nonfinite=b)
         if not sum(counted.total):
-            return None, None
+            return _DytReadings(readings, None, None)
         per_layer = counted.fractions(names)
-        pairings = self.gating.get("pairings", {})
+        assert self.gating is not None  # made with the hooks
         stats = self.gate_hooks.readings(sync=False) if self.gate_hooks is not None else {}
-        risk = {p["mlp"]: {"dyt_saturation": per_layer.get(norm, math.nan), **stats.get(norm, {})} for norm, p in pairings.items()}
-        self.gating["risk"] = risk
-        gated = self.gating.get("gated")
-        info = GatingInfo(None if gated is None else bool(gated), tuple(pairings), self.gating.get("message", ""))
+        risk = {p["mlp"]: {"dyt_saturation": per_layer.get(norm, math.nan), **stats.get(norm, {})}
+                for norm, p in self.gating.pairings.items()}
         pooled = sum(counted.saturated) / sum(counted.total)
-        return pooled, build_verdict(counted.layer_counts(names), gating=info, risk=risk, **verdict_args)
+        return _DytReadings(readings, pooled, build_verdict(counted.layer_counts(names), gating=self.gating, risk=risk,
+                                                            **verdict_args))
+
+
+class _DytReadings(NamedTuple):
+    """The DyT layers' readings, their pooled saturation and the verdict (``None``: no element counted)."""
+
+    readings: dict[str, LayerReading]
+    pooled: float | None
+    verdict: Verdict | None
 
 
 # ------------------------------------------------------------------------------------------ report
-def _assemble(targets: ProbeTargets, results: _Results, screen: _SaturationScreen, saturation: tuple[float | None, Verdict | None],
-              n_batches: int, plan: MemoryPlan) -> ProbeReport:  # fmt: skip
-    readings, skipped = results.readings, targets.skipped
-    sigma = SigmaMinReading.from_spectra(targets.streams, results.spectra)
-    norm_type, note = model_norm_type(readings)
-    if EMBEDDING in results.spectra:
-        tokens = results.spectra[EMBEDDING].tokens
-    else:
-        tokens = max((l.tokens for l in readings.values()), default=0)
+def _warn_skipped(skipped: dict[str, str]) -> None:
     if skipped:
         warnings.warn(
             "satmon probe: no reading for " + "; ".join(f"{n} ({why})" for n, why in skipped.items())
             + ". Raise `max_dim` or choose layers with `layers=` / blocks with `blocks=`.",
             stacklevel=3,
         )
-    pooled, verdict = saturation
+
+
+def _assemble(targets: ProbeTargets, results: _Results, dyt: _DytReadings, gating: GatingInfo | None, n_batches: int,
+              plan: MemoryPlan, twin: ProbeReport | None, t0: float) -> ProbeReport:  # fmt: skip
+    """The report, built once: every chosen layer's reading in registration order (a layer the passes did not
+    read keeps an empty one), its init-gap against the ``twin``'s readings, the wall time since ``t0``."""
+    readings = {}
+    for l in targets.chosen:
+        reading = results.readings.get(l.name) or dyt.readings.get(l.name)
+        readings[l.name] = reading if reading is not None else LayerReading(l.name, l.kind, layer_dim(l.module) or 0)
+    gaps = init_gaps(readings, twin.layers) if twin is not None else None
+    if gaps:
+        readings = {n: replace(r, init_gap=gaps[n]) if n in gaps else r for n, r in readings.items()}
+    sigma = SigmaMinReading.from_spectra(targets.streams, results.spectra)
+    norm_type, note = model_norm_type(readings)
+    if EMBEDDING in results.spectra:
+        tokens = results.spectra[EMBEDDING].tokens
+    else:
+        tokens = max((l.tokens for l in readings.values()), default=0)
     return ProbeReport(
-        layers=readings, sigma_min=sigma, norm_type=norm_type, norm_type_note=note, saturation=pooled, verdict=verdict,
-        gating=screen.gating, tokens=tokens, batches=n_batches, skipped=skipped, plan=plan,
+        layers=readings, sigma_min=sigma, norm_type=norm_type, norm_type_note=note, saturation=dyt.pooled,
+        verdict=dyt.verdict, gating=gating, init_gap=gaps, tokens=tokens, batches=n_batches,
+        skipped=targets.skipped, plan=plan, elapsed_s=time.perf_counter() - t0,
     )
 
 

@@ -1,7 +1,9 @@
 """Typed results of :func:`satmon.probe`: one reading per norm layer, the residual-stream profile, the report.
 
-Plain data: no hooks, no files, no writers. :meth:`ProbeReport.to_dict` returns plain Python
-values (NaN stays NaN); whoever writes JSON sanitises it with
+Plain data: no hooks, no files, no writers. Frozen, down to the fields (tuples and read-only
+mappings, :mod:`satmon.results.frozen`); :func:`satmon.probe` builds each once, and a variant is
+made with :func:`dataclasses.replace` (:meth:`ProbeReport.with_init_gap`). :meth:`ProbeReport.to_dict`
+returns plain Python values (NaN stays NaN); whoever writes JSON sanitises it with
 :func:`satmon.io.json_records.to_json`, and the TensorBoard tags come from
 :func:`satmon.io.tensorboard.probe_scalars`.
 """
@@ -9,10 +11,9 @@ values (NaN stays NaN); whoever writes JSON sanitises it with
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
-from satmon.model.discovery import NormKind
 from satmon.functional.dead_directions import (
     Alignment,
     GramSpectrum,
@@ -22,18 +23,19 @@ from satmon.functional.dead_directions import (
     init_gap,
     sigma_min_profile,
 )
-from satmon.results.verdict import Verdict
+from satmon.results.frozen import FrozenMap, freeze, thaw
+from satmon.results.plan import MemoryPlan
+from satmon.results.verdict import GatingInfo, Verdict
 
-if TYPE_CHECKING:
-    from satmon.probing.memory_plan import MemoryPlan
-
-__all__ = ["EMBEDDING", "LayerReading", "ProbeReport", "SigmaMinReading", "model_norm_type"]
+__all__ = ["EMBEDDING", "LayerReading", "NormKind", "ProbeReport", "SigmaMinReading", "init_gaps", "model_norm_type"]
 
 #: Name of the embedding output ``X_0`` (the first block's input) in :attr:`SigmaMinReading.blocks`.
 EMBEDDING = "embedding"
+#: The kinds of norm layer satmon reads (:func:`satmon.model.discovery.norm_kind` says which a module is).
+NormKind = Literal["dyt", "layernorm", "rmsnorm"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class LayerReading:
     """One norm layer's readings; the fields of the other kinds are ``None``.
 
@@ -101,7 +103,7 @@ class LayerReading:
         return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class SigmaMinReading:
     """The residual-stream profile. ``blocks[0] == EMBEDDING`` (``X_0``); ``values``, ``ratios`` align with ``blocks``.
 
@@ -119,13 +121,17 @@ class SigmaMinReading:
         False
     """
 
-    blocks: list[str] = field(default_factory=list)
-    values: list[float] = field(default_factory=list)
-    ratios: list[float | None] = field(default_factory=list)
+    blocks: tuple[str, ...] = ()
+    values: tuple[float, ...] = ()
+    ratios: tuple[float | None, ...] = ()
     valid: bool = False
     reason: str = ""
     min_ratio: float | None = None
     argmin: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("blocks", "values", "ratios"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
 
     @classmethod
     def from_spectra(cls, streams: list[str], spectra: Mapping[str, GramSpectrum]) -> SigmaMinReading:
@@ -138,32 +144,32 @@ class SigmaMinReading:
             >>> x0 = torch.tensor([[3.0, 0.0], [0.0, 2.0]])
             >>> s = SigmaMinReading.from_spectra(["embedding", "b0"], {"embedding": gram_spectrum(x0), "b0": gram_spectrum(x0 / 4)})
             >>> s.ratios, s.min_ratio, s.argmin
-            ([1.0, 0.25], 0.25, 'b0')
+            ((1.0, 0.25), 0.25, 'b0')
         """
         if not streams:
             return cls(reason="no residual blocks found: pass blocks=[...] (module names of the blocks)")
         missing = [n for n in streams if n not in spectra]
         if missing:
-            return cls(blocks=list(streams), values=[], ratios=[], reason=f"no reading for streams {missing}")
+            return cls(blocks=tuple(streams), reason=f"no reading for streams {missing}")
         prof = sigma_min_profile([spectra[n] for n in streams])
         if not prof.valid:
-            return cls(list(streams), prof.values, [None] * len(streams), False, prof.reason)
+            return cls(tuple(streams), tuple(prof.values), (None,) * len(streams), False, prof.reason)
         block_ratios = prof.ratios[1:]
         k = min(range(len(block_ratios)), key=block_ratios.__getitem__)
-        return cls(list(streams), prof.values, list(prof.ratios), True, "", block_ratios[k], streams[k + 1])
+        return cls(tuple(streams), tuple(prof.values), tuple(prof.ratios), True, "", block_ratios[k], streams[k + 1])
 
     def to_dict(self) -> dict[str, Any]:
-        """The profile as plain values (lists copied)."""
+        """The profile as plain values (lists)."""
         return {"blocks": list(self.blocks), "values": list(self.values), "ratios": list(self.ratios), "valid": self.valid,
                 "reason": self.reason, "min_ratio": self.min_ratio, "argmin": self.argmin}  # fmt: skip
 
 
-@dataclass
+@dataclass(frozen=True)
 class ProbeReport:
     """What :func:`satmon.probe` measured.
 
     Attributes:
-        layers: layer name -> :class:`LayerReading`, in registration order.
+        layers: layer name -> :class:`LayerReading`, in registration order (read-only).
         sigma_min: the residual-stream profile (:class:`SigmaMinReading`).
         norm_type: the model's norm type from its LayerNorm/RMSNorm layers
             (:func:`~satmon.functional.dead_directions.classify_model_norm_type`: ``"layernorm-like"``,
@@ -172,40 +178,57 @@ class ProbeReport:
         norm_type_note: how ``norm_type`` was reached, in words.
         saturation: pooled DyT saturation (``None`` without DyT layers).
         verdict: the GO / NO-GO :class:`~satmon.results.verdict.Verdict` on the pooled saturation (``None``
-            without DyT); its ``source`` is ``"probe"`` (or ``"replay"``), its ``window`` 0.
-        gating: ``{"gated", "pairings", "unpaired_gated_mlps", "message", "risk"}``; empty without DyT.
+            without DyT); its ``source`` is ``"probe"`` (or ``"replay"``), its ``window`` 0. The
+            per-gated-MLP readings (DyT saturation, gate statistics) are its ``risk``.
+        gating: what gated-MLP detection found (:class:`~satmon.results.verdict.GatingInfo`); ``None``
+            without DyT (nothing to pair).
         init_gap: layer -> satmon's :class:`~satmon.functional.dead_directions.InitGap` when a twin was given.
         tokens: rows of ``X_0`` (batch x sequence) when blocks were found, else the most rows any
             monitored layer saw.
         batches: batches in the calibration set (each pass of a multi-pass plan runs all of them).
         elapsed_s: wall time of the call (twin included).
-        skipped: layer or stream -> why it has no reading.
-        plan: how the covariance matrices were grouped into passes (:class:`~satmon.probing.memory_plan.MemoryPlan`);
+        skipped: layer or stream -> why it has no reading (read-only).
+        plan: how the covariance matrices were grouped into passes (:class:`~satmon.results.plan.MemoryPlan`);
             not part of :meth:`to_dict`.
 
     Example:
         >>> r = ProbeReport(layers={}, sigma_min=SigmaMinReading(), norm_type="undetermined")
-        >>> sorted(r.to_dict())[:3]
-        ['batches', 'elapsed_s', 'gating']
+        >>> sorted(r.to_dict())[:3], r.gating is None
+        (['batches', 'elapsed_s', 'gating'], True)
     """
 
-    layers: dict[str, LayerReading]
+    layers: Mapping[str, LayerReading]
     sigma_min: SigmaMinReading
     norm_type: str
     norm_type_note: str = ""
     saturation: float | None = None
     verdict: Verdict | None = None
-    gating: dict[str, Any] = field(default_factory=dict)
-    init_gap: dict[str, InitGap] | None = None
+    gating: GatingInfo | None = None
+    init_gap: Mapping[str, InitGap] | None = None
     tokens: int = 0
     batches: int = 0
     elapsed_s: float = 0.0
-    skipped: dict[str, str] = field(default_factory=dict)
+    skipped: Mapping[str, str] = FrozenMap()
     plan: MemoryPlan | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", FrozenMap(self.layers))
+        object.__setattr__(self, "skipped", freeze(self.skipped))
+        if self.init_gap is not None:
+            object.__setattr__(self, "init_gap", FrozenMap(self.init_gap))
+        if isinstance(self.gating, Mapping):
+            raise TypeError(f"Expected `gating` to be a satmon.results.verdict.GatingInfo or None, got a "
+                            f"{type(self.gating).__name__}. Build it with GatingInfo.of(detect_gating(...)).")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values under the keys ``satmon replay`` writes; NaN and inf are kept, so write JSON
-        through :func:`satmon.io.json_records.to_json` (NaN/inf -> ``null``)."""
+        through :func:`satmon.io.json_records.to_json` (NaN/inf -> ``null``). ``gating`` holds the
+        detection's record and the verdict's per-gated-MLP ``risk`` (``{}`` without DyT)."""
+        gating: dict[str, Any] = {}
+        if self.gating is not None:  # the detection's record (the keys of GatingReport.to_dict) and the readings
+            g = self.gating.to_dict()
+            gating = {**{k: g[k] for k in ("gated", "pairings", "unpaired_gated_mlps", "message", "unclassified")},
+                      "risk": thaw(self.verdict.risk) if self.verdict else {}}
         return {
             "layers": {n: l.to_dict() for n, l in self.layers.items()},
             "sigma_min": self.sigma_min.to_dict(),
@@ -213,7 +236,7 @@ class ProbeReport:
             "norm_type_note": self.norm_type_note,
             "saturation": self.saturation,
             "verdict": self.verdict.to_dict() if self.verdict is not None else None,
-            "gating": dict(self.gating),
+            "gating": gating,
             "init_gap": None if self.init_gap is None else {n: _gap_dict(g) for n, g in self.init_gap.items()},
             "tokens": self.tokens,
             "batches": self.batches,
@@ -221,26 +244,16 @@ class ProbeReport:
             "skipped": dict(self.skipped),
         }
 
-    def attach_init_gap(self, twin: ProbeReport) -> None:
-        """Set :attr:`init_gap` (and each layer's) from the probe of a random-init ``twin`` of the same model.
+    def with_init_gap(self, twin: ProbeReport) -> ProbeReport:
+        """This report with :attr:`init_gap` (and each layer's) read against the probe of a random-init
+        ``twin`` of the same model (:func:`init_gaps`); a new report, this one is unchanged.
 
         Raises:
             ValueError: the twin has no reading for a layer this report read.
         """
-        gaps: dict[str, InitGap] = {}
-        for name, r in self.layers.items():
-            mine = r.reading()
-            if mine is None:
-                continue
-            other = twin.layers.get(name)
-            if other is None or other.reading() is None:
-                raise ValueError(
-                    f"Expected the twin to have a reading for {name!r}, got {'none' if other is None else 'a skipped layer'}."
-                    " Pass a random-init instance of the same architecture."
-                )
-            r.init_gap = gaps[name] = init_gap(mine, other.reading())[0]
-        self.init_gap = gaps
-
+        gaps = init_gaps(self.layers, twin.layers)
+        layers = {n: replace(r, init_gap=gaps[n]) if n in gaps else r for n, r in self.layers.items()}
+        return replace(self, layers=layers, init_gap=gaps)
 
     def summary(self) -> str:
         """One line: norm type, the weakest LayerNorm alignment, the sigma_min minimum, the saturation."""
@@ -254,6 +267,35 @@ class ProbeReport:
         if self.saturation is not None:
             parts.append(f"DyT saturation {self.saturation:.4f}")
         return "; ".join(parts) + f" [{self.batches} batches, {self.tokens} tokens, {self.elapsed_s:.2f}s]"
+
+
+def init_gaps(trained: Mapping[str, LayerReading], twin: Mapping[str, LayerReading]) -> dict[str, InitGap]:
+    """Per LayerNorm/RMSNorm reading of ``trained``: satmon's init-gap against the same layer of ``twin``
+    (:func:`~satmon.functional.dead_directions.init_gap`).
+
+    Raises:
+        ValueError: the twin has no reading for a layer ``trained`` read.
+
+    Example:
+        >>> deep = LayerReading("ln", "layernorm", 8, alignment=1.0, null_projection=1.0, null_dim=1, depth=1e-10,
+        ...                     depth_diag=1e-10, lambda_min_rel=1e-10, n_degenerate=0)
+        >>> shallow = replace(deep, depth=1e-3, depth_diag=1e-3, lambda_min_rel=1e-3)
+        >>> round(init_gaps({"ln": deep}, {"ln": shallow})["ln"].depth_deepening, 6)
+        7.0
+    """
+    gaps: dict[str, InitGap] = {}
+    for name, r in trained.items():
+        mine = r.reading()
+        if mine is None:
+            continue
+        other = twin.get(name)
+        if other is None or other.reading() is None:
+            raise ValueError(
+                f"Expected the twin to have a reading for {name!r}, got {'none' if other is None else 'a skipped layer'}."
+                " Pass a random-init instance of the same architecture."
+            )
+        gaps[name] = init_gap(mine, other.reading())[0]
+    return gaps
 
 
 def model_norm_type(readings: Mapping[str, LayerReading]) -> tuple[str, str]:

@@ -1,14 +1,17 @@
-"""Why satmon stopped a run: the reason enum, the exception of ``abort_mode="raise"``, and the
-policy that maps findings to a stop. No Lightning here: the callback asks, the policy answers.
+"""Why satmon stopped a run: the reason enum, which reasons each ``abort_on`` acts on, the record of a
+stop, the decision the abort policy (:class:`satmon.screen.stop_policy.StopPolicy`) returns, and the
+exception of ``abort_mode="raise"``. Plain values: the policy decides, the screen logs and acts.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
-__all__ = ["StopReason", "StopRecord", "SatmonAbort", "AbortOn", "AbortMode", "ABORT_ON", "ABORT_MODES", "breaches"]
+__all__ = ["StopReason", "StopRecord", "StopAction", "StopDecision", "SatmonAbort", "AbortOn", "AbortMode", "ABORT_ON",
+           "ABORT_MODES", "breaches"]
 
 AbortOn = Literal["never", "no-go", "collapse", "any"]
 AbortMode = Literal["graceful", "raise"]
@@ -55,23 +58,67 @@ def breaches(abort_on: str, reason: StopReason) -> bool:
     return reason in _POLICY[abort_on]
 
 
-@dataclass
+@dataclass(frozen=True)
 class StopRecord:
-    """A stop (or would-be stop): the reason, a human message, the step, and whether it was a dry run."""
+    """A stop (or would-be stop): the reason, a human message, the step, and whether it was a dry run.
+
+    Example:
+        >>> r = StopRecord(StopReason.NO_GO, "pooled saturation 0.21 < 0.43", 500)
+        >>> r.text()
+        '**satmon stopped training at step 500** (no-go): pooled saturation 0.21 < 0.43'
+        >>> StopRecord.from_dict(r.to_dict()) == r
+        True
+    """
 
     reason: StopReason
     message: str
     step: int
     dry_run: bool = False
 
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["reason"] = self.reason.value
-        return d
+    def text(self) -> str:
+        """The stop in one markdown line (the ``satmon/stop`` text in TensorBoard; the console warning without ``**``)."""
+        return (f"**satmon {'would stop' if self.dry_run else 'stopped'} training at step {self.step}** "
+                f"({self.reason.value}{', dry run' if self.dry_run else ''}): {self.message}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reason": self.reason.value, "message": self.message, "step": self.step, "dry_run": self.dry_run}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "StopRecord":
+    def from_dict(cls, d: Mapping[str, Any]) -> StopRecord:
         return cls(reason=StopReason(d["reason"]), message=d["message"], step=int(d["step"]), dry_run=bool(d.get("dry_run", False)))
+
+
+#: What a stop decision asks of the training loop: log it and go on, stop after this step, or raise.
+StopAction = Literal["dry-run", "stop", "raise"]
+
+
+@dataclass(frozen=True)
+class StopDecision:
+    """What the abort policy decided about a finding that breaches it on some rank (every rank gets the same).
+
+    Attributes:
+        record: the stop as it is logged and kept in checkpoints.
+        action: ``"dry-run"`` (log it, keep training), ``"stop"`` (log it, stop after this step on every
+            rank) or ``"raise"`` (log it, then raise :class:`SatmonAbort`).
+
+    Example:
+        >>> d = StopDecision(StopRecord(StopReason.LOSS_SPIKE, "loss 9.1 sigmas up", 70), "raise")
+        >>> d.stops, d.error().step
+        (True, 70)
+    """
+
+    record: StopRecord
+    action: StopAction
+
+    @property
+    def stops(self) -> bool:
+        """Training stops (gracefully or by the exception)."""
+        return self.action != "dry-run"
+
+    def error(self) -> SatmonAbort:
+        """The exception ``abort_mode="raise"`` raises for this stop."""
+        r = self.record
+        return SatmonAbort(r.reason, r.message, r.step)
 
 
 class SatmonAbort(RuntimeError):

@@ -1,26 +1,26 @@
 """The GO / NO-GO verdict: one constructor (:func:`build_verdict`), an immutable result, how it reads.
 
 Every verdict satmon gives (the live window, a probe, a replayed checkpoint, the examples) is made
-by :func:`build_verdict` from per-layer counts. A :class:`Verdict` is frozen: what it says is fixed
-when it is made, and where it came from is its ``source`` field.
+by :func:`build_verdict` from per-layer counts. A :class:`Verdict` is frozen, down to its fields
+(tuples and read-only mappings, :mod:`satmon.results.frozen`): what it says is fixed when it is made,
+and where it came from is its ``source`` field. A variant is made with :func:`dataclasses.replace`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any, Literal, NamedTuple
 
 from satmon.results import card as verdict_card
 from satmon.results.card import FLAG_TEXT
+from satmon.results.frozen import FrozenMap, freeze, thaw
 from satmon.study import CAVEAT, COLLAPSE_THRESHOLD, INCONCLUSIVE_BAND, LEVEL, THRESHOLD
 
 __all__ = [
     "CAVEAT", "FLAG_TEXT", "INCONCLUSIVE_BAND", "Decision", "GatingInfo", "LayerCounts", "Source", "Verdict", "build_verdict",
 ]
-
-
 
 Decision = Literal["go", "no-go", "non-finite"]
 
@@ -54,22 +54,54 @@ class LayerCounts(NamedTuple):
 
 @dataclass(frozen=True)
 class GatingInfo:
-    """What architecture detection found, as the verdict needs it.
+    """What architecture detection found: the one representation of gating in satmon's results.
+
+    The verdict reads ``gated``, ``gated_layers`` and ``message``; a :class:`~satmon.results.probe_report.ProbeReport`
+    keeps the whole finding (its JSON ``gating`` record).
 
     Attributes:
         gated: a DyT feeds a gated MLP (``True``), none does (``False``), or satmon could not tell (``None``).
         gated_layers: the DyT layers that feed a gated MLP.
         message: the finding in words (names the layers and the option that resolves an unknown).
+        pairings: DyT layer -> its pairing with a gated MLP, as plain values (``mlp``, ``gate``, ``up``,
+            ``down``, ``fused``, ``activation``, ``source``, ...: the fields of
+            :class:`~satmon.model.gating.GatedPairing`).
+        unpaired_gated_mlps: gated MLPs that no DyT layer was paired with.
+        unclassified: DyT layer -> why its output's element-wise product could not be classified.
+
+    Example:
+        >>> g = GatingInfo(True, ("ln_2",), "ln_2 feeds a SwiGLU MLP", pairings={"ln_2": {"mlp": "mlp"}})
+        >>> g.pairings["ln_2"]["mlp"], g.to_dict()["gated_layers"]
+        ('mlp', ['ln_2'])
     """
 
     gated: bool | None
     gated_layers: tuple[str, ...] = ()
     message: str = ""
+    pairings: Mapping[str, Mapping[str, Any]] = FrozenMap()
+    unpaired_gated_mlps: tuple[str, ...] = ()
+    unclassified: Mapping[str, str] = FrozenMap()
+
+    def __post_init__(self) -> None:
+        for name in ("gated_layers", "pairings", "unpaired_gated_mlps", "unclassified"):
+            object.__setattr__(self, name, freeze(getattr(self, name)))
 
     @classmethod
     def of(cls, report: Any) -> GatingInfo | None:
         """From a :class:`~satmon.model.gating.GatingReport` (``None`` stays ``None``)."""
-        return None if report is None else cls(report.gated, tuple(report.pairings), report.message)
+        if report is None:
+            return None
+        d = report.to_dict()
+        return cls(d["gated"], tuple(d["pairings"]), d["message"], d["pairings"], tuple(d["unpaired_gated_mlps"]),
+                   d.get("unclassified", {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as plain values (``dict``, ``list``)."""
+        return {f.name: thaw(getattr(self, f.name)) for f in fields(self)}
+
+
+#: the Verdict fields that hold containers (frozen at construction, thawed by to_dict)
+_CONTAINERS = ("per_layer", "gated_layers", "risk", "notes", "loss", "flags", "offset")
 
 
 @dataclass(frozen=True)
@@ -83,7 +115,7 @@ class Verdict:
         saturation: pooled fraction of DyT input elements with ``|alpha * x| > level``.
         threshold: the GO threshold used (study: 0.43).
         margin: ``saturation - threshold``.
-        per_layer: layer name -> saturation fraction (layers that counted no element are left out).
+        per_layer: layer name -> saturation fraction (layers that counted no element are left out), read-only.
         step: optimizer step (or checkpoint step) at which the verdict was taken.
         window: optimizer steps counted (0 for a probe or a replay: no training window).
         level: the saturation level.
@@ -107,17 +139,22 @@ class Verdict:
         flags: warnings derived from the readings beside the rule (``"stalled-loss"``, ``"offset-driven"``).
         offset: per-layer offset readings (``centered`` saturation, ``offset_ratio``), when measured.
 
+    Mappings are read-only (:class:`~satmon.results.frozen.FrozenMap`) and sequences tuples, also when
+    a verdict is made with :func:`dataclasses.replace`; :meth:`to_dict` gives plain ``dict`` and ``list``.
+
     Example:
         >>> v = build_verdict({"ln_f": LayerCounts(45, 100)}, step=500, window=500)
         >>> v.decision, v.margin > 0, v.source, Verdict.from_dict(v.to_dict()) == v
         ('go', True, 'window', True)
+        >>> v.per_layer == {"ln_f": 0.45}, type(v.to_dict()["per_layer"]).__name__
+        (True, 'dict')
     """
 
     decision: Decision
     saturation: float
     threshold: float
     margin: float
-    per_layer: dict[str, float]
+    per_layer: Mapping[str, float]
     step: int
     window: int
     level: float = LEVEL
@@ -126,18 +163,22 @@ class Verdict:
     nonfinite: int = 0
     inconclusive: bool = False
     gated: bool | None = None
-    gated_layers: list[str] = field(default_factory=list)
+    gated_layers: tuple[str, ...] = ()
     collapse_risk: bool | None = None
     collapse_threshold: float = COLLAPSE_THRESHOLD
-    risk: dict[str, dict[str, float]] = field(default_factory=dict)
+    risk: Mapping[str, Mapping[str, float]] = FrozenMap()
     gating_message: str = ""
     caveat: str = CAVEAT
     source: str = Source.WINDOW.value
     planned_window: int = 0
     notes: tuple[str, ...] = ()
-    loss: dict[str, Any] = field(default_factory=dict)
+    loss: Mapping[str, Any] = FrozenMap()
     flags: tuple[str, ...] = ()
-    offset: dict[str, dict[str, float]] = field(default_factory=dict)
+    offset: Mapping[str, Mapping[str, float]] = FrozenMap()
+
+    def __post_init__(self) -> None:
+        for name in _CONTAINERS:
+            object.__setattr__(self, name, freeze(getattr(self, name)))
 
     @property
     def go(self) -> bool:
@@ -149,10 +190,9 @@ class Verdict:
         return self.source == Source.WINDOW.value and 0 < self.window < self.planned_window
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict (also what the callback keeps in its ``state_dict``)."""
-        d = asdict(self)
-        d["notes"], d["flags"] = list(self.notes), list(self.flags)
-        return d
+        """A JSON-serialisable dict of plain ``dict``, ``list`` and scalars (also what the callback keeps in
+        its ``state_dict``: it loads with ``torch.load(weights_only=True)``)."""
+        return {f.name: thaw(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Verdict:
@@ -160,9 +200,7 @@ class Verdict:
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         known.setdefault("source", Source.WINDOW.value if known.get("window", 0) > 0 else Source.PROBE.value)
         known.setdefault("planned_window", known.get("window", 0))
-        known["notes"] = tuple(known.get("notes", ()))
-        known["flags"] = tuple(known.get("flags", ()))
-        return cls(**known)
+        return cls(**known)  # lists and dicts are frozen by __post_init__
 
     def headline(self) -> str:
         """The decision in words (the card's title)."""
@@ -257,7 +295,7 @@ def build_verdict(
 
     Example:
         >>> v = build_verdict({"blocks.0.ln_1": LayerCounts(60, 100), "ln_f": (20, 100)}, step=500, window=500)
-        >>> v.decision, v.saturation, v.per_layer
+        >>> v.decision, v.saturation, dict(v.per_layer)
         ('no-go', 0.4, {'blocks.0.ln_1': 0.6, 'ln_f': 0.2})
         >>> build_verdict({"x": (0, 10, 3)}, step=9, window=9).decision
         'non-finite'
@@ -287,8 +325,8 @@ def build_verdict(
         per_layer={k: c.saturated / c.total for k, c in rows.items() if c.total}, step=int(step), window=int(window),
         level=float(level), reason=reason, elements=int(n), nonfinite=int(nonfinite),
         inconclusive=abs(margin) < INCONCLUSIVE_BAND, gated=gated,
-        gated_layers=list(gating.gated_layers) if gating is not None else [], collapse_risk=collapse,
-        collapse_threshold=float(collapse_threshold), risk={k: dict(v) for k, v in (risk or {}).items()},
+        gated_layers=gating.gated_layers if gating is not None else (), collapse_risk=collapse,
+        collapse_threshold=float(collapse_threshold), risk=risk or {},
         gating_message=gating.message if gating is not None else "", source=source, planned_window=planned,
-        notes=tuple(notes), caveat=caveat or CAVEAT, loss=dict(loss or {}), flags=tuple(flags), offset={k: dict(v) for k, v in (offset or {}).items()},
+        notes=tuple(notes), caveat=caveat or CAVEAT, loss=loss or {}, flags=tuple(flags), offset=offset or {},
     )

@@ -6,7 +6,7 @@ point of the same step (satmon calls them only at optimizer-step ends that every
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -14,6 +14,7 @@ from torch import Tensor
 __all__ = ["Agreement", "TorchDistributed"]
 
 
+@runtime_checkable
 class Agreement(Protocol):
     """The three things satmon needs from a distributed back end."""
 

@@ -1,6 +1,11 @@
 """``Screen``: the object a training loop drives. It attaches the hooks, counts the window, makes the
 verdict, runs the collapse watch and applies the abort policy, for the Lightning callback, a plain
-PyTorch loop or any other trainer. Cross-rank agreement goes through an :class:`Agreement`.
+PyTorch loop or any other trainer. Cross-rank agreement goes through an :class:`Agreement`; the
+readings go to a :class:`~satmon.io.sink.Sink` (TensorBoard files with ``logdir=``).
+
+What the screen owns, each a collaborator with explicit inputs: the hook sets and device states
+(:mod:`satmon.observe`), the collapse watch (:mod:`satmon.screen.watch`), the non-finite guard, the
+stop policy (it decides; the screen logs and acts) and the checkpoint state (:mod:`satmon.screen.state`).
 """
 
 from __future__ import annotations
@@ -8,29 +13,36 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from os import PathLike
 from typing import Any
 
 import torch
 from torch import nn
 
 from satmon.batches import ForwardFn
-from satmon.results.stop import StopReason, StopRecord
-from satmon.screen.agreement import Agreement, TorchDistributed
-from satmon.model.gating import GatingReport, detect_gating
-from satmon.observe.hookset import paused
-from satmon.screen.parts import build_parts
-from satmon.screen.window_verdict import make_window_verdict, running_scalars, verdict_stop_reason
-from satmon.observe.saturation import SaturationHooks
-from satmon.screen.state import dump_state, restore_state
-from satmon.screen.stop_policy import StopPolicy
-from satmon.settings import Settings, settings_from
-from satmon.model.discovery import NormLayer, find_dyt_layers
-from satmon.results.verdict import Verdict
+from satmon.functional.loss import loss_trend
 from satmon.io import tensorboard as tb
+from satmon.io.sink import MultiSink, NullSink, Sink, check_sink
+from satmon.model.discovery import NormLayer, find_dyt_layers
+from satmon.model.gating import GatingReport, detect_gating
+from satmon.observe.counters import SaturationCounter
+from satmon.observe.gate import GateCounter, GateHooks
+from satmon.observe.hookset import paused
+from satmon.observe.offset import OffsetCounter, OffsetHooks, offset_driven
+from satmon.observe.saturation import HookReadings, SaturationHooks
+from satmon.observe.window_loss import WindowLoss
+from satmon.results.stop import StopReason, StopRecord, breaches
+from satmon.results.verdict import GatingInfo, Source, Verdict, build_verdict
+from satmon.screen.agreement import Agreement, TorchDistributed
+from satmon.screen.nonfinite_guard import NonFiniteGuard
+from satmon.screen.state import COUNTS, ScreenState, WindowState, load_window_state, read_window_state, restore_plan
+from satmon.screen.stop_policy import StopPolicy, verdict_stop_reason
+from satmon.screen.watch import CollapseWatch, LossHistory
+from satmon.settings import Settings, settings_from
 
-__all__ = ["Screen"]
+__all__ = ["Screen", "running_scalars"]
 
-_OWN = ("loggers", "logdir", "agreement", "info", "warn", "verbose", "log_every_n_steps")
+_OWN = ("sink", "logdir", "agreement", "info", "warn", "verbose", "log_every_n_steps")
 
 
 def _print_rank_zero(text: str) -> None:
@@ -40,6 +52,19 @@ def _print_rank_zero(text: str) -> None:
 
 def _warn(text: str) -> None:
     warnings.warn(text, UserWarning, stacklevel=3)
+
+
+def running_scalars(r: HookReadings, names: Sequence[str]) -> dict[str, float]:
+    """The window's readings under their tags: pooled and per-layer saturation, alpha, non-finite inputs.
+
+    Example:
+        >>> r = HookReadings(saturated=[1, 3], total=[4, 4], nonfinite=[0, 0], alphas=[2.0, 0.5])
+        >>> running_scalars(r, ["a", "b"])["satmon/saturation"]
+        0.5
+    """
+    n = sum(r.total)
+    return tb.window_scalars(sum(r.saturated) / n if n else 0.0, r.fractions(names), dict(zip(names, r.alphas)),
+                             sum(r.nonfinite))
 
 
 class Screen:
@@ -53,8 +78,10 @@ class Screen:
 
     Args:
         settings: the validated settings, or pass them as keyword ``options`` (``window=500, ...``).
-        loggers: Lightning loggers to write to (a ``TensorBoardLogger`` works without a Trainer).
-        logdir: write TensorBoard files there (a ``TensorBoardLogger`` made for you).
+        sink: where the readings go (a :class:`~satmon.io.sink.Sink`: TensorBoard files, Lightning
+            loggers, your own); it is the caller's to close.
+        logdir: write TensorBoard files there (a :class:`~satmon.io.tensorboard.SummaryWriterSink` the
+            screen makes, on rank zero, and closes at :meth:`detach`); with ``sink`` too, both are written.
         agreement: how ranks agree (default: ``torch.distributed`` when initialised, else one process).
         info: where console lines go (default: print on rank zero).
         warn: where warnings go (default: ``warnings.warn``).
@@ -72,26 +99,30 @@ class Screen:
         (2, 64)
     """
 
-    def __init__(self, settings: Settings | None = None, *, loggers: Sequence[Any] = (), logdir: str | None = None,
+    def __init__(self, settings: Settings | None = None, *, sink: Sink | None = None, logdir: str | PathLike | None = None,
                  agreement: Agreement | None = None, info: Callable[[str], None] | None = None,
                  warn: Callable[[str], None] | None = None, verbose: bool = True, log_every_n_steps: int = 50,
                  **options: Any) -> None:
-        settings = settings_from(settings, options, owner="Screen", own=_OWN, hint="A model without DyT gets no screen "
-                                 "and a warning; there is no on_missing option here.")
-        if logdir is not None:
-            from lightning.pytorch.loggers import TensorBoardLogger  # the writer satmon's TensorBoard layout is made for
-
-            loggers = [*loggers, TensorBoardLogger(logdir, name="", version="", default_hp_metric=False)]
-        self.settings = settings
-        self.loggers = list(loggers)
+        self.settings = settings_from(settings, options, owner="Screen", own=_OWN, hint="A model without DyT gets no "
+                                      "screen and a warning; there is no on_missing option here.")
+        self._own_sink = tb.SummaryWriterSink(logdir) if logdir is not None else None
+        given = [check_sink(sink)] if sink is not None else []
+        sinks = [*given, *([self._own_sink] if self._own_sink is not None else [])]
+        #: where the readings go (a driver may set it: the Lightning callback's loggers)
+        self.sink: Sink = sinks[0] if len(sinks) == 1 else MultiSink(*sinks) if sinks else NullSink()
         self.agreement = agreement or TorchDistributed()
         self.info, self.warn = info or _print_rank_zero, warn or _warn
         self.verbose, self.log_every_n_steps = Settings.check_flag("verbose", verbose), log_every_n_steps
         self.layers: list[NormLayer] = []
         self.gating: GatingReport | None = None
-        # built at attach (satmon.screen.parts): the window's hooks and states, the watch, the guard
+        # made at attach (:meth:`_build`): the window's hooks and states, the watch, the guard (None: off)
         self.hooks: SaturationHooks | None = None
-        self.gate_hooks = self.watch = self.losses = self.guard = self.window_loss = self.offset_hooks = None
+        self.window_loss: WindowLoss | None = None
+        self.losses: LossHistory | None = None  # the watch's loss history
+        self.offset_hooks: OffsetHooks | None = None
+        self.gate_hooks: GateHooks | None = None
+        self.watch: CollapseWatch | None = None
+        self.guard: NonFiniteGuard | None = None
         self.verdict: Verdict | None = None
         self.policy = StopPolicy(self.settings)
         self.steps_seen = 0
@@ -100,7 +131,7 @@ class Screen:
         self.status = "not attached"
         self._last_step = -1
         self._steps_done = 0  # optimizer steps, for plain loops that call step()
-        self._loaded: dict[str, Any] | None = None
+        self._loaded: ScreenState | None = None  # a checkpoint's state, restored at attach
 
     # ------------------------------------------------------------------------------- life cycle
     @property
@@ -154,31 +185,58 @@ class Screen:
             return self
         if names and self.layer_names != names:
             raise RuntimeError(f"Expected the same DyT layers as at discovery ({names}), got {self.layer_names}.")
-        parts = build_parts(self.settings, self.layers, self.gating, model, keep_inputs)
-        self.hooks, self.window_loss, self.losses = parts.hooks, parts.window_loss, parts.losses
-        self.offset_hooks, self.gate_hooks, self.watch, self.guard = parts.offset_hooks, parts.gate_hooks, parts.watch, parts.guard
+        self._build(model, keep_inputs)
+        assert self.hooks is not None
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
         self._last_step = self._steps_done = step
         if self.verdict is None and step < self.settings.window:
-            self.hooks.attach()
-            if self.offset_hooks is not None:
-                self.offset_hooks.attach()
-            if self.gate_hooks is not None:
-                self.gate_hooks.attach()
-            tb.add_layout(self.loggers, self.layer_names)
+            for h in (self.hooks, self.offset_hooks, self.gate_hooks):
+                if h is not None:
+                    h.attach()
+            tb.add_layout(self.sink)
             self.status = "screening"
         else:
             self._start_watch()
         self.begin_step(step)
         return self
 
+    def _build(self, model: nn.Module, keep_inputs: bool | None) -> None:
+        """Make (not attach) every hook set and device state the settings ask for, on the DyT layers' device
+        (``keep_inputs=None``: kept on a CPU model, counted when ``model``'s forward returns)."""
+        s, layers = self.settings, self.layers
+        device = layers[0].module.alpha.device
+        n = len(layers)
+        keep = device.type == "cpu" if keep_inputs is None else keep_inputs
+
+        def saturation_hooks(refused: dict[str, str] | None = None) -> SaturationHooks:
+            return SaturationHooks(layers, SaturationCounter(n, level=s.level, product=s.product).to(device), keep,
+                                   refused=refused, root=model)
+
+        self.hooks = hooks = saturation_hooks()
+        self.window_loss = WindowLoss(s.window).to(device)
+        # the hook sets share one record of refused layers: each warns once per run
+        self.offset_hooks = OffsetHooks(layers, OffsetCounter(n).to(device), s.level, hooks.refused) if s.offset_every else None
+        pairings = self.gating.pairings if self.gating is not None else {}
+        self.gate_hooks = GateHooks(model, self.gating, GateCounter(len(pairings)).to(device)) if pairings else None
+        self.losses = self.watch = None
+        if s.watch_every_n_steps:
+            self.losses = LossHistory(s.loss_baseline + s.watch_every_n_steps, device=device)
+            gated = [i for i, layer in enumerate(layers) if layer.name in pairings]
+            self.watch = CollapseWatch(saturation_hooks(hooks.refused), gated, self.gate_hooks,
+                                       {k: p.mlp for k, p in pairings.items()}, s.watch_every_n_steps,
+                                       s.collapse_threshold, s.loss_spike_z, s.patience, self.losses)
+        self.guard = NonFiniteGuard(device) if breaches(s.abort_on, StopReason.NONFINITE) else None
+
     def detach(self) -> None:
-        """Remove every hook (the counts and the verdict stay)."""
+        """Remove every hook and close the TensorBoard files the screen opened (``logdir=``); the counts
+        and the verdict stay (a later write opens the files again)."""
         for h in (self.hooks, self.gate_hooks, self.watch, self.offset_hooks):
             if h is not None:
                 h.detach()
+        if self._own_sink is not None:
+            self._own_sink.close()
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -239,7 +297,7 @@ class Screen:
         if step >= self.settings.window:
             self.conclude(step)
         elif step % self.log_every_n_steps == 0:
-            tb.log_scalars(self.loggers, running_scalars(self.hooks.read(sync=True), self.layer_names), step)
+            tb.log_scalars(self.sink, running_scalars(self.hooks.read(sync=True), self.layer_names), step)
 
     def step(self, loss: Any = None) -> bool:
         """One optimizer step done (plain loops): end it, prepare the next; returns :attr:`should_stop`."""
@@ -263,16 +321,56 @@ class Screen:
 
     # ------------------------------------------------------------------------------- verdict
     def conclude(self, step: int, partial: bool = False, sync: bool = True, extra_notes: Sequence[str] = ()) -> Verdict | None:
-        """Make the verdict from the window's counts, log it, detach the window hooks, apply the policy."""
-        self.verdict = make_window_verdict(self, step, partial, sync, extra_notes)
+        """Make the verdict from the window's counts (summed over ranks with ``sync``), log it, detach the
+        window hooks, apply the policy (a full window only)."""
+        self.verdict = self._window_verdict(step, partial, sync, extra_notes)
         if self.verdict is not None and not partial:
             self._verdict_policy(step)
         return self.verdict
 
+    def _window_verdict(self, step: int, partial: bool, sync: bool, extra_notes: Sequence[str]) -> Verdict | None:
+        """Read every window count once, detach the window's hooks, build and log the verdict."""
+        assert self.hooks is not None
+        s, names = self.settings, self.layer_names
+        r = self.hooks.read(sync=sync)
+        self.hooks.detach()
+        risk = self._gate_risk(r.fractions(names)) if self.gate_hooks is not None else {}
+        offset: dict[str, dict[str, float]] = {}
+        if self.offset_hooks is not None:
+            offset = self.offset_hooks.read(names, sync=sync)
+            self.offset_hooks.detach()
+        refused = [f"layer {n} not counted: {why}" for n, why in self.hooks.refused.items()]
+        verdict = build_verdict(
+            r.layer_counts(names), step=step, window=(self.steps_seen if partial else s.window) - self.first_step,
+            source=Source.WINDOW, planned_window=s.window, threshold=s.threshold, level=s.level,
+            gating=GatingInfo.of(self.gating), collapse_threshold=s.collapse_threshold, risk=risk,
+            notes=[*self.notes, *extra_notes, *refused], caveat=s.caveat,
+            loss=loss_trend(self.window_loss.means(sync=sync)) if self.window_loss is not None else None,
+            offset=offset, offset_flag=bool(offset) and offset_driven(offset))
+        if verdict is None:
+            self.status = "window over: no DyT input was counted"
+            self.warn(f"satmon: no DyT input was counted in the window ({self.steps_seen} steps): no verdict.")
+            return None
+        tb.log_scalars(self.sink, {**running_scalars(r, names), **tb.offset_scalars(offset)}, step)
+        tb.log_verdict(self.sink, verdict)
+        if self.verbose:
+            self.info("\n" + verdict.card() + "\n")
+        self.status = "verdict made"
+        return verdict
+
+    def _gate_risk(self, per_layer: dict[str, float]) -> dict[str, dict[str, float]]:
+        """Per gated MLP: the saturation of the DyT feeding it and its gate statistics (then the gate hooks stop)."""
+        assert self.gate_hooks is not None and self.gating is not None
+        self.gate_hooks.detach()
+        risk = {self.gating.pairings[norm].mlp: {"dyt_saturation": per_layer.get(norm, float("nan")), **stats}
+                for norm, stats in self.gate_hooks.readings().items()}
+        self.gate_hooks.counter.reset()
+        return risk
+
     def _verdict_policy(self, step: int) -> None:
         assert self.verdict is not None
         if self.verdict.collapse_risk and self.watch is not None:
-            self.watch.streak[StopReason.COLLAPSE_RISK] = 1  # the verdict is the watch streak's first breach
+            self.watch.count_breach(StopReason.COLLAPSE_RISK)  # the verdict is the watch streak's first breach
         reason = verdict_stop_reason(self.verdict, self.settings)
         if reason is not None and self.request_stop(reason, self.verdict.reason, step):
             return
@@ -286,12 +384,11 @@ class Screen:
     def _watch_check(self, step: int) -> None:
         assert self.watch is not None
         reading = self.watch.check(step, self.agreement.max)
-        tb.log_scalars(self.loggers, tb.watch_scalars(reading.nonfinite, reading.gated_saturation, reading.gate_stats,
-                                                      reading.loss_z, reading.found), step)
+        tb.log_scalars(self.sink, tb.watch_scalars(reading.nonfinite, reading.gated_saturation, reading.gate_stats,
+                                                   reading.loss_z, reading.found), step)
         for reason, message in reading.due:
-            if self.stop is None or self.stop.dry_run:
-                if self.request_stop(reason, message, step):
-                    return
+            if (self.stop is None or self.stop.dry_run) and self.request_stop(reason, message, step):
+                return
 
     def _guard_step(self, step: int, loss: Any) -> None:
         assert self.guard is not None
@@ -307,8 +404,21 @@ class Screen:
 
     # ------------------------------------------------------------------------------- stopping
     def request_stop(self, reason: StopReason, message: str, step: int) -> bool:
-        """Apply the abort policy with every rank; True when training must stop now."""
-        return self.policy.request(reason, message, step, self.agreement, self.loggers, self.warn)
+        """Ask the abort policy, with every rank (a collective); log and act on what it decides.
+
+        A stop (or a dry run's would-be stop) is written to the sink (``satmon/stop``: the line as text,
+        and 1.0) and given as a warning; ``abort_mode="raise"`` then raises :class:`~satmon.SatmonAbort`.
+
+        Returns:
+            True when training must stop now (on every rank).
+        """
+        decision = self.policy.request(reason, message, step, self.agreement)
+        if decision is not None:
+            tb.log_stop(self.sink, decision.record)
+            self.warn(decision.record.text().replace("**", ""))
+            if decision.action == "raise":
+                raise decision.error()
+        return self.should_stop
 
     @property
     def stop(self) -> StopRecord | None:
@@ -320,17 +430,48 @@ class Screen:
         return self.policy.should_stop
 
     # ------------------------------------------------------------------------------- state
+    def _window_states(self) -> tuple[tuple[str, WindowState | None], ...]:
+        """The window's states kept in checkpoints beside the counts (``None``: off), in :data:`~satmon.screen.state.EXTRA_STATES` order."""
+        return (("loss_segments", self.window_loss), ("offset", self.offset_hooks.counter if self.offset_hooks else None),
+                ("gate", self.gate_hooks.counter if self.gate_hooks else None))
+
     def state_dict(self, sync: bool = True) -> dict[str, Any]:
-        """What a checkpoint keeps: the window's counts (summed over ranks with ``sync``), settings, verdict, stop."""
-        return dump_state(self, sync)
+        """What a checkpoint keeps (:class:`~satmon.screen.state.ScreenState`): the window's counts (summed
+        over ranks with ``sync``: every rank must call it), settings, verdict, stop. Before :meth:`attach`,
+        a loaded state passes through."""
+        common = dict(steps_seen=self.steps_seen, first_step=self.first_step, verdict=self.verdict, stop=self.stop)
+        if self.hooks is None:  # not attached (yet): a loaded state passes through, with the settings of its counts
+            loaded = self._loaded or ScreenState(ScreenState.saved_settings(self.settings), ())
+            state = ScreenState(loaded.settings, tuple(self.layer_names) or loaded.layers, notes=(*loaded.notes, *self.notes),
+                                counts=loaded.counts, extras=loaded.extras, **common)
+            return state.to_dict()
+        r = self.hooks.read(sync=sync)  # collectives, in the same order on every rank: counts, then each state
+        extras = {key: read_window_state(m, sync) for key, m in self._window_states() if m is not None}
+        return ScreenState(ScreenState.saved_settings(self.settings), tuple(self.layer_names), notes=tuple(self.notes),
+                           counts=(tuple(r.saturated), tuple(r.total), tuple(r.nonfinite)), extras=extras,
+                           **common).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Take a saved state back; the counts are restored at :meth:`attach`."""
-        self._loaded = dict(state)
-        self.steps_seen = int(state.get("steps_seen", 0))
-        self.first_step = int(state.get("first_step", 0))
-        self.verdict = Verdict.from_dict(state["verdict"]) if state.get("verdict") else None
-        self.policy.stop = StopRecord.from_dict(state["stop"]) if state.get("stop") else None
+        """Take a saved state back (a dict from :meth:`state_dict`); the counts are restored at :meth:`attach`."""
+        saved = ScreenState.from_dict(state)
+        self._loaded = saved
+        self.steps_seen, self.first_step, self.verdict = saved.steps_seen, saved.first_step, saved.verdict
+        self.policy = StopPolicy(self.settings, stop=saved.stop)
 
-    def _restore(self, state: dict[str, Any]) -> None:
-        restore_state(self, state)
+    def _restore(self, saved: ScreenState) -> None:
+        """Put a saved state into the attached screen, as :func:`~satmon.screen.state.restore_plan` decides
+        (rank zero takes the saved sums: they were summed over ranks)."""
+        assert self.hooks is not None
+        plan = restore_plan(saved, self.settings, self.layer_names, self.steps_seen)
+        for message in plan.warnings:
+            self.warn(message)
+        self.notes.extend(plan.notes)
+        if plan.restart:
+            self.first_step = self.steps_seen
+        if plan.counts is None or self.agreement.rank != 0:
+            return
+        for k, v in zip(COUNTS, plan.counts):
+            getattr(self.hooks.counter, k).copy_(torch.tensor(v, dtype=torch.int64))
+        for key, metric in self._window_states():
+            if metric is not None and key in saved.extras:
+                load_window_state(metric, saved.extras[key])

@@ -1,140 +1,191 @@
-"""What a checkpoint keeps of a screen, and what resuming with other settings does to it.
+"""What a checkpoint keeps of a screen (:class:`ScreenState`), and what resuming with other settings does
+to it (:func:`restore_plan`).
 
 The counts belong to the window, not to the decision: a resume that changes only ``threshold``
 (or ``collapse_threshold``) keeps them, and so does a change of ``product`` (the two rules differ only for
 elements within one rounding step of the level), with a warning. A change of what was counted (``level``) restarts the
 count at the resume step; a change of ``window`` or ``sample_every`` keeps the counts made so far.
 Every change is named in a warning (old and new values) and in the verdict card's notes.
+
+The saved form is a dict of plain values (``torch.load(weights_only=True)`` reads it back):
+``version``, ``settings`` (those above), ``layers``, ``steps_seen``, ``first_step``, ``notes``,
+``verdict`` and ``stop`` (their ``to_dict``), the counts ``saturated``, ``total``, ``nonfinite`` (summed
+over ranks), and the window's other states ``loss_segments``, ``offset``, ``gate`` (each a dict of lists).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
-__all__ = ["STATE_VERSION", "RestorePlan", "dump_state", "restore_plan", "restore_state", "saved_state"]
+from satmon.results.frozen import FrozenMap, freeze, thaw
+from satmon.results.stop import StopRecord
+from satmon.results.verdict import Verdict
+from satmon.settings import Settings
+
+__all__ = ["COUNTS", "EXTRA_STATES", "STATE_VERSION", "RestorePlan", "ScreenState", "WindowState", "load_window_state",
+           "read_window_state", "restore_plan"]
 
 STATE_VERSION = 2
-#: settings that change what is counted (the counts restart) / how long / only how counts are judged
+#: the saved counts, per layer (summed over ranks)
+COUNTS = ("saturated", "total", "nonfinite")
+#: the window's other states kept in checkpoints: loss segments, offset sums, gate statistics
+EXTRA_STATES = ("loss_segments", "offset", "gate")
+#: settings that change what is counted (the counts restart) / how it is rounded / how long / only how counts are judged
 _COUNTED = ("level",)
 _ROUNDING = ("product",)
 _SPAN = ("window", "sample_every")
 _DECISION = ("threshold", "collapse_threshold")
+_SAVED = (*_COUNTED, *_ROUNDING, *_SPAN, *_DECISION)
+
+Counts = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 
-def saved_state(screen: Any, counts: tuple[list[int], list[int], list[int]] | None) -> dict[str, Any]:
-    """The screen's state as plain values (counts already summed over ranks)."""
-    s = screen.settings
-    loaded = screen._loaded or {}
-    state: dict[str, Any] = {
-        "version": STATE_VERSION,
-        "settings": {k: getattr(s, k) for k in (*_COUNTED, *_ROUNDING, *_SPAN, *_DECISION)},
-        "layers": list(screen.layer_names) or list(loaded.get("layers", [])),
-        "steps_seen": screen.steps_seen,
-        "first_step": screen.first_step,
-        "notes": list(screen.notes),
-        "verdict": screen.verdict.to_dict() if screen.verdict else None,
-        "stop": screen.stop.to_dict() if screen.stop else None,
-    }
-    if counts is not None:
-        state.update(zip(("saturated", "total", "nonfinite"), counts))
-    else:  # not attached (yet): pass a loaded state's counts through
-        state.update({k: loaded[k] for k in ("saturated", "total", "nonfinite") if k in loaded})
-    return state
+class WindowState(Protocol):
+    """A window state kept in checkpoints (a :class:`~satmon.observe.states.SumStates`: its states sum over ranks)."""
+
+    @property
+    def state_names(self) -> tuple[str, ...]: ...
+
+    def synced(self, sync: bool = True) -> dict[str, torch.Tensor]: ...
 
 
-@dataclass
-class RestorePlan:
-    """What to do with a saved state: the counts to restore (``None``: none), notes and warnings."""
-
-    counts: tuple[list[int], list[int], list[int]] | None
-    restart: bool = False
-    notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+def read_window_state(metric: WindowState, sync: bool) -> dict[str, list[Any]]:
+    """A window state's tensors as lists (summed over ranks with ``sync``: one collective every rank must reach)."""
+    return {k: v.cpu().tolist() for k, v in metric.synced(sync).items()}
 
 
-def restore_plan(state: dict[str, Any], settings: Any, layer_names: list[str], steps_seen: int) -> RestorePlan:
-    """Compare the saved settings with the current ones and decide what the saved counts still mean.
+def load_window_state(metric: WindowState, saved: Mapping[str, Sequence[Any]]) -> None:
+    """Copy saved lists back into a window state's tensors (those of the same name and size; others are left)."""
+    names = set(metric.state_names)
+    for k, v in saved.items():
+        t = getattr(metric, k, None) if k in names else None
+        if isinstance(t, torch.Tensor) and t.numel() == len(v):
+            t.copy_(torch.tensor(thaw(v), dtype=t.dtype))
+
+
+@dataclass(frozen=True)
+class ScreenState:
+    """A screen's checkpoint state, as read from (or written to) a checkpoint.
+
+    Attributes:
+        settings: the settings the counts were made with (``level``, ``product``, ``window``,
+            ``sample_every``, ``threshold``, ``collapse_threshold``; fewer in older checkpoints).
+        layers: the screened DyT layers, in order.
+        steps_seen, first_step: window steps counted; the step counting (re)started at.
+        notes: the card's notes so far.
+        verdict, stop: the verdict and the stop, once made.
+        counts: ``(saturated, total, nonfinite)`` per layer, summed over ranks (``None``: none saved).
+        extras: the window's other states (:data:`EXTRA_STATES`), each ``{state: values}``.
 
     Example:
-        >>> from satmon.settings import Settings
-        >>> saved = {"settings": {"threshold": 0.5, "level": 2.0, "window": 500}, "layers": ["a"],
-        ...          "saturated": [3], "total": [10], "nonfinite": [0]}
+        >>> s = ScreenState(ScreenState.saved_settings(Settings()), ("ln_f",), steps_seen=3, counts=((1,), (4,), (0,)))
+        >>> ScreenState.from_dict(s.to_dict()) == s, s.to_dict()["saturated"], s.settings["threshold"]
+        (True, [1], 0.43)
+    """
+
+    settings: Mapping[str, Any]
+    layers: tuple[str, ...]
+    steps_seen: int = 0
+    first_step: int = 0
+    notes: tuple[str, ...] = ()
+    verdict: Verdict | None = None
+    stop: StopRecord | None = None
+    counts: Counts | None = None
+    extras: Mapping[str, Mapping[str, Any]] = FrozenMap()
+
+    def __post_init__(self) -> None:
+        for name in ("settings", "layers", "notes", "counts", "extras"):
+            object.__setattr__(self, name, freeze(getattr(self, name)))
+
+    @staticmethod
+    def saved_settings(settings: Settings) -> dict[str, Any]:
+        """The settings a checkpoint keeps beside the counts."""
+        return {k: getattr(settings, k) for k in _SAVED}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The checkpoint's dict of plain values (see the module docstring)."""
+        out: dict[str, Any] = {
+            "version": STATE_VERSION, "settings": thaw(self.settings), "layers": list(self.layers),
+            "steps_seen": self.steps_seen, "first_step": self.first_step, "notes": list(self.notes),
+            "verdict": self.verdict.to_dict() if self.verdict else None, "stop": self.stop.to_dict() if self.stop else None,
+        }
+        if self.counts is not None:
+            out.update(zip(COUNTS, thaw(self.counts)))
+        out.update({k: thaw(v) for k, v in self.extras.items()})
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ScreenState:
+        """Read a saved state (satmon 0.1's and 0.2's; missing keys take their defaults)."""
+        return cls(
+            settings=d.get("settings") or {}, layers=tuple(d.get("layers") or ()), steps_seen=int(d.get("steps_seen", 0)),
+            first_step=int(d.get("first_step", 0)), notes=tuple(d.get("notes") or ()),
+            verdict=Verdict.from_dict(d["verdict"]) if d.get("verdict") else None,
+            stop=StopRecord.from_dict(d["stop"]) if d.get("stop") else None,
+            counts=tuple(tuple(d[k]) for k in COUNTS) if COUNTS[0] in d else None,  # type: ignore[arg-type]
+            extras={k: d[k] for k in EXTRA_STATES if isinstance(d.get(k), Mapping)},
+        )
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    """What to do with a saved state: the counts to restore (``None``: none), whether the window restarts
+    counting at the resume step, the notes for the card and the warnings to give."""
+
+    counts: Counts | None
+    restart: bool = False
+    notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+def restore_plan(saved: ScreenState | Mapping[str, Any], settings: Settings, layers: Sequence[str], steps: int) -> RestorePlan:
+    """Compare the saved settings with the current ones and decide what the saved counts still mean.
+
+    Args:
+        saved: the checkpoint's state (or its saved dict).
+        settings: the resumed screen's settings.
+        layers: the resumed model's DyT layers (they must be the saved ones).
+        steps: window steps counted before the resume.
+
+    Raises:
+        RuntimeError: the model's DyT layers are not the checkpoint's.
+
+    Example:
+        >>> saved = ScreenState({"threshold": 0.5, "level": 2.0, "window": 500}, ("a",), counts=((3,), (10,), (0,)))
         >>> plan = restore_plan(saved, Settings(threshold=0.43), ["a"], 100)
         >>> plan.counts, plan.restart, plan.notes
-        (([3], [10], [0]), False, ['resumed at step 100 with threshold 0.43 (saved: 0.5); the counts were kept'])
+        (((3,), (10,), (0,)), False, ('resumed at step 100 with threshold 0.43 (saved: 0.5); the counts were kept',))
     """
-    if state.get("layers") and state["layers"] != layer_names:
-        raise RuntimeError(f"Expected the checkpoint's satmon layers {state['layers']} to match the model's "
-                           f"{layer_names}. Resume with the same model, or start a new screen (a new SaturationMonitor "
+    if not isinstance(saved, ScreenState):
+        saved = ScreenState.from_dict(saved)
+    if saved.layers and list(saved.layers) != list(layers):
+        raise RuntimeError(f"Expected the checkpoint's satmon layers {list(saved.layers)} to match the model's "
+                           f"{list(layers)}. Resume with the same model, or start a new screen (a new SaturationMonitor "
                            "without the checkpoint's callback state).")
-    counts = tuple(state[k] for k in ("saturated", "total", "nonfinite")) if "saturated" in state else None
-    plan = RestorePlan(counts, notes=list(state.get("notes", [])))
-    saved = state.get("settings") or {}
-    changed = {k: (saved[k], getattr(settings, k)) for k in saved if k in (*_COUNTED, *_ROUNDING, *_SPAN, *_DECISION)
-               and saved[k] != getattr(settings, k)}
-    if not changed or counts is None or state.get("verdict"):
-        return plan
-    where = f"resumed at step {steps_seen}"
+    notes, found = list(saved.notes), []
+    changed = {k: (v, getattr(settings, k)) for k, v in saved.settings.items() if k in _SAVED and v != getattr(settings, k)}
+    if not changed or saved.counts is None or saved.verdict is not None:
+        return RestorePlan(saved.counts, notes=tuple(notes))
+    where = f"resumed at step {steps}"
     text = ", ".join(f"{k} {new!r} (saved: {old!r})" for k, (old, new) in changed.items())
+    counts, restart = saved.counts, False
     if any(k in changed for k in _COUNTED):
-        plan.counts, plan.restart = None, True
-        plan.warnings.append(f"satmon: {where} with {text}: the saved counts were made by another rule, so they were "
-                             f"dropped and the window restarts counting at step {steps_seen}. Resume with the saved "
-                             "setting to keep them.")
-        plan.notes.append(f"window restarted at step {steps_seen} ({text}): the verdict covers the steps after it only")
+        counts, restart = None, True
+        found.append(f"satmon: {where} with {text}: the saved counts were made by another rule, so they were dropped "
+                     f"and the window restarts counting at step {steps}. Resume with the saved setting to keep them.")
+        notes.append(f"window restarted at step {steps} ({text}): the verdict covers the steps after it only")
     elif any(k in changed for k in _ROUNDING):
-        plan.warnings.append(f"satmon: {where} with {text}: the counts of the first {steps_seen} steps were kept; they "
-                             "used the other product rule, which differs only for elements within one rounding step of "
-                             "the level.")
-        plan.notes.append(f"{where} with {text}; the counts of the first {steps_seen} steps were kept")
+        found.append(f"satmon: {where} with {text}: the counts of the first {steps} steps were kept; they used the other "
+                     "product rule, which differs only for elements within one rounding step of the level.")
+        notes.append(f"{where} with {text}; the counts of the first {steps} steps were kept")
     elif any(k in changed for k in _SPAN):
-        plan.warnings.append(f"satmon: {where} with {text}: the counts of the first {steps_seen} steps were kept; "
-                             "the window's span changed, so the verdict rests on a window made of two settings.")
-        plan.notes.append(f"{where} with {text}; the counts of the first {steps_seen} steps were kept")
+        found.append(f"satmon: {where} with {text}: the counts of the first {steps} steps were kept; the window's span "
+                     "changed, so the verdict rests on a window made of two settings.")
+        notes.append(f"{where} with {text}; the counts of the first {steps} steps were kept")
     else:
-        plan.notes.append(f"{where} with {text}; the counts were kept")
-    return plan
-
-
-def _metrics(screen: Any) -> tuple[tuple[str, Any], ...]:
-    """The screen's extra window states kept in checkpoints: loss segments, offset sums, gate statistics."""
-    return (("loss_segments", screen.window_loss), ("offset", screen.offset_hooks and screen.offset_hooks.counter),
-            ("gate", screen.gate_hooks and screen.gate_hooks.counter))
-
-
-def dump_state(screen: Any, sync: bool) -> dict[str, Any]:
-    """A screen's state; with ``sync`` the counts are summed over ranks (every rank must call it)."""
-    counts = None
-    if screen.hooks is not None:
-        r = screen.hooks.read(sync=sync)
-        counts = (r.saturated, r.total, r.nonfinite)
-    state = saved_state(screen, counts)
-    for key, metric in _metrics(screen):
-        if metric is not None:
-            state[key] = {k: v.cpu().tolist() for k, v in metric.synced(sync).items()}
-    return state
-
-
-def restore_state(screen: Any, state: dict[str, Any]) -> None:
-    """Put a saved state back into an attached screen, as :func:`restore_plan` decides (rank zero takes the sums)."""
-    plan = restore_plan(state, screen.settings, screen.layer_names, screen.steps_seen)
-    for message in plan.warnings:
-        screen.warn(message)
-    screen.notes.extend(plan.notes)
-    if plan.restart:
-        screen.first_step = screen.steps_seen
-    if plan.counts is None or screen.agreement.rank != 0:  # saved counts are sums over ranks
-        return
-    for k, v in zip(("saturated", "total", "nonfinite"), plan.counts):
-        getattr(screen.hooks.counter, k).copy_(torch.tensor(v, dtype=torch.int64))
-    for key, metric in _metrics(screen):
-        saved = state.get(key)
-        if metric is None or not isinstance(saved, dict):
-            continue
-        for k, v in saved.items():
-            t = getattr(metric, k, None)
-            if isinstance(t, torch.Tensor) and t.numel() == len(v):
-                t.copy_(torch.tensor(v, dtype=t.dtype))
+        notes.append(f"{where} with {text}; the counts were kept")
+    return RestorePlan(counts, restart, tuple(notes), tuple(found))

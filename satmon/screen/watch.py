@@ -7,16 +7,17 @@ found; the driver (callback or plain loop) decides, with every rank, whether to 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from satmon.results.stop import StopReason
-from satmon.observe.saturation import SaturationHooks
 from satmon.functional.loss import robust_z
+from satmon.observe.saturation import SaturationHooks
+from satmon.results.frozen import FrozenMap, freeze
+from satmon.results.stop import StopReason
 
 __all__ = ["CollapseWatch", "LossHistory", "WatchReading"]
 
@@ -53,18 +54,38 @@ class LossHistory:
         return ordered[: n - k], ordered[n - k :]
 
 
-@dataclass
+@dataclass(frozen=True)
 class WatchReading:
-    """One watch check, on the host. ``due`` lists the breaches whose streak reached ``patience``."""
+    """One watch check, on the host. ``due`` lists the breaches whose streak reached ``patience``.
+
+    Attributes:
+        step: the watched optimizer step.
+        gated_saturation: pooled saturation of the DyT layers that feed gated MLPs (``None``: none does).
+        nonfinite: DyT inputs and alphas with non-finite values in the watched step (all ranks).
+        loss_nonfinite: a non-finite training loss since the last check (on some rank).
+        loss_z: the loss's robust z against its baseline (``None``: no loss since the last check).
+        found: each reason -> whether this check found it (read-only).
+        due: ``(reason, message)`` of each breach whose streak reached ``patience``, in report order.
+        gate_stats: gated MLP -> its gate statistics in the watched step (read-only).
+
+    Example:
+        >>> r = WatchReading(50, 0.6, 0, False, None, {StopReason.COLLAPSE_RISK: True})
+        >>> r.to_dict()
+        {'step': 50, 'gated_saturation': 0.6, 'nonfinite': 0, 'loss_z': None, 'collapse-risk': True}
+    """
 
     step: int
     gated_saturation: float | None
     nonfinite: int
     loss_nonfinite: bool
     loss_z: float | None  # None: no loss since the last check
-    found: dict[StopReason, bool]
-    due: list[tuple[StopReason, str]] = field(default_factory=list)
-    gate_stats: dict[str, dict[str, float]] = field(default_factory=dict)
+    found: Mapping[StopReason, bool]
+    due: tuple[tuple[StopReason, str], ...] = ()
+    gate_stats: Mapping[str, Mapping[str, float]] = FrozenMap()
+
+    def __post_init__(self) -> None:
+        for name in ("found", "due", "gate_stats"):
+            object.__setattr__(self, name, freeze(getattr(self, name)))
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "gated_saturation": self.gated_saturation, "nonfinite": self.nonfinite,
@@ -92,6 +113,10 @@ class CollapseWatch:
         self.streak: dict[StopReason, int] = {}
         self.log: list[dict[str, Any]] = []
         self.nonfinite_total = 0  # non-finite DyT inputs seen at checks, summed: the count, not a flag
+
+    def count_breach(self, reason: StopReason) -> None:
+        """Count a breach found outside the checks (the verdict's collapse risk is the streak's first breach)."""
+        self.streak[reason] = max(self.streak.get(reason, 0), 1)
 
     def _sets(self) -> list[Any]:
         return [h for h in (self.hooks, self.gate_hooks) if h is not None]
@@ -144,8 +169,8 @@ class CollapseWatch:
         }
         for k, v in found.items():
             self.streak[k] = self.streak.get(k, 0) + 1 if v else 0
-        reading = WatchReading(step, gated_sat, bad, loss_bad, z, found, gate_stats=gate_stats)
-        reading.due = [(r, self._message(r, reading)) for r in _ORDER if self.streak.get(r, 0) >= self.patience]
+        due = tuple((r, self._message(r, gated_sat, bad, loss_bad, z)) for r in _ORDER if self.streak.get(r, 0) >= self.patience)
+        reading = WatchReading(step, gated_sat, bad, loss_bad, z, found, due, gate_stats)
         self.log.append(reading.to_dict())
         return reading
 
@@ -159,11 +184,13 @@ class CollapseWatch:
         flag, z = reduce_max(local).tolist()
         return bool(flag), (float(z) if recent else None)
 
-    def _message(self, reason: StopReason, r: WatchReading) -> str:
-        text = {
-            StopReason.COLLAPSE_RISK: f"saturation of DyT feeding gated MLPs {r.gated_saturation or 0:.4f} >= {self.collapse_threshold:g}",
-            StopReason.NONFINITE: f"{r.nonfinite} DyT layer input(s) or alpha(s) with non-finite values"
-                                  + (" and a non-finite training loss" if r.loss_nonfinite else "") + " in the watched step",
-            StopReason.LOSS_SPIKE: f"training loss {r.loss_z:.1f} robust sigmas above its running baseline (limit {self.loss_spike_z:g})",
-        }[reason]
+    def _message(self, reason: StopReason, gated_saturation: float | None, nonfinite: int, loss_nonfinite: bool,
+                 loss_z: float | None) -> str:
+        if reason is StopReason.COLLAPSE_RISK:
+            text = f"saturation of DyT feeding gated MLPs {gated_saturation or 0:.4f} >= {self.collapse_threshold:g}"
+        elif reason is StopReason.NONFINITE:
+            text = (f"{nonfinite} DyT layer input(s) or alpha(s) with non-finite values"
+                    + (" and a non-finite training loss" if loss_nonfinite else "") + " in the watched step")
+        else:
+            text = f"training loss {loss_z:.1f} robust sigmas above its running baseline (limit {self.loss_spike_z:g})"
         return text + (f" for {self.patience} consecutive checks" if self.patience > 1 else "")

@@ -55,19 +55,17 @@ def test_join_outcomes_matches_names_and_says_what_is_wrong():
 
 
 def test_tensorboard_runs_read_the_verdicts_saturation(tmp_path):
-    from lightning.pytorch.loggers import TensorBoardLogger
-
     from satmon.results.verdict import build_verdict
-    from satmon.io.tensorboard import TAG, log_scalars, log_verdict
+    from satmon.io.tensorboard import TAG, SummaryWriterSink, log_scalars, log_verdict
 
     expected = {}
     for name, (sat, tot) in {"small_dyt": (3, 8), "big_dyt": (1, 8)}.items():
-        logger = TensorBoardLogger(str(tmp_path / "tb"), name=name, version=0, default_hp_metric=False)
-        log_scalars([logger], {TAG.saturation: 0.99}, 2)  # a running reading before the verdict: not the verdict's
+        sink = SummaryWriterSink(tmp_path / "tb" / name / "version_0")
+        log_scalars(sink, {TAG.saturation: 0.99}, 2)  # a running reading before the verdict: not the verdict's
         verdict = build_verdict({"h.0.dyt": (sat, tot)}, step=4, window=4)
-        log_verdict([logger], verdict)
-        log_scalars([logger], {TAG.saturation: 0.01}, 9)  # a later reading (post-window): not the verdict's either
-        logger.finalize("success")
+        log_verdict(sink, verdict)
+        log_scalars(sink, {TAG.saturation: 0.01}, 9)  # a later reading (post-window): not the verdict's either
+        sink.close()
         expected[f"{name}/version_0"] = verdict.saturation
     got = run_readings([tmp_path / "tb"])
     assert got.keys() == expected.keys()

@@ -19,7 +19,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from satmon import SaturationMonitor, build_verdict
 from satmon.cli.main import main
-from satmon.io.tensorboard import log_scalars, log_verdict, window_scalars
+from satmon.io.tensorboard import SummaryWriterSink, log_scalars, log_verdict, window_scalars
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*validation_step.*", "ignore:.*logging interval.*")
 
@@ -83,12 +83,12 @@ def test_console_script_entry_point(live):
 
 
 def test_report_shows_a_non_finite_verdict_and_its_notes(tmp_path, capsys):
-    logger = TensorBoardLogger(str(tmp_path), name="diverged", version=0, default_hp_metric=False)
-    log_scalars([logger], window_scalars(0.5, {"ln_f": 0.5}, {"ln_f": 2.0}, 2), 4)
+    sink = SummaryWriterSink(tmp_path / "diverged" / "version_0")
+    log_scalars(sink, window_scalars(0.5, {"ln_f": 0.5}, {"ln_f": 2.0}, 2), 4)
     note = "window restarted at step 3 after a resume"
     verdict = build_verdict({"ln_f": (3, 4, 2)}, step=8, window=8, notes=(note,))
-    log_verdict([logger], verdict)
-    logger.finalize("success")
+    log_verdict(sink, verdict)
+    sink.close()
     assert main(["report", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert verdict.card() in out  # the card as written: headline, reason, notes, per-layer table

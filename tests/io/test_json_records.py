@@ -40,7 +40,8 @@ def test_numpy_and_tensor_values_become_python():
 
 def test_enums_dataclasses_and_results():
     assert to_json({"reason": StopReason.LOSS_SPIKE, "source": Source.REPLAY}) == {"reason": "loss-spike", "source": "replay"}
-    assert to_json(GatingInfo(True, ("ln_f",), "gated")) == {"gated": True, "gated_layers": ["ln_f"], "message": "gated"}
+    assert to_json(GatingInfo(True, ("ln_f",), "gated")) == {"gated": True, "gated_layers": ["ln_f"], "message": "gated",
+                                                             "pairings": {}, "unpaired_gated_mlps": [], "unclassified": {}}
     record = StopRecord(StopReason.NONFINITE, "NaN", 7)
     assert to_json(record) == {**record.to_dict(), "reason": "nonfinite"}  # its own to_dict, then sanitised
     verdict = build_verdict({"ln_f": (1, 2, 1)}, step=3, window=3, notes=("a note",))

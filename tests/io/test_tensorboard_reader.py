@@ -9,11 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.tensorboard import SummaryWriter
 
 from satmon.results.verdict import build_verdict
-from satmon.io.tensorboard import TAG, log_scalars, log_text, log_verdict, window_scalars
+from satmon.io.tensorboard import TAG, SummaryWriterSink, log_scalars, log_text, log_verdict, window_scalars
 from satmon.io.tensorboard_reader import Run, load_runs, read_run, run_dirs, trajectory
 
 NOTE = "window restarted at step 3 after a resume"
@@ -23,17 +22,17 @@ NOTE = "window restarted at step 3 after a resume"
 def written(tmp_path_factory) -> tuple[Path, Path, object]:
     """A run with running readings at 2 and 4, a non-finite verdict, a stop and probe readings at 6."""
     root = tmp_path_factory.mktemp("runs")
-    logger = TensorBoardLogger(str(root), name="live", version=0, default_hp_metric=False)
-    log_scalars([logger], window_scalars(0.25, {"h.0.dyt": 0.5, "ln_f": 0.0}, {"h.0.dyt": 2.0, "ln_f": 1.5}, 0), 2)
-    log_scalars([logger], window_scalars(0.375, {"h.0.dyt": 0.75, "ln_f": 0.0}, {"h.0.dyt": 2.5, "ln_f": 1.25}, 1), 4)
+    sink = SummaryWriterSink(root / "live" / "version_0")
+    log_scalars(sink, window_scalars(0.25, {"h.0.dyt": 0.5, "ln_f": 0.0}, {"h.0.dyt": 2.0, "ln_f": 1.5}, 0), 2)
+    log_scalars(sink, window_scalars(0.375, {"h.0.dyt": 0.75, "ln_f": 0.0}, {"h.0.dyt": 2.5, "ln_f": 1.25}, 1), 4)
     verdict = build_verdict({"h.0.dyt": (3, 4), "ln_f": (0, 4, 1)}, step=6, window=6, notes=(NOTE,))
-    log_verdict([logger], verdict)
-    log_text([logger], TAG.stop, "**satmon stopped training at step 6** (nonfinite): NaN in the watched step", 6)
-    log_scalars([logger], {TAG.stop: 1.0, TAG.deadir_alignment("h.1.ln"): 0.5, TAG.deadir_null_dim("h.1.ln"): 2.0,
+    log_verdict(sink, verdict)
+    log_text(sink, TAG.stop, "**satmon stopped training at step 6** (nonfinite): NaN in the watched step", 6)
+    log_scalars(sink, {TAG.stop: 1.0, TAG.deadir_alignment("h.1.ln"): 0.5, TAG.deadir_null_dim("h.1.ln"): 2.0,
                            TAG.sigma_min_ratio("h.1"): 0.5, TAG.sigma_min_ratio("h.2"): 0.25}, 6)
-    logger.experiment.add_scalar("loss", 3.0, 6)  # not satmon's: left out
-    logger.finalize("success")
-    return root, Path(logger.log_dir), verdict
+    sink.writer.add_scalar("loss", 3.0, 6)  # not satmon's: left out
+    sink.close()
+    return root, Path(sink.log_dir), verdict
 
 
 def test_reader_equals_tensorboards_event_accumulator(written, tb):

@@ -1,9 +1,10 @@
 """satmon.io.tensorboard: the tag table, the reading -> tag maps, and what lands in the event files.
 
-Each test writes with the writer into a real TensorBoardLogger and reads the files back with
-TensorBoard's own ``EventAccumulator`` (conftest ``tb``), checking every value and step. Expected
-values are written out by hand from counts with a known answer; TensorBoard stores float32, so
-they are rounded to float32 and compared exactly.
+Each test writes through both TensorBoard sinks (``SummaryWriterSink``, and ``LightningSink`` over a
+real ``TensorBoardLogger``: satmon 0.2's writer) and reads the files back with TensorBoard's own
+``EventAccumulator`` (conftest ``tb``), checking every value and step. Expected values are written
+out by hand from counts with a known answer; TensorBoard stores float32, so they are rounded to
+float32 and compared exactly.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import numpy as np
 import pytest
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from satmon.io.lightning import LightningSink
+from satmon.io.tensorboard import (
+    TAG, SummaryWriterSink, add_layout, log_scalars, log_verdict, probe_scalars, watch_scalars, window_scalars,
+)
 from satmon.results.stop import StopReason
 from satmon.results.verdict import GatingInfo, build_verdict
-from satmon.io.tensorboard import (
-    TAG, add_layout, log_scalars, log_verdict, probe_scalars, watch_scalars, window_scalars,
-)
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ["blocks.0.ln_1", "ln_f"]
@@ -33,8 +35,20 @@ def _f32(x: float) -> float:
     return float(np.float32(x))
 
 
-def _logger(tmp_path: Path) -> TensorBoardLogger:
-    return TensorBoardLogger(str(tmp_path), name="tb", version=0, default_hp_metric=False)
+class Run(NS):
+    """A sink writing the run ``log_dir``; ``finish()`` closes what was opened."""
+
+
+def _run(kind: str, root: Path) -> Run:
+    if kind == "summary_writer":
+        sink = SummaryWriterSink(root / "tb" / "version_0")
+        return Run(sink=sink, log_dir=sink.log_dir, finish=sink.close)
+    logger = TensorBoardLogger(str(root), name="tb", version=0, default_hp_metric=False)
+    sink = LightningSink([logger])
+    return Run(sink=sink, log_dir=logger.log_dir, finish=lambda: (sink.close(), logger.finalize("success")))
+
+
+SINKS = ["summary_writer", "lightning"]
 
 
 def test_every_tag_literal_is_in_the_tag_table():
@@ -50,14 +64,15 @@ def test_every_tag_literal_is_in_the_tag_table():
     assert found == [], "tags belong in satmon.io.tensorboard.TAG:\n" + "\n".join(found)
 
 
-def test_window_scalars_round_trip(tmp_path, tb):
-    logger = _logger(tmp_path)
+@pytest.mark.parametrize("kind", SINKS)
+def test_window_scalars_round_trip(kind, tmp_path, tb):
+    run = _run(kind, tmp_path)
     readings = {2: (0.25, {"blocks.0.ln_1": 0.0, "ln_f": 0.5}, {"blocks.0.ln_1": 1.5, "ln_f": 2.25}, 0),
                 4: (0.375, {"blocks.0.ln_1": 0.125, "ln_f": 0.625}, {"blocks.0.ln_1": 1.25, "ln_f": 2.5}, 3)}
     for step, r in readings.items():
-        log_scalars([logger], window_scalars(*r), step)
-    logger.finalize("success")
-    ea = tb.accumulate(logger.log_dir)
+        log_scalars(run.sink, window_scalars(*r), step)
+    run.finish()
+    ea = tb.accumulate(run.log_dir)
     expected = {
         "satmon/saturation": [(2, 0.25), (4, 0.375)], "satmon/nonfinite": [(2, 0.0), (4, 3.0)],
         "satmon/saturation/blocks.0.ln_1": [(2, 0.0), (4, 0.125)], "satmon/saturation/ln_f": [(2, 0.5), (4, 0.625)],
@@ -113,16 +128,17 @@ VERDICTS = {  # decision -> (counts, the satmon/verdict scalar): 3 of 4 saturate
 }
 
 
+@pytest.mark.parametrize("kind", SINKS)
 @pytest.mark.parametrize("decision", list(VERDICTS))
-def test_log_verdict_scalars_card_and_hparams(decision, tmp_path, tb):
+def test_log_verdict_scalars_card_and_hparams(decision, kind, tmp_path, tb):
     counts, value = VERDICTS[decision]
     verdict = build_verdict(counts, step=9, window=9, notes=("window restarted at step 3 after a resume",))
     assert verdict.decision == decision
-    logger = _logger(tmp_path)
-    log_verdict([logger], verdict)
-    logger.finalize("success")
+    run = _run(kind, tmp_path)
+    log_verdict(run.sink, verdict)
+    run.finish()
     pooled = sum(c[0] for c in counts.values()) / 4
-    ea = tb.accumulate(logger.log_dir)
+    ea = tb.accumulate(run.log_dir)
     assert set(ea.Tags()["scalars"]) == {"satmon/verdict", "satmon/margin", "satmon/saturation"}  # not gated: no risk tag
     assert tb.scalars(ea, "satmon/verdict") == [(9, value)]
     assert tb.scalars(ea, "satmon/margin") == [(9, _f32(pooled - 0.43))]
@@ -142,19 +158,20 @@ def test_log_verdict_scalars_card_and_hparams(decision, tmp_path, tb):
     assert session["domains"] == {"satmon/decision": ["go", "no-go", "non-finite"],
                                   "satmon/source": ["window", "probe", "replay"]}
     assert sorted(session["metrics"]) == ["satmon/margin", "satmon/saturation", "satmon/verdict"]
-    sub = tb.accumulate(Path(logger.log_dir) / "satmon_hparams")
+    sub = tb.accumulate(Path(run.log_dir) / "satmon_hparams")
     assert tb.scalars(sub, "satmon/verdict") == [(9, value)]  # the metric the session refers to
 
 
-def test_log_verdict_partial_gated_probe(tmp_path, tb):
+@pytest.mark.parametrize("kind", SINKS)
+def test_log_verdict_partial_gated_probe(kind, tmp_path, tb):
     """A gated model saturating past 0.5 is a collapse risk (scalar 1); a probe's source and a cut window reach the hparams."""
     gating = GatingInfo(True, ("ln_f",), "ln_f feeds a SwiGLU MLP")
     probe = build_verdict({"ln_f": (3, 4)}, step=5, source="probe", gating=gating)
     cut = build_verdict({"ln_f": (1, 4)}, step=12, window=3, planned_window=9, gating=gating)
     for name, verdict in (("probe", probe), ("cut", cut)):
-        logger = TensorBoardLogger(str(tmp_path / name), name="tb", version=0, default_hp_metric=False)
-        log_verdict([logger], verdict)
-        logger.finalize("success")
+        run = _run(kind, tmp_path / name)
+        log_verdict(run.sink, verdict)
+        run.finish()
     ea = tb.accumulate(tmp_path / "probe" / "tb" / "version_0")
     assert tb.scalars(ea, "satmon/verdict") == [(5, 0.0)] and tb.scalars(ea, "satmon/collapse/risk") == [(5, 1.0)]
     assert tb.scalars(tb.accumulate(tmp_path / "cut" / "tb" / "version_0"), "satmon/collapse/risk") == [(12, 0.0)]
@@ -166,17 +183,28 @@ def test_log_verdict_partial_gated_probe(tmp_path, tb):
 
 def test_log_verdict_rejects_an_unknown_decision(tmp_path):
     odd = dataclasses.replace(build_verdict({"ln_f": (1, 2)}, step=1, window=1), decision="maybe")
+    run = _run("summary_writer", tmp_path)
     with pytest.raises(ValueError, match=r"Expected a verdict decision in \('go', 'no-go', 'non-finite'\), got 'maybe'"):
-        log_verdict([_logger(tmp_path)], odd)
+        log_verdict(run.sink, odd)
+    run.finish()
+    assert not Path(run.log_dir).exists()  # refused before anything was written
 
 
-def test_layout_regexes_match_the_tags_written(tmp_path, tb):
+def test_a_list_of_loggers_is_refused_with_what_to_pass(tmp_path):
+    """satmon 0.2 took Lightning loggers; 0.3 takes a sink and says how to wrap them."""
+    logger = TensorBoardLogger(str(tmp_path), name="tb", version=0, default_hp_metric=False)
+    with pytest.raises(TypeError, match=r"Expected a satmon.io.sink.Sink .*got list.*LightningSink\(trainer.loggers\)"):
+        log_verdict([logger], build_verdict({"ln_f": (1, 2)}, step=1, window=1))
+
+
+@pytest.mark.parametrize("kind", SINKS)
+def test_layout_regexes_match_the_tags_written(kind, tmp_path, tb):
     from tensorboard.plugins.custom_scalar import layout_pb2
 
-    logger = _logger(tmp_path)
-    add_layout([logger], LAYERS)
-    logger.finalize("success")
-    config = tb.accumulate(logger.log_dir).Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0]
+    run = _run(kind, tmp_path)
+    add_layout(run.sink)
+    run.finish()
+    config = tb.accumulate(run.log_dir).Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0]
     layout = layout_pb2.Layout.FromString(config)
     charts = {c.title: c.multiline.tag for cat in layout.category for c in cat.chart}
     written = [*window_scalars(0.5, dict.fromkeys(LAYERS, 0.5), dict.fromkeys(LAYERS, 2.0), 0), TAG.verdict, TAG.margin]

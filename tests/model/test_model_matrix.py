@@ -196,5 +196,5 @@ def test_callback_flags_a_saturated_gated_model_whatever_its_names(tmp_path):
     batches = DataLoader([_inputs("user-gated", s, n=2) for s in range(2)], batch_size=None)
     trainer(tmp_path, max_steps=2, callbacks=[monitor]).fit(_Lit(model), batches)
     v = monitor.verdict
-    assert v.saturation > 0.5 and v.gated is True and v.gated_layers == ["model.stack.0.post", "model.stack.1.post"]
+    assert v.saturation > 0.5 and v.gated is True and v.gated_layers == ("model.stack.0.post", "model.stack.1.post")
     assert v.decision == "no-go" and v.collapse_risk is True

@@ -169,7 +169,7 @@ def test_random_init_layernorm_gpt_has_aligned_kernel():
     assert report.norm_type == "layernorm-like"
     assert report.saturation is None and report.verdict is None
     assert report.tokens == 4096 and report.batches == 4
-    assert report.sigma_min.blocks == [EMBEDDING, "blocks.0", "blocks.1"] and report.sigma_min.valid
+    assert report.sigma_min.blocks == (EMBEDDING, "blocks.0", "blocks.1") and report.sigma_min.valid
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
@@ -186,7 +186,7 @@ def test_hf_style_rmsnorm_has_no_null_space(seed):
         assert l.kind == "rmsnorm" and l.null_dim == 0 and l.null_projection == 0.0, name
         assert l.norm_type == "rmsnorm-like", (name, l.depth_diag)
     assert report.norm_type == "rmsnorm-like"
-    assert report.sigma_min.blocks == [EMBEDDING, "model.layers.0", "model.layers.1"] and report.sigma_min.valid
+    assert report.sigma_min.blocks == (EMBEDDING, "model.layers.0", "model.layers.1") and report.sigma_min.valid
     assert report.tokens == 2048
 
 
@@ -200,7 +200,7 @@ def test_nanogpt_style_layernorm_and_tuple_batches():
                                    "transformer.h.1.ln_2", "transformer.ln_f"]  # fmt: skip
     for name, l in report.layers.items():
         assert l.kind == "layernorm" and l.alignment >= 0.9999 and l.null_dim == 1, name
-    assert report.sigma_min.blocks == [EMBEDDING, "transformer.h.0", "transformer.h.1"]
+    assert report.sigma_min.blocks == (EMBEDDING, "transformer.h.0", "transformer.h.1")
     assert report.norm_type == "layernorm-like"
 
 
@@ -322,7 +322,7 @@ def test_anti_aligned_block_drives_ratio_below_one():
     model = nn.Sequential(nn.Embedding(VOCAB, 16), nn.Sequential(AntiBlock(16), AntiBlock(16)))
     report = probe(model, _tokens(0, n_batches=1))
     s = report.sigma_min
-    assert s.blocks == [EMBEDDING, "1.0", "1.1"]
+    assert s.blocks == (EMBEDDING, "1.0", "1.1")
     assert s.ratios == pytest.approx([1.0, 0.1, 0.01], rel=1e-6)
     assert s.min_ratio == pytest.approx(0.01, rel=1e-6) and s.argmin == "1.1"
     assert probe_scalars(report)[TAG.sigma_min_ratio("1.0")] == pytest.approx(0.1, rel=1e-6)
@@ -337,10 +337,10 @@ def test_gated_dyt_model_gets_gated_verdict_with_gate_stats():
         b.mlp.gate_proj.register_forward_hook(lambda m, a, o, n=f"blocks.{i}.mlp": gates[n].append(o.detach().double()))
     report = probe(model, _tokens(0, n_batches=2, batch=4, seq=32))
     v = report.verdict
-    assert v.gated is True and v.gated_layers == ["blocks.0.mlp_norm", "blocks.1.mlp_norm"]
-    assert report.gating["gated"] and set(report.gating["risk"]) == {"blocks.0.mlp", "blocks.1.mlp"}
+    assert v.gated is True and v.gated_layers == ("blocks.0.mlp_norm", "blocks.1.mlp_norm")
+    assert report.gating.gated and set(report.verdict.risk) == {"blocks.0.mlp", "blocks.1.mlp"}
     for mlp, g in gates.items():
-        risk = report.gating["risk"][mlp]
+        risk = report.verdict.risk[mlp]
         flat = float((torch.cat(g) < -4.0826).double().mean())
         assert risk["flat_fraction"] == pytest.approx(flat, abs=1e-12)
         assert risk["dyt_saturation"] == report.layers[mlp.replace("mlp", "mlp_norm")].saturation

@@ -4,6 +4,7 @@ the sigma_min profile from per-stream spectra, the model norm type, the init-gap
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -22,9 +23,8 @@ def _ln(name: str, depth_diag: float, **kw) -> LayerReading:
     fields = dict(alignment=1.0, null_projection=1.0, null_dim=1, depth=depth_diag, depth_diag=depth_diag,
                   lambda_min_rel=depth_diag, n_degenerate=0)  # fmt: skip
     fields.update(kw)
-    r = LayerReading(name, "layernorm", 8, tokens=100, **fields)
-    r.norm_type = "layernorm-like" if depth_diag <= 1e-9 else "rmsnorm-like" if depth_diag >= 1e-3 else "undetermined"
-    return r
+    norm_type = "layernorm-like" if depth_diag <= 1e-9 else "rmsnorm-like" if depth_diag >= 1e-3 else "undetermined"
+    return LayerReading(name, "layernorm", 8, tokens=100, norm_type=norm_type, **fields)
 
 
 def _report() -> ProbeReport:
@@ -32,19 +32,21 @@ def _report() -> ProbeReport:
                             gating=GatingInfo(True, ("dyt",), "gated"), risk={"mlp": {"flat_fraction": math.nan}})  # fmt: skip
     layers = {"ln": _ln("ln", 1e-14), "dyt": LayerReading("dyt", "dyt", 8, tokens=12, saturation=0.6, alpha=2.0)}
     sigma = SigmaMinReading([EMBEDDING, "b0"], [2.0, math.inf], [None, None], False, "X_0 is numerically singular")
-    return ProbeReport(layers, sigma, "layernorm-like", saturation=0.6, verdict=verdict,
-                       gating={"gated": True, "risk": {"mlp": {"dyt_saturation": math.nan}}}, tokens=100, batches=1)  # fmt: skip
+    gating = GatingInfo(True, ("dyt",), "gated", pairings={"dyt": {"mlp": "mlp", "also_feeds": []}})
+    return ProbeReport(layers, sigma, "layernorm-like", saturation=0.6, verdict=verdict, gating=gating, tokens=100, batches=1)
 
 
 def test_to_dict_keeps_plain_values_and_the_json_writer_sanitises_them():
     d = _report().to_dict()
-    assert math.isnan(d["gating"]["risk"]["mlp"]["dyt_saturation"]) and d["sigma_min"]["values"][1] == math.inf
+    assert math.isnan(d["gating"]["risk"]["mlp"]["flat_fraction"]) and d["sigma_min"]["values"][1] == math.inf
+    assert d["gating"] == {"gated": True, "pairings": {"dyt": {"mlp": "mlp", "also_feeds": []}}, "unpaired_gated_mlps": [],
+                           "message": "gated", "unclassified": {}, "risk": d["verdict"]["risk"]}  # the verdict's risk, once
     assert d["layers"]["dyt"] == {"kind": "dyt", "dim": 8, "tokens": 12, "saturation": 0.6, "alpha": 2.0, "nonfinite": 0}
     assert d["verdict"]["step"] == 7 and d["verdict"]["decision"] == "no-go"  # gated, 0.6 >= 0.5: collapse risk
     with pytest.raises(ValueError):
         json.dumps(d, allow_nan=False)  # the report does not sanitise: the writer does
     clean = json.loads(json.dumps(to_json(d), allow_nan=False))
-    assert clean["gating"]["risk"]["mlp"]["dyt_saturation"] is None and clean["sigma_min"]["values"] == [2.0, None]
+    assert clean["gating"]["risk"]["mlp"]["flat_fraction"] is None and clean["sigma_min"]["values"] == [2.0, None]
     assert clean["layers"] == d["layers"]
 
 
@@ -63,7 +65,7 @@ def test_sigma_min_profile_from_spectra_equals_the_profile_from_the_matrices():
     names = [EMBEDDING, "b0", "b1"]
     s = SigmaMinReading.from_spectra(names, {n: gram_spectrum(x) for n, x in zip(names, (x0, x1, x2))})
     ref = sigma_min_profile([x0, x1, x2])
-    assert s.valid and s.values == ref.values and s.ratios == ref.ratios
+    assert s.valid and list(s.values) == ref.values and list(s.ratios) == ref.ratios
     assert s.ratios[2] == pytest.approx(0.2 * s.ratios[1], rel=1e-12)
     assert s.min_ratio == min(ref.ratios[1:]) and s.argmin == "b1"
     missing = SigmaMinReading.from_spectra(names, {EMBEDDING: gram_spectrum(x0)})
@@ -80,14 +82,15 @@ def test_model_norm_type_majority_rule_and_note():
 
 
 def test_init_gap_is_attached_per_layer_and_a_missing_twin_layer_is_refused():
-    trained, twin = _report(), _report()
-    twin.layers["ln"] = _ln("ln", 1e-3)
-    trained.attach_init_gap(twin)
+    report = _report()
+    twin = dataclasses.replace(report, layers={**report.layers, "ln": _ln("ln", 1e-3)})
+    trained = report.with_init_gap(twin)
+    assert report.init_gap is None and report.layers["ln"].init_gap is None  # a new report: the first is unchanged
     gap = trained.init_gap["ln"]
     assert set(trained.init_gap) == {"ln"} and isinstance(gap, InitGap)
     assert gap.depth_deepening == gap.lambda_min_deepening == pytest.approx(9.0)  # log10(1e-3 / 1e-12): the floor, not 1e-14
     assert trained.layers["ln"].init_gap is gap
     assert trained.to_dict()["init_gap"] == {"ln": {"depth_deepening": gap.depth_deepening, "lambda_min_deepening": gap.depth_deepening}}
-    del twin.layers["ln"]
+    no_ln = dataclasses.replace(twin, layers={n: r for n, r in twin.layers.items() if n != "ln"})
     with pytest.raises(ValueError, match="Expected the twin to have a reading for 'ln'"):
-        trained.attach_init_gap(twin)
+        report.with_init_gap(no_ln)

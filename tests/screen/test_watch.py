@@ -19,7 +19,7 @@ def test_gated_model_above_collapse_threshold_is_no_go_with_collapse_risk(tmp_pa
     v = monitor.verdict
     assert v.saturation >= 0.5 and v.gated is True and v.collapse_risk is True
     assert v.decision == "no-go" and v.reason.startswith("collapse risk")
-    assert v.gated_layers == ["model.blocks.0.mlp_norm", "model.blocks.1.mlp_norm"]  # names as discovered on the LightningModule
+    assert v.gated_layers == ("model.blocks.0.mlp_norm", "model.blocks.1.mlp_norm")  # names as discovered on the LightningModule
     # a risk reading per gated block: the feeding DyT's saturation and the gate statistics
     assert len(v.risk) == 2
     for block, r in v.risk.items():
@@ -146,3 +146,36 @@ def test_bad_policy_arguments():
                           ({"watch_every_n_steps": -1}, "watch_every_n_steps"), ({"loss_spike_z": 0}, "loss_spike_z")]:
         with pytest.raises(ValueError, match=f"Expected `{match}`"):
             SaturationMonitor(**kwargs)
+
+
+def test_a_watch_check_returns_one_frozen_reading_with_its_due_breaches():
+    """CollapseWatch on its own: a DyT whose every input saturates feeds 'gated' layer 0; patience 2."""
+    import dataclasses
+
+    import torch
+
+    from satmon import DyT, SaturationCounter, SaturationHooks, find_dyt_layers
+    from satmon.screen.watch import CollapseWatch, LossHistory, WatchReading
+
+    model = torch.nn.Sequential(DyT(4, alpha_init=100.0), torch.nn.Linear(4, 4))
+    layers = find_dyt_layers(model)
+    losses = LossHistory(20)
+    watch = CollapseWatch(SaturationHooks(layers, SaturationCounter(1)), [0], None, {}, 1, 0.5, 8.0, 2, losses)
+    watch.start()
+    readings = []
+    for step in (1, 2):
+        watch.select(step)
+        model(torch.ones(3, 4))  # |100 * 1| > 2: every element saturates
+        losses.push(torch.tensor(1.0))
+        readings.append(watch.check(step, lambda t: t))
+    first, second = readings
+    assert isinstance(first, WatchReading) and first.gated_saturation == 1.0 and first.nonfinite == 0
+    assert first.found == {StopReason.COLLAPSE_RISK: True, StopReason.NONFINITE: False, StopReason.LOSS_SPIKE: False}
+    assert first.due == ()  # patience 2: one breach is not due yet
+    assert [r for r, _ in second.due] == [StopReason.COLLAPSE_RISK]
+    assert second.due[0][1] == "saturation of DyT feeding gated MLPs 1.0000 >= 0.5 for 2 consecutive checks"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        second.due = ()  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        second.found[StopReason.NONFINITE] = True  # type: ignore[index]
+    assert watch.log == [first.to_dict(), second.to_dict()]
