@@ -1,16 +1,23 @@
 """The fault matrix: what satmon does under each hostile or unlucky input, one asserted outcome per case
-(docs/reliability.md points here). Every case asserts the exit code, what the user is told, and that
-no code from a file ran unless asked for."""
+(docs/reliability.md points here and gives the figures, checked against these tables by
+``test_reliability_figures_are_the_matrix``). Every replay case asserts the exit code, what the user is told,
+that no code from a file ran unless asked for, whether the user's model class was ever built (and on which
+device), and that nothing the user had was lost."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
+import signal
+import stat
 import subprocess
 import sys
-import warnings
-import time
 import textwrap
+import time
+import warnings
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +29,49 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from satmon.cli.main import main
 
+ROOT = Path(__file__).resolve().parents[1]
 # --- security and replay input ---
 MODEL = "satmon.demos.lit:LitLM"
 FACTORY_SRC = ("from satmon.demos.gpt import GPT, GPTConfig\n"
                "def build():\n    return GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16))\n")
+#: The user's model class, recording every construction (the device of its first parameter) in ./built, and
+#: changing a checkpoint underneath at its N-th real construction when SATMON_TEST_MUTATE says so.
+RECORDER_SRC = textwrap.dedent("""
+    import os, struct, zipfile
+    from satmon.demos.lit import LitLM
+
+    def _mutate():
+        spec = os.environ.get("SATMON_TEST_MUTATE")
+        if not spec:
+            return
+        path, how, at = spec.split("|")
+        if sum(line == "cpu\\n" for line in open("built")) != int(at):
+            return
+        if how == "truncate":  # a job starts rewriting the file: it is cut short
+            os.truncate(path, os.path.getsize(path) // 3)
+        else:  # rewritten in place, same size: NaN where the first tensor's bytes were
+            with zipfile.ZipFile(path) as z:
+                info = [i for i in z.infolist() if i.filename.endswith("/data/0")][0]
+            with open(path, "r+b") as f:
+                f.seek(info.header_offset)
+                n, m = struct.unpack("<HH", f.read(30)[26:30])
+                f.seek(info.header_offset + 30 + n + m)
+                f.write(struct.pack("<f", float("nan")) * (info.file_size // 4))
+            st = os.stat(path)
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # a coarse clock may not tick
+
+    class Recorder(LitLM):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            with open("built", "a") as f:
+                f.write(next(self.parameters()).device.type + "\\n")
+            _mutate()
+
+    class Wrong(Recorder):  # another architecture than the checkpoints'
+        def __init__(self, **kw):
+            super().__init__(**dict(kw, d_model=48))
+""")
+RECORDER, WRONG = "./recorder.py:Recorder", "./recorder.py:Wrong"
 
 
 class Payload:
@@ -36,6 +82,16 @@ class Payload:
 
     def __reduce__(self):
         return exec, (f"open({self.marker!r}, 'a').write('ran\\n')",)
+
+
+class ShellPayload:
+    """``os.system`` (pickled as ``posix.system``): the global torch refuses must be named, as unsafe."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"echo ran >> {self.marker}",)
 
 
 @pytest.fixture(scope="module")
@@ -52,22 +108,29 @@ def world(tmp_path_factory):
 
 
 class Folder:
-    """One case's working folder: files to replay and the payload marker."""
+    """One case's working folder: files to replay, the payload marker, the model-construction record."""
 
     def __init__(self, tmp: Path, world: dict) -> None:
         self.tmp, self.world, self.marker = tmp, world, tmp / "payload_ran"
         shutil.copy(world["calib"], tmp / "calib.pt")
         (tmp / "mymodels.py").write_text(FACTORY_SRC)
+        (tmp / "recorder.py").write_text(RECORDER_SRC)
         (tmp / "afile").write_text("not a folder")
 
-    def ckpt(self, name: str, edit: Callable[[dict], None] | None = None, payload: bool = False) -> str:
+    def ckpt(self, name: str, edit: Callable[[dict], None] | None = None, payload: type | None = None, step: int = 2) -> str:
         ckpt = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.world["ckpt"].items()}
+        ckpt["global_step"] = step
         if edit is not None:
             edit(ckpt)
-        if payload:
-            ckpt["user_extra"] = Payload(self.marker)
+        if payload is not None:
+            ckpt["user_extra"] = payload(self.marker)
         (self.tmp / name).parent.mkdir(parents=True, exist_ok=True)
         torch.save(ckpt, self.tmp / name)
+        return name
+
+    def run_folder(self, n: int = 4, name: str = "ckpts") -> str:
+        for i in range(n):
+            self.ckpt(f"{name}/step-{2 * (i + 1)}.ckpt", step=2 * (i + 1))
         return name
 
     def plain(self, name: str, payload: bool = False) -> str:
@@ -79,6 +142,10 @@ class Folder:
     def runs(self) -> int:
         return len(self.marker.read_text().splitlines()) if self.marker.exists() else 0
 
+    @property
+    def built(self) -> tuple[str, ...]:
+        return tuple((self.tmp / "built").read_text().split()) if (self.tmp / "built").exists() else ()
+
 
 def _nan(ckpt: dict) -> None:
     w = ckpt["state_dict"]["model.blocks.0.attn.c_attn.weight"].clone()
@@ -89,6 +156,10 @@ def _nan(ckpt: dict) -> None:
 def _inf_embedding(ckpt: dict) -> None:
     e = torch.full_like(ckpt["state_dict"]["model.tok_emb.weight"], float("inf"))
     ckpt["state_dict"]["model.tok_emb.weight"] = ckpt["state_dict"]["model.lm_head.weight"] = e  # tied weights
+
+
+def _big(ckpt: dict) -> None:  # a 450 KB file asking for a 1.2 B-parameter model
+    ckpt["hyper_parameters"] = dict(ckpt["hyper_parameters"], d_model=2048, n_layers=24, n_heads=16)
 
 
 def _text_in_folder(f: Folder) -> list[str]:
@@ -103,6 +174,20 @@ def _seq_len_zero(f: Folder) -> list[str]:
     return [name, "--model", MODEL, "--datamodule", "satmon.demos.corpus:CorpusDataModule"]
 
 
+def _deep_hparams(f: Folder) -> list[str]:
+    """A 60,000-deep nested list in the datamodule's hyper-parameters, written as flat pickle opcodes."""
+    f.ckpt("src.ckpt", lambda c: c.update(datamodule_hyper_parameters={"seq_len": 16, "blob": "MARKER"}))
+    (f.tmp / "ckpts").mkdir()
+    with zipfile.ZipFile(f.tmp / "src.ckpt") as zi, zipfile.ZipFile(f.tmp / "ckpts" / "deep.ckpt", "w") as zo:
+        for item in zi.infolist():
+            data = zi.read(item.filename)
+            if item.filename.endswith("data.pkl"):
+                data = data.replace(b"X\x06\x00\x00\x00MARKER", b"]" * 60_000 + b"a" * 59_999)
+            zo.writestr(item.filename, data)
+    (f.tmp / "src.ckpt").unlink()
+    return ["ckpts", "--model", RECORDER, "--datamodule", "satmon.demos.corpus:CorpusDataModule"]
+
+
 def _lookalike_modules(f: Folder) -> list[str]:
     """An installed user package whose dependency has a look-alike in the working directory, and a
     ``tensorboard.py`` there too: none of the working directory's files may run."""
@@ -115,6 +200,88 @@ def _lookalike_modules(f: Folder) -> list[str]:
     return [f.ckpt("a.ckpt"), "--model", "userpkg_fm:Lit", "--data", "calib.pt", "--report", "r.md"]
 
 
+def _symlinked_checkpoints(f: Folder) -> list[str]:
+    """A run folder whose checkpoints/ is a symlink, a loop back up, and a second link to one file."""
+    store = f.run_folder(3, "store")
+    run = f.tmp / "run" / "version_0"
+    run.mkdir(parents=True)
+    (run / "checkpoints").symlink_to(f.tmp / store, target_is_directory=True)
+    (f.tmp / store / "up").symlink_to(f.tmp / "run", target_is_directory=True)
+    (f.tmp / store / "copy.ckpt").symlink_to(f.tmp / store / "step-2.ckpt")
+    f.ckpt("run/version_0/final.ckpt", step=8)
+    return ["run", "--model", RECORDER, "--data", "calib.pt", "--json", "r.json"]
+
+
+def _hf_folder(f: Folder) -> list[str]:
+    """A Hugging Face-style output folder: checkpoint-N/ with model.safetensors, trainer_state.json and the
+    Trainer's optimizer, scheduler and RNG files (the RNG file holds numpy state: refused if it were read)."""
+    import numpy as np
+    from safetensors.torch import save_file
+
+    sd = {k.removeprefix("model."): v for k, v in f.world["ckpt"]["state_dict"].items() if k != "model.lm_head.weight"}
+    for step in (10, 20):
+        folder = f.tmp / "hf" / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(folder / "model.safetensors"))
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
+        torch.save({"state": {}, "param_groups": []}, folder / "optimizer.pt")
+        torch.save({"last_epoch": step}, folder / "scheduler.pt")
+        torch.save({"numpy": np.random.get_state()}, folder / "rng_state.pth")
+        torch.save({"x": 1}, folder / "training_args.bin")
+    return ["hf", "--factory", "./mymodels.py:build", "--data", "calib.pt"]
+
+
+def _blocked_plot(f: Folder) -> list[str]:
+    (f.tmp / "out" / "r_saturation.png").mkdir(parents=True)
+    return [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--report", "out/r.md"]
+
+
+def _read_only(name: str) -> Callable[[Folder], list[str]]:
+    def make(f: Folder) -> list[str]:
+        (f.tmp / name).write_text("[]\n" if name.endswith(".json") else "# previous report\n")
+        os.chmod(f.tmp / name, 0o444)
+        return [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--json" if name.endswith(".json") else "--report", name]
+    return make
+
+
+def _run_name_a_file(f: Folder) -> list[str]:
+    (f.tmp / "tb2").mkdir()
+    (f.tmp / "tb2" / "replay").write_text("a file where the run folder goes")
+    return [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--logdir", "tb2"]
+
+
+def _partial_a_folder(f: Folder) -> list[str]:
+    (f.tmp / "r.json.partial.jsonl").mkdir()
+    return [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--json", "r.json"]
+
+
+def _temporary_name_taken(f: Folder) -> list[str]:
+    """A folder at 0.2's temporary name (``r.json.tmp``): the temporary file is another, random name now."""
+    (f.tmp / "r.json.tmp").mkdir()
+    return [f.ckpt("a.ckpt"), *DATA, "--json", "r.json"]
+
+
+def _only(*names: str) -> Callable[[Folder], list[str]]:
+    def make(f: Folder) -> list[str]:
+        (f.tmp / "d").mkdir()
+        for n in names:
+            if n.endswith((".pt", ".pth")):
+                shutil.copy(f.tmp / "calib.pt", f.tmp / "d" / n)
+            else:
+                (f.tmp / "d" / n).write_text("x")
+        return ["d", "--model", RECORDER, "--data", "d/calib.pt" if "calib.pt" in names else "calib.pt"]
+    return make
+
+
+def _mutated(how: str) -> Callable[[Folder], list[str]]:
+    """A job rewrites the third checkpoint while the folder is replayed (during the first model's construction)."""
+    def make(f: Folder) -> list[str]:
+        folder = f.run_folder(4)
+        os.environ["SATMON_TEST_MUTATE"] = f"{f.tmp / folder / 'step-6.ckpt'}|{how}|1"
+        return [folder, "--model", RECORDER, "--data", "calib.pt", "--json", "r.json"]
+    return make
+
+
 @dataclass
 class Case:
     id: str
@@ -123,32 +290,110 @@ class Case:
     said: tuple[str, ...] = ()  #: in stdout + stderr
     runs: int = 0  #: times the payload (or a look-alike module) ran
     console_script: bool = False  #: run the installed ``satmon`` command (its own sys.path), not main()
+    built: tuple[str, ...] | None = None  #: the Recorder's constructions (device each), when the case uses it
+    kind: str = "fault"  #: "bad-input" (refused: exit 2, nothing done) or "fault" (the replay goes on or ends cleanly)
+    absent: tuple[str, ...] = ()  #: never said
 
 
 DATA = ["--model", MODEL, "--data", "calib.pt"]
+#: Trusted, so that a payload would run as soon as a checkpoint is read: the refusals below come before it.
+DATA_TRUSTED = ["--model", RECORDER, "--data", "calib.pt", "--trust-checkpoints"]
+NO_TRUST = ("--trust-checkpoints would", "Pass --trust-checkpoints", "pass --trust-checkpoints")
+RULE_NUMBERS = [("--threshold", "1.5", "in (0, 1)", "1.5"), ("--threshold", "nan", "in (0, 1)", "nan"),
+                ("--threshold", "0", "in (0, 1)", "0.0"), ("--level", "-2", "> 0", "-2.0"), ("--level", "inf", "> 0", "inf"),
+                ("--collapse-threshold", "2", "in (0, 1)", "2.0")]
+COUNTS = [("--batches", "0"), ("--batch-size", "-1"), ("--threads", "0")]
 CASES = [
-    Case("payload-ckpt-refused", lambda f: [f.ckpt("p.ckpt", payload=True), *DATA], 1,
-         ("skipped p.ckpt", "refused by torch.load(weights_only=True)", "GLOBAL exec", "--trust-checkpoints")),
+    # code stored in checkpoints
+    Case("payload-ckpt-refused", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA], 1,
+         ("skipped p.ckpt", "refused by torch.load(weights_only=True)", "GLOBAL exec", "runs Python code: not safe to allow"),
+         absent=NO_TRUST),
+    Case("payload-os-system-named-unsafe", lambda f: [f.ckpt("p.ckpt", payload=ShellPayload), *DATA], 1,
+         ("its pickle calls posix.system (GLOBAL posix.system), which runs a shell command: not safe to allow",),
+         absent=NO_TRUST),
     Case("payload-pt-refused", lambda f: [f.plain("p.pt", payload=True), "--factory", "mymodels.py:build", "--data", "calib.pt"],
-         1, ("p.pt", "--trust-checkpoints")),
-    Case("payload-then-usage-error", lambda f: [f.ckpt("p.ckpt", payload=True), "--model", MODEL, "--datamodule",
-                                                "satmon.demos.corpus:Nope"], 2, ("has no attribute 'Nope'",)),
-    Case("payload-trusted-then-usage-error", lambda f: [f.ckpt("p.ckpt", payload=True), "--trust-checkpoints", "--model",
+         1, ("p.pt", "GLOBAL exec", "not safe to allow"), absent=NO_TRUST),
+    Case("payload-then-usage-error", lambda f: [f.ckpt("p.ckpt", payload=Payload), "--model", MODEL, "--datamodule",
+                                                "satmon.demos.corpus:Nope"], 2, ("has no attribute 'Nope'",), kind="bad-input"),
+    Case("payload-trusted-then-usage-error", lambda f: [f.ckpt("p.ckpt", payload=Payload), "--trust-checkpoints", "--model",
                                                         "satmon.demos.lit:build_model", "--data", "calib.pt"],
-         2, ("expected a LightningModule class",)),
-    Case("payload-trusted-loads-once", lambda f: [f.ckpt("p.ckpt", payload=True), *DATA, "--trust-checkpoints"], 0,
+         2, ("expected a LightningModule class",), kind="bad-input"),
+    Case("payload-trusted-loads-once", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA, "--trust-checkpoints"], 0,
          ("Replayed 1 of 1", "runs code stored in them"), runs=1),
-    Case("unwritable-json", lambda f: [f.ckpt("p.ckpt", payload=True), *DATA, "--trust-checkpoints", "--json", "afile/r.json"],
-         2, ("--json 'afile/r.json': cannot write there", "is a file, not a folder")),
-    Case("unwritable-logdir", lambda f: [f.ckpt("p.ckpt", payload=True), *DATA, "--trust-checkpoints", "--logdir", "afile/tb"],
-         2, ("--logdir 'afile/tb': cannot write there",)),
-    Case("unwritable-report", lambda f: [f.ckpt("p.ckpt", payload=True), *DATA, "--trust-checkpoints", "--report", "afile/r.md"],
-         2, ("--report 'afile/r.md': cannot write there",)),
-    Case("json-is-a-folder", lambda f: [f.ckpt("a.ckpt"), *DATA, "--json", "."], 2, ("expected a file, got a folder",)),
+    # the rule's numbers and counts: refused before any checkpoint is read, with a trusted payload waiting
+    *[Case(f"rule{flag[1:]}-{value}", lambda f, flag=flag, value=value: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED,
+                                                                         flag, value],
+           2, (f"Expected {flag} {what}", f"got {got}"), built=(), kind="bad-input")
+      for flag, value, what, got in RULE_NUMBERS],
+    *[Case(f"count{flag[1:]}-{value}", lambda f, flag=flag, value=value: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED,
+                                                                          flag, value],
+           2, (f"Expected {flag} >= 1, got {value}",), built=(), kind="bad-input")
+      for flag, value in COUNTS],
+    # outputs: every path checked before any work
+    Case("unwritable-json", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--json", "afile/r.json"],
+         2, ("--json 'afile/r.json' under a folder, got a file at", "afile'"), built=(), kind="bad-input"),
+    Case("unwritable-logdir", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--logdir", "afile/tb"],
+         2, ("--logdir 'afile/tb': cannot write there",), built=(), kind="bad-input"),
+    Case("logdir-a-file", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--logdir", "afile"],
+         2, ("Expected --logdir 'afile' to be a folder, got a file",), built=(), kind="bad-input"),
+    Case("unwritable-report", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--report", "afile/r.md"],
+         2, ("--report 'afile/r.md' under a folder, got a file at", "afile'"), built=(), kind="bad-input"),
+    Case("json-is-a-folder", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--json", "."], 2,
+         ("Expected --json to name a file ending in .json or .jsonl, got '.' (a folder)",), built=(), kind="bad-input"),
+    Case("json-wrong-suffix", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--json", "r.txt"], 2,
+         ("Expected --json to end in .json or .jsonl, got 'r.txt'",), built=(), kind="bad-input"),
+    Case("report-wrong-suffix", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--report", "x.txt"], 2,
+         ("Expected --report to end in .md, got 'x.txt'",), built=(), kind="bad-input"),
+    Case("read-only-json", _read_only("r.json"), 2, ("Expected --json 'r.json' to be writable, got a read-only file",),
+         built=(), kind="bad-input"),
+    Case("read-only-report", _read_only("r.md"), 2, ("Expected --report 'r.md' to be writable, got a read-only file",),
+         built=(), kind="bad-input"),
+    Case("plot-path-a-folder", _blocked_plot, 2, ("'out/r_saturation.png' is a folder, where its saturation plot goes",),
+         built=(), kind="bad-input"),
+    Case("partial-path-a-folder", _partial_a_folder, 2, ("'r.json.partial.jsonl' is a folder, where the file of partial",),
+         built=(), kind="bad-input"),
+    Case("run-folder-a-file", _run_name_a_file, 2, ("'tb2/replay' is a file, where the TensorBoard run folder goes",),
+         built=(), kind="bad-input"),
+    Case("empty-name", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--name", ""], 2,
+         ("Expected --name to be a run name such as 'replay'", "got ''"), built=(), kind="bad-input"),
+    Case("name-escapes-logdir", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--name", "../up"], 2,
+         ("Expected --name to be a run name", "got '../up'"), built=(), kind="bad-input"),
+    Case("empty-logdir", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--logdir", ""], 2,
+         ("Expected --logdir to name a folder, got an empty name",), built=(), kind="bad-input"),
+    # the model on the first checkpoint, built on the meta device
+    Case("wrong-model", lambda f: [f.run_folder(3), "--model", WRONG, "--data", "calib.pt"], 2,
+         (f"--model {WRONG} does not build the checkpoints' model: step-2.ckpt (nor any of the other 2)",
+          "shape(s) differ (model.tok_emb.weight: checkpoint [256, 32], model [256, 48]", "Is --model/--factory"),
+         built=("meta",), kind="bad-input"),
+    Case("wrong-factory", lambda f: [f.plain("w.pt"), "--factory", "torch.nn:Identity", "--data", "calib.pt"], 2,
+         ("--factory torch.nn:Identity does not build the checkpoints' model: w.pt", "keys not in the model"), kind="bad-input"),
+    Case("huge-model-hparams", lambda f: [f.ckpt("big.ckpt", _big), "--model", RECORDER, "--data", "calib.pt"], 2,
+         ("308 of the model's 342 keys missing from the checkpoint", "model [256, 2048]"), built=("meta",), kind="bad-input"),
+    Case("deep-nested-hparams", _deep_hparams, 2,
+         ("--datamodule CorpusDataModule(**{'seq_len': 16, 'blob': [[...]]}) failed", "unexpected keyword argument 'blob'"),
+         built=("meta",), kind="bad-input"),
+    # nothing to replay: what was found instead
+    Case("only-the-data-file", _only("calib.pt"), 2, ("Nothing to replay under 'd'", "found calib.pt (the --data file)"),
+         built=(), kind="bad-input"),
+    Case("only-trainer-state", _only("optimizer.pt", "rng_state.pth", "notes.txt"), 2,
+         ("Nothing to replay under 'd'", "notes.txt (not .ckpt", "optimizer.pt (Trainer state, not model weights)"),
+         built=(), kind="bad-input", absent=NO_TRUST),
+    Case("empty-folder", _only(), 2, ("Nothing to replay under 'd'", "found nothing (empty folders)"), built=(), kind="bad-input"),
+    # inputs that change underneath, symlinks, folders of other tools
+    Case("truncated-mid-replay", _mutated("truncate"), 1,
+         ("step-6.ckpt: changed since it was listed (size", "Replayed 3 of 4"), built=("meta", "cpu", "cpu", "cpu"),
+         absent=("NON-FINITE", "Bus error")),
+    Case("rewritten-in-place-mid-replay", _mutated("rewrite"), 1,
+         ("step-6.ckpt: changed since it was listed (modified", "Replayed 3 of 4"), built=("meta", "cpu", "cpu", "cpu"),
+         absent=("NON-FINITE", "non-finite (NaN")),
+    Case("symlinked-checkpoints-folder", _symlinked_checkpoints, 0, ("Replayed 4 of 4",), built=("meta",) + ("cpu",) * 4),
+    Case("temporary-name-taken", _temporary_name_taken, 0, ("Replayed 1 of 1", "JSON records:")),
+    Case("hugging-face-folder", _hf_folder, 0, ("Replayed 2 of 2",), absent=NO_TRUST + ("rng_state", "optimizer.pt")),
+    # files that are not what they say, diverged runs, other faults
     Case("text-file-in-folder", _text_in_folder, 1,
          ("skipped ckpts/notes.ckpt: not a PyTorch checkpoint: a text file (starts 'trained 2 steps, lr 3e-3')",)),
     Case("datamodule-seq-len-0", _seq_len_zero, 2,
-         ("--datamodule CorpusDataModule(**{'seq_len': 0", "ZeroDivisionError", "Pass --data FILE")),
+         ("--datamodule CorpusDataModule(**{'seq_len': 0", "ZeroDivisionError", "Pass --data FILE"), kind="bad-input"),
     Case("nan-weights", lambda f: [f.ckpt("nan.ckpt", _nan), *DATA], 3,
          ("NON-FINITE", "| non-finite", "96 weights", "exit code 3")),
     Case("inf-embeddings", lambda f: [f.ckpt("inf.ckpt", _inf_embedding), *DATA], 3,
@@ -163,7 +408,8 @@ def _console(argv: list[str], cwd: Path) -> tuple[int, str]:
     exe = Path(sys.executable).parent / "satmon"
     if not exe.exists():
         pytest.skip("the `satmon` console script is not installed")
-    env = {**os.environ, "PYTHONPATH": str(cwd / "site"), "OMP_NUM_THREADS": "1"}
+    path = [str(cwd / "site"), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]  # never '' (the cwd)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([str(exe), "replay", *argv, "--logdir", "tb", "--quiet"], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
     return done.returncode, done.stdout + done.stderr
@@ -173,23 +419,168 @@ def _console(argv: list[str], cwd: Path) -> tuple[int, str]:
 def test_fault(case, world, tmp_path, monkeypatch, capsys):
     f = Folder(tmp_path, world)
     monkeypatch.chdir(tmp_path)
-    argv = case.argv(f)
-    if case.console_script:
-        code, said = _console(argv, tmp_path)
-    else:
-        if "--logdir" not in argv:
-            argv += ["--logdir", "tb"]
-        code = main(["replay", *argv, "--quiet"])
-        out, err = capsys.readouterr()
-        said = out + err
-        if code == 2:
-            assert len(err.strip().splitlines()) == 1, err  # a usage error is one line
+    try:
+        argv = case.argv(f)
+        if case.console_script:
+            code, said = _console(argv, tmp_path)
+        else:
+            if "--logdir" not in argv:
+                argv += ["--logdir", "tb"]
+            code = main(["replay", *argv, "--quiet"])
+            out, err = capsys.readouterr()
+            said = out + err
+            if code == 2:
+                assert len(err.strip().splitlines()) == 1, err  # a usage error is one line, no traceback
+    finally:
+        os.environ.pop("SATMON_TEST_MUTATE", None)
     assert code == case.exit, said
+    assert (case.kind == "bad-input") == (case.exit == 2), "a refusal is a bad input, and only a refusal"
     for text in case.said:
         assert text in said, said
+    for text in case.absent:
+        assert text not in said, said
+    assert "Traceback" not in said
     assert f.runs == case.runs, f"payload ran {f.runs} time(s)"
-    if case.exit == 2:
-        assert not (tmp_path / "tb").exists()  # nothing was written either
+    if case.built is not None:
+        assert f.built == case.built, f"the model class was built {f.built}"
+    if case.exit == 2:  # nothing was written: no TensorBoard run, no partial records, no temporary file
+        assert not (tmp_path / "tb").exists() and not (tmp_path / "tb2" / "replay" / "version_0").exists()
+        assert not [p for p in tmp_path.rglob("*.partial.jsonl") if p.is_file()]
+        assert not list(tmp_path.rglob(".*.tmp"))
+    if case.id == "temporary-name-taken":
+        assert (tmp_path / "r.json.tmp").is_dir() and len(json.loads((tmp_path / "r.json").read_text())) == 1
+    for name in ("r.json", "r.md"):
+        if case.id == f"read-only-{name.split('.')[1].replace('md', 'report')}":  # left as it was
+            assert (tmp_path / name).read_text() in ("[]\n", "# previous report\n")
+
+
+# --- outputs that never lose what was there: interrupts, kills, complete runs ---
+def _complete_previous(tmp_path: Path, folder: str) -> bytes:
+    """A complete replay of ``folder`` into prev.json: the file an interrupted replay must leave as it is."""
+    code = main(["replay", folder, *DATA, "--logdir", "tb", "--json", "prev.json", "--quiet"])
+    assert code == 0
+    os.chmod(tmp_path / "prev.json", 0o640)
+    return (tmp_path / "prev.json").read_bytes()
+
+
+def _replay_until(tmp_path: Path, folder: str, sig: int, after: int) -> tuple[int, str, str]:
+    """``satmon replay`` in a subprocess, sent ``sig`` once ``after`` checkpoints were reported."""
+    cmd = [sys.executable, "-m", "satmon.cli.main", "replay", folder, *DATA, "--logdir", "tb", "--json", "prev.json",
+           "--threads", "1"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *(p for p in sys.path if p)]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if sum(ln.startswith("[") for ln in lines) == after:
+            proc.send_signal(sig)
+            break
+    out, err = proc.communicate(timeout=300)
+    return proc.returncode, "".join(lines) + out, err
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGKILL, -9)],
+                         ids=["ctrl-c", "sigterm", "sigkill"])
+def test_an_interrupted_replay_leaves_the_previous_json_untouched_and_keeps_its_records(world, tmp_path, monkeypatch,
+                                                                                        capsys, sig, code):
+    f = Folder(tmp_path, world)
+    monkeypatch.chdir(tmp_path)
+    folder = f.run_folder(12)
+    before = _complete_previous(tmp_path, folder)
+    capsys.readouterr()
+    for i in range(12):  # other weights at the same steps: the new records differ from the previous ones
+        f.ckpt(f"{folder}/step-{2 * (i + 1)}.ckpt", _nan if i % 2 else None, step=2 * (i + 1))
+    got, _, err = _replay_until(tmp_path, folder, sig, after=3)
+    assert got == code, err
+    assert (tmp_path / "prev.json").read_bytes() == before  # complete records, untouched
+    assert len(json.loads(before)) == 12 and stat.S_IMODE(os.stat(tmp_path / "prev.json").st_mode) == 0o640
+    partial = [json.loads(line) for line in (tmp_path / "prev.json.partial.jsonl").read_text().splitlines()]
+    assert 3 <= len(partial) < 12 and [r["global_step"] for r in partial] == [2 * (i + 1) for i in range(len(partial))]
+    assert partial[1]["nonfinite_weights"] > 0  # the new run's records
+    assert stat.S_IMODE(os.stat(tmp_path / "prev.json.partial.jsonl").st_mode) == 0o640  # as private as the target
+    assert "Traceback" not in err and not list(tmp_path.glob(".prev.json.*.tmp"))
+    if sig != signal.SIGKILL:
+        last = err.strip().splitlines()[-1]
+        how = "interrupted (Ctrl-C)" if sig == signal.SIGINT else "terminated (SIGTERM)"
+        assert re.fullmatch(rf"satmon replay: {re.escape(how)} after \d+ of 12 checkpoint\(s\): prev.json was left as it "
+                            rf"was; the \d+ new record\(s\) are in prev.json.partial.jsonl; TensorBoard run .*version_1 "
+                            r"holds the checkpoints replayed so far\.", last), last
+
+
+def test_a_complete_replay_replaces_the_json_once_keeps_its_permissions_and_says_so(world, tmp_path, monkeypatch, capsys):
+    from satmon.io import json_records
+
+    f = Folder(tmp_path, world)
+    monkeypatch.chdir(tmp_path)
+    folder = f.run_folder(3)
+    _complete_previous(tmp_path, folder)
+    (tmp_path / "r.md").write_text("# previous report\n")
+    os.chmod(tmp_path / "r.md", 0o600)
+    capsys.readouterr()
+    writes = []
+    real = json_records.write_records
+    monkeypatch.setattr(json_records, "write_records", lambda *a, **k: writes.append(a[0]) or real(*a, **k))
+    code = main(["replay", folder, *DATA, "--logdir", "tb", "--json", "prev.json", "--report", "r.md", "--quiet"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert writes == [Path("prev.json")]  # once, at the end (0.2 rewrote it after each checkpoint)
+    assert len(json.loads((tmp_path / "prev.json").read_text())) == 3 and not (tmp_path / "prev.json.partial.jsonl").exists()
+    assert stat.S_IMODE(os.stat(tmp_path / "prev.json").st_mode) == 0o640
+    assert stat.S_IMODE(os.stat(tmp_path / "r.md").st_mode) == 0o600 and (tmp_path / "r.md").read_text().startswith("# satmon")
+    assert out.count("replaced the previous file; its permissions kept") == 1
+    assert out.count("replaced 1 previous file(s), their permissions kept") == 1
+
+
+def test_a_full_disk_mid_replay_stops_in_one_line_and_leaves_the_previous_json(world, tmp_path, monkeypatch, capsys):
+    import errno
+
+    from satmon.cli import replay as cli
+
+    f = Folder(tmp_path, world)
+    monkeypatch.chdir(tmp_path)
+    folder = f.run_folder(4)
+    before = _complete_previous(tmp_path, folder)
+    capsys.readouterr()
+    real = cli._Partial.add
+
+    def add(self, record):
+        if self.count == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+        real(self, record)
+
+    monkeypatch.setattr(cli._Partial, "add", add)
+    code = main(["replay", folder, *DATA, "--logdir", "tb", "--json", "prev.json", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1 and (tmp_path / "prev.json").read_bytes() == before
+    assert err.strip().splitlines()[-1] == (
+        "satmon replay: stopped by OSError: [Errno 28] No space left on device: 'prev.json.partial.jsonl' after 2 of 4 "
+        "checkpoint(s): prev.json was left as it was; the 2 new record(s) are in prev.json.partial.jsonl; TensorBoard run "
+        f"{tmp_path / 'tb' / 'replay' / 'version_1'} holds the checkpoints replayed so far.")
+
+
+def test_a_refused_replay_leaves_no_empty_tensorboard_run(world, tmp_path, monkeypatch, capsys):
+    f = Folder(tmp_path, world)
+    monkeypatch.chdir(tmp_path)
+    for argv in ([f.run_folder(2), "--model", WRONG, "--data", "calib.pt"], [f.ckpt("a.ckpt"), *DATA, "--threshold", "2"],
+                 [f.ckpt("b.ckpt"), *DATA, "--name", " "]):
+        assert main(["replay", *argv, "--logdir", "tb"]) == 2
+    assert main(["replay", "afile", "recorder.py", *DATA, "--logdir", "tb"]) == 1  # nothing readable: skipped, no run
+    assert "no checkpoint could be read" in capsys.readouterr().out
+    assert not (tmp_path / "tb").exists()
+
+
+def test_reliability_figures_are_the_matrix():
+    """docs/reliability.md's figures are counted from these tables, so they stay true."""
+    text = (ROOT / "docs" / "reliability.md").read_text()
+    bad = [c for c in CASES if c.kind == "bad-input"]
+    faults = [c for c in CASES if c.kind == "fault"]
+    interrupts = 4  # test_an_interrupted_replay_...: Ctrl-C, SIGTERM, SIGKILL; test_a_full_disk_mid_replay_...
+    want = {"bad inputs tried": len(bad), "clear errors": len(bad), "faults survived": len(faults) + interrupts,
+            "data lost": 0}
+    for label, value in want.items():
+        found = re.search(rf"\*\*{label}\*\*: (\d+)", text)
+        assert found and int(found.group(1)) == value, (label, value, found and found.group(0))
 
 
 # --- training: non-finite values, resume, constructor input ---

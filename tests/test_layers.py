@@ -37,8 +37,6 @@ FRAMEWORKS = {
 ROOT_MODULES_ALLOWED = 6  # besides __init__, _version and _compat
 #: Imports that break the rules today, each with the change that removes it. Empty when the house is in order.
 KNOWN = {
-    ("satmon.cli.replay", "lightning.pytorch"): "replay recognises a LightningModule without importing Lightning",
-    ("satmon.replay.loop", "lightning.pytorch.utilities.model_helpers"): "same",
 }
 
 

@@ -16,7 +16,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 
 from satmon.batches import ForwardFn, feed_first, split_batch
-from satmon.replay.user_code import ReplayUsageError, error_line
+from satmon.replay.user_code import ReplayUsageError, error_line, short
 
 __all__ = ["capture_batches", "datamodule_batches", "input_forward_fn", "load_data_file"]
 
@@ -82,7 +82,7 @@ def datamodule_batches(dm_cls: type, hparams: Mapping[str, Any], n_batches: int)
             went wrong in the datamodule (hyper-parameters that do not fit it, ``seq_len=0``...).
     """
     hp = dict(hparams)
-    where = f"--datamodule {dm_cls.__name__}(**{hp})" if hp else f"--datamodule {dm_cls.__name__}()"
+    where = f"--datamodule {dm_cls.__name__}(**{short(hp)})" if hp else f"--datamodule {dm_cls.__name__}()"
     origin = "the datamodule hyper-parameters stored in the checkpoint" if hp else "its default arguments"
     todo = ("Pass --data FILE with saved calibration batches (a run with the live probe saves satmon_calibration.pt "
             "beside its logs), or a --datamodule that works with " + origin + ".")

@@ -1,10 +1,14 @@
-"""Replay satmon's diagnostics over saved checkpoints: the loop, and its typed records.
+"""Replay satmon's diagnostics over saved checkpoints: the loop that builds one record per checkpoint.
 
-Each checkpoint is built into a model (:class:`ModelLoader`, from what :mod:`satmon.replay.checkpoints`
-read once) and probed by :func:`satmon.probe` on the same calibration batches
-(:mod:`satmon.replay.data`), the code the live callback runs, so a replayed checkpoint and the
-live probe at the same step read the same numbers. ``satmon replay`` (:mod:`satmon.cli.replay`) is a
-thin command line over it.
+Each checkpoint is built into a model (:class:`ModelLoader`, from the index
+:mod:`satmon.replay.checkpoints` read and the tensors it reads at the checkpoint's turn) and probed
+by :func:`satmon.probe` on the same calibration batches (:mod:`satmon.replay.data`), the code the
+live callback runs, so a replayed checkpoint and the live probe at the same step read the same
+numbers. Before any weight is read, the model is built on the meta device and compared with the
+checkpoint's tensor shapes (:meth:`ModelLoader.mismatch`): hyper-parameters that ask for another (or
+a huge) model cost neither memory nor time. Lightning is never imported here: a ``LightningModule``
+class is recognised by its bases (the user's class imported Lightning already). ``satmon replay``
+(:mod:`satmon.cli.replay`) is a thin command line over it.
 """
 
 from __future__ import annotations
@@ -13,85 +17,58 @@ import gc
 import inspect
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from satmon.replay.checkpoints import CheckpointInfo, state_dict_of
-from satmon.replay.user_code import ReplayUsageError, error_line
-from satmon.results.verdict import Source, Verdict
+from satmon.replay.checkpoints import (
+    CheckpointInfo,
+    load_checkpoint,
+    meta_state_dict,
+    state_dict_of,
+)
+from satmon.replay.reading import FileChanged
+from satmon.replay.user_code import ReplayUsageError, error_line, short
+from satmon.results.replay_record import ReplayRecord
+from satmon.results.verdict import Source
 from satmon.settings import Settings, settings_from
 
-if TYPE_CHECKING:
-    from satmon.results.probe_report import ProbeReport
-
-__all__ = ["TWIN_SEED", "ModelLoader", "ReplayRecord", "ReplayUsageError", "nonfinite_parameters", "replay", "summary_row"]
+__all__ = ["TWIN_SEED", "ModelLoader", "ReplayRecord", "ReplayUsageError", "is_lightning_module", "nonfinite_parameters",
+           "replay", "summary_row"]
 
 #: Seed of the random-init twin: the same twin (and so the same init readings) for every checkpoint.
 TWIN_SEED = 0
-
-
-# ------------------------------------------------------------------------------------------ records
-@dataclass
-class ReplayRecord:
-    """One checkpoint's replay: the probe's report, or why the file was skipped.
-
-    Attributes:
-        checkpoint: the file.
-        global_step: the step stored in the file (its position when it holds none; ``None`` when unreadable).
-        report: what :func:`satmon.probe` read (``None`` when skipped); its verdict is stepped at
-            ``global_step`` and has ``source="replay"``.
-        seconds: load + twin + probe wall time.
-        weights_only: the file was read with ``torch.load(weights_only=True)``.
-        nonfinite_weights: parameter elements that are NaN or inf in the built model.
-        notes: what the reader should know (no step in the file, which parameters are non-finite...).
-        error: why the checkpoint was skipped; ``None`` when it was replayed.
-
-    Example:
-        >>> ReplayRecord("ckpts/a.ckpt", None, error="not a PyTorch checkpoint: an empty file").to_dict()
-        {'checkpoint': 'ckpts/a.ckpt', 'global_step': None, 'error': 'not a PyTorch checkpoint: an empty file'}
-    """
-
-    checkpoint: str
-    global_step: int | None
-    report: ProbeReport | None = None
-    seconds: float | None = None
-    weights_only: bool = True
-    nonfinite_weights: int = 0
-    notes: list[str] = field(default_factory=list)
-    error: str | None = None
-
-    @property
-    def verdict(self) -> Verdict | None:
-        """The report's :class:`~satmon.results.verdict.Verdict` (``None`` when skipped or without DyT)."""
-        return None if self.report is None else self.report.verdict
-
-    @property
-    def nonfinite(self) -> bool:
-        """NaN/inf in the weights or in a DyT layer's input: the model diverged (``satmon replay`` exit code 3)."""
-        return self.nonfinite_weights > 0 or bool(self.verdict is not None and self.verdict.nonfinite)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The record ``satmon replay --json`` writes (after :func:`satmon.io.json_records.to_json`, which
-        turns NaN/inf into ``null``): the probe report's keys between the file's and the replay's."""
-        out: dict[str, Any] = {"checkpoint": self.checkpoint, "global_step": self.global_step}
-        if self.error is not None:
-            out["error"] = self.error
-            if self.nonfinite_weights:
-                out["nonfinite_weights"] = self.nonfinite_weights
-        else:
-            out.update(self.report.to_dict())
-            out.update(seconds=self.seconds, weights_only=self.weights_only, nonfinite_weights=self.nonfinite_weights)
-        if self.notes:
-            out["notes"] = list(self.notes)
-        return out
-
+_LIGHTNING_MODULES = ("lightning.pytorch.core.module", "pytorch_lightning.core.module")
 
 
 # ------------------------------------------------------------------------------------ building models
+def _lightning_base(cls: Any) -> type | None:
+    """The ``LightningModule`` class among ``cls``'s bases, found without importing Lightning."""
+    if not isinstance(cls, type):
+        return None
+    return next((c for c in cls.__mro__ if c.__name__ == "LightningModule" and c.__module__ in _LIGHTNING_MODULES), None)
+
+
+def is_lightning_module(cls: Any) -> bool:
+    """Whether ``cls`` is a ``LightningModule`` subclass, read from its bases: Lightning is not imported
+    (a class that is one has imported it already).
+
+    Example:
+        >>> is_lightning_module(torch.nn.Linear), is_lightning_module("LitLM")
+        (False, False)
+    """
+    return _lightning_base(cls) is not None
+
+
+def _overridden(model: nn.Module | type, name: str) -> bool:
+    """``model``'s class overrides the ``LightningModule`` hook ``name`` (Lightning's ``is_overridden``)."""
+    cls = model if isinstance(model, type) else type(model)
+    base = _lightning_base(cls)
+    return base is not None and getattr(cls, name, None) is not getattr(base, name, None)
+
+
 def _init_kwargs(model_cls: type, hparams: Mapping[str, Any], hparams_name: str | None) -> dict[str, Any]:
     """The constructor arguments Lightning's ``load_from_checkpoint`` would pass (hyper-parameters
     filtered by the ``__init__`` signature unless it takes ``**kwargs``; wrapped when saved under a name)."""
@@ -104,32 +81,66 @@ def _init_kwargs(model_cls: type, hparams: Mapping[str, Any], hparams_name: str 
     return {k: v for k, v in hparams.items() if k in named}
 
 
-def _new_lightning_module(model_cls: type, checkpoint: Mapping[str, Any]) -> nn.Module:
-    from lightning.pytorch.utilities.model_helpers import is_overridden
-
-    model = model_cls(**_init_kwargs(model_cls, checkpoint.get("hyper_parameters") or {}, checkpoint.get("hparams_name")))
-    if is_overridden("configure_model", model):
+def _new_lightning_module(model_cls: type, hparams: Mapping[str, Any], hparams_name: str | None) -> nn.Module:
+    model = model_cls(**_init_kwargs(model_cls, hparams, hparams_name))
+    if _overridden(model, "configure_model"):
         model.configure_model()
     return model
+
+
+def _key(k: Any) -> str:
+    return (k if len(k) <= 80 else k[:77] + "...") if isinstance(k, str) else short(k, 80)
+
+
+def _few(keys: Sequence[str], n: int = 3) -> str:
+    return ", ".join(_key(k) for k in keys[:n]) + (", ..." if len(keys) > n else "")
+
+
+def _unfit(model: nn.Module, state: Mapping[str, Tensor], strict: bool = True) -> str | None:
+    """How ``state`` (names -> tensors, meta or real) does not fit ``model``, in one line; ``None`` when it fits.
+
+    A key missing from ``state`` is fine when its tensor is shared with a present one (safetensors
+    stores a tied weight once). With ``strict=False`` (a module's ``strict_loading``) only shapes count.
+    """
+    own = model.state_dict(keep_vars=True)
+    tied: dict[int, list[str]] = {}
+    for k, v in own.items():
+        tied.setdefault(id(v), []).append(k)
+    missing = [k for k, v in own.items() if k not in state and not any(o in state for o in tied[id(v)])]
+    unexpected = [k for k in state if k not in own]
+    shapes = [(k, tuple(state[k].shape), tuple(v.shape)) for k, v in own.items()
+              if k in state and isinstance(v, Tensor) and isinstance(state[k], Tensor) and tuple(state[k].shape) != tuple(v.shape)]
+    if not strict:
+        missing, unexpected = [], []
+    if not (missing or unexpected or shapes):
+        return None
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} of the model's {len(own)} keys missing from the checkpoint ({_few(missing)})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} of the checkpoint's {len(state)} keys not in the model ({_few(unexpected)})")
+    if shapes:
+        shown = "; ".join(f"{_key(k)}: checkpoint {list(a)}, model {list(b)}" for k, a, b in shapes[:2])
+        parts.append(f"{len(shapes)} shape(s) differ ({shown}{'; ...' if len(shapes) > 2 else ''})")
+    return "; ".join(parts)
 
 
 def _load_weights(model: nn.Module, state: Mapping[str, Tensor]) -> None:
     """``load_state_dict`` that also accepts files without the duplicate of a tied weight (safetensors
     stores a shared tensor once): a missing key is fine when its tensor is shared with a loaded one."""
-    result = model.load_state_dict(state, strict=False)
-    own = model.state_dict(keep_vars=True)
-    loaded = {own[k].data_ptr() for k in state if k in own}
-    missing = [k for k in result.missing_keys if own[k].data_ptr() not in loaded]
-    if missing or result.unexpected_keys:
-        raise RuntimeError(f"Error(s) in loading state_dict for {type(model).__name__}: missing keys {missing[:6]}, "
-                           f"unexpected keys {list(result.unexpected_keys)[:6]}: is --factory building the right architecture?")
+    problem = _unfit(model, state)
+    if problem:
+        raise RuntimeError(f"the model does not fit this checkpoint: {problem}. Is --model/--factory building the "
+                           "architecture that saved it?")
+    model.load_state_dict(state, strict=False)
 
 
 class ModelLoader:
     """Builds the trained model of an inspected checkpoint, and its random-init twin, one at a time.
 
-    Nothing is read from disk again: the weights come from what :func:`satmon.replay.checkpoints.inspect_checkpoint`
-    loaded (``.safetensors`` tensors are read here).
+    The weights are read from the checkpoint's file(s) when the model is built
+    (:func:`satmon.replay.checkpoints.state_dict_of`), after :meth:`mismatch` compared the model,
+    built on the meta device, with the checkpoint's tensor shapes.
 
     Args:
         model_cls: a ``LightningModule`` class: a ``.ckpt`` is rebuilt as ``load_from_checkpoint`` does
@@ -151,34 +162,94 @@ class ModelLoader:
             raise ReplayUsageError("Pass --model MODULE:CLASS (a LightningModule, for .ckpt files) or --factory "
                                    "MODULE:FUNCTION (returns the nn.Module, for plain state_dict files).")
         self.model_cls, self.factory, self.device = model_cls, factory, torch.device(device)
+        self._shapes: list[tuple[Any, nn.Module | None]] = []  # (hyper-parameters, meta model) of recent checks
+
+    def _lightning(self, info: CheckpointInfo) -> bool:
+        return info.kind == "lightning" and self.model_cls is not None
 
     def check(self, info: CheckpointInfo) -> str | None:
-        """Why this loader cannot build ``info`` (``None`` when it can)."""
+        """Why this loader cannot build ``info`` at all (``None`` when it can)."""
         if info.kind == "state_dict" and self.factory is None:
-            return "a plain state_dict file needs --factory MODULE:FUNCTION (a function returning the nn.Module)"
+            what = "a Hugging Face checkpoint folder" if info.hf else "a plain state_dict file"
+            return f"{what} needs --factory MODULE:FUNCTION (a function returning the nn.Module)"
         return None
 
+    def mismatch(self, info: CheckpointInfo) -> str | None:
+        """How the model this loader builds does not fit ``info``'s tensors, in one line; ``None`` when it
+        fits, or when the model cannot be built on the meta device (building it for real decides then).
+
+        Costs no weight read and no memory: the model is built on the meta device (once per distinct
+        hyper-parameters) and compared with the names and shapes of the checkpoint's index.
+        """
+        if self.check(info) is not None:
+            return None
+        try:
+            state = meta_state_dict(info)
+        except ValueError:
+            return None
+        lightning = self._lightning(info)
+        model = self._meta_model(info, lightning)
+        if model is None:
+            return None
+        if lightning and _overridden(model, "on_load_checkpoint"):  # the hook may rename keys: run it on a copy
+            shadow = dict(info.checkpoint)
+            shadow["state_dict"] = dict(state)
+            try:
+                model.on_load_checkpoint(shadow)
+            except Exception:
+                return None
+            state = shadow["state_dict"]
+        problem = _unfit(model, state, strict=bool(getattr(model, "strict_loading", True)) if lightning else True)
+        if problem is None:
+            return None
+        how = (f"{getattr(self.model_cls, '__name__', 'the model')}(**hyper_parameters)" if lightning
+               else "the --factory model")
+        return (f"the model built by {how} does not fit this checkpoint: {problem}. Is --model/--factory "
+                "building the architecture that saved it?")
+
+    def _meta_model(self, info: CheckpointInfo, lightning: bool) -> nn.Module | None:
+        key = ("lightning", info.hparams_name, info.hparams) if lightning else ("factory",)
+        hook = lightning and _overridden(self.model_cls, "on_load_checkpoint")  # the model may change per checkpoint
+        if not hook:
+            for seen, model in self._shapes:
+                try:
+                    if seen == key:
+                        return model
+                except Exception:  # hyper-parameters that cannot be compared (crafted, or odd types)
+                    continue
+        try:
+            with torch.device("meta"), torch.random.fork_rng(devices=[]):
+                model = (_new_lightning_module(self.model_cls, info.hparams, info.hparams_name) if lightning
+                         else self._fresh())
+        except Exception:  # a constructor that needs real tensors: the real build decides
+            model = None
+        if not hook:
+            self._shapes = [(key, model), *self._shapes[:3]]
+        return model
+
     def load(self, info: CheckpointInfo) -> nn.Module:
-        """The trained model, in eval mode on ``device``."""
-        if info.kind == "lightning" and self.model_cls is not None:
-            ckpt = info.checkpoint
-            if ckpt is None:
-                raise ValueError(f"Expected the checkpoint inspect_checkpoint loaded from {info.path}, got None (already used).")
-            model = _new_lightning_module(self.model_cls, ckpt)
+        """The trained model, in eval mode on ``device``; its weights read from the file(s) now.
+
+        Raises:
+            satmon.replay.reading.FileChanged: a file changed since it was listed.
+        """
+        if self._lightning(info):
+            ckpt = load_checkpoint(info)
+            model = _new_lightning_module(self.model_cls, ckpt.get("hyper_parameters") or {}, ckpt.get("hparams_name"))
             model.on_load_checkpoint(ckpt)  # Lightning's hook, as load_from_checkpoint calls it
-            model.load_state_dict(ckpt["state_dict"], strict=model.strict_loading)  # True unless the module set it
+            model.load_state_dict(ckpt["state_dict"], strict=getattr(model, "strict_loading", True))
         else:
+            state = state_dict_of(info)
             model = self._fresh()
-            _load_weights(model, state_dict_of(info))
+            _load_weights(model, state)
         return model.to(self.device).eval()
 
     def twin(self, info: CheckpointInfo) -> nn.Module:
         """A random-init instance of the same architecture, seeded with ``TWIN_SEED``."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(TWIN_SEED)
-            if info.kind == "lightning" and self.model_cls is not None:
-                model = _new_lightning_module(self.model_cls, {"hyper_parameters": info.hparams,
-                                                               "hparams_name": info.hparams_name})
+            if self._lightning(info):
+                model = _new_lightning_module(self.model_cls, info.hparams, info.hparams_name)
             else:
                 model = self._fresh()
         return model.to(self.device).eval()
@@ -213,30 +284,39 @@ def _release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _probe_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any], record: ReplayRecord,
-               settings: Settings, kwargs: Mapping[str, Any], twin: bool) -> None:
-    """Build, check and probe one checkpoint into ``record`` (raises on an incompatible checkpoint)."""
+def _replay_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any], step: int | None,
+                settings: Settings, kwargs: Mapping[str, Any], twin: bool) -> ReplayRecord:
+    """Build, check and probe one checkpoint; its record, built here once (an error record when it cannot be replayed)."""
     from satmon.model.discovery import find_norm_layers
     from satmon.probing.passes import probe
 
-    t0 = time.perf_counter()
-    model = twin_model = None
-    try:
-        model = loader.load(info)
-        info.checkpoint = None  # the weights now live in the model: the loaded file can go
-        bad = nonfinite_parameters(model)
-        if bad:
-            record.nonfinite_weights = sum(bad.values())
-            record.notes.append(f"{record.nonfinite_weights:,} non-finite (NaN/inf) parameter element(s) in "
-                                + ", ".join(f"{n} ({c:,})" for n, c in list(bad.items())[:6]) + ("..." if len(bad) > 6 else ""))
-        # the twin only feeds the LayerNorm/RMSNorm init-gap: a DyT-only model skips it (half the cost)
-        twin_model = loader.twin(info) if twin and find_norm_layers(model, kinds=("layernorm", "rmsnorm")) else None
-        record.report = probe(model, batches, settings=settings, twin=twin_model, step=int(record.global_step or 0),
-                              source=Source.REPLAY, **kwargs)
-        record.seconds = round(time.perf_counter() - t0, 3)
-    finally:
-        del model, twin_model
-        _release(loader.device)
+    notes, report, seconds, nonfinite = list(info.notes), None, None, 0
+    error = info.error or loader.check(info) or loader.mismatch(info)
+    if error is None:
+        t0 = time.perf_counter()
+        model = twin_model = None
+        try:
+            model = loader.load(info)
+            info.release()  # the weights now live in the model: the index can go
+            bad = nonfinite_parameters(model)
+            if bad:
+                nonfinite = sum(bad.values())
+                notes.append(f"{nonfinite:,} non-finite (NaN/inf) parameter element(s) in "
+                             + ", ".join(f"{n} ({c:,})" for n, c in list(bad.items())[:6]) + ("..." if len(bad) > 6 else ""))
+            # the twin only feeds the LayerNorm/RMSNorm init-gap: a DyT-only model skips it (half the cost)
+            twin_model = loader.twin(info) if twin and find_norm_layers(model, kinds=("layernorm", "rmsnorm")) else None
+            report = probe(model, batches, settings=settings, twin=twin_model, step=int(step or 0), source=Source.REPLAY,
+                           **kwargs)
+            seconds = round(time.perf_counter() - t0, 3)
+        except FileChanged as e:
+            error, report = str(e), None
+        except Exception as e:  # an incompatible checkpoint (shapes, missing keys...) is skipped, not fatal
+            error, report = error_line(e), None
+        finally:
+            del model, twin_model
+            _release(loader.device)
+    return ReplayRecord(checkpoint=str(info.path), global_step=step, report=report, seconds=seconds,
+                        weights_only=info.weights_only, nonfinite_weights=nonfinite, notes=tuple(notes), error=error)
 
 
 def replay(
@@ -249,13 +329,14 @@ def replay(
     twin: bool = True,
     on_record: Callable[[ReplayRecord], None] | None = None,
 ) -> Iterator[ReplayRecord]:
-    """Probe each checkpoint in turn, one model in memory at a time; yields one :class:`ReplayRecord` per file.
+    """Probe each checkpoint in turn, one model in memory at a time; yields one :class:`ReplayRecord` per checkpoint.
 
-    A checkpoint that cannot be read, built or probed becomes a record with ``error`` set; the loop goes on.
+    A checkpoint that cannot be read, built or probed, or whose file changed since it was listed,
+    becomes a record with ``error`` set; the loop goes on.
 
     Args:
-        infos: from :func:`satmon.replay.checkpoints.inspect_checkpoint` (ordered); each one's loaded object
-            is released once its model is built.
+        infos: from :func:`satmon.replay.checkpoints.inspect_checkpoint` (ordered); each one's index is
+            released once its model is built.
         loader: builds each model and its twin.
         batches: calibration batches, the same for every checkpoint.
         settings: the rule and the selection every checkpoint is read with (a :class:`satmon.Settings`,
@@ -284,15 +365,8 @@ def replay(
     for info in infos:
         step = position if info.error is None and info.global_step is None else info.global_step
         position += info.error is None
-        record = ReplayRecord(checkpoint=str(info.path), global_step=step, weights_only=info.weights_only,
-                              notes=list(info.notes))
-        record.error = info.error or loader.check(info)
-        if record.error is None:
-            try:
-                _probe_one(info, loader, batches, record, settings, kwargs, twin)
-            except Exception as e:  # an incompatible checkpoint (shapes, missing keys...) is skipped, not fatal
-                record.error, record.report = error_line(e), None
-        info.checkpoint = None
+        record = _replay_one(info, loader, batches, step, settings, kwargs, twin)
+        info.release()
         if on_record is not None:
             on_record(record)
         yield record

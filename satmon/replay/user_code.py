@@ -12,12 +12,17 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import itertools
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ReplayUsageError", "error_line", "import_object"]
+__all__ = ["ReplayUsageError", "error_line", "import_object", "short"]
+
+#: The longest error line satmon prints for one exception (a crafted file cannot flood the console).
+MAX_ERROR = 400
 
 
 class ReplayUsageError(ValueError):
@@ -25,15 +30,59 @@ class ReplayUsageError(ValueError):
 
 
 def error_line(e: BaseException) -> str:
-    """``Type: first line`` of an exception (and the next line when the first only announces it).
+    """``Type: first line`` of an exception (and the next line when the first only announces it), at most
+    :data:`MAX_ERROR` characters.
 
     Example:
         >>> error_line(ValueError("bad value\\nmore detail"))
         'ValueError: bad value'
     """
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    try:
+        raw = str(e)[: 20 * MAX_ERROR]
+    except Exception:  # an exception whose message cannot be formatted (a crafted value inside it)
+        raw = ""
+    lines = [ln.strip() for ln in raw.strip().splitlines() if ln.strip()]
     text = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else "")
-    return f"{type(e).__name__}: {text}".rstrip(": ")
+    line = f"{type(e).__name__}: {text}".rstrip(": ")
+    return line if len(line) <= MAX_ERROR else line[: MAX_ERROR - 3] + "..."
+
+
+def short(obj: Any, width: int = 200) -> str:
+    """A bounded representation of a value read from a file: two levels deep, six items a container, 60
+    characters a string; other objects by type name only (their own ``repr`` is never called).
+
+    Example:
+        >>> deep = []
+        >>> for _ in range(60_000):
+        ...     deep = [deep]
+        >>> short({"seq_len": 64, "blob": deep, "name": "x" * 100})
+        "{'seq_len': 64, 'blob': [[...]], 'name': 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'...}"
+    """
+
+    def fmt(o: Any, depth: int) -> str:
+        if o is None or isinstance(o, (bool, float)):
+            return repr(o)
+        if isinstance(o, int):
+            return repr(o) if abs(o) < 10**30 else f"<int of {o.bit_length()} bits>"
+        if isinstance(o, (str, bytes)):
+            return repr(o[:60]) + ("..." if len(o) > 60 else "")
+        if type(o).__name__ == "Tensor" or hasattr(o, "shape") and hasattr(o, "dtype"):
+            return f"<tensor {tuple(getattr(o, 'shape', ()))} {getattr(o, 'dtype', '')}>"
+        if isinstance(o, Mapping):
+            if depth == 0:
+                return "{...}"
+            items = [f"{fmt(k, depth - 1)}: {fmt(v, depth - 1)}" for k, v in itertools.islice(o.items(), 6)]
+            return "{" + ", ".join(items) + (", ..." if len(o) > 6 else "") + "}"
+        if isinstance(o, (list, tuple)):
+            left, right = ("[", "]") if isinstance(o, list) else ("(", ")")
+            if depth == 0:
+                return left + "..." + right
+            items = [fmt(v, depth - 1) for v in o[:6]]
+            return left + ", ".join(items) + (", ..." if len(o) > 6 else "") + right
+        return f"<{type(o).__name__}>"
+
+    text = fmt(obj, 2)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def import_object(spec: str, option: str = "--model", example: str = "mypkg.model:Net") -> Any:

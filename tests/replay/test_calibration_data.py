@@ -7,8 +7,13 @@ import pytest
 import torch
 
 from satmon.batches import feed_first
-from satmon.replay.data import capture_batches, datamodule_batches, input_forward_fn, load_data_file
 from satmon.demos.corpus import CorpusDataModule
+from satmon.replay.data import (
+    capture_batches,
+    datamodule_batches,
+    input_forward_fn,
+    load_data_file,
+)
 from satmon.replay.user_code import ReplayUsageError
 
 

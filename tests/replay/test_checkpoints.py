@@ -3,7 +3,10 @@ checkpoints load without the opt-in, non-checkpoints are named for what they are
 
 from __future__ import annotations
 
+import builtins
 import fractions
+import os
+import subprocess
 import warnings
 import zipfile
 
@@ -18,9 +21,12 @@ from satmon.replay.checkpoints import (
     CheckpointInfo,
     find_checkpoints,
     inspect_checkpoint,
+    list_checkpoints,
+    nothing_to_replay,
     order_checkpoints,
     state_dict_of,
 )
+from satmon.replay.user_code import ReplayUsageError, short
 
 
 class Payload:
@@ -90,16 +96,19 @@ def test_payload_never_runs_without_trust_and_runs_once_with_it(lightning_ckpt, 
 
     info = inspect_checkpoint(path)
     assert runs(marker) == 0
-    assert info.refused and info.checkpoint is None
-    assert "refused by torch.load(weights_only=True)" in info.error and "exec" in info.error and TRUST_FLAG in info.error
+    assert info.refused and info.unsafe and info.checkpoint is None
+    # the global is named, called unsafe, and trusting the file is not advised
+    assert "refused by torch.load(weights_only=True)" in info.error and "GLOBAL exec" in info.error
+    assert "runs Python code: not safe to allow" in info.error and TRUST_FLAG not in info.error
 
     trusted = inspect_checkpoint(path, trust=True)
-    assert runs(marker) == 1  # read once, so the payload ran once
+    assert runs(marker) == 1  # the index is read once, so the payload ran once
     assert trusted.error is None and not trusted.weights_only and trusted.kind == ("lightning" if suffix == ".ckpt" else "state_dict")
     state_dict_of(trusted)
-    assert runs(marker) == 1
-    # a legacy file refuses mmap before its pickle is read, so it is opened twice but unpickled once
-    assert [wo for _, wo in count_loads] == [True] * (1 + legacy) + [False] * (1 + legacy)
+    # a zip archive's tensors are copied from the file without unpickling it again; a legacy file keeps its
+    # tensors inside the pickle stream, so it is read again at its turn (and its code runs again)
+    assert runs(marker) == 1 + legacy
+    assert [wo for _, wo in count_loads] == [True, False] + [False] * legacy
 
 
 def test_a_custom_type_is_refused_with_its_name_and_registering_it_as_safe_loads_it(lightning_ckpt, tmp_path):
@@ -171,3 +180,106 @@ def test_order_by_step_and_last_ckpt_dropped(tmp_path):
              [("last.ckpt", 20), ("b.ckpt", 20), ("a.ckpt", 10), ("nostep.pt", None), ("last-v1.ckpt", 30)]]
     infos.append(CheckpointInfo(tmp_path / "broken.ckpt", error="x"))
     assert [i.path.name for i in order_checkpoints(infos)] == ["a.ckpt", "b.ckpt", "last-v1.ckpt", "nostep.pt"]
+
+
+# ------------------------------------------------------------------------------------ listing
+def _touch_ckpt(path, step: int = 1) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": {"w": torch.zeros(2)}, "iter_num": step}, path)
+
+
+def test_symlinked_folders_are_followed_loops_detected_each_real_file_once(tmp_path):
+    real = tmp_path / "store"
+    _touch_ckpt(real / "a.pt", 1)
+    _touch_ckpt(real / "b.pt", 2)
+    run = tmp_path / "run"
+    _touch_ckpt(run / "c.pt", 3)
+    (run / "checkpoints").symlink_to(real, target_is_directory=True)  # a run folder whose checkpoints/ is a link
+    (real / "up").symlink_to(tmp_path, target_is_directory=True)  # a loop back above both
+    (real / "again.pt").symlink_to(real / "a.pt")  # a second name for a.pt
+    (real / "dangling.pt").symlink_to(tmp_path / "nowhere.pt")
+    listing = list_checkpoints([run, real / "b.pt"])
+    names = sorted(p.name for p in listing.paths)
+    assert names == ["a.pt", "b.pt", "c.pt"]  # each real file once, through the link; no loop
+    why = {p.name: w for p, w in listing.left_out}
+    assert why["again.pt"].startswith("the same file as") and why["dangling.pt"] == "a broken symlink"
+    assert any("already searched" in w for w in why.values())
+    assert listing.explicit == [(real / "b.pt", f"the same file as {run / 'checkpoints' / 'b.pt'} (a link)")]
+    assert all(listing.stamps[p][0].size == p.stat().st_size for p in listing.paths)
+
+
+def test_hugging_face_folders_are_one_checkpoint_and_trainer_state_is_not_listed(tmp_path):
+    st = pytest.importorskip("safetensors.torch")
+    for step in (2, 4):
+        folder = tmp_path / "out" / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        st.save_file({"w": torch.full((2,), float(step))}, str(folder / "model.safetensors"))
+        (folder / "trainer_state.json").write_text(f'{{"global_step": {step}, "log_history": []}}')
+        for side in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "rng_state_1.pth", "scaler.pt"):
+            torch.save({"state": {}}, folder / side)
+        (folder / "training_args.bin").write_bytes(b"\x80\x02")
+    (tmp_path / "out" / "notes.txt").write_text("hi")
+    listing = list_checkpoints([tmp_path / "out"])
+    assert [p.name for p in listing.paths] == ["checkpoint-2", "checkpoint-4"]
+    assert [p.name for p, _ in listing.left_out] == ["notes.txt"]  # the Trainer's files belong to their folder
+    infos = [inspect_checkpoint(p, stamps=listing.stamps[p]) for p in listing.paths]
+    assert [(i.error, i.global_step, i.hf, i.kind) for i in infos] == [(None, 2, True, "state_dict"), (None, 4, True, "state_dict")]
+    assert state_dict_of(infos[1])["w"].tolist() == [4.0, 4.0]
+    only = list_checkpoints([tmp_path / "out" / "checkpoint-2" / "rng_state.pth"])
+    assert only.paths == [] and "not model weights" in only.explicit[0][1]
+    assert "not model weights" in nothing_to_replay(["x"], only) and "--trust" not in nothing_to_replay(["x"], only)
+
+
+def test_nothing_to_replay_says_what_was_found_instead(tmp_path):
+    (tmp_path / "calib.pt").write_bytes(b"x")
+    (tmp_path / "log.txt").write_text("x")
+    with pytest.raises(ReplayUsageError, match=r"Nothing to replay under .*found calib.pt \(the --data file\), "
+                                               r"log.txt \(not .ckpt/.pt/.pth/.safetensors\)"):
+        find_checkpoints([tmp_path], exclude=[tmp_path / "calib.pt"])
+
+
+@pytest.mark.parametrize(("payload", "global_name", "does"), [
+    (lambda: (os.system, ("true",)), "posix.system", "runs a shell command"),
+    (lambda: (subprocess.Popen, (["true"],)), "Popen", "runs a shell command"),
+    (lambda: (eval, ("1",)), "eval", "runs Python code"),
+    (lambda: (builtins.__import__, ("os",)), "__import__", "imports and runs modules"),
+])
+def test_a_global_that_runs_code_is_named_unsafe_and_never_advised(tmp_path, payload, global_name, does):
+    class Crafted:
+        def __reduce__(self):
+            return payload()
+
+    torch.save({"state_dict": {"w": torch.zeros(1)}, "global_step": 1, "x": Crafted()}, tmp_path / "p.ckpt")
+    info = inspect_checkpoint(tmp_path / "p.ckpt")
+    assert info.refused and info.unsafe
+    assert global_name in info.error and f"which {does}: not safe to allow" in info.error
+    assert TRUST_FLAG not in info.error and "add_safe_globals" not in info.error
+
+
+def test_a_plain_type_is_named_with_both_ways_to_load_it(tmp_path):
+    torch.save({"model": {"w": torch.zeros(1)}, "cfg": fractions.Fraction(1, 3)}, tmp_path / "f.pt")
+    info = inspect_checkpoint(tmp_path / "f.pt")
+    assert info.refused and not info.unsafe
+    assert "GLOBAL fractions.Fraction, a type not on torch's allow-list" in info.error
+    assert TRUST_FLAG in info.error and "add_safe_globals([fractions.Fraction])" in info.error
+
+
+def test_crafted_deep_hyper_parameters_inspect_without_recursion(tmp_path, lightning_ckpt):
+    """A 60,000-deep nested list (written as flat pickle opcodes) in the datamodule's hyper-parameters."""
+    ckpt = torch.load(lightning_ckpt, weights_only=True)
+    ckpt["datamodule_hyper_parameters"] = {"seq_len": 16, "blob": "MARKER"}
+    torch.save(ckpt, tmp_path / "src.ckpt")
+    with zipfile.ZipFile(tmp_path / "src.ckpt") as zi, zipfile.ZipFile(tmp_path / "deep.ckpt", "w") as zo:
+        for item in zi.infolist():
+            data = zi.read(item.filename)
+            if item.filename.endswith("data.pkl"):
+                data = data.replace(b"X\x06\x00\x00\x00MARKER", b"]" * 60_000 + b"a" * 59_999)
+            zo.writestr(item.filename, data)
+    info = inspect_checkpoint(tmp_path / "deep.ckpt")
+    assert info.error is None and info.global_step == 2
+    blob, depth = info.datamodule_hparams["blob"], 0
+    while isinstance(blob, list) and blob:
+        blob, depth = blob[0], depth + 1
+    assert depth == 59_999
+    assert short(info.datamodule_hparams) == "{'seq_len': 16, 'blob': [[...]]}"
+    assert state_dict_of(info).keys() == ckpt["state_dict"].keys()  # a rewritten archive reads from its directory

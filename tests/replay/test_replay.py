@@ -14,10 +14,20 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from satmon import probe
 from satmon.batches import feed_first
-from satmon.replay.checkpoints import find_checkpoints, inspect_checkpoint, order_checkpoints
 from satmon.demos.corpus import CorpusDataModule
 from satmon.demos.lit import LitLM
-from satmon.replay.loop import ModelLoader, ReplayRecord, nonfinite_parameters, replay, summary_row
+from satmon.replay.checkpoints import (
+    find_checkpoints,
+    inspect_checkpoint,
+    order_checkpoints,
+)
+from satmon.replay.loop import (
+    ModelLoader,
+    ReplayRecord,
+    nonfinite_parameters,
+    replay,
+    summary_row,
+)
 
 DM_ARGS = dict(seq_len=16, batch_size=4, train_tokens=20_000, val_tokens=2_000, seed=0)
 
@@ -133,3 +143,109 @@ def test_unbuildable_and_failed_files_become_error_records(run, tmp_path):
     torch.save({"w": torch.zeros(1)}, tmp_path / "plain.pt")
     records = list(replay([inspect_checkpoint(tmp_path / "plain.pt")], ModelLoader(LitLM), batches))
     assert records[0].error.startswith("a plain state_dict file needs --factory")
+
+
+# ------------------------------------------------------------------ the model checked on the meta device
+class Recording(LitLM):
+    """Records every construction and the device of its first parameter (the evidence of what was built)."""
+
+    built: list[str] = []
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        type(self).built.append(next(self.parameters()).device.type)
+
+
+def test_hyper_parameters_asking_for_a_huge_model_cost_nothing_before_the_mismatch(run, tmp_path):
+    ckpt = torch.load(run[0][0], weights_only=True)
+    ckpt["hyper_parameters"] = dict(ckpt["hyper_parameters"], d_model=2048, n_layers=24, n_heads=16)  # 1.2 B parameters
+    torch.save(ckpt, tmp_path / "big.ckpt")
+    Recording.built = []
+    loader = ModelLoader(Recording)
+    info = inspect_checkpoint(tmp_path / "big.ckpt")
+    problem = loader.mismatch(info)
+    assert Recording.built == ["meta"]  # built once, on the meta device only: no memory, no init time
+    assert "308 of the model's 342 keys missing from the checkpoint" in problem
+    assert "model.tok_emb.weight: checkpoint [256, 32], model [256, 2048]" in problem and len(problem) < 600
+    (record,) = replay([info], loader, run[1], probe_kwargs=dict(forward_fn=feed_first))
+    assert record.error == problem and record.report is None and Recording.built == ["meta"]  # never built for real
+
+
+def test_a_fitting_checkpoint_is_checked_on_meta_then_built_once(run):
+    Recording.built = []
+    infos = order_checkpoints([inspect_checkpoint(p) for p in run[0]])
+    records = list(replay(infos, ModelLoader(Recording), run[1], probe_kwargs=dict(forward_fn=feed_first), twin=False))
+    assert [r.error for r in records] == [None, None]
+    assert Recording.built == ["meta", "cpu", "cpu"]  # one meta check (same hyper-parameters), one real build each
+
+
+def test_plain_weights_that_do_not_fit_the_factory_are_named_in_one_line(tmp_path, run):
+    torch.save({"model": torch.nn.Linear(3, 4).state_dict(), "iter_num": 1}, tmp_path / "w.pt")
+    info = inspect_checkpoint(tmp_path / "w.pt")
+    loader = ModelLoader(factory=lambda: torch.nn.Sequential(torch.nn.Linear(3, 4)))
+    problem = loader.mismatch(info)
+    assert problem == ("the model built by the --factory model does not fit this checkpoint: 2 of the model's 2 keys "
+                       "missing from the checkpoint (0.weight, 0.bias); 2 of the checkpoint's 2 keys not in the model "
+                       "(weight, bias). Is --model/--factory building the architecture that saved it?")
+
+
+def test_records_are_frozen_and_built_once_per_checkpoint(run, monkeypatch):
+    import dataclasses
+
+    from satmon.replay import loop
+
+    made = []
+
+    class Counting(ReplayRecord):
+        def __post_init__(self):
+            made.append(self.checkpoint)
+            super().__post_init__()
+
+    monkeypatch.setattr(loop, "ReplayRecord", Counting)
+    infos = order_checkpoints([inspect_checkpoint(p) for p in run[0]])
+    records = list(replay(infos, ModelLoader(LitLM), run[1], probe_kwargs=dict(forward_fn=feed_first)))
+    assert made == [r.checkpoint for r in records] and len(made) == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        records[0].error = "x"
+    assert isinstance(records[0].notes, tuple)
+
+
+def test_the_record_lives_in_results_and_its_0_2_path_keeps_working():
+    from satmon.replay import ReplayRecord as public
+    from satmon.results.replay_record import ReplayRecord as home
+
+    assert public is home is ReplayRecord
+
+
+def test_the_replay_loop_imports_no_lightning(run, tmp_path):
+    """Plain weights with a factory, replayed through the API in a fresh process: Lightning is never loaded."""
+    import subprocess
+    import sys
+
+    ckpt = torch.load(run[0][1], weights_only=True)
+    torch.save({"model": {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()}, "iter_num": 4}, tmp_path / "w.pt")
+    torch.save(run[1], tmp_path / "calib.pt")
+    script = (
+        "import sys, torch\n"
+        "from satmon.replay.checkpoints import inspect_checkpoint\n"
+        "from satmon.replay.loop import ModelLoader, replay, is_lightning_module\n"
+        "from satmon.replay.data import load_data_file, input_forward_fn\n"
+        "from satmon.demos.gpt import GPT, GPTConfig\n"
+        "build = lambda: GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16))\n"
+        f"batches = load_data_file({str(tmp_path / 'calib.pt')!r}, 3)\n"
+        f"(r,) = replay([inspect_checkpoint({str(tmp_path / 'w.pt')!r})], ModelLoader(factory=build), batches,\n"
+        "              probe_kwargs=dict(forward_fn=input_forward_fn(batches)))\n"
+        "assert r.error is None and r.verdict is not None, r.error\n"
+        "assert not is_lightning_module(GPT)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_lightning_module_is_recognised_by_its_bases():
+    from satmon.replay.loop import is_lightning_module
+
+    assert is_lightning_module(LitLM) and is_lightning_module(Recording) and not is_lightning_module(torch.nn.Linear)
+    assert not is_lightning_module(LitLM(arch="gpt", d_model=8, n_layers=1, n_heads=1, seq_len=4))  # an instance is no class
