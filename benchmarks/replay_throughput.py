@@ -40,7 +40,7 @@ MODEL = {"arch": "gpt", "d_model": 32, "n_layers": 2, "n_heads": 2, "seq_len": 1
 DATA = {"seq_len": 16, "batch_size": 4, "train_tokens": 20_000, "val_tokens": 2_000, "seed": 0}
 
 
-def make_checkpoints(folder: Path, n: int, arch: str) -> list[Path]:
+def make_checkpoints(folder: Path, n: int, arch: str, norm: str) -> list[Path]:
     """``n`` Lightning checkpoints of one tiny training run, one per optimizer step."""
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -54,7 +54,7 @@ def make_checkpoints(folder: Path, n: int, arch: str) -> list[Path]:
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         pl.Trainer(max_steps=n, accelerator="cpu", devices=1, logger=False, callbacks=[ckpt], enable_progress_bar=False,
                    enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0
-                   ).fit(LitLM(**{**MODEL, "arch": arch}), CorpusDataModule(**DATA))
+                   ).fit(LitLM(**{**MODEL, "arch": arch, "norm": norm}), CorpusDataModule(**DATA))
     return sorted(folder.glob("*.ckpt"))
 
 
@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-n", "--checkpoints", type=int, default=100, help="checkpoints to make and replay (default 100)")
     p.add_argument("--repeats", type=int, default=3, help="rounds; medians reported (default 3)")
     p.add_argument("--arch", choices=["gpt", "llama"], default="gpt", help="the tiny model (llama: a gated MLP, traced)")
+    p.add_argument("--norm", choices=["dyt", "layernorm"], default="dyt",
+                   help="the tiny model's norms (layernorm: the random-init twin is probed too)")
     p.add_argument("--before", metavar="SRC", default=None, help="a satmon source tree to compare with, side by side")
     p.add_argument("--threads", type=int, default=None, help="satmon replay --threads")
     p.add_argument("--json", default=None, help="write every round's numbers to this JSON file")
@@ -106,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds: dict[str, list[dict[str, float]]] = {k: [] for k in sides}
     with tempfile.TemporaryDirectory(prefix="satmon_replay_bench_") as tmp:
         t = time.perf_counter()
-        ckpts = make_checkpoints(Path(tmp) / "ckpts", args.checkpoints, args.arch)
-        print(f"{len(ckpts)} checkpoints of LitLM({MODEL | {'arch': args.arch}}) made in {time.perf_counter() - t:.1f} s")
+        ckpts = make_checkpoints(Path(tmp) / "ckpts", args.checkpoints, args.arch, args.norm)
+        print(f"{len(ckpts)} checkpoints of LitLM({MODEL | {'arch': args.arch, 'norm': args.norm}}) made in {time.perf_counter() - t:.1f} s")
         for r in range(args.repeats):
             order = list(sides) if r % 2 == 0 else list(reversed(sides))
             for name in order:
