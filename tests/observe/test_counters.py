@@ -8,7 +8,7 @@ import torch
 
 from saturation_reference import reference
 from satmon.observe.counters import SaturationCounter
-from satmon.functional.saturation import saturation_counts, saturation_fraction
+from satmon.functional.saturation import saturation_counts
 
 
 def test_counts_are_int64_per_layer_and_other_layers_stay_zero():
