@@ -11,7 +11,10 @@
     1e-4 of the elements);
 (d) ``satmon.probe`` on a d_model=4096 RMSNorm model, within a memory budget when the probe has
     one (then also: the same readings as without the budget);
-(e) FSDP2: skipped (one GPU shards nothing; the FSDP2 tests run on two processes).
+(e) FSDP2: skipped (one GPU shards nothing; the FSDP2 tests run on two processes);
+(f) kernels per counted DyT input: a forward with the counting hooks on against one with them off,
+    under ``torch.profiler`` (eager: the fused count, one kernel per input; compiled with Inductor:
+    what the count adds to the model's graph, and its graph breaks from Dynamo's own counters).
 
 ``--dry-run`` runs the same code on the CPU with tiny sizes (no CUDA call; the sync audit is
 reported "n/a on CPU"): what the test suite runs.
@@ -45,7 +48,7 @@ from satmon import SaturationMonitor
 from satmon.demos.corpus import corpus_tokens
 from satmon.demos.gpt import GPT, GPTConfig
 
-CHECKS = ("audit", "overhead", "compile", "probe", "fsdp")
+CHECKS = ("audit", "overhead", "compile", "probe", "fsdp", "kernels")
 
 
 @dataclass(frozen=True)
@@ -261,6 +264,73 @@ def check_fsdp(sz: Sizes) -> list[Row]:
                 "(torchrun, gloo)", "skip")]
 
 
+def _extra_work(model: torch.nn.Module, x: torch.Tensor, device: str, compiled: bool) -> tuple[float, int, int]:
+    """Per counted DyT input: kernels (CUDA) or ATen ops (CPU) that satmon's hooks add to one forward, the
+    layers counted, and Dynamo's graph breaks (compiled)."""
+    from torch._dynamo.utils import counters
+    from torch.profiler import ProfilerActivity, profile
+
+    from satmon import SaturationCounter, SaturationHooks, find_dyt_layers
+
+    layers = find_dyt_layers(model)
+    hooks = SaturationHooks(layers, SaturationCounter(len(layers)).to(device)).attach()
+    counters.clear()
+    f = torch.compile(model) if compiled else model
+    cuda = device == "cuda"
+    activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
+    seen = {}
+    try:
+        with torch.no_grad():
+            for on in (True, False, True):  # the last pass is the one measured with the hooks on
+                hooks.enabled = on
+                f(x)
+                f(x)  # warm: compiled variants, thresholds, the fused count's own compilation
+                if cuda:
+                    torch.cuda.synchronize()
+                with profile(activities=[activity]) as prof:
+                    f(x)
+                    if cuda:
+                        torch.cuda.synchronize()
+                events = prof.events()
+                # CUDA: kernels; CPU: top-level ATen ops (an op's own inner calls not counted again)
+                seen[on] = sum(1 for e in events if (e.device_type.name == "CUDA") == cuda
+                               and (cuda or (e.name.startswith("aten::") and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))))
+    finally:
+        hooks.detach()
+    breaks = sum(counters["graph_break"].values())
+    return (seen[True] - seen[False]) / len(layers), len(layers), breaks
+
+
+def check_kernels(sz: Sizes) -> list[Row]:
+    """(f) What counting costs in launches: kernels per counted DyT input, eager and compiled."""
+    import torch._dynamo as dynamo
+
+    spec = sz.compiled
+    torch.manual_seed(0)
+    with torch.device(sz.device):
+        model = GPT(GPTConfig(d_model=spec.d_model, n_layers=spec.n_layers, n_heads=spec.n_heads, seq_len=spec.seq_len,
+                              alpha_init=2.0))
+    x = corpus_tokens(spec.batch_size * spec.seq_len).view(spec.batch_size, spec.seq_len).to(sz.device)
+    unit = "kernels" if sz.device == "cuda" else "ATen ops (CPU: the eager CPU path's four ops and a detach, by design)"
+    setting = f"{spec.describe()}, float32, one forward"
+    rows = []
+    for backend in ("eager", *(b for b in sz.backends if b == "inductor")):
+        dynamo.reset()
+        try:
+            per, n, breaks = _extra_work(model, x, sz.device, compiled=backend != "eager")
+        finally:
+            dynamo.reset()
+        ok = sz.device != "cuda" or backend != "eager" or per <= 1.0
+        status = ("pass" if ok else "FAIL") if sz.device == "cuda" else "n/a"
+        rows.append(Row(f"(f) work per counted DyT input, {backend}", setting,
+                        f"{per:.2f} {unit} per input ({n} layers)" + (f"; {breaks} graph break(s)" if backend != "eager" else ""),
+                        status, numbers={"per_input": per, "layers": n, "graph_breaks": breaks}))
+    if "inductor" not in sz.backends:
+        rows.append(Row("(f) work per counted DyT input, inductor", setting, "skipped in --dry-run (Inductor's CPU code "
+                        "generation takes minutes)", "skip"))
+    return rows
+
+
 def run_check(name: str, fn: Callable[[Sizes], list[Row]], sz: Sizes) -> list[Row]:
     """One check, timed; an exception becomes a FAIL row (the table is still printed)."""
     t0 = time.perf_counter()
@@ -298,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     sz = DRY if args.dry_run else CUDA
     print(f"# satmon GPU check ({'CPU dry run' if args.dry_run else 'CUDA'})\n\nMachine: {machine()}\n")
     t0 = time.perf_counter()
-    fns = {"audit": check_audit, "overhead": check_overhead, "compile": check_compile, "probe": check_probe, "fsdp": check_fsdp}
+    fns = {"audit": check_audit, "overhead": check_overhead, "compile": check_compile, "probe": check_probe, "fsdp": check_fsdp,
+           "kernels": check_kernels}
     rows = [r for name in only for r in run_check(name, fns[name], sz)]
     print(table(rows))
     failed = [r.check for r in rows if r.status == "FAIL"]

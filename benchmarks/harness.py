@@ -99,17 +99,24 @@ def bench_model(spec: ModelSpec, lr: float = 1e-3, alpha_init: float = 2.0) -> B
                    seq_len=spec.seq_len, norm="dyt", alpha_init=alpha_init, lr=lr, warmup=10)
 
 
+#: what a step's time is: elapsed wall time, or the CPU time of this process (its threads' work only: the
+#: other tenants of a shared machine do not add to it while they preempt the run; CPU device only)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
 class StepTimer(Callback):
     """Timestamps at every ``on_train_batch_start`` (after a device sync on CUDA), keyed by the step."""
 
-    def __init__(self, cuda: bool) -> None:
-        self.cuda = cuda
+    def __init__(self, cuda: bool, clock: str = "wall") -> None:
+        if cuda and clock != "wall":
+            raise ValueError(f"Expected clock='wall' on CUDA (the CPU time of the host does not time the device), got {clock!r}.")
+        self.cuda, self.clock = cuda, CLOCKS[clock]
         self.stamps: list[tuple[int, float]] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.cuda:
             torch.cuda.synchronize()  # the timer's sync, outside the audited span
-        self.stamps.append((trainer.global_step, time.perf_counter()))
+        self.stamps.append((trainer.global_step, self.clock()))
 
     def step_times(self, first: int, last: int) -> list[float]:
         """Seconds taken by optimizer steps ``first <= g < last`` (``g``: global step at their start)."""
@@ -199,17 +206,17 @@ def make_monitor(config: str, plan: Plan) -> SaturationMonitor | None:
 
 
 def run_once(spec: ModelSpec, config: str, plan: Plan, device: str, audit_mode: str | None = None,
-             precision: str | None = None, extra_callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+             precision: str | None = None, extra_callbacks: Sequence[Callback] = (), clock: str = "wall") -> dict[str, Any]:
     """Train one configuration; return its measured per-step times, its verdict and (CUDA) its sync audit.
 
     ``extra_callbacks`` run beside the monitor (a reference recorder in the tests); ``audit_mode``
-    (``"warn"`` or ``"error"``) needs ``device="cuda"``.
+    (``"warn"`` or ``"error"``) needs ``device="cuda"``; ``clock`` is a key of :data:`CLOCKS`.
     """
     cuda = device == "cuda"
     if audit_mode and not cuda:
         raise ValueError(f"Expected device 'cuda' for a sync audit (audit_mode={audit_mode!r}), got {device!r}.")
     model = bench_model(spec)
-    timer = StepTimer(cuda)
+    timer = StepTimer(cuda, clock)
     first, last = plan.warmup, plan.warmup + plan.measured
     monitor = make_monitor(config, plan)
     user = UserItemHook() if config == "user-item" else None

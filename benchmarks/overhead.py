@@ -98,7 +98,7 @@ def check_run(config: str, out: dict[str, Any], plan: Plan, spec: ModelSpec) -> 
 
 
 def measure(spec: ModelSpec, configs: list[str], plan: Plan, repeats: int, device: str, q: float, smoke: bool,
-            t_start: float) -> dict[str, Any]:
+            t_start: float, clock: str = "wall") -> dict[str, Any]:
     """All configurations of one model, interleaved, ``repeats`` times; the summary and paired estimate."""
     times: dict[str, list[float]] = {c: [] for c in configs}
     runs: dict[str, list[list[float]]] = {c: [] for c in configs}
@@ -106,7 +106,7 @@ def measure(spec: ModelSpec, configs: list[str], plan: Plan, repeats: int, devic
     for r in range(repeats):
         order = configs[r % len(configs):] + configs[: r % len(configs)]  # rotate: no configuration always first
         for c in order:
-            out = run_once(spec, c, plan, device)
+            out = run_once(spec, c, plan, device, clock=clock)
             times[c] += out["times"]
             runs[c].append(out["times"])
             if c in MONITORED:
@@ -129,6 +129,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)} ('off' is always run)")
     p.add_argument("--quantile", type=float, default=0.2, help="the low quantile reported beside the median (default 0.2)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: all CPU cores)")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="step time: elapsed wall time (default), or this process's CPU time (CPU only: a shared machine's "
+                        "other tenants preempting the run do not add to it)")
     p.add_argument("--watch-every", type=int, default=50, help="collapse-watch cadence of the `watch` configuration (default 50)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 repeats, few steps: correctness only")
     p.add_argument("--markdown", action="store_true", help="print the table as markdown")
@@ -149,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return profile_hook.main(["--device", args.device, *(["--threads", str(args.threads)] if args.threads else []),
                                   *(["--smoke"] if args.smoke else [])])
+    if args.device == "cuda" and args.clock != "wall":
+        p.error("--clock cpu times the host's work only: use it with --device cpu")
     if args.device == "cuda" and not torch.cuda.is_available():
         print("benchmarks/overhead.py: --device cuda asked for, but torch.cuda.is_available() is False.", file=sys.stderr)
         return 2
@@ -165,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = 2 if args.smoke else args.repeats
     watch_every = 4 if args.smoke else args.watch_every
 
-    print(f"# satmon overhead benchmark ({args.device})\n\nMachine: {machine()}")
+    print(f"# satmon overhead benchmark ({args.device}, {args.clock} clock)\n\nMachine: {machine()}")
     print("Command: python benchmarks/overhead.py " + " ".join(argv if argv is not None else sys.argv[1:]))
     results: dict[str, Any] = {}
     t_start = time.perf_counter()
@@ -173,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         steps = 6 if args.smoke else (args.steps or (60 if m == "demo" else 24))
         warmup = 6 if args.smoke else args.warmup
         plan = Plan(warmup=warmup, measured=steps, window_small=max(1, warmup // 2), watch_every=watch_every)
-        results[m] = measure(specs[m], configs, plan, repeats, args.device, args.quantile, args.smoke, t_start)
+        results[m] = measure(specs[m], configs, plan, repeats, args.device, args.quantile, args.smoke, t_start, args.clock)
         if cuda:
             results[m]["audit"] = audit_cells(sync_audit(specs[m], plan, configs))
         if args.smoke:

@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["ACTIVATIONS", "flat_count", "flat_threshold", "gate_stats", "gate_stats_finalize", "gate_stats_update", "split_gate_up"]
+__all__ = ["ACTIVATIONS", "abs_sum", "flat_count", "flat_threshold", "gate_stats", "gate_stats_finalize", "gate_stats_update",
+           "split_gate_up"]
 
 ACTIVATIONS = {
     "silu": F.silu,
@@ -120,6 +121,17 @@ def flat_count(gate: Tensor, threshold: float) -> Tensor:
     return ((g if g.dtype in (torch.float32, torch.float64) else g.float()) < threshold).sum()
 
 
+def abs_sum(hidden: Tensor) -> Tensor:
+    """``sum |hidden|`` accumulated in float64 (a 0-dim device tensor, no sync): the sum behind ``mean_abs_hidden``.
+
+    Example:
+        >>> import torch
+        >>> abs_sum(torch.tensor([1.0, -2.5], dtype=torch.bfloat16)).item()
+        3.5
+    """
+    return hidden.detach().abs().sum(dtype=torch.float64)
+
+
 def gate_stats_update(
     gate: Tensor,
     up: Tensor | None = None,
@@ -138,7 +150,8 @@ def gate_stats_update(
 
     Returns:
         ``(n_flat, n_total, sum_abs_hidden)``: int64 count of ``g < t``, int64 element count, and
-        the float32 sum of ``|act(g) * u|`` (the MLP hidden activation fed to ``down``).
+        the float64 sum of ``|act(g) * u|`` (the MLP hidden activation fed to ``down``; :func:`abs_sum`,
+        as the monitor's :class:`~satmon.observe.gate.GateCounter` sums it).
 
     Example:
         >>> import torch
@@ -156,9 +169,9 @@ def gate_stats_update(
     t = flat_threshold(activation, tol) if threshold is None else float(threshold)
     g = gate.detach().float()  # upcast bf16/fp16: the sums below accumulate many elements
     n_flat = flat_count(g, t)  # int64, stays on device
-    n_total = torch.tensor(g.numel(), dtype=torch.int64, device=g.device)
+    n_total = torch.full((), g.numel(), dtype=torch.int64, device=g.device)  # a fill, not a host-to-device copy
     hidden = act(g) if up is None else act(g) * up.detach().float()  # (..., H)
-    return n_flat, n_total, hidden.abs().sum()
+    return n_flat, n_total, abs_sum(hidden)
 
 
 def gate_stats_finalize(n_flat: Tensor, n_total: Tensor, sum_abs_hidden: Tensor) -> dict[str, float]:

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from satmon.functional.saturation import saturation_fraction
+from satmon.functional.saturation import _exact_threshold, saturation_fraction
 
 __all__ = ["OffsetSums", "OffsetSummary", "offset_sums", "offset_summary"]
 
@@ -109,17 +109,29 @@ def offset_sums(x: Tensor, alpha: Tensor, level: float = 2.0, channel_dim: int =
     """
     dim = channel_dim % x.dim()
     a = _channel_alpha(alpha, x.shape, dim)  # (C,) or (1,)
-    x64 = x.detach().to(torch.float64).movedim(dim, -1)  # (..., C)
-    flat = x64.reshape(-1, x64.shape[-1])  # (N, C): the batch's tokens
+    c = x.shape[dim]
+    x = x.detach()
+    # (N, C) float64, a copy written in place below (one conversion; float64 ops on float64 operands only:
+    # torch's mixed-dtype kernels are several times slower than same-dtype ones on the CPU)
+    flat = x.to(torch.float64, copy=True).movedim(dim, -1).reshape(-1, c)
     mean = flat.mean(0)  # (C,)
+    if x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        # |alpha * x| > level for the exact (float64) product: |x| > the exact float32 threshold, per channel
+        ax = x.movedim(dim, -1).reshape(-1, c).to(torch.float32).abs()  # (N, C) float32
+        ones = ax.gt_(_exact_threshold(a, level))
+        saturated_c = (ones.sum(0) if ones.shape[0] < 2**24 else ones.sum(0, dtype=torch.float64)).to(torch.int64)  # (C,)
+    else:
+        saturated_c = None
     dev = flat - mean  # (N, C), two passes: a large offset does not cancel the spread away
-    spread = dev.square().mean(0).sqrt()  # (C,) population std over tokens
-    saturated_c = (flat.abs() * a > level).sum(0)  # (C,)
+    if saturated_c is None:  # float64 input: the product itself, in place
+        saturated_c = flat.abs_().mul_(a).gt_(level).sum(0).to(torch.int64)  # (C,)
+    sq = torch.mul(dev, dev, out=flat)  # dev ** 2, rounded once (as dev.square())
+    spread = sq.mean(0).sqrt()  # (C,) population std over tokens
     offset_channel = mean.abs() * a > level  # (C,) channels whose mean alone saturates
     return OffsetSums(
-        total=torch.full((), flat.numel(), dtype=torch.int64, device=x.device),  # a fill, not a host-to-device copy
+        total=torch.full((), dev.numel(), dtype=torch.int64, device=x.device),  # a fill, not a host-to-device copy
         saturated=saturated_c.sum(),
-        centered_saturated=(dev.abs() * a > level).sum(),
+        centered_saturated=torch.abs(dev, out=sq).mul_(a).gt_(level).sum().to(torch.int64),
         offset_channel_saturated=(saturated_c * offset_channel).sum(),
         abs_mean=mean.abs(),
         spread=spread,

@@ -35,8 +35,10 @@ No host sync: every tensor function here returns device tensors and never calls 
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -44,15 +46,21 @@ from torch import Tensor
 
 __all__ = [
     "AlphaBroadcastError",
+    "POINTWISE_FUNCTIONS",
     "Product",
     "alpha_broadcast_problem",
     "check_product",
+    "fused_counts",
     "module_product_dtype",
+    "pointwise_cutoff",
+    "pointwise_gain",
     "saturation_threshold",
     "saturation_threshold_host",
+    "threshold_host_fn",
     "saturation_sums",
     "saturation_counts",
     "saturation_fraction",
+    "shifted_saturation_counts",
 ]
 
 #: ``"module"``: the product as the layer's forward rounds it; ``"exact"``: the real product
@@ -105,6 +113,13 @@ def check_product(product: object) -> str:
 
 
 def _check(level: float, dtype: torch.dtype, product: str, product_dtype: torch.dtype | None = None) -> None:
+    if torch.compiler.is_compiling():  # traced once per graph: no cache (Dynamo would trace through it anyway)
+        _check_args(level, dtype, product, product_dtype)
+    else:
+        _check_cached(level, dtype, product, product_dtype)
+
+
+def _check_args(level: float, dtype: torch.dtype, product: str, product_dtype: torch.dtype | None = None) -> None:
     check_product(product)
     if not (math.isfinite(level) and level >= 0):
         raise ValueError(f"Expected a finite saturation level >= 0, got {level!r}.")
@@ -126,6 +141,10 @@ def _check(level: float, dtype: torch.dtype, product: str, product_dtype: torch.
             f"Expected a level between the smallest normal ({info.tiny}) and the largest ({info.max}) {product_dtype} "
             f"value for product='module', got {level!r}. Use product='exact' for such a level."
         )
+
+
+#: the hot path checks the same few combinations every step (errors are not cached)
+_check_cached = functools.lru_cache(maxsize=512)(_check_args)
 
 
 def saturation_threshold(
@@ -213,6 +232,11 @@ def _boundary(level: float, pdt: torch.dtype) -> tuple[float, bool]:
     """``(mid, ties_up)``: a real product rounds to a ``pdt`` value above ``level`` iff it is ``> mid``,
     or ``== mid`` when ``ties_up`` (round half to even: ``mid`` lies between the ``pdt`` values around
     ``level``, and the tie goes up when the lower one is odd)."""
+    return _boundary_cached(level, pdt)
+
+
+@functools.lru_cache(maxsize=512)
+def _boundary_cached(level: float, pdt: torch.dtype) -> tuple[float, bool]:
     if pdt == torch.float64:
         return level, False  # the float64 product is compared as computed
     r = _round_to(level, pdt)
@@ -276,6 +300,37 @@ def saturation_threshold_host(
     return _module_threshold_host(alpha, level, dtype, pdt)
 
 
+def threshold_host_fn(level: float, *, dtype: torch.dtype = torch.float32, product: Product = "module",
+                      product_dtype: torch.dtype | None = None) -> Callable[[float], float]:
+    """:func:`saturation_threshold_host` with everything but ``alpha`` fixed: the arguments are checked
+    once and a function of ``alpha`` alone is returned (the CPU hot path calls it once per layer and step).
+
+    Example:
+        >>> t = threshold_host_fn(2.0)
+        >>> t(2.0), t(0.8) == saturation_threshold_host(0.8, 2.0)
+        (1.0, True)
+    """
+    if product == "exact":
+        _check(level, dtype, product)
+        return functools.partial(_exact_threshold_host, level=level)
+    pdt = product_dtype or torch.float32
+    _check(level, dtype, product, pdt)
+    if dtype != torch.float32:
+        return functools.partial(_module_threshold_host, level=level, dtype=dtype, pdt=pdt)
+    mid, ties_up = _boundary_cached(level, pdt)
+    narrow = pdt != torch.float64  # a float32 alpha rounds to itself; a wider one to float32 first
+
+    def threshold(alpha: float) -> float:
+        a = abs(float(alpha))
+        if narrow:
+            a = _f32(a)
+        if a == 0.0 or a != a:
+            return math.inf
+        return _float32_search(a, level, mid, ties_up)
+
+    return threshold
+
+
 def _exact_threshold_host(alpha: float, level: float) -> float:
     a = abs(float(alpha))
     if a == 0.0:
@@ -293,7 +348,9 @@ def _module_threshold_host(alpha: float, level: float, dtype: torch.dtype, pdt: 
     a = _round_to(abs(float(alpha)), pdt)
     if a == 0.0 or math.isnan(a):
         return math.inf  # nothing exceeds level (0 * inf and nan products are nan)
-    mid, ties_up = _boundary(level, pdt)
+    mid, ties_up = _boundary_cached(level, pdt)
+    if dtype == torch.float32:
+        return _float32_search(a, level, mid, ties_up)
 
     def over(v: float) -> bool:  # a * v: exact for float32-or-narrower operands, the float64 product otherwise
         return a * v >= mid if ties_up else a * v > mid
@@ -312,6 +369,35 @@ _F32 = struct.Struct("<f")
 _U32 = struct.Struct("<I")
 _F16 = struct.Struct("<e")
 _U16 = struct.Struct("<H")
+_F32_INF_BITS = 0x7F800000
+
+
+def _float32_search(a: float, level: float, mid: float, ties_up: bool) -> float:
+    """:func:`_module_threshold_host`'s search for float32 inputs, on the bit patterns directly (the CPU hot
+    path: one threshold per layer and optimizer step). The same steps as the general loop: down from
+    ``fl32(level / a)`` while the product rounds above ``level``, then up while the next value's does not."""
+    pack_f, unpack_f, pack_u, unpack_u = _F32.pack, _F32.unpack, _U32.pack, _U32.unpack
+    t = _f32(level / a)  # to nearest, inf past the float32 range: as the general loop starts
+    bits = unpack_u(pack_f(t))[0]
+    if ties_up:
+        while bits > 0 and a * t >= mid:
+            bits -= 1
+            t = unpack_f(pack_u(bits))[0]
+        while bits < _F32_INF_BITS:
+            up = unpack_f(pack_u(bits + 1))[0]
+            if a * up >= mid:
+                break
+            bits, t = bits + 1, up
+        return t
+    while bits > 0 and a * t > mid:
+        bits -= 1
+        t = unpack_f(pack_u(bits))[0]
+    while bits < _F32_INF_BITS:
+        up = unpack_f(pack_u(bits + 1))[0]
+        if a * up > mid:
+            break
+        bits, t = bits + 1, up
+    return t
 
 
 def _f32(v: float) -> float:
@@ -489,6 +575,135 @@ def saturation_sums(x: Tensor, threshold: Tensor | float, scratch: Tensor | None
         ax.gt_(_fit_threshold(threshold, x.shape))  # extra leading 1-dims, or AlphaBroadcastError
     # a float32 sum of 0/1 is exact below 2**24 elements; beyond, accumulate in float64
     return abs_sum, (ax.sum() if ax.numel() < 2**24 else ax.sum(dtype=torch.float64))
+
+
+def fused_counts(x: Tensor, threshold: Tensor) -> tuple[Tensor, Tensor]:
+    """``#{|x| > threshold}`` and whether ``x`` holds a non-finite value, written as one reduction pass.
+
+    The tensor-op form of :func:`saturation_sums` that a compiler fuses into a single kernel (both
+    reductions read ``x`` once): satmon runs it under ``torch.compile`` (traced into a compiled model,
+    or compiled on its own for an accelerator's eager forwards). In eager CPU code the four ATen ops
+    of :func:`saturation_sums` are faster (docs/performance.md).
+
+    Args:
+        x: a float32/bf16/fp16 DyT input, any shape.
+        threshold: ``saturation_threshold(alpha, level, dtype=x.dtype)`` (float32, ``alpha``'s shape,
+            broadcast against ``x`` as ``alpha * x``), compared with ``|x|`` in float32 (exact for
+            bf16/fp16 data).
+
+    Returns:
+        ``(saturated, nonfinite)``: int64 0-dim tensors, as :func:`saturation_counts` returns them.
+
+    Example:
+        >>> sat, bad = fused_counts(torch.tensor([0.5, -1.5, float("inf")]), torch.tensor([1.0]))
+        >>> int(sat), int(bad)
+        (2, 1)
+    """
+    x = x.detach()
+    saturated = (x.abs().to(torch.float32) > threshold).sum()  # int64
+    return saturated, (~torch.isfinite(x)).any().to(torch.int64)
+
+
+def shifted_saturation_counts(x: Tensor, alpha: Tensor, shift: Tensor, cutoff: float, *,
+                              product: Product = "module") -> tuple[Tensor, Tensor]:
+    """Saturated and non-finite counts of a point-wise layer whose pre-activation carries a shift:
+    ``|u| > cutoff`` with ``u = alpha * x + shift`` (Derf's ``erf(alpha * x + s)``).
+
+    With a shift no single threshold on ``|x|`` exists, so ``u`` itself is computed: as the layer's
+    forward computes it for ``product="module"`` (``alpha * x + shift`` with torch's own rounding and
+    broadcasting, the same bits as the module's eager forward), in float64 for ``"exact"``; then
+    compared with ``cutoff`` in float64 (exact for any ``u`` of float64 or narrower).
+
+    Args:
+        x: the layer's input.
+        alpha: the layer's scale, as its forward applies it.
+        shift: the layer's shift ``s``, as its forward adds it.
+        cutoff: the cut-off on ``|u|`` (:func:`pointwise_cutoff`).
+        product: ``"module"`` or ``"exact"``.
+
+    Returns:
+        ``(saturated, nonfinite)``: int64 0-dim tensors (``nonfinite`` is 1 when ``x`` holds an ``inf``/``nan``).
+
+    Example:
+        >>> x = torch.tensor([0.1, 0.9, -1.2])
+        >>> sat, bad = shifted_saturation_counts(x, torch.tensor([2.0]), torch.tensor([0.5]), 1.6)
+        >>> int(sat), int(bad)  # u = 0.7, 2.3, -1.9
+        (2, 0)
+    """
+    check_product(product)
+    with torch.no_grad():
+        x, a, s = x.detach(), alpha.detach(), shift.detach()
+        if product == "exact" or x.dtype == torch.float64:
+            u = a.to(torch.float64) * x.to(torch.float64) + s.to(torch.float64)
+        else:
+            u = (a * x + s).to(torch.float64)
+        if u.shape != x.shape:
+            raise AlphaBroadcastError(f"Expected alpha * x + shift to keep the input's shape {tuple(x.shape)}, got "
+                                      f"{tuple(u.shape)} (alpha {tuple(a.shape)}, shift {tuple(s.shape)}).")
+        return (u.abs() > cutoff).sum(), (~torch.isfinite(x)).any().to(torch.int64)
+
+
+#: the point-wise functions satmon counts (``NormLayer.function``): DyT's tanh, Derf's erf, the study's HardTanh control
+POINTWISE_FUNCTIONS = ("tanh", "erf", "hardtanh")
+
+
+def pointwise_gain(function: str, u: Tensor) -> Tensor:
+    """The local gain ``|f'(u)| / f'(0)`` of a point-wise function (1 at ``u = 0``), in ``u``'s dtype.
+
+    ``tanh``: ``1 - tanh(u)^2``; ``erf``: ``exp(-u^2)``; ``hardtanh``: 1 on ``|u| < 1``, 0 outside
+    (its derivative at ``|u| = 1`` is undefined; 0 here).
+
+    Example:
+        >>> pointwise_gain("erf", torch.tensor([0.0, 1.0], dtype=torch.float64)).tolist()
+        [1.0, 0.36787944117144233]
+    """
+    if function == "tanh":
+        return 1 - torch.tanh(u) ** 2
+    if function == "erf":
+        return torch.exp(-u * u)
+    if function == "hardtanh":
+        return (u.abs() < 1).to(u.dtype)
+    raise ValueError(f"Expected a point-wise function in {POINTWISE_FUNCTIONS}, got {function!r}.")
+
+
+@functools.lru_cache(maxsize=64)
+def pointwise_cutoff(function: str, level: float) -> float:
+    """The cut-off ``c`` on ``|u|`` at which a point-wise function saturates at the study's ``level``.
+
+    satmon's rule for the DyT family (docs/science.md; the rule is satmon's, the level the study's):
+    an element is saturated when the local gain of the function at its pre-activation ``u`` is below
+    tanh's at ``level``, ``|f'(u)| <= f'(0) * (1 - tanh(level)^2)``; with the study's strict ``>``,
+    saturated iff ``|u| > c``:
+
+    - ``tanh``: ``c = level`` (the study's rule, returned as given: the same bits as before);
+    - ``erf``: ``exp(-c^2) = 1 - tanh(level)^2``, so ``c = sqrt(-ln(1 - tanh(level)^2)) = sqrt(2 ln cosh(level))``
+      (1.62788... at level 2; computed through ``ln cosh`` so that large levels stay accurate);
+    - ``hardtanh``: its gain is 1 inside ``|u| < 1`` and 0 outside, so ``c = 1`` (0 at level 0, where every
+      gain qualifies).
+
+    Args:
+        function: one of :data:`POINTWISE_FUNCTIONS` (``NormLayer.function``).
+        level: the study's level (2.0), finite and ``>= 0``.
+
+    Returns:
+        ``c`` as a Python float.
+
+    Example:
+        >>> pointwise_cutoff("tanh", 2.0), round(pointwise_cutoff("erf", 2.0), 5), pointwise_cutoff("hardtanh", 2.0)
+        (2.0, 1.62788, 1.0)
+    """
+    if not (isinstance(level, (int, float)) and math.isfinite(level) and level >= 0):
+        raise ValueError(f"Expected a finite saturation level >= 0, got {level!r}.")
+    level = float(level)
+    if function == "tanh":
+        return level
+    if function == "erf":
+        log_cosh = level + math.log1p(math.exp(-2 * level)) - math.log(2)  # ln cosh(level), stable for large levels
+        return math.sqrt(max(2 * log_cosh, 0.0))
+    if function == "hardtanh":
+        return 1.0 if level > 0 else 0.0
+    raise ValueError(f"Expected a point-wise function in {POINTWISE_FUNCTIONS} (NormLayer.function), got {function!r}. "
+                     "satmon counts tanh (DyT), erf (Derf) and hardtanh; leave other layers out with exclude=.")
 
 
 def saturation_fraction(saturated: Tensor, total: Tensor) -> Tensor:

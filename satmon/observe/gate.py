@@ -16,35 +16,61 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
-from torchmetrics import Metric
 
+from satmon.functional.gate import ACTIVATIONS, abs_sum, flat_count, flat_threshold, gate_stats_finalize, split_gate_up
+from satmon.model.discovery import modules_by_name
 from satmon.results.gating import GatingInfo
 from satmon.observe.hookset import HookSet, recomputing
-from satmon.model.discovery import modules_by_name
-from satmon.functional.gate import ACTIVATIONS, flat_count, flat_threshold, gate_stats_finalize, split_gate_up
+from satmon.observe.states import SumStates
 
 __all__ = ["GateCounter", "GateHooks"]
 
 
-class GateCounter(Metric):
-    """Per gated block: flat gate count, gate element count, sum and count of ``|down input|`` (summed over ranks)."""
+class GateCounter(SumStates):
+    """Per gated block: flat gate count, gate element count, sum and count of ``|down input|`` (summed over ranks).
 
-    full_state_update = False
+    The two updates are :mod:`satmon.functional.gate`'s sums (:func:`~satmon.functional.gate.flat_count`,
+    :func:`~satmon.functional.gate.abs_sum`) and :meth:`compute` its
+    :func:`~satmon.functional.gate.gate_stats_finalize`: the same formulas as the one-shot
+    :func:`~satmon.functional.gate.gate_stats`.
+
+    Example:
+        >>> c = GateCounter(1)
+        >>> c.update_gate(0, torch.tensor([-6.0, 0.0, 2.0, -5.0]), threshold=-4.0826)
+        >>> c.update_hidden(0, torch.tensor([1.0, -3.0]))
+        >>> c.compute()
+        [{'flat_fraction': 0.5, 'mean_abs_hidden': 2.0}]
+    """
+
     n_flat: Tensor
     n_gate: Tensor
     sum_hidden: Tensor
     n_hidden: Tensor
 
-    def __init__(self, num_blocks: int, **kwargs) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, num_blocks: int) -> None:
+        super().__init__()
         for name, dtype in (("n_flat", torch.int64), ("n_gate", torch.int64), ("sum_hidden", torch.float64), ("n_hidden", torch.int64)):
-            self.add_state(name, default=torch.zeros(num_blocks, dtype=dtype), dist_reduce_fx="sum")
+            self.add_state(name, torch.zeros(num_blocks, dtype=dtype))
 
-    def update(self, *args) -> None:  # hooks write the states directly
-        raise NotImplementedError("GateCounter is fed by GateHooks.")
+    def update_gate(self, index: int, gate: Tensor, threshold: float) -> None:
+        """Add block ``index``'s gate pre-activations (the count of ``g < threshold`` only: no ``act(g)``, no sum)."""
+        self.n_flat.select(0, index).add_(flat_count(gate, threshold))
+        self.n_gate.select(0, index).add_(gate.numel())
 
-    def compute(self) -> dict[str, Tensor]:
-        return {"n_flat": self.n_flat, "n_gate": self.n_gate, "sum_hidden": self.sum_hidden, "n_hidden": self.n_hidden}
+    def update_hidden(self, index: int, hidden: Tensor) -> None:
+        """Add block ``index``'s ``down`` input ``act(g) * up(h)`` (float64 sum of its magnitudes)."""
+        self.sum_hidden.select(0, index).add_(abs_sum(hidden))
+        self.n_hidden.select(0, index).add_(hidden.numel())
+
+    def compute(self, sync: bool = False) -> list[dict[str, float]]:
+        """Per block: ``flat_fraction`` and ``mean_abs_hidden`` (NaN without data), in one transfer; ``sync``
+        sums over ranks first (every rank at the same point)."""
+        s = self.synced(sync)
+        packed = torch.stack([s[k].to(torch.float64) for k in ("n_flat", "n_gate", "sum_hidden", "n_hidden")])
+        rows = packed.cpu().tolist()  # one transfer (counts exact below 2**53)
+        return [{"flat_fraction": gate_stats_finalize(int(f), int(g), 0.0)["flat_fraction"],
+                 "mean_abs_hidden": gate_stats_finalize(0, int(h), sh)["mean_abs_hidden"]}
+                for f, g, sh, h in zip(*rows)]
 
 
 class GateHooks(HookSet):
@@ -97,9 +123,7 @@ class GateHooks(HookSet):
             if not self.enabled or not isinstance(out, Tensor) or recomputing():
                 return
             with torch.no_grad():
-                g = split_gate_up(out, gate_first=gate_first)[0] if fused else out
-                self.counter.n_flat.select(0, i).add_(flat_count(g, t))  # only the count: no act(g), no sum
-                self.counter.n_gate.select(0, i).add_(g.numel())
+                self.counter.update_gate(i, split_gate_up(out, gate_first=gate_first)[0] if fused else out, t)
 
         return hook
 
@@ -108,22 +132,11 @@ class GateHooks(HookSet):
             if not self.enabled or not args or not isinstance(args[0], Tensor) or recomputing():
                 return
             with torch.no_grad():
-                h = args[0].detach()
-                self.counter.sum_hidden.select(0, i).add_(h.abs().sum(dtype=torch.float64))
-                self.counter.n_hidden.select(0, i).add_(h.numel())
+                self.counter.update_hidden(i, args[0])
 
         return hook
 
-    def readings(self) -> dict[str, dict[str, float]]:
-        """Per gated block: ``flat_fraction`` and ``mean_abs_hidden``, NaN without data (syncs ranks and the host)."""
-        with self.counter.sync_context(should_sync=True, should_unsync=True):
-            packed = torch.stack([getattr(self.counter, k).to(torch.float64) for k in ("n_flat", "n_gate", "sum_hidden", "n_hidden")])
-            n_flat, n_gate, s_hidden, n_hidden = packed.cpu().tolist()  # one transfer
-        return {
-            b: {
-                "flat_fraction": gate_stats_finalize(int(f), int(g), 0.0)["flat_fraction"],
-                "mean_abs_hidden": gate_stats_finalize(0, int(h), s)["mean_abs_hidden"],
-            }
-            for b, f, g, s, h in zip(self.blocks, n_flat, n_gate, s_hidden, n_hidden)
-        }
-
+    def readings(self, sync: bool = True) -> dict[str, dict[str, float]]:
+        """Per gated block: ``flat_fraction`` and ``mean_abs_hidden``, NaN without data (a host transfer; with
+        ``sync`` the sums over ranks first, a collective every rank must reach; the probe reads its own only)."""
+        return dict(zip(self.blocks, self.counter.compute(sync=sync)))

@@ -12,11 +12,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
-from torchmetrics import Metric
 
-from satmon.observe.hookset import HookSet, recomputing
-from satmon.model.discovery import NormLayer
 from satmon.functional.offset import offset_summary, offset_sums
+from satmon.functional.saturation import pointwise_cutoff
+from satmon.model.discovery import NormLayer
+from satmon.observe.hookset import HookSet, recomputing
+from satmon.observe.states import SumStates
 
 __all__ = ["OFFSET_RETAINED_BELOW", "OffsetCounter", "OffsetHooks", "offset_driven"]
 
@@ -26,30 +27,46 @@ __all__ = ["OFFSET_RETAINED_BELOW", "OffsetCounter", "OffsetHooks", "offset_driv
 OFFSET_RETAINED_BELOW = 0.25
 
 
-class OffsetCounter(Metric):
-    """Per-layer sums of the offset statistics of sampled batches (sum-reduced over ranks)."""
+class OffsetCounter(SumStates):
+    """Per-layer sums of the offset statistics of sampled batches (summed over ranks when read).
 
-    full_state_update = False
+    Example:
+        >>> c = OffsetCounter(1)
+        >>> x = torch.tensor([[10.0, 0.5], [10.5, -0.5], [9.5, 0.0]])  # channel 0 sits on an offset
+        >>> c.update(0, x, torch.tensor([1.0]), 2.0, -1)
+        >>> {k: v.tolist() for k, v in c.compute().items()}
+        {'saturated': [0.5], 'centered': [0.0], 'offset_ratio': [12.24744871391589], 'batches': [1]}
+    """
+
     _COUNTS = ("total", "saturated", "centered", "offset_channel", "batches")
+    total: Tensor
+    saturated: Tensor
+    centered: Tensor
+    offset_channel: Tensor
+    batches: Tensor
+    ratio_median: Tensor
 
-    def __init__(self, num_layers: int, **kwargs) -> None:
-        kwargs.setdefault("compute_with_cache", False)
-        super().__init__(**kwargs)
+    def __init__(self, num_layers: int) -> None:
+        super().__init__()
         for name in self._COUNTS:
-            self.add_state(name, default=torch.zeros(num_layers, dtype=torch.int64), dist_reduce_fx="sum")
-        self.add_state("ratio_median", default=torch.zeros(num_layers, dtype=torch.float64), dist_reduce_fx="sum")
+            self.add_state(name, torch.zeros(num_layers, dtype=torch.int64))
+        self.add_state("ratio_median", torch.zeros(num_layers, dtype=torch.float64))
 
-    def update(self, index: int, x: Tensor, alpha: Tensor, level: float, channel_dim: int) -> None:  # type: ignore[override]
+    def update(self, index: int, x: Tensor, alpha: Tensor, level: float, channel_dim: int) -> None:
+        """Add one batch of layer ``index`` (its input ``x``, ``alpha``, the cut-off ``level``; device ops only)."""
         s = offset_sums(x, alpha, level, channel_dim)
         ratio = offset_summary(s).offset_ratio_median  # this batch's median over channels of |m_c| / s_c
         for name, v in zip(self._COUNTS, (s.total, s.saturated, s.centered_saturated, s.offset_channel_saturated, 1)):
             getattr(self, name).select(0, index).add_(v)
         self.ratio_median.select(0, index).add_(ratio.clamp_max(1e12))  # an offset with no spread reads 1e12
 
-    def compute(self) -> dict[str, Tensor]:
-        n = self.total.to(torch.float64).clamp_min(1)
-        return {"saturated": self.saturated / n, "centered": self.centered / n,
-                "offset_ratio": self.ratio_median / self.batches.clamp_min(1)}
+    def compute(self, sync: bool = False) -> dict[str, Tensor]:
+        """Per layer (float64 ``(L,)``): ``saturated`` and ``centered`` fractions of the sampled elements,
+        the mean per-batch ``offset_ratio``, and the number of ``batches`` (int64); ``sync`` sums over ranks first."""
+        s = self.synced(sync)
+        n = s["total"].to(torch.float64).clamp_min(1)
+        return {"saturated": s["saturated"] / n, "centered": s["centered"] / n,
+                "offset_ratio": s["ratio_median"] / s["batches"].clamp_min(1), "batches": s["batches"]}
 
 
 def _channel_dim(module: nn.Module, x: Tensor, alpha: Tensor) -> int:
@@ -65,38 +82,42 @@ def _channel_dim(module: nn.Module, x: Tensor, alpha: Tensor) -> int:
 
 
 class OffsetHooks(HookSet):
-    """Forward hooks that feed an :class:`OffsetCounter` (enable them on sampled steps only)."""
+    """Forward hooks that feed an :class:`OffsetCounter` (enable them on sampled steps only).
+
+    Each layer's statistics use its function's cut-off at ``level``
+    (:func:`~satmon.functional.saturation.pointwise_cutoff`); a layer with a shift (Derf's
+    ``alpha * x + s``) has no offset readings (its pre-activation carries a learned offset of its own).
+    """
 
     def __init__(self, layers: Sequence[NormLayer], counter: OffsetCounter, level: float,
                  refused: dict[str, str] | None = None) -> None:
         super().__init__()
         self.layers, self.counter, self.level = list(layers), counter, float(level)
+        self.cutoffs = [pointwise_cutoff(l.function or "tanh", self.level) for l in self.layers]
         self.refused = refused if refused is not None else {}  # shared with the saturation hooks: they refuse first
         self.enabled = False
 
     def _make_hook(self, index: int):
-        name = self.layers[index].name
+        name, cutoff = self.layers[index].name, self.cutoffs[index]
 
         def hook(mod: nn.Module, args: tuple, output: Tensor) -> None:
             # eager only: under torch.compile the statistics are left out (no offset readings on the card)
             if self.enabled and args and not torch.compiler.is_compiling() and name not in self.refused and not recomputing():
                 x, alpha = args[0], mod.alpha
-                self.counter.update(index, x, alpha, self.level, _channel_dim(mod, x, alpha))
+                self.counter.update(index, x, alpha, cutoff, _channel_dim(mod, x, alpha))
 
         return hook
 
     def _register(self) -> list[RemovableHandle]:
-        return [l.module.register_forward_hook(self._make_hook(i)) for i, l in enumerate(self.layers)]
+        return [l.module.register_forward_hook(self._make_hook(i)) for i, l in enumerate(self.layers) if l.shift is None]
 
     def read(self, names: Sequence[str], sync: bool = True) -> dict[str, dict[str, float]]:
-        """Per layer: ``saturated``, ``centered`` (fractions of the sampled batches) and ``offset_ratio``."""
-        c = self.counter
-        with c.sync_context(should_sync=sync, should_unsync=True):  # compute() would squeeze a single layer
-            n = c.total.to(torch.float64).clamp_min(1)
-            rows = torch.stack([c.saturated / n, c.centered / n, c.ratio_median / c.batches.clamp_min(1)]).cpu().tolist()
-            seen = c.batches.clone()
-        return {n: {"saturated": s, "centered": c, "offset_ratio": r}
-                for n, s, c, r, b in zip(names, *rows, seen.cpu().tolist()) if b}
+        """Per layer that saw a sampled batch: ``saturated``, ``centered`` (fractions of the sampled batches) and
+        ``offset_ratio``, in one transfer; ``sync`` sums over ranks first (every rank at the same point)."""
+        r = self.counter.compute(sync)
+        rows = torch.stack([r["saturated"], r["centered"], r["offset_ratio"], r["batches"].to(torch.float64)]).cpu().tolist()
+        return {n: {"saturated": s, "centered": c, "offset_ratio": o}
+                for n, s, c, o, b in zip(names, *rows) if b}
 
 
 def offset_driven(readings: dict[str, dict[str, float]], retained_below: float = OFFSET_RETAINED_BELOW) -> bool:

@@ -47,7 +47,9 @@ class ReadingHooks:
         offset: also make the offset hooks (off until :attr:`offset_enabled` is set).
         keep_inputs: see :class:`~satmon.observe.saturation.SaturationHooks`.
         distributed: the states may sum over ranks when read with ``sync`` (a probe on one rank passes ``False``:
-            its gate counter then never waits for other ranks).
+            its reads then never wait for other ranks).
+        root: the model whose forward's end counts kept inputs (see
+            :class:`~satmon.observe.saturation.SaturationHooks`).
 
     Example:
         >>> from satmon import DyT
@@ -64,7 +66,8 @@ class ReadingHooks:
     """
 
     def __init__(self, model: nn.Module, layers: Sequence[NormLayer], gating: GatingInfo | None, *, level: float,
-                 product: str = "module", offset: bool = True, keep_inputs: bool = False, distributed: bool = True) -> None:
+                 product: str = "module", offset: bool = True, keep_inputs: bool = False, distributed: bool = True,
+                 root: nn.Module | None = None) -> None:
         if not layers:
             raise ValueError("Expected at least one DyT layer to read, got none.")
         self.layers = list(layers)
@@ -72,13 +75,12 @@ class ReadingHooks:
         device = self.layers[0].module.alpha.device
         n = len(self.layers)
         self.saturation = SaturationHooks(self.layers, SaturationCounter(n, level=level, product=product).to(device),
-                                          keep_inputs)
+                                          keep_inputs, root=root)
         # the hook sets share one record of refused layers: each warns once per run
         self.offset = OffsetHooks(self.layers, OffsetCounter(n).to(device), level, self.saturation.refused) if offset else None
         pairings = gating.pairings if gating is not None else {}
-        local = {} if distributed else {"distributed_available_fn": lambda: False}
-        self.gate = GateHooks(model, gating, GateCounter(len(pairings), **local).to(device)) if pairings else None
-        self.level, self.product = float(level), product
+        self.gate = GateHooks(model, gating, GateCounter(len(pairings)).to(device)) if pairings else None
+        self.level, self.product, self.distributed = float(level), product, bool(distributed)
 
     @property
     def names(self) -> list[str]:
@@ -131,6 +133,7 @@ class ReadingHooks:
                 (a layer that appeared during the window); the offset and gate readings stay these hook sets'.
         """
         names = self.names
+        sync = sync and self.distributed  # a probe's hook sets never wait for other ranks
         r = counts if counts is not None else self.saturation.read(sync=sync)
         offset = self.offset.read(names, sync=sync) if self.offset is not None else {}
         if layers is not None:
@@ -140,7 +143,7 @@ class ReadingHooks:
             names = [l.name for l in layers]
         else:
             layers = self.layers
-        gate = self.gate.readings() if self.gate is not None else {}
+        gate = self.gate.readings(sync=sync) if self.gate is not None else {}
         return Reading(
             source=source, step=int(step), counts=r.layer_counts(names), level=self.level, product=self.product,
             alphas=dict(zip(names, r.alphas)), functions={l.name: l.function or "tanh" for l in layers},

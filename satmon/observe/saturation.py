@@ -1,6 +1,24 @@
-"""Forward hooks on DyT layers that count saturation into a :class:`~satmon.observe.counters.SaturationCounter`,
-and the scheduling of those counts (:class:`CountQueue`): when each input is counted, and when the
-queued sums are folded into the counter's states. No host sync on the hooks' path.
+"""Forward hooks on the DyT family's layers that count saturation into a
+:class:`~satmon.observe.counters.SaturationCounter`, and the scheduling of those counts
+(:class:`CountQueue`): when each input is counted, how, and when the queued results are folded into
+the counter's states. No host sync on the hooks' path, and nothing made on the host per step.
+
+How one input is counted (``|x| > t``, ``t`` the layer's exact threshold for its ``alpha``, dtype and
+cut-off, :mod:`satmon.functional.saturation`):
+
+- eager, on the CPU: the four ATen ops of :func:`~satmon.functional.saturation.saturation_sums`
+  (measured faster there than one fused kernel: docs/performance.md);
+- eager, on an accelerator: :func:`~satmon.functional.saturation.fused_counts` compiled once with
+  ``torch.compile`` (one kernel reads the input once and counts both ``|x| > t`` and the non-finite
+  flag), falling back to the four ops where compiling fails;
+- inside a compiled model: the same function traced into the model's graph (no graph break), adding
+  into the counter's states there;
+- a layer with a shift (Derf's ``alpha * x + s``): the pre-activation as the layer computes it
+  (:func:`~satmon.functional.saturation.shifted_saturation_counts`).
+
+The results wait in the queue as device tensors; :meth:`CountQueue.flush` folds them with one
+``update`` whose layer indices and element totals are device tensors made once per call pattern
+(the first forward, or a new shape), so a counted step copies nothing from the host.
 """
 
 from __future__ import annotations
@@ -8,30 +26,36 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from satmon.observe.counters import SaturationCounter
-from satmon.observe.hookset import HookSet, recomputing
-from satmon.model.discovery import NormLayer
-from satmon.results.verdict import LayerCounts
 from satmon.functional.saturation import (
     alpha_broadcast_problem,
+    fused_counts,
     module_product_dtype,
+    pointwise_cutoff,
     saturation_counts,
     saturation_sums,
     saturation_threshold,
-    saturation_threshold_host,
+    shifted_saturation_counts,
+    threshold_host_fn,
+    _fit_threshold,
 )
+from satmon.model.discovery import NormLayer
+from satmon.observe.counters import SaturationCounter
+from satmon.observe.hookset import HookSet, recomputing
+from satmon.results.verdict import LayerCounts
 
 __all__ = ["CountQueue", "HookReadings", "SaturationCounter", "SaturationHooks"]
 
 #: a loop that never reads its counts still holds little: the queue folds itself past this many calls
 _MAX_PENDING = 16384
+#: call patterns whose device index and totals are kept (a training loop repeats one or two)
+_MAX_FOLDS = 32
 
 
 class HookReadings(NamedTuple):
@@ -54,31 +78,49 @@ class HookReadings(NamedTuple):
 
 
 class CountQueue:
-    """When inputs are counted: at once in the hook, or kept and counted together after the forward.
+    """When and how inputs are counted: at once in the hook, or kept and counted together after the forward.
 
-    Each counted input runs the four tensor ops of
-    :func:`~satmon.functional.saturation.saturation_sums` and queues their two 0-dim sums;
+    A counted input queues two 0-dim device results (see the module docstring for how they are made);
     :meth:`flush` folds every queued call into the counter with one ``update`` (a handful of tensor
-    ops, no host sync). With ``keep_inputs`` a hook only keeps ``x`` and ``alpha`` by reference (with
-    their version counters) and :meth:`count_kept` counts them after the forward: inside a CPU
-    training step each op costs several times its warm cost, and autograd holds the input anyway.
-    A kept input or ``alpha`` changed in place before its count is skipped with a warning, and
-    from then on inputs are counted at once.
+    ops, no host sync, no host-to-device copy once the call pattern is known). With ``keep_inputs`` a
+    hook only keeps ``x`` and ``alpha`` by reference (with their version counters) and
+    :meth:`count_kept` counts them after the forward: inside a CPU training step each op costs several
+    times its warm cost, and autograd holds the input anyway. A kept input or ``alpha`` changed in
+    place before its count is skipped with a warning, and from then on inputs are counted at once.
 
     Args:
         counter: where the counts go.
-        level: the saturation level (``|alpha * x| > level``).
+        level: the saturation level (the study's; each layer's cut-off on ``|u|`` follows from it).
         keep_inputs: keep inputs until :meth:`count_kept` (a loop must call it after each forward,
             before the optimizer step).
+        product: ``"module"`` or ``"exact"`` (:mod:`satmon.functional.saturation`).
+        cutoffs: per layer, the cut-off on ``|u|`` (:func:`~satmon.functional.saturation.pointwise_cutoff`
+            of its function at ``level``); default ``level`` for every layer (tanh).
     """
 
-    def __init__(self, counter: SaturationCounter, level: float, keep_inputs: bool = False, product: str = "module") -> None:
+    def __init__(self, counter: SaturationCounter, level: float, keep_inputs: bool = False, product: str = "module",
+                 cutoffs: Sequence[float] | None = None) -> None:
         self.counter, self.level, self.keep_inputs, self.product = counter, float(level), keep_inputs, product
-        self._pending: list[tuple[int, Tensor, Tensor, int]] = []
+        self.cutoffs = [float(c) for c in cutoffs] if cutoffs is not None else [self.level] * counter.num_layers
+        if len(self.cutoffs) != counter.num_layers:
+            raise ValueError(f"Expected {counter.num_layers} cut-offs (one per layer), got {len(self.cutoffs)}.")
+        #: how an eager input is counted: ``None`` by device (fused on accelerators, the four ATen ops on the
+        #: CPU), ``True`` always fused (one compiled kernel), ``False`` always the four ops
+        self.fused: bool | None = None
+        #: the ``torch.compile`` back end of the fused count (Inductor: one kernel per input)
+        self.fused_backend = "inductor"
+        #: a scalar CPU ``alpha`` is read on the host (``.item()`` of a CPU scalar: nothing to wait for) and its
+        #: threshold computed in plain Python; ``False`` takes the accelerator's path (tensor thresholds)
+        self.host_thresholds = True
+        self._fused_fn: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
+        self._sums: list[tuple[int, Tensor, Tensor, int]] = []  # four-op results: (layer, abs sum, saturated, numel)
+        self._counts: list[tuple[int, Tensor, Tensor, int]] = []  # int64 results: (layer, saturated, non-finite, numel)
         self._kept: list[tuple[int, Tensor, int, Tensor, int]] = []  # (layer, x, x's version, alpha, alpha's version)
         self._kept_layers: set[int] = set()
         self._buffers: dict[torch.Size, Tensor] = {}
         self._thresholds: dict[int, tuple[tuple, Tensor | float]] = {}
+        self._host_rules: dict[tuple, Callable[[float], float]] = {}
+        self._folds: dict[tuple, tuple[Tensor, Tensor]] = {}  # (layers, numels) -> device (index, totals)
 
     def add_input(self, index: int, x: Tensor, alpha: Tensor) -> None:
         """Count the eager forward input ``x`` of layer ``index`` now, or keep it for :meth:`count_kept`."""
@@ -96,49 +138,89 @@ class CountQueue:
         self._kept.append((index, x, version, alpha, alpha._version))
         self._kept_layers.add(index)
 
-    def _count_now(self, index: int, x: Tensor, alpha: Tensor) -> None:
-        abs_sum, sat = saturation_sums(x, self.threshold(index, alpha, x.dtype), self._scratch(x))
-        self._pending.append((index, abs_sum, sat, x.numel()))
-        if len(self._pending) >= _MAX_PENDING:
+    def add_counts(self, index: int, saturated: Tensor, nonfinite: Tensor, numel: int) -> None:
+        """Queue int64 counts made elsewhere (a shifted layer's) for the next fold."""
+        self._counts.append((index, saturated, nonfinite, numel))
+        if len(self._counts) >= _MAX_PENDING:
             self.flush()
+
+    def _use_fused(self, x: Tensor) -> bool:
+        return self.fused if self.fused is not None else not x.is_cpu
+
+    def _count_now(self, index: int, x: Tensor, alpha: Tensor) -> None:
+        if self._use_fused(x) and self._count_fused(index, x, alpha):
+            return
+        abs_sum, sat = saturation_sums(x, self.threshold(index, alpha, x.dtype), self._scratch(x))
+        self._sums.append((index, abs_sum, sat, x.numel()))
+        if len(self._sums) >= _MAX_PENDING:
+            self.flush()
+
+    def _count_fused(self, index: int, x: Tensor, alpha: Tensor) -> bool:
+        """One compiled kernel for ``x``; ``False`` (and the four ops from now on) where compiling fails."""
+        if self._fused_fn is None:
+            self._fused_fn = torch.compile(fused_counts, dynamic=True, fullgraph=True, backend=self.fused_backend)
+        t = _fit_threshold(self.threshold(index, alpha, x.dtype, tensor=True), x.shape)
+        try:
+            with torch.no_grad():
+                sat, bad = self._fused_fn(x.detach(), t)
+        except Exception as exc:  # no compiler back end for this device, an unsupported Python, ...
+            self.fused = False
+            warnings.warn(f"satmon: compiling the fused saturation count failed ({type(exc).__name__}: {exc}); counting "
+                          "with four tensor ops per input instead (exact either way).", RuntimeWarning, stacklevel=3)
+            return False
+        self.add_counts(index, sat, bad, x.numel())
+        return True
 
     def count_kept(self) -> None:
         """Count the kept inputs (no host sync), skipping any changed in place since its forward."""
         kept, self._kept = self._kept, []
+        if not kept:
+            return
         self._kept_layers.clear()
         stale = 0
-        for index, x, version, alpha, alpha_version in reversed(kept):  # the latest first: still in cache
-            if x._version != version or alpha._version != alpha_version:
-                stale += 1
-                continue
-            self._count_now(index, x, alpha)
+        with torch.no_grad():  # one grad-mode switch for all the layers
+            for index, x, version, alpha, alpha_version in reversed(kept):  # the latest first: still in cache
+                if x._version != version or alpha._version != alpha_version:
+                    stale += 1
+                    continue
+                self._count_now(index, x, alpha)
         if stale:
             self.keep_inputs = False
             warnings.warn(
                 f"satmon: {stale} kept DyT input(s) or their alpha changed in place between the forward and the count "
-                "(count_kept() must run before the optimizer step); they were skipped, and from now on every input is "
-                "counted in its hook.", RuntimeWarning, stacklevel=2)
+                "(kept inputs are counted when the model's forward returns or at count_kept(), which must run before "
+                "the optimizer step; a model run through .forward() skips the first); they were skipped, and from now "
+                "on every input is counted in its hook.", RuntimeWarning, stacklevel=2)
 
-    def threshold(self, index: int, alpha: Tensor, dtype: torch.dtype = torch.float32) -> Tensor | float:
+    def threshold(self, index: int, alpha: Tensor, dtype: torch.dtype = torch.float32, tensor: bool = False) -> Tensor | float:
         """Layer ``index``'s threshold on ``|x|`` of ``dtype``, recomputed only when ``alpha`` or ``dtype`` changed.
 
         ``alpha`` changes only in place (optimizer steps, loads), which bumps its version counter, so
         a cache keyed on ``(data_ptr, _version)`` needs no device read. A scalar CPU ``alpha`` is read
-        with ``.item()`` (nothing to wait for) and its threshold computed in plain Python.
+        with ``.item()`` (nothing to wait for: the one read of satmon's CPU path, a CPU scalar) and
+        its threshold computed in plain Python, unless ``tensor`` asks for a device tensor.
         """
-        key = (alpha.data_ptr(), alpha._version, dtype)
+        key = (alpha.data_ptr(), alpha._version, dtype, tensor)
         cached = self._thresholds.get(index)
-        if cached is None or cached[0] != key:
-            if alpha.device.type == "cpu" and alpha.numel() == 1:
-                t: Tensor | float = saturation_threshold_host(alpha.item(), self.level, dtype=dtype, product=self.product,
-                                                              product_dtype=module_product_dtype(alpha, dtype))
-            else:
-                t = saturation_threshold(alpha, self.level, dtype=dtype, product=self.product)
-            cached = self._thresholds[index] = (key, t)
-        return cached[1]
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        level = self.cutoffs[index]
+        if not tensor and self.host_thresholds and alpha.device.type == "cpu" and alpha.numel() == 1:
+            rule = (index, dtype, alpha.dtype, alpha.dim())  # what the product dtype depends on
+            fn = self._host_rules.get(rule)
+            if fn is None:  # the arguments checked once, not per step
+                fn = self._host_rules[rule] = threshold_host_fn(level, dtype=dtype, product=self.product,
+                                                                product_dtype=module_product_dtype(alpha, dtype))
+            t: Tensor | float = fn(alpha.item())
+        else:
+            t = saturation_threshold(alpha, level, dtype=dtype, product=self.product)
+        self._thresholds[index] = (key, t)
+        return t
 
     def refresh_thresholds(self, alphas: Sequence[Tensor]) -> None:
-        """The thresholds of all layers with a scalar accelerator ``alpha`` in one batched op (once per step)."""
+        """The thresholds of all layers with a scalar accelerator ``alpha`` in one batched op per group (once per
+        counted step, before its forward; no host read). A scalar CPU ``alpha`` is left to the count, which
+        reads it on the host (measured: computing it here costs the same, only in another step)."""
         # FSDP2-sharded alphas (DTensors here) are left to their hooks, which read them whole
         scalar = [i for i, a in enumerate(alphas) if a.numel() == 1 and a.device.type != "cpu" and not hasattr(a, "full_tensor")]
         if not scalar or len({alphas[i].device for i in scalar}) != 1:
@@ -147,14 +229,14 @@ class CountQueue:
         groups: dict[tuple, list[int]] = {}
         for i in scalar:
             dtype = self._thresholds[i][0][2] if i in self._thresholds else torch.float32
-            groups.setdefault((dtype, module_product_dtype(alphas[i], dtype)), []).append(i)
-        for (dtype, pdt), group in groups.items():
+            groups.setdefault((dtype, module_product_dtype(alphas[i], dtype), self.cutoffs[i]), []).append(i)
+        for (dtype, pdt, level), group in groups.items():
             with torch.no_grad():
                 stacked = torch.stack([alphas[i].detach().reshape(()) for i in group])  # (L,)
-                t = saturation_threshold(stacked, self.level, dtype=dtype, product=self.product, product_dtype=pdt)
+                t = saturation_threshold(stacked, level, dtype=dtype, product=self.product, product_dtype=pdt)
             for j, i in enumerate(group):
                 a = alphas[i]
-                self._thresholds[i] = ((a.data_ptr(), a._version, dtype), t[j : j + 1])
+                self._thresholds[i] = ((a.data_ptr(), a._version, dtype, True), t[j : j + 1])
 
     def _scratch(self, x: Tensor) -> Tensor | None:
         """A float32 work buffer per input shape, on CPU only (GPU allocations are cached already)."""
@@ -165,45 +247,82 @@ class CountQueue:
             buf = self._buffers[x.shape] = torch.empty(x.shape, dtype=torch.float32)
         return buf
 
+    def _fold_tensors(self, layers: tuple[int, ...], numels: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+        """The device index and element totals of one call pattern: made (one copy) the first time it is seen."""
+        key = (layers, numels)
+        hit = self._folds.get(key)
+        if hit is None:
+            device = self.counter.total.device
+            pin = device.type == "cuda"
+            host = torch.tensor([layers, numels], dtype=torch.int64)  # (2, n)
+            on = (host.pin_memory() if pin else host).to(device, non_blocking=True)
+            if len(self._folds) >= _MAX_FOLDS:
+                self._folds.pop(next(iter(self._folds)))
+            hit = self._folds[key] = (on[0], on[1])
+        return hit
+
     def flush(self) -> None:
         """Count what is kept, then fold every queued call into the counter (one ``update``, no host sync)."""
         if self._kept:
             self.count_kept()
-        pending, self._pending = self._pending, []
-        if not pending:
+        sums, counts, self._sums, self._counts = self._sums, self._counts, [], []
+        if not sums and not counts:
             return
-        index, abs_sums, sats, numels = zip(*pending)
-        n = len(pending)
-        sums = torch.stack(abs_sums + sats)  # (2n,), float64 if any call summed in float64
-        device = self.counter.total.device
-        # non_blocking: the rare self-flush in the middle of a step stays free of a sync
-        idx = torch.tensor(index, dtype=torch.int64).to(device, non_blocking=True)
-        self.counter.update(idx, saturated=sums[n:].to(torch.int64), total=torch.tensor(numels, dtype=torch.int64),
-                            nonfinite=(~torch.isfinite(sums[:n])).to(torch.int64))
+        parts_sat, parts_bad = [], []
+        layers: tuple[int, ...] = ()
+        numels: tuple[int, ...] = ()
+        if sums:
+            index, abs_sums, sats, n_el = zip(*sums)
+            n = len(sums)
+            stacked = torch.stack(abs_sums + sats)  # (2n,), float64 if any call summed in float64
+            parts_sat.append(stacked[n:].to(torch.int64))
+            parts_bad.append((~torch.isfinite(stacked[:n])).to(torch.int64))
+            layers, numels = index, n_el
+        if counts:
+            index, sats, bads, n_el = zip(*counts)
+            m = len(counts)
+            stacked = torch.stack(sats + bads)  # (2m,) int64
+            parts_sat.append(stacked[:m])
+            parts_bad.append(stacked[m:])
+            layers, numels = layers + index, numels + n_el
+        idx, totals = self._fold_tensors(layers, numels)
+        sat = parts_sat[0] if len(parts_sat) == 1 else torch.cat(parts_sat)
+        bad = parts_bad[0] if len(parts_bad) == 1 else torch.cat(parts_bad)
+        self.counter.update(idx, saturated=sat, total=totals, nonfinite=bad)
 
     def clear(self) -> None:
         """Drop what is queued or kept (with a counter reset)."""
-        self._pending, self._kept = [], []
+        self._sums, self._counts, self._kept = [], [], []
         self._kept_layers.clear()
 
 
 class SaturationHooks(HookSet):
-    """Forward hooks on DyT layers that count ``|alpha * x| > level`` into a :class:`SaturationCounter`.
+    """Forward hooks on the DyT family's layers that count saturated inputs into a :class:`SaturationCounter`.
 
-    Eager hooks hand each input to a :class:`CountQueue` (four tensor ops, or a kept reference on
-    CPU training with ``keep_inputs``); compiled hooks and float64 inputs count in place with tensor
-    ops only. No ``.item()`` on the way. Read the counts with :meth:`read` (one host transfer).
+    An element is saturated when its pre-activation ``u = alpha * x (+ s)`` has ``|u| > c``, ``c``
+    the cut-off of the layer's function (``NormLayer.function``) at the counter's level: ``level``
+    itself for tanh (DyT, the study's ``|alpha * x| > 2``), 1.6279 for erf (Derf) and 1 for HardTanh
+    at level 2 (:func:`~satmon.functional.saturation.pointwise_cutoff`). A layer with a shift
+    (``NormLayer.shift``, the name of its ``s``) counts ``u`` as its forward computes it.
+
+    Eager hooks hand each input to a :class:`CountQueue` (a kept reference on CPU training with
+    ``keep_inputs``, else counted at once); compiled hooks and float64 inputs count in place with
+    tensor ops only. No ``.item()`` on an accelerator's path. Read the counts with :meth:`read` (one
+    host transfer).
 
     A layer whose ``alpha * x`` would not keep its input's shape (a per-channel ``alpha`` that its
     forward reshapes, invisible to the hook) is refused rather than stopping training: one
     ``RuntimeWarning`` names it, :attr:`refused` keeps the reason, and it is counted no further.
 
     Args:
-        layers: DyT layers (from :func:`satmon.model.discovery.find_dyt_layers`).
-        counter: where counts go (its layer ``i`` is ``layers[i]``); its ``level`` is used.
+        layers: point-wise layers (from :func:`satmon.model.discovery.find_dyt_layers`).
+        counter: where counts go (its layer ``i`` is ``layers[i]``); its ``level`` and ``product`` are used.
         keep_inputs: see :class:`CountQueue`.
         refused: layer name -> reason, shared with another hook set on the same layers (the screen's
             window and watch hooks) so that a refused layer warns once; default a new dict.
+        root: the model whose forward calls the layers: with ``keep_inputs``, a forward hook on it
+            counts the kept inputs as soon as its forward returns (before any backward or optimizer
+            step), so a plain loop needs no :meth:`count_kept` call.
 
     Example:
         >>> from satmon import DyT
@@ -218,20 +337,31 @@ class SaturationHooks(HookSet):
     """
 
     def __init__(self, layers: Sequence[NormLayer], counter: SaturationCounter, keep_inputs: bool = False,
-                 refused: dict[str, str] | None = None) -> None:
+                 refused: dict[str, str] | None = None, root: nn.Module | None = None) -> None:
         if len(layers) != counter.num_layers:
             raise ValueError(f"Expected a counter with {len(layers)} layers, got {counter.num_layers}.")
+        for l in layers:
+            if l.function is None:
+                raise ValueError(f"Expected point-wise layers (NormLayer.function set), got {l.name!r} of kind {l.kind!r} "
+                                 "with no function: satmon counts saturation of the DyT family only.")
+            if l.shift is not None and not isinstance(getattr(l.module, l.shift, None), Tensor):
+                raise ValueError(f"Expected layer {l.name!r} to hold its shift as a tensor attribute {l.shift!r} "
+                                 f"(NormLayer.shift), got {type(getattr(l.module, l.shift, None)).__name__}.")
         super().__init__()
         self.layers = list(layers)
         self.counter = counter
-        self.queue = CountQueue(counter, counter.level, keep_inputs, product=counter.product)
+        self.cutoffs = [pointwise_cutoff(l.function, counter.level) for l in self.layers]
+        self.queue = CountQueue(counter, counter.level, keep_inputs, product=counter.product, cutoffs=self.cutoffs)
         self.refused: dict[str, str] = {} if refused is None else refused
+        self.root = root
 
     def _make_hook(self, index: int):
+        layer = self.layers[index]
         # FSDP2 (alpha a DTensor outside the forward) gathers alpha into fresh storage each forward, keeps its
         # version and frees it after: neither a kept reference nor the (data_ptr, version) threshold cache holds
-        sharded = hasattr(self.layers[index].module.alpha, "full_tensor")
-        name = self.layers[index].name
+        sharded = hasattr(layer.module.alpha, "full_tensor")
+        name, shift, cutoff = layer.name, layer.shift, self.cutoffs[index]
+        counter, queue, product = self.counter, self.queue, self.counter.product
 
         def hook(mod: nn.Module, args: tuple, output: Tensor) -> None:
             if not self.enabled or not args or name in self.refused or recomputing():
@@ -243,18 +373,39 @@ class SaturationHooks(HookSet):
                 if reason is not None:
                     self._refuse(name, reason)
                     return
-            if x.dtype == torch.float64 or sharded or torch.compiler.is_compiling():
-                # compiled: the whole update is in the graph (no Python-side queue); float64: the product path
-                with torch.no_grad():
-                    sat, bad = saturation_counts(x, alpha, self.counter.level, product=self.counter.product)
-                    self.counter.add_counts(index, sat, x.numel(), bad)
+            compiling = torch.compiler.is_compiling()
+            if shift is not None:  # u = alpha * x + s: no single threshold on |x|
+                sat, bad = shifted_saturation_counts(x, alpha, getattr(mod, shift), cutoff, product=product)
+                if compiling:
+                    counter.add_counts(index, sat, x.numel(), bad)
+                else:
+                    queue.add_counts(index, sat, bad, x.numel())
                 return
-            self.queue.add_input(index, x, alpha)  # saturation_sums detaches x: no grad-mode switch
+            if compiling or x.dtype == torch.float64 or sharded:
+                # compiled: the count and the update are in the model's graph (one fused reduction per input, no
+                # Python-side queue); float64: the product itself; FSDP2: alpha read whole, no cache
+                with torch.no_grad():
+                    if compiling and x.dtype != torch.float64 and not sharded:
+                        t = _fit_threshold(saturation_threshold(alpha, cutoff, dtype=x.dtype, product=product), x.shape)
+                        sat, bad = fused_counts(x, t)
+                    else:
+                        sat, bad = saturation_counts(x, alpha, cutoff, product=product)
+                    counter.add_counts(index, sat, x.numel(), bad)
+                return
+            queue.add_input(index, x, alpha)  # the counts detach x: no grad-mode switch
 
         return hook
 
     def _register(self) -> list[RemovableHandle]:
-        return [l.module.register_forward_hook(self._make_hook(i)) for i, l in enumerate(self.layers)]
+        handles = [l.module.register_forward_hook(self._make_hook(i)) for i, l in enumerate(self.layers)]
+        if self.root is not None and self.queue.keep_inputs:
+            handles.append(self.root.register_forward_hook(self._after_forward))
+        return handles
+
+    def _after_forward(self, mod: nn.Module, args: tuple, output: object) -> None:
+        """The model's forward returned: count what its layers kept (eager only; nothing kept under compile)."""
+        if not torch.compiler.is_compiling() and self.queue._kept and not recomputing():
+            self.queue.count_kept()
 
     def _refuse(self, name: str, reason: str) -> None:
         """Stop counting layer ``name`` for the rest of the run, with one warning that says how to resolve it."""
@@ -267,7 +418,7 @@ class SaturationHooks(HookSet):
             "forward uses (e.g. (C, 1, 1)).", RuntimeWarning, stacklevel=2)
 
     def refresh_thresholds(self) -> None:
-        """Batched thresholds of these layers' scalar accelerator ``alpha`` (once per optimizer step)."""
+        """The thresholds of these layers for the coming step, before its forward (once per counted step)."""
         self.queue.refresh_thresholds([l.module.alpha for l in self.layers])
 
     def count_kept(self) -> None:
@@ -284,19 +435,20 @@ class SaturationHooks(HookSet):
         self.counter.reset()
 
     def read(self, sync: bool = True) -> HookReadings:
-        """Per-layer counts and ``|alpha|`` on the host, in one transfer.
+        """Per-layer counts and ``|alpha|`` on the host, in one transfer (the counts exact: int64 throughout).
 
         Args:
-            sync: sum the counts over DDP ranks first (a collective: every rank must call it at the
+            sync: sum the counts over DDP ranks first (one collective: every rank must call it at the
                 same point); ``False`` reads this process's counts only (the probe).
         """
         self.flush()
-        c = self.counter
-        with c.sync_context(should_sync=sync, should_unsync=True):
-            counts = torch.stack([c.saturated, c.total, c.nonfinite]).to(torch.float64)  # exact below 2**53
-        packed = torch.cat([counts, self.alphas().to(counts.device).unsqueeze(0)]).cpu().tolist()
-        sat, total, bad = ([int(v) for v in row] for row in packed[:3])
-        return HookReadings(sat, total, bad, packed[3])
+        s = self.counter.synced(sync)
+        counts = torch.stack([s["saturated"], s["total"], s["nonfinite"]])  # (3, L) int64
+        alphas = self.alphas().to(counts.device).view(torch.int64)  # float64 bits, to travel with the counts
+        packed = torch.cat([counts.reshape(-1), alphas]).cpu()  # the one device-to-host copy of a read
+        n = counts.shape[1]
+        sat, total, bad = (packed[i * n : (i + 1) * n].tolist() for i in range(3))
+        return HookReadings(sat, total, bad, packed[3 * n :].view(torch.float64).tolist())
 
     def alphas(self) -> Tensor:
         """Current ``|alpha|`` of each layer as one float64 device tensor (mean for per-channel alpha).
@@ -308,10 +460,10 @@ class SaturationHooks(HookSet):
 
     def local_alphas(self) -> Tensor:
         """Per layer, ``sum |alpha|`` over this process's elements (its shard under FSDP2; 0 for an empty
-        one): finite exactly when they all are. No collective: the per-step non-finite check."""
-        alphas = (l.module.alpha for l in self.layers)
-        return torch.stack([(a.to_local() if hasattr(a, "to_local") else a).detach().to(torch.float64).abs().sum()
-                            for a in alphas])
+        one), in float64: finite exactly when they all are. No collective: the per-step non-finite check
+        (one op per layer)."""
+        local = ((a.to_local() if hasattr(a, "to_local") else a).detach() for a in (l.module.alpha for l in self.layers))
+        return torch.stack([torch.linalg.vector_norm(a, 1, dtype=torch.float64) for a in local])
 
 
 def whole(t: Tensor) -> Tensor:

@@ -26,6 +26,7 @@ import logging
 import math
 import time
 import warnings
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
@@ -268,13 +269,48 @@ def _read_tap(name: str, tap: CovarianceTap, targets: ProbeTargets, results: _Re
 
 
 # ------------------------------------------------------------------------------------ DyT and gates
+#: the last gating report per model (replay probes one model per architecture with each checkpoint's weights in
+#: it, the live probe the training model): traced again only when the modules or the question change
+_GATING: weakref.WeakKeyDictionary[nn.Module, tuple[Any, Any]] = weakref.WeakKeyDictionary()
+
+
+def _batch_signature(batch: Any) -> Any:
+    """What a traced forward's path can depend on, short of the values: types, shapes and dtypes."""
+    if isinstance(batch, torch.Tensor):
+        return ("tensor", tuple(batch.shape), batch.dtype, batch.device.type)
+    if isinstance(batch, (list, tuple)):
+        return (type(batch).__name__, tuple(_batch_signature(b) for b in batch))
+    if isinstance(batch, dict):
+        return ("dict", tuple((k, _batch_signature(v)) for k, v in batch.items()))
+    return (type(batch).__name__,)
+
+
+def _gating(model: nn.Module, names: list[str], mapping: dict[str, str] | None, example: Any,
+            forward_fn: ForwardFn | None) -> Any:
+    """:func:`satmon.model.gating.detect_gating`, once per model and question: the same module tree (names and
+    types), norm names, mapping, forward function and batch shapes give the same report (the trace reads
+    which module's output feeds which, not values)."""
+    try:
+        key = (tuple((n, type(m)) for n, m in model.named_modules()), tuple(names),
+               tuple(sorted((mapping or {}).items())), forward_fn, _batch_signature(example))
+        hash(key)
+    except TypeError:  # an unhashable mapping value or batch part: no cache
+        key = None
+    cached = _GATING.get(model) if key is not None else None
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    found = detect_gating(model, norm_names=names, mapping=mapping, example_input=example, forward_fn=forward_fn)
+    if key is not None:
+        _GATING[model] = (key, found)
+    return found
+
+
 def _dyt_hooks(model: nn.Module, dyt: list[NormLayer], s: Settings, example: Any,
                forward_fn: ForwardFn) -> tuple[GatingInfo | None, ReadingHooks | None]:
     """The gating of the DyT layers and the window's hook sets on them (offset statistics on every batch)."""
     if not dyt:
         return None, None
-    found = detect_gating(model, norm_names=[l.name for l in dyt], mapping=s.gating_mapping, example_input=example,
-                          forward_fn=forward_fn)
+    found = _gating(model, [l.name for l in dyt], s.gating_mapping, example, forward_fn)
     # a probe on one rank never waits for the others: nothing it reads syncs
     hooks = ReadingHooks(model, dyt, found, level=s.level, product=s.product, offset=True, distributed=False)
     hooks.offset_enabled = True

@@ -163,6 +163,10 @@ class ModelLoader:
                                    "MODULE:FUNCTION (returns the nn.Module, for plain state_dict files).")
         self.model_cls, self.factory, self.device = model_cls, factory, torch.device(device)
         self._shapes: list[tuple[Any, nn.Module | None]] = []  # (hyper-parameters, meta model) of recent checks
+        # one model (and one twin) per architecture, the next checkpoint's weights loaded into it: building a model
+        # (and garbage-collecting the last one) cost more than probing a small one
+        self._built: tuple[Any, nn.Module] | None = None
+        self._twin: tuple[Any, nn.Module] | None = None
 
     def _lightning(self, info: CheckpointInfo) -> bool:
         return info.kind == "lightning" and self.model_cls is not None
@@ -230,29 +234,70 @@ class ModelLoader:
     def load(self, info: CheckpointInfo) -> nn.Module:
         """The trained model, in eval mode on ``device``; its weights read from the file(s) now.
 
+        The model of the previous checkpoint is reused when it has the same architecture (the same
+        hyper-parameters, or the same ``factory``) and every one of its weights is overwritten: a strict
+        load, and no ``on_load_checkpoint`` of the module's own (which may change the model per
+        checkpoint). Otherwise a fresh model is built, as ``load_from_checkpoint`` builds it.
+
         Raises:
             satmon.replay.reading.FileChanged: a file changed since it was listed.
         """
-        if self._lightning(info):
-            ckpt = load_checkpoint(info)
-            model = _new_lightning_module(self.model_cls, ckpt.get("hyper_parameters") or {}, ckpt.get("hparams_name"))
-            model.on_load_checkpoint(ckpt)  # Lightning's hook, as load_from_checkpoint calls it
-            model.load_state_dict(ckpt["state_dict"], strict=getattr(model, "strict_loading", True))
-        else:
-            state = state_dict_of(info)
-            model = self._fresh()
-            _load_weights(model, state)
-        return model.to(self.device).eval()
+        try:
+            if self._lightning(info):
+                ckpt = load_checkpoint(info)
+                hparams, name = ckpt.get("hyper_parameters") or {}, ckpt.get("hparams_name")
+                key = None if _overridden(self.model_cls, "on_load_checkpoint") else ("lightning", name, hparams)
+                model = self._reusable(key)
+                if model is None or not getattr(model, "strict_loading", True):  # a partial load keeps stale weights
+                    model = _new_lightning_module(self.model_cls, hparams, name)
+                model.on_load_checkpoint(ckpt)  # Lightning's hook, as load_from_checkpoint calls it
+                model.load_state_dict(ckpt["state_dict"], strict=getattr(model, "strict_loading", True))
+            else:
+                state = state_dict_of(info)
+                key = ("factory",)
+                model = self._reusable(key) or self._fresh()
+                _load_weights(model, state)  # strict: every weight (or its tied twin) in the file
+        except BaseException:
+            self._keep("built", None, None)  # a half-loaded model is never reused
+            raise
+        model = model.to(self.device).eval()
+        self._keep("built", key, model)
+        return model
 
     def twin(self, info: CheckpointInfo) -> nn.Module:
-        """A random-init instance of the same architecture, seeded with ``TWIN_SEED``."""
+        """A random-init instance of the same architecture, seeded with ``TWIN_SEED`` (built once per architecture:
+        the probe never writes its parameters)."""
+        lightning = self._lightning(info)
+        key = ("lightning", info.hparams_name, info.hparams) if lightning else ("factory",)
+        if self._twin is not None and _same(self._twin[0], key):
+            return self._twin[1]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(TWIN_SEED)
-            if self._lightning(info):
-                model = _new_lightning_module(self.model_cls, info.hparams, info.hparams_name)
-            else:
-                model = self._fresh()
-        return model.to(self.device).eval()
+            model = _new_lightning_module(self.model_cls, info.hparams, info.hparams_name) if lightning else self._fresh()
+        model = model.to(self.device).eval()
+        self._keep("twin", key, model)
+        return model
+
+    def forget(self) -> None:
+        """Drop the models kept for the next checkpoint (after a failed load or probe: never reused)."""
+        self._keep("built", None, None)
+        self._keep("twin", None, None)
+
+    def _reusable(self, key: Any) -> nn.Module | None:
+        """The model kept from the previous checkpoint when ``key`` (its architecture) is the same."""
+        if key is None or self._built is None or not _same(self._built[0], key):
+            return None
+        return self._built[1]
+
+    def _keep(self, which: str, key: Any, model: nn.Module | None) -> None:
+        """Keep ``model`` for the next checkpoint; a model it replaces is collected now (once per architecture
+        change, not per checkpoint: a full ``gc.collect`` of a process holding torch costs ~0.2 s)."""
+        slot = "_built" if which == "built" else "_twin"
+        old = getattr(self, slot)
+        setattr(self, slot, None if model is None or key is None else (key, model))
+        if old is not None and old[1] is not model:
+            del old
+            _release(self.device)
 
     def _fresh(self) -> nn.Module:
         assert self.factory is not None
@@ -260,6 +305,14 @@ class ModelLoader:
         if not isinstance(model, nn.Module):
             raise TypeError(f"Expected --factory to return an nn.Module, got {type(model).__name__}")
         return model
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two architecture keys are equal (hyper-parameters that cannot be compared never are)."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 def nonfinite_parameters(model: nn.Module) -> dict[str, int]:
@@ -314,8 +367,9 @@ def _replay_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any
         except Exception as e:  # an incompatible checkpoint (shapes, missing keys...) is skipped, not fatal
             error, report = error_line(e), None
         finally:
-            del model, twin_model
-            _release(loader.device)
+            if report is None:  # whatever failed, the next checkpoint gets models built afresh
+                loader.forget()
+            del model, twin_model  # the loader keeps one model per architecture for the next checkpoint
     return ReplayRecord(checkpoint=str(info.path), global_step=step, report=report, seconds=seconds,
                         weights_only=info.weights_only, nonfinite_weights=nonfinite, notes=tuple(notes), error=error)
 

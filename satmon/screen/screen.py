@@ -187,14 +187,16 @@ class Screen:
         self.status = "discovered"
         return self.layers
 
-    def attach(self, model: nn.Module, step: int = 0, keep_inputs: bool = False, example_input: Any = None,
+    def attach(self, model: nn.Module, step: int = 0, keep_inputs: bool | None = None, example_input: Any = None,
                forward_fn: ForwardFn | None = None) -> Screen:
         """Attach the hooks to ``model`` (after any wrapping: DDP, FSDP, compile) at optimizer step ``step``.
 
         Args:
             model: the model (the one whose forwards train).
             step: optimizer steps already done (a resumed run).
-            keep_inputs: CPU training: keep inputs and count them in :meth:`count_kept` after the forward.
+            keep_inputs: keep the DyT inputs and count them when ``model``'s forward returns (or at
+                :meth:`count_kept`), before the backward: cheaper than counting in each layer's hook on a
+                CPU. Default (``None``): on a CPU model.
             example_input: a batch for the gated-MLP trace (optional; every rank must pass one under
                 FSDP, whose traced forward runs collectives), fed by ``forward_fn``.
             forward_fn: how ``example_input`` reaches the model (default :func:`satmon.batches.feed`).
@@ -209,7 +211,7 @@ class Screen:
             raise RuntimeError(f"Expected the same DyT layers as at discovery ({names}), got {self.layer_names}.")
         self._build(model, keep_inputs)
         assert self.hooks is not None and self.reader is not None
-        self._map, self._keep_inputs = model_map(model), keep_inputs
+        self._map = model_map(model)
         self._map.listen(self._registered)
         self._counted, self._late, self._late_layers = {l.name: l.module for l in self.layers}, [], {}
         if self._loaded is not None:
@@ -237,15 +239,17 @@ class Screen:
         is made now, on every step counted (the resume's note, :func:`~satmon.screen.state.restore_plan`, says so)."""
         self.conclude(step)
 
-    def _build(self, model: nn.Module, keep_inputs: bool) -> None:
-        """Make (not attach) every hook set and device state the settings ask for, on the DyT layers' device."""
+    def _build(self, model: nn.Module, keep_inputs: bool | None) -> None:
+        """Make (not attach) every hook set and device state the settings ask for, on the DyT layers' device
+        (``keep_inputs=None``: kept on a CPU model, counted when ``model``'s forward returns)."""
         s, layers = self.settings, self.layers
         device = layers[0].module.alpha.device
         n = len(layers)
-        self._model = model
+        keep = device.type == "cpu" if keep_inputs is None else keep_inputs
+        self._model, self._keep_inputs = model, keep
         # the window's hook sets: the same as a probe's (satmon.observe.reading_hooks)
         self.reader = ReadingHooks(model, layers, self.gating, level=s.level, product=s.product, offset=bool(s.offset_every),
-                                   keep_inputs=keep_inputs)
+                                   keep_inputs=keep, root=model)
         self.hooks, self.offset_hooks, self.gate_hooks = self.reader.saturation, self.reader.offset, self.reader.gate
         hooks = self.hooks
         self.window_loss = WindowLoss(s.window).to(device)
@@ -255,7 +259,7 @@ class Screen:
             self.losses = LossHistory(s.loss_baseline + s.watch_every_n_steps, device=device)
             gated = [i for i, layer in enumerate(layers) if layer.name in pairings]
             watch_hooks = SaturationHooks(layers, SaturationCounter(n, level=s.level, product=s.product).to(device),
-                                          keep_inputs, refused=hooks.refused)
+                                          keep, refused=hooks.refused, root=model)
             self.watch = CollapseWatch(watch_hooks, gated, self.gate_hooks,
                                        {k: p.mlp for k, p in pairings.items()}, s.watch_every_n_steps,
                                        s.collapse_threshold, s.loss_spike_z, s.patience, self.losses)
@@ -497,7 +501,7 @@ class Screen:
         if fresh and not at_end:
             device = fresh[0].module.alpha.device
             late = SaturationHooks(fresh, SaturationCounter(len(fresh), level=s.level, product=s.product).to(device),
-                                   self._keep_inputs, refused=self.hooks.refused)
+                                   self._keep_inputs, refused=self.hooks.refused, root=self._model)
             late.enabled = self.hooks.enabled  # this step's sampling, and its thresholds (begin_step ran before)
             if late.enabled:
                 late.refresh_thresholds()

@@ -50,24 +50,24 @@ Counts = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 
 class WindowState(Protocol):
-    """A window state kept in checkpoints (a torchmetrics ``Metric``: its states sum over ranks)."""
+    """A window state kept in checkpoints (a :class:`~satmon.observe.states.SumStates`: its states sum over ranks)."""
 
     @property
-    def metric_state(self) -> dict[str, Any]: ...
+    def state_names(self) -> tuple[str, ...]: ...
 
-    def sync_context(self, *, should_sync: bool = True, should_unsync: bool = True) -> Any: ...
+    def synced(self, sync: bool = True) -> dict[str, torch.Tensor]: ...
 
 
 def read_window_state(metric: WindowState, sync: bool) -> dict[str, list[Any]]:
-    """A window state's tensors as lists (summed over ranks with ``sync``: every rank must call it)."""
-    with metric.sync_context(should_sync=sync, should_unsync=True):
-        return {k: v.cpu().tolist() for k, v in metric.metric_state.items()}
+    """A window state's tensors as lists (summed over ranks with ``sync``: one collective every rank must reach)."""
+    return {k: v.cpu().tolist() for k, v in metric.synced(sync).items()}
 
 
 def load_window_state(metric: WindowState, saved: Mapping[str, Sequence[Any]]) -> None:
     """Copy saved lists back into a window state's tensors (those of the same name and size; others are left)."""
+    names = set(metric.state_names)
     for k, v in saved.items():
-        t = metric.metric_state.get(k)
+        t = getattr(metric, k, None) if k in names else None
         if isinstance(t, torch.Tensor) and t.numel() == len(v):
             t.copy_(torch.tensor(thaw(v), dtype=t.dtype))
 

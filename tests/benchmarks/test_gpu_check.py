@@ -30,7 +30,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 ROWS = (
     "(a) host-sync audit, window + watch", "(b) overhead in the window, paired", "(b) overhead in the window, between runs",
     "(b) overhead after the window (watch off)", "(c) torch.compile, aot_eager", "(c) torch.compile, inductor",
-    "(d) probe, d=64", "(d) probe, d=64: budget vs none", "(e) FSDP2",
+    "(d) probe, d=64", "(d) probe, d=64: budget vs none", "(e) FSDP2", "(f) work per counted DyT input, eager",
+    "(f) work per counted DyT input, inductor",
 )
 
 
@@ -62,3 +63,6 @@ def test_gpu_check_dry_run(tmp_path):
     assert probe["numbers"]["matrices"] == 8 and probe["numbers"]["passes"] == 3
     budgeted = rows["(d) probe, d=64: budget vs none"]
     assert budgeted["status"] == "pass" and budgeted["result"] == "readings identical"
+    kernels = rows["(f) work per counted DyT input, eager"]
+    assert kernels["status"] == "n/a" and kernels["numbers"]["layers"] == 5
+    assert 1 <= kernels["numbers"]["per_input"] <= 8  # the CPU path's ops per input (a CUDA run counts kernels)

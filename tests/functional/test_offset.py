@@ -124,3 +124,16 @@ def test_input_is_not_modified_and_no_grad_is_recorded():
     before = x.detach().clone()
     s = offset_sums(x, torch.tensor([1.0], requires_grad=True))
     assert torch.equal(x.detach(), before) and not any(v.requires_grad for v in s)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_saturated_count_on_the_level_boundary_equals_the_float64_product(dtype):
+    """The float32/bf16/fp16 path counts |alpha * x| > level with a per-channel threshold on |x|: inputs a few
+    ulps either side of level / alpha must split exactly as the float64 product splits them."""
+    alpha = torch.tensor([0.7001, 1.3, 2.9, 0.4])
+    boundary = (2.0 / alpha.double()).to(dtype)  # (C,)
+    bits = boundary.view(torch.int16 if dtype != torch.float32 else torch.int32)
+    steps = torch.arange(-3, 4, dtype=bits.dtype).reshape(-1, 1)
+    near = (bits.reshape(1, -1) + steps).view(dtype)  # (7, C): each channel around its own boundary
+    x = torch.cat([near, -near, torch.randn(50, 4, generator=torch.Generator().manual_seed(3)).to(dtype) * 3])
+    check(offset_sums(x, alpha, 2.0), reference(x, alpha, 2.0))

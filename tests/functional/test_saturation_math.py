@@ -7,12 +7,17 @@ import pytest
 import torch
 
 from satmon.functional.saturation import (
+    POINTWISE_FUNCTIONS,
     AlphaBroadcastError,
+    fused_counts,
     module_product_dtype,
+    pointwise_cutoff,
+    pointwise_gain,
     saturation_counts,
     saturation_sums,
     saturation_threshold,
     saturation_threshold_host,
+    shifted_saturation_counts,
 )
 
 LOW = (torch.bfloat16, torch.float16, torch.float32)
@@ -66,7 +71,7 @@ def around(t: torch.Tensor, dtype: torch.dtype, steps: int = 2) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", LOW)
 @pytest.mark.parametrize("alpha_dtype", ["float32", "same"])  # float32: autocast; same: a model cast to dtype
 @pytest.mark.parametrize("alpha", [0.37, 2.0, -1.3, 0.8001, 5.5])
-@pytest.mark.parametrize("level", [2.0, 0.5, 3.0, 1.7])
+@pytest.mark.parametrize("level", [2.0, 0.5, 3.0, 1.7, pointwise_cutoff("erf", 2.0)])  # erf's: not a float32 value
 def test_counts_equal_recount(product, dtype, alpha_dtype, alpha, level):
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(4, 33, 64, generator=g) * 3).to(dtype)
@@ -308,3 +313,122 @@ def test_counts_trace_into_one_graph():
             assert counted(x, a, 2.0)[0].item() == saturation_counts(x, a, 2.0)[0].item() == module_recount(x, a, 2.0)
     finally:
         dynamo.reset()
+
+
+# ------------------------------------------------------------------ the point-wise family's cut-offs
+def _float64_gain_crossing(function: str, level: float) -> float:
+    """Where the gain |f'(u)| / f'(0), evaluated in float64 (the functions' own derivatives by autograd),
+    first falls to tanh's at ``level``: bisection on [0, 50], independent of pointwise_cutoff's formulas."""
+    f = {"tanh": torch.tanh, "erf": torch.erf, "hardtanh": torch.nn.functional.hardtanh}[function]
+
+    def gain(u: float) -> float:
+        t = torch.tensor([u, 0.0], dtype=torch.float64, requires_grad=True)
+        (g,) = torch.autograd.grad(f(t).sum(), t)
+        return abs(g[0].item()) / abs(g[1].item())
+
+    target = 1 - math.tanh(level) ** 2
+    lo, hi = 0.0, 50.0  # gain(lo) > target (level > 0), gain(hi) <= target
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if gain(mid) > target else (lo, mid)
+    return hi
+
+
+@pytest.mark.parametrize("function", POINTWISE_FUNCTIONS)
+@pytest.mark.parametrize("level", [0.5, 1.0, 2.0, 3.0, 5.0])
+def test_cutoff_is_where_the_float64_gain_falls_to_tanhs_at_the_level(function, level):
+    c = pointwise_cutoff(function, level)
+    assert abs(c - _float64_gain_crossing(function, level)) < 1e-9 * max(1.0, c)
+    u = torch.tensor([c * (1 - 1e-6), c * (1 + 1e-6)], dtype=torch.float64)
+    gain = pointwise_gain(function, u)
+    target = 1 - math.tanh(level) ** 2
+    assert gain[0] > target >= gain[1] or (function == "hardtanh" and gain[0] == 1 and gain[1] == 0)
+
+
+def test_the_named_cutoffs_at_the_studys_level():
+    assert pointwise_cutoff("tanh", 2.0) == 2.0  # the study's rule, bit for bit
+    assert pointwise_cutoff("erf", 2.0) == pytest.approx(math.sqrt(-math.log(1 - math.tanh(2.0) ** 2)), rel=1e-15)
+    assert round(pointwise_cutoff("erf", 2.0), 4) == 1.6279  # (1.6276 when 1 - tanh(2)^2 is rounded to 0.0707 first)
+    assert pointwise_cutoff("hardtanh", 2.0) == 1.0 and pointwise_cutoff("hardtanh", 0.0) == 0.0
+    assert math.isfinite(pointwise_cutoff("erf", 40.0))  # 1 - tanh(40)^2 is 0 in float64; ln cosh is not
+    with pytest.raises(ValueError, match=r"Expected a point-wise function in \('tanh', 'erf', 'hardtanh'\).*got 'gelu'"):
+        pointwise_cutoff("gelu", 2.0)
+    with pytest.raises(ValueError, match="Expected a finite saturation level >= 0, got -1"):
+        pointwise_cutoff("erf", -1.0)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("alpha_dtype", ["float32", "same"])
+def test_erf_threshold_counts_exactly_at_its_cutoff(dtype, alpha_dtype):
+    """A cut-off that is no float value: the threshold still splits the inputs exactly, at and around it."""
+    c = pointwise_cutoff("erf", 2.0)
+    a = torch.tensor([0.9173], dtype=torch.float32 if alpha_dtype == "float32" else dtype)
+    t = saturation_threshold(a, c, dtype=dtype).double()
+    x = torch.cat([around(c / a.double(), dtype, 3).reshape(-1), around(t, dtype, 3).reshape(-1),
+                   (torch.randn(2000, generator=torch.Generator().manual_seed(3)) * 3).to(dtype)])
+    for product in ("module", "exact"):
+        assert saturation_counts(x, a, c, product=product)[0].item() == RECOUNT[product](x, a, c)
+
+
+# ------------------------------------------------------------------ the fused and the shifted counts
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("shape", [(1,), (64,)])
+def test_fused_counts_equal_the_four_op_counts(dtype, shape):
+    g = torch.Generator().manual_seed(13)
+    a = torch.rand(shape, generator=g) * 3 + 0.1
+    x = (torch.randn(3, 5, 64, generator=g) * 3).to(dtype)
+    x[0, 0, :2] = torch.tensor([float("inf"), float("nan")])
+    t = saturation_threshold(a, 2.0, dtype=dtype)
+    sat, bad = fused_counts(x, t)
+    want_sat, want_bad = saturation_counts(x, a, 2.0)
+    assert (sat.dtype, bad.dtype) == (torch.int64, torch.int64)
+    assert (sat.item(), bad.item()) == (want_sat.item(), want_bad.item()) == (module_recount(x, a, 2.0), 1)
+
+
+def test_fused_counts_compile_to_one_graph_and_count_as_eager():
+    dynamo = pytest.importorskip("torch._dynamo")
+    try:
+        fused = torch.compile(fused_counts, backend="aot_eager", fullgraph=True, dynamic=True)
+        for dtype in LOW:
+            x = (torch.randn(7, 64, generator=torch.Generator().manual_seed(2)) * 3).to(dtype)
+            t = saturation_threshold(torch.tensor([1.1]), 2.0, dtype=dtype)
+            assert [v.item() for v in fused(x, t)] == [v.item() for v in fused_counts(x, t)]
+    finally:
+        dynamo.reset()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("shift_shape", [(1,), (32,)])
+def test_shifted_counts_equal_the_modules_own_preactivation(dtype, shift_shape):
+    """u = alpha * x + s as the layer computes it (module), or in float64 (exact), against |u| > c."""
+    g = torch.Generator().manual_seed(17)
+    c = pointwise_cutoff("erf", 2.0)
+    a = torch.tensor([0.83]).to(dtype)
+    s = (torch.randn(shift_shape, generator=g) * 0.7).to(dtype)
+    x = (torch.randn(6, 9, 32, generator=g) * 2.5).to(dtype)
+    module_u = (a * x + s).to(torch.float64)
+    exact_u = a.double() * x.double() + s.double()
+    assert shifted_saturation_counts(x, a, s, c)[0].item() == int((module_u.abs() > c).sum())
+    assert shifted_saturation_counts(x, a, s, c, product="exact")[0].item() == int((exact_u.abs() > c).sum())
+    x[1, 2, 3] = float("nan")
+    sat, bad = shifted_saturation_counts(x, a, s, c)
+    assert bad.item() == 1 and sat.item() == int(((a * x + s).to(torch.float64).abs() > c).sum())
+    with pytest.raises(AlphaBroadcastError, match="keep the input's shape"):
+        shifted_saturation_counts(x, a, torch.zeros(2, 1, 1, 1), c)
+
+
+@pytest.mark.parametrize("product", ["module", "exact"])
+@pytest.mark.parametrize("dtype, product_dtype", [(torch.float32, torch.float32), (torch.float32, torch.float64),
+                                                   (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)])
+def test_threshold_host_fn_equals_the_tensor_threshold(product, dtype, product_dtype):
+    """The pre-checked host threshold (one per layer and step on the CPU) against the tensor version, bit for bit."""
+    from satmon.functional.saturation import threshold_host_fn
+
+    g = torch.Generator().manual_seed(21)
+    alphas = torch.cat([torch.tensor([0.0, 1e-45, 1e-30, 0.8, 2.0, 3.4e38]), 10 ** (torch.rand(2000, generator=g) * 60 - 30)])
+    alphas = alphas.to(product_dtype if product_dtype != torch.float32 or dtype == torch.float32 else torch.float32)
+    for level in (2.0, pointwise_cutoff("erf", 2.0), 1.0):
+        fn = threshold_host_fn(level, dtype=dtype, product=product, product_dtype=product_dtype)
+        want = saturation_threshold(alphas.reshape(-1, 1), level, dtype=dtype, product=product,
+                                    product_dtype=product_dtype).reshape(-1).tolist()
+        assert [fn(a) for a in alphas.tolist()] == want, level

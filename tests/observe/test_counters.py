@@ -8,7 +8,7 @@ import torch
 
 from saturation_reference import reference
 from satmon.observe.counters import SaturationCounter
-from satmon.functional.saturation import saturation_counts, saturation_fraction
+from satmon.functional.saturation import saturation_counts
 
 
 def test_counts_are_int64_per_layer_and_other_layers_stay_zero():
@@ -62,52 +62,54 @@ def test_compute_gives_float64_fractions_zero_for_empty_layers_and_copies():
     assert c.saturated.tolist() == [1, 0, 3]
 
 
-def test_add_counts_skips_torchmetrics_wrapper_and_compute_sees_it():
-    """Compiled hooks call add_counts: no update counter to guard on, and no cached result to go stale."""
+def test_compute_reads_the_states_as_they_are_now():
+    """Compiled hooks add into the states directly (add_counts): compute() has no cache to go stale."""
     c = SaturationCounter(1)
     c.update(0, 1, 4)
-    assert c.update_count == 1 and c.compute()["pooled"].item() == 0.25
+    assert c.compute()["pooled"].item() == 0.25
     c.add_counts(0, 3, 4)
-    assert c.update_count == 1
-    assert c.compute()["pooled"].item() == 0.5  # not the cached 0.25
+    assert c.compute()["pooled"].item() == 0.5
     c.add_counts(torch.tensor([0]), torch.tensor([2]), torch.tensor([2]), torch.tensor([1]))
     assert c.total.tolist() == [10] and c.saturated.tolist() == [6] and c.nonfinite.tolist() == [1]
 
 
-def test_reset_zeroes_states_and_the_update_count():
+def test_reset_zeroes_states_in_place():
     c = SaturationCounter(2)
+    held = c.saturated  # hooks and compiled graphs hold the state tensors: reset keeps them
     c.update(torch.tensor([0, 1]), saturated=torch.tensor([1, 2]), total=torch.tensor([3, 4]), nonfinite=1)
     c.reset()
     assert c.total.tolist() == [0, 0] and c.saturated.tolist() == [0, 0] and c.nonfinite.tolist() == [0, 0]
-    assert c.update_count == 0 and not c.update_called
+    assert c.saturated is held
 
 
-def test_ranks_add_raw_counts_not_fractions():
-    """``dist_reduce_fx="sum"``: the fractions over ranks are those of all their data in one process."""
+def test_ranks_add_raw_counts_not_fractions(monkeypatch):
+    """Counts are summed over ranks, then divided: the fractions over ranks are those of all their data in one process."""
+    import satmon.observe.states as states
+
     g = torch.Generator().manual_seed(7)
     a = torch.tensor([1.1])
     rows = [[2, 9], [7, 1]]  # (rank, layer): uneven, so a mean of per-rank fractions would differ
-    rank1: dict[int, torch.Tensor] = {}
-
-    def all_gather(t: torch.Tensor, group=None) -> list[torch.Tensor]:  # what rank 0 receives from two ranks
-        return [t, rank1[id(t)]]
-
-    # rank 0 syncs in compute(), as under DDP; rank 1 only supplies its states
-    ranks = [SaturationCounter(2, dist_sync_fn=all_gather, distributed_available_fn=lambda: True), SaturationCounter(2)]
-    alone = SaturationCounter(2)
+    ranks, alone = [SaturationCounter(2), SaturationCounter(2)], SaturationCounter(2)
     for counter, per_layer in zip(ranks, rows):
         for layer, n in enumerate(per_layer):
             x = torch.randn(n, 16, generator=g) * (1.0 + 2.0 * layer)
             counter.update(layer, reference(x, a), x.numel())
             alone.update(layer, reference(x, a), x.numel())
-    rank1.update({id(getattr(ranks[0], k)): getattr(ranks[1], k) for k in ("saturated", "total", "nonfinite")})
-    synced, want = ranks[0].compute(), alone.compute()
+    calls = []
+
+    def all_reduce(packed):  # rank 0's view of a 2-rank SUM: its packed vector plus rank 1's, packed the same way
+        calls.append(packed.clone())
+        packed.add_(states._pack([getattr(ranks[1], k) for k in ("saturated", "total", "nonfinite")]))
+
+    monkeypatch.setattr(states, "_distributed", lambda: True)
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    synced, want = ranks[0].compute(sync=True), alone.compute()
+    assert len(calls) == 1  # one packed collective for the three states
     for k in ("saturated", "total", "nonfinite", "per_layer", "pooled"):
         assert torch.equal(synced[k], want[k]), k
-    mean_of_fractions = (saturation_fraction(ranks[0].saturated.sum(), ranks[0].total.sum()).item()
-                         + ranks[1].compute()["pooled"].item()) / 2
+    mean_of_fractions = (ranks[0].compute()["pooled"].item() + ranks[1].compute()["pooled"].item()) / 2
     assert abs(synced["pooled"].item() - mean_of_fractions) > 1e-3
-    assert ranks[0].total.tolist() == [32, 144]  # compute() gives rank 0 its own counts back (2x16, 9x16)
+    assert ranks[0].total.tolist() == [32, 144]  # the local states are not changed by a synced read (2x16, 9x16)
 
 
 def test_arguments_are_checked_with_what_to_do():

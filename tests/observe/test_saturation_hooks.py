@@ -236,21 +236,28 @@ def test_kept_input_counted_after_alpha_changed_is_skipped_with_a_warning():
     assert hooks.counter.saturated.tolist() == [3] and hooks.counter.total.tolist() == [8]
 
 
-def test_a_read_folds_with_one_update_and_compute_does_not_warn():
+def test_a_read_folds_with_one_update_and_no_host_copy_once_the_pattern_is_known(monkeypatch):
+    """Three calls, one fold; the fold's layer indices and element totals are made once per call pattern."""
     dyt, hooks = _kept()
+    folds, made = [], []
+    update = hooks.counter.update
+    monkeypatch.setattr(hooks.counter, "update", lambda *a, **k: (folds.append(a), update(*a, **k)))
+    real_tensor = torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: (made.append(a), real_tensor(*a, **k))[1])
     for _ in range(3):
         dyt(torch.tensor(X4))  # each forward counts the previous kept input first
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # torchmetrics warns when compute() runs before any update
-        r = hooks.read(sync=False)
-        out = hooks.counter.compute()
+    made.clear()
+    r = hooks.read(sync=False)
     assert (r.saturated, r.total) == ([6], [12])
-    assert int(out["saturated"]) == 6 and int(out["total"]) == 12  # (one layer: torchmetrics squeezes to 0-dim)
-    assert hooks.counter.update_count == 1  # three calls, one fold
+    assert len(folds) == 1 and len(made) == 1  # one fold; its index and totals made on the host once
+    for _ in range(3):
+        dyt(torch.tensor(X4))
+    made.clear()
+    hooks.flush()
+    assert len(folds) == 2 and made == []  # the same pattern again: nothing made on the host
     hooks.flush()  # nothing queued: no empty update
-    assert hooks.counter.update_count == 1
-    hooks.reset()
-    assert hooks.counter.update_count == 0 and not hooks.counter.update_called
+    assert len(folds) == 2
+    assert hooks.read(sync=False).saturated == [12]
 
 
 def test_inference_tensors_are_counted_at_once():
@@ -288,3 +295,42 @@ def test_kept_inputs_with_activation_checkpointing_counted_before_the_optimizer_
     assert len(seen) == 6 and seen[0::2] == seen[1::2]  # three forwards, each run twice on the same input
     r = hooks.read(sync=False)
     assert r.saturated == [sum(seen[0::2])] and r.total == [3 * 16 * 8]
+
+
+# ----------------------------------------------------------------------------- the fused (compiled) count
+@pytest.mark.parametrize("keep_inputs", [False, True])
+def test_the_fused_count_equals_the_reference_and_falls_back_when_compiling_fails(keep_inputs):
+    """The accelerators' path (one compiled kernel per input), forced on the CPU with the aot_eager back end."""
+    dynamo = pytest.importorskip("torch._dynamo")
+    model = _Twice()
+    hooks = hooked(model, keep_inputs=keep_inputs)
+    hooks.queue.fused, hooks.queue.fused_backend = True, "aot_eager"
+    g = torch.Generator().manual_seed(6)
+    seen = {l.name: [] for l in hooks.layers}
+    for l in hooks.layers:
+        l.module.register_forward_hook(lambda m, a, o, n=l.name: seen[n].append((a[0].detach().clone(), m.alpha.detach().clone())))
+    try:
+        with torch.no_grad():
+            for _ in range(2):
+                model(torch.randn(4, 6, 16, generator=g) * 3)
+                hooks.count_kept()
+        want = [sum(reference(x, a) for x, a in seen[l.name]) for l in hooks.layers]
+        r = hooks.read(sync=False)
+        assert r.saturated == want and hooks.queue.fused is True and not hooks.queue._sums
+        assert r.total == [sum(x.numel() for x, _ in seen[l.name]) for l in hooks.layers]
+
+        def broken(gm, example_inputs):
+            raise RuntimeError("no compiler here")
+
+        hooks.reset()
+        for v in seen.values():
+            v.clear()
+        dynamo.reset()
+        hooks.queue._fused_fn, hooks.queue.fused_backend = None, broken
+        with pytest.warns(RuntimeWarning, match="compiling the fused saturation count failed"), torch.no_grad():
+            model(torch.randn(4, 6, 16, generator=g) * 3)
+            hooks.count_kept()
+        assert hooks.queue.fused is False  # the four ops from now on, exact as well
+        assert hooks.read(sync=False).saturated == [sum(reference(x, a) for x, a in seen[l.name]) for l in hooks.layers]
+    finally:
+        dynamo.reset()

@@ -1,0 +1,191 @@
+"""No host sync on satmon's per-step path, proved on the CPU: over counted window steps, a dispatch mode
+records every operation that forces a device-to-host read (and every tensor made on the host) issued from
+satmon's hooks and from the screen's step calls. On an accelerator each of those would wait for the device.
+
+The CPU path reads one thing on purpose: a scalar CPU ``alpha`` with ``.item()`` (``CountQueue.threshold``,
+a CPU scalar with nothing to wait for). The test names it, and runs the accelerator's path
+(``host_thresholds=False``) too, where nothing at all is read. The non-finite guard (``abort_on``) reads
+its CPU flag at once; on CUDA it copies it asynchronously and reads it a step later: named as well.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from satmon import Screen
+from satmon.demos.gpt import GPT, GPTConfig
+from satmon.demos.llama import LlamaLM
+
+#: aten operations that read a device value on the host (``.item()``, ``bool(t)``, data-dependent shapes)
+SYNCING = {"_local_scalar_dense", "is_nonzero", "nonzero", "masked_select", "unique", "_unique", "_unique2",
+           "unique_dim", "unique_consecutive", "unique_dim_consecutive", "item", "equal", "allclose",
+           "repeat_interleave", "bincount", "masked_scatter", "histc", "histogram"}
+#: Python-level reads that bypass the dispatcher on a CPU tensor (on an accelerator each is a transfer)
+HOST_READS = ("tolist", "numpy", "item", "__bool__", "__int__", "__float__", "__index__")
+
+
+def _satmon_frame() -> str:
+    """The innermost satmon frame of the current stack (``file:function``), tests and the model excluded."""
+    for f in reversed(traceback.extract_stack()):
+        if "/satmon/" in f.filename and "/satmon/demos/" not in f.filename and not f.filename.endswith("dyt.py"):
+            return f"{f.filename.rsplit('/satmon/', 1)[1]}:{f.name}"
+    return "?"
+
+
+class SyncRecorder(TorchDispatchMode):
+    """Records syncing ops (and host-made tensors) while :attr:`active` (inside satmon's hooks and step calls)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.active = 0
+        self.found: list[tuple[str, str]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.active:
+            name = func.overloadpacket.__name__
+            bool_index = name in ("index", "index_put", "index_put_") and any(
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or []))
+            if name in SYNCING or bool_index:
+                self.found.append((f"aten.{name}", _satmon_frame()))
+        return func(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def on(self):
+        self.active += 1
+        try:
+            yield
+        finally:
+            self.active -= 1
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    rec = SyncRecorder()
+
+    def wrap_register(register):
+        def reg(module, hook, *a, **k):
+            def recorded(*args, **kw):
+                with rec.on():
+                    return hook(*args, **kw)
+            return register(module, recorded, *a, **k)
+        return reg
+
+    # every hook registered during the test is satmon's (the test registers none): run each one recorded
+    monkeypatch.setattr(nn.Module, "register_forward_hook", wrap_register(nn.Module.register_forward_hook))
+    monkeypatch.setattr(nn.Module, "register_forward_pre_hook", wrap_register(nn.Module.register_forward_pre_hook))
+    for name in HOST_READS:
+        original = getattr(torch.Tensor, name)
+
+        def read(t, *a, _original=original, _name=name, **k):
+            if rec.active:
+                rec.found.append((f"Tensor.{_name}", _satmon_frame()))
+            return _original(t, *a, **k)
+        monkeypatch.setattr(torch.Tensor, name, read)
+    for name in ("tensor", "as_tensor", "from_numpy"):  # tensors made on the host: a host-to-device copy on a GPU
+        original = getattr(torch, name)
+
+        def made(*a, _original=original, _name=name, **k):
+            if rec.active:
+                rec.found.append((f"torch.{_name}", _satmon_frame()))
+            return _original(*a, **k)
+        monkeypatch.setattr(torch, name, made)
+    with rec:
+        yield rec
+
+
+def _train(model: nn.Module, screen: Screen, rec: SyncRecorder, steps: int, keep_inputs: bool, window: int,
+           host_thresholds: bool = True) -> list[list[tuple[str, str]]]:
+    """A plain loop; returns what was recorded in each optimizer step (the step calls and the hooks)."""
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with rec.on():
+        screen.attach(model, keep_inputs=keep_inputs)
+    for h in (screen.hooks, screen.watch.hooks if screen.watch else None):
+        if h is not None:
+            h.queue.host_thresholds = host_thresholds
+    per_step = []
+    for step in range(steps):
+        rec.found = []
+        x = torch.randint(0, 64, (4, 16))
+        logits = model(x[:, :-1])
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+        if keep_inputs:
+            with rec.on():
+                screen.count_kept()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        with rec.on():
+            screen.step(loss.detach())
+        per_step.append(rec.found)
+    assert screen.verdict is not None and screen.verdict.window == window
+    return per_step
+
+
+WINDOW = 9
+
+
+def _models():
+    return {"gpt": lambda: GPT(GPTConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, seq_len=16)),
+            "llama (gated MLPs: gate statistics too)": lambda: LlamaLM(vocab_size=64, d_model=32, n_layers=2, n_heads=2,
+                                                                        seq_len=16)}
+
+
+@pytest.mark.parametrize("keep_inputs", [False, True], ids=["counted in the hooks", "kept, counted after the forward"])
+@pytest.mark.parametrize("arch", list(_models()))
+def test_the_accelerator_path_reads_nothing_on_the_host_over_counted_window_steps(recorder, arch, keep_inputs):
+    model = _models()[arch]()
+    screen = Screen(window=WINDOW, sample_every=2, offset_every=1, log_every_n_steps=10**6, verbose=False)
+    per_step = _train(model, screen, recorder, WINDOW + 1, keep_inputs, WINDOW, host_thresholds=False)
+    # steps 0 .. WINDOW - 2: counted (even) and uncounted (odd) window steps, offset statistics on every counted one;
+    # the last window step ends with the verdict (one read, by design) and is left out
+    window_steps = per_step[: WINDOW - 1]
+    assert window_steps == [[]] * (WINDOW - 1), window_steps
+    assert screen.verdict.elements > 0 and screen.offset_hooks is not None
+
+
+def test_the_cpu_path_reads_only_its_scalar_alphas(recorder):
+    model = _models()["gpt"]()
+    screen = Screen(window=WINDOW, sample_every=2, log_every_n_steps=10**6, verbose=False)
+    per_step = _train(model, screen, recorder, WINDOW + 1, True, WINDOW)
+    found = {entry for step in per_step[: WINDOW - 1] for entry in step}
+    # the named exception: a CPU scalar alpha read with .item() for its threshold (on a GPU: the tensor path above)
+    assert found == {("aten._local_scalar_dense", "observe/saturation.py:threshold"),
+                     ("Tensor.item", "observe/saturation.py:threshold")}
+    reads = [len(s) for s in per_step[: WINDOW - 1]]
+    n_layers = len(screen.layers)
+    assert reads == [2 * n_layers if step % 2 == 0 else 0 for step in range(WINDOW - 1)]  # once per layer per counted step
+
+
+def test_a_step_with_the_nonfinite_guard_reads_only_its_named_cpu_flag(recorder):
+    model = _models()["gpt"]()
+    screen = Screen(window=WINDOW, sample_every=2, abort_on="any", log_every_n_steps=10**6, verbose=False)
+    per_step = _train(model, screen, recorder, WINDOW + 1, False, WINDOW, host_thresholds=False)
+    guard = {("aten._local_scalar_dense", "screen/nonfinite_guard.py:poll"), ("Tensor.item", "screen/nonfinite_guard.py:poll")}
+    # the guard folds the counts every step: the fold's device index and totals are made at the first counted
+    # step (its call pattern) and reused after; on the CPU only, the guard reads its flag at once (on CUDA: a
+    # pinned asynchronous copy, read a step later)
+    assert set(per_step[0]) == guard | {("torch.tensor", "observe/saturation.py:_fold_tensors")}
+    assert {entry for step in per_step[1 : WINDOW - 1] for entry in step} == guard
+
+
+def test_the_recorder_sees_host_reads_and_syncing_ops(recorder):
+    """The proof above can fail: reads inside a recorded section are seen, outside they are not."""
+    t = torch.tensor([1.0, -2.0])
+    with recorder.on():
+        bool(t.sum() > 0)
+        t.max().item()
+        t[t > 0]
+        torch.tensor([3])
+    bool(t.sum() > 0)  # not recorded: outside satmon
+    names = [op for op, _ in recorder.found]
+    assert names.count("Tensor.__bool__") == 1 and names.count("Tensor.item") == 1
+    assert names.count("aten._local_scalar_dense") == 2  # bool() and .item() both read the value
+    assert "aten.index" in names and "torch.tensor" in names  # a boolean mask (a data-dependent shape), a host tensor
