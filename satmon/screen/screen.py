@@ -431,7 +431,7 @@ class Screen:
             why = "the screen is not attached to a model yet (Screen.attach(model), or the callback at the first batch)."
         else:
             why = self.status
-        title = "no verdict" if self.active else "no screen"
+        title = "no verdict" if self.active or self.status == "not attached" else "no screen"
         text = f"### satmon: {title}\n\n{why}"
         return text if markdown else plain(text)
 
