@@ -577,6 +577,15 @@ def bootstrap(x: Sequence[float], y: Sequence[float], stat: Callable, n: int = 1
     return vals[int(0.025 * len(vals))], vals[min(len(vals) - 1, int(0.975 * len(vals)))]
 
 
+def window_delta(cell: dict[str, Any]) -> float | None:
+    """DyT's relative effect on the held-out loss at the window's end (both arms evaluated there), or
+    ``None`` when the curves have no evaluation at that step."""
+    at = {norm: dict(map(tuple, cell[f"val_curve_{norm}"])).get(cell["window"]) for norm in ("dyt", "layernorm")}
+    if at["dyt"] is None or at["layernorm"] is None:
+        return None
+    return (at["dyt"] - at["layernorm"]) / at["layernorm"]
+
+
 def statistics(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """Everything docs/calibration.md reports, from the cells alone (reproducible from the JSON)."""
     from satmon.functional.threshold_fit import accuracy, auc, fit_threshold, leave_one_group_out
@@ -587,6 +596,11 @@ def statistics(cells: list[dict[str, Any]]) -> dict[str, Any]:
                            "always_no_go": helps.count(False) / len(helps),
                            "learns": sum(c["val_loss_dyt"] < c["unigram_loss"] and c["val_loss_layernorm"] < c["unigram_loss"]
                                          for c in cells)}
+    # a baseline that needs no saturation: both arms' held-out loss at the window's end, compared
+    at_window = [window_delta(c) for c in cells]
+    if all(d is not None for d in at_window):
+        out["window_loss_sign"] = {"correct": sum((d < 0) == h for d, h in zip(at_window, helps)),
+                                   "helps_at_window": sum(d < 0 for d in at_window)}
     out["pairs"] = {}
     for w, f in PAIRS:
         x, y = [c[w] for c in cells], [c[f] for c in cells]
@@ -644,20 +658,25 @@ def report_markdown(stats: dict[str, Any], cells: list[dict[str, Any]]) -> str:
                      f"{b['threshold']:.4f} | {b['balanced_accuracy']:.2f} | {b['logo_correct']}/{n} = {b['logo']:.2f} | "
                      f"{s['study_043']:.2f} |")
     lines.append(f"| always NO-GO | | 0.50 | | {stats['always_no_go']:.2f} | {stats['always_no_go']:.2f} | | 0.50 | | |")
+    if "window_loss_sign" in stats:
+        w = stats["window_loss_sign"]
+        lines.append(f"| baseline: sign of DyT vs LN held-out loss at the window's end (no fit) | | | | "
+                     f"{w['correct']}/{n} = {w['correct'] / n:.2f} | {w['correct']}/{n} = {w['correct'] / n:.2f} | | | | |")
     lines.append(f"| study (12 cells, final pooled saturation) | 0.193-0.493 | 0.75 | 0.4398 | {STUDY_IN_SAMPLE:.2f} | "
                  f"6/12 = {STUDY_LOSO:.2f} | 0.2651 | 0.75 | 7/12 = 0.58 | 0.75 |")
     return "\n".join(lines)
 
 
 def plot(stats: dict[str, Any], cells: list[dict[str, Any]], path: Path) -> None:
-    """Left: final vs window reading per cell (each pair), with the fit; right: the readings against DyT's effect."""
+    """Final vs window reading per cell for each pair (pooled, first block, centered) with the
+    least-squares line; last panel: the pooled readings against DyT's effect."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(13, 4.4), dpi=110, layout="constrained")
-    axes = fig.subplots(1, 3)
+    fig = Figure(figsize=(11, 8.5), dpi=110, layout="constrained")
+    axes = list(fig.subplots(2, 2).flat)
     groups = sorted({c["group"] for c in cells}, key=lambda g: next(c["params"] for c in cells if c["group"] == g))
     markers = dict(zip(groups, "osD^v"))
-    for ax, (w, f) in zip(axes[:2], PAIRS[:2]):
+    for ax, (w, f) in zip(axes[:3], PAIRS):
         for c in cells:
             ax.scatter(c[w], c[f], marker=markers[c["group"]], s=38, edgecolor="black", linewidths=0.5,
                        color="tab:green" if c["delta"] < 0 else "tab:red")
@@ -667,12 +686,14 @@ def plot(stats: dict[str, Any], cells: list[dict[str, Any]], path: Path) -> None
         ax.plot([lo, hi], [lo, hi], color="gray", lw=0.8, ls=":", label="final = window")
         ax.plot([lo, hi], [p["slope"] * lo + p["intercept"], p["slope"] * hi + p["intercept"]], color="black", lw=1,
                 label=f"fit: slope {p['slope']:.2f}")
-        ax.axvline(STUDY_THRESHOLD, color="gray", lw=0.8, ls="--")
-        ax.axhline(STUDY_THRESHOLD, color="gray", lw=0.8, ls="--")
+        if w == "window_saturation":  # the study's threshold is on the pooled reading only
+            ax.axvline(STUDY_THRESHOLD, color="gray", lw=0.8, ls="--")
+            ax.axhline(STUDY_THRESHOLD, color="gray", lw=0.8, ls="--")
         ax.set(xlabel=f"{w} (first {cells[0]['window']} steps)", ylabel=f"{f} (step {cells[0]['steps']})",
-               title=f"Spearman rho {p['spearman']:.2f} [{p['spearman_ci'][0]:.2f}, {p['spearman_ci'][1]:.2f}]")
+               title=f"{w.removeprefix('window_')}: Spearman rho {p['spearman']:.2f} "
+                     f"[{p['spearman_ci'][0]:.2f}, {p['spearman_ci'][1]:.2f}] (95% bootstrap)")
         ax.legend(fontsize=7, loc="lower right")
-    ax = axes[2]
+    ax = axes[3]
     for c in cells:
         ax.scatter(c["window_saturation"], 100 * c["delta"], marker=markers[c["group"]], s=38, edgecolor="black",
                    linewidths=0.5, color="tab:blue", label=None)
