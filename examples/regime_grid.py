@@ -18,8 +18,8 @@ for ``steps`` (>= 3 windows) optimizer steps in a plain PyTorch loop, and record
   (the level of a model that ignores context: below it, a model has learnt), DyT's effect
   ``delta = (DyT - LayerNorm) / LayerNorm`` (negative: DyT helps).
 
-    python examples/regime_grid.py                  # the full grid, 18 cells (about an hour on 2 cores)
-    python examples/regime_grid.py --quick          # 4 small cells, a few minutes
+    python examples/regime_grid.py                  # the full grid, 18 cells (54 CPU-minutes: ~30 min on 2 idle cores)
+    python examples/regime_grid.py --quick          # 4 of its cells (same numbers), a few minutes
     python examples/regime_grid.py --smoke          # seconds, for the test suite
     python examples/regime_grid.py --report docs/regime_grid.json --plot docs/img/regime_grid.png
 
@@ -118,10 +118,12 @@ class GridConfig:
 
 
 SIZES = (Size("d64L2", 64, 2, 4), Size("d96L3", 96, 3, 4), Size("d128L4", 128, 4, 4))
+FULL = GridConfig(sizes=SIZES, budgets=(32_768, 65_536, 2_097_152), seeds=(0, 1))
 MODES = {
-    "full": GridConfig(sizes=SIZES, budgets=(32_768, 65_536, 2_097_152), seeds=(0, 1)),
-    "quick": GridConfig(sizes=(Size("d48L2", 48, 2, 2), Size("d64L2", 64, 2, 4)), budgets=(16_384, 2_097_152), seeds=(0,),
-                        steps=600, window=200, evals=3),
+    "full": FULL,
+    # four cells of the full grid, same settings (so the same numbers, and its cache serves the full run):
+    # the two smaller sizes at the smallest and the largest budget, seed 0
+    "quick": replace(FULL, sizes=SIZES[:2], budgets=(32_768, 2_097_152), seeds=(0,)),
     "smoke": GridConfig(sizes=(Size("d16L1", 16, 1, 2), Size("d24L1", 24, 1, 2)), budgets=(2_000, 20_000), seeds=(0,),
                         steps=6, window=2, seq_len=16, batch_size=4, warmup=2, val_tokens=1_024, val_offset=40_000,
                         probe_sequences=8, probe_batch=4, evals=2, offset_every=1, alpha_init=2.0, emb_scale=40.0),
@@ -577,6 +579,13 @@ def bootstrap(x: Sequence[float], y: Sequence[float], stat: Callable, n: int = 1
     return vals[int(0.025 * len(vals))], vals[min(len(vals) - 1, int(0.975 * len(vals)))]
 
 
+def _demeaned(cells: list[dict[str, Any]], key: str) -> list[float]:
+    """``cell[key]`` minus the mean of its group (model size)."""
+    means = {g: sum(c[key] for c in cells if c["group"] == g) / sum(c["group"] == g for c in cells)
+             for g in {c["group"] for c in cells}}
+    return [c[key] - means[c["group"]] for c in cells]
+
+
 def window_delta(cell: dict[str, Any]) -> float | None:
     """DyT's relative effect on the held-out loss at the window's end (both arms evaluated there), or
     ``None`` when the curves have no evaluation at that step."""
@@ -588,7 +597,12 @@ def window_delta(cell: dict[str, Any]) -> float | None:
 
 def statistics(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """Everything docs/calibration.md reports, from the cells alone (reproducible from the JSON)."""
-    from satmon.functional.threshold_fit import accuracy, auc, fit_threshold, leave_one_group_out
+    from satmon.functional.threshold_fit import (
+        accuracy,
+        auc,
+        fit_threshold,
+        leave_one_group_out,
+    )
 
     helps = [bool(c["delta"] < 0) for c in cells]
     groups = [c["group"] for c in cells]
@@ -602,10 +616,16 @@ def statistics(cells: list[dict[str, Any]]) -> dict[str, Any]:
         out["window_loss_sign"] = {"correct": sum((d < 0) == h for d, h in zip(at_window, helps)),
                                    "helps_at_window": sum(d < 0 for d in at_window)}
     out["pairs"] = {}
+    by_size = sorted(set(groups), key=lambda g: next(c.get("params", 0) for c in cells if c["group"] == g))
     for w, f in PAIRS:
         x, y = [c[w] for c in cells], [c[f] for c in cells]
         s, b = slope(x, y)
+        # the level of a reading shifts with model size; within a size, does the window still rank the final?
+        xd, yd = _demeaned(cells, w), _demeaned(cells, f)
         out["pairs"][f"{w} -> {f}"] = {
+            "spearman_within": {g: spearman([c[w] for c in cells if c["group"] == g], [c[f] for c in cells if c["group"] == g])
+                                for g in by_size},
+            "spearman_demeaned": spearman(xd, yd), "spearman_demeaned_ci": bootstrap(xd, yd, spearman),
             "spearman": spearman(x, y), "spearman_ci": bootstrap(x, y, spearman), "pearson": pearson(x, y),
             "slope": s, "intercept": b, "slope_ci": bootstrap(x, y, slope),
             "final_minus_window_mean": sum(b_ - a for a, b_ in zip(x, y)) / len(x),
@@ -632,25 +652,32 @@ def statistics(cells: list[dict[str, Any]]) -> dict[str, Any]:
 def report_markdown(stats: dict[str, Any], cells: list[dict[str, Any]]) -> str:
     """The statistics as markdown tables (what docs/calibration.md quotes)."""
     n = stats["n"]
-    lines = [f"{n} cells in {len(stats['groups'])} groups ({', '.join(stats['groups'])}); both arms below the unigram "
-             f"loss in {stats['learns']}/{n}; DyT helped in {stats['helps']}, hurt in {n - stats['helps']}; "
-             f"always NO-GO: {round(stats['always_no_go'] * n)}/{n} = {stats['always_no_go']:.2f}.", "",
-             "| cell | unigram | val LN | val DyT | DyT vs LN | window sat. | final sat. | window first block | "
-             "final first block | window centered | final centered |",
+    lines = [(f"{n} cells in {len(stats['groups'])} groups ({', '.join(stats['groups'])}); both arms below the unigram "
+              f"loss in {stats['learns']}/{n}; DyT helped in {stats['helps']}, hurt in {n - stats['helps']}; "
+              f"always NO-GO: {round(stats['always_no_go'] * n)}/{n} = {stats['always_no_go']:.2f}."), "",
+             ("| cell | unigram | val LN | val DyT | DyT vs LN | window sat. | final sat. | window first block | "
+              "final first block | window centered | final centered |"),
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in cells:
         lines.append(f"| {c['name']} | {c['unigram_loss']:.3f} | {c['val_loss_layernorm']:.3f} | {c['val_loss_dyt']:.3f} | "
                      f"{c['delta'] * 100:+.1f}% | {c['window_saturation']:.3f} | {c['final_saturation']:.3f} | "
                      f"{c['window_first_block']:.3f} | {c['final_first_block']:.3f} | {c['window_centered']:.3f} | "
                      f"{c['final_centered']:.3f} |")
-    lines += ["", "| window -> final | Spearman rho [95% bootstrap] | Pearson r | slope [95% bootstrap] | intercept | "
-                  "mean final - window | same side of 0.43 |", "|---|---|---|---|---|---|---|"]
+    lines += ["", ("| window -> final | Spearman rho [95% bootstrap] | Pearson r | slope [95% bootstrap] | intercept | "
+                   "mean final - window | same side of 0.43 |"), "|---|---|---|---|---|---|---|"]
     for k, p in stats["pairs"].items():
         lines.append(f"| {k} | {p['spearman']:.2f} [{p['spearman_ci'][0]:.2f}, {p['spearman_ci'][1]:.2f}] | "
                      f"{p['pearson']:.2f} | {p['slope']:.2f} [{p['slope_ci'][0]:.2f}, {p['slope_ci'][1]:.2f}] | "
                      f"{p['intercept']:+.3f} | {p['final_minus_window_mean']:+.3f} | {p['same_side_of_043']}/{n} |")
-    lines += ["", "| reading | range | AUC | midpoint t | in-sample | leave-one-group-out | balanced t | balanced acc. | "
-                  "leave-one-group-out (balanced) | 0.43's accuracy |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| window -> final, within a model size | " + " | ".join(
+        f"Spearman rho, {g}" for g in next(iter(stats["pairs"].values()))["spearman_within"]) +
+        " | rho after removing each size's mean [95% bootstrap] |",
+        "|---|" + "---|" * (len(next(iter(stats["pairs"].values()))["spearman_within"]) + 1)]
+    for k, p in stats["pairs"].items():
+        lines.append(f"| {k} | " + " | ".join(f"{v:.2f}" for v in p["spearman_within"].values()) +
+                     f" | {p['spearman_demeaned']:.2f} [{p['spearman_demeaned_ci'][0]:.2f}, {p['spearman_demeaned_ci'][1]:.2f}] |")
+    lines += ["", ("| reading | range | AUC | midpoint t | in-sample | leave-one-group-out | balanced t | balanced acc. | "
+                   "leave-one-group-out (balanced) | 0.43's accuracy |"), "|---|---|---|---|---|---|---|---|---|---|"]
     for r, s in stats["readings"].items():
         m, b = s["midpoint"], s["balanced"]
         lines.append(f"| {r} | {s['min']:.3f}-{s['max']:.3f} | {s['auc']:.2f} | {m['threshold']:.4f}"
@@ -707,7 +734,7 @@ def plot(stats: dict[str, Any], cells: list[dict[str, Any]], path: Path) -> None
     ax.axvline(STUDY_THRESHOLD, color="gray", lw=0.8, ls="--", label="study 0.43")
     ax.set(xlabel="pooled saturation", ylabel="DyT vs LayerNorm final held-out loss (%)",
            title="DyT's effect (< 0: helps) against the reading")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left")
     fig.suptitle("regime_grid: green = DyT helped, red = DyT hurt; markers = model size", fontsize=9)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
@@ -721,7 +748,8 @@ def calibrate_all(json_path: Path, out: Path) -> dict[str, int]:
     import contextlib
     import io
 
-    from satmon.cli.main import main as satmon_main  # what the `satmon` console script runs
+    # the `satmon` console script's entry point
+    from satmon.cli.main import main as satmon_main
 
     codes = {}
     for metric in READINGS:
@@ -751,7 +779,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="4 small cells, 600 steps (window 200): a few minutes")
+    mode.add_argument("--quick", action="store_true", help="4 cells of the full grid (2 sizes x 2 budgets, seed 0): a few minutes")
     mode.add_argument("--smoke", action="store_true", help="4 tiny cells, 6 steps (window 2): the test suite's check")
     mode.add_argument("--report", metavar="JSON", help="only the statistics of a finished grid's JSON (no training)")
     p.add_argument("--out", default="regime_grid_out", help="output directory (default ./regime_grid_out)")
