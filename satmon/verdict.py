@@ -22,8 +22,9 @@ __all__ = [
 ]
 
 CAVEAT = (
-    "Caveat: 0.43 was fit on 12 cells of one study (75% in-sample, 50% leave-one-scale-out), on ~5k-step "
-    "checkpoints with alpha_init 2.0: a measurement, not a model-selection rule."
+    "Caveat: 0.43 was fit on 12 cells of one study (75% in-sample, 50% leave-one-scale-out) on ~5k-step checkpoints, "
+    "alpha_init 2.0; on satmon's CPU grid the 500-step reading predicted DyT's effect no better than chance "
+    "(docs/calibration.md)."
 )
 #: ``|margin|`` below this is reported as inconclusive (the decision is still given). The study's own
 #: midpoint search puts its boundary at 0.43985, between its cells 0.4135 (DyT hurt, +5.9%) and 0.4662
