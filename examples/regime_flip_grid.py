@@ -1,5 +1,8 @@
 """The calibration grid of ``regime_flip.py --grid``: many small cells, LayerNorm vs DyT in each.
 
+Superseded by ``examples/regime_grid.py`` (both norms learn in every cell, and a final checkpoint
+three windows after the window): kept as the record of satmon 0.2's grid (docs/calibration.md).
+
 Each cell (a width, a training-token budget, a seed) trains the same GPT-2-style model twice, with
 LayerNorm and with DyT, for the same steps, and records the sign of the DyT effect (final held-out
 validation loss, DyT vs LayerNorm) beside the screen readings a threshold could be fit on:

@@ -31,5 +31,6 @@ INCONCLUSIVE_BAND = 0.02
 PROVENANCE = ("Verma (2026), 12 calibration cells (64M-1.3B GPT-2-style, 1M-118M tokens): 75% in-sample, "
               "50% leave-one-scale-out, AUC 0.75; fit on ~5k-step checkpoints with alpha_init 2.0")
 #: The verdict card's last line when the study's threshold is used.
-CAVEAT = (f"Caveat: {THRESHOLD:g} was fit on 12 cells of one study (75% in-sample, 50% leave-one-scale-out), on ~5k-step "
-          "checkpoints with alpha_init 2.0: a measurement, not a model-selection rule.")
+CAVEAT = (f"Caveat: {THRESHOLD:g} was fit on 12 cells of one study (75% in-sample, 50% leave-one-scale-out) on ~5k-step "
+          "checkpoints, alpha_init 2.0; on satmon's CPU grid the 500-step reading predicted DyT's effect no better "
+          "than chance (docs/calibration.md).")
