@@ -150,6 +150,7 @@ def test_grid_json_has_what_calibrate_reads(grid, rg, tmp_path):
     # and threshold are the report's
     for c in cells:
         c["delta"] = (-1 if c["name"].endswith("_t2000_s0") else 1) * (abs(c["delta"]) + 0.01)
+        c["helps"] = c["delta"] < 0  # the two outcome columns agree (calibrate refuses a cell where they do not)
     path = tmp_path / "cells.json"
     path.write_text(json.dumps(data))
     codes = rg.calibrate_all(path, tmp_path / "cal")
