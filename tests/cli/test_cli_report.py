@@ -4,7 +4,6 @@ non-finite verdict with notes written by the writer."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -100,13 +99,6 @@ def test_report_shows_a_non_finite_verdict_and_its_notes(tmp_path, capsys):
     assert [c.strip() for c in per_layer[3].split("|")[1:-1]] == ["ln_f", "0.5000", "2.0000"]  # saturation, alpha
 
 
-#: satmon 0.2's tag table imported Lightning's loggers; the framework-free sink (issue 18, item 2) removes it
-_TAG_TABLE_IMPORTS_LIGHTNING = re.search(r"^(from|import) lightning", (Path(__file__).resolve().parents[2] / "satmon" / "io" /
-                                         "tensorboard.py").read_text(), re.MULTILINE) is not None
-
-
-@pytest.mark.xfail(_TAG_TABLE_IMPORTS_LIGHTNING, strict=True,
-                   reason="satmon.io.tensorboard, where the TAG table lives, still imports Lightning (B2's sink not merged)")
 def test_reading_a_run_loads_no_lightning(live):
     """`satmon report RUN` needs the TensorBoard reader and satmon's tag table, never Lightning (checked in a
     fresh interpreter, on the live run's folder)."""
