@@ -361,6 +361,19 @@ def test_bad_input_is_refused_before_any_work_and_nothing_changes(case, folder, 
     assert snapshot(folder) == before  # nothing changed, nothing created
 
 
+def test_cli_figures_are_the_cases():
+    """docs/reliability.md's CLI figures are counted from :data:`CASES`, so they stay true."""
+    text = (ROOT / "docs" / "reliability.md").read_text()
+    by_command = {cmd: sum(1 for c in CASES if c.argv and c.argv[0] == cmd) for cmd in ("calibrate", "demo", "report")}
+    for label, value in {"CLI bad inputs tried": len(CASES), "CLI clear errors": len(CASES),
+                         "CLI runs that changed a file": 0}.items():
+        found = re.search(rf"\*\*{label}\*\*: (\d+)", text)
+        assert found and int(found.group(1)) == value, (label, value, found and found.group(0))
+    assert f"{len(CASES)} of the {len(CASES)}" in text
+    for cmd, n in by_command.items():
+        assert f"{n} for `satmon {cmd}`" in text or f"{n} for `satmon {cmd}`:" in text, (cmd, n)
+
+
 def test_the_matrix_covers_each_command():
     kinds = {c.id.split("-")[0] for c in CASES}
     assert {"demo", "report", "calibrate"} <= kinds
