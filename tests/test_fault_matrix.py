@@ -381,12 +381,14 @@ CASES = [
     Case("empty-folder", _only(), 2, ("Nothing to replay under 'd'", "found nothing (empty folders)"), built=(), kind="bad-input"),
     # inputs that change underneath, symlinks, folders of other tools
     Case("truncated-mid-replay", _mutated("truncate"), 1,
-         ("step-6.ckpt: changed since it was listed (size", "Replayed 3 of 4"), built=("meta", "cpu", "cpu", "cpu"),
+         ("step-6.ckpt: changed since it was listed (size", "Replayed 3 of 4"), built=("meta", "cpu", "cpu"),
          absent=("NON-FINITE", "Bus error")),
     Case("rewritten-in-place-mid-replay", _mutated("rewrite"), 1,
-         ("step-6.ckpt: changed since it was listed (modified", "Replayed 3 of 4"), built=("meta", "cpu", "cpu", "cpu"),
+         ("step-6.ckpt: changed since it was listed (modified", "Replayed 3 of 4"), built=("meta", "cpu", "cpu"),
          absent=("NON-FINITE", "non-finite (NaN")),
-    Case("symlinked-checkpoints-folder", _symlinked_checkpoints, 0, ("Replayed 4 of 4",), built=("meta",) + ("cpu",) * 4),
+    # one model per architecture (replay loads each checkpoint's weights into it); a checkpoint that cannot be
+    # read drops it, so the next one is read by a model built afresh
+    Case("symlinked-checkpoints-folder", _symlinked_checkpoints, 0, ("Replayed 4 of 4",), built=("meta", "cpu")),
     Case("temporary-name-taken", _temporary_name_taken, 0, ("Replayed 1 of 1", "JSON records:")),
     Case("hugging-face-folder", _hf_folder, 0, ("Replayed 2 of 2",), absent=NO_TRUST + ("rng_state", "optimizer.pt")),
     # files that are not what they say, diverged runs, other faults
