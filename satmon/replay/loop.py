@@ -23,6 +23,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from satmon.observe.reading_hooks import (
+    nonfinite_parameters,  # the probe's and the window's count
+)
 from satmon.replay.checkpoints import (
     CheckpointInfo,
     load_checkpoint,
@@ -313,21 +316,6 @@ def _same(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:
         return False
-
-
-def nonfinite_parameters(model: nn.Module) -> dict[str, int]:
-    """Parameter name -> NaN/inf element count, for the parameters that hold any (buffers such as
-    attention masks may hold ``-inf`` on purpose and are not counted).
-
-    Example:
-        >>> lin = torch.nn.Linear(2, 1)
-        >>> with torch.no_grad():
-        ...     _ = lin.bias.fill_(float("nan"))
-        >>> nonfinite_parameters(lin)
-        {'bias': 1}
-    """
-    counts = {n: int((~torch.isfinite(p)).sum()) for n, p in model.named_parameters() if p.is_floating_point()}
-    return {n: c for n, c in counts.items() if c}
 
 
 # ---------------------------------------------------------------------------------------- the loop
