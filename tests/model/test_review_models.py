@@ -1,0 +1,100 @@
+"""Review models (hand-built, not in lookalikes.py): gating verdicts checked against what each forward computes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import satmon
+from satmon import DyT
+
+D = 16
+
+
+class _Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.o = nn.Linear(D, 3 * D), nn.Linear(D, D)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        return self.o((q @ k.transpose(-1, -2) / math.sqrt(D)).softmax(-1) @ v)
+
+
+class TorchChunkGLU(nn.Module):
+    """A gated MLP written with the function ``torch.chunk`` on one fused projection (opaque names)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.out = nn.Linear(D, 4 * D), nn.Linear(2 * D, D)
+
+    def forward(self, x):
+        a, b = torch.chunk(self.fc(x), 2, dim=-1)
+        return self.out(a * F.silu(b))
+
+
+class UnbindGLU(nn.Module):
+    """A gated MLP whose fused projection is split by ``unbind`` on a view (count not in the call)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.out = nn.Linear(D, 4 * D), nn.Linear(2 * D, D)
+
+    def forward(self, x):
+        g, u = self.fc(x).unflatten(-1, (2, 2 * D)).unbind(-2)
+        return self.out(F.silu(g) * u)
+
+
+class SplitGLU(nn.Module):
+    """``torch.split`` with a size from an attribute."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = 2 * D
+        self.fc, self.out = nn.Linear(D, 4 * D), nn.Linear(2 * D, D)
+
+    def forward(self, x):
+        g, u = torch.split(self.fc(x), self.hidden, dim=-1)
+        return self.out(F.gelu(g) * u)
+
+
+class _Block(nn.Module):
+    def __init__(self, mlp):
+        super().__init__()
+        self.n1, self.n2, self.attn, self.ff = nn.LayerNorm(D), nn.LayerNorm(D), _Attn(), mlp()
+
+    def forward(self, x):
+        x = x + self.attn(self.n1(x))
+        return x + self.ff(self.n2(x))
+
+
+class _LM(nn.Module):
+    def __init__(self, mlp):
+        super().__init__()
+        self.emb = nn.Embedding(50, D)
+        self.blocks = nn.ModuleList([_Block(mlp) for _ in range(2)])
+
+    def forward(self, t):
+        x = self.emb(t)
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+@pytest.mark.parametrize("mlp", [TorchChunkGLU, UnbindGLU, SplitGLU])
+def test_fused_gated_mlp_split_by_any_call_is_never_not_gated(mlp):
+    torch.manual_seed(0)
+    model = satmon.convert_to_dyt(_LM(mlp), alpha_init=2.0)
+    batch = torch.randint(0, 50, (2, 8))
+    screen = satmon.Screen(window=1, verbose=False)
+    screen.discover(model, example_input=batch)
+    assert screen.gating.gated is True and set(screen.gating.gated_layers) == {"blocks.0.n2", "blocks.1.n2"}
+    names = satmon.Screen(window=1, verbose=False, warn=lambda _m: None)
+    names.discover(model)  # no batch: the names fallback may say "unknown", never "no"
+    assert names.gating.gated is not False, names.gating.message
+    if names.gating.gated is None:
+        assert "blocks.0.n2" in names.gating.message and "gating_mapping" in names.gating.message
