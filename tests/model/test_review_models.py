@@ -98,3 +98,16 @@ def test_fused_gated_mlp_split_by_any_call_is_never_not_gated(mlp):
     assert names.gating.gated is not False, names.gating.message
     if names.gating.gated is None:
         assert "blocks.0.n2" in names.gating.message and "gating_mapping" in names.gating.message
+
+
+def test_a_refused_mapping_without_a_trace_lists_the_modules_that_may_be_gated():
+    """No batch: a mapping naming a non-MLP is refused; the message must not say the model has no gated MLP
+    where a fused one (opaque names, read from the source) exists, and must name it as a candidate."""
+    model = satmon.convert_to_dyt(_LM(TorchChunkGLU), alpha_init=2.0)
+    screen = satmon.Screen(window=1, verbose=False, gating_mapping={"blocks.0.n2": "blocks.0.attn"})
+    with pytest.raises(ValueError) as err:
+        screen.discover(model)
+    assert "has no gated MLPs" not in str(err.value) and "blocks.0.ff" in str(err.value)
+    ok = satmon.Screen(window=1, verbose=False, gating_mapping={"blocks.0.n2": "blocks.0.ff", "blocks.1.n2": "blocks.1.ff"})
+    ok.discover(model)  # the candidate it names is accepted
+    assert ok.gating.gated is True and set(ok.gating.gated_layers) == {"blocks.0.n2", "blocks.1.n2"}
