@@ -111,3 +111,37 @@ def test_a_refused_mapping_without_a_trace_lists_the_modules_that_may_be_gated()
     ok = satmon.Screen(window=1, verbose=False, gating_mapping={"blocks.0.n2": "blocks.0.ff", "blocks.1.n2": "blocks.1.ff"})
     ok.discover(model)  # the candidate it names is accepted
     assert ok.gating.gated is True and set(ok.gating.gated_layers) == {"blocks.0.n2", "blocks.1.n2"}
+
+
+def test_a_norm_shared_by_two_blocks_is_converted_everywhere_it_is_used():
+    """One LayerNorm object registered under two names (weight tying of a norm): every use becomes the one DyT,
+    and the screen counts both uses (an independent float64 count of |alpha * x| > 2 on the DyT's inputs)."""
+    torch.manual_seed(0)
+    model = _LM(SwiGLUish)
+    model.blocks[1].n2 = model.blocks[0].n2
+    satmon.convert_to_dyt(model, alpha_init=2.0)
+    assert isinstance(model.blocks[1].n2, DyT) and model.blocks[1].n2 is model.blocks[0].n2
+    assert not any(isinstance(m, nn.LayerNorm) for m in model.modules())
+    counted = [0, 0]
+
+    def count(mod, args):
+        x = args[0].detach().double()
+        counted[0] += int(((mod.alpha.detach().double() * x).abs() > 2).sum())
+        counted[1] += x.numel()
+
+    screen = satmon.Screen(window=2, verbose=False).attach(model)
+    for m in {id(m): m for m in model.modules() if isinstance(m, DyT)}.values():
+        m.register_forward_pre_hook(count)
+    for _ in range(2):
+        screen.step(model(torch.randint(0, 50, (2, 8))).square().mean())
+    assert screen.verdict.elements == counted[1] == 2 * 2 * 8 * D * 4  # 2 steps, 4 uses per forward
+    assert screen.verdict.saturation == pytest.approx(counted[0] / counted[1], abs=1e-12)
+
+
+class SwiGLUish(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = nn.Linear(D, 2 * D), nn.Linear(D, 2 * D), nn.Linear(2 * D, D)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
