@@ -126,6 +126,7 @@ def convert_to_dyt(
     # read every layer first, so a refusal leaves the model untouched
     plans = [(layer, _channels(layer)) for layer in layers]
     affines = [_affine(layer, c) if copy_affine else None for layer, c in plans]
+    replaced: dict[int, DyT] = {}
     for (layer, channels), affine in zip(plans, affines):
         norm = layer.module
         position = position_fn(layer.name, norm) if position_fn else positions.get(layer.name, "final")
@@ -142,9 +143,12 @@ def convert_to_dyt(
                 new.weight.copy_(affine.gain)
                 if new.bias is not None:
                     new.bias.copy_(affine.bias if affine.bias is not None else torch.zeros_like(affine.gain))
-        parent_name, _, child = (m.path_of(norm) or layer.name).rpartition(".")
-        parent = module.get_submodule(parent_name) if parent_name else module
-        setattr(parent, child, new)
+        replaced[id(norm)] = new
+    if replaced:  # every attribute that holds a converted norm: one module shared by several blocks stays shared
+        for parent in list(module.modules()):
+            for child, held in list(parent._modules.items()):
+                if held is not None and id(held) in replaced:
+                    setattr(parent, child, replaced[id(held)])
     if not layers:
         _warn_nothing(m, rmsnorm)
     left = {n: why for n, why in m.undetermined.items() if not _selected(n, m.module(n), exclude)}

@@ -251,7 +251,15 @@ def _pair_mapping(pairs: _Pairs, m: ModelMap, mapping: dict[str, str | None], fo
                   trace: FlowTrace | None, all_norms: list[str]) -> None:  # fmt: skip
     """The user's ``{norm: mlp}`` entries, validated; opaque MLPs read by shape, then checked against the trace."""
     modules = m.modules
-    candidates = sorted({*found, *(_mlp_of(p) for p in trace.products)} if trace is not None else set(found))
+    known = sorted({*found, *(_mlp_of(p) for p in trace.products)} if trace is not None else set(found))
+
+    def candidates() -> str:  # without a trace, the modules that may be gated MLPs are candidates too
+        maybe = sorted(set(_maybe_gated(m, found)) - set(known)) if trace is None else []
+        if not maybe:
+            return _available(known, "gated MLPs")
+        named = _available(known, "gated MLPs") + " " if known else ""
+        return f"{named}Modules that may be gated MLPs (their names do not say; no traced forward): {_listing(maybe)}."
+
     for norm, mlp in mapping.items():
         if norm not in modules or not _norm_named(m, norm):
             raise ValueError(f"Expected mapping keys to name norm modules, got {norm!r}. {_available(all_norms, 'norm-like modules')}")
@@ -259,7 +267,7 @@ def _pair_mapping(pairs: _Pairs, m: ModelMap, mapping: dict[str, str | None], fo
             continue
         if not isinstance(mlp, str) or mlp not in modules:
             raise ValueError(f"Expected mapping values to name MLP modules, got {mlp!r}. "
-                             f"{_available(candidates, 'gated MLPs')} (None: the layer feeds no gated MLP.)")
+                             f"{candidates()} (None: the layer feeds no gated MLP.)")
         traced_here = [p for p in trace.products if _inside(mlp, p.gate)] if trace is not None else []
         parts = found.get(mlp) or gated_parts(modules[mlp], structural=True)
         if parts is None and traced_here:
@@ -271,7 +279,7 @@ def _pair_mapping(pairs: _Pairs, m: ModelMap, mapping: dict[str, str | None], fo
             raise ValueError(
                 f"Expected mapping value {mlp!r} to be a gated MLP down(act(gate(h)) * up(h)), got a"
                 f" {type(modules[mlp]).__name__} with children {list(dict(modules[mlp].named_children()))}."
-                f" Map the norm to the module that owns the gate, up and down projections, or to None. {_available(candidates, 'gated MLPs')}")
+                f" Map the norm to the module that owns the gate, up and down projections, or to None. {candidates()}")
         if trace is not None and _join(mlp, parts["gate"]) in trace.executed and not any(
                 _inside(mlp, r) for r in trace.reached.get(norm, ())):
             others = sorted({p.norm for p in traced_here} - {norm})

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from torch import nn
@@ -56,6 +56,7 @@ class Origin:
 
 
 _UNKNOWN = None
+_ANY_PART = "*"  # the part index of a split whose count the source does not say
 
 
 @dataclass
@@ -172,10 +173,14 @@ class _Walker:
                 return Origin("child", PARAM + weight)
         if isinstance(func, ast.Attribute):
             if func.attr in _SPLIT_METHODS:
-                base = _single(self.value(func.value))
-                n = _split_count(node)
-                if base is None or n is None:
+                # x.chunk(2, -1), or the function form torch.chunk(x, 2, dim=-1) (its tensor is the first argument)
+                functional = isinstance(func.value, ast.Name) and func.value.id not in self.env and bool(node.args)
+                base = _single(self.value(node.args[0] if functional else func.value))
+                if base is None:
                     return _UNKNOWN
+                n = _split_count(node, 1 if functional else 0)
+                if n is None:  # a count satmon cannot read (a size from an attribute, unbind): parts still differ
+                    return Origin(base.kind, base.name, f"{base.part}<{func.attr}{_ANY_PART}>", base.acted, base.sources)
                 return tuple(Origin(base.kind, base.name, f"{base.part}<{func.attr}{i}>", base.acted, base.sources) for i in range(n))
             if func.attr in _KEEP_METHODS:
                 return self.value(func.value)
@@ -212,6 +217,8 @@ class _Walker:
             for i, t in enumerate(target.elts):
                 if items is not None and i < len(items):
                     self.assign(t, items[i])
+                elif isinstance(value, Origin) and value.part.endswith(f"{_ANY_PART}>"):
+                    self.assign(t, replace(value, part=value.part.replace(_ANY_PART, str(i))))  # g, u = h.unbind(-2)
                 elif isinstance(value, Origin) and value.kind == "child" and i == 0:
                     self.assign(t, value)  # out, weights = self.attn(...): the first item is the output
                 else:
@@ -267,13 +274,15 @@ def _mix(a: Origin | None | tuple, b: Origin | None | tuple) -> Origin | None:
     return Origin("mix", sources=_sources(a) | _sources(b))
 
 
-def _split_count(node: ast.Call) -> int | None:
-    if (node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, int)
-            and isinstance(node.func, ast.Attribute) and node.func.attr == "chunk"):
-        return node.args[0].value
-    if node.args and isinstance(node.args[0], (ast.List, ast.Tuple)):
-        return len(node.args[0].elts)
-    return 2 if isinstance(node.func, ast.Attribute) and node.func.attr in ("chunk", "split") else None
+def _split_count(node: ast.Call, first: int = 0) -> int | None:
+    """How many parts a split call makes (``first``: the index of its count argument), None when unreadable."""
+    args = node.args[first:]
+    chunks = next((k.value for k in node.keywords if k.arg == "chunks"), args[0] if args else None)
+    if isinstance(node.func, ast.Attribute) and node.func.attr == "chunk" and isinstance(chunks, ast.Constant) and isinstance(chunks.value, int):
+        return chunks.value
+    if args and isinstance(args[0], (ast.List, ast.Tuple)):
+        return len(args[0].elts)
+    return None
 
 
 @lru_cache(maxsize=512)
