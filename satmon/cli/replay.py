@@ -327,7 +327,8 @@ def _summary(rows: list[dict[str, Any]], records: list[Any]) -> None:
     last = next((r for r in reversed(records) if r.verdict is not None), None)
     if last is not None:
         v = last.verdict
-        print(f"\nLast checkpoint (step {last.global_step}): {v.decision.upper()}  pooled saturation "
+        said = v.headline() if v.cautions else v.decision.upper()  # a qualified decision says how far to trust it
+        print(f"\nLast checkpoint (step {last.global_step}): {said}  pooled saturation "
               f"{v.saturation:.4f} {'>=' if v.saturation >= v.threshold else '<'} threshold {v.threshold:g} "
               f"(margin {v.margin:+.4f})")
 
