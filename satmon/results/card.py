@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from satmon.functional.saturation import pointwise_cutoff
 from satmon.study import INCONCLUSIVE_BAND
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ def card(v: Verdict) -> str:
         f"### satmon verdict: {headline(v, markdown=True)}", "",
         f"Pooled saturation **{v.saturation:.4f}** {op} threshold **{v.threshold:g}** "
         f"(margin {v.margin:+.4f}{', inconclusive' if v.inconclusive else ''}) " + where
-        + f"saturated means |alpha x| > {v.level:g}; {v.elements:,} elements counted.",
+        + f"saturated means {_cut_off(v)}; {v.elements:,} elements counted.",
     ]
     lines += ["", _trust_line(v)]
     if v.reason:
@@ -137,6 +138,15 @@ def card(v: Verdict) -> str:
         lines += ["", "| gated block | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
         lines += [f"| {b} | " + " | ".join(f"{r.get(k, float('nan')):.4f}" for k in keys) + " |" for b, r in v.risk.items()]
     return "\n".join(lines)
+
+
+def _cut_off(v: Verdict) -> str:
+    """The cut-off the counts used: the study's ``|alpha x| > level`` for tanh, the equal-gain one of the others."""
+    if all(f == "tanh" for f in v.functions):
+        return f"|alpha x| > {v.level:g}"
+    cuts = [f"|alpha x| > {v.level:g} for tanh" if f == "tanh" else f"|u| > {pointwise_cutoff(f, v.level):.4g} for {f}"
+            for f in v.functions]
+    return ", ".join(cuts) + f" (u = alpha x plus any shift; the gain tanh has at {v.level:g}, docs/science.md)"
 
 
 def _trust_line(v: Verdict) -> str:

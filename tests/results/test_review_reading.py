@@ -7,10 +7,13 @@ markdown report's table: the trust goes with the decision, as in the card's head
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
+import torch
 
+from satmon import probe
 from satmon.cli.replay import _summary
 from satmon.replay.loop import summary_row
 from satmon.results.verdict import LayerCounts, build_verdict
@@ -47,3 +50,31 @@ def test_a_trusted_replay_verdict_reads_as_before():
     assert v.trust == "ok"
     row = summary_row({"checkpoint": "step=9.ckpt", "global_step": 9, "verdict": v.to_dict()})
     assert row["decision"] == "NO-GO"
+
+
+class _Derf(torch.nn.Module):
+    """Derf without a shift: ``weight * erf(alpha * x) + bias`` (a hand-built layer, alpha 2)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.alpha = torch.nn.Parameter(torch.full((1,), 2.0))
+        self.weight, self.bias = torch.nn.Parameter(torch.ones(d)), torch.nn.Parameter(torch.zeros(d))
+
+    def forward(self, x):
+        return self.weight * torch.erf(self.alpha * x) + self.bias
+
+
+def test_the_card_states_the_cut_off_an_erf_layer_was_counted_with():
+    """A Derf layer is counted at |u| > 1.6279 (erf's gain at tanh's level 2, docs/science.md), not at 2: the card
+    says the cut-off the counts used, checked against a float64 count of the same inputs."""
+    torch.manual_seed(0)
+    xs = [torch.randn(64, 8) for _ in range(3)]
+    v = probe(torch.nn.Sequential(_Derf(8)), xs).verdict
+    u = 2.0 * torch.cat(xs).double()
+    cut = math.sqrt(-math.log(1 - math.tanh(2.0) ** 2))
+    assert v.saturation == pytest.approx((u.abs() > cut).double().mean().item(), abs=1e-12)
+    assert v.saturation != pytest.approx((u.abs() > 2).double().mean().item(), abs=1e-3)
+    line = next(l for l in v.card().splitlines() if "saturated means" in l)
+    assert "> 2;" not in line and f"{cut:.4g}" in line and "erf" in line
+    dyt = build_verdict({"ln_f": LayerCounts(5, 10)}, step=1, window=1)  # a DyT card reads as before
+    assert "saturated means |alpha x| > 2; 10 elements counted." in dyt.card()
