@@ -18,7 +18,7 @@ from satmon.study import INCONCLUSIVE_BAND
 if TYPE_CHECKING:
     from satmon.results.verdict import Verdict
 
-__all__ = ["FLAG_TEXT", "TRUST_TEXT", "card", "headline", "plain", "summary"]
+__all__ = ["FLAG_TEXT", "TRUST_TEXT", "card", "cut_off", "headline", "plain", "summary"]
 
 #: What each flag means, in the card. Flags sit beside the study's rule; they never change the decision.
 FLAG_TEXT = {
@@ -117,7 +117,7 @@ def card(v: Verdict) -> str:
         f"### satmon verdict: {headline(v, markdown=True)}", "",
         f"Pooled saturation **{v.saturation:.4f}** {op} threshold **{v.threshold:g}** "
         f"(margin {v.margin:+.4f}{', inconclusive' if v.inconclusive else ''}) " + where
-        + f"saturated means {_cut_off(v)}; {v.elements:,} elements counted.",
+        + f"saturated means {cut_off(v)}; {v.elements:,} elements counted.",
     ]
     lines += ["", _trust_line(v)]
     if v.reason:
@@ -140,8 +140,14 @@ def card(v: Verdict) -> str:
     return "\n".join(lines)
 
 
-def _cut_off(v: Verdict) -> str:
-    """The cut-off the counts used: the study's ``|alpha x| > level`` for tanh, the equal-gain one of the others."""
+def cut_off(v: Verdict) -> str:
+    """The cut-off the counts used: the study's ``|alpha x| > level`` for tanh, the equal-gain one of the others.
+
+    Example:
+        >>> from satmon.results.verdict import build_verdict
+        >>> cut_off(build_verdict({"a": (1, 2)}, step=1, source="probe", functions=("hardtanh",)))
+        '|u| > 1 for hardtanh (u = alpha x plus any shift; the gain tanh has at 2, docs/science.md)'
+    """
     if all(f == "tanh" for f in v.functions):
         return f"|alpha x| > {v.level:g}"
     cuts = [f"|alpha x| > {v.level:g} for tanh" if f == "tanh" else f"|u| > {pointwise_cutoff(f, v.level):.4g} for {f}"
