@@ -65,8 +65,9 @@ def _qualifiers(v: Verdict) -> list[str]:
 
 
 def _nonfinite_what(v: Verdict) -> str:
-    parts = (["DyT inputs"] if v.nonfinite else []) + (["weights"] if v.nonfinite_weights else [])
-    return " and ".join(parts) or "DyT inputs"
+    # ``nonfinite`` counts non-finite DyT inputs and alphas together: the headline names both
+    parts = (["DyT inputs or alphas"] if v.nonfinite else []) + (["weights"] if v.nonfinite_weights else [])
+    return " and ".join(parts) or "DyT inputs or alphas"
 
 
 def headline(v: Verdict, markdown: bool = False, advice: bool = True) -> str:

@@ -78,3 +78,18 @@ def test_the_card_states_the_cut_off_an_erf_layer_was_counted_with():
     assert "> 2;" not in line and f"{cut:.4g}" in line and "erf" in line
     dyt = build_verdict({"ln_f": LayerCounts(5, 10)}, step=1, window=1)  # a DyT card reads as before
     assert "saturated means |alpha x| > 2; 10 elements counted." in dyt.card()
+
+
+def test_a_non_finite_alpha_is_not_called_a_non_finite_input():
+    """A DyT whose alpha is inf on finite inputs: NON-FINITE, and the headline does not say the inputs were."""
+    from satmon import DyT
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), DyT(8, alpha_init=2.0))
+    with torch.no_grad():
+        model[1].alpha.fill_(float("inf"))
+    xs = [torch.randn(16, 8) for _ in range(2)]
+    assert all(torch.isfinite(model[0](x)).all() for x in xs)  # what the DyT layer receives is finite
+    v = probe(model, xs).verdict
+    assert v.decision == "non-finite"
+    assert "alpha" in v.headline() and "NaN/inf in the DyT inputs:" not in v.headline()
