@@ -548,7 +548,6 @@ def run(args: argparse.Namespace, state: _State | None = None) -> int:
 
 def _report(args, out: Outputs, records, dicts, rows, device, data_text: str, log_dir: Path, nonfinite: list[str]) -> None:
     from satmon.io.markdown import write_report
-
     from satmon.results.card import cut_off
 
     ok = [r for r in rows if r["error"] is None]
