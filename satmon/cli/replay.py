@@ -327,7 +327,8 @@ def _summary(rows: list[dict[str, Any]], records: list[Any]) -> None:
     last = next((r for r in reversed(records) if r.verdict is not None), None)
     if last is not None:
         v = last.verdict
-        print(f"\nLast checkpoint (step {last.global_step}): {v.decision.upper()}  pooled saturation "
+        said = v.headline() if v.cautions else v.decision.upper()  # a qualified decision says how far to trust it
+        print(f"\nLast checkpoint (step {last.global_step}): {said}  pooled saturation "
               f"{v.saturation:.4f} {'>=' if v.saturation >= v.threshold else '<'} threshold {v.threshold:g} "
               f"(margin {v.margin:+.4f})")
 
@@ -547,15 +548,16 @@ def run(args: argparse.Namespace, state: _State | None = None) -> int:
 
 def _report(args, out: Outputs, records, dicts, rows, device, data_text: str, log_dir: Path, nonfinite: list[str]) -> None:
     from satmon.io.markdown import write_report
+    from satmon.results.card import cut_off
 
     ok = [r for r in rows if r["error"] is None]
+    last = next((r for r in reversed(records) if r.verdict is not None), None)
+    counted = cut_off(last.verdict) if last is not None else f"|alpha x| > {args.level:g}"  # erf/hardtanh: their own
     intro = [
         f"Model `{args.model or args.factory}`; {len(ok)} of {len(rows)} checkpoint(s) replayed on {device.type} "
         f"({args.dtype} forward, float64 statistics); calibration: {data_text}.",
-        f"GO threshold {args.threshold:g} on pooled saturation (|alpha x| > {args.level:g}); TensorBoard run "
-        f"`{log_dir}`.",
+        f"GO threshold {args.threshold:g} on pooled saturation ({counted}); TensorBoard run `{log_dir}`.",
     ] + [f"\n**{line}**" for line in nonfinite]
-    last = next((r for r in reversed(records) if r.verdict is not None), None)
     written = write_report(out.report, dicts, rows, threshold=args.threshold, intro=intro,
                            last_card=None if last is None else last.verdict.card())
     replaced = [p for p in written if p in out.existed]

@@ -417,7 +417,8 @@ def replay(
 
 # ------------------------------------------------------------------------------------------ outputs
 def summary_row(record: ReplayRecord | Mapping[str, Any]) -> dict[str, Any]:
-    """The key readings of one record, flat: ``step``, ``name``, ``saturation``, ``decision``, ``margin``,
+    """The key readings of one record, flat: ``step``, ``name``, ``saturation``, ``decision`` (with the verdict's
+    ``trust`` in brackets when it is not ``"ok"``: ``"GO (flagged)"``), ``margin``,
     ``norm_type``, ``min_ratio`` (sigma_min over depth), ``min_alignment``, ``nonfinite`` (NaN/inf
     weights and DyT inputs in words, ``None`` when there are none), ``seconds``, ``error``.
 
@@ -431,6 +432,8 @@ def summary_row(record: ReplayRecord | Mapping[str, Any]) -> dict[str, Any]:
     decision = None
     if verdict.get("decision"):
         decision = str(verdict["decision"]).upper() + (" (collapse risk)" if verdict.get("collapse_risk") else "")
+        if verdict.get("trust") not in (None, "ok"):  # a qualified decision never reads as a bare GO / NO-GO
+            decision += f" ({verdict['trust']})"
     sigma = rec.get("sigma_min") or {}
     ratios = [r for r in (sigma.get("ratios") or []) if isinstance(r, (int, float)) and r == r]
     aligns = [v["alignment"] for v in (rec.get("layers") or {}).values()

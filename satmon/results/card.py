@@ -12,12 +12,13 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from satmon.functional.saturation import pointwise_cutoff
 from satmon.study import INCONCLUSIVE_BAND
 
 if TYPE_CHECKING:
     from satmon.results.verdict import Verdict
 
-__all__ = ["FLAG_TEXT", "TRUST_TEXT", "card", "headline", "plain", "summary"]
+__all__ = ["FLAG_TEXT", "TRUST_TEXT", "card", "cut_off", "headline", "plain", "summary"]
 
 #: What each flag means, in the card. Flags sit beside the study's rule; they never change the decision.
 FLAG_TEXT = {
@@ -64,8 +65,9 @@ def _qualifiers(v: Verdict) -> list[str]:
 
 
 def _nonfinite_what(v: Verdict) -> str:
-    parts = (["DyT inputs"] if v.nonfinite else []) + (["weights"] if v.nonfinite_weights else [])
-    return " and ".join(parts) or "DyT inputs"
+    # ``nonfinite`` counts non-finite DyT inputs and alphas together: the headline names both
+    parts = (["DyT inputs or alphas"] if v.nonfinite else []) + (["weights"] if v.nonfinite_weights else [])
+    return " and ".join(parts) or "DyT inputs or alphas"
 
 
 def headline(v: Verdict, markdown: bool = False, advice: bool = True) -> str:
@@ -116,7 +118,7 @@ def card(v: Verdict) -> str:
         f"### satmon verdict: {headline(v, markdown=True)}", "",
         f"Pooled saturation **{v.saturation:.4f}** {op} threshold **{v.threshold:g}** "
         f"(margin {v.margin:+.4f}{', inconclusive' if v.inconclusive else ''}) " + where
-        + f"saturated means |alpha x| > {v.level:g}; {v.elements:,} elements counted.",
+        + f"saturated means {cut_off(v)}; {v.elements:,} elements counted.",
     ]
     lines += ["", _trust_line(v)]
     if v.reason:
@@ -137,6 +139,21 @@ def card(v: Verdict) -> str:
         lines += ["", "| gated block | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
         lines += [f"| {b} | " + " | ".join(f"{r.get(k, float('nan')):.4f}" for k in keys) + " |" for b, r in v.risk.items()]
     return "\n".join(lines)
+
+
+def cut_off(v: Verdict) -> str:
+    """The cut-off the counts used: the study's ``|alpha x| > level`` for tanh, the equal-gain one of the others.
+
+    Example:
+        >>> from satmon.results.verdict import build_verdict
+        >>> cut_off(build_verdict({"a": (1, 2)}, step=1, source="probe", functions=("hardtanh",)))
+        '|u| > 1 for hardtanh (u = alpha x plus any shift; the gain tanh has at 2, docs/science.md)'
+    """
+    if all(f == "tanh" for f in v.functions):
+        return f"|alpha x| > {v.level:g}"
+    cuts = [f"|alpha x| > {v.level:g} for tanh" if f == "tanh" else f"|u| > {pointwise_cutoff(f, v.level):.4g} for {f}"
+            for f in v.functions]
+    return ", ".join(cuts) + f" (u = alpha x plus any shift; the gain tanh has at {v.level:g}, docs/science.md)"
 
 
 def _trust_line(v: Verdict) -> str:
