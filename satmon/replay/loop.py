@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -417,8 +418,20 @@ def _replay_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any
             if report is None:  # whatever failed, the next checkpoint gets models built afresh
                 loader.forget()
             del model, twin_model  # the loader keeps one model per architecture for the next checkpoint
-    return ReplayRecord(checkpoint=str(info.path), global_step=step, report=report, seconds=seconds,
-                        weights_only=info.weights_only, nonfinite_weights=nonfinite, notes=tuple(notes), error=error)
+    return ReplayRecord(checkpoint=_text(str(info.path)), global_step=step, report=report, seconds=seconds,
+                        weights_only=info.weights_only, nonfinite_weights=nonfinite, notes=tuple(map(_text, notes)),
+                        error=None if error is None else _text(error))
+
+
+def _text(s: str) -> str:
+    """``s`` as text every output can encode: a file name's undecodable bytes (``os.fsdecode``'s surrogates, from a
+    name that is not UTF-8) written as ``\\xff``, as ``ls -b`` shows them (TensorBoard, JSON and markdown need UTF-8).
+
+    Example:
+        >>> _text(os.fsdecode(b"w\\xff.ckpt"))
+        'w\\\\xff.ckpt'
+    """
+    return s.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def replay(
