@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gc
 import inspect
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -428,7 +427,7 @@ def _text(s: str) -> str:
     name that is not UTF-8) written as ``\\xff``, as ``ls -b`` shows them (TensorBoard, JSON and markdown need UTF-8).
 
     Example:
-        >>> _text(os.fsdecode(b"w\\xff.ckpt"))
+        >>> _text(b"w\\xff.ckpt".decode("utf-8", "surrogateescape"))
         'w\\\\xff.ckpt'
     """
     return s.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
