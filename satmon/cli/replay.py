@@ -157,10 +157,22 @@ def _resolved(path: Path) -> Path:
     return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
+def _check_utf8(option: str, value: str) -> None:
+    """TensorBoard, and the links of a markdown report, take only UTF-8 paths: an output name with bytes that are not
+    UTF-8 is refused before any work."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise _usage(f"Expected {option} to be a UTF-8 name (TensorBoard, JSON and markdown write only those), got "
+                     f"'{shown}': pass another name.") from None
+
+
 def _check_folder(option: str, value: str) -> Path:
     """A folder that can be created or written: refused when empty, a file, or under a file or a read-only folder."""
     if not value.strip():
         raise _usage(f"Expected {option} to name a folder, got an empty name: pass a path such as satmon_logs.")
+    _check_utf8(option, value)
     path = Path(value).expanduser()
     if path.exists() and not path.is_dir():
         raise _usage(f"Expected {option} {value!r} to be a folder, got a file: pass a folder path (it is created if missing).")
@@ -182,6 +194,7 @@ def _check_outputs(args: argparse.Namespace) -> Outputs:
 
     logdir = _check_folder("--logdir", args.logdir)
     name = args.name
+    _check_utf8("--name", name)
     parts = Path(name).parts
     if not name.strip() or Path(name).is_absolute() or any(p in ("..", ".") for p in parts):
         raise _usage(f"Expected --name to be a run name such as 'replay' (a relative path without '.' or '..'), got {name!r}.")
@@ -199,6 +212,9 @@ def _check_outputs(args: argparse.Namespace) -> Outputs:
                          f"away or pass another {option}.")
         return _resolved(check_output(path, f"{option}'s {what}"))
 
+    for option in ("--json", "--report"):
+        if getattr(args, option[2:]) is not None:
+            _check_utf8(option, getattr(args, option[2:]))
     try:
         if args.json is not None:
             out.json = _resolved(check_output(args.json, "--json", (".json", ".jsonl")))

@@ -168,8 +168,9 @@ class ModelLoader:
         self._shapes: list[tuple[Any, nn.Module | None]] = []  # (hyper-parameters, meta model) of recent checks
         # one model (and one twin) per architecture, the next checkpoint's weights loaded into it: building a model
         # (and garbage-collecting the last one) cost more than probing a small one
-        self._built: tuple[Any, nn.Module] | None = None
-        self._twin: tuple[Any, nn.Module] | None = None
+        # (architecture key, model, what lies outside its state_dict when it was built: see _outside_state)
+        self._built: tuple[Any, nn.Module, list] | None = None
+        self._twin: tuple[Any, nn.Module, list] | None = None
 
     def _lightning(self, info: CheckpointInfo) -> bool:
         return info.kind == "lightning" and self.model_cls is not None
@@ -272,7 +273,7 @@ class ModelLoader:
         the probe never writes its parameters)."""
         lightning = self._lightning(info)
         key = ("lightning", info.hparams_name, info.hparams) if lightning else ("factory",)
-        if self._twin is not None and _same(self._twin[0], key):
+        if self._twin is not None and _same(self._twin[0], key) and _unchanged(self._twin[1], self._twin[2]):
             return self._twin[1]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(TWIN_SEED)
@@ -290,6 +291,8 @@ class ModelLoader:
         """The model kept from the previous checkpoint when ``key`` (its architecture) is the same."""
         if key is None or self._built is None or not _same(self._built[0], key):
             return None
+        if not _unchanged(self._built[1], self._built[2]):  # a forward left state no load overwrites: build afresh
+            return None
         return self._built[1]
 
     def _keep(self, which: str, key: Any, model: nn.Module | None) -> None:
@@ -297,7 +300,10 @@ class ModelLoader:
         change, not per checkpoint: a full ``gc.collect`` of a process holding torch costs ~0.2 s)."""
         slot = "_built" if which == "built" else "_twin"
         old = getattr(self, slot)
-        setattr(self, slot, None if model is None or key is None else (key, model))
+        if model is None or key is None:
+            setattr(self, slot, None)
+        elif old is None or old[1] is not model:  # a model built now: what lies outside its state_dict, as built
+            setattr(self, slot, (key, model, _outside_state(model)))
         if old is not None and old[1] is not model:
             del old
             _release(self.device)
@@ -308,6 +314,59 @@ class ModelLoader:
         if not isinstance(model, nn.Module):
             raise TypeError(f"Expected --factory to return an nn.Module, got {type(model).__name__}")
         return model
+
+
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))  # _parameters, _buffers, _modules, the hooks, training...
+
+
+def _items(value: Any) -> Any:
+    """The identity of a container's items (a cache filled in place changes it); ``None`` for anything else."""
+    if isinstance(value, (list, tuple)):
+        return tuple(id(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((id(k), id(v)) for k, v in value.items())
+    if isinstance(value, (set, frozenset)):
+        return frozenset(id(v) for v in value)
+    return None
+
+
+def _outside_state(model: nn.Module) -> list[tuple[nn.Module, dict[str, Tensor], dict[str, tuple[Any, Any]]]]:
+    """What a forward can change in ``model`` that no ``load_state_dict`` overwrites: each submodule's
+    non-persistent buffers (copied) and its plain attributes (the objects, and a container's items)."""
+    snapshot = []
+    for module in model.modules():
+        buffers = {k: b.detach().clone() for k, b in module._buffers.items()
+                   if b is not None and k in module._non_persistent_buffers_set}
+        attrs = {k: (v, _items(v)) for k, v in vars(module).items() if k not in _MODULE_INTERNALS}
+        snapshot.append((module, buffers, attrs))
+    return snapshot
+
+
+def _unchanged(model: nn.Module, snapshot: list[tuple[nn.Module, dict[str, Tensor], dict[str, tuple[Any, Any]]]]) -> bool:
+    """Whether ``model`` still holds, outside its state_dict, what it held when built: then loading the next
+    checkpoint's weights into it gives the model a fresh build would give (a cache filled by a forward, a
+    buffer a forward updates, a submodule added later: it is not reused)."""
+    modules = list(model.modules())
+    if len(modules) != len(snapshot) or any(m is not s[0] for m, s in zip(modules, snapshot)):
+        return False
+    for module, buffers, attrs in snapshot:
+        now = {k: b for k, b in module._buffers.items() if b is not None and k in module._non_persistent_buffers_set}
+        if now.keys() != buffers.keys() or any(
+                now[k].shape != b.shape or now[k].dtype != b.dtype or not torch.equal(now[k], b) for k, b in buffers.items()):
+            return False
+        plain = {k: v for k, v in vars(module).items() if k not in _MODULE_INTERNALS}
+        if plain.keys() != attrs.keys() or any(not _same_value(plain[k], v) or _items(plain[k]) != items
+                                               for k, (v, items) in attrs.items()):
+            return False
+    return True
+
+
+_SCALARS = (bool, int, float, complex, str, bytes, torch.device, torch.dtype)
+
+
+def _same_value(now: Any, then: Any) -> bool:
+    """The same object, or an equal scalar (``LightningModule.to`` sets a new ``torch.device`` each time)."""
+    return now is then or (type(now) is type(then) and isinstance(now, _SCALARS) and bool(now == then))
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -358,8 +417,20 @@ def _replay_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any
             if report is None:  # whatever failed, the next checkpoint gets models built afresh
                 loader.forget()
             del model, twin_model  # the loader keeps one model per architecture for the next checkpoint
-    return ReplayRecord(checkpoint=str(info.path), global_step=step, report=report, seconds=seconds,
-                        weights_only=info.weights_only, nonfinite_weights=nonfinite, notes=tuple(notes), error=error)
+    return ReplayRecord(checkpoint=_text(str(info.path)), global_step=step, report=report, seconds=seconds,
+                        weights_only=info.weights_only, nonfinite_weights=nonfinite, notes=tuple(map(_text, notes)),
+                        error=None if error is None else _text(error))
+
+
+def _text(s: str) -> str:
+    """``s`` as text every output can encode: a file name's undecodable bytes (``os.fsdecode``'s surrogates, from a
+    name that is not UTF-8) written as ``\\xff``, as ``ls -b`` shows them (TensorBoard, JSON and markdown need UTF-8).
+
+    Example:
+        >>> _text(b"w\\xff.ckpt".decode("utf-8", "surrogateescape"))
+        'w\\\\xff.ckpt'
+    """
+    return s.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def replay(
