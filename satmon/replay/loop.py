@@ -33,7 +33,7 @@ from satmon.replay.checkpoints import (
     state_dict_of,
 )
 from satmon.replay.reading import FileChanged
-from satmon.replay.user_code import ReplayUsageError, error_line, short
+from satmon.replay.user_code import ReplayUsageError, error_line, printable, short
 from satmon.results.replay_record import ReplayRecord
 from satmon.results.verdict import Source
 from satmon.settings import Settings, settings_from
@@ -425,20 +425,9 @@ def _replay_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any
             if report is None:  # whatever failed, the next checkpoint gets models built afresh
                 loader.forget()
             del model, twin_model  # the loader keeps one model per architecture for the next checkpoint
-    return ReplayRecord(checkpoint=_text(str(info.path)), global_step=step, report=report, seconds=seconds,
-                        weights_only=info.weights_only, nonfinite_weights=nonfinite, notes=tuple(map(_text, notes)),
-                        error=None if error is None else _text(error))
-
-
-def _text(s: str) -> str:
-    """``s`` as text every output can encode: a file name's undecodable bytes (``os.fsdecode``'s surrogates, from a
-    name that is not UTF-8) written as ``\\xff``, as ``ls -b`` shows them (TensorBoard, JSON and markdown need UTF-8).
-
-    Example:
-        >>> _text(b"w\\xff.ckpt".decode("utf-8", "surrogateescape"))
-        'w\\\\xff.ckpt'
-    """
-    return s.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return ReplayRecord(checkpoint=printable(str(info.path)), global_step=step, report=report, seconds=seconds,
+                        weights_only=info.weights_only, nonfinite_weights=nonfinite, notes=tuple(map(printable, notes)),
+                        error=None if error is None else printable(error))
 
 
 def replay(
