@@ -117,8 +117,15 @@ def load_index(stamp: FileStamp, trust: bool) -> Any:
 
     Raises:
         FileChanged: the file changed since ``stamp`` was taken, or while it was read.
+        ValueError: a zip archive written on a machine of the other byte order (refused before torch reads
+            it: torch's meta load byte-swaps storages that hold no data, and the process dies).
     """
     stamp.check()
+    try:
+        with zipfile.ZipFile(stamp.path) as z:
+            _check_byteorder(_byteorder(z))
+    except zipfile.BadZipFile:  # a legacy (non-zip) file: torch reads it whole, in its own byte order
+        pass
     obj = torch.load(stamp.path, map_location="meta", weights_only=not trust)
     stamp.check("while it was being read")
     return obj
@@ -171,8 +178,7 @@ def _zip_records(path: Path) -> tuple[list[tuple[str, int, int]], str]:
     and the archive's byte order (``"little"`` when it records none); the directory is read once."""
     out = []
     with zipfile.ZipFile(path) as z, open(path, "rb") as f:
-        names = [n for n in z.namelist() if n.endswith("/byteorder") and n.count("/") == 1]
-        order = z.read(names[0]).decode().strip() if names else "little"
+        order = _byteorder(z)
         for info in z.infolist():
             parts = info.filename.split("/")
             if len(parts) < 2 or parts[-2] != "data" or info.compress_type != zipfile.ZIP_STORED:
@@ -184,6 +190,18 @@ def _zip_records(path: Path) -> tuple[list[tuple[str, int, int]], str]:
             name_len, extra_len = struct.unpack("<HH", head[26:30])
             out.append((parts[-1], info.header_offset + 30 + name_len + extra_len, info.file_size))
     return out, order
+
+
+def _byteorder(z: zipfile.ZipFile) -> str:
+    """The byte order a torch zip archive records (``"little"`` when it records none)."""
+    names = [n for n in z.namelist() if n.endswith("/byteorder") and n.count("/") == 1]
+    return z.read(names[0]).decode(errors="replace").strip()[:20] if names else "little"
+
+
+def _check_byteorder(order: str) -> None:
+    if order != sys.byteorder:
+        raise ValueError(f"written on a {order}-endian machine: satmon replay reads only "
+                         f"{sys.byteorder}-endian archives; load and re-save it with torch.save on this machine")
 
 
 def _offsets(obj: Any, records: list[tuple[str, int, int]]) -> dict[int, int]:
@@ -244,9 +262,7 @@ def copy_tensors(obj: Any, stamp: FileStamp, skip: Iterable[str] = (), index: An
     if not tensors:
         return obj
     records, order = _zip_records(stamp.path)
-    if order != sys.byteorder:
-        raise ValueError(f"written on a {order}-endian machine: satmon replay reads only "
-                         f"{sys.byteorder}-endian archives; load and re-save it with torch.save on this machine")
+    _check_byteorder(order)
     where = _offsets(obj if index is None else index, records)
     storages: dict[int, bytearray] = {}
     with open(stamp.path, "rb", buffering=0) as f:
