@@ -163,7 +163,9 @@ def _check_utf8(option: str, value: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        from satmon.replay.user_code import printable
+
+        shown = printable(value)
         raise _usage(f"Expected {option} to be a UTF-8 name (TensorBoard, JSON and markdown write only those), got "
                      f"'{shown}': pass another name.") from None
 

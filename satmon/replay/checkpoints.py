@@ -152,15 +152,16 @@ class Listing:
         return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 
 
-def _hf_files(folder: Path, names: set[str]) -> tuple[list[str], set[str]] | None:
-    """A Hugging Face model folder's weight files and every name it accounts for; ``None`` if it is not one."""
+def _hf_files(names: set[str]) -> tuple[str, set[str]] | None:
+    """A Hugging Face model folder's main weights file (of its file ``names``) and every name it accounts for;
+    ``None`` if it is not one."""
     main = next((n for n in HF_WEIGHTS if n in names), None)
     if main is None:
         return None
     used = {main, "trainer_state.json", "config.json", "generation_config.json"}
     used |= {n for n in names if TRAINER_STATE_FILES.fullmatch(n)}
     used |= {n for n in names if _HF_SHARD.fullmatch(n)}
-    return [main], used
+    return main, used
 
 
 def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] = ()) -> Listing:
@@ -212,17 +213,15 @@ def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] 
             out.explicit.append((path, why))
 
     def hf_folder(folder: Path, names: set[str], explicit: bool) -> set[str]:
-        found = _hf_files(folder, names)
+        found = _hf_files(names)
         if found is None:
             return set()
-        files, used = found
-        stamps = []
-        for name in files:
-            try:
-                stamps.append(FileStamp.of(folder / name))
-            except OSError:
-                pass
-        add(folder, tuple(stamps), explicit)
+        main, used = found
+        try:
+            stamps: tuple[FileStamp, ...] = (FileStamp.of(folder / main),)
+        except OSError:
+            stamps = ()
+        add(folder, stamps, explicit)
         return used
 
     def walk(root: Path) -> None:
@@ -533,12 +532,12 @@ def _inspect_hf(folder: Path, stamps: Sequence[FileStamp] | None) -> CheckpointI
     ``trainer_state.json`` (else the folder's ``checkpoint-N`` name)."""
     info = CheckpointInfo(path=folder, hf=True)
     names = {p.name for p in folder.iterdir() if p.is_file()}
-    found = _hf_files(folder, names)
+    found = _hf_files(names)
     if found is None:
         info.error = (f"not a checkpoint: a folder without {' / '.join(HF_WEIGHTS)} (a Hugging Face checkpoint) "
                       "or .ckpt/.pt files; pass the files inside it")
         return info
-    main = found[0][0]
+    main = found[0]
     try:
         files = [main]
         if main.endswith(".index.json"):

@@ -33,7 +33,7 @@ from satmon.replay.checkpoints import (
     state_dict_of,
 )
 from satmon.replay.reading import FileChanged
-from satmon.replay.user_code import ReplayUsageError, error_line, short
+from satmon.replay.user_code import ReplayUsageError, error_line, printable, short
 from satmon.results.replay_record import ReplayRecord
 from satmon.results.verdict import Source
 from satmon.settings import Settings, settings_from
@@ -89,6 +89,15 @@ def _new_lightning_module(model_cls: type, hparams: Mapping[str, Any], hparams_n
     if _overridden(model, "configure_model"):
         model.configure_model()
     return model
+
+
+#: The architecture key of a ``--factory`` model (one architecture: the factory's).
+_FACTORY = ("factory",)
+
+
+def _arch_key(hparams: Any, hparams_name: Any) -> tuple[Any, ...]:
+    """The architecture key of a Lightning model: what its constructor is called with."""
+    return ("lightning", hparams_name, hparams)
 
 
 def _key(k: Any) -> str:
@@ -216,15 +225,12 @@ class ModelLoader:
                 "building the architecture that saved it?")
 
     def _meta_model(self, info: CheckpointInfo, lightning: bool) -> nn.Module | None:
-        key = ("lightning", info.hparams_name, info.hparams) if lightning else ("factory",)
+        key = _arch_key(info.hparams, info.hparams_name) if lightning else _FACTORY
         hook = lightning and _overridden(self.model_cls, "on_load_checkpoint")  # the model may change per checkpoint
         if not hook:
             for seen, model in self._shapes:
-                try:
-                    if seen == key:
-                        return model
-                except Exception:  # hyper-parameters that cannot be compared (crafted, or odd types)
-                    continue
+                if _same(seen, key):  # hyper-parameters that cannot be compared never are
+                    return model
         try:
             with torch.device("meta"), torch.random.fork_rng(devices=[]):
                 model = (_new_lightning_module(self.model_cls, info.hparams, info.hparams_name) if lightning
@@ -250,16 +256,16 @@ class ModelLoader:
             if self._lightning(info):
                 ckpt = load_checkpoint(info)
                 hparams, name = ckpt.get("hyper_parameters") or {}, ckpt.get("hparams_name")
-                key = None if _overridden(self.model_cls, "on_load_checkpoint") else ("lightning", name, hparams)
-                model = self._reusable(key)
+                key = None if _overridden(self.model_cls, "on_load_checkpoint") else _arch_key(hparams, name)
+                model = self._reusable(self._built, key)
                 if model is None or not getattr(model, "strict_loading", True):  # a partial load keeps stale weights
                     model = _new_lightning_module(self.model_cls, hparams, name)
                 model.on_load_checkpoint(ckpt)  # Lightning's hook, as load_from_checkpoint calls it
                 model.load_state_dict(ckpt["state_dict"], strict=getattr(model, "strict_loading", True))
             else:
                 state = state_dict_of(info)
-                key = ("factory",)
-                model = self._reusable(key) or self._fresh()
+                key = _FACTORY
+                model = self._reusable(self._built, key) or self._fresh()
                 _load_weights(model, state)  # strict: every weight (or its tied twin) in the file
         except BaseException:
             self._keep("built", None, None)  # a half-loaded model is never reused
@@ -272,9 +278,10 @@ class ModelLoader:
         """A random-init instance of the same architecture, seeded with ``TWIN_SEED`` (built once per architecture:
         the probe never writes its parameters)."""
         lightning = self._lightning(info)
-        key = ("lightning", info.hparams_name, info.hparams) if lightning else ("factory",)
-        if self._twin is not None and _same(self._twin[0], key) and _unchanged(self._twin[1], self._twin[2]):
-            return self._twin[1]
+        key = _arch_key(info.hparams, info.hparams_name) if lightning else _FACTORY
+        kept = self._reusable(self._twin, key)
+        if kept is not None:
+            return kept
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(TWIN_SEED)
             model = _new_lightning_module(self.model_cls, info.hparams, info.hparams_name) if lightning else self._fresh()
@@ -287,13 +294,14 @@ class ModelLoader:
         self._keep("built", None, None)
         self._keep("twin", None, None)
 
-    def _reusable(self, key: Any) -> nn.Module | None:
-        """The model kept from the previous checkpoint when ``key`` (its architecture) is the same."""
-        if key is None or self._built is None or not _same(self._built[0], key):
+    @staticmethod
+    def _reusable(kept: tuple[Any, nn.Module, list] | None, key: Any) -> nn.Module | None:
+        """The model in ``kept`` (``_built`` or ``_twin``) when ``key`` (its architecture) is the same."""
+        if key is None or kept is None or not _same(kept[0], key):
             return None
-        if not _unchanged(self._built[1], self._built[2]):  # a forward left state no load overwrites: build afresh
+        if not _unchanged(kept[1], kept[2]):  # a forward left state no load overwrites: build afresh
             return None
-        return self._built[1]
+        return kept[1]
 
     def _keep(self, which: str, key: Any, model: nn.Module | None) -> None:
         """Keep ``model`` for the next checkpoint; a model it replaces is collected now (once per architecture
@@ -417,20 +425,9 @@ def _replay_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any
             if report is None:  # whatever failed, the next checkpoint gets models built afresh
                 loader.forget()
             del model, twin_model  # the loader keeps one model per architecture for the next checkpoint
-    return ReplayRecord(checkpoint=_text(str(info.path)), global_step=step, report=report, seconds=seconds,
-                        weights_only=info.weights_only, nonfinite_weights=nonfinite, notes=tuple(map(_text, notes)),
-                        error=None if error is None else _text(error))
-
-
-def _text(s: str) -> str:
-    """``s`` as text every output can encode: a file name's undecodable bytes (``os.fsdecode``'s surrogates, from a
-    name that is not UTF-8) written as ``\\xff``, as ``ls -b`` shows them (TensorBoard, JSON and markdown need UTF-8).
-
-    Example:
-        >>> _text(b"w\\xff.ckpt".decode("utf-8", "surrogateescape"))
-        'w\\\\xff.ckpt'
-    """
-    return s.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return ReplayRecord(checkpoint=printable(str(info.path)), global_step=step, report=report, seconds=seconds,
+                        weights_only=info.weights_only, nonfinite_weights=nonfinite, notes=tuple(map(printable, notes)),
+                        error=None if error is None else printable(error))
 
 
 def replay(

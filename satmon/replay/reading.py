@@ -117,8 +117,15 @@ def load_index(stamp: FileStamp, trust: bool) -> Any:
 
     Raises:
         FileChanged: the file changed since ``stamp`` was taken, or while it was read.
+        ValueError: a zip archive written on a machine of the other byte order (refused before torch reads
+            it: torch's meta load byte-swaps storages that hold no data, and the process dies).
     """
     stamp.check()
+    try:
+        with zipfile.ZipFile(stamp.path) as z:
+            _check_byteorder(_byteorder(z))
+    except zipfile.BadZipFile:  # a legacy (non-zip) file: torch reads it whole, in its own byte order
+        pass
     obj = torch.load(stamp.path, map_location="meta", weights_only=not trust)
     stamp.check("while it was being read")
     return obj
@@ -165,11 +172,13 @@ def _walk(obj: Any, fn: Callable[[Tensor], Tensor], skip: set[str], depth: int) 
     return obj
 
 
-def _zip_records(path: Path) -> list[tuple[str, int, int]]:
+def _zip_records(path: Path) -> tuple[list[tuple[str, int, int]], str]:
     """``(key, data offset, size)`` of every stored (uncompressed) tensor record of a torch zip archive,
-    read from the zip directory and each record's local header (independently of torch's offset arithmetic)."""
+    read from the zip directory and each record's local header (independently of torch's offset arithmetic),
+    and the archive's byte order (``"little"`` when it records none); the directory is read once."""
     out = []
     with zipfile.ZipFile(path) as z, open(path, "rb") as f:
+        order = _byteorder(z)
         for info in z.infolist():
             parts = info.filename.split("/")
             if len(parts) < 2 or parts[-2] != "data" or info.compress_type != zipfile.ZIP_STORED:
@@ -180,10 +189,22 @@ def _zip_records(path: Path) -> list[tuple[str, int, int]]:
                 raise ValueError(f"corrupt zip archive: no local header for {info.filename}")
             name_len, extra_len = struct.unpack("<HH", head[26:30])
             out.append((parts[-1], info.header_offset + 30 + name_len + extra_len, info.file_size))
-    return out
+    return out, order
 
 
-def _offsets(obj: Any, path: Path) -> dict[int, int]:
+def _byteorder(z: zipfile.ZipFile) -> str:
+    """The byte order a torch zip archive records (``"little"`` when it records none)."""
+    names = [n for n in z.namelist() if n.endswith("/byteorder") and n.count("/") == 1]
+    return z.read(names[0]).decode(errors="replace").strip()[:20] if names else "little"
+
+
+def _check_byteorder(order: str) -> None:
+    if order != sys.byteorder:
+        raise ValueError(f"written on a {order}-endian machine: satmon replay reads only "
+                         f"{sys.byteorder}-endian archives; load and re-save it with torch.save on this machine")
+
+
+def _offsets(obj: Any, records: list[tuple[str, int, int]]) -> dict[int, int]:
     """torch's offset of each storage (``_checkpoint_offset``) -> where its bytes really are.
 
     torch computes the offsets of a meta load from the layout its own zip writer produces; an archive
@@ -199,7 +220,6 @@ def _offsets(obj: Any, path: Path) -> dict[int, int]:
         if offset is None:
             raise ValueError("a tensor without its offset in the archive: not read with torch.load(map_location='meta')")
         storages.setdefault(offset, storage.nbytes())
-    records = _zip_records(path)
     sizes = {off: size for _, off, size in records}
     if all(sizes.get(off) == n for off, n in storages.items()):
         return {off: off for off in storages}
@@ -209,12 +229,6 @@ def _offsets(obj: Any, path: Path) -> dict[int, int]:
         return {off: real for (off, _), (_, real, _) in zip(mine, by_key)}
     raise ValueError(f"its {len(mine)} tensor storage(s) do not match the {len(records)} record(s) of its zip "
                      "directory: the archive is corrupt or was not written by torch.save")
-
-
-def _byteorder(path: Path) -> str:
-    with zipfile.ZipFile(path) as z:
-        names = [n for n in z.namelist() if n.endswith("/byteorder") and n.count("/") == 1]
-        return z.read(names[0]).decode().strip() if names else "little"
 
 
 def _read_exactly(f: Any, offset: int, nbytes: int, stamp: FileStamp) -> bytearray:
@@ -247,10 +261,9 @@ def copy_tensors(obj: Any, stamp: FileStamp, skip: Iterable[str] = (), index: An
     stamp.check()
     if not tensors:
         return obj
-    if _byteorder(stamp.path) != sys.byteorder:
-        raise ValueError(f"written on a {_byteorder(stamp.path)}-endian machine: satmon replay reads only "
-                         f"{sys.byteorder}-endian archives; load and re-save it with torch.save on this machine")
-    where = _offsets(obj if index is None else index, stamp.path)
+    records, order = _zip_records(stamp.path)
+    _check_byteorder(order)
+    where = _offsets(obj if index is None else index, records)
     storages: dict[int, bytearray] = {}
     with open(stamp.path, "rb", buffering=0) as f:
         stamp.check("since it was listed", os.fstat(f.fileno()))

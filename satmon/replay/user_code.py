@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ReplayUsageError", "error_line", "import_object", "short"]
+__all__ = ["ReplayUsageError", "error_line", "import_object", "printable", "short"]
 
 #: The longest error line satmon prints for one exception (a crafted file cannot flood the console).
 MAX_ERROR = 400
@@ -83,6 +83,17 @@ def short(obj: Any, width: int = 200) -> str:
 
     text = fmt(obj, 2)
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def printable(s: str) -> str:
+    """``s`` as text every output can encode: a file name's undecodable bytes (``os.fsdecode``'s surrogates, from a
+    name that is not UTF-8) written as ``\\xff``, as ``ls -b`` shows them (TensorBoard, JSON and markdown need UTF-8).
+
+    Example:
+        >>> printable(b"w\\xff.ckpt".decode("utf-8", "surrogateescape"))
+        'w\\\\xff.ckpt'
+    """
+    return s.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def import_object(spec: str, option: str = "--model", example: str = "mypkg.model:Net") -> Any:

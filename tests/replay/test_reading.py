@@ -192,3 +192,28 @@ def test_stamp_reads_changes_in_words(tmp_path):
     with pytest.raises(FileChanged, match="a job may be writing it"):
         stamp.check()
     assert reading.MAX_DEPTH >= 8
+
+
+def test_an_archive_of_the_other_byte_order_is_refused_before_torch_reads_it(tmp_path):
+    """torch's meta load byte-swaps storages that hold no data and kills the process (SIGSEGV): the
+    index refuses such an archive first, with what to do (run in a child: a regression must not kill pytest)."""
+    other = "big" if sys.byteorder == "little" else "little"
+    script = textwrap.dedent(f"""
+        import os, sys, zipfile, torch
+        from satmon.replay import reading
+        a, b = os.path.join({str(tmp_path)!r}, "a.pt"), os.path.join({str(tmp_path)!r}, "b.pt")
+        torch.save({{"w": torch.arange(4.0)}}, a)
+        with zipfile.ZipFile(a) as zi, zipfile.ZipFile(b, "w", zipfile.ZIP_STORED) as zo:
+            for i in zi.infolist():
+                zo.writestr(i, {other!r}.encode() if i.filename.endswith("/byteorder") else zi.read(i.filename))
+        try:
+            reading.load_index(reading.FileStamp.of(b), trust=False)
+        except ValueError as e:
+            print("ValueError:", e)
+            sys.exit(0)
+        sys.exit(5)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert f"written on a {other}-endian machine" in done.stdout and "re-save it with torch.save" in done.stdout
