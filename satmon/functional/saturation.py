@@ -474,8 +474,8 @@ def alpha_broadcast_problem(alpha_shape: torch.Size, x_shape: torch.Size) -> str
 
 def _fit_threshold(threshold: Tensor, shape: torch.Size) -> Tensor:
     """``threshold`` (``alpha``'s shape) for an in-place comparison with ``|x|`` of ``shape``, as ``alpha * x`` broadcasts."""
-    if threshold.numel() == 1 or threshold.shape == shape:
-        return threshold
+    if threshold.numel() == 1 or threshold.shape == shape[len(shape) - threshold.dim() :]:
+        return threshold  # a scalar, or alpha's shape trailing x's (a per-channel alpha, every forward): broadcasts as it is
     if alpha_broadcast_problem(threshold.shape, shape) is not None:
         raise AlphaBroadcastError(
             f"Expected a DyT alpha that broadcasts against its input as `alpha * x` does, keeping the input's shape; "

@@ -200,12 +200,15 @@ class CountQueue:
         with ``.item()`` (nothing to wait for: the one read of satmon's CPU path, a CPU scalar) and
         its threshold computed in plain Python, unless ``tensor`` asks for a device tensor.
         """
-        key = (alpha.data_ptr(), alpha._version, dtype, tensor)
+        # whether the threshold is a host float: ``tensor`` matters only where the host path would be taken, so an
+        # accelerator's four-op count finds the tensor refresh_thresholds made
+        host = not tensor and self.host_thresholds and alpha.device.type == "cpu" and alpha.numel() == 1
+        key = (alpha.data_ptr(), alpha._version, dtype, host)
         cached = self._thresholds.get(index)
         if cached is not None and cached[0] == key:
             return cached[1]
         level = self.cutoffs[index]
-        if not tensor and self.host_thresholds and alpha.device.type == "cpu" and alpha.numel() == 1:
+        if host:
             rule = (index, dtype, alpha.dtype, alpha.dim())  # what the product dtype depends on
             fn = self._host_rules.get(rule)
             if fn is None:  # the arguments checked once, not per step
@@ -236,7 +239,7 @@ class CountQueue:
                 t = saturation_threshold(stacked, level, dtype=dtype, product=self.product, product_dtype=pdt)
             for j, i in enumerate(group):
                 a = alphas[i]
-                self._thresholds[i] = ((a.data_ptr(), a._version, dtype, True), t[j : j + 1])
+                self._thresholds[i] = ((a.data_ptr(), a._version, dtype, False), t[j : j + 1])  # a tensor, not a host float
 
     def _scratch(self, x: Tensor) -> Tensor | None:
         """A float32 work buffer per input shape, on CPU only (GPU allocations are cached already)."""

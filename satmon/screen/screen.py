@@ -151,8 +151,7 @@ class Screen:
         # appear (added, or another module under a counted name) are counted by hook sets of their own
         self._map: ModelMap | None = None
         self._counted: dict[str, nn.Module] = {}  # layer name -> the module now counted under it
-        self._late: list[tuple[SaturationHooks, list[str]]] = []
-        self._late_layers: dict[str, NormLayer] = {}  # the layers counted by those hook sets
+        self._late: list[SaturationHooks] = []  # the hook sets of layers that appeared, oldest first
         self._keep_inputs = False
         self._first_forward_hooks: list[Any] = []  # on modules just registered: follow the change at their first forward
 
@@ -213,7 +212,7 @@ class Screen:
         assert self.hooks is not None and self.reader is not None
         self._map = model_map(model)
         self._map.listen(self._registered)
-        self._counted, self._late, self._late_layers = {l.name: l.module for l in self.layers}, [], {}
+        self._counted, self._late = {l.name: l.module for l in self.layers}, []
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
@@ -268,7 +267,7 @@ class Screen:
     def detach(self) -> None:
         """Remove every hook and close the TensorBoard files the screen opened (``logdir=``); the counts
         and the verdict stay (a later write opens the files again)."""
-        for h in (self.hooks, self.gate_hooks, self.watch, self.offset_hooks, *(h for h, _ in self._late)):
+        for h in (self.hooks, self.gate_hooks, self.watch, self.offset_hooks, *self._late):
             if h is not None:
                 h.detach()
         if self._own_sink is not None:
@@ -278,7 +277,7 @@ class Screen:
     def paused(self) -> Iterator[None]:
         """No counting inside the block (validation, a probe's forwards)."""
         with paused(self.hooks, self.gate_hooks, self.offset_hooks, self.watch.hooks if self.watch else None,
-                    *(h for h, _ in self._late)):
+                    *self._late):
             yield
 
     # ------------------------------------------------------------------------------- per step
@@ -292,12 +291,8 @@ class Screen:
             k = self.settings.sample_every
             if k > 1:
                 self.hooks.enabled = step % k == 0
-            for late, _ in self._late:
-                late.enabled = self.hooks.enabled
-                if late.enabled:
-                    late.refresh_thresholds()
-            if self.hooks.enabled:
-                self.hooks.refresh_thresholds()  # one batched op per step instead of one per layer
+            for h in self._count_sets():
+                self._follow_sampling(h)
             if self.offset_hooks is not None:  # sampled: a float64 pass over the inputs
                 self.offset_hooks.enabled = self.hooks.enabled and (step // k) % self.settings.offset_every == 0
         elif self.watch is not None and self.watch.hooks.attached:
@@ -305,7 +300,7 @@ class Screen:
 
     def count_kept(self) -> None:
         """Count inputs kept during the forward (CPU); call after the forward, before the optimizer step."""
-        for h in (self.hooks, self.watch.hooks if self.watch else None, *(h for h, _ in self._late)):
+        for h in (self.hooks, self.watch.hooks if self.watch else None, *self._late):
             if h is not None:
                 h.count_kept()
 
@@ -385,7 +380,7 @@ class Screen:
         counts, names = self._window_readings(sync, final=final)
         loss = loss_trend(self.window_loss.means(sync=sync)) if self.window_loss is not None else None
         weights = nonfinite_parameters(self._model, self.agreement.max if sync else None) if self._model is not None else {}
-        layers = {l.name: l for l in self.layers} | self._late_layers
+        layers = {l.name: l for h in self._count_sets() for l in h.layers}  # a replaced layer: its latest module
         reading = self.reader.read(step=step, source=Source.WINDOW.value, sync=sync, counts=counts,
                                    layers=[layers[n] for n in names],
                                    window=self.steps_seen - self.first_step, planned_window=s.window,
@@ -451,12 +446,24 @@ class Screen:
             h.remove()
         self._first_forward_hooks = []
 
+    def _count_sets(self) -> list[SaturationHooks]:
+        """The window's saturation hook sets: the layers found at attach, then those of the layers that appeared since."""
+        assert self.hooks is not None
+        return [self.hooks, *self._late]
+
+    def _follow_sampling(self, hooks: SaturationHooks) -> None:
+        """``hooks`` count this step when the window's hooks do, with its thresholds refreshed before the forward
+        (one batched op per step instead of one per layer)."""
+        assert self.hooks is not None
+        hooks.enabled = self.hooks.enabled
+        if hooks.enabled:
+            hooks.refresh_thresholds()
+
     def _stop_counting(self, name: str) -> None:
         """The module counted under ``name`` left that name: its hook goes (its counts stay), so that a module moved
         to another name is counted once, under the name it now runs as."""
-        assert self.hooks is not None
-        sets = [(self.hooks, self.layer_names), *self._late]
-        for hooks, names in reversed(sets):  # the latest set holding the name counts its module now
+        for hooks in reversed(self._count_sets()):  # the latest set holding the name counts its module now
+            names = [l.name for l in hooks.layers]
             if name in names and hooks.attached:
                 hooks._handles[names.index(name)].remove()
                 return
@@ -502,13 +509,10 @@ class Screen:
             device = fresh[0].module.alpha.device
             late = SaturationHooks(fresh, SaturationCounter(len(fresh), level=s.level, product=s.product).to(device),
                                    self._keep_inputs, refused=self.hooks.refused, root=self._model)
-            late.enabled = self.hooks.enabled  # this step's sampling, and its thresholds (begin_step ran before)
-            if late.enabled:
-                late.refresh_thresholds()
+            self._follow_sampling(late)  # this step's (begin_step ran before)
             late.attach()
-            self._late.append((late, [l.name for l in fresh]))
+            self._late.append(late)
             self._counted.update({l.name: l.module for l in fresh})
-            self._late_layers.update({l.name: l for l in fresh})
 
     def _window_readings(self, sync: bool, final: bool = True) -> tuple[HookReadings, list[str]]:
         """The window's counts by layer name: the layers found at attach and those that appeared since (a replaced
@@ -520,11 +524,11 @@ class Screen:
         if not self._late:
             return r, names
         rows = {n: [s, t, b, a] for n, s, t, b, a in zip(names, r.saturated, r.total, r.nonfinite, r.alphas)}
-        for late, late_names in self._late:
+        for late in self._late:
             lr = late.read(sync=sync)
             if final:
                 late.detach()
-            for n, s, t, b, a in zip(late_names, lr.saturated, lr.total, lr.nonfinite, lr.alphas):
+            for n, s, t, b, a in zip((l.name for l in late.layers), lr.saturated, lr.total, lr.nonfinite, lr.alphas):
                 old = rows.get(n)
                 rows[n] = [s, t, b, a] if old is None else [old[0] + s, old[1] + t, old[2] + b, a]
                 if old is None:
@@ -559,7 +563,7 @@ class Screen:
         if self.hooks is not None and self.hooks.attached:
             self.hooks.flush()
             nonfinite, alphas = self.hooks.counter.nonfinite.sum(), self.hooks.local_alphas()
-            for late, _ in self._late:  # layers that appeared during the window are guarded too
+            for late in self._late:  # layers that appeared during the window are guarded too
                 late.flush()
                 nonfinite = nonfinite + late.counter.nonfinite.sum().to(nonfinite.device)
                 alphas = torch.cat([alphas, late.local_alphas().to(alphas.device)])

@@ -137,6 +137,8 @@ class CollapseWatch:
         for h in self._sets():
             if h.attached and h.enabled != on:
                 h.enabled = on
+        if on and self.hooks.attached:
+            self.hooks.refresh_thresholds()  # one batched op for the check, as in the window, not one per layer
         return on
 
     @property

@@ -39,6 +39,26 @@ def test_cached_threshold_follows_alpha_changes():
         assert hooks.counter.saturated.tolist() == [expected]
 
 
+def test_a_four_op_count_on_an_accelerator_uses_the_batched_threshold_of_its_step():
+    # refresh_thresholds makes one batched threshold per step for scalar accelerator alphas (meta here: no
+    # data, the same path); the four-op count (fused off) must find it, not compute its own per layer
+    from satmon.functional.saturation import saturation_threshold
+    from satmon.observe.saturation import CountQueue
+
+    q = CountQueue(SaturationCounter(2), 2.0)
+    alphas = [torch.tensor([0.5], device="meta"), torch.tensor([1.5], device="meta")]
+    q.refresh_thresholds(alphas)
+    batched = [q._thresholds[i][1] for i in range(2)]
+    for tensor in (False, True):  # the four ops ask without tensor=, the fused count with it
+        got = [q.threshold(i, a, torch.float32, tensor=tensor) for i, a in enumerate(alphas)]
+        assert all(t is b for t, b in zip(got, batched))
+    # a CPU scalar alpha's host float and tensor thresholds stay apart
+    a = torch.tensor([0.8])
+    host, tensor_t = q.threshold(0, a), q.threshold(0, a, tensor=True)
+    assert isinstance(host, float) and isinstance(tensor_t, torch.Tensor)
+    assert tensor_t.item() == host == saturation_threshold(a, 2.0).item()
+
+
 def test_flush_is_needed_only_for_direct_state_reads_and_reset_drops_the_queue():
     hooks = hooked(nn.Sequential(DyT(4, alpha_init=2.0)))
     dyt = hooks.layers[0].module
