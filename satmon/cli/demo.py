@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from satmon import study
-from satmon.cli.main import EXIT_USAGE, fraction, integer
+from satmon.cli.main import EXIT_USAGE, fraction, integer, usage_exit
 
 __all__ = ["EXIT_NO_VERDICT", "EXIT_OK", "EXIT_USAGE", "main", "run_demo"]
 
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         args = p.parse_args(argv)
         _check(p, args)
     except SystemExit as e:  # --help (0), or a usage error argparse has printed (2)
-        return EXIT_USAGE if e.code not in (0, None) else 0
+        return usage_exit(e)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*LeafSpec.*")
