@@ -205,9 +205,10 @@ def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
     pl.seed_everything(args.seed, verbose=False)
     torch.set_num_threads(max(1, args.threads or int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1))
     steps = args.steps or args.window
-    model = LitLM(arch="gpt", d_model=args.d_model, n_layers=args.layers, n_heads=4, seq_len=args.seq_len,
+    model = LitLM(arch="gpt", d_model=args.d_model, n_layers=args.layers, n_heads=N_HEADS, seq_len=args.seq_len,
                   norm="dyt", alpha_init=2.0, emb_std=_emb_std(args), lr=3e-3, warmup=50)
-    data = CorpusDataModule(seq_len=args.seq_len, batch_size=args.batch_size, train_tokens=args.train_tokens, seed=args.seed)
+    data = CorpusDataModule(seq_len=args.seq_len, batch_size=args.batch_size, train_tokens=args.train_tokens,
+                            val_tokens=VAL_TOKENS, seed=args.seed)
     data.setup("fit")
     losses = {"start": heldout_loss(model, data), "unigram": unigram_loss(data)}
     monitor = SaturationMonitor(window=args.window, threshold=args.threshold, log_every_n_steps=25, verbose=False)
