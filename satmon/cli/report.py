@@ -78,7 +78,7 @@ def format_run(run: Run) -> str:
     out = [head, "", plain(card) if card else "(no verdict card in this run: the screening window has not ended yet)", ""]
     stop = run.last_text(TAG.stop_text)
     if stop:
-        out += [stop.replace("**", ""), ""]
+        out += [plain(stop), ""]
 
     rows = [[label, *_points(run.scalars[tag])] for tag, label in named.items() if tag in run.scalars]
     sigma = run.sigma_min_min_ratio()
