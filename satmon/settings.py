@@ -28,7 +28,7 @@ from typing import Any
 
 from satmon import study
 from satmon.functional.saturation import check_product
-from satmon.results.calibration import Calibration, CalibrationError, load_calibration
+from satmon.results.calibration import Calibration, CalibrationError, load_calibration, short_repr  # short_repr: re-exported
 from satmon.results.stop import ABORT_MODES, ABORT_ON
 
 __all__ = ["ReadsSettings", "Settings", "check_rule", "check_selector", "settings_from", "short_repr"]
@@ -51,17 +51,6 @@ def _flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"Expected `{name}` to be True or False, got {value!r} ({type(value).__name__}).")
     return value
-
-
-def short_repr(value: Any) -> str:
-    """A bounded representation of ``value`` for an error message (a crafted object never floods it).
-
-    Example:
-        >>> short_repr(123), short_repr("x" * 200)[-5:], short_repr([[[]]])
-        ('123', 'xx...', '<list>')
-    """
-    text = repr(value) if isinstance(value, (int, float, str, bytes, type(None))) else f"<{type(value).__name__}>"
-    return (text[:80] + "...") if len(text) > 80 else text
 
 
 def check_rule(level: Any, threshold: Any, collapse_threshold: Any) -> tuple[float, float, float]:

@@ -24,7 +24,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from satmon.results.calibration import FORMAT, Calibration, CalibrationError, calibration_from_payload, load_calibration
+from satmon.results.calibration import (
+    FORMAT,
+    Calibration,
+    CalibrationError,
+    calibration_from_payload,
+    load_calibration,
+    short_repr,
+)
 from satmon.study import THRESHOLD
 from satmon.functional.threshold_fit import RULES, GroupCV, ThresholdFit, accuracy, auc, fit_threshold, leave_one_group_out
 
@@ -103,9 +110,9 @@ def to_float(value: Any, what: str, where: str) -> float | None:
         return None
     number = _number(value)
     if number is None:
-        raise CalibrationError(f"Expected a number for {what} ({where}), got {_short(value)}: fix the file.")
+        raise CalibrationError(f"Expected a number for {what} ({where}), got {short_repr(value, 40)}: fix the file.")
     if not math.isfinite(number):
-        raise CalibrationError(f"Expected a finite number for {what} ({where}), got {_short(value)}: a NaN or inf outcome "
+        raise CalibrationError(f"Expected a finite number for {what} ({where}), got {short_repr(value, 40)}: a NaN or inf outcome "
                                "cannot be compared; fix the value or drop the row.")
     return number
 
@@ -114,12 +121,6 @@ def _names(names: Sequence[str], quote: bool = True, limit: int = 5) -> str:
     """The first few of ``names``, for a message."""
     shown = [repr(n) if quote else n for n in names[:limit]]
     return ", ".join(shown) + (f" ... ({len(names)} in all)" if len(names) > limit else "")
-
-
-def _short(value: Any, limit: int = 40) -> str:
-    """A bounded repr of a value from a user's file, for messages."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 5] + "...'"
 
 
 def _number(value: Any) -> float | None:
@@ -146,7 +147,7 @@ def _helps_word(key: str, raw: Any, where: str) -> bool | None:
     if word in _NO or (key == "helps" and word in ("0", "0.0")):
         return False
     if key == "helps":
-        raise CalibrationError(f"Expected yes/no in 'helps' ({where}), got {_short(raw)}: write yes or no (or 1/0).")
+        raise CalibrationError(f"Expected yes/no in 'helps' ({where}), got {short_repr(raw, 40)}: write yes or no (or 1/0).")
     return None
 
 
@@ -180,7 +181,7 @@ def _label(row: Mapping[str, Any], key: str, where: str) -> str:
     if value is None:
         return ""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise CalibrationError(f"Expected {key!r} to be a name (text or a number), got {_short(value)} ({where}).")
+        raise CalibrationError(f"Expected {key!r} to be a name (text or a number), got {short_repr(value, 40)} ({where}).")
     return str(value).strip()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from satmon import study
-from satmon.cli.main import EXIT_USAGE
+from satmon.cli.main import EXIT_USAGE, usage_exit
 
 if TYPE_CHECKING:
     from satmon.calibrate.fit import CalibrationResult
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # --help (0), or a usage error argparse has printed (2)
-        return EXIT_USAGE if e.code not in (0, None) else 0
+        return usage_exit(e)
     from satmon.calibrate.fit import CalibrationError, calibrate, write_calibration
     from satmon.io.atomic import OutputError
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from satmon import study
-from satmon.cli.main import EXIT_USAGE, fraction, integer
+from satmon.cli.main import EXIT_USAGE, fraction, integer, usage_exit
 
 __all__ = ["EXIT_NO_VERDICT", "EXIT_OK", "EXIT_USAGE", "main", "run_demo"]
 
@@ -205,9 +205,10 @@ def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
     pl.seed_everything(args.seed, verbose=False)
     torch.set_num_threads(max(1, args.threads or int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1))
     steps = args.steps or args.window
-    model = LitLM(arch="gpt", d_model=args.d_model, n_layers=args.layers, n_heads=4, seq_len=args.seq_len,
+    model = LitLM(arch="gpt", d_model=args.d_model, n_layers=args.layers, n_heads=N_HEADS, seq_len=args.seq_len,
                   norm="dyt", alpha_init=2.0, emb_std=_emb_std(args), lr=3e-3, warmup=50)
-    data = CorpusDataModule(seq_len=args.seq_len, batch_size=args.batch_size, train_tokens=args.train_tokens, seed=args.seed)
+    data = CorpusDataModule(seq_len=args.seq_len, batch_size=args.batch_size, train_tokens=args.train_tokens,
+                            val_tokens=VAL_TOKENS, seed=args.seed)
     data.setup("fit")
     losses = {"start": heldout_loss(model, data), "unigram": unigram_loss(data)}
     monitor = SaturationMonitor(window=args.window, threshold=args.threshold, log_every_n_steps=25, verbose=False)
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         args = p.parse_args(argv)
         _check(p, args)
     except SystemExit as e:  # --help (0), or a usage error argparse has printed (2)
-        return EXIT_USAGE if e.code not in (0, None) else 0
+        return usage_exit(e)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*LeafSpec.*")

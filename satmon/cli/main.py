@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "SUBCOMMANDS", "fraction", "integer", "main"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "SUBCOMMANDS", "fraction", "integer", "main", "usage_exit"]
 
 #: command -> (module with ``main(argv) -> int``, one line for ``satmon --help``)
 SUBCOMMANDS = {
@@ -31,6 +31,17 @@ EPILOG = "commands:\n" + "\n".join(f"  {name:<11}{line}" for name, (_, line) in 
 Run satmon COMMAND --help for a command's options and exit codes.
 exit codes: 0 success, 2 usage error (nothing done), 130 interrupted (Ctrl-C); each command
 documents its others."""
+
+
+def usage_exit(e: SystemExit) -> int:
+    """The exit code of an argparse ``SystemExit``: 0 for ``--help`` / ``--version``, else :data:`EXIT_USAGE`
+    (argparse has printed the usage and the error).
+
+    Example:
+        >>> usage_exit(SystemExit(0)), usage_exit(SystemExit(2))
+        (0, 2)
+    """
+    return 0 if e.code in (0, None) else EXIT_USAGE
 
 
 def integer(low: int, high: int | None = None):
@@ -106,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             _parser().parse_args(argv)  # --help, --version, or a usage error: argparse prints and exits
         except SystemExit as e:
-            return 0 if e.code is None else int(e.code) if isinstance(e.code, int) else 2
-        return 2  # not reached: a valid command is dispatched below
+            return usage_exit(e)
+        return EXIT_USAGE  # not reached: a valid command is dispatched below
     name = argv[0]
     module = importlib.import_module(SUBCOMMANDS[name][0])
     try:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from satmon.cli.main import EXIT_USAGE
+from satmon.cli.main import EXIT_USAGE, usage_exit
 
 if TYPE_CHECKING:
     from satmon.io.tensorboard_reader import Run
@@ -78,7 +78,7 @@ def format_run(run: Run) -> str:
     out = [head, "", plain(card) if card else "(no verdict card in this run: the screening window has not ended yet)", ""]
     stop = run.last_text(TAG.stop_text)
     if stop:
-        out += [stop.replace("**", ""), ""]
+        out += [plain(stop), ""]
 
     rows = [[label, *_points(run.scalars[tag])] for tag, label in named.items() if tag in run.scalars]
     sigma = run.sigma_min_min_ratio()
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # --help (0), or a usage error argparse has printed (2)
-        return EXIT_USAGE if e.code not in (0, None) else 0
+        return usage_exit(e)
     why = _usage_error(args.logdir)
     if why is not None:
         print(f"satmon report: {why}", file=sys.stderr)

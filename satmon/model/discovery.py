@@ -112,20 +112,6 @@ class NormLayer:
         if self.function is None and self.kind == "dyt":
             object.__setattr__(self, "function", "tanh")
 
-    def affine(self):
-        """The layer's effective gain and bias now (:func:`satmon.model.affine.effective_affine`, read from its
-        current values along its axis); raises ``ValueError`` when they cannot be read.
-
-        Example:
-            >>> from torch import nn
-            >>> layer = find_norm_layers(nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2)))[0]
-            >>> layer.affine().gain.tolist(), layer.affine().note
-            ([1.0, 1.0], 'gain = weight')
-        """
-        from satmon.model.affine import effective_affine
-
-        return effective_affine(self.module, self.channels, axis=self.axis)
-
 
 @dataclass(frozen=True)
 class Reading:

@@ -185,11 +185,13 @@ class ModelMap:
 
     def _flag(self, parent: nn.Module, name: str, submodule: nn.Module | None = None) -> None:
         where = self._names.get(id(parent), "?")
-        self._changed.append(f"{where}.{name}" if where else name)
+        path = f"{where}.{name}" if where else name
+        self._changed.append(path)
+        self._listeners = [ref for ref in self._listeners if ref() is not None]  # a listener whose owner went is dropped
         for ref in list(self._listeners):
             listener = ref()
             if listener is not None:
-                listener(self, f"{where}.{name}" if where else name, submodule)
+                listener(self, path, submodule)
 
     def listen(self, callback: Callable[[ModelMap, str, nn.Module | None], None]) -> None:
         """Call ``callback(map, name, submodule)`` when a module is registered under the model (a bound method,

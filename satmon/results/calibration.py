@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FORMAT", "Calibration", "CalibrationError", "calibration_from_payload", "load_calibration"]
+__all__ = ["FORMAT", "Calibration", "CalibrationError", "calibration_from_payload", "load_calibration", "short_repr"]
 
 #: The ``"format"`` value of a ``calibration.json``.
 FORMAT = "satmon-calibration"
@@ -71,8 +71,14 @@ class Calibration:
                 "guarantee for others.")
 
 
-def _what(value: Any, limit: int = 80) -> str:
-    """A bounded representation of ``value`` for an error message (a crafted value never floods it)."""
+def short_repr(value: Any, limit: int = 80) -> str:
+    """A bounded representation of ``value`` for an error message (a crafted object never floods it):
+    the repr of a number, string, bytes or ``None``, else ``<type>``; cut at ``limit`` characters.
+
+    Example:
+        >>> short_repr(123), short_repr("x" * 200)[-5:], short_repr([[[]]])
+        ('123', 'xx...', '<list>')
+    """
     text = repr(value) if isinstance(value, (int, float, str, bytes, type(None))) else f"<{type(value).__name__}>"
     return (text[:limit] + "...") if len(text) > limit else text
 
@@ -95,51 +101,51 @@ def load_calibration(path: str | os.PathLike) -> Calibration:
         (0.45, 'saturation', 0.75)
     """
     if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
-        raise CalibrationError(f"Expected a path to a calibration.json or a Calibration, got {_what(path)} "
+        raise CalibrationError(f"Expected a path to a calibration.json or a Calibration, got {short_repr(path)} "
                                f"({type(path).__name__}): pass the file `satmon calibrate` wrote (OUT/calibration.json).")
     try:
         given = os.fspath(path)
     except TypeError as e:  # an os.PathLike whose __fspath__ returns no str
-        raise CalibrationError(f"Expected a path to a calibration.json, got {_what(path)}: {e}.") from None
+        raise CalibrationError(f"Expected a path to a calibration.json, got {short_repr(path)}: {e}.") from None
     if not isinstance(given, str) or not given.strip():
-        raise CalibrationError(f"Expected a path to a calibration.json, got {_what(given, 240)}: pass OUT/calibration.json of "
+        raise CalibrationError(f"Expected a path to a calibration.json, got {short_repr(given, 240)}: pass OUT/calibration.json of "
                                "`satmon calibrate ... --out OUT`.")
     path = Path(given)
     try:
         found, what = path.is_file(), ("a folder" if path.is_dir() else "no file")
         size = path.stat().st_size if found else 0
     except (OSError, ValueError) as e:  # a name too long, a NUL byte
-        found, what, size = False, f"an unusable path ({type(e).__name__}: {_what(str(e))})", 0
+        found, what, size = False, f"an unusable path ({type(e).__name__}: {short_repr(str(e))})", 0
     if not found:
-        raise CalibrationError(f"Expected a calibration JSON written by `satmon calibrate`, got {what} at {_what(given, 240)}: "
+        raise CalibrationError(f"Expected a calibration JSON written by `satmon calibrate`, got {what} at {short_repr(given, 240)}: "
                                "pass OUT/calibration.json of `satmon calibrate ... --out OUT`.")
     if size > MAX_BYTES:
-        raise CalibrationError(f"Expected a calibration JSON written by `satmon calibrate` at {_what(given, 240)}, got a file of "
+        raise CalibrationError(f"Expected a calibration JSON written by `satmon calibrate` at {short_repr(given, 240)}, got a file of "
                                f"{size / 2**20:,.0f} MiB (a calibration is a few KiB): pass the calibration.json itself.")
     try:
         raw = path.read_bytes()
     except OSError as e:
-        raise CalibrationError(f"Expected a readable calibration JSON at {_what(given, 240)}, got {type(e).__name__}: "
+        raise CalibrationError(f"Expected a readable calibration JSON at {short_repr(given, 240)}, got {type(e).__name__}: "
                                f"{e.strerror or e}: check that the file can be read (its permissions).") from None
     try:
         text = raw.decode("utf-8-sig")  # a byte-order mark is read, not refused
     except UnicodeDecodeError as e:
-        raise CalibrationError(f"Expected a calibration JSON (UTF-8 text) written by `satmon calibrate` at {_what(given, 240)}, got "
+        raise CalibrationError(f"Expected a calibration JSON (UTF-8 text) written by `satmon calibrate` at {short_repr(given, 240)}, got "
                                f"a binary file (byte {raw[e.start]:#04x} at offset {e.start} is not UTF-8): pass the "
                                "calibration.json itself, not another file.") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise CalibrationError(f"Expected a calibration JSON written by `satmon calibrate` at {_what(given, 240)}, got a parse error: {e}.") from None
+        raise CalibrationError(f"Expected a calibration JSON written by `satmon calibrate` at {short_repr(given, 240)}, got a parse error: {e}.") from None
     except RecursionError:
-        raise CalibrationError(f"Expected a calibration JSON written by `satmon calibrate` at {_what(given, 240)}, got nesting too deep "
+        raise CalibrationError(f"Expected a calibration JSON written by `satmon calibrate` at {short_repr(given, 240)}, got nesting too deep "
                                "to read: it is not a satmon calibration.") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise CalibrationError(f"Expected format {FORMAT!r} in {_what(given, 240)}, got {_what(got)}: write it with `satmon calibrate`.")
+        raise CalibrationError(f"Expected format {FORMAT!r} in {short_repr(given, 240)}, got {short_repr(got)}: write it with `satmon calibrate`.")
     t = data.get("threshold")
     if isinstance(t, bool) or not (isinstance(t, (int, float)) and 0.0 < t < 1.0):
-        raise CalibrationError(f"Expected a threshold in (0, 1) in {_what(given, 240)}, got {_what(t)}: the fit predicts one class for "
+        raise CalibrationError(f"Expected a threshold in (0, 1) in {short_repr(given, 240)}, got {short_repr(t)}: the fit predicts one class for "
                                "every cell, so it cannot screen; add runs from both regimes and calibrate again.")
     return calibration_from_payload(data, path)
 
@@ -161,5 +167,5 @@ def calibration_from_payload(data: Mapping[str, Any], path: str | os.PathLike) -
             math.nan if auc_value is None else float(auc_value), str(prov.get("source", "")),
             str(prov.get("created", "")), str(prov.get("satmon_version", "")), str(path))
     except (TypeError, ValueError, KeyError, OverflowError) as e:
-        raise CalibrationError(f"Expected numbers for threshold, n, groups, accuracy, loso_accuracy and auc in {_what(str(path), 240)}, "
+        raise CalibrationError(f"Expected numbers for threshold, n, groups, accuracy, loso_accuracy and auc in {short_repr(str(path), 240)}, "
                                f"got {type(e).__name__}: {str(e)[:120]}: write the file with `satmon calibrate`.") from None
