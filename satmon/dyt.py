@@ -7,6 +7,8 @@ Zhu, Chen, He, LeCun, Liu, "Transformers without Normalization" (2025):
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -52,6 +54,8 @@ class DyT(nn.Module):
         if int(normalized_shape) <= 0:
             raise ValueError(f"Expected `normalized_shape` > 0, got {normalized_shape}.")
         self.normalized_shape = (int(normalized_shape),)
+        if not math.isfinite(float(alpha_init)):
+            raise ValueError(f"Expected a finite `alpha_init`, got {alpha_init!r}: the DyT paper's default is 0.5.")
         self.alpha_init = float(alpha_init)
         self.channels_last = channels_last
         self.alpha = nn.Parameter(torch.full((1,), float(alpha_init)))

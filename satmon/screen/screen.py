@@ -339,6 +339,9 @@ class Screen:
 
     def step(self, loss: Any = None) -> bool:
         """One optimizer step done (plain loops): end it, prepare the next; returns :attr:`should_stop`."""
+        if self.status == "not attached" and self._steps_done == 0:  # once: a loop that forgot attach() counts nothing
+            self.warn("satmon: Screen.step() was called before Screen.attach(model): nothing is counted and no verdict "
+                      "will come. Call screen.attach(model) before the training loop.")
         self._steps_done += 1
         self.end_step(self._steps_done, loss)
         self.begin_step(self._steps_done)

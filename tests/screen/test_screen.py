@@ -37,3 +37,20 @@ def test_include_does_not_turn_a_look_alike_into_a_screened_layer():
 def test_an_unknown_option_is_named_with_the_valid_ones():
     with pytest.raises(TypeError, match=r"Expected Screen options among \[.*'window'.*\].*got \['on_missing'\]"):
         satmon.Screen(window=2, on_missing="raise")
+
+
+def test_step_before_attach_warns_once_that_nothing_is_counted():
+    """A plain loop that forgot attach() must hear it: no counts, no verdict, said once, not per step."""
+    heard: list[str] = []
+    screen = satmon.Screen(window=2, verbose=False, warn=heard.append)
+    for _ in range(3):
+        assert screen.step(torch.tensor(1.0)) is False
+    assert len(heard) == 1 and "before Screen.attach(model)" in heard[0] and screen.verdict is None
+
+
+@pytest.mark.parametrize("alpha_init", [float("nan"), float("inf"), -float("inf")])
+def test_dyt_refuses_a_non_finite_alpha_init(alpha_init):
+    with pytest.raises(ValueError, match=r"Expected a finite `alpha_init`, got"):
+        satmon.DyT(4, alpha_init=alpha_init)
+    with pytest.raises(ValueError, match=r"Expected a finite `alpha_init`, got"):
+        satmon.convert_to_dyt(nn.Sequential(nn.LayerNorm(4)), alpha_init=alpha_init)
