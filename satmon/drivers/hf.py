@@ -235,8 +235,8 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         msg = (f"satmon found no DyT layer in {type(model).__name__}, so the saturation screen is off (no verdict). "
                "Convert the norms with `satmon.convert_to_dyt(model)` before training, or point satmon at your DyT "
                "layers with `include=`.")
-        if self.screen is not None:
-            self.screen.status = msg
+        assert self.screen is not None  # made by on_train_begin, the only caller
+        self.screen.status = msg
         if self.on_missing == "raise":
             raise ValueError(msg + " (on_missing='raise')")
         warnings.warn(msg, UserWarning, stacklevel=2)

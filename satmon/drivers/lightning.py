@@ -148,7 +148,6 @@ class SaturationMonitor(ReadsSettings, Callback):
                              "gating_forward_fn=lambda model, batch: model(batch['input_ids']), or None for model(batch[0]).")
         self.log_every_n_steps, self.on_missing = log_every_n_steps, on_missing
         self.verbose = Settings.check_flag("verbose", verbose)
-        Settings.check_flag("probe_on_checkpoint", probe_on_checkpoint)
         live = LiveProbe(probe_every_n_steps, probe_on_checkpoint, calibration_batches, probe_forward_fn,
                          settings=self.settings)  # validates the probe arguments
         self.live_probe: LiveProbe | None = live if live.active else None

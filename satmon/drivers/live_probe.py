@@ -112,8 +112,7 @@ class LiveProbe:
     ) -> None:
         if every_n_steps is not None and (isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1):
             raise ValueError(f"Expected `probe_every_n_steps` to be a positive int (optimizer steps) or None, got {every_n_steps!r}.")
-        if not isinstance(on_checkpoint, bool):
-            raise ValueError(f"Expected `probe_on_checkpoint` to be a bool, got {on_checkpoint!r}.")
+        Settings.check_flag("probe_on_checkpoint", on_checkpoint)
         if isinstance(calibration_batches, bool) or not isinstance(calibration_batches, int) or calibration_batches < 1:
             raise ValueError(f"Expected `calibration_batches` to be a positive int, got {calibration_batches!r}.")
         if forward_fn is not None and not callable(forward_fn):

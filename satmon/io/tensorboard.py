@@ -314,7 +314,7 @@ def verdict_hparams(verdict: Any) -> dict[str, Any]:
         {'satmon/decision': 'go', 'satmon/trust': 'partial', 'satmon/source': 'window', 'satmon/window': 3, 'satmon/partial': 1, 'satmon/threshold': 0.43, 'satmon/level': 2.0}
     """
     out = {TAG.hp_decision: verdict.decision, TAG.hp_trust: verdict.trust}
-    out.update({TAG.hp_source: str(getattr(verdict.source, "value", verdict.source)), TAG.hp_window: verdict.window,
+    out.update({TAG.hp_source: verdict.source, TAG.hp_window: verdict.window,
                 TAG.hp_partial: int(verdict.partial), TAG.hp_threshold: verdict.threshold, TAG.hp_level: verdict.level})
     return out
 

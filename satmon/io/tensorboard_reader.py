@@ -14,14 +14,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from satmon.io.tensorboard import TAG, VERDICT_VALUES
+from satmon.io.tensorboard import _V02_TEXT_SUFFIX, TAG, VERDICT_VALUES
 
 __all__ = ["EVENT_GLOB", "Run", "load_runs", "read_run", "run_dirs", "trajectory", "TEXT_SUFFIX"]
 
 #: TensorBoard's event files, by name.
 EVENT_GLOB = "events.out.tfevents.*"
 #: ``SummaryWriter.add_text(tag, ...)`` stores the text under ``tag + TEXT_SUFFIX`` (satmon 0.2's texts; 0.3 writes under ``tag``).
-TEXT_SUFFIX = "/text_summary"
+TEXT_SUFFIX = _V02_TEXT_SUFFIX  # the one definition is the tag table's (TAG.from_v02)
 #: Per-layer scalar families: tag prefix -> the reading's name in :meth:`Run.layers`.
 _LAYER_FAMILIES = {TAG.layer_saturation(""): "saturation", TAG.alpha(""): "alpha", TAG.init_gap(""): "init_gap"}
 _DEADIR = TAG.deadir_alignment("").removesuffix("/alignment")  # "satmon_deadir/": then <layer>/<reading>

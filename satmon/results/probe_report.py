@@ -234,10 +234,8 @@ class ProbeReport:
         through :func:`satmon.io.json_records.to_json` (NaN/inf -> ``null``). ``gating`` holds the
         detection's record and the verdict's per-gated-MLP ``risk`` (``{}`` without DyT)."""
         gating: dict[str, Any] = {}
-        if self.gating is not None:  # the detection's record (GatingInfo.record) and the readings
-            g = self.gating.to_dict()
-            gating = {**{k: g[k] for k in ("gated", "pairings", "unpaired_gated_mlps", "message", "unclassified")},
-                      "risk": thaw(self.verdict.risk) if self.verdict else {}}
+        if self.gating is not None:  # the detection's record and the readings
+            gating = {**self.gating.record(), "risk": thaw(self.verdict.risk) if self.verdict else {}}
         return {
             "layers": {n: l.to_dict() for n, l in self.layers.items()},
             "sigma_min": self.sigma_min.to_dict(),

@@ -63,7 +63,7 @@ class Rule:
         """The rule of a :class:`satmon.Settings` (read by attribute: ``threshold``, ``collapse_threshold``,
         ``caveat``, ``calibration``). The study's 0.43 with the study's caveat is the study's, whoever typed it."""
         threshold, caveat = float(settings.threshold), settings.caveat or CAVEAT
-        if getattr(settings, "calibration", None) is not None:
+        if settings.calibration is not None:
             source = "calibration"
         elif threshold != THRESHOLD or caveat != CAVEAT:
             source = "user"

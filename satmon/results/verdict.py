@@ -178,7 +178,7 @@ class Verdict:
     @property
     def partial(self) -> bool:
         """The live window ended before ``planned_window`` steps (training ended early): a provisional verdict."""
-        return self.source == Source.WINDOW.value and 0 < self.window < self.planned_window
+        return _partial(self.source, self.window, self.planned_window)
 
     @property
     def uncalibrated_functions(self) -> tuple[str, ...]:
@@ -199,7 +199,7 @@ class Verdict:
         if "trust" not in known:  # a 0.2 verdict: its qualifications, read from its fields
             known["cautions"] = _cautions(
                 known["decision"], tuple(known.get("functions", ())), known.get("threshold_source", "study"),
-                tuple(known.get("flags", ())), known["source"] == Source.WINDOW.value and 0 < known.get("window", 0) < known["planned_window"],
+                tuple(known.get("flags", ())), _partial(known["source"], known.get("window", 0), known["planned_window"]),
                 bool(known.get("inconclusive")))
             known["trust"] = known["cautions"][0] if known["cautions"] else "ok"
         return cls(**known)  # lists and dicts are frozen by __post_init__
@@ -368,8 +368,7 @@ def build_verdict(
         flags.append("offset-driven")
     functions = tuple(dict.fromkeys(str(f) for f in functions))  # each once, in layer order
     inconclusive = abs(margin) < INCONCLUSIVE_BAND
-    partial = source == Source.WINDOW.value and 0 < window < planned
-    cautions = _cautions(decision, functions, threshold_source, tuple(flags), partial, inconclusive)
+    cautions = _cautions(decision, functions, threshold_source, tuple(flags), _partial(source, window, planned), inconclusive)
     return Verdict(
         decision=decision, saturation=float(saturation), threshold=float(threshold), margin=float(margin),
         per_layer={k: c.saturated / c.total for k, c in rows.items() if c.total}, step=int(step), window=int(window),
@@ -382,6 +381,11 @@ def build_verdict(
         nonfinite_weights=sum(weights.values()), offset_every=int(offset_every), functions=functions,
         threshold_source=threshold_source, trust=cautions[0] if cautions else "ok", cautions=cautions,
     )
+
+
+def _partial(source: str, window: int, planned_window: int) -> bool:
+    """A live window that ended before ``planned_window`` steps (:attr:`Verdict.partial`)."""
+    return source == Source.WINDOW.value and 0 < window < planned_window
 
 
 def _cautions(decision: str, functions: tuple[str, ...], threshold_source: str, flags: tuple[str, ...], partial: bool,
