@@ -67,6 +67,8 @@ class GPTConfig:
     # DyT model can reach the byte frequencies only through saturated norms and stalls there;
     # d_model ** -0.5 lets it train (docs/faq.md). Drawn at 0.02 and rescaled: other weights unchanged
     emb_std: float = 0.02
+    # biases in every Linear and norm (GPT-2's); the regime study trains with ``bias=False`` (no bias anywhere)
+    bias: bool = True
 
     def __post_init__(self) -> None:
         for name in ("emb_scale", "emb_std"):
@@ -78,8 +80,8 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.n_heads = cfg.n_heads
-        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model)
-        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.dropout = cfg.dropout
 
     def forward(self, x: Tensor) -> Tensor:
@@ -93,9 +95,9 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        self.c_fc = nn.Linear(cfg.d_model, 4 * cfg.d_model)
+        self.c_fc = nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=cfg.bias)
         self.gelu = nn.GELU()
-        self.c_proj = nn.Linear(4 * cfg.d_model, cfg.d_model)
+        self.c_proj = nn.Linear(4 * cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -105,9 +107,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        self.ln_1 = make_norm(cfg.norm, cfg.d_model, cfg.alpha_init)
+        self.ln_1 = make_norm(cfg.norm, cfg.d_model, cfg.alpha_init, cfg.bias)
         self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = make_norm(cfg.norm, cfg.d_model, cfg.alpha_init)
+        self.ln_2 = make_norm(cfg.norm, cfg.d_model, cfg.alpha_init, cfg.bias)
         self.mlp = MLP(cfg)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -132,7 +134,7 @@ class GPT(nn.Module):
         self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layers)])
-        self.ln_f = make_norm(cfg.norm, cfg.d_model, cfg.alpha_init)
+        self.ln_f = make_norm(cfg.norm, cfg.d_model, cfg.alpha_init, cfg.bias)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # weight tying, as GPT-2
         self.apply(self._init_weights)
