@@ -650,8 +650,9 @@ class Progress:
     """Progress on stderr: a line per finished cell, and every ``every`` seconds a status line with the
     ETA from the work done so far (steps x size cost). Plain lines, so a log file reads as it should."""
 
-    def __init__(self, cfg: GridConfig, keys: list, cached: int, every: float) -> None:
+    def __init__(self, cfg: GridConfig, keys: list, cached: int, every: float, progress_dir: Path | None = None) -> None:
         self.cfg, self.every, self.t0, self.last = cfg, every, time.perf_counter(), time.perf_counter()
+        self.progress_dir = progress_dir
         self.total = len(keys) + cached
         self.done = cached
         self.units = {cell_name(cfg, *k): cost(k[0]) * 2 * cfg.steps for k in keys}  # work per cell to run
@@ -668,18 +669,23 @@ class Progress:
         left = took / done * (sum(self.units.values()) - done)
         return f"~{left / 60:.0f} min left"
 
-    def poll(self, progress_dir: Path) -> None:
+    def _partial(self) -> dict[str, float]:
+        """Each running cell's share done, from the progress files its worker writes."""
+        partial = {}
+        if self.progress_dir is not None:
+            for p in self.progress_dir.glob(".*.progress"):
+                try:
+                    a, b = p.read_text().split()
+                    partial[p.name[1:-len(".progress")]] = int(a) / int(b)
+                except (OSError, ValueError):
+                    continue
+        return {k: v for k, v in partial.items() if k in self.units and k not in self.finished}
+
+    def poll(self) -> None:
         if time.perf_counter() - self.last < self.every:
             return
         self.last = time.perf_counter()
-        partial = {}
-        for p in progress_dir.glob(".*.progress"):
-            try:
-                a, b = p.read_text().split()
-                partial[p.name[1:-len(".progress")]] = int(a) / int(b)
-            except (OSError, ValueError):
-                continue
-        partial = {k: v for k, v in partial.items() if k in self.units and k not in self.finished}
+        partial = self._partial()
         running = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(partial.items()))
         self.line(f"regime_grid: {self.done}/{self.total} cells, {(time.perf_counter() - self.t0) / 60:.1f} min; "
                   f"running: {running or 'starting'}; {self._eta(partial)}")
@@ -688,9 +694,9 @@ class Progress:
         self.done += 1
         self.finished.add(cell["name"])
         self.line(f"regime_grid: {self.done}/{self.total} cells, {(time.perf_counter() - self.t0) / 60:.1f} min, "
-                  f"{self._eta({})} | {cell['name']} ({cell['epochs']:.1f} epochs): LN {cell['val_loss_layernorm']:.3f} "
-                  f"DyT {cell['val_loss_dyt']:.3f} ({cell['delta'] * 100:+.1f}%, unigram {cell['unigram_loss']:.3f}) "
-                  f"window {cell['window_saturation']:.3f} final {cell['final_saturation']:.3f} "
+                  f"{self._eta(self._partial())} | {cell['name']} ({cell['epochs']:.1f} epochs): LN "
+                  f"{cell['val_loss_layernorm']:.3f} DyT {cell['val_loss_dyt']:.3f} ({cell['delta'] * 100:+.1f}%, unigram "
+                  f"{cell['unigram_loss']:.3f}) window {cell['window_saturation']:.3f} final {cell['final_saturation']:.3f} "
                   f"[{cell['cpu_seconds']:.0f} s CPU]")
 
 
@@ -720,7 +726,7 @@ def run_grid(cfg: GridConfig, out: Path, jobs: int = 2, every: float | None = No
             todo.append(key)
     if every is None:
         every = 30.0 if sys.stderr.isatty() else 300.0
-    bar = Progress(cfg, todo, len(cells), every)
+    bar = Progress(cfg, todo, len(cells), every, cells_dir)
     bar.line(f"regime_grid: {len(keys)} cells ({len(cells)} cached), {len(todo)} to run, {jobs} at a time, "
              f"{cfg.steps} steps each (window {cfg.window}, warm-up {cfg.warmup}) -> {out}")
 
@@ -741,7 +747,7 @@ def run_grid(cfg: GridConfig, out: Path, jobs: int = 2, every: float | None = No
                 done, pending = wait(pending, timeout=min(every, 30.0), return_when=FIRST_COMPLETED)
                 for f in done:
                     keep(f.result())
-                bar.poll(cells_dir)
+                bar.poll()
     order = [cell_name(cfg, *k) for k in sorted(keys, key=lambda k: (cost(k[0]), k[1].resolve(cfg.processed), k[2]))]
     return [cells[n] for n in order]
 
