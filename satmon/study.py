@@ -35,7 +35,7 @@ INCONCLUSIVE_BAND = 0.02
 #: turn, then scored on the held-out scale's cells: 6 of 12 right (``satmon calibrate --study`` reproduces it).
 HELD_OUT_ACCURACY = 6 / 12
 #: What :data:`HELD_OUT_ACCURACY` measured, in words (the verdict's headline and trust text quote it).
-HELD_OUT_PROTOCOL = "leave-one-scale-out, 12 cells"
+HELD_OUT_PROTOCOL = "leave-one-scale-out"
 #: Guessing the commoner outcome on the same 12 cells (DyT hurt in 8): what a rule must beat to forecast anything.
 NO_SKILL_ACCURACY = 8 / 12
 #: satmon 0.3's CPU grid (not a miniature of the study's protocol: docs/calibration.md): the 500-step window's
@@ -53,7 +53,7 @@ FAITHFUL_GRID_FINDING = ""
 PROVENANCE = ("Verma (2026), 12 calibration cells (64M-1.3B GPT-2-style, 1M-118M tokens): 75% in-sample, "
               "50% leave-one-scale-out, AUC 0.75; fit on ~5k-step checkpoints with alpha_init 2.0")
 #: The verdict card's last line when the study's threshold is used.
-CAVEAT = (f"Caveat: {THRESHOLD:g} was fit on 12 cells of one study (75% in-sample, {HELD_OUT_ACCURACY:.0%} "
-          f"leave-one-scale-out, where guessing the commoner outcome gets {NO_SKILL_ACCURACY:.0%}) on ~5k-step checkpoints, "
-          "alpha_init 2.0; on satmon 0.3's CPU grid (not the study's protocol) the 500-step reading predicted DyT's effect "
-          "no better than chance (docs/calibration.md)." + (f" {FAITHFUL_GRID_FINDING}" if FAITHFUL_GRID_FINDING else ""))
+CAVEAT = (f"Caveat: {THRESHOLD:g} was fit on 12 cells of one study (75% in-sample, {HELD_OUT_ACCURACY:.0%} leave-one-scale-out "
+          f"vs {NO_SKILL_ACCURACY:.0%} for guessing the commoner outcome) on ~5k-step checkpoints, alpha_init 2.0; on satmon 0.3's CPU grid "
+          "(not the study's protocol) the 500-step reading did no better than chance (docs/calibration.md)."
+          + (f" {FAITHFUL_GRID_FINDING}" if FAITHFUL_GRID_FINDING else ""))

@@ -24,7 +24,7 @@ from satmon.study import INCONCLUSIVE_BAND
 if TYPE_CHECKING:
     from satmon.results.verdict import Verdict
 
-__all__ = ["FLAG_TEXT", "TRUST_TEXT", "card", "cut_off", "evidence", "headline", "plain", "summary"]
+__all__ = ["FLAG_TEXT", "TRUST_TEXT", "card", "cut_off", "evidence", "headline", "plain", "summary", "whose_rule"]
 
 #: What each flag means, in the card. Flags sit beside the study's rule; they never change the decision.
 FLAG_TEXT = {
@@ -54,8 +54,8 @@ TRUST_TEXT = {
 _WORD = {"go": "GO", "no-go": "NO-GO", "non-finite": "NON-FINITE"}
 
 
-def _by(v: Verdict) -> str:
-    """Whose rule decided."""
+def whose_rule(v: Verdict) -> str:
+    """Whose rule decided, in words ("by the study's rule", "by your threshold 0.3", ...)."""
     if v.threshold_source == "calibration":
         return f"by your calibration's threshold {v.threshold:g}"
     if v.threshold_source == "user":
@@ -137,7 +137,7 @@ def headline(v: Verdict, markdown: bool = False) -> str:
     shown = f"**{word}**" if markdown else word
     if v.decision == "non-finite":
         return f"{shown}: NaN/inf in the {_nonfinite_what(v)}: the run diverged, and the saturation rule does not apply"
-    head = f"{shown} {_by(v)}" + (" (collapse risk)" if v.collapse_risk else "")
+    head = f"{shown} {whose_rule(v)}" + (" (collapse risk)" if v.collapse_risk else "")
     quals = _qualifiers(v)
     if quals:
         head += ", " + ", ".join(quals)
@@ -168,7 +168,7 @@ def summary(v: Verdict, where: Sequence[str] | None = None) -> str:
         head = f"NON-FINITE (NaN/inf in the {_nonfinite_what(v)}: the run diverged)"
     else:
         qualified = v.trust + (f": {', '.join(v.flags)}" if v.trust == "flagged" else "")
-        head = f"{_WORD[v.decision]} {_by(v)}" + (" (collapse risk)" if v.collapse_risk else "") + f" (trust: {qualified})"
+        head = f"{_WORD[v.decision]} {whose_rule(v)}" + (" (collapse risk)" if v.collapse_risk else "") + f" (trust: {qualified})"
     line = (f"satmon verdict: {head}, saturation {v.saturation:.4f} {op} threshold {v.threshold:g} "
             f"(margin {v.margin:+.4f}, " + _where(v))
     if where is None:
