@@ -55,17 +55,19 @@ def hparams_view(log_root: str | Path) -> dict:
 def hparams_sessions(log_root: str | Path) -> list[dict]:
     """Every hparams session TensorBoard shows under ``log_root``: its run, its hyper-parameters as
     ``{key: (kind, value)}`` (``kind``: the protobuf field set, ``string_value`` or ``number_value``),
-    its metric tags and the discrete domains it declares."""
+    its metric tags and the discrete domains its run's column list declares (none without one: ``experiment``)."""
     mux = event_multiplexer.EventMultiplexer(size_guidance=GUIDANCE).AddRunsFromDirectory(str(log_root))
     mux.Reload()
     out = []
     for run, tags in mux.PluginRunToTagToContent("hparams").items():
         start = plugin_data_pb2.HParamsPluginData.FromString(tags["_hparams_/session_start_info"]).session_start_info
-        exp = plugin_data_pb2.HParamsPluginData.FromString(tags["_hparams_/experiment"]).experiment
+        has_exp = "_hparams_/experiment" in tags  # a replay's session comes without the column list
+        exp = plugin_data_pb2.HParamsPluginData.FromString(tags.get("_hparams_/experiment", b"")).experiment
         hp = {k: (v.WhichOneof("kind"), getattr(v, v.WhichOneof("kind"))) for k, v in start.hparams.items()}
         domains = {h.name: [getattr(v, v.WhichOneof("kind")) for v in h.domain_discrete.values]
                    for h in exp.hparam_infos if h.HasField("domain_discrete")}
-        out.append({"run": run, "hparams": hp, "metrics": [m.name.tag for m in exp.metric_infos], "domains": domains})
+        out.append({"run": run, "hparams": hp, "metrics": [m.name.tag for m in exp.metric_infos], "domains": domains,
+                    "experiment": has_exp})
     return out
 
 
