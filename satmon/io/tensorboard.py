@@ -202,7 +202,7 @@ _V03 = {"Satmon/verdict": TAG.verdict, "Satmon/collapse_risk": TAG.collapse_risk
         "satmon/replay/checkpoint": TAG.replay_checkpoint, "satmon/replay/error": TAG.replay_error}
 
 
-#: The ``Satmon/verdict`` scalar of each decision. A non-finite verdict is -1, not NaN: NaN reads as
+#: The ``Satmon/decision`` scalar of each decision. A non-finite verdict is -1, not NaN: NaN reads as
 #: "no reading" and cannot be sorted or compared across runs; -1 sorts below NO-GO (docs/tensorboard.md).
 VERDICT_VALUES: dict[str, float] = {"go": 1.0, "no-go": 0.0, "non-finite": -1.0}
 _SOURCES = ("window", "probe", "replay")

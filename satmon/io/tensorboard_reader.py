@@ -51,7 +51,7 @@ class Run:
         return texts[-1][1] if texts else None
 
     def decision(self) -> str | None:
-        """The last verdict's decision (``"go"``, ``"no-go"``, ``"non-finite"``) from ``Satmon/verdict``, or ``None``.
+        """The last verdict's decision (``"go"``, ``"no-go"``, ``"non-finite"``) from ``Satmon/decision``, or ``None``.
 
         Example:
             >>> Run(Path("."), scalars={TAG.verdict: [(7, -1.0)]}).decision()
