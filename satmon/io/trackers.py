@@ -14,6 +14,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from satmon.io.sink import NullSink
+
 __all__ = ["MarkdownFileSink", "MlflowSink", "WandbSink", "text_file_name", "write_text_file"]
 
 
@@ -44,7 +46,7 @@ def write_text_file(folder: str | os.PathLike, tag: str, markdown: str) -> str:
     return path
 
 
-class MarkdownFileSink:
+class MarkdownFileSink(NullSink):
     """Texts as files in ``folder`` (``satmon_verdict.md``, ``satmon_stop.md``); scalars and hparams are not kept.
 
     Args:
@@ -60,17 +62,8 @@ class MarkdownFileSink:
     def __init__(self, folder: str | os.PathLike) -> None:
         self.folder = os.fspath(folder)
 
-    def scalars(self, values: Mapping[str, float], step: int) -> None:
-        pass
-
     def text(self, tag: str, markdown: str, step: int) -> list[str]:
         return [write_text_file(self.folder, tag, markdown)]
-
-    def hparams(self, params: Mapping[str, Any], metrics: Mapping[str, float], step: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class WandbSink:
