@@ -174,3 +174,30 @@ def test_the_readme_usage_example_prints_one_line_then_the_card(tmp_path, monkey
     [line] = [l for l in out.splitlines() if l.startswith("satmon verdict:") and "card: " in l]
     assert line == verdict.summary([f"TensorBoard {Path('tb_logs', 'lightning_logs', 'version_0')}"])
     assert out.count("satmon verdict:") == 2 and verdict.text() in out  # the line at the verdict, then print(card())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed (not in the test extra)")
+def test_the_hf_callback_reports_into_hugging_faces_wandb_run(tmp_path, monkeypatch, capsys):
+    import glob
+    import json
+
+    from wandb_offline import wandb_config_and_history
+
+    for key, value in (("WANDB_MODE", "offline"), ("WANDB_SILENT", "true"), ("WANDB_DIR", str(tmp_path)),
+                       ("WANDB_PROJECT", "satmon")):
+        monkeypatch.setenv(key, value)
+    cb = _hf_train(tmp_path, report_to=["wandb"])
+    import wandb
+
+    run_id = None
+    if wandb.run is not None:
+        run_id = wandb.run.id
+        wandb.finish()
+    [run_file] = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
+    config, history = wandb_config_and_history(run_file)
+    assert (config["satmon/decision"], config["satmon/trust"]) == (cb.verdict.decision, cb.verdict.trust)
+    assert [h["Satmon/decision"] for h in history if "Satmon/decision" in h] == [1.0 if cb.verdict.go else 0.0]
+    [table] = glob.glob(str(Path(run_file).parent / "files" / "media" / "table" / "satmon" / "verdict_*.table.json"))
+    assert json.loads(Path(table).read_text())["data"] == [[cb.verdict.card()]]
+    line = [l for l in capsys.readouterr().out.splitlines() if l.startswith("satmon verdict:")][-1]
+    assert line.endswith(f"card: W&B run {run_id or Path(run_file).stem.removeprefix('run-')} (table satmon/verdict)")

@@ -12,13 +12,13 @@ import csv
 import glob
 import importlib.util
 import json
-import struct
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from helpers import tiny_lit, token_loader, trainer
+from wandb_offline import wandb_config_and_history
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from satmon import SaturationMonitor
@@ -151,43 +151,12 @@ def test_mlflow_logger_gets_the_decision_trust_and_card(fitted, tmp_path, monkey
     _card_checks(Path(client.download_artifacts(run_id, "satmon_verdict.md", str(tmp_path))).read_text(), monitor)
 
 
-def _wandb_records(run_file: str):
-    """The records of an offline W&B run file (W&B's LevelDB-style log: a 7-byte header, then 32 KiB blocks of
-    records, each ``crc32 (4) | length (2) | type (1)``; type 1 whole, 2-4 first, middle, last piece)."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    raw = Path(run_file).read_bytes()
-    assert raw[:4] == b":W&B"
-    pos, block, pieces = 7, 32768, b""
-    while pos + 7 <= len(raw):
-        left = block - pos % block
-        if left < 7:  # a block's tail too short for a header: padding
-            pos += left
-            continue
-        _, length, kind = struct.unpack("<IHB", raw[pos:pos + 7])
-        if kind == 0 and length == 0:
-            break
-        pieces += raw[pos + 7:pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):
-            record = pb.Record()
-            record.ParseFromString(pieces)
-            yield record
-            pieces = b""
-
-
 @NEEDS["wandb"]
 def test_wandb_logger_gets_the_decision_trust_and_card(fitted):
     monitor, loggers, _, _, root = fitted
     v = monitor.verdict
     [run_file] = glob.glob(str(root / "wandb" / "wandb" / "offline-run-*" / "run-*.wandb"))
-    config, history = {}, []
-    for record in _wandb_records(run_file):
-        kind = record.WhichOneof("record_type")
-        if kind == "config":
-            config.update({i.key: json.loads(i.value_json) for i in record.config.update})
-        elif kind == "history":
-            history.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
+    config, history = wandb_config_and_history(run_file)
     assert (config["satmon/decision"], config["satmon/trust"]) == (v.decision, v.trust)
     assert [(h["trainer/global_step"], h["Satmon/decision"]) for h in history if "Satmon/decision" in h] == [
         (WINDOW, 1.0 if v.go else 0.0)]
