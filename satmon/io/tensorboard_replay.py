@@ -34,25 +34,33 @@ _VERSION = re.compile(r"version_\d+")
 
 
 def replay_source(paths: Sequence[str | os.PathLike]) -> str | None:
-    """The run whose checkpoints ``paths`` are, as TensorBoard names runs: the run folder (a checkpoint file's
-    folder, less a trailing ``checkpoints``), with its experiment's name when it is Lightning's ``version_N``.
-    ``None`` when the paths are of several runs.
+    """The training run whose checkpoints ``paths`` are, as TensorBoard names runs, or ``None``.
+
+    A run folder is a checkpoint's folder (less a trailing ``checkpoints``) that is a Lightning version folder
+    (``version_N``) or holds a run's files (TensorBoard event files, ``hparams.yaml``); its name is
+    ``<experiment>/version_N`` for Lightning's layout, else the folder's name. ``None`` when the paths are of
+    no such folder, or of several.
 
     Example:
-        >>> replay_source(["satmon_logs/demo/version_0/checkpoints"]), replay_source(["out/checkpoint-500/model.safetensors"])
-        ('demo/version_0', 'checkpoint-500')
+        >>> replay_source(["satmon_logs/demo/version_0/checkpoints"]), replay_source(["ckpts/a.ckpt"])
+        ('demo/version_0', None)
         >>> replay_source(["a/version_1/checkpoints/x.ckpt", "b/version_2/checkpoints"]) is None
         True
     """
     found = set()
     for given in paths:
         path = Path(os.path.abspath(os.fspath(given)))
-        folder = path.parent if path.suffix and not path.is_dir() else path
+        folder = path.parent if path.is_file() or (path.suffix and not path.is_dir()) else path
         if folder.name == "checkpoints":
             folder = folder.parent
-        found.add(f"{folder.parent.name}/{folder.name}" if _VERSION.fullmatch(folder.name) and folder.parent.name
-                  else folder.name)
-    return found.pop() if len(found) == 1 and "" not in found else None
+        if _VERSION.fullmatch(folder.name) and folder.parent.name:
+            found.add(f"{folder.parent.name}/{folder.name}")
+        elif folder.is_dir() and any(f.name.startswith("events.out.tfevents.") or f.name == "hparams.yaml"
+                                     for f in folder.iterdir()):
+            found.add(folder.name)
+        else:
+            return None
+    return found.pop() if len(found) == 1 else None
 
 
 def next_version(root: str | os.PathLike) -> int:

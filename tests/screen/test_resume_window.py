@@ -89,7 +89,7 @@ def test_training_that_ends_early_gives_a_provisional_verdict_that_says_so():
     screen, saved = _first(4, finish=True)
     v = screen.verdict
     assert v.partial and v.trust == "partial" and (v.window, v.planned_window) == (4, WINDOW)
-    assert "partial window (4 of 10 steps): do not rely on this" in v.headline()
+    assert "partial window (4 of 10 steps): a measurement, not a forecast" in v.headline()
     assert "Resuming from a checkpoint continues the window" in v.text()
     # the checkpoint keeps the counts beside the provisional verdict
     assert saved["satmon"]["verdict"]["trust"] == "partial" and sum(saved["satmon"]["total"]) == v.elements
