@@ -204,8 +204,8 @@ class SaturationMonitor(ReadsSettings, Callback):
         if not self.screen.discover(pl_module, gating=False):  # gating is traced on the first training batch
             self._no_dyt(pl_module)
         elif not trainer.loggers:
-            rank_zero_warn("satmon: the Trainer has no logger, so nothing goes to TensorBoard; the verdict is printed and "
-                           "kept in `monitor.verdict`.")
+            rank_zero_warn("satmon: the Trainer has no logger, so the verdict's card is written nowhere; one line is printed "
+                           "at the verdict, `print(monitor.card())` prints the card (or SaturationMonitor(verbose=True)).")
 
     def _no_dyt(self, pl_module: pl.LightningModule) -> None:
         others = model_map(pl_module).layers(("layernorm", "rmsnorm"))
