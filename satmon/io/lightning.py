@@ -64,15 +64,17 @@ class LightningSink:
     def __init__(self, loggers: Iterable[Logger], root: str | os.PathLike | None = None) -> None:
         self.loggers = list(loggers)
         self.root = None if root is None else os.fspath(root)
-        self._descriptions: dict[str, str] = {}
+        self._descriptions: dict[str, str] = {}  # tag -> its description, written with the tag's next write
+        self._described: set[str] = set()  # tags a TensorBoardLogger gets in the tensor form, every time
         self._hp_metric_said: set[str] = set()
 
     def describe(self, descriptions: Mapping[str, str]) -> None:
         """Describe tags: a ``TensorBoardLogger`` gets each with the tag's next write (its charts show it)."""
         self._descriptions.update(descriptions)
+        self._described.update(descriptions)
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
-        described = {k: self._descriptions.pop(k) for k in values if k in self._descriptions}
+        described = {k: self._descriptions.pop(k, "") for k in values if k in self._described}
         for lg in self.loggers:
             plain = dict(values)
             writer = _file_writer(lg) if described and isinstance(lg, TensorBoardLogger) else None

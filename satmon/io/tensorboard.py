@@ -385,19 +385,19 @@ def text_summary(tag: str, markdown: str) -> Any:
     return text_pb(tag, markdown)
 
 
-def scalar_summary(tag: str, value: float, description: str) -> Any:
-    """A scalar summary under ``tag`` with a description (TensorBoard shows it with the chart).
+def scalar_summary(tag: str, value: float, description: str = "") -> Any:
+    """A scalar summary under ``tag`` with a description (TensorBoard shows it with the chart), in the scalar
+    plugin's tensor form: TensorBoard's data server drops the description of an ``add_scalar`` value.
+    A described tag is written this way every time (one kind of data per tag).
 
     Example:
         >>> summary = scalar_summary(TAG.verdict, 1.0, "GO")
         >>> summary.value[0].tag, summary.value[0].metadata.summary_description
         ('Satmon/decision', 'GO')
     """
-    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+    from tensorboard.plugins.scalar.summary_v2 import scalar_pb
 
-    # a simple value, as add_scalar writes it (every reader takes it), with the description in its metadata
-    return Summary(value=[Summary.Value(tag=tag, simple_value=float(value),
-                                        metadata=SummaryMetadata(summary_description=description))])
+    return scalar_pb(tag, float(value), description=description or None)
 
 
 def hparams_summaries(params: Mapping[str, Any], metrics: Mapping[str, float], experiment: bool = True) -> list[Any]:
@@ -561,7 +561,8 @@ class SummaryWriterSink:
         self.rank_zero_only = rank_zero_only
         self.hparams_experiment = hparams_experiment
         self._writer: Any = None
-        self._descriptions: dict[str, str] = {}
+        self._descriptions: dict[str, str] = {}  # tag -> its description, written with the tag's next write
+        self._described: set[str] = set()  # tags written in the tensor form (scalar_summary), every time
 
     def _writes(self) -> bool:
         return not self.rank_zero_only or _global_rank() == 0
@@ -583,12 +584,13 @@ class SummaryWriterSink:
     def describe(self, descriptions: Mapping[str, str]) -> None:
         """Describe tags: each description goes with the tag's next write (TensorBoard keeps a tag's first)."""
         self._descriptions.update(descriptions)
+        self._described.update(descriptions)
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         if self._writes():
             for tag, value in values.items():
-                if tag in self._descriptions:
-                    self.writer.file_writer.add_summary(scalar_summary(tag, value, self._descriptions.pop(tag)), step)
+                if tag in self._described:
+                    self.writer.file_writer.add_summary(scalar_summary(tag, value, self._descriptions.pop(tag, "")), step)
                 else:
                     self.writer.add_scalar(tag, value, global_step=step)
             self.writer.flush()

@@ -20,8 +20,20 @@ def accumulate(path: str | Path) -> event_accumulator.EventAccumulator:
 
 
 def scalars(ea: event_accumulator.EventAccumulator, tag: str) -> list[tuple[int, float]]:
-    """``[(step, value)]`` in write order, as TensorBoard stored them (float32)."""
-    return [(e.step, e.value) for e in ea.Scalars(tag)]
+    """``[(step, value)]`` in write order, as TensorBoard stored them (float32): an ``add_scalar`` series, or one in
+    the scalar plugin's tensor form (a described tag)."""
+    if tag in ea.Tags()["scalars"]:
+        return [(e.step, e.value) for e in ea.Scalars(tag)]
+    from tensorboard.util import tensor_util
+
+    assert ea.SummaryMetadata(tag).plugin_data.plugin_name == "scalars", f"{tag} holds no scalar"
+    return [(e.step, float(tensor_util.make_ndarray(e.tensor_proto).astype("float32"))) for e in ea.Tensors(tag)]
+
+
+def scalar_tags(ea: event_accumulator.EventAccumulator) -> list[str]:
+    """Every scalar tag, in either form (TensorBoard's Scalars tab shows both)."""
+    tensors = [t for t in ea.Tags()["tensors"] if ea.SummaryMetadata(t).plugin_data.plugin_name == "scalars"]
+    return [*ea.Tags()["scalars"], *tensors]
 
 
 def text(ea: event_accumulator.EventAccumulator, tag: str) -> list[tuple[int, str]]:
@@ -75,5 +87,5 @@ def hparams_sessions(log_root: str | Path) -> list[dict]:
 def tb() -> SimpleNamespace:
     """The reference reader's functions (``tb.accumulate``, ``tb.scalars``, ``tb.text``, ``tb.hparams_sessions``,
     ``tb.hparams_view``)."""
-    return SimpleNamespace(accumulate=accumulate, scalars=scalars, text=text, hparams_sessions=hparams_sessions,
-                           hparams_view=hparams_view)
+    return SimpleNamespace(accumulate=accumulate, scalars=scalars, scalar_tags=scalar_tags, text=text,
+                           hparams_sessions=hparams_sessions, hparams_view=hparams_view)

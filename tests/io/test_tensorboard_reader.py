@@ -41,7 +41,7 @@ def test_reader_equals_tensorboards_event_accumulator(written, tb):
     assert looked == 1 and [r.path for r in runs] == [log_dir]  # one run per run
     run = runs[0]
     ea = tb.accumulate(log_dir)
-    satmon_tags = [t for t in ea.Tags()["scalars"] if TAG.is_satmon(t)]
+    satmon_tags = [t for t in tb.scalar_tags(ea) if TAG.is_satmon(t)]
     assert sorted(run.scalars) == sorted(satmon_tags) and "loss" not in run.scalars
     for tag in satmon_tags:
         assert run.scalars[tag] == [(s, float(v)) for s, v in tb.scalars(ea, tag)], tag

@@ -42,8 +42,8 @@ def snapshot(root: Path, tb) -> dict[str, dict]:
         layouts = [str(layout_pb2.Layout.FromString(e.tensor_proto.string_val[0]))
                    for e in (ea.Tensors("custom_scalars__config__") if "custom_scalars__config__" in tags["tensors"] else [])]
         runs[run.relative_to(root).as_posix()] = {
-            "scalars": {t: tb.scalars(ea, t) for t in sorted(tags["scalars"])}, "texts": texts, "layout": layouts,
-            "other tensors": sorted(t for t in tags["tensors"] if t not in text_tags),
+            "scalars": {t: tb.scalars(ea, t) for t in sorted(tb.scalar_tags(ea))}, "texts": texts, "layout": layouts,
+            "other tensors": sorted(t for t in tags["tensors"] if t not in text_tags and t not in tb.scalar_tags(ea)),
         }
     sessions = tb.hparams_sessions(root)
     for s in sessions:

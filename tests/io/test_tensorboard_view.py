@@ -106,7 +106,7 @@ def live(tmp_path_factory):
 @pytest.mark.parametrize("tab", list(TABS))
 def test_the_first_scalars_group_holds_the_verdict(live, tab, tb):
     _, log_dir, monitor = live
-    tags = tb.accumulate(log_dir).Tags()["scalars"]
+    tags = tb.scalar_tags(tb.accumulate(log_dir))
     assert {"epoch", "train/loss"} <= set(tags)  # Lightning's and the model's own, which sorted first in 0.2
     shown = groups(tags, tab)
     first, members = shown[0]

@@ -81,7 +81,7 @@ def test_window_scalars_round_trip(kind, tmp_path, tb):
         "satmon_saturation/blocks.0.ln_1": [(2, 0.0), (4, 0.125)], "satmon_saturation/ln_f": [(2, 0.5), (4, 0.625)],
         "satmon_alpha/blocks.0.ln_1": [(2, 1.5), (4, 1.25)], "satmon_alpha/ln_f": [(2, 2.25), (4, 2.5)],
     }
-    assert {t: tb.scalars(ea, t) for t in ea.Tags()["scalars"]} == expected  # values chosen exact in float32
+    assert {t: tb.scalars(ea, t) for t in tb.scalar_tags(ea)} == expected  # values chosen exact in float32
 
 
 def test_watch_scalars_tags_and_values():
@@ -142,7 +142,7 @@ def test_log_verdict_scalars_card_and_hparams(decision, kind, tmp_path, tb):
     run.finish()
     pooled = sum(c[0] for c in counts.values()) / 4
     ea = tb.accumulate(run.log_dir)
-    assert set(ea.Tags()["scalars"]) == {"Satmon/decision", "Satmon/margin", "Satmon/saturation"}  # not gated: no risk tag
+    assert set(tb.scalar_tags(ea)) == {"Satmon/decision", "Satmon/margin", "Satmon/saturation"}  # not gated: no risk tag
     assert tb.scalars(ea, "Satmon/decision") == [(9, value)]
     described = ea.SummaryMetadata("Satmon/decision").summary_description  # the chart's description: decision and trust
     assert described.startswith({"go": "GO by the study's rule at step 9, trust: unproven (a measurement, not a forecast;",
