@@ -76,8 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         m.train()
         return sum(losses) / len(losses)
 
-    screen = satmon.Screen(window=args.window, threshold=args.threshold, abort_on=args.abort_on, logdir=args.logdir)
-    # forward hooks on every DyT layer (the card prints when the window closes); one batch for the gated-MLP trace
+    # verbose=True: the whole card prints when the window closes (by default, one line)
+    screen = satmon.Screen(window=args.window, threshold=args.threshold, abort_on=args.abort_on, logdir=args.logdir,
+                           verbose=True)
+    # forward hooks on every DyT layer; one batch for the gated-MLP trace
     screen.attach(model, example_input=next(iter(val))[0])
     fit(model, itertools.cycle(train), screen, args.steps, lr=3e-3, validate=validate)
     if screen.verdict is None:

@@ -1,10 +1,11 @@
 """Retake the TensorBoard screenshots of docs/tensorboard.md in headless Chromium.
 
 Runs ``satmon demo``, ``satmon demo --stalled`` and ``satmon replay`` over the demo's checkpoints
-into one logdir (a temporary folder), starts TensorBoard on it, drives Chromium over its DevTools
-protocol (``--remote-debugging-pipe``: no websocket package needed) and writes
-``tb_scalars.png``, ``tb_verdict_card.png``, ``tb_hparams.png`` and ``tb_custom_scalars.png``
-beside this script. About two minutes on a laptop CPU; needs ``chromium`` and Pillow.
+into one logdir (a temporary folder: two live runs and the replay of one, ``replay of demo/version_0``),
+starts TensorBoard on it, drives Chromium over its DevTools protocol (``--remote-debugging-pipe``: no
+websocket package needed) and writes ``tb_scalars.png``, ``tb_verdict_card.png``, ``tb_hparams.png``
+and ``tb_custom_scalars.png`` beside this script, each of a tab as it opens. About two minutes on a
+laptop CPU; needs ``chromium`` (Debian's package) and Pillow.
 
     python docs/img/retake_screenshots.py [--chromium /usr/bin/chromium] [--port 6123] [--keep DIR [--reuse]]
 
@@ -72,7 +73,8 @@ class Chrome:
         # The ends chromium gets go above fd 9, so moving them onto 3 and 4 clobbers neither.
         to_chrome_r, from_chrome_w = (_high(to_chrome_r), _high(from_chrome_w))
 
-        flags = ["--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+        flags = ["--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--remote-debugging-pipe", f"--user-data-dir={profile}", "--window-size=1600,1100",
                  "about:blank"]
         # bash (dash takes no fd above 9) moves the pipe ends onto fds 3 and 4 for --remote-debugging-pipe.
@@ -192,7 +194,7 @@ def main() -> int:
         for _ in range(120):
             try:
                 runs = json.load(urllib.request.urlopen(base + "/data/runs", timeout=2))
-                if len(runs) >= 6:  # three runs and their satmon_hparams sub-runs
+                if len(runs) >= 3:  # two live runs and a replay, one run each
                     break
             except OSError:
                 pass
@@ -202,37 +204,26 @@ def main() -> int:
         chrome = Chrome(args.chromium, str(work / "chromium_profile"))
         url = base + "/?darkMode=false#"
 
-        # 1. The Scalars tab as it opens: the Satmon group first, epoch below.
+        # 1. The Scalars tab as it opens: the Satmon group first, its first chart the decision, every run.
         chrome.size(1600, 1000)
-        chrome.goto(url + "scalars", "deepText().includes('Satmon/saturation') && deepAll('svg').length > 5")
+        chrome.goto(url + "scalars", "deepText().includes('Satmon/decision') && deepAll('svg').length > 5")
         save(chrome.shot(), "tb_scalars.png")
 
-        # 2. The Text tab, the two demo runs' cards whole: the 500 px cap of each box lifted and the
-        #    window made as tall as the page, then cropped below the last card.
-        width = 1400
-        chrome.size(width, 1100)
-        chrome.goto(url + "text&regexInput=%5Edemo",
-                    "deepAll('#steps-container').length >= 2 && deepAll('table').length >= 2")
-        page = json.loads(chrome.js("""(() => {
-            deepAll('#steps-container').forEach(el => { el.style.maxHeight = 'none'; });
-            const c = deepAll('div.center')[0];
-            return JSON.stringify({scroll: c.scrollHeight, client: c.clientHeight});
-        })()"""))
-        chrome.size(width, 1100 + page["scroll"] - page["client"] + 20)
-        time.sleep(2)
-        bottom = chrome.js("Math.max(...deepAll('#steps-container').map(e => e.getBoundingClientRect().bottom))")
-        img = chrome.shot()
-        save(img.crop((0, 0, width, min(img.size[1], int(bottom) + 16))), "tb_verdict_card.png")
+        # 2. The Text tab as it opens, every run (the replay's too): the cards first, as the browser shows them.
+        chrome.size(1400, 1100)
+        chrome.goto(url + "text", "deepAll('#steps-container').length >= 3 && deepAll('table').length >= 2")
+        save(chrome.shot(), "tb_verdict_card.png")
 
-        # 3. HParams, table view: satmon/decision and satmon/trust first, the metrics on the right.
+        # 3. HParams, table view: satmon/decision and satmon/trust first, the model's own beside them, every run.
         chrome.size(2250, 400)
-        chrome.goto(url + "hparams", "deepText().includes('satmon/decision') && deepText().includes('demo_stalled')")
+        chrome.goto(url + "hparams", "deepText().includes('satmon/decision') && deepText().includes('replay of demo')"
+                                      " && deepText().includes('alpha_init')")
         save(chrome.shot(), "tb_hparams.png")
 
         # 4. Custom Scalars as it opens, every run.
-        chrome.size(1600, 460)
+        chrome.size(1600, 700)
         chrome.goto(url + "custom_scalars",
-                    "deepText().includes('verdict and margin') && deepText().includes('0.6')"
+                    "deepText().includes('decision (1 GO') && deepText().includes('pooled saturation')"
                     " && deepAll('svg').length > 5")
         save(chrome.shot(), "tb_custom_scalars.png")
     finally:

@@ -94,7 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None, help="split a --data tensor/dict into batches of this many rows")
     p.add_argument("--input-key", default=None, help="feed only batch[KEY] to the model (index or dict key)")
     p.add_argument("--logdir", default="satmon_logs", help="TensorBoard root; the run goes to LOGDIR/NAME/version_N (default ./satmon_logs)")
-    p.add_argument("--name", default="replay", help="TensorBoard run name (default replay)")
+    p.add_argument("--name", default=None, help="TensorBoard run name: the run goes to LOGDIR/NAME/version_N (default: the "
+                   "run goes to 'LOGDIR/replay of RUN', RUN the run the checkpoints are of, e.g. demo/version_0; "
+                   "LOGDIR/replay/version_N when they are of several runs)")
     p.add_argument("--json", metavar="FILE", help="records, one per checkpoint (FILE.jsonl: one a line; FILE.json: a JSON "
                    "array); written when the replay is complete, FILE.partial.jsonl holds the records as they come")
     p.add_argument("--report", metavar="FILE.md", help="a markdown report with PNG plots saved beside it (needs matplotlib)")
@@ -146,6 +148,7 @@ class Outputs:
 
     logdir: Path
     name: str
+    source: str | None = None  # the run the checkpoints are of: the TensorBoard run is "replay of SOURCE"
     json: Path | None = None
     partial: Path | None = None
     report: Path | None = None
@@ -194,8 +197,11 @@ def _check_outputs(args: argparse.Namespace) -> Outputs:
     from satmon.io.atomic import OutputError, check_output
     from satmon.io.markdown import PLOTS, report_paths
 
+    from satmon.io.tensorboard_replay import replay_source
+
     logdir = _check_folder("--logdir", args.logdir)
-    name = args.name
+    source = replay_source(args.paths) if args.name is None else None
+    name = args.name if args.name is not None else f"replay of {source}" if source else "replay"
     _check_utf8("--name", name)
     parts = Path(name).parts
     if not name.strip() or Path(name).is_absolute() or any(p in ("..", ".") for p in parts):
@@ -206,7 +212,7 @@ def _check_outputs(args: argparse.Namespace) -> Outputs:
                      "--name or --logdir.")
     if run.exists():
         _check_folder("--logdir/--name", str(run))
-    out = Outputs(logdir=logdir, name=name)
+    out = Outputs(logdir=logdir, name=name if source is None else "replay", source=source)
 
     def beside(path: Path, what: str, option: str) -> Path:
         if path.is_dir():
@@ -378,8 +384,8 @@ class _TensorBoard:
     """The TensorBoard run, made at the first record (a refused or interrupted-before-work replay leaves none,
     and so does a replay where no checkpoint could be read: ``enabled=False``)."""
 
-    def __init__(self, logdir: Path, name: str, enabled: bool = True) -> None:
-        self.logdir, self.name, self.writer, self.enabled = logdir, name, None, enabled
+    def __init__(self, logdir: Path, name: str, enabled: bool = True, source: str | None = None) -> None:
+        self.logdir, self.name, self.writer, self.enabled, self.source = logdir, name, None, enabled, source
 
     def __call__(self, record: Any) -> None:
         if not self.enabled:
@@ -387,7 +393,7 @@ class _TensorBoard:
         if self.writer is None:
             from satmon.io.tensorboard_replay import TensorBoardReplay
 
-            self.writer = TensorBoardReplay(self.logdir, name=self.name)
+            self.writer = TensorBoardReplay(self.logdir, name=self.name, source=self.source)
         self.writer(record)
 
     @property
@@ -463,7 +469,7 @@ def _loop(args: argparse.Namespace, state: _State, infos: list[Any], loader: Any
     from satmon.replay.loop import replay, summary_row
 
     out = state.outputs
-    state.tensorboard = _TensorBoard(out.logdir, out.name, enabled=tensorboard)
+    state.tensorboard = _TensorBoard(out.logdir, out.name, enabled=tensorboard, source=out.source)
     if out.partial is not None:
         state.partial = _Partial(out.partial, out.json)
         if state.partial.replaced:

@@ -9,10 +9,16 @@ What it maps (see ``docs/integrations.md``):
   ``on_step_end`` and the next ``on_step_begin`` (evaluation, ``eval_on_start``) are not counted.
 - **Loss.** The loss satmon keeps beside the verdict (and the collapse watch's spike check) is the
   ``loss`` of the model's training outputs (``outputs.loss`` / ``outputs["loss"]``), one per micro-batch.
-- **TensorBoard.** The verdict card and the scalars go to ``logdir``; by default the directory
-  Hugging Face's own TensorBoard writer uses when ``TENSORBOARD_LOGGING_DIR`` is set (or
-  ``args.logging_dir`` on transformers 4), else ``<output_dir>/runs/satmon``: ``tensorboard --logdir
-  <output_dir>/runs`` shows both. Written on the world's process zero only.
+- **Where the verdict goes: ``report_to``.** satmon reports through the integrations the Trainer
+  reports to (``args.report_to``): ``tensorboard``: into Hugging Face's own TensorBoard run
+  (``TENSORBOARD_LOGGING_DIR``, ``args.logging_dir`` on transformers 4, else the run folder its
+  ``TensorBoardCallback`` opened under ``<output_dir>/runs`` at train start); ``wandb``: the W&B run
+  its ``WandbCallback`` opened (scalars, the decision in the config, the card as a table);
+  ``mlflow``: the MLflow run its ``MLflowCallback`` opened (metrics, params, the card as the artifact
+  ``satmon_verdict.md``); any other integration: the card as ``<output_dir>/satmon_verdict.md``.
+  With no integration (``report_to="none"``, transformers 5's default) satmon writes a TensorBoard
+  run of its own, ``<output_dir>/runs/satmon``. ``logdir=`` adds a TensorBoard run there. Written on
+  the world's process zero only; one console line at the verdict names where the card went.
 - **Stopping.** When the abort policy fires, ``control.should_training_stop`` is set on every
   process: the ranks agree through ``torch.distributed`` when it is initialised (as it is under
   ``torchrun`` / ``accelerate launch``).
@@ -25,6 +31,7 @@ What it maps (see ``docs/integrations.md``):
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from contextlib import ExitStack
 from typing import Any
@@ -32,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from satmon.io.sink import Sink
 from satmon.results.card import plain
 from satmon.results.stop import StopRecord
 from satmon.screen.agreement import TorchDistributed
@@ -52,6 +60,8 @@ __all__ = ["SatmonTrainerCallback", "STATE_FILE"]
 STATE_FILE = "satmon_state.pt"
 _ON_MISSING = ("warn", "raise")
 _OWN = ("logdir", "resume_from", "on_missing", "verbose", "log_every_n_steps")
+#: report_to names that are no tracker satmon can write to (they measure, they do not log a run)
+_NOT_TRACKERS = ("codecarbon",)
 
 
 def _feed(model: nn.Module, batch: tuple[tuple, dict]) -> Any:
@@ -74,12 +84,14 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
     Args:
         settings: the rule, the window, the watch and the abort policy (a :class:`satmon.Settings`);
             ``None``: built from ``**options``.
-        logdir: TensorBoard directory for satmon's card and scalars (default: see the module docstring).
+        logdir: a TensorBoard directory for satmon's card and scalars, beside the ``report_to`` integrations
+            (default: none; the module docstring says where the verdict goes).
         resume_from: the checkpoint folder to read ``satmon_state.pt`` from on a resume (default:
             ``<output_dir>/checkpoint-<global step>``, where ``resume_from_checkpoint=True`` finds it).
         on_missing: a model without DyT layers: ``"warn"`` (train unscreened) or ``"raise"``.
-        verbose: print the verdict to stdout when it is made (its plain-text card, process zero, once), as every
-            satmon driver does; :meth:`card` gives the same text later, or why there is no verdict.
+        verbose: when the verdict is made, print its plain-text card (process zero, once); by default one line
+            (decision, trust, saturation vs threshold, where the card went). :meth:`card` gives the card later, or
+            why there is no verdict.
         log_every_n_steps: running saturation is logged every this many steps (default: ``args.logging_steps``).
         **options: the :class:`satmon.Settings` fields, as documented in :class:`satmon.SaturationMonitor`
             (``window``, ``threshold``, ``calibration``, ``level``, ``product``, ``abort_on``, ``abort_mode``,
@@ -92,7 +104,7 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
     """
 
     def __init__(self, settings: Settings | None = None, *, logdir: str | None = None,
-                 resume_from: str | os.PathLike | None = None, on_missing: str = "warn", verbose: bool = True,
+                 resume_from: str | os.PathLike | None = None, on_missing: str = "warn", verbose: bool = False,
                  log_every_n_steps: int | None = None, **options: Any) -> None:
         self.settings = settings_from(settings, options, owner="SatmonTrainerCallback", own=_OWN)
         if on_missing not in _ON_MISSING:
@@ -111,6 +123,7 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         self._hooks: list[Any] = []  # on the model: attach at the first training forward; keep each training loss
         self._step = 0
         self._paused = ExitStack()  # between steps: evaluation forwards are not training forwards
+        self._made = time.time()  # Hugging Face's TensorBoard run is a folder made after this (at train start)
 
     @property
     def verdict(self) -> Verdict | None:
@@ -141,8 +154,8 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         if model is None:
             raise ValueError("Expected the Trainer to pass `model` to on_train_begin, got None.")
         steps = self.log_every_n_steps or (int(args.logging_steps) if args.logging_steps >= 1 else 50)
-        logdir = (self.logdir or self._default_logdir(args)) if state.is_world_process_zero else None
-        self.screen = Screen(self.settings, logdir=logdir, agreement=TorchDistributed(), verbose=self.verbose,
+        logdir, sink = self._destinations(args) if state.is_world_process_zero else (None, None)
+        self.screen = Screen(self.settings, sink=sink, logdir=logdir, agreement=TorchDistributed(), verbose=self.verbose,
                              log_every_n_steps=steps)
         self._step = state.global_step
         if not model_map(model).layers(("dyt",), include=self.settings.include, exclude=self.settings.exclude):
@@ -226,10 +239,58 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         self.screen.load_state_dict(saved)
 
     # ------------------------------------------------------------------------------------ helpers
-    @staticmethod
-    def _default_logdir(args: TrainingArguments) -> str:
-        return (os.getenv("TENSORBOARD_LOGGING_DIR") or getattr(args, "logging_dir", None)
-                or os.path.join(args.output_dir, "runs", "satmon"))
+    def _destinations(self, args: TrainingArguments) -> tuple[str | None, Sink | None]:
+        """Where the readings go: a TensorBoard folder (the screen's own sink) and the other ``report_to`` trackers."""
+        from satmon.io.sink import MultiSink
+        from satmon.io.trackers import MarkdownFileSink, MlflowSink, WandbSink
+
+        names = [n for n in (args.report_to or []) if n not in ("none", *_NOT_TRACKERS)]
+        logdir = os.fspath(self.logdir) if self.logdir is not None else None
+        sinks: list[Sink] = []
+        for name in names:
+            if name == "tensorboard":
+                logdir = logdir or self._hf_tensorboard_dir(args)
+            elif name == "wandb":
+                import wandb
+
+                if wandb.run is not None:
+                    sinks.append(WandbSink(wandb.run))
+                else:
+                    self._say_missing("wandb", "no W&B run is open (wandb.run is None)")
+            elif name == "mlflow":
+                import mlflow
+
+                run = mlflow.active_run()
+                if run is not None:
+                    sinks.append(MlflowSink(run.info.run_id))
+                else:
+                    self._say_missing("mlflow", "no MLflow run is active")
+            elif not any(isinstance(s, MarkdownFileSink) for s in sinks):
+                sinks.append(MarkdownFileSink(args.output_dir))  # a tracker satmon has no writer for: the card as a file
+        if not names and logdir is None:
+            logdir = os.path.join(args.output_dir, "runs", "satmon")  # no integration: a TensorBoard run of satmon's own
+        sink = None if not sinks else sinks[0] if len(sinks) == 1 else MultiSink(*sinks)
+        return logdir, sink
+
+    def _hf_tensorboard_dir(self, args: TrainingArguments) -> str:
+        """Hugging Face's TensorBoard run: its environment variable, transformers 4's ``logging_dir``, else the newest
+        run folder its ``TensorBoardCallback`` made under ``<output_dir>/runs`` since this callback was made."""
+        given = os.getenv("TENSORBOARD_LOGGING_DIR") or getattr(args, "logging_dir", None)
+        if given:
+            return os.path.expanduser(given)
+        runs = os.path.join(args.output_dir, "runs")
+        made = []
+        for name in os.listdir(runs) if os.path.isdir(runs) else []:
+            folder = os.path.join(runs, name)
+            events = [f for f in os.listdir(folder) if f.startswith("events.out.tfevents.")] if os.path.isdir(folder) else []
+            if events and name != "satmon" and os.path.getmtime(folder) >= self._made - 1:
+                made.append((os.path.getmtime(folder), folder))
+        return max(made)[1] if made else os.path.join(runs, "satmon")  # beside it: tensorboard --logdir <output_dir>/runs
+
+    def _say_missing(self, name: str, why: str) -> None:
+        warnings.warn(f"satmon: report_to names {name!r}, but {why}: satmon's verdict does not go there (the console "
+                      "line says where it went). List SatmonTrainerCallback after the Trainer's own callbacks (the "
+                      "default: Trainer(callbacks=[...]) adds them after the integrations).", UserWarning, stacklevel=3)
 
     def _no_dyt(self, model: nn.Module) -> None:
         msg = (f"satmon found no DyT layer in {type(model).__name__}, so the saturation screen is off (no verdict). "

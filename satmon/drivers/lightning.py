@@ -26,13 +26,14 @@ from satmon.model.map import model_map
 from satmon.drivers.live_probe import LiveProbe
 from satmon.results.verdict import Verdict
 from satmon.io.lightning import LightningSink
+from satmon.io.sink import MultiSink, Sink, check_sink
 from satmon.io.tensorboard import TAG, log_text
 
 __all__ = ["SaturationMonitor"]
 
 _ON_MISSING = ("warn", "raise")
 #: the monitor's own keyword arguments (every other option is a satmon.Settings field)
-_OWN = ("log_every_n_steps", "on_missing", "verbose", "probe_every_n_steps", "probe_on_checkpoint", "calibration_batches",
+_OWN = ("sink", "log_every_n_steps", "on_missing", "verbose", "probe_every_n_steps", "probe_on_checkpoint", "calibration_batches",
         "probe_forward_fn", "gating_forward_fn")
 
 
@@ -70,8 +71,11 @@ class SaturationMonitor(ReadsSettings, Callback):
             optimizer steps; ``None`` uses the Trainer's ``log_every_n_steps``.
         on_missing: what a model without DyT layers gets: ``"warn"`` (default: no screen, a console
             line and a TensorBoard card say why; probes still run) or ``"raise"``.
-        verbose: print the verdict to stdout when it is made (its plain-text card, rank zero, once), as every
-            satmon driver does; :meth:`card` gives the same text later, or why there is no verdict.
+        sink: a :class:`satmon.io.sink.Sink` of your own that gets everything the loggers get (your tracker, a
+            file); it is written beside ``trainer.loggers``, never instead, and it is yours to close.
+        verbose: when the verdict is made, print its plain-text card (rank zero, once); by default one line
+            (decision, trust, saturation vs threshold, where the card went). :meth:`card` gives the card later,
+            or why there is no verdict.
         probe_every_n_steps, probe_on_checkpoint, calibration_batches, probe_forward_fn: the live
             dead-direction probe (:class:`satmon.drivers.live_probe.LiveProbe`); it reads with these settings
             (the same ``level``, ``product``, layers, threshold and caveat).
@@ -131,8 +135,8 @@ class SaturationMonitor(ReadsSettings, Callback):
     """
 
     def __init__(
-        self, settings: Settings | None = None, *, log_every_n_steps: int | None = None, on_missing: str = "warn",
-        verbose: bool = True, probe_every_n_steps: int | None = None, probe_on_checkpoint: bool = False,
+        self, settings: Settings | None = None, *, sink: Sink | None = None, log_every_n_steps: int | None = None,
+        on_missing: str = "warn", verbose: bool = False, probe_every_n_steps: int | None = None, probe_on_checkpoint: bool = False,
         calibration_batches: int = 4, probe_forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
         gating_forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None, **options: Any,
     ) -> None:
@@ -147,11 +151,13 @@ class SaturationMonitor(ReadsSettings, Callback):
                              f"{short_repr(gating_forward_fn)} ({type(gating_forward_fn).__name__}): pass a function, e.g. "
                              "gating_forward_fn=lambda model, batch: model(batch['input_ids']), or None for model(batch[0]).")
         self.log_every_n_steps, self.on_missing = log_every_n_steps, on_missing
+        self.user_sink = check_sink(sink) if sink is not None else None
+        self._loggers: LightningSink | None = None  # the Trainer's loggers, from on_train_start to the end of fit
         self.verbose = Settings.check_flag("verbose", verbose)
         live = LiveProbe(probe_every_n_steps, probe_on_checkpoint, calibration_batches, probe_forward_fn,
                          settings=self.settings)  # validates the probe arguments
         self.live_probe: LiveProbe | None = live if live.active else None
-        # the verdict goes to stdout on rank zero (the Screen's default), as in every satmon driver
+        # the verdict's line (or card, verbose) goes to stdout on rank zero (the Screen's default), as in every satmon driver
         self.screen = Screen(self.settings, warn=rank_zero_warn, verbose=verbose)
         self._paused = ExitStack()  # validation: no counting between on_validation_start and _end
         self._attached = False
@@ -198,8 +204,8 @@ class SaturationMonitor(ReadsSettings, Callback):
         if not self.screen.discover(pl_module, gating=False):  # gating is traced on the first training batch
             self._no_dyt(pl_module)
         elif not trainer.loggers:
-            rank_zero_warn("satmon: the Trainer has no logger, so nothing goes to TensorBoard; the verdict is printed and "
-                           "kept in `monitor.verdict`.")
+            rank_zero_warn("satmon: the Trainer has no logger, so the verdict's card is written nowhere; one line is printed "
+                           "at the verdict, `print(monitor.card())` prints the card (or SaturationMonitor(verbose=True)).")
 
     def _no_dyt(self, pl_module: pl.LightningModule) -> None:
         others = model_map(pl_module).layers(("layernorm", "rmsnorm"))
@@ -216,7 +222,8 @@ class SaturationMonitor(ReadsSettings, Callback):
         if self.live_probe is not None:
             self.live_probe.capture(trainer, pl_module)
             self._probe(self.live_probe.maybe_run, trainer, pl_module)
-        self.screen.sink = LightningSink(trainer.loggers)  # closed at the end of fit
+        self._loggers = LightningSink(trainer.loggers, root=trainer.default_root_dir)  # closed at the end of fit
+        self.screen.sink = MultiSink(self._loggers, self.user_sink) if self.user_sink is not None else self._loggers
         self.screen.log_every_n_steps = self.log_every_n_steps or trainer.log_every_n_steps
         self.screen.agreement = _StrategyAgreement(trainer)
         if not self.screen.active:
@@ -271,10 +278,15 @@ class SaturationMonitor(ReadsSettings, Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.screen.finish(trainer.global_step)
-        self.screen.sink.close()
+        self._close_loggers()
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        self.screen.sink.close()  # e.g. SatmonAbort (abort_mode="raise"): what was written is closed too
+        self._close_loggers()  # e.g. SatmonAbort (abort_mode="raise"): what was written is closed too
+
+    def _close_loggers(self) -> None:
+        """Close what the monitor opened over the loggers (a sink of the user's is theirs to close)."""
+        if self._loggers is not None:
+            self._loggers.close()
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._paused.enter_context(self.screen.paused())

@@ -10,16 +10,21 @@ has ``layout`` (:class:`LayoutSink`) shows TensorBoard's custom-scalars layout. 
 - :class:`satmon.io.lightning.LightningSink`: a Trainer's Lightning loggers (what ``SaturationMonitor`` writes with);
 - :class:`MultiSink`: several at once; :class:`NullSink`: nowhere.
 
-A new back end (W&B, MLflow, a CSV file) is one class with these methods. A sink written by
-someone else is closed by them: satmon closes only the sinks it makes.
+A new back end is one class with these methods. A sink written by someone else is closed by them:
+satmon closes only the sinks it makes.
+
+Two optional conventions: ``text`` may return where the text went (a list of places, each a short
+string such as ``"TensorBoard runs/x"`` or a file's path; empty: nowhere), which the console line at
+the verdict names (:func:`places`); and a sink with ``describe(descriptions)`` attaches each tag's
+description to its next write (:func:`describe`; TensorBoard shows it with the chart).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["LayoutSink", "MultiSink", "NullSink", "Sink", "check_sink"]
+__all__ = ["LayoutSink", "MultiSink", "NullSink", "Sink", "check_sink", "describe", "places"]
 
 
 @runtime_checkable
@@ -30,8 +35,8 @@ class Sink(Protocol):
         """Write each ``tag -> value`` at ``step``."""
         ...
 
-    def text(self, tag: str, markdown: str, step: int) -> None:
-        """Write a markdown text (a verdict card, a stop) under ``tag`` at ``step``."""
+    def text(self, tag: str, markdown: str, step: int) -> Sequence[str] | None:
+        """Write a markdown text (a verdict card, a stop) under ``tag`` at ``step``; optionally return where it went."""
         ...
 
     def hparams(self, params: Mapping[str, Any], metrics: Mapping[str, float], step: int) -> None:
@@ -51,6 +56,23 @@ class LayoutSink(Sink, Protocol):
     def layout(self, layout: Mapping[str, Any]) -> None:
         """Write the layout: ``{category: {chart title: ["Multiline", [tag regexes]]}}``."""
         ...
+
+
+def places(sink: Sink, returned: Sequence[str] | None) -> list[str]:
+    """Where a text went, from what ``sink.text`` returned: its places, or the sink's class name when it did not say.
+
+    Example:
+        >>> places(NullSink(), NullSink().text("satmon/verdict", "card", 1)), places(NullSink(), None)
+        ([], ['NullSink'])
+    """
+    return [str(p) for p in returned] if returned is not None else [type(sink).__name__]
+
+
+def describe(sink: Sink, descriptions: Mapping[str, str]) -> None:
+    """Give ``sink`` the descriptions of tags about to be written, when it takes them (``describe``); else nothing."""
+    method = getattr(sink, "describe", None)
+    if callable(method):
+        method(dict(descriptions))
 
 
 def check_sink(sink: Any) -> Sink:
@@ -82,8 +104,8 @@ class NullSink:
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         pass
 
-    def text(self, tag: str, markdown: str, step: int) -> None:
-        pass
+    def text(self, tag: str, markdown: str, step: int) -> list[str]:
+        return []
 
     def hparams(self, params: Mapping[str, Any], metrics: Mapping[str, float], step: int) -> None:
         pass
@@ -111,9 +133,13 @@ class MultiSink:
         for s in self.sinks:
             s.scalars(values, step)
 
-    def text(self, tag: str, markdown: str, step: int) -> None:
+    def describe(self, descriptions: Mapping[str, str]) -> None:
         for s in self.sinks:
-            s.text(tag, markdown, step)
+            describe(s, descriptions)
+
+    def text(self, tag: str, markdown: str, step: int) -> list[str]:
+        """Each sink's text; where it went, every sink's places in order."""
+        return [p for s in self.sinks for p in places(s, s.text(tag, markdown, step))]
 
     def hparams(self, params: Mapping[str, Any], metrics: Mapping[str, float], step: int) -> None:
         for s in self.sinks:

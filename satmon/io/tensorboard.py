@@ -5,9 +5,10 @@ Every tag satmon writes is in :class:`TAG`, and every reading -> tag map is a fu
 the live callback, the live probe and ``satmon replay`` produce runs that open side by side and line
 up. The ``log_*`` functions write to a :class:`~satmon.io.sink.Sink`: :class:`SummaryWriterSink`
 (event files through torch's ``SummaryWriter``; ``Screen(logdir=...)``, ``satmon replay``) or
-:class:`satmon.io.lightning.LightningSink` (a Trainer's loggers). Both write the same layout: the
-scalars and texts in the run, the custom-scalars layout, and the hparams session in the sub-run
-``<run>/satmon_hparams`` (:class:`HparamsRun`). Nothing here imports torch or Lightning until a file is written.
+:class:`satmon.io.lightning.LightningSink` (a Trainer's loggers). Both write the same layout, all of
+it in the run itself (one run per run: satmon 0.3's ``satmon_hparams`` sub-run is gone): the scalars,
+the texts, the custom-scalars layout and the hparams session. Nothing here imports torch or Lightning
+until a file is written.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
-from satmon.io.sink import LayoutSink, Sink, check_sink
+from satmon.io.sink import LayoutSink, Sink, check_sink, describe, places
 
 __all__ = [
-    "SHOWN_HPARAMS", "TAG", "VERDICT_VALUES", "HparamsRun", "SummaryWriterSink", "add_layout", "custom_scalars_layout",
-    "hparams_summaries", "log_scalars", "log_stop", "log_text", "log_verdict", "offset_scalars", "probe_scalars", "text_summary",
-    "verdict_hparams", "verdict_scalars", "watch_scalars", "window_scalars",
+    "SHOWN_HPARAMS", "TAG", "VERDICT_VALUES", "SummaryWriterSink", "add_layout", "custom_scalars_layout",
+    "hparams_summaries", "log_scalars", "log_stop", "log_text", "log_verdict", "offset_scalars", "probe_scalars",
+    "scalar_summary", "text_summary", "verdict_description", "verdict_hparams", "verdict_scalars", "watch_scalars",
+    "window_scalars",
 ]
 
 
@@ -33,39 +35,46 @@ class TAG:
     """Every tag satmon writes (a namespace, not an enum, so ``TAG.layer_saturation("ln_f")`` reads well).
 
     TensorBoard groups a run's curves by the tag's prefix before the first ``/`` and orders the groups
-    by name (upper case before lower case, so before Lightning's ``epoch``, ``train/...``). satmon's
-    curves use that: the group ``Satmon`` holds what the verdict is read from (the pooled saturation,
-    the verdict, the margin, the non-finite count, the collapse risk, a stop) and opens first; each
-    per-layer family has a group of its own, ``satmon_<family>`` (docs/tensorboard.md). The texts (the
-    verdict card, a stop, replay's checkpoint names) are the Text tab's group ``satmon``. A text and a
-    scalar never share a tag: TensorBoard keeps one kind of data per tag and run.
+    by name (upper case before lower case, so before Lightning's ``epoch``, ``train/...``), and the
+    charts of a group by name. satmon's curves use that: the group ``Satmon`` opens first and its first
+    chart is the decision (``Satmon/decision``: 1 GO, 0 NO-GO, -1 non-finite, its trust in the chart's
+    description), then the margin, the non-finite count, the pooled saturation and a stop; the per-layer
+    families and the collapse watch (with the verdict's collapse risk) each have a group of their own,
+    ``satmon_<family>`` (docs/tensorboard.md). The texts are the Text tab's group ``satmon``: the
+    verdict card first (``satmon/verdict``), a replay's checkpoint names after it
+    (``satmon/verdict_checkpoint``: TensorBoard lists a group's tags by name, so no list of paths comes
+    before a run's card). A text and a scalar never share a tag: TensorBoard keeps one kind of data per
+    tag and run.
 
-    satmon 0.2 wrote every scalar under ``satmon/`` and every text under ``<tag>/text_summary``;
-    :meth:`from_v02` names a 0.2 tag the way 0.3 writes it, so readers take runs of both versions.
+    satmon 0.2 wrote every scalar under ``satmon/`` and every text under ``<tag>/text_summary``, and 0.3
+    the decision as ``Satmon/verdict``, the collapse risk as ``Satmon/collapse_risk`` and a replay's
+    texts under ``satmon/replay/``: :meth:`read_name` names an older tag the way 0.4 writes it, so readers
+    take runs of every version.
 
     Example:
         >>> TAG.verdict, TAG.verdict_text, TAG.layer_saturation("ln_f"), TAG.collapse_breach("loss-spike")
-        ('Satmon/verdict', 'satmon/verdict', 'satmon_saturation/ln_f', 'satmon_collapse/breach/loss-spike')
+        ('Satmon/decision', 'satmon/verdict', 'satmon_saturation/ln_f', 'satmon_collapse/breach/loss-spike')
     """
 
     summary = "Satmon"  #: the Scalars group that opens first
-    # the screening window and the verdict (scalars: the summary group)
-    saturation = "Satmon/saturation"
-    nonfinite = "Satmon/nonfinite"
-    verdict = "Satmon/verdict"
+    # the screening window and the verdict (scalars: the summary group; charts sort by name, the decision first)
+    verdict = "Satmon/decision"
     margin = "Satmon/margin"
-    collapse_risk = "Satmon/collapse_risk"
+    nonfinite = "Satmon/nonfinite"
+    saturation = "Satmon/saturation"
     stop = "Satmon/stop"
+    #: the verdict's collapse risk (1 / 0, gated models only), with the collapse watch
+    collapse_risk = "satmon_collapse/risk"
     # texts (the Text tab's group "satmon")
     verdict_text = "satmon/verdict"
     stop_text = "satmon/stop"
-    replay_checkpoint = "satmon/replay/checkpoint"
-    replay_error = "satmon/replay/error"
+    replay_checkpoint = "satmon/verdict_checkpoint"
+    replay_error = "satmon/verdict_skipped"
     # the collapse watch after the window
     collapse_nonfinite = "satmon_collapse/nonfinite"
     collapse_saturation = "satmon_collapse/saturation"
     collapse_loss_z = "satmon_collapse/loss_z"
-    # the hparams view: hyper-parameter keys, and the sub-run that holds the session
+    # the hparams view: hyper-parameter keys (and satmon 0.3's sub-run of the session: read, never written)
     hp_window = "satmon/window"
     hp_threshold = "satmon/threshold"
     hp_level = "satmon/level"
@@ -130,7 +139,7 @@ class TAG:
 
     @staticmethod
     def is_satmon(tag: str) -> bool:
-        """Whether satmon 0.3 writes ``tag`` (a scalar or a text; the hparams keys are not tags).
+        """Whether satmon 0.3 or later writes ``tag`` (a scalar or a text; the hparams keys are not tags).
 
         Example:
             >>> TAG.is_satmon("Satmon/margin"), TAG.is_satmon("satmon_alpha/ln_f"), TAG.is_satmon("satmon_logs/x")
@@ -141,16 +150,17 @@ class TAG:
 
     @staticmethod
     def from_v02(tag: str) -> str | None:
-        """The 0.3 name of a tag satmon 0.2 wrote (its scalars under ``satmon/``, its texts under
+        """The name satmon writes today of a tag satmon 0.2 wrote (its scalars under ``satmon/``, its texts under
         ``<tag>/text_summary``), or ``None`` when 0.2 wrote no such tag.
 
         Example:
             >>> [TAG.from_v02(t) for t in ("satmon/verdict", "satmon/collapse/risk", "satmon/alpha/ln_f",
             ...                            "satmon/collapse/loss_z", "satmon/verdict/text_summary", "epoch")]
-            ['Satmon/verdict', 'Satmon/collapse_risk', 'satmon_alpha/ln_f', 'satmon_collapse/loss_z', 'satmon/verdict', None]
+            ['Satmon/decision', 'satmon_collapse/risk', 'satmon_alpha/ln_f', 'satmon_collapse/loss_z', 'satmon/verdict', None]
         """
         if tag.endswith(_V02_TEXT_SUFFIX):
             text = tag[: -len(_V02_TEXT_SUFFIX)]
+            text = _V03.get(text, text)
             return text if text in _TEXTS else None
         if tag in _V02_SUMMARY:
             return _V02_SUMMARY[tag]
@@ -168,10 +178,14 @@ class TAG:
         Example:
             >>> TAG.read_name("satmon/margin"), TAG.read_name("Satmon/margin"), TAG.read_name("satmon/verdict", text=True)
             ('Satmon/margin', 'Satmon/margin', 'satmon/verdict')
+            >>> TAG.read_name("Satmon/verdict"), TAG.read_name("satmon/replay/checkpoint", text=True)  # 0.3's names
+            ('Satmon/decision', 'satmon/verdict_checkpoint')
         """
+        if tag in _V03:
+            return _V03[tag]
         if text:
             return TAG.from_v02(tag) if tag.endswith(_V02_TEXT_SUFFIX) else (tag if tag in _TEXTS else None)
-        if tag.startswith("satmon/"):  # 0.3 writes texts only there: a 0.2 scalar
+        if tag.startswith("satmon/"):  # texts only there since 0.3: a 0.2 scalar
             return TAG.from_v02(tag)
         return tag if TAG.is_satmon(tag) else None
 
@@ -182,9 +196,13 @@ _V02_SUMMARY = {"satmon/saturation": TAG.saturation, "satmon/nonfinite": TAG.non
 #: torch's ``SummaryWriter.add_text(tag, ...)`` writes under ``tag + "/text_summary"`` (satmon 0.2 did)
 _V02_TEXT_SUFFIX = "/text_summary"
 _TEXTS = (TAG.verdict_text, TAG.stop_text, TAG.replay_checkpoint, TAG.replay_error)
+#: satmon 0.3's names of the tags 0.4 renamed (the decision first in its group, the collapse risk with the watch,
+#: a replay's texts after the card); 0.2's ``satmon/replay/...`` texts map through :meth:`TAG.from_v02` to these
+_V03 = {"Satmon/verdict": TAG.verdict, "Satmon/collapse_risk": TAG.collapse_risk,
+        "satmon/replay/checkpoint": TAG.replay_checkpoint, "satmon/replay/error": TAG.replay_error}
 
 
-#: The ``Satmon/verdict`` scalar of each decision. A non-finite verdict is -1, not NaN: NaN reads as
+#: The ``Satmon/decision`` scalar of each decision. A non-finite verdict is -1, not NaN: NaN reads as
 #: "no reading" and cannot be sorted or compared across runs; -1 sorts below NO-GO (docs/tensorboard.md).
 VERDICT_VALUES: dict[str, float] = {"go": 1.0, "no-go": 0.0, "non-finite": -1.0}
 _SOURCES = ("window", "probe", "replay")
@@ -286,12 +304,12 @@ def probe_scalars(report: Any, saturation: bool = True) -> dict[str, float]:
 
 
 def verdict_scalars(verdict: Any) -> dict[str, float]:
-    """The verdict's scalars (also the hparams view's metrics); ``Satmon/verdict`` from :data:`VERDICT_VALUES`.
+    """The verdict's scalars (also the hparams view's metrics); ``Satmon/decision`` from :data:`VERDICT_VALUES`.
 
     Example:
         >>> from satmon.results.verdict import build_verdict
         >>> verdict_scalars(build_verdict({"ln_f": (1, 4, 2)}, step=5, window=5))
-        {'Satmon/verdict': -1.0, 'Satmon/margin': -0.18, 'Satmon/saturation': 0.25}
+        {'Satmon/decision': -1.0, 'Satmon/margin': -0.18, 'Satmon/saturation': 0.25}
     """
     if verdict.decision not in VERDICT_VALUES:
         raise ValueError(f"Expected a verdict decision in {tuple(VERDICT_VALUES)}, got {verdict.decision!r}. "
@@ -301,6 +319,28 @@ def verdict_scalars(verdict: Any) -> dict[str, float]:
     if verdict.collapse_risk is not None:
         out[TAG.collapse_risk] = 1.0 if verdict.collapse_risk else 0.0
     return out
+
+
+def verdict_description(verdict: Any) -> dict[str, str]:
+    """The description of the decision's chart (TensorBoard shows it with the chart; it keeps the first one a run
+    writes): the live window's decision and trust, or, for a replay (a decision per checkpoint), what the values mean.
+
+    Example:
+        >>> from satmon.results.verdict import build_verdict
+        >>> print(verdict_description(build_verdict({"ln_f": (1, 4)}, step=500, window=500))[TAG.verdict])
+        NO-GO by the study's rule at step 500, trust: unproven (a measurement, not a forecast; held-out accuracy 50% vs 67% for guessing the commoner outcome). 1 = GO, 0 = NO-GO, -1 = non-finite; the card (Text tab, satmon/verdict) says why and how far to trust it.
+    """
+    scale = "1 = GO, 0 = NO-GO, -1 = non-finite; the card (Text tab, satmon/verdict) says why and how far to trust it."
+    if verdict.source != "window":
+        return {TAG.verdict: f"The {verdict.source}'s decision at each step read. {scale}"}
+    if verdict.decision == "non-finite":
+        return {TAG.verdict: f"NON-FINITE at step {verdict.step}: the run diverged. {scale}"}
+    from satmon.results.card import evidence, whose_rule
+
+    what = "a forecast" if verdict.forecast else "a measurement, not a forecast"
+    word = "GO" if verdict.go else "NO-GO"
+    return {TAG.verdict: f"{word} {whose_rule(verdict)} at step {verdict.step}, trust: {verdict.trust} ({what}; "
+                         f"{evidence(verdict)}). {scale}"}
 
 
 def verdict_hparams(verdict: Any) -> dict[str, Any]:
@@ -345,11 +385,29 @@ def text_summary(tag: str, markdown: str) -> Any:
     return text_pb(tag, markdown)
 
 
-def hparams_summaries(params: Mapping[str, Any], metrics: Mapping[str, float]) -> list[Any]:
-    """The three summaries of one hparams session (experiment, session start, session end), as
+def scalar_summary(tag: str, value: float, description: str = "") -> Any:
+    """A scalar summary under ``tag`` with a description (TensorBoard shows it with the chart), in the scalar
+    plugin's tensor form: TensorBoard's data server drops the description of an ``add_scalar`` value.
+    A described tag is written this way every time (one kind of data per tag).
+
+    Example:
+        >>> summary = scalar_summary(TAG.verdict, 1.0, "GO")
+        >>> summary.value[0].tag, summary.value[0].metadata.summary_description
+        ('Satmon/decision', 'GO')
+    """
+    from tensorboard.plugins.scalar.summary_v2 import scalar_pb
+
+    return scalar_pb(tag, float(value), description=description or None)
+
+
+def hparams_summaries(params: Mapping[str, Any], metrics: Mapping[str, float], experiment: bool = True) -> list[Any]:
+    """The summaries of one hparams session (the experiment, when ``experiment``; the session's start and end), as
     ``SummaryWriter.add_hparams`` writes them, with satmon's string values as discrete domains and
     :data:`SHOWN_HPARAMS` marked to be shown first (``differs``, the mark TensorBoard sorts columns by).
 
+    The experiment summary is the HParams tab's column list: TensorBoard takes one run's, any one, and without
+    any it makes the columns from every session. A replay writes none (``experiment=False``), so its session
+    never replaces a live run's columns (the model's own hyper-parameters) with its own.
     ``params`` of other types than str, int, float and bool are left out.
 
     Example:
@@ -358,6 +416,8 @@ def hparams_summaries(params: Mapping[str, Any], metrics: Mapping[str, float]) -
         >>> data = HParamsPluginData.FromString(exp.value[0].metadata.plugin_data.content)
         >>> [(h.name, h.differs) for h in data.experiment.hparam_infos]
         [('lr', False), ('satmon/decision', True)]
+        >>> len(hparams_summaries({"lr": 0.1}, {TAG.verdict: 1.0}, experiment=False))
+        2
     """
     from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
     from torch.utils.tensorboard.summary import hparams
@@ -365,6 +425,8 @@ def hparams_summaries(params: Mapping[str, Any], metrics: Mapping[str, float]) -
     params = {k: v for k, v in params.items() if isinstance(v, (int, float, str, bool))}
     domains = {k: v for k, v in _hparams_domains().items() if params.get(k) in v}
     exp, start, end = hparams(params, dict(metrics), domains)
+    if not experiment:
+        return [start, end]
     value = exp.value[0]
     data = HParamsPluginData.FromString(value.metadata.plugin_data.content)
     for info in data.experiment.hparam_infos:
@@ -379,32 +441,39 @@ def log_scalars(sink: Sink, scalars: Mapping[str, float], step: int) -> None:
     check_sink(sink).scalars(dict(scalars), step)
 
 
-def log_text(sink: Sink, tag: str, text: str, step: int) -> None:
-    """Write markdown text to ``sink`` (sinks without a text view skip it)."""
-    check_sink(sink).text(tag, text, step)
+def log_text(sink: Sink, tag: str, text: str, step: int) -> list[str]:
+    """Write markdown text to ``sink``; returns where it went (:func:`satmon.io.sink.places`)."""
+    sink = check_sink(sink)
+    return places(sink, sink.text(tag, text, step))
 
 
-def log_verdict(sink: Sink, verdict: Any) -> None:
-    """Write the verdict at its step: :func:`verdict_scalars`, the card as text, and the hparams view.
+def log_verdict(sink: Sink, verdict: Any, hparams: bool = True) -> list[str]:
+    """Write the verdict at its step: :func:`verdict_scalars` (the decision's chart described by
+    :func:`verdict_description`), the card as text, and (``hparams``) the hparams view. Returns where the card went,
+    one place per destination (empty: nowhere), for the console line.
 
     Args:
         sink: where it goes (:class:`SummaryWriterSink`, :class:`satmon.io.lightning.LightningSink`, ...).
         verdict: a :class:`satmon.results.verdict.Verdict` (GO, NO-GO or non-finite).
+        hparams: write the hparams session too (a replay writes one, for its last checkpoint, when it closes).
 
     Example:
         >>> import tempfile
         >>> from satmon.results.verdict import build_verdict
         >>> sink = SummaryWriterSink(tempfile.mkdtemp())
-        >>> log_verdict(sink, build_verdict({"ln_f": (3, 4)}, step=10, window=10))
-        >>> sorted(os.listdir(sink.log_dir))[-1]
-        'satmon_hparams'
+        >>> where = log_verdict(sink, build_verdict({"ln_f": (3, 4)}, step=10, window=10))
+        >>> where == [f"TensorBoard {sink.log_dir}"], [n for n in os.listdir(sink.log_dir) if not n.startswith("events")]
+        (True, [])
         >>> sink.close()
     """
     sink = check_sink(sink)
     scalars = verdict_scalars(verdict)
+    describe(sink, verdict_description(verdict))
     sink.scalars(scalars, verdict.step)
-    sink.text(TAG.verdict_text, verdict.card(), verdict.step)
-    sink.hparams(verdict_hparams(verdict), scalars, verdict.step)
+    where = places(sink, sink.text(TAG.verdict_text, verdict.card(), verdict.step))
+    if hparams:
+        sink.hparams(verdict_hparams(verdict), scalars, verdict.step)
+    return where
 
 
 def log_stop(sink: Sink, record: Any) -> None:
@@ -416,22 +485,29 @@ def log_stop(sink: Sink, record: Any) -> None:
 
 
 def custom_scalars_layout() -> dict[str, Any]:
-    """The custom-scalars layout: pooled saturation beside the per-layer curves, the alphas, verdict and margin.
+    """The custom-scalars layout: the decision, the margin and the pooled saturation each on a chart of their own
+    (one scale each: 0/1 and +-0.3 on one axis read as neither), then the per-layer curves and the alphas.
 
-    Tags are regexes, so runs with different layers share one layout.
+    Tags are regexes, so runs with different layers share one layout. TensorBoard lists the categories in this
+    order and colours lines by run, so a per-layer chart holds one run's layers apart only by the legend.
 
     Example:
-        >>> sorted(custom_scalars_layout()["satmon"])
-        ['alpha per layer', 'saturation (pooled vs per layer)', 'verdict and margin']
+        >>> [(cat, list(charts)) for cat, charts in custom_scalars_layout().items()]  # doctest: +NORMALIZE_WHITESPACE
+        [('Satmon', ['decision (1 GO, 0 NO-GO, -1 non-finite)', 'margin (saturation - threshold)', 'pooled saturation']),
+         ('satmon per layer', ['saturation per layer', 'alpha per layer'])]
     """
     sat, layer, alpha, verdict, margin = (re.escape(t) for t in (TAG.saturation, TAG.layer_saturation(""), TAG.alpha(""),
                                                                  TAG.verdict, TAG.margin))
     return {
-        "satmon": {
-            "saturation (pooled vs per layer)": ["Multiline", [rf"^{sat}$", rf"^{layer}.+"]],
+        TAG.summary: {
+            "decision (1 GO, 0 NO-GO, -1 non-finite)": ["Multiline", [rf"^{verdict}$"]],
+            "margin (saturation - threshold)": ["Multiline", [rf"^{margin}$"]],
+            "pooled saturation": ["Multiline", [rf"^{sat}$"]],
+        },
+        "satmon per layer": {
+            "saturation per layer": ["Multiline", [rf"^{layer}.+"]],
             "alpha per layer": ["Multiline", [rf"^{alpha}.+"]],
-            "verdict and margin": ["Multiline", [rf"^({verdict}|{margin})$"]],
-        }
+        },
     }
 
 
@@ -455,54 +531,21 @@ def _global_rank() -> int:
     return 0
 
 
-class HparamsRun:
-    """The hparams view's session of one run, in its sub-run ``<log_dir>/satmon_hparams``.
-
-    TensorBoard keeps only the first hparams session of a run, and Lightning writes one at train
-    start (``hp_metric``), so satmon writes its session, with the metric scalars it refers to, into a
-    run of its own, as ``SummaryWriter.add_hparams`` does. One event file per run, however many
-    sessions (replay: one per checkpoint); the writer is opened at the first session, flushed after
-    each, and closed by :meth:`close` (a later session opens it again).
-
-    Args:
-        log_dir: the run's folder.
-    """
-
-    def __init__(self, log_dir: str | os.PathLike) -> None:
-        self.path = os.path.abspath(os.path.join(os.fspath(log_dir), TAG.hparams_run))
-        self._writer: Any = None
-
-    def write(self, params: Mapping[str, Any], metrics: Mapping[str, float], step: int) -> None:
-        """One session: ``params`` (those of type str, int, float, bool), ``metrics`` and their values at ``step``."""
-        from torch.utils.tensorboard import SummaryWriter
-
-        if self._writer is None or not os.path.isdir(self.path):  # the folder was removed: a new file
-            self.close()
-            self._writer = SummaryWriter(self.path)
-        for summary in hparams_summaries(params, metrics):
-            self._writer.file_writer.add_summary(summary)
-        for k, v in metrics.items():
-            self._writer.add_scalar(k, v, step)
-        self._writer.flush()
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-
 class SummaryWriterSink:
     """A :class:`~satmon.io.sink.Sink` that writes TensorBoard event files with torch's ``SummaryWriter``.
 
-    The run's scalars, texts and layout go to ``log_dir``; the hparams session to ``log_dir/satmon_hparams``
-    (:class:`HparamsRun`). Files are opened at the first write (a screen that never writes leaves no
-    empty run), flushed after each write (an interrupted run keeps what it wrote), and closed by
-    :meth:`close`; a write after :meth:`close` opens a new event file in the same run.
+    Everything goes to ``log_dir``, one run: the scalars, the texts, the layout and the hparams session
+    (TensorBoard keeps a run's first session; satmon writes one per run). Files are opened at the first
+    write (a screen that never writes leaves no empty run), flushed after each write (an interrupted run
+    keeps what it wrote), and closed by :meth:`close`; a write after :meth:`close` opens a new event file
+    in the same run.
 
     Args:
         log_dir: the run's folder (made when first written).
         rank_zero_only: write on the process of global rank 0 only (each rank may make one, as
             Lightning's loggers do); ``False``: write on every process.
+        hparams_experiment: write the HParams tab's column list with the session (:func:`hparams_summaries`);
+            ``False`` (a replay's): the session only, so the columns stay those of the live runs beside it.
 
     Example:
         >>> import tempfile
@@ -513,11 +556,13 @@ class SummaryWriterSink:
         >>> sink.close()
     """
 
-    def __init__(self, log_dir: str | os.PathLike, *, rank_zero_only: bool = True) -> None:
+    def __init__(self, log_dir: str | os.PathLike, *, rank_zero_only: bool = True, hparams_experiment: bool = True) -> None:
         self.log_dir = os.fspath(log_dir)
         self.rank_zero_only = rank_zero_only
+        self.hparams_experiment = hparams_experiment
         self._writer: Any = None
-        self._hparams = HparamsRun(self.log_dir)
+        self._descriptions: dict[str, str] = {}  # tag -> its description, written with the tag's next write
+        self._described: set[str] = set()  # tags written in the tensor form (scalar_summary), every time
 
     def _writes(self) -> bool:
         return not self.rank_zero_only or _global_rank() == 0
@@ -536,21 +581,35 @@ class SummaryWriterSink:
             self._writer = SummaryWriter(self.log_dir)
         return self._writer
 
+    def describe(self, descriptions: Mapping[str, str]) -> None:
+        """Describe tags: each description goes with the tag's next write (TensorBoard keeps a tag's first)."""
+        self._descriptions.update(descriptions)
+        self._described.update(descriptions)
+
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         if self._writes():
             for tag, value in values.items():
-                self.writer.add_scalar(tag, value, global_step=step)
+                if tag in self._described:
+                    self.writer.file_writer.add_summary(scalar_summary(tag, value, self._descriptions.pop(tag, "")), step)
+                else:
+                    self.writer.add_scalar(tag, value, global_step=step)
             self.writer.flush()
 
-    def text(self, tag: str, markdown: str, step: int) -> None:
-        """Write ``markdown`` under ``tag`` itself (:func:`text_summary`), as TensorBoard's Text tab names it."""
-        if self._writes():
-            self.writer.file_writer.add_summary(text_summary(tag, markdown), step)
-            self.writer.flush()
+    def text(self, tag: str, markdown: str, step: int) -> list[str]:
+        """Write ``markdown`` under ``tag`` itself (:func:`text_summary`), as TensorBoard's Text tab names it; returns
+        where it went (``["TensorBoard <log_dir>"]``, or nothing on a rank that does not write)."""
+        if not self._writes():
+            return []
+        self.writer.file_writer.add_summary(text_summary(tag, markdown), step)
+        self.writer.flush()
+        return [f"TensorBoard {self.log_dir}"]
 
     def hparams(self, params: Mapping[str, Any], metrics: Mapping[str, float], step: int) -> None:
+        """The hparams session in the run itself, its metrics the run's own scalars (written before it)."""
         if self._writes():
-            self._hparams.write(params, metrics, step)
+            for summary in hparams_summaries(params, metrics, experiment=self.hparams_experiment):
+                self.writer.file_writer.add_summary(summary, step)
+            self.writer.flush()
 
     def layout(self, layout: Mapping[str, Any]) -> None:
         if self._writes():
@@ -561,4 +620,3 @@ class SummaryWriterSink:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        self._hparams.close()

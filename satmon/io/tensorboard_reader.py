@@ -51,7 +51,7 @@ class Run:
         return texts[-1][1] if texts else None
 
     def decision(self) -> str | None:
-        """The last verdict's decision (``"go"``, ``"no-go"``, ``"non-finite"``) from ``Satmon/verdict``, or ``None``.
+        """The last verdict's decision (``"go"``, ``"no-go"``, ``"non-finite"``) from ``Satmon/decision``, or ``None``.
 
         Example:
             >>> Run(Path("."), scalars={TAG.verdict: [(7, -1.0)]}).decision()
@@ -141,8 +141,12 @@ def read_run(path: str | Path) -> Run:
     points: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for tag in tags.get("scalars", []):
         name = TAG.read_name(tag)
-        if name is not None:  # a 0.2 run's tags by their 0.3 names (a run both wrote: one series)
+        if name is not None:  # an older run's tags by today's names (a run both wrote: one series)
             points[name] += [(e.step, float(e.value)) for e in acc.Scalars(tag)]
+    for tag in tags.get("tensors", []):  # scalars in the scalar plugin's tensor form (a described tag: the decision)
+        name = TAG.read_name(tag)
+        if name is not None and acc.SummaryMetadata(tag).plugin_data.plugin_name == "scalars":
+            points[name] += [(e.step, float(tensor_util.make_ndarray(e.tensor_proto).item())) for e in acc.Tensors(tag)]
     run.scalars = {name: trajectory(p) for name, p in points.items()}
     for tag in tags.get("tensors", []):
         name = TAG.read_name(tag, text=True)

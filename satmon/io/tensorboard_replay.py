@@ -2,12 +2,17 @@
 
 The tags and the reading -> tag maps are :mod:`satmon.io.tensorboard`'s, and the files are written
 by its :class:`~satmon.io.tensorboard.SummaryWriterSink`, so a replayed run opens beside the live
-one and the curves line up.
+one and the curves line up. A replay of a run's checkpoints is named for that run
+(``replay of demo/version_0``: :func:`replay_source`), writes its checkpoint names after the card in
+the Text tab, and gives the HParams tab one session, its last checkpoint's, without a column list of
+its own (the live runs' columns, with their models' hyper-parameters, stay).
 """
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +24,43 @@ from satmon.io.tensorboard import (
     log_text,
     log_verdict,
     probe_scalars,
+    verdict_hparams,
+    verdict_scalars,
 )
 
-__all__ = ["TensorBoardReplay", "next_version"]
+__all__ = ["TensorBoardReplay", "next_version", "replay_source"]
+
+_VERSION = re.compile(r"version_\d+")
+
+
+def replay_source(paths: Sequence[str | os.PathLike]) -> str | None:
+    """The training run whose checkpoints ``paths`` are, as TensorBoard names runs, or ``None``.
+
+    A run folder is a checkpoint's folder (less a trailing ``checkpoints``) that is a Lightning version folder
+    (``version_N``) or holds a run's files (TensorBoard event files, ``hparams.yaml``); its name is
+    ``<experiment>/version_N`` for Lightning's layout, else the folder's name. ``None`` when the paths are of
+    no such folder, or of several.
+
+    Example:
+        >>> replay_source(["satmon_logs/demo/version_0/checkpoints"]), replay_source(["ckpts/a.ckpt"])
+        ('demo/version_0', None)
+        >>> replay_source(["a/version_1/checkpoints/x.ckpt", "b/version_2/checkpoints"]) is None
+        True
+    """
+    found = set()
+    for given in paths:
+        path = Path(os.path.abspath(os.fspath(given)))
+        folder = path.parent if path.is_file() or (path.suffix and not path.is_dir()) else path
+        if folder.name == "checkpoints":
+            folder = folder.parent
+        if _VERSION.fullmatch(folder.name) and folder.parent.name:
+            found.add(f"{folder.parent.name}/{folder.name}")
+        elif folder.is_dir() and any(f.name.startswith("events.out.tfevents.") or f.name == "hparams.yaml"
+                                     for f in folder.iterdir()):
+            found.add(folder.name)
+        else:
+            return None
+    return found.pop() if len(found) == 1 else None
 
 
 def next_version(root: str | os.PathLike) -> int:
@@ -47,21 +86,37 @@ class TensorBoardReplay:
     """A TensorBoard run of replayed checkpoints; pass it as ``satmon.replay.loop.replay(on_record=...)``.
 
     Args:
-        logdir: the TensorBoard root; the run goes to ``logdir/name/version_N`` (:func:`next_version`).
-        name: the run name.
+        logdir: the TensorBoard root.
+        name: the run name, when ``source`` is not given: the run goes to ``logdir/name/version_N`` (:func:`next_version`).
+        source: the run the checkpoints are of (:func:`replay_source`): the run goes to ``logdir/replay of SOURCE``
+            (``replay of SOURCE (2)``, ... when that exists), so TensorBoard lists it as the replay of that run.
 
     Example:
         >>> import tempfile
-        >>> tb = TensorBoardReplay(tempfile.mkdtemp())
+        >>> root = tempfile.mkdtemp()
+        >>> tb = TensorBoardReplay(root)
         >>> tb.log_dir.endswith("version_0")
         True
         >>> tb.close()
+        >>> os.path.relpath(TensorBoardReplay(root, source="demo/version_0").log_dir, root)
+        'replay of demo/version_0'
     """
 
-    def __init__(self, logdir: str | Path, name: str = "replay") -> None:
-        root = os.path.expanduser(os.path.expandvars(os.path.join(os.fspath(logdir), name)))
-        self.sink = SummaryWriterSink(os.path.join(root, f"version_{next_version(root)}"))
+    def __init__(self, logdir: str | Path, name: str = "replay", source: str | None = None) -> None:
+        logdir = os.path.expanduser(os.path.expandvars(os.fspath(logdir)))
+        if source:
+            run = base = os.path.join(logdir, f"replay of {source}")
+            n = 1
+            while os.path.exists(run):
+                n += 1
+                run = f"{base} ({n})"
+        else:
+            root = os.path.join(logdir, name)
+            run = os.path.join(root, f"version_{next_version(root)}")
+        # no column list of its own in the HParams tab: the live runs' stay (satmon.io.tensorboard.hparams_summaries)
+        self.sink = SummaryWriterSink(run, hparams_experiment=False)
         self._layout = False
+        self._last: Any = None  # the verdict of the highest step so far: the run's one hparams session
 
     @property
     def log_dir(self) -> str:
@@ -83,9 +138,15 @@ class TensorBoardReplay:
             scalars.pop(TAG.saturation, None)  # log_verdict writes the pooled saturation itself: once per step
         log_scalars(self.sink, scalars, step)
         if report.verdict is not None:
-            log_verdict(self.sink, report.verdict)
+            log_verdict(self.sink, report.verdict, hparams=False)
+            if self._last is None or report.verdict.step >= self._last.step:
+                self._last = report.verdict
         log_text(self.sink, TAG.replay_checkpoint, f"`{record.checkpoint}`", step)
 
     def close(self) -> None:
-        """Flush and close the run's files."""
+        """Write the hparams session (TensorBoard keeps a run's first: the last checkpoint's verdict, once), then
+        flush and close the run's files."""
+        if self._last is not None:
+            v, self._last = self._last, None
+            self.sink.hparams(verdict_hparams(v), verdict_scalars(v), v.step)
         self.sink.close()

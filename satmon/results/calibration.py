@@ -43,11 +43,15 @@ class Calibration:
         n: cells fitted on. groups: distinct group keys.
         accuracy: in-sample accuracy. loso_accuracy: leave-one-group-out accuracy. auc: AUC of the metric.
         source: what the cells were (files, ``study``). created: UTC time of the fit. path: the file read.
+        helps: cells where DyT helped (``-1``: not recorded); :attr:`no_skill` is what guessing the commoner
+            outcome scores on the cells, the baseline ``loso_accuracy`` must beat for the verdict to read as a forecast.
 
     Example:
         >>> cal = Calibration(0.45, "midpoint", "saturation", 6, 2, 1.0, 0.75, 1.0, source="mine")
         >>> cal.caveat().split(":")[0]
         'Caveat'
+        >>> Calibration(0.45, "midpoint", "saturation", 6, 2, 1.0, 0.75, 1.0, helps=2).no_skill
+        0.6666666666666666
     """
 
     threshold: float
@@ -62,6 +66,14 @@ class Calibration:
     created: str = ""
     satmon_version: str = ""
     path: str = ""
+    helps: int = -1
+
+    @property
+    def no_skill(self) -> float | None:
+        """Guessing the commoner outcome on the calibration's cells (``None`` when the file does not say how many helped)."""
+        if self.helps < 0 or self.n <= 0 or self.helps > self.n:
+            return None
+        return max(self.helps, self.n - self.helps) / self.n
 
     def caveat(self) -> str:
         """The provenance line for the verdict card."""
@@ -165,7 +177,8 @@ def calibration_from_payload(data: Mapping[str, Any], path: str | os.PathLike) -
             float(t), str(data.get("rule", "")), str(data.get("metric", "saturation")), int(data.get("n", 0)),
             int(data.get("groups", 0)), float(data.get("accuracy") or 0.0), float(data.get("loso_accuracy") or 0.0),
             math.nan if auc_value is None else float(auc_value), str(prov.get("source", "")),
-            str(prov.get("created", "")), str(prov.get("satmon_version", "")), str(path))
+            str(prov.get("created", "")), str(prov.get("satmon_version", "")), str(path),
+            int(data["helps"]) if isinstance(data.get("helps"), int) and not isinstance(data.get("helps"), bool) else -1)
     except (TypeError, ValueError, KeyError, OverflowError) as e:
         raise CalibrationError(f"Expected numbers for threshold, n, groups, accuracy, loso_accuracy and auc in {short_repr(str(path), 240)}, "
                                f"got {type(e).__name__}: {str(e)[:120]}: write the file with `satmon calibrate`.") from None

@@ -1,10 +1,13 @@
 """How a :class:`~satmon.results.verdict.Verdict` reads: its headline, its console line and its card.
 
-The headline says the decision and how far to trust it (``Verdict.trust``): the study's rule decides,
-and a flag, a window cut short, a function the study did not calibrate or a margin inside the
-inconclusive band qualify it ("do not rely on this GO"), never a bare "keep it". The card is markdown
-(TensorBoard, reports): the headline, the numbers, the trust, the reason, the flags and the caveat
-come first, then one per-layer table. :func:`plain` renders the same card for a console.
+The headline says the decision, what qualifies it, and what the rule's evidence makes of it: the
+study's rule decides; a flag, a window cut short, a function the study did not calibrate or a margin
+inside the inconclusive band qualify it; and its held-out accuracy, against guessing the commoner
+outcome, says whether the decision is "a forecast" or "a measurement, not a forecast". It gives no
+advice in the imperative: what to do is the card's and the docs' to say, beside their evidence. The
+card is markdown (TensorBoard, reports): the headline, the numbers, the trust, the reason, the flags
+and the caveat come first, then one per-layer table. :func:`plain` renders the same card for a
+console; :func:`summary` is the one console line.
 """
 
 from __future__ import annotations
@@ -12,13 +15,16 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from collections.abc import Sequence
+
+from satmon import study
 from satmon.functional.saturation import pointwise_cutoff
 from satmon.study import INCONCLUSIVE_BAND
 
 if TYPE_CHECKING:
     from satmon.results.verdict import Verdict
 
-__all__ = ["FLAG_TEXT", "TRUST_TEXT", "card", "cut_off", "headline", "plain", "summary"]
+__all__ = ["FLAG_TEXT", "TRUST_TEXT", "card", "cut_off", "evidence", "headline", "plain", "summary", "whose_rule"]
 
 #: What each flag means, in the card. Flags sit beside the study's rule; they never change the decision.
 FLAG_TEXT = {
@@ -31,7 +37,8 @@ FLAG_TEXT = {
 }
 #: What each trust value means, in the card (docs/science.md, "How far to trust a verdict").
 TRUST_TEXT = {
-    "ok": "nothing satmon measured undercuts the decision; the caveat below still applies.",
+    "ok": "the rule forecasts on held-out cells ({evidence}) and nothing satmon measured undercuts the decision; the "
+          "caveat below still applies.",
     "uncalibrated": "the screened layers apply {functions}, for which no threshold was calibrated: the study's {threshold:g} "
                     "and its collapse rule were fit on DyT (tanh) only. Read the saturation as a measurement; calibrate "
                     "a threshold on your own runs with `satmon calibrate`, or pass `threshold=`.",
@@ -40,12 +47,15 @@ TRUST_TEXT = {
                "from a checkpoint continues the window; or lower `window`.",
     "inconclusive": "the margin {margin:+.4f} is within {band:g} of the threshold, where the study's cells disagree "
                     "(0.4135 hurt, 0.4662 helped).",
+    "unproven": "{unproven} So the decision says where the saturation sits against the threshold: a measurement, not a "
+                "forecast of DyT's effect. A threshold fitted on your own runs with `satmon calibrate` whose "
+                "leave-one-group-out accuracy beats guessing the commoner outcome reads as a forecast.",
 }
 _WORD = {"go": "GO", "no-go": "NO-GO", "non-finite": "NON-FINITE"}
 
 
-def _by(v: Verdict) -> str:
-    """Whose rule decided."""
+def whose_rule(v: Verdict) -> str:
+    """Whose rule decided, in words ("by the study's rule", "by your threshold 0.3", ...)."""
     if v.threshold_source == "calibration":
         return f"by your calibration's threshold {v.threshold:g}"
     if v.threshold_source == "user":
@@ -64,33 +74,84 @@ def _qualifiers(v: Verdict) -> list[str]:
     return [words[c] for c in v.cautions if c in words]
 
 
+def evidence(v: Verdict) -> str:
+    """How well the verdict's rule was shown to predict, in a few words (the headline's last part).
+
+    Example:
+        >>> from satmon.results.verdict import build_verdict
+        >>> evidence(build_verdict({"a": (1, 2)}, step=1, source="probe"))
+        'held-out accuracy 50% vs 67% for guessing the commoner outcome'
+        >>> evidence(build_verdict({"a": (1, 2)}, step=1, source="probe", threshold=0.3, threshold_source="user"))
+        'no held-out accuracy: a threshold given without calibration'
+    """
+    held, guess = v.held_out_accuracy, v.no_skill_accuracy
+    if held is None:
+        return "no held-out accuracy: a threshold given without calibration" if v.threshold_source == "user" else (
+            "no held-out accuracy recorded for this threshold")
+    if guess is None:
+        return f"held-out accuracy {held:.0%}, no baseline recorded to compare it with"
+    return f"held-out accuracy {held:.0%} vs {guess:.0%} for guessing the commoner outcome"
+
+
+def _unproven_text(v: Verdict) -> str:
+    """Why the rule is no forecast, with its figures (the ``unproven`` trust text)."""
+    if v.threshold_source == "study":
+        text = (f"the study's {v.threshold:g} was right on {study.HELD_OUT_ACCURACY:.0%} of its cells when each model scale "
+                f"was held out ({study.HELD_OUT_PROTOCOL}), where guessing the commoner outcome gets "
+                f"{study.NO_SKILL_ACCURACY:.0%}; on satmon 0.3's CPU grid the 500-step window's reading got "
+                f"{study.GRID_HELD_OUT_ACCURACY:.0%} held out, as always saying NO-GO ({study.GRID_NO_SKILL_ACCURACY:.0%}).")
+        if study.FAITHFUL_GRID_HELD_OUT_ACCURACY is not None:
+            text += (f" On the faithful CPU grid: {study.FAITHFUL_GRID_HELD_OUT_ACCURACY:.0%} held out"
+                     + (f" vs {study.FAITHFUL_GRID_NO_SKILL_ACCURACY:.0%} for guessing the commoner outcome"
+                        if study.FAITHFUL_GRID_NO_SKILL_ACCURACY is not None else "") + ".")
+        if study.FAITHFUL_GRID_FINDING:
+            text += f" {study.FAITHFUL_GRID_FINDING}"
+        return text
+    if v.threshold_source == "user":
+        return (f"the threshold {v.threshold:g} was given without a calibration, so nothing shows how well it predicts "
+                "(`calibration=` a file of `satmon calibrate` carries its held-out accuracy).")
+    return f"your calibration's threshold {v.threshold:g} has {evidence(v)}."
+
+
 def _nonfinite_what(v: Verdict) -> str:
     # ``nonfinite`` counts non-finite DyT inputs and alphas together: the headline names both
     parts = (["DyT inputs or alphas"] if v.nonfinite else []) + (["weights"] if v.nonfinite_weights else [])
     return " and ".join(parts) or "DyT inputs or alphas"
 
 
-def headline(v: Verdict, markdown: bool = False, advice: bool = True) -> str:
-    """The decision and how far to trust it, in one line (the card's title; ``markdown`` bolds the decision).
+def headline(v: Verdict, markdown: bool = False) -> str:
+    """The decision, what qualifies it and how well its rule predicts, in one line (the card's title;
+    ``markdown`` bolds the decision). Never advice in the imperative.
 
-    ``advice=False`` leaves out the advice of an unqualified decision ("keep it", "switch back"): the
-    console line keeps it short. A qualified decision always says "do not rely on this <decision>".
+    Its words follow the evidence: a rule whose held-out accuracy beats guessing the commoner outcome gives
+    "a forecast" (with what it forecasts, when nothing qualifies it; "not a reliable forecast" when something
+    does); any other rule gives "a measurement, not a forecast". The held-out accuracy ends the line.
+
+    Example:
+        >>> from satmon.results.verdict import build_verdict
+        >>> headline(build_verdict({"a": (1, 2)}, step=1, source="probe", threshold=0.4, threshold_source="calibration",
+        ...                        held_out_accuracy=0.8, no_skill_accuracy=0.6))
+        "GO by your calibration's threshold 0.4: a forecast, DyT expected to act as a regulariser here (held-out accuracy 80% vs 60% for guessing the commoner outcome)"
     """
     word = _WORD[v.decision]
     shown = f"**{word}**" if markdown else word
     if v.decision == "non-finite":
-        return f"{shown}: NaN/inf in the {_nonfinite_what(v)}: the run diverged; fix that before judging the norm"
-    head = f"{shown} {_by(v)}" + (" (collapse risk)" if v.collapse_risk else "")
+        return f"{shown}: NaN/inf in the {_nonfinite_what(v)}: the run diverged, and the saturation rule does not apply"
+    head = f"{shown} {whose_rule(v)}" + (" (collapse risk)" if v.collapse_risk else "")
     quals = _qualifiers(v)
     if quals:
-        return f"{head}, {', '.join(quals)}: do not rely on this {word}"
-    if not advice:
-        return head
-    if v.collapse_risk:
-        return f"{head}: DyT feeds a gated MLP and saturates; switch back to RMSNorm/LayerNorm"
-    if v.go:
-        return f"{head}: DyT acts as a useful regulariser here; keep it"
-    return f"{head}: DyT looks like a convergence penalty here; switch back to LayerNorm"
+        head += ", " + ", ".join(quals)
+    if not v.forecast:
+        reading = "a measurement, not a forecast"
+    elif quals:
+        reading = "not a reliable forecast"
+    elif v.collapse_risk:
+        reading = "a forecast, collapse expected (DyT feeds a gated MLP and saturates)"
+    elif v.go:
+        reading = "a forecast, DyT expected to act as a regulariser here"
+    else:
+        reading = "a forecast, DyT expected to cost convergence here"
+    return f"{head}: {reading} ({evidence(v)})"
 
 
 def _where(v: Verdict) -> str:
@@ -99,11 +160,20 @@ def _where(v: Verdict) -> str:
     return f"{v.source} at step {v.step})"
 
 
-def summary(v: Verdict) -> str:
-    """One console line: the decision and its trust, the saturation against the threshold, margin, window."""
+def summary(v: Verdict, where: Sequence[str] | None = None) -> str:
+    """One console line: the decision and its trust, the saturation against the threshold, margin, window, and
+    ``where`` the card went (``None``: not said; empty: nowhere)."""
     op = ">=" if v.saturation >= v.threshold else "<"
-    return (f"satmon verdict: {headline(v, advice=False)}  saturation {v.saturation:.4f} {op} threshold {v.threshold:g} "
+    if v.decision == "non-finite":
+        head = f"NON-FINITE (NaN/inf in the {_nonfinite_what(v)}: the run diverged)"
+    else:
+        qualified = v.trust + (f": {', '.join(v.flags)}" if v.trust == "flagged" else "")
+        head = f"{_WORD[v.decision]} {whose_rule(v)}" + (" (collapse risk)" if v.collapse_risk else "") + f" (trust: {qualified})"
+    line = (f"satmon verdict: {head}, saturation {v.saturation:.4f} {op} threshold {v.threshold:g} "
             f"(margin {v.margin:+.4f}, " + _where(v))
+    if where is None:
+        return line
+    return line + "; card: " + (", ".join(where) if where else "not written anywhere (no logger, no logdir)")
 
 
 def card(v: Verdict) -> str:
@@ -159,9 +229,13 @@ def cut_off(v: Verdict) -> str:
 def _trust_line(v: Verdict) -> str:
     """``Trust: **<trust>**: what it means``, then each further caution in a sentence of its own."""
     if not v.cautions:
-        return f"Trust: **ok**: {TRUST_TEXT['ok']}"
+        if v.decision == "non-finite":
+            return "Trust: **ok**: NaN/inf is a fact of the run, not a call of the rule."
+        return f"Trust: **ok**: {TRUST_TEXT['ok'].format(evidence=evidence(v))}"
     values = {"functions": ", ".join(v.uncalibrated_functions), "threshold": v.threshold, "window": v.window,
               "planned": v.planned_window, "margin": v.margin, "band": INCONCLUSIVE_BAND}
+    if "unproven" in v.cautions:
+        values["unproven"] = _unproven_text(v)[0].upper() + _unproven_text(v)[1:]
     first, *more = v.cautions
     line = f"Trust: **{first}**" + (f" (also {', '.join(more)})" if more else "") + f": {TRUST_TEXT[first].format(**values)}"
     return line + "".join(f" {c.capitalize()}: {TRUST_TEXT[c].format(**values)}" for c in more)

@@ -46,6 +46,9 @@ class Rule:
         caveat: the card's provenance line.
         threshold_source: ``"study"`` (the study's 0.43 and caveat), ``"user"`` (a threshold or caveat the user
             gave) or ``"calibration"`` (a ``calibration.json``'s).
+        held_out_accuracy, no_skill_accuracy: how well the threshold was shown to predict on cells it was not
+            fit on, and guessing the commoner outcome there (a calibration's; ``None`` with the study's: the
+            verdict takes the study's figures; ``None`` with a user's: no evidence).
 
     Example:
         >>> from satmon import Settings
@@ -57,18 +60,18 @@ class Rule:
     collapse_threshold: float = COLLAPSE_THRESHOLD
     caveat: str = CAVEAT
     threshold_source: str = "study"
+    held_out_accuracy: float | None = None
+    no_skill_accuracy: float | None = None
 
     @classmethod
     def of(cls, settings: Any) -> Rule:
         """The rule of a :class:`satmon.Settings` (read by attribute: ``threshold``, ``collapse_threshold``,
         ``caveat``, ``calibration``). The study's 0.43 with the study's caveat is the study's, whoever typed it."""
         threshold, caveat = float(settings.threshold), settings.caveat or CAVEAT
-        if settings.calibration is not None:
-            source = "calibration"
-        elif threshold != THRESHOLD or caveat != CAVEAT:
-            source = "user"
-        else:
-            source = "study"
+        cal = settings.calibration
+        if cal is not None:
+            return cls(threshold, float(settings.collapse_threshold), caveat, "calibration", cal.loso_accuracy, cal.no_skill)
+        source = "user" if threshold != THRESHOLD or caveat != CAVEAT else "study"
         return cls(threshold, float(settings.collapse_threshold), caveat, source)
 
 
@@ -192,4 +195,5 @@ def verdict_of(reading: Reading, rule: Rule | None = None) -> Verdict | None:
         notes=[*r.notes, *refused], loss=r.loss, offset=r.offset, offset_flag=bool(r.offset) and r.offset_driven,
         caveat=rule.caveat, nonfinite_weights=r.nonfinite_weights, offset_every=r.offset_every,
         functions=[r.functions.get(n, "tanh") for n in r.counts], threshold_source=rule.threshold_source,
+        held_out_accuracy=rule.held_out_accuracy, no_skill_accuracy=rule.no_skill_accuracy,
     )

@@ -9,7 +9,9 @@ by :func:`build_verdict` from per-layer counts; the screening paths reach it thr
 
 Two fields say what the verdict is worth: ``decision`` is the study's rule, always (scripts that read
 it keep their contract), and ``trust`` says how far to rely on it (:data:`TRUST`): ``"ok"``, or the
-first of ``cautions``, the qualifications that apply, most serious first.
+first of ``cautions``, the qualifications that apply, most serious first. How well the rule itself was
+shown to predict is ``held_out_accuracy`` against ``no_skill_accuracy``: a rule that does not beat
+guessing the commoner outcome gives a measurement, not a forecast (trust ``"unproven"``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from satmon.results import card as verdict_card
 from satmon.results.card import FLAG_TEXT
 from satmon.results.frozen import FrozenMap, freeze, thaw
 from satmon.results.gating import GatingInfo
-from satmon.study import CAVEAT, COLLAPSE_THRESHOLD, INCONCLUSIVE_BAND, LEVEL, THRESHOLD
+from satmon.study import CAVEAT, COLLAPSE_THRESHOLD, HELD_OUT_ACCURACY, INCONCLUSIVE_BAND, LEVEL, NO_SKILL_ACCURACY, THRESHOLD
 
 __all__ = [
     "CAVEAT", "FLAG_TEXT", "INCONCLUSIVE_BAND", "THRESHOLD_SOURCES", "TRUST", "Decision", "GatingInfo", "LayerCounts", "Source",
@@ -31,15 +33,18 @@ __all__ = [
 ]
 
 Decision = Literal["go", "no-go", "non-finite"]
-Trust = Literal["ok", "uncalibrated", "flagged", "partial", "inconclusive"]
+Trust = Literal["ok", "uncalibrated", "flagged", "partial", "inconclusive", "unproven"]
 #: What ``Verdict.trust`` can say, most serious first: the order in which ``cautions`` are listed and
 #: the one ``trust`` names. ``"ok"``: nothing undercuts the decision. ``"uncalibrated"``: a layer applies a
 #: point-wise function the study did not calibrate (not tanh) and the threshold is the study's (give your own
 #: ``threshold=`` or ``calibration=``). ``"flagged"``: a flag (offset-driven, stalled-loss) says the saturation is
 #: not the regulariser the rule reads. ``"partial"``: training ended before the window closed; the verdict is
 #: provisional (a resume from a checkpoint finishes the window). ``"inconclusive"``: ``|margin|`` is within
-#: :data:`~satmon.study.INCONCLUSIVE_BAND`. A ``"non-finite"`` decision is a fact, not a rule's call: its trust is ``"ok"``.
-TRUST: tuple[str, ...] = ("ok", "uncalibrated", "flagged", "partial", "inconclusive")
+#: :data:`~satmon.study.INCONCLUSIVE_BAND`. ``"unproven"``: the rule was not shown to predict DyT's effect on cells it
+#: was not fit on (its held-out accuracy does not beat guessing the commoner outcome, or it has none: the study's 0.43,
+#: a threshold given without calibration): the decision is a measurement, not a forecast. It comes last: it says
+#: nothing about this run, only about the rule. A ``"non-finite"`` decision is a fact, not a rule's call: its trust is ``"ok"``.
+TRUST: tuple[str, ...] = ("ok", "uncalibrated", "flagged", "partial", "inconclusive", "unproven")
 #: Whose threshold the decision used: the study's 0.43 (and caveat), one the user gave, or a calibration's.
 THRESHOLD_SOURCES: tuple[str, ...] = ("study", "user", "calibration")
 #: The point-wise function the study's threshold was calibrated for (DyT's).
@@ -82,8 +87,8 @@ class Verdict:
     """What a screen concluded. Made only by :func:`build_verdict`; immutable.
 
     Attributes:
-        decision: the study's rule: ``"go"`` (DyT acts as a regulariser), ``"no-go"`` (convergence penalty, or
-            collapse risk in a gated model: switch back to LayerNorm/RMSNorm), or ``"non-finite"`` (DyT inputs,
+        decision: the study's rule: ``"go"`` (saturation at or above the threshold: the study's regulariser regime),
+            ``"no-go"`` (below it: the convergence-penalty regime; or collapse risk in a gated model), or ``"non-finite"`` (DyT inputs,
             alphas or the model's weights held NaN/inf: the run diverged; the saturation rule does not apply).
             ``trust`` says how far to rely on it.
         saturation: pooled fraction of DyT input elements with ``|alpha * x| > level``.
@@ -121,6 +126,10 @@ class Verdict:
         threshold_source: whose threshold the decision used (:data:`THRESHOLD_SOURCES`).
         trust: how far to rely on the decision (:data:`TRUST`): ``"ok"`` or the first of ``cautions``.
         cautions: every qualification that applies, most serious first (empty when ``trust == "ok"``).
+        held_out_accuracy: how often the rule (its threshold) was right on cells it was not fit on: the study's
+            leave-one-scale-out (:data:`satmon.study.HELD_OUT_ACCURACY`), a calibration's leave-one-group-out;
+            ``None``: no such evidence (a threshold given without calibration).
+        no_skill_accuracy: guessing the commoner outcome on the same cells (what a forecast must beat); ``None``: unknown.
 
     Mappings are read-only (:class:`~satmon.results.frozen.FrozenMap`) and sequences tuples, also when
     a verdict is made with :func:`dataclasses.replace`; :meth:`to_dict` gives plain ``dict`` and ``list``.
@@ -131,8 +140,8 @@ class Verdict:
         ('go', True, 'window', True)
         >>> v.per_layer == {"ln_f": 0.45}, type(v.to_dict()["per_layer"]).__name__
         (True, 'dict')
-        >>> v.trust, build_verdict({"ln_f": LayerCounts(45, 100)}, step=3, window=3, planned_window=500).trust
-        ('ok', 'partial')
+        >>> v.trust, v.forecast, build_verdict({"ln_f": LayerCounts(45, 100)}, step=3, window=3, planned_window=500).trust
+        ('unproven', False, 'partial')
     """
 
     decision: Decision
@@ -166,6 +175,8 @@ class Verdict:
     threshold_source: str = "study"
     trust: str = "ok"
     cautions: tuple[str, ...] = ()
+    held_out_accuracy: float | None = None
+    no_skill_accuracy: float | None = None
 
     def __post_init__(self) -> None:
         for name in _CONTAINERS:
@@ -181,6 +192,11 @@ class Verdict:
         return _partial(self.source, self.window, self.planned_window)
 
     @property
+    def forecast(self) -> bool:
+        """Whether the rule was shown to predict: its held-out accuracy beats guessing the commoner outcome."""
+        return _forecast(self.held_out_accuracy, self.no_skill_accuracy)
+
+    @property
     def uncalibrated_functions(self) -> tuple[str, ...]:
         """The screened point-wise functions the study calibrated no threshold for (every one but tanh)."""
         return tuple(f for f in self.functions if f != CALIBRATED_FUNCTION)
@@ -192,15 +208,32 @@ class Verdict:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Verdict:
-        """Read back :meth:`to_dict` (also a v0.1 dict: a probe was ``window == 0`` there)."""
+        """Read back :meth:`to_dict` (also a v0.1 dict: a probe was ``window == 0`` there).
+
+        A verdict saved before the rule's held-out evidence was recorded (satmon 0.2 and 0.3, whose trust could
+        read ``"ok"`` under the study's threshold) gets that evidence by whose threshold it used (the study's
+        figures; none for a user's or a calibration's, which those files did not keep), and its trust is read
+        again from its fields: an old "ok" under the study's 0.43 loads as ``"unproven"``.
+
+        Example:
+            >>> old = build_verdict({"ln_f": (5, 10)}, step=500, window=500).to_dict()
+            >>> for key in ("held_out_accuracy", "no_skill_accuracy", "cautions"):
+            ...     del old[key]
+            >>> old["trust"] = "ok"  # as satmon 0.3 saved it
+            >>> Verdict.from_dict(old).trust
+            'unproven'
+        """
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         known.setdefault("source", Source.WINDOW.value if known.get("window", 0) > 0 else Source.PROBE.value)
         known.setdefault("planned_window", known.get("window", 0))
-        if "trust" not in known:  # a 0.2 verdict: its qualifications, read from its fields
+        if "held_out_accuracy" not in d or "trust" not in d:  # 0.2 or 0.3: evidence and qualifications from its fields
+            source = known.get("threshold_source", "study")
+            known["held_out_accuracy"], known["no_skill_accuracy"] = _evidence(
+                source, known.get("held_out_accuracy"), known.get("no_skill_accuracy"))
             known["cautions"] = _cautions(
-                known["decision"], tuple(known.get("functions", ())), known.get("threshold_source", "study"),
+                known["decision"], tuple(known.get("functions", ())), source,
                 tuple(known.get("flags", ())), _partial(known["source"], known.get("window", 0), known["planned_window"]),
-                bool(known.get("inconclusive")))
+                bool(known.get("inconclusive")), _forecast(known["held_out_accuracy"], known["no_skill_accuracy"]))
             known["trust"] = known["cautions"][0] if known["cautions"] else "ok"
         return cls(**known)  # lists and dicts are frozen by __post_init__
 
@@ -209,19 +242,22 @@ class Verdict:
 
         Example:
             >>> build_verdict({"a": LayerCounts(3, 10)}, step=3, window=3, planned_window=10).headline()
-            "NO-GO by the study's rule, partial window (3 of 10 steps): do not rely on this NO-GO"
+            "NO-GO by the study's rule, partial window (3 of 10 steps): a measurement, not a forecast (held-out accuracy 50% vs 67% for guessing the commoner outcome)"
         """
         return verdict_card.headline(self)
 
-    def summary(self) -> str:
-        """One console line: the decision, how far to trust it, the numbers.
+    def summary(self, where: Sequence[str] | None = None) -> str:
+        """One console line: the decision and how far to trust it, the saturation against the threshold, and
+        ``where`` the card went (each place a sink named; ``None``: not said).
 
         Example:
             >>> v = build_verdict({"a": LayerCounts(1, 2)}, step=500, window=500)
             >>> v.summary()
-            "satmon verdict: GO by the study's rule  saturation 0.5000 >= threshold 0.43 (margin +0.0700, window 500 steps)"
+            "satmon verdict: GO by the study's rule (trust: unproven), saturation 0.5000 >= threshold 0.43 (margin +0.0700, window 500 steps)"
+            >>> v.summary(["tb/version_0 (TensorBoard, Text tab: satmon/verdict)"]).split("; ")[-1]
+            'card: tb/version_0 (TensorBoard, Text tab: satmon/verdict)'
         """
-        return verdict_card.summary(self)
+        return verdict_card.summary(self, where)
 
     def card(self) -> str:
         """The verdict as a markdown card (TensorBoard text, reports); :meth:`text` is the console's.
@@ -229,7 +265,7 @@ class Verdict:
         Example:
             >>> v = build_verdict({"blocks.0.ln_1": LayerCounts(1, 10), "ln_f": LayerCounts(5, 10)}, step=500, window=500)
             >>> print(v.card().splitlines()[0])
-            ### satmon verdict: **NO-GO** by the study's rule: DyT looks like a convergence penalty here; switch back to LayerNorm
+            ### satmon verdict: **NO-GO** by the study's rule: a measurement, not a forecast (held-out accuracy 50% vs 67% for guessing the commoner outcome)
         """
         return verdict_card.card(self)
 
@@ -239,7 +275,7 @@ class Verdict:
         Example:
             >>> v = build_verdict({"ln_f": LayerCounts(5, 10)}, step=500, window=500)
             >>> print(v.text().splitlines()[0])
-            satmon verdict: GO by the study's rule: DyT acts as a useful regulariser here; keep it
+            satmon verdict: GO by the study's rule: a measurement, not a forecast (held-out accuracy 50% vs 67% for guessing the commoner outcome)
         """
         return verdict_card.plain(verdict_card.card(self))
 
@@ -265,10 +301,10 @@ def _rule(saturation: float, threshold: float, gated: bool | None, collapse_thre
             f"collapse risk: DyT feeds a gated MLP and pooled saturation {saturation:.4f} >= {collapse_threshold:g} "
             "(the study flagged 4/4 collapses at this level, 0/5 false alarms)"), True
     if saturation >= threshold:
-        return "go", (f"pooled saturation {saturation:.4f} >= {threshold:g}: DyT bounds activations enough to act "
-                      "as a regulariser"), collapse
-    return "no-go", (f"pooled saturation {saturation:.4f} < {threshold:g}: DyT is expected to slow convergence; "
-                     "LayerNorm is the safer choice"), collapse
+        return "go", (f"pooled saturation {saturation:.4f} >= {threshold:g}: the regime where, in the study's cells, DyT "
+                      "bounded activations enough to act as a regulariser"), collapse
+    return "no-go", (f"pooled saturation {saturation:.4f} < {threshold:g}: the regime where, in the study's cells, DyT "
+                     "slowed convergence against LayerNorm"), collapse
 
 
 def build_verdict(
@@ -292,6 +328,8 @@ def build_verdict(
     offset_every: int = 0,
     functions: Sequence[str] = (),
     threshold_source: str = "study",
+    held_out_accuracy: float | None = None,
+    no_skill_accuracy: float | None = None,
 ) -> Verdict | None:
     """Build the verdict from per-layer counts: the one place a :class:`Verdict` is made.
 
@@ -303,7 +341,8 @@ def build_verdict(
 
     Trust (:data:`TRUST`): the decision stays the rule's; ``cautions`` lists what undercuts it, most
     serious first (an uncalibrated function with the study's threshold, a flag, a window cut short, a
-    margin within the inconclusive band), and ``trust`` is the first of them, or ``"ok"``.
+    margin within the inconclusive band, a rule not shown to predict held out), and ``trust`` is the first of
+    them, or ``"ok"``.
 
     Args:
         counts: layer name -> :class:`LayerCounts` (or a ``(saturated, total[, nonfinite])`` tuple).
@@ -327,6 +366,9 @@ def build_verdict(
         functions: the screened layers' point-wise functions (``"tanh"``, ``"erf"``, ``"hardtanh"``).
         threshold_source: whose threshold this is (:data:`THRESHOLD_SOURCES`): with ``"study"`` and a
             function other than tanh the verdict is ``"uncalibrated"``.
+        held_out_accuracy, no_skill_accuracy: how well the threshold was shown to predict (a calibration's
+            leave-one-group-out accuracy, and guessing the commoner outcome on its cells); with ``"study"`` and
+            ``None``, the study's (:data:`satmon.study.HELD_OUT_ACCURACY`, :data:`satmon.study.NO_SKILL_ACCURACY`).
 
     Returns:
         The verdict, or ``None`` when no element was counted.
@@ -341,6 +383,10 @@ def build_verdict(
         'non-finite'
         >>> build_verdict({"x": (5, 10)}, step=9, source="probe", functions=("erf",)).trust
         'uncalibrated'
+        >>> mine = build_verdict({"x": (5, 10)}, step=9, source="probe", threshold=0.45, threshold_source="calibration",
+        ...                      held_out_accuracy=0.83, no_skill_accuracy=0.58)
+        >>> mine.trust, mine.forecast
+        ('ok', True)
     """
     if threshold_source not in THRESHOLD_SOURCES:
         raise ValueError(f"Expected `threshold_source` in {THRESHOLD_SOURCES}, got {threshold_source!r}.")
@@ -368,7 +414,9 @@ def build_verdict(
         flags.append("offset-driven")
     functions = tuple(dict.fromkeys(str(f) for f in functions))  # each once, in layer order
     inconclusive = abs(margin) < INCONCLUSIVE_BAND
-    cautions = _cautions(decision, functions, threshold_source, tuple(flags), _partial(source, window, planned), inconclusive)
+    held_out, no_skill = _evidence(threshold_source, held_out_accuracy, no_skill_accuracy)
+    cautions = _cautions(decision, functions, threshold_source, tuple(flags), _partial(source, window, planned), inconclusive,
+                         _forecast(held_out, no_skill))
     return Verdict(
         decision=decision, saturation=float(saturation), threshold=float(threshold), margin=float(margin),
         per_layer={k: c.saturated / c.total for k, c in rows.items() if c.total}, step=int(step), window=int(window),
@@ -380,6 +428,7 @@ def build_verdict(
         notes=tuple(notes), caveat=caveat or CAVEAT, loss=loss or {}, flags=tuple(flags), offset=offset or {},
         nonfinite_weights=sum(weights.values()), offset_every=int(offset_every), functions=functions,
         threshold_source=threshold_source, trust=cautions[0] if cautions else "ok", cautions=cautions,
+        held_out_accuracy=held_out, no_skill_accuracy=no_skill,
     )
 
 
@@ -388,8 +437,20 @@ def _partial(source: str, window: int, planned_window: int) -> bool:
     return source == Source.WINDOW.value and 0 < window < planned_window
 
 
+def _evidence(threshold_source: str, held_out: float | None, no_skill: float | None) -> tuple[float | None, float | None]:
+    """The rule's held-out evidence: as given, or the study's for its own threshold."""
+    if threshold_source == "study" and held_out is None and no_skill is None:
+        return HELD_OUT_ACCURACY, NO_SKILL_ACCURACY
+    return (None if held_out is None else float(held_out)), (None if no_skill is None else float(no_skill))
+
+
+def _forecast(held_out: float | None, no_skill: float | None) -> bool:
+    """A rule forecasts when its held-out accuracy beats guessing the commoner outcome on the same cells."""
+    return held_out is not None and no_skill is not None and held_out > no_skill
+
+
 def _cautions(decision: str, functions: tuple[str, ...], threshold_source: str, flags: tuple[str, ...], partial: bool,
-              inconclusive: bool) -> tuple[str, ...]:
+              inconclusive: bool, forecast: bool) -> tuple[str, ...]:
     """What undercuts a decision, most serious first (:data:`TRUST`); nothing for a non-finite one (a fact)."""
     if decision == "non-finite":
         return ()
@@ -398,5 +459,6 @@ def _cautions(decision: str, functions: tuple[str, ...], threshold_source: str, 
         "flagged": bool(flags),
         "partial": partial,
         "inconclusive": inconclusive,
+        "unproven": not forecast,
     }
     return tuple(t for t in TRUST if found.get(t))

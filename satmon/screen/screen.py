@@ -95,7 +95,8 @@ class Screen:
         agreement: how ranks agree (default: ``torch.distributed`` when initialised, else one process).
         info: where console lines go (default: print to stdout on rank zero).
         warn: where warnings go (default: ``warnings.warn``).
-        verbose: print the verdict (its plain-text card, :meth:`Verdict.text`) when it is made, once.
+        verbose: when the verdict is made, print its plain-text card (:meth:`Verdict.text`) instead of the one line
+            printed by default (:meth:`Verdict.summary`: decision, trust, saturation vs threshold, where the card went).
         log_every_n_steps: how often the running saturation is logged (and read from the device).
 
     Example:
@@ -113,7 +114,7 @@ class Screen:
 
     def __init__(self, settings: Settings | None = None, *, sink: Sink | None = None, logdir: str | PathLike | None = None,
                  agreement: Agreement | None = None, info: Callable[[str], None] | None = None,
-                 warn: Callable[[str], None] | None = None, verbose: bool = True, log_every_n_steps: int = 50,
+                 warn: Callable[[str], None] | None = None, verbose: bool = False, log_every_n_steps: int = 50,
                  **options: Any) -> None:
         self.settings = settings_from(settings, options, owner="Screen", own=_OWN, hint="A model without DyT gets no "
                                       "screen and a warning; there is no on_missing option here.")
@@ -408,9 +409,9 @@ class Screen:
             self.warn(f"satmon: no DyT input was counted in the window ({self.steps_seen} steps): no verdict.")
             return None
         tb.log_scalars(self.sink, {**running_scalars(counts, list(reading.counts)), **tb.offset_scalars(reading.offset)}, step)
-        tb.log_verdict(self.sink, verdict)
-        if self.verbose:
-            self.info("\n" + verdict.text() + "\n")
+        where = tb.log_verdict(self.sink, verdict)
+        # one line by default (decision, trust, saturation vs threshold, where the card went); the card with verbose
+        self.info("\n" + verdict.text() + "\n" if self.verbose else verdict.summary(where))
         self.status = "verdict made" if not partial else "provisional verdict made (training ended before the window closed)"
         return verdict
 

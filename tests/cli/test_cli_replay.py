@@ -116,7 +116,7 @@ def test_replay_matches_float64_reference_and_tensorboard(run, tmp_path, capsys)
     assert [e.step for e in acc.Scalars("satmon_saturation/model.ln_f")] == [3, 6, 9]
     assert [e.step for e in acc.Scalars("satmon_sigma_min/min_ratio")] == [3, 6, 9]
     assert [e.step for e in acc.Tensors("satmon/verdict")] == [3, 6, 9]
-    assert [e.step for e in acc.Tensors("satmon/replay/checkpoint")] == [3, 6, 9]
+    assert [e.step for e in acc.Tensors("satmon/verdict_checkpoint")] == [3, 6, 9]
     assert "| step" in out and "| non-finite" in out and "zz-first.ckpt" in out  # the console summary
 
 

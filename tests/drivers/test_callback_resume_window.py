@@ -61,7 +61,7 @@ def test_a_window_cut_short_is_provisional_and_its_checkpoint_keeps_the_counts(c
     monitor, tmp, said, rec = cut_short
     v = monitor.verdict
     assert v.partial and v.trust == "partial" and (v.window, v.planned_window, v.step) == (8, WINDOW, 8)
-    assert "partial window (8 of 16 steps): do not rely on this" in monitor.card()
+    assert "partial window (8 of 16 steps): a measurement, not a forecast" in monitor.card()
     assert any("the verdict is provisional" in w for w in said)
     state = torch.load(tmp / "after_fit.ckpt", map_location="cpu", weights_only=False)["callbacks"][monitor.state_key]
     ref = rec.counts()

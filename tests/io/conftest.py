@@ -20,8 +20,20 @@ def accumulate(path: str | Path) -> event_accumulator.EventAccumulator:
 
 
 def scalars(ea: event_accumulator.EventAccumulator, tag: str) -> list[tuple[int, float]]:
-    """``[(step, value)]`` in write order, as TensorBoard stored them (float32)."""
-    return [(e.step, e.value) for e in ea.Scalars(tag)]
+    """``[(step, value)]`` in write order, as TensorBoard stored them (float32): an ``add_scalar`` series, or one in
+    the scalar plugin's tensor form (a described tag)."""
+    if tag in ea.Tags()["scalars"]:
+        return [(e.step, e.value) for e in ea.Scalars(tag)]
+    from tensorboard.util import tensor_util
+
+    assert ea.SummaryMetadata(tag).plugin_data.plugin_name == "scalars", f"{tag} holds no scalar"
+    return [(e.step, float(tensor_util.make_ndarray(e.tensor_proto).astype("float32"))) for e in ea.Tensors(tag)]
+
+
+def scalar_tags(ea: event_accumulator.EventAccumulator) -> list[str]:
+    """Every scalar tag, in either form (TensorBoard's Scalars tab shows both)."""
+    tensors = [t for t in ea.Tags()["tensors"] if ea.SummaryMetadata(t).plugin_data.plugin_name == "scalars"]
+    return [*ea.Tags()["scalars"], *tensors]
 
 
 def text(ea: event_accumulator.EventAccumulator, tag: str) -> list[tuple[int, str]]:
@@ -55,17 +67,19 @@ def hparams_view(log_root: str | Path) -> dict:
 def hparams_sessions(log_root: str | Path) -> list[dict]:
     """Every hparams session TensorBoard shows under ``log_root``: its run, its hyper-parameters as
     ``{key: (kind, value)}`` (``kind``: the protobuf field set, ``string_value`` or ``number_value``),
-    its metric tags and the discrete domains it declares."""
+    its metric tags and the discrete domains its run's column list declares (none without one: ``experiment``)."""
     mux = event_multiplexer.EventMultiplexer(size_guidance=GUIDANCE).AddRunsFromDirectory(str(log_root))
     mux.Reload()
     out = []
     for run, tags in mux.PluginRunToTagToContent("hparams").items():
         start = plugin_data_pb2.HParamsPluginData.FromString(tags["_hparams_/session_start_info"]).session_start_info
-        exp = plugin_data_pb2.HParamsPluginData.FromString(tags["_hparams_/experiment"]).experiment
+        has_exp = "_hparams_/experiment" in tags  # a replay's session comes without the column list
+        exp = plugin_data_pb2.HParamsPluginData.FromString(tags.get("_hparams_/experiment", b"")).experiment
         hp = {k: (v.WhichOneof("kind"), getattr(v, v.WhichOneof("kind"))) for k, v in start.hparams.items()}
         domains = {h.name: [getattr(v, v.WhichOneof("kind")) for v in h.domain_discrete.values]
                    for h in exp.hparam_infos if h.HasField("domain_discrete")}
-        out.append({"run": run, "hparams": hp, "metrics": [m.name.tag for m in exp.metric_infos], "domains": domains})
+        out.append({"run": run, "hparams": hp, "metrics": [m.name.tag for m in exp.metric_infos], "domains": domains,
+                    "experiment": has_exp})
     return out
 
 
@@ -73,5 +87,5 @@ def hparams_sessions(log_root: str | Path) -> list[dict]:
 def tb() -> SimpleNamespace:
     """The reference reader's functions (``tb.accumulate``, ``tb.scalars``, ``tb.text``, ``tb.hparams_sessions``,
     ``tb.hparams_view``)."""
-    return SimpleNamespace(accumulate=accumulate, scalars=scalars, text=text, hparams_sessions=hparams_sessions,
-                           hparams_view=hparams_view)
+    return SimpleNamespace(accumulate=accumulate, scalars=scalars, scalar_tags=scalar_tags, text=text,
+                           hparams_sessions=hparams_sessions, hparams_view=hparams_view)

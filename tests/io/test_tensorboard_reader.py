@@ -38,10 +38,10 @@ def written(tmp_path_factory) -> tuple[Path, Path, object]:
 def test_reader_equals_tensorboards_event_accumulator(written, tb):
     root, log_dir, _ = written
     runs, looked = load_runs(root)
-    assert looked == 1 and [r.path for r in runs] == [log_dir]  # the satmon_hparams sub-run is no run of its own
+    assert looked == 1 and [r.path for r in runs] == [log_dir]  # one run per run
     run = runs[0]
     ea = tb.accumulate(log_dir)
-    satmon_tags = [t for t in ea.Tags()["scalars"] if TAG.is_satmon(t)]
+    satmon_tags = [t for t in tb.scalar_tags(ea) if TAG.is_satmon(t)]
     assert sorted(run.scalars) == sorted(satmon_tags) and "loss" not in run.scalars
     for tag in satmon_tags:
         assert run.scalars[tag] == [(s, float(v)) for s, v in tb.scalars(ea, tag)], tag
@@ -54,7 +54,7 @@ def test_reader_values_steps_and_views(written):
     assert run.scalars["Satmon/saturation"] == [(2, 0.25), (4, 0.375), (6, 0.375)]  # the verdict writes the pooled value too
     assert run.scalars["satmon_alpha/ln_f"] == [(2, 1.5), (4, 1.25)]
     assert run.scalars["Satmon/nonfinite"] == [(2, 0.0), (4, 1.0)]
-    assert run.scalars["Satmon/verdict"] == [(6, -1.0)] and run.decision() == "non-finite"
+    assert run.scalars["Satmon/decision"] == [(6, -1.0)] and run.decision() == "non-finite"
     assert run.verdict_saturation() == 0.375 == verdict.saturation  # 3 of 8 elements, written at the verdict step
     assert run.last_text(TAG.verdict_text) == verdict.card() and f"Note: {NOTE}" in verdict.card()
     assert run.last_text(TAG.replay_checkpoint) is None
@@ -87,8 +87,28 @@ def test_run_dirs(written, tmp_path):
     root, log_dir, _ = written
     event = next(log_dir.glob("events.out.tfevents.*"))
     assert run_dirs(event) == [log_dir]
+    with SummaryWriter(str(log_dir / TAG.hparams_run)) as w:  # satmon 0.3's hparams sub-run: no run of its own
+        w.add_scalar("Satmon/verdict", 1.0, 6)
+    assert run_dirs(log_dir) == [log_dir]
     assert run_dirs(log_dir / TAG.hparams_run) == [log_dir / TAG.hparams_run]  # only a sub-run: read it
     assert load_runs(tmp_path) == ([], 0)
+
+
+def test_a_0_3_run_reads_with_todays_names(tmp_path):
+    """satmon 0.3 wrote the decision as Satmon/verdict, the collapse risk in the summary group and a replay's texts
+    under satmon/replay/: read back, they have the names 0.4 writes."""
+    from satmon.io.tensorboard import text_summary
+
+    with SummaryWriter(str(tmp_path / "old")) as w:
+        w.add_scalar("Satmon/verdict", 0.0, 8)
+        w.add_scalar("Satmon/collapse_risk", 1.0, 8)
+        w.add_scalar("Satmon/saturation", 0.625, 8)  # exact in float32
+        w.file_writer.add_summary(text_summary("satmon/replay/checkpoint", "`a.ckpt`"), 8)
+        w.file_writer.add_summary(text_summary("satmon/replay/error", "`b.ckpt`: bad"), 9)
+    run = read_run(tmp_path / "old")
+    assert run.scalars == {TAG.verdict: [(8, 0.0)], TAG.collapse_risk: [(8, 1.0)], TAG.saturation: [(8, 0.625)]}
+    assert run.decision() == "no-go" and run.verdict_saturation() == 0.625
+    assert run.texts == {TAG.replay_checkpoint: [(8, "`a.ckpt`")], TAG.replay_error: [(9, "`b.ckpt`: bad")]}
 
 
 def test_a_run_without_satmon_tags_is_looked_at_not_returned(tmp_path):

@@ -42,8 +42,8 @@ def snapshot(root: Path, tb) -> dict[str, dict]:
         layouts = [str(layout_pb2.Layout.FromString(e.tensor_proto.string_val[0]))
                    for e in (ea.Tensors("custom_scalars__config__") if "custom_scalars__config__" in tags["tensors"] else [])]
         runs[run.relative_to(root).as_posix()] = {
-            "scalars": {t: tb.scalars(ea, t) for t in sorted(tags["scalars"])}, "texts": texts, "layout": layouts,
-            "other tensors": sorted(t for t in tags["tensors"] if t not in text_tags),
+            "scalars": {t: tb.scalars(ea, t) for t in sorted(tb.scalar_tags(ea))}, "texts": texts, "layout": layouts,
+            "other tensors": sorted(t for t in tags["tensors"] if t not in text_tags and t not in tb.scalar_tags(ea)),
         }
     sessions = tb.hparams_sessions(root)
     for s in sessions:
@@ -83,11 +83,13 @@ def test_summary_writer_sink_writes_the_layout_lightnings_logger_wrote(tmp_path,
     assert got == expected
     run = got["runs"]["run"]
     assert run["scalars"]["Satmon/saturation"] == [(2, 0.25), (4, 0.375), (6, 0.4375), (10, 0.4375)]
-    assert run["scalars"]["Satmon/stop"] == [(6, 1.0)] and run["scalars"]["Satmon/collapse_risk"] == [(6, 0.0), (10, 0.0)]
+    assert run["scalars"]["Satmon/stop"] == [(6, 1.0)] and run["scalars"]["satmon_collapse/risk"] == [(6, 0.0), (10, 0.0)]
     assert [s for s, _ in run["texts"]["satmon/verdict"]] == [6, 10] and run["texts"]["satmon/stop"][0][0] == 6
     assert len(run["layout"]) == 1 and "alpha per layer" in run["layout"][0]
-    assert [s["run"] for s in got["sessions"]] == ["run/satmon_hparams"]  # one session shown: TensorBoard keeps the first
-    assert got["runs"]["run/satmon_hparams"]["scalars"]["Satmon/verdict"] == [(6, 1.0), (10, 1.0)]  # 7 of 16 >= 0.43
+    assert list(got["runs"]) == ["run"]  # one run per run: no hparams sub-run
+    assert [s["run"] for s in got["sessions"]] == ["run"]  # one session shown: TensorBoard keeps the first
+    assert got["sessions"][0]["hparams"]["satmon/source"] == ("string_value", "window")
+    assert run["scalars"]["Satmon/decision"] == [(6, 1.0), (10, 1.0)]  # 7 of 16 >= 0.43
 
 
 def _screen_run(sink_or_logdir: dict) -> Screen:
@@ -117,7 +119,7 @@ def test_screen_logdir_equals_satmon_0_2s_tensorboard_logger(tmp_path, tb):
     got, expected = snapshot(tmp_path / "ours", tb), snapshot(tmp_path / "lightning", tb)
     assert got == expected
     run = got["runs"]["."]
-    assert run["scalars"]["Satmon/verdict"] == [(6, 1.0 if ours.verdict.go else 0.0)]
+    assert run["scalars"]["Satmon/decision"] == [(6, 1.0 if ours.verdict.go else 0.0)]
     assert [s for s, _ in run["scalars"]["Satmon/saturation"]] == [2, 4, 6, 6]  # running, running, verdict (twice)
     assert [s for s, _ in run["scalars"]["satmon_collapse/nonfinite"]] == [r["step"] for r in ours.watch.log]
     assert run["texts"]["satmon/verdict"] == [(6, ours.verdict.card())] and run["texts"]["satmon/stop"] == [(6, ours.stop.text())]
@@ -149,15 +151,22 @@ def test_only_rank_zero_writes(tmp_path, monkeypatch):
     assert list((tmp_path / "every").glob("events.*"))
 
 
-def test_a_removed_hparams_folder_gets_a_new_file(tmp_path, tb):
-    import shutil
-
-    sink = SummaryWriterSink(tmp_path / "run")
-    log_verdict(sink, _verdict(6))
-    shutil.rmtree(tmp_path / "run" / TAG.hparams_run)
-    log_verdict(sink, _verdict(8))
-    sink.close()
-    assert tb.scalars(tb.accumulate(tmp_path / "run" / TAG.hparams_run), TAG.verdict) == [(8, 1.0)]
+def test_a_replay_session_leaves_the_columns_to_the_live_runs(tmp_path, tb):
+    """TensorBoard takes one run's column list (any run's experiment summary): a replay writes its session without
+    one, so the HParams columns stay the live run's (its model's hyper-parameters beside satmon's)."""
+    live = SummaryWriterSink(tmp_path / "live")
+    live.scalars({TAG.saturation: 0.5}, 6)
+    live.hparams({"lr": 0.01, "arch": "gpt", **{TAG.hp_decision: "go", TAG.hp_trust: "unproven"}}, {TAG.verdict: 1.0}, 6)
+    live.close()
+    replay = SummaryWriterSink(tmp_path / "replay of live", hparams_experiment=False)
+    log_verdict(replay, _verdict(10, source="replay"))
+    replay.close()
+    view = tb.hparams_view(tmp_path)
+    assert {"lr", "arch", TAG.hp_decision, TAG.hp_trust} <= set(view["hparams"]) and view["shown"][:2] == [
+        TAG.hp_decision, TAG.hp_trust]
+    sessions = {s["run"]: s for s in tb.hparams_sessions(tmp_path)}
+    assert sorted(sessions) == ["live", "replay of live"] and [r for r, s in sessions.items() if s["experiment"]] == ["live"]
+    assert sessions["replay of live"]["hparams"][TAG.hp_source] == ("string_value", "replay")
 
 
 def test_lightning_sink_sends_scalars_to_every_logger_and_the_rest_to_tensorboard(tmp_path):
@@ -167,8 +176,11 @@ def test_lightning_sink_sends_scalars_to_every_logger_and_the_rest_to_tensorboar
     sink.close()
     csv.finalize("success")
     text = Path(csv.log_dir, "metrics.csv").read_text()
-    assert "Satmon/saturation" in text and "Satmon/verdict" in text
+    assert "Satmon/saturation" in text and "Satmon/decision" in text
     assert not list(tmp_path.rglob(TAG.hparams_run))  # no TensorBoard logger: no hparams sub-run
+    # a logger without a text view gets the latest card and stop beside its files
+    assert Path(csv.log_dir, "satmon_verdict.md").read_text() == _verdict(10, source="replay").card() + "\n"
+    assert Path(csv.log_dir, "satmon_stop.md").is_file()
 
 
 def test_multi_and_null_sinks():

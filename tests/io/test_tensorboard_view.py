@@ -106,13 +106,14 @@ def live(tmp_path_factory):
 @pytest.mark.parametrize("tab", list(TABS))
 def test_the_first_scalars_group_holds_the_verdict(live, tab, tb):
     _, log_dir, monitor = live
-    tags = tb.accumulate(log_dir).Tags()["scalars"]
+    tags = tb.scalar_tags(tb.accumulate(log_dir))
     assert {"epoch", "train/loss"} <= set(tags)  # Lightning's and the model's own, which sorted first in 0.2
     shown = groups(tags, tab)
     first, members = shown[0]
     assert first == TAG.summary
     assert {TAG.saturation, TAG.verdict, TAG.margin, TAG.nonfinite} <= set(members) <= {
-        TAG.saturation, TAG.verdict, TAG.margin, TAG.nonfinite, TAG.collapse_risk, TAG.stop}
+        TAG.saturation, TAG.verdict, TAG.margin, TAG.nonfinite, TAG.stop}
+    assert members[0] == TAG.verdict == "Satmon/decision"  # the first chart of the first group is the decision
     # each per-layer family in a group of its own, holding every layer and nothing else
     by_name = dict(shown)
     for family, tag_of in (("satmon_saturation", TAG.layer_saturation), ("satmon_alpha", TAG.alpha)):
@@ -189,7 +190,7 @@ def _write_v02(log_dir: Path, card: str) -> None:
         w.add_text("satmon/verdict", card, 4)
 
 
-def test_a_0_2_run_reads_like_a_0_3_run(tmp_path):
+def test_a_0_2_run_reads_like_a_0_4_run(tmp_path):
     verdict = build_verdict({"ln_f": (2, 4)}, step=4, window=4)
     _write_v02(tmp_path / "old", verdict.card())
     new = SummaryWriterSink(tmp_path / "new")
@@ -207,4 +208,4 @@ def test_a_0_2_run_reads_like_a_0_3_run(tmp_path):
     assert old.layers() == ours.layers() == {"ln_f": {"saturation": 0.5, "alpha": 2.0}, "h.0.ln": {"alignment": 0.5}}
     assert old.last_text(TAG.verdict_text) == ours.last_text(TAG.verdict_text) == verdict.card()
     assert old.verdict_saturation() == ours.verdict_saturation() == 0.5
-    assert set(old.scalars) - {TAG.collapse_risk} == set(ours.scalars)  # a non-gated 0.3 verdict writes no risk
+    assert set(old.scalars) - {TAG.collapse_risk} == set(ours.scalars)  # a non-gated verdict writes no risk

@@ -81,7 +81,7 @@ def test_window_scalars_round_trip(kind, tmp_path, tb):
         "satmon_saturation/blocks.0.ln_1": [(2, 0.0), (4, 0.125)], "satmon_saturation/ln_f": [(2, 0.5), (4, 0.625)],
         "satmon_alpha/blocks.0.ln_1": [(2, 1.5), (4, 1.25)], "satmon_alpha/ln_f": [(2, 2.25), (4, 2.5)],
     }
-    assert {t: tb.scalars(ea, t) for t in ea.Tags()["scalars"]} == expected  # values chosen exact in float32
+    assert {t: tb.scalars(ea, t) for t in tb.scalar_tags(ea)} == expected  # values chosen exact in float32
 
 
 def test_watch_scalars_tags_and_values():
@@ -142,8 +142,12 @@ def test_log_verdict_scalars_card_and_hparams(decision, kind, tmp_path, tb):
     run.finish()
     pooled = sum(c[0] for c in counts.values()) / 4
     ea = tb.accumulate(run.log_dir)
-    assert set(ea.Tags()["scalars"]) == {"Satmon/verdict", "Satmon/margin", "Satmon/saturation"}  # not gated: no risk tag
-    assert tb.scalars(ea, "Satmon/verdict") == [(9, value)]
+    assert set(tb.scalar_tags(ea)) == {"Satmon/decision", "Satmon/margin", "Satmon/saturation"}  # not gated: no risk tag
+    assert tb.scalars(ea, "Satmon/decision") == [(9, value)]
+    described = ea.SummaryMetadata("Satmon/decision").summary_description  # the chart's description: decision and trust
+    assert described.startswith({"go": "GO by the study's rule at step 9, trust: unproven (a measurement, not a forecast;",
+                                 "no-go": "NO-GO by the study's rule at step 9, trust: unproven (a measurement, not a forecast;",
+                                 "non-finite": "NON-FINITE at step 9: the run diverged."}[decision])
     assert tb.scalars(ea, "Satmon/margin") == [(9, _f32(pooled - 0.43))]
     assert tb.scalars(ea, "Satmon/saturation") == [(9, _f32(pooled))]
     [(step, card)] = tb.text(ea, "satmon/verdict")
@@ -152,7 +156,7 @@ def test_log_verdict_scalars_card_and_hparams(decision, kind, tmp_path, tb):
     assert ("**NON-FINITE**" in card.splitlines()[0]) == (decision == "non-finite")
 
     [session] = tb.hparams_sessions(tmp_path)
-    assert session["run"].endswith("satmon_hparams")
+    assert session["run"] == "tb/version_0"  # in the run itself: one run per run
     assert session["hparams"] == {
         "satmon/decision": ("string_value", decision), "satmon/trust": ("string_value", verdict.trust),
         "satmon/source": ("string_value", "window"), "satmon/window": ("number_value", 9.0), "satmon/threshold": ("number_value", 0.43),
@@ -160,10 +164,8 @@ def test_log_verdict_scalars_card_and_hparams(decision, kind, tmp_path, tb):
     }
     assert session["domains"] == {"satmon/decision": ["go", "no-go", "non-finite"],
                                   "satmon/source": ["window", "probe", "replay"],
-                                  "satmon/trust": ["ok", "uncalibrated", "flagged", "partial", "inconclusive"]}
-    assert sorted(session["metrics"]) == ["Satmon/margin", "Satmon/saturation", "Satmon/verdict"]
-    sub = tb.accumulate(Path(run.log_dir) / "satmon_hparams")
-    assert tb.scalars(sub, "Satmon/verdict") == [(9, value)]  # the metric the session refers to
+                                  "satmon/trust": ["ok", "uncalibrated", "flagged", "partial", "inconclusive", "unproven"]}
+    assert sorted(session["metrics"]) == ["Satmon/decision", "Satmon/margin", "Satmon/saturation"]
 
 
 @pytest.mark.parametrize("kind", SINKS)
@@ -177,8 +179,8 @@ def test_log_verdict_partial_gated_probe(kind, tmp_path, tb):
         log_verdict(run.sink, verdict)
         run.finish()
     ea = tb.accumulate(tmp_path / "probe" / "tb" / "version_0")
-    assert tb.scalars(ea, "Satmon/verdict") == [(5, 0.0)] and tb.scalars(ea, "Satmon/collapse_risk") == [(5, 1.0)]
-    assert tb.scalars(tb.accumulate(tmp_path / "cut" / "tb" / "version_0"), "Satmon/collapse_risk") == [(12, 0.0)]
+    assert tb.scalars(ea, "Satmon/decision") == [(5, 0.0)] and tb.scalars(ea, "satmon_collapse/risk") == [(5, 1.0)]
+    assert tb.scalars(tb.accumulate(tmp_path / "cut" / "tb" / "version_0"), "satmon_collapse/risk") == [(12, 0.0)]
     [hp_probe] = [s["hparams"] for s in tb.hparams_sessions(tmp_path / "probe")]
     [hp_cut] = [s["hparams"] for s in tb.hparams_sessions(tmp_path / "cut")]
     assert hp_probe["satmon/source"] == ("string_value", "probe") and hp_probe["satmon/window"] == ("number_value", 0.0)
@@ -216,6 +218,10 @@ def test_layout_regexes_match_the_tags_written(kind, tmp_path, tb):
     def matched(title: str) -> list[str]:
         return [t for t in written if any(re.search(rx, t) for rx in charts[title])]
 
-    assert matched("saturation (pooled vs per layer)") == ["Satmon/saturation", *(f"satmon_saturation/{n}" for n in LAYERS)]
+    # one scale per chart: the decision (0/1) never shares an axis with the margin (+-0.3)
+    assert [c.title for c in layout.category[0].chart][0] == "decision (1 GO, 0 NO-GO, -1 non-finite)"
+    assert matched("decision (1 GO, 0 NO-GO, -1 non-finite)") == ["Satmon/decision"]
+    assert matched("margin (saturation - threshold)") == ["Satmon/margin"]
+    assert matched("pooled saturation") == ["Satmon/saturation"]
+    assert matched("saturation per layer") == [f"satmon_saturation/{n}" for n in LAYERS]
     assert matched("alpha per layer") == [f"satmon_alpha/{n}" for n in LAYERS]
-    assert matched("verdict and margin") == ["Satmon/verdict", "Satmon/margin"]

@@ -142,7 +142,7 @@ def test_the_offset_driven_probe_is_flagged_through_replay_too(tmp_path):
     (record,) = replay([inspect_checkpoint(tmp_path / "w.pt")], ModelLoader(factory=Offset), _batches(), twin=False)
     v = record.verdict
     assert v.source == "replay" and v.decision == "go" and v.flags == ("offset-driven",) and v.trust == "flagged"
-    assert "do not rely on this GO" in v.headline() and set(v.offset) == {"a", "b"}
+    assert "flagged (offset-driven): a measurement, not a forecast" in v.headline() and set(v.offset) == {"a", "b"}
     assert record.to_dict()["verdict"]["trust"] == "flagged"  # what --json writes
 
 

@@ -1,8 +1,8 @@
 """One reading -> one verdict: what a Reading carries reaches the verdict, and the verdict says how far to trust it.
 
-The trust set (``ok``, ``uncalibrated``, ``flagged``, ``partial``, ``inconclusive``), its order and how it
-combines; the headline never says "keep it" when a caution applies; NaN/inf weights read NON-FINITE; whose
-threshold it is; the console text carries no markdown.
+The trust set (``ok``, ``uncalibrated``, ``flagged``, ``partial``, ``inconclusive``, ``unproven``), its order and
+how it combines; the headline's words follow the rule's held-out evidence and never advise in the imperative;
+NaN/inf weights read NON-FINITE; whose threshold it is; the console text carries no markdown.
 """
 
 from __future__ import annotations
@@ -20,6 +20,11 @@ from satmon.results.verdict import (
     build_verdict,
 )
 
+#: words no headline may hold: advice in the imperative (satmon 0.3 said "keep it" above a caveat of chance accuracy)
+IMPERATIVES = ("keep it", "switch back", "do not rely", "fix that", "go back")
+#: a calibration that forecasts: 80% held out where guessing the commoner outcome gets 60%
+FORECAST = Rule(0.43, study.COLLAPSE_THRESHOLD, "Caveat: mine.", "calibration", 0.8, 0.6)
+MEASURED = "a measurement, not a forecast (held-out accuracy 50% vs 67% for guessing the commoner outcome)"
 STALLED = {"first": 4.2, "last": 3.14, "change": -0.25, "late_change": -0.003, "stalled": True}
 OFFSET = {"a": {"saturated": 0.6, "centered": 0.01, "offset_ratio": 40.0}}
 
@@ -43,7 +48,7 @@ def test_a_reading_carries_everything_the_verdict_shows():
     assert v.risk == {"blocks.0.mlp": {"dyt_saturation": 0.6, "flat_fraction": 0.25, "mean_abs_hidden": 0.5}}
     assert v.flags == ("stalled-loss", "offset-driven") and v.offset == OFFSET and v.offset_every == 5
     assert v.notes == ("resumed at step 4", "layer b not counted: alpha reshaped")
-    assert v.trust == "flagged" and v.cautions == ("flagged",)
+    assert v.trust == "flagged" and v.cautions == ("flagged", "unproven")
     # the reading's pooled numbers are the verdict's
     assert r.pooled == v.saturation and r.elements == v.elements and r.per_layer == dict(v.per_layer)
 
@@ -78,8 +83,11 @@ def test_rule_of_a_calibration_is_the_calibration(tmp_path):
     rule = Rule.of(Settings(calibration=cal))
     assert rule.threshold_source == "calibration" and rule.threshold == pytest.approx(cal.threshold)
     v = verdict_of(_reading(counts={"a": LayerCounts(60, 100)}, functions={"a": "erf"}), rule)
-    assert v.trust == "ok" and v.threshold_source == "calibration"  # calibrated on the user's runs: no "uncalibrated"
+    assert v.threshold_source == "calibration" and "uncalibrated" not in v.cautions  # calibrated on the user's runs
     assert f"by your calibration's threshold {cal.threshold:g}" in v.headline()
+    # its own held-out evidence, from the file: leave-one-group-out against guessing the commoner outcome (3 of 6)
+    assert (v.held_out_accuracy, v.no_skill_accuracy) == (cal.loso_accuracy, 0.5) == (rule.held_out_accuracy, rule.no_skill_accuracy)
+    assert v.forecast == (cal.loso_accuracy > 0.5) and v.trust == ("ok" if v.forecast else "unproven")
 
 
 @pytest.mark.parametrize("function", ["erf", "hardtanh"])
@@ -87,27 +95,62 @@ def test_a_function_the_study_did_not_calibrate_says_so_unless_the_user_gave_a_t
     r = _reading(source="probe", window=0, planned_window=0, functions={"a": function})
     v = verdict_of(r)
     assert v.decision == "go" and v.trust == "uncalibrated" and v.functions == (function,)
-    assert v.headline() == f"GO by the study's rule, no calibrated threshold for {function}: do not rely on this GO"
-    assert "satmon calibrate" in v.card() and "keep it" not in v.card()
+    assert v.headline() == f"GO by the study's rule, no calibrated threshold for {function}: {MEASURED}"
+    assert "satmon calibrate" in v.card() and not any(w in v.card() for w in IMPERATIVES)
     mine = verdict_of(r, Rule.of(Settings(threshold=0.55)))
-    assert mine.trust == "ok" and mine.headline().startswith("GO by your threshold 0.55: ")
+    # a bare threshold of the user's is no calibration either: no evidence, a measurement
+    assert mine.trust == "unproven" and mine.cautions == ("unproven",) and mine.held_out_accuracy is None
+    assert mine.headline() == ("GO by your threshold 0.55: a measurement, not a forecast (no held-out accuracy: a threshold "
+                               "given without calibration)")
 
 
-def test_dyt_with_the_study_threshold_is_calibrated():
+def test_dyt_with_the_study_threshold_is_calibrated_but_unproven():
     v = verdict_of(_reading(functions={"a": "tanh"}))
-    assert v.trust == "ok" and v.cautions == () and v.headline().endswith("keep it")
+    # the study's 0.43 scored 6/12 held out (leave-one-scale-out), below 8/12 for always NO-GO: no trust "ok"
+    assert v.trust == "unproven" and v.cautions == ("unproven",) and not v.forecast
+    assert (v.held_out_accuracy, v.no_skill_accuracy) == (study.HELD_OUT_ACCURACY, study.NO_SKILL_ACCURACY) == (0.5, 8 / 12)
+    assert v.headline() == f"GO by the study's rule: {MEASURED}"
+    assert "Trust: **unproven**: The study's 0.43 was right on 50% of its cells" in v.card()
+
+
+@pytest.mark.parametrize(("sat", "word", "meaning"), [(60, "GO", "DyT expected to act as a regulariser here"),
+                                                      (10, "NO-GO", "DyT expected to cost convergence here")])
+def test_a_calibration_that_beats_guessing_reads_as_a_forecast_with_trust_ok(sat, word, meaning):
+    v = verdict_of(_reading(sat=sat), FORECAST)
+    assert v.forecast and v.trust == "ok" and v.cautions == ()
+    assert v.headline() == (f"{word} by your calibration's threshold 0.43: a forecast, {meaning} "
+                            "(held-out accuracy 80% vs 60% for guessing the commoner outcome)")
+    assert "Trust: **ok**: the rule forecasts on held-out cells (held-out accuracy 80%" in v.card()
+    # qualified, it is still no reliable forecast; at or below the baseline, no forecast at all
+    assert verdict_of(_reading(sat=sat, window=3, planned_window=10), FORECAST).headline().split(": ")[1] == (
+        "not a reliable forecast (held-out accuracy 80% vs 60% for guessing the commoner outcome)")
+    level = Rule(0.43, study.COLLAPSE_THRESHOLD, "Caveat: mine.", "calibration", 0.6, 0.6)
+    assert verdict_of(_reading(sat=sat), level).trust == "unproven"
+
+
+def test_no_headline_advises_in_the_imperative():
+    gating = GatingInfo(True, ("a",), "a feeds a SwiGLU MLP")
+    readings = [_reading(sat=s, **kw) for s in (10, 44, 60) for kw in ({}, {"window": 3}, {"loss": STALLED}, {"gating": gating},
+                                                                        {"functions": {"a": "erf"}})]
+    readings.append(_reading(nonfinite_weights={"w": 1}))
+    for r in readings:
+        for rule in (Rule(), FORECAST, Rule.of(Settings(threshold=0.3))):
+            v = verdict_of(r, rule)
+            for text in (v.headline(), v.summary(), v.card().splitlines()[0]):
+                assert not any(w in text.lower() for w in IMPERATIVES), text
 
 
 def test_cautions_combine_most_serious_first_and_trust_names_the_first():
     # 44.5% over 3 of 10 steps, stalled loss and offsets, erf under the study's threshold: everything at once
     v = verdict_of(_reading(sat=445, total=1000, window=3, planned_window=10, loss=STALLED, offset=OFFSET,
                             offset_driven=True, functions={"a": "erf"}))
-    assert v.cautions == ("uncalibrated", "flagged", "partial", "inconclusive") and v.trust == "uncalibrated"
+    assert v.trust == "uncalibrated"
     assert list(v.cautions) == [t for t in TRUST if t in v.cautions]
+    assert v.cautions == ("uncalibrated", "flagged", "partial", "inconclusive", "unproven")
     assert v.headline() == ("GO by the study's rule, no calibrated threshold for erf, flagged (stalled-loss, offset-driven), "
-                            "partial window (3 of 10 steps), inconclusive (margin +0.0150): do not rely on this GO")
+                            f"partial window (3 of 10 steps), inconclusive (margin +0.0150): {MEASURED}")
     card = v.card()
-    assert "Trust: **uncalibrated** (also flagged, partial, inconclusive)" in card
+    assert "Trust: **uncalibrated** (also flagged, partial, inconclusive, unproven)" in card
     assert "Partial: training ended after 3 of the 10 window steps" in card
 
 
@@ -116,17 +159,18 @@ def test_cautions_combine_most_serious_first_and_trust_names_the_first():
     ({"loss": STALLED}, "flagged", "flagged (stalled-loss)"),
     ({"offset": OFFSET, "offset_driven": True}, "flagged", "flagged (offset-driven)"),
 ])
-def test_a_go_undercut_by_a_flag_or_a_short_window_never_says_keep_it(kw, trust, words):
+def test_a_go_undercut_by_a_flag_or_a_short_window_says_so_first(kw, trust, words):
     v = verdict_of(_reading(**kw))
     assert v.decision == "go" and v.trust == trust  # the decision keeps the study's rule: scripts keep their contract
-    assert v.headline() == f"GO by the study's rule, {words}: do not rely on this GO"
-    for text in (v.card(), v.text(), v.summary()):
-        assert "keep it" not in text and "do not rely on this GO" in text
+    assert v.headline() == f"GO by the study's rule, {words}: {MEASURED}"
+    assert f"(trust: {trust}" in v.summary()
+    for text in (v.card(), v.text()):
+        assert words in text.splitlines()[0] and not any(w in text.splitlines()[0] for w in IMPERATIVES)
 
 
 def test_a_partial_no_go_is_not_a_confident_switch_back_either():
     v = verdict_of(_reading(sat=10, window=3, planned_window=10))
-    assert v.decision == "no-go" and v.trust == "partial" and "switch back" not in v.headline()
+    assert v.decision == "no-go" and v.trust == "partial" and "switch back" not in v.headline() and "forecast" in v.headline()
 
 
 def test_the_console_gets_plain_text_and_the_card_markdown():
@@ -136,7 +180,10 @@ def test_the_console_gets_plain_text_and_the_card_markdown():
     assert text.startswith("satmon verdict: GO by the study's rule, flagged (offset-driven)")
     assert "###" not in text and "**" not in text and "`" not in text and "\n_" not in text
     assert len(card.splitlines()) == len(text.splitlines())  # the same lines, rendered twice
-    assert v.summary().startswith(f"satmon verdict: {v.headline()}  saturation 0.6000 >= threshold 0.43")
+    assert v.summary() == ("satmon verdict: GO by the study's rule (trust: flagged: offset-driven), saturation 0.6000 >= "
+                           "threshold 0.43 (margin +0.1700, window 10 steps)")
+    assert v.summary(["tb/version_0", "csv/satmon_verdict.md"]).endswith("; card: tb/version_0, csv/satmon_verdict.md")
+    assert v.summary([]).endswith("; card: not written anywhere (no logger, no logdir)")
 
 
 def test_the_card_puts_headline_numbers_trust_flags_and_caveat_before_one_table():
@@ -162,10 +209,24 @@ def test_a_probe_labels_its_offset_columns_as_every_batch():
 
 def test_a_verdict_of_satmon_0_2_reads_back_with_its_trust():
     old = build_verdict({"a": (45, 100)}, step=3, window=3, planned_window=10).to_dict()
-    for key in ("trust", "cautions", "functions", "threshold_source", "nonfinite_weights", "offset_every"):
+    for key in ("trust", "cautions", "functions", "threshold_source", "nonfinite_weights", "offset_every", "held_out_accuracy",
+                "no_skill_accuracy"):
         old.pop(key)
     again = Verdict.from_dict(old)
-    assert again.trust == "partial" and again.cautions == ("partial",)
+    assert again.trust == "partial" and again.cautions == ("partial", "unproven")
+
+
+@pytest.mark.parametrize(("source", "trust"), [("study", "unproven"), ("user", "unproven"), ("calibration", "unproven")])
+def test_a_verdict_of_satmon_0_3_with_trust_ok_loads_and_reads_by_todays_evidence(source, trust):
+    old = build_verdict({"a": (45, 100)}, step=500, window=500, threshold=0.3 if source != "study" else 0.43,
+                        threshold_source=source).to_dict()
+    for key in ("held_out_accuracy", "no_skill_accuracy"):
+        old.pop(key)
+    old.update(trust="ok", cautions=[])  # what 0.3 saved: "ok" under a rule at chance
+    again = Verdict.from_dict(old)
+    assert again.decision == "go" and again.trust == trust and "ok" not in again.cautions
+    assert again.held_out_accuracy == (study.HELD_OUT_ACCURACY if source == "study" else None)
+    assert "forecast" in again.headline() and Verdict.from_dict(again.to_dict()) == again
 
 
 def test_a_bad_threshold_source_is_refused():

@@ -42,14 +42,18 @@ def test_a_qualified_replay_verdict_carries_its_trust_in_the_table_and_summary_l
     out = capsys.readouterr().out
     last = next(line for line in out.splitlines() if line.startswith("Last checkpoint"))
     assert last.startswith(f"Last checkpoint (step 9): {v.headline()}")
-    assert f"do not rely on this {word}" in last and "keep it" not in out
+    assert "a measurement, not a forecast" in last and "keep it" not in out
 
 
-def test_a_trusted_replay_verdict_reads_as_before():
-    v = build_verdict({"ln_f": LayerCounts(10, 100)}, step=9, source="replay")
+def test_a_trusted_replay_verdict_reads_as_a_bare_decision():
+    v = build_verdict({"ln_f": LayerCounts(10, 100)}, step=9, source="replay", threshold=0.43, threshold_source="calibration",
+                      held_out_accuracy=0.8, no_skill_accuracy=0.6)
     assert v.trust == "ok"
     row = summary_row({"checkpoint": "step=9.ckpt", "global_step": 9, "verdict": v.to_dict()})
     assert row["decision"] == "NO-GO"
+    unproven = build_verdict({"ln_f": LayerCounts(10, 100)}, step=9, source="replay")  # the study's 0.43: at chance
+    assert summary_row({"checkpoint": "step=9.ckpt", "global_step": 9, "verdict": unproven.to_dict()})["decision"] == (
+        "NO-GO (unproven)")
 
 
 class _Derf(torch.nn.Module):

@@ -142,5 +142,6 @@ def test_flags_qualify_a_high_saturation_and_never_change_the_decision():
     low = build_verdict({"a": LayerCounts(10, 100)}, step=9, window=9, loss=stalled, offset_flag=True)
     assert high.decision == "go" and high.flags == ("stalled-loss", "offset-driven")
     assert low.decision == "no-go" and low.flags == ()  # below the threshold the advice is NO-GO either way
-    assert "flagged (stalled-loss, offset-driven): do not rely on this GO" in high.summary()
-    assert "Flag: offset-driven" in high.card() and high.trust == "flagged" and low.trust == "ok"
+    assert "flagged (stalled-loss, offset-driven): a measurement, not a forecast" in high.headline()
+    assert "(trust: flagged: stalled-loss, offset-driven)" in high.summary()
+    assert "Flag: offset-driven" in high.card() and high.trust == "flagged" and low.trust == "unproven"

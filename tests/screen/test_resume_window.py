@@ -89,7 +89,7 @@ def test_training_that_ends_early_gives_a_provisional_verdict_that_says_so():
     screen, saved = _first(4, finish=True)
     v = screen.verdict
     assert v.partial and v.trust == "partial" and (v.window, v.planned_window) == (4, WINDOW)
-    assert "partial window (4 of 10 steps): do not rely on this" in v.headline()
+    assert "partial window (4 of 10 steps): a measurement, not a forecast" in v.headline()
     assert "Resuming from a checkpoint continues the window" in v.text()
     # the checkpoint keeps the counts beside the provisional verdict
     assert saved["satmon"]["verdict"]["trust"] == "partial" and sum(saved["satmon"]["total"]) == v.elements
@@ -121,7 +121,7 @@ def test_a_resume_with_a_window_shorter_than_the_steps_counted_closes_at_once(fi
     v = resumed.verdict
     # closed at the resume, on the 8 steps counted: window and elements agree
     assert (v.step, v.window, v.planned_window, v.elements) == (8, 8, 5, counted)
-    assert not v.partial and v.trust in ("ok", "inconclusive", "flagged")
+    assert not v.partial and v.trust in ("unproven", "inconclusive", "flagged")  # never partial
     assert any("after 8 window steps were counted: the window closed at the resume" in n for n in v.notes)
     assert "over a window of 8 optimizer steps (5 asked for; verdict at step 8)" in v.card()
     assert any("closes at once" in str(w.message) for w in caught)

@@ -111,7 +111,8 @@ def test_the_screen_closes_the_files_it_opened_and_writes_to_both(tmp_path):
     _loop(screen)
     own = screen.sink.sinks[1]
     assert own.log_dir == str(tmp_path / "run") and not own.is_open  # closed at detach
-    assert list((tmp_path / "run").glob("events.out.tfevents.*")) and (tmp_path / "run" / "satmon_hparams").is_dir()
+    assert list((tmp_path / "run").glob("events.out.tfevents.*"))
+    assert not [p for p in (tmp_path / "run").iterdir() if p.is_dir()]  # one run per run: no hparams sub-run
     assert ("close",) not in sink.calls  # the given sink stays open
 
 
