@@ -102,7 +102,7 @@ class Screen:
     Example:
         >>> from satmon import DyT
         >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), DyT(4, alpha_init=2.0))
-        >>> screen = Screen(window=2, verbose=False).attach(model)
+        >>> screen = Screen(window=2, info=lambda line: None).attach(model)  # the one line goes nowhere here
         >>> for _ in range(3):
         ...     loss = model(torch.randn(8, 4)).square().mean()  # forward (+ backward, optimizer step)
         ...     stop = screen.step(loss)                         # once per optimizer step

@@ -206,7 +206,7 @@ def test_unknown_options_and_settings_together_are_refused():
     from satmon import Settings
 
     with pytest.raises(TypeError, match=r"Expected SaturationMonitor options among \[.*'watch_every_n_steps', 'window'\] "
-                                        r"\(plus log_every_n_steps, on_missing, verbose, .*gating_forward_fn\), got "
+                                        r"\(plus sink, log_every_n_steps, on_missing, verbose, .*gating_forward_fn\), got "
                                         r"\['windw'\]: check the spelling"):
         SaturationMonitor(windw=3)
     with pytest.raises(ValueError, match=r"Expected either `settings` or keyword options, got both \(options \['window'\]\)"):
