@@ -23,7 +23,7 @@ from satmon.model.discovery import find_dyt_layers
 LIFETIME = ("second-fit-finishes-a-partial-window", "second-fit-after-the-verdict-keeps-it", "new-trainer-and-model-start-afresh",
             "new-trainer-same-model-starts-afresh", "same-trainer-new-model-starts-afresh", "two-monitors-refused",
             "resume-layer-added", "resume-window-over-and-level-changed", "attached-after-the-window",
-            "second-fit-after-an-exception")
+            "second-fit-after-an-exception", "second-fit-under-ddp")
 
 
 def _fit(t, model, loader, **kw) -> list[str]:
@@ -202,3 +202,76 @@ def test_a_second_fit_after_an_exception_goes_on_from_the_counts_without_double_
     v = monitor.verdict
     sat, total = _pooled(rec.counts(first=5))  # the failed step raised before its forward: 5 forwards in the window
     assert not v.partial and (v.step, v.elements, v.saturation) == (5, total, sat / total)
+
+
+def test_reliability_counts_these_cases():
+    """docs/reliability.md's lifetime figure is :data:`LIFETIME`, and every name in it is a case here."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "reliability.md").read_text()
+    found = re.search(r"\*\*monitor lifetime cases\*\*: (\d+)", text)
+    assert found and int(found.group(1)) == len(LIFETIME) == len(set(LIFETIME))
+    here = Path(__file__).read_text()
+    assert here.count("\ndef test_") - 1 + 2 == len(LIFETIME)  # one parametrised test holds three cases
+
+
+DDP_SCRIPT = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import torch
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader, DistributedSampler
+from helpers import InputRecorder, tiny_lit, token_loader, trainer
+from satmon import SaturationMonitor
+from satmon.model.discovery import find_dyt_layers
+
+out = sys.argv[1]
+torch.set_num_threads(1)
+
+
+class Data(pl.LightningDataModule):
+    def train_dataloader(self):
+        data = token_loader(n_batches=16, batch_size=2).dataset
+        t = self.trainer
+        return DataLoader(data, batch_size=2, shuffle=False,
+                          sampler=DistributedSampler(data, num_replicas=t.world_size, rank=t.global_rank, shuffle=False))
+
+
+pl.seed_everything(0, verbose=False)
+lit = tiny_lit(alpha_init=50.0)
+rec = InputRecorder(lit, [l.name for l in find_dyt_layers(lit)])
+monitor = SaturationMonitor(window=6, verbose=False)
+t = trainer(out, devices=2, strategy="ddp", num_nodes=1, max_steps=3, callbacks=[monitor], use_distributed_sampler=False)
+t.fit(lit, datamodule=Data())
+first = monitor.verdict.to_dict()
+t.fit_loop.epoch_loop.max_steps = 8
+t.fit(lit, datamodule=Data())
+ref = rec.counts(first=6)
+with open(f"{{out}}/rank-{{t.global_rank}}.json", "w") as f:
+    json.dump(dict(first=first, verdict=monitor.verdict.to_dict(), steps=t.global_step,
+                   sat=sum(s for s, _ in ref.values()), total=sum(n for _, n in ref.values())), f)
+"""
+
+
+@pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(), reason="needs gloo")
+def test_a_second_fit_under_ddp_finishes_the_window_on_every_rank_with_the_summed_counts(tmp_path):
+    """Two gloo ranks: the second fit continues from each rank's own counts (no collective when the run goes on);
+    the window closes at step 6 on both, with the counts summed over the ranks (each rank's own float64 recount)."""
+    import json
+    import subprocess
+    import sys
+
+    from helpers import clean_env
+
+    script = tmp_path / "run.py"
+    script.write_text(DDP_SCRIPT.format(tests=str(Path(__file__).resolve().parent)))
+    env = {**clean_env(), "MASTER_ADDR": "127.0.0.1", "TORCH_GLOO_TIMEOUT": "60"}
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=900, start_new_session=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["first"]["trust"] == "partial" and r["steps"] == 8 for r in ranks)
+    v0, v1 = ranks[0]["verdict"], ranks[1]["verdict"]
+    assert v0 == v1 and v0["trust"] != "partial" and (v0["window"], v0["step"]) == (6, 6)
+    sat, total = sum(r["sat"] for r in ranks), sum(r["total"] for r in ranks)
+    assert (v0["elements"], v0["saturation"]) == (total, sat / total)

@@ -329,6 +329,47 @@ def _damaged_safetensors(f: Folder) -> list[str]:
     return ["w.safetensors", "--factory", "./mymodels.py:build", "--data", "calib.pt"]
 
 
+def _safetensors_with_a_tail(f: Folder) -> list[str]:
+    """Bytes appended after the last tensor (a polyglot, or two files concatenated): the format has none."""
+    from safetensors.torch import save_file
+
+    save_file(_plain_sd(f), str(f.tmp / "w.safetensors"))
+    with open(f.tmp / "w.safetensors", "ab") as fh:
+        fh.write(b"PK\x03\x04 and more")
+    return ["w.safetensors", "--factory", "./mymodels.py:build", "--data", "calib.pt"]
+
+
+def _partial_links_to_a_user_file(f: Folder) -> list[str]:
+    """The partial file's name is a symlink to a file of the user's, and another name is a hard link to one: writing
+    through either would destroy it."""
+    (f.tmp / "victim.txt").write_text("the user's notes\n")
+    (f.tmp / "r.json.partial.jsonl").symlink_to(f.tmp / "victim.txt")
+    (f.tmp / "victim2.txt").write_text("more notes\n")
+    os.link(f.tmp / "victim2.txt", f.tmp / "s.jsonl.partial.jsonl")
+    _SECOND[:] = [f.ckpt("b.ckpt"), *DATA, "--json", "s.jsonl", "--logdir", "tb", "--quiet"]
+    return [f.ckpt("a.ckpt"), *DATA, "--json", "r.json"]
+
+
+def _victims_untouched(tmp: Path) -> None:
+    here = os.getcwd()
+    os.chdir(tmp)
+    try:
+        assert main(["replay", *_SECOND]) == 0  # the hard-linked name, in a second run
+    finally:
+        os.chdir(here)
+    assert (tmp / "victim.txt").read_text() == "the user's notes\n" and (tmp / "victim2.txt").read_text() == "more notes\n"
+    assert len(json.loads((tmp / "r.json").read_text())) == 1 and not (tmp / "r.json.partial.jsonl").exists()
+
+
+_SECOND: list[str] = []
+
+
+def _data_is_the_json(f: Folder) -> list[str]:
+    shutil.copy(f.tmp / "calib.pt", f.tmp / "calib.json")
+    return [f.ckpt("p.ckpt", payload=Payload), "--model", RECORDER, "--data", "calib.json", "--trust-checkpoints",
+            "--json", "calib.json"]
+
+
 def _legacy_file(f: Folder) -> list[str]:
     torch.save({"model": _plain_sd(f), "iter_num": 2}, f.tmp / "old.pt", _use_new_zipfile_serialization=False)
     return ["old.pt", "--factory", "./mymodels.py:build", "--data", "calib.pt"]
@@ -614,6 +655,18 @@ CASES = [
           "skipped ckpts/notes\\x1b[32m.ckpt: not a PyTorch checkpoint", "Replayed 3 of 4"),
          last=r"^satmon replay: incomplete: 3 of 4"),
     Case("paths-used-literally", _literal, 0, ("Replayed 1 of 1",), check=_literal_check),
+    Case("safetensors-with-a-tail", _safetensors_with_a_tail, 1,
+         ("skipped w.safetensors: corrupt safetensors file: 16 byte(s) after its last tensor",),
+         last=r"^satmon replay: incomplete: 0 of 1"),
+    Case("partial-name-links-to-a-user-file", _partial_links_to_a_user_file, 0,
+         ("Replayed 1 of 1", "note: r.json.partial.jsonl (the records of an earlier interrupted replay) is replaced"),
+         check=_victims_untouched),
+    Case("data-file-is-the-json", _data_is_the_json, 2, ("Expected --json to write another file than --data 'calib.json'",),
+         built=(), kind="bad-input"),
+    Case("name-with-control-characters", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--name",
+                                                    "run\x1b]0;x\x07"], 2,
+         ("Expected --name to be a name without control characters", "got 'run\\x1b]0;x\\x07'"), built=(),
+         kind="bad-input"),
     Case("next-run-folder-a-file", _next_version_a_file, 0, ("Replayed 1 of 1", "version_2"), check=_next_version_check),
     Case("run-folder-links-out-of-logdir", _run_folder_links_out, 2,
          ("Expected --name 'replay' to stay under --logdir", "(a symlink out of it)"), built=(), kind="bad-input"),
@@ -949,6 +1002,14 @@ def test_nonfinite_inputs_in_the_window_give_a_nonfinite_verdict_not_no_go(tmp_p
     ({"verbose": "no"}, "Expected `verbose` to be True or False"), ({"window": True}, "Expected `window`"),
     ({"product": "rounded"}, "Expected `product`"), ({"offset_every": -1}, "Expected `offset_every`"),
     ({"on_missing": "ignore"}, "Expected `on_missing`"), ({"gating_mapping": ["a"]}, "Expected `gating_mapping`"),
+    # round 4: accepted by 0.2, then a bare TypeError at fit, or 400 GB allocated at the window's end
+    ({"include": lambda module: True}, r"Expected `include` to be a predicate called as include\(name, module\) -> bool, "
+                                       r"got <lambda>\(module\), which cannot take those two arguments"),
+    ({"exclude": torch.nn.LayerNorm}, r"got the class LayerNorm: to select modules by type pass exclude=lambda name, "
+                                      r"module: isinstance\(module, LayerNorm\)"),
+    ({"loss_baseline": 10**11}, r"Expected `loss_baseline` to be an int in \[2, 1000000\] \(steps of training loss kept "
+                                r"on the device for the spike baseline\), got 100000000000"),
+    ({"watch_every_n_steps": 10**12}, r"Expected `watch_every_n_steps` to be an int in \[0, 1000000\]"),
 ])
 def test_bad_constructor_arguments_fail_at_construction_with_what_to_do(kwargs, match):
     from satmon import SaturationMonitor

@@ -163,15 +163,18 @@ def _resolved(path: Path) -> Path:
 
 def _check_utf8(option: str, value: str) -> None:
     """TensorBoard, and the links of a markdown report, take only UTF-8 paths: an output name with bytes that are not
-    UTF-8 is refused before any work."""
+    UTF-8 is refused before any work, and so is one holding control characters (every line naming it would send them
+    to the terminal)."""
+    from satmon.replay.user_code import printable
+
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        from satmon.replay.user_code import printable
-
-        shown = printable(value)
         raise _usage(f"Expected {option} to be a UTF-8 name (TensorBoard, JSON and markdown write only those), got "
-                     f"'{shown}': pass another name.") from None
+                     f"'{printable(value)}': pass another name.") from None
+    if not value.isprintable():
+        raise _usage(f"Expected {option} to be a name without control characters (every line naming it would send them "
+                     f"to the terminal), got '{printable(value)}': pass another name.")
 
 
 def _check_folder(option: str, value: str) -> Path:
@@ -243,6 +246,12 @@ def _check_outputs(args: argparse.Namespace) -> Outputs:
     for target in (out.json, out.report, *out.plots):
         if target is not None and target.exists():
             out.existed.add(target)
+    data = os.path.realpath(args.data) if args.data is not None else None
+    for option, target in (("--json", out.json), ("--json", out.partial), ("--report", out.report),
+                           *(("--report", plot) for plot in out.plots)):
+        if target is not None and data is not None and os.path.realpath(target) == data:
+            raise _usage(f"Expected {option} to write another file than --data {args.data!r}, got the same file: it would "
+                         "be replaced by the replay's outputs. Pass another name.")
     if args.report:
         from satmon.io.markdown import require_matplotlib
 
@@ -422,9 +431,11 @@ class _Partial:
 
     def __init__(self, path: Path, like: Path) -> None:
         self.path, self.count, self.size = path, 0, 0
-        self.replaced = path.exists()
+        self.replaced = os.path.lexists(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        if self.replaced:  # the name is replaced, never written through: a symlink's target, a hard link's other names
+            os.unlink(path)  # are left as they are
+        self.fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
         if like.exists():
             os.chmod(path, stat.S_IMODE(os.stat(like).st_mode))
 

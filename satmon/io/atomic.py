@@ -43,10 +43,11 @@ def _limit(folder: Path, name: str, default: int) -> int:
 
 def check_name_lengths(path: str | os.PathLike, what: str, extra: int = 0) -> None:
     """Every component of ``path`` (its last one ``extra`` bytes longer: a temporary companion) fits the file
-    system's name limit, and the whole path its path limit.
+    system's name limit, and the whole path its path limit; no part holds a control character (every message
+    that names the path would send it to the terminal).
 
     Raises:
-        OutputError: a name or path too long, with the limit and what to do.
+        OutputError: a name or path too long, or a control character, with the limit and what to do.
 
     Example:
         >>> check_name_lengths("out/r.json", "--json", TEMP_EXTRA) is None
@@ -56,6 +57,12 @@ def check_name_lengths(path: str | os.PathLike, what: str, extra: int = 0) -> No
         ...
         satmon.io.atomic.OutputError: Expected --json to name a file of at most 241 bytes (the file system's names are at most 255 bytes, and satmon writes it through a 14-byte longer temporary '.NAME.XXXXXXXX.tmp' beside it), got 255 bytes: pass a shorter name.
     """
+    text = os.fspath(path)
+    if not text.isprintable():
+        from satmon.io.safe_text import printable
+
+        raise OutputError(f"Expected {what} to be a name without control characters (every message naming it would send "
+                          f"them to the terminal), got '{printable(text)}': pass another name.")
     real = _real(Path(path))
     name_max, path_max = _limit(real.parent, "PC_NAME_MAX", 255), _limit(real.parent, "PC_PATH_MAX", 4096)
     parts = [part for part in Path(os.fspath(path)).parts if part != os.sep]

@@ -398,6 +398,16 @@ class SafetensorsIndex:
             entries[str(name)] = (dtype, shape, data_start + begin, data_start + end)
         if not entries:
             raise ValueError("not a checkpoint: a safetensors file without tensors")
+        at = data_start  # the format indexes its whole data section, without gaps or overlaps (no polyglot files)
+        for name, (_, _, begin, end) in sorted(entries.items(), key=lambda e: (e[1][2], e[1][3])):
+            if begin != at:
+                raise ValueError(f"corrupt safetensors file: tensor {name[:80]!r} starts at byte {begin - data_start:,} of "
+                                 f"the data section, where {at - data_start:,} was expected (a gap or an overlap: the "
+                                 "format has none)")
+            at = end
+        if at != stamp.size:
+            raise ValueError(f"corrupt safetensors file: {stamp.size - at:,} byte(s) after its last tensor (the format "
+                             "ends with it)")
         stamp.check("while it was being read")
         return cls(entries, {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {})
 

@@ -69,10 +69,10 @@ def _names_the_working_directory(entry: str, index: int, cwd: str, implicit: set
         return _read_from_files(entry)
     if os.path.realpath(entry) in implicit:
         return True
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    # python -m puts the working directory first (no PYTHONSAFEPATH): not an entry the user chose
-    return index == 0 and spec is not None and not sys.flags.safe_path and os.path.realpath(entry) == cwd
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    # python -m satmon... puts the working directory first (no PYTHONSAFEPATH): not an entry the user chose
+    started_as_module = spec is not None and str(getattr(spec, "name", "")).startswith("satmon")
+    return index == 0 and started_as_module and not sys.flags.safe_path and os.path.realpath(entry) == cwd
 
 
 @contextmanager

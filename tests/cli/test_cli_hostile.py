@@ -149,3 +149,14 @@ def test_an_unexpected_error_ends_in_one_line_without_a_traceback(monkeypatch, c
     assert err.count("\n") == 1 and "Traceback" not in err and _printable(err)
     assert err.startswith("satmon report: stopped by an unexpected error: RuntimeError: a bug\\x1b[2J") and \
         "SATMON_TRACEBACK=1" in err
+
+
+def test_reliability_counts_these_cases():
+    """docs/reliability.md's figure is :data:`HOSTILE`, and every name in it is a case here."""
+    import re
+
+    text = (ROOT / "docs" / "reliability.md").read_text()
+    found = re.search(r"\*\*hostile files and environments\*\*: (\d+)", text)
+    assert found and int(found.group(1)) == len(HOSTILE) == len(set(HOSTILE))
+    here = Path(__file__).read_text()
+    assert here.count("\ndef test_") - 1 + 1 == len(HOSTILE)  # one parametrised test holds two cases, this one none
