@@ -112,19 +112,25 @@ def _parser() -> argparse.ArgumentParser:
 
 
 @contextmanager
-def _guarded() -> Iterator[list[BaseException]]:
-    """For a command's time: no import from the working directory, and the errors of background threads (and of
-    objects' finalizers) kept in the yielded list instead of printed as tracebacks; restored at the end."""
-    from satmon.replay.user_code import no_working_directory
+def _guarded(name: str) -> Iterator[list[BaseException]]:
+    """For a command's time: no import from the working directory; the errors of background threads kept in the
+    yielded list instead of printed as tracebacks, and those of objects' finalizers said in one line; restored at
+    the end."""
+    from satmon.replay.user_code import error_line, no_working_directory
 
     errors: list[BaseException] = []
     previous, previous_unraisable = threading.excepthook, sys.unraisablehook
 
-    def keep(args: threading.ExceptHookArgs | sys.UnraisableHookArgs) -> None:
+    def keep(args: threading.ExceptHookArgs) -> None:
         if args.exc_value is not None and not isinstance(args.exc_value, SystemExit):
             errors.append(args.exc_value)
 
-    threading.excepthook, sys.unraisablehook = keep, keep
+    def say(args: sys.UnraisableHookArgs) -> None:  # an error in a __del__: Python would print its traceback
+        if args.exc_value is not None:
+            print(f"satmon {name}: note: an error was ignored while an object was cleaned up: {error_line(args.exc_value)}",
+                  file=sys.stderr)
+
+    threading.excepthook, sys.unraisablehook = keep, say
     try:
         with no_working_directory():
             yield errors
@@ -133,12 +139,12 @@ def _guarded() -> Iterator[list[BaseException]]:
 
 
 def _run(name: str, argv: list[str]) -> int:
-    """The command's exit code; a background writer's error makes a run that said nothing of it end in one line."""
+    """The command's exit code; a background thread's error makes a run that said nothing of it end in one line."""
     from satmon.replay.user_code import error_line
 
-    with _guarded() as errors:
-        module = importlib.import_module(SUBCOMMANDS[name][0])
+    with _guarded(name) as errors:
         try:
+            module = importlib.import_module(SUBCOMMANDS[name][0])
             code = int(module.main(argv) or 0)
         except KeyboardInterrupt:
             print(f"satmon {name}: interrupted (Ctrl-C); every output satmon replaces is either as it was or complete "
@@ -152,8 +158,8 @@ def _run(name: str, argv: list[str]) -> int:
                   "(SATMON_TRACEBACK=1 shows where it happened).", file=sys.stderr)
             return 1
         if errors and code == 0:  # a failure the command did not see (it reports those it sees in its own line)
-            print(f"satmon {name}: a background writer failed: {error_line(errors[0])}; the files it was writing (e.g. "
-                  "TensorBoard's) may be incomplete.", file=sys.stderr)
+            print(f"satmon {name}: a background thread failed: {error_line(errors[0])}; what it was writing (TensorBoard's "
+                  "event files) may be incomplete.", file=sys.stderr)
             return 1
         return code
 

@@ -243,9 +243,9 @@ class SaturationMonitor(ReadsSettings, Callback):
         rank decides the same (no collective here)."""
         others = [c for c in getattr(trainer, "callbacks", ()) if isinstance(c, SaturationMonitor) and c is not self]
         if others:
-            raise ValueError(f"Expected one SaturationMonitor per Trainer, got {len(others) + 1}: they would hook the same "
-                             "DyT layers, count them once each and write the same TensorBoard tags. Put every setting in "
-                             "one SaturationMonitor(...) (or pass one satmon.Settings as settings=).")
+            raise ValueError(f"Expected one SaturationMonitor per Trainer, got {len(others) + 1}: each would hook the same "
+                             "DyT layers and write the same TensorBoard tags, and a checkpoint keeps one monitor's state. "
+                             "Put every setting in one SaturationMonitor(...) (or pass one satmon.Settings as settings=).")
         bound = self._bound
         same = (bound[0]() is trainer, bound[1]() is pl_module) if bound is not None else (False, False)
         if all(same):

@@ -205,6 +205,14 @@ class Screen:
             example_input: a batch for the gated-MLP trace (optional; every rank must pass one under
                 FSDP, whose traced forward runs collectives), fed by ``forward_fn``.
             forward_fn: how ``example_input`` reaches the model (default :func:`satmon.batches.feed`).
+
+        Attached again to the same model (a second training session: the Lightning callback's second ``fit``), the
+        run goes on as a resume from the end of the first would, from this process's own counts: a partial window
+        continues, a made verdict stays. A window already over at ``step`` with nothing counted gives no verdict,
+        and :meth:`card` says why.
+
+        Raises:
+            RuntimeError: the screen was attached to another model before (make a new Screen for it).
         """
         if self.hooks is not None:  # attached before: another training session of the same run (a second fit)
             self._new_session(model)

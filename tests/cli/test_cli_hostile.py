@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: the cases of this file (docs/reliability.md: "hostile files and environments")
 HOSTILE = ("report-escape-sequences", "report-fifo-device-folder-named-like-event-files", "report-record-claims-1-tb",
            "report-record-longer-than-the-file", "report-damaged-record-mid-file", "report-tensorboard-py-in-cwd",
-           "calibrate-escape-sequences", "unexpected-error-one-line")
+           "calibrate-escape-sequences", "unexpected-error-one-line", "background-thread-error-one-line")
 
 #: what a hostile file would send to the terminal: CSI clear screen, OSC 0 title, OSC 8 link, OSC 52 clipboard write,
 #: a C1 CSI (0x9b), a carriage return over a forged green GO, a right-to-left override, BEL, NUL, DEL
@@ -149,6 +149,35 @@ def test_an_unexpected_error_ends_in_one_line_without_a_traceback(monkeypatch, c
     assert err.count("\n") == 1 and "Traceback" not in err and _printable(err)
     assert err.startswith("satmon report: stopped by an unexpected error: RuntimeError: a bug\\x1b[2J") and \
         "SATMON_TRACEBACK=1" in err
+
+
+def test_a_background_thread_error_the_command_did_not_see_ends_in_one_line(monkeypatch, capsys):
+    """A thread that dies (TensorBoard's writer on a full disk) printed its traceback; a finalizer's error too."""
+    import errno
+    import threading
+
+    from satmon.cli import report
+
+    class Finalized:
+        def __del__(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def quiet_failure(argv):
+        t = threading.Thread(target=lambda: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
+        t.start()
+        t.join()
+        Finalized()  # dropped at once: its __del__ raises
+        return 0
+
+    monkeypatch.setattr(report, "main", quiet_failure)
+    hooks = threading.excepthook, sys.unraisablehook
+    assert main(["report", "."]) == 1
+    assert (threading.excepthook, sys.unraisablehook) == hooks  # restored
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Exception in thread" not in err and len(err.strip().splitlines()) == 2, err
+    assert "satmon report: note: an error was ignored while an object was cleaned up: OSError: [Errno 28]" in err
+    assert err.strip().splitlines()[-1] == ("satmon report: a background thread failed: OSError: [Errno 28] No space left "
+                                            "on device; what it was writing (TensorBoard's event files) may be incomplete.")
 
 
 def test_reliability_counts_these_cases():
