@@ -19,6 +19,7 @@ always the number the verdict compares with.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import re
@@ -31,7 +32,7 @@ from satmon.functional.saturation import check_product
 from satmon.results.calibration import Calibration, CalibrationError, load_calibration, short_repr  # short_repr: re-exported
 from satmon.results.stop import ABORT_MODES, ABORT_ON
 
-__all__ = ["ReadsSettings", "Settings", "check_rule", "check_selector", "settings_from", "short_repr"]
+__all__ = ["MAX_KEPT_STEPS", "ReadsSettings", "Settings", "check_rule", "check_selector", "settings_from", "short_repr"]
 
 
 def _fraction(name: str, value: Any, note: str) -> float:
@@ -73,14 +74,42 @@ def check_rule(level: Any, threshold: Any, collapse_threshold: Any) -> tuple[flo
             _fraction("collapse_threshold", collapse_threshold, f"the study's is {study.COLLAPSE_THRESHOLD:g}"))
 
 
+#: The most steps of training loss the watch keeps on the device (``loss_baseline``, ``watch_every_n_steps``): 8 MB.
+MAX_KEPT_STEPS = 1_000_000
+
+
+def _check_predicate(name: str, value: Callable[..., Any]) -> None:
+    """A predicate is called as ``value(module_name, module)``: one that cannot take two arguments is refused now."""
+    if isinstance(value, type):
+        raise ValueError(f"Expected `{name}` to be a predicate (name, module) -> bool, got the class {value.__name__}: to "
+                         f"select modules by type pass {name}=lambda name, module: isinstance(module, {value.__name__}).")
+    try:
+        signature = inspect.signature(value)
+    except (TypeError, ValueError):  # a builtin without a signature: called as it is
+        return
+    try:
+        signature.bind("layer", None)
+    except TypeError:
+        raise ValueError(f"Expected `{name}` to be a predicate called as {name}(name, module) -> bool, got "
+                         f"{getattr(value, '__qualname__', type(value).__name__)}{signature}, which cannot take those two "
+                         f"arguments: e.g. {name}=lambda name, module: name.endswith('norm').") from None
+
+
 def check_selector(name: str, value: Any) -> None:
     """``include`` / ``exclude``: ``None``, a regex string, or a predicate ``(name, module) -> bool``.
 
     Example:
         >>> check_selector("include", r"\\.norm$") is None
         True
+        >>> check_selector("include", lambda module: True)
+        Traceback (most recent call last):
+        ...
+        ValueError: Expected `include` to be a predicate called as include(name, module) -> bool, got <lambda>(module), which cannot take those two arguments: e.g. include=lambda name, module: name.endswith('norm').
     """
-    if value is None or callable(value):
+    if value is None:
+        return
+    if callable(value):
+        _check_predicate(name, value)
         return
     if not isinstance(value, str):
         raise ValueError(f"Expected `{name}` to be None, a regex on module names or a predicate (name, module) -> bool, "
@@ -202,13 +231,14 @@ class Settings:
         _int("offset_every", self.offset_every, 0, "offset statistics on every k-th counted window step; 0 turns them off")
         check_selector("include", self.include)
         check_selector("exclude", self.exclude)
-        _int("watch_every_n_steps", self.watch_every_n_steps, 0, "0 turns the watch off")
+        _int("watch_every_n_steps", self.watch_every_n_steps, 0, "0 turns the watch off", high=MAX_KEPT_STEPS)
         _int("patience", self.patience, 1, "consecutive breaching checks")
         z = self.loss_spike_z
         if isinstance(z, bool) or not isinstance(z, (int, float)) or not math.isfinite(z) or z <= 0:
             raise ValueError(f"Expected `loss_spike_z` > 0 (robust sigmas), got {z!r}.")
         object.__setattr__(self, "loss_spike_z", float(z))
-        _int("loss_baseline", self.loss_baseline, 2, "steps")
+        _int("loss_baseline", self.loss_baseline, 2, "steps of training loss kept on the device for the spike baseline",
+             high=MAX_KEPT_STEPS)
         if self.abort_on not in ABORT_ON:
             raise ValueError(f"Expected `abort_on` in {ABORT_ON}, got {short_repr(self.abort_on)}.")
         if self.abort_mode not in ABORT_MODES:

@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import textwrap
@@ -282,6 +283,220 @@ def _mutated(how: str) -> Callable[[Folder], list[str]]:
     return make
 
 
+def _zero_tensor_bytes(path: Path, n: int = 4096) -> None:
+    """Zero ``n`` bytes in the middle of the largest tensor record, the zip directory left intact (its CRC now wrong)."""
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    with open(path, "r+b") as fh:
+        fh.seek(info.header_offset)
+        name_len, extra_len = struct.unpack("<HH", fh.read(30)[26:30])
+        start = info.header_offset + 30 + name_len + extra_len + info.file_size // 2 - n // 2
+        fh.seek(start)
+        assert fh.read(n) != bytes(n)  # the weights there are not zeros already
+        fh.seek(start)
+        fh.write(bytes(n))
+
+
+def _corrupt_tensor(f: Folder) -> list[str]:
+    f.ckpt("ckpts/good.ckpt")
+    _zero_tensor_bytes(f.tmp / f.ckpt("ckpts/bad.ckpt", step=4))
+    return ["ckpts", "--model", RECORDER, "--data", "calib.pt"]
+
+
+def _corrupt_pickle(f: Folder) -> list[str]:
+    """One character of the pickle changed in place (a valid pickle still: only the zip's CRC-32 knows)."""
+    f.ckpt("ckpts/good.ckpt")
+    path = f.tmp / f.ckpt("ckpts/bad.ckpt", step=4)
+    data = path.read_bytes()
+    at = data.index(b"pytorch-lightning_version") + len(b"pytorch-lightning_version") + 6  # inside the version string
+    path.write_bytes(data[:at] + bytes([data[at] ^ 1]) + data[at + 1:])
+    return ["ckpts", "--model", RECORDER, "--data", "calib.pt"]
+
+
+def _plain_sd(f: Folder) -> dict:
+    return {k.removeprefix("model."): v.contiguous() for k, v in f.world["ckpt"]["state_dict"].items()
+            if k != "model.lm_head.weight"}  # tied to tok_emb: safetensors stores it once
+
+
+def _damaged_safetensors(f: Folder) -> list[str]:
+    """Weights damaged inside a .safetensors file: it records no checksum, so satmon can only say it could not check."""
+    from safetensors.torch import save_file
+
+    save_file(_plain_sd(f), str(f.tmp / "w.safetensors"))
+    data = bytearray((f.tmp / "w.safetensors").read_bytes())
+    data[-4096:-2048] = bytes(2048)
+    (f.tmp / "w.safetensors").write_bytes(bytes(data))
+    return ["w.safetensors", "--factory", "./mymodels.py:build", "--data", "calib.pt"]
+
+
+def _safetensors_with_a_tail(f: Folder) -> list[str]:
+    """Bytes appended after the last tensor (a polyglot, or two files concatenated): the format has none."""
+    from safetensors.torch import save_file
+
+    save_file(_plain_sd(f), str(f.tmp / "w.safetensors"))
+    with open(f.tmp / "w.safetensors", "ab") as fh:
+        fh.write(b"PK\x03\x04 and more")
+    return ["w.safetensors", "--factory", "./mymodels.py:build", "--data", "calib.pt"]
+
+
+def _partial_links_to_a_user_file(f: Folder) -> list[str]:
+    """The partial file's name is a symlink to a file of the user's, and another name is a hard link to one: writing
+    through either would destroy it."""
+    (f.tmp / "victim.txt").write_text("the user's notes\n")
+    (f.tmp / "r.json.partial.jsonl").symlink_to(f.tmp / "victim.txt")
+    (f.tmp / "victim2.txt").write_text("more notes\n")
+    os.link(f.tmp / "victim2.txt", f.tmp / "s.jsonl.partial.jsonl")
+    _SECOND[:] = [f.ckpt("b.ckpt"), *DATA, "--json", "s.jsonl", "--logdir", "tb", "--quiet"]
+    return [f.ckpt("a.ckpt"), *DATA, "--json", "r.json"]
+
+
+def _victims_untouched(tmp: Path) -> None:
+    here = os.getcwd()
+    os.chdir(tmp)
+    try:
+        assert main(["replay", *_SECOND]) == 0  # the hard-linked name, in a second run
+    finally:
+        os.chdir(here)
+    assert (tmp / "victim.txt").read_text() == "the user's notes\n" and (tmp / "victim2.txt").read_text() == "more notes\n"
+    assert len(json.loads((tmp / "r.json").read_text())) == 1 and not (tmp / "r.json.partial.jsonl").exists()
+
+
+_SECOND: list[str] = []
+
+
+def _data_is_the_json(f: Folder) -> list[str]:
+    shutil.copy(f.tmp / "calib.pt", f.tmp / "calib.json")
+    return [f.ckpt("p.ckpt", payload=Payload), "--model", RECORDER, "--data", "calib.json", "--trust-checkpoints",
+            "--json", "calib.json"]
+
+
+def _legacy_file(f: Folder) -> list[str]:
+    torch.save({"model": _plain_sd(f), "iter_num": 2}, f.tmp / "old.pt", _use_new_zipfile_serialization=False)
+    return ["old.pt", "--factory", "./mymodels.py:build", "--data", "calib.pt"]
+
+
+class _Entry:
+    """A folder entry whose stat fails as in a folder this user may list but not search (mode r--)."""
+
+    def __init__(self, entry: os.DirEntry) -> None:
+        self.name, self.path = entry.name, entry.path
+
+    def stat(self, follow_symlinks: bool = True):
+        raise PermissionError(13, "Permission denied", self.path)
+
+    def is_symlink(self) -> bool:
+        raise PermissionError(13, "Permission denied", self.path)
+
+    is_dir = is_file = stat
+
+
+def _no_permission(how: str) -> Callable[[Folder], list[str]]:
+    """What mode 000 (``folder``, ``file``) or r-- (``search``) does for an ordinary user; root reads everything, so the
+    refusal the kernel would give is made here (tests/replay/test_unreadable.py does it for real when not root)."""
+    def make(f: Folder) -> list[str]:
+        f.run_folder(2)
+        locked = f.tmp / "ckpts" / ("locked" if how != "file" else "step-4.ckpt")
+        if how != "file":
+            f.ckpt("ckpts/locked/step-6.ckpt", step=6)
+        real_scandir, real_open = os.scandir, os.open
+
+        def scandir(path):
+            here = os.path.abspath(path) == str(locked)
+            if here and how == "folder":
+                raise PermissionError(13, "Permission denied", str(path))
+            entries = list(real_scandir(path))
+            return iter([_Entry(e) for e in entries] if here else entries)
+
+        def opened(path, flags, *a, **k):
+            if os.path.abspath(path) == str(locked) and how == "file":
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_open(path, flags, *a, **k)
+
+        f.monkeypatch.setattr(os, "scandir", scandir)
+        f.monkeypatch.setattr(os, "open", opened)
+        return ["ckpts", "--model", RECORDER, "--data", "calib.pt"]
+    return make
+
+
+def _special(kind: str) -> Callable[[Folder], list[str]]:
+    """Files that are not regular files where checkpoints are looked for: never opened (a FIFO would block forever)."""
+    def make(f: Folder) -> list[str]:
+        folder = f.run_folder(1)
+        if kind == "fifo-in-folder":
+            os.mkfifo(f.tmp / folder / "step-4.ckpt")
+        elif kind == "dev-zero-link":
+            (f.tmp / folder / "step-4.ckpt").symlink_to("/dev/zero")
+        elif kind == "socket-in-folder":
+            import socket
+
+            sock = socket.socket(socket.AF_UNIX)
+            sock.bind(str(f.tmp / folder / "s.ckpt"))
+            f.monkeypatch.setattr(f, "socket", sock, raising=False)
+        elif kind == "fifo-given":
+            os.mkfifo(f.tmp / "p.ckpt")
+            return ["p.ckpt", *DATA_TRUSTED]
+        elif kind == "dev-zero-given":
+            return ["/dev/zero", *DATA_TRUSTED]
+        elif kind == "huge-sparse":
+            with open(f.tmp / folder / "step-4.ckpt", "wb") as fh:
+                fh.truncate(1 << 40)  # a terabyte of nothing
+        return [folder, "--model", RECORDER, "--data", "calib.pt"]
+    return make
+
+
+def _escapes_in_names(f: Folder) -> list[str]:
+    """Checkpoint names that would drive the terminal (clear the screen, set its title, an OSC 8 link, an OSC 52
+    clipboard write, a C1 CSI, a carriage return over a forged line, a right-to-left override) and a text file's
+    first line that would forge a green GO: every one is printed escaped."""
+    f.ckpt("ckpts/step-2\x1b[2J\x1b]0;pwned\x07.ckpt", step=2)
+    f.ckpt("ckpts/step-4\x1b]8;;http://x\x1b\\\x1b]52;c;cm0gLXJmIH4=\x07.ckpt", step=4)
+    f.ckpt("ckpts/step-6\x9b2J\rGO \u202egnp.ckpt", step=6)
+    (f.tmp / "ckpts" / "notes\x1b[32m.ckpt").write_text("\x1b[32mGO: keep it\x1b[0m\r\n")
+    return ["ckpts", "--model", RECORDER, "--data", "calib.pt"]
+
+
+def _literal(f: Folder) -> list[str]:
+    return [f.ckpt("a.ckpt"), *DATA, "--name", "$HOME", "--logdir", "~/tb"]
+
+
+def _literal_check(tmp: Path) -> None:
+    assert list((tmp / "~" / "tb" / "$HOME").glob("version_0/events.out.tfevents.*"))  # written where the names say
+    assert not (tmp / "home" / "tb").exists() and not list((tmp / "home").iterdir())  # nothing under the real $HOME
+
+
+def _next_version_a_file(f: Folder) -> list[str]:
+    (f.tmp / "tb" / "replay" / "version_0").mkdir(parents=True)
+    (f.tmp / "tb" / "replay" / "version_1").write_text("a file where the next run folder would go")
+    return [f.ckpt("a.ckpt"), *DATA, "--logdir", "tb"]
+
+
+def _next_version_check(tmp: Path) -> None:
+    assert (tmp / "tb" / "replay" / "version_1").read_text().startswith("a file")
+    assert list((tmp / "tb" / "replay" / "version_2").glob("events.out.tfevents.*"))
+
+
+def _run_folder_links_out(f: Folder) -> list[str]:
+    (f.tmp / "elsewhere").mkdir()
+    (f.tmp / "tb2").mkdir()
+    (f.tmp / "tb2" / "replay").symlink_to(f.tmp / "elsewhere", target_is_directory=True)
+    return [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--logdir", "tb2"]
+
+
+def _cwd_module(pythonpath: str) -> Callable[[Folder], list[str]]:
+    """``--model mymodel:Net`` where only the working directory holds a mymodel.py, with an empty, '.' or relative
+    PYTHONPATH entry (or python -m) putting the working directory on sys.path: neither it nor a tensorboard.py there
+    may run."""
+    def make(f: Folder) -> list[str]:
+        for shadow in ("mymodel.py", "tensorboard.py"):
+            (f.tmp / shadow).write_text(f"open({str(f.marker)!r}, 'a').write('{shadow}\\n')\n"
+                                        "from satmon.demos.lit import LitLM as Net\n")
+        (f.tmp / "rel").mkdir()
+        (f.tmp / "rel" / "mymodel.py").write_text((f.tmp / "mymodel.py").read_text())
+        f.pythonpath = pythonpath
+        return [f.ckpt("a.ckpt"), "--model", "mymodel:Net", "--data", "calib.pt"]
+    return make
+
+
 @dataclass
 class Case:
     id: str
@@ -293,9 +508,12 @@ class Case:
     built: tuple[str, ...] | None = None  #: the Recorder's constructions (device each), when the case uses it
     kind: str = "fault"  #: "bad-input" (refused: exit 2, nothing done) or "fault" (the replay goes on or ends cleanly)
     absent: tuple[str, ...] = ()  #: never said
+    last: str | None = None  #: a regex the last line on stderr matches
+    check: Callable[[Path], None] | None = None  #: more assertions on the case's folder
 
 
 DATA = ["--model", MODEL, "--data", "calib.pt"]
+IGNORED = "they name the working directory or a folder of it, from an empty, '.' or relative PYTHONPATH entry"
 #: Trusted, so that a payload would run as soon as a checkpoint is read: the refusals below come before it.
 DATA_TRUSTED = ["--model", RECORDER, "--data", "calib.pt", "--trust-checkpoints"]
 NO_TRUST = ("--trust-checkpoints would", "Pass --trust-checkpoints", "pass --trust-checkpoints")
@@ -403,16 +621,93 @@ CASES = [
     Case("file-path-factory", lambda f: [f.plain("w.pt"), "--factory", "./mymodels.py:build", "--data", "calib.pt"], 0,
          ("Replayed 1 of 1",)),
     Case("lookalike-modules-in-cwd", _lookalike_modules, 0, ("Replayed 1 of 1",), console_script=True),
+    # round 4 (issue 30): damaged files, files that are not files, what cannot be read, literal paths, sys.path
+    Case("corrupt-tensor-bytes", _corrupt_tensor, 1,
+         ("skipped ckpts/bad.ckpt: corrupt: the bytes of 1 tensor record(s) (data/", "CRC-32", "Replayed 1 of 2"),
+         built=("meta", "cpu"), last=r"^satmon replay: incomplete: 1 of 2 checkpoint\(s\) replayed; 1 skipped\.$"),
+    Case("corrupt-pickle-bytes", _corrupt_pickle, 1,
+         ("skipped ckpts/bad.ckpt: corrupt: the bytes of its record", "data.pkl", "Replayed 1 of 2"),
+         last=r"^satmon replay: incomplete: 1 of 2"),
+    Case("safetensors-without-checksum", _damaged_safetensors, 0,
+         ("Replayed 1 of 1", "1 checkpoint(s) record no checksum (w.safetensors", "damaged bytes in them cannot be detected")),
+    Case("legacy-file-without-checksum", _legacy_file, 0, ("Replayed 1 of 1", "1 checkpoint(s) record no checksum (old.pt")),
+    Case("unreadable-folder", _no_permission("folder"), 1,
+         ("not replayed: ckpts/locked: cannot read the folder: Permission denied", "Replayed 2 of 2"),
+         last=r"^satmon replay: incomplete: 2 of 2 checkpoint\(s\) replayed; 1 file\(s\) or folder\(s\) that may hold "
+              r"checkpoints could not be read: ckpts/locked \(cannot read the folder: Permission denied\)\.$"),
+    Case("unsearchable-folder", _no_permission("search"), 1,
+         ("not replayed: ckpts/locked/step-6.ckpt: cannot stat it: Permission denied", "Replayed 2 of 2"),
+         last=r"^satmon replay: incomplete: .*could not be read: ckpts/locked/step-6.ckpt \(cannot stat it"),
+    Case("unreadable-file", _no_permission("file"), 1, ("skipped ckpts/step-4.ckpt: cannot read it: PermissionError",),
+         last=r"^satmon replay: incomplete: 1 of 2 checkpoint\(s\) replayed; 1 skipped\.$"),
+    Case("fifo-in-folder", _special("fifo-in-folder"), 0, ("Replayed 1 of 1",)),
+    Case("socket-in-folder", _special("socket-in-folder"), 0, ("Replayed 1 of 1",)),
+    Case("link-to-dev-zero-in-folder", _special("dev-zero-link"), 0, ("Replayed 1 of 1",)),
+    Case("huge-sparse-file", _special("huge-sparse"), 1,
+         ("skipped ckpts/step-4.ckpt: not a PyTorch checkpoint: neither a torch.save zip archive nor a pickle",),
+         last=r"^satmon replay: incomplete: 1 of 2"),
+    Case("fifo-given", _special("fifo-given"), 2, ("got 'p.ckpt', which is not a regular file (a device, a pipe or a socket)",),
+         built=(), kind="bad-input"),
+    Case("dev-zero-given", _special("dev-zero-given"), 2, ("got '/dev/zero', which is not a regular file",), built=(),
+         kind="bad-input"),
+    Case("escape-sequences-in-names", _escapes_in_names, 1,
+         ("step-2\\x1b[2J\\x1b]0;pwned\\x07.ckpt", "\\x1b]52;c;", "step-6\\x9b2J\\x0dGO \\u202egnp.ckpt",
+          "skipped ckpts/notes\\x1b[32m.ckpt: not a PyTorch checkpoint", "Replayed 3 of 4"),
+         last=r"^satmon replay: incomplete: 3 of 4"),
+    Case("paths-used-literally", _literal, 0, ("Replayed 1 of 1",), check=_literal_check),
+    Case("safetensors-with-a-tail", _safetensors_with_a_tail, 1,
+         ("skipped w.safetensors: corrupt safetensors file: 16 byte(s) after its last tensor",),
+         last=r"^satmon replay: incomplete: 0 of 1"),
+    Case("partial-name-links-to-a-user-file", _partial_links_to_a_user_file, 0,
+         ("Replayed 1 of 1", "note: r.json.partial.jsonl (the records of an earlier interrupted replay) is replaced"),
+         check=_victims_untouched),
+    Case("data-file-is-the-json", _data_is_the_json, 2, ("Expected --json to write another file than --data 'calib.json'",),
+         built=(), kind="bad-input"),
+    Case("name-with-control-characters", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--name",
+                                                    "run\x1b]0;x\x07"], 2,
+         ("Expected --name to be a name without control characters", "got 'run\\x1b]0;x\\x07'"), built=(),
+         kind="bad-input"),
+    Case("next-run-folder-a-file", _next_version_a_file, 0, ("Replayed 1 of 1", "version_2"), check=_next_version_check),
+    Case("run-folder-links-out-of-logdir", _run_folder_links_out, 2,
+         ("Expected --name 'replay' to stay under --logdir", "(a symlink out of it)"), built=(), kind="bad-input"),
+    Case("threads-beyond-the-machine", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--threads", "100000"],
+         2, (f"Expected --threads in [1, {os.cpu_count()}] (the CPUs of this machine), got 100000.",), built=(),
+         kind="bad-input"),
+    Case("weights-only-and-trust", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--weights-only"], 2,
+         ("Expected either --weights-only", "or --trust-checkpoints", "got both"), built=(), kind="bad-input"),
+    Case("json-companion-too-long", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--json",
+                                               "r" * 230 + ".json"], 2,
+         ("Expected --json's the file of partial records to name a file of at most 241 bytes", "got 249 bytes"),
+         built=(), kind="bad-input"),
+    Case("report-plot-name-too-long", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--report",
+                                                 "r" * 230 + ".md"], 2,
+         ("Expected --report's its saturation plot to name a file of at most 241 bytes", "got 245 bytes"), built=(),
+         kind="bad-input"),
+    Case("empty-pythonpath-entry", _cwd_module(":{path}"), 2, ("cannot import module 'mymodel'", IGNORED),
+         console_script=True, kind="bad-input"),
+    Case("dot-pythonpath-entry", _cwd_module(".:{path}"), 2, ("cannot import module 'mymodel'", IGNORED),
+         console_script=True, kind="bad-input"),
+    Case("relative-pythonpath-entry", _cwd_module("rel:{path}"), 2, ("cannot import module 'mymodel'", "/rel'", IGNORED),
+         console_script=True, kind="bad-input"),
+    Case("python-m-working-directory", _cwd_module("-m"), 2, ("cannot import module 'mymodel'",), console_script=True,
+         kind="bad-input"),
 ]
 
 
-def _console(argv: list[str], cwd: Path) -> tuple[int, str]:
+def _console(argv: list[str], cwd: Path, pythonpath: str | None = None) -> tuple[int, str]:
+    """The installed ``satmon`` command (``pythonpath="-m"``: ``python -m satmon.cli.main``) in a fresh process;
+    ``pythonpath`` a template of $PYTHONPATH around ``{path}``, this worktree's entries."""
     exe = Path(sys.executable).parent / "satmon"
     if not exe.exists():
         pytest.skip("the `satmon` console script is not installed")
-    path = [str(cwd / "site"), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]  # never '' (the cwd)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([str(exe), "replay", *argv, "--logdir", "tb", "--quiet"], cwd=cwd, env=env,
+    path = [str(cwd / "site"), str(ROOT), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1"}  # never '' (the cwd)
+    command = [str(exe)]
+    if pythonpath == "-m":
+        command = [sys.executable, "-m", "satmon.cli.main"]
+    elif pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath.format(path=os.pathsep.join(path))
+    done = subprocess.run([*command, "replay", *argv, "--logdir", "tb", "--quiet"], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
     return done.returncode, done.stdout + done.stderr
 
@@ -420,11 +715,15 @@ def _console(argv: list[str], cwd: Path) -> tuple[int, str]:
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_fault(case, world, tmp_path, monkeypatch, capsys):
     f = Folder(tmp_path, world)
+    f.monkeypatch, f.pythonpath = monkeypatch, None
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    err = ""
     try:
         argv = case.argv(f)
         if case.console_script:
-            code, said = _console(argv, tmp_path)
+            code, said = _console(argv, tmp_path, f.pythonpath)
         else:
             if "--logdir" not in argv:
                 argv += ["--logdir", "tb"]
@@ -435,7 +734,13 @@ def test_fault(case, world, tmp_path, monkeypatch, capsys):
                 assert len(err.strip().splitlines()) == 1, err  # a usage error is one line, no traceback
     finally:
         os.environ.pop("SATMON_TEST_MUTATE", None)
+        monkeypatch.undo()  # os.scandir and os.open as they were, before the folder is looked at
     assert code == case.exit, said
+    if case.last is not None:
+        assert re.search(case.last, err.strip().splitlines()[-1]), err
+    if case.check is not None:
+        case.check(tmp_path)
+    assert all(c.isprintable() or c in "\n\t" for c in said), "a control character reached the console"
     assert (case.kind == "bad-input") == (case.exit == 2), "a refusal is a bad input, and only a refusal"
     for text in case.said:
         assert text in said, said
@@ -561,6 +866,60 @@ def test_a_full_disk_mid_replay_stops_in_one_line_and_leaves_the_previous_json(w
         f"{tmp_path / 'tb' / 'replay' / 'version_1'} holds the checkpoints replayed so far.")
 
 
+def test_a_full_disk_mid_record_leaves_the_partial_file_on_a_complete_record(world, tmp_path, monkeypatch, capsys):
+    """0.2: the disk filled up in the middle of a record and the partial file ended with half of it."""
+    import errno
+
+    from satmon.cli import replay as cli
+
+    f = Folder(tmp_path, world)
+    monkeypatch.chdir(tmp_path)
+    folder = f.run_folder(4)
+    real_write, calls = os.write, []
+
+    def write(fd, data):
+        if calls or (len(data) > 200 and b'"global_step": 6' in data):  # the third record: half fits, then the disk is full
+            calls.append(len(data))
+            if len(calls) == 1:
+                return real_write(fd, data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(cli.os, "write", write)
+    code = main(["replay", folder, *DATA, "--logdir", "tb", "--json", "r.json", "--quiet"])
+    err = capsys.readouterr().err
+    monkeypatch.undo()
+    assert code == 1 and calls, err
+    text = (tmp_path / "r.json.partial.jsonl").read_text()
+    assert text.endswith("\n"), text
+    assert [json.loads(line)["global_step"] for line in text.splitlines()] == [2, 4]  # complete records only
+    assert err.strip().splitlines()[-1].startswith("satmon replay: stopped by OSError: [Errno 28] No space left on device")
+    assert "the 2 new record(s) are in r.json.partial.jsonl" in err and "Traceback" not in err
+
+
+def test_a_writer_thread_that_fails_reaches_the_one_line_message(world, tmp_path, monkeypatch, capsys):
+    """0.2: a full disk under --logdir gave the one-line message, then TensorBoard's writer thread's 48-line traceback."""
+    import errno
+
+    from tensorboard.summary.writer import record_writer
+
+    f = Folder(tmp_path, world)
+    monkeypatch.chdir(tmp_path)
+    folder = f.run_folder(3)
+
+    def full(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(record_writer.RecordWriter, "write", full)
+    code = main(["replay", folder, *DATA, "--logdir", "tb", "--json", "r.json", "--quiet"])
+    out, err = capsys.readouterr()
+    monkeypatch.undo()
+    assert code == 1 and "Traceback" not in out + err and "Exception in thread" not in err, err
+    assert len(err.strip().splitlines()) == 1 and "No space left on device" in err, err
+    assert err.startswith("satmon replay: stopped by OSError: [Errno 28] No space left on device after ")
+    assert not (tmp_path / "r.json").exists()
+
+
 def test_a_refused_replay_leaves_no_empty_tensorboard_run(world, tmp_path, monkeypatch, capsys):
     f = Folder(tmp_path, world)
     monkeypatch.chdir(tmp_path)
@@ -577,7 +936,9 @@ def test_reliability_figures_are_the_matrix():
     text = (ROOT / "docs" / "reliability.md").read_text()
     bad = [c for c in CASES if c.kind == "bad-input"]
     faults = [c for c in CASES if c.kind == "fault"]
-    interrupts = 4  # test_an_interrupted_replay_...: Ctrl-C, SIGTERM, SIGKILL; test_a_full_disk_mid_replay_...
+    # test_an_interrupted_replay_...: Ctrl-C, SIGTERM, SIGKILL; test_a_full_disk_mid_replay_..., _mid_record_...;
+    # test_a_writer_thread_that_fails_...
+    interrupts = 6
     want = {"bad inputs tried": len(bad), "clear errors": len(bad), "faults survived": len(faults) + interrupts,
             "data lost": 0}
     for label, value in want.items():
@@ -641,6 +1002,14 @@ def test_nonfinite_inputs_in_the_window_give_a_nonfinite_verdict_not_no_go(tmp_p
     ({"verbose": "no"}, "Expected `verbose` to be True or False"), ({"window": True}, "Expected `window`"),
     ({"product": "rounded"}, "Expected `product`"), ({"offset_every": -1}, "Expected `offset_every`"),
     ({"on_missing": "ignore"}, "Expected `on_missing`"), ({"gating_mapping": ["a"]}, "Expected `gating_mapping`"),
+    # round 4: accepted by 0.2, then a bare TypeError at fit, or 400 GB allocated at the window's end
+    ({"include": lambda module: True}, r"Expected `include` to be a predicate called as include\(name, module\) -> bool, "
+                                       r"got <lambda>\(module\), which cannot take those two arguments"),
+    ({"exclude": torch.nn.LayerNorm}, r"got the class LayerNorm: to select modules by type pass exclude=lambda name, "
+                                      r"module: isinstance\(module, LayerNorm\)"),
+    ({"loss_baseline": 10**11}, r"Expected `loss_baseline` to be an int in \[2, 1000000\] \(steps of training loss kept "
+                                r"on the device for the spike baseline\), got 100000000000"),
+    ({"watch_every_n_steps": 10**12}, r"Expected `watch_every_n_steps` to be an int in \[0, 1000000\]"),
 ])
 def test_bad_constructor_arguments_fail_at_construction_with_what_to_do(kwargs, match):
     from satmon import SaturationMonitor

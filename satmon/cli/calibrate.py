@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         return usage_exit(e)
     from satmon.calibrate.fit import CalibrationError, calibrate, write_calibration
     from satmon.io.atomic import OutputError
+    from satmon.io.safe_text import printable
 
     command = "satmon calibrate " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         cells, source = _load(args)
         result = calibrate(cells, args.metric, source)
     except (CalibrationError, OutputError) as e:
-        print(f"satmon calibrate: {e}", file=sys.stderr)
+        print(f"satmon calibrate: {printable(str(e))}", file=sys.stderr)  # a message may quote a file
         return EXIT_USAGE
     existed = cal_path.exists()
     try:
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"satmon calibrate: could not write {str(cal_path)!r}: {e.strerror or e}; the file that was there is as it "
               "was.", file=sys.stderr)
         return EXIT_UNWRITTEN
-    print(format_result(result))
+    print(printable(format_result(result), keep="\n"))  # cell, group and run names come from files
     print(f"\nWrote {cal_path}{_replaced(existed)}: threshold {cal.threshold:.5f} ({cal.rule} rule on {cal.metric}).")
     if plot_path is not None:
         existed = plot_path.exists()

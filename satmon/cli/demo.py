@@ -77,7 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=integer(0), default=CHECKPOINT_EVERY,
                    help=f"save a checkpoint every N optimizer steps and at the last step, all kept (default "
                         f"{CHECKPOINT_EVERY}; 0: the last step only)")
-    p.add_argument("--threads", type=integer(1), default=None, help="CPU threads (default: $OMP_NUM_THREADS, else every core)")
+    p.add_argument("--threads", type=integer(1, os.cpu_count() or 1), default=None,
+                   help="CPU threads, at most the machine's CPUs (default: $OMP_NUM_THREADS, else every core)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -104,11 +105,30 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.train_tokens > available:
         p.error(f"expected --train-tokens <= {available} (the embedded corpus less its {VAL_TOKENS}-byte held-out "
                 f"split), got {args.train_tokens}")
+    if os.path.expandvars(args.logdir) != args.logdir:  # Lightning's TensorBoardLogger would write elsewhere
+        p.error(f"expected --logdir without a $VARIABLE (the TensorBoard logger expands it, so the run would go to "
+                f"{os.path.expandvars(args.logdir)!r}), got {args.logdir!r}: let the shell expand it (unquoted) or rename "
+                "the folder")
     try:
         check_output_dir(args.logdir, "--logdir")
-        check_output_dir(Path(args.logdir) / _run_name(args), "--logdir's run folder")
+        run = Path(args.logdir) / _run_name(args)
+        check_output_dir(run, "--logdir's run folder")
+        version = run / f"version_{_next_version(run)}"
+        if version.exists() and not version.is_dir():
+            p.error(f"expected {str(version)!r} to be free for the run's TensorBoard folder (the next version_N), got a "
+                    "file there: move it away or pass another --logdir")
     except OutputError as e:
         p.error(str(e))
+
+
+def _next_version(run: Path) -> int:
+    """The ``version_N`` folder Lightning's TensorBoardLogger picks next under ``run`` (one past its highest folder)."""
+    try:
+        found = [int(e.name[8:]) for e in os.scandir(run) if e.name.startswith("version_") and e.name[8:].isdigit()
+                 and e.is_dir()]
+    except OSError:
+        return 0
+    return max(found) + 1 if found else 0
 
 
 def _run_name(args: argparse.Namespace) -> str:
@@ -203,7 +223,9 @@ def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
     from satmon.demos.lit import LitLM
 
     pl.seed_everything(args.seed, verbose=False)
-    torch.set_num_threads(max(1, args.threads or int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1))
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    cpus = os.cpu_count() or 1  # a malformed or huge $OMP_NUM_THREADS is not passed on (torch's pool crashes far past it)
+    torch.set_num_threads(args.threads or (min(int(omp), cpus) if omp.isdigit() and int(omp) > 0 else cpus))
     steps = args.steps or args.window
     model = LitLM(arch="gpt", d_model=args.d_model, n_layers=args.layers, n_heads=N_HEADS, seq_len=args.seq_len,
                   norm="dyt", alpha_init=2.0, emb_std=_emb_std(args), lr=3e-3, warmup=50)
@@ -212,7 +234,8 @@ def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
     data.setup("fit")
     losses = {"start": heldout_loss(model, data), "unigram": unigram_loss(data)}
     monitor = SaturationMonitor(window=args.window, threshold=args.threshold, log_every_n_steps=25, verbose=False)
-    logger = TensorBoardLogger(args.logdir, name=_run_name(args), default_hp_metric=False)  # the HParams view shows satmon's verdict
+    # an absolute path: the logger expands a leading ~, which a literal --logdir must not get
+    logger = TensorBoardLogger(os.path.abspath(args.logdir), name=_run_name(args), default_hp_metric=False)  # the HParams view shows satmon's verdict
     ckpt = _step_checkpoints(Path(logger.log_dir) / "checkpoints", args.checkpoint_every, steps)
     callbacks = [monitor, ckpt] + ([] if args.quiet else [_step_bar(args.window)])
     trainer = pl.Trainer(

@@ -3,13 +3,24 @@
 The top-level parser and every subcommand's parser are built from the standard library alone: torch,
 Lightning and the readers are imported inside the function that runs a command, after its arguments
 are parsed, so ``satmon --help``, ``--version`` and ``satmon COMMAND --help`` start at once.
+
+Every command runs inside :func:`_guarded`: the working directory is not importable (an empty or relative
+``PYTHONPATH`` entry, ``python -m``: :func:`satmon.replay.user_code.no_working_directory`), a background
+thread's error (TensorBoard's writer on a full disk) is kept instead of printed as a traceback and reaches
+the command's one-line message, and an error nothing else caught ends in one line, not a traceback
+(``SATMON_TRACEBACK=1`` shows it).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import threading
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "SUBCOMMANDS", "fraction", "integer", "main", "usage_exit"]
 
@@ -100,12 +111,65 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+@contextmanager
+def _guarded(name: str) -> Iterator[list[BaseException]]:
+    """For a command's time: no import from the working directory; the errors of background threads kept in the
+    yielded list instead of printed as tracebacks, and those of objects' finalizers said in one line; restored at
+    the end."""
+    from satmon.replay.user_code import error_line, no_working_directory
+
+    errors: list[BaseException] = []
+    previous, previous_unraisable = threading.excepthook, sys.unraisablehook
+
+    def keep(args: threading.ExceptHookArgs) -> None:
+        if args.exc_value is not None and not isinstance(args.exc_value, SystemExit):
+            errors.append(args.exc_value)
+
+    def say(args: sys.UnraisableHookArgs) -> None:  # an error in a __del__: Python would print its traceback
+        if args.exc_value is not None:
+            print(f"satmon {name}: note: an error was ignored while an object was cleaned up: {error_line(args.exc_value)}",
+                  file=sys.stderr)
+
+    threading.excepthook, sys.unraisablehook = keep, say
+    try:
+        with no_working_directory():
+            yield errors
+    finally:
+        threading.excepthook, sys.unraisablehook = previous, previous_unraisable
+
+
+def _run(name: str, argv: list[str]) -> int:
+    """The command's exit code; a background thread's error makes a run that said nothing of it end in one line."""
+    from satmon.replay.user_code import error_line
+
+    with _guarded(name) as errors:
+        try:
+            module = importlib.import_module(SUBCOMMANDS[name][0])
+            code = int(module.main(argv) or 0)
+        except KeyboardInterrupt:
+            print(f"satmon {name}: interrupted (Ctrl-C); every output satmon replaces is either as it was or complete "
+                  "(files are replaced only by finished ones).", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except Exception as e:  # nothing else caught it: one line, never a traceback (SATMON_TRACEBACK=1 shows it)
+            if os.environ.get("SATMON_TRACEBACK"):
+                traceback.print_exc()
+            print(f"satmon {name}: stopped by an unexpected error: {error_line(e)}. Files satmon replaces were left as "
+                  "they were or replaced by complete ones; please report this with the command line "
+                  "(SATMON_TRACEBACK=1 shows where it happened).", file=sys.stderr)
+            return 1
+        if errors and code == 0:  # a failure the command did not see (it reports those it sees in its own line)
+            print(f"satmon {name}: a background thread failed: {error_line(errors[0])}; what it was writing (TensorBoard's "
+                  "event files) may be incomplete.", file=sys.stderr)
+            return 1
+        return code
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``satmon COMMAND ...``; returns the exit code.
 
     Bare ``satmon`` and an unknown command print the usage on stderr and return 2 (argparse's
     convention); ``--help`` prints it on stdout and returns 0. Ctrl-C during a command ends it with one
-    line on stderr and exit code 130, no traceback.
+    line on stderr and exit code 130, no traceback; so does any other error (exit code 1).
 
     Example:
         >>> main(["--version"])
@@ -119,14 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as e:
             return usage_exit(e)
         return EXIT_USAGE  # not reached: a valid command is dispatched below
-    name = argv[0]
-    module = importlib.import_module(SUBCOMMANDS[name][0])
-    try:
-        return int(module.main(argv[1:]) or 0)
-    except KeyboardInterrupt:
-        print(f"satmon {name}: interrupted (Ctrl-C); every output satmon replaces is either as it was or complete "
-              "(files are replaced only by finished ones).", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    return _run(argv[0], argv[1:])
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -63,8 +63,9 @@ outputs: --json FILE is written once the replay is complete (atomically: the pre
 whole until then); the records are kept as they come in FILE.partial.jsonl, removed at the end.
 An interrupted replay leaves FILE as it was and says where its records are.
 
-exit codes: 0 all replayed, 1 a checkpoint was skipped, 2 usage error (checked before any work;
-nothing written), 3 non-finite values (NaN/inf weights or DyT inputs) in a replayed checkpoint,
+exit codes: 0 all replayed, 1 incomplete (a checkpoint was skipped, or a file or folder that may hold
+checkpoints could not be read: the last line says "incomplete"), 2 usage error (checked before any
+work; nothing written), 3 non-finite values (NaN/inf weights or DyT inputs) in a replayed checkpoint,
 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
 """
 
@@ -132,6 +133,9 @@ def _check_numbers(args: argparse.Namespace) -> Any:
     for option, value in (("--batches", args.batches), ("--batch-size", args.batch_size), ("--threads", args.threads)):
         if value is not None and value < 1:
             raise _usage(f"Expected {option} >= 1, got {value}.")
+    cpus = os.cpu_count() or 1
+    if args.threads is not None and args.threads > cpus:  # torch's thread pool crashes (SIGSEGV) far beyond the machine
+        raise _usage(f"Expected --threads in [1, {cpus}] (the CPUs of this machine), got {args.threads}.")
     try:
         check_rule(args.level, args.threshold, args.collapse_threshold)
     except ValueError as e:
@@ -162,23 +166,32 @@ def _resolved(path: Path) -> Path:
 
 def _check_utf8(option: str, value: str) -> None:
     """TensorBoard, and the links of a markdown report, take only UTF-8 paths: an output name with bytes that are not
-    UTF-8 is refused before any work."""
+    UTF-8 is refused before any work, and so is one holding control characters (every line naming it would send them
+    to the terminal)."""
+    from satmon.replay.user_code import printable
+
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        from satmon.replay.user_code import printable
-
-        shown = printable(value)
         raise _usage(f"Expected {option} to be a UTF-8 name (TensorBoard, JSON and markdown write only those), got "
-                     f"'{shown}': pass another name.") from None
+                     f"'{printable(value)}': pass another name.") from None
+    if not value.isprintable():
+        raise _usage(f"Expected {option} to be a name without control characters (every line naming it would send them "
+                     f"to the terminal), got '{printable(value)}': pass another name.")
 
 
 def _check_folder(option: str, value: str) -> Path:
     """A folder that can be created or written: refused when empty, a file, or under a file or a read-only folder."""
+    from satmon.io.atomic import OutputError, check_name_lengths
+
     if not value.strip():
         raise _usage(f"Expected {option} to name a folder, got an empty name: pass a path such as satmon_logs.")
     _check_utf8(option, value)
-    path = Path(value).expanduser()
+    path = Path(value)  # literally: no ~ or $VAR expansion (what is checked is what is written)
+    try:
+        check_name_lengths(path, option)
+    except OutputError as e:
+        raise _usage(str(e)) from None
     if path.exists() and not path.is_dir():
         raise _usage(f"Expected {option} {value!r} to be a folder, got a file: pass a folder path (it is created if missing).")
     existing = next((a for a in (path, *path.parents) if a.exists()), Path("."))
@@ -210,8 +223,11 @@ def _check_outputs(args: argparse.Namespace) -> Outputs:
     if run.exists() and not run.is_dir():
         raise _usage(f"--logdir/--name: {str(run)!r} is a file, where the TensorBoard run folder goes: pass another "
                      "--name or --logdir.")
-    if run.exists():
-        _check_folder("--logdir/--name", str(run))
+    _check_folder("--logdir/--name", str(run))  # the names' lengths; writable where it exists
+    real_logdir, real_run = os.path.realpath(logdir), os.path.realpath(run)
+    if os.path.commonpath([real_logdir, real_run]) != real_logdir:  # checked where it resolves, as it is written
+        raise _usage(f"Expected --name {name!r} to stay under --logdir, got {str(run)!r}, which resolves to {real_run!r} "
+                     "(a symlink out of it): pass another --name.")
     out = Outputs(logdir=logdir, name=name if source is None else "replay", source=source)
 
     def beside(path: Path, what: str, option: str) -> Path:
@@ -236,6 +252,12 @@ def _check_outputs(args: argparse.Namespace) -> Outputs:
     for target in (out.json, out.report, *out.plots):
         if target is not None and target.exists():
             out.existed.add(target)
+    data = os.path.realpath(args.data) if args.data is not None else None
+    for option, target in (("--json", out.json), ("--json", out.partial), ("--report", out.report),
+                           *(("--report", plot) for plot in out.plots)):
+        if target is not None and data is not None and os.path.realpath(target) == data:
+            raise _usage(f"Expected {option} to write another file than --data {args.data!r}, got the same file: it would "
+                         "be replaced by the replay's outputs. Pass another name.")
     if args.report:
         from satmon.io.markdown import require_matplotlib
 
@@ -254,8 +276,12 @@ def _check_inputs(args: argparse.Namespace) -> Any:
     if args.model is None and args.factory is None:
         raise _usage("Pass --model MODULE:CLASS (a LightningModule, for .ckpt files) or --factory "
                      "MODULE:FUNCTION (returns the nn.Module, for plain state_dict files).")
+    if args.weights_only and args.trust_checkpoints:
+        raise _usage("Expected either --weights-only (read checkpoints with torch.load(weights_only=True): the default) or "
+                     "--trust-checkpoints (weights_only=False: runs code stored in them), got both: drop one.")
     if args.data is not None and not Path(args.data).is_file():
-        raise _usage(f"--data {args.data!r}: no such file. Pass --data FILE (a torch.save'd tensor, list of "
+        what = "not a regular file (a folder, a device, a pipe or a socket)" if Path(args.data).exists() else "no such file"
+        raise _usage(f"--data {args.data!r}: {what}. Pass --data FILE (a torch.save'd tensor, list of "
                      "batches or dict of tensors) or --datamodule MODULE:CLASS.")
     import torch
 
@@ -410,26 +436,42 @@ class _Partial:
     keeps. It gets the permissions of the file it stands for (a private --json stays private)."""
 
     def __init__(self, path: Path, like: Path) -> None:
-        self.path, self.count = path, 0
-        self.replaced = path.exists()
+        self.path, self.count, self.size = path, 0, 0
+        self.replaced = os.path.lexists(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = open(path, "w", encoding="utf-8")
+        if self.replaced:  # the name is replaced, never written through: a symlink's target, a hard link's other names
+            os.unlink(path)  # are left as they are
+        self.fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
         if like.exists():
             os.chmod(path, stat.S_IMODE(os.stat(like).st_mode))
 
     def add(self, record: dict[str, Any]) -> None:
-        self.file.write(json.dumps(record, allow_nan=False) + "\n")
-        self.file.flush()
-        os.fsync(self.file.fileno())
+        """Append one record, on disk before it counts; a write that fails (a full disk) is cut back off, so the
+        file always ends on a complete record."""
+        data = (json.dumps(record, allow_nan=False) + "\n").encode("utf-8")
+        try:
+            done = 0
+            while done < len(data):
+                done += os.write(self.fd, data[done:])
+            os.fsync(self.fd)
+        except BaseException:
+            try:
+                os.ftruncate(self.fd, self.size)  # freeing space always works
+                os.lseek(self.fd, self.size, os.SEEK_SET)
+            except OSError:
+                pass
+            raise
+        self.size += len(data)
         self.count += 1
 
     def remove(self) -> None:
-        self.file.close()
+        self.close()
         self.path.unlink(missing_ok=True)
 
     def close(self) -> None:
-        if not self.file.closed:
-            self.file.close()
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 @dataclass
@@ -517,6 +559,7 @@ def run(args: argparse.Namespace, state: _State | None = None) -> int:
     from satmon.replay import checkpoints as ck
     from satmon.replay.data import input_forward_fn, load_data_file
     from satmon.replay.loop import ModelLoader
+    from satmon.replay.user_code import printable
 
     model_cls, factory, dm_cls = _user_objects(args)
     if args.threads is not None:
@@ -526,8 +569,9 @@ def run(args: argparse.Namespace, state: _State | None = None) -> int:
     listing = ck.list_checkpoints(args.paths, exclude=[p for p in (args.data, out.partial) if p])  # stat only
     if not listing.paths:
         raise _usage(ck.nothing_to_replay(args.paths, listing))
-    for path, why in listing.explicit + [(p, w) for p, w in listing.left_out if w.startswith(("a broken", "cannot"))]:
-        print(f"satmon replay: note: not replayed: {path}: {why}.", file=sys.stderr)
+    unread = listing.unread()
+    for path, why in listing.explicit + unread + listing.broken_links():
+        print(f"satmon replay: note: not replayed: {printable(str(path))}: {why}.", file=sys.stderr)
     batches = load_data_file(args.data, args.batches, args.batch_size) if args.data is not None else None
     if args.trust_checkpoints:
         print("satmon replay: --trust-checkpoints: checkpoints are read with torch.load(weights_only=False), which runs "
@@ -565,9 +609,24 @@ def run(args: argparse.Namespace, state: _State | None = None) -> int:
         state.json_written = True
         state.partial.remove()
         print(f"JSON records:    {out.json.resolve()}{_replaced(out, out.json)}")
+    unverified = _unverified(ordered)
+    if unverified:
+        print(f"satmon replay: note: {unverified}", file=sys.stderr)
     if out.report is not None:
-        _report(args, out, records, dicts, rows, device, data_text, log_dir, nonfinite)
-    return _exit_code(rows, records, infos, nonfinite)
+        _report(args, out, records, dicts, rows, device, data_text, log_dir, nonfinite + ([unverified] if unverified else []))
+    return _exit_code(rows, records, infos, nonfinite, unread)
+
+
+def _unverified(ordered: list[Any]) -> str:
+    """What could not be checked for damage: checkpoints in formats that record no checksum (``""``: none)."""
+    names = [i.path.name for i in ordered if any(w.layout != "zip" for w in i.weights)]
+    if not names:
+        return ""
+    from satmon.replay.user_code import printable
+
+    shown = ", ".join(printable(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"{len(names)} checkpoint(s) record no checksum ({shown}: .safetensors, or torch files older than its zip "
+            "format): damaged bytes in them cannot be detected, only a damaged structure.")
 
 
 def _report(args, out: Outputs, records, dicts, rows, device, data_text: str, log_dir: Path, nonfinite: list[str]) -> None:
@@ -589,19 +648,32 @@ def _report(args, out: Outputs, records, dicts, rows, device, data_text: str, lo
     print(f"Report:          {written[0].resolve()} (+ {len(written) - 1} PNG{note})")
 
 
-def _exit_code(rows: list[dict[str, Any]], records: list[Any], infos: list[Any], nonfinite: list[str]) -> int:
+def _exit_code(rows: list[dict[str, Any]], records: list[Any], infos: list[Any], nonfinite: list[str],
+               unread: list[tuple[Path, str]]) -> int:
+    """The exit code; an incomplete replay (a checkpoint skipped, a file or folder that could not be read) says so in
+    its last line, whatever else it found."""
+    from satmon.replay.user_code import printable
+
     code = EXIT_OK
     skipped = [r["name"] for r in rows if r["error"]]
     if skipped:
         print(f"satmon replay: {len(skipped)} checkpoint(s) skipped: " + ", ".join(skipped), file=sys.stderr)
-        refused = [i.path.name for i in infos if i.refused and not i.unsafe]
+        refused = [printable(i.path.name) for i in infos if i.refused and not i.unsafe]
         if refused:
             print(f"satmon replay: {len(refused)} of them refused by torch.load(weights_only=True) for a type torch does "
                   f"not allow by default: {', '.join(refused)}; --trust-checkpoints would load them, and run code stored "
                   "in them: only for files you made or trust.", file=sys.stderr)
-        code = EXIT_SKIPPED
     for line in nonfinite:
         print(f"satmon replay: {line}", file=sys.stderr)
+    if skipped or unread:
+        code = EXIT_SKIPPED
+        said = [f"{len(rows) - len(skipped)} of {len(rows)} checkpoint(s) replayed"]
+        if skipped:
+            said.append(f"{len(skipped)} skipped")
+        if unread:
+            shown = "; ".join(f"{printable(str(p))} ({why})" for p, why in unread[:3]) + ("; ..." if len(unread) > 3 else "")
+            said.append(f"{len(unread)} file(s) or folder(s) that may hold checkpoints could not be read: {shown}")
+        print("satmon replay: incomplete: " + "; ".join(said) + ".", file=sys.stderr)
     return EXIT_NONFINITE if any(r.nonfinite for r in records) else code
 
 

@@ -64,8 +64,12 @@ def _points(series: list[tuple[int, float]]) -> list[str]:
 
 
 def format_run(run: Run) -> str:
-    """The verdict card (decision, notes, per-layer table), then the trajectories' key points, as compact tables."""
+    """The verdict card (decision, notes, per-layer table), then the trajectories' key points, as compact tables.
+
+    Everything in it that came from a file or a folder name is printable text: no control character reaches the
+    terminal (:func:`~satmon.io.safe_text.printable`)."""
     from satmon.io.markdown import table
+    from satmon.io.safe_text import printable
     from satmon.io.tensorboard import TAG
     from satmon.results.card import plain
 
@@ -96,7 +100,7 @@ def format_run(run: Run) -> str:
         cols += sorted({c for v in layers.values() for c in v} - set(cols))
         out += ["Per layer, last value:",
                 table(["layer", *cols], [[name, *[v.get(c) for c in cols]] for name, v in layers.items()]), ""]
-    return "\n".join(out).rstrip() + "\n"
+    return printable("\n".join(out).rstrip(), keep="\n") + "\n"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -119,7 +123,26 @@ def _usage_error(root: str) -> str | None:
         return f"no such file or directory: {root!r}. {hint}"
     if not path.is_dir() and not path.match(EVENT_GLOB):
         return f"Expected LOGDIR to be a folder or a TensorBoard event file ({EVENT_GLOB}), got the file {root!r}. {hint}"
+    if not path.is_dir() and not path.is_file():  # never opened: a FIFO would block, a device would be read forever
+        return f"Expected LOGDIR to be a folder or a TensorBoard event file, got {root!r}, which is not a regular file " \
+               f"(a device, a pipe or a socket). {hint}"
     return None
+
+
+def _load(root: Path) -> tuple[list[Run], int, list[str]]:
+    """The runs with satmon data under ``root``, how many run folders were looked at, and the event files that were
+    not read to their end (and why)."""
+    from satmon.io.safe_text import printable
+    from satmon.io.tensorboard_reader import read_run, run_dirs
+
+    dirs = run_dirs(root)
+    runs, problems = [], []
+    for d in dirs:
+        run = read_run(d)
+        problems += [f"{printable(str(d))}/{p}" for p in run.problems]
+        if run.scalars or run.texts:
+            runs.append(run)
+    return runs, len(dirs), problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,14 +155,17 @@ def main(argv: list[str] | None = None) -> int:
     if why is not None:
         print(f"satmon report: {why}", file=sys.stderr)
         return EXIT_USAGE
-    from satmon.io.tensorboard_reader import load_runs
+    from satmon.io.safe_text import printable
 
     root = Path(args.logdir)
     try:
-        runs, looked = load_runs(root)
-    except OSError as e:  # a folder or event file this user cannot read
-        print(f"satmon report: cannot read {str(root)!r}: {e.strerror or e} ({e.filename or root}).", file=sys.stderr)
+        runs, looked, problems = _load(root)
+    except OSError as e:  # a folder this user cannot read
+        print(f"satmon report: cannot read {str(root)!r}: {e.strerror or e} ({printable(str(e.filename or root))}).",
+              file=sys.stderr)
         return EXIT_NO_DATA
+    for problem in problems:
+        print(f"satmon report: note: {problem}", file=sys.stderr)
     if not runs:
         print(f"satmon report: no satmon data under {str(root)!r} ({looked} TensorBoard run folder(s) looked at). "
               "Point it at a run written by SaturationMonitor (with a TensorBoardLogger) or by `satmon replay`.",

@@ -8,6 +8,8 @@ the abort policy live in :mod:`satmon.screen`; every option is one :class:`satmo
 from __future__ import annotations
 
 import ast
+import itertools
+import weakref
 from contextlib import ExitStack
 from collections.abc import Callable
 from typing import Any
@@ -29,12 +31,24 @@ from satmon.io.lightning import LightningSink
 from satmon.io.sink import MultiSink, Sink, check_sink
 from satmon.io.tensorboard import TAG, log_text
 
-__all__ = ["SaturationMonitor"]
+__all__ = ["STATE_KEY", "SaturationMonitor"]
+
+#: The key a checkpoint keeps a monitor's state under (``checkpoint["callbacks"][STATE_KEY]``).
+STATE_KEY = "SaturationMonitor"
+_SERIAL = itertools.count()  # each monitor's own key until a Trainer's setup binds it (see SaturationMonitor.state_key)
 
 _ON_MISSING = ("warn", "raise")
 #: the monitor's own keyword arguments (every other option is a satmon.Settings field)
 _OWN = ("sink", "log_every_n_steps", "on_missing", "verbose", "probe_every_n_steps", "probe_on_checkpoint", "calibration_batches",
         "probe_forward_fn", "gating_forward_fn")
+
+
+def _weak(obj: Any) -> Callable[[], Any]:
+    """A weak reference to ``obj`` (a Trainer, a LightningModule), or one that holds what cannot be weakly referenced."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
 
 
 class _StrategyAgreement:
@@ -154,14 +168,29 @@ class SaturationMonitor(ReadsSettings, Callback):
         self.user_sink = check_sink(sink) if sink is not None else None
         self._loggers: LightningSink | None = None  # the Trainer's loggers, from on_train_start to the end of fit
         self.verbose = Settings.check_flag("verbose", verbose)
-        live = LiveProbe(probe_every_n_steps, probe_on_checkpoint, calibration_batches, probe_forward_fn,
-                         settings=self.settings)  # validates the probe arguments
+        self.gating_forward_fn = gating_forward_fn or feed_first
+        self._probe_args = (probe_every_n_steps, probe_on_checkpoint, calibration_batches, probe_forward_fn)
+        # the run this monitor screens: weak references to its Trainer and LightningModule (set by setup), whether it
+        # screened one before, and what a new run replaced (warned at train start unless a checkpoint was loaded)
+        self._bound: tuple[Callable[[], Any], Callable[[], Any]] | None = None
+        self._used = False
+        self._replaced: str | None = None
+        self._serial = next(_SERIAL)
+        self._new_run()  # validates the probe arguments
+
+    def _new_run(self) -> None:
+        """A screen and live probe with nothing of an earlier run in them."""
+        live = LiveProbe(*self._probe_args, settings=self.settings)
         self.live_probe: LiveProbe | None = live if live.active else None
         # the verdict's line (or card, verbose) goes to stdout on rank zero (the Screen's default), as in every satmon driver
-        self.screen = Screen(self.settings, warn=rank_zero_warn, verbose=verbose)
+        self.screen = Screen(self.settings, warn=rank_zero_warn, verbose=self.verbose)
         self._paused = ExitStack()  # validation: no counting between on_validation_start and _end
         self._attached = False
-        self.gating_forward_fn = gating_forward_fn or feed_first
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_bound"] = None  # weak references do not pickle: a copy is bound again by the setup of its next fit
+        return state
 
     @property
     def verdict(self) -> Verdict | None:
@@ -193,19 +222,50 @@ class SaturationMonitor(ReadsSettings, Callback):
 
     @property
     def state_key(self) -> str:
-        # the counts belong to the window, not to the settings: one key, so a resume with other settings
-        # finds its state (and says what changed) instead of silently starting over
-        return "SaturationMonitor"
+        """:data:`STATE_KEY` once ``fit`` set the monitor up in a Trainer (checkpoints are saved and loaded after that).
+
+        The counts belong to the window, not to the settings: one key, so a resume with other settings finds its
+        state (and says what changed) instead of silently starting over. Before its first setup each monitor has a
+        key of its own, so that Lightning's check of duplicate keys (at ``Trainer(...)``) lets two monitors reach
+        setup, which refuses them with satmon's message.
+        """
+        return STATE_KEY if self._bound is not None else f"{STATE_KEY}#{self._serial}"
 
     # ----------------------------------------------------------------------------------- setup
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        self._bind(trainer, pl_module)
         if not self.screen.discover(pl_module, gating=False):  # gating is traced on the first training batch
             self._no_dyt(pl_module)
         elif not trainer.loggers:
             rank_zero_warn("satmon: the Trainer has no logger, so the verdict's card is written nowhere; one line is printed "
                            "at the verdict, `print(monitor.card())` prints the card (or SaturationMonitor(verbose=True)).")
+
+    def _bind(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Tie the monitor to this fit's run. The same Trainer and model again (a second ``fit``): the run goes on
+        (the screen continues its window or watch, :meth:`Screen.attach`). Another Trainer or model: a new screen,
+        so that no verdict, count or stop of the other run carries over. Every rank runs the same fits, so every
+        rank decides the same (no collective here)."""
+        others = [c for c in getattr(trainer, "callbacks", ()) if isinstance(c, SaturationMonitor) and c is not self]
+        if others:
+            raise ValueError(f"Expected one SaturationMonitor per Trainer, got {len(others) + 1}: each would hook the same "
+                             "DyT layers and write the same TensorBoard tags, and a checkpoint keeps one monitor's state. "
+                             "Put every setting in one SaturationMonitor(...) (or pass one satmon.Settings as settings=).")
+        bound = self._bound
+        same = (bound[0]() is trainer, bound[1]() is pl_module) if bound is not None else (False, False)
+        if all(same):
+            return
+        if self._used:
+            old = self.screen.verdict
+            what = "another Trainer and model" if not any(same) else "another Trainer" if same[1] else "another model"
+            was = f"verdict {old.decision.upper()} at step {old.step}" if old is not None else "no verdict yet"
+            self._replaced = (f"satmon: this SaturationMonitor screened {what} before ({was}); this fit is a new run, so it "
+                              "starts a new screen: nothing of the other run (counts, verdict, stop) carries over. Use one "
+                              "SaturationMonitor per run to keep each run's verdict in its own monitor.")
+            self._new_run()
+        self._bound = (_weak(trainer), _weak(pl_module))
+        self._used = True
 
     def _no_dyt(self, pl_module: pl.LightningModule) -> None:
         others = model_map(pl_module).layers(("layernorm", "rmsnorm"))
@@ -219,6 +279,9 @@ class SaturationMonitor(ReadsSettings, Callback):
         rank_zero_warn(msg)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._replaced is not None:  # a new run without a checkpoint: say what was left behind
+            rank_zero_warn(self._replaced)
+            self._replaced = None
         if self.live_probe is not None:
             self.live_probe.capture(trainer, pl_module)
             self._probe(self.live_probe.maybe_run, trainer, pl_module)
@@ -278,9 +341,11 @@ class SaturationMonitor(ReadsSettings, Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.screen.finish(trainer.global_step)
+        self.screen.detach()  # no satmon hook stays on the model between fits (the counts stay)
         self._close_loggers()
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self.screen.detach()
         self._close_loggers()  # e.g. SatmonAbort (abort_mode="raise"): what was written is closed too
 
     def _close_loggers(self) -> None:
@@ -311,6 +376,7 @@ class SaturationMonitor(ReadsSettings, Callback):
         return self.screen.state_dict(sync=True)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._replaced = None  # the checkpoint's state is the run's
         self.screen.load_state_dict(state_dict)
         stop = self.screen.stop
         if stop is not None:

@@ -5,8 +5,10 @@ one file system), flushes it to disk and renames it over the target only once it
 interrupt, a crash or a full disk leaves the previous file exactly as it was. An existing target's
 permission bits are kept. :func:`check_output` finds what would block an output before any work is
 done (a missing or read-only folder, a folder where the file goes, a read-only file, an empty name,
-a wrong suffix), and :func:`check_output_dir` the same for an output folder, so a command can refuse
-at once instead of failing after an hour of work.
+a wrong suffix, a name too long for the file system once its temporary companion is counted), and
+:func:`check_output_dir` the same for an output folder, so a command can refuse at once instead of failing
+after an hour of work. Paths are used literally: no ``~`` or ``$VAR`` is expanded (a shell already did
+that for unquoted words), so what is checked is what is written.
 """
 
 from __future__ import annotations
@@ -19,11 +21,64 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-__all__ = ["OutputError", "atomic_open", "atomic_write", "check_output", "check_output_dir"]
+__all__ = ["TEMP_EXTRA", "OutputError", "atomic_open", "atomic_write", "check_name_lengths", "check_output", "check_output_dir"]
 
 
 class OutputError(ValueError):
     """An output path that cannot be written; the message names the path, what blocks it and what to do."""
+
+
+#: What :func:`atomic_open`'s temporary file adds to a name: ``.NAME.`` + 8 random characters + ``.tmp``.
+TEMP_EXTRA = len("..") + 8 + len(".tmp")
+
+
+def _limit(folder: Path, name: str, default: int) -> int:
+    """The file system's ``pathconf`` limit ``name`` at the nearest existing folder at or above ``folder``."""
+    existing = next((a for a in (folder, *folder.parents) if a.exists()), Path("."))
+    try:
+        return int(os.pathconf(existing, name))
+    except (OSError, ValueError, AttributeError):
+        return default
+
+
+def check_name_lengths(path: str | os.PathLike, what: str, extra: int = 0) -> None:
+    """Every component of ``path`` (its last one ``extra`` bytes longer: a temporary companion) fits the file
+    system's name limit, and the whole path its path limit; no part holds a control character (every message
+    that names the path would send it to the terminal).
+
+    Raises:
+        OutputError: a name or path too long, or a control character, with the limit and what to do.
+
+    Example:
+        >>> check_name_lengths("out/r.json", "--json", TEMP_EXTRA) is None
+        True
+        >>> check_name_lengths("x" * 250 + ".json", "--json", TEMP_EXTRA)
+        Traceback (most recent call last):
+        ...
+        satmon.io.atomic.OutputError: Expected --json to name a file of at most 241 bytes (the file system's names are at most 255 bytes, and satmon writes it through a 14-byte longer temporary '.NAME.XXXXXXXX.tmp' beside it), got 255 bytes: pass a shorter name.
+    """
+    text = os.fspath(path)
+    if not text.isprintable():
+        from satmon.io.safe_text import printable
+
+        raise OutputError(f"Expected {what} to be a name without control characters (every message naming it would send "
+                          f"them to the terminal), got '{printable(text)}': pass another name.")
+    real = _real(Path(path))
+    name_max, path_max = _limit(real.parent, "PC_NAME_MAX", 255), _limit(real.parent, "PC_PATH_MAX", 4096)
+    parts = [part for part in Path(os.fspath(path)).parts if part != os.sep]
+    for i, part in enumerate(parts):
+        n = len(os.fsencode(part))
+        if i == len(parts) - 1 and extra and n + extra > name_max:
+            raise OutputError(f"Expected {what} to name a file of at most {name_max - extra} bytes (the file system's names "
+                              f"are at most {name_max} bytes, and satmon writes it through a {extra}-byte longer temporary "
+                              f"'.NAME.XXXXXXXX.tmp' beside it), got {n} bytes: pass a shorter name.")
+        if n > name_max:
+            raise OutputError(f"Expected {what} to be a path whose names are at most {name_max} bytes each (the file "
+                              f"system's limit), got {n} bytes in {part[:40]!r}...: pass a shorter path.")
+    total = len(os.fsencode(str(real))) + extra
+    if total >= path_max:
+        raise OutputError(f"Expected {what} to be a path shorter than {path_max - extra} bytes once resolved (the file "
+                          f"system's limit), got {total - extra}: pass a shorter path.")
 
 
 def check_output(path: str | os.PathLike | None, what: str, suffixes: Sequence[str] = ()) -> Path | None:
@@ -55,7 +110,7 @@ def check_output(path: str | os.PathLike | None, what: str, suffixes: Sequence[s
     example = "out" + (suffixes[0] if suffixes else ".txt")
     if not text.strip():
         raise OutputError(f"Expected {what} to name a file, got an empty name: pass a path such as {example}.")
-    p = Path(text).expanduser()
+    p = Path(text)  # literally: no ~ or $VAR expansion
     want = " or ".join(suffixes)
     if p.is_dir() or text.endswith((os.sep, "/")):
         raise OutputError(f"Expected {what} to name a file{' ending in ' + want if want else ''}, got {text!r} (a folder): "
@@ -65,6 +120,7 @@ def check_output(path: str | os.PathLike | None, what: str, suffixes: Sequence[s
                           "choose another path.")
     if suffixes and p.suffix.lower() not in {s.lower() for s in suffixes}:
         raise OutputError(f"Expected {what} to end in {want}, got {text!r}: rename it, e.g. {str(p.with_suffix(suffixes[0]))!r}.")
+    check_name_lengths(p, what, TEMP_EXTRA)
     _check_folder(_real(p).parent, what, text)
     if p.exists() and (not os.access(p, os.W_OK) or _read_only(p)):
         raise OutputError(f"Expected {what} {text!r} to be writable, got a read-only file: make it writable "
@@ -99,7 +155,8 @@ def check_output_dir(path: str | os.PathLike | None, what: str) -> Path | None:
     text = os.fspath(path)
     if not text.strip():
         raise OutputError(f"Expected {what} to name a folder, got an empty name: pass a path such as ./satmon_out.")
-    p = Path(text).expanduser()
+    p = Path(text)  # literally: no ~ or $VAR expansion
+    check_name_lengths(p, what)
     if p.exists() and not p.is_dir():
         raise OutputError(f"Expected {what} to name a folder, got {text!r} (a file): choose another path; the file was "
                           "left as it is.")

@@ -5,21 +5,37 @@ Scalars come back as ``(step, value)`` trajectories and texts as ``(step, markdo
 them; a browserless machine reads a run this way). Runs of satmon 0.2, which wrote its scalars under
 ``satmon/`` and its texts under ``<tag>/text_summary``, come back under the same names
 (:meth:`~satmon.io.tensorboard.TAG.read_name`).
+
+Event files are read as hostile input (:func:`event_records`): a file is opened without blocking and read only
+when it is a regular file (a FIFO named like an event file would block ``open`` forever, a device would be read
+forever); each record's length is checked against its CRC and against what is left of the file before anything is
+allocated (a record claiming a terabyte is a damaged file, not a ``MemoryError``); each record's data against its
+CRC. Reading a file stops at its first damaged record, keeping what came before, and :attr:`Run.problems` says
+where. Tags and texts come back with their control characters escaped (:func:`~satmon.io.safe_text.printable`):
+nothing read from a file can drive the terminal it is printed on.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import stat
+import struct
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from satmon.io.safe_text import printable
 from satmon.io.tensorboard import _V02_TEXT_SUFFIX, TAG, VERDICT_VALUES
 
-__all__ = ["EVENT_GLOB", "Run", "load_runs", "read_run", "run_dirs", "trajectory", "TEXT_SUFFIX"]
+__all__ = ["EVENT_GLOB", "MAX_RECORD", "DamagedEvents", "Run", "event_records", "load_runs", "read_run", "run_dirs",
+           "trajectory", "TEXT_SUFFIX"]
 
 #: TensorBoard's event files, by name.
 EVENT_GLOB = "events.out.tfevents.*"
+#: The longest event record read (satmon's records are a few KB; TensorBoard's own images rarely pass a few MB).
+MAX_RECORD = 64 << 20
 #: ``SummaryWriter.add_text(tag, ...)`` stores the text under ``tag + TEXT_SUFFIX`` (satmon 0.2's texts; 0.3 writes under ``tag``).
 TEXT_SUFFIX = _V02_TEXT_SUFFIX  # the one definition is the tag table's (TAG.from_v02)
 #: Per-layer scalar families: tag prefix -> the reading's name in :meth:`Run.layers`.
@@ -35,11 +51,13 @@ class Run:
         path: the run folder.
         scalars: tag -> ``[(step, value)]`` in step order (see :func:`trajectory`).
         texts: tag (without 0.2's ``/text_summary``) -> ``[(step, text)]`` in write order.
+        problems: the event files that were not read to their end (not regular files, damaged records), and why.
     """
 
     path: Path
     scalars: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     texts: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  #: event files not read to their end, and why
 
     def steps(self) -> list[int]:
         """Every step any satmon scalar was written at, sorted."""
@@ -129,33 +147,106 @@ def run_dirs(root: str | Path) -> list[Path]:
     return [d for d in dirs if d.name != TAG.hparams_run] or dirs
 
 
-def read_run(path: str | Path) -> Run:
-    """The satmon scalars and texts of one run folder (every event file in it)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.util import tensor_util
+class DamagedEvents(ValueError):
+    """An event file that cannot be read on from here (the message says where and why)."""
 
-    acc = EventAccumulator(str(path), size_guidance={"scalars": 0, "tensors": 0})  # 0: keep every event
-    acc.Reload()
-    tags = acc.Tags()
+
+def event_records(path: str | Path, max_record: int = MAX_RECORD) -> Iterator[bytes]:
+    """The records of a TensorBoard event file (TFRecord framing: length, its masked CRC-32C, data, its CRC).
+
+    The file is opened without blocking and read only if it is a regular file; a record's length is checked against
+    its CRC, :data:`MAX_RECORD` and the bytes left in the file before it is read; its data against its CRC.
+
+    Raises:
+        DamagedEvents: not a regular file, or a damaged or cut-short record (the records before it were yielded).
+        OSError: the file cannot be opened or read.
+    """
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise DamagedEvents("not a regular file (a folder, a device, a pipe or a socket): not read")
+    with os.fdopen(fd, "rb") as f:
+        size, at = st.st_size, 0
+        while True:
+            head = f.read(12)
+            if not head:
+                return
+            if len(head) < 12:
+                raise DamagedEvents(f"cut short at byte {at:,} (a record header of {len(head)} bytes)")
+            (length,), (crc,) = struct.unpack("<Q", head[:8]), struct.unpack("<I", head[8:])
+            if masked_crc32c(head[:8]) != crc:
+                raise DamagedEvents(f"damaged at byte {at:,} (a record length that fails its CRC)")
+            if length > min(max_record, size - at - 16):
+                raise DamagedEvents(f"damaged at byte {at:,} (a record of {length:,} bytes, where at most "
+                                    f"{min(max_record, max(size - at - 16, 0)):,} can be: larger than the file or "
+                                    f"{max_record:,} bytes)")
+            data, tail = f.read(length), f.read(4)
+            if len(data) < length or len(tail) < 4:
+                raise DamagedEvents(f"cut short at byte {at:,} (a record of {length:,} bytes)")
+            if masked_crc32c(data) != struct.unpack("<I", tail)[0]:
+                raise DamagedEvents(f"damaged at byte {at:,} (a record that fails its CRC)")
+            at += 16 + length
+            yield data
+
+
+def _text(tensor) -> str:
+    return printable(b"\n".join(tensor.string_val).decode("utf-8", "replace"), keep="\n\t")
+
+
+def _scalar(tensor) -> float | None:
+    """A scalar tensor's value, read from the proto as it is (its shape is never expanded: a crafted shape claiming
+    10^12 elements allocates nothing); ``None`` for anything but one float."""
+    if any(d.size != 1 for d in tensor.tensor_shape.dim):
+        return None
+    if tensor.float_val or tensor.double_val:
+        return float((tensor.float_val or tensor.double_val)[0])
+    formats = {1: "<f", 2: "<d"}  # DT_FLOAT, DT_DOUBLE
+    fmt = formats.get(tensor.dtype)
+    if fmt is not None and len(tensor.tensor_content) == struct.calcsize(fmt):
+        return float(struct.unpack(fmt, tensor.tensor_content)[0])
+    return None
+
+
+def read_run(path: str | Path) -> Run:
+    """The satmon scalars and texts of one run folder (every event file in it, in name order).
+
+    Only regular files are read, each to its first damaged record (:func:`event_records`); :attr:`Run.problems`
+    names the others. Tags and texts come back with their control characters escaped.
+    """
+    from google.protobuf.message import DecodeError
+    from tensorboard.compat.proto import event_pb2
+
     run = Run(path=Path(path))
     points: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    for tag in tags.get("scalars", []):
-        name = TAG.read_name(tag)
-        if name is not None:  # an older run's tags by today's names (a run both wrote: one series)
-            points[name] += [(e.step, float(e.value)) for e in acc.Scalars(tag)]
-    for tag in tags.get("tensors", []):  # scalars in the scalar plugin's tensor form (a described tag: the decision)
-        name = TAG.read_name(tag)
-        if name is not None and acc.SummaryMetadata(tag).plugin_data.plugin_name == "scalars":
-            points[name] += [(e.step, float(tensor_util.make_ndarray(e.tensor_proto).item())) for e in acc.Tensors(tag)]
+    plugins: dict[str, str] = {}  # tag -> plugin, from its first value that names one (as TensorBoard reads it)
+    for file in sorted(Path(path).glob(EVENT_GLOB)):
+        try:
+            for record in event_records(file):
+                event = event_pb2.Event.FromString(record)
+                for v in event.summary.value:
+                    tag = printable(v.tag)
+                    if v.metadata.plugin_data.plugin_name and tag not in plugins:
+                        plugins[tag] = v.metadata.plugin_data.plugin_name
+                    kind = v.WhichOneof("value")
+                    if kind == "simple_value" or (kind == "tensor" and plugins.get(tag) == "scalars"):
+                        name = TAG.read_name(tag)
+                        value = v.simple_value if kind == "simple_value" else _scalar(v.tensor)
+                        if name is not None and value is not None:  # a 0.2 run's tags by their 0.3 names: one series
+                            points[name].append((event.step, float(value)))
+                    elif kind == "tensor" and plugins.get(tag) == "text":
+                        name = TAG.read_name(tag, text=True)
+                        if name is not None:
+                            run.texts.setdefault(name, []).append((event.step, _text(v.tensor)))
+        except (DamagedEvents, DecodeError) as e:
+            why = printable(str(e)) if isinstance(e, DamagedEvents) else f"a record that is not an event ({type(e).__name__})"
+            kept = "" if why.startswith("not a regular file") else "; the records before it were read"
+            run.problems.append(f"{printable(file.name)}: {why}{kept}")
+        except OSError as e:  # this user cannot read it: the other files are still read
+            run.problems.append(f"{printable(file.name)}: cannot read it: {printable(e.strerror or str(e))}")
     run.scalars = {name: trajectory(p) for name, p in points.items()}
-    for tag in tags.get("tensors", []):
-        name = TAG.read_name(tag, text=True)
-        if name is not None and acc.SummaryMetadata(tag).plugin_data.plugin_name == "text":
-            texts = []
-            for e in acc.Tensors(tag):
-                value = tensor_util.make_ndarray(e.tensor_proto).reshape(-1)
-                texts.append((e.step, b"\n".join(v if isinstance(v, bytes) else str(v).encode() for v in value).decode()))
-            run.texts[name] = run.texts.get(name, []) + texts
     return run
 
 

@@ -65,7 +65,8 @@ def replay_source(paths: Sequence[str | os.PathLike]) -> str | None:
 
 def next_version(root: str | os.PathLike) -> int:
     """The next ``version_N`` under ``root``: one more than the highest there, 0 when there is none
-    (the numbering of Lightning's ``TensorBoardLogger``, so replays and live runs share a folder).
+    (the numbering of Lightning's ``TensorBoardLogger``, so replays and live runs share a folder; a file named
+    ``version_N`` counts too, so the run folder never lands on it).
 
     Example:
         >>> import tempfile
@@ -77,8 +78,7 @@ def next_version(root: str | os.PathLike) -> int:
         names = os.listdir(root)
     except OSError:
         return 0
-    found = [int(n.split("_")[1]) for n in names
-             if n.startswith("version_") and n.split("_")[1].isdigit() and os.path.isdir(os.path.join(root, n))]
+    found = [int(n.split("_")[1]) for n in names if n.startswith("version_") and n.split("_")[1].isdigit()]
     return max(found) + 1 if found else 0
 
 
@@ -103,7 +103,7 @@ class TensorBoardReplay:
     """
 
     def __init__(self, logdir: str | Path, name: str = "replay", source: str | None = None) -> None:
-        logdir = os.path.expanduser(os.path.expandvars(os.fspath(logdir)))
+        logdir = os.fspath(logdir)  # literally: no ~ or $VAR expansion (the CLI checked this path)
         if source:
             run = base = os.path.join(logdir, f"replay of {source}")
             n = 1

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,7 +44,7 @@ from satmon.replay.reading import (
     load_index,
     load_whole,
 )
-from satmon.replay.user_code import ReplayUsageError, error_line, short
+from satmon.replay.user_code import ReplayUsageError, error_line, printable, short
 
 __all__ = [
     "CHECKPOINT_SUFFIXES", "TRAINER_STATE_FILES", "TRUST_FLAG", "CheckpointInfo", "Listing", "extract_state_dict",
@@ -142,6 +143,16 @@ class Listing:
     stamps: dict[Path, tuple[FileStamp, ...]] = field(default_factory=dict)
     left_out: list[tuple[Path, str]] = field(default_factory=list)
     explicit: list[tuple[Path, str]] = field(default_factory=list)
+
+    def unread(self) -> list[tuple[Path, str]]:
+        """What may hold checkpoints and could not be read: a folder that cannot be listed, an entry that cannot be
+        stat'ed. A replay that leaves any of them out is incomplete. (A broken symlink is no such thing: what it
+        names is not there to read, as after Lightning's ``save_last="link"`` lost its target.)"""
+        return [(p, why) for p, why in self.left_out if why.startswith("cannot")]
+
+    def broken_links(self) -> list[tuple[Path, str]]:
+        """Broken symlinks named like checkpoints: said, not counted as unread."""
+        return [(p, why) for p, why in self.left_out if why == "a broken symlink" and p.suffix in CHECKPOINT_SUFFIXES]
 
     def found_instead(self, limit: int = 6) -> str:
         """The files left out, in words, for "nothing to replay" (``"nothing"`` when the folders were empty)."""
@@ -244,10 +255,13 @@ def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] 
                 path = Path(e.path)
                 if e.name in used:
                     continue
-                if _is_dir(e):
+                why = _unstattable(e)
+                if why is not None:
+                    out.left_out.append((path, why))
+                elif _is_dir(e):
                     subfolders.append(path)
-                elif not _is_file(e):
-                    out.left_out.append((path, "a broken symlink" if e.is_symlink() else "not a regular file"))
+                elif not _is_file(e):  # a FIFO, a socket, a device: never opened (a FIFO would block)
+                    out.left_out.append((path, "not a regular file"))
                 elif TRAINER_STATE_FILES.fullmatch(e.name):
                     out.left_out.append((path, "Trainer state, not model weights"))
                 elif path.suffix not in CHECKPOINT_SUFFIXES:
@@ -267,9 +281,23 @@ def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] 
                 leave(p, "Trainer state (optimizer, scheduler or RNG), not model weights", explicit=True)
             else:
                 add(p, (FileStamp.of(p),), explicit=True)
+        elif p.exists():  # never opened: a FIFO would block, a device would be read forever
+            raise ReplayUsageError(f"Expected checkpoint files or directories, got {printable(str(p))!r}, which is not a "
+                                   "regular file (a device, a pipe or a socket): pass the checkpoints' files or folder.")
         else:
             raise ReplayUsageError(f"No such checkpoint file or directory: {str(p)!r}.")
     return out
+
+
+def _unstattable(entry: os.DirEntry) -> str | None:
+    """Why ``entry`` cannot be stat'ed (a broken symlink; a folder this user may list but not search), or ``None``."""
+    try:
+        entry.stat(follow_symlinks=True)
+    except FileNotFoundError:
+        return "a broken symlink" if entry.is_symlink() else "cannot stat it: it disappeared while listed"
+    except OSError as e:
+        return f"cannot stat it: {e.strerror or type(e).__name__}"
+    return None
 
 
 def _is_dir(entry: os.DirEntry) -> bool:
@@ -327,10 +355,15 @@ def _not_a_checkpoint(path: Path) -> str | None:
 
     torch's own errors on such files read ``IndexError: pop from empty list`` or ``KeyError: 101``.
     """
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(64)
+    try:  # opened without blocking (a FIFO put there since the listing), and read only if it is a regular file
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return "not a regular file (a device, a pipe or a socket): not read"
+            size, head = st.st_size, os.read(fd, 64)
+        finally:
+            os.close(fd)
     except OSError as e:
         return f"cannot read it: {error_line(e)}"
     if size == 0:
@@ -520,7 +553,8 @@ def inspect_checkpoint(path: str | Path, trust: bool = False, stamps: Sequence[F
             info.error, trustable = _refusal(e)
             info.unsafe = not trustable
         else:
-            info.error = str(e)[:400] if str(e).startswith(("not a checkpoint", "not a safetensors", "truncated")) else error_line(e)
+            info.error = str(e)[:400] if str(e).startswith(("not a checkpoint", "not a safetensors", "truncated", "corrupt")) \
+                else error_line(e)
         return info
     if info.global_step is None and not info.notes:
         info.notes.append("no global step in the file: ordered and logged by its position instead")
@@ -580,7 +614,7 @@ def _inspect_hf(folder: Path, stamps: Sequence[FileStamp] | None) -> CheckpointI
             info.error = (_refusal(e)[0].split(". If you")[0] + ": a Hugging Face weights file holds tensors only, so "
                           "this one is not what transformers or the Trainer writes; do not load it")
         else:
-            info.error = str(e)[:400] if str(e).startswith(("not a", "incomplete", "truncated")) else error_line(e)
+            info.error = str(e)[:400] if str(e).startswith(("not a", "incomplete", "truncated", "corrupt")) else error_line(e)
         return info
     info.global_step, note = _hf_step(folder)
     if note:

@@ -7,6 +7,7 @@ form a trajectory. How each batch reaches the model is :mod:`satmon.batches`' ru
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,18 @@ def capture_batches(batches: Iterable[Any], n_batches: int) -> list[Any]:
     return out
 
 
+def _damaged_record(path: Path) -> str | None:
+    """The first record of a ``torch.save`` zip archive whose bytes do not match their CRC-32 (``None``: none, or not a
+    zip archive: a legacy file records no checksum)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return z.testzip()
+    except zipfile.BadZipFile as e:
+        return None if not zipfile.is_zipfile(path) else f"(its zip structure: {e})"
+    except OSError:
+        return None  # torch.load says why it cannot read it
+
+
 def load_data_file(path: str | Path, n_batches: int, batch_size: int | None = None) -> list[Any]:
     """The first ``n_batches`` calibration batches of a ``torch.save``d file (read with ``weights_only=True``).
 
@@ -57,8 +70,13 @@ def load_data_file(path: str | Path, n_batches: int, batch_size: int | None = No
     """
     p = Path(path)
     if not p.is_file():
-        raise ReplayUsageError(f"--data {str(p)!r}: no such file. Pass --data FILE (a torch.save'd tensor, list of "
+        what = "not a regular file (a folder, a device, a pipe or a socket)" if p.exists() else "no such file"
+        raise ReplayUsageError(f"--data {str(p)!r}: {what}. Pass --data FILE (a torch.save'd tensor, list of "
                                "batches or dict of tensors) or --datamodule MODULE:CLASS.")
+    damaged = _damaged_record(p)
+    if damaged is not None:  # torch.load checks no checksum: damaged batches would be read as good ones
+        raise ReplayUsageError(f"--data {str(p)!r}: corrupt: the bytes of its record {damaged!r} do not match the CRC-32 "
+                               "its zip directory records (the file was damaged after it was written); save it again.")
     try:
         obj = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:

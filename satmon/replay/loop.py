@@ -32,7 +32,7 @@ from satmon.replay.checkpoints import (
     meta_state_dict,
     state_dict_of,
 )
-from satmon.replay.reading import FileChanged
+from satmon.replay.reading import CorruptFile, FileChanged
 from satmon.replay.user_code import ReplayUsageError, error_line, printable, short
 from satmon.results.replay_record import ReplayRecord
 from satmon.results.verdict import Source
@@ -417,7 +417,7 @@ def _replay_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any
             report = probe(model, batches, settings=settings, twin=twin_model, step=int(step or 0), source=Source.REPLAY,
                            **kwargs)
             seconds = round(time.perf_counter() - t0, 3)
-        except FileChanged as e:
+        except (FileChanged, CorruptFile) as e:
             error, report = str(e), None
         except Exception as e:  # an incompatible checkpoint (shapes, missing keys...) is skipped, not fatal
             error, report = error_line(e), None

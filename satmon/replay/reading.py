@@ -12,6 +12,12 @@ as new bytes under the old index (a false "non-finite"). So satmon never maps a 
   (a read past a shortened end returns short: it cannot fault), and the stamp is checked again. A file
   that changed at any point is named and skipped (:class:`FileChanged`), never read half old, half new.
 
+Damaged files (:class:`CorruptFile`): ``torch.load`` checks no checksum, so a zip archive whose bytes were damaged
+after it was written (a bad copy, a failing disk) would replay as a clean reading. Every record satmon reads from a
+zip archive is checked against the CRC-32 its zip directory records: the pickle and the other small records at
+inspection, each tensor's bytes as they are copied (the optimizer's state, left unread, is not). Legacy (pre-zip)
+torch files and ``.safetensors`` files record no checksum: their bytes cannot be verified (only their structure).
+
 Legacy (non-zip, torch < 1.6) files hold their tensors inside the pickle stream: their index is read
 with ``map_location="meta"`` (nothing kept in memory), and the whole file is read again at its turn.
 """
@@ -24,6 +30,7 @@ import struct
 import sys
 import time
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +39,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["FileChanged", "FileStamp", "SafetensorsIndex", "copy_tensors", "load_index", "load_whole", "meta_tensors"]
+__all__ = ["CorruptFile", "FileChanged", "FileStamp", "SafetensorsIndex", "copy_tensors", "load_index", "load_whole",
+           "meta_tensors"]
 
 #: Containers deeper than this are not searched for tensors (a crafted file cannot exhaust the stack).
 MAX_DEPTH = 32
+#: A zip record that is not tensor data (the pickle, the version...) larger than this is refused.
+MAX_RECORD = 1 << 30
 #: A ``.safetensors`` header larger than this is refused (the format's own limit is 100 MB).
 MAX_HEADER = 100_000_000
 _SAFETENSORS_DTYPES = {
@@ -49,6 +59,15 @@ _SAFETENSORS_DTYPES = {
 
 class FileChanged(Exception):
     """A checkpoint changed (size, modification time, inode) since it was listed: it is skipped."""
+
+
+class CorruptFile(ValueError):
+    """A zip archive whose bytes do not match the CRC-32 its directory records (damaged after it was written): skipped."""
+
+
+def _damaged(what: str) -> CorruptFile:
+    return CorruptFile(f"corrupt: {what} do not match the CRC-32 its zip directory records, so the file was damaged "
+                       "after it was written (a cut-short or bad copy, a failing disk); skipped: copy or save it again")
 
 
 def _clock(ns: int) -> str:
@@ -124,11 +143,34 @@ def load_index(stamp: FileStamp, trust: bool) -> Any:
     try:
         with zipfile.ZipFile(stamp.path) as z:
             _check_byteorder(_byteorder(z))
+            _check_small_records(z)
     except zipfile.BadZipFile:  # a legacy (non-zip) file: torch reads it whole, in its own byte order
         pass
     obj = torch.load(stamp.path, map_location="meta", weights_only=not trust)
     stamp.check("while it was being read")
     return obj
+
+
+def _check_small_records(z: zipfile.ZipFile) -> None:
+    """Read every record that is not tensor data (the pickle, the version, the byte order...): ``zipfile`` checks each
+    one's CRC-32 as it reads it, before torch unpickles anything. They are small (the tensors are checked as copied).
+
+    Raises:
+        CorruptFile: a record whose bytes (or local header) are damaged.
+    """
+    for info in z.infolist():
+        parts = info.filename.split("/")
+        if len(parts) >= 2 and parts[-2] == "data":
+            continue
+        if info.file_size > MAX_RECORD:
+            raise ValueError(f"not a checkpoint: its record {info.filename[-80:]!r} claims {info.file_size:,} bytes (a "
+                             f"checkpoint's pickle holds no tensor data: satmon reads at most {MAX_RECORD:,})")
+        try:
+            with z.open(info) as f:
+                while f.read(1 << 20):
+                    pass
+        except zipfile.BadZipFile:
+            raise _damaged(f"the bytes of its record {info.filename[-80:]!r}") from None
 
 
 def load_whole(stamp: FileStamp, trust: bool) -> Any:
@@ -172,8 +214,8 @@ def _walk(obj: Any, fn: Callable[[Tensor], Tensor], skip: set[str], depth: int) 
     return obj
 
 
-def _zip_records(path: Path) -> tuple[list[tuple[str, int, int]], str]:
-    """``(key, data offset, size)`` of every stored (uncompressed) tensor record of a torch zip archive,
+def _zip_records(path: Path) -> tuple[list[tuple[str, int, int, int]], str]:
+    """``(key, data offset, size, CRC-32)`` of every stored (uncompressed) tensor record of a torch zip archive,
     read from the zip directory and each record's local header (independently of torch's offset arithmetic),
     and the archive's byte order (``"little"`` when it records none); the directory is read once."""
     out = []
@@ -188,7 +230,7 @@ def _zip_records(path: Path) -> tuple[list[tuple[str, int, int]], str]:
             if len(head) < 30 or head[:4] != b"PK\x03\x04":
                 raise ValueError(f"corrupt zip archive: no local header for {info.filename}")
             name_len, extra_len = struct.unpack("<HH", head[26:30])
-            out.append((parts[-1], info.header_offset + 30 + name_len + extra_len, info.file_size))
+            out.append((parts[-1], info.header_offset + 30 + name_len + extra_len, info.file_size, info.CRC))
     return out, order
 
 
@@ -204,7 +246,7 @@ def _check_byteorder(order: str) -> None:
                          f"{sys.byteorder}-endian archives; load and re-save it with torch.save on this machine")
 
 
-def _offsets(obj: Any, records: list[tuple[str, int, int]]) -> dict[int, int]:
+def _offsets(obj: Any, records: list[tuple[str, int, int, int]]) -> dict[int, int]:
     """torch's offset of each storage (``_checkpoint_offset``) -> where its bytes really are.
 
     torch computes the offsets of a meta load from the layout its own zip writer produces; an archive
@@ -220,13 +262,13 @@ def _offsets(obj: Any, records: list[tuple[str, int, int]]) -> dict[int, int]:
         if offset is None:
             raise ValueError("a tensor without its offset in the archive: not read with torch.load(map_location='meta')")
         storages.setdefault(offset, storage.nbytes())
-    sizes = {off: size for _, off, size in records}
+    sizes = {off: size for _, off, size, _ in records}
     if all(sizes.get(off) == n for off, n in storages.items()):
         return {off: off for off in storages}
     by_key = sorted(records, key=lambda r: (not r[0].isdigit(), int(r[0]) if r[0].isdigit() else 0, r[0]))
     mine = sorted(storages.items())
-    if len(by_key) == len(mine) and all(size == n for (_, _, size), (_, n) in zip(by_key, mine)):
-        return {off: real for (off, _), (_, real, _) in zip(mine, by_key)}
+    if len(by_key) == len(mine) and all(size == n for (_, _, size, _), (_, n) in zip(by_key, mine)):
+        return {off: real for (off, _), (_, real, _, _) in zip(mine, by_key)}
     raise ValueError(f"its {len(mine)} tensor storage(s) do not match the {len(records)} record(s) of its zip "
                      "directory: the archive is corrupt or was not written by torch.save")
 
@@ -251,10 +293,11 @@ def copy_tensors(obj: Any, stamp: FileStamp, skip: Iterable[str] = (), index: An
     stay on meta. ``index``: the whole object :func:`load_index` returned, when ``obj`` is a part of it.
 
     Each storage is read once (tied tensors stay tied); offsets and sizes are checked against the zip
-    directory first.
+    directory first, and each storage's bytes against the CRC-32 the directory records for them.
 
     Raises:
         FileChanged: the file changed since ``stamp``, or while it was read (a short read included).
+        CorruptFile: bytes that do not match their CRC-32 (a file that did not change since it was listed).
         ValueError: an archive whose tensors are not where its directory says.
     """
     tensors = meta_tensors(obj, skip)
@@ -264,7 +307,9 @@ def copy_tensors(obj: Any, stamp: FileStamp, skip: Iterable[str] = (), index: An
     records, order = _zip_records(stamp.path)
     _check_byteorder(order)
     where = _offsets(obj if index is None else index, records)
+    crc = {off: (key, value) for key, off, _, value in records}
     storages: dict[int, bytearray] = {}
+    damaged: list[str] = []
     with open(stamp.path, "rb", buffering=0) as f:
         stamp.check("since it was listed", os.fstat(f.fileno()))
         for t in tensors:
@@ -272,8 +317,14 @@ def copy_tensors(obj: Any, stamp: FileStamp, skip: Iterable[str] = (), index: An
             offset, nbytes = storage._checkpoint_offset, storage.nbytes()
             if offset not in storages and nbytes:
                 storages[offset] = _read_exactly(f, where[offset], nbytes, stamp)
+                key, expected = crc[where[offset]]
+                if zlib.crc32(storages[offset]) != expected:
+                    damaged.append(key)
         stamp.check("while it was being read", os.fstat(f.fileno()))
-    stamp.check("while it was being read")  # the path still names the file that was read
+    stamp.check("while it was being read")  # the path still names the file that was read: a change is said as one
+    if damaged:
+        raise _damaged(f"the bytes of {len(damaged)} tensor record(s) (data/{', data/'.join(damaged[:3])}"
+                       + (", ..." if len(damaged) > 3 else "") + ")")
 
     def real(t: Tensor) -> Tensor:
         storage = t.untyped_storage()
@@ -347,6 +398,16 @@ class SafetensorsIndex:
             entries[str(name)] = (dtype, shape, data_start + begin, data_start + end)
         if not entries:
             raise ValueError("not a checkpoint: a safetensors file without tensors")
+        at = data_start  # the format indexes its whole data section, without gaps or overlaps (no polyglot files)
+        for name, (_, _, begin, end) in sorted(entries.items(), key=lambda e: (e[1][2], e[1][3])):
+            if begin != at:
+                raise ValueError(f"corrupt safetensors file: tensor {name[:80]!r} starts at byte {begin - data_start:,} of "
+                                 f"the data section, where {at - data_start:,} was expected (a gap or an overlap: the "
+                                 "format has none)")
+            at = end
+        if at != stamp.size:
+            raise ValueError(f"corrupt safetensors file: {stamp.size - at:,} byte(s) after its last tensor (the format "
+                             "ends with it)")
         stamp.check("while it was being read")
         return cls(entries, {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {})
 

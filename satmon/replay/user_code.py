@@ -3,26 +3,109 @@
 Importing a module runs its code, so satmon imports only what the user names, the way Python tools
 do (``uvicorn``, ``gunicorn``, ``python -m``): ``MODULE:ATTR`` is resolved on the existing
 ``sys.path`` (the working directory is *not* added: a ``json.py`` or ``tensorboard.py`` lying there
-is never picked up), and ``path/to/file.py:ATTR`` loads that one file. Also here: the usage error
-that every replay module raises (the CLI turns it into exit code 2).
+is never picked up), and ``path/to/file.py:ATTR`` loads that one file. Python itself can put the
+working directory on ``sys.path`` behind the user's back: an empty ``PYTHONPATH`` entry (``export
+PYTHONPATH=$PYTHONPATH:/x`` with it unset), a relative one (``.``, ``src``), or ``python -m``. The
+satmon commands run inside :func:`no_working_directory`, which takes those entries off ``sys.path``
+for the command's time. Also here: the usage error that every replay module raises (the CLI turns it
+into exit code 2).
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.util
 import itertools
+import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ReplayUsageError", "error_line", "import_object", "printable", "short"]
+from satmon.io.safe_text import printable  # re-exported: the replay's names and errors are printed through it
+
+__all__ = ["ReplayUsageError", "error_line", "import_object", "no_working_directory", "printable", "short"]
 
 #: The longest error line satmon prints for one exception (a crafted file cannot flood the console).
 MAX_ERROR = 400
+
+
+#: The ``sys.path`` entries :func:`no_working_directory` took off, while it is in force (named in import errors).
+_IGNORED: list[str] = []
+
+
+def _read_from_files(entry: str) -> bool:
+    """Whether imports read ``entry`` as a path of the file system (a folder or a zip file), not a path hook's key
+    (an editable install's ``__editable__...__path_hook__`` entry is one)."""
+    finder = sys.path_importer_cache.get(entry)
+    if finder is None:
+        for hook in sys.path_hooks:
+            try:
+                finder = hook(entry)
+                break
+            except ImportError:
+                continue
+    return finder is None or isinstance(finder, importlib.machinery.FileFinder) or type(finder).__name__ == "zipimporter"
+
+
+def _from_pythonpath(cwd: str) -> set[str]:
+    """The folders an empty or relative ``PYTHONPATH`` entry put on ``sys.path`` (Python makes them absolute, from the
+    working directory): ``''`` and ``.`` are the working directory, ``src`` a folder of it. An absolute entry naming
+    the same folder is the user's choice, and keeps it."""
+    env = "" if sys.flags.ignore_environment else os.environ.get("PYTHONPATH", "")
+    given = env.split(os.pathsep) if env else []
+    chosen = {os.path.realpath(e) for e in given if os.path.isabs(e)}
+    implicit = {os.path.realpath(os.path.join(cwd, e)) for e in given if not os.path.isabs(e)}
+    return implicit - chosen
+
+
+def _names_the_working_directory(entry: str, index: int, cwd: str, implicit: set[str]) -> bool:
+    """Whether ``sys.path[index]`` makes the working directory (or a folder of it) importable behind the user's back."""
+    if not entry or not os.path.isabs(entry):  # '' and relative entries are looked up from the working directory
+        return _read_from_files(entry)
+    if os.path.realpath(entry) in implicit:
+        return True
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    # python -m satmon... puts the working directory first (no PYTHONSAFEPATH): not an entry the user chose
+    started_as_module = spec is not None and str(getattr(spec, "name", "")).startswith("satmon")
+    return index == 0 and started_as_module and not sys.flags.safe_path and os.path.realpath(entry) == cwd
+
+
+@contextmanager
+def no_working_directory() -> Iterator[list[str]]:
+    """``sys.path`` without the entries that would import from the working directory: ``''`` (``python -c``), the
+    folders empty or relative ``PYTHONPATH`` entries named (``''``, ``.``, ``src``: Python made them absolute from the
+    working directory), and the working directory ``python -m`` put first; restored at the end. Yields the entries
+    taken off.
+
+    An absolute ``PYTHONPATH`` entry is the user's choice and stays, the working directory included
+    (``PYTHONPATH=$PWD``).
+
+    Example:
+        >>> saved = list(sys.path)
+        >>> sys.path[:0] = ["", ".", "src"]
+        >>> with no_working_directory() as ignored:
+        ...     ignored, "" in sys.path
+        (['', '.', 'src'], False)
+        >>> sys.path == ["", ".", "src", *saved]
+        True
+        >>> sys.path[:] = saved
+    """
+    saved = list(sys.path)
+    cwd = os.path.realpath(os.getcwd()) if os.path.isdir(".") else ""
+    implicit = _from_pythonpath(cwd) if cwd else set()
+    ignored = [e for i, e in enumerate(saved) if isinstance(e, str) and _names_the_working_directory(e, i, cwd, implicit)]
+    sys.path[:] = [e for e in saved if not (isinstance(e, str) and e in ignored)]
+    _IGNORED[:] = ignored
+    try:
+        yield ignored
+    finally:
+        _IGNORED.clear()
+        sys.path[:] = saved + [e for e in sys.path if e not in saved]  # entries the command added stay, after
 
 
 class ReplayUsageError(ValueError):
@@ -43,7 +126,7 @@ def error_line(e: BaseException) -> str:
         raw = ""
     lines = [ln.strip() for ln in raw.strip().splitlines() if ln.strip()]
     text = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else "")
-    line = f"{type(e).__name__}: {text}".rstrip(": ")
+    line = printable(f"{type(e).__name__}: {text}".rstrip(": "))  # a message may quote a file: no control character
     return line if len(line) <= MAX_ERROR else line[: MAX_ERROR - 3] + "..."
 
 
@@ -83,17 +166,6 @@ def short(obj: Any, width: int = 200) -> str:
 
     text = fmt(obj, 2)
     return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def printable(s: str) -> str:
-    """``s`` as text every output can encode: a file name's undecodable bytes (``os.fsdecode``'s surrogates, from a
-    name that is not UTF-8) written as ``\\xff``, as ``ls -b`` shows them (TensorBoard, JSON and markdown need UTF-8).
-
-    Example:
-        >>> printable(b"w\\xff.ckpt".decode("utf-8", "surrogateescape"))
-        'w\\\\xff.ckpt'
-    """
-    return s.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def import_object(spec: str, option: str = "--model", example: str = "mypkg.model:Net") -> Any:
@@ -143,8 +215,12 @@ def _import_module(name: str, option: str, spec: str, hint: str) -> Any:
             raise ReplayUsageError(f"{option} {spec}: importing {name!r} failed: {error_line(e)}") from e
         local = Path(*name.split(".")).with_suffix(".py")
         tip = (f" There is a {local} in the working directory, which satmon does not search: pass {option} "
-               f"{local}:{spec.rpartition(':')[2]}, or put its folder on PYTHONPATH." if local.is_file() else
-               " The working directory is not searched: install the package, set PYTHONPATH, or pass the file path.")
+               f"{local}:{spec.rpartition(':')[2]}, or put its folder on PYTHONPATH (as an absolute path)." if local.is_file()
+               else " The working directory is not searched: install the package, set PYTHONPATH, or pass the file path.")
+        if _IGNORED:
+            tip += (f" (satmon ignored the sys.path entries {', '.join(repr(e) for e in _IGNORED[:4])}: they name the "
+                    "working directory or a folder of it, from an empty, '.' or relative PYTHONPATH entry or python -m; "
+                    "give PYTHONPATH absolute paths.)")
         raise ReplayUsageError(f"{option} {spec}: cannot import module {name!r} ({e}).{tip} {hint}.") from e
     except Exception as e:  # the user's module raised while importing
         raise ReplayUsageError(f"{option} {spec}: importing {name!r} failed: {error_line(e)}") from e

@@ -126,6 +126,10 @@ class Screen:
         self.agreement = agreement or TorchDistributed()
         self.info, self.warn = info or _print_rank_zero, warn or _warn
         self.verbose, self.log_every_n_steps = Settings.check_flag("verbose", verbose), log_every_n_steps
+        self._reset_run()
+
+    def _reset_run(self) -> None:
+        """Everything one run of the screen holds (hooks, counts, verdict, stop, notes): as a new screen has it."""
         self.layers: list[NormLayer] = []
         self.gating: GatingInfo | None = None
         # made at attach (:meth:`_build`): the window's hooks and states, the watch, the guard (None: off)
@@ -144,9 +148,11 @@ class Screen:
         self.first_step = 0  # the step counting (re)started at: not 0 after a resume that dropped the counts
         self.notes: list[str] = []
         self.status = "not attached"
+        self._window_over = False  # attached after the window's end with nothing counted: no verdict to make
         self._last_step = -1
         self._steps_done = 0  # optimizer steps, for plain loops that call step()
         self._loaded: ScreenState | None = None  # a checkpoint's state, restored at attach
+        self._loaded_local = False  # its counts are this process's own (a new session of the run), not summed over ranks
         self._model: nn.Module | None = None  # the model attached to (its weights are checked at the verdict)
         # modules that change during the window: the model map flags a registration (O(1) a step); layers that
         # appear (added, or another module under a counted name) are counted by hook sets of their own
@@ -200,7 +206,17 @@ class Screen:
             example_input: a batch for the gated-MLP trace (optional; every rank must pass one under
                 FSDP, whose traced forward runs collectives), fed by ``forward_fn``.
             forward_fn: how ``example_input`` reaches the model (default :func:`satmon.batches.feed`).
+
+        Attached again to the same model (a second training session: the Lightning callback's second ``fit``), the
+        run goes on as a resume from the end of the first would, from this process's own counts: a partial window
+        continues, a made verdict stays. A window already over at ``step`` with nothing counted gives no verdict,
+        and :meth:`card` says why.
+
+        Raises:
+            RuntimeError: the screen was attached to another model before (make a new Screen for it).
         """
+        if self.hooks is not None:  # attached before: another training session of the same run (a second fit)
+            self._new_session(model)
         names = self.layer_names
         if not self.discover(model, example_input, forward_fn) and not names:
             self.status = (f"no DyT layer in {type(model).__name__}, so there is no screen and no verdict. Convert the norms "
@@ -214,9 +230,10 @@ class Screen:
         self._map = model_map(model)
         self._map.listen(self._registered)
         self._counted, self._late = {l.name: l.module for l in self.layers}, []
+        dropped = None
         if self._loaded is not None:
-            self._restore(self._loaded)
-            self._loaded = None
+            dropped = self._restore(self._loaded)
+            self._loaded, self._loaded_local = None, False
             if self.verdict is not None and self.verdict.partial:
                 # a provisional verdict (training ended before the window closed): its counts are restored, and
                 # the window goes on from them; the verdict is made again when it closes
@@ -230,9 +247,37 @@ class Screen:
         elif self.verdict is None and self.steps_seen > self.first_step:
             self._close_at_resume(step)
         else:
+            if self.verdict is None:
+                self._no_window_left(step, dropped)
             self._start_watch()
         self.begin_step(step)
         return self
+
+    def _new_session(self, model: nn.Module) -> None:
+        """The screen is attached again (a second ``fit`` of the same Trainer and model, after it ended or raised): the
+        run goes on as a resume from a checkpoint saved at the end of the first would, from this process's own counts
+        (no collective: every rank does the same with its own). A checkpoint loaded since (:meth:`load_state_dict`)
+        takes their place. Another model is refused: its counts and verdict would be mixed with this one's."""
+        if self._model is not model:
+            raise RuntimeError(f"Expected the model this screen was attached to ({type(self._model).__name__}), got another "
+                               f"one ({type(model).__name__}): a Screen screens one run of one model, and this one holds "
+                               "the first model's counts and verdict. Make a new Screen for the other model.")
+        loaded, local = self._loaded, False
+        if loaded is None:
+            loaded, local = ScreenState.from_dict(self.state_dict(sync=False)), True
+        self.detach()
+        self._reset_run()
+        self._load(loaded, local)
+
+    def _no_window_left(self, step: int, dropped: str | None) -> None:
+        """Attached at or after the window's end with nothing counted in it: no verdict, and the card says why."""
+        self._window_over = True
+        why = f"the counts saved before were dropped ({dropped})" if dropped else "nothing had been counted before"
+        self.status = (f"the window ({self.settings.window} optimizer steps) was over when the screen attached at step "
+                       f"{step}, and {why}: nothing is left to count, so there is no verdict.")
+        if not dropped:  # a dropped count was warned about by the resume already: one warning
+            self.warn(f"satmon: {self.status} satmon screens the first `window` optimizer steps of a run: attach it from "
+                      f"the start (or resume from a checkpoint that holds its state), or set `window` above {step}.")
 
     def _close_at_resume(self, step: int) -> None:
         """Resumed with a window no longer than the steps already counted: the window is over, so the verdict
@@ -328,7 +373,7 @@ class Screen:
             self._guard_step(step, loss)
         if self.should_stop:
             return
-        if self.verdict is not None:
+        if self.verdict is not None or self._window_over:
             if self.watch is not None and self.watch.measuring:
                 self._watch_check(step)
             return
@@ -352,7 +397,7 @@ class Screen:
         """Training ended. A window cut short gets a partial verdict from THIS process's counts: no
         collective here, since another rank may have stopped elsewhere (uneven data) and would never join."""
         step = self._steps_done if step is None else step
-        if self.hooks is not None and self.verdict is None and self.steps_seen > 0:
+        if self.hooks is not None and self.verdict is None and self.steps_seen > 0 and not self._window_over:
             self.warn(f"satmon: training ended after {self.steps_seen} of the {self.settings.window} window steps; the "
                       "verdict is provisional (trust 'partial'): resuming from a checkpoint saved from here on continues "
                       "the window. Lower `window` or train longer.")
@@ -551,7 +596,8 @@ class Screen:
     def _start_watch(self) -> None:
         if self.watch is not None:
             self.watch.start()
-            self.status = "watching"
+            if self.verdict is not None:  # without one, the status says why there is none
+                self.status = "watching"
 
     def _watch_check(self, step: int) -> None:
         assert self.watch is not None
@@ -631,14 +677,18 @@ class Screen:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take a saved state back (a dict from :meth:`state_dict`); the counts are restored at :meth:`attach`."""
-        saved = ScreenState.from_dict(state)
-        self._loaded = saved
+        self._load(ScreenState.from_dict(state), local=False)
+
+    def _load(self, saved: ScreenState, local: bool) -> None:
+        """Hold ``saved`` until :meth:`attach` restores it (``local``: its counts are this process's own)."""
+        self._loaded, self._loaded_local = saved, local
         self.steps_seen, self.first_step, self.verdict = saved.steps_seen, saved.first_step, saved.verdict
         self.policy = StopPolicy(self.settings, stop=saved.stop)
 
-    def _restore(self, saved: ScreenState) -> None:
+    def _restore(self, saved: ScreenState) -> str | None:
         """Put a saved state into the attached screen, as :func:`~satmon.screen.state.restore_plan` decides
-        (rank zero takes the saved sums: they were summed over ranks)."""
+        (rank zero takes the saved sums: they were summed over ranks; a new session's own counts stay on each rank).
+        Returns why the saved counts were dropped, if they were."""
         assert self.hooks is not None
         plan = restore_plan(saved, self.settings, self.layer_names, self.steps_seen)
         for message in plan.warnings:
@@ -646,10 +696,11 @@ class Screen:
         self.notes.extend(plan.notes)
         if plan.restart:
             self.first_step = self.steps_seen
-        if plan.counts is None or self.agreement.rank != 0:
-            return
+        if plan.counts is None or (self.agreement.rank != 0 and not self._loaded_local):
+            return plan.dropped
         for k, v in zip(COUNTS, plan.counts):
             getattr(self.hooks.counter, k).copy_(torch.tensor(v, dtype=torch.int64))
         for key, metric in self._window_states():
             if metric is not None and key in saved.extras:
                 load_window_state(metric, saved.extras[key])
+        return plan.dropped

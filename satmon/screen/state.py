@@ -3,9 +3,11 @@ to it (:func:`restore_plan`).
 
 The counts belong to the window, not to the decision: a resume that changes only ``threshold``
 (or ``collapse_threshold``) keeps them, and so does a change of ``product`` (the two rules differ only for
-elements within one rounding step of the level), with a warning. A change of what was counted (``level``) restarts the
-count at the resume step; a change of ``window`` or ``sample_every`` keeps the counts made so far.
-Every change is named in a warning (old and new values) and in the verdict card's notes.
+elements within one rounding step of the level), with a warning. A change of what was counted (``level``, or the set
+of DyT layers: ``include=``/``exclude=`` or the model) drops the counts and restarts the count at the resume step; when
+the window is already over there, nothing is left to count and the card says why there is no verdict. A change of
+``window`` or ``sample_every`` keeps the counts made so far. Every change is named in one warning (old and new
+values) and in the verdict card's notes.
 
 A verdict made because training ended before the window closed is provisional (``Verdict.partial``):
 the state keeps its counts as for an open window, and a resume continues the window from them (the
@@ -150,51 +152,83 @@ class ScreenState:
 @dataclass(frozen=True)
 class RestorePlan:
     """What to do with a saved state: the counts to restore (``None``: none), whether the window restarts
-    counting at the resume step, the notes for the card and the warnings to give."""
+    counting at the resume step, the notes for the card, the warnings to give, and why the saved counts were
+    dropped (``None``: they were not)."""
 
     counts: Counts | None
     restart: bool = False
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    dropped: str | None = None
+
+
+def _names(names: Sequence[str], limit: int = 3) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _layer_change(saved: Sequence[str], now: Sequence[str]) -> str:
+    """How the DyT layers differ from the saved ones, in words (``""`` when they do not)."""
+    if list(saved) == list(now):
+        return ""
+    added, removed = [n for n in now if n not in saved], [n for n in saved if n not in now]
+    parts = ([f"added {_names(added)}"] if added else []) + ([f"removed {_names(removed)}"] if removed else [])
+    return "another set of DyT layers (" + ("; ".join(parts) or "the same ones in another order") + ")"
 
 
 def restore_plan(saved: ScreenState | Mapping[str, Any], settings: Settings, layers: Sequence[str], steps: int) -> RestorePlan:
-    """Compare the saved settings with the current ones and decide what the saved counts still mean.
+    """Compare the saved settings and layers with the current ones and decide what the saved counts still mean.
+
+    Counts made by another rule (``level``) or on another set of DyT layers (``include=``/``exclude=`` or the
+    model changed) are dropped with one warning, and the window restarts counting at the resume step; when the
+    window is already over there, nothing is left to count and the warning says the run gets no verdict.
 
     Args:
         saved: the checkpoint's state (or its saved dict).
         settings: the resumed screen's settings.
-        layers: the resumed model's DyT layers (they must be the saved ones).
+        layers: the resumed model's DyT layers.
         steps: window steps counted before the resume.
-
-    Raises:
-        RuntimeError: the model's DyT layers are not the checkpoint's.
 
     Example:
         >>> saved = ScreenState({"threshold": 0.5, "level": 2.0, "window": 500}, ("a",), counts=((3,), (10,), (0,)))
         >>> plan = restore_plan(saved, Settings(threshold=0.43), ["a"], 100)
         >>> plan.counts, plan.restart, plan.notes
         (((3,), (10,), (0,)), False, ('resumed at step 100 with threshold 0.43 (saved: 0.5); the counts were kept',))
+        >>> restore_plan(saved, Settings(), ["a", "b"], 100).dropped
+        'another set of DyT layers (added b)'
     """
     if not isinstance(saved, ScreenState):
         saved = ScreenState.from_dict(saved)
-    if saved.layers and list(saved.layers) != list(layers):
-        raise RuntimeError(f"Expected the checkpoint's satmon layers {list(saved.layers)} to match the model's "
-                           f"{list(layers)}. Resume with the same model, or start a new screen (a new SaturationMonitor "
-                           "without the checkpoint's callback state).")
     notes, found = list(saved.notes), []
-    changed = {k: (v, getattr(settings, k)) for k, v in saved.settings.items() if k in _SAVED and v != getattr(settings, k)}
-    if not changed or saved.counts is None or not saved.window_open:
-        return RestorePlan(saved.counts, notes=tuple(notes))
     where = f"resumed at step {steps}"
+    moved = _layer_change(saved.layers, layers) if saved.layers else ""
+    changed = {k: (v, getattr(settings, k)) for k, v in saved.settings.items() if k in _SAVED and v != getattr(settings, k)}
+    if saved.counts is None or not saved.window_open:
+        if moved and saved.verdict is not None:  # the verdict stands; its counts are not put into the other layers
+            notes.append(f"{where} with {moved}: the verdict was made on the saved layers")
+        return RestorePlan(None if moved else saved.counts, notes=tuple(notes))
+    if not changed and not moved:
+        return RestorePlan(saved.counts, notes=tuple(notes))
     text = ", ".join(f"{k} {new!r} (saved: {old!r})" for k, (old, new) in changed.items())
-    counts, restart = saved.counts, False
-    if any(k in changed for k in _COUNTED):
-        counts, restart = None, True
-        found.append(f"satmon: {where} with {text}: the saved counts were made by another rule, so they were dropped "
-                     f"and the window restarts counting at step {steps}. Resume with the saved setting to keep them.")
-        notes.append(f"window restarted at step {steps} ({text}): the verdict covers the steps after it only")
-    elif any(k in changed for k in _ROUNDING):
+    rule = [text] if any(k in changed for k in _COUNTED) else []
+    if rule or moved:
+        why = "; ".join([*rule, *([moved] if moved else [])])
+        keep = " and ".join((["the saved setting"] if rule else []) + (["the saved layers"] if moved else []))
+        made = " and ".join((["by another rule"] if rule else []) + (["on other layers"] if moved else []))
+        window = settings.window
+        if window > steps:
+            found.append(f"satmon: {where} with {why}: the saved counts were made {made}, so they were dropped and the "
+                         f"window restarts counting at step {steps} ({window - steps} of its {window} steps remain). "
+                         f"Resume with {keep} to keep them.")
+            notes.append(f"window restarted at step {steps} ({why}): the verdict covers the steps after it only")
+        else:
+            found.append(f"satmon: {where} with {why}: the saved counts were made {made}, so they were dropped, and the "
+                         f"{window}-step window is over at step {steps}: nothing is left to count, so there is no verdict. "
+                         f"Resume with {keep} to keep the counts, or with a window longer than {steps} steps.")
+            notes.append(f"{where} with {why}: the saved counts were dropped and the window was over: no verdict")
+        return RestorePlan(None, True, tuple(notes), tuple(found), dropped=why)
+    counts = saved.counts
+    if any(k in changed for k in _ROUNDING):
         found.append(f"satmon: {where} with {text}: the counts of the first {steps} steps were kept; they used the other "
                      "product rule, which differs only for elements within one rounding step of the level.")
         notes.append(f"{where} with {text}; the counts of the first {steps} steps were kept")
@@ -210,4 +244,4 @@ def restore_plan(saved: ScreenState | Mapping[str, Any], settings: Settings, lay
         notes.append(f"{where} with {text}; the counts of the first {steps} steps were kept")
     else:
         notes.append(f"{where} with {text}; the counts were kept")
-    return RestorePlan(counts, restart, tuple(notes), tuple(found))
+    return RestorePlan(counts, False, tuple(notes), tuple(found))

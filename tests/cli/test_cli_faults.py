@@ -66,6 +66,8 @@ FILES: dict[str, str | bytes | None] = {
     "plotdir": None,
     "empty_dir": None,
     "demo_root/demo": "a file where the demo's run folder goes\n",
+    "demo_next/demo/version_0": None,
+    "demo_next/demo/version_1": "a file where the next run folder goes\n",
     "cells.csv": _cells(),
     "cells_nan_delta.csv": _cells("a,0.6,nan,small"),
     "cells_inf_delta.csv": _cells("a,0.6,-inf,small"),
@@ -130,6 +132,7 @@ FILES: dict[str, str | bytes | None] = {
     "notes.txt": "not an event file\n",
 }
 READ_ONLY = ("ro/calibration.json",)
+FIFOS = ("events.out.tfevents.1.fifo",)  #: named like an event file: opening one would block forever
 
 
 @dataclass(frozen=True)
@@ -180,12 +183,20 @@ CASES: list[Case] = [
     _demo("seed-negative", "--seed=-1", match=r"argument --seed: expected an integer in \[0, 4294967295\]"),
     _demo("seed-too-big", "--seed", str(2**32), match=r"argument --seed: expected an integer in \[0, 4294967295\]"),
     _demo("checkpoint-every-negative", "--checkpoint-every=-1", match=r"argument --checkpoint-every: expected an integer >= 0"),
-    _demo("threads-0", "--threads", "0", match=r"argument --threads: expected an integer >= 1"),
+    _demo("threads-0", "--threads", "0", match=rf"argument --threads: expected an integer in \[1, {os.cpu_count()}\], got '0'"),
     _demo("logdir-empty", "--logdir", "", match=r"Expected --logdir to name a folder, got an empty name"),
     _demo("logdir-a-file", "--logdir", "afile", match=r"Expected --logdir to name a folder, got 'afile' \(a file\)"),
     _demo("logdir-under-a-file", "--logdir", "afile/logs", match=r"Expected --logdir 'afile/logs' under a folder, got a file"),
     _demo("run-folder-a-file", "--logdir", "demo_root", match=r"Expected --logdir's run folder to name a folder, got "
           r"'demo_root/demo' \(a file\)"),
+    _demo("threads-beyond-the-machine", "--threads", "100000",
+          match=rf"argument --threads: expected an integer in \[1, {os.cpu_count()}\], got '100000'"),
+    _demo("logdir-with-a-variable", "--logdir", "$HOME/logs", match=r"expected --logdir without a \$VARIABLE \(the "
+          r"TensorBoard logger expands it, so the run would go to '/.*/logs'\), got '\$HOME/logs'"),
+    _demo("next-version-a-file", "--logdir", "demo_next", match=r"expected 'demo_next/demo/version_1' to be free for the "
+          r"run's TensorBoard folder \(the next version_N\), got a file there"),
+    _demo("logdir-name-too-long", "--logdir", "x" * 300, match=r"Expected --logdir to be a path whose names are at most "
+          r"255 bytes each \(the file system's limit\), got 300 bytes"),
     _demo("unknown-flag", "--frobnicate", match=r"unrecognized arguments: --frobnicate"),
     _demo("positional", "extra", match=r"unrecognized arguments: extra"),
     # satmon report
@@ -197,6 +208,8 @@ CASES: list[Case] = [
     Case("report-empty-folder", ("report", "empty_dir"), 1, r"^satmon report: no satmon data under 'empty_dir' \(0 TensorBoard"),
     Case("report-corrupt-events", ("report", "tb_corrupt"), 1, r"^satmon report: no satmon data under 'tb_corrupt' \(1 TensorBoard"),
     Case("report-unknown-flag", ("report", "empty_dir", "--frobnicate"), 2, r"unrecognized arguments: --frobnicate"),
+    Case("report-a-fifo", ("report", FIFOS[0]), 2, r"^satmon report: Expected LOGDIR to be a folder or a TensorBoard "
+         r"event file, got 'events.out.tfevents.1.fifo', which is not a regular file \(a device, a pipe or a socket\)"),
     # satmon calibrate: what to read
     _cal("no-input", match=r"Expected one input: RUNS with --outcomes, --cells FILE, or --study; got 0"),
     _cal("two-inputs", "--study", "--cells", "cells.csv", match=r"Expected one input.*got 2"),
@@ -291,6 +304,11 @@ CASES: list[Case] = [
     _cal("plot-under-a-file", "--study", "--plot", "afile/p.png", match=r"Expected --plot 'afile/p.png' under a folder"),
     _cal("plot-device", "--study", "--plot", os.devnull, match=r"Expected --plot to name a regular file, got '/dev/null'"),
     _cal("plot-and-no-plot", "--study", "--plot", "p.png", "--no-plot", match=r"argument --no-plot: not allowed with argument --plot"),
+    _cal("out-name-too-long", "--study", "--out", "o" * 256, match=r"Expected --out to be a path whose names are at most "
+         r"255 bytes each", out=False),
+    _cal("plot-name-too-long", "--study", "--plot", "p" * 240 + ".png", match=r"Expected --plot to name a file of at most "
+         r"241 bytes \(the file system's names are at most 255 bytes, and satmon writes it through a 14-byte longer "
+         r"temporary '.NAME.XXXXXXXX.tmp' beside it\), got 244 bytes"),
     _cal("blocked-output-before-bad-input", "--cells", "cells_binary.csv", "--out", "afile",
          match=r"Expected --out to name a folder, got 'afile'", out=False),
 ]
@@ -306,6 +324,8 @@ def make_folder(root: Path) -> Path:
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
     for rel in READ_ONLY:
         os.chmod(root / rel, 0o444)
+    for rel in FIFOS:
+        os.mkfifo(root / rel)
     return root
 
 
@@ -327,7 +347,7 @@ def check_message(err: str, match: str) -> str:
     assert "Traceback" not in err, err
     lines = err.rstrip("\n").split("\n")
     message = lines[-1]
-    before = lines[:-1]
+    before = [l for l in lines[:-1] if not l.startswith("satmon report: note: ")]  # what report could not read, and why
     if before:  # only argparse's usage block may come first
         assert before[0].startswith("usage: satmon") and all(l.startswith(" ") for l in before[1:]), err
         assert re.match(r"^satmon( \w+)?: error: ", message), err

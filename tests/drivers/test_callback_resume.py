@@ -18,6 +18,7 @@ from helpers import InputRecorder, tiny_lit, token_loader, trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from satmon import SaturationMonitor
+from satmon.drivers.lightning import STATE_KEY
 from satmon.model.discovery import find_dyt_layers
 from test_callback import satmon_hooks
 
@@ -53,7 +54,7 @@ def original(tmp_path_factory):
 
 def _callback_state(path: Path) -> dict:
     ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    return ckpt["callbacks"][_monitor().state_key]
+    return ckpt["callbacks"][STATE_KEY]
 
 
 def test_mid_window_checkpoint_holds_the_counts_so_far(original):

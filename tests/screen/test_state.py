@@ -83,9 +83,27 @@ def test_a_made_verdict_or_no_counts_leave_nothing_to_plan():
     assert restore_plan(_state(counts=None), Settings(level=3.0), ["a", "b"], 4).counts is None
 
 
-def test_another_model_is_refused_with_both_layer_lists():
-    with pytest.raises(RuntimeError, match=r"Expected the checkpoint's satmon layers \['a', 'b'\] to match the model's \['a'\]"):
-        restore_plan(_state(), Settings(threshold=0.5), ["a"], 4)
+@pytest.mark.parametrize(("layers", "said"), [(["a"], "removed b"), (["a", "b", "c"], "added c"),
+                                             (["b", "a"], "the same ones in another order")])
+def test_another_set_of_layers_drops_the_counts_with_one_warning_naming_the_change(layers, said):
+    """0.2 raised a RuntimeError out of trainer.fit: a resume with exclude= adding a layer stopped training."""
+    plan = restore_plan(_state(), Settings(threshold=0.5), layers, 4)
+    assert plan.counts is None and plan.restart and plan.dropped == f"another set of DyT layers ({said})"
+    assert len(plan.warnings) == 1 and f"({said}): the saved counts were made on other layers" in plan.warnings[0]
+    assert "window restarts counting at step 4 (496 of its 500 steps remain)" in plan.warnings[0]
+
+
+def test_a_dropped_count_with_the_window_over_says_there_is_no_verdict():
+    plan = restore_plan(_state(), Settings(threshold=0.5, level=3.0, window=4), ["a"], 4)
+    assert plan.counts is None and plan.restart and len(plan.warnings) == 1
+    assert "the 4-step window is over at step 4: nothing is left to count, so there is no verdict" in plan.warnings[0]
+    assert "level 3.0 (saved: 2.0)" in plan.dropped and "removed b" in plan.dropped and "restarts" not in plan.warnings[0]
+
+
+def test_another_set_of_layers_after_the_verdict_keeps_it_and_restores_no_counts():
+    plan = restore_plan(_state(verdict=build_verdict({"a": (3, 10)}, step=4, window=4)), Settings(threshold=0.5), ["c"], 4)
+    assert plan.counts is None and not plan.restart and not plan.warnings
+    assert "the verdict was made on the saved layers" in plan.notes[-1]
 
 
 # ------------------------------------------------------------------------ a plain loop, resumed
