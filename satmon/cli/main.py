@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "SUBCOMMANDS", "fraction", "integer", "main", "usage_exit"]
+__all__ = ["EXIT_BROKEN_PIPE", "EXIT_INTERRUPTED", "EXIT_USAGE", "SUBCOMMANDS", "fraction", "integer", "main", "usage_exit"]
 
 #: command -> (module with ``main(argv) -> int``, one line for ``satmon --help``)
 SUBCOMMANDS = {
@@ -21,8 +22,9 @@ SUBCOMMANDS = {
     "calibrate": ("satmon.cli.calibrate", "fit the GO threshold on your own runs' outcomes (writes calibration.json)"),
 }
 
-#: the exit code of a usage error (argparse's), and of a command ended by Ctrl-C (128 + SIGINT, the shell's)
-EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
+#: the exit code of a usage error (argparse's), of a command ended by Ctrl-C (128 + SIGINT, the shell's), and of one
+#: whose output pipe closed (128 + SIGPIPE: `satmon report ... | head`)
+EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 2, 130, 141
 
 DESCRIPTION = "Watch DyT saturation from inside transformer training, and replay it over saved checkpoints."
 
@@ -127,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"satmon {name}: interrupted (Ctrl-C); every output satmon replaces is either as it was or complete "
               "(files are replaced only by finished ones).", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `satmon ... | head`: the reader left; no traceback, and none at exit either
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -384,12 +384,13 @@ def log_text(sink: Sink, tag: str, text: str, step: int) -> None:
     check_sink(sink).text(tag, text, step)
 
 
-def log_verdict(sink: Sink, verdict: Any) -> None:
+def log_verdict(sink: Sink, verdict: Any, card: str | None = None) -> None:
     """Write the verdict at its step: :func:`verdict_scalars`, the card as text, and the hparams view.
 
     Args:
         sink: where it goes (:class:`SummaryWriterSink`, :class:`satmon.io.lightning.LightningSink`, ...).
         verdict: a :class:`satmon.results.verdict.Verdict` (GO, NO-GO or non-finite).
+        card: the card's markdown when it says more than ``verdict.card()`` (a replay's: the live verdict beside it).
 
     Example:
         >>> import tempfile
@@ -403,7 +404,7 @@ def log_verdict(sink: Sink, verdict: Any) -> None:
     sink = check_sink(sink)
     scalars = verdict_scalars(verdict)
     sink.scalars(scalars, verdict.step)
-    sink.text(TAG.verdict_text, verdict.card(), verdict.step)
+    sink.text(TAG.verdict_text, verdict.card() if card is None else card, verdict.step)
     sink.hparams(verdict_hparams(verdict), scalars, verdict.step)
 
 

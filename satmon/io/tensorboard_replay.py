@@ -68,7 +68,8 @@ class TensorBoardReplay:
         return self.sink.log_dir
 
     def __call__(self, record: Any) -> None:
-        """Write one :class:`satmon.replay.loop.ReplayRecord`: its readings and verdict, or why it was skipped."""
+        """Write one :class:`satmon.replay.loop.ReplayRecord`: its readings and verdict (its card names the source run
+        and, when found, shows its live verdict beside this one), or why it was skipped."""
         step = int(record.global_step or 0)
         report = record.report
         if report is None:
@@ -83,7 +84,7 @@ class TensorBoardReplay:
             scalars.pop(TAG.saturation, None)  # log_verdict writes the pooled saturation itself: once per step
         log_scalars(self.sink, scalars, step)
         if report.verdict is not None:
-            log_verdict(self.sink, report.verdict)
+            log_verdict(self.sink, report.verdict, card=record.card())
         log_text(self.sink, TAG.replay_checkpoint, f"`{record.checkpoint}`", step)
 
     def close(self) -> None:
