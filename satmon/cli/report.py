@@ -74,17 +74,27 @@ def _points(series: list[tuple[int, float]]) -> list[str]:
 
 def format_run(run: Run) -> str:
     """The verdict card (decision, notes, per-layer table), then the trajectories' key points, as compact tables."""
+    return _head(run) + "\n" + _body(run)
+
+
+def _head(run: Run) -> str:
+    """The run's first line: its folder and the steps it holds (no torch needed: the console's first line)."""
+    steps = run.steps()
+    head = f"== satmon run {run.path}"
+    if steps:
+        head += f"  (steps {steps[0]}..{steps[-1]}, {len(run.scalars)} satmon scalar tags)"
+    return head
+
+
+def _body(run: Run) -> str:
+    """What follows the run's first line: the card, the trajectories, the per-layer readings."""
     from satmon.io.markdown import table
     from satmon.io.tensorboard import TAG
     from satmon.results.card import plain
 
     named = _named()
-    steps = run.steps()
-    head = f"== satmon run {run.path}"
-    if steps:
-        head += f"  (steps {steps[0]}..{steps[-1]}, {len(run.scalars)} satmon scalar tags)"
     card = run.last_text(TAG.verdict_text)  # markdown in TensorBoard; plain text on the console
-    out = [head, "", plain(card) if card else "(no verdict card in this run: the screening window has not ended yet)", ""]
+    out = ["", plain(card) if card else "(no verdict card in this run: the screening window has not ended yet)", ""]
     stop = run.last_text(TAG.stop_text)
     if stop:
         out += [plain(stop), ""]
@@ -176,7 +186,8 @@ def _print_runs(root: Path, latest: bool) -> tuple[list[Run], int]:
         run = read_run(d)
         if not (run.scalars or run.texts):
             continue
-        print(("\n" if runs else "") + format_run(run), end="", flush=True)
+        print(("\n" if runs else "") + _head(run), flush=True)  # before the card's imports (torch): at once
+        print(_body(run), end="", flush=True)
         runs.append(run)
         if latest:
             break
