@@ -10,13 +10,15 @@ each complete with its ETA, and never a carriage return. Everything goes to stdo
 
 from __future__ import annotations
 
+import io
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-__all__ = ["Progress", "duration", "is_terminal", "say"]
+__all__ = ["Progress", "duration", "is_terminal", "say", "say_to_terminal"]
 
 
 def say(command: str, text: str, stream: TextIO | None = None) -> None:
@@ -27,6 +29,19 @@ def say(command: str, text: str, stream: TextIO | None = None) -> None:
         satmon replay: reading 3 checkpoint(s)
     """
     print(f"satmon {command}: {text}", file=stream if stream is not None else sys.stdout, flush=True)
+
+
+def say_to_terminal(command: str, text: str) -> bool:
+    """:func:`say` on the terminal, if there is one (stdout, else stderr); nothing when both are pipes or files.
+
+    For a status line that a log would not want but a person waiting at a terminal does (``satmon report``'s
+    "reading ...": its output, piped, is the report itself). Returns whether the line was printed.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if is_terminal(stream):
+            say(command, text, stream)
+            return True
+    return False
 
 
 def is_terminal(stream: Any) -> bool:
@@ -41,6 +56,14 @@ def is_terminal(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError, OSError):
         return False
+
+
+def _columns(stream: Any) -> int:
+    """The terminal's width (a pseudo-terminal may report 0); a large one when the stream has no file descriptor."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        return 1_000
 
 
 def duration(seconds: float) -> str:
@@ -100,11 +123,11 @@ class Progress:
         self._last_line = self.start
         self._last_tenth = 0
         self._bar: Any = None
-        if is_terminal(self.stream):
+        if is_terminal(self.stream) and _columns(self.stream) >= 40:  # a terminal of no width: plain lines
             from tqdm.auto import tqdm  # Lightning's own dependency
 
-            self._bar = tqdm(total=total, desc=label, unit=unit, file=self.stream, dynamic_ncols=True, mininterval=0.25,
-                             leave=True)
+            self._bar = tqdm(total=total, desc=label.rstrip(":"), unit=unit, file=self.stream, dynamic_ncols=True,
+                             mininterval=0.25, leave=True)
 
     def update(self, done: int, text: str = "") -> None:
         """``done`` items are complete (a position, not an increment); ``text`` says what the last one gave."""

@@ -114,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--live", metavar="RUN", default=None, help="the live run's TensorBoard folder, to show its verdict "
                    "beside the replay's (default: found in the checkpoints' SaturationMonitor state, or in TensorBoard "
                    "events beside the checkpoints)")
-    p.add_argument("--quiet", action="store_true", help="no progress output (the summary is still printed)")
+    p.add_argument("--quiet", action="store_true", help="no status lines and no progress (the summary is still printed)")
     return p
 
 
@@ -589,7 +589,7 @@ def run(args: argparse.Namespace, state: _State | None = None) -> int:
     ordered = ck.order_checkpoints(infos)
     loader = ModelLoader(model_cls, factory, device=device)
     _check_model(args, loader, ordered)
-    source = _source(args, listing, ordered)
+    source = _source(args, ordered)
     talk(_source_line(source))
     data_text, probe_kwargs = "none (no readable checkpoint)", {}
     if ordered:
@@ -628,7 +628,7 @@ def run(args: argparse.Namespace, state: _State | None = None) -> int:
     return _exit_code(rows, records, infos, nonfinite)
 
 
-def _source(args: argparse.Namespace, listing: Any, ordered: list[Any]) -> Any:
+def _source(args: argparse.Namespace, ordered: list[Any]) -> Any:
     """The run the checkpoints come from and its live verdict (:func:`satmon.replay.live.find_source`)."""
     from satmon.replay.live import find_source
 
@@ -636,6 +636,7 @@ def _source(args: argparse.Namespace, listing: Any, ordered: list[Any]) -> Any:
 
 
 def _source_line(source: Any) -> str:
+    """The status line naming the source run and what its live window said."""
     live = source.live
     if live is None:
         return f"replay of {source.run}: its live verdict was not found ({source.missing})"

@@ -158,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"satmon report: {why}", file=sys.stderr)
         return EXIT_USAGE
     root = Path(args.logdir)
+    from satmon.cli.progress import say_to_terminal
+
+    # on a terminal, a line at once: TensorBoard's reader and a long run's events take seconds to read (piped, the
+    # report's own first line, each run's header, comes as soon as that run is read)
+    say_to_terminal("report", f"reading the satmon runs under {str(root)!r}")
     try:
         runs, looked = _print_runs(root, args.latest)
     except OSError as e:  # a folder or event file this user cannot read

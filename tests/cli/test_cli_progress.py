@@ -84,3 +84,16 @@ def test_say_flushes_one_line_and_a_total_must_be_positive():
     with pytest.raises(ValueError, match="Expected a total of at least 1 item, got 0"):
         Progress(0, label="x")
     assert duration(59.6) == "1 min 00 s" and duration(-1) == "?"
+
+
+def test_a_terminal_only_status_line_goes_where_a_person_watches(monkeypatch):
+    import sys
+
+    out, err = io.StringIO(), Terminal()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    from satmon.cli.progress import say_to_terminal
+
+    assert say_to_terminal("report", "reading") and err.getvalue() == "satmon report: reading\n" and out.getvalue() == ""
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert not say_to_terminal("report", "reading") and out.getvalue() == ""  # pipes and files: nothing
