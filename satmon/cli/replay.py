@@ -374,9 +374,14 @@ def _nearest(records: list[Any], step: int) -> Any:
     return min(scored, key=lambda r: (abs((r.global_step or 0) - step), -(r.global_step or 0))) if scored else None
 
 
+def _source_of(records: list[Any]) -> Any:
+    """The source run the records name (:class:`~satmon.results.live_replay.ReplaySource`), or ``None``."""
+    return next((s for s in (getattr(r, "source", None) for r in records) if s is not None), None)
+
+
 def _compared(records: list[Any]) -> list[Any]:
     """The records shown beside the live verdict: the one nearest its step, and the last."""
-    source = next((r.source for r in records if r.source is not None), None)
+    source = _source_of(records)
     if source is None or source.live is None:
         return []
     near = _nearest(records, source.live.step)
@@ -390,7 +395,7 @@ def _live_lines(records: list[Any], markdown: bool = False) -> list[str]:
     from satmon.io.markdown import table
     from satmon.results.live_replay import WHY, agreement, comparison_rows
 
-    source = next((r.source for r in records if r.source is not None), None)
+    source = _source_of(records)
     if source is None:
         return []
     head = source.headline()

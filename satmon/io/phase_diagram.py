@@ -208,7 +208,7 @@ def plot_phase(cells: Sequence[PhaseCell], runs: Sequence[tuple[str, Any]], path
     ax.set(xscale="log", yscale="log")
     points = _mean_by_point(cells)
     deltas = [abs(c.delta) for c, _ in points if c.delta is not None]
-    top = max(deltas) if deltas else 1.0
+    top = max(deltas, default=0.0) or 1.0  # a symmetric scale around "no effect"
     norm = colors.TwoSlopeNorm(vcenter=0.0, vmin=-top, vmax=top)
     cmap = colormaps["RdBu_r"]  # blue: DyT helped (delta < 0), red: DyT hurt
     sources = list(dict.fromkeys(c.source for c, _ in points))

@@ -84,7 +84,8 @@ class TensorBoardReplay:
             scalars.pop(TAG.saturation, None)  # log_verdict writes the pooled saturation itself: once per step
         log_scalars(self.sink, scalars, step)
         if report.verdict is not None:
-            log_verdict(self.sink, report.verdict, card=record.card())
+            card = getattr(record, "card", None)  # a ReplayRecord's: the source run and its live verdict beside this one
+            log_verdict(self.sink, report.verdict, card=card() if callable(card) else None)
         log_text(self.sink, TAG.replay_checkpoint, f"`{record.checkpoint}`", step)
 
     def close(self) -> None:
