@@ -3,14 +3,16 @@ passed whole.
 
 One frozen object is built once (by the user, or by a driver from its keyword options) and handed, the
 same object, to :class:`satmon.Screen`, the live probe, :func:`satmon.probe` and ``satmon replay``: no
-consumer restates or re-checks an option, so none can drop one. Its four parts:
+consumer restates or re-checks an option, so none can drop one. Its parts:
 
 - **the rule**: ``threshold``, ``level``, ``collapse_threshold``, ``product``, and where the threshold comes
   from: ``caveat`` (the card's provenance line) or ``calibration`` (a ``calibration.json`` of ``satmon
   calibrate``, whose threshold and provenance both apply);
 - **the window**: ``window``, ``sample_every``, ``offset_every``, ``include`` / ``exclude``, ``gating_mapping``;
 - **the watch**: ``watch_every_n_steps``, ``patience``, ``loss_spike_z``, ``loss_baseline``;
-- **the abort policy**: ``abort_on``, ``abort_mode``, ``dry_run``.
+- **the abort policy**: ``abort_on``, ``abort_mode``, ``dry_run``;
+- **the run**: ``train_tokens``, the unique tokens the run trains on, when satmon cannot count them from the
+  training data (the card places the run on the study's phase diagram with it).
 
 Defaults are the study's (:mod:`satmon.study`). ``threshold=None`` and ``caveat=None`` mean "the study's,
 or the calibration's": after construction both hold the value in force, so ``settings.threshold`` is
@@ -205,6 +207,8 @@ class Settings:
     abort_on: str = "never"
     abort_mode: str = "graceful"
     dry_run: bool = False
+    # the run
+    train_tokens: int | None = None
 
     def __post_init__(self) -> None:
         cal = _calibration(self.calibration)
@@ -244,10 +248,13 @@ class Settings:
         if self.abort_mode not in ABORT_MODES:
             raise ValueError(f"Expected `abort_mode` in {ABORT_MODES}, got {short_repr(self.abort_mode)}.")
         _flag("dry_run", self.dry_run)
+        if self.train_tokens is not None:
+            _int("train_tokens", self.train_tokens, 1, "the unique tokens the run trains on; None: counted from the "
+                 "training data when satmon can")
 
     @staticmethod
     def names() -> tuple[str, ...]:
-        """The option names, in the order of the four parts.
+        """The option names, in the order of the parts.
 
         Example:
             >>> Settings.names()[:3]

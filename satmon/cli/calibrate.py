@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from satmon import study
 from satmon.cli.main import EXIT_USAGE, usage_exit
+from satmon.cli.progress import say
 
 if TYPE_CHECKING:
     from satmon.calibrate.fit import CalibrationResult
@@ -181,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     command = "satmon calibrate " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
         cal_path, plot_path = _outputs(args)
+        folders = [r for r in args.runs if Path(r).is_dir()]
+        if folders:  # the slow input (TensorBoard's reader, every event file): say what runs first
+            say("calibrate", f"reading the verdicts of {len(folders)} TensorBoard folder(s) and {len(args.runs) - len(folders)} "
+                             "replay file(s)")
         cells, source = _load(args)
         result = calibrate(cells, args.metric, source)
     except (CalibrationError, OutputError) as e:

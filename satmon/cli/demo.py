@@ -25,6 +25,7 @@ from typing import Any
 
 from satmon import study
 from satmon.cli.main import EXIT_USAGE, fraction, integer, usage_exit
+from satmon.cli.progress import say
 
 __all__ = ["EXIT_NO_VERDICT", "EXIT_OK", "EXIT_USAGE", "main", "run_demo"]
 
@@ -79,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
                         f"{CHECKPOINT_EVERY}; 0: the last step only)")
     p.add_argument("--threads", type=integer(1, os.cpu_count() or 1), default=None,
                    help="CPU threads, at most the machine's CPUs (default: $OMP_NUM_THREADS, else every core)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress output (the first line and the results are still printed)")
     return p
 
 
@@ -141,27 +142,31 @@ def _emb_std(args: argparse.Namespace) -> float:
 
 
 def _step_bar(window: int):
-    """One progress bar over the optimizer steps (Lightning's restarts every epoch and, with
-    ``max_steps`` only, reads "Epoch 1/-2")."""
-    from lightning.pytorch.callbacks import TQDMProgressBar
-    from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
+    """Progress over the optimizer steps (:class:`satmon.cli.progress.Progress`): a bar with an ETA on a terminal,
+    a plain line every tenth of the run (and at least every 30 s) when the output is a pipe or a file. One bar for
+    the whole run: Lightning's restarts every epoch and, with ``max_steps`` only, reads "Epoch 1/-2"."""
+    from lightning.pytorch.callbacks import Callback
 
-    class StepProgressBar(TQDMProgressBar):
+    from satmon.cli.progress import Progress
+
+    class StepProgress(Callback):
+        progress: Progress | None = None
+
         def on_train_start(self, trainer, pl_module) -> None:
-            super().on_train_start(trainer, pl_module)
-            self.train_progress_bar.reset(total=trainer.max_steps)
-            self.train_progress_bar.set_description(f"steps (window {window})")
-
-        def on_train_epoch_start(self, trainer, *_: Any) -> None:
-            pass  # one bar for the whole run, not one per epoch
+            self.progress = Progress(trainer.max_steps, label=f"satmon demo: steps (window {window})", unit="step")
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-            n = trainer.global_step
-            if self._should_update(n, self.train_progress_bar.total):
-                _update_n(self.train_progress_bar, n)
-                self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            self.progress.update(trainer.global_step, "" if loss is None else f"training loss {float(loss):.4f}")  # CPU: no sync cost
 
-    return StepProgressBar(refresh_rate=5)
+        def on_train_end(self, trainer, pl_module) -> None:
+            if self.progress is not None:
+                self.progress.close()
+
+        def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+            self.on_train_end(trainer, pl_module)
+
+    return StepProgress()
 
 
 def _step_checkpoints(dirpath: Path, every: int, last: int):
@@ -222,6 +227,8 @@ def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
     from satmon.demos.corpus import CorpusDataModule
     from satmon.demos.lit import LitLM
 
+    for name in ("lightning.pytorch", "lightning.fabric"):  # their import set INFO: the demo prints its own lines
+        logging.getLogger(name).setLevel(logging.WARNING)
     pl.seed_everything(args.seed, verbose=False)
     omp = os.environ.get("OMP_NUM_THREADS", "")
     cpus = os.cpu_count() or 1  # a malformed or huge $OMP_NUM_THREADS is not passed on (torch's pool crashes far past it)
@@ -238,9 +245,12 @@ def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
     logger = TensorBoardLogger(os.path.abspath(args.logdir), name=_run_name(args), default_hp_metric=False)  # the HParams view shows satmon's verdict
     ckpt = _step_checkpoints(Path(logger.log_dir) / "checkpoints", args.checkpoint_every, steps)
     callbacks = [monitor, ckpt] + ([] if args.quiet else [_step_bar(args.window)])
+    if not args.quiet:
+        say("demo", f"training {steps} steps; held-out loss at step 0: {losses['start']:.4f} nats/byte (byte-frequency "
+                    f"level {losses['unigram']:.4f})")
     trainer = pl.Trainer(
         max_steps=steps, accelerator="cpu", devices=1, logger=logger, callbacks=callbacks, enable_checkpointing=False,
-        enable_progress_bar=not args.quiet, enable_model_summary=False, log_every_n_steps=25,
+        enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=25,
         val_check_interval=min(250, steps), limit_val_batches=VAL_BATCHES, num_sanity_val_steps=0,
     )
     sigint = signal.getsignal(signal.SIGINT)
@@ -280,12 +290,13 @@ def main(argv: list[str] | None = None) -> int:
         _check(p, args)
     except SystemExit as e:  # --help (0), or a usage error argparse has printed (2)
         return usage_exit(e)
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*LeafSpec.*")
     emb = "embeddings at GPT-2's std 0.02 (--stalled)" if args.stalled else f"embeddings at std d_model^-0.5 = {_emb_std(args):.3g}"
     print(f"satmon demo: GPT-2-style model (d={args.d_model}, {args.layers} blocks, DyT alpha_init 2.0, {emb}) on the "
-          f"embedded corpus (Python's standard library), {args.window}-step screening window, CPU.")
+          f"embedded corpus (Python's standard library), {args.window}-step screening window, CPU.", flush=True)
+    if not args.quiet:
+        say("demo", "loading torch and Lightning, reading the corpus")
     t0 = time.perf_counter()
     monitor, log_dir, losses = run_demo(args)
     took = time.perf_counter() - t0

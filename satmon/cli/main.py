@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "SUBCOMMANDS", "fraction", "integer", "main", "usage_exit"]
+__all__ = ["EXIT_BROKEN_PIPE", "EXIT_INTERRUPTED", "EXIT_USAGE", "SUBCOMMANDS", "fraction", "integer", "main", "usage_exit"]
 
 #: command -> (module with ``main(argv) -> int``, one line for ``satmon --help``)
 SUBCOMMANDS = {
@@ -32,8 +32,9 @@ SUBCOMMANDS = {
     "calibrate": ("satmon.cli.calibrate", "fit the GO threshold on your own runs' outcomes (writes calibration.json)"),
 }
 
-#: the exit code of a usage error (argparse's), and of a command ended by Ctrl-C (128 + SIGINT, the shell's)
-EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
+#: the exit code of a usage error (argparse's), of a command ended by Ctrl-C (128 + SIGINT, the shell's), and of one
+#: whose output pipe closed (128 + SIGPIPE: `satmon report ... | head`)
+EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 2, 130, 141
 
 DESCRIPTION = "Watch DyT saturation from inside transformer training, and replay it over saved checkpoints."
 

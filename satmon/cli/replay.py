@@ -114,7 +114,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-twin", action="store_true", help="skip the random-init twin (no init-to-trained readout; faster)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's own choice); "
                    "1 is often fastest for small models on a busy machine")
-    p.add_argument("--quiet", action="store_true", help="no progress output (the summary is still printed)")
+    p.add_argument("--live", metavar="RUN", default=None, help="the live run's TensorBoard folder, to show its verdict "
+                   "beside the replay's (default: found in the checkpoints' SaturationMonitor state, or in TensorBoard "
+                   "events beside the checkpoints)")
+    p.add_argument("--quiet", action="store_true", help="no status lines and no progress (the summary is still printed)")
     return p
 
 
@@ -279,6 +282,9 @@ def _check_inputs(args: argparse.Namespace) -> Any:
     if args.weights_only and args.trust_checkpoints:
         raise _usage("Expected either --weights-only (read checkpoints with torch.load(weights_only=True): the default) or "
                      "--trust-checkpoints (weights_only=False: runs code stored in them), got both: drop one.")
+    if args.live is not None and not Path(args.live).exists():
+        raise _usage(f"--live {args.live!r}: no such file or folder. Pass the live run's TensorBoard folder (e.g. "
+                     "satmon_logs/demo/version_0), or leave --live out.")
     if args.data is not None and not Path(args.data).is_file():
         what = "not a regular file (a folder, a device, a pipe or a socket)" if Path(args.data).exists() else "no such file"
         raise _usage(f"--data {args.data!r}: {what}. Pass --data FILE (a torch.save'd tensor, list of "
@@ -338,32 +344,40 @@ def _check_model(args: argparse.Namespace, loader: Any, ordered: list[Any]) -> N
 
 # ------------------------------------------------------------------------------------ output
 def _progress(total: int, quiet: bool):
-    """``(update(row), close())``: a tqdm bar on a terminal, one plain line a checkpoint otherwise."""
+    """``(update(row), close())``: a bar with an ETA on a terminal, one plain line a checkpoint (with the ETA) otherwise."""
     if quiet:
         return (lambda row: None), (lambda: None)
-    if sys.stdout.isatty():
-        from tqdm.auto import tqdm
+    from satmon.cli.progress import Progress
 
-        bar = tqdm(total=total, unit="ckpt", desc="satmon replay", dynamic_ncols=True)
-
-        def update(row: dict[str, Any]) -> None:
-            bar.set_postfix_str(f"step {row['step']} " + ("FAILED" if row["error"] else f"sat {row['saturation'] or 0:.3f}"))
-            bar.update()
-
-        return update, bar.close
+    progress = Progress(total, label="satmon replay:", unit="ckpt", every_item=True)
     done = [0]
 
-    def line(row: dict[str, Any]) -> None:
+    def update(row: dict[str, Any]) -> None:
         done[0] += 1
         reason = str(row["error"] or "")
         what = f"skipped: {reason if len(reason) <= 100 else reason[:97] + '...'}" if row["error"] else (
             f"saturation {row['saturation']:.4f} {row['decision']}" if row["saturation"] is not None else f"norm type {row['norm_type']}")
         what += f" [non-finite: {row['nonfinite']}]" if row["nonfinite"] else ""
         secs = f" ({row['seconds']:.1f} s)" if row["seconds"] is not None else ""
-        step = "" if row["step"] is None else f" step {row['step']}"
-        print(f"[{done[0]}/{total}]{step} {row['name']}: {what}{secs}", flush=True)
+        step = "" if row["step"] is None else f"step {row['step']} "
+        progress.update(done[0], f"{step}{row['name']}: {what}{secs}")
 
-    return line, (lambda: None)
+    return update, progress.close
+
+
+def _talk(args: argparse.Namespace):
+    """The status lines of this replay (none with --quiet)."""
+    from satmon.cli.progress import say
+
+    return (lambda text: None) if args.quiet else (lambda text: say("replay", text))
+
+
+def _first_line(args: argparse.Namespace) -> str:
+    """What the replay is about to do, said before anything slow (importing torch, reading checkpoints)."""
+    paths = ", ".join(args.paths[:2]) + (f" (+{len(args.paths) - 2} more)" if len(args.paths) > 2 else "")
+    code = args.model or args.factory or "?"
+    data = args.data or args.datamodule or "?"
+    return f"replaying the checkpoints in {paths} with {code}, calibration from {data}; loading torch and checking the arguments"
 
 
 def _summary(rows: list[dict[str, Any]], records: list[Any]) -> None:
@@ -381,6 +395,50 @@ def _summary(rows: list[dict[str, Any]], records: list[Any]) -> None:
         print(f"\nLast checkpoint (step {last.global_step}): {said}  pooled saturation "
               f"{v.saturation:.4f} {'>=' if v.saturation >= v.threshold else '<'} threshold {v.threshold:g} "
               f"(margin {v.margin:+.4f})")
+    live = _live_lines(records)
+    if live:
+        print("\n" + "\n".join(live))
+
+
+def _nearest(records: list[Any], step: int) -> Any:
+    """The replayed record whose step is nearest ``step`` (the later one on a tie)."""
+    scored = [r for r in records if r.verdict is not None]
+    return min(scored, key=lambda r: (abs((r.global_step or 0) - step), -(r.global_step or 0))) if scored else None
+
+
+def _source_of(records: list[Any]) -> Any:
+    """The source run the records name (:class:`~satmon.results.live_replay.ReplaySource`), or ``None``."""
+    return next((s for s in (getattr(r, "source", None) for r in records) if s is not None), None)
+
+
+def _compared(records: list[Any]) -> list[Any]:
+    """The records shown beside the live verdict: the one nearest its step, and the last."""
+    source = _source_of(records)
+    if source is None or source.live is None:
+        return []
+    near = _nearest(records, source.live.step)
+    last = next((r for r in reversed(records) if r.verdict is not None), None)
+    return [r for r in dict.fromkeys((near, last)) if r is not None]
+
+
+def _live_lines(records: list[Any], markdown: bool = False) -> list[str]:
+    """The run these checkpoints come from, its live verdict beside the replay's (the checkpoint nearest the
+    verdict's step, and the last), and why they can differ."""
+    from satmon.io.markdown import table
+    from satmon.results.live_replay import WHY, agreement, comparison_rows
+
+    source = _source_of(records)
+    if source is None:
+        return []
+    head = source.headline()
+    lines = [head if markdown else head.replace("`", "")]
+    shown = _compared(records)
+    if source.live is None or not shown:
+        return lines
+    rows = comparison_rows(source.live, [(r.verdict, Path(r.checkpoint).name, r.global_step) for r in shown])
+    lines += ["", table(["reading", "decision", "pooled saturation", "what was read"], rows), ""]
+    lines.append(f"{agreement(source.live, [r.verdict for r in shown])} Why they can differ: {WHY}")
+    return lines
 
 
 def _nonfinite_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -504,7 +562,7 @@ class _State:
 
 
 def _loop(args: argparse.Namespace, state: _State, infos: list[Any], loader: Any, batches: list[Any], settings: Any,
-          probe_kwargs: dict[str, Any], tensorboard: bool = True):
+          probe_kwargs: dict[str, Any], tensorboard: bool = True, source: Any = None):
     """Replay every checkpoint, with progress, stderr notes, TensorBoard and the partial JSON records as they
     come; returns the records, their JSON dicts and their summary rows."""
     from satmon.io.json_records import to_json
@@ -524,7 +582,7 @@ def _loop(args: argparse.Namespace, state: _State, infos: list[Any], loader: Any
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", ".*LeafSpec.*")
             for record in replay(infos, loader, batches, settings=settings, probe_kwargs=probe_kwargs,
-                                 twin=not args.no_twin, on_record=state.tensorboard):
+                                 twin=not args.no_twin, on_record=state.tensorboard, source=source):
                 records.append(record)
                 dicts.append(to_json(record.to_dict()))  # NaN/inf -> None, as written to --json
                 if state.partial is not None:
@@ -551,6 +609,8 @@ def _replaced(out: Outputs, path: Path) -> str:
 def run(args: argparse.Namespace, state: _State | None = None) -> int:
     """Check everything the user passed, then read the checkpoints, replay them and report; the exit code."""
     state = _State() if state is None else state
+    talk = _talk(args)
+    talk(_first_line(args))  # before torch is imported: the user sees at once what runs
     settings = _check_numbers(args)
     state.outputs = out = _check_outputs(args)
     device = _check_inputs(args)
@@ -577,20 +637,29 @@ def run(args: argparse.Namespace, state: _State | None = None) -> int:
         print("satmon replay: --trust-checkpoints: checkpoints are read with torch.load(weights_only=False), which runs "
               "code stored in them.", file=sys.stderr)
     # the first checkpoint read: everything the user passed has been checked above
+    talk(f"found {len(listing.paths)} checkpoint(s); reading their index ("
+         + ("torch.load(weights_only=False): --trust-checkpoints" if args.trust_checkpoints else "weights only: no code in "
+            "them runs") + ")")
     infos = [ck.inspect_checkpoint(p, trust=args.trust_checkpoints, stamps=listing.stamps[p]) for p in listing.paths]
     ordered = ck.order_checkpoints(infos)
     loader = ModelLoader(model_cls, factory, device=device)
     _check_model(args, loader, ordered)
+    source = _source(args, ordered)
+    talk(_source_line(source))
     data_text, probe_kwargs = "none (no readable checkpoint)", {}
     if ordered:
+        talk("building the calibration batches" + (f" from {args.datamodule}" if args.datamodule else ""))
         batches, data_text = _calibration(args, ordered, dm_cls, batches)
         probe_kwargs = dict(
             forward_fn=input_forward_fn(batches, args.input_key), device=device,
             autocast_dtype=torch.bfloat16 if args.dtype == "bfloat16" else None,
         )
+    todo = ordered + [i for i in infos if i.error is not None]
+    talk(f"replaying {len(todo)} checkpoint(s) on {device.type} (calibration: {data_text}); the first one also builds "
+         "the model and finds its layers")
     t0 = time.perf_counter()
-    records, dicts, rows = _loop(args, state, ordered + [i for i in infos if i.error is not None], loader, batches or [],
-                                 settings, probe_kwargs, tensorboard=bool(ordered))
+    records, dicts, rows = _loop(args, state, todo, loader, batches or [], settings, probe_kwargs,
+                                 tensorboard=bool(ordered), source=source)
     took = time.perf_counter() - t0
 
     ok = [r for r in rows if r["error"] is None]
@@ -629,6 +698,24 @@ def _unverified(ordered: list[Any]) -> str:
             "format): damaged bytes in them cannot be detected, only a damaged structure.")
 
 
+def _source(args: argparse.Namespace, ordered: list[Any]) -> Any:
+    """The run the checkpoints come from and its live verdict (:func:`satmon.replay.live.find_source`)."""
+    from satmon.replay.live import find_source
+
+    return find_source([Path(p) for p in args.paths], ordered, live=args.live)
+
+
+def _source_line(source: Any) -> str:
+    """The status line naming the source run and what its live window said."""
+    live = source.live
+    if live is None:
+        return f"replay of {source.run}: its live verdict was not found ({source.missing})"
+    from satmon.results.live_replay import decision_text
+
+    return (f"replay of {source.run}: its live window said {decision_text(live.decision, live.trust)} at step {live.step} "
+            f"(pooled saturation {live.saturation:.4f}; read from {live.found.replace('`', '')})")
+
+
 def _report(args, out: Outputs, records, dicts, rows, device, data_text: str, log_dir: Path, nonfinite: list[str]) -> None:
     from satmon.io.markdown import write_report
     from satmon.results.card import cut_off
@@ -641,8 +728,11 @@ def _report(args, out: Outputs, records, dicts, rows, device, data_text: str, lo
         f"({args.dtype} forward, float64 statistics); calibration: {data_text}.",
         f"GO threshold {args.threshold:g} on pooled saturation ({counted}); TensorBoard run `{log_dir}`.",
     ] + [f"\n**{line}**" for line in nonfinite]
+    live = _live_lines(records, markdown=True)
+    if live:
+        intro += ["", *live]
     written = write_report(out.report, dicts, rows, threshold=args.threshold, intro=intro,
-                           last_card=None if last is None else last.verdict.card())
+                           last_card=None if last is None else last.card())
     replaced = [p for p in written if p in out.existed]
     note = f"; replaced {len(replaced)} previous file(s), their permissions kept" if replaced else ""
     print(f"Report:          {written[0].resolve()} (+ {len(written) - 1} PNG{note})")

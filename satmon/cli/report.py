@@ -30,8 +30,17 @@ machine without a browser.
 LOGDIR may be a run's version folder, any folder above it (every run found below is printed) or an
 event file (events.out.tfevents.*: the run folder that holds it is printed).
 
+--plot draws the study's phase diagram (model parameters x unique training tokens, each cell coloured
+by DyT's measured effect, with satmon's CPU grids) and places every run whose card gives its parameters
+and unique training tokens (SaturationMonitor writes them; train_tokens= gives the tokens when the
+training data cannot say them). It needs matplotlib: pip install -e ".[report]" in satmon's clone.
+
 exit codes: 0 printed, 1 no satmon data found under LOGDIR, 2 usage error (no such path, an empty
-path, a file that is not a TensorBoard event file)."""
+path, a file that is not a TensorBoard event file, --plot without matplotlib or to a path that cannot
+be written)."""
+
+#: --plot-file's formats (matplotlib picks the format from the suffix) and its default
+PLOT_SUFFIXES, PLOT_FILE = (".png", ".pdf", ".svg"), "satmon_phase.png"
 
 
 def __getattr__(name: str) -> Any:
@@ -68,18 +77,30 @@ def format_run(run: Run) -> str:
 
     Everything in it that came from a file or a folder name is printable text: no control character reaches the
     terminal (:func:`~satmon.io.safe_text.printable`)."""
+    return _head(run) + "\n" + _body(run)
+
+
+def _head(run: Run) -> str:
+    """The run's first line: its folder and the steps it holds (no torch needed: the console's first line)."""
+    from satmon.io.safe_text import printable
+
+    steps = run.steps()
+    head = f"== satmon run {printable(str(run.path))}"
+    if steps:
+        head += f"  (steps {steps[0]}..{steps[-1]}, {len(run.scalars)} satmon scalar tags)"
+    return head
+
+
+def _body(run: Run) -> str:
+    """What follows the run's first line: the card, the trajectories, the per-layer readings."""
     from satmon.io.markdown import table
     from satmon.io.safe_text import printable
     from satmon.io.tensorboard import TAG
     from satmon.results.card import plain
 
     named = _named()
-    steps = run.steps()
-    head = f"== satmon run {run.path}"
-    if steps:
-        head += f"  (steps {steps[0]}..{steps[-1]}, {len(run.scalars)} satmon scalar tags)"
     card = run.last_text(TAG.verdict_text)  # markdown in TensorBoard; plain text on the console
-    out = [head, "", plain(card) if card else "(no verdict card in this run: the screening window has not ended yet)", ""]
+    out = ["", plain(card) if card else "(no verdict card in this run: the screening window has not ended yet)", ""]
     stop = run.last_text(TAG.stop_text)
     if stop:
         out += [plain(stop), ""]
@@ -108,6 +129,9 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("logdir", metavar="LOGDIR", help="a TensorBoard run folder, a folder above runs, or an event file")
     p.add_argument("--latest", action="store_true", help="print only the most recently written run")
+    p.add_argument("--plot", action="store_true", help="draw the study's phase diagram with the runs placed on it "
+                   f"(needs matplotlib; written to --plot-file, default ./{PLOT_FILE})")
+    p.add_argument("--plot-file", metavar="FILE", default=None, help="where --plot writes (.png, .pdf or .svg); implies --plot")
     return p
 
 
@@ -129,22 +153,6 @@ def _usage_error(root: str) -> str | None:
     return None
 
 
-def _load(root: Path) -> tuple[list[Run], int, list[str]]:
-    """The runs with satmon data under ``root``, how many run folders were looked at, and the event files that were
-    not read to their end (and why)."""
-    from satmon.io.safe_text import printable
-    from satmon.io.tensorboard_reader import read_run, run_dirs
-
-    dirs = run_dirs(root)
-    runs, problems = [], []
-    for d in dirs:
-        run = read_run(d)
-        problems += [f"{printable(str(d))}/{p}" for p in run.problems]
-        if run.scalars or run.texts:
-            runs.append(run)
-    return runs, len(dirs), problems
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run ``satmon report``; returns the exit code (see :data:`DESCRIPTION`)."""
     try:
@@ -152,29 +160,119 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help (0), or a usage error argparse has printed (2)
         return usage_exit(e)
     why = _usage_error(args.logdir)
+    plot_path = None
+    if why is None and (args.plot or args.plot_file is not None):
+        why, plot_path = _plot_usage(args.plot_file)
     if why is not None:
         print(f"satmon report: {why}", file=sys.stderr)
         return EXIT_USAGE
     from satmon.io.safe_text import printable
 
     root = Path(args.logdir)
+    from satmon.cli.progress import say_to_terminal
+
+    # on a terminal, a line at once: TensorBoard's reader and a long run's events take seconds to read (piped, the
+    # report's own first line, each run's header, comes as soon as that run is read)
+    say_to_terminal("report", f"reading the satmon runs under {str(root)!r}")
     try:
-        runs, looked, problems = _load(root)
-    except OSError as e:  # a folder this user cannot read
+        runs, looked = _print_runs(root, args.latest)
+    except OSError as e:  # a folder or event file this user cannot read
         print(f"satmon report: cannot read {str(root)!r}: {e.strerror or e} ({printable(str(e.filename or root))}).",
               file=sys.stderr)
         return EXIT_NO_DATA
-    for problem in problems:
-        print(f"satmon report: note: {problem}", file=sys.stderr)
     if not runs:
         print(f"satmon report: no satmon data under {str(root)!r} ({looked} TensorBoard run folder(s) looked at). "
               "Point it at a run written by SaturationMonitor (with a TensorBoardLogger) or by `satmon replay`.",
               file=sys.stderr)
         return EXIT_NO_DATA
-    if args.latest:
-        from satmon.io.tensorboard_reader import EVENT_GLOB
-
-        runs = [max(runs, key=lambda r: max(f.stat().st_mtime for f in r.path.glob(EVENT_GLOB)))]
-    print("\n".join(format_run(r) for r in runs), end="")
+    if plot_path is not None:
+        return _plot(runs, plot_path)
     return EXIT_OK
+
+
+def _print_runs(root: Path, latest: bool) -> tuple[list[Run], int]:
+    """Print each run as soon as it is read (the first within moments, not once every run is read); returns the runs
+    printed and how many run folders were looked at. ``latest``: only the run whose event files were written last.
+    An event file not read to its end (and why) is a note on stderr, as soon as its run is read."""
+    from satmon.io.safe_text import printable
+    from satmon.io.tensorboard_reader import EVENT_GLOB, read_run, run_dirs
+
+    dirs = run_dirs(root)
+    if latest:  # newest first; the first with satmon data is the one
+        dirs = sorted(dirs, key=lambda d: max((f.stat().st_mtime for f in d.glob(EVENT_GLOB)), default=0.0), reverse=True)
+    runs: list[Run] = []
+    for d in dirs:
+        run = read_run(d)
+        for problem in run.problems:
+            print(f"satmon report: note: {printable(str(d))}/{problem}", file=sys.stderr, flush=True)
+        if not (run.scalars or run.texts):
+            continue
+        print(("\n" if runs else "") + _head(run), flush=True)  # before the card's imports (torch): at once
+        print(_body(run), end="", flush=True)
+        runs.append(run)
+        if latest:
+            break
+    return runs, len(dirs)
+
+
+def _plot_usage(plot_file: str | None) -> tuple[str | None, Path | None]:
+    """``(why --plot cannot run, None)`` or ``(None, the plot's path)``: matplotlib there, the path writable."""
+    from satmon.io.atomic import OutputError, check_output
+    from satmon.io.markdown import require_matplotlib
+
+    try:
+        require_matplotlib()
+    except ImportError:
+        return ("--plot needs matplotlib: pip install matplotlib (or pip install -e '.[report]' in satmon's clone); "
+                "the report without the plot: leave --plot out."), None
+    try:
+        return None, check_output(PLOT_FILE if plot_file is None else plot_file, "--plot-file", PLOT_SUFFIXES)
+    except OutputError as e:
+        return str(e), None
+
+
+def _plot(runs: list[Run], path: Path) -> int:
+    """Place each run on the study's phase diagram (its card's parameters and unique tokens); the exit code."""
+    from satmon.io.phase_diagram import STUDY_SOURCE, phase_cells, plot_phase
+    from satmon.io.tensorboard import TAG
+    from satmon.results.run_scale import RunScale
+
+    placed, not_placed = [], []
+    for run in runs:
+        label = _label(run, runs)
+        scale = RunScale.from_text(run.last_text(TAG.verdict_text) or "")
+        if scale is None:
+            not_placed.append((label, "its card gives no parameter count: a replay, a run without a verdict yet, or one "
+                                      "written by satmon before 0.4"))
+        elif scale.train_tokens is None:
+            not_placed.append((label, "unique training tokens unknown: pass SaturationMonitor(train_tokens=N)"))
+        else:
+            placed.append((label, scale))
+    cells = phase_cells()
+    existed = path.exists()
+    try:
+        plot_phase(cells, placed, path, not_placed=not_placed)
+    except OSError as e:
+        print(f"satmon report: could not write the plot {str(path)!r}: {e.strerror or e}; the file that was there is as it "
+              "was.", file=sys.stderr)
+        return EXIT_NO_DATA
+    sources = sorted({c.source for c in cells} - {STUDY_SOURCE})
+    print(f"\nPhase diagram: {path}{' (replaced the file that was there)' if existed else ''}: the study's "
+          f"{sum(c.source == STUDY_SOURCE for c in cells)} cells, {sum(c.source != STUDY_SOURCE for c in cells)} grid cells "
+          f"({'; '.join(sources) or 'none'}), {len(placed)} run(s) placed.")
+    for label, why in not_placed:
+        print(f"  not placed: {label}: {why}")
+    return EXIT_OK
+
+
+def _label(run: Run, runs: list[Run]) -> str:
+    """A run's short name on the plot: its folder relative to the runs' common folder."""
+    import os
+
+    paths = [str(r.path) for r in runs]
+    base = os.path.commonpath(paths) if len(paths) > 1 else str(run.path.parent.parent)
+    try:
+        return str(run.path.relative_to(base)) or run.path.name
+    except ValueError:
+        return str(run.path)
 

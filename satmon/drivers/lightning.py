@@ -26,6 +26,8 @@ from satmon.screen.screen import Screen
 from satmon.settings import ReadsSettings, Settings, settings_from, short_repr
 from satmon.model.map import model_map
 from satmon.drivers.live_probe import LiveProbe
+from satmon.drivers.run_scale import run_scale
+from satmon.results.run_scale import RunScale
 from satmon.results.verdict import Verdict
 from satmon.io.lightning import LightningSink
 from satmon.io.sink import MultiSink, Sink, check_sink
@@ -129,6 +131,9 @@ class SaturationMonitor(ReadsSettings, Callback):
               every step, the run stops within one step on every rank, and loss spikes).
             - ``abort_mode``: ``"graceful"`` (``fit`` returns after the step) or ``"raise"`` (:class:`satmon.SatmonAbort`).
             - ``dry_run``: log what would have stopped the run, without stopping it.
+            - ``train_tokens``: the unique tokens the run trains on, for the card's place of the run on the study's
+              phase diagram (parameters x tokens); ``None`` (default): counted from the training dataset when it
+              can say them (a map-style dataset's length x tokens per sample), else the card says how to give them.
 
     Raises:
         TypeError: an unknown option (the message lists the valid ones), or ``settings`` that is not a Settings.
@@ -186,6 +191,7 @@ class SaturationMonitor(ReadsSettings, Callback):
         self.screen = Screen(self.settings, warn=rank_zero_warn, verbose=self.verbose)
         self._paused = ExitStack()  # validation: no counting between on_validation_start and _end
         self._attached = False
+        self._scale_note = ""  # the card's phase-diagram line, made at train start
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -291,7 +297,21 @@ class SaturationMonitor(ReadsSettings, Callback):
         self.screen.agreement = _StrategyAgreement(trainer)
         if not self.screen.active:
             log_text(self.screen.sink, TAG.verdict_text, self.screen.card(markdown=True), trainer.global_step)
+        else:
+            self._scale_note = self._run_scale_note(trainer, pl_module)
         self._attached = False  # the hooks go on at the first training batch, which the gating trace reads
+
+    def _run_scale_note(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> str:
+        """The card's phase-diagram line: the model's parameters and the unique tokens of ``trainer.train_dataloader``
+        (or ``train_tokens=``), against the study's cells (:mod:`satmon.drivers.run_scale`)."""
+        from satmon.io.phase_diagram import study_points
+
+        return run_scale(pl_module, trainer.train_dataloader, self.settings.train_tokens).note(study_points())
+
+    def _note_scale(self) -> None:
+        """Put the phase-diagram line among the card's notes, in place of one a resumed state brought back."""
+        if self._scale_note:
+            self.screen.notes[:] = [n for n in self.screen.notes if not RunScale.is_note(n)] + [self._scale_note]
 
     def _attach(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
         """At the first training batch, on every rank, before any counting hook: trace gating on this batch
@@ -300,6 +320,7 @@ class SaturationMonitor(ReadsSettings, Callback):
         # CPU: inputs kept and counted around the backward
         self.screen.attach(pl_module, step=trainer.global_step, keep_inputs=pl_module.device.type == "cpu",
                            example_input=batch, forward_fn=self.gating_forward_fn)
+        self._note_scale()  # after attach: a resume restores the saved notes there
         resumed_mid_window = self.screen.steps_seen > self.screen.first_step and self.screen.verdict is None
         if resumed_mid_window:
             self._warn_data_order(trainer, batch_idx)

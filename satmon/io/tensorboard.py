@@ -447,7 +447,7 @@ def log_text(sink: Sink, tag: str, text: str, step: int) -> list[str]:
     return places(sink, sink.text(tag, text, step))
 
 
-def log_verdict(sink: Sink, verdict: Any, hparams: bool = True) -> list[str]:
+def log_verdict(sink: Sink, verdict: Any, hparams: bool = True, card: str | None = None) -> list[str]:
     """Write the verdict at its step: :func:`verdict_scalars` (the decision's chart described by
     :func:`verdict_description`), the card as text, and (``hparams``) the hparams view. Returns where the card went,
     one place per destination (empty: nowhere), for the console line.
@@ -456,6 +456,7 @@ def log_verdict(sink: Sink, verdict: Any, hparams: bool = True) -> list[str]:
         sink: where it goes (:class:`SummaryWriterSink`, :class:`satmon.io.lightning.LightningSink`, ...).
         verdict: a :class:`satmon.results.verdict.Verdict` (GO, NO-GO or non-finite).
         hparams: write the hparams session too (a replay writes one, for its last checkpoint, when it closes).
+        card: the card's markdown when it says more than ``verdict.card()`` (a replay's: the live verdict beside it).
 
     Example:
         >>> import tempfile
@@ -470,7 +471,7 @@ def log_verdict(sink: Sink, verdict: Any, hparams: bool = True) -> list[str]:
     scalars = verdict_scalars(verdict)
     describe(sink, verdict_description(verdict))
     sink.scalars(scalars, verdict.step)
-    where = places(sink, sink.text(TAG.verdict_text, verdict.card(), verdict.step))
+    where = places(sink, sink.text(TAG.verdict_text, verdict.card() if card is None else card, verdict.step))
     if hparams:
         sink.hparams(verdict_hparams(verdict), scalars, verdict.step)
     return where

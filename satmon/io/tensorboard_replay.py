@@ -123,7 +123,8 @@ class TensorBoardReplay:
         return self.sink.log_dir
 
     def __call__(self, record: Any) -> None:
-        """Write one :class:`satmon.replay.loop.ReplayRecord`: its readings and verdict, or why it was skipped."""
+        """Write one :class:`satmon.replay.loop.ReplayRecord`: its readings and verdict (its card names the source run
+        and, when found, shows its live verdict beside this one), or why it was skipped."""
         step = int(record.global_step or 0)
         report = record.report
         if report is None:
@@ -138,7 +139,8 @@ class TensorBoardReplay:
             scalars.pop(TAG.saturation, None)  # log_verdict writes the pooled saturation itself: once per step
         log_scalars(self.sink, scalars, step)
         if report.verdict is not None:
-            log_verdict(self.sink, report.verdict, hparams=False)
+            card = getattr(record, "card", None)  # a ReplayRecord's: the source run and its live verdict beside this one
+            log_verdict(self.sink, report.verdict, hparams=False, card=card() if callable(card) else None)
             if self._last is None or report.verdict.step >= self._last.step:
                 self._last = report.verdict
         log_text(self.sink, TAG.replay_checkpoint, f"`{record.checkpoint}`", step)

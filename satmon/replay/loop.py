@@ -13,6 +13,7 @@ class is recognised by its bases (the user's class imported Lightning already). 
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import inspect
 import time
@@ -34,6 +35,7 @@ from satmon.replay.checkpoints import (
 )
 from satmon.replay.reading import CorruptFile, FileChanged
 from satmon.replay.user_code import ReplayUsageError, error_line, printable, short
+from satmon.results.live_replay import ReplaySource
 from satmon.results.replay_record import ReplayRecord
 from satmon.results.verdict import Source
 from satmon.settings import Settings, settings_from
@@ -439,6 +441,7 @@ def replay(
     probe_kwargs: Mapping[str, Any] | None = None,
     twin: bool = True,
     on_record: Callable[[ReplayRecord], None] | None = None,
+    source: ReplaySource | None = None,
 ) -> Iterator[ReplayRecord]:
     """Probe each checkpoint in turn, one model in memory at a time; yields one :class:`ReplayRecord` per checkpoint.
 
@@ -458,6 +461,8 @@ def replay(
         twin: also probe a random-init twin, for the init-to-trained readout.
         on_record: called with each record before it is yielded, e.g. a
             :class:`~satmon.io.tensorboard_replay.TensorBoardReplay`.
+        source: the run the checkpoints come from and its live verdict
+            (:func:`satmon.replay.live.find_source`), kept in every record: its card shows both readings.
 
     Example:
         >>> import os, tempfile
@@ -477,6 +482,8 @@ def replay(
         step = position if info.error is None and info.global_step is None else info.global_step
         position += info.error is None
         record = _replay_one(info, loader, batches, step, settings, kwargs, twin)
+        if source is not None:
+            record = dataclasses.replace(record, source=source)
         info.release()
         if on_record is not None:
             on_record(record)

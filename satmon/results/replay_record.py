@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from satmon.results.live_replay import ReplaySource, comparison_markdown, with_section
+
 if TYPE_CHECKING:
     from satmon.results.probe_report import ProbeReport
     from satmon.results.verdict import Verdict
@@ -32,6 +34,8 @@ class ReplayRecord:
         nonfinite_weights: parameter elements that are NaN or inf in the built model.
         notes: what the reader should know (no step in the file, which parameters are non-finite...).
         error: why the checkpoint was skipped; ``None`` when it was replayed.
+        source: the run the checkpoint comes from and its live verdict, when satmon found one
+            (:class:`~satmon.results.live_replay.ReplaySource`); the card shows both readings.
 
     Example:
         >>> r = ReplayRecord("ckpts/a.ckpt", None, error="not a PyTorch checkpoint: an empty file")
@@ -51,6 +55,7 @@ class ReplayRecord:
     nonfinite_weights: int = 0
     notes: tuple[str, ...] = ()
     error: str | None = None
+    source: ReplaySource | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.notes, tuple):
@@ -66,6 +71,18 @@ class ReplayRecord:
         """NaN/inf in the weights or in a DyT layer's input: the model diverged (``satmon replay`` exit code 3)."""
         return self.nonfinite_weights > 0 or bool(self.verdict is not None and self.verdict.nonfinite)
 
+    def card(self) -> str | None:
+        """The verdict's card (markdown) with, under its title, the run this checkpoint comes from and that run's
+        live verdict beside this reading (:func:`~satmon.results.live_replay.comparison_markdown`); ``None``
+        without a verdict."""
+        verdict = self.verdict
+        if verdict is None:
+            return None
+        if self.source is None:
+            return verdict.card()
+        name = self.checkpoint.replace("\\", "/").rsplit("/", 1)[-1]
+        return with_section(verdict.card(), comparison_markdown(self.source, verdict, name, self.global_step))
+
     def to_dict(self) -> dict[str, Any]:
         """The record ``satmon replay --json`` writes (after :func:`satmon.io.json_records.to_json`, which
         turns NaN/inf into ``null``): the probe report's keys between the file's and the replay's."""
@@ -79,4 +96,6 @@ class ReplayRecord:
             out.update(seconds=self.seconds, weights_only=self.weights_only, nonfinite_weights=self.nonfinite_weights)
         if self.notes:
             out["notes"] = list(self.notes)
+        if self.source is not None:
+            out["replay_of"] = self.source.to_dict()
         return out
