@@ -43,17 +43,20 @@ NO_SKILL_ACCURACY = 8 / 12
 GRID_HELD_OUT_ACCURACY = 9 / 18
 #: Always NO-GO on 0.3's grid: 9 of 18.
 GRID_NO_SKILL_ACCURACY = 9 / 18
-#: The faithful CPU grid (the study's protocol at CPU scale, docs/grid_plan.md): the held-out accuracy of the
-#: window reading it ships, and its no-skill baseline; ``None`` until that grid's result is in.
-FAITHFUL_GRID_HELD_OUT_ACCURACY: float | None = None
-FAITHFUL_GRID_NO_SKILL_ACCURACY: float | None = None
-#: What the faithful grid found, in one sentence; empty until then. The caveat and the card's trust text add it.
-FAITHFUL_GRID_FINDING = ""
+#: The faithful CPU grid (the study's protocol at CPU scale: docs/grid_plan.md, docs/faithful_grid.json): the rule
+#: satmon ships (the study's 0.43 on the window's pooled reading, fit on none of the grid's cells, so every cell is
+#: held out) was right in 12 of 16 cells, saying NO-GO in all 16 (the window read 0.13-0.29)...
+FAITHFUL_GRID_HELD_OUT_ACCURACY: float | None = 12 / 16
+#: ... exactly as always saying NO-GO (DyT helped in 4 of 16 cells).
+FAITHFUL_GRID_NO_SKILL_ACCURACY: float | None = 12 / 16
+#: What the faithful grid found, in one sentence (the caveat and the card's trust text add it): by the pre-registered
+#: plan, no window reading (6 tried) beat always NO-GO held out (best: 75% = 75%; permutation p = 0.87).
+FAITHFUL_GRID_FINDING = ("On satmon's CPU grid of the study's protocol (16 cells), no 500-step reading beat always "
+                         "NO-GO held out (docs/calibration.md).")
 #: Where the threshold comes from, in one line.
 PROVENANCE = ("Verma (2026), 12 calibration cells (64M-1.3B GPT-2-style, 1M-118M tokens): 75% in-sample, "
               "50% leave-one-scale-out, AUC 0.75; fit on ~5k-step checkpoints with alpha_init 2.0")
 #: The verdict card's last line when the study's threshold is used.
 CAVEAT = (f"Caveat: {THRESHOLD:g} was fit on 12 cells of one study (75% in-sample, {HELD_OUT_ACCURACY:.0%} leave-one-scale-out "
-          f"vs {NO_SKILL_ACCURACY:.0%} for guessing the commoner outcome) on ~5k-step checkpoints, alpha_init 2.0; on satmon 0.3's CPU grid "
-          "(not the study's protocol) the 500-step reading did no better than chance (docs/calibration.md)."
+          f"vs {NO_SKILL_ACCURACY:.0%} for guessing the commoner outcome) on ~5k-step checkpoints, alpha_init 2.0."
           + (f" {FAITHFUL_GRID_FINDING}" if FAITHFUL_GRID_FINDING else ""))

@@ -98,14 +98,16 @@ def _unproven_text(v: Verdict) -> str:
     if v.threshold_source == "study":
         text = (f"the study's {v.threshold:g} was right on {study.HELD_OUT_ACCURACY:.0%} of its cells when each model scale "
                 f"was held out ({study.HELD_OUT_PROTOCOL}), where guessing the commoner outcome gets "
-                f"{study.NO_SKILL_ACCURACY:.0%}; on satmon 0.3's CPU grid the 500-step window's reading got "
-                f"{study.GRID_HELD_OUT_ACCURACY:.0%} held out, as always saying NO-GO ({study.GRID_NO_SKILL_ACCURACY:.0%}).")
+                f"{study.NO_SKILL_ACCURACY:.0%}.")
         if study.FAITHFUL_GRID_HELD_OUT_ACCURACY is not None:
-            text += (f" On the faithful CPU grid: {study.FAITHFUL_GRID_HELD_OUT_ACCURACY:.0%} held out"
-                     + (f" vs {study.FAITHFUL_GRID_NO_SKILL_ACCURACY:.0%} for guessing the commoner outcome"
-                        if study.FAITHFUL_GRID_NO_SKILL_ACCURACY is not None else "") + ".")
-        if study.FAITHFUL_GRID_FINDING:
-            text += f" {study.FAITHFUL_GRID_FINDING}"
+            text += (f" On satmon's CPU grid of the study's protocol (none of its cells used to fit {v.threshold:g}) the "
+                     f"500-step window's reading under it was right on {study.FAITHFUL_GRID_HELD_OUT_ACCURACY:.0%}"
+                     + (f", as always saying NO-GO ({study.FAITHFUL_GRID_NO_SKILL_ACCURACY:.0%})"
+                        if study.FAITHFUL_GRID_NO_SKILL_ACCURACY is not None else "")
+                     + "; no window reading fit on that grid beat always saying NO-GO held out.")
+        else:
+            text += (f" On satmon 0.3's CPU grid (not the study's protocol) the 500-step window's reading got "
+                     f"{study.GRID_HELD_OUT_ACCURACY:.0%} held out, as always saying NO-GO ({study.GRID_NO_SKILL_ACCURACY:.0%}).")
         return text
     if v.threshold_source == "user":
         return (f"the threshold {v.threshold:g} was given without a calibration, so nothing shows how well it predicts "
