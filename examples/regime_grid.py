@@ -23,7 +23,7 @@ weight decay 0.1 on matrices, clipping 1.0), and records:
   helps), whether each arm ended below the unigram level, unique tokens per parameter.
 
     python examples/regime_grid.py                       # the full grid: 2 sizes x 4 budgets x 2 seeds (~2 CPU-hours)
-    python examples/regime_grid.py --quick               # 2 of its cells (same numbers), ~5 CPU-minutes
+    python examples/regime_grid.py --quick               # 2 of its cells (same numbers on the same machine), ~15 CPU-minutes
     python examples/regime_grid.py --sizes d64L2,d80L2 --budgets 164ep,1.4ep --seeds 2,3 --out more
     python examples/regime_grid.py --report docs/faithful_grid.json --plot docs/img/faithful_grid.png
 
@@ -206,7 +206,7 @@ STUDY_EPOCHS = ("164ep", "16ep", "3.3ep", "1.4ep")
 FULL = GridConfig(sizes=SIZES, budgets=tuple(Budget.parse(b) for b in STUDY_EPOCHS), seeds=(0, 1))
 MODES = {
     "full": FULL,
-    # two cells of the full grid, same settings (the same numbers; its cache serves the full run)
+    # two cells of the full grid, same settings (the same numbers on the same machine; its cache serves the full run)
     "quick": replace(FULL, sizes=SIZES[:1], budgets=(FULL.budgets[0], FULL.budgets[-1]), seeds=(0,)),
     "smoke": GridConfig(sizes=(Size("d16L1", 16, 1, 2), Size("d24L1", 24, 1, 2)),
                         budgets=(Budget.parse("2000"), Budget.parse("20000")), seeds=(0,), steps=8, window=4, warmup=3,
