@@ -8,6 +8,8 @@ or at another step, would not match.
 
 from __future__ import annotations
 
+import re
+
 import importlib.util
 import sys
 from pathlib import Path
@@ -75,7 +77,15 @@ def comparable(verdict, strip: str = "") -> dict:
     for key in ("per_layer", "offset", "risk"):  # keyed by layer (or gated MLP) name
         d[key] = {k.removeprefix(strip): v for k, v in d[key].items()}
     d["gated_layers"] = [n.removeprefix(strip) for n in d["gated_layers"]]
+    # the phase-diagram line: only a driver that sees the training dataloader (Lightning, Hugging Face) writes it
+    d["notes"] = [n for n in d["notes"] if not n.startswith("Phase diagram:")]
     return d
+
+
+def phase_line(verdict) -> str:
+    """The card's phase-diagram line, less the dataset's class name (two frameworks' datasets of one run differ)."""
+    line = next(n for n in verdict.notes if n.startswith("Phase diagram:"))
+    return re.sub(r" tokens in \w+\)", " tokens in the dataset)", line)
 
 
 class TokenDicts(Dataset):

@@ -375,6 +375,19 @@ def _legacy_file(f: Folder) -> list[str]:
     return ["old.pt", "--factory", "./mymodels.py:build", "--data", "calib.pt"]
 
 
+class _Listing(list):
+    """What os.scandir returns, as far as its callers use it: iterable, and a context manager (pathlib's glob)."""
+
+    def __enter__(self) -> "_Listing":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
 class _Entry:
     """A folder entry whose stat fails as in a folder this user may list but not search (mode r--)."""
 
@@ -404,8 +417,9 @@ def _no_permission(how: str) -> Callable[[Folder], list[str]]:
             here = os.path.abspath(path) == str(locked)
             if here and how == "folder":
                 raise PermissionError(13, "Permission denied", str(path))
-            entries = list(real_scandir(path))
-            return iter([_Entry(e) for e in entries] if here else entries)
+            with real_scandir(path) as it:
+                entries = list(it)
+            return _Listing([_Entry(e) for e in entries] if here else entries)
 
         def opened(path, flags, *a, **k):
             if os.path.abspath(path) == str(locked) and how == "file":
@@ -656,7 +670,7 @@ CASES = [
          last=r"^satmon replay: incomplete: 3 of 4"),
     Case("paths-used-literally", _literal, 0, ("Replayed 1 of 1",), check=_literal_check),
     Case("safetensors-with-a-tail", _safetensors_with_a_tail, 1,
-         ("skipped w.safetensors: corrupt safetensors file: 16 byte(s) after its last tensor",),
+         ("skipped w.safetensors: corrupt safetensors file: 13 byte(s) after its last tensor",),
          last=r"^satmon replay: incomplete: 0 of 1"),
     Case("partial-name-links-to-a-user-file", _partial_links_to_a_user_file, 0,
          ("Replayed 1 of 1", "note: r.json.partial.jsonl (the records of an earlier interrupted replay) is replaced"),
@@ -780,7 +794,7 @@ def _replay_until(tmp_path: Path, folder: str, sig: int, after: int) -> tuple[in
     lines = []
     for line in proc.stdout:
         lines.append(line)
-        if sum(ln.startswith("[") for ln in lines) == after:
+        if sum(ln.startswith(("[", "satmon replay: [")) for ln in lines) == after:  # a progress line per checkpoint
             proc.send_signal(sig)
             break
     out, err = proc.communicate(timeout=300)

@@ -233,11 +233,12 @@ def _check_outputs(args: argparse.Namespace) -> Outputs:
                      "(a symlink out of it): pass another --name.")
     out = Outputs(logdir=logdir, name=name if source is None else "replay", source=source)
 
-    def beside(path: Path, what: str, option: str) -> Path:
+    def beside(path: Path, what: str, option: str, resolve: bool = True) -> Path:
         if path.is_dir():
             raise _usage(f"{option} {getattr(args, option[2:])!r}: {str(path)!r} is a folder, where {what} goes: move it "
                          f"away or pass another {option}.")
-        return _resolved(check_output(path, f"{option}'s {what}"))
+        checked = check_output(path, f"{option}'s {what}")
+        return _resolved(checked) if resolve else checked
 
     for option in ("--json", "--report"):
         if getattr(args, option[2:]) is not None:
@@ -245,8 +246,9 @@ def _check_outputs(args: argparse.Namespace) -> Outputs:
     try:
         if args.json is not None:
             out.json = _resolved(check_output(args.json, "--json", (".json", ".jsonl")))
+            # satmon's own file: its name is replaced, never resolved (a symlink there points at a file of the user's)
             out.partial = beside(out.json.with_name(out.json.name + ".partial.jsonl"), "the file of partial records",
-                                 "--json")
+                                 "--json", resolve=False)
         if args.report is not None:
             out.report = _resolved(check_output(args.report, "--report", (".md",)))
             out.plots = [beside(p, f"its {n} plot", "--report") for p, n in zip(report_paths(out.report)[1:], PLOTS)]

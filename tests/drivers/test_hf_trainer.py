@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 import satmon  # noqa: E402
-from integration_recipe import BATCH, LR, STEPS, WINDOW, LossLM, TokenDicts, comparable, gpt, hf_args, lightning_run  # noqa: E402
+from integration_recipe import BATCH, LR, STEPS, WINDOW, LossLM, TokenDicts, comparable, gpt, hf_args, lightning_run, phase_line  # noqa: E402
 from satmon.drivers.hf import STATE_FILE, SatmonTrainerCallback  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer  # noqa: E402
 
@@ -73,15 +73,31 @@ def counted(verdict: satmon.Verdict) -> tuple:
             verdict.step)
 
 
+def screened(verdict: satmon.Verdict) -> dict:
+    """The verdict less the card's phase-diagram line (a plain Screen is given no dataloader to count tokens in)."""
+    from satmon.results.run_scale import RunScale
+
+    d = verdict.to_dict()
+    d["notes"] = [n for n in d["notes"] if not RunScale.is_note(n)]
+    return d
+
+
 @pytest.fixture(scope="module")
 def reference() -> satmon.Screen:
     return plain_llama_screen()
 
 
 def test_verdict_equals_the_plain_screens(tmp_path, reference):
-    cb, trainer = hf_run(tmp_path, llama(), Tokens())
+    model = llama()
+    cb, trainer = hf_run(tmp_path, model, Tokens())
     assert trainer.state.global_step == STEPS and cb.stop is None
-    assert cb.verdict.to_dict() == reference.verdict.to_dict()
+    assert screened(cb.verdict) == reference.verdict.to_dict()
+    # the card places the run as the Lightning callback's does: the model's parameters (tied ones once) and the
+    # dataloader's unique tokens (every sample's ids, counted here by hand)
+    params = sum({p.data_ptr(): p.numel() for p in model.parameters()}.values())
+    tokens = sum(int(Tokens()[i]["input_ids"].numel()) for i in range(len(Tokens())))
+    phase = [n for n in cb.verdict.notes if n.startswith("Phase diagram:")]
+    assert len(phase) == 1 and f"{params:,} parameters, {tokens:,} unique training tokens" in phase[0], phase
     assert cb.verdict.gated  # SwiGLU: the gate hooks ran too
     assert 0.05 < cb.verdict.saturation < 0.95 and cb.verdict.window == WINDOW
 
@@ -89,13 +105,14 @@ def test_verdict_equals_the_plain_screens(tmp_path, reference):
 def test_evaluation_forwards_are_not_counted(tmp_path, reference):
     cb, trainer = hf_run(tmp_path, llama(), Tokens(), eval_strategy="steps", eval_steps=2)
     assert any("eval_loss" in h for h in trainer.state.log_history)  # evaluation ran inside the window
-    assert cb.verdict.to_dict() == reference.verdict.to_dict()
+    assert screened(cb.verdict) == reference.verdict.to_dict()
 
 
 def test_verdict_equals_the_lightning_callbacks(tmp_path):
     monitor = lightning_run(tmp_path / "lightning")
     cb, _ = hf_run(tmp_path / "hf", LossLM(gpt()), TokenDicts())  # the demo GPT, nested as `model` like LitLM's
     assert comparable(cb.verdict) == comparable(monitor.verdict)
+    assert phase_line(cb.verdict) == phase_line(monitor.verdict)  # the same parameters and tokens, counted alike
 
 
 def test_abort_policy_stops_the_trainer(tmp_path, reference):
@@ -109,7 +126,7 @@ def test_abort_policy_stops_the_trainer(tmp_path, reference):
 def test_resume_from_checkpoint_restores_the_counts(tmp_path, reference):
     saved = dict(save_strategy="steps", save_steps=3)
     first, _ = hf_run(tmp_path, llama(), Tokens(), **saved)
-    assert first.verdict.to_dict() == reference.verdict.to_dict()
+    assert screened(first.verdict) == reference.verdict.to_dict()
     state = torch.load(tmp_path / "checkpoint-3" / STATE_FILE, weights_only=True)
     partial = plain_llama_screen(steps=3).state_dict()
     assert (state["saturated"], state["total"], state["steps_seen"]) == (partial["saturated"], partial["total"], 3)

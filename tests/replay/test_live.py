@@ -101,7 +101,9 @@ def test_the_replay_card_tensorboard_and_json_show_both_readings(run, tmp_path, 
     for record in records:
         mine = record["replay_of"]
         assert mine["live"]["saturation"] == verdict.saturation and mine["live"]["step"] == verdict.step
-    replayed = read_run(tmp_path / "replay" / "version_0")
+    from satmon.io.tensorboard_replay import replay_source
+
+    replayed = read_run(tmp_path / f"replay of {replay_source([version / 'checkpoints'])}")  # named after its source run
     card = replayed.last_text(TAG.verdict_text)  # the last checkpoint's (step 6)
     lines = card.splitlines()
     assert lines[0].startswith("### satmon verdict:") and lines[2].startswith("Replay of `")
