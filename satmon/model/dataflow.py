@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -37,13 +39,15 @@ from satmon.batches import feed
 from satmon.model.discovery import strip_wrappers
 from satmon.model.frozen import reshard_fsdp
 
-__all__ = ["FlowTrace", "GatedProduct", "Interaction", "trace_flow", "tracing"]
+__all__ = ["FlowTrace", "GatedProduct", "Interaction", "LiveTrace", "trace_flow", "tracing"]
 
 _PROJECTIONS = {
     "linear", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "mv",
     "addmv", "tensordot", "bilinear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
     "scaled_dot_product_attention", "_grouped_mm", "grouped_mm",
 }  # fmt: skip
+#: kernels named for a matrix product (transformers' ``grouped_mm_fallback``, ``_scaled_mm``, a custom ``gemm``)
+_PROJECTION_NAME = re.compile(r"(^|_)(grouped_mm|scaled_mm|bmm|mm|gemm|matmul|linear)(_|$)")
 _ACTIVATIONS = {
     "silu", "gelu", "sigmoid", "relu", "relu6", "tanh", "softplus", "mish", "elu", "selu", "celu", "leaky_relu",
     "hardswish", "hardsigmoid", "hardtanh", "logsigmoid", "softsign", "tanhshrink",
@@ -53,7 +57,20 @@ _SPLITS = {"chunk", "split", "tensor_split", "unbind", "split_with_sizes"}
 _ADDS = {"add", "__add__", "__radd__", "add_", "__iadd__", "sub", "__sub__", "__rsub__", "sub_", "__isub__", "subtract"}
 _ATTENTION = {"scaled_dot_product_attention", "flash_attention", "_scaled_dot_product_flash_attention"}
 _PAIRWISE = {"matmul", "__matmul__", "__rmatmul__", "bmm", "einsum", "baddbmm"}  # q @ k^T when both come from the norm
+#: calls whose output takes only the shape, dtype or device of these tensor arguments (by position; -1: all), not their values
+_METADATA = {
+    "type_as": (1,), "to": (1,), "expand_as": (1,), "view_as": (1,), "reshape_as": (1,), "new_zeros": (0,),
+    "new_ones": (0,), "new_empty": (0,), "new_full": (0,), "new_tensor": (0,), "new_empty_strided": (0,),
+    "zeros_like": (0,), "ones_like": (0,), "empty_like": (0,), "full_like": (0,), "rand_like": (0,),
+    "randn_like": (0,), "randint_like": (0,), "size": (-1,), "dim": (-1,),
+}  # fmt: skip
+#: gathers: (position of the table, position of the index); F.embedding takes (index, table)
+_GATHERS = {"__getitem__": (0, 1), "index_select": (0, 2), "gather": (0, 2), "take": (0, 1), "take_along_dim": (0, 1),
+            "embedding": (1, 0), "embedding_bag": (1, 0)}  # fmt: skip
 _MAX_HOPS = 2  # a branch is followed through two projections (the MLP's down projection), then dropped
+#: what a tensor's values derive from, besides parameters, buffers and constants (the default: input-independent)
+_STATIC, _DATA, _ROUTED = "static", "data", "routed"  # see _Mode.kind
+_UNSEEN_FILL = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"}
 
 
 @dataclass(frozen=True)
@@ -96,6 +113,8 @@ class FlowTrace:
     feeds: dict[str, set[str]] = field(default_factory=dict)
     #: norm -> the modules whose projections read its output directly (the first projection of each branch)
     reached: dict[str, set[str]] = field(default_factory=dict)
+    #: module -> the most arguments (positional and keyword) one of its calls passed (a gated norm's ``norm(y, gate)``: 2)
+    inputs: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -120,10 +139,12 @@ class _Pending:
 
 
 class _Mode(TorchFunctionMode):
-    def __init__(self, names: dict[int, str], watched: set[str], norms: set[str]) -> None:
+    def __init__(self, names: dict[int, str], watched: set[str], norms: set[str], buffers: set[int]) -> None:
         super().__init__()
-        self.names, self.watched, self.norms = names, watched, norms
+        self.names, self.watched, self.norms, self.buffers = names, watched, norms, buffers
         self.records: dict[int, tuple[weakref.ref, dict[str, _Flow]]] = {}
+        #: tensor -> "static" or _ROUTED; a tensor without a record is a parameter or buffer (static), or data
+        self.kinds: dict[int, tuple[weakref.ref, str]] = {}
         self.stack: list[str] = []
         self.inside_norm = 0
         self.events = itertools.count()
@@ -132,6 +153,7 @@ class _Mode(TorchFunctionMode):
         self.hookable_sources: dict[str, set[tuple]] = {}  # module -> branch sources its output is
         self.product_inputs: dict[int, set[str]] = {}  # pending product -> modules whose first input it is
         self.executed: set[str] = set()
+        self.inputs: dict[str, int] = {}  # module -> the most arguments one of its calls passed
         self.feeds: dict[str, set[str]] = {}
         self.reached: dict[str, set[str]] = {}
 
@@ -152,11 +174,47 @@ class _Mode(TorchFunctionMode):
             return
         self.records[key] = (weakref.ref(t, lambda _r, k=key, rs=self.records: rs.pop(k, None)), flows)
 
+    def kind(self, t: Tensor) -> str:
+        """``"static"`` (parameters, buffers, constants and what is computed from them alone), ``_ROUTED`` (an
+        index computed from the data) or ``_DATA`` (the model's input and what derives from it; also any tensor
+        whose making the forward did not show, e.g. a kernel's output: "another stream" is the safe reading)."""
+        rec = self.kinds.get(id(t))
+        if rec is not None and rec[0]() is t:
+            return rec[1]
+        return _STATIC if isinstance(t, nn.Parameter) or id(t) in self.buffers else _DATA
+
+    def mark(self, t: Tensor, kind: str) -> None:
+        key = id(t)
+        if kind == _DATA:
+            self.kinds.pop(key, None)
+        else:
+            self.kinds[key] = (weakref.ref(t, lambda _r, k=key, ks=self.kinds: ks.pop(k, None)), kind)
+
+    def _kind_of(self, name: str, args: tuple, values: list[Tensor], out: Tensor) -> str:
+        """What ``out`` derives from (see :meth:`kind`)."""
+        gather = _GATHERS.get(name)
+        if gather is not None and len(args) > max(gather) and isinstance(args[gather[0]], Tensor) \
+                and self.kind(args[gather[0]]) == _STATIC:
+            index = [self.kind(t) for t in _tensors((args[gather[1]],), {})]
+            if _ROUTED in index:
+                return _STATIC  # weights or biases picked by a router (W[e]): parameters still, as in any Linear
+            return _DATA if index else _STATIC  # an embedding of the input ids, a position table: a stream
+        if name in _UNSEEN_FILL:
+            return _DATA  # filled by a kernel the forward may not show
+        kinds = [(t, self.kind(t)) for t in values]
+        if all(k == _STATIC for _, k in kinds):
+            return _STATIC  # constants, parameters, buffers, factories: input-independent
+        if out.is_floating_point() or out.is_complex():
+            return _DATA
+        routed = any(k == _ROUTED or (k == _DATA and (t.is_floating_point() or t.is_complex())) for t, k in kinds)
+        return _ROUTED if routed else _DATA  # a top-k of router logits routes; reshaped input ids stay data
+
     # ---------------------------------------------------------------- module hooks
-    def pre_hook(self, module: nn.Module, args: tuple) -> None:
+    def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict | None = None) -> None:
         name = self.names.get(id(module), "?")
         self.stack.append(name)
         self.executed.add(name)
+        self.inputs[name] = max(self.inputs.get(name, 0), len(args) + len(kwargs or {}))
         if name in self.norms:
             self.inside_norm += 1
         elif args and (flows := self.get(args[0])):
@@ -170,6 +228,8 @@ class _Mode(TorchFunctionMode):
             self.inside_norm -= 1
             if isinstance(out, Tensor) and not self.inside_norm:
                 self.put(out, {name: _Flow(0, ("norm", name))} if name in self.watched else None)
+                inputs = list(_tensors(args, {}))  # a norm of constants (learned latents) is constant too
+                self.mark(out, _STATIC if inputs and all(self.kind(t) == _STATIC for t in inputs) else _DATA)
             return
         flows = self.get(out)
         for f in (flows or {}).values():
@@ -183,18 +243,21 @@ class _Mode(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if self.inside_norm or name == "__get__":
             return out
-        inputs = [f for a in _tensors(args, kwargs) if (f := self.get(a))]
-        if not inputs:
-            return out
         outs = list(_tensors((out,), {}))
         if name == "__setitem__" and args and isinstance(args[0], Tensor):
             outs = [args[0]]
         if not outs:
             return out
+        values = _values(name, args, kwargs)
+        for t in outs:
+            self.mark(t, self._kind_of(name, args, values, t))
+        inputs = [f for a in values if (f := self.get(a))]
+        if not inputs:
+            return out
         if name in _ADDS:
-            flows = self._add(args, kwargs, inputs, outs)
-        elif name in _PROJECTIONS:
-            self._attention(name, args, kwargs)
+            flows = self._add(values, inputs, outs)
+        elif name in _PROJECTIONS or _PROJECTION_NAME.search(name):
+            self._attention(name, values)
             flows = self._project(inputs)
         elif name in _ACTIVATIONS:
             act = "gelu_tanh" if name == "gelu" and kwargs.get("approximate", args[1] if len(args) > 1 else "none") == "tanh" else name
@@ -215,10 +278,11 @@ class _Mode(TorchFunctionMode):
             self.put(t, flows)
         return out
 
-    def _add(self, args: tuple, kwargs: dict, inputs: list[dict[str, _Flow]], outs: list[Tensor]) -> dict[str, _Flow]:
-        """An addition: a norm's branch that meets another stream ends there (the residual stream)."""
+    def _add(self, values: list[Tensor], inputs: list[dict[str, _Flow]], outs: list[Tensor]) -> dict[str, _Flow]:
+        """An addition: a norm's branch that meets another stream ends there (the residual stream). A parameter,
+        a buffer or anything computed from them alone (a bias, even one gathered by a router, a constant) is no stream."""
         size = outs[0].numel()
-        operands = [t for t in _tensors(args, kwargs) if not isinstance(t, nn.Parameter) and t.numel() == size]
+        operands = [t for t in values if t.numel() == size and (self.get(t) or self.kind(t) != _STATIC)]
         flows = _merge(inputs, self.events)
         for n in list(flows):
             carried = [self.get(t) or {} for t in operands]
@@ -231,8 +295,8 @@ class _Mode(TorchFunctionMode):
                 del flows[n]  # mixed with another stream: no longer this norm's output
         return flows
 
-    def _attention(self, name: str, args: tuple, kwargs: dict) -> None:
-        tensors = [f for t in _tensors(args, kwargs) if (f := self.get(t))]
+    def _attention(self, name: str, values: list[Tensor]) -> None:
+        tensors = [f for t in values if (f := self.get(t))]
         if name in _ATTENTION or name in _PAIRWISE and len(tensors) >= 2:  # q, k, v: projections of the norm's output, or a q/k norm's output itself
             for flows in tensors:
                 for n in flows:
@@ -268,7 +332,9 @@ class _Mode(TorchFunctionMode):
         for n in set(a) & set(b):
             fa, fb = a[n], b[n]
             if fa.source == fb.source:  # one branch times itself: an activation written out (x * sigmoid(x))
-                flows[n] = replace(fa, act=fa.act or fb.act or "product")
+                acts = {fa.act, fb.act}
+                written = "silu" if acts == {None, "sigmoid"} else fa.act or fb.act or "product"  # swish, GPT-OSS's too
+                flows[n] = replace(fa, act=written)
                 continue
             if max(fa.hops, fb.hops) > 1:
                 continue  # e.g. router weights times an expert's output: past the MLP's first projection
@@ -282,6 +348,10 @@ class _Mode(TorchFunctionMode):
                 continue
             self.unclassified.append(Interaction(n, self.stack[-1] if self.stack else "", _describe(fa, fb)))
         return flows
+
+    def trace(self) -> FlowTrace:
+        feeds = {n: _summary(w) for n, w in self.feeds.items()}
+        return FlowTrace(self.products(), self.unclassified, self.executed, feeds, self.reached, self.inputs)
 
     def products(self) -> list[GatedProduct]:
         out = []
@@ -315,6 +385,14 @@ def _merge(inputs: list[dict[str, _Flow]], events: Iterator[int]) -> dict[str, _
         else:
             merged[n] = _Flow(max(f.hops for f in fs), ("mix", next(events)))
     return merged
+
+
+def _values(name: str, args: tuple, kwargs: dict) -> list[Tensor]:
+    """The tensor arguments whose values reach the output (not those of which only the shape, dtype or device do)."""
+    skip = _METADATA.get(name, ())
+    if -1 in skip:
+        return []
+    return [t for i, a in enumerate(args) if i not in skip for t in _tensors((a,), {})] + list(_tensors((), kwargs))
 
 
 def _tensors(args: tuple, kwargs: dict) -> Iterator[Tensor]:
@@ -362,6 +440,26 @@ def trace_flow(
         >>> p.norm, p.gate, p.up, p.down, p.activation
         ('pre', 'proj_g', 'proj_u', 'proj_d', 'silu')
     """
+    mode = _mode_for(model, norm_names, opaque)
+    handles = _hook(model, mode.pre_hook, mode.post_hook)
+    modes = [(m, m.training) for m in model.modules()]  # restored one by one: a model may mix train and eval parts
+    global _TRACING
+    try:
+        model.eval()
+        _TRACING += 1
+        with torch.no_grad(), _eager(), mode:
+            forward_fn(model, example_input)
+    finally:
+        _TRACING -= 1
+        for m, training in modes:
+            m.training = training
+        for h in handles:
+            h.remove()
+        reshard_fsdp(model)  # FSDP2 keeps its root unsharded after a no-grad forward: training must not see that
+    return mode.trace()
+
+
+def _mode_for(model: nn.Module, norm_names: list[str], opaque: set[str] | None) -> _Mode:
     names: dict[int, str] = {}
     for raw, m in model.named_modules():
         names.setdefault(id(m), strip_wrappers(raw))
@@ -371,28 +469,125 @@ def trace_flow(
         m = model_map(model)
         opaque = {l.name for l in m.norms} | set(m.undetermined)
     norms = {n for n in names.values() if n in norm_names or n in opaque}
-    mode = _Mode(names, set(norm_names), norms)
+    return _Mode(names, set(norm_names), norms, {id(b) for b in model.buffers()})
+
+
+def _hook(model: nn.Module, pre: Callable, post: Callable) -> list[Any]:
+    """The trace's module hooks: before every other pre-hook (satmon's own counting hooks on a norm then run
+    inside it, unseen), and after a forward that raised too."""
     handles = []
     for m in model.modules():
-        handles.append(m.register_forward_pre_hook(mode.pre_hook))
-        handles.append(m.register_forward_hook(mode.post_hook))
-    modes = [(m, m.training) for m in model.modules()]  # restored one by one: a model may mix train and eval parts
+        handles.append(m.register_forward_pre_hook(pre, prepend=True, with_kwargs=True))
+        handles.append(m.register_forward_hook(post, always_call=True))
+    return handles
+
+
+def _eager() -> Any:
+    """Compiled code runs eagerly inside (its torch calls are seen); a no-op where torch has no stances."""
     stance = getattr(torch.compiler, "set_stance", None)
-    global _TRACING
-    try:
-        model.eval()
-        _TRACING += 1
-        with torch.no_grad(), (stance("force_eager") if stance else contextlib.nullcontext()), mode:
-            forward_fn(model, example_input)
-    finally:
-        _TRACING -= 1
-        for m, training in modes:
-            m.training = training
-        for h in handles:
+    return stance("force_eager") if stance else contextlib.nullcontext()
+
+
+class LiveTrace:
+    """Trace the first training forward of ``model`` as it runs: no extra forward, no batch to pass.
+
+    Hooks on every module wait for the first forward of a module in training mode. Each outermost
+    call from then on runs under the trace (compiled code eagerly, gradients as usual) until the
+    model's own forward returns (a plain loop's ``model(x)``), or until :meth:`finish` (a
+    ``training_step`` that calls submodules: the owner calls it at the end of the step); then
+    ``done(trace, "")``. A forward that raises is not read: the next one is traced instead, up to
+    three times, then ``done(None, why)``. :meth:`cancel` removes the hooks (the owner detaches).
+    :func:`tracing` stays ``False`` meanwhile: this is the model's own forward.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> class SwiGLU(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.pre, self.proj_g, self.proj_u, self.proj_d = nn.LayerNorm(4), nn.Linear(4, 8), nn.Linear(4, 8), nn.Linear(8, 4)
+        ...     def forward(self, x):
+        ...         h = self.pre(x)
+        ...         return self.proj_d(nn.functional.silu(self.proj_g(h)) * self.proj_u(h))
+        >>> found = []
+        >>> model = SwiGLU()
+        >>> live = LiveTrace(model, ["pre"], done=lambda trace, why: found.append(trace))
+        >>> _ = model(torch.randn(2, 4)).sum().backward()  # the training forward itself is read
+        >>> found[0].products[0].gate, live.armed
+        ('proj_g', False)
+    """
+
+    TRIES = 3
+
+    def __init__(self, model: nn.Module, norm_names: list[str], opaque: set[str] | None = None, *,
+                 done: Callable[[FlowTrace | None, str], None]) -> None:  # fmt: skip
+        self._model = weakref.ref(model)
+        self._names, self._opaque, self._done = list(norm_names), opaque, done
+        self._mode: _Mode | None = None  # what the traced calls showed so far
+        self._owner: nn.Module | None = None  # the outermost module being traced now
+        self._stance: Any = None
+        self._read = False  # a traced call returned
+        self._failures: list[str] = []
+        self._handles = _hook(model, self._pre, self._post)
+
+    @property
+    def armed(self) -> bool:
+        """Still waiting for (or inside) the forward it reads."""
+        return bool(self._handles)
+
+    def finish(self) -> None:
+        """End the trace when a traced call returned (the end of the first training step); else keep waiting."""
+        if self._read and self._owner is None and self._mode is not None:
+            mode = self._mode
+            self.cancel()
+            self._done(mode.trace(), "")
+
+    def cancel(self) -> None:
+        """Remove the hooks; a forward being traced is left untraced (its mode is popped)."""
+        self._leave()
+        self._mode = None
+        for h in self._handles:
             h.remove()
-        reshard_fsdp(model)  # FSDP2 keeps its root unsharded after a no-grad forward: training must not see that
-    feeds = {n: _summary(w) for n, w in mode.feeds.items()}
-    return FlowTrace(mode.products(), mode.unclassified, mode.executed, feeds, mode.reached)
+        self._handles = []
+
+    def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if self._owner is None:
+            model = self._model()
+            if model is None or not module.training or _TRACING:  # a training forward, never satmon's own eval trace
+                return
+            if self._mode is None:
+                self._mode = _mode_for(model, self._names, self._opaque)
+            self._owner, self._stance = module, _eager()
+            self._stance.__enter__()
+            self._mode.__enter__()
+        assert self._mode is not None
+        self._mode.pre_hook(module, args, kwargs)
+
+    def _post(self, module: nn.Module, args: tuple, out: Any) -> None:
+        mode = self._mode
+        if self._owner is None or mode is None:
+            return
+        mode.post_hook(module, args, out)
+        if module is not self._owner or mode.stack:
+            return
+        raised = sys.exc_info()[1]  # an always-called hook runs inside the except clause of a forward that raised
+        self._leave()
+        if raised is not None:
+            self._mode, self._read = None, False  # a forward that raised is not read
+            self._failures.append(f"{type(raised).__name__}: {raised}")
+            if len(self._failures) >= self.TRIES:
+                self.cancel()
+                self._done(None, f"the first {self.TRIES} training forwards raised ({self._failures[-1]}); none was read")
+            return
+        self._read = True
+        if module is self._model():
+            self.finish()
+
+    def _leave(self) -> None:
+        if self._owner is not None and self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._stance.__exit__(None, None, None)
+        self._owner = self._stance = None
 
 
 def _summary(where: set[str]) -> set[str]:
