@@ -35,6 +35,7 @@ from torch import nn
 from satmon.batches import ForwardFn, feed
 from satmon.dyt import DyT
 from satmon.model.affine import effective_affine
+from satmon.model.dataflow import own_forward
 from satmon.model.discovery import NormLayer, Selector, _selected
 from satmon.model.frozen import frozen_forward
 from satmon.model.map import ModelMap, model_map
@@ -302,9 +303,10 @@ def check_conversion(model: nn.Module, batch: Any, forward_fn: ForwardFn = feed,
 
     One no-grad, eval forward (:func:`satmon.model.frozen.frozen_forward`: modes, RNG and buffers restored). A
     converted layer called with more than one input is put back (its original norm) and the forward runs
-    again; a forward that fails otherwise is run with every converted layer put back: if that runs, the
-    conversion is what broke it and it is undone; if not, the model fails on this batch anyway and the
-    conversion is kept. One warning names what was put back and why. Layers that ran are checked: a later
+    again. A forward that fails otherwise is run with every converted layer put back: if that fails too,
+    the model fails on this batch anyway and the conversion is kept; if it runs, the layers that broke
+    it are found by halving the candidates (a few forwards) and put back. One warning names what was put
+    back and why. Layers that ran are checked: a later
     call does nothing (``()``).
 
     Args:
@@ -336,27 +338,42 @@ def check_conversion(model: nn.Module, batch: Any, forward_fn: ForwardFn = feed,
         return ()
     device = next(itertools.chain(model.parameters(), model.buffers()), torch.empty(0)).device
     live, back = dict(swaps), {}
-    while True:
+
+    def run() -> Exception | None:
+        return _run(model, batch, forward_fn, device, live, {})
+
+    while True:  # a converted layer called with more than one input goes back, and the forward runs again
         bad: dict[str, str] = {}
         error = _run(model, batch, forward_fn, device, live, bad)
-        if error is None:
+        if error is None or not bad:
             break
-        if bad:  # a converted layer was called with more than one input: that one goes back
-            for dyt in [d for d, sw in live.items() if sw.name in bad]:
-                _put(live.pop(dyt), dyt, back=True)
-            back.update(bad)
-            continue
-        for dyt, sw in live.items():  # a failure no call explains: does the model run with its norms?
+        for dyt in [d for d, sw in live.items() if sw.name in bad]:
+            _put(live.pop(dyt), dyt, back=True)
+        back.update(bad)
+    if error is not None:  # a failure no call explains: does the model run with its norms?
+        for dyt, sw in live.items():
             _put(sw, dyt, back=True)
-        if _run(model, batch, forward_fn, device, {}, {}) is None:
-            back.update({sw.name: f"the converted forward raised {type(error).__name__}: {error}, and the model runs "
-                                  "with its norms" for sw in live.values()})
-            break
+        original = _run(model, batch, forward_fn, device, {}, {})
         for dyt, sw in live.items():
             _put(sw, dyt, back=False)
-        _say(warn, f"satmon: the layers convert_to_dyt made could not be checked on this batch: the model fails on it with "
-                   f"its norms too ({type(error).__name__}: {error}); they are kept as converted.")
-        return tuple(back)
+        if original is not None:
+            _say(warn, f"satmon: the layers convert_to_dyt made could not be checked on this batch: the model fails on it "
+                       f"with its norms too ({type(original).__name__}: {original}); they are kept as converted.")
+            return tuple(back)
+    while error is not None:  # the conversion broke it: find the layers that did, halving the candidates
+        group = list(live)
+        while len(group) > 1:
+            half = group[: len(group) // 2]
+            for dyt in half:
+                _put(live[dyt], dyt, back=True)
+            fixed = run() is None
+            for dyt in half:
+                _put(live[dyt], dyt, back=False)
+            group = half if fixed else group[len(group) // 2 :]
+        culprit = live.pop(group[0])
+        _put(culprit, group[0], back=True)
+        back[culprit.name] = f"the converted forward raised {type(error).__name__}: {error}; it runs with this norm"
+        error = run() if live else None
     for dyt in swaps:
         _SWAPS.pop(dyt, None)
     if back:
@@ -377,7 +394,7 @@ def _run(model: nn.Module, batch: Any, forward_fn: ForwardFn, device: torch.devi
 
     handles = [d.register_forward_pre_hook(guard, with_kwargs=True) for d in live]
     try:
-        with frozen_forward(model, device):
+        with frozen_forward(model, device), own_forward():
             forward_fn(model, batch)
     except Exception as err:  # the check must not stop anything: it reports
         return err

@@ -39,7 +39,7 @@ from satmon.batches import feed
 from satmon.model.discovery import strip_wrappers
 from satmon.model.frozen import reshard_fsdp
 
-__all__ = ["FlowTrace", "GatedProduct", "Interaction", "LiveTrace", "trace_flow", "tracing"]
+__all__ = ["FlowTrace", "GatedProduct", "Interaction", "LiveTrace", "own_forward", "trace_flow", "tracing"]
 
 _PROJECTIONS = {
     "linear", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "mv",
@@ -265,14 +265,16 @@ class _Mode(TorchFunctionMode):
         elif name == "glu":
             flows = self._glu(inputs)
         elif name in _PRODUCTS and len(inputs) == 2:
-            flows = self._product(inputs[0], inputs[1])
+            flows = self._product(*[(t, f) for t in values if (f := self.get(t))][:2])
         else:
             flows = _merge(inputs, self.events)
         if name in _SPLITS or name == "__getitem__":
+            channels = name in _SPLITS or _touches_last(args[1:], args[0].dim() if isinstance(args[0], Tensor) else 0)
             for i, t in enumerate(outs):
-                key = (name, i, len(outs)) if name in _SPLITS else (name, repr(args[1:]), _starts_at_zero(args[1:]))
+                key = (name, i, len(outs)) if name in _SPLITS else (name, repr(args[1:]), _starts_at_zero(args[1:]), channels)
                 split = (i, len(outs)) if name in _SPLITS else (0 if key[2] else 1, 2)
-                self.put(t, {n: replace(f, source=f.source + (key,), split=split) for n, f in flows.items()})
+                # rows or time steps picked (x[:, t], x[token_idx]): the same branch, no half of a fused projection
+                self.put(t, {n: replace(f, source=f.source + (key,), split=split if channels else f.split) for n, f in flows.items()})
             return out
         for t in outs:
             self.put(t, flows)
@@ -327,11 +329,16 @@ class _Mode(TorchFunctionMode):
                 flows[n] = _Flow(1, ("glu", next(self.events)), product=len(self.pending) - 1)
         return flows
 
-    def _product(self, a: dict[str, _Flow], b: dict[str, _Flow]) -> dict[str, _Flow]:
+    def _product(self, ta: tuple[Tensor, dict[str, _Flow]], tb: tuple[Tensor, dict[str, _Flow]]) -> dict[str, _Flow]:
+        (x, a), (y, b) = ta, tb
         flows = _merge([a, b], self.events)
         for n in set(a) & set(b):
             fa, fb = a[n], b[n]
-            if fa.source == fb.source:  # one branch times itself: an activation written out (x * sigmoid(x))
+            per_token = [f for f, t, other in ((fa, x, y), (fb, y, x)) if f.hops == 0 and _per_token(other, t)]
+            if per_token:  # the output scaled per token (a router's score before the experts, Llama4): still the output
+                flows[n] = per_token[0]
+                continue
+            if _same_branch(fa, fb):  # one branch times itself: an activation written out (x * sigmoid(x)), a scan's steps
                 acts = {fa.act, fb.act}
                 written = "silu" if acts == {None, "sigmoid"} else fa.act or fb.act or "product"  # swish, GPT-OSS's too
                 flows[n] = replace(fa, act=written)
@@ -403,6 +410,36 @@ def _tensors(args: tuple, kwargs: dict) -> Iterator[Tensor]:
             yield from (t for t in a if isinstance(t, Tensor))
 
 
+def _same_branch(a: _Flow, b: _Flow) -> bool:
+    """One branch, whatever rows or time steps each factor picked of it (``deltaA[:, :, t] * state`` in a scan)."""
+    if a.source == b.source:
+        return True
+    if a.source[:2] != b.source[:2]:
+        return False
+    rows = lambda key: isinstance(key, tuple) and key[:1] == ("__getitem__",) and len(key) == 4 and not key[3]  # noqa: E731
+    return [k for k in a.source[2:] if not rows(k)] == [k for k in b.source[2:] if not rows(k)]
+
+
+def _touches_last(index: tuple, ndim: int) -> bool:
+    """Whether an index (``x[...]``'s key) selects along the last dimension (the channels)."""
+    items = index[0] if len(index) == 1 else index
+    items = items if isinstance(items, tuple) else (items,)
+    full = lambda i: isinstance(i, slice) and i == slice(None)  # noqa: E731
+    if any(i is Ellipsis for i in items):
+        after = items[[j for j, i in enumerate(items) if i is Ellipsis][0] + 1 :]
+        return any(i is not None for i in after) and not full([i for i in after if i is not None][-1])
+    used = sum(i.dim() if isinstance(i, Tensor) and i.dtype == torch.bool else 1 for i in items if i is not None)
+    if used < ndim:
+        return False
+    last = [i for i in items if i is not None]
+    return bool(last) and not full(last[-1])
+
+
+def _per_token(factor: Tensor, x: Tensor) -> bool:
+    """``factor`` holds one value per token of ``x`` (its last dimension 1, broadcast over the channels)."""
+    return factor.dim() >= 1 and factor.shape[-1] == 1 and x.dim() >= 1 and x.shape[-1] > 1
+
+
 def _starts_at_zero(index: tuple) -> bool:
     key = index[0] if len(index) == 1 else index
     last = key[-1] if isinstance(key, tuple) and key else key
@@ -443,14 +480,11 @@ def trace_flow(
     mode = _mode_for(model, norm_names, opaque)
     handles = _hook(model, mode.pre_hook, mode.post_hook)
     modes = [(m, m.training) for m in model.modules()]  # restored one by one: a model may mix train and eval parts
-    global _TRACING
     try:
         model.eval()
-        _TRACING += 1
-        with torch.no_grad(), _eager(), mode:
+        with torch.no_grad(), _eager(), own_forward(), mode:
             forward_fn(model, example_input)
     finally:
-        _TRACING -= 1
         for m, training in modes:
             m.training = training
         for h in handles:
@@ -599,11 +633,22 @@ _TRACING = 0
 
 
 def tracing() -> bool:
-    """Whether satmon's gating trace is running its forward now: a user's own forward hooks can tell
-    satmon's one traced eval forward (of the first training or calibration batch) from the model's.
+    """Whether satmon is running a forward of its own now (the gating trace's eval forward of a batch, or the check of a
+    model :func:`satmon.convert_to_dyt` just changed): a user's own forward hooks can tell those from the model's.
 
     Example:
         >>> tracing()
         False
     """
     return _TRACING > 0
+
+
+@contextlib.contextmanager
+def own_forward() -> Iterator[None]:
+    """Mark the forwards inside as satmon's own (:func:`tracing` is ``True``; the live trace does not read them)."""
+    global _TRACING
+    _TRACING += 1
+    try:
+        yield
+    finally:
+        _TRACING -= 1

@@ -299,7 +299,7 @@ def _pair_mapping(pairs: _Pairs, m: ModelMap, mapping: dict[str, str | None], fo
 def _pair_trace(pairs: _Pairs, trace: FlowTrace, monitored: set[str], found: dict[str, dict[str, Any]]) -> tuple[set[str], dict[str, str]]:
     """Pairings from the traced products; returns the gated MLPs the trace settled and the unclassified norms."""
     settled: set[str] = set()  # names do not override what the trace showed
-    for p in trace.products:
+    for p in sorted(trace.products, key=lambda p: not p.hookable):  # a norm's pairing: one whose gate statistics read
         mlp = _mlp_of(p)
         settled.add(mlp)
         if p.norm in monitored:
