@@ -516,6 +516,11 @@ def _hook(model: nn.Module, pre: Callable, post: Callable) -> list[Any]:
     return handles
 
 
+def _compiling() -> bool:
+    check = getattr(torch.compiler, "is_compiling", None)
+    return bool(check()) if check is not None else False
+
+
 def _eager() -> Any:
     """Compiled code runs eagerly inside (its torch calls are seen); a no-op where torch has no stances."""
     stance = getattr(torch.compiler, "set_stance", None)
@@ -536,19 +541,11 @@ class LiveTrace:
     Example:
         >>> import torch
         >>> from torch import nn
-        >>> class SwiGLU(nn.Module):
-        ...     def __init__(self):
-        ...         super().__init__()
-        ...         self.pre, self.proj_g, self.proj_u, self.proj_d = nn.LayerNorm(4), nn.Linear(4, 8), nn.Linear(4, 8), nn.Linear(8, 4)
-        ...     def forward(self, x):
-        ...         h = self.pre(x)
-        ...         return self.proj_d(nn.functional.silu(self.proj_g(h)) * self.proj_u(h))
-        >>> found = []
-        >>> model = SwiGLU()
-        >>> live = LiveTrace(model, ["pre"], done=lambda trace, why: found.append(trace))
-        >>> _ = model(torch.randn(2, 4)).sum().backward()  # the training forward itself is read
-        >>> found[0].products[0].gate, live.armed
-        ('proj_g', False)
+        >>> model, found = nn.Sequential(nn.LayerNorm(4), nn.Linear(4, 8), nn.GLU()), []  # a fused GLU after a norm
+        >>> live = LiveTrace(model, ["0"], done=lambda trace, why: found.append(trace))
+        >>> model(torch.randn(2, 4)).sum().backward()  # the training forward itself is read
+        >>> found[0].products[0].gate, found[0].products[0].fused, live.armed
+        ('1', True, False)
     """
 
     TRIES = 3
@@ -585,6 +582,8 @@ class LiveTrace:
         self._handles = []
 
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if _compiling():  # inside a compiled region (Module.compile() on the root): no trace, never a graph of its own
+            return
         if self._owner is None:
             model = self._model()
             if model is None or not module.training or _TRACING:  # a training forward, never satmon's own eval trace
@@ -599,7 +598,7 @@ class LiveTrace:
 
     def _post(self, module: nn.Module, args: tuple, out: Any) -> None:
         mode = self._mode
-        if self._owner is None or mode is None:
+        if self._owner is None or mode is None or _compiling():
             return
         mode.post_hook(module, args, out)
         if module is not self._owner or mode.stack:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import inspect
 import re
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal, Union
 
@@ -365,24 +365,39 @@ def _pointwise(module: nn.Module, c: int, own: dict[str, torch.Tensor]) -> Readi
     return _CANNOT_RUN
 
 
+def _first_fit(module: nn.Module, attempts: Callable[[torch.device, torch.dtype], Iterator[Callable[[], Reading | None]]]
+               ) -> Reading | str | None:  # fmt: skip
+    """The first reading the attempts find on a copy (float64 CPU, then the module's own device and dtype);
+    ``None`` when some attempt ran on a device and none fitted, :data:`_CANNOT_RUN` when none could run."""
+    for device, dtype in _devices(module):
+        ran = False
+        for attempt in attempts(device, dtype):
+            try:
+                found = attempt()
+            except Exception:
+                continue  # this layout does not suit the layer
+            ran = True
+            if found is not None:
+                return found
+        if ran:
+            return None
+    return _CANNOT_RUN
+
+
 def _normaliser(module: nn.Module, c: int | None) -> Reading | str | None:
     """``g * normalize(x) + b`` (LayerNorm or RMSNorm normalisation) along some axis."""
     from satmon.model.affine import fit_normalisation
 
     own = tuple(n for n, p in module.named_parameters(recurse=False) if p.is_floating_point())
-    ran = False
-    for device, dtype in _devices(module):
+
+    def attempts(device: torch.device, dtype: torch.dtype) -> Iterator[Callable[[], Reading | None]]:
         for layout in ev.layouts(c or 16):
-            try:
+            def attempt(layout: ev.Layout = layout) -> Reading | None:
                 fit = fit_normalisation(ev.clone(module, device, dtype, randomize=own), layout, dtype, device)
-            except Exception:
-                continue
-            ran = True
-            if fit is not None:
-                return Reading(fit.kind, channels=c, axis=layout[1], basis="behaviour")
-        if ran:
-            return None
-    return _CANNOT_RUN
+                return None if fit is None else Reading(fit.kind, channels=c, axis=layout[1], basis="behaviour")
+            yield attempt
+
+    return _first_fit(module, attempts)
 
 
 def _gain_shape(own: dict[str, torch.Tensor]) -> tuple[int, ...] | None:
@@ -406,21 +421,20 @@ def _grouped(module: nn.Module, shape: tuple[int, ...]) -> Reading | str | None:
     from satmon.model.affine import fit_grouped
 
     params = tuple(n for n, p in module.named_parameters(recurse=False) if p.is_floating_point())
-    ran = False
-    for device, dtype in _devices(module):
-        try:
+
+    def attempts(device: torch.device, dtype: torch.dtype) -> Iterator[Callable[[], Reading | None]]:
+        def attempt() -> Reading | None:
             found = fit_grouped(ev.clone(module, device, dtype, randomize=params), shape, dtype, device)
-        except Exception:
-            continue
-        ran = True
-        if found is not None:
+            if found is None:
+                return None
             kind, dims = found
             note = (f"gain of shape {shape}: per {'head' if len(shape) == 2 else 'group'}, statistics over the last dimension"
                     if dims == 1 else f"normalises over {dims} dimensions {shape}")
             return Reading(kind, channels=shape[-1] if dims == 1 else None, axis=-1, basis="behaviour", note=note,
                            gain_shape=shape)
-        break
-    return None if ran else _CANNOT_RUN
+        yield attempt
+
+    return _first_fit(module, attempts)
 
 
 def norm_kind(module: nn.Module) -> NormKind | None:

@@ -310,3 +310,29 @@ def test_the_screens_first_step_checks_a_fresh_conversion_before_the_forward_run
         screen.step(model(IDX).pow(2).mean())  # before: AttributeError at the first step
     assert type(model.norm) is nn.LayerNorm and any("put back" in h and "norm (" in h for h in heard)
     assert screen.verdict is not None and "blocks.0.0" in screen.verdict.per_layer
+
+
+@pytest.mark.filterwarnings("ignore:satmon. the Trainer has no logger")
+def test_a_lightning_module_without_forward_gets_gating_from_its_first_training_step(tmp_path):
+    """The callback's traced batch fails (no ``forward``): gating comes from the first training step as it runs,
+    and the saturated gated model reads collapse risk (before: the names said yes or no)."""
+    import lightning.pytorch as pl
+    from helpers import trainer
+    from torch.utils.data import DataLoader
+
+    class NoForward(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.lm = _dyt(lambda: PreNorm(DyT, GatheredExperts(), qk=None), alpha=30.0)
+
+        def training_step(self, batch, batch_idx):
+            return self.lm(batch).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    lit = NoForward()
+    monitor = satmon.SaturationMonitor(window=2, verbose=False, watch_every_n_steps=0)
+    trainer(tmp_path, max_steps=2, callbacks=[monitor]).fit(lit, DataLoader([IDX, IDX.flip(0)], batch_size=None))
+    v = monitor.verdict
+    assert v.gated is True and v.gated_layers == ("lm.blocks.0.n2", "lm.blocks.1.n2") and v.collapse_risk is True

@@ -35,6 +35,9 @@ def _build(name: str, **extra) -> nn.Module:
         return transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**HF))
     if name == "qwen3":
         return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**HF, head_dim=8))
+    if name.startswith("stablelm"):  # its use_parallel_residual flag reorders which norm the MLP reads
+        config = transformers.StableLmConfig(**HF, use_parallel_residual=name.endswith("parallel"))
+        return transformers.StableLmForCausalLM(config)
     if name == "mamba2":
         config = transformers.Mamba2Config(hidden_size=D, num_hidden_layers=2, vocab_size=VOCAB, num_heads=4, head_dim=16,
                                            state_size=8, n_groups=1, expand=2, chunk_size=8, bos_token_id=1, eos_token_id=2,
@@ -56,24 +59,27 @@ def _layers(model: nn.Module) -> list:
     return list(model.model.layers) if hasattr(model, "model") else list(model.backbone.layers)
 
 
-#: per family: the norm (leaf name) of each block that feeds its gated MLP, and that MLP's first projection
+#: per family: the norm (leaf name) of each block that feeds its gated MLP, that MLP's first projection, and the
+#: norm whose output the projection is checked against (independently, by a hook)
 TRUTH = {
-    "gpt-oss": ("post_attention_layernorm", lambda block: block.mlp.router),
-    "olmo2": (None, lambda block: block.mlp.gate_proj),  # the MLP reads x + post_attention_layernorm(attn(x))
-    "qwen3": ("post_attention_layernorm", lambda block: block.mlp.gate_proj),
-    "mamba2": (None, None),  # no MLP in a Mamba2 block
+    "gpt-oss": ("post_attention_layernorm", lambda b: b.mlp.router, lambda b: b.post_attention_layernorm),
+    "olmo2": (None, lambda b: b.mlp.gate_proj, lambda b: b.post_attention_layernorm),  # the MLP reads x + norm(attn(x))
+    "qwen3": ("post_attention_layernorm", lambda b: b.mlp.gate_proj, lambda b: b.post_attention_layernorm),
+    "stablelm": ("post_attention_layernorm", lambda b: b.mlp.gate_proj, lambda b: b.post_attention_layernorm),
+    "stablelm-parallel": ("input_layernorm", lambda b: b.mlp.gate_proj, lambda b: b.input_layernorm),
+    "mamba2": (None, None, None),  # no MLP in a Mamba2 block
 }
+HF_NAMED = ("gpt-oss", "olmo2", "qwen3", "mamba2")  # the four
 
 
 @pytest.mark.parametrize("name", TRUTH)
 def test_gating_by_trace_matches_each_blocks_data_flow(name):
     model = _build_or_skip(name).eval()
-    norm_leaf, first = TRUTH[name]
+    norm_leaf, first, checked = TRUTH[name]
     blocks = _layers(model)
-    if first is not None:  # the truth, read independently: which norm's output the MLP's first projection receives
+    if first is not None:  # the truth, read independently: does the MLP's first projection receive that norm's output?
         for block in blocks:
-            post = block.post_attention_layernorm
-            assert reads_directly(model, post, first(block), IDX) is (norm_leaf is not None)
+            assert reads_directly(model, checked(block), first(block), IDX) is (norm_leaf is not None)
     norms = [l.name for l in find_norm_layers(model)]
     report = detect_gating(model, norms, example_input=IDX)
     want = tuple(n for n in norms if norm_leaf and n.endswith("." + norm_leaf))
@@ -98,13 +104,16 @@ def test_gpt_oss_experts_are_gated_on_every_expert_path(impl):
     assert report.gated is True and (p.mlp, p.gate_stats, p.activation) == ("model.layers.0.mlp.experts", False, "silu")
 
 
-@pytest.mark.parametrize("name", TRUTH)
+@pytest.mark.parametrize("name", HF_NAMED)
 def test_converted_models_run_and_the_screen_counts_equal_a_float64_recount(name):
     model = _build_or_skip(name)
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
         convert_to_dyt(model, alpha_init=8.0, rmsnorm=True, copy_affine=True)
     left = [str(w.message) for w in got if "left as they are" in str(w.message)]
+    if name.startswith("stablelm"):  # its use_parallel_residual flag reorders which norm the MLP reads
+        config = transformers.StableLmConfig(**HF, use_parallel_residual=name.endswith("parallel"))
+        return transformers.StableLmForCausalLM(config)
     if name == "mamba2":  # norm(y, gate): two inputs, left as it is and named
         assert len(left) == 1 and "backbone.layers.0.mixer.norm (" in left[0] and "2 inputs" in left[0]
         assert not isinstance(model.backbone.layers[0].mixer.norm, DyT)

@@ -144,9 +144,16 @@ def test_the_probe_reads_a_channels_first_layernorm_over_its_channels():
         r = report.layers[name]
         assert (r.dim, r.tokens, r.norm_type, r.note) == (8, 64, "layernorm-like", "")  # 2 x 2 x 4 x 4 positions
         assert r.alignment >= 0.9999
-    few = probe(model, torch.randn(1, 3, 2, 2))  # 4 positions for 8 channels
+    few = probe(model, torch.randn(1, 3, 2, 2))  # 4 positions for 8 channels: a covariance of rank 3 < 8
     r = few.layers["n1"]
     assert r.tokens == 4 and r.norm_type == "undetermined" and "4 token(s) for 8 channels" in r.note
+    # no alignment is reported as a number there: the layer says how many tokens it needs (JSON, summary, tags)
+    assert (r.alignment, r.null_projection, r.null_dim, r.depth_diag, r.kernel_alignment()) == (None,) * 5
+    assert "it needs more than 8 tokens (at least 5 more" in r.note and r.to_dict()["alignment"] is None
+    assert r.to_dict()["note"] == r.note and "n1" not in few.summary()
+    from satmon.io.tensorboard import probe_scalars
+
+    assert not any(tag.startswith("satmon_deadir/n1/") for tag in probe_scalars(few))
 
 
 # ----------------------------------------------------------------------------- post-norm, parallel, shared
