@@ -9,15 +9,25 @@ such branches (no activation, both activated, one the norm output itself) is rep
 interaction satmon cannot classify. Names play no part; module names are only read to say where
 each projection happened. Norm layers are opaque: their output starts a new record (or none).
 
-A branch is the norm's output *read directly*: views, casts, dropout, a permute keep it; an addition
-with another stream ends it (``h = x + norm(attn(x))`` is the residual stream, not the norm's
-output: a post-norm layer never feeds the next MLP). "Another stream" is a tensor operand of the
-result's full size that carries no branch of that norm and is not a parameter (a bias, a broadcast
-position table or mask keep the branch). Where each norm's output goes is recorded in
-:attr:`FlowTrace.feeds`: ``"gated-mlp"``, ``"attention"`` (a product of two of its projections,
-``q @ k^T``, or ``scaled_dot_product_attention``), ``"mlp"`` (projection, activation, projection),
-``"residual"`` (its output itself added to another stream) and ``"projection"`` (a projection that
-is none of those, e.g. a head).
+A branch is the norm's output *read directly*: views, casts, dropout, a permute, rows or time steps
+picked, a scale of one value per token keep it; an addition with another stream ends it
+(``h = x + norm(attn(x))`` is the residual stream, not the norm's output: a post-norm layer never feeds
+the next MLP). "Another stream" is a tensor operand of the result's full size that carries no branch of
+that norm and is *data*: what derives from the model's input. Each tensor's origin is followed too:
+parameters, buffers, constants and what is computed from them alone are input-independent (a bias, a
+rotary table, however it is cast: the tensor arguments of ``type_as``, ``.to``, ``new_*`` and ``*_like``
+give only a dtype or a shape), and so are weights and biases gathered by an index computed from the data
+(``W[e]``, ``b[e]``, ``index_select``, ``F.embedding`` of expert ids: a router's choice); a table gathered
+by token ids or positions is an embedding, data. A tensor the forward did not show being made (a
+kernel's output) counts as data: the safe reading. A projection is a matrix product with a weight
+(``Linear``, ``x @ W``, ``bmm`` over gathered experts, ``grouped_mm`` and kernels named like one).
+Where each norm's output goes is recorded in :attr:`FlowTrace.feeds`: ``"gated-mlp"``, ``"attention"``
+(a product of two of its projections, ``q @ k^T``, or ``scaled_dot_product_attention``), ``"mlp"``
+(projection, activation, projection), ``"residual"`` (its output itself added to another stream) and
+``"projection"`` (a projection that is none of those, e.g. a head).
+
+:func:`trace_flow` runs one eval, no-grad forward of a batch; :class:`LiveTrace` reads the model's own first
+training forward as it runs (the live screen: no extra forward).
 """
 
 from __future__ import annotations
