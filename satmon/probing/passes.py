@@ -354,7 +354,8 @@ def _warn_skipped(skipped: dict[str, str]) -> None:
     if skipped:
         warnings.warn(
             "satmon probe: no reading for " + "; ".join(f"{n} ({why})" for n, why in skipped.items())
-            + ". Raise `max_dim` or choose layers with `layers=` / blocks with `blocks=`.",
+            + (". Raise `max_dim` or choose" if any("max_dim" in why for why in skipped.values()) else ". Choose")
+            + " layers with `layers=` / blocks with `blocks=`.",
             stacklevel=3,
         )
 
