@@ -102,9 +102,12 @@ def test_compiled_model_converts_under_the_stripped_names():
     assert isinstance(model.ln_f, DyT)
 
 
-def test_convert_rejects_multi_dim_layernorm():
-    with pytest.raises(ValueError, match="one channel dimension"):
-        convert_to_dyt(nn.Sequential(nn.LayerNorm([4, 4])))
+def test_a_layernorm_over_several_dimensions_is_left_as_it_is_with_a_warning():
+    model = nn.Sequential(nn.LayerNorm(4), nn.Linear(4, 16), nn.Unflatten(-1, (4, 4)), nn.LayerNorm([4, 4]))
+    with pytest.warns(UserWarning, match=r"left as they are: 3 \(no known width \(normalized_shape=\(4, 4\)\)"):
+        convert_to_dyt(model)
+    assert isinstance(model[0], DyT) and type(model[3]) is nn.LayerNorm
+    assert model(torch.randn(2, 4)).shape == (2, 4, 4)  # the model still runs
 
 
 def test_exclude_keeps_a_layer_as_it_is():

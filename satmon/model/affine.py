@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from satmon.model import _evaluate as ev
 
-__all__ = ["EffectiveAffine", "NormalisationFit", "effective_affine", "fit_normalisation"]
+__all__ = ["EffectiveAffine", "NormalisationFit", "effective_affine", "fit_grouped", "fit_normalisation"]
 
 AffineKind = Literal["layernorm", "rmsnorm", "dyt"]
 
@@ -111,6 +111,32 @@ def fit_normalisation(module: nn.Module, layout: ev.Layout, dtype: torch.dtype =
             best = NormalisationFit(kind, g, b, res, x_hat, y)  # type: ignore[arg-type]
     assert best is not None
     return best if best.residual <= ev.tolerance(dtype) else None
+
+
+def fit_grouped(module: nn.Module, shape: tuple[int, ...], dtype: torch.dtype = torch.float64,
+                device: torch.device | str = "cpu") -> tuple[Literal["layernorm", "rmsnorm"], int] | None:  # fmt: skip
+    """Run ``module`` (already a copy) on ``(2, T, *shape)`` inputs whose groups (all but the last dimension) differ in
+    mean and scale, and fit ``gain * normalize(x) + bias`` per position of ``shape``, the statistics taken over the
+    last dimension, then over all of ``shape``: ``(kind, dims normalised)``, or ``None`` when neither fits.
+
+    Raises whatever the module raises on such an input.
+    """
+    t = next(n for n in range(8, 64) if n not in shape)
+    gen = torch.Generator().manual_seed(0)
+    groups = (2, t, *shape[:-1], 1)
+    x = torch.randn((2, t, *shape), generator=gen, dtype=torch.float64)
+    x = _SCALE * (x * (0.5 + 1.5 * torch.rand(groups, generator=gen, dtype=torch.float64))
+                  + 3.0 * torch.randn(groups, generator=gen, dtype=torch.float64))
+    y = ev.run(module, x.to(device, dtype)).to("cpu", torch.float64)
+    x = x.to(dtype).to(torch.float64)  # the input as the layer saw it
+    eps, width = _eps(module), int(torch.tensor(shape).prod())
+    for dims in dict.fromkeys((1, len(shape))):
+        flat = x.flatten(-dims)  # (..., the normalised values)
+        for kind in ("layernorm", "rmsnorm"):
+            x_hat = _normalize(flat, kind, eps).reshape(x.shape)
+            if ev.fit_per_channel(x_hat.reshape(-1, width), y.reshape(-1, width))[2] <= ev.tolerance(dtype):
+                return kind, dims  # type: ignore[return-value]
+    return None
 
 
 def _layout(channels: int, axis: int) -> ev.Layout:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import inspect
 import re
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal, Union
 
@@ -95,6 +95,9 @@ class NormLayer:
             ``None`` until a forward was traced.
         basis: how the kind was read: ``"behaviour"`` (evaluated), ``"type"`` (``nn.LayerNorm``,
             ``nn.RMSNorm``, satmon's ``DyT``) or ``"names"`` (the module could not be run).
+        gain_shape: the shape of the layer's gain when it is not one value per channel, e.g.
+            ``(heads, head_dim)`` for a per-head QK-norm (Cohere, Chameleon) that normalises each head's
+            ``head_dim`` with a gain of its own; ``None`` for one gain per channel.
     """
 
     name: str
@@ -107,6 +110,7 @@ class NormLayer:
     block: str | None = None
     feeds: tuple[str, ...] | None = None
     basis: Basis = "behaviour"
+    gain_shape: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.function is None and self.kind == "dyt":
@@ -126,6 +130,7 @@ class Reading:
     axis: int = -1
     basis: Basis = "behaviour"
     note: str = ""
+    gain_shape: tuple[int, ...] | None = None
 
 
 def strip_wrappers(name: str) -> str:
@@ -196,13 +201,15 @@ def _vector_like(p: torch.Tensor) -> bool:
 
 def _is_candidate(module: nn.Module) -> bool:
     """Worth evaluating: no parametrised submodule, own parameters scalars or vectors, and either
-    parameters or a normaliser's attributes (a parameterless forward is run only when it looks like one)."""
+    parameters or a normaliser's attributes (a parameterless forward is run only when it looks like one);
+    a module whose own parameters have several dimensions (a per-head gain) when it looks like one."""
     if any(True for c in module.children() for _ in c.parameters()):
         return False
     own = list(module.parameters(recurse=False))
-    if own:
-        return all(_vector_like(p) for p in own)
-    return any(hasattr(module, a) for a in _NORM_ATTRS) or bool(_NORM_NAME.search(type(module).__name__))
+    named = any(hasattr(module, a) for a in _NORM_ATTRS) or bool(_NORM_NAME.search(type(module).__name__))
+    if own:  # a gain of several dimensions (per head) only on a module that says it normalises: others are run by include=
+        return all(_vector_like(p) for p in own) or named
+    return named
 
 
 # ----------------------------------------------------------------------------------- reading one module
@@ -258,6 +265,17 @@ def _read(module: nn.Module, selected: bool) -> Reading | None:
     if cls.__module__.startswith("torch.nn.modules") or not (selected or _is_candidate(module)):
         return None  # torch's own other layers (BatchNorm, GroupNorm, activations, ...) are not normalisers satmon reads
     own = dict(module.named_parameters(recurse=False))
+    shape = _gain_shape(own)
+    if shape is not None:  # a gain over several dimensions: (heads, head_dim), or a norm over all of them
+        found = _grouped(module, shape)
+        if isinstance(found, Reading):
+            return found
+        if found == _CANNOT_RUN:
+            return _by_names(module, own, c)
+        return Reading("unknown", channels=c, note=(
+            f"{cls.__name__} has a gain of shape {shape} and, run on (batch, tokens, {', '.join(map(str, shape))}) test "
+            "inputs, computes gain * normalize(x) + bias over neither the last dimension nor all of them")) \
+            if _NORM_NAME.search(cls.__name__) or any(hasattr(module, a) for a in _NORM_ATTRS) else None
     failures = []
     if "alpha" in own:
         found = _pointwise(module, c or 8, own)
@@ -347,24 +365,76 @@ def _pointwise(module: nn.Module, c: int, own: dict[str, torch.Tensor]) -> Readi
     return _CANNOT_RUN
 
 
+def _first_fit(module: nn.Module, attempts: Callable[[torch.device, torch.dtype], Iterator[Callable[[], Reading | None]]]
+               ) -> Reading | str | None:  # fmt: skip
+    """The first reading the attempts find on a copy (float64 CPU, then the module's own device and dtype);
+    ``None`` when some attempt ran on a device and none fitted, :data:`_CANNOT_RUN` when none could run."""
+    for device, dtype in _devices(module):
+        ran = False
+        for attempt in attempts(device, dtype):
+            try:
+                found = attempt()
+            except Exception:
+                continue  # this layout does not suit the layer
+            ran = True
+            if found is not None:
+                return found
+        if ran:
+            return None
+    return _CANNOT_RUN
+
+
 def _normaliser(module: nn.Module, c: int | None) -> Reading | str | None:
     """``g * normalize(x) + b`` (LayerNorm or RMSNorm normalisation) along some axis."""
     from satmon.model.affine import fit_normalisation
 
     own = tuple(n for n, p in module.named_parameters(recurse=False) if p.is_floating_point())
-    ran = False
-    for device, dtype in _devices(module):
+
+    def attempts(device: torch.device, dtype: torch.dtype) -> Iterator[Callable[[], Reading | None]]:
         for layout in ev.layouts(c or 16):
-            try:
+            def attempt(layout: ev.Layout = layout) -> Reading | None:
                 fit = fit_normalisation(ev.clone(module, device, dtype, randomize=own), layout, dtype, device)
-            except Exception:
-                continue
-            ran = True
-            if fit is not None:
-                return Reading(fit.kind, channels=c, axis=layout[1], basis="behaviour")
-        if ran:
-            return None
-    return _CANNOT_RUN
+                return None if fit is None else Reading(fit.kind, channels=c, axis=layout[1], basis="behaviour")
+            yield attempt
+
+    return _first_fit(module, attempts)
+
+
+def _gain_shape(own: dict[str, torch.Tensor]) -> tuple[int, ...] | None:
+    """The shape the own parameters broadcast to, leading ones dropped, when it has several dimensions above 1
+    (a per-head gain); ``None`` when every parameter is a scalar or a vector (one value per channel)."""
+    shapes = [tuple(p.shape) for p in own.values() if p.is_floating_point() and p.dim() > 0]
+    if not shapes or all(_vector_like(p) for p in own.values()):
+        return None
+    try:
+        shape = tuple(torch.broadcast_shapes(*shapes))
+    except RuntimeError:
+        return None
+    while shape and shape[0] == 1:
+        shape = shape[1:]
+    return shape if sum(s > 1 for s in shape) > 1 else None
+
+
+def _grouped(module: nn.Module, shape: tuple[int, ...]) -> Reading | str | None:
+    """``g * normalize(x) + b`` with ``g`` and ``b`` of ``shape`` (per head and channel), the statistics taken over
+    the last dimension (a per-head QK-norm) or over all of ``shape``'s dimensions, on ``(2, T, *shape)`` inputs."""
+    from satmon.model.affine import fit_grouped
+
+    params = tuple(n for n, p in module.named_parameters(recurse=False) if p.is_floating_point())
+
+    def attempts(device: torch.device, dtype: torch.dtype) -> Iterator[Callable[[], Reading | None]]:
+        def attempt() -> Reading | None:
+            found = fit_grouped(ev.clone(module, device, dtype, randomize=params), shape, dtype, device)
+            if found is None:
+                return None
+            kind, dims = found
+            note = (f"gain of shape {shape}: per {'head' if len(shape) == 2 else 'group'}, statistics over the last dimension"
+                    if dims == 1 else f"normalises over {dims} dimensions {shape}")
+            return Reading(kind, channels=shape[-1] if dims == 1 else None, axis=-1, basis="behaviour", note=note,
+                           gain_shape=shape)
+        yield attempt
+
+    return _first_fit(module, attempts)
 
 
 def norm_kind(module: nn.Module) -> NormKind | None:

@@ -18,15 +18,16 @@ feeds no MLP, and a parallel-residual layer feeds the MLP it is applied to.
    products ``act(a) * b`` of two projections of the layer's output, whatever the modules are
    called (``source="trace"``); a product of the layer's branches that is not of that form makes
    the answer *unknown* (``gated=None``), never "no";
-3. names and source, only for MLPs the trace did not reach (or without ``example_input``): a gated
-   MLP by its children's names (``gate_proj``/``up_proj``/``down_proj``, ``w1``/``w3``/``w2``,
-   ``wi_0``/``wi_1``/``wo``, a fused ``gate_up_proj``/``w12``), paired with the layer whose output
-   its call receives in the enclosing ``forward``'s source (:mod:`satmon.model.source_flow`), or, when
-   no source can be read, by the norm's name (``source="names"``). A module that may hold a gated
-   product without the names to say so (two same-shape projections, a projection chunked in two,
-   a forward that multiplies two projections of its input), or a gated MLP whose input is an
-   addition or that no watched layer's output reaches, makes the answer unknown: the message names
-   the normaliser that runs just before that MLP and the option that resolves it.
+3. without a traced forward (or where it failed), every watched layer is *unknown* (``gated=None``):
+   names and forward sources only give a hint in the message, never the answer. A gated MLP is recognised
+   by its children's names (``gate_proj``/``up_proj``/``down_proj``, ``w1``/``w3``/``w2``,
+   ``wi_0``/``wi_1``/``wo``, a fused ``gate_up_proj``/``w12``) and paired with the layer whose output its
+   call receives in the enclosing ``forward``'s source (:mod:`satmon.model.source_flow`; an ``if`` whose
+   branches feed it different values says nothing), or by the norm's name; a module that may hold a gated
+   product without the names to say so is named too. The live screen traces its first training forward,
+   :func:`satmon.probe` and ``satmon replay`` their first calibration batch, so the answer comes from a forward
+   wherever satmon runs one. With a trace, a watched layer the forward did not run, and a gated MLP (by its
+   names) that did not run while no sibling expert did, are unknown too.
 
 ``gated`` is ``True`` only when a watched layer feeds a gated MLP; gated MLPs fed by other layers
 (or through an addition) are listed in ``unpaired_gated_mlps``, never guessed onto a layer.
@@ -56,6 +57,7 @@ __all__ = ["GateModules", "GatedPairing", "GatingInfo", "detect_gating", "gate_l
 
 _SHOWN = 3  # pairings spelled out in the message
 _KNOWN = ("silu", "gelu", "gelu_tanh")
+_ROOT = "(the model's own forward)"  # a product computed in the root module: its MLP has no name of its own
 
 
 class GateModules(NamedTuple):
@@ -188,6 +190,8 @@ def _feeder(m: ModelMap, mlp: str, entry: str | None = None) -> tuple[str | None
         at = children.index(called) if called in children else len(children)
         norms_before = [c for c in children[:at] if _norm_named(m, _join(parent, c))]
         before = before or (_join(parent, norms_before[-1]) if norms_before else None)
+        if len(set(origins)) > 1:  # e.g. a config flag that reorders the norms: the source does not say which runs
+            return None, "different values on different code paths (an if in the forward)", before
         o = origins[0]
         if o is None:
             return None, "a value satmon cannot follow in the source", before
@@ -295,7 +299,7 @@ def _pair_mapping(pairs: _Pairs, m: ModelMap, mapping: dict[str, str | None], fo
 def _pair_trace(pairs: _Pairs, trace: FlowTrace, monitored: set[str], found: dict[str, dict[str, Any]]) -> tuple[set[str], dict[str, str]]:
     """Pairings from the traced products; returns the gated MLPs the trace settled and the unclassified norms."""
     settled: set[str] = set()  # names do not override what the trace showed
-    for p in trace.products:
+    for p in sorted(trace.products, key=lambda p: not p.hookable):  # a norm's pairing: one whose gate statistics read
         mlp = _mlp_of(p)
         settled.add(mlp)
         if p.norm in monitored:
@@ -359,7 +363,9 @@ def detect_gating(
         mapping: ``{norm_name: mlp_module_name}`` overrides the other rules for those norms; the MLP
             may use opaque child names. ``{norm_name: None}``: the norm feeds no gated MLP.
         example_input: one batch (e.g. the first training batch) for one eval, no-grad traced
-            forward: gating is then read from the data flow, not from names.
+            forward: gating is then read from the data flow. Without it, a forward traced before on this
+            model (the live screen's first training forward, a probe's batch) is read; with none, every
+            watched layer is unknown and the names only give a hint in the message.
         forward_fn: ``forward_fn(model, example_input)``; default :func:`satmon.batches.feed`
             (``model(t)``, ``model(*t)``, ``model(**t)``). Pass :func:`satmon.batches.feed_first`
             for ``(inputs, targets)`` batches.
@@ -375,17 +381,19 @@ def detect_gating(
         >>> from satmon.model.gating import detect_gating
         >>> from satmon.demos.llama import LlamaLM
         >>> model = LlamaLM(vocab_size=16, d_model=16, n_layers=1, n_heads=2, seq_len=8)
-        >>> detect_gating(model).message
-        'gated MLP after DyT: yes (blocks.0.mlp_norm -> blocks.0.mlp)'
+        >>> blind = detect_gating(model)  # no forward: unknown, with what the names suggest
+        >>> blind.gated, "names suggest yes (blocks.0.mlp_norm)" in blind.message
+        (None, True)
         >>> import torch
-        >>> detect_gating(model, example_input=torch.zeros(1, 8, dtype=torch.long)).pairings["blocks.0.mlp_norm"].source
-        'trace'
+        >>> found = detect_gating(model, example_input=torch.zeros(1, 8, dtype=torch.long))
+        >>> found.message, found.pairings["blocks.0.mlp_norm"].source
+        ('gated MLP after DyT: yes (blocks.0.mlp_norm -> blocks.0.mlp)', 'trace')
     """
     m = model_map(model)
     if example_input is not None:
         m.trace_forward(example_input, forward_fn)
-    trace = m.trace if example_input is not None else None
-    failure = m.trace_failure if example_input is not None and trace is None else ""
+    trace = m.trace  # this batch's, or a forward traced before (the live screen's first training forward)
+    failure = m.trace_failure if trace is None else ""
     modules = m.modules
     if norm_names is None:
         norm_names = [l.name for l in m.layers(("dyt",))]
@@ -400,35 +408,99 @@ def detect_gating(
     built = _Pairs(modules)
     _pair_mapping(built, m, mapping, found, trace, all_norms)
     monitored = set(norm_names) - set(mapping)
-    unknown: dict[str, str] = {}
-    settled: set[str] = set()
-    if trace is not None:
-        settled, unknown = _pair_trace(built, trace, monitored, found)
-    left = {n: p for n, p in found.items() if n not in built.paired and n not in settled}
-    unpaired = _pair_names(built, m, left, monitored, unknown) if monitored else list(left)
     if trace is None:
-        for name, why in _maybe_gated(m, found).items():
-            norm, _, before = _feeder(m, name, _first_projection(m.module(name)))
-            if norm is not None and norm not in monitored:
-                continue  # the source shows a layer that is not watched feeding it: it cannot make a watched layer gated
-            candidates = _candidates(m, name, monitored)
-            key = norm or before or (candidates[0] if candidates else name)
-            where = f"; its input is the output of {norm}" if norm else f"; the normaliser that runs just before it is {before}" \
-                if before else f"; watched layers near it: {_listing(candidates)}"
-            unknown.setdefault(key, why + where + " (pass example_input= to trace it)")
-    if failure and not built.pairs:
-        unknown.setdefault((norm_names or ["the model"])[0], failure)
+        unknown = _untraced(m, found, monitored, norm_names, failure) if monitored else {}
+        gated = True if built.pairs else None if unknown else False
+        message = _untraced_message(built.pairs, unknown, label, mapping, norm_names, failure)
+        notes = list(dict.fromkeys(built.notes))
+        message += "; " + "; ".join(notes) if notes else ""
+        return GatingInfo(gated, tuple(built.pairs), message, built.pairs, (), unknown)
+    settled, unknown = _pair_trace(built, trace, monitored, found)
+    for name in norm_names:  # a layer the forward did not run: what it feeds is not known from this forward
+        if name in monitored and name not in trace.executed:
+            unknown.setdefault(name, "it did not run in the traced forward, so its data flow was not seen")
+    _unrun(m, trace, {n: p for n, p in found.items() if n not in built.paired and n not in settled}, settled, monitored,
+           unknown)
     unknown = {n: d for n, d in unknown.items() if n not in built.pairs and n not in mapping}
     pairs = built.pairs
-    gated_elsewhere = sorted({*(settled - built.paired), *unpaired})
+    gated_elsewhere = sorted(settled - built.paired)
     gated = True if pairs else None if unknown else False
-    message = _message(pairs, gated_elsewhere, gated, label, unknown, trace is not None, mapping, norm_names)
+    message = _message(pairs, gated_elsewhere, gated, label, unknown, True, mapping, norm_names)
     notes = list(dict.fromkeys(built.notes))
-    if failure and failure not in message:
-        notes.append(failure)
     if notes:
         message += "; " + "; ".join(notes)
     return GatingInfo(gated, tuple(pairs), message, pairs, tuple(gated_elsewhere), unknown)
+
+
+def _unrun(m: ModelMap, trace: FlowTrace, left: dict[str, dict[str, Any]], settled: set[str], monitored: set[str],
+           unknown: dict[str, str]) -> None:  # fmt: skip
+    """Gated MLPs by their names that the traced forward did not run (an MoE expert no token reached, the other
+    side of an ``if``): unknown, naming the layer that would feed them; an expert whose siblings the trace read
+    is read as they were."""
+    for mlp, parts in left.items():
+        parent = mlp.rpartition(".")[0]
+        if any(s.rpartition(".")[0] == parent for s in settled):
+            continue  # another expert of the same set ran: the trace read what feeds the set
+        norm, how, before = _feeder(m, mlp, parts["gate"])
+        if norm is not None and norm not in monitored:
+            continue
+        candidates = _candidates(m, mlp, monitored)
+        key = norm or before or (candidates[0] if candidates else mlp)
+        if key not in monitored:
+            continue
+        where = f"its input is the output of {norm}" if norm else f"the normaliser that runs just before it is {before}" \
+            if before else f"watched layers near it: {_listing(candidates)}"
+        unknown.setdefault(key, f"{mlp} is a gated MLP by its names that did not run in the traced forward; {where}")
+
+
+def _untraced(m: ModelMap, found: dict[str, dict[str, Any]], monitored: set[str], norm_names: list[str],
+              failure: str) -> dict[str, str]:  # fmt: skip
+    """Without a traced forward every watched layer is unknown; the names and the forward sources say what they
+    suggest, as a hint that is never taken for the answer."""
+    hints = _Pairs(m.modules)
+    suggested: dict[str, str] = {}
+    left = {n: p for n, p in found.items()}
+    _pair_names(hints, m, left, monitored, suggested)
+    for name, why in _maybe_gated(m, found).items():
+        norm, _, before = _feeder(m, name, _first_projection(m.module(name)))
+        if norm is not None and norm not in monitored:
+            continue
+        candidates = _candidates(m, name, monitored)
+        key = norm or before or (candidates[0] if candidates else name)
+        where = f"; its input is the output of {norm}" if norm else f"; the normaliser that runs just before it is {before}" \
+            if before else f"; watched layers near it: {_listing(candidates)}"
+        suggested.setdefault(key, why + where)
+    why = failure or "no forward was traced"
+    out = {}
+    for name in norm_names:
+        if name not in monitored:
+            continue
+        if name in hints.pairs:
+            hint = f"names suggest it feeds the gated MLP {hints.pairs[name].mlp}"
+        elif name in suggested:
+            hint = f"names suggest: {suggested[name]}"
+        else:
+            hint = "names suggest no gated MLP reads it"
+        out[name] = f"{why}; {hint}"
+    return out
+
+
+def _untraced_message(pairs: dict[str, GatedPairing], unknown: dict[str, str], label: str, mapping: dict[str, str | None],
+                      norm_names: list[str], failure: str) -> str:  # fmt: skip
+    if not unknown or pairs:  # the user's mapping says yes (or every layer is mapped): the others stay unknown
+        return _message(pairs, [], bool(pairs), label, unknown, False, mapping, norm_names)
+    hinted = [n for n, d in unknown.items() if "suggest it feeds" in d]
+    maybe = [n for n, d in unknown.items() if "names suggest: " in d]
+    if hinted:
+        hint = f"names suggest yes ({_listing(hinted)})"
+    elif maybe:
+        hint = f"names suggest: {maybe[0]}: {unknown[maybe[0]].split('names suggest: ', 1)[1]}"
+    else:
+        hint = "names suggest no gated MLP"
+    why = failure or ("no forward was traced: satmon reads gating from the first training forward it observes, a "
+                      "probe's or a replay's calibration batch, or detect_gating(example_input=...)")
+    first = (hinted or maybe or list(unknown))[0]  # the option names the layer the hint is about
+    return f"gated MLP after {label}: unknown ({why}; {hint}); {_hint(first)}"
 
 
 def _message(pairs: dict[str, GatedPairing], elsewhere: list[str], gated: bool | None, label: str, unknown: dict[str, str],
@@ -449,7 +521,7 @@ def _message(pairs: dict[str, GatedPairing], elsewhere: list[str], gated: bool |
         else:
             basis = "no gated MLP found by module names; no example_input traced"
         return f"gated MLP after {label}: no ({basis})"
-    msg = f"gated MLP after {label}: yes ({_listing([f'{p.norm} -> {p.mlp}' for p in pairs.values()])})"
+    msg = f"gated MLP after {label}: yes ({_listing([f'{p.norm} -> {p.mlp or _ROOT}' for p in pairs.values()])})"
     odd = sorted({p.activation for p in pairs.values()} - set(_KNOWN))
     msg += f"; activation not recognised: {', '.join(odd)}" if odd else ""
     msg += f"; {len(elsewhere)} gated MLP(s) fed by no watched {label} directly ({_listing(elsewhere)})" if elsewhere else ""
@@ -464,10 +536,11 @@ def gate_linear_modules(model: nn.Module, report: GatingInfo) -> dict[str, GateM
     Pairings whose gate statistics cannot be read from module outputs (``gate_stats=False``) are left out.
 
     Example:
+        >>> import torch
         >>> from satmon.model.gating import detect_gating, gate_linear_modules
         >>> from satmon.demos.llama import LlamaLM
         >>> model = LlamaLM(vocab_size=16, d_model=16, n_layers=1, n_heads=2, seq_len=8)
-        >>> mods = gate_linear_modules(model, detect_gating(model))
+        >>> mods = gate_linear_modules(model, detect_gating(model, example_input=torch.zeros(1, 8, dtype=torch.long)))
         >>> mods["blocks.0.mlp_norm"].gate is model.blocks[0].mlp.gate_proj, mods["blocks.0.mlp_norm"].activation
         (True, 'silu')
     """

@@ -1,12 +1,13 @@
-"""The names rule of gated-MLP detection: the fallback when no traced forward shows the data flow.
+"""The names rule of gated-MLP detection: the hint given when no traced forward shows the data flow (never the answer:
+without a forward every watched layer is "unknown", and these rules only say what the names suggest).
 
 Gated MLPs are recognised by their children's names: ``gate_proj``/``up_proj``/``down_proj`` (HF
 LLaMA, Mistral, Qwen, Gemma), ``w1``/``w3``/``w2`` (Meta LLaMA, torchtitan, Mixtral experts),
 ``wi_0``/``wi_1``/``wo`` (T5 v1.1 GeGLU), and fused gate-up projections (``gate_up_proj`` Phi-3,
 ``w12`` xformers, or any linear child with ``out_features == 2 * down.in_features`` next to a
 ``down_proj``/``w2``/``fc2``-like child). ``structural=True`` also accepts opaque child names by shape.
-:func:`pair_by_names` (the block's norm whose name says "pre-MLP", or its only norm) is the last resort
-of :mod:`satmon.model.gating`, used only where no forward source says which norm's output the MLP reads.
+:func:`pair_by_names` (the block's norm whose name says "pre-MLP", or its only norm) is the hint's last resort,
+used only where no forward source says which norm's output the MLP reads.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from satmon.model.discovery import (
 )
 
 if TYPE_CHECKING:
-    from satmon.model.dataflow import FlowTrace
+    from satmon.model.dataflow import FlowTrace, LiveTrace
 
 __all__ = ["MapChange", "ModelMap", "model_map"]
 
@@ -160,7 +160,8 @@ class ModelMap:
     @staticmethod
     def _layer(name: str, module: nn.Module, r: Reading, blocks: list[str]) -> NormLayer:
         block = next((b for b in blocks if name.startswith(b + ".")), None)
-        return NormLayer(name, module, r.kind, r.function, r.shift, r.channels, r.axis, block, None, r.basis)  # type: ignore[arg-type]
+        return NormLayer(name, module, r.kind, r.function, r.shift, r.channels, r.axis, block, None, r.basis,  # type: ignore[arg-type]
+                         r.gain_shape)
 
     # ------------------------------------------------------------------------------------ state
     @property
@@ -298,16 +299,42 @@ class ModelMap:
 
         watched = [l.name for l in self.norms]
         try:
-            self.trace = trace_flow(self.model, watched, example_input, forward_fn or feed,
-                                    opaque={*watched, *self.undetermined})
+            trace = trace_flow(self.model, watched, example_input, forward_fn or feed, opaque={*watched, *self.undetermined})
         except Exception as err:  # a monitor must not stop training: report and fall back to names
             self.trace_failure = (f"the traced forward failed ({type(err).__name__}: {err}); give it a forward that works "
                                   "(SaturationMonitor(gating_forward_fn=...), detect_gating(forward_fn=...))")
             return None
-        self.trace_failure = ""
-        feeds = self.trace.feeds
-        self.norms = tuple(replace(l, feeds=tuple(sorted(feeds.get(l.name, ())))) for l in self.norms)
+        self.adopt(trace)
         return self.trace
+
+    def trace_live(self, done: Callable[[ModelMap], None]) -> LiveTrace:
+        """Read the model's next training forward as it runs (:class:`~satmon.model.dataflow.LiveTrace`: no extra
+        forward), then call ``done(map)`` with the model's map at that time, its :attr:`trace` filled (or its
+        :attr:`trace_failure` saying why not). The returned trace's ``finish()`` ends a trace that saw submodule
+        calls only (a ``training_step``); its ``cancel()`` removes the hooks."""
+        from satmon.model.dataflow import LiveTrace
+
+        ref = weakref.ref(self.model)  # the hooks live on the model: no strong reference back to it
+
+        def finished(trace: FlowTrace | None, why: str) -> None:
+            model = ref()
+            if model is None:
+                return
+            m = model_map(model)
+            if trace is not None:
+                m.adopt(trace)
+            else:
+                m.trace_failure = f"the traced training forward failed: {why}"
+            done(m)
+
+        watched = [l.name for l in self.norms]
+        return LiveTrace(self.model, watched, {*watched, *self.undetermined}, done=finished)
+
+    def adopt(self, trace: FlowTrace) -> None:
+        """Keep ``trace`` as this model's traced forward: each normaliser's ``feeds`` is then filled."""
+        self.trace, self.trace_failure = trace, ""
+        feeds = trace.feeds
+        self.norms = tuple(replace(l, feeds=tuple(sorted(feeds.get(l.name, ())))) for l in self.norms)
 
     # ------------------------------------------------------------------------------------ comparing
     def compare(self, before: ModelMap, kinds: Iterable[NormKind] = ("dyt",)) -> MapChange:

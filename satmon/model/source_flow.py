@@ -25,7 +25,7 @@ from functools import lru_cache
 
 from torch import nn
 
-__all__ = ["Origin", "argument_origin", "called_children", "multiplied_projections", "multiplies_projections"]
+__all__ = ["Origin", "argument_origin", "call_inputs", "called_children", "multiplied_projections", "multiplies_projections"]
 
 _KEEP_METHODS = {
     "view", "reshape", "to", "float", "half", "bfloat16", "double", "type", "type_as", "contiguous", "transpose", "permute",
@@ -370,3 +370,39 @@ def multiplies_projections(module: nn.Module) -> bool | None:
     """Whether a gated product may exist in ``module.forward`` (:func:`multiplied_projections`); ``None``: no source."""
     found = multiplied_projections(module)
     return None if found is None else bool(found)
+
+
+@lru_cache(maxsize=512)
+def _class_calls(cls: type) -> dict[str, tuple[int, ...]] | None:
+    """``self.<child>(...)`` calls in every method of ``cls``: child -> how many arguments each call passes
+    (a ``*args`` or ``**kwargs`` counts as two: more than one input)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+    out: dict[str, list[int]] = {}
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or not fn.args.args:
+            continue
+        me = fn.args.args[0].arg
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func.value if isinstance(node.func, ast.Attribute) and node.func.attr == "forward" else node.func
+            path = _path(func, me)
+            if path is None:
+                continue
+            starred = any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords)
+            out.setdefault(path, []).append(2 if starred else len(node.args) + len(node.keywords))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def call_inputs(module: nn.Module, child: str) -> tuple[int, ...] | None:
+    """How many arguments each ``self.<child>(...)`` call in ``module``'s class source passes (any method of the class
+    and its bases, not only ``forward``: a ``torch_forward`` helper too); ``None`` when no source can be read, ``()``
+    when no call names it."""
+    classes = [c for c in type(module).__mro__ if c not in (nn.Module, object) and not c.__module__.startswith("torch.nn")]
+    found = [f for c in classes if (f := _class_calls(c)) is not None]
+    if not found:
+        return None
+    return tuple(n for f in found for n in f.get(child, ()))

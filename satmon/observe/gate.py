@@ -90,7 +90,7 @@ class GateHooks(HookSet):
         >>> from satmon.model.gating import detect_gating
         >>> from satmon.demos.llama import LlamaLM
         >>> model = LlamaLM(vocab_size=16, d_model=16, n_layers=1, n_heads=2, seq_len=8)
-        >>> report = detect_gating(model)
+        >>> report = detect_gating(model, example_input=torch.zeros(1, 8, dtype=torch.long))  # gating from a forward
         >>> hooks = GateHooks(model, report, GateCounter(len(report.pairings)))
         >>> hooks.readings()  # nothing seen yet: NaN, not 0.0
         {'blocks.0.mlp_norm': {'flat_fraction': nan, 'mean_abs_hidden': nan}}

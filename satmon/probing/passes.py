@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from satmon.batches import ForwardFn, feed, feed_first, peek_batch, take_batches, to_device
+from satmon.convert import check_conversion
 from satmon.observe.covariance import CovarianceTap, CovarianceTaps
 from satmon.observe.reading_hooks import ReadingHooks, nonfinite_parameters
 from satmon.model.gating import detect_gating
@@ -159,13 +160,16 @@ def probe(
     check_options(max_dim=max_dim, max_batches=max_batches, autocast_dtype=autocast_dtype, forward_fn=forward_fn, step=step,
                   source=source)
     device = torch.device(device) if device is not None else _model_device(model)
+    first, batch_list = peek_batch(take_batches(batches, max_batches, keep=twin is not None))
+    if first is not None:  # layers convert_to_dyt just made run the first batch; those that cannot are put back
+        check_conversion(model, to_device(first, device), forward_fn or feed)
     targets = find_probe_targets(model, layers, s.include, s.exclude, blocks, max_dim, budgeted=memory_budget is not None)
     plan = plan_memory([(name, t.width) for name, t in targets.taps.items()], memory_budget)
     log.info("%s", plan.describe())
     if verbose:
         print(plan.describe(), flush=True)
-    batch_list = take_batches(batches, max_batches, keep=plan.passes > 1 or twin is not None)
-    first, batch_list = peek_batch(batch_list)  # the first batch also feeds the gated-MLP trace
+    if plan.passes > 1 and not isinstance(batch_list, list):
+        batch_list = list(batch_list)  # run once per group of the plan
     example = to_device(first, device) if first is not None and targets.dyt else None
     gating, hooks = _dyt_hooks(model, targets.dyt, s, example, forward_fn or feed)
     run = _Run(model, batch_list, device, forward_fn or feed, train_mode, autocast_dtype)
@@ -255,12 +259,15 @@ def _read_tap(name: str, tap: CovarianceTap, targets: ProbeTargets, results: _Re
     cov, count, nonfinite, dim = acc.covariance(), acc.count, acc.nonfinite_rows, acc.dim
     del acc  # with the tap's reference: the d x d sums are freed before eigh needs its workspace
     tap.release()
+    if count <= dim:  # the centred covariance has rank <= count - 1 < dim: some direction is a kernel whatever the norm
+        note = (f"{count} token(s) for {dim} channels: the output covariance has rank at most {count - 1} < {dim}, so a kernel "
+                f"is there whatever the norm and no alignment is a reading; it needs more than {dim} tokens (at least "
+                f"{dim + 1 - count} more; positions x batch for a channels-first layer)")
+        results.readings[name] = LayerReading(name, layer.kind, dim, tokens=count, norm_type="undetermined",
+                                              nonfinite=nonfinite, note=note)
+        return
     r = alignment(cov, gain)
     norm_type, note = classify_norm_type(r), ""
-    if count <= dim:  # the centred covariance has rank <= count - 1 < dim: some direction is a kernel whatever the norm
-        norm_type = "undetermined"
-        note = (f"{count} token(s) for {dim} channels: the output covariance has rank at most {count - 1} < {dim}, so a kernel "
-                f"is there whatever the norm; feed more than {dim} tokens (positions x batch for a channels-first layer)")
     results.readings[name] = LayerReading(
         name, layer.kind, dim, tokens=count, alignment=r.cosine, null_projection=r.null_projection,
         null_dim=r.null_dim, depth=r.depth, depth_diag=r.depth_diag, lambda_min_rel=r.lambda_min_rel,
@@ -347,7 +354,8 @@ def _warn_skipped(skipped: dict[str, str]) -> None:
     if skipped:
         warnings.warn(
             "satmon probe: no reading for " + "; ".join(f"{n} ({why})" for n, why in skipped.items())
-            + ". Raise `max_dim` or choose layers with `layers=` / blocks with `blocks=`.",
+            + (". Raise `max_dim` or choose" if any("max_dim" in why for why in skipped.values()) else ". Choose")
+            + " layers with `layers=` / blocks with `blocks=`.",
             stacklevel=3,
         )
 

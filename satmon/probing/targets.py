@@ -90,6 +90,10 @@ def find_probe_targets(
     for l in chosen:
         if l.kind == "dyt":
             continue
+        if l.gain_shape is not None:  # the gamma^-1 kernel is per head: one covariance over the channels would mix them
+            t.skipped[l.name] = (f"gain of shape {l.gain_shape} ({l.kind}, not one gain per channel): the probe reads "
+                                 "one gain per channel, so it has no reading of a per-head gamma^-1 kernel")
+            continue
         d = l.channels
         if d is not None and d > max_dim:
             t.skipped[l.name] = f"d={d} > max_dim={max_dim}"

@@ -24,16 +24,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from satmon.batches import ForwardFn
+from satmon.batches import ForwardFn, feed
+from satmon.convert import check_conversion, pending_conversion
 from satmon.functional.loss import loss_trend
 from satmon.io import tensorboard as tb
 from satmon.io.sink import MultiSink, NullSink, Sink, check_sink
 from satmon.results.card import plain
 from satmon.model.discovery import NormLayer
 from satmon.model.gating import detect_gating
+from satmon.model.dataflow import LiveTrace
 from satmon.model.map import ModelMap, model_map
 from satmon.observe.counters import SaturationCounter
-from satmon.observe.gate import GateHooks
+from satmon.observe.gate import GateCounter, GateHooks
 from satmon.observe.hookset import paused
 from satmon.observe.offset import OffsetHooks
 from satmon.observe.reading_hooks import ReadingHooks, nonfinite_parameters
@@ -62,6 +64,11 @@ def _print_rank_zero(text: str) -> None:
 
 def _warn(text: str) -> None:
     warnings.warn(text, UserWarning, stacklevel=3)
+
+
+def _feed_args(model: nn.Module, batch: tuple[tuple, dict]) -> Any:
+    args, kwargs = batch
+    return model(*args, **kwargs)
 
 
 def running_scalars(r: HookReadings, names: Sequence[str]) -> dict[str, float]:
@@ -161,6 +168,9 @@ class Screen:
         self._late: list[SaturationHooks] = []  # the hook sets of layers that appeared, oldest first
         self._keep_inputs = False
         self._first_forward_hooks: list[Any] = []  # on modules just registered: follow the change at their first forward
+        self._live: LiveTrace | None = None  # the gating trace of the first training forward, while it waits
+        self._check_hook: Any = None  # checks a fresh conversion on the first forward's batch
+        self._saved_gate: Any = None  # a checkpoint's gate statistics, kept until the trace makes the gate hooks
 
     # ------------------------------------------------------------------------------- life cycle
     @property
@@ -177,8 +187,8 @@ class Screen:
         """Find the DyT layers and (with ``gating``) what they feed; no hooks yet. An empty list: nothing to screen.
 
         With ``example_input`` (a batch; ``forward_fn(model, batch)`` feeds it) gating is read from
-        the data flow of one traced eval forward; without it, from module names (a fallback that
-        says "unknown" where it cannot tell)."""
+        the data flow of one traced eval forward; without it (or where that forward fails) it is
+        "unknown" until :meth:`attach` reads the first training forward."""
         s = self.settings
         self.layers = model_map(model).layers(("dyt",), include=s.include, exclude=s.exclude)
         if not self.layers:
@@ -188,7 +198,7 @@ class Screen:
             return self.layers
         self.gating = detect_gating(model, norm_names=self.layer_names, mapping=dict(s.gating_mapping or {}),
                                     example_input=example_input, forward_fn=forward_fn)
-        if self.gating.gated is None:
+        if self.gating.gated is None and model_map(model).trace is not None:  # untraced: the first training forward says
             self.warn(f"satmon: {self.gating.message}")
         self.status = "discovered"
         return self.layers
@@ -204,7 +214,10 @@ class Screen:
                 :meth:`count_kept`), before the backward: cheaper than counting in each layer's hook on a
                 CPU. Default (``None``): on a CPU model.
             example_input: a batch for the gated-MLP trace (optional; every rank must pass one under
-                FSDP, whose traced forward runs collectives), fed by ``forward_fn``.
+                FSDP, whose traced forward runs collectives), fed by ``forward_fn``. Without it (or where
+                that forward fails) gating is read from the first training forward as it runs, and the
+                gate statistics start at the next forward. Layers :func:`satmon.convert_to_dyt` just made
+                are checked on this batch (or on the first forward's) before anything is counted.
             forward_fn: how ``example_input`` reaches the model (default :func:`satmon.batches.feed`).
 
         Attached again to the same model (a second training session: the Lightning callback's second ``fit``), the
@@ -218,6 +231,8 @@ class Screen:
         if self.hooks is not None:  # attached before: another training session of the same run (a second fit)
             self._new_session(model)
         names = self.layer_names
+        if example_input is not None:  # a model just converted to DyT runs this batch before anything is counted
+            check_conversion(model, example_input, forward_fn or feed, warn=self.warn)
         if not self.discover(model, example_input, forward_fn) and not names:
             self.status = (f"no DyT layer in {type(model).__name__}, so there is no screen and no verdict. Convert the norms "
                            "with satmon.convert_to_dyt(model), or select your DyT layers with include=.")
@@ -228,6 +243,10 @@ class Screen:
         self._build(model, keep_inputs)
         assert self.hooks is not None and self.reader is not None
         self._map = model_map(model)
+        if self._map.trace is None:  # gating from the first training forward, as it runs: no extra forward
+            self._live = self._map.trace_live(self._traced)
+            if example_input is None and pending_conversion(model):
+                self._check_hook = model.register_forward_pre_hook(self._check_first_batch, with_kwargs=True, prepend=True)
         self._map.listen(self._registered)
         self._counted, self._late = {l.name: l.module for l in self.layers}, []
         dropped = None
@@ -298,17 +317,66 @@ class Screen:
         self.hooks, self.offset_hooks, self.gate_hooks = self.reader.saturation, self.reader.offset, self.reader.gate
         hooks = self.hooks
         self.window_loss = WindowLoss(s.window).to(device)
-        pairings = self.gating.pairings if self.gating is not None else {}
         self.losses = self.watch = None
         if s.watch_every_n_steps:
             self.losses = LossHistory(s.loss_baseline + s.watch_every_n_steps, device=device)
-            gated = [i for i, layer in enumerate(layers) if layer.name in pairings]
             watch_hooks = SaturationHooks(layers, SaturationCounter(n, level=s.level, product=s.product).to(device),
                                           keep, refused=hooks.refused, root=model)
-            self.watch = CollapseWatch(watch_hooks, gated, self.gate_hooks,
-                                       {k: p.mlp for k, p in pairings.items()}, s.watch_every_n_steps,
-                                       s.collapse_threshold, s.loss_spike_z, s.patience, self.losses)
+            self.watch = self._make_watch(watch_hooks)
         self.guard = NonFiniteGuard(device) if breaches(s.abort_on, StopReason.NONFINITE) else None
+
+    def _make_watch(self, hooks: SaturationHooks) -> CollapseWatch:
+        s, pairings = self.settings, (self.gating.pairings if self.gating is not None else {})
+        assert self.losses is not None
+        gated = [i for i, layer in enumerate(self.layers) if layer.name in pairings]
+        return CollapseWatch(hooks, gated, self.gate_hooks, {k: p.mlp for k, p in pairings.items()}, s.watch_every_n_steps,
+                             s.collapse_threshold, s.loss_spike_z, s.patience, self.losses)
+
+    # ------------------------------------------------------------------------------- the first training forward
+    def _traced(self, m: ModelMap) -> None:
+        """The first training forward was read (:class:`~satmon.model.dataflow.LiveTrace`): gating from it, then
+        the gate hooks and the watch on what it found (the gate statistics count from the next forward)."""
+        self._live = None
+        model = self._model
+        if model is None or self.reader is None:
+            return
+        s = self.settings
+        self.gating = detect_gating(model, norm_names=self.layer_names, mapping=dict(s.gating_mapping or {}))
+        if self.gating.gated is None:
+            self.warn(f"satmon: {self.gating.message}")
+        self.reader.gating = self.gating
+        pairings = self.gating.pairings
+        if pairings and self.gate_hooks is None:
+            gate = GateHooks(model, self.gating, GateCounter(len(pairings)).to(self.layers[0].module.alpha.device))
+            if self._saved_gate is not None and self.agreement.rank == 0:  # a resume's statistics, counted before
+                load_window_state(gate.counter, self._saved_gate)
+            self.reader.gate = self.gate_hooks = gate
+            if self.reader.attached:  # the window is open
+                gate.attach()
+        self._saved_gate = None
+        if self.watch is not None:
+            watching = self.watch.hooks.attached
+            if watching:
+                self.watch.detach()
+            self.watch = self._make_watch(self.watch.hooks)
+            if watching:
+                self.watch.start()
+
+    def _check_first_batch(self, model: nn.Module, args: tuple, kwargs: dict) -> None:
+        """The first forward of a model just converted to DyT: its batch checks the conversion (layers that cannot
+        run as DyT are put back) before this forward runs; nothing is counted meanwhile."""
+        self._check_hook.remove()
+        self._check_hook = None
+        with self.paused():
+            check_conversion(model, (args, kwargs), _feed_args, warn=self.warn)
+
+    def _stop_tracing(self) -> None:
+        if self._live is not None:
+            self._live.cancel()
+            self._live = None
+        if self._check_hook is not None:
+            self._check_hook.remove()
+            self._check_hook = None
 
     def detach(self) -> None:
         """Remove every hook and close the TensorBoard files the screen opened (``logdir=``); the counts
@@ -316,6 +384,7 @@ class Screen:
         for h in (self.hooks, self.gate_hooks, self.watch, self.offset_hooks, *self._late):
             if h is not None:
                 h.detach()
+        self._stop_tracing()
         if self._own_sink is not None:
             self._own_sink.close()
 
@@ -369,6 +438,8 @@ class Screen:
         if self.hooks is None or step == self._last_step:
             return
         self._last_step = step
+        if self._live is not None:
+            self._live.finish()  # a training step that called submodules, not the model: what ran is read
         if self.guard is not None:
             self._guard_step(step, loss)
         if self.should_stop:
@@ -703,4 +774,6 @@ class Screen:
         for key, metric in self._window_states():
             if metric is not None and key in saved.extras:
                 load_window_state(metric, saved.extras[key])
+        if self.gate_hooks is None and "gate" in saved.extras:  # gating comes with the first training forward
+            self._saved_gate = saved.extras["gate"]
         return plan.dropped

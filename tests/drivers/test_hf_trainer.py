@@ -55,8 +55,10 @@ def plain_llama_screen(steps: int = STEPS) -> satmon.Screen:
     """The reference: a plain loop over the same batches with the same optimizer, screened by ``satmon.Screen``."""
     model = llama()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
-    screen = satmon.Screen(window=WINDOW, verbose=False).attach(model)
-    for batch in list(DataLoader(Tokens(), batch_size=BATCH, shuffle=False))[:steps]:
+    batches = list(DataLoader(Tokens(), batch_size=BATCH, shuffle=False))[:steps]
+    # the callback traces its first training batch for gating (gate statistics from the first step): so does this
+    screen = satmon.Screen(window=WINDOW, verbose=False).attach(model, example_input=batches[0])
+    for batch in batches:
         loss = model(**batch).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()

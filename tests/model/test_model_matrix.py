@@ -174,11 +174,9 @@ def test_gated_mlp_detection_from_the_data_flow(name):
     has_gated_mlps = bool(expected) if family.gated_mlps is None else family.gated_mlps
     assert bool(report.pairings or report.unpaired_gated_mlps) is has_gated_mlps, report.message
     assert {l.name for l in model_map(model).norms if "gated-mlp" in (l.feeds or ())} == set(expected)
-    # without a batch: never "no" for a gated family, never "yes" for one whose norms feed no gated MLP
-    blind = detect_gating(model)
-    assert blind.gated is not (not expected), blind.message
-    if blind.gated:
-        assert tuple(blind.pairings) == expected
+    # without a forward: never "yes" or "no" (the names only hint)
+    blind = detect_gating(_converted(name)[0] if FAMILIES[name].kind != "dyt" else _build(name))
+    assert blind.gated is None and blind.pairings == {}, blind.message
     if name == "phi3":
         assert all(p.fused and p.up is None and p.gate.endswith("gate_up_proj") for p in report.pairings.values())
     # the original (LayerNorm/RMSNorm) model reads the same from its norms

@@ -144,9 +144,16 @@ def test_the_probe_reads_a_channels_first_layernorm_over_its_channels():
         r = report.layers[name]
         assert (r.dim, r.tokens, r.norm_type, r.note) == (8, 64, "layernorm-like", "")  # 2 x 2 x 4 x 4 positions
         assert r.alignment >= 0.9999
-    few = probe(model, torch.randn(1, 3, 2, 2))  # 4 positions for 8 channels
+    few = probe(model, torch.randn(1, 3, 2, 2))  # 4 positions for 8 channels: a covariance of rank 3 < 8
     r = few.layers["n1"]
     assert r.tokens == 4 and r.norm_type == "undetermined" and "4 token(s) for 8 channels" in r.note
+    # no alignment is reported as a number there: the layer says how many tokens it needs (JSON, summary, tags)
+    assert (r.alignment, r.null_projection, r.null_dim, r.depth_diag, r.kernel_alignment()) == (None,) * 5
+    assert "it needs more than 8 tokens (at least 5 more" in r.note and r.to_dict()["alignment"] is None
+    assert r.to_dict()["note"] == r.note and "n1" not in few.summary()
+    from satmon.io.tensorboard import probe_scalars
+
+    assert not any(tag.startswith("satmon_deadir/n1/") for tag in probe_scalars(few))
 
 
 # ----------------------------------------------------------------------------- post-norm, parallel, shared
@@ -162,10 +169,11 @@ def test_post_norm_is_not_gated_and_the_override_is_effective():
     assert traced.unpaired_gated_mlps == ("blocks.0.mlp", "blocks.1.mlp")  # gated MLPs, fed by an addition
     assert {l.name: l.feeds for l in model_map(model).norms if l.block} == {
         f"blocks.{i}.{n}": ("residual",) for i in range(2) for n in ("norm_a", "norm_f")}
-    # the names fallback: unknown, never yes, naming the norm that runs just before the MLP and the option
-    blind = detect_gating(model)
-    assert blind.gated is None and blind.message.startswith(
-        "gated MLP after DyT: unknown: blocks.0.norm_a: blocks.0.mlp is a gated MLP that receives an addition of streams")
+    # without a forward: unknown, never yes, the hint naming the norm that runs just before the MLP and the option
+    blind = detect_gating(_dyt(PostNormBlock))
+    assert blind.gated is None and blind.message.startswith("gated MLP after DyT: unknown (no forward was traced")
+    assert ("names suggest: blocks.0.norm_a: blocks.0.mlp is a gated MLP that receives an addition of streams"
+            in blind.message)
     assert "gating_mapping={'blocks.0.norm_a': '<gated MLP module>'}" in blind.message
     none = {l.name: None for l in find_dyt_layers(model)}
     cleared = detect_gating(model, mapping=none)
@@ -203,25 +211,27 @@ def test_a_mapping_is_checked_against_the_model_and_the_trace():
     (lambda n: PreNormBlock(n), ("blocks.0.norm_2", "blocks.1.norm_2"), {"norm_1": ("attention",), "norm_2": ("gated-mlp",)}),
 ])
 def test_parallel_shared_and_pre_norm_blocks_pair_the_norm_whose_output_the_mlp_reads(block, gated, feeds):
+    blind = detect_gating(_dyt(block))  # no forward: the names and sources hint the same pairing, as a hint
+    assert blind.gated is None and all(blind.unclassified[n].endswith(f"feeds the gated MLP {n.rpartition('.')[0]}.mlp")
+                                       for n in gated), blind.message
     model = _dyt(block)
-    for report, source in ((detect_gating(model, example_input=X), "trace"), (detect_gating(model), "names")):
-        assert report.gated is True and report.gated_layers == gated, report.message
-        assert all(p.source == source and p.mlp == n.rpartition(".")[0] + ".mlp" for n, p in report.pairings.items())
+    report = detect_gating(model, example_input=X)
+    assert report.gated is True and report.gated_layers == gated, report.message
+    assert all(p.source == "trace" and p.mlp == n.rpartition(".")[0] + ".mlp" for n, p in report.pairings.items())
     got = {l.name.rpartition(".")[2]: l.feeds for l in model_map(model).norms if l.block == "blocks.0"}
     assert got == feeds
 
 
-# ----------------------------------------------------------------------------- the names fallback
+# ----------------------------------------------------------------------------- without a forward: the names hint
 def test_a_chunked_gated_mlp_is_never_not_gated_and_the_feeding_norm_is_named():
     model = _dyt(lambda n: PreNormBlock(n, mlp=ChunkedGLU))
     traced = detect_gating(model, example_input=X)
     assert traced.gated is True and traced.gated_layers == ("blocks.0.norm_2", "blocks.1.norm_2")
     p = traced.pairings["blocks.0.norm_2"]
     assert (p.gate, p.fused, p.gate_first, p.activation) == ("blocks.0.mlp.w_in", True, True, "gelu")
-    blind = detect_gating(model)  # no batch: the names say nothing, the source shows a product of a chunked projection
-    assert blind.gated is None and set(blind.unclassified) == {"blocks.0.norm_2", "blocks.1.norm_2"}
-    assert blind.message.startswith("gated MLP after DyT: unknown: blocks.0.norm_2: blocks.0.mlp may be a gated MLP")
-    assert "its input is the output of blocks.0.norm_2" in blind.message  # norm_2, not norm_1 (0.2 named norm_1)
+    blind = detect_gating(_dyt(lambda n: PreNormBlock(n, mlp=ChunkedGLU)))  # no batch: the source shows a chunked product
+    assert blind.gated is None and "names suggest: blocks.0.norm_2: blocks.0.mlp may be a gated MLP" in blind.message
+    assert "its input is the output of blocks.0.norm_2" in blind.unclassified["blocks.0.norm_2"]  # norm_2, not norm_1
     resolved = detect_gating(model, mapping={"blocks.0.norm_2": "blocks.0.mlp", "blocks.1.norm_2": "blocks.1.mlp"})
     assert resolved.gated is True and resolved.pairings["blocks.0.norm_2"].fused
 

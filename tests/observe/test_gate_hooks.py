@@ -99,7 +99,7 @@ def test_split_gate_statistics_through_the_callback_equal_a_float64_recount(tmp_
 
 def test_readings_follow_pairing_order_with_one_slot_each():
     model = LlamaLM(vocab_size=16, d_model=D, n_layers=2, n_heads=2, seq_len=8)
-    report = detect_gating(model)
+    report = detect_gating(model, example_input=torch.randint(0, 16, (1, 8)))  # gating is read from a forward
     hooks = GateHooks(model, report, GateCounter(len(report.pairings))).attach()
     with torch.no_grad():
         model(torch.randint(0, 16, (2, 8)))
