@@ -38,7 +38,7 @@ from __future__ import annotations
 import functools
 import math
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
@@ -51,6 +51,7 @@ __all__ = [
     "alpha_broadcast_problem",
     "check_product",
     "fused_counts",
+    "fused_counts_many",
     "module_product_dtype",
     "pointwise_cutoff",
     "pointwise_gain",
@@ -582,8 +583,11 @@ def fused_counts(x: Tensor, threshold: Tensor) -> tuple[Tensor, Tensor]:
 
     The tensor-op form of :func:`saturation_sums` that a compiler fuses into a single kernel (both
     reductions read ``x`` once): satmon runs it under ``torch.compile`` (traced into a compiled model,
-    or compiled on its own for an accelerator's eager forwards). In eager CPU code the four ATen ops
-    of :func:`saturation_sums` are faster (docs/performance.md).
+    or compiled on its own, :func:`fused_counts_many`, for eager forwards). Run eagerly it is slower
+    than the four ATen ops of :func:`saturation_sums` (docs/performance.md).
+
+    The count accumulates in int32 below ``2**31`` elements (exact; Inductor's CPU kernels vectorise an
+    int32 sum of a mask, where an int64 one widens every lane) and in int64 above; it is returned as int64.
 
     Args:
         x: a float32/bf16/fp16 DyT input, any shape.
@@ -600,8 +604,32 @@ def fused_counts(x: Tensor, threshold: Tensor) -> tuple[Tensor, Tensor]:
         (2, 1)
     """
     x = x.detach()
-    saturated = (x.abs().to(torch.float32) > threshold).sum()  # int64
+    above = x.abs().to(torch.float32) > threshold
+    saturated = above.sum(dtype=torch.int32 if x.numel() < 2**31 else torch.int64).to(torch.int64)
     return saturated, (~torch.isfinite(x)).any().to(torch.int64)
+
+
+def fused_counts_many(xs: Sequence[Tensor], thresholds: Sequence[Tensor]) -> Tensor:
+    """:func:`fused_counts` of several inputs at once: what one compiled call counts.
+
+    Written for ``torch.compile``: each input becomes one kernel that reads it once, and the whole
+    list one call, so a compiled function's fixed cost per call (guards, its wrapper) is paid once for
+    all the layers of a forward instead of once per layer.
+
+    Args:
+        xs: float32/bf16/fp16 DyT inputs, any shapes.
+        thresholds: one per input, as :func:`fused_counts` takes it.
+
+    Returns:
+        A ``(2, n)`` int64 tensor: row 0 the saturated counts, row 1 the non-finite flags (0 or 1).
+
+    Example:
+        >>> xs = [torch.tensor([0.5, -1.5, 3.0]), torch.tensor([[float("nan"), 2.5]])]
+        >>> fused_counts_many(xs, [torch.tensor([1.0]), torch.tensor([2.0, 1.0])]).tolist()
+        [[2, 1], [0, 1]]
+    """
+    counts = [fused_counts(x, t) for x, t in zip(xs, thresholds)]
+    return torch.stack([c[0] for c in counts] + [c[1] for c in counts]).view(2, len(counts))
 
 
 def shifted_saturation_counts(x: Tensor, alpha: Tensor, shift: Tensor, cutoff: float, *,
