@@ -76,27 +76,27 @@ _MAX_COMPILED = 32
 #: distinct input layouts one queue compiles a count for; inputs of further new layouts (shapes that change every
 #: step, say) are counted with the four ops, so that no step waits for a compilation again and again
 _MAX_LAYOUTS = 4
-_COMPILED: dict[tuple, Callable[..., Tensor]] = {}
+_COMPILED: dict[tuple, Callable[..., tuple[Tensor, ...]]] = {}
 #: device type -> why compiling the fused count failed there (once per process: later queues count with the four ops)
 _FAILED: dict[str, str] = {}
 
 #: what compiles a traced count: ``(graph_module, example_inputs) -> callable``
-Compiler = Callable[[Any, list], Callable[..., Tensor]]
+Compiler = Callable[[Any, list], Callable[..., tuple[Tensor, ...]]]
 
 
-def _flat_counts(*args: Tensor) -> Tensor:
+def _flat_counts(*args: Tensor) -> tuple[Tensor, ...]:
     """:func:`~satmon.functional.saturation.fused_counts_many` of interleaved ``(x, threshold)`` arguments: a flat
     signature to trace."""
     return fused_counts_many(args[0::2], args[1::2])
 
 
-def _inductor(gm: Any, example: list) -> Callable[..., Tensor]:
+def _inductor(gm: Any, example: list) -> Callable[..., tuple[Tensor, ...]]:
     import torch._inductor
 
     return torch._inductor.compile(gm, example)
 
 
-def compile_counts(args: Sequence[Tensor], compiler: Compiler | None = None) -> Callable[..., Tensor]:
+def compile_counts(args: Sequence[Tensor], compiler: Compiler | None = None) -> Callable[..., tuple[Tensor, ...]]:
     """The fused count of inputs laid out as ``args`` (interleaved inputs and thresholds), compiled once.
 
     The function is traced to ATen ops (``make_fx``) and compiled by Inductor (``compiler``, default
@@ -110,8 +110,8 @@ def compile_counts(args: Sequence[Tensor], compiler: Compiler | None = None) -> 
 
     Example:
         >>> args = [torch.tensor([0.5, -3.0, float("nan")]), torch.tensor([1.0])]
-        >>> compile_counts(args, compiler=lambda gm, example: gm)(*args).tolist()  # the traced graph, uncompiled
-        [[1], [1]]
+        >>> [int(v) for v in compile_counts(args, compiler=lambda gm, example: gm)(*args)]  # the traced graph, uncompiled
+        [1, 1]
     """
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -120,7 +120,10 @@ def compile_counts(args: Sequence[Tensor], compiler: Compiler | None = None) -> 
         gm = make_fx(_flat_counts)(*example)
         fn = (compiler or _inductor)(gm, example)
         got, want = fn(*example), _flat_counts(*example)
-    if not (isinstance(got, Tensor) and got.shape == want.shape and torch.equal(got, want)):
+        same = (isinstance(got, (tuple, list)) and len(got) == len(want)
+                and all(isinstance(g, Tensor) and g.dtype == w.dtype and g.shape == w.shape for g, w in zip(got, want))
+                and torch.equal(torch.stack([g.to(torch.int64) for g in got]), torch.stack([w.to(torch.int64) for w in want])))
+    if not same:
         raise RuntimeError(f"the compiled count returned {got!r} where the eager count gives {want!r}")
     return fn
 
@@ -200,7 +203,7 @@ class CountQueue:
         self.host_thresholds = True
         self._sums: list[tuple[int, Tensor, Tensor, int]] = []  # four-op results: (layer, abs sum, saturated, numel)
         self._counts: list[tuple[int, Tensor, Tensor, int]] = []  # int64 results: (layer, saturated, non-finite, numel)
-        self._fused: list[tuple[tuple[int, ...], tuple[int, ...], Tensor]] = []  # (layers, numels, (2, n) int64 counts)
+        self._fused: list[tuple[tuple[int, ...], tuple[int, ...], tuple[Tensor, ...]]] = []  # (layers, numels, fused_counts_many's)
         self._held: dict[int, tuple[float, Tensor]] = {}  # CPU: a layer's host threshold as the fused count's tensor
         self._layouts: set[tuple] = set()  # input layouts this queue counted fused
         #: inputs counted so far by each path (``"fused"``, ``"four ops"``): which one a run took
@@ -434,11 +437,14 @@ class CountQueue:
             parts_bad.append(stacked[m:])
             layers, numels = layers + index, numels + n_el
         if fused:
-            both = fused[0][2] if len(fused) == 1 else torch.cat([c for _, _, c in fused], dim=1)  # (2, k) int64
-            parts_sat.append(both[0])
-            parts_bad.append(both[1])
-            for index, n_el, _ in fused:
+            sats_f: list[Tensor] = []
+            bads_f: list[Tensor] = []
+            for index, n_el, out in fused:
+                sats_f += out[: len(index)]
+                bads_f += out[len(index) :]
                 layers, numels = layers + index, numels + n_el
+            parts_sat.append(torch.stack(sats_f).to(torch.int64))  # int32 counts (int64 from 2**31 elements)
+            parts_bad.append(torch.stack(bads_f).to(torch.int64))
         idx, totals = self._fold_tensors(layers, numels)
         sat = parts_sat[0] if len(parts_sat) == 1 else torch.cat(parts_sat)
         bad = parts_bad[0] if len(parts_bad) == 1 else torch.cat(parts_bad)
