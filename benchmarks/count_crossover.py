@@ -36,7 +36,7 @@ from satmon.observe.counters import SaturationCounter
 from satmon.observe.saturation import FUSED_MIN_ELEMENTS, CountQueue
 
 #: (inputs per call, elements per input): the demo model's forward is (5, 65,536), d512b8's (9, 524,288)
-GRID = [(n, e) for n in (1, 5, 9) for e in (16_384, 65_536, 262_144, 1_048_576)]
+GRID = [(n, e) for n in (1, 5, 9) for e in (16_384, 65_536, 131_072, 262_144, 1_048_576)]
 SMOKE_GRID = [(1, 64), (3, 4_096)]
 
 

@@ -70,7 +70,7 @@ _MAX_PENDING = 16384
 _MAX_FOLDS = 32
 #: on the CPU, the fused count is used for a call that counts at least this many elements in all (the inputs of
 #: one forward counted together): the crossover measured by ``benchmarks/count_crossover.py`` (docs/performance.md)
-FUSED_MIN_ELEMENTS = 2**18
+FUSED_MIN_ELEMENTS = 2**17
 #: compiled counts kept per process (one per input layout: shapes, strides, dtypes, device)
 _MAX_COMPILED = 32
 #: distinct input layouts one queue compiles a count for; inputs of further new layouts (shapes that change every

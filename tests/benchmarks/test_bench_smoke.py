@@ -166,3 +166,12 @@ def test_profile_hook_smoke(tmp_path):
     for r in rows:  # every cell a finite, positive time
         cells = [float(c) for c in r.strip(" |").split(" | ")[1:]]
         assert len(cells) == 3 and all(0 < c < 1e7 for c in cells)
+
+
+def test_profile_hook_count_paths_smoke(tmp_path):
+    proc = _run(str(BENCH / "profile_hook.py"), "--smoke", "--count-paths", "--model", "d512b8", "--threads", "1", cwd=tmp_path)
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [r.split(" | ")[0].lstrip("| ") for r in rows] == ["four ops", "fused"]
+    for r in rows:
+        cells = [float(c) for c in r.strip(" |").split(" | ")[1:]]
+        assert len(cells) == 3 and all(0 < c < 1e7 for c in cells)
