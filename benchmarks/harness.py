@@ -26,8 +26,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from satmon import SaturationMonitor, find_dyt_layers
 from satmon.demos.corpus import corpus_tokens
 from satmon.demos.lit import LitLM
+from satmon.observe.saturation import CountQueue
 
-CONFIGS = ("off", "off-again", "window", "sampled", "after", "watch", "user-item", "paired")
+CONFIGS = ("off", "off-again", "window", "sampled", "after", "watch", "user-item", "paired", "paired-eager", "paired-fused")
 LABELS = {
     "off": "no monitor (reference)",
     "off-again": "no monitor, again (A/A noise floor)",
@@ -37,8 +38,26 @@ LABELS = {
     "watch": "(d) after the window, collapse watch (default cadence, 50)",
     "user-item": "(e) user hook with .item() per layer",
     "paired": "window, sample_every=2 (for the paired estimate)",
+    "paired-eager": "window, sample_every=2, four-op count forced (paired estimate)",
+    "paired-fused": "window, sample_every=2, fused count forced (paired estimate)",
 }
-MONITORED = ("window", "sampled", "after", "watch", "paired")
+MONITORED = ("window", "sampled", "after", "watch", "paired", "paired-eager", "paired-fused")
+#: the paired configurations and the count path each forces (``CountQueue.default_fused``; ``None``: satmon's choice)
+PAIRED = {"paired": None, "paired-eager": False, "paired-fused": True}
+
+
+def _traced_graph(gm: Any, example: list) -> Any:
+    return gm
+
+
+#: what compiles the fused count (``CountQueue.default_backend``): Inductor, as satmon does; or the traced graph run
+#: as it is (the same ATen ops uncompiled: the smoke runs and dry runs, which check code paths, not speed)
+FUSED_BACKENDS = {"inductor": "inductor", "graph": _traced_graph}
+
+
+def use_fused_backend(name: str) -> None:
+    """Every count queue made from now on in this process compiles its fused count with ``FUSED_BACKENDS[name]``."""
+    CountQueue.default_backend = FUSED_BACKENDS[name]
 SAMPLED_EVERY = 4  # the ``sampled`` configuration's ``sample_every`` (stats.SAMPLED_EVERY)
 
 
@@ -58,8 +77,10 @@ class ModelSpec:
 
 
 MODELS_CPU = {
-    "demo": ModelSpec("demo", 64, 2, 4, 64, 16),  # satmon demo's model and batch
+    "demo": ModelSpec("demo", 64, 2, 4, 64, 16),  # satmon demo's model and batch: 5 DyT inputs of 65,536 elements
     "wide": ModelSpec("wide", 512, 4, 8, 128, 2),
+    "d512b8": ModelSpec("d512b8", 512, 4, 8, 128, 8),  # issue 31's realistic width: 9 DyT inputs of 524,288 elements
+    "d1024": ModelSpec("d1024", 1024, 2, 16, 128, 4),  # twice the width, as many tokens: 5 inputs of 524,288 elements
 }
 MODELS_CUDA = {  # large enough that a step is not launch-bound
     "demo": ModelSpec("demo", 64, 2, 4, 64, 16),
@@ -68,6 +89,8 @@ MODELS_CUDA = {  # large enough that a step is not launch-bound
 MODELS_SMOKE = {
     "demo": ModelSpec("demo", 32, 1, 2, 16, 4),
     "wide": ModelSpec("wide", 64, 2, 4, 16, 2),
+    "d512b8": ModelSpec("d512b8", 64, 2, 4, 16, 4),
+    "d1024": ModelSpec("d1024", 128, 1, 4, 16, 2),
 }
 
 
@@ -172,6 +195,13 @@ class UserItemHook(Callback):
             h.remove()
 
 
+def count_paths(monitor: SaturationMonitor) -> dict[str, Any]:
+    """How the window's queue counted: the inputs counted by each path, so that a table can say which path a
+    configuration measured (``{}`` when no window hooks were made)."""
+    hooks = monitor.screen.hooks
+    return dict(hooks.queue.inputs_counted) if hooks is not None else {}
+
+
 def token_loader(spec: ModelSpec, steps: int, device: str) -> DataLoader:
     """One epoch of exactly ``steps`` batches of corpus windows, already on ``device``."""
     n = steps * spec.batch_size
@@ -194,7 +224,7 @@ def make_monitor(config: str, plan: Plan) -> SaturationMonitor | None:
     quiet = dict(log_every_n_steps=plan.total + 1, verbose=False)
     if config == "window":
         return SaturationMonitor(window=plan.total, **quiet)
-    if config == "paired":
+    if config in PAIRED:
         return SaturationMonitor(window=plan.total, sample_every=2, **quiet)
     if config == "sampled":
         return SaturationMonitor(window=plan.total, sample_every=SAMPLED_EVERY, **quiet)
@@ -231,6 +261,8 @@ def run_once(spec: ModelSpec, config: str, plan: Plan, device: str, audit_mode: 
         callbacks = [timer, *extra]
     trainer = make_trainer(plan.total, device, callbacks, precision)
     error = None
+    default_fused = CountQueue.default_fused
+    CountQueue.default_fused = PAIRED.get(config, default_fused)  # the count path the configuration forces, if any
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -240,10 +272,15 @@ def run_once(spec: ModelSpec, config: str, plan: Plan, device: str, audit_mode: 
                 raise
             error = str(e).splitlines()[0]
         finally:
+            CountQueue.default_fused = default_fused
             if cuda:
                 torch.cuda.set_sync_debug_mode(0)
     out: dict[str, Any] = {"times": timer.step_times(first, last)}
+    fallbacks = [str(w.message) for w in caught if "compiling the fused saturation count failed" in str(w.message)]
+    if fallbacks and PAIRED.get(config):
+        raise RuntimeError(f"{config}: the fused count fell back to the four ops, so this run would not measure it: {fallbacks[0]}")
     if monitor is not None:
+        out["count_paths"] = count_paths(monitor)
         v = monitor.verdict
         out["verdict"] = None if v is None else {"decision": v.decision, "saturation": v.saturation, "step": v.step,
                                                   "elements": v.elements, "per_layer": dict(v.per_layer)}

@@ -1,8 +1,9 @@
 """Pool earlier ``overhead.py --json`` runs and print the paired estimates of the pool.
 
 Runs of the same code on a noisy machine each give a wide bootstrap interval; pooled, the
-interval narrows. Only the configurations the paired estimate needs (``off``, ``paired``,
-``sampled``) are pooled, per model; every file must share one ``--warmup``.
+interval narrows. Only the configurations the paired estimates need (``off``, ``sampled`` and the
+paired ones: ``paired``, ``paired-eager``, ``paired-fused``) are pooled, per model; every file must
+share one ``--warmup``.
 
 Usage::
 
@@ -16,7 +17,7 @@ import argparse
 import json
 import sys
 
-from stats import paired_estimate, paired_lines, pool_runs
+from stats import paired_estimate, paired_estimates, paired_lines, pool_runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,8 +35,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"# pooled paired estimates over {len(args.files)} file(s): {', '.join(args.files)}")
     for m, r in pooled.items():
-        print(f"- {m}: {r['files']} file(s), {len(r['runs']['paired'])} paired runs, {len(r['runs']['off'])} reference runs")
-    for line in paired_lines({m: {"paired": paired_estimate(r["runs"], r["warmup"])} for m, r in pooled.items()}):
+        paired = ", ".join(f"{len(r['runs'][c])} {c} runs" for c in ("paired", "paired-eager", "paired-fused") if r["runs"][c])
+        print(f"- {m}: {r['files']} file(s), {paired or 'no paired runs'}, {len(r['runs']['off'])} reference runs")
+    for line in paired_lines({m: {"paired": paired_estimate(r["runs"], r["warmup"]),
+                                  "paths": paired_estimates(r["runs"], r["warmup"])} for m, r in pooled.items()}):
         print(line)
     return 0
 

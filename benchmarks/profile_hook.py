@@ -7,10 +7,16 @@ that is why satmon's hook runs four tensor ops and nothing else, and why on a CP
 keeps each input in the hook and counts them all after the forward (``keep_inputs``), where the
 same four ops per layer run back to back.
 
+``--count-paths`` measures instead what the callback's count costs per counted step by path:
+``count_kept()`` (every DyT input of the forward, kept) timed with this process's CPU time inside
+real training steps, the steps alternating between the four-op count and the fused count (compiled
+before the first timed step), for one of the overhead benchmark's models.
+
 Usage::
 
     python benchmarks/profile_hook.py --threads 1
     python benchmarks/overhead.py --profile-hook --threads 1   # the same
+    python benchmarks/profile_hook.py --threads 1 --count-paths --model d512b8
 """
 
 from __future__ import annotations
@@ -179,17 +185,66 @@ def profile_hook(spec: ModelSpec, device: str, reps: int) -> str:
     return prof.table(reps, prof.warm(reps))
 
 
+def count_paths(spec: ModelSpec, reps: int, backend: str = "inductor") -> str:
+    """CPU microseconds of ``count_kept()`` per counted step, by count path, inside ``reps`` training steps per path."""
+    from harness import FUSED_BACKENDS
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(d_model=spec.d_model, n_layers=spec.n_layers, n_heads=spec.n_heads, seq_len=spec.seq_len))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    layers = find_dyt_layers(model)
+    hooks = SaturationHooks(layers, SaturationCounter(len(layers)), keep_inputs=True).attach()
+    hooks.queue.fused_backend = FUSED_BACKENDS[backend]
+    paths = {"four ops": False, "fused": True}
+    spent: dict[str, list[float]] = {k: [] for k in paths}
+    warm = 2 * len(paths)  # untimed: the fused count's compilation, the first steps
+    steps = warm + reps * len(paths)
+    w = corpus_tokens(steps * spec.batch_size * (spec.seq_len + 1)).view(-1, spec.seq_len + 1)
+    for i in range(steps):
+        path = list(paths)[i % len(paths)]
+        hooks.queue.fused = paths[path]
+        b = w[i * spec.batch_size : (i + 1) * spec.batch_size]
+        loss = torch.nn.functional.cross_entropy(model(b[:, :-1]).flatten(0, 1), b[:, 1:].flatten())
+        t0 = time.process_time()
+        hooks.count_kept()
+        if i >= warm:
+            spent[path].append(time.process_time() - t0)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        hooks.flush()
+    if hooks.queue.inputs_counted["fused"] != steps // len(paths) * len(layers):
+        raise RuntimeError(f"the fused count was not taken on every fused step: {hooks.queue.inputs_counted}")
+    n = spec.batch_size * spec.seq_len * spec.d_model
+    lines = [f"count_kept() per counted step on the {spec.name} model ({spec.describe()}; {len(layers)} DyT inputs of {n:,} "
+             f"elements), CPU time inside {reps} training steps per path, the paths alternating; load average "
+             f"{', '.join(f'{v:.2f}' for v in os.getloadavg())} at the end.",
+             "| count path | median us per step | p20 us per step | us per input (median) |", "|---|---|---|---|"]
+    for k, v in spent.items():
+        med = quantile(v, 0.5)
+        lines.append(f"| {k} | {med * 1e6:.0f} | {quantile(v, 0.2) * 1e6:.0f} | {med * 1e6 / len(layers):.0f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="benchmarks/profile_hook.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: all CPU cores)")
     p.add_argument("--reps", type=int, default=20, help="training steps per mode (default 20)")
     p.add_argument("--smoke", action="store_true", help="a tiny model and 2 steps per mode: correctness only")
+    p.add_argument("--count-paths", action="store_true", help="count_kept() per step by count path (four ops, fused), CPU")
+    p.add_argument("--model", default="wide", help="with --count-paths: the overhead benchmark's model (default wide)")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("benchmarks/profile_hook.py: --device cuda asked for, but torch.cuda.is_available() is False.", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))
+    if args.count_paths:
+        specs = MODELS_SMOKE if args.smoke else MODELS_CPU
+        if args.device != "cpu" or args.model not in specs:
+            p.error(f"--count-paths runs on the CPU with --model from {sorted(specs)}, got {args.device}, {args.model!r}")
+        print(count_paths(specs[args.model], reps=2 if args.smoke else args.reps, backend="graph" if args.smoke else "inductor"))
+        return 0
     spec = (MODELS_SMOKE if args.smoke else MODELS_CUDA if args.device == "cuda" else MODELS_CPU)["wide"]
     print(profile_hook(spec, args.device, reps=2 if args.smoke else args.reps))
     return 0

@@ -13,11 +13,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
-    "SAMPLED_EVERY", "bootstrap_interval", "neighbour_ratios", "paired_estimate", "paired_lines", "pool_runs",
-    "quantile", "summarise",
+    "PAIRED_CONFIGS", "SAMPLED_EVERY", "bootstrap_interval", "neighbour_ratios", "paired_estimate", "paired_lines", "pool_runs",
+    "paired_estimates", "quantile", "summarise",
 ]
 
 SAMPLED_EVERY = 4  # the ``sampled`` configuration's ``sample_every``
+#: the ``sample_every=2`` configurations a paired estimate is made of: satmon's own count path, then each path forced
+PAIRED_CONFIGS = ("paired", "paired-eager", "paired-fused")
 
 
 def quantile(xs: Iterable[float], q: float) -> float:
@@ -68,26 +70,29 @@ def bootstrap_interval(counted: list[float], control: list[float], level: float 
 
 
 def paired_estimate(runs: Mapping[str, list[list[float]]], first: int,
-                    sampled_every: int = SAMPLED_EVERY) -> dict[str, float] | None:
+                    sampled_every: int = SAMPLED_EVERY, config: str = "paired") -> dict[str, float] | None:
     """Median neighbour ratio of the counted steps over that of the same steps of the ``off`` runs (control).
 
-    From the ``paired`` runs (``sample_every=2``): the window's cost per counted step. From the
-    ``sampled`` runs (``sample_every=sampled_every``) when present: the same, measured again, and
-    divided by ``sampled_every`` (one step in that many is counted; the others run idle hooks only)
-    as that setting's overhead per step. ``None`` without ``paired`` runs.
+    From the ``config`` runs (``sample_every=2``; ``"paired"`` by default, or one of the forced count
+    paths of :data:`PAIRED_CONFIGS`): the window's cost per counted step. With ``config="paired"``,
+    from the ``sampled`` runs (``sample_every=sampled_every``) when present: the same, measured again,
+    and divided by ``sampled_every`` (one step in that many is counted; the others run idle hooks only)
+    as that setting's overhead per step. ``None`` without ``config`` runs.
+
+    Also returned: ``pairs`` (counted steps measured) and ``width`` (the 90% interval's width, in ratio units).
     """
-    if "paired" not in runs or not runs["paired"]:
+    if config not in runs or not runs[config]:
         return None
 
     def ratios(config: str, every: int) -> list[float]:
         return [r for run in runs[config] for r in neighbour_ratios(run, first, every)]
 
-    counted2, control2 = ratios("paired", 2), ratios("off", 2)
+    counted2, control2 = ratios(config, 2), ratios("off", 2)
     counted, control = quantile(counted2, 0.5), quantile(control2, 0.5)
     lo, hi = bootstrap_interval(counted2, control2)
     out = {"counted_vs_neighbours": counted, "control_even_vs_odd": control, "ratio": counted / control,
-           "ratio_lo": lo, "ratio_hi": hi}
-    if runs.get("sampled"):
+           "ratio_lo": lo, "ratio_hi": hi, "width": hi - lo, "pairs": len(counted2)}
+    if config == "paired" and runs.get("sampled"):
         counted4, control4 = ratios("sampled", sampled_every), ratios("off", sampled_every)
         c4, k4 = quantile(counted4, 0.5), quantile(control4, 0.5)
         lo4, hi4 = bootstrap_interval(counted4, control4)
@@ -113,8 +118,18 @@ def summarise(times: Mapping[str, list[float]], q: float) -> dict[str, dict[str,
     return out
 
 
+def paired_estimates(runs: Mapping[str, list[list[float]]], first: int) -> dict[str, dict[str, float]]:
+    """:func:`paired_estimate` of every paired configuration in ``runs``, by configuration."""
+    out = {}
+    for c in PAIRED_CONFIGS:
+        pe = paired_estimate(runs, first, config=c)
+        if pe is not None:
+            out[c] = pe
+    return out
+
+
 def pool_runs(saved: Iterable[tuple[str, Mapping[str, Any]]],
-              configs: tuple[str, ...] = ("off", "paired", "sampled")) -> dict[str, dict[str, Any]]:
+              configs: tuple[str, ...] = ("off", "sampled", *PAIRED_CONFIGS)) -> dict[str, dict[str, Any]]:
     """Pool the runs of earlier benchmark results (``(path, loaded --json file)`` pairs), per model.
 
     Returns model -> ``{"runs": {config: runs}, "warmup": int, "files": int}``. Runs of the same
@@ -135,22 +150,34 @@ def pool_runs(saved: Iterable[tuple[str, Mapping[str, Any]]],
     return results
 
 
+#: how each paired configuration is named in words
+PATH_WORDS = {"paired": "window hot-path overhead", "paired-eager": "four-op count (forced)",
+              "paired-fused": "fused count (forced)"}
+
+
 def paired_lines(results: Mapping[str, Mapping[str, Any]], sampled_every: int = SAMPLED_EVERY) -> list[str]:
-    """The paired estimates of ``results`` (model -> ``{"paired": paired_estimate(...)}``) in words."""
+    """The paired estimates of ``results`` (model -> ``{"paired": paired_estimate(...)}``, and optionally
+    ``"paths"``: :func:`paired_estimates`) in words: satmon's own path first, then each forced path."""
     lines = []
     for m, r in results.items():
-        pe = r["paired"]
-        if not pe:
-            continue
-        lines.append(
-            f"\nPaired estimate, {m}: a counted window step takes {pe['counted_vs_neighbours']:.4f} x its two uncounted "
-            f"neighbours (median; control, no monitor, even vs odd steps: {pe['control_even_vs_odd']:.4f}): "
-            f"window hot-path overhead {100 * (pe['ratio'] - 1):+.2f}% "
-            f"(90% bootstrap interval {100 * (pe['ratio_lo'] - 1):+.2f}% to {100 * (pe['ratio_hi'] - 1):+.2f}%).")
-        if "sampled_step_ratio" in pe:
+        estimates = dict(r.get("paths") or {})
+        if r.get("paired"):
+            estimates["paired"] = r["paired"]
+        for config in PAIRED_CONFIGS:
+            pe = estimates.get(config)
+            if not pe:
+                continue
+            label = m if config == "paired" else f"{m}, {config}"
             lines.append(
-                f"Paired estimate, {m}, sample_every={sampled_every}: a counted step takes "
-                f"{pe['sampled_counted_vs_neighbours']:.4f} x its neighbours (control {pe['sampled_control']:.4f}); "
-                f"one step in {sampled_every} counted: overhead {100 * (pe['sampled_step_ratio'] - 1):+.2f}% per step "
-                f"(90% interval {100 * (pe['sampled_step_lo'] - 1):+.2f}% to {100 * (pe['sampled_step_hi'] - 1):+.2f}%).")
+                f"\nPaired estimate, {label}: a counted window step takes {pe['counted_vs_neighbours']:.4f} x its two "
+                f"uncounted neighbours (median; control, no monitor, even vs odd steps: {pe['control_even_vs_odd']:.4f}): "
+                f"{PATH_WORDS[config]} {100 * (pe['ratio'] - 1):+.2f}% "
+                f"(90% bootstrap interval {100 * (pe['ratio_lo'] - 1):+.2f}% to {100 * (pe['ratio_hi'] - 1):+.2f}%"
+                + (f", {100 * pe['width']:.2f} points wide, {pe['pairs']} counted steps)." if "width" in pe else ")."))
+            if config == "paired" and "sampled_step_ratio" in pe:
+                lines.append(
+                    f"Paired estimate, {m}, sample_every={sampled_every}: a counted step takes "
+                    f"{pe['sampled_counted_vs_neighbours']:.4f} x its neighbours (control {pe['sampled_control']:.4f}); "
+                    f"one step in {sampled_every} counted: overhead {100 * (pe['sampled_step_ratio'] - 1):+.2f}% per step "
+                    f"(90% interval {100 * (pe['sampled_step_lo'] - 1):+.2f}% to {100 * (pe['sampled_step_hi'] - 1):+.2f}%).")
     return lines

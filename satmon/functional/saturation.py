@@ -38,7 +38,7 @@ from __future__ import annotations
 import functools
 import math
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
@@ -51,6 +51,7 @@ __all__ = [
     "alpha_broadcast_problem",
     "check_product",
     "fused_counts",
+    "fused_counts_many",
     "module_product_dtype",
     "pointwise_cutoff",
     "pointwise_gain",
@@ -581,9 +582,9 @@ def fused_counts(x: Tensor, threshold: Tensor) -> tuple[Tensor, Tensor]:
     """``#{|x| > threshold}`` and whether ``x`` holds a non-finite value, written as one reduction pass.
 
     The tensor-op form of :func:`saturation_sums` that a compiler fuses into a single kernel (both
-    reductions read ``x`` once): satmon runs it under ``torch.compile`` (traced into a compiled model,
-    or compiled on its own for an accelerator's eager forwards). In eager CPU code the four ATen ops
-    of :func:`saturation_sums` are faster (docs/performance.md).
+    reductions read ``x`` once): satmon runs it under ``torch.compile`` (traced into a compiled model),
+    and compiles :func:`fused_counts_many`, its several-input form, for eager forwards. Run eagerly it
+    is slower than the four ATen ops of :func:`saturation_sums` (docs/performance.md).
 
     Args:
         x: a float32/bf16/fp16 DyT input, any shape.
@@ -599,9 +600,42 @@ def fused_counts(x: Tensor, threshold: Tensor) -> tuple[Tensor, Tensor]:
         >>> int(sat), int(bad)
         (2, 1)
     """
+    saturated, nonfinite = _one_pass(x, threshold)
+    return saturated.to(torch.int64), nonfinite.to(torch.int64)
+
+
+def _one_pass(x: Tensor, threshold: Tensor) -> tuple[Tensor, Tensor]:
+    """The two reductions of :func:`fused_counts` as they leave one kernel: the count in int32 below ``2**31``
+    elements (exact; Inductor's CPU kernels vectorise an int32 sum of a mask, where an int64 one widens every
+    lane) and in int64 above, the flag as a bool."""
     x = x.detach()
-    saturated = (x.abs().to(torch.float32) > threshold).sum()  # int64
-    return saturated, (~torch.isfinite(x)).any().to(torch.int64)
+    above = x.abs().to(torch.float32) > threshold
+    return above.sum(dtype=torch.int32 if x.numel() < 2**31 else torch.int64), (~torch.isfinite(x)).any()
+
+
+def fused_counts_many(xs: Sequence[Tensor], thresholds: Sequence[Tensor]) -> tuple[Tensor, ...]:
+    """:func:`fused_counts` of several inputs at once: what one compiled call counts.
+
+    Written for a compiler: each input becomes one kernel that reads it once and writes its two
+    results (nothing after it: the results are widened and stacked when the counts are folded, once
+    per many steps), and the whole list one call, so a compiled function's fixed cost per call is paid
+    once for all the layers of a forward instead of once per layer.
+
+    Args:
+        xs: float32/bf16/fp16 DyT inputs, any shapes.
+        thresholds: one per input, as :func:`fused_counts` takes it.
+
+    Returns:
+        ``2 n`` 0-dim tensors: the ``n`` saturated counts (int32, int64 from ``2**31`` elements), then
+        the ``n`` non-finite flags (bool).
+
+    Example:
+        >>> xs = [torch.tensor([0.5, -1.5, 3.0]), torch.tensor([[float("nan"), 2.5]])]
+        >>> [int(v) for v in fused_counts_many(xs, [torch.tensor([1.0]), torch.tensor([2.0, 1.0])])]
+        [2, 1, 0, 1]
+    """
+    results = [_one_pass(x, t) for x, t in zip(xs, thresholds)]
+    return tuple(r[0] for r in results) + tuple(r[1] for r in results)
 
 
 def shifted_saturation_counts(x: Tensor, alpha: Tensor, shift: Tensor, cutoff: float, *,

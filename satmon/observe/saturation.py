@@ -3,18 +3,28 @@
 (:class:`CountQueue`): when each input is counted, how, and when the queued results are folded into
 the counter's states. No host sync on the hooks' path, and nothing made on the host per step.
 
-How one input is counted (``|x| > t``, ``t`` the layer's exact threshold for its ``alpha``, dtype and
-cut-off, :mod:`satmon.functional.saturation`):
+How an eager input is counted (``|x| > t``, ``t`` the layer's exact threshold for its ``alpha``, dtype and
+cut-off, :mod:`satmon.functional.saturation`): the same counts either way, bit for bit, by one of
 
-- eager, on the CPU: the four ATen ops of :func:`~satmon.functional.saturation.saturation_sums`
-  (measured faster there than one fused kernel: docs/performance.md);
-- eager, on an accelerator: :func:`~satmon.functional.saturation.fused_counts` compiled once with
-  ``torch.compile`` (one kernel reads the input once and counts both ``|x| > t`` and the non-finite
-  flag), falling back to the four ops where compiling fails;
-- inside a compiled model: the same function traced into the model's graph (no graph break), adding
-  into the counter's states there;
-- a layer with a shift (Derf's ``alpha * x + s``): the pre-activation as the layer computes it
-  (:func:`~satmon.functional.saturation.shifted_saturation_counts`).
+- the fused count: :func:`~satmon.functional.saturation.fused_counts_many` compiled by Inductor
+  (one kernel per input that reads it once and counts both ``|x| > t`` and the non-finite flag),
+  one compiled call for all the inputs counted together (a forward's kept
+  inputs, or one hook's input); used on accelerators, and on the CPU where the call counts at least
+  :data:`FUSED_MIN_ELEMENTS` elements (the measured crossover: below it the call's fixed cost
+  outweighs the three passes it saves);
+- the four ATen ops of :func:`~satmon.functional.saturation.saturation_sums` (``abs``, ``sum``, ``> t``,
+  ``sum``): small CPU inputs, and wherever compiling fails (a warning says so once).
+
+Inside a compiled model the hooks trace :func:`~satmon.functional.saturation.fused_counts` into the
+model's graph (no graph break), adding into the counter's states there. A layer with a shift (Derf's
+``alpha * x + s``) counts the pre-activation as the layer computes it
+(:func:`~satmon.functional.saturation.shifted_saturation_counts`).
+
+The fused count is compiled once per input layout (the inputs' shapes, strides and dtypes, and the device)
+and process, when a counted step first needs it: that step takes the compilation's seconds once
+(docs/performance.md); one queue compiles for at most a few layouts, and counts inputs of further new
+layouts with the four ops. It is called directly, without ``torch.compile``'s guards (a fraction of
+their fixed cost per call: :func:`compile_counts`).
 
 The results wait in the queue as device tensors; :meth:`CountQueue.flush` folds them with one
 ``update`` whose layer indices and element totals are device tensors made once per call pattern
@@ -27,7 +37,7 @@ import math
 import re
 import warnings
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -35,7 +45,9 @@ from torch.utils.hooks import RemovableHandle
 
 from satmon.functional.saturation import (
     alpha_broadcast_problem,
+    _THRESHOLD_DTYPES,
     fused_counts,
+    fused_counts_many,
     module_product_dtype,
     pointwise_cutoff,
     saturation_counts,
@@ -50,12 +62,79 @@ from satmon.observe.counters import SaturationCounter
 from satmon.observe.hookset import HookSet, recomputing
 from satmon.results.verdict import LayerCounts
 
-__all__ = ["CountQueue", "HookReadings", "SaturationCounter", "SaturationHooks"]
+__all__ = ["FUSED_MIN_ELEMENTS", "CountQueue", "compile_counts", "HookReadings", "SaturationCounter", "SaturationHooks"]
 
 #: a loop that never reads its counts still holds little: the queue folds itself past this many calls
 _MAX_PENDING = 16384
 #: call patterns whose device index and totals are kept (a training loop repeats one or two)
 _MAX_FOLDS = 32
+#: on the CPU, the fused count is used for a call that counts at least this many elements in all (the inputs of
+#: one forward counted together): the crossover measured by ``benchmarks/count_crossover.py`` (docs/performance.md)
+FUSED_MIN_ELEMENTS = 2**17
+#: compiled counts kept per process (one per input layout: shapes, strides, dtypes, device)
+_MAX_COMPILED = 32
+#: distinct input layouts one queue compiles a count for; inputs of further new layouts (shapes that change every
+#: step, say) are counted with the four ops, so that no step waits for a compilation again and again
+_MAX_LAYOUTS = 4
+_COMPILED: dict[tuple, Callable[..., tuple[Tensor, ...]]] = {}
+#: device type -> why compiling the fused count failed there (once per process: later queues count with the four ops)
+_FAILED: dict[str, str] = {}
+
+#: what compiles a traced count: ``(graph_module, example_inputs) -> callable``
+Compiler = Callable[[Any, list], Callable[..., tuple[Tensor, ...]]]
+
+
+def _flat_counts(*args: Tensor) -> tuple[Tensor, ...]:
+    """:func:`~satmon.functional.saturation.fused_counts_many` of interleaved ``(x, threshold)`` arguments: a flat
+    signature to trace."""
+    return fused_counts_many(args[0::2], args[1::2])
+
+
+def _inductor(gm: Any, example: list) -> Callable[..., tuple[Tensor, ...]]:
+    import torch._inductor
+
+    return torch._inductor.compile(gm, example)
+
+
+def compile_counts(args: Sequence[Tensor], compiler: Compiler | None = None) -> Callable[..., tuple[Tensor, ...]]:
+    """The fused count of inputs laid out as ``args`` (interleaved inputs and thresholds), compiled once.
+
+    The function is traced to ATen ops (``make_fx``) and compiled by Inductor (``compiler``, default
+    ``torch._inductor.compile``: a C++ kernel per input on the CPU, a Triton one on a GPU) for exactly
+    these shapes, strides, dtypes and device; the result is called directly, without Dynamo's guards
+    (the caller keys it by that layout, and Inductor's own wrapper checks every input's size and
+    stride). Traced and compiled on copies of ``args`` (distinct storage: two layers that share an
+    input must not be compiled as one argument), then checked against the eager count on them: a
+    compiled count that differs is refused (on an accelerator that check reads the device once per
+    compilation, never per step).
+
+    Example:
+        >>> args = [torch.tensor([0.5, -3.0, float("nan")]), torch.tensor([1.0])]
+        >>> [int(v) for v in compile_counts(args, compiler=lambda gm, example: gm)(*args)]  # the traced graph, uncompiled
+        [1, 1]
+    """
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    example = [torch.empty_strided(a.size(), a.stride(), dtype=a.dtype, device=a.device).copy_(a) for a in args]
+    with torch.no_grad():
+        gm = make_fx(_flat_counts)(*example)
+        fn = (compiler or _inductor)(gm, example)
+        got, want = fn(*example), _flat_counts(*example)
+        same = (isinstance(got, (tuple, list)) and len(got) == len(want)
+                and all(isinstance(g, Tensor) and g.dtype == w.dtype and g.shape == w.shape for g, w in zip(got, want))
+                and torch.equal(torch.stack([g.to(torch.int64) for g in got]), torch.stack([w.to(torch.int64) for w in want])))
+    if not same:
+        raise RuntimeError(f"the compiled count returned {got!r} where the eager count gives {want!r}")
+    return fn
+
+
+def _layout(args: Sequence[Tensor]) -> tuple:
+    return (args[0].device,) + tuple((a.shape, a.stride(), a.dtype) for a in args)
+
+
+def _dispatch_mode_active() -> bool:
+    """A ``TorchDispatchMode`` is active (tracing under one would record satmon's ops there): four ops then."""
+    return torch._C._len_torch_dispatch_stack() > 0
 
 
 class HookReadings(NamedTuple):
@@ -80,9 +159,10 @@ class HookReadings(NamedTuple):
 class CountQueue:
     """When and how inputs are counted: at once in the hook, or kept and counted together after the forward.
 
-    A counted input queues two 0-dim device results (see the module docstring for how they are made);
-    :meth:`flush` folds every queued call into the counter with one ``update`` (a handful of tensor
-    ops, no host sync, no host-to-device copy once the call pattern is known). With ``keep_inputs`` a
+    A counted input queues its device results (see the module docstring for how they are made: the
+    fused count or the four ops, chosen by :attr:`fused`); :meth:`flush` folds every queued call into
+    the counter with one ``update`` (a handful of tensor ops, no host sync, no host-to-device copy once
+    the call pattern is known). With ``keep_inputs`` a
     hook only keeps ``x`` and ``alpha`` by reference (with their version counters) and
     :meth:`count_kept` counts them after the forward: inside a CPU training step each op costs several
     times its warm cost, and autograd holds the input anyway. A kept input or ``alpha`` changed in
@@ -98,23 +178,36 @@ class CountQueue:
             of its function at ``level``); default ``level`` for every layer (tanh).
     """
 
+    #: the :attr:`fused` and :attr:`fused_backend` of new queues (``None``: by device and size; ``"inductor"``):
+    #: benchmarks and tests set them to compare the two paths, or to skip Inductor's compilation
+    default_fused: bool | None = None
+    default_backend: str | Compiler = "inductor"
+
     def __init__(self, counter: SaturationCounter, level: float, keep_inputs: bool = False, product: str = "module",
                  cutoffs: Sequence[float] | None = None) -> None:
         self.counter, self.level, self.keep_inputs, self.product = counter, float(level), keep_inputs, product
         self.cutoffs = [float(c) for c in cutoffs] if cutoffs is not None else [self.level] * counter.num_layers
         if len(self.cutoffs) != counter.num_layers:
             raise ValueError(f"Expected {counter.num_layers} cut-offs (one per layer), got {len(self.cutoffs)}.")
-        #: how an eager input is counted: ``None`` by device (fused on accelerators, the four ATen ops on the
-        #: CPU), ``True`` always fused (one compiled kernel), ``False`` always the four ops
-        self.fused: bool | None = None
-        #: the ``torch.compile`` back end of the fused count (Inductor: one kernel per input)
-        self.fused_backend = "inductor"
+        #: how an eager input is counted: ``None`` by device and size (fused on accelerators; on the CPU fused
+        #: when one call counts at least :attr:`fused_min_elements`, else the four ATen ops), ``True`` always
+        #: fused (one compiled kernel per input), ``False`` always the four ops; the counts are the same
+        self.fused: bool | None = CountQueue.default_fused
+        #: the CPU crossover of ``fused=None``, in elements counted by one call
+        self.fused_min_elements = FUSED_MIN_ELEMENTS
+        #: what compiles the fused count: ``"inductor"`` (one kernel per input), or a callable
+        #: ``(graph_module, example_inputs) -> callable`` (the tests run the traced graph as it is)
+        self.fused_backend: str | Compiler = CountQueue.default_backend
         #: a scalar CPU ``alpha`` is read on the host (``.item()`` of a CPU scalar: nothing to wait for) and its
         #: threshold computed in plain Python; ``False`` takes the accelerator's path (tensor thresholds)
         self.host_thresholds = True
-        self._fused_fn: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
         self._sums: list[tuple[int, Tensor, Tensor, int]] = []  # four-op results: (layer, abs sum, saturated, numel)
         self._counts: list[tuple[int, Tensor, Tensor, int]] = []  # int64 results: (layer, saturated, non-finite, numel)
+        self._fused: list[tuple[tuple[int, ...], tuple[int, ...], tuple[Tensor, ...]]] = []  # (layers, numels, fused_counts_many's)
+        self._held: dict[int, tuple[float, Tensor]] = {}  # CPU: a layer's host threshold as the fused count's tensor
+        self._layouts: set[tuple] = set()  # input layouts this queue counted fused
+        #: inputs counted so far by each path (``"fused"``, ``"four ops"``): which one a run took
+        self.inputs_counted = {"fused": 0, "four ops": 0}
         self._kept: list[tuple[int, Tensor, int, Tensor, int]] = []  # (layer, x, x's version, alpha, alpha's version)
         self._kept_layers: set[int] = set()
         self._buffers: dict[torch.Size, Tensor] = {}
@@ -144,32 +237,84 @@ class CountQueue:
         if len(self._counts) >= _MAX_PENDING:
             self.flush()
 
-    def _use_fused(self, x: Tensor) -> bool:
-        return self.fused if self.fused is not None else not x.is_cpu
-
     def _count_now(self, index: int, x: Tensor, alpha: Tensor) -> None:
-        if self._use_fused(x) and self._count_fused(index, x, alpha):
-            return
-        abs_sum, sat = saturation_sums(x, self.threshold(index, alpha, x.dtype), self._scratch(x))
-        self._sums.append((index, abs_sum, sat, x.numel()))
+        self._count([(index, x, alpha)])
+
+    def _count(self, items: Sequence[tuple[int, Tensor, Tensor]]) -> None:
+        """Count ``(layer, input, alpha)`` items: the fusable ones in one compiled call per device where
+        :attr:`fused` says so, the others (and all of them where compiling fails) with the four ops."""
+        rest = items
+        if self.fused is not False:
+            groups: dict[torch.device, list[tuple[int, Tensor, Tensor]]] = {}
+            rest = []
+            for item in items:
+                x = item[1]
+                if x.dtype in _THRESHOLD_DTYPES and x.numel():
+                    groups.setdefault(x.device, []).append(item)
+                else:  # float64 and empty inputs never reach here from the hooks; other dtypes raise below
+                    rest.append(item)
+            for device, group in groups.items():
+                if not (self._use_fused(device, group) and self._count_fused(group)):
+                    rest.extend(group)
+        for index, x, alpha in rest:
+            abs_sum, sat = saturation_sums(x, self.threshold(index, alpha, x.dtype), self._scratch(x))
+            self._sums.append((index, abs_sum, sat, x.numel()))
+        self.inputs_counted["four ops"] += len(rest)
         if len(self._sums) >= _MAX_PENDING:
             self.flush()
 
-    def _count_fused(self, index: int, x: Tensor, alpha: Tensor) -> bool:
-        """One compiled kernel for ``x``; ``False`` (and the four ops from now on) where compiling fails."""
-        if self._fused_fn is None:
-            self._fused_fn = torch.compile(fused_counts, dynamic=True, fullgraph=True, backend=self.fused_backend)
-        t = _fit_threshold(self.threshold(index, alpha, x.dtype, tensor=True), x.shape)
-        try:
-            with torch.no_grad():
-                sat, bad = self._fused_fn(x.detach(), t)
-        except Exception as exc:  # no compiler back end for this device, an unsupported Python, ...
-            self.fused = False
-            warnings.warn(f"satmon: compiling the fused saturation count failed ({type(exc).__name__}: {exc}); counting "
-                          "with four tensor ops per input instead (exact either way).", RuntimeWarning, stacklevel=3)
+    def _use_fused(self, device: torch.device, group: Sequence[tuple[int, Tensor, Tensor]]) -> bool:
+        if self.fused is not None:
+            return self.fused
+        return device.type != "cpu" or sum(x.numel() for _, x, _ in group) >= self.fused_min_elements
+
+    def _count_fused(self, group: Sequence[tuple[int, Tensor, Tensor]]) -> bool:
+        """One compiled call for ``group`` (one device); ``False`` where the four ops must count it: compiling
+        failed (a warning, once per process and device type), too many layouts, or a ``TorchDispatchMode``."""
+        device = group[0][1].device.type
+        if device in _FAILED or _dispatch_mode_active():
             return False
-        self.add_counts(index, sat, bad, x.numel())
+        args: list[Tensor] = []
+        for index, x, alpha in group:
+            args.append(x.detach())
+            args.append(_fit_threshold(self._fused_threshold(index, alpha, x), x.shape))
+        key = _layout(args) + (self.fused_backend,)
+        fn = _COMPILED.get(key)
+        if fn is None:
+            if key not in self._layouts and len(self._layouts) >= _MAX_LAYOUTS:
+                return False
+            try:
+                fn = compile_counts(args, None if self.fused_backend == "inductor" else self.fused_backend)  # type: ignore[arg-type]
+            except Exception as exc:  # no C++ compiler or GPU back end, an unsupported torch or Python, ...
+                _FAILED[device] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                warnings.warn(f"satmon: compiling the fused saturation count failed ({_FAILED[device]}); counting with "
+                              "four tensor ops per input instead (exact either way).", RuntimeWarning, stacklevel=4)
+                return False
+            if len(_COMPILED) >= _MAX_COMPILED:
+                _COMPILED.pop(next(iter(_COMPILED)))
+            _COMPILED[key] = fn
+        self._layouts.add(key)
+        with torch.no_grad():
+            counts = fn(*args)
+        self._fused.append((tuple(i for i, _, _ in group), tuple(args[k].numel() for k in range(0, len(args), 2)), counts))
+        self.inputs_counted["fused"] += len(group)
+        if len(self._fused) >= _MAX_PENDING:
+            self.flush()
         return True
+
+    def _fused_threshold(self, index: int, alpha: Tensor, x: Tensor) -> Tensor:
+        """The threshold as the compiled count takes it: a tensor. On the CPU the host threshold (a float) is
+        written into a one-element tensor kept per layer, refilled only when it changes."""
+        t = self.threshold(index, alpha, x.dtype, tensor=not x.is_cpu)
+        if isinstance(t, Tensor):
+            return t
+        held = self._held.get(index)
+        if held is None:
+            held = self._held[index] = (t, torch.full((1,), t, dtype=torch.float32))
+        elif held[0] != t:
+            held[1].fill_(t)
+            self._held[index] = (t, held[1])
+        return held[1]
 
     def count_kept(self) -> None:
         """Count the kept inputs (no host sync), skipping any changed in place since its forward."""
@@ -178,12 +323,14 @@ class CountQueue:
             return
         self._kept_layers.clear()
         stale = 0
+        fresh = []
+        for index, x, version, alpha, alpha_version in reversed(kept):  # the latest first: still in cache
+            if x._version != version or alpha._version != alpha_version:
+                stale += 1
+            else:
+                fresh.append((index, x, alpha))
         with torch.no_grad():  # one grad-mode switch for all the layers
-            for index, x, version, alpha, alpha_version in reversed(kept):  # the latest first: still in cache
-                if x._version != version or alpha._version != alpha_version:
-                    stale += 1
-                    continue
-                self._count_now(index, x, alpha)
+            self._count(fresh)
         if stale:
             self.keep_inputs = False
             warnings.warn(
@@ -268,8 +415,9 @@ class CountQueue:
         """Count what is kept, then fold every queued call into the counter (one ``update``, no host sync)."""
         if self._kept:
             self.count_kept()
-        sums, counts, self._sums, self._counts = self._sums, self._counts, [], []
-        if not sums and not counts:
+        sums, counts, fused = self._sums, self._counts, self._fused
+        self._sums, self._counts, self._fused = [], [], []
+        if not sums and not counts and not fused:
             return
         parts_sat, parts_bad = [], []
         layers: tuple[int, ...] = ()
@@ -288,6 +436,15 @@ class CountQueue:
             parts_sat.append(stacked[:m])
             parts_bad.append(stacked[m:])
             layers, numels = layers + index, numels + n_el
+        if fused:
+            sats_f: list[Tensor] = []
+            bads_f: list[Tensor] = []
+            for index, n_el, out in fused:
+                sats_f += out[: len(index)]
+                bads_f += out[len(index) :]
+                layers, numels = layers + index, numels + n_el
+            parts_sat.append(torch.stack(sats_f).to(torch.int64))  # int32 counts (int64 from 2**31 elements)
+            parts_bad.append(torch.stack(bads_f).to(torch.int64))
         idx, totals = self._fold_tensors(layers, numels)
         sat = parts_sat[0] if len(parts_sat) == 1 else torch.cat(parts_sat)
         bad = parts_bad[0] if len(parts_bad) == 1 else torch.cat(parts_bad)
@@ -295,7 +452,7 @@ class CountQueue:
 
     def clear(self) -> None:
         """Drop what is queued or kept (with a counter reset)."""
-        self._sums, self._counts, self._kept = [], [], []
+        self._sums, self._counts, self._fused, self._kept = [], [], [], []
         self._kept_layers.clear()
 
 

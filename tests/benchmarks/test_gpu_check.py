@@ -28,9 +28,11 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 ROWS = (
-    "(a) host-sync audit, window + watch", "(b) overhead in the window, paired", "(b) overhead in the window, between runs",
-    "(b) overhead after the window (watch off)", "(c) torch.compile, aot_eager", "(c) torch.compile, inductor",
-    "(d) probe, d=64", "(d) probe, d=64: budget vs none", "(e) FSDP2", "(f) work per counted DyT input, eager",
+    "(a) host-sync audit, window + watch", "(b) overhead in the window, paired, satmon's choice",
+    "(b) overhead in the window, paired, fused count forced", "(b) overhead in the window, paired, four ops forced",
+    "(b) overhead in the window, between runs", "(b) overhead after the window (watch off)", "(c) torch.compile, aot_eager",
+    "(c) torch.compile, inductor", "(d) probe, d=64", "(d) probe, d=64: budget vs none", "(e) FSDP2",
+    "(f) work per counted DyT input, eager", "(f) work per counted DyT input, eager, four ops forced",
     "(f) work per counted DyT input, inductor",
 )
 
@@ -38,7 +40,7 @@ ROWS = (
 def test_gpu_check_dry_run(tmp_path):
     out = tmp_path / "gpu_check.json"
     proc = subprocess.run([sys.executable, "-c", _NO_CUDA, str(ROOT / "benchmarks"), "--dry-run", "--json", str(out)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "called in --dry-run" not in proc.stderr
     printed = [line.split(" | ")[0].lstrip("| ") for line in proc.stdout.splitlines() if line.startswith("| (")]
@@ -52,8 +54,12 @@ def test_gpu_check_dry_run(tmp_path):
     assert audit["status"] == "n/a" and audit["result"].startswith("n/a on CPU")
     assert audit["numbers"]["elements"] == 11 * 2 * 16 * 32 * 5  # 11 steps x batch x seq x d x 5 DyT layers
     assert audit["numbers"]["watch_checks"] >= 1
-    paired = rows["(b) overhead in the window, paired"]["numbers"]
-    assert paired["ratio_lo"] <= paired["ratio"] <= paired["ratio_hi"] and paired["ratio"] > 0
+    for words in ("satmon's choice", "fused count forced", "four ops forced"):
+        paired = rows[f"(b) overhead in the window, paired, {words}"]["numbers"]
+        assert paired["ratio_lo"] <= paired["ratio"] <= paired["ratio_hi"] and paired["ratio"] > 0
+    counted = 2 * 6 * 5  # 2 repeats x 6 counted steps (sample_every=2 over 11 steps) x 5 DyT layers
+    assert rows["(b) overhead in the window, paired, fused count forced"]["numbers"]["inputs_fused"] == counted
+    assert rows["(b) overhead in the window, paired, four ops forced"]["numbers"]["inputs_four_ops"] == counted
     compiled = rows["(c) torch.compile, aot_eager"]
     assert compiled["status"] == "pass" and compiled["numbers"]["saturated_diff"] == 0
     assert compiled["numbers"]["graphs"] >= 1 and 0.05 < compiled["numbers"]["saturation"] < 0.95

@@ -10,6 +10,7 @@ from satmon.functional.saturation import (
     POINTWISE_FUNCTIONS,
     AlphaBroadcastError,
     fused_counts,
+    fused_counts_many,
     module_product_dtype,
     pointwise_cutoff,
     pointwise_gain,
@@ -383,6 +384,33 @@ def test_fused_counts_equal_the_four_op_counts(dtype, shape):
     want_sat, want_bad = saturation_counts(x, a, 2.0)
     assert (sat.dtype, bad.dtype) == (torch.int64, torch.int64)
     assert (sat.item(), bad.item()) == (want_sat.item(), want_bad.item()) == (module_recount(x, a, 2.0), 1)
+
+
+def test_fused_counts_many_equals_each_inputs_four_op_count():
+    """Several inputs of different dtypes, shapes and threshold shapes in one call: the counts, then the flags."""
+    g = torch.Generator().manual_seed(14)
+    xs, ts, want = [], [], []
+    for dtype, shape, alpha in [(torch.float32, (3, 5, 16), torch.tensor([1.3])), (torch.bfloat16, (7, 16), torch.rand(16, generator=g) + 0.2),
+                                (torch.float16, (2, 4, 3, 3), torch.rand(4, 1, 1, generator=g) * 2 + 0.1)]:
+        x = (torch.randn(shape, generator=g) * 3).to(dtype)
+        if dtype == torch.bfloat16:
+            x[0, 0] = float("-inf")
+        xs.append(x)
+        ts.append(saturation_threshold(alpha, 2.0, dtype=dtype))
+        want.append([v.item() for v in saturation_counts(x, alpha, 2.0)])
+    got = fused_counts_many(xs, ts)
+    assert [(v.dtype, v.shape) for v in got] == [(torch.int32, ())] * 3 + [(torch.bool, ())] * 3
+    assert [[int(got[i]), int(got[3 + i])] for i in range(3)] == want and [w[1] for w in want] == [0, 1, 0]
+
+
+@pytest.mark.parametrize("numel, acc", [(2**31 - 1, torch.int32), (2**31, torch.int64)])
+def test_fused_counts_accumulate_in_int32_only_where_it_is_exact(numel, acc):
+    """Traced on the meta device (no data): the saturated count sums in int32 below 2**31 elements, in int64 from there."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(fused_counts)(torch.empty(numel, device="meta"), torch.empty(1, device="meta"))
+    sums = [n.kwargs.get("dtype") for n in gm.graph.nodes if n.op == "call_function" and n.target.overloadpacket.__name__ == "sum"]
+    assert sums == [acc]
 
 
 def test_fused_counts_compile_to_one_graph_and_count_as_eager():

@@ -189,3 +189,35 @@ def test_the_recorder_sees_host_reads_and_syncing_ops(recorder):
     assert names.count("Tensor.__bool__") == 1 and names.count("Tensor.item") == 1
     assert names.count("aten._local_scalar_dense") == 2  # bool() and .item() both read the value
     assert "aten.index" in names and "torch.tensor" in names  # a boolean mask (a data-dependent shape), a host tensor
+
+
+def test_the_fused_path_reads_only_its_scalar_alphas(recorder, monkeypatch):
+    """The fused count, forced, its traced ATen graph run uncompiled so that the recorder sees every op of it (Inductor
+    compiles this same graph and calls its kernels without the dispatcher). The first counted step traces the graph and
+    checks it against the eager count once (``torch.equal``: named); every later counted step reads only the CPU scalar
+    alphas, as the four-op path does; and the graph itself holds no op that reads a value on the host."""
+    import satmon.observe.saturation as sat
+
+    graphs = []
+
+    def graph(gm, example):
+        graphs.append(gm)
+        return gm
+
+    monkeypatch.setattr(sat, "_dispatch_mode_active", lambda: False)  # the recorder is a dispatch mode: let it watch
+    monkeypatch.setattr(sat, "_COMPILED", {})
+    monkeypatch.setattr(sat, "_FAILED", {})
+    monkeypatch.setattr(sat.CountQueue, "default_fused", True)
+    monkeypatch.setattr(sat.CountQueue, "default_backend", graph)
+    model = _models()["gpt"]()
+    screen = Screen(window=WINDOW, sample_every=2, log_every_n_steps=10**6, verbose=False)
+    per_step = _train(model, screen, recorder, WINDOW + 1, True, WINDOW)
+    n_layers = len(screen.layers)
+    assert screen.hooks.queue.inputs_counted == {"fused": n_layers * (WINDOW + 1) // 2, "four ops": 0}
+    assert len(graphs) == 1
+    alpha_reads = {("aten._local_scalar_dense", "observe/saturation.py:threshold"), ("Tensor.item", "observe/saturation.py:threshold")}
+    assert set(per_step[0]) == alpha_reads | {("aten.equal", "observe/saturation.py:compile_counts")}
+    assert {entry for step in per_step[1 : WINDOW - 1] for entry in step} == alpha_reads
+    assert [len(s) for s in per_step[1 : WINDOW - 1]] == [2 * n_layers if step % 2 == 0 else 0 for step in range(1, WINDOW - 1)]
+    ops = {node.target.overloadpacket.__name__ for node in graphs[0].graph.nodes if node.op == "call_function"}
+    assert {"abs", "gt", "sum", "any"} <= ops and not ops & SYNCING, ops

@@ -319,16 +319,21 @@ def test_kept_inputs_with_activation_checkpointing_counted_before_the_optimizer_
 
 # ----------------------------------------------------------------------------- the fused (compiled) count
 @pytest.mark.parametrize("keep_inputs", [False, True])
-def test_the_fused_count_equals_the_reference_and_falls_back_when_compiling_fails(keep_inputs):
-    """The accelerators' path (one compiled kernel per input), forced on the CPU with the aot_eager back end."""
-    dynamo = pytest.importorskip("torch._dynamo")
+def test_the_fused_count_through_the_hooks_equals_the_reference_and_falls_back_when_compiling_fails(keep_inputs):
+    """The fused path forced on the CPU through the hooks (odd call patterns: a layer run twice, two shapes), the
+    traced graph run uncompiled; then a compiler that fails: one warning, the four ops from then on, exact as well.
+    Inductor's own kernels, and the path's other cases: test_fused_counts.py."""
+    import satmon.observe.saturation as sat
+
     model = _Twice()
     hooks = hooked(model, keep_inputs=keep_inputs)
-    hooks.queue.fused, hooks.queue.fused_backend = True, "aot_eager"
+    hooks.queue.fused, hooks.queue.fused_backend = True, lambda gm, example: gm
     g = torch.Generator().manual_seed(6)
     seen = {l.name: [] for l in hooks.layers}
     for l in hooks.layers:
         l.module.register_forward_hook(lambda m, a, o, n=l.name: seen[n].append((a[0].detach().clone(), m.alpha.detach().clone())))
+    failed = dict(sat._FAILED)
+    sat._FAILED.clear()
     try:
         with torch.no_grad():
             for _ in range(2):
@@ -336,7 +341,7 @@ def test_the_fused_count_equals_the_reference_and_falls_back_when_compiling_fail
                 hooks.count_kept()
         want = [sum(reference(x, a) for x, a in seen[l.name]) for l in hooks.layers]
         r = hooks.read(sync=False)
-        assert r.saturated == want and hooks.queue.fused is True and not hooks.queue._sums
+        assert r.saturated == want and hooks.queue.inputs_counted["four ops"] == 0 and not hooks.queue._sums
         assert r.total == [sum(x.numel() for x, _ in seen[l.name]) for l in hooks.layers]
 
         def broken(gm, example_inputs):
@@ -345,12 +350,13 @@ def test_the_fused_count_equals_the_reference_and_falls_back_when_compiling_fail
         hooks.reset()
         for v in seen.values():
             v.clear()
-        dynamo.reset()
-        hooks.queue._fused_fn, hooks.queue.fused_backend = None, broken
+        sat._COMPILED.clear()
+        hooks.queue.fused_backend = broken
         with pytest.warns(RuntimeWarning, match="compiling the fused saturation count failed"), torch.no_grad():
             model(torch.randn(4, 6, 16, generator=g) * 3)
             hooks.count_kept()
-        assert hooks.queue.fused is False  # the four ops from now on, exact as well
+        assert sat._FAILED == {"cpu": "RuntimeError: no compiler here"}  # the four ops from now on, exact as well
         assert hooks.read(sync=False).saturated == [sum(reference(x, a) for x, a in seen[l.name]) for l in hooks.layers]
     finally:
-        dynamo.reset()
+        sat._FAILED.clear()
+        sat._FAILED.update(failed)
