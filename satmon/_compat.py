@@ -1,7 +1,7 @@
 """Every deprecated import path, in one place: satmon 0.2's module paths and the names that moved.
 
 satmon 0.3 moved its modules into folders that show the layers (``docs/architecture.md``). The 0.2
-paths keep working until satmon 0.4: importing one, or reading a name from it, gives a
+paths keep working until satmon 0.5 (a release later than 0.3 announced): importing one, or reading a name from it, gives a
 :class:`SatmonDeprecationWarning` that names the new home. The 0.1 aliases (deprecated in 0.2) are gone.
 
 Example:
@@ -13,7 +13,7 @@ Example:
     >>> SaturationMonitor.__module__, caught[0].category.__name__
     ('satmon.drivers.lightning', 'SatmonDeprecationWarning')
     >>> print(caught[0].message)
-    satmon.callback is deprecated since satmon 0.3: use satmon.drivers.lightning (the old path works until satmon 0.4).
+    satmon.callback is deprecated since satmon 0.3: use satmon.drivers.lightning (the old path works until satmon 0.5).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 __all__ = ["MODULES", "NAMES", "REMOVED_IN", "SatmonDeprecationWarning", "install", "moved_attribute"]
 
 #: The release that drops these paths.
-REMOVED_IN = "0.4"
+REMOVED_IN = "0.5"
 
 
 class SatmonDeprecationWarning(DeprecationWarning):

@@ -51,8 +51,8 @@ FAITHFUL_GRID_HELD_OUT_ACCURACY: float | None = 12 / 16
 FAITHFUL_GRID_NO_SKILL_ACCURACY: float | None = 12 / 16
 #: What the faithful grid found, in one sentence (the caveat and the card's trust text add it): by the pre-registered
 #: plan, no window reading (6 tried) beat always NO-GO held out (best: 75% = 75%; permutation p = 0.87).
-FAITHFUL_GRID_FINDING = ("On satmon's CPU grid of the study's protocol (16 cells), no 500-step reading beat always "
-                         "NO-GO held out (docs/calibration.md).")
+FAITHFUL_GRID_FINDING = ("On satmon's faithful CPU grid (the study's protocol), no 500-step reading beat guessing the "
+                         "commoner outcome held out (docs/calibration.md).")
 #: Where the threshold comes from, in one line.
 PROVENANCE = ("Verma (2026), 12 calibration cells (64M-1.3B GPT-2-style, 1M-118M tokens): 75% in-sample, "
               "50% leave-one-scale-out, AUC 0.75; fit on ~5k-step checkpoints with alpha_init 2.0")

@@ -1,4 +1,4 @@
-"""satmon 0.2's import paths still work until 0.4, with a warning naming the new home; 0.1's are gone.
+"""satmon 0.2's import paths still work until 0.5, with a warning naming the new home; 0.1's are gone.
 
 These are the only tests that import deprecated paths: everywhere else pyproject turns satmon's own
 deprecation warnings into errors.
@@ -28,7 +28,7 @@ def _fresh(name: str) -> None:
 def test_every_0_2_module_path_imports_with_a_warning_that_names_its_new_home(old):
     _fresh(old)
     new = MODULES[old]
-    with pytest.warns(SatmonDeprecationWarning, match=rf"{old.replace('.', '[.]')} is deprecated.*use {new}.*until satmon 0\.4"):
+    with pytest.warns(SatmonDeprecationWarning, match=rf"{old.replace('.', '[.]')} is deprecated.*use {new}.*until satmon 0\.5"):
         alias = importlib.import_module(old)
     target = importlib.import_module(new)
     public = [n for n in getattr(target, "__all__", ()) if not n.startswith("_")]

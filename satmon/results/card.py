@@ -102,9 +102,9 @@ def _unproven_text(v: Verdict) -> str:
         if study.FAITHFUL_GRID_HELD_OUT_ACCURACY is not None:
             text += (f" On satmon's CPU grid of the study's protocol (none of its cells used to fit {v.threshold:g}) the "
                      f"500-step window's reading under it was right on {study.FAITHFUL_GRID_HELD_OUT_ACCURACY:.0%}"
-                     + (f", as always saying NO-GO ({study.FAITHFUL_GRID_NO_SKILL_ACCURACY:.0%})"
+                     + (f", as guessing the commoner outcome ({study.FAITHFUL_GRID_NO_SKILL_ACCURACY:.0%})"
                         if study.FAITHFUL_GRID_NO_SKILL_ACCURACY is not None else "")
-                     + "; no window reading fit on that grid beat always saying NO-GO held out.")
+                     + "; no window reading fit on that grid beat that held out.")
         else:
             text += (f" On satmon 0.3's CPU grid (not the study's protocol) the 500-step window's reading got "
                      f"{study.GRID_HELD_OUT_ACCURACY:.0%} held out, as always saying NO-GO ({study.GRID_NO_SKILL_ACCURACY:.0%}).")

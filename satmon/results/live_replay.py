@@ -60,7 +60,7 @@ class LiveReading:
         >>> from satmon.results.verdict import build_verdict
         >>> live = LiveReading.from_verdict(build_verdict({"ln_f": (1, 4)}, step=500, window=500), found="x.ckpt")
         >>> live.decision, live.step, live.window, live.trust
-        ('no-go', 500, 500, 'ok')
+        ('no-go', 500, 500, 'unproven')
     """
 
     decision: str
@@ -137,7 +137,7 @@ def comparison_rows(live: LiveReading, replays: list[tuple[Verdict, str, int | N
         >>> v = build_verdict({"ln_f": (3, 4)}, step=500, source="replay")
         >>> live = LiveReading("no-go", 0.248, 0.43, 500, window=500)
         >>> [row[:3] for row in comparison_rows(live, [(v, "s500.ckpt", 500)])]
-        [['live window', 'NO-GO', '0.2480'], ['replay', 'GO', '0.7500']]
+        [['live window', 'NO-GO', '0.2480'], ['replay', 'GO (unproven)', '0.7500']]
     """
     rows = [["live window", decision_text(live.decision, live.trust), f"{live.saturation:.4f}", live.steps_read()]]
     for verdict, name, step in replays:

@@ -345,7 +345,7 @@ def test_docs_quote_the_committed_faithful_grid_and_satmon_states_its_result(rg)
     said_go = [c["window_saturation"] >= study.THRESHOLD for c in cells]
     assert study.FAITHFUL_GRID_HELD_OUT_ACCURACY == sum(g == h for g, h in zip(said_go, helps)) / len(cells)
     assert study.FAITHFUL_GRID_NO_SKILL_ACCURACY == max(sum(helps), len(cells) - sum(helps)) / len(cells)
-    assert "no 500-step reading beat always NO-GO" in study.CAVEAT
+    assert "no 500-step reading beat guessing the commoner outcome held out" in study.CAVEAT
     shipped = {c.name: c for c in grid_cells() if c.source == "satmon 0.4 faithful CPU grid"}
     assert {n: (c.params, c.train_tokens, round(c.delta, 6)) for n, c in shipped.items()} == {
         c["name"]: (float(c["params"]), float(c["train_tokens"]), round(c["delta"], 6)) for c in cells}
