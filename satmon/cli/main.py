@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     line on stderr and exit code 130, no traceback; so does any other error (exit code 1).
 
     Example:
-        >>> main(["--version"])
-        satmon 0.3.0
+        >>> main(["--version"])  # doctest: +ELLIPSIS
+        satmon 0...
         0
     """
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -104,7 +104,8 @@ def test_the_hf_callback_reports_into_hugging_faces_tensorboard_run(tmp_path, ca
     _one_line(*capsys.readouterr(), cb.verdict, [f"TensorBoard {run}"])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="mlflow is not installed (not in the test extra)")
+@pytest.mark.skipif(getattr(importlib.util.find_spec("mlflow"), "origin", None) is None,  # a stray mlflow folder is not mlflow
+                    reason="mlflow is not installed (not in the test extra)")
 def test_the_hf_callback_reports_into_hugging_faces_mlflow_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{tmp_path / 'mlruns'}")
@@ -176,7 +177,8 @@ def test_the_readme_usage_example_prints_one_line_then_the_card(tmp_path, monkey
     assert out.count("satmon verdict:") == 2 and verdict.text() in out  # the line at the verdict, then print(card())
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed (not in the test extra)")
+@pytest.mark.skipif(getattr(importlib.util.find_spec("wandb"), "origin", None) is None,  # a stray wandb folder is not wandb
+                    reason="wandb is not installed (not in the test extra)")
 def test_the_hf_callback_reports_into_hugging_faces_wandb_run(tmp_path, monkeypatch, capsys):
     import glob
     import json

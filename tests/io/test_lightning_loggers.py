@@ -25,7 +25,8 @@ from satmon import SaturationMonitor
 from satmon.io.sink import NullSink
 
 WINDOW = 4
-HAVE = {name: importlib.util.find_spec(name) is not None for name in ("mlflow", "wandb")}
+# a package with a file (a stray `wandb/` run folder in the working directory is a namespace package: not wandb)
+HAVE = {name: getattr(importlib.util.find_spec(name), "origin", None) is not None for name in ("mlflow", "wandb")}
 NEEDS = {name: pytest.mark.skipif(not have, reason=f"{name} is not installed (not in the test extra: "
                                                       f"pip install {'mlflow-skinny' if name == 'mlflow' else name})")
          for name, have in HAVE.items()}
