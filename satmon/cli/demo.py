@@ -305,9 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NO_VERDICT
     steps = args.steps or args.window
     print()
-    print(monitor.verdict.text())  # the card in plain text (TensorBoard holds its markdown)
+    # the card in plain text (TensorBoard holds its markdown); the monitor printed its one line at the verdict
+    print(monitor.verdict.text())
     print()
-    print(monitor.verdict.summary())
     print("\n".join(_loss_lines(losses, steps, monitor.verdict.go)))
     print(f"Trained {steps} steps in {took:.0f} s.")
     print(f"TensorBoard logs: {Path(log_dir).resolve()}")
