@@ -213,10 +213,10 @@ def _check_outputs(args: argparse.Namespace) -> Outputs:
     from satmon.io.atomic import OutputError, check_output
     from satmon.io.markdown import PLOTS, report_paths
 
-    from satmon.io.tensorboard_replay import replay_source
+    from satmon.replay.live import run_name, source_run
 
     logdir = _check_folder("--logdir", args.logdir)
-    source = replay_source(args.paths) if args.name is None else None
+    source = run_name(source_run([Path(p) for p in args.paths])) if args.name is None else None
     name = args.name if args.name is not None else f"replay of {source}" if source else "replay"
     _check_utf8("--name", name)
     parts = Path(name).parts

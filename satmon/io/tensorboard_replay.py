@@ -3,7 +3,7 @@
 The tags and the reading -> tag maps are :mod:`satmon.io.tensorboard`'s, and the files are written
 by its :class:`~satmon.io.tensorboard.SummaryWriterSink`, so a replayed run opens beside the live
 one and the curves line up. A replay of a run's checkpoints is named for that run
-(``replay of demo/version_0``: :func:`replay_source`), writes its checkpoint names after the card in
+(``replay of demo/version_0``: :func:`satmon.replay.live.run_name`), writes its checkpoint names after the card in
 the Text tab, and gives the HParams tab one session, its last checkpoint's, without a column list of
 its own (the live runs' columns, with their models' hyper-parameters, stay).
 """
@@ -11,8 +11,6 @@ its own (the live runs' columns, with their models' hyper-parameters, stay).
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,40 +26,7 @@ from satmon.io.tensorboard import (
     verdict_scalars,
 )
 
-__all__ = ["TensorBoardReplay", "next_version", "replay_source"]
-
-_VERSION = re.compile(r"version_\d+")
-
-
-def replay_source(paths: Sequence[str | os.PathLike]) -> str | None:
-    """The training run whose checkpoints ``paths`` are, as TensorBoard names runs, or ``None``.
-
-    A run folder is a checkpoint's folder (less a trailing ``checkpoints``) that is a Lightning version folder
-    (``version_N``) or holds a run's files (TensorBoard event files, ``hparams.yaml``); its name is
-    ``<experiment>/version_N`` for Lightning's layout, else the folder's name. ``None`` when the paths are of
-    no such folder, or of several.
-
-    Example:
-        >>> replay_source(["satmon_logs/demo/version_0/checkpoints"]), replay_source(["ckpts/a.ckpt"])
-        ('demo/version_0', None)
-        >>> replay_source(["a/version_1/checkpoints/x.ckpt", "b/version_2/checkpoints"]) is None
-        True
-    """
-    found = set()
-    for given in paths:
-        path = Path(os.path.abspath(os.fspath(given)))
-        folder = path.parent if path.is_file() or (path.suffix and not path.is_dir()) else path
-        if folder.name == "checkpoints":
-            folder = folder.parent
-        if _VERSION.fullmatch(folder.name) and folder.parent.name:
-            found.add(f"{folder.parent.name}/{folder.name}")
-        elif folder.is_dir() and any(f.name.startswith("events.out.tfevents.") or f.name == "hparams.yaml"
-                                     for f in folder.iterdir()):
-            found.add(folder.name)
-        else:
-            return None
-    return found.pop() if len(found) == 1 else None
-
+__all__ = ["TensorBoardReplay", "next_version"]
 
 def next_version(root: str | os.PathLike) -> int:
     """The next ``version_N`` under ``root``: one more than the highest there, 0 when there is none
@@ -88,7 +53,7 @@ class TensorBoardReplay:
     Args:
         logdir: the TensorBoard root.
         name: the run name, when ``source`` is not given: the run goes to ``logdir/name/version_N`` (:func:`next_version`).
-        source: the run the checkpoints are of (:func:`replay_source`): the run goes to ``logdir/replay of SOURCE``
+        source: the run the checkpoints are of (:func:`satmon.replay.live.run_name`): the run goes to ``logdir/replay of SOURCE``
             (``replay of SOURCE (2)``, ... when that exists), so TensorBoard lists it as the replay of that run.
 
     Example:

@@ -16,6 +16,7 @@ Nothing here runs code from a file: the checkpoints' indexes were read with
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,10 +26,11 @@ from satmon.replay.user_code import ReplayUsageError, printable
 from satmon.results.live_replay import LiveReading, ReplaySource
 from satmon.results.verdict import Source, Verdict
 
-__all__ = ["find_source", "live_from_checkpoints", "live_from_tensorboard", "source_run"]
+__all__ = ["find_source", "live_from_checkpoints", "live_from_tensorboard", "run_name", "source_run"]
 
 #: the key of SaturationMonitor's state in a Lightning checkpoint's ``callbacks`` (0.1 keyed it "SaturationMonitor{...}")
 _STATE_KEY = "SaturationMonitor"
+_VERSION = re.compile(r"version_\d+")
 
 
 def source_run(paths: Sequence[Path]) -> Path | None:
@@ -49,6 +51,32 @@ def source_run(paths: Sequence[Path]) -> Path | None:
         return common.relative_to(Path.cwd())
     except ValueError:
         return common
+
+
+def run_name(folder: Path | None) -> str | None:
+    """The training run in ``folder`` (:func:`source_run`'s) as TensorBoard names runs: ``<experiment>/version_N``
+    for Lightning's layout, else the folder's name when it holds a run's files (TensorBoard event files,
+    ``hparams.yaml``); ``None`` for any other folder (checkpoints of several runs: their common folder). A replay's
+    TensorBoard run is ``replay of`` this name.
+
+    Example:
+        >>> run_name(source_run([Path("satmon_logs/demo/version_0/checkpoints")])), run_name(source_run([Path("ckpts/a.ckpt")]))
+        ('demo/version_0', None)
+        >>> run_name(source_run([Path("a/version_1/checkpoints/x.ckpt"), Path("b/version_2/checkpoints")])) is None
+        True
+    """
+    if folder is None:
+        return None
+    folder = Path(os.path.abspath(folder))
+    if _VERSION.fullmatch(folder.name) and folder.parent.name:
+        return f"{folder.parent.name}/{folder.name}"
+    try:
+        if folder.is_dir() and any(f.name.startswith("events.out.tfevents.") or f.name == "hparams.yaml"
+                                   for f in folder.iterdir()):
+            return folder.name
+    except OSError:  # a folder this user cannot list: no name, the replay goes to LOGDIR/replay
+        return None
+    return None
 
 
 def _is_hf_folder(path: Path) -> bool:

@@ -19,7 +19,7 @@ from satmon.cli.main import main
 from satmon.io.tensorboard import TAG
 from satmon.io.tensorboard_reader import read_run
 from satmon.replay import checkpoints as ck
-from satmon.replay.live import find_source, live_from_checkpoints, live_from_tensorboard, source_run
+from satmon.replay.live import find_source, live_from_checkpoints, live_from_tensorboard, run_name, source_run
 from satmon.replay.user_code import ReplayUsageError
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*validation_step.*", "ignore:.*logging interval.*", "ignore:.*hp_metric.*")
@@ -101,9 +101,7 @@ def test_the_replay_card_tensorboard_and_json_show_both_readings(run, tmp_path, 
     for record in records:
         mine = record["replay_of"]
         assert mine["live"]["saturation"] == verdict.saturation and mine["live"]["step"] == verdict.step
-    from satmon.io.tensorboard_replay import replay_source
-
-    replayed = read_run(tmp_path / f"replay of {replay_source([version / 'checkpoints'])}")  # named after its source run
+    replayed = read_run(tmp_path / f"replay of {run_name(source_run([version / 'checkpoints']))}")  # named after its run
     card = replayed.last_text(TAG.verdict_text)  # the last checkpoint's (step 6)
     lines = card.splitlines()
     assert lines[0].startswith("### satmon verdict:") and lines[2].startswith("Replay of `")
