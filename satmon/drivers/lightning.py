@@ -22,6 +22,7 @@ from torch import Tensor
 
 from satmon.batches import feed_first
 from satmon.results.stop import StopRecord
+from satmon.screen.state import STATE_KEY
 from satmon.screen.screen import Screen
 from satmon.settings import ReadsSettings, Settings, settings_from, short_repr
 from satmon.model.map import model_map
@@ -35,8 +36,6 @@ from satmon.io.tensorboard import TAG, log_text
 
 __all__ = ["STATE_KEY", "SaturationMonitor"]
 
-#: The key a checkpoint keeps a monitor's state under (``checkpoint["callbacks"][STATE_KEY]``).
-STATE_KEY = "SaturationMonitor"
 _SERIAL = itertools.count()  # each monitor's own key until a Trainer's setup binds it (see SaturationMonitor.state_key)
 
 _ON_MISSING = ("warn", "raise")

@@ -25,11 +25,10 @@ from typing import Any
 from satmon.replay.user_code import ReplayUsageError, printable
 from satmon.results.live_replay import LiveReading, ReplaySource
 from satmon.results.verdict import Source, Verdict
+from satmon.screen.state import STATE_KEY
 
 __all__ = ["find_source", "live_from_checkpoints", "live_from_tensorboard", "run_name", "source_run"]
 
-#: the key of SaturationMonitor's state in a Lightning checkpoint's ``callbacks`` (0.1 keyed it "SaturationMonitor{...}")
-_STATE_KEY = "SaturationMonitor"
 _VERSION = re.compile(r"version_\d+")
 
 
@@ -98,7 +97,7 @@ def _monitor_verdict(checkpoint: Any) -> Verdict | None:
     if not isinstance(states, dict):
         return None
     for key, state in states.items():
-        if isinstance(key, str) and key.startswith(_STATE_KEY) and isinstance(state, dict) and isinstance(state.get("verdict"), dict):
+        if isinstance(key, str) and key.startswith(STATE_KEY) and isinstance(state, dict) and isinstance(state.get("verdict"), dict):
             try:
                 verdict = Verdict.from_dict(state["verdict"])
             except (KeyError, TypeError, ValueError):
