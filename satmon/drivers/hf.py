@@ -39,9 +39,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from satmon.drivers.run_scale import put_scale_note, scale_note
 from satmon.io.sink import Sink
 from satmon.results.card import plain
-from satmon.results.run_scale import RunScale
 from satmon.results.stop import StopRecord
 from satmon.screen.agreement import TorchDistributed
 from satmon.screen.screen import Screen
@@ -165,7 +165,7 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
             return
         if state.global_step > 0:
             self._load(args, state)
-        self._scale_note = self._run_scale_note(model, kwargs.get("train_dataloader"))
+        self._scale_note = scale_note(model, kwargs.get("train_dataloader"), self.settings.train_tokens)
         # the hooks go on at the first training forward, whose batch the gated-MLP trace reads (as the Lightning callback)
         self._hooks = [model.register_forward_pre_hook(self._attach, with_kwargs=True, prepend=True),
                        model.register_forward_hook(self._keep_loss)]
@@ -177,16 +177,7 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         assert self.screen is not None
         # counted in the hooks (keep_inputs=False): on_step_end comes after optimizer.step(), too late for kept inputs
         self.screen.attach(model, step=self._step, keep_inputs=False, example_input=(args, kwargs), forward_fn=_feed)
-        if self._scale_note:  # after attach: a resume restores the saved notes there
-            self.screen.notes[:] = [n for n in self.screen.notes if not RunScale.is_note(n)] + [self._scale_note]
-
-    def _run_scale_note(self, model: nn.Module, loader: Any) -> str:
-        """The card's phase-diagram line: the model's parameters and the unique tokens of the Trainer's training
-        dataloader (or ``train_tokens=``), against the study's cells, as the Lightning callback's."""
-        from satmon.drivers.run_scale import run_scale
-        from satmon.io.phase_diagram import study_points
-
-        return run_scale(model, loader, self.settings.train_tokens).note(study_points())
+        put_scale_note(self.screen.notes, self._scale_note)  # after attach: a resume restores the saved notes there
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         for h in self._hooks:

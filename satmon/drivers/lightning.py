@@ -27,8 +27,7 @@ from satmon.screen.screen import Screen
 from satmon.settings import ReadsSettings, Settings, settings_from, short_repr
 from satmon.model.map import model_map
 from satmon.drivers.live_probe import LiveProbe
-from satmon.drivers.run_scale import run_scale
-from satmon.results.run_scale import RunScale
+from satmon.drivers.run_scale import put_scale_note, scale_note
 from satmon.results.verdict import Verdict
 from satmon.io.lightning import LightningSink
 from satmon.io.sink import MultiSink, Sink, check_sink
@@ -297,20 +296,12 @@ class SaturationMonitor(ReadsSettings, Callback):
         if not self.screen.active:
             log_text(self.screen.sink, TAG.verdict_text, self.screen.card(markdown=True), trainer.global_step)
         else:
-            self._scale_note = self._run_scale_note(trainer, pl_module)
+            self._scale_note = scale_note(pl_module, trainer.train_dataloader, self.settings.train_tokens)
         self._attached = False  # the hooks go on at the first training batch, which the gating trace reads
-
-    def _run_scale_note(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> str:
-        """The card's phase-diagram line: the model's parameters and the unique tokens of ``trainer.train_dataloader``
-        (or ``train_tokens=``), against the study's cells (:mod:`satmon.drivers.run_scale`)."""
-        from satmon.io.phase_diagram import study_points
-
-        return run_scale(pl_module, trainer.train_dataloader, self.settings.train_tokens).note(study_points())
 
     def _note_scale(self) -> None:
         """Put the phase-diagram line among the card's notes, in place of one a resumed state brought back."""
-        if self._scale_note:
-            self.screen.notes[:] = [n for n in self.screen.notes if not RunScale.is_note(n)] + [self._scale_note]
+        put_scale_note(self.screen.notes, self._scale_note)
 
     def _attach(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
         """At the first training batch, on every rank, before any counting hook: trace gating on this batch

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from satmon.results.run_scale import RunScale
 
-__all__ = ["count_parameters", "count_train_tokens", "run_scale"]
+__all__ = ["count_parameters", "count_train_tokens", "put_scale_note", "run_scale", "scale_note"]
 
 #: samples read to find a sample's length (first, second, last and evenly between)
 _SAMPLES = 8
@@ -170,3 +170,17 @@ def run_scale(model: nn.Module, data: Any, train_tokens: int | None = None) -> R
     except Exception as e:  # counting must never stop training
         tokens, how = None, f"counting them failed ({type(e).__name__}: {str(e)[:80]})"
     return RunScale(params, tokens, counted=how) if tokens is not None else RunScale(params, missing=how)
+
+
+def scale_note(model: nn.Module, data: Any, train_tokens: int | None = None) -> str:
+    """The card's phase-diagram line of a run: :func:`run_scale` placed against the study's cells (what every driver
+    that sees the training data writes on its card)."""
+    from satmon.io.phase_diagram import study_points
+
+    return run_scale(model, data, train_tokens).note(study_points())
+
+
+def put_scale_note(notes: list[str], note: str) -> None:
+    """Put ``note`` among a screen's ``notes``, in place of a phase-diagram line a resumed state brought back."""
+    if note:
+        notes[:] = [n for n in notes if not RunScale.is_note(n)] + [note]
