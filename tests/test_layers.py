@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("satmon.screen", "satmon.probing", "satmon.calibrate"),
     ("satmon.replay",),
     ("satmon.drivers", "satmon.demos"),
+    ("satmon.grid",),
     ("satmon.cli",),
 ]
 #: Units of one layer that may use another of the same layer.

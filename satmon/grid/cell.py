@@ -1,0 +1,194 @@
+"""One cell, measured: both arms of a (size, budget, seed) from the same initial weights on the same batches, and
+its record (plain JSON values). Also the cell's name and its content key.
+
+The record keeps the faithful grid's fields (``examples/regime_grid.py`` 0.4: ``satmon calibrate --cells`` reads
+``group``, ``delta`` and every numeric field as a reading) and adds the best checkpoint's outcome
+(``delta_best``, ``helps_best``: DyT's best held-out loss against LayerNorm's best), the recipe and the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from satmon.grid.config import Budget, GridSettings
+from satmon.grid.recipe import CellSpec, Recipe
+
+__all__ = ["cell_key", "cell_name", "code_version", "environment", "grid_key", "measure_cell"]
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def grid_key(identity: Mapping[str, Any], settings: GridSettings, options: Mapping[str, Any]) -> str:
+    """The key every cell of one configuration shares: the recipe's identity, every shared setting, the options.
+
+    Example:
+        >>> a = grid_key({"name": "r"}, GridSettings(), {"x": 1})
+        >>> a == grid_key({"name": "r"}, GridSettings(), {"x": 1}), a == grid_key({"name": "r"}, GridSettings(lr=1e-3), {"x": 1})
+        (True, False)
+    """
+    return _digest({"recipe": dict(identity), "settings": settings.shared(), "options": dict(options)})
+
+
+def cell_key(key: str, size: str, unique_tokens: int, seed: int) -> str:
+    """A cell's content key: the configuration's key and the cell's axes (12 hex digits in file names).
+
+    Example:
+        >>> len(cell_key("abc", "d64L2", 31220, 0))
+        12
+    """
+    return _digest({"grid": key, "size": size, "unique_tokens": unique_tokens, "seed": seed})[:12]
+
+
+def cell_name(size: str, unique_tokens: int, seed: int) -> str:
+    """The cell's readable name (the faithful grid's): ``<size>_t<unique tokens>_s<seed>``.
+
+    Example:
+        >>> cell_name("d64L2", 31220, 0)
+        'd64L2_t31220_s0'
+    """
+    return f"{size}_t{unique_tokens}_s{seed}"
+
+
+def make_spec(recipe: Recipe, settings: GridSettings, options: Mapping[str, Any], size: str, budget: Budget,
+              seed: int) -> CellSpec:
+    """The :class:`CellSpec` the recipe sees for one cell."""
+    processed = settings.steps * recipe.step_tokens(options)
+    return CellSpec(size=size, budget=budget.text, unique_tokens=budget.resolve(processed), seed=seed,
+                    steps=settings.steps, processed_tokens=processed, options=dict(options))
+
+
+def measure_cell(recipe: Recipe, settings: GridSettings, spec: CellSpec, threads: int = 1,
+                 progress: Callable[[str, int], None] | None = None, extra: Mapping[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """Train both arms of one cell (LayerNorm, then DyT) and return its record (plain JSON values).
+
+    Args:
+        recipe: the recipe (:class:`~satmon.grid.recipe.Recipe`).
+        settings: the shared settings.
+        spec: the cell (:func:`make_spec`).
+        threads: torch's intra-op threads (one per cell by default: cells run side by side).
+        progress: ``progress(arm, step)`` every ``eval_every`` steps of each arm.
+        extra: fields added to the record (the key, the recipe's identity).
+
+    Raises:
+        ValueError: the recipe broke its contract (arms from different weights, different batches, a DyT arm
+            without DyT layers, too few batches); the message says which and how to fix it.
+    """
+    import torch
+
+    from satmon.grid.readings import final_readings, window_readings
+    from satmon.grid.train import train_arm
+
+    torch.set_num_threads(threads)
+    t0, c0 = time.perf_counter(), time.process_time()
+    data = recipe.data(spec)
+    arms: dict[str, dict[str, Any]] = {}
+    for norm in ("layernorm", "dyt"):
+        arms[norm] = train_arm(settings, recipe, spec, data, norm,
+                               progress=(lambda s, n=norm: progress(n, s)) if progress else None,
+                               same_start=arms["layernorm"]["start"] if norm == "dyt" else None)
+    ln, dyt = arms["layernorm"], arms["dyt"]
+    if ln["batches_crc"] != dyt["batches_crc"]:
+        raise ValueError(f"Expected the recipe {recipe.name!r}'s data.train() to yield the same batches to both arms, got "
+                         "different ones: return a fresh iterator seeded from spec.seed on each call (a new "
+                         "torch.Generator().manual_seed(spec.seed) inside train()).")
+    uni = data.unigram_loss
+    params, params_total = recipe.params(dyt["model"])
+    nbytes = data.unique_tokens
+    processed = spec.processed_tokens
+    cell: dict[str, Any] = {
+        "name": cell_name(spec.size, spec.unique_tokens, spec.seed), "group": spec.size, "seed": spec.seed,
+        **(recipe_fields(recipe, spec)),
+        "params": params, "params_total": params_total,
+        "train_tokens": nbytes, "budget": spec.budget, "epochs": processed / nbytes,
+        "tokens_per_param": nbytes / params, "log_params_per_token": math.log10(params / nbytes),
+        "processed_tokens_per_param": processed / params,
+        "steps": settings.steps, "window": settings.window, "warmup": settings.warmup,
+        "lr": settings.lr,
+        "val_loss_dyt": dyt["val_loss"], "val_loss_layernorm": ln["val_loss"], "unigram_loss": uni,
+        "delta": (dyt["val_loss"] - ln["val_loss"]) / ln["val_loss"],
+    }
+    cell["helps"] = cell["delta"] < 0
+    cell["learns_dyt"] = None if uni is None else dyt["val_loss"] < uni
+    cell["learns_layernorm"] = None if uni is None else ln["val_loss"] < uni
+    cell.update(window_readings(settings, dyt["verdict"], dyt["series"]))
+    cell.update(final_readings(settings, dyt["model"], data.probe,
+                               data.probe_heldout if data.probe_heldout is not None else _heldout(data)))
+    best_dyt, best_ln = min(v for _, v in dyt["val_curve"]), min(v for _, v in ln["val_curve"])
+    cell.update({
+        "best_val_loss_dyt": best_dyt, "best_val_loss_layernorm": best_ln,
+        "val_curve_dyt": dyt["val_curve"], "val_curve_layernorm": ln["val_curve"],
+        "train_curve_dyt": dyt["train_curve"], "train_curve_layernorm": ln["train_curve"], "alpha_curve": dyt["alpha_curve"],
+        "cpu_seconds": time.process_time() - c0, "wall_seconds": time.perf_counter() - t0, "threads": threads,
+        "config": {**settings.shared(), **recipe.shared_options(spec.options)}, "code": code_version(),
+    })
+    cell.update({"passes": cell["epochs"], "delta_best": (best_dyt - best_ln) / best_ln, "helps_best": best_dyt < best_ln,
+                 "best_step_dyt": _argmin(dyt["val_curve"]), "best_step_layernorm": _argmin(ln["val_curve"]),
+                 "batches_crc": ln["batches_crc"], **dict(extra or {})})
+    return cell
+
+
+def recipe_fields(recipe: Recipe, spec: CellSpec) -> dict[str, Any]:
+    """The recipe's own fields for a cell (``describe(spec)``, e.g. the builtin's width and depth), JSON values."""
+    return dict(recipe.describe(spec)) if recipe.describe is not None else {}
+
+
+def _argmin(curve: list[tuple[int, float]]) -> int:
+    return min(curve, key=lambda sv: sv[1])[0]
+
+
+def _heldout(data: Any) -> list[Any]:
+    n = max(1, len(data.probe))
+    size = data.probe[0].shape[0] if data.probe else data.val_inputs.shape[0]
+    return list(data.val_inputs.split(size))[:n]
+
+
+def code_version() -> str:
+    """The satmon commit this runs (``+dirty`` with uncommitted changes under ``satmon/``), or its version."""
+    from satmon._version import __version__
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return f"satmon {__version__} (not a git checkout)"
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=20, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "satmon", "examples"],
+                               capture_output=True, text=True, timeout=20, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return f"satmon {__version__} (git unavailable)"
+    return head + ("+dirty" if dirty else "")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else the platform's."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(threads: int, jobs: int) -> dict[str, Any]:
+    """What a reader needs to know where the numbers came from."""
+    import torch
+
+    from satmon._version import __version__
+
+    return {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
+            "cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cores": os.cpu_count(),
+            "threads": threads, "jobs": jobs, "satmon": __version__, "satmon_commit": code_version(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}

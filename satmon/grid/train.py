@@ -1,0 +1,218 @@
+"""One arm of a cell: the grid's training loop (the regime study's ``train.py`` protocol), screened by ``satmon.Screen``.
+
+Moved from ``examples/regime_grid.py`` (0.4's faithful grid) and made recipe-generic: the model, the batches,
+the held-out split and the loss come from the recipe (:mod:`satmon.grid.recipe`); the optimizer, the schedule,
+the window and the cadence of every reading from :class:`~satmon.grid.config.GridSettings`, the same for every
+cell. Statements run in the faithful script's order, so its cells come out to the last digit.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from satmon.grid.config import GridSettings
+from satmon.grid.recipe import CellData, CellSpec, Recipe
+
+__all__ = ["WindowSeries", "alphas", "late_start", "lr_factor", "optimizer", "train_arm", "val_loss"]
+
+
+def lr_factor(settings: GridSettings, i: int) -> float:
+    """The study's schedule at update ``i`` (0-based): linear warm-up, then constant.
+
+    Example:
+        >>> [lr_factor(GridSettings(steps=8, window=4, warmup=3), i) for i in range(5)]
+        [0.25, 0.5, 0.75, 1.0, 1.0]
+    """
+    return (i + 1) / (settings.warmup + 1) if i < settings.warmup else 1.0
+
+
+def optimizer(settings: GridSettings, model: Any):
+    """AdamW, decay on matrices only, the study's warm-up then a constant rate (see :class:`GridSettings`)."""
+    import torch
+
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+                            lr=settings.lr, betas=tuple(settings.betas))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda i: lr_factor(settings, i))
+
+
+def val_loss(recipe: Recipe, model: Any, x: Any, y: Any, batch: int = 128) -> float:
+    """Mean held-out loss over every held-out row (eval mode, no grad), in batches of ``batch``."""
+    import torch
+
+    was = model.training
+    model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for i in range(0, x.shape[0], batch):
+            total += float(recipe.loss(model, x[i:i + batch], y[i:i + batch])) * x[i:i + batch].shape[0]
+    model.train(was)
+    return total / x.shape[0]
+
+
+def alphas(model: Any) -> dict[str, float]:
+    """Each DyT layer's ``max |alpha|``."""
+    from satmon.model.discovery import find_dyt_layers
+
+    return {l.name: float(l.module.alpha.detach().abs().max()) for l in find_dyt_layers(model)}
+
+
+@dataclass
+class WindowSeries:
+    """The window's running counts read from the screen every ``series_every`` steps (and at the late
+    segment's start), turned into per-segment fractions."""
+
+    names: list[str] = field(default_factory=list)
+    marks: list[tuple[int, list[int], list[int], dict[str, float]]] = field(default_factory=list)
+
+    def read(self, step: int, screen: Any, model: Any) -> None:
+        r = screen.hooks.read(sync=False)  # cumulative (saturated, total) per layer since step 1; one host read
+        self.names = list(screen.layer_names)
+        self.marks.append((step, [int(s) for s in r.saturated], [int(t) for t in r.total], alphas(model)))
+
+    def at(self, step: int) -> tuple[list[int], list[int]]:
+        for s, sat, tot, _ in self.marks:
+            if s == step:
+                return sat, tot
+        raise KeyError(step)
+
+    def series(self, every: int) -> list[dict[str, Any]]:
+        out, prev = [], (0, [0] * len(self.names), [0] * len(self.names))
+        for step, sat, tot, alpha in self.marks:
+            if step % every:
+                continue
+            ds = [a - b for a, b in zip(sat, prev[1])]
+            dt = [a - b for a, b in zip(tot, prev[2])]
+            out.append({"step": step, "saturation": sum(ds) / sum(dt) if sum(dt) else math.nan,
+                        "per_layer": {n: s / t if t else math.nan for n, s, t in zip(self.names, ds, dt)},
+                        "cumulative": sum(sat) / sum(tot) if sum(tot) else math.nan, "alpha": alpha})
+            prev = (step, sat, tot)
+        return out
+
+
+def late_start(settings: GridSettings) -> int:
+    """The late segment is the window's last fifth: steps ``late_start + 1 .. window``."""
+    return settings.window - max(1, settings.window // 5)
+
+
+def _digest(x: Any, crc: int) -> int:
+    """``crc`` updated with the bytes of the batch's inputs (the two arms' batch streams are compared by it)."""
+    return zlib.crc32(x.detach().cpu().contiguous().numpy().tobytes(), crc)
+
+
+def _start_state(model: Any) -> dict[str, Any]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def check_same_start(ln_start: dict[str, Any], dyt_model: Any, recipe: Recipe) -> None:
+    """Both arms must start from the same weights wherever they share a tensor (every tensor but the norms')."""
+    import torch
+
+    dyt = dyt_model.state_dict()
+    shared = [k for k in ln_start if k in dyt and tuple(dyt[k].shape) == tuple(ln_start[k].shape)]
+    differ = [k for k in shared if not torch.equal(ln_start[k].to(dyt[k].device), dyt[k])]
+    if differ or not shared:
+        raise ValueError(f"Expected the recipe {recipe.name!r} to build both arms from the same initial weights, got "
+                         + (f"different values in {', '.join(differ[:4])}" if differ else "no tensor in common")
+                         + ": seed every random draw from spec.seed inside model(spec, norm) (torch.manual_seed(spec.seed) "
+                           "before building), and convert LayerNorm to DyT after the weights are drawn.")
+
+
+def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: CellData, norm: str,
+              on_step: Callable[[int, Any], None] | None = None, progress: Callable[[int], None] | None = None,
+              same_start: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train one arm of a cell; the DyT arm is screened by ``satmon.Screen`` over its first ``settings.window`` steps.
+
+    Args:
+        on_step: called as ``on_step(step, model)`` after each optimizer step (tests).
+        progress: called with the step every ``eval_every`` steps (the grid's progress file).
+        same_start: the other arm's initial state: this arm must start from the same weights where they share a tensor.
+
+    Returns:
+        ``model`` (the final weights), ``start`` (its initial state, LayerNorm arm), ``val_loss`` (final step),
+        ``val_curve`` [(step, loss)], ``train_curve`` [(step, mean loss of the last ``series_every`` steps)],
+        ``batches_crc`` (a digest of every batch's inputs), and for DyT the window's ``verdict``, its ``series``
+        and the ``alpha_curve`` [(step, {layer: alpha})].
+    """
+    import torch
+
+    from satmon.model.discovery import find_dyt_layers
+    from satmon.screen.screen import Screen
+
+    model = recipe.model(spec, norm)
+    if model is None or not hasattr(model, "parameters"):
+        raise ValueError(f"Expected the recipe {recipe.name!r}'s model(spec, {norm!r}) to return a torch.nn.Module, got "
+                         f"{type(model).__name__}.")
+    has_dyt = bool(find_dyt_layers(model))
+    if has_dyt != (norm == "dyt"):
+        raise ValueError(f"Expected the recipe {recipe.name!r}'s {norm!r} arm to hold "
+                         f"{'DyT layers' if norm == 'dyt' else 'no DyT layer'}, got "
+                         f"{'some' if has_dyt else 'none'}: build norm='dyt' with satmon.convert_to_dyt(model) "
+                         "(rmsnorm=True for RMSNorm models) and norm='layernorm' without it.")
+    model = model.to(settings.device)
+    if same_start is not None:
+        check_same_start(same_start, model, recipe)
+    start = _start_state(model) if norm == "layernorm" else None
+    opt, sched = optimizer(settings, model)
+    batches = iter(data.train())
+    vx, vy = data.val_inputs.to(settings.device), data.val_targets.to(settings.device)
+    screen, series = None, WindowSeries()
+    if norm == "dyt":
+        # the verdict only: no watch after the window, no abort, no console card
+        screen = Screen(window=settings.window, verbose=False, watch_every_n_steps=0, offset_every=settings.offset_every)
+        screen.attach(model, example_input=data.example_input.to(settings.device))
+    marks = {s for s in range(settings.series_every, settings.window + 1, settings.series_every)} | {
+        late_start(settings), settings.window}
+    curve: list[tuple[int, float]] = []
+    train_curve: list[tuple[int, float]] = []
+    alpha_curve: list[tuple[int, dict[str, float]]] = []
+    running = torch.zeros((), dtype=torch.float64, device=settings.device)
+    n_running, crc = 0, 0
+    model.train()
+    for step in range(1, settings.steps + 1):
+        try:
+            x, y = next(batches)  # (B, T), (B, T)
+        except StopIteration:
+            raise ValueError(f"Expected the recipe {recipe.name!r}'s data.train() to yield {settings.steps} batches, got "
+                             f"{step - 1}: make it an endless stream (draw random windows of the budget).") from None
+        crc = _digest(x, crc)
+        x, y = x.to(settings.device), y.to(settings.device)
+        loss = recipe.loss(model, x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+        opt.step()
+        sched.step()
+        running += loss.detach().double()
+        n_running += 1
+        if screen is not None:
+            if step in marks and screen.verdict is None:
+                series.read(step, screen, model)  # before step(): at the window's last step the screen concludes
+            screen.step(loss.detach())
+        if on_step is not None:
+            on_step(step, model)
+        if step % settings.series_every == 0 or step == settings.steps:
+            train_curve.append((step, float(running) / n_running))
+            running.zero_()
+            n_running = 0
+        if step % settings.eval_every == 0 or step == settings.steps or step == settings.window:
+            if screen is not None:
+                with screen.paused():  # validation forwards are not training forwards
+                    curve.append((step, val_loss(recipe, model, vx, vy, data.val_batch)))
+                alpha_curve.append((step, alphas(model)))
+            else:
+                curve.append((step, val_loss(recipe, model, vx, vy, data.val_batch)))
+            if progress is not None:
+                progress(step)
+    out: dict[str, Any] = {"model": model, "start": start, "val_loss": curve[-1][1], "val_curve": curve,
+                           "train_curve": train_curve, "batches_crc": crc}
+    if screen is not None:
+        screen.finish()
+        screen.detach()
+        out.update(verdict=screen.verdict, series=series, alpha_curve=alpha_curve)
+    return out
