@@ -30,6 +30,7 @@ SUBCOMMANDS = {
     "replay": ("satmon.cli.replay", "replay every diagnostic over saved checkpoints"),
     "report": ("satmon.cli.report", "print the verdict and trajectories of a satmon TensorBoard run"),
     "calibrate": ("satmon.cli.calibrate", "fit the GO threshold on your own runs' outcomes (writes calibration.json)"),
+    "grid": ("satmon.cli.grid", "run a LayerNorm-vs-DyT grid on your own recipe, cells as jobs (local or SLURM)"),
 }
 
 #: the exit code of a usage error (argparse's), of a command ended by Ctrl-C (128 + SIGINT, the shell's), and of one

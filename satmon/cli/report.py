@@ -34,6 +34,8 @@ event file (events.out.tfevents.*: the run folder that holds it is printed).
 by DyT's measured effect, with satmon's CPU grids) and places every run whose card gives its parameters
 and unique training tokens (SaturationMonitor writes them; train_tokens= gives the tokens when the
 training data cannot say them). It needs matplotlib: pip install -e ".[report]" in satmon's clone.
+--cells FILE adds a grid of your own to the diagram (satmon grid's OUT/grid.json, or a CSV with
+name,params,train_tokens,delta,group,source); with --cells, LOGDIR may be left out.
 
 exit codes: 0 printed, 1 no satmon data found under LOGDIR, 2 usage error (no such path, an empty
 path, a file that is not a TensorBoard event file, --plot without matplotlib or to a path that cannot
@@ -127,11 +129,14 @@ def _body(run: Run) -> str:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="satmon report", description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("logdir", metavar="LOGDIR", help="a TensorBoard run folder, a folder above runs, or an event file")
+    p.add_argument("logdir", metavar="LOGDIR", nargs="?", help="a TensorBoard run folder, a folder above runs, or an event "
+                   "file (optional with --cells)")
     p.add_argument("--latest", action="store_true", help="print only the most recently written run")
     p.add_argument("--plot", action="store_true", help="draw the study's phase diagram with the runs placed on it "
                    f"(needs matplotlib; written to --plot-file, default ./{PLOT_FILE})")
     p.add_argument("--plot-file", metavar="FILE", default=None, help="where --plot writes (.png, .pdf or .svg); implies --plot")
+    p.add_argument("--cells", metavar="FILE", action="append", default=[], help="a grid's cells to draw too: satmon grid's "
+                   "grid.json or a phase CSV (repeatable; implies --plot)")
     return p
 
 
@@ -159,13 +164,28 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # --help (0), or a usage error argparse has printed (2)
         return usage_exit(e)
-    why = _usage_error(args.logdir)
-    plot_path = None
-    if why is None and (args.plot or args.plot_file is not None):
+    if args.logdir is None and not args.cells:
+        print("satmon report: Expected LOGDIR (a satmon run), or --cells FILE to draw a grid on the phase diagram, got "
+              "neither. See satmon report --help.", file=sys.stderr)
+        return EXIT_USAGE
+    why = _usage_error(args.logdir) if args.logdir is not None else None
+    plot_path, extra = None, []
+    if why is None and (args.plot or args.plot_file is not None or args.cells):
         why, plot_path = _plot_usage(args.plot_file)
+    if why is None:
+        from satmon.io.phase_diagram import read_cells_file
+
+        for f in args.cells:
+            try:
+                extra += read_cells_file(f)
+            except (OSError, ValueError) as e:
+                why = f"--cells {f}: {getattr(e, 'strerror', None) or e}"
+                break
     if why is not None:
         print(f"satmon report: {why}", file=sys.stderr)
         return EXIT_USAGE
+    if args.logdir is None:
+        return _plot([], plot_path, extra)
     from satmon.io.safe_text import printable
 
     root = Path(args.logdir)
@@ -186,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_NO_DATA
     if plot_path is not None:
-        return _plot(runs, plot_path)
+        return _plot(runs, plot_path, extra)
     return EXIT_OK
 
 
@@ -231,8 +251,9 @@ def _plot_usage(plot_file: str | None) -> tuple[str | None, Path | None]:
         return str(e), None
 
 
-def _plot(runs: list[Run], path: Path) -> int:
-    """Place each run on the study's phase diagram (its card's parameters and unique tokens); the exit code."""
+def _plot(runs: list[Run], path: Path, extra: list | None = None) -> int:
+    """Place each run on the study's phase diagram (its card's parameters and unique tokens), with the ``extra`` cells
+    of ``--cells``; the exit code."""
     from satmon.io.phase_diagram import STUDY_SOURCE, phase_cells, plot_phase
     from satmon.io.tensorboard import TAG
     from satmon.results.run_scale import RunScale
@@ -248,7 +269,7 @@ def _plot(runs: list[Run], path: Path) -> int:
             not_placed.append((label, "unique training tokens unknown: pass SaturationMonitor(train_tokens=N)"))
         else:
             placed.append((label, scale))
-    cells = phase_cells()
+    cells = phase_cells() + list(extra or [])
     existed = path.exists()
     try:
         plot_phase(cells, placed, path, not_placed=not_placed)

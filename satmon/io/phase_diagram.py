@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ from typing import Any
 from satmon.io.atomic import atomic_open
 
 __all__ = ["COLUMNS", "GRID_GLOB", "STUDY_SOURCE", "PhaseCell", "grid_cells", "parse_count", "phase_cells", "plot_phase",
-           "read_phase_cells", "study_cells", "study_points"]
+           "read_cells_file", "read_phase_cells", "study_cells", "study_points"]
 
 #: The columns of a grid file (others are ignored).
 COLUMNS = ("name", "params", "train_tokens", "delta", "group", "source")
@@ -159,6 +160,47 @@ def read_phase_cells(source: str | Path, text: str | None = None) -> list[PhaseC
                                delta=_number(row, "delta", where, blank_ok=True), group=(row.get("group") or "").strip(),
                                source=label))
     return cells
+
+
+def read_cells_file(path: str | Path) -> list[PhaseCell]:
+    """The cells of a user's grid: ``satmon grid``'s ``grid.json`` (its ``cells``, labelled with its recipe and folder)
+    or a grid file in :data:`COLUMNS` (``.csv``).
+
+    Raises:
+        ValueError: not JSON with a ``cells`` list, a cell without ``name``, ``params``, ``train_tokens``,
+            ``delta`` or ``group``, or a CSV :func:`read_phase_cells` refuses; the message names the file.
+
+    Example:
+        >>> import json, tempfile
+        >>> f = Path(tempfile.mkdtemp()) / "grid.json"
+        >>> _ = f.write_text(json.dumps({"recipe": {"name": "mine"}, "cells": [
+        ...     {"name": "a", "params": 1000, "train_tokens": 5000, "delta": -0.1, "group": "s"}]}))
+        >>> [(c.name, c.delta, c.source) for c in read_cells_file(f)]
+        [('a', -0.1, 'satmon grid: mine (grid.json)')]
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() != ".json":
+        return read_phase_cells(path, text)
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"Expected {path.name} to be a grid JSON (satmon grid's grid.json), got invalid JSON: {e}.") from None
+    cells = data.get("cells") if isinstance(data, dict) else None
+    if not isinstance(cells, list):
+        raise ValueError(f"Expected {path.name} to hold a 'cells' list (satmon grid's grid.json), got none.")
+    recipe = data.get("recipe") if isinstance(data.get("recipe"), dict) else {}
+    source = f"satmon grid: {recipe.get('name', data.get('mode', 'a grid'))} ({path.name})"
+    out = []
+    for i, c in enumerate(cells, start=1):
+        try:
+            delta = c["delta"]
+            out.append(PhaseCell(name=str(c["name"]), params=float(c["params"]), train_tokens=float(c["train_tokens"]),
+                                 delta=None if delta is None else float(delta), group=str(c["group"]), source=source))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"Expected name, params, train_tokens, delta and group in every cell of {path.name}, got "
+                             f"cell {i} without a usable {e}.") from None
+    return out
 
 
 def grid_cells() -> list[PhaseCell]:

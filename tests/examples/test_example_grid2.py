@@ -26,39 +26,52 @@ def g2(rg):
     return load_example("grid2_analysis")
 
 
-def test_the_grid_is_the_plans_30_cells(rg):
-    cfg = rg.MODES["grid2"]
-    cfg.check()
-    keys = rg.cell_keys(cfg)
-    assert len(keys) == 30
+def _grid2_cells():
+    """The second grid's cells as ``satmon grid builtin --grid2`` (the ``grid2`` preset) runs them, in its order."""
+    from satmon.grid.builtin import RECIPE
+    from satmon.grid.engine import _resolve
+
+    plan, settings, options = _resolve(RECIPE, "grid2", None, None, None, None, None)
+    processed = settings.steps * RECIPE.step_tokens(options)
+    plan.check(processed)
+    return plan, processed, options
+
+
+def test_the_grid_is_the_plans_30_cells():
+    plan, processed, options = _grid2_cells()
+    keys = plan.cells()
+    assert len(keys) == 30 and options["data"] == "chunks"
     by_size = {}
     for size, budget, seed in keys:
-        by_size.setdefault(size.name, set()).add((budget.text, seed))
+        by_size.setdefault(size, set()).add((budget.text, seed))
     assert {b for b, _ in by_size["d48L2"]} == {b for b, _ in by_size["d64L2"]} == {
         "3.3ep", "16ep", "32ep", "64ep", "100ep", "164ep"}
     assert {b for b, _ in by_size["d96L3"]} == {"32ep", "64ep", "100ep"}
     assert {s for _, _, s in keys} == {2, 3}
-    assert [k[2] for k in keys[:15]] == [2] * 15  # seed by seed: a stopped grid holds whole replicates
-    assert cfg.budget_bytes() == (1_551_515, 320_000, 160_000, 80_000, 51_200, 31_220)
+    assert tuple(b.resolve(processed) for b in plan.budgets) == (1_551_515, 320_000, 160_000, 80_000, 51_200, 31_220)
 
 
-def test_chunks_are_chosen_per_seed_nested_and_never_held_out(rg):
-    cfg = rg.MODES["grid2"]
-    train_all = torch.arange(cfg.val_offset) % 251  # position-coded bytes
-    pos = torch.arange(cfg.val_offset)
-    small = rg.cell_tokens(cfg, pos, 31_220, 2)
-    big = rg.cell_tokens(cfg, pos, 320_000, 2)
-    other = rg.cell_tokens(cfg, pos, 31_220, 3)
+def test_chunks_are_chosen_per_seed_nested_and_never_held_out():
+    from satmon.grid.builtin import OPTIONS, cell_tokens
+
+    _, _, o = _grid2_cells()
+    train_all = torch.arange(o["val_offset"]) % 251  # position-coded bytes
+    pos = torch.arange(o["val_offset"])
+    small = cell_tokens(o, pos, 31_220, 2)
+    big = cell_tokens(o, pos, 320_000, 2)
+    other = cell_tokens(o, pos, 31_220, 3)
     assert small.numel() == 31_220 and big.numel() == 320_000
     assert torch.equal(big[:31_220], small)  # nested within a seed
     assert not torch.equal(small, other)  # seeds draw different text
     starts = small.view(-1)[: 15 * 2048].view(15, 2048)[:, 0]
     assert torch.all(starts % 2048 == 0)  # whole chunks, at chunk boundaries
     assert not torch.all(starts[1:] - starts[:-1] == 2048)  # not a prefix
-    assert int(big.max()) < cfg.val_offset
-    # the first grid's prefix design is unchanged, and so are its cache keys
-    assert torch.equal(rg.cell_tokens(rg.MODES["full"], train_all, 1000, 5), train_all[:1000])
-    assert "data" not in rg.MODES["full"].shared() and rg.MODES["grid2"].shared()["data"] == "chunks"
+    assert int(big.max()) < o["val_offset"]
+    # the first grid's prefix design is unchanged, and so is its recorded config
+    assert torch.equal(cell_tokens(OPTIONS, train_all, 1000, 5), train_all[:1000])
+    from satmon.grid.builtin import RECIPE
+
+    assert "data" not in RECIPE.shared_options(OPTIONS) and RECIPE.shared_options(o)["data"] == "chunks"
 
 
 def _cell(group, seed, reading, helps, passes=10.0, tpp=1.0, best=None):

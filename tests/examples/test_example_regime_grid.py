@@ -1,8 +1,7 @@
-"""``examples/regime_grid.py`` (the faithful grid): a cell's window series, window and final readings
-against independent references (a float64 re-count of the same run's DyT inputs, ``satmon.probe`` run
-separately), the study's schedule, the budgets in epochs or bytes, the cache that lets a stopped grid
-resume, the JSON's environment and configuration, and the pre-registered analysis against hand-made
-cells with a known answer."""
+"""``examples/regime_grid.py`` (the faithful grid), a thin caller of ``satmon grid builtin``: the script's smoke
+run, its refusals, the cache that lets a stopped grid resume, the JSON's environment and configuration read by
+``satmon calibrate``, and the pre-registered analysis against hand-made cells with a known answer. The cell's
+readings against independent references and the moved code's bit-identity: tests/grid/test_builtin.py."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import dyt_names, load_example
-from helpers import InputRecorder
+from conftest import load_example
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Per-run fields that differ between two runs of the same cell (timings) or of the same grid.
@@ -40,159 +38,8 @@ def grid(tmp_path_factory) -> tuple[Path, str]:
     return cwd / "g", proc.stderr
 
 
-def test_smoke_cell_readings_match_independent_references(rg, monkeypatch):
-    """One smoke cell, in-process: its window readings and every 2-step segment of its series equal a
-    float64 re-count of the DyT run's training-forward inputs; its final readings equal satmon.probe run
-    again on the final weights (training-split sequences) and a float64 re-count of those forwards."""
-    cfg = rg.MODES["smoke"]
-    size, budget, seed = cfg.sizes[0], cfg.budgets[0], cfg.seeds[0]
-    built: dict[str, tuple[torch.nn.Module, InputRecorder]] = {}
-    original = rg.build_model
-
-    def recording_build(cfg_, size_, norm, seed_):
-        model = original(cfg_, size_, norm, seed_)
-        built[norm] = (model, InputRecorder(model, dyt_names(model)))  # training forwards only (mod.training)
-        return model
-
-    monkeypatch.setattr(rg, "build_model", recording_build)
-    cell = rg.run_cell(cfg, size, budget, seed)
-    torch.set_num_threads(1)
-    model, rec = built["dyt"]
-    rec.remove()
-    assert dyt_names(built["layernorm"][0]) == []  # the LayerNorm arm has no DyT layer
-    assert all(len(v) == cfg.steps for v in rec.inputs.values())  # validation and the probe ran in eval mode
-
-    def pooled(lo: int, hi: int) -> tuple[int, int]:  # steps lo+1 .. hi
-        sat = tot = 0
-        for items in rec.inputs.values():
-            for x, a in items[lo:hi]:
-                sat += int(((a * x).abs() > 2.0).sum())
-                tot += x.numel()
-        return sat, tot
-
-    s, t = pooled(0, cfg.window)
-    assert 0.0 < s / t < 1.0  # the smoke mode saturates (alpha_init 2.0, large embeddings): a real check
-    assert cell["window_saturation"] == s / t
-    counts = rec.counts(first=cfg.window)
-    assert cell["window_per_layer"] == {n: a / b for n, (a, b) in counts.items()}
-    assert cell["window_first_block"] == pytest.approx((counts["blocks.0.ln_1"][0] / counts["blocks.0.ln_1"][1]
-                                                        + counts["blocks.0.ln_2"][0] / counts["blocks.0.ln_2"][1]) / 2)
-    assert cell["window_last_block"] == cell["window_first_block"]  # one block: the first is the last
-    assert cell["window_final_norm"] == counts["ln_f"][0] / counts["ln_f"][1]
-    s_late, t_late = pooled(rg.late_start(cfg), cfg.window)
-    assert cell["window_late"] == s_late / t_late
-    # the series: one entry per 2-step segment of the window, each the segment's own counts
-    series = cell["window_series"]
-    assert [e["step"] for e in series] == list(range(cfg.series_every, cfg.window + 1, cfg.series_every))
-    for e in series:
-        a, b = pooled(e["step"] - cfg.series_every, e["step"])
-        assert e["saturation"] == a / b
-        assert e["cumulative"] == pytest.approx(pooled(0, e["step"])[0] / pooled(0, e["step"])[1])
-        for name, items in rec.inputs.items():
-            seg = items[e["step"] - cfg.series_every:e["step"]]
-            ref = sum(int(((al * x).abs() > 2.0).sum()) for x, al in seg) / sum(x.numel() for x, _ in seg)
-            assert e["per_layer"][name] == ref
-        assert set(e["alpha"]) == set(dyt_names(model))
-    assert cell["window_decision"] == ("go" if s / t >= 0.43 else "no-go")
-    # centered: offset_every=1 in smoke mode, so every window step was sampled; float64 reference
-    for name, items in rec.inputs.items():
-        sat = tot = 0
-        for x, a in items[: cfg.window]:
-            flat = x.reshape(-1, x.shape[-1])  # (B*T, C)
-            sat += int(((a * (flat - flat.mean(0))).abs() > 2.0).sum())
-            tot += flat.numel()
-        assert cell["window_centered_per_layer"][name] == pytest.approx(sat / tot, abs=1e-12)
-
-    # final: the study's protocol (training-split sequences), run again here on the same final weights
-    import satmon
-
-    train_all, vx, vy = rg.corpus(cfg)
-    nbytes = budget.resolve(cfg.processed)
-    n = min(cfg.probe_sequences, (nbytes - 1) // cfg.seq_len)
-    batches = list(train_all[: n * cfg.seq_len].view(n, cfg.seq_len).split(cfg.probe_batch))
-    ref = satmon.probe(model, batches, autocast_dtype=torch.bfloat16)
-    assert ref.verdict.saturation == cell["final_saturation"] and ref.verdict.per_layer == cell["final_per_layer"]
-    assert sum(b.numel() for b in batches) == cell["probe_tokens"]
-    modules = dict(model.named_modules())
-    sat = cen = tot = 0
-
-    def hook(mod, args, out):
-        nonlocal sat, cen, tot
-        x, a = args[0].detach().double(), mod.alpha.detach().double()
-        flat = x.reshape(-1, x.shape[-1])
-        sat += int(((a * flat).abs() > 2.0).sum())
-        cen += int(((a * (flat - flat.mean(0))).abs() > 2.0).sum())
-        tot += flat.numel()
-
-    handles = [modules[n].register_forward_hook(hook) for n in dyt_names(model)]
-    model.eval()
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        for b in batches:
-            model(b)
-    for h in handles:
-        h.remove()
-    assert cell["final_saturation_hook"] == sat / tot
-    assert cell["final_saturation"] == pytest.approx(sat / tot, abs=2 / tot)  # the probe's product vs the exact one
-    assert cell["final_centered"] == pytest.approx(cen / tot, abs=1e-12)
-
-    # the record: both arms on the same held-out bytes, the unigram level of those bytes, the budget
-    assert cell["delta"] == pytest.approx((cell["val_loss_dyt"] - cell["val_loss_layernorm"]) / cell["val_loss_layernorm"])
-    assert cell["helps"] == (cell["delta"] < 0) and cell["group"] == size.name
-    assert cell["learns_dyt"] == (cell["val_loss_dyt"] < cell["unigram_loss"])
-    p = torch.bincount(train_all[:nbytes], minlength=256).double() + 1
-    assert cell["unigram_loss"] == pytest.approx(float(-(p / p.sum()).log()[vy.reshape(-1)].mean()), rel=1e-12)
-    assert cell["val_loss_dyt"] == pytest.approx(rg.val_loss(model, vx, vy), rel=1e-6)
-    params = sum(q.numel() for q in model.parameters())
-    assert cell["params_total"] == params and cell["params"] == params - model.pos_emb.weight.numel()
-    assert cell["epochs"] == cfg.steps * cfg.batch_size * cfg.seq_len / nbytes
-    assert cell["tokens_per_param"] == nbytes / cell["params"]
-    assert [s for s, _ in cell["train_curve_dyt"]] == list(range(cfg.series_every, cfg.steps + 1, cfg.series_every))
-    assert [s for s, _ in cell["val_curve_dyt"]] == [4, 8] and [s for s, _ in cell["alpha_curve"]] == [4, 8]
-
-
-def test_the_study_schedule_and_no_bias(rg):
-    """train.py's schedule (lr * (i + 1) / (warmup + 1), then constant: its cosine horizon is 600k steps) and
-    nanoGPT's model at bias=False: no bias anywhere, decay on matrices only."""
-    cfg = rg.FULL
-    lrs = []
-    model = torch.nn.Linear(2, 2)
-    opt, sched = rg.optimizer(cfg, model)
-    for _ in range(cfg.warmup + 5):
-        lrs.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
-    assert lrs[0] == pytest.approx(cfg.lr / (cfg.warmup + 1))
-    assert lrs[499] == pytest.approx(cfg.lr * 500 / 2001)  # the window's last step: a quarter of the peak
-    assert lrs[cfg.warmup - 1] == pytest.approx(cfg.lr * cfg.warmup / (cfg.warmup + 1))
-    assert lrs[cfg.warmup:] == [pytest.approx(cfg.lr)] * 5
-    assert opt.param_groups[0]["weight_decay"] == 0.1 and opt.param_groups[1]["weight_decay"] == 0.0
-    gpt = rg.build_model(cfg, rg.SIZES[0], "dyt", 0)
-    assert not [n for n, _ in gpt.named_parameters() if n.endswith(".bias")]
-    assert gpt.cfg.emb_scale == 1.0 and gpt.cfg.dropout == 0.0 and gpt.cfg.alpha_init == 2.0
-    assert float(gpt.tok_emb.weight.detach().std()) == pytest.approx(0.02, rel=0.05)  # GPT-2's init, unscaled
-
-
-def test_budgets_and_sizes_parse_and_refuse(rg):
-    B = rg.Budget.parse
-    assert B("164ep").resolve(5000 * 16 * 64) == 31220 and B("1.4ep").resolve(5000 * 16 * 64) == 3657143
-    assert B("64k").resolve(1) == 64_000 and B("3.5M").resolve(1) == 3_500_000 and B("31220").resolve(1) == 31220
-    for bad in ("0ep", "-3", "1.5", "12x", "ep"):
-        with pytest.raises(ValueError, match="Expected"):
-            B(bad)
-    assert rg.Size.parse("d96L3") == rg.Size("d96L3", 96, 3, 4) and rg.Size.parse("d64L2H8").n_heads == 8
-    for bad in ("64L2", "d64", "d66L2H4", "d0L1"):
-        with pytest.raises(ValueError, match="Expected"):
-            rg.Size.parse(bad)
-    # epochs pick bytes from the steps: the study's passes at the study's step count
-    assert rg.FULL.budget_bytes() == (31220, 320000, 1551515, 3657143)
-    with pytest.raises(ValueError, match="--window < --steps"):
-        rg.replace(rg.FULL, window=5000).check()
-    with pytest.raises(ValueError, match="held-out split"):
-        rg.replace(rg.FULL, budgets=(B("5M"),)).check()
-
-
 @pytest.mark.parametrize("argv, message", [
-    (["--budgets", "12x"], "--budgets"), (["--sizes", "64"], "--sizes"), (["--seeds", "a"], "--seeds"),
+    (["--budgets", "12x"], "'12x'"), (["--sizes", "64"], "'64'"), (["--seeds", "a"], "seeds"),
     (["--window", "0"], "--window"), (["--warmup", "9000"], "--warmup"), (["--jobs", "0"], "--jobs"),
 ])
 def test_bad_arguments_are_refused_in_one_line(rg, argv, message, tmp_path, capsys):
@@ -204,19 +51,19 @@ def test_bad_arguments_are_refused_in_one_line(rg, argv, message, tmp_path, caps
 
 def test_grid_json_records_environment_configuration_and_series(grid, rg, tmp_path):
     out, stderr = grid
-    assert "regime_grid: 4/4 cells" in stderr and "\r" not in stderr  # plain lines when piped
-    data = json.loads((out / "faithful_grid.json").read_text())
-    cfg = rg.MODES["smoke"]
+    assert "regime_grid: 4 done" in stderr and "\r" not in stderr  # plain lines when piped
+    data = json.loads((out / "grid.json").read_text())
     env = data["environment"]
     assert env["torch"] == torch.__version__ and env["threads"] == 1 and env["cpu"]
     assert env["satmon_commit"] and isinstance(env["satmon_commit"], str)
     c = data["config"]
-    assert (c["steps"], c["window"], c["warmup"], c["emb_scale"]) == (cfg.steps, cfg.window, cfg.warmup, cfg.emb_scale)
-    assert c["budget_bytes"] == list(cfg.budget_bytes())
+    assert (c["steps"], c["window"], c["warmup"], c["emb_scale"]) == (8, 4, 3, 40.0)
+    assert c["budgets"] == ["2000", "20000"] and c["sizes"] == ["d16L1", "d24L1"]
     cells = data["cells"]
-    assert len(cells) == 4 and len(list((out / "cells").glob("*.json"))) == 4
+    assert len(cells) == 4 and len(list((out / "cells").glob("*_s0.*.json"))) == 4 and data["counts"] == {"cells": 4, "done": 4, "missing": 0,
+                                                                                        "failed": 0}
     for cell in cells:
-        assert cell["epochs"] == pytest.approx(cfg.processed / cell["train_tokens"])
+        assert cell["epochs"] == pytest.approx(8 * 4 * 16 / cell["train_tokens"])
         series = cell["window_series"]
         assert [e["step"] for e in series] == [2, 4]
         assert all(set(e) >= {"step", "saturation", "per_layer"} for e in series)
@@ -226,7 +73,7 @@ def test_grid_json_records_environment_configuration_and_series(grid, rg, tmp_pa
 
     from satmon.calibrate import read_cells
 
-    read = {c.name: c for c in read_cells(out / "faithful_grid.json")}
+    read = {c.name: c for c in read_cells(out / "grid.json")}
     for cell in cells:
         assert read[cell["name"]].group == cell["group"] and read[cell["name"]].delta == cell["delta"]
         assert {r: read[cell["name"]].readings[r] for r in rg.WINDOW_READINGS} == {r: cell[r] for r in rg.WINDOW_READINGS}
@@ -247,14 +94,14 @@ def test_grid_json_records_environment_configuration_and_series(grid, rg, tmp_pa
 
 def test_resume_reuses_cached_cells_and_gives_the_same_bytes(grid, rg, tmp_path, capsys):
     out, _ = grid
-    before = json.loads((out / "faithful_grid.json").read_text())
+    before = json.loads((out / "grid.json").read_text())
     copy = tmp_path / "g"
     shutil.copytree(out, copy)
     gone = before["cells"][1]["name"]
-    (copy / "cells" / f"{gone}.json").unlink()
+    (copy / "cells" / f"{gone}.{before['cells'][1]['key']}.json").unlink()
     assert rg.main(["--smoke", "--out", str(copy), "--jobs", "1", "--no-calibrate", "--permutations", "50"]) == 0
-    assert "4 cells (3 cached), 1 to run" in capsys.readouterr().err
-    after = json.loads((copy / "faithful_grid.json").read_text())
+    assert "4 cells (3 complete), 1 to run" in capsys.readouterr().err
+    after = json.loads((copy / "grid.json").read_text())
     strip = lambda c: {k: v for k, v in c.items() if k not in TIMINGS}
     assert [strip(c) for c in after["cells"]] == [strip(c) for c in before["cells"]]  # bit-identical on one machine
     assert [c["cpu_seconds"] for c in after["cells"] if c["name"] != gone] == \
@@ -262,7 +109,7 @@ def test_resume_reuses_cached_cells_and_gives_the_same_bytes(grid, rg, tmp_path,
     # a changed configuration does not reuse the cache
     assert rg.main(["--smoke", "--out", str(copy), "--jobs", "1", "--no-calibrate", "--lr", "0.001",
                     "--permutations", "50"]) == 0
-    assert "4 cells (0 cached), 4 to run" in capsys.readouterr().err
+    assert "4 cells (0 complete), 4 to run" in capsys.readouterr().err
     torch.set_num_threads(1)
 
 
@@ -307,7 +154,7 @@ def test_analysis_against_hand_computed_values(rg):
 
 def test_report_prints_the_plan_decision_and_plots(rg, grid, tmp_path, capsys):
     out, _ = grid
-    assert rg.main(["--report", str(out / "faithful_grid.json"), "--plot", str(tmp_path / "p.png"),
+    assert rg.main(["--report", str(out / "grid.json"), "--plot", str(tmp_path / "p.png"),
                     "--permutations", "20"]) == 0
     text = capsys.readouterr().out
     assert "| window_saturation | window |" in text and "| log_params_per_token | prior |" in text
