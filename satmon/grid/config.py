@@ -116,7 +116,7 @@ class GridSettings:
 
     Example:
         >>> GridSettings(steps=8, window=4, warmup=3).check()
-        >>> GridSettings(steps=8, window=8).check()
+        >>> GridSettings(steps=8, window=8, warmup=3).check()
         Traceback (most recent call last):
         ...
         ValueError: Expected --window < --steps (a final checkpoint after the window), got window=8, steps=8.

@@ -144,10 +144,15 @@ def run(recipe: str | Recipe = "builtin", sizes: str | Sequence[str] | None = No
 
     Example:
         >>> import tempfile
-        >>> r = run("builtin", preset="smoke", sizes="d16L1", budgets="2000", out=tempfile.mkdtemp(), jobs=1,
-        ...         permutations=10, say=lambda line: None)  # doctest: +SKIP
-        >>> r.complete  # doctest: +SKIP
-        True
+        >>> plan = run("builtin", preset="smoke", out=tempfile.mkdtemp(), executor="slurm", dry_run=True,
+        ...            say=print)  # the sbatch file only: no cluster needed  # doctest: +ELLIPSIS
+        4 cells (0 complete), 4 to run, 8 steps each (window 4), recipe satmon-faithful-gpt -> ...
+        dry run: 4 cells as one SLURM array; sbatch file .../jobs/submission.sh, tasks .../jobs/tasks.json; nothing submitted
+        >>> [s.state for s in plan.status]
+        ['missing', 'missing', 'missing', 'missing']
+        >>> r = run("builtin", preset="smoke", out=tempfile.mkdtemp(), jobs=2)  # doctest: +SKIP
+        >>> r.complete, r.answer.splitlines()[0]  # doctest: +SKIP
+        (True, 'DyT vs LayerNorm on satmon-faithful-gpt: 4 cells')
     """
     from satmon.io.atomic import check_output_dir
     from satmon.io.lock import exclusive
@@ -268,7 +273,7 @@ def _run_locked(recipe: Recipe, where: str, identity: dict[str, Any], plan: Grid
     status: dict[str, CellStatus] = {e["name"]: CellStatus(e["name"], e["key"], "done") for e in entries if e["name"] in done}
     interrupted = False
     if tasks:
-        ex = make_executor(executor, jobs_dir, jobs, time_min, slurm, say)
+        ex = make_executor(executor, jobs_dir, jobs, time_min, slurm, say, dry_run)
         if dry_run:
             return _dry_run(ex, tasks, jobs_dir, say, out, entries, done)
         say(f"executor: {ex.kind}" + (f", {ex.capacity} at a time" if ex.capacity else ""))

@@ -193,27 +193,32 @@ def slurm_parameters(partition: str | None, gpus_per_cell: int, time_min: int, m
 
 
 class SubmititSlurm(Executor):
-    """submitit's ``SlurmExecutor``: every cell to run, one job array (``--max-parallel`` of it at once)."""
+    """submitit's ``SlurmExecutor``: every cell to run, one job array (``--max-parallel`` of it at once). The
+    executor is made at the first submission (submitit requires ``srun`` on PATH); the sbatch text of a dry run
+    comes from submitit's own ``_make_sbatch_string``, which needs no cluster."""
 
     kind = "slurm (submitit)"
 
     def __init__(self, folder: Path, parameters: Mapping[str, Any]) -> None:
-        import submitit
+        from submitit.slurm.slurm import _make_sbatch_string
 
-        self.folder = folder
-        self.ex = submitit.SlurmExecutor(folder=str(folder))
-        self.ex.update_parameters(**dict(parameters))
+        self.folder, self.parameters = folder, dict(parameters)
+        _make_sbatch_string(command="nothing to do", folder=str(folder), **self.parameters)  # submitit checks them
+        self.ex: Any = None
 
     def submission_text(self, n: int) -> str:
         """The sbatch file submitit would submit for an array of ``n`` cells (no cluster needed)."""
-        from submitit.slurm.slurm import SlurmExecutor
+        from submitit.slurm.slurm import _make_sbatch_string
 
-        array = SlurmExecutor(str(self.folder))
-        array.update_parameters(**self.ex.parameters)
-        array.parameters["map_count"] = n
-        return array._make_submission_file_text(array._submitit_command_str, "dry-run")  # submitit's own text
+        command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(self.folder))])
+        return _make_sbatch_string(command=command, folder=str(self.folder), map_count=n, **self.parameters)
 
     def submit(self, tasks: Sequence[Mapping[str, Any]]) -> list[Handle]:
+        if self.ex is None:
+            import submitit
+
+            self.ex = submitit.SlurmExecutor(folder=str(self.folder))
+            self.ex.update_parameters(**self.parameters)
         jobs = self.ex.map_array(run_job, [dict(t) for t in tasks])
         return [Handle(t["name"], j, str(j.paths.stderr)) for t, j in zip(tasks, jobs)]
 
@@ -273,12 +278,17 @@ class LocalProcesses(Executor):
 
 
 def make_executor(kind: str, folder: Path, jobs: int, time_min: int, slurm: Mapping[str, Any] | None = None,
-                  say: Any = None) -> Executor:
+                  say: Any = None, dry_run: bool = False) -> Executor:
     """The executor ``kind`` (``"local"`` or ``"slurm"``) over the job folder ``folder``."""
     if kind == "slurm":
         if not have_submitit():
             raise ValueError("Expected submitit for --executor slurm, got none installed: pip install 'satmon[grid]' "
                              "(or pip install submitit).")
+        import shutil
+
+        if not dry_run and (shutil.which("sbatch") is None or shutil.which("srun") is None):
+            raise ValueError("Expected sbatch and srun on PATH for --executor slurm (run on a SLURM login node), got "
+                             "none: run there, or add --dry-run to write the sbatch file and see what would be submitted.")
         return SubmititSlurm(folder, slurm or {})
     if kind != "local":
         raise ValueError(f"Expected --executor local or slurm, got {kind!r}.")
