@@ -112,6 +112,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--time", type=minutes, default=24 * 60, help="a cell's time limit, minutes or HH:MM:SS (default 24:00:00)")
     p.add_argument("--max-parallel", type=integer(1), default=16, help="slurm: array tasks running at once (default 16)")
     p.add_argument("--dry-run", action="store_true", help="slurm: write the sbatch file and tasks, submit nothing")
+    p.add_argument("--progress-every", type=float, default=None, metavar="SECONDS", help="seconds between progress lines "
+                   "(cells done, running, queued, failed, ETA; default 30 on a terminal, 120 otherwise)")
     p.add_argument("--permutations", type=integer(1), default=10_000, help="shuffles of the plan's permutation test "
                    "(default 10000)")
     return p
@@ -131,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     from satmon.io.safe_text import printable
     from satmon.replay.user_code import ReplayUsageError, error_line
 
+    if args.progress_every is not None and not args.progress_every >= 0:
+        print(f"satmon grid: Expected --progress-every >= 0 seconds, got {args.progress_every}.", file=sys.stderr)
+        return EXIT_USAGE
     if args.dry_run and args.executor != "slurm":
         print("satmon grid: Expected --dry-run with --executor slurm (it writes the sbatch file), got --executor local.",
               file=sys.stderr)
@@ -143,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args.recipe, args.sizes, args.budgets, args.seeds, out=args.out, settings=settings or None,
                      options=dict(args.option), preset=preset, executor=args.executor, jobs=args.jobs,
                      time_min=args.time, slurm=slurm, dry_run=args.dry_run, permutations=args.permutations,
+                     every=args.progress_every,
                      say=lambda line: say("grid", line))
     except OutputBusy as e:
         print(f"satmon grid: {printable(str(e))}", file=sys.stderr)

@@ -130,7 +130,21 @@ class Executor:
         raise NotImplementedError
 
 
-class SubmititLocal(Executor):
+class _Submitit(Executor):
+    """What submitit's job objects answer alike, local or SLURM."""
+
+    def ended(self, handle: Handle) -> bool:
+        return handle.job.done()
+
+    def cancel(self, handles: Sequence[Handle]) -> None:
+        for h in handles:
+            try:
+                h.job.cancel(check=False)
+            except Exception:  # a job that ended meanwhile: nothing to cancel
+                pass
+
+
+class SubmititLocal(_Submitit):
     """submitit's ``LocalExecutor``: each cell a local job (a controller process and the job's process), at most
     ``jobs`` at once, one thread each; logs in ``folder`` (``<job id>_0_log.out`` / ``.err``)."""
 
@@ -158,20 +172,10 @@ class SubmititLocal(Executor):
                 os.environ["OMP_NUM_THREADS"] = old
         return out
 
-    def ended(self, handle: Handle) -> bool:
-        return handle.job.done()
-
     def exit_note(self, handle: Handle) -> str:
         proc = getattr(handle.job, "_process", None)
         code = proc.poll() if proc is not None else None
         return f"job {handle.job.job_id} state {handle.job.state}" + (f", exit code {code}" if code not in (None, 0) else "")
-
-    def cancel(self, handles: Sequence[Handle]) -> None:
-        for h in handles:
-            try:
-                h.job.cancel(check=False)
-            except Exception:
-                pass
 
 
 def slurm_parameters(partition: str | None, gpus_per_cell: int, time_min: int, max_parallel: int,
@@ -192,7 +196,7 @@ def slurm_parameters(partition: str | None, gpus_per_cell: int, time_min: int, m
     return p
 
 
-class SubmititSlurm(Executor):
+class SubmititSlurm(_Submitit):
     """submitit's ``SlurmExecutor``: every cell to run, one job array (``--max-parallel`` of it at once). The
     executor is made at the first submission (submitit requires ``srun`` on PATH); the sbatch text of a dry run
     comes from submitit's own ``_make_sbatch_string``, which needs no cluster."""
@@ -222,18 +226,8 @@ class SubmititSlurm(Executor):
         jobs = self.ex.map_array(run_job, [dict(t) for t in tasks])
         return [Handle(t["name"], j, str(j.paths.stderr)) for t, j in zip(tasks, jobs)]
 
-    def ended(self, handle: Handle) -> bool:
-        return handle.job.done()
-
     def exit_note(self, handle: Handle) -> str:
         return f"SLURM job {handle.job.job_id} state {handle.job.state}"
-
-    def cancel(self, handles: Sequence[Handle]) -> None:
-        for h in handles:
-            try:
-                h.job.cancel(check=False)
-            except Exception:
-                pass
 
 
 class LocalProcesses(Executor):

@@ -196,47 +196,6 @@ def test_smoke_cell_readings_match_independent_references(smoke):
     assert [s for s, _ in cell["val_curve_dyt"]] == [4, 8] and [s for s, _ in cell["alpha_curve"]] == [4, 8]
 
 
-def test_the_study_schedule_and_no_bias(rg):
-    """train.py's schedule (lr * (i + 1) / (warmup + 1), then constant: its cosine horizon is 600k steps) and
-    nanoGPT's model at bias=False: no bias anywhere, decay on matrices only."""
-    cfg = rg.FULL
-    lrs = []
-    model = torch.nn.Linear(2, 2)
-    opt, sched = rg.optimizer(cfg, model)
-    for _ in range(cfg.warmup + 5):
-        lrs.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
-    assert lrs[0] == pytest.approx(cfg.lr / (cfg.warmup + 1))
-    assert lrs[499] == pytest.approx(cfg.lr * 500 / 2001)  # the window's last step: a quarter of the peak
-    assert lrs[cfg.warmup - 1] == pytest.approx(cfg.lr * cfg.warmup / (cfg.warmup + 1))
-    assert lrs[cfg.warmup:] == [pytest.approx(cfg.lr)] * 5
-    assert opt.param_groups[0]["weight_decay"] == 0.1 and opt.param_groups[1]["weight_decay"] == 0.0
-    gpt = rg.build_model(cfg, rg.SIZES[0], "dyt", 0)
-    assert not [n for n, _ in gpt.named_parameters() if n.endswith(".bias")]
-    assert gpt.cfg.emb_scale == 1.0 and gpt.cfg.dropout == 0.0 and gpt.cfg.alpha_init == 2.0
-    assert float(gpt.tok_emb.weight.detach().std()) == pytest.approx(0.02, rel=0.05)  # GPT-2's init, unscaled
-
-
-def test_budgets_and_sizes_parse_and_refuse(rg):
-    B = rg.Budget.parse
-    assert B("164ep").resolve(5000 * 16 * 64) == 31220 and B("1.4ep").resolve(5000 * 16 * 64) == 3657143
-    assert B("64k").resolve(1) == 64_000 and B("3.5M").resolve(1) == 3_500_000 and B("31220").resolve(1) == 31220
-    for bad in ("0ep", "-3", "1.5", "12x", "ep"):
-        with pytest.raises(ValueError, match="Expected"):
-            B(bad)
-    assert rg.Size.parse("d96L3") == rg.Size("d96L3", 96, 3, 4) and rg.Size.parse("d64L2H8").n_heads == 8
-    for bad in ("64L2", "d64", "d66L2H4", "d0L1"):
-        with pytest.raises(ValueError, match="Expected"):
-            rg.Size.parse(bad)
-    # epochs pick bytes from the steps: the study's passes at the study's step count
-    assert rg.FULL.budget_bytes() == (31220, 320000, 1551515, 3657143)
-    with pytest.raises(ValueError, match="--window < --steps"):
-        rg.replace(rg.FULL, window=5000).check()
-    with pytest.raises(ValueError, match="held-out split"):
-        rg.replace(rg.FULL, budgets=(B("5M"),)).check()
-
-
 def test_the_study_schedule_and_no_bias():
     """train.py's schedule (lr * (i + 1) / (warmup + 1), then constant: its cosine horizon is 600k steps) and
     nanoGPT's model at bias=False: no bias anywhere, decay on matrices only."""

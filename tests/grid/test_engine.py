@@ -45,7 +45,7 @@ def _doc_recipe(folder: Path) -> Path:
 def test_a_llama_recipe_from_the_docs_runs_as_submitit_jobs(tmp_path):
     _doc_recipe(tmp_path)
     proc = satmon_cli("grid", "tiny_llama.py:RECIPE", "--smoke", "--out", "g", "--jobs", "2", "--permutations", "20",
-                      cwd=tmp_path)
+                      "--progress-every", "0.5", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((tmp_path / "g" / "grid.json").read_text())
     assert data["recipe"]["name"] == "tiny-llama" and len(data["recipe"]["source_sha256"]) == 64
@@ -62,6 +62,9 @@ def test_a_llama_recipe_from_the_docs_runs_as_submitit_jobs(tmp_path):
     assert "DyT vs LayerNorm on tiny-llama: 2 cells" in out and "| 2000 |" in out and "best checkpoint" in out
     assert "window readings held out: not tested" in out  # one seed: the plan's test cannot run, and says so
     assert "satmon report --plot --cells" in out
+    progress = [l for l in out.splitlines() if " running (" in l]  # every 0.5 s while cells run
+    assert progress and re.search(r"\d done, \d running \(.*\), \d queued, 0 failed; [\d.]+ min; (~\d+ min left|ETA after)",
+                                  progress[-1]), progress[-1:]
 
 
 def _wait(pred, what: str, timeout: float = 300.0) -> None:
