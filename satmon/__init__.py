@@ -60,7 +60,13 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from satmon.settings import Settings
 
 
+#: subpackages a user reaches as ``satmon.NAME`` without importing them first (``satmon.grid.run``)
+_SUBPACKAGES = ("grid",)
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"satmon.{name}")  # the import sets the attribute: later reads skip this
     module = _PUBLIC.get(name)
     if module is None:
         return _compat.moved_attribute("satmon", name)
