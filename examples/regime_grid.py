@@ -125,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
                                  say=lambda line: print(f"regime_grid: {line}", file=sys.stderr, flush=True))
     except (ValueError, OutputBusy) as e:
         p.error(str(e))
+    except satmon.grid.GridInterrupted as e:
+        print(f"regime_grid: interrupted: {len(e.result.cells)} cells complete and kept; rerun the same command to resume.",
+              file=sys.stderr)
+        return 130
     if not result.cells:
         return 1
     plotted = try_plot(result.analysis, result.cells, out / "faithful_grid.png")

@@ -245,8 +245,13 @@ def _run_locked(recipe: Recipe, where: str, identity: dict[str, Any], plan: Grid
                         "failed": str(stem) + ".failed.json", "progress": str(cells_dir / f".{name}.{key}.progress")})
     done: dict[str, dict[str, Any]] = {}
     todo = []
+    config = {**settings.shared(), **recipe.shared_options(opts)}
+    adopted = 0
     for e in entries:
         cell = _complete(Path(e["cell"]), e["key"])
+        if cell is None:
+            cell = _adopt_legacy(cells_dir, e, config, recipe, settings, opts, processed, gkey, identity)
+            adopted += cell is not None
         if cell is not None:
             done[e["name"]] = cell
             continue
@@ -268,6 +273,9 @@ def _run_locked(recipe: Recipe, where: str, identity: dict[str, Any], plan: Grid
     for e in order:
         t = {**shared, **e, "extra": {**shared["extra"], "key": e["key"]}}
         tasks.append(t)
+    if adopted:
+        say(f"adopted {adopted} cells that examples/regime_grid.py wrote before satmon grid (cells/<name>.json with this "
+            "grid's configuration)")
     say(f"{len(entries)} cells ({len(done)} complete), {len(tasks)} to run, {settings.steps} steps each "
         f"(window {settings.window}), recipe {recipe.name} -> {out}")
     status: dict[str, CellStatus] = {e["name"]: CellStatus(e["name"], e["key"], "done") for e in entries if e["name"] in done}
@@ -290,6 +298,32 @@ def _run_locked(recipe: Recipe, where: str, identity: dict[str, Any], plan: Grid
     if interrupted:
         raise GridInterrupted(result)
     return result
+
+
+def _adopt_legacy(cells_dir: Path, e: dict[str, Any], config: dict[str, Any], recipe: Recipe, settings: GridSettings,
+                  opts: dict[str, Any], processed: int, gkey: str, identity: dict[str, Any]) -> dict[str, Any] | None:
+    """A cell of ``examples/regime_grid.py`` before ``satmon grid`` (``cells/<name>.json``, no key), made with exactly
+    this grid's configuration and the recipe's fields, as a keyed record (its ``code`` kept; ``adopted_from``
+    names the file); else ``None``. The moved code gives such cells to the last digit (tests/grid/test_builtin.py)."""
+    from satmon.grid.cell import recipe_fields
+
+    legacy = cells_dir / f"{e['name']}.json"
+    cell = _read_json(legacy)
+    if not (isinstance(cell, dict) and cell.get("name") == e["name"] and cell.get("config") == config and "key" not in cell
+            and "delta" in cell and "val_curve_dyt" in cell and cell.get("seed") == e["seed"]):
+        return None
+    spec = make_spec(recipe, settings, opts, e["size"], Budget.parse(e["budget"]), e["seed"])
+    if any(cell.get(k) != v for k, v in recipe_fields(recipe, spec).items()) or cell.get("train_tokens") != spec.unique_tokens:
+        return None
+    best_d, best_l = cell["best_val_loss_dyt"], cell["best_val_loss_layernorm"]
+    cell.update({"passes": cell["epochs"], "delta_best": (best_d - best_l) / best_l, "helps_best": best_d < best_l,
+                 "best_step_dyt": min(cell["val_curve_dyt"], key=lambda sv: sv[1])[0],
+                 "best_step_layernorm": min(cell["val_curve_layernorm"], key=lambda sv: sv[1])[0],
+                 "batches_crc": None, "key": e["key"], "grid_key": gkey, "recipe": identity, "adopted_from": str(legacy)})
+    from satmon.grid.jobs import _write_json
+
+    _write_json(Path(e["cell"]), cell)
+    return cell
 
 
 def _dry_run(ex: Any, tasks: list[dict[str, Any]], jobs_dir: Path, say: Callable[[str], None], out: Path,

@@ -62,6 +62,8 @@ def test_moved_code_gives_the_premove_scripts_cells_to_the_last_digit(tmp_path, 
     rg = _premove(tmp_path)
     cfg = rg.MODES["smoke"]
     got = {c["name"]: c for c in json.loads((smoke_grid[0] / "grid.json").read_text())["cells"]}
+    legacy = tmp_path / "legacy" / "cells"
+    legacy.mkdir(parents=True)
     for size, budget in ((cfg.sizes[0], cfg.budgets[0]), (cfg.sizes[1], cfg.budgets[1])):
         old = json.loads(json.dumps(rg.run_cell(cfg, size, budget, 0)))
         new = got[old["name"]]
@@ -69,7 +71,23 @@ def test_moved_code_gives_the_premove_scripts_cells_to_the_last_digit(tmp_path, 
         assert not differ, {k: (old[k], new.get(k)) for k in differ[:3]}
         assert set(new) - set(old) == {"passes", "delta_best", "helps_best", "best_step_dyt", "best_step_layernorm",
                                        "batches_crc", "key", "grid_key", "recipe"}
+        (legacy / f"{old['name']}.json").write_text(json.dumps(old))  # as the script cached it
     torch.set_num_threads(1)
+    # the script's cached cells are adopted by `satmon grid` (same configuration), with the fields it adds
+    import satmon.grid
+
+    lines: list[str] = []
+    r = satmon.grid.run("builtin", preset="smoke", out=legacy.parent, executor="slurm", dry_run=True, say=lines.append)
+    assert lines[0].startswith("adopted 2 cells") and lines[1].startswith("4 cells (2 complete), 2 to run")
+    for c in r.cells:
+        assert {k: c[k] for k in ("delta_best", "helps_best", "best_step_dyt", "key")} == {
+            k: got[c["name"]][k] for k in ("delta_best", "helps_best", "best_step_dyt", "key")}
+        assert c["adopted_from"].endswith(f"{c['name']}.json")
+    # another configuration does not adopt them
+    lines.clear()
+    satmon.grid.run("builtin", preset="smoke", out=legacy.parent, settings={"lr": 1e-3}, executor="slurm", dry_run=True,
+                    say=lines.append)
+    assert lines[0].startswith("4 cells (0 complete)")
 
 
 @pytest.mark.skipif(not os.environ.get("SATMON_QUICK_CELLS"), reason="~15 CPU-minutes per cell: set SATMON_QUICK_CELLS=1")
