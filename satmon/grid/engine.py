@@ -258,6 +258,8 @@ def _run_locked(recipe: Recipe, where: str, identity: dict[str, Any], plan: Grid
         attempt, failed = _read_json(Path(e["attempt"])), _read_json(Path(e["failed"]))
         if isinstance(failed, dict):
             say(f"{e['name']}: its last run failed ({failed.get('error', '?')}; log {failed.get('log')}); running it again")
+        elif isinstance(attempt, dict) and attempt.get("cancelled"):
+            say(f"{e['name']}: its last job was cancelled (Ctrl-C); running it again")
         elif isinstance(attempt, dict):
             if _alive(attempt.get("pid"), attempt.get("host")):
                 raise ValueError(f"Expected no job still running on cell {e['name']} of {out}, got pid {attempt['pid']} "
@@ -399,6 +401,15 @@ def _schedule(ex: Any, tasks: list[dict[str, Any]], recipe: Recipe, settings: Gr
                     f"{n_failed} failed; {(now - t0) / 60:.1f} min; {eta}")
     except KeyboardInterrupt:
         ex.cancel(list(running.values()))
+        from satmon.grid.jobs import _write_json
+
+        for name in running:  # a rerun says "cancelled", not "died"
+            attempt = _read_json(Path(by_name[name]["attempt"]))
+            if isinstance(attempt, dict):
+                try:
+                    _write_json(Path(by_name[name]["attempt"]), {**attempt, "cancelled": True})
+                except OSError:
+                    pass
         for name, h in running.items():
             status[name] = CellStatus(name, by_name[name]["key"], "missing", "interrupted (Ctrl-C): its job was cancelled",
                                       h.log)

@@ -130,6 +130,7 @@ def test_a_killed_job_a_busy_folder_and_ctrl_c_then_rerun_resumes(tmp_path):
     # the last rerun completes the cell; nothing is left marked as running
     done = satmon_cli(*args, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "its last job was cancelled (Ctrl-C); running it again" in done.stdout
     data = json.loads((out / "grid.json").read_text())
     assert data["counts"] == {"cells": 1, "done": 1, "missing": 0, "failed": 0}
     assert not list((out / "cells").glob("*.attempt.json")) and not list((out / "cells").glob("*.failed.json"))
