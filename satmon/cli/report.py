@@ -160,14 +160,13 @@ def _usage_error(root: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``satmon report``; returns the exit code (see :data:`DESCRIPTION`)."""
+    parser = _parser()
     try:
-        args = _parser().parse_args(argv)
+        args = parser.parse_args(argv)
+        if args.logdir is None and not args.cells:
+            parser.error("the following arguments are required: LOGDIR (or --cells FILE: a grid on the phase diagram)")
     except SystemExit as e:  # --help (0), or a usage error argparse has printed (2)
         return usage_exit(e)
-    if args.logdir is None and not args.cells:
-        print("satmon report: Expected LOGDIR (a satmon run), or --cells FILE to draw a grid on the phase diagram, got "
-              "neither. See satmon report --help.", file=sys.stderr)
-        return EXIT_USAGE
     why = _usage_error(args.logdir) if args.logdir is not None else None
     plot_path, extra = None, []
     if why is None and (args.plot or args.plot_file is not None or args.cells):

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from satmon.cli import calibrate, demo, report
+from satmon.cli import calibrate, demo, grid, report
 from satmon.cli.main import SUBCOMMANDS, _parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 #: what a help or version line must never load: the frameworks (seconds each) and the readers' stacks
 HEAVY = ("torch", "lightning", "lightning_fabric", "pytorch_lightning", "transformers", "tensorboard", "matplotlib", "numpy")
-PARSERS = {"satmon": _parser, "demo": demo._parser, "report": report._parser, "calibrate": calibrate._parser}
+PARSERS = {"satmon": _parser, "demo": demo._parser, "report": report._parser, "calibrate": calibrate._parser,
+           "grid": grid._parser}
 
 LOADED = """
 import contextlib, io, json, sys
@@ -90,14 +91,15 @@ def test_help_is_plain_text_and_documents_exit_codes(name):
 
 
 def test_subcommand_help_goes_to_stdout_and_exits_0(capsys):
-    for name in ("demo", "report", "calibrate"):
+    for name in ("demo", "report", "calibrate", "grid"):
         assert main([name, "--help"]) == 0
         out, err = capsys.readouterr()
         assert out.startswith(f"usage: satmon {name}") and err == ""
 
 
 def test_every_usage_error_exits_2(capsys):
-    for argv in (["demo", "--window"], ["report"], ["calibrate", "--rule"], ["demo", "--bogus"], ["calibrate", "--bogus"]):
+    for argv in (["demo", "--window"], ["report"], ["calibrate", "--rule"], ["demo", "--bogus"], ["calibrate", "--bogus"],
+                 ["grid"], ["grid", "builtin", "--jobs", "0"], ["grid", "builtin", "--time", "soon"]):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith("usage: satmon") and "error:" in err.splitlines()[-1]
