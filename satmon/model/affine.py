@@ -15,7 +15,7 @@ point-wise layer (DyT, Derf, HardTanh) reads as ``weight * f(alpha * x + s) + bi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -191,7 +191,9 @@ def effective_affine(module: nn.Module, dim: int | None = None, axis: int | None
         axis: the channel axis (``-1`` or ``1``); default: the axis discovery reads for the layer.
 
     Returns:
-        An :class:`EffectiveAffine`.
+        An :class:`EffectiveAffine`. For a layer on the meta device (a model built under ``torch.device("meta")``)
+        the form (kind, which parameter is the gain, whether one adds a bias) is read on a CPU twin whose
+        parameters are drawn, and ``gain``/``bias`` are meta tensors: their values are the model's once loaded.
 
     Raises:
         ValueError: the layer's outputs fit no form (relative residual above 1e-4), it cannot run on
@@ -207,6 +209,32 @@ def effective_affine(module: nn.Module, dim: int | None = None, axis: int | None
         >>> a.kind, a.gain.tolist(), a.bias, a.exact
         ('layernorm', [3.0, 3.0, 3.0, 3.0], None, True)
     """
+    with ev.on_host():  # the test inputs hold values, also under torch.device("meta")
+        if ev.on_meta(module):
+            return _on_meta(module, dim, axis)
+        return _effective_affine(module, dim, axis)
+
+
+def _on_meta(module: nn.Module, dim: int | None, axis: int | None) -> EffectiveAffine:
+    """A layer on the meta device: its form read on a CPU twin whose parameters are drawn; values are meta tensors."""
+    params = tuple(n for n, p in module.named_parameters(recurse=False) if p.is_floating_point())
+    try:
+        twin = ev.clone(module, randomize=params)
+    except ev.OnMeta as err:
+        raise ValueError(
+            f"Expected {type(module).__name__} on the meta device to need only its parameters' shapes to read its affine "
+            f"map, got {err}. Build the model on the CPU to copy its affine map, or convert without copy_affine.") from err
+    found = _effective_affine(twin, dim, axis)
+
+    def meta(t: Tensor | None) -> Tensor | None:
+        return None if t is None else torch.empty(t.shape, dtype=t.dtype, device="meta")
+
+    return replace(found, gain=meta(found.gain), bias=meta(found.bias),
+                   note=f"{found.note} (read on a CPU twin of a layer on the meta device, its parameters drawn: the form "
+                        "is the layer's, the values are meta tensors until the model's are loaded)")
+
+
+def _effective_affine(module: nn.Module, dim: int | None, axis: int | None) -> EffectiveAffine:
     from satmon.model.discovery import norm_channels, read_module
 
     name = type(module).__name__

@@ -18,8 +18,12 @@ changed), with its parameters drawn at random, so the answer does not depend on 
 ``nn.LayerNorm`` and ``nn.RMSNorm`` themselves (not subclasses) and satmon's :class:`~satmon.dyt.DyT`
 are known by type. A parameterless module is evaluated only when it carries a normaliser's attributes
 (``eps``, ``variance_epsilon``, ``normalized_shape``) or its class is named like one: running arbitrary
-forwards could have side effects. Names never exclude a module; when a module cannot be run at all
-(meta device, kernels for another device), its class name may make it a normaliser of unknown kind
+forwards could have side effects. A module on the meta device (a model built under
+``torch.device("meta")``, as ``satmon replay`` builds a ``--factory`` model) is read the same way, on a
+CPU twin of itself: the reading draws or sets every parameter it uses, so it needs their shapes only
+and reads what the same module on the CPU reads. Names never exclude a module; when a module cannot be
+run at all (a buffer whose value meta does not hold, kernels for another device), its class name may
+make it a normaliser of unknown kind
 (:attr:`satmon.model.map.ModelMap.undetermined`) or, for an ``alpha`` owner named like a DyT or
 whose source calls tanh, a DyT (``basis="names"``).
 
@@ -245,7 +249,8 @@ def read_module(module: nn.Module, selected: bool = False) -> Reading | None:
     cached = _cache.get(module)
     if cached is not None and (cached[0] == key or cached[0] == (key[0], False) and cached[1] is not None):
         return cached[1]  # a module read as a normaliser is one whether include= selected it or not
-    reading = _read(module, selected)
+    with ev.on_host():  # the test inputs hold values, also when the model is built under torch.device("meta")
+        reading = _read(module, selected)
     if reading is None or reading.basis != "names":  # a module that could not run is asked again next time
         _cache[module] = (key, reading)
     return reading
@@ -301,6 +306,10 @@ def _by_names(module: nn.Module, own: dict, c: int | None) -> Reading | None:
     """The module could not run on a copy: its names may say what it is, never what it is not."""
     cls = type(module)
     note = f"{cls.__name__} could not be run on a copy of itself (float64 CPU, nor its own device and dtype)"
+    lacking = _meta_lack(module)
+    if lacking:
+        note = (f"{cls.__name__} is on the meta device and reading it needs a value meta does not hold ({lacking}): "
+                "build the model on the CPU to read it")
     if "alpha" in own:
         source = _forward_source(cls)
         function = next((f for f in ("erf", "hardtanh", "tanh") if f in source), None)
@@ -309,6 +318,18 @@ def _by_names(module: nn.Module, own: dict, c: int | None) -> Reading | None:
     if _NORM_NAME.search(cls.__name__) or any(hasattr(module, a) for a in _NORM_ATTRS):
         return Reading("unknown", channels=c, basis="names", note=note + ": named like a normaliser, kind unknown")
     return None
+
+
+def _meta_lack(module: nn.Module) -> str:
+    """What a copy of a module on the meta device would need that meta does not hold (``""``: nothing, or not on meta)."""
+    if not any(t.is_meta for t in (*module.parameters(), *module.buffers())):
+        return ""
+    floats = tuple(n for n, p in module.named_parameters(recurse=False) if p.is_floating_point())
+    try:
+        ev.clone(module, randomize=floats)
+    except ev.OnMeta as err:
+        return str(err)
+    return ""
 
 
 def _forward_source(cls: type) -> str:
