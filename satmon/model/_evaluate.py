@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Layout", "OnMeta", "clone", "fit_per_channel", "from_rows", "layouts", "on_host", "on_meta", "run", "to_rows", "tolerance", "whole"]
+__all__ = ["Layout", "OnMeta", "clone", "fit_per_channel", "from_rows", "layouts", "on_host", "on_meta", "run", "spread", "to_rows", "tolerance", "whole"]
 
 #: (shape, channel axis) of one evaluation input
 Layout = tuple[tuple[int, ...], int]
@@ -100,6 +100,21 @@ def on_meta(module: nn.Module) -> bool:
         (False, True)
     """
     return any(t.is_meta for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)))
+
+
+def spread(layout: Layout, dtype: torch.dtype, device: torch.device | str) -> Tensor:
+    """An input of ``layout`` whose values cover tanh's curved range (about +-5), different in every channel and row.
+
+    Example:
+        >>> x = spread(((2, 3, 4), -1), torch.float64, "cpu")
+        >>> tuple(x.shape), len(set(x.flatten().tolist()))
+        ((2, 3, 4), 24)
+    """
+    shape, _ = layout
+    n = int(torch.tensor(shape).prod())
+    x = torch.linspace(-3.0, 3.0, n, dtype=torch.float64).reshape(shape)
+    perm = torch.randperm(shape[-1], generator=torch.Generator().manual_seed(0))
+    return (x[..., perm] * 1.7).to(device, dtype)
 
 
 def tolerance(dtype: torch.dtype) -> float:
