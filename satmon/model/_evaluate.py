@@ -16,7 +16,8 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Layout", "OnMeta", "clone", "fit_per_channel", "from_rows", "layouts", "on_host", "on_meta", "run", "spread", "to_rows", "tolerance", "whole"]
+__all__ = ["Layout", "OnMeta", "clone", "fit_per_channel", "from_rows", "layouts", "on_host", "on_meta", "run", "spread",
+           "to_rows", "tolerance", "whole"]
 
 #: (shape, channel axis) of one evaluation input
 Layout = tuple[tuple[int, ...], int]
