@@ -36,9 +36,9 @@ _PUBLIC = {
     "StopReason": "satmon.results.stop",
     "SaturationCounter": "satmon.observe.counters",
     "SaturationHooks": "satmon.observe.saturation",
-    "find_dyt_layers": "satmon.model.discovery",
-    "find_norm_layers": "satmon.model.discovery",
-    "find_blocks": "satmon.model.discovery",
+    "find_dyt_layers": "satmon.model.map",
+    "find_norm_layers": "satmon.model.map",
+    "find_blocks": "satmon.model.map",
     "probe": "satmon.probing.passes",
     "ProbeReport": "satmon.results.probe_report",
 }
@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from satmon.convert import convert_to_dyt
     from satmon.drivers.lightning import SaturationMonitor
     from satmon.dyt import DyT
-    from satmon.model.discovery import find_blocks, find_dyt_layers, find_norm_layers
+    from satmon.model.map import find_blocks, find_dyt_layers, find_norm_layers
     from satmon.observe.counters import SaturationCounter
     from satmon.observe.saturation import SaturationHooks
     from satmon.probing.passes import probe

@@ -17,8 +17,13 @@ What it maps (see ``docs/integrations.md``):
   ``mlflow``: the MLflow run its ``MLflowCallback`` opened (metrics, params, the card as the artifact
   ``satmon_verdict.md``); any other integration: the card as ``<output_dir>/satmon_verdict.md``.
   With no integration (``report_to="none"``, transformers 5's default) satmon writes a TensorBoard
-  run of its own, ``<output_dir>/runs/satmon``. ``logdir=`` adds a TensorBoard run there. Written on
-  the world's process zero only; one console line at the verdict names where the card went.
+  run of its own, ``<output_dir>/runs/satmon``. ``logdir=`` puts satmon's TensorBoard run there instead
+  (beside the other integrations). Written on the world's process zero only; one console line at the
+  verdict names where the card went.
+- **log_history.** At the verdict (the window's end, or a window cut short at train end), every
+  process appends one entry to ``state.log_history`` (:func:`log_entry`: ``satmon/decision``,
+  ``satmon/trust``, ``satmon/saturation``, ``satmon/threshold``, ``satmon/margin``, ..., ``step``), so it is
+  in ``trainer.state.log_history`` and in the ``trainer_state.json`` of the checkpoints saved after it.
 - **Stopping.** When the abort policy fires, ``control.should_training_stop`` is set on every
   process: the ranks agree through ``torch.distributed`` when it is initialised (as it is under
   ``torchrun`` / ``accelerate launch``).
@@ -41,6 +46,7 @@ from torch import nn
 
 from satmon.drivers.run_scale import put_scale_note, scale_note
 from satmon.io.sink import Sink
+from satmon.io.tensorboard import verdict_hparams
 from satmon.results.card import plain
 from satmon.results.stop import StopRecord
 from satmon.screen.agreement import TorchDistributed
@@ -55,7 +61,7 @@ except ImportError as err:  # pragma: no cover - the message is the point
     raise ImportError(f"Expected `transformers` to be installed for satmon.drivers.hf, got {err}. "
                       "Install it with `pip install transformers accelerate` (or `pip install -e '.[hf]'` in satmon's clone).") from err
 
-__all__ = ["SatmonTrainerCallback", "STATE_FILE"]
+__all__ = ["SatmonTrainerCallback", "STATE_FILE", "log_entry"]
 
 #: the file, in each checkpoint folder, that holds the screen's state
 STATE_FILE = "satmon_state.pt"
@@ -74,6 +80,27 @@ def _loss_of(output: Any) -> torch.Tensor | None:
     """The ``loss`` of a model output (``ModelOutput`` or dict); ``None`` when there is none."""
     loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
     return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
+
+
+def log_entry(verdict: Verdict, epoch: float | None = None) -> dict[str, Any]:
+    """The verdict as the entry the callback appends to the Trainer's ``state.log_history`` at the verdict.
+
+    The keys of the verdict's hyper-parameters (:func:`satmon.io.tensorboard.verdict_hparams`: the decision, its
+    trust and source as strings, the window, whether it was cut short, the threshold and level), the pooled
+    saturation and the margin as floats, then ``epoch`` and ``step`` as the Trainer's own entries have them.
+
+    Example:
+        >>> from satmon.results.verdict import build_verdict
+        >>> entry = log_entry(build_verdict({"ln_f": (1, 4)}, step=20, window=20), epoch=0.5)
+        >>> entry["satmon/decision"], entry["satmon/trust"], entry["satmon/saturation"], entry["satmon/margin"], entry["step"]
+        ('no-go', 'unproven', 0.25, -0.18, 20)
+    """
+    entry: dict[str, Any] = dict(verdict_hparams(verdict))
+    entry.update({"satmon/saturation": float(verdict.saturation), "satmon/margin": float(verdict.margin)})
+    if epoch is not None:
+        entry["epoch"] = float(epoch)
+    entry["step"] = int(verdict.step)
+    return entry
 
 
 class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
@@ -186,7 +213,9 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         if self.screen is None or not self.screen.active:
             return
         self._paused.close()
+        before = self.screen.verdict
         self.screen.finish(state.global_step)
+        self._log_verdict(state, before)
         self.screen.detach()  # also closes the screen's TensorBoard files before train() returns
 
     # ------------------------------------------------------------------------------------ per step
@@ -203,7 +232,9 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         losses, self._losses = self._losses, []
         for loss in losses[:-1]:  # earlier micro-batches of this optimizer step
             self.screen.push_loss(loss)
+        before = self.screen.verdict
         self.screen.end_step(state.global_step, losses[-1] if losses else None)
+        self._log_verdict(state, before)
         if self.screen.should_stop:  # agreed by every rank inside the screen
             control.should_training_stop = True
         self._paused.enter_context(self.screen.paused())
@@ -212,6 +243,12 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         loss = _loss_of(output) if module.training else None
         if loss is not None:
             self._losses.append(loss.detach())
+
+    def _log_verdict(self, state: TrainerState, before: Verdict | None) -> None:
+        """A verdict made by this step (or the window's end): one entry in ``state.log_history``, on every process."""
+        verdict = self.verdict
+        if verdict is not None and verdict is not before:
+            state.log_history.append(log_entry(verdict, state.epoch))
 
     # --------------------------------------------------------------------------------------- state
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:

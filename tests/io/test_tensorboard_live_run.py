@@ -19,7 +19,7 @@ from helpers import InputRecorder, tiny_lit, token_loader, trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from satmon import SaturationMonitor
-from satmon.model.discovery import find_dyt_layers
+from satmon import find_dyt_layers
 
 WINDOW, STEPS, EVERY = 7, 9, 2
 LOG_STEPS = [2, 4, 6, WINDOW]
