@@ -78,7 +78,7 @@ def final_offset(model: Any, batches: Sequence[Any], level: float = 2.0, device:
     import torch
 
     from satmon.functional.offset import offset_summary, offset_sums
-    from satmon.model.discovery import find_dyt_layers
+    from satmon.model.map import find_dyt_layers
 
     layers = find_dyt_layers(model)
     sums: dict[str, Any] = {}

@@ -57,7 +57,7 @@ def val_loss(recipe: Recipe, model: Any, x: Any, y: Any, batch: int = 128) -> fl
 
 def alphas(model: Any) -> dict[str, float]:
     """Each DyT layer's ``max |alpha|``."""
-    from satmon.model.discovery import find_dyt_layers
+    from satmon.model.map import find_dyt_layers
 
     return {l.name: float(l.module.alpha.detach().abs().max()) for l in find_dyt_layers(model)}
 
@@ -141,7 +141,7 @@ def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: Cell
     """
     import torch
 
-    from satmon.model.discovery import find_dyt_layers
+    from satmon.model.map import find_dyt_layers
     from satmon.screen.screen import Screen
 
     model = recipe.model(spec, norm)
