@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-
-def satmon_cli(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``satmon ARGS`` in a subprocess (the console script's entry point), piped."""
-    return subprocess.run([sys.executable, "-c", "import sys; from satmon.cli.main import main; sys.exit(main())", *args],
-                          cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False, env=env)
+from grid_helpers import satmon_cli
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import satmon_cli
+from grid_helpers import satmon_cli
 
 import satmon
 from satmon.grid import CellData, Recipe, load_recipe
