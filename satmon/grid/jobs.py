@@ -87,6 +87,12 @@ def run_job(task: Mapping[str, Any]) -> str:
         record = measure_cell(recipe, settings, spec, threads=int(task.get("threads", 1)), progress=progress,
                               extra=task.get("extra"))
         _write_json(cell, record)
+    except KeyboardInterrupt:  # cancelled (Ctrl-C in the grid, scancel): not a failure of the cell
+        try:
+            _write_json(attempt, {**(json.loads(attempt.read_text()) if attempt.exists() else {}), "cancelled": True})
+        except (OSError, ValueError):
+            pass
+        raise
     except BaseException as e:
         try:
             _write_json(failed, {"error": error_line(e), "type": type(e).__name__, "log": task.get("log"),
