@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
+import shlex
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from torch import Tensor
+
+from satmon.paths import NotRegular, PathKind, kind_of, open_regular
 
 from satmon.replay.reading import (
     FileChanged,
@@ -127,6 +129,33 @@ def _natural_key(path: Path | str) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
 
 
+#: satmon's own files, by name, and what each is: never a checkpoint, never an error (the names are satmon's:
+#: ``drivers/live_probe.py``, ``drivers/hf.py``'s ``STATE_FILE``, ``io/trackers.py``, ``io/lock.py``, the replay's
+#: partial records, ``io/atomic.py``'s temporaries; ``tests/replay/test_listing_kinds.py`` checks them against these).
+CALIBRATION_FILE = "satmon_calibration.pt"
+STATE_FILE = "satmon_state.pt"
+SATMON_FILES = (
+    (re.compile(re.escape(CALIBRATION_FILE)), "satmon's calibration batches (the live probe saved them; usable as --data)"),
+    (re.compile(re.escape(STATE_FILE)), "satmon's screening state (the Hugging Face callback's; it holds the live verdict)"),
+    (re.compile(r"satmon_\w+\.md"), "satmon's verdict card"),
+    (re.compile(r".+\.partial\.jsonl"), "satmon replay's records of a replay still running or interrupted"),
+    (re.compile(r"\.(.+\.)?satmon-lock"), "satmon's lock file (one writer per output)"),
+    (re.compile(r"\..+\.[a-z0-9_]{8}\.tmp"), "the temporary file of a satmon write that was cut short"),
+)
+_DEEPSPEED_MODEL = re.compile(r"(zero_pp_rank_\d+_)?mp_rank_\d+_model_states\.pt")
+_DEEPSPEED_OPTIM = re.compile(r"(bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt")
+
+
+def satmon_file(name: str) -> str | None:
+    """What satmon's own file ``name`` is (``None``: not one of satmon's).
+
+    Example:
+        >>> satmon_file("satmon_calibration.pt"), satmon_file(".replay.json.satmon-lock"), satmon_file("last.ckpt")
+        ("satmon's calibration batches (the live probe saved them; usable as --data)", "satmon's lock file (one writer per output)", None)
+    """
+    return next((what for pattern, what in SATMON_FILES if pattern.fullmatch(name)), None)
+
+
 @dataclass
 class Listing:
     """What :func:`list_checkpoints` found: the checkpoints (with each file's stamp) and what it left out, and why.
@@ -135,31 +164,54 @@ class Listing:
         paths: the checkpoints, files and Hugging Face folders, each real file once.
         stamps: path -> the stamps of the files it is read from (a folder's weight files).
         left_out: ``(path, why)`` of every file not listed (not a checkpoint suffix, Trainer state, the
-            ``--data`` file, a second link to a listed file, a symlink loop...).
+            ``--data`` file, a second link to a listed file, a FIFO or a device, a symlink loop...).
         explicit: the paths given on the command line that were left out (said on stderr).
+        satmon_files: ``(path, what)`` of satmon's own files (its calibration batches, its state, its cards, partial
+            records, locks): neither checkpoints nor left out.
+        calibration: the first ``satmon_calibration.pt`` found (the live probe's batches: usable as ``--data``).
+        states: the ``satmon_state.pt`` files found (a Hugging Face run's satmon state, with its live verdict).
+        unsupported: ``(path, why)`` of checkpoint folders in a format satmon does not read (DeepSpeed, DCP), with
+            the command that converts each: the replay is incomplete without them.
     """
 
     paths: list[Path] = field(default_factory=list)
     stamps: dict[Path, tuple[FileStamp, ...]] = field(default_factory=dict)
     left_out: list[tuple[Path, str]] = field(default_factory=list)
     explicit: list[tuple[Path, str]] = field(default_factory=list)
+    satmon_files: list[tuple[Path, str]] = field(default_factory=list)
+    calibration: Path | None = None
+    states: list[Path] = field(default_factory=list)
+    unsupported: list[tuple[Path, str]] = field(default_factory=list)
+    #: ``(path, why)`` that may hold checkpoints and could not be read (a folder that cannot be listed, an entry
+    #: whose kind cannot be read, a path over the system's limits).
+    unreadable: list[tuple[Path, str]] = field(default_factory=list)
+    #: ``(path, why)`` of entries said on stderr that hold no checkpoint: not regular files, broken links, loops.
+    odd: list[tuple[Path, str]] = field(default_factory=list)
 
     def unread(self) -> list[tuple[Path, str]]:
-        """What may hold checkpoints and could not be read: a folder that cannot be listed, an entry that cannot be
-        stat'ed. A replay that leaves any of them out is incomplete. (A broken symlink is no such thing: what it
-        names is not there to read, as after Lightning's ``save_last="link"`` lost its target.)"""
-        return [(p, why) for p, why in self.left_out if why.startswith("cannot")]
+        """What may hold checkpoints and was not read: a folder that cannot be listed, an entry whose kind cannot be
+        read (it may be a folder of checkpoints), a path over the system's limits, a checkpoint folder in a format
+        satmon does not read. A replay that leaves any of them out is incomplete. An entry whose kind is known and
+        holds no checkpoint (a FIFO, a device, a broken link, a symlink loop, a second name of a listed file) is no
+        such thing: it is named, and the replay is complete without it."""
+        return self.unreadable + self.unsupported
 
     def broken_links(self) -> list[tuple[Path, str]]:
-        """Broken symlinks named like checkpoints: said, not counted as unread."""
-        return [(p, why) for p, why in self.left_out if why == "a broken symlink" and p.suffix in CHECKPOINT_SUFFIXES]
+        """Broken symlinks, symlink loops and entries that are not regular files: said, not counted as unread."""
+        return list(self.odd)
+
+    def notes(self) -> list[tuple[Path, str]]:
+        """Everything a replay says on stderr about the listing, ``(path, why)``: the paths given that were left
+        out, what could not be read, the entries that are not regular files, broken links and loops."""
+        return self.explicit + self.unread() + self.odd
 
     def found_instead(self, limit: int = 6) -> str:
         """The files left out, in words, for "nothing to replay" (``"nothing"`` when the folders were empty)."""
-        if not self.left_out:
+        found = self.unsupported + self.left_out + self.satmon_files
+        if not found:
             return "nothing (empty folders)"
-        shown = [f"{p.name} ({why})" for p, why in self.left_out[:limit]]
-        more = len(self.left_out) - limit
+        shown = [f"{printable(p.name)} ({why})" for p, why in found[:limit]]
+        more = len(found) - limit
         return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 
 
@@ -175,14 +227,75 @@ def _hf_files(names: set[str]) -> tuple[str, set[str]] | None:
     return main, used
 
 
+def _converted(folder: Path, suffix: str) -> str:
+    stem = folder.name[: -len(folder.suffix)] if folder.suffix in CHECKPOINT_SUFFIXES else folder.name
+    return shlex.quote(str(folder.with_name(f"{stem or 'checkpoint'}-consolidated{suffix}")))
+
+
+def unsupported_format(folder: Path, names: set[str], subfolders: Sequence[Path] = ()) -> str | None:
+    """Why ``folder`` (holding the files ``names`` and the folders ``subfolders``) is a checkpoint in a format satmon
+    does not read, with the command that makes a file it reads; ``None`` when it is not one.
+
+    * torch.distributed.checkpoint (DCP): ``.metadata`` and ``*.distcp`` shards. Its ``.metadata`` is a plain pickle
+      (torch reads it with ``pickle.load``): reading it runs any code stored in it, so satmon does not.
+    * DeepSpeed (Lightning's ``DeepSpeedStrategy`` included): ``latest``, ``zero_to_fp32.py`` and a tag folder of
+      ``mp_rank_*_model_states.pt`` and ``zero_*_optim_states.pt``; the tag folder itself when given.
+
+    Example:
+        >>> print(unsupported_format(Path("run/dcp"), {".metadata", "__0_0.distcp"}).split(":")[0])
+        a torch.distributed.checkpoint (DCP) folder (.metadata and 1 .distcp shard(s))
+    """
+    quoted = printable(shlex.quote(str(folder)))
+    shards = [n for n in names if n.endswith(".distcp")]
+    if ".metadata" in names and shards:
+        out = _converted(folder, ".pt")
+        return (f"a torch.distributed.checkpoint (DCP) folder (.metadata and {len(shards)} .distcp shard(s)): satmon does "
+                "not read it, because its .metadata is a plain pickle that torch reads with pickle.load (code stored in it "
+                "would run); consolidate it into one file with `python -m torch.distributed.checkpoint.format_utils "
+                f"dcp_to_torch_save {quoted} {out}` (it unpickles .metadata: only for a folder you trust), then replay "
+                f"{out} (--factory, or --model for a Lightning module's state)")
+    tag = None
+    if any(_DEEPSPEED_MODEL.fullmatch(n) or _DEEPSPEED_OPTIM.fullmatch(n) for n in names):
+        tag = folder
+    elif "latest" in names or "zero_to_fp32.py" in names:
+        for sub in subfolders:
+            try:
+                if any(_DEEPSPEED_MODEL.fullmatch(e.name) or _DEEPSPEED_OPTIM.fullmatch(e.name) for e in os.scandir(sub)):
+                    tag = sub
+                    break
+            except OSError:
+                continue
+    if tag is None:
+        return None
+    root = folder if tag is not folder else tag.parent
+    root_q, script = shlex.quote(str(root)), shlex.quote(str(root / "zero_to_fp32.py"))
+    where = f"{printable(tag.name)}/mp_rank_*_model_states.pt" if tag is not folder else "mp_rank_*_model_states.pt"
+    return _deepspeed_text(where, root, _converted(root, ".ckpt"), _converted(root, ".pt"), script, root_q)
+
+
+def _deepspeed_text(where: str, root: Path, lightning_out: str, plain_out: str, script: str, root_q: str) -> str:
+    convert = ("python -c \"from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict "
+               f"as c; c('{root}', '{lightning_out.strip(chr(39))}')\"")
+    return (f"a DeepSpeed checkpoint folder ({where}, ZeRO-partitioned zero_*_optim_states.pt beside it): satmon reads "
+            f"single-file checkpoints; consolidate it first (both ways need the deepspeed package): for a Lightning run "
+            f"`{printable(convert)}` makes a .ckpt for --model, else `python {printable(script)} {printable(root_q)} "
+            f"{printable(plain_out)}` (DeepSpeed's script saved with the checkpoint: it is code, run it only for a folder "
+            "you trust) makes a state_dict for --factory; then replay that file")
+
+
 def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] = ()) -> Listing:
     """Files as given, directories searched recursively (symlinks followed, loops detected) for
     ``CHECKPOINT_SUFFIXES`` files and Hugging Face ``checkpoint-N`` folders; each real file once;
-    ``exclude`` (e.g. the calibration data file) and Trainer state files left out. Only ``stat`` is
+    ``exclude`` (e.g. the calibration data file), Trainer state files and satmon's own files left out.
+
+    Each entry's kind is read with ``lstat``/``stat`` (:func:`satmon.paths.kind_of`) before anything else: a FIFO,
+    a socket, a device or a link to one is left out and named with its kind, never opened; a folder in a format
+    satmon does not read (DeepSpeed, DCP) is named once with the command that converts it. Only ``stat`` is
     called: no file is opened.
 
     Raises:
-        ReplayUsageError: a path does not exist.
+        ReplayUsageError: a path does not exist, or is not a file or a folder (a FIFO, a device...), or is over the
+            system's limits.
 
     Example:
         >>> list_checkpoints(["no/such/dir"])
@@ -196,7 +309,7 @@ def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] 
         try:
             st = os.stat(p)
             seen_files[(st.st_dev, st.st_ino)] = p
-        except OSError:
+        except (OSError, ValueError):
             pass
     excluded = dict(seen_files)
     seen_dirs: set[tuple[int, int]] = set()
@@ -218,10 +331,14 @@ def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] 
         out.paths.append(path)
         out.stamps[path] = stamps
 
-    def leave(path: Path, why: str, explicit: bool) -> None:
-        out.left_out.append((path, why))
+    def own(path: Path, what: str, explicit: bool) -> None:
+        out.satmon_files.append((path, what))
+        if path.name == CALIBRATION_FILE and out.calibration is None:
+            out.calibration = path
+        elif path.name == STATE_FILE:
+            out.states.append(path)
         if explicit:
-            out.explicit.append((path, why))
+            out.explicit.append((path, f"{what}, not model weights"))
 
     def hf_folder(folder: Path, names: set[str], explicit: bool) -> set[str]:
         found = _hf_files(names)
@@ -235,6 +352,29 @@ def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] 
         add(folder, stamps, explicit)
         return used
 
+    def entry(path: Path, kind: PathKind) -> Path | None:
+        """One entry of a folder: listed, left out or said; returns it when it is a folder to search."""
+        what = satmon_file(path.name)
+        if kind.kind == "folder":
+            return path
+        if kind.kind == "unstattable":  # its kind is unknown: it may be a folder of checkpoints
+            out.unreadable.append((path, f"cannot stat it: {kind.reason}"))
+        elif kind.kind == "too-long":
+            out.unreadable.append((path, f"cannot read it: {kind.describe()}"))
+        elif kind.kind in ("broken-link", "link-loop") or kind.special:
+            why = kind.describe() + ("" if kind.kind in ("broken-link", "link-loop") else ": not read")
+            out.left_out.append((path, why))
+            out.odd.append((path, why))
+        elif what is not None:
+            own(path, what, explicit=False)
+        elif TRAINER_STATE_FILES.fullmatch(path.name):
+            out.left_out.append((path, "Trainer state, not model weights"))
+        elif path.suffix not in CHECKPOINT_SUFFIXES:
+            out.left_out.append((path, f"not {'/'.join(CHECKPOINT_SUFFIXES)}"))
+        else:
+            add(path, (FileStamp.of(path, kind.st),), explicit=False)
+        return None
+
     def walk(root: Path) -> None:
         stack = [root]
         while stack:
@@ -243,75 +383,54 @@ def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] 
                 st = os.stat(folder)
                 entries = sorted(os.scandir(folder), key=lambda e: _natural_key(e.name))
             except OSError as e:
-                out.left_out.append((folder, f"cannot read the folder: {e.strerror}"))
+                found = kind_of(folder)
+                why = found.describe() if found.kind == "too-long" else (e.strerror or type(e).__name__)
+                out.unreadable.append((folder, f"cannot read the folder: {why}"))
                 continue
             if (st.st_dev, st.st_ino) in seen_dirs:
                 out.left_out.append((folder, "a folder already searched (a symlink loop or a second link)"))
                 continue
             seen_dirs.add((st.st_dev, st.st_ino))
-            used = hf_folder(folder, {e.name for e in entries if _is_file(e)}, explicit=folder == root)
+            kinds = [(Path(e.path), kind_of(e.path, entry=e)) for e in entries]
+            names = {p.name for p, k in kinds if k.regular}
+            dirs = [p for p, k in kinds if k.kind == "folder"]
+            unsupported = unsupported_format(folder, names, dirs)
+            if unsupported is not None:
+                out.unsupported.append((folder, unsupported))
+                continue
+            used = hf_folder(folder, {n for n in names if satmon_file(n) is None}, explicit=folder == root)
             subfolders = []
-            for e in entries:
-                path = Path(e.path)
-                if e.name in used:
+            for path, kind in kinds:
+                if path.name in used:
                     continue
-                why = _unstattable(e)
-                if why is not None:
-                    out.left_out.append((path, why))
-                elif _is_dir(e):
-                    subfolders.append(path)
-                elif not _is_file(e):  # a FIFO, a socket, a device: never opened (a FIFO would block)
-                    out.left_out.append((path, "not a regular file"))
-                elif TRAINER_STATE_FILES.fullmatch(e.name):
-                    out.left_out.append((path, "Trainer state, not model weights"))
-                elif path.suffix not in CHECKPOINT_SUFFIXES:
-                    out.left_out.append((path, f"not {'/'.join(CHECKPOINT_SUFFIXES)}"))
-                else:
-                    try:
-                        add(path, (FileStamp.of(path),), explicit=False)
-                    except OSError as err:
-                        out.left_out.append((path, f"cannot stat it: {err.strerror}"))
+                sub = entry(path, kind)
+                if sub is not None:
+                    subfolders.append(sub)
             stack.extend(reversed(subfolders))
 
     for p in map(Path, paths):
-        if p.is_dir():
+        kind = kind_of(p)
+        if kind.kind == "folder":
             walk(p)
-        elif p.is_file():
-            if TRAINER_STATE_FILES.fullmatch(p.name):
-                leave(p, "Trainer state (optimizer, scheduler or RNG), not model weights", explicit=True)
+        elif kind.regular:
+            what = satmon_file(p.name)
+            if what is not None:
+                own(p, what, explicit=True)
+                out.left_out.append((p, f"{what}, not model weights"))
+            elif TRAINER_STATE_FILES.fullmatch(p.name):
+                leave = (p, "Trainer state (optimizer, scheduler or RNG), not model weights")
+                out.left_out.append(leave)
+                out.explicit.append(leave)
             else:
-                add(p, (FileStamp.of(p),), explicit=True)
-        elif p.exists():  # never opened: a FIFO would block, a device would be read forever
-            raise ReplayUsageError(f"Expected checkpoint files or directories, got {printable(str(p))!r}, which is not a "
-                                   "regular file (a device, a pipe or a socket): pass the checkpoints' files or folder.")
-        else:
-            raise ReplayUsageError(f"No such checkpoint file or directory: {str(p)!r}.")
+                add(p, (FileStamp.of(p, kind.st),), explicit=True)
+        elif kind.kind == "missing":
+            raise ReplayUsageError(f"No such checkpoint file or directory: {printable(str(p)[:240])!r}.")
+        else:  # never opened: a FIFO would block, a device would be read forever
+            todo = ("pass a shorter path (cd to a folder nearer the checkpoints, or link them there)"
+                    if kind.kind == "too-long" else "pass the checkpoints' files or folder")
+            raise ReplayUsageError(f"Expected checkpoint files or directories, got {printable(str(p)[:240])!r}, which is "
+                                   f"{kind.describe()}: {todo} (it was not opened).")
     return out
-
-
-def _unstattable(entry: os.DirEntry) -> str | None:
-    """Why ``entry`` cannot be stat'ed (a broken symlink; a folder this user may list but not search), or ``None``."""
-    try:
-        entry.stat(follow_symlinks=True)
-    except FileNotFoundError:
-        return "a broken symlink" if entry.is_symlink() else "cannot stat it: it disappeared while listed"
-    except OSError as e:
-        return f"cannot stat it: {e.strerror or type(e).__name__}"
-    return None
-
-
-def _is_dir(entry: os.DirEntry) -> bool:
-    try:
-        return entry.is_dir(follow_symlinks=True)
-    except OSError:
-        return False
-
-
-def _is_file(entry: os.DirEntry) -> bool:
-    try:
-        return entry.is_file(follow_symlinks=True)
-    except OSError:
-        return False
 
 
 def find_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] = ()) -> list[Path]:
@@ -335,7 +454,11 @@ def find_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] 
 
 def nothing_to_replay(paths: Sequence[str | Path], listing: Listing) -> str:
     """The one-line message for a listing without a checkpoint: what was searched, and what was found instead."""
-    where = ", ".join(repr(str(p)) for p in list(paths)[:3]) + (" ..." if len(paths) > 3 else "")
+    where = ", ".join(repr(printable(str(p)[:240])) for p in list(paths)[:3]) + (" ..." if len(paths) > 3 else "")
+    if listing.unsupported:
+        path, why = listing.unsupported[0]
+        more = f" (and {len(listing.unsupported) - 1} more such folder(s))" if len(listing.unsupported) > 1 else ""
+        return f"Nothing satmon can replay under {where}: {printable(str(path))} is {why}{more}."
     return (f"Nothing to replay under {where}: no {', '.join(CHECKPOINT_SUFFIXES)} file and no Hugging Face checkpoint "
             f"folder; found {listing.found_instead()}. Pass the checkpoints' folder or files.")
 
@@ -356,14 +479,13 @@ def _not_a_checkpoint(path: Path) -> str | None:
     torch's own errors on such files read ``IndexError: pop from empty list`` or ``KeyError: 101``.
     """
     try:  # opened without blocking (a FIFO put there since the listing), and read only if it is a regular file
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        fd = open_regular(path)
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return "not a regular file (a device, a pipe or a socket): not read"
-            size, head = st.st_size, os.read(fd, 64)
+            size, head = os.fstat(fd).st_size, os.read(fd, 64)
         finally:
             os.close(fd)
+    except NotRegular as e:
+        return f"{e.kind.describe()}: not read"
     except OSError as e:
         return f"cannot read it: {error_line(e)}"
     if size == 0:
