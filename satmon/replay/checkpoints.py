@@ -38,6 +38,7 @@ from torch import Tensor
 
 from satmon.paths import NotRegular, PathKind, kind_of, open_regular
 
+from satmon.replay.budget import BUDGET_ENV, OverBudget, pickle_budget
 from satmon.replay.reading import (
     FileChanged,
     FileStamp,
@@ -675,7 +676,7 @@ def inspect_checkpoint(path: str | Path, trust: bool = False, stamps: Sequence[F
             info.error, trustable = _refusal(e)
             info.unsafe = not trustable
         else:
-            info.error = str(e)[:400] if str(e).startswith(("not a checkpoint", "not a safetensors", "truncated", "corrupt")) \
+            info.error = str(e)[:400] if str(e).startswith(("not a checkpoint", "not a safetensors", "truncated", "corrupt", "over satmon's")) \
                 else error_line(e)
         return info
     if info.global_step is None and not info.notes:
@@ -697,7 +698,7 @@ def _inspect_hf(folder: Path, stamps: Sequence[FileStamp] | None) -> CheckpointI
     try:
         files = [main]
         if main.endswith(".index.json"):
-            index = json.loads((folder / main).read_text()[:50_000_000])
+            index = json.loads(_bounded_text(folder / main))
             weight_map = index.get("weight_map") if isinstance(index, dict) else None
             if not isinstance(weight_map, dict) or not weight_map:
                 raise ValueError(f"not a checkpoint: {main} has no weight_map")
@@ -736,7 +737,7 @@ def _inspect_hf(folder: Path, stamps: Sequence[FileStamp] | None) -> CheckpointI
             info.error = (_refusal(e)[0].split(". If you")[0] + ": a Hugging Face weights file holds tensors only, so "
                           "this one is not what transformers or the Trainer writes; do not load it")
         else:
-            info.error = str(e)[:400] if str(e).startswith(("not a", "incomplete", "truncated", "corrupt")) else error_line(e)
+            info.error = str(e)[:400] if str(e).startswith(("not a", "incomplete", "truncated", "corrupt", "over satmon's")) else error_line(e)
         return info
     info.global_step, note = _hf_step(folder)
     if note:
@@ -748,7 +749,7 @@ def _hf_step(folder: Path) -> tuple[int | None, str | None]:
     state = folder / "trainer_state.json"
     if state.is_file():
         try:
-            step = json.loads(state.read_text()[:200_000_000]).get("global_step")
+            step = json.loads(_bounded_text(state)).get("global_step")
             if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
                 return step, None
             note = "trainer_state.json holds no global_step"
@@ -760,6 +761,18 @@ def _hf_step(folder: Path) -> tuple[int | None, str | None]:
     if found:
         return int(found.group(1)), f"{note}: step {found.group(1)} read from the folder name"
     return None, f"{note}: ordered and logged by its position instead"
+
+
+def _bounded_text(path: Path) -> str:
+    """A Hugging Face folder's JSON (its index, ``trainer_state.json``), read only when it is a regular file within the
+    pickle budget (:mod:`satmon.replay.budget`): its size is checked before it is read."""
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        size, budget = os.fstat(fd).st_size, pickle_budget()
+        if size > budget:
+            raise OverBudget(f"over satmon's read budget: {path.name} is {size:,} bytes, over the {budget / 2**20:,.0f} MiB "
+                             f"satmon reads of a checkpoint's metadata; set {BUDGET_ENV}=N (MiB) to read it")
+        return f.read(budget + 1).decode("utf-8", errors="replace")
 
 
 def _index_keys(w: _Weights) -> list[str]:
