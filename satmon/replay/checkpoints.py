@@ -139,9 +139,9 @@ SATMON_FILES = (
     (re.compile(re.escape(CALIBRATION_FILE)), "satmon's calibration batches (the live probe saved them; usable as --data)"),
     (re.compile(re.escape(STATE_FILE)), "satmon's screening state (the Hugging Face callback's; it holds the live verdict)"),
     (re.compile(r"satmon_\w+\.md"), "satmon's verdict card"),
-    (re.compile(r".+\.partial\.jsonl"), "satmon replay's records of a replay still running or interrupted"),
+    (re.compile(r".+\.partial\.jsonl"), "satmon's partial records of a replay still running or interrupted (--json FILE.partial.jsonl)"),
     (re.compile(r"\.(.+\.)?satmon-lock"), "satmon's lock file (one writer per output)"),
-    (re.compile(r"\..+\.[a-z0-9_]{8}\.tmp"), "the temporary file of a satmon write that was cut short"),
+    (re.compile(r"\..+\.[a-z0-9_]{8}\.tmp"), "satmon's temporary file of a write that was cut short"),
 )
 _DEEPSPEED_MODEL = re.compile(r"(zero_pp_rank_\d+_)?mp_rank_\d+_model_states\.pt")
 _DEEPSPEED_OPTIM = re.compile(r"(bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt")
@@ -253,7 +253,7 @@ def unsupported_format(folder: Path, names: set[str], subfolders: Sequence[Path]
         return (f"a torch.distributed.checkpoint (DCP) folder (.metadata and {len(shards)} .distcp shard(s)): satmon does "
                 "not read it, because its .metadata is a plain pickle that torch reads with pickle.load (code stored in it "
                 "would run); consolidate it into one file with `python -m torch.distributed.checkpoint.format_utils "
-                f"dcp_to_torch_save {quoted} {out}` (it unpickles .metadata: only for a folder you trust), then replay "
+                f"dcp_to_torch {quoted} {out}` (it unpickles .metadata: only for a folder you trust), then replay "
                 f"{out} (--factory, or --model for a Lightning module's state)")
     tag = None
     if any(_DEEPSPEED_MODEL.fullmatch(n) or _DEEPSPEED_OPTIM.fullmatch(n) for n in names):
