@@ -287,10 +287,10 @@ def _check_inputs(args: argparse.Namespace) -> Any:
     if args.live is not None and not Path(args.live).exists():
         raise _usage(f"--live {args.live!r}: no such file or folder. Pass the live run's TensorBoard folder (e.g. "
                      "satmon_logs/demo/version_0), or leave --live out.")
-    if args.data is not None and not Path(args.data).is_file():
-        what = "not a regular file (a folder, a device, a pipe or a socket)" if Path(args.data).exists() else "no such file"
-        raise _usage(f"--data {args.data!r}: {what}. Pass --data FILE (a torch.save'd tensor, list of "
-                     "batches or dict of tensors) or --datamodule MODULE:CLASS.")
+    if args.data is not None:  # by its kind, never opened (satmon.paths)
+        from satmon.replay.data import check_data_file
+
+        check_data_file(args.data)
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():

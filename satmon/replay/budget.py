@@ -28,8 +28,8 @@ import zipfile
 from collections.abc import Iterable
 from typing import IO, Any
 
-__all__ = ["BUDGET_ENV", "DEFAULT_PICKLE_MB", "OverBudget", "check_archive", "check_storages", "pickle_budget",
-           "pickle_extent"]
+__all__ = ["BUDGET_ENV", "DEFAULT_PICKLE_MB", "OverBudget", "check_archive", "check_storages", "legacy_storage_claims", "mib",
+           "pickle_budget", "pickle_extent"]
 
 #: The environment variable that raises (or lowers) the pickle budget, in MiB.
 BUDGET_ENV = "SATMON_MAX_PICKLE_MB"
@@ -66,8 +66,13 @@ def pickle_budget() -> int:
     return int(mb * 2**20)
 
 
+def mib(n: int) -> str:
+    """``n`` bytes in MiB, as the budget is given (``"64 MiB"``, ``"0.01 MiB"``)."""
+    return f"{n / 2**20:,.0f} MiB" if n >= 10 << 20 else f"{n / 2**20:.3g} MiB"
+
+
 def _over(what: str, declared: int, budget: int) -> OverBudget:
-    return OverBudget(f"over satmon's read budget: {what} declares {declared:,} bytes, over the {budget / 2**20:,.0f} MiB "
+    return OverBudget(f"over satmon's read budget: {what} declares {declared:,} bytes, over the {mib(budget)} "
                       "satmon reads of a checkpoint's pickle (a checkpoint's pickle holds no tensor data); refused "
                       f"unread. For a file you trust that needs more, set {BUDGET_ENV}=N (MiB)")
 
@@ -132,6 +137,42 @@ def check_storages(storages: Iterable[Any], size: int, legacy: bool = False) -> 
         raise OverBudget(f"over satmon's read budget: its pickle declares tensor storages of {total:,} bytes in a "
                          f"{size:,}-byte file (their bytes would have to be in it): a crafted or cut-short file; refused "
                          "before anything was allocated")
+
+
+def legacy_storage_claims(f: IO[bytes]) -> int | None:
+    """The bytes of the storages a legacy file's object pickle (at ``f``'s position) declares, each root storage once,
+    read with torch's weights-only unpickler and every storage on the meta device (nothing allocated); ``None`` when
+    that unpickler refuses the pickle (``torch.load`` then refuses it too, or runs it only when trusted).
+
+    torch reads a legacy file's storages by allocating each declared size on the CPU before it reads the bytes, even
+    for ``map_location="meta"``: the sizes must be known first.
+    """
+    import torch
+    from torch import _weights_only_unpickler
+
+    claims: dict[Any, int] = {}
+
+    def persistent_load(saved_id: Any) -> Any:
+        if not (isinstance(saved_id, tuple) and len(saved_id) == 6 and saved_id[0] in ("storage", b"storage")):
+            raise pickle_error(f"an unexpected storage id {type(saved_id).__name__}")
+        _, storage_type, root_key, _, numel, _ = saved_id
+        dtype = storage_type.dtype
+        nbytes = int(numel) * torch._utils._element_size(dtype)
+        claims[root_key] = max(claims.get(root_key, 0), nbytes)
+        return torch.storage.TypedStorage(wrap_storage=torch.UntypedStorage(nbytes, device="meta"), dtype=dtype,
+                                          _internal=True)
+
+    unpickler = _weights_only_unpickler.Unpickler(f, encoding="utf-8")
+    unpickler.persistent_load = persistent_load
+    try:
+        unpickler.load()
+    except Exception:
+        return None
+    return sum(claims.values())
+
+
+def pickle_error(what: str) -> ValueError:
+    return ValueError(f"not a checkpoint: {what} in its pickle")
 
 
 _OPCODES = {op.code.encode("latin-1"): op for op in pickletools.opcodes}

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from satmon.paths import NotRegular, PathKind, kind_of, open_regular
 
-from satmon.replay.budget import BUDGET_ENV, OverBudget, pickle_budget
+from satmon.replay.budget import BUDGET_ENV, OverBudget, mib, pickle_budget
 from satmon.replay.reading import (
     FileChanged,
     FileStamp,
@@ -770,7 +770,7 @@ def _bounded_text(path: Path) -> str:
     with os.fdopen(fd, "rb") as f:
         size, budget = os.fstat(fd).st_size, pickle_budget()
         if size > budget:
-            raise OverBudget(f"over satmon's read budget: {path.name} is {size:,} bytes, over the {budget / 2**20:,.0f} MiB "
+            raise OverBudget(f"over satmon's read budget: {path.name} is {size:,} bytes, over the {mib(budget)} "
                              f"satmon reads of a checkpoint's metadata; set {BUDGET_ENV}=N (MiB) to read it")
         return f.read(budget + 1).decode("utf-8", errors="replace")
 

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from satmon.replay.budget import check_archive, check_storages, pickle_budget, pickle_extent
+from satmon.replay.budget import OverBudget, check_archive, check_storages, legacy_storage_claims, pickle_budget, pickle_extent
 
 __all__ = ["CorruptFile", "FileChanged", "FileStamp", "SafetensorsIndex", "copy_tensors", "load_index", "load_whole",
            "meta_tensors"]
@@ -167,6 +167,14 @@ def _check_legacy_pickles(stamp: FileStamp) -> None:
         budget, used = pickle_budget(), 0
         for _ in range(_LEGACY_PICKLES):
             used += pickle_extent(f, stamp.size, budget - used)
+        f.seek(0)
+        for _ in range(3):  # magic number, protocol, system info: then the object, whose storages torch allocates first
+            pickle_extent(f, stamp.size, budget)
+        claimed = legacy_storage_claims(f)
+    if claimed is not None and claimed > stamp.size:
+        raise OverBudget(f"over satmon's read budget: its pickle declares tensor storages of {claimed:,} bytes in a "
+                         f"{stamp.size:,}-byte file (their bytes would have to be in it): a crafted or cut-short file; "
+                         "refused before anything was allocated")
 
 
 def _check_small_records(z: zipfile.ZipFile) -> None:
