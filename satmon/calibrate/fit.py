@@ -24,6 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from satmon.paths import kind_of
 from satmon.results.calibration import (
     FORMAT,
     Calibration,
@@ -223,10 +224,14 @@ def read_text(path: str | Path, what: str) -> str:
         'saturation,group\\n'
     """
     path = Path(path)
-    if path.is_dir():
+    kind = kind_of(path)  # by lstat/stat: a FIFO, a socket, a device or a link to one is named, never opened
+    if kind.kind == "folder":
         raise CalibrationError(f"Expected {what}, got a folder at {str(path)!r}: pass the file itself.")
-    if not path.is_file():
+    if kind.kind == "missing":
         raise CalibrationError(f"Expected {what}, got no file at {str(path)!r}.")
+    if not kind.regular:
+        raise CalibrationError(f"Expected {what} (a regular file), got {str(path)[:240]!r}, which is {kind.describe()}: "
+                               "pass the file itself (it was not opened).")
     try:
         data = path.read_bytes()
     except OSError as e:
