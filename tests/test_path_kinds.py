@@ -1,0 +1,119 @@
+"""Not a regular file, and paths at the system's limits, for every reader satmon has (issue 36 classes 1 and 5).
+
+One table of members (a FIFO, a socket, a device, links to each, a loop, a name over NAME_MAX, a path over PATH_MAX),
+tried against each reader: ``satmon report``'s LOGDIR and the event files it finds, ``satmon calibrate``'s runs and
+CSV inputs, a ``calibration.json``, ``satmon replay --data``. Each is named by its kind in one line, never opened.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from satmon.paths import kind_of
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MEMBERS = {
+    "fifo": "a FIFO (named pipe)",
+    "socket": "a socket",
+    "dev-zero-link": "a symlink to a character device (/dev/zero)",
+    "fifo-link": "a symlink to a FIFO (named pipe)",
+    "link-loop": "a symlink loop",
+    "name-over-name-max": "over the file system's limit of",
+    "path-over-path-max": "(PATH_MAX)",
+}
+
+
+@pytest.fixture
+def make(tmp_path):
+    """``make(member, name)``: the member at ``tmp_path/name`` (the long ones at a longer path), returned as a str."""
+    sockets: list[socket.socket] = []
+
+    def build(member: str, name: str) -> str:
+        path = tmp_path / name
+        if member == "fifo":
+            os.mkfifo(path)
+        elif member == "socket":
+            sockets.append(socket.socket(socket.AF_UNIX))
+            sockets[-1].bind(str(path))
+        elif member == "dev-zero-link":
+            path.symlink_to("/dev/zero")
+        elif member == "fifo-link":
+            os.mkfifo(tmp_path / f"real-{Path(name).name}")
+            path.symlink_to(tmp_path / f"real-{Path(name).name}")
+        elif member == "link-loop":
+            path.symlink_to(path)
+        elif member == "name-over-name-max":
+            return str(tmp_path / ("n" * 300 + name))
+        else:
+            return str(tmp_path) + "/p" * 2100 + "/" + name
+        return str(path)
+
+    yield build
+    for s in sockets:
+        s.close()
+
+
+def _said(message: str, member: str) -> None:
+    assert MEMBERS[member] in message, message
+    assert "Errno" not in message and "Traceback" not in message and "\n" not in message.strip(), message
+
+
+@pytest.mark.parametrize("member", list(MEMBERS))
+def test_kind_of_never_opens_and_names_each_member(make, member, monkeypatch):
+    path = make(member, "x.pt")
+    monkeypatch.setattr(os, "open", lambda *a, **k: pytest.fail("opened"))
+    kind = kind_of(path)
+    assert not kind.regular and MEMBERS[member] in kind.describe()
+
+
+@pytest.mark.parametrize("member", list(MEMBERS))
+def test_satmon_report_names_a_logdir_that_is_not_a_file_or_a_folder(make, member, capsys):
+    from satmon.cli.main import main
+
+    path = make(member, "events.out.tfevents.1.host")
+    assert main(["report", path]) == 2
+    _said(capsys.readouterr().err, member)
+
+
+@pytest.mark.parametrize("member", ["fifo", "socket", "dev-zero-link", "fifo-link", "link-loop"])
+def test_an_event_file_that_is_not_a_file_is_named_by_kind_in_a_folder(make, member, tmp_path):
+    """In a process of its own under a timeout: a FIFO opened would block forever."""
+    run = tmp_path / "run"
+    run.mkdir()
+    make(member, "run/events.out.tfevents.2.odd")
+    code = ("from satmon.io.tensorboard_reader import read_run; import sys; "
+            f"print(read_run({str(run)!r}).problems)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert "not a regular file: " + MEMBERS[member].split(" (/dev")[0] in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("member", list(MEMBERS))
+def test_calibrate_inputs_are_named_by_kind(make, member):
+    from satmon.calibrate.fit import CalibrationError, read_text
+    from satmon.calibrate.runs import run_readings
+    from satmon.results.calibration import load_calibration
+
+    for call in (lambda p: run_readings([p]), lambda p: read_text(p, "an outcomes CSV"), load_calibration):
+        path = make(member, f"in{id(call)}.json")
+        with pytest.raises(CalibrationError) as e:
+            call(path)
+        _said(str(e.value), member)
+
+
+@pytest.mark.parametrize("member", list(MEMBERS))
+def test_replay_data_is_named_by_kind(make, member):
+    from satmon.replay.data import check_data_file
+    from satmon.replay.user_code import ReplayUsageError
+
+    with pytest.raises(ReplayUsageError) as e:
+        check_data_file(make(member, "calib.pt"))
+    _said(str(e.value), member)
