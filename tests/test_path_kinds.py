@@ -117,3 +117,36 @@ def test_replay_data_is_named_by_kind(make, member):
     with pytest.raises(ReplayUsageError) as e:
         check_data_file(make(member, "calib.pt"))
     _said(str(e.value), member)
+
+
+@pytest.fixture
+def replay_folder(tmp_path, monkeypatch):
+    import torch
+
+    (tmp_path / "m.py").write_text("import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 4), "
+                                   "torch.nn.LayerNorm(4))\n")
+    torch.save(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)).state_dict(), tmp_path / "w.pt")
+    torch.save(torch.randn(8, 4), tmp_path / "calib.pt")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("too_long", ["name", "path"])
+@pytest.mark.parametrize("option", ["CHECKPOINT", "--data", "--json", "--report", "--logdir", "--name", "--live"])
+def test_every_replay_path_over_the_system_limits_is_one_line_exit_2(replay_folder, capsys, option, too_long):
+    """issue 36 class 5: never 'stopped by OSError: [Errno 36] File name too long'."""
+    from satmon.cli.main import main
+
+    suffix = {"--json": ".json", "--report": ".md", "--data": ".pt", "CHECKPOINT": ".pt"}.get(option, "")
+    value = ("x" * 300 + suffix) if too_long == "name" else (str(replay_folder) + "/a" * 2100 + "/w" + suffix)
+    if option == "--name" and too_long == "path":
+        value = "/".join(["n" * 200] * 22)  # a relative run name over PATH_MAX
+    argv = dict.fromkeys(["CHECKPOINT", "--factory", "--data"])
+    argv.update({"CHECKPOINT": "w.pt", "--factory": "./m.py:build", "--data": "calib.pt"})
+    argv[option] = value
+    cmd = ["replay", argv.pop("CHECKPOINT"), *[x for kv in argv.items() for x in kv], "--quiet", "--no-twin",
+           *([] if option == "--logdir" else ["--logdir", str(replay_folder / "tb")])]
+    assert main(cmd) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Errno" not in err and "limit" in err, err
+    assert not (replay_folder / "tb").exists()  # refused before any work

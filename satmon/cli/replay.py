@@ -223,7 +223,7 @@ def _check_outputs(args: argparse.Namespace) -> Outputs:
     if not name.strip() or Path(name).is_absolute() or any(p in ("..", ".") for p in parts):
         raise _usage(f"Expected --name to be a run name such as 'replay' (a relative path without '.' or '..'), got {name!r}.")
     run = logdir / name
-    if run.exists() and not run.is_dir():
+    if os.path.exists(run) and not os.path.isdir(run):  # False past PATH_MAX: checked by _check_folder below
         raise _usage(f"--logdir/--name: {str(run)!r} is a file, where the TensorBoard run folder goes: pass another "
                      "--name or --logdir.")
     _check_folder("--logdir/--name", str(run))  # the names' lengths; writable where it exists
@@ -284,8 +284,10 @@ def _check_inputs(args: argparse.Namespace) -> Any:
     if args.weights_only and args.trust_checkpoints:
         raise _usage("Expected either --weights-only (read checkpoints with torch.load(weights_only=True): the default) or "
                      "--trust-checkpoints (weights_only=False: runs code stored in them), got both: drop one.")
-    if args.live is not None and not Path(args.live).exists():
-        raise _usage(f"--live {args.live!r}: no such file or folder. Pass the live run's TensorBoard folder (e.g. "
+    from satmon.paths import kind_of
+
+    if args.live is not None and kind_of(args.live).kind not in ("folder", "file"):  # a FIFO, a name too long...
+        raise _usage(f"--live {args.live[:240]!r}: {kind_of(args.live).describe()}. Pass the live run's TensorBoard folder (e.g. "
                      "satmon_logs/demo/version_0), or leave --live out.")
     if args.data is not None:  # by its kind, never opened (satmon.paths)
         from satmon.replay.data import check_data_file

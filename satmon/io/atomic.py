@@ -36,7 +36,7 @@ TEMP_EXTRA = len("..") + 8 + len(".tmp")
 
 def _limit(folder: Path, name: str, default: int) -> int:
     """The file system's ``pathconf`` limit ``name`` at the nearest existing folder at or above ``folder``."""
-    existing = next((a for a in (folder, *folder.parents) if a.exists()), Path("."))
+    existing = next((a for a in (folder, *folder.parents) if os.path.exists(a)), Path("."))  # False past PATH_MAX
     try:
         return int(os.pathconf(existing, name))
     except (OSError, ValueError, AttributeError):
@@ -179,7 +179,7 @@ def _real(p: Path) -> Path:
 
 def _check_folder(folder: Path, what: str, text: str) -> None:
     """The nearest existing folder at or above ``folder`` must be a folder this user can write to."""
-    existing = next((a for a in (folder, *folder.parents) if a.exists()), None)
+    existing = next((a for a in (folder, *folder.parents) if os.path.exists(a)), None)  # False past PATH_MAX
     if existing is not None and not existing.is_dir():
         raise OutputError(f"Expected {what} {text!r} under a folder, got a file at {str(existing)!r}: choose another path.")
     if existing is not None and (not os.access(existing, os.W_OK | os.X_OK) or _read_only(existing)):
