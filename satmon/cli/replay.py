@@ -692,7 +692,7 @@ def run(args: argparse.Namespace, state: _State | None = None) -> int:
 
 def _unverified(ordered: list[Any]) -> str:
     """What could not be checked for damage: checkpoints in formats that record no checksum (``""``: none)."""
-    names = [i.path.name for i in ordered if any(w.layout != "zip" for w in i.weights)]
+    names = [i.path.name for i in ordered if any(w.layout not in ("zip", "dcp") for w in i.weights)]  # DCP: zip chunks
     if not names:
         return ""
     from satmon.replay.user_code import printable

@@ -39,6 +39,7 @@ from torch import Tensor
 from satmon.paths import NotRegular, PathKind, kind_of, open_regular
 
 from satmon.replay.budget import BUDGET_ENV, OverBudget, mib, pickle_budget
+from satmon.replay.dcp import METADATA, DcpIndex, is_dcp
 from satmon.replay.reading import (
     FileChanged,
     FileStamp,
@@ -77,7 +78,7 @@ class _Weights:
     """One file holding weights: its stamp from the listing, its layout, and its index (no tensor data)."""
 
     stamp: FileStamp
-    layout: str  #: "zip", "legacy" (torch.save before 1.6) or "safetensors"
+    layout: str  #: "zip", "legacy" (torch.save before 1.6), "safetensors" or "dcp" (index: the DcpIndex and its stamps)
     index: Any = field(default=None, repr=False, compare=False)  #: torch: the object, tensors on meta; safetensors: its header
 
 
@@ -143,6 +144,8 @@ SATMON_FILES = (
     (re.compile(r"\.(.+\.)?satmon-lock"), "satmon's lock file (one writer per output)"),
     (re.compile(r"\..+\.[a-z0-9_]{8}\.tmp"), "satmon's temporary file of a write that was cut short"),
 )
+#: Lightning's FSDP writes the rest of a sharded checkpoint (step, hyper-parameters) beside the DCP shards.
+DCP_META = "meta.pt"
 _DEEPSPEED_MODEL = re.compile(r"(zero_pp_rank_\d+_)?mp_rank_\d+_model_states\.pt")
 _DEEPSPEED_OPTIM = re.compile(r"(bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt")
 
@@ -237,24 +240,15 @@ def unsupported_format(folder: Path, names: set[str], subfolders: Sequence[Path]
     """Why ``folder`` (holding the files ``names`` and the folders ``subfolders``) is a checkpoint in a format satmon
     does not read, with the command that makes a file it reads; ``None`` when it is not one.
 
-    * torch.distributed.checkpoint (DCP): ``.metadata`` and ``*.distcp`` shards. Its ``.metadata`` is a plain pickle
-      (torch reads it with ``pickle.load``): reading it runs any code stored in it, so satmon does not.
-    * DeepSpeed (Lightning's ``DeepSpeedStrategy`` included): ``latest``, ``zero_to_fp32.py`` and a tag folder of
-      ``mp_rank_*_model_states.pt`` and ``zero_*_optim_states.pt``; the tag folder itself when given.
+    DeepSpeed (Lightning's ``DeepSpeedStrategy`` included): ``latest``, ``zero_to_fp32.py`` and a tag folder of
+    ``mp_rank_*_model_states.pt`` and ``zero_*_optim_states.pt`` (the tag folder itself when given). Its weights are
+    partitioned across the ranks' optimizer files (ZeRO), in DeepSpeed's own objects: consolidating them needs
+    deepspeed. (A torch.distributed.checkpoint folder is read: :mod:`satmon.replay.dcp`.)
 
     Example:
-        >>> print(unsupported_format(Path("run/dcp"), {".metadata", "__0_0.distcp"}).split(":")[0])
-        a torch.distributed.checkpoint (DCP) folder (.metadata and 1 .distcp shard(s))
+        >>> print(unsupported_format(Path("run/ds"), {"mp_rank_00_model_states.pt"}).split(":")[0])
+        a DeepSpeed checkpoint folder (mp_rank_*_model_states.pt, ZeRO-partitioned zero_*_optim_states.pt beside it)
     """
-    quoted = printable(shlex.quote(str(folder)))
-    shards = [n for n in names if n.endswith(".distcp")]
-    if ".metadata" in names and shards:
-        out = _converted(folder, ".pt")
-        return (f"a torch.distributed.checkpoint (DCP) folder (.metadata and {len(shards)} .distcp shard(s)): satmon does "
-                "not read it, because its .metadata is a plain pickle that torch reads with pickle.load (code stored in it "
-                "would run); consolidate it into one file with `python -m torch.distributed.checkpoint.format_utils "
-                f"dcp_to_torch {quoted} {out}` (it unpickles .metadata: only for a folder you trust), then replay "
-                f"{out} (--factory, or --model for a Lightning module's state)")
     tag = None
     if any(_DEEPSPEED_MODEL.fullmatch(n) or _DEEPSPEED_OPTIM.fullmatch(n) for n in names):
         tag = folder
@@ -395,6 +389,14 @@ def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] 
             kinds = [(Path(e.path), kind_of(e.path, entry=e)) for e in entries]
             names = {p.name for p, k in kinds if k.regular}
             dirs = [p for p, k in kinds if k.kind == "folder"]
+            if is_dcp(names):  # a torch.distributed.checkpoint folder: one checkpoint, read without a process group
+                files = [METADATA, *sorted((n for n in names if n.endswith(".distcp") or n == DCP_META), key=_natural_key)]
+                try:
+                    add(folder, tuple(FileStamp.of(folder / n, k.st) for n in files for p, k in kinds if p.name == n),
+                        explicit=folder == root)
+                except OSError as e:
+                    out.unreadable.append((folder, f"cannot stat it: {e.strerror}"))
+                continue
             unsupported = unsupported_format(folder, names, dirs)
             if unsupported is not None:
                 out.unsupported.append((folder, unsupported))
@@ -638,7 +640,8 @@ def inspect_checkpoint(path: str | Path, trust: bool = False, stamps: Sequence[F
     """
     path = Path(path)
     if path.is_dir():
-        return _inspect_hf(path, stamps)
+        names = {p.name for p in path.iterdir()}
+        return _inspect_dcp(path, stamps) if is_dcp(names) else _inspect_hf(path, stamps)
     info = CheckpointInfo(path=path, weights_only=not trust)
     info.error = _not_a_checkpoint(path)
     if info.error is not None:
@@ -745,6 +748,39 @@ def _inspect_hf(folder: Path, stamps: Sequence[FileStamp] | None) -> CheckpointI
     return info
 
 
+def _inspect_dcp(folder: Path, stamps: Sequence[FileStamp] | None) -> CheckpointInfo:
+    """A torch.distributed.checkpoint folder (:mod:`satmon.replay.dcp`): its ``.metadata`` read with a restricted
+    unpickler (no code runs, trusted or not), its tensors assembled from every shard at their turn; its step stored
+    beside them or in Lightning's ``meta.pt``."""
+    info = CheckpointInfo(path=folder, kind="state_dict")
+    try:
+        given = {s.path.name: s for s in stamps or ()}
+        if not given:
+            given = {p.name: FileStamp.of(p) for p in folder.iterdir()
+                     if p.name == METADATA or p.name.endswith(".distcp") or p.name == DCP_META}
+        index = DcpIndex.read(folder, given)
+        info.weights = (_Weights(given[METADATA], "dcp", (index, given)),)
+        info.global_step = index.step(given)
+        if info.global_step is None and DCP_META in given:  # Lightning's FSDP: the rest of the checkpoint
+            meta = load_index(given[DCP_META], trust=False)
+            if isinstance(meta, Mapping):
+                info.global_step, _ = _step_of(meta, _Weights(given[DCP_META], "zip", meta))
+    except FileChanged as e:
+        info.error, info.weights = str(e), ()
+        return info
+    except Exception as e:
+        info.weights = ()
+        text = str(e)[:400] if str(e).startswith(("not", "incomplete", "truncated", "corrupt", "over satmon's")) \
+            else error_line(e)
+        info.error = (f"{text}; a torch.distributed.checkpoint folder can also be consolidated into one file with "
+                      f"`python -m torch.distributed.checkpoint.format_utils dcp_to_torch {printable(shlex.quote(str(folder)))} "
+                      f"{_converted(folder, '.pt')}` (it unpickles .metadata: only for a folder you trust)")
+        return info
+    if info.global_step is None:
+        info.notes.append("no global step in the folder: ordered and logged by its position instead")
+    return info
+
+
 def _hf_step(folder: Path) -> tuple[int | None, str | None]:
     state = folder / "trainer_state.json"
     if state.is_file():
@@ -791,6 +827,8 @@ def meta_state_dict(info: CheckpointInfo) -> dict[str, Tensor]:
     for w in info.weights:
         if w.layout == "safetensors":
             out.update(w.index.meta())
+        elif w.layout == "dcp":
+            out.update(w.index[0].meta())
         elif info.kind == "lightning":
             out.update(w.index["state_dict"])
         else:
@@ -819,6 +857,8 @@ def state_dict_of(info: CheckpointInfo) -> dict[str, Tensor]:
     for w in info.weights:
         if w.layout == "safetensors":
             out.update(w.index.tensors(w.stamp))
+        elif w.layout == "dcp":
+            out.update(w.index[0].tensors(w.index[1]))
         elif w.layout == "zip":
             part = extract_state_dict(w.index) if info.kind != "lightning" else dict(w.index["state_dict"])
             out.update(copy_tensors(part, w.stamp, index=w.index))

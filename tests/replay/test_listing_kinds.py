@@ -258,8 +258,6 @@ def _deepspeed_raw(folder: Path) -> None:
 
 
 FORMATS = {
-    "dcp": (_dcp, "dcp", "a torch.distributed.checkpoint (DCP) folder",
-            "python -m torch.distributed.checkpoint.format_utils dcp_to_torch "),
     "deepspeed-lightning": (_deepspeed_lightning, "epoch=0-step=10.ckpt", "a DeepSpeed checkpoint folder",
                             "convert_zero_checkpoint_to_fp32_state_dict"),
     "deepspeed": (_deepspeed_raw, "ds", "a DeepSpeed checkpoint folder", "zero_to_fp32.py"),
@@ -283,18 +281,113 @@ def test_a_format_satmon_does_not_read_is_named_once_with_its_conversion(tmp_pat
         assert what in message and command in message
 
 
-def test_the_dcp_conversion_command_makes_a_file_satmon_replays(tmp_path):
-    """The command the message gives works: run it (torch's own module) and the result is a checkpoint."""
-    import subprocess
-    import sys
-    import shlex
+def test_a_dcp_folder_is_read_without_a_process_group_as_torch_consolidates_it(tmp_path):
+    """DCP is read directly: the same tensors as torch's own dcp_to_torch_save, and no process group."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    state = {"model": {"w": torch.randn(3, 5), "b": torch.arange(4, dtype=torch.bfloat16)}, "step": 12,
+             "optimizer": {"lr": 0.1, "m": torch.ones(2)}}
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    listing = ck.list_checkpoints([tmp_path])
+    assert listing.paths == [tmp_path / "dcp"] and listing.unread() == [] and listing.left_out == []
+    info = ck.inspect_checkpoint(listing.paths[0], stamps=listing.stamps[listing.paths[0]])
+    assert info.error is None and info.global_step == 12 and info.kind == "state_dict"
+    assert {k: (v.shape, v.dtype) for k, v in ck.meta_state_dict(info).items()} == {
+        "w": (torch.Size([3, 5]), torch.float32), "b": (torch.Size([4]), torch.bfloat16)}
+    got = ck.state_dict_of(info)
+    dcp_to_torch_save(str(tmp_path / "dcp"), str(tmp_path / "torch.pt"))
+    want = torch.load(tmp_path / "torch.pt", weights_only=True)["model"]
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert not (dist.is_available() and dist.is_initialized())
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_a_crafted_dcp_metadata_runs_no_code_even_trusted(tmp_path, trust):
+    import pickle
 
     _dcp(tmp_path / "dcp")
-    why = ck.list_checkpoints([tmp_path / "dcp"]).unread()[0][1]
-    command = why.split("`")[1]
+    marker = tmp_path / "ran"
+    meta = tmp_path / "dcp" / ".metadata"
+    md = pickle.loads(meta.read_bytes())  # the test's own file: torch's reader, as torch would
+    md.storage_meta = _Payload(marker)
+    meta.write_bytes(pickle.dumps(md, protocol=4))
+    info = ck.inspect_checkpoint(tmp_path / "dcp", trust=trust)
+    assert not marker.exists()
+    assert "GLOBAL posix.system" in info.error and "not a DCP metadata type" in info.error
+    assert "dcp_to_torch" in info.error and "only for a folder you trust" in info.error
+
+
+def test_the_dcp_conversion_command_in_a_refusal_makes_a_file_satmon_replays(tmp_path, monkeypatch):
+    """A DCP folder satmon refuses (here: over a lowered budget) says how to consolidate it; the command works."""
+    import shlex
+    import subprocess
+    import sys
+
+    from satmon.replay.budget import BUDGET_ENV
+
+    _dcp(tmp_path / "dcp")
+    monkeypatch.setenv(BUDGET_ENV, "0.0001")
+    error = ck.inspect_checkpoint(tmp_path / "dcp").error
+    assert error.startswith("over satmon's read budget: its .metadata") and "dcp_to_torch" in error
+    command = error.split("`")[1]
     done = subprocess.run(shlex.split(command.replace("python", sys.executable, 1)), capture_output=True, text=True,
                           timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    out = tmp_path / "dcp-consolidated.pt"
-    info = ck.inspect_checkpoint(out)
+    monkeypatch.delenv(BUDGET_ENV)
+    info = ck.inspect_checkpoint(tmp_path / "dcp-consolidated.pt")
     assert info.error is None and ck.state_dict_of(info)["w"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_replaying_a_dcp_folder_through_the_cli_exits_0(tmp_path, capsys, monkeypatch):
+    import torch.distributed.checkpoint as dcp
+    from satmon.cli.main import main
+
+    (tmp_path / "m.py").write_text("import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 4), "
+                                   "torch.nn.LayerNorm(4))\n")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    dcp.save({"model": model.state_dict(), "step": 40}, checkpoint_id=str(tmp_path / "run" / "step40"), no_dist=True)
+    torch.save(torch.randn(8, 4), tmp_path / "calib.pt")
+    monkeypatch.chdir(tmp_path)
+    code = main(["replay", "run", "--factory", "./m.py:build", "--data", "calib.pt", "--quiet", "--no-twin",
+                 "--logdir", str(tmp_path / "tb")])
+    captured = capsys.readouterr()
+    assert code == 0 and "Replayed 1 of 1" in captured.out and "record no checksum" not in captured.err, captured.err
+
+
+def test_replaying_a_hugging_face_output_dir_with_satmons_files_exits_0(tmp_path, capsys, monkeypatch):
+    """issue 38 item 2 through the CLI: satmon_state.pt x3, the Trainer's runs/, the card: 3 of 3 replayed, exit 0."""
+    st = pytest.importorskip("safetensors.torch")
+    from satmon.cli.main import main
+
+    (tmp_path / "m.py").write_text("import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 4), "
+                                   "torch.nn.LayerNorm(4))\n")
+    out = tmp_path / "out"
+    for step in (10, 20, 30):
+        folder = out / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+        st.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
+        (folder / "trainer_state.json").write_text(f'{{"global_step": {step}}}')
+        torch.save({"SaturationMonitor": {"verdict": None}}, folder / "satmon_state.pt")
+        torch.save({"state": {}}, folder / "optimizer.pt")
+    (out / "runs" / "Dec01_host").mkdir(parents=True)
+    (out / "satmon_verdict.md").write_text("### NO-GO\n")
+    torch.save(torch.randn(8, 4), tmp_path / "calib.pt")
+    monkeypatch.chdir(tmp_path)
+    code = main(["replay", "out", "--factory", "./m.py:build", "--data", "calib.pt", "--quiet", "--no-twin",
+                 "--logdir", str(tmp_path / "tb")])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "Replayed 3 of 3" in captured.out and "satmon_state.pt" not in captured.err, captured.err
+    assert "not a checkpoint" not in captured.err and "incomplete" not in captured.err
