@@ -27,7 +27,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NotRegular", "PathKind", "kind_of", "length_problem", "open_regular", "require_regular"]
+__all__ = ["NotRegular", "PathKind", "describe_mode", "kind_of", "length_problem", "open_regular", "require_regular"]
 
 #: ``kind`` -> the phrase that names it.
 _WORDS = {
@@ -46,6 +46,17 @@ def _kind_of_mode(mode: int) -> str:
         if test(mode):
             return kind
     return "other"
+
+
+def describe_mode(mode: int) -> str:
+    """The phrase for a ``stat`` mode, a symlink not followed (``os.lstat``'s): ``"a symbolic link"``, ``"a FIFO (named
+    pipe)"``...
+
+    Example:
+        >>> describe_mode(stat.S_IFIFO | 0o644), describe_mode(stat.S_IFLNK | 0o777)
+        ('a FIFO (named pipe)', 'a symbolic link')
+    """
+    return "a symbolic link" if stat.S_ISLNK(mode) else _WORDS[_kind_of_mode(mode)]
 
 
 @dataclass(frozen=True)
