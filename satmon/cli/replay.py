@@ -183,6 +183,17 @@ def _check_utf8(option: str, value: str) -> None:
                      f"to the terminal), got '{printable(value)}': pass another name.")
 
 
+def _kind_of(path: Path) -> str | None:
+    """What is at ``path`` where a folder goes: ``None`` (a folder, or nothing yet), ``"a file"``, ``"a FIFO (named
+    pipe)"``, ``"a symlink loop ..."``... (:mod:`satmon.paths`; a path over the limits is said by the length check)."""
+    from satmon.paths import kind_of
+
+    kind = kind_of(path)
+    if kind.kind in ("folder", "missing", "too-long", "unstattable"):
+        return None
+    return "a file" if kind.regular else kind.describe()
+
+
 def _check_folder(option: str, value: str) -> Path:
     """A folder that can be created or written: refused when empty, a file, or under a file or a read-only folder."""
     from satmon.io.atomic import OutputError, check_name_lengths
@@ -195,8 +206,8 @@ def _check_folder(option: str, value: str) -> Path:
         check_name_lengths(path, option)
     except OutputError as e:
         raise _usage(str(e)) from None
-    if path.exists() and not path.is_dir():
-        raise _usage(f"Expected {option} {value!r} to be a folder, got a file: pass a folder path (it is created if missing).")
+    if (said := _kind_of(path)) is not None:  # a file, a FIFO, a device, a link to one, a symlink loop
+        raise _usage(f"Expected {option} {value!r} to be a folder, got {said}: pass a folder path (it is created if missing).")
     existing = next((a for a in (path, *path.parents) if a.exists()), Path("."))
     if not existing.is_dir():
         raise _usage(f"{option} {value!r}: cannot write there: {str(existing)!r} is a file, not a folder. "
