@@ -27,7 +27,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NotRegular", "PathKind", "describe_mode", "kind_of", "length_problem", "open_regular", "require_regular"]
+__all__ = ["NotRegular", "PathKind", "describe_mode", "kind_of", "length_problem", "not_a_folder", "open_regular",
+           "require_regular"]
 
 #: ``kind`` -> the phrase that names it.
 _WORDS = {
@@ -201,6 +202,21 @@ def _failed(text: str, e: OSError) -> PathKind:
         return PathKind(text, "link-loop")
     reason = e.strerror or type(e).__name__
     return PathKind(text, "unstattable", detail=f"a path that cannot be examined ({reason})", reason=reason)
+
+
+def not_a_folder(path: str | os.PathLike) -> str | None:
+    """What is at ``path`` where a folder goes (an output folder, created if missing), or ``None``: a folder, nothing
+    yet, or a path whose kind cannot be read (a name too long, a file above it: the length and folder checks say).
+
+    Example:
+        >>> import tempfile
+        >>> not_a_folder(tempfile.mkdtemp()), not_a_folder("/dev/null")
+        (None, 'a character device')
+    """
+    kind = kind_of(path)
+    if kind.kind in ("folder", "missing", "too-long", "unstattable"):
+        return None
+    return "a file" if kind.regular else kind.describe()
 
 
 class NotRegular(ValueError):

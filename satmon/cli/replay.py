@@ -183,20 +183,10 @@ def _check_utf8(option: str, value: str) -> None:
                      f"to the terminal), got '{printable(value)}': pass another name.")
 
 
-def _kind_of(path: Path) -> str | None:
-    """What is at ``path`` where a folder goes: ``None`` (a folder, or nothing yet), ``"a file"``, ``"a FIFO (named
-    pipe)"``, ``"a symlink loop ..."``... (:mod:`satmon.paths`; a path over the limits is said by the length check)."""
-    from satmon.paths import kind_of
-
-    kind = kind_of(path)
-    if kind.kind in ("folder", "missing", "too-long", "unstattable"):
-        return None
-    return "a file" if kind.regular else kind.describe()
-
-
 def _check_folder(option: str, value: str) -> Path:
     """A folder that can be created or written: refused when empty, a file, or under a file or a read-only folder."""
     from satmon.io.atomic import OutputError, check_name_lengths
+    from satmon.paths import not_a_folder
 
     if not value.strip():
         raise _usage(f"Expected {option} to name a folder, got an empty name: pass a path such as satmon_logs.")
@@ -206,7 +196,7 @@ def _check_folder(option: str, value: str) -> Path:
         check_name_lengths(path, option)
     except OutputError as e:
         raise _usage(str(e)) from None
-    if (said := _kind_of(path)) is not None:  # a file, a FIFO, a device, a link to one, a symlink loop
+    if (said := not_a_folder(path)) is not None:  # a file, a FIFO, a device, a link to one, a symlink loop
         raise _usage(f"Expected {option} {value!r} to be a folder, got {said}: pass a folder path (it is created if missing).")
     existing = next((a for a in (path, *path.parents) if a.exists()), Path("."))
     if not existing.is_dir():

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from satmon.paths import kind_of
+from satmon.paths import kind_of, not_a_folder
 
 __all__ = ["TEMP_EXTRA", "OutputError", "atomic_open", "atomic_write", "check_name_lengths", "check_output", "check_output_dir"]
 
@@ -163,9 +163,8 @@ def check_output_dir(path: str | os.PathLike | None, what: str) -> Path | None:
         raise OutputError(f"Expected {what} to name a folder, got an empty name: pass a path such as ./satmon_out.")
     p = Path(text)  # literally: no ~ or $VAR expansion
     check_name_lengths(p, what)
-    kind = kind_of(p)  # by lstat/stat: never opened
-    if kind.kind in ("file", "broken-link", "link-loop", "too-long") or kind.special:
-        said = "a file" if kind.kind == "file" else kind.describe()
+    said = not_a_folder(p)  # by lstat/stat: never opened
+    if said is not None:
         raise OutputError(f"Expected {what} to name a folder, got {text!r} ({said}): choose another path; it was left "
                           "as it is.")
     _check_folder(_real(p) if p.exists() else _real(p).parent, what, text)
