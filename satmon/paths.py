@@ -190,6 +190,9 @@ def kind_of(path: str | os.PathLike, entry: os.DirEntry | None = None) -> PathKi
     except OSError as e:
         if e.errno == errno.ELOOP:
             return PathKind(text, "link-loop", link=True, target=target)
+        if e.errno == errno.ENAMETOOLONG:  # the link is short: where it points is not
+            limit = length_problem(os.path.join(os.path.dirname(text), target)) or "a path too long for the system"
+            return PathKind(text, "too-long", link=True, target=target, detail=f"a symlink to {limit}")
         found = _failed(text, e)
         return PathKind(text, found.kind, link=True, target=target, detail=found.detail, reason=found.reason)
     return PathKind(text, _kind_of_mode(st.st_mode), link=True, target=target, st=st)

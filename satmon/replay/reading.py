@@ -39,7 +39,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from satmon.replay.budget import OverBudget, check_archive, check_storages, legacy_storage_claims, pickle_budget, pickle_extent
+from satmon.replay.budget import (
+    OverBudget,
+    check_archive,
+    check_storages,
+    legacy_storage_claims,
+    mib,
+    pickle_budget,
+    pickle_extent,
+)
 
 __all__ = ["CorruptFile", "FileChanged", "FileStamp", "SafetensorsIndex", "copy_tensors", "load_index", "load_whole",
            "meta_tensors"]
@@ -396,6 +404,10 @@ class SafetensorsIndex:
             n = int.from_bytes(head, "little") if len(head) == 8 else 0
             if not 0 < n <= min(MAX_HEADER, stamp.size - 8):
                 raise ValueError("not a safetensors file: no JSON header of a plausible size")
+            if n > pickle_budget():  # its JSON is parsed whole: the same budget as a pickle
+                raise OverBudget(f"over satmon's read budget: its JSON header declares {n:,} bytes, over the "
+                                 f"{mib(pickle_budget())} satmon reads of a checkpoint's index; refused unread. For a "
+                                 "file you trust that needs more, set SATMON_MAX_PICKLE_MB=N (MiB)")
             raw = f.read(n)
         try:
             header = json.loads(raw)

@@ -106,6 +106,13 @@ def _legacy_opcode_claim(path: Path, opcode: bytes) -> None:
         f.write(b"\x80\x04" + opcode + struct.pack("<Q", 1 << 40) + b"x" * 64 + b".")
 
 
+def _safetensors_header_claim(path: Path, n: int) -> None:
+    """A sparse ``.safetensors`` file whose header declares ``n`` bytes (the file is that long, and holds nothing)."""
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", n) + b"{")
+        f.truncate(n + 8)
+
+
 BOMBS = {
     "zip-deflate-1GiB": (lambda p: _deflate_bomb_fast(p, GIB), "over satmon's read budget: its record 'bomb/data.pkl'"),
     "zip-storage-claims-1TiB": (lambda p: _zip_storage_claim(p, 1 << 38), "declares tensor storages of 1,099,511,627,776"),
@@ -113,6 +120,8 @@ BOMBS = {
     "legacy-binbytes8-1TiB": (lambda p: _legacy_opcode_claim(p, b"\x8e"), "pickle opcode BINBYTES8"),
     "legacy-binunicode8-1TiB": (lambda p: _legacy_opcode_claim(p, b"\x8d"), "pickle opcode BINUNICODE8"),
     "legacy-frame-1TiB": (lambda p: _legacy_opcode_claim(p, b"\x95"), "a pickle FRAME"),
+    "safetensors-header-80MiB": (lambda p: _safetensors_header_claim(p.with_suffix(".safetensors"), 80 << 20),
+                                 "over satmon's read budget: its JSON header declares 83,886,080 bytes"),
 }
 
 _PROBE = """
@@ -133,7 +142,9 @@ def test_a_bomb_is_refused_from_its_declared_sizes_with_a_small_peak(tmp_path, m
     make, said = BOMBS[member]
     bomb = tmp_path / "bomb.ckpt"
     make(bomb)
-    assert bomb.stat().st_size < 4 << 20  # a small file declaring a huge one
+    if not bomb.exists():
+        bomb = bomb.with_suffix(".safetensors")
+    assert bomb.stat().st_blocks * 512 < 4 << 20  # a small (or sparse) file declaring a huge one
     done = subprocess.run([sys.executable, "-c", _PROBE, str(bomb), str(tmp_path / "small.pt")], capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
@@ -183,3 +194,14 @@ def test_the_data_file_is_checked_against_the_same_budget(tmp_path):
     _zip_storage_claim(bomb, 1 << 38)
     with pytest.raises(ReplayUsageError, match="over satmon's read budget"):
         load_data_file(bomb, 2)
+
+
+def test_calibrate_text_inputs_are_sized_before_they_are_read(tmp_path):
+    """A 1 TB sparse file named like replay records is refused by its size, not read (satmon calibrate)."""
+    from satmon.calibrate.fit import CalibrationError, read_text
+
+    huge = tmp_path / "runs.json"
+    with open(huge, "wb") as f:
+        f.truncate(1 << 40)
+    with pytest.raises(CalibrationError, match=r"of at most 256 MiB .* got 1,099,511,627,776 bytes"):
+        read_text(huge, "replay records (JSON or JSONL)")
