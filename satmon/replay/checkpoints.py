@@ -231,9 +231,10 @@ def _hf_files(names: set[str]) -> tuple[str, set[str]] | None:
     return main, used
 
 
-def _converted(folder: Path, suffix: str) -> str:
+def _converted(folder: Path, suffix: str) -> Path:
+    """Where a consolidated copy of ``folder`` goes: beside it, ``NAME-consolidated.SUFFIX``."""
     stem = folder.name[: -len(folder.suffix)] if folder.suffix in CHECKPOINT_SUFFIXES else folder.name
-    return shlex.quote(str(folder.with_name(f"{stem or 'checkpoint'}-consolidated{suffix}")))
+    return folder.with_name(f"{stem or 'checkpoint'}-consolidated{suffix}")
 
 
 def unsupported_format(folder: Path, names: set[str], subfolders: Sequence[Path] = ()) -> str | None:
@@ -263,19 +264,16 @@ def unsupported_format(folder: Path, names: set[str], subfolders: Sequence[Path]
     if tag is None:
         return None
     root = folder if tag is not folder else tag.parent
-    root_q, script = shlex.quote(str(root)), shlex.quote(str(root / "zero_to_fp32.py"))
     where = f"{printable(tag.name)}/mp_rank_*_model_states.pt" if tag is not folder else "mp_rank_*_model_states.pt"
-    return _deepspeed_text(where, root, _converted(root, ".ckpt"), _converted(root, ".pt"), script, root_q)
-
-
-def _deepspeed_text(where: str, root: Path, lightning_out: str, plain_out: str, script: str, root_q: str) -> str:
-    convert = ("python -c \"from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict "
-               f"as c; c('{root}', '{lightning_out.strip(chr(39))}')\"")
-    return (f"a DeepSpeed checkpoint folder ({where}, ZeRO-partitioned zero_*_optim_states.pt beside it): satmon reads "
-            f"single-file checkpoints; consolidate it first (both ways need the deepspeed package): for a Lightning run "
-            f"`{printable(convert)}` makes a .ckpt for --model, else `python {printable(script)} {printable(root_q)} "
-            f"{printable(plain_out)}` (DeepSpeed's script saved with the checkpoint: it is code, run it only for a folder "
-            "you trust) makes a state_dict for --factory; then replay that file")
+    code = ("from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict as c; "
+            f"c({str(root)!r}, {str(_converted(root, '.ckpt'))!r})")
+    lightning = f"python -c {shlex.quote(code)}"
+    script = " ".join(shlex.quote(str(p)) for p in (root / "zero_to_fp32.py", root, _converted(root, ".pt")))
+    return printable(f"a DeepSpeed checkpoint folder ({where}, ZeRO-partitioned zero_*_optim_states.pt beside it): "
+                     "satmon reads single-file checkpoints; consolidate it first (both ways need the deepspeed package): "
+                     f"for a Lightning run `{lightning}` makes a .ckpt for --model, else `python {script}` (DeepSpeed's "
+                     "script saved with the checkpoint: it is code, run it only for a folder you trust) makes a "
+                     "state_dict for --factory; then replay that file")
 
 
 def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] = ()) -> Listing:
@@ -774,7 +772,7 @@ def _inspect_dcp(folder: Path, stamps: Sequence[FileStamp] | None) -> Checkpoint
             else error_line(e)
         info.error = (f"{text}; a torch.distributed.checkpoint folder can also be consolidated into one file with "
                       f"`python -m torch.distributed.checkpoint.format_utils dcp_to_torch {printable(shlex.quote(str(folder)))} "
-                      f"{_converted(folder, '.pt')}` (it unpickles .metadata: only for a folder you trust)")
+                      f"{printable(shlex.quote(str(_converted(folder, '.pt'))))}` (it unpickles .metadata: only for a folder you trust)")
         return info
     if info.global_step is None:
         info.notes.append("no global step in the folder: ordered and logged by its position instead")

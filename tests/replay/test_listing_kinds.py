@@ -279,6 +279,23 @@ def test_a_format_satmon_does_not_read_is_named_once_with_its_conversion(tmp_pat
     if given == "itself":
         message = ck.nothing_to_replay([path], listing)
         assert what in message and command in message
+    import shlex
+
+    lightning, script = (shlex.split(c) for c in why.split("`")[1::2][:2])
+    assert lightning[:2] == ["python", "-c"] and str(path.parent / name) in lightning[2]
+    compile(lightning[2], "<the command>", "exec")  # valid Python, the folder's name quoted whatever it holds
+    assert script[1:3] == [str(path / "zero_to_fp32.py"), str(path)] and script[3].endswith("-consolidated.pt")
+
+
+def test_a_deepspeed_folder_with_quotes_in_its_name_gets_commands_that_parse(tmp_path):
+    import shlex
+
+    folder = tmp_path / "it's \"odd\" $x"
+    _deepspeed_lightning(folder)
+    (why,) = [w for _, w in ck.list_checkpoints([tmp_path]).unread()]
+    lightning, script = (shlex.split(c) for c in why.split("`")[1::2][:2])
+    compile(lightning[2], "<the command>", "exec")
+    assert repr(str(folder)) in lightning[2] and script[2] == str(folder)
 
 
 def test_a_dcp_folder_is_read_without_a_process_group_as_torch_consolidates_it(tmp_path):
