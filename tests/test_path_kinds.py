@@ -153,12 +153,14 @@ def test_every_replay_path_over_the_system_limits_is_one_line_exit_2(replay_fold
 
 
 @pytest.mark.parametrize("member", ["fifo", "socket", "dev-zero-link", "fifo-link", "link-loop"])
-@pytest.mark.parametrize("option", ["--logdir", "--json", "--report", "--data", "--live"])
+@pytest.mark.parametrize("option", ["--logdir", "--json", "--report", "--data", "--live", "--factory"])
 def test_every_replay_path_that_is_not_a_file_is_named_by_kind_exit_2(replay_folder, make, capsys, option, member):
     """issue 36 class 1 through the CLI: each output and input option, each member, one line naming the kind."""
     from satmon.cli.main import main
 
-    path = make(member, "odd" + {"--json": ".json", "--report": ".md", "--data": ".pt"}.get(option, ""))
+    path = make(member, "odd" + {"--json": ".json", "--report": ".md", "--data": ".pt", "--factory": ".py"}.get(option, ""))
+    if option == "--factory":
+        path += ":build"
     argv = {"--factory": "./m.py:build", "--data": "calib.pt", "--logdir": str(replay_folder / "tb"), option: path}
     assert main(["replay", "w.pt", *[x for kv in argv.items() for x in kv], "--quiet", "--no-twin"]) == 2
     err = capsys.readouterr().err.strip()
