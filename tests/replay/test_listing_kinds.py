@@ -407,3 +407,28 @@ def test_replaying_a_hugging_face_output_dir_with_satmons_files_exits_0(tmp_path
     assert code == 0, captured.err
     assert "Replayed 3 of 3" in captured.out and "satmon_state.pt" not in captured.err, captured.err
     assert "not a checkpoint" not in captured.err and "incomplete" not in captured.err
+
+
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_deepspeed_folder_through_the_cli_is_named_once(tmp_path, capsys, monkeypatch, alone):
+    """Beside a checkpoint: replayed, the folder named once, exit 1 incomplete; alone: exit 2, nothing satmon can replay."""
+    from satmon.cli.main import main
+
+    (tmp_path / "m.py").write_text("import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 4), "
+                                   "torch.nn.LayerNorm(4))\n")
+    _deepspeed_lightning(tmp_path / "run" / "epoch=0-step=10.ckpt")
+    if not alone:
+        torch.save(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)).state_dict(), tmp_path / "run" / "w.pt")
+    torch.save(torch.randn(8, 4), tmp_path / "calib.pt")
+    monkeypatch.chdir(tmp_path)
+    code = main(["replay", "run", "--factory", "./m.py:build", "--data", "calib.pt", "--quiet", "--no-twin",
+                 "--logdir", str(tmp_path / "tb")])
+    err = capsys.readouterr().err
+    assert code == (2 if alone else 1), err
+    assert "not a checkpoint" not in err and "mp_rank_00_model_states.pt:" not in err
+    if alone:
+        assert "Nothing satmon can replay under 'run': run/epoch=0-step=10.ckpt is a DeepSpeed checkpoint folder" in err
+    else:
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("satmon replay: incomplete: 1 of 1 checkpoint(s) replayed") and "a DeepSpeed" in last
+        assert err.count("not replayed: run/epoch=0-step=10.ckpt: a DeepSpeed checkpoint folder") == 1
