@@ -24,9 +24,9 @@ from importlib.abc import Traversable
 from pathlib import Path
 
 from satmon.io.phase_diagram import GRID_GLOB, parse_count
-from satmon.results.forecast import Forecast, KnownCell, forecast_from
+from satmon.results.forecast import Forecast, KnownCell, forecast_from, unknown_forecast
 
-__all__ = ["PROTOCOL", "STUDY_FILE", "STUDY_LABEL", "forecast", "known_cells", "read_known_cells"]
+__all__ = ["PROTOCOL", "STUDY_FILE", "STUDY_LABEL", "forecast", "known_cells", "read_known_cells", "run_forecast"]
 
 #: The ``protocol`` value of a cell trained under the study's protocol (fixed steps at every budget, the study's
 #: warm-up and batch shape, GPT-2 init): only such cells are read.
@@ -162,3 +162,25 @@ def forecast(*, params: float, unique_tokens: float, planned_tokens: float,
     """
     return forecast_from(known_cells() if cells is None else cells, params=params, unique_tokens=unique_tokens,
                          planned_tokens=planned_tokens)
+
+
+def run_forecast(params: float, unique_tokens: float | None, planned_tokens: float | None, unique_how: str = "",
+                 planned_how: str = "") -> Forecast:
+    """The forecast a screen's card shows: :func:`forecast` when both token counts are known, else ``"uncertain"``
+    saying which count is missing, why (``unique_how``, ``planned_how``) and how to give it. Never raises.
+
+    Example:
+        >>> run_forecast(120_000, None, 512_000, "an IterableDataset has no length").evidence.split(":")[0]
+        'the unique training tokens are unknown (an IterableDataset has no length)'
+    """
+    missing = []
+    if unique_tokens is None:
+        missing.append(f"the unique training tokens are unknown ({unique_how or 'not counted'})")
+    if planned_tokens is None:
+        missing.append(f"the planned tokens are unknown ({planned_how or 'not counted'})")
+    if missing:
+        return unknown_forecast(params, "; ".join(missing))
+    try:
+        return forecast(params=params, unique_tokens=unique_tokens, planned_tokens=planned_tokens)  # type: ignore[arg-type]
+    except Exception as e:  # a shipped file that cannot be read: say so, never stop training
+        return unknown_forecast(params, f"the known cells could not be read ({type(e).__name__}: {str(e)[:120]})")

@@ -198,6 +198,7 @@ def card(v: Verdict) -> str:
         f"(margin {v.margin:+.4f}{', inconclusive' if v.inconclusive else ''}) " + where
         + f"saturated means {cut_off(v)}; {v.elements:,} elements counted.",
     ]
+    lines += _forecast_lines(v)
     lines += ["", _trust_line(v)]
     if v.reason:
         lines += ["", f"Reason: {v.reason}"]
@@ -247,6 +248,19 @@ def _trust_line(v: Verdict) -> str:
     first, *more = v.cautions
     line = f"Trust: **{first}**" + (f" (also {', '.join(more)})" if more else "") + f": {TRUST_TEXT[first].format(**values)}"
     return line + "".join(f" {c.capitalize()}: {TRUST_TEXT[c].format(**values)}" for c in more)
+
+
+def _forecast_lines(v: Verdict) -> list[str]:
+    """The forecast from the planned passes, beside the decision (:class:`satmon.results.forecast.Forecast`)."""
+    if not v.planned_forecast:
+        return []
+    from satmon.results.forecast import Forecast
+
+    known = {k: v.planned_forecast[k] for k in Forecast.__dataclass_fields__ if k in v.planned_forecast}
+    try:
+        return ["", Forecast(**known).line()]
+    except TypeError:  # a record missing a field: say what it holds rather than fail the card
+        return ["", f"Forecast from the planned passes: {known.get('outcome', 'uncertain')}: {known.get('evidence', '')}"]
 
 
 def _loss_lines(v: Verdict) -> list[str]:

@@ -198,9 +198,10 @@ def checkpoint_sentence(cells: Sequence[KnownCell]) -> str:
 
 def unknown_forecast(params: float | None, why: str) -> Forecast:
     """The forecast of a run whose planned passes are not known: ``"uncertain"``, saying why and how to give them."""
-    return Forecast("uncertain", None, None, why + (": pass planned_tokens= (the tokens training will process: steps x "
-                                                    "global batch x sequence length) and unique_tokens= (the dataset's "
-                                                    "unique tokens) to forecast from the passes."),
+    return Forecast("uncertain", None, None, why + (": give them as planned_tokens= (the tokens training will process: "
+                                                    "optimizer steps x global batch x sequence length) and train_tokens= "
+                                                    "(the unique tokens of the training data), options of "
+                                                    "SaturationMonitor, the Hugging Face callback, Screen and Settings."),
                     "", params=params)
 
 

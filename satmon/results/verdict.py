@@ -84,7 +84,8 @@ class LayerCounts(NamedTuple):
 
 
 #: the Verdict fields that hold containers (frozen at construction, thawed by to_dict)
-_CONTAINERS = ("per_layer", "gated_layers", "risk", "notes", "loss", "flags", "offset", "cautions", "functions")
+_CONTAINERS = ("per_layer", "gated_layers", "risk", "notes", "loss", "flags", "offset", "cautions", "functions",
+               "planned_forecast")
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,9 @@ class Verdict:
         no_skill_accuracy: guessing the commoner outcome on the same cells (what a forecast must beat); ``None``: unknown.
         held_out_cells: the cells ``held_out_accuracy`` was scored on (what the significance test counts); ``None``:
             unknown (no forecast then).
+        planned_forecast: the forecast of DyT's effect from the run's planned passes over its data
+            (:meth:`satmon.results.forecast.Forecast.to_dict`: ``outcome``, ``passes``, ``evidence``...), set by the
+            driver beside the decision, which it never changes; empty when not made (a probe, a replay).
 
     Mappings are read-only (:class:`~satmon.results.frozen.FrozenMap`) and sequences tuples, also when
     a verdict is made with :func:`dataclasses.replace`; :meth:`to_dict` gives plain ``dict`` and ``list``.
@@ -185,6 +189,7 @@ class Verdict:
     held_out_accuracy: float | None = None
     no_skill_accuracy: float | None = None
     held_out_cells: int | None = None
+    planned_forecast: Mapping[str, Any] = FrozenMap()
 
     def __post_init__(self) -> None:
         for name in _CONTAINERS:

@@ -85,7 +85,7 @@ def test_bad_counts_are_refused_and_an_unknown_run_says_how_to_give_them():
         forecast_from(LOW, params=True, unique_tokens=1e6, planned_tokens=1e6)
     u = unknown_forecast(1e5, "an IterableDataset has no length")
     assert u.outcome == "uncertain" and u.passes is None and u.code == 0.0
-    assert "planned_tokens=" in u.line() and "unique_tokens=" in u.line()
+    assert "planned_tokens=" in u.line() and "train_tokens=" in u.line()
     f = _f(LOW, 2.0)
     assert isinstance(f, Forecast) and Forecast(**f.to_dict()) == f
     with pytest.raises(dataclasses.FrozenInstanceError):
