@@ -169,8 +169,8 @@ def _where(v: Verdict) -> str:
 
 
 def summary(v: Verdict, where: Sequence[str] | None = None) -> str:
-    """One console line: the decision and its trust, the saturation against the threshold, margin, window, and
-    ``where`` the card went (``None``: not said; empty: nowhere)."""
+    """One console line: the decision and its trust, the saturation against the threshold, margin, window, the
+    forecast from the planned passes when made, and ``where`` the card went (``None``: not said; empty: nowhere)."""
     op = ">=" if v.saturation >= v.threshold else "<"
     if v.decision == "non-finite":
         head = f"NON-FINITE (NaN/inf in the {_nonfinite_what(v)}: the run diverged)"
@@ -179,6 +179,12 @@ def summary(v: Verdict, where: Sequence[str] | None = None) -> str:
         head = f"{_WORD[v.decision]} {whose_rule(v)}" + (" (collapse risk)" if v.collapse_risk else "") + f" (trust: {qualified})"
     line = (f"satmon verdict: {head}, saturation {v.saturation:.4f} {op} threshold {v.threshold:g} "
             f"(margin {v.margin:+.4f}, " + _where(v))
+    if v.planned_forecast:  # the forecast from the planned passes, beside the decision (the card says what it rests on)
+        from satmon.results.forecast import passes_text
+
+        passes = v.planned_forecast.get("passes")
+        line += (f"; forecast from the planned passes: {v.planned_forecast.get('outcome')}"
+                 + (f" ({passes_text(passes)})" if isinstance(passes, (int, float)) else " (passes unknown)"))
     if where is None:
         return line
     return line + "; card: " + (", ".join(where) if where else "not written anywhere (no logger, no logdir)")

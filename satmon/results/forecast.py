@@ -43,7 +43,8 @@ from typing import Any, Literal
 from satmon.functional.significance import ALPHA, beats, binomial_tail
 from satmon.results.run_scale import si
 
-__all__ = ["BUDGET_TOLERANCE", "CODE", "OUTCOMES", "REACH", "Forecast", "KnownCell", "Outcome", "forecast_from", "unknown_forecast"]
+__all__ = ["BUDGET_TOLERANCE", "CODE", "OUTCOMES", "REACH", "Forecast", "KnownCell", "Outcome", "checkpoint_sentence", "forecast_from", "passes_text",
+           "unknown_forecast"]
 
 Outcome = Literal["hurts", "helps", "uncertain"]
 #: What :attr:`Forecast.outcome` can say.
@@ -136,7 +137,7 @@ class Forecast:
             return f"Forecast from the planned passes: uncertain: {self.evidence}"
         word = {"hurts": "DyT's final loss expected above LayerNorm's", "helps": "DyT's final loss expected below LayerNorm's",
                 "uncertain": "uncertain"}[self.outcome]
-        return (f"Forecast from the planned passes ({_passes(self.passes)} over the unique data, "
+        return (f"Forecast from the planned passes ({passes_text(self.passes)} over the unique data, "
                 f"{self.tokens_per_param:.3g} tokens per parameter): **{self.outcome}**"
                 + (f", {word}" if self.outcome != "uncertain" else "") + f": {self.evidence} {self.checkpoint_selection}")
 
@@ -154,7 +155,13 @@ def _config(c: KnownCell) -> tuple[str, str, float]:
     return c.source, c.group, float(f"{c.passes:.3g}")
 
 
-def _passes(p: float) -> str:
+def passes_text(p: float) -> str:
+    """``p`` passes in words (three figures; "1 pass").
+
+    Example:
+        >>> passes_text(1.0), passes_text(3.2768)
+        ('1 pass', '3.28 passes')
+    """
     return f"{p:.3g} pass" + ("" if f"{p:.3g}" == "1" else "es")
 
 
@@ -238,10 +245,10 @@ def forecast_from(cells: Sequence[KnownCell], *, params: float, unique_tokens: f
         return out("uncertain", "no known cell to forecast from.")
     lo, hi = _span([c.passes for c in known])
     if p < lo / BUDGET_TOLERANCE:
-        return out("uncertain", f"{_passes(p)} is fewer than any known cell measured (the fewest: {lo:.3g}, in "
+        return out("uncertain", f"{passes_text(p)} is fewer than any known cell measured (the fewest: {lo:.3g}, in "
                                 f"{sum(c.passes <= lo * BUDGET_TOLERANCE for c in known)} cells): nothing is known there.")
     if p > hi * BUDGET_TOLERANCE:
-        return out("uncertain", f"{_passes(p)} is more than any known cell measured (the most: {hi:.3g}): nothing is "
+        return out("uncertain", f"{passes_text(p)} is more than any known cell measured (the most: {hi:.3g}): nothing is "
                                 "known there.")
     upper = min(c.passes for c in known if c.passes >= p / BUDGET_TOLERANCE)
     lower = max(c.passes for c in known if c.passes <= p * BUDGET_TOLERANCE)
@@ -275,8 +282,8 @@ def forecast_from(cells: Sequence[KnownCell], *, params: float, unique_tokens: f
         return out(outcome, counted + ".", region, agree, p_value)
     hurt_below = sum(c.outcome == "hurts" for c in below)
     helped_above = sum(c.outcome == "helps" for c in above)
-    bracket = (f"at {_passes(p)} (between the known budgets {lower:.3g} and {upper:.3g})"
-               if upper > lower * BUDGET_TOLERANCE else f"at {_passes(p)}")
+    bracket = (f"at {passes_text(p)} (between the known budgets {lower:.3g} and {upper:.3g})"
+               if upper > lower * BUDGET_TOLERANCE else f"at {passes_text(p)}")
     text = (f"{bracket}, DyT's final loss was worse in {hurt_below}/{len(below)} known cells at or below "
             f"{max(c.passes for c in below):.3g} passes and better in {helped_above}/{len(above)} at or above "
             f"{min(c.passes for c in above):.3g}")

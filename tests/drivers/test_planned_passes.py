@@ -62,6 +62,8 @@ def test_a_lightning_run_with_accumulation_counts_its_passes_and_logs_the_foreca
     assert v.planned_forecast == expected.to_dict() and expected.outcome == "hurts"
     assert "**hurts**, DyT's final loss expected above LayerNorm's: DyT's final loss was worse" in v.card()
     assert v.decision in ("go", "no-go")  # the 0.43 decision stays beside it
+    assert "; forecast from the planned passes: hurts (2.5 passes)" in v.summary()
+    assert "; forecast from the planned passes: uncertain (1 pass)" in plain.verdict.summary()
     scalars = {k: val for c in sink.calls if c[0] == "scalars" for k, val in c[1].items()}
     assert scalars[TAG.forecast] == -1.0
     assert any(c[1].get(TAG.hp_forecast) == "hurts" and c[2].get(TAG.forecast) == -1.0 for c in sink.calls if c[0] == "hparams")
