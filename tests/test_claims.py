@@ -26,7 +26,7 @@ CLAIMS: list[tuple[str, str]] = [
     (r"\bDyT\s+(acts|acted|act|acting)\s+as\s+a\s+(useful\s+)?regulari[sz]er",
      "GO does not show DyT regularising: the 0.43 rule is at chance held out (50% vs 67%), and satmon never measured "
      "a regularising mechanism"),
-    (r"\bregulari[sz](es|ing)\b|\bregulari[sz]er\s+(regime|at\s+work|the\s+rule\s+reads|here)",
+    (r"\bregulari[sz](es|ing)\b|\bregulari[sz]er\s+(regime|at\s+work|the\s+rule\s+reads|here)|useful\s+regulari[sz]",
      "reads GO as regularisation at work: a mechanism the verdict does not measure"),
     (r"convergence\s+penalty|slow(s|ed)?\s+convergence|cost(s)?\s+convergence|expected\s+to\s+slow",
      "NO-GO does not show slowed convergence: 2 of the study's 9 cells below 0.43 were helped by DyT"),
@@ -90,6 +90,10 @@ def _code_strings() -> list[tuple[str, int, str]]:
             else:
                 continue
             out.append((rel, node.lineno, " ".join(text.split())))
+        # the attribute doc-comments (``#:``) document the package too
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if line.lstrip().startswith("#:"):
+                out.append((rel, i, line.lstrip()[2:].strip()))
     return out
 
 

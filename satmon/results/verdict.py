@@ -42,7 +42,7 @@ Trust = Literal["ok", "uncalibrated", "flagged", "partial", "inconclusive", "unp
 #: the one ``trust`` names. ``"ok"``: nothing undercuts the decision. ``"uncalibrated"``: a layer applies a
 #: point-wise function the study did not calibrate (not tanh) and the threshold is the study's (give your own
 #: ``threshold=`` or ``calibration=``). ``"flagged"``: a flag (offset-driven, stalled-loss) says the saturation is
-#: not the regulariser the rule reads. ``"partial"``: training ended before the window closed; the verdict is
+#: from a pattern the study's cells were not read for. ``"partial"``: training ended before the window closed; the verdict is
 #: provisional (a resume from a checkpoint finishes the window). ``"inconclusive"``: ``|margin|`` is within
 #: :data:`~satmon.study.INCONCLUSIVE_BAND`. ``"unproven"``: the rule was not shown to predict DyT's effect on cells it
 #: was not fit on (its held-out record does not beat guessing the commoner outcome by a one-sided exact binomial test at
