@@ -56,7 +56,8 @@ def _named() -> dict[str, str]:
     from satmon.io.tensorboard import TAG
 
     return {TAG.saturation: "saturation (pooled)", TAG.margin: "margin",
-            TAG.verdict: "verdict (1 GO, 0 NO-GO, -1 non-finite)", TAG.collapse_risk: "collapse risk"}
+            TAG.verdict: "verdict (1 GO, 0 NO-GO, -1 non-finite)", TAG.collapse_risk: "collapse risk",
+            TAG.forecast: "forecast (1 helps, -1 hurts, 0 uncertain)"}
 
 
 def _at(point: tuple[int, float] | None) -> str:
