@@ -40,6 +40,8 @@ _PUBLIC = {
     "find_norm_layers": "satmon.model.map",
     "find_blocks": "satmon.model.map",
     "probe": "satmon.probing.passes",
+    "forecast": "satmon.io.known_cells",
+    "Forecast": "satmon.results.forecast",
     "ProbeReport": "satmon.results.probe_report",
 }
 
@@ -48,11 +50,13 @@ __all__ = ["__version__", *_PUBLIC]
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
     from satmon.convert import convert_to_dyt
     from satmon.drivers.lightning import SaturationMonitor
+    from satmon.io.known_cells import forecast
     from satmon.dyt import DyT
     from satmon.model.map import find_blocks, find_dyt_layers, find_norm_layers
     from satmon.observe.counters import SaturationCounter
     from satmon.observe.saturation import SaturationHooks
     from satmon.probing.passes import probe
+    from satmon.results.forecast import Forecast
     from satmon.results.probe_report import ProbeReport
     from satmon.results.stop import SatmonAbort, StopReason
     from satmon.results.verdict import GatingInfo, LayerCounts, Source, Verdict, build_verdict

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "satmon"
 
 #: The layers, bottom up. A unit may import itself and every unit in a lower layer, nothing above.
 LAYERS: list[tuple[str, ...]] = [
-    ("satmon._version", "satmon._compat", "satmon.study", "satmon.functional"),
+    ("satmon._version", "satmon._compat", "satmon.study", "satmon.paths", "satmon.functional"),
     ("satmon.results", "satmon.batches", "satmon.dyt"),
     ("satmon.settings",),
     ("satmon.model",),

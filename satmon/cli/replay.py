@@ -186,6 +186,7 @@ def _check_utf8(option: str, value: str) -> None:
 def _check_folder(option: str, value: str) -> Path:
     """A folder that can be created or written: refused when empty, a file, or under a file or a read-only folder."""
     from satmon.io.atomic import OutputError, check_name_lengths
+    from satmon.paths import not_a_folder
 
     if not value.strip():
         raise _usage(f"Expected {option} to name a folder, got an empty name: pass a path such as satmon_logs.")
@@ -195,8 +196,8 @@ def _check_folder(option: str, value: str) -> Path:
         check_name_lengths(path, option)
     except OutputError as e:
         raise _usage(str(e)) from None
-    if path.exists() and not path.is_dir():
-        raise _usage(f"Expected {option} {value!r} to be a folder, got a file: pass a folder path (it is created if missing).")
+    if (said := not_a_folder(path)) is not None:  # a file, a FIFO, a device, a link to one, a symlink loop
+        raise _usage(f"Expected {option} {value!r} to be a folder, got {said}: pass a folder path (it is created if missing).")
     existing = next((a for a in (path, *path.parents) if a.exists()), Path("."))
     if not existing.is_dir():
         raise _usage(f"{option} {value!r}: cannot write there: {str(existing)!r} is a file, not a folder. "
@@ -223,7 +224,7 @@ def _check_outputs(args: argparse.Namespace) -> Outputs:
     if not name.strip() or Path(name).is_absolute() or any(p in ("..", ".") for p in parts):
         raise _usage(f"Expected --name to be a run name such as 'replay' (a relative path without '.' or '..'), got {name!r}.")
     run = logdir / name
-    if run.exists() and not run.is_dir():
+    if os.path.exists(run) and not os.path.isdir(run):  # False past PATH_MAX: checked by _check_folder below
         raise _usage(f"--logdir/--name: {str(run)!r} is a file, where the TensorBoard run folder goes: pass another "
                      "--name or --logdir.")
     _check_folder("--logdir/--name", str(run))  # the names' lengths; writable where it exists
@@ -284,13 +285,15 @@ def _check_inputs(args: argparse.Namespace) -> Any:
     if args.weights_only and args.trust_checkpoints:
         raise _usage("Expected either --weights-only (read checkpoints with torch.load(weights_only=True): the default) or "
                      "--trust-checkpoints (weights_only=False: runs code stored in them), got both: drop one.")
-    if args.live is not None and not Path(args.live).exists():
-        raise _usage(f"--live {args.live!r}: no such file or folder. Pass the live run's TensorBoard folder (e.g. "
+    from satmon.paths import kind_of
+
+    if args.live is not None and kind_of(args.live).kind not in ("folder", "file"):  # a FIFO, a name too long...
+        raise _usage(f"--live {args.live[:240]!r}: {kind_of(args.live).describe()}. Pass the live run's TensorBoard folder (e.g. "
                      "satmon_logs/demo/version_0), or leave --live out.")
-    if args.data is not None and not Path(args.data).is_file():
-        what = "not a regular file (a folder, a device, a pipe or a socket)" if Path(args.data).exists() else "no such file"
-        raise _usage(f"--data {args.data!r}: {what}. Pass --data FILE (a torch.save'd tensor, list of "
-                     "batches or dict of tensors) or --datamodule MODULE:CLASS.")
+    if args.data is not None:  # by its kind, never opened (satmon.paths)
+        from satmon.replay.data import check_data_file
+
+        check_data_file(args.data)
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -690,7 +693,7 @@ def run(args: argparse.Namespace, state: _State | None = None) -> int:
 
 def _unverified(ordered: list[Any]) -> str:
     """What could not be checked for damage: checkpoints in formats that record no checksum (``""``: none)."""
-    names = [i.path.name for i in ordered if any(w.layout != "zip" for w in i.weights)]
+    names = [i.path.name for i in ordered if any(w.layout not in ("zip", "dcp") for w in i.weights)]  # DCP: zip chunks
     if not names:
         return ""
     from satmon.replay.user_code import printable

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from satmon.drivers.run_scale import put_scale_note, scale_note
+from satmon.drivers.run_scale import planned_tokens, put_scale_note, run_forecast, scale_note
 from satmon.io.sink import Sink
 from satmon.io.tensorboard import verdict_hparams
 from satmon.results.card import plain
@@ -107,7 +107,8 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
     """Screen a DyT model trained by a Hugging Face ``Trainer`` and give the GO / NO-GO verdict.
 
     The same counts, verdict, collapse watch and abort policy as :class:`satmon.SaturationMonitor`
-    (both drive :class:`satmon.Screen`); the verdict is in :attr:`verdict` after training.
+    (both drive :class:`satmon.Screen`); the verdict is in :attr:`verdict` after training. What GO and NO-GO
+    say and are worth: :data:`satmon.study.MEANING`, :data:`satmon.study.WORTH`.
 
     Args:
         settings: the rule, the window, the watch and the abort policy (a :class:`satmon.Settings`);
@@ -151,6 +152,7 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         self._hooks: list[Any] = []  # on the model: attach at the first training forward; keep each training loss
         self._step = 0
         self._scale_note = ""  # the card's phase-diagram line, made at train begin
+        self._forecast: Any = None  # the card's forecast from the planned passes, made at train begin
         self._paused = ExitStack()  # between steps: evaluation forwards are not training forwards
         self._made = time.time()  # Hugging Face's TensorBoard run is a folder made after this (at train start)
 
@@ -193,6 +195,10 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         if state.global_step > 0:
             self._load(args, state)
         self._scale_note = scale_note(model, kwargs.get("train_dataloader"), self.settings.train_tokens)
+        loader = kwargs.get("train_dataloader")  # its batch size is the per-device one
+        counted = planned_tokens(state.max_steps, getattr(loader, "batch_size", None) or args.per_device_train_batch_size,
+                                 loader, args.gradient_accumulation_steps, args.world_size)
+        self._forecast = run_forecast(model, loader, self.settings.train_tokens, self.settings.planned_tokens, counted)
         # the hooks go on at the first training forward, whose batch the gated-MLP trace reads (as the Lightning callback)
         self._hooks = [model.register_forward_pre_hook(self._attach, with_kwargs=True, prepend=True),
                        model.register_forward_hook(self._keep_loss)]
@@ -205,6 +211,7 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         # counted in the hooks (keep_inputs=False): on_step_end comes after optimizer.step(), too late for kept inputs
         self.screen.attach(model, step=self._step, keep_inputs=False, example_input=(args, kwargs), forward_fn=_feed)
         put_scale_note(self.screen.notes, self._scale_note)  # after attach: a resume restores the saved notes there
+        self.screen.forecast = self._forecast
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         for h in self._hooks:

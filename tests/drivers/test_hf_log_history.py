@@ -33,10 +33,13 @@ def _satmon(history: list[dict]) -> list[dict]:
 
 def _expected(verdict) -> dict:
     """The entry, written from the verdict's fields (not from the function that builds it)."""
-    return {"satmon/decision": verdict.decision, "satmon/trust": verdict.trust, "satmon/source": "window",
-            "satmon/window": verdict.window, "satmon/partial": int(verdict.partial), "satmon/threshold": verdict.threshold,
-            "satmon/level": verdict.level, "satmon/saturation": verdict.saturation, "satmon/margin": verdict.margin,
-            "step": verdict.step}
+    out = {"satmon/decision": verdict.decision, "satmon/trust": verdict.trust, "satmon/source": "window",
+           "satmon/window": verdict.window, "satmon/partial": int(verdict.partial), "satmon/threshold": verdict.threshold,
+           "satmon/level": verdict.level, "satmon/saturation": verdict.saturation, "satmon/margin": verdict.margin,
+           "step": verdict.step}
+    if verdict.planned_forecast:  # the forecast from the planned passes rides beside the decision (issue 34)
+        out["satmon/forecast"] = verdict.planned_forecast["outcome"]
+    return out
 
 
 def test_the_verdict_is_one_entry_of_log_history_and_of_later_checkpoints_and_tensorboard_is_the_trainers(tmp_path):
