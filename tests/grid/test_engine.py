@@ -248,6 +248,11 @@ def test_a_changed_setting_is_a_new_cell_and_the_grid_lists_what_is_missing(smok
 
 def test_the_forecast_is_scored_on_the_cells_and_the_cells_reach_the_phase_diagram(smoke_grid, tmp_path, monkeypatch):
     cells = json.loads((smoke_grid[0] / "grid.json").read_text())["cells"]
+    if callable(getattr(satmon, "forecast", None)):  # satmon's own forecast, on every cell
+        real = forecast_check(cells, 8 * 4 * 16)
+        assert real["available"] and len(real["cells"]) == 4
+        assert all(r["outcome"] in ("helps", "hurts", "uncertain") for r in real["cells"]), real["cells"]
+        assert real["right"] + real["wrong"] + real["uncertain"] == 4
     asked = []
 
     class Forecast:
