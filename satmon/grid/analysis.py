@@ -323,7 +323,7 @@ def answer_text(recipe: str, cells: Sequence[dict[str, Any]], analysis: dict[str
         lines.append("size | budget | passes | seeds | final (DyT helped in) | best checkpoint (DyT helped in)")
         for r in effect_table(cells):
             best = "-" if r["delta_best"] is None else f"{100 * r['delta_best']:+.2f}% ({r['helps_best']}/{r['seeds']})"
-            lines.append(f"{r['size']} | {r['budget']} | {r['passes']:.1f} | {r['seeds']} | {100 * r['delta']:+.2f}% "
+            lines.append(f"{r['size']} | {r['budget']} | {r['passes']:.3g} | {r['seeds']} | {100 * r['delta']:+.2f}% "
                          f"({r['helps']}/{r['seeds']}) | {best}")
         d = analysis.get("decision", {})
         if d.get("predicts") is None:
