@@ -141,3 +141,16 @@ def test_hypotheses_are_scored_as_frozen(g2):
     assert g2.binom_tail(5, 5, 0.6) == pytest.approx(0.6 ** 5)
     lo, hi = g2.clopper_pearson(13, 13)
     assert hi == 1.0 and lo == pytest.approx(0.025 ** (1 / 13), abs=1e-6)
+
+
+def test_h3_reads_the_plans_budget_in_bytes_and_the_csv_has_the_forecast_columns(g2):
+    """3.3 passes is 1,551,515 bytes (5,120,000 / 1,551,515 = 3.3000003 passes): H3 must count that cell; the data
+    file written from the cells carries the columns satmon.forecast reads."""
+    from satmon.io.known_cells import read_known_cells
+
+    c = _cell("d64L2", 2, 0.1, helps=False, passes=5_120_000 / 1_551_515)
+    c.update(name="d64L2_t1551515_s2", params=115_013, train_tokens=1_551_515, val_loss_dyt=1.9, val_loss_layernorm=1.8)
+    assert g2.hypotheses([c])["final"]["H3"]["cells"] == 1
+    text = g2.cells_csv([c], "test grid", "a note")
+    cells = read_known_cells("test.csv", text)
+    assert len(cells) == 1 and cells[0].passes == pytest.approx(3.3, rel=1e-3)
