@@ -185,17 +185,21 @@ def live_from_tensorboard(path: str | Path, explicit: bool = True) -> LiveReadin
     return readings[0][1]
 
 
-def find_source(paths: Sequence[Path], infos: Sequence[Any], live: str | None = None) -> ReplaySource:
-    """The run the checkpoints come from and its live verdict: ``--live`` first, then the checkpoints'
-    SaturationMonitor state, then the TensorBoard events of the run folder (see the module docstring).
+def find_source(run: Path | None, infos: Sequence[Any], live: str | os.PathLike | None = None) -> ReplaySource:
+    """The run the checkpoints come from and its live verdict: ``--live`` first, then satmon's state saved with the
+    checkpoints, then the TensorBoard events of the run folder (see the module docstring).
+
+    Args:
+        run: the run folder (:func:`source_run` of the paths replayed: computed once, by the caller).
+        infos: the inspected checkpoints (their index still held).
+        live: the live run's TensorBoard folder, when the user named it.
 
     Raises:
         ReplayUsageError: from :func:`live_from_tensorboard` for a ``--live`` that cannot be read.
     """
     if live is not None:
         reading = live_from_tensorboard(live, explicit=True)
-        return ReplaySource(run=printable(live), live=reading)
-    run = source_run([Path(i.path) for i in infos] or list(paths))
+        return ReplaySource(run=printable(os.fspath(live)), live=reading)
     name = printable(str(run)) if run is not None else "?"
     reading = live_from_checkpoints(infos)
     if reading is None and run is not None:
@@ -205,6 +209,6 @@ def find_source(paths: Sequence[Path], infos: Sequence[Any], live: str | None = 
             reading = None
     if reading is not None:
         return ReplaySource(run=name, live=reading)
-    return ReplaySource(run=name, missing="no SaturationMonitor state with a verdict in the checkpoints and no satmon "
+    return ReplaySource(run=name, missing="no satmon state with a verdict saved with the checkpoints and no satmon "
                                           "verdict in TensorBoard events beside them; pass --live RUN (the live run's "
                                           "TensorBoard folder) to compare")

@@ -66,12 +66,12 @@ def test_without_the_state_the_tensorboard_events_beside_the_checkpoints_say_it(
     infos = _infos(version)
     for info in infos:
         info.checkpoint.pop("callbacks")  # checkpoints saved without the monitor's state
-    source = find_source([version / "checkpoints"], infos)
+    source = find_source(source_run([version / "checkpoints"]), infos)
     live = source.live
     assert (live.decision, live.step, live.window, live.trust) == (verdict.decision, verdict.step, verdict.window, verdict.trust)
     assert live.saturation == pytest.approx(verdict.saturation, rel=1e-6)  # float32 in the event file
     assert live.threshold == pytest.approx(verdict.threshold, abs=1e-6) and "TensorBoard events in" in live.found
-    elsewhere = find_source([version / "checkpoints"], [])
+    elsewhere = find_source(source_run([version / "checkpoints"]), [])
     assert elsewhere.live is not None  # found from the folder even with no checkpoint index at hand
 
 
