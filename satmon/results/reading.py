@@ -50,9 +50,12 @@ class Rule:
             fit on, and guessing the commoner outcome there (a calibration's; ``None`` with the study's: the
             verdict takes the study's figures; ``None`` with a user's: no evidence).
 
+    Made once, by :class:`satmon.Settings` (``settings.rule``), and carried whole to :func:`verdict_of`: no consumer
+    rebuilds it or re-derives whose threshold it is.
+
     Example:
         >>> from satmon import Settings
-        >>> Rule.of(Settings()).threshold_source, Rule.of(Settings(threshold=0.5)).threshold_source
+        >>> Settings().rule.threshold_source, Settings(threshold=0.5).rule.threshold_source
         ('study', 'user')
     """
 
@@ -62,17 +65,6 @@ class Rule:
     threshold_source: str = "study"
     held_out_accuracy: float | None = None
     no_skill_accuracy: float | None = None
-
-    @classmethod
-    def of(cls, settings: Any) -> Rule:
-        """The rule of a :class:`satmon.Settings` (read by attribute: ``threshold``, ``collapse_threshold``,
-        ``caveat``, ``calibration``). The study's 0.43 with the study's caveat is the study's, whoever typed it."""
-        threshold, caveat = float(settings.threshold), settings.caveat or CAVEAT
-        cal = settings.calibration
-        if cal is not None:
-            return cls(threshold, float(settings.collapse_threshold), caveat, "calibration", cal.loso_accuracy, cal.no_skill)
-        source = "user" if threshold != THRESHOLD or caveat != CAVEAT else "study"
-        return cls(threshold, float(settings.collapse_threshold), caveat, source)
 
 
 #: Reading fields that hold containers (frozen at construction)
