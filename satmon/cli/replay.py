@@ -1,14 +1,9 @@
-"""``satmon replay``: every satmon diagnostic over saved checkpoints, written as a TensorBoard run
-that lines up with live runs (same tags, stepped by each checkpoint's global step), plus optional
-JSON records and a markdown report with plots.
-
-Everything is checked before any work: the rule numbers, every output path, the user's code, the
-checkpoints' listing and the model on the first checkpoint (built on the meta device). Outputs never
-lose what was there: ``--json`` is written once, atomically, when the replay is complete, its records
-kept as they come in ``FILE.partial.jsonl``; reports and plots are replaced atomically; Ctrl-C ends
-with one line saying where everything is (exit 130). Security (checkpoints read with
-weights_only=True unless --trust-checkpoints; --model/--factory/--datamodule run user code) and the
-exit codes are in :data:`EPILOG` and docs/replay.md.
+"""``satmon replay``: the command line of :func:`satmon.replay` (:mod:`satmon.replay.session`), which checks
+everything before any work, replays the checkpoints and writes the outputs (a TensorBoard run lined up with the
+live runs, ``--json`` once complete, ``--report``). This module parses the flags into its arguments and prints
+what it yields: progress, the summary table, the live verdict beside the replay's, the exit code. Ctrl-C and
+SIGTERM end with one line saying where every output stands (exit 130 / 143); :data:`EPILOG` and docs/replay.md
+give security and the exit codes.
 """
 
 from __future__ import annotations
@@ -20,6 +15,7 @@ import sys
 from typing import Any
 
 from satmon import study
+from satmon.replay.user_code import ReplayUsageError  # no torch: the first line is said before torch is imported
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_NONFINITE", "EXIT_OK", "EXIT_SKIPPED", "EXIT_TERMINATED", "EXIT_USAGE", "main"]
 
@@ -116,12 +112,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # ------------------------------------------------------------------------------------ validation
-def _usage(message: str) -> Exception:
-    from satmon.replay.user_code import ReplayUsageError
-
-    return ReplayUsageError(message)
-
-
 def _check_numbers(args: argparse.Namespace) -> Any:
     """Counts and the rule's numbers (``--threshold`` in (0, 1), ``--level`` > 0, ``--collapse-threshold`` in (0, 1));
     returns the one :class:`satmon.Settings` every checkpoint is read with (``--threshold`` left out: the study's)."""
@@ -129,17 +119,17 @@ def _check_numbers(args: argparse.Namespace) -> Any:
 
     for option, value in (("--batches", args.batches), ("--batch-size", args.batch_size), ("--threads", args.threads)):
         if value is not None and value < 1:
-            raise _usage(f"Expected {option} >= 1, got {value}.")
+            raise ReplayUsageError(f"Expected {option} >= 1, got {value}.")
     cpus = os.cpu_count() or 1
     if args.threads is not None and args.threads > cpus:  # torch's thread pool crashes (SIGSEGV) far beyond the machine
-        raise _usage(f"Expected --threads in [1, {cpus}] (the CPUs of this machine), got {args.threads}.")
+        raise ReplayUsageError(f"Expected --threads in [1, {cpus}] (the CPUs of this machine), got {args.threads}.")
     try:
         return Settings(threshold=args.threshold, level=args.level, collapse_threshold=args.collapse_threshold)
     except ValueError as e:
         message = str(e)
         for name, flag in (("`collapse_threshold`", "--collapse-threshold"), ("`threshold`", "--threshold"), ("`level`", "--level")):
             message = message.replace(name, flag)
-        raise _usage(message) from None
+        raise ReplayUsageError(message) from None
 
 
 # ------------------------------------------------------------------------------------ output
@@ -200,45 +190,21 @@ def _summary(rows: list[dict[str, Any]], records: list[Any], live: list[str] | N
         print("\n" + "\n".join(live))
 
 
-class _State:
-    """Where an interrupted replay stands, for its one-line summary (``run``: the :class:`~satmon.replay.session.Replay`
-    once it was made)."""
-
-    def __init__(self) -> None:
-        self.run: Any = None
-
-    def interrupted(self, how: str) -> str:
-        run = self.run
-        if run is None or not run.started:
-            return f"satmon replay: {how} before the first checkpoint was replayed; nothing was written."
-        said = [f"satmon replay: {how} after {run.done} of {run.total} checkpoint(s)"]
-        out = run.outputs
-        if out.json is not None and run.json_written is None:
-            kept = "was left as it was" if out.json in out.existed else "was not written"
-            where = (f"the {run.partial.count} new record(s) are in {run.partial.path}" if run.partial is not None
-                     and run.partial.count else "no record was complete")
-            said.append(f"{out.json} {kept}; {where}")
-        if run.log_dir is not None:
-            said.append(f"TensorBoard run {run.log_dir} holds the checkpoints replayed so far")
-        if out.report is not None:
-            said.append(f"no report was written ({out.report} {'left as it was' if out.report in out.existed else 'not made'})")
-        return ": ".join(said[:1]) + (": " + "; ".join(said[1:]) if len(said) > 1 else "") + "."
-
-
 def _replaced(out: Any, path: Any) -> str:
     return " (replaced the previous file; its permissions kept)" if path in out.existed else ""
 
 
-def run(args: argparse.Namespace, state: _State | None = None) -> int:
-    """Check everything the user passed, then read the checkpoints, replay them and report; the exit code."""
-    state = _State() if state is None else state
+def run(args: argparse.Namespace, state: dict[str, Any] | None = None) -> int:
+    """Check everything the user passed, then read the checkpoints, replay them and report; the exit code
+    (``state["run"]``: the :class:`~satmon.replay.session.Replay` once made, for the line of an interrupted one)."""
+    state = {} if state is None else state
     talk = _talk(args)
     talk(_first_line(args))  # before torch is imported: the user sees at once what runs
     settings = _check_numbers(args)
     if args.weights_only and args.trust_checkpoints:
-        raise _usage("Expected either --weights-only (read checkpoints with torch.load(weights_only=True): the default) or "
+        raise ReplayUsageError("Expected either --weights-only (read checkpoints with torch.load(weights_only=True): the default) or "
                      "--trust-checkpoints (weights_only=False: runs code stored in them), got both: drop one.")
-    from satmon.replay.outputs import live_lines, nonfinite_lines
+    from satmon.replay.outputs import live_lines
     from satmon.replay.session import Replay
 
     if args.threads is not None:
@@ -247,11 +213,11 @@ def run(args: argparse.Namespace, state: _State | None = None) -> int:
         torch.set_num_threads(args.threads)
     if args.weights_only:
         print("satmon replay: note: --weights-only is the default since satmon 0.2 (the flag is ignored).", file=sys.stderr)
-    state.run = rp = Replay(args.paths, model=args.model, factory=args.factory, data=args.data, datamodule=args.datamodule,
-                            settings=settings, batches=args.batches, batch_size=args.batch_size, input_key=args.input_key,
-                            trust_checkpoints=args.trust_checkpoints, device=args.device, dtype=args.dtype,
-                            twin=not args.no_twin, live=args.live, logdir=args.logdir, name=args.name, json=args.json,
-                            report=args.report, on_status=talk)
+    state["run"] = rp = Replay(args.paths, model=args.model, factory=args.factory, data=args.data, datamodule=args.datamodule,
+                               settings=settings, batches=args.batches, batch_size=args.batch_size,
+                               input_key=args.input_key, trust_checkpoints=args.trust_checkpoints, device=args.device,
+                               dtype=args.dtype, twin=not args.no_twin, live=args.live, logdir=args.logdir, name=args.name,
+                               json=args.json, report=args.report, on_status=talk)
     talk(f"replaying {len(rp.todo)} checkpoint(s) on {rp.device.type} (calibration: {rp.data_text}); the first one also "
          "builds the model and finds its layers")
     update, close = _progress(len(rp.todo), args.quiet)
@@ -267,7 +233,6 @@ def run(args: argparse.Namespace, state: _State | None = None) -> int:
     rows, records, out = rp.rows, rp.records, rp.outputs
     ok = [r for r in rows if r["error"] is None]
     _summary(rows, records, live_lines(records))
-    nonfinite = nonfinite_lines(rows)
     print(f"\nReplayed {len(ok)} of {len(rows)} checkpoint(s) in {rp.seconds:.1f} s on {rp.device.type} ({args.dtype}); "
           f"calibration: {rp.data_text}.")
     if rp.log_dir is not None:
@@ -283,36 +248,9 @@ def run(args: argparse.Namespace, state: _State | None = None) -> int:
         replaced = [p for p in written if p in out.existed]
         note = f"; replaced {len(replaced)} previous file(s), their permissions kept" if replaced else ""
         print(f"Report:          {written[0].resolve()} (+ {len(written) - 1} PNG{note})")
-    return _exit_code(rows, records, rp.infos, nonfinite, rp.unread)
-
-
-def _exit_code(rows: list[dict[str, Any]], records: list[Any], infos: list[Any], nonfinite: list[str],
-               unread: list[tuple[Path, str]]) -> int:
-    """The exit code; an incomplete replay (a checkpoint skipped, a file or folder that could not be read) says so in
-    its last line, whatever else it found."""
-    from satmon.replay.user_code import printable
-
-    code = EXIT_OK
-    skipped = [r["name"] for r in rows if r["error"]]
-    if skipped:
-        print(f"satmon replay: {len(skipped)} checkpoint(s) skipped: " + ", ".join(skipped), file=sys.stderr)
-        refused = [printable(i.path.name) for i in infos if i.refused and not i.unsafe]
-        if refused:
-            print(f"satmon replay: {len(refused)} of them refused by torch.load(weights_only=True) for a type torch does "
-                  f"not allow by default: {', '.join(refused)}; --trust-checkpoints would load them, and run code stored "
-                  "in them: only for files you made or trust.", file=sys.stderr)
-    for line in nonfinite:
+    for line in rp.problems():  # the last one says "incomplete" when the replay was
         print(f"satmon replay: {line}", file=sys.stderr)
-    if skipped or unread:
-        code = EXIT_SKIPPED
-        said = [f"{len(rows) - len(skipped)} of {len(rows)} checkpoint(s) replayed"]
-        if skipped:
-            said.append(f"{len(skipped)} skipped")
-        if unread:
-            shown = "; ".join(f"{printable(str(p))} ({why})" for p, why in unread[:3]) + ("; ..." if len(unread) > 3 else "")
-            said.append(f"{len(unread)} file(s) or folder(s) that may hold checkpoints could not be read: {shown}")
-        print("satmon replay: incomplete: " + "; ".join(said) + ".", file=sys.stderr)
-    return EXIT_NONFINITE if any(r.nonfinite for r in records) else code
+    return EXIT_NONFINITE if rp.nonfinite else EXIT_OK if rp.complete else EXIT_SKIPPED
 
 
 class _Terminated(KeyboardInterrupt):
@@ -329,9 +267,13 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # argparse already printed the usage line
         return int(e.code or 0)
-    from satmon.replay.user_code import ReplayUsageError
+    state: dict[str, Any] = {}
 
-    state = _State()
+    def stopped(how: str) -> str:  # one line: how far it got, where every output stands
+        if state.get("run") is None:
+            return f"satmon replay: {how} before the first checkpoint was replayed; nothing was written."
+        return state["run"].stopped(how)
+
     previous = None
     try:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -344,12 +286,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt as e:
         terminated = isinstance(e, _Terminated)
-        print("\n" + state.interrupted("terminated (SIGTERM)" if terminated else "interrupted (Ctrl-C)"), file=sys.stderr)
+        print("\n" + stopped("terminated (SIGTERM)" if terminated else "interrupted (Ctrl-C)"), file=sys.stderr)
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except OSError as e:  # an output that cannot be written mid-run (a full disk...): what was there stays
         from satmon.replay.user_code import error_line
 
-        print(state.interrupted(f"stopped by {error_line(e)}"), file=sys.stderr)
+        print(stopped(f"stopped by {error_line(e)}"), file=sys.stderr)
         return EXIT_SKIPPED
     finally:
         if previous is not None:

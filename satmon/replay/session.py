@@ -319,6 +319,59 @@ class Replay:
         finally:
             self._locks.close()
 
+    # ------------------------------------------------------------------------------------ what it found
+    @property
+    def nonfinite(self) -> bool:
+        """A replayed checkpoint held NaN/inf (weights or DyT inputs): the run diverged there."""
+        return any(r.nonfinite for r in self.records)
+
+    @property
+    def complete(self) -> bool:
+        """Every checkpoint was replayed and every file or folder that may hold one could be read."""
+        return not any(r["error"] for r in self.rows) and not self.unread
+
+    def problems(self) -> list[str]:
+        """What undercuts the replay, one line each: the checkpoints skipped (and those torch refused), the
+        non-finite ones, and last, when it is, ``incomplete: ...`` (``[]``: none)."""
+        lines, rows = [], self.rows
+        skipped = [r["name"] for r in rows if r["error"]]
+        if skipped:
+            lines.append(f"{len(skipped)} checkpoint(s) skipped: " + ", ".join(skipped))
+            refused = [printable(i.path.name) for i in self.infos if i.refused and not i.unsafe]
+            if refused:
+                lines.append(f"{len(refused)} of them refused by torch.load(weights_only=True) for a type torch does not "
+                             f"allow by default: {', '.join(refused)}; --trust-checkpoints would load them, and run code "
+                             "stored in them: only for files you made or trust.")
+        lines += nonfinite_lines(rows)
+        if not self.complete:
+            said = [f"{len(rows) - len(skipped)} of {len(rows)} checkpoint(s) replayed"]
+            if skipped:
+                said.append(f"{len(skipped)} skipped")
+            if self.unread:
+                shown = "; ".join(f"{printable(str(p))} ({why})" for p, why in self.unread[:3]) + (
+                    "; ..." if len(self.unread) > 3 else "")
+                said.append(f"{len(self.unread)} file(s) or folder(s) that may hold checkpoints could not be read: {shown}")
+            lines.append("incomplete: " + "; ".join(said) + ".")
+        return lines
+
+    def stopped(self, how: str) -> str:
+        """One line for a replay stopped by ``how`` (``"interrupted (Ctrl-C)"``...): how far it got and where every
+        output stands."""
+        if not self.started:
+            return f"satmon replay: {how} before the first checkpoint was replayed; nothing was written."
+        said = [f"satmon replay: {how} after {self.done} of {self.total} checkpoint(s)"]
+        out = self.outputs
+        if out.json is not None and self.json_written is None:
+            kept = "was left as it was" if out.json in out.existed else "was not written"
+            where = (f"the {self.partial.count} new record(s) are in {self.partial.path}" if self.partial is not None
+                     and self.partial.count else "no record was complete")
+            said.append(f"{out.json} {kept}; {where}")
+        if self.log_dir is not None:
+            said.append(f"TensorBoard run {self.log_dir} holds the checkpoints replayed so far")
+        if out.report is not None:
+            said.append(f"no report was written ({out.report} {'left as it was' if out.report in out.existed else 'not made'})")
+        return ": ".join(said[:1]) + (": " + "; ".join(said[1:]) if len(said) > 1 else "") + "."
+
     @property
     def log_dir(self) -> Path | None:
         """The TensorBoard run folder (``None`` until the first record, and without ``logdir``)."""

@@ -55,15 +55,8 @@ def _build():
     return satmon.convert_to_dyt(GPT2LMHeadModel(GPT2Config(**CONFIG)))
 
 
-class _Tokens(torch.utils.data.Dataset):
-    def __init__(self) -> None:
-        self.x = torch.randint(0, VOCAB, (16, SEQ), generator=torch.Generator().manual_seed(0))
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.x[i], "labels": self.x[i]}
+def _tokens() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (16, SEQ), generator=torch.Generator().manual_seed(0))
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +74,9 @@ def hf_run(tmp_path_factory):
     callback = SatmonTrainerCallback(window=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        Trainer(_build(), args, train_dataset=_Tokens(), callbacks=[callback]).train()
-    return root / "out", callback.screen.verdict, [_Tokens().x[:4]]
+        x = _tokens()  # a list of examples is a dataset to the Trainer
+        Trainer(_build(), args, train_dataset=[{"input_ids": t, "labels": t} for t in x], callbacks=[callback]).train()
+    return root / "out", callback.screen.verdict, [x[:4]]
 
 
 def test_a_trainer_output_dir_gives_its_live_verdict_from_satmons_state_then_its_runs(hf_run, tmp_path):
