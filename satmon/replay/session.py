@@ -119,6 +119,7 @@ class Replay:
         self.json_written: Path | None = None
         self.report_written: list[Path] = []
         self._locks = ExitStack()
+        self._gen: Iterator[Any] | None = None
         try:
             self._prepare(paths, model, factory, data, datamodule, settings, batches, batch_size, input_key,
                           trust_checkpoints, device, dtype, twin, live, logdir, name, json, report)
@@ -255,9 +256,10 @@ class Replay:
 
     # ------------------------------------------------------------------------------------ replaying
     def __iter__(self) -> Iterator[Any]:
-        if self.started:
+        if self._gen is not None:
             raise RuntimeError("Expected a Replay to be iterated once, got a second iteration: make a new satmon.replay(...).")
-        return self._run()
+        self._gen = self._run()
+        return self._gen
 
     def _run(self) -> Iterator[Any]:
         from satmon.io.json_records import to_json
@@ -378,7 +380,10 @@ class Replay:
         return None if self.tensorboard is None else self.tensorboard.log_dir
 
     def close(self) -> None:
-        """Stop: the locks are released; ``json`` and ``report`` stay as they were unless the replay had finished."""
+        """Stop: the replay's files are closed (the records so far stay in :attr:`partial`) and the locks released;
+        ``json`` and ``report`` stay as they were unless the replay had finished."""
+        if self._gen is not None:
+            self._gen.close()  # type: ignore[attr-defined]
         self._locks.close()
 
     def __enter__(self) -> Replay:

@@ -205,3 +205,20 @@ def test_a_run_folder_taken_between_the_listing_and_the_mkdir_goes_to_the_next_v
     run = tbr.claim_run_folder(tmp_path, "replay")
     assert Path(run).name == "version_1" and len(calls) == 2
     assert os.listdir(tmp_path / "replay" / "version_0") == ["theirs"]
+
+
+def test_a_replay_stopped_early_leaves_the_json_as_it_was_and_keeps_its_records(folder, tmp_path):
+    root, ckpts, _, _ = folder
+    target = tmp_path / "r.json"
+    target.write_text('["the records of an earlier, complete replay"]')
+    before = target.read_bytes()
+    with satmon.replay(ckpts, factory=_net, data=root / "calib.pt", device="cpu", twin=False, json=target) as run:
+        first = next(iter(run))
+    assert first.global_step == 10 and target.read_bytes() == before and run.json_written is None
+    kept = (tmp_path / "r.json.partial.jsonl").read_text().splitlines()
+    assert [json.loads(line)["global_step"] for line in kept] == [10]
+    assert run.stopped("interrupted (Ctrl-C)") == (
+        f"satmon replay: interrupted (Ctrl-C) after 1 of 3 checkpoint(s): {target} was left as it was; the 1 new record(s) "
+        f"are in {tmp_path / 'r.json.partial.jsonl'}.")
+    with exclusive(target, "--json", folder=False):  # released: another writer may take it now
+        pass
