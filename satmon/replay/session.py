@@ -152,14 +152,13 @@ class Replay:
         self.outputs = out = check_outputs(logdir=logdir, name=name,
                                            source=run_name(self.run_folder) if name is None else None, json=json,
                                            report=report, data=data_path)
+        found = None
         if data is None and datamodule is None:
-            data_path = data = found_calibration(self.paths, self.run_folder)
+            data_path = data = found = found_calibration(self.paths, self.run_folder)
             if data is None:
                 raise ReplayUsageError("No calibration data: pass --data FILE (a torch.save'd tensor, list of batches or "
                                        "dict of tensors) or --datamodule MODULE:CLASS (e.g. "
                                        "satmon.demos.corpus:CorpusDataModule).")
-            self._note(f"calibration batches: {printable(str(data))} (the live run's {CALIBRATION_FILE}, saved by its live "
-                       "probe); pass --data or --datamodule to use others.")
         if data is not None and datamodule is not None:
             raise ReplayUsageError("Expected either --data or --datamodule, got both: drop one.")
         if model is None and factory is None:
@@ -186,6 +185,9 @@ class Replay:
         from satmon.replay.data import input_forward_fn, load_data_file
         from satmon.replay.loop import ModelLoader
 
+        if found is not None:  # every argument checked: the note is not followed by a usage error of another argument
+            self._note(f"calibration batches: {printable(str(found))} (the live run's {CALIBRATION_FILE}, saved by its "
+                       "live probe); pass --data or --datamodule to use others.")
         self.listing = listing = ck.list_checkpoints(self.paths, exclude=[p for p in (data_path, out.partial) if p])
         if not listing.paths:
             raise ReplayUsageError(ck.nothing_to_replay(self.paths, listing))
@@ -193,7 +195,7 @@ class Replay:
         for path, why in listing.explicit + self.unread + listing.broken_links():
             self._note(f"not replayed: {printable(str(path))}: {why}.")
         given = (load_data_file(data_path, batches, batch_size) if data_path is not None
-                 else list(data)[:batches] if data is not None else None)
+                 else _batches_of(data, batches, batch_size) if data is not None else None)
         if data is not None and not given:
             raise ReplayUsageError("Expected --data to hold at least one calibration batch, got none.")
         if self.trust:
@@ -418,6 +420,23 @@ def _user_objects(model: Any, factory: Any, datamodule: Any) -> tuple[Any, Any, 
     return model_cls, fn, dm_cls
 
 
+def _batches_of(data: Any, n: int, batch_size: int | None) -> list[Any]:
+    """Batches given as objects (``data=`` from Python), by :func:`satmon.replay.data.load_data_file`'s rule: a tensor
+    or a dict of tensors is one batch (or ``batch_size`` rows each), a list or tuple one batch per item."""
+    from collections.abc import Mapping
+
+    from torch import Tensor
+
+    from satmon.batches import split_batch
+
+    if isinstance(data, Tensor) or isinstance(data, Mapping) and data and all(isinstance(v, Tensor) for v in data.values()):
+        return split_batch(data, batch_size)[:n]
+    if isinstance(data, (list, tuple)):
+        return list(data)[:n]
+    raise ReplayUsageError(f"Expected data to be a file, a tensor, a dict of tensors or a list of batches, got "
+                           f"{type(data).__name__}.")
+
+
 def _datamodule_batches(dm_cls: type, ordered: Sequence[Any], n: int) -> tuple[list[Any], str]:
     """The datamodule's batches, built with the checkpoint's datamodule hyper-parameters, and where they came from."""
     from satmon.replay.data import datamodule_batches
@@ -441,7 +460,7 @@ def source_line(source: Any) -> str:
 
 def replay_checkpoints(paths: str | os.PathLike | Sequence[str | os.PathLike], *, model: type | str | None = None,
                        factory: Callable[[], Any] | str | None = None,
-                       data: str | os.PathLike | Sequence[Any] | None = None, datamodule: type | str | None = None,
+                       data: str | os.PathLike | Sequence[Any] | Any | None = None, datamodule: type | str | None = None,
                        settings: Settings | None = None, batches: int = 4, batch_size: int | None = None,
                        input_key: str | None = None, trust_checkpoints: bool = False, device: str = "auto",
                        dtype: str = "float32", twin: bool = True, live: str | os.PathLike | None = None,
@@ -464,8 +483,9 @@ def replay_checkpoints(paths: str | os.PathLike | Sequence[str | os.PathLike], *
             ``"MODULE:CLASS"`` (imported: runs that code).
         factory: a function returning the ``nn.Module`` (plain state-dict files, Hugging Face folders), or
             ``"MODULE:FUNCTION"``.
-        data: calibration batches: a ``torch.save``'d file (read with ``weights_only=True``) or the batches
-            themselves. ``None`` with no ``datamodule``: the live run's ``satmon_calibration.pt`` in a replayed folder
+        data: calibration batches: a ``torch.save``'d file (read with ``weights_only=True``), or the batches
+            themselves (a tensor or a dict of tensors: one batch, or ``batch_size`` rows each; a list: one batch an
+            item). ``None`` with no ``datamodule``: the live run's ``satmon_calibration.pt`` in a replayed folder
             or the run folder, when there is one (said through ``on_note``).
         datamodule: a ``LightningDataModule`` class (its ``train_dataloader``, built with the datamodule
             hyper-parameters stored in the checkpoint), or ``"MODULE:CLASS"``.

@@ -222,3 +222,13 @@ def test_a_replay_stopped_early_leaves_the_json_as_it_was_and_keeps_its_records(
         f"are in {tmp_path / 'r.json.partial.jsonl'}.")
     with exclusive(target, "--json", folder=False):  # released: another writer may take it now
         pass
+
+
+def test_batches_given_as_a_tensor_are_split_by_batch_size_not_into_rows(folder):
+    root, ckpts, net, batch = folder
+    run = satmon.replay(ckpts, factory=_net, data=batch, batch_size=8, device="cpu", twin=False)
+    records = list(run)
+    assert run.batches[0].shape == (8, 8) and len(run.batches) == 2  # two batches of 8 rows, pooled: the 16 rows
+    assert records[2].verdict.saturation == pytest.approx(_recount(net, batch, ALPHAS[30]), abs=1e-12)
+    with pytest.raises(ReplayUsageError, match="Expected data to be a file, a tensor, a dict of tensors or a list"):
+        satmon.replay(ckpts, factory=_net, data=3.5, device="cpu")
