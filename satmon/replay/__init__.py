@@ -8,8 +8,11 @@ the run they come from, the loop, and the library entry that does it all.
 
 Example:
     >>> import satmon, satmon.replay
+    >>> import inspect
     >>> callable(satmon.replay), satmon.replay.__call__.__doc__.split(":")[0]
     (True, 'Replay every satmon diagnostic over saved checkpoints')
+    >>> list(inspect.signature(satmon.replay).parameters)[:4]
+    ['paths', 'model', 'factory', 'data']
 """
 
 from __future__ import annotations
@@ -26,6 +29,12 @@ _NAMES = {"ModelLoader": "satmon.replay.loop", "ReplayRecord": "satmon.replay.lo
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__signature__":  # inspect.signature(satmon.replay): the entry's, loaded on first use
+        import inspect
+
+        from satmon.replay.session import replay_checkpoints
+
+        return inspect.signature(replay_checkpoints)
     module = _NAMES.get(name)
     if module is not None:
         return getattr(importlib.import_module(module), name)

@@ -232,3 +232,28 @@ def test_batches_given_as_a_tensor_are_split_by_batch_size_not_into_rows(folder)
     assert records[2].verdict.saturation == pytest.approx(_recount(net, batch, ALPHAS[30]), abs=1e-12)
     with pytest.raises(ReplayUsageError, match="Expected data to be a file, a tensor, a dict of tensors or a list"):
         satmon.replay(ckpts, factory=_net, data=3.5, device="cpu")
+
+
+def test_a_full_disk_mid_replay_raises_and_leaves_the_json_and_the_complete_records(folder, tmp_path, monkeypatch):
+    import errno
+
+    from satmon.io.jsonl import PartialRecords
+
+    root, ckpts, _, _ = folder
+    target = tmp_path / "r.json"
+    target.write_text("[]")
+    real = PartialRecords.add
+
+    def add(self, record):
+        if self.count == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+        real(self, record)
+
+    monkeypatch.setattr(PartialRecords, "add", add)
+    run = satmon.replay(ckpts, factory=_net, data=root / "calib.pt", device="cpu", twin=False, json=target)
+    with pytest.raises(OSError, match="No space left on device"):
+        list(run)
+    assert target.read_text() == "[]" and run.done == 2
+    assert [json.loads(x)["global_step"] for x in (tmp_path / "r.json.partial.jsonl").read_text().splitlines()] == [10, 20]
+    with exclusive(target, "--json", folder=False):  # the lock went with the failure
+        pass
