@@ -230,6 +230,7 @@ def run(args: argparse.Namespace, state: dict[str, Any] | None = None) -> int:
             update(rp.rows[-1])
     finally:
         close()
+        rp.close()  # stopped early (Ctrl-C...): its files closed now, while TensorBoard's writer thread still runs
     rows, records, out = rp.rows, rp.records, rp.outputs
     ok = [r for r in rows if r["error"] is None]
     _summary(rows, records, live_lines(records))

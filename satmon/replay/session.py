@@ -16,10 +16,12 @@ run that code (objects are used as they are).
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -34,6 +36,17 @@ __all__ = ["CALIBRATION_FILE", "Replay", "replay_checkpoints"]
 #: The calibration batches the live probe saves beside a run's logs (:mod:`satmon.drivers.live_probe`): a replay of
 #: that run's folder reads them when no other data is given.
 CALIBRATION_FILE = "satmon_calibration.pt"
+
+#: Replays being iterated: closed at exit (before the interpreter stops TensorBoard's writer thread, which a replay
+#: left suspended and closed by the garbage collector at shutdown would wait for forever).
+_OPEN: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_replays() -> None:
+    for replay in list(_OPEN):
+        replay.close()
+
 
 _DTYPES = ("float32", "bfloat16")
 _DEVICES = ("auto", "cpu", "cuda")
@@ -261,6 +274,7 @@ class Replay:
         if self._gen is not None:
             raise RuntimeError("Expected a Replay to be iterated once, got a second iteration: make a new satmon.replay(...).")
         self._gen = self._run()
+        _OPEN.add(self)
         return self._gen
 
     def _run(self) -> Iterator[Any]:
@@ -301,6 +315,7 @@ class Replay:
             self._finish()
             finished = True
         finally:
+            _OPEN.discard(self)
             if not finished:
                 self._locks.close()
 
@@ -384,6 +399,7 @@ class Replay:
     def close(self) -> None:
         """Stop: the replay's files are closed (the records so far stay in :attr:`partial`) and the locks released;
         ``json`` and ``report`` stay as they were unless the replay had finished."""
+        _OPEN.discard(self)
         if self._gen is not None:
             self._gen.close()  # type: ignore[attr-defined]
         self._locks.close()
