@@ -158,6 +158,13 @@ class GridConfig:
     eval_every: int = 250
     series_every: int = 50
     offset_every: int = 10  # the screen's sampled offset statistics (its default)
+    #: How a cell's unique bytes are drawn: "prefix" (0.4's faithful grid: the corpus prefix, shared by every seed)
+    #: or "chunks" (the second grid, docs/grid2_plan.md: ``chunk_bytes`` chunks of the training split chosen per
+    #: seed; the budgets of one seed are nested, the seeds draw different text).
+    data: str = "prefix"
+    chunk_bytes: int = 2_048
+    #: Budgets per size where a size runs fewer than ``budgets`` (``(("d96L3", (Budget, ...)),)``); others run all.
+    size_budgets: tuple[tuple[str, tuple[Budget, ...]], ...] = ()
 
     @property
     def processed(self) -> int:
@@ -166,6 +173,10 @@ class GridConfig:
 
     def budget_bytes(self) -> tuple[int, ...]:
         return tuple(b.resolve(self.processed) for b in self.budgets)
+
+    def budgets_of(self, size: Size) -> tuple[Budget, ...]:
+        """The budgets ``size`` runs: its entry in ``size_budgets``, else every budget."""
+        return dict(self.size_budgets).get(size.name, self.budgets)
 
     def check(self) -> None:
         """Refuse a grid that cannot answer the question, naming the option."""
@@ -183,6 +194,16 @@ class GridConfig:
             keys = [getattr(v, "name", getattr(v, "text", v)) for v in getattr(self, axis)]
             if len(set(keys)) != len(keys):
                 raise ValueError(f"Expected distinct --{axis}, got {keys}.")
+        if self.data not in ("prefix", "chunks"):
+            raise ValueError(f"Expected data 'prefix' or 'chunks', got {self.data!r}.")
+        if self.chunk_bytes <= self.seq_len + 1:
+            raise ValueError(f"Expected chunk_bytes > seq_len + 1 = {self.seq_len + 1}, got {self.chunk_bytes}.")
+        names = {s.name for s in self.sizes}
+        for name, budgets in self.size_budgets:
+            if name not in names:
+                raise ValueError(f"Expected size_budgets to name sizes of the grid {sorted(names)}, got {name!r}.")
+            if {b.text for b in budgets} - {b.text for b in self.budgets}:
+                raise ValueError(f"Expected the budgets of {name} among the grid's budgets, got {[b.text for b in budgets]}.")
         nbytes = self.budget_bytes()
         if max(nbytes) + self.seq_len >= self.val_offset:
             raise ValueError(f"Expected every budget below the held-out split ({self.val_offset:,} bytes), got "
@@ -195,8 +216,11 @@ class GridConfig:
     def shared(self) -> dict[str, Any]:
         """What a cached cell must have been made with to be reused (everything but the axes)."""
         d = asdict(self)
-        for axis in ("sizes", "budgets", "seeds"):
+        for axis in ("sizes", "budgets", "seeds", "size_budgets"):
             d.pop(axis)
+        if self.data == "prefix":  # 0.4's cells were made before these fields existed: their cache keys stay the same
+            d.pop("data")
+            d.pop("chunk_bytes")
         return json.loads(json.dumps(d))
 
 
@@ -204,8 +228,15 @@ SIZES = (Size("d64L2", 64, 2), Size("d96L3", 96, 3))
 #: The study's passes over the unique data at 64M (1M / 10M / 50M / 118M tokens in 5,000 steps of 64 x 512).
 STUDY_EPOCHS = ("164ep", "16ep", "3.3ep", "1.4ep")
 FULL = GridConfig(sizes=SIZES, budgets=tuple(Budget.parse(b) for b in STUDY_EPOCHS), seeds=(0, 1))
+#: The second grid (docs/grid2_plan.md, issue 34): budgets between 3.3 and 164 passes, a third size, new seeds,
+#: each cell's budget drawn as chunks chosen per seed.
+GRID2_EPOCHS = ("3.3ep", "16ep", "32ep", "64ep", "100ep", "164ep")
+GRID2 = GridConfig(sizes=(Size("d48L2", 48, 2), Size("d64L2", 64, 2), Size("d96L3", 96, 3)),
+                   budgets=tuple(Budget.parse(b) for b in GRID2_EPOCHS), seeds=(2, 3), data="chunks",
+                   size_budgets=(("d96L3", tuple(Budget.parse(b) for b in ("32ep", "64ep", "100ep"))),))
 MODES = {
     "full": FULL,
+    "grid2": GRID2,
     # two cells of the full grid, same settings (the same numbers on the same machine; its cache serves the full run)
     "quick": replace(FULL, sizes=SIZES[:1], budgets=(FULL.budgets[0], FULL.budgets[-1]), seeds=(0,)),
     "smoke": GridConfig(sizes=(Size("d16L1", 16, 1, 2), Size("d24L1", 24, 1, 2)),
@@ -216,9 +247,10 @@ MODES = {
 
 
 def cell_keys(cfg: GridConfig) -> list[tuple[Size, Budget, int]]:
-    """Every cell of the grid, largest model first (the slow ones start first: the pool stays busy)."""
-    keys = [(s, b, seed) for s in cfg.sizes for b in cfg.budgets for seed in cfg.seeds]
-    return sorted(keys, key=lambda k: -cost(k[0]))
+    """Every cell of the grid, seed by seed (a stopped grid holds whole replicates), within a seed the largest
+    model first (the slow ones start first: the pool stays busy)."""
+    keys = [(s, b, seed) for s in cfg.sizes for b in cfg.budgets_of(s) for seed in cfg.seeds]
+    return sorted(keys, key=lambda k: (cfg.seeds.index(k[2]), -cost(k[0])))
 
 
 def cost(size: Size) -> float:
@@ -258,6 +290,29 @@ def unigram_loss(train: Any, val_targets: Any) -> float:
 
     p = torch.bincount(train, minlength=256).double() + 1.0
     return float(-(p / p.sum()).log()[val_targets.reshape(-1)].mean())
+
+
+def cell_tokens(cfg: GridConfig, train_all: Any, nbytes: int, seed: int) -> Any:
+    """The ``nbytes`` unique training bytes of a cell.
+
+    ``data="prefix"`` (0.4's faithful grid): the corpus prefix, the same text for every seed. ``data="chunks"``
+    (the second grid): the training split cut into ``chunk_bytes`` chunks, shuffled by a generator seeded with the
+    cell's seed; the budget is the first ``ceil(nbytes / chunk_bytes)`` chunks of that order, concatenated and cut
+    to ``nbytes``. So the budgets of one seed are nested (a smaller budget's text is inside a larger one's) and two
+    seeds train on different text; the held-out split (from ``val_offset``) is never drawn.
+    """
+    import torch
+
+    if cfg.data == "prefix":
+        return train_all[:nbytes]
+    c = cfg.chunk_bytes
+    n_chunks = train_all.numel() // c
+    need = -(-nbytes // c)
+    if need > n_chunks:
+        raise ValueError(f"Expected a budget of at most {n_chunks * c:,} bytes ({n_chunks} chunks of {c}), got {nbytes:,}.")
+    order = torch.randperm(n_chunks, generator=torch.Generator().manual_seed(1_000_003 + seed))  # (n_chunks,)
+    chunks = train_all[: n_chunks * c].view(n_chunks, c)[order[:need]]  # (need, c)
+    return chunks.reshape(-1)[:nbytes].clone()
 
 
 class Batches:
@@ -403,7 +458,7 @@ def train_arm(cfg: GridConfig, size: Size, nbytes: int, seed: int, norm: str, da
     train_all, vx, vy = data
     model = build_model(cfg, size, norm, seed)
     opt, sched = optimizer(cfg, model)
-    batches = Batches(train_all[:nbytes], cfg.batch_size, cfg.seq_len, seed)
+    batches = Batches(cell_tokens(cfg, train_all, nbytes, seed), cfg.batch_size, cfg.seq_len, seed)
     screen, series = None, WindowSeries()
     if norm == "dyt":
         # the verdict only: no watch after the window, no abort, no console card
@@ -564,7 +619,8 @@ def run_cell(cfg: GridConfig, size: Size, budget: Budget, seed: int, threads: in
                             progress=(lambda s, n=norm: progress(n, s)) if progress else None)
             for norm in ("layernorm", "dyt")}
     ln, dyt = arms["layernorm"], arms["dyt"]
-    uni = unigram_loss(train_all[:nbytes], vy)
+    train = cell_tokens(cfg, train_all, nbytes, seed)
+    uni = unigram_loss(train, vy)
     params, params_total = count_params(dyt["model"])
     cell: dict[str, Any] = {
         "name": cell_name(cfg, size, budget, seed), "group": size.name, "seed": seed, "d_model": size.d_model,
@@ -580,7 +636,7 @@ def run_cell(cfg: GridConfig, size: Size, budget: Budget, seed: int, threads: in
     cell["helps"] = cell["delta"] < 0
     cell["learns_dyt"], cell["learns_layernorm"] = dyt["val_loss"] < uni, ln["val_loss"] < uni
     cell.update(window_readings(cfg, size, dyt["verdict"], dyt["series"]))
-    cell.update(final_readings(cfg, size, dyt["model"], vx, train_all[:nbytes]))
+    cell.update(final_readings(cfg, size, dyt["model"], vx, train))
     cell.update({
         "best_val_loss_dyt": min(v for _, v in dyt["val_curve"]), "best_val_loss_layernorm": min(v for _, v in ln["val_curve"]),
         "val_curve_dyt": dyt["val_curve"], "val_curve_layernorm": ln["val_curve"],
@@ -588,6 +644,9 @@ def run_cell(cfg: GridConfig, size: Size, budget: Budget, seed: int, threads: in
         "cpu_seconds": time.process_time() - c0, "wall_seconds": time.perf_counter() - t0, "threads": threads,
         "config": cfg.shared(), "code": code_version(),
     })
+    if cfg.data != "prefix":
+        cell.update({"data": cfg.data, "chunk_bytes": cfg.chunk_bytes, "passes": cell["epochs"],
+                     "helps_best": cell["best_val_loss_dyt"] < cell["best_val_loss_layernorm"]})
     return cell
 
 
@@ -759,8 +818,11 @@ def write_grid(cfg: GridConfig, cells: list[dict[str, Any]], path: Path, mode: s
     cpu = [c["cpu_seconds"] for c in cells]
     config = {**cfg.shared(), "sizes": [asdict(s) for s in cfg.sizes], "budgets": [b.text for b in cfg.budgets],
               "budget_bytes": list(cfg.budget_bytes()), "seeds": list(cfg.seeds)}
+    if cfg.size_budgets:
+        config["size_budgets"] = {name: [b.text for b in budgets] for name, budgets in cfg.size_budgets}
     payload = {
-        "format": FORMAT, "mode": mode, "command": command, "plan": "docs/grid_plan.md",
+        "format": FORMAT, "mode": mode, "command": command,
+        "plan": "docs/grid2_plan.md" if cfg.data == "chunks" else "docs/grid_plan.md",
         "environment": env, "config": config,
         "outcome": "delta = (DyT - LayerNorm) / LayerNorm final held-out loss at step `steps`; negative = DyT helps",
         "group": "model size (leave-one-size-out); seeds give the second held-out protocol (leave-one-seed-out)",
@@ -1049,7 +1111,10 @@ def main(argv: list[str] | None = None) -> int:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="2 cells of the full grid (d64L2, 164 and 1.4 epochs, seed 0)")
     mode.add_argument("--smoke", action="store_true", help="4 tiny cells, 8 steps (window 4): the test suite's check")
-    mode.add_argument("--report", metavar="JSON", help="only the analysis of a finished grid's JSON (no training)")
+    mode.add_argument("--grid2", action="store_true", help="the second grid (docs/grid2_plan.md): 30 cells, 3 sizes, "
+                      "3.3-164 passes, seeds 2 and 3, budgets drawn as chunks per seed (~4 CPU-hours)")
+    mode.add_argument("--report", metavar="JSON", help="only the analysis of a finished grid's JSON (no training); "
+                      "a second-grid JSON gets docs/grid2_plan.md's analysis")
     p.add_argument("--sizes", type=_list(Size.parse, "--sizes"), help="model sizes, e.g. d64L2,d96L3 (default: the mode's)")
     p.add_argument("--budgets", type=_list(Budget.parse, "--budgets"), help="unique-token budgets, epochs or bytes, "
                    "e.g. 164ep,16ep,3.3ep,1.4ep or 31220,3.5M (default: the study's passes)")
@@ -1076,7 +1141,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not 1 <= args.jobs <= max(1, 4 * (os.cpu_count() or 1)):
         p.error(f"expected 1 <= --jobs <= {4 * (os.cpu_count() or 1)}, got {args.jobs}")
-    name = "smoke" if args.smoke else "quick" if args.quick else "full"
+    name = "smoke" if args.smoke else "quick" if args.quick else "grid2" if args.grid2 else "full"
     cfg = MODES[name]
     for key in ("sizes", "budgets", "seeds", "steps", "window", "warmup", "lr", "emb_scale", "alpha_init"):
         value = getattr(args, key)

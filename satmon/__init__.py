@@ -36,11 +36,13 @@ _PUBLIC = {
     "StopReason": "satmon.results.stop",
     "SaturationCounter": "satmon.observe.counters",
     "SaturationHooks": "satmon.observe.saturation",
-    "find_dyt_layers": "satmon.model.discovery",
-    "find_norm_layers": "satmon.model.discovery",
-    "find_blocks": "satmon.model.discovery",
+    "find_dyt_layers": "satmon.model.map",
+    "find_norm_layers": "satmon.model.map",
+    "find_blocks": "satmon.model.map",
     "probe": "satmon.probing.passes",
     "replay": "satmon.replay",  # the package itself, callable: satmon.replay(paths, ...) (satmon.replay.session)
+    "forecast": "satmon.io.known_cells",
+    "Forecast": "satmon.results.forecast",
     "ProbeReport": "satmon.results.probe_report",
 }
 
@@ -49,12 +51,14 @@ __all__ = ["__version__", *_PUBLIC]
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
     from satmon.convert import convert_to_dyt
     from satmon.drivers.lightning import SaturationMonitor
+    from satmon.io.known_cells import forecast
     from satmon.dyt import DyT
-    from satmon.model.discovery import find_blocks, find_dyt_layers, find_norm_layers
+    from satmon.model.map import find_blocks, find_dyt_layers, find_norm_layers
     from satmon.observe.counters import SaturationCounter
     from satmon.observe.saturation import SaturationHooks
     from satmon.probing.passes import probe
     from satmon.replay.session import replay_checkpoints as replay
+    from satmon.results.forecast import Forecast
     from satmon.results.probe_report import ProbeReport
     from satmon.results.stop import SatmonAbort, StopReason
     from satmon.results.verdict import GatingInfo, LayerCounts, Source, Verdict, build_verdict

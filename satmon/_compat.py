@@ -26,7 +26,7 @@ import types
 import warnings
 from typing import Any
 
-__all__ = ["MODULES", "NAMES", "REMOVED_IN", "SatmonDeprecationWarning", "install", "moved_attribute"]
+__all__ = ["MODULES", "MOVED_IN_0_4", "NAMES", "REMOVED_IN", "SatmonDeprecationWarning", "install", "moved_attribute"]
 
 #: The release that drops these paths.
 REMOVED_IN = "0.5"
@@ -97,11 +97,19 @@ NAMES: dict[tuple[str, str], tuple[str, str]] = {
     **{("satmon.calibrate", n): ("satmon.calibrate.fit", n) for n in ("STUDY_THRESHOLD", "FORMAT", "MIN_CELLS", "csv_rows",
                                                                       "to_float")},
     ("satmon.core.window_verdict", "verdict_stop_reason"): ("satmon.screen.stop_policy", "verdict_stop_reason"),
+    **{("satmon.discovery", n): ("satmon.model.map", n) for n in ("find_blocks", "find_dyt_layers", "find_norm_layers")},
 }
 
 
-def _warn(old: str, new: str, stacklevel: int = 4) -> None:
-    warnings.warn(f"{old} is deprecated since satmon 0.3: use {new} (the old path works until satmon {REMOVED_IN}).",
+#: (0.3 module, name) -> (its 0.4 home, name): names that moved in satmon 0.4, kept until satmon 0.6. The model
+#: map's finders left ``satmon.model.discovery`` (they read the map, which reads discovery: an import circle).
+MOVED_IN_0_4: dict[tuple[str, str], tuple[str, str]] = {
+    **{("satmon.model.discovery", n): ("satmon.model.map", n) for n in ("find_blocks", "find_dyt_layers", "find_norm_layers")},
+}
+
+
+def _warn(old: str, new: str, stacklevel: int = 4, since: str = "0.3", until: str = REMOVED_IN) -> None:
+    warnings.warn(f"{old} is deprecated since satmon {since}: use {new} (the old path works until satmon {until}).",
                   SatmonDeprecationWarning, stacklevel=stacklevel)
 
 
@@ -115,6 +123,10 @@ def moved_attribute(module: str, name: str) -> Any:
         AttributeError: module 'satmon' has no attribute 'decide'
     """
     target = NAMES.get((module, name))
+    if target is None and (module, name) in MOVED_IN_0_4:
+        target = MOVED_IN_0_4[(module, name)]
+        _warn(f"{module}.{name}", f"{target[0]}.{target[1]}", since="0.4", until="0.6")
+        return getattr(importlib.import_module(target[0]), target[1])
     if target is None:
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
     _warn(f"{module}.{name}", f"{target[0]}.{target[1]}")
@@ -136,7 +148,7 @@ class _Alias(types.ModuleType):
         old, new = self.__name__, self.__dict__["_new"]
         if f"{old}.{name}" in MODULES:
             return importlib.import_module(f"{old}.{name}")
-        if (old, name) in NAMES:
+        if (old, name) in NAMES or (old, name) in MOVED_IN_0_4:
             return moved_attribute(old, name)
         if new is None:
             raise AttributeError(f"module {old!r} has no attribute {name!r}")

@@ -36,7 +36,7 @@ from satmon.batches import ForwardFn, feed
 from satmon.dyt import DyT
 from satmon.model.affine import effective_affine
 from satmon.model.dataflow import own_forward
-from satmon.model.discovery import NormLayer, Selector, _selected
+from satmon.model.discovery import NormLayer, Selector, selects
 from satmon.model.frozen import frozen_forward
 from satmon.model.map import ModelMap, model_map
 from satmon.model.source_flow import call_inputs
@@ -62,7 +62,7 @@ def _positions(m: ModelMap) -> dict[str, Position]:
 def norm_position(model: nn.Module) -> dict[str, Position]:
     """Guess each norm layer's position: pre-attention, pre-MLP, or final (outside the blocks).
 
-    Rule: inside each residual block (see :func:`satmon.model.discovery.find_blocks`) the first norm in
+    Rule: inside each residual block (see :func:`satmon.model.map.find_blocks`) the first norm in
     registration order is pre-attention, the second pre-MLP (a third and later: pre-MLP too);
     norm layers outside the blocks are "final".
 
@@ -120,7 +120,7 @@ def convert_to_dyt(
         position_fn: ``(name, layer) -> "attn" | "mlp" | "final"`` when :func:`norm_position`'s rule
             does not fit your model.
         include, exclude: widen/narrow which layers are read (as in
-            :func:`~satmon.model.discovery.find_norm_layers`): ``exclude=`` keeps a layer as it is.
+            :func:`~satmon.model.map.find_norm_layers`): ``exclude=`` keeps a layer as it is.
         example_input: a batch: traced before converting (how each norm is called) and run through
             the converted model after (layers that fail there are put back).
         forward_fn: ``forward_fn(model, example_input)``; default :func:`satmon.batches.feed`.
@@ -182,7 +182,7 @@ def convert_to_dyt(
                 setattr(parent, child, replaced[held])
     if not found:
         _warn_nothing(m, rmsnorm)
-    left = {n: why for n, why in m.undetermined.items() if not _selected(n, m.module(n), exclude)}
+    left = {n: why for n, why in m.undetermined.items() if not selects(exclude, n, m.module(n))}
     left.update(kept)
     if (found or kept) and left:
         warnings.warn("convert_to_dyt left as they are: " + "; ".join(f"{n} ({why})" for n, why in left.items())

@@ -12,7 +12,10 @@ consumer restates or re-checks an option, so none can drop one. Its parts:
 - **the watch**: ``watch_every_n_steps``, ``patience``, ``loss_spike_z``, ``loss_baseline``;
 - **the abort policy**: ``abort_on``, ``abort_mode``, ``dry_run``;
 - **the run**: ``train_tokens``, the unique tokens the run trains on, when satmon cannot count them from the
-  training data (the card places the run on the study's phase diagram with it).
+  training data (the card places the run on the study's phase diagram with it), and ``planned_tokens``, the
+  tokens training will process (optimizer steps x global batch x sequence length), when satmon cannot count
+  them from the trainer: the card's forecast from the planned passes (:func:`satmon.forecast`) divides the
+  second by the first.
 
 Defaults are the study's (:mod:`satmon.study`). ``threshold=None`` and ``caveat=None`` mean "the study's,
 or the calibration's": after construction both hold the value in force, so ``settings.threshold`` is
@@ -222,6 +225,7 @@ class Settings:
     dry_run: bool = False
     # the run
     train_tokens: int | None = None
+    planned_tokens: int | None = None
 
     def __post_init__(self) -> None:
         cal = _calibration(self.calibration)
@@ -265,6 +269,9 @@ class Settings:
         if self.train_tokens is not None:
             _int("train_tokens", self.train_tokens, 1, "the unique tokens the run trains on; None: counted from the "
                  "training data when satmon can")
+        if self.planned_tokens is not None:
+            _int("planned_tokens", self.planned_tokens, 1, "the tokens training will process: optimizer steps x global "
+                 "batch x sequence length; None: counted from the trainer when satmon can")
 
     @staticmethod
     def names() -> tuple[str, ...]:
@@ -293,7 +300,7 @@ def _rule(carried: Any, cal: Calibration | None, threshold: Any, caveat: str | N
                          f"{short_repr(carried)} ({type(carried).__name__}).")
     text = caveat or study.CAVEAT
     if cal is not None:
-        return Rule(resolved, collapse, text, "calibration", cal.loso_accuracy, cal.no_skill)
+        return Rule(resolved, collapse, text, "calibration", cal.loso_accuracy, cal.no_skill, cal.n if cal.n > 0 else None)
     if (carried is not None and carried.threshold_source != "calibration" and carried.threshold == resolved
             and carried.caveat == text):  # dataclasses.replace that left the rule as it was: the same rule
         return Rule(resolved, collapse, text, carried.threshold_source)

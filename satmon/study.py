@@ -2,7 +2,8 @@
 
 Verma (2026), "When Does Removing LayerNorm Help? Activation Bounding as a Regime-Dependent Implicit
 Regularizer" (public code: lucky-verma/dyt-composition-study, MIT). ``docs/science.md`` gives the
-definitions and where each number comes from.
+definitions and where each number comes from. What GO and NO-GO say (:data:`MEANING`) and what they are
+worth (:data:`WORTH`) are worded here once; cards, docstrings and docs take them from here or link here.
 
 Example:
     >>> from satmon import study
@@ -13,7 +14,7 @@ Example:
 from __future__ import annotations
 
 __all__ = [
-    "CAVEAT", "COLLAPSE_THRESHOLD", "FAITHFUL_GRID_FINDING", "FAITHFUL_GRID_HELD_OUT_ACCURACY", "FAITHFUL_GRID_NO_SKILL_ACCURACY",
+    "CAVEAT", "GO_HELPED", "HELD_OUT_CELLS", "MEANING", "NO_GO_HELPED", "ON_SIDE", "STUDY_TOKENS_PROCESSED", "WORTH", "COLLAPSE_THRESHOLD", "FAITHFUL_GRID_FINDING", "FAITHFUL_GRID_HELD_OUT_ACCURACY", "FAITHFUL_GRID_NO_SKILL_ACCURACY",
     "FIT_THRESHOLD", "GRID_HELD_OUT_ACCURACY", "GRID_NO_SKILL_ACCURACY", "HELD_OUT_ACCURACY", "HELD_OUT_PROTOCOL",
     "INCONCLUSIVE_BAND", "LEVEL", "NO_SKILL_ACCURACY", "PROVENANCE", "THRESHOLD",
 ]
@@ -34,6 +35,8 @@ INCONCLUSIVE_BAND = 0.02
 #: How well the rule was shown to predict: the study's threshold refit with each of its 4 model scales held out in
 #: turn, then scored on the held-out scale's cells: 6 of 12 right (``satmon calibrate --study`` reproduces it).
 HELD_OUT_ACCURACY = 6 / 12
+#: The cells :data:`HELD_OUT_ACCURACY` was scored on (each held out once): what its significance test counts.
+HELD_OUT_CELLS = 12
 #: What :data:`HELD_OUT_ACCURACY` measured, in words (the verdict's headline and trust text quote it).
 HELD_OUT_PROTOCOL = "leave-one-scale-out"
 #: Guessing the commoner outcome on the same 12 cells (DyT hurt in 8): what a rule must beat to forecast anything.
@@ -60,3 +63,31 @@ PROVENANCE = ("Verma (2026), 12 calibration cells (64M-1.3B GPT-2-style, 1M-118M
 CAVEAT = (f"Caveat: {THRESHOLD:g} was fit on 12 cells of one study (75% in-sample, {HELD_OUT_ACCURACY:.0%} leave-one-scale-out "
           f"vs {NO_SKILL_ACCURACY:.0%} for guessing the commoner outcome) on ~5k-step checkpoints, alpha_init 2.0."
           + (f" {FAITHFUL_GRID_FINDING}" if FAITHFUL_GRID_FINDING else ""))
+#: Tokens every one of the study's runs processed, whatever its budget: 5,000 steps x 64 sequences x 512 tokens
+#: (docs/science.md, "The study's protocol"): passes over the unique data = this / the cell's unique tokens.
+STUDY_TOKENS_PROCESSED = 5_000 * 64 * 512
+#: The study's cells at or above 0.43 (saturation of the final checkpoint) and how many of them DyT helped (its final
+#: validation loss below LayerNorm's): 2 of 3 (64M/1M and 124M/1M helped; 354M/1M hurt, +4.3%).
+GO_HELPED = (2, 3)
+#: The study's cells below 0.43 and how many of them DyT helped: 2 of 9 (124M/10M and 354M/10M).
+NO_GO_HELPED = (2, 9)
+#: What GO and NO-GO say, stated once: every card, console line, docstring and doc takes it from here or links here.
+#: A decision says where the run's pooled saturation sits against the threshold, and what the study's cells on that
+#: side did; nothing more.
+#: What the study's cells on each side of the threshold did (the verdict's reason line ends on it).
+ON_SIDE = {
+    "go": (f"of the study's cells at or above {THRESHOLD:g}, DyT's final loss was below LayerNorm's in {GO_HELPED[0]} of "
+           f"{GO_HELPED[1]}"),
+    "no-go": (f"of the study's cells below {THRESHOLD:g}, DyT's final loss was below LayerNorm's in {NO_GO_HELPED[0]} of "
+              f"{NO_GO_HELPED[1]}"),
+}
+MEANING = {
+    "go": f"pooled DyT saturation at or above {THRESHOLD:g}; {ON_SIDE['go']}",
+    "no-go": f"pooled DyT saturation below {THRESHOLD:g}; {ON_SIDE['no-go']}",
+}
+#: What a GO / NO-GO is worth: the rule's measured accuracy, stated once (the card's trust text, the docs).
+WORTH = (f"the {THRESHOLD:g} rule was right on 9 of the study's 12 cells in-sample and on {HELD_OUT_ACCURACY:.0%} of them "
+         f"when each model scale was held out ({HELD_OUT_PROTOCOL}), below the {NO_SKILL_ACCURACY:.0%} of guessing the "
+         "commoner outcome (DyT hurts); on satmon's faithful CPU grid (the study's protocol) it read NO-GO in all 16 cells, "
+         "right in 12, exactly as always saying NO-GO, and the grid's 4 cells where DyT helped all read NO-GO. So a "
+         "decision is a measurement of saturation, not a forecast of DyT's effect")

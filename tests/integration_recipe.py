@@ -79,6 +79,7 @@ def comparable(verdict, strip: str = "") -> dict:
     d["gated_layers"] = [n.removeprefix(strip) for n in d["gated_layers"]]
     # the phase-diagram line: only a driver that sees the training dataloader (Lightning, Hugging Face) writes it
     d["notes"] = [n for n in d["notes"] if not n.startswith("Phase diagram:")]
+    d.pop("planned_forecast")  # and the forecast from the planned passes: only a driver sees the trainer's steps
     return d
 
 

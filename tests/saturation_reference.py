@@ -7,7 +7,7 @@ from torch import nn
 
 from satmon.observe.counters import SaturationCounter
 from satmon.observe.saturation import SaturationHooks
-from satmon.model.discovery import find_dyt_layers
+from satmon import find_dyt_layers
 
 
 def float64_count(x: torch.Tensor, alpha: torch.Tensor, level: float = 2.0) -> int:

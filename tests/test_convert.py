@@ -71,8 +71,10 @@ def test_a_layer_named_like_a_norm_that_computes_no_norm_is_left_with_a_warning(
 
 
 def test_copy_affine_refuses_a_layer_whose_gain_cannot_be_read_and_leaves_the_model_untouched():
-    class Meta(nn.LayerNorm):  # a LayerNorm, known by what it computes, whose parameters live on the meta device now
-        pass
+    class Meta(nn.LayerNorm):  # a LayerNorm, known by what it computes, whose tensors live on the meta device now
+        def __init__(self, d):  # a buffer: meta holds no value of it, and a copy of the layer needs one
+            super().__init__(d)
+            self.register_buffer("steps", torch.zeros(()))
 
     model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8), Meta(8))
     from satmon.model.map import model_map

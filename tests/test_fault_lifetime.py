@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from satmon import SaturationMonitor
 from satmon.drivers.lightning import STATE_KEY
-from satmon.model.discovery import find_dyt_layers
+from satmon import find_dyt_layers
 
 #: the cases of this file, by name (docs/reliability.md: "monitor lifetime cases")
 LIFETIME = ("second-fit-finishes-a-partial-window", "second-fit-after-the-verdict-keeps-it", "new-trainer-and-model-start-afresh",
@@ -223,7 +223,7 @@ import lightning.pytorch as pl
 from torch.utils.data import DataLoader, DistributedSampler
 from helpers import InputRecorder, tiny_lit, token_loader, trainer
 from satmon import SaturationMonitor
-from satmon.model.discovery import find_dyt_layers
+from satmon import find_dyt_layers
 
 out = sys.argv[1]
 torch.set_num_threads(1)

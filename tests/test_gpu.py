@@ -9,7 +9,7 @@ import torch
 
 from helpers import InputRecorder, tiny_lit, token_loader, trainer
 from satmon import SaturationMonitor
-from satmon.model.discovery import find_dyt_layers
+from satmon import find_dyt_layers
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -24,6 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from satmon.paths import kind_of
 from satmon.results.calibration import (
     FORMAT,
     Calibration,
@@ -208,6 +209,10 @@ def _unique(cells: Sequence[Cell], path: Path) -> list[Cell]:
     return list(cells)
 
 
+#: The largest text input ``satmon calibrate`` reads (a cells file, outcomes, replay records): checked before reading.
+MAX_INPUT = 256 << 20
+
+
 def read_text(path: str | Path, what: str) -> str:
     """The text of a user's input file: UTF-8 (a byte-order mark is dropped) or UTF-16 with its mark.
 
@@ -223,10 +228,18 @@ def read_text(path: str | Path, what: str) -> str:
         'saturation,group\\n'
     """
     path = Path(path)
-    if path.is_dir():
+    kind = kind_of(path)  # by lstat/stat: a FIFO, a socket, a device or a link to one is named, never opened
+    if kind.kind == "folder":
         raise CalibrationError(f"Expected {what}, got a folder at {str(path)!r}: pass the file itself.")
-    if not path.is_file():
+    if kind.kind == "missing":
         raise CalibrationError(f"Expected {what}, got no file at {str(path)!r}.")
+    if not kind.regular:
+        raise CalibrationError(f"Expected {what} (a regular file), got {str(path)[:240]!r}, which is {kind.describe()}: "
+                               "pass the file itself (it was not opened).")
+    size = kind.st.st_size if kind.st is not None else 0
+    if size > MAX_INPUT:  # read whole: a 1 TB sparse file named runs.json is refused by its size
+        raise CalibrationError(f"Expected {what} of at most {MAX_INPUT >> 20} MiB (a calibration's inputs are a few MiB), "
+                               f"got {size:,} bytes at {str(path)[:240]!r}: pass the file itself.")
     try:
         data = path.read_bytes()
     except OSError as e:

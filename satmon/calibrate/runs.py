@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from satmon.paths import kind_of
 from satmon.calibrate.fit import CalibrationError, Cell, check_reading, csv_rows, read_text, to_float
 
 __all__ = ["OUTCOME_COLUMNS", "join_outcomes", "read_outcomes", "run_readings"]
@@ -118,9 +119,13 @@ def run_readings(paths: Iterable[str | Path]) -> dict[str, float | None]:
 
     for raw in paths:
         p = Path(raw)
-        if not str(raw).strip() or not p.exists():
+        kind = kind_of(p)  # by lstat/stat: a FIFO, a socket, a device or a link to one is named, never opened
+        if not str(raw).strip() or kind.kind == "missing":
             raise CalibrationError(f"Expected a satmon TensorBoard folder or replay JSON, got no such path: {str(raw)!r}.")
-        if p.is_file() and p.suffix in (".json", ".jsonl"):
+        if kind.kind not in ("file", "folder"):
+            raise CalibrationError(f"Expected a satmon TensorBoard folder or replay JSON, got {str(raw)[:240]!r}, which is "
+                                   f"{kind.describe()}: pass the run's folder or file (it was not opened).")
+        if kind.regular and p.suffix in (".json", ".jsonl"):
             add(p.stem, p, _replay_saturation(p))
             continue
         from satmon.io.tensorboard_reader import load_runs

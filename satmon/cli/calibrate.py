@@ -8,6 +8,7 @@ Every output path is checked before any input is read, and every input before an
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "satmon calibrate " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
         cal_path, plot_path = _outputs(args)
-        folders = [r for r in args.runs if Path(r).is_dir()]
+        folders = [r for r in args.runs if os.path.isdir(r)]  # False past PATH_MAX: the reader names it
         if folders:  # the slow input (TensorBoard's reader, every event file): say what runs first
             say("calibrate", f"reading the verdicts of {len(folders)} TensorBoard folder(s) and {len(args.runs) - len(folders)} "
                              "replay file(s)")

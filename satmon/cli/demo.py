@@ -275,8 +275,8 @@ def _loss_lines(losses: dict[str, float], steps: int, go: bool) -> list[str]:
         what = "The model learned beyond byte frequencies: the verdict reads a run that trains."
     elif end <= unigram + 0.1:
         what = "The loss is stuck near the byte-frequency level: the model has learnt little beyond byte frequencies"
-        what += (", so the high saturation is not a regulariser at work (docs/faq.md: offset-driven saturation)."
-                 if go else ".")
+        what += (", so the high saturation comes from the stalled-run pattern, which the study's cells were not read "
+                 "for (docs/faq.md: offset-driven saturation)." if go else ".")
     else:
         what = "The loss has not reached the byte-frequency level yet: too few steps to read the run."
     return [f"Validation loss ({VAL_BATCHES} held-out batches, nats/byte): {start:.4f} at step 0 -> {end:.4f} at step "

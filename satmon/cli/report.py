@@ -56,7 +56,8 @@ def _named() -> dict[str, str]:
     from satmon.io.tensorboard import TAG
 
     return {TAG.saturation: "saturation (pooled)", TAG.margin: "margin",
-            TAG.verdict: "verdict (1 GO, 0 NO-GO, -1 non-finite)", TAG.collapse_risk: "collapse risk"}
+            TAG.verdict: "verdict (1 GO, 0 NO-GO, -1 non-finite)", TAG.collapse_risk: "collapse risk",
+            TAG.forecast: "forecast (1 helps, -1 hurts, 0 uncertain)"}
 
 
 def _at(point: tuple[int, float] | None) -> str:
@@ -142,14 +143,16 @@ def _usage_error(root: str) -> str | None:
     hint = "Pass the --logdir of a satmon run (e.g. satmon_logs/demo/version_0) or a folder above it."
     if not root.strip():
         return f"Expected LOGDIR to name a folder or an event file, got an empty path. {hint}"
-    path = Path(root)
-    if not path.exists():
-        return f"no such file or directory: {root!r}. {hint}"
-    if not path.is_dir() and not path.match(EVENT_GLOB):
-        return f"Expected LOGDIR to be a folder or a TensorBoard event file ({EVENT_GLOB}), got the file {root!r}. {hint}"
-    if not path.is_dir() and not path.is_file():  # never opened: a FIFO would block, a device would be read forever
-        return f"Expected LOGDIR to be a folder or a TensorBoard event file, got {root!r}, which is not a regular file " \
-               f"(a device, a pipe or a socket). {hint}"
+    from satmon.paths import kind_of
+
+    kind = kind_of(root)  # by lstat/stat, never opened: a FIFO would block, a device would be read forever
+    shown = repr(root if len(root) <= 240 else root[:200] + "...")
+    if kind.kind == "missing":
+        return f"no such file or directory: {shown}. {hint}"
+    if kind.kind == "file" and not Path(root).match(EVENT_GLOB):
+        return f"Expected LOGDIR to be a folder or a TensorBoard event file ({EVENT_GLOB}), got the file {shown}. {hint}"
+    if kind.kind not in ("folder", "file"):
+        return f"Expected LOGDIR to be a folder or a TensorBoard event file, got {shown}, which is {kind.describe()}. {hint}"
     return None
 
 

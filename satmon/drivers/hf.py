@@ -17,8 +17,13 @@ What it maps (see ``docs/integrations.md``):
   ``mlflow``: the MLflow run its ``MLflowCallback`` opened (metrics, params, the card as the artifact
   ``satmon_verdict.md``); any other integration: the card as ``<output_dir>/satmon_verdict.md``.
   With no integration (``report_to="none"``, transformers 5's default) satmon writes a TensorBoard
-  run of its own, ``<output_dir>/runs/satmon``. ``logdir=`` adds a TensorBoard run there. Written on
-  the world's process zero only; one console line at the verdict names where the card went.
+  run of its own, ``<output_dir>/runs/satmon``. ``logdir=`` puts satmon's TensorBoard run there instead
+  (beside the other integrations). Written on the world's process zero only; one console line at the
+  verdict names where the card went.
+- **log_history.** At the verdict (the window's end, or a window cut short at train end), every
+  process appends one entry to ``state.log_history`` (:func:`log_entry`: ``satmon/decision``,
+  ``satmon/trust``, ``satmon/saturation``, ``satmon/threshold``, ``satmon/margin``, ..., ``step``), so it is
+  in ``trainer.state.log_history`` and in the ``trainer_state.json`` of the checkpoints saved after it.
 - **Stopping.** When the abort policy fires, ``control.should_training_stop`` is set on every
   process: the ranks agree through ``torch.distributed`` when it is initialised (as it is under
   ``torchrun`` / ``accelerate launch``).
@@ -39,8 +44,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from satmon.drivers.run_scale import put_scale_note, scale_note
+from satmon.drivers.run_scale import planned_tokens, put_scale_note, run_forecast, scale_note
 from satmon.io.sink import Sink
+from satmon.io.tensorboard import verdict_hparams
 from satmon.results.card import plain
 from satmon.results.stop import StopRecord
 from satmon.screen.agreement import TorchDistributed
@@ -55,7 +61,7 @@ except ImportError as err:  # pragma: no cover - the message is the point
     raise ImportError(f"Expected `transformers` to be installed for satmon.drivers.hf, got {err}. "
                       "Install it with `pip install transformers accelerate` (or `pip install -e '.[hf]'` in satmon's clone).") from err
 
-__all__ = ["SatmonTrainerCallback", "STATE_FILE"]
+__all__ = ["SatmonTrainerCallback", "STATE_FILE", "log_entry"]
 
 #: the file, in each checkpoint folder, that holds the screen's state
 STATE_FILE = "satmon_state.pt"
@@ -76,11 +82,33 @@ def _loss_of(output: Any) -> torch.Tensor | None:
     return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
 
 
+def log_entry(verdict: Verdict, epoch: float | None = None) -> dict[str, Any]:
+    """The verdict as the entry the callback appends to the Trainer's ``state.log_history`` at the verdict.
+
+    The keys of the verdict's hyper-parameters (:func:`satmon.io.tensorboard.verdict_hparams`: the decision, its
+    trust and source as strings, the window, whether it was cut short, the threshold and level), the pooled
+    saturation and the margin as floats, then ``epoch`` and ``step`` as the Trainer's own entries have them.
+
+    Example:
+        >>> from satmon.results.verdict import build_verdict
+        >>> entry = log_entry(build_verdict({"ln_f": (1, 4)}, step=20, window=20), epoch=0.5)
+        >>> entry["satmon/decision"], entry["satmon/trust"], entry["satmon/saturation"], entry["satmon/margin"], entry["step"]
+        ('no-go', 'unproven', 0.25, -0.18, 20)
+    """
+    entry: dict[str, Any] = dict(verdict_hparams(verdict))
+    entry.update({"satmon/saturation": float(verdict.saturation), "satmon/margin": float(verdict.margin)})
+    if epoch is not None:
+        entry["epoch"] = float(epoch)
+    entry["step"] = int(verdict.step)
+    return entry
+
+
 class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
     """Screen a DyT model trained by a Hugging Face ``Trainer`` and give the GO / NO-GO verdict.
 
     The same counts, verdict, collapse watch and abort policy as :class:`satmon.SaturationMonitor`
-    (both drive :class:`satmon.Screen`); the verdict is in :attr:`verdict` after training.
+    (both drive :class:`satmon.Screen`); the verdict is in :attr:`verdict` after training. What GO and NO-GO
+    say and are worth: :data:`satmon.study.MEANING`, :data:`satmon.study.WORTH`.
 
     Args:
         settings: the rule, the window, the watch and the abort policy (a :class:`satmon.Settings`);
@@ -124,6 +152,7 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         self._hooks: list[Any] = []  # on the model: attach at the first training forward; keep each training loss
         self._step = 0
         self._scale_note = ""  # the card's phase-diagram line, made at train begin
+        self._forecast: Any = None  # the card's forecast from the planned passes, made at train begin
         self._paused = ExitStack()  # between steps: evaluation forwards are not training forwards
         self._made = time.time()  # Hugging Face's TensorBoard run is a folder made after this (at train start)
 
@@ -166,6 +195,10 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         if state.global_step > 0:
             self._load(args, state)
         self._scale_note = scale_note(model, kwargs.get("train_dataloader"), self.settings.train_tokens)
+        loader = kwargs.get("train_dataloader")  # its batch size is the per-device one
+        counted = planned_tokens(state.max_steps, getattr(loader, "batch_size", None) or args.per_device_train_batch_size,
+                                 loader, args.gradient_accumulation_steps, args.world_size)
+        self._forecast = run_forecast(model, loader, self.settings.train_tokens, self.settings.planned_tokens, counted)
         # the hooks go on at the first training forward, whose batch the gated-MLP trace reads (as the Lightning callback)
         self._hooks = [model.register_forward_pre_hook(self._attach, with_kwargs=True, prepend=True),
                        model.register_forward_hook(self._keep_loss)]
@@ -178,6 +211,7 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         # counted in the hooks (keep_inputs=False): on_step_end comes after optimizer.step(), too late for kept inputs
         self.screen.attach(model, step=self._step, keep_inputs=False, example_input=(args, kwargs), forward_fn=_feed)
         put_scale_note(self.screen.notes, self._scale_note)  # after attach: a resume restores the saved notes there
+        self.screen.forecast = self._forecast
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         for h in self._hooks:
@@ -186,7 +220,9 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         if self.screen is None or not self.screen.active:
             return
         self._paused.close()
+        before = self.screen.verdict
         self.screen.finish(state.global_step)
+        self._log_verdict(state, before)
         self.screen.detach()  # also closes the screen's TensorBoard files before train() returns
 
     # ------------------------------------------------------------------------------------ per step
@@ -203,7 +239,9 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         losses, self._losses = self._losses, []
         for loss in losses[:-1]:  # earlier micro-batches of this optimizer step
             self.screen.push_loss(loss)
+        before = self.screen.verdict
         self.screen.end_step(state.global_step, losses[-1] if losses else None)
+        self._log_verdict(state, before)
         if self.screen.should_stop:  # agreed by every rank inside the screen
             control.should_training_stop = True
         self._paused.enter_context(self.screen.paused())
@@ -212,6 +250,12 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         loss = _loss_of(output) if module.training else None
         if loss is not None:
             self._losses.append(loss.detach())
+
+    def _log_verdict(self, state: TrainerState, before: Verdict | None) -> None:
+        """A verdict made by this step (or the window's end): one entry in ``state.log_history``, on every process."""
+        verdict = self.verdict
+        if verdict is not None and verdict is not before:
+            state.log_history.append(log_entry(verdict, state.epoch))
 
     # --------------------------------------------------------------------------------------- state
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:

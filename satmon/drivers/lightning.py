@@ -27,7 +27,8 @@ from satmon.screen.screen import Screen
 from satmon.settings import ReadsSettings, Settings, settings_from, short_repr
 from satmon.model.map import model_map
 from satmon.drivers.live_probe import LiveProbe
-from satmon.drivers.run_scale import put_scale_note, scale_note
+from satmon.drivers.run_scale import planned_tokens, put_scale_note, run_forecast, scale_note
+from satmon.results.forecast import Forecast
 from satmon.results.verdict import Verdict
 from satmon.io.lightning import LightningSink
 from satmon.io.sink import MultiSink, Sink, check_sink
@@ -69,9 +70,11 @@ class SaturationMonitor(ReadsSettings, Callback):
 
     Forward hooks on every DyT layer count, on the activations' device, the elements with
     ``|alpha * x| > level`` during training forward passes (not validation, not the sanity check).
-    At the end of the window the pooled fraction is compared with ``threshold``: GO (``>=``: DyT
-    acts as a regulariser) or NO-GO (``<``: switch back to LayerNorm); any non-finite DyT input makes
-    it ``"non-finite"`` (a diverged run). Then the window's hooks are removed.
+    At the end of the window the pooled fraction is compared with ``threshold``: GO (``>=``) or NO-GO
+    (``<``); any non-finite DyT input makes it ``"non-finite"`` (a diverged run). Then the window's hooks
+    are removed. What GO and NO-GO say and what they are worth: :data:`satmon.study.MEANING` and
+    :data:`satmon.study.WORTH` (a measurement of saturation, not a forecast of DyT's effect); the card also
+    carries the forecast from the run's planned passes over its data (:func:`satmon.forecast`).
 
     Settings. The rule, the window, the watch and the abort policy are one :class:`satmon.Settings`:
     pass ``settings=`` (built once, shared with a ``Screen``, :func:`satmon.probe` or a replay), or
@@ -132,6 +135,10 @@ class SaturationMonitor(ReadsSettings, Callback):
             - ``train_tokens``: the unique tokens the run trains on, for the card's place of the run on the study's
               phase diagram (parameters x tokens); ``None`` (default): counted from the training dataset when it
               can say them (a map-style dataset's length x tokens per sample), else the card says how to give them.
+            - ``planned_tokens``: the tokens training will process, for the card's forecast from the planned passes
+              over the data (:func:`satmon.forecast`); ``None`` (default): counted from the trainer (its estimated
+              optimizer steps x the dataloader's batch size x ``accumulate_grad_batches`` x world size x the tokens
+              of a sample), else the card says how to give them.
 
     Raises:
         TypeError: an unknown option (the message lists the valid ones), or ``settings`` that is not a Settings.
@@ -190,6 +197,7 @@ class SaturationMonitor(ReadsSettings, Callback):
         self._paused = ExitStack()  # validation: no counting between on_validation_start and _end
         self._attached = False
         self._scale_note = ""  # the card's phase-diagram line, made at train start
+        self._forecast: Forecast | None = None  # the card's forecast from the planned passes, made at train start
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -297,11 +305,14 @@ class SaturationMonitor(ReadsSettings, Callback):
             log_text(self.screen.sink, TAG.verdict_text, self.screen.card(markdown=True), trainer.global_step)
         else:
             self._scale_note = scale_note(pl_module, trainer.train_dataloader, self.settings.train_tokens)
+            self._forecast = run_forecast(pl_module, trainer.train_dataloader, self.settings.train_tokens,
+                                          self.settings.planned_tokens, _planned(trainer))
         self._attached = False  # the hooks go on at the first training batch, which the gating trace reads
 
     def _note_scale(self) -> None:
         """Put the phase-diagram line among the card's notes, in place of one a resumed state brought back."""
         put_scale_note(self.screen.notes, self._scale_note)
+        self.screen.forecast = self._forecast
 
     def _attach(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
         """At the first training batch, on every rank, before any counting hook: trace gating on this batch
@@ -409,3 +420,18 @@ class SaturationMonitor(ReadsSettings, Callback):
                 self.load_state_dict({**state, "settings": {**settings, "product": "exact"}})  # 0.1 counted the exact product
                 return
 
+
+
+def _planned(trainer: pl.Trainer) -> tuple[int | None, str]:
+    """The tokens the trainer will process (:func:`~satmon.drivers.run_scale.planned_tokens`): its estimated optimizer
+    steps (``max_steps``, or the epochs' batches over ``accumulate_grad_batches``), the dataloader's batch size, the
+    accumulation and the world size; or ``(None, why not)``. Never raises."""
+    try:
+        steps = trainer.estimated_stepping_batches
+    except Exception as e:  # an iterable dataset without max_steps, a misconfigured limit: unknown, never a failed run
+        return None, f"the trainer could not estimate its optimizer steps ({type(e).__name__}): set max_steps"
+    loader = trainer.train_dataloader
+    first = next(iter(loader.values())) if isinstance(loader, dict) and loader else (
+        loader[0] if isinstance(loader, (list, tuple)) and loader else loader)
+    return planned_tokens(steps, getattr(first, "batch_size", None), first, trainer.accumulate_grad_batches,
+                          trainer.world_size)

@@ -26,9 +26,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from satmon.results.forecast import Forecast
 from satmon.results.run_scale import RunScale
 
-__all__ = ["count_parameters", "count_train_tokens", "put_scale_note", "run_scale", "scale_note"]
+__all__ = ["count_parameters", "count_train_tokens", "planned_tokens", "put_scale_note", "run_forecast", "run_scale",
+           "sample_tokens", "scale_note"]
 
 #: samples read to find a sample's length (first, second, last and evenly between)
 _SAMPLES = 8
@@ -170,6 +172,69 @@ def run_scale(model: nn.Module, data: Any, train_tokens: int | None = None) -> R
     except Exception as e:  # counting must never stop training
         tokens, how = None, f"counting them failed ({type(e).__name__}: {str(e)[:80]})"
     return RunScale(params, tokens, counted=how) if tokens is not None else RunScale(params, missing=how)
+
+
+def sample_tokens(data: Any) -> tuple[int | None, str]:
+    """The tokens of one training sample (its first; padding left out where an attention mask marks it), and how they
+    were read; or ``(None, why not)``. A list or dict of loaders: the first's.
+
+    Example:
+        >>> sample_tokens(torch.utils.data.DataLoader(torch.arange(1000).reshape(10, 100), batch_size=2))
+        (100, 'a sample of Tensor holds 100 tokens')
+    """
+    if isinstance(data, Mapping):
+        data = list(data.values())
+    if isinstance(data, (list, tuple)) and data and all(hasattr(d, "dataset") for d in data):
+        data = data[0]
+    if data is None:
+        return None, "the trainer has no training dataloader"
+    dataset = getattr(data, "dataset", data)
+    name = type(dataset).__name__
+    try:
+        with _random_state_kept():
+            sample = next(iter(dataset)) if isinstance(dataset, torch.utils.data.IterableDataset) else dataset[0]
+    except Exception as e:  # never a failed run
+        return None, f"reading a sample of {name} failed ({type(e).__name__})"
+    ids, how = _token_ids(sample)
+    if ids is None:
+        return None, how
+    if how == "mask":
+        return int(torch.as_tensor(sample["attention_mask"]).sum()), f"the first sample of {name}: tokens its attention mask keeps"
+    return int(ids.numel()), f"a sample of {name} holds {ids.numel()} tokens"
+
+
+def planned_tokens(steps: float | None, batch_size: int | None, data: Any, accumulation: int = 1,
+                   world_size: int = 1) -> tuple[int | None, str]:
+    """The tokens a run will process: optimizer ``steps`` x global batch (``batch_size`` samples per device and
+    micro-batch x ``accumulation`` x ``world_size``) x the tokens of a sample of ``data``; or ``(None, why not)``.
+
+    Example:
+        >>> loader = torch.utils.data.DataLoader(torch.arange(6400).reshape(100, 64), batch_size=16)
+        >>> planned_tokens(500, 16, loader, accumulation=2, world_size=4)
+        (4096000, '500 optimizer steps x 16 samples x 2 accumulated x 4 ranks x 64 tokens (a sample of Tensor holds 64 tokens)')
+    """
+    if steps is None or not (isinstance(steps, (int, float)) and 0 < steps < float("inf")):
+        return None, "the trainer plans no finite number of optimizer steps (set max_steps, or give planned_tokens=)"
+    if not isinstance(batch_size, int) or batch_size < 1:
+        return None, "the training dataloader's batch size is unknown (a batch sampler)"
+    length, how = sample_tokens(data)
+    if length is None:
+        return None, how
+    tokens = int(steps) * batch_size * int(accumulation) * int(world_size) * length
+    return tokens, (f"{int(steps):,} optimizer steps x {batch_size} samples x {int(accumulation)} accumulated x "
+                    f"{int(world_size)} rank{'s' if world_size != 1 else ''} x {length} tokens ({how})")
+
+
+def run_forecast(model: nn.Module, data: Any, train_tokens: int | None, planned: int | None,
+                 counted: tuple[int | None, str] = (None, "")) -> Forecast:
+    """The card's forecast from the planned passes of a run: its parameters, its unique tokens (``train_tokens`` when
+    given, else counted from ``data``) and its planned tokens (``planned`` when given, else ``counted``, the driver's
+    :func:`planned_tokens`). Never raises: what cannot be counted is said, with how to give it."""
+    from satmon.io.known_cells import run_forecast as forecast_of
+
+    scale = run_scale(model, data, train_tokens)
+    tokens, how = (planned, "given: planned_tokens=") if planned is not None else counted
+    return forecast_of(scale.params, scale.train_tokens, tokens, scale.missing, how)
 
 
 def scale_note(model: nn.Module, data: Any, train_tokens: int | None = None) -> str:

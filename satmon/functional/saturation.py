@@ -54,6 +54,7 @@ __all__ = [
     "fused_counts_many",
     "module_product_dtype",
     "pointwise_cutoff",
+    "pointwise_function",
     "pointwise_gain",
     "saturation_threshold",
     "saturation_threshold_host",
@@ -679,6 +680,24 @@ def shifted_saturation_counts(x: Tensor, alpha: Tensor, shift: Tensor, cutoff: f
 
 #: the point-wise functions satmon counts (``NormLayer.function``): DyT's tanh, Derf's erf, the study's HardTanh control
 POINTWISE_FUNCTIONS = ("tanh", "erf", "hardtanh")
+
+
+def pointwise_function(function: str, u: Tensor) -> Tensor:
+    """The bounded function ``f(u)`` a point-wise layer applies to its pre-activation ``u = alpha * x (+ shift)``.
+
+    ``tanh`` (DyT), ``erf`` (Derf), ``hardtanh`` (``u`` clamped to ``[-1, 1]``: the study's control).
+
+    Example:
+        >>> pointwise_function("hardtanh", torch.tensor([-2.0, 0.5, 3.0])).tolist()
+        [-1.0, 0.5, 1.0]
+    """
+    if function == "tanh":
+        return torch.tanh(u)
+    if function == "erf":
+        return torch.erf(u)
+    if function == "hardtanh":
+        return u.clamp(-1.0, 1.0)
+    raise ValueError(f"Expected a point-wise function in {POINTWISE_FUNCTIONS}, got {function!r}.")
 
 
 def pointwise_gain(function: str, u: Tensor) -> Tensor:

@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from satmon.paths import kind_of, not_a_folder
+
 __all__ = ["TEMP_EXTRA", "OutputError", "atomic_open", "atomic_write", "check_name_lengths", "check_output", "check_output_dir"]
 
 
@@ -34,7 +36,7 @@ TEMP_EXTRA = len("..") + 8 + len(".tmp")
 
 def _limit(folder: Path, name: str, default: int) -> int:
     """The file system's ``pathconf`` limit ``name`` at the nearest existing folder at or above ``folder``."""
-    existing = next((a for a in (folder, *folder.parents) if a.exists()), Path("."))
+    existing = next((a for a in (folder, *folder.parents) if os.path.exists(a)), Path("."))  # False past PATH_MAX
     try:
         return int(os.pathconf(existing, name))
     except (OSError, ValueError, AttributeError):
@@ -112,12 +114,16 @@ def check_output(path: str | os.PathLike | None, what: str, suffixes: Sequence[s
         raise OutputError(f"Expected {what} to name a file, got an empty name: pass a path such as {example}.")
     p = Path(text)  # literally: no ~ or $VAR expansion
     want = " or ".join(suffixes)
-    if p.is_dir() or text.endswith((os.sep, "/")):
+    kind = kind_of(p)  # by lstat/stat: a FIFO, a socket, a device or a link to one is named, never opened
+    if kind.kind == "too-long":
+        raise OutputError(f"Expected {what} to be a path within the system's limits, got {kind.describe()}: pass a "
+                          "shorter path.")
+    if kind.kind == "folder" or text.endswith((os.sep, "/")):
         raise OutputError(f"Expected {what} to name a file{' ending in ' + want if want else ''}, got {text!r} (a folder): "
                           f"name a file inside it, e.g. {str(p / example)!r}.")
-    if p.exists() and not p.is_file():
-        raise OutputError(f"Expected {what} to name a regular file, got {text!r}, which is a device, a pipe or a socket: "
-                          "choose another path.")
+    if kind.special or kind.kind == "link-loop":
+        raise OutputError(f"Expected {what} to name a regular file, got {text!r}, which is {kind.describe()}: choose "
+                          "another path (it was not opened).")
     if suffixes and p.suffix.lower() not in {s.lower() for s in suffixes}:
         raise OutputError(f"Expected {what} to end in {want}, got {text!r}: rename it, e.g. {str(p.with_suffix(suffixes[0]))!r}.")
     check_name_lengths(p, what, TEMP_EXTRA)
@@ -157,9 +163,10 @@ def check_output_dir(path: str | os.PathLike | None, what: str) -> Path | None:
         raise OutputError(f"Expected {what} to name a folder, got an empty name: pass a path such as ./satmon_out.")
     p = Path(text)  # literally: no ~ or $VAR expansion
     check_name_lengths(p, what)
-    if p.exists() and not p.is_dir():
-        raise OutputError(f"Expected {what} to name a folder, got {text!r} (a file): choose another path; the file was "
-                          "left as it is.")
+    said = not_a_folder(p)  # by lstat/stat: never opened
+    if said is not None:
+        raise OutputError(f"Expected {what} to name a folder, got {text!r} ({said}): choose another path; it was left "
+                          "as it is.")
     _check_folder(_real(p) if p.exists() else _real(p).parent, what, text)
     return p
 
@@ -171,7 +178,7 @@ def _real(p: Path) -> Path:
 
 def _check_folder(folder: Path, what: str, text: str) -> None:
     """The nearest existing folder at or above ``folder`` must be a folder this user can write to."""
-    existing = next((a for a in (folder, *folder.parents) if a.exists()), None)
+    existing = next((a for a in (folder, *folder.parents) if os.path.exists(a)), None)  # False past PATH_MAX
     if existing is not None and not existing.is_dir():
         raise OutputError(f"Expected {what} {text!r} under a folder, got a file at {str(existing)!r}: choose another path.")
     if existing is not None and (not os.access(existing, os.W_OK | os.X_OK) or _read_only(existing)):

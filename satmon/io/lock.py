@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from satmon.io.atomic import OutputError
+from satmon.paths import describe_mode
 
 try:  # POSIX
     import fcntl
@@ -127,7 +128,7 @@ def _open_regular(path: Path, what: str) -> int:
         raise OutputError(f"Expected to take the lock {path} for {what}, got {type(e).__name__}: {e.strerror or e}: "
                           f"check the folder's permissions, or pass another output.") from None
     if st is not None and not stat.S_ISREG(st.st_mode):
-        raise OutputError(f"Expected {path} (the lock satmon keeps for {what}) to be a regular file, got {_kind(st.st_mode)}: "
+        raise OutputError(f"Expected {path} (the lock satmon keeps for {what}) to be a regular file, got {describe_mode(st.st_mode)}: "
                           f"remove it, or pass another output.")
     try:
         fd = os.open(path, flags, 0o644)
@@ -139,14 +140,6 @@ def _open_regular(path: Path, what: str) -> int:
         raise OutputError(f"Expected {path} (the lock satmon keeps for {what}) to be a regular file: remove it, or pass "
                           f"another output.")
     return fd
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def _alive(pid: Any) -> bool:

@@ -59,6 +59,8 @@ class TAG:
     summary = "Satmon"  #: the Scalars group that opens first
     # the screening window and the verdict (scalars: the summary group; charts sort by name, the decision first)
     verdict = "Satmon/decision"
+    #: the forecast from the planned passes (satmon.forecast): 1 helps, -1 hurts, 0 uncertain
+    forecast = "Satmon/forecast"
     margin = "Satmon/margin"
     nonfinite = "Satmon/nonfinite"
     saturation = "Satmon/saturation"
@@ -82,6 +84,7 @@ class TAG:
     hp_trust = "satmon/trust"
     hp_source = "satmon/source"
     hp_partial = "satmon/partial"
+    hp_forecast = "satmon/forecast"
     hparams_run = "satmon_hparams"
     #: v0.1 wrote the pooled saturation under this name for the hparams view, in the run itself; read, never written
     legacy_verdict_saturation = "satmon/verdict_saturation"
@@ -318,6 +321,11 @@ def verdict_scalars(verdict: Any) -> dict[str, float]:
            TAG.saturation: float(verdict.saturation)}
     if verdict.collapse_risk is not None:
         out[TAG.collapse_risk] = 1.0 if verdict.collapse_risk else 0.0
+    planned = getattr(verdict, "planned_forecast", None)
+    if planned:  # the forecast from the planned passes, beside the decision (satmon.results.forecast.CODE)
+        from satmon.results.forecast import CODE
+
+        out[TAG.forecast] = CODE.get(planned.get("outcome"), 0.0)
     return out
 
 
@@ -356,6 +364,9 @@ def verdict_hparams(verdict: Any) -> dict[str, Any]:
     out = {TAG.hp_decision: verdict.decision, TAG.hp_trust: verdict.trust}
     out.update({TAG.hp_source: verdict.source, TAG.hp_window: verdict.window,
                 TAG.hp_partial: int(verdict.partial), TAG.hp_threshold: verdict.threshold, TAG.hp_level: verdict.level})
+    planned = getattr(verdict, "planned_forecast", None)
+    if planned:
+        out[TAG.hp_forecast] = str(planned.get("outcome"))
     return out
 
 
@@ -368,7 +379,10 @@ def _hparams_domains() -> dict[str, list[str]]:
     """The string hparams' values, for the HParams tab's filter boxes."""
     from satmon.results.verdict import TRUST
 
-    return {TAG.hp_decision: list(VERDICT_VALUES), TAG.hp_source: list(_SOURCES), TAG.hp_trust: list(TRUST)}
+    from satmon.results.forecast import OUTCOMES
+
+    return {TAG.hp_decision: list(VERDICT_VALUES), TAG.hp_source: list(_SOURCES), TAG.hp_trust: list(TRUST),
+            TAG.hp_forecast: list(OUTCOMES)}
 
 
 def text_summary(tag: str, markdown: str) -> Any:

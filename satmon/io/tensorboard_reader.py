@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import stat
 import struct
 from collections import defaultdict
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from satmon.io.safe_text import printable
+from satmon.paths import NotRegular, kind_of, open_regular
 from satmon.io.tensorboard import _V02_TEXT_SUFFIX, TAG, VERDICT_VALUES
 
 __all__ = ["EVENT_GLOB", "MAX_RECORD", "DamagedEvents", "Run", "event_records", "load_runs", "read_run", "run_dirs",
@@ -169,11 +169,14 @@ def event_records(path: str | Path, max_record: int = MAX_RECORD) -> Iterator[by
     """
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    kind = kind_of(path)  # by lstat/stat first: a FIFO, a socket, a device or a link to one is named, never opened
+    if not kind.regular:
+        raise DamagedEvents(f"not a regular file: {kind.describe()}; not read")
+    try:
+        fd = open_regular(path)  # and checked again once open: a FIFO put at the name since is not read
+    except NotRegular as e:
+        raise DamagedEvents(f"not a regular file: {e.kind.describe()}; not read") from None
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise DamagedEvents("not a regular file (a folder, a device, a pipe or a socket): not read")
     with os.fdopen(fd, "rb") as f:
         size, at = st.st_size, 0
         while True:

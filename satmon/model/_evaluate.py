@@ -1,7 +1,9 @@
 """Running a copy of one module on known inputs: the evaluation behind discovery and the affine map.
 
 A copy (float64 on the CPU, or the module's own device and dtype when its kernels only run there)
-shares nothing with the module and runs no hooks, so reading a layer never changes it. Inputs are
+shares nothing with the module and runs no hooks, so reading a layer never changes it. A module on
+the meta device is read the same way: the values a reading draws or sets need no data, so its copy
+is a CPU twin with the same parameter shapes and the same draws (:func:`clone`). Inputs are
 laid out channels-last ``(B, T, C)``, channels-first ``(B, C, H, W)`` / ``(B, C, T)``, or as rows
 ``(N, C)``; :func:`to_rows` brings any layout back to ``(rows, C)`` so one fit serves every axis.
 """
@@ -14,7 +16,8 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Layout", "clone", "fit_per_channel", "from_rows", "layouts", "run", "to_rows", "tolerance", "whole"]
+__all__ = ["Layout", "OnMeta", "clone", "fit_per_channel", "from_rows", "layouts", "on_host", "on_meta", "run", "spread",
+           "to_rows", "tolerance", "whole"]
 
 #: (shape, channel axis) of one evaluation input
 Layout = tuple[tuple[int, ...], int]
@@ -35,7 +38,10 @@ def clone(module: nn.Module, device: torch.device | str = "cpu", dtype: torch.dt
     """A copy of ``module`` on ``device`` in ``dtype`` that shares nothing with it and runs no hooks.
 
     ``fill`` sets own parameters to a constant, ``randomize`` draws them around 1 (seeded): what a
-    layer computes can then be read independently of its trained values.
+    layer computes can then be read independently of its trained values. That also reads a module on
+    the meta device (a model built under ``torch.device("meta")``): the copy is its twin on ``device``,
+    with the same draws as a copy of the module on the CPU, so the reading is the same; a parameter or
+    buffer whose value the copy needs (neither filled nor drawn) raises :class:`OnMeta`.
     """
     out = copy.copy(module)  # shallow: the instance dict is new, its values are shared
     gen = torch.Generator().manual_seed(1234)
@@ -44,7 +50,10 @@ def clone(module: nn.Module, device: torch.device | str = "cpu", dtype: torch.dt
         if p is None:
             params[k] = None
             continue
-        v = whole(p).detach().to("cpu", _as(p.dtype, torch.float64)).clone()
+        if p.is_meta and (fill and k in fill or k in randomize and p.is_floating_point()):
+            v = torch.zeros(p.shape, dtype=_as(p.dtype, torch.float64))  # set below: the twin needs no value meta lacks
+        else:
+            v = _host(whole(p), k).to("cpu", _as(p.dtype, torch.float64)).clone()
         if fill and k in fill:
             v.fill_(fill[k])
         elif k in randomize and v.is_floating_point():
@@ -52,7 +61,7 @@ def clone(module: nn.Module, device: torch.device | str = "cpu", dtype: torch.dt
         params[k] = nn.Parameter(v.to(device, _as(v.dtype, dtype)), requires_grad=False)
     out.__dict__["_parameters"] = params
     out.__dict__["_buffers"] = {
-        k: None if b is None else b.detach().to(device, _as(b.dtype, dtype)).clone() for k, b in module._buffers.items()
+        k: None if b is None else _host(b, k).to(device, _as(b.dtype, dtype)).clone() for k, b in module._buffers.items()
     }
     out.__dict__["_modules"] = {k: None if m is None else clone(m, device, dtype) for k, m in module._modules.items()}
     for hooks in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
@@ -60,6 +69,53 @@ def clone(module: nn.Module, device: torch.device | str = "cpu", dtype: torch.dt
         if hooks in out.__dict__:
             out.__dict__[hooks] = type(out.__dict__[hooks])()
     return out
+
+
+class OnMeta(RuntimeError):
+    """A value the copy needs is on the meta device (shape and dtype only): the module cannot be run from it."""
+
+
+def _host(t: Tensor, name: str) -> Tensor:
+    if t.is_meta:
+        raise OnMeta(f"{name} is on the meta device: its values, which this reading needs, are not there")
+    return t.detach()
+
+
+def on_host() -> torch.device:
+    """A context in which the tensors an evaluation makes are on the CPU, also inside ``with torch.device("meta")``
+    (a model factory run on the meta device converts its norms there: its test inputs must still hold values).
+
+    Example:
+        >>> with torch.device("meta"), on_host():
+        ...     torch.zeros(2).device
+        device(type='cpu')
+    """
+    return torch.device("cpu")
+
+
+def on_meta(module: nn.Module) -> bool:
+    """Whether ``module`` holds a parameter or buffer of its own on the meta device.
+
+    Example:
+        >>> on_meta(nn.Linear(2, 2)), on_meta(nn.Linear(2, 2, device="meta"))
+        (False, True)
+    """
+    return any(t.is_meta for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)))
+
+
+def spread(layout: Layout, dtype: torch.dtype, device: torch.device | str) -> Tensor:
+    """An input of ``layout`` whose values cover tanh's curved range (about +-5), different in every channel and row.
+
+    Example:
+        >>> x = spread(((2, 3, 4), -1), torch.float64, "cpu")
+        >>> tuple(x.shape), len(set(x.flatten().tolist()))
+        ((2, 3, 4), 24)
+    """
+    shape, _ = layout
+    n = int(torch.tensor(shape).prod())
+    x = torch.linspace(-3.0, 3.0, n, dtype=torch.float64).reshape(shape)
+    perm = torch.randperm(shape[-1], generator=torch.Generator().manual_seed(0))
+    return (x[..., perm] * 1.7).to(device, dtype)
 
 
 def tolerance(dtype: torch.dtype) -> float:

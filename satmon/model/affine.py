@@ -11,24 +11,29 @@ point-wise layer (DyT, Derf, HardTanh) reads as ``weight * f(alpha * x + s) + bi
 
     LayerNorm:  normalize(x) = (x - mean(x)) / sqrt(var(x) + eps)
     RMSNorm:    normalize(x) = x / sqrt(mean(x^2) + eps)
+
+The fits are :mod:`satmon.model.fits` (shared with discovery); the kind and axis a layer is read along
+come from discovery (:func:`satmon.model.discovery.read_module`), which imports nothing of this module.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
+from satmon.functional.saturation import pointwise_function
 from satmon.model import _evaluate as ev
+from satmon.model.discovery import norm_channels, read_module
+from satmon.model.fits import fit_normalisation
 
-__all__ = ["EffectiveAffine", "NormalisationFit", "effective_affine", "fit_grouped", "fit_normalisation"]
+__all__ = ["EffectiveAffine", "effective_affine"]
 
 AffineKind = Literal["layernorm", "rmsnorm", "dyt"]
 
 _TOL = 1e-4  # relative fit residual; layers that compute in float32 inside land near 1e-7
-_SCALE = 100.0  # input scale: eps (up to ~1e-2) moves normalize(x) by < 1e-6 relative
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,88 +60,6 @@ class EffectiveAffine:
     exact: bool
     note: str
     axis: int = -1
-
-
-@dataclass(frozen=True, eq=False)
-class NormalisationFit:
-    """The better of the LayerNorm and RMSNorm fits of one evaluation (rows ``(N, C)``)."""
-
-    kind: Literal["layernorm", "rmsnorm"]
-    gain: Tensor
-    bias: Tensor
-    residual: float
-    x_hat: Tensor
-    y: Tensor
-
-
-def _probe_rows(n: int, channels: int) -> Tensor:
-    """Rows with different means and scales, so LayerNorm and RMSNorm cannot both fit."""
-    gen = torch.Generator().manual_seed(0)
-    z = torch.randn(n, channels, generator=gen, dtype=torch.float64)
-    shift = torch.linspace(-3.0, 3.0, n, dtype=torch.float64)[:, None]
-    scale = torch.linspace(0.5, 2.0, n, dtype=torch.float64)[:, None]
-    return _SCALE * scale * (z + shift)  # (N, C)
-
-
-def _normalize(x: Tensor, kind: str, eps: float) -> Tensor:
-    if kind == "layernorm":
-        x = x - x.mean(-1, keepdim=True)
-    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-
-
-def _eps(module: nn.Module) -> float:
-    for attr in ("eps", "variance_epsilon", "epsilon"):
-        value = getattr(module, attr, None)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    return 0.0
-
-
-def fit_normalisation(module: nn.Module, layout: ev.Layout, dtype: torch.dtype = torch.float64,
-                      device: torch.device | str = "cpu") -> NormalisationFit | None:  # fmt: skip
-    """Run ``module`` (already a copy) on known rows laid out as ``layout``; the fit, or ``None`` if neither fits.
-
-    Raises whatever the module raises when it cannot take the layout.
-    """
-    c = layout[0][layout[1]]
-    rows = _probe_rows(ev.rows_of(layout), c)
-    y = ev.to_rows(ev.run(module, ev.from_rows(rows, layout).to(device, dtype)), layout[1]).to("cpu", torch.float64)
-    rows = ev.to_rows(ev.from_rows(rows, layout).to(dtype), layout[1]).to(torch.float64)  # the input as the layer saw it
-    eps = _eps(module)
-    best = None
-    for kind in ("layernorm", "rmsnorm"):
-        x_hat = _normalize(rows, kind, eps)
-        g, b, res = ev.fit_per_channel(x_hat, y)
-        if best is None or res < best.residual:
-            best = NormalisationFit(kind, g, b, res, x_hat, y)  # type: ignore[arg-type]
-    assert best is not None
-    return best if best.residual <= ev.tolerance(dtype) else None
-
-
-def fit_grouped(module: nn.Module, shape: tuple[int, ...], dtype: torch.dtype = torch.float64,
-                device: torch.device | str = "cpu") -> tuple[Literal["layernorm", "rmsnorm"], int] | None:  # fmt: skip
-    """Run ``module`` (already a copy) on ``(2, T, *shape)`` inputs whose groups (all but the last dimension) differ in
-    mean and scale, and fit ``gain * normalize(x) + bias`` per position of ``shape``, the statistics taken over the
-    last dimension, then over all of ``shape``: ``(kind, dims normalised)``, or ``None`` when neither fits.
-
-    Raises whatever the module raises on such an input.
-    """
-    t = next(n for n in range(8, 64) if n not in shape)
-    gen = torch.Generator().manual_seed(0)
-    groups = (2, t, *shape[:-1], 1)
-    x = torch.randn((2, t, *shape), generator=gen, dtype=torch.float64)
-    x = _SCALE * (x * (0.5 + 1.5 * torch.rand(groups, generator=gen, dtype=torch.float64))
-                  + 3.0 * torch.randn(groups, generator=gen, dtype=torch.float64))
-    y = ev.run(module, x.to(device, dtype)).to("cpu", torch.float64)
-    x = x.to(dtype).to(torch.float64)  # the input as the layer saw it
-    eps, width = _eps(module), int(torch.tensor(shape).prod())
-    for dims in dict.fromkeys((1, len(shape))):
-        flat = x.flatten(-dims)  # (..., the normalised values)
-        for kind in ("layernorm", "rmsnorm"):
-            x_hat = _normalize(flat, kind, eps).reshape(x.shape)
-            if ev.fit_per_channel(x_hat.reshape(-1, width), y.reshape(-1, width))[2] <= ev.tolerance(dtype):
-                return kind, dims  # type: ignore[return-value]
-    return None
 
 
 def _layout(channels: int, axis: int) -> ev.Layout:
@@ -191,7 +114,9 @@ def effective_affine(module: nn.Module, dim: int | None = None, axis: int | None
         axis: the channel axis (``-1`` or ``1``); default: the axis discovery reads for the layer.
 
     Returns:
-        An :class:`EffectiveAffine`.
+        An :class:`EffectiveAffine`. For a layer on the meta device (a model built under ``torch.device("meta")``)
+        the form (kind, which parameter is the gain, whether one adds a bias) is read on a CPU twin whose
+        parameters are drawn, and ``gain``/``bias`` are meta tensors: their values are the model's once loaded.
 
     Raises:
         ValueError: the layer's outputs fit no form (relative residual above 1e-4), it cannot run on
@@ -207,8 +132,32 @@ def effective_affine(module: nn.Module, dim: int | None = None, axis: int | None
         >>> a.kind, a.gain.tolist(), a.bias, a.exact
         ('layernorm', [3.0, 3.0, 3.0, 3.0], None, True)
     """
-    from satmon.model.discovery import norm_channels, read_module
+    with ev.on_host():  # the test inputs hold values, also under torch.device("meta")
+        if ev.on_meta(module):
+            return _on_meta(module, dim, axis)
+        return _effective_affine(module, dim, axis)
 
+
+def _on_meta(module: nn.Module, dim: int | None, axis: int | None) -> EffectiveAffine:
+    """A layer on the meta device: its form read on a CPU twin whose parameters are drawn; values are meta tensors."""
+    params = tuple(n for n, p in module.named_parameters(recurse=False) if p.is_floating_point())
+    try:
+        twin = ev.clone(module, randomize=params)
+    except ev.OnMeta as err:
+        raise ValueError(
+            f"Expected {type(module).__name__} on the meta device to need only its parameters' shapes to read its affine "
+            f"map, got {err}. Build the model on the CPU to copy its affine map, or convert without copy_affine.") from err
+    found = _effective_affine(twin, dim, axis)
+
+    def meta(t: Tensor | None) -> Tensor | None:
+        return None if t is None else torch.empty(t.shape, dtype=t.dtype, device="meta")
+
+    return replace(found, gain=meta(found.gain), bias=meta(found.bias),
+                   note=f"{found.note} (read on a CPU twin of a layer on the meta device, its parameters drawn: the form "
+                        "is the layer's, the values are meta tensors until the model's are loaded)")
+
+
+def _effective_affine(module: nn.Module, dim: int | None, axis: int | None) -> EffectiveAffine:
     name = type(module).__name__
     reading = read_module(module, selected=True)
     channels = dim if dim is not None else norm_channels(module)
@@ -248,9 +197,7 @@ def effective_affine(module: nn.Module, dim: int | None = None, axis: int | None
 
 
 def _pointwise_affine(module: nn.Module, reading, channels: int, layout: ev.Layout) -> EffectiveAffine:
-    from satmon.model.discovery import _FUNCTIONS, _spread
-
-    x = _spread(layout, torch.float64, torch.device("cpu"))
+    x = ev.spread(layout, torch.float64, torch.device("cpu"))
     copy = ev.clone(module)
     y = ev.to_rows(ev.run(copy, x), layout[1])
     alpha = copy.alpha.detach()
@@ -259,7 +206,7 @@ def _pointwise_affine(module: nn.Module, reading, channels: int, layout: ev.Layo
     if reading.shift:
         s = getattr(copy, reading.shift).detach()
         u = u + (s.reshape(-1) if s.numel() == channels else s.reshape(()))
-    t = _FUNCTIONS[reading.function](u)
+    t = pointwise_function(reading.function, u)
     g, b, res = ev.fit_per_channel(t, y)
     exact = _exact(module, channels, t, y, max(_TOL, 10 * res))
     if exact is not None:

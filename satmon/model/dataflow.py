@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from satmon.batches import feed
-from satmon.model.discovery import strip_wrappers
+from satmon.model.discovery import read_module, strip_wrappers
 from satmon.model.frozen import reshard_fsdp
 
 __all__ = ["FlowTrace", "GatedProduct", "Interaction", "LiveTrace", "own_forward", "trace_flow", "tracing"]
@@ -467,8 +467,8 @@ def trace_flow(
         norm_names: the norm layers to follow (stripped names, as :func:`modules_by_name` gives them).
         example_input: one batch, fed by ``forward_fn``.
         forward_fn: ``forward_fn(model, batch)``; default :func:`satmon.batches.feed`.
-        opaque: the normalisers whose insides are not followed (default: every normaliser of the
-            model map, and ``norm_names``).
+        opaque: the normalisers whose insides are not followed (default: every module discovery reads as a
+            normaliser, as the model map lists them, and ``norm_names``).
 
     Returns:
         A :class:`FlowTrace`.
@@ -507,11 +507,8 @@ def _mode_for(model: nn.Module, norm_names: list[str], opaque: set[str] | None) 
     names: dict[int, str] = {}
     for raw, m in model.named_modules():
         names.setdefault(id(m), strip_wrappers(raw))
-    if opaque is None:
-        from satmon.model.map import model_map
-
-        m = model_map(model)
-        opaque = {l.name for l in m.norms} | set(m.undetermined)
+    if opaque is None:  # every module discovery reads as a normaliser (the model map's norms and undetermined)
+        opaque = {strip_wrappers(raw) for raw, m in model.named_modules() if m is not model and read_module(m) is not None}
     norms = {n for n in names.values() if n in norm_names or n in opaque}
     return _Mode(names, set(norm_names), norms, {id(b) for b in model.buffers()})
 

@@ -18,8 +18,12 @@ changed), with its parameters drawn at random, so the answer does not depend on 
 ``nn.LayerNorm`` and ``nn.RMSNorm`` themselves (not subclasses) and satmon's :class:`~satmon.dyt.DyT`
 are known by type. A parameterless module is evaluated only when it carries a normaliser's attributes
 (``eps``, ``variance_epsilon``, ``normalized_shape``) or its class is named like one: running arbitrary
-forwards could have side effects. Names never exclude a module; when a module cannot be run at all
-(meta device, kernels for another device), its class name may make it a normaliser of unknown kind
+forwards could have side effects. A module on the meta device (a model built under
+``torch.device("meta")``, as ``satmon replay`` builds a ``--factory`` model) is read the same way, on a
+CPU twin of itself: the reading draws or sets every parameter it uses, so it needs their shapes only
+and reads what the same module on the CPU reads. Names never exclude a module; when a module cannot be
+run at all (a buffer whose value meta does not hold, kernels for another device), its class name may
+make it a normaliser of unknown kind
 (:attr:`satmon.model.map.ModelMap.undetermined`) or, for an ``alpha`` owner named like a DyT or
 whose source calls tanh, a DyT (``basis="names"``).
 
@@ -40,20 +44,20 @@ from typing import Literal, Union
 import torch
 from torch import nn
 
+from satmon.functional.saturation import POINTWISE_FUNCTIONS, pointwise_function
 from satmon.model import _evaluate as ev
+from satmon.model.fits import fit_grouped, fit_normalisation
 from satmon.results.probe_report import NormKind  # results/ holds the kinds: model/ and results/ both read them
 
 __all__ = [
     "NormLayer",
     "Reading",
     "Selector",
-    "find_blocks",
-    "find_dyt_layers",
-    "find_norm_layers",
     "modules_by_name",
     "norm_channels",
     "norm_kind",
     "read_module",
+    "selects",
     "strip_wrappers",
 ]  # fmt: skip
 
@@ -64,9 +68,6 @@ _WRAPPER_PARTS = {"_orig_mod", "_forward_module", "_fsdp_wrapped_module", "_chec
 _DYT_NAME = re.compile(r"dyt|dynamic_?tanh|derf", re.IGNORECASE)
 _NORM_NAME = re.compile(r"norm", re.IGNORECASE)
 _NORM_ATTRS = ("normalized_shape", "eps", "variance_epsilon", "epsilon")
-_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "tanh": torch.tanh, "erf": torch.erf, "hardtanh": lambda u: u.clamp(-1.0, 1.0),
-}  # fmt: skip
 _ALPHA, _SHIFT = 0.7, 0.3  # the values set while reading a point-wise layer (0 would fit anything constant)
 
 
@@ -88,7 +89,7 @@ class NormLayer:
             over several dimensions).
         axis: the input dimension holding the channels: ``-1`` (channels last), ``1`` (channels first,
             ``(B, C, H, W)``).
-        block: the residual block holding the layer (:func:`find_blocks`), ``None`` outside the blocks.
+        block: the residual block holding the layer (:func:`satmon.model.map.find_blocks`), ``None`` outside the blocks.
         feeds: where the layer's output goes in a traced forward, among ``"gated-mlp"`` (a gated MLP's
             gate and value projections read it directly), ``"mlp"``, ``"attention"``, ``"residual"``
             (it is added to another stream) and ``"projection"`` (any other projection, e.g. a head);
@@ -149,7 +150,7 @@ def strip_wrappers(name: str) -> str:
 def modules_by_name(model: nn.Module) -> dict[str, nn.Module]:
     """Every module of ``model`` by its name with wrapper prefixes removed (see :func:`strip_wrappers`).
 
-    The one "module by name" lookup of satmon: names match what :func:`find_norm_layers` reports,
+    The one "module by name" lookup of satmon: names match what :func:`satmon.model.map.find_norm_layers` reports,
     whether the model is plain, compiled, DDP- or FSDP-wrapped. When a wrapper and the module it
     wraps get the same stripped name, the inner module (registered later) wins.
 
@@ -245,7 +246,8 @@ def read_module(module: nn.Module, selected: bool = False) -> Reading | None:
     cached = _cache.get(module)
     if cached is not None and (cached[0] == key or cached[0] == (key[0], False) and cached[1] is not None):
         return cached[1]  # a module read as a normaliser is one whether include= selected it or not
-    reading = _read(module, selected)
+    with ev.on_host():  # the test inputs hold values, also when the model is built under torch.device("meta")
+        reading = _read(module, selected)
     if reading is None or reading.basis != "names":  # a module that could not run is asked again next time
         _cache[module] = (key, reading)
     return reading
@@ -301,6 +303,10 @@ def _by_names(module: nn.Module, own: dict, c: int | None) -> Reading | None:
     """The module could not run on a copy: its names may say what it is, never what it is not."""
     cls = type(module)
     note = f"{cls.__name__} could not be run on a copy of itself (float64 CPU, nor its own device and dtype)"
+    lacking = _meta_lack(module)
+    if lacking:
+        note = (f"{cls.__name__} is on the meta device and reading it needs a value meta does not hold ({lacking}): "
+                "build the model on the CPU to read it")
     if "alpha" in own:
         source = _forward_source(cls)
         function = next((f for f in ("erf", "hardtanh", "tanh") if f in source), None)
@@ -309,6 +315,18 @@ def _by_names(module: nn.Module, own: dict, c: int | None) -> Reading | None:
     if _NORM_NAME.search(cls.__name__) or any(hasattr(module, a) for a in _NORM_ATTRS):
         return Reading("unknown", channels=c, basis="names", note=note + ": named like a normaliser, kind unknown")
     return None
+
+
+def _meta_lack(module: nn.Module) -> str:
+    """What a copy of a module on the meta device would need that meta does not hold (``""``: nothing, or not on meta)."""
+    if not any(t.is_meta for t in (*module.parameters(), *module.buffers())):
+        return ""
+    floats = tuple(n for n, p in module.named_parameters(recurse=False) if p.is_floating_point())
+    try:
+        ev.clone(module, randomize=floats)
+    except ev.OnMeta as err:
+        return str(err)
+    return ""
 
 
 def _forward_source(cls: type) -> str:
@@ -329,15 +347,6 @@ def _devices(module: nn.Module) -> list[tuple[torch.device, torch.dtype]]:
     return out
 
 
-def _spread(layout: ev.Layout, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Values over tanh's curved range, different in every channel and row."""
-    shape, _ = layout
-    n = int(torch.tensor(shape).prod())
-    x = torch.linspace(-3.0, 3.0, n, dtype=torch.float64).reshape(shape)
-    perm = torch.randperm(shape[-1], generator=torch.Generator().manual_seed(0))
-    return (x[..., perm] * 1.7).to(device, dtype)
-
-
 def _pointwise(module: nn.Module, c: int, own: dict[str, torch.Tensor]) -> Reading | str | None:
     """``w * f(alpha * x + s) + b`` for f in tanh / erf / hardtanh; the shift found by setting it."""
     others = tuple(n for n, p in own.items() if n != "alpha" and p.is_floating_point())
@@ -347,7 +356,7 @@ def _pointwise(module: nn.Module, c: int, own: dict[str, torch.Tensor]) -> Readi
         tol = ev.tolerance(dtype)
         for layout in ev.layouts(c):
             axis = layout[1]
-            x = _spread(layout, dtype, device)
+            x = ev.spread(layout, dtype, device)
             for shift in [*shifts, None]:
                 fill = {"alpha": _ALPHA, **({shift: _SHIFT} if shift else {})}
                 try:
@@ -357,8 +366,8 @@ def _pointwise(module: nn.Module, c: int, own: dict[str, torch.Tensor]) -> Readi
                 ran = True
                 u = _ALPHA * x.to(torch.float64) + (_SHIFT if shift else 0.0)
                 rows = ev.to_rows(y, axis)
-                for name, f in _FUNCTIONS.items():
-                    if ev.fit_per_channel(ev.to_rows(f(u), axis), rows)[2] <= tol:
+                for name in POINTWISE_FUNCTIONS:
+                    if ev.fit_per_channel(ev.to_rows(pointwise_function(name, u), axis), rows)[2] <= tol:
                         return Reading("dyt", name, shift, norm_channels(module), axis, "behaviour")
         if ran:
             return None
@@ -386,8 +395,6 @@ def _first_fit(module: nn.Module, attempts: Callable[[torch.device, torch.dtype]
 
 def _normaliser(module: nn.Module, c: int | None) -> Reading | str | None:
     """``g * normalize(x) + b`` (LayerNorm or RMSNorm normalisation) along some axis."""
-    from satmon.model.affine import fit_normalisation
-
     own = tuple(n for n, p in module.named_parameters(recurse=False) if p.is_floating_point())
 
     def attempts(device: torch.device, dtype: torch.dtype) -> Iterator[Callable[[], Reading | None]]:
@@ -418,8 +425,6 @@ def _gain_shape(own: dict[str, torch.Tensor]) -> tuple[int, ...] | None:
 def _grouped(module: nn.Module, shape: tuple[int, ...]) -> Reading | str | None:
     """``g * normalize(x) + b`` with ``g`` and ``b`` of ``shape`` (per head and channel), the statistics taken over
     the last dimension (a per-head QK-norm) or over all of ``shape``'s dimensions, on ``(2, T, *shape)`` inputs."""
-    from satmon.model.affine import fit_grouped
-
     params = tuple(n for n, p in module.named_parameters(recurse=False) if p.is_floating_point())
 
     def attempts(device: torch.device, dtype: torch.dtype) -> Iterator[Callable[[], Reading | None]]:
@@ -450,7 +455,15 @@ def norm_kind(module: nn.Module) -> NormKind | None:
     return None if r is None or r.kind == "unknown" else r.kind
 
 
-def _selected(name: str, module: nn.Module, selector: Selector) -> bool:
+def selects(selector: Selector, name: str, module: nn.Module) -> bool:
+    """Whether ``include=``/``exclude=`` (a regex on the stripped name, or a predicate ``(name, module) -> bool``)
+    selects a module; ``None`` selects nothing.
+
+    Example:
+        >>> from torch import nn
+        >>> selects(r"ln_f$", "ln_f", nn.LayerNorm(4)), selects(None, "ln_f", nn.LayerNorm(4))
+        (True, False)
+    """
     if selector is None:
         return False
     if isinstance(selector, str):
@@ -464,94 +477,9 @@ def check_selector(value: Selector, what: str) -> None:
         raise TypeError(f"Expected `{what}` to be a regex string or a predicate (name, module) -> bool, got {type(value).__name__}.")
 
 
-# ----------------------------------------------------------------------------------- the public finders
-def find_norm_layers(
-    model: nn.Module,
-    kinds: tuple[NormKind, ...] = ("dyt", "layernorm", "rmsnorm"),
-    include: Selector = None,
-    exclude: Selector = None,
-) -> list[NormLayer]:
-    """Find normalization layers, in registration order (read from the model map, built once per model).
+def __getattr__(name: str):
+    """The finders lived here until satmon 0.4 (``satmon.find_norm_layers`` is their public path): they read the
+    model map, so they moved to :mod:`satmon.model.map`; the old path reads them there, with a warning."""
+    from satmon import _compat
 
-    Args:
-        model: any ``nn.Module`` (compiled, DDP- or FSDP-wrapped models work too).
-        kinds: which kinds to return.
-        include: a regex on the module name or a predicate ``(name, module) -> bool``. Modules it
-            selects are evaluated even when discovery would not try them, and get the kind their
-            computation shows; a selected module that computes none of the forms is left out with a
-            warning (counting ``|alpha * x| > level`` there would read a saturation it does not have).
-        exclude: the same form; modules it selects are dropped.
-
-    Returns:
-        The list of :class:`NormLayer`, each module listed once.
-
-    Example:
-        >>> from torch import nn
-        >>> from satmon import DyT
-        >>> model = nn.Sequential(nn.Linear(4, 4), DyT(4), nn.LayerNorm(4))
-        >>> [(l.name, l.kind) for l in find_norm_layers(model)]
-        [('1', 'dyt'), ('2', 'layernorm')]
-    """
-    from satmon.model.map import model_map
-
-    return model_map(model).layers(kinds, include=include, exclude=exclude)
-
-
-def find_dyt_layers(model: nn.Module, include: Selector = None, exclude: Selector = None) -> list[NormLayer]:
-    """Find the point-wise layers (DyT, Derf, HardTanh; see :func:`find_norm_layers`).
-
-    Example:
-        >>> from torch import nn
-        >>> from satmon import DyT
-        >>> [l.name for l in find_dyt_layers(nn.Sequential(DyT(4), nn.ReLU(), DyT(4)))]
-        ['0', '2']
-    """
-    return find_norm_layers(model, kinds=("dyt",), include=include, exclude=exclude)
-
-
-def find_blocks(model: nn.Module, names: list[str] | None = None) -> list[tuple[str, nn.Module]]:
-    """Find the transformer blocks whose outputs form the residual stream.
-
-    Rule: the longest ``nn.ModuleList``/``nn.Sequential`` whose children are all of one class and
-    each hold a normaliser.
-
-    Args:
-        model: the model.
-        names: explicit block module names (overrides discovery), for models where the rule fails.
-
-    Returns:
-        ``[(name, module), ...]`` in depth order; empty when no block list is found.
-
-    Example:
-        >>> from torch import nn
-        >>> block = lambda: nn.Sequential(nn.LayerNorm(4), nn.Linear(4, 4))
-        >>> model = nn.ModuleDict({"emb": nn.Embedding(5, 4), "h": nn.ModuleList([block(), block()])})
-        >>> [n for n, _ in find_blocks(model)]
-        ['h.0', 'h.1']
-    """
-    from satmon.model.map import model_map
-
-    m = model_map(model)
-    if names is None:
-        return list(m.blocks)
-    modules = m.modules
-    missing = [n for n in names if n not in modules]
-    if missing:
-        raise ValueError(f"Expected block names that exist in the model, got unknown {missing}. Available: {sorted(modules)[:20]}...")
-    return [(n, modules[n]) for n in names]
-
-
-def blocks_of(modules: dict[str, nn.Module], norm_ids: set[int]) -> list[tuple[str, nn.Module]]:
-    """The block rule of :func:`find_blocks` over ``modules`` (stripped names), given which modules are normalisers."""
-    best: list[tuple[str, nn.Module]] = []
-    for name, module in modules.items():
-        if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < 1:
-            continue
-        children = list(module.named_children())
-        if len({type(c) for _, c in children}) != 1:
-            continue
-        if not all(any(id(m) in norm_ids for m in c.modules()) for _, c in children):
-            continue
-        if len(children) > len(best):
-            best = [(f"{name}.{n}" if name else n, c) for n, c in children]
-    return best
+    return _compat.moved_attribute(__name__, name)

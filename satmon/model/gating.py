@@ -1,7 +1,7 @@
 """Does a DyT (or other norm) layer feed a gated MLP? Architecture detection for the screen.
 
-The regime study found that high saturation means opposite things in the two cases: useful
-regularisation in a non-gated model, collapse risk when DyT feeds a SwiGLU gate
+The regime study reads high saturation in opposite ways in the two cases (its claim, not satmon's
+measurement: :data:`satmon.study.MEANING`): GO in a non-gated model, collapse risk when DyT feeds a SwiGLU gate
 (``down(act(gate(h)) * up(h))``). "Feeds" means the MLP's gate and value projections read the
 layer's output directly: through views, casts, dropout or a permute, never through an addition
 with another stream. So a post-norm layer (``h = x + norm(attn(x))``; ``out = h + norm(mlp(h))``)

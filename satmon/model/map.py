@@ -31,17 +31,16 @@ from satmon.model.discovery import (
     NormLayer,
     Reading,
     Selector,
-    _selected,
-    blocks_of,
     check_selector,
     read_module,
+    selects,
     strip_wrappers,
 )
 
 if TYPE_CHECKING:
     from satmon.model.dataflow import FlowTrace, LiveTrace
 
-__all__ = ["MapChange", "ModelMap", "model_map"]
+__all__ = ["MapChange", "ModelMap", "find_blocks", "find_dyt_layers", "find_norm_layers", "model_map"]
 
 _maps: weakref.WeakKeyDictionary[nn.Module, ModelMap] = weakref.WeakKeyDictionary()
 #: module -> the maps that hold it: the registration hook flags them
@@ -147,7 +146,7 @@ class ModelMap:
             entries.append((strip_wrappers(n), m, r))
         self._complete = not could_not_run  # a module that could not run is read again at the next lookup (materialised?)
         norm_ids = {id(m) for _, m, _ in entries}
-        self.blocks: tuple[tuple[str, nn.Module], ...] = tuple(blocks_of(self.modules, norm_ids))
+        self.blocks: tuple[tuple[str, nn.Module], ...] = tuple(_blocks_of(self.modules, norm_ids))
         block_names = [b for b, _ in self.blocks]
         self.norms: tuple[NormLayer, ...] = tuple(self._layer(n, m, r, block_names) for n, m, r in entries)
         self.undetermined: Mapping[str, str] = MappingProxyType(undetermined)
@@ -233,7 +232,7 @@ class ModelMap:
     def layers(self, kinds: Iterable[NormKind] = ("dyt", "layernorm", "rmsnorm"), include: Selector = None,
                exclude: Selector = None) -> list[NormLayer]:  # fmt: skip
         """The normalisers of ``kinds``, in registration order; ``include=``/``exclude=`` as in
-        :func:`~satmon.model.discovery.find_norm_layers`."""
+        :func:`find_norm_layers`."""
         check_selector(include, "include")
         check_selector(exclude, "exclude")
         kinds = tuple(kinds)
@@ -245,9 +244,9 @@ class ModelMap:
                 continue
             seen.add(id(module))
             layer = known.get(id(module))
-            if layer is None and _selected(name, module, include):
+            if layer is None and selects(include, name, module):
                 layer = self._included(name, module)
-            if layer is None or layer.kind not in kinds or _selected(name, module, exclude):
+            if layer is None or layer.kind not in kinds or selects(exclude, name, module):
                 continue
             out.append(layer)
         return out
@@ -376,3 +375,92 @@ def model_map(model: nn.Module, example_input: Any = None, forward_fn: Callable[
     if example_input is not None:
         m.trace_forward(example_input, forward_fn)
     return m
+
+
+# ----------------------------------------------------------------------------------- the public finders
+def find_norm_layers(
+    model: nn.Module,
+    kinds: tuple[NormKind, ...] = ("dyt", "layernorm", "rmsnorm"),
+    include: Selector = None,
+    exclude: Selector = None,
+) -> list[NormLayer]:
+    """Find normalization layers, in registration order (read from the model map, built once per model).
+
+    Args:
+        model: any ``nn.Module`` (compiled, DDP- or FSDP-wrapped models work too).
+        kinds: which kinds to return.
+        include: a regex on the module name or a predicate ``(name, module) -> bool``. Modules it
+            selects are evaluated even when discovery would not try them, and get the kind their
+            computation shows; a selected module that computes none of the forms is left out with a
+            warning (counting ``|alpha * x| > level`` there would read a saturation it does not have).
+        exclude: the same form; modules it selects are dropped.
+
+    Returns:
+        The list of :class:`NormLayer`, each module listed once.
+
+    Example:
+        >>> from torch import nn
+        >>> from satmon import DyT
+        >>> model = nn.Sequential(nn.Linear(4, 4), DyT(4), nn.LayerNorm(4))
+        >>> [(l.name, l.kind) for l in find_norm_layers(model)]
+        [('1', 'dyt'), ('2', 'layernorm')]
+    """
+    return model_map(model).layers(kinds, include=include, exclude=exclude)
+
+
+def find_dyt_layers(model: nn.Module, include: Selector = None, exclude: Selector = None) -> list[NormLayer]:
+    """Find the point-wise layers (DyT, Derf, HardTanh; see :func:`find_norm_layers`).
+
+    Example:
+        >>> from torch import nn
+        >>> from satmon import DyT
+        >>> [l.name for l in find_dyt_layers(nn.Sequential(DyT(4), nn.ReLU(), DyT(4)))]
+        ['0', '2']
+    """
+    return find_norm_layers(model, kinds=("dyt",), include=include, exclude=exclude)
+
+
+def find_blocks(model: nn.Module, names: list[str] | None = None) -> list[tuple[str, nn.Module]]:
+    """Find the transformer blocks whose outputs form the residual stream.
+
+    Rule: the longest ``nn.ModuleList``/``nn.Sequential`` whose children are all of one class and
+    each hold a normaliser.
+
+    Args:
+        model: the model.
+        names: explicit block module names (overrides discovery), for models where the rule fails.
+
+    Returns:
+        ``[(name, module), ...]`` in depth order; empty when no block list is found.
+
+    Example:
+        >>> from torch import nn
+        >>> block = lambda: nn.Sequential(nn.LayerNorm(4), nn.Linear(4, 4))
+        >>> model = nn.ModuleDict({"emb": nn.Embedding(5, 4), "h": nn.ModuleList([block(), block()])})
+        >>> [n for n, _ in find_blocks(model)]
+        ['h.0', 'h.1']
+    """
+    m = model_map(model)
+    if names is None:
+        return list(m.blocks)
+    modules = m.modules
+    missing = [n for n in names if n not in modules]
+    if missing:
+        raise ValueError(f"Expected block names that exist in the model, got unknown {missing}. Available: {sorted(modules)[:20]}...")
+    return [(n, modules[n]) for n in names]
+
+
+def _blocks_of(modules: dict[str, nn.Module], norm_ids: set[int]) -> list[tuple[str, nn.Module]]:
+    """The block rule of :func:`find_blocks` over ``modules`` (stripped names), given which modules are normalisers."""
+    best: list[tuple[str, nn.Module]] = []
+    for name, module in modules.items():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < 1:
+            continue
+        children = list(module.named_children())
+        if len({type(c) for _, c in children}) != 1:
+            continue
+        if not all(any(id(m) in norm_ids for m in c.modules()) for _, c in children):
+            continue
+        if len(children) > len(best):
+            best = [(f"{name}.{n}" if name else n, c) for n, c in children]
+    return best

@@ -40,7 +40,7 @@ class ReadingHooks:
 
     Args:
         model: the model (the gate hooks find the gated MLPs' modules in it).
-        layers: the DyT layers (:func:`satmon.model.discovery.find_dyt_layers`).
+        layers: the DyT layers (:func:`satmon.model.map.find_dyt_layers`).
         gating: what gated-MLP detection found (``None``: no gate hooks).
         level: the saturation level (``|alpha * x| > level``).
         product: ``"module"`` or ``"exact"`` (:class:`~satmon.observe.counters.SaturationCounter`).
@@ -53,7 +53,7 @@ class ReadingHooks:
 
     Example:
         >>> from satmon import DyT
-        >>> from satmon.model.discovery import find_dyt_layers
+        >>> from satmon.model.map import find_dyt_layers
         >>> model = torch.nn.Sequential(DyT(4, alpha_init=2.0))
         >>> hooks = ReadingHooks(model, find_dyt_layers(model), None, level=2.0, distributed=False)
         >>> hooks.offset_enabled = True

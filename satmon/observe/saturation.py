@@ -475,7 +475,7 @@ class SaturationHooks(HookSet):
     ``RuntimeWarning`` names it, :attr:`refused` keeps the reason, and it is counted no further.
 
     Args:
-        layers: point-wise layers (from :func:`satmon.model.discovery.find_dyt_layers`).
+        layers: point-wise layers (from :func:`satmon.model.map.find_dyt_layers`).
         counter: where counts go (its layer ``i`` is ``layers[i]``); its ``level`` and ``product`` are used.
         keep_inputs: see :class:`CountQueue`.
         refused: layer name -> reason, shared with another hook set on the same layers (the screen's
@@ -486,7 +486,7 @@ class SaturationHooks(HookSet):
 
     Example:
         >>> from satmon import DyT
-        >>> from satmon.model.discovery import find_dyt_layers
+        >>> from satmon.model.map import find_dyt_layers
         >>> model = torch.nn.Sequential(DyT(4, alpha_init=2.0))
         >>> layers = find_dyt_layers(model)
         >>> hooks = SaturationHooks(layers, SaturationCounter(len(layers))).attach()

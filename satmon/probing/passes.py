@@ -122,8 +122,8 @@ def probe(
         layers: which discovered norm layers to read: a list of names, a regex or a predicate
             ``(name, module) -> bool``; default all. The final norm (the last norm outside the
             blocks) is always read. (``include`` / ``exclude`` of the settings widen/narrow discovery
-            itself: :func:`satmon.model.discovery.find_norm_layers`.)
-        blocks: names of the residual blocks, when :func:`satmon.model.discovery.find_blocks` finds none or
+            itself: :func:`satmon.model.map.find_norm_layers`.)
+        blocks: names of the residual blocks, when :func:`satmon.model.map.find_blocks` finds none or
             the wrong ones. ``X_0`` is the first block's input.
         device: where batches go; default the device of the model's first parameter.
         autocast_dtype: run the forward under ``torch.autocast(device.type, dtype)``, e.g. ``torch.bfloat16``.

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from satmon.observe.covariance import TapTarget
-from satmon.model.discovery import NormLayer, Selector, find_blocks, norm_channels
+from satmon.model.discovery import NormLayer, Selector, norm_channels
+from satmon.model.map import find_blocks
 from satmon.model.map import model_map
 from satmon.results.probe_report import EMBEDDING
 

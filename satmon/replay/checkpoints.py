@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
+import shlex
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +36,10 @@ from typing import Any
 
 from torch import Tensor
 
+from satmon.paths import NotRegular, PathKind, kind_of, open_regular
+
+from satmon.replay.budget import BUDGET_ENV, OverBudget, mib, pickle_budget
+from satmon.replay.dcp import METADATA, DcpIndex, is_dcp
 from satmon.replay.reading import (
     FileChanged,
     FileStamp,
@@ -74,7 +78,7 @@ class _Weights:
     """One file holding weights: its stamp from the listing, its layout, and its index (no tensor data)."""
 
     stamp: FileStamp
-    layout: str  #: "zip", "legacy" (torch.save before 1.6) or "safetensors"
+    layout: str  #: "zip", "legacy" (torch.save before 1.6), "safetensors" or "dcp" (index: the DcpIndex and its stamps)
     index: Any = field(default=None, repr=False, compare=False)  #: torch: the object, tensors on meta; safetensors: its header
 
 
@@ -127,6 +131,35 @@ def _natural_key(path: Path | str) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
 
 
+#: satmon's own files, by name, and what each is: never a checkpoint, never an error (the names are satmon's:
+#: ``drivers/live_probe.py``, ``drivers/hf.py``'s ``STATE_FILE``, ``io/trackers.py``, ``io/lock.py``, the replay's
+#: partial records, ``io/atomic.py``'s temporaries; ``tests/replay/test_listing_kinds.py`` checks them against these).
+CALIBRATION_FILE = "satmon_calibration.pt"
+STATE_FILE = "satmon_state.pt"
+SATMON_FILES = (
+    (re.compile(re.escape(CALIBRATION_FILE)), "satmon's calibration batches (the live probe saved them; usable as --data)"),
+    (re.compile(re.escape(STATE_FILE)), "satmon's screening state (the Hugging Face callback's; it holds the live verdict)"),
+    (re.compile(r"satmon_\w+\.md"), "satmon's verdict card"),
+    (re.compile(r".+\.partial\.jsonl"), "satmon's partial records of a replay still running or interrupted (--json FILE.partial.jsonl)"),
+    (re.compile(r"\.(.+\.)?satmon-lock"), "satmon's lock file (one writer per output)"),
+    (re.compile(r"\..+\.[a-z0-9_]{8}\.tmp"), "satmon's temporary file of a write that was cut short"),
+)
+#: Lightning's FSDP writes the rest of a sharded checkpoint (step, hyper-parameters) beside the DCP shards.
+DCP_META = "meta.pt"
+_DEEPSPEED_MODEL = re.compile(r"(zero_pp_rank_\d+_)?mp_rank_\d+_model_states\.pt")
+_DEEPSPEED_OPTIM = re.compile(r"(bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt")
+
+
+def satmon_file(name: str) -> str | None:
+    """What satmon's own file ``name`` is (``None``: not one of satmon's).
+
+    Example:
+        >>> satmon_file("satmon_calibration.pt"), satmon_file(".replay.json.satmon-lock"), satmon_file("last.ckpt")
+        ("satmon's calibration batches (the live probe saved them; usable as --data)", "satmon's lock file (one writer per output)", None)
+    """
+    return next((what for pattern, what in SATMON_FILES if pattern.fullmatch(name)), None)
+
+
 @dataclass
 class Listing:
     """What :func:`list_checkpoints` found: the checkpoints (with each file's stamp) and what it left out, and why.
@@ -135,31 +168,54 @@ class Listing:
         paths: the checkpoints, files and Hugging Face folders, each real file once.
         stamps: path -> the stamps of the files it is read from (a folder's weight files).
         left_out: ``(path, why)`` of every file not listed (not a checkpoint suffix, Trainer state, the
-            ``--data`` file, a second link to a listed file, a symlink loop...).
+            ``--data`` file, a second link to a listed file, a FIFO or a device, a symlink loop...).
         explicit: the paths given on the command line that were left out (said on stderr).
+        satmon_files: ``(path, what)`` of satmon's own files (its calibration batches, its state, its cards, partial
+            records, locks): neither checkpoints nor left out.
+        calibration: the first ``satmon_calibration.pt`` found (the live probe's batches: usable as ``--data``).
+        states: the ``satmon_state.pt`` files found (a Hugging Face run's satmon state, with its live verdict).
+        unsupported: ``(path, why)`` of checkpoint folders in a format satmon does not read (DeepSpeed, DCP), with
+            the command that converts each: the replay is incomplete without them.
     """
 
     paths: list[Path] = field(default_factory=list)
     stamps: dict[Path, tuple[FileStamp, ...]] = field(default_factory=dict)
     left_out: list[tuple[Path, str]] = field(default_factory=list)
     explicit: list[tuple[Path, str]] = field(default_factory=list)
+    satmon_files: list[tuple[Path, str]] = field(default_factory=list)
+    calibration: Path | None = None
+    states: list[Path] = field(default_factory=list)
+    unsupported: list[tuple[Path, str]] = field(default_factory=list)
+    #: ``(path, why)`` that may hold checkpoints and could not be read (a folder that cannot be listed, an entry
+    #: whose kind cannot be read, a path over the system's limits).
+    unreadable: list[tuple[Path, str]] = field(default_factory=list)
+    #: ``(path, why)`` of entries said on stderr that hold no checkpoint: not regular files, broken links, loops.
+    odd: list[tuple[Path, str]] = field(default_factory=list)
 
     def unread(self) -> list[tuple[Path, str]]:
-        """What may hold checkpoints and could not be read: a folder that cannot be listed, an entry that cannot be
-        stat'ed. A replay that leaves any of them out is incomplete. (A broken symlink is no such thing: what it
-        names is not there to read, as after Lightning's ``save_last="link"`` lost its target.)"""
-        return [(p, why) for p, why in self.left_out if why.startswith("cannot")]
+        """What may hold checkpoints and was not read: a folder that cannot be listed, an entry whose kind cannot be
+        read (it may be a folder of checkpoints), a path over the system's limits, a checkpoint folder in a format
+        satmon does not read. A replay that leaves any of them out is incomplete. An entry whose kind is known and
+        holds no checkpoint (a FIFO, a device, a broken link, a symlink loop, a second name of a listed file) is no
+        such thing: it is named, and the replay is complete without it."""
+        return self.unreadable + self.unsupported
 
     def broken_links(self) -> list[tuple[Path, str]]:
-        """Broken symlinks named like checkpoints: said, not counted as unread."""
-        return [(p, why) for p, why in self.left_out if why == "a broken symlink" and p.suffix in CHECKPOINT_SUFFIXES]
+        """Broken symlinks, symlink loops and entries that are not regular files: said, not counted as unread."""
+        return list(self.odd)
+
+    def notes(self) -> list[tuple[Path, str]]:
+        """Everything a replay says on stderr about the listing, ``(path, why)``: the paths given that were left
+        out, what could not be read, the entries that are not regular files, broken links and loops."""
+        return self.explicit + self.unread() + self.odd
 
     def found_instead(self, limit: int = 6) -> str:
         """The files left out, in words, for "nothing to replay" (``"nothing"`` when the folders were empty)."""
-        if not self.left_out:
+        found = self.unsupported + self.left_out + self.satmon_files
+        if not found:
             return "nothing (empty folders)"
-        shown = [f"{p.name} ({why})" for p, why in self.left_out[:limit]]
-        more = len(self.left_out) - limit
+        shown = [f"{printable(p.name)} ({why})" for p, why in found[:limit]]
+        more = len(found) - limit
         return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 
 
@@ -175,14 +231,64 @@ def _hf_files(names: set[str]) -> tuple[str, set[str]] | None:
     return main, used
 
 
+def _converted(folder: Path, suffix: str) -> Path:
+    """Where a consolidated copy of ``folder`` goes: beside it, ``NAME-consolidated.SUFFIX``."""
+    stem = folder.name[: -len(folder.suffix)] if folder.suffix in CHECKPOINT_SUFFIXES else folder.name
+    return folder.with_name(f"{stem or 'checkpoint'}-consolidated{suffix}")
+
+
+def unsupported_format(folder: Path, names: set[str], subfolders: Sequence[Path] = ()) -> str | None:
+    """Why ``folder`` (holding the files ``names`` and the folders ``subfolders``) is a checkpoint in a format satmon
+    does not read, with the command that makes a file it reads; ``None`` when it is not one.
+
+    DeepSpeed (Lightning's ``DeepSpeedStrategy`` included): ``latest``, ``zero_to_fp32.py`` and a tag folder of
+    ``mp_rank_*_model_states.pt`` and ``zero_*_optim_states.pt`` (the tag folder itself when given). Its weights are
+    partitioned across the ranks' optimizer files (ZeRO), in DeepSpeed's own objects: consolidating them needs
+    deepspeed. (A torch.distributed.checkpoint folder is read: :mod:`satmon.replay.dcp`.)
+
+    Example:
+        >>> print(unsupported_format(Path("run/ds"), {"mp_rank_00_model_states.pt"}).split(":")[0])
+        a DeepSpeed checkpoint folder (mp_rank_*_model_states.pt, ZeRO-partitioned zero_*_optim_states.pt beside it)
+    """
+    tag = None
+    if any(_DEEPSPEED_MODEL.fullmatch(n) or _DEEPSPEED_OPTIM.fullmatch(n) for n in names):
+        tag = folder
+    elif "latest" in names or "zero_to_fp32.py" in names:
+        for sub in subfolders:
+            try:
+                if any(_DEEPSPEED_MODEL.fullmatch(e.name) or _DEEPSPEED_OPTIM.fullmatch(e.name) for e in os.scandir(sub)):
+                    tag = sub
+                    break
+            except OSError:
+                continue
+    if tag is None:
+        return None
+    root = folder if tag is not folder else tag.parent
+    where = f"{printable(tag.name)}/mp_rank_*_model_states.pt" if tag is not folder else "mp_rank_*_model_states.pt"
+    code = ("from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict as c; "
+            f"c({str(root)!r}, {str(_converted(root, '.ckpt'))!r})")
+    lightning = f"python -c {shlex.quote(code)}"
+    script = " ".join(shlex.quote(str(p)) for p in (root / "zero_to_fp32.py", root, _converted(root, ".pt")))
+    return printable(f"a DeepSpeed checkpoint folder ({where}, ZeRO-partitioned zero_*_optim_states.pt beside it): "
+                     "satmon reads single-file checkpoints; consolidate it first (both ways need the deepspeed package): "
+                     f"for a Lightning run `{lightning}` makes a .ckpt for --model, else `python {script}` (DeepSpeed's "
+                     "script saved with the checkpoint: it is code, run it only for a folder you trust) makes a "
+                     "state_dict for --factory; then replay that file")
+
+
 def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] = ()) -> Listing:
     """Files as given, directories searched recursively (symlinks followed, loops detected) for
     ``CHECKPOINT_SUFFIXES`` files and Hugging Face ``checkpoint-N`` folders; each real file once;
-    ``exclude`` (e.g. the calibration data file) and Trainer state files left out. Only ``stat`` is
+    ``exclude`` (e.g. the calibration data file), Trainer state files and satmon's own files left out.
+
+    Each entry's kind is read with ``lstat``/``stat`` (:func:`satmon.paths.kind_of`) before anything else: a FIFO,
+    a socket, a device or a link to one is left out and named with its kind, never opened; a folder in a format
+    satmon does not read (DeepSpeed, DCP) is named once with the command that converts it. Only ``stat`` is
     called: no file is opened.
 
     Raises:
-        ReplayUsageError: a path does not exist.
+        ReplayUsageError: a path does not exist, or is not a file or a folder (a FIFO, a device...), or is over the
+            system's limits.
 
     Example:
         >>> list_checkpoints(["no/such/dir"])
@@ -196,7 +302,7 @@ def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] 
         try:
             st = os.stat(p)
             seen_files[(st.st_dev, st.st_ino)] = p
-        except OSError:
+        except (OSError, ValueError):
             pass
     excluded = dict(seen_files)
     seen_dirs: set[tuple[int, int]] = set()
@@ -218,10 +324,14 @@ def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] 
         out.paths.append(path)
         out.stamps[path] = stamps
 
-    def leave(path: Path, why: str, explicit: bool) -> None:
-        out.left_out.append((path, why))
+    def own(path: Path, what: str, explicit: bool) -> None:
+        out.satmon_files.append((path, what))
+        if path.name == CALIBRATION_FILE and out.calibration is None:
+            out.calibration = path
+        elif path.name == STATE_FILE:
+            out.states.append(path)
         if explicit:
-            out.explicit.append((path, why))
+            out.explicit.append((path, f"{what}, not model weights"))
 
     def hf_folder(folder: Path, names: set[str], explicit: bool) -> set[str]:
         found = _hf_files(names)
@@ -235,6 +345,29 @@ def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] 
         add(folder, stamps, explicit)
         return used
 
+    def entry(path: Path, kind: PathKind) -> Path | None:
+        """One entry of a folder: listed, left out or said; returns it when it is a folder to search."""
+        what = satmon_file(path.name)
+        if kind.kind == "folder":
+            return path
+        if kind.kind == "unstattable":  # its kind is unknown: it may be a folder of checkpoints
+            out.unreadable.append((path, f"cannot stat it: {kind.reason}"))
+        elif kind.kind == "too-long":
+            out.unreadable.append((path, f"cannot read it: {kind.describe()}"))
+        elif kind.kind in ("broken-link", "link-loop") or kind.special:
+            why = kind.describe() + ("" if kind.kind in ("broken-link", "link-loop") else ": not read")
+            out.left_out.append((path, why))
+            out.odd.append((path, why))
+        elif what is not None:
+            own(path, what, explicit=False)
+        elif TRAINER_STATE_FILES.fullmatch(path.name):
+            out.left_out.append((path, "Trainer state, not model weights"))
+        elif path.suffix not in CHECKPOINT_SUFFIXES:
+            out.left_out.append((path, f"not {'/'.join(CHECKPOINT_SUFFIXES)}"))
+        else:
+            add(path, (FileStamp.of(path, kind.st),), explicit=False)
+        return None
+
     def walk(root: Path) -> None:
         stack = [root]
         while stack:
@@ -243,75 +376,62 @@ def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] 
                 st = os.stat(folder)
                 entries = sorted(os.scandir(folder), key=lambda e: _natural_key(e.name))
             except OSError as e:
-                out.left_out.append((folder, f"cannot read the folder: {e.strerror}"))
+                found = kind_of(folder)
+                why = found.describe() if found.kind == "too-long" else (e.strerror or type(e).__name__)
+                out.unreadable.append((folder, f"cannot read the folder: {why}"))
                 continue
             if (st.st_dev, st.st_ino) in seen_dirs:
                 out.left_out.append((folder, "a folder already searched (a symlink loop or a second link)"))
                 continue
             seen_dirs.add((st.st_dev, st.st_ino))
-            used = hf_folder(folder, {e.name for e in entries if _is_file(e)}, explicit=folder == root)
+            kinds = [(Path(e.path), kind_of(e.path, entry=e)) for e in entries]
+            names = {p.name for p, k in kinds if k.regular}
+            dirs = [p for p, k in kinds if k.kind == "folder"]
+            if is_dcp(names):  # a torch.distributed.checkpoint folder: one checkpoint, read without a process group
+                files = [METADATA, *sorted((n for n in names if n.endswith(".distcp") or n == DCP_META), key=_natural_key)]
+                try:
+                    add(folder, tuple(FileStamp.of(folder / n, k.st) for n in files for p, k in kinds if p.name == n),
+                        explicit=folder == root)
+                except OSError as e:
+                    out.unreadable.append((folder, f"cannot stat it: {e.strerror}"))
+                continue
+            unsupported = unsupported_format(folder, names, dirs)
+            if unsupported is not None:
+                out.unsupported.append((folder, unsupported))
+                continue
+            used = hf_folder(folder, {n for n in names if satmon_file(n) is None}, explicit=folder == root)
             subfolders = []
-            for e in entries:
-                path = Path(e.path)
-                if e.name in used:
+            for path, kind in kinds:
+                if path.name in used:
                     continue
-                why = _unstattable(e)
-                if why is not None:
-                    out.left_out.append((path, why))
-                elif _is_dir(e):
-                    subfolders.append(path)
-                elif not _is_file(e):  # a FIFO, a socket, a device: never opened (a FIFO would block)
-                    out.left_out.append((path, "not a regular file"))
-                elif TRAINER_STATE_FILES.fullmatch(e.name):
-                    out.left_out.append((path, "Trainer state, not model weights"))
-                elif path.suffix not in CHECKPOINT_SUFFIXES:
-                    out.left_out.append((path, f"not {'/'.join(CHECKPOINT_SUFFIXES)}"))
-                else:
-                    try:
-                        add(path, (FileStamp.of(path),), explicit=False)
-                    except OSError as err:
-                        out.left_out.append((path, f"cannot stat it: {err.strerror}"))
+                sub = entry(path, kind)
+                if sub is not None:
+                    subfolders.append(sub)
             stack.extend(reversed(subfolders))
 
     for p in map(Path, paths):
-        if p.is_dir():
+        kind = kind_of(p)
+        if kind.kind == "folder":
             walk(p)
-        elif p.is_file():
-            if TRAINER_STATE_FILES.fullmatch(p.name):
-                leave(p, "Trainer state (optimizer, scheduler or RNG), not model weights", explicit=True)
+        elif kind.regular:
+            what = satmon_file(p.name)
+            if what is not None:
+                own(p, what, explicit=True)
+                out.left_out.append((p, f"{what}, not model weights"))
+            elif TRAINER_STATE_FILES.fullmatch(p.name):
+                leave = (p, "Trainer state (optimizer, scheduler or RNG), not model weights")
+                out.left_out.append(leave)
+                out.explicit.append(leave)
             else:
-                add(p, (FileStamp.of(p),), explicit=True)
-        elif p.exists():  # never opened: a FIFO would block, a device would be read forever
-            raise ReplayUsageError(f"Expected checkpoint files or directories, got {printable(str(p))!r}, which is not a "
-                                   "regular file (a device, a pipe or a socket): pass the checkpoints' files or folder.")
-        else:
-            raise ReplayUsageError(f"No such checkpoint file or directory: {str(p)!r}.")
+                add(p, (FileStamp.of(p, kind.st),), explicit=True)
+        elif kind.kind == "missing":
+            raise ReplayUsageError(f"No such checkpoint file or directory: {printable(str(p)[:240])!r}.")
+        else:  # never opened: a FIFO would block, a device would be read forever
+            todo = ("pass a shorter path (cd to a folder nearer the checkpoints, or link them there)"
+                    if kind.kind == "too-long" else "pass the checkpoints' files or folder")
+            raise ReplayUsageError(f"Expected checkpoint files or directories, got {printable(str(p)[:240])!r}, which is "
+                                   f"{kind.describe()}: {todo} (it was not opened).")
     return out
-
-
-def _unstattable(entry: os.DirEntry) -> str | None:
-    """Why ``entry`` cannot be stat'ed (a broken symlink; a folder this user may list but not search), or ``None``."""
-    try:
-        entry.stat(follow_symlinks=True)
-    except FileNotFoundError:
-        return "a broken symlink" if entry.is_symlink() else "cannot stat it: it disappeared while listed"
-    except OSError as e:
-        return f"cannot stat it: {e.strerror or type(e).__name__}"
-    return None
-
-
-def _is_dir(entry: os.DirEntry) -> bool:
-    try:
-        return entry.is_dir(follow_symlinks=True)
-    except OSError:
-        return False
-
-
-def _is_file(entry: os.DirEntry) -> bool:
-    try:
-        return entry.is_file(follow_symlinks=True)
-    except OSError:
-        return False
 
 
 def find_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] = ()) -> list[Path]:
@@ -335,7 +455,11 @@ def find_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] 
 
 def nothing_to_replay(paths: Sequence[str | Path], listing: Listing) -> str:
     """The one-line message for a listing without a checkpoint: what was searched, and what was found instead."""
-    where = ", ".join(repr(str(p)) for p in list(paths)[:3]) + (" ..." if len(paths) > 3 else "")
+    where = ", ".join(repr(printable(str(p)[:240])) for p in list(paths)[:3]) + (" ..." if len(paths) > 3 else "")
+    if listing.unsupported:
+        path, why = listing.unsupported[0]
+        more = f" (and {len(listing.unsupported) - 1} more such folder(s))" if len(listing.unsupported) > 1 else ""
+        return f"Nothing satmon can replay under {where}: {printable(str(path))} is {why}{more}."
     return (f"Nothing to replay under {where}: no {', '.join(CHECKPOINT_SUFFIXES)} file and no Hugging Face checkpoint "
             f"folder; found {listing.found_instead()}. Pass the checkpoints' folder or files.")
 
@@ -356,14 +480,13 @@ def _not_a_checkpoint(path: Path) -> str | None:
     torch's own errors on such files read ``IndexError: pop from empty list`` or ``KeyError: 101``.
     """
     try:  # opened without blocking (a FIFO put there since the listing), and read only if it is a regular file
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        fd = open_regular(path)
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return "not a regular file (a device, a pipe or a socket): not read"
-            size, head = st.st_size, os.read(fd, 64)
+            size, head = os.fstat(fd).st_size, os.read(fd, 64)
         finally:
             os.close(fd)
+    except NotRegular as e:
+        return f"{e.kind.describe()}: not read"
     except OSError as e:
         return f"cannot read it: {error_line(e)}"
     if size == 0:
@@ -515,7 +638,8 @@ def inspect_checkpoint(path: str | Path, trust: bool = False, stamps: Sequence[F
     """
     path = Path(path)
     if path.is_dir():
-        return _inspect_hf(path, stamps)
+        names = {p.name for p in path.iterdir()}
+        return _inspect_dcp(path, stamps) if is_dcp(names) else _inspect_hf(path, stamps)
     info = CheckpointInfo(path=path, weights_only=not trust)
     info.error = _not_a_checkpoint(path)
     if info.error is not None:
@@ -553,7 +677,7 @@ def inspect_checkpoint(path: str | Path, trust: bool = False, stamps: Sequence[F
             info.error, trustable = _refusal(e)
             info.unsafe = not trustable
         else:
-            info.error = str(e)[:400] if str(e).startswith(("not a checkpoint", "not a safetensors", "truncated", "corrupt")) \
+            info.error = str(e)[:400] if str(e).startswith(("not a checkpoint", "not a safetensors", "truncated", "corrupt", "over satmon's")) \
                 else error_line(e)
         return info
     if info.global_step is None and not info.notes:
@@ -575,7 +699,7 @@ def _inspect_hf(folder: Path, stamps: Sequence[FileStamp] | None) -> CheckpointI
     try:
         files = [main]
         if main.endswith(".index.json"):
-            index = json.loads((folder / main).read_text()[:50_000_000])
+            index = json.loads(_bounded_text(folder / main))
             weight_map = index.get("weight_map") if isinstance(index, dict) else None
             if not isinstance(weight_map, dict) or not weight_map:
                 raise ValueError(f"not a checkpoint: {main} has no weight_map")
@@ -614,7 +738,7 @@ def _inspect_hf(folder: Path, stamps: Sequence[FileStamp] | None) -> CheckpointI
             info.error = (_refusal(e)[0].split(". If you")[0] + ": a Hugging Face weights file holds tensors only, so "
                           "this one is not what transformers or the Trainer writes; do not load it")
         else:
-            info.error = str(e)[:400] if str(e).startswith(("not a", "incomplete", "truncated", "corrupt")) else error_line(e)
+            info.error = str(e)[:400] if str(e).startswith(("not a", "incomplete", "truncated", "corrupt", "over satmon's")) else error_line(e)
         return info
     info.global_step, note = _hf_step(folder)
     if note:
@@ -622,11 +746,44 @@ def _inspect_hf(folder: Path, stamps: Sequence[FileStamp] | None) -> CheckpointI
     return info
 
 
+def _inspect_dcp(folder: Path, stamps: Sequence[FileStamp] | None) -> CheckpointInfo:
+    """A torch.distributed.checkpoint folder (:mod:`satmon.replay.dcp`): its ``.metadata`` read with a restricted
+    unpickler (no code runs, trusted or not), its tensors assembled from every shard at their turn; its step stored
+    beside them or in Lightning's ``meta.pt``."""
+    info = CheckpointInfo(path=folder, kind="state_dict")
+    try:
+        given = {s.path.name: s for s in stamps or ()}
+        if not given:
+            given = {p.name: FileStamp.of(p) for p in folder.iterdir()
+                     if p.name == METADATA or p.name.endswith(".distcp") or p.name == DCP_META}
+        index = DcpIndex.read(folder, given)
+        info.weights = (_Weights(given[METADATA], "dcp", (index, given)),)
+        info.global_step = index.step(given)
+        if info.global_step is None and DCP_META in given:  # Lightning's FSDP: the rest of the checkpoint
+            meta = load_index(given[DCP_META], trust=False)
+            if isinstance(meta, Mapping):
+                info.global_step, _ = _step_of(meta, _Weights(given[DCP_META], "zip", meta))
+    except FileChanged as e:
+        info.error, info.weights = str(e), ()
+        return info
+    except Exception as e:
+        info.weights = ()
+        text = str(e)[:400] if str(e).startswith(("not", "incomplete", "truncated", "corrupt", "over satmon's")) \
+            else error_line(e)
+        info.error = (f"{text}; a torch.distributed.checkpoint folder can also be consolidated into one file with "
+                      f"`python -m torch.distributed.checkpoint.format_utils dcp_to_torch {printable(shlex.quote(str(folder)))} "
+                      f"{printable(shlex.quote(str(_converted(folder, '.pt'))))}` (it unpickles .metadata: only for a folder you trust)")
+        return info
+    if info.global_step is None:
+        info.notes.append("no global step in the folder: ordered and logged by its position instead")
+    return info
+
+
 def _hf_step(folder: Path) -> tuple[int | None, str | None]:
     state = folder / "trainer_state.json"
     if state.is_file():
         try:
-            step = json.loads(state.read_text()[:200_000_000]).get("global_step")
+            step = json.loads(_bounded_text(state)).get("global_step")
             if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
                 return step, None
             note = "trainer_state.json holds no global_step"
@@ -638,6 +795,18 @@ def _hf_step(folder: Path) -> tuple[int | None, str | None]:
     if found:
         return int(found.group(1)), f"{note}: step {found.group(1)} read from the folder name"
     return None, f"{note}: ordered and logged by its position instead"
+
+
+def _bounded_text(path: Path) -> str:
+    """A Hugging Face folder's JSON (its index, ``trainer_state.json``), read only when it is a regular file within the
+    pickle budget (:mod:`satmon.replay.budget`): its size is checked before it is read."""
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        size, budget = os.fstat(fd).st_size, pickle_budget()
+        if size > budget:
+            raise OverBudget(f"over satmon's read budget: {path.name} is {size:,} bytes, over the {mib(budget)} "
+                             f"satmon reads of a checkpoint's metadata; set {BUDGET_ENV}=N (MiB) to read it")
+        return f.read(budget + 1).decode("utf-8", errors="replace")
 
 
 def _index_keys(w: _Weights) -> list[str]:
@@ -656,6 +825,8 @@ def meta_state_dict(info: CheckpointInfo) -> dict[str, Tensor]:
     for w in info.weights:
         if w.layout == "safetensors":
             out.update(w.index.meta())
+        elif w.layout == "dcp":
+            out.update(w.index[0].meta())
         elif info.kind == "lightning":
             out.update(w.index["state_dict"])
         else:
@@ -684,6 +855,8 @@ def state_dict_of(info: CheckpointInfo) -> dict[str, Tensor]:
     for w in info.weights:
         if w.layout == "safetensors":
             out.update(w.index.tensors(w.stamp))
+        elif w.layout == "dcp":
+            out.update(w.index[0].tensors(w.index[1]))
         elif w.layout == "zip":
             part = extract_state_dict(w.index) if info.kind != "lightning" else dict(w.index["state_dict"])
             out.update(copy_tensors(part, w.stamp, index=w.index))

@@ -17,7 +17,10 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 
 from satmon.batches import ForwardFn, feed_first, split_batch
-from satmon.replay.user_code import ReplayUsageError, error_line, short
+from satmon.paths import kind_of
+from satmon.replay.budget import OverBudget
+from satmon.replay.reading import FileStamp, load_index
+from satmon.replay.user_code import ReplayUsageError, error_line, printable, short
 
 __all__ = ["capture_batches", "datamodule_batches", "input_forward_fn", "load_data_file"]
 
@@ -51,6 +54,27 @@ def _damaged_record(path: Path) -> str | None:
         return None  # torch.load says why it cannot read it
 
 
+def check_data_file(path: str | Path) -> Path:
+    """``path`` as a ``Path`` when it is a regular file (symlinks followed), checked by its kind only: nothing is opened.
+
+    Raises:
+        ReplayUsageError: no such file, or not a regular file (a folder, a FIFO, a socket, a device, a link to one, a
+            broken link, a path over the system's limits), in one line naming what it is.
+
+    Example:
+        >>> check_data_file("/dev/zero")
+        Traceback (most recent call last):
+        ...
+        satmon.replay.user_code.ReplayUsageError: --data '/dev/zero': a character device, not a regular file (it was not opened). Pass --data FILE (a torch.save'd tensor, list of batches or dict of tensors) or --datamodule MODULE:CLASS.
+    """
+    kind = kind_of(path)
+    if kind.regular:
+        return Path(path)
+    what = "no such file" if kind.kind == "missing" else f"{kind.describe()}, not a regular file (it was not opened)"
+    raise ReplayUsageError(f"--data {printable(str(path)[:240])!r}: {what}. Pass --data FILE (a torch.save'd tensor, list "
+                           "of batches or dict of tensors) or --datamodule MODULE:CLASS.")
+
+
 def load_data_file(path: str | Path, n_batches: int, batch_size: int | None = None) -> list[Any]:
     """The first ``n_batches`` calibration batches of a ``torch.save``d file (read with ``weights_only=True``).
 
@@ -68,15 +92,17 @@ def load_data_file(path: str | Path, n_batches: int, batch_size: int | None = No
         >>> [b.shape[0] for b in load_data_file(f, n_batches=2, batch_size=4)]
         [4, 4]
     """
-    p = Path(path)
-    if not p.is_file():
-        what = "not a regular file (a folder, a device, a pipe or a socket)" if p.exists() else "no such file"
-        raise ReplayUsageError(f"--data {str(p)!r}: {what}. Pass --data FILE (a torch.save'd tensor, list of "
-                               "batches or dict of tensors) or --datamodule MODULE:CLASS.")
+    p = check_data_file(path)
     damaged = _damaged_record(p)
     if damaged is not None:  # torch.load checks no checksum: damaged batches would be read as good ones
         raise ReplayUsageError(f"--data {str(p)!r}: corrupt: the bytes of its record {damaged!r} do not match the CRC-32 "
                                "its zip directory records (the file was damaged after it was written); save it again.")
+    try:  # its declared sizes first (satmon.replay.budget): a bomb is refused before anything is inflated or allocated
+        load_index(FileStamp.of(p), trust=False)
+    except OverBudget as e:
+        raise ReplayUsageError(f"--data {str(p)!r}: {e}.") from None
+    except Exception:  # torch.load below says why it cannot read it
+        pass
     try:
         obj = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:

@@ -47,7 +47,7 @@ def source_run(paths: Sequence[Path]) -> Path | None:
     """
     if not paths:
         return None
-    folders = [p if p.is_dir() and not _is_hf_folder(p) else p.parent for p in paths]
+    folders = [p if os.path.isdir(p) and not _is_hf_folder(p) else p.parent for p in paths]  # False past PATH_MAX
     common = Path(*_common_parts([f.absolute().parts for f in folders]))
     if common.name == "checkpoints":
         common = common.parent

@@ -78,6 +78,7 @@ def check_folder(option: str, value: str) -> Path:
         satmon.replay.user_code.ReplayUsageError: Expected --logdir to name a folder, got an empty name: pass a path such as satmon_logs.
     """
     from satmon.io.atomic import OutputError, check_name_lengths
+    from satmon.paths import not_a_folder
 
     if not value.strip():
         raise ReplayUsageError(f"Expected {option} to name a folder, got an empty name: pass a path such as satmon_logs.")
@@ -87,8 +88,8 @@ def check_folder(option: str, value: str) -> Path:
         check_name_lengths(path, option)
     except OutputError as e:
         raise ReplayUsageError(str(e)) from None
-    if path.exists() and not path.is_dir():
-        raise ReplayUsageError(f"Expected {option} {value!r} to be a folder, got a file: pass a folder path (it is created "
+    if (said := not_a_folder(path)) is not None:  # a file, a FIFO, a device, a link to one, a symlink loop
+        raise ReplayUsageError(f"Expected {option} {value!r} to be a folder, got {said}: pass a folder path (it is created "
                                "if missing).")
     existing = next((a for a in (path, *path.parents) if a.exists()), Path("."))
     if not existing.is_dir():
@@ -111,7 +112,7 @@ def _check_tensorboard(logdir: str | os.PathLike | None, name: str | None, sourc
         raise ReplayUsageError(f"Expected --name to be a run name such as 'replay' (a relative path without '.' or '..'), "
                                f"got {run_name!r}.")
     run = root / run_name
-    if run.exists() and not run.is_dir():
+    if os.path.exists(run) and not os.path.isdir(run):  # False past PATH_MAX: checked by check_folder below
         raise ReplayUsageError(f"--logdir/--name: {str(run)!r} is a file, where the TensorBoard run folder goes: pass "
                                "another --name or --logdir.")
     check_folder("--logdir/--name", str(run))  # the names' lengths; writable where it exists
@@ -237,7 +238,7 @@ def nonfinite_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def unverified(ordered: Sequence[Any]) -> str:
     """What could not be checked for damage: checkpoints in formats that record no checksum (``""``: none)."""
-    names = [i.path.name for i in ordered if any(w.layout != "zip" for w in i.weights)]
+    names = [i.path.name for i in ordered if any(w.layout not in ("zip", "dcp") for w in i.weights)]  # DCP: zip chunks
     if not names:
         return ""
     shown = ", ".join(printable(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")

@@ -39,13 +39,21 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from satmon.replay.budget import (
+    OverBudget,
+    check_archive,
+    check_storages,
+    legacy_storage_claims,
+    mib,
+    pickle_budget,
+    pickle_extent,
+)
+
 __all__ = ["CorruptFile", "FileChanged", "FileStamp", "SafetensorsIndex", "copy_tensors", "load_index", "load_whole",
            "meta_tensors"]
 
 #: Containers deeper than this are not searched for tensors (a crafted file cannot exhaust the stack).
 MAX_DEPTH = 32
-#: A zip record that is not tensor data (the pickle, the version...) larger than this is refused.
-MAX_RECORD = 1 << 30
 #: A ``.safetensors`` header larger than this is refused (the format's own limit is 100 MB).
 MAX_HEADER = 100_000_000
 _SAFETENSORS_DTYPES = {
@@ -142,13 +150,39 @@ def load_index(stamp: FileStamp, trust: bool) -> Any:
     stamp.check()
     try:
         with zipfile.ZipFile(stamp.path) as z:
+            check_archive(z, stamp.size)  # declared sizes against the budget: nothing inflated yet
             _check_byteorder(_byteorder(z))
             _check_small_records(z)
+        legacy = False
     except zipfile.BadZipFile:  # a legacy (non-zip) file: torch reads it whole, in its own byte order
-        pass
+        legacy = True
+        _check_legacy_pickles(stamp)
     obj = torch.load(stamp.path, map_location="meta", weights_only=not trust)
     stamp.check("while it was being read")
+    check_storages((t.untyped_storage() for t in meta_tensors(obj)), stamp.size, legacy)  # before any is allocated
     return obj
+
+
+#: The pickles a legacy ``torch.save`` file starts with (magic number, protocol, system info, the object, its storage
+#: keys), before the storages' bytes.
+_LEGACY_PICKLES = 5
+
+
+def _check_legacy_pickles(stamp: FileStamp) -> None:
+    """A legacy file's pickles, scanned opcode by opcode (:func:`satmon.replay.budget.pickle_extent`): each length they
+    declare fits the file and the budget, before torch unpickles anything."""
+    with open(stamp.path, "rb") as f:
+        budget, used = pickle_budget(), 0
+        for _ in range(_LEGACY_PICKLES):
+            used += pickle_extent(f, stamp.size, budget - used)
+        f.seek(0)
+        for _ in range(3):  # magic number, protocol, system info: then the object, whose storages torch allocates first
+            pickle_extent(f, stamp.size, budget)
+        claimed = legacy_storage_claims(f)
+    if claimed is not None and claimed > stamp.size:
+        raise OverBudget(f"over satmon's read budget: its pickle declares tensor storages of {claimed:,} bytes in a "
+                         f"{stamp.size:,}-byte file (their bytes would have to be in it): a crafted or cut-short file; "
+                         "refused before anything was allocated")
 
 
 def _check_small_records(z: zipfile.ZipFile) -> None:
@@ -162,9 +196,6 @@ def _check_small_records(z: zipfile.ZipFile) -> None:
         parts = info.filename.split("/")
         if len(parts) >= 2 and parts[-2] == "data":
             continue
-        if info.file_size > MAX_RECORD:
-            raise ValueError(f"not a checkpoint: its record {info.filename[-80:]!r} claims {info.file_size:,} bytes (a "
-                             f"checkpoint's pickle holds no tensor data: satmon reads at most {MAX_RECORD:,})")
         try:
             with z.open(info) as f:
                 while f.read(1 << 20):
@@ -373,6 +404,10 @@ class SafetensorsIndex:
             n = int.from_bytes(head, "little") if len(head) == 8 else 0
             if not 0 < n <= min(MAX_HEADER, stamp.size - 8):
                 raise ValueError("not a safetensors file: no JSON header of a plausible size")
+            if n > pickle_budget():  # its JSON is parsed whole: the same budget as a pickle
+                raise OverBudget(f"over satmon's read budget: its JSON header declares {n:,} bytes, over the "
+                                 f"{mib(pickle_budget())} satmon reads of a checkpoint's index; refused unread. For a "
+                                 "file you trust that needs more, set SATMON_MAX_PICKLE_MB=N (MiB)")
             raw = f.read(n)
         try:
             header = json.loads(raw)

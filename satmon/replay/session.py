@@ -33,9 +33,9 @@ from satmon.settings import Settings, settings_from
 
 __all__ = ["CALIBRATION_FILE", "Replay", "replay_checkpoints"]
 
-#: The calibration batches the live probe saves beside a run's logs (:mod:`satmon.drivers.live_probe`): a replay of
-#: that run's folder reads them when no other data is given.
-CALIBRATION_FILE = "satmon_calibration.pt"
+#: The calibration batches the live probe saves beside a run's logs: a replay of that run's folder reads them when no
+#: other data is given (the name is :mod:`satmon.replay.checkpoints`', whose listing never counts it as a checkpoint).
+CALIBRATION_FILE = "satmon_calibration.pt"  # = satmon.replay.checkpoints.CALIBRATION_FILE, without importing torch here
 
 #: Replays being iterated: closed at exit (before the interpreter stops TensorBoard's writer thread, which a replay
 #: left suspended and closed by the garbage collector at shutdown would wait for forever).
@@ -177,13 +177,15 @@ class Replay:
         if model is None and factory is None:
             raise ReplayUsageError("Pass --model MODULE:CLASS (a LightningModule, for .ckpt files) or --factory "
                                    "MODULE:FUNCTION (returns the nn.Module, for plain state_dict files).")
-        if live is not None and not Path(live).exists():
-            raise ReplayUsageError(f"--live {os.fspath(live)!r}: no such file or folder. Pass the live run's TensorBoard "
-                                   "folder (e.g. satmon_logs/demo/version_0), or leave --live out.")
-        if data_path is not None and not Path(data_path).is_file():
-            what = "not a regular file (a folder, a device, a pipe or a socket)" if Path(data_path).exists() else "no such file"
-            raise ReplayUsageError(f"--data {os.fspath(data_path)!r}: {what}. Pass --data FILE (a torch.save'd tensor, "
-                                   "list of batches or dict of tensors) or --datamodule MODULE:CLASS.")
+        from satmon.paths import kind_of
+
+        if live is not None and kind_of(live).kind not in ("folder", "file"):  # a FIFO, a name too long...
+            raise ReplayUsageError(f"--live {os.fspath(live)[:240]!r}: {kind_of(live).describe()}. Pass the live run's "
+                                   "TensorBoard folder (e.g. satmon_logs/demo/version_0), or leave --live out.")
+        if data_path is not None:  # by its kind, never opened (satmon.paths)
+            from satmon.replay.data import check_data_file
+
+            check_data_file(data_path)
         import torch
 
         if device not in _DEVICES and not isinstance(device, torch.device):

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from satmon.io.safe_text import printable  # re-exported: the replay's names and errors are printed through it
+from satmon.paths import kind_of
 
 __all__ = ["ReplayUsageError", "error_line", "import_object", "no_working_directory", "printable", "short"]
 
@@ -230,8 +231,12 @@ def _load_file(source: str, option: str, spec: str, hint: str) -> Any:
     path = Path(source)
     if path.suffix != ".py":
         raise ReplayUsageError(f"{option} {spec}: expected a path to a .py file, got {source!r}. {hint}.")
-    if not path.is_file():
+    kind = kind_of(path)  # by lstat/stat: a FIFO named like a .py file would block the import forever
+    if kind.kind == "missing":
         raise ReplayUsageError(f"{option} {spec}: no such file {source!r}. {hint}.")
+    if not kind.regular:
+        raise ReplayUsageError(f"{option} {spec[:240]}: expected a regular .py file, got {kind.describe()} (it was not "
+                               f"opened). {hint}.")
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]  # two model.py files stay two modules
     name = f"satmon_user_code_{path.stem}_{digest}"
     loaded = importlib.util.spec_from_file_location(name, path)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from satmon.paths import NotRegular, kind_of, open_regular
+
 __all__ = ["FORMAT", "Calibration", "CalibrationError", "calibration_from_payload", "load_calibration", "short_repr"]
 
 #: The ``"format"`` value of a ``calibration.json``.
@@ -123,11 +125,9 @@ def load_calibration(path: str | os.PathLike) -> Calibration:
         raise CalibrationError(f"Expected a path to a calibration.json, got {short_repr(given, 240)}: pass OUT/calibration.json of "
                                "`satmon calibrate ... --out OUT`.")
     path = Path(given)
-    try:
-        found, what = path.is_file(), ("a folder" if path.is_dir() else "no file")
-        size = path.stat().st_size if found else 0
-    except (OSError, ValueError) as e:  # a name too long, a NUL byte
-        found, what, size = False, f"an unusable path ({type(e).__name__}: {short_repr(str(e))})", 0
+    kind = kind_of(path)  # by lstat/stat: a FIFO, a socket, a device or a link to one is named, never opened
+    found, size = kind.regular, kind.st.st_size if kind.regular and kind.st is not None else 0
+    what = {"folder": "a folder", "missing": "no file"}.get(kind.kind, kind.describe())
     if not found:
         raise CalibrationError(f"Expected a calibration JSON written by `satmon calibrate`, got {what} at {short_repr(given, 240)}: "
                                "pass OUT/calibration.json of `satmon calibrate ... --out OUT`.")
@@ -135,7 +135,11 @@ def load_calibration(path: str | os.PathLike) -> Calibration:
         raise CalibrationError(f"Expected a calibration JSON written by `satmon calibrate` at {short_repr(given, 240)}, got a file of "
                                f"{size / 2**20:,.0f} MiB (a calibration is a few KiB): pass the calibration.json itself.")
     try:
-        raw = path.read_bytes()
+        with os.fdopen(open_regular(path), "rb") as f:  # without blocking: a FIFO put there since is not read
+            raw = f.read(MAX_BYTES + 1)
+    except NotRegular as e:
+        raise CalibrationError(f"Expected a calibration JSON at {short_repr(given, 240)}, got {e.kind.describe()}: pass "
+                               "OUT/calibration.json of `satmon calibrate ... --out OUT`.") from None
     except OSError as e:
         raise CalibrationError(f"Expected a readable calibration JSON at {short_repr(given, 240)}, got {type(e).__name__}: "
                                f"{e.strerror or e}: check that the file can be read (its permissions).") from None

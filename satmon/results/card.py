@@ -3,7 +3,9 @@
 The headline says the decision, what qualifies it, and what the rule's evidence makes of it: the
 study's rule decides; a flag, a window cut short, a function the study did not calibrate or a margin
 inside the inconclusive band qualify it; and its held-out accuracy, against guessing the commoner
-outcome, says whether the decision is "a forecast" or "a measurement, not a forecast". It gives no
+outcome (by a one-sided exact binomial test, p < 0.05), says whether the decision is "a forecast" or "a
+measurement, not a forecast". What GO and NO-GO say and what the study's rule is worth are
+:data:`satmon.study.MEANING` and :data:`satmon.study.WORTH`, worded there once. It gives no
 advice in the imperative: what to do is the card's and the docs' to say, beside their evidence. The
 card is markdown (TensorBoard, reports): the headline, the numbers, the trust, the reason, the flags
 and the caveat come first, then one per-layer table. :func:`plain` renders the same card for a
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 
 from satmon import study
 from satmon.functional.saturation import pointwise_cutoff
+from satmon.functional.significance import ALPHA, binomial_tail, correct_of
 from satmon.study import INCONCLUSIVE_BAND
 
 if TYPE_CHECKING:
@@ -29,11 +32,11 @@ __all__ = ["FLAG_TEXT", "TRUST_TEXT", "card", "cut_off", "evidence", "headline",
 #: What each flag means, in the card. Flags sit beside the study's rule; they never change the decision.
 FLAG_TEXT = {
     "stalled-loss": "saturation at or above the threshold while the training loss stopped improving over the "
-                    "window's second half: the stalled-run pattern (docs/faq.md), not DyT regularising. Check the "
-                    "offset reading and the loss before keeping DyT.",
+                    "window's second half: the stalled-run pattern (docs/faq.md), which the study's cells were not "
+                    "read for; the offset reading and the loss say whether the model learns.",
     "offset-driven": "most of the saturation comes from per-channel constants in the DyT inputs (each channel sits on "
                      "an offset far above its token-to-token spread), not from informative activations: the stalled-run "
-                     "pattern (docs/faq.md), not a regulariser at work.",
+                     "pattern (docs/faq.md), which the study's cells were not read for.",
 }
 #: What each trust value means, in the card (docs/science.md, "How far to trust a verdict").
 TRUST_TEXT = {
@@ -42,14 +45,15 @@ TRUST_TEXT = {
     "uncalibrated": "the screened layers apply {functions}, for which no threshold was calibrated: the study's {threshold:g} "
                     "and its collapse rule were fit on DyT (tanh) only. Read the saturation as a measurement; calibrate "
                     "a threshold on your own runs with `satmon calibrate`, or pass `threshold=`.",
-    "flagged": "the flags below say the saturation is not the regulariser the rule reads.",
+    "flagged": "the flags below say the saturation comes from a pattern the study's cells were not read for.",
     "partial": "training ended after {window} of the {planned} window steps: the verdict is provisional. Resuming "
                "from a checkpoint continues the window; or lower `window`.",
     "inconclusive": "the margin {margin:+.4f} is within {band:g} of the threshold, where the study's cells disagree "
                     "(0.4135 hurt, 0.4662 helped).",
     "unproven": "{unproven} So the decision says where the saturation sits against the threshold: a measurement, not a "
                 "forecast of DyT's effect. A threshold fitted on your own runs with `satmon calibrate` whose "
-                "leave-one-group-out accuracy beats guessing the commoner outcome reads as a forecast.",
+                "leave-one-group-out record beats guessing the commoner outcome by a one-sided exact binomial test "
+                "(p < 0.05) reads as a forecast.",
 }
 _WORD = {"go": "GO", "no-go": "NO-GO", "non-finite": "NON-FINITE"}
 
@@ -96,23 +100,24 @@ def evidence(v: Verdict) -> str:
 def _unproven_text(v: Verdict) -> str:
     """Why the rule is no forecast, with its figures (the ``unproven`` trust text)."""
     if v.threshold_source == "study":
-        text = (f"the study's {v.threshold:g} was right on {study.HELD_OUT_ACCURACY:.0%} of its cells when each model scale "
-                f"was held out ({study.HELD_OUT_PROTOCOL}), where guessing the commoner outcome gets "
-                f"{study.NO_SKILL_ACCURACY:.0%}.")
-        if study.FAITHFUL_GRID_HELD_OUT_ACCURACY is not None:
-            text += (f" On satmon's CPU grid of the study's protocol (none of its cells used to fit {v.threshold:g}) the "
-                     f"500-step window's reading under it was right on {study.FAITHFUL_GRID_HELD_OUT_ACCURACY:.0%}"
-                     + (f", as guessing the commoner outcome ({study.FAITHFUL_GRID_NO_SKILL_ACCURACY:.0%})"
-                        if study.FAITHFUL_GRID_NO_SKILL_ACCURACY is not None else "")
-                     + "; no window reading fit on that grid beat that held out.")
-        else:
-            text += (f" On satmon 0.3's CPU grid (not the study's protocol) the 500-step window's reading got "
-                     f"{study.GRID_HELD_OUT_ACCURACY:.0%} held out, as always saying NO-GO ({study.GRID_NO_SKILL_ACCURACY:.0%}).")
-        return text
+        return study.WORTH.split(". So ")[0] + "; no window reading fit on that grid beat that held out."
     if v.threshold_source == "user":
         return (f"the threshold {v.threshold:g} was given without a calibration, so nothing shows how well it predicts "
                 "(`calibration=` a file of `satmon calibrate` carries its held-out accuracy).")
-    return f"your calibration's threshold {v.threshold:g} has {evidence(v)}."
+    return f"your calibration's threshold {v.threshold:g} has {evidence(v)}{_significance(v)}."
+
+
+def _significance(v: Verdict) -> str:
+    """The binomial test's p-value of a calibration's held-out record against guessing, in words (or why there is none)."""
+    held, guess, n = v.held_out_accuracy, v.no_skill_accuracy, v.held_out_cells
+    if held is None or guess is None:
+        return ""
+    if n is None:
+        return (": the number of held-out cells is not recorded, so no significance test can be made (calibrate again "
+                "with this satmon)")
+    k = correct_of(held, n)
+    return (f": {k} of {n} cells right, p = {binomial_tail(k, n, guess):.2g} by a one-sided exact binomial test against "
+            f"the {guess:.0%} of guessing, not below {ALPHA:g}")
 
 
 def _nonfinite_what(v: Verdict) -> str:
@@ -125,15 +130,16 @@ def headline(v: Verdict, markdown: bool = False) -> str:
     """The decision, what qualifies it and how well its rule predicts, in one line (the card's title;
     ``markdown`` bolds the decision). Never advice in the imperative.
 
-    Its words follow the evidence: a rule whose held-out accuracy beats guessing the commoner outcome gives
-    "a forecast" (with what it forecasts, when nothing qualifies it; "not a reliable forecast" when something
-    does); any other rule gives "a measurement, not a forecast". The held-out accuracy ends the line.
+    Its words follow the evidence: a rule whose held-out record beats guessing the commoner outcome by a one-sided
+    exact binomial test (p < 0.05) gives "a forecast" (with what it forecasts, when nothing qualifies it; "not a
+    reliable forecast" when something does); any other rule gives "a measurement, not a forecast". The held-out
+    accuracy ends the line.
 
     Example:
         >>> from satmon.results.verdict import build_verdict
         >>> headline(build_verdict({"a": (1, 2)}, step=1, source="probe", threshold=0.4, threshold_source="calibration",
-        ...                        held_out_accuracy=0.8, no_skill_accuracy=0.6))
-        "GO by your calibration's threshold 0.4: a forecast, DyT expected to act as a regulariser here (held-out accuracy 80% vs 60% for guessing the commoner outcome)"
+        ...                        held_out_accuracy=0.9, no_skill_accuracy=0.5, held_out_cells=20))
+        "GO by your calibration's threshold 0.4: a forecast, DyT's final loss expected below LayerNorm's (held-out accuracy 90% vs 50% for guessing the commoner outcome)"
     """
     word = _WORD[v.decision]
     shown = f"**{word}**" if markdown else word
@@ -150,9 +156,9 @@ def headline(v: Verdict, markdown: bool = False) -> str:
     elif v.collapse_risk:
         reading = "a forecast, collapse expected (DyT feeds a gated MLP and saturates)"
     elif v.go:
-        reading = "a forecast, DyT expected to act as a regulariser here"
+        reading = "a forecast, DyT's final loss expected below LayerNorm's"
     else:
-        reading = "a forecast, DyT expected to cost convergence here"
+        reading = "a forecast, DyT's final loss expected above LayerNorm's"
     return f"{head}: {reading} ({evidence(v)})"
 
 
@@ -163,8 +169,8 @@ def _where(v: Verdict) -> str:
 
 
 def summary(v: Verdict, where: Sequence[str] | None = None) -> str:
-    """One console line: the decision and its trust, the saturation against the threshold, margin, window, and
-    ``where`` the card went (``None``: not said; empty: nowhere)."""
+    """One console line: the decision and its trust, the saturation against the threshold, margin, window, the
+    forecast from the planned passes when made, and ``where`` the card went (``None``: not said; empty: nowhere)."""
     op = ">=" if v.saturation >= v.threshold else "<"
     if v.decision == "non-finite":
         head = f"NON-FINITE (NaN/inf in the {_nonfinite_what(v)}: the run diverged)"
@@ -173,6 +179,12 @@ def summary(v: Verdict, where: Sequence[str] | None = None) -> str:
         head = f"{_WORD[v.decision]} {whose_rule(v)}" + (" (collapse risk)" if v.collapse_risk else "") + f" (trust: {qualified})"
     line = (f"satmon verdict: {head}, saturation {v.saturation:.4f} {op} threshold {v.threshold:g} "
             f"(margin {v.margin:+.4f}, " + _where(v))
+    if v.planned_forecast:  # the forecast from the planned passes, beside the decision (the card says what it rests on)
+        from satmon.results.forecast import passes_text
+
+        passes = v.planned_forecast.get("passes")
+        line += (f"; forecast from the planned passes: {v.planned_forecast.get('outcome')}"
+                 + (f" ({passes_text(passes)})" if isinstance(passes, (int, float)) else " (passes unknown)"))
     if where is None:
         return line
     return line + "; card: " + (", ".join(where) if where else "not written anywhere (no logger, no logdir)")
@@ -192,6 +204,7 @@ def card(v: Verdict) -> str:
         f"(margin {v.margin:+.4f}{', inconclusive' if v.inconclusive else ''}) " + where
         + f"saturated means {cut_off(v)}; {v.elements:,} elements counted.",
     ]
+    lines += _forecast_lines(v)
     lines += ["", _trust_line(v)]
     if v.reason:
         lines += ["", f"Reason: {v.reason}"]
@@ -241,6 +254,19 @@ def _trust_line(v: Verdict) -> str:
     first, *more = v.cautions
     line = f"Trust: **{first}**" + (f" (also {', '.join(more)})" if more else "") + f": {TRUST_TEXT[first].format(**values)}"
     return line + "".join(f" {c.capitalize()}: {TRUST_TEXT[c].format(**values)}" for c in more)
+
+
+def _forecast_lines(v: Verdict) -> list[str]:
+    """The forecast from the planned passes, beside the decision (:class:`satmon.results.forecast.Forecast`)."""
+    if not v.planned_forecast:
+        return []
+    from satmon.results.forecast import Forecast
+
+    known = {k: v.planned_forecast[k] for k in Forecast.__dataclass_fields__ if k in v.planned_forecast}
+    try:
+        return ["", Forecast(**known).line()]
+    except TypeError:  # a record missing a field: say what it holds rather than fail the card
+        return ["", f"Forecast from the planned passes: {known.get('outcome', 'uncertain')}: {known.get('evidence', '')}"]
 
 
 def _loss_lines(v: Verdict) -> list[str]:

@@ -49,6 +49,8 @@ class Rule:
         held_out_accuracy, no_skill_accuracy: how well the threshold was shown to predict on cells it was not
             fit on, and guessing the commoner outcome there (a calibration's; ``None`` with the study's: the
             verdict takes the study's figures; ``None`` with a user's: no evidence).
+        held_out_cells: how many cells ``held_out_accuracy`` was scored on (a calibration's ``n``): the verdict's
+            significance test counts them.
 
     Made once, by :class:`satmon.Settings` (``settings.rule``), and carried whole to :func:`verdict_of`: no consumer
     rebuilds it or re-derives whose threshold it is.
@@ -65,6 +67,7 @@ class Rule:
     threshold_source: str = "study"
     held_out_accuracy: float | None = None
     no_skill_accuracy: float | None = None
+    held_out_cells: int | None = None
 
 
 #: Reading fields that hold containers (frozen at construction)
@@ -188,4 +191,5 @@ def verdict_of(reading: Reading, rule: Rule | None = None) -> Verdict | None:
         caveat=rule.caveat, nonfinite_weights=r.nonfinite_weights, offset_every=r.offset_every,
         functions=[r.functions.get(n, "tanh") for n in r.counts], threshold_source=rule.threshold_source,
         held_out_accuracy=rule.held_out_accuracy, no_skill_accuracy=rule.no_skill_accuracy,
+        held_out_cells=rule.held_out_cells,
     )

@@ -10,8 +10,10 @@ by :func:`build_verdict` from per-layer counts; the screening paths reach it thr
 Two fields say what the verdict is worth: ``decision`` is the study's rule, always (scripts that read
 it keep their contract), and ``trust`` says how far to rely on it (:data:`TRUST`): ``"ok"``, or the
 first of ``cautions``, the qualifications that apply, most serious first. How well the rule itself was
-shown to predict is ``held_out_accuracy`` against ``no_skill_accuracy``: a rule that does not beat
-guessing the commoner outcome gives a measurement, not a forecast (trust ``"unproven"``).
+shown to predict is ``held_out_accuracy`` on ``held_out_cells`` against ``no_skill_accuracy``: a rule whose
+held-out record does not beat guessing the commoner outcome by a one-sided exact binomial test (p < 0.05,
+:func:`satmon.functional.significance.beats`) gives a measurement, not a forecast (trust ``"unproven"``).
+What GO and NO-GO say and what the study's rule is worth: :data:`satmon.study.MEANING`, :data:`satmon.study.WORTH`.
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any, Literal, NamedTuple
 
+from satmon import study
+from satmon.functional.significance import ALPHA, beats, correct_of
 from satmon.results import card as verdict_card
 from satmon.results.card import FLAG_TEXT
 from satmon.results.frozen import FrozenMap, freeze, thaw
 from satmon.results.gating import GatingInfo
-from satmon.study import CAVEAT, COLLAPSE_THRESHOLD, HELD_OUT_ACCURACY, INCONCLUSIVE_BAND, LEVEL, NO_SKILL_ACCURACY, THRESHOLD
+from satmon.study import CAVEAT, COLLAPSE_THRESHOLD, HELD_OUT_ACCURACY, HELD_OUT_CELLS, INCONCLUSIVE_BAND, LEVEL, NO_SKILL_ACCURACY, THRESHOLD
 
 __all__ = [
     "CAVEAT", "FLAG_TEXT", "INCONCLUSIVE_BAND", "THRESHOLD_SOURCES", "TRUST", "Decision", "GatingInfo", "LayerCounts", "Source",
@@ -38,10 +42,11 @@ Trust = Literal["ok", "uncalibrated", "flagged", "partial", "inconclusive", "unp
 #: the one ``trust`` names. ``"ok"``: nothing undercuts the decision. ``"uncalibrated"``: a layer applies a
 #: point-wise function the study did not calibrate (not tanh) and the threshold is the study's (give your own
 #: ``threshold=`` or ``calibration=``). ``"flagged"``: a flag (offset-driven, stalled-loss) says the saturation is
-#: not the regulariser the rule reads. ``"partial"``: training ended before the window closed; the verdict is
+#: from a pattern the study's cells were not read for. ``"partial"``: training ended before the window closed; the verdict is
 #: provisional (a resume from a checkpoint finishes the window). ``"inconclusive"``: ``|margin|`` is within
 #: :data:`~satmon.study.INCONCLUSIVE_BAND`. ``"unproven"``: the rule was not shown to predict DyT's effect on cells it
-#: was not fit on (its held-out accuracy does not beat guessing the commoner outcome, or it has none: the study's 0.43,
+#: was not fit on (its held-out record does not beat guessing the commoner outcome by a one-sided exact binomial test at
+#: p < 0.05, or it has none: the study's 0.43,
 #: a threshold given without calibration): the decision is a measurement, not a forecast. It comes last: it says
 #: nothing about this run, only about the rule. A ``"non-finite"`` decision is a fact, not a rule's call: its trust is ``"ok"``.
 TRUST: tuple[str, ...] = ("ok", "uncalibrated", "flagged", "partial", "inconclusive", "unproven")
@@ -79,7 +84,8 @@ class LayerCounts(NamedTuple):
 
 
 #: the Verdict fields that hold containers (frozen at construction, thawed by to_dict)
-_CONTAINERS = ("per_layer", "gated_layers", "risk", "notes", "loss", "flags", "offset", "cautions", "functions")
+_CONTAINERS = ("per_layer", "gated_layers", "risk", "notes", "loss", "flags", "offset", "cautions", "functions",
+               "planned_forecast")
 
 
 @dataclass(frozen=True)
@@ -87,10 +93,10 @@ class Verdict:
     """What a screen concluded. Made only by :func:`build_verdict`; immutable.
 
     Attributes:
-        decision: the study's rule: ``"go"`` (saturation at or above the threshold: the study's regulariser regime),
-            ``"no-go"`` (below it: the convergence-penalty regime; or collapse risk in a gated model), or ``"non-finite"`` (DyT inputs,
+        decision: the study's rule: ``"go"`` (saturation at or above the threshold), ``"no-go"`` (below it; or collapse
+            risk in a gated model), or ``"non-finite"`` (DyT inputs,
             alphas or the model's weights held NaN/inf: the run diverged; the saturation rule does not apply).
-            ``trust`` says how far to rely on it.
+            What GO and NO-GO say: :data:`satmon.study.MEANING`; ``trust`` says how far to rely on it.
         saturation: pooled fraction of DyT input elements with ``|alpha * x| > level``.
         threshold: the GO threshold used (study: 0.43).
         margin: ``saturation - threshold``.
@@ -130,6 +136,11 @@ class Verdict:
             leave-one-scale-out (:data:`satmon.study.HELD_OUT_ACCURACY`), a calibration's leave-one-group-out;
             ``None``: no such evidence (a threshold given without calibration).
         no_skill_accuracy: guessing the commoner outcome on the same cells (what a forecast must beat); ``None``: unknown.
+        held_out_cells: the cells ``held_out_accuracy`` was scored on (what the significance test counts); ``None``:
+            unknown (no forecast then).
+        planned_forecast: the forecast of DyT's effect from the run's planned passes over its data
+            (:meth:`satmon.results.forecast.Forecast.to_dict`: ``outcome``, ``passes``, ``evidence``...), set by the
+            driver beside the decision, which it never changes; empty when not made (a probe, a replay).
 
     Mappings are read-only (:class:`~satmon.results.frozen.FrozenMap`) and sequences tuples, also when
     a verdict is made with :func:`dataclasses.replace`; :meth:`to_dict` gives plain ``dict`` and ``list``.
@@ -177,6 +188,8 @@ class Verdict:
     cautions: tuple[str, ...] = ()
     held_out_accuracy: float | None = None
     no_skill_accuracy: float | None = None
+    held_out_cells: int | None = None
+    planned_forecast: Mapping[str, Any] = FrozenMap()
 
     def __post_init__(self) -> None:
         for name in _CONTAINERS:
@@ -193,8 +206,9 @@ class Verdict:
 
     @property
     def forecast(self) -> bool:
-        """Whether the rule was shown to predict: its held-out accuracy beats guessing the commoner outcome."""
-        return _forecast(self.held_out_accuracy, self.no_skill_accuracy)
+        """Whether the rule was shown to predict: its held-out record beats guessing the commoner outcome by a
+        one-sided exact binomial test (``p < 0.05``; :func:`satmon.functional.significance.beats`)."""
+        return _forecast(self.held_out_accuracy, self.no_skill_accuracy, self.held_out_cells)
 
     @property
     def uncalibrated_functions(self) -> tuple[str, ...]:
@@ -213,7 +227,8 @@ class Verdict:
         A verdict saved before the rule's held-out evidence was recorded (satmon 0.2 and 0.3, whose trust could
         read ``"ok"`` under the study's threshold) gets that evidence by whose threshold it used (the study's
         figures; none for a user's or a calibration's, which those files did not keep), and its trust is read
-        again from its fields: an old "ok" under the study's 0.43 loads as ``"unproven"``.
+        again from its fields: an old "ok" under the study's 0.43 loads as ``"unproven"``; so does a 0.4 verdict
+        whose calibration beat guessing by one cell (0.4 kept no cell count, which the significance test needs).
 
         Example:
             >>> old = build_verdict({"ln_f": (5, 10)}, step=500, window=500).to_dict()
@@ -226,14 +241,15 @@ class Verdict:
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         known.setdefault("source", Source.WINDOW.value if known.get("window", 0) > 0 else Source.PROBE.value)
         known.setdefault("planned_window", known.get("window", 0))
-        if "held_out_accuracy" not in d or "trust" not in d:  # 0.2 or 0.3: evidence and qualifications from its fields
+        if any(k not in d for k in ("held_out_accuracy", "held_out_cells", "trust")):  # before 0.5: trust from its fields
             source = known.get("threshold_source", "study")
-            known["held_out_accuracy"], known["no_skill_accuracy"] = _evidence(
-                source, known.get("held_out_accuracy"), known.get("no_skill_accuracy"))
+            known["held_out_accuracy"], known["no_skill_accuracy"], known["held_out_cells"] = _evidence(
+                source, known.get("held_out_accuracy"), known.get("no_skill_accuracy"), known.get("held_out_cells"))
             known["cautions"] = _cautions(
                 known["decision"], tuple(known.get("functions", ())), source,
                 tuple(known.get("flags", ())), _partial(known["source"], known.get("window", 0), known["planned_window"]),
-                bool(known.get("inconclusive")), _forecast(known["held_out_accuracy"], known["no_skill_accuracy"]))
+                bool(known.get("inconclusive")),
+                _forecast(known["held_out_accuracy"], known["no_skill_accuracy"], known["held_out_cells"]))
             known["trust"] = known["cautions"][0] if known["cautions"] else "ok"
         return cls(**known)  # lists and dicts are frozen by __post_init__
 
@@ -300,11 +316,12 @@ def _rule(saturation: float, threshold: float, gated: bool | None, collapse_thre
         return "no-go", (
             f"collapse risk: DyT feeds a gated MLP and pooled saturation {saturation:.4f} >= {collapse_threshold:g} "
             "(the study flagged 4/4 collapses at this level, 0/5 false alarms)"), True
-    if saturation >= threshold:
-        return "go", (f"pooled saturation {saturation:.4f} >= {threshold:g}: the regime where, in the study's cells, DyT "
-                      "bounded activations enough to act as a regulariser"), collapse
-    return "no-go", (f"pooled saturation {saturation:.4f} < {threshold:g}: the regime where, in the study's cells, DyT "
-                     "slowed convergence against LayerNorm"), collapse
+    decision: Decision = "go" if saturation >= threshold else "no-go"
+    op = ">=" if decision == "go" else "<"
+    if threshold == THRESHOLD:  # the study's cells on that side of its threshold (satmon.study.MEANING)
+        return decision, f"measured pooled saturation {saturation:.4f} {op} {threshold:g}; {study.ON_SIDE[decision]}", collapse
+    return decision, (f"measured pooled saturation {saturation:.4f} {op} {threshold:g} (the study's cells were counted against "
+                      f"{THRESHOLD:g}, not this threshold)"), collapse
 
 
 def build_verdict(
@@ -330,6 +347,7 @@ def build_verdict(
     threshold_source: str = "study",
     held_out_accuracy: float | None = None,
     no_skill_accuracy: float | None = None,
+    held_out_cells: int | None = None,
 ) -> Verdict | None:
     """Build the verdict from per-layer counts: the one place a :class:`Verdict` is made.
 
@@ -366,9 +384,11 @@ def build_verdict(
         functions: the screened layers' point-wise functions (``"tanh"``, ``"erf"``, ``"hardtanh"``).
         threshold_source: whose threshold this is (:data:`THRESHOLD_SOURCES`): with ``"study"`` and a
             function other than tanh the verdict is ``"uncalibrated"``.
-        held_out_accuracy, no_skill_accuracy: how well the threshold was shown to predict (a calibration's
-            leave-one-group-out accuracy, and guessing the commoner outcome on its cells); with ``"study"`` and
-            ``None``, the study's (:data:`satmon.study.HELD_OUT_ACCURACY`, :data:`satmon.study.NO_SKILL_ACCURACY`).
+        held_out_accuracy, no_skill_accuracy, held_out_cells: how well the threshold was shown to predict (a
+            calibration's leave-one-group-out accuracy, guessing the commoner outcome on its cells, and how many cells);
+            with ``"study"`` and ``None``, the study's (:data:`satmon.study.HELD_OUT_ACCURACY`,
+            :data:`satmon.study.NO_SKILL_ACCURACY`, :data:`satmon.study.HELD_OUT_CELLS`). The verdict reads as a
+            forecast only when the held-out record beats guessing by a one-sided exact binomial test (p < 0.05).
 
     Returns:
         The verdict, or ``None`` when no element was counted.
@@ -384,9 +404,13 @@ def build_verdict(
         >>> build_verdict({"x": (5, 10)}, step=9, source="probe", functions=("erf",)).trust
         'uncalibrated'
         >>> mine = build_verdict({"x": (5, 10)}, step=9, source="probe", threshold=0.45, threshold_source="calibration",
-        ...                      held_out_accuracy=0.83, no_skill_accuracy=0.58)
+        ...                      held_out_accuracy=11 / 12, no_skill_accuracy=7 / 12, held_out_cells=12)
         >>> mine.trust, mine.forecast
         ('ok', True)
+        >>> replace_one = build_verdict({"x": (5, 10)}, step=9, source="probe", threshold=0.45, threshold_source="calibration",
+        ...                             held_out_accuracy=9 / 12, no_skill_accuracy=8 / 12, held_out_cells=12)
+        >>> replace_one.trust  # one cell above guessing: p = 0.39 by the binomial test, no forecast
+        'unproven'
     """
     if threshold_source not in THRESHOLD_SOURCES:
         raise ValueError(f"Expected `threshold_source` in {THRESHOLD_SOURCES}, got {threshold_source!r}.")
@@ -414,9 +438,9 @@ def build_verdict(
         flags.append("offset-driven")
     functions = tuple(dict.fromkeys(str(f) for f in functions))  # each once, in layer order
     inconclusive = abs(margin) < INCONCLUSIVE_BAND
-    held_out, no_skill = _evidence(threshold_source, held_out_accuracy, no_skill_accuracy)
+    held_out, no_skill, cells = _evidence(threshold_source, held_out_accuracy, no_skill_accuracy, held_out_cells)
     cautions = _cautions(decision, functions, threshold_source, tuple(flags), _partial(source, window, planned), inconclusive,
-                         _forecast(held_out, no_skill))
+                         _forecast(held_out, no_skill, cells))
     return Verdict(
         decision=decision, saturation=float(saturation), threshold=float(threshold), margin=float(margin),
         per_layer={k: c.saturated / c.total for k, c in rows.items() if c.total}, step=int(step), window=int(window),
@@ -428,7 +452,7 @@ def build_verdict(
         notes=tuple(notes), caveat=caveat or CAVEAT, loss=loss or {}, flags=tuple(flags), offset=offset or {},
         nonfinite_weights=sum(weights.values()), offset_every=int(offset_every), functions=functions,
         threshold_source=threshold_source, trust=cautions[0] if cautions else "ok", cautions=cautions,
-        held_out_accuracy=held_out, no_skill_accuracy=no_skill,
+        held_out_accuracy=held_out, no_skill_accuracy=no_skill, held_out_cells=cells,
     )
 
 
@@ -437,16 +461,21 @@ def _partial(source: str, window: int, planned_window: int) -> bool:
     return source == Source.WINDOW.value and 0 < window < planned_window
 
 
-def _evidence(threshold_source: str, held_out: float | None, no_skill: float | None) -> tuple[float | None, float | None]:
+def _evidence(threshold_source: str, held_out: float | None, no_skill: float | None,
+              cells: int | None) -> tuple[float | None, float | None, int | None]:
     """The rule's held-out evidence: as given, or the study's for its own threshold."""
     if threshold_source == "study" and held_out is None and no_skill is None:
-        return HELD_OUT_ACCURACY, NO_SKILL_ACCURACY
-    return (None if held_out is None else float(held_out)), (None if no_skill is None else float(no_skill))
+        return HELD_OUT_ACCURACY, NO_SKILL_ACCURACY, HELD_OUT_CELLS
+    return ((None if held_out is None else float(held_out)), (None if no_skill is None else float(no_skill)),
+            None if cells is None or int(cells) <= 0 else int(cells))
 
 
-def _forecast(held_out: float | None, no_skill: float | None) -> bool:
-    """A rule forecasts when its held-out accuracy beats guessing the commoner outcome on the same cells."""
-    return held_out is not None and no_skill is not None and held_out > no_skill
+def _forecast(held_out: float | None, no_skill: float | None, cells: int | None) -> bool:
+    """A rule forecasts when its held-out record (``held_out`` of ``cells`` right) beats guessing the commoner outcome
+    (``no_skill``) by a one-sided exact binomial test at p < :data:`~satmon.functional.significance.ALPHA`."""
+    if held_out is None or no_skill is None or cells is None or not 0.0 <= held_out <= 1.0 or not 0.0 <= no_skill <= 1.0:
+        return False
+    return beats(correct_of(held_out, cells), cells, no_skill, ALPHA)
 
 
 def _cautions(decision: str, functions: tuple[str, ...], threshold_source: str, flags: tuple[str, ...], partial: bool,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from os import PathLike
 from typing import Any
 
@@ -28,8 +29,10 @@ from satmon.batches import ForwardFn, feed
 from satmon.convert import check_conversion, pending_conversion
 from satmon.functional.loss import loss_trend
 from satmon.io import tensorboard as tb
+from satmon.io.known_cells import run_forecast
 from satmon.io.sink import MultiSink, NullSink, Sink, check_sink
 from satmon.results.card import plain
+from satmon.results.forecast import Forecast
 from satmon.model.discovery import NormLayer
 from satmon.model.gating import detect_gating
 from satmon.model.dataflow import LiveTrace
@@ -91,7 +94,8 @@ class Screen:
     then reads :attr:`verdict` and :attr:`should_stop`, and calls :meth:`detach` at the end. A
     framework driver (the Lightning callback) calls :meth:`begin_step` before each optimizer step's
     forwards and :meth:`end_step` after it instead. Settings are those of :class:`satmon.SaturationMonitor`
-    (:class:`~satmon.settings.Settings`).
+    (:class:`~satmon.settings.Settings`). What GO and NO-GO say and are worth: :data:`satmon.study.MEANING`,
+    :data:`satmon.study.WORTH`.
 
     Args:
         settings: the validated settings, or pass them as keyword ``options`` (``window=500, ...``).
@@ -154,6 +158,9 @@ class Screen:
         self.steps_seen = 0
         self.first_step = 0  # the step counting (re)started at: not 0 after a resume that dropped the counts
         self.notes: list[str] = []
+        #: the forecast from the planned passes, shown beside the decision; a driver that sees the trainer sets it at
+        #: train start, else the screen makes it from ``settings.train_tokens`` and ``settings.planned_tokens``
+        self.forecast: Forecast | None = None
         self.status = "not attached"
         self._window_over = False  # attached after the window's end with nothing counted: no verdict to make
         self._last_step = -1
@@ -524,12 +531,22 @@ class Screen:
             self.status = "window over: no DyT input was counted"
             self.warn(f"satmon: no DyT input was counted in the window ({self.steps_seen} steps): no verdict.")
             return None
+        verdict = replace(verdict, planned_forecast=self._planned_forecast().to_dict())
         tb.log_scalars(self.sink, {**running_scalars(counts, list(reading.counts)), **tb.offset_scalars(reading.offset)}, step)
         where = tb.log_verdict(self.sink, verdict)
         # one line by default (decision, trust, saturation vs threshold, where the card went); the card with verbose
         self.info("\n" + verdict.text() + "\n" if self.verbose else verdict.summary(where))
         self.status = "verdict made" if not partial else "provisional verdict made (training ended before the window closed)"
         return verdict
+
+    def _planned_forecast(self) -> Forecast:
+        """The forecast the card shows beside the decision: the driver's, else one from the settings' token counts."""
+        if self.forecast is not None:
+            return self.forecast
+        s = self.settings
+        params = sum(p.numel() for p in self._model.parameters()) if self._model is not None else 0
+        return run_forecast(params, s.train_tokens, s.planned_tokens, "a Screen does not see the training data",
+                            "a Screen does not see the trainer's steps and batch")
 
     def card(self, markdown: bool = False) -> str:
         """The verdict's card in plain text (``markdown``: as TensorBoard shows it), or, without a verdict,

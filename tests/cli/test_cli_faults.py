@@ -209,7 +209,7 @@ CASES: list[Case] = [
     Case("report-corrupt-events", ("report", "tb_corrupt"), 1, r"^satmon report: no satmon data under 'tb_corrupt' \(1 TensorBoard"),
     Case("report-unknown-flag", ("report", "empty_dir", "--frobnicate"), 2, r"unrecognized arguments: --frobnicate"),
     Case("report-a-fifo", ("report", FIFOS[0]), 2, r"^satmon report: Expected LOGDIR to be a folder or a TensorBoard "
-         r"event file, got 'events.out.tfevents.1.fifo', which is not a regular file \(a device, a pipe or a socket\)"),
+         r"event file, got 'events.out.tfevents.1.fifo', which is a FIFO \(named pipe\)"),
     # satmon calibrate: what to read
     _cal("no-input", match=r"Expected one input: RUNS with --outcomes, --cells FILE, or --study; got 0"),
     _cal("two-inputs", "--study", "--cells", "cells.csv", match=r"Expected one input.*got 2"),

@@ -14,7 +14,7 @@ from helpers import InputRecorder, tiny_lit, token_loader, trainer
 from lightning.pytorch.callbacks import Callback
 
 from satmon import SaturationMonitor
-from satmon.model.discovery import find_dyt_layers
+from satmon import find_dyt_layers
 from satmon.observe.saturation import SaturationHooks
 
 ALPHA = 50.0

@@ -48,7 +48,7 @@ SCRIPT = textwrap.dedent(
     from torch.utils.data import DataLoader, DistributedSampler
     from helpers import InputRecorder, tiny_lit, token_loader, trainer
     from satmon import SaturationMonitor
-    from satmon.model.discovery import find_dyt_layers
+    from satmon import find_dyt_layers
 
     devices, batch_size, lr, out = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
     torch.set_num_threads(1)

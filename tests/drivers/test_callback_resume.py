@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from satmon import SaturationMonitor
 from satmon.drivers.lightning import STATE_KEY
-from satmon.model.discovery import find_dyt_layers
+from satmon import find_dyt_layers
 from test_callback import satmon_hooks
 
 WINDOW, PER_EPOCH, EPOCHS = 12, 4, 4

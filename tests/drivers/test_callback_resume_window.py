@@ -20,7 +20,7 @@ from helpers import InputRecorder, tiny_lit, token_loader, trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from satmon import SaturationMonitor
-from satmon.model.discovery import find_dyt_layers
+from satmon import find_dyt_layers
 
 WINDOW, PER_EPOCH, EPOCHS = 16, 4, 4
 

@@ -76,11 +76,13 @@ def counted(verdict: satmon.Verdict) -> tuple:
 
 
 def screened(verdict: satmon.Verdict) -> dict:
-    """The verdict less the card's phase-diagram line (a plain Screen is given no dataloader to count tokens in)."""
+    """The verdict less the card's phase-diagram line and forecast (a plain Screen is given no dataloader to count
+    tokens in, nor the trainer's steps)."""
     from satmon.results.run_scale import RunScale
 
     d = verdict.to_dict()
     d["notes"] = [n for n in d["notes"] if not RunScale.is_note(n)]
+    d.pop("planned_forecast")
     return d
 
 
@@ -93,13 +95,16 @@ def test_verdict_equals_the_plain_screens(tmp_path, reference):
     model = llama()
     cb, trainer = hf_run(tmp_path, model, Tokens())
     assert trainer.state.global_step == STEPS and cb.stop is None
-    assert screened(cb.verdict) == reference.verdict.to_dict()
+    assert screened(cb.verdict) == screened(reference.verdict)
     # the card places the run as the Lightning callback's does: the model's parameters (tied ones once) and the
     # dataloader's unique tokens (every sample's ids, counted here by hand)
     params = sum({p.data_ptr(): p.numel() for p in model.parameters()}.values())
     tokens = sum(int(Tokens()[i]["input_ids"].numel()) for i in range(len(Tokens())))
     phase = [n for n in cb.verdict.notes if n.startswith("Phase diagram:")]
     assert len(phase) == 1 and f"{params:,} parameters, {tokens:,} unique training tokens" in phase[0], phase
+    # the planned passes: max_steps x per-device batch x accumulation (1) x world size (1) x SEQ tokens over the unique
+    planned = cb.verdict.planned_forecast
+    assert planned["planned_tokens"] == trainer.state.max_steps * BATCH * SEQ and planned["unique_tokens"] == tokens
     assert cb.verdict.gated  # SwiGLU: the gate hooks ran too
     assert 0.05 < cb.verdict.saturation < 0.95 and cb.verdict.window == WINDOW
 
@@ -107,7 +112,7 @@ def test_verdict_equals_the_plain_screens(tmp_path, reference):
 def test_evaluation_forwards_are_not_counted(tmp_path, reference):
     cb, trainer = hf_run(tmp_path, llama(), Tokens(), eval_strategy="steps", eval_steps=2)
     assert any("eval_loss" in h for h in trainer.state.log_history)  # evaluation ran inside the window
-    assert screened(cb.verdict) == reference.verdict.to_dict()
+    assert screened(cb.verdict) == screened(reference.verdict)
 
 
 def test_verdict_equals_the_lightning_callbacks(tmp_path):
@@ -128,7 +133,7 @@ def test_abort_policy_stops_the_trainer(tmp_path, reference):
 def test_resume_from_checkpoint_restores_the_counts(tmp_path, reference):
     saved = dict(save_strategy="steps", save_steps=3)
     first, _ = hf_run(tmp_path, llama(), Tokens(), **saved)
-    assert screened(first.verdict) == reference.verdict.to_dict()
+    assert screened(first.verdict) == screened(reference.verdict)
     state = torch.load(tmp_path / "checkpoint-3" / STATE_FILE, weights_only=True)
     partial = plain_llama_screen(steps=3).state_dict()
     assert (state["saturated"], state["total"], state["steps_seen"]) == (partial["saturated"], partial["total"], 3)

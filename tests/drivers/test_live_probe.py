@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from satmon import DyT, SaturationMonitor, Settings
-from satmon.model.discovery import find_dyt_layers
+from satmon import find_dyt_layers
 from satmon.drivers.live_probe import LiveProbe
 from satmon.results.probe_report import EMBEDDING, ProbeReport, SigmaMinReading
 from satmon.io.tensorboard import TAG

@@ -96,12 +96,41 @@ def test_a_missing_folder_is_fine_it_is_made_at_write_time(tmp_path):
 def test_a_name_ending_in_a_separator_or_a_device_is_refused(tmp_path):
     with pytest.raises(OutputError, match="a folder"):
         check_output(f"{tmp_path}/new.json/", "--json", (".json",))
-    with pytest.raises(OutputError, match="a device, a pipe or a socket"):
+    with pytest.raises(OutputError, match="which is a character device: choose another path"):
         check_output(os.devnull, "--json")
     fifo = tmp_path / "pipe.json"
     os.mkfifo(fifo)
-    with pytest.raises(OutputError, match="a device, a pipe or a socket"):
+    with pytest.raises(OutputError, match=r"which is a FIFO \(named pipe\): choose another path"):
         check_output(fifo, "--json", (".json",))
+
+
+@pytest.mark.parametrize("member", ["fifo", "socket", "dev-null-link", "fifo-link", "link-loop"])
+@pytest.mark.parametrize("output", ["file", "folder"])
+def test_an_output_that_is_not_a_regular_file_is_refused_by_kind_never_opened(tmp_path, member, output):
+    """issue 36 class 1: --json/--report (a file) and --out (a grid's folder) at a FIFO, a socket, a device, a link."""
+    import socket
+
+    path = tmp_path / "out.json"
+    keep = []
+    if member == "fifo":
+        os.mkfifo(path)
+    elif member == "socket":
+        keep.append(socket.socket(socket.AF_UNIX))
+        keep[0].bind(str(path))
+    elif member == "dev-null-link":
+        path.symlink_to(os.devnull)
+    elif member == "fifo-link":
+        os.mkfifo(tmp_path / "real")
+        path.symlink_to(tmp_path / "real")
+    else:
+        path.symlink_to(path)
+    phrase = {"fifo": "a FIFO", "socket": "a socket", "dev-null-link": "a symlink to a character device",
+              "fifo-link": "a symlink to a FIFO", "link-loop": "a symlink loop"}[member]
+    check = (lambda: check_output(path, "--json", (".json",))) if output == "file" else (lambda: check_output_dir(path, "--out"))
+    with pytest.raises(OutputError, match=phrase):
+        check()
+    for s in keep:
+        s.close()
 
 
 def test_suffixes_compare_case_insensitively(tmp_path):

@@ -19,7 +19,7 @@ from helpers import InputRecorder, tiny_lit, token_loader, trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from satmon import SaturationMonitor
-from satmon.model.discovery import find_dyt_layers
+from satmon import find_dyt_layers
 
 WINDOW, STEPS, EVERY = 7, 9, 2
 LOG_STEPS = [2, 4, 6, WINDOW]
@@ -102,7 +102,7 @@ def test_verdict_text_card(run, tb):
     start = next(i for i, line in enumerate(lines) if line.startswith("| layer | saturation (window) |")) + 2  # one table
     rows = lines[start:start + len(monitor.layer_names)]
     assert [r.split(" | ")[:2] for r in rows] == [[f"| {n}", f"{v.per_layer[n]:.4f}"] for n in monitor.layer_names]
-    caveat = [line for line in card.splitlines() if "12 cells" in line]
+    caveat = [line for line in card.splitlines() if "12 cells" in line and line.lstrip("_").startswith("Caveat")]
     # one line, with room for one more sentence of evidence (satmon.study.FAITHFUL_GRID_FINDING)
     assert len(caveat) == 1 and "75%" in caveat[0] and "alpha_init 2.0" in caveat[0] and len(caveat[0]) < 320
     assert "custom_scalars__config__" in ea.Tags()["tensors"]  # the per-layer layout
@@ -127,6 +127,7 @@ def _check_verdict_in_hparams_view(tb, case: str, tmp_path: Path) -> None:
         "satmon/decision": ("string_value", v.decision), "satmon/trust": ("string_value", v.trust), "satmon/source": ("string_value", "window"),
         "satmon/window": ("number_value", float(WINDOW)), "satmon/threshold": ("number_value", v.threshold),
         "satmon/level": ("number_value", 2.0), "satmon/partial": ("number_value", 0.0),
+        "satmon/forecast": ("string_value", v.planned_forecast["outcome"]),
     }
     assert {"Satmon/decision", "Satmon/margin", "Satmon/saturation"} <= set(mine[0]["metrics"])
 

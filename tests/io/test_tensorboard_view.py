@@ -112,7 +112,7 @@ def test_the_first_scalars_group_holds_the_verdict(live, tab, tb):
     first, members = shown[0]
     assert first == TAG.summary
     assert {TAG.saturation, TAG.verdict, TAG.margin, TAG.nonfinite} <= set(members) <= {
-        TAG.saturation, TAG.verdict, TAG.margin, TAG.nonfinite, TAG.stop}
+        TAG.saturation, TAG.verdict, TAG.margin, TAG.nonfinite, TAG.stop, TAG.forecast}
     assert members[0] == TAG.verdict == "Satmon/decision"  # the first chart of the first group is the decision
     # each per-layer family in a group of its own, holding every layer and nothing else
     by_name = dict(shown)

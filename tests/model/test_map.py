@@ -75,11 +75,24 @@ def test_a_deletion_the_hook_cannot_see_is_caught_at_the_next_lookup():
     assert new.compare(m).replaced == ("blocks.1.norm_1", "blocks.1.norm_2")  # renumbered: other modules under those names
 
 
+class _BufferedDerf(Derf):
+    """A Derf whose forward reads a buffer: meta holds no value of it, so a copy of it cannot run there."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__(d)
+        self.register_buffer("unit", torch.ones(()))
+
+    def forward(self, x):
+        return super().forward(x) * self.unit
+
+
 def test_a_module_that_cannot_run_yet_is_read_again_once_it_can():
-    model = nn.Sequential(nn.Linear(D, D), Derf(D)).to("meta")
+    (plain,) = model_map(nn.Sequential(nn.Linear(D, D), Derf(D)).to("meta")).norms  # its parameters' values are drawn:
+    assert (plain.kind, plain.function, plain.shift, plain.basis) == ("dyt", "erf", "s", "behaviour")  # read on meta
+    model = nn.Sequential(nn.Linear(D, D), _BufferedDerf(D)).to("meta")
     m = model_map(model)
     (layer,) = m.norms
-    assert (layer.kind, layer.basis, layer.shift) == ("dyt", "names", None)  # alpha + erf in its source; shift unknown
+    assert (layer.kind, layer.basis, layer.shift) == ("dyt", "names", None)  # alpha + Derf in its name; shift unknown
     model.to_empty(device="cpu")
     with torch.no_grad():
         for p in model.parameters():

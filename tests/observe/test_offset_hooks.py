@@ -10,7 +10,7 @@ from helpers import InputRecorder, tiny_lit, token_loader, trainer
 
 from satmon import SaturationMonitor
 from satmon.observe.offset import offset_driven
-from satmon.model.discovery import find_dyt_layers
+from satmon import find_dyt_layers
 
 
 def _reference(items: list[tuple[torch.Tensor, torch.Tensor]], level: float = 2.0) -> dict[str, float]:

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from satmon import DyT
-from satmon.model.discovery import NormLayer, find_dyt_layers
+from satmon.model.discovery import NormLayer
+from satmon import find_dyt_layers
 from satmon.observe.reading_hooks import ReadingHooks, nonfinite_parameters
 from satmon.results.reading import verdict_of
 

@@ -15,7 +15,7 @@ from saturation_reference import hooked, reference
 from satmon import DyT, SaturationMonitor
 from satmon.observe.counters import SaturationCounter
 from satmon.observe.saturation import SaturationHooks
-from satmon.model.discovery import find_dyt_layers
+from satmon import find_dyt_layers
 
 
 class ReshapingDyT(nn.Module):

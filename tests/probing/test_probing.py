@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.demos.llama import LlamaLM
 from satmon.model.dataflow import tracing
-from satmon.model.discovery import find_dyt_layers
+from satmon import find_dyt_layers
 from satmon.probing.passes import EMBEDDING, feed_first, probe
 from satmon.results.verdict import Source
 from satmon.io.json_records import to_json

@@ -202,7 +202,7 @@ def test_symlinked_folders_are_followed_loops_detected_each_real_file_once(tmp_p
     names = sorted(p.name for p in listing.paths)
     assert names == ["a.pt", "b.pt", "c.pt"]  # each real file once, through the link; no loop
     why = {p.name: w for p, w in listing.left_out}
-    assert why["again.pt"].startswith("the same file as") and why["dangling.pt"] == "a broken symlink"
+    assert why["again.pt"].startswith("the same file as") and why["dangling.pt"].startswith("a broken symlink (to ")
     assert any("already searched" in w for w in why.values())
     assert listing.explicit == [(real / "b.pt", f"the same file as {run / 'checkpoints' / 'b.pt'} (a link)")]
     assert all(listing.stamps[p][0].size == p.stat().st_size for p in listing.paths)

@@ -133,10 +133,10 @@ def test_a_fifo_named_like_a_checkpoint_is_never_opened(tmp_path):
     torch.save({"model": {"a": torch.randn(4)}}, tmp_path / "a.pt")
     os.mkfifo(tmp_path / "b.pt")
     listing = list_checkpoints([tmp_path])
-    assert [p.name for p in listing.paths] == ["a.pt"] and ("b.pt", "not a regular file") in [
+    assert [p.name for p in listing.paths] == ["a.pt"] and ("b.pt", "a FIFO (named pipe): not read") in [
         (p.name, w) for p, w in listing.left_out]
     code = ("import sys; from satmon.replay.checkpoints import inspect_checkpoint; "
             f"print(inspect_checkpoint({str(tmp_path / 'b.pt')!r}).error)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert done.stdout.strip() == "not a regular file (a device, a pipe or a socket): not read", done.stderr
+    assert done.stdout.strip() == "a FIFO (named pipe): not read", done.stderr

@@ -23,7 +23,7 @@ from satmon.results.verdict import (
 #: words no headline may hold: advice in the imperative (satmon 0.3 said "keep it" above a caveat of chance accuracy)
 IMPERATIVES = ("keep it", "switch back", "do not rely", "fix that", "go back")
 #: a calibration that forecasts: 80% held out where guessing the commoner outcome gets 60%
-FORECAST = Rule(0.43, study.COLLAPSE_THRESHOLD, "Caveat: mine.", "calibration", 0.8, 0.6)
+FORECAST = Rule(0.43, study.COLLAPSE_THRESHOLD, "Caveat: mine.", "calibration", 0.8, 0.6, 50)  # 40/50 vs 0.6: p = 0.002
 MEASURED = "a measurement, not a forecast (held-out accuracy 50% vs 67% for guessing the commoner outcome)"
 STALLED = {"first": 4.2, "last": 3.14, "change": -0.25, "late_change": -0.003, "stalled": True}
 OFFSET = {"a": {"saturated": 0.6, "centered": 0.01, "offset_ratio": 40.0}}
@@ -100,7 +100,9 @@ def test_rule_of_a_calibration_is_the_calibration(tmp_path):
     assert f"by your calibration's threshold {cal.threshold:g}" in v.headline()
     # its own held-out evidence, from the file: leave-one-group-out against guessing the commoner outcome (3 of 6)
     assert (v.held_out_accuracy, v.no_skill_accuracy) == (cal.loso_accuracy, 0.5) == (rule.held_out_accuracy, rule.no_skill_accuracy)
-    assert v.forecast == (cal.loso_accuracy > 0.5) and v.trust == ("ok" if v.forecast else "unproven")
+    # 5 of 6 right against 3 of 6: p = 7/64 = 0.11 by the one-sided exact binomial test, so no forecast
+    assert v.held_out_cells == rule.held_out_cells == 6 and round(cal.loso_accuracy * 6) == 5
+    assert not v.forecast and v.trust == "unproven" and "5 of 6 cells right, p = 0.11" in v.card()
 
 
 @pytest.mark.parametrize("function", ["erf", "hardtanh"])
@@ -123,11 +125,12 @@ def test_dyt_with_the_study_threshold_is_calibrated_but_unproven():
     assert v.trust == "unproven" and v.cautions == ("unproven",) and not v.forecast
     assert (v.held_out_accuracy, v.no_skill_accuracy) == (study.HELD_OUT_ACCURACY, study.NO_SKILL_ACCURACY) == (0.5, 8 / 12)
     assert v.headline() == f"GO by the study's rule: {MEASURED}"
-    assert "Trust: **unproven**: The study's 0.43 was right on 50% of its cells" in v.card()
+    assert "Trust: **unproven**: The 0.43 rule was right on 9 of the study's 12 cells in-sample and on 50% of them" in v.card()
+    assert v.held_out_cells == study.HELD_OUT_CELLS == 12
 
 
-@pytest.mark.parametrize(("sat", "word", "meaning"), [(60, "GO", "DyT expected to act as a regulariser here"),
-                                                      (10, "NO-GO", "DyT expected to cost convergence here")])
+@pytest.mark.parametrize(("sat", "word", "meaning"), [(60, "GO", "DyT's final loss expected below LayerNorm's"),
+                                                      (10, "NO-GO", "DyT's final loss expected above LayerNorm's")])
 def test_a_calibration_that_beats_guessing_reads_as_a_forecast_with_trust_ok(sat, word, meaning):
     v = verdict_of(_reading(sat=sat), FORECAST)
     assert v.forecast and v.trust == "ok" and v.cautions == ()
@@ -137,8 +140,14 @@ def test_a_calibration_that_beats_guessing_reads_as_a_forecast_with_trust_ok(sat
     # qualified, it is still no reliable forecast; at or below the baseline, no forecast at all
     assert verdict_of(_reading(sat=sat, window=3, planned_window=10), FORECAST).headline().split(": ")[1] == (
         "not a reliable forecast (held-out accuracy 80% vs 60% for guessing the commoner outcome)")
-    level = Rule(0.43, study.COLLAPSE_THRESHOLD, "Caveat: mine.", "calibration", 0.6, 0.6)
+    level = Rule(0.43, study.COLLAPSE_THRESHOLD, "Caveat: mine.", "calibration", 0.6, 0.6, 50)
     assert verdict_of(_reading(sat=sat), level).trust == "unproven"
+    # the same 80% against 60% on 10 cells is 8/10: p = 0.17, no forecast; without a cell count, no test, no forecast
+    few = Rule(0.43, study.COLLAPSE_THRESHOLD, "Caveat: mine.", "calibration", 0.8, 0.6, 10)
+    assert verdict_of(_reading(sat=sat), few).trust == "unproven" and "8 of 10 cells right, p = 0.17" in verdict_of(
+        _reading(sat=sat), few).card()
+    uncounted = Rule(0.43, study.COLLAPSE_THRESHOLD, "Caveat: mine.", "calibration", 0.8, 0.6)
+    assert verdict_of(_reading(sat=sat), uncounted).trust == "unproven"
 
 
 def test_no_headline_advises_in_the_imperative():

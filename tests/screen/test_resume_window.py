@@ -23,7 +23,7 @@ from test_state import (
 )
 
 from satmon.demos.llama import LlamaLM
-from satmon.model.discovery import find_dyt_layers
+from satmon import find_dyt_layers
 from satmon.screen.screen import Screen
 
 WINDOW, STEPS = 10, 12

@@ -22,7 +22,7 @@ from helpers import InputRecorder, RecordingSink
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.io.sink import LayoutSink, MultiSink, Sink
 from satmon.io.tensorboard import TAG, custom_scalars_layout, verdict_hparams, verdict_scalars
-from satmon.model.discovery import find_dyt_layers
+from satmon import find_dyt_layers
 from satmon.screen.screen import Screen
 
 WINDOW, STEPS, EVERY = 4, 9, 2

@@ -1,0 +1,82 @@
+"""The planned passes over the unique data, counted from the trainer (steps x global batch x sequence length), and
+the forecast they give on the card and in every logger: against hand-counted tokens."""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+from helpers import RecordingSink, tiny_lit, token_loader, trainer
+from torch.utils.data import DataLoader, IterableDataset
+
+import satmon
+from satmon import SaturationMonitor
+from satmon.drivers.lightning import _planned
+from satmon.drivers.run_scale import planned_tokens, sample_tokens
+from satmon.io.tensorboard import TAG
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*validation_step.*", "ignore:.*window steps.*", "ignore:.*no logger.*")
+
+
+class _Stream(IterableDataset):
+    def __iter__(self):
+        while True:
+            yield torch.zeros(16, dtype=torch.long)
+
+
+def test_planned_tokens_count_steps_batch_accumulation_ranks_and_sample_length():
+    loader = token_loader(n_batches=8, batch_size=4, seq_len=16)  # samples are (x, y): 16 tokens of input each
+    assert sample_tokens(loader)[0] == 16
+    tokens, how = planned_tokens(100, 4, loader, accumulation=3, world_size=2)
+    assert tokens == 100 * 4 * 3 * 2 * 16 and "3 accumulated x 2 ranks x 16 tokens" in how
+    # a trainer-like object: what Lightning's trainer exposes (estimated optimizer steps already divide by accumulation)
+    like = SimpleNamespace(estimated_stepping_batches=50, train_dataloader=loader, accumulate_grad_batches=2, world_size=4)
+    assert _planned(like)[0] == 50 * 4 * 2 * 4 * 16
+    like.train_dataloader = [loader]
+    assert _planned(like)[0] == 50 * 4 * 2 * 4 * 16
+    assert planned_tokens(float("inf"), 4, loader)[0] is None and "max_steps" in planned_tokens(None, 4, loader)[1]
+    assert planned_tokens(10, None, loader)[0] is None
+    assert sample_tokens(DataLoader(_Stream(), batch_size=2)) == (16, "a sample of _Stream holds 16 tokens")
+
+
+def test_a_lightning_run_with_accumulation_counts_its_passes_and_logs_the_forecast(tmp_path):
+    """max_steps 4 optimizer steps x batch 4 x accumulate 2 x 16 tokens = 512 planned tokens over 8 x 4 x 16 = 512
+    unique ones: 1 pass, fewer than any known cell, so "uncertain"; with planned_tokens= given it reads that."""
+    sink = RecordingSink()
+    monitor = SaturationMonitor(window=4, sink=sink, train_tokens=1_000_000, planned_tokens=2_500_000)
+    plain = SaturationMonitor(window=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer(tmp_path, max_steps=4, accumulate_grad_batches=2, callbacks=[plain]).fit(tiny_lit(), token_loader(8, 4, 16))
+        trainer(tmp_path, max_steps=4, callbacks=[monitor]).fit(tiny_lit(d_model=48), token_loader(8, 4, 16))
+    f = plain.screen.forecast
+    assert f.planned_tokens == 4 * 4 * 2 * 16 and f.unique_tokens == 8 * 4 * 16 and f.passes == 1.0
+    assert f.outcome == "uncertain" and "fewer than any known cell" in f.evidence
+    assert "Forecast from the planned passes (1 pass over the unique data" in plain.card()
+    # given counts win: 2.5 passes at ~67k parameters -> the known cells at <= 3.3 passes (34k would be too small)
+    v = monitor.verdict
+    params = sum(p.numel() for p in monitor.screen._model.parameters())
+    expected = satmon.forecast(params=params, unique_tokens=1_000_000, planned_tokens=2_500_000)
+    assert v.planned_forecast == expected.to_dict() and expected.outcome == "hurts"
+    assert "**hurts**, DyT's final loss expected above LayerNorm's: DyT's final loss was worse" in v.card()
+    assert v.decision in ("go", "no-go")  # the 0.43 decision stays beside it
+    assert "; forecast from the planned passes: hurts (2.5 passes)" in v.summary()
+    assert "; forecast from the planned passes: uncertain (1 pass)" in plain.verdict.summary()
+    scalars = {k: val for c in sink.calls if c[0] == "scalars" for k, val in c[1].items()}
+    assert scalars[TAG.forecast] == -1.0
+    assert any(c[1].get(TAG.hp_forecast) == "hurts" and c[2].get(TAG.forecast) == -1.0 for c in sink.calls if c[0] == "hparams")
+    assert any("Forecast from the planned passes" in c[2] for c in sink.calls if c[0] == "text" and c[1] == TAG.verdict_text)
+
+
+def test_a_screen_without_token_counts_says_which_are_missing_and_how_to_give_them():
+    model = tiny_lit().model
+    screen = satmon.Screen(window=2)
+    screen.attach(model)
+    x = torch.randint(0, 256, (2, 16))
+    for _ in range(2):
+        screen.step(model(x).float().mean())
+    line = next(l for l in screen.card().splitlines() if l.startswith("Forecast from the planned passes"))
+    assert "uncertain" in line and "a Screen does not see" in line and "planned_tokens=" in line
+    assert screen.verdict.planned_forecast["outcome"] == "uncertain"

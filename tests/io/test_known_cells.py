@@ -1,0 +1,85 @@
+"""The known cells the forecast reads ship as data files; a new file sharpens (or undoes) it with no code change."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+import satmon
+from satmon import study
+from satmon.io.known_cells import STUDY_LABEL, known_cells, read_known_cells
+
+ROOT = Path(__file__).resolve().parents[2]
+FAITHFUL = "satmon 0.4 faithful CPU grid"
+
+
+def test_the_study_and_the_faithful_grid_are_read_and_the_v03_grid_is_not():
+    cells = known_cells()
+    sources = [c.source for c in cells]
+    assert sources.count(STUDY_LABEL) == 12 and sources.count(FAITHFUL) == 16 and len(cells) == 28
+    assert not any("0.3" in s for s in sources)  # phase_grid_v03.csv: not the study's protocol
+    # the study's passes: 5,000 steps x 64 x 512 tokens over each budget's unique tokens (docs/science.md)
+    by_name = {c.name: c for c in cells}
+    assert by_name["64M/1M"].passes == pytest.approx(study.STUDY_TOKENS_PROCESSED / 1e6, rel=1e-5)
+    assert by_name["1.3B/118M"].passes == pytest.approx(163.84 / 118, rel=1e-5) and by_name["1.3B/118M"].params == 1.3e9
+
+
+def test_the_faithful_grid_columns_are_its_json_cells():
+    committed = json.loads((ROOT / "docs" / "faithful_grid.json").read_text())["cells"]
+    shipped = {c.name: c for c in known_cells() if c.source == FAITHFUL}
+    assert set(shipped) == {c["name"] for c in committed}
+    for c in committed:
+        k = shipped[c["name"]]
+        assert k.passes == pytest.approx(c["epochs"], rel=1e-5) and k.params == c["params"]
+        assert k.delta == pytest.approx(c["delta"], abs=1e-6)
+        best = (c["best_val_loss_dyt"] - c["best_val_loss_layernorm"]) / c["best_val_loss_layernorm"]
+        assert k.best_delta == pytest.approx(best, abs=1e-5)
+
+
+def test_the_counts_of_the_issue_are_recounted_from_the_cells():
+    cells = known_cells()
+    few = [c for c in cells if c.passes <= 3.4]
+    many = [c for c in cells if c.passes >= 16]
+    assert (sum(c.delta > 0 for c in few), len(few)) == (13, 13)
+    assert (sum(c.delta < 0 for c in many), len(many)) == (8, 15)
+    best = [c for c in cells if c.best_delta is not None]
+    assert (sum(c.best_delta < 0 for c in best), len(best)) == (0, 16)
+    # the study's GO / NO-GO sides (satmon.study.GO_HELPED, NO_GO_HELPED), from its saturation column
+    text = resources.files("satmon").joinpath("data_files/study_cells.csv").read_text()
+    rows = [line.split(",") for line in text.splitlines() if line and not line.startswith(("#", "name"))]
+    go = [float(r[4]) < 0 for r in rows if float(r[3]) >= study.THRESHOLD]
+    no_go = [float(r[4]) < 0 for r in rows if float(r[3]) < study.THRESHOLD]
+    assert (sum(go), len(go)) == study.GO_HELPED and (sum(no_go), len(no_go)) == study.NO_GO_HELPED
+
+
+def test_a_new_grid_file_with_a_contradicting_cell_turns_hurts_uncertain(tmp_path):
+    data = resources.files("satmon").joinpath("data_files")
+    for entry in data.iterdir():
+        if entry.name.endswith(".csv"):
+            (tmp_path / entry.name).write_text(entry.read_text(encoding="utf-8"), encoding="utf-8")
+    run = dict(params=2e5, unique_tokens=1_000_000, planned_tokens=3_000_000)
+    assert satmon.forecast(**run, cells=known_cells(tmp_path)).outcome == "hurts"
+    header = (tmp_path / "phase_grid_faithful.csv").read_text().splitlines()
+    columns = next(line for line in header if line.startswith("name,"))
+    row = "d48L2_t1M_s2,60000,1000000,,d48L2,a second grid,2.5,1.80,1.85,1.79,1.84,study"  # DyT's final loss lower
+    (tmp_path / "phase_grid_grid2.csv").write_text(f"# a new grid\n{columns}\n{row}\n", encoding="utf-8")
+    f = satmon.forecast(**run, cells=known_cells(tmp_path))
+    assert f.outcome == "uncertain" and "worse in 13/14 known cells" in f.evidence
+    # a grid file without the protocol column is drawn on the phase diagram, never forecast from
+    shutil.copy(tmp_path / "phase_grid_v03.csv", tmp_path / "phase_grid_other.csv")
+    assert len(known_cells(tmp_path)) == 29
+
+
+def test_a_study_protocol_row_missing_what_the_forecast_needs_is_refused():
+    with pytest.raises(ValueError, match="Expected a positive number for passes in g.csv row 1"):
+        read_known_cells("g.csv", "name,params,passes,delta,group,source,protocol\na,100,,0.1,g,s,study\n")
+    with pytest.raises(ValueError, match="Expected a finite delta"):
+        read_known_cells("g.csv", "name,params,passes,delta,group,source,protocol\na,100,2,,g,s,study\n")
+    # final losses stand in for delta
+    (cell,) = read_known_cells("g.csv", "name,params,passes,final_dyt,final_layernorm,group,source,protocol\n"
+                                        "a,100,2,2.2,2.0,g,s,study\n")
+    assert cell.delta == pytest.approx(0.1) and cell.outcome == "hurts"
