@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices", type=int, default=1, help="CPU processes (default 1)")
     p.add_argument("--window", type=int, default=20)
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--threshold", type=float, default=0.43)
+    p.add_argument("--threshold", type=float, default=None, help="GO threshold (default: the study's rule)")
     p.add_argument("--abort-on", default="never", choices=["never", "no-go", "collapse", "any"])
     p.add_argument("--batch-size", type=int, default=4, help="per process")
     p.add_argument("--logdir", default=None, help="TensorBoard directory (written by rank zero)")

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--window", type=int, default=500, help="screening window, optimizer steps (default 500)")
     p.add_argument("--steps", type=int, default=600, help="training steps (default 600)")
-    p.add_argument("--threshold", type=float, default=0.43)
+    p.add_argument("--threshold", type=float, default=None, help="GO threshold (default: the study's rule)")
     p.add_argument("--abort-on", default="never", choices=["never", "no-go", "collapse", "any"])
     p.add_argument("--logdir", default=None, help="TensorBoard directory for the verdict card and scalars")
     args = p.parse_args(argv)

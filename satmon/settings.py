@@ -24,6 +24,7 @@ always the number the verdict compares with.
 
 from __future__ import annotations
 
+import dataclasses  # noqa: F401 - the doctests' replace
 import inspect
 import math
 import os
@@ -35,6 +36,7 @@ from typing import Any
 from satmon import study
 from satmon.functional.saturation import check_product
 from satmon.results.calibration import Calibration, CalibrationError, load_calibration, short_repr  # short_repr: re-exported
+from satmon.results.reading import Rule
 from satmon.results.stop import ABORT_MODES, ABORT_ON
 
 __all__ = ["MAX_KEPT_STEPS", "ReadsSettings", "Settings", "check_rule", "check_selector", "settings_from", "short_repr"]
@@ -176,11 +178,20 @@ class Settings:
     calibration's is refused (give one source of the threshold). After construction ``threshold``
     and ``caveat`` hold the values in force and ``calibration`` the :class:`Calibration` read.
 
+    ``rule`` is the one :class:`~satmon.results.reading.Rule` every consumer judges readings by (the screen,
+    ``probe``, the replay): made here once, with whose threshold it is decided by what was given, never by
+    comparing numbers: ``calibration=`` -> ``"calibration"``; no ``threshold`` and no caveat of one's own ->
+    ``"study"``; a ``threshold`` given -> ``"user"``, even the study's number (leave it out for the study's rule
+    and its held-out figures). ``dataclasses.replace`` carries the rule when it leaves the threshold, the caveat
+    and the calibration as they were (``replace(settings, window=100)`` keeps a study rule the study's).
+
     Example:
         >>> from satmon import study
         >>> s = Settings(window=100)
-        >>> s.window, s.threshold == study.THRESHOLD, s.caveat == study.CAVEAT
-        (100, True, True)
+        >>> s.window, s.threshold == study.THRESHOLD, s.caveat == study.CAVEAT, s.rule.threshold_source
+        (100, True, True, 'study')
+        >>> Settings(threshold=0.5).rule.threshold_source, dataclasses.replace(s, window=9).rule.threshold_source
+        ('user', 'study')
         >>> Settings(dry_run="yes")
         Traceback (most recent call last):
         ...
@@ -194,6 +205,8 @@ class Settings:
     product: str = "module"
     caveat: str | None = None  # the card's provenance line; None: the study's, or the calibration's
     calibration: Calibration | str | os.PathLike | None = None
+    #: the one rule object every verdict is judged by, made here (not an option: ``dataclasses.replace`` carries it)
+    rule: Rule | None = None
     # the window
     window: int = 500
     sample_every: int = 1
@@ -227,10 +240,11 @@ class Settings:
                                      f"calibration={cal.path or 'a Calibration'!r} with threshold {cal.threshold:.4g}): the "
                                      f"calibration holds its own threshold and provenance; drop `{name}` (or the calibration).")
             threshold, caveat = cal.threshold, cal.caveat()
-        level, threshold, collapse = check_rule(self.level, study.THRESHOLD if threshold is None else threshold,
-                                                self.collapse_threshold)
-        for name, value in (("calibration", cal), ("threshold", threshold), ("level", level),
-                            ("collapse_threshold", collapse), ("caveat", caveat or study.CAVEAT),
+        level, resolved, collapse = check_rule(self.level, study.THRESHOLD if threshold is None else threshold,
+                                               self.collapse_threshold)
+        rule = _rule(self.rule, cal, threshold, caveat, resolved, collapse)
+        for name, value in (("calibration", cal), ("threshold", resolved), ("level", level),
+                            ("collapse_threshold", collapse), ("caveat", rule.caveat), ("rule", rule),
                             ("gating_mapping", _gating_mapping(self.gating_mapping))):
             object.__setattr__(self, name, value)
         check_product(self.product)
@@ -275,7 +289,23 @@ class Settings:
         return _flag(name, value)
 
 
-_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Settings))
+_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Settings) if f.name != "rule")
+
+
+def _rule(carried: Any, cal: Calibration | None, threshold: Any, caveat: str | None, resolved: float,
+          collapse: float) -> Rule:
+    """The settings' one :class:`Rule`; whose threshold it is comes from what was given (see :class:`Settings`)."""
+    if carried is not None and not isinstance(carried, Rule):
+        raise ValueError(f"Expected `rule` to be left out (Settings makes it from threshold, caveat and calibration), got "
+                         f"{short_repr(carried)} ({type(carried).__name__}).")
+    text = caveat or study.CAVEAT
+    if cal is not None:
+        return Rule(resolved, collapse, text, "calibration", cal.loso_accuracy, cal.no_skill, cal.n if cal.n > 0 else None)
+    if (carried is not None and carried.threshold_source != "calibration" and carried.threshold == resolved
+            and carried.caveat == text):  # dataclasses.replace that left the rule as it was: the same rule
+        return Rule(resolved, collapse, text, carried.threshold_source)
+    source = "study" if threshold is None and text == study.CAVEAT else "user"
+    return Rule(resolved, collapse, text, source)
 
 
 class ReadsSettings:

@@ -859,21 +859,21 @@ def test_a_complete_replay_replaces_the_json_once_keeps_its_permissions_and_says
 def test_a_full_disk_mid_replay_stops_in_one_line_and_leaves_the_previous_json(world, tmp_path, monkeypatch, capsys):
     import errno
 
-    from satmon.cli import replay as cli
+    from satmon.io.jsonl import PartialRecords
 
     f = Folder(tmp_path, world)
     monkeypatch.chdir(tmp_path)
     folder = f.run_folder(4)
     before = _complete_previous(tmp_path, folder)
     capsys.readouterr()
-    real = cli._Partial.add
+    real = PartialRecords.add
 
     def add(self, record):
         if self.count == 2:
             raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
         real(self, record)
 
-    monkeypatch.setattr(cli._Partial, "add", add)
+    monkeypatch.setattr(PartialRecords, "add", add)
     code = main(["replay", folder, *DATA, "--logdir", "tb", "--json", "prev.json", "--quiet"])
     err = capsys.readouterr().err
     assert code == 1 and (tmp_path / "prev.json").read_bytes() == before
@@ -887,7 +887,7 @@ def test_a_full_disk_mid_record_leaves_the_partial_file_on_a_complete_record(wor
     """0.2: the disk filled up in the middle of a record and the partial file ended with half of it."""
     import errno
 
-    from satmon.cli import replay as cli
+    from satmon.io import jsonl
 
     f = Folder(tmp_path, world)
     monkeypatch.chdir(tmp_path)
@@ -902,7 +902,7 @@ def test_a_full_disk_mid_record_leaves_the_partial_file_on_a_complete_record(wor
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(fd, data)
 
-    monkeypatch.setattr(cli.os, "write", write)
+    monkeypatch.setattr(jsonl.os, "write", write)
     code = main(["replay", folder, *DATA, "--logdir", "tb", "--json", "r.json", "--quiet"])
     err = capsys.readouterr().err
     monkeypatch.undo()

@@ -62,8 +62,9 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--window", type=integer(1), default=500, help="screening window in optimizer steps (default 500)")
     p.add_argument("--steps", type=integer(1), default=None, help="total training steps, at least the window (default: the window)")
-    p.add_argument("--threshold", type=fraction, default=study.THRESHOLD,
-                   help=f"GO threshold on pooled saturation, in (0, 1) (default {study.THRESHOLD:g}, the study's)")
+    p.add_argument("--threshold", type=fraction, default=None,
+                   help=f"GO threshold on pooled saturation, in (0, 1) (default: the study's, {study.THRESHOLD:g}; a "
+                   "threshold given is yours, even that number)")
     p.add_argument("--logdir", default="satmon_logs", help="TensorBoard root (default ./satmon_logs)")
     p.add_argument("--stalled", action="store_true", help="GPT-2's embedding init (std 0.02, 0.1's demo): the model "
                    "stalls and saturates on a constant offset; the example of offset-driven saturation")

@@ -24,6 +24,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from satmon.io.safe_text import printable
 from satmon.paths import NotRegular, kind_of, open_regular
@@ -52,11 +53,16 @@ class Run:
         scalars: tag -> ``[(step, value)]`` in step order (see :func:`trajectory`).
         texts: tag (without 0.2's ``/text_summary``) -> ``[(step, text)]`` in write order.
         problems: the event files that were not read to their end (not regular files, damaged records), and why.
+        hparams: the hyper-parameters of the run's hparams sessions (``satmon/decision``, ``satmon/trust``,
+            ``satmon/window``, ``satmon/threshold``...: :func:`satmon.io.tensorboard.verdict_hparams`), a later
+            session's value replacing an earlier one's; ``hparams_step``: the step of the last session with satmon's.
     """
 
     path: Path
     scalars: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     texts: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    hparams: dict[str, Any] = field(default_factory=dict)
+    hparams_step: int | None = None
     problems: list[str] = field(default_factory=list)  #: event files not read to their end, and why
 
     def steps(self) -> list[int]:
@@ -213,6 +219,28 @@ def _scalar(tensor) -> float | None:
     return None
 
 
+def _read_hparams(run: Run, content: bytes, step: int) -> None:
+    """One hparams session's start (its hyper-parameters, as data) into ``run.hparams``; other hparams records
+    (the experiment, a session's end) and damaged ones are left out."""
+    from google.protobuf.message import DecodeError
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+    try:
+        data = HParamsPluginData.FromString(content)
+    except DecodeError:
+        return
+    if not data.HasField("session_start_info"):
+        return
+    found = {}
+    for key, value in data.session_start_info.hparams.items():
+        kind = value.WhichOneof("kind")
+        if kind in ("number_value", "string_value", "bool_value"):
+            found[printable(key)] = printable(value.string_value) if kind == "string_value" else getattr(value, kind)
+    run.hparams.update(found)
+    if TAG.hp_decision in found:  # a session of satmon's verdict
+        run.hparams_step = int(step)
+
+
 def read_run(path: str | Path) -> Run:
     """The satmon scalars and texts of one run folder (every event file in it, in name order).
 
@@ -239,6 +267,8 @@ def read_run(path: str | Path) -> Run:
                         value = v.simple_value if kind == "simple_value" else _scalar(v.tensor)
                         if name is not None and value is not None:  # a 0.2 run's tags by their 0.3 names: one series
                             points[name].append((event.step, float(value)))
+                    elif v.metadata.plugin_data.plugin_name == "hparams":
+                        _read_hparams(run, v.metadata.plugin_data.content, event.step)
                     elif kind == "tensor" and plugins.get(tag) == "text":
                         name = TAG.read_name(tag, text=True)
                         if name is not None:

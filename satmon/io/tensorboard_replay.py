@@ -26,7 +26,8 @@ from satmon.io.tensorboard import (
     verdict_scalars,
 )
 
-__all__ = ["TensorBoardReplay", "next_version"]
+__all__ = ["LazyTensorBoardReplay", "TensorBoardReplay", "claim_run_folder", "next_version"]
+
 
 def next_version(root: str | os.PathLike) -> int:
     """The next ``version_N`` under ``root``: one more than the highest there, 0 when there is none
@@ -45,6 +46,42 @@ def next_version(root: str | os.PathLike) -> int:
         return 0
     found = [int(n.split("_")[1]) for n in names if n.startswith("version_") and n.split("_")[1].isdigit()]
     return max(found) + 1 if found else 0
+
+
+def claim_run_folder(logdir: str | os.PathLike, name: str = "replay", source: str | None = None) -> str:
+    """Make and return a run folder no other process writes: ``logdir/replay of SOURCE`` (then ``... (2)``, ...)
+    with ``source``, else ``logdir/name/version_N`` (:func:`next_version`).
+
+    The folder is claimed by ``os.mkdir``, which exactly one process wins: two replays started together into the
+    same ``logdir`` and ``name`` get two runs (``version_0`` and ``version_1``), never one run with both replays'
+    events mixed.
+
+    Example:
+        >>> import tempfile
+        >>> root = tempfile.mkdtemp()
+        >>> [os.path.relpath(claim_run_folder(root), root) for _ in range(2)]
+        ['replay/version_0', 'replay/version_1']
+        >>> [os.path.relpath(claim_run_folder(root, source="demo/version_0"), root) for _ in range(2)]
+        ['replay of demo/version_0', 'replay of demo/version_0 (2)']
+    """
+    logdir = os.fspath(logdir)  # literally: no ~ or $VAR expansion (the caller checked this path)
+    for _ in range(10_000):
+        if source:
+            base = os.path.join(logdir, f"replay of {source}")
+            run, n = base, 1
+            while os.path.lexists(run):
+                n += 1
+                run = f"{base} ({n})"
+        else:
+            root = os.path.join(logdir, name)
+            run = os.path.join(root, f"version_{next_version(root)}")
+        os.makedirs(os.path.dirname(run), exist_ok=True)
+        try:
+            os.mkdir(run)
+        except FileExistsError:  # another process took it between the listing and the mkdir: the next one
+            continue
+        return run
+    raise FileExistsError(f"Expected a free run folder under {logdir!r}, got 10000 taken: pass another --name or --logdir.")
 
 
 class TensorBoardReplay:
@@ -68,16 +105,7 @@ class TensorBoardReplay:
     """
 
     def __init__(self, logdir: str | Path, name: str = "replay", source: str | None = None) -> None:
-        logdir = os.fspath(logdir)  # literally: no ~ or $VAR expansion (the CLI checked this path)
-        if source:
-            run = base = os.path.join(logdir, f"replay of {source}")
-            n = 1
-            while os.path.exists(run):
-                n += 1
-                run = f"{base} ({n})"
-        else:
-            root = os.path.join(logdir, name)
-            run = os.path.join(root, f"version_{next_version(root)}")
+        run = claim_run_folder(logdir, name, source)  # one writer per run folder
         # no column list of its own in the HParams tab: the live runs' stay (satmon.io.tensorboard.hparams_summaries)
         self.sink = SummaryWriterSink(run, hparams_experiment=False)
         self._layout = False
@@ -117,3 +145,36 @@ class TensorBoardReplay:
             v, self._last = self._last, None
             self.sink.hparams(verdict_hparams(v), verdict_scalars(v), v.step)
         self.sink.close()
+
+
+class LazyTensorBoardReplay:
+    """A :class:`TensorBoardReplay` made at the first record: a replay refused or interrupted before any work leaves
+    no run, and neither does one where no checkpoint could be read (``enabled=False``).
+
+    Example:
+        >>> import tempfile
+        >>> tb = LazyTensorBoardReplay(tempfile.mkdtemp(), "replay")
+        >>> tb.log_dir is None  # nothing written yet
+        True
+        >>> tb.close()
+    """
+
+    def __init__(self, logdir: str | os.PathLike, name: str = "replay", enabled: bool = True, source: str | None = None) -> None:
+        self.logdir, self.name, self.enabled, self.source = logdir, name, enabled, source
+        self.writer: TensorBoardReplay | None = None
+
+    def __call__(self, record: Any) -> None:
+        if not self.enabled:
+            return
+        if self.writer is None:
+            self.writer = TensorBoardReplay(self.logdir, name=self.name, source=self.source)
+        self.writer(record)
+
+    @property
+    def log_dir(self) -> Path | None:
+        """The run folder (resolved), ``None`` before the first record."""
+        return None if self.writer is None else Path(self.writer.log_dir).resolve()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

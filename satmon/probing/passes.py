@@ -48,7 +48,7 @@ from satmon.functional.dead_directions import GramSpectrum, alignment, classify_
 from satmon.probing.targets import ProbeTargets, find_probe_targets
 from satmon.results.gating import GatingInfo
 from satmon.results.probe_report import EMBEDDING, LayerReading, ProbeReport, SigmaMinReading, init_gaps, model_norm_type
-from satmon.results.reading import Reading, Rule, verdict_of
+from satmon.results.reading import Reading, verdict_of
 from satmon.results.verdict import Source, Verdict
 
 __all__ = ["EMBEDDING", "OWN_OPTIONS", "LayerReading", "ProbeReport", "SigmaMinReading", "check_options", "feed_first", "probe"]
@@ -337,7 +337,7 @@ def _read_dyt(model: nn.Module, dyt: list[NormLayer], hooks: ReadingHooks | None
         layers[layer.name] = LayerReading(layer.name, layer.kind, dim, tokens=c.total // dim if dim else 0,
                                           saturation=c.saturated / c.total if c.total else None, alpha=a,
                                           nonfinite=c.nonfinite - (not math.isfinite(a)))  # inputs only
-    return _DytReadings(layers, reading.pooled, verdict_of(reading, Rule.of(s)), reading)
+    return _DytReadings(layers, reading.pooled, verdict_of(reading, s.rule), reading)
 
 
 class _DytReadings(NamedTuple):

@@ -52,9 +52,12 @@ class Rule:
         held_out_cells: how many cells ``held_out_accuracy`` was scored on (a calibration's ``n``): the verdict's
             significance test counts them.
 
+    Made once, by :class:`satmon.Settings` (``settings.rule``), and carried whole to :func:`verdict_of`: no consumer
+    rebuilds it or re-derives whose threshold it is.
+
     Example:
         >>> from satmon import Settings
-        >>> Rule.of(Settings()).threshold_source, Rule.of(Settings(threshold=0.5)).threshold_source
+        >>> Settings().rule.threshold_source, Settings(threshold=0.5).rule.threshold_source
         ('study', 'user')
     """
 
@@ -65,18 +68,6 @@ class Rule:
     held_out_accuracy: float | None = None
     no_skill_accuracy: float | None = None
     held_out_cells: int | None = None
-
-    @classmethod
-    def of(cls, settings: Any) -> Rule:
-        """The rule of a :class:`satmon.Settings` (read by attribute: ``threshold``, ``collapse_threshold``,
-        ``caveat``, ``calibration``). The study's 0.43 with the study's caveat is the study's, whoever typed it."""
-        threshold, caveat = float(settings.threshold), settings.caveat or CAVEAT
-        cal = settings.calibration
-        if cal is not None:
-            return cls(threshold, float(settings.collapse_threshold), caveat, "calibration", cal.loso_accuracy, cal.no_skill,
-                       cal.n if cal.n > 0 else None)
-        source = "user" if threshold != THRESHOLD or caveat != CAVEAT else "study"
-        return cls(threshold, float(settings.collapse_threshold), caveat, source)
 
 
 #: Reading fields that hold containers (frozen at construction)

@@ -44,7 +44,7 @@ from satmon.observe.offset import OffsetHooks
 from satmon.observe.reading_hooks import ReadingHooks, nonfinite_parameters
 from satmon.observe.saturation import HookReadings, SaturationHooks
 from satmon.observe.window_loss import WindowLoss
-from satmon.results.reading import Reading, Rule, verdict_of
+from satmon.results.reading import Reading, verdict_of
 from satmon.results.stop import StopReason, StopRecord, breaches
 from satmon.results.gating import GatingInfo
 from satmon.results.verdict import Source, Verdict
@@ -526,7 +526,7 @@ class Screen:
         if self.gate_hooks is not None and not partial:
             self.gate_hooks.counter.reset()  # the watch reads the gates afresh; a provisional verdict keeps them
         self.reading = reading
-        verdict = verdict_of(reading, Rule.of(self.settings))
+        verdict = verdict_of(reading, self.settings.rule)
         if verdict is None:
             self.status = "window over: no DyT input was counted"
             self.warn(f"satmon: no DyT input was counted in the window ({self.steps_seen} steps): no verdict.")

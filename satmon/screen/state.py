@@ -33,12 +33,16 @@ from satmon.results.stop import StopRecord
 from satmon.results.verdict import Verdict
 from satmon.settings import Settings
 
-__all__ = ["COUNTS", "EXTRA_STATES", "STATE_KEY", "STATE_VERSION", "RestorePlan", "ScreenState", "WindowState",
+__all__ = ["COUNTS", "EXTRA_STATES", "STATE_FILE", "STATE_KEY", "STATE_VERSION", "RestorePlan", "ScreenState", "WindowState",
            "load_window_state", "read_window_state", "restore_plan"]
 
 #: The key a Lightning checkpoint keeps the SaturationMonitor's state under (``checkpoint["callbacks"][STATE_KEY]``);
 #: satmon 0.1 wrote ``SaturationMonitor{...}``, so readers match the prefix.
 STATE_KEY = "SaturationMonitor"
+
+#: The file the Hugging Face callback saves the screen's state to in each ``checkpoint-N`` folder (read back on a
+#: resume, and by a replay of the folder for the live verdict it holds).
+STATE_FILE = "satmon_state.pt"
 
 STATE_VERSION = 2
 #: the saved counts, per layer (summed over ranks)

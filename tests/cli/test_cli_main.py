@@ -129,10 +129,12 @@ def test_the_demo_refuses_before_it_builds_anything(monkeypatch, capsys, tmp_pat
 
 
 def test_no_study_number_is_restated_in_the_cli():
-    """The study's numbers come from satmon.study: the demo's default threshold is study.THRESHOLD."""
-    from satmon import study
+    """The study's numbers come from satmon.study: the demo's default threshold is none, so its rule is the study's."""
+    from satmon import Settings, study
 
-    assert demo._parser().parse_args([]).threshold == study.THRESHOLD
+    default = demo._parser().parse_args([]).threshold
+    assert default is None and Settings(threshold=default).rule == Settings().rule
+    assert Settings().rule.threshold == study.THRESHOLD and Settings().rule.threshold_source == "study"
     for path in [*(ROOT / "satmon" / "cli" / f"{n}.py" for n in ("main", "demo", "report", "calibrate")),
                  *(ROOT / "satmon" / "calibrate").glob("*.py"),
                  *(ROOT / "satmon" / "io" / n for n in ("atomic.py", "json_records.py", "markdown.py", "tensorboard_reader.py"))]:

@@ -24,7 +24,7 @@ from satmon import find_dyt_layers
 WINDOW, STEPS, EVERY = 7, 9, 2
 LOG_STEPS = [2, 4, 6, WINDOW]
 # threshold -> decision for the tiny model (pooled saturation about 0.27 at alpha_init 50)
-CASES = {"no-go": dict(threshold=0.43, default_hp_metric=True), "go": dict(threshold=0.05, default_hp_metric=False)}
+CASES = {"no-go": dict(threshold=None, default_hp_metric=True), "go": dict(threshold=0.05, default_hp_metric=False)}
 
 
 def _fit(tb, tmp_path: Path, threshold: float, default_hp_metric: bool):

@@ -14,12 +14,14 @@ from helpers import tiny_lit, token_loader
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
+import satmon
 from satmon import SaturationMonitor
 from satmon.cli.main import main
 from satmon.io.tensorboard import TAG
 from satmon.io.tensorboard_reader import read_run
 from satmon.replay import checkpoints as ck
 from satmon.replay.live import find_source, live_from_checkpoints, live_from_tensorboard, run_name, source_run
+from satmon.replay.outputs import live_lines
 from satmon.replay.user_code import ReplayUsageError
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*validation_step.*", "ignore:.*logging interval.*", "ignore:.*hp_metric.*")
@@ -66,12 +68,12 @@ def test_without_the_state_the_tensorboard_events_beside_the_checkpoints_say_it(
     infos = _infos(version)
     for info in infos:
         info.checkpoint.pop("callbacks")  # checkpoints saved without the monitor's state
-    source = find_source([version / "checkpoints"], infos)
+    source = find_source(source_run([version / "checkpoints"]), infos)
     live = source.live
     assert (live.decision, live.step, live.window, live.trust) == (verdict.decision, verdict.step, verdict.window, verdict.trust)
     assert live.saturation == pytest.approx(verdict.saturation, rel=1e-6)  # float32 in the event file
     assert live.threshold == pytest.approx(verdict.threshold, abs=1e-6) and "TensorBoard events in" in live.found
-    elsewhere = find_source([version / "checkpoints"], [])
+    elsewhere = find_source(source_run([version / "checkpoints"]), [])
     assert elsewhere.live is not None  # found from the folder even with no checkpoint index at hand
 
 
@@ -91,17 +93,18 @@ def test_live_points_at_one_live_run_or_is_refused(run, tmp_path):
         live_from_tensorboard(tmp_path / "two")
 
 
-def test_the_replay_card_tensorboard_and_json_show_both_readings(run, tmp_path, capsys):
+def test_the_replay_card_tensorboard_and_json_show_both_readings(run, tmp_path):
     root, version, verdict = run
-    code = main(["replay", str(version / "checkpoints"), "--model", "satmon.demos.lit:LitLM", "--data",
-                 str(root / "calib.pt"), "--logdir", str(tmp_path), "--json", str(tmp_path / "r.json"), "--quiet"])
-    out = capsys.readouterr().out
-    assert code == 0
+    replay = satmon.replay(version / "checkpoints", model="satmon.demos.lit:LitLM", data=root / "calib.pt",
+                           logdir=tmp_path, json=tmp_path / "r.json", on_note=None)
+    replayed_records = list(replay)
     records = json.loads((tmp_path / "r.json").read_text())
+    assert len(records) == len(replayed_records) == 3
     for record in records:
         mine = record["replay_of"]
         assert mine["live"]["saturation"] == verdict.saturation and mine["live"]["step"] == verdict.step
     replayed = read_run(tmp_path / f"replay of {run_name(source_run([version / 'checkpoints']))}")  # named after its run
+    assert replay.log_dir == replayed.path.resolve()
     card = replayed.last_text(TAG.verdict_text)  # the last checkpoint's (step 6)
     lines = card.splitlines()
     assert lines[0].startswith("### satmon verdict:") and lines[2].startswith("Replay of `")
@@ -110,13 +113,21 @@ def test_the_replay_card_tensorboard_and_json_show_both_readings(run, tmp_path, 
             "to step 4, train mode |" in card)
     assert f"| {sat6:.4f} | checkpoint `epoch=0-step=6.ckpt` at step 6, eval mode, calibration batches |" in card
     assert "Why they can differ:" in card
-    # the console: the checkpoint nearest the live verdict's step (4), and the last (6)
-    table = [line for line in out.splitlines() if line.startswith("| replay ")]
+    # the summary: the checkpoint nearest the live verdict's step (4), and the last (6)
+    table = [line for block in live_lines(replayed_records) for line in block.splitlines() if line.startswith("| replay ")]
     assert [("step=4" in t, "step=6" in t) for t in table] == [(True, False), (False, True)]
     assert not math.isnan(verdict.saturation)
 
 
-def test_live_option_that_is_missing_is_a_usage_error_before_any_work(run, tmp_path, capsys):
+def test_live_that_is_missing_is_a_usage_error_before_any_work(run, tmp_path):
+    root, version, _ = run
+    with pytest.raises(ReplayUsageError, match=r"^--live '.*nope': no such file or folder"):
+        satmon.replay(version / "checkpoints", model="satmon.demos.lit:LitLM", data=root / "calib.pt", logdir=tmp_path,
+                      live=tmp_path / "nope")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_cli_says_a_missing_live_in_one_line(run, tmp_path, capsys):
     root, version, _ = run
     code = main(["replay", str(version / "checkpoints"), "--model", "satmon.demos.lit:LitLM", "--data",
                  str(root / "calib.pt"), "--logdir", str(tmp_path), "--live", str(tmp_path / "nope"), "--quiet"])

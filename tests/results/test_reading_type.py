@@ -67,11 +67,24 @@ def test_nonfinite_weights_read_nonfinite_whatever_the_saturation(weights):
     assert v.card().splitlines()[0].startswith("### satmon verdict: **NON-FINITE**")
 
 
-def test_rule_of_settings_says_whose_threshold_it_is():
-    assert Rule.of(Settings()) == Rule(study.THRESHOLD, study.COLLAPSE_THRESHOLD, study.CAVEAT, "study")
-    assert Rule.of(Settings(threshold=study.THRESHOLD)).threshold_source == "study"  # the study's number is the study's
-    assert Rule.of(Settings(threshold=0.5)).threshold_source == "user"
-    assert Rule.of(Settings(caveat="my own runs")).threshold_source == "user"
+def test_the_settings_rule_says_whose_threshold_it_is_from_what_was_given():
+    import dataclasses
+
+    assert Settings().rule == Rule(study.THRESHOLD, study.COLLAPSE_THRESHOLD, study.CAVEAT, "study")
+    # a threshold given is the user's, even the study's number: the source is never found by comparing numbers
+    assert Settings(threshold=study.THRESHOLD).rule.threshold_source == "user"
+    assert Settings(threshold=0.5).rule.threshold_source == "user"
+    assert Settings(caveat="my own runs").rule.threshold_source == "user"
+    mine = Settings(threshold=0.5)
+    # dataclasses.replace carries the rule when it leaves the rule alone, and remakes it when it does not
+    assert dataclasses.replace(Settings(), window=7).rule.threshold_source == "study"
+    assert dataclasses.replace(mine, window=7).rule == mine.rule
+    assert dataclasses.replace(Settings(), threshold=0.3).rule == Rule(0.3, study.COLLAPSE_THRESHOLD, study.CAVEAT, "user")
+    assert dataclasses.replace(mine, collapse_threshold=0.6).rule.collapse_threshold == 0.6
+    assert dataclasses.replace(mine, threshold=None).rule.threshold_source == "study"  # back to the study's
+    with pytest.raises(ValueError, match="Expected `rule` to be left out"):
+        Settings(rule="study")
+    assert "rule" not in Settings.names()
 
 
 def test_rule_of_a_calibration_is_the_calibration(tmp_path):
@@ -80,7 +93,7 @@ def test_rule_of_a_calibration_is_the_calibration(tmp_path):
     rows = [(0.30, False, "a"), (0.44, False, "a"), (0.46, True, "a"), (0.60, True, "b"), (0.35, False, "b"), (0.70, True, "b")]
     cal = write_calibration(calibrate([Cell(f"c{i}", g, h, {"saturation": s}) for i, (s, h, g) in enumerate(rows)],
                                       source="mine"), tmp_path / "calibration.json")
-    rule = Rule.of(Settings(calibration=cal))
+    rule = Settings(calibration=cal).rule
     assert rule.threshold_source == "calibration" and rule.threshold == pytest.approx(cal.threshold)
     v = verdict_of(_reading(counts={"a": LayerCounts(60, 100)}, functions={"a": "erf"}), rule)
     assert v.threshold_source == "calibration" and "uncalibrated" not in v.cautions  # calibrated on the user's runs
@@ -99,7 +112,7 @@ def test_a_function_the_study_did_not_calibrate_says_so_unless_the_user_gave_a_t
     assert v.decision == "go" and v.trust == "uncalibrated" and v.functions == (function,)
     assert v.headline() == f"GO by the study's rule, no calibrated threshold for {function}: {MEASURED}"
     assert "satmon calibrate" in v.card() and not any(w in v.card() for w in IMPERATIVES)
-    mine = verdict_of(r, Rule.of(Settings(threshold=0.55)))
+    mine = verdict_of(r, Settings(threshold=0.55).rule)
     # a bare threshold of the user's is no calibration either: no evidence, a measurement
     assert mine.trust == "unproven" and mine.cautions == ("unproven",) and mine.held_out_accuracy is None
     assert mine.headline() == ("GO by your threshold 0.55: a measurement, not a forecast (no held-out accuracy: a threshold "
@@ -143,7 +156,7 @@ def test_no_headline_advises_in_the_imperative():
                                                                         {"functions": {"a": "erf"}})]
     readings.append(_reading(nonfinite_weights={"w": 1}))
     for r in readings:
-        for rule in (Rule(), FORECAST, Rule.of(Settings(threshold=0.3))):
+        for rule in (Rule(), FORECAST, Settings(threshold=0.3).rule):
             v = verdict_of(r, rule)
             for text in (v.headline(), v.summary(), v.card().splitlines()[0]):
                 assert not any(w in text.lower() for w in IMPERATIVES), text
