@@ -122,7 +122,7 @@ def test_unreadable_calibrations_get_a_clear_message(tmp_path):
         Settings(calibration=tmp_path / "missing.json")
     with pytest.raises(CalibrationError, match="got (an unusable path|no file|a path the system cannot take)"):
         Settings(calibration="cal\x00.json")
-    with pytest.raises(CalibrationError, match=r"got an unusable path \(OSError: .*File name too long"):
+    with pytest.raises(CalibrationError, match=r"got a name of 5,000 bytes, over .*NAME_MAX"):
         Settings(calibration="x" * 5000)
     with pytest.raises(CalibrationError, match="Expected a path to a calibration.json, got '': pass OUT/calibration.json"):
         Settings(calibration="")  # not the working directory
