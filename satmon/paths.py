@@ -27,7 +27,12 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NotRegular", "PathKind", "describe_mode", "kind_of", "length_problem", "not_a_folder", "open_regular",
+#: satmon's own files, named once: the Hugging Face callback's resume state in each ``checkpoint-N/`` and the
+#: live probe's calibration batches beside a run's logs (a replay uses them as ``--data``).
+STATE_FILE = "satmon_state.pt"
+CALIBRATION_FILE = "satmon_calibration.pt"
+
+__all__ = ["CALIBRATION_FILE", "STATE_FILE", "NotRegular", "PathKind", "describe_mode", "kind_of", "length_problem", "not_a_folder", "open_regular",
            "require_regular"]
 
 #: ``kind`` -> the phrase that names it.

@@ -64,7 +64,7 @@ except ImportError as err:  # pragma: no cover - the message is the point
 __all__ = ["SatmonTrainerCallback", "STATE_FILE", "log_entry"]
 
 #: the file, in each checkpoint folder, that holds the screen's state
-STATE_FILE = "satmon_state.pt"
+from satmon.paths import STATE_FILE  # noqa: E402
 _ON_MISSING = ("warn", "raise")
 _OWN = ("logdir", "resume_from", "on_missing", "verbose", "log_every_n_steps")
 #: report_to names that are no tracker satmon can write to (they measure, they do not log a run)

@@ -44,6 +44,7 @@ import torch
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
 from torch.utils.data import DataLoader
 
+from satmon.paths import CALIBRATION_FILE
 from satmon.batches import feed_first
 from satmon.replay.data import capture_batches
 from satmon.probing.passes import OWN_OPTIONS, check_options, probe
@@ -169,7 +170,7 @@ class LiveProbe:
         if trainer.global_rank != 0 or not log_dir or not self.batches:
             return
         os.makedirs(log_dir, exist_ok=True)
-        self.saved_to = os.path.join(log_dir, "satmon_calibration.pt")
+        self.saved_to = os.path.join(log_dir, CALIBRATION_FILE)
         torch.save(self.batches, self.saved_to)
 
     # ------------------------------------------------------------------------------------ runs

@@ -134,8 +134,7 @@ def _natural_key(path: Path | str) -> list[Any]:
 #: satmon's own files, by name, and what each is: never a checkpoint, never an error (the names are satmon's:
 #: ``drivers/live_probe.py``, ``drivers/hf.py``'s ``STATE_FILE``, ``io/trackers.py``, ``io/lock.py``, the replay's
 #: partial records, ``io/atomic.py``'s temporaries; ``tests/replay/test_listing_kinds.py`` checks them against these).
-CALIBRATION_FILE = "satmon_calibration.pt"
-STATE_FILE = "satmon_state.pt"
+from satmon.paths import CALIBRATION_FILE, STATE_FILE  # noqa: E402
 SATMON_FILES = (
     (re.compile(re.escape(CALIBRATION_FILE)), "satmon's calibration batches (the live probe saved them; usable as --data)"),
     (re.compile(re.escape(STATE_FILE)), "satmon's screening state (the Hugging Face callback's; it holds the live verdict)"),

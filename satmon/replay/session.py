@@ -35,7 +35,7 @@ __all__ = ["CALIBRATION_FILE", "Replay", "replay_checkpoints"]
 
 #: The calibration batches the live probe saves beside a run's logs: a replay of that run's folder reads them when no
 #: other data is given (the name is :mod:`satmon.replay.checkpoints`', whose listing never counts it as a checkpoint).
-CALIBRATION_FILE = "satmon_calibration.pt"  # = satmon.replay.checkpoints.CALIBRATION_FILE, without importing torch here
+from satmon.paths import CALIBRATION_FILE  # noqa: E402
 
 #: Replays being iterated: closed at exit (before the interpreter stops TensorBoard's writer thread, which a replay
 #: left suspended and closed by the garbage collector at shutdown would wait for forever).

@@ -42,7 +42,7 @@ STATE_KEY = "SaturationMonitor"
 
 #: The file the Hugging Face callback saves the screen's state to in each ``checkpoint-N`` folder (read back on a
 #: resume, and by a replay of the folder for the live verdict it holds).
-STATE_FILE = "satmon_state.pt"
+from satmon.paths import STATE_FILE  # noqa: E402  (named once, with satmon's other files)
 
 STATE_VERSION = 2
 #: the saved counts, per layer (summed over ranks)

@@ -205,7 +205,10 @@ def test_satmon_file_names_are_the_ones_satmon_writes():
     assert ck.satmon_file(os.path.basename(lock.lock_path("grid", folder=True)))
     assert ck.satmon_file(trackers.text_file_name("satmon/verdict")) and ck.satmon_file(trackers.text_file_name("satmon/stop"))
     package = {p: p.read_text() for p in Path(ck.__file__).parents[1].rglob("*.py") if p.name != "checkpoints.py"}
-    assert any(f'"{ck.CALIBRATION_FILE}"' in text for p, text in package.items() if "drivers" in p.parts)  # the live probe's
+    from satmon import paths
+
+    assert ck.CALIBRATION_FILE == paths.CALIBRATION_FILE and ck.STATE_FILE == paths.STATE_FILE  # named once
+    assert "os.path.join(log_dir, CALIBRATION_FILE)" in package[Path(hf.__file__).with_name("live_probe.py")]  # the live probe's
     assert any('".partial.jsonl"' in text for text in package.values()) and ck.satmon_file("r.json.partial.jsonl")
 
 
