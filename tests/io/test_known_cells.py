@@ -15,12 +15,20 @@ from satmon.io.known_cells import STUDY_LABEL, known_cells, read_known_cells
 
 ROOT = Path(__file__).resolve().parents[2]
 FAITHFUL = "satmon 0.4 faithful CPU grid"
+GRID2 = "satmon 0.5 second CPU grid"
+
+
+def _grid2() -> list[dict]:
+    """The second grid's cells committed so far (docs/grid2.json: interim while its run goes on)."""
+    return json.loads((ROOT / "docs" / "grid2.json").read_text())["cells"]
 
 
 def test_the_study_and_the_faithful_grid_are_read_and_the_v03_grid_is_not():
     cells = known_cells()
     sources = [c.source for c in cells]
-    assert sources.count(STUDY_LABEL) == 12 and sources.count(FAITHFUL) == 16 and len(cells) == 28
+    n2 = len(_grid2())
+    assert sources.count(STUDY_LABEL) == 12 and sources.count(FAITHFUL) == 16 and sources.count(GRID2) == n2
+    assert len(cells) == 28 + n2
     assert not any("0.3" in s for s in sources)  # phase_grid_v03.csv: not the study's protocol
     # the study's passes: 5,000 steps x 64 x 512 tokens over each budget's unique tokens (docs/science.md)
     by_name = {c.name: c for c in cells}
@@ -40,14 +48,32 @@ def test_the_faithful_grid_columns_are_its_json_cells():
         assert k.best_delta == pytest.approx(best, abs=1e-5)
 
 
+def test_the_second_grid_columns_are_its_json_cells():
+    shipped = {c.name: c for c in known_cells() if c.source == GRID2}
+    committed = _grid2()
+    assert set(shipped) == {c["name"] for c in committed}
+    for c in committed:
+        k = shipped[c["name"]]
+        assert k.passes == pytest.approx(c["epochs"], rel=1e-5) and k.delta == pytest.approx(c["delta"], abs=1e-6)
+        assert (k.best_delta < 0) == c["helps_best"]
+
+
 def test_the_counts_of_the_issue_are_recounted_from_the_cells():
-    cells = known_cells()
+    cells = [c for c in known_cells() if c.source != GRID2]  # the issue's counts: the study's and the first grid's
     few = [c for c in cells if c.passes <= 3.4]
     many = [c for c in cells if c.passes >= 16]
     assert (sum(c.delta > 0 for c in few), len(few)) == (13, 13)
     assert (sum(c.delta < 0 for c in many), len(many)) == (8, 15)
     best = [c for c in cells if c.best_delta is not None]
     assert (sum(c.best_delta < 0 for c in best), len(best)) == (0, 16)
+    # with the second grid's cells, recounted from its JSON (not from the shipped file)
+    g2 = _grid2()
+    few2 = [c for c in g2 if c["epochs"] <= 3.4]
+    many2 = [c for c in g2 if c["epochs"] >= 16]
+    every = known_cells()
+    assert (sum(c.delta > 0 for c in every if c.passes <= 3.4), sum(c.passes <= 3.4 for c in every)) == (
+        13 + sum(c["delta"] > 0 for c in few2), 13 + len(few2))
+    assert sum(c.delta < 0 for c in every if c.passes >= 16) == 8 + sum(c["delta"] < 0 for c in many2)
     # the study's GO / NO-GO sides (satmon.study.GO_HELPED, NO_GO_HELPED), from its saturation column
     text = resources.files("satmon").joinpath("data_files/study_cells.csv").read_text()
     rows = [line.split(",") for line in text.splitlines() if line and not line.startswith(("#", "name"))]
