@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
 
 import lightning.pytorch as pl
 import torch
@@ -68,6 +71,46 @@ def clean_env() -> dict[str, str]:
              "GROUP_RANK", "PL_GLOBAL_SEED", "TORCHELASTIC_RUN_ID")
     return {**{k: v for k, v in os.environ.items() if k not in stale and not k.startswith("ACCELERATE_")},
             "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+
+
+#: what a process prints when it ends by ``std::terminate`` (a C++ thread still running at exit): exit -6 (SIGABRT)
+TERMINATED = "terminate called"
+
+
+def run_ranks(argv: Sequence[str], *, cwd: str | os.PathLike, env: Mapping[str, str] | None = None,
+              timeout: float) -> subprocess.CompletedProcess:
+    """Run a script that starts processes of its own (Lightning's and Fabric's DDP launchers re-run it for every
+    further rank) in a session of its own, wait for all of them, and fail unless every rank exited cleanly.
+
+    Every rank inherits the output pipes, so the call returns when the last one has closed them; whatever is left
+    of the session is then killed, and on a timeout the whole session is (no rank outlives the test). Fails, with
+    what the ranks printed, on a timeout, on rank 0's non-zero exit, and on a rank that ended by ``std::terminate``
+    (:data:`TERMINATED` in the output, exit -6: a thread or a process group still running at exit), since a user's
+    DDP job must exit 0.
+    """
+    proc = subprocess.Popen(list(argv), cwd=cwd, env=None if env is None else dict(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_session(proc.pid)
+        out, err = proc.communicate()
+        raise AssertionError(f"Expected {argv[0]} and its ranks to finish within {timeout:.0f} s, got a run still "
+                             f"going (killed, with every rank)\n{out[-3000:]}\n{err[-5000:]}") from None
+    finally:
+        _kill_session(proc.pid)  # a rank that closed its pipes but lingers: never left running past the test
+    assert proc.returncode == 0 and TERMINATED not in out + err, (
+        f"Expected {argv[0]} to exit 0 on every rank, got exit {proc.returncode}"
+        f"{' and std::terminate on a rank' if TERMINATED in out + err else ''}\n{out[-3000:]}\n{err[-5000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _kill_session(pid: int) -> None:
+    """Kill every process left in the session (process group) that ``pid`` leads."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 
