@@ -1,4 +1,5 @@
-"""Shared test helpers: tiny models, data, and an independent float64 reference."""
+"""Shared test helpers: tiny models, data, a Trainer, hook sets, a recording sink and the DDP launcher (the float64
+reference lives in ``reference.py``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from satmon.demos.lit import LitLM
+from satmon.model.discovery import find_dyt_layers
+from satmon.observe.counters import SaturationCounter
+from satmon.observe.saturation import SaturationHooks
 
 
 def tiny_lit(**overrides) -> LitLM:
@@ -62,6 +66,12 @@ class InputRecorder:
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
+
+
+def hooked(model: nn.Module, keep_inputs: bool = False, **counter) -> SaturationHooks:
+    """Attached saturation hooks on every DyT layer of ``model`` (``counter``: SaturationCounter options)."""
+    layers = find_dyt_layers(model)
+    return SaturationHooks(layers, SaturationCounter(len(layers), **counter), keep_inputs=keep_inputs).attach()
 
 
 def clean_env() -> dict[str, str]:

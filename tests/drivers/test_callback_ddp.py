@@ -46,7 +46,8 @@ SCRIPT = textwrap.dedent(
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import Callback
     from torch.utils.data import DataLoader, DistributedSampler
-    from helpers import InputRecorder, tiny_lit, token_loader, trainer
+    from helpers import tiny_lit, token_loader, trainer
+    from reference import InputRecorder, counts_of
     from satmon import SaturationMonitor
     from satmon.model.discovery import find_dyt_layers
 
@@ -93,7 +94,7 @@ SCRIPT = textwrap.dedent(
             saturated=monitor.screen.hooks.counter.saturated.tolist(), total=monitor.screen.hooks.counter.total.tolist(),
             reference=rec.counts(first={window}), forwards=len(rec.inputs[names[0]]),
             state=probe.state, verdict=monitor.verdict.to_dict(),
-            per_step=[sum(int(((a * x).abs() > 2.0).sum()) for x, a in (rec.inputs[n][i] for n in names)) for i in range({window})],
+            per_step=[counts_of(rec.inputs[n][i] for n in names)[0] for i in range({window})],
             first_tokens=[x[:, 0, 0].tolist() for x, _ in rec.inputs[names[0]]],  # one number per sample and step
         )
         rec.remove()

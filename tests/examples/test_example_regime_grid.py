@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import dyt_names, load_example
-from helpers import InputRecorder
+from reference import InputRecorder, counts_of, exact_count
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Per-run fields that differ between two runs of the same cell (timings) or of the same grid.
@@ -63,12 +63,7 @@ def test_smoke_cell_readings_match_independent_references(rg, monkeypatch):
     assert all(len(v) == cfg.steps for v in rec.inputs.values())  # validation and the probe ran in eval mode
 
     def pooled(lo: int, hi: int) -> tuple[int, int]:  # steps lo+1 .. hi
-        sat = tot = 0
-        for items in rec.inputs.values():
-            for x, a in items[lo:hi]:
-                sat += int(((a * x).abs() > 2.0).sum())
-                tot += x.numel()
-        return sat, tot
+        return counts_of([item for items in rec.inputs.values() for item in items[lo:hi]])
 
     s, t = pooled(0, cfg.window)
     assert 0.0 < s / t < 1.0  # the smoke mode saturates (alpha_init 2.0, large embeddings): a real check
@@ -90,8 +85,8 @@ def test_smoke_cell_readings_match_independent_references(rg, monkeypatch):
         assert e["cumulative"] == pytest.approx(pooled(0, e["step"])[0] / pooled(0, e["step"])[1])
         for name, items in rec.inputs.items():
             seg = items[e["step"] - cfg.series_every:e["step"]]
-            ref = sum(int(((al * x).abs() > 2.0).sum()) for x, al in seg) / sum(x.numel() for x, _ in seg)
-            assert e["per_layer"][name] == ref
+            seg_sat, seg_tot = counts_of(seg)
+            assert e["per_layer"][name] == seg_sat / seg_tot
         assert set(e["alpha"]) == set(dyt_names(model))
     assert cell["window_decision"] == ("go" if s / t >= 0.43 else "no-go")
     # centered: offset_every=1 in smoke mode, so every window step was sampled; float64 reference
@@ -99,7 +94,7 @@ def test_smoke_cell_readings_match_independent_references(rg, monkeypatch):
         sat = tot = 0
         for x, a in items[: cfg.window]:
             flat = x.reshape(-1, x.shape[-1])  # (B*T, C)
-            sat += int(((a * (flat - flat.mean(0))).abs() > 2.0).sum())
+            sat += exact_count(flat - flat.mean(0), a)
             tot += flat.numel()
         assert cell["window_centered_per_layer"][name] == pytest.approx(sat / tot, abs=1e-12)
 
@@ -120,8 +115,8 @@ def test_smoke_cell_readings_match_independent_references(rg, monkeypatch):
         nonlocal sat, cen, tot
         x, a = args[0].detach().double(), mod.alpha.detach().double()
         flat = x.reshape(-1, x.shape[-1])
-        sat += int(((a * flat).abs() > 2.0).sum())
-        cen += int(((a * (flat - flat.mean(0))).abs() > 2.0).sum())
+        sat += exact_count(flat, a)
+        cen += exact_count(flat - flat.mean(0), a)
         tot += flat.numel()
 
     handles = [modules[n].register_forward_hook(hook) for n in dyt_names(model)]

@@ -35,7 +35,7 @@ RECORDING = textwrap.dedent(
     # examples/fabric_loop.py, with a float64 recorder of every training DyT input on each rank
     import importlib.util, json, sys
     sys.path.insert(0, {tests!r})
-    from helpers import InputRecorder
+    from reference import InputRecorder
     from satmon import find_dyt_layers
 
     spec = importlib.util.spec_from_file_location("fabric_loop", {example!r})
