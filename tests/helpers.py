@@ -41,31 +41,15 @@ def trainer(tmp_path, **kw) -> pl.Trainer:
     return pl.Trainer(**args)
 
 
-class InputRecorder:
-    """Record every DyT input of training forwards in float64 (the reference, independent of satmon's code)."""
+def assert_mentions(message: str, *facts: object) -> None:
+    """Assert that ``message`` carries every fact a message must carry (the file, the option, the value, what to do),
+    wherever and in whatever words it says them: each fact's text (``str(fact)``) appears in it. A test written so
+    checks what the user needs from the message, not its sentence; it fails naming the facts that are missing.
 
-    def __init__(self, model: nn.Module, names: list[str]) -> None:
-        modules = dict(model.named_modules())
-        self.inputs: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {n: [] for n in names}
-        self.handles = [modules[n].register_forward_hook(self._hook(n)) for n in names]
-
-    def _hook(self, name: str):
-        def hook(mod, args, out):
-            if mod.training:
-                self.inputs[name].append((args[0].detach().to(torch.float64).clone(), mod.alpha.detach().to(torch.float64).clone()))
-        return hook
-
-    def counts(self, level: float = 2.0, first: int | None = None) -> dict[str, tuple[int, int]]:
-        out = {}
-        for name, items in self.inputs.items():
-            items = items if first is None else items[:first]
-            sat = sum(int(((a * x).abs() > level).sum()) for x, a in items)
-            out[name] = (sat, sum(x.numel() for x, _ in items))
-        return out
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
+    >>> assert_mentions("satmon replay: Expected --data FILE, got a folder (data/); pass a file", "--data", "data/")
+    """
+    missing = [str(f) for f in facts if str(f) not in message]
+    assert not missing, f"Expected the message to mention {missing}, got: {message!r}"
 
 
 def hooked(model: nn.Module, keep_inputs: bool = False, **counter) -> SaturationHooks:

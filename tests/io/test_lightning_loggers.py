@@ -19,7 +19,7 @@ import pytest
 import torch
 import yaml
 import wandb
-from helpers import tiny_lit, token_loader, trainer
+from helpers import assert_mentions, tiny_lit, token_loader, trainer
 from trackers import finished_run, own_trackers
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
 
@@ -76,8 +76,8 @@ def test_the_console_gets_one_line_naming_every_place(fitted):
     v = monitor.verdict
     [line] = [l for l in out.splitlines() if l.startswith("satmon verdict:")]
     assert out.count("satmon verdict") == 1 and "| layer |" not in out  # one line, not the card
-    assert line.startswith(f"satmon verdict: {v.decision.upper()} by the study's rule (trust: {v.trust}), saturation "
-                           f"{v.saturation:.4f} {'>=' if v.go else '<'} threshold 0.43")
+    assert line.startswith(f"satmon verdict: {v.decision.upper()}")  # the decision first
+    assert_mentions(line.split("; card: ")[0], f"trust: {v.trust}", f"{v.saturation:.4f} {'>=' if v.go else '<'} threshold 0.43")
     places = line.split("; card: ")[1].split(", ")
     assert f"TensorBoard {loggers['tb'].log_dir}" in places and str(Path(loggers["csv"].log_dir) / "satmon_verdict.md") in places
     assert "my sink" in places
