@@ -1,8 +1,12 @@
-"""Shared test helpers: tiny models, data, and an independent float64 reference."""
+"""Shared test helpers: tiny models, data, a Trainer, hook sets, a recording sink and the DDP launcher (the float64
+reference lives in ``reference.py``)."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
 
 import lightning.pytorch as pl
 import torch
@@ -10,6 +14,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from satmon.demos.lit import LitLM
+from satmon.model.discovery import find_dyt_layers
+from satmon.observe.counters import SaturationCounter
+from satmon.observe.saturation import SaturationHooks
 
 
 def tiny_lit(**overrides) -> LitLM:
@@ -34,31 +41,21 @@ def trainer(tmp_path, **kw) -> pl.Trainer:
     return pl.Trainer(**args)
 
 
-class InputRecorder:
-    """Record every DyT input of training forwards in float64 (the reference, independent of satmon's code)."""
+def assert_mentions(message: str, *facts: object) -> None:
+    """Assert that ``message`` carries every fact a message must carry (the file, the option, the value, what to do),
+    wherever and in whatever words it says them: each fact's text (``str(fact)``) appears in it. A test written so
+    checks what the user needs from the message, not its sentence; it fails naming the facts that are missing.
 
-    def __init__(self, model: nn.Module, names: list[str]) -> None:
-        modules = dict(model.named_modules())
-        self.inputs: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {n: [] for n in names}
-        self.handles = [modules[n].register_forward_hook(self._hook(n)) for n in names]
+    >>> assert_mentions("satmon replay: Expected --data FILE, got a folder (data/); pass a file", "--data", "data/")
+    """
+    missing = [str(f) for f in facts if str(f) not in message]
+    assert not missing, f"Expected the message to mention {missing}, got: {message!r}"
 
-    def _hook(self, name: str):
-        def hook(mod, args, out):
-            if mod.training:
-                self.inputs[name].append((args[0].detach().to(torch.float64).clone(), mod.alpha.detach().to(torch.float64).clone()))
-        return hook
 
-    def counts(self, level: float = 2.0, first: int | None = None) -> dict[str, tuple[int, int]]:
-        out = {}
-        for name, items in self.inputs.items():
-            items = items if first is None else items[:first]
-            sat = sum(int(((a * x).abs() > level).sum()) for x, a in items)
-            out[name] = (sat, sum(x.numel() for x, _ in items))
-        return out
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
+def hooked(model: nn.Module, keep_inputs: bool = False, **counter) -> SaturationHooks:
+    """Attached saturation hooks on every DyT layer of ``model`` (``counter``: SaturationCounter options)."""
+    layers = find_dyt_layers(model)
+    return SaturationHooks(layers, SaturationCounter(len(layers), **counter), keep_inputs=keep_inputs).attach()
 
 
 def clean_env() -> dict[str, str]:
@@ -68,6 +65,46 @@ def clean_env() -> dict[str, str]:
              "GROUP_RANK", "PL_GLOBAL_SEED", "TORCHELASTIC_RUN_ID")
     return {**{k: v for k, v in os.environ.items() if k not in stale and not k.startswith("ACCELERATE_")},
             "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+
+
+#: what a process prints when it ends by ``std::terminate`` (a C++ thread still running at exit): exit -6 (SIGABRT)
+TERMINATED = "terminate called"
+
+
+def run_ranks(argv: Sequence[str], *, cwd: str | os.PathLike, env: Mapping[str, str] | None = None,
+              timeout: float) -> subprocess.CompletedProcess:
+    """Run a script that starts processes of its own (Lightning's and Fabric's DDP launchers re-run it for every
+    further rank) in a session of its own, wait for all of them, and fail unless every rank exited cleanly.
+
+    Every rank inherits the output pipes, so the call returns when the last one has closed them; whatever is left
+    of the session is then killed, and on a timeout the whole session is (no rank outlives the test). Fails, with
+    what the ranks printed, on a timeout, on rank 0's non-zero exit, and on a rank that ended by ``std::terminate``
+    (:data:`TERMINATED` in the output, exit -6: a thread or a process group still running at exit), since a user's
+    DDP job must exit 0.
+    """
+    proc = subprocess.Popen(list(argv), cwd=cwd, env=None if env is None else dict(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_session(proc.pid)
+        out, err = proc.communicate()
+        raise AssertionError(f"Expected {argv[0]} and its ranks to finish within {timeout:.0f} s, got a run still "
+                             f"going (killed, with every rank)\n{out[-3000:]}\n{err[-5000:]}") from None
+    finally:
+        _kill_session(proc.pid)  # a rank that closed its pipes but lingers: never left running past the test
+    assert proc.returncode == 0 and TERMINATED not in out + err, (
+        f"Expected {argv[0]} to exit 0 on every rank, got exit {proc.returncode}"
+        f"{' and std::terminate on a rank' if TERMINATED in out + err else ''}\n{out[-3000:]}\n{err[-5000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _kill_session(pid: int) -> None:
+    """Kill every process left in the session (process group) that ``pid`` leads."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import InputRecorder, tiny_lit, token_loader, trainer
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from satmon import SaturationMonitor
@@ -221,7 +222,8 @@ sys.path.insert(0, {tests!r})
 import torch
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader, DistributedSampler
-from helpers import InputRecorder, tiny_lit, token_loader, trainer
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder
 from satmon import SaturationMonitor
 from satmon import find_dyt_layers
 

@@ -7,7 +7,8 @@ these run wherever a GPU is present (``python -m pytest tests/test_gpu.py``).
 import pytest
 import torch
 
-from helpers import InputRecorder, tiny_lit, token_loader, trainer
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder
 from satmon import SaturationMonitor
 from satmon import find_dyt_layers
 

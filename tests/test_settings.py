@@ -288,7 +288,7 @@ def test_replay_builds_one_settings_from_probe_kwargs_and_refuses_both(tmp_path)
 
 
 def test_probe_reads_the_rule_and_selection_from_settings():
-    from saturation_reference import reference
+    from reference import reference
 
     from satmon import probe
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import torch
-from helpers import InputRecorder
+from reference import InputRecorder
 from lightning.pytorch.callbacks import Callback
 
 from satmon import build_verdict, find_dyt_layers

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import InputRecorder, tiny_lit, token_loader, trainer
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder, counts_of
 from lightning.pytorch.callbacks import Callback
 
 from satmon import SaturationMonitor
@@ -37,9 +38,7 @@ def _reference(rec: InputRecorder, forwards, level: float = 2.0) -> dict[str, tu
     """Float64 (saturated, total) per layer over the training forwards with these indices."""
     out = {}
     for name, items in rec.inputs.items():
-        chosen = [items[i] for i in forwards]
-        sat = sum(int(((a * x).abs() > level).sum()) for x, a in chosen)
-        out[name] = (sat, sum(x.numel() for x, _ in chosen))
+        out[name] = counts_of([items[i] for i in forwards], level)
     return out
 
 

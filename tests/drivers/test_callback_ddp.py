@@ -1,10 +1,11 @@
 """DDP with 2 CPU processes (gloo) gives the same counts and verdict as one process on the same global data.
 
-Each DDP run is a script in a subprocess (``strategy="ddp"``: Lightning starts the second rank itself
-by re-running the script), with a ``timeout`` so that a stuck rendezvous fails the test instead of
-hanging it; the one-process baseline runs the same script inside pytest. Every rank writes its
-local counts, its own float64 reference counts, the monitor's ``state_dict()`` (summed over ranks)
-and the verdict to a JSON file.
+The DDP run is one script in a subprocess (``strategy="ddp"``: Lightning starts the second rank itself
+by re-running the script) that fits once per learning rate in the same process group (one launch for
+every check here), with a ``timeout`` so that a stuck rendezvous fails the test instead of hanging it,
+and that must exit 0 on both ranks (``helpers.run_ranks``); the one-process baseline runs the same
+script inside pytest. Every rank writes, per fit, its local counts, its own float64 reference counts,
+the monitor's ``state_dict()`` (summed over ranks) and the verdict to a JSON file.
 
 Same global data: 2 ranks x batch 4 with a ``DistributedSampler(shuffle=False)`` give rank ``r`` the
 samples ``8k + r, 8k + r + 2, ...`` at step ``k``; their union is exactly the single process's batch
@@ -23,9 +24,7 @@ a small tolerance and the decision must be the same.
 from __future__ import annotations
 
 import json
-import os
 import runpy
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -33,6 +32,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import clean_env, run_ranks
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
 
@@ -46,11 +46,12 @@ SCRIPT = textwrap.dedent(
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import Callback
     from torch.utils.data import DataLoader, DistributedSampler
-    from helpers import InputRecorder, tiny_lit, token_loader, trainer
+    from helpers import tiny_lit, token_loader, trainer
+    from reference import InputRecorder, counts_of
     from satmon import SaturationMonitor
     from satmon import find_dyt_layers
 
-    devices, batch_size, lr, out = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+    devices, batch_size, lrs, out = int(sys.argv[1]), int(sys.argv[2]), [float(v) for v in sys.argv[3].split(",")], sys.argv[4]
     torch.set_num_threads(1)
 
 
@@ -65,43 +66,63 @@ SCRIPT = textwrap.dedent(
 
     class Data(pl.LightningDataModule):
         # 8 samples per optimizer step in total, {window} + 2 steps; the sampler needs the rank, known at fit.
+        def __init__(self, batch_size):
+            super().__init__()
+            self.batch_size = batch_size
+
         def train_dataloader(self):
-            data = token_loader(n_batches=({window} + 2) * 8 // batch_size, batch_size=batch_size).dataset
+            data = token_loader(n_batches=({window} + 2) * 8 // self.batch_size, batch_size=self.batch_size).dataset
             t = self.trainer
             sampler = DistributedSampler(data, num_replicas=t.world_size, rank=t.global_rank, shuffle=False) if t.world_size > 1 else None
-            return DataLoader(data, batch_size=batch_size, sampler=sampler, shuffle=False)
+            return DataLoader(data, batch_size=self.batch_size, sampler=sampler, shuffle=False)
 
 
-    pl.seed_everything(0, verbose=False)
-    lit = tiny_lit(alpha_init=50.0, lr=lr)
-    names = [l.name for l in find_dyt_layers(lit)]
-    rec = InputRecorder(lit, names)
-    monitor = SaturationMonitor(window={window}, verbose=False)
-    probe = StateProbe(monitor)
-    kw = dict(strategy="ddp", num_nodes=1) if devices > 1 else {{}}
-    tr = trainer(out, devices=devices, max_steps={window} + 2, callbacks=[monitor, probe], use_distributed_sampler=False, **kw)
-    tr.fit(lit, datamodule=Data())
-    result = dict(
-        world_size=tr.world_size, rank=tr.global_rank, layers=monitor.layer_names,
-        saturated=monitor.screen.hooks.counter.saturated.tolist(), total=monitor.screen.hooks.counter.total.tolist(),
-        reference=rec.counts(first={window}), forwards=len(rec.inputs[names[0]]),
-        state=probe.state, verdict=monitor.verdict.to_dict(),
-        per_step=[sum(int(((a * x).abs() > 2.0).sum()) for x, a in (rec.inputs[n][i] for n in names)) for i in range({window})],
-        first_tokens=[x[:, 0, 0].tolist() for x, _ in rec.inputs[names[0]]],  # one number per sample and step
-    )
-    with open(f"{{out}}/result-{{tr.global_rank}}.json", "w") as f:
-        json.dump(result, f)
+    def fit(lr):
+        # one fit: a fresh model, monitor and Trainer (the second Trainer joins the process group the first made)
+        pl.seed_everything(0, verbose=False)
+        lit = tiny_lit(alpha_init=50.0, lr=lr)
+        names = [l.name for l in find_dyt_layers(lit)]
+        rec = InputRecorder(lit, names)
+        monitor = SaturationMonitor(window={window}, verbose=False)
+        probe = StateProbe(monitor)
+        kw = dict(strategy="ddp", num_nodes=1) if devices > 1 else {{}}
+        tr = trainer(f"{{out}}/lr{{lr}}", devices=devices, max_steps={window} + 2, callbacks=[monitor, probe],
+                     use_distributed_sampler=False, **kw)
+        tr.fit(lit, datamodule=Data(batch_size))
+        result = dict(
+            world_size=tr.world_size, rank=tr.global_rank, layers=monitor.layer_names,
+            saturated=monitor.screen.hooks.counter.saturated.tolist(), total=monitor.screen.hooks.counter.total.tolist(),
+            reference=rec.counts(first={window}), forwards=len(rec.inputs[names[0]]),
+            state=probe.state, verdict=monitor.verdict.to_dict(),
+            per_step=[counts_of(rec.inputs[n][i] for n in names)[0] for i in range({window})],
+            first_tokens=[x[:, 0, 0].tolist() for x, _ in rec.inputs[names[0]]],  # one number per sample and step
+        )
+        rec.remove()
+        with open(f"{{out}}/result-lr{{lr}}-{{tr.global_rank}}.json", "w") as f:
+            json.dump(result, f)
+
+
+    for lr in lrs:
+        fit(lr)
+    # Lightning destroys its process group at exit only for NCCL; a gloo group left to the interpreter's exit can end
+    # the process by std::terminate (exit -6): a script that made one ends it (docs/distributed.md)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     """
 )
 
 
-def _run(tmp_path: Path, devices: int, lr: float) -> list[dict]:
-    """Run the script; one process runs inside pytest (saves an interpreter and a Lightning import)."""
-    out = tmp_path / f"ddp{devices}-lr{lr}"
+LRS = (0.0, 3e-3)  # weights that never move (exact), and a real learning rate (to a tolerance)
+
+
+def _run(tmp_path: Path, devices: int) -> dict[float, list[dict]]:
+    """Run the script, one fit per learning rate; one process runs inside pytest (saves an interpreter and a Lightning
+    import), two in one launch. Per learning rate, the ranks' results in rank order."""
+    out = tmp_path / f"ddp{devices}"
     out.mkdir()
     script = out / "run.py"
     script.write_text(SCRIPT.format(tests=str(TESTS), window=WINDOW))
-    argv = [str(script), str(devices), str(8 // devices), str(lr), str(out)]
+    argv = [str(script), str(devices), str(8 // devices), ",".join(str(lr) for lr in LRS), str(out)]
     if devices == 1:
         threads = torch.get_num_threads()  # the script sets 1 thread, as each DDP rank gets on 2 cores
         try:
@@ -112,21 +133,21 @@ def _run(tmp_path: Path, devices: int, lr: float) -> list[dict]:
         finally:
             torch.set_num_threads(threads)
     else:
-        env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
-        for var in ("MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "PL_GLOBAL_SEED"):
-            env.pop(var, None)
-        proc = subprocess.run([sys.executable, *argv], cwd=str(out), env=env, capture_output=True, text=True, timeout=150)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    results = [json.loads((out / f"result-{r}.json").read_text()) for r in range(devices)]
-    assert [r["rank"] for r in results] == list(range(devices))
-    assert all(r["world_size"] == devices for r in results)
-    return results
+        env = {**clean_env(), "MASTER_ADDR": "127.0.0.1"}
+        run_ranks([sys.executable, *argv], cwd=str(out), env=env, timeout=240)
+    runs = {}
+    for lr in LRS:
+        results = [json.loads((out / f"result-lr{lr}-{r}.json").read_text()) for r in range(devices)]
+        assert [r["rank"] for r in results] == list(range(devices))
+        assert all(r["world_size"] == devices for r in results)
+        runs[lr] = results
+    return runs
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ddp")
-    return {(devices, lr): _run(tmp, devices, lr) for devices in (1, 2) for lr in (0.0, 3e-3)}
+    return {(devices, lr): results for devices in (1, 2) for lr, results in _run(tmp, devices).items()}
 
 
 def _global(results: list[dict], key: str) -> list[int]:

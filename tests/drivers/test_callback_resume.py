@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import InputRecorder, tiny_lit, token_loader, trainer
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder, counts_of
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from satmon import SaturationMonitor
@@ -118,7 +119,7 @@ def _resume(tmp_path: Path, ckpt: Path, **settings):
 def _counts(rec: InputRecorder, level: float, start: int, stop: int) -> tuple[int, int]:
     """Saturated and total elements of forwards ``start:stop`` (all layers), float64, independent of satmon."""
     items = [item for name in rec.inputs for item in rec.inputs[name][start:stop]]
-    return sum(int(((a * x).abs() > level).sum()) for x, a in items), sum(x.numel() for x, _ in items)
+    return counts_of(items, level)
 
 
 def test_resume_with_another_threshold_keeps_the_counts(original, tmp_path):

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import InputRecorder, tiny_lit, token_loader, trainer
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from satmon import SaturationMonitor

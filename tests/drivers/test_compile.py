@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import InputRecorder, tiny_lit, token_loader, trainer
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder
 from lightning.pytorch.callbacks import Callback
 
 from satmon import SaturationMonitor

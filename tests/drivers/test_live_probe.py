@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import InputRecorder, tiny_lit, token_loader, trainer
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder
 from lightning.pytorch.callbacks import LambdaCallback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

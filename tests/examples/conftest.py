@@ -1,5 +1,5 @@
 """Running the examples: as scripts (a subprocess) or in-process with a float64 recorder of every DyT
-input, the reference the examples' verdicts are checked against."""
+input (``reference.InputRecorder``), the reference the examples' verdicts are checked against."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import InputRecorder
-from satmon import DyT, LayerCounts
+from reference import InputRecorder
+from satmon import DyT
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -38,32 +38,6 @@ def load_example(name: str) -> ModuleType:
 
 def dyt_names(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, DyT)]
-
-
-def float64_counts(model: nn.Module, inputs: list[torch.Tensor], level: float = 2.0) -> dict[str, LayerCounts]:
-    """Saturated / total DyT input elements of ``model`` over ``inputs`` (eval mode, no grad), in float64."""
-    counts = {n: [0, 0] for n in dyt_names(model)}
-    modules = dict(model.named_modules())
-
-    def hook(name: str):
-        def count(mod, args, out) -> None:
-            x, alpha = args[0].detach().double(), mod.alpha.detach().double()
-            counts[name][0] += int(((alpha * x).abs() > level).sum())
-            counts[name][1] += x.numel()
-        return count
-
-    handles = [modules[n].register_forward_hook(hook(n)) for n in counts]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for x in inputs:
-                model(x)
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
-    return {n: LayerCounts(*c) for n, c in counts.items()}
 
 
 @pytest.fixture

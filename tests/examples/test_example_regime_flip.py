@@ -8,7 +8,8 @@ import math
 
 from torch.utils.data import DataLoader
 
-from conftest import float64_counts, load_example, run_script
+from reference import model_counts
+from conftest import load_example, run_script
 from satmon import build_verdict
 
 
@@ -38,7 +39,7 @@ def test_regime_flip_saturation_equals_float64_recount(tmp_path, recorded_lit):
     def end_recount(model, train_set):  # the end-of-training batches the example reads: the first end_batches
         loader = DataLoader(train_set, batch_size=setup.batch_size)
         inputs = [x for _, (x, _) in zip(range(setup.end_batches), loader)]
-        counts = float64_counts(model, inputs)
+        counts = model_counts(model, inputs)
         return {"recount_end": sum(c.saturated for c in counts.values()) / sum(c.total for c in counts.values())}
 
     r = rf.train_one(setup, "few", "dyt", 0, str(tmp_path), 1, on_end=end_recount)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import float64_counts, load_example
+from reference import model_counts
+from conftest import load_example
 from satmon.calibrate.fit import read_cells
 from satmon.calibrate.runs import join_outcomes, read_outcomes, run_readings
 
@@ -78,7 +79,7 @@ def test_end_readings_equal_satmons_counts_and_offset_statistics():
     x = torch.randint(0, 256, (12, 16))
     data = TensorDataset(x, x)
     got = grid.end_readings(model, data, batch_size=4, batches=3)
-    ref = float64_counts(model, list(x.split(4)))
+    ref = model_counts(model, list(x.split(4)))
     for name, c in ref.items():
         assert got["per_layer_end"][name] == c.saturated / c.total
     assert 0.0 < got["saturation_end_hook"] < 1.0

@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 
-from conftest import float64_counts, run_script
+from reference import model_counts
+from conftest import run_script
 from satmon import build_verdict
 from satmon.demos.corpus import CorpusDataModule
 from satmon.demos.lit import LitLM
@@ -30,6 +31,6 @@ def test_replay_finished_run_matches_float64_recount(tmp_path):
         data = CorpusDataModule(**ckpt["datamodule_hyper_parameters"])
         data.setup("fit")
         inputs = [x for _, (x, _) in zip(range(1), data.train_dataloader())]
-        ref = build_verdict(float64_counts(model, inputs), step=r["global_step"], source="replay")
+        ref = build_verdict(model_counts(model, inputs), step=r["global_step"], source="replay")
         v = r["verdict"]
         assert (v["decision"], v["saturation"], v["per_layer"], v["source"]) == (ref.decision, ref.saturation, ref.per_layer, "replay")

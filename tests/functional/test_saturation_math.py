@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from reference import count, exact_count, module_count
 from satmon.functional.saturation import (
     POINTWISE_FUNCTIONS,
     AlphaBroadcastError,
@@ -24,20 +25,6 @@ from satmon.functional.saturation import (
 LOW = (torch.bfloat16, torch.float16, torch.float32)
 INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 INF_BITS = {torch.float32: 0x7F800000, torch.bfloat16: 0x7F80, torch.float16: 0x7C00}
-
-
-def module_recount(x: torch.Tensor, alpha: torch.Tensor, level: float) -> int:
-    """What the forward's ``tanh`` receives: the product rounded to ``result_type(alpha, x)``."""
-    dt = torch.result_type(alpha, x)
-    return int(((alpha.to(dt) * x.to(dt)).abs().to(torch.float64) > level).sum())
-
-
-def exact_recount(x: torch.Tensor, alpha: torch.Tensor, level: float) -> int:
-    """The real product (exact in float64 for float32/bf16/fp16 operands)."""
-    return int(((alpha.to(torch.float64) * x.to(torch.float64)).abs() > level).sum())
-
-
-RECOUNT = {"module": module_recount, "exact": exact_recount}
 
 
 def bits_to(bits: int, dtype: torch.dtype) -> float:
@@ -77,7 +64,7 @@ def test_counts_equal_recount(product, dtype, alpha_dtype, alpha, level):
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(4, 33, 64, generator=g) * 3).to(dtype)
     a = torch.tensor([alpha], dtype=torch.float32 if alpha_dtype == "float32" else dtype)
-    assert saturation_counts(x, a, level, product=product)[0].item() == RECOUNT[product](x, a, level)
+    assert saturation_counts(x, a, level, product=product)[0].item() == count(x, a, level, product=product)
 
 
 @pytest.mark.parametrize("product", ["module", "exact"])
@@ -88,7 +75,7 @@ def test_zero_dim_alpha_takes_the_input_dtype(product, dtype, alpha_dtype):
     a = torch.tensor(0.7001, dtype=alpha_dtype)
     assert module_product_dtype(a, dtype) == torch.result_type(a, torch.ones(2, dtype=dtype)) == dtype
     x = torch.cat([around(torch.tensor([2.0 / 0.7001]), dtype, 3).reshape(-1), (torch.randn(3000) * 4).to(dtype)])
-    assert saturation_counts(x, a, 2.0, product=product)[0].item() == RECOUNT[product](x, a, 2.0)
+    assert saturation_counts(x, a, 2.0, product=product)[0].item() == count(x, a, 2.0, product=product)
 
 
 @pytest.mark.parametrize("dtype", LOW)
@@ -103,7 +90,7 @@ def test_inputs_at_and_either_side_of_the_boundary(dtype, alpha_dtype, shape):
     x = torch.cat([around(naive, dtype), around(t_mod, dtype)])  # (rows, C): column c around channel c's boundaries
     assert x.dtype == dtype and x.shape[1] == shape[0]
     for product in ("module", "exact"):
-        assert saturation_counts(x, a, 2.0, product=product)[0].item() == RECOUNT[product](x, a, 2.0)
+        assert saturation_counts(x, a, 2.0, product=product)[0].item() == count(x, a, 2.0, product=product)
 
 
 def test_bf16_products_just_above_two_round_to_two():
@@ -125,11 +112,11 @@ def test_bf16_products_just_above_two_round_to_two():
         rounded_to_two += low.numel()
         layer(low.reshape(-1, 1).expand(-1, 8))  # (tokens, C)
         assert bool((seen[0].abs() == 2.0).all())  # what the layer's tanh received (nothing when low is empty)
-        assert saturation_counts(low, alpha, 2.0)[0].item() == module_recount(low, alpha, 2.0) == 0
-        assert saturation_counts(low, alpha, 2.0, product="exact")[0].item() == exact_recount(low, alpha, 2.0) == low.numel()
+        assert saturation_counts(low, alpha, 2.0)[0].item() == module_count(low, alpha, 2.0) == 0
+        assert saturation_counts(low, alpha, 2.0, product="exact")[0].item() == exact_count(low, alpha, 2.0) == low.numel()
         for product in ("module", "exact"):
             got = saturation_counts(high, alpha, 2.0, product=product)[0].item()
-            assert got == RECOUNT[product](high, alpha, 2.0) == high.numel()
+            assert got == count(high, alpha, 2.0, product=product) == high.numel()
     assert rounded_to_two >= 8  # the case was exercised
 
 
@@ -154,7 +141,7 @@ def test_randomised_boundary_sweep_float32(product):
         a = torch.rand(1, generator=g) * 4 + 0.01
         t = saturation_threshold(a, 2.0, product=product)
         x = t + (torch.randint(-3, 4, (1000,), generator=g).float() * torch.finfo(torch.float32).eps * t)
-        assert saturation_counts(x, a, 2.0, product=product)[0].item() == RECOUNT[product](x, a, 2.0)
+        assert saturation_counts(x, a, 2.0, product=product)[0].item() == count(x, a, 2.0, product=product)
 
 
 @pytest.mark.parametrize("product", ["module", "exact"])
@@ -163,7 +150,7 @@ def test_float64_inputs_compare_the_float64_product(product):
     x = torch.randn(64, 16, generator=g, dtype=torch.float64) * 3
     for a in (torch.tensor([1.3]), torch.rand(16, generator=g) * 2):
         want = int(((a.double() * x).abs() > 2.0).sum())
-        assert saturation_counts(x, a, 2.0, product=product)[0].item() == want == module_recount(x, a, 2.0)
+        assert saturation_counts(x, a, 2.0, product=product)[0].item() == want == module_count(x, a, 2.0)
 
 
 # ------------------------------------------------------------------ thresholds
@@ -210,7 +197,7 @@ def test_host_threshold_counts_equal_recount(alpha, product):
     t = saturation_threshold_host(a.item(), 2.0, product=product)
     noise = torch.randn(5000, generator=torch.Generator().manual_seed(5)) * 3
     x = torch.cat([around(torch.tensor([t]), torch.float32).reshape(-1), noise])
-    assert int(saturation_sums(x, t)[1]) == RECOUNT[product](x, a, 2.0)
+    assert int(saturation_sums(x, t)[1]) == count(x, a, 2.0, product=product)
 
 
 def test_exact_threshold_is_largest_float32_not_saturating():
@@ -226,9 +213,9 @@ def test_zero_and_nonfinite_alpha():
     x = torch.tensor([0.0, 1e-3, 5.0, 1e30, float("inf")])
     for product in ("module", "exact"):
         zero = torch.tensor([0.0])
-        assert saturation_counts(x, zero, 2.0, product=product)[0].item() == 0 == RECOUNT[product](x, zero, 2.0)
+        assert saturation_counts(x, zero, 2.0, product=product)[0].item() == 0 == count(x, zero, 2.0, product=product)
         inf = torch.tensor([float("inf")])
-        assert saturation_counts(x, inf, 2.0, product=product)[0].item() == RECOUNT[product](x, inf, 2.0) == 4
+        assert saturation_counts(x, inf, 2.0, product=product)[0].item() == count(x, inf, 2.0, product=product) == 4
         assert saturation_counts(x, torch.tensor([float("nan")]), 2.0, product=product)[0].item() == 0
 
 
@@ -260,7 +247,7 @@ def test_per_channel_alpha_broadcasts_as_the_product(dtype, x_shape, alpha_shape
     alpha = torch.rand(alpha_shape, generator=g) * 2 + 0.1  # float32: promoted, as under autocast
     for a in (alpha, alpha.to(dtype)):
         for product in ("module", "exact"):
-            assert saturation_counts(x, a, 2.0, product=product)[0].item() == RECOUNT[product](x, a, 2.0)
+            assert saturation_counts(x, a, 2.0, product=product)[0].item() == count(x, a, 2.0, product=product)
 
 
 def test_square_input_counts_the_dimension_alpha_broadcasts_on():
@@ -269,7 +256,7 @@ def test_square_input_counts_the_dimension_alpha_broadcasts_on():
     x = torch.randn(2, 12, 5, 12, generator=g) * 3
     a = torch.linspace(0.1, 3.0, 12)
     last, first = saturation_counts(x, a, 2.0)[0].item(), saturation_counts(x, a.view(12, 1, 1), 2.0)[0].item()
-    assert last == module_recount(x, a, 2.0) and first == module_recount(x, a.view(12, 1, 1), 2.0)
+    assert last == module_count(x, a, 2.0) and first == module_count(x, a.view(12, 1, 1), 2.0)
     assert last != first  # the two readings differ on this input: alpha's shape decides, as in the forward
 
 
@@ -287,7 +274,7 @@ def test_alpha_that_does_not_broadcast_to_the_input_is_refused(x_shape, alpha_sh
 def test_nonfinite_counted_separately_never_raises(product):
     x = torch.tensor([1.0, float("inf"), -float("inf"), float("nan"), 0.1])
     sat, bad = saturation_counts(x, torch.tensor([1.0]), 2.0, product=product)
-    assert sat.item() == RECOUNT[product](x, torch.tensor([1.0]), 2.0) == 2 and bad.item() == 1  # a flag per input
+    assert sat.item() == count(x, torch.tensor([1.0]), 2.0, product=product) == 2 and bad.item() == 1  # a flag per input
     assert saturation_counts(torch.tensor([1.0, 3.0]), torch.tensor([1.0]), 2.0, product=product)[1].item() == 0
 
 
@@ -311,7 +298,7 @@ def test_counts_trace_into_one_graph():
             x = (torch.randn(4, 16, 8, generator=g) * 3).to(dtype)
             a = torch.tensor([0.7001], dtype=alpha_dtype)
             x[0, 0] = around(2.0 / a.double(), dtype, 2)[:8, 0]  # boundary values in the batch
-            assert counted(x, a, 2.0)[0].item() == saturation_counts(x, a, 2.0)[0].item() == module_recount(x, a, 2.0)
+            assert counted(x, a, 2.0)[0].item() == saturation_counts(x, a, 2.0)[0].item() == module_count(x, a, 2.0)
     finally:
         dynamo.reset()
 
@@ -368,7 +355,7 @@ def test_erf_threshold_counts_exactly_at_its_cutoff(dtype, alpha_dtype):
     x = torch.cat([around(c / a.double(), dtype, 3).reshape(-1), around(t, dtype, 3).reshape(-1),
                    (torch.randn(2000, generator=torch.Generator().manual_seed(3)) * 3).to(dtype)])
     for product in ("module", "exact"):
-        assert saturation_counts(x, a, c, product=product)[0].item() == RECOUNT[product](x, a, c)
+        assert saturation_counts(x, a, c, product=product)[0].item() == count(x, a, c, product=product)
 
 
 # ------------------------------------------------------------------ the fused and the shifted counts
@@ -383,7 +370,7 @@ def test_fused_counts_equal_the_four_op_counts(dtype, shape):
     sat, bad = fused_counts(x, t)
     want_sat, want_bad = saturation_counts(x, a, 2.0)
     assert (sat.dtype, bad.dtype) == (torch.int64, torch.int64)
-    assert (sat.item(), bad.item()) == (want_sat.item(), want_bad.item()) == (module_recount(x, a, 2.0), 1)
+    assert (sat.item(), bad.item()) == (want_sat.item(), want_bad.item()) == (module_count(x, a, 2.0), 1)
 
 
 def test_fused_counts_many_equals_each_inputs_four_op_count():
@@ -434,13 +421,11 @@ def test_shifted_counts_equal_the_modules_own_preactivation(dtype, shift_shape):
     a = torch.tensor([0.83]).to(dtype)
     s = (torch.randn(shift_shape, generator=g) * 0.7).to(dtype)
     x = (torch.randn(6, 9, 32, generator=g) * 2.5).to(dtype)
-    module_u = (a * x + s).to(torch.float64)
-    exact_u = a.double() * x.double() + s.double()
-    assert shifted_saturation_counts(x, a, s, c)[0].item() == int((module_u.abs() > c).sum())
-    assert shifted_saturation_counts(x, a, s, c, product="exact")[0].item() == int((exact_u.abs() > c).sum())
+    assert shifted_saturation_counts(x, a, s, c)[0].item() == module_count(x, a, c, shift=s)
+    assert shifted_saturation_counts(x, a, s, c, product="exact")[0].item() == exact_count(x, a, c, shift=s)
     x[1, 2, 3] = float("nan")
     sat, bad = shifted_saturation_counts(x, a, s, c)
-    assert bad.item() == 1 and sat.item() == int(((a * x + s).to(torch.float64).abs() > c).sum())
+    assert bad.item() == 1 and sat.item() == module_count(x, a, c, shift=s)  # NaN is never over the level
     with pytest.raises(AlphaBroadcastError, match="keep the input's shape"):
         shifted_saturation_counts(x, a, torch.zeros(2, 1, 1, 1), c)
 

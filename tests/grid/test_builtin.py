@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import InputRecorder
+from reference import InputRecorder
 
 from satmon.dyt import DyT
 from satmon.grid import builtin

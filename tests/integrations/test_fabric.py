@@ -9,8 +9,6 @@ and the verdict's counts equal a float64 re-count of the DyT inputs both ranks s
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -18,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from helpers import clean_env
+from helpers import clean_env, run_ranks
 from integration_recipe import ROOT, STEPS, WINDOW, comparable, lightning_run, load_example
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -39,7 +37,7 @@ RECORDING = textwrap.dedent(
     # examples/fabric_loop.py, with a float64 recorder of every training DyT input on each rank
     import importlib.util, json, sys
     sys.path.insert(0, {tests!r})
-    from helpers import InputRecorder
+    from reference import InputRecorder
     from satmon import find_dyt_layers
 
     spec = importlib.util.spec_from_file_location("fabric_loop", {example!r})
@@ -70,9 +68,7 @@ def test_two_processes_agree_on_the_verdict_and_the_stop(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, str(script), "--devices", "2", "--window", str(WINDOW), "--steps", str(STEPS),
            "--abort-on", "no-go", "--threshold", "0.9", "--json", str(out)]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=240,
-                          env=clean_env())
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_ranks(cmd, cwd=tmp_path, env=clean_env(), timeout=240)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["world_size"] == 2 for r in ranks)
 

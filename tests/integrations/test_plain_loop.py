@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import satmon
-from helpers import InputRecorder
+from reference import InputRecorder
 from integration_recipe import WINDOW, comparable, gpt, lightning_run, load_example, loader, plain_run
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import InputRecorder, tiny_lit, token_loader, trainer
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from satmon import SaturationMonitor

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import InputRecorder, trainer
+from helpers import trainer
+from reference import InputRecorder
 from third_party import OddGatedBlock, SquashBlock, SquashNorm, UserLM
 from torch import Tensor, nn
 from torch.utils.data import DataLoader

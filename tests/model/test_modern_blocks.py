@@ -10,6 +10,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from reference import InputRecorder, pooled
+
 import satmon
 from satmon import DyT, convert_to_dyt, find_norm_layers, probe
 from satmon.convert import check_conversion, pending_conversion
@@ -141,22 +143,6 @@ def test_a_non_gated_mlp_reads_no_with_a_trace_and_unknown_without():
 
 
 # ----------------------------------------------------------------------------- the live screen's first training forward
-def _recount(model: nn.Module) -> tuple[dict[str, list[int]], list]:
-    """An independent float64 count of |alpha * x| > 2 per DyT layer, from hooks of its own."""
-    counts: dict[str, list[int]] = {}
-    handles = []
-    for name, m in model.named_modules():
-        if isinstance(m, DyT):
-            def hook(mod, args, name=name):
-                if satmon.model.dataflow.tracing():
-                    return
-                x = (mod.alpha.detach().double() * args[0].detach().double()).abs()
-                c = counts.setdefault(name, [0, 0])
-                c[0], c[1] = c[0] + int((x > 2.0).sum()), c[1] + x.numel()
-            handles.append(m.register_forward_pre_hook(hook))
-    return counts, handles
-
-
 @pytest.mark.parametrize("experts", ["W[e] + b[e]", "grouped_mm"])
 def test_the_screen_reads_gating_from_the_first_training_forward(experts):
     """No example_input and no extra forward: a plain loop's first forward is traced as it runs; the verdict applies
@@ -167,7 +153,9 @@ def test_the_screen_reads_gating_from_the_first_training_forward(experts):
     model.register_forward_pre_hook(lambda m, a: forwards.append(1))
     screen = satmon.Screen(window=3, verbose=False, watch_every_n_steps=0).attach(model)
     assert screen.gating.gated is None and "no forward was traced" in screen.gating.message
-    counts, _ = _recount(model)
+    # the float64 reference of every forward but satmon's own traced ones
+    rec = InputRecorder(model, [n for n, m in model.named_modules() if isinstance(m, DyT)],
+                        when=lambda mod: not satmon.model.dataflow.tracing())
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     for step in range(3):
         loss = model(torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(step))).pow(2).mean()
@@ -179,8 +167,8 @@ def test_the_screen_reads_gating_from_the_first_training_forward(experts):
     v = screen.verdict
     assert v.gated is True and v.gated_layers == ("blocks.0.n2", "blocks.1.n2") and v.saturation >= 0.5
     assert v.decision == "no-go" and v.collapse_risk is True
-    pooled = sum(c[0] for c in counts.values()) / sum(c[1] for c in counts.values())
-    assert v.saturation == pytest.approx(pooled, abs=1e-12) and set(v.per_layer) == set(counts)
+    counts = rec.counts()
+    assert v.saturation == pytest.approx(pooled(counts), abs=1e-12) and set(v.per_layer) == set(counts)
     for name, (sat, total) in counts.items():
         assert v.per_layer[name] == pytest.approx(sat / total, abs=1e-12)
 

@@ -16,7 +16,8 @@ from torch import nn
 import satmon
 from satmon import DyT, convert_to_dyt, find_norm_layers
 from satmon.model.gating import detect_gating
-from test_modern_blocks import _recount, reads_directly
+from reference import InputRecorder, pooled
+from test_modern_blocks import reads_directly
 
 transformers = pytest.importorskip("transformers")
 
@@ -121,18 +122,20 @@ def test_converted_models_run_and_the_screen_counts_equal_a_float64_recount(name
         assert left == []
     model.train()
     screen = satmon.Screen(window=2, verbose=False, watch_every_n_steps=0, warn=lambda m: None).attach(model)
-    counts, handles = _recount(model)
+    # the float64 reference of every forward but satmon's own traced ones
+    rec = InputRecorder(model, [n for n, m in model.named_modules() if isinstance(m, satmon.DyT)],
+                        when=lambda mod: not satmon.model.dataflow.tracing())
     for step in range(2):
         batch = torch.randint(3, VOCAB, (2, 16), generator=torch.Generator().manual_seed(step))
         out = model(batch).logits
         assert torch.isfinite(out).all()
         screen.step(out.float().pow(2).mean())
-    for h in handles:
-        h.remove()
+    rec.remove()
+    counts = rec.counts()
     v = screen.verdict
     norm_leaf = TRUTH[name][0]
     assert v.gated is (norm_leaf is not None) and all(n.endswith("." + str(norm_leaf)) for n in v.gated_layers)
     assert set(v.per_layer) == set(counts)
     for layer, (sat, total) in counts.items():
         assert v.per_layer[layer] == sat / total, layer
-    assert v.saturation == pytest.approx(sum(c[0] for c in counts.values()) / sum(c[1] for c in counts.values()), abs=1e-12)
+    assert v.saturation == pytest.approx(pooled(counts), abs=1e-12)

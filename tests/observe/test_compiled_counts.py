@@ -55,8 +55,10 @@ MODELS = {
 }
 
 
-@pytest.mark.parametrize("sample_every", [1, 2])
-@pytest.mark.parametrize("arch", list(MODELS))
+# Every step counted (the default) and every other step (the hooks flip on and off: two graph variants). Sampled, the
+# counted steps run the always-on graph too, so Llama (its gate statistics traced into the graph as well) runs sampled
+# only; GPT runs both.
+@pytest.mark.parametrize(("arch", "sample_every"), [("gpt", 1), ("gpt", 2), ("llama", 2)])
 def test_no_graph_break_and_the_eager_counts(arch, sample_every):
     reason = _compile_works()
     if reason:

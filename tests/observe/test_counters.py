@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from saturation_reference import reference
+from reference import reference
 from satmon.observe.counters import SaturationCounter
 from satmon.functional.saturation import saturation_counts
 

@@ -15,17 +15,10 @@ import torch
 from torch import nn
 
 import satmon.observe.saturation as sat
-from saturation_reference import float64_count
+from reference import exact_count, module_count
 from satmon.functional.saturation import pointwise_cutoff
 from satmon.observe.counters import SaturationCounter
 from satmon.observe.saturation import FUSED_MIN_ELEMENTS, CountQueue, compile_counts
-
-
-def module_count(x: torch.Tensor, alpha: torch.Tensor, level: float = 2.0) -> int:
-    """The product as the layer's forward rounds it (``result_type(alpha, x)``), compared with ``level`` as a real
-    number (in float64: a level such as erf's cut-off is no float32 value)."""
-    a, x = alpha.detach(), x.detach()
-    return int(((a * x).abs().to(torch.float64) > level).sum())
 
 
 def GRAPH(gm, example):  # noqa: N802 -- a compiler: the traced graph, run as it is
@@ -106,7 +99,7 @@ def test_the_fused_count_equals_the_four_ops_and_the_recounts_bit_for_bit(produc
     assert fused.inputs_counted == {"fused": len(items), "four ops": 0}
     assert four.inputs_counted == {"fused": 0, "four ops": len(items)}
     assert got_fused == got_four
-    recount = module_count if product == "module" else float64_count
+    recount = module_count if product == "module" else exact_count
     assert got_fused[0] == [recount(x, a, level) for x, a in items]
     assert got_fused[1] == [x.numel() for x, _ in items]
     assert got_fused[2] == [1, 0, 1, 0, 0, 0]

@@ -15,6 +15,7 @@ from satmon.observe.gate import GateCounter, GateHooks
 from satmon.model.gating import GatedPairing, GatingInfo, detect_gating
 from satmon.demos.lit import LitLM
 from satmon.demos.llama import LlamaLM
+from reference import gate_stats
 from satmon.functional.gate import flat_threshold
 
 D, H = 16, 24
@@ -38,13 +39,12 @@ class _Fused(nn.Module):
         return self.fc_out(self.act(g) * u)
 
 
-def _recount(model: _Fused, x: torch.Tensor, t: float) -> tuple[float, float]:
-    """Flat fraction and mean |hidden| in float64, from the model's own modules (no satmon code)."""
+def _gate_and_hidden(model: _Fused, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gate pre-activations and the down projection's input, from the model's own modules (no satmon code)."""
     with torch.no_grad():
         a, b = model.fc_in(model.norm(x)).double().chunk(2, dim=-1)
     g, u = (a, b) if model.gate_first else (b, a)
-    h = model.act(g) * u
-    return float((g < t).double().mean()), float(h.abs().mean())
+    return g, model.act(g) * u
 
 
 @pytest.mark.parametrize("gate_first", [True, False])
@@ -61,7 +61,7 @@ def test_fused_gate_statistics_equal_a_float64_recount_and_nan_before_any_data(g
     x = torch.randn(4, 7, D)
     with torch.no_grad():
         model(x[:2]), model(x[2:])
-    flat, hidden = _recount(model, x, flat_threshold("silu"))
+    flat, hidden = gate_stats(*_gate_and_hidden(model, x), flat_threshold("silu"))
     r = hooks.readings()["norm"]
     assert 0.05 < flat < 0.95 and r["flat_fraction"] == flat
     assert r["mean_abs_hidden"] == pytest.approx(hidden, rel=1e-6)
@@ -93,8 +93,9 @@ def test_split_gate_statistics_through_the_callback_equal_a_float64_recount(tmp_
     g = torch.cat([x.reshape(-1) for x in captured["g"]])
     h = torch.cat([x.reshape(-1) for x in captured["h"]])
     r = monitor.verdict.risk["model.blocks.0.mlp"]
-    assert r["flat_fraction"] == float((g < flat_threshold("silu")).double().mean())  # same count, exactly
-    assert r["mean_abs_hidden"] == pytest.approx(float(h.abs().mean()), rel=1e-9)
+    flat, hidden = gate_stats(g, h, flat_threshold("silu"))
+    assert r["flat_fraction"] == flat  # same count, exactly
+    assert r["mean_abs_hidden"] == pytest.approx(hidden, rel=1e-9)
 
 
 def test_readings_follow_pairing_order_with_one_slot_each():

@@ -6,7 +6,8 @@ import statistics
 
 import pytest
 import torch
-from helpers import InputRecorder, tiny_lit, token_loader, trainer
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder, exact_count
 
 from satmon import SaturationMonitor
 from satmon.observe.offset import offset_driven
@@ -21,8 +22,8 @@ def _reference(items: list[tuple[torch.Tensor, torch.Tensor]], level: float = 2.
         flat = x.reshape(-1, x.shape[-1])  # (tokens, C)
         m = flat.mean(0)
         s = (flat - m).square().mean(0).sqrt()
-        sat += int(((a * flat).abs() > level).sum())
-        cen += int(((a * (flat - m)).abs() > level).sum())
+        sat += exact_count(flat, a, level)
+        cen += exact_count(flat - m, a, level)
         total += flat.numel()
         medians.append(statistics.median((m.abs() / s).tolist()))
     return {"saturated": sat / total, "centered": cen / total, "offset_ratio": sum(medians) / len(medians)}

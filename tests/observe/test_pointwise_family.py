@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 from torch import nn
+from reference import exact_count, module_count
 
 from satmon import DyT
 from satmon.model.discovery import NormLayer
@@ -83,11 +84,7 @@ def _float64_counts(seen, module_rounding: bool) -> dict[str, tuple[int, int]]:
     for name, calls in seen.items():
         sat = total = 0
         for x, a, s in calls:
-            if module_rounding:
-                u = (a * x + s if s is not None else a * x).to(torch.float64)
-            else:
-                u = a.double() * x.double() + (s.double() if s is not None else 0.0)
-            sat += int((u.abs() > CUTOFF[name]).sum())
+            sat += (module_count if module_rounding else exact_count)(x, a, CUTOFF[name], shift=s)
             total += x.numel()
         out[name] = (sat, total)
     return out

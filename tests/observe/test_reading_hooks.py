@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from reference import exact_count
 
 from satmon import DyT
 from satmon.model.discovery import NormLayer
@@ -23,7 +24,7 @@ def test_the_offset_hooks_count_only_when_their_owner_enables_them():
     r = hooks.read(step=2, source="probe", sync=False)
     hooks.detach()
     assert r.counts["0"].total == 64  # saturation: both forwards
-    want = float(((2.0 * x.double()).abs() > 2).double().mean())
+    want = exact_count(x, torch.tensor(2.0), 2.0) / x.numel()
     assert r.offset["0"]["saturated"] == pytest.approx(want, abs=1e-12)  # offsets: the enabled forward only
 
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from saturation_reference import float64_count, hooked, module_count, reference
+from helpers import hooked
+from reference import exact_count, module_count, reference
 from satmon import DyT
 from satmon.observe.counters import SaturationCounter
 from satmon.observe.saturation import HookReadings, SaturationHooks
@@ -94,7 +95,7 @@ def test_float64_inputs_compare_the_float64_product():
     x = torch.randn(6, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2)) * 9
     x[0, 0] = 2.0 / 0.3  # near the level: the float64 product is what counts
     model(x)
-    assert hooks.read(sync=False).saturated == [float64_count(x, model[0].alpha)]
+    assert hooks.read(sync=False).saturated == [exact_count(x, model[0].alpha)]
 
 
 @pytest.mark.parametrize("product", ["module", "exact"])
@@ -105,11 +106,11 @@ def test_the_counters_product_rule_reaches_the_hooks_on_the_boundary(product, ke
     alpha = model[0].alpha
     grid = torch.linspace(1.32, 1.35, 64).to(torch.bfloat16)  # |x| around 2 / 1.5, on the bf16 grid
     x = torch.stack([grid, -grid])  # (2, 64)
-    assert module_count(x, alpha) != float64_count(x, alpha)  # the data do sit on the boundary
+    assert module_count(x, alpha) != exact_count(x, alpha)  # the data do sit on the boundary
     hooks = hooked(model, keep_inputs=keep_inputs, product=product)
     with torch.no_grad():  # kept inputs must be counted before alpha changes; here nothing changes
         model(x)
-    want = module_count(x, alpha) if product == "module" else float64_count(x, alpha)
+    want = module_count(x, alpha) if product == "module" else exact_count(x, alpha)
     assert hooks.read(sync=False).saturated == [want]
 
 

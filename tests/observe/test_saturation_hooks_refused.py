@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import InputRecorder, tiny_lit, token_loader, trainer
-from saturation_reference import hooked, reference
+from helpers import hooked, tiny_lit, token_loader, trainer
+from reference import InputRecorder, reference
 from satmon import DyT, SaturationMonitor
 from satmon.observe.counters import SaturationCounter
 from satmon.observe.saturation import SaturationHooks

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
+from reference import InputRecorder, pooled
 
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.demos.llama import LlamaLM
@@ -269,19 +270,16 @@ def test_hooks_removed_after_a_failing_forward():
 def test_dyt_saturation_equals_float64_recount():
     model = _gpt("dyt", alpha_init=50.0)
     layers = find_dyt_layers(model)
-    inputs: dict[str, list[tuple[Tensor, Tensor]]] = {l.name: [] for l in layers}
-    for l in layers:
-        l.module.register_forward_hook(  # satmon's gating trace (one eval forward of the first batch) left out
-            lambda m, a, o, n=l.name: None if tracing() else inputs[n].append((a[0].detach().double(), m.alpha.detach().double())))
+    # satmon's gating trace (one eval forward of the first batch) left out
+    rec = InputRecorder(model, [l.name for l in layers], when=lambda m: not tracing())
     report = probe(model, _tokens(0))
-    sat = {n: sum(int(((al * x).abs() > 2.0).sum()) for x, al in items) for n, items in inputs.items()}
-    tot = {n: sum(x.numel() for x, _ in items) for n, items in inputs.items()}
-    for n in sat:
-        assert report.layers[n].saturation == sat[n] / tot[n]
+    counts = rec.counts()
+    for n, (sat, tot) in counts.items():
+        assert report.layers[n].saturation == sat / tot
         assert report.layers[n].alpha == pytest.approx(50.0)
-    assert report.saturation == sum(sat.values()) / sum(tot.values())
+    assert report.saturation == pooled(counts)
     assert 0.05 < report.saturation < 0.95
-    assert report.verdict.saturation == report.saturation and report.verdict.elements == sum(tot.values())
+    assert report.verdict.saturation == report.saturation and report.verdict.elements == sum(t for _, t in counts.values())
     assert report.norm_type == "dyt"
     assert probe_scalars(report)[TAG.saturation] == report.saturation
 
@@ -369,13 +367,11 @@ def test_report_keys_round_trip_through_json_and_tags_match_the_live_callback():
 def test_probe_decision_equals_the_rule_on_an_independent_float64_recount(alpha, decision):
     model = _gpt("dyt", alpha_init=alpha)
     layers = find_dyt_layers(model)
-    seen: list[tuple[Tensor, Tensor]] = []
-    for l in layers:
-        l.module.register_forward_hook(lambda m, a, o: None if tracing() else seen.append((a[0].detach().double(), m.alpha.detach().double())))
+    rec = InputRecorder(model, [l.name for l in layers], when=lambda m: not tracing())
     report = probe(model, _tokens(0, n_batches=2, batch=8))
-    pooled = sum(int(((al * x).abs() > 2.0).sum()) for x, al in seen) / sum(x.numel() for x, _ in seen)
-    assert report.saturation == pooled
-    assert report.verdict.decision == ("go" if pooled >= 0.43 else "no-go") == decision  # the study's rule, by hand
+    want = pooled(rec.counts())
+    assert report.saturation == want
+    assert report.verdict.decision == ("go" if want >= 0.43 else "no-go") == decision  # the study's rule, by hand
     assert report.verdict.source == "probe" and report.verdict.step == 0 and report.verdict.window == 0
 
 

@@ -17,7 +17,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import InputRecorder
+from reference import InputRecorder
 from test_state import (
     _train,  # the plain loop: forward, backward, step, end_step, begin_step
 )

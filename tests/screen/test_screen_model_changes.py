@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from reference import exact_count
 
 from satmon import DyT, Screen
 
@@ -21,10 +22,9 @@ class Recorder:
 
     def watch(self, name: str, module: nn.Module) -> None:
         def hook(mod, args, out):
-            x = args[0].detach().double()
             c = self.counts.setdefault(name, [0, 0])
-            c[0] += int(((mod.alpha.detach().double() * x).abs() > 2.0).sum())
-            c[1] += x.numel()
+            c[0] += exact_count(args[0], mod.alpha, 2.0)
+            c[1] += args[0].numel()
 
         module.register_forward_hook(hook)
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import InputRecorder, RecordingSink
+from helpers import RecordingSink
+from reference import InputRecorder
 
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.io.sink import LayoutSink, MultiSink, Sink
