@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from satmon.demos.lit import LitLM
-from satmon.model.discovery import find_dyt_layers
+from satmon import find_dyt_layers
 from satmon.observe.counters import SaturationCounter
 from satmon.observe.saturation import SaturationHooks
 

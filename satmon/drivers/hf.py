@@ -46,7 +46,7 @@ from torch import nn
 
 from satmon.drivers.run_scale import planned_tokens, put_scale_note, run_forecast, scale_note
 from satmon.io.sink import Sink
-from satmon.io.tensorboard import verdict_hparams
+from satmon.io.tensorboard import TAG, verdict_hparams
 from satmon.results.card import plain
 from satmon.results.stop import StopRecord
 from satmon.screen.agreement import TorchDistributed
@@ -96,7 +96,7 @@ def log_entry(verdict: Verdict, epoch: float | None = None) -> dict[str, Any]:
         ('no-go', 'unproven', 0.25, -0.18, 20)
     """
     entry: dict[str, Any] = dict(verdict_hparams(verdict))
-    entry.update({"satmon/saturation": float(verdict.saturation), "satmon/margin": float(verdict.margin)})
+    entry.update({TAG.hp_saturation: float(verdict.saturation), TAG.hp_margin: float(verdict.margin)})
     if epoch is not None:
         entry["epoch"] = float(epoch)
     entry["step"] = int(verdict.step)

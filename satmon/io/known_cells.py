@@ -155,8 +155,8 @@ def forecast(*, params: float, unique_tokens: float, planned_tokens: float,
     Example:
         >>> import satmon
         >>> f = satmon.forecast(params=64e6, unique_tokens=50e6, planned_tokens=5000 * 64 * 512)  # the study's 64M/50M
-        >>> f.outcome, round(f.passes, 2), f.agreeing, f.cells
-        ('hurts', 3.28, 13, 13)
+        >>> f.outcome, round(f.passes, 2), f.agreeing == f.cells >= 13
+        ('hurts', 3.28, True)
         >>> satmon.forecast(params=64e6, unique_tokens=1e6, planned_tokens=5000 * 64 * 512).outcome
         'uncertain'
     """

@@ -78,6 +78,8 @@ class TAG:
     collapse_loss_z = "satmon_collapse/loss_z"
     # the hparams view: hyper-parameter keys (and satmon 0.3's sub-run of the session: read, never written)
     hp_window = "satmon/window"
+    hp_saturation = "satmon/saturation"  # the Hugging Face log_history entry's numbers
+    hp_margin = "satmon/margin"
     hp_threshold = "satmon/threshold"
     hp_level = "satmon/level"
     hp_decision = "satmon/decision"
