@@ -1,0 +1,101 @@
+"""Pilot for issue 41 (not scored): where does DyT feeding a SwiGLU gate collapse at CPU scale?
+
+Trains ``satmon.demos.llama.LlamaLM`` (RoPE, SwiGLU, DyT in place of RMSNorm) and the RMSNorm arm from the same
+initial weights on the same batches of the demo's byte corpus, over a sweep of alpha_init, peak learning rate,
+depth and warm-up, and records per run the held-out loss every ``eval_every`` steps and the saturation
+``|alpha * x| > 2`` of the DyT layers that feed the gated MLPs (``mlp_norm``) on every step. Its cells are a pilot:
+they choose the scored grid's configurations (docs/collapse_plan.md) and are never scored.
+
+    python examples/collapse_pilot.py --out /tmp/collapse_pilot.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+from satmon.demos.corpus import corpus_tokens
+from satmon.demos.llama import LlamaLM
+
+
+def run(arm: str, cfg: dict, data: torch.Tensor, val: torch.Tensor, steps: int, seed: int) -> dict:
+    torch.manual_seed(seed)
+    norm, mlp = {"dyt": ("dyt", "swiglu"), "rmsnorm": ("rmsnorm", "swiglu"), "dyt-gelu": ("dyt", "gelu")}[arm]
+    model = LlamaLM(d_model=cfg["d"], n_layers=cfg["L"], n_heads=4, seq_len=64, norm=norm, mlp=mlp,
+                    alpha_init=cfg["alpha"])
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=cfg["lr"], betas=(0.9, 0.95))
+    sat = {"n": 0, "k": 0}
+
+    def hook(mod, inp, out):
+        if mod.training:
+            x = inp[0].detach()
+            sat["k"] += int(((mod.alpha.detach() * x).abs() > 2).sum())
+            sat["n"] += x.numel()
+
+    hooks = [b.mlp_norm.register_forward_hook(hook) for b in model.blocks] if norm == "dyt" else []
+    g = torch.Generator().manual_seed(seed + 1000)
+    curve, sat_series = [], []
+    for step in range(1, steps + 1):
+        lr = cfg["lr"] * min(1.0, step / cfg["warmup"]) if cfg["warmup"] else cfg["lr"]
+        for group in opt.param_groups:
+            group["lr"] = lr
+        idx = torch.randint(0, data.numel() - 65, (16,), generator=g)
+        xb = torch.stack([data[i:i + 64] for i in idx.tolist()])
+        yb = torch.stack([data[i + 1:i + 65] for i in idx.tolist()])
+        loss = F.cross_entropy(model(xb).reshape(-1, 256), yb.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if hooks and step % 10 == 0:
+            sat_series.append([step, sat["k"] / max(sat["n"], 1)])
+            sat.update(n=0, k=0)
+        if step % 100 == 0 or step == steps:
+            model.eval()
+            with torch.no_grad():
+                vl = F.cross_entropy(model(val[:, :-1]).reshape(-1, 256), val[:, 1:].reshape(-1)).item()
+            model.train()
+            curve.append([step, vl if math.isfinite(vl) else None])
+    for h in hooks:
+        h.remove()
+    return {"arm": arm, "curve": curve, "saturation": sat_series}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=1000)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    toks = corpus_tokens(2_200_000)
+    data, val = toks[:2_000_000], toks[2_000_000:2_000_000 + 65 * 256].view(256, 65)
+    unigram = torch.bincount(data, minlength=256).double() / data.numel()
+    vt = val[:, 1:].reshape(-1)
+    unigram_loss = float(-(unigram[vt].clamp_min(1e-12)).log().mean())
+    grid = [dict(d=64, L=L, alpha=a, lr=lr, warmup=w)
+            for L, a, lr, w in itertools.product((2,), (0.5, 2.0, 8.0), (3e-3, 1e-2, 3e-2), (0, 300))]
+    out = {"unigram_loss": unigram_loss, "steps": args.steps, "runs": []}
+    for cfg in grid:
+        t0 = time.time()
+        arms = [run(a, cfg, data, val, args.steps, seed=100) for a in ("rmsnorm", "dyt")]
+        out["runs"].append({"config": cfg, "arms": arms, "seconds": time.time() - t0})
+        f = {a["arm"]: a["curve"][-1][1] for a in arms}
+        print(json.dumps(cfg), {k: (round(v, 3) if v is not None else None) for k, v in f.items()},
+              "sat_end", round(arms[1]["saturation"][-1][1], 3), f"{time.time() - t0:.0f}s", flush=True)
+        with open(args.out + ".tmp", "w") as fh:
+            json.dump(out, fh)
+        import os
+        os.replace(args.out + ".tmp", args.out)
+
+
+if __name__ == "__main__":
+    main()
