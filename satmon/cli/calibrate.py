@@ -180,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     from satmon.io.atomic import OutputError
     from satmon.io.safe_text import printable
 
-    command = "satmon calibrate " + " ".join(sys.argv[1:] if argv is None else argv)
+    from satmon.cli.main import command as pasteable
+
+    command = pasteable("satmon", "calibrate", *(sys.argv[1:] if argv is None else argv))
     try:
         cal_path, plot_path = _outputs(args)
         folders = [r for r in args.runs if os.path.isdir(r)]  # False past PATH_MAX: the reader names it

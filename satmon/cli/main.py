@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import sys
 import threading
 import traceback
@@ -44,6 +45,16 @@ EPILOG = "commands:\n" + "\n".join(f"  {name:<11}{line}" for name, (_, line) in 
 Run satmon COMMAND --help for a command's options and exit codes.
 exit codes: 0 success, 2 usage error (nothing done), 130 interrupted (Ctrl-C); each command
 documents its others."""
+
+
+def command(*words: object) -> str:
+    """A command line for the user to paste: every word shell-quoted (a path with spaces stays one argument).
+
+    Example:
+        >>> command("satmon", "report", "satmon_logs/replay of demo/version_0")
+        "satmon report 'satmon_logs/replay of demo/version_0'"
+    """
+    return shlex.join(str(w) for w in words)
 
 
 def usage_exit(e: SystemExit) -> int:
