@@ -151,9 +151,25 @@ def _guarded(name: str) -> Iterator[list[BaseException]]:
         threading.excepthook, sys.unraisablehook = previous, previous_unraisable
 
 
+def settings_problem() -> str | None:
+    """What is wrong with satmon's settings from the environment (``SATMON_MAX_PICKLE_MB``), read once before any
+    command works: one line, instead of the same error met at every file it governs."""
+    from satmon.replay.budget import pickle_budget
+
+    try:
+        pickle_budget()
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def _run(name: str, argv: list[str]) -> int:
     """The command's exit code; a background thread's error makes a run that said nothing of it end in one line."""
     from satmon.replay.user_code import error_line
+
+    if not {"-h", "--help"} & set(argv) and (problem := settings_problem()):  # checked once, before any work
+        print(f"satmon {name}: {problem}", file=sys.stderr)
+        return EXIT_USAGE
 
     with _guarded(name) as errors:
         try:

@@ -31,3 +31,14 @@ def test_every_printed_command_goes_through_command():
         source = inspect.getsource(module)
         assert source.count("command(") + source.count("pasteable(") >= n, module.__name__
         assert "satmon report {" not in source and "satmon replay {" not in source and "--logdir {" not in source
+
+
+@pytest.mark.parametrize("command_name", ["replay", "calibrate", "report", "demo"])
+def test_a_bad_setting_in_the_environment_is_one_line_and_exit_2_before_any_work(command_name, monkeypatch, capsys, tmp_path):
+    """issue 44.4: SATMON_MAX_PICKLE_MB=abc was found at every checkpoint ("skipped ... ValueError", exit 1)."""
+    from satmon.cli.main import main
+
+    monkeypatch.setenv("SATMON_MAX_PICKLE_MB", "abc")
+    assert main([command_name, str(tmp_path / "nothing.ckpt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "SATMON_MAX_PICKLE_MB" in err[0] and "'abc'" in err[0], err
