@@ -37,6 +37,7 @@ from satmon.dyt import DyT
 from satmon.model.affine import effective_affine
 from satmon.model.dataflow import own_forward
 from satmon.model.discovery import NormLayer, Selector, selects
+from satmon.model.dyt_init import follow_hf_init
 from satmon.model.frozen import frozen_forward
 from satmon.model.map import ModelMap, model_map
 from satmon.model.source_flow import call_inputs
@@ -180,6 +181,8 @@ def convert_to_dyt(
         if held in replaced:
             for parent, child in where:
                 setattr(parent, child, replaced[held])
+    if replaced:  # Hugging Face's init_weights() (after to_empty) initialises the DyT layers too
+        follow_hf_init(module)
     if not found:
         _warn_nothing(m, rmsnorm)
     left = {n: why for n, why in m.undetermined.items() if not selects(exclude, n, m.module(n))}

@@ -58,9 +58,29 @@ class DyT(nn.Module):
             raise ValueError(f"Expected a finite `alpha_init`, got {alpha_init!r}: the DyT paper's default is 0.5.")
         self.alpha_init = float(alpha_init)
         self.channels_last = channels_last
-        self.alpha = nn.Parameter(torch.full((1,), float(alpha_init)))
-        self.weight = nn.Parameter(torch.ones(self.normalized_shape))
-        self.bias = nn.Parameter(torch.zeros(self.normalized_shape)) if bias else None
+        self.alpha = nn.Parameter(torch.empty(1))
+        self.weight = nn.Parameter(torch.empty(self.normalized_shape))
+        self.bias = nn.Parameter(torch.empty(self.normalized_shape)) if bias else None
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """``alpha`` to ``alpha_init``, ``weight`` to ones, ``bias`` to zeros: the init, again.
+
+        A model made on the meta device and materialised with ``to_empty()`` holds whatever was in memory until
+        this runs (PyTorch's and FSDP2's idiom calls ``reset_parameters()`` on every module that has one).
+
+        Example:
+            >>> norm = DyT(3, alpha_init=0.8)
+            >>> _ = norm.alpha.data.fill_(float("nan"))
+            >>> norm.reset_parameters()
+            >>> float(norm.alpha), norm.weight.tolist(), norm.bias.tolist()
+            (0.800000011920929, [1.0, 1.0, 1.0], [0.0, 0.0, 0.0])
+        """
+        self.alpha.fill_(self.alpha_init)
+        self.weight.fill_(1.0)
+        if self.bias is not None:
+            self.bias.zero_()
 
     def forward(self, x: Tensor) -> Tensor:
         x = torch.tanh(self.alpha * x)

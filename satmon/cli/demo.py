@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from satmon import study
-from satmon.cli.main import EXIT_USAGE, fraction, integer, usage_exit
+from satmon.cli.main import EXIT_USAGE, command, fraction, integer, usage_exit
 from satmon.cli.progress import say
 
 __all__ = ["EXIT_NO_VERDICT", "EXIT_OK", "EXIT_USAGE", "main", "run_demo"]
@@ -312,11 +312,11 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(_loss_lines(losses, steps, monitor.verdict.go)))
     print(f"Trained {steps} steps in {took:.0f} s.")
     print(f"TensorBoard logs: {Path(log_dir).resolve()}")
-    print(f"Open them with:   tensorboard --logdir {Path(args.logdir).resolve()}")
-    print(f"Or, without a browser: satmon report {Path(log_dir).resolve()}")
+    print(f"Open them with:   {command('tensorboard', '--logdir', Path(args.logdir).resolve())}")
+    print(f"Or, without a browser: {command('satmon', 'report', Path(log_dir).resolve())}")
     ckpts = Path(log_dir) / "checkpoints"
     steps_saved = sorted(int(f.stem.rsplit("step=", 1)[1]) for f in ckpts.glob("*-step=*.ckpt"))
     print(f"Checkpoints (steps {', '.join(map(str, steps_saved))}): {ckpts.resolve()}")
-    print(f"Replay them: satmon replay {ckpts.resolve()} --model satmon.demos.lit:LitLM "
-          "--datamodule satmon.demos.corpus:CorpusDataModule")
+    print("Replay them: " + command("satmon", "replay", ckpts.resolve(), "--model", "satmon.demos.lit:LitLM",
+                                    "--datamodule", "satmon.demos.corpus:CorpusDataModule"))
     return EXIT_OK

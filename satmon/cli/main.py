@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import sys
 import threading
 import traceback
@@ -44,6 +45,16 @@ EPILOG = "commands:\n" + "\n".join(f"  {name:<11}{line}" for name, (_, line) in 
 Run satmon COMMAND --help for a command's options and exit codes.
 exit codes: 0 success, 2 usage error (nothing done), 130 interrupted (Ctrl-C); each command
 documents its others."""
+
+
+def command(*words: object) -> str:
+    """A command line for the user to paste: every word shell-quoted (a path with spaces stays one argument).
+
+    Example:
+        >>> command("satmon", "report", "satmon_logs/replay of demo/version_0")
+        "satmon report 'satmon_logs/replay of demo/version_0'"
+    """
+    return shlex.join(str(w) for w in words)
 
 
 def usage_exit(e: SystemExit) -> int:
@@ -140,9 +151,25 @@ def _guarded(name: str) -> Iterator[list[BaseException]]:
         threading.excepthook, sys.unraisablehook = previous, previous_unraisable
 
 
+def settings_problem() -> str | None:
+    """What is wrong with satmon's settings from the environment (``SATMON_MAX_PICKLE_MB``), read once before any
+    command works: one line, instead of the same error met at every file it governs."""
+    from satmon.replay.budget import pickle_budget
+
+    try:
+        pickle_budget()
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def _run(name: str, argv: list[str]) -> int:
     """The command's exit code; a background thread's error makes a run that said nothing of it end in one line."""
     from satmon.replay.user_code import error_line
+
+    if not {"-h", "--help"} & set(argv) and (problem := settings_problem()):  # checked once, before any work
+        print(f"satmon {name}: {problem}", file=sys.stderr)
+        return EXIT_USAGE
 
     with _guarded(name) as errors:
         try:

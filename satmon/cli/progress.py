@@ -89,8 +89,9 @@ class Progress:
     Plain lines (a pipe, a file) read ``LABEL [done/total] TEXT; 12 s elapsed, ETA 30 s``. With
     ``every_item`` each update is a line (a replay's checkpoints: each is worth a line); otherwise a
     line is printed when another tenth of the way is done or ``heartbeat`` seconds have passed since
-    the last one (training steps), and at the end. The ETA is the mean time per item so far times
-    the items left.
+    the last one (training steps), and at the end. The ETA is the mean time per item since the first
+    item was done times the items left: the time to the first one (set-up: the model built, the data
+    read, the first step compiled) is not an item's time, and until a second item is done the ETA is ``?``.
 
     Args:
         total: the number of items (> 0).
@@ -107,7 +108,7 @@ class Progress:
         >>> p = Progress(4, label="satmon demo:", unit="step", stream=out, every_item=True, clock=lambda: next(now))
         >>> p.update(1, "loss 3.1"); p.update(2, "loss 2.9")
         >>> print(out.getvalue(), end="")
-        satmon demo: [1/4] loss 3.1; 10 s elapsed, ETA 30 s
+        satmon demo: [1/4] loss 3.1; 10 s elapsed, ETA ?
         satmon demo: [2/4] loss 2.9; 20 s elapsed, ETA 20 s
     """
 
@@ -122,16 +123,24 @@ class Progress:
         self.done = 0
         self._last_line = self.start
         self._last_tenth = 0
+        self._first: tuple[float, int] | None = None  # (when, done) at the first update that completed an item
         self._bar: Any = None
-        if is_terminal(self.stream) and _columns(self.stream) >= 40:  # a terminal of no width: plain lines
-            from tqdm.auto import tqdm  # Lightning's own dependency
+        self._terminal = is_terminal(self.stream) and _columns(self.stream) >= 40  # a terminal of no width: plain lines
 
-            self._bar = tqdm(total=total, desc=label.rstrip(":"), unit=unit, file=self.stream, dynamic_ncols=True,
-                             mininterval=0.25, leave=True)
+    def _open_bar(self, done: int) -> None:
+        """The bar starts at the first item done, so its rate leaves out the set-up before it."""
+        from tqdm.auto import tqdm  # Lightning's own dependency
+
+        self._bar = tqdm(total=self.total, initial=done, desc=self.label.rstrip(":"), unit=self.unit, file=self.stream,
+                         dynamic_ncols=True, mininterval=0.25, leave=True)
 
     def update(self, done: int, text: str = "") -> None:
         """``done`` items are complete (a position, not an increment); ``text`` says what the last one gave."""
         done = max(0, min(int(done), self.total))
+        if self._terminal and self._bar is None and done:
+            self._open_bar(done)
+            self.done = done
+            return
         if self._bar is not None:
             if text:
                 self._bar.set_postfix_str(text, refresh=False)
@@ -139,6 +148,8 @@ class Progress:
             self.done = done
             return
         now = self.clock()
+        if self._first is None and done:
+            self._first = (now, done)
         tenth = done * 10 // self.total
         due = (self.every_item or tenth > self._last_tenth or now - self._last_line >= self.heartbeat
                or done == self.total)
@@ -152,7 +163,8 @@ class Progress:
         """The plain line for where the progress stands now."""
         now = self.clock() if now is None else now
         elapsed = now - self.start
-        left = elapsed / self.done * (self.total - self.done) if self.done else math.nan
+        t0, d0 = self._first if self._first is not None else (now, self.done)
+        left = (now - t0) / (self.done - d0) * (self.total - self.done) if self.done > d0 else math.nan
         when = f"done in {duration(elapsed)}" if self.done == self.total else f"{duration(elapsed)} elapsed, ETA {duration(left)}"
         return f"{self.label} [{self.done}/{self.total}]" + (f" {text}" if text else "") + f"; {when}"
 

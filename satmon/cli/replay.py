@@ -237,7 +237,9 @@ def run(args: argparse.Namespace, state: dict[str, Any] | None = None) -> int:
     print(f"\nReplayed {len(ok)} of {len(rows)} checkpoint(s) in {rp.seconds:.1f} s on {rp.device.type} ({args.dtype}); "
           f"calibration: {rp.data_text}.")
     if rp.log_dir is not None:
-        print(f"TensorBoard run: {rp.log_dir}   (satmon report {rp.log_dir})")
+        from satmon.cli.main import command
+
+        print(f"TensorBoard run: {rp.log_dir}   ({command('satmon', 'report', rp.log_dir)})")
     else:
         print("TensorBoard run: none (no checkpoint could be read)")
     if rp.json_written is not None:

@@ -34,6 +34,7 @@ from satmon.io.sink import MultiSink, NullSink, Sink, check_sink
 from satmon.results.card import plain
 from satmon.results.forecast import Forecast
 from satmon.model.discovery import NormLayer
+from satmon.model.dyt_init import dyt_parameter_problems
 from satmon.model.gating import detect_gating
 from satmon.model.dataflow import LiveTrace
 from satmon.model.map import ModelMap, model_map
@@ -247,6 +248,8 @@ class Screen:
             return self
         if names and self.layer_names != names:
             raise RuntimeError(f"Expected the same DyT layers as at discovery ({names}), got {self.layer_names}.")
+        for problem in dyt_parameter_problems((l.name, l.module) for l in self.layers):  # before the window, not in its verdict
+            self.warn(f"satmon: DyT layer {problem}")
         self._build(model, keep_inputs)
         assert self.hooks is not None and self.reader is not None
         self._map = model_map(model)

@@ -59,7 +59,7 @@ def test_every_item_gives_each_update_its_line():
         clock.now = 5.0 * done
         p.update(done, f"step {done * 100}")
     assert out.getvalue().splitlines() == [
-        "satmon replay: [1/3] step 100; 5 s elapsed, ETA 10 s",
+        "satmon replay: [1/3] step 100; 5 s elapsed, ETA ?",
         "satmon replay: [2/3] step 200; 10 s elapsed, ETA 5 s",
         "satmon replay: [3/3] step 300; done in 15 s",
     ]
@@ -97,3 +97,16 @@ def test_a_terminal_only_status_line_goes_where_a_person_watches(monkeypatch):
     assert say_to_terminal("report", "reading") and err.getvalue() == "satmon report: reading\n" and out.getvalue() == ""
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     assert not say_to_terminal("report", "reading") and out.getvalue() == ""  # pipes and files: nothing
+
+
+def test_set_up_before_the_first_step_is_not_counted_as_a_step():
+    """issue 44.2: the demo's first ETA read "7 h 25 min", set-up counted as a step."""
+    out, clock = io.StringIO(), Clock()
+    p = Progress(1000, label="satmon demo: steps", unit="step", stream=out, every_item=True, clock=clock)
+    clock.now = 60.0  # a minute of set-up, then 0.1 s a step
+    p.update(1)
+    clock.now = 60.1
+    p.update(2)
+    first, second = out.getvalue().splitlines()
+    assert first.endswith("1 min 00 s elapsed, ETA ?")
+    assert second.endswith("ETA 1 min 40 s")  # 0.1 s x 998 steps left, not 30 s x 998
