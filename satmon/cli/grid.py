@@ -97,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", help="seeds, e.g. 0,1")
     p.add_argument("--steps", type=integer(1), help="optimizer steps per arm (default 5000, the study's)")
     p.add_argument("--window", type=integer(1), help="the screening window in steps (default 500)")
-    p.add_argument("--warmup", type=integer(0), help="linear warm-up steps, then a constant rate (default 2000)")
+    p.add_argument("--warmup", type=integer(0), help="linear warm-up steps, then a constant rate (default min(2000, 0.4 x --steps))")
     p.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
     p.add_argument("--eval-every", type=integer(1), help="held-out loss every N steps (default 250)")
     p.add_argument("--series-every", type=integer(1), help="window series and training loss every N steps (default 50)")

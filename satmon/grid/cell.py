@@ -155,11 +155,38 @@ def measure_cell(recipe: Recipe, settings: GridSettings, spec: CellSpec, threads
         "config": {**settings.shared(), **recipe.shared_options(spec.options)}, "code": code_version(),
     })
     cell["reference_arm"], cell["compared_arm"] = ref_name, cmp_name
+    cell["missing"] = {}
     cell["arms"] = {a: arm_record(recipe, settings, trained[a], is_dyt_arm(a)) for a in names}
     cell.update({"passes": cell["epochs"], "delta_best": (best_dyt - best_ln) / best_ln, "helps_best": best_dyt < best_ln,
                  "best_step_dyt": _argmin(dyt["val_curve"]), "best_step_layernorm": _argmin(ln["val_curve"]),
                  "batches_crc": ln["batches_crc"], **dict(extra or {})})
-    return cell
+    return missing_as_null(cell)
+
+
+def missing_as_null(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with every non-finite number (a reading that could not be computed, e.g. a loss trend over too few
+    points) replaced by ``None`` and listed in ``record["missing"]`` by its path, with why.
+
+    Example:
+        >>> missing_as_null({"a": 1.0, "t": {"slope": float("nan")}, "missing": {}})
+        {'a': 1.0, 't': {'slope': None}, 'missing': {'t.slope': 'not computable from this run (NaN: too few points or no data)'}}
+    """
+    missing = record.setdefault("missing", {})
+
+    def walk(obj: Any, path: str) -> Any:
+        if isinstance(obj, float) and not math.isfinite(obj):
+            missing[path] = ("not computable from this run (NaN: too few points or no data)" if math.isnan(obj)
+                             else f"not finite ({obj})")
+            return None
+        if isinstance(obj, dict):
+            return {k: walk(v, f"{path}.{k}" if path else str(k)) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [walk(v, f"{path}[{i}]") for i, v in enumerate(obj)]
+        return obj
+
+    out = {k: walk(v, k) for k, v in record.items() if k != "missing"}
+    out["missing"] = missing
+    return out
 
 
 def arm_record(recipe: Recipe, settings: GridSettings, arm: dict[str, Any], screened: bool) -> dict[str, Any]:

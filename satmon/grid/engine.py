@@ -178,6 +178,10 @@ def run(recipe: str | Recipe = "builtin", sizes: str | Sequence[str] | None = No
     arms_ = obj.pick_arms(arms)
     processed = settings_.steps * obj.step_tokens(opts)
     plan.check(processed)
+    if obj.check is not None:  # the axes first, in argument order (--sizes before --steps and --window)
+        for size, budget, seed in plan.cells():
+            obj.check(make_spec(obj, settings_, opts, size, budget, seed))
+    settings_.check()
     configs = vary_configs(obj, settings_, opts, parse_vary(vary))
     for _, st_c, opts_c in configs:
         processed_c = st_c.steps * obj.step_tokens(opts_c)
@@ -313,7 +317,6 @@ def _resolve(recipe: Recipe, preset: str | None, sizes: Any, budgets: Any, seeds
             st = GridSettings(**fields)
         except TypeError as e:
             raise ValueError(f"Expected settings among GridSettings' fields, got {e}.") from None
-    st.check()
     opts = recipe.options_with({**dict(base.get("options", {})), **dict(options or {})})
     return plan, st, opts
 

@@ -147,3 +147,26 @@ def test_torch_corpus_is_the_sorted_torch_sources():
     assert GPT.describe(spec)["corpus_sha256"] == ident["corpus_sha256"]
     with pytest.raises(ValueError, match="stdlib or corpus=torch"):
         GPT.check(make_spec(GPT, st, GPT.options_with({"corpus": "web"}), "d64L2", Budget.parse("16ep"), 4))
+
+
+def test_default_warmup_scales_and_the_size_is_reported_first(tmp_path):
+    from grid_helpers import satmon_cli
+
+    from satmon.grid.config import default_warmup
+
+    assert [GridSettings(steps=n).warmup for n in (5_000, 600, 8)] == [2_000, 240, 3]
+    assert GridSettings(steps=600, warmup=0).warmup == 0
+    GridSettings(steps=600, window=60).check()  # issue 44.2's documented command: valid now
+    assert default_warmup(5_000) == 2_000
+    proc = satmon_cli("grid", "builtin", "--sizes", "bogus", "--budgets", "16ep", "--seeds", "0", "--steps", "8",
+                      "--out", "g", cwd=tmp_path)
+    assert proc.returncode == 2 and "'bogus'" in proc.stderr and "warmup" not in proc.stderr
+
+
+def test_a_reading_that_cannot_be_computed_is_null_with_why():
+    from satmon.grid.cell import missing_as_null
+
+    rec = missing_as_null({"window_loss_trend": {"slope": float("nan"), "n": 2}, "curve": [(1, float("inf"))]})
+    assert rec["window_loss_trend"] == {"slope": None, "n": 2} and rec["curve"] == [[1, None]]
+    assert set(rec["missing"]) == {"window_loss_trend.slope", "curve[0][1]"}
+    json.dumps(rec, allow_nan=False)
