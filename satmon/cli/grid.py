@@ -24,7 +24,8 @@ window is screened by satmon.Screen and its final checkpoint read by the study's
 DyT's measured effect per size and budget (final and best checkpoint), whether a window reading predicted
 it held out (docs/grid_plan.md's test), and where satmon.forecast was right or wrong on these cells.
 
-RECIPE is 'builtin' (satmon's faithful grid), MODULE:ATTR or path/to/file.py:ATTR naming a
+RECIPE is 'builtin' (satmon's faithful grid), 'llama' (satmon.demos.llama: RMSNorm vs DyT, SwiGLU and
+GELU), MODULE:ATTR or path/to/file.py:ATTR naming a
 satmon.grid.Recipe (docs/grid.md: the contract and a complete example). Naming it runs its code: name
 only code you trust; the working directory is not searched.
 
@@ -96,13 +97,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", help="seeds, e.g. 0,1")
     p.add_argument("--steps", type=integer(1), help="optimizer steps per arm (default 5000, the study's)")
     p.add_argument("--window", type=integer(1), help="the screening window in steps (default 500)")
-    p.add_argument("--warmup", type=integer(0), help="linear warm-up steps, then a constant rate (default 2000)")
+    p.add_argument("--warmup", type=integer(0), help="linear warm-up steps, then a constant rate (default min(2000, 0.4 x --steps))")
     p.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
     p.add_argument("--eval-every", type=integer(1), help="held-out loss every N steps (default 250)")
     p.add_argument("--series-every", type=integer(1), help="window series and training loss every N steps (default 50)")
     p.add_argument("--device", help="where cells train: cpu (default) or cuda")
     p.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
                    help="a recipe option over its default (repeatable)")
+    p.add_argument("--arms", help="the arms to run among the recipe's (default all; the builtin's: layernorm,dyt; "
+                   "llama's: rmsnorm,dyt,dyt-gelu,rmsnorm-gelu); the recipe's first arm, the reference, always runs")
+    p.add_argument("--vary", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="an extra axis over a recipe option or a grid setting (lr, warmup, window, ...), crossed with "
+                        "sizes x budgets x seeds (repeatable)")
     p.add_argument("--out", default="satmon_grid", help="output folder (default ./satmon_grid)")
     p.add_argument("--executor", choices=("local", "slurm"), default="local", help="local processes (default) or SLURM")
     p.add_argument("--jobs", type=integer(1), default=2, help="local: cells at once, one thread each (default 2)")
@@ -148,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args.recipe, args.sizes, args.budgets, args.seeds, out=args.out, settings=settings or None,
                      options=dict(args.option), preset=preset, executor=args.executor, jobs=args.jobs,
                      time_min=args.time, slurm=slurm, dry_run=args.dry_run, permutations=args.permutations,
-                     every=args.progress_every,
+                     every=args.progress_every, arms=args.arms, vary=args.vary or None,
                      say=lambda line: say("grid", line))
     except OutputBusy as e:
         print(f"satmon grid: {printable(str(e))}", file=sys.stderr)

@@ -9,14 +9,56 @@ from __future__ import annotations
 
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-__all__ = ["corpus_tokens", "WindowDataset", "CorpusDataModule"]
+__all__ = ["corpus_tokens", "torch_source_tokens", "torch_source_identity", "WindowDataset", "CorpusDataModule"]
 
 _CACHE: dict[int, Tensor] = {}
+_TORCH: dict[str, Any] = {}
+
+
+def _torch_blob() -> bytes:
+    if "blob" not in _TORCH:
+        root = Path(torch.__path__[0])
+        paths = sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix())
+        _TORCH["blob"] = b"".join(p.read_bytes() for p in paths)
+        _TORCH["files"] = len(paths)
+    return _TORCH["blob"]
+
+
+def torch_source_tokens() -> Tensor:
+    """Every ``*.py`` file of the installed torch package (sorted by path under ``torch.__path__[0]``),
+    concatenated, as int64 byte tokens: a larger corpus (about 46 MB for torch 2.x) that one torch
+    version reproduces exactly (:func:`torch_source_identity` says which).
+
+    Example:
+        >>> t = torch_source_tokens()
+        >>> t.dtype, t.numel() > 10_000_000
+        (torch.int64, True)
+    """
+    if "tokens" not in _TORCH:
+        _TORCH["tokens"] = torch.frombuffer(bytearray(_torch_blob()), dtype=torch.uint8).to(torch.int64)
+    return _TORCH["tokens"]
+
+
+def torch_source_identity() -> dict[str, Any]:
+    """The torch corpus's identity: torch's version, the file count, the byte count and the SHA-256.
+
+    Example:
+        >>> sorted(torch_source_identity())
+        ['corpus_bytes', 'corpus_files', 'corpus_sha256', 'torch']
+    """
+    import hashlib
+
+    blob = _torch_blob()
+    if "sha" not in _TORCH:
+        _TORCH["sha"] = hashlib.sha256(blob).hexdigest()
+    return {"torch": torch.__version__, "corpus_files": _TORCH["files"], "corpus_bytes": len(blob),
+            "corpus_sha256": _TORCH["sha"]}
 
 
 def corpus_tokens(n_bytes: int = 2_000_000) -> Tensor:

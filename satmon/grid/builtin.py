@@ -32,6 +32,12 @@ OPTIONS: dict[str, Any] = {
 }
 
 
+#: Options added after the faithful and second grids' cells were keyed (at their defaults they stay out of the key).
+#: ``corpus``: ``"stdlib"`` (the demo's corpus, Python's standard library) or ``"torch"`` (the installed torch's own
+#: ``*.py`` sources, ~46 MB: budgets below one pass; its held-out split is its last ``val_tokens`` bytes).
+LATE_OPTIONS: dict[str, Any] = {"corpus": "stdlib"}
+
+
 def parse_size(text: str, n_heads: int = 4) -> tuple[int, int, int]:
     """``(width, blocks, heads)`` of a size name ``d<width>L<blocks>`` or ``d<width>L<blocks>H<heads>``.
 
@@ -57,8 +63,14 @@ def cost(size: str) -> float:
 def corpus(o: Mapping[str, Any]):
     """``(train_tokens_all, val_inputs, val_targets)``: the corpus the budgets cut from, and the held-out split as
     non-overlapping ``(N, seq_len)`` windows (the same bytes for every cell)."""
-    from satmon.demos.corpus import corpus_tokens
+    from satmon.demos.corpus import corpus_tokens, torch_source_tokens
 
+    if o.get("corpus", "stdlib") == "torch":
+        tokens = torch_source_tokens()
+        cut = tokens.numel() - o["val_tokens"] - 1
+        val, train = tokens[cut:], tokens[:cut]
+        n = (val.numel() - 1) // o["seq_len"]
+        return train, val[: n * o["seq_len"]].view(n, o["seq_len"]), val[1 : n * o["seq_len"] + 1].view(n, o["seq_len"])
     tokens = corpus_tokens(o["val_offset"] + o["val_tokens"] + 1)
     val = tokens[o["val_offset"]:]
     n = (val.numel() - 1) // o["seq_len"]
@@ -166,7 +178,16 @@ def check(spec: CellSpec) -> None:
         raise ValueError(f"Expected --option data=prefix or data=chunks, got {o['data']!r}.")
     if o["chunk_bytes"] <= o["seq_len"] + 1:
         raise ValueError(f"Expected chunk_bytes > seq_len + 1 = {o['seq_len'] + 1}, got {o['chunk_bytes']}.")
-    if spec.unique_tokens + o["seq_len"] >= o["val_offset"]:
+    if o.get("corpus", "stdlib") not in ("stdlib", "torch"):
+        raise ValueError(f"Expected --option corpus=stdlib or corpus=torch, got {o['corpus']!r}.")
+    if o.get("corpus", "stdlib") == "torch":
+        from satmon.demos.corpus import torch_source_identity
+
+        room = torch_source_identity()["corpus_bytes"] - o["val_tokens"] - 1
+        if spec.unique_tokens + o["seq_len"] >= room:
+            raise ValueError(f"Expected every budget below the torch corpus's training split ({room:,} bytes), got "
+                             f"{spec.unique_tokens:,} bytes ({spec.budget}): use fewer bytes or more epochs.")
+    elif spec.unique_tokens + o["seq_len"] >= o["val_offset"]:
         raise ValueError(f"Expected every budget below the held-out split ({o['val_offset']:,} bytes), got "
                          f"{spec.unique_tokens:,} bytes ({spec.budget}): use fewer bytes or more epochs.")
     if spec.unique_tokens <= o["seq_len"] + 1:
@@ -181,6 +202,10 @@ def describe(spec: CellSpec) -> dict[str, Any]:
     out: dict[str, Any] = {"d_model": d, "n_layers": n, "n_heads": h, "alpha_init": o["alpha_init"], "emb_scale": o["emb_scale"]}
     if o["data"] != "prefix":
         out.update(data=o["data"], chunk_bytes=o["chunk_bytes"])
+    if o.get("corpus", "stdlib") == "torch":
+        from satmon.demos.corpus import torch_source_identity
+
+        out.update(corpus="torch", **torch_source_identity())
     return out
 
 
@@ -212,4 +237,5 @@ PRESETS: dict[str, dict[str, Any]] = {
 #: satmon's faithful grid (``satmon grid builtin``).
 RECIPE = Recipe(name="satmon-faithful-gpt", data=data, model=model,
                 tokens_per_step=lambda o: o["batch_size"] * o["seq_len"], options=OPTIONS, version="1",
-                params=count_params, cost=cost, presets=PRESETS, shared=shared, check=check, describe=describe)
+                params=count_params, cost=cost, presets=PRESETS, shared=shared, check=check, describe=describe,
+                late_options=LATE_OPTIONS)

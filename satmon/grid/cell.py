@@ -29,7 +29,8 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def grid_key(identity: Mapping[str, Any], settings: GridSettings, options: Mapping[str, Any]) -> str:
+def grid_key(identity: Mapping[str, Any], settings: GridSettings, options: Mapping[str, Any],
+             arms: tuple[str, ...] | None = None) -> str:
     """The key every cell of one configuration shares: the recipe's identity, every shared setting, the options.
 
     Example:
@@ -37,7 +38,12 @@ def grid_key(identity: Mapping[str, Any], settings: GridSettings, options: Mappi
         >>> a == grid_key({"name": "r"}, GridSettings(), {"x": 1}), a == grid_key({"name": "r"}, GridSettings(lr=1e-3), {"x": 1})
         (True, False)
     """
-    return _digest({"recipe": dict(identity), "settings": settings.shared(), "options": dict(options)})
+    from satmon.grid.recipe import NORMS
+
+    body = {"recipe": dict(identity), "settings": settings.shared(), "options": dict(options)}
+    if arms is not None and tuple(arms) != NORMS:  # the default arms keep the keys made before arms existed
+        body["arms"] = list(arms)
+    return _digest(body)
 
 
 def cell_key(key: str, size: str, unique_tokens: int, seed: int) -> str:
@@ -69,9 +75,14 @@ def make_spec(recipe: Recipe, settings: GridSettings, options: Mapping[str, Any]
 
 
 def measure_cell(recipe: Recipe, settings: GridSettings, spec: CellSpec, threads: int = 1,
-                 progress: Callable[[str, int], None] | None = None, extra: Mapping[str, Any] | None = None
-                 ) -> dict[str, Any]:
-    """Train both arms of one cell (LayerNorm, then DyT) and return its record (plain JSON values).
+                 progress: Callable[[str, int], None] | None = None, extra: Mapping[str, Any] | None = None,
+                 arms: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Train every arm of one cell (the reference arm first) and return its record (plain JSON values).
+
+    The top-level fields keep the two-arm grid's names: ``*_layernorm`` is the reference arm (``reference_arm``,
+    ``"layernorm"`` by default) and ``*_dyt`` the compared arm (``compared_arm``: ``"dyt"`` where the cell has
+    it, else its first DyT arm); ``arms`` holds every arm's own record (curves, best loss, alphas, parameter
+    counts, and for a DyT arm its window verdict and every check of the collapse watch).
 
     Args:
         recipe: the recipe (:class:`~satmon.grid.recipe.Recipe`).
@@ -80,6 +91,7 @@ def measure_cell(recipe: Recipe, settings: GridSettings, spec: CellSpec, threads
         threads: torch's intra-op threads (one per cell by default: cells run side by side).
         progress: ``progress(arm, step)`` every ``eval_every`` steps of each arm.
         extra: fields added to the record (the key, the recipe's identity).
+        arms: the arms to train (default the recipe's); the first is the reference.
 
     Raises:
         ValueError: the recipe broke its contract (arms from different weights, different batches, a DyT arm
@@ -88,21 +100,30 @@ def measure_cell(recipe: Recipe, settings: GridSettings, spec: CellSpec, threads
     import torch
 
     from satmon.grid.readings import final_readings, window_readings
-    from satmon.grid.train import train_arm
+    from satmon.grid.train import alphas, train_arm
 
     torch.set_num_threads(threads)
     t0, c0 = time.perf_counter(), time.process_time()
     data = recipe.data(spec)
-    arms: dict[str, dict[str, Any]] = {}
-    for norm in ("layernorm", "dyt"):
-        arms[norm] = train_arm(settings, recipe, spec, data, norm,
-                               progress=(lambda s, n=norm: progress(n, s)) if progress else None,
-                               same_start=arms["layernorm"]["start"] if norm == "dyt" else None)
-    ln, dyt = arms["layernorm"], arms["dyt"]
-    if ln["batches_crc"] != dyt["batches_crc"]:
-        raise ValueError(f"Expected the recipe {recipe.name!r}'s data.train() to yield the same batches to both arms, got "
-                         "different ones: return a fresh iterator seeded from spec.seed on each call (a new "
-                         "torch.Generator().manual_seed(spec.seed) inside train()).")
+    from satmon.grid.recipe import is_dyt_arm
+
+    names = tuple(arms) if arms is not None else tuple(recipe.arms)
+    ref_name = names[0]
+    dyt_names = [a for a in names if is_dyt_arm(a)]
+    if not dyt_names:
+        raise ValueError(f"Expected at least one DyT arm ('dyt' or 'dyt-...') among the arms, got {', '.join(names)}.")
+    cmp_name = "dyt" if "dyt" in names else dyt_names[0]
+    trained: dict[str, dict[str, Any]] = {}
+    for norm in names:
+        trained[norm] = train_arm(settings, recipe, spec, data, norm,
+                                  progress=(lambda s, n=norm: progress(n, s)) if progress else None,
+                                  same_start=trained[ref_name]["start"] if norm != ref_name else None, reference=ref_name)
+    ln, dyt = trained[ref_name], trained[cmp_name]
+    for norm in names[1:]:
+        if trained[norm]["batches_crc"] != ln["batches_crc"]:
+            raise ValueError(f"Expected the recipe {recipe.name!r}'s data.train() to yield the same batches to every arm, "
+                             f"got different ones ({norm!r} and {ref_name!r}): return a fresh iterator seeded from spec.seed "
+                             "on each call (a new torch.Generator().manual_seed(spec.seed) inside train()).")
     uni = data.unigram_loss
     params, params_total = recipe.params(dyt["model"])
     nbytes = data.unique_tokens
@@ -133,10 +154,57 @@ def measure_cell(recipe: Recipe, settings: GridSettings, spec: CellSpec, threads
         "cpu_seconds": time.process_time() - c0, "wall_seconds": time.perf_counter() - t0, "threads": threads,
         "config": {**settings.shared(), **recipe.shared_options(spec.options)}, "code": code_version(),
     })
+    cell["reference_arm"], cell["compared_arm"] = ref_name, cmp_name
+    cell["missing"] = {}
+    cell["arms"] = {a: arm_record(recipe, settings, trained[a], is_dyt_arm(a)) for a in names}
     cell.update({"passes": cell["epochs"], "delta_best": (best_dyt - best_ln) / best_ln, "helps_best": best_dyt < best_ln,
                  "best_step_dyt": _argmin(dyt["val_curve"]), "best_step_layernorm": _argmin(ln["val_curve"]),
                  "batches_crc": ln["batches_crc"], **dict(extra or {})})
-    return cell
+    return missing_as_null(cell)
+
+
+def missing_as_null(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with every non-finite number (a reading that could not be computed, e.g. a loss trend over too few
+    points) replaced by ``None`` and listed in ``record["missing"]`` by its path, with why.
+
+    Example:
+        >>> missing_as_null({"a": 1.0, "t": {"slope": float("nan")}, "missing": {}})
+        {'a': 1.0, 't': {'slope': None}, 'missing': {'t.slope': 'not computable from this run (NaN: too few points or no data)'}}
+    """
+    missing = record.setdefault("missing", {})
+
+    def walk(obj: Any, path: str) -> Any:
+        if isinstance(obj, float) and not math.isfinite(obj):
+            missing[path] = ("not computable from this run (NaN: too few points or no data)" if math.isnan(obj)
+                             else f"not finite ({obj})")
+            return None
+        if isinstance(obj, dict):
+            return {k: walk(v, f"{path}.{k}" if path else str(k)) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [walk(v, f"{path}[{i}]") for i, v in enumerate(obj)]
+        return obj
+
+    out = {k: walk(v, k) for k, v in record.items() if k != "missing"}
+    out["missing"] = missing
+    return out
+
+
+def arm_record(recipe: Recipe, settings: GridSettings, arm: dict[str, Any], screened: bool) -> dict[str, Any]:
+    """One arm's own record: its curves, final and best held-out loss, parameter counts, and for a DyT arm its
+    window verdict, alphas and the collapse watch's checks (:class:`~satmon.grid.train.WatchLog`)."""
+    from satmon.grid.readings import window_readings
+    from satmon.grid.train import alphas
+
+    params, params_total = recipe.params(arm["model"])
+    out: dict[str, Any] = {"val_loss": arm["val_loss"], "best_val_loss": min(v for _, v in arm["val_curve"]),
+                           "best_step": _argmin(arm["val_curve"]), "val_curve": arm["val_curve"],
+                           "train_curve": arm["train_curve"], "params": params, "params_total": params_total}
+    if screened:
+        w = window_readings(settings, arm["verdict"], arm["series"])
+        out.update({"alpha_curve": arm["alpha_curve"], "final_alpha": alphas(arm["model"]), "watch": arm["watch"],
+                    **{k: w[k] for k in ("window_saturation", "window_decision", "window_margin", "window_flags",
+                                         "window_late", "window_per_layer")}})
+    return out
 
 
 def recipe_fields(recipe: Recipe, spec: CellSpec) -> dict[str, Any]:

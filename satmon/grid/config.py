@@ -102,12 +102,23 @@ def parse_seeds(text: str | Sequence[int | str]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def default_warmup(steps: int) -> int:
+    """The default warm-up: the study's 2,000 steps at its 5,000, 40% of a shorter run (never beyond ``--steps``).
+
+    Example:
+        >>> default_warmup(5_000), default_warmup(600), default_warmup(20_000)
+        (2000, 240, 2000)
+    """
+    return min(2_000, int(steps * 0.4))
+
+
 @dataclass(frozen=True)
 class GridSettings:
     """What every cell and both arms share: the loop, the optimizer, the schedule, the window, the readings' cadence.
 
     The schedule is the regime study's ``train.py``: a linear warm-up to ``lr`` over ``warmup`` steps
-    (``lr * (i + 1) / (warmup + 1)`` at update ``i``), then constant. AdamW with ``betas``, weight decay on
+    (``lr * (i + 1) / (warmup + 1)`` at update ``i``), then constant; ``warmup=None`` (the default) is
+    :func:`default_warmup`: ``min(2000, 0.4 * steps)``, the study's 2,000 at its 5,000 steps. AdamW with ``betas``, weight decay on
     matrices only (nanoGPT's ``configure_optimizers``), gradient clipping at ``grad_clip``. The held-out loss
     every ``eval_every`` steps (and at the window's end and the last step), the training loss averaged over
     each ``series_every`` steps, the window's series read every ``series_every`` steps, the screen's sampled
@@ -124,7 +135,7 @@ class GridSettings:
 
     steps: int = 5_000
     window: int = 500
-    warmup: int = 2_000
+    warmup: int | None = None  # None: min(2000, 40% of steps), the study's 2,000 of 5,000 at any length
     lr: float = 3e-3
     betas: tuple[float, float] = (0.9, 0.95)
     weight_decay: float = 0.1
@@ -133,6 +144,10 @@ class GridSettings:
     series_every: int = 50
     offset_every: int = 10
     device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.warmup is None and isinstance(self.steps, int):
+            object.__setattr__(self, "warmup", default_warmup(self.steps))
 
     def check(self) -> None:
         """Refuse settings that cannot answer the question, naming the option."""

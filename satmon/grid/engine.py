@@ -113,7 +113,8 @@ def run(recipe: str | Recipe = "builtin", sizes: str | Sequence[str] | None = No
         options: Mapping[str, Any] | None = None, preset: str | None = None, executor: str = "local", jobs: int = 2,
         time_min: int = 24 * 60, slurm: Mapping[str, Any] | None = None, dry_run: bool = False,
         permutations: int = 10_000, every: float | None = None, say: Callable[[str], None] | None = None,
-        spec: str | None = None) -> GridResult:
+        spec: str | None = None, arms: str | Sequence[str] | None = None,
+        vary: Mapping[str, Sequence[Any] | str] | Sequence[str] | None = None) -> GridResult:
     """Run a LayerNorm-vs-DyT grid on ``recipe``: every cell without a complete result, as jobs; then the answer.
 
     Args:
@@ -124,6 +125,12 @@ def run(recipe: str | Recipe = "builtin", sizes: str | Sequence[str] | None = No
             :class:`~satmon.io.lock.OutputBusy`).
         settings: :class:`~satmon.grid.config.GridSettings` or a mapping of its fields over the preset's.
         options: the recipe's options over its defaults (and the preset's).
+        arms: the arms to run (``"rmsnorm,dyt,dyt-gelu"``), among the recipe's ``arms`` (default: all of them);
+            the recipe's first arm, the reference, always runs. Arms other than the default two enter the key.
+        vary: extra axes, ``{"alpha_init": "0.5,1,2", "lr": [1e-3, 3e-3]}`` or ``["alpha_init=0.5,1,2", ...]``
+            (``--vary``): recipe options or grid settings (every field of GridSettings but ``steps`` and
+            ``device``), crossed with sizes x budgets x seeds; values typed as their default's; the varied values
+            enter each cell's key, name and record (``vary``).
         preset: one of the recipe's presets (the builtin's ``"full"``, ``"quick"``, ``"smoke"``, ``"grid2"``).
         executor: ``"local"`` (``jobs`` at once, one thread each; submitit's LocalExecutor, or plain processes
             without submitit) or ``"slurm"`` (one submitit job array; ``slurm``: its parameters, from
@@ -168,11 +175,20 @@ def run(recipe: str | Recipe = "builtin", sizes: str | Sequence[str] | None = No
     else:
         obj, where = load_recipe(recipe)
     plan, settings_, opts = _resolve(obj, preset, sizes, budgets, seeds, settings, options)
+    arms_ = obj.pick_arms(arms)
     processed = settings_.steps * obj.step_tokens(opts)
     plan.check(processed)
-    if obj.check is not None:
+    if obj.check is not None:  # the axes first, in argument order (--sizes before --steps and --window)
         for size, budget, seed in plan.cells():
             obj.check(make_spec(obj, settings_, opts, size, budget, seed))
+    settings_.check()
+    configs = vary_configs(obj, settings_, opts, parse_vary(vary))
+    for _, st_c, opts_c in configs:
+        processed_c = st_c.steps * obj.step_tokens(opts_c)
+        plan.check(processed_c)
+        if obj.check is not None:
+            for size, budget, seed in plan.cells():
+                obj.check(make_spec(obj, st_c, opts_c, size, budget, seed))
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"Expected --jobs >= 1, got {jobs!r}.")
     out = check_output_dir(Path(out), "--out") or Path(out)
@@ -180,12 +196,99 @@ def run(recipe: str | Recipe = "builtin", sizes: str | Sequence[str] | None = No
     identity = recipe_identity(obj, where)
     from satmon.grid.config import options_json
 
-    gkey = grid_key(identity, settings_, options_json(opts))  # every option, even those a record leaves out
+    # every option, even those a record leaves out (but a late option at its default), and the arms
+    gkey = grid_key(identity, settings_, options_json(obj.keyed_options(opts)), arms_)
+    keyed = [(v, st_c, o_c, grid_key(identity, st_c, options_json(obj.keyed_options(o_c)), arms_),
+              st_c.steps * obj.step_tokens(o_c)) for v, st_c, o_c in configs]
     with exclusive(out, "the grid folder --out", folder=True) as held:
         if held.stale:
             say(f"the last grid into {out} was stopped without finishing ({held.note()}); resuming its folder")
         return _run_locked(obj, where, identity, plan, settings_, opts, gkey, out, executor, jobs, time_min, slurm or {},
-                           dry_run, permutations, every, say, processed)
+                           dry_run, permutations, every, say, processed, arms_, keyed)
+
+
+#: Grid settings ``--vary`` may not vary: the budgets resolve from ``steps``; ``device`` is where, not what.
+_FIXED_SETTINGS = ("steps", "device")
+
+
+def parse_vary(vary: Mapping[str, Sequence[Any] | str] | Sequence[str] | None) -> dict[str, list[Any]]:
+    """``--vary`` axes as ``{key: [values]}`` (values still as given).
+
+    Example:
+        >>> parse_vary(["alpha_init=0.5,1", "lr=1e-3"])
+        {'alpha_init': ['0.5', '1'], 'lr': ['1e-3']}
+    """
+    if not vary:
+        return {}
+    items = vary.items() if isinstance(vary, Mapping) else []
+    if not isinstance(vary, Mapping):
+        pairs = []
+        for text in vary:
+            key, sep, values = str(text).partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"Expected --vary KEY=V1,V2,..., got {text!r}.")
+            pairs.append((key.strip(), values))
+        items = pairs
+    out: dict[str, list[Any]] = {}
+    for key, values in items:
+        vals = [v.strip() for v in values.split(",") if v.strip()] if isinstance(values, str) else list(values)
+        if not vals:
+            raise ValueError(f"Expected at least one value in --vary {key}=V1,V2,..., got none.")
+        if key in out:
+            raise ValueError(f"Expected each --vary key once, got {key!r} twice: list its values as {key}=V1,V2.")
+        out[key] = vals
+    return out
+
+
+def vary_configs(recipe: Recipe, settings: GridSettings, opts: dict[str, Any], vary: Mapping[str, list[Any]]
+                 ) -> list[tuple[dict[str, Any], GridSettings, dict[str, Any]]]:
+    """Every combination of the ``vary`` axes as ``(varied values, settings, options)`` (one, unvaried, without axes).
+
+    An unknown key is refused naming the choices; a value is typed as its default's type.
+    """
+    import dataclasses
+    import itertools
+
+    from satmon.grid.recipe import _typed
+
+    fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(GridSettings) if f.name not in _FIXED_SETTINGS}
+    options = recipe.all_options()
+    typed: dict[str, list[Any]] = {}
+    for key, values in vary.items():
+        if key in options:
+            typed[key] = [_typed(key, v, options[key], "--vary") for v in values]
+        elif key in fields:
+            default = fields[key]
+            typed[key] = [_typed(key, v, default, "--vary") for v in values]
+        else:
+            raise ValueError(f"Expected --vary KEY among the recipe {recipe.name!r}'s options ({', '.join(sorted(options))}) "
+                             f"or the grid settings ({', '.join(sorted(fields))}), got {key!r}"
+                             + (" (the budgets resolve from --steps: run one grid per --steps)" if key == "steps" else "")
+                             + ".")
+        if len({json.dumps(v) for v in typed[key]}) != len(typed[key]):
+            raise ValueError(f"Expected distinct --vary {key} values, got {values}.")
+    if not typed:
+        return [({}, settings, opts)]
+    out = []
+    for combo in itertools.product(*typed.values()):
+        v = dict(zip(typed, combo))
+        st = dataclasses.replace(settings, **{k: x for k, x in v.items() if k in fields and k not in options})
+        st.check()
+        o = recipe.options_with({**opts, **{k: x for k, x in v.items() if k in options}})
+        out.append((v, st, o))
+    return out
+
+
+def vary_suffix(vary: Mapping[str, Any]) -> str:
+    """The varied values in a cell's name (file-name safe).
+
+    Example:
+        >>> vary_suffix({"alpha_init": 0.5, "lr": 0.001})
+        '_alpha_init0.5_lr0.001'
+    """
+    import re
+
+    return "".join(f"_{k}{re.sub(r'[^A-Za-z0-9._+-]', '-', str(v))}" for k, v in vary.items())
 
 
 def _resolve(recipe: Recipe, preset: str | None, sizes: Any, budgets: Any, seeds: Any,
@@ -214,7 +317,6 @@ def _resolve(recipe: Recipe, preset: str | None, sizes: Any, budgets: Any, seeds
             st = GridSettings(**fields)
         except TypeError as e:
             raise ValueError(f"Expected settings among GridSettings' fields, got {e}.") from None
-    st.check()
     opts = recipe.options_with({**dict(base.get("options", {})), **dict(options or {})})
     return plan, st, opts
 
@@ -229,27 +331,32 @@ def _cost(recipe: Recipe, size: str) -> float:
 def _run_locked(recipe: Recipe, where: str, identity: dict[str, Any], plan: GridPlan, settings: GridSettings,
                 opts: dict[str, Any], gkey: str, out: Path, executor: str, jobs: int, time_min: int,
                 slurm: Mapping[str, Any], dry_run: bool, permutations: int, every: float | None,
-                say: Callable[[str], None], processed: int) -> GridResult:
+                say: Callable[[str], None], processed: int, arms: tuple[str, ...] = (),
+                configs: list[tuple[dict[str, Any], GridSettings, dict[str, Any], str, int]] | None = None) -> GridResult:
     from satmon.grid.jobs import make_executor
 
     cells_dir, jobs_dir = out / "cells", out / "jobs"
     cells_dir.mkdir(exist_ok=True)
     entries = []
-    for size, budget, seed in plan.cells():
-        tokens = budget.resolve(processed)
-        key = cell_key(gkey, size, tokens, seed)
-        name = cell_name(size, tokens, seed)
-        stem = cells_dir / f"{name}.{key}"
-        entries.append({"name": name, "key": key, "size": size, "budget": budget.text, "seed": seed,
-                        "cell": str(stem) + ".json", "attempt": str(stem) + ".attempt.json",
-                        "failed": str(stem) + ".failed.json", "progress": str(cells_dir / f".{name}.{key}.progress")})
+    for vary, st_c, opts_c, gkey_c, processed_c in configs or [({}, settings, opts, gkey, processed)]:
+        for size, budget, seed in plan.cells():
+            tokens = budget.resolve(processed_c)
+            key = cell_key(gkey_c, size, tokens, seed)
+            name = cell_name(size, tokens, seed) + vary_suffix(vary)
+            stem = cells_dir / f"{name}.{key}"
+            e = {"name": name, "key": key, "size": size, "budget": budget.text, "seed": seed,
+                 "cell": str(stem) + ".json", "attempt": str(stem) + ".attempt.json",
+                 "failed": str(stem) + ".failed.json", "progress": str(cells_dir / f".{name}.{key}.progress")}
+            if vary:  # the cell's own settings and options (a task's own fields override the grid's)
+                e.update(settings=st_c.shared() | {"device": st_c.device}, options=opts_c, vary=vary, grid_key=gkey_c)
+            entries.append(e)
     done: dict[str, dict[str, Any]] = {}
     todo = []
     config = {**settings.shared(), **recipe.shared_options(opts)}
     adopted = 0
     for e in entries:
         cell = _complete(Path(e["cell"]), e["key"])
-        if cell is None:
+        if cell is None and "vary" not in e:
             cell = _adopt_legacy(cells_dir, e, config, recipe, settings, opts, processed, gkey, identity)
             adopted += cell is not None
         if cell is not None:
@@ -269,11 +376,12 @@ def _run_locked(recipe: Recipe, where: str, identity: dict[str, Any], plan: Grid
         todo.append(e)
     order = sorted(todo, key=lambda e: (plan.seeds.index(e["seed"]), -_cost(recipe, e["size"])))
     shared = {"recipe": where, "settings": settings.shared() | {"device": settings.device},
-              "options": opts, "threads": int(slurm.get("cpus_per_task", 1)) if executor == "slurm" else 1,
+              "options": opts, "arms": list(arms or recipe.arms), "threads": int(slurm.get("cpus_per_task", 1)) if executor == "slurm" else 1,
               "extra": {"key": None, "grid_key": gkey, "recipe": identity}}
     tasks = []
     for e in order:
-        t = {**shared, **e, "extra": {**shared["extra"], "key": e["key"]}}
+        t = {**shared, **e, "extra": {**shared["extra"], "key": e["key"],
+                                      **({"vary": e["vary"], "grid_key": e["grid_key"]} if "vary" in e else {})}}
         tasks.append(t)
     if adopted:
         say(f"adopted {adopted} cells that examples/regime_grid.py wrote before satmon grid (cells/<name>.json with this "

@@ -74,18 +74,19 @@ def run_job(task: Mapping[str, Any]) -> str:
         spec = make_spec(recipe, settings, recipe.options_with(task["options"]), task["size"], Budget.parse(task["budget"]),
                          int(task["seed"]))
         steps = settings.steps
+        arms = tuple(task.get("arms") or recipe.arms)
 
         def progress(arm: str, step: int) -> None:  # the parent reads it for the ETA; never fatal
             try:
-                done = step + (steps if arm == "dyt" else 0)
+                done = step + steps * arms.index(arm)
                 tmp = prog.with_name(prog.name + ".tmp")
-                tmp.write_text(f"{done} {2 * steps}\n")
+                tmp.write_text(f"{done} {len(arms) * steps}\n")
                 tmp.replace(prog)
             except OSError:
                 pass
 
         record = measure_cell(recipe, settings, spec, threads=int(task.get("threads", 1)), progress=progress,
-                              extra=task.get("extra"))
+                              extra=task.get("extra"), arms=arms)
         _write_json(cell, record)
     except KeyboardInterrupt:  # cancelled (Ctrl-C in the grid, scancel): not a failure of the cell
         try:

@@ -23,12 +23,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILTIN", "CellData", "CellSpec", "NORMS", "Recipe", "load_recipe", "lm_loss", "recipe_identity"]
+__all__ = ["BUILTIN", "BUILTINS", "CellData", "CellSpec", "NORMS", "Recipe", "is_dyt_arm", "load_recipe", "lm_loss",
+           "recipe_identity"]
 
-#: The two arms of every cell.
+#: The two arms of a cell by default (a recipe's ``arms``: the first is the reference arm).
 NORMS = ("layernorm", "dyt")
 #: What ``satmon grid builtin`` names: satmon's faithful grid.
 BUILTIN = "satmon.grid.builtin:RECIPE"
+#: The built-in recipes by their short names (``satmon grid builtin``, ``satmon grid llama``).
+BUILTINS = {"builtin": BUILTIN, "llama": "satmon.grid.builtin_llama:RECIPE"}
+
+
+def is_dyt_arm(arm: str) -> bool:
+    """Whether an arm's name says it holds DyT layers (``"dyt"`` or ``"dyt-..."``): such arms are screened.
+
+    Example:
+        >>> is_dyt_arm("dyt"), is_dyt_arm("dyt-gelu"), is_dyt_arm("rmsnorm")
+        (True, True, False)
+    """
+    return arm == "dyt" or arm.startswith("dyt-")
 
 
 @dataclass(frozen=True)
@@ -135,6 +148,11 @@ class Recipe:
         check: ``check(spec)`` raises ``ValueError`` for a cell the recipe cannot build (an unknown size name, a
             budget its data cannot hold), naming the option; every cell is checked before any job starts.
         describe: ``describe(spec) -> dict``: the recipe's own fields in each cell's record (width, depth, ...).
+        arms: the arms of every cell (``model(spec, arm)`` builds each); the first is the reference arm, which every
+            other arm must match on the tensors they share at the start. An arm named ``"dyt"`` or ``"dyt-..."``
+            must hold DyT layers and is screened; every other arm must hold none. Default :data:`NORMS`.
+        late_options: options added after cells were keyed, with their defaults: at the default they enter neither
+            the key nor the record (the cells keyed before them stay valid); set, they enter both.
 
     Example:
         >>> r = Recipe("toy", data=lambda spec: None, model=lambda spec, norm: None, tokens_per_step=64)
@@ -155,6 +173,38 @@ class Recipe:
     shared: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     check: Callable[[CellSpec], None] | None = None
     describe: Callable[[CellSpec], Mapping[str, Any]] | None = None
+    arms: tuple[str, ...] = NORMS
+    late_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def all_options(self) -> dict[str, Any]:
+        """Every option and its default (``options`` and ``late_options``)."""
+        return {**dict(self.options), **dict(self.late_options)}
+
+    def keyed_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """``options`` less the late options left at their defaults (what the cells' key holds)."""
+        return {k: v for k, v in options.items() if not (k in self.late_options and v == self.late_options[k])}
+
+    def pick_arms(self, arms: str | Sequence[str] | None) -> tuple[str, ...]:
+        """The arms ``--arms`` picks (in the recipe's order; the reference arm is always run), or the recipe's.
+
+        Example:
+            >>> r = Recipe("toy", data=None, model=None, tokens_per_step=1, arms=("rmsnorm", "dyt", "dyt-gelu"))
+            >>> r.pick_arms("dyt-gelu,rmsnorm"), r.pick_arms(None)
+            (('rmsnorm', 'dyt-gelu'), ('rmsnorm', 'dyt', 'dyt-gelu'))
+        """
+        if arms is None:
+            return tuple(self.arms)
+        names = [a.strip() for a in arms.split(",") if a.strip()] if isinstance(arms, str) else [str(a) for a in arms]
+        unknown = [a for a in names if a not in self.arms]
+        if unknown or not names:
+            raise ValueError(f"Expected --arms among the recipe {self.name!r}'s arms ({', '.join(self.arms)}), got "
+                             f"{', '.join(unknown) if unknown else 'none'}.")
+        if self.arms[0] not in names:
+            raise ValueError(f"Expected --arms to include the reference arm {self.arms[0]!r} (every arm is compared with "
+                             f"it), got {', '.join(names)}.")
+        if len(set(names)) != len(names):
+            raise ValueError(f"Expected distinct --arms, got {', '.join(names)}.")
+        return tuple(a for a in self.arms if a in names)
 
     def step_tokens(self, options: Mapping[str, Any] | None = None) -> int:
         """Tokens per optimizer step under ``options`` (default: the recipe's)."""
@@ -167,7 +217,7 @@ class Recipe:
     def options_with(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """The recipe's options updated by ``given``; an unknown key, or a value of another type than the default's,
         is refused naming the option."""
-        out = dict(self.options)
+        out = self.all_options()
         for key, value in given.items():
             if key not in out:
                 raise ValueError(f"Expected --option KEY among the recipe {self.name!r}'s options "
@@ -179,10 +229,11 @@ class Recipe:
         """The options as the cells' key and records hold them."""
         from satmon.grid.config import options_json
 
+        options = self.keyed_options(options)
         return options_json(self.shared(options) if self.shared is not None else options)
 
 
-def _typed(key: str, value: Any, default: Any) -> Any:
+def _typed(key: str, value: Any, default: Any, flag: str = "--option") -> Any:
     """``value`` (a string from the command line, or a Python value) as the type of ``default``."""
     if not isinstance(value, str) or isinstance(default, str) or default is None:
         return value
@@ -196,8 +247,9 @@ def _typed(key: str, value: Any, default: Any) -> Any:
         if isinstance(default, float):
             return float(value)
     except ValueError:
-        raise ValueError(f"Expected --option {key}= a {type(default).__name__} (its default is {default!r}), "
-                         f"got {value!r}.") from None
+        kind = type(default).__name__
+        raise ValueError(f"Expected {flag} {key}= {'an' if kind[0] in 'aeiou' else 'a'} {kind} (its default is "
+                         f"{default!r}), got {value!r}.") from None
     return value
 
 
@@ -215,7 +267,7 @@ def load_recipe(spec: str) -> tuple[Recipe, str]:
     """
     from satmon.replay.user_code import ReplayUsageError, import_object
 
-    where = BUILTIN if spec == "builtin" else spec
+    where = BUILTINS.get(spec, spec)
     source, sep, attr = where.rpartition(":")
     if sep and (source.endswith(".py") or "/" in source or "\\" in source):
         where = f"{Path(source).resolve()}:{attr}"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from satmon.grid.config import GridSettings
-from satmon.grid.recipe import CellData, CellSpec, Recipe
+from satmon.grid.recipe import CellData, CellSpec, Recipe, is_dyt_arm
 
 __all__ = ["WindowSeries", "alphas", "late_start", "lr_factor", "optimizer", "train_arm", "val_loss"]
 
@@ -109,15 +109,17 @@ def _start_state(model: Any) -> dict[str, Any]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def check_same_start(ln_start: dict[str, Any], dyt_model: Any, recipe: Recipe) -> None:
-    """Both arms must start from the same weights wherever they share a tensor (every tensor but the norms')."""
+def check_same_start(ln_start: dict[str, Any], dyt_model: Any, recipe: Recipe, arm: str = "dyt",
+                     reference: str = "layernorm") -> None:
+    """Every arm must start from the reference arm's weights wherever they share a tensor (same name and shape)."""
     import torch
 
     dyt = dyt_model.state_dict()
     shared = [k for k in ln_start if k in dyt and tuple(dyt[k].shape) == tuple(ln_start[k].shape)]
     differ = [k for k in shared if not torch.equal(ln_start[k].to(dyt[k].device), dyt[k])]
     if differ or not shared:
-        raise ValueError(f"Expected the recipe {recipe.name!r} to build both arms from the same initial weights, got "
+        raise ValueError(f"Expected the recipe {recipe.name!r} to build the arm {arm!r} from the reference arm {reference!r}'s "
+                         "initial weights where they share a tensor, got "
                          + (f"different values in {', '.join(differ[:4])}" if differ else "no tensor in common")
                          + ": seed every random draw from spec.seed inside model(spec, norm) (torch.manual_seed(spec.seed) "
                            "before building), and convert LayerNorm to DyT after the weights are drawn.")
@@ -125,19 +127,23 @@ def check_same_start(ln_start: dict[str, Any], dyt_model: Any, recipe: Recipe) -
 
 def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: CellData, norm: str,
               on_step: Callable[[int, Any], None] | None = None, progress: Callable[[int], None] | None = None,
-              same_start: dict[str, Any] | None = None) -> dict[str, Any]:
+              same_start: dict[str, Any] | None = None, reference: str = "layernorm") -> dict[str, Any]:
     """Train one arm of a cell; the DyT arm is screened by ``satmon.Screen`` over its first ``settings.window`` steps.
 
     Args:
         on_step: called as ``on_step(step, model)`` after each optimizer step (tests).
         progress: called with the step every ``eval_every`` steps (the grid's progress file).
-        same_start: the other arm's initial state: this arm must start from the same weights where they share a tensor.
+        same_start: the reference arm's initial state: this arm must start from the same weights where they share a
+            tensor; ``reference`` names that arm.
+
+    A DyT arm (:func:`~satmon.grid.recipe.is_dyt_arm`) is screened with the shipped watch settings after the window
+    (``abort_on="never"``: a flag never stops the run); every watch check is recorded.
 
     Returns:
-        ``model`` (the final weights), ``start`` (its initial state, LayerNorm arm), ``val_loss`` (final step),
+        ``model`` (the final weights), ``start`` (its initial state), ``val_loss`` (final step),
         ``val_curve`` [(step, loss)], ``train_curve`` [(step, mean loss of the last ``series_every`` steps)],
         ``batches_crc`` (a digest of every batch's inputs), and for DyT the window's ``verdict``, its ``series``
-        and the ``alpha_curve`` [(step, {layer: alpha})].
+        the ``alpha_curve`` [(step, {layer: alpha})] and the ``watch`` (the watch's checks, :func:`watch_record`).
     """
     import torch
 
@@ -148,23 +154,23 @@ def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: Cell
     if model is None or not hasattr(model, "parameters"):
         raise ValueError(f"Expected the recipe {recipe.name!r}'s model(spec, {norm!r}) to return a torch.nn.Module, got "
                          f"{type(model).__name__}.")
-    has_dyt = bool(find_dyt_layers(model))
-    if has_dyt != (norm == "dyt"):
+    has_dyt, dyt_arm = bool(find_dyt_layers(model)), is_dyt_arm(norm)
+    if has_dyt != dyt_arm:
         raise ValueError(f"Expected the recipe {recipe.name!r}'s {norm!r} arm to hold "
-                         f"{'DyT layers' if norm == 'dyt' else 'no DyT layer'}, got "
+                         f"{'DyT layers' if dyt_arm else 'no DyT layer'}, got "
                          f"{'some' if has_dyt else 'none'}: build norm='dyt' with satmon.convert_to_dyt(model) "
                          "(rmsnorm=True for RMSNorm models) and norm='layernorm' without it.")
     model = model.to(settings.device)
     if same_start is not None:
-        check_same_start(same_start, model, recipe)
-    start = _start_state(model) if norm == "layernorm" else None
+        check_same_start(same_start, model, recipe, norm, reference)
+    start = _start_state(model) if same_start is None else None
     opt, sched = optimizer(settings, model)
     batches = iter(data.train())
     vx, vy = data.val_inputs.to(settings.device), data.val_targets.to(settings.device)
-    screen, series = None, WindowSeries()
-    if norm == "dyt":
-        # the verdict only: no watch after the window, no abort, no console card
-        screen = Screen(window=settings.window, verbose=False, watch_every_n_steps=0, offset_every=settings.offset_every)
+    screen, series, watch = None, WindowSeries(), WatchLog()
+    if dyt_arm:
+        # the verdict and the collapse watch with the shipped defaults; abort_on="never" (the default): no stop, no card
+        screen = Screen(window=settings.window, verbose=False, offset_every=settings.offset_every)
         screen.attach(model, example_input=data.example_input.to(settings.device))
     marks = {s for s in range(settings.series_every, settings.window + 1, settings.series_every)} | {
         late_start(settings), settings.window}
@@ -193,6 +199,7 @@ def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: Cell
         if screen is not None:
             if step in marks and screen.verdict is None:
                 series.read(step, screen, model)  # before step(): at the window's last step the screen concludes
+            watch.follow(screen)
             screen.step(loss.detach())
         if on_step is not None:
             on_step(step, model)
@@ -214,5 +221,61 @@ def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: Cell
     if screen is not None:
         screen.finish()
         screen.detach()
-        out.update(verdict=screen.verdict, series=series, alpha_curve=alpha_curve)
+        out.update(verdict=screen.verdict, series=series, alpha_curve=alpha_curve,
+                   watch=watch.record(screen.settings, screen.verdict, settings.window))
     return out
+
+
+@dataclass
+class WatchLog:
+    """Every check of the screen's collapse watch, captured as it runs (the watch itself is unchanged: the grid
+    only reads its readings and streaks)."""
+
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    _wrapped: Any = None
+
+    def follow(self, screen: Any) -> None:
+        """Capture the checks of the screen's current watch (the screen may rebuild it once the model is traced)."""
+        w = screen.watch
+        if w is None or w is self._wrapped:
+            return
+        self._wrapped, check = w, w.check
+
+        def captured(step: int, reduce_max: Any) -> Any:
+            from satmon.screen.stop_policy import StopReason
+
+            r = check(step, reduce_max)
+            stats = {k: {n: _finite(v) for n, v in st.items()} for k, st in r.gate_stats.items()}  # NaN: no data -> None
+            flat = [st["flat_fraction"] for st in stats.values() if st.get("flat_fraction") is not None]
+            self.checks.append({
+                "step": r.step, "gated_saturation": r.gated_saturation,
+                "flat_fraction": sum(flat) / len(flat) if flat else None,
+                "gate_stats": stats, "mean_abs_hidden": _mean_stat(stats, "mean_abs_hidden"),
+                "loss_z": _finite(r.loss_z), "nonfinite": r.nonfinite,
+                "found": {k.value: bool(v) for k, v in r.found.items()},
+                "flagged": any(reason is StopReason.COLLAPSE_RISK for reason, _ in r.due),
+                "patience_count": int(w.streak.get(StopReason.COLLAPSE_RISK, 0)),
+            })
+            return r
+
+        w.check = captured
+
+    def record(self, s: Any, verdict: Any, window: int) -> dict[str, Any]:
+        """The watch's record: its settings, every check, the first flag's step (``None``: never), whether the
+        window's verdict said collapse risk, and ``would_stop_at``: the step ``abort_on="collapse"`` would have
+        stopped the run (the window's end on a collapse-risk verdict, else the first flag; ``None``: never)."""
+        first = next((c["step"] for c in self.checks if c["flagged"]), None)
+        risk = bool(getattr(verdict, "collapse_risk", False)) if verdict is not None else False
+        return {"every_n_steps": s.watch_every_n_steps, "collapse_threshold": s.collapse_threshold,
+                "patience": s.patience, "loss_spike_z": s.loss_spike_z, "checks": self.checks,
+                "first_flag_step": first, "window_collapse_risk": risk,
+                "would_stop_at": window if risk else first}
+
+
+def _finite(v: Any) -> float | None:
+    return float(v) if v is not None and math.isfinite(float(v)) else None
+
+
+def _mean_stat(stats: Any, name: str) -> float | None:
+    vals = [float(v[name]) for v in stats.values() if v.get(name) is not None]
+    return sum(vals) / len(vals) if vals else None

@@ -221,7 +221,7 @@ def test_a_recipe_is_named_code_and_its_options_are_typed(tmp_path):
     assert recipe.options_with({"seq_len": "32", "bias": "true"})["seq_len"] == 32
     with pytest.raises(ValueError, match="--option KEY among"):
         recipe.options_with({"nope": "1"})
-    with pytest.raises(ValueError, match="--option seq_len= a int"):
+    with pytest.raises(ValueError, match="--option seq_len= an int"):
         recipe.options_with({"seq_len": "x"})
 
 
