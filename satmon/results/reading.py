@@ -151,11 +151,8 @@ def verdict_of(reading: Reading, rule: Rule | None = None) -> Verdict | None:
     r = reading
     refused = [f"layer {n} not counted: {why}" for n, why in r.refused.items()]
     return build_verdict(
-        r.counts, step=r.step, window=r.window, source=r.source, planned_window=r.planned_window, threshold=rule.threshold,
-        level=r.level, gating=r.gating, collapse_threshold=rule.collapse_threshold, risk=r.risk(),
-        notes=[*r.notes, *refused], loss=r.loss, offset=r.offset, offset_flag=bool(r.offset) and r.offset_driven,
-        caveat=rule.caveat, nonfinite_weights=r.nonfinite_weights, offset_every=r.offset_every,
-        functions=[r.functions.get(n, "tanh") for n in r.counts], threshold_source=rule.threshold_source,
-        held_out_accuracy=rule.held_out_accuracy, no_skill_accuracy=rule.no_skill_accuracy,
-        held_out_cells=rule.held_out_cells,
+        r.counts, step=r.step, window=r.window, source=r.source, planned_window=r.planned_window, level=r.level,
+        gating=r.gating, risk=r.risk(), notes=[*r.notes, *refused], loss=r.loss, offset=r.offset,
+        offset_flag=bool(r.offset) and r.offset_driven, nonfinite_weights=r.nonfinite_weights, offset_every=r.offset_every,
+        functions=[r.functions.get(n, "tanh") for n in r.counts], rule=rule,
     )

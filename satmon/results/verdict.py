@@ -309,6 +309,7 @@ def build_verdict(
     held_out_accuracy: float | None = None,
     no_skill_accuracy: float | None = None,
     held_out_cells: int | None = None,
+    rule: Rule | None = None,
 ) -> Verdict | None:
     """Build the verdict from per-layer counts: the one place a :class:`Verdict` is made.
 
@@ -350,6 +351,8 @@ def build_verdict(
             with ``"study"`` and ``None``, the study's (:data:`satmon.study.HELD_OUT_ACCURACY`,
             :data:`satmon.study.NO_SKILL_ACCURACY`, :data:`satmon.study.HELD_OUT_CELLS`). The verdict reads as a
             forecast only when the held-out record beats guessing by a one-sided exact binomial test (p < 0.05).
+        rule: the :class:`~satmon.results.rule.Rule`, whole (what :func:`~satmon.results.reading.verdict_of` passes);
+            given, it replaces the seven arguments above from ``threshold`` (which must then be left at their defaults).
 
     Returns:
         The verdict, or ``None`` when no element was counted.
@@ -373,8 +376,14 @@ def build_verdict(
         >>> replace_one.trust  # one cell above guessing: p = 0.39 by the binomial test, no forecast
         'unproven'
     """
-    rule = Rule(threshold, collapse_threshold, caveat or CAVEAT, threshold_source, held_out_accuracy, no_skill_accuracy,
+    flat = Rule(threshold, collapse_threshold, caveat or CAVEAT, threshold_source, held_out_accuracy, no_skill_accuracy,
                 held_out_cells)
+    if rule is None:
+        rule = flat
+    elif flat != Rule():
+        raise ValueError("Expected either `rule` or the rule's own arguments (threshold, collapse_threshold, caveat, "
+                         "threshold_source, held_out_*), got both: put them in the Rule.")
+    threshold, collapse_threshold, caveat = rule.threshold, rule.collapse_threshold, rule.caveat
     rows = {name: LayerCounts(*c) for name, c in counts.items()}
     n = sum(c.total for c in rows.values())
     if n == 0:
@@ -411,7 +420,7 @@ def build_verdict(
         gating_message=gating.message if gating is not None else "", source=source, planned_window=planned,
         notes=tuple(notes), caveat=caveat or CAVEAT, loss=loss or {}, flags=tuple(flags), offset=offset or {},
         nonfinite_weights=sum(weights.values()), offset_every=int(offset_every), functions=functions,
-        threshold_source=threshold_source, trust=cautions[0] if cautions else "ok", cautions=cautions,
+        threshold_source=rule.threshold_source, trust=cautions[0] if cautions else "ok", cautions=cautions,
         held_out_accuracy=held_out, no_skill_accuracy=no_skill, held_out_cells=cells, comparison=comparison,
     )
 
