@@ -36,7 +36,7 @@ from typing import Any
 from satmon import study
 from satmon.functional.saturation import check_product
 from satmon.results.calibration import Calibration, CalibrationError, load_calibration, short_repr  # short_repr: re-exported
-from satmon.results.reading import Rule
+from satmon.results.rule import Rule
 from satmon.results.stop import ABORT_MODES, ABORT_ON
 
 __all__ = ["MAX_KEPT_STEPS", "ReadsSettings", "Settings", "check_rule", "check_selector", "settings_from", "short_repr"]
@@ -242,7 +242,7 @@ class Settings:
             threshold, caveat = cal.threshold, cal.caveat()
         level, resolved, collapse = check_rule(self.level, study.THRESHOLD if threshold is None else threshold,
                                                self.collapse_threshold)
-        rule = _rule(self.rule, cal, threshold, caveat, resolved, collapse)
+        rule = Rule.resolve(self.rule, cal, threshold, caveat, resolved, collapse)
         for name, value in (("calibration", cal), ("threshold", resolved), ("level", level),
                             ("collapse_threshold", collapse), ("caveat", rule.caveat), ("rule", rule),
                             ("gating_mapping", _gating_mapping(self.gating_mapping))):
@@ -290,22 +290,6 @@ class Settings:
 
 
 _NAMES: tuple[str, ...] = tuple(f.name for f in fields(Settings) if f.name != "rule")
-
-
-def _rule(carried: Any, cal: Calibration | None, threshold: Any, caveat: str | None, resolved: float,
-          collapse: float) -> Rule:
-    """The settings' one :class:`Rule`; whose threshold it is comes from what was given (see :class:`Settings`)."""
-    if carried is not None and not isinstance(carried, Rule):
-        raise ValueError(f"Expected `rule` to be left out (Settings makes it from threshold, caveat and calibration), got "
-                         f"{short_repr(carried)} ({type(carried).__name__}).")
-    text = caveat or study.CAVEAT
-    if cal is not None:
-        return Rule(resolved, collapse, text, "calibration", cal.loso_accuracy, cal.no_skill, cal.n if cal.n > 0 else None)
-    if (carried is not None and carried.threshold_source != "calibration" and carried.threshold == resolved
-            and carried.caveat == text):  # dataclasses.replace that left the rule as it was: the same rule
-        return Rule(resolved, collapse, text, carried.threshold_source)
-    source = "study" if threshold is None and text == study.CAVEAT else "user"
-    return Rule(resolved, collapse, text, source)
 
 
 class ReadsSettings:

@@ -184,7 +184,7 @@ def _summary(rows: list[dict[str, Any]], records: list[Any], live: list[str] | N
         v = last.verdict
         said = v.headline() if v.cautions else v.decision.upper()  # a qualified decision says how far to trust it
         print(f"\nLast checkpoint (step {last.global_step}): {said}  pooled saturation "
-              f"{v.saturation:.4f} {'>=' if v.saturation >= v.threshold else '<'} threshold {v.threshold:g} "
+              f"{v.saturation:.4f} {v.comparison} threshold {v.threshold:g} "
               f"(margin {v.margin:+.4f})")
     if live:
         print("\n" + "\n".join(live))

@@ -171,7 +171,7 @@ def _where(v: Verdict) -> str:
 def summary(v: Verdict, where: Sequence[str] | None = None) -> str:
     """One console line: the decision and its trust, the saturation against the threshold, margin, window, the
     forecast from the planned passes when made, and ``where`` the card went (``None``: not said; empty: nowhere)."""
-    op = ">=" if v.saturation >= v.threshold else "<"
+    op = v.comparison  # as the rule compared them
     if v.decision == "non-finite":
         head = f"NON-FINITE (NaN/inf in the {_nonfinite_what(v)}: the run diverged)"
     else:
@@ -192,7 +192,7 @@ def summary(v: Verdict, where: Sequence[str] | None = None) -> str:
 
 def card(v: Verdict) -> str:
     """The markdown card: headline, the numbers, trust, reason, flags, gating, loss, notes, caveat, then the tables."""
-    op = ">=" if v.saturation >= v.threshold else "<"
+    op = v.comparison  # as the rule compared them
     if v.source == "window":
         asked = f"{v.planned_window} asked for; " if v.planned_window and v.planned_window != v.window else ""
         where = f"over a window of {v.window} optimizer steps ({asked}verdict at step {v.step}); "

@@ -31,43 +31,9 @@ from satmon.results.verdict import (
     Verdict,
     build_verdict,
 )
-from satmon.study import CAVEAT, COLLAPSE_THRESHOLD, THRESHOLD
+from satmon.results.rule import Rule  # re-exported: its home is satmon.results.rule
 
 __all__ = ["Reading", "Rule", "verdict_of"]
-
-
-@dataclass(frozen=True)
-class Rule:
-    """How a reading is judged: the threshold, the collapse threshold, the caveat, and whose threshold it is.
-
-    Attributes:
-        threshold: the GO threshold on pooled saturation.
-        collapse_threshold: pooled saturation at which a gated model is a collapse risk.
-        caveat: the card's provenance line.
-        threshold_source: ``"study"`` (the study's 0.43 and caveat), ``"user"`` (a threshold or caveat the user
-            gave) or ``"calibration"`` (a ``calibration.json``'s).
-        held_out_accuracy, no_skill_accuracy: how well the threshold was shown to predict on cells it was not
-            fit on, and guessing the commoner outcome there (a calibration's; ``None`` with the study's: the
-            verdict takes the study's figures; ``None`` with a user's: no evidence).
-        held_out_cells: how many cells ``held_out_accuracy`` was scored on (a calibration's ``n``): the verdict's
-            significance test counts them.
-
-    Made once, by :class:`satmon.Settings` (``settings.rule``), and carried whole to :func:`verdict_of`: no consumer
-    rebuilds it or re-derives whose threshold it is.
-
-    Example:
-        >>> from satmon import Settings
-        >>> Settings().rule.threshold_source, Settings(threshold=0.5).rule.threshold_source
-        ('study', 'user')
-    """
-
-    threshold: float = THRESHOLD
-    collapse_threshold: float = COLLAPSE_THRESHOLD
-    caveat: str = CAVEAT
-    threshold_source: str = "study"
-    held_out_accuracy: float | None = None
-    no_skill_accuracy: float | None = None
-    held_out_cells: int | None = None
 
 
 #: Reading fields that hold containers (frozen at construction)
@@ -185,11 +151,8 @@ def verdict_of(reading: Reading, rule: Rule | None = None) -> Verdict | None:
     r = reading
     refused = [f"layer {n} not counted: {why}" for n, why in r.refused.items()]
     return build_verdict(
-        r.counts, step=r.step, window=r.window, source=r.source, planned_window=r.planned_window, threshold=rule.threshold,
-        level=r.level, gating=r.gating, collapse_threshold=rule.collapse_threshold, risk=r.risk(),
-        notes=[*r.notes, *refused], loss=r.loss, offset=r.offset, offset_flag=bool(r.offset) and r.offset_driven,
-        caveat=rule.caveat, nonfinite_weights=r.nonfinite_weights, offset_every=r.offset_every,
-        functions=[r.functions.get(n, "tanh") for n in r.counts], threshold_source=rule.threshold_source,
-        held_out_accuracy=rule.held_out_accuracy, no_skill_accuracy=rule.no_skill_accuracy,
-        held_out_cells=rule.held_out_cells,
+        r.counts, step=r.step, window=r.window, source=r.source, planned_window=r.planned_window, level=r.level,
+        gating=r.gating, risk=r.risk(), notes=[*r.notes, *refused], loss=r.loss, offset=r.offset,
+        offset_flag=bool(r.offset) and r.offset_driven, nonfinite_weights=r.nonfinite_weights, offset_every=r.offset_every,
+        functions=[r.functions.get(n, "tanh") for n in r.counts], rule=rule,
     )

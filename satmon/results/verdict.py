@@ -21,40 +21,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from enum import Enum
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
-from satmon import study
-from satmon.functional.significance import ALPHA, beats, correct_of
 from satmon.results import card as verdict_card
 from satmon.results.card import FLAG_TEXT
 from satmon.results.frozen import FrozenMap, freeze, thaw
 from satmon.results.gating import GatingInfo
-from satmon.study import CAVEAT, COLLAPSE_THRESHOLD, HELD_OUT_ACCURACY, HELD_OUT_CELLS, INCONCLUSIVE_BAND, LEVEL, NO_SKILL_ACCURACY, THRESHOLD
+from satmon.results.rule import CALIBRATED_FUNCTION, THRESHOLD_SOURCES, TRUST, Decision, Rule, Trust, forecasts
+from satmon.study import CAVEAT, COLLAPSE_THRESHOLD, INCONCLUSIVE_BAND, LEVEL, THRESHOLD
 
 __all__ = [
     "CAVEAT", "FLAG_TEXT", "INCONCLUSIVE_BAND", "THRESHOLD_SOURCES", "TRUST", "Decision", "GatingInfo", "LayerCounts", "Source",
     "Trust", "Verdict", "build_verdict",
 ]
-
-Decision = Literal["go", "no-go", "non-finite"]
-Trust = Literal["ok", "uncalibrated", "flagged", "partial", "inconclusive", "unproven"]
-#: What ``Verdict.trust`` can say, most serious first: the order in which ``cautions`` are listed and
-#: the one ``trust`` names. ``"ok"``: nothing undercuts the decision. ``"uncalibrated"``: a layer applies a
-#: point-wise function the study did not calibrate (not tanh) and the threshold is the study's (give your own
-#: ``threshold=`` or ``calibration=``). ``"flagged"``: a flag (offset-driven, stalled-loss) says the saturation is
-#: from a pattern the study's cells were not read for. ``"partial"``: training ended before the window closed; the verdict is
-#: provisional (a resume from a checkpoint finishes the window). ``"inconclusive"``: ``|margin|`` is within
-#: :data:`~satmon.study.INCONCLUSIVE_BAND`. ``"unproven"``: the rule was not shown to predict DyT's effect on cells it
-#: was not fit on (its held-out record does not beat guessing the commoner outcome by a one-sided exact binomial test at
-#: p < 0.05, or it has none: the study's 0.43,
-#: a threshold given without calibration): the decision is a measurement, not a forecast. It comes last: it says
-#: nothing about this run, only about the rule. A ``"non-finite"`` decision is a fact, not a rule's call: its trust is ``"ok"``.
-TRUST: tuple[str, ...] = ("ok", "uncalibrated", "flagged", "partial", "inconclusive", "unproven")
-#: Whose threshold the decision used: the study's 0.43 (and caveat), one the user gave, or a calibration's.
-THRESHOLD_SOURCES: tuple[str, ...] = ("study", "user", "calibration")
-#: The point-wise function the study's threshold was calibrated for (DyT's).
-CALIBRATED_FUNCTION = "tanh"
-
 
 class Source(str, Enum):
     """Where a verdict's counts came from.
@@ -141,6 +120,8 @@ class Verdict:
         planned_forecast: the forecast of DyT's effect from the run's planned passes over its data
             (:meth:`satmon.results.forecast.Forecast.to_dict`: ``outcome``, ``passes``, ``evidence``...), set by the
             driver beside the decision, which it never changes; empty when not made (a probe, a replay).
+        comparison: the pooled saturation against the threshold as the rule compared them (``">="`` or ``"<"``,
+            :meth:`satmon.results.rule.Rule.decide`): what the card and the CLI print.
 
     Mappings are read-only (:class:`~satmon.results.frozen.FrozenMap`) and sequences tuples, also when
     a verdict is made with :func:`dataclasses.replace`; :meth:`to_dict` gives plain ``dict`` and ``list``.
@@ -190,6 +171,7 @@ class Verdict:
     no_skill_accuracy: float | None = None
     held_out_cells: int | None = None
     planned_forecast: Mapping[str, Any] = FrozenMap()
+    comparison: str = ">="
 
     def __post_init__(self) -> None:
         for name in _CONTAINERS:
@@ -208,7 +190,13 @@ class Verdict:
     def forecast(self) -> bool:
         """Whether the rule was shown to predict: its held-out record beats guessing the commoner outcome by a
         one-sided exact binomial test (``p < 0.05``; :func:`satmon.functional.significance.beats`)."""
-        return _forecast(self.held_out_accuracy, self.no_skill_accuracy, self.held_out_cells)
+        return forecasts(self.held_out_accuracy, self.no_skill_accuracy, self.held_out_cells)
+
+    @property
+    def rule(self) -> Rule:
+        """The :class:`~satmon.results.rule.Rule` the decision was made by (read from the verdict's own fields)."""
+        return Rule(self.threshold, self.collapse_threshold, self.caveat, self.threshold_source, self.held_out_accuracy,
+                    self.no_skill_accuracy, self.held_out_cells)
 
     @property
     def uncalibrated_functions(self) -> tuple[str, ...]:
@@ -242,15 +230,16 @@ class Verdict:
         known.setdefault("source", Source.WINDOW.value if known.get("window", 0) > 0 else Source.PROBE.value)
         known.setdefault("planned_window", known.get("window", 0))
         if any(k not in d for k in ("held_out_accuracy", "held_out_cells", "trust")):  # before 0.5: trust from its fields
-            source = known.get("threshold_source", "study")
-            known["held_out_accuracy"], known["no_skill_accuracy"], known["held_out_cells"] = _evidence(
-                source, known.get("held_out_accuracy"), known.get("no_skill_accuracy"), known.get("held_out_cells"))
-            known["cautions"] = _cautions(
-                known["decision"], tuple(known.get("functions", ())), source,
-                tuple(known.get("flags", ())), _partial(known["source"], known.get("window", 0), known["planned_window"]),
-                bool(known.get("inconclusive")),
-                _forecast(known["held_out_accuracy"], known["no_skill_accuracy"], known["held_out_cells"]))
+            rule = Rule(threshold_source=known.get("threshold_source", "study"),
+                        held_out_accuracy=known.get("held_out_accuracy"), no_skill_accuracy=known.get("no_skill_accuracy"),
+                        held_out_cells=known.get("held_out_cells"))
+            known["held_out_accuracy"], known["no_skill_accuracy"], known["held_out_cells"] = rule.evidence()
+            known["cautions"] = rule.cautions(
+                known["decision"], tuple(known.get("functions", ())), tuple(known.get("flags", ())),
+                _partial(known["source"], known.get("window", 0), known["planned_window"]), bool(known.get("inconclusive")))
             known["trust"] = known["cautions"][0] if known["cautions"] else "ok"
+        if "comparison" not in known and "saturation" in known and "threshold" in known:  # before 0.5: as the rule compares
+            known["comparison"] = ">=" if known["saturation"] >= known["threshold"] else "<"
         return cls(**known)  # lists and dicts are frozen by __post_init__
 
     def headline(self) -> str:
@@ -296,34 +285,6 @@ class Verdict:
         return verdict_card.plain(verdict_card.card(self))
 
 
-def _rule(saturation: float, threshold: float, gated: bool | None, collapse_threshold: float,
-          nonfinite: int, weights: Mapping[str, int]) -> tuple[Decision, str, bool | None]:
-    """The study's rule: ``(decision, reason, collapse_risk)``; non-finite inputs and weights come first."""
-    bad_weights = sum(weights.values())
-    if nonfinite or bad_weights:
-        what = []
-        if nonfinite:
-            what.append(f"{nonfinite:,} DyT layer input(s) or alpha(s) held NaN/inf")
-        if bad_weights:
-            names = ", ".join(f"{n} ({c:,})" for n, c in list(weights.items())[:6]) + (", ..." if len(weights) > 6 else "")
-            what.append(f"{bad_weights:,} weight element(s) are NaN/inf ({names})")
-        return "non-finite", (
-            "; ".join(what) + ": the run diverged, and a NaN element counts as unsaturated, so the pooled saturation is "
-            "not a reading of a healthy run. Lower the learning rate, clip gradients or check the data, then screen "
-            "again"), None
-    collapse = None if gated is None else bool(gated) and saturation >= collapse_threshold
-    if collapse:
-        return "no-go", (
-            f"collapse risk: DyT feeds a gated MLP and pooled saturation {saturation:.4f} >= {collapse_threshold:g} "
-            "(the study flagged 4/4 collapses at this level, 0/5 false alarms)"), True
-    decision: Decision = "go" if saturation >= threshold else "no-go"
-    op = ">=" if decision == "go" else "<"
-    if threshold == THRESHOLD:  # the study's cells on that side of its threshold (satmon.study.MEANING)
-        return decision, f"measured pooled saturation {saturation:.4f} {op} {threshold:g}; {study.ON_SIDE[decision]}", collapse
-    return decision, (f"measured pooled saturation {saturation:.4f} {op} {threshold:g} (the study's cells were counted against "
-                      f"{THRESHOLD:g}, not this threshold)"), collapse
-
-
 def build_verdict(
     counts: Mapping[str, LayerCounts | Sequence[int]],
     *,
@@ -348,6 +309,7 @@ def build_verdict(
     held_out_accuracy: float | None = None,
     no_skill_accuracy: float | None = None,
     held_out_cells: int | None = None,
+    rule: Rule | None = None,
 ) -> Verdict | None:
     """Build the verdict from per-layer counts: the one place a :class:`Verdict` is made.
 
@@ -389,6 +351,8 @@ def build_verdict(
             with ``"study"`` and ``None``, the study's (:data:`satmon.study.HELD_OUT_ACCURACY`,
             :data:`satmon.study.NO_SKILL_ACCURACY`, :data:`satmon.study.HELD_OUT_CELLS`). The verdict reads as a
             forecast only when the held-out record beats guessing by a one-sided exact binomial test (p < 0.05).
+        rule: the :class:`~satmon.results.rule.Rule`, whole (what :func:`~satmon.results.reading.verdict_of` passes);
+            given, it replaces the seven arguments above from ``threshold`` (which must then be left at their defaults).
 
     Returns:
         The verdict, or ``None`` when no element was counted.
@@ -412,8 +376,14 @@ def build_verdict(
         >>> replace_one.trust  # one cell above guessing: p = 0.39 by the binomial test, no forecast
         'unproven'
     """
-    if threshold_source not in THRESHOLD_SOURCES:
-        raise ValueError(f"Expected `threshold_source` in {THRESHOLD_SOURCES}, got {threshold_source!r}.")
+    flat = Rule(threshold, collapse_threshold, caveat or CAVEAT, threshold_source, held_out_accuracy, no_skill_accuracy,
+                held_out_cells)
+    if rule is None:
+        rule = flat
+    elif flat != Rule():
+        raise ValueError("Expected either `rule` or the rule's own arguments (threshold, collapse_threshold, caveat, "
+                         "threshold_source, held_out_*), got both: put them in the Rule.")
+    threshold, collapse_threshold, caveat = rule.threshold, rule.collapse_threshold, rule.caveat
     rows = {name: LayerCounts(*c) for name, c in counts.items()}
     n = sum(c.total for c in rows.values())
     if n == 0:
@@ -423,7 +393,7 @@ def build_verdict(
     weights = {"model": int(nonfinite_weights)} if isinstance(nonfinite_weights, int) else dict(nonfinite_weights)
     weights = {k: int(c) for k, c in weights.items() if c}
     gated = gating.gated if gating is not None else None
-    decision, reason, collapse = _rule(saturation, threshold, gated, collapse_threshold, nonfinite, weights)
+    decision, reason, collapse, comparison = rule.decide(saturation, gated, nonfinite, weights)
     planned = window if planned_window is None else int(planned_window)
     source = Source(source).value
     if source == Source.WINDOW.value and window < planned:
@@ -438,9 +408,8 @@ def build_verdict(
         flags.append("offset-driven")
     functions = tuple(dict.fromkeys(str(f) for f in functions))  # each once, in layer order
     inconclusive = abs(margin) < INCONCLUSIVE_BAND
-    held_out, no_skill, cells = _evidence(threshold_source, held_out_accuracy, no_skill_accuracy, held_out_cells)
-    cautions = _cautions(decision, functions, threshold_source, tuple(flags), _partial(source, window, planned), inconclusive,
-                         _forecast(held_out, no_skill, cells))
+    held_out, no_skill, cells = rule.evidence()
+    cautions = rule.cautions(decision, functions, tuple(flags), _partial(source, window, planned), inconclusive)
     return Verdict(
         decision=decision, saturation=float(saturation), threshold=float(threshold), margin=float(margin),
         per_layer={k: c.saturated / c.total for k, c in rows.items() if c.total}, step=int(step), window=int(window),
@@ -451,43 +420,11 @@ def build_verdict(
         gating_message=gating.message if gating is not None else "", source=source, planned_window=planned,
         notes=tuple(notes), caveat=caveat or CAVEAT, loss=loss or {}, flags=tuple(flags), offset=offset or {},
         nonfinite_weights=sum(weights.values()), offset_every=int(offset_every), functions=functions,
-        threshold_source=threshold_source, trust=cautions[0] if cautions else "ok", cautions=cautions,
-        held_out_accuracy=held_out, no_skill_accuracy=no_skill, held_out_cells=cells,
+        threshold_source=rule.threshold_source, trust=cautions[0] if cautions else "ok", cautions=cautions,
+        held_out_accuracy=held_out, no_skill_accuracy=no_skill, held_out_cells=cells, comparison=comparison,
     )
 
 
 def _partial(source: str, window: int, planned_window: int) -> bool:
     """A live window that ended before ``planned_window`` steps (:attr:`Verdict.partial`)."""
     return source == Source.WINDOW.value and 0 < window < planned_window
-
-
-def _evidence(threshold_source: str, held_out: float | None, no_skill: float | None,
-              cells: int | None) -> tuple[float | None, float | None, int | None]:
-    """The rule's held-out evidence: as given, or the study's for its own threshold."""
-    if threshold_source == "study" and held_out is None and no_skill is None:
-        return HELD_OUT_ACCURACY, NO_SKILL_ACCURACY, HELD_OUT_CELLS
-    return ((None if held_out is None else float(held_out)), (None if no_skill is None else float(no_skill)),
-            None if cells is None or int(cells) <= 0 else int(cells))
-
-
-def _forecast(held_out: float | None, no_skill: float | None, cells: int | None) -> bool:
-    """A rule forecasts when its held-out record (``held_out`` of ``cells`` right) beats guessing the commoner outcome
-    (``no_skill``) by a one-sided exact binomial test at p < :data:`~satmon.functional.significance.ALPHA`."""
-    if held_out is None or no_skill is None or cells is None or not 0.0 <= held_out <= 1.0 or not 0.0 <= no_skill <= 1.0:
-        return False
-    return beats(correct_of(held_out, cells), cells, no_skill, ALPHA)
-
-
-def _cautions(decision: str, functions: tuple[str, ...], threshold_source: str, flags: tuple[str, ...], partial: bool,
-              inconclusive: bool, forecast: bool) -> tuple[str, ...]:
-    """What undercuts a decision, most serious first (:data:`TRUST`); nothing for a non-finite one (a fact)."""
-    if decision == "non-finite":
-        return ()
-    found = {
-        "uncalibrated": threshold_source == "study" and any(f != CALIBRATED_FUNCTION for f in functions),
-        "flagged": bool(flags),
-        "partial": partial,
-        "inconclusive": inconclusive,
-        "unproven": not forecast,
-    }
-    return tuple(t for t in TRUST if found.get(t))
