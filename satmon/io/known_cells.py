@@ -99,8 +99,14 @@ def read_known_cells(name: str, text: str) -> list[KnownCell]:
         except ValueError:
             tokens = None
         source = (row.get("source") or "").strip() or (STUDY_LABEL if name == STUDY_FILE else name)
+        steps, warmup = _float(row, "steps"), _float(row, "warmup_steps")  # missing: an unknown schedule
+        schedule = (row.get("lr_schedule") or "").strip() or None
+        if steps is not None and not (math.isfinite(steps) and steps > 0):
+            steps = None
+        if warmup is not None and not (math.isfinite(warmup) and warmup >= 0):
+            warmup = None
         cells.append(KnownCell(cell_name, float(size), float(passes), float(delta), (row.get("group") or "").strip(),  # type: ignore[arg-type]
-                               source, tokens, best))
+                               source, tokens, best, steps, warmup, schedule))
     return cells
 
 
@@ -128,7 +134,8 @@ def known_cells(folder: str | Path | None = None) -> list[KnownCell]:
     return cells
 
 
-def forecast(*, params: float, unique_tokens: float, planned_tokens: float,
+def forecast(*, params: float, unique_tokens: float, planned_tokens: float, steps: float | None = None,
+             warmup_steps: float | None = None, lr_schedule: str | None = None,
              cells: Sequence[KnownCell] | None = None) -> Forecast:
     """Forecast DyT's effect on a run's final held-out loss against LayerNorm from its planned passes over the data.
 
@@ -143,6 +150,10 @@ def forecast(*, params: float, unique_tokens: float, planned_tokens: float,
         unique_tokens: the unique tokens of the training data.
         planned_tokens: the tokens training will process: optimizer steps x global batch (sequences, gradient
             accumulation and data-parallel ranks counted) x sequence length.
+        steps: the run's optimizer steps (``None``: unknown, no confident outcome).
+        warmup_steps: its linear warm-up steps (0: none).
+        lr_schedule: the learning rate's shape: ``"linear-warmup-constant"`` (the study's), ``"linear-warmup-cosine"``,
+            ``"constant"``...; ``None`` or ``"unknown"``: no confident outcome.
         cells: the known cells to read (default: :func:`known_cells`).
 
     Returns:
@@ -154,18 +165,22 @@ def forecast(*, params: float, unique_tokens: float, planned_tokens: float,
 
     Example:
         >>> import satmon
-        >>> f = satmon.forecast(params=64e6, unique_tokens=50e6, planned_tokens=5000 * 64 * 512)  # the study's 64M/50M
-        >>> f.outcome, round(f.passes, 2), f.agreeing == f.cells >= 13
-        ('hurts', 3.28, True)
-        >>> satmon.forecast(params=64e6, unique_tokens=1e6, planned_tokens=5000 * 64 * 512).outcome
+        >>> study = dict(steps=5000, warmup_steps=2000, lr_schedule="linear-warmup-constant")
+        >>> f = satmon.forecast(params=115_013, unique_tokens=1_551_515, planned_tokens=5000 * 16 * 64, **study)
+        >>> f.outcome, round(f.passes, 2), f.agreeing == f.configurations >= 5  # the grids' d64L2 at 3.3 passes
+        ('hurts', 3.3, True)
+        >>> satmon.forecast(params=64e6, unique_tokens=1e6, planned_tokens=5000 * 64 * 512, **study).outcome
+        'uncertain'
+        >>> satmon.forecast(params=25_000, unique_tokens=1_000, planned_tokens=3_000).outcome  # far outside the cells
         'uncertain'
     """
     return forecast_from(known_cells() if cells is None else cells, params=params, unique_tokens=unique_tokens,
-                         planned_tokens=planned_tokens)
+                         planned_tokens=planned_tokens, steps=steps, warmup_steps=warmup_steps, lr_schedule=lr_schedule)
 
 
 def run_forecast(params: float, unique_tokens: float | None, planned_tokens: float | None, unique_how: str = "",
-                 planned_how: str = "") -> Forecast:
+                 planned_how: str = "", steps: float | None = None, warmup_steps: float | None = None,
+                 lr_schedule: str | None = None) -> Forecast:
     """The forecast a screen's card shows: :func:`forecast` when both token counts are known, else ``"uncertain"``
     saying which count is missing, why (``unique_how``, ``planned_how``) and how to give it. Never raises.
 
@@ -181,6 +196,13 @@ def run_forecast(params: float, unique_tokens: float | None, planned_tokens: flo
     if missing:
         return unknown_forecast(params, "; ".join(missing))
     try:
-        return forecast(params=params, unique_tokens=unique_tokens, planned_tokens=planned_tokens)  # type: ignore[arg-type]
+        cells = known_cells()
+    except Exception as e:  # a shipped file that cannot be read: say so, never stop training
+        return unknown_forecast(params, f"the known cells could not be read ({type(e).__name__}: {str(e)[:120]})")
+    try:
+        return forecast(params=params, unique_tokens=unique_tokens, planned_tokens=planned_tokens, steps=steps,  # type: ignore[arg-type]
+                        warmup_steps=warmup_steps, lr_schedule=lr_schedule, cells=cells)
+    except ValueError as e:  # a bad count: blamed on the count, never stop training
+        return unknown_forecast(params, f"a count is not usable ({str(e)[:160]})")
     except Exception as e:  # a shipped file that cannot be read: say so, never stop training
         return unknown_forecast(params, f"the known cells could not be read ({type(e).__name__}: {str(e)[:120]})")

@@ -1,41 +1,29 @@
 """DyT's effect forecast from a run's planned passes over its unique data: the rule, derived from known cells.
 
-The one signal that held across the study's cells and satmon's faithful CPU grid is known before step 1: at
-few passes over the unique data DyT's final held-out loss was worse than LayerNorm's in every known cell. The
-rule here states only what the known cells show, and is read from them, never written in:
-
-* a **known cell** (:class:`KnownCell`) is one trained pair (DyT and LayerNorm, same size, data and budget): its
-  model size, its passes over the unique data, and DyT's effect on the final held-out loss (``delta``, negative
-  when DyT helped); where recorded, the same on each arm's best held-out loss (``best_delta``);
-* the run's passes ``p`` must lie within the passes the cells measured (up to :data:`BUDGET_TOLERANCE` beyond the
-  fewest and the most): ``L`` is the most passes of a cell at or below ``p``, ``U`` the fewest at or above it (two
-  budgets within :data:`BUDGET_TOLERANCE` of each other are one);
-* **"hurts"** when every known cell at or below ``U`` passes hurt, and they are enough: their distinct
-  configurations (model size x budget x source; seeds of one configuration count once) beat a coin by the
-  one-sided exact binomial test (all ``n`` agreeing: ``2**-n < 0.05``, so at least 5); and the run's size and its
-  tokens per parameter lie within :data:`REACH` of those cells' range. DyT's effect is read as growing with
-  the passes (the cells show it hurting at few passes and helping only at many): a cell at more passes than the
-  run that hurt supports "hurts" only through that reading, which is why the cells at or below ``U`` must all agree;
-* **"helps"**: the mirror, every known cell at or above ``L`` passes helped, with the same test and reach;
-* **"uncertain"** otherwise, with the counts on both sides and why (a cell that disagrees, too few, the run outside
-  the passes or sizes the cells cover, passes between two budgets whose cells differ).
+The rule states only what the known cells show, and is read from them, never written in (:func:`forecast_from`
+states it in full): a **known cell** (:class:`KnownCell`) is one trained pair (DyT and LayerNorm, same size, data,
+budget and schedule); only the cells at the run's budget (or the measured budgets either side of it) bear on it,
+counted per configuration (seeds once); a confident "hurts" or "helps" needs every bearing configuration to agree,
+enough of them for the one-sided exact binomial test against a coin (p < 0.05), the run inside the convex hull of
+those configurations in (log parameters, log unique tokens per parameter), and its optimizer steps, warm-up share
+and learning-rate shape within what they trained. Else "uncertain", with the rate and its 95% interval, or the
+nearest measured cells and what differs.
 
 A new file of cells (another grid) changes the outcome with no change here: a cell that contradicts a confident
 outcome turns it into "uncertain". Nothing here reads files (:mod:`satmon.io.known_cells` does).
 
 Example:
-    >>> cells = [KnownCell(f"c{i}", params=1e5 * (i + 1), passes=2.0, delta=0.1, group=f"g{i}", source="mine")
-    ...          for i in range(5)]
-    >>> f = forecast_from(cells, params=3e5, unique_tokens=1_000_000, planned_tokens=2_000_000)
-    >>> f.outcome, f.passes, f.agreeing, f.cells
-    ('hurts', 2.0, 5, 5)
-    >>> forecast_from(cells[:4], params=3e5, unique_tokens=1_000_000, planned_tokens=2_000_000).outcome  # 4: 1/16
-    'uncertain'
+    >>> cells = [KnownCell(f"c{i}", params=1e5, passes=2.0, delta=0.1, group=f"g{i}", source="mine") for i in range(5)]
+    >>> f = forecast_from(cells, params=1e5, unique_tokens=1_000_000, planned_tokens=2_000_000)
+    >>> f.outcome, f.passes, f.agreeing, f.configurations  # no cell says its tokens per parameter: outside
+    ('uncertain', 2.0, 5, 5)
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+from decimal import Decimal
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -43,7 +31,7 @@ from typing import Any, Literal
 from satmon.functional.significance import ALPHA, beats, binomial_tail
 from satmon.results.run_scale import si
 
-__all__ = ["BUDGET_TOLERANCE", "CODE", "OUTCOMES", "REACH", "Forecast", "KnownCell", "Outcome", "checkpoint_sentence", "forecast_from", "passes_text",
+__all__ = ["BUDGET_TOLERANCE", "CODE", "OUTCOMES", "HULL_TOLERANCE", "UNKNOWN_SCHEDULE", "WARMUP_TOLERANCE", "clopper_pearson", "hull", "hull_distance", "Forecast", "KnownCell", "Outcome", "checkpoint_sentence", "forecast_from", "passes_text",
            "unknown_forecast"]
 
 Outcome = Literal["hurts", "helps", "uncertain"]
@@ -54,9 +42,6 @@ CODE = {"helps": 1.0, "hurts": -1.0, "uncertain": 0.0}
 #: Two budgets within this factor are one (the study's 3.28 passes and the grid's 3.30), and a run's passes may lie
 #: this far beyond the fewest or the most any cell measured.
 BUDGET_TOLERANCE = 1.1
-#: How far beyond the range of the supporting cells' sizes (and tokens per parameter) a confident outcome reaches:
-#: half a decade (sqrt(10) = 3.16x). Further out nothing was measured.
-REACH = math.sqrt(10.0)
 
 
 @dataclass(frozen=True)
@@ -80,6 +65,13 @@ class KnownCell:
     source: str
     train_tokens: float | None = None
     best_delta: float | None = None
+    steps: float | None = None
+    warmup_steps: float | None = None
+    lr_schedule: str | None = None
+
+    @property
+    def warmup_share(self) -> float | None:
+        return None if self.steps is None or self.warmup_steps is None else self.warmup_steps / self.steps
 
     @property
     def outcome(self) -> str:
@@ -146,9 +138,21 @@ class Forecast:
 
 
 def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    """A count as a float: any real number type (int, float, numpy scalars, a torch 0-d tensor, Decimal, Fraction)."""
+    if not isinstance(value, bool) and hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        value = value.item()  # numpy scalar, torch 0-d tensor
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, Decimal)):
         raise ValueError(f"Expected {name} as a positive number, got {value!r}: pass the count (e.g. {name}=1_000_000).")
-    return float(value)
+    try:
+        x = float(value)
+    except OverflowError:
+        x = math.inf
+    if math.isinf(x) and value == value:
+        raise ValueError(f"Expected {name} as a positive number a float can hold (below 1.8e308), got one too large "
+                         f"({str(value)[:12]}... with {len(str(value))} digits).")
+    if not math.isfinite(x) or x <= 0:
+        raise ValueError(f"Expected {name} as a positive number, got {value!r}: pass the count (e.g. {name}=1_000_000).")
+    return x
 
 
 def _config(c: KnownCell) -> tuple[str, str, float]:
@@ -174,11 +178,6 @@ def _sources(cells: Sequence[KnownCell]) -> str:
 
 def _span(values: Sequence[float]) -> tuple[float, float]:
     return min(values), max(values)
-
-
-def _within(x: float, values: Sequence[float]) -> bool:
-    lo, hi = _span(values)
-    return lo / REACH <= x <= hi * REACH
 
 
 def checkpoint_sentence(cells: Sequence[KnownCell]) -> str:
@@ -212,26 +211,132 @@ def unknown_forecast(params: float | None, why: str) -> Forecast:
                     "", params=params)
 
 
-def forecast_from(cells: Sequence[KnownCell], *, params: float, unique_tokens: float, planned_tokens: float) -> Forecast:
-    """DyT's effect on the final held-out loss of a run, read from known ``cells`` (module docstring: the rule).
+#: The run's point may lie this far (in decades of log10 parameters and log10 unique tokens per parameter) outside the
+#: convex hull of its supporting configurations: the grain of the measurement (the study's "64M" is a label), no more.
+HULL_TOLERANCE = 0.1
+#: A run's warm-up share (warm-up steps over steps) may differ this much from the supporting cells' range.
+WARMUP_TOLERANCE = 0.05
+#: The learning-rate shape of a run whose scheduler could not be read.
+UNKNOWN_SCHEDULE = "unknown"
 
-    Args:
-        cells: the known cells (:func:`satmon.io.known_cells.known_cells` reads the shipped ones).
-        params: the run's parameters.
-        unique_tokens: the unique tokens of its training data.
-        planned_tokens: the tokens training will process (steps x global batch x sequence length).
 
-    Raises:
-        ValueError: a count that is not a positive number.
+def _cross(o: tuple[float, float], a: tuple[float, float], b: tuple[float, float]) -> float:
+    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+
+
+def hull(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The convex hull of ``points``, counter-clockwise (Andrew's monotone chain; 1 or 2 points when degenerate).
 
     Example:
-        >>> mixed = [KnownCell(f"c{i}", 1e5, 100.0, (-1) ** i * 0.1, f"g{i}", "mine") for i in range(8)]
-        >>> f = forecast_from(mixed, params=1e5, unique_tokens=1e6, planned_tokens=1e8)
-        >>> f.outcome, f.agreeing, f.cells
-        ('uncertain', 4, 8)
+        >>> hull([(0, 0), (1, 0), (0, 1), (1, 1), (0.5, 0.5)])
+        [(0, 0), (1, 0), (1, 1), (0, 1)]
+    """
+    pts = sorted(set(points))
+    if len(pts) <= 2:
+        return pts
+    lower: list[tuple[float, float]] = []
+    upper: list[tuple[float, float]] = []
+    for chain, seq in ((lower, pts), (upper, pts[::-1])):
+        for q in seq:
+            while len(chain) >= 2 and _cross(chain[-2], chain[-1], q) <= 0:
+                chain.pop()
+            chain.append(q)
+    return lower[:-1] + upper[:-1]
+
+
+def _segment_distance(q: tuple[float, float], a: tuple[float, float], b: tuple[float, float]) -> float:
+    dx, dy = b[0] - a[0], b[1] - a[1]
+    t = 0.0 if dx == dy == 0 else max(0.0, min(1.0, ((q[0] - a[0]) * dx + (q[1] - a[1]) * dy) / (dx * dx + dy * dy)))
+    return math.hypot(q[0] - a[0] - t * dx, q[1] - a[1] - t * dy)
+
+
+def hull_distance(q: tuple[float, float], points: Sequence[tuple[float, float]]) -> float:
+    """How far ``q`` lies outside the convex hull of ``points`` (0 inside or on it; ``inf`` with no points).
+
+    Example:
+        >>> square = [(0, 0), (1, 0), (0, 1), (1, 1)]
+        >>> hull_distance((0.5, 0.5), square), hull_distance((2, 0.5), square)
+        (0.0, 1.0)
+    """
+    h = hull(points)
+    if not h:
+        return math.inf
+    if len(h) >= 3 and all(_cross(h[i], h[(i + 1) % len(h)], q) >= 0 for i in range(len(h))):
+        return 0.0
+    edges = [(h[i], h[(i + 1) % len(h)]) for i in range(len(h))] if len(h) > 1 else [(h[0], h[0])]
+    return min(_segment_distance(q, a, b) for a, b in edges)
+
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) ``level`` interval of a rate seen as ``k`` of ``n``, by bisection on the binomial tail.
+
+    Example:
+        >>> [round(x, 3) for x in clopper_pearson(14, 15)]
+        [0.681, 0.998]
+    """
+    a = (1 - level) / 2
+
+    def solve(f: Any) -> float:  # f increasing in the rate, f(r) = a
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if f(mid) < a else (lo, mid)
+        return (lo + hi) / 2
+
+    low = 0.0 if k == 0 else solve(lambda r: binomial_tail(k, n, r))  # P(X >= k | r) = a
+    high = 1.0 if k == n else solve(lambda r: binomial_tail(k + 1, n, r) - (1 - a) + a)  # P(X <= k | r) = a
+    return low, high
+
+
+def _point(params: float, tpp: float) -> tuple[float, float]:
+    return math.log10(params), math.log10(tpp)
+
+
+def _describe(c: KnownCell) -> str:
+    tpp = "?" if c.tokens_per_param is None else f"{c.tokens_per_param:.3g}"
+    steps = "unknown schedule" if c.steps is None or c.lr_schedule is None else (
+        f"{c.steps:,.0f} steps, {c.warmup_steps or 0:,.0f} warm-up, {c.lr_schedule}")
+    return f"{c.name} ({si(c.params)} parameters, {tpp} tokens/parameter, {passes_text(c.passes)}, {steps})"
+
+
+def forecast_from(cells: Sequence[KnownCell], *, params: float, unique_tokens: float, planned_tokens: float,
+                  steps: float | None = None, warmup_steps: float | None = None,
+                  lr_schedule: str | None = None) -> Forecast:
+    """DyT's effect on the final held-out loss of a run, read from known ``cells``: the rule below.
+
+    * **What bears on the run**: the cells at its budget (passes within :data:`BUDGET_TOLERANCE`), else at the two
+      measured budgets on either side of it. Cells at other budgets do not: the passes at which the sign flips
+      depends on size (the cells show no monotone reading).
+    * **Counted per configuration** (source x size x budget): seeds of one configuration count once; a
+      configuration agrees only when its seeds do. A confident outcome needs every bearing configuration to agree
+      and their number to beat a coin by the one-sided exact binomial test (``2**-n < 0.05``: at least 5).
+    * **Domain**: the run must lie inside the convex hull of the supporting configurations in (log10 parameters,
+      log10 unique tokens per parameter), up to :data:`HULL_TOLERANCE`; its optimizer ``steps`` within
+      :data:`BUDGET_TOLERANCE` of the steps they trained, its warm-up share within :data:`WARMUP_TOLERANCE` of theirs
+      and its ``lr_schedule`` one of theirs. A run whose steps or schedule are not given (or a cell whose are not
+      recorded) does not support a confident answer.
+    * Else **"uncertain"**, with the rate and its Clopper-Pearson 95% interval where the configurations agree in
+      part, or the nearest measured cells and what differs.
+
+    Raises:
+        ValueError: a count that is not a positive number a float can hold.
+
+    Example:
+        >>> cells = [KnownCell(f"c{i}", params=10 ** (5 + i % 2), passes=2.0, delta=0.1, group=f"g{i}", source="m",
+        ...                    train_tokens=10 ** (6 + i // 2), steps=5000, warmup_steps=2000,
+        ...                    lr_schedule="linear-warmup-constant") for i in range(6)]
+        >>> run = dict(params=3e5, unique_tokens=3e6 * 3, planned_tokens=2 * 9e6)
+        >>> forecast_from(cells, **run).outcome  # steps and schedule not given
+        'uncertain'
+        >>> f = forecast_from(cells, **run, steps=5000, warmup_steps=2000, lr_schedule="linear-warmup-constant")
+        >>> f.outcome, f.configurations, f.p_value
+        ('hurts', 6, 0.015625)
     """
     params, unique, planned = (_positive("params", params), _positive("unique_tokens", unique_tokens),
                                _positive("planned_tokens", planned_tokens))
+    run_steps = None if steps is None else _positive("steps", steps)
+    run_warmup = None if warmup_steps is None else (0.0 if warmup_steps == 0 else _positive("warmup_steps", warmup_steps))
+    schedule = None if lr_schedule in (None, UNKNOWN_SCHEDULE) else str(lr_schedule)
     p, tpp = planned / unique, unique / params
     known = [c for c in cells if math.isfinite(c.passes) and c.passes > 0 and math.isfinite(c.delta) and c.params > 0]
     checkpoint = checkpoint_sentence(known)
@@ -252,41 +357,58 @@ def forecast_from(cells: Sequence[KnownCell], *, params: float, unique_tokens: f
                                 "known there.")
     upper = min(c.passes for c in known if c.passes >= p / BUDGET_TOLERANCE)
     lower = max(c.passes for c in known if c.passes <= p * BUDGET_TOLERANCE)
-    below = [c for c in known if c.passes <= upper * BUDGET_TOLERANCE]
-    above = [c for c in known if c.passes >= lower / BUDGET_TOLERANCE]
-    sizes = ""
-    for outcome, region, where in (("hurts", below, f"at or below {max(c.passes for c in below):.3g} passes"),
-                                   ("helps", above, f"at or above {min(c.passes for c in above):.3g} passes")):
-        agree = sum(c.outcome == outcome for c in region)
-        if agree != len(region):
-            continue
-        n = len({_config(c) for c in region})
-        p_value = binomial_tail(n, n, 0.5)
-        plo, phi = _span([c.params for c in region])
-        worse = "worse" if outcome == "hurts" else "better"
-        counted = (f"DyT's final loss was {worse} than LayerNorm's in {agree}/{len(region)} known cells {where} "
-                   f"({_sources(region)}; {n} configurations of size and budget, p = {p_value:.2g} against a coin), from "
-                   f"{si(plo)} to {si(phi)} parameters")
-        if not beats(n, n, 0.5, ALPHA):
-            sizes = f"{counted}: too few configurations for the binomial test (p >= {ALPHA:g}), so no confident outcome."
-            continue
-        if not _within(params, [c.params for c in region]):
-            sizes = (f"{counted}, but this run's {si(params)} parameters lie more than {REACH:.2g}x outside that range: "
-                     "nothing was measured at its size.")
-            continue
-        ratios = [c.tokens_per_param for c in region if c.tokens_per_param is not None]
-        if ratios and not _within(tpp, ratios):
-            sizes = (f"{counted}, but this run's {tpp:.3g} unique tokens per parameter lie more than {REACH:.2g}x outside "
-                     f"their {min(ratios):.2g}-{max(ratios):.2g}: nothing was measured there.")
-            continue
-        return out(outcome, counted + ".", region, agree, p_value)
-    hurt_below = sum(c.outcome == "hurts" for c in below)
-    helped_above = sum(c.outcome == "helps" for c in above)
-    bracket = (f"at {passes_text(p)} (between the known budgets {lower:.3g} and {upper:.3g})"
-               if upper > lower * BUDGET_TOLERANCE else f"at {passes_text(p)}")
-    text = (f"{bracket}, DyT's final loss was worse in {hurt_below}/{len(below)} known cells at or below "
-            f"{max(c.passes for c in below):.3g} passes and better in {helped_above}/{len(above)} at or above "
-            f"{min(c.passes for c in above):.3g}")
-    if sizes:
-        return out("uncertain", sizes, below, hurt_below)
-    return out("uncertain", text + ": the cells disagree, so no confident outcome.", below, hurt_below)
+    region = [c for c in known if lower / BUDGET_TOLERANCE <= c.passes <= upper * BUDGET_TOLERANCE]
+    where = (f"at {lower:.3g} passes" if upper <= lower * BUDGET_TOLERANCE
+             else f"at {lower:.3g} and {upper:.3g} passes (the measured budgets either side of {passes_text(p)})")
+    configs: dict[tuple[str, str, float], list[KnownCell]] = {}
+    for c in region:
+        configs.setdefault(_config(c), []).append(c)
+    n = len(configs)
+    votes = {o: sum(all(c.outcome == o for c in cs) for cs in configs.values()) for o in ("hurts", "helps")}
+    outcome = max(votes, key=votes.__getitem__)
+    k = votes[outcome]
+    worse = "worse" if outcome == "hurts" else "better"
+    p_value = binomial_tail(n, n, 0.5) if k == n else None
+    counted = (f"DyT's final loss was {worse} than LayerNorm's in {k} of the {n} configurations {where} "
+               f"({len(region)} cells: {_sources(region)}; seeds of one configuration counted once)")
+    if k < n:
+        low, high = clopper_pearson(k, n)
+        return out("uncertain", f"{counted}, 95% interval {low:.0%}-{high:.0%}: the configurations disagree, so no "
+                                "confident outcome.", region, k)
+    if not beats(n, n, 0.5, ALPHA):
+        return out("uncertain", f"{counted}, p = {p_value:.2g} against a coin: too few configurations for the binomial "
+                                f"test (p >= {ALPHA:g}), so no confident outcome.", region, k, p_value)
+    counted += f", p = {p_value:.2g} against a coin (one-sided exact binomial)"
+    here = _point(params, tpp)
+    placed = [c for c in region if c.tokens_per_param is not None]
+    nearest = sorted(placed or region, key=lambda c: math.dist(here, _point(c.params, c.tokens_per_param or tpp)))[:2]
+    near = "; nearest measured: " + ", ".join(_describe(c) for c in nearest)
+    gap = hull_distance(here, [_point(c.params, c.tokens_per_param) for c in placed])  # type: ignore[arg-type]
+    if gap > HULL_TOLERANCE:
+        return out("uncertain", f"{counted}, but this run ({si(params)} parameters, {tpp:.3g} unique tokens per "
+                                f"parameter) lies {gap:.2g} decades outside what those configurations surround in size "
+                                f"and tokens per parameter together{near}.", region, k, p_value)
+    timed = [c for c in region if c.steps is not None and c.lr_schedule is not None]
+    differs = []
+    if run_steps is None:
+        differs.append("its optimizer steps are not given (steps=)")
+    if schedule is None:
+        differs.append("its learning-rate schedule is unknown (lr_schedule=)")
+    if len(timed) < len(region):
+        differs.append(f"{len(region) - len(timed)} of the cells did not record their schedule")
+    if timed and run_steps is not None:
+        slo, shi = _span([c.steps for c in timed])  # type: ignore[misc]
+        if not slo / BUDGET_TOLERANCE <= run_steps <= shi * BUDGET_TOLERANCE:
+            differs.append(f"it trains {run_steps:,.0f} optimizer steps, they {slo:,.0f}-{shi:,.0f}")
+        shares = [c.warmup_share or 0.0 for c in timed]
+        share = None if run_warmup is None else run_warmup / run_steps
+        if share is None:
+            differs.append("its warm-up is not given (warmup_steps=)")
+        elif not min(shares) - WARMUP_TOLERANCE <= share <= max(shares) + WARMUP_TOLERANCE:
+            differs.append(f"its warm-up is {share:.0%} of its steps, theirs {min(shares):.0%}-{max(shares):.0%}")
+        shapes = sorted({c.lr_schedule for c in timed})  # type: ignore[misc]
+        if schedule is not None and schedule not in shapes:
+            differs.append(f"its learning rate is {schedule}, theirs {', '.join(shapes)}")
+    if differs:
+        return out("uncertain", f"{counted}, but " + "; ".join(differs) + f"{near}.", region, k, p_value)
+    return out(outcome, counted + ".", region, k, p_value)

@@ -87,14 +87,16 @@ def test_a_new_grid_file_with_a_contradicting_cell_turns_hurts_uncertain(tmp_pat
     for entry in data.iterdir():
         if entry.name.endswith(".csv"):
             (tmp_path / entry.name).write_text(entry.read_text(encoding="utf-8"), encoding="utf-8")
-    run = dict(params=2e5, unique_tokens=1_000_000, planned_tokens=3_000_000)
+    run = dict(params=115_013, unique_tokens=1_551_515, planned_tokens=5_120_000, steps=5000, warmup_steps=2000,
+               lr_schedule="linear-warmup-constant")  # the grids' d64L2 at 3.3 passes
     assert satmon.forecast(**run, cells=known_cells(tmp_path)).outcome == "hurts"
-    header = (tmp_path / "phase_grid_faithful.csv").read_text().splitlines()
-    columns = next(line for line in header if line.startswith("name,"))
-    row = "d48L2_t1M_s2,60000,1000000,,d48L2,a second grid,2.5,1.80,1.85,1.79,1.84,study"  # DyT's final loss lower
-    (tmp_path / "phase_grid_grid2.csv").write_text(f"# a new grid\n{columns}\n{row}\n", encoding="utf-8")
-    f = satmon.forecast(**run, cells=known_cells(tmp_path))
-    assert f.outcome == "uncertain" and "worse in 13/14 known cells" in f.evidence
+    columns = "name,params,train_tokens,delta,group,source,passes,final_dyt,final_layernorm,best_dyt,best_layernorm,protocol"
+    row = "d48L2_t1M_s2,60000,1000000,,d48L2,a second grid,3.2,1.80,1.85,1.79,1.84,study"  # DyT's final loss lower
+    (tmp_path / "phase_grid_grid2.csv").write_text(f"# a new grid, no schedule columns\n{columns}\n{row}\n", encoding="utf-8")
+    new = known_cells(tmp_path)
+    assert [(c.steps, c.lr_schedule) for c in new if c.source == "a second grid"] == [(None, None)]  # unknown schedule
+    f = satmon.forecast(**run, cells=new)
+    assert f.outcome == "uncertain" and "worse than LayerNorm's in 3 of the 4 configurations at 3.3 passes" in f.evidence
     # a grid file without the protocol column is drawn on the phase diagram, never forecast from
     shutil.copy(tmp_path / "phase_grid_v03.csv", tmp_path / "phase_grid_other.csv")
     assert len(known_cells(tmp_path)) == 29

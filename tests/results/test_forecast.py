@@ -1,91 +1,128 @@
-"""The forecast from the planned passes: the rule read from hand-made cell sets whose answer is known."""
+"""The forecast from the planned passes: the rule read from hand-made cell sets whose answer is known, its domain
+(hull, steps, schedule) and its statistics checked against references computed here by hand."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from decimal import Decimal
+from fractions import Fraction
+from itertools import product
 
+import numpy as np
 import pytest
+import torch
 
-from satmon.results.forecast import CODE, REACH, Forecast, KnownCell, forecast_from, unknown_forecast
+from satmon.io.known_cells import forecast, known_cells
+from satmon.results.forecast import Forecast, KnownCell, clopper_pearson, forecast_from, hull_distance, unknown_forecast
 
-
-def _cells(passes: float, deltas: list[float], source: str = "hand", size: float = 1e5) -> list[KnownCell]:
-    """One configuration per cell (a size of its own each), all at ``passes``."""
-    return [KnownCell(f"{source}{passes}_{i}", size * (1 + i / 10), passes, d, f"g{i}", source, train_tokens=size * 10)
-            for i, d in enumerate(deltas)]
+STUDY = dict(steps=5000, warmup_steps=2000, lr_schedule="linear-warmup-constant")
 
 
-LOW = _cells(2.0, [0.1] * 6)  # 6 configurations, all hurt: p = 1/64
-HIGH = _cells(100.0, [-0.1] * 6)  # 6, all helped
+def _grid(passes: float, delta: float, source: str = "hand") -> list[KnownCell]:
+    """A 3 x 3 square of configurations in (log params, log tokens per parameter): 1e5-1e7 x 1-100, each 2 seeds."""
+    cells = []
+    for i, (a, b) in enumerate(product((5, 6, 7), (0, 1, 2))):
+        for seed in range(2):
+            cells.append(KnownCell(f"{source}{passes}_{i}_s{seed}", 10.0**a, passes, delta, f"g{i}", source,
+                                   train_tokens=10.0 ** (a + b), best_delta=delta, **STUDY))
+    return cells
 
 
-def _f(cells, passes, params=1.2e5, unique=1e6):
-    return forecast_from(cells, params=params, unique_tokens=unique, planned_tokens=passes * unique)
+LOW, HIGH = _grid(2.0, 0.1), _grid(100.0, -0.1)
 
 
-def test_unanimous_and_significant_cells_give_a_confident_outcome():
+def _f(cells, passes, params=1e6, tpp=10.0, **kw):
+    unique = params * tpp
+    return forecast_from(cells, params=params, unique_tokens=unique, planned_tokens=passes * unique, **{**STUDY, **kw})
+
+
+def test_inside_the_hull_with_the_cells_schedule_is_confident_and_seeds_count_once():
     f = _f(LOW + HIGH, 2.0)
-    assert (f.outcome, f.agreeing, f.cells, f.configurations) == ("hurts", 6, 6, 6)
-    assert f.p_value == pytest.approx(1 / 64) and f.passes == 2.0 and f.tokens_per_param == pytest.approx(1e6 / 1.2e5)
-    assert "worse than LayerNorm's in 6/6 known cells at or below 2 passes" in f.evidence
-    assert _f(LOW + HIGH, 100.0).outcome == "helps" and _f(LOW + HIGH, 100.0).code == CODE["helps"] == 1.0
-    # between the two budgets nothing was measured: the cells around it differ
-    mid = _f(LOW + HIGH, 20.0)
-    assert mid.outcome == "uncertain" and "between the known budgets 2 and 100" in mid.evidence
+    assert (f.outcome, f.cells, f.configurations, f.agreeing) == ("hurts", 18, 9, 9)
+    assert f.p_value == 0.5**9  # by hand: 9 configurations, not 18 cells
+    assert _f(LOW + HIGH, 100.0).outcome == "helps"
 
 
-def test_one_contradicting_cell_turns_a_confident_outcome_uncertain():
-    contra = KnownCell("new", 1.1e5, 2.0, -0.05, "gx", "another grid")
-    f = _f(LOW + HIGH + [contra], 2.0)
-    assert f.outcome == "uncertain" and "worse in 6/7 known cells at or below 2 passes" in f.evidence
-    # a cell at fewer passes that helped also breaks "hurts" at more passes (the cells at or below must all agree)
-    lower_help = KnownCell("low", 1.1e5, 1.5, -0.05, "gy", "another grid")
-    assert _f(LOW + HIGH + [lower_help], 2.0).outcome == "uncertain"
-    # a tie is neither
-    assert _f(LOW + [dataclasses.replace(contra, delta=0.0)], 2.0).outcome == "uncertain"
+def test_cells_at_other_budgets_do_not_bear_on_the_run():
+    # a budget at 10 passes that helped does not make 2 passes uncertain, nor does 2 passes' hurting reach 100
+    f = _f(LOW + _grid(10.0, -0.1) + HIGH, 2.0)
+    assert f.outcome == "hurts" and f.configurations == 9
+    between = _f(LOW + _grid(10.0, -0.1), 4.0)  # bracketed by 2 (hurt) and 10 (helped): the two disagree
+    assert between.outcome == "uncertain" and "9 of the 18 configurations" in between.evidence
 
 
-def test_too_few_configurations_are_no_forecast_and_seeds_count_once():
-    assert _f(_cells(2.0, [0.1] * 4), 2.0).outcome == "uncertain"  # 1/16 >= 0.05
-    assert _f(_cells(2.0, [0.1] * 5), 2.0).outcome == "hurts"  # 1/32
-    seeds = [dataclasses.replace(c, name=f"{c.name}_s{s}", group="one") for c in _cells(2.0, [0.1] * 3) for s in range(4)]
-    # 12 cells but all of one size at one budget: one configuration, no test passes
-    f = _f(seeds, 2.0)
-    assert f.outcome == "uncertain" and f.configurations == 1 and "too few configurations" in f.evidence
+def test_partial_agreement_says_the_rate_and_its_exact_interval():
+    cells = [dataclasses.replace(c, delta=-0.1) if c.group == "g0" and c.name.endswith("s0") else c for c in LOW]
+    f = _f(cells, 2.0)  # g0's seeds disagree: that configuration does not agree
+    assert f.outcome == "uncertain" and f.agreeing == 8 and "8 of the 9 configurations" in f.evidence
+    lo, hi = clopper_pearson(8, 9)
+    # reference by hand: P(X >= 8 | lo) = 0.025 and P(X <= 8 | hi) = 0.025
+    tail = lambda k, n, r: sum(math.comb(n, i) * r**i * (1 - r) ** (n - i) for i in range(k, n + 1))  # noqa: E731
+    assert tail(8, 9, lo) == pytest.approx(0.025, abs=1e-9) and 1 - tail(9, 9, hi) == pytest.approx(0.025, abs=1e-9)
+    assert f"{lo:.0%}-{hi:.0%}" in f.evidence
 
 
-def test_outside_the_cells_it_refuses_to_be_confident():
-    cells = LOW + HIGH
-    assert "fewer than any known cell" in _f(cells, 1.0).evidence and _f(cells, 1.0).outcome == "uncertain"
-    assert "more than any known cell" in _f(cells, 500.0).evidence and _f(cells, 500.0).outcome == "uncertain"
-    # within the budget tolerance (10%) of the measured budget: still that budget
-    assert _f(cells, 2.15).outcome == "hurts" and _f(cells, 1.85).outcome == "hurts"
-    # a model far outside the cells' sizes (more than REACH beyond): uncertain, naming its size
-    big = _f(cells, 2.0, params=1.6e5 * REACH * 1.5)
-    assert big.outcome == "uncertain" and "outside that range" in big.evidence
-    # tokens per parameter far outside theirs (10): uncertain
-    assert _f(cells, 2.0, unique=1e8).outcome == "uncertain"
-    assert _f([], 2.0).outcome == "uncertain"
+def test_outside_the_hull_is_uncertain_and_names_the_nearest_cells():
+    for params, tpp in ((1e6, 1e4), (1e9, 10.0), (3e7, 300.0)):
+        f = _f(LOW, 2.0, params=params, tpp=tpp)
+        assert f.outcome == "uncertain" and "nearest measured" in f.evidence, (params, tpp)
+    # jointly, not one at a time: a diagonal band where each coordinate alone is in range
+    band = [c for c in LOW if round(math.log10(c.params)) + round(math.log10(c.tokens_per_param)) == 7]
+    assert _f(band + [dataclasses.replace(c, group=c.group + "x") for c in band], 2.0, params=1e5, tpp=1.0).outcome == (
+        "uncertain")
 
 
-def test_checkpoint_selection_is_counted_from_the_best_losses():
-    cells = [dataclasses.replace(c, best_delta=0.02) for c in HIGH] + LOW
-    f = _f(cells, 100.0)
-    assert "in the 6 known cells that recorded each arm's best held-out loss" in f.checkpoint_selection
-    assert "beat LayerNorm's best in 0; where DyT's final loss won (6), LayerNorm's final loss was above its own best" in (
-        f.checkpoint_selection)
-    one = [dataclasses.replace(HIGH[0], best_delta=-0.01)] + HIGH[1:]
-    assert "beat LayerNorm's best in 1." in _f(one, 100.0).checkpoint_selection
+def test_hull_distance_against_a_hand_computed_square():
+    sq = [(0.0, 0.0), (2.0, 0.0), (2.0, 2.0), (0.0, 2.0), (1.0, 1.0)]
+    assert hull_distance((1.0, 0.5), sq) == 0.0 and hull_distance((3.0, 1.0), sq) == 1.0
+    assert hull_distance((3.0, 3.0), sq) == pytest.approx(math.sqrt(2)) and hull_distance((5.0, 5.0), [(1.0, 1.0)]) == math.hypot(4, 4)
+    assert hull_distance((1.0, 1.0), [(0.0, 0.0), (2.0, 2.0)]) == 0.0  # on a degenerate (collinear) hull
 
 
-def test_bad_counts_are_refused_and_an_unknown_run_says_how_to_give_them():
-    with pytest.raises(ValueError, match="Expected planned_tokens as a positive number"):
-        forecast_from(LOW, params=1e5, unique_tokens=1e6, planned_tokens=0)
-    with pytest.raises(ValueError, match="Expected params"):
-        forecast_from(LOW, params=True, unique_tokens=1e6, planned_tokens=1e6)
+def test_steps_and_schedule_outside_the_cells_or_unknown_are_uncertain():
+    for kw, said in ((dict(steps=500, warmup_steps=200), "500 optimizer steps"),
+                     (dict(warmup_steps=100), "warm-up is 2%"),
+                     (dict(lr_schedule="linear-warmup-cosine"), "learning rate is linear-warmup-cosine"),
+                     (dict(lr_schedule="unknown"), "schedule is unknown"), (dict(steps=None), "steps are not given")):
+        f = _f(LOW, 2.0, **kw)
+        assert f.outcome == "uncertain" and said in f.evidence, kw
+    unrecorded = [dataclasses.replace(c, steps=None, lr_schedule=None) for c in LOW]
+    assert "did not record their schedule" in _f(unrecorded, 2.0).evidence
+
+
+def test_the_issues_examples_are_not_confident_on_the_shipped_cells():
+    assert forecast(params=25_000, unique_tokens=1_000, planned_tokens=3_000).outcome == "uncertain"
+    assert forecast(params=25_000, unique_tokens=1_000, planned_tokens=3_000, **STUDY).outcome == "uncertain"
+    assert forecast(params=4e9, unique_tokens=4e11, planned_tokens=1.2e12, **STUDY).outcome == "uncertain"
+    assert forecast(params=115_013, unique_tokens=1_000_000, planned_tokens=1_280_000, steps=500, warmup_steps=0,
+                    lr_schedule="constant").outcome == "uncertain"  # a 500-step run: no cell trained 500 steps
+    at3 = forecast(params=115_013, unique_tokens=1_551_515, planned_tokens=5_120_000, **STUDY)
+    configs = {(c.source, c.group) for c in known_cells() if abs(math.log(c.passes / 3.3)) < math.log(1.1)}
+    assert at3.configurations == len(configs) and at3.p_value == 0.5 ** len(configs)
+
+
+def test_every_real_number_type_is_a_count_and_bad_counts_are_blamed_on_the_count():
+    ref = _f(LOW, 2.0)
+    unique = 1e7
+    for kind in (np.int64, np.float32, lambda x: torch.tensor(x), Decimal, Fraction, int):
+        f = forecast_from(LOW, params=kind(1_000_000), unique_tokens=kind(10_000_000), planned_tokens=kind(20_000_000),
+                          **STUDY)
+        assert f.outcome == ref.outcome and f.passes == 2.0, kind
+    with pytest.raises(ValueError, match="too large") as e:
+        forecast_from(LOW, params=10**400, unique_tokens=unique, planned_tokens=unique)
+    assert "\n" not in str(e.value)
+    for bad in (0, True, "1e6", math.nan, -5):
+        with pytest.raises(ValueError, match="Expected params as a positive number"):
+            forecast_from(LOW, params=bad, unique_tokens=unique, planned_tokens=unique)
+    from satmon.io.known_cells import run_forecast
+    card = run_forecast(10**400, 1e6, 2e6)
+    assert "count is not usable" in card.evidence and "could not be read" not in card.evidence
+
+
+def test_unknown_run_and_the_frozen_result():
     u = unknown_forecast(1e5, "an IterableDataset has no length")
-    assert u.outcome == "uncertain" and u.passes is None and u.code == 0.0
-    assert "planned_tokens=" in u.line() and "train_tokens=" in u.line()
+    assert u.outcome == "uncertain" and u.passes is None and u.code == 0.0 and "planned_tokens=" in u.line()
     f = _f(LOW, 2.0)
     assert isinstance(f, Forecast) and Forecast(**f.to_dict()) == f
     with pytest.raises(dataclasses.FrozenInstanceError):
