@@ -1,7 +1,7 @@
-"""The second grid's pre-registered analysis (docs/grid2_plan.md): frozen hypotheses, a within-size window test
+"""The second grid's pre-registered analysis (docs/plans/grid2_plan.md): frozen hypotheses, a within-size window test
 with a power analysis, and the 0.4 protocol beside it.
 
-The first grid (docs/faithful_grid.json) could not have found a window reading that predicts: five of its six
+The first grid (data/faithful_grid.json) could not have found a window reading that predicts: five of its six
 window readings are separated by model size, so leave-one-size-out always fits its threshold on one size's levels
 and applies it to another's. This file holds the analysis that the plan commits before the second grid runs:
 
@@ -17,7 +17,7 @@ and applies it to another's. This file holds the analysis that the plan commits 
   is 0 cannot pass whatever the outcomes: it is redesigned before the run. Power uses the readings only, never the
   outcomes, so it is computed on the pilot (the first grid's 16 cells) before the run and again on the new cells.
 
-    python examples/grid2_analysis.py --power docs/faithful_grid.json     # the plan's power table (the pilot)
+    python examples/grid2_analysis.py --power data/faithful_grid.json     # the plan's power table (the pilot)
     python examples/grid2_analysis.py --report OUT/faithful_grid.json     # the full analysis of a finished grid
 """
 
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import regime_grid as rg  # noqa: E402  (the 0.4 protocol's analysis: rg.analyze)
 
 WINDOW = rg.WINDOW_READINGS
-#: The frozen hypotheses' constants (docs/grid2_plan.md: where each comes from).
+#: The frozen hypotheses' constants (docs/plans/grid2_plan.md: where each comes from).
 H1_PASSES = 51.0  # DyT helps iff passes >= 51 (between the first grid's 16 and 164: the geometric middle, rounded)
 H2_TOKENS_PER_PARAM = 0.49  # DyT helps iff unique tokens per parameter <= 0.49
 H3_PASSES = 3.3  # DyT hurts at <= 3.3 passes
@@ -311,7 +311,7 @@ def power_markdown(pw: dict[str, Any]) -> str:
 
 def report_markdown2(a: dict[str, Any], cells: list[dict[str, Any]]) -> str:
     h = a["hypotheses"]
-    lines = [rg.report_markdown(a["protocol_04"], cells), "", "### Frozen hypotheses (docs/grid2_plan.md)", "",
+    lines = [rg.report_markdown(a["protocol_04"], cells), "", "### Frozen hypotheses (docs/plans/grid2_plan.md)", "",
              "| hypothesis | outcome | result | exact 95% interval | trivial rate | one-sided p vs trivial |",
              "|---|---|---|---|---|---|"]
     for outcome in ("final", "best"):
@@ -357,11 +357,11 @@ def cells_csv(cells: list[dict[str, Any]], source: str, note: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-CSV_NOTE = """satmon 0.5's second CPU grid (docs/grid2_plan.md, committed before its run; cells in docs/grid2.json), one row per
+CSV_NOTE = """satmon 0.5's second CPU grid (docs/plans/grid2_plan.md, committed before its run; cells in data/grid2.json), one row per
 cell: d48L2 and d64L2 at 3.3 / 16 / 32 / 64 / 100 / 164 passes over the unique data, d96L3 at 32 / 64 / 100, seeds 2
 and 3, each budget drawn as 2,048-byte chunks chosen per seed; the faithful grid's protocol otherwise (5,000 steps,
 window inside a 2,000-step warm-up, GPT-2 init, no cell filtered). Columns as phase_grid_faithful.csv. Written by
-`python examples/grid2_analysis.py --csv docs/grid2.json`."""
+`python examples/grid2_analysis.py --csv data/grid2.json`."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,7 @@ raised it by 19%), and proposed pooled DyT saturation >= 0.43 as the sign of the
 
 This script runs the same experiment on a model and a corpus a CPU can handle: satmon's GPT-2-style
 model with LayerNorm and with DyT (embeddings x sqrt(d_model) in both: with GPT-2's std-0.02
-embeddings the DyT model stalls at the unigram level at this scale, see docs/regime_flip.md;
+embeddings the DyT model stalls at the unigram level at this scale, see docs/science/regime_flip.md;
 ``--emb-scale 1`` restores them), trained for the same number of steps on a few tokens (repeated
 for many epochs) and on many tokens (about one pass), all evaluated on one held-out split of the
 embedded corpus (Python's standard library, byte-level). For the DyT runs ``SaturationMonitor``

@@ -5,15 +5,15 @@ readings and the analysis are ``satmon.grid``'s, moved there from this script wi
 Each cell (a model size, a unique-token budget, a seed) trains satmon's GPT-2-style demo model twice from the
 same initial weights and on the same batches, once with LayerNorm and once with DyT, and records the window's
 readings from ``satmon.Screen``, the final checkpoint's by the study's protocol, both arms' curves and best
-held-out losses, and DyT's effect ``delta = (DyT - LayerNorm) / LayerNorm`` (negative: DyT helps). docs/grid.md
-describes the cell; docs/grid_plan.md and docs/grid2_plan.md the analyses, committed before the runs.
+held-out losses, and DyT's effect ``delta = (DyT - LayerNorm) / LayerNorm`` (negative: DyT helps). docs/guides/grid.md
+describes the cell; docs/plans/grid_plan.md and docs/plans/grid2_plan.md the analyses, committed before the runs.
 
     python examples/regime_grid.py                       # the full grid: 2 sizes x 4 budgets x 2 seeds (~2 CPU-hours)
     python examples/regime_grid.py --quick               # 2 of its cells (same numbers on the same machine), ~15 CPU-minutes
     python examples/regime_grid.py --smoke               # 4 tiny cells, 8 steps: the test suite's check
-    python examples/regime_grid.py --grid2               # the second grid (docs/grid2_plan.md): 30 cells, ~4 CPU-hours
+    python examples/regime_grid.py --grid2               # the second grid (docs/plans/grid2_plan.md): 30 cells, ~4 CPU-hours
     python examples/regime_grid.py --sizes d64L2,d80L2 --budgets 164ep,1.4ep --seeds 2,3 --out more
-    python examples/regime_grid.py --report docs/faithful_grid.json --plot docs/img/faithful_grid.png
+    python examples/regime_grid.py --report data/faithful_grid.json --plot docs/img/faithful_grid.png
 
 The same as ``satmon grid builtin --preset quick --out regime_grid_out`` and so on, plus ``satmon calibrate`` on
 every window reading (``OUT/calibrate/``) and the four-panel plot (``OUT/faithful_grid.png``; matplotlib, the
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="2 cells of the full grid (d64L2, 164 and 1.4 epochs, seed 0)")
     mode.add_argument("--smoke", action="store_true", help="4 tiny cells, 8 steps (window 4): the test suite's check")
-    mode.add_argument("--grid2", action="store_true", help="the second grid (docs/grid2_plan.md): 30 cells, 3 sizes, "
+    mode.add_argument("--grid2", action="store_true", help="the second grid (docs/plans/grid2_plan.md): 30 cells, 3 sizes, "
                       "3.3-164 passes, seeds 2 and 3, budgets drawn as chunks per seed (~4 CPU-hours)")
     mode.add_argument("--report", metavar="JSON", help="only the analysis of a finished grid's JSON (no training)")
     p.add_argument("--sizes", help="model sizes, e.g. d64L2,d96L3 (default: the mode's)")

@@ -1,6 +1,6 @@
 """Every deprecated import path, in one place: satmon 0.2's module paths and the names that moved.
 
-satmon 0.3 moved its modules into folders that show the layers (``docs/architecture.md``). The 0.2
+satmon 0.3 moved its modules into folders that show the layers (``docs/reference/architecture.md``). The 0.2
 paths keep working until satmon 0.5 (a release later than 0.3 announced): importing one, or reading a name from it, gives a
 :class:`SatmonDeprecationWarning` that names the new home. The 0.1 aliases (deprecated in 0.2) are gone.
 

@@ -1,7 +1,7 @@
 """The regime study's numbers, stated once: every default and every caveat in satmon reads them here.
 
 Verma (2026), "When Does Removing LayerNorm Help? Activation Bounding as a Regime-Dependent Implicit
-Regularizer" (public code: lucky-verma/dyt-composition-study, MIT). ``docs/science.md`` gives the
+Regularizer" (public code: lucky-verma/dyt-composition-study, MIT). ``docs/science/science.md`` gives the
 definitions and where each number comes from. What GO and NO-GO say (:data:`MEANING`) and what they are
 worth (:data:`WORTH`) are worded here once; cards, docstrings and docs take them from here or link here.
 
@@ -41,12 +41,12 @@ HELD_OUT_CELLS = 12
 HELD_OUT_PROTOCOL = "leave-one-scale-out"
 #: Guessing the commoner outcome on the same 12 cells (DyT hurt in 8): what a rule must beat to forecast anything.
 NO_SKILL_ACCURACY = 8 / 12
-#: satmon 0.3's CPU grid (not a miniature of the study's protocol: docs/calibration.md): the 500-step window's
+#: satmon 0.3's CPU grid (not a miniature of the study's protocol: docs/science/calibration.md): the 500-step window's
 #: pooled reading under the 0.43 rule, each model size held out: 9 of 18 cells, as always saying NO-GO.
 GRID_HELD_OUT_ACCURACY = 9 / 18
 #: Always NO-GO on 0.3's grid: 9 of 18.
 GRID_NO_SKILL_ACCURACY = 9 / 18
-#: The faithful CPU grid (the study's protocol at CPU scale: docs/grid_plan.md, docs/faithful_grid.json): the rule
+#: The faithful CPU grid (the study's protocol at CPU scale: docs/plans/grid_plan.md, data/faithful_grid.json): the rule
 #: satmon ships (the study's 0.43 on the window's pooled reading, fit on none of the grid's cells, so every cell is
 #: held out) was right in 12 of 16 cells, saying NO-GO in all 16 (the window read 0.13-0.29)...
 FAITHFUL_GRID_HELD_OUT_ACCURACY: float | None = 12 / 16
@@ -55,7 +55,7 @@ FAITHFUL_GRID_NO_SKILL_ACCURACY: float | None = 12 / 16
 #: What the faithful grid found, in one sentence (the caveat and the card's trust text add it): by the pre-registered
 #: plan, no window reading (6 tried) beat always NO-GO held out (best: 75% = 75%; permutation p = 0.87).
 FAITHFUL_GRID_FINDING = ("On satmon's faithful CPU grid (the study's protocol), no 500-step reading beat guessing the "
-                         "commoner outcome held out (docs/calibration.md).")
+                         "commoner outcome held out (docs/science/calibration.md).")
 #: Where the threshold comes from, in one line.
 PROVENANCE = ("Verma (2026), 12 calibration cells (64M-1.3B GPT-2-style, 1M-118M tokens): 75% in-sample, "
               "50% leave-one-scale-out, AUC 0.75; fit on ~5k-step checkpoints with alpha_init 2.0")
@@ -64,7 +64,7 @@ CAVEAT = (f"Caveat: {THRESHOLD:g} was fit on 12 cells of one study (75% in-sampl
           f"vs {NO_SKILL_ACCURACY:.0%} for guessing the commoner outcome) on ~5k-step checkpoints, alpha_init 2.0."
           + (f" {FAITHFUL_GRID_FINDING}" if FAITHFUL_GRID_FINDING else ""))
 #: Tokens every one of the study's runs processed, whatever its budget: 5,000 steps x 64 sequences x 512 tokens
-#: (docs/science.md, "The study's protocol"): passes over the unique data = this / the cell's unique tokens.
+#: (docs/science/science.md, "The study's protocol"): passes over the unique data = this / the cell's unique tokens.
 STUDY_TOKENS_PROCESSED = 5_000 * 64 * 512
 #: The study's cells at or above 0.43 (saturation of the final checkpoint) and how many of them DyT helped (its final
 #: validation loss below LayerNorm's): 2 of 3 (64M/1M and 124M/1M helped; 354M/1M hurt, +4.3%).

@@ -41,15 +41,15 @@ CLAIMS: list[tuple[str, str]] = [
 ]
 #: Files this test does not read, each with why.
 EXEMPT = {
-    "docs/grid_plan.md": "a pre-registered plan, frozen at its commit (the audit compares it with the results)",
-    "docs/grid2_plan.md": "a pre-registered plan, frozen at its commit",
+    "docs/plans/grid_plan.md": "a pre-registered plan, frozen at its commit (the audit compares it with the results)",
+    "docs/plans/grid2_plan.md": "a pre-registered plan, frozen at its commit",
 }
 _QUOTE_MARK = re.compile(r"the study's (claim|words)", re.IGNORECASE)
 
 
 def _doc_lines() -> list[tuple[str, int, str]]:
     out = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         rel = path.relative_to(ROOT).as_posix()
         if rel in EXEMPT:
             continue

@@ -37,7 +37,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-PAGES = sorted((ROOT / "docs").glob("*.md"))  # README.md: test_readme_runs_in_order
+PAGES = sorted((ROOT / "docs").rglob("*.md"))  # README.md: test_readme_runs_in_order
 BLOCK = re.compile(r"```(python|bash)\n(.*?)```", re.DOTALL)
 SMALL_WINDOW = 8  # the largest demo window the docs test runs
 
@@ -156,7 +156,8 @@ def user_project(tmp_path_factory) -> Path:
     (root / "mypkg").mkdir()
     (root / "mypkg" / "__init__.py").write_text("")
     (root / "mypkg" / "model.py").write_text(USER_MODEL)
-    shutil.copytree(ROOT / "docs", root / "docs")  # commands that read committed docs data (a copy: outputs stay here)
+    shutil.copytree(ROOT / "docs", root / "docs")  # commands that read committed docs and data (a copy: outputs stay here)
+    shutil.copytree(ROOT / "data", root / "data")
     (root / "tmp").mkdir()
 
     def fit(model, ckpt_dir: Path, **data) -> None:

@@ -2,7 +2,7 @@
 monitors in one Trainer, and resumes whose layer set changed or whose window is already over.
 
 Every count is checked against an independent float64 recount of the DyT inputs of the training forwards
-(``helpers.InputRecorder``), never against satmon's own numbers. docs/reliability.md counts :data:`LIFETIME`.
+(``helpers.InputRecorder``), never against satmon's own numbers. docs/reference/reliability.md counts :data:`LIFETIME`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from satmon import SaturationMonitor
 from satmon.drivers.lightning import STATE_KEY
 from satmon import find_dyt_layers
 
-#: the cases of this file, by name (docs/reliability.md: "monitor lifetime cases")
+#: the cases of this file, by name (docs/reference/reliability.md: "monitor lifetime cases")
 LIFETIME = ("second-fit-finishes-a-partial-window", "second-fit-after-the-verdict-keeps-it", "new-trainer-and-model-start-afresh",
             "new-trainer-same-model-starts-afresh", "same-trainer-new-model-starts-afresh", "two-monitors-refused",
             "resume-layer-added", "resume-window-over-and-level-changed", "attached-after-the-window",
@@ -206,10 +206,10 @@ def test_a_second_fit_after_an_exception_goes_on_from_the_counts_without_double_
 
 
 def test_reliability_counts_these_cases():
-    """docs/reliability.md's lifetime figure is :data:`LIFETIME`, and every name in it is a case here."""
+    """docs/reference/reliability.md's lifetime figure is :data:`LIFETIME`, and every name in it is a case here."""
     import re
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "reliability.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "reliability.md").read_text()
     found = re.search(r"\*\*monitor lifetime cases\*\*: (\d+)", text)
     assert found and int(found.group(1)) == len(LIFETIME) == len(set(LIFETIME))
     here = Path(__file__).read_text()

@@ -1,5 +1,5 @@
 """The fault matrix: what satmon does under each hostile or unlucky input, one asserted outcome per case
-(docs/reliability.md points here and gives the figures, checked against these tables by
+(docs/reference/reliability.md points here and gives the figures, checked against these tables by
 ``test_reliability_figures_are_the_matrix``). Every replay case asserts the exit code, what the user is told,
 that no code from a file ran unless asked for, whether the user's model class was ever built (and on which
 device), and that nothing the user had was lost."""
@@ -949,8 +949,8 @@ def test_a_refused_replay_leaves_no_empty_tensorboard_run(world, tmp_path, monke
 
 
 def test_reliability_figures_are_the_matrix():
-    """docs/reliability.md's figures are counted from these tables, so they stay true."""
-    text = (ROOT / "docs" / "reliability.md").read_text()
+    """docs/reference/reliability.md's figures are counted from these tables, so they stay true."""
+    text = (ROOT / "docs" / "reference" / "reliability.md").read_text()
     bad = [c for c in CASES if c.kind == "bad-input"]
     faults = [c for c in CASES if c.kind == "fault"]
     # test_an_interrupted_replay_...: Ctrl-C, SIGTERM, SIGKILL; test_a_full_disk_mid_replay_..., _mid_record_...;

@@ -1,4 +1,4 @@
-"""The tree shows the layers, and the imports keep to them (docs/architecture.md draws the same table).
+"""The tree shows the layers, and the imports keep to them (docs/reference/architecture.md draws the same table).
 
 Every ``import`` in satmon's code, lazy ones inside functions included, is read from the source and
 checked against what its layer may use: layers call only downward. Lightning and transformers are
@@ -49,7 +49,7 @@ def _unit(module: str) -> str:
         for unit in layer:
             if module == unit or module.startswith(unit + "."):
                 return unit
-    raise AssertionError(f"{module} belongs to no layer: add it to LAYERS and to docs/architecture.md")
+    raise AssertionError(f"{module} belongs to no layer: add it to LAYERS and to docs/reference/architecture.md")
 
 
 def _rank(unit: str) -> int:

@@ -1,4 +1,4 @@
-"""Retake the TensorBoard screenshots of docs/tensorboard.md in headless Chromium.
+"""Retake the TensorBoard screenshots of docs/guides/tensorboard.md in headless Chromium.
 
 Runs ``satmon demo``, ``satmon demo --stalled`` and ``satmon replay`` over the demo's checkpoints
 into one logdir (a temporary folder: two live runs and the replay of one, ``replay of demo/version_0``),

@@ -4,7 +4,7 @@ verdict is read next to whether the run learned.
 
 The default model draws its token embedding (tied with the output head) at std d_model ** -0.5 and
 trains. ``--stalled`` keeps GPT-2's std 0.02: that model stalls near the byte-frequency level while
-its deep DyT layers saturate on a constant offset, and the study's rule still says GO (docs/faq.md).
+its deep DyT layers saturate on a constant offset, and the study's rule still says GO (docs/guides/faq.md).
 
 Every flag is checked before anything is built or trained (exit 2, one usage line and one error line);
 the help text is :data:`DESCRIPTION` and :data:`EPILOG` (plain text)."""
@@ -44,7 +44,7 @@ end, so that the verdict is read next to whether the run learned.
 
 The default model draws its token embedding (tied with the output head) at std d_model ** -0.5 and
 trains. --stalled keeps GPT-2's std 0.02: that model stalls near the byte-frequency level while its
-deep DyT layers saturate on a constant offset, and the study's rule still says GO (docs/faq.md)."""
+deep DyT layers saturate on a constant offset, and the study's rule still says GO (docs/guides/faq.md)."""
 
 EPILOG = """\
 outputs: a TensorBoard run LOGDIR/demo/version_N (LOGDIR/demo_stalled/... with --stalled); read it with
@@ -276,7 +276,7 @@ def _loss_lines(losses: dict[str, float], steps: int, go: bool) -> list[str]:
     elif end <= unigram + 0.1:
         what = "The loss is stuck near the byte-frequency level: the model has learnt little beyond byte frequencies"
         what += (", so the high saturation comes from the stalled-run pattern, which the study's cells were not read "
-                 "for (docs/faq.md: offset-driven saturation)." if go else ".")
+                 "for (docs/guides/faq.md: offset-driven saturation)." if go else ".")
     else:
         what = "The loss has not reached the byte-frequency level yet: too few steps to read the run."
     return [f"Validation loss ({VAL_BATCHES} held-out batches, nats/byte): {start:.4f} at step 0 -> {end:.4f} at step "

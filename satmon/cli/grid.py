@@ -1,4 +1,4 @@
-"""``satmon grid``: the user's own LayerNorm-vs-DyT grid on their recipe, cells as jobs (docs/grid.md).
+"""``satmon grid``: the user's own LayerNorm-vs-DyT grid on their recipe, cells as jobs (docs/guides/grid.md).
 
 Arguments are checked (the recipe imported, every cell checked by it, the output folder) before any job starts;
 ``satmon.grid.run`` does the work. The help text is :data:`DESCRIPTION` and :data:`EPILOG`.
@@ -22,11 +22,11 @@ Run a LayerNorm-vs-DyT grid on your recipe: every cell (a size, a unique-token b
 from the same initial weights on the same batches, once with LayerNorm and once with DyT; the DyT arm's
 window is screened by satmon.Screen and its final checkpoint read by the study's protocol. It ends with
 DyT's measured effect per size and budget (final and best checkpoint), whether a window reading predicted
-it held out (docs/grid_plan.md's test), and where satmon.forecast was right or wrong on these cells.
+it held out (docs/plans/grid_plan.md's test), and where satmon.forecast was right or wrong on these cells.
 
 RECIPE is 'builtin' (satmon's faithful grid), 'llama' (satmon.demos.llama: RMSNorm vs DyT, SwiGLU and
 GELU), MODULE:ATTR or path/to/file.py:ATTR naming a
-satmon.grid.Recipe (docs/grid.md: the contract and a complete example). Naming it runs its code: name
+satmon.grid.Recipe (docs/guides/grid.md: the contract and a complete example). Naming it runs its code: name
 only code you trust; the working directory is not searched.
 
   satmon grid builtin --smoke --out g                        # 4 tiny cells in seconds: a first try

@@ -2,7 +2,7 @@
 everything before any work, replays the checkpoints and writes the outputs (a TensorBoard run lined up with the
 live runs, ``--json`` once complete, ``--report``). This module parses the flags into its arguments and prints
 what it yields: progress, the summary table, the live verdict beside the replay's, the exit code. Ctrl-C and
-SIGTERM end with one line saying where every output stands (exit 130 / 143); :data:`EPILOG` and docs/replay.md
+SIGTERM end with one line saying where every output stands (exit 130 / 143); :data:`EPILOG` and docs/guides/replay.md
 give security and the exit codes.
 """
 

@@ -61,11 +61,11 @@ class GPTConfig:
     alpha_init: float = 2.0  # the regime study's "canonical" init
     dropout: float = 0.0
     # multiplies token + position embeddings; 1.0 is GPT-2. With embeddings at std 0.02 a DyT model
-    # can stall at the unigram level; sqrt(d_model) lets it train (docs/regime_flip.md)
+    # can stall at the unigram level; sqrt(d_model) lets it train (docs/science/regime_flip.md)
     emb_scale: float = 1.0
     # init std of the token embedding, which is also the output head (tied); 0.02 is GPT-2. At 0.02 a
     # DyT model can reach the byte frequencies only through saturated norms and stalls there;
-    # d_model ** -0.5 lets it train (docs/faq.md). Drawn at 0.02 and rescaled: other weights unchanged
+    # d_model ** -0.5 lets it train (docs/guides/faq.md). Drawn at 0.02 and rescaled: other weights unchanged
     emb_std: float = 0.02
     # biases in every Linear and norm (GPT-2's); the regime study trains with ``bias=False`` (no bias anywhere)
     bias: bool = True

@@ -3,5 +3,5 @@
 (:mod:`satmon.drivers.hf`). Nothing is imported here, so importing this package needs no framework.
 
 A plain PyTorch loop or a Lightning Fabric loop drives :class:`satmon.Screen` directly
-(``examples/plain_pytorch.py``, ``examples/fabric_loop.py``, ``docs/integrations.md``).
+(``examples/plain_pytorch.py``, ``examples/fabric_loop.py``, ``docs/guides/integrations.md``).
 """

@@ -2,7 +2,7 @@
 
     trainer = Trainer(model, args, train_dataset=..., callbacks=[SatmonTrainerCallback(window=500)])
 
-What it maps (see ``docs/integrations.md``):
+What it maps (see ``docs/guides/integrations.md``):
 
 - **Steps.** The ``Trainer`` calls ``on_step_end`` after ``optimizer.step()``, so inputs are counted
   in the forward hooks (``keep_inputs=False``), never after the step. Forwards between

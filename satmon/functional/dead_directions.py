@@ -1,8 +1,8 @@
 r"""Dead directions of normalisation layers: covariance kernel, alignment, sigma_min, norm type.
 
-Pure math in float64: no hooks, no Lightning, no files. The science: docs/science.md ("Dead
+Pure math in float64: no hooks, no Lightning, no files. The science: docs/science/science.md ("Dead
 directions"; Shirodkar, Narayanan, 2026, "Algebraic Dead Directions in LayerNorm Transformers");
-the readings and their tolerances: docs/dead_directions.md.
+the readings and their tolerances: docs/science/dead_directions.md.
 
 LayerNorm ``y = gamma * (x - mean(x)) / std(x) + beta``: the normalised part sums to zero over
 channels, so ``sum_i y_i / gamma_i`` is the same for every token and

@@ -2,7 +2,7 @@
 
 A DyT input ``x`` of shape ``(..., C)`` can saturate because its tokens vary widely, or because each
 channel sits on a large constant offset while carrying little token-to-token variation (the stalled
-run of docs/faq.md: channel means ~17-20 against a spread of ~0.25). Per batch (one DyT input, all
+run of docs/guides/faq.md: channel means ~17-20 against a spread of ~0.25). Per batch (one DyT input, all
 its tokens), with ``m_c`` the channel's mean over the batch's tokens and ``s_c`` their spread
 (population standard deviation):
 

@@ -585,7 +585,7 @@ def fused_counts(x: Tensor, threshold: Tensor) -> tuple[Tensor, Tensor]:
     The tensor-op form of :func:`saturation_sums` that a compiler fuses into a single kernel (both
     reductions read ``x`` once): satmon runs it under ``torch.compile`` (traced into a compiled model),
     and compiles :func:`fused_counts_many`, its several-input form, for eager forwards. Run eagerly it
-    is slower than the four ATen ops of :func:`saturation_sums` (docs/performance.md).
+    is slower than the four ATen ops of :func:`saturation_sums` (docs/reference/performance.md).
 
     Args:
         x: a float32/bf16/fp16 DyT input, any shape.
@@ -723,7 +723,7 @@ def pointwise_gain(function: str, u: Tensor) -> Tensor:
 def pointwise_cutoff(function: str, level: float) -> float:
     """The cut-off ``c`` on ``|u|`` at which a point-wise function saturates at the study's ``level``.
 
-    satmon's rule for the DyT family (docs/science.md; the rule is satmon's, the level the study's):
+    satmon's rule for the DyT family (docs/science/science.md; the rule is satmon's, the level the study's):
     an element is saturated when the local gain of the function at its pre-activation ``u`` is below
     tanh's at ``level``, ``|f'(u)| <= f'(0) * (1 - tanh(level)^2)``; with the study's strict ``>``,
     saturated iff ``|u| > c``:

@@ -1,4 +1,4 @@
-"""``satmon grid``: the user's own LayerNorm-vs-DyT grid, on their recipe, as jobs (docs/grid.md).
+"""``satmon grid``: the user's own LayerNorm-vs-DyT grid, on their recipe, as jobs (docs/guides/grid.md).
 
 A grid trains each cell (a model size, a unique-token budget, a seed) twice from the same initial weights on the
 same batches, once with LayerNorm and once with DyT, screens the DyT arm's window with ``satmon.Screen``, reads

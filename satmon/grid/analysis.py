@@ -1,4 +1,4 @@
-"""The grid's answer: the analysis docs/grid_plan.md registered, DyT's measured effect, and the forecast's record.
+"""The grid's answer: the analysis docs/plans/grid_plan.md registered, DyT's measured effect, and the forecast's record.
 
 The statistics moved from ``examples/regime_grid.py`` (0.4's faithful grid; reproducible from a grid JSON's
 cells alone): per reading the AUC, the study's midpoint fit in-sample, held-out accuracy leave-one-size-out
@@ -22,7 +22,7 @@ from satmon.study import THRESHOLD as STUDY_THRESHOLD  # 0.43
 __all__ = ["READINGS", "WINDOW_READINGS", "analyze", "answer_text", "effect_table", "forecast_check", "held_out",
            "json_safe", "phase_rows", "plot", "report_markdown", "spearman"]
 
-#: The window readings the plan tests (docs/grid_plan.md), in its order; each predicts GO when high.
+#: The window readings the plan tests (docs/plans/grid_plan.md), in its order; each predicts GO when high.
 WINDOW_READINGS = ("window_saturation", "window_first_block", "window_last_block", "window_final_norm",
                    "window_centered", "window_late")
 #: The final checkpoint's readings by the study's protocol (does the study's own claim hold here?).
@@ -30,7 +30,7 @@ FINAL_READINGS = ("final_saturation", "final_first_block", "final_last_block", "
 #: Known before training: log10(parameters / unique training tokens), high = over-parameterised (GO expected).
 PRIOR_READINGS = ("log_params_per_token",)
 READINGS = WINDOW_READINGS + FINAL_READINGS + PRIOR_READINGS
-#: The plan's bar (docs/grid_plan.md): family-wise permutation p-value and AUC a window reading must reach.
+#: The plan's bar (docs/plans/grid_plan.md): family-wise permutation p-value and AUC a window reading must reach.
 P_BAR, AUC_BAR = 0.05, 0.75
 
 
@@ -88,7 +88,7 @@ def family_statistic(cells: list[dict[str, Any]], helps: Sequence[bool], names: 
 
 
 def analyze(cells: list[dict[str, Any]], permutations: int = 10_000, seed: int = 0) -> dict[str, Any]:
-    """The analysis docs/grid_plan.md registered, from the cells alone (reproducible from the JSON).
+    """The analysis docs/plans/grid_plan.md registered, from the cells alone (reproducible from the JSON).
 
     Per reading: AUC, the study's midpoint fit in-sample, held-out accuracy leave-one-size-out and
     leave-one-seed-out, the study's fixed 0.43 where it applies; for the window family a permutation
@@ -157,7 +157,7 @@ def pct(x: float) -> str:
 
 
 def report_markdown(analysis: dict[str, Any], cells: list[dict[str, Any]]) -> str:
-    """The analysis as markdown tables (what docs/calibration.md quotes)."""
+    """The analysis as markdown tables (what docs/science/calibration.md quotes)."""
     a, n = analysis, analysis["n"]
     lines = [(f"{n} cells ({', '.join(a['groups'])}; seeds {', '.join(map(str, a['seeds']))}); DyT below the unigram "
               f"level in {a['learns']['dyt']}/{n}, LayerNorm in {a['learns']['layernorm']}/{n}; DyT helped in {a['helps']}, "
@@ -330,7 +330,7 @@ def answer_text(recipe: str, cells: Sequence[dict[str, Any]], analysis: dict[str
             lines.append(f"window readings held out: not tested ({d.get('why', 'no analysis')}); the plan's test needs "
                          "2 sizes and 2 seeds")
         else:
-            lines.append(f"window readings held out (docs/grid_plan.md): best worse-of-two held-out accuracy "
+            lines.append(f"window readings held out (docs/plans/grid_plan.md): best worse-of-two held-out accuracy "
                          f"{pct(d['statistic'])}, permutation p = {d['p_value']:.4f}, bar {pct(d['baseline_bar'])}: "
                          + (f"{d['reading']} predicted DyT's effect" if d["predicts"] else "no window reading predicted "
                             "DyT's effect by the plan's standard"))

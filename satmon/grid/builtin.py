@@ -4,13 +4,13 @@ Moved from ``examples/regime_grid.py`` (0.4): satmon's GPT-2-style demo model (`
 anywhere, dropout 0, GPT-2 init with embeddings unscaled) on the demo's byte corpus. A size is
 ``d<width>L<blocks>`` (``H<heads>`` optional, else the ``n_heads`` option); a budget's unique bytes are the
 corpus prefix (``data="prefix"``, 0.4's grid: every seed the same text) or ``chunk_bytes`` chunks chosen per
-seed (``data="chunks"``, the second grid, docs/grid2_plan.md). The held-out split starts at ``val_offset``,
-after every budget. Every cell of the faithful grid's JSON (``docs/faithful_grid.json``) comes out of this
+seed (``data="chunks"``, the second grid, docs/plans/grid2_plan.md). The held-out split starts at ``val_offset``,
+after every budget. Every cell of the faithful grid's JSON (``data/faithful_grid.json``) comes out of this
 recipe to the last digit on the same machine and torch (tests/grid/test_builtin.py checks the smoke cells
 against the pre-move script).
 
 Presets: ``full`` (2 sizes x 4 budgets x 2 seeds, ~2 CPU-hours), ``quick`` (2 of its cells), ``smoke`` (4 tiny
-cells, 8 steps: seconds), ``grid2`` (docs/grid2_plan.md's 30 cells).
+cells, 8 steps: seconds), ``grid2`` (docs/plans/grid2_plan.md's 30 cells).
 """
 
 from __future__ import annotations

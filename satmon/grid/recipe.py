@@ -1,4 +1,4 @@
-"""The recipe contract: what a user's code gives ``satmon grid`` for one cell (docs/grid.md).
+"""The recipe contract: what a user's code gives ``satmon grid`` for one cell (docs/guides/grid.md).
 
 A recipe is a :class:`Recipe` named on the command line as ``MODULE:ATTR`` or ``path/to/file.py:ATTR``
 (loaded by :func:`satmon.replay.user_code.import_object`, the loader of ``satmon replay --model``: the
@@ -127,7 +127,7 @@ def count_parameters(model: Any) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Recipe:
-    """A user's LayerNorm-vs-DyT cell, for ``satmon grid`` (the contract: this module's docstring, docs/grid.md).
+    """A user's LayerNorm-vs-DyT cell, for ``satmon grid`` (the contract: this module's docstring, docs/guides/grid.md).
 
     Attributes:
         name: the recipe's name (in the grid JSON and the cells' key).
@@ -275,7 +275,7 @@ def load_recipe(spec: str) -> tuple[Recipe, str]:
     if not isinstance(obj, Recipe):
         raise ReplayUsageError(f"Expected RECIPE {spec} to name a satmon.grid.Recipe, got {type(obj).__name__}: wrap your "
                                "functions as RECIPE = satmon.grid.Recipe(name=..., data=..., model=..., tokens_per_step=...) "
-                               "(docs/grid.md has a complete example).")
+                               "(docs/guides/grid.md has a complete example).")
     return obj, where
 
 

@@ -26,7 +26,7 @@ def write_grid(path: Path, *, format_: str, recipe: Mapping[str, Any], plan: Map
 
     missing = [asdict(s) for s in status if s.state != "done"]
     payload = {
-        "format": format_, "recipe": dict(recipe), "key": key, "plan_doc": "docs/grid_plan.md",
+        "format": format_, "recipe": dict(recipe), "key": key, "plan_doc": "docs/plans/grid_plan.md",
         "environment": dict(environment), "executor": executor,
         "config": {**dict(settings), **dict(options), **dict(plan)},
         "outcome": "delta = (DyT - LayerNorm) / LayerNorm final held-out loss at step `steps`; negative = DyT helps; "

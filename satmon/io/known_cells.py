@@ -5,7 +5,7 @@ is ``study``): the study's 12 calibration cells (``study_cells.csv``) and every 
 carries the column (satmon 0.4's faithful CPU grid, ``phase_grid_faithful.csv``; a second grid dropped beside it
 in the same format sharpens the forecast with no code change). satmon 0.3's grid (``phase_grid_v03.csv``) has no
 such column and is left out: 1,500 steps with a cosine schedule, embeddings scaled by sqrt(width) and budgets
-filtered where LayerNorm overfit (docs/calibration.md), so its cells are not the study's experiment.
+filtered where LayerNorm overfit (docs/science/calibration.md), so its cells are not the study's experiment.
 
 The columns the forecast needs (a grid file's others are ignored): ``name``, ``params`` (or the study's ``group``,
 a size such as ``64M``), ``passes`` (planned tokens over unique training tokens), ``delta`` ((DyT - LayerNorm) /

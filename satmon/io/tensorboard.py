@@ -40,7 +40,7 @@ class TAG:
     chart is the decision (``Satmon/decision``: 1 GO, 0 NO-GO, -1 non-finite, its trust in the chart's
     description), then the margin, the non-finite count, the pooled saturation and a stop; the per-layer
     families and the collapse watch (with the verdict's collapse risk) each have a group of their own,
-    ``satmon_<family>`` (docs/tensorboard.md). The texts are the Text tab's group ``satmon``: the
+    ``satmon_<family>`` (docs/guides/tensorboard.md). The texts are the Text tab's group ``satmon``: the
     verdict card first (``satmon/verdict``), a replay's checkpoint names after it
     (``satmon/verdict_checkpoint``: TensorBoard lists a group's tags by name, so no list of paths comes
     before a run's card). A text and a scalar never share a tag: TensorBoard keeps one kind of data per
@@ -208,7 +208,7 @@ _V03 = {"Satmon/verdict": TAG.verdict, "Satmon/collapse_risk": TAG.collapse_risk
 
 
 #: The ``Satmon/decision`` scalar of each decision. A non-finite verdict is -1, not NaN: NaN reads as
-#: "no reading" and cannot be sorted or compared across runs; -1 sorts below NO-GO (docs/tensorboard.md).
+#: "no reading" and cannot be sorted or compared across runs; -1 sorts below NO-GO (docs/guides/tensorboard.md).
 VERDICT_VALUES: dict[str, float] = {"go": 1.0, "no-go": 0.0, "non-finite": -1.0}
 _SOURCES = ("window", "probe", "replay")
 

@@ -23,7 +23,7 @@ __all__ = ["OFFSET_RETAINED_BELOW", "OffsetCounter", "OffsetHooks", "offset_driv
 
 #: A layer's saturation is offset-driven when less than this share of it survives removing each
 #: channel's mean (centered saturation / saturation). Measured: 0.008 on a stalled model (0.006 of
-#: 0.741), 0.78 on a healthy one (0.608 of 0.779): docs/science.md.
+#: 0.741), 0.78 on a healthy one (0.608 of 0.779): docs/science/science.md.
 OFFSET_RETAINED_BELOW = 0.25
 
 

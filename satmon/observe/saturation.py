@@ -22,7 +22,7 @@ model's graph (no graph break), adding into the counter's states there. A layer 
 
 The fused count is compiled once per input layout (the inputs' shapes, strides and dtypes, and the device)
 and process, when a counted step first needs it: that step takes the compilation's seconds once
-(docs/performance.md); one queue compiles for at most a few layouts, and counts inputs of further new
+(docs/reference/performance.md); one queue compiles for at most a few layouts, and counts inputs of further new
 layouts with the four ops. It is called directly, without ``torch.compile``'s guards (a fraction of
 their fixed cost per call: :func:`compile_counts`).
 
@@ -69,7 +69,7 @@ _MAX_PENDING = 16384
 #: call patterns whose device index and totals are kept (a training loop repeats one or two)
 _MAX_FOLDS = 32
 #: on the CPU, the fused count is used for a call that counts at least this many elements in all (the inputs of
-#: one forward counted together): the crossover measured by ``benchmarks/count_crossover.py`` (docs/performance.md)
+#: one forward counted together): the crossover measured by ``benchmarks/count_crossover.py`` (docs/reference/performance.md)
 FUSED_MIN_ELEMENTS = 2**17
 #: compiled counts kept per process (one per input layout: shapes, strides, dtypes, device)
 _MAX_COMPILED = 32

@@ -11,7 +11,7 @@ Why not torchmetrics' ``Metric``: its ``update``/``compute`` wrapper keeps Pytho
 result cache that hooks adding into states from inside a training step (and from a compiled graph,
 where the counters become guards) would bypass or recompile on; its ``sync`` gathers every state from
 every rank (``all_gather``, one collective per state) where satmon needs one sum; and it costs the
-import of torchmetrics in a package whose core must import fast. See docs/architecture.md.
+import of torchmetrics in a package whose core must import fast. See docs/reference/architecture.md.
 """
 
 from __future__ import annotations

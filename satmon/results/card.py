@@ -32,13 +32,13 @@ __all__ = ["FLAG_TEXT", "TRUST_TEXT", "card", "cut_off", "evidence", "headline",
 #: What each flag means, in the card. Flags sit beside the study's rule; they never change the decision.
 FLAG_TEXT = {
     "stalled-loss": "saturation at or above the threshold while the training loss stopped improving over the "
-                    "window's second half: the stalled-run pattern (docs/faq.md), which the study's cells were not "
+                    "window's second half: the stalled-run pattern (docs/guides/faq.md), which the study's cells were not "
                     "read for; the offset reading and the loss say whether the model learns.",
     "offset-driven": "most of the saturation comes from per-channel constants in the DyT inputs (each channel sits on "
                      "an offset far above its token-to-token spread), not from informative activations: the stalled-run "
-                     "pattern (docs/faq.md), which the study's cells were not read for.",
+                     "pattern (docs/guides/faq.md), which the study's cells were not read for.",
 }
-#: What each trust value means, in the card (docs/science.md, "How far to trust a verdict").
+#: What each trust value means, in the card (docs/science/science.md, "How far to trust a verdict").
 TRUST_TEXT = {
     "ok": "the rule forecasts on held-out cells ({evidence}) and nothing satmon measured undercuts the decision; the "
           "caveat below still applies.",
@@ -232,13 +232,13 @@ def cut_off(v: Verdict) -> str:
     Example:
         >>> from satmon.results.verdict import build_verdict
         >>> cut_off(build_verdict({"a": (1, 2)}, step=1, source="probe", functions=("hardtanh",)))
-        '|u| > 1 for hardtanh (u = alpha x plus any shift; the gain tanh has at 2, docs/science.md)'
+        '|u| > 1 for hardtanh (u = alpha x plus any shift; the gain tanh has at 2, docs/science/science.md)'
     """
     if all(f == "tanh" for f in v.functions):
         return f"|alpha x| > {v.level:g}"
     cuts = [f"|alpha x| > {v.level:g} for tanh" if f == "tanh" else f"|u| > {pointwise_cutoff(f, v.level):.4g} for {f}"
             for f in v.functions]
-    return ", ".join(cuts) + f" (u = alpha x plus any shift; the gain tanh has at {v.level:g}, docs/science.md)"
+    return ", ".join(cuts) + f" (u = alpha x plus any shift; the gain tanh has at {v.level:g}, docs/science/science.md)"
 
 
 def _trust_line(v: Verdict) -> str:

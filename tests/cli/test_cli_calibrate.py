@@ -111,15 +111,15 @@ def test_missing_matplotlib_is_a_message_not_a_crash(tmp_path, capsys, monkeypat
 
 
 def test_docs_quote_what_the_command_computes_on_the_committed_grid():
-    """docs/calibration_grid.json is real data (examples/regime_flip.py --grid); docs/calibration.md's
+    """data/calibration_grid.json is real data (examples/regime_flip.py --grid); docs/science/calibration.md's
     accuracy table is what `satmon calibrate` computes on it, reading by reading."""
     from satmon.calibrate.fit import calibrate, read_cells
 
-    docs = Path(__file__).resolve().parents[2] / "docs"
-    grid = docs / "calibration_grid.json"
+    root = Path(__file__).resolve().parents[2]
+    grid = root / "data" / "calibration_grid.json"
     data = json.loads(grid.read_text())
     assert len(data["cells"]) >= 12 and len({c["group"] for c in data["cells"]}) >= 2
-    page = (docs / "calibration.md").read_text()
+    page = (root / "docs" / "science" / "calibration.md").read_text()
     for metric in data["metrics"]:
         r = calibrate(read_cells(grid), metric)
         m, b, n = r.fits["midpoint"], r.fits["balanced"], len(r.cells)

@@ -9,7 +9,7 @@ calibration.json and plot, a read-only file, folders where files go...) and asse
 - that nothing in the folder changed, and nothing was created (no file, no empty output folder);
 - for `satmon demo`, that nothing was built or trained (``run_demo`` is never called).
 
-:data:`CASES` is also what docs/reliability.md counts (bad inputs tried, clear errors out of total).
+:data:`CASES` is also what docs/reference/reliability.md counts (bad inputs tried, clear errors out of total).
 """
 
 from __future__ import annotations
@@ -382,8 +382,8 @@ def test_bad_input_is_refused_before_any_work_and_nothing_changes(case, folder, 
 
 
 def test_cli_figures_are_the_cases():
-    """docs/reliability.md's CLI figures are counted from :data:`CASES`, so they stay true."""
-    text = (ROOT / "docs" / "reliability.md").read_text()
+    """docs/reference/reliability.md's CLI figures are counted from :data:`CASES`, so they stay true."""
+    text = (ROOT / "docs" / "reference" / "reliability.md").read_text()
     by_command = {cmd: sum(1 for c in CASES if c.argv and c.argv[0] == cmd) for cmd in ("calibrate", "demo", "report")}
     for label, value in {"CLI bad inputs tried": len(CASES), "CLI clear errors": len(CASES),
                          "CLI runs that changed a file": 0}.items():

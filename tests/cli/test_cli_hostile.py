@@ -4,7 +4,7 @@ Event files are input a user may be handed: they may hold terminal escape sequen
 lengths, be FIFOs or devices named like event files. A working directory may hold a `tensorboard.py`. A command may
 meet an error nothing expected. In every case: no control character from a file reaches the terminal, nothing
 blocks, nothing is allocated for a length a file claims, no code from the working directory runs, and the command
-ends with its own lines, never a traceback. docs/reliability.md counts :data:`HOSTILE`.
+ends with its own lines, never a traceback. docs/reference/reliability.md counts :data:`HOSTILE`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from satmon.io.tensorboard import TAG
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: the cases of this file (docs/reliability.md: "hostile files and environments")
+#: the cases of this file (docs/reference/reliability.md: "hostile files and environments")
 HOSTILE = ("report-escape-sequences", "report-fifo-device-folder-named-like-event-files", "report-record-claims-1-tb",
            "report-record-longer-than-the-file", "report-damaged-record-mid-file", "report-tensorboard-py-in-cwd",
            "calibrate-escape-sequences", "unexpected-error-one-line", "background-thread-error-one-line")
@@ -181,10 +181,10 @@ def test_a_background_thread_error_the_command_did_not_see_ends_in_one_line(monk
 
 
 def test_reliability_counts_these_cases():
-    """docs/reliability.md's figure is :data:`HOSTILE`, and every name in it is a case here."""
+    """docs/reference/reliability.md's figure is :data:`HOSTILE`, and every name in it is a case here."""
     import re
 
-    text = (ROOT / "docs" / "reliability.md").read_text()
+    text = (ROOT / "docs" / "reference" / "reliability.md").read_text()
     found = re.search(r"\*\*hostile files and environments\*\*: (\d+)", text)
     assert found and int(found.group(1)) == len(HOSTILE) == len(set(HOSTILE))
     here = Path(__file__).read_text()

@@ -105,7 +105,7 @@ SCRIPT = textwrap.dedent(
     for lr in lrs:
         fit(lr)
     # Lightning destroys its process group at exit only for NCCL; a gloo group left to the interpreter's exit can end
-    # the process by std::terminate (exit -6): a script that made one ends it (docs/distributed.md)
+    # the process by std::terminate (exit -6): a script that made one ends it (docs/reference/distributed.md)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     """

@@ -99,7 +99,7 @@ def test_compiled_counts_equal_eager(runs):
     assert compiled.layer_names == eager.layer_names  # torch.compile's `_orig_mod.` is stripped
     assert compiled.screen.hooks.counter.saturated.tolist() == eager.screen.hooks.counter.saturated.tolist()
     assert compiled.screen.hooks.counter.total.tolist() == eager.screen.hooks.counter.total.tolist()
-    # the offset statistics run eagerly only (docs/distributed.md): the rest of the verdict is identical
+    # the offset statistics run eagerly only (docs/reference/distributed.md): the rest of the verdict is identical
     assert compiled.verdict.offset == {} and eager.verdict.offset
     assert {**compiled.verdict.to_dict(), "offset": None} == {**eager.verdict.to_dict(), "offset": None}
     ref = rec.counts(first=WINDOW)  # and eager equals the float64 reference

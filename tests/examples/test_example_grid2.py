@@ -1,4 +1,4 @@
-"""The second grid's design and its pre-registered analysis (docs/grid2_plan.md) against hand-made answers: the
+"""The second grid's design and its pre-registered analysis (docs/plans/grid2_plan.md) against hand-made answers: the
 chunked data design, the 30 cells, the stratified AUC and its within-size permutation test, the monotone
 labelings of the power analysis, and the frozen hypotheses' scoring."""
 

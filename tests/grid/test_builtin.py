@@ -93,12 +93,12 @@ def test_moved_code_gives_the_premove_scripts_cells_to_the_last_digit(tmp_path, 
 
 @pytest.mark.skipif(not os.environ.get("SATMON_QUICK_CELLS"), reason="~15 CPU-minutes per cell: set SATMON_QUICK_CELLS=1")
 def test_quick_cells_match_the_committed_faithful_grid(tmp_path):
-    """`--quick`'s cells against docs/faithful_grid.json, every field but timings and the commit. Holds only on the
+    """`--quick`'s cells against data/faithful_grid.json, every field but timings and the commit. Holds only on the
     machine type and satmon wording that made the file (an AMD EPYC, AVX2); on another CPU the kernels round
-    differently from step 1 (docs/grid.md: what was measured on an AVX-512 Xeon)."""
+    differently from step 1 (docs/guides/grid.md: what was measured on an AVX-512 Xeon)."""
     import satmon.grid
 
-    committed = {c["name"]: c for c in json.loads((ROOT / "docs" / "faithful_grid.json").read_text())["cells"]}
+    committed = {c["name"]: c for c in json.loads((ROOT / "data" / "faithful_grid.json").read_text())["cells"]}
     r = satmon.grid.run("builtin", preset="quick", out=tmp_path / "q", jobs=2, permutations=10, say=lambda line: None)
     assert r.complete
     for c in r.cells:

@@ -1,4 +1,4 @@
-"""``satmon grid`` as a user runs it: a recipe of another model family (docs/grid.md's tiny Llama, extracted from
+"""``satmon grid`` as a user runs it: a recipe of another model family (docs/guides/grid.md's tiny Llama, extracted from
 the page), real jobs through submitit's LocalExecutor, a job SIGKILLed mid-cell then the command rerun, a second
 grid into a busy folder, Ctrl-C and resume, SLURM's job parameters read back from the sbatch file submitit
 writes, the plain-process fallback without submitit, the recipe contract's refusals, the forecast's record and
@@ -33,8 +33,8 @@ READINGS = ("window_saturation", "window_first_block", "window_last_block", "win
 
 
 def _doc_recipe(folder: Path) -> Path:
-    """docs/grid.md's complete example, as the user would save it."""
-    text = (ROOT / "docs" / "grid.md").read_text()
+    """docs/guides/grid.md's complete example, as the user would save it."""
+    text = (ROOT / "docs" / "guides" / "grid.md").read_text()
     section = text[text.index("### A complete example"):]
     code = section[section.index("```python\n") + len("```python\n"):]
     path = folder / "tiny_llama.py"

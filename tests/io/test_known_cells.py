@@ -19,8 +19,8 @@ GRID2 = "satmon 0.5 second CPU grid"
 
 
 def _grid2() -> list[dict]:
-    """The second grid's cells committed so far (docs/grid2.json: interim while its run goes on)."""
-    return json.loads((ROOT / "docs" / "grid2.json").read_text())["cells"]
+    """The second grid's cells committed so far (data/grid2.json: interim while its run goes on)."""
+    return json.loads((ROOT / "data" / "grid2.json").read_text())["cells"]
 
 
 def test_the_study_and_the_faithful_grid_are_read_and_the_v03_grid_is_not():
@@ -30,14 +30,14 @@ def test_the_study_and_the_faithful_grid_are_read_and_the_v03_grid_is_not():
     assert sources.count(STUDY_LABEL) == 12 and sources.count(FAITHFUL) == 16 and sources.count(GRID2) == n2
     assert len(cells) == 28 + n2
     assert not any("0.3" in s for s in sources)  # phase_grid_v03.csv: not the study's protocol
-    # the study's passes: 5,000 steps x 64 x 512 tokens over each budget's unique tokens (docs/science.md)
+    # the study's passes: 5,000 steps x 64 x 512 tokens over each budget's unique tokens (docs/science/science.md)
     by_name = {c.name: c for c in cells}
     assert by_name["64M/1M"].passes == pytest.approx(study.STUDY_TOKENS_PROCESSED / 1e6, rel=1e-5)
     assert by_name["1.3B/118M"].passes == pytest.approx(163.84 / 118, rel=1e-5) and by_name["1.3B/118M"].params == 1.3e9
 
 
 def test_the_faithful_grid_columns_are_its_json_cells():
-    committed = json.loads((ROOT / "docs" / "faithful_grid.json").read_text())["cells"]
+    committed = json.loads((ROOT / "data" / "faithful_grid.json").read_text())["cells"]
     shipped = {c.name: c for c in known_cells() if c.source == FAITHFUL}
     assert set(shipped) == {c["name"] for c in committed}
     for c in committed:

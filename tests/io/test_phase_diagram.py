@@ -1,5 +1,5 @@
 """The phase diagram's cells: the study's 12 (against docs and the calibration data), the shipped 0.3 grid (against
-docs/regime_grid.json, the file it was made from), the reader's refusals, the plot and ``satmon report --plot``."""
+data/regime_grid.json, the file it was made from), the reader's refusals, the plot and ``satmon report --plot``."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_study_cells_are_the_twelve_at_their_nominal_sizes():
 
 
 def test_the_shipped_grid_is_the_03_grid_labelled_unfaithful():
-    made_from = json.loads((ROOT / "docs" / "regime_grid.json").read_text())["cells"]
+    made_from = json.loads((ROOT / "data" / "regime_grid.json").read_text())["cells"]
     cells = [c for c in grid_cells() if c.source == "satmon 0.3 CPU grid (unfaithful)"]
     assert [(c.name, c.params, c.train_tokens, c.group) for c in cells] == [
         (m["name"], float(m["params"]), float(m["train_tokens"]), m["group"]) for m in made_from]

@@ -51,7 +51,7 @@ def test_offset_readings_equal_an_independent_float64_recount(tmp_path, every):
 
 
 def test_flag_reads_offset_driven_only_when_channel_means_explain_the_saturation():
-    # measured on satmon's runs (docs/science.md): stalled 0.741 -> 0.006, healthy 0.779 -> 0.608
+    # measured on satmon's runs (docs/science/science.md): stalled 0.741 -> 0.006, healthy 0.779 -> 0.608
     assert offset_driven({"ln_f": {"saturated": 0.741, "centered": 0.006, "offset_ratio": 102.0}})
     assert not offset_driven({"ln_f": {"saturated": 0.779, "centered": 0.608, "offset_ratio": 1.99}})
     assert not offset_driven({"ln_f": {"saturated": 0.0, "centered": 0.0, "offset_ratio": 0.0}})

@@ -1,6 +1,6 @@
 """One reading pipeline: the same batches through the live window (Screen) and through probe() give the same
 reading (saturation counts, offset statistics, gate statistics) and the same flags, and both equal an
-independent float64 computation written here from the definitions (docs/science.md), not from satmon's code.
+independent float64 computation written here from the definitions (docs/science/science.md), not from satmon's code.
 
 The models have no dropout and no optimizer step runs, so a training forward and a probe's eval forward
 see the same inputs. The offset-driven case is the issue's: a DyT input that is a per-channel constant
@@ -19,7 +19,7 @@ from satmon import DyT
 from satmon.demos.llama import LlamaLM
 
 C = 16
-RETAINED_BELOW = 0.25  # docs/science.md: offset-driven when less than a quarter of the saturation survives centering
+RETAINED_BELOW = 0.25  # docs/science/science.md: offset-driven when less than a quarter of the saturation survives centering
 
 
 class Offset(nn.Module):

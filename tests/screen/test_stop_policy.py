@@ -1,6 +1,6 @@
 """satmon.screen.stop_policy: the policy returns what it decided (and logs nothing); the screen logs and acts.
 
-The expected decisions are written out from the documented table (docs/abort_policy.md): which
+The expected decisions are written out from the documented table (docs/science/abort_policy.md): which
 reasons each ``abort_on`` acts on, a dry run that reports each reason once and never stops, and
 ``abort_mode="raise"`` that raises only after the stop was logged.
 """
