@@ -176,24 +176,15 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # --help (0), or a usage error argparse has printed (2)
         return usage_exit(e)
-    from contextlib import ExitStack
-
-    from satmon.calibrate.fit import CalibrationError, calibrate
-    from satmon.cli.main import command as pasteable
+    from satmon.calibrate.fit import CalibrationError, calibrate, write_calibration
     from satmon.io.atomic import OutputError
-    from satmon.io.lock import exclusive
     from satmon.io.safe_text import printable
 
+    from satmon.cli.main import command as pasteable
+
     command = pasteable("satmon", "calibrate", *(sys.argv[1:] if argv is None else argv))
-    locks = ExitStack()  # one writer per output: --out (its calibration.json) is this process's until it is written
     try:
         cal_path, plot_path = _outputs(args)
-        try:
-            cal_path.parent.mkdir(parents=True, exist_ok=True)  # the lock lies beside the file
-        except OSError as e:
-            raise OutputError(f"Expected to make the folder {str(cal_path.parent)!r} for --out, got {e.strerror or e}: "
-                              "pass another --out.") from None
-        locks.enter_context(exclusive(cal_path, "--out", folder=False))
         folders = [r for r in args.runs if os.path.isdir(r)]  # False past PATH_MAX: the reader names it
         if folders:  # the slow input (TensorBoard's reader, every event file): say what runs first
             say("calibrate", f"reading the verdicts of {len(folders)} TensorBoard folder(s) and {len(args.runs) - len(folders)} "
@@ -201,18 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         cells, source = _load(args)
         result = calibrate(cells, args.metric, source)
     except (CalibrationError, OutputError) as e:
-        locks.close()
         print(f"satmon calibrate: {printable(str(e))}", file=sys.stderr)  # a message may quote a file
         return EXIT_USAGE
-    with locks:
-        return _write(args, result, cal_path, plot_path, command)
-
-
-def _write(args: argparse.Namespace, result: CalibrationResult, cal_path: Path, plot_path: Path | None, command: str) -> int:
-    """Write the calibration (and its plot) under the --out lock; the exit code."""
-    from satmon.calibrate.fit import write_calibration
-    from satmon.io.safe_text import printable
-
     existed = cal_path.exists()
     try:
         cal = write_calibration(result, cal_path, rule=args.rule, command=command)
