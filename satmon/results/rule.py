@@ -86,6 +86,9 @@ class Rule:
     def __post_init__(self) -> None:
         if self.threshold_source not in THRESHOLD_SOURCES:
             raise ValueError(f"Expected `threshold_source` in {THRESHOLD_SOURCES}, got {self.threshold_source!r}.")
+        if self.threshold_source == "study" and self.threshold != study.THRESHOLD:  # the study's cells were read at 0.43 only
+            raise ValueError(f"Expected the study's threshold {study.THRESHOLD:g} with threshold_source='study', got "
+                             f"{self.threshold!r}: a threshold of your own is threshold_source='user' (or 'calibration').")
 
     @classmethod
     def resolve(cls, carried: Any, cal: Calibration | None, threshold: Any, caveat: str | None, resolved: float,

@@ -230,7 +230,8 @@ class Verdict:
         known.setdefault("source", Source.WINDOW.value if known.get("window", 0) > 0 else Source.PROBE.value)
         known.setdefault("planned_window", known.get("window", 0))
         if any(k not in d for k in ("held_out_accuracy", "held_out_cells", "trust")):  # before 0.5: trust from its fields
-            rule = Rule(threshold_source=known.get("threshold_source", "study"),
+            threshold = known.get("threshold", THRESHOLD)  # a file from before threshold_source: 0.43 was the study's
+            rule = Rule(threshold, threshold_source=known.get("threshold_source") or ("study" if threshold == THRESHOLD else "user"),
                         held_out_accuracy=known.get("held_out_accuracy"), no_skill_accuracy=known.get("no_skill_accuracy"),
                         held_out_cells=known.get("held_out_cells"))
             known["held_out_accuracy"], known["no_skill_accuracy"], known["held_out_cells"] = rule.evidence()
@@ -292,7 +293,7 @@ def build_verdict(
     window: int = 0,
     source: Source | str = Source.WINDOW,
     planned_window: int | None = None,
-    threshold: float = THRESHOLD,
+    threshold: float | None = None,
     level: float = LEVEL,
     gating: GatingInfo | None = None,
     collapse_threshold: float = COLLAPSE_THRESHOLD,
@@ -305,7 +306,7 @@ def build_verdict(
     nonfinite_weights: Mapping[str, int] | int = 0,
     offset_every: int = 0,
     functions: Sequence[str] = (),
-    threshold_source: str = "study",
+    threshold_source: str | None = None,
     held_out_accuracy: float | None = None,
     no_skill_accuracy: float | None = None,
     held_out_cells: int | None = None,
@@ -344,8 +345,9 @@ def build_verdict(
         nonfinite_weights: parameter name -> NaN/inf element count (or the total): any makes it ``"non-finite"``.
         offset_every: the offset readings' sampling (every this many counted window steps; 0: every forward).
         functions: the screened layers' point-wise functions (``"tanh"``, ``"erf"``, ``"hardtanh"``).
-        threshold_source: whose threshold this is (:data:`THRESHOLD_SOURCES`): with ``"study"`` and a
-            function other than tanh the verdict is ``"uncalibrated"``.
+        threshold_source: whose threshold this is (:data:`THRESHOLD_SOURCES`; default ``"study"`` without a
+            ``threshold``, ``"user"`` with one, whatever its value): with ``"study"`` and a function other than tanh the
+            verdict is ``"uncalibrated"``.
         held_out_accuracy, no_skill_accuracy, held_out_cells: how well the threshold was shown to predict (a
             calibration's leave-one-group-out accuracy, guessing the commoner outcome on its cells, and how many cells);
             with ``"study"`` and ``None``, the study's (:data:`satmon.study.HELD_OUT_ACCURACY`,
@@ -376,13 +378,14 @@ def build_verdict(
         >>> replace_one.trust  # one cell above guessing: p = 0.39 by the binomial test, no forecast
         'unproven'
     """
-    flat = Rule(threshold, collapse_threshold, caveat or CAVEAT, threshold_source, held_out_accuracy, no_skill_accuracy,
-                held_out_cells)
-    if rule is None:
-        rule = flat
-    elif flat != Rule():
+    flat = (threshold, threshold_source, held_out_accuracy, no_skill_accuracy, held_out_cells)
+    if rule is not None and (any(x is not None for x in flat) or caveat or collapse_threshold != COLLAPSE_THRESHOLD):
         raise ValueError("Expected either `rule` or the rule's own arguments (threshold, collapse_threshold, caveat, "
                          "threshold_source, held_out_*), got both: put them in the Rule.")
+    if rule is None:  # a threshold given is the caller's unless they say whose: never inferred from its value
+        whose = threshold_source or ("study" if threshold is None else "user")
+        rule = Rule(THRESHOLD if threshold is None else threshold, collapse_threshold, caveat or CAVEAT, whose,
+                    held_out_accuracy, no_skill_accuracy, held_out_cells)
     threshold, collapse_threshold, caveat = rule.threshold, rule.collapse_threshold, rule.caveat
     rows = {name: LayerCounts(*c) for name, c in counts.items()}
     n = sum(c.total for c in rows.values())

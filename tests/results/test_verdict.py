@@ -145,3 +145,21 @@ def test_flags_qualify_a_high_saturation_and_never_change_the_decision():
     assert "flagged (stalled-loss, offset-driven): a measurement, not a forecast" in high.headline()
     assert "(trust: flagged: stalled-loss, offset-driven)" in high.summary()
     assert "Flag: offset-driven" in high.card() and high.trust == "flagged" and low.trust == "unproven"
+
+
+def test_a_threshold_given_is_never_read_as_the_studys_and_a_study_rule_holds_only_its_own():
+    """A threshold of the caller's never borrows the study's cells or its held-out record, whatever its value."""
+    from satmon import study
+    from satmon.results.rule import Rule
+
+    mine = build_verdict({"a": (50, 100)}, step=1, window=1, threshold=0.5)
+    assert mine.threshold_source == "user" and mine.held_out_accuracy is None
+    assert "not this threshold" in mine.reason and study.ON_SIDE["go"] not in mine.reason
+    same = build_verdict({"a": (50, 100)}, step=1, window=1, threshold=study.THRESHOLD)  # equal to 0.43: still given
+    assert same.threshold_source == "user" and same.held_out_accuracy is None
+    theirs = build_verdict({"a": (50, 100)}, step=1, window=1)
+    assert theirs.threshold_source == "study" and theirs.held_out_accuracy == study.HELD_OUT_ACCURACY
+    with pytest.raises(ValueError, match=r"Expected the study's threshold 0.43 with threshold_source='study', got 0.5"):
+        Rule(threshold=0.5)
+    with pytest.raises(ValueError, match="got both"):
+        build_verdict({"a": (50, 100)}, step=1, rule=Rule(), threshold=0.5)
