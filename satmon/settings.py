@@ -15,7 +15,8 @@ consumer restates or re-checks an option, so none can drop one. Its parts:
   training data (the card places the run on the study's phase diagram with it), and ``planned_tokens``, the
   tokens training will process (optimizer steps x global batch x sequence length), when satmon cannot count
   them from the trainer: the card's forecast from the planned passes (:func:`satmon.forecast`) divides the
-  second by the first.
+  second by the first; ``planned_steps`` (default: the trainer's), ``warmup_steps`` and ``lr_schedule``, the
+  run's schedule, which the forecast's domain compares with what its cells trained.
 
 Defaults are the study's (:mod:`satmon.study`). ``threshold=None`` and ``caveat=None`` mean "the study's,
 or the calibration's": after construction both hold the value in force, so ``settings.threshold`` is
@@ -226,6 +227,9 @@ class Settings:
     # the run
     train_tokens: int | None = None
     planned_tokens: int | None = None
+    planned_steps: int | None = None
+    warmup_steps: int | None = None
+    lr_schedule: str | None = None
 
     def __post_init__(self) -> None:
         cal = _calibration(self.calibration)
@@ -272,6 +276,14 @@ class Settings:
         if self.planned_tokens is not None:
             _int("planned_tokens", self.planned_tokens, 1, "the tokens training will process: optimizer steps x global "
                  "batch x sequence length; None: counted from the trainer when satmon can")
+        if self.planned_steps is not None:
+            _int("planned_steps", self.planned_steps, 1, "the run's optimizer steps, for the forecast's domain; None: the "
+                 "trainer's when satmon can read them")
+        if self.warmup_steps is not None:
+            _int("warmup_steps", self.warmup_steps, 0, "the run's learning-rate warm-up steps, for the forecast's domain")
+        if self.lr_schedule is not None and (not isinstance(self.lr_schedule, str) or not self.lr_schedule.strip()):
+            raise ValueError(f"Expected `lr_schedule` as the learning rate's shape, a str such as 'linear-warmup-constant' "
+                             f"(the study's) or 'linear-warmup-cosine', got {short_repr(self.lr_schedule)}.")
 
     @staticmethod
     def names() -> tuple[str, ...]:

@@ -198,7 +198,10 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         loader = kwargs.get("train_dataloader")  # its batch size is the per-device one
         counted = planned_tokens(state.max_steps, getattr(loader, "batch_size", None) or args.per_device_train_batch_size,
                                  loader, args.gradient_accumulation_steps, args.world_size)
-        self._forecast = run_forecast(model, loader, self.settings.train_tokens, self.settings.planned_tokens, counted)
+        s = self.settings
+        self._forecast = run_forecast(model, loader, s.train_tokens, s.planned_tokens, counted,
+                                      s.planned_steps or (state.max_steps if state.max_steps and state.max_steps > 0 else None),
+                                      s.warmup_steps, s.lr_schedule)
         # the hooks go on at the first training forward, whose batch the gated-MLP trace reads (as the Lightning callback)
         self._hooks = [model.register_forward_pre_hook(self._attach, with_kwargs=True, prepend=True),
                        model.register_forward_hook(self._keep_loss)]

@@ -139,6 +139,10 @@ class SaturationMonitor(ReadsSettings, Callback):
               over the data (:func:`satmon.forecast`); ``None`` (default): counted from the trainer (its estimated
               optimizer steps x the dataloader's batch size x ``accumulate_grad_batches`` x world size x the tokens
               of a sample), else the card says how to give them.
+            - ``planned_steps``, ``warmup_steps``, ``lr_schedule``: the run's optimizer steps (default: the trainer's
+              estimate), its linear warm-up steps and its learning rate's shape (``"linear-warmup-constant"``, the
+              study's; ``"linear-warmup-cosine"``...): the forecast is confident only for a run whose steps, warm-up
+              share and shape lie within what its cells trained; without warm-up and shape it says "uncertain".
 
     Raises:
         TypeError: an unknown option (the message lists the valid ones), or ``settings`` that is not a Settings.
@@ -305,8 +309,10 @@ class SaturationMonitor(ReadsSettings, Callback):
             log_text(self.screen.sink, TAG.verdict_text, self.screen.card(markdown=True), trainer.global_step)
         else:
             self._scale_note = scale_note(pl_module, trainer.train_dataloader, self.settings.train_tokens)
-            self._forecast = run_forecast(pl_module, trainer.train_dataloader, self.settings.train_tokens,
-                                          self.settings.planned_tokens, _planned(trainer))
+            s = self.settings
+            self._forecast = run_forecast(pl_module, trainer.train_dataloader, s.train_tokens, s.planned_tokens,
+                                          _planned(trainer), s.planned_steps or _stepping(trainer), s.warmup_steps,
+                                          s.lr_schedule)
         self._attached = False  # the hooks go on at the first training batch, which the gating trace reads
 
     def _note_scale(self) -> None:
@@ -420,6 +426,15 @@ class SaturationMonitor(ReadsSettings, Callback):
                 self.load_state_dict({**state, "settings": {**settings, "product": "exact"}})  # 0.1 counted the exact product
                 return
 
+
+
+def _stepping(trainer: pl.Trainer) -> float | None:
+    """The trainer's estimated optimizer steps, finite, or ``None`` (the forecast's domain then says they are unknown)."""
+    try:
+        steps = float(trainer.estimated_stepping_batches)
+    except Exception:  # as _planned: unknown, never a failed run
+        return None
+    return steps if 0 < steps < float("inf") else None
 
 
 def _planned(trainer: pl.Trainer) -> tuple[int | None, str]:

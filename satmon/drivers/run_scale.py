@@ -226,7 +226,8 @@ def planned_tokens(steps: float | None, batch_size: int | None, data: Any, accum
 
 
 def run_forecast(model: nn.Module, data: Any, train_tokens: int | None, planned: int | None,
-                 counted: tuple[int | None, str] = (None, "")) -> Forecast:
+                 counted: tuple[int | None, str] = (None, ""), steps: float | None = None,
+                 warmup_steps: float | None = None, lr_schedule: str | None = None) -> Forecast:
     """The card's forecast from the planned passes of a run: its parameters, its unique tokens (``train_tokens`` when
     given, else counted from ``data``) and its planned tokens (``planned`` when given, else ``counted``, the driver's
     :func:`planned_tokens`). Never raises: what cannot be counted is said, with how to give it."""
@@ -234,7 +235,7 @@ def run_forecast(model: nn.Module, data: Any, train_tokens: int | None, planned:
 
     scale = run_scale(model, data, train_tokens)
     tokens, how = (planned, "given: planned_tokens=") if planned is not None else counted
-    return forecast_of(scale.params, scale.train_tokens, tokens, scale.missing, how)
+    return forecast_of(scale.params, scale.train_tokens, tokens, scale.missing, how, steps, warmup_steps, lr_schedule)
 
 
 def scale_note(model: nn.Module, data: Any, train_tokens: int | None = None) -> str:

@@ -391,9 +391,9 @@ def forecast_from(cells: Sequence[KnownCell], *, params: float, unique_tokens: f
     timed = [c for c in region if c.steps is not None and c.lr_schedule is not None]
     differs = []
     if run_steps is None:
-        differs.append("its optimizer steps are not given (steps=)")
+        differs.append("its optimizer steps are not known (steps= in satmon.forecast, planned_steps= in a monitor or Screen)")
     if schedule is None:
-        differs.append("its learning-rate schedule is unknown (lr_schedule=)")
+        differs.append("its learning-rate schedule is not known (lr_schedule=, e.g. 'linear-warmup-constant')")
     if len(timed) < len(region):
         differs.append(f"{len(region) - len(timed)} of the cells did not record their schedule")
     if timed and run_steps is not None:

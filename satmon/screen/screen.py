@@ -549,7 +549,8 @@ class Screen:
         s = self.settings
         params = sum(p.numel() for p in self._model.parameters()) if self._model is not None else 0
         return run_forecast(params, s.train_tokens, s.planned_tokens, "a Screen does not see the training data",
-                            "a Screen does not see the trainer's steps and batch")
+                            "a Screen does not see the trainer's steps and batch", s.planned_steps, s.warmup_steps,
+                            s.lr_schedule)
 
     def card(self, markdown: bool = False) -> str:
         """The verdict's card in plain text (``markdown``: as TensorBoard shows it), or, without a verdict,

@@ -80,3 +80,30 @@ def test_a_screen_without_token_counts_says_which_are_missing_and_how_to_give_th
     line = next(l for l in screen.card().splitlines() if l.startswith("Forecast from the planned passes"))
     assert "uncertain" in line and "a Screen does not see" in line and "planned_tokens=" in line
     assert screen.verdict.planned_forecast["outcome"] == "uncertain"
+
+
+def test_a_screen_passes_the_runs_steps_warmup_and_schedule_to_the_forecast():
+    """The forecast's domain reads the run's optimizer steps, warm-up and LR shape: given to the Screen as settings, they
+    reach satmon.forecast; left out, the card says which is unknown and the option that gives it."""
+    from satmon.dyt import DyT
+
+    model = torch.nn.Sequential(DyT(339), torch.nn.Linear(339, 339))  # 115,600 parameters: the d64L2 cells' size
+    params = sum(p.numel() for p in model.parameters())
+    run = dict(train_tokens=1_551_515, planned_tokens=5_120_000)  # 3.3 passes at 13.4 unique tokens per parameter
+    schedule = dict(planned_steps=5000, warmup_steps=2000, lr_schedule="linear-warmup-constant")
+    lines = {}
+    for name, extra in (("described", schedule), ("not", {})):
+        screen = satmon.Screen(window=2, **run, **extra)
+        screen.attach(model)
+        for _ in range(2):
+            screen.step(model(torch.randn(4, 339)).float().mean())
+        lines[name] = screen.verdict.planned_forecast
+    expected = satmon.forecast(params=params, unique_tokens=1_551_515, planned_tokens=5_120_000, steps=5000,
+                               warmup_steps=2000, lr_schedule="linear-warmup-constant")
+    assert expected.outcome == "hurts" and lines["described"] == expected.to_dict()
+    assert lines["not"]["outcome"] == "uncertain"
+    assert "planned_steps=" in lines["not"]["evidence"] and "lr_schedule=" in lines["not"]["evidence"]
+    with pytest.raises(ValueError, match="Expected `lr_schedule` as the learning rate's shape"):
+        satmon.Screen(lr_schedule="")
+    with pytest.raises(ValueError, match="warmup_steps"):
+        satmon.Screen(warmup_steps=-1)
