@@ -4,7 +4,7 @@ Trains ``satmon.demos.llama.LlamaLM`` (RoPE, SwiGLU, DyT in place of RMSNorm) an
 initial weights on the same batches of the demo's byte corpus, over a sweep of alpha_init, peak learning rate,
 depth and warm-up, and records per run the held-out loss every ``eval_every`` steps and the saturation
 ``|alpha * x| > 2`` of the DyT layers that feed the gated MLPs (``mlp_norm``) on every step. Its cells are a pilot:
-they choose the scored grid's configurations (docs/collapse_plan.md) and are never scored.
+they choose the scored grid's configurations (docs/plans/collapse_plan.md) and are never scored.
 
     python examples/collapse_pilot.py --out /tmp/collapse_pilot.json
 """
