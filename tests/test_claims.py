@@ -146,3 +146,40 @@ def test_a_marked_quote_of_the_study_is_allowed_and_an_unmarked_one_is_not():
     marked = ["The study's claim, in its words:", "> GO: DyT acts as a useful regulariser", "", "plain"]
     unmarked = ["Some text:", "> GO: DyT acts as a useful regulariser"]
     assert _quoted(marked) == {1} and _quoted(unmarked) == set()
+
+
+#: A decision (GO, NO-GO, the rule, a threshold) called right or wrong.
+_JUDGED = re.compile(r"\b(?:GO|NO-GO|decision|verdict|rule|threshold|0\.43)\b[^.;:]{0,80}?\b(?:is|was|were|are)\s+"
+                     r"(?:right|wrong|correct|incorrect)\b|\bwhich\s+is\s+(?:right|wrong|correct)\b", re.IGNORECASE)
+#: What names the cells a judgement rests on: a count ("12 of 16", "9/12", "in 12", "6 times"), a rate, or the cells.
+_COUNTED = re.compile(r"(?<![\d.])\d+\s*(?:of|/)\s*(?:the\s+|its\s+|the\s+study's\s+)?\d+(?![\d.])|\b(?:all|in|on|the)\s+(?:the\s+)?\d+(?![\d.])|\b\d+\s+times\b"
+                      r"|\d+(?:\.\d+)?\s*%|\bcells?\b")
+
+
+def _judged_without_cells(text: str) -> list[str]:
+    """The sentences of ``text`` (fenced code left out) that call a decision right or wrong and count no cells."""
+    prose = re.sub(r"```.*?```", "", text, flags=re.DOTALL).replace("\n", " ")
+    return [s for s in re.split(r"(?<=[.!?])\s+", prose) if _JUDGED.search(s) and not _COUNTED.search(s)]
+
+
+@pytest.mark.parametrize(("sentence", "caught"), [
+    ("satmon says NO-GO (pooled saturation 0.25), which is right at this size: LayerNorm ends lower.", True),
+    ("Three seeds learn (1.94 / 1.97 / 1.97) and NO-GO (0.25), which is right at this size.", True),
+    ("On the faithful grid the rule was right for the small model.", True),
+    ("0.43 says GO 18 times and is right 6 times.", False),
+    ("The 0.43 rule was right on 9 of the study's 12 cells in-sample.", False),
+    ("The layer's weight is used, so layers that were read right stay unchanged.", False),
+])
+def test_a_judgement_without_cells_is_caught_and_a_counted_one_is_not(sentence, caught):
+    assert bool(_judged_without_cells(sentence)) is caught
+
+
+def test_every_sentence_that_calls_a_decision_right_or_wrong_names_its_cells():
+    """Meaning, not phrases: a decision called right or wrong says on how many cells (one run shows nothing)."""
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        rel = path.relative_to(ROOT).as_posix()
+        if rel not in EXEMPT:
+            found += [f"{rel}: {s[:160]}" for s in _judged_without_cells(path.read_text(encoding="utf-8"))]
+    found += [f"{rel}:{n}: {t[:160]}" for rel, n, t in _code_strings() for _ in _judged_without_cells(t)]
+    assert not found, "a decision called right or wrong without the cells it rests on:\n" + "\n".join(found)
