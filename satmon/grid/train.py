@@ -172,6 +172,7 @@ def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: Cell
         # the verdict and the collapse watch with the shipped defaults; abort_on="never" (the default): no stop, no card
         screen = Screen(window=settings.window, verbose=False, offset_every=settings.offset_every)
         screen.attach(model, example_input=data.example_input.to(settings.device))
+        screen.on_watch_check = watch.add
     marks = {s for s in range(settings.series_every, settings.window + 1, settings.series_every)} | {
         late_start(settings), settings.window}
     curve: list[tuple[int, float]] = []
@@ -199,7 +200,6 @@ def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: Cell
         if screen is not None:
             if step in marks and screen.verdict is None:
                 series.read(step, screen, model)  # before step(): at the window's last step the screen concludes
-            watch.follow(screen)
             screen.step(loss.detach())
         if on_step is not None:
             on_step(step, model)
@@ -228,37 +228,26 @@ def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: Cell
 
 @dataclass
 class WatchLog:
-    """Every check of the screen's collapse watch, captured as it runs (the watch itself is unchanged: the grid
-    only reads its readings and streaks)."""
+    """Every check of the screen's collapse watch, as :attr:`satmon.Screen.on_watch_check` delivers it (the watch
+    itself is unchanged: the grid only reads its readings and streaks)."""
 
     checks: list[dict[str, Any]] = field(default_factory=list)
-    _wrapped: Any = None
 
-    def follow(self, screen: Any) -> None:
-        """Capture the checks of the screen's current watch (the screen may rebuild it once the model is traced)."""
-        w = screen.watch
-        if w is None or w is self._wrapped:
-            return
-        self._wrapped, check = w, w.check
+    def add(self, r: Any, watch: Any) -> None:
+        """One check: its readings, whether a collapse-risk breach was due, and the collapse streak after it."""
+        from satmon.screen.stop_policy import StopReason
 
-        def captured(step: int, reduce_max: Any) -> Any:
-            from satmon.screen.stop_policy import StopReason
-
-            r = check(step, reduce_max)
-            stats = {k: {n: _finite(v) for n, v in st.items()} for k, st in r.gate_stats.items()}  # NaN: no data -> None
-            flat = [st["flat_fraction"] for st in stats.values() if st.get("flat_fraction") is not None]
-            self.checks.append({
-                "step": r.step, "gated_saturation": r.gated_saturation,
-                "flat_fraction": sum(flat) / len(flat) if flat else None,
-                "gate_stats": stats, "mean_abs_hidden": _mean_stat(stats, "mean_abs_hidden"),
-                "loss_z": _finite(r.loss_z), "nonfinite": r.nonfinite,
-                "found": {k.value: bool(v) for k, v in r.found.items()},
-                "flagged": any(reason is StopReason.COLLAPSE_RISK for reason, _ in r.due),
-                "patience_count": int(w.streak.get(StopReason.COLLAPSE_RISK, 0)),
-            })
-            return r
-
-        w.check = captured
+        stats = {k: {n: _finite(v) for n, v in st.items()} for k, st in r.gate_stats.items()}  # NaN: no data -> None
+        flat = [st["flat_fraction"] for st in stats.values() if st.get("flat_fraction") is not None]
+        self.checks.append({
+            "step": r.step, "gated_saturation": r.gated_saturation,
+            "flat_fraction": sum(flat) / len(flat) if flat else None,
+            "gate_stats": stats, "mean_abs_hidden": _mean_stat(stats, "mean_abs_hidden"),
+            "loss_z": _finite(r.loss_z), "nonfinite": r.nonfinite,
+            "found": {k.value: bool(v) for k, v in r.found.items()},
+            "flagged": any(reason is StopReason.COLLAPSE_RISK for reason, _ in r.due),
+            "patience_count": int(watch.streak.get(StopReason.COLLAPSE_RISK, 0)),
+        })
 
     def record(self, s: Any, verdict: Any, window: int) -> dict[str, Any]:
         """The watch's record: its settings, every check, the first flag's step (``None``: never), whether the

@@ -138,6 +138,9 @@ class Screen:
         self.agreement = agreement or TorchDistributed()
         self.info, self.warn = info or _print_rank_zero, warn or _warn
         self.verbose, self.log_every_n_steps = Settings.check_flag("verbose", verbose), log_every_n_steps
+        #: called as ``on_watch_check(reading, watch)`` after every watch check (a study that scores other rules on
+        #: the same checks records them: ``satmon grid``); ``None``: nobody listens
+        self.on_watch_check: Callable[[Any, CollapseWatch], None] | None = None
         self._reset_run()
 
     def _reset_run(self) -> None:
@@ -694,6 +697,8 @@ class Screen:
     def _watch_check(self, step: int) -> None:
         assert self.watch is not None
         reading = self.watch.check(step, self.agreement.max)
+        if self.on_watch_check is not None:
+            self.on_watch_check(reading, self.watch)
         tb.log_scalars(self.sink, tb.watch_scalars(reading.nonfinite, reading.gated_saturation, reading.gate_stats,
                                                    reading.loss_z, reading.found), step)
         for reason, message in reading.due:
