@@ -244,7 +244,8 @@ def plot(analysis: dict[str, Any], cells: list[dict[str, Any]], path: Path,
 
 # ------------------------------------------------------------------------------------------- the answer
 def effect_table(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """DyT's effect per size and budget, averaged over seeds: final and best checkpoint, and how many seeds agree.
+    """DyT's effect per configuration (size, budget and the ``--vary`` values), averaged over its seeds only: final
+    and best checkpoint, and how many seeds agree.
 
     Example:
         >>> cells = [{"group": "s", "budget": "16ep", "epochs": 16.0, "params": 10, "seed": i, "delta": d,
@@ -252,14 +253,19 @@ def effect_table(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         >>> row = effect_table(cells)[0]
         >>> row["size"], row["seeds"], row["helps"], round(row["delta"], 3)
         ('s', 2, 1, -0.005)
+        >>> varied = [dict(cells[0], vary={"lr": 0.01}), dict(cells[1], vary={"lr": 0.03})]
+        >>> [(r["size"], r["seeds"]) for r in effect_table(varied)]
+        [('s lr=0.01', 1), ('s lr=0.03', 1)]
     """
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for c in cells:
-        groups.setdefault((c["group"], c["budget"]), []).append(c)
+    groups: dict[tuple[str, str, tuple[tuple[str, str], ...]], list[dict[str, Any]]] = {}
+    for c in cells:  # a --vary configuration is its own row: only seeds are averaged
+        varied = tuple(sorted((str(k), str(v)) for k, v in (c.get("vary") or {}).items()))
+        groups.setdefault((c["group"], c["budget"], varied), []).append(c)
     rows = []
-    for (size, budget), cs in groups.items():
+    for (size, budget, varied), cs in groups.items():
         best = [c["delta_best"] for c in cs if c.get("delta_best") is not None]
-        rows.append({"size": size, "budget": budget, "passes": cs[0]["epochs"], "params": cs[0]["params"],
+        label = size + ("" if not varied else " " + ",".join(f"{k}={v}" for k, v in varied))
+        rows.append({"size": label, "budget": budget, "passes": cs[0]["epochs"], "params": cs[0]["params"],
                      "seeds": len(cs), "delta": sum(c["delta"] for c in cs) / len(cs), "helps": sum(c["delta"] < 0 for c in cs),
                      "delta_best": sum(best) / len(best) if best else None, "helps_best": sum(d < 0 for d in best)})
     return sorted(rows, key=lambda r: (r["params"], r["passes"]))
