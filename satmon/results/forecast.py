@@ -381,7 +381,11 @@ def forecast_from(cells: Sequence[KnownCell], *, params: float, unique_tokens: f
     counted += f", p = {p_value:.2g} against a coin (one-sided exact binomial)"
     here = _point(params, tpp)
     placed = [c for c in region if c.tokens_per_param is not None]
-    nearest = sorted(placed or region, key=lambda c: math.dist(here, _point(c.params, c.tokens_per_param or tpp)))[:2]
+    by_distance = sorted(placed or region, key=lambda c: math.dist(here, _point(c.params, c.tokens_per_param or tpp)))
+    nearest: list[KnownCell] = []
+    for c in by_distance:  # the nearest cell of each of the two nearest configurations (not two seeds of one)
+        if len(nearest) < 2 and all(_config(c) != _config(n) for n in nearest):
+            nearest.append(c)
     near = "; nearest measured: " + ", ".join(_describe(c) for c in nearest)
     gap = hull_distance(here, [_point(c.params, c.tokens_per_param) for c in placed])  # type: ignore[arg-type]
     if gap > HULL_TOLERANCE:
@@ -391,9 +395,9 @@ def forecast_from(cells: Sequence[KnownCell], *, params: float, unique_tokens: f
     timed = [c for c in region if c.steps is not None and c.lr_schedule is not None]
     differs = []
     if run_steps is None:
-        differs.append("its optimizer steps are not known (steps= in satmon.forecast, planned_steps= in a monitor or Screen)")
+        differs.append("its optimizer steps are not given (steps= in satmon.forecast, planned_steps= in a monitor or Screen)")
     if schedule is None:
-        differs.append("its learning-rate schedule is not known (lr_schedule=, e.g. 'linear-warmup-constant')")
+        differs.append("its learning-rate schedule is unknown (lr_schedule=, e.g. 'linear-warmup-constant')")
     if len(timed) < len(region):
         differs.append(f"{len(region) - len(timed)} of the cells did not record their schedule")
     if timed and run_steps is not None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import dataclasses
 import math
 from decimal import Decimal
@@ -127,3 +128,14 @@ def test_unknown_run_and_the_frozen_result():
     assert isinstance(f, Forecast) and Forecast(**f.to_dict()) == f
     with pytest.raises(dataclasses.FrozenInstanceError):
         f.outcome = "helps"  # type: ignore[misc]
+
+
+def test_the_nearest_measured_cells_are_of_two_configurations_not_two_seeds_of_one():
+    """An uncertain answer outside the domain names the two nearest configurations (their nearest seed each)."""
+    cells = [KnownCell(f"c{size}_s{seed}", params=size, passes=2.0, delta=0.1, group=f"g{size}", source="m",
+                       train_tokens=size * tpp, steps=5000, warmup_steps=2000, lr_schedule="linear-warmup-constant")
+             for size, tpp in ((1e5, 10), (3e5, 3), (1e6, 1), (3e6, 0.3), (1e7, 0.1)) for seed in (0, 1)]
+    f = forecast_from(cells, params=1e4, unique_tokens=1e6, planned_tokens=2e6, steps=5000, warmup_steps=2000,
+                      lr_schedule="linear-warmup-constant")  # 100 tokens per parameter: far outside
+    named = re.findall(r"(c[\d.e+]+_s\d) \(", f.evidence.split("nearest measured:")[1])
+    assert f.outcome == "uncertain" and named == ["c100000.0_s0", "c300000.0_s0"]
