@@ -143,15 +143,19 @@ def _positive(name: str, value: Any) -> float:
         value = value.item()  # numpy scalar, torch 0-d tensor
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, Decimal)):
         raise ValueError(f"Expected {name} as a positive number, got {value!r}: pass the count (e.g. {name}=1_000_000).")
+    infinite = (isinstance(value, float) and math.isinf(value)) or (isinstance(value, Decimal) and value.is_infinite())
     try:
         x = float(value)
-    except OverflowError:
+    except OverflowError:  # an exact number beyond a float's range (an int of 400 digits)
         x = math.inf
-    if math.isinf(x) and value == value:
+    except ValueError:  # Decimal's signalling NaN
+        x = math.nan
+    if math.isinf(x) and not infinite:  # finite, but no float holds it (Decimal('1e400') gives inf silently)
         raise ValueError(f"Expected {name} as a positive number a float can hold (below 1.8e308), got one too large "
                          f"({str(value)[:12]}... with {len(str(value))} digits).")
     if not math.isfinite(x) or x <= 0:
-        raise ValueError(f"Expected {name} as a positive number, got {value!r}: pass the count (e.g. {name}=1_000_000).")
+        raise ValueError(f"Expected {name} as a positive number, got {value!r}: pass a finite count "
+                         f"(e.g. {name}=1_000_000).")
     return x
 
 
@@ -335,8 +339,12 @@ def forecast_from(cells: Sequence[KnownCell], *, params: float, unique_tokens: f
     params, unique, planned = (_positive("params", params), _positive("unique_tokens", unique_tokens),
                                _positive("planned_tokens", planned_tokens))
     run_steps = None if steps is None else _positive("steps", steps)
-    run_warmup = None if warmup_steps is None else (0.0 if warmup_steps == 0 else _positive("warmup_steps", warmup_steps))
-    schedule = None if lr_schedule in (None, UNKNOWN_SCHEDULE) else str(lr_schedule)
+    run_warmup = None if warmup_steps is None else (
+        0.0 if not isinstance(warmup_steps, bool) and warmup_steps == 0 else _positive("warmup_steps", warmup_steps))
+    if lr_schedule is not None and (not isinstance(lr_schedule, str) or not lr_schedule.strip()):
+        raise ValueError(f"Expected lr_schedule as the learning rate's shape, a str such as 'linear-warmup-constant' "
+                         f"(the study's), got {lr_schedule!r}.")
+    schedule = None if lr_schedule in (None, UNKNOWN_SCHEDULE) else lr_schedule.strip()
     p, tpp = planned / unique, unique / params
     known = [c for c in cells if math.isfinite(c.passes) and c.passes > 0 and math.isfinite(c.delta) and c.params > 0]
     checkpoint = checkpoint_sentence(known)

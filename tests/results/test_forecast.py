@@ -139,3 +139,19 @@ def test_the_nearest_measured_cells_are_of_two_configurations_not_two_seeds_of_o
                       lr_schedule="linear-warmup-constant")  # 100 tokens per parameter: far outside
     named = re.findall(r"(c[\d.e+]+_s\d) \(", f.evidence.split("nearest measured:")[1])
     assert f.outcome == "uncertain" and named == ["c100000.0_s0", "c300000.0_s0"]
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    (dict(params=float("inf")), "params as a positive number, got inf: pass a finite count"),
+    (dict(params=Decimal("Infinity")), "params as a positive number, got Decimal('Infinity')"),
+    (dict(params=Decimal("sNaN")), "params as a positive number, got Decimal('sNaN')"),
+    (dict(params=Decimal("1e400")), "params as a positive number a float can hold"),
+    (dict(lr_schedule=5), "lr_schedule as the learning rate's shape, a str"),
+    (dict(lr_schedule=" "), "lr_schedule as the learning rate's shape, a str"),
+    (dict(warmup_steps=True), "warmup_steps as a positive number, got True"),
+])
+def test_a_bad_count_or_schedule_is_one_line_naming_it(kw, message):
+    run = dict(params=115013, unique_tokens=1551515, planned_tokens=5.12e6, steps=5000, warmup_steps=2000,
+               lr_schedule="linear-warmup-constant")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        forecast(**{**run, **kw})
