@@ -192,7 +192,6 @@ def run(recipe: str | Recipe = "builtin", sizes: str | Sequence[str] | None = No
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"Expected --jobs >= 1, got {jobs!r}.")
     out = check_output_dir(Path(out), "--out") or Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     identity = recipe_identity(obj, where)
     from satmon.grid.config import options_json
 
@@ -200,11 +199,76 @@ def run(recipe: str | Recipe = "builtin", sizes: str | Sequence[str] | None = No
     gkey = grid_key(identity, settings_, options_json(obj.keyed_options(opts)), arms_)
     keyed = [(v, st_c, o_c, grid_key(identity, st_c, options_json(obj.keyed_options(o_c)), arms_),
               st_c.steps * obj.step_tokens(o_c)) for v, st_c, o_c in configs]
+    _check_file_names(out, _entries(out, plan, keyed))  # before anything is made: a name no file system takes
+    out.mkdir(parents=True, exist_ok=True)
     with exclusive(out, "the grid folder --out", folder=True) as held:
         if held.stale:
             say(f"the last grid into {out} was stopped without finishing ({held.note()}); resuming its folder")
         return _run_locked(obj, where, identity, plan, settings_, opts, gkey, out, executor, jobs, time_min, slurm or {},
                            dry_run, permutations, every, say, processed, arms_, keyed)
+
+
+def _entries(out: Path, plan: GridPlan, configs: list[tuple[dict[str, Any], GridSettings, dict[str, Any], str, int]]
+             ) -> list[dict[str, Any]]:
+    """Every cell of the grid: its name, key, axes and the files it is written to (``configs``: the ``--vary``
+    configurations, each with its settings, options, key and processed tokens)."""
+    cells_dir = out / "cells"
+    entries = []
+    for vary, st_c, opts_c, gkey_c, processed_c in configs:
+        for size, budget, seed in plan.cells():
+            tokens = budget.resolve(processed_c)
+            key = cell_key(gkey_c, size, tokens, seed)
+            name = cell_name(size, tokens, seed) + vary_suffix(vary)
+            stem = cells_dir / f"{name}.{key}"
+            e = {"name": name, "key": key, "size": size, "budget": budget.text, "seed": seed,
+                 "cell": str(stem) + ".json", "attempt": str(stem) + ".attempt.json",
+                 "failed": str(stem) + ".failed.json", "progress": str(cells_dir / f".{name}.{key}.progress")}
+            if vary:  # the cell's own settings and options (a task's own fields override the grid's)
+                e.update(settings=st_c.shared() | {"device": st_c.device}, options=opts_c, vary=vary, grid_key=gkey_c)
+            entries.append(e)
+    return entries
+
+
+#: The longest file name a cell adds to its name and key: ``<name>.<key>.attempt.json``, written through
+#: :func:`~satmon.io.atomic.atomic_write`'s temporary companion.
+_CELL_FILE_SUFFIX = ".attempt.json"
+
+
+def _check_file_names(out: Path, entries: Sequence[Mapping[str, Any]]) -> None:
+    """Every file a cell writes has a name the file system takes, and a path under its limit, checked before any work:
+    a ``--vary`` value or a size name that makes one too long is refused naming it (a job would otherwise fail
+    writing its first file, with the cause only in its log)."""
+    import os
+
+    from satmon.io.atomic import TEMP_EXTRA, check_name_lengths
+
+    if not entries:
+        return
+    existing = next((a for a in (out.absolute(), *out.absolute().parents) if a.exists()), Path("/"))
+    try:
+        name_max = int(os.pathconf(existing, "PC_NAME_MAX"))
+    except (OSError, ValueError):
+        name_max = 255
+    longest = max(entries, key=lambda e: len(os.fsencode(f"{e['name']}.{e['key']}")))
+    file_name = f"{longest['name']}.{longest['key']}{_CELL_FILE_SUFFIX}"
+    need = len(os.fsencode(file_name)) + TEMP_EXTRA
+    if need > name_max:
+        vary = dict(longest.get("vary") or {})
+        culprit = max(vary.items(), key=lambda kv: len(str(kv[1])), default=None)
+        if culprit is not None and len(str(culprit[1])) >= len(str(longest["size"])):
+            given = f"--vary {culprit[0]}={_clip(str(culprit[1]))} ({len(str(culprit[1]))} characters)"
+            fix = f"pass a shorter {culprit[0]} value (or fewer --vary axes)"
+        else:
+            given = f"the size name {_clip(str(longest['size']))!r} ({len(str(longest['size']))} characters)"
+            fix = "name the size shorter"
+        raise ValueError(f"Expected settings whose cells' file names fit the file system's limit of {name_max} bytes, got "
+                         f"{given}: its cell {_clip(longest['name'])} writes {file_name[:12]}...{_CELL_FILE_SUFFIX} of "
+                         f"{need} bytes (with its temporary companion): {fix}.")
+    check_name_lengths(out / "cells" / file_name, "--out", TEMP_EXTRA)  # the whole path, under the path limit
+
+
+def _clip(text: str, n: int = 40) -> str:
+    return text if len(text) <= n else f"{text[:n // 2]}...{text[-8:]}"
 
 
 #: Grid settings ``--vary`` may not vary: the budgets resolve from ``steps``; ``device`` is where, not what.
@@ -337,19 +401,7 @@ def _run_locked(recipe: Recipe, where: str, identity: dict[str, Any], plan: Grid
 
     cells_dir, jobs_dir = out / "cells", out / "jobs"
     cells_dir.mkdir(exist_ok=True)
-    entries = []
-    for vary, st_c, opts_c, gkey_c, processed_c in configs or [({}, settings, opts, gkey, processed)]:
-        for size, budget, seed in plan.cells():
-            tokens = budget.resolve(processed_c)
-            key = cell_key(gkey_c, size, tokens, seed)
-            name = cell_name(size, tokens, seed) + vary_suffix(vary)
-            stem = cells_dir / f"{name}.{key}"
-            e = {"name": name, "key": key, "size": size, "budget": budget.text, "seed": seed,
-                 "cell": str(stem) + ".json", "attempt": str(stem) + ".attempt.json",
-                 "failed": str(stem) + ".failed.json", "progress": str(cells_dir / f".{name}.{key}.progress")}
-            if vary:  # the cell's own settings and options (a task's own fields override the grid's)
-                e.update(settings=st_c.shared() | {"device": st_c.device}, options=opts_c, vary=vary, grid_key=gkey_c)
-            entries.append(e)
+    entries = _entries(out, plan, configs or [({}, settings, opts, gkey, processed)])
     done: dict[str, dict[str, Any]] = {}
     todo = []
     config = {**settings.shared(), **recipe.shared_options(opts)}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,8 +194,10 @@ class Recipe:
             (('rmsnorm', 'dyt-gelu'), ('rmsnorm', 'dyt', 'dyt-gelu'))
         """
         if arms is None:
-            return tuple(self.arms)
-        names = [a.strip() for a in arms.split(",") if a.strip()] if isinstance(arms, str) else [str(a) for a in arms]
+            names = list(self.arms)
+        else:
+            names = ([a.strip() for a in arms.split(",") if a.strip()] if isinstance(arms, str)
+                     else [str(a) for a in arms])
         unknown = [a for a in names if a not in self.arms]
         if unknown or not names:
             raise ValueError(f"Expected --arms among the recipe {self.name!r}'s arms ({', '.join(self.arms)}), got "
@@ -204,6 +207,12 @@ class Recipe:
                              f"it), got {', '.join(names)}.")
         if len(set(names)) != len(names):
             raise ValueError(f"Expected distinct --arms, got {', '.join(names)}.")
+        if not any(is_dyt_arm(a) for a in names):  # a cell compares a DyT arm with the reference: none, no cell
+            dyt = [a for a in self.arms if is_dyt_arm(a)]
+            raise ValueError(f"Expected at least one DyT arm ('dyt' or 'dyt-...') among --arms (the recipe {self.name!r}'s "
+                             f"arms: {', '.join(self.arms)}), got {', '.join(names)}: "
+                             + (f"add one, e.g. --arms {','.join(names + dyt[:1])}." if dyt else
+                                "the recipe declares none: add a 'dyt' arm to its arms."))
         return tuple(a for a in self.arms if a in names)
 
     def step_tokens(self, options: Mapping[str, Any] | None = None) -> int:
@@ -234,23 +243,36 @@ class Recipe:
 
 
 def _typed(key: str, value: Any, default: Any, flag: str = "--option") -> Any:
-    """``value`` (a string from the command line, or a Python value) as the type of ``default``."""
-    if not isinstance(value, str) or isinstance(default, str) or default is None:
-        return value
-    try:
-        if isinstance(default, bool):
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(value)
-            return value.lower() in ("true", "1")
-        if isinstance(default, int):
-            return int(value)
-        if isinstance(default, float):
-            return float(value)
-    except ValueError:
-        kind = type(default).__name__
-        raise ValueError(f"Expected {flag} {key}= {'an' if kind[0] in 'aeiou' else 'a'} {kind} (its default is "
-                         f"{default!r}), got {value!r}.") from None
-    return value
+    """``value`` (a string from the command line, or a Python value) as the type of ``default``; a number that is
+    not finite (``nan``, ``inf``, ``1e400``) is refused naming ``flag`` and ``key``: no cell trains on it.
+
+    Example:
+        >>> _typed("lr", "1e-3", 3e-3, "--vary")
+        0.001
+        >>> _typed("alpha_init", "nan", 2.0, "--vary")
+        Traceback (most recent call last):
+        ...
+        ValueError: Expected --vary alpha_init= a finite number (its default is 2.0), got 'nan': pass a finite value.
+    """
+    typed = value
+    if isinstance(value, str) and not isinstance(default, str) and default is not None:
+        try:
+            if isinstance(default, bool):
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(value)
+                typed = value.lower() in ("true", "1")
+            elif isinstance(default, int):
+                typed = int(value)
+            elif isinstance(default, float):
+                typed = float(value)
+        except ValueError:
+            kind = type(default).__name__
+            raise ValueError(f"Expected {flag} {key}= {'an' if kind[0] in 'aeiou' else 'a'} {kind} (its default is "
+                             f"{default!r}), got {value!r}.") from None
+    if isinstance(typed, float) and not math.isfinite(typed):
+        raise ValueError(f"Expected {flag} {key}= a finite number (its default is {default!r}), got {value!r}: pass a "
+                         "finite value.")
+    return typed
 
 
 def load_recipe(spec: str) -> tuple[Recipe, str]:
