@@ -537,9 +537,9 @@ def _schedule(ex: Any, tasks: list[dict[str, Any]], recipe: Recipe, settings: Gr
                 if cell is not None:
                     done[name] = cell
                     status[name] = CellStatus(name, t["key"], "done", log=h.log)
-                    say(f"{len(done)} done | {name}: LN {cell['val_loss_layernorm']:.3f} DyT {cell['val_loss_dyt']:.3f} "
-                        f"({100 * cell['delta']:+.1f}% final, {100 * cell['delta_best']:+.1f}% best) window "
-                        f"{cell['window_saturation']:.3f} [{cell['cpu_seconds']:.0f} s CPU]")
+                    from satmon.grid.analysis import cell_line
+
+                    say(f"{len(done)} done | {cell_line({**cell, 'name': name})}")
                     continue
                 n_failed += 1
                 failed = _read_json(Path(t["failed"]))

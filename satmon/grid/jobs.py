@@ -87,6 +87,7 @@ def run_job(task: Mapping[str, Any]) -> str:
 
         record = measure_cell(recipe, settings, spec, threads=int(task.get("threads", 1)), progress=progress,
                               extra=task.get("extra"), arms=arms)
+        record["name"] = str(task.get("name") or record["name"])  # a --vary cell's name holds its values
         _write_json(cell, record)
     except KeyboardInterrupt:  # cancelled (Ctrl-C in the grid, scancel): not a failure of the cell
         try:
