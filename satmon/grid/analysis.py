@@ -455,5 +455,6 @@ def answer_text(recipe: str, cells: Sequence[dict[str, Any]], analysis: dict[str
         lines.append(f"satmon.forecast on these cells: right {forecast['right']}, wrong {forecast['wrong']}, uncertain "
                      f"{forecast['uncertain']}" + (f"; wrong on {', '.join(wrong[:8])}" if wrong else ""))
     for s in list(not_done)[:12]:
-        lines.append(f"not complete: {s.name}: {s.state}" + (f", {s.why}" if s.why else "") + (f" (log {s.log})" if s.log else ""))
+        lines.append(f"not complete: {s.name}: {s.state}" + (f", {s.why}" if s.why else "")
+                     + (f" (log {s.log})" if s.log and s.log not in (s.why or "") else ""))
     return "\n".join(lines)

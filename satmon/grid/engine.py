@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import sys
 import time
@@ -91,6 +92,15 @@ def _read_json(path: Path) -> Any:
 def _complete(path: Path, key: str) -> dict[str, Any] | None:
     cell = _read_json(path)
     return cell if isinstance(cell, dict) and cell.get("key") == key and "delta" in cell else None
+
+
+def _log_phrase(log: Any) -> str:
+    """A job's log as a message names it: its path, or that there is none and why."""
+    import os
+
+    if isinstance(log, str) and log:
+        return f"log {log}" if os.path.isfile(log) else f"its log {log} is gone"
+    return "no log: the job could not name one (it started outside submitit and the plain-process executor)"
 
 
 def _alive(pid: Any, host: Any) -> bool:
@@ -212,7 +222,7 @@ def _entries(out: Path, plan: GridPlan, configs: list[tuple[dict[str, Any], Grid
              ) -> list[dict[str, Any]]:
     """Every cell of the grid: its name, key, axes and the files it is written to (``configs``: the ``--vary``
     configurations, each with its settings, options, key and processed tokens)."""
-    cells_dir = out / "cells"
+    cells_dir = out.absolute() / "cells"  # absolute: a job runs in the job folder, not here
     entries = []
     for vary, st_c, opts_c, gkey_c, processed_c in configs:
         for size, budget, seed in plan.cells():
@@ -416,18 +426,29 @@ def _run_locked(recipe: Recipe, where: str, identity: dict[str, Any], plan: Grid
             continue
         attempt, failed = _read_json(Path(e["attempt"])), _read_json(Path(e["failed"]))
         if isinstance(failed, dict):
-            say(f"{e['name']}: its last run failed ({failed.get('error', '?')}; log {failed.get('log')}); running it again")
+            say(f"{e['name']}: its last run failed ({failed.get('error', '?')}; {_log_phrase(failed.get('log'))}); "
+                "running it again")
         elif isinstance(attempt, dict) and attempt.get("cancelled"):
             say(f"{e['name']}: its last job was cancelled (Ctrl-C); running it again")
         elif isinstance(attempt, dict):
             if _alive(attempt.get("pid"), attempt.get("host")):
-                raise ValueError(f"Expected no job still running on cell {e['name']} of {out}, got pid {attempt['pid']} "
-                                 f"(from an earlier grid whose command was killed): wait for it or kill it, then rerun.")
-            say(f"{e['name']}: its last job died without a result (pid {attempt.get('pid')} on {attempt.get('host')}; "
-                f"log {attempt.get('log')}): killed, out of memory, preempted or its node lost; running it again")
+                from satmon.io.lock import OutputBusy
+
+                raise OutputBusy(f"Expected no job still running on cell {e['name']} of {out}, got pid {attempt['pid']} "
+                                 f"on {attempt.get('host')} (from an earlier grid whose command was killed; "
+                                 f"{_log_phrase(attempt.get('log'))}): wait for it or kill it, then rerun.",
+                                 {"pid": attempt["pid"], "host": attempt.get("host"), "cell": e["name"]})
+            from satmon.grid.jobs import died_why
+
+            say(f"{e['name']}: its last job died without a result (pid {attempt.get('pid')} on {attempt.get('host')}): "
+                + died_why("", None, "", attempt.get("log"), "the job could not name one") + "; running it again")
         todo.append(e)
     order = sorted(todo, key=lambda e: (plan.seeds.index(e["seed"]), -_cost(recipe, e["size"])))
-    shared = {"recipe": where, "settings": settings.shared() | {"device": settings.device},
+    from satmon.grid.jobs import have_submitit, import_roots
+
+    have_submitit()  # imported now if it is installed, so the jobs are held to the same submitit
+
+    shared = {"recipe": where, "imports": import_roots(), "settings": settings.shared() | {"device": settings.device},
               "options": opts, "arms": list(arms or recipe.arms), "threads": int(slurm.get("cpus_per_task", 1)) if executor == "slurm" else 1,
               "extra": {"key": None, "grid_key": gkey, "recipe": identity}}
     tasks = []
@@ -545,10 +566,12 @@ def _schedule(ex: Any, tasks: list[dict[str, Any]], recipe: Recipe, settings: Gr
                 failed = _read_json(Path(t["failed"]))
                 if isinstance(failed, dict):
                     why = f"failed: {failed.get('error', '?')}"
+                    where = f"log {h.log}" if os.path.isfile(h.log) else f"no log: {ex.no_log_why(h)}"
                 else:
-                    why = f"died without a result ({ex.exit_note(h)}): killed, out of memory, preempted or its node lost"
-                status[name] = CellStatus(name, t["key"], "failed" if isinstance(failed, dict) else "died", why, h.log)
-                say(f"{name} {why}; log {h.log}; a rerun of the same command runs it again")
+                    why, where = f"died without a result: {ex.died_why(h)}", ""
+                status[name] = CellStatus(name, t["key"], "failed" if isinstance(failed, dict) else "died", why,
+                                          h.log if os.path.isfile(h.log) else None)
+                say(f"{name} {why}" + (f"; {where}" if where else "") + "; a rerun of the same command runs it again")
             now = time.perf_counter()
             if now - last >= every and (running or queue):
                 last = now
