@@ -248,7 +248,8 @@ def last_error_line(log: str | None, limit: int = 65_536) -> str | None:
     Example:
         >>> import tempfile
         >>> log = tempfile.mktemp()
-        >>> _ = open(log, "w").write("Traceback (most recent call last):\n  ...\nOSError: [Errno 28] No space left on device\n")
+        >>> _ = open(log, "w").write(chr(10).join(["Traceback (most recent call last):", "  ...",
+        ...                                         "OSError: [Errno 28] No space left on device", ""]))
         >>> last_error_line(log)
         'OSError: [Errno 28] No space left on device'
     """
@@ -265,11 +266,11 @@ def last_error_line(log: str | None, limit: int = 65_536) -> str | None:
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return None
-    pattern = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)\b.*|.*\b(Killed|oom[-_ ]kill|"
+    pattern = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*|.*\b(Killed|oom[-_ ]kill|"
                          r"Out Of Memory|CANCELLED|DUE TO TIME LIMIT|PREEMPT\w*)\b.*)$", re.IGNORECASE)
     for line in reversed(text.splitlines()):
         line = line.strip()
-        if line and pattern.match(line) and not line.endswith("Warning") and "Warning:" not in line:
+        if line and pattern.match(line):
             return printable(line)[:300]
     return None
 
