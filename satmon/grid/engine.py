@@ -19,7 +19,6 @@ while a grid runs: a second grid into the same folder stops at once, naming the 
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import sys
@@ -30,7 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from satmon.grid.cell import cell_key, cell_name, grid_key, make_spec
-from satmon.grid.config import Budget, GridPlan, GridSettings, parse_budgets, parse_seeds, parse_sizes
+from satmon.grid.config import (
+    Budget,
+    GridPlan,
+    GridSettings,
+    parse_budgets,
+    parse_seeds,
+    parse_sizes,
+)
 from satmon.grid.recipe import Recipe, load_recipe, recipe_identity
 
 __all__ = ["CellStatus", "GridInterrupted", "GridResult", "run"]
@@ -448,7 +454,11 @@ def _run_locked(recipe: Recipe, where: str, identity: dict[str, Any], plan: Grid
 
     have_submitit()  # imported now if it is installed, so the jobs are held to the same submitit
 
-    shared = {"recipe": where, "imports": import_roots(), "settings": settings.shared() | {"device": settings.device},
+    from satmon.grid.recipe import snapshot_recipe
+
+    # a file recipe: the jobs import a copy of the file as keyed (made only when a cell is to run)
+    job_spec = snapshot_recipe(where, identity, jobs_dir / "recipes") if todo else where
+    shared = {"recipe": job_spec, "imports": import_roots(), "settings": settings.shared() | {"device": settings.device},
               "options": opts, "arms": list(arms or recipe.arms), "threads": int(slurm.get("cpus_per_task", 1)) if executor == "slurm" else 1,
               "extra": {"key": None, "grid_key": gkey, "recipe": identity}}
     tasks = []
@@ -611,7 +621,13 @@ def _finish(recipe: Recipe, where: str, identity: dict[str, Any], plan: GridPlan
             opts: dict[str, Any], gkey: str, out: Path, entries: list[dict[str, Any]], done: dict[str, dict[str, Any]],
             status: dict[str, CellStatus], permutations: int, executor: str, jobs: int, say: Callable[[str], None],
             final: bool) -> GridResult:
-    from satmon.grid.analysis import analyze, answer_text, forecast_check, phase_rows, report_markdown
+    from satmon.grid.analysis import (
+        analyze,
+        answer_text,
+        forecast_check,
+        phase_rows,
+        report_markdown,
+    )
     from satmon.grid.cell import environment
     from satmon.grid.store import write_grid, write_phase_csv
 

@@ -130,7 +130,7 @@ def run_job(task: Mapping[str, Any]) -> str:
     check_imports(task.get("imports"))  # before anything is written: this job measures with the grid's code
     from satmon.grid.cell import make_spec, measure_cell
     from satmon.grid.config import Budget, GridSettings
-    from satmon.grid.recipe import load_recipe
+    from satmon.grid.recipe import check_identity, load_recipe
     from satmon.replay.user_code import error_line, no_working_directory
 
     cell, attempt, failed, prog = (Path(task[k]) for k in ("cell", "attempt", "failed", "progress"))
@@ -147,6 +147,8 @@ def run_job(task: Mapping[str, Any]) -> str:
         logging.getLogger("satmon").setLevel(logging.ERROR)
         with no_working_directory():
             recipe, _ = load_recipe(task["recipe"])
+        if (task.get("extra") or {}).get("recipe"):  # the code the key names, or no cell at all
+            check_identity(recipe, task["extra"]["recipe"])
         s = dict(task["settings"])
         s["betas"] = tuple(s.get("betas", (0.9, 0.95)))
         settings = GridSettings(**s)

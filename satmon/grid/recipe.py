@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILTIN", "BUILTINS", "CellData", "CellSpec", "NORMS", "Recipe", "is_dyt_arm", "load_recipe", "lm_loss",
-           "recipe_identity"]
+__all__ = ["BUILTIN", "BUILTINS", "CellData", "CellSpec", "NORMS", "Recipe", "check_identity", "is_dyt_arm", "load_recipe",
+           "lm_loss", "recipe_identity", "snapshot_recipe"]
 
 #: The two arms of a cell by default (a recipe's ``arms``: the first is the reference arm).
 NORMS = ("layernorm", "dyt")
@@ -319,3 +319,57 @@ def recipe_identity(recipe: Recipe, where: str) -> dict[str, Any]:
         digests.append(hashlib.sha256(text).hexdigest())
     return {"spec": where, "name": recipe.name, "version": recipe.version,
             "source_sha256": sorted(set(digests))[0] if len(set(digests)) == 1 else ",".join(digests)}
+
+
+def recipe_file(where: str) -> Path | None:
+    """The file a ``path/to/file.py:ATTR`` spec names; ``None`` for ``MODULE:ATTR``.
+
+    Example:
+        >>> recipe_file("/r/my_recipe.py:RECIPE"), recipe_file("satmon.grid.builtin:RECIPE")
+        (PosixPath('/r/my_recipe.py'), None)
+    """
+    source, sep, _ = where.rpartition(":")
+    return Path(source) if sep and (source.endswith(".py") or "/" in source or "\\" in source) else None
+
+
+def snapshot_recipe(where: str, identity: Mapping[str, Any], folder: Path) -> str:
+    """The spec a grid's jobs import: for ``path/to/file.py:ATTR``, a copy of that file as the grid keyed it
+    (``folder/<sha256 prefix>/<file name>``), so a file edited while the grid runs trains no later cell under the
+    first version's key; ``MODULE:ATTR`` as given (each job checks its code against the key instead:
+    :func:`check_identity`).
+
+    Raises:
+        ValueError: the file changed between the grid reading it and the copy (run the command again).
+    """
+    path = recipe_file(where)
+    if path is None:
+        return where
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest not in str(identity.get("source_sha256", "")).split(","):
+        raise ValueError(f"Expected the recipe file {path} to stay as the grid read it while the grid starts, got it "
+                         "changed (its SHA-256 differs from the one its cells are keyed by): run the command again.")
+    from satmon.io.atomic import atomic_write
+
+    copy = folder / digest[:16] / path.name
+    if not (copy.is_file() and hashlib.sha256(copy.read_bytes()).hexdigest() == digest):
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(copy, data)
+    return f"{copy.absolute()}:{where.rpartition(':')[2]}"
+
+
+def check_identity(recipe: Recipe, expected: Mapping[str, Any]) -> None:
+    """In a job: the recipe it imported must be the code the cell's key names (``expected``: the grid's
+    :func:`recipe_identity`); else refuse, naming what changed, so no cell is trained with other code under its key.
+
+    Raises:
+        ValueError: the recipe's name, version or source differs from the key's.
+    """
+    got = recipe_identity(recipe, str(expected.get("spec", "")))
+    differ = [k for k in ("name", "version", "source_sha256") if got.get(k) != expected.get(k)]
+    if differ:
+        want = ", ".join(f"{k} {str(expected.get(k))[:20]}" for k in differ)
+        have = ", ".join(f"{k} {str(got.get(k))[:20]}" for k in differ)
+        raise ValueError(f"Expected the recipe {expected.get('spec')} as the grid keyed its cells ({want}), got {have}: "
+                         "its code changed after the grid started; rerun the command (the changed code's cells get "
+                         "new keys).")

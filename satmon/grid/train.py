@@ -12,9 +12,7 @@ import math
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from satmon.grid.config import GridSettings
 from satmon.grid.recipe import CellData, CellSpec, Recipe, is_dyt_arm
