@@ -434,16 +434,16 @@ def _run_locked(recipe: Recipe, where: str, identity: dict[str, Any], plan: Grid
         if isinstance(failed, dict):
             say(f"{e['name']}: its last run failed ({failed.get('error', '?')}; {_log_phrase(failed.get('log'))}); "
                 "running it again")
+        elif isinstance(attempt, dict) and _alive(attempt.get("pid"), attempt.get("host")):
+            from satmon.io.lock import OutputBusy
+
+            raise OutputBusy(f"Expected no job still running on cell {e['name']} of {out}, got pid {attempt['pid']} "
+                             f"on {attempt.get('host')} (from an earlier grid whose command was killed; "
+                             f"{_log_phrase(attempt.get('log'))}): wait for it or kill it, then rerun.",
+                             {"pid": attempt["pid"], "host": attempt.get("host"), "cell": e["name"]})
         elif isinstance(attempt, dict) and attempt.get("cancelled"):
             say(f"{e['name']}: its last job was cancelled (Ctrl-C); running it again")
         elif isinstance(attempt, dict):
-            if _alive(attempt.get("pid"), attempt.get("host")):
-                from satmon.io.lock import OutputBusy
-
-                raise OutputBusy(f"Expected no job still running on cell {e['name']} of {out}, got pid {attempt['pid']} "
-                                 f"on {attempt.get('host')} (from an earlier grid whose command was killed; "
-                                 f"{_log_phrase(attempt.get('log'))}): wait for it or kill it, then rerun.",
-                                 {"pid": attempt["pid"], "host": attempt.get("host"), "cell": e["name"]})
             from satmon.grid.jobs import died_why
 
             say(f"{e['name']}: its last job died without a result (pid {attempt.get('pid')} on {attempt.get('host')}): "

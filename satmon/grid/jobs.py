@@ -19,7 +19,8 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,29 @@ def job_environment(threads: int = 1) -> dict[str, str]:
     ``PYTHONSAFEPATH=1`` (Python 3.11+ puts no working directory on ``sys.path`` for ``-m``) and
     :func:`job_pythonpath` (``""``: unset). Every executor starts its jobs with them, in the job folder."""
     return {"OMP_NUM_THREADS": str(threads), "PYTHONSAFEPATH": "1", "PYTHONPATH": os.pathsep.join(job_pythonpath())}
+
+
+@contextmanager
+def _job_process_start(folder: Path) -> Iterator[None]:
+    """This process's working folder and :func:`job_environment` while a local job is started (submitit's local
+    controller inherits both; it is started without a shell so that cancelling it reaches its job), restored after."""
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "PYTHONSAFEPATH", "PYTHONPATH")}
+    cwd = os.getcwd()
+    try:
+        for k, v in job_environment().items():
+            if v:
+                os.environ[k] = v
+            else:
+                os.environ.pop(k, None)
+        os.chdir(folder)
+        yield
+    finally:
+        os.chdir(cwd)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _shell_setup(folder: Path, threads: int = 1) -> list[str]:
@@ -332,16 +356,27 @@ class SubmititLocal(_Submitit):
 
         self.capacity = jobs
         folder.mkdir(parents=True, exist_ok=True)
-        self.ex = submitit.LocalExecutor(folder=str(folder.absolute()))
-        # the controller and its job start in the job folder with job_environment(): never the working folder's code
-        self.ex.update_parameters(timeout_min=timeout_min, setup=_shell_setup(folder))
+        self.folder = folder.absolute()
+        self.ex = submitit.LocalExecutor(folder=str(self.folder))
+        self.ex.update_parameters(timeout_min=timeout_min)
 
     def submit(self, tasks: Sequence[Mapping[str, Any]]) -> list[Handle]:
         out = []
-        for t in tasks:
-            job = self.ex.submit(run_job, dict(t))
-            out.append(Handle(t["name"], job, str(job.paths.stderr)))
+        with _job_process_start(self.folder):  # the controller and its job: never the working folder's code
+            for t in tasks:
+                job = self.ex.submit(run_job, dict(t))
+                out.append(Handle(t["name"], job, str(job.paths.stderr)))
         return out
+
+    def cancel(self, handles: Sequence[Handle]) -> None:
+        super().cancel(handles)  # SIGINT to each controller, which stops its job (SIGINT, then SIGKILL)
+        for h in handles:  # wait for them, so a rerun never finds the cancelled job still running
+            proc = getattr(h.job, "_process", None)
+            try:
+                if proc is not None:
+                    proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
     def exit_note(self, handle: Handle) -> str:
         code = self._controller_code(handle)

@@ -117,7 +117,7 @@ def test_a_held_job_killed_a_busy_folder_ctrl_c_and_an_orphan_then_rerun_resumes
     (hold / "release").write_text("")
     done = satmon_cli(*HELD, cwd=tmp_path, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert f"its last job died without a result (pid {orphan['pid']}" in done.stderr
+    assert f"its last job died without a result (pid {orphan['pid']}" in done.stdout
     data = json.loads((out / "grid.json").read_text())
     assert data["counts"] == {"cells": 1, "done": 1, "missing": 0, "failed": 0, "diverged": 0}
     assert not list((out / "cells").glob("*.attempt.json")) and not list((out / "cells").glob("*.failed.json"))
@@ -143,7 +143,7 @@ def test_jobs_import_what_the_grid_imported_from_a_hostile_folder(tmp_path, exec
                                                                               "del sys.path[0]; sys.modules['submitit'] = None;")]
     proc = subprocess.run(cli + HELD, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert ("plain local processes" in proc.stderr) == (executor == "plain")
+    assert ("plain local processes" in proc.stdout) == (executor == "plain")
     assert not list(tmp_path.glob("RAN_*")), sorted(p.name for p in tmp_path.glob("RAN_*"))
     data = json.loads((tmp_path / "g" / "grid.json").read_text())
     assert data["counts"]["done"] == 1
@@ -175,7 +175,7 @@ def test_an_edited_recipe_file_trains_no_cell_under_the_first_key(tmp_path):
     assert {c["recipe"]["source_sha256"] for c in cells} == {sha}
     assert (tmp_path / "g" / "jobs" / "recipes" / sha[:16] / "held.py").read_bytes() == original
     again = satmon_cli(*args, "--executor", "slurm", "--dry-run", cwd=tmp_path, env=env, timeout=120)
-    assert again.returncode == 0 and "2 cells (0 complete), 2 to run" in again.stderr, again.stderr
+    assert again.returncode == 0 and "2 cells (0 complete), 2 to run" in again.stdout, again.stdout + again.stderr
 
 
 def test_a_job_refuses_code_other_than_its_key_names(tmp_path, monkeypatch):
@@ -217,9 +217,9 @@ def test_a_diverged_arm_is_an_outcome_and_the_grid_completes(tmp_path):
     assert "the dyt arm diverged at step 2" in cell["missing"]["delta"]
     assert data["analysis"]["diverged"] == {"dyt": 1} and data["analysis"]["n"] == 2
     assert "dyt diverged at step 2" in (tmp_path / "g" / "report.md").read_text()
-    assert "dyt diverged in 1/1" in proc.stderr and "diverged in 1 of 2 cells" in proc.stderr
+    assert "dyt diverged in 1/1" in proc.stdout and "diverged in 1 of 2 cells" in proc.stdout
     rerun = satmon_cli(*args, cwd=tmp_path, env=env, timeout=300)
-    assert rerun.returncode == 0 and "2 cells (2 complete), 0 to run" in rerun.stderr, rerun.stderr[-2000:]
+    assert rerun.returncode == 0 and "2 cells (2 complete), 0 to run" in rerun.stdout, rerun.stderr[-2000:]
 
 
 def _cell(name: str, delta, diverged=None, helps=None, group="s", seed=0, reading=0.5) -> dict:
