@@ -74,6 +74,11 @@ def test_slurm_job_parameters_read_back_from_submitits_sbatch_file(tmp_path, cap
     for line in ("#SBATCH --partition=gpu", "#SBATCH --gpus-per-node=1", "#SBATCH --cpus-per-task=2",
                  "#SBATCH --time=120", "#SBATCH --array=0-3%3", "#SBATCH --job-name=satmon-grid"):
         assert line in sbatch.splitlines(), (line, sbatch)
+    # every array task starts in the job folder, importing what this process imported (never the submission folder's)
+    jobs = tmp_path / "s" / "jobs"
+    for line in (f"cd {jobs}", "export PYTHONSAFEPATH=1", "export OMP_NUM_THREADS=2"):
+        assert line in sbatch.splitlines(), (line, sbatch)
+    assert sbatch.index(f"cd {jobs}") < sbatch.index("submitit.core._submit")
     tasks = json.loads((tmp_path / "s" / "jobs" / "tasks.json").read_text())
     assert len(tasks) == 4 and {t["threads"] for t in tasks} == {2} and tasks[0]["recipe"] == "satmon.grid.builtin:RECIPE"
     assert not list((tmp_path / "s" / "cells").glob("*.json"))  # nothing ran
