@@ -100,7 +100,7 @@ def measure_cell(recipe: Recipe, settings: GridSettings, spec: CellSpec, threads
     import torch
 
     from satmon.grid.readings import final_readings, window_readings
-    from satmon.grid.train import alphas, train_arm
+    from satmon.grid.train import train_arm
 
     torch.set_num_threads(threads)
     t0, c0 = time.perf_counter(), time.process_time()

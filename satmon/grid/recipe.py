@@ -24,8 +24,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILTIN", "BUILTINS", "CellData", "CellSpec", "NORMS", "Recipe", "check_identity", "is_dyt_arm", "load_recipe",
-           "lm_loss", "recipe_identity", "snapshot_recipe"]
+__all__ = [
+    "BUILTIN",
+    "BUILTINS",
+    "NORMS",
+    "CellData",
+    "CellSpec",
+    "Recipe",
+    "check_identity",
+    "is_dyt_arm",
+    "lm_loss",
+    "load_recipe",
+    "recipe_identity",
+    "snapshot_recipe",
+]
 
 #: The two arms of a cell by default (a recipe's ``arms``: the first is the reference arm).
 NORMS = ("layernorm", "dyt")
