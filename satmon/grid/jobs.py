@@ -1,12 +1,16 @@
 """Cells as jobs: the job function every executor runs, and the executors (submitit's local and SLURM, or plain
 local processes where submitit is not installed).
 
-A job is :func:`run_job` on a *task* (plain JSON: the recipe's spec, the settings, the options, the cell's axes
-and the files it writes). The job imports the recipe itself (the same loader as the parent, the working
-directory not searched), marks its attempt (``<cell>.attempt.json``: pid, host, job id, log), measures the
-cell and writes ``<cell>.json`` atomically; an error the job can catch is kept in ``<cell>.failed.json``. A job
-killed from outside (SIGKILL, out of memory, a node lost, a preemption) leaves its attempt and no result: the
-grid reports it with its log and runs it again on the next run. The cell file is the only truth of "done".
+A job is :func:`run_job` on a *task* (plain JSON: the recipe's spec, the settings, the options, the cell's axes,
+the files it writes and the folders the grid imported satmon and submitit from). Every executor starts its job
+processes in the job folder with :func:`job_environment` (the one place that decides what a job imports: what
+the submitting process imported, never the working folder's code); the job checks its satmon and submitit are
+the grid's, imports the recipe (a file recipe from the grid's copy of it) and refuses one whose code is not
+the cell key's, marks its attempt (``<cell>.attempt.json``: pid, host, job id, its log), measures the cell and
+writes ``<cell>.json`` atomically; an error the job can catch is kept in ``<cell>.failed.json``. A job that
+ended without either (SIGKILL, out of memory, a node lost, a preemption, a failure before its cell) is
+reported by :meth:`Executor.died_why` (its real cause, its log or why none) and runs again on the next run.
+The cell file is the only truth of "done".
 """
 
 from __future__ import annotations
