@@ -221,7 +221,8 @@ def report_markdown(analysis: dict[str, Any], cells: list[dict[str, Any]]) -> st
     if n:
         head = (f"{n} cells ({', '.join(a['groups'])}; seeds {', '.join(map(str, a['seeds']))}); DyT below the unigram "
                 f"level in {a['learns']['dyt']}/{n}, LayerNorm in {a['learns']['layernorm']}/{n}; DyT helped in "
-                f"{a['helps']}, hurt in {n - a['helps']}; always NO-GO {pct(a['baselines']['always_no_go'])}, always GO "
+                f"{a['helps']}, hurt in {n - a['helps']}; always NO-GO {pct(a['baselines']['always_no_go'])}, "
+                f"always GO "
                 f"{pct(a['baselines']['always_go'])}.")
     else:
         head = "no cell with an outcome."
@@ -239,7 +240,8 @@ def report_markdown(analysis: dict[str, Any], cells: list[dict[str, Any]]) -> st
         if div:
             effect += " (" + ", ".join(f"{arm} diverged at step {k}" for arm, k in div.items()) + ")"
         lines.append(f"| {c['name']} | {_num(c.get('epochs'), '.1f')} | {_num(c.get('tokens_per_param'), '.2f')} | "
-                     f"{_num(c.get('unigram_loss'))} | {_num(c.get('val_loss_layernorm'))}{mark(c.get('learns_layernorm'))} | "
+                     f"{_num(c.get('unigram_loss'))} | "
+                     f"{_num(c.get('val_loss_layernorm'))}{mark(c.get('learns_layernorm'))} | "
                      f"{_num(c.get('val_loss_dyt'))}{mark(c.get('learns_dyt'))} | {effect} | "
                      f"{_num(c.get('window_saturation'))} | {_num(c.get('window_first_block'))} | "
                      f"{_num(c.get('window_centered'))} | {_num(c.get('final_saturation'))} | "
@@ -428,15 +430,16 @@ def answer_text(recipe: str, cells: Sequence[dict[str, Any]], analysis: dict[str
     else:
         lines.append("size | budget | passes | seeds | final (DyT helped in) | best checkpoint (DyT helped in)")
         for r in effect_table(cells):
-            best = "-" if r["delta_best"] is None else f"{100 * r['delta_best']:+.2f}% ({r['helps_best']}/{r['measured_best']})"
+            best = ("-" if r["delta_best"] is None else
+                    f"{100 * r['delta_best']:+.2f}% ({r['helps_best']}/{r['measured_best']})")
             final = ("-" if r["delta"] is None else f"{100 * r['delta']:+.2f}%") + f" ({r['helps']}/{r['judged']})"
             if r["diverged"]:  # an outcome, counted: the arm's loss stopped being a number
                 final += "; " + ", ".join(f"{arm} diverged in {k}/{r['seeds']}" for arm, k in r["diverged"].items())
             lines.append(f"{r['size']} | {r['budget']} | {r['passes']:.3g} | {r['seeds']} | {final} | {best}")
         div = [c for c in cells if c.get("diverged")]
         if div:
-            lines.append(f"diverged in {len(div)} of {len(cells)} cells (a loss not finite; the arm that kept a finite loss "
-                         "counts as the better one): " + "; ".join(
+            lines.append(f"diverged in {len(div)} of {len(cells)} cells (a loss not finite; the arm that kept a finite "
+                         "loss counts as the better one): " + "; ".join(
                              f"{c['name']}: " + ", ".join(f"{a} at step {n}" for a, n in c["diverged"].items())
                              for c in div[:8]) + (f"; {len(div) - 8} more in grid.json" if len(div) > 8 else ""))
         d = analysis.get("decision", {})

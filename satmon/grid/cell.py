@@ -179,7 +179,9 @@ def outcome_helps(delta: float | None, compared_diverged: int | None, reference_
         True
     """
     if compared_diverged is not None or reference_diverged is not None:
-        return None if compared_diverged is not None and reference_diverged is not None else reference_diverged is not None
+        if compared_diverged is not None and reference_diverged is not None:
+            return None
+        return reference_diverged is not None
     return bool(delta < 0) if delta is not None and math.isfinite(delta) else None
 
 
@@ -191,7 +193,8 @@ def _diverged_reasons(cell: dict[str, Any], diverged: Mapping[str, int], ref: st
     prefixes = {a: (f"arms.{a}.",) for a in why}
     for a, suffix in ((ref, "layernorm"), (cmp, "dyt")):
         if a in why:
-            prefixes[a] += (f"val_loss_{suffix}", f"val_curve_{suffix}", f"train_curve_{suffix}", f"best_val_loss_{suffix}")
+            kinds = ("val_loss", "val_curve", "train_curve", "best_val_loss")
+            prefixes[a] += tuple(f"{kind}_{suffix}" for kind in kinds)
     missing = cell["missing"]
     for path in list(missing):
         for a, pre in prefixes.items():
@@ -244,7 +247,8 @@ def arm_record(recipe: Recipe, settings: GridSettings, arm: dict[str, Any], scre
     params, params_total = recipe.params(arm["model"])
     out: dict[str, Any] = {"val_loss": arm["val_loss"], "best_val_loss": _best(arm["val_curve"]),
                            "best_step": _argmin(arm["val_curve"]), "diverged_at": arm.get("diverged_at"),
-                           "val_curve": arm["val_curve"], "train_curve": arm["train_curve"], "params": params, "params_total": params_total}
+                           "val_curve": arm["val_curve"], "train_curve": arm["train_curve"], "params": params,
+                           "params_total": params_total}
     if screened:
         w = window_readings(settings, arm["verdict"], arm["series"])
         out.update({"alpha_curve": arm["alpha_curve"], "final_alpha": alphas(arm["model"]), "watch": arm["watch"],

@@ -277,7 +277,8 @@ def _check_file_names(out: Path, entries: Sequence[Mapping[str, Any]]) -> None:
         else:
             given = f"the size name {_clip(str(longest['size']))!r} ({len(str(longest['size']))} characters)"
             fix = "name the size shorter"
-        raise ValueError(f"Expected settings whose cells' file names fit the file system's limit of {name_max} bytes, got "
+        raise ValueError(f"Expected settings whose cells' file names fit the file system's limit of {name_max} bytes, "
+                         "got "
                          f"{given}: its cell {_clip(longest['name'])} writes {file_name[:12]}...{_CELL_FILE_SUFFIX} of "
                          f"{need} bytes (with its temporary companion): {fix}.")
     check_name_lengths(out / "cells" / file_name, "--out", TEMP_EXTRA)  # the whole path, under the path limit
@@ -458,7 +459,8 @@ def _run_locked(recipe: Recipe, where: str, identity: dict[str, Any], plan: Grid
 
     # a file recipe: the jobs import a copy of the file as keyed (made only when a cell is to run)
     job_spec = snapshot_recipe(where, identity, jobs_dir / "recipes") if todo else where
-    shared = {"recipe": job_spec, "imports": import_roots(), "settings": settings.shared() | {"device": settings.device},
+    shared = {"recipe": job_spec, "imports": import_roots(),
+              "settings": settings.shared() | {"device": settings.device},
               "options": opts, "arms": list(arms or recipe.arms), "threads": int(slurm.get("cpus_per_task", 1)) if executor == "slurm" else 1,
               "extra": {"key": None, "grid_key": gkey, "recipe": identity}}
     tasks = []

@@ -122,7 +122,8 @@ def check_imports(expected: Mapping[str, str | None] | None) -> None:
     got = import_roots()
     for name, want in expected.items():
         if want and got.get(name) and got[name] != want:
-            raise RuntimeError(f"Expected the job to import {name} from {want} (as the grid that submitted it did), got "
+            raise RuntimeError(f"Expected the job to import {name} from {want} (as the grid that submitted it did), "
+                               "got "
                                f"{got[name]}: run the grid where its jobs see the same installation (on SLURM, the "
                                "same Python environment on every node).")
 
@@ -310,8 +311,8 @@ def died_why(note: str, code: int | None, state: str, log: str | None, no_log: s
     signal or an exit code, a scheduler's state, and its log's last error line; then its log, or why there is none.
 
     Example:
-        >>> died_why("process 7 exit code -9", -9, "", None, "the job ended before it opened one")
-        'killed by SIGKILL (out of memory, or killed from outside) (process 7 exit code -9); no log: the job ended before it opened one'
+        >>> died_why("process 7 exit code -9", -9, "", None, "it ended first")
+        'killed by SIGKILL (out of memory, or killed from outside) (process 7 exit code -9); no log: it ended first'
     """
     import signal as _signal
 
@@ -429,8 +430,8 @@ class SubmititSlurm(_Submitit):
 
         self.folder, self.parameters = folder.absolute(), dict(parameters)
         # every array task starts in the job folder with job_environment(): never the submission folder's code
-        self.parameters["setup"] = [*self.parameters.get("setup", []), *_shell_setup(self.folder,
-                                                                                   int(self.parameters.get("cpus_per_task", 1)))]
+        threads = int(self.parameters.get("cpus_per_task", 1))
+        self.parameters["setup"] = [*self.parameters.get("setup", []), *_shell_setup(self.folder, threads)]
         _make_sbatch_string(command="nothing to do", folder=str(folder), **self.parameters)  # submitit checks them
         self.ex: Any = None
 

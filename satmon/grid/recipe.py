@@ -221,8 +221,8 @@ class Recipe:
             raise ValueError(f"Expected distinct --arms, got {', '.join(names)}.")
         if not any(is_dyt_arm(a) for a in names):  # a cell compares a DyT arm with the reference: none, no cell
             dyt = [a for a in self.arms if is_dyt_arm(a)]
-            raise ValueError(f"Expected at least one DyT arm ('dyt' or 'dyt-...') among --arms (the recipe {self.name!r}'s "
-                             f"arms: {', '.join(self.arms)}), got {', '.join(names)}: "
+            raise ValueError(f"Expected at least one DyT arm ('dyt' or 'dyt-...') among --arms (the recipe "
+                             f"{self.name!r}'s arms: {', '.join(self.arms)}), got {', '.join(names)}: "
                              + (f"add one, e.g. --arms {','.join(names + dyt[:1])}." if dyt else
                                 "the recipe declares none: add a 'dyt' arm to its arms."))
         return tuple(a for a in self.arms if a in names)
@@ -382,6 +382,6 @@ def check_identity(recipe: Recipe, expected: Mapping[str, Any]) -> None:
     if differ:
         want = ", ".join(f"{k} {str(expected.get(k))[:20]}" for k in differ)
         have = ", ".join(f"{k} {str(got.get(k))[:20]}" for k in differ)
-        raise ValueError(f"Expected the recipe {expected.get('spec')} as the grid keyed its cells ({want}), got {have}: "
-                         "its code changed after the grid started; rerun the command (the changed code's cells get "
-                         "new keys).")
+        raise ValueError(f"Expected the recipe {expected.get('spec')} as the grid keyed its cells ({want}), got "
+                         f"{have}: its code changed after the grid started; rerun the command (the changed code's "
+                         "cells get new keys).")

@@ -148,7 +148,8 @@ def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: Cell
         ``model`` (the final weights), ``start`` (its initial state), ``val_loss`` (final step),
         ``val_curve`` [(step, loss)], ``train_curve`` [(step, mean loss of the last ``series_every`` steps)],
         ``batches_crc`` (a digest of every batch's inputs), ``diverged_at`` (the first step whose training loss was
-        not finite, else the first held-out check whose loss was not; ``None``: it never diverged), and for DyT the window's ``verdict``, its ``series``
+        not finite, else the first held-out check whose loss was not; ``None``: it never diverged), and for DyT the
+        window's ``verdict``, its ``series``
         the ``alpha_curve`` [(step, {layer: alpha})] and the ``watch`` (the watch's checks, :func:`watch_record`).
     """
     import torch

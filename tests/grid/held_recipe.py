@@ -1,5 +1,5 @@
-"""A tiny recipe whose cells are held in place: the grid's interrupt and edit tests act on a job that is waiting, never on
-one the machine may already have finished.
+"""A tiny recipe whose cells are held in place: the grid's interrupt and edit tests act on a job that is waiting,
+never on one the machine may already have finished.
 
 Copied into a test's folder as ``held.py`` and named ``held.py:RECIPE``. With ``SATMON_TEST_HOLD=FOLDER`` set (the
 jobs inherit it), each cell's ``data(spec)`` writes ``FOLDER/started.<pid>`` and then waits until ``FOLDER/release``

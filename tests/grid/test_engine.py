@@ -1,6 +1,6 @@
 """``satmon grid`` as a user runs it: a recipe of another model family (docs/guides/grid.md's tiny Llama, extracted from
-the page), real jobs through submitit's LocalExecutor (a killed job, a busy folder, Ctrl-C and an orphan: test_faults.py,
-on a job held in place), SLURM's job parameters read back from the sbatch file submitit
+the page), real jobs through submitit's LocalExecutor (a killed job, a busy folder, Ctrl-C and an orphan:
+test_faults.py, on a job held in place), SLURM's job parameters read back from the sbatch file submitit
 writes, the plain-process fallback without submitit, the recipe contract's refusals, the forecast's record and
 the phase diagram."""
 

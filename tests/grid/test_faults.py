@@ -139,8 +139,8 @@ def test_jobs_import_what_the_grid_imported_from_a_hostile_folder(tmp_path, exec
         path.write_text(f"open({str(tmp_path / 'RAN')!r} + '_' + {rel.replace('/', '_')!r}, 'w').close()\n")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), "lib"] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.pop("SATMON_TEST_HOLD")
-    cli = CLI if executor == "submitit" else [CLI[0], "-c", CLI[2].replace("del sys.path[0];",
-                                                                              "del sys.path[0]; sys.modules['submitit'] = None;")]
+    hide = "del sys.path[0]; sys.modules['submitit'] = None;"  # the plain-process executor
+    cli = CLI if executor == "submitit" else [CLI[0], "-c", CLI[2].replace("del sys.path[0];", hide)]
     proc = subprocess.run(cli + HELD, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert ("plain local processes" in proc.stdout) == (executor == "plain")
@@ -253,13 +253,16 @@ def test_every_reader_of_cells_takes_null_fields_and_counts_divergence():
              {**_cell("b2", 0.2, group="t", seed=1, reading=0.1), "window_first_block": None}]
     a = analyze(cells, permutations=20)
     assert a["n"] == 4 and a["helps"] == 2 and a["diverged"] == {"dyt": 1, "layernorm": 2}
-    assert a["excluded"] == [{"name": "b1", "why": "the dyt arm diverged at step 3; the layernorm arm diverged at step 5"}]
+    why = "the dyt arm diverged at step 3; the layernorm arm diverged at step 5"
+    assert a["excluded"] == [{"name": "b1", "why": why}]
     assert a["readings"]["window_first_block"] == {"missing": True} and a["decision"]["predicts"] is not None
     text = report_markdown(a, cells) + answer_text("r", cells, a, forecast_check(cells, 100))
     assert "layernorm diverged at step 4" in text and "b1 (the dyt arm diverged" in text
     rows = {r["size"]: r for r in effect_table(cells)}
-    assert rows["t"]["judged"] == 2 and rows["t"]["diverged"] == {"dyt": 1, "layernorm": 2} and rows["t"]["measured"] == 1
-    assert "layernorm diverged at step 4" in cell_line(cells[2]) and [r["delta"] for r in phase_rows(cells, "x")][2] is None
+    assert rows["t"]["judged"] == 2 and rows["t"]["measured"] == 1
+    assert rows["t"]["diverged"] == {"dyt": 1, "layernorm": 2}
+    assert "layernorm diverged at step 4" in cell_line(cells[2])
+    assert [r["delta"] for r in phase_rows(cells, "x")][2] is None
     assert analyze([cells[3]], permutations=5)["decision"]["predicts"] is None
 
 
@@ -309,5 +312,6 @@ def test_a_job_that_died_says_why_and_names_its_log_or_why_none(tmp_path):
     why = ex.died_why(killed)
     assert why.startswith("killed by SIGKILL (out of memory, or killed from outside)") and f"log {killed.log}" in why
     slurm = died_why("SLURM job 7 state OUT_OF_MEMORY", None, "OUT_OF_MEMORY", None, "SLURM wrote none")
-    assert slurm == "out of memory (the scheduler killed it) (SLURM job 7 state OUT_OF_MEMORY); no log: SLURM wrote none"
+    assert slurm == ("out of memory (the scheduler killed it) (SLURM job 7 state OUT_OF_MEMORY); "
+                     "no log: SLURM wrote none")
     assert "log None" not in died_why("", None, "", None, "the job could not name one")
