@@ -29,14 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from satmon.grid.cell import cell_key, cell_name, grid_key, make_spec
-from satmon.grid.config import (
-    Budget,
-    GridPlan,
-    GridSettings,
-    parse_budgets,
-    parse_seeds,
-    parse_sizes,
-)
+from satmon.grid.config import Budget, GridPlan, GridSettings, parse_budgets, parse_seeds, parse_sizes
 from satmon.grid.recipe import Recipe, load_recipe, recipe_identity
 
 __all__ = ["CellStatus", "GridInterrupted", "GridResult", "run"]
@@ -102,8 +95,6 @@ def _complete(path: Path, key: str) -> dict[str, Any] | None:
 
 def _log_phrase(log: Any) -> str:
     """A job's log as a message names it: its path, or that there is none and why."""
-    import os
-
     if isinstance(log, str) and log:
         return f"log {log}" if os.path.isfile(log) else f"its log {log} is gone"
     return "no log: the job could not name one (it started outside submitit and the plain-process executor)"
@@ -254,8 +245,6 @@ def _check_file_names(out: Path, entries: Sequence[Mapping[str, Any]]) -> None:
     """Every file a cell writes has a name the file system takes, and a path under its limit, checked before any work:
     a ``--vary`` value or a size name that makes one too long is refused naming it (a job would otherwise fail
     writing its first file, with the cause only in its log)."""
-    import os
-
     from satmon.io.atomic import TEMP_EXTRA, check_name_lengths
 
     if not entries:
@@ -278,8 +267,7 @@ def _check_file_names(out: Path, entries: Sequence[Mapping[str, Any]]) -> None:
             given = f"the size name {_clip(str(longest['size']))!r} ({len(str(longest['size']))} characters)"
             fix = "name the size shorter"
         raise ValueError(f"Expected settings whose cells' file names fit the file system's limit of {name_max} bytes, "
-                         "got "
-                         f"{given}: its cell {_clip(longest['name'])} writes {file_name[:12]}...{_CELL_FILE_SUFFIX} of "
+                         f"got {given}: its cell {_clip(longest['name'])} writes {file_name[:12]}...{_CELL_FILE_SUFFIX} of "
                          f"{need} bytes (with its temporary companion): {fix}.")
     check_name_lengths(out / "cells" / file_name, "--out", TEMP_EXTRA)  # the whole path, under the path limit
 
