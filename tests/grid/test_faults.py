@@ -315,3 +315,12 @@ def test_a_job_that_died_says_why_and_names_its_log_or_why_none(tmp_path):
     assert slurm == ("out of memory (the scheduler killed it) (SLURM job 7 state OUT_OF_MEMORY); "
                      "no log: SLURM wrote none")
     assert "log None" not in died_why("", None, "", None, "the job could not name one")
+    # submitit's controller failing before its job (it once imported a submitit/ from the working folder)
+    from types import SimpleNamespace
+
+    from satmon.grid.jobs import Handle, SubmititLocal
+
+    job = SimpleNamespace(_process=SimpleNamespace(poll=lambda: 1), job_id="5", state="FINISHED")
+    why = SubmititLocal.__new__(SubmititLocal).died_why(Handle("c", job, str(tmp_path / "5_0_log.err")))
+    assert why == ("exited with code 1 (job 5 state FINISHED, exit code 1); no log: submitit's controller ended "
+                   "before it started the job (what it printed went to this grid's stderr, above)"), why
