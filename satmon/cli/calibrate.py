@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from satmon import study
 from satmon.cli.main import EXIT_USAGE, usage_exit
@@ -170,13 +170,42 @@ def _replaced(existed: bool) -> str:
     return " (it replaced the file that was there)" if existed else ""
 
 
+def _write(result: CalibrationResult, cal_path: Path, plot_path: Path | None, rule: str,
+           command: str) -> tuple[int, Any]:
+    """Write calibration.json, then the plot, under their locks; ``(exit code, the calibration written or None)``."""
+    from satmon.calibrate.fit import write_calibration
+    from satmon.io.safe_text import printable
+
+    existed = cal_path.exists()
+    try:
+        cal = write_calibration(result, cal_path, rule=rule, command=command)
+    except OSError as e:
+        print(f"satmon calibrate: could not write {str(cal_path)!r}: {e.strerror or e}; the file that was there is as it "
+              "was.", file=sys.stderr)
+        return EXIT_UNWRITTEN, None
+    print(printable(format_result(result), keep="\n"))  # cell, group and run names come from files
+    print(f"\nWrote {cal_path}{_replaced(existed)}: threshold {cal.threshold:.5f} ({cal.rule} rule on {cal.metric}).")
+    if plot_path is not None:
+        existed = plot_path.exists()
+        try:
+            print(f"Plot: {plot(result, plot_path)}{_replaced(existed)}")
+        except ImportError:
+            print("satmon calibrate: the plot needs matplotlib: pip install matplotlib (or pip install -e '.[report]' in satmon's clone); "
+                  "skipped it, the JSON is written.", file=sys.stderr)
+        except OSError as e:
+            print(f"satmon calibrate: could not write the plot {str(plot_path)!r}: {e.strerror or e}; the file that was "
+                  "there is as it was (the JSON is written).", file=sys.stderr)
+            return EXIT_UNWRITTEN, cal
+    return EXIT_OK, cal
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``satmon calibrate``; returns the exit code (see :data:`EPILOG`)."""
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # --help (0), or a usage error argparse has printed (2)
         return usage_exit(e)
-    from satmon.calibrate.fit import CalibrationError, calibrate, write_calibration
+    from satmon.calibrate.fit import CalibrationError, calibrate
     from satmon.io.atomic import OutputError
     from satmon.io.safe_text import printable
 
@@ -194,26 +223,23 @@ def main(argv: list[str] | None = None) -> int:
     except (CalibrationError, OutputError) as e:
         print(f"satmon calibrate: {printable(str(e))}", file=sys.stderr)  # a message may quote a file
         return EXIT_USAGE
-    existed = cal_path.exists()
-    try:
-        cal = write_calibration(result, cal_path, rule=args.rule, command=command)
-    except OSError as e:
-        print(f"satmon calibrate: could not write {str(cal_path)!r}: {e.strerror or e}; the file that was there is as it "
-              "was.", file=sys.stderr)
-        return EXIT_UNWRITTEN
-    print(printable(format_result(result), keep="\n"))  # cell, group and run names come from files
-    print(f"\nWrote {cal_path}{_replaced(existed)}: threshold {cal.threshold:.5f} ({cal.rule} rule on {cal.metric}).")
-    if plot_path is not None:
-        existed = plot_path.exists()
-        try:
-            print(f"Plot: {plot(result, plot_path)}{_replaced(existed)}")
-        except ImportError:
-            print("satmon calibrate: the plot needs matplotlib: pip install matplotlib (or pip install -e '.[report]' in satmon's clone); "
-                  "skipped it, the JSON is written.", file=sys.stderr)
-        except OSError as e:
-            print(f"satmon calibrate: could not write the plot {str(plot_path)!r}: {e.strerror or e}; the file that was "
-                  "there is as it was (the JSON is written).", file=sys.stderr)
-            return EXIT_UNWRITTEN
+    from contextlib import ExitStack
+
+    from satmon.io.lock import hold
+
+    outputs = [(cal_path, "--out's calibration.json", False)] + ([(plot_path, "--plot", False)] if plot_path else [])
+    with ExitStack() as stack:
+        try:  # every input checked: the outputs are this run's until both are written
+            held = stack.enter_context(hold(outputs))
+        except OutputError as e:  # another process writes one of them (named), or a lock that cannot be made
+            print(f"satmon calibrate: {printable(str(e)).rstrip('.')}; nothing was written.", file=sys.stderr)
+            return EXIT_USAGE
+        for lock in held:
+            if lock.note():
+                print(f"satmon calibrate: note: {lock.note()}.", file=sys.stderr)
+        code, cal = _write(result, cal_path, plot_path, args.rule, command)
+    if cal is None or code != EXIT_OK:
+        return code
     if cal.metric == "saturation" and 0.0 < cal.threshold < 1.0:
         print(f"Use it: SaturationMonitor(calibration={str(cal_path)!r}) (the threshold and its provenance on the card).")
     return EXIT_OK

@@ -191,8 +191,6 @@ def run(recipe: str | Recipe = "builtin", sizes: str | Sequence[str] | None = No
                 obj.check(make_spec(obj, st_c, opts_c, size, budget, seed))
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"Expected --jobs >= 1, got {jobs!r}.")
-    out = check_output_dir(Path(out), "--out") or Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     identity = recipe_identity(obj, where)
     from satmon.grid.config import options_json
 
@@ -200,11 +198,30 @@ def run(recipe: str | Recipe = "builtin", sizes: str | Sequence[str] | None = No
     gkey = grid_key(identity, settings_, options_json(obj.keyed_options(opts)), arms_)
     keyed = [(v, st_c, o_c, grid_key(identity, st_c, options_json(obj.keyed_options(o_c)), arms_),
               st_c.steps * obj.step_tokens(o_c)) for v, st_c, o_c in configs]
+    # room beneath --out for every cell's files (satmon.paths.check_room), before anything is made
+    out = check_output_dir(Path(out), "--out", _written_beneath(Path(out), plan, keyed)) or Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     with exclusive(out, "the grid folder --out", folder=True) as held:
         if held.stale:
             say(f"the last grid into {out} was stopped without finishing ({held.note()}); resuming its folder")
         return _run_locked(obj, where, identity, plan, settings_, opts, gkey, out, executor, jobs, time_min, slurm or {},
                            dry_run, permutations, every, say, processed, arms_, keyed)
+
+
+def _written_beneath(out: Path, plan: GridPlan, keyed: Sequence[tuple[Any, ...]]) -> list[str]:
+    """The deepest files a grid writes under ``out``, each cell's (its record, attempt and failure files with their
+    temporaries and locks, its progress file, its job's log), for the path-limit check before any work."""
+    from satmon.paths import beside
+
+    paths: list[str] = []
+    for vary, _, _, gkey_c, processed_c in keyed:
+        for size, budget, seed in plan.cells():
+            tokens = budget.resolve(processed_c)
+            stem = f"{cell_name(size, tokens, seed) + vary_suffix(vary)}.{cell_key(gkey_c, size, tokens, seed)}"
+            for name in (f"{stem}.attempt.json", f"{stem}.failed.json"):
+                paths += [str(out / "cells" / name), *beside(out / "cells" / name)]
+            paths += [str(out / "cells" / f".{stem}.progress.tmp"), str(out / "jobs" / f"{stem}.log")]
+    return paths
 
 
 #: Grid settings ``--vary`` may not vary: the budgets resolve from ``steps``; ``device`` is where, not what.

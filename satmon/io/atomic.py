@@ -21,9 +21,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from satmon.paths import kind_of, not_a_folder
+from satmon.paths import LOCK_SUFFIX, PathTooLong, beside, check_room, kind_of, not_a_folder
 
-__all__ = ["TEMP_EXTRA", "OutputError", "atomic_open", "atomic_write", "check_name_lengths", "check_output", "check_output_dir"]
+__all__ = ["TEMP_EXTRA", "OutputError", "atomic_open", "atomic_write", "check_name_lengths", "check_output", "check_output_dir",
+           "kind_phrase", "room"]
 
 
 class OutputError(ValueError):
@@ -32,6 +33,15 @@ class OutputError(ValueError):
 
 #: What :func:`atomic_open`'s temporary file adds to a name: ``.NAME.`` + 8 random characters + ``.tmp``.
 TEMP_EXTRA = len("..") + 8 + len(".tmp")
+
+
+def room(what: str, given: str | os.PathLike, writes: Sequence[str | os.PathLike] = ()) -> None:
+    """:func:`satmon.paths.check_room` (``given`` and every path written beneath or beside it within the system's
+    limits) as an :class:`OutputError`."""
+    try:
+        check_room(what, given, writes)
+    except PathTooLong as e:
+        raise OutputError(str(e)) from None
 
 
 def _limit(folder: Path, name: str, default: int) -> int:
@@ -127,6 +137,7 @@ def check_output(path: str | os.PathLike | None, what: str, suffixes: Sequence[s
     if suffixes and p.suffix.lower() not in {s.lower() for s in suffixes}:
         raise OutputError(f"Expected {what} to end in {want}, got {text!r}: rename it, e.g. {str(p.with_suffix(suffixes[0]))!r}.")
     check_name_lengths(p, what, TEMP_EXTRA)
+    room(what, p, beside(p))  # its temporary and its lock, made absolute and resolved as they are written
     _check_folder(_real(p).parent, what, text)
     if p.exists() and (not os.access(p, os.W_OK) or _read_only(p)):
         raise OutputError(f"Expected {what} {text!r} to be writable, got a read-only file: make it writable "
@@ -134,12 +145,15 @@ def check_output(path: str | os.PathLike | None, what: str, suffixes: Sequence[s
     return p
 
 
-def check_output_dir(path: str | os.PathLike | None, what: str) -> Path | None:
-    """Check, before any work, that ``path`` is a folder that exists and is writable or can be made.
+def check_output_dir(path: str | os.PathLike | None, what: str, beneath: Sequence[str | os.PathLike] = ()) -> Path | None:
+    """Check, before any work, that ``path`` is a folder that exists and is writable or can be made, with room
+    beneath it for what satmon writes there (:func:`satmon.paths.check_room`).
 
     Args:
         path: the output folder (``None``: not asked for).
         what: how the user named it (``"--out"``), for the message.
+        beneath: the paths the command writes under ``path`` (the deepest of each writer; the folder's lock
+            ``.satmon-lock`` is always counted).
 
     Raises:
         OutputError: an empty name, a file (or anything but a folder) at the path or above it, a
@@ -163,12 +177,25 @@ def check_output_dir(path: str | os.PathLike | None, what: str) -> Path | None:
         raise OutputError(f"Expected {what} to name a folder, got an empty name: pass a path such as ./satmon_out.")
     p = Path(text)  # literally: no ~ or $VAR expansion
     check_name_lengths(p, what)
+    room(what, p, [p / LOCK_SUFFIX, *beneath])
     said = not_a_folder(p)  # by lstat/stat: never opened
     if said is not None:
         raise OutputError(f"Expected {what} to name a folder, got {text!r} ({said}): choose another path; it was left "
                           "as it is.")
     _check_folder(_real(p) if p.exists() else _real(p).parent, what, text)
     return p
+
+
+def kind_phrase(path: str | os.PathLike) -> str:
+    """What is at ``path`` in a message's words (:func:`satmon.paths.kind_of`): ``"a file"`` for a regular file, else its
+    kind (``"a socket"``, ``"a FIFO (named pipe)"``, ``"a symlink loop ..."``), never "a file" for what is not one.
+
+    Example:
+        >>> kind_phrase("/dev/null")
+        'a character device'
+    """
+    kind = kind_of(path)
+    return "a file" if kind.regular and not kind.link else kind.describe()
 
 
 def _real(p: Path) -> Path:
@@ -180,7 +207,8 @@ def _check_folder(folder: Path, what: str, text: str) -> None:
     """The nearest existing folder at or above ``folder`` must be a folder this user can write to."""
     existing = next((a for a in (folder, *folder.parents) if os.path.exists(a)), None)  # False past PATH_MAX
     if existing is not None and not existing.is_dir():
-        raise OutputError(f"Expected {what} {text!r} under a folder, got a file at {str(existing)!r}: choose another path.")
+        raise OutputError(f"Expected {what} {text!r} under a folder, got {kind_phrase(existing)} at {str(existing)!r}: "
+                          "choose another path.")
     if existing is not None and (not os.access(existing, os.W_OK | os.X_OK) or _read_only(existing)):
         raise OutputError(f"Expected a writable folder for {what} {text!r}, got {str(existing)!r}, which this user cannot "
                           "write to: choose another path or fix its permissions.")

@@ -472,7 +472,13 @@ def test_sigkill_while_writing_keeps_the_previous_calibration(folder):
     assert proc.returncode == -9, proc.stderr
     assert (folder / "prev" / "calibration.json").read_text() == FILES["prev/calibration.json"]
     left = {p.name for p in (folder / "prev").iterdir()} - {"calibration.json", "calibration.png"}
-    assert all(n.startswith(".calibration.json.") and n.endswith(".tmp") for n in left), left  # at most the killed write's
+    locks = {".calibration.json.satmon-lock", ".calibration.png.satmon-lock"}  # the killed writer's: flocks dropped, files stay
+    assert locks <= left and all(n.startswith(".calibration.json.") and n.endswith(".tmp") for n in left - locks), left
+    rerun = subprocess.run([sys.executable, "-m", "satmon.cli.main", "calibrate", "--study", "--out", "prev"], cwd=folder,
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert rerun.returncode == 0, rerun.stderr
+    assert "note: took over a stale lock on prev" in rerun.stderr and "which no longer runs" in rerun.stderr, rerun.stderr
+    assert not locks & {p.name for p in (folder / "prev").iterdir()}
 
 
 def test_a_full_disk_while_writing_is_exit_1_and_the_previous_files_stay(folder, capsys, monkeypatch):
