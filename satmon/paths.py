@@ -34,7 +34,7 @@ STATE_FILE = "satmon_state.pt"
 CALIBRATION_FILE = "satmon_calibration.pt"
 
 __all__ = ["CALIBRATION_FILE", "LOCK_SUFFIX", "STATE_FILE", "TEMP_EXTRA", "NotRegular", "PathKind", "PathTooLong", "beside",
-           "check_room", "describe_mode", "event_file", "kind_of", "length_problem", "not_a_folder", "open_regular",
+           "check_room", "describe_mode", "event_file", "kind_of", "kind_phrase", "length_problem", "not_a_folder", "open_regular",
            "require_regular", "shorten"]
 
 #: What satmon's atomic replace adds to a file's name for its temporary: ``.NAME.`` + 8 random characters + ``.tmp``.
@@ -364,6 +364,18 @@ def not_a_folder(path: str | os.PathLike) -> str | None:
     if kind.kind in ("folder", "missing", "too-long", "unstattable"):
         return None
     return "a file" if kind.regular else kind.describe()
+
+
+def kind_phrase(path: str | os.PathLike) -> str:
+    """What is at ``path`` in a message's words (:func:`satmon.paths.kind_of`): ``"a file"`` for a regular file, else its
+    kind (``"a socket"``, ``"a FIFO (named pipe)"``, ``"a symlink loop ..."``), never "a file" for what is not one.
+
+    Example:
+        >>> kind_phrase("/dev/null")
+        'a character device'
+    """
+    kind = kind_of(path)
+    return "a file" if kind.regular and not kind.link else kind.describe()
 
 
 class NotRegular(ValueError):

@@ -129,7 +129,8 @@ def _writes(args: argparse.Namespace) -> list[str]:
 
 def _check_logdir(args: argparse.Namespace) -> None:
     """``--logdir`` and what the demo writes beneath it, before anything is built (:class:`_PathRefused`)."""
-    from satmon.io.atomic import OutputError, check_output_dir, kind_phrase
+    from satmon.io.atomic import OutputError, check_output_dir
+    from satmon.paths import kind_phrase
 
     if os.path.expandvars(args.logdir) != args.logdir:  # Lightning's TensorBoardLogger would write elsewhere
         raise _PathRefused(f"expected --logdir without a $VARIABLE (the TensorBoard logger expands it, so the run would go "

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from satmon.paths import LOCK_SUFFIX, PathTooLong, beside, check_room, kind_of, not_a_folder
+from satmon.paths import LOCK_SUFFIX, PathTooLong, beside, check_room, kind_of, kind_phrase, not_a_folder
 
 __all__ = ["TEMP_EXTRA", "OutputError", "atomic_open", "atomic_write", "check_name_lengths", "check_output", "check_output_dir",
            "kind_phrase", "room"]
@@ -76,7 +76,7 @@ def check_name_lengths(path: str | os.PathLike, what: str, extra: int = 0) -> No
         raise OutputError(f"Expected {what} to be a name without control characters (every message naming it would send "
                           f"them to the terminal), got '{printable(text)}': pass another name.")
     real = _real(Path(path))
-    name_max, path_max = _limit(real.parent, "PC_NAME_MAX", 255), _limit(real.parent, "PC_PATH_MAX", 4096)
+    name_max = _limit(real.parent, "PC_NAME_MAX", 255)
     parts = [part for part in Path(os.fspath(path)).parts if part != os.sep]
     for i, part in enumerate(parts):
         n = len(os.fsencode(part))
@@ -87,10 +87,7 @@ def check_name_lengths(path: str | os.PathLike, what: str, extra: int = 0) -> No
         if n > name_max:
             raise OutputError(f"Expected {what} to be a path whose names are at most {name_max} bytes each (the file "
                               f"system's limit), got {n} bytes in {part[:40]!r}...: pass a shorter path.")
-    total = len(os.fsencode(str(real))) + extra
-    if total >= path_max:
-        raise OutputError(f"Expected {what} to be a path shorter than {path_max - extra} bytes once resolved (the file "
-                          f"system's limit), got {total - extra}: pass a shorter path.")
+    room(what, path, beside(path) if extra else ())  # the whole path, and its temporary's, within PATH_MAX
 
 
 def check_output(path: str | os.PathLike | None, what: str, suffixes: Sequence[str] = ()) -> Path | None:
@@ -138,6 +135,7 @@ def check_output(path: str | os.PathLike | None, what: str, suffixes: Sequence[s
         raise OutputError(f"Expected {what} to end in {want}, got {text!r}: rename it, e.g. {str(p.with_suffix(suffixes[0]))!r}.")
     check_name_lengths(p, what, TEMP_EXTRA)
     room(what, p, beside(p))  # its temporary and its lock, made absolute and resolved as they are written
+    _check_folder(p.parent, what, text)  # as given: a broken link or a loop above it is named, never made through
     _check_folder(_real(p).parent, what, text)
     if p.exists() and (not os.access(p, os.W_OK) or _read_only(p)):
         raise OutputError(f"Expected {what} {text!r} to be writable, got a read-only file: make it writable "
@@ -182,20 +180,9 @@ def check_output_dir(path: str | os.PathLike | None, what: str, beneath: Sequenc
     if said is not None:
         raise OutputError(f"Expected {what} to name a folder, got {text!r} ({said}): choose another path; it was left "
                           "as it is.")
+    _check_folder(p, what, text)  # as given: a broken link or a loop above it is named, never made through
     _check_folder(_real(p) if p.exists() else _real(p).parent, what, text)
     return p
-
-
-def kind_phrase(path: str | os.PathLike) -> str:
-    """What is at ``path`` in a message's words (:func:`satmon.paths.kind_of`): ``"a file"`` for a regular file, else its
-    kind (``"a socket"``, ``"a FIFO (named pipe)"``, ``"a symlink loop ..."``), never "a file" for what is not one.
-
-    Example:
-        >>> kind_phrase("/dev/null")
-        'a character device'
-    """
-    kind = kind_of(path)
-    return "a file" if kind.regular and not kind.link else kind.describe()
 
 
 def _real(p: Path) -> Path:
@@ -205,8 +192,9 @@ def _real(p: Path) -> Path:
 
 def _check_folder(folder: Path, what: str, text: str) -> None:
     """The nearest existing folder at or above ``folder`` must be a folder this user can write to."""
-    existing = next((a for a in (folder, *folder.parents) if os.path.exists(a)), None)  # False past PATH_MAX
-    if existing is not None and not existing.is_dir():
+    # the nearest entry, a link that leads nowhere or to itself included (os.path.exists says False for those)
+    existing = next((a for a in (folder, *folder.parents) if os.path.lexists(a)), None)  # False past PATH_MAX
+    if existing is not None and kind_of(existing).kind != "folder":
         raise OutputError(f"Expected {what} {text!r} under a folder, got {kind_phrase(existing)} at {str(existing)!r}: "
                           "choose another path.")
     if existing is not None and (not os.access(existing, os.W_OK | os.X_OK) or _read_only(existing)):

@@ -201,9 +201,8 @@ def exclusive(path: str | os.PathLike, what: str, folder: bool | None = None) ->
         except BlockingIOError:
             holder = _read_holder(fd)
             os.close(fd)
-            raise OutputBusy(f"Expected {what} to be free, got it in use by {describe(holder)}, writing "
-                             f"{shorten(path, 120)}: wait for that process to finish, or pass another output.",
-                             holder) from None
+            raise OutputBusy(f"Expected {what} {shorten(path, 120)} to be free, got it in use by {describe(holder)}: wait "
+                             "for that process to finish, or pass another output.", holder) from None
         except OSError as e:
             os.close(fd)
             raise OutputError(f"Expected to lock {what}, got {e.strerror or type(e).__name__} ({type(e).__name__}) on "

@@ -78,8 +78,8 @@ def check_folder(option: str, value: str, beneath: Sequence[str | os.PathLike] =
         ...
         satmon.replay.user_code.ReplayUsageError: Expected --logdir to name a folder, got an empty name: pass a path such as satmon_logs.
     """
-    from satmon.io.atomic import OutputError, check_name_lengths, kind_phrase, room
-    from satmon.paths import not_a_folder
+    from satmon.io.atomic import OutputError, check_name_lengths, room
+    from satmon.paths import kind_of, kind_phrase, not_a_folder
 
     if not value.strip():
         raise ReplayUsageError(f"Expected {option} to name a folder, got an empty name: pass a path such as satmon_logs.")
@@ -93,8 +93,8 @@ def check_folder(option: str, value: str, beneath: Sequence[str | os.PathLike] =
     if (said := not_a_folder(path)) is not None:  # a file, a FIFO, a device, a link to one, a symlink loop
         raise ReplayUsageError(f"Expected {option} {value!r} to be a folder, got {said}: pass a folder path (it is created "
                                "if missing).")
-    existing = next((a for a in (path, *path.parents) if a.exists()), Path("."))
-    if not existing.is_dir():
+    existing = next((a for a in (path, *path.parents) if os.path.lexists(a)), Path("."))  # a broken link or loop too
+    if kind_of(existing).kind != "folder":
         raise ReplayUsageError(f"Expected {option} {value!r} under a folder, got {kind_phrase(existing)} at "
                                f"{str(existing)!r}: pass a path in a writable folder.")
     if not os.access(existing, os.W_OK | os.X_OK):
@@ -132,17 +132,27 @@ def _check_tensorboard(logdir: str | os.PathLike | None, name: str | None, sourc
     run = root / run_name
     named = name is None and bool(source)
     if os.path.lexists(run) and not os.path.isdir(run):  # a file, a socket, a FIFO, a broken link...: named by kind
-        from satmon.io.atomic import kind_phrase
+        from satmon.paths import kind_phrase
 
         raise ReplayUsageError(f"Expected --logdir/--name {str(run)!r} to be a folder (the TensorBoard run folder goes "
                                f"there), got {kind_phrase(run)}: pass another --name or --logdir.")
-    check_folder("--logdir/--name", str(run))  # the names' lengths; writable where it exists
-    try:  # room beneath for what the run writes (version_N, TensorBoard's event file), said of --logdir
-        from satmon.io.atomic import room
+    from satmon.io.atomic import room
 
-        room("--logdir", root, run_writes(root, run_name, named))
+    try:  # room beneath for what the run writes (version_N, TensorBoard's event file), said of the longer part
+        try:
+            room("--logdir/--name" if len(run_name) > len(os.fspath(logdir)) else "--logdir", root,
+                 run_writes(root, run_name, named))
+        except OutputError:
+            from satmon.paths import length_problem
+
+            for part in Path(run_name).parts:  # a name of the run's over NAME_MAX: said of that name
+                if (problem := length_problem(part)) is not None:
+                    raise OutputError(f"Expected --name to be a run name whose names fit the file system, got {problem}: "
+                                      "pass a shorter --name.") from None
+            raise
     except OutputError as e:
         raise ReplayUsageError(str(e)) from None
+    check_folder("--logdir/--name", str(run))  # a folder or nothing there; writable where it exists
     real_logdir, real_run = os.path.realpath(root), os.path.realpath(run)
     if os.path.commonpath([real_logdir, real_run]) != real_logdir:  # checked where it resolves, as it is written
         raise ReplayUsageError(f"Expected --name {run_name!r} to stay under --logdir, got {str(run)!r}, which resolves to "
