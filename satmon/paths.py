@@ -24,9 +24,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from dataclasses import dataclass
 from collections.abc import Iterable
-from pathlib import Path
+from dataclasses import dataclass
 
 #: satmon's own files, named once: the Hugging Face callback's resume state in each ``checkpoint-N/`` and the
 #: live probe's calibration batches beside a run's logs (a replay uses them as ``--data``).

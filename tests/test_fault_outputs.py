@@ -147,9 +147,8 @@ def test_a_lock_that_cannot_be_made_says_why_first_and_never_cuts_the_reason(tmp
     from satmon.replay.user_code import error_line
 
     deep = str(tmp_path) + ("/" + "d" * 200) * 21
-    with pytest.raises(OutputError) as e:
-        with exclusive(deep, "the grid folder --out", folder=True):
-            pass
+    with pytest.raises(OutputError) as e, exclusive(deep, "the grid folder --out", folder=True):
+        pass
     line = error_line(e.value)
     assert "File name too long" in line and line.endswith("pass a shorter output path, or one nearer /."), line
     assert len(line) < 400 and "..." in line
@@ -295,3 +294,23 @@ def test_what_sits_where_an_output_goes_is_named_by_its_kind_never_a_file(work, 
     phrase = (LOCK_PHRASES if place.endswith("lock") else PHRASES)[kind]
     assert code == 2 and phrase in line, line
     assert not re.search(r"(is|got) a file\b|\(a file\)", line), line
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root opens a read-only lock file for writing: the fallback is not reached")
+def test_a_lock_file_this_user_cannot_write_still_locks_and_names_its_holder(work, capsys):
+    """Another user's lock file (here: read-only to this user) is locked through a read-only descriptor (flock needs no
+    write access): a live holder is named, a killed one's stale lock is taken over."""
+    (work / "o").mkdir()
+    holder = Holder(work / "o" / "calibration.json", False)
+    lock = work / "o" / ".calibration.json.satmon-lock"
+    try:
+        os.chmod(lock, 0o444)
+        assert main(["calibrate", "--cells", "cells.csv", "--out", "o"]) == 2
+        line = _one_line(capsys.readouterr().err)
+        assert f"in use by pid {holder.proc.pid}" in line, line
+    finally:
+        holder.proc.kill()
+        holder.proc.wait()
+    assert lock.exists() and main(["calibrate", "--cells", "cells.csv", "--out", "o"]) == 0
+    assert "took over a stale lock on o" in capsys.readouterr().err
+    assert json.loads((work / "o" / "calibration.json").read_text())["threshold"] is not None

@@ -75,8 +75,10 @@ def _parser() -> argparse.ArgumentParser:
 def _outputs(args: argparse.Namespace) -> tuple[Path, Path | None]:
     """``(calibration.json, plot or None)``, each checked before any input is read."""
     from satmon.io.atomic import check_output, check_output_dir
+    from satmon.paths import beside
 
-    out = check_output_dir(args.out, "--out")
+    files = [Path(args.out) / "calibration.json"] + ([Path(args.out) / "calibration.png"] if args.plot is None else [])
+    out = check_output_dir(args.out, "--out", [w for f in files for w in (f, *beside(f))])  # room for both, and beside
     cal = check_output(out / "calibration.json", "--out's calibration.json", (".json",))
     if args.no_plot:
         return cal, None

@@ -21,7 +21,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from satmon.paths import LOCK_SUFFIX, PathTooLong, beside, check_room, kind_of, kind_phrase, not_a_folder
+from satmon.paths import (
+    LOCK_SUFFIX,
+    TEMP_EXTRA,  # what atomic_open's temporary adds to a name, counted once where the path-limit check reads it
+    PathTooLong,
+    beside,
+    check_room,
+    kind_of,
+    kind_phrase,
+    not_a_folder,
+)
 
 __all__ = ["TEMP_EXTRA", "OutputError", "atomic_open", "atomic_write", "check_name_lengths", "check_output", "check_output_dir",
            "kind_phrase", "room"]
@@ -29,10 +38,6 @@ __all__ = ["TEMP_EXTRA", "OutputError", "atomic_open", "atomic_write", "check_na
 
 class OutputError(ValueError):
     """An output path that cannot be written; the message names the path, what blocks it and what to do."""
-
-
-#: What :func:`atomic_open`'s temporary file adds to a name: ``.NAME.`` + 8 random characters + ``.tmp``.
-TEMP_EXTRA = len("..") + 8 + len(".tmp")
 
 
 def room(what: str, given: str | os.PathLike, writes: Sequence[str | os.PathLike] = ()) -> None:

@@ -146,6 +146,13 @@ def _open_regular(path: Path, what: str) -> int:
                           f"at {shorten(path, 120)}: remove it, or pass another output.")
     try:
         fd = os.open(path, flags, 0o644)
+    except PermissionError as e:  # another user's lock file (a killed run's, or a live one's): flock needs no write access
+        if st is None:
+            raise _cannot(path, what, e) from None
+        try:
+            fd = os.open(path, os.O_RDONLY | (flags & ~(os.O_RDWR | os.O_CREAT)))
+        except OSError:
+            raise _cannot(path, what, e) from None
     except OSError as e:
         raise _cannot(path, what, e) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped between lstat and open
@@ -216,10 +223,13 @@ def exclusive(path: str | os.PathLike, what: str, folder: bool | None = None) ->
         os.close(fd)
     previous = _read_holder(fd)
     stale = previous if previous.get("pid") not in (None, os.getpid()) or previous.get("host") not in (None, socket.gethostname()) else None
-    try:
+    try:  # who holds it, for messages (the kernel's flock is the lock): not said in another user's read-only lock file
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, json.dumps(_me()).encode("utf-8"))  # what it says is for messages: the kernel's flock is the lock
+        os.write(fd, json.dumps(_me()).encode("utf-8"))
+    except OSError:
+        pass
+    try:
         yield Lock(lp, stale or None)
     finally:
         try:
@@ -255,7 +265,7 @@ def hold(outputs: Iterable[tuple[str | os.PathLike, str, bool]]) -> Iterator[lis
         ...         pass  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        satmon.io.lock.OutputBusy: Expected --json to be free, got it in use by pid ...
+        satmon.io.lock.OutputBusy: Expected --json .../a.json to be free, got it in use by pid ...
     """
     wanted: dict[str, tuple[str | os.PathLike, str, bool]] = {}
     for path, what, folder in outputs:
