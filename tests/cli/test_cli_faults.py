@@ -342,11 +342,17 @@ def snapshot(root: Path, folder_times: bool = True) -> dict[str, tuple]:
     return out
 
 
+#: a refusal about an output path: one line, never after argparse's usage block (the flag's syntax was right)
+PATH_REASON = re.compile(r"(?i)expected (--logdir|--out|--plot|'[^']*' to be free|a writable folder)")
+
+
 def check_message(err: str, match: str) -> str:
-    """The refusal's one line (argparse's usage lines may precede it); no traceback."""
+    """The refusal's one line (argparse's usage lines may precede it, never a path's reason); no traceback."""
     assert "Traceback" not in err, err
     lines = err.rstrip("\n").split("\n")
     message = lines[-1]
+    if PATH_REASON.search(message):
+        assert len(lines) == 1 and "usage:" not in err, err
     before = [l for l in lines[:-1] if not l.startswith("satmon report: note: ")]  # what report could not read, and why
     if before:  # only argparse's usage block may come first
         assert before[0].startswith("usage: satmon") and all(l.startswith(" ") for l in before[1:]), err
