@@ -293,9 +293,10 @@ def check_room(option: str, given: str | os.PathLike, writes: Iterable[str | os.
             deepest, deepest_len = rel, n
     if deepest_len >= path_max:
         room = path_max - 1 - (deepest_len - own)
+        made = " (made absolute)" if own > len(os.fsencode(text)) else ""
         raise PathTooLong(f"Expected {option} to leave room for the paths satmon writes beneath it, got a path of {own:,} "
-                          f"bytes whose deepest file ({_shown(deepest, 90)}) would be {deepest_len:,} bytes, over the "
-                          f"system's limit of {path_max:,} (PATH_MAX): pass a {option} of at most {max(room, 0):,} bytes "
+                          f"bytes{made} whose deepest file ({_shown(deepest, 90)}) would be {deepest_len:,} bytes, over the "
+                          f"system's limit of {path_max:,} (PATH_MAX): pass a {option} of at most {max(room, 0):,} bytes{made} "
                           "(a shorter folder, or one nearer /).", option, deepest_len, path_max)
 
 
