@@ -314,3 +314,25 @@ def test_a_lock_file_this_user_cannot_write_still_locks_and_names_its_holder(wor
     assert lock.exists() and main(["calibrate", "--cells", "cells.csv", "--out", "o"]) == 0
     assert "took over a stale lock on o" in capsys.readouterr().err
     assert json.loads((work / "o" / "calibration.json").read_text())["threshold"] is not None
+
+
+def test_a_demo_whose_version_another_demo_took_after_its_listing_writes_the_next(work, monkeypatch, capsys):
+    """Lightning's logger lists ``version_N`` and makes it later: two demos started together could write one folder.
+    The demo claims its folder with one ``mkdir``; here another demo made ``version_0`` after this one listed it."""
+    from satmon.io import tensorboard_replay as tbr
+
+    (work / "lg" / "demo" / "version_0").mkdir(parents=True)
+    (work / "lg" / "demo" / "version_0" / "theirs").write_text("x")
+    real, calls = tbr.next_version, []
+
+    def listed_before_the_other_mkdir(root):
+        calls.append(root)
+        return 0 if len(calls) == 1 else real(root)
+
+    monkeypatch.setattr(tbr, "next_version", listed_before_the_other_mkdir)
+    assert main(["demo", "--window", "2", "--steps", "2", "--d-model", "8", "--layers", "1", "--batch-size", "2",
+                 "--seq-len", "8", "--train-tokens", "100", "--checkpoint-every", "0", "--threads", "1", "--quiet",
+                 "--logdir", "lg"]) == 0
+    assert os.listdir(work / "lg" / "demo" / "version_0") == ["theirs"]  # the other run's folder, untouched
+    assert (work / "lg" / "demo" / "version_1" / "checkpoints" / "epoch=0-step=2.ckpt").is_file()
+    assert "lg/demo/version_1" in capsys.readouterr().out and len(calls) == 2
