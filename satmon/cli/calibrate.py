@@ -47,7 +47,9 @@ EPILOG = """\
 refused before anything is written: outcomes or readings that are NaN or inf, losses that are not
 positive, saturations outside [0, 1], a run or cell listed twice, outcome columns that disagree,
 files that are not UTF-8 text (a byte-order mark is fine), and blocked outputs (--out naming a file
-or under one, --plot naming a folder or without a .png/.pdf/.svg suffix, read-only files).
+or under one, --plot naming a folder or without a .png/.pdf/.svg suffix, read-only files, paths
+with no room for the files written beside them), and outputs another satmon process is writing
+(checked last, once everything else is: that process is named).
 
 exit codes: 0 written, 1 an output could not be written (the file that was there is as it was),
 2 usage error or input that cannot be calibrated on (one line says why; nothing written),

@@ -50,10 +50,11 @@ EPILOG = """\
 outputs: a TensorBoard run LOGDIR/demo/version_N (LOGDIR/demo_stalled/... with --stalled); read it with
 satmon report, or tensorboard --logdir LOGDIR. Its checkpoints, every --checkpoint-every steps and the
 last step, all kept, are in LOGDIR/demo/version_N/checkpoints/epoch=E-step=S.ckpt: satmon replay reads
-them.
+them. version_N is claimed by one mkdir: two demos into one LOGDIR get two runs.
 
 exit codes: 0 verdict printed, 1 no verdict (training stopped before any step was counted),
-2 usage error (a flag out of range, an unwritable --logdir: nothing built or trained),
+2 usage error (a flag out of range, an unwritable --logdir or one with no room for the run's files
+beneath it: nothing built or trained),
 130 interrupted (Ctrl-C)."""
 
 

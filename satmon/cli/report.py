@@ -39,7 +39,7 @@ name,params,train_tokens,delta,group,source); with --cells, LOGDIR may be left o
 
 exit codes: 0 printed, 1 no satmon data found under LOGDIR, 2 usage error (no such path, an empty
 path, a file that is not a TensorBoard event file, --plot without matplotlib or to a path that cannot
-be written)."""
+be written, or that another satmon process is writing: it is named)."""
 
 #: --plot-file's formats (matplotlib picks the format from the suffix) and its default
 PLOT_SUFFIXES, PLOT_FILE = (".png", ".pdf", ".svg"), "satmon_phase.png"

@@ -4,8 +4,8 @@ Every case runs the command in a folder that already holds outputs of an earlier
 calibration.json and plot, a read-only file, folders where files go...) and asserts
 
 - the exit code (2: usage error or input that cannot be used; 1: `satmon report` found no satmon data),
-- the message: one line on stderr (argparse's usage lines may come before it), no traceback, saying
-  what was expected and what was given,
+- the message: one line on stderr (argparse's usage lines may come before a syntax error, never before an
+  output path's reason), no traceback, saying what was expected and what was given,
 - that nothing in the folder changed, and nothing was created (no file, no empty output folder);
 - for `satmon demo`, that nothing was built or trained (``run_demo`` is never called).
 
