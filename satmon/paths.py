@@ -233,7 +233,7 @@ def _absolute_lengths(text: str) -> int:
     return max(lengths)
 
 
-def check_room(option: str, given: str | os.PathLike, writes: Iterable[str | os.PathLike] = ()) -> None:
+def check_room(option: str, given: str | os.PathLike, writes: Iterable[str | os.PathLike] = (), names: str = "") -> None:
     """Refuse, before any work, a path the user gave when it, or any path satmon will write beneath or beside it,
     is over the system's limits: each name against ``NAME_MAX``, each whole path (made absolute, and resolved, as the
     writers use it) against ``PATH_MAX``, both read with ``os.pathconf`` where the path is.
@@ -247,6 +247,8 @@ def check_room(option: str, given: str | os.PathLike, writes: Iterable[str | os.
         option: how the user named the path, for the message (``"--logdir"``).
         given: the path the user gave.
         writes: the paths satmon will write, each starting with ``given`` (or beside it).
+        names: what the user shortens when a name satmon makes beneath is over ``NAME_MAX`` (``"--vary value"``: the
+            grid names its cells by them); default: ``option`` or the name.
 
     Raises:
         PathTooLong: one line: the option, the length, the limit and what to do.
@@ -258,7 +260,7 @@ def check_room(option: str, given: str | os.PathLike, writes: Iterable[str | os.
         >>> check_room("--logdir", "logs", ["logs/" + "n" * 300])
         Traceback (most recent call last):
         ...
-        satmon.paths.PathTooLong: Expected --logdir to leave room for the names satmon writes in it, got a name of 300 bytes ('nnnnnnnnnnnnnnnnnnnn...', which satmon makes there) over the file system's limit of 255 (NAME_MAX): pass a shorter --logdir or name.
+        satmon.paths.PathTooLong: Expected the names satmon writes in --logdir to fit the file system, got a name of 300 bytes ('nnnnnnnnnnnnnnnnnnnn...', which satmon makes there) over the file system's limit of 255 (NAME_MAX): pass a shorter --logdir or name.
     """
     text = os.fspath(given)
     name_max = _limit(text, "PC_NAME_MAX", 255)
@@ -284,9 +286,9 @@ def check_room(option: str, given: str | os.PathLike, writes: Iterable[str | os.
         for part in os.fsencode(rel).split(b"/"):
             if len(part) > name_max:
                 shown = _shown(os.fsdecode(part), 40)
-                raise PathTooLong(f"Expected {option} to leave room for the names satmon writes in it, got a name of "
+                raise PathTooLong(f"Expected the names satmon writes in {option} to fit the file system, got a name of "
                                   f"{len(part):,} bytes ({shown!r}, which satmon makes there) over the file system's "
-                                  f"limit of {name_max:,} (NAME_MAX): pass a shorter {option} or name.", option, len(part),
+                                  f"limit of {name_max:,} (NAME_MAX): pass a shorter {names or option + ' or name'}.", option, len(part),
                                   name_max)
         n = len(os.fsencode(full)) + grown
         if n > deepest_len:

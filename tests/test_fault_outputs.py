@@ -202,21 +202,23 @@ def test_an_output_with_no_room_beneath_is_refused_before_any_work_in_one_line(w
     assert _tree(work) == before  # nothing created: not the folder, not a lock, not a run
 
 
-@pytest.mark.parametrize(("argv", "name"), [
-    ([*REPLAY, "--logdir", "tb", "--name", "n" * 250], "--logdir"),  # version_N fits; the event file beneath does too
+@pytest.mark.parametrize(("argv", "todo"), [
     (["calibrate", "--cells", "cells.csv", "--out", "o", "--plot", "p" * 240 + ".svg"], "--plot"),  # its temporary
     (["report", "--cells", "grid_cells.json", "--plot-file", "p" * 245 + ".png"], "--plot-file"),  # its lock and temporary
-])
-def test_a_name_satmon_makes_beside_an_output_over_name_max_is_refused(work, capsys, argv, name):
+    ([*GRID, "--vary", "chunk_bytes=2048,1" + "0" * 240, "--out", "g"], "pass a shorter --vary value"),  # a cell's files
+], ids=["calibrate-plot", "report-plot-file", "grid-vary"])
+def test_a_name_satmon_makes_beside_or_beneath_an_output_over_name_max_is_refused(work, capsys, argv, todo):
     before = _tree(work)
     code = main(argv)
-    err = capsys.readouterr().err
-    if argv[0] == "replay":  # a 250-byte run name is fine: nothing satmon makes in it is longer than its own names
-        assert code == 0, err
-        return
-    line = _one_line(err)
-    assert code == 2 and name in line and "255" in line, line
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2 and todo in line and "255" in line, line
     assert _tree(work) == before
+
+
+def test_a_long_run_name_whose_files_fit_is_not_refused(work, capsys):
+    """A 250-byte --name: version_N and the event file beneath it are names of their own, each within NAME_MAX."""
+    assert main([*REPLAY, "--logdir", "tb", "--name", "n" * 250]) == 0, capsys.readouterr().err
+    assert (work / "tb" / ("n" * 250) / "version_0").is_dir()
 
 
 def test_the_room_counted_is_what_the_writers_make(tmp_path):

@@ -199,7 +199,8 @@ def run(recipe: str | Recipe = "builtin", sizes: str | Sequence[str] | None = No
     keyed = [(v, st_c, o_c, grid_key(identity, st_c, options_json(obj.keyed_options(o_c)), arms_),
               st_c.steps * obj.step_tokens(o_c)) for v, st_c, o_c in configs]
     # room beneath --out for every cell's files (satmon.paths.check_room), before anything is made
-    out = check_output_dir(Path(out), "--out", _written_beneath(Path(out), plan, keyed)) or Path(out)
+    out = check_output_dir(Path(out), "--out", _written_beneath(Path(out), plan, keyed),
+                           names="--vary value (a cell's files are named by the values it varies)") or Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with exclusive(out, "the grid folder --out", folder=True) as held:
         if held.stale:

@@ -40,11 +40,11 @@ class OutputError(ValueError):
     """An output path that cannot be written; the message names the path, what blocks it and what to do."""
 
 
-def room(what: str, given: str | os.PathLike, writes: Sequence[str | os.PathLike] = ()) -> None:
+def room(what: str, given: str | os.PathLike, writes: Sequence[str | os.PathLike] = (), names: str = "") -> None:
     """:func:`satmon.paths.check_room` (``given`` and every path written beneath or beside it within the system's
     limits) as an :class:`OutputError`."""
     try:
-        check_room(what, given, writes)
+        check_room(what, given, writes, names)
     except PathTooLong as e:
         raise OutputError(str(e)) from None
 
@@ -148,7 +148,8 @@ def check_output(path: str | os.PathLike | None, what: str, suffixes: Sequence[s
     return p
 
 
-def check_output_dir(path: str | os.PathLike | None, what: str, beneath: Sequence[str | os.PathLike] = ()) -> Path | None:
+def check_output_dir(path: str | os.PathLike | None, what: str, beneath: Sequence[str | os.PathLike] = (),
+                     names: str = "") -> Path | None:
     """Check, before any work, that ``path`` is a folder that exists and is writable or can be made, with room
     beneath it for what satmon writes there (:func:`satmon.paths.check_room`).
 
@@ -157,6 +158,7 @@ def check_output_dir(path: str | os.PathLike | None, what: str, beneath: Sequenc
         what: how the user named it (``"--out"``), for the message.
         beneath: the paths the command writes under ``path`` (the deepest of each writer; the folder's lock
             ``.satmon-lock`` is always counted).
+        names: what to shorten when a name made beneath is too long (:func:`satmon.paths.check_room`).
 
     Raises:
         OutputError: an empty name, a file (or anything but a folder) at the path or above it, a
@@ -180,7 +182,7 @@ def check_output_dir(path: str | os.PathLike | None, what: str, beneath: Sequenc
         raise OutputError(f"Expected {what} to name a folder, got an empty name: pass a path such as ./satmon_out.")
     p = Path(text)  # literally: no ~ or $VAR expansion
     check_name_lengths(p, what)
-    room(what, p, [p / LOCK_SUFFIX, *beneath])
+    room(what, p, [p / LOCK_SUFFIX, *beneath], names)
     said = not_a_folder(p)  # by lstat/stat: never opened
     if said is not None:
         raise OutputError(f"Expected {what} to name a folder, got {text!r} ({said}): choose another path; it was left "

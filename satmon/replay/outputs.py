@@ -141,7 +141,7 @@ def _check_tensorboard(logdir: str | os.PathLike | None, name: str | None, sourc
     try:  # room beneath for what the run writes (version_N, TensorBoard's event file), said of the longer part
         try:
             room("--logdir/--name" if len(run_name) > len(os.fspath(logdir)) else "--logdir", root,
-                 run_writes(root, run_name, named))
+                 run_writes(root, run_name, named), "--name (without one the run is named 'replay of RUN')")
         except OutputError:
             from satmon.paths import length_problem
 
