@@ -50,10 +50,11 @@ EPILOG = """\
 outputs: a TensorBoard run LOGDIR/demo/version_N (LOGDIR/demo_stalled/... with --stalled); read it with
 satmon report, or tensorboard --logdir LOGDIR. Its checkpoints, every --checkpoint-every steps and the
 last step, all kept, are in LOGDIR/demo/version_N/checkpoints/epoch=E-step=S.ckpt: satmon replay reads
-them.
+them. version_N is claimed by one mkdir: two demos into one LOGDIR get two runs.
 
 exit codes: 0 verdict printed, 1 no verdict (training stopped before any step was counted),
-2 usage error (a flag out of range, an unwritable --logdir: nothing built or trained),
+2 usage error (a flag out of range, an unwritable --logdir or one with no room for the run's files
+beneath it: nothing built or trained),
 130 interrupted (Ctrl-C)."""
 
 
@@ -92,9 +93,8 @@ def _corpus_bytes() -> int:
 
 
 def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """What one flag's range cannot say, checked before anything is built (``p.error``: usage error, exit 2)."""
-    from satmon.io.atomic import OutputError, check_output_dir
-
+    """What one flag's range cannot say, checked before anything is built (``p.error``: usage error, exit 2); the
+    output paths last (:class:`_PathRefused`: one line, exit 2)."""
     if args.steps is not None and args.steps < args.window:
         p.error(f"expected --steps >= --window ({args.window}) so that the screening window ends, got {args.steps}")
     if args.d_model % N_HEADS:
@@ -107,20 +107,46 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.train_tokens > available:
         p.error(f"expected --train-tokens <= {available} (the embedded corpus less its {VAL_TOKENS}-byte held-out "
                 f"split), got {args.train_tokens}")
+    _check_logdir(args)
+
+
+class _PathRefused(ValueError):
+    """An output path the demo cannot write: said in one line (no usage block: the flag's syntax is not the problem)."""
+
+
+def _writes(args: argparse.Namespace) -> list[str]:
+    """The deepest paths the demo writes under ``--logdir``, at their longest (``satmon.paths.check_room``): the
+    version folder, TensorBoard's event file, the checkpoints, Lightning's ``hparams.yaml``, satmon's card files and
+    calibration batches (each with the temporary and lock satmon writes beside it)."""
+    from satmon.paths import CALIBRATION_FILE, beside, event_file
+
+    run = Path(args.logdir) / _run_name(args)
+    version = run / f"version_{'9' * max(len(str(_next_version(run))), 4)}"
+    steps = args.steps or args.window
+    files = [version / "checkpoints" / f"epoch={steps}-step={steps}.ckpt",
+             *(version / n for n in ("hparams.yaml", "satmon_verdict.md", "satmon_stop.md", CALIBRATION_FILE))]
+    return [event_file(version), *(w for f in files for w in (str(f), *beside(f)))]
+
+
+def _check_logdir(args: argparse.Namespace) -> None:
+    """``--logdir`` and what the demo writes beneath it, before anything is built (:class:`_PathRefused`)."""
+    from satmon.io.atomic import OutputError, check_output_dir
+    from satmon.paths import kind_phrase
+
     if os.path.expandvars(args.logdir) != args.logdir:  # Lightning's TensorBoardLogger would write elsewhere
-        p.error(f"expected --logdir without a $VARIABLE (the TensorBoard logger expands it, so the run would go to "
-                f"{os.path.expandvars(args.logdir)!r}), got {args.logdir!r}: let the shell expand it (unquoted) or rename "
-                "the folder")
+        raise _PathRefused(f"expected --logdir without a $VARIABLE (the TensorBoard logger expands it, so the run would go "
+                           f"to {os.path.expandvars(args.logdir)!r}), got {args.logdir!r}: let the shell expand it "
+                           "(unquoted) or rename the folder")
     try:
-        check_output_dir(args.logdir, "--logdir")
+        check_output_dir(args.logdir, "--logdir", _writes(args))
         run = Path(args.logdir) / _run_name(args)
         check_output_dir(run, "--logdir's run folder")
         version = run / f"version_{_next_version(run)}"
-        if version.exists() and not version.is_dir():
-            p.error(f"expected {str(version)!r} to be free for the run's TensorBoard folder (the next version_N), got a "
-                    "file there: move it away or pass another --logdir")
+        if os.path.lexists(version) and not version.is_dir():
+            raise _PathRefused(f"expected {str(version)!r} to be free for the run's TensorBoard folder (the next "
+                               f"version_N), got {kind_phrase(version)} there: move it away or pass another --logdir")
     except OutputError as e:
-        p.error(str(e))
+        raise _PathRefused(str(e)) from None
 
 
 def _next_version(run: Path) -> int:
@@ -243,7 +269,13 @@ def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
     losses = {"start": heldout_loss(model, data), "unigram": unigram_loss(data)}
     monitor = SaturationMonitor(window=args.window, threshold=args.threshold, log_every_n_steps=25, verbose=False)
     # an absolute path: the logger expands a leading ~, which a literal --logdir must not get
-    logger = TensorBoardLogger(os.path.abspath(args.logdir), name=_run_name(args), default_hp_metric=False)  # the HParams view shows satmon's verdict
+    from satmon.io.tensorboard_replay import claim_run_folder
+
+    # one writer per run folder: version_N is claimed by os.mkdir, which exactly one process wins (two demos into one
+    # --logdir get two versions, never one folder with both runs' events and checkpoints)
+    version = int(os.path.basename(claim_run_folder(os.path.abspath(args.logdir), _run_name(args)))[len("version_"):])
+    logger = TensorBoardLogger(os.path.abspath(args.logdir), name=_run_name(args), version=version,
+                               default_hp_metric=False)  # the HParams view shows satmon's verdict
     ckpt = _step_checkpoints(Path(logger.log_dir) / "checkpoints", args.checkpoint_every, steps)
     callbacks = [monitor, ckpt] + ([] if args.quiet else [_step_bar(args.window)])
     if not args.quiet:
@@ -291,6 +323,11 @@ def main(argv: list[str] | None = None) -> int:
         _check(p, args)
     except SystemExit as e:  # --help (0), or a usage error argparse has printed (2)
         return usage_exit(e)
+    except _PathRefused as e:  # an output path: one line, no usage block
+        from satmon.io.safe_text import printable
+
+        print(f"satmon demo: {printable(str(e))}", file=sys.stderr)
+        return EXIT_USAGE
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*LeafSpec.*")
     emb = "embeddings at GPT-2's std 0.02 (--stalled)" if args.stalled else f"embeddings at std d_model^-0.5 = {_emb_std(args):.3g}"

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"satmon grid: {printable(str(e))}", file=sys.stderr)
         return EXIT_BUSY
     except (ReplayUsageError, OutputError, ValueError) as e:
-        print(f"satmon grid: {printable(str(e) if type(e) is ValueError else error_line(e))}", file=sys.stderr)
+        print(f"satmon grid: {printable(str(e) if type(e) in (ValueError, OutputError) else error_line(e))}", file=sys.stderr)
         return EXIT_USAGE
     except GridInterrupted as e:
         r = e.result

@@ -198,7 +198,6 @@ def run(recipe: str | Recipe = "builtin", sizes: str | Sequence[str] | None = No
                 obj.check(make_spec(obj, st_c, opts_c, size, budget, seed))
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"Expected --jobs >= 1, got {jobs!r}.")
-    out = check_output_dir(Path(out), "--out") or Path(out)
     identity = recipe_identity(obj, where)
     from satmon.grid.config import options_json
 
@@ -206,7 +205,10 @@ def run(recipe: str | Recipe = "builtin", sizes: str | Sequence[str] | None = No
     gkey = grid_key(identity, settings_, options_json(obj.keyed_options(opts)), arms_)
     keyed = [(v, st_c, o_c, grid_key(identity, st_c, options_json(obj.keyed_options(o_c)), arms_),
               st_c.steps * obj.step_tokens(o_c)) for v, st_c, o_c in configs]
-    _check_file_names(out, _entries(out, plan, keyed))  # before anything is made: a name no file system takes
+    _check_file_names(Path(out), _entries(Path(out), plan, keyed))  # a cell file name no file system takes, named
+    # room beneath --out for every cell's files (satmon.paths.check_room), before anything is made
+    out = check_output_dir(Path(out), "--out", _written_beneath(Path(out), plan, keyed),
+                           names="--vary value (a cell's files are named by the values it varies)") or Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with exclusive(out, "the grid folder --out", folder=True) as held:
         if held.stale:
@@ -245,7 +247,7 @@ def _check_file_names(out: Path, entries: Sequence[Mapping[str, Any]]) -> None:
     """Every file a cell writes has a name the file system takes, and a path under its limit, checked before any work:
     a ``--vary`` value or a size name that makes one too long is refused naming it (a job would otherwise fail
     writing its first file, with the cause only in its log)."""
-    from satmon.io.atomic import TEMP_EXTRA, check_name_lengths
+    from satmon.io.atomic import TEMP_EXTRA  # the whole path's length: check_output_dir's check_room
 
     if not entries:
         return
@@ -262,18 +264,33 @@ def _check_file_names(out: Path, entries: Sequence[Mapping[str, Any]]) -> None:
         culprit = max(vary.items(), key=lambda kv: len(str(kv[1])), default=None)
         if culprit is not None and len(str(culprit[1])) >= len(str(longest["size"])):
             given = f"--vary {culprit[0]}={_clip(str(culprit[1]))} ({len(str(culprit[1]))} characters)"
-            fix = f"pass a shorter {culprit[0]} value (or fewer --vary axes)"
+            fix = f"pass a shorter --vary value for {culprit[0]} (or fewer --vary axes)"
         else:
             given = f"the size name {_clip(str(longest['size']))!r} ({len(str(longest['size']))} characters)"
             fix = "name the size shorter"
         raise ValueError(f"Expected settings whose cells' file names fit the file system's limit of {name_max} bytes, "
                          f"got {given}: its cell {_clip(longest['name'])} writes {file_name[:12]}...{_CELL_FILE_SUFFIX} of "
                          f"{need} bytes (with its temporary companion): {fix}.")
-    check_name_lengths(out / "cells" / file_name, "--out", TEMP_EXTRA)  # the whole path, under the path limit
 
 
 def _clip(text: str, n: int = 40) -> str:
     return text if len(text) <= n else f"{text[:n // 2]}...{text[-8:]}"
+
+
+def _written_beneath(out: Path, plan: GridPlan, keyed: Sequence[tuple[Any, ...]]) -> list[str]:
+    """The deepest files a grid writes under ``out``, each cell's (its record, attempt and failure files with their
+    temporaries and locks, its progress file, its job's log), for the path-limit check before any work."""
+    from satmon.paths import beside
+
+    paths: list[str] = []
+    for vary, _, _, gkey_c, processed_c in keyed:
+        for size, budget, seed in plan.cells():
+            tokens = budget.resolve(processed_c)
+            stem = f"{cell_name(size, tokens, seed) + vary_suffix(vary)}.{cell_key(gkey_c, size, tokens, seed)}"
+            for name in (f"{stem}.attempt.json", f"{stem}.failed.json"):
+                paths += [str(out / "cells" / name), *beside(out / "cells" / name)]
+            paths += [str(out / "cells" / f".{stem}.progress.tmp"), str(out / "jobs" / f"{stem}.log")]
+    return paths
 
 
 #: Grid settings ``--vary`` may not vary: the budgets resolve from ``steps``; ``device`` is where, not what.
