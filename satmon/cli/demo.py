@@ -34,6 +34,12 @@ EXIT_OK, EXIT_NO_VERDICT = 0, 1
 VAL_BATCHES = 8
 #: the demo model's attention heads (d_model must be a multiple) and held-out split (tokens after the training split)
 N_HEADS, VAL_TOKENS = 4, 40_000
+#: ``satmon demo --arch llama``'s model, optimizer and data (benchmarks/llama_final_norm.py measures this recipe)
+LLAMA: dict[str, dict[str, Any]] = {
+    "model": {"d_model": 64, "n_layers": 4, "n_heads": N_HEADS, "seq_len": 64, "mlp": "swiglu"},
+    "optim": {"lr": 3e-3, "warmup": 100},
+    "data": {"seq_len": 64, "batch_size": 16, "train_tokens": 400_000},
+}
 #: --checkpoint-every's default: five checkpoints over the 500-step window, for satmon replay
 CHECKPOINT_EVERY = 100
 
