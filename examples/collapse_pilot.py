@@ -2,11 +2,18 @@
 
 Trains ``satmon.demos.llama.LlamaLM`` (RoPE, SwiGLU, DyT in place of RMSNorm) and the RMSNorm arm from the same
 initial weights on the same batches of the demo's byte corpus, over a sweep of alpha_init, peak learning rate,
-depth and warm-up, and records per run the held-out loss every ``eval_every`` steps and the saturation
-``|alpha * x| > 2`` of the DyT layers that feed the gated MLPs (``mlp_norm``) on every step. Its cells are a pilot:
-they choose the scored grid's configurations (docs/plans/collapse_plan.md) and are never scored.
+depth and warm-up, and records per run the held-out loss every 100 steps and the saturation ``|alpha * x| > 2``
+of the DyT layers that feed the gated MLPs (``mlp_norm``) on every step. Its cells are a pilot: they choose the
+scored grid's configurations (docs/plans/collapse_plan.md) and are never scored.
+
+``--final-norm`` is the DyT arm's norm before the head. ``dyt`` (the default, with ``alpha_init`` as its init) is
+what data/collapse_pilot.json ran: the layout of the final-norm trap (docs/guides/faq.md), so that file's DyT
+"collapses" are runs that never learned, not the gate's collapse; ``rmsnorm`` keeps an RMSNorm before the head
+(``LlamaLM``'s default since the trap was found). The output records the seed, the settings, the satmon commit
+and the environment (``satmon.grid.cell.environment``) in its ``pilot`` block.
 
     python examples/collapse_pilot.py --out /tmp/collapse_pilot.json
+    python examples/collapse_pilot.py --final-norm rmsnorm --seed 7 --out /tmp/collapse_pilot_rmsnorm_final.json
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import time
 
 import torch
@@ -24,11 +32,12 @@ from satmon.demos.corpus import corpus_tokens
 from satmon.demos.llama import LlamaLM
 
 
-def run(arm: str, cfg: dict, data: torch.Tensor, val: torch.Tensor, steps: int, seed: int) -> dict:
+def run(arm: str, cfg: dict, data: torch.Tensor, val: torch.Tensor, steps: int, seed: int,
+        final_norm: str = "dyt") -> dict:
     torch.manual_seed(seed)
     norm, mlp = {"dyt": ("dyt", "swiglu"), "rmsnorm": ("rmsnorm", "swiglu"), "dyt-gelu": ("dyt", "gelu")}[arm]
     model = LlamaLM(d_model=cfg["d"], n_layers=cfg["L"], n_heads=4, seq_len=64, norm=norm, mlp=mlp,
-                    alpha_init=cfg["alpha"])
+                    alpha_init=cfg["alpha"], final_norm=final_norm if norm == "dyt" else norm)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
@@ -71,10 +80,16 @@ def run(arm: str, cfg: dict, data: torch.Tensor, val: torch.Tensor, steps: int, 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=100, help="the models' init seed; the batches' is seed + 1000 (default "
+                    "100: data/collapse_pilot.json's)")
+    ap.add_argument("--final-norm", choices=("dyt", "rmsnorm"), default="dyt",
+                    help="the DyT arm's norm before the head (default dyt: data/collapse_pilot.json's, the trap's layout)")
     args = ap.parse_args()
+    from satmon.grid.cell import environment
+
     torch.set_num_threads(1)
     toks = corpus_tokens(2_200_000)
     data, val = toks[:2_000_000], toks[2_000_000:2_000_000 + 65 * 256].view(256, 65)
@@ -83,17 +98,23 @@ def main() -> None:
     unigram_loss = float(-(unigram[vt].clamp_min(1e-12)).log().mean())
     grid = [dict(d=64, L=L, alpha=a, lr=lr, warmup=w)
             for L, a, lr, w in itertools.product((2,), (0.5, 2.0, 8.0), (3e-3, 1e-2, 3e-2), (0, 300))]
-    out = {"unigram_loss": unigram_loss, "steps": args.steps, "runs": []}
+    out = {"pilot": {"scored": False, "what": __doc__.split("\n\n")[0], "script": "examples/collapse_pilot.py",
+                     "seed": args.seed, "batch_seed": args.seed + 1000, "final_norm": args.final_norm,
+                     "settings": {"batch_size": 16, "seq_len": 64, "n_heads": 4, "optimizer": "AdamW", "betas": [0.9, 0.95],
+                                  "weight_decay": "0.1 on matrices", "grad_clip": 1.0, "warmup": "linear, per config",
+                                  "train_bytes": 2_000_000, "val": "256 x 65 bytes after the training bytes",
+                                  "saturation": "|alpha * x| > 2 at every mlp_norm, every step"},
+                     "environment": environment(1, 1)},
+           "unigram_loss": unigram_loss, "steps": args.steps, "runs": []}
     for cfg in grid:
         t0 = time.time()
-        arms = [run(a, cfg, data, val, args.steps, seed=100) for a in ("rmsnorm", "dyt")]
+        arms = [run(a, cfg, data, val, args.steps, seed=args.seed, final_norm=args.final_norm) for a in ("rmsnorm", "dyt")]
         out["runs"].append({"config": cfg, "arms": arms, "seconds": time.time() - t0})
         f = {a["arm"]: a["curve"][-1][1] for a in arms}
         print(json.dumps(cfg), {k: (round(v, 3) if v is not None else None) for k, v in f.items()},
               "sat_end", round(arms[1]["saturation"][-1][1], 3), f"{time.time() - t0:.0f}s", flush=True)
         with open(args.out + ".tmp", "w") as fh:
             json.dump(out, fh)
-        import os
         os.replace(args.out + ".tmp", args.out)
 
 
