@@ -14,6 +14,7 @@ and the environment (``satmon.grid.cell.environment``) in its ``pilot`` block.
 
     python examples/collapse_pilot.py --out /tmp/collapse_pilot.json
     python examples/collapse_pilot.py --final-norm rmsnorm --seed 7 --out /tmp/collapse_pilot_rmsnorm_final.json
+    python examples/collapse_pilot.py --alphas 2,8 --lrs 3e-3 --warmups 0 --steps 200 --out /tmp/pilot_check.json
 """
 
 from __future__ import annotations
@@ -87,6 +88,10 @@ def main() -> None:
                     "100: data/collapse_pilot.json's)")
     ap.add_argument("--final-norm", choices=("dyt", "rmsnorm"), default="dyt",
                     help="the DyT arm's norm before the head (default dyt: data/collapse_pilot.json's, the trap's layout)")
+    ap.add_argument("--alphas", default="0.5,2,8", help="alpha_init values (default 0.5,2,8)")
+    ap.add_argument("--lrs", default="3e-3,1e-2,3e-2", help="peak learning rates (default 3e-3,1e-2,3e-2)")
+    ap.add_argument("--warmups", default="0,300", help="warm-up steps (default 0,300)")
+    ap.add_argument("--depths", default="2", help="blocks at width 64 (default 2)")
     args = ap.parse_args()
     from satmon.grid.cell import environment
 
@@ -96,8 +101,9 @@ def main() -> None:
     unigram = torch.bincount(data, minlength=256).double() / data.numel()
     vt = val[:, 1:].reshape(-1)
     unigram_loss = float(-(unigram[vt].clamp_min(1e-12)).log().mean())
-    grid = [dict(d=64, L=L, alpha=a, lr=lr, warmup=w)
-            for L, a, lr, w in itertools.product((2,), (0.5, 2.0, 8.0), (3e-3, 1e-2, 3e-2), (0, 300))]
+    axes = [[kind(v) for v in text.split(",")] for kind, text in
+            ((int, args.depths), (float, args.alphas), (float, args.lrs), (int, args.warmups))]
+    grid = [dict(d=64, L=L, alpha=a, lr=lr, warmup=w) for L, a, lr, w in itertools.product(*axes)]
     out = {"pilot": {"scored": False, "what": __doc__.split("\n\n")[0], "script": "examples/collapse_pilot.py",
                      "seed": args.seed, "batch_seed": args.seed + 1000, "final_norm": args.final_norm,
                      "settings": {"batch_size": 16, "seq_len": 64, "n_heads": 4, "optimizer": "AdamW", "betas": [0.9, 0.95],
