@@ -8,7 +8,8 @@ the seed) in a plain loop, one configuration ("arm") at a time:
 - ``dyt``: DyT block norms, RMSNorm before the head (LlamaLM's default, the demo's);
 - ``rmsnorm``: RMSNorm everywhere (the reference);
 - ``dyt-final``: DyT before the head too (``final_norm="dyt"``, alpha 0.2: the DyT paper's layout, the trap);
-- ``dyt-final-a<X>``: the same with the final DyT's alpha at X (does a larger final alpha avoid the trap?).
+- ``dyt-final-a<X>``: the same with the final DyT's alpha at X (does a larger final alpha avoid the trap?);
+- ``dyt-gelu``, ``dyt-final-gelu``: ``dyt`` and ``dyt-final`` with a non-gated GELU MLP (is the trap the gate's?).
 
 Every ``--eval-every`` steps it records the held-out loss over the whole 40,000-byte held-out split, and on the
 step's own batch: the fraction of the final DyT's tanh at exactly +-1 in float32 (a DyT final norm) and the largest
@@ -43,9 +44,11 @@ def arm_config(arm: str) -> dict:
         return {"norm": "rmsnorm"}
     if arm == "dyt-final":
         return {"norm": "dyt", "final_norm": "dyt"}
+    if arm in ("dyt-gelu", "dyt-final-gelu"):
+        return {**arm_config(arm[:-len("-gelu")]), "mlp": "gelu"}
     if arm.startswith("dyt-final-a"):
         return {"norm": "dyt", "final_norm": "dyt", "alpha_init_final": float(arm[len("dyt-final-a"):])}
-    raise ValueError(f"Expected an arm among {', '.join(ARMS)} or dyt-final-a<alpha>, got {arm!r}.")
+    raise ValueError(f"Expected an arm among {', '.join(ARMS)}, dyt-gelu, dyt-final-gelu or dyt-final-a<alpha>, got {arm!r}.")
 
 
 def run(arm: str, seed: int, steps: int, eval_every: int, data: CorpusDataModule, val_batches: int) -> dict:
@@ -73,7 +76,7 @@ def run(arm: str, seed: int, steps: int, eval_every: int, data: CorpusDataModule
                 trace.append({"step": step, "train_loss": float(loss.detach()),
                               "final_tanh_at_pm1": float((torch.tanh(model.norm_f.alpha.detach() * out["x"]).abs() == 1)
                                                          .float().mean())
-                              if arm.startswith("dyt-final") else None,
+                              if model.config.final_norm == "dyt" else None,
                               "max_grad_embedding": float(model.tok_emb.weight.grad.abs().max()),
                               "max_grad_blocks": float(max(g.abs().max() for g in below))})
             opt.step()
