@@ -65,7 +65,7 @@ def run(arm: str, seed: int, steps: int, eval_every: int, data: CorpusDataModule
         for x, y in loader:
             step += 1
             out = {}
-            hook = model.norm_f.register_forward_hook(lambda m, i, o: out.__setitem__("x", i[0].detach()))
+            hook = model.norm_f.register_forward_hook(lambda m, i, o, out=out: out.__setitem__("x", i[0].detach()))
             loss = lit._loss((x, y))  # LitLM.training_step less its self.log (no Trainer here)
             hook.remove()
             opt.zero_grad(set_to_none=True)

@@ -2,8 +2,10 @@
 
 Trains ``satmon.demos.llama.LlamaLM`` (RoPE, SwiGLU, DyT in place of RMSNorm) and the RMSNorm arm from the same
 initial weights on the same batches of the demo's byte corpus, over a sweep of alpha_init, peak learning rate,
-depth and warm-up, and records per run the held-out loss every 100 steps and the saturation ``|alpha * x| > 2``
-of the DyT layers that feed the gated MLPs (``mlp_norm``) on every step. Its cells are a pilot: they choose the
+depth and warm-up, and records per run the held-out loss every 100 steps, the saturation ``|alpha * x| > 2``
+of the DyT layers that feed the gated MLPs (``mlp_norm``) on every step and, every 10 steps, the trap's readings
+(``trap``: the largest gradient entry of the embedding and the blocks, and a DyT final norm's share of tanh at
+exactly +-1; data/collapse_pilot.json predates them). Its cells are a pilot: they choose the
 scored grid's configurations (docs/plans/collapse_plan.md) and are never scored.
 
 ``--final-norm`` is the DyT arm's norm before the head. ``dyt`` (the default, with ``alpha_init`` as its init) is
@@ -52,8 +54,11 @@ def run(arm: str, cfg: dict, data: torch.Tensor, val: torch.Tensor, steps: int, 
             sat["n"] += x.numel()
 
     hooks = [b.mlp_norm.register_forward_hook(hook) for b in model.blocks] if norm == "dyt" else []
+    final_in: dict[str, torch.Tensor] = {}
+    final_hook = model.norm_f.register_forward_hook(lambda m, i, o: final_in.__setitem__("x", i[0].detach()))
+    below = [p for n, p in model.named_parameters() if n.startswith(("tok_emb.", "blocks."))]
     g = torch.Generator().manual_seed(seed + 1000)
-    curve, sat_series = [], []
+    curve, sat_series, trap = [], [], []
     for step in range(1, steps + 1):
         lr = cfg["lr"] * min(1.0, step / cfg["warmup"]) if cfg["warmup"] else cfg["lr"]
         for group in opt.param_groups:
@@ -64,6 +69,11 @@ def run(arm: str, cfg: dict, data: torch.Tensor, val: torch.Tensor, steps: int, 
         loss = F.cross_entropy(model(xb).reshape(-1, 256), yb.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if step % 10 == 0:  # the trap's readings, before clipping: [step, max |grad| below the head, final tanh at +-1]
+            alpha = getattr(model.norm_f, "alpha", None)
+            trap.append([step, max(float(p.grad.abs().max()) for p in below),
+                         None if alpha is None else float((torch.tanh(alpha.detach() * final_in["x"]).abs() == 1)
+                                                          .float().mean())])
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if hooks and step % 10 == 0:
@@ -75,9 +85,9 @@ def run(arm: str, cfg: dict, data: torch.Tensor, val: torch.Tensor, steps: int, 
                 vl = F.cross_entropy(model(val[:, :-1]).reshape(-1, 256), val[:, 1:].reshape(-1)).item()
             model.train()
             curve.append([step, vl if math.isfinite(vl) else None])
-    for h in hooks:
+    for h in [*hooks, final_hook]:
         h.remove()
-    return {"arm": arm, "curve": curve, "saturation": sat_series}
+    return {"arm": arm, "curve": curve, "saturation": sat_series, "trap": trap}
 
 
 def main() -> None:
@@ -103,7 +113,7 @@ def main() -> None:
     unigram_loss = float(-(unigram[vt].clamp_min(1e-12)).log().mean())
     axes = [[kind(v) for v in text.split(",")] for kind, text in
             ((int, args.depths), (float, args.alphas), (float, args.lrs), (int, args.warmups))]
-    grid = [dict(d=64, L=L, alpha=a, lr=lr, warmup=w) for L, a, lr, w in itertools.product(*axes)]
+    grid = [{"d": 64, "L": L, "alpha": a, "lr": lr, "warmup": w} for L, a, lr, w in itertools.product(*axes)]
     out = {"pilot": {"scored": False, "what": __doc__.split("\n\n")[0], "script": "examples/collapse_pilot.py",
                      "seed": args.seed, "batch_seed": args.seed + 1000, "final_norm": args.final_norm,
                      "settings": {"batch_size": 16, "seq_len": 64, "n_heads": 4, "optimizer": "AdamW", "betas": [0.9, 0.95],

@@ -356,8 +356,8 @@ def _loss_lines(losses: dict[str, Any], steps: int, go: bool) -> list[str]:
                  "for (docs/guides/faq.md: offset-driven saturation)." if go else ".")
     else:
         what = "The loss has not reached the byte-frequency level yet: too few steps to read the run."
-    lines = [f"Validation loss ({VAL_BATCHES} held-out batches, nats/byte): {start:.4f} at step 0 -> {end:.4f} at step "
-             f"{steps} (byte-frequency level {unigram:.4f}).", what]
+    lines = [(f"Validation loss ({VAL_BATCHES} held-out batches, nats/byte): {start:.4f} at step 0 -> {end:.4f} at step "
+              f"{steps} (byte-frequency level {unigram:.4f})."), what]
     if "grad_embedding" in losses:
         emb, blocks, at_one = losses["grad_embedding"], losses["grad_blocks"], losses["final_tanh_at_one"]
         line = (f"Gradient below the head at step {steps} (one held-out batch): largest |grad| {emb:.3g} at the token "

@@ -64,7 +64,7 @@ def test_llama_mlp_options_have_comparable_size():
     [
         (dict(norm="batchnorm"), "Expected `norm` in"),
         (dict(mlp="relu"), "Expected `mlp` in"),
-        (dict(final_norm="tanh"), "Expected `final_norm` in"),
+        ({"final_norm": "tanh"}, "Expected `final_norm` in"),
         (dict(d_model=18, n_heads=4), "Expected `d_model` divisible by `n_heads`"),
     ],
 )

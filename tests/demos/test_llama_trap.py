@@ -26,7 +26,7 @@ def runs() -> dict:
         lit = LitLM(arch="llama", d_model=64, n_layers=2, n_heads=4, seq_len=32, lr=3e-3, warmup=20, **kw)
         model, opt = lit.model, lit.configure_optimizers()
         seen: dict[str, torch.Tensor] = {}
-        model.norm_f.register_forward_hook(lambda m, i, o: seen.__setitem__("x", i[0].detach()))
+        model.norm_f.register_forward_hook(lambda m, i, o, seen=seen: seen.__setitem__("x", i[0].detach()))
         below, at_one, step = {}, {}, 0
         while step < STEPS:
             for batch in dm.train_dataloader():
