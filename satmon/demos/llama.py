@@ -4,10 +4,10 @@ Each block is pre-norm: ``x = x + attn(attn_norm(x)); x = x + mlp(mlp_norm(x))``
 final ``norm_f`` and an untied ``lm_head``. With ``norm="dyt"`` every block norm is a bias-free
 :class:`satmon.DyT` with the LLaMA inits of the DyT paper (0.8 / 0.2 for pre-attention / pre-MLP) and
 the final norm is RMSNorm by default: with ``final_norm="dyt"`` (the DyT paper's layout, init 0.2)
-this model is trapped at the byte-unigram level at its demo settings (the final DyT saturates on an
-offset shared by every token and the gradient below the head is exactly 0 from about step 60;
-docs/guides/faq.md, "The LLaMA demo with a DyT final norm"). ``"layernorm"`` has no bias either and
-``"rmsnorm"`` is satmon's own RMSNorm (not ``torch.nn.RMSNorm``), all built by
+this model is trapped at the byte-unigram level at ``satmon demo --arch llama``'s settings (the final
+DyT saturates on an offset shared by every token by the end of the warm-up, and the gradient below the head
+is exactly 0, or nearly; data/llama_final_norm.json, docs/guides/faq.md). ``"layernorm"`` has no bias
+either and ``"rmsnorm"`` is satmon's own RMSNorm (not ``torch.nn.RMSNorm``), all built by
 :func:`satmon.demos.gpt.make_norm`.
 """
 
