@@ -54,3 +54,16 @@ def test_the_grid_guide_says_what_the_recipe_builds():
     for arm in RECIPE.arms:
         assert f"`{arm}`" in section
     assert re.search(r"`--option final_norm=dyt`", section) and "default `rmsnorm`" in section
+
+
+def test_vary_final_norm_gives_one_configuration_per_final_norm():
+    """``--vary final_norm=rmsnorm,dyt`` (what the guide says runs both): two configurations, each keyed apart."""
+    from satmon.grid.config import GridSettings
+    from satmon.grid.engine import parse_vary, vary_configs
+
+    configs = vary_configs(RECIPE, GridSettings(steps=8, window=4, warmup=3), RECIPE.options_with({}),
+                           parse_vary(["final_norm=rmsnorm,dyt"]))
+    assert [(v, o["final_norm"]) for v, _, o in configs] == [({"final_norm": "rmsnorm"}, "rmsnorm"),
+                                                              ({"final_norm": "dyt"}, "dyt")]
+    with pytest.raises(ValueError, match="final_norm"):
+        RECIPE.check(_spec(final_norm="DyT"))
