@@ -396,7 +396,7 @@ def _model_line(args: argparse.Namespace) -> str:
 
 def _watch_span(args: argparse.Namespace) -> str:
     steps = _steps(args)
-    return f" then the collapse watch to step {steps}" if steps > args.window else ""
+    return f" then the collapse watch to step {steps}" if args.arch == "llama" and steps > args.window else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -424,7 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     # the card in plain text (TensorBoard holds its markdown); the monitor printed its one line at the verdict
     print(monitor.verdict.text())
     print()
-    print("\n".join(_watch_lines(monitor) + _loss_lines(losses, steps, monitor.verdict.go)))
+    watch = _watch_lines(monitor) if args.arch == "llama" else []  # the GPT demo's output as before
+    print("\n".join(watch + _loss_lines(losses, steps, monitor.verdict.go)))
     print(f"Trained {steps} steps in {took:.0f} s.")
     print(f"TensorBoard logs: {Path(log_dir).resolve()}")
     print(f"Open them with:   {command('tensorboard', '--logdir', Path(args.logdir).resolve())}")
