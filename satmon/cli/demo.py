@@ -97,7 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stalled", action="store_true", help="GPT-2's embedding init (std 0.02, 0.1's demo): the model "
                    "stalls and saturates on a constant offset; the example of offset-driven saturation")
     p.add_argument("--d-model", type=integer(N_HEADS), default=64,
-                   help=f"model width, a multiple of {N_HEADS} (the attention heads) (default 64)")
+                   help=f"model width, a multiple of {N_HEADS} (the attention heads; of {2 * N_HEADS} with --arch llama) "
+                        "(default 64)")
     p.add_argument("--layers", type=integer(1), default=None, help="transformer blocks (default 2; --arch llama: 4)")
     p.add_argument("--batch-size", type=integer(1), default=16, help="sequences per optimizer step (default 16)")
     p.add_argument("--seq-len", type=integer(1, VAL_TOKENS - 1), default=64, help="tokens (bytes) per sequence (default 64)")
@@ -134,6 +135,9 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"expected --steps >= --window ({args.window}) so that the screening window ends, got {args.steps}")
     if args.d_model % N_HEADS:
         p.error(f"expected --d-model to be a multiple of {N_HEADS} (the attention heads), got {args.d_model}")
+    if args.arch == "llama" and (args.d_model // N_HEADS) % 2:
+        p.error(f"expected --d-model to be a multiple of {2 * N_HEADS} with --arch llama (RoPE rotates pairs in each of "
+                f"the {N_HEADS} heads), got {args.d_model}")
     windows = (args.train_tokens - 1) // args.seq_len
     if windows < args.batch_size:
         p.error(f"expected --train-tokens of at least {args.batch_size * args.seq_len + 1} (one batch of "

@@ -181,6 +181,7 @@ def test_demo_gradient_below_head_reads_a_trapped_model_as_zero_and_a_learning_o
     (["--arch", "llama", "--stalled"], "expected --stalled with --arch gpt only"),
     (["--final-norm", "dyt"], "expected --final-norm with --arch llama only, got --final-norm dyt with --arch gpt"),
     (["--arch", "llama", "--final-norm", "layernorm"], "invalid choice: 'layernorm'"),
+    (["--arch", "llama", "--d-model", "12"], "expected --d-model to be a multiple of 8 with --arch llama"),
 ])
 def test_demo_arch_flags_refused_before_work(flags, message, tmp_path, capsys):
     assert main(flags + ["--logdir", str(tmp_path)]) == 2
