@@ -62,10 +62,10 @@ def test_llama_mlp_options_have_comparable_size():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        (dict(norm="batchnorm"), "Expected `norm` in"),
-        (dict(mlp="relu"), "Expected `mlp` in"),
+        ({"norm": "batchnorm"}, "Expected `norm` in"),
+        ({"mlp": "relu"}, "Expected `mlp` in"),
         ({"final_norm": "tanh"}, "Expected `final_norm` in"),
-        (dict(d_model=18, n_heads=4), "Expected `d_model` divisible by `n_heads`"),
+        ({"d_model": 18, "n_heads": 4}, "Expected `d_model` divisible by `n_heads`"),
     ],
 )
 def test_llama_config_errors(kwargs, match):
