@@ -84,3 +84,14 @@ def test_the_science_numbers_are_the_data_files():
     assert ("Two of them re-run to step 200 (the file's numbers reproduced to the last digit) pass exactly 0 gradient "
             "below the head from step 40 (`alpha_init` 8) and from step 110 (`alpha_init` 2)") in science
     assert "exactly 0 from step 40 (alpha_init 8) and from step 110 (alpha_init 2" in label["trap"]
+
+
+def test_the_grid_guide_numbers_are_the_grid_check():
+    grid, guide = _json("llama_grid_final_norm.json"), _text("docs/guides/grid.md")
+    cells = {c["vary"]["final_norm"]: c for c in grid["cells"]}
+    assert grid["config"]["steps"] == 300 and grid["config"]["warmup"] == 120 and grid["config"]["seeds"] == [0]
+    dyt, trapped, ref = (cells["rmsnorm"]["arms"]["dyt"]["val_loss"], cells["dyt"]["arms"]["dyt"]["val_loss"],
+                         cells["rmsnorm"]["arms"]["rmsnorm"]["val_loss"])
+    assert cells["dyt"]["arms"]["rmsnorm"]["val_loss"] == ref  # the reference arm does not depend on final_norm
+    assert (f"the `dyt` arm ends at {dyt:.4f} by default and at {trapped:.4f} with `final_norm=dyt`, the `rmsnorm` "
+            f"arm at {ref:.4f}") in guide
