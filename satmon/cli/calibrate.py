@@ -98,7 +98,8 @@ def _load(args: argparse.Namespace) -> tuple[list, str]:
     if args.study:
         return study_cells(), "study: Verma (2026), 12 calibration cells (satmon/data_files/study_cells.csv)"
     if args.cells:
-        return read_cells(args.cells), f"cells: {args.cells}"
+        return read_cells(args.cells, on_skip=lambda note: print(f"satmon calibrate: {note}", file=sys.stderr)), \
+            f"cells: {args.cells}"
     if not args.runs or not args.outcomes:
         raise CalibrationError(f"Expected run folders or replay JSON files together with --outcomes CSV, got "
                                f"{'runs' if args.runs else '--outcomes'} only: give both.")
