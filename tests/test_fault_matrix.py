@@ -1,6 +1,6 @@
 """The fault matrix: what satmon does under each hostile or unlucky input, one asserted outcome per case
-(docs/reference/reliability.md points here and gives the figures, checked against these tables by
-``test_reliability_figures_are_the_matrix``). Every replay case asserts the exit code, what the user is told,
+(docs/reference/reliability.md and docs/reference/input_files.md point here; reliability.md gives the figures,
+checked against these tables by ``test_reliability_figures_are_the_matrix``). Every replay case asserts the exit code, what the user is told,
 that no code from a file ran unless asked for, whether the user's model class was ever built (and on which
 device), and that nothing the user had was lost."""
 

@@ -103,7 +103,7 @@ def test_require_regular_names_the_kind_and_open_regular_never_blocks(tmp_path, 
 
 
 def test_a_folder_reached_twice_and_a_second_name_are_not_an_incomplete_replay(tmp_path):
-    """Decision (docs/reference/reliability.md): a second name of a listed file, or of a searched folder, holds nothing new."""
+    """Decision (docs/reference/input_files.md): a second name of a listed file, or of a searched folder, holds nothing new."""
     _ckpt(tmp_path / "run" / "a.pt")
     (tmp_path / "run" / "again.pt").symlink_to(tmp_path / "run" / "a.pt")
     os.link(tmp_path / "run" / "a.pt", tmp_path / "run" / "hard.pt")
