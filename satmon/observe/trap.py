@@ -338,6 +338,6 @@ def _loss(out: Any, batch: Any, loss_fn: Callable[[Any, Any], Tensor] | None) ->
     if loss is None and isinstance(out, Tensor) and out.numel() == 1:
         loss = out
     if not isinstance(loss, Tensor):
-        raise ValueError(f"Expected the model's output to carry a loss (`output.loss`, or a scalar tensor), got "
+        raise TypeError(f"Expected the model's output to carry a loss (`output.loss`, or a scalar tensor), got "
                          f"{type(out).__name__}: pass loss_fn=lambda output, batch: ... to read the trap.")
     return loss

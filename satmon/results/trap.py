@@ -10,7 +10,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from satmon.functional.trap import REACH_FLOOR, TRAP_SATURATION, offset_share, trap_found
+from satmon.functional.trap import (
+    REACH_FLOOR,
+    TRAP_SATURATION,
+    offset_share,
+    trap_found,
+)
 from satmon.results.frozen import freeze
 
 __all__ = ["REMEDY", "TrapReading", "reading_of"]
