@@ -275,3 +275,53 @@ def test_satmon_llama_demo_trapped_is_named_by_step_100_and_its_rmsnorm_twin_is_
         assert named and named[0] <= 101 and screen.trap.last.final == "norm_f"
     else:
         assert not named and screen.trap.last.final_kind == "rmsnorm" and screen.trap.last.reach > 1e-3
+
+
+def test_the_lightning_callback_reads_the_trap_through_the_same_screen(tmp_path) -> None:
+    pl = pytest.importorskip("lightning.pytorch")
+    from helpers import trainer
+
+    from satmon import SaturationMonitor
+    from satmon.io.tensorboard import TAG
+
+    class Lit(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = Toy("dyt")
+
+        def training_step(self, batch, _i):
+            x, y = batch
+            return F.cross_entropy(self.net(x).reshape(-1, V), y.reshape(-1))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    class Sink:
+        def __init__(self) -> None:
+            self.scalars_seen: dict[str, list[tuple[int, float]]] = {}
+            self.texts: list[tuple[str, int]] = []
+            self.params: list[dict] = []
+
+        def scalars(self, values, step):
+            for k, v in values.items():
+                self.scalars_seen.setdefault(k, []).append((step, v))
+
+        def text(self, tag, markdown, step):
+            self.texts.append((tag, step))
+            return ["test sink"]
+
+        def hparams(self, params, metrics, step):
+            self.params.append(dict(params))
+
+        def close(self):
+            pass
+
+    torch.manual_seed(0)
+    sink = Sink()
+    data = [_batch(i) for i in range(8)]
+    monitor = SaturationMonitor(window=6, trap_every_n_steps=2, trap_patience=2, sink=sink, verbose=False)
+    trainer(tmp_path, max_steps=8, callbacks=[monitor]).fit(Lit(), torch.utils.data.DataLoader(data, batch_size=None))
+    assert sink.scalars_seen[TAG.trap][0] == (1, 0.0)  # from step 1
+    assert [s for s, v in sink.scalars_seen[TAG.trap] if v == 1.0][0] == 3
+    assert (TAG.trap_text, 3) in sink.texts and sink.params and sink.params[0][TAG.hp_trap] == "trapped"
+    assert any("trapped at step 3" in n for n in monitor.verdict.notes)
