@@ -125,8 +125,9 @@ class TAG:
 
     @staticmethod
     def trap_reach_group(group: str) -> str:
-        """The gradient reach of one parameter group below the final norm (its norm over the head's)."""
-        return f"satmon_trap/reach/{group}"
+        """The gradient reach of one parameter group below the final norm (its norm over the head's); not under
+        ``satmon_trap/reach/``: a file-backed logger (MLflow) keeps that tag as a file, not a folder."""
+        return f"satmon_trap/group_reach/{group}"
 
     @staticmethod
     def deadir_alignment(layer: str) -> str:

@@ -86,9 +86,23 @@ class TrapCounter(OffsetCounter):
 
 class TrapHooks(OffsetHooks):
     """The offset hooks of :mod:`satmon.observe.offset` on every DyT layer, feeding a :class:`TrapCounter`
-    (enabled on check steps only)."""
+    (enabled on check steps only). A layer whose ``alpha`` cannot broadcast as ``alpha * x`` against its input
+    is left out of the reading (named in ``refused``), as the saturation hooks leave it out of the counts."""
 
     counter: TrapCounter
+
+    def _make_hook(self, index: int):
+        inner, name = super()._make_hook(index), self.layers[index].name
+
+        def hook(mod: nn.Module, args: tuple, output: Tensor) -> None:
+            if not self.enabled or name in self.refused:
+                return
+            try:
+                inner(mod, args, output)
+            except ValueError as err:  # raised before anything is added: the layer's reading stays empty
+                self.refused[name] = str(err)
+
+        return hook
 
 
 @dataclass

@@ -274,8 +274,6 @@ class Screen(Watching):
                 # the window goes on from them; the verdict is made again when it closes
                 self.verdict = None
         self._last_step = self._steps_done = step
-        if self.trap is not None:
-            self.trap.attach()  # from the first step, window or not
         window = self.settings.window
         if self.verdict is None and step < window:
             self.reader.attach()
@@ -287,6 +285,8 @@ class Screen(Watching):
             if self.verdict is None:
                 self._no_window_left(step, dropped)
             self._start_watch()
+        if self.trap is not None:  # from the first step, window or not; after the window's hooks (they refuse first)
+            self.trap.attach()
         self.begin_step(step)
         return self
 

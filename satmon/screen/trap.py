@@ -38,7 +38,7 @@ def trap_scalars(r: TrapReading) -> dict[str, float]:
         >>> r = TrapReading(1, "norm_f", "dyt", {"norm_f": {"saturated": 0.0, "centered": 0.0, "offset_ratio": 0.2,
         ...                 "offset": 0.01, "spread": 0.02}}, 0.5, {"tok_emb": 0.5}, False)
         >>> trap_scalars(r)  # doctest: +NORMALIZE_WHITESPACE
-        {'satmon_trap/trapped': 0.0, 'satmon_trap/reach': 0.5, 'satmon_trap/reach/tok_emb': 0.5,
+        {'satmon_trap/trapped': 0.0, 'satmon_trap/reach': 0.5, 'satmon_trap/group_reach/tok_emb': 0.5,
          'satmon_trap/final_saturation': 0.0, 'satmon_trap/final_centered': 0.0, 'satmon_trap/final_offset_ratio': 0.2}
     """
     import math
