@@ -107,6 +107,7 @@ class TrapWatch:
         self.layout: Layout | None = None
         self.reach: GradReach | None = None
         self._on = False
+        self._groups_cache: tuple[Layout, Tensor] | None = None
         self.streak = 0
         self.closed_step: int | None = None
         self.named_step: int | None = None  # the check that named the run trapped (None: not trapped now)
@@ -178,6 +179,15 @@ class TrapWatch:
             self.order = None
         return self.layout
 
+    def _group_of(self, layout: Layout, reach: GradReach) -> Tensor:
+        """Each watched parameter's group in ``layout`` (``len(groups)``: on neither side), made once per layout."""
+        if self._groups_cache is None or self._groups_cache[0] is not layout:
+            g = len(layout.groups)
+            group = {id(p): k for p, k in layout.params}
+            self._groups_cache = (layout, torch.tensor([group.get(id(p), g) for p, _ in reach.layout.params],
+                                                       dtype=torch.int64))
+        return self._groups_cache[1]
+
     def check(self, step: int, reduce_max: Callable[[Tensor], Tensor]) -> tuple[TrapReading, str | None]:
         """Read the checked step (offset counts summed over ranks, gradient norms maximised over ranks: every rank
         calls it at the same step), update the streak; returns the reading and what changed (``"trapped"``: named
@@ -191,13 +201,7 @@ class TrapWatch:
         layout = self._groups() or Layout(None, None, ["head"], [])
         sq_p, seen_p = reach.square, reach.seen
         g = len(layout.groups)
-        index = {id(p): i for i, p in enumerate(p for p, _ in layout.params)}
-        group_of = torch.full((len(reach.layout.params),), g, dtype=torch.int64)
-        for i, (p, _) in enumerate(reach.layout.params):
-            j = index.get(id(p))
-            if j is not None:
-                group_of[i] = layout.params[j][1]
-        group_of = group_of.to(sq_p.device)
+        group_of = self._group_of(layout, reach).to(sq_p.device)
         sq = torch.zeros(g + 1, dtype=torch.float64, device=sq_p.device).index_add_(0, group_of, sq_p)[:g]
         seen = torch.zeros(g + 1, dtype=torch.float64, device=sq_p.device).index_add_(0, group_of, seen_p)[:g]
         values = reduce_max(torch.cat([sq, seen])).cpu().tolist()
