@@ -84,6 +84,9 @@ class TrapReading:
                     "(the trap closes at a DyT final norm)")
         if self.reach is None or math.isnan(self.reach):
             return f"unknown: no gradient reached the head side of {self.final} in the checked step"
+        if self.final_reading is None:
+            return (f"unknown: {self.final} has no offset reading (a learned shift of its own, or an input its alpha "
+                    f"does not broadcast against); gradient below it {self.reach:.3g} of the head's")
         if self.found:
             return f"the trap's evidence in {self.streak} consecutive check(s), not yet the watch's patience"
         if self.reach > REACH_FLOOR:
