@@ -119,7 +119,7 @@ class TrapWatch:
         """``trapped``, ``not trapped`` (a check read the run) or ``unknown`` (no check yet, or nothing to read)."""
         if self.named_step is not None:
             return "trapped"
-        if self.last is None or self.last.reach is None or self.last.final_kind is None:
+        if self.last is None or self.last.status().startswith("unknown"):
             return "unknown"
         return "not trapped"
 
