@@ -90,7 +90,8 @@ class TrapReading:
         if self.found:
             return f"the trap's evidence in {self.streak} consecutive check(s), not yet the watch's patience"
         if self.reach > REACH_FLOOR:
-            return f"not trapped: gradient reaches below {self.final} ({self.reach:.3g} of the head's)"
+            tiny = " (tiny, but not zero: runs like this have escaped late; `trap_floor` names them)" if self.reach < 1e-4 else ""
+            return f"not trapped: gradient reaches below {self.final} ({self.reach:.3g} of the head's{tiny})"
         return f"not trapped: no gradient reaches below {self.final}, but {self.final} is not saturated by an offset"
 
     def line(self) -> str:
