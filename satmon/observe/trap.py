@@ -116,6 +116,7 @@ class Layout:
             (the embedding, each block).
         params: ``(parameter, group index)`` for every trainable parameter on either side.
         unknown: modules whose parameters are on neither side (their forward encloses the final norm).
+        note: why ``final`` is unknown, when it is (a compiled model, no normaliser ran).
     """
 
     final: str | None
@@ -123,6 +124,7 @@ class Layout:
     groups: list[str] = field(default_factory=list)
     params: list[tuple[nn.Parameter, int]] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
+    note: str = ""
 
 
 def _group(module_name: str) -> str:
@@ -159,11 +161,15 @@ class ForwardOrder(HookSet):
         self.done = False
 
     def _pre(self, module: nn.Module, _args: Any) -> None:
+        if torch.compiler.is_compiling():  # eager only, as the offset statistics: nothing is recorded in a graph
+            return
         if self.enabled and not self.done and not recomputing():
             self.start.setdefault(module, self._tick)
             self._tick += 1
 
     def _post(self, module: nn.Module, _args: Any, _out: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         if self.enabled and not self.done and not recomputing():
             self.end[module] = self._tick
             self._tick += 1
@@ -184,7 +190,9 @@ class ForwardOrder(HookSet):
         """The layout the recorded forward shows (parameters with ``requires_grad`` only)."""
         norms = [l for l in model_map(self.model).layers(_NORM_KINDS) if l.module in self.start]
         if not norms:
-            return Layout(None, None)
+            compiled = any(type(m).__name__ == "OptimizedModule" for m in self.model.modules())
+            return Layout(None, None, note="the model runs compiled (torch.compile): the trap watch reads eager forwards "
+                          "only" if compiled else "no normaliser ran in the checked forward")
         final: NormLayer = max(norms, key=lambda l: self.start[l.module])
         f0, f1 = self.start[final.module], self.end.get(final.module, self.start[final.module])
         head_ids: set[int] = set()

@@ -25,7 +25,8 @@ REMEDY = ("Measured (docs/science/science.md, \"the trap\"): in satmon's LLaMA d
           "(RMSNorm: 1.73 and 1.76 nats/byte at step 500, two seeds) where the DyT final norm trapped at the unigram "
           "level (3.01); eight other single changes did not free it. The option that gives it: a LayerNorm or "
           "RMSNorm final norm (`final_norm=` in satmon.demos.llama and `satmon grid llama`; in your model, the "
-          "last norm before the head).")
+          "last norm before the head). In satmon's GPT demo (`satmon demo --stalled`) the embedding drawn at std "
+          "d_model ** -0.5 instead of 0.02 is what lets the same model train (its default).")
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class TrapReading:
     trapped: bool = False
     closed_step: int | None = None
     unknown: Sequence[str] = ()
+    note: str = ""  # why the final norm is unknown, when it is
 
     def __post_init__(self) -> None:
         for name in ("layers", "reach_by_group", "unknown"):
@@ -78,7 +80,8 @@ class TrapReading:
         if self.trapped:
             return "trapped"
         if self.final is None:
-            return "unknown: no normaliser ran before the head, so satmon cannot tell which layers are below it"
+            return (f"unknown: {self.note or 'no normaliser ran before the head'}, so satmon cannot tell which layers are "
+                    "below the final norm")
         if self.final_kind != "dyt":
             return (f"not trapped: the final norm {self.final} is {self.final_kind or 'of an unknown kind'}, not a DyT "
                     "(the trap closes at a DyT final norm)")
@@ -152,4 +155,5 @@ def reading_of(step: int, layout: Any, layers: Mapping[str, Mapping[str, float]]
     f = layers.get(layout.final) if layout.final is not None else None
     found = f is not None and trap_found(layout.final_kind == "dyt", f["saturated"], f["centered"], reach,
                                          saturated_at=saturated_at, retained_below=retained_below, floor=floor)
-    return TrapReading(step, layout.final, layout.final_kind, layers, reach, by_group, found, unknown=layout.unknown)
+    return TrapReading(step, layout.final, layout.final_kind, layers, reach, by_group, found, unknown=layout.unknown,
+                       note=getattr(layout, "note", ""))

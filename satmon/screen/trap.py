@@ -198,7 +198,7 @@ class TrapWatch:
         reach = self._reach()
         reach.detach()
         self._on = False
-        layout = self._groups() or Layout(None, None, ["head"], [])
+        layout = self._groups() or (self.order.layout() if self.order is not None else Layout(None, None))
         sq_p, seen_p = reach.square, reach.seen
         g = len(layout.groups)
         group_of = self._group_of(layout, reach).to(sq_p.device)
