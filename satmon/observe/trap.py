@@ -142,6 +142,8 @@ def _strip(name: str) -> str:
 
 class ForwardOrder(HookSet):
     """Records, for one forward, when each module starts and ends (a counter, host-side only: no tensor is read).
+    Recording stops when the model's forward returns or, where a training step calls submodules rather than the
+    model (a ``LightningModule``), when the first module that ran starts again (the next micro-batch).
 
     Example:
         >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2), torch.nn.Linear(2, 3))
@@ -158,12 +160,18 @@ class ForwardOrder(HookSet):
         self.start: dict[nn.Module, int] = {}
         self.end: dict[nn.Module, int] = {}
         self._tick = 0
+        self._first: nn.Module | None = None  # the first module that ran: when it starts again, a new forward has begun
         self.done = False
 
     def _pre(self, module: nn.Module, _args: Any) -> None:
         if torch.compiler.is_compiling():  # eager only, as the offset statistics: nothing is recorded in a graph
             return
         if self.enabled and not self.done and not recomputing():
+            if not self.start:
+                self._first = module
+            elif module is self._first and module in self.end:  # the first module again: a second forward (accumulation)
+                self.done = True
+                return
             self.start.setdefault(module, self._tick)
             self._tick += 1
 

@@ -325,3 +325,26 @@ def test_the_lightning_callback_reads_the_trap_through_the_same_screen(tmp_path)
     assert [s for s, v in sink.scalars_seen[TAG.trap] if v == 1.0][0] == 3
     assert (TAG.trap_text, 3) in sink.texts and sink.params and sink.params[0][TAG.hp_trap] == "trapped"
     assert any("trapped at step 3" in n for n in monitor.verdict.notes)
+
+
+def test_gradient_accumulation_reads_the_order_of_one_forward_and_the_steps_gradient() -> None:
+    """Two micro-batches per optimizer step through a submodule (as a LightningModule's training step calls its
+    network): the order is the first forward's, the reach the accumulated gradient's."""
+    torch.manual_seed(0)
+    outer = nn.ModuleDict({"net": Toy("rmsnorm")})  # attached to the container; the loop calls the submodule
+    screen = Screen(window=100, trap_every_n_steps=1, info=lambda s: None, warn=lambda s: None).attach(outer)
+    opt = torch.optim.SGD(outer.parameters(), lr=1e-3)
+    opt.zero_grad()
+    for k in range(2):
+        x, y = _batch(k)
+        (F.cross_entropy(outer["net"](x).reshape(-1, V), y.reshape(-1)) / 2).backward()
+    net = outer["net"]
+    below = [net.emb.weight, *net.block_norm.parameters(), *net.mlp.parameters()]
+    head = [*net.norm.parameters(), net.head.weight]
+    sq = lambda ps: sum(p.grad.to(torch.float64).square().sum().item() for p in ps)  # noqa: E731
+    want = math.sqrt(sq(below) / sq(head))
+    opt.step()
+    screen.step(torch.tensor(1.0))
+    r = screen.trap.last
+    assert r.final == "net.norm" and set(r.reach_by_group) == {"net.emb", "net.block_norm", "net.mlp"} and not r.unknown
+    assert r.reach == pytest.approx(want, rel=1e-12)
