@@ -26,7 +26,8 @@ import types
 import warnings
 from typing import Any
 
-__all__ = ["MODULES", "MOVED_IN_0_4", "NAMES", "REMOVED_IN", "SatmonDeprecationWarning", "install", "moved_attribute"]
+__all__ = ["MODULES", "MOVED_IN_0_4", "MOVED_IN_0_5", "NAMES", "REMOVED_IN", "SatmonDeprecationWarning", "deprecated",
+           "install", "moved_attribute"]
 
 #: The release that drops these paths.
 REMOVED_IN = "0.5"
@@ -108,6 +109,35 @@ MOVED_IN_0_4: dict[tuple[str, str], tuple[str, str]] = {
 }
 
 
+#: (0.4 module, name) -> (its 0.5 home, name): names that moved in satmon 0.5, kept until satmon 0.6. ``satmon``'s own
+#: list (``satmon.__all__``) keeps the API a user calls; the mechanism under it is imported from its module.
+MOVED_IN_0_5: dict[tuple[str, str], tuple[str, str]] = {
+    ("satmon", "build_verdict"): ("satmon.results.verdict", "build_verdict"),
+    ("satmon", "LayerCounts"): ("satmon.results.verdict", "LayerCounts"),
+    ("satmon", "Source"): ("satmon.results.verdict", "Source"),
+    ("satmon", "GatingInfo"): ("satmon.results.gating", "GatingInfo"),
+    ("satmon", "SaturationCounter"): ("satmon.observe.counters", "SaturationCounter"),
+    ("satmon", "SaturationHooks"): ("satmon.observe.saturation", "SaturationHooks"),
+    ("satmon.io.tensorboard", "TAG"): ("satmon.io.tags", "TAG"),
+    ("satmon.io.tensorboard", "VERDICT_VALUES"): ("satmon.io.tags", "VERDICT_VALUES"),
+}
+
+
+def deprecated(old: str, new: str, *, since: str = "0.5", until: str = "0.6", stacklevel: int = 3) -> None:
+    """Warn that ``old`` (an argument, an attribute, a spelling) is deprecated for ``new``: one message for all.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     deprecated("Verdict.caveat", "Verdict.rule.caveat")
+        >>> print(caught[0].message)
+        Verdict.caveat is deprecated since satmon 0.5: use Verdict.rule.caveat (the old form works until satmon 0.6).
+    """
+    warnings.warn(f"{old} is deprecated since satmon {since}: use {new} (the old form works until satmon {until}).",
+                  SatmonDeprecationWarning, stacklevel=stacklevel)
+
+
 def _warn(old: str, new: str, stacklevel: int = 4, since: str = "0.3", until: str = REMOVED_IN) -> None:
     warnings.warn(f"{old} is deprecated since satmon {since}: use {new} (the old path works until satmon {until}).",
                   SatmonDeprecationWarning, stacklevel=stacklevel)
@@ -123,6 +153,10 @@ def moved_attribute(module: str, name: str) -> Any:
         AttributeError: module 'satmon' has no attribute 'decide'
     """
     target = NAMES.get((module, name))
+    if target is None and (module, name) in MOVED_IN_0_5:
+        target = MOVED_IN_0_5[(module, name)]
+        _warn(f"{module}.{name}", f"{target[0]}.{target[1]}", since="0.5", until="0.6")
+        return getattr(importlib.import_module(target[0]), target[1])
     if target is None and (module, name) in MOVED_IN_0_4:
         target = MOVED_IN_0_4[(module, name)]
         _warn(f"{module}.{name}", f"{target[0]}.{target[1]}", since="0.4", until="0.6")

@@ -19,8 +19,8 @@ consumer restates or re-checks an option, so none can drop one. Its parts:
   run's schedule, which the forecast's domain compares with what its cells trained.
 
 Defaults are the study's (:mod:`satmon.study`). ``threshold=None`` and ``caveat=None`` mean "the study's,
-or the calibration's": after construction both hold the value in force, so ``settings.threshold`` is
-always the number the verdict compares with.
+or the calibration's"; both are kept as given. The rule in force, made from them once, is ``settings.rule``
+(:class:`~satmon.results.rule.Rule`): ``settings.rule.threshold`` is always the number the verdict compares with.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from satmon import study
+from satmon._compat import deprecated
 from satmon.functional.saturation import check_product
 from satmon.results.calibration import Calibration, CalibrationError, load_calibration, short_repr  # short_repr: re-exported
 from satmon.results.rule import Rule
@@ -176,21 +177,21 @@ class Settings:
     The rule's threshold comes from one place: ``threshold=None`` (the default) means the study's
     (:data:`satmon.study.THRESHOLD`) or, with ``calibration=``, the calibration's; ``caveat=None``
     the matching provenance line for the card. A ``threshold`` or ``caveat`` that differs from the
-    calibration's is refused (give one source of the threshold). After construction ``threshold``
-    and ``caveat`` hold the values in force and ``calibration`` the :class:`Calibration` read.
+    calibration's is refused (give one source of the threshold). ``threshold`` and ``caveat`` are kept as
+    given; ``calibration`` holds the :class:`Calibration` read (from a path, once).
 
-    ``rule`` is the one :class:`~satmon.results.reading.Rule` every consumer judges readings by (the screen,
-    ``probe``, the replay): made here once, with whose threshold it is decided by what was given, never by
-    comparing numbers: ``calibration=`` -> ``"calibration"``; no ``threshold`` and no caveat of one's own ->
-    ``"study"``; a ``threshold`` given -> ``"user"``, even the study's number (leave it out for the study's rule
-    and its held-out figures). ``dataclasses.replace`` carries the rule when it leaves the threshold, the caveat
-    and the calibration as they were (``replace(settings, window=100)`` keeps a study rule the study's).
+    ``rule`` is the one :class:`~satmon.results.rule.Rule` every consumer judges readings by (the screen,
+    ``probe``, the replay): computed here from what was given (:meth:`Rule.resolve
+    <satmon.results.rule.Rule.resolve>`), not an option; whose threshold it is is decided by what was given,
+    never by comparing numbers: ``calibration=`` -> ``"calibration"``; no ``threshold`` and no caveat of one's
+    own -> ``"study"``; a ``threshold`` given -> ``"user"``, even the study's number (leave it out for the
+    study's rule and its held-out figures). ``dataclasses.replace`` computes it again from the fields it carries.
 
     Example:
         >>> from satmon import study
         >>> s = Settings(window=100)
-        >>> s.window, s.threshold == study.THRESHOLD, s.caveat == study.CAVEAT, s.rule.threshold_source
-        (100, True, True, 'study')
+        >>> s.window, s.threshold, s.rule.threshold == study.THRESHOLD, s.rule.threshold_source
+        (100, None, True, 'study')
         >>> Settings(threshold=0.5).rule.threshold_source, dataclasses.replace(s, window=9).rule.threshold_source
         ('user', 'study')
         >>> Settings(dry_run="yes")
@@ -206,8 +207,8 @@ class Settings:
     product: str = "module"
     caveat: str | None = None  # the card's provenance line; None: the study's, or the calibration's
     calibration: Calibration | str | os.PathLike | None = None
-    #: the one rule object every verdict is judged by, made here (not an option: ``dataclasses.replace`` carries it)
-    rule: Rule | None = None
+    #: the one rule every verdict is judged by, computed from the options above (not an option itself)
+    rule: Rule = field(init=False)
     # the window
     window: int = 500
     sample_every: int = 1
@@ -243,12 +244,11 @@ class Settings:
                     raise ValueError(f"Expected either `{name}` or `calibration`, got both ({name}={short_repr(given)}, "
                                      f"calibration={cal.path or 'a Calibration'!r} with threshold {cal.threshold:.4g}): the "
                                      f"calibration holds its own threshold and provenance; drop `{name}` (or the calibration).")
-            threshold, caveat = cal.threshold, cal.caveat()
-        level, resolved, collapse = check_rule(self.level, study.THRESHOLD if threshold is None else threshold,
-                                               self.collapse_threshold)
-        rule = Rule.resolve(self.rule, cal, threshold, caveat, resolved, collapse)
-        for name, value in (("calibration", cal), ("threshold", resolved), ("level", level),
-                            ("collapse_threshold", collapse), ("caveat", rule.caveat), ("rule", rule),
+        in_force = threshold if threshold is not None else cal.threshold if cal is not None else study.THRESHOLD
+        level, _, collapse = check_rule(self.level, in_force, self.collapse_threshold)
+        rule = Rule.resolve(threshold=None if threshold is None else float(threshold), caveat=caveat or None,
+                            calibration=cal, collapse_threshold=collapse)
+        for name, value in (("calibration", cal), ("level", level), ("collapse_threshold", collapse), ("rule", rule),
                             ("gating_mapping", _gating_mapping(self.gating_mapping))):
             object.__setattr__(self, name, value)
         check_product(self.product)
@@ -305,19 +305,31 @@ _NAMES: tuple[str, ...] = tuple(f.name for f in fields(Settings) if f.name != "r
 
 
 class ReadsSettings:
-    """A mixin for what holds a :class:`Settings` in ``self.settings``: ``obj.window``, ``obj.threshold``... read it.
+    """A mixin for what holds a :class:`Settings` in ``self.settings``: read an option as ``obj.settings.window``.
+
+    Deprecated since satmon 0.5: ``obj.window``, ``obj.threshold``... still read the settings (no editor or type
+    checker sees them), with a :class:`~satmon._compat.SatmonDeprecationWarning`, until satmon 0.6.
 
     Example:
+        >>> import warnings
         >>> class Holder(ReadsSettings):
         ...     def __init__(self) -> None:
         ...         self.settings = Settings(window=7)
-        >>> Holder().window
+        >>> Holder().settings.window
         7
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     Holder().window
+        7
+        >>> print(caught[0].message)
+        Holder.window is deprecated since satmon 0.5: use Holder.settings.window (the old form works until satmon 0.6).
     """
 
     def __getattr__(self, name: str) -> Any:
         settings = self.__dict__.get("settings")
         if isinstance(settings, Settings) and name in _NAMES:
+            owner = type(self).__name__
+            deprecated(f"{owner}.{name}", f"{owner}.settings.{name}")
             return getattr(settings, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 

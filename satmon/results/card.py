@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from satmon import study
 from satmon.functional.saturation import pointwise_cutoff
 from satmon.functional.significance import ALPHA, binomial_tail, correct_of
+from satmon.results.rule import Decision
 from satmon.study import INCONCLUSIVE_BAND
 
 if TYPE_CHECKING:
@@ -55,14 +56,13 @@ TRUST_TEXT = {
                 "leave-one-group-out record beats guessing the commoner outcome by a one-sided exact binomial test "
                 "(p < 0.05) reads as a forecast.",
 }
-_WORD = {"go": "GO", "no-go": "NO-GO", "non-finite": "NON-FINITE"}
 
 
 def whose_rule(v: Verdict) -> str:
     """Whose rule decided, in words ("by the study's rule", "by your threshold 0.3", ...)."""
-    if v.threshold_source == "calibration":
+    if v.rule.threshold_source == "calibration":
         return f"by your calibration's threshold {v.threshold:g}"
-    if v.threshold_source == "user":
+    if v.rule.threshold_source == "user":
         return f"by your threshold {v.threshold:g}"
     return "by the study's rule"
 
@@ -82,15 +82,15 @@ def evidence(v: Verdict) -> str:
     """How well the verdict's rule was shown to predict, in a few words (the headline's last part).
 
     Example:
-        >>> from satmon.results.verdict import build_verdict
+        >>> from satmon.results.verdict import Rule, build_verdict
         >>> evidence(build_verdict({"a": (1, 2)}, step=1, source="probe"))
         'held-out accuracy 50% vs 67% for guessing the commoner outcome'
-        >>> evidence(build_verdict({"a": (1, 2)}, step=1, source="probe", threshold=0.3, threshold_source="user"))
+        >>> evidence(build_verdict({"a": (1, 2)}, Rule(0.3, threshold_source="user"), step=1, source="probe"))
         'no held-out accuracy: a threshold given without calibration'
     """
-    held, guess = v.held_out_accuracy, v.no_skill_accuracy
+    held, guess, _ = v.rule.evidence()
     if held is None:
-        return "no held-out accuracy: a threshold given without calibration" if v.threshold_source == "user" else (
+        return "no held-out accuracy: a threshold given without calibration" if v.rule.threshold_source == "user" else (
             "no held-out accuracy recorded for this threshold")
     if guess is None:
         return f"held-out accuracy {held:.0%}, no baseline recorded to compare it with"
@@ -99,9 +99,9 @@ def evidence(v: Verdict) -> str:
 
 def _unproven_text(v: Verdict) -> str:
     """Why the rule is no forecast, with its figures (the ``unproven`` trust text)."""
-    if v.threshold_source == "study":
+    if v.rule.threshold_source == "study":
         return study.WORTH.split(". So ")[0] + "; no window reading fit on that grid beat that held out."
-    if v.threshold_source == "user":
+    if v.rule.threshold_source == "user":
         return (f"the threshold {v.threshold:g} was given without a calibration, so nothing shows how well it predicts "
                 "(`calibration=` a file of `satmon calibrate` carries its held-out accuracy).")
     return f"your calibration's threshold {v.threshold:g} has {evidence(v)}{_significance(v)}."
@@ -109,7 +109,7 @@ def _unproven_text(v: Verdict) -> str:
 
 def _significance(v: Verdict) -> str:
     """The binomial test's p-value of a calibration's held-out record against guessing, in words (or why there is none)."""
-    held, guess, n = v.held_out_accuracy, v.no_skill_accuracy, v.held_out_cells
+    held, guess, n = v.rule.evidence()
     if held is None or guess is None:
         return ""
     if n is None:
@@ -136,14 +136,14 @@ def headline(v: Verdict, markdown: bool = False) -> str:
     accuracy ends the line.
 
     Example:
-        >>> from satmon.results.verdict import build_verdict
-        >>> headline(build_verdict({"a": (1, 2)}, step=1, source="probe", threshold=0.4, threshold_source="calibration",
-        ...                        held_out_accuracy=0.9, no_skill_accuracy=0.5, held_out_cells=20))
+        >>> from satmon.results.verdict import Rule, build_verdict
+        >>> fitted = Rule(0.4, threshold_source="calibration", held_out_accuracy=0.9, no_skill_accuracy=0.5, held_out_cells=20)
+        >>> headline(build_verdict({"a": (1, 2)}, fitted, step=1, source="probe"))
         "GO by your calibration's threshold 0.4: a forecast, DyT's final loss expected below LayerNorm's (held-out accuracy 90% vs 50% for guessing the commoner outcome)"
     """
-    word = _WORD[v.decision]
+    word = v.decision.word
     shown = f"**{word}**" if markdown else word
-    if v.decision == "non-finite":
+    if v.decision == Decision.NON_FINITE:
         return f"{shown}: NaN/inf in the {_nonfinite_what(v)}: the run diverged, and the saturation rule does not apply"
     head = f"{shown} {whose_rule(v)}" + (" (collapse risk)" if v.collapse_risk else "")
     quals = _qualifiers(v)
@@ -172,11 +172,11 @@ def summary(v: Verdict, where: Sequence[str] | None = None) -> str:
     """One console line: the decision and its trust, the saturation against the threshold, margin, window, the
     forecast from the planned passes when made, and ``where`` the card went (``None``: not said; empty: nowhere)."""
     op = v.comparison  # as the rule compared them
-    if v.decision == "non-finite":
+    if v.decision == Decision.NON_FINITE:
         head = f"NON-FINITE (NaN/inf in the {_nonfinite_what(v)}: the run diverged)"
     else:
         qualified = v.trust + (f": {', '.join(v.flags)}" if v.trust == "flagged" else "")
-        head = f"{_WORD[v.decision]} {whose_rule(v)}" + (" (collapse risk)" if v.collapse_risk else "") + f" (trust: {qualified})"
+        head = f"{v.decision.word} {whose_rule(v)}" + (" (collapse risk)" if v.collapse_risk else "") + f" (trust: {qualified})"
     line = (f"satmon verdict: {head}, saturation {v.saturation:.4f} {op} threshold {v.threshold:g} "
             f"(margin {v.margin:+.4f}, " + _where(v))
     if v.planned_forecast:  # the forecast from the planned passes, beside the decision (the card says what it rests on)
@@ -217,7 +217,7 @@ def card(v: Verdict) -> str:
     lines += _gating_lines(v)
     lines += _loss_lines(v)
     lines += [f"\nNote: {n}" for n in v.notes]
-    lines += ["", f"_{v.caveat}_"]
+    lines += ["", f"_{v.rule.caveat}_"]
     lines += _layer_table(v)
     if v.risk:
         keys = sorted({k for r in v.risk.values() for k in r})
@@ -244,7 +244,7 @@ def cut_off(v: Verdict) -> str:
 def _trust_line(v: Verdict) -> str:
     """``Trust: **<trust>**: what it means``, then each further caution in a sentence of its own."""
     if not v.cautions:
-        if v.decision == "non-finite":
+        if v.decision == Decision.NON_FINITE:
             return "Trust: **ok**: NaN/inf is a fact of the run, not a call of the rule."
         return f"Trust: **ok**: {TRUST_TEXT['ok'].format(evidence=evidence(v))}"
     values = {"functions": ", ".join(v.uncalibrated_functions), "threshold": v.threshold, "window": v.window,
@@ -310,7 +310,7 @@ def _gating_lines(v: Verdict) -> list[str]:
     line += f" ({', '.join(v.gated_layers)})" if v.gated_layers else ""
     if v.gated:
         line += (f"; collapse risk: {'YES' if v.collapse_risk else 'no'} "
-                 f"(pooled saturation vs {v.collapse_threshold:g})")
+                 f"(pooled saturation vs {v.rule.collapse_threshold:g})")
     return ["", line]
 
 

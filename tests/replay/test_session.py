@@ -90,7 +90,7 @@ def test_the_settings_rule_reaches_every_record_and_the_report(folder, tmp_path)
     run = satmon.replay(ckpts, factory=_net, data=[batch], settings=Settings(threshold=0.3), device="cpu", twin=False,
                         report=tmp_path / "r.md")
     records = list(run)
-    assert {(r.verdict.threshold, r.verdict.threshold_source) for r in records} == {(0.3, "user")}
+    assert {(r.verdict.threshold, r.verdict.rule.threshold_source) for r in records} == {(0.3, "user")}
     text = (tmp_path / "r.md").read_text()
     assert "GO threshold 0.3 on pooled saturation" in text and run.log_dir is None  # no logdir: no TensorBoard run
 
