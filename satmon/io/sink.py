@@ -29,7 +29,8 @@ __all__ = ["LayoutSink", "MultiSink", "NullSink", "Sink", "check_sink", "describ
 
 @runtime_checkable
 class Sink(Protocol):
-    """Where readings go. Tags are :class:`satmon.io.tensorboard.TAG`'s; steps are optimizer (global) steps."""
+    """Where readings go. Tags are named in :mod:`satmon.io.tags` (:class:`~satmon.io.tags.TAG`); steps are optimizer
+    (global) steps."""
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         """Write each ``tag -> value`` at ``step``."""

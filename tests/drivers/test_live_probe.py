@@ -23,7 +23,7 @@ from satmon import DyT, SaturationMonitor, Settings
 from satmon import find_dyt_layers
 from satmon.drivers.live_probe import LiveProbe
 from satmon.results.probe_report import EMBEDDING, ProbeReport, SigmaMinReading
-from satmon.io.tensorboard import TAG
+from satmon.io.tags import TAG
 
 
 def _scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:
