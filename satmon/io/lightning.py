@@ -30,7 +30,7 @@ from lightning.pytorch.loggers import Logger, MLFlowLogger, TensorBoardLogger, W
 from lightning.pytorch.utilities import rank_zero_only
 
 from satmon.io.tensorboard import hparams_summaries, scalar_summary, text_summary
-from satmon.io.trackers import text_file_name, write_text_file
+from satmon.io.trackers import mlflow_text, wandb_text, write_text_file
 
 __all__ = ["HP_METRIC_HIDES", "LightningSink"]
 
@@ -52,7 +52,7 @@ class LightningSink:
     Example:
         >>> import tempfile
         >>> from lightning.pytorch.loggers import CSVLogger
-        >>> from satmon.io.tensorboard import TAG
+        >>> from satmon.io.tags import TAG
         >>> logger = CSVLogger(tempfile.mkdtemp(), name="run")
         >>> sink = LightningSink([logger])
         >>> sink.scalars({TAG.saturation: 0.5}, step=10)
@@ -107,12 +107,10 @@ class LightningSink:
             writer.add_summary(text_summary(tag, markdown), step)
             lg.experiment.flush()
             return f"TensorBoard {lg.log_dir}"
-        if isinstance(lg, WandbLogger):
-            lg.log_text(key=tag, columns=["markdown"], data=[[markdown]], step=step)
-            return f"W&B run {lg.experiment.id} (table {tag})"
-        if isinstance(lg, MLFlowLogger):
-            lg.experiment.log_text(lg.run_id, markdown, text_file_name(tag))
-            return f"MLflow run {lg.run_id} (artifact {text_file_name(tag)})"
+        if isinstance(lg, WandbLogger):  # through log_metrics: the logger's prefix and step key, as its scalars
+            return wandb_text(lg.log_metrics, lg.experiment.id, tag, markdown, step)
+        if isinstance(lg, MLFlowLogger):  # its experiment is the MLflow client
+            return mlflow_text(lg.experiment, lg.run_id, tag, markdown)
         folder = getattr(lg, "log_dir", None) or lg.save_dir or self.root
         return write_text_file(folder, tag, markdown) if folder is not None else None
 
