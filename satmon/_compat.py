@@ -26,7 +26,7 @@ import types
 import warnings
 from typing import Any
 
-__all__ = ["MODULES", "MOVED_IN_0_4", "MOVED_IN_0_5", "NAMES", "REMOVED_IN", "SatmonDeprecationWarning", "deprecated",
+__all__ = ["MODULES", "MODULES_MOVED_IN_0_5", "MOVED_IN_0_4", "MOVED_IN_0_5", "NAMES", "REMOVED_IN", "SatmonDeprecationWarning", "deprecated",
            "install", "moved_attribute"]
 
 #: The release that drops these paths.
@@ -56,7 +56,7 @@ MODULES: dict[str, str | None] = {
     "satmon.core.dataflow": "satmon.model.dataflow",
     "satmon.core.gated_mlp": "satmon.model.gating",
     "satmon.core.gated_mlp_names": "satmon.model.gating_names",
-    "satmon.core.model_state": "satmon.model.frozen",
+    "satmon.core.model_state": "satmon.model.frozen_forward",
     "satmon.core.hookset": "satmon.observe.hookset",
     "satmon.core.counters": "satmon.observe.counters",
     "satmon.core.saturation_hooks": "satmon.observe.saturation",
@@ -82,6 +82,11 @@ MODULES: dict[str, str | None] = {
     "satmon.writers.markdown": "satmon.io.markdown",
     "satmon.integrations": "satmon.drivers",
     "satmon.integrations.hf": "satmon.drivers.hf",
+}
+#: satmon 0.4 module path -> its 0.5 home: modules renamed in 0.5, kept until satmon 0.6 (a pair of files with one
+#: name and two meanings: ``model/frozen.py``, the frozen forward, beside ``results/frozen.py``, read-only containers)
+MODULES_MOVED_IN_0_5: dict[str, str] = {
+    "satmon.model.frozen": "satmon.model.frozen_forward",
 }
 #: 0.2 packages (their submodules are aliases too)
 _PACKAGES = {"satmon.core", "satmon.writers", "satmon.integrations"}
@@ -171,7 +176,7 @@ class _Alias(types.ModuleType):
     """A 0.2 module path: reads go to the module's 0.3 home (importing the path warned once)."""
 
     def __init__(self, old: str, new: str | None) -> None:
-        super().__init__(old, f"Deprecated alias of {new or 'nothing'} (satmon 0.2 path; gone in satmon {REMOVED_IN}).")
+        super().__init__(old, f"Deprecated alias of {new or 'nothing'} (an old satmon path, with a warning).")
         self.__dict__["_new"] = new
         if old in _PACKAGES:
             self.__dict__["__path__"] = []  # submodules resolve through the finder
@@ -193,11 +198,15 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds 0.2 module paths (after the real modules: a path that exists is never shadowed)."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in MODULES:
+        if fullname not in MODULES and fullname not in MODULES_MOVED_IN_0_5:
             return None
         return importlib.machinery.ModuleSpec(fullname, self, is_package=fullname in _PACKAGES)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        if spec.name in MODULES_MOVED_IN_0_5:
+            new = MODULES_MOVED_IN_0_5[spec.name]
+            _warn(spec.name, new, stacklevel=3, since="0.5", until="0.6")
+            return _Alias(spec.name, new)
         new = MODULES[spec.name]
         if new is not None:
             _warn(spec.name, new, stacklevel=3)  # _warn, this, then the importer (importlib's frames are skipped)
