@@ -50,8 +50,8 @@ __all__ = ["__version__", *_PUBLIC]
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
     from satmon.convert import convert_to_dyt
     from satmon.drivers.lightning import SaturationMonitor
-    from satmon.io.known_cells import forecast
     from satmon.dyt import DyT
+    from satmon.io.known_cells import forecast
     from satmon.model.map import find_blocks, find_dyt_layers, find_norm_layers
     from satmon.probing.passes import probe
     from satmon.replay.session import replay_checkpoints as replay

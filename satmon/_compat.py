@@ -1,8 +1,10 @@
-"""Every deprecated import path, in one place: satmon 0.2's module paths and the names that moved.
+"""Every deprecated import path and name, in one place: satmon 0.2's module paths and the names that moved.
 
 satmon 0.3 moved its modules into folders that show the layers (``docs/reference/architecture.md``). The 0.2
-paths keep working until satmon 0.5 (a release later than 0.3 announced): importing one, or reading a name from it, gives a
-:class:`SatmonDeprecationWarning` that names the new home. The 0.1 aliases (deprecated in 0.2) are gone.
+paths keep working until satmon 0.5 (a release later than 0.3 announced): importing one, or reading a name from it,
+gives a :class:`SatmonDeprecationWarning` that names the new home. The 0.1 aliases (deprecated in 0.2) are gone.
+What moved in 0.4 and 0.5 (:data:`MOVED_IN_0_4`, :data:`MOVED_IN_0_5`, :data:`MODULES_MOVED_IN_0_5`) works until
+0.6, and :func:`deprecated` says the same for an argument or an attribute.
 
 Example:
     >>> import sys, warnings
@@ -26,7 +28,8 @@ import types
 import warnings
 from typing import Any
 
-__all__ = ["MODULES", "MODULES_MOVED_IN_0_5", "MOVED_IN_0_4", "MOVED_IN_0_5", "NAMES", "REMOVED_IN", "SatmonDeprecationWarning", "deprecated",
+__all__ = ["MODULES", "MODULES_MOVED_IN_0_5", "MOVED_IN_0_4", "MOVED_IN_0_5", "NAMES", "REMOVED_IN",
+           "SatmonDeprecationWarning", "deprecated",
            "install", "moved_attribute"]
 
 #: The release that drops these paths.
@@ -96,21 +99,25 @@ _PACKAGES = {"satmon.core", "satmon.writers", "satmon.integrations"}
 #: now: their 0.2 names that the package does not export are read from the modules that hold them.
 NAMES: dict[tuple[str, str], tuple[str, str]] = {
     ("satmon.core.settings", "ScreenSettings"): ("satmon.settings", "Settings"),
-    **{("satmon.probing", n): ("satmon.probing.passes", n) for n in ("probe", "EMBEDDING", "LayerReading", "ProbeReport",
-                                                                     "SigmaMinReading", "feed_first")},
+    **{("satmon.probing", n): ("satmon.probing.passes", n)
+       for n in ("probe", "EMBEDDING", "LayerReading", "ProbeReport",
+                 "SigmaMinReading", "feed_first")},
     **{("satmon.replay", n): ("satmon.replay.loop", n) for n in ("TWIN_SEED", "nonfinite_parameters", "summary_row")},
     ("satmon.replay", "ReplayUsageError"): ("satmon.replay.user_code", "ReplayUsageError"),
-    **{("satmon.calibrate", n): ("satmon.calibrate.fit", n) for n in ("STUDY_THRESHOLD", "FORMAT", "MIN_CELLS", "csv_rows",
-                                                                      "to_float")},
+    **{("satmon.calibrate", n): ("satmon.calibrate.fit", n)
+       for n in ("STUDY_THRESHOLD", "FORMAT", "MIN_CELLS", "csv_rows",
+                 "to_float")},
     ("satmon.core.window_verdict", "verdict_stop_reason"): ("satmon.screen.stop_policy", "verdict_stop_reason"),
-    **{("satmon.discovery", n): ("satmon.model.map", n) for n in ("find_blocks", "find_dyt_layers", "find_norm_layers")},
+    **{("satmon.discovery", n): ("satmon.model.map", n)
+       for n in ("find_blocks", "find_dyt_layers", "find_norm_layers")},
 }
 
 
 #: (0.3 module, name) -> (its 0.4 home, name): names that moved in satmon 0.4, kept until satmon 0.6. The model
 #: map's finders left ``satmon.model.discovery`` (they read the map, which reads discovery: an import circle).
 MOVED_IN_0_4: dict[tuple[str, str], tuple[str, str]] = {
-    **{("satmon.model.discovery", n): ("satmon.model.map", n) for n in ("find_blocks", "find_dyt_layers", "find_norm_layers")},
+    **{("satmon.model.discovery", n): ("satmon.model.map", n)
+       for n in ("find_blocks", "find_dyt_layers", "find_norm_layers")},
 }
 
 

@@ -38,7 +38,7 @@ FRAMEWORKS = {
                   "satmon.cli.demo"),
     "transformers": ("satmon.drivers.hf",),
 }
-ROOT_MODULES_ALLOWED = 7  # besides __init__, _version and _compat (errors.py: the user errors replay, grid and CLI share)
+ROOT_MODULES_ALLOWED = 7  # besides __init__, _version and _compat (errors.py: the user errors replay, grid, CLI share)
 #: Imports that break the rules today, each with the change that removes it. Empty when the house is in order.
 KNOWN = {
 }
@@ -79,7 +79,8 @@ def _imports(path: Path, module: str) -> list[tuple[int, str]]:
             found += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: resolve against the package
-                base = module.split(".")[: -node.level if path.name != "__init__.py" else len(module.split(".")) - node.level + 1]
+                parts = module.split(".")
+                base = parts[: -node.level if path.name != "__init__.py" else len(parts) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
@@ -136,7 +137,8 @@ def test_the_package_root_holds_few_modules():
 def test_functional_imports_nothing_of_satmon_outside_itself():
     for module, path in _modules():
         if module.startswith("satmon.functional"):
-            outside = [t for _, t in _imports(path, module) if t.startswith("satmon") and not t.startswith("satmon.functional")]
+            outside = [t for _, t in _imports(path, module)
+                       if t.startswith("satmon") and not t.startswith("satmon.functional")]
             assert not outside, (module, outside)
 
 
@@ -148,7 +150,8 @@ def _type_checking(node: ast.AST) -> bool:
 
 
 def _running_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement that can run: at module level, in functions and classes; not under ``if TYPE_CHECKING``."""
+    """Every import statement that can run: at module level, in functions and classes; not under
+    ``if TYPE_CHECKING``."""
     out: list[ast.Import | ast.ImportFrom] = []
     todo = [tree]
     while todo:
@@ -272,7 +275,8 @@ def test_the_circle_check_finds_a_circle_hidden_in_a_function(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "sub" / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from plant import b\n\nX = 1\n")  # a imports b at its top ...
-    (pkg / "b.py").write_text("import os\n\n\ndef f():\n    from plant.a import X  # ... b imports a lazily\n    return X\n")
+    (pkg / "b.py").write_text("import os\n\n\ndef f():\n    from plant.a import X  # ... b imports a lazily\n"
+                              "    return X\n")
     (pkg / "sub" / "c.py").write_text("from typing import TYPE_CHECKING\n\nfrom ..a import X\n\n"
                                       "if TYPE_CHECKING:\n    from plant.sub.d import Y\n")
     (pkg / "sub" / "d.py").write_text("from plant.sub import c\n")  # c -> d only under TYPE_CHECKING: no circle

@@ -149,7 +149,9 @@ class TAG:
         Example:
             >>> [TAG.from_v02(t) for t in ("satmon/verdict", "satmon/collapse/risk", "satmon/alpha/ln_f",
             ...                            "satmon/collapse/loss_z", "satmon/verdict/text_summary", "epoch")]
-            ['Satmon/decision', 'satmon_collapse/risk', 'satmon_alpha/ln_f', 'satmon_collapse/loss_z', 'satmon/verdict', None]
+            ... # doctest: +NORMALIZE_WHITESPACE
+            ['Satmon/decision', 'satmon_collapse/risk', 'satmon_alpha/ln_f', 'satmon_collapse/loss_z', 'satmon/verdict',
+             None]
         """
         if tag.endswith(V02_TEXT_SUFFIX):
             text = tag[: -len(V02_TEXT_SUFFIX)]
@@ -169,8 +171,10 @@ class TAG:
         :meth:`from_v02`; ``None`` for a tag satmon did not write (and v0.1's ``satmon/verdict_saturation``).
 
         Example:
-            >>> TAG.read_name("satmon/margin"), TAG.read_name("Satmon/margin"), TAG.read_name("satmon/verdict", text=True)
-            ('Satmon/margin', 'Satmon/margin', 'satmon/verdict')
+            >>> TAG.read_name("satmon/margin"), TAG.read_name("Satmon/margin")
+            ('Satmon/margin', 'Satmon/margin')
+            >>> TAG.read_name("satmon/verdict", text=True)
+            'satmon/verdict'
             >>> TAG.read_name("Satmon/verdict"), TAG.read_name("satmon/replay/checkpoint", text=True)  # 0.3's names
             ('Satmon/decision', 'satmon/verdict_checkpoint')
         """

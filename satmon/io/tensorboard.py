@@ -39,7 +39,8 @@ _SOURCES = ("window", "probe", "replay")
 
 
 # ------------------------------------------------------------------------ readings -> tags
-def window_scalars(pooled: float, per_layer: Mapping[str, float], alphas: Mapping[str, float], nonfinite: int) -> dict[str, float]:
+def window_scalars(pooled: float, per_layer: Mapping[str, float], alphas: Mapping[str, float],
+                   nonfinite: int) -> dict[str, float]:
     """The screening window's readings under their tags (the running values and the verdict step's).
 
     Example:
@@ -84,7 +85,9 @@ def watch_scalars(
 
     Example:
         >>> watch_scalars(0, 0.61, {"blocks.0.mlp": {"flat_fraction": 0.3}}, None, {"collapse-risk": True})
-        {'satmon_collapse/nonfinite': 0.0, 'satmon_collapse/saturation': 0.61, 'satmon_collapse/flat_fraction/blocks.0.mlp': 0.3, 'satmon_collapse/breach/collapse-risk': 1.0}
+        ... # doctest: +NORMALIZE_WHITESPACE
+        {'satmon_collapse/nonfinite': 0.0, 'satmon_collapse/saturation': 0.61,
+         'satmon_collapse/flat_fraction/blocks.0.mlp': 0.3, 'satmon_collapse/breach/collapse-risk': 1.0}
     """
     out = {tags.TAG.collapse_nonfinite: float(nonfinite)}
     if gated_saturation is not None:
@@ -134,7 +137,8 @@ def probe_scalars(report: Any, saturation: bool = True) -> dict[str, float]:
 
 
 def verdict_scalars(verdict: Any) -> dict[str, float]:
-    """The verdict's scalars (also the hparams view's metrics); ``Satmon/decision`` from :data:`~satmon.io.tags.VERDICT_VALUES`.
+    """The verdict's scalars (also the hparams view's metrics); ``Satmon/decision`` from
+    :data:`~satmon.io.tags.VERDICT_VALUES`.
 
     Example:
         >>> from satmon.results.verdict import build_verdict
@@ -163,7 +167,10 @@ def verdict_description(verdict: Any) -> dict[str, str]:
     Example:
         >>> from satmon.results.verdict import build_verdict
         >>> print(verdict_description(build_verdict({"ln_f": (1, 4)}, step=500, window=500))[tags.TAG.verdict])
-        NO-GO by the study's rule at step 500, trust: unproven (a measurement, not a forecast; held-out accuracy 50% vs 67% for guessing the commoner outcome). 1 = GO, 0 = NO-GO, -1 = non-finite; the card (Text tab, satmon/verdict) says why and how far to trust it.
+        ... # doctest: +NORMALIZE_WHITESPACE
+        NO-GO by the study's rule at step 500, trust: unproven (a measurement, not a forecast; held-out accuracy 50%
+        vs 67% for guessing the commoner outcome). 1 = GO, 0 = NO-GO, -1 = non-finite; the card (Text tab,
+        satmon/verdict) says why and how far to trust it.
     """
     scale = "1 = GO, 0 = NO-GO, -1 = non-finite; the card (Text tab, satmon/verdict) says why and how far to trust it."
     if verdict.source != "window":
@@ -185,12 +192,14 @@ def verdict_hparams(verdict: Any) -> dict[str, Any]:
     Example:
         >>> from satmon.results.verdict import build_verdict
         >>> hp = verdict_hparams(build_verdict({"ln_f": (5, 10)}, step=3, window=3, planned_window=9))
-        >>> hp
-        {'satmon/decision': 'go', 'satmon/trust': 'partial', 'satmon/source': 'window', 'satmon/window': 3, 'satmon/partial': 1, 'satmon/threshold': 0.43, 'satmon/level': 2.0}
+        >>> hp  # doctest: +NORMALIZE_WHITESPACE
+        {'satmon/decision': 'go', 'satmon/trust': 'partial', 'satmon/source': 'window', 'satmon/window': 3,
+         'satmon/partial': 1, 'satmon/threshold': 0.43, 'satmon/level': 2.0}
     """
     out = {tags.TAG.hp_decision: str(verdict.decision), tags.TAG.hp_trust: verdict.trust}
     out.update({tags.TAG.hp_source: verdict.source, tags.TAG.hp_window: verdict.window,
-                tags.TAG.hp_partial: int(verdict.partial), tags.TAG.hp_threshold: verdict.threshold, tags.TAG.hp_level: verdict.level})
+                tags.TAG.hp_partial: int(verdict.partial), tags.TAG.hp_threshold: verdict.threshold,
+                tags.TAG.hp_level: verdict.level})
     planned = getattr(verdict, "planned_forecast", None)
     if planned:
         out[tags.TAG.hp_forecast] = str(planned.get("outcome"))
@@ -204,11 +213,11 @@ SHOWN_HPARAMS = (tags.TAG.hp_decision, tags.TAG.hp_trust)
 
 def _hparams_domains() -> dict[str, list[str]]:
     """The string hparams' values, for the HParams tab's filter boxes."""
+    from satmon.results.forecast import OUTCOMES
     from satmon.results.verdict import TRUST
 
-    from satmon.results.forecast import OUTCOMES
-
-    return {tags.TAG.hp_decision: [str(d) for d in tags.VERDICT_VALUES], tags.TAG.hp_source: list(_SOURCES), tags.TAG.hp_trust: list(TRUST),
+    return {tags.TAG.hp_decision: [str(d) for d in tags.VERDICT_VALUES], tags.TAG.hp_source: list(_SOURCES),
+            tags.TAG.hp_trust: list(TRUST),
             tags.TAG.hp_forecast: list(OUTCOMES)}
 
 
@@ -304,8 +313,10 @@ def log_verdict(sink: Sink, verdict: Any, hparams: bool = True, card: str | None
         >>> from satmon.results.verdict import build_verdict
         >>> sink = SummaryWriterSink(tempfile.mkdtemp())
         >>> where = log_verdict(sink, build_verdict({"ln_f": (3, 4)}, step=10, window=10))
-        >>> where == [f"TensorBoard {sink.log_dir}"], [n for n in os.listdir(sink.log_dir) if not n.startswith("events")]
-        (True, [])
+        >>> where == [f"TensorBoard {sink.log_dir}"]
+        True
+        >>> [n for n in os.listdir(sink.log_dir) if not n.startswith("events")]
+        []
         >>> sink.close()
     """
     sink = check_sink(sink)
@@ -335,10 +346,12 @@ def custom_scalars_layout() -> dict[str, Any]:
 
     Example:
         >>> [(cat, list(charts)) for cat, charts in custom_scalars_layout().items()]  # doctest: +NORMALIZE_WHITESPACE
-        [('Satmon', ['decision (1 GO, 0 NO-GO, -1 non-finite)', 'margin (saturation - threshold)', 'pooled saturation']),
+        [('Satmon', ['decision (1 GO, 0 NO-GO, -1 non-finite)', 'margin (saturation - threshold)',
+                     'pooled saturation']),
          ('satmon per layer', ['saturation per layer', 'alpha per layer'])]
     """
-    sat, layer, alpha, verdict, margin = (re.escape(t) for t in (tags.TAG.saturation, tags.TAG.layer_saturation(""), tags.TAG.alpha(""),
+    sat, layer, alpha, verdict, margin = (re.escape(t) for t in (tags.TAG.saturation, tags.TAG.layer_saturation(""),
+                                                                 tags.TAG.alpha(""),
                                                                  tags.TAG.verdict, tags.TAG.margin))
     return {
         tags.TAG.summary: {
@@ -398,7 +411,8 @@ class SummaryWriterSink:
         >>> sink.close()
     """
 
-    def __init__(self, log_dir: str | os.PathLike, *, rank_zero_only: bool = True, hparams_experiment: bool = True) -> None:
+    def __init__(self, log_dir: str | os.PathLike, *, rank_zero_only: bool = True,
+                 hparams_experiment: bool = True) -> None:
         self.log_dir = os.fspath(log_dir)
         self.rank_zero_only = rank_zero_only
         self.hparams_experiment = hparams_experiment
@@ -432,7 +446,8 @@ class SummaryWriterSink:
         if self._writes():
             for tag, value in values.items():
                 if tag in self._described:
-                    self.writer.file_writer.add_summary(scalar_summary(tag, value, self._descriptions.pop(tag, "")), step)
+                    summary = scalar_summary(tag, value, self._descriptions.pop(tag, ""))
+                    self.writer.file_writer.add_summary(summary, step)
                 else:
                     self.writer.add_scalar(tag, value, global_step=step)
             self.writer.flush()

@@ -61,13 +61,15 @@ Trust = Literal["ok", "uncalibrated", "flagged", "partial", "inconclusive", "unp
 #: the one ``trust`` names. ``"ok"``: nothing undercuts the decision. ``"uncalibrated"``: a layer applies a
 #: point-wise function the study did not calibrate (not tanh) and the threshold is the study's (give your own
 #: ``threshold=`` or ``calibration=``). ``"flagged"``: a flag (offset-driven, stalled-loss) says the saturation is
-#: from a pattern the study's cells were not read for. ``"partial"``: training ended before the window closed; the verdict is
+#: from a pattern the study's cells were not read for. ``"partial"``: training ended before the window closed; the
+#: verdict is
 #: provisional (a resume from a checkpoint finishes the window). ``"inconclusive"``: ``|margin|`` is within
 #: :data:`~satmon.study.INCONCLUSIVE_BAND`. ``"unproven"``: the rule was not shown to predict DyT's effect on cells it
 #: was not fit on (its held-out record does not beat guessing the commoner outcome by a one-sided exact binomial test at
 #: p < 0.05, or it has none: the study's 0.43,
 #: a threshold given without calibration): the decision is a measurement, not a forecast. It comes last: it says
-#: nothing about this run, only about the rule. A ``"non-finite"`` decision is a fact, not a rule's call: its trust is ``"ok"``.
+#: nothing about this run, only about the rule. A ``"non-finite"`` decision is a fact, not a rule's call: its trust
+#: is ``"ok"``.
 TRUST: tuple[str, ...] = ("ok", "uncalibrated", "flagged", "partial", "inconclusive", "unproven")
 #: Whose threshold the decision used: the study's 0.43 (and caveat), one the user gave, or a calibration's.
 THRESHOLD_SOURCES: tuple[str, ...] = ("study", "user", "calibration")
@@ -118,9 +120,10 @@ class Rule:
     def __post_init__(self) -> None:
         if self.threshold_source not in THRESHOLD_SOURCES:
             raise ValueError(f"Expected `threshold_source` in {THRESHOLD_SOURCES}, got {self.threshold_source!r}.")
-        if self.threshold_source == "study" and self.threshold != study.THRESHOLD:  # the study's cells were read at 0.43 only
+        if self.threshold_source == "study" and self.threshold != study.THRESHOLD:  # the study read its cells at 0.43
             raise ValueError(f"Expected the study's threshold {study.THRESHOLD:g} with threshold_source='study', got "
-                             f"{self.threshold!r}: a threshold of your own is threshold_source='user' (or 'calibration').")
+                             f"{self.threshold!r}: a threshold of your own is threshold_source='user' (or "
+                             "'calibration').")
 
     @classmethod
     def resolve(cls, *, threshold: float | None = None, caveat: str | None = None,
@@ -147,7 +150,8 @@ class Rule:
         if calibration is not None:
             cells = calibration.n if calibration.n > 0 else None
             return cls(calibration.threshold if threshold is None else threshold, collapse_threshold,
-                       caveat or calibration.caveat(), "calibration", calibration.loso_accuracy, calibration.no_skill, cells)
+                       caveat or calibration.caveat(), "calibration", calibration.loso_accuracy, calibration.no_skill,
+                       cells)
         text = caveat or study.CAVEAT
         source = "study" if threshold is None and text == study.CAVEAT else "user"
         return cls(study.THRESHOLD if threshold is None else threshold, collapse_threshold, text, source)
@@ -186,26 +190,29 @@ class Rule:
             if nonfinite:
                 what.append(f"{nonfinite:,} DyT layer input(s) or alpha(s) held NaN/inf")
             if bad_weights:
-                names = ", ".join(f"{n} ({c:,})" for n, c in list(weights.items())[:6]) + (", ..." if len(weights) > 6 else "")
+                names = ", ".join(f"{n} ({c:,})" for n, c in list(weights.items())[:6])
+                names += ", ..." if len(weights) > 6 else ""
                 what.append(f"{bad_weights:,} weight element(s) are NaN/inf ({names})")
             return Decided(Decision.NON_FINITE, (
-                "; ".join(what) + ": the run diverged, and a NaN element counts as unsaturated, so the pooled saturation "
-                "is not a reading of a healthy run. Lower the learning rate, clip gradients or check the data, then screen "
-                "again"), None, op)
+                "; ".join(what) + ": the run diverged, and a NaN element counts as unsaturated, so the pooled "
+                "saturation is not a reading of a healthy run. Lower the learning rate, clip gradients or check the "
+                "data, then screen again"), None, op)
         collapse = None if gated is None else bool(gated) and saturation >= self.collapse_threshold
         if collapse:
             return Decided(Decision.NO_GO, (
-                f"collapse risk: DyT feeds a gated MLP and pooled saturation {saturation:.4f} >= {self.collapse_threshold:g} "
+                f"collapse risk: DyT feeds a gated MLP and pooled saturation {saturation:.4f} >= "
+                f"{self.collapse_threshold:g} "
                 "(the study flagged 4/4 collapses at this level, 0/5 false alarms)"), True, op)
         decision = Decision.GO if op == ">=" else Decision.NO_GO
         said = f"measured pooled saturation {saturation:.4f} {op} {self.threshold:g}"
         if self.threshold_source == "study":  # the study's cells on that side of its threshold (satmon.study.MEANING)
             return Decided(decision, f"{said}; {study.ON_SIDE[decision]}", collapse, op)
-        return Decided(decision, f"{said} (the study's cells were counted against {study.THRESHOLD:g}, not this threshold)",
-                       collapse, op)
+        said += f" (the study's cells were counted against {study.THRESHOLD:g}, not this threshold)"
+        return Decided(decision, said, collapse, op)
 
     def evidence(self) -> tuple[float | None, float | None, int | None]:
-        """The rule's held-out evidence ``(accuracy, no-skill accuracy, cells)``: as given, or the study's for its own."""
+        """The rule's held-out evidence ``(accuracy, no-skill accuracy, cells)``: as given, or the study's for its
+        own."""
         held_out, no_skill, cells = self.held_out_accuracy, self.no_skill_accuracy, self.held_out_cells
         if self.threshold_source == "study" and held_out is None and no_skill is None:
             return study.HELD_OUT_ACCURACY, study.NO_SKILL_ACCURACY, study.HELD_OUT_CELLS
@@ -233,7 +240,10 @@ class Rule:
 
 
 def forecasts(held_out: float | None, no_skill: float | None, cells: int | None) -> bool:
-    """Whether a held-out record (``held_out`` of ``cells`` right) beats guessing the commoner outcome (``no_skill``)."""
-    if held_out is None or no_skill is None or cells is None or not 0.0 <= held_out <= 1.0 or not 0.0 <= no_skill <= 1.0:
+    """Whether a held-out record (``held_out`` of ``cells`` right) beats guessing the commoner outcome
+    (``no_skill``)."""
+    if held_out is None or no_skill is None or cells is None:
+        return False
+    if not 0.0 <= held_out <= 1.0 or not 0.0 <= no_skill <= 1.0:
         return False
     return beats(correct_of(held_out, cells), cells, no_skill, ALPHA)

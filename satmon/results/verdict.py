@@ -23,16 +23,17 @@ from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any, NamedTuple
 
+from satmon._compat import deprecated
 from satmon.results import card as verdict_card
 from satmon.results.card import FLAG_TEXT
 from satmon.results.frozen import FrozenMap, freeze, thaw
 from satmon.results.gating import GatingInfo
-from satmon._compat import deprecated
-from satmon.results.rule import CALIBRATED_FUNCTION, THRESHOLD_SOURCES, TRUST, Decision, Rule, Trust, forecasts
+from satmon.results.rule import CALIBRATED_FUNCTION, THRESHOLD_SOURCES, TRUST, Decision, Rule, Trust
 from satmon.study import CAVEAT, COLLAPSE_THRESHOLD, INCONCLUSIVE_BAND, LEVEL, THRESHOLD
 
 __all__ = [
-    "CAVEAT", "FLAG_TEXT", "INCONCLUSIVE_BAND", "THRESHOLD_SOURCES", "TRUST", "Decision", "GatingInfo", "LayerCounts", "Rule",
+    "CAVEAT", "FLAG_TEXT", "INCONCLUSIVE_BAND", "THRESHOLD_SOURCES", "TRUST", "Decision", "GatingInfo", "LayerCounts",
+    "Rule",
     "Source", "Trust", "Verdict", "build_verdict",
 ]
 
@@ -133,8 +134,10 @@ class Verdict:
         ('study', 0.43, 'go')
         >>> v.per_layer == {"ln_f": 0.45}, type(v.to_dict()["per_layer"]).__name__
         (True, 'dict')
-        >>> v.trust, v.forecast, build_verdict({"ln_f": LayerCounts(45, 100)}, step=3, window=3, planned_window=500).trust
-        ('unproven', False, 'partial')
+        >>> v.trust, v.forecast
+        ('unproven', False)
+        >>> build_verdict({"ln_f": LayerCounts(45, 100)}, step=3, window=3, planned_window=500).trust
+        'partial'
     """
 
     decision: Decision
@@ -170,7 +173,8 @@ class Verdict:
 
     def __post_init__(self) -> None:
         if self.decision not in tuple(Decision):
-            raise ValueError(f"Expected a decision in {tuple(d.value for d in Decision)}, got {self.decision!r}: verdicts "
+            raise ValueError(f"Expected a decision in {tuple(d.value for d in Decision)}, got {self.decision!r}: "
+                             "verdicts "
                              "are made by build_verdict, whose Rule decides.")
         object.__setattr__(self, "decision", Decision(self.decision))
         if not isinstance(self.rule, Rule):
@@ -263,7 +267,7 @@ class Verdict:
         Example:
             >>> new = build_verdict({"ln_f": (5, 10)}, step=500, window=500)
             >>> old = {k: v for k, v in new.to_dict().items() if k not in ("rule", "cautions")}
-            >>> old.update(threshold=0.43, caveat=new.rule.caveat, trust="ok")  # as satmon 0.3 saved it: no held-out record
+            >>> old.update(threshold=0.43, caveat=new.rule.caveat, trust="ok")  # as 0.3 saved it: no held-out record
             >>> Verdict.from_dict(old).trust, Verdict.from_dict(old).rule == new.rule
             ('unproven', True)
         """
@@ -274,10 +278,11 @@ class Verdict:
             known["rule"] = Rule.from_dict(d["rule"])
             return cls(**known)  # lists and dicts are frozen by __post_init__
         known["rule"] = rule = _flat_rule(d)  # satmon 0.1 to 0.4: the rule's fields at the top
-        if any(k not in d for k in ("held_out_accuracy", "held_out_cells", "trust")):  # before 0.5: trust from its fields
+        if any(k not in d for k in ("held_out_accuracy", "held_out_cells", "trust")):  # before 0.5: trust from fields
             known["cautions"] = rule.cautions(
                 known["decision"], tuple(known.get("functions", ())), tuple(known.get("flags", ())),
-                _partial(known["source"], known.get("window", 0), known["planned_window"]), bool(known.get("inconclusive")))
+                _partial(known["source"], known.get("window", 0), known["planned_window"]),
+                bool(known.get("inconclusive")))
             known["trust"] = known["cautions"][0] if known["cautions"] else "ok"
         if "comparison" not in known and "saturation" in known:  # before 0.5: as the rule compares
             known["comparison"] = rule.compare(known["saturation"])
@@ -287,8 +292,10 @@ class Verdict:
         """The decision and how far to trust it, in plain text (the card's title without its markdown).
 
         Example:
-            >>> build_verdict({"a": LayerCounts(3, 10)}, step=3, window=3, planned_window=10).headline()
-            "NO-GO by the study's rule, partial window (3 of 10 steps): a measurement, not a forecast (held-out accuracy 50% vs 67% for guessing the commoner outcome)"
+            >>> print(build_verdict({"a": LayerCounts(3, 10)}, step=3, window=3, planned_window=10).headline())
+            ... # doctest: +NORMALIZE_WHITESPACE
+            NO-GO by the study's rule, partial window (3 of 10 steps): a measurement, not a forecast (held-out
+            accuracy 50% vs 67% for guessing the commoner outcome)
         """
         return verdict_card.headline(self)
 
@@ -298,8 +305,9 @@ class Verdict:
 
         Example:
             >>> v = build_verdict({"a": LayerCounts(1, 2)}, step=500, window=500)
-            >>> v.summary()
-            "satmon verdict: GO by the study's rule (trust: unproven), saturation 0.5000 >= threshold 0.43 (margin +0.0700, window 500 steps)"
+            >>> print(v.summary())  # doctest: +NORMALIZE_WHITESPACE
+            satmon verdict: GO by the study's rule (trust: unproven), saturation 0.5000 >= threshold 0.43 (margin
+            +0.0700, window 500 steps)
             >>> v.summary(["tb/version_0 (TensorBoard, Text tab: satmon/verdict)"]).split("; ")[-1]
             'card: tb/version_0 (TensorBoard, Text tab: satmon/verdict)'
         """
@@ -309,9 +317,11 @@ class Verdict:
         """The verdict as a markdown card (TensorBoard text, reports); :meth:`text` is the console's.
 
         Example:
-            >>> v = build_verdict({"blocks.0.ln_1": LayerCounts(1, 10), "ln_f": LayerCounts(5, 10)}, step=500, window=500)
-            >>> print(v.card().splitlines()[0])
-            ### satmon verdict: **NO-GO** by the study's rule: a measurement, not a forecast (held-out accuracy 50% vs 67% for guessing the commoner outcome)
+            >>> v = build_verdict({"blocks.0.ln_1": LayerCounts(1, 10), "ln_f": LayerCounts(5, 10)}, step=500,
+            ...                   window=500)
+            >>> print(v.card().splitlines()[0])  # doctest: +NORMALIZE_WHITESPACE
+            ### satmon verdict: **NO-GO** by the study's rule: a measurement, not a forecast (held-out accuracy 50% vs
+            67% for guessing the commoner outcome)
         """
         return verdict_card.card(self)
 
@@ -320,14 +330,16 @@ class Verdict:
 
         Example:
             >>> v = build_verdict({"ln_f": LayerCounts(5, 10)}, step=500, window=500)
-            >>> print(v.text().splitlines()[0])
-            satmon verdict: GO by the study's rule: a measurement, not a forecast (held-out accuracy 50% vs 67% for guessing the commoner outcome)
+            >>> print(v.text().splitlines()[0])  # doctest: +NORMALIZE_WHITESPACE
+            satmon verdict: GO by the study's rule: a measurement, not a forecast (held-out accuracy 50% vs 67% for
+            guessing the commoner outcome)
         """
         return verdict_card.plain(verdict_card.card(self))
 
 
 #: the rule's own arguments ``build_verdict`` took until satmon 0.4 (deprecated: pass a :class:`Rule`)
-_RULE_ARGUMENTS = ("threshold", "collapse_threshold", "caveat", "threshold_source", "held_out_accuracy", "no_skill_accuracy",
+_RULE_ARGUMENTS = ("threshold", "collapse_threshold", "caveat", "threshold_source", "held_out_accuracy",
+                   "no_skill_accuracy",
                    "held_out_cells")
 
 
@@ -462,12 +474,14 @@ def _loose_rule(rule: Rule | None, given: Mapping[str, Any]) -> Rule:
     """The :class:`Rule` of ``build_verdict``'s deprecated loose rule arguments (satmon 0.4's), with a warning."""
     unknown = sorted(set(given) - set(_RULE_ARGUMENTS))
     if unknown:
-        raise TypeError(f"build_verdict() got unexpected keyword argument(s) {unknown}: expected the counts, a Rule and "
+        raise TypeError(f"build_verdict() got unexpected keyword argument(s) {unknown}: expected the counts, a Rule "
+                        "and "
                         f"the reading's own arguments (step, window, source, ...).")
     if rule is not None:
         raise ValueError(f"Expected either `rule` or the rule's own arguments, got both ({sorted(given)}): put them in "
                          "the Rule.")
-    deprecated(f"build_verdict({', '.join(f'{k}=' for k in given)})", "a Rule: build_verdict(counts, Rule(threshold=..., "
+    deprecated(f"build_verdict({', '.join(f'{k}=' for k in given)})", "a Rule: build_verdict(counts, "
+               "Rule(threshold=..., "
                "threshold_source='user'), ...), or settings.rule", stacklevel=4)
     threshold = given.get("threshold")
     whose = given.get("threshold_source") or ("study" if threshold is None else "user")  # never inferred from its value
