@@ -328,6 +328,8 @@ class Settings:
 
 
 _NAMES: tuple[str, ...] = tuple(f.name for f in fields(Settings) if f.name != "rule")
+#: the options whose value in force is the rule's (the option itself is kept as given)
+_IN_FORCE = ("threshold", "caveat")
 
 
 class ReadsSettings:
@@ -354,9 +356,9 @@ class ReadsSettings:
     def __getattr__(self, name: str) -> Any:
         settings = self.__dict__.get("settings")
         if isinstance(settings, Settings) and name in _NAMES:
-            owner = type(self).__name__
-            deprecated(f"{owner}.{name}", f"{owner}.settings.{name}")
-            return getattr(settings, name)
+            owner, where = type(self).__name__, "rule" if name in _IN_FORCE else ""  # 0.4 read the value in force
+            deprecated(f"{owner}.{name}", ".".join(filter(None, (owner, "settings", where, name))))
+            return getattr(settings.rule if where else settings, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 

@@ -327,3 +327,23 @@ def test_hf_callback_takes_settings_whole():
         SatmonTrainerCallback(500)  # 0.2's first positional argument was the window
     with pytest.raises(ValueError, match=r"Expected `logdir` to be a folder path or None, got 3 \(int\)"):
         SatmonTrainerCallback(logdir=3)
+
+
+def test_an_option_read_on_its_holder_is_deprecated_and_reads_what_0_4_read(tmp_path):
+    """``monitor.window`` (satmon 0.4's forwarding) warns and names the plain attribute; ``monitor.threshold`` and
+    ``monitor.caveat`` read the value in force, as 0.4 did, now ``monitor.settings.rule``'s."""
+    from satmon.settings import ReadsSettings
+
+    class Holder(ReadsSettings):
+        def __init__(self, settings: Settings) -> None:
+            self.settings = settings
+
+    calibrated = Holder(Settings(calibration=_calibration_file(tmp_path, threshold=0.45)))
+    with pytest.warns(SatmonDeprecationWarning, match=r"Holder.threshold is deprecated.*use Holder.settings.rule.threshold"):
+        assert calibrated.threshold == 0.45 and calibrated.settings.threshold is None
+    with pytest.warns(SatmonDeprecationWarning, match=r"Holder.caveat is deprecated.*use Holder.settings.rule.caveat"):
+        assert calibrated.caveat == calibrated.settings.rule.caveat
+    with pytest.warns(SatmonDeprecationWarning, match=r"Holder.window is deprecated.*use Holder.settings.window \("):
+        assert Holder(Settings(window=7)).window == 7
+    with pytest.raises(AttributeError, match="has no attribute 'windw'"):
+        Holder(Settings()).windw
