@@ -3,8 +3,8 @@
 A :class:`Rule` is made once, by :class:`satmon.Settings` (``settings.rule``, through :meth:`Rule.resolve`), and
 carried whole to :func:`satmon.results.reading.verdict_of` and :func:`satmon.results.verdict.build_verdict`, and kept
 whole in the verdict (``verdict.rule``). Its :meth:`Rule.decide` is the study's :class:`Decision` (GO, NO-GO,
-NON-FINITE, collapse risk) with the comparison it made
-(``">="`` / ``"<"``), which the card and the CLI print as made, never re-derived; :meth:`Rule.cautions` is the trust.
+NON-FINITE, collapse risk) with the comparison it made (``">="`` / ``"<"``), which the card and the CLI print as made,
+never re-derived; :meth:`Rule.cautions` is the trust.
 Whose threshold it is (``source``) is carried by the rule, never found by comparing numbers.
 
 Example:
@@ -26,7 +26,6 @@ from satmon.functional.significance import ALPHA, beats, correct_of
 from satmon.results.calibration import Calibration
 
 __all__ = ["CALIBRATED_FUNCTION", "THRESHOLD_SOURCES", "TRUST", "Decided", "Decision", "Rule", "Trust"]
-
 
 
 class Decision(str, Enum):
@@ -56,14 +55,14 @@ class Decision(str, Enum):
         """How the card and the console print it: ``"GO"``, ``"NO-GO"``, ``"NON-FINITE"``."""
         return self.value.upper()
 
+
 Trust = Literal["ok", "uncalibrated", "flagged", "partial", "inconclusive", "unproven"]
 #: What ``Verdict.trust`` can say, most serious first: the order in which ``cautions`` are listed and
 #: the one ``trust`` names. ``"ok"``: nothing undercuts the decision. ``"uncalibrated"``: a layer applies a
 #: point-wise function the study did not calibrate (not tanh) and the threshold is the study's (give your own
 #: ``threshold=`` or ``calibration=``). ``"flagged"``: a flag (offset-driven, stalled-loss) says the saturation is
 #: from a pattern the study's cells were not read for. ``"partial"``: training ended before the window closed; the
-#: verdict is
-#: provisional (a resume from a checkpoint finishes the window). ``"inconclusive"``: ``|margin|`` is within
+#: verdict is provisional (a resume from a checkpoint finishes the window). ``"inconclusive"``: ``|margin|`` is within
 #: :data:`~satmon.study.INCONCLUSIVE_BAND`. ``"unproven"``: the rule was not shown to predict DyT's effect on cells it
 #: was not fit on (its held-out record does not beat guessing the commoner outcome by a one-sided exact binomial test at
 #: p < 0.05, or it has none: the study's 0.43,

@@ -33,8 +33,7 @@ from satmon.study import CAVEAT, COLLAPSE_THRESHOLD, INCONCLUSIVE_BAND, LEVEL, T
 
 __all__ = [
     "CAVEAT", "FLAG_TEXT", "INCONCLUSIVE_BAND", "THRESHOLD_SOURCES", "TRUST", "Decision", "GatingInfo", "LayerCounts",
-    "Rule",
-    "Source", "Trust", "Verdict", "build_verdict",
+    "Rule", "Source", "Trust", "Verdict", "build_verdict",
 ]
 
 
