@@ -346,4 +346,4 @@ def test_an_option_read_on_its_holder_is_deprecated_and_reads_what_0_4_read(tmp_
     with pytest.warns(SatmonDeprecationWarning, match=r"Holder.window is deprecated.*use Holder.settings.window \("):
         assert Holder(Settings(window=7)).window == 7
     with pytest.raises(AttributeError, match="has no attribute 'windw'"):
-        Holder(Settings()).windw
+        _ = Holder(Settings()).windw
