@@ -36,10 +36,10 @@ __all__ = ["HP_METRIC_HIDES", "LightningSink"]
 
 #: Said when a TensorBoardLogger's own hparams session hides satmon's columns in the HParams tab.
 HP_METRIC_HIDES = ("satmon: TensorBoardLogger(default_hp_metric=True) wrote an hparams session of its own (hp_metric) "
-                   "in {log_dir}, and TensorBoard's HParams tab takes the run's first session: satmon/decision and "
-                   "satmon/trust will not show there. Create the logger with TensorBoardLogger(..., "
-                   "default_hp_metric=False) to compare runs by satmon's verdict; the Scalars and Text tabs show it "
-                   "either way.")
+                   "in {log_dir}, and TensorBoard's HParams tab takes the run's "
+                   "first session: satmon/decision and satmon/trust will not show there. Create the logger with "
+                   "TensorBoardLogger(..., default_hp_metric=False) to compare runs by satmon's verdict; the "
+                   "Scalars and Text tabs show it either way.")
 
 
 class LightningSink:
