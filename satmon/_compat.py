@@ -1,8 +1,10 @@
-"""Every deprecated import path, in one place: satmon 0.2's module paths and the names that moved.
+"""Every deprecated import path and name, in one place: satmon 0.2's module paths and the names that moved.
 
 satmon 0.3 moved its modules into folders that show the layers (``docs/reference/architecture.md``). The 0.2
-paths keep working until satmon 0.5 (a release later than 0.3 announced): importing one, or reading a name from it, gives a
-:class:`SatmonDeprecationWarning` that names the new home. The 0.1 aliases (deprecated in 0.2) are gone.
+paths keep working until satmon 0.5 (a release later than 0.3 announced): importing one, or reading a name from it,
+gives a :class:`SatmonDeprecationWarning` that names the new home. The 0.1 aliases (deprecated in 0.2) are gone.
+What moved in 0.4 and 0.5 (:data:`MOVED_IN_0_4`, :data:`MOVED_IN_0_5`, :data:`MODULES_MOVED_IN_0_5`) works until
+0.6, and :func:`deprecated` says the same for an argument or an attribute.
 
 Example:
     >>> import sys, warnings
@@ -26,7 +28,9 @@ import types
 import warnings
 from typing import Any
 
-__all__ = ["MODULES", "MOVED_IN_0_4", "NAMES", "REMOVED_IN", "SatmonDeprecationWarning", "install", "moved_attribute"]
+__all__ = ["MODULES", "MODULES_MOVED_IN_0_5", "MOVED_IN_0_4", "MOVED_IN_0_5", "NAMES", "REMOVED_IN",
+           "SatmonDeprecationWarning", "deprecated",
+           "install", "moved_attribute"]
 
 #: The release that drops these paths.
 REMOVED_IN = "0.5"
@@ -55,7 +59,7 @@ MODULES: dict[str, str | None] = {
     "satmon.core.dataflow": "satmon.model.dataflow",
     "satmon.core.gated_mlp": "satmon.model.gating",
     "satmon.core.gated_mlp_names": "satmon.model.gating_names",
-    "satmon.core.model_state": "satmon.model.frozen",
+    "satmon.core.model_state": "satmon.model.frozen_forward",
     "satmon.core.hookset": "satmon.observe.hookset",
     "satmon.core.counters": "satmon.observe.counters",
     "satmon.core.saturation_hooks": "satmon.observe.saturation",
@@ -82,6 +86,11 @@ MODULES: dict[str, str | None] = {
     "satmon.integrations": "satmon.drivers",
     "satmon.integrations.hf": "satmon.drivers.hf",
 }
+#: satmon 0.4 module path -> its 0.5 home: modules renamed in 0.5, kept until satmon 0.6 (a pair of files with one
+#: name and two meanings: ``model/frozen.py``, the frozen forward, beside ``results/frozen.py``, read-only containers)
+MODULES_MOVED_IN_0_5: dict[str, str] = {
+    "satmon.model.frozen": "satmon.model.frozen_forward",
+}
 #: 0.2 packages (their submodules are aliases too)
 _PACKAGES = {"satmon.core", "satmon.writers", "satmon.integrations"}
 
@@ -90,22 +99,55 @@ _PACKAGES = {"satmon.core", "satmon.writers", "satmon.integrations"}
 #: now: their 0.2 names that the package does not export are read from the modules that hold them.
 NAMES: dict[tuple[str, str], tuple[str, str]] = {
     ("satmon.core.settings", "ScreenSettings"): ("satmon.settings", "Settings"),
-    **{("satmon.probing", n): ("satmon.probing.passes", n) for n in ("probe", "EMBEDDING", "LayerReading", "ProbeReport",
-                                                                     "SigmaMinReading", "feed_first")},
+    **{("satmon.probing", n): ("satmon.probing.passes", n)
+       for n in ("probe", "EMBEDDING", "LayerReading", "ProbeReport",
+                 "SigmaMinReading", "feed_first")},
     **{("satmon.replay", n): ("satmon.replay.loop", n) for n in ("TWIN_SEED", "nonfinite_parameters", "summary_row")},
     ("satmon.replay", "ReplayUsageError"): ("satmon.replay.user_code", "ReplayUsageError"),
-    **{("satmon.calibrate", n): ("satmon.calibrate.fit", n) for n in ("STUDY_THRESHOLD", "FORMAT", "MIN_CELLS", "csv_rows",
-                                                                      "to_float")},
+    **{("satmon.calibrate", n): ("satmon.calibrate.fit", n)
+       for n in ("STUDY_THRESHOLD", "FORMAT", "MIN_CELLS", "csv_rows",
+                 "to_float")},
     ("satmon.core.window_verdict", "verdict_stop_reason"): ("satmon.screen.stop_policy", "verdict_stop_reason"),
-    **{("satmon.discovery", n): ("satmon.model.map", n) for n in ("find_blocks", "find_dyt_layers", "find_norm_layers")},
+    **{("satmon.discovery", n): ("satmon.model.map", n)
+       for n in ("find_blocks", "find_dyt_layers", "find_norm_layers")},
 }
 
 
 #: (0.3 module, name) -> (its 0.4 home, name): names that moved in satmon 0.4, kept until satmon 0.6. The model
 #: map's finders left ``satmon.model.discovery`` (they read the map, which reads discovery: an import circle).
 MOVED_IN_0_4: dict[tuple[str, str], tuple[str, str]] = {
-    **{("satmon.model.discovery", n): ("satmon.model.map", n) for n in ("find_blocks", "find_dyt_layers", "find_norm_layers")},
+    **{("satmon.model.discovery", n): ("satmon.model.map", n)
+       for n in ("find_blocks", "find_dyt_layers", "find_norm_layers")},
 }
+
+
+#: (0.4 module, name) -> (its 0.5 home, name): names that moved in satmon 0.5, kept until satmon 0.6. ``satmon``'s own
+#: list (``satmon.__all__``) keeps the API a user calls; the mechanism under it is imported from its module.
+MOVED_IN_0_5: dict[tuple[str, str], tuple[str, str]] = {
+    ("satmon", "build_verdict"): ("satmon.results.verdict", "build_verdict"),
+    ("satmon", "LayerCounts"): ("satmon.results.verdict", "LayerCounts"),
+    ("satmon", "Source"): ("satmon.results.verdict", "Source"),
+    ("satmon", "GatingInfo"): ("satmon.results.gating", "GatingInfo"),
+    ("satmon", "SaturationCounter"): ("satmon.observe.counters", "SaturationCounter"),
+    ("satmon", "SaturationHooks"): ("satmon.observe.saturation", "SaturationHooks"),
+    ("satmon.io.tensorboard", "TAG"): ("satmon.io.tags", "TAG"),
+    ("satmon.io.tensorboard", "VERDICT_VALUES"): ("satmon.io.tags", "VERDICT_VALUES"),
+}
+
+
+def deprecated(old: str, new: str, *, since: str = "0.5", until: str = "0.6", stacklevel: int = 3) -> None:
+    """Warn that ``old`` (an argument, an attribute, a spelling) is deprecated for ``new``: one message for all.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     deprecated("Verdict.caveat", "Verdict.rule.caveat")
+        >>> print(caught[0].message)
+        Verdict.caveat is deprecated since satmon 0.5: use Verdict.rule.caveat (the old form works until satmon 0.6).
+    """
+    warnings.warn(f"{old} is deprecated since satmon {since}: use {new} (the old form works until satmon {until}).",
+                  SatmonDeprecationWarning, stacklevel=stacklevel)
 
 
 def _warn(old: str, new: str, stacklevel: int = 4, since: str = "0.3", until: str = REMOVED_IN) -> None:
@@ -123,6 +165,10 @@ def moved_attribute(module: str, name: str) -> Any:
         AttributeError: module 'satmon' has no attribute 'decide'
     """
     target = NAMES.get((module, name))
+    if target is None and (module, name) in MOVED_IN_0_5:
+        target = MOVED_IN_0_5[(module, name)]
+        _warn(f"{module}.{name}", f"{target[0]}.{target[1]}", since="0.5", until="0.6")
+        return getattr(importlib.import_module(target[0]), target[1])
     if target is None and (module, name) in MOVED_IN_0_4:
         target = MOVED_IN_0_4[(module, name)]
         _warn(f"{module}.{name}", f"{target[0]}.{target[1]}", since="0.4", until="0.6")
@@ -137,7 +183,7 @@ class _Alias(types.ModuleType):
     """A 0.2 module path: reads go to the module's 0.3 home (importing the path warned once)."""
 
     def __init__(self, old: str, new: str | None) -> None:
-        super().__init__(old, f"Deprecated alias of {new or 'nothing'} (satmon 0.2 path; gone in satmon {REMOVED_IN}).")
+        super().__init__(old, f"Deprecated alias of {new or 'nothing'} (an old satmon path, with a warning).")
         self.__dict__["_new"] = new
         if old in _PACKAGES:
             self.__dict__["__path__"] = []  # submodules resolve through the finder
@@ -159,11 +205,15 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds 0.2 module paths (after the real modules: a path that exists is never shadowed)."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in MODULES:
+        if fullname not in MODULES and fullname not in MODULES_MOVED_IN_0_5:
             return None
         return importlib.machinery.ModuleSpec(fullname, self, is_package=fullname in _PACKAGES)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        if spec.name in MODULES_MOVED_IN_0_5:
+            new = MODULES_MOVED_IN_0_5[spec.name]
+            _warn(spec.name, new, stacklevel=3, since="0.5", until="0.6")
+            return _Alias(spec.name, new)
         new = MODULES[spec.name]
         if new is not None:
             _warn(spec.name, new, stacklevel=3)  # _warn, this, then the importer (importlib's frames are skipped)

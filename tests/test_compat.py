@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 import satmon
-from satmon import _compat
-from satmon._compat import MODULES, NAMES, SatmonDeprecationWarning
+from satmon._compat import MODULES, MODULES_MOVED_IN_0_5, MOVED_IN_0_5, NAMES, SatmonDeprecationWarning
 
 
 def _fresh(name: str) -> None:
@@ -28,7 +27,8 @@ def _fresh(name: str) -> None:
 def test_every_0_2_module_path_imports_with_a_warning_that_names_its_new_home(old):
     _fresh(old)
     new = MODULES[old]
-    with pytest.warns(SatmonDeprecationWarning, match=rf"{old.replace('.', '[.]')} is deprecated.*use {new}.*until satmon 0\.5"):
+    with pytest.warns(SatmonDeprecationWarning,
+                      match=rf"{old.replace('.', '[.]')} is deprecated.*use {new}.*until satmon 0\.5"):
         alias = importlib.import_module(old)
     target = importlib.import_module(new)
     public = [n for n in getattr(target, "__all__", ()) if not n.startswith("_")]
@@ -74,7 +74,8 @@ def test_0_1_aliases_are_gone(gone):
         getattr(satmon, gone.split(".")[1])
 
 
-@pytest.mark.parametrize("gone", ["satmon.models", "satmon.hooks", "satmon.gating", "satmon.functional.deadir", "satmon.data"])
+@pytest.mark.parametrize("gone", ["satmon.models", "satmon.hooks", "satmon.gating", "satmon.functional.deadir",
+                                  "satmon.data"])
 def test_0_1_module_paths_are_gone(gone):
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module(gone)
@@ -82,6 +83,38 @@ def test_0_1_module_paths_are_gone(gone):
 
 def test_no_alias_names_a_path_that_exists_so_a_real_module_is_never_shadowed():
     root = Path(satmon.__file__).parent.parent
-    for old in MODULES:
+    for old in [*MODULES, *MODULES_MOVED_IN_0_5]:
         rel = root / old.replace(".", "/")
         assert not rel.with_suffix(".py").exists() and not (rel / "__init__.py").exists(), old
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(MODULES_MOVED_IN_0_5.items()))
+def test_modules_renamed_in_0_5_import_with_a_warning_until_0_6(old, new):
+    sys.modules.pop(old, None)
+    with pytest.warns(SatmonDeprecationWarning, match=rf"{old.replace('.', '[.]')} is deprecated since satmon 0[.]5: "
+                                                      rf"use "
+                                                      rf"{new.replace('.', '[.]')} .*until satmon 0[.]6"):
+        alias = importlib.import_module(old)
+    target = importlib.import_module(new)
+    assert all(getattr(alias, n) is getattr(target, n) for n in target.__all__)
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(MOVED_IN_0_5.items()))
+def test_names_moved_in_0_5_warn_and_resolve_until_0_6(old, new):
+    module, name = old
+    with pytest.warns(SatmonDeprecationWarning, match=rf"{module}[.]{name} is deprecated since satmon 0[.]5: use "
+                                                      rf"{new[0]}[.]{new[1]} .*until satmon 0[.]6"):
+        value = getattr(importlib.import_module(module), name)
+    assert value is getattr(importlib.import_module(new[0]), new[1])
+    assert name not in getattr(importlib.import_module(module), "__all__", ())  # no longer listed where it was
+
+
+def test_satmon_all_is_the_api_a_user_calls_and_each_name_reads_without_a_warning():
+    import warnings
+
+    mechanism = {"build_verdict", "LayerCounts", "Source", "GatingInfo", "SaturationCounter", "SaturationHooks"}
+    assert not mechanism & set(satmon.__all__)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in satmon.__all__:
+            getattr(satmon, name)

@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     from satmon.io.atomic import OutputError
     from satmon.io.lock import OutputBusy
     from satmon.io.safe_text import printable
-    from satmon.replay.user_code import ReplayUsageError, error_line
+    from satmon.errors import UsageError, error_line
 
     if args.progress_every is not None and not args.progress_every >= 0:
         print(f"satmon grid: Expected --progress-every >= 0 seconds, got {args.progress_every}.", file=sys.stderr)
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     except OutputBusy as e:
         print(f"satmon grid: {printable(str(e))}", file=sys.stderr)
         return EXIT_BUSY
-    except (ReplayUsageError, OutputError, ValueError) as e:
+    except (UsageError, OutputError, ValueError) as e:
         print(f"satmon grid: {printable(str(e) if type(e) in (ValueError, OutputError) else error_line(e))}", file=sys.stderr)
         return EXIT_USAGE
     except GridInterrupted as e:

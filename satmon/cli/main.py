@@ -129,7 +129,8 @@ def _guarded(name: str) -> Iterator[list[BaseException]]:
     """For a command's time: no import from the working directory; the errors of background threads kept in the
     yielded list instead of printed as tracebacks, and those of objects' finalizers said in one line; restored at
     the end."""
-    from satmon.replay.user_code import error_line, no_working_directory
+    from satmon.errors import error_line
+    from satmon.replay.user_code import no_working_directory
 
     errors: list[BaseException] = []
     previous, previous_unraisable = threading.excepthook, sys.unraisablehook
@@ -165,7 +166,7 @@ def settings_problem() -> str | None:
 
 def _run(name: str, argv: list[str]) -> int:
     """The command's exit code; a background thread's error makes a run that said nothing of it end in one line."""
-    from satmon.replay.user_code import error_line
+    from satmon.errors import error_line
 
     if not {"-h", "--help"} & set(argv) and (problem := settings_problem()):  # checked once, before any work
         print(f"satmon {name}: {problem}", file=sys.stderr)

@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + stopped("terminated (SIGTERM)" if terminated else "interrupted (Ctrl-C)"), file=sys.stderr)
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except OSError as e:  # an output that cannot be written mid-run (a full disk...): what was there stays
-        from satmon.replay.user_code import error_line
+        from satmon.errors import error_line
 
         print(stopped(f"stopped by {error_line(e)}"), file=sys.stderr)
         return EXIT_SKIPPED

@@ -55,7 +55,7 @@ def __getattr__(name: str) -> Any:
 
 def _named() -> dict[str, str]:
     """Trajectory rows with a name of their own, in this order."""
-    from satmon.io.tensorboard import TAG
+    from satmon.io.tags import TAG
 
     return {TAG.saturation: "saturation (pooled)", TAG.margin: "margin",
             TAG.verdict: "verdict (1 GO, 0 NO-GO, -1 non-finite)", TAG.collapse_risk: "collapse risk",
@@ -98,7 +98,7 @@ def _body(run: Run) -> str:
     """What follows the run's first line: the card, the trajectories, the per-layer readings."""
     from satmon.io.markdown import table
     from satmon.io.safe_text import printable
-    from satmon.io.tensorboard import TAG
+    from satmon.io.tags import TAG
     from satmon.results.card import plain
 
     named = _named()
@@ -275,7 +275,7 @@ def _plot(runs: list[Run], path: Path, extra: list | None = None) -> int:
     """Place each run on the study's phase diagram (its card's parameters and unique tokens), with the ``extra`` cells
     of ``--cells``; the exit code."""
     from satmon.io.phase_diagram import STUDY_SOURCE, phase_cells, plot_phase
-    from satmon.io.tensorboard import TAG
+    from satmon.io.tags import TAG
     from satmon.results.run_scale import RunScale
 
     placed, not_placed = [], []

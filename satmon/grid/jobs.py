@@ -159,8 +159,9 @@ def run_job(task: Mapping[str, Any]) -> str:
     check_imports(task.get("imports"))  # before anything is written: this job measures with the grid's code
     from satmon.grid.cell import make_spec, measure_cell
     from satmon.grid.config import Budget, GridSettings
+    from satmon.errors import error_line
     from satmon.grid.recipe import check_identity, load_recipe
-    from satmon.replay.user_code import error_line, no_working_directory
+    from satmon.replay.user_code import no_working_directory
 
     cell, attempt, failed, prog = (Path(task[k]) for k in ("cell", "attempt", "failed", "progress"))
     log = _own_log(task)

@@ -292,14 +292,15 @@ def load_recipe(spec: str) -> tuple[Recipe, str]:
     path made absolute).
 
     Raises:
-        satmon.replay.user_code.ReplayUsageError: ``spec`` cannot be imported, or names something else than a Recipe.
+        satmon.errors.UsageError: ``spec`` cannot be imported, or names something else than a Recipe.
 
     Example:
         >>> recipe, where = load_recipe("builtin")
         >>> recipe.name, where
         ('satmon-faithful-gpt', 'satmon.grid.builtin:RECIPE')
     """
-    from satmon.replay.user_code import ReplayUsageError, import_object
+    from satmon.errors import UsageError
+    from satmon.replay.user_code import import_object
 
     where = BUILTINS.get(spec, spec)
     source, sep, attr = where.rpartition(":")
@@ -307,9 +308,9 @@ def load_recipe(spec: str) -> tuple[Recipe, str]:
         where = f"{Path(source).resolve()}:{attr}"
     obj = import_object(where, "RECIPE", "mypkg.grid:RECIPE")
     if not isinstance(obj, Recipe):
-        raise ReplayUsageError(f"Expected RECIPE {spec} to name a satmon.grid.Recipe, got {type(obj).__name__}: wrap your "
-                               "functions as RECIPE = satmon.grid.Recipe(name=..., data=..., model=..., tokens_per_step=...) "
-                               "(docs/guides/grid.md has a complete example).")
+        raise UsageError(f"Expected RECIPE {spec} to name a satmon.grid.Recipe, got {type(obj).__name__}: wrap your "
+                         "functions as RECIPE = satmon.grid.Recipe(name=..., data=..., model=..., tokens_per_step=...) "
+                         "(docs/guides/grid.md has a complete example).")
     return obj, where
 
 

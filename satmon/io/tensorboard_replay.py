@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from satmon.io.tags import TAG
 from satmon.io.tensorboard import (
-    TAG,
     SummaryWriterSink,
     add_layout,
     log_scalars,

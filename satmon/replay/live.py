@@ -167,7 +167,7 @@ def _reading_of(run: Any) -> LiveReading | None:
     (:func:`satmon.io.tensorboard.verdict_hparams`: decision, trust, source, window, threshold) and the pooled
     saturation scalar at the session's step. ``None`` when the run holds no satmon session of a screening window (a
     probe's or a replay's verdict, or a run without satmon's hyper-parameters). The card is never parsed."""
-    from satmon.io.tensorboard import TAG, VERDICT_VALUES
+    from satmon.io.tags import TAG, VERDICT_VALUES
 
     if run.texts.get(TAG.replay_checkpoint) or run.texts.get(TAG.replay_error):  # a replay's run
         return None

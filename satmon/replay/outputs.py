@@ -298,11 +298,11 @@ def write_report(out: Outputs, records: Sequence[Any], dicts: Sequence[dict[str,
     intro = [
         f"Model `{code}`; {len(ok)} of {len(rows)} checkpoint(s) replayed on {device} "
         f"({dtype} forward, float64 statistics); calibration: {data_text}.",
-        f"GO threshold {settings.threshold:g} on pooled saturation ({counted}); TensorBoard run `{log_dir}`.",
+        f"GO threshold {settings.rule.threshold:g} on pooled saturation ({counted}); TensorBoard run `{log_dir}`.",
     ] + [f"\n**{line}**" for line in notes]
     live = live_lines(records, markdown=True)
     if live:
         intro += ["", *live]
     assert out.report is not None
-    return write_markdown(out.report, list(dicts), list(rows), threshold=settings.threshold, intro=intro,
+    return write_markdown(out.report, list(dicts), list(rows), threshold=settings.rule.threshold, intro=intro,
                           last_card=None if last is None else last.card())

@@ -21,7 +21,7 @@ from satmon.grid import CellData, Recipe, load_recipe
 from satmon.grid.analysis import answer_text, forecast_check
 from satmon.grid.cell import make_spec, measure_cell
 from satmon.grid.config import Budget, GridSettings
-from satmon.replay.user_code import ReplayUsageError
+from satmon.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
 READINGS = ("window_saturation", "window_first_block", "window_last_block", "window_final_norm", "window_centered",
@@ -145,9 +145,9 @@ def test_the_arms_must_start_equal_and_see_the_same_batches():
 
 def test_a_recipe_is_named_code_and_its_options_are_typed(tmp_path):
     (tmp_path / "notarecipe.py").write_text("def build(size, budget, seed, norm):\n    return None\n")
-    with pytest.raises(ReplayUsageError, match="satmon.grid.Recipe"):
+    with pytest.raises(UsageError, match="satmon.grid.Recipe"):
         load_recipe(f"{tmp_path / 'notarecipe.py'}:build")
-    with pytest.raises(ReplayUsageError, match="RECIPE"):
+    with pytest.raises(UsageError, match="RECIPE"):
         load_recipe("no_such_module_anywhere:RECIPE")
     recipe, where = load_recipe("builtin")
     assert recipe.options_with({"seq_len": "32", "bias": "true"})["seq_len"] == 32

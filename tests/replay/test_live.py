@@ -17,7 +17,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 import satmon
 from satmon import SaturationMonitor
 from satmon.cli.main import main
-from satmon.io.tensorboard import TAG
+from satmon.io.tags import TAG
 from satmon.io.tensorboard_reader import read_run
 from satmon.replay import checkpoints as ck
 from satmon.replay.live import find_source, live_from_checkpoints, live_from_tensorboard, run_name, source_run
