@@ -26,7 +26,8 @@ import types
 import warnings
 from typing import Any
 
-__all__ = ["MODULES", "MOVED_IN_0_4", "NAMES", "REMOVED_IN", "SatmonDeprecationWarning", "install", "moved_attribute"]
+__all__ = ["MODULES", "MODULES_MOVED_IN_0_5", "MOVED_IN_0_4", "MOVED_IN_0_5", "NAMES", "REMOVED_IN", "SatmonDeprecationWarning",
+           "install", "moved_attribute"]
 
 #: The release that drops these paths.
 REMOVED_IN = "0.5"
@@ -45,9 +46,9 @@ MODULES: dict[str, str | None] = {
     "satmon.discovery": "satmon.model.discovery",
     "satmon.functional.affine": "satmon.model.affine",
     "satmon.probe_targets": "satmon.probing.targets",
-    "satmon.checkpoints": "satmon.replay.checkpoints",
-    "satmon.calibration_data": "satmon.replay.data",
-    "satmon.user_code": "satmon.replay.user_code",
+    "satmon.checkpoints": "satmon.replaying.checkpoints",
+    "satmon.calibration_data": "satmon.replaying.data",
+    "satmon.user_code": "satmon.replaying.user_code",
     "satmon.calibrate_runs": "satmon.calibrate.runs",
     "satmon.callback": "satmon.drivers.lightning",
     "satmon.live_probe": "satmon.drivers.live_probe",
@@ -83,7 +84,7 @@ MODULES: dict[str, str | None] = {
     "satmon.integrations.hf": "satmon.drivers.hf",
 }
 #: 0.2 packages (their submodules are aliases too)
-_PACKAGES = {"satmon.core", "satmon.writers", "satmon.integrations"}
+_PACKAGES = {"satmon.core", "satmon.writers", "satmon.integrations", "satmon.replay"}
 
 #: (0.2 module, name) -> (0.3 module, name): names that moved between modules or were renamed.
 #: ``satmon.probing``, ``satmon.replay`` and ``satmon.calibrate`` were modules in 0.2 and are packages
@@ -92,8 +93,8 @@ NAMES: dict[tuple[str, str], tuple[str, str]] = {
     ("satmon.core.settings", "ScreenSettings"): ("satmon.settings", "Settings"),
     **{("satmon.probing", n): ("satmon.probing.passes", n) for n in ("probe", "EMBEDDING", "LayerReading", "ProbeReport",
                                                                      "SigmaMinReading", "feed_first")},
-    **{("satmon.replay", n): ("satmon.replay.loop", n) for n in ("TWIN_SEED", "nonfinite_parameters", "summary_row")},
-    ("satmon.replay", "ReplayUsageError"): ("satmon.replay.user_code", "ReplayUsageError"),
+    **{("satmon.replay", n): ("satmon.replaying.loop", n) for n in ("TWIN_SEED", "nonfinite_parameters", "summary_row")},
+    ("satmon.replay", "ReplayUsageError"): ("satmon.replaying.user_code", "ReplayUsageError"),
     **{("satmon.calibrate", n): ("satmon.calibrate.fit", n) for n in ("STUDY_THRESHOLD", "FORMAT", "MIN_CELLS", "csv_rows",
                                                                       "to_float")},
     ("satmon.core.window_verdict", "verdict_stop_reason"): ("satmon.screen.stop_policy", "verdict_stop_reason"),
@@ -105,6 +106,24 @@ NAMES: dict[tuple[str, str], tuple[str, str]] = {
 #: map's finders left ``satmon.model.discovery`` (they read the map, which reads discovery: an import circle).
 MOVED_IN_0_4: dict[tuple[str, str], tuple[str, str]] = {
     **{("satmon.model.discovery", n): ("satmon.model.map", n) for n in ("find_blocks", "find_dyt_layers", "find_norm_layers")},
+}
+
+
+#: satmon 0.4 module path -> its 0.5 home: the replay's package became ``satmon.replaying`` so that
+#: ``satmon.replay`` is one thing, the function (as ``satmon.probe`` beside ``satmon.probing``); kept until satmon 0.6.
+MODULES_MOVED_IN_0_5: dict[str, str] = {
+    "satmon.replay": "satmon.replaying",
+    **{f"satmon.replay.{m}": f"satmon.replaying.{m}" for m in ("budget", "checkpoints", "data", "dcp", "live", "loop",
+                                                                "outputs", "session", "user_code")},
+    "satmon.replay.reading": "satmon.replaying.file_reads",
+}
+
+#: (0.4 module, name) -> (its 0.5 home, name): the replay's names, one meaning each, kept until satmon 0.6.
+MOVED_IN_0_5: dict[tuple[str, str], tuple[str, str]] = {
+    **{(m, "replay_checkpoints"): ("satmon.replaying.session", "replay") for m in ("satmon.replay", "satmon.replay.session")},
+    **{(m, "Replay"): ("satmon.replaying.session", "ReplaySession") for m in ("satmon.replay", "satmon.replay.session")},
+    **{(m, "replay"): ("satmon.replaying.loop", "checkpoint_records") for m in ("satmon.replay", "satmon.replay.loop")},
+    **{("satmon.replay", n): ("satmon.replaying.loop", n) for n in ("ModelLoader", "ReplayRecord")},
 }
 
 
@@ -123,6 +142,10 @@ def moved_attribute(module: str, name: str) -> Any:
         AttributeError: module 'satmon' has no attribute 'decide'
     """
     target = NAMES.get((module, name))
+    if target is None and (module, name) in MOVED_IN_0_5:
+        target = MOVED_IN_0_5[(module, name)]
+        _warn(f"{module}.{name}", f"{target[0]}.{target[1]}", since="0.5", until="0.6")
+        return getattr(importlib.import_module(target[0]), target[1])
     if target is None and (module, name) in MOVED_IN_0_4:
         target = MOVED_IN_0_4[(module, name)]
         _warn(f"{module}.{name}", f"{target[0]}.{target[1]}", since="0.4", until="0.6")
@@ -146,37 +169,63 @@ class _Alias(types.ModuleType):
         if name.startswith("__"):
             raise AttributeError(name)
         old, new = self.__name__, self.__dict__["_new"]
-        if f"{old}.{name}" in MODULES:
+        if f"{old}.{name}" in MODULES or f"{old}.{name}" in MODULES_MOVED_IN_0_5:
             return importlib.import_module(f"{old}.{name}")
-        if (old, name) in NAMES or (old, name) in MOVED_IN_0_4:
+        if (old, name) in NAMES or (old, name) in MOVED_IN_0_4 or (old, name) in MOVED_IN_0_5:
             return moved_attribute(old, name)
         if new is None:
             raise AttributeError(f"module {old!r} has no attribute {name!r}")
         return getattr(importlib.import_module(new), name)  # the import of this path already warned
 
 
+class _CallableAlias(_Alias):
+    """``satmon.replay`` imported as a module (a 0.4 path): importing it sets the attribute ``satmon.replay`` to this
+    module, so calling it stays :func:`satmon.replay` (the function) for the rest of the process."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(self.__dict__["_new"] + ".session"), "replay")(*args, **kwargs)
+
+
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds 0.2 module paths (after the real modules: a path that exists is never shadowed)."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in MODULES:
+        if fullname not in MODULES and fullname not in MODULES_MOVED_IN_0_5:
             return None
         return importlib.machinery.ModuleSpec(fullname, self, is_package=fullname in _PACKAGES)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        new = MODULES[spec.name]
-        if new is not None:
-            _warn(spec.name, new, stacklevel=3)  # _warn, this, then the importer (importlib's frames are skipped)
-        return _Alias(spec.name, new)
+        if spec.name in MODULES_MOVED_IN_0_5:
+            new: str | None = MODULES_MOVED_IN_0_5[spec.name]
+            _warn(spec.name, new, stacklevel=3, since="0.5", until="0.6")
+        else:
+            new = MODULES[spec.name]
+            if new is not None:
+                _warn(spec.name, new, stacklevel=3)  # _warn, this, then the importer (importlib's frames are skipped)
+        return (_CallableAlias if spec.name == "satmon.replay" else _Alias)(spec.name, new)
 
     def exec_module(self, module: types.ModuleType) -> None:
         pass
 
 
+class _RenamedFinder(_Finder):
+    """Finds the 0.4 paths of a package renamed in 0.5 (``satmon.replay``), before any other finder: that package no
+    longer exists, and a folder of it left behind (``satmon/replay/__pycache__`` after an upgrade in place, or an
+    editable install of an older tree) must not be imported as an empty namespace package instead."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in MODULES_MOVED_IN_0_5:
+            return None
+        return super().find_spec(fullname, path, target)
+
+
 _FINDER = _Finder()
+_RENAMED = _RenamedFinder()
 
 
 def install() -> None:
     """Let the 0.2 paths import (``import satmon`` calls it; idempotent)."""
     if _FINDER not in sys.meta_path:
         sys.meta_path.append(_FINDER)
+    if _RENAMED not in sys.meta_path:
+        sys.meta_path.insert(0, _RENAMED)

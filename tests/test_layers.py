@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("satmon.model",),
     ("satmon.convert", "satmon.observe", "satmon.io"),
     ("satmon.screen", "satmon.probing", "satmon.calibrate"),
-    ("satmon.replay",),
+    ("satmon.replaying",),
     ("satmon.drivers", "satmon.demos"),
     ("satmon.grid",),
     ("satmon.cli",),

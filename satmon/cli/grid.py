@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     from satmon.io.atomic import OutputError
     from satmon.io.lock import OutputBusy
     from satmon.io.safe_text import printable
-    from satmon.replay.user_code import ReplayUsageError, error_line
+    from satmon.replaying.user_code import ReplayUsageError, error_line
 
     if args.progress_every is not None and not args.progress_every >= 0:
         print(f"satmon grid: Expected --progress-every >= 0 seconds, got {args.progress_every}.", file=sys.stderr)

@@ -53,7 +53,7 @@ def run_job(task: Mapping[str, Any]) -> str:
     from satmon.grid.cell import make_spec, measure_cell
     from satmon.grid.config import Budget, GridSettings
     from satmon.grid.recipe import load_recipe
-    from satmon.replay.user_code import error_line, no_working_directory
+    from satmon.replaying.user_code import error_line, no_working_directory
 
     cell, attempt, failed, prog = (Path(task[k]) for k in ("cell", "attempt", "failed", "progress"))
     failed.unlink(missing_ok=True)

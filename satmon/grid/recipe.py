@@ -1,7 +1,7 @@
 """The recipe contract: what a user's code gives ``satmon grid`` for one cell (docs/guides/grid.md).
 
 A recipe is a :class:`Recipe` named on the command line as ``MODULE:ATTR`` or ``path/to/file.py:ATTR``
-(loaded by :func:`satmon.replay.user_code.import_object`, the loader of ``satmon replay --model``: the
+(loaded by :func:`satmon.replaying.user_code.import_object`, the loader of ``satmon replay --model``: the
 working directory is not searched, and naming the code is the opt-in to run it). It holds two functions:
 
 * ``data(spec) -> CellData``: the cell's unique training data cut to ``spec.unique_tokens``, a *fresh*
@@ -258,14 +258,14 @@ def load_recipe(spec: str) -> tuple[Recipe, str]:
     path made absolute).
 
     Raises:
-        satmon.replay.user_code.ReplayUsageError: ``spec`` cannot be imported, or names something else than a Recipe.
+        satmon.replaying.user_code.ReplayUsageError: ``spec`` cannot be imported, or names something else than a Recipe.
 
     Example:
         >>> recipe, where = load_recipe("builtin")
         >>> recipe.name, where
         ('satmon-faithful-gpt', 'satmon.grid.builtin:RECIPE')
     """
-    from satmon.replay.user_code import ReplayUsageError, import_object
+    from satmon.replaying.user_code import ReplayUsageError, import_object
 
     where = BUILTINS.get(spec, spec)
     source, sep, attr = where.rpartition(":")

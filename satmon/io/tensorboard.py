@@ -48,7 +48,7 @@ class TAG:
 
     satmon 0.2 wrote every scalar under ``satmon/`` and every text under ``<tag>/text_summary``, and 0.3
     the decision as ``Satmon/verdict``, the collapse risk as ``Satmon/collapse_risk`` and a replay's
-    texts under ``satmon/replay/``: :meth:`read_name` names an older tag the way 0.4 writes it, so readers
+    texts under ``satmon/replaying/``: :meth:`read_name` names an older tag the way 0.4 writes it, so readers
     take runs of every version.
 
     Example:
@@ -183,7 +183,7 @@ class TAG:
         Example:
             >>> TAG.read_name("satmon/margin"), TAG.read_name("Satmon/margin"), TAG.read_name("satmon/verdict", text=True)
             ('Satmon/margin', 'Satmon/margin', 'satmon/verdict')
-            >>> TAG.read_name("Satmon/verdict"), TAG.read_name("satmon/replay/checkpoint", text=True)  # 0.3's names
+            >>> TAG.read_name("Satmon/verdict"), TAG.read_name("satmon/replaying/checkpoint", text=True)  # 0.3's names
             ('Satmon/decision', 'satmon/verdict_checkpoint')
         """
         if tag in _V03:
@@ -202,9 +202,9 @@ _V02_SUMMARY = {"satmon/saturation": TAG.saturation, "satmon/nonfinite": TAG.non
 _V02_TEXT_SUFFIX = "/text_summary"
 _TEXTS = (TAG.verdict_text, TAG.stop_text, TAG.replay_checkpoint, TAG.replay_error)
 #: satmon 0.3's names of the tags 0.4 renamed (the decision first in its group, the collapse risk with the watch,
-#: a replay's texts after the card); 0.2's ``satmon/replay/...`` texts map through :meth:`TAG.from_v02` to these
+#: a replay's texts after the card); 0.2's ``satmon/replaying/...`` texts map through :meth:`TAG.from_v02` to these
 _V03 = {"Satmon/verdict": TAG.verdict, "Satmon/collapse_risk": TAG.collapse_risk,
-        "satmon/replay/checkpoint": TAG.replay_checkpoint, "satmon/replay/error": TAG.replay_error}
+        "satmon/replaying/checkpoint": TAG.replay_checkpoint, "satmon/replaying/error": TAG.replay_error}
 
 
 #: The ``Satmon/decision`` scalar of each decision. A non-finite verdict is -1, not NaN: NaN reads as

@@ -25,7 +25,7 @@ from satmon.grid import CellData, Recipe, load_recipe
 from satmon.grid.analysis import answer_text, forecast_check
 from satmon.grid.cell import make_spec, measure_cell
 from satmon.grid.config import Budget, GridSettings
-from satmon.replay.user_code import ReplayUsageError
+from satmon.replaying.user_code import ReplayUsageError
 
 ROOT = Path(__file__).resolve().parents[2]
 READINGS = ("window_saturation", "window_first_block", "window_last_block", "window_final_norm", "window_centered",

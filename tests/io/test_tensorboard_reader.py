@@ -96,15 +96,15 @@ def test_run_dirs(written, tmp_path):
 
 def test_a_0_3_run_reads_with_todays_names(tmp_path):
     """satmon 0.3 wrote the decision as Satmon/verdict, the collapse risk in the summary group and a replay's texts
-    under satmon/replay/: read back, they have the names 0.4 writes."""
+    under satmon/replaying/: read back, they have the names 0.4 writes."""
     from satmon.io.tensorboard import text_summary
 
     with SummaryWriter(str(tmp_path / "old")) as w:
         w.add_scalar("Satmon/verdict", 0.0, 8)
         w.add_scalar("Satmon/collapse_risk", 1.0, 8)
         w.add_scalar("Satmon/saturation", 0.625, 8)  # exact in float32
-        w.file_writer.add_summary(text_summary("satmon/replay/checkpoint", "`a.ckpt`"), 8)
-        w.file_writer.add_summary(text_summary("satmon/replay/error", "`b.ckpt`: bad"), 9)
+        w.file_writer.add_summary(text_summary("satmon/replaying/checkpoint", "`a.ckpt`"), 8)
+        w.file_writer.add_summary(text_summary("satmon/replaying/error", "`b.ckpt`: bad"), 9)
     run = read_run(tmp_path / "old")
     assert run.scalars == {TAG.verdict: [(8, 0.0)], TAG.collapse_risk: [(8, 1.0)], TAG.saturation: [(8, 0.625)]}
     assert run.decision() == "no-go" and run.verdict_saturation() == 0.625

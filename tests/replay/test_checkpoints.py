@@ -16,7 +16,7 @@ from helpers import tiny_lit, token_loader, trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from satmon import SaturationMonitor
-from satmon.replay.checkpoints import (
+from satmon.replaying.checkpoints import (
     TRUST_FLAG,
     CheckpointInfo,
     find_checkpoints,
@@ -26,7 +26,7 @@ from satmon.replay.checkpoints import (
     order_checkpoints,
     state_dict_of,
 )
-from satmon.replay.user_code import ReplayUsageError, short
+from satmon.replaying.user_code import ReplayUsageError, short
 
 
 class Payload:

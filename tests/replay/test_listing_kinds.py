@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from satmon.paths import kind_of, length_problem, open_regular, require_regular, NotRegular
-from satmon.replay import checkpoints as ck
-from satmon.replay.user_code import ReplayUsageError
+from satmon.replaying import checkpoints as ck
+from satmon.replaying.user_code import ReplayUsageError
 
 
 def _ckpt(path: Path, step: int = 1) -> Path:
@@ -353,7 +353,7 @@ def test_the_dcp_conversion_command_in_a_refusal_makes_a_file_satmon_replays(tmp
     import subprocess
     import sys
 
-    from satmon.replay.budget import BUDGET_ENV
+    from satmon.replaying.budget import BUDGET_ENV
 
     _dcp(tmp_path / "dcp")
     monkeypatch.setenv(BUDGET_ENV, "0.0001")

@@ -19,10 +19,10 @@ from satmon import SaturationMonitor
 from satmon.cli.main import main
 from satmon.io.tensorboard import TAG
 from satmon.io.tensorboard_reader import read_run
-from satmon.replay import checkpoints as ck
-from satmon.replay.live import find_source, live_from_checkpoints, live_from_tensorboard, run_name, source_run
-from satmon.replay.outputs import live_lines
-from satmon.replay.user_code import ReplayUsageError
+from satmon.replaying import checkpoints as ck
+from satmon.replaying.live import find_source, live_from_checkpoints, live_from_tensorboard, run_name, source_run
+from satmon.replaying.outputs import live_lines
+from satmon.replaying.user_code import ReplayUsageError
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*validation_step.*", "ignore:.*logging interval.*", "ignore:.*hp_metric.*")
 

@@ -5,7 +5,7 @@ A DCP folder (``torch.distributed.checkpoint.save``, Lightning's FSDP ``state_di
 runs any code. satmon reads it with a restricted unpickler whose only globals are DCP's own metadata types, ``torch.Size``,
 the dtypes, layouts and memory formats, and ``pathlib`` paths (:data:`ALLOWED`): anything else is refused, named. The
 shards hold each tensor chunk as a ``torch.save`` archive at an offset the metadata records: each is read with plain
-reads (the stamps checked), checked against its CRC-32s and the budget (:mod:`satmon.replay.budget`), loaded with
+reads (the stamps checked), checked against its CRC-32s and the budget (:mod:`satmon.replaying.budget`), loaded with
 ``torch.load(weights_only=True)`` and copied into its place in the whole tensor. Every rank's chunks are assembled:
 the result is the consolidated state, as ``dcp_to_torch_save`` would write it.
 
@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 
 from satmon.paths import open_regular
-from satmon.replay.budget import OverBudget, check_archive, mib, pickle_budget, pickle_extent
-from satmon.replay.reading import FileStamp, _read_exactly
+from satmon.replaying.budget import OverBudget, check_archive, mib, pickle_budget, pickle_extent
+from satmon.replaying.file_reads import FileStamp, _read_exactly
 
 __all__ = ["ALLOWED", "METADATA", "DcpIndex", "is_dcp"]
 

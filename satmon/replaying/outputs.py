@@ -5,7 +5,7 @@ file of partial records, ``report`` and its plots) and returns them as :class:`O
 :func:`write_report` writes the markdown report from the records; :func:`live_lines`,
 :func:`nonfinite_lines` and :func:`unverified` are the lines the command line and the report share.
 Messages name the command line's options (``--json``), which are the keyword arguments of
-:func:`satmon.replay.session.replay_checkpoints` of the same name.
+:func:`satmon.replaying.session.replay_checkpoints` of the same name.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from satmon.replay.user_code import ReplayUsageError, printable
+from satmon.replaying.user_code import ReplayUsageError, printable
 
 __all__ = ["Outputs", "check_folder", "check_outputs", "check_utf8", "live_lines", "nonfinite_lines", "unverified",
            "write_report"]
@@ -75,7 +75,7 @@ def check_folder(option: str, value: str) -> Path:
         >>> check_folder("--logdir", "")
         Traceback (most recent call last):
         ...
-        satmon.replay.user_code.ReplayUsageError: Expected --logdir to name a folder, got an empty name: pass a path such as satmon_logs.
+        satmon.replaying.user_code.ReplayUsageError: Expected --logdir to name a folder, got an empty name: pass a path such as satmon_logs.
     """
     from satmon.io.atomic import OutputError, check_name_lengths
     from satmon.paths import not_a_folder

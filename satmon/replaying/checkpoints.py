@@ -16,7 +16,7 @@ recursively, symlinks followed (a loop is detected), each real file listed once.
 ``optimizer.pt``, ``scheduler.pt``, ``scaler.pt``, ``rng_state*.pth`` and ``training_args.bin`` are
 not checkpoints: never listed, never an error.
 
-Files that change underneath (:mod:`satmon.replay.reading`): the listing stamps each file (size,
+Files that change underneath (:mod:`satmon.replaying.file_reads`): the listing stamps each file (size,
 modification time, inode); inspection reads the pickle once with every tensor left on the meta
 device; the tensors are copied from the file with plain reads at the checkpoint's turn, the stamp
 checked before and after. A file that changed is named and skipped.
@@ -38,9 +38,9 @@ from torch import Tensor
 
 from satmon.paths import NotRegular, PathKind, kind_of, open_regular
 
-from satmon.replay.budget import BUDGET_ENV, OverBudget, mib, pickle_budget
-from satmon.replay.dcp import METADATA, DcpIndex, is_dcp
-from satmon.replay.reading import (
+from satmon.replaying.budget import BUDGET_ENV, OverBudget, mib, pickle_budget
+from satmon.replaying.dcp import METADATA, DcpIndex, is_dcp
+from satmon.replaying.file_reads import (
     FileChanged,
     FileStamp,
     SafetensorsIndex,
@@ -48,7 +48,7 @@ from satmon.replay.reading import (
     load_index,
     load_whole,
 )
-from satmon.replay.user_code import ReplayUsageError, error_line, printable, short
+from satmon.replaying.user_code import ReplayUsageError, error_line, printable, short
 
 __all__ = [
     "CHECKPOINT_SUFFIXES", "TRAINER_STATE_FILES", "TRUST_FLAG", "CheckpointInfo", "Listing", "extract_state_dict",
@@ -243,7 +243,7 @@ def unsupported_format(folder: Path, names: set[str], subfolders: Sequence[Path]
     DeepSpeed (Lightning's ``DeepSpeedStrategy`` included): ``latest``, ``zero_to_fp32.py`` and a tag folder of
     ``mp_rank_*_model_states.pt`` and ``zero_*_optim_states.pt`` (the tag folder itself when given). Its weights are
     partitioned across the ranks' optimizer files (ZeRO), in DeepSpeed's own objects: consolidating them needs
-    deepspeed. (A torch.distributed.checkpoint folder is read: :mod:`satmon.replay.dcp`.)
+    deepspeed. (A torch.distributed.checkpoint folder is read: :mod:`satmon.replaying.dcp`.)
 
     Example:
         >>> print(unsupported_format(Path("run/ds"), {"mp_rank_00_model_states.pt"}).split(":")[0])
@@ -293,7 +293,7 @@ def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] 
         >>> list_checkpoints(["no/such/dir"])
         Traceback (most recent call last):
         ...
-        satmon.replay.user_code.ReplayUsageError: No such checkpoint file or directory: 'no/such/dir'.
+        satmon.replaying.user_code.ReplayUsageError: No such checkpoint file or directory: 'no/such/dir'.
     """
     out = Listing()
     seen_files: dict[tuple[int, int], Path] = {}
@@ -444,7 +444,7 @@ def find_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] 
         >>> find_checkpoints(["no/such/dir"])
         Traceback (most recent call last):
         ...
-        satmon.replay.user_code.ReplayUsageError: No such checkpoint file or directory: 'no/such/dir'.
+        satmon.replaying.user_code.ReplayUsageError: No such checkpoint file or directory: 'no/such/dir'.
     """
     listing = list_checkpoints(paths, exclude)
     if not listing.paths:
@@ -746,7 +746,7 @@ def _inspect_hf(folder: Path, stamps: Sequence[FileStamp] | None) -> CheckpointI
 
 
 def _inspect_dcp(folder: Path, stamps: Sequence[FileStamp] | None) -> CheckpointInfo:
-    """A torch.distributed.checkpoint folder (:mod:`satmon.replay.dcp`): its ``.metadata`` read with a restricted
+    """A torch.distributed.checkpoint folder (:mod:`satmon.replaying.dcp`): its ``.metadata`` read with a restricted
     unpickler (no code runs, trusted or not), its tensors assembled from every shard at their turn; its step stored
     beside them or in Lightning's ``meta.pt``."""
     info = CheckpointInfo(path=folder, kind="state_dict")
@@ -798,7 +798,7 @@ def _hf_step(folder: Path) -> tuple[int | None, str | None]:
 
 def _bounded_text(path: Path) -> str:
     """A Hugging Face folder's JSON (its index, ``trainer_state.json``), read only when it is a regular file within the
-    pickle budget (:mod:`satmon.replay.budget`): its size is checked before it is read."""
+    pickle budget (:mod:`satmon.replaying.budget`): its size is checked before it is read."""
     fd = open_regular(path)
     with os.fdopen(fd, "rb") as f:
         size, budget = os.fstat(fd).st_size, pickle_budget()

@@ -18,9 +18,9 @@ from torch import Tensor
 
 from satmon.batches import ForwardFn, feed_first, split_batch
 from satmon.paths import kind_of
-from satmon.replay.budget import OverBudget
-from satmon.replay.reading import FileStamp, load_index
-from satmon.replay.user_code import ReplayUsageError, error_line, printable, short
+from satmon.replaying.budget import OverBudget
+from satmon.replaying.file_reads import FileStamp, load_index
+from satmon.replaying.user_code import ReplayUsageError, error_line, printable, short
 
 __all__ = ["capture_batches", "datamodule_batches", "input_forward_fn", "load_data_file"]
 
@@ -65,7 +65,7 @@ def check_data_file(path: str | Path) -> Path:
         >>> check_data_file("/dev/zero")
         Traceback (most recent call last):
         ...
-        satmon.replay.user_code.ReplayUsageError: --data '/dev/zero': a character device, not a regular file (it was not opened). Pass --data FILE (a torch.save'd tensor, list of batches or dict of tensors) or --datamodule MODULE:CLASS.
+        satmon.replaying.user_code.ReplayUsageError: --data '/dev/zero': a character device, not a regular file (it was not opened). Pass --data FILE (a torch.save'd tensor, list of batches or dict of tensors) or --datamodule MODULE:CLASS.
     """
     kind = kind_of(path)
     if kind.regular:
@@ -97,7 +97,7 @@ def load_data_file(path: str | Path, n_batches: int, batch_size: int | None = No
     if damaged is not None:  # torch.load checks no checksum: damaged batches would be read as good ones
         raise ReplayUsageError(f"--data {str(p)!r}: corrupt: the bytes of its record {damaged!r} do not match the CRC-32 "
                                "its zip directory records (the file was damaged after it was written); save it again.")
-    try:  # its declared sizes first (satmon.replay.budget): a bomb is refused before anything is inflated or allocated
+    try:  # its declared sizes first (satmon.replaying.budget): a bomb is refused before anything is inflated or allocated
         load_index(FileStamp.of(p), trust=False)
     except OverBudget as e:
         raise ReplayUsageError(f"--data {str(p)!r}: {e}.") from None

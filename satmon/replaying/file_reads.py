@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from satmon.replay.budget import (
+from satmon.replaying.budget import (
     OverBudget,
     check_archive,
     check_storages,
@@ -169,7 +169,7 @@ _LEGACY_PICKLES = 5
 
 
 def _check_legacy_pickles(stamp: FileStamp) -> None:
-    """A legacy file's pickles, scanned opcode by opcode (:func:`satmon.replay.budget.pickle_extent`): each length they
+    """A legacy file's pickles, scanned opcode by opcode (:func:`satmon.replaying.budget.pickle_extent`): each length they
     declare fits the file and the budget, before torch unpickles anything."""
     with open(stamp.path, "rb") as f:
         budget, used = pickle_budget(), 0

@@ -1,8 +1,8 @@
 """Replay satmon's diagnostics over saved checkpoints: the loop that builds one record per checkpoint.
 
 Each checkpoint is built into a model (:class:`ModelLoader`, from the index
-:mod:`satmon.replay.checkpoints` read and the tensors it reads at the checkpoint's turn) and probed
-by :func:`satmon.probe` on the same calibration batches (:mod:`satmon.replay.data`), the code the
+:mod:`satmon.replaying.checkpoints` read and the tensors it reads at the checkpoint's turn) and probed
+by :func:`satmon.probe` on the same calibration batches (:mod:`satmon.replaying.data`), the code the
 live callback runs, so a replayed checkpoint and the live probe at the same step read the same
 numbers. Before any weight is read, the model is built on the meta device and compared with the
 checkpoint's tensor shapes (:meth:`ModelLoader.mismatch`): hyper-parameters that ask for another (or
@@ -27,21 +27,21 @@ from torch import Tensor, nn
 from satmon.observe.reading_hooks import (
     nonfinite_parameters,  # the probe's and the window's count
 )
-from satmon.replay.checkpoints import (
+from satmon.replaying.checkpoints import (
     CheckpointInfo,
     load_checkpoint,
     meta_state_dict,
     state_dict_of,
 )
-from satmon.replay.reading import CorruptFile, FileChanged
-from satmon.replay.user_code import ReplayUsageError, error_line, printable, short
+from satmon.replaying.file_reads import CorruptFile, FileChanged
+from satmon.replaying.user_code import ReplayUsageError, error_line, printable, short
 from satmon.results.live_replay import ReplaySource
 from satmon.results.replay_record import ReplayRecord
 from satmon.results.verdict import Source
 from satmon.settings import Settings, settings_from
 
-__all__ = ["TWIN_SEED", "ModelLoader", "ReplayRecord", "ReplayUsageError", "is_lightning_module", "nonfinite_parameters",
-           "replay", "summary_row"]
+__all__ = ["TWIN_SEED", "ModelLoader", "ReplayRecord", "ReplayUsageError", "checkpoint_records", "is_lightning_module",
+           "nonfinite_parameters", "summary_row"]
 
 #: Seed of the random-init twin: the same twin (and so the same init readings) for every checkpoint.
 TWIN_SEED = 0
@@ -153,7 +153,7 @@ class ModelLoader:
     """Builds the trained model of an inspected checkpoint, and its random-init twin, one at a time.
 
     The weights are read from the checkpoint's file(s) when the model is built
-    (:func:`satmon.replay.checkpoints.state_dict_of`), after :meth:`mismatch` compared the model,
+    (:func:`satmon.replaying.checkpoints.state_dict_of`), after :meth:`mismatch` compared the model,
     built on the meta device, with the checkpoint's tensor shapes.
 
     Args:
@@ -252,7 +252,7 @@ class ModelLoader:
         checkpoint). Otherwise a fresh model is built, as ``load_from_checkpoint`` builds it.
 
         Raises:
-            satmon.replay.reading.FileChanged: a file changed since it was listed.
+            satmon.replaying.file_reads.FileChanged: a file changed since it was listed.
         """
         try:
             if self._lightning(info):
@@ -432,7 +432,7 @@ def _replay_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any
                         error=None if error is None else printable(error))
 
 
-def replay(
+def checkpoint_records(
     infos: Sequence[CheckpointInfo],
     loader: ModelLoader,
     batches: Sequence[Any],
@@ -449,7 +449,7 @@ def replay(
     becomes a record with ``error`` set; the loop goes on.
 
     Args:
-        infos: from :func:`satmon.replay.checkpoints.inspect_checkpoint` (ordered); each one's index is
+        infos: from :func:`satmon.replaying.checkpoints.inspect_checkpoint` (ordered); each one's index is
             released once its model is built.
         loader: builds each model and its twin.
         batches: calibration batches, the same for every checkpoint.
@@ -462,15 +462,15 @@ def replay(
         on_record: called with each record before it is yielded, e.g. a
             :class:`~satmon.io.tensorboard_replay.TensorBoardReplay`.
         source: the run the checkpoints come from and its live verdict
-            (:func:`satmon.replay.live.find_source`), kept in every record: its card shows both readings.
+            (:func:`satmon.replaying.live.find_source`), kept in every record: its card shows both readings.
 
     Example:
         >>> import os, tempfile
-        >>> from satmon.replay.checkpoints import inspect_checkpoint
+        >>> from satmon.replaying.checkpoints import inspect_checkpoint
         >>> net = lambda: torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
         >>> f = os.path.join(tempfile.mkdtemp(), "w.pt")
         >>> torch.save({"model": net().state_dict(), "iter_num": 5}, f)
-        >>> (record,) = replay([inspect_checkpoint(f)], ModelLoader(factory=net), [torch.randn(8, 4)], twin=False)
+        >>> (record,) = checkpoint_records([inspect_checkpoint(f)], ModelLoader(factory=net), [torch.randn(8, 4)], twin=False)
         >>> record.global_step, record.error, record.report.layers["1"].kind
         (5, None, 'layernorm')
     """
