@@ -29,6 +29,7 @@ import os
 import re
 import shlex
 import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -481,7 +482,7 @@ def _not_a_checkpoint(path: Path) -> str | None:
     try:  # opened without blocking (a FIFO put there since the listing), and read only if it is a regular file
         fd = open_regular(path)
         try:
-            size, head = os.fstat(fd).st_size, os.read(fd, 64)
+            size, head = os.fstat(fd).st_size, os.read(fd, 4096)
         finally:
             os.close(fd)
     except NotRegular as e:
@@ -492,7 +493,8 @@ def _not_a_checkpoint(path: Path) -> str | None:
         return "not a PyTorch checkpoint: an empty file"
     if path.suffix == ".safetensors":
         n = int.from_bytes(head[:8], "little") if len(head) >= 8 else 0
-        return None if 0 < n <= size - 8 and head[8:9] == b"{" else "not a safetensors file: no JSON header"
+        return None if 0 < n <= size - 8 and head[8:9] == b"{" else packed_as(path, head) or (
+            "not a safetensors file: no JSON header")
     if head[:4] == b"PK\x03\x04":
         if not zipfile.is_zipfile(path):
             return (f"truncated or corrupt: a torch.save zip archive without its directory, {size:,} bytes; "
@@ -503,11 +505,67 @@ def _not_a_checkpoint(path: Path) -> str | None:
         return None
     if head[:1] == b"\x80":  # a pickle (torch.save's legacy format)
         return None
+    packed = packed_as(path, head)
+    if packed is not None:
+        return packed
+    head = head[:64]
     text = head.decode("utf-8", errors="strict") if _is_text(head) else None
     if text is not None:
         first = text.strip().splitlines()[0][:40] if text.strip() else ""
         return f"not a PyTorch checkpoint: a text file (starts {first!r})"
     return f"not a PyTorch checkpoint: neither a torch.save zip archive nor a pickle (starts {head[:8]!r})"
+
+
+#: Compressed and archive formats a checkpoint is shipped in, by their first bytes: (magic, what, unpack command).
+_PACKED = (
+    (b"\x1f\x8b", "gzip-compressed", "gunzip -c {src} > {out}"),
+    (b"BZh", "bzip2-compressed", "bunzip2 -c {src} > {out}"),
+    (b"\xfd7zXZ\x00", "xz-compressed", "xz -dc {src} > {out}"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed", "zstd -dc {src} -o {out}"),
+    (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive", "7z x {src} -o{folder}"),
+)
+_TAR_COMMAND = "mkdir -p {folder} && tar -x{z}f {src} -C {folder}"
+
+
+def _is_tar(block: bytes) -> bool:
+    return block[257:262] == b"ustar"
+
+
+def packed_as(path: Path, head: bytes) -> str | None:
+    """What a file is when it is a compressed file or an archive (a checkpoint shipped as ``.pt.gz``, a tar of a
+    checkpoint folder) rather than a checkpoint, from its first bytes, with the command that unpacks it beside it;
+    ``None`` when it is neither.
+
+    Example:
+        >>> import gzip
+        >>> print(packed_as(Path("run/w.pt"), gzip.compress(b"\\x80\\x02")))
+        not a PyTorch checkpoint: a gzip-compressed file; unpack it and replay what it holds: `gunzip -c run/w.pt > run/w-unpacked.pt`
+    """
+    src = shlex.quote(str(path))
+    stem = path.name[: -len(path.suffix)] if path.suffix else path.name
+    out, folder = (shlex.quote(str(path.with_name(f"{stem or 'checkpoint'}-unpacked{s}")))
+                   for s in (path.suffix or ".pt", ""))
+    if _is_tar(head):
+        what, command = "a tar archive", _TAR_COMMAND.format(folder=folder, z="", src=src)
+    else:
+        found = next(((what, command) for magic, what, command in _PACKED if head.startswith(magic)), None)
+        if found is None:
+            return None
+        what, command = found
+        if head.startswith(b"\x1f\x8b"):  # a tar inside? its first block says (a few KiB inflated, never more)
+            try:
+                inner = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 512)
+            except zlib.error:
+                inner = b""
+            if _is_tar(inner):
+                what, command = "a gzip-compressed tar archive (.tar.gz)", _TAR_COMMAND.format(folder=folder, z="z",
+                                                                                               src=src)
+            else:
+                what = "a gzip-compressed file"
+        elif not what.startswith("a "):
+            what = f"{'an' if what[0] in 'aeiox' else 'a'} {what} file"
+        command = command.format(src=src, out=out, folder=folder)
+    return printable(f"not a PyTorch checkpoint: {what}; unpack it and replay what it holds: `{command}`")
 
 
 def _is_text(head: bytes) -> bool:
@@ -769,7 +827,8 @@ def _inspect_dcp(folder: Path, stamps: Sequence[FileStamp] | None) -> Checkpoint
         info.weights = ()
         text = str(e)[:400] if str(e).startswith(("not", "incomplete", "truncated", "corrupt", "over satmon's")) \
             else error_line(e)
-        info.error = (f"{text}; a torch.distributed.checkpoint folder can also be consolidated into one file with "
+        info.error = text if text.startswith("incomplete") else (
+                      f"{text}; a torch.distributed.checkpoint folder can also be consolidated into one file with "
                       f"`python -m torch.distributed.checkpoint.format_utils dcp_to_torch {printable(shlex.quote(str(folder)))} "
                       f"{printable(shlex.quote(str(_converted(folder, '.pt'))))}` (it unpickles .metadata: only for a folder you trust)")
         return info
@@ -786,8 +845,10 @@ def _hf_step(folder: Path) -> tuple[int | None, str | None]:
             if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
                 return step, None
             note = "trainer_state.json holds no global_step"
+        except OverBudget as e:  # its size, the budget and the variable that raises it
+            note = str(e)
         except (ValueError, RecursionError, AttributeError, OSError) as e:
-            note = f"trainer_state.json is unreadable ({type(e).__name__})"
+            note = f"trainer_state.json is unreadable ({error_line(e)[:200]})"
     else:
         note = "no trainer_state.json"
     found = re.fullmatch(r"checkpoint-(\d+)", folder.name)

@@ -52,14 +52,23 @@ _STATE_KEYS = ("state_dict", "model_state_dict", "model")
 _STEP_KEYS = ("global_step", "step", "iter_num")
 
 
+#: Suffixes of other checkpoints: a folder holding one of them beside a stray ``.metadata`` and no shard is not DCP.
+_OTHER_WEIGHTS = (".ckpt", ".pt", ".pth", ".bin", ".safetensors")
+
+
 def is_dcp(names: set[str]) -> bool:
-    """A folder holding these file names is a DCP checkpoint (``.metadata`` and ``.distcp`` shards).
+    """A folder holding these file names is a DCP checkpoint: ``.metadata`` and ``.distcp`` shards, or ``.metadata``
+    alone with no other checkpoint beside it (a DCP folder whose shards are missing: inspection names them).
 
     Example:
-        >>> is_dcp({".metadata", "__0_0.distcp"}), is_dcp({"model.safetensors"})
-        (True, False)
+        >>> is_dcp({".metadata", "__0_0.distcp"}), is_dcp({".metadata"}), is_dcp({"model.safetensors"})
+        (True, True, False)
+        >>> is_dcp({".metadata", "last.ckpt"})  # another tool's .metadata beside a checkpoint
+        False
     """
-    return METADATA in names and any(n.endswith(".distcp") for n in names)
+    if METADATA not in names:
+        return False
+    return any(n.endswith(".distcp") for n in names) or not any(n.endswith(_OTHER_WEIGHTS) for n in names)
 
 
 class _Restricted(pickle.Unpickler):
@@ -143,13 +152,20 @@ class DcpIndex:
         if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict) or not isinstance(md.storage_data, dict):
             raise ValueError("not a checkpoint: its .metadata is not DCP metadata")
         where: dict[tuple[str, tuple[int, ...] | None], _Chunk] = {}
+        named = sorted({str(getattr(info, "relative_path", "")) for info in md.storage_data.values()})
+        outside = [n for n in named if "/" in n or "\\" in n or n.startswith(".")]
+        if outside:
+            raise ValueError(f"not a checkpoint: its .metadata names a shard {outside[0][:80]!r} outside the folder")
+        missing = [n for n in named if n not in stamps]
+        if missing:
+            shown = ", ".join(repr(n[:80]) for n in missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+            raise ValueError(f"incomplete DCP folder: its .metadata names {len(named)} shard(s), {len(missing)} missing "
+                             f"from the folder ({shown}); copy the whole folder, every rank's shards")
         for key, info in md.storage_data.items():
             name = str(getattr(info, "relative_path", ""))
             if getattr(info, "transform_descriptors", None):
                 raise ValueError(f"not read: its chunks are transformed ({info.transform_descriptors!r:.60}: compressed or "
                                  "encoded); consolidate it with torch's dcp_to_torch")
-            if "/" in name or "\\" in name or name.startswith(".") or name not in stamps:
-                raise ValueError(f"not a checkpoint: its .metadata names a shard {name[:80]!r} that is not a file of the folder")
             offset, length = int(info.offset), int(info.length)
             if offset < 0 or length < 0 or offset + length > stamps[name].size:
                 raise ValueError(f"truncated or corrupt DCP folder: a chunk at bytes {offset:,}..{offset + length:,} of "

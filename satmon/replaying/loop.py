@@ -40,8 +40,8 @@ from satmon.results.replay_record import ReplayRecord
 from satmon.results.verdict import Source
 from satmon.settings import Settings, settings_from
 
-__all__ = ["TWIN_SEED", "ModelLoader", "ReplayRecord", "ReplayUsageError", "checkpoint_records", "is_lightning_module",
-           "nonfinite_parameters", "summary_row"]
+__all__ = ["TWIN_SEED", "ModelLoader", "ReplayRecord", "ReplayUsageError", "checkpoint_records", "input_vocabulary",
+           "is_lightning_module", "nonfinite_parameters", "summary_row"]
 
 #: Seed of the random-init twin: the same twin (and so the same init readings) for every checkpoint.
 TWIN_SEED = 0
@@ -226,6 +226,16 @@ class ModelLoader:
         return (f"the model built by {how} does not fit this checkpoint: {problem}. Is --model/--factory "
                 "building the architecture that saved it?")
 
+    def vocabulary(self, info: CheckpointInfo) -> tuple[int, str] | None:
+        """The size of the vocabulary the model built for ``info`` reads its token ids from, and the layer that holds
+        it (built on the meta device: no weight read); ``None`` when it has no embedding table or cannot be built
+        there. Which table takes the ids is known when the model says (Hugging Face's ``get_input_embeddings``);
+        otherwise the largest ``nn.Embedding`` bounds them: an id past it is past every table."""
+        if self.check(info) is not None:
+            return None
+        model = self._meta_model(info, self._lightning(info))
+        return None if model is None else input_vocabulary(model)
+
     def _meta_model(self, info: CheckpointInfo, lightning: bool) -> nn.Module | None:
         key = _arch_key(info.hparams, info.hparams_name) if lightning else _FACTORY
         hook = lightning and _overridden(self.model_cls, "on_load_checkpoint")  # the model may change per checkpoint
@@ -327,6 +337,28 @@ class ModelLoader:
 
 
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))  # _parameters, _buffers, _modules, the hooks, training...
+
+
+def input_vocabulary(model: nn.Module) -> tuple[int, str] | None:
+    """``(number of token ids, the layer's name)`` of the table ``model`` reads its input token ids from: the one
+    ``get_input_embeddings()`` returns, else the largest ``nn.Embedding`` (an upper bound); ``None`` without one.
+
+    Example:
+        >>> net = torch.nn.Sequential(torch.nn.Embedding(50, 4), torch.nn.Embedding(8, 4))
+        >>> input_vocabulary(net)
+        (50, '0')
+    """
+    names = {id(m): n for n, m in model.named_modules()}
+    getter = getattr(model, "get_input_embeddings", None)
+    if callable(getter):
+        try:
+            table = getter()
+        except Exception:
+            table = None
+        if isinstance(table, nn.Embedding) and id(table) in names:
+            return int(table.num_embeddings), names[id(table)]
+    tables = [(int(m.num_embeddings), n) for n, m in model.named_modules() if isinstance(m, nn.Embedding)]
+    return max(tables, key=lambda t: t[0]) if tables else None
 
 
 def _items(value: Any) -> Any:

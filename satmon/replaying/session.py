@@ -68,19 +68,32 @@ def found_calibration(paths: Sequence[str | os.PathLike], run: Path | None) -> P
     """The live run's calibration batches (:data:`CALIBRATION_FILE`) in a replayed folder or in the run folder the
     checkpoints come from, a regular file; ``None`` when there is none.
 
+    Raises:
+        ReplayUsageError: a :data:`CALIBRATION_FILE` is there but is not a regular file (a FIFO, a socket, a device,
+            a folder, a broken link): named with its kind, never opened.
+
     Example:
         >>> import tempfile
         >>> found_calibration([tempfile.mkdtemp()], None) is None
         True
     """
+    from satmon.paths import kind_of
+
     folders = [Path(p) for p in paths if Path(p).is_dir()] + ([run] if run is not None else [])
+    odd = None
     for folder in dict.fromkeys(folders):
         candidate = folder / CALIBRATION_FILE
-        try:
-            if candidate.is_file():  # follows a link: a FIFO, a device or a folder is not calibration data
-                return candidate
-        except OSError:
-            continue
+        kind = kind_of(candidate)  # lstat/stat only: a FIFO, a device or a folder is never opened
+        if kind.regular:
+            return candidate
+        if kind.kind != "missing" and odd is None:
+            odd = (candidate, kind)
+    if odd is not None:
+        candidate, kind = odd
+        raise ReplayUsageError(f"No calibration data: {printable(str(candidate)[:240])!r} has the name of satmon's "
+                               f"calibration batches but is {kind.describe()}, not a regular file (it was not opened). "
+                               "Pass --data FILE or --datamodule MODULE:CLASS, or replace it with the live run's "
+                               "batches.")
     return None
 
 
@@ -217,7 +230,9 @@ class ReplaySession:
         self.infos = [ck.inspect_checkpoint(p, trust=self.trust, stamps=listing.stamps[p]) for p in listing.paths]
         self.ordered = ck.order_checkpoints(self.infos)
         self.loader = ModelLoader(model_cls, factory_fn, device=self.device)
-        self._check_model(model, factory)
+        first = self._check_model(model, factory)
+        if given and first is not None:
+            self._check_token_ids(given, first, found, data_path)
         self.source = find_source(self.run_folder, self.ordered, live=live)
         self._status(source_line(self.source))
         self.data_text, self.probe_kwargs, self.batches = "none (no readable checkpoint)", {}, given or []
@@ -270,6 +285,26 @@ class ReplaySession:
             more = f" (nor any of the other {len(buildable) - 1})" if len(buildable) > 1 else ""
             raise ReplayUsageError(f"{option} does not build the checkpoints' model: {buildable[0].path.name}{more}: {problem}")
         return fits
+
+    def _check_token_ids(self, batches: Sequence[Any], info: Any, found: Path | None, data_path: Any) -> None:
+        """The calibration batches against the model, before the first checkpoint: token ids past the model's
+        vocabulary are another model's (or tokenizer's) batches, named here rather than blamed on every checkpoint."""
+        from satmon.replaying.data import fed_token_ids
+
+        vocabulary = self.loader.vocabulary(info)
+        top = fed_token_ids(batches, self.input_key) if vocabulary is not None else None
+        if top is None or vocabulary is None or top < vocabulary[0]:
+            return
+        size, layer = vocabulary
+        past = (f"feed token ids up to {top:,}, past the model's vocabulary of {size:,} (nn.Embedding "
+                f"{printable(layer) or '(the model itself)'}, as built for {printable(info.path.name)})")
+        if found is not None:
+            raise ReplayUsageError(f"{printable(str(found))} (satmon's calibration batches, found beside the checkpoints "
+                                   f"and used as --data) holds batches that {past}: they are another model's. Pass --data "
+                                   "FILE (batches for this model) or --datamodule MODULE:CLASS, or move that file away.")
+        given = f"--data {printable(str(data_path))}" if data_path is not None else "data="
+        raise ReplayUsageError(f"{given}: its batches {past}: they are another model's or another tokenizer's. Pass "
+                               "calibration batches for this model.")
 
     # ------------------------------------------------------------------------------------ replaying
     def __iter__(self) -> Iterator[Any]:
