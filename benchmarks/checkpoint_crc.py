@@ -1,7 +1,7 @@
 """What checking a checkpoint's CRC-32s costs in a replay: the check against the rest of one checkpoint's turn.
 
 ``satmon replay`` checks every zip record it reads against the CRC-32 the zip directory records (the pickle at
-inspection, each tensor as it is copied: :mod:`satmon.replaying.file_reads`). This program writes one realistic Lightning
+inspection, each tensor as it is copied: :mod:`satmon.replaying.formats.torch_file`). This program writes one realistic Lightning
 checkpoint (the demo GPT at GPT-2-small width and depth, d_model 768, 12 blocks, 85 M parameters; with the Adam
 state Lightning saves beside the weights, which replay leaves unread), then, in each round, times
 
@@ -56,7 +56,7 @@ def checked_bytes(path: Path) -> tuple[list[bytes], int]:
     """The records replay reads and checks (everything but the optimizer's tensors), as bytes, and their total
     (the time it takes is the ``read`` part)."""
     from satmon.replaying.checkpoints import inspect_checkpoint
-    from satmon.replaying.file_reads import meta_tensors
+    from satmon.replaying.formats.torch_file import meta_tensors
 
     info = inspect_checkpoint(path)
     offsets = {t.untyped_storage()._checkpoint_offset for t in meta_tensors(info.checkpoint, skip=("optimizer_states",))}

@@ -113,9 +113,10 @@ MOVED_IN_0_4: dict[tuple[str, str], tuple[str, str]] = {
 #: ``satmon.replay`` is one thing, the function (as ``satmon.probe`` beside ``satmon.probing``); kept until satmon 0.6.
 MODULES_MOVED_IN_0_5: dict[str, str] = {
     "satmon.replay": "satmon.replaying",
-    **{f"satmon.replay.{m}": f"satmon.replaying.{m}" for m in ("budget", "checkpoints", "data", "dcp", "live", "loop",
-                                                                "outputs", "session", "user_code")},
-    "satmon.replay.reading": "satmon.replaying.file_reads",
+    **{f"satmon.replay.{m}": f"satmon.replaying.{m}" for m in ("budget", "checkpoints", "data", "live", "loop", "outputs",
+                                                                "session", "user_code")},
+    "satmon.replay.dcp": "satmon.replaying.formats.dcp",
+    "satmon.replay.reading": "satmon.replaying.formats.torch_file",
 }
 
 #: (0.4 module, name) -> (its 0.5 home, name): the replay's names, one meaning each, kept until satmon 0.6.
@@ -124,6 +125,16 @@ MOVED_IN_0_5: dict[tuple[str, str], tuple[str, str]] = {
     **{(m, "Replay"): ("satmon.replaying.session", "ReplaySession") for m in ("satmon.replay", "satmon.replay.session")},
     **{(m, "replay"): ("satmon.replaying.loop", "checkpoint_records") for m in ("satmon.replay", "satmon.replay.loop")},
     **{("satmon.replay", n): ("satmon.replaying.loop", n) for n in ("ModelLoader", "ReplayRecord")},
+    # the checkpoint formats got a module each; the listing its own
+    **{(m, n): ("satmon.replaying.listing", n) for m in ("satmon.replay.checkpoints", "satmon.checkpoints")
+       for n in ("Listing", "SATMON_FILES", "find_checkpoints", "list_checkpoints", "nothing_to_replay", "satmon_file")},
+    **{(m, n): ("satmon.replaying.formats.hf_folder", n) for m in ("satmon.replay.checkpoints", "satmon.checkpoints")
+       for n in ("HF_WEIGHTS", "TRAINER_STATE_FILES")},
+    **{(m, "DCP_META"): ("satmon.replaying.formats.dcp", "DCP_META") for m in ("satmon.replay.checkpoints", "satmon.checkpoints")},
+    **{(m, "unsupported_format"): ("satmon.replaying.formats.deepspeed", "unsupported_format")
+       for m in ("satmon.replay.checkpoints", "satmon.checkpoints")},
+    **{("satmon.replay.reading", n): ("satmon.replaying.file_info", n) for n in ("CorruptFile", "FileChanged", "FileStamp")},
+    ("satmon.replay.reading", "SafetensorsIndex"): ("satmon.replaying.formats.safetensors", "SafetensorsIndex"),
 }
 
 

@@ -19,7 +19,8 @@ from torch import Tensor
 from satmon.batches import ForwardFn, feed_first, split_batch
 from satmon.paths import kind_of
 from satmon.replaying.budget import OverBudget
-from satmon.replaying.file_reads import FileStamp, load_index
+from satmon.replaying.file_info import FileStamp
+from satmon.replaying.formats.torch_file import load_index
 from satmon.replaying.user_code import ReplayUsageError, error_line, printable, short
 
 __all__ = ["capture_batches", "datamodule_batches", "fed_token_ids", "input_forward_fn", "load_data_file"]

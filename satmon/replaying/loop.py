@@ -33,7 +33,7 @@ from satmon.replaying.checkpoints import (
     meta_state_dict,
     state_dict_of,
 )
-from satmon.replaying.file_reads import CorruptFile, FileChanged
+from satmon.replaying.file_info import CorruptFile, FileChanged
 from satmon.replaying.user_code import ReplayUsageError, error_line, printable, short
 from satmon.results.live_replay import ReplaySource
 from satmon.results.replay_record import ReplayRecord
@@ -262,7 +262,7 @@ class ModelLoader:
         checkpoint). Otherwise a fresh model is built, as ``load_from_checkpoint`` builds it.
 
         Raises:
-            satmon.replaying.file_reads.FileChanged: a file changed since it was listed.
+            satmon.replaying.file_info.FileChanged: a file changed since it was listed.
         """
         try:
             if self._lightning(info):

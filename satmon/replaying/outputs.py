@@ -238,7 +238,7 @@ def nonfinite_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def unverified(ordered: Sequence[Any]) -> str:
     """What could not be checked for damage: checkpoints in formats that record no checksum (``""``: none)."""
-    names = [i.path.name for i in ordered if any(w.layout not in ("zip", "dcp") for w in i.weights)]  # DCP: zip chunks
+    names = [i.path.name for i in ordered if any(not w.checksummed for w in i.weights)]  # DCP: zip chunks
     if not names:
         return ""
     shown = ", ".join(printable(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")

@@ -29,7 +29,7 @@ from typing import Any
 from satmon.replaying.options import ReplayOptions, options_of
 from satmon.replaying.outputs import Outputs, check_outputs, nonfinite_lines, unverified, write_report
 from satmon.replaying.user_code import ReplayUsageError, printable, short
-from satmon.settings import Settings, settings_from
+from satmon.settings import settings_from
 
 __all__ = ["CALIBRATION_FILE", "ReplayOptions", "ReplaySession", "replay"]
 
@@ -148,6 +148,7 @@ class ReplaySession:
     # ------------------------------------------------------------------------------------ preparing
     def _prepare(self, paths: str | os.PathLike | Sequence[str | os.PathLike], options: ReplayOptions) -> None:
         from satmon.replaying import checkpoints as ck
+        from satmon.replaying.listing import list_checkpoints, nothing_to_replay
         from satmon.replaying.live import find_source, run_name, source_run
 
         o = options
@@ -211,9 +212,9 @@ class ReplaySession:
         if found is not None:  # every argument checked: the note is not followed by a usage error of another argument
             self._note(f"calibration batches: {printable(str(found))} (the live run's {CALIBRATION_FILE}, saved by its "
                        "live probe); pass --data or --datamodule to use others.")
-        self.listing = listing = ck.list_checkpoints(self.paths, exclude=[p for p in (data_path, out.partial) if p])
+        self.listing = listing = list_checkpoints(self.paths, exclude=[p for p in (data_path, out.partial) if p])
         if not listing.paths:
-            raise ReplayUsageError(ck.nothing_to_replay(self.paths, listing))
+            raise ReplayUsageError(nothing_to_replay(self.paths, listing))
         self.unread = listing.unread()
         for path, why in listing.explicit + self.unread + listing.broken_links():
             self._note(f"not replayed: {printable(str(path))}: {why}.")

@@ -19,12 +19,14 @@ from satmon import SaturationMonitor
 from satmon.replaying.checkpoints import (
     TRUST_FLAG,
     CheckpointInfo,
-    find_checkpoints,
     inspect_checkpoint,
-    list_checkpoints,
-    nothing_to_replay,
     order_checkpoints,
     state_dict_of,
+)
+from satmon.replaying.listing import (
+    find_checkpoints,
+    list_checkpoints,
+    nothing_to_replay,
 )
 from satmon.replaying.user_code import ReplayUsageError, short
 

@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from satmon.replaying.checkpoints import inspect_checkpoint, list_checkpoints, state_dict_of
+from satmon.replaying.checkpoints import inspect_checkpoint, state_dict_of
 from satmon.replaying.data import load_data_file
-from satmon.replaying.file_reads import CorruptFile, FileChanged, FileStamp, copy_tensors, load_index
+from satmon.replaying.file_info import CorruptFile, FileChanged, FileStamp
+from satmon.replaying.formats.torch_file import copy_tensors, load_index
+from satmon.replaying.listing import list_checkpoints
 from satmon.replaying.user_code import ReplayUsageError
 
 ROOT = Path(__file__).resolve().parents[2]

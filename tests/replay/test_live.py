@@ -20,7 +20,14 @@ from satmon.cli.main import main
 from satmon.io.tensorboard import TAG
 from satmon.io.tensorboard_reader import read_run
 from satmon.replaying import checkpoints as ck
-from satmon.replaying.live import find_source, live_from_checkpoints, live_from_tensorboard, run_name, source_run
+from satmon.replaying import listing as lst
+from satmon.replaying.live import (
+    find_source,
+    live_from_checkpoints,
+    live_from_tensorboard,
+    run_name,
+    source_run,
+)
 from satmon.replaying.outputs import live_lines
 from satmon.replaying.user_code import ReplayUsageError
 
@@ -47,7 +54,7 @@ def run(tmp_path_factory):
 
 
 def _infos(version):
-    listing = ck.list_checkpoints([version / "checkpoints"])
+    listing = lst.list_checkpoints([version / "checkpoints"])
     return ck.order_checkpoints([ck.inspect_checkpoint(p, stamps=listing.stamps[p]) for p in listing.paths])
 
 

@@ -22,7 +22,7 @@ from torch import nn
 
 import satmon
 from satmon.replaying.checkpoints import inspect_checkpoint
-from satmon.replaying.checkpoints import list_checkpoints
+from satmon.replaying.listing import list_checkpoints
 from satmon.replaying.user_code import ReplayUsageError
 
 
