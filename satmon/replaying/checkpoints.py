@@ -71,7 +71,8 @@ def recognise(path: Path, entries: Entries | None) -> tuple[CheckpointFormat, Ma
     return None
 
 
-def inspect_checkpoint(path: str | Path, trust: bool = False, stamps: Sequence[FileStamp] | None = None) -> CheckpointInfo:
+def inspect_checkpoint(path: str | Path, trust: bool = False,
+                       stamps: Sequence[FileStamp] | None = None) -> CheckpointInfo:
     """Read a checkpoint's index once, by its format: its kind, global step and hyper-parameters; no tensor data is
     kept.
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CorruptFile", "FileChanged", "FileStamp", "damaged", "read_exactly"]
+__all__ = ["CorruptFile", "FileChanged", "FileStamp", "corrupt_file", "read_exactly"]
 
 
 class FileChanged(Exception):
@@ -28,7 +28,8 @@ class CorruptFile(ValueError):
     """A zip archive whose bytes do not match the CRC-32 its directory records (damaged after it was written): skipped."""
 
 
-def damaged(what: str) -> CorruptFile:
+def corrupt_file(what: str) -> CorruptFile:
+    """The error for ``what`` (``"the bytes of its record 'data.pkl'"``) not matching its recorded CRC-32."""
     return CorruptFile(f"corrupt: {what} do not match the CRC-32 its zip directory records, so the file was damaged "
                        "after it was written (a cut-short or bad copy, a failing disk); skipped: copy or save it again")
 

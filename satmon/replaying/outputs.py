@@ -4,8 +4,8 @@
 file of partial records, ``report`` and its plots) and returns them as :class:`Outputs`;
 :func:`write_report` writes the markdown report from the records; :func:`live_lines`,
 :func:`nonfinite_lines` and :func:`unverified` are the lines the command line and the report share.
-Messages name the command line's options (``--json``), which are the keyword arguments of
-:func:`satmon.replaying.session.replay_checkpoints` of the same name.
+Messages name the command line's options (``--json``), which are the fields of
+:class:`satmon.replaying.options.ReplayOptions` of the same name.
 """
 
 from __future__ import annotations

@@ -124,7 +124,8 @@ def test_a_new_format_is_one_module_and_one_line_and_the_replay_uses_it(tmp_path
     text = listed.read_text()
     imports, entry = "from satmon.replaying.formats import dcp, deepspeed, hf_folder, ", "    safetensors.FORMAT,\n"
     assert text.count(imports) == 1 and text.count(entry) == 1
-    listed.write_text(text.replace(imports, imports + "json_weights, ").replace(entry, entry + "    json_weights.FORMAT,\n"))
+    text = text.replace(imports, imports + "json_weights, ")  # its name in the import
+    listed.write_text(text.replace(entry, entry + "    json_weights.FORMAT,\n"))  # its line in FORMATS
     runs = tmp_path / "runs"
     runs.mkdir()
     torch.manual_seed(0)

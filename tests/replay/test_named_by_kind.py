@@ -45,7 +45,8 @@ def test_a_dcp_folder_missing_its_shards_is_dcp_and_names_them(tmp_path, lost):
     listing = list_checkpoints([tmp_path])
     assert listing.paths == [folder]  # recognised by its .metadata, not "nothing to replay"
     error = inspect_checkpoint(folder, stamps=listing.stamps[folder]).error
-    assert error.startswith("incomplete DCP folder: its .metadata names 1 shard(s), 1 missing") and "'__0_0.distcp'" in error
+    assert error.startswith("incomplete DCP folder: its .metadata names 1 shard(s), 1 missing")
+    assert "'__0_0.distcp'" in error
 
 
 def test_a_dcp_folder_of_two_shards_missing_one_names_that_one(tmp_path):
@@ -83,7 +84,8 @@ def test_a_packed_checkpoint_is_named_and_its_unpack_command_runs_as_written(tmp
         with tarfile.open(packed, "w:gz" if pack == "tar.gz" else "w") as t:
             t.add(raw, arcname="raw.pt")
     error = inspect_checkpoint(packed).error
-    what = {"gzip": "a gzip-compressed file", "tar": "a tar archive", "tar.gz": "a gzip-compressed tar archive (.tar.gz)"}
+    what = {"gzip": "a gzip-compressed file", "tar": "a tar archive",
+            "tar.gz": "a gzip-compressed tar archive (.tar.gz)"}
     assert error.startswith(f"not a PyTorch checkpoint: {what[pack]}; unpack it and replay what it holds: `")
     tool = "gunzip" if pack == "gzip" else "tar"
     if shutil.which(tool) is None:

@@ -194,8 +194,10 @@ def packed_as(path: Path, head: bytes) -> str | None:
 
     Example:
         >>> import gzip
-        >>> print(packed_as(Path("run/w.pt"), gzip.compress(b"\\x80\\x02")))
-        not a PyTorch checkpoint: a gzip-compressed file; unpack it and replay what it holds: `gunzip -c run/w.pt > run/w-unpacked.pt`
+        >>> print(packed_as(Path("run/w.pt"), gzip.compress(b"\\x80\\x02")).split("; ")[0])
+        not a PyTorch checkpoint: a gzip-compressed file
+        >>> print(packed_as(Path("run/w.pt"), gzip.compress(b"\\x80\\x02")).split(": ")[-1])
+        `gunzip -c run/w.pt > run/w-unpacked.pt`
     """
     src = shlex.quote(str(path))
     stem = path.name[: -len(path.suffix)] if path.suffix else path.name
@@ -233,7 +235,8 @@ def is_text(head: bytes) -> bool:
 
 
 
-def converted_path(folder: Path, suffix: str, suffixes: Sequence[str] = (".ckpt", ".pt", ".pth", ".safetensors")) -> Path:
+def converted_path(folder: Path, suffix: str,
+                   suffixes: Sequence[str] = (".ckpt", ".pt", ".pth", ".safetensors")) -> Path:
     """Where a consolidated copy of ``folder`` goes: beside it, ``NAME-consolidated.SUFFIX``."""
     stem = folder.name[: -len(folder.suffix)] if folder.suffix in suffixes else folder.name
     return folder.with_name(f"{stem or 'checkpoint'}-consolidated{suffix}")

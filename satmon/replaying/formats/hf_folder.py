@@ -77,7 +77,7 @@ def recognise(path: Path, entries: Entries | None) -> Match | None:
 def inspect(folder: Path, trust: bool = False, stamps: Sequence[FileStamp] | None = None) -> CheckpointInfo:
     """A Hugging Face folder: its weight files (single or sharded), read weights-only; its step from
     ``trainer_state.json`` (else the folder's ``checkpoint-N`` name)."""
-    info = CheckpointInfo(path=folder, hf=True, format=FORMAT.name)  # weights only, always: a Trainer writes tensors only
+    info = CheckpointInfo(path=folder, hf=True, format=FORMAT.name)  # weights only: a Trainer writes tensors only
     names = {p.name for p in folder.iterdir() if p.is_file()}
     found = _hf_files(names)
     if found is None:

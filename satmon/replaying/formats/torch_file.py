@@ -54,7 +54,7 @@ from satmon.replaying.budget import (
     pickle_budget,
     pickle_extent,
 )
-from satmon.replaying.file_info import FileChanged, FileStamp, damaged, read_exactly
+from satmon.replaying.file_info import FileChanged, FileStamp, corrupt_file, read_exactly
 from satmon.replaying.formats.common import (
     TRUST_FLAG,
     CheckpointFormat,
@@ -156,7 +156,7 @@ def _check_small_records(z: zipfile.ZipFile) -> None:
                 while f.read(1 << 20):
                     pass
         except zipfile.BadZipFile:
-            raise damaged(f"the bytes of its record {info.filename[-80:]!r}") from None
+            raise corrupt_file(f"the bytes of its record {info.filename[-80:]!r}") from None
 
 
 def load_whole(stamp: FileStamp, trust: bool) -> Any:
@@ -295,7 +295,7 @@ def copy_tensors(obj: Any, stamp: FileStamp, skip: Iterable[str] = (), index: An
         stamp.check("while it was being read", os.fstat(f.fileno()))
     stamp.check("while it was being read")  # the path still names the file that was read: a change is said as one
     if damaged:
-        raise damaged(f"the bytes of {len(damaged)} tensor record(s) (data/{', data/'.join(damaged[:3])}"
+        raise corrupt_file(f"the bytes of {len(damaged)} tensor record(s) (data/{', data/'.join(damaged[:3])}"
                        + (", ..." if len(damaged) > 3 else "") + ")")
 
     def real(t: Tensor) -> Tensor:
