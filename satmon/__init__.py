@@ -39,7 +39,7 @@ _PUBLIC = {
     "find_norm_layers": "satmon.model.map",
     "find_blocks": "satmon.model.map",
     "probe": "satmon.probing.passes",
-    "replay": "satmon.replay",  # the package itself, callable: satmon.replay(paths, ...) (satmon.replay.session)
+    "replay": "satmon.replaying.session",
     "forecast": "satmon.io.known_cells",
     "Forecast": "satmon.results.forecast",
     "ProbeReport": "satmon.results.probe_report",
@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from satmon.io.known_cells import forecast
     from satmon.model.map import find_blocks, find_dyt_layers, find_norm_layers
     from satmon.probing.passes import probe
-    from satmon.replay.session import replay_checkpoints as replay
+    from satmon.replaying.session import replay
     from satmon.results.forecast import Forecast
     from satmon.results.probe_report import ProbeReport
     from satmon.results.stop import SatmonAbort, StopReason
@@ -74,7 +74,7 @@ def __getattr__(name: str) -> Any:
     if module is None:
         return _compat.moved_attribute("satmon", name)
     imported = importlib.import_module(module)
-    value = imported if module == f"satmon.{name}" else getattr(imported, name)  # satmon.replay: the package, callable
+    value = getattr(imported, name)
     globals()[name] = value  # later reads skip this function
     return value
 

@@ -2,7 +2,7 @@
 
 :class:`UsageError` is input the user can fix (a wrong ``MODULE:ATTR``, missing data, an option out of range): the
 replay, the grid and the command line raise it, and the command line answers it with one line and exit code 2
-(``satmon.cli.main``). The replay's own, :class:`satmon.replay.user_code.ReplayUsageError`, is one.
+(``satmon.cli.main``). The replay's own, :class:`satmon.replaying.user_code.ReplayUsageError`, is one.
 :func:`error_line` is how any exception is said in one line, bounded (:data:`MAX_ERROR`) and with no control
 character (a message may quote a file).
 

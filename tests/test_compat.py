@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 import satmon
+from satmon import _compat
 from satmon._compat import MODULES, MODULES_MOVED_IN_0_5, MOVED_IN_0_5, NAMES, SatmonDeprecationWarning
 
 
 def _fresh(name: str) -> None:
     for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
-        if key in MODULES:
+        if key in MODULES or key in MODULES_MOVED_IN_0_5:
             del sys.modules[key]
 
 
@@ -40,7 +41,7 @@ def test_every_0_2_module_path_imports_with_a_warning_that_names_its_new_home(ol
 def test_names_that_moved_between_modules_warn_and_resolve(old, new):
     module, name = old
     _fresh(module)
-    if module in MODULES:  # an alias module: importing it warns too
+    if module in MODULES or module in MODULES_MOVED_IN_0_5:  # an alias module: importing it warns too
         with pytest.warns(SatmonDeprecationWarning):
             mod = importlib.import_module(module)
     else:  # a 0.2 module that is a package now
@@ -79,6 +80,45 @@ def test_0_1_aliases_are_gone(gone):
 def test_0_1_module_paths_are_gone(gone):
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module(gone)
+
+
+@pytest.mark.parametrize("old", sorted(MODULES_MOVED_IN_0_5))
+def test_every_0_4_replay_path_imports_with_a_warning_that_names_its_new_home(old):
+    _fresh(old)
+    new = MODULES_MOVED_IN_0_5[old]
+    with pytest.warns(SatmonDeprecationWarning, match=rf"{old.replace('.', '[.]')} is deprecated since satmon 0\.5: "
+                      rf"use {new}.*until satmon 0\.6"):
+        alias = importlib.import_module(old)
+    target = importlib.import_module(new)
+    for name in [n for n in getattr(target, "__all__", ()) if not n.startswith("_")]:
+        assert getattr(alias, name) is getattr(target, name)
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(MOVED_IN_0_5.items()))
+def test_the_replays_0_4_names_warn_and_resolve_to_one_meaning_each(old, new):
+    module, name = old
+    _fresh(module)
+    with pytest.warns(SatmonDeprecationWarning):
+        mod = importlib.import_module(module)
+    with pytest.warns(SatmonDeprecationWarning, match=f"{module}.{name} is deprecated since satmon 0.5: use {new[0]}.{new[1]}"):
+        value = getattr(mod, name)
+    assert value is getattr(importlib.import_module(new[0]), new[1])
+
+
+def test_satmon_replay_stays_the_function_after_the_old_package_path_is_imported():
+    script = ("import inspect, warnings, satmon\n"
+              "from satmon.replaying.session import replay\n"
+              "assert satmon.replay is replay and inspect.isfunction(satmon.replay)\n"
+              "with warnings.catch_warnings(record=True) as caught:\n"
+              "    warnings.simplefilter('always')\n"
+              "    import satmon.replay.checkpoints  # the import system sets satmon.replay to the old package\n"
+              "assert caught and 'satmon.replaying' in str(caught[0].message)\n"
+              "try:\n"
+              "    satmon.replay([])\n"
+              "except Exception as e:\n"
+              "    print(type(e).__name__, e)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "ReplayUsageError Expected at least one checkpoint file or folder, got none."  # the call
 
 
 def test_no_alias_names_a_path_that_exists_so_a_real_module_is_never_shadowed():

@@ -144,7 +144,7 @@ def test_a_lock_that_cannot_be_made_says_why_first_and_never_cuts_the_reason(tmp
     cut before the reason): the reason and what to do fit in the line, the path is shortened in its middle."""
     from satmon.io.atomic import OutputError
     from satmon.io.lock import exclusive
-    from satmon.replay.user_code import error_line
+    from satmon.errors import error_line
 
     deep = str(tmp_path) + ("/" + "d" * 200) * 21
     with pytest.raises(OutputError) as e, exclusive(deep, "the grid folder --out", folder=True):

@@ -240,8 +240,8 @@ def test_the_same_settings_object_reaches_screen_live_probe_probe_and_replay(tmp
     import satmon.drivers.live_probe as live_module
     from satmon import SaturationMonitor, Screen
     from satmon.probing import passes
-    from satmon.replay.checkpoints import inspect_checkpoint
-    from satmon.replay.loop import ModelLoader, replay
+    from satmon.replaying.checkpoints import inspect_checkpoint
+    from satmon.replaying.loop import ModelLoader, checkpoint_records
 
     s = Settings(window=2, calibration=_calibration_file(tmp_path, threshold=0.45), watch_every_n_steps=0)
     received = []
@@ -268,7 +268,7 @@ def test_the_same_settings_object_reaches_screen_live_probe_probe_and_replay(tmp
     for i in range(2):
         files.append(str(tmp_path / f"w{i}.pt"))
         torch.save({"model": net().state_dict(), "iter_num": i}, files[-1])
-    records = list(replay([inspect_checkpoint(f) for f in files], ModelLoader(factory=net), [torch.randn(8, 4)],
+    records = list(checkpoint_records([inspect_checkpoint(f) for f in files], ModelLoader(factory=net), [torch.randn(8, 4)],
                           settings=s, twin=False))
     assert [r.error for r in records] == [None, None]
     assert len(received) == 2 and all(r is s for r in received)
@@ -276,17 +276,17 @@ def test_the_same_settings_object_reaches_screen_live_probe_probe_and_replay(tmp
 
 
 def test_replay_builds_one_settings_from_probe_kwargs_and_refuses_both(tmp_path):
-    from satmon.replay.checkpoints import inspect_checkpoint
-    from satmon.replay.loop import ModelLoader, replay
+    from satmon.replaying.checkpoints import inspect_checkpoint
+    from satmon.replaying.loop import ModelLoader, checkpoint_records
 
     net = lambda: nn.Sequential(nn.Linear(4, 4), satmon.DyT(4, alpha_init=20.0))
     f = str(tmp_path / "w.pt")
     torch.save({"model": net().state_dict(), "iter_num": 3}, f)
-    (record,) = replay([inspect_checkpoint(f)], ModelLoader(factory=net), [torch.randn(8, 4)],
+    (record,) = checkpoint_records([inspect_checkpoint(f)], ModelLoader(factory=net), [torch.randn(8, 4)],
                        probe_kwargs={"threshold": 0.3}, twin=False)
     assert record.error is None and record.verdict.threshold == 0.3
     with pytest.raises(ValueError, match="got both"):  # before any checkpoint is read
-        next(replay([inspect_checkpoint(f)], ModelLoader(factory=net), [torch.randn(8, 4)], settings=Settings(),
+        next(checkpoint_records([inspect_checkpoint(f)], ModelLoader(factory=net), [torch.randn(8, 4)], settings=Settings(),
                     probe_kwargs={"threshold": 0.3}))
 
 

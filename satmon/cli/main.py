@@ -5,7 +5,7 @@ Lightning and the readers are imported inside the function that runs a command, 
 are parsed, so ``satmon --help``, ``--version`` and ``satmon COMMAND --help`` start at once.
 
 Every command runs inside :func:`_guarded`: the working directory is not importable (an empty or relative
-``PYTHONPATH`` entry, ``python -m``: :func:`satmon.replay.user_code.no_working_directory`), a background
+``PYTHONPATH`` entry, ``python -m``: :func:`satmon.replaying.user_code.no_working_directory`), a background
 thread's error (TensorBoard's writer on a full disk) is kept instead of printed as a traceback and reaches
 the command's one-line message, and an error nothing else caught ends in one line, not a traceback
 (``SATMON_TRACEBACK=1`` shows it).
@@ -130,7 +130,7 @@ def _guarded(name: str) -> Iterator[list[BaseException]]:
     yielded list instead of printed as tracebacks, and those of objects' finalizers said in one line; restored at
     the end."""
     from satmon.errors import error_line
-    from satmon.replay.user_code import no_working_directory
+    from satmon.replaying.user_code import no_working_directory
 
     errors: list[BaseException] = []
     previous, previous_unraisable = threading.excepthook, sys.unraisablehook
@@ -155,7 +155,7 @@ def _guarded(name: str) -> Iterator[list[BaseException]]:
 def settings_problem() -> str | None:
     """What is wrong with satmon's settings from the environment (``SATMON_MAX_PICKLE_MB``), read once before any
     command works: one line, instead of the same error met at every file it governs."""
-    from satmon.replay.budget import pickle_budget
+    from satmon.replaying.budget import pickle_budget
 
     try:
         pickle_budget()

@@ -46,7 +46,7 @@ from torch.utils.data import DataLoader
 
 from satmon.paths import CALIBRATION_FILE
 from satmon.batches import feed_first
-from satmon.replay.data import capture_batches
+from satmon.replaying.data import capture_batches
 from satmon.probing.passes import OWN_OPTIONS, check_options, probe
 from satmon.results.probe_report import ProbeReport
 from satmon.io.lightning import LightningSink

@@ -161,7 +161,7 @@ def run_job(task: Mapping[str, Any]) -> str:
     from satmon.grid.config import Budget, GridSettings
     from satmon.errors import error_line
     from satmon.grid.recipe import check_identity, load_recipe
-    from satmon.replay.user_code import no_working_directory
+    from satmon.replaying.user_code import no_working_directory
 
     cell, attempt, failed, prog = (Path(task[k]) for k in ("cell", "attempt", "failed", "progress"))
     log = _own_log(task)

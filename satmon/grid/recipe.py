@@ -1,7 +1,7 @@
 """The recipe contract: what a user's code gives ``satmon grid`` for one cell (docs/guides/grid.md).
 
 A recipe is a :class:`Recipe` named on the command line as ``MODULE:ATTR`` or ``path/to/file.py:ATTR``
-(loaded by :func:`satmon.replay.user_code.import_object`, the loader of ``satmon replay --model``: the
+(loaded by :func:`satmon.replaying.user_code.import_object`, the loader of ``satmon replay --model``: the
 working directory is not searched, and naming the code is the opt-in to run it). It holds two functions:
 
 * ``data(spec) -> CellData``: the cell's unique training data cut to ``spec.unique_tokens``, a *fresh*
@@ -300,7 +300,7 @@ def load_recipe(spec: str) -> tuple[Recipe, str]:
         ('satmon-faithful-gpt', 'satmon.grid.builtin:RECIPE')
     """
     from satmon.errors import UsageError
-    from satmon.replay.user_code import import_object
+    from satmon.replaying.user_code import import_object
 
     where = BUILTINS.get(spec, spec)
     source, sep, attr = where.rpartition(":")

@@ -13,8 +13,8 @@ import torch
 
 import satmon
 from satmon.io.tensorboard import SummaryWriterSink, log_verdict
-from satmon.replay.live import live_from_tensorboard
-from satmon.replay.user_code import ReplayUsageError
+from satmon.replaying.live import live_from_tensorboard
+from satmon.replaying.user_code import ReplayUsageError
 from satmon.results.verdict import Rule, build_verdict
 
 

@@ -20,7 +20,7 @@ import satmon
 from satmon import Settings
 from satmon.dyt import DyT
 from satmon.io.lock import exclusive, lock_path
-from satmon.replay.user_code import ReplayUsageError
+from satmon.replaying.user_code import ReplayUsageError
 
 ALPHAS = {10: 0.5, 20: 2.0, 30: 4.0}  # a step -> the DyT's alpha saved at that step
 FACTORY = '''

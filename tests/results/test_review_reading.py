@@ -15,7 +15,7 @@ import torch
 
 from satmon import probe
 from satmon.cli.replay import _summary
-from satmon.replay.loop import summary_row
+from satmon.replaying.loop import summary_row
 from satmon.results.verdict import LayerCounts, Rule, build_verdict
 
 _OFFSET = {"ln_f": {"saturated": 0.6, "centered": 0.01, "offset_ratio": 40.0}}

@@ -4,8 +4,8 @@
 file of partial records, ``report`` and its plots) and returns them as :class:`Outputs`;
 :func:`write_report` writes the markdown report from the records; :func:`live_lines`,
 :func:`nonfinite_lines` and :func:`unverified` are the lines the command line and the report share.
-Messages name the command line's options (``--json``), which are the keyword arguments of
-:func:`satmon.replay.session.replay_checkpoints` of the same name.
+Messages name the command line's options (``--json``), which are the fields of
+:class:`satmon.replaying.options.ReplayOptions` of the same name.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from satmon.replay.user_code import ReplayUsageError, printable
+from satmon.replaying.user_code import ReplayUsageError, printable
 
 __all__ = ["Outputs", "check_folder", "check_outputs", "check_utf8", "live_lines", "nonfinite_lines", "run_writes",
            "unverified", "write_report"]
@@ -76,7 +76,7 @@ def check_folder(option: str, value: str, beneath: Sequence[str | os.PathLike] =
         >>> check_folder("--logdir", "")
         Traceback (most recent call last):
         ...
-        satmon.replay.user_code.ReplayUsageError: Expected --logdir to name a folder, got an empty name: pass a path such as satmon_logs.
+        satmon.replaying.user_code.ReplayUsageError: Expected --logdir to name a folder, got an empty name: pass a path such as satmon_logs.
     """
     from satmon.io.atomic import OutputError, check_name_lengths, room
     from satmon.paths import kind_of, kind_phrase, not_a_folder
@@ -274,7 +274,7 @@ def nonfinite_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def unverified(ordered: Sequence[Any]) -> str:
     """What could not be checked for damage: checkpoints in formats that record no checksum (``""``: none)."""
-    names = [i.path.name for i in ordered if any(w.layout not in ("zip", "dcp") for w in i.weights)]  # DCP: zip chunks
+    names = [i.path.name for i in ordered if any(not w.checksummed for w in i.weights)]  # DCP: zip chunks
     if not names:
         return ""
     shown = ", ".join(printable(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from satmon.replay.user_code import ReplayUsageError, printable
+from satmon.replaying.user_code import ReplayUsageError, printable
 from satmon.results.live_replay import LiveReading, ReplaySource
 from satmon.results.verdict import Source, Verdict
 from satmon.screen.state import STATE_FILE, STATE_KEY
@@ -143,7 +143,7 @@ def live_from_checkpoints(infos: Sequence[Any]) -> LiveReading | None:
     state, or the ``satmon_state.pt`` of a Hugging Face ``checkpoint-N`` folder; the one of the latest checkpoint
     holding one (every checkpoint saved after the window closed holds the same), or ``None``.
 
-    ``infos`` are :class:`~satmon.replay.checkpoints.CheckpointInfo` whose index is still held (before the
+    ``infos`` are :class:`~satmon.replaying.checkpoints.CheckpointInfo` whose index is still held (before the
     replay loop releases it).
     """
     found = []
