@@ -97,8 +97,11 @@ def test_every_0_4_replay_path_imports_with_a_warning_that_names_its_new_home(ol
 @pytest.mark.parametrize(("old", "new"), sorted(MOVED_IN_0_5.items()))
 def test_the_replays_0_4_names_warn_and_resolve_to_one_meaning_each(old, new):
     module, name = old
-    _fresh(module)
-    with pytest.warns(SatmonDeprecationWarning):
+    if module in MODULES_MOVED_IN_0_5:  # a moved module warns when imported; a name moved out of a module that stays
+        _fresh(module)                  # (satmon.build_verdict, satmon.io.tensorboard.TAG) warns when read
+        with pytest.warns(SatmonDeprecationWarning):
+            mod = importlib.import_module(module)
+    else:
         mod = importlib.import_module(module)
     with pytest.warns(SatmonDeprecationWarning, match=f"{module}.{name} is deprecated since satmon 0.5: use {new[0]}.{new[1]}"):
         value = getattr(mod, name)
@@ -136,7 +139,7 @@ def test_modules_renamed_in_0_5_import_with_a_warning_until_0_6(old, new):
                                                       rf"{new.replace('.', '[.]')} .*until satmon 0[.]6"):
         alias = importlib.import_module(old)
     target = importlib.import_module(new)
-    assert all(getattr(alias, n) is getattr(target, n) for n in target.__all__)
+    assert all(getattr(alias, n) is getattr(target, n) for n in getattr(target, "__all__", ()))
 
 
 @pytest.mark.parametrize(("old", "new"), sorted(MOVED_IN_0_5.items()))
