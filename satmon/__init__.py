@@ -41,7 +41,7 @@ _PUBLIC = {
     "find_blocks": "satmon.model.map",
     "probe": "satmon.probing.passes",
     "replay": "satmon.replay",  # the package itself, callable: satmon.replay(paths, ...) (satmon.replay.session)
-    "forecast": "satmon.io.known_cells",
+    "forecast": "satmon.results.forecast",
     "Forecast": "satmon.results.forecast",
     "ProbeReport": "satmon.results.probe_report",
 }
@@ -51,7 +51,7 @@ __all__ = ["__version__", *_PUBLIC]
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
     from satmon.convert import convert_to_dyt
     from satmon.drivers.lightning import SaturationMonitor
-    from satmon.io.known_cells import forecast
+    from satmon.results.forecast import forecast
     from satmon.dyt import DyT
     from satmon.model.map import find_blocks, find_dyt_layers, find_norm_layers
     from satmon.observe.counters import SaturationCounter

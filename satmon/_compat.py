@@ -26,7 +26,7 @@ import types
 import warnings
 from typing import Any
 
-__all__ = ["MODULES", "MOVED_IN_0_4", "NAMES", "REMOVED_IN", "SatmonDeprecationWarning", "install", "moved_attribute"]
+__all__ = ["MODULES", "MOVED_IN_0_4", "MOVED_MODULES_IN_0_5", "NAMES", "REMOVED_IN", "SatmonDeprecationWarning", "install", "moved_attribute"]
 
 #: The release that drops these paths.
 REMOVED_IN = "0.5"
@@ -81,6 +81,12 @@ MODULES: dict[str, str | None] = {
     "satmon.writers.markdown": "satmon.io.markdown",
     "satmon.integrations": "satmon.drivers",
     "satmon.integrations.hf": "satmon.drivers.hf",
+}
+#: modules that moved in satmon 0.5 -> their new home (the old path works until satmon 0.6, with a warning)
+MOVED_MODULES_IN_0_5: dict[str, str] = {
+    "satmon.io.known_cells": "satmon.results.forecast",  # the forecast's one home
+    "satmon.drivers.run_scale": "satmon.drivers.counting",  # one name, one meaning: it counts parameters and tokens
+    "satmon.results.run_scale": "satmon.results.scale",
 }
 #: 0.2 packages (their submodules are aliases too)
 _PACKAGES = {"satmon.core", "satmon.writers", "satmon.integrations"}
@@ -159,11 +165,15 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds 0.2 module paths (after the real modules: a path that exists is never shadowed)."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in MODULES:
+        if fullname not in MODULES and fullname not in MOVED_MODULES_IN_0_5:
             return None
         return importlib.machinery.ModuleSpec(fullname, self, is_package=fullname in _PACKAGES)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        if spec.name in MOVED_MODULES_IN_0_5:
+            new: str | None = MOVED_MODULES_IN_0_5[spec.name]
+            _warn(spec.name, new, stacklevel=3, since="0.5", until="0.6")  # type: ignore[arg-type]
+            return _Alias(spec.name, new)
         new = MODULES[spec.name]
         if new is not None:
             _warn(spec.name, new, stacklevel=3)  # _warn, this, then the importer (importlib's frames are skipped)

@@ -87,6 +87,10 @@ class TAG:
     hp_source = "satmon/source"
     hp_partial = "satmon/partial"
     hp_forecast = "satmon/forecast"
+    #: the run's scale, as data (``satmon report --plot`` places the run from these, never from the card's text)
+    hp_params = "satmon/params"
+    hp_unique_tokens = "satmon/unique_tokens"
+    hp_planned_tokens = "satmon/planned_tokens"
     hparams_run = "satmon_hparams"
     #: v0.1 wrote the pooled saturation under this name for the hparams view, in the run itself; read, never written
     legacy_verdict_saturation = "satmon/verdict_saturation"
@@ -369,6 +373,10 @@ def verdict_hparams(verdict: Any) -> dict[str, Any]:
     planned = getattr(verdict, "planned_forecast", None)
     if planned:
         out[TAG.hp_forecast] = str(planned.get("outcome"))
+        for tag, key in ((TAG.hp_params, "params"), (TAG.hp_unique_tokens, "unique_tokens"),
+                         (TAG.hp_planned_tokens, "planned_tokens")):
+            if isinstance(planned.get(key), (int, float)):
+                out[tag] = float(planned[key])
     return out
 
 
