@@ -274,3 +274,33 @@ def test_every_sentence_that_calls_the_forecast_confident_names_its_configuratio
         if rel not in EXEMPT and not rel.startswith("docs/plans/"):
             found += [f"{rel}: {s[:160]}" for s in _forecast_without_configurations(path.read_text(encoding="utf-8"))]
     assert not found, "a confident forecast without the configurations it rests on:\n" + "\n".join(found)
+
+
+def test_the_studys_figures_in_satmon_study_are_recomputed_from_the_data_files():
+    """HELD_OUT_ACCURACY, NO_SKILL_ACCURACY, the in-sample 9/12 and the 0.3 grid's 9/18, from the shipped cells."""
+    import json
+    from importlib import resources
+
+    from satmon import study
+
+    text = resources.files("satmon").joinpath("data_files/study_cells.csv").read_text()
+    rows = [dict(zip(text.splitlines()[[i for i, l in enumerate(text.splitlines()) if l.startswith("name,")][0]].split(","),
+                     line.split(","))) for line in text.splitlines() if line and not line.startswith(("#", "name,"))]
+    cells = [(r["group"], float(r["saturation"]), float(r["delta"]) < 0) for r in rows]
+
+    def fit(train):  # the study's rule: the first midpoint with the best in-sample accuracy, GO at or above it
+        xs = sorted({s for _, s, _ in train})
+        mids = [(a + b) / 2 for a, b in zip(xs, xs[1:])]
+        return max(mids, key=lambda t: (sum((s >= t) == h for _, s, h in train), -mids.index(t)))
+
+    t = fit(cells)
+    assert round(t, 5) == study.FIT_THRESHOLD and sum((s >= t) == h for _, s, h in cells) == 9  # in-sample 9/12
+    held = sum((s >= fit([c for c in cells if c[0] != g])) == h for g in {c[0] for c in cells}
+               for gg, s, h in cells if gg == g)
+    helped = sum(h for _, _, h in cells)
+    assert (held / len(cells), len(cells)) == (study.HELD_OUT_ACCURACY, study.HELD_OUT_CELLS)
+    assert max(helped, len(cells) - helped) / len(cells) == study.NO_SKILL_ACCURACY
+    v03 = json.loads((ROOT / "data" / "regime_grid.json").read_text())["cells"]
+    right = sum((c["window_saturation"] >= study.THRESHOLD) == (c["delta"] < 0) for c in v03)
+    no_go_right = sum(c["delta"] >= 0 for c in v03)
+    assert (right / len(v03), no_go_right / len(v03)) == (study.GRID_HELD_OUT_ACCURACY, study.GRID_NO_SKILL_ACCURACY)
