@@ -110,3 +110,22 @@ def test_a_screen_passes_the_runs_steps_warmup_and_schedule_to_the_forecast():
         satmon.Screen(lr_schedule="")
     with pytest.raises(ValueError, match="warmup_steps"):
         satmon.Screen(warmup_steps=-1)
+
+
+def test_the_family_is_read_from_what_the_model_computes_and_a_llama_run_is_never_confident_on_gpt_cells():
+    """The same scale and schedule at 1.4 passes: a GPT block (plain MLP) reads "gpt" and gets the cells' answer; a
+    LLaMA block (DyT feeding a SwiGLU gate) reads "llama" and, with no LLaMA cell shipped, "uncertain"."""
+    run = dict(unique_tokens=3_657_143, planned_tokens=5_120_000, planned_steps=5000, warmup_steps=2000,
+               lr_schedule="linear-warmup-constant")
+    got = {}
+    for arch in ("gpt", "llama"):
+        model = tiny_lit(arch=arch).model
+        screen = satmon.Screen(window=2, **run)
+        x = torch.randint(0, 256, (2, 16))
+        screen.attach(model, example_input=x)
+        for _ in range(2):
+            screen.step(model(x).float().mean())
+        got[arch] = screen.verdict.planned_forecast
+    assert (got["gpt"]["family"], got["llama"]["family"]) == ("gpt", "llama")
+    assert got["llama"]["outcome"] == "uncertain" and "no known cell of the llama family" in got["llama"]["evidence"]
+    assert got["gpt"]["alpha_init"] == 2.0 and "llama" not in got["gpt"]["evidence"]
