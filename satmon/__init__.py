@@ -40,7 +40,7 @@ _PUBLIC = {
     "find_blocks": "satmon.model.map",
     "probe": "satmon.probing.passes",
     "replay": "satmon.replaying.session",
-    "forecast": "satmon.io.known_cells",
+    "forecast": "satmon.results.forecast",
     "Forecast": "satmon.results.forecast",
     "ProbeReport": "satmon.results.probe_report",
 }
@@ -51,11 +51,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from satmon.convert import convert_to_dyt
     from satmon.drivers.lightning import SaturationMonitor
     from satmon.dyt import DyT
-    from satmon.io.known_cells import forecast
     from satmon.model.map import find_blocks, find_dyt_layers, find_norm_layers
     from satmon.probing.passes import probe
     from satmon.replaying.session import replay
-    from satmon.results.forecast import Forecast
+    from satmon.results.forecast import Forecast, forecast
     from satmon.results.probe_report import ProbeReport
     from satmon.results.stop import SatmonAbort, StopReason
     from satmon.results.verdict import Verdict

@@ -120,6 +120,9 @@ MOVED_IN_0_4: dict[tuple[str, str], tuple[str, str]] = {
 #: ``results/frozen.py``, read-only containers)
 MODULES_MOVED_IN_0_5: dict[str, str] = {
     "satmon.model.frozen": "satmon.model.frozen_forward",
+    "satmon.io.known_cells": "satmon.results.forecast",  # the forecast's one home
+    "satmon.drivers.run_scale": "satmon.drivers.counting",  # one name, one meaning: it counts parameters and tokens
+    "satmon.results.run_scale": "satmon.results.scale",
     "satmon.replay": "satmon.replaying",
     **{f"satmon.replay.{m}": f"satmon.replaying.{m}" for m in ("budget", "checkpoints", "data", "live", "loop", "outputs",
                                                                 "session", "user_code")},

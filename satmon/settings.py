@@ -12,7 +12,8 @@ consumer restates or re-checks an option, so none can drop one. Its parts:
 - **the watch**: ``watch_every_n_steps``, ``patience``, ``loss_spike_z``, ``loss_baseline``; the trap watch:
   ``trap_every_n_steps``, ``trap_patience``, ``trap_floor``;
 - **the abort policy**: ``abort_on``, ``abort_mode``, ``dry_run``;
-- **the run**: ``train_tokens``, the unique tokens the run trains on, when satmon cannot count them from the
+- **the run**: ``unique_tokens``, the unique tokens the run trains on (``train_tokens``, its old name, is
+  deprecated), when satmon cannot count them from the
   training data (the card places the run on the study's phase diagram with it), and ``planned_tokens``, the
   tokens training will process (optimizer steps x global batch x sequence length), when satmon cannot count
   them from the trainer: the card's forecast from the planned passes (:func:`satmon.forecast`) divides the
@@ -27,10 +28,12 @@ or the calibration's"; both are kept as given. The rule in force, made from them
 from __future__ import annotations
 
 import dataclasses  # noqa: F401 - the doctests' replace
+import functools
 import inspect
 import math
 import os
 import re
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -249,7 +252,7 @@ class Settings:
     abort_mode: str = "graceful"
     dry_run: bool = False
     # the run
-    train_tokens: int | None = None
+    unique_tokens: int | None = None
     planned_tokens: int | None = None
     planned_steps: int | None = None
     warmup_steps: int | None = None
@@ -306,8 +309,8 @@ class Settings:
         if self.abort_mode not in ABORT_MODES:
             raise ValueError(f"Expected `abort_mode` in {ABORT_MODES}, got {short_repr(self.abort_mode)}.")
         _flag("dry_run", self.dry_run)
-        if self.train_tokens is not None:
-            _int("train_tokens", self.train_tokens, 1, "the unique tokens the run trains on; None: counted from the "
+        if self.unique_tokens is not None:
+            _int("unique_tokens", self.unique_tokens, 1, "the unique tokens the run trains on; None: counted from the "
                  "training data when satmon can")
         if self.planned_tokens is not None:
             _int("planned_tokens", self.planned_tokens, 1, "the tokens training will process: optimizer steps x global "
@@ -340,6 +343,59 @@ class Settings:
         return _flag(name, value)
 
 
+#: Options that were renamed: old name -> new one (the old keyword and attribute work until satmon 0.6, with a warning).
+#: The run's unique training tokens had two names (``train_tokens`` here, ``unique_tokens`` in :func:`satmon.forecast`).
+RENAMED: dict[str, str] = {"train_tokens": "unique_tokens"}
+
+
+def renamed_options(options: Mapping[str, Any], owner: str = "Settings") -> dict[str, Any]:
+    """``options`` with each old option name (:data:`RENAMED`) given as its new one, and a deprecation warning.
+
+    Raises:
+        ValueError: both the old and the new name were given.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as w:
+        ...     warnings.simplefilter("always")
+        ...     renamed_options({"train_tokens": 1000})
+        {'unique_tokens': 1000}
+        >>> print(w[0].message)
+        train_tokens= is deprecated since satmon 0.5: use unique_tokens= (the old name works until satmon 0.6).
+    """
+    from satmon._compat import SatmonDeprecationWarning
+
+    out = dict(options)
+    for old, new in RENAMED.items():
+        if old in out:
+            if new in out:
+                raise ValueError(f"Expected one of `{old}` and `{new}` in {owner}, got both: `{old}` is the old name of "
+                                 f"`{new}`; pass `{new}` only.")
+            warnings.warn(f"{old}= is deprecated since satmon 0.5: use {new}= (the old name works until satmon 0.6).",
+                          SatmonDeprecationWarning, stacklevel=3)
+            out[new] = out.pop(old)
+    return out
+
+
+_dataclass_init = Settings.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _settings_init(self: Settings, **options: Any) -> None:
+    _dataclass_init(self, **renamed_options(options))
+
+
+def _train_tokens(self: Settings) -> int | None:
+    """Deprecated: :attr:`unique_tokens` (the old name works until satmon 0.6)."""
+    from satmon._compat import SatmonDeprecationWarning
+
+    warnings.warn("Settings.train_tokens is deprecated since satmon 0.5: use Settings.unique_tokens (the old name works "
+                  "until satmon 0.6).", SatmonDeprecationWarning, stacklevel=2)
+    return self.unique_tokens
+
+
+Settings.__init__ = _settings_init  # type: ignore[method-assign]
+Settings.train_tokens = property(_train_tokens)  # type: ignore[attr-defined]
 _NAMES: tuple[str, ...] = tuple(f.name for f in fields(Settings) if f.name != "rule")
 #: the options whose value in force is the rule's (the option itself is kept as given)
 _IN_FORCE = ("threshold", "caveat")
@@ -403,6 +459,7 @@ def settings_from(settings: Any, options: Mapping[str, Any], *, owner: str, own:
                         f"({type(settings).__name__}): pass the options by keyword ({owner}(window=500, ...)) or build "
                         "them once with satmon.Settings(...).")
     valid = Settings.names()
+    options = renamed_options(options, owner)
     unknown = sorted(set(options) - set(valid))
     if unknown:
         extra = f" (plus {', '.join(own)})" if own else ""

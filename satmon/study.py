@@ -14,7 +14,8 @@ Example:
 from __future__ import annotations
 
 __all__ = [
-    "CAVEAT", "COLLAPSE_WORTH", "GO_HELPED", "HELD_OUT_CELLS", "MEANING", "NO_GO_HELPED", "ON_SIDE", "STUDY_TOKENS_PROCESSED", "WORTH", "COLLAPSE_THRESHOLD", "FAITHFUL_GRID_FINDING", "FAITHFUL_GRID_HELD_OUT_ACCURACY", "FAITHFUL_GRID_NO_SKILL_ACCURACY",
+    "CAVEAT", "COLLAPSE_WORTH", "GO_HELPED", "HELD_OUT_CELLS", "MEANING", "NO_GO_HELPED", "ON_SIDE", "STUDY_TOKENS_PROCESSED", "WORTH", "COLLAPSE_THRESHOLD", "FAITHFUL_GRID_FINDING", "FAITHFUL_GRID_HELD_OUT_ACCURACY", "FAITHFUL_GRID_NO_SKILL_ACCURACY", "CPU_GRIDS",
+    "CPU_GRID_CELLS", "CPU_GRID_NO_GO", "CPU_GRID_RIGHT", "CPU_GRID_HELPED",
     "FIT_THRESHOLD", "GRID_HELD_OUT_ACCURACY", "GRID_NO_SKILL_ACCURACY", "HELD_OUT_ACCURACY", "HELD_OUT_PROTOCOL",
     "INCONCLUSIVE_BAND", "LEVEL", "NO_SKILL_ACCURACY", "PROVENANCE", "THRESHOLD",
 ]
@@ -62,6 +63,17 @@ FAITHFUL_GRID_NO_SKILL_ACCURACY: float | None = 12 / 16
 #: plan, no window reading (6 tried) beat always NO-GO held out (best: 75% = 75%; permutation p = 0.87).
 FAITHFUL_GRID_FINDING = ("On satmon's faithful CPU grid (the study's protocol), no 500-step reading beat guessing the "
                          "commoner outcome held out (docs/science/calibration.md).")
+#: satmon's CPU grids of the study's protocol whose cells record the window's reading (the data files the counts below
+#: are recomputed from by ``tests/test_claims.py``): the faithful grid and the second grid.
+CPU_GRIDS = ("data/faithful_grid.json", "data/grid2.json")
+#: Their cells (each a reading of one run: the decision is scored per cell) ...
+CPU_GRID_CELLS = 46
+#: ... those where the window's pooled reading under the study's 0.43 said NO-GO ...
+CPU_GRID_NO_GO = 46
+#: ... the cells where the 0.43 rule was right (NO-GO where DyT's final loss was above LayerNorm's, GO where below) ...
+CPU_GRID_RIGHT = 24
+#: ... and those where DyT helped (its final held-out loss below LayerNorm's).
+CPU_GRID_HELPED = 22
 #: Where the threshold comes from, in one line.
 PROVENANCE = ("Verma (2026), 12 calibration cells (64M-1.3B GPT-2-style, 1M-118M tokens): 75% in-sample, "
               "50% leave-one-scale-out, AUC 0.75; fit on ~5k-step checkpoints with alpha_init 2.0")
@@ -94,6 +106,7 @@ MEANING = {
 #: What a GO / NO-GO is worth: the rule's measured accuracy, stated once (the card's trust text, the docs).
 WORTH = (f"the {THRESHOLD:g} rule was right on 9 of the study's 12 cells in-sample and on {HELD_OUT_ACCURACY:.0%} of them "
          f"when each model scale was held out ({HELD_OUT_PROTOCOL}), below the {NO_SKILL_ACCURACY:.0%} of guessing the "
-         "commoner outcome (DyT hurts); on satmon's faithful CPU grid (the study's protocol) it read NO-GO in all 16 cells, "
-         "right in 12, exactly as always saying NO-GO, and the grid's 4 cells where DyT helped all read NO-GO. So a "
-         "decision is a measurement of saturation, not a forecast of DyT's effect")
+         f"commoner outcome (DyT hurts); on satmon's two CPU grids of the study's protocol ({CPU_GRID_CELLS} cells) the "
+         f"window's reading under it said NO-GO {CPU_GRID_NO_GO} times, right in {CPU_GRID_RIGHT}, exactly as always "
+         f"saying NO-GO, and the {CPU_GRID_HELPED} cells where DyT helped all read NO-GO. So a decision is a measurement "
+         "of saturation, not a forecast of DyT's effect")

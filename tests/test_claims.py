@@ -14,6 +14,7 @@ in a markdown blockquote (lines starting with ``>``) whose first line, or the te
 from __future__ import annotations
 
 import ast
+import math
 import re
 from pathlib import Path
 
@@ -183,3 +184,123 @@ def test_every_sentence_that_calls_a_decision_right_or_wrong_names_its_cells():
             found += [f"{rel}: {s[:160]}" for s in _judged_without_cells(path.read_text(encoding="utf-8"))]
     found += [f"{rel}:{n}: {t[:160]}" for rel, n, t in _code_strings() for _ in _judged_without_cells(t)]
     assert not found, "a decision called right or wrong without the cells it rests on:\n" + "\n".join(found)
+
+
+# ----------------------------------------------------------------- counts recomputed from the data files
+def _flat(rel: str) -> str:
+    return " ".join((ROOT / rel).read_text(encoding="utf-8").split())
+
+
+def test_what_a_decision_is_worth_is_recomputed_from_the_grids_cells():
+    """satmon.study's CPU-grid counts (and so WORTH and every card) from the cells of the grids it names."""
+    import json
+
+    from satmon import study
+
+    cells = [c for rel in study.CPU_GRIDS for c in json.loads((ROOT / rel).read_text())["cells"]]
+    no_go = [c for c in cells if c["window_saturation"] < study.THRESHOLD]
+    right = sum((c["window_saturation"] >= study.THRESHOLD) == (c["delta"] < 0) for c in cells)
+    assert (study.CPU_GRID_CELLS, study.CPU_GRID_NO_GO, study.CPU_GRID_RIGHT, study.CPU_GRID_HELPED) == (
+        len(cells), len(no_go), right, sum(c["delta"] < 0 for c in cells))
+    assert f"NO-GO {len(no_go)} times, right in {right}" in study.WORTH
+    science = _flat("docs/science/science.md")
+    assert (f"said NO-GO in all {len(cells)} cells, right in {right} (where DyT hurt), exactly as always NO-GO, and the "
+            f"{sum(c['delta'] < 0 for c in cells)} cells where DyT helped all read NO-GO") in science
+
+
+def test_the_docs_configuration_counts_are_recomputed_from_the_known_cells():
+    """science.md counts configurations (recipe x size x passes, seeds averaged) as satmon.forecast does."""
+    from satmon.results.forecast import configurations, known_cells
+
+    every = known_cells()
+    grid2 = [c for c in every if c.source == "satmon 0.5 second CPU grid"]
+    first = [c for c in every if c not in grid2]
+    science = _flat("docs/science/science.md")
+
+    def counts(cells):
+        cf = configurations(cells)
+        few, many = [c for c in cf if c.passes <= 3.4], [c for c in cf if c.passes >= 16]
+        return len(cf), (sum(c.outcome == "hurts" for c in few), len(few)), (sum(c.outcome == "helps" for c in many), len(many))
+
+    n1, few1, many1 = counts(first)
+    assert (f"The study's 12 cells and the faithful grid's 16 are {n1} configurations: at up to 3.3 passes DyT's final "
+            f"held-out loss was worse than LayerNorm's in {few1[0]} of {few1[1]}") in science
+    assert f"at 16 passes and more it was better in {many1[0]} of {many1[1]}" in science
+    n2, few2, many2 = counts(grid2)
+    assert (f"30 cells in {n2} configurations) hurt in {few2[0]} of {few2[1]} at 3.3 passes and helped in {many2[0]} of "
+            f"{many2[1]} at 16 passes and more") in science
+    n, few, many = counts(every)
+    assert (f"the {len(every)} cells are {n} configurations: {few[0]} of {few[1]} hurt at up to 3.3 passes, {many[0]} of "
+            f"{many[1]} helped at 16 and more") in science
+    # the second grid's frozen rules, per configuration, against the trivial rate on the same configurations
+    from satmon.functional.significance import binomial_tail
+
+    cf = configurations(grid2)
+    helps = [c.outcome == "helps" for c in cf]
+    trivial = max(sum(helps), len(cf) - sum(helps))
+    for rule, said in ((lambda c: c.passes >= 51, "\"DyT helps iff passes >= 51\" was right on {k} of {n} (p = {p:.1g} "
+                                                  "against the trivial {t} of {n}"),
+                       (lambda c: c.params and c.point[1] <= math.log10(0.49), "\"iff tokens per parameter <= 0.49\" on {k} "
+                                                                             "of {n} (p = {p:.1g}: not shown)")):
+        k = sum(rule(c) == h for c, h in zip(cf, helps))
+        assert said.format(k=k, n=len(cf), p=binomial_tail(k, len(cf), trivial / len(cf)), t=trivial) in science
+
+
+#: A forecast called confident ("hurts"/"helps" as the forecast's answer): it must name the configurations it rests on.
+_FORECAST_SAID = re.compile(r"\bforecast\b[^.;]{0,60}?\b(?:says|said|reads|read|gives|answers|is)\s+[\"*]*(?:hurts|helps|"
+                            r"confident)\b", re.IGNORECASE)
+_CONFIGURATIONS = re.compile(r"\b\d+\s+(?:of\s+(?:the\s+)?\d+\s+)?configurations?\b|\brests_on\b|\bevidence\b", re.IGNORECASE)
+
+
+def _forecast_without_configurations(text: str) -> list[str]:
+    prose = re.sub(r"```.*?```", "", text, flags=re.DOTALL).replace("\n", " ")
+    return [s for s in re.split(r"(?<=[.!?])\s+", prose) if _FORECAST_SAID.search(s) and not _CONFIGURATIONS.search(s)]
+
+
+@pytest.mark.parametrize(("sentence", "caught"), [
+    ("At 2 passes the forecast says hurts.", True),
+    ("The forecast reads **helps** at 71-91 passes.", True),
+    ("The forecast says hurts at 1.4 passes, on 6 of 6 configurations (p = 0.016).", False),
+    ("The forecast is uncertain there.", False),
+])
+def test_a_confident_forecast_without_its_configurations_is_caught(sentence, caught):
+    assert bool(_forecast_without_configurations(sentence)) is caught
+
+
+def test_every_sentence_that_calls_the_forecast_confident_names_its_configurations():
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        rel = path.relative_to(ROOT).as_posix()
+        if rel not in EXEMPT and not rel.startswith("docs/plans/"):
+            found += [f"{rel}: {s[:160]}" for s in _forecast_without_configurations(path.read_text(encoding="utf-8"))]
+    assert not found, "a confident forecast without the configurations it rests on:\n" + "\n".join(found)
+
+
+def test_the_studys_figures_in_satmon_study_are_recomputed_from_the_data_files():
+    """HELD_OUT_ACCURACY, NO_SKILL_ACCURACY, the in-sample 9/12 and the 0.3 grid's 9/18, from the shipped cells."""
+    import json
+    from importlib import resources
+
+    from satmon import study
+
+    text = resources.files("satmon").joinpath("data_files/study_cells.csv").read_text()
+    rows = [dict(zip(text.splitlines()[[i for i, l in enumerate(text.splitlines()) if l.startswith("name,")][0]].split(","),
+                     line.split(","))) for line in text.splitlines() if line and not line.startswith(("#", "name,"))]
+    cells = [(r["group"], float(r["saturation"]), float(r["delta"]) < 0) for r in rows]
+
+    def fit(train):  # the study's rule: the first midpoint with the best in-sample accuracy, GO at or above it
+        xs = sorted({s for _, s, _ in train})
+        mids = [(a + b) / 2 for a, b in zip(xs, xs[1:])]
+        return max(mids, key=lambda t: (sum((s >= t) == h for _, s, h in train), -mids.index(t)))
+
+    t = fit(cells)
+    assert round(t, 5) == study.FIT_THRESHOLD and sum((s >= t) == h for _, s, h in cells) == 9  # in-sample 9/12
+    held = sum((s >= fit([c for c in cells if c[0] != g])) == h for g in {c[0] for c in cells}
+               for gg, s, h in cells if gg == g)
+    helped = sum(h for _, _, h in cells)
+    assert (held / len(cells), len(cells)) == (study.HELD_OUT_ACCURACY, study.HELD_OUT_CELLS)
+    assert max(helped, len(cells) - helped) / len(cells) == study.NO_SKILL_ACCURACY
+    v03 = json.loads((ROOT / "data" / "regime_grid.json").read_text())["cells"]
+    right = sum((c["window_saturation"] >= study.THRESHOLD) == (c["delta"] < 0) for c in v03)
+    no_go_right = sum(c["delta"] >= 0 for c in v03)
+    assert (right / len(v03), no_go_right / len(v03)) == (study.GRID_HELD_OUT_ACCURACY, study.GRID_NO_SKILL_ACCURACY)

@@ -31,8 +31,8 @@ LOGDIR may be a run's version folder, any folder above it (every run found below
 event file (events.out.tfevents.*: the run folder that holds it is printed).
 
 --plot draws the study's phase diagram (model parameters x unique training tokens, each cell coloured
-by DyT's measured effect, with satmon's CPU grids) and places every run whose card gives its parameters
-and unique training tokens (SaturationMonitor writes them; train_tokens= gives the tokens when the
+by DyT's measured effect, with satmon's CPU grids) and places every run whose verdict gives its parameters
+and unique training tokens as data (its hparams satmon/params and satmon/unique_tokens: SaturationMonitor writes them; unique_tokens= gives the tokens when the
 training data cannot say them). It needs matplotlib: pip install -e ".[report]" in satmon's clone.
 --cells FILE adds a grid of your own to the diagram (satmon grid's OUT/grid.json, or a CSV with
 name,params,train_tokens,delta,group,source); with --cells, LOGDIR may be left out.
@@ -276,19 +276,19 @@ def _plot(runs: list[Run], path: Path, extra: list | None = None) -> int:
     of ``--cells``; the exit code."""
     from satmon.io.phase_diagram import STUDY_SOURCE, phase_cells, plot_phase
     from satmon.io.tags import TAG
-    from satmon.results.run_scale import RunScale
+    from satmon.results.scale import RunScale
 
     placed, not_placed = [], []
-    for run in runs:
+    for run in runs:  # the run's scale as data: the hparams its verdict wrote (never the card's text)
         label = _label(run, runs)
-        scale = RunScale.from_text(run.last_text(TAG.verdict_text) or "")
-        if scale is None:
-            not_placed.append((label, "its card gives no parameter count: a replay, a run without a verdict yet, or one "
-                                      "written by satmon before 0.4"))
-        elif scale.train_tokens is None:
-            not_placed.append((label, "unique training tokens unknown: pass SaturationMonitor(train_tokens=N)"))
+        params, tokens = run.hparams.get(TAG.hp_params), run.hparams.get(TAG.hp_unique_tokens)
+        if not isinstance(params, (int, float)) or not params > 0:
+            not_placed.append((label, f"its verdict gives no parameter count ({TAG.hp_params}): a replay, a run without a "
+                                      "verdict yet, or one written by satmon before 0.5"))
+        elif not isinstance(tokens, (int, float)) or not tokens > 0:
+            not_placed.append((label, "unique training tokens unknown: pass SaturationMonitor(unique_tokens=N)"))
         else:
-            placed.append((label, scale))
+            placed.append((label, RunScale(int(params), int(tokens))))
     cells = phase_cells() + list(extra or [])
     existed = path.exists()
     try:

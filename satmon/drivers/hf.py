@@ -44,11 +44,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from satmon.drivers.run_scale import planned_tokens, put_scale_note, run_forecast, scale_note
+from satmon.drivers.counting import optimizer_name, planned_tokens, put_scale_note, run_scale, scale_note
 from satmon.io.sink import Sink
 from satmon.io.tags import TAG
 from satmon.io.tensorboard import verdict_hparams
 from satmon.results.card import plain
+from satmon.results.forecast import run_forecast
 from satmon.results.stop import StopRecord
 from satmon.screen.agreement import TorchDistributed
 from satmon.screen.screen import Screen
@@ -195,14 +196,16 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
             return
         if state.global_step > 0:
             self._load(args, state)
-        self._scale_note = scale_note(model, kwargs.get("train_dataloader"), self.settings.train_tokens)
+        self._scale_note = scale_note(model, kwargs.get("train_dataloader"), self.settings.unique_tokens)
         loader = kwargs.get("train_dataloader")  # its batch size is the per-device one
         counted = planned_tokens(state.max_steps, getattr(loader, "batch_size", None) or args.per_device_train_batch_size,
                                  loader, args.gradient_accumulation_steps, args.world_size)
         s = self.settings
-        self._forecast = run_forecast(model, loader, s.train_tokens, s.planned_tokens, counted,
+        scale = run_scale(model, loader, s.unique_tokens)
+        planned, how = (s.planned_tokens, "given: planned_tokens=") if s.planned_tokens is not None else counted
+        self._forecast = run_forecast(scale.params, scale.unique_tokens, planned, scale.missing, how,
                                       s.planned_steps or (state.max_steps if state.max_steps and state.max_steps > 0 else None),
-                                      s.warmup_steps, s.lr_schedule)
+                                      s.warmup_steps, s.lr_schedule, optimizer=optimizer_name(kwargs.get("optimizer")))
         # the hooks go on at the first training forward, whose batch the gated-MLP trace reads (as the Lightning callback)
         self._hooks = [model.register_forward_pre_hook(self._attach, with_kwargs=True, prepend=True),
                        model.register_forward_hook(self._keep_loss)]

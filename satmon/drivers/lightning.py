@@ -27,8 +27,8 @@ from satmon.screen.screen import Screen
 from satmon.settings import ReadsSettings, Settings, settings_from, short_repr
 from satmon.model.map import model_map
 from satmon.drivers.live_probe import LiveProbe
-from satmon.drivers.run_scale import planned_tokens, put_scale_note, run_forecast, scale_note
-from satmon.results.forecast import Forecast
+from satmon.drivers.counting import optimizer_name, planned_tokens, put_scale_note, run_scale, scale_note
+from satmon.results.forecast import Forecast, run_forecast
 from satmon.results.verdict import Verdict
 from satmon.io.lightning import LightningSink
 from satmon.io.sink import MultiSink, Sink, check_sink
@@ -137,7 +137,8 @@ class SaturationMonitor(ReadsSettings, Callback):
               every step, the run stops within one step on every rank, and loss spikes).
             - ``abort_mode``: ``"graceful"`` (``fit`` returns after the step) or ``"raise"`` (:class:`satmon.SatmonAbort`).
             - ``dry_run``: log what would have stopped the run, without stopping it.
-            - ``train_tokens``: the unique tokens the run trains on, for the card's place of the run on the study's
+            - ``unique_tokens`` (``train_tokens``, its old name, is deprecated): the unique tokens the run trains on,
+              for the card's place of the run on the study's
               phase diagram (parameters x tokens); ``None`` (default): counted from the training dataset when it
               can say them (a map-style dataset's length x tokens per sample), else the card says how to give them.
             - ``planned_tokens``: the tokens training will process, for the card's forecast from the planned passes
@@ -313,11 +314,13 @@ class SaturationMonitor(ReadsSettings, Callback):
         if not self.screen.active:
             log_text(self.screen.sink, TAG.verdict_text, self.screen.card(markdown=True), trainer.global_step)
         else:
-            self._scale_note = scale_note(pl_module, trainer.train_dataloader, self.settings.train_tokens)
+            self._scale_note = scale_note(pl_module, trainer.train_dataloader, self.settings.unique_tokens)
             s = self.settings
-            self._forecast = run_forecast(pl_module, trainer.train_dataloader, s.train_tokens, s.planned_tokens,
-                                          _planned(trainer), s.planned_steps or _stepping(trainer), s.warmup_steps,
-                                          s.lr_schedule)
+            scale = run_scale(pl_module, trainer.train_dataloader, s.unique_tokens)
+            planned, how = (s.planned_tokens, "given: planned_tokens=") if s.planned_tokens is not None else _planned(trainer)
+            self._forecast = run_forecast(scale.params, scale.unique_tokens, planned, scale.missing, how,
+                                          s.planned_steps or _stepping(trainer), s.warmup_steps, s.lr_schedule,
+                                          optimizer=optimizer_name(trainer.optimizers[0] if trainer.optimizers else None))
         self._attached = False  # the hooks go on at the first training batch, which the gating trace reads
 
     def _note_scale(self) -> None:
@@ -443,7 +446,7 @@ def _stepping(trainer: pl.Trainer) -> float | None:
 
 
 def _planned(trainer: pl.Trainer) -> tuple[int | None, str]:
-    """The tokens the trainer will process (:func:`~satmon.drivers.run_scale.planned_tokens`): its estimated optimizer
+    """The tokens the trainer will process (:func:`~satmon.drivers.counting.planned_tokens`): its estimated optimizer
     steps (``max_steps``, or the epochs' batches over ``accumulate_grad_batches``), the dataloader's batch size, the
     accumulation and the world size; or ``(None, why not)``. Never raises."""
     try:

@@ -351,31 +351,19 @@ def effect_table(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["params"], r["passes"]))
 
 
-def _forecast_function() -> Any:
-    """``satmon.forecast`` where this satmon has it (another branch adds it), else ``None``."""
-    import satmon
-
-    try:
-        fn = getattr(satmon, "forecast")
-    except (AttributeError, ImportError):
-        return None
-    return fn if callable(fn) else getattr(fn, "forecast", None)
-
-
 def forecast_check(cells: Sequence[dict[str, Any]], planned_tokens: int) -> dict[str, Any]:
     """What ``satmon.forecast(params=, unique_tokens=, planned_tokens=)`` says of each cell beside what it measured.
 
     A confident ``"hurts"`` or ``"helps"`` is right when the final held-out loss moved that way; ``"uncertain"``
-    is counted apart (neither right nor wrong). Returns ``{"available": False, "why": ...}`` where satmon has no
-    forecast.
+    is counted apart (neither right nor wrong).
 
     Example:
         >>> forecast_check([], 1000)["cells"]
         []
     """
-    fn = _forecast_function()
-    if fn is None:
-        return {"available": False, "why": "this satmon has no satmon.forecast", "cells": []}
+    import satmon
+
+    fn = satmon.forecast
     rows, right, wrong, unsure = [], 0, 0, 0
     for c in cells:
         try:

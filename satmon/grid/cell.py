@@ -76,7 +76,7 @@ def make_spec(recipe: Recipe, settings: GridSettings, options: Mapping[str, Any]
 
 def measure_cell(recipe: Recipe, settings: GridSettings, spec: CellSpec, threads: int = 1,
                  progress: Callable[[str, int], None] | None = None, extra: Mapping[str, Any] | None = None,
-                 arms: tuple[str, ...] | None = None) -> dict[str, Any]:
+                 arms: tuple[str, ...] | None = None, jobs: int = 1) -> dict[str, Any]:
     """Train every arm of one cell (the reference arm first) and return its record (plain JSON values).
 
     The top-level fields keep the two-arm grid's names: ``*_layernorm`` is the reference arm (``reference_arm``,
@@ -92,6 +92,7 @@ def measure_cell(recipe: Recipe, settings: GridSettings, spec: CellSpec, threads
         progress: ``progress(arm, step)`` every ``eval_every`` steps of each arm.
         extra: fields added to the record (the key, the recipe's identity).
         arms: the arms to train (default the recipe's); the first is the reference.
+        jobs: how many cells ran side by side (recorded in ``environment``, as the grid's own record has it).
 
     Raises:
         ValueError: the recipe broke its contract (arms from different weights, different batches, a DyT arm
@@ -155,6 +156,7 @@ def measure_cell(recipe: Recipe, settings: GridSettings, spec: CellSpec, threads
         "train_curve_dyt": dyt["train_curve"], "train_curve_layernorm": ln["train_curve"], "alpha_curve": dyt["alpha_curve"],
         "cpu_seconds": time.process_time() - c0, "wall_seconds": time.perf_counter() - t0, "threads": threads,
         "config": {**settings.shared(), **recipe.shared_options(spec.options)}, "code": code_version(),
+        "environment": environment(threads, jobs),
     })
     cell["reference_arm"], cell["compared_arm"] = ref_name, cmp_name
     cell["missing"] = {}

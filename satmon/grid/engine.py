@@ -467,7 +467,7 @@ def _run_locked(recipe: Recipe, where: str, identity: dict[str, Any], plan: Grid
     shared = {"recipe": job_spec, "imports": import_roots(),
               "settings": settings.shared() | {"device": settings.device},
               "options": opts, "arms": list(arms or recipe.arms), "threads": int(slurm.get("cpus_per_task", 1)) if executor == "slurm" else 1,
-              "extra": {"key": None, "grid_key": gkey, "recipe": identity}}
+              "jobs": jobs, "extra": {"key": None, "grid_key": gkey, "recipe": identity}}
     tasks = []
     for e in order:
         t = {**shared, **e, "extra": {**shared["extra"], "key": e["key"],

@@ -197,7 +197,8 @@ def run_job(task: Mapping[str, Any]) -> str:
                 pass
 
         record = measure_cell(recipe, settings, spec, threads=int(task.get("threads", 1)), progress=progress,
-                              extra=task.get("extra"), arms=arms)
+                              extra=task.get("extra"), arms=arms,
+                              jobs=int(task.get("jobs", 1)))
         record["name"] = str(task.get("name") or record["name"])  # a --vary cell's name holds its values
         _write_json(cell, record)
     except KeyboardInterrupt:  # cancelled (Ctrl-C in the grid, scancel): not a failure of the cell

@@ -20,7 +20,6 @@ import csv
 import io
 import json
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from satmon.io.atomic import atomic_open
+from satmon.results.forecast.cells import GRID_FILES, parse_count
 
 __all__ = ["COLUMNS", "GRID_GLOB", "STUDY_SOURCE", "PhaseCell", "grid_cells", "parse_count", "phase_cells", "plot_phase",
            "read_cells_file", "read_phase_cells", "study_cells", "study_points"]
@@ -35,10 +35,9 @@ __all__ = ["COLUMNS", "GRID_GLOB", "STUDY_SOURCE", "PhaseCell", "grid_cells", "p
 #: The columns of a grid file (others are ignored).
 COLUMNS = ("name", "params", "train_tokens", "delta", "group", "source")
 #: Grid files among the package data.
-GRID_GLOB = re.compile(r"^phase_.+\.csv$")
+GRID_GLOB = GRID_FILES
 #: How the study's cells are labelled.
 STUDY_SOURCE = "Verma (2026): the study's 12 cells (nominal sizes)"
-_SUFFIX = {"k": 1e3, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9}
 
 
 @dataclass(frozen=True)
@@ -65,28 +64,6 @@ class PhaseCell:
     @property
     def tokens_per_param(self) -> float:
         return self.train_tokens / self.params
-
-
-def parse_count(text: str) -> float:
-    """A count as the study writes it (``"64M"``, ``"1.3B"``, ``"118M"``) or a plain number.
-
-    Example:
-        >>> parse_count("1.3B"), parse_count("64M"), parse_count("32768")
-        (1300000000.0, 64000000.0, 32768.0)
-        >>> parse_count("lots")
-        Traceback (most recent call last):
-        ...
-        ValueError: Expected a positive count such as 64M, 1.3B or 32768, got 'lots'.
-    """
-    t = str(text).strip()
-    scale = _SUFFIX.get(t[-1:], 1.0)
-    try:
-        value = float(t[:-1] if scale != 1.0 else t) * scale
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"Expected a positive count such as 64M, 1.3B or 32768, got {text!r}.")
-    return value
 
 
 def _rows(text: str, name: str, columns: Sequence[str]) -> list[dict[str, str]]:
@@ -238,7 +215,7 @@ def plot_phase(cells: Sequence[PhaseCell], runs: Sequence[tuple[str, Any]], path
 
     Args:
         cells: the phase cells (:func:`phase_cells`).
-        runs: ``(label, scale)`` of each run to place (a :class:`~satmon.results.run_scale.RunScale` with tokens).
+        runs: ``(label, scale)`` of each run to place (a :class:`~satmon.results.scale.RunScale` with tokens).
         path: the image (.png, .pdf or .svg), replaced only once complete.
         not_placed: ``(label, why)`` of runs that could not be placed, listed under the plot.
     """
@@ -264,9 +241,9 @@ def plot_phase(cells: Sequence[PhaseCell], runs: Sequence[tuple[str, Any]], path
                    c=[cmap(norm(c.delta)) if c.delta is not None else "white" for c, _ in mine], marker=markers[source],
                    s=110 if study else 55, edgecolors="black", linewidths=0.7, zorder=3)
         ax.scatter([], [], marker=markers[source], s=80, color="lightgray", edgecolors="black", label=label)  # the legend's
-    placed = [(label, s) for label, s in runs if getattr(s, "train_tokens", None)]
+    placed = [(label, s) for label, s in runs if getattr(s, "unique_tokens", None)]
     xs = [c.params for c, _ in points] + [s.params for _, s in placed]
-    ys = [c.train_tokens for c, _ in points] + [s.train_tokens for _, s in placed]
+    ys = [c.train_tokens for c, _ in points] + [s.unique_tokens for _, s in placed]
     lo_x, hi_x, lo_y, hi_y = min(xs) / 3, max(xs) * 3, min(ys) / 3, max(ys) * 3
     for ratio in (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1000.0):  # lines of equal tokens per parameter
         if lo_y <= ratio * hi_x and ratio * lo_x <= hi_y:
@@ -274,9 +251,9 @@ def plot_phase(cells: Sequence[PhaseCell], runs: Sequence[tuple[str, Any]], path
             x = min(hi_x, hi_y / ratio) / 1.25  # the label sits where the line leaves the plot (right or top)
             ax.text(x, ratio * x, f"{ratio:g} tokens/param", fontsize=7, color="gray", ha="right", va="bottom", zorder=2)
     for label, s in placed:
-        ax.scatter([s.params], [s.train_tokens], marker="*", s=320, color="gold", edgecolors="black", linewidths=1.0, zorder=5,
+        ax.scatter([s.params], [s.unique_tokens], marker="*", s=320, color="gold", edgecolors="black", linewidths=1.0, zorder=5,
                    label=f"this run: {label}" if len(placed) == 1 else None)
-        ax.annotate(f"{label}\n{s.tokens_per_param:.3g} tok/param", (s.params, s.train_tokens), xytext=(8, 6),
+        ax.annotate(f"{label}\n{s.tokens_per_param:.3g} tok/param", (s.params, s.unique_tokens), xytext=(8, 6),
                     textcoords="offset points", fontsize=8, zorder=6)
     if len(placed) > 1:
         ax.scatter([], [], marker="*", s=200, color="gold", edgecolors="black", label="the runs of this report")

@@ -84,6 +84,10 @@ class TAG:
     hp_source = "satmon/source"
     hp_partial = "satmon/partial"
     hp_forecast = "satmon/forecast"
+    #: the run's scale, as data (``satmon report --plot`` places the run from these, never from the card's text)
+    hp_params = "satmon/params"
+    hp_unique_tokens = "satmon/unique_tokens"
+    hp_planned_tokens = "satmon/planned_tokens"
     hparams_run = "satmon_hparams"
     #: v0.1 wrote the pooled saturation under this name for the hparams view, in the run itself; read, never written
     legacy_verdict_saturation = "satmon/verdict_saturation"

@@ -203,6 +203,10 @@ def verdict_hparams(verdict: Any) -> dict[str, Any]:
     planned = getattr(verdict, "planned_forecast", None)
     if planned:
         out[tags.TAG.hp_forecast] = str(planned.get("outcome"))
+        for tag, key in ((tags.TAG.hp_params, "params"), (tags.TAG.hp_unique_tokens, "unique_tokens"),
+                         (tags.TAG.hp_planned_tokens, "planned_tokens")):
+            if isinstance(planned.get(key), (int, float)):
+                out[tag] = float(planned[key])
     return out
 
 

@@ -103,7 +103,7 @@ def evidence(v: Verdict) -> str:
 def _unproven_text(v: Verdict) -> str:
     """Why the rule is no forecast, with its figures (the ``unproven`` trust text)."""
     if v.rule.threshold_source == "study":
-        return study.WORTH.split(". So ")[0] + "; no window reading fit on that grid beat that held out."
+        return study.WORTH.split(". So ")[0] + "; no window reading fit on those grids beat that held out."
     if v.rule.threshold_source == "user":
         return (f"the threshold {v.threshold:g} was given without a calibration, so nothing shows how well it predicts "
                 "(`calibration=` a file of `satmon calibrate` carries its held-out accuracy).")

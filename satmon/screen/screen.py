@@ -29,10 +29,9 @@ from satmon.batches import ForwardFn, feed
 from satmon.convert import check_conversion, pending_conversion
 from satmon.functional.loss import loss_trend
 from satmon.io import tensorboard as tb
-from satmon.io.known_cells import run_forecast
 from satmon.io.sink import MultiSink, NullSink, Sink, check_sink
 from satmon.results.card import plain
-from satmon.results.forecast import Forecast
+from satmon.results.forecast import Forecast, family_of, run_forecast, with_model
 from satmon.model.discovery import NormLayer
 from satmon.model.dyt_init import dyt_parameter_problems
 from satmon.model.gating import detect_gating
@@ -166,7 +165,7 @@ class Screen(Watching):
         self.first_step = 0  # the step counting (re)started at: not 0 after a resume that dropped the counts
         self.notes: list[str] = []
         #: the forecast from the planned passes, shown beside the decision; a driver that sees the trainer sets it at
-        #: train start, else the screen makes it from ``settings.train_tokens`` and ``settings.planned_tokens``
+        #: train start, else the screen makes it from ``settings.unique_tokens`` and ``settings.planned_tokens``
         self.forecast: Forecast | None = None
         self.status = "not attached"
         self._window_over = False  # attached after the window's end with nothing counted: no verdict to make
@@ -256,6 +255,8 @@ class Screen(Watching):
             raise RuntimeError(f"Expected the same DyT layers as at discovery ({names}), got {self.layer_names}.")
         for problem in dyt_parameter_problems((l.name, l.module) for l in self.layers):  # before the window, not in its verdict
             self.warn(f"satmon: DyT layer {problem}")
+        alphas = [float(l.module.alpha.detach().float().mean()) for l in self.layers] if step == 0 else []  # once, at attach
+        self._alpha_init = (min(alphas), max(alphas)) if alphas else self._loaded.alpha_init if self._loaded else None
         self._build(model, keep_inputs)
         assert self.hooks is not None and self.reader is not None
         self._map = model_map(model)
@@ -551,13 +552,14 @@ class Screen(Watching):
 
     def _planned_forecast(self) -> Forecast:
         """The forecast the card shows beside the decision: the driver's, else one from the settings' token counts."""
-        if self.forecast is not None:
-            return self.forecast
         s = self.settings
         params = sum(p.numel() for p in self._model.parameters()) if self._model is not None else 0
-        return run_forecast(params, s.train_tokens, s.planned_tokens, "a Screen does not see the training data",
-                            "a Screen does not see the trainer's steps and batch", s.planned_steps, s.warmup_steps,
-                            s.lr_schedule)
+        f = self.forecast if self.forecast is not None else run_forecast(
+            params, s.unique_tokens, s.planned_tokens, "a Screen does not see the training data",
+            "a Screen does not see the trainer's steps and batch", s.planned_steps, s.warmup_steps, s.lr_schedule)
+        # the family by what the model computes (its traced gating) and DyT's alpha at attach: known only now
+        return with_model(f, family_of(self.gating.gated if self.gating is not None else None),
+                          getattr(self, "_alpha_init", None))
 
     def card(self, markdown: bool = False) -> str:
         """The verdict's card in plain text (``markdown``: as TensorBoard shows it), or, without a verdict,
@@ -694,7 +696,8 @@ class Screen(Watching):
         """What a checkpoint keeps (:class:`~satmon.screen.state.ScreenState`): the window's counts (summed
         over ranks with ``sync``: every rank must call it), settings, verdict, stop. Before :meth:`attach`,
         a loaded state passes through."""
-        common = dict(steps_seen=self.steps_seen, first_step=self.first_step, verdict=self.verdict, stop=self.stop)
+        common = dict(steps_seen=self.steps_seen, first_step=self.first_step, verdict=self.verdict, stop=self.stop,
+                      alpha_init=getattr(self, "_alpha_init", None) or (self._loaded.alpha_init if self._loaded else None))
         if self.hooks is None:  # not attached (yet): a loaded state passes through, with the settings of its counts
             loaded = self._loaded or ScreenState(ScreenState.saved_settings(self.settings), ())
             state = ScreenState(loaded.settings, tuple(self.layer_names) or loaded.layers, notes=(*loaded.notes, *self.notes),

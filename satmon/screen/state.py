@@ -117,6 +117,8 @@ class ScreenState:
     stop: StopRecord | None = None
     counts: Counts | None = None
     extras: Mapping[str, Mapping[str, Any]] = FrozenMap()
+    #: DyT's alpha at step 0, (lowest, highest) over the layers: the forecast's domain, kept across a resume
+    alpha_init: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         for name in ("settings", "layers", "notes", "counts", "extras"):
@@ -147,6 +149,8 @@ class ScreenState:
         if self.counts is not None:
             out.update(zip(COUNTS, thaw(self.counts)))
         out.update({k: thaw(v) for k, v in self.extras.items()})
+        if self.alpha_init:
+            out["alpha_init"] = list(self.alpha_init)
         return out
 
     @classmethod
@@ -159,6 +163,7 @@ class ScreenState:
             stop=StopRecord.from_dict(d["stop"]) if d.get("stop") else None,
             counts=tuple(tuple(d[k]) for k in COUNTS) if COUNTS[0] in d else None,  # type: ignore[arg-type]
             extras={k: d[k] for k in EXTRA_STATES if isinstance(d.get(k), Mapping)},
+            alpha_init=tuple(d["alpha_init"]) if d.get("alpha_init") else None,  # type: ignore[arg-type]
         )
 
 

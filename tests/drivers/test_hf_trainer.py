@@ -78,7 +78,7 @@ def counted(verdict: satmon.Verdict) -> tuple:
 def screened(verdict: satmon.Verdict) -> dict:
     """The verdict less the card's phase-diagram line and forecast (a plain Screen is given no dataloader to count
     tokens in, nor the trainer's steps)."""
-    from satmon.results.run_scale import RunScale
+    from satmon.results.scale import RunScale
 
     d = verdict.to_dict()
     d["notes"] = [n for n in d["notes"] if not RunScale.is_note(n)]

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, IterableDataset
 import satmon
 from satmon import SaturationMonitor
 from satmon.drivers.lightning import _planned
-from satmon.drivers.run_scale import planned_tokens, sample_tokens
+from satmon.drivers.counting import planned_tokens, sample_tokens
 from satmon.io.tags import TAG
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*validation_step.*", "ignore:.*window steps.*", "ignore:.*no logger.*")
@@ -45,7 +45,7 @@ def test_a_lightning_run_with_accumulation_counts_its_passes_and_logs_the_foreca
     """max_steps 4 optimizer steps x batch 4 x accumulate 2 x 16 tokens = 512 planned tokens over 8 x 4 x 16 = 512
     unique ones: 1 pass, fewer than any known cell, so "uncertain"; with planned_tokens= given it reads that."""
     sink = RecordingSink()
-    monitor = SaturationMonitor(window=4, sink=sink, train_tokens=1_000_000, planned_tokens=2_500_000)
+    monitor = SaturationMonitor(window=4, sink=sink, unique_tokens=1_000_000, planned_tokens=2_500_000)
     plain = SaturationMonitor(window=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -58,9 +58,11 @@ def test_a_lightning_run_with_accumulation_counts_its_passes_and_logs_the_foreca
     # given counts win: 2.5 passes at ~67k parameters and 15 tokens per parameter: outside the hull of the cells
     v = monitor.verdict
     params = sum(p.numel() for p in monitor.screen._model.parameters())
-    expected = satmon.forecast(params=params, unique_tokens=1_000_000, planned_tokens=2_500_000)
+    # the run's steps and optimizer read from the trainer, its family (no gated MLP) and DyT's alpha at attach from the model
+    expected = satmon.forecast(params=params, unique_tokens=1_000_000, planned_tokens=2_500_000, steps=4, family="gpt",
+                               alpha_init=2.0, optimizer="adamw")
     assert v.planned_forecast == expected.to_dict() and expected.outcome == "uncertain"
-    assert "**uncertain**: DyT's final loss was worse" in v.card() and "outside what those configurations surround" in v.card()
+    assert "**uncertain**: 2.5 passes lies between the measured 1.4 and" in v.card() and "too few configurations" in v.card()
     assert v.decision in ("go", "no-go")  # the 0.43 decision stays beside it
     assert "; forecast from the planned passes: uncertain (2.5 passes)" in v.summary()
     assert "; forecast from the planned passes: uncertain (1 pass)" in plain.verdict.summary()
@@ -87,9 +89,9 @@ def test_a_screen_passes_the_runs_steps_warmup_and_schedule_to_the_forecast():
     reach satmon.forecast; left out, the card says which is unknown and the option that gives it."""
     from satmon.dyt import DyT
 
-    model = torch.nn.Sequential(DyT(339), torch.nn.Linear(339, 339))  # 115,600 parameters: the d64L2 cells' size
+    model = torch.nn.Sequential(DyT(339, alpha_init=2.0), torch.nn.Linear(339, 339))  # 115,600 parameters: d64L2's size
     params = sum(p.numel() for p in model.parameters())
-    run = dict(train_tokens=1_551_515, planned_tokens=5_120_000)  # 3.3 passes at 13.4 unique tokens per parameter
+    run = dict(unique_tokens=3_657_143, planned_tokens=5_120_000)  # 1.4 passes at 31.6 unique tokens per parameter
     schedule = dict(planned_steps=5000, warmup_steps=2000, lr_schedule="linear-warmup-constant")
     lines = {}
     for name, extra in (("described", schedule), ("not", {})):
@@ -98,8 +100,9 @@ def test_a_screen_passes_the_runs_steps_warmup_and_schedule_to_the_forecast():
         for _ in range(2):
             screen.step(model(torch.randn(4, 339)).float().mean())
         lines[name] = screen.verdict.planned_forecast
-    expected = satmon.forecast(params=params, unique_tokens=1_551_515, planned_tokens=5_120_000, steps=5000,
-                               warmup_steps=2000, lr_schedule="linear-warmup-constant")
+    # the family by what the model computes (no gated MLP: "gpt") and DyT's alpha at attach, read by the screen
+    expected = satmon.forecast(params=params, unique_tokens=3_657_143, planned_tokens=5_120_000, steps=5000,
+                               warmup_steps=2000, lr_schedule="linear-warmup-constant", family="gpt", alpha_init=2.0)
     assert expected.outcome == "hurts" and lines["described"] == expected.to_dict()
     assert lines["not"]["outcome"] == "uncertain"
     assert "planned_steps=" in lines["not"]["evidence"] and "lr_schedule=" in lines["not"]["evidence"]
@@ -107,3 +110,22 @@ def test_a_screen_passes_the_runs_steps_warmup_and_schedule_to_the_forecast():
         satmon.Screen(lr_schedule="")
     with pytest.raises(ValueError, match="warmup_steps"):
         satmon.Screen(warmup_steps=-1)
+
+
+def test_the_family_is_read_from_what_the_model_computes_and_a_llama_run_is_never_confident_on_gpt_cells():
+    """The same scale and schedule at 1.4 passes: a GPT block (plain MLP) reads "gpt" and gets the cells' answer; a
+    LLaMA block (DyT feeding a SwiGLU gate) reads "llama" and, with no LLaMA cell shipped, "uncertain"."""
+    run = dict(unique_tokens=3_657_143, planned_tokens=5_120_000, planned_steps=5000, warmup_steps=2000,
+               lr_schedule="linear-warmup-constant")
+    got = {}
+    for arch in ("gpt", "llama"):
+        model = tiny_lit(arch=arch).model
+        screen = satmon.Screen(window=2, **run)
+        x = torch.randint(0, 256, (2, 16))
+        screen.attach(model, example_input=x)
+        for _ in range(2):
+            screen.step(model(x).float().mean())
+        got[arch] = screen.verdict.planned_forecast
+    assert (got["gpt"]["family"], got["llama"]["family"]) == ("gpt", "llama")
+    assert got["llama"]["outcome"] == "uncertain" and "no known cell of the llama family" in got["llama"]["evidence"]
+    assert got["gpt"]["alpha_init"] == 2.0 and "llama" not in got["gpt"]["evidence"]

@@ -146,7 +146,7 @@ def test_hypotheses_are_scored_as_frozen(g2):
 def test_h3_reads_the_plans_budget_in_bytes_and_the_csv_has_the_forecast_columns(g2):
     """3.3 passes is 1,551,515 bytes (5,120,000 / 1,551,515 = 3.3000003 passes): H3 must count that cell; the data
     file written from the cells carries the columns satmon.forecast reads."""
-    from satmon.io.known_cells import read_known_cells
+    from satmon.results.forecast import read_known_cells
 
     c = _cell("d64L2", 2, 0.1, helps=False, passes=5_120_000 / 1_551_515)
     c.update(name="d64L2_t1551515_s2", params=115_013, train_tokens=1_551_515, val_loss_dyt=1.9, val_loss_layernorm=1.8)

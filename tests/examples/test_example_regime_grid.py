@@ -19,7 +19,8 @@ from conftest import load_example
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Per-run fields that differ between two runs of the same cell (timings) or of the same grid.
-TIMINGS = {"cpu_seconds", "wall_seconds"}
+#: how long a cell took and where it ran (``environment``: jobs side by side, the commit): not its result
+TIMINGS = {"cpu_seconds", "wall_seconds", "environment"}
 
 
 @pytest.fixture(scope="module")

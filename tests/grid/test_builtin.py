@@ -73,7 +73,8 @@ def test_moved_code_gives_the_premove_scripts_cells_to_the_last_digit(tmp_path, 
                                        "batches_crc", "key", "grid_key", "recipe",
                                        "arms", "reference_arm", "compared_arm",  # 0.6: N arms
                                        "missing",  # 0.6: readings that could not be computed
-                                       "diverged"}  # 0.7: the arms whose loss stopped being finite
+                                       "diverged",  # 0.7: the arms whose loss stopped being finite
+                                       "environment"}  # where the cell ran (torch, CPU, threads, jobs, commit)
         (legacy / f"{old['name']}.json").write_text(json.dumps(old))  # as the script cached it
     torch.set_num_threads(1)
     # the script's cached cells are adopted by `satmon grid` (same configuration), with the fields it adds

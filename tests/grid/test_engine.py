@@ -98,6 +98,11 @@ def test_without_submitit_cells_run_as_plain_processes(tmp_path, monkeypatch, ca
     assert code == 0, text
     assert text.count("submitit is not installed: cells run as plain local processes") == 1
     assert (tmp_path / "p" / "jobs").glob("*.log") and json.loads((tmp_path / "p" / "grid.json").read_text())["counts"]["done"] == 1
+    # every cell records where its numbers came from: the code it ran, torch, the CPU, threads and jobs
+    (cell,) = (json.loads(p.read_text()) for p in (tmp_path / "p" / "cells").glob("*.json"))
+    env = cell["environment"]
+    assert env["satmon_commit"] == cell["code"] and env["torch"] == torch.__version__
+    assert env["threads"] == 1 and env["jobs"] == 2 and env["cpu"] and env["python"]
     torch.set_num_threads(1)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import satmon
 from satmon import study
-from satmon.io.known_cells import STUDY_LABEL, known_cells, read_known_cells
+from satmon.results.forecast import STUDY_LABEL, known_cells, read_known_cells
 
 ROOT = Path(__file__).resolve().parents[2]
 FAITHFUL = "satmon 0.4 faithful CPU grid"
@@ -87,16 +87,16 @@ def test_a_new_grid_file_with_a_contradicting_cell_turns_hurts_uncertain(tmp_pat
     for entry in data.iterdir():
         if entry.name.endswith(".csv"):
             (tmp_path / entry.name).write_text(entry.read_text(encoding="utf-8"), encoding="utf-8")
-    run = dict(params=115_013, unique_tokens=1_551_515, planned_tokens=5_120_000, steps=5000, warmup_steps=2000,
-               lr_schedule="linear-warmup-constant")  # the grids' d64L2 at 3.3 passes
+    run = dict(params=115_013, unique_tokens=3_657_143, planned_tokens=5_120_000, steps=5000, warmup_steps=2000,
+               lr_schedule="linear-warmup-constant", family="gpt", alpha_init=2.0)  # d64L2 at 1.4 passes
     assert satmon.forecast(**run, cells=known_cells(tmp_path)).outcome == "hurts"
     columns = "name,params,train_tokens,delta,group,source,passes,final_dyt,final_layernorm,best_dyt,best_layernorm,protocol"
-    row = "d48L2_t1M_s2,60000,1000000,,d48L2,a second grid,3.2,1.80,1.85,1.79,1.84,study"  # DyT's final loss lower
+    row = "d48L2_t3.6M_s2,67829,3657143,,d48L2,a second grid,1.4,1.80,1.85,1.79,1.84,study"  # DyT's final loss lower
     (tmp_path / "phase_grid_grid2.csv").write_text(f"# a new grid, no schedule columns\n{columns}\n{row}\n", encoding="utf-8")
     new = known_cells(tmp_path)
-    assert [(c.steps, c.lr_schedule) for c in new if c.source == "a second grid"] == [(None, None)]  # unknown schedule
-    f = satmon.forecast(**run, cells=new)
-    assert f.outcome == "uncertain" and "worse than LayerNorm's in 3 of the 4 configurations at 3.3 passes" in f.evidence
+    assert [(c.steps, c.lr_schedule, c.family) for c in new if c.source == "a second grid"] == [(None, None, None)]
+    f = satmon.forecast(**run, cells=new)  # a cell of unknown family may be the run's: it bears
+    assert f.outcome == "uncertain" and "worse than LayerNorm's in 6 of the 7 configurations at 1.39 passes" in f.evidence
     # a grid file without the protocol column is drawn on the phase diagram, never forecast from
     shutil.copy(tmp_path / "phase_grid_v03.csv", tmp_path / "phase_grid_other.csv")
     assert len(known_cells(tmp_path)) == 29

@@ -12,7 +12,7 @@ from satmon.cli.main import main
 from satmon.io.phase_diagram import (
     COLUMNS, STUDY_SOURCE, PhaseCell, grid_cells, parse_count, phase_cells, plot_phase, read_phase_cells, study_cells,
 )
-from satmon.results.run_scale import RunScale
+from satmon.results.scale import RunScale
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = ",".join(COLUMNS)

@@ -130,6 +130,8 @@ def _check_verdict_in_hparams_view(tb, case: str, tmp_path: Path) -> None:
         "satmon/level": ("number_value", 2.0), "satmon/partial": ("number_value", 0.0),
         "satmon/forecast": ("string_value", v.planned_forecast["outcome"]),
         "satmon/trap": ("string_value", monitor.screen.trap.state),  # the trap watch's state rides with the verdict
+        # the run's scale, as data (satmon report --plot places the run from these)
+        **{f"satmon/{k}": ("number_value", float(v.planned_forecast[k])) for k in ("params", "unique_tokens", "planned_tokens")},
     }
     assert {"Satmon/decision", "Satmon/margin", "Satmon/saturation"} <= set(mine[0]["metrics"])
 

@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from satmon.io.known_cells import forecast, known_cells
+from satmon.results.forecast import forecast, known_cells
 from satmon.results.forecast import Forecast, KnownCell, clopper_pearson, forecast_from, hull_distance, unknown_forecast
 
 STUDY = dict(steps=5000, warmup_steps=2000, lr_schedule="linear-warmup-constant")
+RUN = dict(**STUDY, family="gpt", alpha_init=2.0)
+CELL = dict(**STUDY, family="gpt", alpha_init=2.0)
 
 
 def _grid(passes: float, delta: float, source: str = "hand") -> list[KnownCell]:
@@ -26,7 +28,7 @@ def _grid(passes: float, delta: float, source: str = "hand") -> list[KnownCell]:
     for i, (a, b) in enumerate(product((5, 6, 7), (0, 1, 2))):
         for seed in range(2):
             cells.append(KnownCell(f"{source}{passes}_{i}_s{seed}", 10.0**a, passes, delta, f"g{i}", source,
-                                   train_tokens=10.0 ** (a + b), best_delta=delta, **STUDY))
+                                   unique_tokens=10.0 ** (a + b), best_delta=delta, **CELL))
     return cells
 
 
@@ -35,7 +37,7 @@ LOW, HIGH = _grid(2.0, 0.1), _grid(100.0, -0.1)
 
 def _f(cells, passes, params=1e6, tpp=10.0, **kw):
     unique = params * tpp
-    return forecast_from(cells, params=params, unique_tokens=unique, planned_tokens=passes * unique, **{**STUDY, **kw})
+    return forecast_from(cells, params=params, unique_tokens=unique, planned_tokens=passes * unique, **{**RUN, **kw})
 
 
 def test_inside_the_hull_with_the_cells_schedule_is_confident_and_seeds_count_once():
@@ -50,7 +52,8 @@ def test_cells_at_other_budgets_do_not_bear_on_the_run():
     f = _f(LOW + _grid(10.0, -0.1) + HIGH, 2.0)
     assert f.outcome == "hurts" and f.configurations == 9
     between = _f(LOW + _grid(10.0, -0.1), 4.0)  # bracketed by 2 (hurt) and 10 (helped): the two disagree
-    assert between.outcome == "uncertain" and "9 of the 18 configurations" in between.evidence
+    assert between.outcome == "uncertain" and "sign changes between them" in between.evidence
+    assert between.configurations == 18 and "9 of the 9 configurations at 2 passes" in between.evidence
 
 
 def test_partial_agreement_says_the_rate_and_its_exact_interval():
@@ -99,7 +102,8 @@ def test_the_issues_examples_are_not_confident_on_the_shipped_cells():
     assert forecast(params=115_013, unique_tokens=1_000_000, planned_tokens=1_280_000, steps=500, warmup_steps=0,
                     lr_schedule="constant").outcome == "uncertain"  # a 500-step run: no cell trained 500 steps
     at3 = forecast(params=115_013, unique_tokens=1_551_515, planned_tokens=5_120_000, **STUDY)
-    configs = {(c.source, c.group) for c in known_cells() if abs(math.log(c.passes / 3.3)) < math.log(1.1)}
+    # the configuration: recipe x size x passes (the faithful grid's and grid 2's d64L2 at 3.3 passes are one)
+    configs = {(c.recipe, c.group) for c in known_cells() if abs(math.log(c.passes / 3.3)) < math.log(1.1)}
     assert at3.configurations == len(configs) and at3.p_value == 0.5 ** len(configs)
 
 
@@ -108,7 +112,7 @@ def test_every_real_number_type_is_a_count_and_bad_counts_are_blamed_on_the_coun
     unique = 1e7
     for kind in (np.int64, np.float32, lambda x: torch.tensor(x), Decimal, Fraction, int):
         f = forecast_from(LOW, params=kind(1_000_000), unique_tokens=kind(10_000_000), planned_tokens=kind(20_000_000),
-                          **STUDY)
+                          **RUN)
         assert f.outcome == ref.outcome and f.passes == 2.0, kind
     with pytest.raises(ValueError, match="too large") as e:
         forecast_from(LOW, params=10**400, unique_tokens=unique, planned_tokens=unique)
@@ -116,7 +120,7 @@ def test_every_real_number_type_is_a_count_and_bad_counts_are_blamed_on_the_coun
     for bad in (0, True, "1e6", math.nan, -5):
         with pytest.raises(ValueError, match="Expected params as a positive number"):
             forecast_from(LOW, params=bad, unique_tokens=unique, planned_tokens=unique)
-    from satmon.io.known_cells import run_forecast
+    from satmon.results.forecast import run_forecast
     card = run_forecast(10**400, 1e6, 2e6)
     assert "count is not usable" in card.evidence and "could not be read" not in card.evidence
 
@@ -125,7 +129,7 @@ def test_unknown_run_and_the_frozen_result():
     u = unknown_forecast(1e5, "an IterableDataset has no length")
     assert u.outcome == "uncertain" and u.passes is None and u.code == 0.0 and "planned_tokens=" in u.line()
     f = _f(LOW, 2.0)
-    assert isinstance(f, Forecast) and Forecast(**f.to_dict()) == f
+    assert isinstance(f, Forecast) and Forecast.from_dict(f.to_dict()) == f
     with pytest.raises(dataclasses.FrozenInstanceError):
         f.outcome = "helps"  # type: ignore[misc]
 
@@ -133,10 +137,9 @@ def test_unknown_run_and_the_frozen_result():
 def test_the_nearest_measured_cells_are_of_two_configurations_not_two_seeds_of_one():
     """An uncertain answer outside the domain names the two nearest configurations (their nearest seed each)."""
     cells = [KnownCell(f"c{size}_s{seed}", params=size, passes=2.0, delta=0.1, group=f"g{size}", source="m",
-                       train_tokens=size * tpp, steps=5000, warmup_steps=2000, lr_schedule="linear-warmup-constant")
+                       unique_tokens=size * tpp, **CELL)
              for size, tpp in ((1e5, 10), (3e5, 3), (1e6, 1), (3e6, 0.3), (1e7, 0.1)) for seed in (0, 1)]
-    f = forecast_from(cells, params=1e4, unique_tokens=1e6, planned_tokens=2e6, steps=5000, warmup_steps=2000,
-                      lr_schedule="linear-warmup-constant")  # 100 tokens per parameter: far outside
+    f = forecast_from(cells, params=1e4, unique_tokens=1e6, planned_tokens=2e6, **RUN)  # 100 tokens per parameter: far outside
     named = re.findall(r"(c[\d.e+]+_s\d) \(", f.evidence.split("nearest measured:")[1])
     assert f.outcome == "uncertain" and named == ["c100000.0_s0", "c300000.0_s0"]
 
@@ -155,3 +158,68 @@ def test_a_bad_count_or_schedule_is_one_line_naming_it(kw, message):
                lr_schedule="linear-warmup-constant")
     with pytest.raises(ValueError, match=re.escape(message)):
         forecast(**{**run, **kw})
+
+
+# ------------------------------------------------------------------ surest where it measured (the issue's rules)
+def test_a_measured_budget_is_read_alone_and_between_budgets_is_never_surer_than_either_end():
+    five = _grid(2.0, 0.1)[:10]  # 5 configurations at 2 passes: p = 1/32
+    nine = _grid(8.0, 0.1)  # 9 configurations at 8 passes: p = 1/512
+    at2, at8 = _f(five + nine, 2.0, params=1e5, tpp=1.0), _f(five + nine, 8.0, params=1e5, tpp=1.0)
+    assert (at2.outcome, at2.configurations, at2.p_value) == ("hurts", 5, 0.5**5)  # 8 passes does not bear at 2
+    assert (at8.outcome, at8.configurations, at8.p_value) == ("hurts", 9, 0.5**9)
+    mid = _f(five + nine, 4.0, params=1e5, tpp=1.0)
+    # between: both ends bear, each on its own; the p is the weaker end's, not the pooled 2**-14
+    assert (mid.outcome, mid.configurations, mid.p_value) == ("hurts", 14, 0.5**5)
+    assert mid.p_value >= max(at2.p_value, at8.p_value) and "each read on its own" in mid.evidence
+    weak = _f(five[:8] + nine, 4.0, params=1e5, tpp=1.0)  # 4 configurations at 2 passes: that end cannot pass
+    assert weak.outcome == "uncertain" and "at 2 passes too few configurations (p = 0.062)" in weak.evidence
+
+
+def test_the_configuration_is_recipe_size_passes_with_seeds_averaged():
+    from satmon.results.forecast import configurations
+
+    a = KnownCell("a_s0", 1e5, 3.28, 0.10, "d64L2", "first grid", recipe="builtin")
+    b = KnownCell("b_s2", 1e5, 3.30, -0.02, "d64L2", "second grid", recipe="builtin")
+    c = KnownCell("c_s0", 1e5, 3.30, 0.05, "d64L2", "the study")  # another recipe (its source): its own configuration
+    got = configurations([a, b, c])
+    assert [(g.recipe, g.seeds) for g in got] == [("builtin", 2), ("the study", 1)]
+    assert got[0].delta == pytest.approx((0.10 - 0.02) / 2) and got[0].outcome == "hurts" and not got[0].seeds_agree
+
+
+def test_the_family_alpha_init_and_optimizer_are_the_domain():
+    llama = [dataclasses.replace(c, family="llama", name="L" + c.name, recipe="llama") for c in LOW]
+    assert _f(LOW, 2.0, family="llama").evidence.startswith("no known cell of the llama family")
+    assert _f(LOW, 2.0, family=None).outcome == "uncertain" and "family is not given" in _f(LOW, 2.0, family=None).evidence
+    both = _f(LOW + [dataclasses.replace(c, delta=-0.1) for c in llama], 2.0, family="llama")
+    assert (both.outcome, both.configurations) == ("helps", 9)  # the GPT cells do not bear on a LLaMA-family run
+    assert "alpha_init is 0.5, theirs 2-2" in _f(LOW, 2.0, alpha_init=0.5).evidence
+    assert "alpha_init is 0.2-0.8" in _f(LOW, 2.0, alpha_init=(0.8, 0.2)).evidence
+    assert _f(LOW, 2.0, alpha_init=None).outcome == "uncertain"
+    sgd = [dataclasses.replace(c, optimizer="adamw") for c in LOW]
+    assert "its optimizer is sgd, theirs adamw" in _f(sgd, 2.0, optimizer="SGD").evidence
+    assert _f(sgd, 2.0, optimizer="AdamW").outcome == "hurts"
+    with pytest.raises(ValueError, match="Expected family as one of gpt, llama"):
+        _f(LOW, 2.0, family="bert")
+
+
+def test_an_empty_region_inside_the_hull_is_uncertain():
+    """Four corners two decades apart: the centre is inside their hull, one decade and more from every cell."""
+    corners = [KnownCell(f"k{a}{b}_s{s}", 10.0**a, 2.0, 0.1, f"g{a}{b}", "hand", unique_tokens=10.0 ** (a + b), **CELL)
+               for a, b in product((5, 7), (0, 2)) for s in (0, 1)]
+    corners += [dataclasses.replace(c, group=c.group + "x", name=c.name + "x") for c in corners[:2]]  # a 5th configuration
+    centre = _f(corners, 2.0, params=1e6, tpp=10.0)
+    assert centre.outcome == "uncertain" and "where no cell was measured" in centre.evidence
+    assert _f(corners, 2.0, params=1.5e5, tpp=1.0).outcome == "hurts"  # 0.18 decades from a measured corner
+
+
+def test_the_shipped_cells_are_counted_by_the_plans_unit_and_a_llama_run_is_never_confident():
+    at3 = forecast(params=115_013, unique_tokens=1_551_515, planned_tokens=5_120_000, **RUN)
+    assert at3.outcome == "uncertain" and at3.configurations == 4 and at3.p_value == 0.5**4  # the issue's count
+    llama = forecast(params=115_013, unique_tokens=3_657_143, planned_tokens=5_120_000, **{**RUN, "family": "llama"})
+    assert llama.outcome == "uncertain" and "llama family" in llama.evidence
+    # a scan between the grids' sizes and the study's (400k-60M parameters, where no cell is): never confident
+    for params in np.geomspace(4e5, 6e7, 9):
+        for passes in (1.4, 3.3, 16, 100):
+            f = forecast(params=float(params), unique_tokens=5.12e6 / passes * params / 115_013,
+                         planned_tokens=5.12e6 * params / 115_013, **RUN)
+            assert f.outcome == "uncertain", (params, passes, f.evidence)

@@ -11,8 +11,8 @@ where an ``attention_mask`` marks it). A few samples are read to find the length
 ``(n - 1) x s + length``; samples of varying length give an estimate from their mean, said as such.
 The random state of Python, NumPy and torch is restored after the samples are read, so a dataset that
 draws random numbers does not change the training that follows. When the tokens cannot be counted (an
-``IterableDataset``, samples that are not token ids), :class:`~satmon.results.run_scale.RunScale` says
-why and the card says how to give them (``train_tokens=``).
+``IterableDataset``, samples that are not token ids), :class:`~satmon.results.scale.RunScale` says
+why and the card says how to give them (``unique_tokens=``).
 """
 
 from __future__ import annotations
@@ -26,10 +26,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from satmon.results.forecast import Forecast
-from satmon.results.run_scale import RunScale
+from satmon.results.scale import RunScale
 
-__all__ = ["count_parameters", "count_train_tokens", "planned_tokens", "put_scale_note", "run_forecast", "run_scale",
+__all__ = ["count_parameters", "count_train_tokens", "planned_tokens", "optimizer_name", "put_scale_note", "run_scale",
            "sample_tokens", "scale_note"]
 
 #: samples read to find a sample's length (first, second, last and evenly between)
@@ -156,17 +155,17 @@ def count_train_tokens(data: Any) -> tuple[int | None, str]:
     return _dataset_tokens(getattr(data, "dataset", data))
 
 
-def run_scale(model: nn.Module, data: Any, train_tokens: int | None = None) -> RunScale:
-    """The run's :class:`~satmon.results.run_scale.RunScale`: its parameters, and ``train_tokens`` when given, else the
+def run_scale(model: nn.Module, data: Any, unique_tokens: int | None = None) -> RunScale:
+    """The run's :class:`~satmon.results.scale.RunScale`: its parameters, and ``unique_tokens`` when given, else the
     tokens counted from ``data`` (:func:`count_train_tokens`). Never raises: what cannot be counted is said.
 
     Example:
-        >>> run_scale(torch.nn.Linear(4, 3), None, train_tokens=600).tokens_per_param
+        >>> run_scale(torch.nn.Linear(4, 3), None, unique_tokens=600).tokens_per_param
         40.0
     """
     params = count_parameters(model)
-    if train_tokens is not None:
-        return RunScale(params, int(train_tokens), counted="given: train_tokens=")
+    if unique_tokens is not None:
+        return RunScale(params, int(unique_tokens), counted="given: unique_tokens=")
     try:
         tokens, how = count_train_tokens(data)
     except Exception as e:  # counting must never stop training
@@ -225,25 +224,24 @@ def planned_tokens(steps: float | None, batch_size: int | None, data: Any, accum
                     f"{int(world_size)} rank{'s' if world_size != 1 else ''} x {length} tokens ({how})")
 
 
-def run_forecast(model: nn.Module, data: Any, train_tokens: int | None, planned: int | None,
-                 counted: tuple[int | None, str] = (None, ""), steps: float | None = None,
-                 warmup_steps: float | None = None, lr_schedule: str | None = None) -> Forecast:
-    """The card's forecast from the planned passes of a run: its parameters, its unique tokens (``train_tokens`` when
-    given, else counted from ``data``) and its planned tokens (``planned`` when given, else ``counted``, the driver's
-    :func:`planned_tokens`). Never raises: what cannot be counted is said, with how to give it."""
-    from satmon.io.known_cells import run_forecast as forecast_of
-
-    scale = run_scale(model, data, train_tokens)
-    tokens, how = (planned, "given: planned_tokens=") if planned is not None else counted
-    return forecast_of(scale.params, scale.train_tokens, tokens, scale.missing, how, steps, warmup_steps, lr_schedule)
-
-
-def scale_note(model: nn.Module, data: Any, train_tokens: int | None = None) -> str:
+def scale_note(model: nn.Module, data: Any, unique_tokens: int | None = None) -> str:
     """The card's phase-diagram line of a run: :func:`run_scale` placed against the study's cells (what every driver
     that sees the training data writes on its card)."""
     from satmon.io.phase_diagram import study_points
 
-    return run_scale(model, data, train_tokens).note(study_points())
+    return run_scale(model, data, unique_tokens).note(study_points())
+
+
+def optimizer_name(optimizer: Any) -> str | None:
+    """The optimizer's name as the forecast's domain reads it (``"adamw"``: its class, lower case), ``None`` without one.
+
+    Example:
+        >>> optimizer_name(torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())), optimizer_name(None)
+        ('adamw', None)
+    """
+    inner = getattr(optimizer, "optimizer", None)  # Lightning's and accelerate's wrappers hold the torch optimizer
+    optimizer = inner if isinstance(inner, torch.optim.Optimizer) else optimizer
+    return None if optimizer is None else type(optimizer).__name__.lower()
 
 
 def put_scale_note(notes: list[str], note: str) -> None:

@@ -3,22 +3,22 @@
 The study's regimes are cells of model size x unique training tokens (64M-1.3B parameters x 1M-118M
 tokens): DyT helped where few tokens met many parameters (the over-parameterised corner) and hurt where
 data was plentiful. :class:`RunScale` is a run's point on that plane, built once by the driver
-(:func:`satmon.drivers.run_scale.run_scale`), with how the tokens were counted, or why they could not
+(:func:`satmon.drivers.counting.run_scale`), with how the tokens were counted, or why they could not
 be. :meth:`RunScale.note` is the line the verdict card carries (among its notes, so it reaches every
-place the card goes); :meth:`RunScale.from_text` reads it back from a card (``satmon report --plot``).
+place the card goes). The card's line is prose for people: the scale travels as data with the verdict
+(``Verdict.planned_forecast``'s ``params``, ``unique_tokens`` and ``planned_tokens``, and the hparams
+``satmon/params``, ``satmon/unique_tokens``, ``satmon/planned_tokens``), which ``satmon report --plot`` reads.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = ["NOTE_PREFIX", "RunScale", "si"]
 
-#: How the card's line starts (and how :meth:`RunScale.from_text` finds it).
+#: How the card's line starts (a resumed driver replaces its own line by it: :meth:`RunScale.is_note`).
 NOTE_PREFIX = "Phase diagram:"
-_NOTE = re.compile(re.escape(NOTE_PREFIX) + r" ([\d,]+) parameters(?:, ([\d,]+) unique training tokens)?")
 
 
 def si(n: float) -> str:
@@ -44,42 +44,42 @@ class RunScale:
 
     Attributes:
         params: the model's parameters (each shared tensor once).
-        train_tokens: the unique tokens the run trains on; ``None`` when satmon could not count them.
-        counted: how ``train_tokens`` was found, in words (``"given: train_tokens="``, a dataset's length x tokens
+        unique_tokens: the unique tokens the run trains on; ``None`` when satmon could not count them.
+        counted: how ``unique_tokens`` was found, in words (``"given: unique_tokens="``, a dataset's length x tokens
             per sample...).
         missing: why the tokens could not be counted (empty when they were).
 
     Example:
         >>> s = RunScale(120_000, 400_000, counted="6,250 samples x 64 tokens")
-        >>> round(s.tokens_per_param, 3), RunScale.from_text(s.note()) == RunScale(120_000, 400_000)
-        (3.333, True)
+        >>> round(s.tokens_per_param, 3)
+        3.333
     """
 
     params: int
-    train_tokens: int | None = None
+    unique_tokens: int | None = None
     counted: str = ""
     missing: str = ""
 
     @property
     def tokens_per_param(self) -> float | None:
         """Unique training tokens per parameter (the study's axis), ``None`` when the tokens are unknown."""
-        return None if self.train_tokens is None or self.params <= 0 else self.train_tokens / self.params
+        return None if self.unique_tokens is None or self.params <= 0 else self.unique_tokens / self.params
 
     def note(self, cells: Sequence[tuple[float, float]] = ()) -> str:
         """The card's line: parameters, unique tokens and tokens per parameter, how they were counted, and where
-        the run lies against ``cells`` (the study's ``(params, train_tokens)``); or how to give the tokens.
+        the run lies against ``cells`` (the study's ``(params, unique_tokens)``); or how to give the tokens.
 
         Example:
             >>> print(RunScale(120_000, missing="an IterableDataset has no length").note())  # doctest: +NORMALIZE_WHITESPACE
             Phase diagram: 120,000 parameters; unique training tokens unknown (an IterableDataset has no length): pass
-            SaturationMonitor(train_tokens=N), N the unique tokens the run trains on, to place it on the study's phase
+            SaturationMonitor(unique_tokens=N), N the unique tokens the run trains on, to place it on the study's phase
             diagram (`satmon report --plot`).
         """
         head = f"{NOTE_PREFIX} {self.params:,} parameters"
-        if self.train_tokens is None:
-            return (f"{head}; unique training tokens unknown ({self.missing}): pass SaturationMonitor(train_tokens=N), N the "
+        if self.unique_tokens is None:
+            return (f"{head}; unique training tokens unknown ({self.missing}): pass SaturationMonitor(unique_tokens=N), N the "
                     "unique tokens the run trains on, to place it on the study's phase diagram (`satmon report --plot`).")
-        line = (f"{head}, {self.train_tokens:,} unique training tokens ({self.counted}): {self.tokens_per_param:.3g} tokens "
+        line = (f"{head}, {self.unique_tokens:,} unique training tokens ({self.counted}): {self.tokens_per_param:.3g} tokens "
                 "per parameter.")
         if cells:
             line += " " + self.against(cells)
@@ -110,14 +110,16 @@ class RunScale:
                      "more tokens per parameter than any" if tpp > max(ratios) else "tokens per parameter within their range")
         return span + ", and ".join(where) + "."
 
-    @classmethod
-    def from_text(cls, text: str) -> RunScale | None:
-        """The scale a card's :meth:`note` line gives (params, and tokens when known), or ``None`` without one."""
-        m = _NOTE.search(text or "")
-        if m is None:
-            return None
-        tokens = m.group(2)
-        return cls(int(m.group(1).replace(",", "")), int(tokens.replace(",", "")) if tokens else None)
+    @property
+    def train_tokens(self) -> int | None:
+        """Deprecated: :attr:`unique_tokens` (the old name works until satmon 0.6)."""
+        import warnings
+
+        from satmon._compat import SatmonDeprecationWarning
+
+        warnings.warn("RunScale.train_tokens is deprecated since satmon 0.5: use RunScale.unique_tokens (the old name "
+                      "works until satmon 0.6).", SatmonDeprecationWarning, stacklevel=2)
+        return self.unique_tokens
 
     @staticmethod
     def is_note(text: str) -> bool:

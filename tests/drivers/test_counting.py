@@ -15,8 +15,8 @@ from helpers import tiny_lit, trainer
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from satmon import SaturationMonitor
-from satmon.drivers.run_scale import count_parameters, count_train_tokens, run_scale
-from satmon.results.run_scale import RunScale
+from satmon.drivers.counting import count_parameters, count_train_tokens, run_scale
+from satmon.results.scale import RunScale
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*validation_step.*", "ignore:.*window steps.*", "ignore:.*resum.*")
 
@@ -105,7 +105,7 @@ def test_parameters_count_tied_weights_once():
     model = tiny_lit()
     by_hand = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     assert count_parameters(model) == by_hand
-    assert run_scale(model, None, train_tokens=10).counted == "given: train_tokens="
+    assert run_scale(model, None, unique_tokens=10).counted == "given: unique_tokens="
     assert run_scale(model, None).missing == "the trainer has no training dataloader"
 
 
@@ -121,19 +121,23 @@ def _fit(tmp_path, data, **options) -> SaturationMonitor:
 def test_the_card_places_the_run_or_says_how_to_give_its_tokens(tmp_path):
     data = Windows(64)  # 64 samples x 16 tokens, no overlap: 1,024 unique tokens
     params = sum(p.numel() for p in tiny_lit().parameters())
-    card = _fit(tmp_path, DataLoader(data, batch_size=4)).card()
+    placed = _fit(tmp_path, DataLoader(data, batch_size=4))
+    card = placed.card()
     assert (f"Phase diagram: {params:,} parameters, {len(data.positions()):,} unique training tokens (64 samples x 16 "
             f"tokens in Windows): {len(data.positions()) / params:.3g} tokens per parameter.") in card
     assert "The study's cells span 64M-1.3B parameters" in card and "fewer parameters than the smallest" in card
-    assert RunScale.from_text(card) == RunScale(params, 1024)
+    # the scale travels as data with the verdict (never read back from the card's text)
+    f = placed.verdict.planned_forecast
+    assert (f["params"], f["unique_tokens"]) == (params, 1024)
 
-    given = _fit(tmp_path, DataLoader(data, batch_size=4), train_tokens=5_000_000).card()
-    assert "5,000,000 unique training tokens (given: train_tokens=)" in given
+    given = _fit(tmp_path, DataLoader(data, batch_size=4), unique_tokens=5_000_000).card()
+    assert "5,000,000 unique training tokens (given: unique_tokens=)" in given
 
-    unknown = _fit(tmp_path, DataLoader(Stream(), batch_size=4)).card()
+    blind = _fit(tmp_path, DataLoader(Stream(), batch_size=4))
+    unknown = blind.card()
     assert "unique training tokens unknown (the training data is an IterableDataset (Stream), which has no length): pass " \
-           "SaturationMonitor(train_tokens=N)" in unknown
-    assert RunScale.from_text(unknown) == RunScale(params)
+           "SaturationMonitor(unique_tokens=N)" in unknown
+    assert (blind.verdict.planned_forecast["params"], blind.verdict.planned_forecast["unique_tokens"]) == (params, None)
 
 
 def test_a_resumed_run_keeps_one_phase_diagram_line(tmp_path):
@@ -150,3 +154,20 @@ def test_a_resumed_run_keeps_one_phase_diagram_line(tmp_path):
     saved = torch.load(tmp_path / "mid.ckpt", weights_only=True)["callbacks"]["SaturationMonitor"]["notes"]
     assert sum(RunScale.is_note(n) for n in saved) == 1  # the resume brings the saved line back: it is replaced, not added
     assert second.card().count("Phase diagram:") == 1
+
+
+def test_the_unique_tokens_have_one_name_and_the_old_one_warns():
+    """``unique_tokens`` everywhere (satmon.forecast's name); ``train_tokens`` is a deprecated alias of it."""
+    import satmon
+    from satmon._compat import SatmonDeprecationWarning
+    from satmon.settings import Settings
+
+    with pytest.warns(SatmonDeprecationWarning, match="train_tokens= is deprecated since satmon 0.5: use unique_tokens="):
+        old = SaturationMonitor(train_tokens=1234)
+    assert old.settings.unique_tokens == 1234 and Settings(unique_tokens=1234) == old.settings
+    with pytest.warns(SatmonDeprecationWarning, match="Settings.train_tokens is deprecated"):
+        assert old.settings.train_tokens == 1234
+    with pytest.raises(ValueError, match="got both"):
+        satmon.Screen(train_tokens=1, unique_tokens=2)
+    with pytest.warns(SatmonDeprecationWarning, match="RunScale.train_tokens"):
+        assert RunScale(10, 20).train_tokens == 20
