@@ -33,8 +33,9 @@ COLLAPSE_THRESHOLD = 0.5
 #: checkpoints, and what satmon has not measured.
 COLLAPSE_WORTH = (f"in a model whose DyT feeds a SwiGLU gate, pooled saturation at or above {COLLAPSE_THRESHOLD:g} flagged "
                   "4 of the study's 4 collapses with no false alarm in its 5 other LLaMA-style runs, read on final "
-                  "checkpoints; satmon has measured no collapse of its own (every collapse its pilot saw was its LLaMA "
-                  "demo's final-norm trap), and the watch after the window is unmeasured")
+                  "checkpoints; satmon has measured no collapse of its own (its pilot's "
+                  "runs that never learned had its LLaMA demo's trapped layout, a DyT final norm), and the watch after "
+                  "the window is unmeasured")
 #: ``|margin|`` below this is reported as inconclusive (the decision is still given): the study's
 #: boundary sits between cells 0.4135 (DyT hurt, +5.9%) and 0.4662 (DyT helped, -9.6%), where seeds
 #: and scales disagree, so satmon flags +-0.02.
