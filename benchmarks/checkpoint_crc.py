@@ -1,15 +1,15 @@
 """What checking a checkpoint's CRC-32s costs in a replay: the check against the rest of one checkpoint's turn.
 
 ``satmon replay`` checks every zip record it reads against the CRC-32 the zip directory records (the pickle at
-inspection, each tensor as it is copied: :mod:`satmon.replay.reading`). This program writes one realistic Lightning
+inspection, each tensor as it is copied: :mod:`satmon.replaying.formats.torch_file`). This program writes one realistic Lightning
 checkpoint (the demo GPT at GPT-2-small width and depth, d_model 768, 12 blocks, 85 M parameters; with the Adam
 state Lightning saves beside the weights, which replay leaves unread), then, in each round, times
 
 - ``read``: plain reads of exactly the bytes replay checks (every record but the optimizer's tensors), from the
   page cache, as replay copies them;
 - ``crc``: ``zlib.crc32`` over those bytes;
-- ``inspect``: :func:`~satmon.replay.checkpoints.inspect_checkpoint` (the pickle read once, its records checked);
-- ``replay``: one checkpoint's whole turn in :func:`~satmon.replay.loop.replay` (the weights copied and checked,
+- ``inspect``: :func:`~satmon.replaying.checkpoints.inspect_checkpoint` (the pickle read once, its records checked);
+- ``replay``: one checkpoint's whole turn in :func:`~satmon.replaying.loop.checkpoint_records` (the weights copied and checked,
   the model built, the probe and its random-init twin on the calibration batches);
 
 and prints the medians side by side with the CRC's share of the checkpoint's turn.
@@ -55,8 +55,8 @@ def write_checkpoint(path: Path) -> int:
 def checked_bytes(path: Path) -> tuple[list[bytes], int]:
     """The records replay reads and checks (everything but the optimizer's tensors), as bytes, and their total
     (the time it takes is the ``read`` part)."""
-    from satmon.replay.checkpoints import inspect_checkpoint
-    from satmon.replay.reading import meta_tensors
+    from satmon.replaying.checkpoints import inspect_checkpoint
+    from satmon.replaying.formats.torch_file import meta_tensors
 
     info = inspect_checkpoint(path)
     offsets = {t.untyped_storage()._checkpoint_offset for t in meta_tensors(info.checkpoint, skip=("optimizer_states",))}
@@ -77,8 +77,8 @@ def checked_bytes(path: Path) -> tuple[list[bytes], int]:
 
 def one_round(path: Path, blobs: list[bytes], batches: list[torch.Tensor]) -> dict[str, float]:
     from satmon.demos.lit import LitLM
-    from satmon.replay.checkpoints import inspect_checkpoint
-    from satmon.replay.loop import ModelLoader, replay
+    from satmon.replaying.checkpoints import inspect_checkpoint
+    from satmon.replaying.loop import ModelLoader, checkpoint_records
 
     t0 = time.perf_counter()
     checked_bytes(path)
@@ -91,7 +91,7 @@ def one_round(path: Path, blobs: list[bytes], batches: list[torch.Tensor]) -> di
     info = inspect_checkpoint(path)
     inspect = time.perf_counter() - t0
     t0 = time.perf_counter()
-    (record,) = list(replay([info], ModelLoader(LitLM, None, device=torch.device("cpu")), batches))
+    (record,) = list(checkpoint_records([info], ModelLoader(LitLM, None, device=torch.device("cpu")), batches))
     took = time.perf_counter() - t0
     assert record.error is None and record.report is not None, record.error
     return {"read": read, "crc": crc, "inspect": inspect, "replay": took}

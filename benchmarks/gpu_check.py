@@ -289,7 +289,9 @@ def _extra_work(model: torch.nn.Module, x: torch.Tensor, device: str, compiled: 
     from torch._dynamo.utils import counters
     from torch.profiler import ProfilerActivity, profile
 
-    from satmon import SaturationCounter, SaturationHooks, find_dyt_layers
+    from satmon import find_dyt_layers
+    from satmon.observe.counters import SaturationCounter
+    from satmon.observe.saturation import SaturationHooks
 
     layers = find_dyt_layers(model)
     hooks = SaturationHooks(layers, SaturationCounter(len(layers)).to(device)).attach()

@@ -5,7 +5,8 @@ reset with ``/proc/self/clear_refs`` just before the call, minus the resident se
 ``tracemalloc`` does not see torch's CPU allocations). The model and its batches exist before the
 reset; what the probe's forwards allocate is included, so a plain no-grad forward is measured the
 same way for reference. Time: wall and CPU (``time.process_time``: less sensitive to other
-tenants of a shared machine), one torch thread. Results: docs/reference/performance.md ("The dead-direction probe").
+tenants of a shared machine), one torch thread. Results: docs/science/performance_measurements.md
+("The dead-direction probe's memory, measured").
 
     OMP_NUM_THREADS=1 python benchmarks/probe_memory.py --d 2048 --blocks 2 --budget none 1
 """

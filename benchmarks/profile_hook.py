@@ -33,7 +33,9 @@ from harness import MODELS_CPU, MODELS_CUDA, MODELS_SMOKE, ModelSpec
 from stats import quantile
 from torch import Tensor
 
-from satmon import SaturationCounter, SaturationHooks, find_dyt_layers
+from satmon import find_dyt_layers
+from satmon.observe.counters import SaturationCounter
+from satmon.observe.saturation import SaturationHooks
 from satmon.demos.corpus import corpus_tokens
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.functional.saturation import saturation_threshold, saturation_threshold_host

@@ -4,6 +4,11 @@ The public names load on first use (PEP 562): ``import satmon`` imports neither 
 Lightning, ``satmon.Screen``, ``satmon.probe`` and ``satmon.Verdict`` load torch but no Lightning,
 and ``satmon.SaturationMonitor`` loads Lightning when it is first touched.
 
+``satmon.__all__`` is the API a user calls: the drivers, the settings, the screen, probe, replay and forecast,
+and what they return. The mechanism under them is imported from its module (``satmon.results.verdict``'s
+``build_verdict``, ``satmon.observe.counters``...); the names satmon 0.4 exported here still read, with a
+deprecation warning (:data:`satmon._compat.MOVED_IN_0_5`).
+
 Example:
     >>> import satmon
     >>> sorted(n for n in ("DyT", "SaturationMonitor", "convert_to_dyt") if n in dir(satmon))
@@ -18,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from satmon import _compat
 from satmon._version import __version__
 
-_compat.install()  # satmon 0.2's import paths, with a warning, until 0.4
+_compat.install()  # satmon 0.2's import paths, with a warning, until satmon 0.5 (_compat.REMOVED_IN)
 
 #: public name -> the module that defines it
 _PUBLIC = {
@@ -28,19 +33,13 @@ _PUBLIC = {
     "Screen": "satmon.screen.screen",
     "Settings": "satmon.settings",
     "Verdict": "satmon.results.verdict",
-    "build_verdict": "satmon.results.verdict",
-    "LayerCounts": "satmon.results.verdict",
-    "Source": "satmon.results.verdict",
-    "GatingInfo": "satmon.results.verdict",
     "SatmonAbort": "satmon.results.stop",
     "StopReason": "satmon.results.stop",
-    "SaturationCounter": "satmon.observe.counters",
-    "SaturationHooks": "satmon.observe.saturation",
     "find_dyt_layers": "satmon.model.map",
     "find_norm_layers": "satmon.model.map",
     "find_blocks": "satmon.model.map",
     "probe": "satmon.probing.passes",
-    "replay": "satmon.replay",  # the package itself, callable: satmon.replay(paths, ...) (satmon.replay.session)
+    "replay": "satmon.replaying.session",
     "forecast": "satmon.io.known_cells",
     "Forecast": "satmon.results.forecast",
     "ProbeReport": "satmon.results.probe_report",
@@ -51,17 +50,15 @@ __all__ = ["__version__", *_PUBLIC]
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
     from satmon.convert import convert_to_dyt
     from satmon.drivers.lightning import SaturationMonitor
-    from satmon.io.known_cells import forecast
     from satmon.dyt import DyT
+    from satmon.io.known_cells import forecast
     from satmon.model.map import find_blocks, find_dyt_layers, find_norm_layers
-    from satmon.observe.counters import SaturationCounter
-    from satmon.observe.saturation import SaturationHooks
     from satmon.probing.passes import probe
-    from satmon.replay.session import replay_checkpoints as replay
+    from satmon.replaying.session import replay
     from satmon.results.forecast import Forecast
     from satmon.results.probe_report import ProbeReport
     from satmon.results.stop import SatmonAbort, StopReason
-    from satmon.results.verdict import GatingInfo, LayerCounts, Source, Verdict, build_verdict
+    from satmon.results.verdict import Verdict
     from satmon.screen.screen import Screen
     from satmon.settings import Settings
 
@@ -77,7 +74,7 @@ def __getattr__(name: str) -> Any:
     if module is None:
         return _compat.moved_attribute("satmon", name)
     imported = importlib.import_module(module)
-    value = imported if module == f"satmon.{name}" else getattr(imported, name)  # satmon.replay: the package, callable
+    value = getattr(imported, name)
     globals()[name] = value  # later reads skip this function
     return value
 

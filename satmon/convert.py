@@ -38,7 +38,7 @@ from satmon.model.affine import effective_affine
 from satmon.model.dataflow import own_forward
 from satmon.model.discovery import NormLayer, Selector, selects
 from satmon.model.dyt_init import follow_hf_init
-from satmon.model.frozen import frozen_forward
+from satmon.model.frozen_forward import frozen_forward
 from satmon.model.map import ModelMap, model_map
 from satmon.model.source_flow import call_inputs
 
@@ -304,7 +304,7 @@ def check_conversion(model: nn.Module, batch: Any, forward_fn: ForwardFn = feed,
                      warn: Callable[[str], None] | None = None) -> tuple[str, ...]:  # fmt: skip
     """Run ``batch`` through a model :func:`convert_to_dyt` just changed, and put back the layers that cannot run as DyT.
 
-    One no-grad, eval forward (:func:`satmon.model.frozen.frozen_forward`: modes, RNG and buffers restored). A
+    One no-grad, eval forward (:func:`satmon.model.frozen_forward.frozen_forward`: modes, RNG and buffers restored). A
     converted layer called with more than one input is put back (its original norm) and the forward runs
     again. A forward that fails otherwise is run with every converted layer put back: if that fails too,
     the model fails on this batch anyway and the conversion is kept; if it runs, the layers that broke

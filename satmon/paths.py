@@ -24,16 +24,22 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 #: satmon's own files, named once: the Hugging Face callback's resume state in each ``checkpoint-N/`` and the
 #: live probe's calibration batches beside a run's logs (a replay uses them as ``--data``).
 STATE_FILE = "satmon_state.pt"
 CALIBRATION_FILE = "satmon_calibration.pt"
 
-__all__ = ["CALIBRATION_FILE", "STATE_FILE", "NotRegular", "PathKind", "describe_mode", "kind_of", "length_problem", "not_a_folder", "open_regular",
-           "require_regular"]
+__all__ = ["CALIBRATION_FILE", "LOCK_SUFFIX", "STATE_FILE", "TEMP_EXTRA", "NotRegular", "PathKind", "PathTooLong", "beside",
+           "check_room", "describe_mode", "event_file", "kind_of", "kind_phrase", "length_problem", "not_a_folder", "open_regular",
+           "require_regular", "shorten"]
+
+#: What satmon's atomic replace adds to a file's name for its temporary: ``.NAME.`` + 8 random characters + ``.tmp``.
+TEMP_EXTRA = len("..") + 8 + len(".tmp")
+#: The one-writer lock's companion file: ``.NAME`` + this beside a file, this alone inside a folder.
+LOCK_SUFFIX = ".satmon-lock"
 
 #: ``kind`` -> the phrase that names it.
 _WORDS = {
@@ -161,6 +167,141 @@ def length_problem(path: str | os.PathLike) -> str | None:
     return None
 
 
+def shorten(path: str | os.PathLike, limit: int = 100) -> str:
+    """``path`` for a one-line message: printable, and a long one cut in its middle (its start and its end, where the
+    name is, kept), so that the reason after it is never cut off.
+
+    Example:
+        >>> shorten("/tmp/" + "d" * 300 + "/.satmon-lock", 40)
+        '/tmp/dddddddd...ddddddddddd/.satmon-lock'
+    """
+    text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in os.fspath(path))
+    if len(text) <= limit:
+        return text
+    tail = min(len(text) // 2, max(limit * 3 // 5, len(os.path.basename(text)) + 10))
+    head = max(limit - tail - 3, 10)
+    return text[:head] + "..." + text[-tail:]
+
+
+def beside(path: str | os.PathLike) -> list[str]:
+    """What satmon writes beside a file it writes: the temporary of its atomic replace and its one-writer lock (the
+    longest each can be), for :func:`check_room`.
+
+    Example:
+        >>> beside("out/r.json")
+        ['out/.r.json.XXXXXXXX.tmp', 'out/.r.json.satmon-lock']
+    """
+    folder, name = os.path.split(os.fspath(path))
+    return [os.path.join(folder, f".{name}.XXXXXXXX.tmp"), os.path.join(folder, f".{name}{LOCK_SUFFIX}")]
+
+
+def event_file(folder: str | os.PathLike) -> str:
+    """The longest name TensorBoard's writer can give an event file in ``folder`` on this machine
+    (``events.out.tfevents.TIME.HOST.PID.N``: a 10-digit time, this host's name, a 7-digit pid, a 4-digit count).
+
+    Example:
+        >>> os.path.basename(event_file("run")).startswith("events.out.tfevents.9999999999.")
+        True
+    """
+    import socket
+
+    return os.path.join(os.fspath(folder), f"events.out.tfevents.{'9' * 10}.{socket.gethostname()}.{'9' * 7}.{'9' * 4}")
+
+
+class PathTooLong(ValueError):
+    """A path the user gave, or one satmon writes beneath it, over the system's ``NAME_MAX`` or ``PATH_MAX``; the
+    message names the option, the length, the limit and what to do.
+
+    Attributes:
+        option: how the user named the path (``"--logdir"``).
+        length: the bytes of the name or path that is over.
+        limit: the limit it is over.
+    """
+
+    def __init__(self, message: str, option: str, length: int, limit: int) -> None:
+        super().__init__(message)
+        self.option, self.length, self.limit = option, length, limit
+
+
+def _absolute_lengths(text: str) -> int:
+    """The bytes of ``text`` as the writers pass it: the longest of it as given, made absolute, and resolved."""
+    lengths = [len(os.fsencode(text)), len(os.fsencode(os.path.abspath(text)))]
+    try:
+        lengths.append(len(os.fsencode(os.path.realpath(text))))
+    except (OSError, ValueError):
+        pass
+    return max(lengths)
+
+
+def check_room(option: str, given: str | os.PathLike, writes: Iterable[str | os.PathLike] = (), names: str = "") -> None:
+    """Refuse, before any work, a path the user gave when it, or any path satmon will write beneath or beside it,
+    is over the system's limits: each name against ``NAME_MAX``, each whole path (made absolute, and resolved, as the
+    writers use it) against ``PATH_MAX``, both read with ``os.pathconf`` where the path is.
+
+    The one check every command makes for every output it is given (``--logdir``, ``--out``, ``--json``, ``--report``,
+    ``--plot``...): the writers say which paths they make (:func:`beside` for a file's temporary and lock,
+    :func:`event_file` for TensorBoard's, ``version_N``, cards, checkpoints, grid cells...), counted at the longest
+    they can be, so a command is never stopped by ``[Errno 36] File name too long`` after its work.
+
+    Args:
+        option: how the user named the path, for the message (``"--logdir"``).
+        given: the path the user gave.
+        writes: the paths satmon will write, each starting with ``given`` (or beside it).
+        names: what the user shortens when a name satmon makes beneath is over ``NAME_MAX`` (``"--vary value"``: the
+            grid names its cells by them); default: ``option`` or the name.
+
+    Raises:
+        PathTooLong: one line: the option, the length, the limit and what to do.
+
+    Example:
+        >>> check_room("--out", "out", ["out/calibration.json", *beside("out/calibration.json")]) is None
+        True
+        >>> check_room("--logdir", "/tmp/" + "d" * 250, [os.path.join("/tmp/" + "d" * 250, "v" * 10)])
+        >>> check_room("--logdir", "logs", ["logs/" + "n" * 300])
+        Traceback (most recent call last):
+        ...
+        satmon.paths.PathTooLong: Expected the names satmon writes in --logdir to fit the file system, got a name of 300 bytes ('nnnnnnnnnnnnnnnnnnnn...', which satmon makes there) over the file system's limit of 255 (NAME_MAX): pass a shorter --logdir or name.
+    """
+    text = os.fspath(given)
+    name_max = _limit(text, "PC_NAME_MAX", 255)
+    path_max = _limit(text, "PC_PATH_MAX", 4096)
+    for part in os.fsencode(text).split(b"/"):
+        if len(part) > name_max:
+            shown = _shown(os.fsdecode(part), 40)
+            raise PathTooLong(f"Expected {option} to be a path whose names are at most {name_max:,} bytes each (the file "
+                              f"system's limit, NAME_MAX), got {len(part):,} bytes in {shown!r}: pass a shorter path.",
+                              option, len(part), name_max)
+    own = _absolute_lengths(text)
+    if own >= path_max:
+        raise PathTooLong(f"Expected {option} to be a path shorter than {path_max:,} bytes (the system's limit, PATH_MAX), "
+                          f"got {own:,} bytes once made absolute: pass a shorter path, or one nearer /.", option, own,
+                          path_max)
+    base = os.path.abspath(text)
+    grown = max(own - len(os.fsencode(base)), 0)  # resolved longer than absolute: the writers that resolve get there
+    deepest, deepest_len = "", 0
+    for written in writes:
+        full = os.path.abspath(os.fspath(written))
+        under = full.startswith(base.rstrip("/") + "/")
+        rel = os.path.relpath(full, base if under else os.path.dirname(base))
+        for part in os.fsencode(rel).split(b"/"):
+            if len(part) > name_max:
+                shown = _shown(os.fsdecode(part), 40)
+                raise PathTooLong(f"Expected the names satmon writes in {option} to fit the file system, got a name of "
+                                  f"{len(part):,} bytes ({shown!r}, which satmon makes there) over the file system's "
+                                  f"limit of {name_max:,} (NAME_MAX): pass a shorter {names or option + ' or name'}.", option, len(part),
+                                  name_max)
+        n = len(os.fsencode(full)) + grown
+        if n > deepest_len:
+            deepest, deepest_len = rel, n
+    if deepest_len >= path_max:
+        room = path_max - 1 - (deepest_len - own)
+        made = " (made absolute)" if own > len(os.fsencode(text)) else ""
+        raise PathTooLong(f"Expected {option} to leave room for the paths satmon writes beneath it, got a path of {own:,} "
+                          f"bytes{made} whose deepest file ({_shown(deepest, 90)}) would be {deepest_len:,} bytes, over the "
+                          f"system's limit of {path_max:,} (PATH_MAX): pass a {option} of at most {max(room, 0):,} bytes{made} "
+                          "(a shorter folder, or one nearer /).", option, deepest_len, path_max)
+
+
 def kind_of(path: str | os.PathLike, entry: os.DirEntry | None = None) -> PathKind:
     """What ``path`` names, by ``os.lstat`` then (for a link) ``os.stat``: nothing is opened.
 
@@ -225,6 +366,18 @@ def not_a_folder(path: str | os.PathLike) -> str | None:
     if kind.kind in ("folder", "missing", "too-long", "unstattable"):
         return None
     return "a file" if kind.regular else kind.describe()
+
+
+def kind_phrase(path: str | os.PathLike) -> str:
+    """What is at ``path`` in a message's words (:func:`satmon.paths.kind_of`): ``"a file"`` for a regular file, else its
+    kind (``"a socket"``, ``"a FIFO (named pipe)"``, ``"a symlink loop ..."``), never "a file" for what is not one.
+
+    Example:
+        >>> kind_phrase("/dev/null")
+        'a character device'
+    """
+    kind = kind_of(path)
+    return "a file" if kind.regular and not kind.link else kind.describe()
 
 
 class NotRegular(ValueError):

@@ -20,8 +20,8 @@ consumer restates or re-checks an option, so none can drop one. Its parts:
   run's schedule, which the forecast's domain compares with what its cells trained.
 
 Defaults are the study's (:mod:`satmon.study`). ``threshold=None`` and ``caveat=None`` mean "the study's,
-or the calibration's": after construction both hold the value in force, so ``settings.threshold`` is
-always the number the verdict compares with.
+or the calibration's"; both are kept as given. The rule in force, made from them once, is ``settings.rule``
+(:class:`~satmon.results.rule.Rule`): ``settings.rule.threshold`` is always the number the verdict compares with.
 """
 
 from __future__ import annotations
@@ -36,8 +36,14 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from satmon import study
+from satmon._compat import deprecated
 from satmon.functional.saturation import check_product
-from satmon.results.calibration import Calibration, CalibrationError, load_calibration, short_repr  # short_repr: re-exported
+from satmon.results.calibration import (  # short_repr: re-exported
+    Calibration,
+    CalibrationError,
+    load_calibration,
+    short_repr,
+)
 from satmon.results.rule import Rule
 from satmon.results.stop import ABORT_MODES, ABORT_ON
 
@@ -53,7 +59,8 @@ def _fraction(name: str, value: Any, note: str) -> float:
 def _int(name: str, value: Any, low: int, note: str, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
         span = f"in [{low}, {high}]" if high is not None else ("positive" if low == 1 else f">= {low}")
-        raise ValueError(f"Expected `{name}` to be {'a positive int' if span == 'positive' else 'an int ' + span} ({note}), got {value!r}.")
+        what = "a positive int" if span == "positive" else "an int " + span
+        raise ValueError(f"Expected `{name}` to be {what} ({note}), got {value!r}.")
     return value
 
 
@@ -77,9 +84,11 @@ def check_rule(level: Any, threshold: Any, collapse_threshold: Any) -> tuple[flo
         ValueError: Expected `level` > 0 (the per-element cut-off |alpha * x| > level; the study's is 2), got -1.
     """
     if isinstance(level, bool) or not isinstance(level, (int, float)) or not math.isfinite(level) or level <= 0:
-        raise ValueError(f"Expected `level` > 0 (the per-element cut-off |alpha * x| > level; the study's is {study.LEVEL:g}), "
+        raise ValueError(f"Expected `level` > 0 (the per-element cut-off |alpha * x| > level; the study's is "
+                         f"{study.LEVEL:g}), "
                          f"got {level!r}.")
-    return (float(level), _fraction("threshold", threshold, f"the GO level of pooled saturation; the study's is {study.THRESHOLD:g}"),
+    return (float(level),
+            _fraction("threshold", threshold, f"the GO level of pooled saturation; the study's is {study.THRESHOLD:g}"),
             _fraction("collapse_threshold", collapse_threshold, f"the study's is {study.COLLAPSE_THRESHOLD:g}"))
 
 
@@ -90,8 +99,9 @@ MAX_KEPT_STEPS = 1_000_000
 def _check_predicate(name: str, value: Callable[..., Any]) -> None:
     """A predicate is called as ``value(module_name, module)``: one that cannot take two arguments is refused now."""
     if isinstance(value, type):
-        raise ValueError(f"Expected `{name}` to be a predicate (name, module) -> bool, got the class {value.__name__}: to "
-                         f"select modules by type pass {name}=lambda name, module: isinstance(module, {value.__name__}).")
+        raise ValueError(f"Expected `{name}` to be a predicate (name, module) -> bool, got the class {value.__name__}: "
+                         f"to select modules by type pass {name}=lambda name, module: "
+                         f"isinstance(module, {value.__name__}).")
     try:
         signature = inspect.signature(value)
     except (TypeError, ValueError):  # a builtin without a signature: called as it is
@@ -100,7 +110,8 @@ def _check_predicate(name: str, value: Callable[..., Any]) -> None:
         signature.bind("layer", None)
     except TypeError:
         raise ValueError(f"Expected `{name}` to be a predicate called as {name}(name, module) -> bool, got "
-                         f"{getattr(value, '__qualname__', type(value).__name__)}{signature}, which cannot take those two "
+                         f"{getattr(value, '__qualname__', type(value).__name__)}{signature}, which cannot take those "
+                         "two "
                          f"arguments: e.g. {name}=lambda name, module: name.endswith('norm').") from None
 
 
@@ -110,10 +121,12 @@ def check_selector(name: str, value: Any) -> None:
     Example:
         >>> check_selector("include", r"\\.norm$") is None
         True
-        >>> check_selector("include", lambda module: True)
+        >>> check_selector("include", lambda module: True)  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        ValueError: Expected `include` to be a predicate called as include(name, module) -> bool, got <lambda>(module), which cannot take those two arguments: e.g. include=lambda name, module: name.endswith('norm').
+        ValueError: Expected `include` to be a predicate called as include(name, module) -> bool, got
+        <lambda>(module), which cannot take those two arguments: e.g. include=lambda name, module:
+        name.endswith('norm').
     """
     if value is None:
         return
@@ -121,7 +134,8 @@ def check_selector(name: str, value: Any) -> None:
         _check_predicate(name, value)
         return
     if not isinstance(value, str):
-        raise ValueError(f"Expected `{name}` to be None, a regex on module names or a predicate (name, module) -> bool, "
+        raise ValueError(f"Expected `{name}` to be None, a regex on module names or a predicate (name, module) -> "
+                         "bool, "
                          f"got {short_repr(value)} ({type(value).__name__}).")
     try:
         re.compile(value)
@@ -138,11 +152,15 @@ def _gating_mapping(value: Any) -> dict[str, str | None] | None:
                          f"got {type(value).__name__}: e.g. gating_mapping={{'blocks.0.norm_2': 'blocks.0.mlp'}}.")
     for key, mlp in value.items():
         if not isinstance(key, str):
-            raise ValueError(f"Expected the keys of `gating_mapping` to be DyT layer names (str), got {short_repr(key)} "
-                             f"({type(key).__name__}): name the layer as model.named_modules() does, e.g. 'blocks.0.norm_2'.")
+            raise ValueError(f"Expected the keys of `gating_mapping` to be DyT layer names (str), got "
+                             f"{short_repr(key)} "
+                             f"({type(key).__name__}): name the layer as model.named_modules() does, e.g. "
+                             "'blocks.0.norm_2'.")
         if mlp is not None and not isinstance(mlp, str):
-            raise ValueError(f"Expected `gating_mapping[{key!r}]` to be the name of the gated MLP module it feeds (str) or "
-                             f"None (it feeds none), got {short_repr(mlp)} ({type(mlp).__name__}): e.g. {{{short_repr(key)}: 'blocks.0.mlp'}}.")
+            raise ValueError(f"Expected `gating_mapping[{key!r}]` to be the name of the gated MLP module it feeds "
+                             "(str) or "
+                             f"None (it feeds none), got {short_repr(mlp)} ({type(mlp).__name__}): e.g. "
+                             f"{{{short_repr(key)}: 'blocks.0.mlp'}}.")
     return dict(value)
 
 
@@ -160,7 +178,8 @@ def _calibration(value: Any) -> Calibration | None:
                                "(calibration='OUT/calibration.json').")
     if cal.metric != "saturation":
         raise CalibrationError(f"Expected a calibration of the pooled saturation (metric 'saturation'), got metric "
-                               f"{cal.metric!r} from {cal.path or short_repr(value)}: the verdict's rule reads the pooled "
+                               f"{cal.metric!r} from {cal.path or short_repr(value)}: the verdict's rule reads the "
+                               "pooled "
                                "saturation; calibrate with `--metric saturation`.")
     return cal
 
@@ -177,21 +196,21 @@ class Settings:
     The rule's threshold comes from one place: ``threshold=None`` (the default) means the study's
     (:data:`satmon.study.THRESHOLD`) or, with ``calibration=``, the calibration's; ``caveat=None``
     the matching provenance line for the card. A ``threshold`` or ``caveat`` that differs from the
-    calibration's is refused (give one source of the threshold). After construction ``threshold``
-    and ``caveat`` hold the values in force and ``calibration`` the :class:`Calibration` read.
+    calibration's is refused (give one source of the threshold). ``threshold`` and ``caveat`` are kept as
+    given; ``calibration`` holds the :class:`Calibration` read (from a path, once).
 
-    ``rule`` is the one :class:`~satmon.results.reading.Rule` every consumer judges readings by (the screen,
-    ``probe``, the replay): made here once, with whose threshold it is decided by what was given, never by
-    comparing numbers: ``calibration=`` -> ``"calibration"``; no ``threshold`` and no caveat of one's own ->
-    ``"study"``; a ``threshold`` given -> ``"user"``, even the study's number (leave it out for the study's rule
-    and its held-out figures). ``dataclasses.replace`` carries the rule when it leaves the threshold, the caveat
-    and the calibration as they were (``replace(settings, window=100)`` keeps a study rule the study's).
+    ``rule`` is the one :class:`~satmon.results.rule.Rule` every consumer judges readings by (the screen,
+    ``probe``, the replay): computed here from what was given (:meth:`Rule.resolve
+    <satmon.results.rule.Rule.resolve>`), not an option; whose threshold it is is decided by what was given,
+    never by comparing numbers: ``calibration=`` -> ``"calibration"``; no ``threshold`` and no caveat of one's
+    own -> ``"study"``; a ``threshold`` given -> ``"user"``, even the study's number (leave it out for the
+    study's rule and its held-out figures). ``dataclasses.replace`` computes it again from the fields it carries.
 
     Example:
         >>> from satmon import study
         >>> s = Settings(window=100)
-        >>> s.window, s.threshold == study.THRESHOLD, s.caveat == study.CAVEAT, s.rule.threshold_source
-        (100, True, True, 'study')
+        >>> s.window, s.threshold, s.rule.threshold == study.THRESHOLD, s.rule.threshold_source
+        (100, None, True, 'study')
         >>> Settings(threshold=0.5).rule.threshold_source, dataclasses.replace(s, window=9).rule.threshold_source
         ('user', 'study')
         >>> Settings(dry_run="yes")
@@ -207,8 +226,8 @@ class Settings:
     product: str = "module"
     caveat: str | None = None  # the card's provenance line; None: the study's, or the calibration's
     calibration: Calibration | str | os.PathLike | None = None
-    #: the one rule object every verdict is judged by, made here (not an option: ``dataclasses.replace`` carries it)
-    rule: Rule | None = None
+    #: the one rule every verdict is judged by, computed from the options above (not an option itself)
+    rule: Rule = field(init=False)
     # the window
     window: int = 500
     sample_every: int = 1
@@ -240,26 +259,30 @@ class Settings:
         cal = _calibration(self.calibration)
         threshold, caveat = self.threshold, self.caveat
         if caveat is not None and not isinstance(caveat, str):
-            raise ValueError(f"Expected `caveat` to be a str (the card's provenance line) or None, got {short_repr(caveat)} "
+            raise ValueError(f"Expected `caveat` to be a str (the card's provenance line) or None, got "
+                             f"{short_repr(caveat)} "
                              f"({type(caveat).__name__}).")
         if cal is not None:
             for name, given, own in (("threshold", threshold, cal.threshold), ("caveat", caveat, cal.caveat())):
                 if given not in (None, "") and given != own:  # its own value (a dataclasses.replace) is no clash
-                    raise ValueError(f"Expected either `{name}` or `calibration`, got both ({name}={short_repr(given)}, "
-                                     f"calibration={cal.path or 'a Calibration'!r} with threshold {cal.threshold:.4g}): the "
-                                     f"calibration holds its own threshold and provenance; drop `{name}` (or the calibration).")
-            threshold, caveat = cal.threshold, cal.caveat()
-        level, resolved, collapse = check_rule(self.level, study.THRESHOLD if threshold is None else threshold,
-                                               self.collapse_threshold)
-        rule = Rule.resolve(self.rule, cal, threshold, caveat, resolved, collapse)
-        for name, value in (("calibration", cal), ("threshold", resolved), ("level", level),
-                            ("collapse_threshold", collapse), ("caveat", rule.caveat), ("rule", rule),
+                    raise ValueError(f"Expected either `{name}` or `calibration`, got both ({name}="
+                                     f"{short_repr(given)}, "
+                                     f"calibration={cal.path or 'a Calibration'!r} with threshold "
+                                     f"{cal.threshold:.4g}): the "
+                                     f"calibration holds its own threshold and provenance; drop `{name}` (or the "
+                                     "calibration).")
+        in_force = threshold if threshold is not None else cal.threshold if cal is not None else study.THRESHOLD
+        level, _, collapse = check_rule(self.level, in_force, self.collapse_threshold)
+        rule = Rule.resolve(threshold=None if threshold is None else float(threshold), caveat=caveat or None,
+                            calibration=cal, collapse_threshold=collapse)
+        for name, value in (("calibration", cal), ("level", level), ("collapse_threshold", collapse), ("rule", rule),
                             ("gating_mapping", _gating_mapping(self.gating_mapping))):
             object.__setattr__(self, name, value)
         check_product(self.product)
         _int("window", self.window, 1, "optimizer steps")
         _int("sample_every", self.sample_every, 1, "count every k-th step of the window", high=self.window)
-        _int("offset_every", self.offset_every, 0, "offset statistics on every k-th counted window step; 0 turns them off")
+        _int("offset_every", self.offset_every, 0,
+             "offset statistics on every k-th counted window step; 0 turns them off")
         check_selector("include", self.include)
         check_selector("exclude", self.exclude)
         _int("watch_every_n_steps", self.watch_every_n_steps, 0, "0 turns the watch off", high=MAX_KEPT_STEPS)
@@ -290,12 +313,15 @@ class Settings:
             _int("planned_tokens", self.planned_tokens, 1, "the tokens training will process: optimizer steps x global "
                  "batch x sequence length; None: counted from the trainer when satmon can")
         if self.planned_steps is not None:
-            _int("planned_steps", self.planned_steps, 1, "the run's optimizer steps, for the forecast's domain; None: the "
+            _int("planned_steps", self.planned_steps, 1, "the run's optimizer steps, for the forecast's domain; "
+                 "None: the "
                  "trainer's when satmon can read them")
         if self.warmup_steps is not None:
-            _int("warmup_steps", self.warmup_steps, 0, "the run's learning-rate warm-up steps, for the forecast's domain")
+            _int("warmup_steps", self.warmup_steps, 0,
+                 "the run's learning-rate warm-up steps, for the forecast's domain")
         if self.lr_schedule is not None and (not isinstance(self.lr_schedule, str) or not self.lr_schedule.strip()):
-            raise ValueError(f"Expected `lr_schedule` as the learning rate's shape, a str such as 'linear-warmup-constant' "
+            raise ValueError(f"Expected `lr_schedule` as the learning rate's shape, a str such as "
+                             "'linear-warmup-constant' "
                              f"(the study's) or 'linear-warmup-cosine', got {short_repr(self.lr_schedule)}.")
 
     @staticmethod
@@ -315,23 +341,37 @@ class Settings:
 
 
 _NAMES: tuple[str, ...] = tuple(f.name for f in fields(Settings) if f.name != "rule")
+#: the options whose value in force is the rule's (the option itself is kept as given)
+_IN_FORCE = ("threshold", "caveat")
 
 
 class ReadsSettings:
-    """A mixin for what holds a :class:`Settings` in ``self.settings``: ``obj.window``, ``obj.threshold``... read it.
+    """A mixin for what holds a :class:`Settings` in ``self.settings``: read an option as ``obj.settings.window``.
+
+    Deprecated since satmon 0.5: ``obj.window``, ``obj.threshold``... still read the settings (no editor or type
+    checker sees them), with a :class:`~satmon._compat.SatmonDeprecationWarning`, until satmon 0.6.
 
     Example:
+        >>> import warnings
         >>> class Holder(ReadsSettings):
         ...     def __init__(self) -> None:
         ...         self.settings = Settings(window=7)
-        >>> Holder().window
+        >>> Holder().settings.window
         7
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     Holder().window
+        7
+        >>> print(caught[0].message)
+        Holder.window is deprecated since satmon 0.5: use Holder.settings.window (the old form works until satmon 0.6).
     """
 
     def __getattr__(self, name: str) -> Any:
         settings = self.__dict__.get("settings")
         if isinstance(settings, Settings) and name in _NAMES:
-            return getattr(settings, name)
+            owner, where = type(self).__name__, "rule" if name in _IN_FORCE else ""  # 0.4 read the value in force
+            deprecated(f"{owner}.{name}", ".".join(filter(None, (owner, "settings", where, name))))
+            return getattr(settings.rule if where else settings, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
@@ -369,6 +409,7 @@ def settings_from(settings: Any, options: Mapping[str, Any], *, owner: str, own:
         raise TypeError(f"Expected {owner} options among {sorted(valid)}{extra}, got {unknown}: check the spelling."
                         + (f" {hint}" if hint else ""))
     if settings is not None and options:
-        raise ValueError(f"Expected either `settings` or keyword options, got both (options {sorted(options)}): put them "
+        raise ValueError(f"Expected either `settings` or keyword options, got both (options {sorted(options)}): put "
+                         "them "
                          f"in the Settings, e.g. dataclasses.replace(settings, {min(options)}=...).")
     return settings if settings is not None else Settings(**options)

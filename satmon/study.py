@@ -14,7 +14,7 @@ Example:
 from __future__ import annotations
 
 __all__ = [
-    "CAVEAT", "GO_HELPED", "HELD_OUT_CELLS", "MEANING", "NO_GO_HELPED", "ON_SIDE", "STUDY_TOKENS_PROCESSED", "WORTH", "COLLAPSE_THRESHOLD", "FAITHFUL_GRID_FINDING", "FAITHFUL_GRID_HELD_OUT_ACCURACY", "FAITHFUL_GRID_NO_SKILL_ACCURACY",
+    "CAVEAT", "COLLAPSE_WORTH", "GO_HELPED", "HELD_OUT_CELLS", "MEANING", "NO_GO_HELPED", "ON_SIDE", "STUDY_TOKENS_PROCESSED", "WORTH", "COLLAPSE_THRESHOLD", "FAITHFUL_GRID_FINDING", "FAITHFUL_GRID_HELD_OUT_ACCURACY", "FAITHFUL_GRID_NO_SKILL_ACCURACY",
     "FIT_THRESHOLD", "GRID_HELD_OUT_ACCURACY", "GRID_NO_SKILL_ACCURACY", "HELD_OUT_ACCURACY", "HELD_OUT_PROTOCOL",
     "INCONCLUSIVE_BAND", "LEVEL", "NO_SKILL_ACCURACY", "PROVENANCE", "THRESHOLD",
 ]
@@ -28,6 +28,12 @@ LEVEL = 2.0
 #: In a model whose DyT feeds a gated MLP, pooled saturation at or above this is a collapse risk
 #: (4/4 collapses flagged, 0/5 false alarms over the study's 9 LLaMA-style ablation runs).
 COLLAPSE_THRESHOLD = 0.5
+#: What the collapse rule is worth, stated once (README's block, the docs): the study's record, read on final
+#: checkpoints, and what satmon has not measured.
+COLLAPSE_WORTH = (f"in a model whose DyT feeds a SwiGLU gate, pooled saturation at or above {COLLAPSE_THRESHOLD:g} flagged "
+                  "4 of the study's 4 collapses with no false alarm in its 5 other LLaMA-style runs, read on final "
+                  "checkpoints; satmon has measured no collapse of its own (every collapse its pilot saw was its LLaMA "
+                  "demo's final-norm trap), and the watch after the window is unmeasured")
 #: ``|margin|`` below this is reported as inconclusive (the decision is still given): the study's
 #: boundary sits between cells 0.4135 (DyT hurt, +5.9%) and 0.4662 (DyT helped, -9.6%), where seeds
 #: and scales disagree, so satmon flags +-0.02.

@@ -1,6 +1,6 @@
 """The fault matrix: what satmon does under each hostile or unlucky input, one asserted outcome per case
-(docs/reference/reliability.md points here and gives the figures, checked against these tables by
-``test_reliability_figures_are_the_matrix``). Every replay case asserts the exit code, what the user is told,
+(docs/reference/reliability.md and docs/reference/input_files.md point here; reliability.md gives the figures,
+checked against these tables by ``test_reliability_figures_are_the_matrix``). Every replay case asserts the exit code, what the user is told,
 that no code from a file ran unless asked for, whether the user's model class was ever built (and on which
 device), and that nothing the user had was lost."""
 
@@ -565,7 +565,7 @@ CASES = [
     Case("unwritable-json", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--json", "afile/r.json"],
          2, ("--json 'afile/r.json' under a folder, got a file at", "afile'"), built=(), kind="bad-input"),
     Case("unwritable-logdir", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--logdir", "afile/tb"],
-         2, ("--logdir 'afile/tb': cannot write there",), built=(), kind="bad-input"),
+         2, ("Expected --logdir 'afile/tb' under a folder, got a file at 'afile'",), built=(), kind="bad-input"),
     Case("logdir-a-file", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--logdir", "afile"],
          2, ("Expected --logdir 'afile' to be a folder, got a file",), built=(), kind="bad-input"),
     Case("unwritable-report", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--report", "afile/r.md"],
@@ -584,7 +584,8 @@ CASES = [
          built=(), kind="bad-input"),
     Case("partial-path-a-folder", _partial_a_folder, 2, ("'r.json.partial.jsonl' is a folder, where the file of partial",),
          built=(), kind="bad-input"),
-    Case("run-folder-a-file", _run_name_a_file, 2, ("'tb2/replay' is a file, where the TensorBoard run folder goes",),
+    Case("run-folder-a-file", _run_name_a_file, 2, ("Expected --logdir/--name 'tb2/replay' to be a folder (the TensorBoard "
+                                                     "run folder goes there), got a file:",),
          built=(), kind="bad-input"),
     Case("empty-name", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--name", ""], 2,
          ("Expected --name to be a run name such as 'replay'", "got ''"), built=(), kind="bad-input"),

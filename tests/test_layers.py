@@ -24,8 +24,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("satmon.settings",),
     ("satmon.model",),
     ("satmon.convert", "satmon.observe", "satmon.io"),
-    ("satmon.screen", "satmon.probing", "satmon.calibrate"),
-    ("satmon.replay",),
+    ("satmon.screen", "satmon.probing", "satmon.calibrate", "satmon.errors"),
+    ("satmon.replaying",),
     ("satmon.drivers", "satmon.demos"),
     ("satmon.grid",),
     ("satmon.cli",),
@@ -38,9 +38,14 @@ FRAMEWORKS = {
                   "satmon.cli.demo"),
     "transformers": ("satmon.drivers.hf",),
 }
-ROOT_MODULES_ALLOWED = 6  # besides __init__, _version and _compat
+ROOT_MODULES_ALLOWED = 7  # besides __init__, _version and _compat (errors.py: the user errors replay, grid, CLI share)
 #: Imports that break the rules today, each with the change that removes it. Empty when the house is in order.
 KNOWN = {
+}
+#: The most lines a non-test module may hold (torchmetrics' and Lightning's largest modules sit near it).
+MAX_LINES = 800
+#: Modules over MAX_LINES today, each with who is bringing it under. Empty when the house is in order.
+TOO_LONG = {
 }
 
 
@@ -72,7 +77,8 @@ def _imports(path: Path, module: str) -> list[tuple[int, str]]:
             found += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: resolve against the package
-                base = module.split(".")[: -node.level if path.name != "__init__.py" else len(module.split(".")) - node.level + 1]
+                parts = module.split(".")
+                base = parts[: -node.level if path.name != "__init__.py" else len(parts) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
@@ -111,6 +117,16 @@ def test_frameworks_are_imported_only_by_their_drivers(module, path):
                 f"{module} line {line} imports {target}; only {allowed} may")
 
 
+@pytest.mark.parametrize(("module", "path"), _modules(), ids=[m for m, _ in _modules()])
+def test_no_module_is_over_800_lines(module, path):
+    rel = path.relative_to(PACKAGE.parent).as_posix()
+    lines = len(path.read_text().splitlines())
+    if rel in TOO_LONG:
+        assert lines > MAX_LINES, f"{rel} is {lines} lines now: take it off TOO_LONG"
+        return
+    assert lines <= MAX_LINES, f"{rel} is {lines} lines (at most {MAX_LINES}): split it by the concepts it holds"
+
+
 def test_the_package_root_holds_few_modules():
     root = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "_version", "_compat"))
     assert len(root) <= ROOT_MODULES_ALLOWED, root
@@ -119,7 +135,8 @@ def test_the_package_root_holds_few_modules():
 def test_functional_imports_nothing_of_satmon_outside_itself():
     for module, path in _modules():
         if module.startswith("satmon.functional"):
-            outside = [t for _, t in _imports(path, module) if t.startswith("satmon") and not t.startswith("satmon.functional")]
+            outside = [t for _, t in _imports(path, module)
+                       if t.startswith("satmon") and not t.startswith("satmon.functional")]
             assert not outside, (module, outside)
 
 
@@ -131,7 +148,8 @@ def _type_checking(node: ast.AST) -> bool:
 
 
 def _running_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement that can run: at module level, in functions and classes; not under ``if TYPE_CHECKING``."""
+    """Every import statement that can run: at module level, in functions and classes; not under
+    ``if TYPE_CHECKING``."""
     out: list[ast.Import | ast.ImportFrom] = []
     todo = [tree]
     while todo:
@@ -255,7 +273,8 @@ def test_the_circle_check_finds_a_circle_hidden_in_a_function(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "sub" / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from plant import b\n\nX = 1\n")  # a imports b at its top ...
-    (pkg / "b.py").write_text("import os\n\n\ndef f():\n    from plant.a import X  # ... b imports a lazily\n    return X\n")
+    (pkg / "b.py").write_text("import os\n\n\ndef f():\n    from plant.a import X  # ... b imports a lazily\n"
+                              "    return X\n")
     (pkg / "sub" / "c.py").write_text("from typing import TYPE_CHECKING\n\nfrom ..a import X\n\n"
                                       "if TYPE_CHECKING:\n    from plant.sub.d import Y\n")
     (pkg / "sub" / "d.py").write_text("from plant.sub import c\n")  # c -> d only under TYPE_CHECKING: no circle

@@ -111,8 +111,8 @@ def test_calibrate_inputs_are_named_by_kind(make, member):
 
 @pytest.mark.parametrize("member", list(MEMBERS))
 def test_replay_data_is_named_by_kind(make, member):
-    from satmon.replay.data import check_data_file
-    from satmon.replay.user_code import ReplayUsageError
+    from satmon.replaying.data import check_data_file
+    from satmon.replaying.user_code import ReplayUsageError
 
     with pytest.raises(ReplayUsageError) as e:
         check_data_file(make(member, "calib.pt"))

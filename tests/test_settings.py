@@ -15,6 +15,7 @@ from torch import nn
 
 import satmon
 from satmon import Settings, study
+from satmon._compat import SatmonDeprecationWarning
 from satmon.results.calibration import Calibration, CalibrationError, load_calibration
 from satmon.settings import settings_from
 
@@ -35,8 +36,9 @@ def _calibration_file(tmp_path: Path, threshold: float = 0.45, metric: str = "sa
 # ------------------------------------------------------------------------------------- defaults and resolution
 def test_defaults_are_the_studys_numbers():
     s = Settings()
-    assert (s.threshold, s.level, s.collapse_threshold, s.caveat) == (study.THRESHOLD, study.LEVEL, study.COLLAPSE_THRESHOLD,
-                                                                      study.CAVEAT)
+    assert (s.rule.threshold, s.level, s.collapse_threshold, s.rule.caveat) == (study.THRESHOLD, study.LEVEL,
+                                                                                study.COLLAPSE_THRESHOLD, study.CAVEAT)
+    assert (s.threshold, s.caveat) == (None, None)  # kept as given: the rule holds the values in force
     assert s.calibration is None and s.product == "module" and s.window == 500
 
 
@@ -56,11 +58,12 @@ def test_the_studys_threshold_is_a_literal_only_in_satmon_study():
 
 
 def test_threshold_none_means_the_studys_and_a_given_one_is_kept():
-    assert Settings(threshold=None).threshold == study.THRESHOLD
+    assert Settings(threshold=None).rule.threshold == study.THRESHOLD
     mine = Settings(threshold=0.3)
-    assert mine.threshold == 0.3 and mine.caveat == study.CAVEAT
-    assert Settings(threshold=study.THRESHOLD).threshold == study.THRESHOLD  # the study's value given: no longer "not set"
-    assert Settings(threshold=0.3, caveat="Caveat: mine.").caveat == "Caveat: mine."
+    assert mine.threshold == 0.3 and mine.rule.threshold == 0.3 and mine.rule.caveat == study.CAVEAT
+    given = Settings(threshold=study.THRESHOLD)  # the study's value given: kept as given, no longer "not set"
+    assert given.threshold == study.THRESHOLD and given.rule.threshold_source == "user"
+    assert Settings(threshold=0.3, caveat="Caveat: mine.").rule.caveat == "Caveat: mine."
 
 
 @pytest.mark.parametrize("as_path", [str, Path, load_calibration], ids=["str", "Path", "Calibration"])
@@ -68,10 +71,11 @@ def test_calibration_gives_its_threshold_and_its_caveat(tmp_path, as_path):
     path = _calibration_file(tmp_path, threshold=0.45)
     s = Settings(calibration=as_path(path))
     assert isinstance(s.calibration, Calibration) and s.calibration.path == str(path)
-    assert s.threshold == 0.45
+    assert s.rule.threshold == 0.45 and s.threshold is None and s.rule.threshold_source == "calibration"
     # the card's line names the calibration's numbers, not the study's 12 cells
-    assert s.caveat.startswith("Caveat: threshold 0.45") and "6 cells in 2 groups (my six runs)" in s.caveat
-    assert "50% leave-one-group-out" in s.caveat and "12 cells" not in s.caveat
+    caveat = s.rule.caveat
+    assert caveat.startswith("Caveat: threshold 0.45") and "6 cells in 2 groups (my six runs)" in caveat
+    assert "50% leave-one-group-out" in caveat and "12 cells" not in caveat
 
 
 def test_threshold_and_calibration_together_are_refused(tmp_path):
@@ -86,13 +90,12 @@ def test_threshold_and_calibration_together_are_refused(tmp_path):
 
 def test_replace_keeps_a_calibrated_settings_calibrated(tmp_path):
     s = Settings(calibration=_calibration_file(tmp_path, threshold=0.45))
-    t = dataclasses.replace(s, window=50)  # replace passes the resolved threshold and caveat back: no clash
-    assert (t.window, t.threshold, t.caveat, t.calibration) == (50, s.threshold, s.caveat, s.calibration)
-    plain = Settings()
+    t = dataclasses.replace(s, window=50)  # the threshold and caveat were kept as given (None): no clash
+    assert (t.window, t.rule, t.calibration) == (50, s.rule, s.calibration)
+    moved = dataclasses.replace(Settings(), calibration=s.calibration)  # the study's rule was not given: none to drop
+    assert moved.rule == s.rule and moved.rule.threshold == 0.45
     with pytest.raises(ValueError, match="either `threshold` or `calibration`"):
-        dataclasses.replace(plain, calibration=s.calibration)  # the study's threshold is in force: say which to drop
-    moved = dataclasses.replace(plain, calibration=s.calibration, threshold=None, caveat=None)
-    assert moved.threshold == 0.45 and moved.caveat == s.caveat
+        dataclasses.replace(Settings(threshold=0.3), calibration=s.calibration)  # a threshold given: say which to drop
 
 
 def test_a_calibration_of_another_metric_is_refused(tmp_path):
@@ -139,7 +142,7 @@ def test_unreadable_calibrations_get_a_clear_message(tmp_path):
         Settings(calibration=tmp_path / "words.json")
     bom = _calibration_file(tmp_path, name="bom.json")
     bom.write_bytes(b"\xef\xbb\xbf" + bom.read_bytes())  # a byte-order mark (Windows editors) is read
-    assert Settings(calibration=bom).threshold == 0.45
+    assert Settings(calibration=bom).rule.threshold == 0.45
 
 
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root reads any file")
@@ -237,8 +240,8 @@ def test_the_same_settings_object_reaches_screen_live_probe_probe_and_replay(tmp
     import satmon.drivers.live_probe as live_module
     from satmon import SaturationMonitor, Screen
     from satmon.probing import passes
-    from satmon.replay.checkpoints import inspect_checkpoint
-    from satmon.replay.loop import ModelLoader, replay
+    from satmon.replaying.checkpoints import inspect_checkpoint
+    from satmon.replaying.loop import ModelLoader, checkpoint_records
 
     s = Settings(window=2, calibration=_calibration_file(tmp_path, threshold=0.45), watch_every_n_steps=0)
     received = []
@@ -255,8 +258,8 @@ def test_the_same_settings_object_reaches_screen_live_probe_probe_and_replay(tmp
     trainer(tmp_path, max_steps=2, callbacks=[monitor]).fit(tiny_lit(alpha_init=20.0), token_loader(2))
     assert len(received) == 3 and all(r is s for r in received)  # steps 0, 1, 2
     for _, report in monitor.live_probe.reports:
-        assert report.verdict.threshold == 0.45 and report.verdict.caveat == s.caveat
-    assert monitor.verdict.threshold == 0.45 and monitor.verdict.caveat == s.caveat  # the window's verdict too
+        assert report.verdict.rule == s.rule and report.verdict.threshold == 0.45
+    assert monitor.verdict.rule == s.rule and monitor.verdict.threshold == 0.45  # the window's verdict too
 
     received.clear()
     monkeypatch.setattr(passes, "probe", spy)  # replay imports probe from satmon.probing.passes when it runs
@@ -265,25 +268,25 @@ def test_the_same_settings_object_reaches_screen_live_probe_probe_and_replay(tmp
     for i in range(2):
         files.append(str(tmp_path / f"w{i}.pt"))
         torch.save({"model": net().state_dict(), "iter_num": i}, files[-1])
-    records = list(replay([inspect_checkpoint(f) for f in files], ModelLoader(factory=net), [torch.randn(8, 4)],
+    records = list(checkpoint_records([inspect_checkpoint(f) for f in files], ModelLoader(factory=net), [torch.randn(8, 4)],
                           settings=s, twin=False))
     assert [r.error for r in records] == [None, None]
     assert len(received) == 2 and all(r is s for r in received)
-    assert all(r.verdict.threshold == 0.45 and r.verdict.caveat == s.caveat and r.verdict.source == "replay" for r in records)
+    assert all(r.verdict.threshold == 0.45 and r.verdict.rule == s.rule and r.verdict.source == "replay" for r in records)
 
 
 def test_replay_builds_one_settings_from_probe_kwargs_and_refuses_both(tmp_path):
-    from satmon.replay.checkpoints import inspect_checkpoint
-    from satmon.replay.loop import ModelLoader, replay
+    from satmon.replaying.checkpoints import inspect_checkpoint
+    from satmon.replaying.loop import ModelLoader, checkpoint_records
 
     net = lambda: nn.Sequential(nn.Linear(4, 4), satmon.DyT(4, alpha_init=20.0))
     f = str(tmp_path / "w.pt")
     torch.save({"model": net().state_dict(), "iter_num": 3}, f)
-    (record,) = replay([inspect_checkpoint(f)], ModelLoader(factory=net), [torch.randn(8, 4)],
+    (record,) = checkpoint_records([inspect_checkpoint(f)], ModelLoader(factory=net), [torch.randn(8, 4)],
                        probe_kwargs={"threshold": 0.3}, twin=False)
     assert record.error is None and record.verdict.threshold == 0.3
     with pytest.raises(ValueError, match="got both"):  # before any checkpoint is read
-        next(replay([inspect_checkpoint(f)], ModelLoader(factory=net), [torch.randn(8, 4)], settings=Settings(),
+        next(checkpoint_records([inspect_checkpoint(f)], ModelLoader(factory=net), [torch.randn(8, 4)], settings=Settings(),
                     probe_kwargs={"threshold": 0.3}))
 
 
@@ -313,7 +316,9 @@ def test_hf_callback_takes_settings_whole():
 
     s = Settings(window=9, abort_on="no-go")
     cb = SatmonTrainerCallback(settings=s)
-    assert cb.settings is s and cb.window == 9 and cb.abort_on == "no-go"
+    assert cb.settings is s and cb.settings.window == 9
+    with pytest.warns(SatmonDeprecationWarning, match=r"SatmonTrainerCallback.abort_on is deprecated.*settings.abort_on"):
+        assert cb.abort_on == "no-go"  # satmon 0.4's forwarding: one release more
     with pytest.raises(ValueError, match="got both"):
         SatmonTrainerCallback(settings=s, window=3)
     with pytest.raises(TypeError, match=r"Expected SatmonTrainerCallback options among .*\(plus logdir, .*got \['windo'\]"):
@@ -322,3 +327,23 @@ def test_hf_callback_takes_settings_whole():
         SatmonTrainerCallback(500)  # 0.2's first positional argument was the window
     with pytest.raises(ValueError, match=r"Expected `logdir` to be a folder path or None, got 3 \(int\)"):
         SatmonTrainerCallback(logdir=3)
+
+
+def test_an_option_read_on_its_holder_is_deprecated_and_reads_what_0_4_read(tmp_path):
+    """``monitor.window`` (satmon 0.4's forwarding) warns and names the plain attribute; ``monitor.threshold`` and
+    ``monitor.caveat`` read the value in force, as 0.4 did, now ``monitor.settings.rule``'s."""
+    from satmon.settings import ReadsSettings
+
+    class Holder(ReadsSettings):
+        def __init__(self, settings: Settings) -> None:
+            self.settings = settings
+
+    calibrated = Holder(Settings(calibration=_calibration_file(tmp_path, threshold=0.45)))
+    with pytest.warns(SatmonDeprecationWarning, match=r"Holder.threshold is deprecated.*use Holder.settings.rule.threshold"):
+        assert calibrated.threshold == 0.45 and calibrated.settings.threshold is None
+    with pytest.warns(SatmonDeprecationWarning, match=r"Holder.caveat is deprecated.*use Holder.settings.rule.caveat"):
+        assert calibrated.caveat == calibrated.settings.rule.caveat
+    with pytest.warns(SatmonDeprecationWarning, match=r"Holder.window is deprecated.*use Holder.settings.window \("):
+        assert Holder(Settings(window=7)).window == 7
+    with pytest.raises(AttributeError, match="has no attribute 'windw'"):
+        _ = Holder(Settings()).windw

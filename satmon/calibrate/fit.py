@@ -17,7 +17,7 @@ import io
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import resources
@@ -287,9 +287,13 @@ def csv_rows(text: str, path: str) -> list[dict[str, str]]:
     return [dict(zip(header, (v.strip() for v in r))) for r in rows[1:]]
 
 
-def read_cells(path: str | Path) -> list[Cell]:
+def read_cells(path: str | Path, on_skip: Callable[[str], None] | None = None) -> list[Cell]:
     """Cells from a CSV (columns ``group``, ``delta`` or ``helps``, readings such as ``saturation``;
     ``#`` lines are comments) or a JSON file (a list of cell objects, or ``{"cells": [...]}``).
+
+    A grid cell whose arms all diverged (``satmon grid``'s ``diverged`` names each arm's first non-finite step, and
+    its ``delta`` and ``helps`` are null) has no outcome to calibrate on: it is left out and named through
+    ``on_skip`` (a cell with one diverged arm keeps the outcome the grid gave it).
 
     Every outcome must be finite and the outcome columns given must agree; ``saturation`` readings
     (and ``saturation_*``) must lie in [0, 1]; a ``name`` may appear once.
@@ -312,8 +316,20 @@ def read_cells(path: str | Path) -> list[Cell]:
         rows = data.get("cells") if isinstance(data, dict) else data
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise CalibrationError(f"Expected a list of cell objects (or {{'cells': [...]}}) in {path}, got {type(rows).__name__}.")
-        return _unique([_cell(r, f"{path.name} cell {i}") for i, r in enumerate(rows)], path)
+        kept = [(i, r) for i, r in enumerate(rows) if not _no_outcome_diverged(r, f"{path.name} cell {i}", on_skip)]
+        return _unique([_cell(r, f"{path.name} cell {i}") for i, r in kept], path)
     return _unique([_cell(r, f"{path.name} row {i}") for i, r in enumerate(csv_rows(text, str(path)), start=1)], path)
+
+
+def _no_outcome_diverged(row: Mapping[str, Any], where: str, on_skip: Callable[[str], None] | None) -> bool:
+    """Whether a grid cell has no outcome because its arms diverged (said through ``on_skip``)."""
+    diverged = row.get("diverged")
+    if not isinstance(diverged, Mapping) or not diverged or not (_blank(row.get("delta")) and _blank(row.get("helps"))):
+        return False
+    if on_skip is not None:
+        arms = ", ".join(f"{arm} at step {step}" for arm, step in diverged.items())
+        on_skip(f"left out {row.get('name') or where}: its arms diverged ({arms}), so it has no outcome to calibrate on")
+    return True
 
 
 def study_cells() -> list[Cell]:

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from satmon import study
 from satmon.cli.main import EXIT_USAGE, usage_exit
@@ -47,7 +47,9 @@ EPILOG = """\
 refused before anything is written: outcomes or readings that are NaN or inf, losses that are not
 positive, saturations outside [0, 1], a run or cell listed twice, outcome columns that disagree,
 files that are not UTF-8 text (a byte-order mark is fine), and blocked outputs (--out naming a file
-or under one, --plot naming a folder or without a .png/.pdf/.svg suffix, read-only files).
+or under one, --plot naming a folder or without a .png/.pdf/.svg suffix, read-only files, paths
+with no room for the files written beside them), and outputs another satmon process is writing
+(checked last, once everything else is: that process is named).
 
 exit codes: 0 written, 1 an output could not be written (the file that was there is as it was),
 2 usage error or input that cannot be calibrated on (one line says why; nothing written),
@@ -75,8 +77,10 @@ def _parser() -> argparse.ArgumentParser:
 def _outputs(args: argparse.Namespace) -> tuple[Path, Path | None]:
     """``(calibration.json, plot or None)``, each checked before any input is read."""
     from satmon.io.atomic import check_output, check_output_dir
+    from satmon.paths import beside
 
-    out = check_output_dir(args.out, "--out")
+    files = [Path(args.out) / "calibration.json"] + ([Path(args.out) / "calibration.png"] if args.plot is None else [])
+    out = check_output_dir(args.out, "--out", [w for f in files for w in (f, *beside(f))])  # room for both, and beside
     cal = check_output(out / "calibration.json", "--out's calibration.json", (".json",))
     if args.no_plot:
         return cal, None
@@ -94,7 +98,8 @@ def _load(args: argparse.Namespace) -> tuple[list, str]:
     if args.study:
         return study_cells(), "study: Verma (2026), 12 calibration cells (satmon/data_files/study_cells.csv)"
     if args.cells:
-        return read_cells(args.cells), f"cells: {args.cells}"
+        return read_cells(args.cells, on_skip=lambda note: print(f"satmon calibrate: {note}", file=sys.stderr)), \
+            f"cells: {args.cells}"
     if not args.runs or not args.outcomes:
         raise CalibrationError(f"Expected run folders or replay JSON files together with --outcomes CSV, got "
                                f"{'runs' if args.runs else '--outcomes'} only: give both.")
@@ -170,13 +175,42 @@ def _replaced(existed: bool) -> str:
     return " (it replaced the file that was there)" if existed else ""
 
 
+def _write(result: CalibrationResult, cal_path: Path, plot_path: Path | None, rule: str,
+           command: str) -> tuple[int, Any]:
+    """Write calibration.json, then the plot, under their locks; ``(exit code, the calibration written or None)``."""
+    from satmon.calibrate.fit import write_calibration
+    from satmon.io.safe_text import printable
+
+    existed = cal_path.exists()
+    try:
+        cal = write_calibration(result, cal_path, rule=rule, command=command)
+    except OSError as e:
+        print(f"satmon calibrate: could not write {str(cal_path)!r}: {e.strerror or e}; the file that was there is as it "
+              "was.", file=sys.stderr)
+        return EXIT_UNWRITTEN, None
+    print(printable(format_result(result), keep="\n"))  # cell, group and run names come from files
+    print(f"\nWrote {cal_path}{_replaced(existed)}: threshold {cal.threshold:.5f} ({cal.rule} rule on {cal.metric}).")
+    if plot_path is not None:
+        existed = plot_path.exists()
+        try:
+            print(f"Plot: {plot(result, plot_path)}{_replaced(existed)}")
+        except ImportError:
+            print("satmon calibrate: the plot needs matplotlib: pip install matplotlib (or pip install -e '.[report]' in satmon's clone); "
+                  "skipped it, the JSON is written.", file=sys.stderr)
+        except OSError as e:
+            print(f"satmon calibrate: could not write the plot {str(plot_path)!r}: {e.strerror or e}; the file that was "
+                  "there is as it was (the JSON is written).", file=sys.stderr)
+            return EXIT_UNWRITTEN, cal
+    return EXIT_OK, cal
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``satmon calibrate``; returns the exit code (see :data:`EPILOG`)."""
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # --help (0), or a usage error argparse has printed (2)
         return usage_exit(e)
-    from satmon.calibrate.fit import CalibrationError, calibrate, write_calibration
+    from satmon.calibrate.fit import CalibrationError, calibrate
     from satmon.io.atomic import OutputError
     from satmon.io.safe_text import printable
 
@@ -194,26 +228,23 @@ def main(argv: list[str] | None = None) -> int:
     except (CalibrationError, OutputError) as e:
         print(f"satmon calibrate: {printable(str(e))}", file=sys.stderr)  # a message may quote a file
         return EXIT_USAGE
-    existed = cal_path.exists()
-    try:
-        cal = write_calibration(result, cal_path, rule=args.rule, command=command)
-    except OSError as e:
-        print(f"satmon calibrate: could not write {str(cal_path)!r}: {e.strerror or e}; the file that was there is as it "
-              "was.", file=sys.stderr)
-        return EXIT_UNWRITTEN
-    print(printable(format_result(result), keep="\n"))  # cell, group and run names come from files
-    print(f"\nWrote {cal_path}{_replaced(existed)}: threshold {cal.threshold:.5f} ({cal.rule} rule on {cal.metric}).")
-    if plot_path is not None:
-        existed = plot_path.exists()
-        try:
-            print(f"Plot: {plot(result, plot_path)}{_replaced(existed)}")
-        except ImportError:
-            print("satmon calibrate: the plot needs matplotlib: pip install matplotlib (or pip install -e '.[report]' in satmon's clone); "
-                  "skipped it, the JSON is written.", file=sys.stderr)
-        except OSError as e:
-            print(f"satmon calibrate: could not write the plot {str(plot_path)!r}: {e.strerror or e}; the file that was "
-                  "there is as it was (the JSON is written).", file=sys.stderr)
-            return EXIT_UNWRITTEN
+    from contextlib import ExitStack
+
+    from satmon.io.lock import hold
+
+    outputs = [(cal_path, "--out's calibration.json", False)] + ([(plot_path, "--plot", False)] if plot_path else [])
+    with ExitStack() as stack:
+        try:  # every input checked: the outputs are this run's until both are written
+            held = stack.enter_context(hold(outputs))
+        except OutputError as e:  # another process writes one of them (named), or a lock that cannot be made
+            print(f"satmon calibrate: {printable(str(e)).rstrip('.')}; nothing was written.", file=sys.stderr)
+            return EXIT_USAGE
+        for lock in held:
+            if lock.note():
+                print(f"satmon calibrate: note: {lock.note()}.", file=sys.stderr)
+        code, cal = _write(result, cal_path, plot_path, args.rule, command)
+    if cal is None or code != EXIT_OK:
+        return code
     if cal.metric == "saturation" and 0.0 < cal.threshold < 1.0:
         print(f"Use it: SaturationMonitor(calibration={str(cal_path)!r}) (the threshold and its provenance on the card).")
     return EXIT_OK

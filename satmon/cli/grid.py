@@ -27,7 +27,10 @@ it held out (docs/plans/grid_plan.md's test), and where satmon.forecast was righ
 RECIPE is 'builtin' (satmon's faithful grid), 'llama' (satmon.demos.llama: RMSNorm vs DyT, SwiGLU and
 GELU), MODULE:ATTR or path/to/file.py:ATTR naming a
 satmon.grid.Recipe (docs/guides/grid.md: the contract and a complete example). Naming it runs its code: name
-only code you trust; the working directory is not searched.
+only code you trust; the working directory is not searched. The jobs import what this command imported
+(they start in OUT/jobs, never importing the working folder's satmon/ or submitit/), a file recipe from the
+copy made when the grid started (editing the file later changes no running grid), and each job refuses code
+other than its cell's key names.
 
   satmon grid builtin --smoke --out g                        # 4 tiny cells in seconds: a first try
   satmon grid builtin --preset quick --out g                 # 2 cells of the faithful grid (~15 CPU-minutes each)
@@ -42,8 +45,10 @@ resuming: every finished cell is OUT/cells/<name>.<key>.json, written atomically
 recipe (its source file too), every shared setting, the options and the cell's axes. Rerun the same
 command and only cells without a complete result run (a failed or killed job's cell runs again, its log
 named); change any setting and its cells are new ones, never mixed with the old. One grid at a time
-per --out: a second one stops at once, naming the first (exit 3). Ctrl-C cancels the running jobs,
-keeps every finished cell and writes grid.json with the rest listed.
+per --out: a second one stops at once, naming the first (exit 3), and so does a rerun while a job an
+earlier, killed grid started is still running. Ctrl-C cancels the running jobs, keeps every finished
+cell and writes grid.json with the rest listed. A cell whose arm diverged (its loss not finite) is
+complete: an outcome, named and counted, never a lost grid.
 
 outputs: OUT/grid.json (the cells, the missing and failed ones and why, the environment, the analysis;
 satmon calibrate --cells OUT/grid.json --metric READING reads it), OUT/report.md, OUT/phase_grid.csv
@@ -54,8 +59,9 @@ local processes where submitit is not installed (pip install 'satmon[grid]'); sl
 array (--slurm-partition, --gpus-per-cell, --cpus-per-cell, --time, --max-parallel; --dry-run writes the
 sbatch file to OUT/jobs/submission.sh and submits nothing).
 
-exit codes: 0 every cell complete, 1 some cells failed or died (grid.json and the lines above name them
-and their logs; rerun to retry them), 2 usage error (nothing run), 3 --out is held by another grid,
+exit codes: 0 every cell complete (a diverged arm included), 1 some cells failed or died (grid.json and
+the lines above name them, why and their logs; rerun to retry them), 2 usage error (refused before any
+work: nothing made), 3 --out is in use (by another grid, or by a job a killed grid left running),
 130 interrupted (Ctrl-C; rerun the same command to resume)."""
 
 
@@ -137,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     from satmon.io.atomic import OutputError
     from satmon.io.lock import OutputBusy
     from satmon.io.safe_text import printable
-    from satmon.replay.user_code import ReplayUsageError, error_line
+    from satmon.errors import UsageError, error_line
 
     if args.progress_every is not None and not args.progress_every >= 0:
         print(f"satmon grid: Expected --progress-every >= 0 seconds, got {args.progress_every}.", file=sys.stderr)
@@ -159,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     except OutputBusy as e:
         print(f"satmon grid: {printable(str(e))}", file=sys.stderr)
         return EXIT_BUSY
-    except (ReplayUsageError, OutputError, ValueError) as e:
-        print(f"satmon grid: {printable(str(e) if type(e) is ValueError else error_line(e))}", file=sys.stderr)
+    except (UsageError, OutputError, ValueError) as e:
+        print(f"satmon grid: {printable(str(e) if type(e) in (ValueError, OutputError) else error_line(e))}", file=sys.stderr)
         return EXIT_USAGE
     except GridInterrupted as e:
         r = e.result

@@ -5,7 +5,7 @@ Lightning and the readers are imported inside the function that runs a command, 
 are parsed, so ``satmon --help``, ``--version`` and ``satmon COMMAND --help`` start at once.
 
 Every command runs inside :func:`_guarded`: the working directory is not importable (an empty or relative
-``PYTHONPATH`` entry, ``python -m``: :func:`satmon.replay.user_code.no_working_directory`), a background
+``PYTHONPATH`` entry, ``python -m``: :func:`satmon.replaying.user_code.no_working_directory`), a background
 thread's error (TensorBoard's writer on a full disk) is kept instead of printed as a traceback and reaches
 the command's one-line message, and an error nothing else caught ends in one line, not a traceback
 (``SATMON_TRACEBACK=1`` shows it).
@@ -129,7 +129,8 @@ def _guarded(name: str) -> Iterator[list[BaseException]]:
     """For a command's time: no import from the working directory; the errors of background threads kept in the
     yielded list instead of printed as tracebacks, and those of objects' finalizers said in one line; restored at
     the end."""
-    from satmon.replay.user_code import error_line, no_working_directory
+    from satmon.errors import error_line
+    from satmon.replaying.user_code import no_working_directory
 
     errors: list[BaseException] = []
     previous, previous_unraisable = threading.excepthook, sys.unraisablehook
@@ -154,7 +155,7 @@ def _guarded(name: str) -> Iterator[list[BaseException]]:
 def settings_problem() -> str | None:
     """What is wrong with satmon's settings from the environment (``SATMON_MAX_PICKLE_MB``), read once before any
     command works: one line, instead of the same error met at every file it governs."""
-    from satmon.replay.budget import pickle_budget
+    from satmon.replaying.budget import pickle_budget
 
     try:
         pickle_budget()
@@ -165,7 +166,7 @@ def settings_problem() -> str | None:
 
 def _run(name: str, argv: list[str]) -> int:
     """The command's exit code; a background thread's error makes a run that said nothing of it end in one line."""
-    from satmon.replay.user_code import error_line
+    from satmon.errors import error_line
 
     if not {"-h", "--help"} & set(argv) and (problem := settings_problem()):  # checked once, before any work
         print(f"satmon {name}: {problem}", file=sys.stderr)

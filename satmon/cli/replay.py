@@ -1,7 +1,7 @@
-"""``satmon replay``: the command line of :func:`satmon.replay` (:mod:`satmon.replay.session`), which checks
+"""``satmon replay``: the command line of :func:`satmon.replay` (:mod:`satmon.replaying.session`), which checks
 everything before any work, replays the checkpoints and writes the outputs (a TensorBoard run lined up with the
-live runs, ``--json`` once complete, ``--report``). This module parses the flags into its arguments and prints
-what it yields: progress, the summary table, the live verdict beside the replay's, the exit code. Ctrl-C and
+live runs, ``--json`` once complete, ``--report``). This module parses the flags into one
+:class:`~satmon.replaying.options.ReplayOptions` and prints what it yields: progress, the summary table, the live verdict beside the replay's, the exit code. Ctrl-C and
 SIGTERM end with one line saying where every output stands (exit 130 / 143); :data:`EPILOG` and docs/guides/replay.md
 give security and the exit codes.
 """
@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from satmon import study
-from satmon.replay.user_code import ReplayUsageError  # no torch: the first line is said before torch is imported
+from satmon.replaying.user_code import ReplayUsageError  # no torch: the first line is said before torch is imported
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_NONFINITE", "EXIT_OK", "EXIT_SKIPPED", "EXIT_TERMINATED", "EXIT_USAGE", "main"]
 
@@ -196,7 +196,7 @@ def _replaced(out: Any, path: Any) -> str:
 
 def run(args: argparse.Namespace, state: dict[str, Any] | None = None) -> int:
     """Check everything the user passed, then read the checkpoints, replay them and report; the exit code
-    (``state["run"]``: the :class:`~satmon.replay.session.Replay` once made, for the line of an interrupted one)."""
+    (``state["run"]``: the :class:`~satmon.replaying.session.ReplaySession` once made, for the line of an interrupted one)."""
     state = {} if state is None else state
     talk = _talk(args)
     talk(_first_line(args))  # before torch is imported: the user sees at once what runs
@@ -204,8 +204,8 @@ def run(args: argparse.Namespace, state: dict[str, Any] | None = None) -> int:
     if args.weights_only and args.trust_checkpoints:
         raise ReplayUsageError("Expected either --weights-only (read checkpoints with torch.load(weights_only=True): the default) or "
                      "--trust-checkpoints (weights_only=False: runs code stored in them), got both: drop one.")
-    from satmon.replay.outputs import live_lines
-    from satmon.replay.session import Replay
+    from satmon.replaying.outputs import live_lines
+    from satmon.replaying.session import ReplayOptions, ReplaySession
 
     if args.threads is not None:
         import torch
@@ -213,11 +213,12 @@ def run(args: argparse.Namespace, state: dict[str, Any] | None = None) -> int:
         torch.set_num_threads(args.threads)
     if args.weights_only:
         print("satmon replay: note: --weights-only is the default since satmon 0.2 (the flag is ignored).", file=sys.stderr)
-    state["run"] = rp = Replay(args.paths, model=args.model, factory=args.factory, data=args.data, datamodule=args.datamodule,
-                               settings=settings, batches=args.batches, batch_size=args.batch_size,
-                               input_key=args.input_key, trust_checkpoints=args.trust_checkpoints, device=args.device,
-                               dtype=args.dtype, twin=not args.no_twin, live=args.live, logdir=args.logdir, name=args.name,
-                               json=args.json, report=args.report, on_status=talk)
+    options = ReplayOptions(model=args.model, factory=args.factory, data=args.data, datamodule=args.datamodule,
+                            settings=settings, batches=args.batches, batch_size=args.batch_size, input_key=args.input_key,
+                            trust_checkpoints=args.trust_checkpoints, device=args.device, dtype=args.dtype,
+                            twin=not args.no_twin, live=args.live, logdir=args.logdir, name=args.name, json=args.json,
+                            report=args.report, on_status=talk)
+    state["run"] = rp = ReplaySession(args.paths, options)
     talk(f"replaying {len(rp.todo)} checkpoint(s) on {rp.device.type} (calibration: {rp.data_text}); the first one also "
          "builds the model and finds its layers")
     update, close = _progress(len(rp.todo), args.quiet)
@@ -292,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + stopped("terminated (SIGTERM)" if terminated else "interrupted (Ctrl-C)"), file=sys.stderr)
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except OSError as e:  # an output that cannot be written mid-run (a full disk...): what was there stays
-        from satmon.replay.user_code import error_line
+        from satmon.errors import error_line
 
         print(stopped(f"stopped by {error_line(e)}"), file=sys.stderr)
         return EXIT_SKIPPED

@@ -39,7 +39,7 @@ name,params,train_tokens,delta,group,source); with --cells, LOGDIR may be left o
 
 exit codes: 0 printed, 1 no satmon data found under LOGDIR, 2 usage error (no such path, an empty
 path, a file that is not a TensorBoard event file, --plot without matplotlib or to a path that cannot
-be written)."""
+be written, or that another satmon process is writing: it is named)."""
 
 #: --plot-file's formats (matplotlib picks the format from the suffix) and its default
 PLOT_SUFFIXES, PLOT_FILE = (".png", ".pdf", ".svg"), "satmon_phase.png"
@@ -55,7 +55,7 @@ def __getattr__(name: str) -> Any:
 
 def _named() -> dict[str, str]:
     """Trajectory rows with a name of their own, in this order."""
-    from satmon.io.tensorboard import TAG
+    from satmon.io.tags import TAG
 
     return {TAG.saturation: "saturation (pooled)", TAG.margin: "margin",
             TAG.verdict: "verdict (1 GO, 0 NO-GO, -1 non-finite)", TAG.collapse_risk: "collapse risk",
@@ -98,7 +98,7 @@ def _body(run: Run) -> str:
     """What follows the run's first line: the card, the trajectories, the per-layer readings."""
     from satmon.io.markdown import table
     from satmon.io.safe_text import printable
-    from satmon.io.tensorboard import TAG
+    from satmon.io.tags import TAG
     from satmon.results.card import plain
 
     named = _named()
@@ -186,6 +186,24 @@ def main(argv: list[str] | None = None) -> int:
     if why is not None:
         print(f"satmon report: {why}", file=sys.stderr)
         return EXIT_USAGE
+    if plot_path is None:
+        return _report(args, None, extra)
+    from contextlib import ExitStack
+
+    from satmon.io.atomic import OutputError
+    from satmon.io.lock import hold
+
+    with ExitStack() as stack:
+        try:  # every argument checked: the plot is this process's until it is written (one writer per output)
+            stack.enter_context(hold([(plot_path, "--plot-file", False)]))
+        except OutputError as e:
+            print(f"satmon report: {str(e).rstrip('.')}; nothing was written.", file=sys.stderr)
+            return EXIT_USAGE
+        return _report(args, plot_path, extra)
+
+
+def _report(args: argparse.Namespace, plot_path: Path | None, extra: list) -> int:
+    """Print the runs under LOGDIR, then the phase diagram at ``plot_path`` (held by its lock); the exit code."""
     if args.logdir is None:
         return _plot([], plot_path, extra)
     from satmon.io.safe_text import printable
@@ -257,7 +275,7 @@ def _plot(runs: list[Run], path: Path, extra: list | None = None) -> int:
     """Place each run on the study's phase diagram (its card's parameters and unique tokens), with the ``extra`` cells
     of ``--cells``; the exit code."""
     from satmon.io.phase_diagram import STUDY_SOURCE, phase_cells, plot_phase
-    from satmon.io.tensorboard import TAG
+    from satmon.io.tags import TAG
     from satmon.results.run_scale import RunScale
 
     placed, not_placed = [], []

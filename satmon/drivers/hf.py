@@ -46,7 +46,8 @@ from torch import nn
 
 from satmon.drivers.run_scale import planned_tokens, put_scale_note, run_forecast, scale_note
 from satmon.io.sink import Sink
-from satmon.io.tensorboard import TAG, verdict_hparams
+from satmon.io.tags import TAG
+from satmon.io.tensorboard import verdict_hparams
 from satmon.results.card import plain
 from satmon.results.stop import StopRecord
 from satmon.screen.agreement import TorchDistributed
@@ -128,7 +129,7 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
 
     Example:
         >>> cb = SatmonTrainerCallback(window=200, abort_on="no-go")
-        >>> cb.window, cb.abort_on, cb.verdict is None  # cb.window reads cb.settings.window
+        >>> cb.settings.window, cb.settings.abort_on, cb.verdict is None
         (200, 'no-go', True)
     """
 

@@ -32,7 +32,8 @@ from satmon.results.forecast import Forecast
 from satmon.results.verdict import Verdict
 from satmon.io.lightning import LightningSink
 from satmon.io.sink import MultiSink, Sink, check_sink
-from satmon.io.tensorboard import TAG, log_text
+from satmon.io.tags import TAG
+from satmon.io.tensorboard import log_text
 
 __all__ = ["STATE_KEY", "SaturationMonitor"]
 
@@ -80,7 +81,7 @@ class SaturationMonitor(ReadsSettings, Callback):
     pass ``settings=`` (built once, shared with a ``Screen``, :func:`satmon.probe` or a replay), or
     its fields as keyword options, which build it (not both). The monitor's own options (how it logs,
     what a model without DyT gets, the live probe, the gating trace's forward) are its keyword
-    arguments. ``monitor.window``, ``monitor.threshold``... read the settings.
+    arguments. ``monitor.settings.window``, ``monitor.settings.rule.threshold``... read the settings.
 
     Args:
         settings: every setting below at once (a :class:`satmon.Settings`); ``None``: built from ``**options``.
@@ -155,7 +156,7 @@ class SaturationMonitor(ReadsSettings, Callback):
     Example:
         >>> from satmon import SaturationMonitor, Settings, study
         >>> monitor = SaturationMonitor(window=500, abort_on="no-go")
-        >>> monitor.window, monitor.abort_on, monitor.threshold == study.THRESHOLD
+        >>> monitor.settings.window, monitor.settings.abort_on, monitor.settings.rule.threshold == study.THRESHOLD
         (500, 'no-go', True)
         >>> shared = Settings(window=200, product="exact")
         >>> SaturationMonitor(settings=shared).settings is shared

@@ -1,7 +1,7 @@
 """``LiveProbe``: run :func:`satmon.probing.passes.probe` during training on a fixed calibration set, and log it.
 
 Lightning glue only: the readings come from :func:`satmon.probing.passes.probe` (the same call ``satmon
-replay`` makes on saved checkpoints), the tags from :class:`satmon.io.tensorboard.TAG`.
+replay`` makes on saved checkpoints), the tags from :class:`satmon.io.tags.TAG`.
 :class:`satmon.SaturationMonitor` owns one when ``probe_every_n_steps`` or ``probe_on_checkpoint``
 is set; it can also be driven by hand (``capture`` once, then ``maybe_run`` / ``run``).
 
@@ -46,7 +46,7 @@ from torch.utils.data import DataLoader
 
 from satmon.paths import CALIBRATION_FILE
 from satmon.batches import feed_first
-from satmon.replay.data import capture_batches
+from satmon.replaying.data import capture_batches
 from satmon.probing.passes import OWN_OPTIONS, check_options, probe
 from satmon.results.probe_report import ProbeReport
 from satmon.io.lightning import LightningSink

@@ -19,8 +19,8 @@ from typing import Any
 
 from satmon.study import THRESHOLD as STUDY_THRESHOLD  # 0.43
 
-__all__ = ["READINGS", "WINDOW_READINGS", "analyze", "answer_text", "effect_table", "forecast_check", "held_out",
-           "json_safe", "phase_rows", "plot", "report_markdown", "spearman"]
+__all__ = ["READINGS", "WINDOW_READINGS", "analyze", "answer_text", "cell_line", "diverged_counts", "effect_table",
+           "forecast_check", "held_out", "json_safe", "outcome", "phase_rows", "plot", "report_markdown", "spearman"]
 
 #: The window readings the plan tests (docs/plans/grid_plan.md), in its order; each predicts GO when high.
 WINDOW_READINGS = ("window_saturation", "window_first_block", "window_last_block", "window_final_norm",
@@ -76,13 +76,55 @@ def held_out(scores: Sequence[float], helps: Sequence[bool], groups: Sequence[An
             "folds": [{"held_out": f.group, "threshold": f.threshold, "correct": f.correct, "n": f.n} for f in cv.folds]}
 
 
+def outcome(cell: dict[str, Any]) -> bool | None:
+    """Whether DyT helped in ``cell``: ``delta < 0`` where both final losses are finite; where an arm diverged, the
+    record's ``helps`` (the arm that did not diverge did better); ``None`` where there is no outcome (both arms
+    diverged, or a record without a finite ``delta``).
+
+    Example:
+        >>> outcome({"delta": -0.02}), outcome({"delta": None, "helps": False, "diverged": {"dyt": 40}})
+        (True, False)
+        >>> outcome({"delta": None, "helps": None, "diverged": {"dyt": 40, "layernorm": 9}}) is None
+        True
+    """
+    d = cell.get("delta")
+    if isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d):
+        return d < 0
+    h = cell.get("helps")
+    return h if isinstance(h, bool) and cell.get("diverged") else None
+
+
+def no_outcome_why(cell: dict[str, Any]) -> str:
+    """Why ``cell`` has no outcome (:func:`outcome` is ``None``), in words."""
+    div = cell.get("diverged") or {}
+    if div:
+        return "; ".join(f"the {a} arm diverged at step {n}" for a, n in div.items())
+    return (cell.get("missing") or {}).get("delta", "no finite delta")
+
+
+def diverged_counts(cells: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """How many cells each arm diverged in (its loss not finite), over ``cells``; ``{}``: none diverged.
+
+    Example:
+        >>> diverged_counts([{"diverged": {"dyt": 12}}, {"diverged": {}}, {"diverged": {"dyt": 3, "layernorm": 5}}])
+        {'dyt': 2, 'layernorm': 1}
+    """
+    counts: dict[str, int] = {}
+    for c in cells:
+        for a in c.get("diverged") or {}:
+            counts[a] = counts.get(a, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def family_statistic(cells: list[dict[str, Any]], helps: Sequence[bool], names: Sequence[str]) -> float:
     """The plan's test statistic: the best, over the window readings, of the worse of its two held-out
     accuracies (leave-one-size-out, leave-one-seed-out)."""
     sizes, seeds = [c["group"] for c in cells], [c["seed"] for c in cells]
     best = -1.0
     for r in names:
-        x = [c[r] for c in cells]
+        x = [c.get(r) for c in cells]
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in x):
+            continue  # a reading some cell lacks is reported missing, never tested
         best = max(best, min(held_out(x, helps, sizes)["accuracy"], held_out(x, helps, seeds)["accuracy"]))
     return best
 
@@ -97,7 +139,16 @@ def analyze(cells: list[dict[str, Any]], permutations: int = 10_000, seed: int =
     """
     from satmon.functional.threshold_fit import accuracy, auc, fit_threshold
 
-    helps = [bool(c["delta"] < 0) for c in cells]
+    excluded = [{"name": c.get("name"), "why": no_outcome_why(c)} for c in cells if outcome(c) is None]
+    diverged = diverged_counts(cells)
+    cells = [c for c in cells if outcome(c) is not None]  # a diverged arm is an outcome; both diverged is none
+    extra: dict[str, Any] = {"diverged": diverged} if diverged else {}
+    if excluded:
+        extra["excluded"] = excluded
+    if not cells:
+        return {"n": 0, **extra, "readings": {},
+                "decision": {"predicts": None, "why": "no cell with an outcome (both arms diverged in every cell)"}}
+    helps = [bool(outcome(c)) for c in cells]
     sizes, seeds = [c["group"] for c in cells], [c["seed"] for c in cells]
     n, k = len(cells), sum(helps)
     baselines = {"always_no_go": (n - k) / n, "always_go": k / n}
@@ -109,11 +160,11 @@ def analyze(cells: list[dict[str, Any]], permutations: int = 10_000, seed: int =
                    "layernorm": sum(c.get("learns_layernorm") is True for c in cells),
                    "both": sum(c.get("learns_dyt") is True and c.get("learns_layernorm") is True for c in cells),
                    "known": sum(c.get("unigram_loss") is not None for c in cells)},
-        "readings": {},
+        **extra, "readings": {},
     }
     two_protocols = len(set(sizes)) >= 2 and len(set(seeds)) >= 2
     for r in READINGS:
-        x = [c[r] for c in cells]
+        x = [c.get(r) for c in cells]
         if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in x):
             out["readings"][r] = {"missing": True}
             continue
@@ -156,22 +207,45 @@ def pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
+def _num(v: Any, spec: str = ".3f", scale: float = 1.0, sign: str = "") -> str:
+    """A record's number as text, ``-`` where it is null (a reading not computable, an arm that diverged)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        return "-"
+    return f"{v * scale:{sign}{spec}}"
+
+
 def report_markdown(analysis: dict[str, Any], cells: list[dict[str, Any]]) -> str:
-    """The analysis as markdown tables (what docs/science/calibration.md quotes)."""
-    a, n = analysis, analysis["n"]
-    lines = [(f"{n} cells ({', '.join(a['groups'])}; seeds {', '.join(map(str, a['seeds']))}); DyT below the unigram "
-              f"level in {a['learns']['dyt']}/{n}, LayerNorm in {a['learns']['layernorm']}/{n}; DyT helped in {a['helps']}, "
-              f"hurt in {n - a['helps']}; always NO-GO {pct(a['baselines']['always_no_go'])}, always GO "
-              f"{pct(a['baselines']['always_go'])}."), "",
+    """The analysis as markdown tables (what docs/science/calibration.md quotes); a null field reads ``-``, a
+    diverged arm is named in its cell's row."""
+    a, n = analysis, analysis.get("n", 0)
+    if n:
+        head = (f"{n} cells ({', '.join(a['groups'])}; seeds {', '.join(map(str, a['seeds']))}); DyT below the unigram "
+                f"level in {a['learns']['dyt']}/{n}, LayerNorm in {a['learns']['layernorm']}/{n}; DyT helped in "
+                f"{a['helps']}, hurt in {n - a['helps']}; always NO-GO {pct(a['baselines']['always_no_go'])}, "
+                f"always GO "
+                f"{pct(a['baselines']['always_go'])}.")
+    else:
+        head = "no cell with an outcome."
+    if a.get("diverged"):
+        head += " Diverged (a loss not finite): " + ", ".join(f"{arm} in {k}" for arm, k in a["diverged"].items()) + "."
+    if a.get("excluded"):
+        head += " Without an outcome: " + "; ".join(f"{e['name']} ({e['why']})" for e in a["excluded"]) + "."
+    lines = [head, "",
              ("| cell | epochs | tokens/param | unigram | val LN | val DyT | DyT vs LN | window sat. | window first block | "
               "window centered | final sat. | final first block |"), "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in cells:
         mark = lambda ok: " (above unigram)" if ok is False else ""
-        uni = "-" if c.get("unigram_loss") is None else f"{c['unigram_loss']:.3f}"
-        lines.append(f"| {c['name']} | {c['epochs']:.1f} | {c['tokens_per_param']:.2f} | {uni} | "
-                     f"{c['val_loss_layernorm']:.3f}{mark(c['learns_layernorm'])} | {c['val_loss_dyt']:.3f}{mark(c['learns_dyt'])} | "
-                     f"{c['delta'] * 100:+.1f}% | {c['window_saturation']:.3f} | {c['window_first_block']:.3f} | "
-                     f"{c['window_centered']:.3f} | {c['final_saturation']:.3f} | {c['final_first_block']:.3f} |")
+        div = c.get("diverged") or {}
+        effect = _num(c.get("delta"), ".1f", 100, "+") + ("%" if isinstance(c.get("delta"), (int, float)) else "")
+        if div:
+            effect += " (" + ", ".join(f"{arm} diverged at step {k}" for arm, k in div.items()) + ")"
+        lines.append(f"| {c['name']} | {_num(c.get('epochs'), '.1f')} | {_num(c.get('tokens_per_param'), '.2f')} | "
+                     f"{_num(c.get('unigram_loss'))} | "
+                     f"{_num(c.get('val_loss_layernorm'))}{mark(c.get('learns_layernorm'))} | "
+                     f"{_num(c.get('val_loss_dyt'))}{mark(c.get('learns_dyt'))} | {effect} | "
+                     f"{_num(c.get('window_saturation'))} | {_num(c.get('window_first_block'))} | "
+                     f"{_num(c.get('window_centered'))} | {_num(c.get('final_saturation'))} | "
+                     f"{_num(c.get('final_first_block'))} |")
     lines += ["", ("| reading | family | range | AUC | in-sample (midpoint t) | leave-one-size-out | leave-one-seed-out | "
                    "0.43's accuracy |"), "|---|---|---|---|---|---|---|---|"]
     for r, s in a["readings"].items():
@@ -180,8 +254,9 @@ def report_markdown(analysis: dict[str, Any], cells: list[dict[str, Any]]) -> st
             continue
         ho = lambda key: f"{s[key]['correct']}/{s[key]['n']} = {pct(s[key]['accuracy'])}" if key in s else "-"
         study = pct(s["study_043"]) if "study_043" in s else ""
-        lines.append(f"| {r} | {s['family']} | {s['min']:.3f}-{s['max']:.3f} | {s['auc']:.2f} | "
-                     f"{pct(s['in_sample']['accuracy'])} ({s['in_sample']['threshold']:.4f}) | {ho('loso')} | {ho('loseedo')} | {study} |")
+        lines.append(f"| {r} | {s['family']} | {s['min']:.3f}-{s['max']:.3f} | {_num(s['auc'], '.2f')} | "
+                     f"{pct(s['in_sample']['accuracy'])} ({_num(s['in_sample']['threshold'], '.4f')}) | {ho('loso')} | "
+                     f"{ho('loseedo')} | {study} |")
     d = a.get("decision", {})
     if d.get("predicts") is not None:
         lines += ["", (f"Family-wise test (the plan): best over the {d['candidates']} window readings of the worse held-out "
@@ -200,6 +275,7 @@ def plot(analysis: dict[str, Any], cells: list[dict[str, Any]], path: Path,
     against the window's pooled and first-block readings; against unique tokens per parameter."""
     from matplotlib.figure import Figure
 
+    cells = [c for c in cells if _num(c.get("delta")) != "-"]  # a diverged cell has no point on these axes
     fig = Figure(figsize=(11, 8.5), dpi=110, layout="constrained")
     axes = list(fig.subplots(2, 2).flat)
     groups = sorted({c["group"] for c in cells}, key=lambda g: next(c["params"] for c in cells if c["group"] == g))
@@ -263,11 +339,15 @@ def effect_table(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.setdefault((c["group"], c["budget"], varied), []).append(c)
     rows = []
     for (size, budget, varied), cs in groups.items():
-        best = [c["delta_best"] for c in cs if c.get("delta_best") is not None]
+        best = [c["delta_best"] for c in cs if _num(c.get("delta_best")) != "-"]
+        finite = [c["delta"] for c in cs if _num(c.get("delta")) != "-"]
         label = size + ("" if not varied else " " + ",".join(f"{k}={v}" for k, v in varied))
         rows.append({"size": label, "budget": budget, "passes": cs[0]["epochs"], "params": cs[0]["params"],
-                     "seeds": len(cs), "delta": sum(c["delta"] for c in cs) / len(cs), "helps": sum(c["delta"] < 0 for c in cs),
-                     "delta_best": sum(best) / len(best) if best else None, "helps_best": sum(d < 0 for d in best)})
+                     "seeds": len(cs), "delta": sum(finite) / len(finite) if finite else None,
+                     "helps": sum(outcome(c) is True for c in cs), "judged": sum(outcome(c) is not None for c in cs),
+                     "measured": len(finite), "diverged": diverged_counts(cs),
+                     "delta_best": sum(best) / len(best) if best else None, "helps_best": sum(d < 0 for d in best),
+                     "measured_best": len(best)})
     return sorted(rows, key=lambda r: (r["params"], r["passes"]))
 
 
@@ -303,13 +383,35 @@ def forecast_check(cells: Sequence[dict[str, Any]], planned_tokens: int) -> dict
         except Exception as e:  # a forecast that cannot place the cell says so; the grid's answer stands
             rows.append({"name": c["name"], "outcome": None, "why": f"{type(e).__name__}: {e}"})
             continue
-        outcome = getattr(f, "outcome", None)
-        measured = "helps" if c["delta"] < 0 else "hurts"
-        verdict = None if outcome not in ("helps", "hurts") else outcome == measured
+        said = getattr(f, "outcome", None)
+        helped = outcome(c)
+        if helped is None:  # both arms diverged: nothing measured to score the forecast against
+            rows.append({"name": c["name"], "outcome": said, "measured": None, "right": None,
+                         "why": no_outcome_why(c)})
+            continue
+        measured = "helps" if helped else "hurts"
+        verdict = None if said not in ("helps", "hurts") else said == measured
         right, wrong, unsure = right + (verdict is True), wrong + (verdict is False), unsure + (verdict is None)
-        rows.append({"name": c["name"], "outcome": outcome, "measured": measured, "right": verdict,
+        rows.append({"name": c["name"], "outcome": said, "measured": measured, "right": verdict,
                      "evidence": str(getattr(f, "evidence", ""))[:300]})
     return {"available": True, "right": right, "wrong": wrong, "uncertain": unsure, "cells": rows}
+
+
+def cell_line(cell: dict[str, Any]) -> str:
+    """A finished cell in one line: both final losses, DyT's effect (final and best), the window's reading, its CPU
+    time; an arm that diverged is said so.
+
+    Example:
+        >>> cell_line({"name": "c", "val_loss_layernorm": None, "val_loss_dyt": 5.1, "delta": None, "delta_best": None,
+        ...            "window_saturation": 0.4, "cpu_seconds": 3.0, "diverged": {"layernorm": 5}})
+        'c: LN - DyT 5.100 (- final, - best) window 0.400 [3 s CPU]; layernorm diverged at step 5'
+    """
+    pct_of = lambda v: _num(v, ".1f", 100, "+") + ("%" if _num(v) != "-" else "")
+    line = (f"{cell['name']}: LN {_num(cell.get('val_loss_layernorm'))} DyT {_num(cell.get('val_loss_dyt'))} "
+            f"({pct_of(cell.get('delta'))} final, {pct_of(cell.get('delta_best'))} best) window "
+            f"{_num(cell.get('window_saturation'))} [{_num(cell.get('cpu_seconds'), '.0f')} s CPU]")
+    div = cell.get("diverged") or {}
+    return line + ("; " + ", ".join(f"{a} diverged at step {n}" for a, n in div.items()) if div else "")
 
 
 def phase_rows(cells: Sequence[dict[str, Any]], source: str) -> list[dict[str, Any]]:
@@ -328,9 +430,18 @@ def answer_text(recipe: str, cells: Sequence[dict[str, Any]], analysis: dict[str
     else:
         lines.append("size | budget | passes | seeds | final (DyT helped in) | best checkpoint (DyT helped in)")
         for r in effect_table(cells):
-            best = "-" if r["delta_best"] is None else f"{100 * r['delta_best']:+.2f}% ({r['helps_best']}/{r['seeds']})"
-            lines.append(f"{r['size']} | {r['budget']} | {r['passes']:.3g} | {r['seeds']} | {100 * r['delta']:+.2f}% "
-                         f"({r['helps']}/{r['seeds']}) | {best}")
+            best = ("-" if r["delta_best"] is None else
+                    f"{100 * r['delta_best']:+.2f}% ({r['helps_best']}/{r['measured_best']})")
+            final = ("-" if r["delta"] is None else f"{100 * r['delta']:+.2f}%") + f" ({r['helps']}/{r['judged']})"
+            if r["diverged"]:  # an outcome, counted: the arm's loss stopped being a number
+                final += "; " + ", ".join(f"{arm} diverged in {k}/{r['seeds']}" for arm, k in r["diverged"].items())
+            lines.append(f"{r['size']} | {r['budget']} | {r['passes']:.3g} | {r['seeds']} | {final} | {best}")
+        div = [c for c in cells if c.get("diverged")]
+        if div:
+            lines.append(f"diverged in {len(div)} of {len(cells)} cells (a loss not finite; the arm that kept a finite "
+                         "loss counts as the better one): " + "; ".join(
+                             f"{c['name']}: " + ", ".join(f"{a} at step {n}" for a, n in c["diverged"].items())
+                             for c in div[:8]) + (f"; {len(div) - 8} more in grid.json" if len(div) > 8 else ""))
         d = analysis.get("decision", {})
         if d.get("predicts") is None:
             lines.append(f"window readings held out: not tested ({d.get('why', 'no analysis')}); the plan's test needs "
@@ -347,5 +458,6 @@ def answer_text(recipe: str, cells: Sequence[dict[str, Any]], analysis: dict[str
         lines.append(f"satmon.forecast on these cells: right {forecast['right']}, wrong {forecast['wrong']}, uncertain "
                      f"{forecast['uncertain']}" + (f"; wrong on {', '.join(wrong[:8])}" if wrong else ""))
     for s in list(not_done)[:12]:
-        lines.append(f"not complete: {s.name}: {s.state}" + (f", {s.why}" if s.why else "") + (f" (log {s.log})" if s.log else ""))
+        lines.append(f"not complete: {s.name}: {s.state}" + (f", {s.why}" if s.why else "")
+                     + (f" (log {s.log})" if s.log and s.log not in (s.why or "") else ""))
     return "\n".join(lines)

@@ -100,7 +100,7 @@ def measure_cell(recipe: Recipe, settings: GridSettings, spec: CellSpec, threads
     import torch
 
     from satmon.grid.readings import final_readings, window_readings
-    from satmon.grid.train import alphas, train_arm
+    from satmon.grid.train import train_arm
 
     torch.set_num_threads(threads)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -140,13 +140,15 @@ def measure_cell(recipe: Recipe, settings: GridSettings, spec: CellSpec, threads
         "val_loss_dyt": dyt["val_loss"], "val_loss_layernorm": ln["val_loss"], "unigram_loss": uni,
         "delta": (dyt["val_loss"] - ln["val_loss"]) / ln["val_loss"],
     }
-    cell["helps"] = cell["delta"] < 0
-    cell["learns_dyt"] = None if uni is None else dyt["val_loss"] < uni
-    cell["learns_layernorm"] = None if uni is None else ln["val_loss"] < uni
+    diverged = {a: trained[a]["diverged_at"] for a in names if trained[a].get("diverged_at") is not None}
+    cell["helps"] = outcome_helps(cell["delta"], diverged.get(cmp_name), diverged.get(ref_name))
+    # a diverged arm's loss is no level to compare: not known, never "above the unigram level"
+    cell["learns_dyt"] = None if uni is None or not math.isfinite(dyt["val_loss"]) else dyt["val_loss"] < uni
+    cell["learns_layernorm"] = None if uni is None or not math.isfinite(ln["val_loss"]) else ln["val_loss"] < uni
     cell.update(window_readings(settings, dyt["verdict"], dyt["series"]))
     cell.update(final_readings(settings, dyt["model"], data.probe,
                                data.probe_heldout if data.probe_heldout is not None else _heldout(data)))
-    best_dyt, best_ln = min(v for _, v in dyt["val_curve"]), min(v for _, v in ln["val_curve"])
+    best_dyt, best_ln = _best(dyt["val_curve"]), _best(ln["val_curve"])
     cell.update({
         "best_val_loss_dyt": best_dyt, "best_val_loss_layernorm": best_ln,
         "val_curve_dyt": dyt["val_curve"], "val_curve_layernorm": ln["val_curve"],
@@ -157,10 +159,57 @@ def measure_cell(recipe: Recipe, settings: GridSettings, spec: CellSpec, threads
     cell["reference_arm"], cell["compared_arm"] = ref_name, cmp_name
     cell["missing"] = {}
     cell["arms"] = {a: arm_record(recipe, settings, trained[a], is_dyt_arm(a)) for a in names}
-    cell.update({"passes": cell["epochs"], "delta_best": (best_dyt - best_ln) / best_ln, "helps_best": best_dyt < best_ln,
+    both = best_dyt is not None and best_ln is not None
+    cell.update({"passes": cell["epochs"], "delta_best": (best_dyt - best_ln) / best_ln if both else None,
+                 "helps_best": best_dyt < best_ln if both else None,
                  "best_step_dyt": _argmin(dyt["val_curve"]), "best_step_layernorm": _argmin(ln["val_curve"]),
                  "batches_crc": ln["batches_crc"], **dict(extra or {})})
-    return missing_as_null(cell)
+    cell["diverged"] = diverged
+    return _diverged_reasons(missing_as_null(cell), diverged, ref_name, cmp_name)
+
+
+def outcome_helps(delta: float | None, compared_diverged: int | None, reference_diverged: int | None) -> bool | None:
+    """Whether DyT helped: ``delta < 0`` where both final losses are finite; where one arm diverged (its loss not
+    finite) the other did better (the compared arm diverging is DyT hurting); ``None`` where both diverged.
+
+    Example:
+        >>> outcome_helps(-0.01, None, None), outcome_helps(float("nan"), 120, None), outcome_helps(None, None, 7)
+        (True, False, True)
+        >>> outcome_helps(None, 5, 9) is None
+        True
+    """
+    if compared_diverged is not None or reference_diverged is not None:
+        if compared_diverged is not None and reference_diverged is not None:
+            return None
+        return reference_diverged is not None
+    return bool(delta < 0) if delta is not None and math.isfinite(delta) else None
+
+
+def _diverged_reasons(cell: dict[str, Any], diverged: Mapping[str, int], ref: str, cmp: str) -> dict[str, Any]:
+    """``cell`` with each missing value of a diverged arm explained as its divergence (not "too few points")."""
+    if not diverged:
+        return cell
+    why = {a: f"the {a} arm diverged at step {n} (its loss is not finite)" for a, n in diverged.items()}
+    prefixes = {a: (f"arms.{a}.",) for a in why}
+    for a, suffix in ((ref, "layernorm"), (cmp, "dyt")):
+        if a in why:
+            kinds = ("val_loss", "val_curve", "train_curve", "best_val_loss")
+            prefixes[a] += tuple(f"{kind}_{suffix}" for kind in kinds)
+    missing = cell["missing"]
+    for path in list(missing):
+        for a, pre in prefixes.items():
+            if path.startswith(pre):
+                missing[path] = why[a]
+    for path in ("delta", "delta_best"):
+        if cell.get(path) is None:
+            missing[path] = "; ".join(why.values())
+    return cell
+
+
+def _best(curve: list[tuple[int, float]]) -> float | None:
+    """The best (lowest) finite held-out loss of a curve; ``None``: none was finite."""
+    finite = [v for _, v in curve if math.isfinite(v)]
+    return min(finite) if finite else None
 
 
 def missing_as_null(record: dict[str, Any]) -> dict[str, Any]:
@@ -196,9 +245,10 @@ def arm_record(recipe: Recipe, settings: GridSettings, arm: dict[str, Any], scre
     from satmon.grid.train import alphas
 
     params, params_total = recipe.params(arm["model"])
-    out: dict[str, Any] = {"val_loss": arm["val_loss"], "best_val_loss": min(v for _, v in arm["val_curve"]),
-                           "best_step": _argmin(arm["val_curve"]), "val_curve": arm["val_curve"],
-                           "train_curve": arm["train_curve"], "params": params, "params_total": params_total}
+    out: dict[str, Any] = {"val_loss": arm["val_loss"], "best_val_loss": _best(arm["val_curve"]),
+                           "best_step": _argmin(arm["val_curve"]), "diverged_at": arm.get("diverged_at"),
+                           "val_curve": arm["val_curve"], "train_curve": arm["train_curve"], "params": params,
+                           "params_total": params_total}
     if screened:
         w = window_readings(settings, arm["verdict"], arm["series"])
         out.update({"alpha_curve": arm["alpha_curve"], "final_alpha": alphas(arm["model"]), "watch": arm["watch"],
@@ -212,8 +262,9 @@ def recipe_fields(recipe: Recipe, spec: CellSpec) -> dict[str, Any]:
     return dict(recipe.describe(spec)) if recipe.describe is not None else {}
 
 
-def _argmin(curve: list[tuple[int, float]]) -> int:
-    return min(curve, key=lambda sv: sv[1])[0]
+def _argmin(curve: list[tuple[int, float]]) -> int | None:
+    finite = [sv for sv in curve if math.isfinite(sv[1])]
+    return min(finite, key=lambda sv: sv[1])[0] if finite else None
 
 
 def _heldout(data: Any) -> list[Any]:

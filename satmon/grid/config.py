@@ -9,6 +9,7 @@ torch.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -159,8 +160,15 @@ class GridSettings:
         if self.window >= self.steps:
             raise ValueError(f"Expected --window < --steps (a final checkpoint after the window), got window="
                              f"{self.window}, steps={self.steps}.")
-        if not self.lr > 0:
-            raise ValueError(f"Expected --lr > 0, got {self.lr}.")
+        for name, low, value in (("lr", "> 0", self.lr), ("grad_clip", "> 0", self.grad_clip),
+                                 ("weight_decay", ">= 0", self.weight_decay)):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and (
+                value > 0 if low == "> 0" else value >= 0)
+            if not ok:  # nan and inf are refused here, before any work: no cell trains on them
+                raise ValueError(f"Expected --{name.replace('_', '-')} a finite number {low}, got {value!r}.")
+        betas = tuple(self.betas) if isinstance(self.betas, (list, tuple)) else ()
+        if len(betas) != 2 or not all(isinstance(b, (int, float)) and math.isfinite(b) and 0 <= b < 1 for b in betas):
+            raise ValueError(f"Expected betas two finite numbers in [0, 1), got {self.betas!r}.")
 
     def shared(self) -> dict[str, Any]:
         """The settings as plain JSON values (part of every cell's key). ``device`` is left out on the CPU (the

@@ -19,7 +19,7 @@ while a grid runs: a second grid into the same folder stops at once, naming the 
 from __future__ import annotations
 
 import json
-import math
+import os
 import socket
 import sys
 import time
@@ -91,6 +91,13 @@ def _read_json(path: Path) -> Any:
 def _complete(path: Path, key: str) -> dict[str, Any] | None:
     cell = _read_json(path)
     return cell if isinstance(cell, dict) and cell.get("key") == key and "delta" in cell else None
+
+
+def _log_phrase(log: Any) -> str:
+    """A job's log as a message names it: its path, or that there is none and why."""
+    if isinstance(log, str) and log:
+        return f"log {log}" if os.path.isfile(log) else f"its log {log} is gone"
+    return "no log: the job could not name one (it started outside submitit and the plain-process executor)"
 
 
 def _alive(pid: Any, host: Any) -> bool:
@@ -191,8 +198,6 @@ def run(recipe: str | Recipe = "builtin", sizes: str | Sequence[str] | None = No
                 obj.check(make_spec(obj, st_c, opts_c, size, budget, seed))
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"Expected --jobs >= 1, got {jobs!r}.")
-    out = check_output_dir(Path(out), "--out") or Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     identity = recipe_identity(obj, where)
     from satmon.grid.config import options_json
 
@@ -200,11 +205,92 @@ def run(recipe: str | Recipe = "builtin", sizes: str | Sequence[str] | None = No
     gkey = grid_key(identity, settings_, options_json(obj.keyed_options(opts)), arms_)
     keyed = [(v, st_c, o_c, grid_key(identity, st_c, options_json(obj.keyed_options(o_c)), arms_),
               st_c.steps * obj.step_tokens(o_c)) for v, st_c, o_c in configs]
+    _check_file_names(Path(out), _entries(Path(out), plan, keyed))  # a cell file name no file system takes, named
+    # room beneath --out for every cell's files (satmon.paths.check_room), before anything is made
+    out = check_output_dir(Path(out), "--out", _written_beneath(Path(out), plan, keyed),
+                           names="--vary value (a cell's files are named by the values it varies)") or Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     with exclusive(out, "the grid folder --out", folder=True) as held:
         if held.stale:
             say(f"the last grid into {out} was stopped without finishing ({held.note()}); resuming its folder")
         return _run_locked(obj, where, identity, plan, settings_, opts, gkey, out, executor, jobs, time_min, slurm or {},
                            dry_run, permutations, every, say, processed, arms_, keyed)
+
+
+def _entries(out: Path, plan: GridPlan, configs: list[tuple[dict[str, Any], GridSettings, dict[str, Any], str, int]]
+             ) -> list[dict[str, Any]]:
+    """Every cell of the grid: its name, key, axes and the files it is written to (``configs``: the ``--vary``
+    configurations, each with its settings, options, key and processed tokens)."""
+    cells_dir = out.absolute() / "cells"  # absolute: a job runs in the job folder, not here
+    entries = []
+    for vary, st_c, opts_c, gkey_c, processed_c in configs:
+        for size, budget, seed in plan.cells():
+            tokens = budget.resolve(processed_c)
+            key = cell_key(gkey_c, size, tokens, seed)
+            name = cell_name(size, tokens, seed) + vary_suffix(vary)
+            stem = cells_dir / f"{name}.{key}"
+            e = {"name": name, "key": key, "size": size, "budget": budget.text, "seed": seed,
+                 "cell": str(stem) + ".json", "attempt": str(stem) + ".attempt.json",
+                 "failed": str(stem) + ".failed.json", "progress": str(cells_dir / f".{name}.{key}.progress")}
+            if vary:  # the cell's own settings and options (a task's own fields override the grid's)
+                e.update(settings=st_c.shared() | {"device": st_c.device}, options=opts_c, vary=vary, grid_key=gkey_c)
+            entries.append(e)
+    return entries
+
+
+#: The longest file name a cell adds to its name and key: ``<name>.<key>.attempt.json``, written through
+#: :func:`~satmon.io.atomic.atomic_write`'s temporary companion.
+_CELL_FILE_SUFFIX = ".attempt.json"
+
+
+def _check_file_names(out: Path, entries: Sequence[Mapping[str, Any]]) -> None:
+    """Every file a cell writes has a name the file system takes, and a path under its limit, checked before any work:
+    a ``--vary`` value or a size name that makes one too long is refused naming it (a job would otherwise fail
+    writing its first file, with the cause only in its log)."""
+    from satmon.io.atomic import TEMP_EXTRA  # the whole path's length: check_output_dir's check_room
+
+    if not entries:
+        return
+    existing = next((a for a in (out.absolute(), *out.absolute().parents) if a.exists()), Path("/"))
+    try:
+        name_max = int(os.pathconf(existing, "PC_NAME_MAX"))
+    except (OSError, ValueError):
+        name_max = 255
+    longest = max(entries, key=lambda e: len(os.fsencode(f"{e['name']}.{e['key']}")))
+    file_name = f"{longest['name']}.{longest['key']}{_CELL_FILE_SUFFIX}"
+    need = len(os.fsencode(file_name)) + TEMP_EXTRA
+    if need > name_max:
+        vary = dict(longest.get("vary") or {})
+        culprit = max(vary.items(), key=lambda kv: len(str(kv[1])), default=None)
+        if culprit is not None and len(str(culprit[1])) >= len(str(longest["size"])):
+            given = f"--vary {culprit[0]}={_clip(str(culprit[1]))} ({len(str(culprit[1]))} characters)"
+            fix = f"pass a shorter --vary value for {culprit[0]} (or fewer --vary axes)"
+        else:
+            given = f"the size name {_clip(str(longest['size']))!r} ({len(str(longest['size']))} characters)"
+            fix = "name the size shorter"
+        raise ValueError(f"Expected settings whose cells' file names fit the file system's limit of {name_max} bytes, "
+                         f"got {given}: its cell {_clip(longest['name'])} writes {file_name[:12]}...{_CELL_FILE_SUFFIX} of "
+                         f"{need} bytes (with its temporary companion): {fix}.")
+
+
+def _clip(text: str, n: int = 40) -> str:
+    return text if len(text) <= n else f"{text[:n // 2]}...{text[-8:]}"
+
+
+def _written_beneath(out: Path, plan: GridPlan, keyed: Sequence[tuple[Any, ...]]) -> list[str]:
+    """The deepest files a grid writes under ``out``, each cell's (its record, attempt and failure files with their
+    temporaries and locks, its progress file, its job's log), for the path-limit check before any work."""
+    from satmon.paths import beside
+
+    paths: list[str] = []
+    for vary, _, _, gkey_c, processed_c in keyed:
+        for size, budget, seed in plan.cells():
+            tokens = budget.resolve(processed_c)
+            stem = f"{cell_name(size, tokens, seed) + vary_suffix(vary)}.{cell_key(gkey_c, size, tokens, seed)}"
+            for name in (f"{stem}.attempt.json", f"{stem}.failed.json"):
+                paths += [str(out / "cells" / name), *beside(out / "cells" / name)]
+            paths += [str(out / "cells" / f".{stem}.progress.tmp"), str(out / "jobs" / f"{stem}.log")]
+    return paths
 
 
 #: Grid settings ``--vary`` may not vary: the budgets resolve from ``steps``; ``device`` is where, not what.
@@ -337,19 +423,7 @@ def _run_locked(recipe: Recipe, where: str, identity: dict[str, Any], plan: Grid
 
     cells_dir, jobs_dir = out / "cells", out / "jobs"
     cells_dir.mkdir(exist_ok=True)
-    entries = []
-    for vary, st_c, opts_c, gkey_c, processed_c in configs or [({}, settings, opts, gkey, processed)]:
-        for size, budget, seed in plan.cells():
-            tokens = budget.resolve(processed_c)
-            key = cell_key(gkey_c, size, tokens, seed)
-            name = cell_name(size, tokens, seed) + vary_suffix(vary)
-            stem = cells_dir / f"{name}.{key}"
-            e = {"name": name, "key": key, "size": size, "budget": budget.text, "seed": seed,
-                 "cell": str(stem) + ".json", "attempt": str(stem) + ".attempt.json",
-                 "failed": str(stem) + ".failed.json", "progress": str(cells_dir / f".{name}.{key}.progress")}
-            if vary:  # the cell's own settings and options (a task's own fields override the grid's)
-                e.update(settings=st_c.shared() | {"device": st_c.device}, options=opts_c, vary=vary, grid_key=gkey_c)
-            entries.append(e)
+    entries = _entries(out, plan, configs or [({}, settings, opts, gkey, processed)])
     done: dict[str, dict[str, Any]] = {}
     todo = []
     config = {**settings.shared(), **recipe.shared_options(opts)}
@@ -364,18 +438,34 @@ def _run_locked(recipe: Recipe, where: str, identity: dict[str, Any], plan: Grid
             continue
         attempt, failed = _read_json(Path(e["attempt"])), _read_json(Path(e["failed"]))
         if isinstance(failed, dict):
-            say(f"{e['name']}: its last run failed ({failed.get('error', '?')}; log {failed.get('log')}); running it again")
+            say(f"{e['name']}: its last run failed ({failed.get('error', '?')}; {_log_phrase(failed.get('log'))}); "
+                "running it again")
+        elif isinstance(attempt, dict) and _alive(attempt.get("pid"), attempt.get("host")):
+            from satmon.io.lock import OutputBusy
+
+            raise OutputBusy(f"Expected no job still running on cell {e['name']} of {out}, got pid {attempt['pid']} "
+                             f"on {attempt.get('host')} (from an earlier grid whose command was killed; "
+                             f"{_log_phrase(attempt.get('log'))}): wait for it or kill it, then rerun.",
+                             {"pid": attempt["pid"], "host": attempt.get("host"), "cell": e["name"]})
         elif isinstance(attempt, dict) and attempt.get("cancelled"):
             say(f"{e['name']}: its last job was cancelled (Ctrl-C); running it again")
         elif isinstance(attempt, dict):
-            if _alive(attempt.get("pid"), attempt.get("host")):
-                raise ValueError(f"Expected no job still running on cell {e['name']} of {out}, got pid {attempt['pid']} "
-                                 f"(from an earlier grid whose command was killed): wait for it or kill it, then rerun.")
-            say(f"{e['name']}: its last job died without a result (pid {attempt.get('pid')} on {attempt.get('host')}; "
-                f"log {attempt.get('log')}): killed, out of memory, preempted or its node lost; running it again")
+            from satmon.grid.jobs import died_why
+
+            say(f"{e['name']}: its last job died without a result (pid {attempt.get('pid')} on {attempt.get('host')}): "
+                + died_why("", None, "", attempt.get("log"), "the job could not name one") + "; running it again")
         todo.append(e)
     order = sorted(todo, key=lambda e: (plan.seeds.index(e["seed"]), -_cost(recipe, e["size"])))
-    shared = {"recipe": where, "settings": settings.shared() | {"device": settings.device},
+    from satmon.grid.jobs import have_submitit, import_roots
+
+    have_submitit()  # imported now if it is installed, so the jobs are held to the same submitit
+
+    from satmon.grid.recipe import snapshot_recipe
+
+    # a file recipe: the jobs import a copy of the file as keyed (made only when a cell is to run)
+    job_spec = snapshot_recipe(where, identity, jobs_dir / "recipes") if todo else where
+    shared = {"recipe": job_spec, "imports": import_roots(),
+              "settings": settings.shared() | {"device": settings.device},
               "options": opts, "arms": list(arms or recipe.arms), "threads": int(slurm.get("cpus_per_task", 1)) if executor == "slurm" else 1,
               "extra": {"key": None, "grid_key": gkey, "recipe": identity}}
     tasks = []
@@ -485,18 +575,20 @@ def _schedule(ex: Any, tasks: list[dict[str, Any]], recipe: Recipe, settings: Gr
                 if cell is not None:
                     done[name] = cell
                     status[name] = CellStatus(name, t["key"], "done", log=h.log)
-                    say(f"{len(done)} done | {name}: LN {cell['val_loss_layernorm']:.3f} DyT {cell['val_loss_dyt']:.3f} "
-                        f"({100 * cell['delta']:+.1f}% final, {100 * cell['delta_best']:+.1f}% best) window "
-                        f"{cell['window_saturation']:.3f} [{cell['cpu_seconds']:.0f} s CPU]")
+                    from satmon.grid.analysis import cell_line
+
+                    say(f"{len(done)} done | {cell_line({**cell, 'name': name})}")
                     continue
                 n_failed += 1
                 failed = _read_json(Path(t["failed"]))
                 if isinstance(failed, dict):
                     why = f"failed: {failed.get('error', '?')}"
+                    where = f"log {h.log}" if os.path.isfile(h.log) else f"no log: {ex.no_log_why(h)}"
                 else:
-                    why = f"died without a result ({ex.exit_note(h)}): killed, out of memory, preempted or its node lost"
-                status[name] = CellStatus(name, t["key"], "failed" if isinstance(failed, dict) else "died", why, h.log)
-                say(f"{name} {why}; log {h.log}; a rerun of the same command runs it again")
+                    why, where = f"died without a result: {ex.died_why(h)}", ""
+                status[name] = CellStatus(name, t["key"], "failed" if isinstance(failed, dict) else "died", why,
+                                          h.log if os.path.isfile(h.log) else None)
+                say(f"{name} {why}" + (f"; {where}" if where else "") + "; a rerun of the same command runs it again")
             now = time.perf_counter()
             if now - last >= every and (running or queue):
                 last = now
@@ -536,7 +628,13 @@ def _finish(recipe: Recipe, where: str, identity: dict[str, Any], plan: GridPlan
             opts: dict[str, Any], gkey: str, out: Path, entries: list[dict[str, Any]], done: dict[str, dict[str, Any]],
             status: dict[str, CellStatus], permutations: int, executor: str, jobs: int, say: Callable[[str], None],
             final: bool) -> GridResult:
-    from satmon.grid.analysis import analyze, answer_text, forecast_check, phase_rows, report_markdown
+    from satmon.grid.analysis import (
+        analyze,
+        answer_text,
+        forecast_check,
+        phase_rows,
+        report_markdown,
+    )
     from satmon.grid.cell import environment
     from satmon.grid.store import write_grid, write_phase_csv
 

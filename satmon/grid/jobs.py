@@ -1,12 +1,16 @@
 """Cells as jobs: the job function every executor runs, and the executors (submitit's local and SLURM, or plain
 local processes where submitit is not installed).
 
-A job is :func:`run_job` on a *task* (plain JSON: the recipe's spec, the settings, the options, the cell's axes
-and the files it writes). The job imports the recipe itself (the same loader as the parent, the working
-directory not searched), marks its attempt (``<cell>.attempt.json``: pid, host, job id, log), measures the
-cell and writes ``<cell>.json`` atomically; an error the job can catch is kept in ``<cell>.failed.json``. A job
-killed from outside (SIGKILL, out of memory, a node lost, a preemption) leaves its attempt and no result: the
-grid reports it with its log and runs it again on the next run. The cell file is the only truth of "done".
+A job is :func:`run_job` on a *task* (plain JSON: the recipe's spec, the settings, the options, the cell's axes,
+the files it writes and the folders the grid imported satmon and submitit from). Every executor starts its job
+processes in the job folder with :func:`job_environment` (the one place that decides what a job imports: what
+the submitting process imported, never the working folder's code); the job checks its satmon and submitit are
+the grid's, imports the recipe (a file recipe from the grid's copy of it) and refuses one whose code is not
+the cell key's, marks its attempt (``<cell>.attempt.json``: pid, host, job id, its log), measures the cell and
+writes ``<cell>.json`` atomically; an error the job can catch is kept in ``<cell>.failed.json``. A job that
+ended without either (SIGKILL, out of memory, a node lost, a preemption, a failure before its cell) is
+reported by :meth:`Executor.died_why` (its real cause, its log or why none) and runs again on the next run.
+The cell file is the only truth of "done".
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +42,107 @@ def have_submitit() -> bool:
     return True
 
 
+# ------------------------------------------------------------------------------- what a job process imports
+def import_roots() -> dict[str, str | None]:
+    """The folders this process imported ``satmon`` and ``submitit`` from (``None``: submitit not imported).
+
+    Example:
+        >>> import satmon
+        >>> import_roots()["satmon"] == str(Path(satmon.__file__).resolve().parent)
+        True
+    """
+    out: dict[str, str | None] = {}
+    for name in ("satmon", "submitit"):
+        module = sys.modules.get(name)
+        where = getattr(module, "__file__", None) if module is not None else None
+        out[name] = str(Path(where).resolve().parent) if where else None
+    return out
+
+
+def job_pythonpath() -> list[str]:
+    """The ``PYTHONPATH`` of every job: this process's absolute ``PYTHONPATH`` entries (an empty, ``.`` or relative
+    entry would name the job's working folder, so it is dropped), and the folder this process imported satmon or
+    submitit from where only its working directory or its script's folder put it on ``sys.path`` (``python -m``
+    in a satmon checkout): a job imports what the submitting process imported, never its working folder's."""
+    entries = [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e and os.path.isabs(e)]
+    implicit = {os.path.realpath(os.getcwd()) if os.path.isdir(".") else ""}
+    if sys.path and isinstance(sys.path[0], str):
+        implicit.add(os.path.realpath(sys.path[0] or "."))
+    for root in import_roots().values():
+        parent = str(Path(root).parent) if root else ""
+        if parent and parent in implicit and parent not in entries:
+            entries.insert(0, parent)
+    return entries
+
+
+def job_environment(threads: int = 1) -> dict[str, str]:
+    """The environment variables a job process starts with, over this process's: one torch thread each,
+    ``PYTHONSAFEPATH=1`` (Python 3.11+ puts no working directory on ``sys.path`` for ``-m``) and
+    :func:`job_pythonpath` (``""``: unset). Every executor starts its jobs with them, in the job folder."""
+    return {"OMP_NUM_THREADS": str(threads), "PYTHONSAFEPATH": "1", "PYTHONPATH": os.pathsep.join(job_pythonpath())}
+
+
+@contextmanager
+def _job_process_start(folder: Path) -> Iterator[None]:
+    """This process's working folder and :func:`job_environment` while a local job is started (submitit's local
+    controller inherits both; it is started without a shell so that cancelling it reaches its job), restored after."""
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "PYTHONSAFEPATH", "PYTHONPATH")}
+    cwd = os.getcwd()
+    try:
+        for k, v in job_environment().items():
+            if v:
+                os.environ[k] = v
+            else:
+                os.environ.pop(k, None)
+        os.chdir(folder)
+        yield
+    finally:
+        os.chdir(cwd)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _shell_setup(folder: Path, threads: int = 1) -> list[str]:
+    """The shell lines that start a submitit job (local controller or SLURM script) in ``folder`` with
+    :func:`job_environment`."""
+    lines = [f"cd {shlex.quote(str(folder.absolute()))}"]
+    for k, v in job_environment(threads).items():
+        lines.append(f"export {k}={shlex.quote(v)}" if v else f"unset {k}")
+    return lines
+
+
+def check_imports(expected: Mapping[str, str | None] | None) -> None:
+    """In a job: refuse to measure with another satmon or submitit than the submitting process imported
+    (``expected``: its :func:`import_roots`), naming both folders."""
+    if not expected:
+        return
+    got = import_roots()
+    for name, want in expected.items():
+        if want and got.get(name) and got[name] != want:
+            raise RuntimeError(f"Expected the job to import {name} from {want} (as the grid that submitted it did), "
+                               "got "
+                               f"{got[name]}: run the grid where its jobs see the same installation (on SLURM, the "
+                               "same Python environment on every node).")
+
+
+def _own_log(task: Mapping[str, Any]) -> str | None:
+    """The job's own log: the plain-process executor names it in the task; submitit's job finds it from its
+    environment."""
+    if task.get("log"):
+        return str(task["log"])
+    if os.environ.get("SUBMITIT_EXECUTOR"):
+        try:
+            import submitit
+
+            return str(submitit.JobEnvironment().paths.stderr)
+        except Exception:  # not a submitit job after all: no log to name
+            return None
+    return None
+
+
 def _write_json(path: Path, obj: Any) -> None:
     from satmon.io.atomic import atomic_write
 
@@ -50,16 +156,19 @@ def run_job(task: Mapping[str, Any]) -> str:
     ``threads``, ``key``, ``extra`` and the paths ``cell``, ``attempt``, ``failed``, ``progress``, ``log``.
     """
     os.environ.setdefault("OMP_NUM_THREADS", str(task.get("threads", 1)))
+    check_imports(task.get("imports"))  # before anything is written: this job measures with the grid's code
     from satmon.grid.cell import make_spec, measure_cell
     from satmon.grid.config import Budget, GridSettings
-    from satmon.grid.recipe import load_recipe
-    from satmon.replay.user_code import error_line, no_working_directory
+    from satmon.errors import error_line
+    from satmon.grid.recipe import check_identity, load_recipe
+    from satmon.replaying.user_code import no_working_directory
 
     cell, attempt, failed, prog = (Path(task[k]) for k in ("cell", "attempt", "failed", "progress"))
+    log = _own_log(task)
     failed.unlink(missing_ok=True)
     _write_json(attempt, {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
                           "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
-                          "array_task": os.environ.get("SLURM_ARRAY_TASK_ID"), "log": task.get("log")})
+                          "array_task": os.environ.get("SLURM_ARRAY_TASK_ID"), "log": log})
     try:
         import logging
         import warnings
@@ -68,6 +177,8 @@ def run_job(task: Mapping[str, Any]) -> str:
         logging.getLogger("satmon").setLevel(logging.ERROR)
         with no_working_directory():
             recipe, _ = load_recipe(task["recipe"])
+        if (task.get("extra") or {}).get("recipe"):  # the code the key names, or no cell at all
+            check_identity(recipe, task["extra"]["recipe"])
         s = dict(task["settings"])
         s["betas"] = tuple(s.get("betas", (0.9, 0.95)))
         settings = GridSettings(**s)
@@ -87,6 +198,7 @@ def run_job(task: Mapping[str, Any]) -> str:
 
         record = measure_cell(recipe, settings, spec, threads=int(task.get("threads", 1)), progress=progress,
                               extra=task.get("extra"), arms=arms)
+        record["name"] = str(task.get("name") or record["name"])  # a --vary cell's name holds its values
         _write_json(cell, record)
     except KeyboardInterrupt:  # cancelled (Ctrl-C in the grid, scancel): not a failure of the cell
         try:
@@ -96,7 +208,7 @@ def run_job(task: Mapping[str, Any]) -> str:
         raise
     except BaseException as e:
         try:
-            _write_json(failed, {"error": error_line(e), "type": type(e).__name__, "log": task.get("log"),
+            _write_json(failed, {"error": error_line(e), "type": type(e).__name__, "log": log,
                                  "traceback": traceback.format_exc()[-4000:], "host": socket.gethostname(), "pid": os.getpid()})
         except Exception:
             pass
@@ -133,8 +245,96 @@ class Executor:
         """What the executor knows of how an ended job ended (an exit code, a state)."""
         return ""
 
+    def exit_code(self, handle: Handle) -> int | None:
+        """The ended job's exit code where the executor knows it (negative: killed by that signal), else ``None``."""
+        return None
+
+    def state(self, handle: Handle) -> str:
+        """The scheduler's state of an ended job (SLURM's ``OUT_OF_MEMORY``, ``TIMEOUT``...), ``""`` if none."""
+        return ""
+
+    def no_log_why(self, handle: Handle) -> str:
+        """Why an ended job left no log file."""
+        return "the job ended before it opened one"
+
+    def died_why(self, handle: Handle) -> str:
+        """Why a job ended without a result and without an error it caught (:func:`died_why`)."""
+        return died_why(self.exit_note(handle), self.exit_code(handle), self.state(handle), handle.log,
+                        self.no_log_why(handle))
+
     def cancel(self, handles: Sequence[Handle]) -> None:
         raise NotImplementedError
+
+
+#: What a scheduler's end state says of a job that left no result.
+_STATES = {"OUT_OF_MEMORY": "out of memory (the scheduler killed it)", "TIMEOUT": "over its time limit (--time)",
+           "PREEMPTED": "preempted by the scheduler", "NODE_FAIL": "its node failed",
+           "CANCELLED": "cancelled (scancel, or the scheduler)", "BOOT_FAIL": "its node failed to boot",
+           "DEADLINE": "past its deadline"}
+
+
+def last_error_line(log: str | None, limit: int = 65_536) -> str | None:
+    """The last line of a job's log that names an error (a Python exception's last line, the kernel's ``Killed``,
+    a scheduler's ``CANCELLED`` or ``oom-kill``), made printable and cut to 300 characters; ``None``: none.
+
+    Example:
+        >>> import tempfile
+        >>> log = tempfile.mktemp()
+        >>> _ = open(log, "w").write(chr(10).join(["Traceback (most recent call last):", "  ...",
+        ...                                         "OSError: [Errno 28] No space left on device", ""]))
+        >>> last_error_line(log)
+        'OSError: [Errno 28] No space left on device'
+    """
+    import re
+
+    from satmon.io.safe_text import printable
+
+    if not log:
+        return None
+    try:
+        with open(log, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    pattern = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*|.*\b(Killed|oom[-_ ]kill|"
+                         r"Out Of Memory|CANCELLED|DUE TO TIME LIMIT|PREEMPT\w*)\b.*)$", re.IGNORECASE)
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line and pattern.match(line):
+            return printable(line)[:300]
+    return None
+
+
+def died_why(note: str, code: int | None, state: str, log: str | None, no_log: str) -> str:
+    """Why a job ended without a result (its cell's file) and without an error it caught, from what is known: a
+    signal or an exit code, a scheduler's state, and its log's last error line; then its log, or why there is none.
+
+    Example:
+        >>> died_why("process 7 exit code -9", -9, "", None, "it ended first")
+        'killed by SIGKILL (out of memory, or killed from outside) (process 7 exit code -9); no log: it ended first'
+    """
+    import signal as _signal
+
+    causes = []
+    if code is not None and code < 0:
+        try:
+            name = _signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        causes.append(f"killed by {name}" + (" (out of memory, or killed from outside)" if name == "SIGKILL" else ""))
+    elif state.split(" ")[0] in _STATES:
+        causes.append(_STATES[state.split(" ")[0]])
+    elif code:
+        causes.append(f"exited with code {code}")
+    error = last_error_line(log)
+    if error:
+        causes.append(f"its log ends with {error!r}")
+    if not causes:
+        causes.append("no error in its log: killed from outside (SIGKILL, out of memory), preempted or its node lost")
+    where = f"log {log}" if log and os.path.isfile(log) else f"no log: {no_log}"
+    return f"{'; '.join(causes)}" + (f" ({note})" if note else "") + f"; {where}"
 
 
 class _Submitit(Executor):
@@ -161,28 +361,44 @@ class SubmititLocal(_Submitit):
         import submitit
 
         self.capacity = jobs
-        self.ex = submitit.LocalExecutor(folder=str(folder))
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder.absolute()
+        self.ex = submitit.LocalExecutor(folder=str(self.folder))
         self.ex.update_parameters(timeout_min=timeout_min)
 
     def submit(self, tasks: Sequence[Mapping[str, Any]]) -> list[Handle]:
         out = []
-        old = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = "1"  # the job inherits this environment: one thread each
-        try:
+        with _job_process_start(self.folder):  # the controller and its job: never the working folder's code
             for t in tasks:
                 job = self.ex.submit(run_job, dict(t))
                 out.append(Handle(t["name"], job, str(job.paths.stderr)))
-        finally:
-            if old is None:
-                os.environ.pop("OMP_NUM_THREADS", None)
-            else:
-                os.environ["OMP_NUM_THREADS"] = old
         return out
 
+    def cancel(self, handles: Sequence[Handle]) -> None:
+        super().cancel(handles)  # SIGINT to each controller, which stops its job (SIGINT, then SIGKILL)
+        for h in handles:  # wait for them, so a rerun never finds the cancelled job still running
+            proc = getattr(h.job, "_process", None)
+            try:
+                if proc is not None:
+                    proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
     def exit_note(self, handle: Handle) -> str:
-        proc = getattr(handle.job, "_process", None)
-        code = proc.poll() if proc is not None else None
+        code = self._controller_code(handle)
         return f"job {handle.job.job_id} state {handle.job.state}" + (f", exit code {code}" if code not in (None, 0) else "")
+
+    @staticmethod
+    def _controller_code(handle: Handle) -> int | None:
+        proc = getattr(handle.job, "_process", None)
+        return proc.poll() if proc is not None else None
+
+    def exit_code(self, handle: Handle) -> int | None:
+        return self._controller_code(handle) or None  # the controller's: 0 says nothing of its job's end
+
+    def no_log_why(self, handle: Handle) -> str:
+        return ("submitit's controller ended before it started the job (what it printed went to this grid's stderr, "
+                "above)")
 
 
 def slurm_parameters(partition: str | None, gpus_per_cell: int, time_min: int, max_parallel: int,
@@ -213,7 +429,10 @@ class SubmititSlurm(_Submitit):
     def __init__(self, folder: Path, parameters: Mapping[str, Any]) -> None:
         from submitit.slurm.slurm import _make_sbatch_string
 
-        self.folder, self.parameters = folder, dict(parameters)
+        self.folder, self.parameters = folder.absolute(), dict(parameters)
+        # every array task starts in the job folder with job_environment(): never the submission folder's code
+        threads = int(self.parameters.get("cpus_per_task", 1))
+        self.parameters["setup"] = [*self.parameters.get("setup", []), *_shell_setup(self.folder, threads)]
         _make_sbatch_string(command="nothing to do", folder=str(folder), **self.parameters)  # submitit checks them
         self.ex: Any = None
 
@@ -236,6 +455,12 @@ class SubmititSlurm(_Submitit):
     def exit_note(self, handle: Handle) -> str:
         return f"SLURM job {handle.job.job_id} state {handle.job.state}"
 
+    def state(self, handle: Handle) -> str:
+        return str(handle.job.state)
+
+    def no_log_why(self, handle: Handle) -> str:
+        return "SLURM wrote none (the job never started on a node)"
+
 
 class LocalProcesses(Executor):
     """Without submitit: each cell a plain local process (``python -m satmon.grid.jobs TASK.json``), at most ``jobs``
@@ -249,16 +474,21 @@ class LocalProcesses(Executor):
 
     def submit(self, tasks: Sequence[Mapping[str, Any]]) -> list[Handle]:
         out = []
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, **job_environment()}
+        if not env["PYTHONPATH"]:
+            env.pop("PYTHONPATH")
         for t in tasks:
-            task_file = self.folder / f"{Path(t['cell']).stem}.task.json"
-            _write_json(task_file, dict(t))
-            log = self.folder / f"{Path(t['cell']).stem}.log"
-            with open(log, "ab") as f:
+            task_file = (self.folder / f"{Path(t['cell']).stem}.task.json").absolute()
+            log = (self.folder / f"{Path(t['cell']).stem}.log").absolute()
+            _write_json(task_file, {**dict(t), "log": str(log)})
+            with open(log, "ab") as f:  # in the job folder with job_environment(): never the working folder's code
                 proc = subprocess.Popen([sys.executable, "-m", "satmon.grid.jobs", str(task_file)], stdout=f,
-                                        stderr=subprocess.STDOUT, env=env, cwd=str(self.folder))
+                                        stderr=subprocess.STDOUT, env=env, cwd=str(self.folder.absolute()))
             out.append(Handle(t["name"], proc, str(log)))
         return out
+
+    def exit_code(self, handle: Handle) -> int | None:
+        return handle.job.poll()
 
     def ended(self, handle: Handle) -> bool:
         return handle.job.poll() is not None

@@ -1,7 +1,7 @@
 """The recipe contract: what a user's code gives ``satmon grid`` for one cell (docs/guides/grid.md).
 
 A recipe is a :class:`Recipe` named on the command line as ``MODULE:ATTR`` or ``path/to/file.py:ATTR``
-(loaded by :func:`satmon.replay.user_code.import_object`, the loader of ``satmon replay --model``: the
+(loaded by :func:`satmon.replaying.user_code.import_object`, the loader of ``satmon replay --model``: the
 working directory is not searched, and naming the code is the opt-in to run it). It holds two functions:
 
 * ``data(spec) -> CellData``: the cell's unique training data cut to ``spec.unique_tokens``, a *fresh*
@@ -18,13 +18,26 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILTIN", "BUILTINS", "CellData", "CellSpec", "NORMS", "Recipe", "is_dyt_arm", "load_recipe", "lm_loss",
-           "recipe_identity"]
+__all__ = [
+    "BUILTIN",
+    "BUILTINS",
+    "NORMS",
+    "CellData",
+    "CellSpec",
+    "Recipe",
+    "check_identity",
+    "is_dyt_arm",
+    "lm_loss",
+    "load_recipe",
+    "recipe_identity",
+    "snapshot_recipe",
+]
 
 #: The two arms of a cell by default (a recipe's ``arms``: the first is the reference arm).
 NORMS = ("layernorm", "dyt")
@@ -193,8 +206,10 @@ class Recipe:
             (('rmsnorm', 'dyt-gelu'), ('rmsnorm', 'dyt', 'dyt-gelu'))
         """
         if arms is None:
-            return tuple(self.arms)
-        names = [a.strip() for a in arms.split(",") if a.strip()] if isinstance(arms, str) else [str(a) for a in arms]
+            names = list(self.arms)
+        else:
+            names = ([a.strip() for a in arms.split(",") if a.strip()] if isinstance(arms, str)
+                     else [str(a) for a in arms])
         unknown = [a for a in names if a not in self.arms]
         if unknown or not names:
             raise ValueError(f"Expected --arms among the recipe {self.name!r}'s arms ({', '.join(self.arms)}), got "
@@ -204,6 +219,12 @@ class Recipe:
                              f"it), got {', '.join(names)}.")
         if len(set(names)) != len(names):
             raise ValueError(f"Expected distinct --arms, got {', '.join(names)}.")
+        if not any(is_dyt_arm(a) for a in names):  # a cell compares a DyT arm with the reference: none, no cell
+            dyt = [a for a in self.arms if is_dyt_arm(a)]
+            raise ValueError(f"Expected at least one DyT arm ('dyt' or 'dyt-...') among --arms (the recipe "
+                             f"{self.name!r}'s arms: {', '.join(self.arms)}), got {', '.join(names)}: "
+                             + (f"add one, e.g. --arms {','.join(names + dyt[:1])}." if dyt else
+                                "the recipe declares none: add a 'dyt' arm to its arms."))
         return tuple(a for a in self.arms if a in names)
 
     def step_tokens(self, options: Mapping[str, Any] | None = None) -> int:
@@ -234,23 +255,36 @@ class Recipe:
 
 
 def _typed(key: str, value: Any, default: Any, flag: str = "--option") -> Any:
-    """``value`` (a string from the command line, or a Python value) as the type of ``default``."""
-    if not isinstance(value, str) or isinstance(default, str) or default is None:
-        return value
-    try:
-        if isinstance(default, bool):
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(value)
-            return value.lower() in ("true", "1")
-        if isinstance(default, int):
-            return int(value)
-        if isinstance(default, float):
-            return float(value)
-    except ValueError:
-        kind = type(default).__name__
-        raise ValueError(f"Expected {flag} {key}= {'an' if kind[0] in 'aeiou' else 'a'} {kind} (its default is "
-                         f"{default!r}), got {value!r}.") from None
-    return value
+    """``value`` (a string from the command line, or a Python value) as the type of ``default``; a number that is
+    not finite (``nan``, ``inf``, ``1e400``) is refused naming ``flag`` and ``key``: no cell trains on it.
+
+    Example:
+        >>> _typed("lr", "1e-3", 3e-3, "--vary")
+        0.001
+        >>> _typed("alpha_init", "nan", 2.0, "--vary")
+        Traceback (most recent call last):
+        ...
+        ValueError: Expected --vary alpha_init= a finite number (its default is 2.0), got 'nan': pass a finite value.
+    """
+    typed = value
+    if isinstance(value, str) and not isinstance(default, str) and default is not None:
+        try:
+            if isinstance(default, bool):
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(value)
+                typed = value.lower() in ("true", "1")
+            elif isinstance(default, int):
+                typed = int(value)
+            elif isinstance(default, float):
+                typed = float(value)
+        except ValueError:
+            kind = type(default).__name__
+            raise ValueError(f"Expected {flag} {key}= {'an' if kind[0] in 'aeiou' else 'a'} {kind} (its default is "
+                             f"{default!r}), got {value!r}.") from None
+    if isinstance(typed, float) and not math.isfinite(typed):
+        raise ValueError(f"Expected {flag} {key}= a finite number (its default is {default!r}), got {value!r}: pass a "
+                         "finite value.")
+    return typed
 
 
 def load_recipe(spec: str) -> tuple[Recipe, str]:
@@ -258,14 +292,15 @@ def load_recipe(spec: str) -> tuple[Recipe, str]:
     path made absolute).
 
     Raises:
-        satmon.replay.user_code.ReplayUsageError: ``spec`` cannot be imported, or names something else than a Recipe.
+        satmon.errors.UsageError: ``spec`` cannot be imported, or names something else than a Recipe.
 
     Example:
         >>> recipe, where = load_recipe("builtin")
         >>> recipe.name, where
         ('satmon-faithful-gpt', 'satmon.grid.builtin:RECIPE')
     """
-    from satmon.replay.user_code import ReplayUsageError, import_object
+    from satmon.errors import UsageError
+    from satmon.replaying.user_code import import_object
 
     where = BUILTINS.get(spec, spec)
     source, sep, attr = where.rpartition(":")
@@ -273,9 +308,9 @@ def load_recipe(spec: str) -> tuple[Recipe, str]:
         where = f"{Path(source).resolve()}:{attr}"
     obj = import_object(where, "RECIPE", "mypkg.grid:RECIPE")
     if not isinstance(obj, Recipe):
-        raise ReplayUsageError(f"Expected RECIPE {spec} to name a satmon.grid.Recipe, got {type(obj).__name__}: wrap your "
-                               "functions as RECIPE = satmon.grid.Recipe(name=..., data=..., model=..., tokens_per_step=...) "
-                               "(docs/guides/grid.md has a complete example).")
+        raise UsageError(f"Expected RECIPE {spec} to name a satmon.grid.Recipe, got {type(obj).__name__}: wrap your "
+                         "functions as RECIPE = satmon.grid.Recipe(name=..., data=..., model=..., tokens_per_step=...) "
+                         "(docs/guides/grid.md has a complete example).")
     return obj, where
 
 
@@ -297,3 +332,57 @@ def recipe_identity(recipe: Recipe, where: str) -> dict[str, Any]:
         digests.append(hashlib.sha256(text).hexdigest())
     return {"spec": where, "name": recipe.name, "version": recipe.version,
             "source_sha256": sorted(set(digests))[0] if len(set(digests)) == 1 else ",".join(digests)}
+
+
+def recipe_file(where: str) -> Path | None:
+    """The file a ``path/to/file.py:ATTR`` spec names; ``None`` for ``MODULE:ATTR``.
+
+    Example:
+        >>> recipe_file("/r/my_recipe.py:RECIPE"), recipe_file("satmon.grid.builtin:RECIPE")
+        (PosixPath('/r/my_recipe.py'), None)
+    """
+    source, sep, _ = where.rpartition(":")
+    return Path(source) if sep and (source.endswith(".py") or "/" in source or "\\" in source) else None
+
+
+def snapshot_recipe(where: str, identity: Mapping[str, Any], folder: Path) -> str:
+    """The spec a grid's jobs import: for ``path/to/file.py:ATTR``, a copy of that file as the grid keyed it
+    (``folder/<sha256 prefix>/<file name>``), so a file edited while the grid runs trains no later cell under the
+    first version's key; ``MODULE:ATTR`` as given (each job checks its code against the key instead:
+    :func:`check_identity`).
+
+    Raises:
+        ValueError: the file changed between the grid reading it and the copy (run the command again).
+    """
+    path = recipe_file(where)
+    if path is None:
+        return where
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest not in str(identity.get("source_sha256", "")).split(","):
+        raise ValueError(f"Expected the recipe file {path} to stay as the grid read it while the grid starts, got it "
+                         "changed (its SHA-256 differs from the one its cells are keyed by): run the command again.")
+    from satmon.io.atomic import atomic_write
+
+    copy = folder / digest[:16] / path.name
+    if not (copy.is_file() and hashlib.sha256(copy.read_bytes()).hexdigest() == digest):
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(copy, data)
+    return f"{copy.absolute()}:{where.rpartition(':')[2]}"
+
+
+def check_identity(recipe: Recipe, expected: Mapping[str, Any]) -> None:
+    """In a job: the recipe it imported must be the code the cell's key names (``expected``: the grid's
+    :func:`recipe_identity`); else refuse, naming what changed, so no cell is trained with other code under its key.
+
+    Raises:
+        ValueError: the recipe's name, version or source differs from the key's.
+    """
+    got = recipe_identity(recipe, str(expected.get("spec", "")))
+    differ = [k for k in ("name", "version", "source_sha256") if got.get(k) != expected.get(k)]
+    if differ:
+        want = ", ".join(f"{k} {str(expected.get(k))[:20]}" for k in differ)
+        have = ", ".join(f"{k} {str(got.get(k))[:20]}" for k in differ)
+        raise ValueError(f"Expected the recipe {expected.get('spec')} as the grid keyed its cells ({want}), got "
+                         f"{have}: its code changed after the grid started; rerun the command (the changed code's "
+                         "cells get new keys).")

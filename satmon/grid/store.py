@@ -30,11 +30,14 @@ def write_grid(path: Path, *, format_: str, recipe: Mapping[str, Any], plan: Map
         "environment": dict(environment), "executor": executor,
         "config": {**dict(settings), **dict(options), **dict(plan)},
         "outcome": "delta = (DyT - LayerNorm) / LayerNorm final held-out loss at step `steps`; negative = DyT helps; "
-                   "delta_best: the same on each arm's best held-out loss over training",
+                   "delta_best: the same on each arm's best held-out loss over training; an arm whose loss stopped "
+                   "being finite is in the cell's `diverged` (arm: step), its delta null and `helps` naming the arm "
+                   "that kept a finite loss as the better one (null when both diverged)",
         "group": "model size (leave-one-size-out); seeds give the second held-out protocol (leave-one-seed-out)",
         "readings": {"window": list(WINDOW_READINGS), "final": list(FINAL_READINGS), "prior": list(PRIOR_READINGS)},
         "counts": {"cells": len(status), "done": len(cells), "missing": sum(s.state == "missing" for s in status),
-                   "failed": sum(s.state in ("failed", "died") for s in status)},
+                   "failed": sum(s.state in ("failed", "died") for s in status),
+                   "diverged": sum(bool(c.get("diverged")) for c in cells)},
         "not_complete": missing,
         "timing": {"cpu_seconds_per_cell": {c["name"]: round(c["cpu_seconds"], 1) for c in cells},
                    "cpu_seconds_sum": sum(c["cpu_seconds"] for c in cells)},

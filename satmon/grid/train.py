@@ -12,10 +12,15 @@ import math
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from satmon.grid.config import GridSettings
 from satmon.grid.recipe import CellData, CellSpec, Recipe, is_dyt_arm
+
+if TYPE_CHECKING:  # imported where an arm is trained (they pull in torch)
+    from torch import nn
+
+    from satmon.screen.screen import Screen
 
 __all__ = ["WindowSeries", "alphas", "late_start", "lr_factor", "optimizer", "train_arm", "val_loss"]
 
@@ -30,7 +35,7 @@ def lr_factor(settings: GridSettings, i: int) -> float:
     return (i + 1) / (settings.warmup + 1) if i < settings.warmup else 1.0
 
 
-def optimizer(settings: GridSettings, model: Any):
+def optimizer(settings: GridSettings, model: nn.Module):
     """AdamW, decay on matrices only, the study's warm-up then a constant rate (see :class:`GridSettings`)."""
     import torch
 
@@ -41,7 +46,7 @@ def optimizer(settings: GridSettings, model: Any):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda i: lr_factor(settings, i))
 
 
-def val_loss(recipe: Recipe, model: Any, x: Any, y: Any, batch: int = 128) -> float:
+def val_loss(recipe: Recipe, model: nn.Module, x: Any, y: Any, batch: int = 128) -> float:
     """Mean held-out loss over every held-out row (eval mode, no grad), in batches of ``batch``."""
     import torch
 
@@ -55,7 +60,7 @@ def val_loss(recipe: Recipe, model: Any, x: Any, y: Any, batch: int = 128) -> fl
     return total / x.shape[0]
 
 
-def alphas(model: Any) -> dict[str, float]:
+def alphas(model: nn.Module) -> dict[str, float]:
     """Each DyT layer's ``max |alpha|``."""
     from satmon.model.map import find_dyt_layers
 
@@ -70,7 +75,7 @@ class WindowSeries:
     names: list[str] = field(default_factory=list)
     marks: list[tuple[int, list[int], list[int], dict[str, float]]] = field(default_factory=list)
 
-    def read(self, step: int, screen: Any, model: Any) -> None:
+    def read(self, step: int, screen: Screen, model: nn.Module) -> None:
         r = screen.hooks.read(sync=False)  # cumulative (saturated, total) per layer since step 1; one host read
         self.names = list(screen.layer_names)
         self.marks.append((step, [int(s) for s in r.saturated], [int(t) for t in r.total], alphas(model)))
@@ -142,7 +147,9 @@ def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: Cell
     Returns:
         ``model`` (the final weights), ``start`` (its initial state), ``val_loss`` (final step),
         ``val_curve`` [(step, loss)], ``train_curve`` [(step, mean loss of the last ``series_every`` steps)],
-        ``batches_crc`` (a digest of every batch's inputs), and for DyT the window's ``verdict``, its ``series``
+        ``batches_crc`` (a digest of every batch's inputs), ``diverged_at`` (the first step whose training loss was
+        not finite, else the first held-out check whose loss was not; ``None``: it never diverged), and for DyT the
+        window's ``verdict``, its ``series``
         the ``alpha_curve`` [(step, {layer: alpha})] and the ``watch`` (the watch's checks, :func:`watch_record`).
     """
     import torch
@@ -167,7 +174,8 @@ def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: Cell
     opt, sched = optimizer(settings, model)
     batches = iter(data.train())
     vx, vy = data.val_inputs.to(settings.device), data.val_targets.to(settings.device)
-    screen, series, watch = None, WindowSeries(), WatchLog()
+    screen: Screen | None = None
+    series, watch = WindowSeries(), WatchLog()
     if dyt_arm:
         # the verdict and the collapse watch with the shipped defaults; abort_on="never" (the default): no stop, no card
         screen = Screen(window=settings.window, verbose=False, offset_every=settings.offset_every)
@@ -179,6 +187,8 @@ def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: Cell
     train_curve: list[tuple[int, float]] = []
     alpha_curve: list[tuple[int, dict[str, float]]] = []
     running = torch.zeros((), dtype=torch.float64, device=settings.device)
+    first_bad = torch.zeros((), dtype=torch.long, device=settings.device)  # the first non-finite loss's step (0: none)
+    val_bad: int | None = None  # the first held-out check whose loss was not finite
     n_running, crc = 0, 0
     model.train()
     for step in range(1, settings.steps + 1):
@@ -196,6 +206,7 @@ def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: Cell
         opt.step()
         sched.step()
         running += loss.detach().double()
+        first_bad.masked_fill_((first_bad == 0) & ~torch.isfinite(loss.detach()), step)  # on the device: no host sync
         n_running += 1
         if screen is not None:
             if step in marks and screen.verdict is None:
@@ -214,10 +225,14 @@ def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: Cell
                 alpha_curve.append((step, alphas(model)))
             else:
                 curve.append((step, val_loss(recipe, model, vx, vy, data.val_batch)))
+            if val_bad is None and not math.isfinite(curve[-1][1]):
+                val_bad = step
             if progress is not None:
                 progress(step)
+    bad = int(first_bad)  # one host read, after the loop
     out: dict[str, Any] = {"model": model, "start": start, "val_loss": curve[-1][1], "val_curve": curve,
-                           "train_curve": train_curve, "batches_crc": crc}
+                           "train_curve": train_curve, "batches_crc": crc,
+                           "diverged_at": bad if bad else val_bad}
     if screen is not None:
         screen.finish()
         screen.detach()

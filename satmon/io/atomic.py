@@ -21,17 +21,32 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from satmon.paths import kind_of, not_a_folder
+from satmon.paths import (
+    LOCK_SUFFIX,
+    TEMP_EXTRA,  # what atomic_open's temporary adds to a name, counted once where the path-limit check reads it
+    PathTooLong,
+    beside,
+    check_room,
+    kind_of,
+    kind_phrase,
+    not_a_folder,
+)
 
-__all__ = ["TEMP_EXTRA", "OutputError", "atomic_open", "atomic_write", "check_name_lengths", "check_output", "check_output_dir"]
+__all__ = ["TEMP_EXTRA", "OutputError", "atomic_open", "atomic_write", "check_name_lengths", "check_output", "check_output_dir",
+           "kind_phrase", "room"]
 
 
 class OutputError(ValueError):
     """An output path that cannot be written; the message names the path, what blocks it and what to do."""
 
 
-#: What :func:`atomic_open`'s temporary file adds to a name: ``.NAME.`` + 8 random characters + ``.tmp``.
-TEMP_EXTRA = len("..") + 8 + len(".tmp")
+def room(what: str, given: str | os.PathLike, writes: Sequence[str | os.PathLike] = (), names: str = "") -> None:
+    """:func:`satmon.paths.check_room` (``given`` and every path written beneath or beside it within the system's
+    limits) as an :class:`OutputError`."""
+    try:
+        check_room(what, given, writes, names)
+    except PathTooLong as e:
+        raise OutputError(str(e)) from None
 
 
 def _limit(folder: Path, name: str, default: int) -> int:
@@ -66,7 +81,7 @@ def check_name_lengths(path: str | os.PathLike, what: str, extra: int = 0) -> No
         raise OutputError(f"Expected {what} to be a name without control characters (every message naming it would send "
                           f"them to the terminal), got '{printable(text)}': pass another name.")
     real = _real(Path(path))
-    name_max, path_max = _limit(real.parent, "PC_NAME_MAX", 255), _limit(real.parent, "PC_PATH_MAX", 4096)
+    name_max = _limit(real.parent, "PC_NAME_MAX", 255)
     parts = [part for part in Path(os.fspath(path)).parts if part != os.sep]
     for i, part in enumerate(parts):
         n = len(os.fsencode(part))
@@ -77,10 +92,7 @@ def check_name_lengths(path: str | os.PathLike, what: str, extra: int = 0) -> No
         if n > name_max:
             raise OutputError(f"Expected {what} to be a path whose names are at most {name_max} bytes each (the file "
                               f"system's limit), got {n} bytes in {part[:40]!r}...: pass a shorter path.")
-    total = len(os.fsencode(str(real))) + extra
-    if total >= path_max:
-        raise OutputError(f"Expected {what} to be a path shorter than {path_max - extra} bytes once resolved (the file "
-                          f"system's limit), got {total - extra}: pass a shorter path.")
+    room(what, path, beside(path) if extra else ())  # the whole path, and its temporary's, within PATH_MAX
 
 
 def check_output(path: str | os.PathLike | None, what: str, suffixes: Sequence[str] = ()) -> Path | None:
@@ -127,6 +139,8 @@ def check_output(path: str | os.PathLike | None, what: str, suffixes: Sequence[s
     if suffixes and p.suffix.lower() not in {s.lower() for s in suffixes}:
         raise OutputError(f"Expected {what} to end in {want}, got {text!r}: rename it, e.g. {str(p.with_suffix(suffixes[0]))!r}.")
     check_name_lengths(p, what, TEMP_EXTRA)
+    room(what, p, beside(p))  # its temporary and its lock, made absolute and resolved as they are written
+    _check_folder(p.parent, what, text)  # as given: a broken link or a loop above it is named, never made through
     _check_folder(_real(p).parent, what, text)
     if p.exists() and (not os.access(p, os.W_OK) or _read_only(p)):
         raise OutputError(f"Expected {what} {text!r} to be writable, got a read-only file: make it writable "
@@ -134,12 +148,17 @@ def check_output(path: str | os.PathLike | None, what: str, suffixes: Sequence[s
     return p
 
 
-def check_output_dir(path: str | os.PathLike | None, what: str) -> Path | None:
-    """Check, before any work, that ``path`` is a folder that exists and is writable or can be made.
+def check_output_dir(path: str | os.PathLike | None, what: str, beneath: Sequence[str | os.PathLike] = (),
+                     names: str = "") -> Path | None:
+    """Check, before any work, that ``path`` is a folder that exists and is writable or can be made, with room
+    beneath it for what satmon writes there (:func:`satmon.paths.check_room`).
 
     Args:
         path: the output folder (``None``: not asked for).
         what: how the user named it (``"--out"``), for the message.
+        beneath: the paths the command writes under ``path`` (the deepest of each writer; the folder's lock
+            ``.satmon-lock`` is always counted).
+        names: what to shorten when a name made beneath is too long (:func:`satmon.paths.check_room`).
 
     Raises:
         OutputError: an empty name, a file (or anything but a folder) at the path or above it, a
@@ -163,10 +182,12 @@ def check_output_dir(path: str | os.PathLike | None, what: str) -> Path | None:
         raise OutputError(f"Expected {what} to name a folder, got an empty name: pass a path such as ./satmon_out.")
     p = Path(text)  # literally: no ~ or $VAR expansion
     check_name_lengths(p, what)
+    room(what, p, [p / LOCK_SUFFIX, *beneath], names)
     said = not_a_folder(p)  # by lstat/stat: never opened
     if said is not None:
         raise OutputError(f"Expected {what} to name a folder, got {text!r} ({said}): choose another path; it was left "
                           "as it is.")
+    _check_folder(p, what, text)  # as given: a broken link or a loop above it is named, never made through
     _check_folder(_real(p) if p.exists() else _real(p).parent, what, text)
     return p
 
@@ -178,9 +199,11 @@ def _real(p: Path) -> Path:
 
 def _check_folder(folder: Path, what: str, text: str) -> None:
     """The nearest existing folder at or above ``folder`` must be a folder this user can write to."""
-    existing = next((a for a in (folder, *folder.parents) if os.path.exists(a)), None)  # False past PATH_MAX
-    if existing is not None and not existing.is_dir():
-        raise OutputError(f"Expected {what} {text!r} under a folder, got a file at {str(existing)!r}: choose another path.")
+    # the nearest entry, a link that leads nowhere or to itself included (os.path.exists says False for those)
+    existing = next((a for a in (folder, *folder.parents) if os.path.lexists(a)), None)  # False past PATH_MAX
+    if existing is not None and kind_of(existing).kind != "folder":
+        raise OutputError(f"Expected {what} {text!r} under a folder, got {kind_phrase(existing)} at {str(existing)!r}: "
+                          "choose another path.")
     if existing is not None and (not os.access(existing, os.W_OK | os.X_OK) or _read_only(existing)):
         raise OutputError(f"Expected a writable folder for {what} {text!r}, got {str(existing)!r}, which this user cannot "
                           "write to: choose another path or fix its permissions.")

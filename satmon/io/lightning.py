@@ -30,15 +30,16 @@ from lightning.pytorch.loggers import Logger, MLFlowLogger, TensorBoardLogger, W
 from lightning.pytorch.utilities import rank_zero_only
 
 from satmon.io.tensorboard import hparams_summaries, scalar_summary, text_summary
-from satmon.io.trackers import text_file_name, write_text_file
+from satmon.io.trackers import mlflow_text, wandb_text, write_text_file
 
 __all__ = ["HP_METRIC_HIDES", "LightningSink"]
 
 #: Said when a TensorBoardLogger's own hparams session hides satmon's columns in the HParams tab.
-HP_METRIC_HIDES = ("satmon: TensorBoardLogger(default_hp_metric=True) wrote an hparams session of its own (hp_metric) in "
-                   "{log_dir}, and TensorBoard's HParams tab takes the run's first session: satmon/decision and satmon/trust "
-                   "will not show there. Create the logger with TensorBoardLogger(..., default_hp_metric=False) to compare "
-                   "runs by satmon's verdict; the Scalars and Text tabs show it either way.")
+HP_METRIC_HIDES = ("satmon: TensorBoardLogger(default_hp_metric=True) wrote an hparams session of its own (hp_metric) "
+                   "in {log_dir}, and TensorBoard's HParams tab takes the run's "
+                   "first session: satmon/decision and satmon/trust will not show there. Create the logger with "
+                   "TensorBoardLogger(..., default_hp_metric=False) to compare runs by satmon's verdict; the "
+                   "Scalars and Text tabs show it either way.")
 
 
 class LightningSink:
@@ -52,7 +53,7 @@ class LightningSink:
     Example:
         >>> import tempfile
         >>> from lightning.pytorch.loggers import CSVLogger
-        >>> from satmon.io.tensorboard import TAG
+        >>> from satmon.io.tags import TAG
         >>> logger = CSVLogger(tempfile.mkdtemp(), name="run")
         >>> sink = LightningSink([logger])
         >>> sink.scalars({TAG.saturation: 0.5}, step=10)
@@ -92,8 +93,8 @@ class LightningSink:
             try:
                 place = self._text(lg, tag, markdown, step)
             except Exception as err:  # a third-party logger's failure: the others still get the card
-                warnings.warn(f"satmon: {type(lg).__name__} did not take the text {tag} ({type(err).__name__}: {err}); the "
-                              "other loggers got it.", UserWarning, stacklevel=2)
+                warnings.warn(f"satmon: {type(lg).__name__} did not take the text {tag} ({type(err).__name__}: {err}); "
+                              "the other loggers got it.", UserWarning, stacklevel=2)
                 continue
             if place:
                 where.append(place)
@@ -107,12 +108,10 @@ class LightningSink:
             writer.add_summary(text_summary(tag, markdown), step)
             lg.experiment.flush()
             return f"TensorBoard {lg.log_dir}"
-        if isinstance(lg, WandbLogger):
-            lg.log_text(key=tag, columns=["markdown"], data=[[markdown]], step=step)
-            return f"W&B run {lg.experiment.id} (table {tag})"
-        if isinstance(lg, MLFlowLogger):
-            lg.experiment.log_text(lg.run_id, markdown, text_file_name(tag))
-            return f"MLflow run {lg.run_id} (artifact {text_file_name(tag)})"
+        if isinstance(lg, WandbLogger):  # through log_metrics: the logger's prefix and step key, as its scalars
+            return wandb_text(lg.log_metrics, lg.experiment.id, tag, markdown, step)
+        if isinstance(lg, MLFlowLogger):  # its experiment is the MLflow client
+            return mlflow_text(lg.experiment, lg.run_id, tag, markdown)
         folder = getattr(lg, "log_dir", None) or lg.save_dir or self.root
         return write_text_file(folder, tag, markdown) if folder is not None else None
 
@@ -139,10 +138,12 @@ class LightningSink:
                 else:
                     lg.log_hyperparams(dict(params))
             except Exception as err:  # e.g. MLflow refuses to change a param a resumed run logged before
-                warnings.warn(f"satmon: {type(lg).__name__} did not take satmon's hyper-parameters ({type(err).__name__}: "
-                              f"{err}); the verdict is in its scalars and card.", UserWarning, stacklevel=2)
+                warnings.warn(f"satmon: {type(lg).__name__} did not take satmon's hyper-parameters "
+                              f"({type(err).__name__}: {err}); the verdict is in its scalars and card.", UserWarning,
+                              stacklevel=2)
 
-    def _session(self, lg: TensorBoardLogger, params: Mapping[str, Any], metrics: Mapping[str, float], step: int) -> None:
+    def _session(self, lg: TensorBoardLogger, params: Mapping[str, Any], metrics: Mapping[str, float],
+                 step: int) -> None:
         writer = _file_writer(lg)
         if writer is None:
             return

@@ -25,24 +25,24 @@ import socket
 import stat
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from satmon.io.atomic import OutputError
-from satmon.paths import describe_mode
+from satmon.paths import LOCK_SUFFIX, describe_mode, shorten
 
 try:  # POSIX
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["Lock", "OutputBusy", "exclusive", "lock_path"]
+__all__ = ["Lock", "OutputBusy", "exclusive", "hold", "lock_path"]
 
 #: The companion file's name: beside a file output ``.NAME`` + this, inside a folder output this alone.
-SUFFIX = ".satmon-lock"
+SUFFIX = LOCK_SUFFIX
 
 
 class OutputBusy(OutputError):
@@ -94,7 +94,7 @@ def describe(holder: dict[str, Any]) -> str:
         parts.append(f"on {holder['host']}")
     text = " ".join(parts)
     if holder.get("command"):
-        text += f" ({holder['command']})"
+        text += f" ({shorten(str(holder['command']), 160)})"
     since = holder.get("since")
     if isinstance(since, (int, float)):
         text += ", since " + time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(since))
@@ -117,6 +117,21 @@ def _read_holder(fd: int) -> dict[str, Any]:
         return {}
 
 
+def _cannot(path: Path, what: str, e: OSError) -> OutputError:
+    """One line, the reason first and the path shortened (a path near PATH_MAX never pushes the reason out)."""
+    import errno
+
+    reason = e.strerror or type(e).__name__
+    todo = {errno.ENAMETOOLONG: "pass a shorter output path, or one nearer /",
+            errno.EACCES: "check the folder's permissions, or pass another output",
+            errno.EPERM: "check the folder's permissions, or pass another output",
+            errno.EROFS: "pass an output on a writable file system",
+            errno.ENOSPC: "free some space, or pass an output on another disk"}.get(e.errno or 0,
+                                                                                    "pass another output")
+    return OutputError(f"Expected to take the one-writer lock of {what}, got {reason} ({type(e).__name__}) making "
+                       f"{shorten(path, 120)}: {todo}.")
+
+
 def _open_regular(path: Path, what: str) -> int:
     """Open (creating) the companion file without following a link, refusing anything but a regular file."""
     flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -125,20 +140,25 @@ def _open_regular(path: Path, what: str) -> int:
     except FileNotFoundError:
         st = None
     except OSError as e:
-        raise OutputError(f"Expected to take the lock {path} for {what}, got {type(e).__name__}: {e.strerror or e}: "
-                          f"check the folder's permissions, or pass another output.") from None
+        raise _cannot(path, what, e) from None
     if st is not None and not stat.S_ISREG(st.st_mode):
-        raise OutputError(f"Expected {path} (the lock satmon keeps for {what}) to be a regular file, got {describe_mode(st.st_mode)}: "
-                          f"remove it, or pass another output.")
+        raise OutputError(f"Expected the lock satmon keeps for {what} to be a regular file, got {describe_mode(st.st_mode)} "
+                          f"at {shorten(path, 120)}: remove it, or pass another output.")
     try:
         fd = os.open(path, flags, 0o644)
+    except PermissionError as e:  # another user's lock file (a killed run's, or a live one's): flock needs no write access
+        if st is None:
+            raise _cannot(path, what, e) from None
+        try:
+            fd = os.open(path, os.O_RDONLY | (flags & ~(os.O_RDWR | os.O_CREAT)))
+        except OSError:
+            raise _cannot(path, what, e) from None
     except OSError as e:
-        raise OutputError(f"Expected to take the lock {path} for {what}, got {type(e).__name__}: {e.strerror or e}: "
-                          f"check the folder's permissions, or pass another output.") from None
+        raise _cannot(path, what, e) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped between lstat and open
         os.close(fd)
-        raise OutputError(f"Expected {path} (the lock satmon keeps for {what}) to be a regular file: remove it, or pass "
-                          f"another output.")
+        raise OutputError(f"Expected the lock satmon keeps for {what} to be a regular file, got something else at "
+                          f"{shorten(path, 120)}: remove it, or pass another output.")
     return fd
 
 
@@ -188,12 +208,12 @@ def exclusive(path: str | os.PathLike, what: str, folder: bool | None = None) ->
         except BlockingIOError:
             holder = _read_holder(fd)
             os.close(fd)
-            raise OutputBusy(f"Expected {what} {Path(path)} to be free, got it in use by {describe(holder)}: wait for that "
-                             f"process to finish, or pass another output.", holder) from None
+            raise OutputBusy(f"Expected {what} {shorten(path, 120)} to be free, got it in use by {describe(holder)}: wait "
+                             "for that process to finish, or pass another output.", holder) from None
         except OSError as e:
             os.close(fd)
-            raise OutputError(f"Expected to lock {lp} for {what}, got {type(e).__name__}: {e.strerror or e}: pass an "
-                              f"output on a local file system.") from None
+            raise OutputError(f"Expected to lock {what}, got {e.strerror or type(e).__name__} ({type(e).__name__}) on "
+                              f"{shorten(lp, 120)}: pass an output on a local file system.") from None
         try:  # the file we locked must still be the one at the path (a holder may have removed it as we opened it)
             same = os.stat(lp, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
         except OSError:
@@ -203,11 +223,13 @@ def exclusive(path: str | os.PathLike, what: str, folder: bool | None = None) ->
         os.close(fd)
     previous = _read_holder(fd)
     stale = previous if previous.get("pid") not in (None, os.getpid()) or previous.get("host") not in (None, socket.gethostname()) else None
-    try:
+    try:  # who holds it, for messages (the kernel's flock is the lock): not said in another user's read-only lock file
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, json.dumps(_me()).encode("utf-8"))
-        os.fsync(fd)
+    except OSError:
+        pass
+    try:
         yield Lock(lp, stale or None)
     finally:
         try:
@@ -215,6 +237,49 @@ def exclusive(path: str | os.PathLike, what: str, folder: bool | None = None) ->
         except OSError:
             pass
         os.close(fd)
+
+
+@contextmanager
+def hold(outputs: Iterable[tuple[str | os.PathLike, str, bool]]) -> Iterator[list[Lock]]:
+    """Hold the one-writer lock of every output a command writes, for the ``with`` block: the one call each command
+    makes once every argument and input has been checked (a refused command makes no lock file, no folder) and
+    before its first write. Outputs are locked in one order (by their lock's path; one lock a path), so two commands
+    that share some outputs never both write: the second is refused at the first lock it shares, and holds none.
+
+    Args:
+        outputs: ``(path, what, folder)`` for each output (as :func:`exclusive` takes them); the folders a lock goes in
+            are made (they were checked writable).
+
+    Raises:
+        OutputBusy: another live process holds one of them (every lock taken so far is released).
+        OutputError: a lock file cannot be made.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> with hold([(d / "a.json", "--json", False), (d / "out", "--out", True)]) as held:
+        ...     sorted(p.path.name for p in held)
+        ['.a.json.satmon-lock', '.satmon-lock']
+        >>> with hold([(d / "a.json", "--json", False)]):
+        ...     with hold([(d / "b.json", "--report", False), (d / "a.json", "--json", False)]):
+        ...         pass  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        satmon.io.lock.OutputBusy: Expected --json .../a.json to be free, got it in use by pid ...
+    """
+    wanted: dict[str, tuple[str | os.PathLike, str, bool]] = {}
+    for path, what, folder in outputs:
+        wanted.setdefault(os.path.abspath(lock_path(path, folder)), (path, what, folder))
+    with ExitStack() as stack:
+        held = []
+        for key in sorted(wanted):
+            path, what, folder = wanted[key]
+            try:
+                Path(key).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise _cannot(Path(key), what, e) from None
+            held.append(stack.enter_context(exclusive(path, what, folder=folder)))
+        yield held
 
 
 @contextmanager

@@ -215,7 +215,7 @@ def write_report(
     Args:
         path: the ``.md`` file; plots go beside it as ``<stem>_<plot>.png``.
         records: replay records (successful ones carry ``layers``, ``sigma_min``, ``global_step``).
-        rows: one summary row per record (``satmon.replay.loop.summary_row``), same order.
+        rows: one summary row per record (``satmon.replaying.loop.summary_row``), same order.
         threshold: the GO threshold drawn on the saturation plot.
         intro: lines written under the title (what was replayed, how).
         last_card: the last checkpoint's verdict card (markdown), appended at the end.

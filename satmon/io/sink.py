@@ -29,7 +29,8 @@ __all__ = ["LayoutSink", "MultiSink", "NullSink", "Sink", "check_sink", "describ
 
 @runtime_checkable
 class Sink(Protocol):
-    """Where readings go. Tags are :class:`satmon.io.tensorboard.TAG`'s; steps are optimizer (global) steps."""
+    """Where readings go. Tags are named in :mod:`satmon.io.tags` (:class:`~satmon.io.tags.TAG`); steps are optimizer
+    (global) steps."""
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         """Write each ``tag -> value`` at ``step``."""
@@ -81,16 +82,18 @@ def check_sink(sink: Any) -> Sink:
     Example:
         >>> check_sink(NullSink()).__class__.__name__
         'NullSink'
-        >>> check_sink([])
+        >>> check_sink([])  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        TypeError: Expected a satmon.io.sink.Sink (scalars, text, hparams, close), got list. Write to TensorBoard files with satmon.io.tensorboard.SummaryWriterSink(logdir), or wrap Lightning loggers in satmon.io.lightning.LightningSink(trainer.loggers).
+        TypeError: Expected a satmon.io.sink.Sink (scalars, text, hparams, close), got list. Write to TensorBoard files
+        with satmon.io.tensorboard.SummaryWriterSink(logdir), or wrap Lightning loggers in
+        satmon.io.lightning.LightningSink(trainer.loggers).
     """
     if isinstance(sink, Sink):
         return sink
-    raise TypeError(f"Expected a satmon.io.sink.Sink (scalars, text, hparams, close), got {type(sink).__name__}. Write to "
-                    "TensorBoard files with satmon.io.tensorboard.SummaryWriterSink(logdir), or wrap Lightning loggers "
-                    "in satmon.io.lightning.LightningSink(trainer.loggers).")
+    raise TypeError(f"Expected a satmon.io.sink.Sink (scalars, text, hparams, close), got {type(sink).__name__}. Write "
+                    "to TensorBoard files with satmon.io.tensorboard.SummaryWriterSink(logdir), or wrap Lightning "
+                    "loggers in satmon.io.lightning.LightningSink(trainer.loggers).")
 
 
 class NullSink:

@@ -1,6 +1,7 @@
-"""What satmon writes to TensorBoard: every tag, every reading -> tag map, and the ``SummaryWriter`` sink.
+"""What satmon writes to TensorBoard: every reading -> tag map, and the ``SummaryWriter`` sink.
 
-Every tag satmon writes is in :class:`TAG`, and every reading -> tag map is a function here
+Every tag satmon writes is named in :mod:`satmon.io.tags` (:class:`~satmon.io.tags.TAG`), and every reading -> tag
+map is a function here
 (:func:`window_scalars`, :func:`watch_scalars`, :func:`probe_scalars`, :func:`verdict_scalars`), so
 the live callback, the live probe and ``satmon replay`` produce runs that open side by side and line
 up. The ``log_*`` functions write to a :class:`~satmon.io.sink.Sink`: :class:`SummaryWriterSink`
@@ -21,224 +22,34 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
+from satmon import _compat
+from satmon.io import tags
 from satmon.io.sink import LayoutSink, Sink, check_sink, describe, places
+from satmon.results.rule import Decision
 
 __all__ = [
-    "SHOWN_HPARAMS", "TAG", "VERDICT_VALUES", "SummaryWriterSink", "add_layout", "custom_scalars_layout",
+    "SHOWN_HPARAMS", "SummaryWriterSink", "add_layout", "custom_scalars_layout",
     "hparams_summaries", "log_scalars", "log_stop", "log_text", "log_verdict", "offset_scalars", "probe_scalars",
     "scalar_summary", "text_summary", "verdict_description", "verdict_hparams", "verdict_scalars", "watch_scalars",
     "window_scalars",
 ]
 
 
-class TAG:
-    """Every tag satmon writes (a namespace, not an enum, so ``TAG.layer_saturation("ln_f")`` reads well).
-
-    TensorBoard groups a run's curves by the tag's prefix before the first ``/`` and orders the groups
-    by name (upper case before lower case, so before Lightning's ``epoch``, ``train/...``), and the
-    charts of a group by name. satmon's curves use that: the group ``Satmon`` opens first and its first
-    chart is the decision (``Satmon/decision``: 1 GO, 0 NO-GO, -1 non-finite, its trust in the chart's
-    description), then the margin, the non-finite count, the pooled saturation and a stop; the per-layer
-    families and the collapse watch (with the verdict's collapse risk) each have a group of their own,
-    ``satmon_<family>`` (docs/guides/tensorboard.md). The texts are the Text tab's group ``satmon``: the
-    verdict card first (``satmon/verdict``), a replay's checkpoint names after it
-    (``satmon/verdict_checkpoint``: TensorBoard lists a group's tags by name, so no list of paths comes
-    before a run's card). A text and a scalar never share a tag: TensorBoard keeps one kind of data per
-    tag and run.
-
-    satmon 0.2 wrote every scalar under ``satmon/`` and every text under ``<tag>/text_summary``, and 0.3
-    the decision as ``Satmon/verdict``, the collapse risk as ``Satmon/collapse_risk`` and a replay's
-    texts under ``satmon/replay/``: :meth:`read_name` names an older tag the way 0.4 writes it, so readers
-    take runs of every version.
-
-    Example:
-        >>> TAG.verdict, TAG.verdict_text, TAG.layer_saturation("ln_f"), TAG.collapse_breach("loss-spike")
-        ('Satmon/decision', 'satmon/verdict', 'satmon_saturation/ln_f', 'satmon_collapse/breach/loss-spike')
-    """
-
-    summary = "Satmon"  #: the Scalars group that opens first
-    # the screening window and the verdict (scalars: the summary group; charts sort by name, the decision first)
-    verdict = "Satmon/decision"
-    #: the forecast from the planned passes (satmon.forecast): 1 helps, -1 hurts, 0 uncertain
-    forecast = "Satmon/forecast"
-    margin = "Satmon/margin"
-    nonfinite = "Satmon/nonfinite"
-    saturation = "Satmon/saturation"
-    stop = "Satmon/stop"
-    #: the verdict's collapse risk (1 / 0, gated models only), with the collapse watch
-    collapse_risk = "satmon_collapse/risk"
-    # texts (the Text tab's group "satmon")
-    verdict_text = "satmon/verdict"
-    stop_text = "satmon/stop"
-    replay_checkpoint = "satmon/verdict_checkpoint"
-    replay_error = "satmon/verdict_skipped"
-    # the collapse watch after the window
-    collapse_nonfinite = "satmon_collapse/nonfinite"
-    collapse_saturation = "satmon_collapse/saturation"
-    collapse_loss_z = "satmon_collapse/loss_z"
-    # the trap reading, from step 1 (satmon.screen.trap): 1 trapped / 0, the gradient reach below the final norm
-    # (its norm over the head's), the final norm's saturation, its centered saturation and offset ratio
-    trap = "satmon_trap/trapped"
-    trap_reach = "satmon_trap/reach"
-    trap_final_saturation = "satmon_trap/final_saturation"
-    trap_final_centered = "satmon_trap/final_centered"
-    trap_final_offset_ratio = "satmon_trap/final_offset_ratio"
-    trap_text = "satmon/trap"
-    hp_trap = "satmon/trap"
-    # the hparams view: hyper-parameter keys (and satmon 0.3's sub-run of the session: read, never written)
-    hp_window = "satmon/window"
-    hp_saturation = "satmon/saturation"  # the Hugging Face log_history entry's numbers
-    hp_margin = "satmon/margin"
-    hp_threshold = "satmon/threshold"
-    hp_level = "satmon/level"
-    hp_decision = "satmon/decision"
-    hp_trust = "satmon/trust"
-    hp_source = "satmon/source"
-    hp_partial = "satmon/partial"
-    hp_forecast = "satmon/forecast"
-    hparams_run = "satmon_hparams"
-    #: v0.1 wrote the pooled saturation under this name for the hparams view, in the run itself; read, never written
-    legacy_verdict_saturation = "satmon/verdict_saturation"
-    # dead directions and the residual stream (satmon.probe, the live probe, replay)
-    sigma_min_min_ratio = "satmon_sigma_min/min_ratio"
-    #: the per-layer (and per-block, per-MLP) families: each is a Scalars group of its own
-    families = ("satmon_saturation", "satmon_alpha", "satmon_offset", "satmon_collapse", "satmon_deadir",
-                "satmon_sigma_min", "satmon_init_gap", "satmon_trap")
-
-    @staticmethod
-    def layer_saturation(layer: str) -> str:
-        return f"satmon_saturation/{layer}"
-
-    @staticmethod
-    def alpha(layer: str) -> str:
-        return f"satmon_alpha/{layer}"
-
-    @staticmethod
-    def collapse_gate(stat: str, mlp: str) -> str:
-        """A gate statistic of one gated MLP during the watch (``stat`` from :mod:`satmon.functional.gate`)."""
-        return f"satmon_collapse/{stat}/{mlp}"
-
-    @staticmethod
-    def collapse_breach(reason: str | Enum) -> str:
-        """1.0 when the watch check found ``reason`` (a :class:`satmon.results.stop.StopReason` or its value)."""
-        return f"satmon_collapse/breach/{reason.value if isinstance(reason, Enum) else reason}"
-
-    @staticmethod
-    def trap_reach_group(group: str) -> str:
-        """The gradient reach of one parameter group below the final norm (its norm over the head's); not under
-        ``satmon_trap/reach/``: a file-backed logger (MLflow) keeps that tag as a file, not a folder."""
-        return f"satmon_trap/group_reach/{group}"
-
-    @staticmethod
-    def deadir_alignment(layer: str) -> str:
-        return f"satmon_deadir/{layer}/alignment"
-
-    @staticmethod
-    def deadir_null_dim(layer: str) -> str:
-        return f"satmon_deadir/{layer}/null_dim"
-
-    @staticmethod
-    def deadir_null_projection(layer: str) -> str:
-        return f"satmon_deadir/{layer}/null_projection"
-
-    @staticmethod
-    def sigma_min_ratio(block: str) -> str:
-        return f"satmon_sigma_min/ratio/{block}"
-
-    @staticmethod
-    def offset_centered(layer: str) -> str:
-        return f"satmon_offset/centered/{layer}"
-
-    @staticmethod
-    def offset_ratio(layer: str) -> str:
-        return f"satmon_offset/ratio/{layer}"
-
-    @staticmethod
-    def init_gap(layer: str) -> str:
-        return f"satmon_init_gap/{layer}"
-
-    @staticmethod
-    def is_satmon(tag: str) -> bool:
-        """Whether satmon 0.3 or later writes ``tag`` (a scalar or a text; the hparams keys are not tags).
-
-        Example:
-            >>> TAG.is_satmon("Satmon/margin"), TAG.is_satmon("satmon_alpha/ln_f"), TAG.is_satmon("satmon_logs/x")
-            (True, True, False)
-        """
-        group = tag.split("/", 1)[0]
-        return "/" in tag and (group in (TAG.summary, "satmon") or group in TAG.families)
-
-    @staticmethod
-    def from_v02(tag: str) -> str | None:
-        """The name satmon writes today of a tag satmon 0.2 wrote (its scalars under ``satmon/``, its texts under
-        ``<tag>/text_summary``), or ``None`` when 0.2 wrote no such tag.
-
-        Example:
-            >>> [TAG.from_v02(t) for t in ("satmon/verdict", "satmon/collapse/risk", "satmon/alpha/ln_f",
-            ...                            "satmon/collapse/loss_z", "satmon/verdict/text_summary", "epoch")]
-            ['Satmon/decision', 'satmon_collapse/risk', 'satmon_alpha/ln_f', 'satmon_collapse/loss_z', 'satmon/verdict', None]
-        """
-        if tag.endswith(_V02_TEXT_SUFFIX):
-            text = tag[: -len(_V02_TEXT_SUFFIX)]
-            text = _V03.get(text, text)
-            return text if text in _TEXTS else None
-        if tag in _V02_SUMMARY:
-            return _V02_SUMMARY[tag]
-        for family in TAG.families:
-            old = "satmon/" + family.removeprefix("satmon_") + "/"
-            if tag.startswith(old) and len(tag) > len(old):
-                return f"{family}/{tag[len(old):]}"
-        return None
-
-    @staticmethod
-    def read_name(tag: str, text: bool = False) -> str | None:
-        """The name a tag read back from a run has in this table: 0.3's tags as they are, 0.2's by
-        :meth:`from_v02`; ``None`` for a tag satmon did not write (and v0.1's ``satmon/verdict_saturation``).
-
-        Example:
-            >>> TAG.read_name("satmon/margin"), TAG.read_name("Satmon/margin"), TAG.read_name("satmon/verdict", text=True)
-            ('Satmon/margin', 'Satmon/margin', 'satmon/verdict')
-            >>> TAG.read_name("Satmon/verdict"), TAG.read_name("satmon/replay/checkpoint", text=True)  # 0.3's names
-            ('Satmon/decision', 'satmon/verdict_checkpoint')
-        """
-        if tag in _V03:
-            return _V03[tag]
-        if text:
-            return TAG.from_v02(tag) if tag.endswith(_V02_TEXT_SUFFIX) else (tag if tag in _TEXTS else None)
-        if tag.startswith("satmon/"):  # texts only there since 0.3: a 0.2 scalar
-            return TAG.from_v02(tag)
-        return tag if TAG.is_satmon(tag) else None
-
-
-#: satmon 0.2's scalars of the summary group, by their 0.3 names
-_V02_SUMMARY = {"satmon/saturation": TAG.saturation, "satmon/nonfinite": TAG.nonfinite, "satmon/verdict": TAG.verdict,
-                "satmon/margin": TAG.margin, "satmon/collapse/risk": TAG.collapse_risk, "satmon/stop": TAG.stop}
-#: torch's ``SummaryWriter.add_text(tag, ...)`` writes under ``tag + "/text_summary"`` (satmon 0.2 did)
-_V02_TEXT_SUFFIX = "/text_summary"
-_TEXTS = (TAG.verdict_text, TAG.stop_text, TAG.replay_checkpoint, TAG.replay_error, TAG.trap_text)
-#: satmon 0.3's names of the tags 0.4 renamed (the decision first in its group, the collapse risk with the watch,
-#: a replay's texts after the card); 0.2's ``satmon/replay/...`` texts map through :meth:`TAG.from_v02` to these
-_V03 = {"Satmon/verdict": TAG.verdict, "Satmon/collapse_risk": TAG.collapse_risk,
-        "satmon/replay/checkpoint": TAG.replay_checkpoint, "satmon/replay/error": TAG.replay_error}
-
-
-#: The ``Satmon/decision`` scalar of each decision. A non-finite verdict is -1, not NaN: NaN reads as
-#: "no reading" and cannot be sorted or compared across runs; -1 sorts below NO-GO (docs/guides/tensorboard.md).
-VERDICT_VALUES: dict[str, float] = {"go": 1.0, "no-go": 0.0, "non-finite": -1.0}
 _SOURCES = ("window", "probe", "replay")
 
 
 # ------------------------------------------------------------------------ readings -> tags
-def window_scalars(pooled: float, per_layer: Mapping[str, float], alphas: Mapping[str, float], nonfinite: int) -> dict[str, float]:
+def window_scalars(pooled: float, per_layer: Mapping[str, float], alphas: Mapping[str, float],
+                   nonfinite: int) -> dict[str, float]:
     """The screening window's readings under their tags (the running values and the verdict step's).
 
     Example:
         >>> window_scalars(0.5, {"ln_f": 0.5}, {"ln_f": 2.0}, 0)
         {'Satmon/saturation': 0.5, 'Satmon/nonfinite': 0.0, 'satmon_saturation/ln_f': 0.5, 'satmon_alpha/ln_f': 2.0}
     """
-    out = {TAG.saturation: float(pooled), TAG.nonfinite: float(nonfinite)}
-    out.update({TAG.layer_saturation(k): float(v) for k, v in per_layer.items()})
-    out.update({TAG.alpha(k): float(v) for k, v in alphas.items()})
+    out = {tags.TAG.saturation: float(pooled), tags.TAG.nonfinite: float(nonfinite)}
+    out.update({tags.TAG.layer_saturation(k): float(v) for k, v in per_layer.items()})
+    out.update({tags.TAG.alpha(k): float(v) for k, v in alphas.items()})
     return out
 
 
@@ -251,8 +62,8 @@ def offset_scalars(readings: Mapping[str, Mapping[str, float]]) -> dict[str, flo
     """
     out: dict[str, float] = {}
     for layer, r in readings.items():
-        out[TAG.offset_centered(layer)] = float(r["centered"])
-        out[TAG.offset_ratio(layer)] = float(r["offset_ratio"])
+        out[tags.TAG.offset_centered(layer)] = float(r["centered"])
+        out[tags.TAG.offset_ratio(layer)] = float(r["offset_ratio"])
     return out
 
 
@@ -274,16 +85,18 @@ def watch_scalars(
 
     Example:
         >>> watch_scalars(0, 0.61, {"blocks.0.mlp": {"flat_fraction": 0.3}}, None, {"collapse-risk": True})
-        {'satmon_collapse/nonfinite': 0.0, 'satmon_collapse/saturation': 0.61, 'satmon_collapse/flat_fraction/blocks.0.mlp': 0.3, 'satmon_collapse/breach/collapse-risk': 1.0}
+        ... # doctest: +NORMALIZE_WHITESPACE
+        {'satmon_collapse/nonfinite': 0.0, 'satmon_collapse/saturation': 0.61,
+         'satmon_collapse/flat_fraction/blocks.0.mlp': 0.3, 'satmon_collapse/breach/collapse-risk': 1.0}
     """
-    out = {TAG.collapse_nonfinite: float(nonfinite)}
+    out = {tags.TAG.collapse_nonfinite: float(nonfinite)}
     if gated_saturation is not None:
-        out[TAG.collapse_saturation] = float(gated_saturation)
+        out[tags.TAG.collapse_saturation] = float(gated_saturation)
     for mlp, stats in (gate_stats or {}).items():
-        out.update({TAG.collapse_gate(k, mlp): float(v) for k, v in stats.items()})
+        out.update({tags.TAG.collapse_gate(k, mlp): float(v) for k, v in stats.items()})
     if loss_z is not None:
-        out[TAG.collapse_loss_z] = float(loss_z)
-    out.update({TAG.collapse_breach(k): float(v) for k, v in (breaches or {}).items()})
+        out[tags.TAG.collapse_loss_z] = float(loss_z)
+    out.update({tags.TAG.collapse_breach(k): float(v) for k, v in (breaches or {}).items()})
     return out
 
 
@@ -303,46 +116,47 @@ def probe_scalars(report: Any, saturation: bool = True) -> dict[str, float]:
     """
     out: dict[str, Any] = {}
     if saturation and report.saturation is not None:
-        out[TAG.saturation] = report.saturation
+        out[tags.TAG.saturation] = report.saturation
     for name, l in report.layers.items():
         if l.kind == "dyt":
             if saturation and l.saturation is not None:
-                out[TAG.layer_saturation(name)] = l.saturation
-                out[TAG.alpha(name)] = float(l.alpha)
+                out[tags.TAG.layer_saturation(name)] = l.saturation
+                out[tags.TAG.alpha(name)] = float(l.alpha)
         elif l.alignment is not None:
-            out[TAG.deadir_alignment(name)] = l.alignment
-            out[TAG.deadir_null_dim(name)] = float(l.null_dim)
-            out[TAG.deadir_null_projection(name)] = l.null_projection
+            out[tags.TAG.deadir_alignment(name)] = l.alignment
+            out[tags.TAG.deadir_null_dim(name)] = float(l.null_dim)
+            out[tags.TAG.deadir_null_projection(name)] = l.null_projection
         if l.init_gap is not None:
-            out[TAG.init_gap(name)] = l.init_gap.depth_deepening
+            out[tags.TAG.init_gap(name)] = l.init_gap.depth_deepening
     s = report.sigma_min
     if s.valid:
-        out.update({TAG.sigma_min_ratio(b): r for b, r in zip(s.blocks[1:], s.ratios[1:])})
+        out.update({tags.TAG.sigma_min_ratio(b): r for b, r in zip(s.blocks[1:], s.ratios[1:])})
         if s.min_ratio is not None:
-            out[TAG.sigma_min_min_ratio] = s.min_ratio
+            out[tags.TAG.sigma_min_min_ratio] = s.min_ratio
     return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}
 
 
 def verdict_scalars(verdict: Any) -> dict[str, float]:
-    """The verdict's scalars (also the hparams view's metrics); ``Satmon/decision`` from :data:`VERDICT_VALUES`.
+    """The verdict's scalars (also the hparams view's metrics); ``Satmon/decision`` from
+    :data:`~satmon.io.tags.VERDICT_VALUES`.
 
     Example:
         >>> from satmon.results.verdict import build_verdict
         >>> verdict_scalars(build_verdict({"ln_f": (1, 4, 2)}, step=5, window=5))
         {'Satmon/decision': -1.0, 'Satmon/margin': -0.18, 'Satmon/saturation': 0.25}
     """
-    if verdict.decision not in VERDICT_VALUES:
-        raise ValueError(f"Expected a verdict decision in {tuple(VERDICT_VALUES)}, got {verdict.decision!r}. "
+    if verdict.decision not in tags.VERDICT_VALUES:
+        raise ValueError(f"Expected a verdict decision in {tuple(tags.VERDICT_VALUES)}, got {verdict.decision!r}. "
                          "Build verdicts with satmon.build_verdict.")
-    out = {TAG.verdict: VERDICT_VALUES[verdict.decision], TAG.margin: float(verdict.margin),
-           TAG.saturation: float(verdict.saturation)}
+    out = {tags.TAG.verdict: tags.VERDICT_VALUES[verdict.decision], tags.TAG.margin: float(verdict.margin),
+           tags.TAG.saturation: float(verdict.saturation)}
     if verdict.collapse_risk is not None:
-        out[TAG.collapse_risk] = 1.0 if verdict.collapse_risk else 0.0
+        out[tags.TAG.collapse_risk] = 1.0 if verdict.collapse_risk else 0.0
     planned = getattr(verdict, "planned_forecast", None)
     if planned:  # the forecast from the planned passes, beside the decision (satmon.results.forecast.CODE)
         from satmon.results.forecast import CODE
 
-        out[TAG.forecast] = CODE.get(planned.get("outcome"), 0.0)
+        out[tags.TAG.forecast] = CODE.get(planned.get("outcome"), 0.0)
     return out
 
 
@@ -352,19 +166,22 @@ def verdict_description(verdict: Any) -> dict[str, str]:
 
     Example:
         >>> from satmon.results.verdict import build_verdict
-        >>> print(verdict_description(build_verdict({"ln_f": (1, 4)}, step=500, window=500))[TAG.verdict])
-        NO-GO by the study's rule at step 500, trust: unproven (a measurement, not a forecast; held-out accuracy 50% vs 67% for guessing the commoner outcome). 1 = GO, 0 = NO-GO, -1 = non-finite; the card (Text tab, satmon/verdict) says why and how far to trust it.
+        >>> print(verdict_description(build_verdict({"ln_f": (1, 4)}, step=500, window=500))[tags.TAG.verdict])
+        ... # doctest: +NORMALIZE_WHITESPACE
+        NO-GO by the study's rule at step 500, trust: unproven (a measurement, not a forecast; held-out accuracy 50%
+        vs 67% for guessing the commoner outcome). 1 = GO, 0 = NO-GO, -1 = non-finite; the card (Text tab,
+        satmon/verdict) says why and how far to trust it.
     """
     scale = "1 = GO, 0 = NO-GO, -1 = non-finite; the card (Text tab, satmon/verdict) says why and how far to trust it."
     if verdict.source != "window":
-        return {TAG.verdict: f"The {verdict.source}'s decision at each step read. {scale}"}
-    if verdict.decision == "non-finite":
-        return {TAG.verdict: f"NON-FINITE at step {verdict.step}: the run diverged. {scale}"}
+        return {tags.TAG.verdict: f"The {verdict.source}'s decision at each step read. {scale}"}
+    if verdict.decision == Decision.NON_FINITE:
+        return {tags.TAG.verdict: f"NON-FINITE at step {verdict.step}: the run diverged. {scale}"}
     from satmon.results.card import evidence, whose_rule
 
     what = "a forecast" if verdict.forecast else "a measurement, not a forecast"
     word = "GO" if verdict.go else "NO-GO"
-    return {TAG.verdict: f"{word} {whose_rule(verdict)} at step {verdict.step}, trust: {verdict.trust} ({what}; "
+    return {tags.TAG.verdict: f"{word} {whose_rule(verdict)} at step {verdict.step}, trust: {verdict.trust} ({what}; "
                          f"{evidence(verdict)}). {scale}"}
 
 
@@ -375,31 +192,33 @@ def verdict_hparams(verdict: Any) -> dict[str, Any]:
     Example:
         >>> from satmon.results.verdict import build_verdict
         >>> hp = verdict_hparams(build_verdict({"ln_f": (5, 10)}, step=3, window=3, planned_window=9))
-        >>> hp
-        {'satmon/decision': 'go', 'satmon/trust': 'partial', 'satmon/source': 'window', 'satmon/window': 3, 'satmon/partial': 1, 'satmon/threshold': 0.43, 'satmon/level': 2.0}
+        >>> hp  # doctest: +NORMALIZE_WHITESPACE
+        {'satmon/decision': 'go', 'satmon/trust': 'partial', 'satmon/source': 'window', 'satmon/window': 3,
+         'satmon/partial': 1, 'satmon/threshold': 0.43, 'satmon/level': 2.0}
     """
-    out = {TAG.hp_decision: verdict.decision, TAG.hp_trust: verdict.trust}
-    out.update({TAG.hp_source: verdict.source, TAG.hp_window: verdict.window,
-                TAG.hp_partial: int(verdict.partial), TAG.hp_threshold: verdict.threshold, TAG.hp_level: verdict.level})
+    out = {tags.TAG.hp_decision: str(verdict.decision), tags.TAG.hp_trust: verdict.trust}
+    out.update({tags.TAG.hp_source: verdict.source, tags.TAG.hp_window: verdict.window,
+                tags.TAG.hp_partial: int(verdict.partial), tags.TAG.hp_threshold: verdict.threshold,
+                tags.TAG.hp_level: verdict.level})
     planned = getattr(verdict, "planned_forecast", None)
     if planned:
-        out[TAG.hp_forecast] = str(planned.get("outcome"))
+        out[tags.TAG.hp_forecast] = str(planned.get("outcome"))
     return out
 
 
 #: The hparams keys the HParams tab shows first (besides those whose values differ between runs, TensorBoard shows
 #: the first five by name: a run's own hyper-parameters beside satmon's would hide the decision otherwise).
-SHOWN_HPARAMS = (TAG.hp_decision, TAG.hp_trust)
+SHOWN_HPARAMS = (tags.TAG.hp_decision, tags.TAG.hp_trust)
 
 
 def _hparams_domains() -> dict[str, list[str]]:
     """The string hparams' values, for the HParams tab's filter boxes."""
+    from satmon.results.forecast import OUTCOMES
     from satmon.results.verdict import TRUST
 
-    from satmon.results.forecast import OUTCOMES
-
-    return {TAG.hp_decision: list(VERDICT_VALUES), TAG.hp_source: list(_SOURCES), TAG.hp_trust: list(TRUST),
-            TAG.hp_forecast: list(OUTCOMES)}
+    return {tags.TAG.hp_decision: [str(d) for d in tags.VERDICT_VALUES], tags.TAG.hp_source: list(_SOURCES),
+            tags.TAG.hp_trust: list(TRUST),
+            tags.TAG.hp_forecast: list(OUTCOMES)}
 
 
 def text_summary(tag: str, markdown: str) -> Any:
@@ -407,7 +226,7 @@ def text_summary(tag: str, markdown: str) -> Any:
     ``SummaryWriter.add_text`` would write it under ``tag + "/text_summary"``).
 
     Example:
-        >>> summary = text_summary(TAG.verdict_text, "### satmon verdict")
+        >>> summary = text_summary(tags.TAG.verdict_text, "### satmon verdict")
         >>> summary.value[0].tag, summary.value[0].metadata.plugin_data.plugin_name
         ('satmon/verdict', 'text')
     """
@@ -422,7 +241,7 @@ def scalar_summary(tag: str, value: float, description: str = "") -> Any:
     A described tag is written this way every time (one kind of data per tag).
 
     Example:
-        >>> summary = scalar_summary(TAG.verdict, 1.0, "GO")
+        >>> summary = scalar_summary(tags.TAG.verdict, 1.0, "GO")
         >>> summary.value[0].tag, summary.value[0].metadata.summary_description
         ('Satmon/decision', 'GO')
     """
@@ -443,11 +262,11 @@ def hparams_summaries(params: Mapping[str, Any], metrics: Mapping[str, float], e
 
     Example:
         >>> from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
-        >>> exp, start, end = hparams_summaries({"lr": 0.1, TAG.hp_decision: "go"}, {TAG.verdict: 1.0})
+        >>> exp, start, end = hparams_summaries({"lr": 0.1, tags.TAG.hp_decision: "go"}, {tags.TAG.verdict: 1.0})
         >>> data = HParamsPluginData.FromString(exp.value[0].metadata.plugin_data.content)
         >>> [(h.name, h.differs) for h in data.experiment.hparam_infos]
         [('lr', False), ('satmon/decision', True)]
-        >>> len(hparams_summaries({"lr": 0.1}, {TAG.verdict: 1.0}, experiment=False))
+        >>> len(hparams_summaries({"lr": 0.1}, {tags.TAG.verdict: 1.0}, experiment=False))
         2
     """
     from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
@@ -494,15 +313,17 @@ def log_verdict(sink: Sink, verdict: Any, hparams: bool = True, card: str | None
         >>> from satmon.results.verdict import build_verdict
         >>> sink = SummaryWriterSink(tempfile.mkdtemp())
         >>> where = log_verdict(sink, build_verdict({"ln_f": (3, 4)}, step=10, window=10))
-        >>> where == [f"TensorBoard {sink.log_dir}"], [n for n in os.listdir(sink.log_dir) if not n.startswith("events")]
-        (True, [])
+        >>> where == [f"TensorBoard {sink.log_dir}"]
+        True
+        >>> [n for n in os.listdir(sink.log_dir) if not n.startswith("events")]
+        []
         >>> sink.close()
     """
     sink = check_sink(sink)
     scalars = verdict_scalars(verdict)
     describe(sink, verdict_description(verdict))
     sink.scalars(scalars, verdict.step)
-    where = places(sink, sink.text(TAG.verdict_text, verdict.card() if card is None else card, verdict.step))
+    where = places(sink, sink.text(tags.TAG.verdict_text, verdict.card() if card is None else card, verdict.step))
     if hparams:
         sink.hparams(verdict_hparams(verdict), scalars, verdict.step)
     return where
@@ -512,8 +333,8 @@ def log_stop(sink: Sink, record: Any) -> None:
     """Write a stop (a :class:`satmon.results.stop.StopRecord`) at its step: its line as the text ``satmon/stop``
     and the scalar ``Satmon/stop`` = 1."""
     sink = check_sink(sink)
-    sink.text(TAG.stop_text, record.text(), record.step)
-    sink.scalars({TAG.stop: 1.0}, record.step)
+    sink.text(tags.TAG.stop_text, record.text(), record.step)
+    sink.scalars({tags.TAG.stop: 1.0}, record.step)
 
 
 def custom_scalars_layout() -> dict[str, Any]:
@@ -525,13 +346,15 @@ def custom_scalars_layout() -> dict[str, Any]:
 
     Example:
         >>> [(cat, list(charts)) for cat, charts in custom_scalars_layout().items()]  # doctest: +NORMALIZE_WHITESPACE
-        [('Satmon', ['decision (1 GO, 0 NO-GO, -1 non-finite)', 'margin (saturation - threshold)', 'pooled saturation']),
+        [('Satmon', ['decision (1 GO, 0 NO-GO, -1 non-finite)', 'margin (saturation - threshold)',
+                     'pooled saturation']),
          ('satmon per layer', ['saturation per layer', 'alpha per layer'])]
     """
-    sat, layer, alpha, verdict, margin = (re.escape(t) for t in (TAG.saturation, TAG.layer_saturation(""), TAG.alpha(""),
-                                                                 TAG.verdict, TAG.margin))
+    sat, layer, alpha, verdict, margin = (re.escape(t) for t in (tags.TAG.saturation, tags.TAG.layer_saturation(""),
+                                                                 tags.TAG.alpha(""),
+                                                                 tags.TAG.verdict, tags.TAG.margin))
     return {
-        TAG.summary: {
+        tags.TAG.summary: {
             "decision (1 GO, 0 NO-GO, -1 non-finite)": ["Multiline", [rf"^{verdict}$"]],
             "margin (saturation - threshold)": ["Multiline", [rf"^{margin}$"]],
             "pooled saturation": ["Multiline", [rf"^{sat}$"]],
@@ -582,13 +405,14 @@ class SummaryWriterSink:
     Example:
         >>> import tempfile
         >>> sink = SummaryWriterSink(tempfile.mkdtemp())
-        >>> sink.scalars({TAG.saturation: 0.5}, step=10)
+        >>> sink.scalars({tags.TAG.saturation: 0.5}, step=10)
         >>> any(f.startswith("events.out.tfevents") for f in os.listdir(sink.log_dir))
         True
         >>> sink.close()
     """
 
-    def __init__(self, log_dir: str | os.PathLike, *, rank_zero_only: bool = True, hparams_experiment: bool = True) -> None:
+    def __init__(self, log_dir: str | os.PathLike, *, rank_zero_only: bool = True,
+                 hparams_experiment: bool = True) -> None:
         self.log_dir = os.fspath(log_dir)
         self.rank_zero_only = rank_zero_only
         self.hparams_experiment = hparams_experiment
@@ -622,7 +446,8 @@ class SummaryWriterSink:
         if self._writes():
             for tag, value in values.items():
                 if tag in self._described:
-                    self.writer.file_writer.add_summary(scalar_summary(tag, value, self._descriptions.pop(tag, "")), step)
+                    summary = scalar_summary(tag, value, self._descriptions.pop(tag, ""))
+                    self.writer.file_writer.add_summary(summary, step)
                 else:
                     self.writer.add_scalar(tag, value, global_step=step)
             self.writer.flush()
@@ -652,3 +477,8 @@ class SummaryWriterSink:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+def __getattr__(name: str) -> Any:
+    """satmon 0.4's ``satmon.io.tensorboard.TAG`` and ``VERDICT_VALUES``: in :mod:`satmon.io.tags` now (deprecated)."""
+    return _compat.moved_attribute(__name__, name)

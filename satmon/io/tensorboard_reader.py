@@ -1,10 +1,10 @@
 """Read satmon runs back from TensorBoard event files: the inverse of :mod:`satmon.io.tensorboard`.
 
 Scalars come back as ``(step, value)`` trajectories and texts as ``(step, markdown)``, keyed by the
-:class:`~satmon.io.tensorboard.TAG` names they were written under (``satmon report`` prints
+:class:`~satmon.io.tags.TAG` names they were written under (``satmon report`` prints
 them; a browserless machine reads a run this way). Runs of satmon 0.2, which wrote its scalars under
 ``satmon/`` and its texts under ``<tag>/text_summary``, come back under the same names
-(:meth:`~satmon.io.tensorboard.TAG.read_name`).
+(:meth:`~satmon.io.tags.TAG.read_name`).
 
 Event files are read as hostile input (:func:`event_records`): a file is opened without blocking and read only
 when it is a regular file (a FIFO named like an event file would block ``open`` forever, a device would be read
@@ -28,7 +28,7 @@ from typing import Any
 
 from satmon.io.safe_text import printable
 from satmon.paths import NotRegular, kind_of, open_regular
-from satmon.io.tensorboard import _V02_TEXT_SUFFIX, TAG, VERDICT_VALUES
+from satmon.io.tags import TAG, V02_TEXT_SUFFIX, VERDICT_VALUES
 
 __all__ = ["EVENT_GLOB", "MAX_RECORD", "DamagedEvents", "Run", "event_records", "load_runs", "read_run", "run_dirs",
            "trajectory", "TEXT_SUFFIX"]
@@ -38,7 +38,7 @@ EVENT_GLOB = "events.out.tfevents.*"
 #: The longest event record read (satmon's records are a few KB; TensorBoard's own images rarely pass a few MB).
 MAX_RECORD = 64 << 20
 #: ``SummaryWriter.add_text(tag, ...)`` stores the text under ``tag + TEXT_SUFFIX`` (satmon 0.2's texts; 0.3 writes under ``tag``).
-TEXT_SUFFIX = _V02_TEXT_SUFFIX  # the one definition is the tag table's (TAG.from_v02)
+TEXT_SUFFIX = V02_TEXT_SUFFIX  # the one definition is the tag table's (TAG.from_v02)
 #: Per-layer scalar families: tag prefix -> the reading's name in :meth:`Run.layers`.
 _LAYER_FAMILIES = {TAG.layer_saturation(""): "saturation", TAG.alpha(""): "alpha", TAG.init_gap(""): "init_gap"}
 _DEADIR = TAG.deadir_alignment("").removesuffix("/alignment")  # "satmon_deadir/": then <layer>/<reading>

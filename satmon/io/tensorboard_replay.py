@@ -3,7 +3,7 @@
 The tags and the reading -> tag maps are :mod:`satmon.io.tensorboard`'s, and the files are written
 by its :class:`~satmon.io.tensorboard.SummaryWriterSink`, so a replayed run opens beside the live
 one and the curves line up. A replay of a run's checkpoints is named for that run
-(``replay of demo/version_0``: :func:`satmon.replay.live.run_name`), writes its checkpoint names after the card in
+(``replay of demo/version_0``: :func:`satmon.replaying.live.run_name`), writes its checkpoint names after the card in
 the Text tab, and gives the HParams tab one session, its last checkpoint's, without a column list of
 its own (the live runs' columns, with their models' hyper-parameters, stay).
 """
@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from satmon.io.tags import TAG
 from satmon.io.tensorboard import (
-    TAG,
     SummaryWriterSink,
     add_layout,
     log_scalars,
@@ -85,12 +85,12 @@ def claim_run_folder(logdir: str | os.PathLike, name: str = "replay", source: st
 
 
 class TensorBoardReplay:
-    """A TensorBoard run of replayed checkpoints; pass it as ``satmon.replay.loop.replay(on_record=...)``.
+    """A TensorBoard run of replayed checkpoints; pass it as ``satmon.replaying.loop.checkpoint_records(on_record=...)``.
 
     Args:
         logdir: the TensorBoard root.
         name: the run name, when ``source`` is not given: the run goes to ``logdir/name/version_N`` (:func:`next_version`).
-        source: the run the checkpoints are of (:func:`satmon.replay.live.run_name`): the run goes to ``logdir/replay of SOURCE``
+        source: the run the checkpoints are of (:func:`satmon.replaying.live.run_name`): the run goes to ``logdir/replay of SOURCE``
             (``replay of SOURCE (2)``, ... when that exists), so TensorBoard lists it as the replay of that run.
 
     Example:
@@ -116,7 +116,7 @@ class TensorBoardReplay:
         return self.sink.log_dir
 
     def __call__(self, record: Any) -> None:
-        """Write one :class:`satmon.replay.loop.ReplayRecord`: its readings and verdict (its card names the source run
+        """Write one :class:`satmon.replaying.loop.ReplayRecord`: its readings and verdict (its card names the source run
         and, when found, shows its live verdict beside this one), or why it was skipped."""
         step = int(record.global_step or 0)
         report = record.report

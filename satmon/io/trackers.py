@@ -4,19 +4,22 @@ What the Hugging Face callback reports through when ``report_to`` names ``wandb`
 runs Hugging Face's own integrations opened), and what any other tracker gets (:class:`MarkdownFileSink`:
 the card as ``satmon_verdict.md`` in a folder). Each writes the same things as the TensorBoard sinks:
 scalars under satmon's tags, the decision and its trust as parameters, texts where the tracker holds
-text. ``wandb`` and ``mlflow`` are imported only by the sink that uses them.
+text. ``wandb`` and ``mlflow`` are imported only by the sink that uses them. A text goes to W&B and to MLflow
+through one writer each (:func:`wandb_text`, :func:`mlflow_text`), which the Lightning sink's ``WandbLogger`` and
+``MLFlowLogger`` use too.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from satmon.io.sink import NullSink
 
-__all__ = ["MarkdownFileSink", "MlflowSink", "WandbSink", "text_file_name", "write_text_file"]
+__all__ = ["MarkdownFileSink", "MlflowSink", "WandbSink", "mlflow_text", "text_file_name", "wandb_text",
+           "write_text_file"]
 
 
 def text_file_name(tag: str) -> str:
@@ -44,6 +47,27 @@ def write_text_file(folder: str | os.PathLike, tag: str, markdown: str) -> str:
     path = os.path.join(os.fspath(folder), text_file_name(tag))
     atomic_write(path, markdown + "\n")
     return path
+
+
+def wandb_text(log: Callable[[dict[str, Any], int], None], run_id: str, tag: str, markdown: str, step: int) -> str:
+    """Write a text to a W&B run as a one-cell table under ``tag``: the one W&B text writer; returns where it went.
+
+    Args:
+        log: how the run logs ``(values, step)``: :class:`WandbSink`'s ``run.log`` with its step key, or a
+            Lightning ``WandbLogger``'s ``log_metrics`` (its prefix and ``trainer/global_step``).
+        run_id: the run's id, for the place named.
+    """
+    import wandb
+
+    log({tag: wandb.Table(columns=["markdown"], data=[[markdown]])}, step)
+    return f"W&B run {run_id} (table {tag})"
+
+
+def mlflow_text(client: Any, run_id: str, tag: str, markdown: str) -> str:
+    """Write a text to an MLflow run as the artifact ``<tag as a file name>.md`` through the MLflow client: the one
+    MLflow text writer (:class:`MlflowSink` and a Lightning ``MLFlowLogger``, whose ``experiment`` is the client)."""
+    client.log_text(run_id, markdown, text_file_name(tag))
+    return f"MLflow run {run_id} (artifact {text_file_name(tag)})"
 
 
 class MarkdownFileSink(NullSink):
@@ -78,13 +102,13 @@ class WandbSink:
         self.run, self.step_key = run, step_key
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
-        self.run.log({**dict(values), self.step_key: step})
+        self._log(dict(values), step)
 
     def text(self, tag: str, markdown: str, step: int) -> list[str]:
-        import wandb
+        return [wandb_text(self._log, self.run.id, tag, markdown, step)]
 
-        self.run.log({tag: wandb.Table(columns=["markdown"], data=[[markdown]]), self.step_key: step})
-        return [f"W&B run {self.run.id} (table {tag})"]
+    def _log(self, values: dict[str, Any], step: int) -> None:
+        self.run.log({**values, self.step_key: step})
 
     def hparams(self, params: Mapping[str, Any], metrics: Mapping[str, float], step: int) -> None:
         self.run.config.update(dict(params), allow_val_change=True)
@@ -116,8 +140,7 @@ class MlflowSink:
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, int(step)) for k, v in values.items()])
 
     def text(self, tag: str, markdown: str, step: int) -> list[str]:
-        self.client.log_text(self.run_id, markdown, text_file_name(tag))
-        return [f"MLflow run {self.run_id} (artifact {text_file_name(tag)})"]
+        return [mlflow_text(self.client, self.run_id, tag, markdown)]
 
     def hparams(self, params: Mapping[str, Any], metrics: Mapping[str, float], step: int) -> None:
         from mlflow.entities import Param

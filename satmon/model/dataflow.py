@@ -47,7 +47,7 @@ from torch.overrides import TorchFunctionMode
 
 from satmon.batches import feed
 from satmon.model.discovery import read_module, strip_wrappers
-from satmon.model.frozen import reshard_fsdp
+from satmon.model.frozen_forward import reshard_fsdp
 
 __all__ = ["FlowTrace", "GatedProduct", "Interaction", "LiveTrace", "own_forward", "trace_flow", "tracing"]
 

@@ -3,7 +3,7 @@
 The probe's extra memory is its covariance matrices (``8 d^2`` bytes each, one per LayerNorm/RMSNorm
 layer and per residual stream) plus the readout of one of them (the covariance, its symmetric
 copy, the scaled copy ``eigh`` factorises, the eigenvectors and LAPACK's workspace:
-:data:`READOUT_MATRICES` matrices of ``8 d^2`` bytes, measured in docs/reference/performance.md). Under a
+:data:`READOUT_MATRICES` matrices of ``8 d^2`` bytes, measured in docs/science/performance_measurements.md). Under a
 budget, the taps are split into groups that each fit beside one readout, and the calibration
 batches run once per group: the readings do not depend on the grouping.
 """

@@ -41,7 +41,7 @@ from satmon.observe.reading_hooks import ReadingHooks, nonfinite_parameters
 from satmon.model.gating import detect_gating
 from satmon.settings import Settings, settings_from
 from satmon.probing.memory_plan import MemoryPlan, plan_memory
-from satmon.model.frozen import frozen_forward
+from satmon.model.frozen_forward import frozen_forward
 from satmon.model.discovery import NormLayer, Selector
 from satmon.model.affine import effective_affine
 from satmon.functional.dead_directions import GramSpectrum, alignment, classify_norm_type, gram_spectrum
@@ -90,7 +90,7 @@ def probe(
 
     Mode and state. Eval mode (dropout off, as the study measured) unless ``train_mode``; modes,
     buffers, grad mode and RNG are restored after each pass, parameters are never written, hooks are
-    removed, also on error (:func:`satmon.model.frozen.frozen_forward`). Other code's hooks
+    removed, also on error (:func:`satmon.model.frozen_forward.frozen_forward`). Other code's hooks
     (e.g. a running :class:`~satmon.SaturationMonitor`) see these forwards.
 
     Memory. One ``d x d`` float64 matrix per LayerNorm/RMSNorm layer and per stream. With

@@ -15,13 +15,13 @@ console; :func:`summary` is the one console line.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
-
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from satmon import study
 from satmon.functional.saturation import pointwise_cutoff
 from satmon.functional.significance import ALPHA, binomial_tail, correct_of
+from satmon.results.rule import Decision
 from satmon.study import INCONCLUSIVE_BAND
 
 if TYPE_CHECKING:
@@ -32,18 +32,22 @@ __all__ = ["FLAG_TEXT", "TRUST_TEXT", "card", "cut_off", "evidence", "headline",
 #: What each flag means, in the card. Flags sit beside the study's rule; they never change the decision.
 FLAG_TEXT = {
     "stalled-loss": "saturation at or above the threshold while the training loss stopped improving over the "
-                    "window's second half: the stalled-run pattern (docs/guides/faq.md), which the study's cells were not "
+                    "window's second half: the stalled-run pattern (docs/guides/faq.md), which the study's cells were "
+                    "not "
                     "read for; the offset reading and the loss say whether the model learns.",
     "offset-driven": "most of the saturation comes from per-channel constants in the DyT inputs (each channel sits on "
-                     "an offset far above its token-to-token spread), not from informative activations: the stalled-run "
+                     "an offset far above its token-to-token spread), not from informative activations: the "
+                     "stalled-run "
                      "pattern (docs/guides/faq.md), which the study's cells were not read for.",
 }
 #: What each trust value means, in the card (docs/science/science.md, "How far to trust a verdict").
 TRUST_TEXT = {
     "ok": "the rule forecasts on held-out cells ({evidence}) and nothing satmon measured undercuts the decision; the "
           "caveat below still applies.",
-    "uncalibrated": "the screened layers apply {functions}, for which no threshold was calibrated: the study's {threshold:g} "
-                    "and its collapse rule were fit on DyT (tanh) only. Read the saturation as a measurement; calibrate "
+    "uncalibrated": "the screened layers apply {functions}, for which no threshold was calibrated: the study's "
+                    "{threshold:g} "
+                    "and its collapse rule were fit on DyT (tanh) only. Read the saturation as a measurement; "
+                    "calibrate "
                     "a threshold on your own runs with `satmon calibrate`, or pass `threshold=`.",
     "flagged": "the flags below say the saturation comes from a pattern the study's cells were not read for.",
     "partial": "training ended after {window} of the {planned} window steps: the verdict is provisional. Resuming "
@@ -55,14 +59,13 @@ TRUST_TEXT = {
                 "leave-one-group-out record beats guessing the commoner outcome by a one-sided exact binomial test "
                 "(p < 0.05) reads as a forecast.",
 }
-_WORD = {"go": "GO", "no-go": "NO-GO", "non-finite": "NON-FINITE"}
 
 
 def whose_rule(v: Verdict) -> str:
     """Whose rule decided, in words ("by the study's rule", "by your threshold 0.3", ...)."""
-    if v.threshold_source == "calibration":
+    if v.rule.threshold_source == "calibration":
         return f"by your calibration's threshold {v.threshold:g}"
-    if v.threshold_source == "user":
+    if v.rule.threshold_source == "user":
         return f"by your threshold {v.threshold:g}"
     return "by the study's rule"
 
@@ -82,15 +85,15 @@ def evidence(v: Verdict) -> str:
     """How well the verdict's rule was shown to predict, in a few words (the headline's last part).
 
     Example:
-        >>> from satmon.results.verdict import build_verdict
+        >>> from satmon.results.verdict import Rule, build_verdict
         >>> evidence(build_verdict({"a": (1, 2)}, step=1, source="probe"))
         'held-out accuracy 50% vs 67% for guessing the commoner outcome'
-        >>> evidence(build_verdict({"a": (1, 2)}, step=1, source="probe", threshold=0.3, threshold_source="user"))
+        >>> evidence(build_verdict({"a": (1, 2)}, Rule(0.3, threshold_source="user"), step=1, source="probe"))
         'no held-out accuracy: a threshold given without calibration'
     """
-    held, guess = v.held_out_accuracy, v.no_skill_accuracy
+    held, guess, _ = v.rule.evidence()
     if held is None:
-        return "no held-out accuracy: a threshold given without calibration" if v.threshold_source == "user" else (
+        return "no held-out accuracy: a threshold given without calibration" if v.rule.threshold_source == "user" else (
             "no held-out accuracy recorded for this threshold")
     if guess is None:
         return f"held-out accuracy {held:.0%}, no baseline recorded to compare it with"
@@ -99,24 +102,26 @@ def evidence(v: Verdict) -> str:
 
 def _unproven_text(v: Verdict) -> str:
     """Why the rule is no forecast, with its figures (the ``unproven`` trust text)."""
-    if v.threshold_source == "study":
+    if v.rule.threshold_source == "study":
         return study.WORTH.split(". So ")[0] + "; no window reading fit on that grid beat that held out."
-    if v.threshold_source == "user":
+    if v.rule.threshold_source == "user":
         return (f"the threshold {v.threshold:g} was given without a calibration, so nothing shows how well it predicts "
                 "(`calibration=` a file of `satmon calibrate` carries its held-out accuracy).")
     return f"your calibration's threshold {v.threshold:g} has {evidence(v)}{_significance(v)}."
 
 
 def _significance(v: Verdict) -> str:
-    """The binomial test's p-value of a calibration's held-out record against guessing, in words (or why there is none)."""
-    held, guess, n = v.held_out_accuracy, v.no_skill_accuracy, v.held_out_cells
+    """The binomial test's p-value of a calibration's held-out record against guessing, in words (or why there is
+    none)."""
+    held, guess, n = v.rule.evidence()
     if held is None or guess is None:
         return ""
     if n is None:
         return (": the number of held-out cells is not recorded, so no significance test can be made (calibrate again "
                 "with this satmon)")
     k = correct_of(held, n)
-    return (f": {k} of {n} cells right, p = {binomial_tail(k, n, guess):.2g} by a one-sided exact binomial test against "
+    return (f": {k} of {n} cells right, p = {binomial_tail(k, n, guess):.2g} by a one-sided exact binomial test "
+            "against "
             f"the {guess:.0%} of guessing, not below {ALPHA:g}")
 
 
@@ -136,14 +141,17 @@ def headline(v: Verdict, markdown: bool = False) -> str:
     accuracy ends the line.
 
     Example:
-        >>> from satmon.results.verdict import build_verdict
-        >>> headline(build_verdict({"a": (1, 2)}, step=1, source="probe", threshold=0.4, threshold_source="calibration",
-        ...                        held_out_accuracy=0.9, no_skill_accuracy=0.5, held_out_cells=20))
-        "GO by your calibration's threshold 0.4: a forecast, DyT's final loss expected below LayerNorm's (held-out accuracy 90% vs 50% for guessing the commoner outcome)"
+        >>> from satmon.results.verdict import Rule, build_verdict
+        >>> fitted = Rule(0.4, threshold_source="calibration", held_out_accuracy=0.9, no_skill_accuracy=0.5,
+        ...               held_out_cells=20)
+        >>> print(headline(build_verdict({"a": (1, 2)}, fitted, step=1, source="probe")))
+        ... # doctest: +NORMALIZE_WHITESPACE
+        GO by your calibration's threshold 0.4: a forecast, DyT's final loss expected below LayerNorm's (held-out
+        accuracy 90% vs 50% for guessing the commoner outcome)
     """
-    word = _WORD[v.decision]
+    word = v.decision.word
     shown = f"**{word}**" if markdown else word
-    if v.decision == "non-finite":
+    if v.decision == Decision.NON_FINITE:
         return f"{shown}: NaN/inf in the {_nonfinite_what(v)}: the run diverged, and the saturation rule does not apply"
     head = f"{shown} {whose_rule(v)}" + (" (collapse risk)" if v.collapse_risk else "")
     quals = _qualifiers(v)
@@ -172,11 +180,12 @@ def summary(v: Verdict, where: Sequence[str] | None = None) -> str:
     """One console line: the decision and its trust, the saturation against the threshold, margin, window, the
     forecast from the planned passes when made, and ``where`` the card went (``None``: not said; empty: nowhere)."""
     op = v.comparison  # as the rule compared them
-    if v.decision == "non-finite":
+    if v.decision == Decision.NON_FINITE:
         head = f"NON-FINITE (NaN/inf in the {_nonfinite_what(v)}: the run diverged)"
     else:
         qualified = v.trust + (f": {', '.join(v.flags)}" if v.trust == "flagged" else "")
-        head = f"{_WORD[v.decision]} {whose_rule(v)}" + (" (collapse risk)" if v.collapse_risk else "") + f" (trust: {qualified})"
+        head = f"{v.decision.word} {whose_rule(v)}" + (" (collapse risk)" if v.collapse_risk else "")
+        head += f" (trust: {qualified})"
     line = (f"satmon verdict: {head}, saturation {v.saturation:.4f} {op} threshold {v.threshold:g} "
             f"(margin {v.margin:+.4f}, " + _where(v))
     if v.planned_forecast:  # the forecast from the planned passes, beside the decision (the card says what it rests on)
@@ -217,12 +226,13 @@ def card(v: Verdict) -> str:
     lines += _gating_lines(v)
     lines += _loss_lines(v)
     lines += [f"\nNote: {n}" for n in v.notes]
-    lines += ["", f"_{v.caveat}_"]
+    lines += ["", f"_{v.rule.caveat}_"]
     lines += _layer_table(v)
     if v.risk:
         keys = sorted({k for r in v.risk.values() for k in r})
         lines += ["", "| gated block | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
-        lines += [f"| {b} | " + " | ".join(f"{r.get(k, float('nan')):.4f}" for k in keys) + " |" for b, r in v.risk.items()]
+        lines += [f"| {b} | " + " | ".join(f"{r.get(k, float('nan')):.4f}" for k in keys) + " |"
+                  for b, r in v.risk.items()]
     return "\n".join(lines)
 
 
@@ -244,7 +254,7 @@ def cut_off(v: Verdict) -> str:
 def _trust_line(v: Verdict) -> str:
     """``Trust: **<trust>**: what it means``, then each further caution in a sentence of its own."""
     if not v.cautions:
-        if v.decision == "non-finite":
+        if v.decision == Decision.NON_FINITE:
             return "Trust: **ok**: NaN/inf is a fact of the run, not a call of the rule."
         return f"Trust: **ok**: {TRUST_TEXT['ok'].format(evidence=evidence(v))}"
     values = {"functions": ", ".join(v.uncalibrated_functions), "threshold": v.threshold, "window": v.window,
@@ -252,7 +262,8 @@ def _trust_line(v: Verdict) -> str:
     if "unproven" in v.cautions:
         values["unproven"] = _unproven_text(v)[0].upper() + _unproven_text(v)[1:]
     first, *more = v.cautions
-    line = f"Trust: **{first}**" + (f" (also {', '.join(more)})" if more else "") + f": {TRUST_TEXT[first].format(**values)}"
+    line = f"Trust: **{first}**" + (f" (also {', '.join(more)})" if more else "")
+    line += f": {TRUST_TEXT[first].format(**values)}"
     return line + "".join(f" {c.capitalize()}: {TRUST_TEXT[c].format(**values)}" for c in more)
 
 
@@ -266,7 +277,8 @@ def _forecast_lines(v: Verdict) -> list[str]:
     try:
         return ["", Forecast(**known).line()]
     except TypeError:  # a record missing a field: say what it holds rather than fail the card
-        return ["", f"Forecast from the planned passes: {known.get('outcome', 'uncertain')}: {known.get('evidence', '')}"]
+        outcome, evidence = known.get("outcome", "uncertain"), known.get("evidence", "")
+        return ["", f"Forecast from the planned passes: {outcome}: {evidence}"]
 
 
 def _loss_lines(v: Verdict) -> list[str]:
@@ -290,15 +302,19 @@ def _layer_table(v: Verdict) -> list[str]:
     else:
         counted = label = "all batches"
         scope = "read on every calibration batch"
-    out = ["", f"| layer | saturation ({counted}) | after removing channel means ({label}) | median abs(mean)/spread ({label}) |",
+    out = ["", f"| layer | saturation ({counted}) | after removing channel means ({label}) | median abs(mean)/spread "
+               f"({label}) |",
            "|---|---|---|---|"]
     for name, frac in v.per_layer.items():
         r = v.offset.get(name)
         cells = f"{r['centered']:.4f} | {r['offset_ratio']:.3g}" if r is not None else "- | -"
         out.append(f"| {name} | {frac:.4f} | {cells} |")
-    out += ["", (f"Offset columns: {scope}, with the exact product alpha x. After removing channel means: the saturation "
-                 "left once each channel's mean over a batch's tokens is subtracted. Median abs(mean)/spread: over channels, "
-                 "a channel's abs(mean) over its token-to-token standard deviation; far above 1, each channel sits on a "
+    out += ["", (f"Offset columns: {scope}, with the exact product alpha x. After removing channel means: the "
+                 "saturation "
+                 "left once each channel's mean over a batch's tokens is subtracted. Median abs(mean)/spread: over "
+                 "channels, "
+                 "a channel's abs(mean) over its token-to-token standard deviation; far above 1, each channel sits on "
+                 "a "
                  "constant and its saturation carries little token information (the offset-driven flag).")]
     return out
 
@@ -310,7 +326,7 @@ def _gating_lines(v: Verdict) -> list[str]:
     line += f" ({', '.join(v.gated_layers)})" if v.gated_layers else ""
     if v.gated:
         line += (f"; collapse risk: {'YES' if v.collapse_risk else 'no'} "
-                 f"(pooled saturation vs {v.collapse_threshold:g})")
+                 f"(pooled saturation vs {v.rule.collapse_threshold:g})")
     return ["", line]
 
 

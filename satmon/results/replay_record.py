@@ -1,6 +1,6 @@
 """One replayed checkpoint, as a frozen value: the probe's report, or why the file was skipped.
 
-Built once per checkpoint by :func:`satmon.replay.loop.replay` (its only constructor in satmon)
+Built once per checkpoint by :func:`satmon.replaying.loop.checkpoint_records` (its only constructor in satmon)
 and changed only with :func:`dataclasses.replace`. :meth:`ReplayRecord.to_dict` is the record that
 ``satmon replay --json`` writes.
 """

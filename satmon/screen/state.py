@@ -59,6 +59,11 @@ _SAVED = (*_COUNTED, *_ROUNDING, *_SPAN, *_DECISION)
 Counts = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 
+def _in_force(settings: Settings, name: str) -> Any:
+    """A saved setting's value in force (the threshold is the rule's: ``settings.threshold`` is as given)."""
+    return settings.rule.threshold if name == "threshold" else getattr(settings, name)
+
+
 class WindowState(Protocol):
     """A window state kept in checkpoints (a :class:`~satmon.observe.states.SumStates`: its states sum over ranks)."""
 
@@ -130,7 +135,7 @@ class ScreenState:
     @staticmethod
     def saved_settings(settings: Settings) -> dict[str, Any]:
         """The settings a checkpoint keeps beside the counts."""
-        return {k: getattr(settings, k) for k in _SAVED}
+        return {k: _in_force(settings, k) for k in _SAVED}
 
     def to_dict(self) -> dict[str, Any]:
         """The checkpoint's dict of plain values (see the module docstring)."""
@@ -210,7 +215,7 @@ def restore_plan(saved: ScreenState | Mapping[str, Any], settings: Settings, lay
     notes, found = list(saved.notes), []
     where = f"resumed at step {steps}"
     moved = _layer_change(saved.layers, layers) if saved.layers else ""
-    changed = {k: (v, getattr(settings, k)) for k, v in saved.settings.items() if k in _SAVED and v != getattr(settings, k)}
+    changed = {k: (v, _in_force(settings, k)) for k, v in saved.settings.items() if k in _SAVED and v != _in_force(settings, k)}
     if saved.counts is None or not saved.window_open:
         if moved and saved.verdict is not None:  # the verdict stands; its counts are not put into the other layers
             notes.append(f"{where} with {moved}: the verdict was made on the saved layers")

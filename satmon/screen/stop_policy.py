@@ -8,6 +8,7 @@ the record and raises or stops. The policy writes to no logger.
 from __future__ import annotations
 
 from satmon.results.stop import StopDecision, StopReason, StopRecord, breaches
+from satmon.results.rule import Decision
 from satmon.results.verdict import Verdict
 from satmon.screen.agreement import Agreement
 from satmon.settings import Settings
@@ -27,7 +28,7 @@ def verdict_stop_reason(verdict: Verdict, settings: Settings) -> StopReason | No
         >>> verdict_stop_reason(v, Settings()).value
         'no-go'
     """
-    if verdict.decision == "non-finite":
+    if verdict.decision == Decision.NON_FINITE:
         return StopReason.NONFINITE
     if verdict.collapse_risk:
         return StopReason.COLLAPSE_RISK if settings.abort_on == "no-go" or settings.patience == 1 else None

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from satmon.functional.trap import REACH_FLOOR, TRAP_SATURATION
 from satmon.io.sink import Sink
-from satmon.io.tensorboard import TAG
+from satmon.io.tags import TAG
 from satmon.model.discovery import NormLayer
 from satmon.observe.offset import OFFSET_RETAINED_BELOW
 from satmon.observe.trap import ForwardOrder, GradReach, Layout, TrapCounter, TrapHooks

@@ -15,6 +15,7 @@ import torch
 
 from satmon.io import tensorboard as tb
 from satmon.io.sink import Sink
+from satmon.io.tags import TAG
 from satmon.observe.saturation import SaturationHooks
 from satmon.results.stop import StopReason, StopRecord
 from satmon.results.verdict import Verdict
@@ -95,7 +96,7 @@ class Watching:
             return
         line = reading.line() if event == "trapped" else (f"satmon: the run left the trap at step {step}: "
                                                           f"{reading.status()}.")
-        tb.log_text(self.sink, tb.TAG.trap_text, reading.markdown() if event == "trapped" else line, step)
+        tb.log_text(self.sink, TAG.trap_text, reading.markdown() if event == "trapped" else line, step)
         self.info(line)
         note = line.removeprefix("satmon: ")
         if self.verdict is None:

@@ -16,7 +16,8 @@ import torch
 from reference import InputRecorder
 from lightning.pytorch.callbacks import Callback
 
-from satmon import build_verdict, find_dyt_layers
+from satmon import find_dyt_layers
+from satmon.results.verdict import build_verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"

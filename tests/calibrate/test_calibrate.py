@@ -235,3 +235,27 @@ def test_write_calibration_keeps_the_previous_file_when_interrupted(tmp_path, mo
     monkeypatch.undo()
     write_calibration(result, target)
     assert load_calibration(target).n == 12
+
+
+def test_a_grid_cell_whose_arms_all_diverged_is_left_out_and_named(tmp_path):
+    """satmon grid records a cell whose arms both diverged with null delta and helps and a ``diverged`` map: calibrate
+    leaves it out and names it (it has no outcome); a cell with one diverged arm keeps the outcome the grid gave it."""
+    import json
+
+    from satmon.calibrate.fit import read_cells
+
+    rows = [{"name": "a", "group": "g1", "delta": -0.2, "helps": True, "saturation": 0.6, "diverged": {}},
+            {"name": "b", "group": "g2", "delta": None, "helps": False, "saturation": 0.3,
+             "diverged": {"dyt": 7}},  # one arm diverged: DyT hurt, kept
+            {"name": "c", "group": "g2", "delta": None, "helps": None, "saturation": 0.1,
+             "diverged": {"dyt": 3, "layernorm": 5}}]
+    path = tmp_path / "grid.json"
+    path.write_text(json.dumps({"cells": rows}))
+    notes: list[str] = []
+    cells = read_cells(path, on_skip=notes.append)
+    assert [(c.name, c.helps) for c in cells] == [("a", True), ("b", False)]
+    assert len(notes) == 1 and "left out c" in notes[0] and "dyt at step 3" in notes[0] and "layernorm at step 5" in notes[0]
+    rows[2]["diverged"] = {}  # the same null outcome without a divergence is still an error, as before
+    path.write_text(json.dumps({"cells": rows}))
+    with pytest.raises(Exception, match="Expected an outcome for every cell"):
+        read_cells(path)

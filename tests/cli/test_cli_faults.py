@@ -4,8 +4,8 @@ Every case runs the command in a folder that already holds outputs of an earlier
 calibration.json and plot, a read-only file, folders where files go...) and asserts
 
 - the exit code (2: usage error or input that cannot be used; 1: `satmon report` found no satmon data),
-- the message: one line on stderr (argparse's usage lines may come before it), no traceback, saying
-  what was expected and what was given,
+- the message: one line on stderr (argparse's usage lines may come before a syntax error, never before an
+  output path's reason), no traceback, saying what was expected and what was given,
 - that nothing in the folder changed, and nothing was created (no file, no empty output folder);
 - for `satmon demo`, that nothing was built or trained (``run_demo`` is never called).
 
@@ -342,11 +342,17 @@ def snapshot(root: Path, folder_times: bool = True) -> dict[str, tuple]:
     return out
 
 
+#: a refusal about an output path: one line, never after argparse's usage block (the flag's syntax was right)
+PATH_REASON = re.compile(r"(?i)expected (--logdir|--out|--plot|'[^']*' to be free|a writable folder)")
+
+
 def check_message(err: str, match: str) -> str:
-    """The refusal's one line (argparse's usage lines may precede it); no traceback."""
+    """The refusal's one line (argparse's usage lines may precede it, never a path's reason); no traceback."""
     assert "Traceback" not in err, err
     lines = err.rstrip("\n").split("\n")
     message = lines[-1]
+    if PATH_REASON.search(message):
+        assert len(lines) == 1 and "usage:" not in err, err
     before = [l for l in lines[:-1] if not l.startswith("satmon report: note: ")]  # what report could not read, and why
     if before:  # only argparse's usage block may come first
         assert before[0].startswith("usage: satmon") and all(l.startswith(" ") for l in before[1:]), err
@@ -472,7 +478,13 @@ def test_sigkill_while_writing_keeps_the_previous_calibration(folder):
     assert proc.returncode == -9, proc.stderr
     assert (folder / "prev" / "calibration.json").read_text() == FILES["prev/calibration.json"]
     left = {p.name for p in (folder / "prev").iterdir()} - {"calibration.json", "calibration.png"}
-    assert all(n.startswith(".calibration.json.") and n.endswith(".tmp") for n in left), left  # at most the killed write's
+    locks = {".calibration.json.satmon-lock", ".calibration.png.satmon-lock"}  # the killed writer's: flocks dropped, files stay
+    assert locks <= left and all(n.startswith(".calibration.json.") and n.endswith(".tmp") for n in left - locks), left
+    rerun = subprocess.run([sys.executable, "-m", "satmon.cli.main", "calibrate", "--study", "--out", "prev"], check=False,
+                           cwd=folder, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert rerun.returncode == 0, rerun.stderr
+    assert "note: took over a stale lock on prev" in rerun.stderr and "which no longer runs" in rerun.stderr, rerun.stderr
+    assert not locks & {p.name for p in (folder / "prev").iterdir()}
 
 
 def test_a_full_disk_while_writing_is_exit_1_and_the_previous_files_stay(folder, capsys, monkeypatch):

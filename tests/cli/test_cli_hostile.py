@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from satmon.cli.main import main
-from satmon.io.tensorboard import TAG
+from satmon.io.tags import TAG
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -323,7 +323,7 @@ def test_help_imports_neither_torch_nor_lightning():
 
 def test_partial_records_are_written_as_they_come_and_removed_when_complete(run, tmp_path, capsys, monkeypatch):
     """Each record reaches the partial file before the next checkpoint is read; the target only at the end."""
-    from satmon.replay import loop
+    from satmon.replaying import loop
 
     root, ckpts, _ = run
     seen = []

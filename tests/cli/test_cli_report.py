@@ -16,7 +16,8 @@ from helpers import tiny_lit, token_loader
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from satmon import SaturationMonitor, build_verdict
+from satmon import SaturationMonitor
+from satmon.results.verdict import build_verdict
 from satmon.cli.main import main
 from satmon.io.tensorboard import SummaryWriterSink, log_scalars, log_verdict, window_scalars
 

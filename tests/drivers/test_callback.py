@@ -212,6 +212,6 @@ def test_unknown_options_and_settings_together_are_refused():
         SaturationMonitor(settings=Settings(), window=3)
     shared = Settings(window=3, sample_every=3)
     monitor = SaturationMonitor(settings=shared, verbose=False)
-    assert monitor.settings is shared and monitor.screen.settings is shared and (monitor.window, monitor.sample_every) == (3, 3)
+    assert monitor.settings is shared and monitor.screen.settings is shared and (monitor.settings.window, monitor.settings.sample_every) == (3, 3)
     with pytest.raises(AttributeError, match="has no attribute 'windw'"):
         monitor.windw

@@ -23,7 +23,7 @@ from satmon import DyT, SaturationMonitor, Settings
 from satmon import find_dyt_layers
 from satmon.drivers.live_probe import LiveProbe
 from satmon.results.probe_report import EMBEDDING, ProbeReport, SigmaMinReading
-from satmon.io.tensorboard import TAG
+from satmon.io.tags import TAG
 
 
 def _scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:
@@ -311,7 +311,7 @@ def test_live_probe_verdict_shows_the_calibrations_caveat(tmp_path):
     trainer(tmp_path, max_steps=1, callbacks=[monitor]).fit(Edge(), DataLoader(TensorDataset(_edge_data()), batch_size=3))
     for _, report in monitor.live_probe.reports:  # 0.2's live probe showed the study's caveat and compared with 0.43
         v = report.verdict
-        assert v.threshold == cal.threshold and v.caveat == cal.caveat()
+        assert v.threshold == cal.threshold and v.rule.caveat == cal.caveat()
         card = v.card()
         assert "satmon calibrate" in card and "6 cells in 2 groups (six runs)" in card and "12 cells" not in card
 

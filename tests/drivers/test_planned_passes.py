@@ -15,7 +15,7 @@ import satmon
 from satmon import SaturationMonitor
 from satmon.drivers.lightning import _planned
 from satmon.drivers.run_scale import planned_tokens, sample_tokens
-from satmon.io.tensorboard import TAG
+from satmon.io.tags import TAG
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*validation_step.*", "ignore:.*window steps.*", "ignore:.*no logger.*")
 

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from reference import model_counts
 from conftest import load_example, run_script
-from satmon import build_verdict
+from satmon.results.verdict import build_verdict
 
 
 def test_regime_flip_smoke_writes_table_json_and_plot(tmp_path):

@@ -61,7 +61,7 @@ def test_grid_json_records_environment_configuration_and_series(grid, rg, tmp_pa
     assert c["budgets"] == ["2000", "20000"] and c["sizes"] == ["d16L1", "d24L1"]
     cells = data["cells"]
     assert len(cells) == 4 and len(list((out / "cells").glob("*_s0.*.json"))) == 4 and data["counts"] == {"cells": 4, "done": 4, "missing": 0,
-                                                                                        "failed": 0}
+                                                                                        "failed": 0, "diverged": 0}
     for cell in cells:
         assert cell["epochs"] == pytest.approx(8 * 4 * 16 / cell["train_tokens"])
         series = cell["window_series"]

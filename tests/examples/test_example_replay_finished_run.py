@@ -11,7 +11,7 @@ import torch
 
 from reference import model_counts
 from conftest import run_script
-from satmon import build_verdict
+from satmon.results.verdict import build_verdict
 from satmon.demos.corpus import CorpusDataModule
 from satmon.demos.lit import LitLM
 

@@ -6,7 +6,7 @@ import runpy
 import sys
 
 from conftest import EXAMPLES
-from satmon import build_verdict
+from satmon.results.verdict import build_verdict
 
 
 def test_screen_gpt_verdict_equals_float64_recount(tmp_path, monkeypatch, recorded_lit, capsys):

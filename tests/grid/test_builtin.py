@@ -71,7 +71,9 @@ def test_moved_code_gives_the_premove_scripts_cells_to_the_last_digit(tmp_path, 
         assert not differ, {k: (old[k], new.get(k)) for k in differ[:3]}
         assert set(new) - set(old) == {"passes", "delta_best", "helps_best", "best_step_dyt", "best_step_layernorm",
                                        "batches_crc", "key", "grid_key", "recipe",
-                                       "arms", "reference_arm", "compared_arm", "missing"}  # 0.6: N arms, missing readings
+                                       "arms", "reference_arm", "compared_arm",  # 0.6: N arms
+                                       "missing",  # 0.6: readings that could not be computed
+                                       "diverged"}  # 0.7: the arms whose loss stopped being finite
         (legacy / f"{old['name']}.json").write_text(json.dumps(old))  # as the script cached it
     torch.set_num_threads(1)
     # the script's cached cells are adopted by `satmon grid` (same configuration), with the fields it adds

@@ -20,8 +20,9 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.io.lightning import LightningSink
 from satmon.io.sink import LayoutSink, MultiSink, NullSink, Sink
+from satmon.io.tags import TAG
 from satmon.io.tensorboard import (
-    TAG, SummaryWriterSink, add_layout, log_scalars, log_stop, log_text, log_verdict, watch_scalars, window_scalars,
+    SummaryWriterSink, add_layout, log_scalars, log_stop, log_text, log_verdict, watch_scalars, window_scalars,
 )
 from satmon.io.tensorboard_replay import TensorBoardReplay, next_version
 from satmon.results.stop import StopReason, StopRecord

@@ -24,7 +24,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 from satmon import SaturationMonitor
 from satmon.io.lightning import LightningSink
-from satmon.io.tensorboard import TAG, SummaryWriterSink, log_stop, log_verdict
+from satmon.io.tags import TAG
+from satmon.io.tensorboard import SummaryWriterSink, log_stop, log_verdict
 from satmon.io.tensorboard_reader import read_run
 from satmon.results.stop import StopReason, StopRecord
 from satmon.results.verdict import build_verdict

@@ -13,8 +13,8 @@ from torch import nn
 from satmon import DyT, probe
 from satmon.model import map as model_map_module
 from satmon.model.map import model_map
-from satmon.replay.checkpoints import inspect_checkpoint
-from satmon.replay.loop import ModelLoader, replay
+from satmon.replaying.checkpoints import inspect_checkpoint
+from satmon.replaying.loop import ModelLoader, checkpoint_records
 
 
 def _model() -> nn.Module:
@@ -108,7 +108,7 @@ def test_replay_builds_one_map_per_model(monkeypatch, tmp_path):
         f = tmp_path / f"w{step}.pt"
         torch.save({"model": _model().state_dict(), "iter_num": step}, f)
         paths.append(f)
-    records = list(replay([inspect_checkpoint(p) for p in paths], ModelLoader(factory=_model), [torch.randn(2, 8, D)]))
+    records = list(checkpoint_records([inspect_checkpoint(p) for p in paths], ModelLoader(factory=_model), [torch.randn(2, 8, D)]))
     assert all(r.error is None and r.report is not None for r in records)
     # one model and one twin for both checkpoints (one architecture: replay loads each checkpoint's weights
     # into the same model), one map each: loading weights changes no structure

@@ -133,13 +133,13 @@ def test_screen_and_probe_give_one_reading_equal_to_float64(offset, flagged):
 
 
 def test_the_offset_driven_probe_is_flagged_through_replay_too(tmp_path):
-    from satmon.replay.checkpoints import inspect_checkpoint
-    from satmon.replay.loop import ModelLoader, replay
+    from satmon.replaying.checkpoints import inspect_checkpoint
+    from satmon.replaying.loop import ModelLoader, checkpoint_records
 
     torch.manual_seed(0)
     model = Offset()
     torch.save(model.state_dict(), tmp_path / "w.pt")
-    (record,) = replay([inspect_checkpoint(tmp_path / "w.pt")], ModelLoader(factory=Offset), _batches(), twin=False)
+    (record,) = checkpoint_records([inspect_checkpoint(tmp_path / "w.pt")], ModelLoader(factory=Offset), _batches(), twin=False)
     v = record.verdict
     assert v.source == "replay" and v.decision == "go" and v.flags == ("offset-driven",) and v.trust == "flagged"
     assert "flagged (offset-driven): a measurement, not a forecast" in v.headline() and set(v.offset) == {"a", "b"}

@@ -24,7 +24,8 @@ from satmon import find_dyt_layers
 from satmon.probing.passes import EMBEDDING, feed_first, probe
 from satmon.results.verdict import Source
 from satmon.io.json_records import to_json
-from satmon.io.tensorboard import TAG, probe_scalars
+from satmon.io.tags import TAG
+from satmon.io.tensorboard import probe_scalars
 from third_party import GemmaStyleRMSNorm, LlamaRMSNorm, SkewedLayerNorm
 
 VOCAB = 256

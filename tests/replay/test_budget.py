@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from satmon.replay import checkpoints as ck
-from satmon.replay.budget import BUDGET_ENV, OverBudget, pickle_extent
+from satmon.replaying import checkpoints as ck
+from satmon.replaying.budget import BUDGET_ENV, OverBudget, pickle_extent
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
@@ -126,7 +126,7 @@ BOMBS = {
 
 _PROBE = """
 import resource, sys, torch
-from satmon.replay.checkpoints import inspect_checkpoint
+from satmon.replaying.checkpoints import inspect_checkpoint
 torch.save({"model": {"w": torch.zeros(4)}}, sys.argv[2])
 inspect_checkpoint(sys.argv[2])  # the same code path on a small file: the baseline
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -187,8 +187,8 @@ def test_pickle_extent_finds_the_end_of_real_pickles_without_reading_payloads(pr
 
 
 def test_the_data_file_is_checked_against_the_same_budget(tmp_path):
-    from satmon.replay.data import load_data_file
-    from satmon.replay.user_code import ReplayUsageError
+    from satmon.replaying.data import load_data_file
+    from satmon.replaying.user_code import ReplayUsageError
 
     bomb = tmp_path / "calib.pt"
     _zip_storage_claim(bomb, 1 << 38)

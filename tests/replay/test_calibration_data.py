@@ -8,13 +8,13 @@ import torch
 
 from satmon.batches import feed_first
 from satmon.demos.corpus import CorpusDataModule
-from satmon.replay.data import (
+from satmon.replaying.data import (
     capture_batches,
     datamodule_batches,
     input_forward_fn,
     load_data_file,
 )
-from satmon.replay.user_code import ReplayUsageError
+from satmon.replaying.user_code import ReplayUsageError
 
 
 def test_data_file_forms(tmp_path):

@@ -16,17 +16,19 @@ from helpers import tiny_lit, token_loader, trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from satmon import SaturationMonitor
-from satmon.replay.checkpoints import (
+from satmon.replaying.checkpoints import (
     TRUST_FLAG,
     CheckpointInfo,
-    find_checkpoints,
     inspect_checkpoint,
-    list_checkpoints,
-    nothing_to_replay,
     order_checkpoints,
     state_dict_of,
 )
-from satmon.replay.user_code import ReplayUsageError, short
+from satmon.replaying.listing import (
+    find_checkpoints,
+    list_checkpoints,
+    nothing_to_replay,
+)
+from satmon.replaying.user_code import ReplayUsageError, short
 
 
 class Payload:

@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from satmon.replay.checkpoints import inspect_checkpoint, list_checkpoints, state_dict_of
-from satmon.replay.data import load_data_file
-from satmon.replay.reading import CorruptFile, FileChanged, FileStamp, copy_tensors, load_index
-from satmon.replay.user_code import ReplayUsageError
+from satmon.replaying.checkpoints import inspect_checkpoint, state_dict_of
+from satmon.replaying.data import load_data_file
+from satmon.replaying.file_info import CorruptFile, FileChanged, FileStamp
+from satmon.replaying.formats.torch_file import copy_tensors, load_index
+from satmon.replaying.listing import list_checkpoints
+from satmon.replaying.user_code import ReplayUsageError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -135,7 +137,7 @@ def test_a_fifo_named_like_a_checkpoint_is_never_opened(tmp_path):
     listing = list_checkpoints([tmp_path])
     assert [p.name for p in listing.paths] == ["a.pt"] and ("b.pt", "a FIFO (named pipe): not read") in [
         (p.name, w) for p, w in listing.left_out]
-    code = ("import sys; from satmon.replay.checkpoints import inspect_checkpoint; "
+    code = ("import sys; from satmon.replaying.checkpoints import inspect_checkpoint; "
             f"print(inspect_checkpoint({str(tmp_path / 'b.pt')!r}).error)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})

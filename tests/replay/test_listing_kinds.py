@@ -13,9 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from satmon.paths import kind_of, length_problem, open_regular, require_regular, NotRegular
-from satmon.replay import checkpoints as ck
-from satmon.replay.user_code import ReplayUsageError
+from satmon.paths import (
+    NotRegular,
+    kind_of,
+    length_problem,
+    open_regular,
+    require_regular,
+)
+from satmon.replaying import checkpoints as ck
+from satmon.replaying import listing as lst
+from satmon.replaying.user_code import ReplayUsageError
 
 
 def _ckpt(path: Path, step: int = 1) -> Path:
@@ -69,7 +76,7 @@ def test_an_entry_that_is_not_a_file_is_named_by_kind_and_never_opened(tmp_path,
     opened = []
     real_open = os.open
     monkeypatch.setattr(os, "open", lambda p, *a, **k: opened.append(os.fspath(p)) or real_open(p, *a, **k))
-    listing = ck.list_checkpoints([tmp_path])
+    listing = lst.list_checkpoints([tmp_path])
     assert [p.name for p in listing.paths] == ["good.pt"]
     said = dict(listing.notes())
     assert said[odd].startswith(phrase), said  # named on stderr with its kind
@@ -84,7 +91,7 @@ def test_an_entry_that_is_not_a_file_given_directly_is_refused_in_one_line_namin
     odd = tmp_path / "odd.ckpt"
     make(odd, keep)
     with pytest.raises(ReplayUsageError) as e:
-        ck.list_checkpoints([odd])
+        lst.list_checkpoints([odd])
     message = str(e.value)
     assert f"which is {phrase}" in message and "pass the checkpoints' files or folder (it was not opened)" in message
     assert "\n" not in message
@@ -103,12 +110,12 @@ def test_require_regular_names_the_kind_and_open_regular_never_blocks(tmp_path, 
 
 
 def test_a_folder_reached_twice_and_a_second_name_are_not_an_incomplete_replay(tmp_path):
-    """Decision (docs/reference/reliability.md): a second name of a listed file, or of a searched folder, holds nothing new."""
+    """Decision (docs/reference/input_files.md): a second name of a listed file, or of a searched folder, holds nothing new."""
     _ckpt(tmp_path / "run" / "a.pt")
     (tmp_path / "run" / "again.pt").symlink_to(tmp_path / "run" / "a.pt")
     os.link(tmp_path / "run" / "a.pt", tmp_path / "run" / "hard.pt")
     (tmp_path / "run" / "up").symlink_to(tmp_path / "run", target_is_directory=True)
-    listing = ck.list_checkpoints([tmp_path / "run"])
+    listing = lst.list_checkpoints([tmp_path / "run"])
     assert [p.name for p in listing.paths] == ["a.pt"] and listing.unread() == []
 
 
@@ -151,7 +158,7 @@ def _deep_folder(root: Path, total: int) -> Path:
 def test_a_path_over_the_system_limits_given_is_one_line_of_its_class(tmp_path, member):
     given = tmp_path / ("x" * 300 + ".ckpt") if member == "name-over-name-max" else Path(str(tmp_path) + "/a" * 2100)
     with pytest.raises(ReplayUsageError) as e:
-        ck.list_checkpoints([given])
+        lst.list_checkpoints([given])
     message = str(e.value)
     limit = "NAME_MAX" if member == "name-over-name-max" else "PATH_MAX"
     assert limit in message and "Errno" not in message and "pass a shorter path" in message and len(message) < 600
@@ -161,7 +168,7 @@ def test_a_path_over_the_system_limits_given_is_one_line_of_its_class(tmp_path, 
 def test_a_folder_over_path_max_found_in_a_listing_is_named_and_makes_the_replay_incomplete(tmp_path):
     _ckpt(tmp_path / "ok.pt")
     deep = _deep_folder(tmp_path, 4200)
-    listing = ck.list_checkpoints([tmp_path])
+    listing = lst.list_checkpoints([tmp_path])
     assert [p.name for p in listing.paths] == ["ok.pt"]
     unread = listing.unread()
     assert len(unread) == 1 and str(deep).startswith(str(unread[0][0])) and "PATH_MAX" in unread[0][1]
@@ -185,13 +192,13 @@ SATMON_OWN = {
 def test_satmon_own_files_are_satmons_never_skipped_nor_a_checkpoint(tmp_path, name):
     _ckpt(tmp_path / "run" / "step-1.ckpt")
     SATMON_OWN[name](tmp_path / "run" / name)
-    listing = ck.list_checkpoints([tmp_path / "run"])
+    listing = lst.list_checkpoints([tmp_path / "run"])
     assert [p.name for p in listing.paths] == ["step-1.ckpt"]
     assert [p.name for p, _ in listing.satmon_files] == [name]
     assert listing.left_out == [] and listing.notes() == [] and listing.unread() == []
-    if name == ck.CALIBRATION_FILE:
+    if name == lst.CALIBRATION_FILE:
         assert listing.calibration == tmp_path / "run" / name  # for the replay to use as --data
-    given = ck.list_checkpoints([tmp_path / "run" / name])
+    given = lst.list_checkpoints([tmp_path / "run" / name])
     assert given.paths == [] and "satmon's" in given.explicit[0][1] and "not model weights" in given.explicit[0][1]
 
 
@@ -200,16 +207,16 @@ def test_satmon_file_names_are_the_ones_satmon_writes():
     from satmon.drivers import hf
     from satmon.io import lock, trackers
 
-    assert ck.satmon_file(hf.STATE_FILE) and ck.STATE_FILE == hf.STATE_FILE
-    assert ck.satmon_file(os.path.basename(lock.lock_path("out/r.json", folder=False)))
-    assert ck.satmon_file(os.path.basename(lock.lock_path("grid", folder=True)))
-    assert ck.satmon_file(trackers.text_file_name("satmon/verdict")) and ck.satmon_file(trackers.text_file_name("satmon/stop"))
-    package = {p: p.read_text() for p in Path(ck.__file__).parents[1].rglob("*.py") if p.name != "checkpoints.py"}
+    assert lst.satmon_file(hf.STATE_FILE) and lst.STATE_FILE == hf.STATE_FILE
+    assert lst.satmon_file(os.path.basename(lock.lock_path("out/r.json", folder=False)))
+    assert lst.satmon_file(os.path.basename(lock.lock_path("grid", folder=True)))
+    assert lst.satmon_file(trackers.text_file_name("satmon/verdict")) and lst.satmon_file(trackers.text_file_name("satmon/stop"))
+    package = {p: p.read_text() for p in Path(ck.__file__).parents[1].rglob("*.py") if p.name != "listing.py"}
     from satmon import paths
 
-    assert ck.CALIBRATION_FILE == paths.CALIBRATION_FILE and ck.STATE_FILE == paths.STATE_FILE  # named once
+    assert lst.CALIBRATION_FILE == paths.CALIBRATION_FILE and lst.STATE_FILE == paths.STATE_FILE  # named once
     assert "os.path.join(log_dir, CALIBRATION_FILE)" in package[Path(hf.__file__).with_name("live_probe.py")]  # the live probe's
-    assert any('".partial.jsonl"' in text for text in package.values()) and ck.satmon_file("r.json.partial.jsonl")
+    assert any('".partial.jsonl"' in text for text in package.values()) and lst.satmon_file("r.json.partial.jsonl")
 
 
 def test_a_hugging_face_output_dir_lists_only_its_model_checkpoints(tmp_path):
@@ -227,7 +234,7 @@ def test_a_hugging_face_output_dir_lists_only_its_model_checkpoints(tmp_path):
     (out / "runs" / "Dec01_host").mkdir(parents=True)
     (out / "runs" / "Dec01_host" / "events.out.tfevents.1.host").write_bytes(b"")
     (out / "satmon_verdict.md").write_text("### NO-GO\n")
-    listing = ck.list_checkpoints([out])
+    listing = lst.list_checkpoints([out])
     assert [p.name for p in listing.paths] == ["checkpoint-10", "checkpoint-20", "checkpoint-30"]
     assert sorted(p.name for p in listing.states) == ["satmon_state.pt"] * 3
     assert listing.unread() == [] and listing.notes() == []
@@ -272,14 +279,14 @@ def test_a_format_satmon_does_not_read_is_named_once_with_its_conversion(tmp_pat
     make, name, what, command = FORMATS[member]
     make(tmp_path / "run" / name)
     _ckpt(tmp_path / "run" / "plain.pt")
-    listing = ck.list_checkpoints([tmp_path / "run" if given == "parent" else tmp_path / "run" / name])
+    listing = lst.list_checkpoints([tmp_path / "run" if given == "parent" else tmp_path / "run" / name])
     assert [p.name for p in listing.paths] == (["plain.pt"] if given == "parent" else [])
     assert len(listing.unread()) == 1  # one entry for the folder, not one "not a checkpoint" per file
     path, why = listing.unread()[0]
     assert path == tmp_path / "run" / name and why.startswith(what) and command in why
     assert not any("not a checkpoint" in w for _, w in listing.left_out)
     if given == "itself":
-        message = ck.nothing_to_replay([path], listing)
+        message = lst.nothing_to_replay([path], listing)
         assert what in message and command in message
     import shlex
 
@@ -294,7 +301,7 @@ def test_a_deepspeed_folder_with_quotes_in_its_name_gets_commands_that_parse(tmp
 
     folder = tmp_path / "it's \"odd\" $x"
     _deepspeed_lightning(folder)
-    (why,) = [w for _, w in ck.list_checkpoints([tmp_path]).unread()]
+    (why,) = [w for _, w in lst.list_checkpoints([tmp_path]).unread()]
     lightning, script = (shlex.split(c) for c in why.split("`")[1::2][:2])
     compile(lightning[2], "<the command>", "exec")
     assert repr(str(folder)) in lightning[2] and script[2] == str(folder)
@@ -310,7 +317,7 @@ def test_a_dcp_folder_is_read_without_a_process_group_as_torch_consolidates_it(t
     import torch.distributed.checkpoint as dcp
 
     dcp.save(state, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
-    listing = ck.list_checkpoints([tmp_path])
+    listing = lst.list_checkpoints([tmp_path])
     assert listing.paths == [tmp_path / "dcp"] and listing.unread() == [] and listing.left_out == []
     info = ck.inspect_checkpoint(listing.paths[0], stamps=listing.stamps[listing.paths[0]])
     assert info.error is None and info.global_step == 12 and info.kind == "state_dict"
@@ -353,7 +360,7 @@ def test_the_dcp_conversion_command_in_a_refusal_makes_a_file_satmon_replays(tmp
     import subprocess
     import sys
 
-    from satmon.replay.budget import BUDGET_ENV
+    from satmon.replaying.budget import BUDGET_ENV
 
     _dcp(tmp_path / "dcp")
     monkeypatch.setenv(BUDGET_ENV, "0.0001")
@@ -370,6 +377,7 @@ def test_the_dcp_conversion_command_in_a_refusal_makes_a_file_satmon_replays(tmp
 
 def test_replaying_a_dcp_folder_through_the_cli_exits_0(tmp_path, capsys, monkeypatch):
     import torch.distributed.checkpoint as dcp
+
     from satmon.cli.main import main
 
     (tmp_path / "m.py").write_text("import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 4), "

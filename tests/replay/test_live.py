@@ -17,12 +17,19 @@ from lightning.pytorch.loggers import TensorBoardLogger
 import satmon
 from satmon import SaturationMonitor
 from satmon.cli.main import main
-from satmon.io.tensorboard import TAG
+from satmon.io.tags import TAG
 from satmon.io.tensorboard_reader import read_run
-from satmon.replay import checkpoints as ck
-from satmon.replay.live import find_source, live_from_checkpoints, live_from_tensorboard, run_name, source_run
-from satmon.replay.outputs import live_lines
-from satmon.replay.user_code import ReplayUsageError
+from satmon.replaying import checkpoints as ck
+from satmon.replaying import listing as lst
+from satmon.replaying.live import (
+    find_source,
+    live_from_checkpoints,
+    live_from_tensorboard,
+    run_name,
+    source_run,
+)
+from satmon.replaying.outputs import live_lines
+from satmon.replaying.user_code import ReplayUsageError
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*validation_step.*", "ignore:.*logging interval.*", "ignore:.*hp_metric.*")
 
@@ -47,7 +54,7 @@ def run(tmp_path_factory):
 
 
 def _infos(version):
-    listing = ck.list_checkpoints([version / "checkpoints"])
+    listing = lst.list_checkpoints([version / "checkpoints"])
     return ck.order_checkpoints([ck.inspect_checkpoint(p, stamps=listing.stamps[p]) for p in listing.paths])
 
 

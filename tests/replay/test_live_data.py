@@ -13,9 +13,9 @@ import torch
 
 import satmon
 from satmon.io.tensorboard import SummaryWriterSink, log_verdict
-from satmon.replay.live import live_from_tensorboard
-from satmon.replay.user_code import ReplayUsageError
-from satmon.results.verdict import build_verdict
+from satmon.replaying.live import live_from_tensorboard
+from satmon.replaying.user_code import ReplayUsageError
+from satmon.results.verdict import Rule, build_verdict
 
 
 def _written(folder, verdict, card):
@@ -26,8 +26,8 @@ def _written(folder, verdict, card):
 
 
 def test_the_tensorboard_live_reading_comes_from_the_hparams_not_the_card(tmp_path):
-    verdict = build_verdict({"ln_f": (3, 10), "h.0": (7, 10)}, step=8, window=8, planned_window=8, threshold=0.3,
-                            threshold_source="user")
+    verdict = build_verdict({"ln_f": (3, 10), "h.0": (7, 10)}, Rule(0.3, threshold_source="user"), step=8, window=8,
+                            planned_window=8)
     folder = _written(tmp_path / "run", verdict, card="### a card in other words, with no window and no trust")
     live = live_from_tensorboard(folder)
     assert (live.decision, live.step, live.window, live.trust, live.threshold) == (

@@ -16,16 +16,16 @@ from satmon import probe
 from satmon.batches import feed_first
 from satmon.demos.corpus import CorpusDataModule
 from satmon.demos.lit import LitLM
-from satmon.replay.checkpoints import (
-    find_checkpoints,
+from satmon.replaying.checkpoints import (
     inspect_checkpoint,
     order_checkpoints,
 )
-from satmon.replay.loop import (
+from satmon.replaying.listing import find_checkpoints
+from satmon.replaying.loop import (
     ModelLoader,
     ReplayRecord,
+    checkpoint_records,
     nonfinite_parameters,
-    replay,
     summary_row,
 )
 
@@ -93,7 +93,7 @@ def test_replay_reads_each_file_once_and_steps_each_verdict(run, monkeypatch):
     real = torch.load
     monkeypatch.setattr(torch, "load", lambda f, *a, **kw: calls.append(str(f)) or real(f, *a, **kw))
     infos = order_checkpoints([inspect_checkpoint(p) for p in find_checkpoints([paths[0].parent])])
-    records = list(replay(infos, ModelLoader(LitLM), batches, probe_kwargs=dict(forward_fn=feed_first, level=0.5)))
+    records = list(checkpoint_records(infos, ModelLoader(LitLM), batches, probe_kwargs=dict(forward_fn=feed_first, level=0.5)))
     assert sorted(calls) == sorted(map(str, paths))  # one torch.load per file, inspection included
     assert all(i.checkpoint is None for i in infos)  # the loop released what it read
     assert [r.global_step for r in records] == [2, 4] and all(isinstance(r, ReplayRecord) for r in records)
@@ -105,7 +105,7 @@ def test_replay_reads_each_file_once_and_steps_each_verdict(run, monkeypatch):
 
 def test_record_dict_keys_are_the_json_of_satmon_0_1(run):
     paths, batches = run
-    good, bad = list(replay([inspect_checkpoint(paths[0]), inspect_checkpoint(paths[0].parent / "nope.pt")],
+    good, bad = list(checkpoint_records([inspect_checkpoint(paths[0]), inspect_checkpoint(paths[0].parent / "nope.pt")],
                             ModelLoader(LitLM), batches, probe_kwargs=dict(forward_fn=feed_first)))
     report_keys = list(good.report.to_dict())
     assert list(good.to_dict()) == ["checkpoint", "global_step", *report_keys, "seconds", "weights_only", "nonfinite_weights"]
@@ -121,7 +121,7 @@ def test_nonfinite_weights_are_counted_and_make_the_record_nonfinite(run, tmp_pa
     w[1, 0] = float("inf")
     ckpt["state_dict"]["model.blocks.1.mlp.c_fc.weight"] = w
     torch.save(ckpt, tmp_path / "nan.ckpt")
-    (record,) = replay([inspect_checkpoint(tmp_path / "nan.ckpt")], ModelLoader(LitLM), batches,
+    (record,) = checkpoint_records([inspect_checkpoint(tmp_path / "nan.ckpt")], ModelLoader(LitLM), batches,
                        probe_kwargs=dict(forward_fn=feed_first))
     assert record.nonfinite_weights == 6 and record.nonfinite
     assert any("model.blocks.1.mlp.c_fc.weight (6)" in n for n in record.notes)
@@ -141,7 +141,7 @@ def test_nonfinite_parameters_skips_buffers():
 def test_unbuildable_and_failed_files_become_error_records(run, tmp_path):
     paths, batches = run
     torch.save({"w": torch.zeros(1)}, tmp_path / "plain.pt")
-    records = list(replay([inspect_checkpoint(tmp_path / "plain.pt")], ModelLoader(LitLM), batches))
+    records = list(checkpoint_records([inspect_checkpoint(tmp_path / "plain.pt")], ModelLoader(LitLM), batches))
     assert records[0].error.startswith("a plain state_dict file needs --factory")
 
 
@@ -167,14 +167,14 @@ def test_hyper_parameters_asking_for_a_huge_model_cost_nothing_before_the_mismat
     assert Recording.built == ["meta"]  # built once, on the meta device only: no memory, no init time
     assert "308 of the model's 342 keys missing from the checkpoint" in problem
     assert "model.tok_emb.weight: checkpoint [256, 32], model [256, 2048]" in problem and len(problem) < 600
-    (record,) = replay([info], loader, run[1], probe_kwargs=dict(forward_fn=feed_first))
+    (record,) = checkpoint_records([info], loader, run[1], probe_kwargs=dict(forward_fn=feed_first))
     assert record.error == problem and record.report is None and Recording.built == ["meta"]  # never built for real
 
 
 def test_a_fitting_checkpoint_is_checked_on_meta_then_built_once(run):
     Recording.built = []
     infos = order_checkpoints([inspect_checkpoint(p) for p in run[0]])
-    records = list(replay(infos, ModelLoader(Recording), run[1], probe_kwargs=dict(forward_fn=feed_first), twin=False))
+    records = list(checkpoint_records(infos, ModelLoader(Recording), run[1], probe_kwargs=dict(forward_fn=feed_first), twin=False))
     assert [r.error for r in records] == [None, None]
     assert Recording.built == ["meta", "cpu"]  # one meta check and one real build for both (same hyper-parameters)
 
@@ -192,7 +192,7 @@ def test_plain_weights_that_do_not_fit_the_factory_are_named_in_one_line(tmp_pat
 def test_records_are_frozen_and_built_once_per_checkpoint(run, monkeypatch):
     import dataclasses
 
-    from satmon.replay import loop
+    from satmon.replaying import loop
 
     made = []
 
@@ -203,7 +203,7 @@ def test_records_are_frozen_and_built_once_per_checkpoint(run, monkeypatch):
 
     monkeypatch.setattr(loop, "ReplayRecord", Counting)
     infos = order_checkpoints([inspect_checkpoint(p) for p in run[0]])
-    records = list(replay(infos, ModelLoader(LitLM), run[1], probe_kwargs=dict(forward_fn=feed_first)))
+    records = list(checkpoint_records(infos, ModelLoader(LitLM), run[1], probe_kwargs=dict(forward_fn=feed_first)))
     assert made == [r.checkpoint for r in records] and len(made) == 2
     with pytest.raises(dataclasses.FrozenInstanceError):
         records[0].error = "x"
@@ -211,10 +211,13 @@ def test_records_are_frozen_and_built_once_per_checkpoint(run, monkeypatch):
 
 
 def test_the_record_lives_in_results_and_its_0_2_path_keeps_working():
-    from satmon.replay import ReplayRecord as public
+    from satmon._compat import SatmonDeprecationWarning
     from satmon.results.replay_record import ReplayRecord as home
 
-    assert public is home is ReplayRecord
+    with pytest.warns(SatmonDeprecationWarning) as caught:  # the 0.4 package path, then the name read from it
+        from satmon.replay import ReplayRecord as old
+    assert any("satmon.replay.ReplayRecord is deprecated" in str(w.message) for w in caught)
+    assert old is home is ReplayRecord
 
 
 def test_the_replay_loop_imports_no_lightning(run, tmp_path):
@@ -227,13 +230,13 @@ def test_the_replay_loop_imports_no_lightning(run, tmp_path):
     torch.save(run[1], tmp_path / "calib.pt")
     script = (
         "import sys, torch\n"
-        "from satmon.replay.checkpoints import inspect_checkpoint\n"
-        "from satmon.replay.loop import ModelLoader, replay, is_lightning_module\n"
-        "from satmon.replay.data import load_data_file, input_forward_fn\n"
+        "from satmon.replaying.checkpoints import inspect_checkpoint\n"
+        "from satmon.replaying.loop import ModelLoader, checkpoint_records, is_lightning_module\n"
+        "from satmon.replaying.data import load_data_file, input_forward_fn\n"
         "from satmon.demos.gpt import GPT, GPTConfig\n"
         "build = lambda: GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16))\n"
         f"batches = load_data_file({str(tmp_path / 'calib.pt')!r}, 3)\n"
-        f"(r,) = replay([inspect_checkpoint({str(tmp_path / 'w.pt')!r})], ModelLoader(factory=build), batches,\n"
+        f"(r,) = checkpoint_records([inspect_checkpoint({str(tmp_path / 'w.pt')!r})], ModelLoader(factory=build), batches,\n"
         "              probe_kwargs=dict(forward_fn=input_forward_fn(batches)))\n"
         "assert r.error is None and r.verdict is not None, r.error\n"
         "assert not is_lightning_module(GPT)\n"
@@ -245,7 +248,7 @@ def test_the_replay_loop_imports_no_lightning(run, tmp_path):
 
 
 def test_a_lightning_module_is_recognised_by_its_bases():
-    from satmon.replay.loop import is_lightning_module
+    from satmon.replaying.loop import is_lightning_module
 
     assert is_lightning_module(LitLM) and is_lightning_module(Recording) and not is_lightning_module(torch.nn.Linear)
     assert not is_lightning_module(LitLM(arch="gpt", d_model=8, n_layers=1, n_heads=1, seq_len=4))  # an instance is no class

@@ -17,8 +17,8 @@ from satmon import probe
 from satmon.batches import feed_first
 from satmon.demos.corpus import CorpusDataModule
 from satmon.demos.lit import LitLM
-from satmon.replay.checkpoints import inspect_checkpoint, order_checkpoints
-from satmon.replay.loop import ModelLoader, replay
+from satmon.replaying.checkpoints import inspect_checkpoint, order_checkpoints
+from satmon.replaying.loop import ModelLoader, checkpoint_records
 
 DM_ARGS = {"seq_len": 16, "batch_size": 4, "train_tokens": 20_000, "val_tokens": 2_000, "seed": 0}
 
@@ -46,7 +46,8 @@ def runs(tmp_path_factory):
 
 def _infos(runs, name):
     roots, _ = runs
-    kw = {"dyt": {}, "layernorm": {"norm": "layernorm"}, "llama": {"arch": "llama"}}[name]
+    # the LLaMA with DyT before the head too (LlamaLM's default final norm is RMSNorm, which would need a twin)
+    kw = {"dyt": {}, "layernorm": {"norm": "layernorm"}, "llama": {"arch": "llama", "final_norm": "dyt"}}[name]
     return _run(roots[name], **kw) if not list(roots[name].glob("*.ckpt")) else \
         order_checkpoints([inspect_checkpoint(p) for p in sorted(roots[name].glob("*.ckpt"))])
 
@@ -73,7 +74,7 @@ def test_one_model_per_architecture_reads_what_fresh_models_read(runs, name, mon
     collected = []
     real_collect = gc.collect
     monkeypatch.setattr(gc, "collect", lambda *a: collected.append(1) or real_collect(*a))
-    got = list(replay(infos, ModelLoader(Counting), batches, probe_kwargs={"forward_fn": feed_first}))
+    got = list(checkpoint_records(infos, ModelLoader(Counting), batches, probe_kwargs={"forward_fn": feed_first}))
     assert [r.error for r in got] == [None] * 3
     twins = 1 if name == "layernorm" else 0
     assert Counting.built == 1 + 1 + twins  # the meta check, one real model, and (LayerNorm) one twin, for 3 checkpoints
@@ -98,7 +99,7 @@ def test_the_gating_trace_runs_once_per_architecture(runs, monkeypatch):
     calls = []
     real = passes.detect_gating
     monkeypatch.setattr(passes, "detect_gating", lambda *a, **k: calls.append(1) or real(*a, **k))
-    got = list(replay(_infos(runs, "llama"), ModelLoader(LitLM), runs[1], probe_kwargs={"forward_fn": feed_first}))
+    got = list(checkpoint_records(_infos(runs, "llama"), ModelLoader(LitLM), runs[1], probe_kwargs={"forward_fn": feed_first}))
     assert [r.error for r in got] == [None] * 3 and len(calls) == 1
     assert all(r.report.gating == got[0].report.gating for r in got) and got[0].report.gating.gated is True
 
@@ -122,7 +123,7 @@ class Loose(Counting):
 @pytest.mark.parametrize("cls, builds", [(Hooked, 3 + 3), (Loose, 1 + 3)])
 def test_a_module_that_may_change_per_checkpoint_is_built_for_each(runs, cls, builds):
     cls.built = 0
-    got = list(replay(_infos(runs, "dyt"), ModelLoader(cls), runs[1], probe_kwargs={"forward_fn": feed_first}))
+    got = list(checkpoint_records(_infos(runs, "dyt"), ModelLoader(cls), runs[1], probe_kwargs={"forward_fn": feed_first}))
     assert [r.error for r in got] == [None] * 3 and cls.built == builds
 
 
@@ -133,7 +134,7 @@ def test_a_checkpoint_that_fails_to_load_is_not_followed_by_a_half_loaded_model(
     bad["state_dict"].pop("model.blocks.0.ln_1.weight")  # a missing key: load_state_dict raises midway
     torch.save(bad, tmp_path / "bad.ckpt")
     order = [infos[0], inspect_checkpoint(tmp_path / "bad.ckpt"), infos[2]]
-    got = list(replay(order, ModelLoader(LitLM), runs[1], probe_kwargs={"forward_fn": feed_first}))
+    got = list(checkpoint_records(order, ModelLoader(LitLM), runs[1], probe_kwargs={"forward_fn": feed_first}))
     assert got[0].error is None and got[1].error is not None and got[2].error is None
     fresh = LitLM.load_from_checkpoint(infos[2].path, map_location="cpu").eval()
     want = probe(fresh, runs[1], forward_fn=feed_first, step=got[2].global_step, source="replay").to_dict()
@@ -144,7 +145,7 @@ def test_a_checkpoint_that_fails_to_load_is_not_followed_by_a_half_loaded_model(
 def test_another_architecture_gets_a_model_of_its_own(runs):
     order = [_infos(runs, "dyt")[0], _infos(runs, "llama")[0], _infos(runs, "dyt")[1]]
     Counting.built = 0
-    got = list(replay(order, ModelLoader(Counting), runs[1], probe_kwargs={"forward_fn": feed_first}))
+    got = list(checkpoint_records(order, ModelLoader(Counting), runs[1], probe_kwargs={"forward_fn": feed_first}))
     assert [r.error for r in got] == [None] * 3
     assert Counting.built == 2 + 3  # two meta checks; gpt, llama, gpt again built for real
     assert got[1].report.gating.gated is True and got[0].report.gating.gated is False
@@ -159,7 +160,7 @@ def _record(r):
 
 def _alone(infos, loader_of, batches, **kw):
     """Each checkpoint replayed by itself, with a loader of its own (nothing kept from another checkpoint)."""
-    return [next(iter(replay([info], loader_of(), batches, **kw))) for info in infos]
+    return [next(iter(checkpoint_records([info], loader_of(), batches, **kw))) for info in infos]
 
 
 def test_a_reused_replay_equals_each_checkpoint_replayed_alone_across_a_shape_change(runs, tmp_path):
@@ -170,7 +171,7 @@ def test_a_reused_replay_equals_each_checkpoint_replayed_alone_across_a_shape_ch
     dyt, llama = _infos(runs, "dyt"), _infos(runs, "llama")
     order = [dyt[0], dyt[1], wide[0], llama[0], dyt[2], wide[1]]
     Counting.built = 0
-    got = [_record(r) for r in replay(order, ModelLoader(Counting), runs[1], probe_kwargs={"forward_fn": feed_first})]
+    got = [_record(r) for r in checkpoint_records(order, ModelLoader(Counting), runs[1], probe_kwargs={"forward_fn": feed_first})]
     reused_builds = Counting.built
     again = [inspect_checkpoint(r["checkpoint"]) for r in got]
     want = [_record(r) for r in _alone(again, lambda: ModelLoader(Counting), runs[1],
@@ -207,7 +208,7 @@ def test_plain_weights_reused_equal_alone_and_a_misfit_in_the_middle_is_not_read
         return _net()
 
     infos = order_checkpoints([inspect_checkpoint(p) for p in paths])
-    got = [_record(r) for r in replay(infos, ModelLoader(factory=factory), batches)]
+    got = [_record(r) for r in checkpoint_records(infos, ModelLoader(factory=factory), batches)]
     n_reused = len(built)
     want = [_record(r) for r in _alone(order_checkpoints([inspect_checkpoint(p) for p in paths]),
                                         lambda: ModelLoader(factory=factory), batches)]
@@ -230,6 +231,6 @@ def test_a_probe_that_fails_drops_the_kept_model(runs, monkeypatch):
 
     monkeypatch.setattr(passes, "probe", flaky)
     Counting.built = 0
-    got = list(replay(_infos(runs, "dyt"), ModelLoader(Counting), runs[1], probe_kwargs={"forward_fn": feed_first}))
+    got = list(checkpoint_records(_infos(runs, "dyt"), ModelLoader(Counting), runs[1], probe_kwargs={"forward_fn": feed_first}))
     assert [r.error is None for r in got] == [True, False, True]
     assert Counting.built == 1 + 2  # the meta check; the model after the failure is built afresh

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from satmon.dyt import DyT
-from satmon.replay.checkpoints import inspect_checkpoint, order_checkpoints
-from satmon.replay.loop import ModelLoader, replay
+from satmon.replaying.checkpoints import inspect_checkpoint, order_checkpoints
+from satmon.replaying.loop import ModelLoader, checkpoint_records
 
 
 class _Stateful(torch.nn.Module):
@@ -64,10 +64,10 @@ def test_state_a_forward_leaves_outside_the_state_dict_never_reaches_the_next_ch
         d.pop("elapsed_s", None)
         return d
 
-    together = [readings(r) for r in replay(order_checkpoints([inspect_checkpoint(p) for p in paths]),
+    together = [readings(r) for r in checkpoint_records(order_checkpoints([inspect_checkpoint(p) for p in paths]),
                                             ModelLoader(factory=factory), batches)]
     n_together = len(built)
-    alone = [readings(next(iter(replay([inspect_checkpoint(p)], ModelLoader(factory=factory), batches))))
+    alone = [readings(next(iter(checkpoint_records([inspect_checkpoint(p)], ModelLoader(factory=factory), batches))))
              for p in paths]
     assert together == alone
     assert len({d["verdict"]["saturation"] for d in together}) == 3
@@ -121,7 +121,7 @@ def test_an_output_named_in_bytes_that_are_not_utf8_is_refused_before_any_work(t
                                                                                 value):
     """0.3 before this fix: a traceback after every checkpoint was read (TensorBoard's path, the report's links)."""
     from satmon.cli.replay import main
-    from satmon.replay import loop
+    from satmon.replaying import loop
 
     argv = _plain_run(tmp_path, [b"w.pt"])
     monkeypatch.setattr(loop.ModelLoader, "load", lambda *a: pytest.fail("a checkpoint was read"))

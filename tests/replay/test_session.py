@@ -20,7 +20,7 @@ import satmon
 from satmon import Settings
 from satmon.dyt import DyT
 from satmon.io.lock import exclusive, lock_path
-from satmon.replay.user_code import ReplayUsageError
+from satmon.replaying.user_code import ReplayUsageError
 
 ALPHAS = {10: 0.5, 20: 2.0, 30: 4.0}  # a step -> the DyT's alpha saved at that step
 FACTORY = '''
@@ -76,7 +76,7 @@ def test_the_python_entry_yields_one_record_per_checkpoint_matching_a_recount(fo
     assert [r.global_step for r in records] == [10, 20, 30] and all(r.error is None for r in records)
     for record in records:
         assert record.verdict.saturation == pytest.approx(_recount(net, batch, ALPHAS[record.global_step]), abs=1e-12)
-        assert record.verdict.threshold == satmon.study.THRESHOLD and record.verdict.threshold_source == "study"
+        assert record.verdict.threshold == satmon.study.THRESHOLD and record.verdict.rule.threshold_source == "study"
     written = json.loads((tmp_path / "r.json").read_text())
     assert [w["global_step"] for w in written] == [10, 20, 30] and not (tmp_path / "r.json.partial.jsonl").exists()
     assert run.json_written == tmp_path / "r.json" and run.log_dir.parent == (tmp_path / "tb" / "replay").resolve()
@@ -90,7 +90,7 @@ def test_the_settings_rule_reaches_every_record_and_the_report(folder, tmp_path)
     run = satmon.replay(ckpts, factory=_net, data=[batch], settings=Settings(threshold=0.3), device="cpu", twin=False,
                         report=tmp_path / "r.md")
     records = list(run)
-    assert {(r.verdict.threshold, r.verdict.threshold_source) for r in records} == {(0.3, "user")}
+    assert {(r.verdict.threshold, r.verdict.rule.threshold_source) for r in records} == {(0.3, "user")}
     text = (tmp_path / "r.md").read_text()
     assert "GO threshold 0.3 on pooled saturation" in text and run.log_dir is None  # no logdir: no TensorBoard run
 

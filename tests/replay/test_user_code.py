@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from satmon.replay.user_code import ReplayUsageError, error_line, import_object
+from satmon.replaying.user_code import ReplayUsageError, error_line, import_object
 
 
 @pytest.fixture

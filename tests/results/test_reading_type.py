@@ -82,8 +82,10 @@ def test_the_settings_rule_says_whose_threshold_it_is_from_what_was_given():
     assert dataclasses.replace(Settings(), threshold=0.3).rule == Rule(0.3, study.COLLAPSE_THRESHOLD, study.CAVEAT, "user")
     assert dataclasses.replace(mine, collapse_threshold=0.6).rule.collapse_threshold == 0.6
     assert dataclasses.replace(mine, threshold=None).rule.threshold_source == "study"  # back to the study's
-    with pytest.raises(ValueError, match="Expected `rule` to be left out"):
-        Settings(rule="study")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'rule'"):  # computed, not an option
+        Settings(rule=Rule())
+    with pytest.raises(ValueError, match="init=False"):
+        dataclasses.replace(mine, rule=Rule())
     assert "rule" not in Settings.names()
 
 
@@ -96,12 +98,12 @@ def test_rule_of_a_calibration_is_the_calibration(tmp_path):
     rule = Settings(calibration=cal).rule
     assert rule.threshold_source == "calibration" and rule.threshold == pytest.approx(cal.threshold)
     v = verdict_of(_reading(counts={"a": LayerCounts(60, 100)}, functions={"a": "erf"}), rule)
-    assert v.threshold_source == "calibration" and "uncalibrated" not in v.cautions  # calibrated on the user's runs
+    assert v.rule is rule and "uncalibrated" not in v.cautions  # calibrated on the user's runs
     assert f"by your calibration's threshold {cal.threshold:g}" in v.headline()
     # its own held-out evidence, from the file: leave-one-group-out against guessing the commoner outcome (3 of 6)
-    assert (v.held_out_accuracy, v.no_skill_accuracy) == (cal.loso_accuracy, 0.5) == (rule.held_out_accuracy, rule.no_skill_accuracy)
+    assert v.rule.evidence() == (cal.loso_accuracy, 0.5, 6) == (rule.held_out_accuracy, rule.no_skill_accuracy, 6)
     # 5 of 6 right against 3 of 6: p = 7/64 = 0.11 by the one-sided exact binomial test, so no forecast
-    assert v.held_out_cells == rule.held_out_cells == 6 and round(cal.loso_accuracy * 6) == 5
+    assert round(cal.loso_accuracy * 6) == 5
     assert not v.forecast and v.trust == "unproven" and "5 of 6 cells right, p = 0.11" in v.card()
 
 
@@ -114,7 +116,7 @@ def test_a_function_the_study_did_not_calibrate_says_so_unless_the_user_gave_a_t
     assert "satmon calibrate" in v.card() and not any(w in v.card() for w in IMPERATIVES)
     mine = verdict_of(r, Settings(threshold=0.55).rule)
     # a bare threshold of the user's is no calibration either: no evidence, a measurement
-    assert mine.trust == "unproven" and mine.cautions == ("unproven",) and mine.held_out_accuracy is None
+    assert mine.trust == "unproven" and mine.cautions == ("unproven",) and mine.rule.evidence() == (None, None, None)
     assert mine.headline() == ("GO by your threshold 0.55: a measurement, not a forecast (no held-out accuracy: a threshold "
                                "given without calibration)")
 
@@ -123,10 +125,10 @@ def test_dyt_with_the_study_threshold_is_calibrated_but_unproven():
     v = verdict_of(_reading(functions={"a": "tanh"}))
     # the study's 0.43 scored 6/12 held out (leave-one-scale-out), below 8/12 for always NO-GO: no trust "ok"
     assert v.trust == "unproven" and v.cautions == ("unproven",) and not v.forecast
-    assert (v.held_out_accuracy, v.no_skill_accuracy) == (study.HELD_OUT_ACCURACY, study.NO_SKILL_ACCURACY) == (0.5, 8 / 12)
+    assert v.rule.evidence()[:2] == (study.HELD_OUT_ACCURACY, study.NO_SKILL_ACCURACY) == (0.5, 8 / 12)
     assert v.headline() == f"GO by the study's rule: {MEASURED}"
     assert "Trust: **unproven**: The 0.43 rule was right on 9 of the study's 12 cells in-sample and on 50% of them" in v.card()
-    assert v.held_out_cells == study.HELD_OUT_CELLS == 12
+    assert v.rule.evidence()[2] == study.HELD_OUT_CELLS == 12
 
 
 @pytest.mark.parametrize(("sat", "word", "meaning"), [(60, "GO", "DyT's final loss expected below LayerNorm's"),
@@ -229,8 +231,17 @@ def test_a_probe_labels_its_offset_columns_as_every_batch():
     assert "read on every calibration batch" in v.card()
 
 
+def _flat(v: Verdict) -> dict:
+    """The verdict as satmon 0.4 wrote it: the rule's seven fields at the top, with the evidence in force."""
+    held_out, no_skill, cells = v.rule.evidence()
+    flat = {k: x for k, x in v.to_dict().items() if k != "rule"}
+    return {**flat, "threshold": v.rule.threshold, "collapse_threshold": v.rule.collapse_threshold, "caveat": v.rule.caveat,
+            "threshold_source": v.rule.threshold_source, "held_out_accuracy": held_out, "no_skill_accuracy": no_skill,
+            "held_out_cells": cells}
+
+
 def test_a_verdict_of_satmon_0_2_reads_back_with_its_trust():
-    old = build_verdict({"a": (45, 100)}, step=3, window=3, planned_window=10).to_dict()
+    old = _flat(build_verdict({"a": (45, 100)}, step=3, window=3, planned_window=10))
     for key in ("trust", "cautions", "functions", "threshold_source", "nonfinite_weights", "offset_every", "held_out_accuracy",
                 "no_skill_accuracy"):
         old.pop(key)
@@ -240,17 +251,17 @@ def test_a_verdict_of_satmon_0_2_reads_back_with_its_trust():
 
 @pytest.mark.parametrize(("source", "trust"), [("study", "unproven"), ("user", "unproven"), ("calibration", "unproven")])
 def test_a_verdict_of_satmon_0_3_with_trust_ok_loads_and_reads_by_todays_evidence(source, trust):
-    old = build_verdict({"a": (45, 100)}, step=500, window=500, threshold=0.3 if source != "study" else 0.43,
-                        threshold_source=source).to_dict()
+    old = _flat(build_verdict({"a": (45, 100)}, Rule(0.3 if source != "study" else 0.43, threshold_source=source), step=500,
+                              window=500))
     for key in ("held_out_accuracy", "no_skill_accuracy"):
         old.pop(key)
     old.update(trust="ok", cautions=[])  # what 0.3 saved: "ok" under a rule at chance
     again = Verdict.from_dict(old)
     assert again.decision == "go" and again.trust == trust and "ok" not in again.cautions
-    assert again.held_out_accuracy == (study.HELD_OUT_ACCURACY if source == "study" else None)
+    assert again.rule.evidence()[0] == (study.HELD_OUT_ACCURACY if source == "study" else None)
     assert "forecast" in again.headline() and Verdict.from_dict(again.to_dict()) == again
 
 
 def test_a_bad_threshold_source_is_refused():
     with pytest.raises(ValueError, match=r"Expected `threshold_source` in \('study', 'user', 'calibration'\), got 'mine'"):
-        build_verdict({"a": (1, 2)}, step=1, threshold_source="mine")
+        build_verdict({"a": (1, 2)}, Rule(0.5, threshold_source="mine"), step=1)

@@ -15,8 +15,8 @@ import torch
 
 from satmon import probe
 from satmon.cli.replay import _summary
-from satmon.replay.loop import summary_row
-from satmon.results.verdict import LayerCounts, build_verdict
+from satmon.replaying.loop import summary_row
+from satmon.results.verdict import LayerCounts, Rule, build_verdict
 
 _OFFSET = {"ln_f": {"saturated": 0.6, "centered": 0.01, "offset_ratio": 40.0}}
 
@@ -46,8 +46,8 @@ def test_a_qualified_replay_verdict_carries_its_trust_in_the_table_and_summary_l
 
 
 def test_a_trusted_replay_verdict_reads_as_a_bare_decision():
-    v = build_verdict({"ln_f": LayerCounts(10, 100)}, step=9, source="replay", threshold=0.43, threshold_source="calibration",
-                      held_out_accuracy=0.8, no_skill_accuracy=0.6, held_out_cells=50)
+    fitted = Rule(0.43, threshold_source="calibration", held_out_accuracy=0.8, no_skill_accuracy=0.6, held_out_cells=50)
+    v = build_verdict({"ln_f": LayerCounts(10, 100)}, fitted, step=9, source="replay")
     assert v.trust == "ok"
     row = summary_row({"checkpoint": "step=9.ckpt", "global_step": 9, "verdict": v.to_dict()})
     assert row["decision"] == "NO-GO"

@@ -9,7 +9,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from helpers import tiny_lit, token_loader, trainer
-from satmon import DyT, SaturationMonitor, build_verdict
+from satmon import DyT, SaturationMonitor
+from satmon._compat import SatmonDeprecationWarning
+from satmon.results.rule import Decision, Rule
+from satmon.results.verdict import Verdict, build_verdict
 
 
 class Tuned(pl.LightningModule):
@@ -62,13 +65,13 @@ def test_calibration_file_sets_the_threshold_and_the_caveat(tmp_path):
     trainer(tmp_path, max_steps=2, callbacks=[monitor]).fit(Tuned(alpha=2.0 / 0.56), tuned_loader())
     v = monitor.verdict
     assert v.threshold == pytest.approx(0.45) and v.decision == "no-go" and v.saturation == pytest.approx(0.44)
-    assert v.caveat == cal.caveat() and "satmon calibrate" in v.card() and "12 cells" not in v.card()
+    assert v.rule.caveat == cal.caveat() and "satmon calibrate" in v.card() and "12 cells" not in v.card()
     with pytest.raises(ValueError, match="either `threshold` or `calibration`"):
         SaturationMonitor(threshold=0.5, calibration=str(path))
 
 
 def test_card_shows_decision_threshold_window_table_and_one_line_caveat():
-    v = build_verdict({"a": (1, 4), "b": (3, 4)}, threshold=0.43, step=500, window=500)
+    v = build_verdict({"a": (1, 4), "b": (3, 4)}, Rule(), step=500, window=500)
     card = v.card()
     assert "**GO**" in card and "0.43" in card and "500" in card
     assert "| a | 0.2500 |" in card and "| b | 0.7500 |" in card
@@ -149,17 +152,86 @@ def test_flags_qualify_a_high_saturation_and_never_change_the_decision():
 
 def test_a_threshold_given_is_never_read_as_the_studys_and_a_study_rule_holds_only_its_own():
     """A threshold of the caller's never borrows the study's cells or its held-out record, whatever its value."""
-    from satmon import study
-    from satmon.results.rule import Rule
+    from satmon import Settings, study
 
-    mine = build_verdict({"a": (50, 100)}, step=1, window=1, threshold=0.5)
-    assert mine.threshold_source == "user" and mine.held_out_accuracy is None
+    mine = build_verdict({"a": (50, 100)}, Settings(threshold=0.5).rule, step=1, window=1)
+    assert mine.rule.threshold_source == "user" and mine.rule.evidence() == (None, None, None)
     assert "not this threshold" in mine.reason and study.ON_SIDE["go"] not in mine.reason
-    same = build_verdict({"a": (50, 100)}, step=1, window=1, threshold=study.THRESHOLD)  # equal to 0.43: still given
-    assert same.threshold_source == "user" and same.held_out_accuracy is None
+    same = build_verdict({"a": (50, 100)}, Settings(threshold=study.THRESHOLD).rule, step=1, window=1)  # still given
+    assert same.rule.threshold_source == "user" and same.rule.evidence() == (None, None, None)
     theirs = build_verdict({"a": (50, 100)}, step=1, window=1)
-    assert theirs.threshold_source == "study" and theirs.held_out_accuracy == study.HELD_OUT_ACCURACY
+    assert theirs.rule == Rule() and theirs.rule.evidence()[0] == study.HELD_OUT_ACCURACY
     with pytest.raises(ValueError, match=r"Expected the study's threshold 0.43 with threshold_source='study', got 0.5"):
         Rule(threshold=0.5)
     with pytest.raises(ValueError, match="got both"):
-        build_verdict({"a": (50, 100)}, step=1, rule=Rule(), threshold=0.5)
+        build_verdict({"a": (50, 100)}, Rule(), step=1, threshold=0.5)
+
+
+def test_build_verdict_takes_one_rule_and_the_loose_rule_arguments_are_deprecated():
+    """satmon 0.4's seven loose rule arguments still build the same verdict, with a warning that says to build a
+    Rule."""
+    rule = Rule(0.3, 0.6, "Caveat: mine.", "user")
+    counts = {"a": (45, 100)}
+    with pytest.warns(SatmonDeprecationWarning,
+                      match=r"build_verdict\(threshold=, collapse_threshold=, caveat=\) is deprecated.*"
+                      r"build_verdict\(counts, Rule\(threshold=\.\.\., threshold_source='user'\)"):
+        old = build_verdict(counts, step=9, window=9, threshold=0.3, collapse_threshold=0.6, caveat="Caveat: mine.")
+    assert old == build_verdict(counts, rule, step=9, window=9) and old.rule == rule
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        build_verdict(counts, step=9, treshold=0.3)
+    with pytest.raises(TypeError, match="Expected `rule` to be a satmon.results.rule.Rule"):
+        build_verdict(counts, 0.3, step=9)
+
+
+def test_the_verdict_holds_the_rule_whole_and_its_old_flat_fields_are_deprecated():
+    v = build_verdict({"a": (45, 100)}, Rule(0.5, threshold_source="user"), step=9, window=9)
+    assert v.to_dict()["rule"] == {"threshold": 0.5, "collapse_threshold": 0.5, "caveat": v.rule.caveat,
+                                   "threshold_source": "user", "held_out_accuracy": None, "no_skill_accuracy": None,
+                                   "held_out_cells": None}
+    assert not {"threshold", "caveat", "threshold_source", "held_out_accuracy"} & set(v.to_dict())  # said once, nested
+    assert v.threshold == 0.5 and v.margin == pytest.approx(-0.05)
+    for old, new in [("caveat", v.rule.caveat), ("threshold_source", "user"), ("collapse_threshold", 0.5),
+                     ("held_out_accuracy", None), ("no_skill_accuracy", None), ("held_out_cells", None)]:
+        with pytest.warns(SatmonDeprecationWarning,
+                          match=rf"Verdict.{old} is deprecated since satmon 0.5: use Verdict.rule"):
+            assert getattr(v, old) == new
+
+
+def test_the_decision_is_an_enum_that_reads_as_the_strings_it_was():
+    import json
+
+    v = build_verdict({"a": (20, 100)}, step=9, window=9)
+    assert v.decision is Decision.NO_GO and v.decision == "no-go" and not v.go
+    assert json.dumps(v.to_dict()["decision"]) == '"no-go"'
+    assert type(v.to_dict()["decision"]) is str  # torch.load(weights_only=True) loads it
+    assert f"{v.decision}" == str(v.decision) == "no-go" and repr(v.decision) == "'no-go'"
+    assert Verdict.from_dict(v.to_dict()).decision is Decision.NO_GO
+
+
+@pytest.mark.parametrize("name", ["study_window", "user_probe", "calibration_replay", "nonfinite_partial"])
+def test_a_flat_verdict_written_by_satmon_0_4_loads_with_its_rule_nested(name):
+    """data/verdicts_satmon_0_4.json was written by satmon 0.4's build_verdict(...).to_dict() (commit c5837f7): the
+    rule's seven fields at the top. Each loads into the verdict today's build_verdict makes from the same counts and
+    Rule."""
+    import json
+    from pathlib import Path
+
+    flat = json.loads((Path(__file__).parent / "data" / "verdicts_satmon_0_4.json").read_text())[name]
+    rules = {
+        "study_window": Rule(),
+        "user_probe": Rule(0.3, caveat="Caveat: my own threshold.", threshold_source="user"),
+        "calibration_replay": Rule(0.45, caveat="Caveat: threshold 0.45 fit by satmon calibrate.",
+                                   threshold_source="calibration", held_out_accuracy=11 / 12, no_skill_accuracy=7 / 12,
+                                   held_out_cells=12),
+        "nonfinite_partial": Rule(collapse_threshold=0.6),
+    }
+    counts = {"study_window": ({"blocks.0.ln_1": (60, 100), "ln_f": (20, 100)}, dict(step=500, window=500)),
+              "user_probe": ({"ln_f": (45, 100)}, dict(step=9, source="probe")),
+              "calibration_replay": ({"ln_f": (5, 10)}, dict(step=9, source="replay")),
+              "nonfinite_partial": ({"ln_f": (5, 10, 2)}, dict(step=3, window=3, planned_window=10))}[name]
+    loaded = Verdict.from_dict(flat)
+    assert loaded.rule == rules[name]
+    assert loaded == build_verdict(counts[0], rules[name], **counts[1])
+    assert (loaded.decision, loaded.trust) == (flat["decision"], flat["trust"])
+    assert loaded.cautions == tuple(flat["cautions"])
+    assert Verdict.from_dict(loaded.to_dict()) == loaded  # and written again nested

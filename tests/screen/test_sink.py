@@ -22,7 +22,8 @@ from reference import InputRecorder
 
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.io.sink import LayoutSink, MultiSink, Sink
-from satmon.io.tensorboard import TAG, custom_scalars_layout, verdict_hparams, verdict_scalars
+from satmon.io.tags import TAG
+from satmon.io.tensorboard import custom_scalars_layout, verdict_hparams, verdict_scalars
 from satmon import find_dyt_layers
 from satmon.screen.screen import Screen
 
@@ -136,7 +137,7 @@ FRESH = textwrap.dedent(
     import json, sys, tempfile
     import torch
     import satmon
-    satmon.Screen, satmon.probe, satmon.Verdict, satmon.build_verdict
+    satmon.Screen, satmon.probe, satmon.Verdict, satmon.Settings
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), satmon.DyT(4, alpha_init=2.0))
     screen = satmon.Screen(window=2, verbose=False, logdir=tempfile.mkdtemp()).attach(model)
     for _ in range(3):

@@ -282,7 +282,7 @@ def test_the_lightning_callback_reads_the_trap_through_the_same_screen(tmp_path)
     from helpers import trainer
 
     from satmon import SaturationMonitor
-    from satmon.io.tensorboard import TAG
+    from satmon.io.tags import TAG
 
     class Lit(pl.LightningModule):
         def __init__(self) -> None:

@@ -154,7 +154,9 @@ def test_a_watch_check_returns_one_frozen_reading_with_its_due_breaches():
 
     import torch
 
-    from satmon import DyT, SaturationCounter, SaturationHooks, find_dyt_layers
+    from satmon import DyT, find_dyt_layers
+    from satmon.observe.counters import SaturationCounter
+    from satmon.observe.saturation import SaturationHooks
     from satmon.screen.watch import CollapseWatch, LossHistory, WatchReading
 
     model = torch.nn.Sequential(DyT(4, alpha_init=100.0), torch.nn.Linear(4, 4))

@@ -1,11 +1,11 @@
-"""torch.distributed.checkpoint (DCP) folders, read without a process group and without running code stored in them.
+"""The torch.distributed.checkpoint (DCP) folder format, read without a process group and without running code stored in them.
 
 A DCP folder (``torch.distributed.checkpoint.save``, Lightning's FSDP ``state_dict_type="sharded"``) holds a
 ``.metadata`` file and ``__R_I.distcp`` shards. torch reads ``.metadata`` with a plain ``pickle.load``: a crafted one
 runs any code. satmon reads it with a restricted unpickler whose only globals are DCP's own metadata types, ``torch.Size``,
 the dtypes, layouts and memory formats, and ``pathlib`` paths (:data:`ALLOWED`): anything else is refused, named. The
 shards hold each tensor chunk as a ``torch.save`` archive at an offset the metadata records: each is read with plain
-reads (the stamps checked), checked against its CRC-32s and the budget (:mod:`satmon.replay.budget`), loaded with
+reads (the stamps checked), checked against its CRC-32s and the budget (:mod:`satmon.replaying.budget`), loaded with
 ``torch.load(weights_only=True)`` and copied into its place in the whole tensor. Every rank's chunks are assembled:
 the result is the consolidated state, as ``dcp_to_torch_save`` would write it.
 
@@ -19,9 +19,10 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import shlex
 import zipfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +30,34 @@ import torch
 from torch import Tensor
 
 from satmon.paths import open_regular
-from satmon.replay.budget import OverBudget, check_archive, mib, pickle_budget, pickle_extent
-from satmon.replay.reading import FileStamp, _read_exactly
+from satmon.replaying.budget import (
+    OverBudget,
+    check_archive,
+    mib,
+    pickle_budget,
+    pickle_extent,
+)
+from satmon.replaying.file_info import FileChanged, FileStamp, read_exactly
+from satmon.replaying.formats.common import (
+    CheckpointFormat,
+    CheckpointInfo,
+    Entries,
+    Match,
+    Weights,
+    converted_path,
+    error_text,
+    natural_key,
+)
+from satmon.replaying.formats.torch_file import SUFFIXES as TORCH_SUFFIXES
+from satmon.replaying.formats.torch_file import TorchWeights, load_index, step_of
+from satmon.replaying.user_code import printable
 
-__all__ = ["ALLOWED", "METADATA", "DcpIndex", "is_dcp"]
+__all__ = ["ALLOWED", "DCP_META", "FORMAT", "METADATA", "DcpIndex", "DcpWeights", "inspect", "is_dcp", "recognise"]
 
 #: The metadata file of a DCP folder.
 METADATA = ".metadata"
+#: Lightning's FSDP writes the rest of a sharded checkpoint (step, hyper-parameters) beside the DCP shards.
+DCP_META = "meta.pt"
 _META = "torch.distributed.checkpoint.metadata"
 #: The globals a DCP ``.metadata`` pickle may name: its own data types, nothing that runs code.
 ALLOWED = {
@@ -52,14 +74,23 @@ _STATE_KEYS = ("state_dict", "model_state_dict", "model")
 _STEP_KEYS = ("global_step", "step", "iter_num")
 
 
+#: Suffixes of other checkpoints: a folder holding one of them beside a stray ``.metadata`` and no shard is not DCP.
+_OTHER_WEIGHTS = (*TORCH_SUFFIXES, ".bin", ".safetensors")
+
+
 def is_dcp(names: set[str]) -> bool:
-    """A folder holding these file names is a DCP checkpoint (``.metadata`` and ``.distcp`` shards).
+    """A folder holding these file names is a DCP checkpoint: ``.metadata`` and ``.distcp`` shards, or ``.metadata``
+    alone with no other checkpoint beside it (a DCP folder whose shards are missing: inspection names them).
 
     Example:
-        >>> is_dcp({".metadata", "__0_0.distcp"}), is_dcp({"model.safetensors"})
-        (True, False)
+        >>> is_dcp({".metadata", "__0_0.distcp"}), is_dcp({".metadata"}), is_dcp({"model.safetensors"})
+        (True, True, False)
+        >>> is_dcp({".metadata", "last.ckpt"})  # another tool's .metadata beside a checkpoint
+        False
     """
-    return METADATA in names and any(n.endswith(".distcp") for n in names)
+    if METADATA not in names:
+        return False
+    return any(n.endswith(".distcp") for n in names) or not any(n.endswith(_OTHER_WEIGHTS) for n in names)
 
 
 class _Restricted(pickle.Unpickler):
@@ -138,18 +169,28 @@ class DcpIndex:
 
     @classmethod
     def _from_metadata(cls, folder: Path, md: Any, stamps: Mapping[str, FileStamp]) -> DcpIndex:
-        from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+        from torch.distributed.checkpoint.metadata import (
+            Metadata,
+            TensorStorageMetadata,
+        )
 
         if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict) or not isinstance(md.storage_data, dict):
             raise ValueError("not a checkpoint: its .metadata is not DCP metadata")
         where: dict[tuple[str, tuple[int, ...] | None], _Chunk] = {}
+        named = sorted({str(getattr(info, "relative_path", "")) for info in md.storage_data.values()})
+        outside = [n for n in named if "/" in n or "\\" in n or n.startswith(".")]
+        if outside:
+            raise ValueError(f"not a checkpoint: its .metadata names a shard {outside[0][:80]!r} outside the folder")
+        missing = [n for n in named if n not in stamps]
+        if missing:
+            shown = ", ".join(repr(n[:80]) for n in missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+            raise ValueError(f"incomplete DCP folder: its .metadata names {len(named)} shard(s), {len(missing)} missing "
+                             f"from the folder ({shown}); copy the whole folder, every rank's shards")
         for key, info in md.storage_data.items():
             name = str(getattr(info, "relative_path", ""))
             if getattr(info, "transform_descriptors", None):
                 raise ValueError(f"not read: its chunks are transformed ({info.transform_descriptors!r:.60}: compressed or "
                                  "encoded); consolidate it with torch's dcp_to_torch")
-            if "/" in name or "\\" in name or name.startswith(".") or name not in stamps:
-                raise ValueError(f"not a checkpoint: its .metadata names a shard {name[:80]!r} that is not a file of the folder")
             offset, length = int(info.offset), int(info.length)
             if offset < 0 or length < 0 or offset + length > stamps[name].size:
                 raise ValueError(f"truncated or corrupt DCP folder: a chunk at bytes {offset:,}..{offset + length:,} of "
@@ -190,7 +231,7 @@ class DcpIndex:
         return {n: torch.empty(size, dtype=dtype, device="meta") for n, (dtype, size, _) in self.weights.items()}
 
     def _load(self, chunk: _Chunk, stamp: FileStamp, f: Any) -> Any:
-        raw = _read_exactly(f, chunk.offset, chunk.length, stamp)
+        raw = read_exactly(f, chunk.offset, chunk.length, stamp)
         try:
             with zipfile.ZipFile(io.BytesIO(raw)) as z:
                 check_archive(z, len(raw))
@@ -251,3 +292,63 @@ def _nbytes(dtype: torch.dtype, size: Sequence[int]) -> int:
     for s in size:
         n *= max(int(s), 0)
     return n * dtype.itemsize
+
+
+@dataclass(frozen=True)
+class DcpWeights(Weights):
+    """A DCP folder's weights: its index is the folder's :class:`DcpIndex`, read from ``.metadata`` (``stamp``), its
+    tensors from every shard (``stamps``, by file name); every chunk checked against its CRC-32s."""
+
+    stamps: Mapping[str, FileStamp] = field(default_factory=dict, repr=False, compare=False)
+
+    def meta(self) -> dict[str, Tensor]:
+        return self.index.meta()
+
+    def tensors(self) -> dict[str, Tensor]:
+        return self.index.tensors(self.stamps)
+
+
+def recognise(path: Path, entries: Entries | None) -> Match | None:
+    """A folder of ``.metadata`` and shards (:func:`is_dcp`): the whole folder is one checkpoint, its metadata, shards
+    and Lightning's ``meta.pt`` stamped."""
+    if entries is None or not is_dcp(set(entries.names)):
+        return None
+    shards = sorted((n for n in entries.names if n.endswith(".distcp") or n == DCP_META), key=natural_key)
+    return Match(files=(METADATA, *shards), used=entries.names, whole=True)
+
+
+def inspect(folder: Path, trust: bool = False, stamps: Sequence[FileStamp] | None = None) -> CheckpointInfo:
+    """A torch.distributed.checkpoint folder (never trusted: ``trust`` is not used): its ``.metadata`` read with a restricted
+    unpickler (no code runs, trusted or not), its tensors assembled from every shard at their turn; its step stored
+    beside them or in Lightning's ``meta.pt``."""
+    info = CheckpointInfo(path=folder, kind="state_dict", format=FORMAT.name)
+    try:
+        given = {s.path.name: s for s in stamps or ()}
+        if not given:
+            given = {p.name: FileStamp.of(p) for p in folder.iterdir()
+                     if p.name == METADATA or p.name.endswith(".distcp") or p.name == DCP_META}
+        index = DcpIndex.read(folder, given)
+        info.weights = (DcpWeights(given[METADATA], index, "dcp", checksummed=True, stamps=given),)
+        info.global_step = index.step(given)
+        if info.global_step is None and DCP_META in given:  # Lightning's FSDP: the rest of the checkpoint
+            meta = load_index(given[DCP_META], trust=False)
+            if isinstance(meta, Mapping):
+                info.global_step, _ = step_of(meta, TorchWeights(given[DCP_META], meta, "zip", checksummed=True))
+    except FileChanged as e:
+        info.error, info.weights = str(e), ()
+        return info
+    except Exception as e:
+        info.weights = ()
+        text = error_text(e)
+        info.error = text if text.startswith("incomplete") else (
+                      f"{text}; a torch.distributed.checkpoint folder can also be consolidated into one file with "
+                      f"`python -m torch.distributed.checkpoint.format_utils dcp_to_torch {printable(shlex.quote(str(folder)))} "
+                      f"{printable(shlex.quote(str(converted_path(folder, '.pt'))))}` (it unpickles .metadata: only for a folder you trust)")
+        return info
+    if info.global_step is None:
+        info.notes.append("no global step in the folder: ordered and logged by its position instead")
+    return info
+
+
+#: The torch.distributed.checkpoint folder format.
+FORMAT = CheckpointFormat("torch.distributed.checkpoint folder", recognise, inspect)

@@ -1,13 +1,13 @@
 """``satmon.replay(paths, ...)``: the replay of saved checkpoints as a library call that yields records.
 
-:class:`Replay` owns the whole replay but the printing: every argument and output checked before any work,
+:class:`ReplaySession` owns the whole replay but the printing: every argument and output checked before any work,
 the outputs' locks (one writer per output), the listing of the checkpoints, their inspection and order, the
 run they come from (computed once, from the listing) and its live verdict, the calibration batches, the model
-check on the meta device, the loop (:func:`satmon.replay.loop.replay`) and the outputs: a TensorBoard run,
+check on the meta device, the loop (:func:`satmon.replaying.loop.checkpoint_records`) and the outputs: a TensorBoard run,
 the records as they come (``FILE.partial.jsonl``), ``json`` once complete, the markdown ``report``.
-``satmon replay`` (:mod:`satmon.cli.replay`) parses its flags into these arguments and prints what this
-yields. The walk of one checkpoint path: this module -> :mod:`satmon.replay.checkpoints` (list, inspect,
-order) -> :mod:`satmon.replay.live` (the source run) -> :mod:`satmon.replay.loop` (build, probe).
+``satmon replay`` (:mod:`satmon.cli.replay`) parses its flags into one
+:class:`~satmon.replaying.options.ReplayOptions` and prints what this yields. The walk of one checkpoint path: this module -> :mod:`satmon.replaying.checkpoints` (list, inspect,
+order) -> :mod:`satmon.replaying.live` (the source run) -> :mod:`satmon.replaying.loop` (build, probe).
 
 Nothing from a file runs unless asked: checkpoints are read with ``torch.load(weights_only=True)`` unless
 ``trust_checkpoints=True``; ``model``/``factory``/``datamodule`` given as ``"MODULE:ATTR"`` strings import and
@@ -18,23 +18,23 @@ from __future__ import annotations
 
 import atexit
 import os
-import sys
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from satmon.replay.outputs import Outputs, check_outputs, nonfinite_lines, unverified, write_report
-from satmon.replay.user_code import ReplayUsageError, printable, short
-from satmon.settings import Settings, settings_from
+from satmon.replaying.options import ReplayOptions, options_of
+from satmon.replaying.outputs import Outputs, check_outputs, nonfinite_lines, unverified, write_report
+from satmon.replaying.user_code import ReplayUsageError, printable, short
+from satmon.settings import settings_from
 
-__all__ = ["CALIBRATION_FILE", "Replay", "replay_checkpoints"]
+__all__ = ["CALIBRATION_FILE", "ReplayOptions", "ReplaySession", "replay"]
 
 #: The calibration batches the live probe saves beside a run's logs: a replay of that run's folder reads them when no
-#: other data is given (the name is :mod:`satmon.replay.checkpoints`', whose listing never counts it as a checkpoint).
+#: other data is given (the name is :mod:`satmon.replaying.checkpoints`', whose listing never counts it as a checkpoint).
 from satmon.paths import CALIBRATION_FILE  # noqa: E402
 
 #: Replays being iterated: closed at exit (before the interpreter stops TensorBoard's writer thread, which a replay
@@ -50,10 +50,6 @@ def _close_open_replays() -> None:
 
 _DTYPES = ("float32", "bfloat16")
 _DEVICES = ("auto", "cpu", "cuda")
-
-
-def _note_to_stderr(text: str) -> None:
-    print(f"satmon replay: note: {text}", file=sys.stderr)
 
 
 def _named(obj: Any) -> str:
@@ -72,36 +68,51 @@ def found_calibration(paths: Sequence[str | os.PathLike], run: Path | None) -> P
     """The live run's calibration batches (:data:`CALIBRATION_FILE`) in a replayed folder or in the run folder the
     checkpoints come from, a regular file; ``None`` when there is none.
 
+    Raises:
+        ReplayUsageError: a :data:`CALIBRATION_FILE` is there but is not a regular file (a FIFO, a socket, a device,
+            a folder, a broken link): named with its kind, never opened.
+
     Example:
         >>> import tempfile
         >>> found_calibration([tempfile.mkdtemp()], None) is None
         True
     """
+    from satmon.paths import kind_of
+
     folders = [Path(p) for p in paths if Path(p).is_dir()] + ([run] if run is not None else [])
+    odd = None
     for folder in dict.fromkeys(folders):
         candidate = folder / CALIBRATION_FILE
-        try:
-            if candidate.is_file():  # follows a link: a FIFO, a device or a folder is not calibration data
-                return candidate
-        except OSError:
-            continue
+        kind = kind_of(candidate)  # lstat/stat only: a FIFO, a device or a folder is never opened
+        if kind.regular:
+            return candidate
+        if kind.kind != "missing" and odd is None:
+            odd = (candidate, kind)
+    if odd is not None:
+        candidate, kind = odd
+        raise ReplayUsageError(f"No calibration data: {printable(str(candidate)[:240])!r} has the name of satmon's "
+                               f"calibration batches but is {kind.describe()}, not a regular file (it was not opened). "
+                               "Pass --data FILE or --datamodule MODULE:CLASS, or replace it with the live run's "
+                               "batches.")
     return None
 
 
-class Replay:
+class ReplaySession:
     """A replay of saved checkpoints: checked and prepared when made, replayed as it is iterated (one
     :class:`~satmon.results.replay_record.ReplayRecord` per checkpoint, in step order, then one per checkpoint
     that could not be read).
 
-    Made by :func:`replay_checkpoints` (``satmon.replay(...)``); see it for the arguments. When the iteration
+    Made by :func:`satmon.replay` (:func:`replay`) from the paths and one
+    :class:`~satmon.replaying.options.ReplayOptions`. When the iteration
     ends the outputs are complete: ``json`` written (atomically), the partial file removed, the report written,
     the locks released. Stopping early (``close()``, leaving a ``with`` block, an exception) leaves ``json`` and
     ``report`` as they were and the records so far in :attr:`partial`.
 
     Attributes:
+        options: what the replay was told (:class:`~satmon.replaying.options.ReplayOptions`).
         settings: the rule every checkpoint is read with.
-        outputs: every path written (:class:`~satmon.replay.outputs.Outputs`).
-        listing: what :func:`~satmon.replay.checkpoints.list_checkpoints` found.
+        outputs: every path written (:class:`~satmon.replaying.outputs.Outputs`).
+        listing: what :func:`~satmon.replaying.checkpoints.list_checkpoints` found.
         infos: every inspected checkpoint; ``ordered``: the readable ones, in step order.
         source: the run the checkpoints come from and its live verdict (:class:`~satmon.results.live_replay.ReplaySource`).
         data_text: where the calibration batches came from, in words.
@@ -112,14 +123,9 @@ class Replay:
         json_written, report_written: the final files, once written.
     """
 
-    def __init__(self, paths: Sequence[str | os.PathLike], *, model: type | str | None = None,
-                 factory: Callable[[], Any] | str | None = None, data: str | os.PathLike | Sequence[Any] | None = None,
-                 datamodule: type | str | None = None, settings: Settings | None = None, batches: int = 4,
-                 batch_size: int | None = None, input_key: str | None = None, trust_checkpoints: bool = False,
-                 device: str = "auto", dtype: str = "float32", twin: bool = True, live: str | os.PathLike | None = None,
-                 logdir: str | os.PathLike | None = None, name: str | None = None, json: str | os.PathLike | None = None,
-                 report: str | os.PathLike | None = None, on_status: Callable[[str], None] | None = None,
-                 on_note: Callable[[str], None] | None = _note_to_stderr) -> None:
+    def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike], options: ReplayOptions | None = None) -> None:
+        self.options = options = options_of(options, {})
+        on_status, on_note = options.on_status, options.on_note
         self._status = on_status or (lambda text: None)
         self._note = on_note or (lambda text: None)
         self.records: list[Any] = []
@@ -134,37 +140,40 @@ class Replay:
         self._locks = ExitStack()
         self._gen: Iterator[Any] | None = None
         try:
-            self._prepare(paths, model, factory, data, datamodule, settings, batches, batch_size, input_key,
-                          trust_checkpoints, device, dtype, twin, live, logdir, name, json, report)
+            self._prepare(paths, options)
         except BaseException:
             self._locks.close()
             raise
 
     # ------------------------------------------------------------------------------------ preparing
-    def _prepare(self, paths, model, factory, data, datamodule, settings, batches, batch_size, input_key, trust,
-                 device, dtype, twin, live, logdir, name, json, report) -> None:
-        from satmon.replay import checkpoints as ck
-        from satmon.replay.live import find_source, run_name, source_run
+    def _prepare(self, paths: str | os.PathLike | Sequence[str | os.PathLike], options: ReplayOptions) -> None:
+        from satmon.replaying import checkpoints as ck
+        from satmon.replaying.listing import list_checkpoints, nothing_to_replay
+        from satmon.replaying.live import find_source, run_name, source_run
 
+        o = options
+        model, factory, data, datamodule, batches, batch_size = (o.model, o.factory, o.data, o.datamodule, o.batches,
+                                                                 o.batch_size)
+        device, dtype, live = o.device, o.dtype, o.live
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         self.paths = [os.fspath(p) for p in paths]
         if not self.paths:
             raise ReplayUsageError("Expected at least one checkpoint file or folder, got none.")
-        self.settings = settings_from(settings, {}, owner="replay")
+        self.settings = settings_from(o.settings, {}, owner="replay")
         for option, value in (("--batches", batches), ("--batch-size", batch_size)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ReplayUsageError(f"Expected {option} >= 1, got {value!r}.")
         if dtype not in _DTYPES:
             raise ReplayUsageError(f"Expected --dtype in {_DTYPES}, got {dtype!r}.")
         self.n_batches, self.batch_size, self.input_key, self.trust, self.twin, self.dtype = (
-            batches, batch_size, input_key, bool(trust), bool(twin), dtype)
+            batches, batch_size, o.input_key, bool(o.trust_checkpoints), bool(o.twin), dtype)
         data_path = data if isinstance(data, (str, os.PathLike)) else None
         # the run the checkpoints come from: computed once, from the paths given (the listing, below, is of the same)
         self.run_folder = source_run([Path(p) for p in self.paths])
-        self.outputs = out = check_outputs(logdir=logdir, name=name,
-                                           source=run_name(self.run_folder) if name is None else None, json=json,
-                                           report=report, data=data_path)
+        self.outputs = out = check_outputs(logdir=o.logdir, name=o.name,
+                                           source=run_name(self.run_folder) if o.name is None else None, json=o.json,
+                                           report=o.report, data=data_path)
         found = None
         if data is None and datamodule is None:
             data_path = data = found = found_calibration(self.paths, self.run_folder)
@@ -183,7 +192,7 @@ class Replay:
             raise ReplayUsageError(f"--live {os.fspath(live)[:240]!r}: {kind_of(live).describe()}. Pass the live run's "
                                    "TensorBoard folder (e.g. satmon_logs/demo/version_0), or leave --live out.")
         if data_path is not None:  # by its kind, never opened (satmon.paths)
-            from satmon.replay.data import check_data_file
+            from satmon.replaying.data import check_data_file
 
             check_data_file(data_path)
         import torch
@@ -197,15 +206,15 @@ class Replay:
         self.code = _code_name(model if model is not None else factory)
         model_cls, factory_fn, dm_cls = _user_objects(model, factory, datamodule)
 
-        from satmon.replay.data import input_forward_fn, load_data_file
-        from satmon.replay.loop import ModelLoader
+        from satmon.replaying.data import input_forward_fn, load_data_file
+        from satmon.replaying.loop import ModelLoader
 
         if found is not None:  # every argument checked: the note is not followed by a usage error of another argument
             self._note(f"calibration batches: {printable(str(found))} (the live run's {CALIBRATION_FILE}, saved by its "
                        "live probe); pass --data or --datamodule to use others.")
-        self.listing = listing = ck.list_checkpoints(self.paths, exclude=[p for p in (data_path, out.partial) if p])
+        self.listing = listing = list_checkpoints(self.paths, exclude=[p for p in (data_path, out.partial) if p])
         if not listing.paths:
-            raise ReplayUsageError(ck.nothing_to_replay(self.paths, listing))
+            raise ReplayUsageError(nothing_to_replay(self.paths, listing))
         self.unread = listing.unread()
         for path, why in listing.explicit + self.unread + listing.broken_links():
             self._note(f"not replayed: {printable(str(path))}: {why}.")
@@ -222,7 +231,9 @@ class Replay:
         self.infos = [ck.inspect_checkpoint(p, trust=self.trust, stamps=listing.stamps[p]) for p in listing.paths]
         self.ordered = ck.order_checkpoints(self.infos)
         self.loader = ModelLoader(model_cls, factory_fn, device=self.device)
-        self._check_model(model, factory)
+        first = self._check_model(model, factory)
+        if given and first is not None:
+            self._check_token_ids(given, first, found, data_path)
         self.source = find_source(self.run_folder, self.ordered, live=live)
         self._status(source_line(self.source))
         self.data_text, self.probe_kwargs, self.batches = "none (no readable checkpoint)", {}, given or []
@@ -232,7 +243,7 @@ class Replay:
                 self.data_text = f"{len(given)} batch(es) from {data_path if data_path is not None else 'data='}"
             else:
                 self.batches, self.data_text = _datamodule_batches(dm_cls, self.ordered, batches)
-            self.probe_kwargs = dict(forward_fn=input_forward_fn(self.batches, input_key), device=self.device,
+            self.probe_kwargs = dict(forward_fn=input_forward_fn(self.batches, o.input_key), device=self.device,
                                      autocast_dtype=torch.bfloat16 if dtype == "bfloat16" else None)
         self.todo = self.ordered + [i for i in self.infos if i.error is not None]
         self._lock(out)  # every argument checked: the outputs are this replay's from here on
@@ -254,22 +265,47 @@ class Replay:
             if held.note():
                 self._note(f"{option}: {held.note()}: its partial records, if any, are an interrupted replay's.")
 
-    def _check_model(self, model: Any, factory: Any) -> None:
+    def _check_model(self, model: Any, factory: Any) -> Any:
         """The model on the first buildable checkpoint, built on the meta device: a wrong model/factory stops here
-        (unless a later checkpoint fits, which then replays while the others are skipped)."""
+        (unless a later checkpoint fits, which then replays while the others are skipped). Returns the first
+        checkpoint the model fits (``None``: none can be built on the meta device)."""
         loader, ordered = self.loader, self.ordered
         checks = [loader.check(i) for i in ordered]
         if ordered and all(checks):
             raise ReplayUsageError(f"Cannot build any checkpoint: {checks[0]}.")
         buildable = [i for i, c in zip(ordered, checks) if c is None]
         if not buildable:
-            return
+            return None
         problem = loader.mismatch(buildable[0])
-        if problem and all(loader.mismatch(i) for i in buildable[1:]):
+        if problem is None:
+            return buildable[0]
+        fits = next((i for i in buildable[1:] if loader.mismatch(i) is None), None)
+        if fits is None:
             option = (f"--model {_shown(model)}" if model is not None and buildable[0].kind == "lightning"
                       else f"--factory {_shown(factory)}")
             more = f" (nor any of the other {len(buildable) - 1})" if len(buildable) > 1 else ""
             raise ReplayUsageError(f"{option} does not build the checkpoints' model: {buildable[0].path.name}{more}: {problem}")
+        return fits
+
+    def _check_token_ids(self, batches: Sequence[Any], info: Any, found: Path | None, data_path: Any) -> None:
+        """The calibration batches against the model, before the first checkpoint: token ids past the model's
+        vocabulary are another model's (or tokenizer's) batches, named here rather than blamed on every checkpoint."""
+        from satmon.replaying.data import fed_token_ids
+
+        vocabulary = self.loader.vocabulary(info)
+        top = fed_token_ids(batches, self.input_key) if vocabulary is not None else None
+        if top is None or vocabulary is None or top < vocabulary[0]:
+            return
+        size, layer = vocabulary
+        past = (f"feed token ids up to {top:,}, past the model's vocabulary of {size:,} (nn.Embedding "
+                f"{printable(layer) or '(the model itself)'}, as built for {printable(info.path.name)})")
+        if found is not None:
+            raise ReplayUsageError(f"{printable(str(found))} (satmon's calibration batches, found beside the checkpoints "
+                                   f"and used as --data) holds batches that {past}: they are another model's. Pass --data "
+                                   "FILE (batches for this model) or --datamodule MODULE:CLASS, or move that file away.")
+        given = f"--data {printable(str(data_path))}" if data_path is not None else "data="
+        raise ReplayUsageError(f"{given}: its batches {past}: they are another model's or another tokenizer's. Pass "
+                               "calibration batches for this model.")
 
     # ------------------------------------------------------------------------------------ replaying
     def __iter__(self) -> Iterator[Any]:
@@ -283,7 +319,7 @@ class Replay:
         from satmon.io.json_records import to_json
         from satmon.io.jsonl import PartialRecords
         from satmon.io.tensorboard_replay import LazyTensorBoardReplay
-        from satmon.replay.loop import replay, summary_row
+        from satmon.replaying.loop import checkpoint_records, summary_row
 
         out = self.outputs
         self.tensorboard = LazyTensorBoardReplay(out.logdir or ".", out.name, enabled=bool(self.ordered) and out.logdir is not None,
@@ -299,7 +335,7 @@ class Replay:
             try:
                 with warnings.catch_warnings():
                     warnings.filterwarnings("ignore", ".*LeafSpec.*")
-                    for record in replay(self.todo, self.loader, self.batches, settings=self.settings,
+                    for record in checkpoint_records(self.todo, self.loader, self.batches, settings=self.settings,
                                          probe_kwargs=self.probe_kwargs, twin=self.twin, on_record=self.tensorboard,
                                          source=self.source):
                         self.records.append(record)
@@ -406,7 +442,7 @@ class Replay:
             self._gen.close()  # type: ignore[attr-defined]
         self._locks.close()
 
-    def __enter__(self) -> Replay:
+    def __enter__(self) -> ReplaySession:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -420,8 +456,8 @@ def _shown(obj: Any) -> str:
 def _user_objects(model: Any, factory: Any, datamodule: Any) -> tuple[Any, Any, Any]:
     """``(model_cls, factory, datamodule_cls)``: imported when named as ``"MODULE:ATTR"`` strings (which runs that
     code), each checked (a LightningModule is recognised by its bases: Lightning is not imported here)."""
-    from satmon.replay.loop import is_lightning_module
-    from satmon.replay.user_code import import_object
+    from satmon.replaying.loop import is_lightning_module
+    from satmon.replaying.user_code import import_object
 
     model_cls = import_object(model, "--model", "satmon.demos.lit:LitLM") if isinstance(model, str) else model
     if model_cls is not None and not is_lightning_module(model_cls):
@@ -439,7 +475,7 @@ def _user_objects(model: Any, factory: Any, datamodule: Any) -> tuple[Any, Any, 
 
 
 def _batches_of(data: Any, n: int, batch_size: int | None) -> list[Any]:
-    """Batches given as objects (``data=`` from Python), by :func:`satmon.replay.data.load_data_file`'s rule: a tensor
+    """Batches given as objects (``data=`` from Python), by :func:`satmon.replaying.data.load_data_file`'s rule: a tensor
     or a dict of tensors is one batch (or ``batch_size`` rows each), a list or tuple one batch per item."""
     from collections.abc import Mapping
 
@@ -457,7 +493,7 @@ def _batches_of(data: Any, n: int, batch_size: int | None) -> list[Any]:
 
 def _datamodule_batches(dm_cls: type, ordered: Sequence[Any], n: int) -> tuple[list[Any], str]:
     """The datamodule's batches, built with the checkpoint's datamodule hyper-parameters, and where they came from."""
-    from satmon.replay.data import datamodule_batches
+    from satmon.replaying.data import datamodule_batches
 
     hp = next((i.datamodule_hparams for i in ordered if i.datamodule_hparams), {})
     batches = datamodule_batches(dm_cls, hp, n)
@@ -476,57 +512,30 @@ def source_line(source: Any) -> str:
             f"(pooled saturation {live.saturation:.4f}; read from {live.found.replace('`', '')})")
 
 
-def replay_checkpoints(paths: str | os.PathLike | Sequence[str | os.PathLike], *, model: type | str | None = None,
-                       factory: Callable[[], Any] | str | None = None,
-                       data: str | os.PathLike | Sequence[Any] | Any | None = None, datamodule: type | str | None = None,
-                       settings: Settings | None = None, batches: int = 4, batch_size: int | None = None,
-                       input_key: str | None = None, trust_checkpoints: bool = False, device: str = "auto",
-                       dtype: str = "float32", twin: bool = True, live: str | os.PathLike | None = None,
-                       logdir: str | os.PathLike | None = None, name: str | None = None,
-                       json: str | os.PathLike | None = None, report: str | os.PathLike | None = None,
-                       on_status: Callable[[str], None] | None = None,
-                       on_note: Callable[[str], None] | None = _note_to_stderr) -> Replay:
+def replay(paths: str | os.PathLike | Sequence[str | os.PathLike], options: ReplayOptions | None = None,
+           **changes: Any) -> ReplaySession:
     """Replay every satmon diagnostic over saved checkpoints; iterate the result for one record per checkpoint.
 
     ``satmon.replay(...)`` is this function. Everything is checked when it is called (the arguments, every output
     path, the user's code, the checkpoints' listing and index, the model on the first checkpoint built on the meta
     device), before any checkpoint is replayed: a problem raises
-    :class:`~satmon.replay.user_code.ReplayUsageError` and writes nothing. The records come as the checkpoints are
+    :class:`~satmon.replaying.user_code.ReplayUsageError` and writes nothing. The records come as the checkpoints are
     replayed; a checkpoint that cannot be read, built or probed is a record with ``error`` set.
 
     Args:
-        paths: checkpoint files, or folders searched recursively (``.ckpt``/``.pt``/``.pth``/``.safetensors`` files
-            and Hugging Face ``checkpoint-N`` folders).
-        model: a ``LightningModule`` class (``.ckpt`` files are rebuilt from their hyper-parameters), or
-            ``"MODULE:CLASS"`` (imported: runs that code).
-        factory: a function returning the ``nn.Module`` (plain state-dict files, Hugging Face folders), or
-            ``"MODULE:FUNCTION"``.
-        data: calibration batches: a ``torch.save``'d file (read with ``weights_only=True``), or the batches
-            themselves (a tensor or a dict of tensors: one batch, or ``batch_size`` rows each; a list: one batch an
-            item). ``None`` with no ``datamodule``: the live run's ``satmon_calibration.pt`` in a replayed folder
-            or the run folder, when there is one (said through ``on_note``).
-        datamodule: a ``LightningDataModule`` class (its ``train_dataloader``, built with the datamodule
-            hyper-parameters stored in the checkpoint), or ``"MODULE:CLASS"``.
-        settings: the rule every checkpoint is read with (default: the study's).
-        batches, batch_size, input_key: how many calibration batches; split a tensor into batches of this many
-            rows; feed only ``batch[input_key]``.
-        trust_checkpoints: read checkpoints with ``torch.load(weights_only=False)``, which runs code stored in them.
-        device, dtype: ``"auto"``/``"cpu"``/``"cuda"``; ``"float32"`` or ``"bfloat16"`` (autocast) forwards.
-        twin: also probe a random-init twin (the init-to-trained readout of LayerNorm/RMSNorm models).
-        live: the live run's TensorBoard folder (default: found in the checkpoints' satmon state, or beside them).
-        logdir, name: write a TensorBoard run to ``logdir/NAME/version_N`` (default name: ``replay of RUN``);
-            ``logdir=None``: no TensorBoard run.
-        json: write the records there (``.json``: an array, ``.jsonl``: one a line) when the replay is complete;
-            ``FILE.partial.jsonl`` holds them as they come.
-        report: a markdown report with PNG plots beside it (needs matplotlib).
-        on_status: called with each status line (default: none).
-        on_note: called with each note (a file not replayed, the calibration file used...; default: to stderr).
+        paths: checkpoint files, or folders searched recursively (``.ckpt``/``.pt``/``.pth``/``.safetensors`` files,
+            Hugging Face ``checkpoint-N`` folders and torch.distributed.checkpoint folders).
+        options: the replay's options, whole (:class:`~satmon.replaying.options.ReplayOptions`: the model code,
+            the calibration data, the rule, the device, the outputs; default: every option's default).
+        **changes: options by name, applied over ``options`` (``factory=build, data=batches``).
 
     Returns:
-        A :class:`Replay`: iterate it for the records; its attributes hold the source run, the outputs written...
+        A :class:`ReplaySession`: iterate it for the records; its attributes hold the source run, the outputs
+        written...
 
     Raises:
-        ReplayUsageError: any argument or output that cannot work, before any checkpoint is replayed; another process
+        ReplayUsageError: any option or output that cannot work (an unknown option name included), before any
+            checkpoint is replayed; another process
             writing the same ``json`` or ``report`` (its pid named).
 
     Example:
@@ -538,7 +547,4 @@ def replay_checkpoints(paths: str | os.PathLike | Sequence[str | os.PathLike], *
         >>> [(r.global_step, r.error, r.report.layers["1"].kind) for r in records]
         [(5, None, 'layernorm')]
     """
-    return Replay(paths, model=model, factory=factory, data=data, datamodule=datamodule, settings=settings,
-                  batches=batches, batch_size=batch_size, input_key=input_key, trust_checkpoints=trust_checkpoints,
-                  device=device, dtype=dtype, twin=twin, live=live, logdir=logdir, name=name, json=json, report=report,
-                  on_status=on_status, on_note=on_note)
+    return ReplaySession(paths, options_of(options, changes))

@@ -4,8 +4,8 @@
 file of partial records, ``report`` and its plots) and returns them as :class:`Outputs`;
 :func:`write_report` writes the markdown report from the records; :func:`live_lines`,
 :func:`nonfinite_lines` and :func:`unverified` are the lines the command line and the report share.
-Messages name the command line's options (``--json``), which are the keyword arguments of
-:func:`satmon.replay.session.replay_checkpoints` of the same name.
+Messages name the command line's options (``--json``), which are the fields of
+:class:`satmon.replaying.options.ReplayOptions` of the same name.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from satmon.replay.user_code import ReplayUsageError, printable
+from satmon.replaying.user_code import ReplayUsageError, printable
 
-__all__ = ["Outputs", "check_folder", "check_outputs", "check_utf8", "live_lines", "nonfinite_lines", "unverified",
-           "write_report"]
+__all__ = ["Outputs", "check_folder", "check_outputs", "check_utf8", "live_lines", "nonfinite_lines", "run_writes",
+           "unverified", "write_report"]
 
 
 @dataclass
@@ -68,17 +68,18 @@ def check_utf8(option: str, value: str) -> None:
                                f"send them to the terminal), got '{printable(value)}': pass another name.")
 
 
-def check_folder(option: str, value: str) -> Path:
-    """A folder that can be created or written: refused when empty, a file, or under a file or a read-only folder.
+def check_folder(option: str, value: str, beneath: Sequence[str | os.PathLike] = ()) -> Path:
+    """A folder that can be created or written: refused when empty, a file (or a FIFO, a socket...: named by its kind),
+    under a file or a read-only folder, or with no room beneath it for ``beneath`` (the paths satmon writes there).
 
     Example:
         >>> check_folder("--logdir", "")
         Traceback (most recent call last):
         ...
-        satmon.replay.user_code.ReplayUsageError: Expected --logdir to name a folder, got an empty name: pass a path such as satmon_logs.
+        satmon.replaying.user_code.ReplayUsageError: Expected --logdir to name a folder, got an empty name: pass a path such as satmon_logs.
     """
-    from satmon.io.atomic import OutputError, check_name_lengths
-    from satmon.paths import not_a_folder
+    from satmon.io.atomic import OutputError, check_name_lengths, room
+    from satmon.paths import kind_of, kind_phrase, not_a_folder
 
     if not value.strip():
         raise ReplayUsageError(f"Expected {option} to name a folder, got an empty name: pass a path such as satmon_logs.")
@@ -86,22 +87,39 @@ def check_folder(option: str, value: str) -> Path:
     path = Path(value)  # literally: no ~ or $VAR expansion (what is checked is what is written)
     try:
         check_name_lengths(path, option)
+        room(option, path, beneath)
     except OutputError as e:
         raise ReplayUsageError(str(e)) from None
     if (said := not_a_folder(path)) is not None:  # a file, a FIFO, a device, a link to one, a symlink loop
         raise ReplayUsageError(f"Expected {option} {value!r} to be a folder, got {said}: pass a folder path (it is created "
                                "if missing).")
-    existing = next((a for a in (path, *path.parents) if a.exists()), Path("."))
-    if not existing.is_dir():
-        raise ReplayUsageError(f"{option} {value!r}: cannot write there: {str(existing)!r} is a file, not a folder. "
-                               "Pass a path in a writable folder.")
+    existing = next((a for a in (path, *path.parents) if os.path.lexists(a)), Path("."))  # a broken link or loop too
+    if kind_of(existing).kind != "folder":
+        raise ReplayUsageError(f"Expected {option} {value!r} under a folder, got {kind_phrase(existing)} at "
+                               f"{str(existing)!r}: pass a path in a writable folder.")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ReplayUsageError(f"{option} {value!r}: cannot write there: no write permission on {str(existing)!r}. "
                                "Pass a path in a writable folder.")
     return path
 
 
+def run_writes(root: Path, run_name: str, named: bool) -> list[str]:
+    """The deepest paths a replay's TensorBoard run writes under ``root``, at their longest: ``replay of RUN (NNNN)/``
+    or ``NAME/version_NNNN/`` (:func:`satmon.io.tensorboard_replay.claim_run_folder`), then TensorBoard's event file."""
+    from satmon.io.tensorboard_replay import next_version
+    from satmon.paths import event_file
+
+    if named:
+        run = root / f"{run_name} ({'9' * 4})"
+    else:
+        digits = max(len(str(next_version(root / run_name))), 4)
+        run = root / run_name / f"version_{'9' * digits}"
+    return [str(run), event_file(run)]
+
+
 def _check_tensorboard(logdir: str | os.PathLike | None, name: str | None, source: str | None) -> Outputs:
+    from satmon.io.atomic import OutputError
+
     if logdir is None:
         return Outputs(logdir=None, name=name or "replay", source=None)
     root = check_folder("--logdir", os.fspath(logdir))
@@ -112,15 +130,33 @@ def _check_tensorboard(logdir: str | os.PathLike | None, name: str | None, sourc
         raise ReplayUsageError(f"Expected --name to be a run name such as 'replay' (a relative path without '.' or '..'), "
                                f"got {run_name!r}.")
     run = root / run_name
-    if os.path.exists(run) and not os.path.isdir(run):  # False past PATH_MAX: checked by check_folder below
-        raise ReplayUsageError(f"--logdir/--name: {str(run)!r} is a file, where the TensorBoard run folder goes: pass "
-                               "another --name or --logdir.")
-    check_folder("--logdir/--name", str(run))  # the names' lengths; writable where it exists
+    named = name is None and bool(source)
+    if os.path.lexists(run) and not os.path.isdir(run):  # a file, a socket, a FIFO, a broken link...: named by kind
+        from satmon.paths import kind_phrase
+
+        raise ReplayUsageError(f"Expected --logdir/--name {str(run)!r} to be a folder (the TensorBoard run folder goes "
+                               f"there), got {kind_phrase(run)}: pass another --name or --logdir.")
+    from satmon.io.atomic import room
+
+    try:  # room beneath for what the run writes (version_N, TensorBoard's event file), said of the longer part
+        try:
+            room("--logdir/--name" if len(run_name) > len(os.fspath(logdir)) else "--logdir", root,
+                 run_writes(root, run_name, named), "--name (without one the run is named 'replay of RUN')")
+        except OutputError:
+            from satmon.paths import length_problem
+
+            for part in Path(run_name).parts:  # a name of the run's over NAME_MAX: said of that name
+                if (problem := length_problem(part)) is not None:
+                    raise OutputError(f"Expected --name to be a run name whose names fit the file system, got {problem}: "
+                                      "pass a shorter --name.") from None
+            raise
+    except OutputError as e:
+        raise ReplayUsageError(str(e)) from None
+    check_folder("--logdir/--name", str(run))  # a folder or nothing there; writable where it exists
     real_logdir, real_run = os.path.realpath(root), os.path.realpath(run)
     if os.path.commonpath([real_logdir, real_run]) != real_logdir:  # checked where it resolves, as it is written
         raise ReplayUsageError(f"Expected --name {run_name!r} to stay under --logdir, got {str(run)!r}, which resolves to "
                                f"{real_run!r} (a symlink out of it): pass another --name.")
-    named = name is None and bool(source)
     return Outputs(logdir=root, name="replay" if named else run_name, source=source if named else None)
 
 
@@ -238,7 +274,7 @@ def nonfinite_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def unverified(ordered: Sequence[Any]) -> str:
     """What could not be checked for damage: checkpoints in formats that record no checksum (``""``: none)."""
-    names = [i.path.name for i in ordered if any(w.layout not in ("zip", "dcp") for w in i.weights)]  # DCP: zip chunks
+    names = [i.path.name for i in ordered if any(not w.checksummed for w in i.weights)]  # DCP: zip chunks
     if not names:
         return ""
     shown = ", ".join(printable(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
@@ -262,11 +298,11 @@ def write_report(out: Outputs, records: Sequence[Any], dicts: Sequence[dict[str,
     intro = [
         f"Model `{code}`; {len(ok)} of {len(rows)} checkpoint(s) replayed on {device} "
         f"({dtype} forward, float64 statistics); calibration: {data_text}.",
-        f"GO threshold {settings.threshold:g} on pooled saturation ({counted}); TensorBoard run `{log_dir}`.",
+        f"GO threshold {settings.rule.threshold:g} on pooled saturation ({counted}); TensorBoard run `{log_dir}`.",
     ] + [f"\n**{line}**" for line in notes]
     live = live_lines(records, markdown=True)
     if live:
         intro += ["", *live]
     assert out.report is not None
-    return write_markdown(out.report, list(dicts), list(rows), threshold=settings.threshold, intro=intro,
+    return write_markdown(out.report, list(dicts), list(rows), threshold=settings.rule.threshold, intro=intro,
                           last_card=None if last is None else last.card())

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from satmon.replay.user_code import ReplayUsageError, printable
+from satmon.replaying.user_code import ReplayUsageError, printable
 from satmon.results.live_replay import LiveReading, ReplaySource
 from satmon.results.verdict import Source, Verdict
 from satmon.screen.state import STATE_FILE, STATE_KEY
@@ -143,7 +143,7 @@ def live_from_checkpoints(infos: Sequence[Any]) -> LiveReading | None:
     state, or the ``satmon_state.pt`` of a Hugging Face ``checkpoint-N`` folder; the one of the latest checkpoint
     holding one (every checkpoint saved after the window closed holds the same), or ``None``.
 
-    ``infos`` are :class:`~satmon.replay.checkpoints.CheckpointInfo` whose index is still held (before the
+    ``infos`` are :class:`~satmon.replaying.checkpoints.CheckpointInfo` whose index is still held (before the
     replay loop releases it).
     """
     found = []
@@ -167,7 +167,7 @@ def _reading_of(run: Any) -> LiveReading | None:
     (:func:`satmon.io.tensorboard.verdict_hparams`: decision, trust, source, window, threshold) and the pooled
     saturation scalar at the session's step. ``None`` when the run holds no satmon session of a screening window (a
     probe's or a replay's verdict, or a run without satmon's hyper-parameters). The card is never parsed."""
-    from satmon.io.tensorboard import TAG, VERDICT_VALUES
+    from satmon.io.tags import TAG, VERDICT_VALUES
 
     if run.texts.get(TAG.replay_checkpoint) or run.texts.get(TAG.replay_error):  # a replay's run
         return None

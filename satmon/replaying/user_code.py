@@ -26,13 +26,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from satmon.errors import MAX_ERROR, UsageError, error_line  # noqa: F401 - error_line, MAX_ERROR: their home is satmon.errors
 from satmon.io.safe_text import printable  # re-exported: the replay's names and errors are printed through it
 from satmon.paths import kind_of
 
 __all__ = ["ReplayUsageError", "error_line", "import_object", "no_working_directory", "printable", "short"]
-
-#: The longest error line satmon prints for one exception (a crafted file cannot flood the console).
-MAX_ERROR = 400
 
 
 #: The ``sys.path`` entries :func:`no_working_directory` took off, while it is in force (named in import errors).
@@ -109,26 +107,9 @@ def no_working_directory() -> Iterator[list[str]]:
         sys.path[:] = saved + [e for e in sys.path if e not in saved]  # entries the command added stay, after
 
 
-class ReplayUsageError(ValueError):
-    """The command line cannot work as given (wrong ``MODULE:ATTR``, missing data...): exit code 2."""
-
-
-def error_line(e: BaseException) -> str:
-    """``Type: first line`` of an exception (and the next line when the first only announces it), at most
-    :data:`MAX_ERROR` characters.
-
-    Example:
-        >>> error_line(ValueError("bad value\\nmore detail"))
-        'ValueError: bad value'
-    """
-    try:
-        raw = str(e)[: 20 * MAX_ERROR]
-    except Exception:  # an exception whose message cannot be formatted (a crafted value inside it)
-        raw = ""
-    lines = [ln.strip() for ln in raw.strip().splitlines() if ln.strip()]
-    text = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else "")
-    line = printable(f"{type(e).__name__}: {text}".rstrip(": "))  # a message may quote a file: no control character
-    return line if len(line) <= MAX_ERROR else line[: MAX_ERROR - 3] + "..."
+class ReplayUsageError(UsageError):
+    """The replay's command line, or a user's ``MODULE:ATTR``, cannot work as given: exit code 2 (a
+    :class:`satmon.errors.UsageError`, which the grid and the command line raise and catch)."""
 
 
 def short(obj: Any, width: int = 200) -> str:

@@ -1,4 +1,4 @@
-"""satmon.model.frozen.frozen_forward: the model, grad mode and RNG come back as they were, also on error."""
+"""satmon.model.frozen_forward.frozen_forward: the model, grad mode and RNG come back as they were, also on error."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 
-from satmon.model.frozen import frozen_forward
+from satmon.model.frozen_forward import frozen_forward
 
 
 def _model() -> nn.Module:

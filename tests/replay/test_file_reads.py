@@ -15,15 +15,10 @@ import zipfile
 import pytest
 import torch
 
-from satmon.replay import reading
-from satmon.replay.reading import (
-    FileChanged,
-    FileStamp,
-    SafetensorsIndex,
-    copy_tensors,
-    load_index,
-    meta_tensors,
-)
+from satmon.replaying.file_info import FileChanged, FileStamp
+from satmon.replaying.formats import torch_file as reading
+from satmon.replaying.formats.safetensors import SafetensorsIndex
+from satmon.replaying.formats.torch_file import copy_tensors, load_index, meta_tensors
 
 
 def _checkpoint() -> dict:
@@ -116,7 +111,7 @@ def test_a_file_that_shrinks_between_the_check_and_the_read_fails_cleanly_withou
     torch.save({"state_dict": {"w": torch.randn(256, 1024)}}, path)
     script = textwrap.dedent(f"""
         import os, sys
-        from satmon.replay import reading
+        from satmon.replaying.formats import torch_file as reading
         stamp = reading.FileStamp.of({str(path)!r})
         index = reading.load_index(stamp, trust=False)
         real_records = reading._zip_records
@@ -200,7 +195,7 @@ def test_an_archive_of_the_other_byte_order_is_refused_before_torch_reads_it(tmp
     other = "big" if sys.byteorder == "little" else "little"
     script = textwrap.dedent(f"""
         import os, sys, zipfile, torch
-        from satmon.replay import reading
+        from satmon.replaying.formats import torch_file as reading
         a, b = os.path.join({str(tmp_path)!r}, "a.pt"), os.path.join({str(tmp_path)!r}, "b.pt")
         torch.save({{"w": torch.arange(4.0)}}, a)
         with zipfile.ZipFile(a) as zi, zipfile.ZipFile(b, "w", zipfile.ZIP_STORED) as zo:

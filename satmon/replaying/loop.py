@@ -1,8 +1,8 @@
 """Replay satmon's diagnostics over saved checkpoints: the loop that builds one record per checkpoint.
 
 Each checkpoint is built into a model (:class:`ModelLoader`, from the index
-:mod:`satmon.replay.checkpoints` read and the tensors it reads at the checkpoint's turn) and probed
-by :func:`satmon.probe` on the same calibration batches (:mod:`satmon.replay.data`), the code the
+:mod:`satmon.replaying.checkpoints` read and the tensors it reads at the checkpoint's turn) and probed
+by :func:`satmon.probe` on the same calibration batches (:mod:`satmon.replaying.data`), the code the
 live callback runs, so a replayed checkpoint and the live probe at the same step read the same
 numbers. Before any weight is read, the model is built on the meta device and compared with the
 checkpoint's tensor shapes (:meth:`ModelLoader.mismatch`): hyper-parameters that ask for another (or
@@ -27,21 +27,21 @@ from torch import Tensor, nn
 from satmon.observe.reading_hooks import (
     nonfinite_parameters,  # the probe's and the window's count
 )
-from satmon.replay.checkpoints import (
+from satmon.replaying.checkpoints import (
     CheckpointInfo,
     load_checkpoint,
     meta_state_dict,
     state_dict_of,
 )
-from satmon.replay.reading import CorruptFile, FileChanged
-from satmon.replay.user_code import ReplayUsageError, error_line, printable, short
+from satmon.replaying.file_info import CorruptFile, FileChanged
+from satmon.replaying.user_code import ReplayUsageError, error_line, printable, short
 from satmon.results.live_replay import ReplaySource
 from satmon.results.replay_record import ReplayRecord
 from satmon.results.verdict import Source
 from satmon.settings import Settings, settings_from
 
-__all__ = ["TWIN_SEED", "ModelLoader", "ReplayRecord", "ReplayUsageError", "is_lightning_module", "nonfinite_parameters",
-           "replay", "summary_row"]
+__all__ = ["TWIN_SEED", "ModelLoader", "ReplayRecord", "ReplayUsageError", "checkpoint_records", "input_vocabulary",
+           "is_lightning_module", "nonfinite_parameters", "summary_row"]
 
 #: Seed of the random-init twin: the same twin (and so the same init readings) for every checkpoint.
 TWIN_SEED = 0
@@ -153,7 +153,7 @@ class ModelLoader:
     """Builds the trained model of an inspected checkpoint, and its random-init twin, one at a time.
 
     The weights are read from the checkpoint's file(s) when the model is built
-    (:func:`satmon.replay.checkpoints.state_dict_of`), after :meth:`mismatch` compared the model,
+    (:func:`satmon.replaying.checkpoints.state_dict_of`), after :meth:`mismatch` compared the model,
     built on the meta device, with the checkpoint's tensor shapes.
 
     Args:
@@ -226,6 +226,16 @@ class ModelLoader:
         return (f"the model built by {how} does not fit this checkpoint: {problem}. Is --model/--factory "
                 "building the architecture that saved it?")
 
+    def vocabulary(self, info: CheckpointInfo) -> tuple[int, str] | None:
+        """The size of the vocabulary the model built for ``info`` reads its token ids from, and the layer that holds
+        it (built on the meta device: no weight read); ``None`` when it has no embedding table or cannot be built
+        there. Which table takes the ids is known when the model says (Hugging Face's ``get_input_embeddings``);
+        otherwise the largest ``nn.Embedding`` bounds them: an id past it is past every table."""
+        if self.check(info) is not None:
+            return None
+        model = self._meta_model(info, self._lightning(info))
+        return None if model is None else input_vocabulary(model)
+
     def _meta_model(self, info: CheckpointInfo, lightning: bool) -> nn.Module | None:
         key = _arch_key(info.hparams, info.hparams_name) if lightning else _FACTORY
         hook = lightning and _overridden(self.model_cls, "on_load_checkpoint")  # the model may change per checkpoint
@@ -252,7 +262,7 @@ class ModelLoader:
         checkpoint). Otherwise a fresh model is built, as ``load_from_checkpoint`` builds it.
 
         Raises:
-            satmon.replay.reading.FileChanged: a file changed since it was listed.
+            satmon.replaying.file_info.FileChanged: a file changed since it was listed.
         """
         try:
             if self._lightning(info):
@@ -327,6 +337,28 @@ class ModelLoader:
 
 
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))  # _parameters, _buffers, _modules, the hooks, training...
+
+
+def input_vocabulary(model: nn.Module) -> tuple[int, str] | None:
+    """``(number of token ids, the layer's name)`` of the table ``model`` reads its input token ids from: the one
+    ``get_input_embeddings()`` returns, else the largest ``nn.Embedding`` (an upper bound); ``None`` without one.
+
+    Example:
+        >>> net = torch.nn.Sequential(torch.nn.Embedding(50, 4), torch.nn.Embedding(8, 4))
+        >>> input_vocabulary(net)
+        (50, '0')
+    """
+    names = {id(m): n for n, m in model.named_modules()}
+    getter = getattr(model, "get_input_embeddings", None)
+    if callable(getter):
+        try:
+            table = getter()
+        except Exception:
+            table = None
+        if isinstance(table, nn.Embedding) and id(table) in names:
+            return int(table.num_embeddings), names[id(table)]
+    tables = [(int(m.num_embeddings), n) for n, m in model.named_modules() if isinstance(m, nn.Embedding)]
+    return max(tables, key=lambda t: t[0]) if tables else None
 
 
 def _items(value: Any) -> Any:
@@ -432,7 +464,7 @@ def _replay_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any
                         error=None if error is None else printable(error))
 
 
-def replay(
+def checkpoint_records(
     infos: Sequence[CheckpointInfo],
     loader: ModelLoader,
     batches: Sequence[Any],
@@ -449,7 +481,7 @@ def replay(
     becomes a record with ``error`` set; the loop goes on.
 
     Args:
-        infos: from :func:`satmon.replay.checkpoints.inspect_checkpoint` (ordered); each one's index is
+        infos: from :func:`satmon.replaying.checkpoints.inspect_checkpoint` (ordered); each one's index is
             released once its model is built.
         loader: builds each model and its twin.
         batches: calibration batches, the same for every checkpoint.
@@ -462,15 +494,15 @@ def replay(
         on_record: called with each record before it is yielded, e.g. a
             :class:`~satmon.io.tensorboard_replay.TensorBoardReplay`.
         source: the run the checkpoints come from and its live verdict
-            (:func:`satmon.replay.live.find_source`), kept in every record: its card shows both readings.
+            (:func:`satmon.replaying.live.find_source`), kept in every record: its card shows both readings.
 
     Example:
         >>> import os, tempfile
-        >>> from satmon.replay.checkpoints import inspect_checkpoint
+        >>> from satmon.replaying.checkpoints import inspect_checkpoint
         >>> net = lambda: torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
         >>> f = os.path.join(tempfile.mkdtemp(), "w.pt")
         >>> torch.save({"model": net().state_dict(), "iter_num": 5}, f)
-        >>> (record,) = replay([inspect_checkpoint(f)], ModelLoader(factory=net), [torch.randn(8, 4)], twin=False)
+        >>> (record,) = checkpoint_records([inspect_checkpoint(f)], ModelLoader(factory=net), [torch.randn(8, 4)], twin=False)
         >>> record.global_step, record.error, record.report.layers["1"].kind
         (5, None, 'layernorm')
     """

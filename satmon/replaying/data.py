@@ -18,11 +18,12 @@ from torch import Tensor
 
 from satmon.batches import ForwardFn, feed_first, split_batch
 from satmon.paths import kind_of
-from satmon.replay.budget import OverBudget
-from satmon.replay.reading import FileStamp, load_index
-from satmon.replay.user_code import ReplayUsageError, error_line, printable, short
+from satmon.replaying.budget import OverBudget
+from satmon.replaying.file_info import FileStamp
+from satmon.replaying.formats.torch_file import load_index
+from satmon.replaying.user_code import ReplayUsageError, error_line, printable, short
 
-__all__ = ["capture_batches", "datamodule_batches", "input_forward_fn", "load_data_file"]
+__all__ = ["capture_batches", "datamodule_batches", "fed_token_ids", "input_forward_fn", "load_data_file"]
 
 
 def capture_batches(batches: Iterable[Any], n_batches: int) -> list[Any]:
@@ -65,7 +66,7 @@ def check_data_file(path: str | Path) -> Path:
         >>> check_data_file("/dev/zero")
         Traceback (most recent call last):
         ...
-        satmon.replay.user_code.ReplayUsageError: --data '/dev/zero': a character device, not a regular file (it was not opened). Pass --data FILE (a torch.save'd tensor, list of batches or dict of tensors) or --datamodule MODULE:CLASS.
+        satmon.replaying.user_code.ReplayUsageError: --data '/dev/zero': a character device, not a regular file (it was not opened). Pass --data FILE (a torch.save'd tensor, list of batches or dict of tensors) or --datamodule MODULE:CLASS.
     """
     kind = kind_of(path)
     if kind.regular:
@@ -97,7 +98,7 @@ def load_data_file(path: str | Path, n_batches: int, batch_size: int | None = No
     if damaged is not None:  # torch.load checks no checksum: damaged batches would be read as good ones
         raise ReplayUsageError(f"--data {str(p)!r}: corrupt: the bytes of its record {damaged!r} do not match the CRC-32 "
                                "its zip directory records (the file was damaged after it was written); save it again.")
-    try:  # its declared sizes first (satmon.replay.budget): a bomb is refused before anything is inflated or allocated
+    try:  # its declared sizes first (satmon.replaying.budget): a bomb is refused before anything is inflated or allocated
         load_index(FileStamp.of(p), trust=False)
     except OverBudget as e:
         raise ReplayUsageError(f"--data {str(p)!r}: {e}.") from None
@@ -178,3 +179,34 @@ def input_forward_fn(batches: Sequence[Any], input_key: str | None = None) -> Fo
             and not first[1].is_floating_point() and not first[1].is_complex() and first[1].shape == first[0].shape):
         return feed_first
     return None
+
+
+def fed_token_ids(batches: Sequence[Any], input_key: str | None = None) -> int | None:
+    """The largest token id the model is fed from ``batches`` (by :func:`input_forward_fn`'s rule: ``batch[input_key]``,
+    the inputs of an ``(inputs, targets)`` pair, a tensor batch itself, a dict's ``input_ids``); ``None`` when what is
+    fed holds no integer tensor. Read once, before the first checkpoint (not on any hot path).
+
+    Example:
+        >>> x = torch.tensor([[1, 7], [3, 2]])
+        >>> fed_token_ids([(x, x + 100)]), fed_token_ids([{"input_ids": x}]), fed_token_ids([x.float()])
+        (7, 7, None)
+    """
+    if not batches:
+        return None
+    fed = input_forward_fn(batches, input_key)
+    found = None
+    for batch in batches:
+        if input_key is not None:
+            key: int | str = int(input_key) if input_key.lstrip("-").isdigit() else input_key
+            inputs = batch[key]
+        elif fed is feed_first or isinstance(batch, (tuple, list)):
+            inputs = batch[0] if len(batch) else None
+        elif isinstance(batch, Mapping):
+            inputs = batch.get("input_ids")
+        else:
+            inputs = batch
+        if isinstance(inputs, Tensor) and inputs.numel() and not inputs.is_floating_point() and not inputs.is_complex() \
+                and inputs.dtype != torch.bool:
+            top = int(inputs.max())
+            found = top if found is None else max(found, top)
+    return found
