@@ -131,7 +131,7 @@ def test_gated_layers_saturated_token_by_token_are_not_called_trapped() -> None:
     from satmon.demos.llama import LlamaLM
 
     torch.manual_seed(0)
-    model = LlamaLM(vocab_size=V, d_model=16, n_layers=2, n_heads=2, seq_len=12)
+    model = LlamaLM(vocab_size=V, d_model=16, n_layers=2, n_heads=2, seq_len=12, final_norm="dyt")
     with torch.no_grad():
         model.tok_emb.weight.normal_(0.0, 30.0)  # tokens far apart, no shared offset: saturation by token
     screen = Screen(window=100, trap_every_n_steps=1, trap_patience=1, info=lambda s: None, warn=lambda s: None).attach(model)
@@ -250,7 +250,7 @@ def test_satmon_llama_demo_trapped_is_named_by_step_100_and_its_rmsnorm_twin_is_
 
     torch.manual_seed(0)
     d, T, B, warm = 64, 64, 8, 20
-    model = LlamaLM(d_model=d, n_layers=2, n_heads=4, seq_len=T)
+    model = LlamaLM(d_model=d, n_layers=2, n_heads=4, seq_len=T, final_norm="dyt")  # the DyT paper's layout
     if final == "rmsnorm":  # the final norm alone swapped: every block norm stays DyT
         model.norm_f = make_norm("rmsnorm", d, 1.0, bias=False)
     toks = corpus_tokens(200_000)
