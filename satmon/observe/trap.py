@@ -63,8 +63,9 @@ class TrapCounter(OffsetCounter):
         for name, v in zip(self._COUNTS, (s.total, s.saturated, s.centered_saturated, s.offset_channel_saturated, 1)):
             getattr(self, name).select(0, index).add_(v)
         self.ratio_median.select(0, index).add_(ratio.clamp_max(1e12))
-        self.offset_median.select(0, index).add_(s.abs_mean.quantile(0.5))  # the mean of the two middles, as numpy
-        self.spread_median.select(0, index).add_(s.spread.quantile(0.5))
+        medians = torch.stack([s.abs_mean, s.spread]).quantile(0.5, dim=1)  # the mean of the two middles, as numpy
+        self.offset_median.select(0, index).add_(medians[0])
+        self.spread_median.select(0, index).add_(medians[1])
 
     def compute(self, sync: bool = False) -> dict[str, Tensor]:
         """:meth:`OffsetCounter.compute`'s readings plus the mean per-batch ``offset`` and ``spread`` medians

@@ -283,6 +283,9 @@ def test_the_trap_watch_reads_only_on_its_check_steps(recorder, monkeypatch):
     per_step[0] = [e for e in per_step[0] if e[1] != "functional/gate.py:flat_threshold"]  # placed once (see above)
     checked = [i for i in range(WINDOW - 1) if i % 4 == 0]  # loop steps 0, 4: optimizer steps 1 and 5
     assert [per_step[i] for i in range(WINDOW - 1) if i not in checked] == [[]] * (WINDOW - 1 - len(checked))
-    for i in checked:  # one read of the offset counts, one of the gradient norms: at the check, in step()
-        assert sorted(per_step[i]) == [("Tensor.tolist", "observe/trap.py:read"), ("Tensor.tolist", "screen/trap.py:check")]
+    reads = [("Tensor.tolist", "observe/trap.py:read"), ("Tensor.tolist", "screen/trap.py:check")]
+    # one read of the offset counts, one of the gradient norms, at the check, in step(); the first check also maps each
+    # parameter to its group once (a host-made index, copied to the device)
+    assert sorted(per_step[0]) == sorted([*reads, ("torch.tensor", "screen/trap.py:_group_of")])
+    assert all(sorted(per_step[i]) == reads for i in checked[1:])
     assert [r["step"] for r in screen.trap.log][:2] == [1, 5]

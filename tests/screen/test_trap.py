@@ -70,7 +70,7 @@ def _reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor, norm: nn.Modu
     cen = ((a * (xf - xf.mean(0))).abs() > level).double().mean().item()
     below = [model.emb.weight, *model.block_norm.parameters(), *model.mlp.parameters()]
     head = [*norm.parameters(), model.head.weight]
-    sq = lambda ps: sum(p.grad.to(torch.float64).square().sum().item() for p in ps)  # noqa: E731
+    sq = lambda ps: sum(p.grad.to(torch.float64).square().sum().item() for p in ps)
     return sat, cen, math.sqrt(sq(below) / sq(head))
 
 
@@ -111,7 +111,7 @@ def test_the_reading_matches_a_float64_recomputation_of_the_pass() -> None:
     for final, offset in (("dyt", 100.0), ("dyt", 0.0), ("rmsnorm", 0.0)):
         model = Toy(final, offset)
         x, y = _batch(3)
-        r = read_trap(model, x, loss_fn=lambda out, b: F.cross_entropy(out.reshape(-1, V), y.reshape(-1)))
+        r = read_trap(model, x, loss_fn=lambda out, b, y=y: F.cross_entropy(out.reshape(-1, V), y.reshape(-1)))
         sat, cen, reach = _reference(model, x, y, model.norm)
         assert r.reach == pytest.approx(reach, rel=1e-12, abs=0.0)
         if final == "dyt":
@@ -131,7 +131,7 @@ def test_gated_layers_saturated_token_by_token_are_not_called_trapped() -> None:
     from satmon.demos.llama import LlamaLM
 
     torch.manual_seed(0)
-    model = LlamaLM(vocab_size=V, d_model=16, n_layers=2, n_heads=2, seq_len=12)
+    model = LlamaLM(vocab_size=V, d_model=16, n_layers=2, n_heads=2, seq_len=12, final_norm="dyt")
     with torch.no_grad():
         model.tok_emb.weight.normal_(0.0, 30.0)  # tokens far apart, no shared offset: saturation by token
     screen = Screen(window=100, trap_every_n_steps=1, trap_patience=1, info=lambda s: None, warn=lambda s: None).attach(model)
@@ -224,7 +224,7 @@ class _Null:
 def test_a_resume_keeps_the_streak_and_what_was_named() -> None:
     torch.manual_seed(0)
     model = Toy("dyt")
-    quiet = dict(info=lambda s: None, warn=lambda s: None)
+    quiet = {"info": lambda s: None, "warn": lambda s: None}
     first = Screen(window=100, trap_every_n_steps=1, trap_patience=3, **quiet).attach(model)
     _train(model, first, 2)
     state = first.state_dict()
@@ -250,7 +250,7 @@ def test_satmon_llama_demo_trapped_is_named_by_step_100_and_its_rmsnorm_twin_is_
 
     torch.manual_seed(0)
     d, T, B, warm = 64, 64, 8, 20
-    model = LlamaLM(d_model=d, n_layers=2, n_heads=4, seq_len=T)
+    model = LlamaLM(d_model=d, n_layers=2, n_heads=4, seq_len=T, final_norm="dyt")  # the DyT paper's layout
     if final == "rmsnorm":  # the final norm alone swapped: every block norm stays DyT
         model.norm_f = make_norm("rmsnorm", d, 1.0, bias=False)
     toks = corpus_tokens(200_000)
@@ -322,7 +322,7 @@ def test_the_lightning_callback_reads_the_trap_through_the_same_screen(tmp_path)
     monitor = SaturationMonitor(window=6, trap_every_n_steps=2, trap_patience=2, sink=sink, verbose=False)
     trainer(tmp_path, max_steps=8, callbacks=[monitor]).fit(Lit(), torch.utils.data.DataLoader(data, batch_size=None))
     assert sink.scalars_seen[TAG.trap][0] == (1, 0.0)  # from step 1
-    assert [s for s, v in sink.scalars_seen[TAG.trap] if v == 1.0][0] == 3
+    assert next(s for s, v in sink.scalars_seen[TAG.trap] if v == 1.0) == 3
     assert (TAG.trap_text, 3) in sink.texts and sink.params and sink.params[0][TAG.hp_trap] == "trapped"
     assert any("trapped at step 3" in n for n in monitor.verdict.notes)
 
@@ -341,7 +341,7 @@ def test_gradient_accumulation_reads_the_order_of_one_forward_and_the_steps_grad
     net = outer["net"]
     below = [net.emb.weight, *net.block_norm.parameters(), *net.mlp.parameters()]
     head = [*net.norm.parameters(), net.head.weight]
-    sq = lambda ps: sum(p.grad.to(torch.float64).square().sum().item() for p in ps)  # noqa: E731
+    sq = lambda ps: sum(p.grad.to(torch.float64).square().sum().item() for p in ps)
     want = math.sqrt(sq(below) / sq(head))
     opt.step()
     screen.step(torch.tensor(1.0))
