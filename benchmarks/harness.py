@@ -24,26 +24,31 @@ from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, TensorDataset
 
 from satmon import SaturationMonitor, find_dyt_layers
+from satmon.settings import Settings
 from satmon.demos.corpus import corpus_tokens
 from satmon.demos.lit import LitLM
 from satmon.observe.saturation import CountQueue
 
-CONFIGS = ("off", "off-again", "window", "sampled", "after", "watch", "user-item", "paired", "paired-eager", "paired-fused")
+CONFIGS = ("off", "off-again", "window", "sampled", "after", "watch", "trap", "user-item", "paired", "paired-eager",
+           "paired-fused")
 LABELS = {
     "off": "no monitor (reference)",
     "off-again": "no monitor, again (A/A noise floor)",
     "window": "(a) window, default settings",
     "sampled": "(b) window, sample_every=4",
-    "after": "(c) after the window, watch off",
+    "after": "(c) after the window, collapse and trap watches off",
     "watch": "(d) after the window, collapse watch (default cadence, 50)",
+    "trap": "(f) after the window, trap watch on (default cadence, 10; pair with (c))",
     "user-item": "(e) user hook with .item() per layer",
     "paired": "window, sample_every=2 (for the paired estimate)",
     "paired-eager": "window, sample_every=2, four-op count forced (paired estimate)",
     "paired-fused": "window, sample_every=2, fused count forced (paired estimate)",
 }
-MONITORED = ("window", "sampled", "after", "watch", "paired", "paired-eager", "paired-fused")
+MONITORED = ("window", "sampled", "after", "watch", "trap", "paired", "paired-eager", "paired-fused")
 #: the paired configurations and the count path each forces (``CountQueue.default_fused``; ``None``: satmon's choice)
 PAIRED = {"paired": None, "paired-eager": False, "paired-fused": True}
+#: the trap watch's default cadence (``trap_every_n_steps``), the ``trap`` configuration's
+TRAP_EVERY = Settings().trap_every_n_steps
 
 
 def _traced_graph(gm: Any, example: list) -> Any:
@@ -229,9 +234,12 @@ def make_monitor(config: str, plan: Plan) -> SaturationMonitor | None:
     if config == "sampled":
         return SaturationMonitor(window=plan.total, sample_every=SAMPLED_EVERY, **quiet)
     if config == "after":
-        return SaturationMonitor(window=plan.window_small, watch_every_n_steps=0, **quiet)
+        return SaturationMonitor(window=plan.window_small, watch_every_n_steps=0, trap_every_n_steps=0, **quiet)
     if config == "watch":
-        return SaturationMonitor(window=plan.window_small, watch_every_n_steps=plan.watch_every, **quiet)
+        return SaturationMonitor(window=plan.window_small, watch_every_n_steps=plan.watch_every, trap_every_n_steps=0,
+                                 **quiet)
+    if config == "trap":  # (c) with the trap watch on: the pair that prices it
+        return SaturationMonitor(window=plan.window_small, watch_every_n_steps=0, **quiet)
     return None
 
 
@@ -254,7 +262,9 @@ def run_once(spec: ModelSpec, config: str, plan: Plan, device: str, audit_mode: 
     audit = None
     if audit_mode:
         # the watch's check steps sync by design (that is when its counts are read)
-        skip = {g for g in range(first, last) if config == "watch" and g % plan.watch_every == 0}
+        # (and the trap watch's: its check steps read the gradient norms and offset counts)
+        skip = {g for g in range(first, last) if (config == "watch" and g % plan.watch_every == 0)
+                or (config == "trap" and g % TRAP_EVERY == 0)}
         audit = SyncAudit(audit_mode, first, last, skip)
         callbacks: list[Callback] = [timer, audit.on, *extra, audit.off]
     else:

@@ -12,6 +12,8 @@ drifts into every configuration alike:
 - ``sampled``    the same with ``sample_every=4`` (satmon's cheaper sampling option);
 - ``after``      steps after the window, collapse watch off (``watch_every_n_steps=0``): should be 1.00;
 - ``watch``      steps after the window, collapse watch at its default cadence (every 50 steps);
+- ``trap``       ``after`` with the trap watch on at its default cadence (every 10 steps from step 1): paired
+  with ``after`` (the same run but for the trap watch), their ratio is its price per step;
 - ``user-item``  what users write without satmon: a forward hook per DyT layer computing the
   saturated fraction and calling ``.item()`` on it at every forward;
 - ``paired``     the window with ``sample_every=2``: counted and uncounted steps alternate within
@@ -97,6 +99,19 @@ def table(results: dict[str, Any], q: float, markdown: bool, cuda: bool) -> str:
     return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
 
 
+def trap_lines(results: dict[str, Any]) -> list[str]:
+    """The trap watch's price: ``trap`` (f) over ``after`` (c), the same run but for the trap watch (interleaved in one
+    process; every step pooled, the check steps among them, so it is the cost per step averaged over the cadence)."""
+    out = []
+    for m, r in results.items():
+        s = r["summary"]
+        if "trap" in s and "after" in s:
+            out.append(f"\nTrap watch, {m}: step time with the trap watch on over off (f)/(c): "
+                       f"{s['trap']['ratio_q'] / s['after']['ratio_q']:.4f} (low quantile), "
+                       f"{s['trap']['ratio_median'] / s['after']['ratio_median']:.4f} (median)")
+    return out
+
+
 def check_run(config: str, out: dict[str, Any], plan: Plan, spec: ModelSpec) -> None:
     """Smoke assertions: the run measured what it should and satmon counted what it should."""
     assert len(out["times"]) == plan.measured, f"{config}: expected {plan.measured} step times, got {len(out['times'])}"
@@ -105,7 +120,8 @@ def check_run(config: str, out: dict[str, Any], plan: Plan, spec: ModelSpec) -> 
         v = out["verdict"]
         assert v is not None, f"{config}: the monitor produced no verdict"
         per_step = spec.batch_size * spec.seq_len * spec.d_model * (2 * spec.n_layers + 1)  # every DyT input element
-        counted = {"window": plan.total, "after": plan.window_small, "watch": plan.window_small}.get(config)
+        counted = {"window": plan.total, "after": plan.window_small, "watch": plan.window_small,
+                   "trap": plan.window_small}.get(config)
         assert counted is None or v["elements"] == counted * per_step, f"{config}: {v['elements']} elements counted"
     if config == "watch":
         assert out["watch_checks"] >= 1, "watch: expected at least one collapse-watch check in the measured span"
@@ -239,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(results, args.quantile, args.markdown, cuda))
     for line in paired_lines(results):
+        print(line)
+    for line in trap_lines(results):
         print(line)
     load = load_average()
     print(f"\nTotal {time.perf_counter() - t_start:.0f} s; load average at the end: {load}.")

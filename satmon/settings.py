@@ -9,7 +9,8 @@ consumer restates or re-checks an option, so none can drop one. Its parts:
   from: ``caveat`` (the card's provenance line) or ``calibration`` (a ``calibration.json`` of ``satmon
   calibrate``, whose threshold and provenance both apply);
 - **the window**: ``window``, ``sample_every``, ``offset_every``, ``include`` / ``exclude``, ``gating_mapping``;
-- **the watch**: ``watch_every_n_steps``, ``patience``, ``loss_spike_z``, ``loss_baseline``;
+- **the watch**: ``watch_every_n_steps``, ``patience``, ``loss_spike_z``, ``loss_baseline``; the trap watch:
+  ``trap_every_n_steps``, ``trap_patience``, ``trap_floor``;
 - **the abort policy**: ``abort_on``, ``abort_mode``, ``dry_run``;
 - **the run**: ``train_tokens``, the unique tokens the run trains on, when satmon cannot count them from the
   training data (the card places the run on the study's phase diagram with it), and ``planned_tokens``, the
@@ -220,6 +221,10 @@ class Settings:
     patience: int = 1
     loss_spike_z: float = 8.0
     loss_baseline: int = 200
+    # the trap watch (from step 1)
+    trap_every_n_steps: int = 10
+    trap_patience: int = 3
+    trap_floor: float = 0.0
     # the abort policy
     abort_on: str = "never"
     abort_mode: str = "graceful"
@@ -259,6 +264,14 @@ class Settings:
         check_selector("exclude", self.exclude)
         _int("watch_every_n_steps", self.watch_every_n_steps, 0, "0 turns the watch off", high=MAX_KEPT_STEPS)
         _int("patience", self.patience, 1, "consecutive breaching checks")
+        _int("trap_every_n_steps", self.trap_every_n_steps, 0, "read the trap on one optimizer step in this many from "
+             "step 1; 0 turns the trap watch off", high=MAX_KEPT_STEPS)
+        _int("trap_patience", self.trap_patience, 1, "consecutive checks with the trap's evidence before it is named")
+        f = self.trap_floor
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f < 1:
+            raise ValueError(f"Expected `trap_floor` in [0, 1) (the gradient norm below the final norm over the head's at "
+                             f"or under which it is dead; 0: exactly zero), got {short_repr(f)}.")
+        object.__setattr__(self, "trap_floor", float(f))
         z = self.loss_spike_z
         if isinstance(z, bool) or not isinstance(z, (int, float)) or not math.isfinite(z) or z <= 0:
             raise ValueError(f"Expected `loss_spike_z` > 0 (robust sigmas), got {z!r}.")

@@ -127,6 +127,10 @@ class SaturationMonitor(ReadsSettings, Callback):
             - ``patience``: consecutive breaching checks before a watch breach stops the run.
             - ``loss_spike_z``: robust sigmas (1.4826 MAD) above the loss baseline that make a spike.
             - ``loss_baseline``: steps in the loss baseline.
+            - ``trap_every_n_steps``, ``trap_patience``, ``trap_floor``: the trap watch, from step 1: one step in every
+              ``trap_every_n_steps`` (``0``: off) reads whether gradient still passes a DyT final norm; ``trapped``
+              after ``trap_patience`` checks with none below it (at most ``trap_floor`` x the head's; 0: exactly
+              zero) and the final norm saturated by an offset (docs/guides/callback.md). A reading: it never stops.
             - ``abort_on``: ``"never"`` (default), ``"no-go"`` (a NO-GO verdict), ``"collapse"`` (collapse risk
               at the verdict or during the watch), ``"any"`` (all of these, plus non-finite values: checked
               every step, the run stops within one step on every rank, and loss spikes).

@@ -76,6 +76,15 @@ class TAG:
     collapse_nonfinite = "satmon_collapse/nonfinite"
     collapse_saturation = "satmon_collapse/saturation"
     collapse_loss_z = "satmon_collapse/loss_z"
+    # the trap reading, from step 1 (satmon.screen.trap): 1 trapped / 0, the gradient reach below the final norm
+    # (its norm over the head's), the final norm's saturation, its centered saturation and offset ratio
+    trap = "satmon_trap/trapped"
+    trap_reach = "satmon_trap/reach"
+    trap_final_saturation = "satmon_trap/final_saturation"
+    trap_final_centered = "satmon_trap/final_centered"
+    trap_final_offset_ratio = "satmon_trap/final_offset_ratio"
+    trap_text = "satmon/trap"
+    hp_trap = "satmon/trap"
     # the hparams view: hyper-parameter keys (and satmon 0.3's sub-run of the session: read, never written)
     hp_window = "satmon/window"
     hp_saturation = "satmon/saturation"  # the Hugging Face log_history entry's numbers
@@ -94,7 +103,7 @@ class TAG:
     sigma_min_min_ratio = "satmon_sigma_min/min_ratio"
     #: the per-layer (and per-block, per-MLP) families: each is a Scalars group of its own
     families = ("satmon_saturation", "satmon_alpha", "satmon_offset", "satmon_collapse", "satmon_deadir",
-                "satmon_sigma_min", "satmon_init_gap")
+                "satmon_sigma_min", "satmon_init_gap", "satmon_trap")
 
     @staticmethod
     def layer_saturation(layer: str) -> str:
@@ -113,6 +122,12 @@ class TAG:
     def collapse_breach(reason: str | Enum) -> str:
         """1.0 when the watch check found ``reason`` (a :class:`satmon.results.stop.StopReason` or its value)."""
         return f"satmon_collapse/breach/{reason.value if isinstance(reason, Enum) else reason}"
+
+    @staticmethod
+    def trap_reach_group(group: str) -> str:
+        """The gradient reach of one parameter group below the final norm (its norm over the head's); not under
+        ``satmon_trap/reach/``: a file-backed logger (MLflow) keeps that tag as a file, not a folder."""
+        return f"satmon_trap/group_reach/{group}"
 
     @staticmethod
     def deadir_alignment(layer: str) -> str:
@@ -200,7 +215,7 @@ _V02_SUMMARY = {"satmon/saturation": TAG.saturation, "satmon/nonfinite": TAG.non
                 "satmon/margin": TAG.margin, "satmon/collapse/risk": TAG.collapse_risk, "satmon/stop": TAG.stop}
 #: torch's ``SummaryWriter.add_text(tag, ...)`` writes under ``tag + "/text_summary"`` (satmon 0.2 did)
 _V02_TEXT_SUFFIX = "/text_summary"
-_TEXTS = (TAG.verdict_text, TAG.stop_text, TAG.replay_checkpoint, TAG.replay_error)
+_TEXTS = (TAG.verdict_text, TAG.stop_text, TAG.replay_checkpoint, TAG.replay_error, TAG.trap_text)
 #: satmon 0.3's names of the tags 0.4 renamed (the decision first in its group, the collapse risk with the watch,
 #: a replay's texts after the card); 0.2's ``satmon/replay/...`` texts map through :meth:`TAG.from_v02` to these
 _V03 = {"Satmon/verdict": TAG.verdict, "Satmon/collapse_risk": TAG.collapse_risk,

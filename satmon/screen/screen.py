@@ -46,13 +46,15 @@ from satmon.observe.reading_hooks import ReadingHooks, nonfinite_parameters
 from satmon.observe.saturation import HookReadings, SaturationHooks
 from satmon.observe.window_loss import WindowLoss
 from satmon.results.reading import Reading, verdict_of
-from satmon.results.stop import StopReason, StopRecord, breaches
+from satmon.results.stop import StopReason, breaches
 from satmon.results.gating import GatingInfo
 from satmon.results.verdict import Source, Verdict
 from satmon.screen.agreement import Agreement, TorchDistributed
 from satmon.screen.nonfinite_guard import NonFiniteGuard
 from satmon.screen.state import COUNTS, ScreenState, WindowState, load_window_state, read_window_state, restore_plan
-from satmon.screen.stop_policy import StopPolicy, verdict_stop_reason
+from satmon.screen.stop_policy import StopPolicy
+from satmon.screen.trap import TrapWatch, with_trap_hparam
+from satmon.screen.watching import Watching
 from satmon.screen.watch import CollapseWatch, LossHistory
 from satmon.settings import Settings, settings_from
 
@@ -88,7 +90,7 @@ def running_scalars(r: HookReadings, names: Sequence[str]) -> dict[str, float]:
                              sum(r.nonfinite))
 
 
-class Screen:
+class Screen(Watching):
     """Screen a DyT model over its first ``window`` optimizer steps, then watch it.
 
     A plain loop calls :meth:`attach` once and :meth:`step` after each optimizer step (with the loss),
@@ -155,6 +157,7 @@ class Screen:
         self.offset_hooks: OffsetHooks | None = None
         self.gate_hooks: GateHooks | None = None
         self.watch: CollapseWatch | None = None
+        self.trap: TrapWatch | None = None  # the trap watch, from step 1 (settings.trap_every_n_steps; None: off)
         self.guard: NonFiniteGuard | None = None
         self.verdict: Verdict | None = None
         self.reading: Reading | None = None  # what the verdict was made from
@@ -282,6 +285,8 @@ class Screen:
             if self.verdict is None:
                 self._no_window_left(step, dropped)
             self._start_watch()
+        if self.trap is not None:  # from the first step, window or not; after the window's hooks (they refuse first)
+            self.trap.attach()
         self.begin_step(step)
         return self
 
@@ -337,13 +342,8 @@ class Screen:
                                           keep, refused=hooks.refused, root=model)
             self.watch = self._make_watch(watch_hooks)
         self.guard = NonFiniteGuard(device) if breaches(s.abort_on, StopReason.NONFINITE) else None
-
-    def _make_watch(self, hooks: SaturationHooks) -> CollapseWatch:
-        s, pairings = self.settings, (self.gating.pairings if self.gating is not None else {})
-        assert self.losses is not None
-        gated = [i for i, layer in enumerate(self.layers) if layer.name in pairings]
-        return CollapseWatch(hooks, gated, self.gate_hooks, {k: p.mlp for k, p in pairings.items()}, s.watch_every_n_steps,
-                             s.collapse_threshold, s.loss_spike_z, s.patience, self.losses)
+        self.trap = (TrapWatch(model, layers, s.trap_every_n_steps, s.trap_patience, s.trap_floor, s.level, hooks.refused)
+                     if s.trap_every_n_steps else None)
 
     # ------------------------------------------------------------------------------- the first training forward
     def _traced(self, m: ModelMap) -> None:
@@ -394,7 +394,7 @@ class Screen:
     def detach(self) -> None:
         """Remove every hook and close the TensorBoard files the screen opened (``logdir=``); the counts
         and the verdict stay (a later write opens the files again)."""
-        for h in (self.hooks, self.gate_hooks, self.watch, self.offset_hooks, *self._late):
+        for h in (self.hooks, self.gate_hooks, self.watch, self.offset_hooks, self.trap, *self._late):
             if h is not None:
                 h.detach()
         self._stop_tracing()
@@ -405,7 +405,7 @@ class Screen:
     def paused(self) -> Iterator[None]:
         """No counting inside the block (validation, a probe's forwards)."""
         with paused(self.hooks, self.gate_hooks, self.offset_hooks, self.watch.hooks if self.watch else None,
-                    *self._late):
+                    *self._late, *(self.trap.paused_sets() if self.trap else ())):
             yield
 
     # ------------------------------------------------------------------------------- per step
@@ -413,6 +413,8 @@ class Screen:
         """Before the forwards of optimizer step ``step`` (steps done so far): choose what counts."""
         if self.hooks is None:
             return
+        if self.trap is not None:
+            self.trap.select(step)
         if self.hooks.attached:
             if self._map is not None and self._map.changed():  # O(1): a module was registered under the model
                 self._follow_changes(step)
@@ -455,6 +457,8 @@ class Screen:
             self._live.finish()  # a training step that called submodules, not the model: what ran is read
         if self.guard is not None:
             self._guard_step(step, loss)
+        if self.trap is not None and self.trap.measuring:
+            self._trap_check(step)
         if self.should_stop:
             return
         if self.verdict is not None or self._window_over:
@@ -539,7 +543,7 @@ class Screen:
             return None
         verdict = replace(verdict, planned_forecast=self._planned_forecast().to_dict())
         tb.log_scalars(self.sink, {**running_scalars(counts, list(reading.counts)), **tb.offset_scalars(reading.offset)}, step)
-        where = tb.log_verdict(self.sink, verdict)
+        where = tb.log_verdict(with_trap_hparam(self.sink, self.trap), verdict)
         # one line by default (decision, trust, saturation vs threshold, where the card went); the card with verbose
         self.info("\n" + verdict.text() + "\n" if self.verbose else verdict.summary(where))
         self.status = "verdict made" if not partial else "provisional verdict made (training ended before the window closed)"
@@ -571,7 +575,8 @@ class Screen:
         else:
             why = self.status
         title = "no verdict" if self.active or self.status == "not attached" else "no screen"
-        text = f"### satmon: {title}\n\n{why}"
+        trap = self.trap.last if self.trap is not None and self.trap.named_step is not None else None
+        text = f"### satmon: {title}\n\n{why}" + (f"\n\n{trap.line().removeprefix('satmon: ')}" if trap else "")
         return text if markdown else plain(text)
 
     def _registered(self, _map: ModelMap, name: str, submodule: nn.Module | None) -> None:
@@ -679,76 +684,6 @@ class Screen:
                     names.append(n)
         return HookReadings(*(list(col) for col in zip(*(rows[n] for n in names)))), names
 
-    def _verdict_policy(self, step: int) -> None:
-        assert self.verdict is not None
-        if self.verdict.collapse_risk and self.watch is not None:
-            self.watch.count_breach(StopReason.COLLAPSE_RISK)  # the verdict is the watch streak's first breach
-        reason = verdict_stop_reason(self.verdict, self.settings)
-        if reason is not None and self.request_stop(reason, self.verdict.reason, step):
-            return
-        self._start_watch()
-
-    def _start_watch(self) -> None:
-        if self.watch is not None:
-            self.watch.start()
-            if self.verdict is not None:  # without one, the status says why there is none
-                self.status = "watching"
-
-    def _watch_check(self, step: int) -> None:
-        assert self.watch is not None
-        reading = self.watch.check(step, self.agreement.max)
-        if self.on_watch_check is not None:
-            self.on_watch_check(reading, self.watch)
-        tb.log_scalars(self.sink, tb.watch_scalars(reading.nonfinite, reading.gated_saturation, reading.gate_stats,
-                                                   reading.loss_z, reading.found), step)
-        for reason, message in reading.due:
-            if (self.stop is None or self.stop.dry_run) and self.request_stop(reason, message, step):
-                return
-
-    def _guard_step(self, step: int, loss: Any) -> None:
-        assert self.guard is not None
-        if self.hooks is not None and self.hooks.attached:
-            self.hooks.flush()
-            nonfinite, alphas = self.hooks.counter.nonfinite.sum(), self.hooks.local_alphas()
-            for late in self._late:  # layers that appeared during the window are guarded too
-                late.flush()
-                nonfinite = nonfinite + late.counter.nonfinite.sum().to(nonfinite.device)
-                alphas = torch.cat([alphas, late.local_alphas().to(alphas.device)])
-            self.guard.push(nonfinite, alphas, loss, self.agreement.max)
-        else:
-            self.guard.push(None, None, loss, self.agreement.max)
-        seen = self.guard.poll()
-        if seen:
-            self.request_stop(StopReason.NONFINITE, f"non-finite DyT input(s), alpha(s) or training loss on some rank "
-                              f"({seen} so far, all ranks)", step)
-
-    # ------------------------------------------------------------------------------- stopping
-    def request_stop(self, reason: StopReason, message: str, step: int) -> bool:
-        """Ask the abort policy, with every rank (a collective); log and act on what it decides.
-
-        A stop (or a dry run's would-be stop) is written to the sink (``satmon/stop``: the line as text,
-        and 1.0) and given as a warning; ``abort_mode="raise"`` then raises :class:`~satmon.SatmonAbort`.
-
-        Returns:
-            True when training must stop now (on every rank).
-        """
-        decision = self.policy.request(reason, message, step, self.agreement)
-        if decision is not None:
-            tb.log_stop(self.sink, decision.record)
-            self.warn(decision.record.text().replace("**", ""))
-            if decision.action == "raise":
-                raise decision.error()
-        return self.should_stop
-
-    @property
-    def stop(self) -> StopRecord | None:
-        """Why satmon stopped (or, in a dry run, would have stopped) the run."""
-        return self.policy.stop
-
-    @property
-    def should_stop(self) -> bool:
-        return self.policy.should_stop
-
     # ------------------------------------------------------------------------------- state
     def _window_states(self) -> tuple[tuple[str, WindowState | None], ...]:
         """The window's states kept in checkpoints beside the counts (``None``: off), in :data:`~satmon.screen.state.EXTRA_STATES` order."""
@@ -768,6 +703,8 @@ class Screen:
         # collectives, in the same order on every rank: counts (with those of layers that appeared), then each state
         r, names = self._window_readings(sync, final=False)
         extras = {key: read_window_state(m, sync) for key, m in self._window_states() if m is not None}
+        if self.trap is not None:  # decided from reduced readings: the same on every rank, no collective
+            extras["trap"] = self.trap.state_dict()
         return ScreenState(ScreenState.saved_settings(self.settings), tuple(names), notes=tuple(self.notes),
                            counts=(tuple(r.saturated), tuple(r.total), tuple(r.nonfinite)), extras=extras,
                            **common).to_dict()
@@ -793,6 +730,8 @@ class Screen:
         self.notes.extend(plan.notes)
         if plan.restart:
             self.first_step = self.steps_seen
+        if self.trap is not None and "trap" in saved.extras:  # every rank: the streak is the same everywhere
+            self.trap.load_state_dict(saved.extras["trap"])
         if plan.counts is None or (self.agreement.rank != 0 and not self._loaded_local):
             return plan.dropped
         for k, v in zip(COUNTS, plan.counts):

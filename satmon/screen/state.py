@@ -48,7 +48,7 @@ STATE_VERSION = 2
 #: the saved counts, per layer (summed over ranks)
 COUNTS = ("saturated", "total", "nonfinite")
 #: the window's other states kept in checkpoints: loss segments, offset sums, gate statistics
-EXTRA_STATES = ("loss_segments", "offset", "gate")
+EXTRA_STATES = ("loss_segments", "offset", "gate", "trap")
 #: settings that change what is counted (the counts restart) / how it is rounded / how long / only how counts are judged
 _COUNTED = ("level",)
 _ROUNDING = ("product",)

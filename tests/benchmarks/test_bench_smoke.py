@@ -24,7 +24,8 @@ sys.path.insert(0, str(BENCH))
 
 from harness import MODELS_SMOKE, Plan, run_once  # noqa: E402
 
-CONFIGS = ("off", "off-again", "window", "sampled", "after", "watch", "user-item", "paired", "paired-eager", "paired-fused")
+CONFIGS = ("off", "off-again", "window", "sampled", "after", "watch", "trap", "user-item", "paired", "paired-eager",
+           "paired-fused")
 # --smoke: 6 warm-up + 6 measured steps + 1 closing step, the small window half the warm-up
 TOTAL, WINDOW_SMALL = 13, 3
 
@@ -46,9 +47,10 @@ def test_overhead_smoke_counts_and_pools(tmp_path):
     assert "smoke: OK" in proc.stdout and "Paired estimate, wide" in proc.stdout
     assert "| demo | (a) window, default settings |" in proc.stdout
     assert "| wide | (e) user hook with .item() per layer |" in proc.stdout
+    assert "Trap watch, demo: step time with the trap watch on over off (f)/(c): " in proc.stdout
     data = json.loads(out.read_text())
     # optimizer steps each configuration counts: all (window), the first few (after, watch), every 2nd / 4th from 0
-    counted_steps = {"window": TOTAL, "after": WINDOW_SMALL, "watch": WINDOW_SMALL, "paired": (TOTAL + 1) // 2,
+    counted_steps = {"window": TOTAL, "after": WINDOW_SMALL, "watch": WINDOW_SMALL, "trap": WINDOW_SMALL, "paired": (TOTAL + 1) // 2,
                      "paired-eager": (TOTAL + 1) // 2, "paired-fused": (TOTAL + 1) // 2, "sampled": (TOTAL + 3) // 4}
     for model in ("demo", "wide"):
         r = data["results"][model]

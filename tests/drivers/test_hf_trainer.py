@@ -109,6 +109,17 @@ def test_verdict_equals_the_plain_screens(tmp_path, reference):
     assert 0.05 < cb.verdict.saturation < 0.95 and cb.verdict.window == WINDOW
 
 
+def test_the_trap_reading_equals_the_plain_screens(tmp_path, reference):
+    """The trap watch reads gradients from hooks on the parameters, not from a driver: the Trainer's checks are the
+    plain loop's, step for step (its gradient clipping comes after the read)."""
+    cb, _ = hf_run(tmp_path, llama(), Tokens())
+    got, want = cb.screen.trap.log, reference.trap.log
+    assert got and [r["step"] for r in got] == [r["step"] for r in want] == list(range(1, STEPS + 1, 10))
+    for a, b in zip(got, want):
+        assert a["final"] == b["final"] == "model.norm" and a["trapped"] == b["trapped"]
+        assert a["reach"] == pytest.approx(b["reach"], rel=1e-5)
+
+
 def test_evaluation_forwards_are_not_counted(tmp_path, reference):
     cb, trainer = hf_run(tmp_path, llama(), Tokens(), eval_strategy="steps", eval_steps=2)
     assert any("eval_loss" in h for h in trainer.state.log_history)  # evaluation ran inside the window

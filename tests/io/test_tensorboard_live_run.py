@@ -129,6 +129,7 @@ def _check_verdict_in_hparams_view(tb, case: str, tmp_path: Path) -> None:
         "satmon/window": ("number_value", float(WINDOW)), "satmon/threshold": ("number_value", v.threshold),
         "satmon/level": ("number_value", 2.0), "satmon/partial": ("number_value", 0.0),
         "satmon/forecast": ("string_value", v.planned_forecast["outcome"]),
+        "satmon/trap": ("string_value", monitor.screen.trap.state),  # the trap watch's state rides with the verdict
     }
     assert {"Satmon/decision", "Satmon/margin", "Satmon/saturation"} <= set(mine[0]["metrics"])
 

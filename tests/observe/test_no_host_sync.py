@@ -161,7 +161,9 @@ def _models():
 @pytest.mark.parametrize("arch", list(_models()))
 def test_the_accelerator_path_reads_nothing_on_the_host_over_counted_window_steps(recorder, arch, keep_inputs):
     model = _models()[arch]()
-    screen = Screen(window=WINDOW, sample_every=2, offset_every=1, log_every_n_steps=10**6, verbose=False)
+    # the trap watch off: its check steps read by design (test_the_trap_watch_reads_only_on_its_check_steps)
+    screen = Screen(window=WINDOW, sample_every=2, offset_every=1, log_every_n_steps=10**6, verbose=False,
+                    trap_every_n_steps=0)
     # The gate hooks are made at the first forward (gating is read from it) and place each gate activation's flat
     # tail once per process (``flat_threshold``, cached): host arithmetic on float64 CPU tensors of its own, never a
     # read of the device. Cleared so that the first step sees it whatever ran before in this process.
@@ -178,7 +180,7 @@ def test_the_accelerator_path_reads_nothing_on_the_host_over_counted_window_step
 
 def test_the_cpu_path_reads_only_its_scalar_alphas(recorder):
     model = _models()["gpt"]()
-    screen = Screen(window=WINDOW, sample_every=2, log_every_n_steps=10**6, verbose=False)
+    screen = Screen(window=WINDOW, sample_every=2, log_every_n_steps=10**6, verbose=False, trap_every_n_steps=0)
     per_step = _train(model, screen, recorder, WINDOW + 1, True, WINDOW)
     found = {entry for step in per_step[: WINDOW - 1] for entry in step}
     # the named exception: a CPU scalar alpha read with .item() for its threshold (on a GPU: the tensor path above)
@@ -191,7 +193,8 @@ def test_the_cpu_path_reads_only_its_scalar_alphas(recorder):
 
 def test_a_step_with_the_nonfinite_guard_reads_only_its_named_cpu_flag(recorder):
     model = _models()["gpt"]()
-    screen = Screen(window=WINDOW, sample_every=2, abort_on="any", log_every_n_steps=10**6, verbose=False)
+    screen = Screen(window=WINDOW, sample_every=2, abort_on="any", log_every_n_steps=10**6, verbose=False,
+                    trap_every_n_steps=0)
     per_step = _train(model, screen, recorder, WINDOW + 1, False, WINDOW, host_thresholds=False)
     guard = {("aten._local_scalar_dense", "screen/nonfinite_guard.py:poll"), ("Tensor.item", "screen/nonfinite_guard.py:poll")}
     # the guard folds the counts every step: the fold's device index and totals are made at the first counted
@@ -235,7 +238,7 @@ def test_the_fused_path_reads_only_its_scalar_alphas(recorder, monkeypatch):
     monkeypatch.setattr(sat.CountQueue, "default_fused", True)
     monkeypatch.setattr(sat.CountQueue, "default_backend", graph)
     model = _models()["gpt"]()
-    screen = Screen(window=WINDOW, sample_every=2, log_every_n_steps=10**6, verbose=False)
+    screen = Screen(window=WINDOW, sample_every=2, log_every_n_steps=10**6, verbose=False, trap_every_n_steps=0)
     per_step = _train(model, screen, recorder, WINDOW + 1, True, WINDOW)
     n_layers = len(screen.layers)
     assert screen.hooks.queue.inputs_counted == {"fused": n_layers * (WINDOW + 1) // 2, "four ops": 0}
@@ -258,3 +261,28 @@ def test_frames_are_satmons_by_the_package_folder_not_by_a_folder_name(tmp_path)
     clone = tmp_path / "satmon" / "tests" / "observe" / "test_no_host_sync.py"
     assert _package_file(str(clone)) is None
     assert _package_file(str(PACKAGE / "demos" / "gpt.py")) is None and _package_file(str(PACKAGE / "dyt.py")) is None
+
+
+def test_the_trap_watch_reads_only_on_its_check_steps(recorder, monkeypatch):
+    """The trap watch on (every 4 steps from step 1), the window's path the accelerator's (it reads nothing): the
+    steps the trap watch does not check read nothing, its gradient hooks included; a checked step reads once."""
+    register = torch.Tensor.register_post_accumulate_grad_hook
+
+    def recorded_register(t, hook):
+        def recorded(*a, **k):
+            with recorder.on():
+                return hook(*a, **k)
+        return register(t, recorded)
+
+    monkeypatch.setattr(torch.Tensor, "register_post_accumulate_grad_hook", recorded_register)
+    model = _models()["llama (gated MLPs: gate statistics too)"]()
+    screen = Screen(window=WINDOW, sample_every=2, offset_every=0, log_every_n_steps=10**6, verbose=False,
+                    trap_every_n_steps=4)
+    flat_threshold.cache_clear()
+    per_step = _train(model, screen, recorder, WINDOW + 1, False, WINDOW, host_thresholds=False)
+    per_step[0] = [e for e in per_step[0] if e[1] != "functional/gate.py:flat_threshold"]  # placed once (see above)
+    checked = [i for i in range(WINDOW - 1) if i % 4 == 0]  # loop steps 0, 4: optimizer steps 1 and 5
+    assert [per_step[i] for i in range(WINDOW - 1) if i not in checked] == [[]] * (WINDOW - 1 - len(checked))
+    for i in checked:  # one read of the offset counts, one of the gradient norms: at the check, in step()
+        assert sorted(per_step[i]) == [("Tensor.tolist", "observe/trap.py:read"), ("Tensor.tolist", "screen/trap.py:check")]
+    assert [r["step"] for r in screen.trap.log][:2] == [1, 5]

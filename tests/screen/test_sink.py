@@ -88,7 +88,8 @@ def test_the_verdict_goes_as_scalars_card_and_one_hparams_session(run):
     readings, scalars, card, hparams = at_verdict
     assert any(k.startswith("satmon_offset/") for k in readings[1])  # the offset readings ride with the last running ones
     assert scalars[1] == verdict_scalars(v) and card[2] == v.card()
-    assert hparams[1:] == (verdict_hparams(v), verdict_scalars(v), WINDOW)
+    # the trap watch's state rides with the verdict's hparams (the session TensorBoard keeps)
+    assert hparams[1:] == ({**verdict_hparams(v), TAG.hp_trap: screen.trap.state}, verdict_scalars(v), WINDOW)
 
 
 def test_watch_checks_go_at_their_steps(run):
