@@ -7,8 +7,9 @@ collapse-watch check) instead of letting it burn compute; ``--dry-run`` only rep
 
 The default ``--alpha-init 200`` over-scales DyT on purpose so that the collapse-risk condition
 (saturation >= 0.5 in a gated model) is met within a CPU-sized run; ``--alpha-init paper`` uses the
-DyT paper's LLaMA inits (0.8 pre-attention, 0.2 pre-MLP and final), which at this scale saturate
-little and train on to the end.
+DyT paper's LLaMA inits (0.8 pre-attention, 0.2 pre-MLP; RMSNorm before the head, ``LlamaLM``'s
+default: a DyT there traps this model, docs/guides/faq.md), which at this scale saturate little and
+train on to the end.
 
     python examples/llama_abort.py                        # stops at the verdict (collapse risk)
     python examples/llama_abort.py --dry-run              # says it would stop, trains on
@@ -30,7 +31,7 @@ from satmon.demos.lit import LitLM
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--alpha-init", default="200", help="DyT alpha init (a number) or 'paper' for 0.8/0.2/0.2 (default 200)")
+    p.add_argument("--alpha-init", default="200", help="DyT alpha init (a number) or 'paper' for 0.8/0.2 (default 200)")
     p.add_argument("--window", type=int, default=100, help="screening window, optimizer steps (default 100)")
     p.add_argument("--steps", type=int, default=300, help="training steps if nothing stops the run (default 300)")
     p.add_argument("--dry-run", action="store_true", help="only report what would stop the run")

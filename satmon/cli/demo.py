@@ -6,6 +6,12 @@ The default model draws its token embedding (tied with the output head) at std d
 trains. ``--stalled`` keeps GPT-2's std 0.02: that model stalls near the byte-frequency level while
 its deep DyT layers saturate on a constant offset, and the study's rule still says GO (docs/guides/faq.md).
 
+``--arch llama`` trains satmon's LLaMA-style model (RoPE, SwiGLU: DyT feeds gated MLPs) with DyT block
+norms and RMSNorm before the head (:data:`LLAMA`), past the window so the collapse watch checks it.
+``--final-norm dyt`` puts DyT before the head too (the DyT paper's layout): that model is trapped at the
+byte-frequency level (the final DyT saturates on an offset and no gradient reaches below the head;
+docs/guides/faq.md).
+
 Every flag is checked before anything is built or trained (exit 2, one usage line and one error line);
 the help text is :data:`DESCRIPTION` and :data:`EPILOG` (plain text)."""
 
@@ -34,6 +40,15 @@ EXIT_OK, EXIT_NO_VERDICT = 0, 1
 VAL_BATCHES = 8
 #: the demo model's attention heads (d_model must be a multiple) and held-out split (tokens after the training split)
 N_HEADS, VAL_TOKENS = 4, 40_000
+#: ``satmon demo --arch llama``'s model, optimizer and data (benchmarks/llama_final_norm.py measures this recipe)
+LLAMA: dict[str, dict[str, Any]] = {
+    "model": {"d_model": 64, "n_layers": 4, "n_heads": N_HEADS, "seq_len": 64, "mlp": "swiglu"},
+    "optim": {"lr": 3e-3, "warmup": 100},
+    "data": {"seq_len": 64, "batch_size": 16, "train_tokens": 400_000},
+}
+#: the LLaMA demo's steps after the window by default: the collapse watch measures the step after every 50th
+#: (551 and 601 after a 500-step window, and 501 right after the verdict)
+LLAMA_WATCH_STEPS = 101
 #: --checkpoint-every's default: five checkpoints over the 500-step window, for satmon replay
 CHECKPOINT_EVERY = 100
 
@@ -44,10 +59,17 @@ end, so that the verdict is read next to whether the run learned.
 
 The default model draws its token embedding (tied with the output head) at std d_model ** -0.5 and
 trains. --stalled keeps GPT-2's std 0.02: that model stalls near the byte-frequency level while its
-deep DyT layers saturate on a constant offset, and the study's rule still says GO (docs/guides/faq.md)."""
+deep DyT layers saturate on a constant offset, and the study's rule still says GO (docs/guides/faq.md).
+
+--arch llama trains a LLaMA-style model (RoPE, SwiGLU: DyT feeds gated MLPs; 4 blocks, DyT block
+norms, RMSNorm before the head) for the window and 101 steps more, so the collapse watch checks it
+(at steps 501, 551 and 601 with the default window). --final-norm dyt puts DyT before the head too
+(the DyT paper's layout): that model is trapped at the byte-frequency level, its final DyT saturated
+and no gradient below the head (docs/guides/faq.md)."""
 
 EPILOG = """\
-outputs: a TensorBoard run LOGDIR/demo/version_N (LOGDIR/demo_stalled/... with --stalled); read it with
+outputs: a TensorBoard run LOGDIR/demo/version_N (LOGDIR/demo_stalled/... with --stalled, LOGDIR/demo_llama/...
+with --arch llama, LOGDIR/demo_llama_final_dyt/... with --arch llama --final-norm dyt); read it with
 satmon report, or tensorboard --logdir LOGDIR. Its checkpoints, every --checkpoint-every steps and the
 last step, all kept, are in LOGDIR/demo/version_N/checkpoints/epoch=E-step=S.ckpt: satmon replay reads
 them.
@@ -61,16 +83,22 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="satmon demo", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--window", type=integer(1), default=500, help="screening window in optimizer steps (default 500)")
-    p.add_argument("--steps", type=integer(1), default=None, help="total training steps, at least the window (default: the window)")
+    p.add_argument("--steps", type=integer(1), default=None, help="total training steps, at least the window (default: the "
+                   f"window; --arch llama: the window + {LLAMA_WATCH_STEPS}, so that the collapse watch checks the run)")
     p.add_argument("--threshold", type=fraction, default=None,
                    help=f"GO threshold on pooled saturation, in (0, 1) (default: the study's, {study.THRESHOLD:g}; a "
                    "threshold given is yours, even that number)")
     p.add_argument("--logdir", default="satmon_logs", help="TensorBoard root (default ./satmon_logs)")
+    p.add_argument("--arch", choices=("gpt", "llama"), default="gpt",
+                   help="gpt (default): GPT-2-style, GELU MLP; llama: RoPE, SwiGLU (DyT feeds gated MLPs), 4 blocks")
+    p.add_argument("--final-norm", choices=("rmsnorm", "dyt"), default=None,
+                   help="--arch llama only: the norm before the head (default rmsnorm: the model learns; dyt: the DyT "
+                        "paper's layout, trapped at the byte-frequency level, docs/guides/faq.md)")
     p.add_argument("--stalled", action="store_true", help="GPT-2's embedding init (std 0.02, 0.1's demo): the model "
                    "stalls and saturates on a constant offset; the example of offset-driven saturation")
     p.add_argument("--d-model", type=integer(N_HEADS), default=64,
                    help=f"model width, a multiple of {N_HEADS} (the attention heads) (default 64)")
-    p.add_argument("--layers", type=integer(1), default=2, help="transformer blocks (default 2)")
+    p.add_argument("--layers", type=integer(1), default=None, help="transformer blocks (default 2; --arch llama: 4)")
     p.add_argument("--batch-size", type=integer(1), default=16, help="sequences per optimizer step (default 16)")
     p.add_argument("--seq-len", type=integer(1, VAL_TOKENS - 1), default=64, help="tokens (bytes) per sequence (default 64)")
     p.add_argument("--train-tokens", type=integer(2), default=400_000,
@@ -95,6 +123,13 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """What one flag's range cannot say, checked before anything is built (``p.error``: usage error, exit 2)."""
     from satmon.io.atomic import OutputError, check_output_dir
 
+    if args.arch == "llama" and args.stalled:
+        p.error("expected --stalled with --arch gpt only (it sets the GPT model's embedding init), got --arch llama: "
+                "for the LLaMA model's stalled run pass --final-norm dyt")
+    if args.arch == "gpt" and args.final_norm is not None:
+        p.error(f"expected --final-norm with --arch llama only, got --final-norm {args.final_norm} with --arch gpt")
+    if args.layers is None:
+        args.layers = LLAMA["model"]["n_layers"] if args.arch == "llama" else 2
     if args.steps is not None and args.steps < args.window:
         p.error(f"expected --steps >= --window ({args.window}) so that the screening window ends, got {args.steps}")
     if args.d_model % N_HEADS:
@@ -134,7 +169,25 @@ def _next_version(run: Path) -> int:
 
 
 def _run_name(args: argparse.Namespace) -> str:
+    if args.arch == "llama":
+        return "demo_llama_final_dyt" if args.final_norm == "dyt" else "demo_llama"
     return "demo_stalled" if args.stalled else "demo"
+
+
+def _steps(args: argparse.Namespace) -> int:
+    """Optimizer steps to train: ``--steps``, else the window (GPT) or the window and :data:`LLAMA_WATCH_STEPS` (LLaMA)."""
+    return args.steps or args.window + (LLAMA_WATCH_STEPS if args.arch == "llama" else 0)
+
+
+def _model(args: argparse.Namespace):
+    """The demo's LitLM: the GPT recipe, or the LLaMA one (:data:`LLAMA`) with ``--final-norm``."""
+    from satmon.demos.lit import LitLM
+
+    if args.arch == "llama":
+        config = {**LLAMA["model"], "d_model": args.d_model, "n_layers": args.layers, "seq_len": args.seq_len}
+        return LitLM(arch="llama", **config, norm="dyt", final_norm=args.final_norm or "rmsnorm", **LLAMA["optim"])
+    return LitLM(arch="gpt", d_model=args.d_model, n_layers=args.layers, n_heads=N_HEADS, seq_len=args.seq_len,
+                 norm="dyt", alpha_init=2.0, emb_std=_emb_std(args), lr=3e-3, warmup=50)
 
 
 def _emb_std(args: argparse.Namespace) -> float:
@@ -217,16 +270,39 @@ def unigram_loss(data, batches: int = VAL_BATCHES) -> float:
     return float(-(counts / counts.sum()).log()[targets].mean())
 
 
+def gradient_below_head(model, data) -> dict[str, float | None]:
+    """On the first held-out batch (no ``.grad`` touched): the largest gradient entry of the token embedding and
+    of the blocks (exactly 0: nothing below the head can learn), and, for a DyT final norm, the share of its
+    tanh at exactly +-1 in float32 (``None``: another final norm)."""
+    import torch
+    import torch.nn.functional as F
+
+    x, y = (torch.stack(t) for t in zip(*(data.val_set[i] for i in range(data.batch_size))))  # (B, T) each
+    seen: dict[str, torch.Tensor] = {}
+    hook = model.norm_f.register_forward_hook(lambda m, inp, out: seen.__setitem__("x", inp[0].detach()))
+    try:
+        loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
+    finally:
+        hook.remove()
+    below = [(n, p) for n, p in model.named_parameters() if n.startswith(("tok_emb.", "blocks.")) and p.requires_grad]
+    grads = dict(zip((n for n, _ in below), torch.autograd.grad(loss, [p for _, p in below], allow_unused=True)))
+    peak = {k: max((float(g.abs().max()) for n, g in grads.items() if n.startswith(k) and g is not None), default=0.0)
+            for k in ("tok_emb.", "blocks.")}
+    alpha = getattr(model.norm_f, "alpha", None)
+    at_one = None if alpha is None else float((torch.tanh(alpha.detach() * seen["x"]).abs() == 1).float().mean())
+    return {"grad_embedding": peak["tok_emb."], "grad_blocks": peak["blocks."], "final_tanh_at_one": at_one}
+
+
 def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
     """Train and return ``(monitor, logger_dir, losses)``; ``losses`` holds the held-out loss at the
-    start and the end and the byte-frequency (unigram) level on the same batches."""
+    start and the end and the byte-frequency (unigram) level on the same batches (and, for ``--arch llama``,
+    :func:`gradient_below_head` at the end)."""
     import lightning.pytorch as pl
     import torch
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from satmon import SaturationMonitor
     from satmon.demos.corpus import CorpusDataModule
-    from satmon.demos.lit import LitLM
 
     for name in ("lightning.pytorch", "lightning.fabric"):  # their import set INFO: the demo prints its own lines
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -234,9 +310,8 @@ def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
     omp = os.environ.get("OMP_NUM_THREADS", "")
     cpus = os.cpu_count() or 1  # a malformed or huge $OMP_NUM_THREADS is not passed on (torch's pool crashes far past it)
     torch.set_num_threads(args.threads or (min(int(omp), cpus) if omp.isdigit() and int(omp) > 0 else cpus))
-    steps = args.steps or args.window
-    model = LitLM(arch="gpt", d_model=args.d_model, n_layers=args.layers, n_heads=N_HEADS, seq_len=args.seq_len,
-                  norm="dyt", alpha_init=2.0, emb_std=_emb_std(args), lr=3e-3, warmup=50)
+    steps = _steps(args)
+    model = _model(args)
     data = CorpusDataModule(seq_len=args.seq_len, batch_size=args.batch_size, train_tokens=args.train_tokens,
                             val_tokens=VAL_TOKENS, seed=args.seed)
     data.setup("fit")
@@ -264,12 +339,14 @@ def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
     finally:
         signal.signal(signal.SIGINT, sigint)  # Lightning ignores SIGINT while it shuts down, and leaves it so
     losses["end"] = heldout_loss(model, data)
+    if args.arch == "llama":
+        losses.update(gradient_below_head(model.model, data))
     return monitor, logger.log_dir, losses
 
 
-def _loss_lines(losses: dict[str, float], steps: int, go: bool) -> list[str]:
+def _loss_lines(losses: dict[str, Any], steps: int, go: bool) -> list[str]:
     """The held-out loss beside the verdict, and what it says about the run (0.1 nats from the
-    byte-frequency level counts as "at" it)."""
+    byte-frequency level counts as "at" it); for the LLaMA demo, the gradient below the head at the end."""
     start, end, unigram = losses["start"], losses["end"], losses["unigram"]
     if end < unigram - 0.1:
         what = "The model learned beyond byte frequencies: the verdict reads a run that trains."
@@ -279,8 +356,47 @@ def _loss_lines(losses: dict[str, float], steps: int, go: bool) -> list[str]:
                  "for (docs/guides/faq.md: offset-driven saturation)." if go else ".")
     else:
         what = "The loss has not reached the byte-frequency level yet: too few steps to read the run."
-    return [f"Validation loss ({VAL_BATCHES} held-out batches, nats/byte): {start:.4f} at step 0 -> {end:.4f} at step "
-            f"{steps} (byte-frequency level {unigram:.4f}).", what]
+    lines = [(f"Validation loss ({VAL_BATCHES} held-out batches, nats/byte): {start:.4f} at step 0 -> {end:.4f} at step "
+              f"{steps} (byte-frequency level {unigram:.4f})."), what]
+    if "grad_embedding" in losses:
+        emb, blocks, at_one = losses["grad_embedding"], losses["grad_blocks"], losses["final_tanh_at_one"]
+        line = (f"Gradient below the head at step {steps} (one held-out batch): largest |grad| {emb:.3g} at the token "
+                f"embedding, {blocks:.3g} in the blocks")
+        line += "." if at_one is None else f"; the final DyT's tanh is exactly +-1 on {at_one:.1%} of its elements."
+        lines.append(line)
+        if emb == 0 and blocks == 0:
+            lines.append("No gradient reaches the embedding or any block: only the head and the final norm's gain can "
+                         "learn, which is the final-norm trap (docs/guides/faq.md). With RMSNorm before the head the "
+                         "same model learns: " + command("satmon", "demo", "--arch", "llama"))
+    return lines
+
+
+def _watch_lines(monitor: Any) -> list[str]:
+    """The collapse watch's checks after the window (the LLaMA demo trains past it): step and gated saturation."""
+    log = monitor.watch_log
+    if not log:
+        return []
+    sat = ", ".join(f"step {r['step']}: " + ("n/a" if r.get("gated_saturation") is None else f"{r['gated_saturation']:.4f}")
+                    for r in log)
+    flagged = [str(r["step"]) for r in log if r.get("collapse-risk")]
+    return [f"Collapse watch after the window (one step in every {monitor.settings.watch_every_n_steps}; saturation of the "
+            f"DyT layers feeding gated MLPs, collapse risk at >= {monitor.settings.collapse_threshold:g}): {sat}; "
+            + (f"collapse risk at step {', '.join(flagged)}." if flagged else "no collapse risk flagged.")]
+
+
+def _model_line(args: argparse.Namespace) -> str:
+    if args.arch == "llama":
+        final = ("DyT before the head, alpha_init 0.2 (--final-norm dyt: the trapped layout)" if args.final_norm == "dyt"
+                 else "RMSNorm before the head")
+        return (f"LLaMA-style model (d={args.d_model}, {args.layers} blocks, RoPE, SwiGLU; DyT block norms alpha_init "
+                f"0.8 / 0.2, {final})")
+    emb = "embeddings at GPT-2's std 0.02 (--stalled)" if args.stalled else f"embeddings at std d_model^-0.5 = {_emb_std(args):.3g}"
+    return f"GPT-2-style model (d={args.d_model}, {args.layers} blocks, DyT alpha_init 2.0, {emb})"
+
+
+def _watch_span(args: argparse.Namespace) -> str:
+    steps = _steps(args)
+    return f" then the collapse watch to step {steps}" if steps > args.window else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -293,9 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         return usage_exit(e)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*LeafSpec.*")
-    emb = "embeddings at GPT-2's std 0.02 (--stalled)" if args.stalled else f"embeddings at std d_model^-0.5 = {_emb_std(args):.3g}"
-    print(f"satmon demo: GPT-2-style model (d={args.d_model}, {args.layers} blocks, DyT alpha_init 2.0, {emb}) on the "
-          f"embedded corpus (Python's standard library), {args.window}-step screening window, CPU.", flush=True)
+    print(f"satmon demo: {_model_line(args)} on the embedded corpus (Python's standard library), {args.window}-step "
+          f"screening window{_watch_span(args)}, CPU.", flush=True)
     if not args.quiet:
         say("demo", "loading torch and Lightning, reading the corpus")
     t0 = time.perf_counter()
@@ -304,12 +419,12 @@ def main(argv: list[str] | None = None) -> int:
     if monitor.verdict is None:
         print("satmon demo: no verdict (training stopped before any step was counted).", file=sys.stderr)
         return EXIT_NO_VERDICT
-    steps = args.steps or args.window
+    steps = _steps(args)
     print()
     # the card in plain text (TensorBoard holds its markdown); the monitor printed its one line at the verdict
     print(monitor.verdict.text())
     print()
-    print("\n".join(_loss_lines(losses, steps, monitor.verdict.go)))
+    print("\n".join(_watch_lines(monitor) + _loss_lines(losses, steps, monitor.verdict.go)))
     print(f"Trained {steps} steps in {took:.0f} s.")
     print(f"TensorBoard logs: {Path(log_dir).resolve()}")
     print(f"Open them with:   {command('tensorboard', '--logdir', Path(args.logdir).resolve())}")

@@ -1,10 +1,14 @@
 """A small LLaMA-style causal LM: RoPE attention, SwiGLU (or GELU) MLP, DyT/RMSNorm/LayerNorm.
 
 Each block is pre-norm: ``x = x + attn(attn_norm(x)); x = x + mlp(mlp_norm(x))``, then a
-final ``norm_f`` and an untied ``lm_head``. With ``norm="dyt"`` every norm is a bias-free
-:class:`satmon.DyT` with the LLaMA inits of the DyT paper (0.8 / 0.2 / 0.2 for
-pre-attention / pre-MLP / final norm); ``"layernorm"`` has no bias either and ``"rmsnorm"`` is
-satmon's own RMSNorm (not ``torch.nn.RMSNorm``), all built by :func:`satmon.demos.gpt.make_norm`.
+final ``norm_f`` and an untied ``lm_head``. With ``norm="dyt"`` every block norm is a bias-free
+:class:`satmon.DyT` with the LLaMA inits of the DyT paper (0.8 / 0.2 for pre-attention / pre-MLP) and
+the final norm is RMSNorm by default: with ``final_norm="dyt"`` (the DyT paper's layout, init 0.2)
+this model is trapped at the byte-unigram level at ``satmon demo --arch llama``'s settings (the final
+DyT saturates on an offset shared by every token by the end of the warm-up, and the gradient below the head
+is exactly 0, or nearly; data/llama_final_norm.json, docs/guides/faq.md). ``"layernorm"`` has no bias
+either and ``"rmsnorm"`` is satmon's own RMSNorm (not ``torch.nn.RMSNorm``), all built by
+:func:`satmon.demos.gpt.make_norm`.
 """
 
 from __future__ import annotations
@@ -30,7 +34,10 @@ class LlamaConfig:
 
     ``mlp_hidden=None`` picks parameter-matched widths: ``8/3 * d_model`` rounded up to a
     multiple of 8 for SwiGLU (three matrices) and ``4 * d_model`` for GELU (two matrices).
-    ``alpha_init``, when set, overrides the three per-position DyT inits.
+    ``alpha_init``, when set, overrides the three per-position DyT inits. ``final_norm`` is the norm
+    before the head: ``None`` (the default) is RMSNorm under DyT blocks and the blocks' own norm
+    otherwise; ``"dyt"`` under DyT blocks is the DyT paper's layout, which traps this model at its
+    demo settings (module docstring).
     """
 
     vocab_size: int = 256
@@ -40,6 +47,7 @@ class LlamaConfig:
     seq_len: int = 128
     mlp: str = "swiglu"
     norm: str = "dyt"
+    final_norm: str | None = None
     alpha_init_attn: float = 0.8
     alpha_init_mlp: float = 0.2
     alpha_init_final: float = 0.2
@@ -50,6 +58,10 @@ class LlamaConfig:
     def __post_init__(self) -> None:
         if self.norm not in _NORMS:
             raise ValueError(f"Expected `norm` in {_NORMS}, got {self.norm!r}.")
+        if self.final_norm is None:
+            self.final_norm = "rmsnorm" if self.norm == "dyt" else self.norm
+        if self.final_norm not in _NORMS:
+            raise ValueError(f"Expected `final_norm` in {_NORMS} or None (the default), got {self.final_norm!r}.")
         if self.mlp not in _MLPS:
             raise ValueError(f"Expected `mlp` in {_MLPS}, got {self.mlp!r}.")
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
@@ -149,8 +161,10 @@ class LlamaLM(nn.Module):
         >>> model = LlamaLM(vocab_size=32, d_model=16, n_layers=2, n_heads=2, seq_len=8)
         >>> tuple(model(torch.zeros(3, 8, dtype=torch.long)).shape)
         (3, 8, 32)
-        >>> round(model.blocks[0].attn_norm.alpha.item(), 2), round(model.norm_f.alpha.item(), 2)
-        (0.8, 0.2)
+        >>> round(model.blocks[0].attn_norm.alpha.item(), 2), type(model.norm_f).__name__
+        (0.8, 'RMSNorm')
+        >>> round(LlamaLM(vocab_size=32, d_model=16, n_heads=2, seq_len=8, final_norm="dyt").norm_f.alpha.item(), 2)
+        0.2
     """
 
     def __init__(self, config: LlamaConfig | None = None, **kwargs) -> None:
@@ -160,7 +174,7 @@ class LlamaLM(nn.Module):
         self.config = cfg = config if config is not None else LlamaConfig(**kwargs)
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.norm_f = make_norm(cfg.norm, cfg.d_model, cfg.alpha_init_final, bias=False)
+        self.norm_f = make_norm(cfg.final_norm, cfg.d_model, cfg.alpha_init_final, bias=False)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         residual_out = ("o_proj.weight", "down_proj.weight", "fc_out.weight")  # GPT-2 scaled init
         for name, p in self.named_parameters():

@@ -1,9 +1,13 @@
 """``satmon grid llama``: a second family as a built-in recipe, :class:`satmon.demos.llama.LlamaLM` (RoPE, SwiGLU).
 
-The arms: ``rmsnorm`` (the reference: satmon's own RMSNorm), ``dyt`` (DyT in place of every RMSNorm, with the DyT
-paper's LLaMA inits 0.8 / 0.2 / 0.2 for the pre-attention, pre-MLP and final norms; the ``alpha_init`` option,
-when set to a number, overrides all three), ``dyt-gelu`` (the same model with a non-gated GELU MLP: the study's
-control) and ``rmsnorm-gelu`` (its RMSNorm reference). A GELU arm cannot share the SwiGLU MLP's weights: it is
+The arms: ``rmsnorm`` (the reference: satmon's own RMSNorm), ``dyt`` (DyT in place of every block's RMSNorm, with
+the DyT paper's LLaMA inits 0.8 / 0.2 for the pre-attention and pre-MLP norms; the ``alpha_init`` option, when set
+to a number, overrides them), ``dyt-gelu`` (the same model with a non-gated GELU MLP: the study's control) and
+``rmsnorm-gelu`` (its RMSNorm reference). The ``final_norm`` option is the DyT arms' norm before the head:
+``"rmsnorm"`` (the default since recipe version 2: the model learns) or ``"dyt"`` (the DyT paper's layout, init
+0.2 or ``alpha_init``: at the demo's settings this model is trapped at the byte-unigram level, its final DyT
+saturated on an offset shared by every token and no gradient below the head; docs/guides/faq.md). Version 1 built
+the ``dyt`` arms with ``final_norm="dyt"``; no LLaMA cell had been scored when the default changed. A GELU arm cannot share the SwiGLU MLP's weights: it is
 built under ``torch.manual_seed(spec.seed)`` like the others (so its ``fc_in``/``fc_out`` are LlamaLM's own init
 from that seed), then every tensor it shares with the gated model by name and shape (the embedding, attention,
 norms, ``lm_head``) is copied from the gated model built under the same seed; so it starts from the reference
@@ -21,13 +25,15 @@ from typing import Any
 from satmon.grid import builtin as gpt
 from satmon.grid.recipe import CellSpec, Recipe
 
-__all__ = ["ARMS", "RECIPE", "alpha_inits"]
+__all__ = ["ARMS", "FINAL_NORMS", "RECIPE", "alpha_inits"]
 
 #: The arms: the reference first.
 ARMS = ("rmsnorm", "dyt", "dyt-gelu", "rmsnorm-gelu")
+#: The ``final_norm`` option's values (the DyT arms' norm before the head); the first is the default.
+FINAL_NORMS = ("rmsnorm", "dyt")
 
 OPTIONS: dict[str, Any] = {**{k: v for k, v in gpt.OPTIONS.items() if k not in ("emb_scale", "bias", "dropout")},
-                           "alpha_init": "paper", "data": "chunks"}
+                           "alpha_init": "paper", "data": "chunks", "final_norm": FINAL_NORMS[0]}
 
 
 def alpha_inits(value: Any) -> dict[str, float] | None:
@@ -56,8 +62,9 @@ def _build(spec: CellSpec, norm: str, mlp: str):
     o = spec.options
     d, n, h = gpt.parse_size(spec.size, o["n_heads"])
     torch.manual_seed(spec.seed)
+    final = o["final_norm"] if norm == "dyt" else norm
     return LlamaLM(vocab_size=256, d_model=d, n_layers=n, n_heads=h, seq_len=o["seq_len"], norm=norm, mlp=mlp,
-                   **(alpha_inits(o["alpha_init"]) or {}))
+                   final_norm=final, **(alpha_inits(o["alpha_init"]) or {}))
 
 
 def model(spec: CellSpec, arm: str):
@@ -78,19 +85,22 @@ def model(spec: CellSpec, arm: str):
 
 
 def check(spec: CellSpec) -> None:
-    """The builtin's checks, and the LLaMA model's: an even head size (RoPE), a valid ``alpha_init``."""
+    """The builtin's checks, and the LLaMA model's: an even head size (RoPE), a valid ``alpha_init`` and ``final_norm``."""
     gpt.check(spec)
     d, _, h = gpt.parse_size(spec.size, spec.options["n_heads"])
     if (d // h) % 2:
         raise ValueError(f"Expected an even head size (RoPE rotates pairs), got width {d} / {h} heads in {spec.size!r}.")
     alpha_inits(spec.options["alpha_init"])
+    if spec.options["final_norm"] not in FINAL_NORMS:
+        raise ValueError(f"Expected --option final_norm= one of {', '.join(FINAL_NORMS)}, got {spec.options['final_norm']!r}.")
 
 
 def describe(spec: CellSpec) -> dict[str, Any]:
-    """The cell's width, depth, heads, DyT inits and data."""
+    """The cell's width, depth, heads, DyT inits, the DyT arms' final norm and data."""
     o = spec.options
     d, n, h = gpt.parse_size(spec.size, o["n_heads"])
     out: dict[str, Any] = {"d_model": d, "n_layers": n, "n_heads": h, "alpha_init": o["alpha_init"],
+                           "final_norm": o["final_norm"],
                            "data": o["data"], "chunk_bytes": o["chunk_bytes"]}
     if o.get("corpus", "stdlib") == "torch":
         from satmon.demos.corpus import torch_source_identity
@@ -118,6 +128,6 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 #: ``satmon grid llama``.
 RECIPE = Recipe(name="satmon-llama", data=gpt.data, model=model, tokens_per_step=lambda o: o["batch_size"] * o["seq_len"],
-                options=OPTIONS, version="1", params=lambda m: (sum(p.numel() for p in m.parameters()),) * 2, cost=cost,
+                options=OPTIONS, version="2", params=lambda m: (sum(p.numel() for p in m.parameters()),) * 2, cost=cost,
                 presets=PRESETS, shared=shared, check=check, describe=describe, arms=ARMS,
                 late_options=gpt.LATE_OPTIONS)

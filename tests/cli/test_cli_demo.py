@@ -123,3 +123,62 @@ def test_ctrl_c_during_training_ends_with_one_line_and_exit_130(tmp_path, capsys
     err = capsys.readouterr().err
     assert "satmon demo: interrupted (Ctrl-C)" in err and "Traceback" not in err
     assert signal.getsignal(signal.SIGINT) is handler
+
+
+LLAMA_TINY = ["--arch", "llama", "--window", "4", "--d-model", "16", "--layers", "1", "--seq-len", "16", "--batch-size", "4",
+              "--train-tokens", "20000", "--threads", "1", "--quiet"]
+
+
+def test_demo_arch_llama_trains_past_the_window_and_prints_the_gated_path_and_the_watch(tmp_path, capsys):
+    """--arch llama: DyT feeds SwiGLU gates (the card says so), the run goes on past the window so the collapse watch
+    checks it (the step after each 50th: step 51 here), RMSNorm before the head by default; --final-norm dyt is
+    the trapped layout, in its own run folder."""
+    assert main(LLAMA_TINY + ["--steps", "51", "--logdir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("satmon demo: LLaMA-style model (d=16, 1 blocks, RoPE, SwiGLU; DyT block norms alpha_init 0.8 / "
+                          "0.2, RMSNorm before the head)")
+    assert "Gated MLP after DyT: yes (model.blocks.0.mlp_norm)" in out
+    watch = re.search(r"Collapse watch after the window .*?: step (\d+): (\S+); no collapse risk flagged\.", out)
+    assert watch and watch[1] == "51" and 0 <= float(watch[2]) < 0.5, out
+    assert re.search(r"Gradient below the head at step 51 .*: largest \|grad\| \S+ at the token embedding, \S+ in the "
+                     r"blocks\.\n", out)
+    hp = _ckpt_hparams(tmp_path, "demo_llama")
+    assert hp["arch"] == "llama" and hp["final_norm"] == "rmsnorm" and hp["n_layers"] == 1 and hp["warmup"] == 100
+    assert main(LLAMA_TINY + ["--final-norm", "dyt", "--checkpoint-every", "0", "--logdir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "DyT before the head, alpha_init 0.2 (--final-norm dyt: the trapped layout)" in out
+    assert "Trained 105 steps" in out  # by default the window and 101 steps more
+    assert re.search(r"the final DyT's tanh is exactly \+-1 on \S+% of its elements\.", out)
+    assert _ckpt_hparams(tmp_path, "demo_llama_final_dyt")["final_norm"] == "dyt"
+
+
+def test_demo_gradient_below_head_reads_a_trapped_model_as_zero_and_a_learning_one_not():
+    """A hand-made trap: the final DyT's input pushed far past tanh's float32 range by a constant offset on the
+    embedding (every token's), so no gradient reaches the embedding or the blocks; RMSNorm in its place passes one."""
+    from satmon.cli.demo import gradient_below_head
+    from satmon.demos.llama import LlamaLM
+
+    dm = CorpusDataModule(seq_len=16, batch_size=4, train_tokens=2_000, val_tokens=600)
+    dm.setup("fit")
+    for final in ("dyt", "rmsnorm"):
+        torch.manual_seed(0)
+        model = LlamaLM(d_model=16, n_layers=1, n_heads=2, seq_len=16, final_norm=final)
+        with torch.no_grad():
+            model.tok_emb.weight.add_(torch.where(torch.arange(16) % 2 == 0, 100.0, -100.0))  # alpha 0.2 x 100 = 20
+        got = gradient_below_head(model, dm)
+        if final == "dyt":
+            assert got == {"grad_embedding": 0.0, "grad_blocks": 0.0, "final_tanh_at_one": 1.0}
+        else:
+            assert got["grad_embedding"] > 0 and got["grad_blocks"] > 0 and got["final_tanh_at_one"] is None
+            assert all(p.grad is None for p in model.parameters())  # read without touching .grad
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--arch", "llama", "--stalled"], "expected --stalled with --arch gpt only"),
+    (["--final-norm", "dyt"], "expected --final-norm with --arch llama only, got --final-norm dyt with --arch gpt"),
+    (["--arch", "llama", "--final-norm", "layernorm"], "invalid choice: 'layernorm'"),
+])
+def test_demo_arch_flags_refused_before_work(flags, message, tmp_path, capsys):
+    assert main(flags + ["--logdir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and not list(tmp_path.iterdir())  # nothing built or written

@@ -32,10 +32,12 @@ def test_llama_forward_shape_and_causal_mask():
 
 def test_llama_norm_options_and_alpha_inits():
     m = LlamaLM(vocab_size=32, d_model=D, n_layers=1, n_heads=2, seq_len=8)
+    assert type(m.norm_f) is RMSNorm and isinstance(m.blocks[0].mlp_norm, DyT)  # the default: RMSNorm before the head
+    m = LlamaLM(vocab_size=32, d_model=D, n_layers=1, n_heads=2, seq_len=8, final_norm="dyt")
     assert isinstance(m.norm_f, DyT) and m.norm_f.bias is None
     alphas = [m.blocks[0].attn_norm.alpha.item(), m.blocks[0].mlp_norm.alpha.item(), m.norm_f.alpha.item()]
     assert alphas == pytest.approx([0.8, 0.2, 0.2])
-    m = LlamaLM(LlamaConfig(vocab_size=32, d_model=D, n_layers=1, n_heads=2, seq_len=8, alpha_init=2.0))
+    m = LlamaLM(LlamaConfig(vocab_size=32, d_model=D, n_layers=1, n_heads=2, seq_len=8, alpha_init=2.0, final_norm="dyt"))
     assert {n: p.item() for n, p in m.named_parameters() if n.endswith("alpha")} == {
         "blocks.0.attn_norm.alpha": 2.0, "blocks.0.mlp_norm.alpha": 2.0, "norm_f.alpha": 2.0,
     }  # fmt: skip
@@ -44,7 +46,7 @@ def test_llama_norm_options_and_alpha_inits():
     x = torch.randn(2, 3, D)
     torch.testing.assert_close(m.norm_f(x), x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt())
     m = LlamaLM(vocab_size=32, d_model=D, n_layers=1, n_heads=2, seq_len=8, norm="layernorm")
-    assert type(m.blocks[0].mlp_norm) is nn.LayerNorm
+    assert type(m.blocks[0].mlp_norm) is nn.LayerNorm and type(m.norm_f) is nn.LayerNorm  # the blocks' own norm
     assert m(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, 32)
 
 
@@ -62,6 +64,7 @@ def test_llama_mlp_options_have_comparable_size():
     [
         (dict(norm="batchnorm"), "Expected `norm` in"),
         (dict(mlp="relu"), "Expected `mlp` in"),
+        ({"final_norm": "tanh"}, "Expected `final_norm` in"),
         (dict(d_model=18, n_heads=4), "Expected `d_model` divisible by `n_heads`"),
     ],
 )

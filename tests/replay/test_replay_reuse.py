@@ -46,7 +46,8 @@ def runs(tmp_path_factory):
 
 def _infos(runs, name):
     roots, _ = runs
-    kw = {"dyt": {}, "layernorm": {"norm": "layernorm"}, "llama": {"arch": "llama"}}[name]
+    # the LLaMA with DyT before the head too (LlamaLM's default final norm is RMSNorm, which would need a twin)
+    kw = {"dyt": {}, "layernorm": {"norm": "layernorm"}, "llama": {"arch": "llama", "final_norm": "dyt"}}[name]
     return _run(roots[name], **kw) if not list(roots[name].glob("*.ckpt")) else \
         order_checkpoints([inspect_checkpoint(p) for p in sorted(roots[name].glob("*.ckpt"))])
 
