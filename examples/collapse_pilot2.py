@@ -33,15 +33,16 @@ SIZES = ("d64L2", "d64L4")
 
 def default_plan(sizes: list[str], lrs: list[float]) -> list[tuple[str, float, str, str, str]]:
     """The pilot's arms in the order they run, the most informative first (a pilot stopped early has them): the
-    issue's learned-then-lost candidate (RMSNorm before the head, alpha_init 8) at each lr and size, then alpha_init 2,
-    the trap's layout (DyT before the head, alpha_init 2), the GELU control (alpha_init 8), the paper's inits."""
-    out: list[tuple[str, float, str, str, str]] = []
-    for arm, final_norm, alpha in (("dyt", "rmsnorm", "8"), ("dyt", "rmsnorm", "2"), ("dyt", "dyt", "2"),
-                                   ("dyt-gelu", "rmsnorm", "8"), ("dyt", "rmsnorm", "paper")):
-        for lr in lrs:
-            for size in sizes:
-                out.append((size, lr, arm, final_norm, alpha))
-    return out
+    issue's learned-then-lost candidate (RMSNorm before the head, alpha_init 8) at each lr and size; the trap's
+    layout (DyT before the head, alpha_init 2) and alpha_init 2 at the middle lr; the GELU control (alpha_init 8, the
+    middle lr); alpha_init 4 at the middle lr; then alpha_init 2 at the other lrs and the paper's inits."""
+    mid, rest = lrs[0], lrs[1:]
+    order = [(lr, "dyt", "rmsnorm", "8") for lr in lrs]
+    order += [(mid, "dyt", "dyt", "2"), (mid, "dyt", "rmsnorm", "2"), (mid, "dyt-gelu", "rmsnorm", "8"),
+              (mid, "dyt", "rmsnorm", "4")]
+    order += [(lr, "dyt", "rmsnorm", "2") for lr in rest] + [(lr, "dyt", "rmsnorm", "paper") for lr in lrs]
+    order += [(lr, "dyt", "dyt", "2") for lr in rest]
+    return [(size, lr, arm, final_norm, alpha) for lr, arm, final_norm, alpha in order for size in sizes]
 
 
 def arm_key(size: str, lr: float, arm: str, final_norm: str, alpha: str) -> str:
