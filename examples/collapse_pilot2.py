@@ -32,17 +32,21 @@ SIZES = ("d64L2", "d64L4")
 
 
 def default_plan(sizes: list[str], lrs: list[float]) -> list[tuple[str, float, str, str, str]]:
-    """The pilot's arms in the order they run, the most informative first (a pilot stopped early has them): the
-    issue's learned-then-lost candidate (RMSNorm before the head, alpha_init 8) at each lr and size; the trap's
-    layout (DyT before the head, alpha_init 2) and alpha_init 2 at the middle lr; the GELU control (alpha_init 8, the
-    middle lr); alpha_init 4 at the middle lr; then alpha_init 2 at the other lrs and the paper's inits."""
-    mid, rest = lrs[0], lrs[1:]
-    order = [(lr, "dyt", "rmsnorm", "8") for lr in lrs]
-    order += [(mid, "dyt", "dyt", "2"), (mid, "dyt", "rmsnorm", "2"), (mid, "dyt-gelu", "rmsnorm", "8"),
-              (mid, "dyt", "rmsnorm", "4")]
-    order += [(lr, "dyt", "rmsnorm", "2") for lr in rest] + [(lr, "dyt", "rmsnorm", "paper") for lr in lrs]
-    order += [(lr, "dyt", "dyt", "2") for lr in rest]
-    return [(size, lr, arm, final_norm, alpha) for lr, arm, final_norm, alpha in order for size in sizes]
+    """The pilot's arms in the order they run, the most informative first (a pilot stopped early has them; every arm
+    costs minutes on the loaded machine): the issue's learned-then-lost candidate (RMSNorm before the head,
+    alpha_init 8) at the first two lrs on both sizes; alpha_init 2 on the larger size, the trap's layout (DyT before
+    the head, alpha_init 2) on the smaller, the GELU control (alpha_init 8) on the larger, at the first lr; alpha_init 8
+    at the third lr; then the rest (alpha_init 4, 2 and the paper's inits, both sizes, every lr)."""
+    small, big = sizes[0], sizes[-1]
+    first = [(small, lrs[0], "dyt", "rmsnorm", "8"), (big, lrs[0], "dyt", "rmsnorm", "8")]
+    first += [(size, lr, "dyt", "rmsnorm", "8") for lr in lrs[1:2] for size in sizes]
+    first += [(big, lrs[0], "dyt", "rmsnorm", "2"), (small, lrs[0], "dyt", "dyt", "2"),
+              (big, lrs[0], "dyt-gelu", "rmsnorm", "8")]
+    first += [(size, lr, "dyt", "rmsnorm", "8") for lr in lrs[2:] for size in sizes]
+    rest = [(size, lr, arm, fn, a) for lr in lrs for size in sizes for arm, fn, a in
+            (("dyt", "rmsnorm", "4"), ("dyt", "rmsnorm", "2"), ("dyt", "dyt", "2"), ("dyt-gelu", "rmsnorm", "8"),
+             ("dyt", "rmsnorm", "paper"))]
+    return first + [r for r in rest if r not in first]
 
 
 def arm_key(size: str, lr: float, arm: str, final_norm: str, alpha: str) -> str:
