@@ -10,7 +10,7 @@ Per flag and outcome: hits, misses, false stops on healthy configurations, with 
 the flag would have saved or wasted. The other signals are held out across sizes (``held_out``): a level chosen on
 one size's configurations, scored on the other's, both ways.
 
-    python examples/collapse_analysis.py OUT/grid.json --out report.json
+    python examples/collapse_analysis.py OUT/collapse_a OUT/collapse_b --out report.json
     python examples/collapse_analysis.py --power          # the plan's power table
 """
 
@@ -408,8 +408,8 @@ def power_table(failed: int, healthy: int, rates: Sequence[tuple[float, float]])
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("grid", nargs="?", help="OUT/grid.json or the grid's folder")
-    ap.add_argument("--lengths", default="1000,full", help="run lengths to label at (default 1000,full)")
+    ap.add_argument("grid", nargs="*", help="OUT/grid.json or the grid's folder (several: their cells together)")
+    ap.add_argument("--lengths", default="750,full", help="run lengths to label at (default 750,full: Amendment 1's)")
     ap.add_argument("--out", help="write the report's JSON here")
     ap.add_argument("--power", action="store_true", help="print the plan's power table")
     args = ap.parse_args(argv)
@@ -421,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.grid:
         raise SystemExit("Expected a grid (OUT/grid.json or its folder), got none: python examples/collapse_analysis.py OUT")
     lengths = [None if x == "full" else int(x) for x in args.lengths.split(",")]
-    rep = report(load_cells(args.grid), lengths)
+    rep = report([c for g in args.grid for c in load_cells(g)], lengths)
     text = json.dumps(rep, indent=1, default=str)
     if args.out:
         Path(args.out).write_text(text)
