@@ -11,7 +11,8 @@ below the head (the embedding and every block: exactly 0 in the final-norm trap)
 
 Each arm is written to ``--out`` as soon as it finishes (atomically: the file is replaced only by a complete one);
 a rerun with the same ``--out`` skips the arms already there, so a stopped pilot resumes. The file's ``pilot`` block
-records that it is a pilot (never scored), the seed, the settings, the commit and the environment.
+records that it is a pilot (never scored), the seed and the settings, and per start of the script (``runs``) the
+commit and the environment; each arm's ``run`` says which start made it.
 
     python examples/collapse_pilot2.py --out data/collapse_pilot2.json
     python examples/collapse_pilot2.py --sizes d16L1 --lrs 1e-2 --alphas 8 --final-norms rmsnorm --steps 12 \\
@@ -163,12 +164,12 @@ def main() -> None:
         if ref_key not in out["arms"]:
             ref = run_arm(settings, spec, data, "rmsnorm")
             out["arms"][ref_key] = {"size": size, "lr": lr, "arm": "rmsnorm", "final_norm": "-", "alpha_init": "-",
-                                    **ref["record"]}
+                                    "run": len(out["pilot"]["runs"]) - 1, **ref["record"]}
             _save(args.out, out)
         start = {k: v.detach().clone() for k, v in RECIPE.model(spec, "rmsnorm").state_dict().items()}
         r = run_arm(settings, spec, data, arm, same_start=start)
         out["arms"][key] = {"size": size, "lr": lr, "arm": arm, "final_norm": final_norm, "alpha_init": alpha,
-                            "commit": code_version(), **r["record"]}
+                            "run": len(out["pilot"]["runs"]) - 1, **r["record"]}
         _save(args.out, out)
         c = [v for _, v in r["record"]["val_curve"] if v is not None]
         print(key, "best", round(min(c), 3) if c else None, "last", c[-1] if c else None,
