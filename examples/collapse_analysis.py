@@ -28,9 +28,12 @@ from typing import Any
 #: best stays at or above NEVER x unigram; "lost" when the loss at the run length gave back at least LOST_SHARE of
 #: what it had learned (``final - best >= LOST_SHARE x (unigram - best)``) or went non-finite after learning.
 LEARNED, NEVER, LOST_SHARE = 0.9, 0.95, 0.25
+#: A learned arm that is not lost "fell behind" when its loss at the run length is above BEHIND x the reference arm's.
+BEHIND = 1.1
 #: The loss rule's level part reads the training loss from this step on (the plan's stated step).
 LOSS_RULE_FROM = 300
 NEVER_LEARNED, LOST, HEALTHY, MARGINAL, EXCLUDED = "never learned", "learned then lost", "healthy", "marginal", "excluded"
+BEHIND_LABEL = "fell behind"
 FAILURES = (NEVER_LEARNED, LOST)
 
 
@@ -43,14 +46,18 @@ def _bad(v: Any) -> bool:
     return v is None or not math.isfinite(float(v))
 
 
-def outcome(curve: Sequence[Sequence[Any]], unigram: float, reference_best: float, length: int | None = None) -> str:
+def outcome(curve: Sequence[Sequence[Any]], unigram: float, reference_best: float, length: int | None = None,
+            reference_last: float | None = None) -> str:
     """The DyT arm's outcome from its held-out ``curve`` [(step, loss or None)] up to ``length`` (``None``: all).
 
     ``excluded``: the reference arm's best held-out loss is not below ``LEARNED x unigram`` (a recipe that cannot learn).
     ``never learned``: the arm's best finite loss is at or above ``NEVER x unigram`` (or no finite loss).
     ``learned then lost``: best below ``LEARNED x unigram``, then a non-finite loss, or a loss at the run length that
     gave back at least ``LOST_SHARE`` of what was learned (``last - best >= LOST_SHARE x (unigram - best)``).
-    ``healthy``: best below ``LEARNED x unigram`` and nothing lost. ``marginal``: best between the two levels.
+    ``healthy``: best below ``LEARNED x unigram``, nothing lost, and (given ``reference_last``, the reference arm's
+    loss at the run length) a last loss at most ``BEHIND x reference_last``; above it the arm **fell behind** (learned,
+    not lost, stuck well above the reference: listed and scored in its own rows). ``marginal``: best between the two
+    levels.
 
     Example:
         >>> outcome([(50, 3.0), (100, 2.0), (150, 2.6)], 3.0, 1.5)
@@ -71,8 +78,10 @@ def outcome(curve: Sequence[Sequence[Any]], unigram: float, reference_best: floa
         return MARGINAL
     if any(_bad(v) for s, v in pts if s > b_step):
         return LOST
-    last = pts[-1][1]
-    return LOST if float(last) - best >= LOST_SHARE * (unigram - best) else HEALTHY
+    last = float(pts[-1][1])
+    if last - best >= LOST_SHARE * (unigram - best):
+        return LOST
+    return BEHIND_LABEL if reference_last is not None and last > BEHIND * reference_last else HEALTHY
 
 
 def evident_step(curve: Sequence[Sequence[Any]], unigram: float, label: str, length: int | None = None) -> int | None:
@@ -260,7 +269,7 @@ def arms_of(cells: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
             vary = tuple(sorted((k, str(v)) for k, v in (c.get("vary") or {}).items()))
             out.append({"config": (c["group"], vary, name), "size": c["group"], "arm": name, "seed": c["seed"],
                         "val_curve": arm["val_curve"], "train_curve": arm["train_curve"], "record": arm,
-                        "unigram": c["unigram_loss"], "reference_best": ref["best_val_loss"],
+                        "unigram": c["unigram_loss"], "reference_curve": ref["val_curve"],
                         "window": c["window"], "steps": c["steps"]})
     return out
 
@@ -268,7 +277,8 @@ def arms_of(cells: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def label_arm(a: Mapping[str, Any], length: int | None = None) -> dict[str, Any]:
     """One arm's outcome, its evident step, the loss rule's step and each flag's step, at run length ``length``."""
     n = length or a["steps"]
-    lab = outcome(a["val_curve"], a["unigram"], a["reference_best"], n)
+    ref = [float(v) for _, v in _upto(a["reference_curve"], n) if not _bad(v)]
+    lab = outcome(a["val_curve"], a["unigram"], min(ref) if ref else math.inf, n, ref[-1] if ref else None)
     fl = {k: (v if v is not None and v <= n else None) for k, v in flags(a["record"], a["window"]).items()}
     return {"outcome": lab, "evident": evident_step(a["val_curve"], a["unigram"], lab, n) if lab in FAILURES else None,
             "loss_rule": loss_rule_step(a["train_curve"], a["unigram"], n), "flags": fl, "length": n}
@@ -314,7 +324,8 @@ def score(configs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     healthy = [c for c in configs if c["outcome"] == HEALTHY]
     fs = sum(c["flagged"] for c in healthy)
     out: dict[str, Any] = {}
-    for name, kinds in ((NEVER_LEARNED, (NEVER_LEARNED,)), (LOST, (LOST,)), ("failed", FAILURES)):
+    for name, kinds in ((NEVER_LEARNED, (NEVER_LEARNED,)), (LOST, (LOST,)), ("failed", FAILURES),
+                        (BEHIND_LABEL, (BEHIND_LABEL,)), ("failed or behind", (*FAILURES, BEHIND_LABEL))):
         failed = [c for c in configs if c["outcome"] in kinds]
         hits = sum(c["flagged"] for c in failed)
         out[name] = {"configurations": len(failed), "healthy": len(healthy), "hits": hits, "misses": len(failed) - hits,
@@ -326,7 +337,8 @@ def score(configs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                      "lead": _mean([c["lead"] for c in failed if c["flagged"]]),
                      "saved": sum(c["unrun_share"] for c in failed), "wasted": sum(1 - c["unrun_share"] for c in healthy
                                                                                   if c["flagged"])}
-    out["listed"] = {k: [str(c["config"]) for c in configs if c["outcome"] == k] for k in ("split", MARGINAL, EXCLUDED)}
+    out["listed"] = {k: [str(c["config"]) for c in configs if c["outcome"] == k]
+                     for k in ("split", MARGINAL, EXCLUDED, BEHIND_LABEL)}
     return out
 
 
@@ -383,7 +395,7 @@ def load_cells(path: str | Path) -> list[dict[str, Any]]:
 def report(cells: Sequence[Mapping[str, Any]], lengths: Sequence[int | None] = (None,)) -> dict[str, Any]:
     """The plan's whole scoring: per run length, per flag, per arm kind (gated ``dyt``, control ``dyt-gelu``)."""
     arms = arms_of(cells)
-    out: dict[str, Any] = {"constants": {"learned": LEARNED, "never": NEVER, "lost_share": LOST_SHARE,
+    out: dict[str, Any] = {"constants": {"learned": LEARNED, "never": NEVER, "lost_share": LOST_SHARE, "behind": BEHIND,
                                          "loss_rule_from": LOSS_RULE_FROM}, "lengths": {}}
     for n in lengths:
         by_len: dict[str, Any] = {}

@@ -25,7 +25,7 @@ def _curve(values, every=100):
     return [[every * (i + 1), v] for i, v in enumerate(values)]
 
 
-def _cell(size, seed, vary, curve, *, train=None, ref_best=1.5, checks=(), window_risk=False, first_flag=None,
+def _cell(size, seed, vary, curve, *, train=None, ref_best=1.6, checks=(), window_risk=False, first_flag=None,
           trap_first=None, arm="dyt", steps=1000, window=500):
     checks = list(checks)
     watch = {"checks": checks, "window_collapse_risk": window_risk, "first_flag_step": first_flag,
@@ -33,13 +33,15 @@ def _cell(size, seed, vary, curve, *, train=None, ref_best=1.5, checks=(), windo
              "trap": {"checks": [], "first_trapped_step": trap_first}}
     return {"group": size, "seed": seed, "vary": vary, "unigram_loss": U, "window": window, "steps": steps,
             "reference_arm": "rmsnorm",
-            "arms": {"rmsnorm": {"best_val_loss": ref_best, "val_curve": [], "train_curve": []},
+            "arms": {"rmsnorm": {"best_val_loss": ref_best, "val_curve": _curve([2.5, 2.0, ref_best + 0.1] + [ref_best] * 7),
+                                 "train_curve": []},
                      arm: {"val_curve": curve, "train_curve": train if train is not None else curve, "watch": watch}}}
 
 
 NEVER = _curve([3.2, 3.05, 3.0, 2.98, 2.97, 2.96, 2.95, 2.95, 2.95, 2.95])  # best 2.95 >= 0.95 x 3 = 2.85
 LOST = _curve([2.6, 2.1, 2.0, 2.2, 2.4, 2.5, 2.6, 2.6, 2.65, 2.7])  # best 2.0; 2.7 - 2.0 >= 0.25 x 1.0
 HEALTHY = _curve([2.6, 2.1, 1.9, 1.8, 1.75, 1.7, 1.7, 1.72, 1.7, 1.69])
+BEHIND = _curve([2.6, 2.4, 2.3, 2.3, 2.3, 2.3, 2.3, 2.3, 2.3, 2.3])  # learned (2.3 < 2.7), never lost, 2.3 > 1.1 x 1.6
 LATE = _curve([2.6, 2.1, 1.9, 1.8, 1.75, 1.8, 1.9, 2.1, 2.3, 2.4])  # lost only after step 600
 
 
@@ -54,6 +56,9 @@ def test_outcomes_from_the_held_out_loss(ca):
     # a rise of less than a quarter of what was learned is not a loss: best 1.75, last 1.75 + 0.3 < 1.75 + 0.3125
     assert ca.outcome(_curve([2.0, 1.75, 2.05]), U, 1.5) == "healthy"
     assert ca.outcome(_curve([2.0, 1.75, 2.0625]), U, 1.5) == "learned then lost"  # exactly a quarter: lost
+    # learned, not lost, but its last loss is more than 1.1 x the reference's: fell behind (1.7 > 1.1 x 1.5 = 1.65)
+    assert ca.outcome(HEALTHY, U, 1.5, reference_last=1.5) == "fell behind"
+    assert ca.outcome(HEALTHY, U, 1.5, reference_last=1.6) == "healthy"  # 1.69 <= 1.76
 
 
 def test_labels_at_two_run_lengths(ca):
@@ -115,7 +120,8 @@ def test_minimal_designs_and_power(ca):
 
 
 def _grid():
-    """Two sizes, 4 configurations each, 2 seeds: per size one never learned, one lost, two healthy (one split)."""
+    """Two sizes, 5 configurations each, 2 seeds: per size one never learned, one lost, one healthy, one split, one
+    that fell behind (flagged by the watch); the reference arm ends at 1.6 (best), 1.6 (last)."""
     cells = []
     sat = lambda v: [{"step": 550, "gated_saturation": v}, {"step": 600, "gated_saturation": v}]
     for size in ("d64L2", "d64L4"):
@@ -130,16 +136,19 @@ def _grid():
                 _cell(size, seed, {"lr": 0.003, "alpha_init": "2", "final_norm": "rmsnorm"},
                       HEALTHY if seed == 21 else LOST, window_risk=seed == 22, first_flag=550 if seed == 22 else None,
                       checks=sat(0.1 if seed == 21 else 0.9)),
+                _cell(size, seed, {"lr": 0.03, "alpha_init": "8", "final_norm": "rmsnorm"}, BEHIND, first_flag=550,
+                      checks=sat(0.8)),
             ]
     return cells
 
 
 def test_configurations_count_seeds_once(ca):
     arms = ca.arms_of(_grid())
-    assert len(arms) == 16
+    assert len(arms) == 20
     cf = ca.configurations(arms)
-    assert len(cf) == 8 and all(c["seeds"] == 2 for c in cf)
-    assert sorted(c["outcome"] for c in cf) == sorted(["never learned", "learned then lost", "healthy", "split"] * 2)
+    assert len(cf) == 10 and all(c["seeds"] == 2 for c in cf)
+    assert sorted(c["outcome"] for c in cf) == sorted(["never learned", "learned then lost", "healthy", "split",
+                                                       "fell behind"] * 2)
     split = [c for c in cf if c["outcome"] == "split"]
     assert all(not c["flagged"] for c in split)  # one of two seeds flagged: not more than half
     lost = [c for c in cf if c["outcome"] == "learned then lost"]
@@ -156,7 +165,10 @@ def test_score_hits_misses_false_stops_and_lead(ca):
     assert lost["fisher_p"] == pytest.approx(1 / 6)  # 2 of 2 caught, 0 of 2 healthy: 1 / C(4, 2)
     assert lost["hit_ci"] == pytest.approx((0.025 ** 0.5, 1.0))
     assert lost["saved"] == pytest.approx(2 * (1000 - 550) / 1000)
-    assert s["listed"]["split"] and not s["listed"]["marginal"]
+    assert s["listed"]["split"] and not s["listed"]["marginal"] and len(s["listed"]["fell behind"]) == 2
+    behind = s["fell behind"]  # scored in its own rows, never as a false stop
+    assert (behind["configurations"], behind["hits"], behind["false_stops"]) == (2, 2, 0)
+    assert (s["failed or behind"]["configurations"], s["failed or behind"]["hits"]) == (6, 4)
     trap = ca.score(ca.configurations(arms, flag="trap"))["never learned"]
     assert (trap["hits"], trap["misses"], trap["false_stops"], trap["lead"]) == (2, 0, 0, 300 - 100)
     never_flag = ca.score(ca.configurations(arms, flag_of=lambda a, lab: None))["failed"]
