@@ -411,6 +411,33 @@ def report(cells: Sequence[Mapping[str, Any]], lengths: Sequence[int | None] = (
     return out
 
 
+def pilot_rows(pilot: Mapping[str, Any], lengths: Sequence[int] = (300, 600)) -> list[dict[str, Any]]:
+    """The second pilot's arms (``data/collapse_pilot2.json``, not scored) read by this scoring: per DyT arm its
+    reference's and its own best and last held-out loss, the outcome at each of ``lengths``, the loss rule's step, the
+    window's verdict, the watch's first flag, the trap's first named step and the last gated saturation read."""
+    u = pilot["unigram_loss"]
+    rows = []
+    for a in pilot["arms"].values():
+        if a["arm"] == "rmsnorm":
+            continue
+        ref = pilot["arms"][f"{a['size']}|lr{a['lr']:g}|rmsnorm|final_-|alpha_-"]
+        labels = {}
+        for n in lengths:
+            rc = [float(v) for _, v in _upto(ref["val_curve"], n) if not _bad(v)]
+            labels[n] = outcome(a["val_curve"], u, min(rc), n, rc[-1])
+        own = [float(v) for _, v in a["val_curve"] if not _bad(v)]
+        w = a.get("watch") or {}
+        gated = [c["gated_saturation"] for c in w.get("checks", []) if c.get("gated_saturation") is not None]
+        rows.append({"size": a["size"], "lr": a["lr"], "arm": a["arm"], "final_norm": a["final_norm"],
+                     "alpha_init": a["alpha_init"], "reference_best": min(float(v) for _, v in ref["val_curve"] if not _bad(v)),
+                     "best": min(own) if own else None, "last": own[-1] if own else None,
+                     "best_x_unigram": min(own) / u if own else None, "outcomes": labels,
+                     "loss_rule": loss_rule_step(a["train_curve"], u),
+                     "window_collapse_risk": w.get("window_collapse_risk"), "watch": w.get("first_flag_step"),
+                     "trap": (w.get("trap") or {}).get("first_trapped_step"), "gated_last": gated[-1] if gated else None})
+    return rows
+
+
 def power_table(failed: int, healthy: int, rates: Sequence[tuple[float, float]]) -> list[dict[str, Any]]:
     """The power table of the plan: per (hit rate, false-stop rate), the p at the expected table and the power."""
     return [{"failed": failed, "healthy": healthy, "hit_rate": h, "false_stop_rate": f,
@@ -424,11 +451,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--lengths", default="750,full", help="run lengths to label at (default 750,full: Amendment 1's)")
     ap.add_argument("--out", help="write the report's JSON here")
     ap.add_argument("--power", action="store_true", help="print the plan's power table")
+    ap.add_argument("--pilot", help="read the second pilot's JSON (data/collapse_pilot2.json) instead of a grid")
     args = ap.parse_args(argv)
     if args.power:
         print(json.dumps({"minimal_designs": minimal_designs(),
                           "tables": [power_table(f, h, [(1.0, 0.0), (1.0, 0.5), (0.8, 0.2), (0.75, 0.25)])
                                      for f, h in ((8, 4), (6, 6), (8, 8), (10, 6))]}, indent=1))
+        return
+    if args.pilot:
+        for r in pilot_rows(json.loads(Path(args.pilot).read_text())):
+            print(json.dumps(r))
         return
     if not args.grid:
         raise SystemExit("Expected a grid (OUT/grid.json or its folder), got none: python examples/collapse_analysis.py OUT")

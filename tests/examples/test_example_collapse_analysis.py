@@ -197,3 +197,17 @@ def test_report_and_files(ca, tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(SystemExit, match="Expected a satmon grid"):
         ca.load_cells(tmp_path / "bad.json")
+
+
+def test_pilot_rows_read_the_second_pilots_file(ca):
+    ref = {"arm": "rmsnorm", "size": "d64L4", "lr": 0.01, "val_curve": _curve([2.5, 2.0, 1.8, 1.7, 1.6, 1.6]),
+           "train_curve": []}
+    lost = {"arm": "dyt", "size": "d64L4", "lr": 0.01, "final_norm": "rmsnorm", "alpha_init": "8",
+            "val_curve": _curve([2.5, 2.0, 2.1, 2.3, 2.5, 2.6]), "train_curve": _curve([2.5, 2.0, 2.1, 2.3, 2.5, 2.6]),
+            "watch": {"checks": [{"step": 150, "gated_saturation": 0.9}], "window_collapse_risk": True,
+                      "first_flag_step": 150, "trap": {"first_trapped_step": None}}}
+    pilot = {"unigram_loss": U, "arms": {"d64L4|lr0.01|rmsnorm|final_-|alpha_-": ref, "d64L4|lr0.01|dyt|final_rmsnorm|alpha_8": lost}}
+    (row,) = ca.pilot_rows(pilot, lengths=(300, 600))
+    # at 300 the best (2.0) is kept, last 2.1; at 600: 2.6 - 2.0 = 0.6 >= 0.25 x 1.0; the loss rule: 2.3 - 2.0 at 400
+    assert row["outcomes"] == {300: "fell behind", 600: "learned then lost"}  # 2.1 > 1.1 x 1.8 at 300
+    assert (row["reference_best"], row["best"], row["last"], row["watch"], row["loss_rule"]) == (1.6, 2.0, 2.6, 150, 400)
