@@ -438,6 +438,23 @@ def pilot_rows(pilot: Mapping[str, Any], lengths: Sequence[int] = (300, 600)) ->
     return rows
 
 
+def pilot_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The pilot's rows as the plan's table (docs/plans/collapse_plan.md, Amendment 1; a test holds the two equal)."""
+    def f(v: Any) -> str:
+        return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    lines = [("| size | final norm | alpha_init | peak lr | arm | reference best | best | last | best / U | at 300 | at 600 "
+             "| risk | flag | trapped | loss rule |"), "|" + "---|" * 15]
+    for r in sorted(rows, key=lambda r: (r["final_norm"] != "rmsnorm", r["arm"], r["size"], r["alpha_init"], r["lr"])):
+        o = r["outcomes"]
+        lines.append("| " + " | ".join([r["size"], r["final_norm"], r["alpha_init"], f"{r['lr']:g}", r["arm"],
+                                        f(r["reference_best"]), f(r["best"]), f(r["last"]), f(r["best_x_unigram"]),
+                                        *(str(o[k]) for k in sorted(o, key=int)),
+                                        "yes" if r["window_collapse_risk"] else "no", f(r["watch"]), f(r["trap"]),
+                                        f(r["loss_rule"])]) + " |")
+    return "\n".join(lines)
+
+
 def power_table(failed: int, healthy: int, rates: Sequence[tuple[float, float]]) -> list[dict[str, Any]]:
     """The power table of the plan: per (hit rate, false-stop rate), the p at the expected table and the power."""
     return [{"failed": failed, "healthy": healthy, "hit_rate": h, "false_stop_rate": f,
@@ -459,8 +476,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                      for f, h in ((8, 4), (6, 6), (8, 8), (10, 6))]}, indent=1))
         return
     if args.pilot:
-        for r in pilot_rows(json.loads(Path(args.pilot).read_text())):
-            print(json.dumps(r))
+        print(pilot_markdown(pilot_rows(json.loads(Path(args.pilot).read_text()))))
         return
     if not args.grid:
         raise SystemExit("Expected a grid (OUT/grid.json or its folder), got none: python examples/collapse_analysis.py OUT")
