@@ -318,7 +318,8 @@ def _mean(xs: Sequence[Any]) -> float | None:
 
 
 def score(configs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Per failed outcome (and both together) against the healthy configurations: hits, misses, false stops, the
+    """Per failed outcome (and pooled: a configuration counts in a pooled row when every seed's outcome is in it, so
+    one seed lost and one fallen behind is "failed or behind") against the healthy configurations: hits, misses, false stops, the
     rates with Clopper-Pearson 95% intervals, Fisher's one-sided p, the mean lead over the loss rule, the share of
     the runs a stop at the flag saves (failed) and wastes (healthy, the run itself lost too)."""
     healthy = [c for c in configs if c["outcome"] == HEALTHY]
@@ -326,7 +327,7 @@ def score(configs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, kinds in ((NEVER_LEARNED, (NEVER_LEARNED,)), (LOST, (LOST,)), ("failed", FAILURES),
                         (BEHIND_LABEL, (BEHIND_LABEL,)), ("failed or behind", (*FAILURES, BEHIND_LABEL))):
-        failed = [c for c in configs if c["outcome"] in kinds]
+        failed = [c for c in configs if all(o in kinds for o in c["seed_outcomes"])]  # pooled rows: seeds may differ
         hits = sum(c["flagged"] for c in failed)
         out[name] = {"configurations": len(failed), "healthy": len(healthy), "hits": hits, "misses": len(failed) - hits,
                      "false_stops": fs, "hit_rate": hits / len(failed) if failed else None,
@@ -372,7 +373,7 @@ def _cap(step: int | None, n: int) -> int | None:
 
 
 def _youden(configs: Sequence[Mapping[str, Any]], kinds: Sequence[str]) -> float | None:
-    failed = [c for c in configs if c["outcome"] in kinds]
+    failed = [c for c in configs if all(o in kinds for o in c["seed_outcomes"])]
     healthy = [c for c in configs if c["outcome"] == HEALTHY]
     if not failed or not healthy:
         return None
