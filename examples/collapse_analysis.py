@@ -228,6 +228,7 @@ def flags(arm: Mapping[str, Any], window: int) -> dict[str, int | None]:
       the window's end;
     - ``watch``: the collapse watch's first flag (the gated DyT layers' saturation on a check step >=
       ``collapse_threshold``, ``patience`` checks in a row), after the window;
+    - ``watch500``: the collapse watch as shipped, starting after a 500-step window (:func:`watch_after`);
     - ``shipped``: ``abort_on="collapse"``'s stop (``would_stop_at``: the window's end on a collapse-risk verdict,
       else the watch's first flag);
     - ``trap``: the trap watch named the run trapped (its first ``trapped`` check).
@@ -235,7 +236,33 @@ def flags(arm: Mapping[str, Any], window: int) -> dict[str, int | None]:
     w = arm.get("watch") or {}
     trap = w.get("trap") or {}
     return {"window": window if w.get("window_collapse_risk") else None, "watch": w.get("first_flag_step"),
-            "shipped": w.get("would_stop_at"), "trap": trap.get("first_trapped_step")}
+            "watch500": watch_after(w, SHIPPED_WINDOW), "shipped": w.get("would_stop_at"),
+            "trap": trap.get("first_trapped_step")}
+
+
+#: The shipped window: the watch as shipped starts after it.
+SHIPPED_WINDOW = 500
+
+
+def watch_after(watch: Mapping[str, Any], start: int) -> int | None:
+    """The collapse watch as if it had started after step ``start``: its recorded checks after ``start``, the gated
+    saturation >= its ``collapse_threshold`` for ``patience`` checks in a row (the streak counted from ``start``).
+
+    Example:
+        >>> w = {"collapse_threshold": 0.5, "patience": 2, "checks": [{"step": s, "gated_saturation": v} for s, v in
+        ...      [(450, 0.9), (501, 0.9), (551, 0.4), (601, 0.6), (651, 0.7)]]}
+        >>> watch_after(w, 500), watch_after({**w, "patience": 1}, 500)
+        (651, 501)
+    """
+    level, patience, streak = watch.get("collapse_threshold", 0.5), watch.get("patience", 1), 0
+    for c in watch.get("checks", []):
+        if c["step"] <= start:
+            continue
+        v = c.get("gated_saturation")
+        streak = streak + 1 if v is not None and v >= level else 0
+        if streak >= patience:
+            return int(c["step"])
+    return None
 
 
 #: The other signals scored held out across sizes: name -> (reader of the arm's checks, key, direction).
@@ -402,7 +429,7 @@ def report(cells: Sequence[Mapping[str, Any]], lengths: Sequence[int | None] = (
         by_len: dict[str, Any] = {}
         for kind in sorted({a["arm"] for a in arms}):
             sub = [a for a in arms if a["arm"] == kind]
-            rows = {f: score(configurations(sub, n, flag=f)) for f in ("window", "watch", "shipped", "trap")}
+            rows = {f: score(configurations(sub, n, flag=f)) for f in ("window", "watch", "watch500", "shipped", "trap")}
             rows["never flag"] = score(configurations(sub, n, flag_of=lambda a, lab: None))
             rows["loss rule"] = score(configurations(sub, n, flag_of=lambda a, lab: lab["loss_rule"]))
             by_len[kind] = {"configurations": [{**c, "config": str(c["config"])} for c in configurations(sub, n)],

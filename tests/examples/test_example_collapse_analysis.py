@@ -169,8 +169,15 @@ def test_score_hits_misses_false_stops_and_lead(ca):
     behind = s["fell behind"]  # scored in its own rows, never as a false stop
     assert (behind["configurations"], behind["hits"], behind["false_stops"]) == (2, 2, 0)
     assert (s["failed or behind"]["configurations"], s["failed or behind"]["hits"]) == (6, 4)
+    # a pooled row takes a configuration whose seeds differ within it: one seed lost, one fallen behind
+    mixed = [*_grid(), _cell("d64L2", 21, {"lr": 0.05}, LOST, first_flag=550), _cell("d64L2", 22, {"lr": 0.05}, BEHIND)]
+    s2 = ca.score(ca.configurations(ca.arms_of(mixed), flag="watch"))
+    assert s2["learned then lost"]["configurations"] == 2 and s2["fell behind"]["configurations"] == 2
+    assert s2["failed or behind"]["configurations"] == 7 and s2["failed or behind"]["hits"] == 4  # 1 of 2 seeds: not
     trap = ca.score(ca.configurations(arms, flag="trap"))["never learned"]
     assert (trap["hits"], trap["misses"], trap["false_stops"], trap["lead"]) == (2, 0, 0, 300 - 100)
+    w500 = ca.score(ca.configurations(arms, flag="watch500"))  # the recorded checks after step 500, gated sat >= 0.5
+    assert (w500["learned then lost"]["hits"], w500["never learned"]["hits"], w500["failed"]["false_stops"]) == (2, 0, 0)
     never_flag = ca.score(ca.configurations(arms, flag_of=lambda a, lab: None))["failed"]
     assert (never_flag["hits"], never_flag["false_stops"], never_flag["fisher_p"]) == (0, 0, 1.0)
 
@@ -211,3 +218,15 @@ def test_pilot_rows_read_the_second_pilots_file(ca):
     # at 300 the best (2.0) is kept, last 2.1; at 600: 2.6 - 2.0 = 0.6 >= 0.25 x 1.0; the loss rule: 2.3 - 2.0 at 400
     assert row["outcomes"] == {300: "fell behind", 600: "learned then lost"}  # 2.1 > 1.1 x 1.8 at 300
     assert (row["reference_best"], row["best"], row["last"], row["watch"], row["loss_rule"]) == (1.6, 2.0, 2.6, 150, 400)
+
+
+def test_the_plans_pilot_table_is_the_pilots_data(ca):
+    """docs/plans/collapse_plan.md's table of the second pilot is what the frozen scoring reads from its file."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    table = ca.pilot_markdown(ca.pilot_rows(json.loads((root / "data" / "collapse_pilot2.json").read_text())))
+    plan = (root / "docs" / "plans" / "collapse_plan.md").read_text()
+    assert table in plan
+    pilot = json.loads((root / "data" / "collapse_pilot2.json").read_text())["pilot"]
+    assert pilot["scored"] is False and pilot["seed"] == 31 and pilot["runs"][0]["commit"]
