@@ -493,7 +493,7 @@ def power_table(failed: int, healthy: int, rates: Sequence[tuple[float, float]])
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("grid", nargs="*", help="OUT/grid.json or the grid's folder (several: their cells together)")
-    ap.add_argument("--lengths", default="750,full", help="run lengths to label at (default 750,full: Amendment 1's)")
+    ap.add_argument("--lengths", default="600,full", help="run lengths to label at (default 600,full: Amendment 1's)")
     ap.add_argument("--out", help="write the report's JSON here")
     ap.add_argument("--power", action="store_true", help="print the plan's power table")
     ap.add_argument("--pilot", help="read the second pilot's JSON (data/collapse_pilot2.json) instead of a grid")
