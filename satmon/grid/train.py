@@ -237,7 +237,7 @@ def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: Cell
         screen.finish()
         screen.detach()
         out.update(verdict=screen.verdict, series=series, alpha_curve=alpha_curve,
-                   watch=watch.record(screen.settings, screen.verdict, settings.window))
+                   watch=watch.record(screen.settings, screen.verdict, settings.window, screen.trap))
     return out
 
 
@@ -264,16 +264,22 @@ class WatchLog:
             "patience_count": int(watch.streak.get(StopReason.COLLAPSE_RISK, 0)),
         })
 
-    def record(self, s: Any, verdict: Any, window: int) -> dict[str, Any]:
+    def record(self, s: Any, verdict: Any, window: int, trap: Any = None) -> dict[str, Any]:
         """The watch's record: its settings, every check, the first flag's step (``None``: never), whether the
         window's verdict said collapse risk, and ``would_stop_at``: the step ``abort_on="collapse"`` would have
-        stopped the run (the window's end on a collapse-risk verdict, else the first flag; ``None``: never)."""
+        stopped the run (the window's end on a collapse-risk verdict, else the first flag; ``None``: never). With the
+        screen's trap watch (``trap``, a :class:`~satmon.screen.trap.TrapWatch`), ``trap`` holds its settings, every
+        check (:meth:`~satmon.results.trap.TrapReading.to_dict`) and ``first_trapped_step`` (``None``: never named)."""
         first = next((c["step"] for c in self.checks if c["flagged"]), None)
         risk = bool(getattr(verdict, "collapse_risk", False)) if verdict is not None else False
-        return {"every_n_steps": s.watch_every_n_steps, "collapse_threshold": s.collapse_threshold,
-                "patience": s.patience, "loss_spike_z": s.loss_spike_z, "checks": self.checks,
-                "first_flag_step": first, "window_collapse_risk": risk,
-                "would_stop_at": window if risk else first}
+        out = {"every_n_steps": s.watch_every_n_steps, "collapse_threshold": s.collapse_threshold,
+               "patience": s.patience, "loss_spike_z": s.loss_spike_z, "checks": self.checks,
+               "first_flag_step": first, "window_collapse_risk": risk,
+               "would_stop_at": window if risk else first}
+        if trap is not None:
+            out["trap"] = {"every_n_steps": trap.every, "patience": trap.patience, "floor": trap.floor, "checks": list(trap.log),
+                           "first_trapped_step": next((c["step"] for c in trap.log if c["trapped"]), None)}
+        return out
 
 
 def _finite(v: Any) -> float | None:
