@@ -1,3 +1,3 @@
 """satmon's version, importable without importing anything else."""
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
