@@ -7,8 +7,7 @@ listing and formats, the calibration data, the user's model code, the run they c
 
 Example:
     >>> import satmon
-    >>> from satmon.replaying.session import replay
-    >>> satmon.replay is replay
+    >>> callable(satmon.replay)  # the function (after an old ``import satmon.replay``, its callable alias module)
     True
 """
 
