@@ -232,7 +232,7 @@ class ForwardOrder(HookSet):
         return Layout(final.name, final.kind, groups, params, unknown)
 
 
-class GradReach:
+class GradReach(HookSet):
     """The squared gradient norm of each parameter of a :class:`Layout`, written on the device by a
     post-accumulate-grad hook (the last backward of a step, gradient accumulation included, leaves the step's
     gradient), on enabled steps only; read per group at a check.
@@ -248,14 +248,13 @@ class GradReach:
     """
 
     def __init__(self, layout: Layout) -> None:
+        super().__init__()  # ``enabled``, the handles; attach / detach / attached: :class:`HookSet`'s
         self.layout = layout
         device = layout.params[0][0].device if layout.params else torch.device("cpu")
         n = len(layout.params)
         self.square = torch.zeros(n, dtype=torch.float64, device=device)
         self.seen = torch.zeros(n, dtype=torch.float64, device=device)
         self.index = torch.tensor([g for _, g in layout.params], dtype=torch.int64, device=device)
-        self.enabled = True
-        self._handles: list[Any] = []
 
     def _hook(self, i: int) -> Callable[[Tensor], None]:
         def hook(p: Tensor) -> None:
@@ -265,19 +264,8 @@ class GradReach:
 
         return hook
 
-    def attach(self) -> GradReach:
-        if not self._handles:
-            self._handles = [p.register_post_accumulate_grad_hook(self._hook(i)) for i, (p, _) in enumerate(self.layout.params)]
-        return self
-
-    def detach(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
-    @property
-    def attached(self) -> bool:
-        return bool(self._handles)
+    def _register(self) -> list[Any]:
+        return [p.register_post_accumulate_grad_hook(self._hook(i)) for i, (p, _) in enumerate(self.layout.params)]
 
     def device_read(self) -> tuple[Tensor, Tensor]:
         """Per group (float64 ``(G,)``, on the device): the squared gradient norm, and the parameters that got a
