@@ -1,7 +1,7 @@
 """The calibration grid of ``regime_flip.py --grid``: many small cells, LayerNorm vs DyT in each.
 
 Superseded by ``examples/regime_grid.py`` (both norms learn in every cell, and a final checkpoint
-three windows after the window): kept as the record of satmon 0.2's grid (docs/science/calibration.md).
+three windows after the window): kept as the record of satmon 0.2's grid (docs/science/grids_superseded.md).
 
 Each cell (a width, a training-token budget, a seed) trains the same GPT-2-style model twice, with
 LayerNorm and with DyT, for the same steps, and records the sign of the DyT effect (final held-out
@@ -21,7 +21,7 @@ analogue of the study's leave-one-scale-out. Outputs: ``OUT/calibration_grid.jso
 readable by ``satmon calibrate --cells``), ``OUT/outcomes.csv`` (run, losses, group: for
 ``satmon calibrate OUT/tb --outcomes OUT/outcomes.csv``), each reading's ``satmon calibrate``
 output under ``OUT/<reading>/`` and ``OUT/calibration_grid.md`` (the cells and every reading's
-accuracy). docs/science/calibration.md reads the committed run.
+accuracy). docs/science/grids_superseded.md reads the committed run.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ HELD_OUT_CELLS = 12
 HELD_OUT_PROTOCOL = "leave-one-scale-out"
 #: Guessing the commoner outcome on the same 12 cells (DyT hurt in 8): what a rule must beat to forecast anything.
 NO_SKILL_ACCURACY = 8 / 12
-#: satmon 0.3's CPU grid (not a miniature of the study's protocol: docs/science/calibration.md): the 500-step window's
+#: satmon 0.3's CPU grid (not a miniature of the study's protocol: docs/science/grids_superseded.md): the 500-step window's
 #: pooled reading under the 0.43 rule, each model size held out: 9 of 18 cells, as always saying NO-GO.
 GRID_HELD_OUT_ACCURACY = 9 / 18
 #: Always NO-GO on 0.3's grid: 9 of 18.
@@ -63,7 +63,7 @@ FAITHFUL_GRID_NO_SKILL_ACCURACY: float | None = 12 / 16
 #: What the faithful grid found, in one sentence (the caveat and the card's trust text add it): by the pre-registered
 #: plan, no window reading (6 tried) beat always NO-GO held out (best: 75% = 75%; permutation p = 0.87).
 FAITHFUL_GRID_FINDING = ("On satmon's faithful CPU grid (the study's protocol), no 500-step reading beat guessing the "
-                         "commoner outcome held out (docs/science/calibration.md).")
+                         "commoner outcome held out (docs/science/grids.md).")
 #: satmon's CPU grids of the study's protocol whose cells record the window's reading (the data files the counts below
 #: are recomputed from by ``tests/test_claims.py``): the faithful grid and the second grid.
 CPU_GRIDS = ("data/faithful_grid.json", "data/grid2.json")

@@ -215,7 +215,7 @@ def _num(v: Any, spec: str = ".3f", scale: float = 1.0, sign: str = "") -> str:
 
 
 def report_markdown(analysis: dict[str, Any], cells: list[dict[str, Any]]) -> str:
-    """The analysis as markdown tables (what docs/science/calibration.md quotes); a null field reads ``-``, a
+    """The analysis as markdown tables (what docs/science/grids.md quotes); a null field reads ``-``, a
     diverged arm is named in its cell's row."""
     a, n = analysis, analysis.get("n", 0)
     if n:

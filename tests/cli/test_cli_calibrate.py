@@ -111,7 +111,7 @@ def test_missing_matplotlib_is_a_message_not_a_crash(tmp_path, capsys, monkeypat
 
 
 def test_docs_quote_what_the_command_computes_on_the_committed_grid():
-    """data/calibration_grid.json is real data (examples/regime_flip.py --grid); docs/science/calibration.md's
+    """data/calibration_grid.json is real data (examples/regime_flip.py --grid); docs/science/grids_superseded.md's
     accuracy table is what `satmon calibrate` computes on it, reading by reading."""
     from satmon.calibrate.fit import calibrate, read_cells
 
@@ -119,7 +119,7 @@ def test_docs_quote_what_the_command_computes_on_the_committed_grid():
     grid = root / "data" / "calibration_grid.json"
     data = json.loads(grid.read_text())
     assert len(data["cells"]) >= 12 and len({c["group"] for c in data["cells"]}) >= 2
-    page = (root / "docs" / "science" / "calibration.md").read_text()
+    page = (root / "docs" / "science" / "grids_superseded.md").read_text()
     for metric in data["metrics"]:
         r = calibrate(read_cells(grid), metric)
         m, b, n = r.fits["midpoint"], r.fits["balanced"], len(r.cells)

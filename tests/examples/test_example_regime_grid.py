@@ -171,7 +171,7 @@ def test_no_matplotlib_is_one_line_not_a_failure(rg, tmp_path, capsys, monkeypat
 
 
 def test_docs_quote_the_committed_faithful_grid_and_satmon_states_its_result(rg):
-    """docs/science/calibration.md's result tables are the committed grid's report, recomputed here from its cells; the
+    """docs/science/grids.md's result tables are the committed grid's report, recomputed here from its cells; the
     figures satmon prints (satmon.study) are that grid's, and the shipped phase-diagram cells are its cells."""
     from satmon import study
     from satmon.io.phase_diagram import grid_cells
@@ -181,11 +181,11 @@ def test_docs_quote_the_committed_faithful_grid_and_satmon_states_its_result(rg)
     assert committed["format"].startswith("satmon-faithful-grid/") and len(cells) == 16
     fresh = rg.analyze(cells, permutations=200)  # every table row; the p-value needs the plan's 10,000 (stored)
     assert fresh["readings"] == committed["analysis"]["readings"]
-    doc = (ROOT / "docs" / "science" / "calibration.md").read_text()
+    doc = (ROOT / "docs" / "science" / "grids.md").read_text()
     stored = rg.report_markdown(committed["analysis"], cells)
     assert rg.report_markdown(fresh, cells).splitlines()[:-1] == stored.splitlines()[:-1]
     for line in stored.splitlines():
-        assert line in doc.splitlines(), f"docs/science/calibration.md does not quote the grid's report line {line[:80]!r}"
+        assert line in doc.splitlines(), f"docs/science/grids.md does not quote the grid's report line {line[:80]!r}"
     decision = committed["analysis"]["decision"]
     assert decision["predicts"] is False and decision["candidates"] == 6 and decision["permutations"] == 10_000
     # what the card says: 0.43 on the window's pooled reading (fit on no cell of the grid) against always NO-GO
