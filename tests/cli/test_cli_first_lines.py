@@ -126,7 +126,7 @@ def test_report_prints_both_runs_and_places_the_demo_on_the_phase_diagram(sessio
     assert out.count("== satmon run ") == 2 and "demo/version_0" in out and "== satmon run logs/replay of demo/version_0" in out
     assert "Replay of " in out and "| live window |" in out  # the replay's card carries the comparison
     assert "Note: Phase diagram: " in out and "unique training tokens (312 samples x 64 tokens in WindowDataset)" in out
-    assert "1 run(s) placed" in out and "not placed: replay of demo/version_0: its card gives no parameter count" in out
+    assert "1 run(s) placed" in out and "not placed: replay of demo/version_0: its verdict gives no parameter count" in out
     assert (tmp / "phase.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
