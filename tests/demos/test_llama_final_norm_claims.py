@@ -95,3 +95,20 @@ def test_the_grid_guide_numbers_are_the_grid_check():
     assert cells["dyt"]["arms"]["rmsnorm"]["val_loss"] == ref  # the reference arm does not depend on final_norm
     assert (f"the `dyt` arm ends at {dyt:.4f} by default and at {trapped:.4f} with `final_norm=dyt`, the `rmsnorm` "
             f"arm at {ref:.4f}") in guide
+
+
+def test_the_trap_remedy_satmon_prints_is_the_data_files(bench):
+    """The words the console and the card give a trapped run (satmon.results.trap.REMEDY) quote the measurement on this
+    tree: every loss in them is a run of data/llama_final_norm.json, rounded as printed."""
+    import re
+
+    from satmon.results.trap import REMEDY
+
+    r, f = _runs(bench), "{:.2f}".format
+    quoted = re.findall(r"\d\.\d\d(?=\D)", REMEDY.split("The option")[0])  # the LLaMA sentence
+    expected = [f(r[("dyt", 11)]["final_val_loss"]), f(r[("dyt", 6)]["final_val_loss"]),
+                f(r[("dyt-final", 11)]["final_val_loss"]), f(r[("dyt-final", 6)]["final_val_loss"]),
+                f(bench["unigram_loss"])]
+    assert quoted == expected
+    assert all(r[(a, s)]["final_val_loss"] > 0.95 * bench["unigram_loss"] for a in ("dyt-final-a1", "dyt-final-a2")
+               for s in (11, 6))  # "at final alpha 0.2, 1 and 2 alike"
