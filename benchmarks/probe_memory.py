@@ -68,8 +68,10 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=1024, help="tokens in the one calibration batch")
     p.add_argument("--budget", nargs="+", default=["none"], help="'none' or matrices per pass (plus one readout)")
     args = p.parse_args()
-    print("| d | blocks | rows | budget (matrices/pass) | matrices | passes | planned peak MiB | measured peak MiB "
-          "| forward alone MiB | wall s | CPU s |")
+    print(
+        "| d | blocks | rows | budget (matrices/pass) | matrices | passes | planned peak MiB | measured peak MiB "
+        "| forward alone MiB | wall s | CPU s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for d in args.d:
         for b in args.budget:
@@ -78,8 +80,11 @@ def main() -> None:
                                  capture_output=True, text=True, check=True)  # fmt: skip
             r = json.loads(out.stdout.strip().splitlines()[-1])
             mib = 2**20
-            print(f"| {d} | {args.blocks} | {args.rows} | {b} | {r['matrices']} | {r['passes']} | {r['planned_peak'] / mib:.0f} "
-                  f"| {r['peak'] / mib:.0f} | {r['forward_peak'] / mib:.0f} | {r['seconds']:.1f} | {r['cpu_seconds']:.1f} |", flush=True)
+            print(
+                f"| {d} | {args.blocks} | {args.rows} | {b} | {r['matrices']} | {r['passes']} | {r['planned_peak'] / mib:.0f} "
+                f"| {r['peak'] / mib:.0f} | {r['forward_peak'] / mib:.0f} | {r['seconds']:.1f} | {r['cpu_seconds']:.1f} |",
+                flush=True,
+            )
             print(f"<!-- {r['plan']} ({time.perf_counter() - t0:.0f} s with start-up) -->", flush=True)
 
 

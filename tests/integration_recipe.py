@@ -119,9 +119,21 @@ def hf_args(out: Path, **overrides):
     """TrainingArguments that train like the recipe: CPU, constant lr, plain AdamW, no clipping, no shuffling."""
     from transformers import TrainingArguments
 
-    kw = dict(use_cpu=True, report_to="none", max_steps=STEPS, per_device_train_batch_size=BATCH, learning_rate=LR,
-              lr_scheduler_type="constant", optim="adamw_torch", weight_decay=0.0, max_grad_norm=0.0,
-              train_sampling_strategy="sequential", save_strategy="no", logging_steps=1000, disable_tqdm=True,
-              dataloader_num_workers=0)
+    kw = dict(
+        use_cpu=True,
+        report_to="none",
+        max_steps=STEPS,
+        per_device_train_batch_size=BATCH,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        optim="adamw_torch",
+        weight_decay=0.0,
+        max_grad_norm=0.0,
+        train_sampling_strategy="sequential",
+        save_strategy="no",
+        logging_steps=1000,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
     kw.update(overrides)
     return TrainingArguments(str(out), **kw)

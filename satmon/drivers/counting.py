@@ -28,8 +28,16 @@ from torch import Tensor, nn
 
 from satmon.results.scale import RunScale
 
-__all__ = ["count_parameters", "count_train_tokens", "planned_tokens", "optimizer_name", "put_scale_note", "run_scale",
-           "sample_tokens", "scale_note"]
+__all__ = [
+    "count_parameters",
+    "count_train_tokens",
+    "planned_tokens",
+    "optimizer_name",
+    "put_scale_note",
+    "run_scale",
+    "sample_tokens",
+    "scale_note",
+]
 
 #: samples read to find a sample's length (first, second, last and evenly between)
 _SAMPLES = 8
@@ -118,8 +126,10 @@ def _dataset_tokens(dataset: Any) -> tuple[int | None, str]:
     for ids, why in found:
         if ids is None:
             return None, why
-    lengths = [int(torch.as_tensor(s["attention_mask"]).sum()) if how == "mask" else ids.numel()
-               for (ids, how), s in zip(found, samples)]
+    lengths = [
+        int(torch.as_tensor(s["attention_mask"]).sum()) if how == "mask" else ids.numel()
+        for (ids, how), s in zip(found, samples)
+    ]
     padded = any(how == "mask" for _, how in found)
     if len(set(lengths)) > 1 or padded:
         mean = sum(lengths) / len(lengths)
@@ -128,8 +138,11 @@ def _dataset_tokens(dataset: Any) -> tuple[int | None, str]:
     length = lengths[0]
     stride = _stride(found[0][0], found[1][0]) if n > 1 and picks[1] == 1 else None
     if stride is not None:
-        return ((n - 1) * stride + length, f"{n:,} overlapping samples of {length} tokens, each {stride} token(s) after the "
-                                           f"last, in {name}: (n - 1) x {stride} + {length}")
+        return (
+            (n - 1) * stride + length,
+            f"{n:,} overlapping samples of {length} tokens, each {stride} token(s) after the "
+            f"last, in {name}: (n - 1) x {stride} + {length}",
+        )
     return n * length, f"{n:,} samples x {length} tokens in {name}"
 
 
@@ -198,12 +211,15 @@ def sample_tokens(data: Any) -> tuple[int | None, str]:
     if ids is None:
         return None, how
     if how == "mask":
-        return int(torch.as_tensor(sample["attention_mask"]).sum()), f"the first sample of {name}: tokens its attention mask keeps"
+        return int(
+            torch.as_tensor(sample["attention_mask"]).sum()
+        ), f"the first sample of {name}: tokens its attention mask keeps"
     return int(ids.numel()), f"a sample of {name} holds {ids.numel()} tokens"
 
 
-def planned_tokens(steps: float | None, batch_size: int | None, data: Any, accumulation: int = 1,
-                   world_size: int = 1) -> tuple[int | None, str]:
+def planned_tokens(
+    steps: float | None, batch_size: int | None, data: Any, accumulation: int = 1, world_size: int = 1
+) -> tuple[int | None, str]:
     """The tokens a run will process: optimizer ``steps`` x global batch (``batch_size`` samples per device and
     micro-batch x ``accumulation`` x ``world_size``) x the tokens of a sample of ``data``; or ``(None, why not)``.
 
@@ -220,8 +236,10 @@ def planned_tokens(steps: float | None, batch_size: int | None, data: Any, accum
     if length is None:
         return None, how
     tokens = int(steps) * batch_size * int(accumulation) * int(world_size) * length
-    return tokens, (f"{int(steps):,} optimizer steps x {batch_size} samples x {int(accumulation)} accumulated x "
-                    f"{int(world_size)} rank{'s' if world_size != 1 else ''} x {length} tokens ({how})")
+    return tokens, (
+        f"{int(steps):,} optimizer steps x {batch_size} samples x {int(accumulation)} accumulated x "
+        f"{int(world_size)} rank{'s' if world_size != 1 else ''} x {length} tokens ({how})"
+    )
 
 
 def scale_note(model: nn.Module, data: Any, unique_tokens: int | None = None) -> str:

@@ -378,9 +378,7 @@ class Alignment:
 
 
 @torch.no_grad()
-def alignment(
-    cov: Tensor, weight: Tensor, rtol: float = NULL_RTOL, eps_rel: float = DEGENERATE_EPS_REL
-) -> Alignment:
+def alignment(cov: Tensor, weight: Tensor, rtol: float = NULL_RTOL, eps_rel: float = DEGENERATE_EPS_REL) -> Alignment:
     r"""How well ``v* = gamma^-1/||gamma^-1||`` explains the bottom of the covariance ``C`` of a norm's output.
 
     Negative rounding residues are clamped to 0 (``depth``, ``depth_diag``, ``lambda_min_rel``).

@@ -31,8 +31,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["ACTIVATIONS", "abs_sum", "flat_count", "flat_threshold", "gate_stats", "gate_stats_finalize", "gate_stats_update",
-           "split_gate_up"]
+__all__ = [
+    "ACTIVATIONS",
+    "abs_sum",
+    "flat_count",
+    "flat_threshold",
+    "gate_stats",
+    "gate_stats_finalize",
+    "gate_stats_update",
+    "split_gate_up",
+]
 
 ACTIVATIONS = {
     "silu": F.silu,

@@ -109,8 +109,10 @@ def check_product(product: object) -> str:
         'exact'
     """
     if product not in _PRODUCTS:
-        raise ValueError(f"Expected `product` in {_PRODUCTS} (the product as the layer's forward computes it, or the "
-                         f"exact one), got {product!r}.")
+        raise ValueError(
+            f"Expected `product` in {_PRODUCTS} (the product as the layer's forward computes it, or the "
+            f"exact one), got {product!r}."
+        )
     return product  # type: ignore[return-value]
 
 
@@ -302,8 +304,13 @@ def saturation_threshold_host(
     return _module_threshold_host(alpha, level, dtype, pdt)
 
 
-def threshold_host_fn(level: float, *, dtype: torch.dtype = torch.float32, product: Product = "module",
-                      product_dtype: torch.dtype | None = None) -> Callable[[float], float]:
+def threshold_host_fn(
+    level: float,
+    *,
+    dtype: torch.dtype = torch.float32,
+    product: Product = "module",
+    product_dtype: torch.dtype | None = None,
+) -> Callable[[float], float]:
     """:func:`saturation_threshold_host` with everything but ``alpha`` fixed: the arguments are checked
     once and a function of ``alpha`` alone is returned (the CPU hot path calls it once per layer and step).
 
@@ -564,7 +571,9 @@ def saturation_sums(x: Tensor, threshold: Tensor | float, scratch: Tensor | None
         (3.0, 1.0)
     """
     x = x.detach()
-    if scratch is not None and scratch.shape == x.shape and scratch.dtype == torch.float32:  # (another device: torch raises)
+    if (
+        scratch is not None and scratch.shape == x.shape and scratch.dtype == torch.float32
+    ):  # (another device: torch raises)
         ax = torch.abs(x, out=scratch) if x.dtype == torch.float32 else scratch.copy_(x).abs_()
     else:
         ax = x.abs() if x.dtype == torch.float32 else x.to(torch.float32).abs_()  # a fresh float32 buffer
@@ -639,8 +648,9 @@ def fused_counts_many(xs: Sequence[Tensor], thresholds: Sequence[Tensor]) -> tup
     return tuple(r[0] for r in results) + tuple(r[1] for r in results)
 
 
-def shifted_saturation_counts(x: Tensor, alpha: Tensor, shift: Tensor, cutoff: float, *,
-                              product: Product = "module") -> tuple[Tensor, Tensor]:
+def shifted_saturation_counts(
+    x: Tensor, alpha: Tensor, shift: Tensor, cutoff: float, *, product: Product = "module"
+) -> tuple[Tensor, Tensor]:
     """Saturated and non-finite counts of a point-wise layer whose pre-activation carries a shift:
     ``|u| > cutoff`` with ``u = alpha * x + shift`` (Derf's ``erf(alpha * x + s)``).
 
@@ -673,8 +683,10 @@ def shifted_saturation_counts(x: Tensor, alpha: Tensor, shift: Tensor, cutoff: f
         else:
             u = (a * x + s).to(torch.float64)
         if u.shape != x.shape:
-            raise AlphaBroadcastError(f"Expected alpha * x + shift to keep the input's shape {tuple(x.shape)}, got "
-                                      f"{tuple(u.shape)} (alpha {tuple(a.shape)}, shift {tuple(s.shape)}).")
+            raise AlphaBroadcastError(
+                f"Expected alpha * x + shift to keep the input's shape {tuple(x.shape)}, got "
+                f"{tuple(u.shape)} (alpha {tuple(a.shape)}, shift {tuple(s.shape)})."
+            )
         return (u.abs() > cutoff).sum(), (~torch.isfinite(x)).any().to(torch.int64)
 
 
@@ -755,8 +767,10 @@ def pointwise_cutoff(function: str, level: float) -> float:
         return math.sqrt(max(2 * log_cosh, 0.0))
     if function == "hardtanh":
         return 1.0 if level > 0 else 0.0
-    raise ValueError(f"Expected a point-wise function in {POINTWISE_FUNCTIONS} (NormLayer.function), got {function!r}. "
-                     "satmon counts tanh (DyT), erf (Derf) and hardtanh; leave other layers out with exclude=.")
+    raise ValueError(
+        f"Expected a point-wise function in {POINTWISE_FUNCTIONS} (NormLayer.function), got {function!r}. "
+        "satmon counts tanh (DyT), erf (Derf) and hardtanh; leave other layers out with exclude=."
+    )
 
 
 def saturation_fraction(saturated: Tensor, total: Tensor) -> Tensor:

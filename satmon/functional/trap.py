@@ -74,8 +74,16 @@ def offset_share(saturated: float, centered: float) -> float | None:
     return max(0.0, 1.0 - centered / saturated)
 
 
-def trap_found(final_is_dyt: bool | None, saturated: float, centered: float, reach: float | None, *,
-               saturated_at: float = TRAP_SATURATION, retained_below: float = 0.25, floor: float = REACH_FLOOR) -> bool:
+def trap_found(
+    final_is_dyt: bool | None,
+    saturated: float,
+    centered: float,
+    reach: float | None,
+    *,
+    saturated_at: float = TRAP_SATURATION,
+    retained_below: float = 0.25,
+    floor: float = REACH_FLOOR,
+) -> bool:
     """One check's evidence of the trap: the final norm is a DyT, saturated at or above ``saturated_at`` with less
     than ``retained_below`` of it left once each channel's mean is removed, and the gradient below it dead
     (``reach <= floor``). Unknown readings (``None``, NaN: no head gradient to compare with) are no evidence.

@@ -158,12 +158,21 @@ class GridSettings:
         if not 0 <= self.warmup <= self.steps:
             raise ValueError(f"Expected 0 <= --warmup <= --steps, got warmup={self.warmup}, steps={self.steps}.")
         if self.window >= self.steps:
-            raise ValueError(f"Expected --window < --steps (a final checkpoint after the window), got window="
-                             f"{self.window}, steps={self.steps}.")
-        for name, low, value in (("lr", "> 0", self.lr), ("grad_clip", "> 0", self.grad_clip),
-                                 ("weight_decay", ">= 0", self.weight_decay)):
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and (
-                value > 0 if low == "> 0" else value >= 0)
+            raise ValueError(
+                f"Expected --window < --steps (a final checkpoint after the window), got window="
+                f"{self.window}, steps={self.steps}."
+            )
+        for name, low, value in (
+            ("lr", "> 0", self.lr),
+            ("grad_clip", "> 0", self.grad_clip),
+            ("weight_decay", ">= 0", self.weight_decay),
+        ):
+            ok = (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and (value > 0 if low == "> 0" else value >= 0)
+            )
             if not ok:  # nan and inf are refused here, before any work: no cell trains on them
                 raise ValueError(f"Expected --{name.replace('_', '-')} a finite number {low}, got {value!r}.")
         betas = tuple(self.betas) if isinstance(self.betas, (list, tuple)) else ()
@@ -206,7 +215,11 @@ class GridPlan:
         """Distinct, non-empty axes; distinct budgets once resolved at ``processed`` tokens per arm."""
         if not (self.sizes and self.budgets and self.seeds):
             raise ValueError("Expected at least one size, one budget and one seed (--sizes, --budgets, --seeds).")
-        for axis, keys in (("sizes", list(self.sizes)), ("budgets", [b.text for b in self.budgets]), ("seeds", list(self.seeds))):
+        for axis, keys in (
+            ("sizes", list(self.sizes)),
+            ("budgets", [b.text for b in self.budgets]),
+            ("seeds", list(self.seeds)),
+        ):
             if len(set(keys)) != len(keys):
                 raise ValueError(f"Expected distinct --{axis}, got {keys}.")
         tokens = [b.resolve(processed) for b in self.budgets]
@@ -216,10 +229,16 @@ class GridPlan:
             if name not in self.sizes:
                 raise ValueError(f"Expected size_budgets to name sizes of the grid {list(self.sizes)}, got {name!r}.")
             if {b.text for b in budgets} - {b.text for b in self.budgets}:
-                raise ValueError(f"Expected the budgets of {name} among the grid's budgets, got {[b.text for b in budgets]}.")
+                raise ValueError(
+                    f"Expected the budgets of {name} among the grid's budgets, got {[b.text for b in budgets]}."
+                )
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"sizes": list(self.sizes), "budgets": [b.text for b in self.budgets], "seeds": list(self.seeds)}
+        out: dict[str, Any] = {
+            "sizes": list(self.sizes),
+            "budgets": [b.text for b in self.budgets],
+            "seeds": list(self.seeds),
+        }
         if self.size_budgets:
             out["size_budgets"] = {n: [b.text for b in bs] for n, bs in self.size_budgets}
         return out
@@ -230,4 +249,6 @@ def options_json(options: Mapping[str, Any]) -> dict[str, Any]:
     try:
         return json.loads(json.dumps(dict(options), allow_nan=False))
     except (TypeError, ValueError) as e:
-        raise ValueError(f"Expected the recipe's options to be JSON values (numbers, strings, lists), got {e}.") from None
+        raise ValueError(
+            f"Expected the recipe's options to be JSON values (numbers, strings, lists), got {e}."
+        ) from None

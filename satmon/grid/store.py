@@ -16,31 +16,53 @@ from satmon.io.atomic import atomic_write
 __all__ = ["write_grid", "write_phase_csv"]
 
 
-def write_grid(path: Path, *, format_: str, recipe: Mapping[str, Any], plan: Mapping[str, Any],
-               settings: Mapping[str, Any], options: Mapping[str, Any], key: str, environment: Mapping[str, Any],
-               executor: str, cells: Sequence[dict[str, Any]], status: Sequence[Any], analysis: Mapping[str, Any],
-               forecast: Mapping[str, Any]) -> None:
+def write_grid(
+    path: Path,
+    *,
+    format_: str,
+    recipe: Mapping[str, Any],
+    plan: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    options: Mapping[str, Any],
+    key: str,
+    environment: Mapping[str, Any],
+    executor: str,
+    cells: Sequence[dict[str, Any]],
+    status: Sequence[Any],
+    analysis: Mapping[str, Any],
+    forecast: Mapping[str, Any],
+) -> None:
     """The grid's JSON: what made it, every cell's status (the missing and failed ones and why), the analysis,
     the forecast's record and the complete cells (``group``, ``delta`` and every numeric field a reading)."""
     from satmon.grid.analysis import FINAL_READINGS, PRIOR_READINGS, WINDOW_READINGS, json_safe
 
     missing = [asdict(s) for s in status if s.state != "done"]
     payload = {
-        "format": format_, "recipe": dict(recipe), "key": key, "plan_doc": "docs/plans/grid_plan.md",
-        "environment": dict(environment), "executor": executor,
+        "format": format_,
+        "recipe": dict(recipe),
+        "key": key,
+        "plan_doc": "docs/plans/grid_plan.md",
+        "environment": dict(environment),
+        "executor": executor,
         "config": {**dict(settings), **dict(options), **dict(plan)},
         "outcome": "delta = (DyT - LayerNorm) / LayerNorm final held-out loss at step `steps`; negative = DyT helps; "
-                   "delta_best: the same on each arm's best held-out loss over training; an arm whose loss stopped "
-                   "being finite is in the cell's `diverged` (arm: step), its delta null and `helps` naming the arm "
-                   "that kept a finite loss as the better one (null when both diverged)",
+        "delta_best: the same on each arm's best held-out loss over training; an arm whose loss stopped "
+        "being finite is in the cell's `diverged` (arm: step), its delta null and `helps` naming the arm "
+        "that kept a finite loss as the better one (null when both diverged)",
         "group": "model size (leave-one-size-out); seeds give the second held-out protocol (leave-one-seed-out)",
         "readings": {"window": list(WINDOW_READINGS), "final": list(FINAL_READINGS), "prior": list(PRIOR_READINGS)},
-        "counts": {"cells": len(status), "done": len(cells), "missing": sum(s.state == "missing" for s in status),
-                   "failed": sum(s.state in ("failed", "died") for s in status),
-                   "diverged": sum(bool(c.get("diverged")) for c in cells)},
+        "counts": {
+            "cells": len(status),
+            "done": len(cells),
+            "missing": sum(s.state == "missing" for s in status),
+            "failed": sum(s.state in ("failed", "died") for s in status),
+            "diverged": sum(bool(c.get("diverged")) for c in cells),
+        },
         "not_complete": missing,
-        "timing": {"cpu_seconds_per_cell": {c["name"]: round(c["cpu_seconds"], 1) for c in cells},
-                   "cpu_seconds_sum": sum(c["cpu_seconds"] for c in cells)},
+        "timing": {
+            "cpu_seconds_per_cell": {c["name"]: round(c["cpu_seconds"], 1) for c in cells},
+            "cpu_seconds_sum": sum(c["cpu_seconds"] for c in cells),
+        },
         "analysis": json_safe(dict(analysis)),
         "forecast": json_safe(dict(forecast)),
         "cells": [json_safe(c) for c in cells],

@@ -81,7 +81,9 @@ def claim_run_folder(logdir: str | os.PathLike, name: str = "replay", source: st
         except FileExistsError:  # another process took it between the listing and the mkdir: the next one
             continue
         return run
-    raise FileExistsError(f"Expected a free run folder under {logdir!r}, got 10000 taken: pass another --name or --logdir.")
+    raise FileExistsError(
+        f"Expected a free run folder under {logdir!r}, got 10000 taken: pass another --name or --logdir."
+    )
 
 
 class TensorBoardReplay:
@@ -132,7 +134,9 @@ class TensorBoardReplay:
             scalars.pop(TAG.saturation, None)  # log_verdict writes the pooled saturation itself: once per step
         log_scalars(self.sink, scalars, step)
         if report.verdict is not None:
-            card = getattr(record, "card", None)  # a ReplayRecord's: the source run and its live verdict beside this one
+            card = getattr(
+                record, "card", None
+            )  # a ReplayRecord's: the source run and its live verdict beside this one
             log_verdict(self.sink, report.verdict, hparams=False, card=card() if callable(card) else None)
             if self._last is None or report.verdict.step >= self._last.step:
                 self._last = report.verdict
@@ -159,7 +163,9 @@ class LazyTensorBoardReplay:
         >>> tb.close()
     """
 
-    def __init__(self, logdir: str | os.PathLike, name: str = "replay", enabled: bool = True, source: str | None = None) -> None:
+    def __init__(
+        self, logdir: str | os.PathLike, name: str = "replay", enabled: bool = True, source: str | None = None
+    ) -> None:
         self.logdir, self.name, self.enabled, self.source = logdir, name, enabled, source
         self.writer: TensorBoardReplay | None = None
 

@@ -203,8 +203,12 @@ class _Mode(TorchFunctionMode):
     def _kind_of(self, name: str, args: tuple, values: list[Tensor], out: Tensor) -> str:
         """What ``out`` derives from (see :meth:`kind`)."""
         gather = _GATHERS.get(name)
-        if gather is not None and len(args) > max(gather) and isinstance(args[gather[0]], Tensor) \
-                and self.kind(args[gather[0]]) == _STATIC:
+        if (
+            gather is not None
+            and len(args) > max(gather)
+            and isinstance(args[gather[0]], Tensor)
+            and self.kind(args[gather[0]]) == _STATIC
+        ):
             index = [self.kind(t) for t in _tensors((args[gather[1]],), {})]
             if _ROUTED in index:
                 return _STATIC  # weights or biases picked by a router (W[e]): parameters still, as in any Linear
@@ -270,7 +274,11 @@ class _Mode(TorchFunctionMode):
             self._attention(name, values)
             flows = self._project(inputs)
         elif name in _ACTIVATIONS:
-            act = "gelu_tanh" if name == "gelu" and kwargs.get("approximate", args[1] if len(args) > 1 else "none") == "tanh" else name
+            act = (
+                "gelu_tanh"
+                if name == "gelu" and kwargs.get("approximate", args[1] if len(args) > 1 else "none") == "tanh"
+                else name
+            )
             flows = {n: replace(f, act=f.act or act) for n, f in _merge(inputs, self.events).items()}
         elif name == "glu":
             flows = self._glu(inputs)
@@ -281,10 +289,20 @@ class _Mode(TorchFunctionMode):
         if name in _SPLITS or name == "__getitem__":
             channels = name in _SPLITS or _touches_last(args[1:], args[0].dim() if isinstance(args[0], Tensor) else 0)
             for i, t in enumerate(outs):
-                key = (name, i, len(outs)) if name in _SPLITS else (name, repr(args[1:]), _starts_at_zero(args[1:]), channels)
+                key = (
+                    (name, i, len(outs))
+                    if name in _SPLITS
+                    else (name, repr(args[1:]), _starts_at_zero(args[1:]), channels)
+                )
                 split = (i, len(outs)) if name in _SPLITS else (0 if key[2] else 1, 2)
                 # rows or time steps picked (x[:, t], x[token_idx]): the same branch, no half of a fused projection
-                self.put(t, {n: replace(f, source=f.source + (key,), split=split if channels else f.split) for n, f in flows.items()})
+                self.put(
+                    t,
+                    {
+                        n: replace(f, source=f.source + (key,), split=split if channels else f.split)
+                        for n, f in flows.items()
+                    },
+                )
             return out
         for t in outs:
             self.put(t, flows)
@@ -309,7 +327,9 @@ class _Mode(TorchFunctionMode):
 
     def _attention(self, name: str, values: list[Tensor]) -> None:
         tensors = [f for t in values if (f := self.get(t))]
-        if name in _ATTENTION or name in _PAIRWISE and len(tensors) >= 2:  # q, k, v: projections of the norm's output, or a q/k norm's output itself
+        if (
+            name in _ATTENTION or name in _PAIRWISE and len(tensors) >= 2
+        ):  # q, k, v: projections of the norm's output, or a q/k norm's output itself
             for flows in tensors:
                 for n in flows:
                     self.went(n, "attention")
@@ -348,7 +368,9 @@ class _Mode(TorchFunctionMode):
             if per_token:  # the output scaled per token (a router's score before the experts, Llama4): still the output
                 flows[n] = per_token[0]
                 continue
-            if _same_branch(fa, fb):  # one branch times itself: an activation written out (x * sigmoid(x)), a scan's steps
+            if _same_branch(
+                fa, fb
+            ):  # one branch times itself: an activation written out (x * sigmoid(x)), a scan's steps
                 acts = {fa.act, fb.act}
                 written = "silu" if acts == {None, "sigmoid"} else fa.act or fb.act or "product"  # swish, GPT-OSS's too
                 flows[n] = replace(fa, act=written)
@@ -359,7 +381,9 @@ class _Mode(TorchFunctionMode):
             if gate is not None and gate.hops == up.hops == 1 and gate.proj is not None and up.proj is not None:
                 fused = gate.source[:2] == up.source[:2]
                 gate_first = gate.split is None or gate.split[0] == 0
-                self.pending.append(_Pending(n, (gate.proj, gate.source[:2]), (up.proj, up.source[:2]), fused, gate_first, gate.act))
+                self.pending.append(
+                    _Pending(n, (gate.proj, gate.source[:2]), (up.proj, up.source[:2]), fused, gate_first, gate.act)
+                )
                 self.went(n, "gated-mlp")
                 flows[n] = _Flow(1, ("product", next(self.events)), product=len(self.pending) - 1)
                 continue
@@ -457,7 +481,10 @@ def _starts_at_zero(index: tuple) -> bool:
 
 
 def trace_flow(
-    model: nn.Module, norm_names: list[str], example_input: Any, forward_fn: Callable[[nn.Module, Any], Any] = feed,
+    model: nn.Module,
+    norm_names: list[str],
+    example_input: Any,
+    forward_fn: Callable[[nn.Module, Any], Any] = feed,
     opaque: set[str] | None = None,
 ) -> FlowTrace:
     """Follow the outputs of ``norm_names`` through one eval, no-grad forward of ``example_input``.
@@ -508,7 +535,9 @@ def _mode_for(model: nn.Module, norm_names: list[str], opaque: set[str] | None) 
     for raw, m in model.named_modules():
         names.setdefault(id(m), strip_wrappers(raw))
     if opaque is None:  # every module discovery reads as a normaliser (the model map's norms and undetermined)
-        opaque = {strip_wrappers(raw) for raw, m in model.named_modules() if m is not model and read_module(m) is not None}
+        opaque = {
+            strip_wrappers(raw) for raw, m in model.named_modules() if m is not model and read_module(m) is not None
+        }
     norms = {n for n in names.values() if n in norm_names or n in opaque}
     return _Mode(names, set(norm_names), norms, {id(b) for b in model.buffers()})
 
@@ -617,7 +646,9 @@ class LiveTrace:
             self._failures.append(f"{type(raised).__name__}: {raised}")
             if len(self._failures) >= self.TRIES:
                 self.cancel()
-                self._done(None, f"the first {self.TRIES} training forwards raised ({self._failures[-1]}); none was read")
+                self._done(
+                    None, f"the first {self.TRIES} training forwards raised ({self._failures[-1]}); none was read"
+                )
             return
         self._read = True
         if module is self._model():

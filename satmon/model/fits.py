@@ -82,7 +82,9 @@ def fit_normalisation(module: nn.Module, layout: ev.Layout, dtype: torch.dtype =
     c = layout[0][layout[1]]
     rows = _probe_rows(ev.rows_of(layout), c)
     y = ev.to_rows(ev.run(module, ev.from_rows(rows, layout).to(device, dtype)), layout[1]).to("cpu", torch.float64)
-    rows = ev.to_rows(ev.from_rows(rows, layout).to(dtype), layout[1]).to(torch.float64)  # the input as the layer saw it
+    rows = ev.to_rows(ev.from_rows(rows, layout).to(dtype), layout[1]).to(
+        torch.float64
+    )  # the input as the layer saw it
     eps = eps_of(module)
     best = None
     for kind in ("layernorm", "rmsnorm"):
@@ -106,8 +108,10 @@ def fit_grouped(module: nn.Module, shape: tuple[int, ...], dtype: torch.dtype = 
     gen = torch.Generator().manual_seed(0)
     groups = (2, t, *shape[:-1], 1)
     x = torch.randn((2, t, *shape), generator=gen, dtype=torch.float64)
-    x = SCALE * (x * (0.5 + 1.5 * torch.rand(groups, generator=gen, dtype=torch.float64))
-                  + 3.0 * torch.randn(groups, generator=gen, dtype=torch.float64))
+    x = SCALE * (
+        x * (0.5 + 1.5 * torch.rand(groups, generator=gen, dtype=torch.float64))
+        + 3.0 * torch.randn(groups, generator=gen, dtype=torch.float64)
+    )
     y = ev.run(module, x.to(device, dtype)).to("cpu", torch.float64)
     x = x.to(dtype).to(torch.float64)  # the input as the layer saw it
     eps, width = eps_of(module), int(torch.tensor(shape).prod())

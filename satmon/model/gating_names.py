@@ -31,10 +31,10 @@ _NOT_FUSED = re.compile(r"kv|qk|attn")  # fused key-value projections also doubl
 _PRE_MLP_NAME = re.compile(r"(^|_)(mlp|ffn|ff|feed_?forward)(_|$)")  # mlp_norm, ffn_norm, pre_feedforward_layernorm
 _SECOND_NORM_NAME = re.compile(r"^(post_attention_layernorm|ln_?2|norm_?2|layer_?norm_?2)$")
 
+
 def _features(m: nn.Module) -> tuple[int, int] | None:
     i, o = getattr(m, "in_features", None), getattr(m, "out_features", None)
     return (i, o) if isinstance(i, int) and isinstance(o, int) else None
-
 
 
 def _is_norm(m: nn.Module) -> bool:

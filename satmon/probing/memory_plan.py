@@ -15,7 +15,15 @@ from collections.abc import Sequence
 
 from satmon.results.plan import UPDATE_BYTES_PER_VALUE, MemoryPlan, format_bytes, matrix_bytes
 
-__all__ = ["READOUT_MATRICES", "UPDATE_BYTES_PER_VALUE", "MemoryPlan", "format_bytes", "matrix_bytes", "parse_bytes", "plan_memory"]
+__all__ = [
+    "READOUT_MATRICES",
+    "UPDATE_BYTES_PER_VALUE",
+    "MemoryPlan",
+    "format_bytes",
+    "matrix_bytes",
+    "parse_bytes",
+    "plan_memory",
+]
 
 #: ``8 d^2``-byte matrices one readout holds beside its accumulator, at its peak (5.7 measured, CPU).
 READOUT_MATRICES = 6
@@ -67,7 +75,9 @@ def plan_memory(dims: Sequence[tuple[str, int | None]], budget: int | str | None
     limit = None if budget is None else parse_bytes(budget)
     unknown = [name for name, d in dims if d is None]
     if limit is not None and unknown:
-        raise ValueError(f"Expected every width to be known to plan `memory_budget`, got none for {unknown}. Pass memory_budget=None.")
+        raise ValueError(
+            f"Expected every width to be known to plan `memory_budget`, got none for {unknown}. Pass memory_budget=None."
+        )
     need = {name: matrix_bytes(d) + _readout_bytes(d) for name, d in dims}
     if limit is not None and need and max(need.values()) > limit:
         name, d = max(dims, key=lambda nd: need[nd[0]])

@@ -79,8 +79,13 @@ def find_probe_targets(
     chosen = _select_layers(model, layers, include, exclude, block_names)
     if not chosen and not block_list:
         undetermined = model_map(model).undetermined
-        unread = f" ({len(undetermined)} module(s) look like normalisers but could not be read: " + "; ".join(
-            f"{n}: {why}" for n, why in list(undetermined.items())[:3]) + ")" if undetermined else ""
+        unread = (
+            f" ({len(undetermined)} module(s) look like normalisers but could not be read: "
+            + "; ".join(f"{n}: {why}" for n, why in list(undetermined.items())[:3])
+            + ")"
+            if undetermined
+            else ""
+        )
         raise ValueError(
             f"Expected a model with DyT, LayerNorm or RMSNorm layers or residual blocks, found none in {type(model).__name__}"
             f"{unread}. Point satmon at them with `include='regex on module names'` and `blocks=[...]`."
@@ -92,8 +97,10 @@ def find_probe_targets(
         if l.kind == "dyt":
             continue
         if l.gain_shape is not None:  # the gamma^-1 kernel is per head: one covariance over the channels would mix them
-            t.skipped[l.name] = (f"gain of shape {l.gain_shape} ({l.kind}, not one gain per channel): the probe reads "
-                                 "one gain per channel, so it has no reading of a per-head gamma^-1 kernel")
+            t.skipped[l.name] = (
+                f"gain of shape {l.gain_shape} ({l.kind}, not one gain per channel): the probe reads "
+                "one gain per channel, so it has no reading of a per-head gamma^-1 kernel"
+            )
             continue
         d = l.channels
         if d is not None and d > max_dim:
@@ -118,8 +125,16 @@ def layer_dim(module: nn.Module) -> int | None:
     return norm_channels(module)
 
 
-def _tap(name: str, module: nn.Module, site: str, dim: int | None, planned: int | None, max_dim: int, budgeted: bool,
-         axis: int = -1) -> TapTarget:
+def _tap(
+    name: str,
+    module: nn.Module,
+    site: str,
+    dim: int | None,
+    planned: int | None,
+    max_dim: int,
+    budgeted: bool,
+    axis: int = -1,
+) -> TapTarget:
     """A tap; under a budget it never grows past its planned width, so the plan bounds what it holds."""
     width = None if planned is None else min(planned, max_dim)
     if budgeted and width is None:
@@ -152,14 +167,18 @@ def _select_layers(
     if isinstance(layers, (list, tuple)):
         unknown = [n for n in layers if n not in by_name]
         if unknown:
-            raise ValueError(f"Expected `layers` to name discovered norm layers, got unknown {unknown}. Available: {list(by_name)}.")
+            raise ValueError(
+                f"Expected `layers` to name discovered norm layers, got unknown {unknown}. Available: {list(by_name)}."
+            )
         chosen = set(layers)
     elif isinstance(layers, str):
         chosen = {n for n in by_name if re.search(layers, n)}
     elif callable(layers):
         chosen = {l.name for l in found if layers(l.name, l.module)}
     else:
-        raise TypeError(f"Expected `layers` to be a list of names, a regex or a predicate (name, module) -> bool, got {type(layers).__name__}.")
+        raise TypeError(
+            f"Expected `layers` to be a list of names, a regex or a predicate (name, module) -> bool, got {type(layers).__name__}."
+        )
     # the final norm (the last one outside every block) is always read
     outside = [l for l in found if not any(l.name == b or l.name.startswith(b + ".") for b in block_names)]
     if outside:

@@ -36,8 +36,10 @@ class FrozenMap(dict[K, V]):
     __slots__ = ()
 
     def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise TypeError(f"{type(self).__name__!r} object does not support item assignment "
-                        "(satmon results are frozen: use dataclasses.replace)")
+        raise TypeError(
+            f"{type(self).__name__!r} object does not support item assignment "
+            "(satmon results are frozen: use dataclasses.replace)"
+        )
 
     __setitem__ = __delitem__ = __ior__ = _refuse
     clear = pop = popitem = setdefault = update = _refuse

@@ -98,8 +98,20 @@ class LayerReading:
 
     def to_dict(self) -> dict[str, Any]:
         """The readings of this layer's kind, plain values (NaN kept)."""
-        keys = ("saturation", "alpha") if self.kind == "dyt" else (
-            "alignment", "null_projection", "null_dim", "depth", "depth_diag", "lambda_min_rel", "n_degenerate", "norm_type")
+        keys = (
+            ("saturation", "alpha")
+            if self.kind == "dyt"
+            else (
+                "alignment",
+                "null_projection",
+                "null_dim",
+                "depth",
+                "depth_diag",
+                "lambda_min_rel",
+                "n_degenerate",
+                "norm_type",
+            )
+        )
         out = {"kind": self.kind, "dim": self.dim, "tokens": self.tokens, **{k: getattr(self, k) for k in keys}}
         out["nonfinite"] = self.nonfinite
         if self.note:
@@ -226,8 +238,10 @@ class ProbeReport:
         if self.init_gap is not None:
             object.__setattr__(self, "init_gap", FrozenMap(self.init_gap))
         if isinstance(self.gating, Mapping):
-            raise TypeError(f"Expected `gating` to be a satmon.results.verdict.GatingInfo or None, got a "
-                            f"{type(self.gating).__name__}. Build it with GatingInfo.of(detect_gating(...)).")
+            raise TypeError(
+                f"Expected `gating` to be a satmon.results.verdict.GatingInfo or None, got a "
+                f"{type(self.gating).__name__}. Build it with GatingInfo.of(detect_gating(...))."
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values under the keys ``satmon replay`` writes; NaN and inf are kept, so write JSON
@@ -265,7 +279,11 @@ class ProbeReport:
     def summary(self) -> str:
         """One line: norm type, the weakest LayerNorm alignment, the sigma_min minimum, the saturation."""
         parts = [f"satmon probe: norm type {self.norm_type}"]
-        aligns = [(l.kernel_alignment(), n) for n, l in self.layers.items() if l.kind == "layernorm" and l.alignment is not None]
+        aligns = [
+            (l.kernel_alignment(), n)
+            for n, l in self.layers.items()
+            if l.kind == "layernorm" and l.alignment is not None
+        ]
         if aligns:
             a, n = min(aligns)
             parts.append(f"min LayerNorm alignment {a:.6f} ({n})")
@@ -315,8 +333,13 @@ def model_norm_type(readings: Mapping[str, LayerReading]) -> tuple[str, str]:
     measured = [r.reading() for r in readings.values() if r.kind != "dyt" and r.alignment is not None]
     if measured:
         label = classify_model_norm_type(measured)
-        counts = {t: sum(r.norm_type == t for r in readings.values()) for t in ("layernorm-like", "rmsnorm-like", "undetermined")}
-        return label, f"{len(measured)} LayerNorm/RMSNorm layer(s) read: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+        counts = {
+            t: sum(r.norm_type == t for r in readings.values())
+            for t in ("layernorm-like", "rmsnorm-like", "undetermined")
+        }
+        return label, f"{len(measured)} LayerNorm/RMSNorm layer(s) read: " + ", ".join(
+            f"{v} {k}" for k, v in counts.items() if v
+        )
     if any(r.kind == "dyt" for r in readings.values()):
         return "dyt", "only DyT layers: no normalisation, so no gamma^-1 kernel to test"
     return "undetermined", "no LayerNorm/RMSNorm layer was read"
@@ -324,4 +347,3 @@ def model_norm_type(readings: Mapping[str, LayerReading]) -> tuple[str, str]:
 
 def _gap_dict(gap: InitGap) -> dict[str, float]:
     return {"depth_deepening": gap.depth_deepening, "lambda_min_deepening": gap.lambda_min_deepening}
-

@@ -10,7 +10,16 @@ import pytest
 
 from satmon.cli.main import command
 
-AWKWARD = ["satmon_logs/replay of demo/version_0", "it's", 'a "b"', "$HOME;rm -rf x", "tab\there", "-dash", "*.ckpt", ""]
+AWKWARD = [
+    "satmon_logs/replay of demo/version_0",
+    "it's",
+    'a "b"',
+    "$HOME;rm -rf x",
+    "tab\there",
+    "-dash",
+    "*.ckpt",
+    "",
+]
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash to paste into")
@@ -34,7 +43,9 @@ def test_every_printed_command_goes_through_command():
 
 
 @pytest.mark.parametrize("command_name", ["replay", "calibrate", "report", "demo"])
-def test_a_bad_setting_in_the_environment_is_one_line_and_exit_2_before_any_work(command_name, monkeypatch, capsys, tmp_path):
+def test_a_bad_setting_in_the_environment_is_one_line_and_exit_2_before_any_work(
+    command_name, monkeypatch, capsys, tmp_path
+):
     """issue 44.4: SATMON_MAX_PICKLE_MB=abc was found at every checkpoint ("skipped ... ValueError", exit 1)."""
     from satmon.cli.main import main
 

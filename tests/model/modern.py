@@ -94,7 +94,11 @@ class SwiGLU(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.w1, self.w2, self.w3 = nn.Linear(D, H, bias=False), nn.Linear(H, D, bias=False), nn.Linear(D, H, bias=False)
+        self.w1, self.w2, self.w3 = (
+            nn.Linear(D, H, bias=False),
+            nn.Linear(H, D, bias=False),
+            nn.Linear(D, H, bias=False),
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))

@@ -156,8 +156,11 @@ def test_the_finders_0_3_path_in_discovery_warns_and_gives_the_maps_finders():
     from satmon.model import discovery, map as model_map_module
 
     for name in ("find_norm_layers", "find_dyt_layers", "find_blocks"):
-        with pytest.warns(SatmonDeprecationWarning, match=rf"discovery\.{name} is deprecated since satmon 0\.4: use "
-                                                          rf"satmon\.model\.map\.{name} .*until satmon 0\.6"):
+        with pytest.warns(
+            SatmonDeprecationWarning,
+            match=rf"discovery\.{name} is deprecated since satmon 0\.4: use "
+            rf"satmon\.model\.map\.{name} .*until satmon 0\.6",
+        ):
             assert getattr(discovery, name) is getattr(model_map_module, name)
     with pytest.raises(AttributeError, match="has no attribute 'find_everything'"):
         discovery.find_everything  # noqa: B018

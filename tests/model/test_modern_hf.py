@@ -53,7 +53,9 @@ def _build_or_skip(name: str, **extra) -> nn.Module:
             warnings.simplefilter("ignore")
             return _build(name, **extra)
     except Exception as err:  # a transformers version without this family or config field
-        pytest.skip(f"transformers {transformers.__version__} cannot build {name} on the CPU: {type(err).__name__}: {err}")
+        pytest.skip(
+            f"transformers {transformers.__version__} cannot build {name} on the CPU: {type(err).__name__}: {err}"
+        )
 
 
 def _layers(model: nn.Module) -> list:
@@ -123,8 +125,11 @@ def test_converted_models_run_and_the_screen_counts_equal_a_float64_recount(name
     model.train()
     screen = satmon.Screen(window=2, verbose=False, watch_every_n_steps=0, warn=lambda m: None).attach(model)
     # the float64 reference of every forward but satmon's own traced ones
-    rec = InputRecorder(model, [n for n, m in model.named_modules() if isinstance(m, satmon.DyT)],
-                        when=lambda mod: not satmon.model.dataflow.tracing())
+    rec = InputRecorder(
+        model,
+        [n for n, m in model.named_modules() if isinstance(m, satmon.DyT)],
+        when=lambda mod: not satmon.model.dataflow.tracing(),
+    )
     for step in range(2):
         batch = torch.randint(3, VOCAB, (2, 16), generator=torch.Generator().manual_seed(step))
         out = model(batch).logits

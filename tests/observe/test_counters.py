@@ -21,8 +21,12 @@ def test_counts_are_int64_per_layer_and_other_layers_stay_zero():
 def test_index_tensor_adds_repeated_layers_and_scalar_counts():
     """The queue folds many calls at once: one index per call, repeated layers add up."""
     c = SaturationCounter(3)
-    c.update(torch.tensor([0, 2, 0]), saturated=torch.tensor([1.0, 2.0, 3.0]), total=torch.tensor([4, 5, 6]),
-             nonfinite=torch.tensor([0, 1, 1]))
+    c.update(
+        torch.tensor([0, 2, 0]),
+        saturated=torch.tensor([1.0, 2.0, 3.0]),
+        total=torch.tensor([4, 5, 6]),
+        nonfinite=torch.tensor([0, 1, 1]),
+    )
     c.update(torch.tensor([1, 1]), saturated=torch.tensor([2, 0]), total=7)  # an int count applies to every index
     assert c.saturated.tolist() == [4, 2, 2]
     assert c.total.tolist() == [10, 14, 5]
@@ -119,4 +123,3 @@ def test_arguments_are_checked_with_what_to_do():
         SaturationCounter(0)
     with pytest.raises(ValueError, match=r"Expected `product` in \('module', 'exact'\).*got 'float64'"):
         SaturationCounter(1, product="float64")
-

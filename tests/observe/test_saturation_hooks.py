@@ -165,7 +165,9 @@ def test_deferred_fold_equals_the_reference_with_odd_call_patterns(keep_inputs):
     want = {n: [0, 0, 0] for n in names}
     seen: dict[str, list] = {n: [] for n in names}
     for n, layer in zip(names, hooks.layers):
-        layer.module.register_forward_hook(lambda m, args, out, n=n: seen[n].append((args[0].detach().clone(), m.alpha.detach().clone())))
+        layer.module.register_forward_hook(
+            lambda m, args, out, n=n: seen[n].append((args[0].detach().clone(), m.alpha.detach().clone()))
+        )
     for step in range(3):
         x = torch.randn(4, 6, 16, generator=g) * 3
         if step == 1:
@@ -332,7 +334,9 @@ def test_the_fused_count_through_the_hooks_equals_the_reference_and_falls_back_w
     g = torch.Generator().manual_seed(6)
     seen = {l.name: [] for l in hooks.layers}
     for l in hooks.layers:
-        l.module.register_forward_hook(lambda m, a, o, n=l.name: seen[n].append((a[0].detach().clone(), m.alpha.detach().clone())))
+        l.module.register_forward_hook(
+            lambda m, a, o, n=l.name: seen[n].append((a[0].detach().clone(), m.alpha.detach().clone()))
+        )
     failed = dict(sat._FAILED)
     sat._FAILED.clear()
     try:

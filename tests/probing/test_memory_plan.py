@@ -46,7 +46,10 @@ def test_mixed_widths_reserve_the_widest_readout_of_each_group():
 
 
 def test_a_budget_below_one_matrix_and_its_readout_is_refused_naming_the_layer():
-    with pytest.raises(ValueError, match=r"'ln_f' \(d=8192\) needs 3.50 GiB \(512 MiB for the matrix, 3.00 GiB for its eigendecomposition\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"'ln_f' \(d=8192\) needs 3.50 GiB \(512 MiB for the matrix, 3.00 GiB for its eigendecomposition\)",
+    ):
         plan_memory([("a", 64), ("ln_f", 8192)], budget="3GiB")
     with pytest.raises(ValueError, match="got none for \\['s'\\]"):
         plan_memory([("s", None)], budget="1GiB")

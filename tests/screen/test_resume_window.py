@@ -72,7 +72,9 @@ def _first(stop: int, finish: bool, window: int = WINDOW, record: bool = False):
     rec = InputRecorder(model, [l.name for l in find_dyt_layers(model)]) if record else None  # training forwards only
     _train(model, opt, screen, batches, 0, stop)
     if finish:
-        with pytest.warns(UserWarning, match=r"training ended after \d+ of the \d+ window steps; the verdict is provisional"):
+        with pytest.warns(
+            UserWarning, match=r"training ended after \d+ of the \d+ window steps; the verdict is provisional"
+        ):
             screen.finish(stop)
     return (screen, _save(model, opt, screen)) + ((rec,) if record else ())
 
