@@ -24,10 +24,10 @@ from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, TensorDataset
 
 from satmon import SaturationMonitor, find_dyt_layers
-from satmon.settings import Settings
 from satmon.demos.corpus import corpus_tokens
 from satmon.demos.lit import LitLM
 from satmon.observe.saturation import CountQueue
+from satmon.settings import Settings
 
 CONFIGS = (
     "off",

@@ -34,12 +34,11 @@ from stats import quantile
 from torch import Tensor
 
 from satmon import find_dyt_layers
-from satmon.observe.counters import SaturationCounter
-from satmon.observe.saturation import SaturationHooks
 from satmon.demos.corpus import corpus_tokens
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.functional.saturation import saturation_threshold, saturation_threshold_host
-
+from satmon.observe.counters import SaturationCounter
+from satmon.observe.saturation import SaturationHooks
 
 OP_ROWS = (
     "threshold (read alpha, compute)",

@@ -27,7 +27,6 @@ import argparse
 import itertools
 import json
 import math
-import random
 import sys
 from collections.abc import Sequence
 from pathlib import Path

@@ -275,7 +275,7 @@ class _CallableAlias(_Alias):
     module, so calling it stays :func:`satmon.replay` (the function) for the rest of the process."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return getattr(importlib.import_module(self.__dict__["_new"] + ".session"), "replay")(*args, **kwargs)
+        return importlib.import_module(self.__dict__["_new"] + ".session").replay(*args, **kwargs)
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

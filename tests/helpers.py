@@ -13,8 +13,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from satmon.demos.lit import LitLM
 from satmon import find_dyt_layers
+from satmon.demos.lit import LitLM
 from satmon.observe.counters import SaturationCounter
 from satmon.observe.saturation import SaturationHooks
 

@@ -8,9 +8,8 @@ or at another step, would not match.
 
 from __future__ import annotations
 
-import re
-
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 import satmon
-from satmon import _compat
 from satmon._compat import MODULES, MODULES_MOVED_IN_0_5, MOVED_IN_0_5, NAMES, SatmonDeprecationWarning
 
 

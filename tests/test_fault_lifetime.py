@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_lit, token_loader, trainer
-from reference import InputRecorder
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from satmon import SaturationMonitor
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder
+from satmon import SaturationMonitor, find_dyt_layers
 from satmon.drivers.lightning import STATE_KEY
-from satmon import find_dyt_layers
 
 #: the cases of this file, by name (docs/reference/reliability.md: "monitor lifetime cases")
 LIFETIME = (

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_lit, token_loader, trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from helpers import tiny_lit, token_loader, trainer
 from satmon.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -406,7 +406,7 @@ def _legacy_file(f: Folder) -> list[str]:
 class _Listing(list):
     """What os.scandir returns, as far as its callers use it: iterable, and a context manager (pathlib's glob)."""
 
-    def __enter__(self) -> "_Listing":
+    def __enter__(self) -> _Listing:
         return self
 
     def __exit__(self, *exc: object) -> None:

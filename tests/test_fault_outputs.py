@@ -182,9 +182,9 @@ def test_two_calibrates_into_one_out_at_once_leave_both_files_from_one_run(work,
 def test_a_lock_that_cannot_be_made_says_why_first_and_never_cuts_the_reason(tmp_path):
     """A lock whose path is over PATH_MAX (the grid's folder at 4,085 bytes gave 'Expected to take the lock /...ddd'
     cut before the reason): the reason and what to do fit in the line, the path is shortened in its middle."""
+    from satmon.errors import error_line
     from satmon.io.atomic import OutputError
     from satmon.io.lock import exclusive
-    from satmon.errors import error_line
 
     deep = str(tmp_path) + ("/" + "d" * 200) * 21
     with pytest.raises(OutputError) as e, exclusive(deep, "the grid folder --out", folder=True):

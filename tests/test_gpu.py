@@ -9,8 +9,7 @@ import torch
 
 from helpers import tiny_lit, token_loader, trainer
 from reference import InputRecorder
-from satmon import SaturationMonitor
-from satmon import find_dyt_layers
+from satmon import SaturationMonitor, find_dyt_layers
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

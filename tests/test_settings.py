@@ -290,9 +290,8 @@ def test_every_consumer_takes_settings_or_options_not_both():
 def test_the_same_settings_object_reaches_screen_live_probe_probe_and_replay(tmp_path, monkeypatch):
     """One Settings, built once: the monitor's Screen and LiveProbe hold it, the live probe hands it to probe(), and
     replay hands it to probe() for every checkpoint; the verdicts read its threshold and caveat."""
-    from helpers import tiny_lit, token_loader, trainer
-
     import satmon.drivers.live_probe as live_module
+    from helpers import tiny_lit, token_loader, trainer
     from satmon import SaturationMonitor, Screen
     from satmon.probing import passes
     from satmon.replaying.checkpoints import inspect_checkpoint
@@ -368,7 +367,6 @@ def test_replay_builds_one_settings_from_probe_kwargs_and_refuses_both(tmp_path)
 
 def test_probe_reads_the_rule_and_selection_from_settings():
     from reference import reference
-
     from satmon import probe
 
     torch.manual_seed(0)

@@ -24,6 +24,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from satmon.functional.threshold_fit import (
+    RULES,
+    GroupCV,
+    ThresholdFit,
+    accuracy,
+    auc,
+    fit_threshold,
+    leave_one_group_out,
+)
 from satmon.paths import kind_of
 from satmon.results.calibration import (
     FORMAT,
@@ -34,15 +43,6 @@ from satmon.results.calibration import (
     short_repr,
 )
 from satmon.study import THRESHOLD
-from satmon.functional.threshold_fit import (
-    RULES,
-    GroupCV,
-    ThresholdFit,
-    accuracy,
-    auc,
-    fit_threshold,
-    leave_one_group_out,
-)
 
 __all__ = [
     "Calibration",

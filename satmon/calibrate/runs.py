@@ -13,8 +13,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from satmon.paths import kind_of
 from satmon.calibrate.fit import CalibrationError, Cell, check_reading, csv_rows, read_text, to_float
+from satmon.paths import kind_of
 
 __all__ = ["OUTCOME_COLUMNS", "join_outcomes", "read_outcomes", "run_readings"]
 

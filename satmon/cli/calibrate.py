@@ -281,10 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help (0), or a usage error argparse has printed (2)
         return usage_exit(e)
     from satmon.calibrate.fit import CalibrationError, calibrate
+    from satmon.cli.main import command as pasteable
     from satmon.io.atomic import OutputError
     from satmon.io.safe_text import printable
-
-    from satmon.cli.main import command as pasteable
 
     command = pasteable("satmon", "calibrate", *(sys.argv[1:] if argv is None else argv))
     try:

@@ -175,12 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return usage_exit(e)
     say("grid", f"loading the recipe {args.recipe} and checking its cells")
+    from satmon.errors import UsageError, error_line
     from satmon.grid.engine import GridInterrupted, run
     from satmon.grid.jobs import slurm_parameters
     from satmon.io.atomic import OutputError
     from satmon.io.lock import OutputBusy
     from satmon.io.safe_text import printable
-    from satmon.errors import UsageError, error_line
 
     if args.progress_every is not None and not args.progress_every >= 0:
         print(f"satmon grid: Expected --progress-every >= 0 seconds, got {args.progress_every}.", file=sys.stderr)

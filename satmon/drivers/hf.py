@@ -48,14 +48,14 @@ from satmon.drivers.counting import optimizer_name, planned_tokens, put_scale_no
 from satmon.io.sink import Sink
 from satmon.io.tags import TAG
 from satmon.io.tensorboard import verdict_hparams
+from satmon.model.map import model_map
 from satmon.results.card import plain
 from satmon.results.forecast import run_forecast
 from satmon.results.stop import StopRecord
+from satmon.results.verdict import Verdict
 from satmon.screen.agreement import TorchDistributed
 from satmon.screen.screen import Screen
 from satmon.settings import ReadsSettings, Settings, settings_from, short_repr
-from satmon.model.map import model_map
-from satmon.results.verdict import Verdict
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments

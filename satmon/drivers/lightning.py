@@ -10,8 +10,8 @@ from __future__ import annotations
 import ast
 import itertools
 import weakref
-from contextlib import ExitStack
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import lightning.pytorch as pl
@@ -21,19 +21,19 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
 from satmon.batches import feed_first
-from satmon.results.stop import StopRecord
-from satmon.screen.state import STATE_KEY
-from satmon.screen.screen import Screen
-from satmon.settings import ReadsSettings, Settings, settings_from, short_repr
-from satmon.model.map import model_map
-from satmon.drivers.live_probe import LiveProbe
 from satmon.drivers.counting import optimizer_name, planned_tokens, put_scale_note, run_scale, scale_note
-from satmon.results.forecast import Forecast, run_forecast
-from satmon.results.verdict import Verdict
+from satmon.drivers.live_probe import LiveProbe
 from satmon.io.lightning import LightningSink
 from satmon.io.sink import MultiSink, Sink, check_sink
 from satmon.io.tags import TAG
 from satmon.io.tensorboard import log_text
+from satmon.model.map import model_map
+from satmon.results.forecast import Forecast, run_forecast
+from satmon.results.stop import StopRecord
+from satmon.results.verdict import Verdict
+from satmon.screen.screen import Screen
+from satmon.screen.state import STATE_KEY
+from satmon.settings import ReadsSettings, Settings, settings_from, short_repr
 
 __all__ = ["STATE_KEY", "SaturationMonitor"]
 

@@ -44,13 +44,13 @@ import torch
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
 from torch.utils.data import DataLoader
 
-from satmon.paths import CALIBRATION_FILE
 from satmon.batches import feed_first
-from satmon.replaying.data import capture_batches
-from satmon.probing.passes import OWN_OPTIONS, check_options, probe
-from satmon.results.probe_report import ProbeReport
 from satmon.io.lightning import LightningSink
 from satmon.io.tensorboard import log_scalars, probe_scalars
+from satmon.paths import CALIBRATION_FILE
+from satmon.probing.passes import OWN_OPTIONS, check_options, probe
+from satmon.replaying.data import capture_batches
+from satmon.results.probe_report import ProbeReport
 from satmon.settings import Settings, settings_from, short_repr
 
 __all__ = ["LiveProbe"]

@@ -37,8 +37,9 @@ Host syncs: :class:`CovarianceAccumulator` updates never sync; the readouts (``a
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Sequence
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor

@@ -58,7 +58,7 @@ def _activation(name: str):
     return ACTIVATIONS[name]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def flat_threshold(activation: str = "silu", tol: float = 0.05) -> float:
     """Left edge ``t`` of the gate activation's flat tail: ``|act'(x)| < tol`` for every ``x < t``.
 

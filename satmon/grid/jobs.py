@@ -167,9 +167,9 @@ def run_job(task: Mapping[str, Any]) -> str:
     """
     os.environ.setdefault("OMP_NUM_THREADS", str(task.get("threads", 1)))
     check_imports(task.get("imports"))  # before anything is written: this job measures with the grid's code
+    from satmon.errors import error_line
     from satmon.grid.cell import make_spec, measure_cell
     from satmon.grid.config import Budget, GridSettings
-    from satmon.errors import error_line
     from satmon.grid.recipe import check_identity, load_recipe
     from satmon.replaying.user_code import no_working_directory
 

@@ -106,7 +106,6 @@ def require_matplotlib() -> None:
 
 def _figure(width: float = 8.5, height: float = 4.2):
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
-
     from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(width, height), dpi=110, layout="constrained")

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from satmon.io.safe_text import printable
-from satmon.paths import NotRegular, kind_of, open_regular
 from satmon.io.tags import TAG, V02_TEXT_SUFFIX, VERDICT_VALUES
+from satmon.paths import NotRegular, kind_of, open_regular
 
 __all__ = [
     "EVENT_GLOB",

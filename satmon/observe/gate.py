@@ -19,9 +19,9 @@ from torch.utils.hooks import RemovableHandle
 
 from satmon.functional.gate import ACTIVATIONS, abs_sum, flat_count, flat_threshold, gate_stats_finalize, split_gate_up
 from satmon.model.discovery import modules_by_name
-from satmon.results.gating import GatingInfo
 from satmon.observe.hookset import HookSet, recomputing
 from satmon.observe.states import SumStates
+from satmon.results.gating import GatingInfo
 
 __all__ = ["GateCounter", "GateHooks"]
 

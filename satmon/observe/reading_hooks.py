@@ -24,12 +24,12 @@ import torch
 from torch import nn
 
 from satmon.model.discovery import NormLayer, strip_wrappers
-from satmon.results.gating import GatingInfo
 from satmon.observe.counters import SaturationCounter
 from satmon.observe.gate import GateCounter, GateHooks
 from satmon.observe.hookset import HookSet, paused
 from satmon.observe.offset import OffsetCounter, OffsetHooks, offset_driven
 from satmon.observe.saturation import HookReadings, SaturationHooks
+from satmon.results.gating import GatingInfo
 from satmon.results.reading import Reading
 
 __all__ = ["ReadingHooks", "nonfinite_parameters"]

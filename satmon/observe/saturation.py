@@ -44,8 +44,9 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from satmon.functional.saturation import (
-    alpha_broadcast_problem,
     _THRESHOLD_DTYPES,
+    _fit_threshold,
+    alpha_broadcast_problem,
     fused_counts,
     fused_counts_many,
     module_product_dtype,
@@ -55,7 +56,6 @@ from satmon.functional.saturation import (
     saturation_threshold,
     shifted_saturation_counts,
     threshold_host_fn,
-    _fit_threshold,
 )
 from satmon.model.discovery import NormLayer
 from satmon.observe.counters import SaturationCounter

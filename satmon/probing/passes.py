@@ -36,15 +36,14 @@ from torch import nn
 
 from satmon.batches import ForwardFn, feed, feed_first, peek_batch, take_batches, to_device
 from satmon.convert import check_conversion
+from satmon.functional.dead_directions import GramSpectrum, alignment, classify_norm_type, gram_spectrum
+from satmon.model.affine import effective_affine
+from satmon.model.discovery import NormLayer, Selector
+from satmon.model.frozen_forward import frozen_forward
+from satmon.model.gating import detect_gating
 from satmon.observe.covariance import CovarianceTap, CovarianceTaps
 from satmon.observe.reading_hooks import ReadingHooks, nonfinite_parameters
-from satmon.model.gating import detect_gating
-from satmon.settings import Settings, settings_from
 from satmon.probing.memory_plan import MemoryPlan, plan_memory
-from satmon.model.frozen_forward import frozen_forward
-from satmon.model.discovery import NormLayer, Selector
-from satmon.model.affine import effective_affine
-from satmon.functional.dead_directions import GramSpectrum, alignment, classify_norm_type, gram_spectrum
 from satmon.probing.targets import ProbeTargets, find_probe_targets
 from satmon.results.gating import GatingInfo
 from satmon.results.probe_report import (
@@ -57,6 +56,7 @@ from satmon.results.probe_report import (
 )
 from satmon.results.reading import Reading, verdict_of
 from satmon.results.verdict import Source, Verdict
+from satmon.settings import Settings, settings_from
 
 __all__ = [
     "EMBEDDING",

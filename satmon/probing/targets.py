@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from satmon.observe.covariance import TapTarget
 from satmon.model.discovery import NormLayer, Selector, norm_channels
-from satmon.model.map import find_blocks
-from satmon.model.map import model_map
+from satmon.model.map import find_blocks, model_map
+from satmon.observe.covariance import TapTarget
 from satmon.results.probe_report import EMBEDDING
 
 __all__ = ["ProbeTargets", "find_probe_targets", "layer_dim"]

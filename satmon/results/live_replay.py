@@ -38,9 +38,9 @@ __all__ = [
 #: Why a live window and a replay can disagree, in one line (the card's, the console's, the report's).
 WHY = (
     "the live window averages every training step of the window, in train mode, while the weights move; a replay "
-    "reads one checkpoint, in eval mode, on calibration batches. The study's {threshold:g} was fit on the second "
+    f"reads one checkpoint, in eval mode, on calibration batches. The study's {THRESHOLD:g} was fit on the second "
     "kind of reading (end-of-training checkpoints, eval mode)."
-).format(threshold=THRESHOLD)
+)
 
 
 def decision_text(decision: str, trust: str | None = None) -> str:

@@ -24,8 +24,8 @@ from satmon.functional.dead_directions import (
     sigma_min_profile,
 )
 from satmon.results.frozen import FrozenMap, freeze, thaw
-from satmon.results.plan import MemoryPlan
 from satmon.results.gating import GatingInfo
+from satmon.results.plan import MemoryPlan
 from satmon.results.reading import Reading
 from satmon.results.verdict import Verdict
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from satmon.results.frozen import FrozenMap, freeze, thaw
+from satmon.results.rule import Rule  # re-exported: its home is satmon.results.rule
 from satmon.results.verdict import (
     GatingInfo,
     LayerCounts,
@@ -31,7 +32,6 @@ from satmon.results.verdict import (
     Verdict,
     build_verdict,
 )
-from satmon.results.rule import Rule  # re-exported: its home is satmon.results.rule
 
 __all__ = ["Reading", "Rule", "verdict_of"]
 

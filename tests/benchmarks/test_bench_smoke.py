@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import torch
-from reference import InputRecorder
 from lightning.pytorch.callbacks import Callback
 
+from reference import InputRecorder
 from satmon import find_dyt_layers
 from satmon.results.verdict import build_verdict
 

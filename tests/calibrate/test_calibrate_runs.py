@@ -81,9 +81,9 @@ def test_join_outcomes_matches_names_and_says_what_is_wrong():
 
 
 def test_tensorboard_runs_read_the_verdicts_saturation(tmp_path):
-    from satmon.results.verdict import build_verdict
     from satmon.io.tags import TAG
     from satmon.io.tensorboard import SummaryWriterSink, log_scalars, log_verdict
+    from satmon.results.verdict import build_verdict
 
     expected = {}
     for name, (sat, tot) in {"small_dyt": (3, 8), "big_dyt": (1, 8)}.items():

@@ -12,10 +12,10 @@ import warnings
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import tiny_lit
 from lightning.pytorch.callbacks import ModelCheckpoint
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from helpers import tiny_lit
 from satmon import SaturationMonitor, find_dyt_layers
 from satmon.cli.main import main
 from satmon.demos.corpus import CorpusDataModule

@@ -12,14 +12,14 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import tiny_lit, token_loader
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from helpers import tiny_lit, token_loader
 from satmon import SaturationMonitor
-from satmon.results.verdict import build_verdict
 from satmon.cli.main import main
 from satmon.io.tensorboard import SummaryWriterSink, log_scalars, log_verdict, window_scalars
+from satmon.results.verdict import build_verdict
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*validation_step.*", "ignore:.*logging interval.*")
 

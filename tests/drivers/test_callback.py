@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import tiny_lit, token_loader, trainer
-from reference import InputRecorder, counts_of
 from lightning.pytorch.callbacks import Callback
 
-from satmon import SaturationMonitor
-from satmon import find_dyt_layers
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder, counts_of
+from satmon import SaturationMonitor, find_dyt_layers
 from satmon.observe.saturation import SaturationHooks
 
 ALPHA = 50.0

@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from test_callback import satmon_hooks
+
 from helpers import tiny_lit, token_loader, trainer
 from reference import InputRecorder, counts_of
-from lightning.pytorch.callbacks import ModelCheckpoint
-
-from satmon import SaturationMonitor
+from satmon import SaturationMonitor, find_dyt_layers
 from satmon.drivers.lightning import STATE_KEY
-from satmon import find_dyt_layers
-from test_callback import satmon_hooks
 
 WINDOW, PER_EPOCH, EPOCHS = 12, 4, 4
 

@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_lit, token_loader, trainer
-from reference import InputRecorder
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from satmon import SaturationMonitor
-from satmon import find_dyt_layers
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder
+from satmon import SaturationMonitor, find_dyt_layers
 
 WINDOW, PER_EPOCH, EPOCHS = 16, 4, 4
 

@@ -11,9 +11,9 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_lit, trainer
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from helpers import tiny_lit, trainer
 from satmon import SaturationMonitor
 from satmon.drivers.counting import count_parameters, count_train_tokens, run_scale
 from satmon.results.scale import RunScale

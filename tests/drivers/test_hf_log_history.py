@@ -13,10 +13,10 @@ from torch.utils.data import Dataset
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from integration_recipe import STEPS, WINDOW, hf_args  # noqa: E402
 from test_hf_trainer import Tokens, llama  # noqa: E402
 from transformers import Trainer  # noqa: E402
 
+from integration_recipe import STEPS, WINDOW, hf_args  # noqa: E402
 from satmon.drivers.hf import SatmonTrainerCallback  # noqa: E402
 
 

@@ -14,6 +14,8 @@ from torch.utils.data import DataLoader, Dataset
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer  # noqa: E402
+
 import satmon  # noqa: E402
 from integration_recipe import (
     BATCH,
@@ -29,7 +31,6 @@ from integration_recipe import (
     phase_line,
 )  # noqa: E402
 from satmon.drivers.hf import STATE_FILE, SatmonTrainerCallback  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer  # noqa: E402
 
 VOCAB, SEQ = 64, 16
 

@@ -11,19 +11,18 @@ from types import SimpleNamespace
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import tiny_lit, token_loader, trainer
-from reference import InputRecorder
 from lightning.pytorch.callbacks import LambdaCallback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from satmon import DyT, SaturationMonitor, Settings
-from satmon import find_dyt_layers
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder
+from satmon import DyT, SaturationMonitor, Settings, find_dyt_layers
 from satmon.drivers.live_probe import LiveProbe
-from satmon.results.probe_report import EMBEDDING, ProbeReport, SigmaMinReading
 from satmon.io.tags import TAG
+from satmon.results.probe_report import EMBEDDING, ProbeReport, SigmaMinReading
 
 
 def _scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:

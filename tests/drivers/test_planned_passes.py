@@ -8,13 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import RecordingSink, tiny_lit, token_loader, trainer
 from torch.utils.data import DataLoader, IterableDataset
 
 import satmon
+from helpers import RecordingSink, tiny_lit, token_loader, trainer
 from satmon import SaturationMonitor
-from satmon.drivers.lightning import _planned
 from satmon.drivers.counting import planned_tokens, sample_tokens
+from satmon.drivers.lightning import _planned
 from satmon.io.tags import TAG
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*validation_step.*", "ignore:.*window steps.*", "ignore:.*no logger.*")

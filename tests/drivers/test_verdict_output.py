@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_mentions, tiny_lit, token_loader, trainer
 
 import satmon
+from helpers import assert_mentions, tiny_lit, token_loader, trainer
 from satmon import SaturationMonitor
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -81,9 +81,9 @@ def _hf_llama():
 def _hf_train(tmp_path: Path, **args):
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from integration_recipe import hf_args
     from transformers import Trainer
 
+    from integration_recipe import hf_args
     from satmon.drivers.hf import SatmonTrainerCallback
 
     model, data = _hf_llama()

@@ -11,6 +11,7 @@ import math
 from fractions import Fraction
 
 import pytest
+
 from conftest import load_example
 
 U = 3.0  # the unigram level of the synthetic cells

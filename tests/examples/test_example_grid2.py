@@ -4,12 +4,12 @@ labelings of the power analysis, and the frozen hypotheses' scoring."""
 
 from __future__ import annotations
 
-import math
 from itertools import combinations
 
 import numpy as np
 import pytest
 import torch
+
 from conftest import load_example
 
 

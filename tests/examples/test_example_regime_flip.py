@@ -8,8 +8,8 @@ import math
 
 from torch.utils.data import DataLoader
 
-from reference import model_counts
 from conftest import load_example, run_script
+from reference import model_counts
 from satmon.results.verdict import build_verdict
 
 

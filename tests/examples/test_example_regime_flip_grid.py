@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference import model_counts
 from conftest import load_example
+from reference import model_counts
 from satmon.calibrate.fit import read_cells
 from satmon.calibrate.runs import join_outcomes, read_outcomes, run_readings
 
@@ -76,7 +76,7 @@ def test_end_readings_equal_satmons_counts_and_offset_statistics():
     from torch.utils.data import TensorDataset
 
     from satmon.demos.gpt import GPT, GPTConfig
-    from satmon.functional.offset import offset_sums, offset_summary
+    from satmon.functional.offset import offset_summary, offset_sums
 
     grid = load_example("regime_flip_grid")
     torch.manual_seed(0)

@@ -6,8 +6,6 @@ readings against independent references and the moved code's bit-identity: tests
 from __future__ import annotations
 
 import json
-import math
-import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from conftest import load_example
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,11 +9,11 @@ import json
 import pytest
 import torch
 
-from reference import model_counts
 from conftest import run_script
-from satmon.results.verdict import build_verdict
+from reference import model_counts
 from satmon.demos.corpus import CorpusDataModule
 from satmon.demos.lit import LitLM
+from satmon.results.verdict import build_verdict
 
 
 def test_replay_finished_run_matches_float64_recount(tmp_path):

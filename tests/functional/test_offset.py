@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from satmon.functional.offset import OffsetSums, offset_sums, offset_summary
+from satmon.functional.offset import OffsetSums, offset_summary, offset_sums
 
 
 def reference(x: torch.Tensor, alpha: torch.Tensor, level: float, channel_dim: int = -1) -> dict:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from reference import InputRecorder
 
+from reference import InputRecorder
 from satmon.dyt import DyT
 from satmon.grid import builtin
 from satmon.grid.cell import make_spec, measure_cell

@@ -17,11 +17,11 @@ import torch
 from grid_helpers import satmon_cli
 
 import satmon
+from satmon.errors import UsageError
 from satmon.grid import CellData, Recipe, load_recipe
 from satmon.grid.analysis import answer_text, forecast_check
 from satmon.grid.cell import make_spec, measure_cell
 from satmon.grid.config import Budget, GridSettings
-from satmon.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
 READINGS = (

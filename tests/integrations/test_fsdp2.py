@@ -14,7 +14,6 @@ collective fails the test instead of hanging it; the unsharded reference runs in
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -22,9 +21,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import clean_env
 import torch
 import torch.distributed as dist
+
+from helpers import clean_env
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo"

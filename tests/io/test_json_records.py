@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from satmon.io.json_records import to_json, write_records
 from satmon.results.stop import StopReason, StopRecord
 from satmon.results.verdict import GatingInfo, Source, build_verdict
-from satmon.io.json_records import to_json, write_records
 
 
 def _plain(obj) -> bool:

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 import wandb
-from helpers import assert_mentions, tiny_lit, token_loader, trainer
-from trackers import finished_run, own_trackers
+import yaml
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
 
+from helpers import assert_mentions, tiny_lit, token_loader, trainer
 from satmon import SaturationMonitor
 from satmon.io.sink import NullSink
+from trackers import finished_run, own_trackers
 
 WINDOW = 4
 

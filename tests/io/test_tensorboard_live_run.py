@@ -15,12 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_lit, token_loader, trainer
-from reference import InputRecorder
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from satmon import SaturationMonitor
-from satmon import find_dyt_layers
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder
+from satmon import SaturationMonitor, find_dyt_layers
 
 WINDOW, STEPS, EVERY = 7, 9, 2
 LOG_STEPS = [2, 4, 6, WINDOW]

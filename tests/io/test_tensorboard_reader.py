@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from satmon.results.verdict import build_verdict
 from satmon.io.tags import TAG
 from satmon.io.tensorboard import SummaryWriterSink, log_scalars, log_text, log_verdict, window_scalars
 from satmon.io.tensorboard_reader import Run, load_runs, read_run, run_dirs, trajectory
+from satmon.results.verdict import build_verdict
 
 NOTE = "window restarted at step 3 after a resume"
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_lit, token_loader, trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.tensorboard import SummaryWriter
 
+from helpers import tiny_lit, token_loader, trainer
 from satmon import SaturationMonitor
 from satmon.io.lightning import LightningSink
 from satmon.io.tags import TAG

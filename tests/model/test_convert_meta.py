@@ -26,7 +26,6 @@ from lookalikes import (
     Stack,
 )
 from modern import LM, GatedRMSNorm, PerHeadRMSNorm, PreNorm, SSMBlock, SwiGLU
-from third_party import GemmaStyleRMSNorm, LlamaRMSNorm, OddGatedBlock, SkewedLayerNorm, UserLM
 from torch import nn
 
 from satmon import DyT, convert_to_dyt, find_norm_layers
@@ -34,6 +33,7 @@ from satmon.demos.gpt import GPT, GPTConfig
 from satmon.demos.llama import LlamaConfig as DemoLlamaConfig
 from satmon.demos.llama import LlamaLM
 from satmon.model.affine import effective_affine
+from third_party import GemmaStyleRMSNorm, LlamaRMSNorm, OddGatedBlock, SkewedLayerNorm, UserLM
 
 transformers = pytest.importorskip("transformers")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from test_gating import D, GPT2Block, H, HFModel, T5Block, X, names_of
 from torch import nn
 
 from satmon import DyT
@@ -13,7 +14,6 @@ from satmon.batches import feed_first
 from satmon.convert import convert_to_dyt
 from satmon.model.gating import detect_gating, gate_linear_modules
 from satmon.results.verdict import GatingInfo, LayerCounts, build_verdict
-from test_gating import D, H, X, GPT2Block, HFModel, T5Block, names_of
 from third_party import BilinearBlock, OddGatedBlock, UserLM
 
 IDX = torch.arange(16).reshape(2, 8) % 64

@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from satmon import DyT
-from satmon.model.gating import detect_gating, gate_linear_modules
-from satmon.functional.gate import gate_stats
 from satmon.demos.llama import LlamaLM
+from satmon.functional.gate import gate_stats
+from satmon.model.gating import detect_gating, gate_linear_modules
 
 D, H = 16, 24
 

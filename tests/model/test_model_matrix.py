@@ -22,12 +22,11 @@ from dataclasses import dataclass
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import trainer
-from reference import InputRecorder
-from third_party import OddGatedBlock, SquashBlock, SquashNorm, UserLM
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from helpers import trainer
+from reference import InputRecorder
 from satmon import (
     SaturationMonitor,
     convert_to_dyt,
@@ -38,6 +37,7 @@ from satmon import (
 from satmon.model.affine import effective_affine
 from satmon.model.gating import detect_gating
 from satmon.model.map import model_map
+from third_party import OddGatedBlock, SquashBlock, SquashNorm, UserLM
 
 transformers = pytest.importorskip("transformers")
 

@@ -8,21 +8,12 @@ import warnings
 
 import pytest
 import torch
-from torch import Tensor, nn
-
-from reference import InputRecorder, pooled
-
-import satmon
-from satmon import DyT, convert_to_dyt, find_norm_layers, probe
-from satmon.convert import check_conversion, pending_conversion
-from satmon.model.gating import detect_gating
-from satmon.model.map import model_map
 from modern import (
-    D,
     HD,
     HEADS,
     LM,
     ChameleonLayerNorm,
+    D,
     GatedRMSNorm,
     GatheredExperts,
     GeluMLP,
@@ -36,10 +27,17 @@ from modern import (
     PreNorm,
     RawGLU,
     ReorderedPostNorm,
-    RopeAttention,
     SSMBlock,
     SwiGLU,
 )
+from torch import Tensor, nn
+
+import satmon
+from reference import InputRecorder, pooled
+from satmon import DyT, convert_to_dyt, find_norm_layers, probe
+from satmon.convert import check_conversion, pending_conversion
+from satmon.model.gating import detect_gating
+from satmon.model.map import model_map
 
 IDX = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
 
@@ -279,7 +277,7 @@ def test_a_norm_that_may_take_two_inputs_is_converted_when_a_traced_forward_show
             self.norm, self.proj = GatedRMSNorm(D), nn.Linear(D, D)
 
         def forward(self, x):
-            f = getattr(self, "norm")
+            f = getattr(self, "norm")  # noqa: B009 (a name the source reader cannot follow: the point of the test)
             return self.proj(f(x))
 
     with pytest.warns(
@@ -333,8 +331,9 @@ def test_a_lightning_module_without_forward_gets_gating_from_its_first_training_
     """The callback's traced batch fails (no ``forward``): gating comes from the first training step as it runs,
     and the saturated gated model reads collapse risk (before: the names said yes or no)."""
     import lightning.pytorch as pl
-    from helpers import trainer
     from torch.utils.data import DataLoader
+
+    from helpers import trainer
 
     class NoForward(pl.LightningModule):
         def __init__(self):

@@ -11,13 +11,13 @@ import warnings
 
 import pytest
 import torch
+from test_modern_blocks import reads_directly
 from torch import nn
 
 import satmon
+from reference import InputRecorder, pooled
 from satmon import DyT, convert_to_dyt, find_norm_layers
 from satmon.model.gating import detect_gating
-from reference import InputRecorder, pooled
-from test_modern_blocks import reads_directly
 
 transformers = pytest.importorskip("transformers")
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from reference import reference
-from satmon.observe.counters import SaturationCounter
 from satmon.functional.saturation import saturation_counts
+from satmon.observe.counters import SaturationCounter
 
 
 def test_counts_are_int64_per_layer_and_other_layers_stay_zero():

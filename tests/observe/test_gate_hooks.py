@@ -10,13 +10,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers import token_loader, trainer
+from reference import gate_stats
 from satmon import DyT, SaturationMonitor
-from satmon.observe.gate import GateCounter, GateHooks
-from satmon.model.gating import GatedPairing, GatingInfo, detect_gating
 from satmon.demos.lit import LitLM
 from satmon.demos.llama import LlamaLM
-from reference import gate_stats
 from satmon.functional.gate import flat_threshold
+from satmon.model.gating import GatedPairing, GatingInfo, detect_gating
+from satmon.observe.gate import GateCounter, GateHooks
 
 D, H = 16, 24
 

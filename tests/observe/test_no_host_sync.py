@@ -21,9 +21,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import satmon
 from satmon import Screen
-from satmon.functional.gate import flat_threshold
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.demos.llama import LlamaLM
+from satmon.functional.gate import flat_threshold
 
 #: aten operations that read a device value on the host (``.item()``, ``bool(t)``, data-dependent shapes)
 SYNCING = {

@@ -6,12 +6,11 @@ import statistics
 
 import pytest
 import torch
+
 from helpers import tiny_lit, token_loader, trainer
 from reference import InputRecorder, exact_count
-
-from satmon import SaturationMonitor
+from satmon import SaturationMonitor, find_dyt_layers
 from satmon.observe.offset import offset_driven
-from satmon import find_dyt_layers
 
 
 def _reference(items: list[tuple[torch.Tensor, torch.Tensor]], level: float = 2.0) -> dict[str, float]:

@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 from torch import nn
-from reference import exact_count, module_count
 
+from reference import exact_count, module_count
 from satmon import DyT
 from satmon.model.discovery import NormLayer
 from satmon.observe.counters import SaturationCounter

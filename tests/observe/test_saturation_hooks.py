@@ -16,10 +16,9 @@ from torch import nn
 
 from helpers import hooked
 from reference import exact_count, module_count, reference
-from satmon import DyT
+from satmon import DyT, find_dyt_layers
 from satmon.observe.counters import SaturationCounter
 from satmon.observe.saturation import HookReadings, SaturationHooks
-from satmon import find_dyt_layers
 
 X4 = [[0.5, 1.5, -3.0, 0.1]]  # with alpha 2: |1.0|, |3.0|, |-6.0|, |0.2| -> 2 of 4 above 2
 

@@ -12,10 +12,9 @@ from torch import nn
 
 from helpers import hooked, tiny_lit, token_loader, trainer
 from reference import InputRecorder, reference
-from satmon import DyT, SaturationMonitor
+from satmon import DyT, SaturationMonitor, find_dyt_layers
 from satmon.observe.counters import SaturationCounter
 from satmon.observe.saturation import SaturationHooks
-from satmon import find_dyt_layers
 
 
 class ReshapingDyT(nn.Module):

@@ -15,17 +15,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
-from reference import InputRecorder, pooled
 
+from reference import InputRecorder, pooled
+from satmon import find_dyt_layers
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.demos.llama import LlamaLM
-from satmon.model.dataflow import tracing
-from satmon import find_dyt_layers
-from satmon.probing.passes import EMBEDDING, feed_first, probe
-from satmon.results.verdict import Source
 from satmon.io.json_records import to_json
 from satmon.io.tags import TAG
 from satmon.io.tensorboard import probe_scalars
+from satmon.model.dataflow import tracing
+from satmon.probing.passes import EMBEDDING, feed_first, probe
+from satmon.results.verdict import Source
 from third_party import GemmaStyleRMSNorm, LlamaRMSNorm, SkewedLayerNorm
 
 VOCAB = 256

@@ -10,11 +10,11 @@ import torch
 from torch import Tensor
 
 import satmon.observe.covariance as covariance_taps
-from satmon.probing.memory_plan import READOUT_MATRICES, matrix_bytes
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.demos.llama import LlamaLM
-from satmon.probing.passes import probe
 from satmon.io.json_records import to_json
+from satmon.probing.memory_plan import READOUT_MATRICES, matrix_bytes
+from satmon.probing.passes import probe
 
 D = 64
 ONE_MATRIX = matrix_bytes(D) + READOUT_MATRICES * 8 * D * D  # the smallest budget: one matrix per pass

@@ -12,9 +12,9 @@ import zipfile
 
 import pytest
 import torch
-from helpers import tiny_lit, token_loader, trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from helpers import tiny_lit, token_loader, trainer
 from satmon import SaturationMonitor
 from satmon.replaying.checkpoints import (
     TRUST_FLAG,

@@ -10,11 +10,11 @@ import math
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import tiny_lit, token_loader
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
 import satmon
+from helpers import tiny_lit, token_loader
 from satmon import SaturationMonitor
 from satmon.cli.main import main
 from satmon.io.tags import TAG

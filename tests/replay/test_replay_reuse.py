@@ -10,9 +10,9 @@ import warnings
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import tiny_lit
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from helpers import tiny_lit
 from satmon import probe
 from satmon.batches import feed_first
 from satmon.demos.corpus import CorpusDataModule

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from satmon.results.frozen import FrozenMap, freeze, thaw
+from satmon.results.gating import GatedPairing
 from satmon.results.plan import MemoryPlan
 from satmon.results.probe_report import LayerReading, ProbeReport, SigmaMinReading
 from satmon.results.stop import StopReason, StopRecord
-from satmon.results.gating import GatedPairing
 from satmon.results.verdict import GatingInfo, Verdict, build_verdict
 
 

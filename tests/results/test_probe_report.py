@@ -14,10 +14,10 @@ import torch
 
 import satmon.results.probe_report as report_module
 from satmon.functional.dead_directions import InitGap, gram_spectrum, sigma_min_profile
-from satmon.results.probe_report import EMBEDDING, LayerReading, ProbeReport, SigmaMinReading, model_norm_type
-from satmon.results.gating import GatedPairing
-from satmon.results.verdict import GatingInfo, LayerCounts, Source, build_verdict
 from satmon.io.json_records import to_json
+from satmon.results.gating import GatedPairing
+from satmon.results.probe_report import EMBEDDING, LayerReading, ProbeReport, SigmaMinReading, model_norm_type
+from satmon.results.verdict import GatingInfo, LayerCounts, Source, build_verdict
 
 
 def _ln(name: str, depth_diag: float, **kw) -> LayerReading:

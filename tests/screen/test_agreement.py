@@ -11,8 +11,8 @@ import textwrap
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import clean_env
 
+from helpers import clean_env
 from satmon.screen.agreement import Agreement, TorchDistributed
 
 

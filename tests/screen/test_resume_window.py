@@ -17,13 +17,13 @@ import warnings
 
 import pytest
 import torch
-from reference import InputRecorder
 from test_state import (
     _train,  # the plain loop: forward, backward, step, end_step, begin_step
 )
 
-from satmon.demos.llama import LlamaLM
+from reference import InputRecorder
 from satmon import find_dyt_layers
+from satmon.demos.llama import LlamaLM
 from satmon.screen.screen import Screen
 
 WINDOW, STEPS = 10, 12

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from reference import exact_count
 
+from reference import exact_count
 from satmon import DyT, Screen
 
 D, T, B = 16, 8, 4  # every forward: B * T * D = 512 elements a DyT layer

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+
 from helpers import RecordingSink
 from reference import InputRecorder
-
+from satmon import find_dyt_layers
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.io.sink import LayoutSink, MultiSink, Sink
 from satmon.io.tags import TAG
 from satmon.io.tensorboard import custom_scalars_layout, verdict_hparams, verdict_scalars
-from satmon import find_dyt_layers
 from satmon.screen.screen import Screen
 
 WINDOW, STEPS, EVERY = 4, 9, 2

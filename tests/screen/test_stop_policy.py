@@ -11,8 +11,8 @@ import warnings
 
 import pytest
 import torch
-from helpers import RecordingSink
 
+from helpers import RecordingSink
 from satmon import DyT
 from satmon.results.stop import SatmonAbort, StopDecision, StopReason, StopRecord
 from satmon.results.verdict import GatingInfo, build_verdict

@@ -296,7 +296,6 @@ def test_satmon_llama_demo_trapped_is_named_by_step_100_and_its_rmsnorm_twin_is_
 def test_the_lightning_callback_reads_the_trap_through_the_same_screen(tmp_path) -> None:
     pl = pytest.importorskip("lightning.pytorch")
     from helpers import trainer
-
     from satmon import SaturationMonitor
     from satmon.io.tags import TAG
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+
 from helpers import clean_env, run_ranks
 
 pytestmark = pytest.mark.skipif(
