@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     help_med, torch_med = statistics.median(times["satmon --help"]), statistics.median(times[torch_key])
     print(
-        f"satmon --help: median {help_med:.3f} s; goal under {HELP_GOAL_S} s: {'met' if help_med < HELP_GOAL_S else 'NOT met'}; "
+        f"satmon --help: median {help_med:.3f} s; goal under {HELP_GOAL_S} s: "
+        f"{'met' if help_med < HELP_GOAL_S else 'NOT met'}; "
         f"never slower than import torch ({torch_med:.3f} s): "
         f"{'met' if max(times['satmon --help']) < min(times[torch_key]) else 'NOT met'} (slowest vs fastest)"
     )

@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         ckpts = make_checkpoints(Path(tmp) / "ckpts", args.checkpoints, args.arch, args.norm)
         print(
-            f"{len(ckpts)} checkpoints of LitLM({MODEL | {'arch': args.arch, 'norm': args.norm}}) made in {time.perf_counter() - t:.1f} s"
+            f"{len(ckpts)} checkpoints of LitLM({MODEL | {'arch': args.arch, 'norm': args.norm}}) made in "
+            f"{time.perf_counter() - t:.1f} s"
         )
         for r in range(args.repeats):
             order = list(sides) if r % 2 == 0 else list(reversed(sides))
@@ -161,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                 got = replay_once(sides[name], Path(tmp) / "ckpts", out, len(ckpts), args.threads)
                 rounds[name].append(got)
                 print(
-                    f"round {r + 1} {name}: start {got['start_s']:.2f} s, {got['per_checkpoint_s']:.3f} s a checkpoint, "
+                    f"round {r + 1} {name}: start {got['start_s']:.2f} s, {got['per_checkpoint_s']:.3f} s a "
+                    "checkpoint, "
                     f"total {got['total_s']:.1f} s",
                     flush=True,
                 )
@@ -173,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, rs in rounds.items():
         med = {k: statistics.median(x[k] for x in rs) for k in rs[0]}
         print(
-            f"| {name} | {med['start_s']:.2f} | {med['per_checkpoint_s']:.3f} | {med['total_s']:.1f} | {med['probe_s_median']:.3f} |"
+            f"| {name} | {med['start_s']:.2f} | {med['per_checkpoint_s']:.3f} | {med['total_s']:.1f} | "
+            f"{med['probe_s_median']:.3f} |"
         )
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rounds": rounds}, indent=1))

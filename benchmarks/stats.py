@@ -200,7 +200,8 @@ def paired_lines(results: Mapping[str, Mapping[str, Any]], sampled_every: int = 
             label = m if config == "paired" else f"{m}, {config}"
             lines.append(
                 f"\nPaired estimate, {label}: a counted window step takes {pe['counted_vs_neighbours']:.4f} x its two "
-                f"uncounted neighbours (median; control, no monitor, even vs odd steps: {pe['control_even_vs_odd']:.4f}): "
+                "uncounted neighbours (median; control, no monitor, even vs odd steps: "
+                f"{pe['control_even_vs_odd']:.4f}): "
                 f"{PATH_WORDS[config]} {100 * (pe['ratio'] - 1):+.2f}% "
                 f"(90% bootstrap interval {100 * (pe['ratio_lo'] - 1):+.2f}% to {100 * (pe['ratio_hi'] - 1):+.2f}%"
                 + (f", {100 * pe['width']:.2f} points wide, {pe['pairs']} counted steps)." if "width" in pe else ").")
@@ -208,8 +209,11 @@ def paired_lines(results: Mapping[str, Mapping[str, Any]], sampled_every: int = 
             if config == "paired" and "sampled_step_ratio" in pe:
                 lines.append(
                     f"Paired estimate, {m}, sample_every={sampled_every}: a counted step takes "
-                    f"{pe['sampled_counted_vs_neighbours']:.4f} x its neighbours (control {pe['sampled_control']:.4f}); "
-                    f"one step in {sampled_every} counted: overhead {100 * (pe['sampled_step_ratio'] - 1):+.2f}% per step "
-                    f"(90% interval {100 * (pe['sampled_step_lo'] - 1):+.2f}% to {100 * (pe['sampled_step_hi'] - 1):+.2f}%)."
+                    f"{pe['sampled_counted_vs_neighbours']:.4f} x its neighbours (control "
+                    f"{pe['sampled_control']:.4f}); "
+                    f"one step in {sampled_every} counted: overhead {100 * (pe['sampled_step_ratio'] - 1):+.2f}% per "
+                    "step "
+                    f"(90% interval {100 * (pe['sampled_step_lo'] - 1):+.2f}% to "
+                    f"{100 * (pe['sampled_step_hi'] - 1):+.2f}%)."
                 )
     return lines

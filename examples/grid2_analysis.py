@@ -396,7 +396,8 @@ def report_markdown2(a: dict[str, Any], cells: list[dict[str, Any]]) -> str:
             f"stratified AUC {aucs}; family best {d['statistic']:.2f} ({d['best_reading']}), within-size "
             f"permutation p = {d['p_value']:.4f}: "
             + ("**a window reading predicts within size**" if d["predicts"] else "**no window reading predicts**")
-            + f"; the budget's own stratified AUC {w['stratified_auc_outside_family'].get('log_params_per_token', math.nan):.2f}."
+            + "; the budget's own stratified AUC "
+            f"{w['stratified_auc_outside_family'].get('log_params_per_token', math.nan):.2f}."
         )
     lines += ["", "### Power on these cells (readings only)", "", power_markdown(a["power"])]
     return "\n".join(lines)

@@ -251,7 +251,8 @@ def _run_all(setup: Setup, out: str, jobs: int) -> list[dict[str, Any]]:
 def _progress(r: dict[str, Any]) -> None:
     sat = f", saturation {r['saturation']:.3f} ({r['decision'].upper()})" if "saturation" in r else ""
     print(
-        f"  {r['regime']:>4} {r['norm']:<9} seed {r['seed']}: val loss {r['val_loss']:.4f}{sat}  [{r['seconds']:.0f} s]",
+        f"  {r['regime']:>4} {r['norm']:<9} seed {r['seed']}: val loss {r['val_loss']:.4f}{sat}  [{r['seconds']:.0f} "
+        "s]",
         file=sys.stderr,
         flush=True,
     )
@@ -324,7 +325,8 @@ def markdown(summary: dict[str, dict[str, Any]], setup: Setup, mode: str, comman
     for regime, s in summary.items():
         name = "few tokens (over-parameterised)" if regime == "few" else "many tokens (data-rich)"
         lines.append(
-            f"| {name} | {s['train_tokens']:,} | {s['epochs']:.1f} | {s['ln']:.4f} | {s['dyt']:.4f} | {s['change'] * 100:+.1f}% | "
+            f"| {name} | {s['train_tokens']:,} | {s['epochs']:.1f} | {s['ln']:.4f} | {s['dyt']:.4f} | "
+            f"{s['change'] * 100:+.1f}% | "
             f"{s['ln_best']:.4f} / {s['dyt_best']:.4f} | {s['saturation']:.4f} | {s['decision'].upper()} | "
             f"{s['saturation_end']:.4f} | {'yes' if s['verdict_right'] else 'no'} |"
         )
@@ -333,10 +335,12 @@ def markdown(summary: dict[str, dict[str, Any]], setup: Setup, mode: str, comman
     lines += [
         "",
         f"Reference: a unigram model (byte frequencies of the training split, no context) scores "
-        f"{few.get('unigram', float('nan')):.4f} (few) / {many.get('unigram', float('nan')):.4f} (many) on the same validation split.",
+        f"{few.get('unigram', float('nan')):.4f} (few) / {many.get('unigram', float('nan')):.4f} (many) on the same "
+        "validation split.",
         "",
         f"Sign flip (DyT better with few tokens, worse with many): **{'yes' if flips else 'no'}** "
-        f"(few: {few['change'] * 100:+.1f}%, many: {many['change'] * 100:+.1f}%; study at 64M parameters: -27.3% / +18.8%).",
+        f"(few: {few['change'] * 100:+.1f}%, many: {many['change'] * 100:+.1f}%; study at 64M parameters: -27.3% / "
+        "+18.8%).",
         f"Verdict direction right in {sum(s['verdict_right'] for s in summary.values())} of {len(summary)} regimes "
         f"(GO should mean DyT helped). Saturation ordering few > many: "
         f"**{'yes' if few['saturation'] > many['saturation'] else 'no'}** "

@@ -206,7 +206,8 @@ def main(rf: Any, smoke: bool, out: Path, command: str) -> int:
         cells.append(run_cell(rf, grid, w, b, s, out))
         c = cells[-1]
         print(
-            f"  {c['name']:<18} LN {c['val_loss_layernorm']:.4f} DyT {c['val_loss_dyt']:.4f} ({c['delta'] * 100:+.1f}%) "
+            f"  {c['name']:<18} LN {c['val_loss_layernorm']:.4f} DyT {c['val_loss_dyt']:.4f} "
+            f"({c['delta'] * 100:+.1f}%) "
             f"sat {c['saturation']:.3f} first {c['first_block']:.3f} centered(end) {c['centered_end']:.3f} "
             f"[{c['seconds']:.0f} s]",
             file=sys.stderr,

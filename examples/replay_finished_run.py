@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir / "checkpoints")  # a rerun replays this run's checkpoints only
     ckpt_dir, monitor = train(args, workdir)
     print(
-        f"Trained {args.steps} steps; checkpoints in {ckpt_dir}: {', '.join(sorted(f.name for f in ckpt_dir.glob('*.ckpt')))}"
+        f"Trained {args.steps} steps; checkpoints in {ckpt_dir}: "
+        f"{', '.join(sorted(f.name for f in ckpt_dir.glob('*.ckpt')))}"
     )
 
     satmon = [shutil.which("satmon")] if shutil.which("satmon") else [sys.executable, "-m", "satmon.cli.main"]
@@ -118,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         sat = v.get("saturation")
         print(
             f"{r.get('global_step')!s:>4}  {sat if sat is None else format(sat, '.4f'):>19}  "
-            f"{str(v.get('decision', r.get('error', '-'))).upper():<10}  {r.get('nonfinite_weights', '-')} / {v.get('nonfinite', '-')}"
+            f"{str(v.get('decision', r.get('error', '-'))).upper():<10}  {r.get('nonfinite_weights', '-')} / "
+            f"{v.get('nonfinite', '-')}"
         )
     if monitor.verdict is not None:
         print(f"\nLive monitor over the first {monitor.verdict.window} steps: {monitor.verdict.summary()}")

@@ -162,7 +162,8 @@ def _guarded(name: str) -> Iterator[list[BaseException]]:
     def say(args: sys.UnraisableHookArgs) -> None:  # an error in a __del__: Python would print its traceback
         if args.exc_value is not None:
             print(
-                f"satmon {name}: note: an error was ignored while an object was cleaned up: {error_line(args.exc_value)}",
+                f"satmon {name}: note: an error was ignored while an object was cleaned up: "
+                f"{error_line(args.exc_value)}",
                 file=sys.stderr,
             )
 
@@ -217,7 +218,8 @@ def _run(name: str, argv: list[str]) -> int:
             return 1
         if errors and code == 0:  # a failure the command did not see (it reports those it sees in its own line)
             print(
-                f"satmon {name}: a background thread failed: {error_line(errors[0])}; what it was writing (TensorBoard's "
+                f"satmon {name}: a background thread failed: {error_line(errors[0])}; what it was writing "
+                "(TensorBoard's "
                 "event files) may be incomplete.",
                 file=sys.stderr,
             )

@@ -260,7 +260,10 @@ def _first_line(args: argparse.Namespace) -> str:
     paths = ", ".join(args.paths[:2]) + (f" (+{len(args.paths) - 2} more)" if len(args.paths) > 2 else "")
     code = args.model or args.factory or "?"
     data = args.data or args.datamodule or "?"
-    return f"replaying the checkpoints in {paths} with {code}, calibration from {data}; loading torch and checking the arguments"
+    return (
+        f"replaying the checkpoints in {paths} with {code}, calibration from {data}; loading torch and checking "
+        "the arguments"
+    )
 
 
 def _summary(rows: list[dict[str, Any]], records: list[Any], live: list[str] | None = None) -> None:

@@ -189,7 +189,10 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
             training has not started: the screen is made at the Trainer's on_train_begin.
         """
         if self.screen is None:
-            text = "### satmon: no verdict\n\ntraining has not started: the screen is made at the Trainer's on_train_begin."
+            text = (
+                "### satmon: no verdict\n\ntraining has not started: the screen is made at the Trainer's "
+                "on_train_begin."
+            )
             return text if markdown else plain(text)
         return self.screen.card(markdown)
 

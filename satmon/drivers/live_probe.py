@@ -246,7 +246,8 @@ class LiveProbe:
         rank_zero_warn(
             f"satmon: at step {step} the residual stream's sigma_min ratio drops to {s.min_ratio:.4f} < "
             f"{self.ratio_warn_below:g} ({why}) at block {s.argmin!r} (below at: {', '.join(b for b, _ in below)}): a "
-            "block's update anti-aligns with the stream, the dead-direction paper's anomaly signal (satmon/sigma_min/ratio/...)."
+            "block's update anti-aligns with the stream, the dead-direction paper's anomaly signal "
+            "(satmon/sigma_min/ratio/...)."
         )
 
 

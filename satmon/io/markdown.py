@@ -24,7 +24,10 @@ from satmon.io.atomic import atomic_open, atomic_write, check_output
 
 __all__ = ["PLOTS", "check_report", "fmt", "report_paths", "require_matplotlib", "table", "write_report"]
 
-MATPLOTLIB_MISSING = "the markdown report's plots need matplotlib: pip install matplotlib (or pip install -e '.[report]' in satmon's clone)"
+MATPLOTLIB_MISSING = (
+    "the markdown report's plots need matplotlib: pip install matplotlib (or pip install -e "
+    "'.[report]' in satmon's clone)"
+)
 #: The plots a report may hold, by the suffix of their file name (``<stem>_<plot>.png``).
 PLOTS = ("saturation", "sigma_min", "alignment")
 

@@ -235,7 +235,8 @@ def _maybe_gated(m: ModelMap, names_found: dict[str, dict[str, Any]]) -> dict[st
         source = multiplies_projections(mod)  # the source decides where it can be read; shapes where it cannot
         if source:
             out[name] = (
-                f"{name} may be a gated MLP (its forward multiplies two projections of its input), but its names do not say"
+                f"{name} may be a gated MLP (its forward multiplies two projections of its input), but its names do "
+                "not say"
             )
         elif source is None and parts is not None:
             shape = (
@@ -284,7 +285,8 @@ def _pair_mapping(pairs: _Pairs, m: ModelMap, mapping: dict[str, str | None], fo
     for norm, mlp in mapping.items():
         if norm not in modules or not _norm_named(m, norm):
             raise ValueError(
-                f"Expected mapping keys to name norm modules, got {norm!r}. {_available(all_norms, 'norm-like modules')}"
+                f"Expected mapping keys to name norm modules, got {norm!r}. "
+                f"{_available(all_norms, 'norm-like modules')}"
             )
         if mlp is None:
             continue
@@ -324,8 +326,10 @@ def _pair_mapping(pairs: _Pairs, m: ModelMap, mapping: dict[str, str | None], fo
             )
             fix = f"Map {others[0]!r} to {mlp!r}, or {norm!r} to None." if others else f"Map {norm!r} to None."
             raise ValueError(
-                f"Expected gating_mapping[{norm!r}] = {mlp!r} to agree with the traced forward, got a forward in which no "
-                f"projection of {mlp} reads {norm}'s output directly: its gate and value projections read {shown}. {fix}"
+                f"Expected gating_mapping[{norm!r}] = {mlp!r} to agree with the traced forward, got a forward in "
+                "which no "
+                f"projection of {mlp} reads {norm}'s output directly: its gate and value projections read {shown}. "
+                f"{fix}"
             )
         found[mlp] = _traced_parts(mlp, parts, trace) if parts["note"] or trace is not None else parts
         pairs.add(norm, mlp, found[mlp], "mapping")
@@ -438,7 +442,8 @@ def detect_gating(
     for name in norm_names:
         if name not in modules:
             raise ValueError(
-                f"Expected `norm_names` to name modules of the model, got {name!r}. {_available(all_norms, 'norm-like modules')}"
+                f"Expected `norm_names` to name modules of the model, got {name!r}. "
+                f"{_available(all_norms, 'norm-like modules')}"
             )
     kinds = {l.name: l.kind for l in m.norms}
     label = "DyT" if norm_names and all(kinds.get(n) == "dyt" for n in norm_names) else "norm"
@@ -574,7 +579,8 @@ def _message(pairs: dict[str, GatedPairing], elsewhere: list[str], gated: bool |
                 "a traced forward shows no gated MLP"
                 if not elsewhere
                 else (
-                    f"a traced forward shows no {label} feeding a gated MLP directly; gated MLPs fed otherwise: {_listing(elsewhere)}"
+                    f"a traced forward shows no {label} feeding a gated MLP directly; gated MLPs fed otherwise: "
+                    f"{_listing(elsewhere)}"
                 )
             )
         elif elsewhere:

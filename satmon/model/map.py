@@ -273,7 +273,7 @@ class ModelMap:
         if r is None or r.kind == "unknown":
             owns_alpha = "alpha" in dict(module.named_parameters(recurse=False))
             what = ("owns `alpha` but, run on a test input, does not compute weight * f(alpha * x + s) + bias with f "
-                    "tanh, erf or hardtanh (alpha rescaled, divided, offset, or no bounded function): its saturation is "
+                    "tanh, erf or hardtanh (alpha rescaled, divided, offset, or no bounded function): its " "saturation " "is "
                     "not |alpha * x| > level, so satmon leaves it out rather than report a wrong number. Select the "
                     "module that applies f(alpha * x) itself") if owns_alpha else (
                     "computes neither a point-wise weight * f(alpha * x + s) + bias nor gain * normalize(x) + bias "

@@ -86,7 +86,8 @@ def find_probe_targets(
             else ""
         )
         raise ValueError(
-            f"Expected a model with DyT, LayerNorm or RMSNorm layers or residual blocks, found none in {type(model).__name__}"
+            "Expected a model with DyT, LayerNorm or RMSNorm layers or residual blocks, found none in "
+            f"{type(model).__name__}"
             f"{unread}. Point satmon at them with `include='regex on module names'` and `blocks=[...]`."
         )
     widths = {l.name: l.channels for l in model_map(model).norms if l.channels is not None}
@@ -176,7 +177,8 @@ def _select_layers(
         chosen = {l.name for l in found if layers(l.name, l.module)}
     else:
         raise TypeError(
-            f"Expected `layers` to be a list of names, a regex or a predicate (name, module) -> bool, got {type(layers).__name__}."
+            "Expected `layers` to be a list of names, a regex or a predicate (name, module) -> bool, got "
+            f"{type(layers).__name__}."
         )
     # the final norm (the last one outside every block) is always read
     outside = [l for l in found if not any(l.name == b or l.name.startswith(b + ".") for b in block_names)]

@@ -316,7 +316,8 @@ def init_gaps(trained: Mapping[str, LayerReading], twin: Mapping[str, LayerReadi
         other = twin.get(name)
         if other is None or other.reading() is None:
             raise ValueError(
-                f"Expected the twin to have a reading for {name!r}, got {'none' if other is None else 'a skipped layer'}."
+                f"Expected the twin to have a reading for {name!r}, got "
+                f"{'none' if other is None else 'a skipped layer'}."
                 " Pass a random-init instance of the same architecture."
             )
         gaps[name] = init_gap(mine, other.reading())[0]

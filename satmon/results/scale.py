@@ -78,11 +78,13 @@ class RunScale:
         head = f"{NOTE_PREFIX} {self.params:,} parameters"
         if self.unique_tokens is None:
             return (
-                f"{head}; unique training tokens unknown ({self.missing}): pass SaturationMonitor(unique_tokens=N), N the "
+                f"{head}; unique training tokens unknown ({self.missing}): pass SaturationMonitor(unique_tokens=N), "
+                "N the "
                 "unique tokens the run trains on, to place it on the study's phase diagram (`satmon report --plot`)."
             )
         line = (
-            f"{head}, {self.unique_tokens:,} unique training tokens ({self.counted}): {self.tokens_per_param:.3g} tokens "
+            f"{head}, {self.unique_tokens:,} unique training tokens ({self.counted}): {self.tokens_per_param:.3g} "
+            "tokens "
             "per parameter."
         )
         if cells:
@@ -101,7 +103,8 @@ class RunScale:
         params = [p for p, _ in cells]
         ratios = [t / p for p, t in cells]
         span = (
-            f"The study's cells span {si(min(params))}-{si(max(params))} parameters and {min(ratios):.2g}-{max(ratios):.2g} "
+            f"The study's cells span {si(min(params))}-{si(max(params))} parameters and "
+            f"{min(ratios):.2g}-{max(ratios):.2g} "
             "tokens per parameter: "
         )
         where = []

@@ -355,7 +355,8 @@ CASES: list[Case] = [
         "cells.csv",
         "--metric",
         "first_block",
-        match=r"Expected a finite 'first_block' reading for every cell, got none for 'a'.*pick a metric every cell has \(saturation\)",
+        match=r"Expected a finite 'first_block' reading for every cell, got none for 'a'.*pick a metric every cell "
+        r"has \(saturation\)",
     ),
     # cells: the file
     _cal(

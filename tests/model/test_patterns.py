@@ -215,7 +215,8 @@ def test_a_mapping_is_checked_against_the_model_and_the_trace():
     model = _dyt(PostNormBlock)
     with pytest.raises(
         ValueError,
-        match=r"Expected mapping values to name MLP modules, got 'blocks.9.mlp'. Available gated MLPs: blocks.0.mlp, blocks.1.mlp",
+        match=r"Expected mapping values to name MLP modules, got 'blocks.9.mlp'. Available gated MLPs: blocks.0.mlp, "
+        r"blocks.1.mlp",
     ):
         detect_gating(model, mapping={"blocks.0.norm_a": "blocks.9.mlp"})
     with pytest.raises(

@@ -542,7 +542,8 @@ def test_a_norm_whose_affine_map_cannot_be_read_is_skipped_with_the_reason():
     model = nn.Sequential(nn.Embedding(VOCAB, 16), nn.LayerNorm(16), SkewedLayerNorm(16))
     with pytest.warns(
         UserWarning,
-        match=r"no reading for 2 \(SkewedLayerNorm is named like a normaliser but, run on test inputs, computes neither",
+        match=r"no reading for 2 \(SkewedLayerNorm is named like a normaliser but, run on test inputs, computes "
+        r"neither",
     ):
         report = probe(model, _tokens(0, n_batches=1))
     assert "2" not in report.layers and "gain * normalize(x) + bias" in report.skipped["2"]

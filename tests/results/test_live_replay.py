@@ -37,8 +37,8 @@ def test_the_card_carries_both_readings_right_under_its_title():
     )
     assert "| live window | NO-GO | 0.2480 | the 500 training steps up to step 500, train mode |" in lines
     assert (
-        "| replay | GO (unproven) | 0.5965 | checkpoint `epoch=0-step=500.ckpt` at step 500, eval mode, calibration batches |"
-        in lines
+        "| replay | GO (unproven) | 0.5965 | checkpoint `epoch=0-step=500.ckpt` at step 500, eval mode, calibration "
+        "batches |" in lines
     )
     assert f"They disagree. Why they can differ: {WHY}" in lines
     assert card.endswith(replayed.card().split("\n", 1)[1].lstrip("\n"))  # the rest of the card follows, whole

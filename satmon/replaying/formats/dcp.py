@@ -387,8 +387,10 @@ def inspect(folder: Path, trust: bool = False, stamps: Sequence[FileStamp] | Non
             if text.startswith("incomplete")
             else (
                 f"{text}; a torch.distributed.checkpoint folder can also be consolidated into one file with "
-                f"`python -m torch.distributed.checkpoint.format_utils dcp_to_torch {printable(shlex.quote(str(folder)))} "
-                f"{printable(shlex.quote(str(converted_path(folder, '.pt'))))}` (it unpickles .metadata: only for a folder you trust)"
+                "`python -m torch.distributed.checkpoint.format_utils dcp_to_torch "
+                f"{printable(shlex.quote(str(folder)))} "
+                f"{printable(shlex.quote(str(converted_path(folder, '.pt'))))}` (it unpickles .metadata: only for a "
+                "folder you trust)"
             )
         )
         return info
