@@ -76,8 +76,12 @@ def main() -> None:
     for d in args.d:
         for b in args.budget:
             t0 = time.perf_counter()
-            out = subprocess.run([sys.executable, "-c", _CHILD, str(d), str(args.blocks), str(args.rows), b],
-                                 capture_output=True, text=True, check=True)  # fmt: skip
+            out = subprocess.run(
+                [sys.executable, "-c", _CHILD, str(d), str(args.blocks), str(args.rows), b],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             r = json.loads(out.stdout.strip().splitlines()[-1])
             mib = 2**20
             print(

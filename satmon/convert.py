@@ -141,9 +141,19 @@ def convert_to_dyt(
         >>> type(model[1]).__name__, model[1].alpha.item()
         ('DyT', 2.0)
     """
-    options = dict(alpha_init_attn=alpha_init_attn, alpha_init_mlp=alpha_init_mlp, alpha_init_final=alpha_init_final,
-                   rmsnorm=rmsnorm, copy_affine=copy_affine, bias=bias, position_fn=position_fn, include=include,
-                   exclude=exclude, example_input=example_input, forward_fn=forward_fn)  # fmt: skip
+    options = dict(
+        alpha_init_attn=alpha_init_attn,
+        alpha_init_mlp=alpha_init_mlp,
+        alpha_init_final=alpha_init_final,
+        rmsnorm=rmsnorm,
+        copy_affine=copy_affine,
+        bias=bias,
+        position_fn=position_fn,
+        include=include,
+        exclude=exclude,
+        example_input=example_input,
+        forward_fn=forward_fn,
+    )
     if not list(module.children()):  # the module is itself a norm layer
         wrapper = nn.Sequential(module)
         convert_to_dyt(wrapper, alpha_init, **options)  # type: ignore[arg-type]
@@ -318,8 +328,9 @@ def pending_conversion(model: nn.Module) -> bool:
     return any(m in _SWAPS for m in model.modules())
 
 
-def check_conversion(model: nn.Module, batch: Any, forward_fn: ForwardFn = feed, *,
-                     warn: Callable[[str], None] | None = None) -> tuple[str, ...]:  # fmt: skip
+def check_conversion(
+    model: nn.Module, batch: Any, forward_fn: ForwardFn = feed, *, warn: Callable[[str], None] | None = None
+) -> tuple[str, ...]:
     """Run ``batch`` through a model :func:`convert_to_dyt` just changed, and put back the layers that cannot run as DyT.
 
     One no-grad, eval forward (:func:`satmon.model.frozen_forward.frozen_forward`: modes, RNG and buffers restored). A
@@ -410,8 +421,14 @@ def check_conversion(model: nn.Module, batch: Any, forward_fn: ForwardFn = feed,
     return tuple(back)
 
 
-def _run(model: nn.Module, batch: Any, forward_fn: ForwardFn, device: torch.device, live: dict[nn.Module, _Swap],
-         bad: dict[str, str]) -> Exception | None:  # fmt: skip
+def _run(
+    model: nn.Module,
+    batch: Any,
+    forward_fn: ForwardFn,
+    device: torch.device,
+    live: dict[nn.Module, _Swap],
+    bad: dict[str, str],
+) -> Exception | None:
     """One frozen forward with a guard on each converted layer; the exception it raised, or ``None``."""
 
     def guard(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -459,8 +476,11 @@ def _has_bias(norm: nn.Module, channels: int) -> bool:
 
 def _warn_nothing(m: ModelMap, rmsnorm: bool) -> None:
     kinds = [l.kind for l in m.norms]
-    found = ", ".join(f"{kinds.count(k)} {label}" for k, label in (("dyt", "DyT-family"), ("layernorm", "LayerNorm"),
-                                                                      ("rmsnorm", "RMSNorm")) if kinds.count(k))  # fmt: skip
+    found = ", ".join(
+        f"{kinds.count(k)} {label}"
+        for k, label in (("dyt", "DyT-family"), ("layernorm", "LayerNorm"), ("rmsnorm", "RMSNorm"))
+        if kinds.count(k)
+    )
     advice = " Pass rmsnorm=True to convert the RMSNorm layers." if not rmsnorm and "rmsnorm" in kinds else ""
     if m.undetermined:
         advice += (

@@ -170,8 +170,10 @@ class LiveProbe:
         with torch.random.fork_rng(devices=[]):  # a fresh iterator draws seeds from the global RNG
             self.batches = capture_batches(_batches(source), self.calibration_batches)
         if len(self.batches) < self.calibration_batches:
-            rank_zero_warn(f"satmon: the training loader gave {len(self.batches)} of the {self.calibration_batches} "
-                           "calibration batches asked for; the live probe uses those.")  # fmt: skip
+            rank_zero_warn(
+                f"satmon: the training loader gave {len(self.batches)} of the {self.calibration_batches} "
+                "calibration batches asked for; the live probe uses those."
+            )
         self._save_batches(trainer)
 
     def _save_batches(self, trainer: pl.Trainer) -> None:
@@ -231,7 +233,7 @@ class LiveProbe:
                     + (f" (and {len(low) - 1} more layer(s))" if len(low) > 1 else "")
                     + ": gamma^-1 no longer spans the kernel of its output covariance, which holds exactly for a"
                     " LayerNorm in float32. Check the forward dtype and the layer's outputs (satmon/deadir/...).",
-                )  # fmt: skip
+                )
         s = report.sigma_min
         if not s.valid:
             return

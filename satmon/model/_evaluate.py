@@ -46,8 +46,13 @@ def _as(dtype: torch.dtype, target: torch.dtype) -> torch.dtype:
     return target if dtype.is_floating_point else dtype
 
 
-def clone(module: nn.Module, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float64,
-          fill: Mapping[str, float] | None = None, randomize: tuple[str, ...] = ()) -> nn.Module:  # fmt: skip
+def clone(
+    module: nn.Module,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float64,
+    fill: Mapping[str, float] | None = None,
+    randomize: tuple[str, ...] = (),
+) -> nn.Module:
     """A copy of ``module`` on ``device`` in ``dtype`` that shares nothing with it and runs no hooks.
 
     ``fill`` sets own parameters to a constant, ``randomize`` draws them around 1 (seeded): what a

@@ -52,16 +52,51 @@ from satmon.model.frozen_forward import reshard_fsdp
 __all__ = ["FlowTrace", "GatedProduct", "Interaction", "LiveTrace", "own_forward", "trace_flow", "tracing"]
 
 _PROJECTIONS = {
-    "linear", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "mv",
-    "addmv", "tensordot", "bilinear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-    "scaled_dot_product_attention", "_grouped_mm", "grouped_mm",
-}  # fmt: skip
+    "linear",
+    "matmul",
+    "__matmul__",
+    "__rmatmul__",
+    "mm",
+    "bmm",
+    "addmm",
+    "baddbmm",
+    "addbmm",
+    "einsum",
+    "mv",
+    "addmv",
+    "tensordot",
+    "bilinear",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "scaled_dot_product_attention",
+    "_grouped_mm",
+    "grouped_mm",
+}
 #: kernels named for a matrix product (transformers' ``grouped_mm_fallback``, ``_scaled_mm``, a custom ``gemm``)
 _PROJECTION_NAME = re.compile(r"(^|_)(grouped_mm|scaled_mm|bmm|mm|gemm|matmul|linear)(_|$)")
 _ACTIVATIONS = {
-    "silu", "gelu", "sigmoid", "relu", "relu6", "tanh", "softplus", "mish", "elu", "selu", "celu", "leaky_relu",
-    "hardswish", "hardsigmoid", "hardtanh", "logsigmoid", "softsign", "tanhshrink",
-}  # fmt: skip
+    "silu",
+    "gelu",
+    "sigmoid",
+    "relu",
+    "relu6",
+    "tanh",
+    "softplus",
+    "mish",
+    "elu",
+    "selu",
+    "celu",
+    "leaky_relu",
+    "hardswish",
+    "hardsigmoid",
+    "hardtanh",
+    "logsigmoid",
+    "softsign",
+    "tanhshrink",
+}
 _PRODUCTS = {"mul", "__mul__", "__rmul__", "mul_", "__imul__", "multiply"}
 _SPLITS = {"chunk", "split", "tensor_split", "unbind", "split_with_sizes"}
 _ADDS = {"add", "__add__", "__radd__", "add_", "__iadd__", "sub", "__sub__", "__rsub__", "sub_", "__isub__", "subtract"}
@@ -69,14 +104,37 @@ _ATTENTION = {"scaled_dot_product_attention", "flash_attention", "_scaled_dot_pr
 _PAIRWISE = {"matmul", "__matmul__", "__rmatmul__", "bmm", "einsum", "baddbmm"}  # q @ k^T when both come from the norm
 #: calls whose output takes only the shape, dtype or device of these tensor arguments (by position; -1: all), not their values
 _METADATA = {
-    "type_as": (1,), "to": (1,), "expand_as": (1,), "view_as": (1,), "reshape_as": (1,), "new_zeros": (0,),
-    "new_ones": (0,), "new_empty": (0,), "new_full": (0,), "new_tensor": (0,), "new_empty_strided": (0,),
-    "zeros_like": (0,), "ones_like": (0,), "empty_like": (0,), "full_like": (0,), "rand_like": (0,),
-    "randn_like": (0,), "randint_like": (0,), "size": (-1,), "dim": (-1,),
-}  # fmt: skip
+    "type_as": (1,),
+    "to": (1,),
+    "expand_as": (1,),
+    "view_as": (1,),
+    "reshape_as": (1,),
+    "new_zeros": (0,),
+    "new_ones": (0,),
+    "new_empty": (0,),
+    "new_full": (0,),
+    "new_tensor": (0,),
+    "new_empty_strided": (0,),
+    "zeros_like": (0,),
+    "ones_like": (0,),
+    "empty_like": (0,),
+    "full_like": (0,),
+    "rand_like": (0,),
+    "randn_like": (0,),
+    "randint_like": (0,),
+    "size": (-1,),
+    "dim": (-1,),
+}
 #: gathers: (position of the table, position of the index); F.embedding takes (index, table)
-_GATHERS = {"__getitem__": (0, 1), "index_select": (0, 2), "gather": (0, 2), "take": (0, 1), "take_along_dim": (0, 1),
-            "embedding": (1, 0), "embedding_bag": (1, 0)}  # fmt: skip
+_GATHERS = {
+    "__getitem__": (0, 1),
+    "index_select": (0, 2),
+    "gather": (0, 2),
+    "take": (0, 1),
+    "take_along_dim": (0, 1),
+    "embedding": (1, 0),
+    "embedding_bag": (1, 0),
+}
 _MAX_HOPS = 2  # a branch is followed through two projections (the MLP's down projection), then dropped
 #: what a tensor's values derive from, besides parameters, buffers and constants (the default: input-independent)
 _STATIC, _DATA, _ROUTED = "static", "data", "routed"  # see _Mode.kind
@@ -586,8 +644,14 @@ class LiveTrace:
 
     TRIES = 3
 
-    def __init__(self, model: nn.Module, norm_names: list[str], opaque: set[str] | None = None, *,
-                 done: Callable[[FlowTrace | None, str], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        norm_names: list[str],
+        opaque: set[str] | None = None,
+        *,
+        done: Callable[[FlowTrace | None, str], None],
+    ) -> None:
         self._model = weakref.ref(model)
         self._names, self._opaque, self._done = list(norm_names), opaque, done
         self._mode: _Mode | None = None  # what the traced calls showed so far

@@ -59,7 +59,7 @@ __all__ = [
     "read_module",
     "selects",
     "strip_wrappers",
-]  # fmt: skip
+]
 
 Selector = Union[str, Callable[[str, nn.Module], bool], None]
 Basis = Literal["type", "behaviour", "names"]
@@ -402,8 +402,9 @@ def _pointwise(module: nn.Module, c: int, own: dict[str, torch.Tensor]) -> Readi
     return _CANNOT_RUN
 
 
-def _first_fit(module: nn.Module, attempts: Callable[[torch.device, torch.dtype], Iterator[Callable[[], Reading | None]]]
-               ) -> Reading | str | None:  # fmt: skip
+def _first_fit(
+    module: nn.Module, attempts: Callable[[torch.device, torch.dtype], Iterator[Callable[[], Reading | None]]]
+) -> Reading | str | None:
     """The first reading the attempts find on a copy (float64 CPU, then the module's own device and dtype);
     ``None`` when some attempt ran on a device and none fitted, :data:`_CANNOT_RUN` when none could run."""
     for device, dtype in _devices(module):

@@ -73,8 +73,9 @@ class NormalisationFit:
     y: Tensor
 
 
-def fit_normalisation(module: nn.Module, layout: ev.Layout, dtype: torch.dtype = torch.float64,
-                      device: torch.device | str = "cpu") -> NormalisationFit | None:  # fmt: skip
+def fit_normalisation(
+    module: nn.Module, layout: ev.Layout, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu"
+) -> NormalisationFit | None:
     """Run ``module`` (already a copy) on known rows laid out as ``layout``; the fit, or ``None`` if neither fits.
 
     Raises whatever the module raises when it cannot take the layout.
@@ -96,8 +97,9 @@ def fit_normalisation(module: nn.Module, layout: ev.Layout, dtype: torch.dtype =
     return best if best.residual <= ev.tolerance(dtype) else None
 
 
-def fit_grouped(module: nn.Module, shape: tuple[int, ...], dtype: torch.dtype = torch.float64,
-                device: torch.device | str = "cpu") -> tuple[Literal["layernorm", "rmsnorm"], int] | None:  # fmt: skip
+def fit_grouped(
+    module: nn.Module, shape: tuple[int, ...], dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu"
+) -> tuple[Literal["layernorm", "rmsnorm"], int] | None:
     """Run ``module`` (already a copy) on ``(2, T, *shape)`` inputs whose groups (all but the last dimension) differ in
     mean and scale, and fit ``gain * normalize(x) + bias`` per position of ``shape``, the statistics taken over the
     last dimension, then over all of ``shape``: ``(kind, dims normalised)``, or ``None`` when neither fits.

@@ -128,8 +128,15 @@ def _traced_parts(mlp: str, parts: dict[str, Any], trace: FlowTrace | None) -> d
         }
     p = inside[0]
     rel = lambda n: n[len(mlp) + 1 :] if mlp else n
-    return {**parts, "gate": rel(p.gate), "up": None if p.fused else rel(p.up), "fused": p.fused,
-            "activation": _traced_activation(p), "note": "", "gate_first": p.gate_first}  # fmt: skip
+    return {
+        **parts,
+        "gate": rel(p.gate),
+        "up": None if p.fused else rel(p.up),
+        "fused": p.fused,
+        "activation": _traced_activation(p),
+        "note": "",
+        "gate_first": p.gate_first,
+    }
 
 
 class _Pairs:
@@ -269,8 +276,14 @@ def _candidates(m: ModelMap, mlp: str, monitored: set[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ the rules
-def _pair_mapping(pairs: _Pairs, m: ModelMap, mapping: dict[str, str | None], found: dict[str, dict[str, Any]],
-                  trace: FlowTrace | None, all_norms: list[str]) -> None:  # fmt: skip
+def _pair_mapping(
+    pairs: _Pairs,
+    m: ModelMap,
+    mapping: dict[str, str | None],
+    found: dict[str, dict[str, Any]],
+    trace: FlowTrace | None,
+    all_norms: list[str],
+) -> None:
     """The user's ``{norm: mlp}`` entries, validated; opaque MLPs read by shape, then checked against the trace."""
     modules = m.modules
     known = sorted({*found, *(_mlp_of(p) for p in trace.products)} if trace is not None else set(found))
@@ -345,21 +358,31 @@ def _pair_trace(
         settled.add(mlp)
         if p.norm in monitored:
             rel = lambda n, mlp=mlp: n[len(mlp) + 1 :] if mlp and n else n
-            parts = {"gate": rel(p.gate), "up": None if p.fused else rel(p.up), "down": rel(p.down), "fused": p.fused,
-                     "activation": _traced_activation(p), "gate_first": p.gate_first}  # fmt: skip
+            parts = {
+                "gate": rel(p.gate),
+                "up": None if p.fused else rel(p.up),
+                "down": rel(p.down),
+                "fused": p.fused,
+                "activation": _traced_activation(p),
+                "gate_first": p.gate_first,
+            }
             pairs.add(p.norm, mlp, parts, "trace", p)
     # a names-found MLP that ran shows in the trace what feeds it: nothing directly, if no product was seen
     settled.update(name for name, parts in found.items() if _join(name, parts["gate"]) in trace.executed)
     unknown: dict[str, str] = {}
     for i in trace.unclassified:
         if i.norm in monitored and i.norm not in pairs.pairs:
-            unknown.setdefault(i.norm, f"its output reaches an element-wise product in {i.module or 'the model'} "
-                                       f"that is not act(gate) * up ({i.detail})")  # fmt: skip
+            unknown.setdefault(
+                i.norm,
+                f"its output reaches an element-wise product in {i.module or 'the model'} "
+                f"that is not act(gate) * up ({i.detail})",
+            )
     return settled, unknown
 
 
-def _pair_names(pairs: _Pairs, m: ModelMap, mlps: dict[str, dict[str, Any]], monitored: set[str],
-                unknown: dict[str, str]) -> list[str]:  # fmt: skip
+def _pair_names(
+    pairs: _Pairs, m: ModelMap, mlps: dict[str, dict[str, Any]], monitored: set[str], unknown: dict[str, str]
+) -> list[str]:
     """Gated MLPs by names, paired with the layer whose output their call receives (source, else names).
     Returns the MLPs left unpaired; each adds an unknown naming the normaliser that runs before it."""
     left = []
@@ -482,8 +505,14 @@ def detect_gating(
     return GatingInfo(gated, tuple(pairs), message, pairs, tuple(gated_elsewhere), unknown)
 
 
-def _unrun(m: ModelMap, trace: FlowTrace, left: dict[str, dict[str, Any]], settled: set[str], monitored: set[str],
-           unknown: dict[str, str]) -> None:  # fmt: skip
+def _unrun(
+    m: ModelMap,
+    trace: FlowTrace,
+    left: dict[str, dict[str, Any]],
+    settled: set[str],
+    monitored: set[str],
+    unknown: dict[str, str],
+) -> None:
     """Gated MLPs by their names that the traced forward did not run (an MoE expert no token reached, the other
     side of an ``if``): unknown, naming the layer that would feed them; an expert whose siblings the trace read
     is read as they were."""
@@ -508,8 +537,9 @@ def _unrun(m: ModelMap, trace: FlowTrace, left: dict[str, dict[str, Any]], settl
         unknown.setdefault(key, f"{mlp} is a gated MLP by its names that did not run in the traced forward; {where}")
 
 
-def _untraced(m: ModelMap, found: dict[str, dict[str, Any]], monitored: set[str], norm_names: list[str],
-              failure: str) -> dict[str, str]:  # fmt: skip
+def _untraced(
+    m: ModelMap, found: dict[str, dict[str, Any]], monitored: set[str], norm_names: list[str], failure: str
+) -> dict[str, str]:
     """Without a traced forward every watched layer is unknown; the names and the forward sources say what they
     suggest, as a hint that is never taken for the answer."""
     hints = _Pairs(m.modules)
@@ -545,8 +575,14 @@ def _untraced(m: ModelMap, found: dict[str, dict[str, Any]], monitored: set[str]
     return out
 
 
-def _untraced_message(pairs: dict[str, GatedPairing], unknown: dict[str, str], label: str, mapping: dict[str, str | None],
-                      norm_names: list[str], failure: str) -> str:  # fmt: skip
+def _untraced_message(
+    pairs: dict[str, GatedPairing],
+    unknown: dict[str, str],
+    label: str,
+    mapping: dict[str, str | None],
+    norm_names: list[str],
+    failure: str,
+) -> str:
     if not unknown or pairs:  # the user's mapping says yes (or every layer is mapped): the others stay unknown
         return _message(pairs, [], bool(pairs), label, unknown, False, mapping, norm_names)
     hinted = [n for n, d in unknown.items() if "suggest it feeds" in d]
@@ -565,8 +601,16 @@ def _untraced_message(pairs: dict[str, GatedPairing], unknown: dict[str, str], l
     return f"gated MLP after {label}: unknown ({why}; {hint}); {_hint(first)}"
 
 
-def _message(pairs: dict[str, GatedPairing], elsewhere: list[str], gated: bool | None, label: str, unknown: dict[str, str],
-             traced: bool, mapping: dict[str, str | None], norm_names: list[str]) -> str:  # fmt: skip
+def _message(
+    pairs: dict[str, GatedPairing],
+    elsewhere: list[str],
+    gated: bool | None,
+    label: str,
+    unknown: dict[str, str],
+    traced: bool,
+    mapping: dict[str, str | None],
+    norm_names: list[str],
+) -> str:
     if gated is None:
         first = next(iter(unknown))
         more = f" (and {len(unknown) - 1} more layer(s))" if len(unknown) > 1 else ""

@@ -115,8 +115,11 @@ def pair_by_names(mlp: str, modules: dict[str, nn.Module], norm_names: set[str])
     for depth in range(len(parts) - 1, -1, -1):
         parent = ".".join(parts[:depth])
         prefix = f"{parent}." if parent else ""
-        siblings = [n for n, m in modules.items() if n.startswith(prefix) and "." not in n[len(prefix) :] and n != parent
-                    and (_is_norm(m) or n in norm_names)]  # fmt: skip
+        siblings = [
+            n
+            for n, m in modules.items()
+            if n.startswith(prefix) and "." not in n[len(prefix) :] and n != parent and (_is_norm(m) or n in norm_names)
+        ]
         if not siblings:
             continue  # keep climbing: MoE experts sit below the block that holds the norm
         leaves = {s: s.rsplit(".", 1)[-1].lower() for s in siblings}

@@ -244,8 +244,12 @@ class ModelMap:
         return model is not None and not self._changed and self._complete and _tree(model) == self._tree
 
     # ------------------------------------------------------------------------------------ reading
-    def layers(self, kinds: Iterable[NormKind] = ("dyt", "layernorm", "rmsnorm"), include: Selector = None,
-               exclude: Selector = None) -> list[NormLayer]:  # fmt: skip
+    def layers(
+        self,
+        kinds: Iterable[NormKind] = ("dyt", "layernorm", "rmsnorm"),
+        include: Selector = None,
+        exclude: Selector = None,
+    ) -> list[NormLayer]:
         """The normalisers of ``kinds``, in registration order; ``include=``/``exclude=`` as in
         :func:`find_norm_layers`."""
         check_selector(include, "include")
@@ -272,12 +276,23 @@ class ModelMap:
         r = read_module(module, selected=True)
         if r is None or r.kind == "unknown":
             owns_alpha = "alpha" in dict(module.named_parameters(recurse=False))
-            what = ("owns `alpha` but, run on a test input, does not compute weight * f(alpha * x + s) + bias with f "
-                    "tanh, erf or hardtanh (alpha rescaled, divided, offset, or no bounded function): its " "saturation " "is "
+            what = (
+                (
+                    "owns `alpha` but, run on a test input, does not compute weight * f(alpha * x + s) + bias with f "
+                    "tanh, erf or hardtanh (alpha rescaled, divided, offset, or no bounded function): its "
+                    "saturation "
+                    "is "
                     "not |alpha * x| > level, so satmon leaves it out rather than report a wrong number. Select the "
-                    "module that applies f(alpha * x) itself") if owns_alpha else (
+                    "module that applies f(alpha * x) itself"
+                )
+                if owns_alpha
+                else (
                     "computes neither a point-wise weight * f(alpha * x + s) + bias nor gain * normalize(x) + bias "
-                    "(LayerNorm/RMSNorm) on a test input" + (f" ({r.note})" if r is not None else "") + "; satmon leaves it out")  # fmt: skip
+                    "(LayerNorm/RMSNorm) on a test input"
+                    + (f" ({r.note})" if r is not None else "")
+                    + "; satmon leaves it out"
+                )
+            )
             warnings.warn(
                 f"satmon: include= selects {name!r} ({type(module).__name__}), which {what}.", UserWarning, stacklevel=4
             )

@@ -35,12 +35,47 @@ __all__ = [
 ]
 
 _KEEP_METHODS = {
-    "view", "reshape", "to", "float", "half", "bfloat16", "double", "type", "type_as", "contiguous", "transpose", "permute",
-    "flatten", "unflatten", "squeeze", "unsqueeze", "clone", "detach", "expand", "expand_as", "view_as", "movedim",
-}  # fmt: skip
+    "view",
+    "reshape",
+    "to",
+    "float",
+    "half",
+    "bfloat16",
+    "double",
+    "type",
+    "type_as",
+    "contiguous",
+    "transpose",
+    "permute",
+    "flatten",
+    "unflatten",
+    "squeeze",
+    "unsqueeze",
+    "clone",
+    "detach",
+    "expand",
+    "expand_as",
+    "view_as",
+    "movedim",
+}
 _SPLIT_METHODS = {"chunk", "split", "tensor_split", "unbind"}
-_ACTIVATIONS = {"silu", "gelu", "relu", "sigmoid", "tanh", "softplus", "mish", "elu", "selu", "leaky_relu", "hardswish",
-                "gelu_new", "swish", "relu6", "hardsigmoid"}  # fmt: skip
+_ACTIVATIONS = {
+    "silu",
+    "gelu",
+    "relu",
+    "sigmoid",
+    "tanh",
+    "softplus",
+    "mish",
+    "elu",
+    "selu",
+    "leaky_relu",
+    "hardswish",
+    "gelu_new",
+    "swish",
+    "relu6",
+    "hardsigmoid",
+}
 _PASS_FUNCTIONS = {"dropout", "contiguous", "to", *_ACTIVATIONS}
 #: functional projections: ``F.linear(x, self.w)``, ``x @ self.w[e]`` (experts stored as 3-D parameters)
 _PROJECT_FUNCTIONS = {"linear", "matmul", "mm", "bmm", "grouped_mm", "_grouped_mm"}

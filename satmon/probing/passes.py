@@ -202,10 +202,17 @@ def probe(
     if twin is not None:
         twin_report = probe(
             # only the LayerNorm/RMSNorm readings are compared: the twin needs no DyT hooks or gating trace
-            twin, batch_list, settings=s, forward_fn=forward_fn, layers=list(targets.norms),
-            blocks=targets.block_names or None, autocast_dtype=autocast_dtype, max_dim=max_dim, train_mode=train_mode,
+            twin,
+            batch_list,
+            settings=s,
+            forward_fn=forward_fn,
+            layers=list(targets.norms),
+            blocks=targets.block_names or None,
+            autocast_dtype=autocast_dtype,
+            max_dim=max_dim,
+            train_mode=train_mode,
             memory_budget=memory_budget,
-        )  # fmt: skip
+        )
     return _assemble(targets, results, dyt, gating, run.batches, plan, twin_report, t0)
 
 
@@ -299,10 +306,21 @@ def _read_tap(name: str, tap: CovarianceTap, targets: ProbeTargets, results: _Re
     r = alignment(cov, gain)
     norm_type, note = classify_norm_type(r), ""
     results.readings[name] = LayerReading(
-        name, layer.kind, dim, tokens=count, alignment=r.cosine, null_projection=r.null_projection,
-        null_dim=r.null_dim, depth=r.depth, depth_diag=r.depth_diag, lambda_min_rel=r.lambda_min_rel,
-        n_degenerate=r.n_degenerate, norm_type=norm_type, nonfinite=nonfinite, note=note,
-    )  # fmt: skip
+        name,
+        layer.kind,
+        dim,
+        tokens=count,
+        alignment=r.cosine,
+        null_projection=r.null_projection,
+        null_dim=r.null_dim,
+        depth=r.depth,
+        depth_diag=r.depth_diag,
+        lambda_min_rel=r.lambda_min_rel,
+        n_degenerate=r.n_degenerate,
+        norm_type=norm_type,
+        nonfinite=nonfinite,
+        note=note,
+    )
 
 
 # ------------------------------------------------------------------------------------ DyT and gates
@@ -405,8 +423,16 @@ def _warn_skipped(skipped: dict[str, str]) -> None:
         )
 
 
-def _assemble(targets: ProbeTargets, results: _Results, dyt: _DytReadings, gating: GatingInfo | None, n_batches: int,
-              plan: MemoryPlan, twin: ProbeReport | None, t0: float) -> ProbeReport:  # fmt: skip
+def _assemble(
+    targets: ProbeTargets,
+    results: _Results,
+    dyt: _DytReadings,
+    gating: GatingInfo | None,
+    n_batches: int,
+    plan: MemoryPlan,
+    twin: ProbeReport | None,
+    t0: float,
+) -> ProbeReport:
     """The report, built once: every chosen layer's reading in registration order (a layer the passes did not
     read keeps an empty one), its init-gap against the ``twin``'s readings, the wall time since ``t0``."""
     readings = {}

@@ -85,8 +85,16 @@ class LayerReading:
         """The :class:`~satmon.functional.dead_directions.Alignment` behind a LayerNorm/RMSNorm reading (``None`` otherwise)."""
         if self.alignment is None:
             return None
-        return Alignment(self.alignment, self.null_projection, self.null_dim, self.depth, self.depth_diag,
-                         self.lambda_min_rel, self.dim, self.n_degenerate)  # fmt: skip
+        return Alignment(
+            self.alignment,
+            self.null_projection,
+            self.null_dim,
+            self.depth,
+            self.depth_diag,
+            self.lambda_min_rel,
+            self.dim,
+            self.n_degenerate,
+        )
 
     def kernel_alignment(self) -> float | None:
         """``max(alignment, null_projection)``: how well ``v*`` sits in the output's kernel, whatever
@@ -178,8 +186,15 @@ class SigmaMinReading:
 
     def to_dict(self) -> dict[str, Any]:
         """The profile as plain values (lists)."""
-        return {"blocks": list(self.blocks), "values": list(self.values), "ratios": list(self.ratios), "valid": self.valid,
-                "reason": self.reason, "min_ratio": self.min_ratio, "argmin": self.argmin}  # fmt: skip
+        return {
+            "blocks": list(self.blocks),
+            "values": list(self.values),
+            "ratios": list(self.ratios),
+            "valid": self.valid,
+            "reason": self.reason,
+            "min_ratio": self.min_ratio,
+            "argmin": self.argmin,
+        }
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,17 @@ from third_party import OddGatedBlock, SquashBlock, SquashNorm, UserLM
 transformers = pytest.importorskip("transformers")
 
 VOCAB, D, LAYERS = 64, 32, 2
-HF = dict(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB,
-          max_position_embeddings=32, bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+HF = dict(
+    hidden_size=D,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=4,
+    intermediate_size=64,
+    vocab_size=VOCAB,
+    max_position_embeddings=32,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 DECODER = dict(HF, num_key_value_heads=2)
 
 

@@ -22,8 +22,18 @@ from satmon.model.gating import detect_gating
 transformers = pytest.importorskip("transformers")
 
 VOCAB, D = 64, 32
-HF = dict(hidden_size=D, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB,
-          max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0, num_key_value_heads=2)  # fmt: skip
+HF = dict(
+    hidden_size=D,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    vocab_size=VOCAB,
+    max_position_embeddings=64,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+    num_key_value_heads=2,
+)
 IDX = torch.randint(3, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
 
 
@@ -40,9 +50,20 @@ def _build(name: str, **extra) -> nn.Module:
         config = transformers.StableLmConfig(**HF, use_parallel_residual=name.endswith("parallel"))
         return transformers.StableLmForCausalLM(config)
     if name == "mamba2":
-        config = transformers.Mamba2Config(hidden_size=D, num_hidden_layers=2, vocab_size=VOCAB, num_heads=4, head_dim=16,
-                                           state_size=8, n_groups=1, expand=2, chunk_size=8, bos_token_id=1, eos_token_id=2,
-                                           pad_token_id=0)  # fmt: skip
+        config = transformers.Mamba2Config(
+            hidden_size=D,
+            num_hidden_layers=2,
+            vocab_size=VOCAB,
+            num_heads=4,
+            head_dim=16,
+            state_size=8,
+            n_groups=1,
+            expand=2,
+            chunk_size=8,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
         return transformers.Mamba2ForCausalLM(config)
     raise KeyError(name)
 

@@ -22,8 +22,19 @@ D, H = 16, 24
 
 
 def _report(**pairing) -> GatingInfo:
-    p = GatedPairing(**{"norm": "norm", "mlp": "", "gate": "fc_in", "up": None, "down": "fc_out", "fused": True,
-                        "activation": "silu", "source": "mapping", **pairing})  # fmt: skip
+    p = GatedPairing(
+        **{
+            "norm": "norm",
+            "mlp": "",
+            "gate": "fc_in",
+            "up": None,
+            "down": "fc_out",
+            "fused": True,
+            "activation": "silu",
+            "source": "mapping",
+            **pairing,
+        }
+    )
     return GatingInfo(True, ("norm",), "", {"norm": p})
 
 

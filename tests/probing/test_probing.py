@@ -140,10 +140,15 @@ class NanoBlock(nn.Module):
 class NanoGPT(nn.Module):
     def __init__(self, vocab: int = VOCAB, d: int = 64, n_layers: int = 2, block_size: int = 64) -> None:
         super().__init__()
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(vocab, d), wpe=nn.Embedding(block_size, d), drop=nn.Dropout(0.1),
-            h=nn.ModuleList([NanoBlock(d) for _ in range(n_layers)]), ln_f=LayerNorm(d, bias=False),
-        ))  # fmt: skip
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(vocab, d),
+                wpe=nn.Embedding(block_size, d),
+                drop=nn.Dropout(0.1),
+                h=nn.ModuleList([NanoBlock(d) for _ in range(n_layers)]),
+                ln_f=LayerNorm(d, bias=False),
+            )
+        )
         self.lm_head = nn.Linear(d, vocab, bias=False)
 
     def forward(self, idx: Tensor, targets: Tensor | None = None):
@@ -208,8 +213,13 @@ def test_nanogpt_style_layernorm_and_tuple_batches():
     _random_gamma(model, 0)
     x = _tokens(1, n_batches=2)
     report = probe(model, [(t, t) for t in x])  # nanoGPT's forward(idx, targets): the default rule feeds both
-    assert list(report.layers) == ["transformer.h.0.ln_1", "transformer.h.0.ln_2", "transformer.h.1.ln_1",
-                                   "transformer.h.1.ln_2", "transformer.ln_f"]  # fmt: skip
+    assert list(report.layers) == [
+        "transformer.h.0.ln_1",
+        "transformer.h.0.ln_2",
+        "transformer.h.1.ln_1",
+        "transformer.h.1.ln_2",
+        "transformer.ln_f",
+    ]
     for name, l in report.layers.items():
         assert l.kind == "layernorm" and l.alignment >= 0.9999 and l.null_dim == 1, name
     assert report.sigma_min.blocks == (EMBEDDING, "transformer.h.0", "transformer.h.1")

@@ -31,10 +31,14 @@ def _readings(report) -> dict:
     return d
 
 
-@pytest.mark.parametrize("make", [
-    lambda: GPT(GPTConfig(norm="layernorm", n_layers=2, dropout=0.1)),
-    lambda: LlamaLM(vocab_size=256, d_model=D, n_layers=2, n_heads=2, seq_len=64, alpha_init=20.0),
-], ids=["layernorm-gpt-dropout", "gated-dyt-llama"])  # fmt: skip
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: GPT(GPTConfig(norm="layernorm", n_layers=2, dropout=0.1)),
+        lambda: LlamaLM(vocab_size=256, d_model=D, n_layers=2, n_heads=2, seq_len=64, alpha_init=20.0),
+    ],
+    ids=["layernorm-gpt-dropout", "gated-dyt-llama"],
+)
 def test_one_matrix_per_pass_gives_the_one_pass_readings_bit_for_bit(make):
     torch.manual_seed(0)
     model = make()

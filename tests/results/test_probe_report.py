@@ -21,16 +21,28 @@ from satmon.results.verdict import GatingInfo, LayerCounts, Source, build_verdic
 
 
 def _ln(name: str, depth_diag: float, **kw) -> LayerReading:
-    fields = dict(alignment=1.0, null_projection=1.0, null_dim=1, depth=depth_diag, depth_diag=depth_diag,
-                  lambda_min_rel=depth_diag, n_degenerate=0)  # fmt: skip
+    fields = dict(
+        alignment=1.0,
+        null_projection=1.0,
+        null_dim=1,
+        depth=depth_diag,
+        depth_diag=depth_diag,
+        lambda_min_rel=depth_diag,
+        n_degenerate=0,
+    )
     fields.update(kw)
     norm_type = "layernorm-like" if depth_diag <= 1e-9 else "rmsnorm-like" if depth_diag >= 1e-3 else "undetermined"
     return LayerReading(name, "layernorm", 8, tokens=100, norm_type=norm_type, **fields)
 
 
 def _report() -> ProbeReport:
-    verdict = build_verdict({"dyt": LayerCounts(60, 100)}, step=7, source=Source.PROBE,
-                            gating=GatingInfo(True, ("dyt",), "gated"), risk={"mlp": {"flat_fraction": math.nan}})  # fmt: skip
+    verdict = build_verdict(
+        {"dyt": LayerCounts(60, 100)},
+        step=7,
+        source=Source.PROBE,
+        gating=GatingInfo(True, ("dyt",), "gated"),
+        risk={"mlp": {"flat_fraction": math.nan}},
+    )
     layers = {"ln": _ln("ln", 1e-14), "dyt": LayerReading("dyt", "dyt", 8, tokens=12, saturation=0.6, alpha=2.0)}
     sigma = SigmaMinReading([EMBEDDING, "b0"], [2.0, math.inf], [None, None], False, "X_0 is numerically singular")
     gating = GatingInfo(
@@ -87,7 +99,8 @@ def test_to_dict_keeps_plain_values_and_the_json_writer_sanitises_them():
 def test_report_module_imports_no_writer():
     tree = ast.parse(Path(report_module.__file__).read_text())
     top = [n.module for n in tree.body if isinstance(n, ast.ImportFrom)] + [
-        a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]  # fmt: skip
+        a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names
+    ]
     assert not [m for m in top if m and m.startswith("satmon.io")]
 
 
