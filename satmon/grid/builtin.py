@@ -25,19 +25,10 @@ __all__ = ["RECIPE", "Batches", "cell_tokens", "corpus", "parse_size", "unigram_
 
 #: The recipe's options (the faithful grid's GridConfig fields that are not the grid's shared settings).
 OPTIONS: dict[str, Any] = {
-    "seq_len": 64,
-    "batch_size": 16,
-    "n_heads": 4,
-    "alpha_init": 2.0,
-    "emb_scale": 1.0,
-    "bias": False,
-    "dropout": 0.0,
-    "val_tokens": 65_536,
-    "val_offset": 4_400_000,  # the held-out split starts here, after every training budget
-    "probe_sequences": 400,
-    "probe_batch": 50,  # 400 x 64 = 25,600 tokens: the study's 50 sequences of 512
-    "data": "prefix",
-    "chunk_bytes": 2_048,
+    "seq_len": 64, "batch_size": 16, "n_heads": 4, "alpha_init": 2.0, "emb_scale": 1.0, "bias": False, "dropout": 0.0,
+    "val_tokens": 65_536, "val_offset": 4_400_000,  # the held-out split starts here, after every training budget
+    "probe_sequences": 400, "probe_batch": 50,  # 400 x 64 = 25,600 tokens: the study's 50 sequences of 512
+    "data": "prefix", "chunk_bytes": 2_048,
 }
 
 
@@ -66,7 +57,7 @@ def parse_size(text: str, n_heads: int = 4) -> tuple[int, int, int]:
 def cost(size: str) -> float:
     """Relative cost of one step of a size (matmul work ~ layers x width^2, plus the byte embedding)."""
     d, n, _ = parse_size(size, 1)
-    return n * d**2 * 12 + 256 * d * 2
+    return n * d ** 2 * 12 + 256 * d * 2
 
 
 def corpus(o: Mapping[str, Any]):
@@ -81,7 +72,7 @@ def corpus(o: Mapping[str, Any]):
         n = (val.numel() - 1) // o["seq_len"]
         return train, val[: n * o["seq_len"]].view(n, o["seq_len"]), val[1 : n * o["seq_len"] + 1].view(n, o["seq_len"])
     tokens = corpus_tokens(o["val_offset"] + o["val_tokens"] + 1)
-    val = tokens[o["val_offset"] :]
+    val = tokens[o["val_offset"]:]
     n = (val.numel() - 1) // o["seq_len"]
     x = val[: n * o["seq_len"]].view(n, o["seq_len"])  # (N, T)
     y = val[1 : n * o["seq_len"] + 1].view(n, o["seq_len"])  # (N, T)
@@ -114,9 +105,7 @@ def cell_tokens(o: Mapping[str, Any], train_all: Any, nbytes: int, seed: int) ->
     n_chunks = train_all.numel() // c
     need = -(-nbytes // c)
     if need > n_chunks:
-        raise ValueError(
-            f"Expected a budget of at most {n_chunks * c:,} bytes ({n_chunks} chunks of {c}), got {nbytes:,}."
-        )
+        raise ValueError(f"Expected a budget of at most {n_chunks * c:,} bytes ({n_chunks} chunks of {c}), got {nbytes:,}.")
     order = torch.randperm(n_chunks, generator=torch.Generator().manual_seed(1_000_003 + seed))  # (n_chunks,)
     chunks = train_all[: n_chunks * c].view(n_chunks, c)[order[:need]]  # (need, c)
     return chunks.reshape(-1)[:nbytes].clone()
@@ -155,16 +144,9 @@ def data(spec: CellSpec) -> CellData:
     o = spec.options
     train_all, vx, vy = corpus(o)
     train = cell_tokens(o, train_all, spec.unique_tokens, spec.seed)
-    return CellData(
-        train=lambda: Batches(train, o["batch_size"], o["seq_len"], spec.seed),
-        val_inputs=vx,
-        val_targets=vy,
-        probe=windows_of(o, train),
-        probe_heldout=windows_of(o, vx.reshape(-1)),
-        example_input=vx[:2],
-        unique_tokens=spec.unique_tokens,
-        unigram_loss=unigram_loss(train, vy),
-    )
+    return CellData(train=lambda: Batches(train, o["batch_size"], o["seq_len"], spec.seed), val_inputs=vx, val_targets=vy,
+                    probe=windows_of(o, train), probe_heldout=windows_of(o, vx.reshape(-1)), example_input=vx[:2],
+                    unique_tokens=spec.unique_tokens, unigram_loss=unigram_loss(train, vy))
 
 
 def model(spec: CellSpec, norm: str):
@@ -177,19 +159,8 @@ def model(spec: CellSpec, norm: str):
     o = spec.options
     d, n, h = parse_size(spec.size, o["n_heads"])
     torch.manual_seed(spec.seed)
-    return GPT(
-        GPTConfig(
-            d_model=d,
-            n_layers=n,
-            n_heads=h,
-            seq_len=o["seq_len"],
-            norm=norm,
-            alpha_init=o["alpha_init"],
-            emb_scale=o["emb_scale"],
-            bias=o["bias"],
-            dropout=o["dropout"],
-        )
-    )
+    return GPT(GPTConfig(d_model=d, n_layers=n, n_heads=h, seq_len=o["seq_len"], norm=norm, alpha_init=o["alpha_init"],
+                         emb_scale=o["emb_scale"], bias=o["bias"], dropout=o["dropout"]))
 
 
 def count_params(m: Any) -> tuple[int, int]:
@@ -214,33 +185,21 @@ def check(spec: CellSpec) -> None:
 
         room = torch_source_identity()["corpus_bytes"] - o["val_tokens"] - 1
         if spec.unique_tokens + o["seq_len"] >= room:
-            raise ValueError(
-                f"Expected every budget below the torch corpus's training split ({room:,} bytes), got "
-                f"{spec.unique_tokens:,} bytes ({spec.budget}): use fewer bytes or more epochs."
-            )
+            raise ValueError(f"Expected every budget below the torch corpus's training split ({room:,} bytes), got "
+                             f"{spec.unique_tokens:,} bytes ({spec.budget}): use fewer bytes or more epochs.")
     elif spec.unique_tokens + o["seq_len"] >= o["val_offset"]:
-        raise ValueError(
-            f"Expected every budget below the held-out split ({o['val_offset']:,} bytes), got "
-            f"{spec.unique_tokens:,} bytes ({spec.budget}): use fewer bytes or more epochs."
-        )
+        raise ValueError(f"Expected every budget below the held-out split ({o['val_offset']:,} bytes), got "
+                         f"{spec.unique_tokens:,} bytes ({spec.budget}): use fewer bytes or more epochs.")
     if spec.unique_tokens <= o["seq_len"] + 1:
-        raise ValueError(
-            f"Expected budgets of more than seq_len + 1 = {o['seq_len'] + 1} bytes, got {spec.unique_tokens} "
-            f"({spec.budget})."
-        )
+        raise ValueError(f"Expected budgets of more than seq_len + 1 = {o['seq_len'] + 1} bytes, got {spec.unique_tokens} "
+                         f"({spec.budget}).")
 
 
 def describe(spec: CellSpec) -> dict[str, Any]:
     """The cell's width, depth and heads, and the DyT arm's settings (the faithful grid's fields)."""
     o = spec.options
     d, n, h = parse_size(spec.size, o["n_heads"])
-    out: dict[str, Any] = {
-        "d_model": d,
-        "n_layers": n,
-        "n_heads": h,
-        "alpha_init": o["alpha_init"],
-        "emb_scale": o["emb_scale"],
-    }
+    out: dict[str, Any] = {"d_model": d, "n_layers": n, "n_heads": h, "alpha_init": o["alpha_init"], "emb_scale": o["emb_scale"]}
     if o["data"] != "prefix":
         out.update(data=o["data"], chunk_bytes=o["chunk_bytes"])
     if o.get("corpus", "stdlib") == "torch":
@@ -267,45 +226,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     "full": {"sizes": ("d64L2", "d96L3"), "budgets": STUDY_EPOCHS, "seeds": (0, 1)},
     # two cells of the full grid, same settings (the same numbers on the same machine)
     "quick": {"sizes": ("d64L2",), "budgets": ("164ep", "1.4ep"), "seeds": (0,)},
-    "smoke": {
-        "sizes": ("d16L1", "d24L1"),
-        "budgets": ("2000", "20000"),
-        "seeds": (0,),
-        "settings": {"steps": 8, "window": 4, "warmup": 3, "eval_every": 4, "series_every": 2, "offset_every": 1},
-        "options": {
-            "seq_len": 16,
-            "batch_size": 4,
-            "n_heads": 2,
-            "val_tokens": 1_024,
-            "val_offset": 40_000,
-            "probe_sequences": 8,
-            "probe_batch": 4,
-            "alpha_init": 2.0,
-            "emb_scale": 40.0,
-        },
-    },
-    "grid2": {
-        "sizes": ("d48L2", "d64L2", "d96L3"),
-        "budgets": GRID2_EPOCHS,
-        "seeds": (2, 3),
-        "options": {"data": "chunks"},
-        "size_budgets": {"d96L3": ("32ep", "64ep", "100ep")},
-    },
+    "smoke": {"sizes": ("d16L1", "d24L1"), "budgets": ("2000", "20000"), "seeds": (0,),
+              "settings": {"steps": 8, "window": 4, "warmup": 3, "eval_every": 4, "series_every": 2, "offset_every": 1},
+              "options": {"seq_len": 16, "batch_size": 4, "n_heads": 2, "val_tokens": 1_024, "val_offset": 40_000,
+                          "probe_sequences": 8, "probe_batch": 4, "alpha_init": 2.0, "emb_scale": 40.0}},
+    "grid2": {"sizes": ("d48L2", "d64L2", "d96L3"), "budgets": GRID2_EPOCHS, "seeds": (2, 3),
+              "options": {"data": "chunks"}, "size_budgets": {"d96L3": ("32ep", "64ep", "100ep")}},
 }
 
 #: satmon's faithful grid (``satmon grid builtin``).
-RECIPE = Recipe(
-    name="satmon-faithful-gpt",
-    data=data,
-    model=model,
-    tokens_per_step=lambda o: o["batch_size"] * o["seq_len"],
-    options=OPTIONS,
-    version="1",
-    params=count_params,
-    cost=cost,
-    presets=PRESETS,
-    shared=shared,
-    check=check,
-    describe=describe,
-    late_options=LATE_OPTIONS,
-)
+RECIPE = Recipe(name="satmon-faithful-gpt", data=data, model=model,
+                tokens_per_step=lambda o: o["batch_size"] * o["seq_len"], options=OPTIONS, version="1",
+                params=count_params, cost=cost, presets=PRESETS, shared=shared, check=check, describe=describe,
+                late_options=LATE_OPTIONS)

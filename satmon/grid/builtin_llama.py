@@ -32,12 +32,8 @@ ARMS = ("rmsnorm", "dyt", "dyt-gelu", "rmsnorm-gelu")
 #: The ``final_norm`` option's values (the DyT arms' norm before the head); the first is the default.
 FINAL_NORMS = ("rmsnorm", "dyt")
 
-OPTIONS: dict[str, Any] = {
-    **{k: v for k, v in gpt.OPTIONS.items() if k not in ("emb_scale", "bias", "dropout")},
-    "alpha_init": "paper",
-    "data": "chunks",
-    "final_norm": FINAL_NORMS[0],
-}
+OPTIONS: dict[str, Any] = {**{k: v for k, v in gpt.OPTIONS.items() if k not in ("emb_scale", "bias", "dropout")},
+                           "alpha_init": "paper", "data": "chunks", "final_norm": FINAL_NORMS[0]}
 
 
 def alpha_inits(value: Any) -> dict[str, float] | None:
@@ -67,17 +63,8 @@ def _build(spec: CellSpec, norm: str, mlp: str):
     d, n, h = gpt.parse_size(spec.size, o["n_heads"])
     torch.manual_seed(spec.seed)
     final = o["final_norm"] if norm == "dyt" else norm
-    return LlamaLM(
-        vocab_size=256,
-        d_model=d,
-        n_layers=n,
-        n_heads=h,
-        seq_len=o["seq_len"],
-        norm=norm,
-        mlp=mlp,
-        final_norm=final,
-        **(alpha_inits(o["alpha_init"]) or {}),
-    )
+    return LlamaLM(vocab_size=256, d_model=d, n_layers=n, n_heads=h, seq_len=o["seq_len"], norm=norm, mlp=mlp,
+                   final_norm=final, **(alpha_inits(o["alpha_init"]) or {}))
 
 
 def model(spec: CellSpec, arm: str):
@@ -102,29 +89,19 @@ def check(spec: CellSpec) -> None:
     gpt.check(spec)
     d, _, h = gpt.parse_size(spec.size, spec.options["n_heads"])
     if (d // h) % 2:
-        raise ValueError(
-            f"Expected an even head size (RoPE rotates pairs), got width {d} / {h} heads in {spec.size!r}."
-        )
+        raise ValueError(f"Expected an even head size (RoPE rotates pairs), got width {d} / {h} heads in {spec.size!r}.")
     alpha_inits(spec.options["alpha_init"])
     if spec.options["final_norm"] not in FINAL_NORMS:
-        raise ValueError(
-            f"Expected --option final_norm= one of {', '.join(FINAL_NORMS)}, got {spec.options['final_norm']!r}."
-        )
+        raise ValueError(f"Expected --option final_norm= one of {', '.join(FINAL_NORMS)}, got {spec.options['final_norm']!r}.")
 
 
 def describe(spec: CellSpec) -> dict[str, Any]:
     """The cell's width, depth, heads, DyT inits, the DyT arms' final norm and data."""
     o = spec.options
     d, n, h = gpt.parse_size(spec.size, o["n_heads"])
-    out: dict[str, Any] = {
-        "d_model": d,
-        "n_layers": n,
-        "n_heads": h,
-        "alpha_init": o["alpha_init"],
-        "final_norm": o["final_norm"],
-        "data": o["data"],
-        "chunk_bytes": o["chunk_bytes"],
-    }
+    out: dict[str, Any] = {"d_model": d, "n_layers": n, "n_heads": h, "alpha_init": o["alpha_init"],
+                           "final_norm": o["final_norm"],
+                           "data": o["data"], "chunk_bytes": o["chunk_bytes"]}
     if o.get("corpus", "stdlib") == "torch":
         from satmon.demos.corpus import torch_source_identity
 
@@ -139,42 +116,18 @@ def shared(o: Mapping[str, Any]) -> dict[str, Any]:
 def cost(size: str) -> float:
     """Relative cost of a step (the builtin's, with the SwiGLU MLP's third matrix)."""
     d, n, _ = gpt.parse_size(size, 1)
-    return n * d**2 * 12 + 256 * d * 2
+    return n * d ** 2 * 12 + 256 * d * 2
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "smoke": {
-        "sizes": ("d16L1",),
-        "budgets": ("2000", "20000"),
-        "seeds": (0,),
-        "settings": {"steps": 8, "window": 4, "warmup": 3, "eval_every": 4, "series_every": 2, "offset_every": 1},
-        "options": {
-            "seq_len": 16,
-            "batch_size": 4,
-            "n_heads": 2,
-            "val_tokens": 1_024,
-            "val_offset": 40_000,
-            "probe_sequences": 8,
-            "probe_batch": 4,
-            "chunk_bytes": 256,
-        },
-    },
+    "smoke": {"sizes": ("d16L1",), "budgets": ("2000", "20000"), "seeds": (0,),
+              "settings": {"steps": 8, "window": 4, "warmup": 3, "eval_every": 4, "series_every": 2, "offset_every": 1},
+              "options": {"seq_len": 16, "batch_size": 4, "n_heads": 2, "val_tokens": 1_024, "val_offset": 40_000,
+                          "probe_sequences": 8, "probe_batch": 4, "chunk_bytes": 256}},
 }
 
 #: ``satmon grid llama``.
-RECIPE = Recipe(
-    name="satmon-llama",
-    data=gpt.data,
-    model=model,
-    tokens_per_step=lambda o: o["batch_size"] * o["seq_len"],
-    options=OPTIONS,
-    version="2",
-    params=lambda m: (sum(p.numel() for p in m.parameters()),) * 2,
-    cost=cost,
-    presets=PRESETS,
-    shared=shared,
-    check=check,
-    describe=describe,
-    arms=ARMS,
-    late_options=gpt.LATE_OPTIONS,
-)
+RECIPE = Recipe(name="satmon-llama", data=gpt.data, model=model, tokens_per_step=lambda o: o["batch_size"] * o["seq_len"],
+                options=OPTIONS, version="2", params=lambda m: (sum(p.numel() for p in m.parameters()),) * 2, cost=cost,
+                presets=PRESETS, shared=shared, check=check, describe=describe, arms=ARMS,
+                late_options=gpt.LATE_OPTIONS)
