@@ -1,9 +1,9 @@
 """What checking a checkpoint's CRC-32s costs in a replay: the check against the rest of one checkpoint's turn.
 
 ``satmon replay`` checks every zip record it reads against the CRC-32 the zip directory records (the pickle at
-inspection, each tensor as it is copied: :mod:`satmon.replaying.formats.torch_file`). This program writes one realistic Lightning
-checkpoint (the demo GPT at GPT-2-small width and depth, d_model 768, 12 blocks, 85 M parameters; with the Adam
-state Lightning saves beside the weights, which replay leaves unread), then, in each round, times
+inspection, each tensor as it is copied: :mod:`satmon.replaying.formats.torch_file`). This program writes one realistic
+Lightning checkpoint (the demo GPT at GPT-2-small width and depth, d_model 768, 12 blocks, 85 M parameters; with the
+Adam state Lightning saves beside the weights, which replay leaves unread), then, in each round, times
 
 - ``read``: plain reads of exactly the bytes replay checks (every record but the optimizer's tensors), from the
   page cache, as replay copies them;

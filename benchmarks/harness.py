@@ -114,7 +114,8 @@ MODELS_SMOKE = {
 
 @dataclass
 class Plan:
-    """Steps of one run: ``warmup`` unmeasured (the window of ``after``/``watch`` ends inside them), then ``measured``."""
+    """Steps of one run: ``warmup`` unmeasured (the window of ``after``/``watch`` ends
+    inside them), then ``measured``."""
 
     warmup: int
     measured: int

@@ -61,14 +61,13 @@ def outcome(
 ) -> str:
     """The DyT arm's outcome from its held-out ``curve`` [(step, loss or None)] up to ``length`` (``None``: all).
 
-    ``excluded``: the reference arm's best held-out loss is not below ``LEARNED x unigram`` (a recipe that cannot learn).
-    ``never learned``: the arm's best finite loss is at or above ``NEVER x unigram`` (or no finite loss).
+    ``excluded``: the reference arm's best held-out loss is not below ``LEARNED x unigram`` (a recipe that cannot
+    learn). ``never learned``: the arm's best finite loss is at or above ``NEVER x unigram`` (or no finite loss).
     ``learned then lost``: best below ``LEARNED x unigram``, then a non-finite loss, or a loss at the run length that
     gave back at least ``LOST_SHARE`` of what was learned (``last - best >= LOST_SHARE x (unigram - best)``).
-    ``healthy``: best below ``LEARNED x unigram``, nothing lost, and (given ``reference_last``, the reference arm's
-    loss at the run length) a last loss at most ``BEHIND x reference_last``; above it the arm **fell behind** (learned,
-    not lost, stuck well above the reference: listed and scored in its own rows). ``marginal``: best between the two
-    levels.
+    ``healthy``: best below ``LEARNED x unigram``, nothing lost, and (given ``reference_last``, the reference arm's loss
+    at the run length) a last loss at most ``BEHIND x reference_last``; above it the arm **fell behind** (learned, not
+    lost, stuck well above the reference: listed and scored in its own rows). ``marginal``: best between the two levels.
 
     Example:
         >>> outcome([(50, 3.0), (100, 2.0), (150, 2.6)], 3.0, 1.5)
@@ -397,9 +396,9 @@ def _mean(xs: Sequence[Any]) -> float | None:
 
 def score(configs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Per failed outcome (and pooled: a configuration counts in a pooled row when every seed's outcome is in it, so
-    one seed lost and one fallen behind is "failed or behind") against the healthy configurations: hits, misses, false stops, the
-    rates with Clopper-Pearson 95% intervals, Fisher's one-sided p, the mean lead over the loss rule, the share of
-    the runs a stop at the flag saves (failed) and wastes (healthy, the run itself lost too)."""
+    one seed lost and one fallen behind is "failed or behind") against the healthy configurations: hits, misses, false
+    stops, the rates with Clopper-Pearson 95% intervals, Fisher's one-sided p, the mean lead over the loss rule, the
+    share of the runs a stop at the flag saves (failed) and wastes (healthy, the run itself lost too)."""
     healthy = [c for c in configs if c["outcome"] == HEALTHY]
     fs = sum(c["flagged"] for c in healthy)
     out: dict[str, Any] = {}

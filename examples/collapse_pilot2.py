@@ -87,7 +87,8 @@ def _finite(v: Any) -> Any:
 
 
 def run_arm(settings: Any, spec: Any, data: Any, arm: str, same_start: Any = None) -> dict[str, Any]:
-    """One arm through the grid's loop; its record (curves, the window's verdict, the watch, the reach below the head)."""
+    """One arm through the grid's loop; its record (curves, the window's verdict, the
+    watch, the reach below the head)."""
     import torch
 
     from satmon.grid.builtin_llama import RECIPE

@@ -331,7 +331,8 @@ def pending_conversion(model: nn.Module) -> bool:
 def check_conversion(
     model: nn.Module, batch: Any, forward_fn: ForwardFn = feed, *, warn: Callable[[str], None] | None = None
 ) -> tuple[str, ...]:
-    """Run ``batch`` through a model :func:`convert_to_dyt` just changed, and put back the layers that cannot run as DyT.
+    """Run ``batch`` through a model :func:`convert_to_dyt` just changed, and put back the
+    layers that cannot run as DyT.
 
     One no-grad, eval forward (:func:`satmon.model.frozen_forward.frozen_forward`: modes, RNG and buffers restored). A
     converted layer called with more than one input is put back (its original norm) and the forward runs

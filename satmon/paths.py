@@ -421,8 +421,8 @@ def not_a_folder(path: str | os.PathLike) -> str | None:
 
 
 def kind_phrase(path: str | os.PathLike) -> str:
-    """What is at ``path`` in a message's words (:func:`satmon.paths.kind_of`): ``"a file"`` for a regular file, else its
-    kind (``"a socket"``, ``"a FIFO (named pipe)"``, ``"a symlink loop ..."``), never "a file" for what is not one.
+    """What is at ``path`` in a message's words (:func:`satmon.paths.kind_of`): ``"a file"`` for a regular file, else
+    its kind (``"a socket"``, ``"a FIFO (named pipe)"``, ``"a symlink loop ..."``), never "a file" for what is not one.
 
     Example:
         >>> kind_phrase("/dev/null")

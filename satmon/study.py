@@ -75,8 +75,8 @@ HELD_OUT_CELLS = 12
 HELD_OUT_PROTOCOL = "leave-one-scale-out"
 #: Guessing the commoner outcome on the same 12 cells (DyT hurt in 8): what a rule must beat to forecast anything.
 NO_SKILL_ACCURACY = 8 / 12
-#: satmon 0.3's CPU grid (not a miniature of the study's protocol: docs/science/grids_superseded.md): the 500-step window's
-#: pooled reading under the 0.43 rule, each model size held out: 9 of 18 cells, as always saying NO-GO.
+#: satmon 0.3's CPU grid (not a miniature of the study's protocol: docs/science/grids_superseded.md): the 500-step
+#: window's pooled reading under the 0.43 rule, each model size held out: 9 of 18 cells, as always saying NO-GO.
 GRID_HELD_OUT_ACCURACY = 9 / 18
 #: Always NO-GO on 0.3's grid: 9 of 18.
 GRID_NO_SKILL_ACCURACY = 9 / 18

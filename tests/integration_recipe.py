@@ -71,7 +71,8 @@ def plain_run(steps: int = STEPS, **screen_options):
 
 
 def comparable(verdict, strip: str = "") -> dict:
-    """``verdict.to_dict()`` with ``strip`` taken off the layer names (the Lightning module nests the GPT as ``model``)."""
+    """``verdict.to_dict()`` with ``strip`` taken off the layer names (the Lightning module
+    nests the GPT as ``model``)."""
     d = verdict.to_dict()
     for key in ("per_layer", "offset", "risk"):  # keyed by layer (or gated MLP) name
         d[key] = {k.removeprefix(strip): v for k, v in d[key].items()}

@@ -43,7 +43,8 @@ SMALL_WINDOW = 8  # the largest demo window the docs test runs
 
 
 def blocks(kind: str | None, pages: list[Path] = PAGES) -> list[tuple[str, int, str]]:
-    """``(page, line, code)`` of each block of ``kind`` (``None``: python and bash, as ``(page, line, "python"|"bash", code)``)."""
+    """``(page, line, code)`` of each block of ``kind`` (``None``: python and bash, as ``(page,
+    line, "python"|"bash", code)``)."""
     out = []
     for page in pages:
         text = page.read_text()

@@ -1,8 +1,8 @@
 """The fault matrix: what satmon does under each hostile or unlucky input, one asserted outcome per case
 (docs/reference/reliability.md and docs/reference/input_files.md point here; reliability.md gives the figures,
-checked against these tables by ``test_reliability_figures_are_the_matrix``). Every replay case asserts the exit code, what the user is told,
-that no code from a file ran unless asked for, whether the user's model class was ever built (and on which
-device), and that nothing the user had was lost."""
+checked against these tables by ``test_reliability_figures_are_the_matrix``). Every replay case asserts the exit code,
+what the user is told, that no code from a file ran unless asked for, whether the user's model class was ever built (and
+on which device), and that nothing the user had was lost."""
 
 from __future__ import annotations
 
@@ -78,7 +78,8 @@ RECORDER, WRONG = "./recorder.py:Recorder", "./recorder.py:Wrong"
 
 
 class Payload:
-    """Unpickling this runs ``exec``: one line appended to ``marker`` per load (the evidence that code from a file ran)."""
+    """Unpickling this runs ``exec``: one line appended to ``marker`` per load (the evidence
+    that code from a file ran)."""
 
     def __init__(self, marker: Path) -> None:
         self.marker = str(marker)
@@ -299,7 +300,8 @@ def _mutated(how: str) -> Callable[[Folder], list[str]]:
 
 
 def _zero_tensor_bytes(path: Path, n: int = 4096) -> None:
-    """Zero ``n`` bytes in the middle of the largest tensor record, the zip directory left intact (its CRC now wrong)."""
+    """Zero ``n`` bytes in the middle of the largest tensor record, the zip directory left
+    intact (its CRC now wrong)."""
     with zipfile.ZipFile(path) as z:
         info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
     with open(path, "r+b") as fh:
@@ -1365,7 +1367,8 @@ def test_a_full_disk_mid_record_leaves_the_partial_file_on_a_complete_record(wor
 
 
 def test_a_writer_thread_that_fails_reaches_the_one_line_message(world, tmp_path, monkeypatch, capsys):
-    """0.2: a full disk under --logdir gave the one-line message, then TensorBoard's writer thread's 48-line traceback."""
+    """0.2: a full disk under --logdir gave the one-line message, then TensorBoard's writer
+    thread's 48-line traceback."""
     import errno
 
     from tensorboard.summary.writer import record_writer

@@ -113,7 +113,8 @@ class OddGatedBlock(nn.Module):
 
 
 class BilinearBlock(OddGatedBlock):
-    """Like :class:`OddGatedBlock` but ``proj_g(h) * proj_u(h)`` with no activation: a product satmon cannot classify."""
+    """Like :class:`OddGatedBlock` but ``proj_g(h) * proj_u(h)`` with no activation: a
+    product satmon cannot classify."""
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.mix(self.pre(x))

@@ -266,7 +266,8 @@ def _run_name(args: argparse.Namespace) -> str:
 
 
 def _steps(args: argparse.Namespace) -> int:
-    """Optimizer steps to train: ``--steps``, else the window (GPT) or the window and :data:`LLAMA_WATCH_STEPS` (LLaMA)."""
+    """Optimizer steps to train: ``--steps``, else the window (GPT) or the window and
+    :data:`LLAMA_WATCH_STEPS` (LLaMA)."""
     return args.steps or args.window + (LLAMA_WATCH_STEPS if args.arch == "llama" else 0)
 
 

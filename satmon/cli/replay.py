@@ -1,9 +1,9 @@
 """``satmon replay``: the command line of :func:`satmon.replay` (:mod:`satmon.replaying.session`), which checks
 everything before any work, replays the checkpoints and writes the outputs (a TensorBoard run lined up with the
 live runs, ``--json`` once complete, ``--report``). This module parses the flags into one
-:class:`~satmon.replaying.options.ReplayOptions` and prints what it yields: progress, the summary table, the live verdict beside the replay's, the exit code. Ctrl-C and
-SIGTERM end with one line saying where every output stands (exit 130 / 143); :data:`EPILOG` and docs/guides/replay.md
-give security and the exit codes.
+:class:`~satmon.replaying.options.ReplayOptions` and prints what it yields: progress, the summary table, the live
+verdict beside the replay's, the exit code. Ctrl-C and SIGTERM end with one line saying where every output stands (exit
+130 / 143); :data:`EPILOG` and docs/guides/replay.md give security and the exit codes.
 """
 
 from __future__ import annotations
@@ -220,7 +220,8 @@ def _check_numbers(args: argparse.Namespace) -> Any:
 
 # ------------------------------------------------------------------------------------ output
 def _progress(total: int, quiet: bool):
-    """``(update(row), close())``: a bar with an ETA on a terminal, one plain line a checkpoint (with the ETA) otherwise."""
+    """``(update(row), close())``: a bar with an ETA on a terminal, one plain line a
+    checkpoint (with the ETA) otherwise."""
     if quiet:
         return (lambda row: None), (lambda: None)
     from satmon.cli.progress import Progress
@@ -320,7 +321,8 @@ def _replaced(out: Any, path: Any) -> str:
 
 def run(args: argparse.Namespace, state: dict[str, Any] | None = None) -> int:
     """Check everything the user passed, then read the checkpoints, replay them and report; the exit code
-    (``state["run"]``: the :class:`~satmon.replaying.session.ReplaySession` once made, for the line of an interrupted one)."""
+    (``state["run"]``: the :class:`~satmon.replaying.session.ReplaySession` once made, for the
+    line of an interrupted one)."""
     state = {} if state is None else state
     talk = _talk(args)
     talk(_first_line(args))  # before torch is imported: the user sees at once what runs

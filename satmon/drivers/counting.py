@@ -251,7 +251,8 @@ def scale_note(model: nn.Module, data: Any, unique_tokens: int | None = None) ->
 
 
 def optimizer_name(optimizer: Any) -> str | None:
-    """The optimizer's name as the forecast's domain reads it (``"adamw"``: its class, lower case), ``None`` without one.
+    """The optimizer's name as the forecast's domain reads it (``"adamw"``: its class,
+    lower case), ``None`` without one.
 
     Example:
         >>> optimizer_name(torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())), optimizer_name(None)

@@ -250,7 +250,8 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
             s.lr_schedule,
             optimizer=optimizer_name(kwargs.get("optimizer")),
         )
-        # the hooks go on at the first training forward, whose batch the gated-MLP trace reads (as the Lightning callback)
+        # the hooks go on at the first training forward, whose batch the gated-MLP trace
+        # reads (as the Lightning callback)
         self._hooks = [
             model.register_forward_pre_hook(self._attach, with_kwargs=True, prepend=True),
             model.register_forward_hook(self._keep_loss),

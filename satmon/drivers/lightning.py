@@ -55,7 +55,8 @@ _OWN = (
 
 
 def _weak(obj: Any) -> Callable[[], Any]:
-    """A weak reference to ``obj`` (a Trainer, a LightningModule), or one that holds what cannot be weakly referenced."""
+    """A weak reference to ``obj`` (a Trainer, a LightningModule), or one that holds what
+    cannot be weakly referenced."""
     try:
         return weakref.ref(obj)
     except TypeError:
@@ -225,7 +226,8 @@ class SaturationMonitor(ReadsSettings, Callback):
         """A screen and live probe with nothing of an earlier run in them."""
         live = LiveProbe(*self._probe_args, settings=self.settings)
         self.live_probe: LiveProbe | None = live if live.active else None
-        # the verdict's line (or card, verbose) goes to stdout on rank zero (the Screen's default), as in every satmon driver
+        # the verdict's line (or card, verbose) goes to stdout on rank zero (the Screen's
+        # default), as in every satmon driver
         self.screen = Screen(self.settings, warn=rank_zero_warn, verbose=self.verbose)
         self._paused = ExitStack()  # validation: no counting between on_validation_start and _end
         self._attached = False
@@ -500,7 +502,8 @@ class SaturationMonitor(ReadsSettings, Callback):
 
 
 def _stepping(trainer: pl.Trainer) -> float | None:
-    """The trainer's estimated optimizer steps, finite, or ``None`` (the forecast's domain then says they are unknown)."""
+    """The trainer's estimated optimizer steps, finite, or ``None`` (the forecast's domain
+    then says they are unknown)."""
     try:
         steps = float(trainer.estimated_stepping_batches)
     except Exception:  # as _planned: unknown, never a failed run

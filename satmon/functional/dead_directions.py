@@ -653,8 +653,8 @@ def sigma_min_profile(
     r"""Residual-stream depth readout: ``sigma_min(X_l) / sigma_min(X_0)`` for every stream ``l``.
 
     ``streams[0]`` is the embedding output ``X_0``, then the stream after each block (matrices or
-    accumulators of the same tokens, or their :func:`gram_spectrum`). The paper's invariance: the ratio stays ``>= 1`` while no
-    block's update anti-aligns with the stream; a ratio below 1 flags one that does.
+    accumulators of the same tokens, or their :func:`gram_spectrum`). The paper's invariance: the ratio stays ``>= 1``
+    while no block's update anti-aligns with the stream; a ratio below 1 flags one that does.
 
     The ratios are only defined with a full-rank ``X_0``. ``valid`` is False, and every ratio
     0.0, when some stream has fewer finite tokens than channels (rank < d, so ``sigma_min = 0``

@@ -450,7 +450,8 @@ def _step(t: float, direction: int, dtype: torch.dtype) -> float:
 
 
 def _f32_step(t: float, direction: int) -> float:
-    """The float32 neighbour of a non-negative float32 ``t``: ``+1`` up (``inf`` past the top), ``-1`` down (not below 0)."""
+    """The float32 neighbour of a non-negative float32 ``t``: ``+1`` up (``inf`` past the
+    top), ``-1`` down (not below 0)."""
     if math.isinf(t):
         return t if direction > 0 else _f32_from_bits(0x7F7FFFFF)
     bits = _U32.unpack(_F32.pack(t))[0]
@@ -482,7 +483,8 @@ def alpha_broadcast_problem(alpha_shape: torch.Size, x_shape: torch.Size) -> str
 
 
 def _fit_threshold(threshold: Tensor, shape: torch.Size) -> Tensor:
-    """``threshold`` (``alpha``'s shape) for an in-place comparison with ``|x|`` of ``shape``, as ``alpha * x`` broadcasts."""
+    """``threshold`` (``alpha``'s shape) for an in-place comparison with ``|x|`` of ``shape``,
+    as ``alpha * x`` broadcasts."""
     if threshold.numel() == 1 or threshold.shape == shape[len(shape) - threshold.dim() :]:
         return threshold  # a scalar, or alpha's shape trailing x's (a per-channel alpha, every forward): broadcasts as it is
     if alpha_broadcast_problem(threshold.shape, shape) is not None:

@@ -119,12 +119,11 @@ class GridSettings:
 
     The schedule is the regime study's ``train.py``: a linear warm-up to ``lr`` over ``warmup`` steps
     (``lr * (i + 1) / (warmup + 1)`` at update ``i``), then constant; ``warmup=None`` (the default) is
-    :func:`default_warmup`: ``min(2000, 0.4 * steps)``, the study's 2,000 at its 5,000 steps. AdamW with ``betas``, weight decay on
-    matrices only (nanoGPT's ``configure_optimizers``), gradient clipping at ``grad_clip``. The held-out loss
-    every ``eval_every`` steps (and at the window's end and the last step), the training loss averaged over
-    each ``series_every`` steps, the window's series read every ``series_every`` steps, the screen's sampled
-    offset statistics every ``offset_every`` steps. ``device``: where the model and batches go (``"cpu"``,
-    ``"cuda"``).
+    :func:`default_warmup`: ``min(2000, 0.4 * steps)``, the study's 2,000 at its 5,000 steps. AdamW with ``betas``,
+    weight decay on matrices only (nanoGPT's ``configure_optimizers``), gradient clipping at ``grad_clip``. The held-out
+    loss every ``eval_every`` steps (and at the window's end and the last step), the training loss averaged over each
+    ``series_every`` steps, the window's series read every ``series_every`` steps, the screen's sampled offset
+    statistics every ``offset_every`` steps. ``device``: where the model and batches go (``"cpu"``, ``"cuda"``).
 
     Example:
         >>> GridSettings(steps=8, window=4, warmup=3).check()

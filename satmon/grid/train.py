@@ -1,4 +1,5 @@
-"""One arm of a cell: the grid's training loop (the regime study's ``train.py`` protocol), screened by ``satmon.Screen``.
+"""One arm of a cell: the grid's training loop (the regime study's ``train.py`` protocol),
+screened by ``satmon.Screen``.
 
 Moved from ``examples/regime_grid.py`` (0.4's faithful grid) and made recipe-generic: the model, the batches,
 the held-out split and the loss come from the recipe (:mod:`satmon.grid.recipe`); the optimizer, the schedule,

@@ -111,7 +111,8 @@ def check_name_lengths(path: str | os.PathLike, what: str, extra: int = 0) -> No
 
 
 def check_output(path: str | os.PathLike | None, what: str, suffixes: Sequence[str] = ()) -> Path | None:
-    """Check, before any work, that ``path`` can be written as a file; returns it as a ``Path`` (``None`` stays ``None``).
+    """Check, before any work, that ``path`` can be written as a file; returns it as a
+    ``Path`` (``None`` stays ``None``).
 
     Args:
         path: the output file (``None``: no such output asked for).

@@ -226,7 +226,8 @@ def read_cells_file(path: str | Path) -> list[PhaseCell]:
 
 
 def grid_cells() -> list[PhaseCell]:
-    """The cells of every grid file shipped with satmon (``satmon/data_files/phase_*.csv``), file by file in name order."""
+    """The cells of every grid file shipped with satmon (``satmon/data_files/phase_*.csv``),
+    file by file in name order."""
     folder = resources.files("satmon").joinpath("data_files")
     cells: list[PhaseCell] = []
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):

@@ -47,7 +47,8 @@ __all__ = [
 EVENT_GLOB = "events.out.tfevents.*"
 #: The longest event record read (satmon's records are a few KB; TensorBoard's own images rarely pass a few MB).
 MAX_RECORD = 64 << 20
-#: ``SummaryWriter.add_text(tag, ...)`` stores the text under ``tag + TEXT_SUFFIX`` (satmon 0.2's texts; 0.3 writes under ``tag``).
+#: ``SummaryWriter.add_text(tag, ...)`` stores the text under ``tag + TEXT_SUFFIX`` (satmon 0.2's
+#: texts; 0.3 writes under ``tag``).
 TEXT_SUFFIX = V02_TEXT_SUFFIX  # the one definition is the tag table's (TAG.from_v02)
 #: Per-layer scalar families: tag prefix -> the reading's name in :meth:`Run.layers`.
 _LAYER_FAMILIES = {TAG.layer_saturation(""): "saturation", TAG.alpha(""): "alpha", TAG.init_gap(""): "init_gap"}

@@ -87,13 +87,16 @@ def claim_run_folder(logdir: str | os.PathLike, name: str = "replay", source: st
 
 
 class TensorBoardReplay:
-    """A TensorBoard run of replayed checkpoints; pass it as ``satmon.replaying.loop.checkpoint_records(on_record=...)``.
+    """A TensorBoard run of replayed checkpoints; pass it as
+    ``satmon.replaying.loop.checkpoint_records(on_record=...)``.
 
     Args:
         logdir: the TensorBoard root.
-        name: the run name, when ``source`` is not given: the run goes to ``logdir/name/version_N`` (:func:`next_version`).
-        source: the run the checkpoints are of (:func:`satmon.replaying.live.run_name`): the run goes to ``logdir/replay of SOURCE``
-            (``replay of SOURCE (2)``, ... when that exists), so TensorBoard lists it as the replay of that run.
+        name: the run name, when ``source`` is not given: the run goes to
+            ``logdir/name/version_N`` (:func:`next_version`).
+        source: the run the checkpoints are of (:func:`satmon.replaying.live.run_name`): the run goes to
+            ``logdir/replay of SOURCE`` (``replay of SOURCE (2)``, ... when that exists), so TensorBoard
+            lists it as the replay of that run.
 
     Example:
         >>> import tempfile
@@ -118,8 +121,8 @@ class TensorBoardReplay:
         return self.sink.log_dir
 
     def __call__(self, record: Any) -> None:
-        """Write one :class:`satmon.replaying.loop.ReplayRecord`: its readings and verdict (its card names the source run
-        and, when found, shows its live verdict beside this one), or why it was skipped."""
+        """Write one :class:`satmon.replaying.loop.ReplayRecord`: its readings and verdict (its card names the source
+        run and, when found, shows its live verdict beside this one), or why it was skipped."""
         step = int(record.global_step or 0)
         report = record.report
         if report is None:

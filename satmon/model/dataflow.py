@@ -102,7 +102,8 @@ _SPLITS = {"chunk", "split", "tensor_split", "unbind", "split_with_sizes"}
 _ADDS = {"add", "__add__", "__radd__", "add_", "__iadd__", "sub", "__sub__", "__rsub__", "sub_", "__isub__", "subtract"}
 _ATTENTION = {"scaled_dot_product_attention", "flash_attention", "_scaled_dot_product_flash_attention"}
 _PAIRWISE = {"matmul", "__matmul__", "__rmatmul__", "bmm", "einsum", "baddbmm"}  # q @ k^T when both come from the norm
-#: calls whose output takes only the shape, dtype or device of these tensor arguments (by position; -1: all), not their values
+#: calls whose output takes only the shape, dtype or device of these tensor arguments (by
+#: position; -1: all), not their values
 _METADATA = {
     "type_as": (1,),
     "to": (1,),
@@ -181,7 +182,8 @@ class FlowTrace:
     feeds: dict[str, set[str]] = field(default_factory=dict)
     #: norm -> the modules whose projections read its output directly (the first projection of each branch)
     reached: dict[str, set[str]] = field(default_factory=dict)
-    #: module -> the most arguments (positional and keyword) one of its calls passed (a gated norm's ``norm(y, gate)``: 2)
+    #: module -> the most arguments (positional and keyword) one of its calls passed (a
+    #: gated norm's ``norm(y, gate)``: 2)
     inputs: dict[str, int] = field(default_factory=dict)
 
 
@@ -368,7 +370,8 @@ class _Mode(TorchFunctionMode):
 
     def _add(self, values: list[Tensor], inputs: list[dict[str, _Flow]], outs: list[Tensor]) -> dict[str, _Flow]:
         """An addition: a norm's branch that meets another stream ends there (the residual stream). A parameter,
-        a buffer or anything computed from them alone (a bias, even one gathered by a router, a constant) is no stream."""
+        a buffer or anything computed from them alone (a bias, even one gathered by a
+        router, a constant) is no stream."""
         size = outs[0].numel()
         operands = [t for t in values if t.numel() == size and (self.get(t) or self.kind(t) != _STATIC)]
         flows = _merge(inputs, self.events)

@@ -339,7 +339,8 @@ def _by_names(module: nn.Module, own: dict, c: int | None) -> Reading | None:
 
 
 def _meta_lack(module: nn.Module) -> str:
-    """What a copy of a module on the meta device would need that meta does not hold (``""``: nothing, or not on meta)."""
+    """What a copy of a module on the meta device would need that meta does not hold
+    (``""``: nothing, or not on meta)."""
     if not any(t.is_meta for t in (*module.parameters(), *module.buffers())):
         return ""
     floats = tuple(n for n, p in module.named_parameters(recurse=False) if p.is_floating_point())

@@ -110,7 +110,8 @@ class _Reading:
 
 
 def _path(node: ast.AST, me: str = "self") -> str | None:
-    """``self.a.b`` -> ``"a.b"``; ``self.layers[0]`` -> ``"layers.0"``; anything else None (``me``: forward's first argument)."""
+    """``self.a.b`` -> ``"a.b"``; ``self.layers[0]`` -> ``"layers.0"``; anything else None
+    (``me``: forward's first argument)."""
     parts: list[str] = []
     while True:
         if isinstance(node, ast.Attribute):

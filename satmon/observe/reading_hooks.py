@@ -36,7 +36,8 @@ __all__ = ["ReadingHooks", "nonfinite_parameters"]
 
 
 class ReadingHooks:
-    """Saturation, offset and gate hooks on a model's DyT layers, read into one :class:`~satmon.results.reading.Reading`.
+    """Saturation, offset and gate hooks on a model's DyT layers, read into one
+    :class:`~satmon.results.reading.Reading`.
 
     Args:
         model: the model (the gate hooks find the gated MLPs' modules in it).

@@ -69,7 +69,8 @@ _MAX_PENDING = 16384
 #: call patterns whose device index and totals are kept (a training loop repeats one or two)
 _MAX_FOLDS = 32
 #: on the CPU, the fused count is used for a call that counts at least this many elements in all (the inputs of
-#: one forward counted together): the crossover measured by ``benchmarks/count_crossover.py`` (docs/reference/performance.md)
+#: one forward counted together): the crossover measured by ``benchmarks/count_crossover.py``
+#: (docs/reference/performance.md)
 FUSED_MIN_ELEMENTS = 2**17
 #: compiled counts kept per process (one per input layout: shapes, strides, dtypes, device)
 _MAX_COMPILED = 32
@@ -676,6 +677,7 @@ class SaturationHooks(HookSet):
 
 
 def whole(t: Tensor) -> Tensor:
-    """``t`` itself, or the whole tensor of a sharded ``DTensor`` (FSDP2 parameters outside the forward; a collective)."""
+    """``t`` itself, or the whole tensor of a sharded ``DTensor`` (FSDP2 parameters outside
+    the forward; a collective)."""
     full = getattr(t, "full_tensor", None)
     return full() if callable(full) else t

@@ -116,7 +116,8 @@ def find_probe_targets(
 
 
 def layer_dim(module: nn.Module) -> int | None:
-    """A norm layer's channel count (:func:`satmon.model.discovery.norm_channels`, the one rule); ``None`` when it does not say.
+    """A norm layer's channel count (:func:`satmon.model.discovery.norm_channels`, the one rule);
+    ``None`` when it does not say.
 
     Example:
         >>> layer_dim(nn.LayerNorm(8, elementwise_affine=False)), layer_dim(nn.Identity())

@@ -47,7 +47,8 @@ DEFAULT_PICKLE_MB = 64
 
 
 class OverBudget(ValueError):
-    """A file that declares more than satmon reads before it can check it; the message says the budget and how to raise it."""
+    """A file that declares more than satmon reads before it can check it; the message says the
+    budget and how to raise it."""
 
 
 def pickle_budget() -> int:

@@ -56,7 +56,8 @@ def _damaged_record(path: Path) -> str | None:
 
 
 def check_data_file(path: str | Path) -> Path:
-    """``path`` as a ``Path`` when it is a regular file (symlinks followed), checked by its kind only: nothing is opened.
+    """``path`` as a ``Path`` when it is a regular file (symlinks followed), checked by
+    its kind only: nothing is opened.
 
     Raises:
         ReplayUsageError: no such file, or not a regular file (a folder, a FIFO, a socket, a device, a link to one, a
@@ -128,7 +129,8 @@ def load_data_file(path: str | Path, n_batches: int, batch_size: int | None = No
 
 
 def datamodule_batches(dm_cls: type, hparams: Mapping[str, Any], n_batches: int) -> list[Any]:
-    """The first ``n_batches`` of ``dm_cls(**hparams).train_dataloader()`` (after ``prepare_data`` and ``setup("fit")``).
+    """The first ``n_batches`` of ``dm_cls(**hparams).train_dataloader()`` (after
+    ``prepare_data`` and ``setup("fit")``).
 
     Raises:
         ReplayUsageError: one line naming the class, the hyper-parameters and what to do, whatever

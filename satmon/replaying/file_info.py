@@ -25,7 +25,8 @@ class FileChanged(Exception):
 
 
 class CorruptFile(ValueError):
-    """A zip archive whose bytes do not match the CRC-32 its directory records (damaged after it was written): skipped."""
+    """A zip archive whose bytes do not match the CRC-32 its directory records (damaged
+    after it was written): skipped."""
 
 
 def corrupt_file(what: str) -> CorruptFile:

@@ -477,7 +477,8 @@ def _replay_one(
     kwargs: Mapping[str, Any],
     twin: bool,
 ) -> ReplayRecord:
-    """Build, check and probe one checkpoint; its record, built here once (an error record when it cannot be replayed)."""
+    """Build, check and probe one checkpoint; its record, built here once (an error record
+    when it cannot be replayed)."""
     from satmon.model.map import model_map
     from satmon.probing.passes import probe
 

@@ -3,11 +3,11 @@
 :class:`ReplaySession` owns the whole replay but the printing: every argument and output checked before any work,
 the outputs' locks (one writer per output), the listing of the checkpoints, their inspection and order, the
 run they come from (computed once, from the listing) and its live verdict, the calibration batches, the model
-check on the meta device, the loop (:func:`satmon.replaying.loop.checkpoint_records`) and the outputs: a TensorBoard run,
-the records as they come (``FILE.partial.jsonl``), ``json`` once complete, the markdown ``report``.
-``satmon replay`` (:mod:`satmon.cli.replay`) parses its flags into one
-:class:`~satmon.replaying.options.ReplayOptions` and prints what this yields. The walk of one checkpoint path: this module -> :mod:`satmon.replaying.checkpoints` (list, inspect,
-order) -> :mod:`satmon.replaying.live` (the source run) -> :mod:`satmon.replaying.loop` (build, probe).
+check on the meta device, the loop (:func:`satmon.replaying.loop.checkpoint_records`) and the outputs: a TensorBoard
+run, the records as they come (``FILE.partial.jsonl``), ``json`` once complete, the markdown ``report``. ``satmon
+replay`` (:mod:`satmon.cli.replay`) parses its flags into one :class:`~satmon.replaying.options.ReplayOptions` and
+prints what this yields. The walk of one checkpoint path: this module -> :mod:`satmon.replaying.checkpoints` (list,
+inspect, order) -> :mod:`satmon.replaying.live` (the source run) -> :mod:`satmon.replaying.loop` (build, probe).
 
 Nothing from a file runs unless asked: checkpoints are read with ``torch.load(weights_only=True)`` unless
 ``trust_checkpoints=True``; ``model``/``factory``/``datamodule`` given as ``"MODULE:ATTR"`` strings import and
@@ -34,7 +34,8 @@ from satmon.settings import settings_from
 __all__ = ["CALIBRATION_FILE", "ReplayOptions", "ReplaySession", "replay"]
 
 #: The calibration batches the live probe saves beside a run's logs: a replay of that run's folder reads them when no
-#: other data is given (the name is :mod:`satmon.replaying.checkpoints`', whose listing never counts it as a checkpoint).
+#: other data is given (the name is :mod:`satmon.replaying.checkpoints`', whose listing
+#: never counts it as a checkpoint).
 from satmon.paths import CALIBRATION_FILE  # noqa: E402
 
 #: Replays being iterated: closed at exit (before the interpreter stops TensorBoard's writer thread, which a replay
@@ -116,7 +117,8 @@ class ReplaySession:
         outputs: every path written (:class:`~satmon.replaying.outputs.Outputs`).
         listing: what :func:`~satmon.replaying.checkpoints.list_checkpoints` found.
         infos: every inspected checkpoint; ``ordered``: the readable ones, in step order.
-        source: the run the checkpoints come from and its live verdict (:class:`~satmon.results.live_replay.ReplaySource`).
+        source: the run the checkpoints come from and its live verdict
+            (:class:`~satmon.results.live_replay.ReplaySource`).
         data_text: where the calibration batches came from, in words.
         device: where the model runs.
         records, dicts, rows: what was replayed so far (the records, their JSON dicts, their summary rows).
@@ -573,8 +575,8 @@ def _user_objects(model: Any, factory: Any, datamodule: Any) -> tuple[Any, Any, 
 
 
 def _batches_of(data: Any, n: int, batch_size: int | None) -> list[Any]:
-    """Batches given as objects (``data=`` from Python), by :func:`satmon.replaying.data.load_data_file`'s rule: a tensor
-    or a dict of tensors is one batch (or ``batch_size`` rows each), a list or tuple one batch per item."""
+    """Batches given as objects (``data=`` from Python), by :func:`satmon.replaying.data.load_data_file`'s rule: a
+    tensor or a dict of tensors is one batch (or ``batch_size`` rows each), a list or tuple one batch per item."""
     from collections.abc import Mapping
 
     from torch import Tensor

@@ -72,7 +72,8 @@ class Calibration:
 
     @property
     def no_skill(self) -> float | None:
-        """Guessing the commoner outcome on the calibration's cells (``None`` when the file does not say how many helped)."""
+        """Guessing the commoner outcome on the calibration's cells (``None`` when the file
+        does not say how many helped)."""
         if self.helps < 0 or self.n <= 0 or self.helps > self.n:
             return None
         return max(self.helps, self.n - self.helps) / self.n

@@ -82,7 +82,8 @@ class LayerReading:
     note: str = ""
 
     def reading(self) -> Alignment | None:
-        """The :class:`~satmon.functional.dead_directions.Alignment` behind a LayerNorm/RMSNorm reading (``None`` otherwise)."""
+        """The :class:`~satmon.functional.dead_directions.Alignment` behind a LayerNorm/RMSNorm
+        reading (``None`` otherwise)."""
         if self.alignment is None:
             return None
         return Alignment(
@@ -161,7 +162,8 @@ class SigmaMinReading:
 
     @classmethod
     def from_spectra(cls, streams: list[str], spectra: Mapping[str, GramSpectrum]) -> SigmaMinReading:
-        """The profile over ``streams`` (``X_0`` first) from each one's :class:`~satmon.functional.dead_directions.GramSpectrum`
+        """The profile over ``streams`` (``X_0`` first) from each one's
+        :class:`~satmon.functional.dead_directions.GramSpectrum`
         (:func:`~satmon.functional.dead_directions.sigma_min_profile`); a stream without one makes it invalid.
 
         Example:

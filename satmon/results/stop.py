@@ -86,7 +86,8 @@ class StopRecord:
     dry_run: bool = False
 
     def text(self) -> str:
-        """The stop in one markdown line (the ``satmon/stop`` text in TensorBoard; the console warning without ``**``)."""
+        """The stop in one markdown line (the ``satmon/stop`` text in TensorBoard; the
+        console warning without ``**``)."""
         return (
             f"**satmon {'would stop' if self.dry_run else 'stopped'} training at step {self.step}** "
             f"({self.reason.value}{', dry run' if self.dry_run else ''}): {self.message}"

@@ -712,7 +712,8 @@ class Screen(Watching):
         self._first_forward_hooks = []
 
     def _count_sets(self) -> list[SaturationHooks]:
-        """The window's saturation hook sets: the layers found at attach, then those of the layers that appeared since."""
+        """The window's saturation hook sets: the layers found at attach, then those of the
+        layers that appeared since."""
         assert self.hooks is not None
         return [self.hooks, *self._late]
 
@@ -811,7 +812,8 @@ class Screen(Watching):
 
     # ------------------------------------------------------------------------------- state
     def _window_states(self) -> tuple[tuple[str, WindowState | None], ...]:
-        """The window's states kept in checkpoints beside the counts (``None``: off), in :data:`~satmon.screen.state.EXTRA_STATES` order."""
+        """The window's states kept in checkpoints beside the counts (``None``: off), in
+        :data:`~satmon.screen.state.EXTRA_STATES` order."""
         return (
             ("loss_segments", self.window_loss),
             ("offset", self.offset_hooks.counter if self.offset_hooks else None),

@@ -154,7 +154,8 @@ def test_the_realistic_widths_run_and_count_every_input(tmp_path):
 
 
 def test_until_width_repeats_until_every_paired_interval_is_narrow(monkeypatch, capsys):
-    """``measure`` with ``until_width``: repeats past ``repeats`` while an interval is wider, and stops at ``max_repeats``."""
+    """``measure`` with ``until_width``: repeats past ``repeats`` while an interval is wider,
+    and stops at ``max_repeats``."""
     import overhead
 
     calls = {"n": 0}

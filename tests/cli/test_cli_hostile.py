@@ -76,7 +76,8 @@ def test_report_prints_no_control_character_from_an_event_file(tmp_path, capsys)
 
 
 def test_report_never_opens_a_fifo_nor_reads_a_device_or_folder_named_like_an_event_file(tmp_path):
-    """0.2 blocked forever in open() on a FIFO named like an event file. Run in a process of its own, under a timeout."""
+    """0.2 blocked forever in open() on a FIFO named like an event file. Run in a process
+    of its own, under a timeout."""
     good = _run(tmp_path / "run")
     os.mkfifo(tmp_path / "run" / "events.out.tfevents.2.fifo")
     (tmp_path / "run" / "events.out.tfevents.3.zero").symlink_to("/dev/zero")

@@ -31,7 +31,8 @@ def test_a_printed_command_pasted_into_bash_gives_each_word_back(word):
 
 
 def test_every_printed_command_goes_through_command():
-    """The CLI's printed commands (replay's report line, the demo's three, calibrate's record) are built by command()."""
+    """The CLI's printed commands (replay's report line, the demo's three, calibrate's
+    record) are built by command()."""
     import inspect
 
     from satmon.cli import calibrate, demo, replay

@@ -184,7 +184,8 @@ def test_resume_from_checkpoint_restores_the_counts(tmp_path, reference):
 
     resumed, trainer = hf_run(tmp_path, llama(), Tokens(), resume=str(tmp_path / "checkpoint-3"), **saved)
     assert trainer.state.global_step == STEPS
-    # the counts of steps 1-3 restored, those of 4-6 added (the saved state holds the counts, not gate or offset statistics)
+    # the counts of steps 1-3 restored, those of 4-6 added (the saved state holds the counts,
+    # not gate or offset statistics)
     assert counted(resumed.verdict) == counted(reference.verdict)
 
     os.remove(tmp_path / "checkpoint-3" / STATE_FILE)

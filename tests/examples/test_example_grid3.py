@@ -1,5 +1,6 @@
 """Grid 3's scoring (examples/grid3_analysis.py), as amendment 1 of docs/plans/grid3_plan.md states it, on hand-made
-cells whose answer is known: configurations (seeds averaged), the binomial test against p0 = 0.5, the environment gate."""
+cells whose answer is known: configurations (seeds averaged), the binomial test against
+p0 = 0.5, the environment gate."""
 
 from __future__ import annotations
 

@@ -410,7 +410,8 @@ def test_fused_counts_many_equals_each_inputs_four_op_count():
 
 @pytest.mark.parametrize("numel, acc", [(2**31 - 1, torch.int32), (2**31, torch.int64)])
 def test_fused_counts_accumulate_in_int32_only_where_it_is_exact(numel, acc):
-    """Traced on the meta device (no data): the saturated count sums in int32 below 2**31 elements, in int64 from there."""
+    """Traced on the meta device (no data): the saturated count sums in int32 below 2**31
+    elements, in int64 from there."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     gm = make_fx(fused_counts)(torch.empty(numel, device="meta"), torch.empty(1, device="meta"))

@@ -1,4 +1,5 @@
-"""``satmon.Screen`` and ``satmon.probe`` under FSDP2 (``torch.distributed.fsdp.fully_shard``), two CPU processes (gloo).
+"""``satmon.Screen`` and ``satmon.probe`` under FSDP2
+(``torch.distributed.fsdp.fully_shard``), two CPU processes (gloo).
 
 Outside the forward an FSDP2 module's parameters are sharded ``DTensor``s (a 1-element ``alpha`` sits whole
 on rank 0, empty on rank 1); inside it they are whole, in storage FSDP2 re-gathers every forward. Each

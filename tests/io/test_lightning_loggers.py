@@ -46,7 +46,8 @@ class Keep(NullSink):
 
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
-    """One fit, window 4, with the four loggers (W&B offline, MLflow on a file store, both in this folder) and a sink of the user's."""
+    """One fit, window 4, with the four loggers (W&B offline, MLflow on a file store, both in this
+    folder) and a sink of the user's."""
     root = tmp_path_factory.mktemp("loggers")
     with own_trackers(root):
         loggers = {

@@ -144,7 +144,8 @@ def _screen_run(sink_or_logdir: dict) -> Screen:
 
 
 def test_screen_logdir_equals_satmon_0_2s_tensorboard_logger(tmp_path, tb):
-    """``Screen(logdir=...)`` against 0.2's ``TensorBoardLogger(logdir, name="", version="", default_hp_metric=False)``."""
+    """``Screen(logdir=...)`` against 0.2's ``TensorBoardLogger(logdir, name="", version="",
+    default_hp_metric=False)``."""
     ours = _screen_run({"logdir": tmp_path / "ours"})
     logger = TensorBoardLogger(str(tmp_path / "lightning"), name="", version="", default_hp_metric=False)
     theirs = _screen_run({"sink": LightningSink([logger])})

@@ -138,7 +138,8 @@ def test_the_ports_order_groups_as_tensorboard_showed_them(tab):
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    """A Lightning run with satmon, a TensorBoardLogger and the model's own ``self.log`` (so Lightning writes ``epoch``)."""
+    """A Lightning run with satmon, a TensorBoardLogger and the model's own ``self.log`` (so
+    Lightning writes ``epoch``)."""
     root = tmp_path_factory.mktemp("live")
     torch.manual_seed(0)
     monitor = SaturationMonitor(window=4, log_every_n_steps=2, verbose=False)

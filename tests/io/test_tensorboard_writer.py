@@ -216,7 +216,8 @@ def test_log_verdict_scalars_card_and_hparams(decision, kind, tmp_path, tb):
 
 @pytest.mark.parametrize("kind", SINKS)
 def test_log_verdict_partial_gated_probe(kind, tmp_path, tb):
-    """A gated model saturating past 0.5 is a collapse risk (scalar 1); a probe's source and a cut window reach the hparams."""
+    """A gated model saturating past 0.5 is a collapse risk (scalar 1); a probe's source and a
+    cut window reach the hparams."""
     gating = GatingInfo(True, ("ln_f",), "ln_f feeds a SwiGLU MLP")
     probe = build_verdict({"ln_f": (3, 4)}, step=5, source="probe", gating=gating)
     cut = build_verdict({"ln_f": (1, 4)}, step=12, window=3, planned_window=9, gating=gating)

@@ -1,4 +1,5 @@
-"""Gated-MLP detection (satmon.model.gating): the traced data flow, mappings, unknowns, and what names hint without a forward."""
+"""Gated-MLP detection (satmon.model.gating): the traced data flow, mappings, unknowns, and what
+names hint without a forward."""
 
 from __future__ import annotations
 

@@ -87,7 +87,8 @@ def test_reset_zeroes_states_in_place():
 
 
 def test_ranks_add_raw_counts_not_fractions(monkeypatch):
-    """Counts are summed over ranks, then divided: the fractions over ranks are those of all their data in one process."""
+    """Counts are summed over ranks, then divided: the fractions over ranks are those of
+    all their data in one process."""
     import satmon.observe.states as states
 
     g = torch.Generator().manual_seed(7)

@@ -14,7 +14,8 @@ from satmon.observe.offset import offset_driven
 
 
 def _reference(items: list[tuple[torch.Tensor, torch.Tensor]], level: float = 2.0) -> dict[str, float]:
-    """Per layer from recorded float64 inputs: sampled saturation, centered saturation, mean of per-batch median ratios."""
+    """Per layer from recorded float64 inputs: sampled saturation, centered saturation, mean
+    of per-batch median ratios."""
     sat = cen = total = 0
     medians = []
     for x, a in items:

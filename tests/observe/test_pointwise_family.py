@@ -95,7 +95,8 @@ def _recorded(model: Mixed) -> dict[str, list[tuple[torch.Tensor, torch.Tensor, 
 
 
 def _float64_counts(seen, module_rounding: bool) -> dict[str, tuple[int, int]]:
-    """``|u| > c`` per layer: ``u`` in float64 from float64 operands, or (``module_rounding``) as the layer computes it."""
+    """``|u| > c`` per layer: ``u`` in float64 from float64 operands, or
+    (``module_rounding``) as the layer computes it."""
     out = {}
     for name, calls in seen.items():
         sat = total = 0

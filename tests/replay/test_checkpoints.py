@@ -32,7 +32,8 @@ from satmon.replaying.user_code import ReplayUsageError, short
 
 
 class Payload:
-    """Unpickling this runs ``exec``: one line appended to ``marker`` per load (the evidence that code from a file ran)."""
+    """Unpickling this runs ``exec``: one line appended to ``marker`` per load (the evidence
+    that code from a file ran)."""
 
     def __init__(self, marker) -> None:
         self.marker = str(marker)

@@ -119,7 +119,8 @@ def test_trainer_folders_replay_at_their_global_steps_with_exit_0(hf_run, tmp_pa
 
 
 def _variant(hf_run, tmp_path, kind: str):
-    """checkpoint-4's weights rewritten as transformers writes them in other forms, with a written trainer_state.json."""
+    """checkpoint-4's weights rewritten as transformers writes them in other forms, with a
+    written trainer_state.json."""
     src = hf_run / "out" / "checkpoint-4"
     weights = safetensors.load_file(str(src / "model.safetensors"))
     folder = tmp_path / kind / "checkpoint-4"

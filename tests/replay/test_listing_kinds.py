@@ -116,7 +116,8 @@ def test_require_regular_names_the_kind_and_open_regular_never_blocks(tmp_path, 
 
 
 def test_a_folder_reached_twice_and_a_second_name_are_not_an_incomplete_replay(tmp_path):
-    """Decision (docs/reference/input_files.md): a second name of a listed file, or of a searched folder, holds nothing new."""
+    """Decision (docs/reference/input_files.md): a second name of a listed file, or of a
+    searched folder, holds nothing new."""
     _ckpt(tmp_path / "run" / "a.pt")
     (tmp_path / "run" / "again.pt").symlink_to(tmp_path / "run" / "a.pt")
     os.link(tmp_path / "run" / "a.pt", tmp_path / "run" / "hard.pt")
@@ -244,7 +245,8 @@ def test_satmon_file_names_are_the_ones_satmon_writes():
 
 
 def test_a_hugging_face_output_dir_lists_only_its_model_checkpoints(tmp_path):
-    """issue 38 item 2: ``checkpoint-N/satmon_state.pt``, the Trainer's ``runs/`` and satmon's card are not checkpoints."""
+    """issue 38 item 2: ``checkpoint-N/satmon_state.pt``, the Trainer's ``runs/`` and
+    satmon's card are not checkpoints."""
     st = pytest.importorskip("safetensors.torch")
     out = tmp_path / "out"
     for step in (10, 20, 30):
@@ -486,7 +488,8 @@ def test_replaying_a_hugging_face_output_dir_with_satmons_files_exits_0(tmp_path
 
 @pytest.mark.parametrize("alone", [False, True])
 def test_a_deepspeed_folder_through_the_cli_is_named_once(tmp_path, capsys, monkeypatch, alone):
-    """Beside a checkpoint: replayed, the folder named once, exit 1 incomplete; alone: exit 2, nothing satmon can replay."""
+    """Beside a checkpoint: replayed, the folder named once, exit 1 incomplete; alone: exit
+    2, nothing satmon can replay."""
     from satmon.cli.main import main
 
     (tmp_path / "m.py").write_text(

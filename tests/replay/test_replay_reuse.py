@@ -44,7 +44,8 @@ def _run(root, **lit):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Three checkpoints of a DyT GPT, three of a LayerNorm GPT (twin readings), three of a DyT LLaMA (gated), and batches."""
+    """Three checkpoints of a DyT GPT, three of a LayerNorm GPT (twin readings), three of a DyT
+    LLaMA (gated), and batches."""
     dm = CorpusDataModule(**DM_ARGS)
     dm.setup("fit")
     batches = [b for _, b in zip(range(2), dm.train_dataloader())]

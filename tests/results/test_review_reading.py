@@ -72,8 +72,8 @@ class _Derf(torch.nn.Module):
 
 
 def test_the_card_states_the_cut_off_an_erf_layer_was_counted_with():
-    """A Derf layer is counted at |u| > 1.6279 (erf's gain at tanh's level 2, docs/science/science.md), not at 2: the card
-    says the cut-off the counts used, checked against a float64 count of the same inputs."""
+    """A Derf layer is counted at |u| > 1.6279 (erf's gain at tanh's level 2, docs/science/science.md), not at 2: the
+    card says the cut-off the counts used, checked against a float64 count of the same inputs."""
     torch.manual_seed(0)
     xs = [torch.randn(64, 8) for _ in range(3)]
     v = probe(torch.nn.Sequential(_Derf(8)), xs).verdict

@@ -1,13 +1,14 @@
-"""The torch.distributed.checkpoint (DCP) folder format, read without a process group and without running code stored in them.
+"""The torch.distributed.checkpoint (DCP) folder format, read without a process group and
+without running code stored in them.
 
 A DCP folder (``torch.distributed.checkpoint.save``, Lightning's FSDP ``state_dict_type="sharded"``) holds a
 ``.metadata`` file and ``__R_I.distcp`` shards. torch reads ``.metadata`` with a plain ``pickle.load``: a crafted one
-runs any code. satmon reads it with a restricted unpickler whose only globals are DCP's own metadata types, ``torch.Size``,
-the dtypes, layouts and memory formats, and ``pathlib`` paths (:data:`ALLOWED`): anything else is refused, named. The
-shards hold each tensor chunk as a ``torch.save`` archive at an offset the metadata records: each is read with plain
-reads (the stamps checked), checked against its CRC-32s and the budget (:mod:`satmon.replaying.budget`), loaded with
-``torch.load(weights_only=True)`` and copied into its place in the whole tensor. Every rank's chunks are assembled:
-the result is the consolidated state, as ``dcp_to_torch_save`` would write it.
+runs any code. satmon reads it with a restricted unpickler whose only globals are DCP's own metadata types,
+``torch.Size``, the dtypes, layouts and memory formats, and ``pathlib`` paths (:data:`ALLOWED`): anything else is
+refused, named. The shards hold each tensor chunk as a ``torch.save`` archive at an offset the metadata records: each is
+read with plain reads (the stamps checked), checked against its CRC-32s and the budget (:mod:`satmon.replaying.budget`),
+loaded with ``torch.load(weights_only=True)`` and copied into its place in the whole tensor. Every rank's chunks are
+assembled: the result is the consolidated state, as ``dcp_to_torch_save`` would write it.
 
 Which tensors are the model's: those under a top-level ``state_dict``, ``model_state_dict`` or ``model`` key (the key
 dropped, as for a plain checkpoint), else every tensor. The step: ``global_step``/``step``/``iter_num`` stored beside
@@ -357,9 +358,9 @@ def recognise(path: Path, entries: Entries | None) -> Match | None:
 
 
 def inspect(folder: Path, trust: bool = False, stamps: Sequence[FileStamp] | None = None) -> CheckpointInfo:
-    """A torch.distributed.checkpoint folder (never trusted: ``trust`` is not used): its ``.metadata`` read with a restricted
-    unpickler (no code runs, trusted or not), its tensors assembled from every shard at their turn; its step stored
-    beside them or in Lightning's ``meta.pt``."""
+    """A torch.distributed.checkpoint folder (never trusted: ``trust`` is not used): its ``.metadata`` read with a
+    restricted unpickler (no code runs, trusted or not), its tensors assembled from every shard at their turn; its step
+    stored beside them or in Lightning's ``meta.pt``."""
     info = CheckpointInfo(path=folder, kind="state_dict", format=FORMAT.name)
     try:
         given = {s.path.name: s for s in stamps or ()}

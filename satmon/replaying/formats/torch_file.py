@@ -135,8 +135,8 @@ _LEGACY_PICKLES = 5
 
 
 def _check_legacy_pickles(stamp: FileStamp) -> None:
-    """A legacy file's pickles, scanned opcode by opcode (:func:`satmon.replaying.budget.pickle_extent`): each length they
-    declare fits the file and the budget, before torch unpickles anything."""
+    """A legacy file's pickles, scanned opcode by opcode (:func:`satmon.replaying.budget.pickle_extent`): each length
+    they declare fits the file and the budget, before torch unpickles anything."""
     with open(stamp.path, "rb") as f:
         budget, used = pickle_budget(), 0
         for _ in range(_LEGACY_PICKLES):
@@ -516,7 +516,8 @@ def _is_state_dict(obj: Any) -> bool:
 
 
 def extract_state_dict(obj: Any) -> dict[str, Tensor]:
-    """The weights inside a loaded checkpoint: the object itself, or under ``state_dict``/``model_state_dict``/``model``.
+    """The weights inside a loaded checkpoint: the object itself, or under
+    ``state_dict``/``model_state_dict``/``model``.
 
     Example:
         >>> import torch
