@@ -216,7 +216,7 @@ def convert_to_dyt(
     return module
 
 
-# ------------------------------------------------------------------------------------------ what DyT cannot stand in for
+# ----------------------------------------------------------------------------------------- what DyT cannot stand in for
 def _places(model: nn.Module, wanted: set[int]) -> dict[int, list[tuple[nn.Module, str]]]:
     """Where each wanted module is held: ``(parent, attribute)`` pairs."""
     out: dict[int, list[tuple[nn.Module, str]]] = {}

@@ -290,10 +290,12 @@ def check_room(
         >>> check_room("--out", "out", ["out/calibration.json", *beside("out/calibration.json")]) is None
         True
         >>> check_room("--logdir", "/tmp/" + "d" * 250, [os.path.join("/tmp/" + "d" * 250, "v" * 10)])
-        >>> check_room("--logdir", "logs", ["logs/" + "n" * 300])
+        >>> check_room("--logdir", "logs", ["logs/" + "n" * 300])  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        satmon.paths.PathTooLong: Expected the names satmon writes in --logdir to fit the file system, got a name of 300 bytes ('nnnnnnnnnnnnnnnnnnnn...', which satmon makes there) over the file system's limit of 255 (NAME_MAX): pass a shorter --logdir or name.
+        satmon.paths.PathTooLong: Expected the names satmon writes in --logdir to fit the file system, got a name of
+        300 bytes ('nnnnnnnnnnnnnnnnnnnn...', which satmon makes there) over the file system's limit of 255 (NAME_MAX):
+        pass a shorter --logdir or name.
     """
     text = os.fspath(given)
     name_max = _limit(text, "PC_NAME_MAX", 255)
@@ -449,10 +451,11 @@ def require_regular(path: str | os.PathLike, what: str, todo: str) -> PathKind:
         todo: what to do instead (``"pass the calibration batches' file"``).
 
     Example:
-        >>> require_regular("/dev/null", "--data", "pass a torch.save'd file")
+        >>> require_regular("/dev/null", "--data", "pass a torch.save'd file")  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        satmon.paths.NotRegular: Expected --data to be a regular file, got '/dev/null', which is a character device: pass a torch.save'd file (it was not opened).
+        satmon.paths.NotRegular: Expected --data to be a regular file, got '/dev/null', which is a character device:
+        pass a torch.save'd file (it was not opened).
     """
     kind = kind_of(path)
     if kind.regular:

@@ -104,10 +104,11 @@ def check_reading(name: str, value: float, where: str) -> float:
     Non-finite readings pass here; :func:`calibrate` refuses them in the metric it fits.
 
     Example:
-        >>> check_reading("saturation", 1.7, "cells.csv row 3")
+        >>> check_reading("saturation", 1.7, "cells.csv row 3")  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        satmon.results.calibration.CalibrationError: Expected 'saturation' in [0, 1] (a fraction of elements), got 1.7 (cells.csv row 3): ...
+        satmon.results.calibration.CalibrationError: Expected 'saturation' in [0, 1] (a fraction of elements),
+        got 1.7 (cells.csv row 3): ...
     """
     if is_fraction(name) and math.isfinite(value) and not 0.0 <= value <= 1.0:
         raise CalibrationError(

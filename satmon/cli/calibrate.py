@@ -36,7 +36,8 @@ Give it one of:
                            saturation), with a CSV: run,dyt_val_loss,layernorm_val_loss,group
   --cells FILE             the cells directly: a CSV (saturation, outcome or delta or helps, group) or
                            a JSON list of cells; --metric picks another numeric column
-  --study                  the regime study's own 12 cells (reproduces its {study.FIT_THRESHOLD:g} / 75% / 50% / AUC 0.75)
+  --study                  the regime study's own 12 cells (reproduces its {study.FIT_THRESHOLD:g} / 75% / 50% /
+                           AUC 0.75)
 
 It fits "metric >= threshold -> DyT helps (GO)" by the study's midpoint rule (best accuracy) and by
 the balanced rule (best balanced accuracy), scores both in-sample and leave-one-group-out, gives the

@@ -32,8 +32,9 @@ event file (events.out.tfevents.*: the run folder that holds it is printed).
 
 --plot draws the study's phase diagram (model parameters x unique training tokens, each cell coloured
 by DyT's measured effect, with satmon's CPU grids) and places every run whose verdict gives its parameters
-and unique training tokens as data (its hparams satmon/params and satmon/unique_tokens: SaturationMonitor writes them; unique_tokens= gives the tokens when the
-training data cannot say them). It needs matplotlib: pip install -e ".[report]" in satmon's clone.
+and unique training tokens as data (its hparams satmon/params and satmon/unique_tokens: SaturationMonitor
+writes them; unique_tokens= gives the tokens when the training data cannot say them). It needs matplotlib:
+pip install -e ".[report]" in satmon's clone.
 --cells FILE adds a grid of your own to the diagram (satmon grid's OUT/grid.json, or a CSV with
 name,params,train_tokens,delta,group,source); with --cells, LOGDIR may be left out.
 

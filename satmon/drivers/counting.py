@@ -225,8 +225,9 @@ def planned_tokens(
 
     Example:
         >>> loader = torch.utils.data.DataLoader(torch.arange(6400).reshape(100, 64), batch_size=16)
-        >>> planned_tokens(500, 16, loader, accumulation=2, world_size=4)
-        (4096000, '500 optimizer steps x 16 samples x 2 accumulated x 4 ranks x 64 tokens (a sample of Tensor holds 64 tokens)')
+        >>> planned_tokens(500, 16, loader, accumulation=2, world_size=4)  # doctest: +NORMALIZE_WHITESPACE
+        (4096000, '500 optimizer steps x 16 samples x 2 accumulated x 4 ranks x 64 tokens (a
+        sample of Tensor holds 64 tokens)')
     """
     if steps is None or not (isinstance(steps, (int, float)) and 0 < steps < float("inf")):
         return None, "the trainer plans no finite number of optimizer steps (set max_steps, or give planned_tokens=)"

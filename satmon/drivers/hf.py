@@ -97,8 +97,8 @@ def log_entry(verdict: Verdict, epoch: float | None = None) -> dict[str, Any]:
     Example:
         >>> from satmon.results.verdict import build_verdict
         >>> entry = log_entry(build_verdict({"ln_f": (1, 4)}, step=20, window=20), epoch=0.5)
-        >>> entry["satmon/decision"], entry["satmon/trust"], entry["satmon/saturation"], entry["satmon/margin"], entry["step"]
-        ('no-go', 'unproven', 0.25, -0.18, 20)
+        >>> [entry[k] for k in ("satmon/decision", "satmon/trust", "satmon/saturation", "satmon/margin", "step")]
+        ['no-go', 'unproven', 0.25, -0.18, 20]
     """
     entry: dict[str, Any] = dict(verdict_hparams(verdict))
     entry.update({TAG.hp_saturation: float(verdict.saturation), TAG.hp_margin: float(verdict.margin)})

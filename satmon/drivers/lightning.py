@@ -145,7 +145,8 @@ class SaturationMonitor(ReadsSettings, Callback):
             - ``abort_on``: ``"never"`` (default), ``"no-go"`` (a NO-GO verdict), ``"collapse"`` (collapse risk
               at the verdict or during the watch), ``"any"`` (all of these, plus non-finite values: checked
               every step, the run stops within one step on every rank, and loss spikes).
-            - ``abort_mode``: ``"graceful"`` (``fit`` returns after the step) or ``"raise"`` (:class:`satmon.SatmonAbort`).
+            - ``abort_mode``: ``"graceful"`` (``fit`` returns after the step) or ``"raise"``
+              (:class:`satmon.SatmonAbort`).
             - ``dry_run``: log what would have stopped the run, without stopping it.
             - ``unique_tokens`` (``train_tokens``, its old name, is deprecated): the unique tokens the run trains on,
               for the card's place of the run on the study's

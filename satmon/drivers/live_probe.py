@@ -93,7 +93,8 @@ class LiveProbe:
         reports: ``[(global_step, ProbeReport), ...]`` of this run, oldest first (small: no matrices).
 
     Example:
-        >>> live = LiveProbe(every_n_steps=100, on_checkpoint=True, calibration_batches=2, settings=Settings(product="exact"))
+        >>> settings = Settings(product="exact")
+        >>> live = LiveProbe(every_n_steps=100, on_checkpoint=True, calibration_batches=2, settings=settings)
         >>> live.active, live.reports, live.settings.product
         (True, [], 'exact')
     """

@@ -183,7 +183,8 @@ def saturation_threshold(
         >>> saturation_threshold(a, 2.0, product="exact").item()  # the largest float32 t with 2t <= 2
         1.0
         >>> a = torch.tensor([1.5], dtype=torch.bfloat16)  # a bf16 model: 1.5 * 1.3359375 rounds to 2.0
-        >>> saturation_threshold(a, 2.0, dtype=torch.bfloat16).item(), saturation_threshold(a, 2.0, product="exact").item()
+        >>> bf16 = saturation_threshold(a, 2.0, dtype=torch.bfloat16)
+        >>> bf16.item(), saturation_threshold(a, 2.0, product="exact").item()
         (1.3359375, 1.3333332538604736)
     """
     if product == "exact":
@@ -486,7 +487,8 @@ def _fit_threshold(threshold: Tensor, shape: torch.Size) -> Tensor:
     """``threshold`` (``alpha``'s shape) for an in-place comparison with ``|x|`` of ``shape``,
     as ``alpha * x`` broadcasts."""
     if threshold.numel() == 1 or threshold.shape == shape[len(shape) - threshold.dim() :]:
-        return threshold  # a scalar, or alpha's shape trailing x's (a per-channel alpha, every forward): broadcasts as it is
+        # a scalar, or alpha's shape trailing x's (a per-channel alpha, every forward): broadcasts as it is
+        return threshold
     if alpha_broadcast_problem(threshold.shape, shape) is not None:
         raise AlphaBroadcastError(
             f"Expected a DyT alpha that broadcasts against its input as `alpha * x` does, keeping the input's shape; "

@@ -52,7 +52,8 @@ def reach_ratio(below_square: Tensor, head_square: Tensor) -> Tensor:
     NaN where the head has no gradient (nothing to compare with).
 
     Example:
-        >>> reach_ratio(torch.tensor([0.0, 4.0, 1.0], dtype=torch.float64), torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64)).tolist()
+        >>> below = torch.tensor([0.0, 4.0, 1.0], dtype=torch.float64)
+        >>> reach_ratio(below, torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64)).tolist()
         [0.0, 2.0, nan]
     """
     below, head = below_square.to(torch.float64), head_square.to(torch.float64)

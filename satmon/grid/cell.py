@@ -36,7 +36,8 @@ def grid_key(
 
     Example:
         >>> a = grid_key({"name": "r"}, GridSettings(), {"x": 1})
-        >>> a == grid_key({"name": "r"}, GridSettings(), {"x": 1}), a == grid_key({"name": "r"}, GridSettings(lr=1e-3), {"x": 1})
+        >>> b = grid_key({"name": "r"}, GridSettings(lr=1e-3), {"x": 1})
+        >>> a == grid_key({"name": "r"}, GridSettings(), {"x": 1}), a == b
         (True, False)
     """
     from satmon.grid.recipe import NORMS
@@ -273,8 +274,9 @@ def missing_as_null(record: dict[str, Any]) -> dict[str, Any]:
     points) replaced by ``None`` and listed in ``record["missing"]`` by its path, with why.
 
     Example:
-        >>> missing_as_null({"a": 1.0, "t": {"slope": float("nan")}, "missing": {}})
-        {'a': 1.0, 't': {'slope': None}, 'missing': {'t.slope': 'not computable from this run (NaN: too few points or no data)'}}
+        >>> missing_as_null({"a": 1.0, "t": {"slope": float("nan")}, "missing": {}})  # doctest: +NORMALIZE_WHITESPACE
+        {'a': 1.0, 't': {'slope': None}, 'missing': {'t.slope': 'not computable from this run
+        (NaN: too few points or no data)'}}
     """
     missing = record.setdefault("missing", {})
 

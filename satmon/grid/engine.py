@@ -173,9 +173,10 @@ def run(
     Example:
         >>> import tempfile
         >>> plan = run("builtin", preset="smoke", out=tempfile.mkdtemp(), executor="slurm", dry_run=True,
-        ...            say=print)  # the sbatch file only: no cluster needed  # doctest: +ELLIPSIS
+        ...            say=print)  # the sbatch file only, no cluster needed  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
         4 cells (0 complete), 4 to run, 8 steps each (window 4), recipe satmon-faithful-gpt -> ...
-        dry run: 4 cells as one SLURM array; sbatch file .../jobs/submission.sh, tasks .../jobs/tasks.json; nothing submitted
+        dry run: 4 cells as one SLURM array; sbatch file .../jobs/submission.sh,
+        tasks .../jobs/tasks.json; nothing submitted
         >>> [s.state for s in plan.status]
         ['missing', 'missing', 'missing', 'missing']
         >>> r = run("builtin", preset="smoke", out=tempfile.mkdtemp(), jobs=2)  # doctest: +SKIP

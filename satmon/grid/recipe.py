@@ -118,7 +118,8 @@ def lm_loss(model: Any, x: Any, y: Any) -> Any:
         >>> emb = torch.nn.Embedding(5, 5)
         >>> torch.nn.init.zeros_(emb.weight)  # doctest: +ELLIPSIS
         Parameter...
-        >>> round(lm_loss(emb, torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long)).item(), 4)  # log 5
+        >>> x, y = torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long)
+        >>> round(lm_loss(emb, x, y).item(), 4)  # log 5
         1.6094
     """
     import torch.nn.functional as F

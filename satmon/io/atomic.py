@@ -78,10 +78,12 @@ def check_name_lengths(path: str | os.PathLike, what: str, extra: int = 0) -> No
     Example:
         >>> check_name_lengths("out/r.json", "--json", TEMP_EXTRA) is None
         True
-        >>> check_name_lengths("x" * 250 + ".json", "--json", TEMP_EXTRA)
+        >>> check_name_lengths("x" * 250 + ".json", "--json", TEMP_EXTRA)  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        satmon.io.atomic.OutputError: Expected --json to name a file of at most 241 bytes (the file system's names are at most 255 bytes, and satmon writes it through a 14-byte longer temporary '.NAME.XXXXXXXX.tmp' beside it), got 255 bytes: pass a shorter name.
+        satmon.io.atomic.OutputError: Expected --json to name a file of at most 241 bytes (the file system's names are
+        at most 255 bytes, and satmon writes it through a 14-byte longer temporary '.NAME.XXXXXXXX.tmp' beside it), got
+        255 bytes: pass a shorter name.
     """
     text = os.fspath(path)
     if not text.isprintable():

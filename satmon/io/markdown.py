@@ -55,10 +55,11 @@ def check_report(path: str | Path | None, what: str = "--report") -> list[Path]:
         >>> import tempfile, pathlib
         >>> d = pathlib.Path(tempfile.mkdtemp())
         >>> (d / "r_saturation.png").mkdir()
-        >>> check_report(d / "r.md")
+        >>> check_report(d / "r.md")  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        satmon.io.atomic.OutputError: Expected --report's saturation plot to name a file ending in .png, got ... (a folder): ...
+        satmon.io.atomic.OutputError: Expected --report's saturation plot to name a file ending
+        in .png, got ... (a folder): ...
     """
     if path is None:
         return []

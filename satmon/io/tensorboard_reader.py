@@ -106,7 +106,8 @@ class Run:
         """layer -> {reading: last value}: saturation, alpha, init_gap and the dead-direction readings.
 
         Example:
-            >>> run = Run(Path("."), scalars={TAG.alpha("ln_f"): [(2, 1.5), (4, 1.25)], TAG.deadir_null_dim("h.0.ln_1"): [(4, 0.0)]})
+            >>> scalars = {TAG.alpha("ln_f"): [(2, 1.5), (4, 1.25)], TAG.deadir_null_dim("h.0.ln_1"): [(4, 0.0)]}
+            >>> run = Run(Path("."), scalars=scalars)
             >>> run.layers()
             {'ln_f': {'alpha': 1.25}, 'h.0.ln_1': {'null_dim': 0.0}}
         """

@@ -567,7 +567,8 @@ def trace_flow(
         >>> class SwiGLU(nn.Module):
         ...     def __init__(self):
         ...         super().__init__()
-        ...         self.pre, self.proj_g, self.proj_u, self.proj_d = nn.LayerNorm(4), nn.Linear(4, 8), nn.Linear(4, 8), nn.Linear(8, 4)
+        ...         self.pre, self.proj_d = nn.LayerNorm(4), nn.Linear(8, 4)
+        ...         self.proj_g, self.proj_u = nn.Linear(4, 8), nn.Linear(4, 8)
         ...     def forward(self, x):
         ...         h = self.pre(x)
         ...         return self.proj_d(nn.functional.silu(self.proj_g(h)) * self.proj_u(h))

@@ -173,7 +173,7 @@ class _Pairs:
         )
 
 
-# ------------------------------------------------------------------------------------------ where an MLP's input comes from
+# -------------------------------------------------------------------------------------- where an MLP's input comes from
 def _norm_named(m: ModelMap, name: str) -> bool:
     return any(l.name == name for l in m.norms) or name in m.undetermined
 

@@ -111,7 +111,8 @@ def compile_counts(args: Sequence[Tensor], compiler: Compiler | None = None) -> 
 
     Example:
         >>> args = [torch.tensor([0.5, -3.0, float("nan")]), torch.tensor([1.0])]
-        >>> [int(v) for v in compile_counts(args, compiler=lambda gm, example: gm)(*args)]  # the traced graph, uncompiled
+        >>> traced = compile_counts(args, compiler=lambda gm, example: gm)  # the traced graph, uncompiled
+        >>> [int(v) for v in traced(*args)]
         [1, 1]
     """
     from torch.fx.experimental.proxy_tensor import make_fx

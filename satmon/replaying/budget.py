@@ -108,10 +108,11 @@ def check_archive(z: zipfile.ZipFile, size: int, budget: int | None = None) -> N
         >>> buf = io.BytesIO()
         >>> with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as w:
         ...     w.writestr("archive/data.pkl", b"\\x00" * 5000)
-        >>> check_archive(zipfile.ZipFile(buf), len(buf.getvalue()), budget=4096)
+        >>> check_archive(zipfile.ZipFile(buf), len(buf.getvalue()), budget=4096)  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        satmon.replaying.budget.OverBudget: over satmon's read budget: its record 'archive/data.pkl' (... bytes compressed) declares 5,000 bytes...
+        satmon.replaying.budget.OverBudget: over satmon's read budget: its record 'archive/data.pkl' (... bytes
+        compressed) declares 5,000 bytes...
     """
     budget = pickle_budget() if budget is None else budget
     data = 0

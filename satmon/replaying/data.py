@@ -64,10 +64,12 @@ def check_data_file(path: str | Path) -> Path:
             broken link, a path over the system's limits), in one line naming what it is.
 
     Example:
-        >>> check_data_file("/dev/zero")
+        >>> check_data_file("/dev/zero")  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        satmon.replaying.user_code.ReplayUsageError: --data '/dev/zero': a character device, not a regular file (it was not opened). Pass --data FILE (a torch.save'd tensor, list of batches or dict of tensors) or --datamodule MODULE:CLASS.
+        satmon.replaying.user_code.ReplayUsageError: --data '/dev/zero': a character device, not a regular
+        file (it was not opened). Pass --data FILE (a torch.save'd tensor, list of batches or dict of
+        tensors) or --datamodule MODULE:CLASS.
     """
     kind = kind_of(path)
     if kind.regular:
@@ -103,7 +105,8 @@ def load_data_file(path: str | Path, n_batches: int, batch_size: int | None = No
             f"--data {str(p)!r}: corrupt: the bytes of its record {damaged!r} do not match the CRC-32 "
             "its zip directory records (the file was damaged after it was written); save it again."
         )
-    try:  # its declared sizes first (satmon.replaying.budget): a bomb is refused before anything is inflated or allocated
+    # its declared sizes first (satmon.replaying.budget): a bomb is refused before anything is inflated or allocated
+    try:
         load_index(FileStamp.of(p), trust=False)
     except OverBudget as e:
         raise ReplayUsageError(f"--data {str(p)!r}: {e}.") from None

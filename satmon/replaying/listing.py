@@ -48,8 +48,10 @@ def satmon_file(name: str) -> str | None:
     """What satmon's own file ``name`` is (``None``: not one of satmon's).
 
     Example:
-        >>> satmon_file("satmon_calibration.pt"), satmon_file(".replay.json.satmon-lock"), satmon_file("last.ckpt")
-        ("satmon's calibration batches (the live probe saved them; usable as --data)", "satmon's lock file (one writer per output)", None)
+        >>> satmon_file("satmon_calibration.pt")
+        "satmon's calibration batches (the live probe saved them; usable as --data)"
+        >>> satmon_file(".replay.json.satmon-lock"), satmon_file("last.ckpt")
+        ("satmon's lock file (one writer per output)", None)
     """
     return next((what for pattern, what in SATMON_FILES if pattern.fullmatch(name)), None)
 

@@ -64,7 +64,8 @@ def run_name(folder: Path | None) -> str | None:
     TensorBoard run is ``replay of`` this name.
 
     Example:
-        >>> run_name(source_run([Path("satmon_logs/demo/version_0/checkpoints")])), run_name(source_run([Path("ckpts/a.ckpt")]))
+        >>> lightning, plain = Path("satmon_logs/demo/version_0/checkpoints"), Path("ckpts/a.ckpt")
+        >>> run_name(source_run([lightning])), run_name(source_run([plain]))
         ('demo/version_0', None)
         >>> run_name(source_run([Path("a/version_1/checkpoints/x.ckpt"), Path("b/version_2/checkpoints")])) is None
         True

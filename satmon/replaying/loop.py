@@ -563,7 +563,8 @@ def checkpoint_records(
         >>> net = lambda: torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
         >>> f = os.path.join(tempfile.mkdtemp(), "w.pt")
         >>> torch.save({"model": net().state_dict(), "iter_num": 5}, f)
-        >>> (record,) = checkpoint_records([inspect_checkpoint(f)], ModelLoader(factory=net), [torch.randn(8, 4)], twin=False)
+        >>> batches = [torch.randn(8, 4)]
+        >>> (record,) = checkpoint_records([inspect_checkpoint(f)], ModelLoader(factory=net), batches, twin=False)
         >>> record.global_step, record.error, record.report.layers["1"].kind
         (5, None, 'layernorm')
     """

@@ -86,10 +86,11 @@ def check_folder(option: str, value: str, beneath: Sequence[str | os.PathLike] =
     under a file or a read-only folder, or with no room beneath it for ``beneath`` (the paths satmon writes there).
 
     Example:
-        >>> check_folder("--logdir", "")
+        >>> check_folder("--logdir", "")  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        satmon.replaying.user_code.ReplayUsageError: Expected --logdir to name a folder, got an empty name: pass a path such as satmon_logs.
+        satmon.replaying.user_code.ReplayUsageError: Expected --logdir to name a folder, got an empty name:
+        pass a path such as satmon_logs.
     """
     from satmon.io.atomic import OutputError, check_name_lengths, room
     from satmon.paths import kind_of, kind_phrase, not_a_folder

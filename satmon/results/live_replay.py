@@ -119,8 +119,9 @@ class ReplaySource:
         missing: why no live verdict was found, and how to give one (empty when ``live`` is set).
 
     Example:
-        >>> ReplaySource("logs/demo/version_0", missing="no SaturationMonitor state in the checkpoints").headline()
-        'Replay of `logs/demo/version_0`; its live verdict was not found: no SaturationMonitor state in the checkpoints.'
+        >>> source = ReplaySource("logs/demo/version_0", missing="no SaturationMonitor state in the checkpoints")
+        >>> print(source.headline())
+        Replay of `logs/demo/version_0`; its live verdict was not found: no SaturationMonitor state in the checkpoints.
     """
 
     run: str
@@ -177,7 +178,8 @@ def agreement(live: LiveReading, verdicts: list[Verdict]) -> str:
 
     Example:
         >>> from satmon.results.verdict import build_verdict
-        >>> agreement(LiveReading("no-go", 0.25, 0.43, 500), [build_verdict({"ln_f": (3, 4)}, step=500, source="replay")])
+        >>> replayed = build_verdict({"ln_f": (3, 4)}, step=500, source="replay")
+        >>> agreement(LiveReading("no-go", 0.25, 0.43, 500), [replayed])
         'They disagree.'
     """
     if all(v.decision == live.decision for v in verdicts):

@@ -170,7 +170,8 @@ class SigmaMinReading:
             >>> import torch
             >>> from satmon.functional.dead_directions import gram_spectrum
             >>> x0 = torch.tensor([[3.0, 0.0], [0.0, 2.0]])
-            >>> s = SigmaMinReading.from_spectra(["embedding", "b0"], {"embedding": gram_spectrum(x0), "b0": gram_spectrum(x0 / 4)})
+            >>> spectra = {"embedding": gram_spectrum(x0), "b0": gram_spectrum(x0 / 4)}
+            >>> s = SigmaMinReading.from_spectra(["embedding", "b0"], spectra)
             >>> s.ratios, s.min_ratio, s.argmin
             ((1.0, 0.25), 0.25, 'b0')
         """

@@ -70,7 +70,8 @@ class RunScale:
         the run lies against ``cells`` (the study's ``(params, unique_tokens)``); or how to give the tokens.
 
         Example:
-            >>> print(RunScale(120_000, missing="an IterableDataset has no length").note())  # doctest: +NORMALIZE_WHITESPACE
+            >>> scale = RunScale(120_000, missing="an IterableDataset has no length")
+            >>> print(scale.note())  # doctest: +NORMALIZE_WHITESPACE
             Phase diagram: 120,000 parameters; unique training tokens unknown (an IterableDataset has no length): pass
             SaturationMonitor(unique_tokens=N), N the unique tokens the run trains on, to place it on the study's phase
             diagram (`satmon report --plot`).

@@ -53,8 +53,9 @@ class TrapReading:
     Example:
         >>> r = TrapReading(60, "norm_f", "dyt", {"norm_f": {"saturated": 1.0, "centered": 0.0, "offset_ratio": 90.0,
         ...                 "offset": 94.0, "spread": 1.04}}, 0.0, {"tok_emb": 0.0}, True, 3, True, 40)
-        >>> print(r.line())  # doctest: +ELLIPSIS
-        satmon: trapped at step 60: the final norm norm_f (DyT) is 100% saturated, 100% of it by a per-channel offset ...
+        >>> print(r.line())  # doctest: +ELLIPSIS, +NORMALIZE_WHITESPACE
+        satmon: trapped at step 60: the final norm norm_f (DyT) is 100% saturated, 100% of
+        it by a per-channel offset ...
     """
 
     step: int
