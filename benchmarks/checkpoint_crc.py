@@ -9,8 +9,8 @@ Adam state Lightning saves beside the weights, which replay leaves unread), then
   page cache, as replay copies them;
 - ``crc``: ``zlib.crc32`` over those bytes;
 - ``inspect``: :func:`~satmon.replaying.checkpoints.inspect_checkpoint` (the pickle read once, its records checked);
-- ``replay``: one checkpoint's whole turn in :func:`~satmon.replaying.loop.checkpoint_records` (the weights copied and checked,
-  the model built, the probe and its random-init twin on the calibration batches);
+- ``replay``: one checkpoint's whole turn in :func:`~satmon.replaying.loop.checkpoint_records` (the weights copied
+  and checked, the model built, the probe and its random-init twin on the calibration batches);
 
 and prints the medians side by side with the CRC's share of the checkpoint's turn.
 

@@ -40,7 +40,8 @@ Usage::
 
     python benchmarks/overhead.py                        # CPU, demo and wide models, markdown table
     python benchmarks/overhead.py --models wide --repeats 12 --steps 40
-    python benchmarks/overhead.py --models d512b8 --configs paired-eager,paired-fused --threads 1 --clock cpu --until-width 1
+    python benchmarks/overhead.py --models d512b8 --configs paired-eager,paired-fused --threads 1 --clock cpu \\
+        --until-width 1
     python benchmarks/overhead.py --device cuda
     python benchmarks/overhead.py --smoke                # tiny, correctness only (the test suite)
     python benchmarks/profile_hook.py                    # where the hook's time goes (also: --profile-hook)

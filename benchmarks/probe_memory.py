@@ -55,8 +55,9 @@ with torch.no_grad():
 budget = None if budget_matrices is None else budget_matrices * matrix_bytes(d) + READOUT_MATRICES * 8 * d * d
 report, peak, seconds = measure(lambda: satmon.probe(model, [x], memory_budget=budget))
 print(json.dumps({"d": d, "blocks": blocks, "rows": rows, "budget": budget, "plan": report.plan.describe(),
-                  "matrices": report.plan.matrices, "passes": report.plan.passes, "planned_peak": report.plan.peak_bytes,
-                  "peak": peak, "seconds": seconds[0], "cpu_seconds": seconds[1], "forward_peak": fwd, "forward_s": fwd_s[0],
+                  "matrices": report.plan.matrices, "passes": report.plan.passes,
+                  "planned_peak": report.plan.peak_bytes, "peak": peak, "seconds": seconds[0],
+                  "cpu_seconds": seconds[1], "forward_peak": fwd, "forward_s": fwd_s[0],
                   "norm_type": report.norm_type}))
 """
 

@@ -450,7 +450,7 @@ CSV_NOTE = """satmon 0.5's second CPU grid (docs/plans/grid2_plan.md, committed 
 cell: d48L2 and d64L2 at 3.3 / 16 / 32 / 64 / 100 / 164 passes over the unique data, d96L3 at 32 / 64 / 100, seeds 2
 and 3, each budget drawn as 2,048-byte chunks chosen per seed; the faithful grid's protocol otherwise (5,000 steps,
 window inside a 2,000-step warm-up, GPT-2 init, no cell filtered). Columns as phase_grid_faithful.csv. Written by
-`python examples/grid2_analysis.py --csv data/grid2.json`."""
+`python examples/grid2_analysis.py --csv data/grid2.json`."""  # noqa: E501 (phase_grid_grid2.csv's header, byte for byte)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,10 +8,10 @@ readings from ``satmon.Screen``, the final checkpoint's by the study's protocol,
 held-out losses, and DyT's effect ``delta = (DyT - LayerNorm) / LayerNorm`` (negative: DyT helps). docs/guides/grid.md
 describes the cell; docs/plans/grid_plan.md and docs/plans/grid2_plan.md the analyses, committed before the runs.
 
-    python examples/regime_grid.py                       # the full grid: 2 sizes x 4 budgets x 2 seeds (~2 CPU-hours)
-    python examples/regime_grid.py --quick               # 2 of its cells (same numbers on the same machine), ~15 CPU-minutes
-    python examples/regime_grid.py --smoke               # 4 tiny cells, 8 steps: the test suite's check
-    python examples/regime_grid.py --grid2               # the second grid (docs/plans/grid2_plan.md): 30 cells, ~4 CPU-hours
+    python examples/regime_grid.py              # the full grid: 2 sizes x 4 budgets x 2 seeds (~2 CPU-hours)
+    python examples/regime_grid.py --quick      # 2 of its cells (same numbers on the same machine), ~15 CPU-minutes
+    python examples/regime_grid.py --smoke      # 4 tiny cells, 8 steps: the test suite's check
+    python examples/regime_grid.py --grid2      # the second grid (docs/plans/grid2_plan.md): 30 cells, ~4 CPU-hours
     python examples/regime_grid.py --sizes d64L2,d80L2 --budgets 164ep,1.4ep --seeds 2,3 --out more
     python examples/regime_grid.py --report data/faithful_grid.json --plot docs/img/faithful_grid.png
 

@@ -262,15 +262,16 @@ class Data(pl.LightningDataModule):
     def train_dataloader(self):
         data = token_loader(n_batches=16, batch_size=2).dataset
         t = self.trainer
-        return DataLoader(data, batch_size=2, shuffle=False,
-                          sampler=DistributedSampler(data, num_replicas=t.world_size, rank=t.global_rank, shuffle=False))
+        sampler = DistributedSampler(data, num_replicas=t.world_size, rank=t.global_rank, shuffle=False)
+        return DataLoader(data, batch_size=2, shuffle=False, sampler=sampler)
 
 
 pl.seed_everything(0, verbose=False)
 lit = tiny_lit(alpha_init=50.0)
 rec = InputRecorder(lit, [l.name for l in find_dyt_layers(lit)])
 monitor = SaturationMonitor(window=6, verbose=False)
-t = trainer(out, devices=2, strategy="ddp", num_nodes=1, max_steps=3, callbacks=[monitor], use_distributed_sampler=False)
+t = trainer(out, devices=2, strategy="ddp", num_nodes=1, max_steps=3, callbacks=[monitor],
+            use_distributed_sampler=False)
 t.fit(lit, datamodule=Data())
 first = monitor.verdict.to_dict()
 t.fit_loop.epoch_loop.max_steps = 8
