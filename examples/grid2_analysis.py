@@ -348,7 +348,7 @@ def power_markdown(pw: dict[str, Any]) -> str:
             continue
         bk = v["within_size_by_helped"]
 
-        def band(lo: int, hi: int) -> str:
+        def band(lo: int, hi: int, bk: dict = bk) -> str:  # this row's counts, bound now
             vals = [bk[k] for k in bk if lo <= k <= hi]
             return _pct(sum(vals) / len(vals)) if vals else "-"
 

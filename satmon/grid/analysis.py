@@ -328,7 +328,7 @@ def report_markdown(analysis: dict[str, Any], cells: list[dict[str, Any]]) -> st
         if s.get("missing"):
             lines.append(f"| {r} | | missing | | | | | |")
             continue
-        ho = lambda key: f"{s[key]['correct']}/{s[key]['n']} = {pct(s[key]['accuracy'])}" if key in s else "-"
+        ho = lambda key, s=s: f"{s[key]['correct']}/{s[key]['n']} = {pct(s[key]['accuracy'])}" if key in s else "-"
         study = pct(s["study_043"]) if "study_043" in s else ""
         lines.append(
             f"| {r} | {s['family']} | {s['min']:.3f}-{s['max']:.3f} | {_num(s['auc'], '.2f')} | "

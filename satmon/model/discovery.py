@@ -39,7 +39,7 @@ import re
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal
 
 import torch
 from torch import nn
@@ -61,7 +61,7 @@ __all__ = [
     "strip_wrappers",
 ]
 
-Selector = Union[str, Callable[[str, nn.Module], bool], None]
+Selector = str | Callable[[str, nn.Module], bool] | None
 Basis = Literal["type", "behaviour", "names"]
 
 _WRAPPER_PARTS = {"_orig_mod", "_forward_module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}

@@ -269,4 +269,4 @@ def test_unknown_options_and_settings_together_are_refused():
         and (monitor.settings.window, monitor.settings.sample_every) == (3, 3)
     )
     with pytest.raises(AttributeError, match="has no attribute 'windw'"):
-        monitor.windw
+        _ = monitor.windw

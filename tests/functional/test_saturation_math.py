@@ -104,7 +104,7 @@ def test_bf16_products_just_above_two_round_to_two():
     for alpha_init in (1.5, 0.75, 1.75, 3.0, 0.3, 1.1, 2.0, 0.55):
         layer = DyT(8, alpha_init=alpha_init).to(torch.bfloat16)
         seen = []
-        layer.register_forward_hook(lambda m, args, out: seen.append((m.alpha * args[0]).detach()))
+        layer.register_forward_hook(lambda m, args, out, seen=seen: seen.append((m.alpha * args[0]).detach()))
         alpha = layer.alpha.detach()
         grid = around(2.0 / alpha.double(), torch.bfloat16, steps=16).reshape(-1)  # bf16 inputs near 2 / alpha
         exact = (alpha.double() * grid.double()).abs()

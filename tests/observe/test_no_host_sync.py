@@ -159,7 +159,7 @@ def _train(
         if h is not None:
             h.queue.host_thresholds = host_thresholds
     per_step = []
-    for step in range(steps):
+    for _ in range(steps):
         rec.found = []
         x = torch.randint(0, 64, (4, 16))
         logits = model(x[:, :-1])

@@ -516,7 +516,7 @@ class OnePlusLayerNorm(nn.Module):
 
 
 def _with_norms(model: nn.Module, make: type) -> nn.Module:
-    for name, m in list(model.named_modules()):
+    for _, m in list(model.named_modules()):
         for child, sub in list(m.named_children()):
             if isinstance(sub, LlamaRMSNorm):
                 setattr(m, child, make(sub.weight.numel()))

@@ -13,14 +13,15 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
+from satmon import probe
+from satmon.cli.main import main
+
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 safetensors = pytest.importorskip("safetensors.torch")
 
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
-
-from satmon import probe
-from satmon.cli.main import main
+# after the importorskips: without transformers this module is skipped, not an import error
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
 
 VOCAB, SEQ = 64, 16
 CONFIG = dict(vocab_size=VOCAB, n_positions=SEQ, n_embd=16, n_layer=2, n_head=2)
