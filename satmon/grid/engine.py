@@ -31,6 +31,8 @@ from typing import Any
 from satmon.grid.cell import cell_key, cell_name, grid_key, make_spec
 from satmon.grid.config import Budget, GridPlan, GridSettings, parse_budgets, parse_seeds, parse_sizes
 from satmon.grid.recipe import Recipe, load_recipe, recipe_identity
+from satmon.grid.store import check_file_names, written_beneath
+from satmon.grid.vary import parse_vary, vary_configs, vary_suffix
 
 __all__ = ["CellStatus", "GridInterrupted", "GridResult", "run"]
 
@@ -231,12 +233,12 @@ def run(
         )
         for v, st_c, o_c in configs
     ]
-    _check_file_names(Path(out), _entries(Path(out), plan, keyed))  # a cell file name no file system takes, named
+    check_file_names(Path(out), _entries(Path(out), plan, keyed))  # a cell file name no file system takes, named
     # room beneath --out for every cell's files (satmon.paths.check_room), before anything is made
     out = check_output_dir(
         Path(out),
         "--out",
-        _written_beneath(Path(out), plan, keyed),
+        written_beneath(Path(out), plan, keyed),
         names="--vary value (a cell's files are named by the values it varies)",
     ) or Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -294,152 +296,6 @@ def _entries(
                 e.update(settings=st_c.shared() | {"device": st_c.device}, options=opts_c, vary=vary, grid_key=gkey_c)
             entries.append(e)
     return entries
-
-
-#: The longest file name a cell adds to its name and key: ``<name>.<key>.attempt.json``, written through
-#: :func:`~satmon.io.atomic.atomic_write`'s temporary companion.
-_CELL_FILE_SUFFIX = ".attempt.json"
-
-
-def _check_file_names(out: Path, entries: Sequence[Mapping[str, Any]]) -> None:
-    """Every file a cell writes has a name the file system takes, and a path under its limit, checked before any work:
-    a ``--vary`` value or a size name that makes one too long is refused naming it (a job would otherwise fail
-    writing its first file, with the cause only in its log)."""
-    from satmon.io.atomic import TEMP_EXTRA  # the whole path's length: check_output_dir's check_room
-
-    if not entries:
-        return
-    existing = next((a for a in (out.absolute(), *out.absolute().parents) if a.exists()), Path("/"))
-    try:
-        name_max = int(os.pathconf(existing, "PC_NAME_MAX"))
-    except (OSError, ValueError):
-        name_max = 255
-    longest = max(entries, key=lambda e: len(os.fsencode(f"{e['name']}.{e['key']}")))
-    file_name = f"{longest['name']}.{longest['key']}{_CELL_FILE_SUFFIX}"
-    need = len(os.fsencode(file_name)) + TEMP_EXTRA
-    if need > name_max:
-        vary = dict(longest.get("vary") or {})
-        culprit = max(vary.items(), key=lambda kv: len(str(kv[1])), default=None)
-        if culprit is not None and len(str(culprit[1])) >= len(str(longest["size"])):
-            given = f"--vary {culprit[0]}={_clip(str(culprit[1]))} ({len(str(culprit[1]))} characters)"
-            fix = f"pass a shorter --vary value for {culprit[0]} (or fewer --vary axes)"
-        else:
-            given = f"the size name {_clip(str(longest['size']))!r} ({len(str(longest['size']))} characters)"
-            fix = "name the size shorter"
-        raise ValueError(
-            f"Expected settings whose cells' file names fit the file system's limit of {name_max} bytes, "
-            f"got {given}: its cell {_clip(longest['name'])} writes {file_name[:12]}...{_CELL_FILE_SUFFIX} of "
-            f"{need} bytes (with its temporary companion): {fix}."
-        )
-
-
-def _clip(text: str, n: int = 40) -> str:
-    return text if len(text) <= n else f"{text[: n // 2]}...{text[-8:]}"
-
-
-def _written_beneath(out: Path, plan: GridPlan, keyed: Sequence[tuple[Any, ...]]) -> list[str]:
-    """The deepest files a grid writes under ``out``, each cell's (its record, attempt and failure files with their
-    temporaries and locks, its progress file, its job's log), for the path-limit check before any work."""
-    from satmon.paths import beside
-
-    paths: list[str] = []
-    for vary, _, _, gkey_c, processed_c in keyed:
-        for size, budget, seed in plan.cells():
-            tokens = budget.resolve(processed_c)
-            stem = f"{cell_name(size, tokens, seed) + vary_suffix(vary)}.{cell_key(gkey_c, size, tokens, seed)}"
-            for name in (f"{stem}.attempt.json", f"{stem}.failed.json"):
-                paths += [str(out / "cells" / name), *beside(out / "cells" / name)]
-            paths += [str(out / "cells" / f".{stem}.progress.tmp"), str(out / "jobs" / f"{stem}.log")]
-    return paths
-
-
-#: Grid settings ``--vary`` may not vary: the budgets resolve from ``steps``; ``device`` is where, not what.
-_FIXED_SETTINGS = ("steps", "device")
-
-
-def parse_vary(vary: Mapping[str, Sequence[Any] | str] | Sequence[str] | None) -> dict[str, list[Any]]:
-    """``--vary`` axes as ``{key: [values]}`` (values still as given).
-
-    Example:
-        >>> parse_vary(["alpha_init=0.5,1", "lr=1e-3"])
-        {'alpha_init': ['0.5', '1'], 'lr': ['1e-3']}
-    """
-    if not vary:
-        return {}
-    items = vary.items() if isinstance(vary, Mapping) else []
-    if not isinstance(vary, Mapping):
-        pairs = []
-        for text in vary:
-            key, sep, values = str(text).partition("=")
-            if not sep or not key.strip():
-                raise ValueError(f"Expected --vary KEY=V1,V2,..., got {text!r}.")
-            pairs.append((key.strip(), values))
-        items = pairs
-    out: dict[str, list[Any]] = {}
-    for key, values in items:
-        vals = [v.strip() for v in values.split(",") if v.strip()] if isinstance(values, str) else list(values)
-        if not vals:
-            raise ValueError(f"Expected at least one value in --vary {key}=V1,V2,..., got none.")
-        if key in out:
-            raise ValueError(f"Expected each --vary key once, got {key!r} twice: list its values as {key}=V1,V2.")
-        out[key] = vals
-    return out
-
-
-def vary_configs(
-    recipe: Recipe, settings: GridSettings, opts: dict[str, Any], vary: Mapping[str, list[Any]]
-) -> list[tuple[dict[str, Any], GridSettings, dict[str, Any]]]:
-    """Every combination of the ``vary`` axes as ``(varied values, settings, options)`` (one, unvaried, without axes).
-
-    An unknown key is refused naming the choices; a value is typed as its default's type.
-    """
-    import dataclasses
-    import itertools
-
-    from satmon.grid.recipe import _typed
-
-    fields = {
-        f.name: getattr(settings, f.name) for f in dataclasses.fields(GridSettings) if f.name not in _FIXED_SETTINGS
-    }
-    options = recipe.all_options()
-    typed: dict[str, list[Any]] = {}
-    for key, values in vary.items():
-        if key in options:
-            typed[key] = [_typed(key, v, options[key], "--vary") for v in values]
-        elif key in fields:
-            default = fields[key]
-            typed[key] = [_typed(key, v, default, "--vary") for v in values]
-        else:
-            raise ValueError(
-                f"Expected --vary KEY among the recipe {recipe.name!r}'s options ({', '.join(sorted(options))}) "
-                f"or the grid settings ({', '.join(sorted(fields))}), got {key!r}"
-                + (" (the budgets resolve from --steps: run one grid per --steps)" if key == "steps" else "")
-                + "."
-            )
-        if len({json.dumps(v) for v in typed[key]}) != len(typed[key]):
-            raise ValueError(f"Expected distinct --vary {key} values, got {values}.")
-    if not typed:
-        return [({}, settings, opts)]
-    out = []
-    for combo in itertools.product(*typed.values()):
-        v = dict(zip(typed, combo))
-        st = dataclasses.replace(settings, **{k: x for k, x in v.items() if k in fields and k not in options})
-        st.check()
-        o = recipe.options_with({**opts, **{k: x for k, x in v.items() if k in options}})
-        out.append((v, st, o))
-    return out
-
-
-def vary_suffix(vary: Mapping[str, Any]) -> str:
-    """The varied values in a cell's name (file-name safe).
-
-    Example:
-        >>> vary_suffix({"alpha_init": 0.5, "lr": 0.001})
-        '_alpha_init0.5_lr0.001'
-    """
-    import re
-
-    return "".join(f"_{k}{re.sub(r'[^A-Za-z0-9._+-]', '-', str(v))}" for k, v in vary.items())
 
 
 def _resolve(

@@ -69,7 +69,7 @@ def test_the_grid_guide_says_what_the_recipe_builds():
 def test_vary_final_norm_gives_one_configuration_per_final_norm():
     """``--vary final_norm=rmsnorm,dyt`` (what the guide says runs both): two configurations, each keyed apart."""
     from satmon.grid.config import GridSettings
-    from satmon.grid.engine import parse_vary, vary_configs
+    from satmon.grid.vary import parse_vary, vary_configs
 
     configs = vary_configs(
         RECIPE,

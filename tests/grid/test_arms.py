@@ -11,7 +11,7 @@ import torch
 from satmon.grid.builtin_llama import RECIPE as LLAMA
 from satmon.grid.cell import cell_key, grid_key, make_spec, measure_cell
 from satmon.grid.config import Budget, GridSettings
-from satmon.grid.engine import parse_vary, vary_configs
+from satmon.grid.vary import parse_vary, vary_configs
 
 SMOKE = LLAMA.presets["smoke"]
 
