@@ -475,9 +475,8 @@ def check_kernels(sz: Sizes) -> list[Row]:
             per, n, breaks = _extra_work(model, x, sz.device, compiled=backend == "inductor", fused=fused)
         finally:
             dynamo.reset()
-        ok = (
-            sz.device != "cuda" or backend != "eager" or per <= 2.0
-        )  # the fused call: a kernel, and the stack of its counts
+        # the fused call: a kernel, and the stack of its counts
+        ok = sz.device != "cuda" or backend != "eager" or per <= 2.0
         status = ("pass" if ok else "FAIL") if sz.device == "cuda" else "n/a"
         rows.append(
             Row(

@@ -38,6 +38,7 @@ def train(args: argparse.Namespace, workdir: Path) -> tuple[Path, object]:
     from satmon.demos.lit import LitLM
 
     pl.seed_everything(0, verbose=False)
+    # the demo's model
     model = LitLM(
         arch="gpt",
         d_model=64,
@@ -49,7 +50,7 @@ def train(args: argparse.Namespace, workdir: Path) -> tuple[Path, object]:
         emb_std=64**-0.5,
         lr=3e-3,
         warmup=20,
-    )  # the demo's model
+    )
     data = CorpusDataModule(seq_len=64, batch_size=16, train_tokens=400_000)
     ckpt_dir = workdir / "checkpoints"
     ckpt = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.every, save_top_k=-1, filename="{step}")

@@ -86,9 +86,8 @@ def _quoted(lines: list[str]) -> set[int]:
             start = i
             while i < len(lines) and lines[i].lstrip().startswith(">"):
                 i += 1
-            before = next(
-                (lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), ""
-            )  # the line before, blanks skipped
+            # the line before, blanks skipped
+            before = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
             if _QUOTE_MARK.search(before) or _QUOTE_MARK.search(lines[start]):
                 keep.update(range(start, i))
         else:

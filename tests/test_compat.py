@@ -129,9 +129,8 @@ def test_satmon_replay_stays_the_function_after_the_old_package_path_is_imported
         "    print(type(e).__name__, e)\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    assert (
-        out.stdout.strip() == "ReplayUsageError Expected at least one checkpoint file or folder, got none."
-    )  # the call
+    # the call
+    assert out.stdout.strip() == "ReplayUsageError Expected at least one checkpoint file or folder, got none."
 
 
 def test_no_alias_names_a_path_that_exists_so_a_real_module_is_never_shadowed():

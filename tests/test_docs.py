@@ -161,9 +161,8 @@ def user_project(tmp_path_factory) -> Path:
     (root / "mypkg").mkdir()
     (root / "mypkg" / "__init__.py").write_text("")
     (root / "mypkg" / "model.py").write_text(USER_MODEL)
-    shutil.copytree(
-        ROOT / "docs", root / "docs"
-    )  # commands that read committed docs and data (a copy: outputs stay here)
+    # commands that read committed docs and data (a copy: outputs stay here)
+    shutil.copytree(ROOT / "docs", root / "docs")
     shutil.copytree(ROOT / "data", root / "data")
     (root / "tmp").mkdir()
 

@@ -331,11 +331,12 @@ def _corrupt_pickle(f: Folder) -> list[str]:
 
 
 def _plain_sd(f: Folder) -> dict:
+    # tied to tok_emb: safetensors stores it once
     return {
         k.removeprefix("model."): v.contiguous()
         for k, v in f.world["ckpt"]["state_dict"].items()
         if k != "model.lm_head.weight"
-    }  # tied to tok_emb: safetensors stores it once
+    }
 
 
 def _damaged_safetensors(f: Folder) -> list[str]:
@@ -1217,6 +1218,7 @@ def _replay_until(tmp_path: Path, folder: str, sig: int, after: int) -> tuple[in
         "PYTHONPATH": os.pathsep.join([str(ROOT), *(p for p in sys.path if p)]),
         "OMP_NUM_THREADS": "1",
     }
+    # as from a terminal
     proc = subprocess.Popen(
         cmd,
         cwd=tmp_path,
@@ -1225,7 +1227,7 @@ def _replay_until(tmp_path: Path, folder: str, sig: int, after: int) -> tuple[in
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # as from a terminal
+    )
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -1343,9 +1345,8 @@ def test_a_full_disk_mid_record_leaves_the_partial_file_on_a_complete_record(wor
     real_write, calls = os.write, []
 
     def write(fd, data):
-        if calls or (
-            len(data) > 200 and b'"global_step": 6' in data
-        ):  # the third record: half fits, then the disk is full
+        # the third record: half fits, then the disk is full
+        if calls or (len(data) > 200 and b'"global_step": 6' in data):
             calls.append(len(data))
             if len(calls) == 1:
                 return real_write(fd, data[: len(data) // 2])

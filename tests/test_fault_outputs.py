@@ -255,14 +255,16 @@ def test_an_output_with_no_room_beneath_is_refused_before_any_work_in_one_line(
     ("argv", "todo"),
     [
         (["calibrate", "--cells", "cells.csv", "--out", "o", "--plot", "p" * 240 + ".svg"], "--plot"),  # its temporary
+        # its lock and temporary
         (
             ["report", "--cells", "grid_cells.json", "--plot-file", "p" * 245 + ".png"],
             "--plot-file",
-        ),  # its lock and temporary
+        ),
+        # a cell's files
         (
             [*GRID, "--vary", "chunk_bytes=2048,1" + "0" * 240, "--out", "g"],
             "pass a shorter --vary value",
-        ),  # a cell's files
+        ),
     ],
     ids=["calibrate-plot", "report-plot-file", "grid-vary"],
 )

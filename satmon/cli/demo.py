@@ -313,9 +313,8 @@ def _step_bar(window: int):
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
             loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-            self.progress.update(
-                trainer.global_step, "" if loss is None else f"training loss {float(loss):.4f}"
-            )  # CPU: no sync cost
+            # CPU: no sync cost
+            self.progress.update(trainer.global_step, "" if loss is None else f"training loss {float(loss):.4f}")
 
         def on_train_end(self, trainer, pl_module) -> None:
             if self.progress is not None:
@@ -416,9 +415,8 @@ def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
         logging.getLogger(name).setLevel(logging.WARNING)
     pl.seed_everything(args.seed, verbose=False)
     omp = os.environ.get("OMP_NUM_THREADS", "")
-    cpus = (
-        os.cpu_count() or 1
-    )  # a malformed or huge $OMP_NUM_THREADS is not passed on (torch's pool crashes far past it)
+    # a malformed or huge $OMP_NUM_THREADS is not passed on (torch's pool crashes far past it)
+    cpus = os.cpu_count() or 1
     torch.set_num_threads(args.threads or (min(int(omp), cpus) if omp.isdigit() and int(omp) > 0 else cpus))
     steps = _steps(args)
     model = _model(args)
@@ -438,9 +436,10 @@ def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
     # one writer per run folder: version_N is claimed by os.mkdir, which exactly one process wins (two demos into one
     # --logdir get two versions, never one folder with both runs' events and checkpoints)
     version = int(os.path.basename(claim_run_folder(os.path.abspath(args.logdir), _run_name(args)))[len("version_") :])
+    # the HParams view shows satmon's verdict
     logger = TensorBoardLogger(
         os.path.abspath(args.logdir), name=_run_name(args), version=version, default_hp_metric=False
-    )  # the HParams view shows satmon's verdict
+    )
     ckpt = _step_checkpoints(Path(logger.log_dir) / "checkpoints", args.checkpoint_every, steps)
     callbacks = [monitor, ckpt] + ([] if args.quiet else [_step_bar(args.window)])
     if not args.quiet:

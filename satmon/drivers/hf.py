@@ -374,13 +374,11 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
                 else:
                     self._say_missing("mlflow", "no MLflow run is active")
             elif not any(isinstance(s, MarkdownFileSink) for s in sinks):
-                sinks.append(
-                    MarkdownFileSink(args.output_dir)
-                )  # a tracker satmon has no writer for: the card as a file
+                # a tracker satmon has no writer for: the card as a file
+                sinks.append(MarkdownFileSink(args.output_dir))
         if not names and logdir is None:
-            logdir = os.path.join(
-                args.output_dir, "runs", "satmon"
-            )  # no integration: a TensorBoard run of satmon's own
+            # no integration: a TensorBoard run of satmon's own
+            logdir = os.path.join(args.output_dir, "runs", "satmon")
         sink = None if not sinks else sinks[0] if len(sinks) == 1 else MultiSink(*sinks)
         return logdir, sink
 
@@ -399,9 +397,8 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
             )
             if events and name != "satmon" and os.path.getmtime(folder) >= self._made - 1:
                 made.append((os.path.getmtime(folder), folder))
-        return (
-            max(made)[1] if made else os.path.join(runs, "satmon")
-        )  # beside it: tensorboard --logdir <output_dir>/runs
+        # beside it: tensorboard --logdir <output_dir>/runs
+        return max(made)[1] if made else os.path.join(runs, "satmon")
 
     def _say_missing(self, name: str, why: str) -> None:
         warnings.warn(

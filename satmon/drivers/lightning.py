@@ -496,9 +496,8 @@ class SaturationMonitor(ReadsSettings, Callback):
                 except (ValueError, SyntaxError):
                     saved = {}
                 settings = {k: v for k, v in saved.items() if isinstance(v, (int, float))}
-                self.load_state_dict(
-                    {**state, "settings": {**settings, "product": "exact"}}
-                )  # 0.1 counted the exact product
+                # 0.1 counted the exact product
+                self.load_state_dict({**state, "settings": {**settings, "product": "exact"}})
                 return
 
 

@@ -121,9 +121,8 @@ def offset_sums(x: Tensor, alpha: Tensor, level: float = 2.0, channel_dim: int =
         # |alpha * x| > level for the exact (float64) product: |x| > the exact float32 threshold, per channel
         ax = x.movedim(dim, -1).reshape(-1, c).to(torch.float32).abs()  # (N, C) float32
         ones = ax.gt_(_exact_threshold(a, level))
-        saturated_c = (ones.sum(0) if ones.shape[0] < 2**24 else ones.sum(0, dtype=torch.float64)).to(
-            torch.int64
-        )  # (C,)
+        # (C,)
+        saturated_c = (ones.sum(0) if ones.shape[0] < 2**24 else ones.sum(0, dtype=torch.float64)).to(torch.int64)
     else:
         saturated_c = None
     dev = flat - mean  # (N, C), two passes: a large offset does not cancel the spread away

@@ -577,9 +577,8 @@ def saturation_sums(x: Tensor, threshold: Tensor | float, scratch: Tensor | None
         (3.0, 1.0)
     """
     x = x.detach()
-    if (
-        scratch is not None and scratch.shape == x.shape and scratch.dtype == torch.float32
-    ):  # (another device: torch raises)
+    # (another device: torch raises)
+    if scratch is not None and scratch.shape == x.shape and scratch.dtype == torch.float32:
         ax = torch.abs(x, out=scratch) if x.dtype == torch.float32 else scratch.copy_(x).abs_()
     else:
         ax = x.abs() if x.dtype == torch.float32 else x.to(torch.float32).abs_()  # a fresh float32 buffer

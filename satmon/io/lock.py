@@ -160,9 +160,8 @@ def _open_regular(path: Path, what: str) -> int:
         )
     try:
         fd = os.open(path, flags, 0o644)
-    except (
-        PermissionError
-    ) as e:  # another user's lock file (a killed run's, or a live one's): flock needs no write access
+    # another user's lock file (a killed run's, or a live one's): flock needs no write access
+    except PermissionError as e:
         if st is None:
             raise _cannot(path, what, e) from None
         try:

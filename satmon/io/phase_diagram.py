@@ -308,9 +308,8 @@ def plot_phase(
             linewidths=0.7,
             zorder=3,
         )
-        ax.scatter(
-            [], [], marker=markers[source], s=80, color="lightgray", edgecolors="black", label=label
-        )  # the legend's
+        # the legend's
+        ax.scatter([], [], marker=markers[source], s=80, color="lightgray", edgecolors="black", label=label)
     placed = [(label, s) for label, s in runs if getattr(s, "unique_tokens", None)]
     xs = [c.params for c, _ in points] + [s.params for _, s in placed]
     ys = [c.train_tokens for c, _ in points] + [s.unique_tokens for _, s in placed]

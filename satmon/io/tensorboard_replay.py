@@ -137,9 +137,8 @@ class TensorBoardReplay:
             scalars.pop(TAG.saturation, None)  # log_verdict writes the pooled saturation itself: once per step
         log_scalars(self.sink, scalars, step)
         if report.verdict is not None:
-            card = getattr(
-                record, "card", None
-            )  # a ReplayRecord's: the source run and its live verdict beside this one
+            # a ReplayRecord's: the source run and its live verdict beside this one
+            card = getattr(record, "card", None)
             log_verdict(self.sink, report.verdict, hparams=False, card=card() if callable(card) else None)
             if self._last is None or report.verdict.step >= self._last.step:
                 self._last = report.verdict

@@ -388,9 +388,8 @@ class _Mode(TorchFunctionMode):
 
     def _attention(self, name: str, values: list[Tensor]) -> None:
         tensors = [f for t in values if (f := self.get(t))]
-        if (
-            name in _ATTENTION or name in _PAIRWISE and len(tensors) >= 2
-        ):  # q, k, v: projections of the norm's output, or a q/k norm's output itself
+        # q, k, v: projections of the norm's output, or a q/k norm's output itself
+        if name in _ATTENTION or name in _PAIRWISE and len(tensors) >= 2:
             for flows in tensors:
                 for n in flows:
                     self.went(n, "attention")
@@ -429,9 +428,8 @@ class _Mode(TorchFunctionMode):
             if per_token:  # the output scaled per token (a router's score before the experts, Llama4): still the output
                 flows[n] = per_token[0]
                 continue
-            if _same_branch(
-                fa, fb
-            ):  # one branch times itself: an activation written out (x * sigmoid(x)), a scan's steps
+            # one branch times itself: an activation written out (x * sigmoid(x)), a scan's steps
+            if _same_branch(fa, fb):
                 acts = {fa.act, fb.act}
                 written = "silu" if acts == {None, "sigmoid"} else fa.act or fb.act or "product"  # swish, GPT-OSS's too
                 flows[n] = replace(fa, act=written)

@@ -208,9 +208,8 @@ def _is_candidate(module: nn.Module) -> bool:
         return False
     own = list(module.parameters(recurse=False))
     named = any(hasattr(module, a) for a in _NORM_ATTRS) or bool(_NORM_NAME.search(type(module).__name__))
-    if (
-        own
-    ):  # a gain of several dimensions (per head) only on a module that says it normalises: others are run by include=
+    # a gain of several dimensions (per head) only on a module that says it normalises: others are run by include=
+    if own:
         return all(_vector_like(p) for p in own) or named
     return named
 
@@ -267,9 +266,8 @@ def _read(module: nn.Module, selected: bool) -> Reading | None:
         dims = len(module.normalized_shape)
         return Reading(kind, channels=c, basis="type", note="" if dims == 1 else f"normalises over {dims} dimensions")
     if cls.__module__.startswith("torch.nn.modules") or not (selected or _is_candidate(module)):
-        return (
-            None  # torch's own other layers (BatchNorm, GroupNorm, activations, ...) are not normalisers satmon reads
-        )
+        # torch's own other layers (BatchNorm, GroupNorm, activations, ...) are not normalisers satmon reads
+        return None
     own = dict(module.named_parameters(recurse=False))
     shape = _gain_shape(own)
     if shape is not None:  # a gain over several dimensions: (heads, head_dim), or a norm over all of them

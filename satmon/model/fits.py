@@ -83,9 +83,8 @@ def fit_normalisation(
     c = layout[0][layout[1]]
     rows = _probe_rows(ev.rows_of(layout), c)
     y = ev.to_rows(ev.run(module, ev.from_rows(rows, layout).to(device, dtype)), layout[1]).to("cpu", torch.float64)
-    rows = ev.to_rows(ev.from_rows(rows, layout).to(dtype), layout[1]).to(
-        torch.float64
-    )  # the input as the layer saw it
+    # the input as the layer saw it
+    rows = ev.to_rows(ev.from_rows(rows, layout).to(dtype), layout[1]).to(torch.float64)
     eps = eps_of(module)
     best = None
     for kind in ("layernorm", "rmsnorm"):

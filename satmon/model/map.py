@@ -144,9 +144,8 @@ class ModelMap:
                 undetermined[strip_wrappers(n)] = r.note
                 continue
             entries.append((strip_wrappers(n), m, r))
-        self._complete = (
-            not could_not_run
-        )  # a module that could not run is read again at the next lookup (materialised?)
+        # a module that could not run is read again at the next lookup (materialised?)
+        self._complete = not could_not_run
         norm_ids = {id(m) for _, m, _ in entries}
         self.blocks: tuple[tuple[str, nn.Module], ...] = tuple(_blocks_of(self.modules, norm_ids))
         block_names = [b for b, _ in self.blocks]
@@ -200,9 +199,8 @@ class ModelMap:
         where = self._names.get(id(parent), "?")
         path = f"{where}.{name}" if where else name
         self._changed.append(path)
-        self._listeners = [
-            ref for ref in self._listeners if ref() is not None
-        ]  # a listener whose owner went is dropped
+        # a listener whose owner went is dropped
+        self._listeners = [ref for ref in self._listeners if ref() is not None]
         for ref in list(self._listeners):
             listener = ref()
             if listener is not None:

@@ -218,9 +218,8 @@ class CountQueue:
         self.host_thresholds = True
         self._sums: list[tuple[int, Tensor, Tensor, int]] = []  # four-op results: (layer, abs sum, saturated, numel)
         self._counts: list[tuple[int, Tensor, Tensor, int]] = []  # int64 results: (layer, saturated, non-finite, numel)
-        self._fused: list[
-            tuple[tuple[int, ...], tuple[int, ...], tuple[Tensor, ...]]
-        ] = []  # (layers, numels, fused_counts_many's)
+        # (layers, numels, fused_counts_many's)
+        self._fused: list[tuple[tuple[int, ...], tuple[int, ...], tuple[Tensor, ...]]] = []
         self._held: dict[int, tuple[float, Tensor]] = {}  # CPU: a layer's host threshold as the fused count's tensor
         self._layouts: set[tuple] = set()  # input layouts this queue counted fused
         #: inputs counted so far by each path (``"fused"``, ``"four ops"``): which one a run took
@@ -419,10 +418,11 @@ class CountQueue:
                 t = saturation_threshold(stacked, level, dtype=dtype, product=self.product, product_dtype=pdt)
             for j, i in enumerate(group):
                 a = alphas[i]
+                # a tensor, not a host float
                 self._thresholds[i] = (
                     (a.data_ptr(), a._version, dtype, False),
                     t[j : j + 1],
-                )  # a tensor, not a host float
+                )
 
     def _scratch(self, x: Tensor) -> Tensor | None:
         """A float32 work buffer per input shape, on CPU only (GPU allocations are cached already)."""

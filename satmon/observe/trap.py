@@ -176,9 +176,8 @@ class ForwardOrder(HookSet):
         if self.enabled and not self.done and not recomputing():
             if not self.start:
                 self._first = module
-            elif (
-                module is self._first and module in self.end
-            ):  # the first module again: a second forward (accumulation)
+            # the first module again: a second forward (accumulation)
+            elif module is self._first and module in self.end:
                 self.done = True
                 return
             self.start.setdefault(module, self._tick)

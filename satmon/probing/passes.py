@@ -390,6 +390,7 @@ def _read_dyt(
     for layer in dyt:
         c, a = reading.counts[layer.name], reading.alphas[layer.name]
         dim = layer.channels or 0
+        # inputs only
         layers[layer.name] = LayerReading(
             layer.name,
             layer.kind,
@@ -398,7 +399,7 @@ def _read_dyt(
             saturation=c.saturated / c.total if c.total else None,
             alpha=a,
             nonfinite=c.nonfinite - (not math.isfinite(a)),
-        )  # inputs only
+        )
     return _DytReadings(layers, reading.pooled, verdict_of(reading, s.rule), reading)
 
 

@@ -24,8 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+# the probe's and the window's count
 from satmon.observe.reading_hooks import (
-    nonfinite_parameters,  # the probe's and the window's count
+    nonfinite_parameters,
 )
 from satmon.replaying.checkpoints import (
     CheckpointInfo,

@@ -364,9 +364,8 @@ def write_report(
 
     ok = [r for r in rows if r["error"] is None]
     last = next((r for r in reversed(records) if r.verdict is not None), None)
-    counted = (
-        cut_off(last.verdict) if last is not None else f"|alpha x| > {settings.level:g}"
-    )  # erf/hardtanh: their own
+    # erf/hardtanh: their own
+    counted = cut_off(last.verdict) if last is not None else f"|alpha x| > {settings.level:g}"
     intro = [
         f"Model `{code}`; {len(ok)} of {len(rows)} checkpoint(s) replayed on {device} "
         f"({dtype} forward, float64 statistics); calibration: {data_text}.",

@@ -168,9 +168,8 @@ class Screen(Watching, FollowingChanges):
         self.layers: list[NormLayer] = []
         self.gating: GatingInfo | None = None
         # made at attach (:meth:`_build`): the window's hooks and states, the watch, the guard (None: off)
-        self.reader: ReadingHooks | None = (
-            None  # the window's hook sets (saturation, offset, gate), read as one Reading
-        )
+        # the window's hook sets (saturation, offset, gate), read as one Reading
+        self.reader: ReadingHooks | None = None
         self.hooks: SaturationHooks | None = None
         self.window_loss: WindowLoss | None = None
         self.losses: LossHistory | None = None  # the watch's loss history
@@ -193,9 +192,8 @@ class Screen(Watching, FollowingChanges):
         self._last_step = -1
         self._steps_done = 0  # optimizer steps, for plain loops that call step()
         self._loaded: ScreenState | None = None  # a checkpoint's state, restored at attach
-        self._loaded_local = (
-            False  # its counts are this process's own (a new session of the run), not summed over ranks
-        )
+        # its counts are this process's own (a new session of the run), not summed over ranks
+        self._loaded_local = False
         self._model: nn.Module | None = None  # the model attached to (its weights are checked at the verdict)
         # modules that change during the window: the model map flags a registration (O(1) a step); layers that
         # appear (added, or another module under a counted name) are counted by hook sets of their own
@@ -203,9 +201,8 @@ class Screen(Watching, FollowingChanges):
         self._counted: dict[str, nn.Module] = {}  # layer name -> the module now counted under it
         self._late: list[SaturationHooks] = []  # the hook sets of layers that appeared, oldest first
         self._keep_inputs = False
-        self._first_forward_hooks: list[
-            Any
-        ] = []  # on modules just registered: follow the change at their first forward
+        # on modules just registered: follow the change at their first forward
+        self._first_forward_hooks: list[Any] = []
         self._live: LiveTrace | None = None  # the gating trace of the first training forward, while it waits
         self._check_hook: Any = None  # checks a fresh conversion on the first forward's batch
         self._saved_gate: Any = None  # a checkpoint's gate statistics, kept until the trace makes the gate hooks
@@ -242,9 +239,8 @@ class Screen(Watching, FollowingChanges):
             example_input=example_input,
             forward_fn=forward_fn,
         )
-        if (
-            self.gating.gated is None and model_map(model).trace is not None
-        ):  # untraced: the first training forward says
+        # untraced: the first training forward says
+        if self.gating.gated is None and model_map(model).trace is not None:
             self.warn(f"satmon: {self.gating.message}")
         self.status = "discovered"
         return self.layers
@@ -294,13 +290,11 @@ class Screen(Watching, FollowingChanges):
             return self
         if names and self.layer_names != names:
             raise RuntimeError(f"Expected the same DyT layers as at discovery ({names}), got {self.layer_names}.")
-        for problem in dyt_parameter_problems(
-            (l.name, l.module) for l in self.layers
-        ):  # before the window, not in its verdict
+        # before the window, not in its verdict
+        for problem in dyt_parameter_problems((l.name, l.module) for l in self.layers):
             self.warn(f"satmon: DyT layer {problem}")
-        alphas = (
-            [float(l.module.alpha.detach().float().mean()) for l in self.layers] if step == 0 else []
-        )  # once, at attach
+        # once, at attach
+        alphas = [float(l.module.alpha.detach().float().mean()) for l in self.layers] if step == 0 else []
         self._alpha_init = (min(alphas), max(alphas)) if alphas else self._loaded.alpha_init if self._loaded else None
         self._build(model, keep_inputs)
         assert self.hooks is not None and self.reader is not None

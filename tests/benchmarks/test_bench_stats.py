@@ -41,9 +41,8 @@ def test_neighbour_ratios_pick_the_counted_steps():
     assert neighbour_ratios(run, first=0) == pytest.approx([1.0 / 2.5])  # step 2: 1 / mean(3, 2)
     assert neighbour_ratios(run, first=1) == pytest.approx([3.0 / 1.0, 2.0 / 1.5])  # steps 2, 4 at i = 1, 3
     long = [1.0, 1.0, 1.0, 1.0, 1.4, 1.0, 1.0, 1.0, 1.2, 1.0]
-    assert neighbour_ratios(long, first=0, every=4) == pytest.approx(
-        [1.4, 1.2]
-    )  # i = 4, 8; i = 0 has no left neighbour
+    # i = 4, 8; i = 0 has no left neighbour
+    assert neighbour_ratios(long, first=0, every=4) == pytest.approx([1.4, 1.2])
 
 
 def test_paired_estimate_hand_computed():

@@ -330,6 +330,7 @@ def test_a_grid_cell_whose_arms_all_diverged_is_left_out_and_named(tmp_path):
 
     rows = [
         {"name": "a", "group": "g1", "delta": -0.2, "helps": True, "saturation": 0.6, "diverged": {}},
+        # one arm diverged: DyT hurt, kept
         {
             "name": "b",
             "group": "g2",
@@ -337,7 +338,7 @@ def test_a_grid_cell_whose_arms_all_diverged_is_left_out_and_named(tmp_path):
             "helps": False,
             "saturation": 0.3,
             "diverged": {"dyt": 7},
-        },  # one arm diverged: DyT hurt, kept
+        },
         {
             "name": "c",
             "group": "g2",

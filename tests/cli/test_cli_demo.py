@@ -100,11 +100,12 @@ def test_demo_keeps_a_checkpoint_every_n_steps_and_the_last(tmp_path, capsys):
     base = ["--window", "4", "--steps", "7", "--train-tokens", "20000", "--threads", "1", "--quiet"]
     assert main(base + ["--checkpoint-every", "3", "--logdir", str(tmp_path / "every3")]) == 0
     out = capsys.readouterr().out
+    # the GPT demo's first line as before --arch, and no watch lines past the window
     assert out.startswith(
         "satmon demo: GPT-2-style model (d=64, 2 blocks, DyT alpha_init 2.0, embeddings at std "
         "d_model^-0.5 = 0.125) on the embedded corpus (Python's standard library), 4-step screening "
         "window, CPU.\n"
-    )  # the GPT demo's first line as before --arch, and no watch lines past the window
+    )
     assert "ollapse watch" not in out and "Gradient below the head" not in out
     assert _saved(tmp_path / "every3") == {3: 3, 6: 6, 7: 7}  # each file holds the step its name says
     assert (

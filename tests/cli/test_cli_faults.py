@@ -788,10 +788,11 @@ def test_a_good_run_over_the_previous_outputs_says_it_replaced_them(folder, caps
     assert json.loads((folder / "prev" / "calibration.json").read_text())["format"] == "satmon-calibration"
     assert stat.S_IMODE(os.stat(folder / "prev" / "calibration.json").st_mode) == 0o640
     assert (folder / "prev" / "calibration.png").read_bytes().startswith(b"\x89PNG\r\n")
+    # no temporary left
     assert sorted(p.name for p in (folder / "prev").iterdir()) == [
         "calibration.json",
         "calibration.png",
-    ]  # no temporary left
+    ]
 
 
 def test_a_byte_order_mark_and_utf16_are_read(folder, capsys):
@@ -818,9 +819,8 @@ def test_ctrl_c_while_writing_keeps_the_previous_calibration_and_exits_130(folde
     assert main(["calibrate", "--study", "--out", "prev"]) == 130
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("satmon calibrate: interrupted (Ctrl-C)") and "Traceback" not in err
-    assert (
-        snapshot(folder, folder_times=False) == before
-    )  # the previous calibration.json is whole, no temporary is left
+    # the previous calibration.json is whole, no temporary is left
+    assert snapshot(folder, folder_times=False) == before
 
 
 def test_sigkill_while_writing_keeps_the_previous_calibration(folder):
@@ -844,10 +844,11 @@ def test_sigkill_while_writing_keeps_the_previous_calibration(folder):
     assert proc.returncode == -9, proc.stderr
     assert (folder / "prev" / "calibration.json").read_text() == FILES["prev/calibration.json"]
     left = {p.name for p in (folder / "prev").iterdir()} - {"calibration.json", "calibration.png"}
+    # the killed writer's: flocks dropped, files stay
     locks = {
         ".calibration.json.satmon-lock",
         ".calibration.png.satmon-lock",
-    }  # the killed writer's: flocks dropped, files stay
+    }
     assert locks <= left and all(n.startswith(".calibration.json.") and n.endswith(".tmp") for n in left - locks), left
     rerun = subprocess.run(
         [sys.executable, "-m", "satmon.cli.main", "calibrate", "--study", "--out", "prev"],

@@ -51,9 +51,8 @@ def test_report_prints_the_live_verdict_and_trajectories(live, capsys):
     for target in (live / "logs", live / "logs" / "live" / "version_0"):  # a parent folder or the version folder
         assert main(["report", str(target)]) == 0
         out = capsys.readouterr().out
-        assert (
-            "live/version_0" in out and out.count("== satmon run") == 1
-        )  # the hparams sub-run is not a run of its own
+        # the hparams sub-run is not a run of its own
+        assert "live/version_0" in out and out.count("== satmon run") == 1
         assert "\nsatmon verdict:" in out and "threshold 0.43" in out and "verdict at step 6" in out
         assert "###" not in out and "**" not in out  # the console gets the card in plain text
         assert "| saturation (pooled)" in out and "@ 6" in out  # the trajectory table, with steps

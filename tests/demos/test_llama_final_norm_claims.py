@@ -72,9 +72,8 @@ def test_the_faq_numbers_are_the_data_files(bench):
     share = [t["final_tanh_at_pm1"] for t in seed6]
     assert f"seed 6 {min(share):.1%}"[:-1] + f"-{max(share):.1%} of its elements are at +-1" in faq
     assert f"at most {max(max(t['max_grad_embedding'], t['max_grad_blocks']) for t in seed6):.1e}" in faq
-    assert all(
-        loss["dyt", s] < bench["unigram_loss"] - 1.0 for s in (11, 6)
-    )  # "learns", well below the byte frequencies
+    # "learns", well below the byte frequencies
+    assert all(loss["dyt", s] < bench["unigram_loss"] - 1.0 for s in (11, 6))
 
 
 def test_the_science_numbers_are_the_data_files():
@@ -146,8 +145,9 @@ def test_the_trap_remedy_satmon_prints_is_the_data_files(bench):
         f(bench["unigram_loss"]),
     ]
     assert quoted == expected
+    # "at final alpha 0.2, 1 and 2 alike"
     assert all(
         r[(a, s)]["final_val_loss"] > 0.95 * bench["unigram_loss"]
         for a in ("dyt-final-a1", "dyt-final-a2")
         for s in (11, 6)
-    )  # "at final alpha 0.2, 1 and 2 alike"
+    )

@@ -158,9 +158,8 @@ def test_a_resumed_run_keeps_one_phase_diagram_line(tmp_path):
         second = SaturationMonitor(window=6, verbose=False)
         trainer(tmp_path, max_steps=6, callbacks=[second]).fit(tiny_lit(), data, ckpt_path=tmp_path / "mid.ckpt")
     saved = torch.load(tmp_path / "mid.ckpt", weights_only=True)["callbacks"]["SaturationMonitor"]["notes"]
-    assert (
-        sum(RunScale.is_note(n) for n in saved) == 1
-    )  # the resume brings the saved line back: it is replaced, not added
+    # the resume brings the saved line back: it is replaced, not added
+    assert sum(RunScale.is_note(n) for n in saved) == 1
     assert second.card().count("Phase diagram:") == 1
 
 

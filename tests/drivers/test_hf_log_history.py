@@ -47,13 +47,14 @@ def _expected(verdict) -> dict:
     }
     if verdict.planned_forecast:  # the forecast from the planned passes rides beside the decision (issue 34)
         out["satmon/forecast"] = verdict.planned_forecast["outcome"]
+        # the run's scale, as data
         out.update(
             {
                 f"satmon/{k}": float(verdict.planned_forecast[k])
                 for k in ("params", "unique_tokens", "planned_tokens")
                 if verdict.planned_forecast.get(k) is not None
             }
-        )  # the run's scale, as data
+        )
     return out
 
 

@@ -106,9 +106,8 @@ def test_the_hf_callback_reports_into_hugging_faces_tensorboard_run(tmp_path, ca
     assert run.name != "satmon"
     ea = EventAccumulator(str(run), size_guidance={"tensors": 0}).Reload()
     cards = [e.tensor_proto.string_val[0].decode() for e in ea.Tensors("satmon/verdict")]
-    assert (
-        cards == [cb.verdict.card()] and "args/text_summary" in ea.Tags()["tensors"]
-    )  # Hugging Face's own text beside
+    # Hugging Face's own text beside
+    assert cards == [cb.verdict.card()] and "args/text_summary" in ea.Tags()["tensors"]
     _one_line(*capsys.readouterr(), cb.verdict, [f"TensorBoard {run}"])
 
 

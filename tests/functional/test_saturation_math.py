@@ -280,9 +280,8 @@ def test_alpha_that_does_not_broadcast_to_the_input_is_refused(x_shape, alpha_sh
 def test_nonfinite_counted_separately_never_raises(product):
     x = torch.tensor([1.0, float("inf"), -float("inf"), float("nan"), 0.1])
     sat, bad = saturation_counts(x, torch.tensor([1.0]), 2.0, product=product)
-    assert (
-        sat.item() == count(x, torch.tensor([1.0]), 2.0, product=product) == 2 and bad.item() == 1
-    )  # a flag per input
+    # a flag per input
+    assert sat.item() == count(x, torch.tensor([1.0]), 2.0, product=product) == 2 and bad.item() == 1
     assert saturation_counts(torch.tensor([1.0, 3.0]), torch.tensor([1.0]), 2.0, product=product)[1].item() == 0
 
 

@@ -60,9 +60,8 @@ def test_watch_checks_every_50_steps_after_the_window_and_flags(flagged_cell):
     assert w["window_collapse_risk"] is (cell["arms"]["dyt"]["window_saturation"] >= 0.5) is False
     assert w["would_stop_at"] == steps[0]
     gelu = cell["arms"]["dyt-gelu"]["watch"]["checks"]
-    assert gelu and all(
-        c["gated_saturation"] is None and not c["flagged"] for c in gelu
-    )  # no gated MLP: nothing to flag
+    # no gated MLP: nothing to flag
+    assert gelu and all(c["gated_saturation"] is None and not c["flagged"] for c in gelu)
 
 
 def test_arms_start_from_the_reference_weights_where_they_share_a_tensor():

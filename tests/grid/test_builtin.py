@@ -74,6 +74,7 @@ def test_moved_code_gives_the_premove_scripts_cells_to_the_last_digit(tmp_path, 
         new = got[old["name"]]
         differ = [k for k in old if k not in NOT_COMPARED and old[k] != new.get(k)]
         assert not differ, {k: (old[k], new.get(k)) for k in differ[:3]}
+        # where the cell ran (torch, CPU, threads, jobs, commit)
         assert set(new) - set(old) == {
             "passes",
             "delta_best",
@@ -90,7 +91,7 @@ def test_moved_code_gives_the_premove_scripts_cells_to_the_last_digit(tmp_path, 
             "missing",  # 0.6: readings that could not be computed
             "diverged",  # 0.7: the arms whose loss stopped being finite
             "environment",
-        }  # where the cell ran (torch, CPU, threads, jobs, commit)
+        }
         (legacy / f"{old['name']}.json").write_text(json.dumps(old))  # as the script cached it
     torch.set_num_threads(1)
     # the script's cached cells are adopted by `satmon grid` (same configuration), with the fields it adds

@@ -89,6 +89,7 @@ def test_a_new_grid_file_with_a_contradicting_cell_turns_hurts_uncertain(tmp_pat
     for entry in data.iterdir():
         if entry.name.endswith(".csv"):
             (tmp_path / entry.name).write_text(entry.read_text(encoding="utf-8"), encoding="utf-8")
+    # d64L2 at 1.4 passes
     run = dict(
         params=115_013,
         unique_tokens=3_657_143,
@@ -98,7 +99,7 @@ def test_a_new_grid_file_with_a_contradicting_cell_turns_hurts_uncertain(tmp_pat
         lr_schedule="linear-warmup-constant",
         family="gpt",
         alpha_init=2.0,
-    )  # d64L2 at 1.4 passes
+    )
     assert satmon.forecast(**run, cells=known_cells(tmp_path)).outcome == "hurts"
     columns = (
         "name,params,train_tokens,delta,group,source,passes,final_dyt,final_layernorm,best_dyt,best_layernorm,protocol"

@@ -117,7 +117,6 @@ def test_report_plot_without_matplotlib_is_one_line_and_nothing_read(tmp_path, c
         "'.[report]' in satmon's clone); the report without the plot: leave --plot out.\n"
     )
     monkeypatch.undo()
-    assert (
-        main(["report", str(tmp_path), "--plot-file", str(tmp_path / "p.txt")]) == 2
-    )  # checked before the reading too
+    # checked before the reading too
+    assert main(["report", str(tmp_path), "--plot-file", str(tmp_path / "p.txt")]) == 2
     assert "Expected --plot-file to end in .png or .pdf or .svg" in capsys.readouterr().err

@@ -101,9 +101,8 @@ def test_verdict_text_card(run, tb):
     assert f"threshold **{v.threshold:g}**" in card and f"**{v.saturation:.4f}**" in card
     assert f"window of {WINDOW} optimizer steps" in card
     lines = card.splitlines()
-    start = (
-        next(i for i, line in enumerate(lines) if line.startswith("| layer | saturation (window) |")) + 2
-    )  # one table
+    # one table
+    start = next(i for i, line in enumerate(lines) if line.startswith("| layer | saturation (window) |")) + 2
     rows = lines[start : start + len(monitor.layer_names)]
     assert [r.split(" | ")[:2] for r in rows] == [[f"| {n}", f"{v.per_layer[n]:.4f}"] for n in monitor.layer_names]
     caveat = [line for line in card.splitlines() if "12 cells" in line and line.lstrip("_").startswith("Caveat")]

@@ -61,11 +61,12 @@ def test_reader_equals_tensorboards_event_accumulator(written, tb):
 def test_reader_values_steps_and_views(written):
     _, log_dir, verdict = written
     run = read_run(log_dir)
+    # the verdict writes the pooled value too
     assert run.scalars["Satmon/saturation"] == [
         (2, 0.25),
         (4, 0.375),
         (6, 0.375),
-    ]  # the verdict writes the pooled value too
+    ]
     assert run.scalars["satmon_alpha/ln_f"] == [(2, 1.5), (4, 1.25)]
     assert run.scalars["Satmon/nonfinite"] == [(2, 0.0), (4, 1.0)]
     assert run.scalars["Satmon/decision"] == [(6, -1.0)] and run.decision() == "non-finite"

@@ -137,6 +137,7 @@ def _report(saturation=0.5, min_ratio=0.25, valid=True):
 
 
 def test_probe_scalars_maps_each_reading_and_drops_missing_and_nonfinite():
+    # the NaN null_projection is left out: TensorBoard would draw a gap
     assert probe_scalars(_report()) == {
         "Satmon/saturation": 0.5,
         "satmon_deadir/h.0.ln/alignment": 0.875,
@@ -147,7 +148,7 @@ def test_probe_scalars_maps_each_reading_and_drops_missing_and_nonfinite():
         "satmon_sigma_min/ratio/h.1": 0.5,
         "satmon_sigma_min/ratio/h.2": 0.25,
         "satmon_sigma_min/min_ratio": 0.25,
-    }  # the NaN null_projection is left out: TensorBoard would draw a gap
+    }
     no_dyt = probe_scalars(_report(valid=False), saturation=False)  # the live window writes saturation itself
     assert no_dyt == {
         "satmon_deadir/h.0.ln/alignment": 0.875,
@@ -174,11 +175,12 @@ def test_log_verdict_scalars_card_and_hparams(decision, kind, tmp_path, tb):
     run.finish()
     pooled = sum(c[0] for c in counts.values()) / 4
     ea = tb.accumulate(run.log_dir)
+    # not gated: no risk tag
     assert set(tb.scalar_tags(ea)) == {
         "Satmon/decision",
         "Satmon/margin",
         "Satmon/saturation",
-    }  # not gated: no risk tag
+    }
     assert tb.scalars(ea, "Satmon/decision") == [(9, value)]
     described = ea.SummaryMetadata("Satmon/decision").summary_description  # the chart's description: decision and trust
     assert described.startswith(

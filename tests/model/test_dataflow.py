@@ -133,9 +133,8 @@ def test_feed_first_batches_and_a_failing_trace_never_crash():
     model = _dyt_user_lm(OddGatedBlock)
     report = detect_gating(model, example_input=(IDX, IDX), forward_fn=feed_first)
     assert report.gated is True and report.pairings["stack.0.post"].source == "trace"
-    broken = detect_gating(
-        _dyt_user_lm(OddGatedBlock), example_input=(IDX, IDX)
-    )  # model(x, y): TypeError inside the trace
+    # model(x, y): TypeError inside the trace
+    broken = detect_gating(_dyt_user_lm(OddGatedBlock), example_input=(IDX, IDX))
     assert broken.gated is None and "the traced forward failed (TypeError" in broken.message
     named = HFModel(n=1)
     fallback = detect_gating(named, names_of(named), example_input="not a tensor")  # names only hint, never answer

@@ -284,9 +284,8 @@ def test_a_flag_that_reorders_the_norms_is_read_from_the_forward_never_from_the_
 def test_wrapped_model_uses_discovery_names():
     wrapper = nn.Module()
     wrapper._orig_mod = HFModel(n=1)  # what torch.compile registers
-    report = detect_gating(
-        wrapper, example_input=X, forward_fn=lambda m, x: m._orig_mod(x)
-    )  # discovery's DyT layers, stripped
+    # discovery's DyT layers, stripped
+    report = detect_gating(wrapper, example_input=X, forward_fn=lambda m, x: m._orig_mod(x))
     assert list(report.pairings) == ["layers.0.post_attention_layernorm"]
     assert (
         gate_linear_modules(wrapper, report)["layers.0.post_attention_layernorm"].gate

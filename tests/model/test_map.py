@@ -81,10 +81,11 @@ def test_a_deletion_the_hook_cannot_see_is_caught_at_the_next_lookup():
     assert not m.changed()  # nothing a training step would pay for
     new = model_map(model)  # the lookup compares the module tree
     assert new is not m and new.compare(m).removed == ("blocks.2.norm_1", "blocks.2.norm_2")
+    # renumbered: other modules under those names
     assert new.compare(m).replaced == (
         "blocks.1.norm_1",
         "blocks.1.norm_2",
-    )  # renumbered: other modules under those names
+    )
 
 
 class _BufferedDerf(Derf):

@@ -133,21 +133,23 @@ FAMILIES = {
         (),
         images=True,
     ),
+    # reordered post-norm: norm(attn(x)) and norm(mlp(h)) are added
     "olmo2": Family(
         _tx("Olmo2Config", "Olmo2ForCausalLM", **DECODER), "rmsnorm", (), norms=4 * LAYERS + 1, gated_mlps=True
-    ),  # reordered post-norm: norm(attn(x)) and norm(mlp(h)) are added
+    ),
     "gemma2": Family(
         _tx("Gemma2Config", "Gemma2ForCausalLM", head_dim=8, **DECODER),
         "rmsnorm",
         _per_layer("model.layers.{}.pre_feedforward_layernorm"),
         norms=4 * LAYERS + 1,
     ),
+    # q_norm, k_norm per head
     "qwen3": Family(
         _tx("Qwen3Config", "Qwen3ForCausalLM", head_dim=8, **DECODER),
         "rmsnorm",
         _per_layer("model.layers.{}.post_attention_layernorm"),
         norms=4 * LAYERS + 1,
-    ),  # q_norm, k_norm per head
+    ),
     "mixtral": Family(
         _tx("MixtralConfig", "MixtralForCausalLM", num_local_experts=2, num_experts_per_tok=2, **DECODER),
         "rmsnorm",
@@ -187,6 +189,7 @@ FAMILIES = {
         (),
         norms=LAYERS + 1,
     ),
+    # parallel attention, one norm a block
     "falcon": Family(
         _tx(
             "FalconConfig",
@@ -203,13 +206,14 @@ FAMILIES = {
         "layernorm",
         (),
         norms=LAYERS + 1,
-    ),  # parallel attention, one norm a block
+    ),
+    # parallel: one norm feeds both
     "cohere": Family(
         _tx("CohereConfig", "CohereForCausalLM", logit_scale=1.0, **DECODER),
         "layernorm",
         _per_layer("model.layers.{}.input_layernorm"),
         norms=LAYERS + 1,
-    ),  # parallel: one norm feeds both
+    ),
     "convnext": Family(
         _tx("ConvNextConfig", "ConvNextModel", num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2),
         "layernorm",

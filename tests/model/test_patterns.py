@@ -263,9 +263,8 @@ def test_a_chunked_gated_mlp_is_never_not_gated_and_the_feeding_norm_is_named():
     assert traced.gated is True and traced.gated_layers == ("blocks.0.norm_2", "blocks.1.norm_2")
     p = traced.pairings["blocks.0.norm_2"]
     assert (p.gate, p.fused, p.gate_first, p.activation) == ("blocks.0.mlp.w_in", True, True, "gelu")
-    blind = detect_gating(
-        _dyt(lambda n: PreNormBlock(n, mlp=ChunkedGLU))
-    )  # no batch: the source shows a chunked product
+    # no batch: the source shows a chunked product
+    blind = detect_gating(_dyt(lambda n: PreNormBlock(n, mlp=ChunkedGLU)))
     assert blind.gated is None and "names suggest: blocks.0.norm_2: blocks.0.mlp may be a gated MLP" in blind.message
     assert "its input is the output of blocks.0.norm_2" in blind.unclassified["blocks.0.norm_2"]  # norm_2, not norm_1
     resolved = detect_gating(model, mapping={"blocks.0.norm_2": "blocks.0.mlp", "blocks.1.norm_2": "blocks.1.mlp"})
@@ -274,9 +273,8 @@ def test_a_chunked_gated_mlp_is_never_not_gated_and_the_feeding_norm_is_named():
 
 def test_a_sourceless_chunked_mlp_is_unknown_by_its_shapes():
     ns: dict = {}
-    exec(
-        "def forward(self, x):\n    a, b = self.w_in(x).chunk(2, dim=-1)\n    return self.w_out(a * b)\n", ns
-    )  # no source to read
+    # no source to read
+    exec("def forward(self, x):\n    a, b = self.w_in(x).chunk(2, dim=-1)\n    return self.w_out(a * b)\n", ns)
     opaque = type("OpaqueGLU", (ChunkedGLU,), {"forward": ns["forward"]})
     model = _dyt(lambda n: PreNormBlock(n, mlp=opaque))
     blind = detect_gating(model)

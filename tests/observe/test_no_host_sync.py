@@ -223,9 +223,8 @@ def test_the_cpu_path_reads_only_its_scalar_alphas(recorder):
     }
     reads = [len(s) for s in per_step[: WINDOW - 1]]
     n_layers = len(screen.layers)
-    assert reads == [
-        2 * n_layers if step % 2 == 0 else 0 for step in range(WINDOW - 1)
-    ]  # once per layer per counted step
+    # once per layer per counted step
+    assert reads == [2 * n_layers if step % 2 == 0 else 0 for step in range(WINDOW - 1)]
 
 
 def test_a_step_with_the_nonfinite_guard_reads_only_its_named_cpu_flag(recorder):

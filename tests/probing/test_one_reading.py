@@ -19,9 +19,8 @@ from satmon import DyT
 from satmon.demos.llama import LlamaLM
 
 C = 16
-RETAINED_BELOW = (
-    0.25  # docs/science/science.md: offset-driven when less than a quarter of the saturation survives centering
-)
+# docs/science/science.md: offset-driven when less than a quarter of the saturation survives centering
+RETAINED_BELOW = 0.25
 
 
 class Offset(nn.Module):

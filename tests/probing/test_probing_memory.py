@@ -45,9 +45,8 @@ def test_one_matrix_per_pass_gives_the_one_pass_readings_bit_for_bit(make):
     x = _tokens(0)
     # train mode: dropout draws from the RNG, so every pass must start from the same RNG state
     whole = probe(model, x, train_mode=True)
-    grouped = probe(
-        model, iter(x), train_mode=True, memory_budget=ONE_MATRIX
-    )  # a one-shot iterator: kept for the passes
+    # a one-shot iterator: kept for the passes
+    grouped = probe(model, iter(x), train_mode=True, memory_budget=ONE_MATRIX)
     assert whole.plan.passes == 1 and grouped.plan.passes == grouped.plan.matrices == whole.plan.matrices > 1
     assert _readings(grouped) == _readings(whole)  # floats compared exactly
     assert grouped.verdict == whole.verdict and grouped.batches == 2  # DyT counted once, not once per pass

@@ -238,9 +238,8 @@ def test_satmon_file_names_are_the_ones_satmon_writes():
     from satmon import paths
 
     assert lst.CALIBRATION_FILE == paths.CALIBRATION_FILE and lst.STATE_FILE == paths.STATE_FILE  # named once
-    assert (
-        "os.path.join(log_dir, CALIBRATION_FILE)" in package[Path(hf.__file__).with_name("live_probe.py")]
-    )  # the live probe's
+    # the live probe's
+    assert "os.path.join(log_dir, CALIBRATION_FILE)" in package[Path(hf.__file__).with_name("live_probe.py")]
     assert any('".partial.jsonl"' in text for text in package.values()) and lst.satmon_file("r.json.partial.jsonl")
 
 

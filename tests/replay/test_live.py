@@ -135,9 +135,8 @@ def test_the_replay_card_tensorboard_and_json_show_both_readings(run, tmp_path):
     for record in records:
         mine = record["replay_of"]
         assert mine["live"]["saturation"] == verdict.saturation and mine["live"]["step"] == verdict.step
-    replayed = read_run(
-        tmp_path / f"replay of {run_name(source_run([version / 'checkpoints']))}"
-    )  # named after its run
+    # named after its run
+    replayed = read_run(tmp_path / f"replay of {run_name(source_run([version / 'checkpoints']))}")
     assert replay.log_dir == replayed.path.resolve()
     card = replayed.last_text(TAG.verdict_text)  # the last checkpoint's (step 6)
     lines = card.splitlines()

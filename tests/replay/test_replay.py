@@ -297,6 +297,5 @@ def test_a_lightning_module_is_recognised_by_its_bases():
     from satmon.replaying.loop import is_lightning_module
 
     assert is_lightning_module(LitLM) and is_lightning_module(Recording) and not is_lightning_module(torch.nn.Linear)
-    assert not is_lightning_module(
-        LitLM(arch="gpt", d_model=8, n_layers=1, n_heads=1, seq_len=4)
-    )  # an instance is no class
+    # an instance is no class
+    assert not is_lightning_module(LitLM(arch="gpt", d_model=8, n_layers=1, n_heads=1, seq_len=4))

@@ -92,9 +92,8 @@ def test_one_model_per_architecture_reads_what_fresh_models_read(runs, name, mon
     got = list(checkpoint_records(infos, ModelLoader(Counting), batches, probe_kwargs={"forward_fn": feed_first}))
     assert [r.error for r in got] == [None] * 3
     twins = 1 if name == "layernorm" else 0
-    assert (
-        Counting.built == 1 + 1 + twins
-    )  # the meta check, one real model, and (LayerNorm) one twin, for 3 checkpoints
+    # the meta check, one real model, and (LayerNorm) one twin, for 3 checkpoints
+    assert Counting.built == 1 + 1 + twins
     assert collected == []  # no garbage collection per checkpoint
     infos = _infos(runs, name)
     for info, record in zip(infos, got):  # each checkpoint in a model of its own, as load_from_checkpoint builds it

@@ -124,6 +124,7 @@ def test_the_issues_examples_are_not_confident_on_the_shipped_cells():
     assert forecast(params=25_000, unique_tokens=1_000, planned_tokens=3_000).outcome == "uncertain"
     assert forecast(params=25_000, unique_tokens=1_000, planned_tokens=3_000, **STUDY).outcome == "uncertain"
     assert forecast(params=4e9, unique_tokens=4e11, planned_tokens=1.2e12, **STUDY).outcome == "uncertain"
+    # a 500-step run: no cell trained 500 steps
     assert (
         forecast(
             params=115_013,
@@ -134,7 +135,7 @@ def test_the_issues_examples_are_not_confident_on_the_shipped_cells():
             lr_schedule="constant",
         ).outcome
         == "uncertain"
-    )  # a 500-step run: no cell trained 500 steps
+    )
     at3 = forecast(params=115_013, unique_tokens=1_551_515, planned_tokens=5_120_000, **STUDY)
     # the configuration: recipe x size x passes (the faithful grid's and grid 2's d64L2 at 3.3 passes are one)
     configs = {(c.recipe, c.group) for c in known_cells() if abs(math.log(c.passes / 3.3)) < math.log(1.1)}
@@ -186,9 +187,8 @@ def test_the_nearest_measured_cells_are_of_two_configurations_not_two_seeds_of_o
         for size, tpp in ((1e5, 10), (3e5, 3), (1e6, 1), (3e6, 0.3), (1e7, 0.1))
         for seed in (0, 1)
     ]
-    f = forecast_from(
-        cells, params=1e4, unique_tokens=1e6, planned_tokens=2e6, **RUN
-    )  # 100 tokens per parameter: far outside
+    # 100 tokens per parameter: far outside
+    f = forecast_from(cells, params=1e4, unique_tokens=1e6, planned_tokens=2e6, **RUN)
     named = re.findall(r"(c[\d.e+]+_s\d) \(", f.evidence.split("nearest measured:")[1])
     assert f.outcome == "uncertain" and named == ["c100000.0_s0", "c300000.0_s0"]
 
@@ -269,9 +269,8 @@ def test_an_empty_region_inside_the_hull_is_uncertain():
         for a, b in product((5, 7), (0, 2))
         for s in (0, 1)
     ]
-    corners += [
-        dataclasses.replace(c, group=c.group + "x", name=c.name + "x") for c in corners[:2]
-    ]  # a 5th configuration
+    # a 5th configuration
+    corners += [dataclasses.replace(c, group=c.group + "x", name=c.name + "x") for c in corners[:2]]
     centre = _f(corners, 2.0, params=1e6, tpp=10.0)
     assert centre.outcome == "uncertain" and "where no cell was measured" in centre.evidence
     assert _f(corners, 2.0, params=1.5e5, tpp=1.0).outcome == "hurts"  # 0.18 decades from a measured corner

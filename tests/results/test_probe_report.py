@@ -72,6 +72,7 @@ def test_to_dict_keeps_plain_values_and_the_json_writer_sanitises_them():
         "gate_first": True,
         "gate_stats": True,
     }
+    # the verdict's risk, once
     assert d["gating"] == {
         "gated": True,
         "pairings": {"dyt": pairing},
@@ -79,7 +80,7 @@ def test_to_dict_keeps_plain_values_and_the_json_writer_sanitises_them():
         "message": "gated",
         "unclassified": {},
         "risk": d["verdict"]["risk"],
-    }  # the verdict's risk, once
+    }
     assert d["layers"]["dyt"] == {
         "kind": "dyt",
         "dim": 8,
@@ -138,9 +139,8 @@ def test_init_gap_is_attached_per_layer_and_a_missing_twin_layer_is_refused():
     assert report.init_gap is None and report.layers["ln"].init_gap is None  # a new report: the first is unchanged
     gap = trained.init_gap["ln"]
     assert set(trained.init_gap) == {"ln"} and isinstance(gap, InitGap)
-    assert (
-        gap.depth_deepening == gap.lambda_min_deepening == pytest.approx(9.0)
-    )  # log10(1e-3 / 1e-12): the floor, not 1e-14
+    # log10(1e-3 / 1e-12): the floor, not 1e-14
+    assert gap.depth_deepening == gap.lambda_min_deepening == pytest.approx(9.0)
     assert trained.layers["ln"].init_gap is gap
     assert trained.to_dict()["init_gap"] == {
         "ln": {"depth_deepening": gap.depth_deepening, "lambda_min_deepening": gap.depth_deepening}

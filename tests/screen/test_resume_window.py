@@ -17,8 +17,10 @@ import warnings
 
 import pytest
 import torch
+
+# the plain loop: forward, backward, step, end_step, begin_step
 from test_state import (
-    _train,  # the plain loop: forward, backward, step, end_step, begin_step
+    _train,
 )
 
 from reference import InputRecorder

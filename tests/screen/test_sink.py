@@ -88,9 +88,8 @@ def test_the_verdict_goes_as_scalars_card_and_one_hparams_session(run):
     kinds = [c[0] if c[0] != "text" else f"text:{c[1]}" for c in at_verdict]
     assert kinds == ["scalars", "scalars", "text:satmon/verdict", "hparams"]
     readings, scalars, card, hparams = at_verdict
-    assert any(
-        k.startswith("satmon_offset/") for k in readings[1]
-    )  # the offset readings ride with the last running ones
+    # the offset readings ride with the last running ones
+    assert any(k.startswith("satmon_offset/") for k in readings[1])
     assert scalars[1] == verdict_scalars(v) and card[2] == v.card()
     # the trap watch's state rides with the verdict's hparams (the session TensorBoard keeps)
     assert hparams[1:] == ({**verdict_hparams(v), TAG.hp_trap: screen.trap.state}, verdict_scalars(v), WINDOW)

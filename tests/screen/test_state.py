@@ -46,6 +46,7 @@ def test_the_saved_form_is_plain_values_and_reads_back(tmp_path):
     verdict = build_verdict({"a": (3, 10), "b": (0, 10)}, step=4, window=4)
     state = _state(verdict=verdict, stop=StopRecord(StopReason.NO_GO, verdict.reason, 4))
     d = state.to_dict()
+    # satmon 0.2's keys, in its order
     assert list(d) == [
         "version",
         "settings",
@@ -59,7 +60,7 @@ def test_the_saved_form_is_plain_values_and_reads_back(tmp_path):
         "total",
         "nonfinite",
         "loss_segments",
-    ]  # satmon 0.2's keys, in its order
+    ]
     assert d["version"] == STATE_VERSION and d["saturated"] == [3, 0] and d["settings"]["threshold"] == 0.5
     assert _plain(d)
     torch.save(d, tmp_path / "s.pt")

@@ -31,10 +31,11 @@ def test_gated_model_above_collapse_threshold_is_no_go_with_collapse_risk(tmp_pa
     v = monitor.verdict
     assert v.saturation >= 0.5 and v.gated is True and v.collapse_risk is True
     assert v.decision == "no-go" and v.reason.startswith("collapse risk")
+    # names as discovered on the LightningModule
     assert v.gated_layers == (
         "model.blocks.0.mlp_norm",
         "model.blocks.1.mlp_norm",
-    )  # names as discovered on the LightningModule
+    )
     # a risk reading per gated block: the feeding DyT's saturation and the gate statistics
     assert len(v.risk) == 2
     for block, r in v.risk.items():

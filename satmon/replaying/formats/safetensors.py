@@ -78,9 +78,8 @@ class SafetensorsIndex:
         (torch.Size([2, 3]), [3.0, 4.0, 5.0])
     """
 
-    entries: Mapping[
-        str, tuple[torch.dtype, tuple[int, ...], int, int]
-    ]  # name -> dtype, shape, begin, end (in the file)
+    # name -> dtype, shape, begin, end (in the file)
+    entries: Mapping[str, tuple[torch.dtype, tuple[int, ...], int, int]]
     metadata: Mapping[str, str]
 
     @classmethod
