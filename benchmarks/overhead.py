@@ -352,8 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for m, r in results.items():
         print(
-            f"- {m}: {r['spec']}, {r['dyt_layers']} DyT layers; reference {r['summary']['off']['median'] * 1e3:.1f} "
-            "ms/step "
+            f"- {m}: {r['spec']}, {r['dyt_layers']} DyT layers; reference "
+            f"{r['summary']['off']['median'] * 1e3:.1f} ms/step "
             f"(median); {r['repeats']} repeats"
         )
         for c, counted in r["count_paths"].items():

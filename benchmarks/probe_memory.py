@@ -88,8 +88,8 @@ def main() -> None:
             print(
                 f"| {d} | {args.blocks} | {args.rows} | {b} | {r['matrices']} | {r['passes']} | "
                 f"{r['planned_peak'] / mib:.0f} "
-                f"| {r['peak'] / mib:.0f} | {r['forward_peak'] / mib:.0f} | {r['seconds']:.1f} | "
-                f"{r['cpu_seconds']:.1f} |",
+                f"| {r['peak'] / mib:.0f} | {r['forward_peak'] / mib:.0f} | {r['seconds']:.1f} "
+                f"| {r['cpu_seconds']:.1f} |",
                 flush=True,
             )
             print(f"<!-- {r['plan']} ({time.perf_counter() - t0:.0f} s with start-up) -->", flush=True)

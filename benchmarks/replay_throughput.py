@@ -162,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                 got = replay_once(sides[name], Path(tmp) / "ckpts", out, len(ckpts), args.threads)
                 rounds[name].append(got)
                 print(
-                    f"round {r + 1} {name}: start {got['start_s']:.2f} s, {got['per_checkpoint_s']:.3f} s a "
-                    "checkpoint, "
+                    f"round {r + 1} {name}: start {got['start_s']:.2f} s, "
+                    f"{got['per_checkpoint_s']:.3f} s a checkpoint, "
                     f"total {got['total_s']:.1f} s",
                     flush=True,
                 )

@@ -211,8 +211,8 @@ def paired_lines(results: Mapping[str, Mapping[str, Any]], sampled_every: int = 
                     f"Paired estimate, {m}, sample_every={sampled_every}: a counted step takes "
                     f"{pe['sampled_counted_vs_neighbours']:.4f} x its neighbours (control "
                     f"{pe['sampled_control']:.4f}); "
-                    f"one step in {sampled_every} counted: overhead {100 * (pe['sampled_step_ratio'] - 1):+.2f}% per "
-                    "step "
+                    f"one step in {sampled_every} counted: overhead "
+                    f"{100 * (pe['sampled_step_ratio'] - 1):+.2f}% per step "
                     f"(90% interval {100 * (pe['sampled_step_lo'] - 1):+.2f}% to "
                     f"{100 * (pe['sampled_step_hi'] - 1):+.2f}%)."
                 )

@@ -580,8 +580,8 @@ def pilot_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
 
     lines = [
         (
-            "| size | final norm | alpha_init | peak lr | arm | reference best | best | last | best / U | at 300 | "
-            "at 600 "
+            "| size | final norm | alpha_init | peak lr | arm | reference best | best | last | "
+            "best / U | at 300 | at 600 "
             "| risk | flag | trapped | loss rule |"
         ),
         "|" + "---|" * 15,

@@ -251,8 +251,8 @@ def _run_all(setup: Setup, out: str, jobs: int) -> list[dict[str, Any]]:
 def _progress(r: dict[str, Any]) -> None:
     sat = f", saturation {r['saturation']:.3f} ({r['decision'].upper()})" if "saturation" in r else ""
     print(
-        f"  {r['regime']:>4} {r['norm']:<9} seed {r['seed']}: val loss {r['val_loss']:.4f}{sat}  [{r['seconds']:.0f} "
-        "s]",
+        f"  {r['regime']:>4} {r['norm']:<9} seed {r['seed']}: val loss "
+        f"{r['val_loss']:.4f}{sat}  [{r['seconds']:.0f} s]",
         file=sys.stderr,
         flush=True,
     )
@@ -335,12 +335,12 @@ def markdown(summary: dict[str, dict[str, Any]], setup: Setup, mode: str, comman
     lines += [
         "",
         f"Reference: a unigram model (byte frequencies of the training split, no context) scores "
-        f"{few.get('unigram', float('nan')):.4f} (few) / {many.get('unigram', float('nan')):.4f} (many) on the same "
-        "validation split.",
+        f"{few.get('unigram', float('nan')):.4f} (few) / {many.get('unigram', float('nan')):.4f} (many) on "
+        "the same validation split.",
         "",
         f"Sign flip (DyT better with few tokens, worse with many): **{'yes' if flips else 'no'}** "
-        f"(few: {few['change'] * 100:+.1f}%, many: {many['change'] * 100:+.1f}%; study at 64M parameters: -27.3% / "
-        "+18.8%).",
+        f"(few: {few['change'] * 100:+.1f}%, many: {many['change'] * 100:+.1f}%; study at 64M "
+        "parameters: -27.3% / +18.8%).",
         f"Verdict direction right in {sum(s['verdict_right'] for s in summary.values())} of {len(summary)} regimes "
         f"(GO should mean DyT helped). Saturation ordering few > many: "
         f"**{'yes' if few['saturation'] > many['saturation'] else 'no'}** "

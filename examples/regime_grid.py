@@ -161,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     except satmon.grid.GridInterrupted as e:
         print(
-            f"regime_grid: interrupted: {len(e.result.cells)} cells complete and kept; rerun the same command to "
-            "resume.",
+            f"regime_grid: interrupted: {len(e.result.cells)} cells complete and kept; rerun "
+            "the same command to resume.",
             file=sys.stderr,
         )
         return 130

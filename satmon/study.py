@@ -110,8 +110,8 @@ PROVENANCE = (
 )
 #: The verdict card's last line when the study's threshold is used.
 CAVEAT = (
-    f"Caveat: {THRESHOLD:g} was fit on 12 cells of one study (75% in-sample, {HELD_OUT_ACCURACY:.0%} "
-    "leave-one-scale-out "
+    f"Caveat: {THRESHOLD:g} was fit on 12 cells of one study (75% in-sample, "
+    f"{HELD_OUT_ACCURACY:.0%} leave-one-scale-out "
     f"vs {NO_SKILL_ACCURACY:.0%} for guessing the commoner outcome) on ~5k-step checkpoints, alpha_init 2.0."
     + (f" {FAITHFUL_GRID_FINDING}" if FAITHFUL_GRID_FINDING else "")
 )

@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CLAIMS: list[tuple[str, str]] = [
     (
         r"\bDyT\s+(acts|acted|act|acting)\s+as\s+a\s+(useful\s+)?regulari[sz]er",
-        "GO does not show DyT regularising: the 0.43 rule is at chance held out (50% vs 67%), and satmon never "
-        "measured "
+        "GO does not show DyT regularising: the 0.43 rule is at chance held out (50% vs 67%), "
+        "and satmon never measured "
         "a regularising mechanism",
     ),
     (
@@ -44,8 +44,8 @@ CLAIMS: list[tuple[str, str]] = [
     ),
     (
         r"\bright(ly)?\s+here\b|the\s+call\s+is\s+right",
-        "calls one demo's NO-GO right: the rule is no better than always saying NO-GO, so one agreeing run shows "
-        "nothing",
+        "calls one demo's NO-GO right: the rule is no better than always saying NO-GO, so one "
+        "agreeing run shows nothing",
     ),
     (
         r"whether\s+a\s+normali[sz]ation\s+choice\s+will\s+help\s+or\s+hurt",
@@ -53,8 +53,8 @@ CLAIMS: list[tuple[str, str]] = [
     ),
     (
         r"Trust:\s*\**ok\**:\s*nothing\s+satmon\s+measured",
-        "a stale card: a decision by the study's 0.43 is at best `unproven` (trust `ok` needs a calibration that "
-        "forecasts)",
+        "a stale card: a decision by the study's 0.43 is at best `unproven` (trust `ok` needs a "
+        "calibration that forecasts)",
     ),
 ]
 #: Files this test does not read, each with why.

@@ -1327,8 +1327,8 @@ def test_a_full_disk_mid_replay_stops_in_one_line_and_leaves_the_previous_json(w
     assert code == 1 and (tmp_path / "prev.json").read_bytes() == before
     assert err.strip().splitlines()[-1] == (
         "satmon replay: stopped by OSError: [Errno 28] No space left on device: 'prev.json.partial.jsonl' after 2 of 4 "
-        "checkpoint(s): prev.json was left as it was; the 2 new record(s) are in prev.json.partial.jsonl; "
-        "TensorBoard run "
+        "checkpoint(s): prev.json was left as it was; the 2 new record(s) are in "
+        "prev.json.partial.jsonl; TensorBoard run "
         f"{tmp_path / 'tb' / 'replay' / 'version_1'} holds the checkpoints replayed so far."
     )
 

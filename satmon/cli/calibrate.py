@@ -261,8 +261,8 @@ def _write(
             print(f"Plot: {plot(result, plot_path)}{_replaced(existed)}")
         except ImportError:
             print(
-                "satmon calibrate: the plot needs matplotlib: pip install matplotlib (or pip install -e '.[report]' "
-                "in satmon's clone); "
+                "satmon calibrate: the plot needs matplotlib: pip install matplotlib (or pip install -e "
+                "'.[report]' in satmon's clone); "
                 "skipped it, the JSON is written.",
                 file=sys.stderr,
             )

@@ -218,8 +218,8 @@ def _run(name: str, argv: list[str]) -> int:
             return 1
         if errors and code == 0:  # a failure the command did not see (it reports those it sees in its own line)
             print(
-                f"satmon {name}: a background thread failed: {error_line(errors[0])}; what it was writing "
-                "(TensorBoard's "
+                f"satmon {name}: a background thread failed: {error_line(errors[0])}; what it "
+                "was writing (TensorBoard's "
                 "event files) may be incomplete.",
                 file=sys.stderr,
             )

@@ -262,8 +262,8 @@ def _first_line(args: argparse.Namespace) -> str:
     code = args.model or args.factory or "?"
     data = args.data or args.datamodule or "?"
     return (
-        f"replaying the checkpoints in {paths} with {code}, calibration from {data}; loading torch and checking "
-        "the arguments"
+        f"replaying the checkpoints in {paths} with {code}, calibration from {data}; loading torch "
+        "and checking the arguments"
     )
 
 

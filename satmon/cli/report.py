@@ -345,8 +345,8 @@ def _plot(runs: list[Run], path: Path, extra: list | None = None) -> int:
         plot_phase(cells, placed, path, not_placed=not_placed)
     except OSError as e:
         print(
-            f"satmon report: could not write the plot {str(path)!r}: {e.strerror or e}; the file that was there is "
-            "as it "
+            f"satmon report: could not write the plot {str(path)!r}: {e.strerror or e}; the "
+            "file that was there is as it "
             "was.",
             file=sys.stderr,
         )
@@ -354,8 +354,8 @@ def _plot(runs: list[Run], path: Path, extra: list | None = None) -> int:
     sources = sorted({c.source for c in cells} - {STUDY_SOURCE})
     print(
         f"\nPhase diagram: {path}{' (replaced the file that was there)' if existed else ''}: the study's "
-        f"{sum(c.source == STUDY_SOURCE for c in cells)} cells, {sum(c.source != STUDY_SOURCE for c in cells)} grid "
-        "cells "
+        f"{sum(c.source == STUDY_SOURCE for c in cells)} cells, "
+        f"{sum(c.source != STUDY_SOURCE for c in cells)} grid cells "
         f"({'; '.join(sources) or 'none'}), {len(placed)} run(s) placed."
     )
     for label, why in not_placed:

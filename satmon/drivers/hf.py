@@ -190,8 +190,8 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         """
         if self.screen is None:
             text = (
-                "### satmon: no verdict\n\ntraining has not started: the screen is made at the Trainer's "
-                "on_train_begin."
+                "### satmon: no verdict\n\ntraining has not started: the screen is made at the "
+                "Trainer's on_train_begin."
             )
             return text if markdown else plain(text)
         return self.screen.card(markdown)

@@ -328,8 +328,8 @@ class SaturationMonitor(ReadsSettings, Callback):
             f"It found {len(others)} LayerNorm/RMSNorm layer(s): the dead-direction probe reads those "
             "(`probe_every_n_steps=` or `satmon.probe`). To screen DyT, convert the norms with "
             "`satmon.convert_to_dyt(model)`,"
-            " or point satmon at your DyT layers with `include='regex on module names'` or `include=lambda name, m: "
-            "...`."
+            " or point satmon at your DyT layers with `include='regex on module names'` or "
+            "`include=lambda name, m: ...`."
         )
         self.screen.status = msg
         if self.on_missing == "raise" and self.live_probe is None:

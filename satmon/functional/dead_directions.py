@@ -677,8 +677,8 @@ def sigma_min_profile(
     reason = ""
     if short:
         reason = (
-            f"streams {short} have fewer finite tokens than channels (d={spectra[short[0]].dim}): sigma_min is 0 by "
-            "rank;"
+            f"streams {short} have fewer finite tokens than channels "
+            f"(d={spectra[short[0]].dim}): sigma_min is 0 by rank;"
             " feed at least d tokens"
         )
     elif lo0 <= rtol * abs(hi0):

@@ -53,8 +53,8 @@ def _activation(name: str):
     if name not in ACTIVATIONS:
         raise ValueError(
             f"Expected `activation` in {sorted(ACTIVATIONS)}, got {name!r}."
-            " Pass the gate's activation as found by `satmon.model.gating.detect_gating` (SwiGLU: 'silu', GeGLU: "
-            "'gelu')."
+            " Pass the gate's activation as found by `satmon.model.gating.detect_gating` "
+            "(SwiGLU: 'silu', GeGLU: 'gelu')."
         )
     return ACTIVATIONS[name]
 

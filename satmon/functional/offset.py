@@ -81,10 +81,10 @@ def _channel_alpha(alpha: Tensor, shape: torch.Size, dim: int) -> Tensor:
     varying = [lead + i for i, n in enumerate(a.shape) if n != 1]
     if lead < 0 or varying != [dim] or a.shape[dim - lead] != shape[dim]:
         raise ValueError(
-            f"Expected alpha to be a scalar or per-channel along dimension {dim - len(shape)} of the input, as "
-            "`alpha * x` "
-            f"broadcasts; got alpha of shape {tuple(alpha.shape)} for an input of shape {tuple(shape)}. Pass "
-            "channel_dim "
+            f"Expected alpha to be a scalar or per-channel along dimension {dim - len(shape)} of "
+            "the input, as `alpha * x` "
+            f"broadcasts; got alpha of shape {tuple(alpha.shape)} for an input of shape "
+            f"{tuple(shape)}. Pass channel_dim "
             "for channels-first inputs (e.g. channel_dim=1 with alpha of shape (C, 1, 1))."
         )
     return a.reshape(-1)

@@ -492,10 +492,10 @@ def _fit_threshold(threshold: Tensor, shape: torch.Size) -> Tensor:
     if alpha_broadcast_problem(threshold.shape, shape) is not None:
         raise AlphaBroadcastError(
             f"Expected a DyT alpha that broadcasts against its input as `alpha * x` does, keeping the input's shape; "
-            f"got alpha of shape {tuple(threshold.shape)} for an input of shape {tuple(shape)}. A forward that "
-            "reshapes "
-            "alpha (e.g. alpha.view(-1, 1, 1) for channels-first input) is invisible to satmon: store alpha in the "
-            "shape "
+            f"got alpha of shape {tuple(threshold.shape)} for an input of shape "
+            f"{tuple(shape)}. A forward that reshapes "
+            "alpha (e.g. alpha.view(-1, 1, 1) for channels-first input) is invisible to satmon: "
+            "store alpha in the shape "
             "the forward uses (e.g. (C, 1, 1)), or leave the layer out of the screen (exclude=...)."
         )
     if threshold.dim() <= len(shape):  # broadcasts to x's shape already

@@ -295,8 +295,8 @@ def report_markdown(analysis: dict[str, Any], cells: list[dict[str, Any]]) -> st
         head,
         "",
         (
-            "| cell | epochs | tokens/param | unigram | val LN | val DyT | DyT vs LN | window sat. | window first "
-            "block | "
+            "| cell | epochs | tokens/param | unigram | val LN | val DyT | DyT vs LN | window "
+            "sat. | window first block | "
             "window centered | final sat. | final first block |"
         ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|",

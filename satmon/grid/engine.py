@@ -443,8 +443,8 @@ def _run_locked(
         tasks.append(t)
     if adopted:
         say(
-            f"adopted {adopted} cells that examples/regime_grid.py wrote before satmon grid (cells/<name>.json with "
-            "this "
+            f"adopted {adopted} cells that examples/regime_grid.py wrote before satmon grid "
+            "(cells/<name>.json with this "
             "grid's configuration)"
         )
     say(

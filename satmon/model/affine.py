@@ -147,8 +147,8 @@ def _on_meta(module: nn.Module, dim: int | None, axis: int | None) -> EffectiveA
         twin = ev.clone(module, randomize=params)
     except ev.OnMeta as err:
         raise ValueError(
-            f"Expected {type(module).__name__} on the meta device to need only its parameters' shapes to read its "
-            "affine "
+            f"Expected {type(module).__name__} on the meta device to need only its parameters' "
+            "shapes to read its affine "
             f"map, got {err}. Build the model on the CPU to copy its affine map, or convert without copy_affine."
         ) from err
     found = _effective_affine(twin, dim, axis)
@@ -196,8 +196,8 @@ def _effective_affine(module: nn.Module, dim: int | None, axis: int | None) -> E
         where = "the last dimension" if axis == -1 else f"dimension {axis} (channels first)"
         raise ValueError(
             f"Expected {name} to compute gain * normalize(x) + bias (LayerNorm or RMSNorm over {where}), got no fit "
-            f"within {_TOL:.0e}. satmon cannot determine this layer's affine map: exclude it (exclude=...), or copy "
-            "its "
+            f"within {_TOL:.0e}. satmon cannot determine this layer's affine map: exclude it "
+            "(exclude=...), or copy its "
             "parameters yourself."
         )
     exact = _exact(module, int(channels), fit.x_hat, fit.y, max(_TOL, 10 * fit.residual))

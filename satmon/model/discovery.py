@@ -307,8 +307,8 @@ def _read(module: nn.Module, selected: bool) -> Reading | None:
                 "unknown",
                 channels=c,
                 note=(
-                    f"{cls.__name__} is named like a normaliser but, run on test inputs, computes neither weight * "
-                    "f(alpha * x + s) "
+                    f"{cls.__name__} is named like a normaliser but, run on test inputs, computes neither "
+                    "weight * f(alpha * x + s) "
                     "+ bias nor gain * normalize(x) + bias along any axis"
                 ),
             )
@@ -464,8 +464,8 @@ def _grouped(module: nn.Module, shape: tuple[int, ...]) -> Reading | str | None:
                 return None
             kind, dims = found
             note = (
-                f"gain of shape {shape}: per {'head' if len(shape) == 2 else 'group'}, statistics over the last "
-                "dimension"
+                f"gain of shape {shape}: per {'head' if len(shape) == 2 else 'group'}, "
+                "statistics over the last dimension"
                 if dims == 1
                 else f"normalises over {dims} dimensions {shape}"
             )

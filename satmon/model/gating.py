@@ -242,8 +242,8 @@ def _maybe_gated(m: ModelMap, names_found: dict[str, dict[str, Any]]) -> dict[st
         source = multiplies_projections(mod)  # the source decides where it can be read; shapes where it cannot
         if source:
             out[name] = (
-                f"{name} may be a gated MLP (its forward multiplies two projections of its input), but its names do "
-                "not say"
+                f"{name} may be a gated MLP (its forward multiplies two projections of its "
+                "input), but its names do not say"
             )
         elif source is None and parts is not None:
             shape = (
@@ -339,10 +339,10 @@ def _pair_mapping(
             )
             fix = f"Map {others[0]!r} to {mlp!r}, or {norm!r} to None." if others else f"Map {norm!r} to None."
             raise ValueError(
-                f"Expected gating_mapping[{norm!r}] = {mlp!r} to agree with the traced forward, got a forward in "
-                "which no "
-                f"projection of {mlp} reads {norm}'s output directly: its gate and value projections read {shown}. "
-                f"{fix}"
+                f"Expected gating_mapping[{norm!r}] = {mlp!r} to agree with the traced forward, "
+                "got a forward in which no "
+                f"projection of {mlp} reads {norm}'s output directly: its gate and value "
+                f"projections read {shown}. {fix}"
             )
         found[mlp] = _traced_parts(mlp, parts, trace) if parts["note"] or trace is not None else parts
         pairs.add(norm, mlp, found[mlp], "mapping")
@@ -623,8 +623,8 @@ def _message(
                 "a traced forward shows no gated MLP"
                 if not elsewhere
                 else (
-                    f"a traced forward shows no {label} feeding a gated MLP directly; gated MLPs fed otherwise: "
-                    f"{_listing(elsewhere)}"
+                    f"a traced forward shows no {label} feeding a gated MLP directly; gated MLPs fed "
+                    f"otherwise: {_listing(elsewhere)}"
                 )
             )
         elif elsewhere:

@@ -277,10 +277,10 @@ class ModelMap:
             what = (
                 (
                     "owns `alpha` but, run on a test input, does not compute weight * f(alpha * x + s) + bias with f "
-                    "tanh, erf or hardtanh (alpha rescaled, divided, offset, or no bounded function): its "
-                    "saturation "
-                    "is "
-                    "not |alpha * x| > level, so satmon leaves it out rather than report a wrong number. Select the "
+                    "tanh, erf or hardtanh (alpha rescaled, divided, offset, or no bounded "
+                    "function): its saturation "
+                    "is not |alpha * x| > level, so satmon leaves it out rather than report a "
+                    "wrong number. Select the "
                     "module that applies f(alpha * x) itself"
                 )
                 if owns_alpha

@@ -85,15 +85,15 @@ def plan_memory(dims: Sequence[tuple[str, int | None]], budget: int | str | None
     unknown = [name for name, d in dims if d is None]
     if limit is not None and unknown:
         raise ValueError(
-            f"Expected every width to be known to plan `memory_budget`, got none for {unknown}. Pass "
-            "memory_budget=None."
+            "Expected every width to be known to plan `memory_budget`, got none for "
+            f"{unknown}. Pass memory_budget=None."
         )
     need = {name: matrix_bytes(d) + _readout_bytes(d) for name, d in dims}
     if limit is not None and need and max(need.values()) > limit:
         name, d = max(dims, key=lambda nd: need[nd[0]])
         raise ValueError(
-            "Expected `memory_budget` to hold at least one covariance matrix and its readout, got "
-            f"{format_bytes(limit)}:"
+            "Expected `memory_budget` to hold at least one covariance matrix and its readout, "
+            f"got {format_bytes(limit)}:"
             f" {name!r} (d={d}) needs {format_bytes(need[name])} ({format_bytes(matrix_bytes(d))} for the matrix,"
             f" {format_bytes(_readout_bytes(d))} for its eigendecomposition). Raise `memory_budget` to at least that,"
             " or leave wide layers out with `max_dim=`, `layers=` or `blocks=`."

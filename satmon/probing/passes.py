@@ -294,8 +294,8 @@ def _read_tap(name: str, tap: CovarianceTap, targets: ProbeTargets, results: _Re
     tap.release()
     if count <= dim:  # the centred covariance has rank <= count - 1 < dim: some direction is a kernel whatever the norm
         note = (
-            f"{count} token(s) for {dim} channels: the output covariance has rank at most {count - 1} < {dim}, so a "
-            "kernel "
+            f"{count} token(s) for {dim} channels: the output covariance has rank at most "
+            f"{count - 1} < {dim}, so a kernel "
             f"is there whatever the norm and no alignment is a reading; it needs more than {dim} tokens (at least "
             f"{dim + 1 - count} more; positions x batch for a channels-first layer)"
         )
@@ -501,8 +501,8 @@ def check_options(**options: Any) -> None:
         raise TypeError(f"Expected `step` to be an int (the step the verdict is taken at), got {step!r}.")
     if source not in {s.value for s in Source}:  # a Source is a str: its value compares equal
         raise ValueError(
-            f"Expected `source` to be a satmon.results.verdict.Source ({', '.join(s.value for s in Source)}), got "
-            f"{source!r}."
+            "Expected `source` to be a satmon.results.verdict.Source "
+            f"({', '.join(s.value for s in Source)}), got {source!r}."
         )
 
 

@@ -86,8 +86,8 @@ def find_probe_targets(
             else ""
         )
         raise ValueError(
-            "Expected a model with DyT, LayerNorm or RMSNorm layers or residual blocks, found none in "
-            f"{type(model).__name__}"
+            "Expected a model with DyT, LayerNorm or RMSNorm layers or residual blocks, found none "
+            f"in {type(model).__name__}"
             f"{unread}. Point satmon at them with `include='regex on module names'` and `blocks=[...]`."
         )
     widths = {l.name: l.channels for l in model_map(model).norms if l.channels is not None}
@@ -178,8 +178,8 @@ def _select_layers(
         chosen = {l.name for l in found if layers(l.name, l.module)}
     else:
         raise TypeError(
-            "Expected `layers` to be a list of names, a regex or a predicate (name, module) -> bool, got "
-            f"{type(layers).__name__}."
+            "Expected `layers` to be a list of names, a regex or a predicate (name, module) -> bool, "
+            f"got {type(layers).__name__}."
         )
     # the final norm (the last one outside every block) is always read
     outside = [l for l in found if not any(l.name == b or l.name.startswith(b + ".") for b in block_names)]

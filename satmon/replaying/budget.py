@@ -248,8 +248,8 @@ def pickle_extent(f: IO[bytes], end: int, budget: int | None = None) -> int:
                             _over(f"a pickle FRAME at byte {at:,}", n, budget)
                             if f.tell() + n <= end
                             else ValueError(
-                                f"not a checkpoint: a pickle FRAME at byte {at:,} declares {n:,} bytes past the end "
-                                "of the file"
+                                f"not a checkpoint: a pickle FRAME at byte {at:,} declares {n:,} "
+                                "bytes past the end of the file"
                             )
                         )
             elif arg.n == pickletools.UP_TO_NEWLINE:

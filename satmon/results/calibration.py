@@ -81,8 +81,8 @@ class Calibration:
     def caveat(self) -> str:
         """The provenance line for the verdict card."""
         return (
-            f"Caveat: threshold {self.threshold:.4g} was fit by `satmon calibrate` ({self.rule} rule, {self.metric}) "
-            "on "
+            f"Caveat: threshold {self.threshold:.4g} was fit by `satmon calibrate` "
+            f"({self.rule} rule, {self.metric}) on "
             f"{self.n} cells in {self.groups} groups ({self.source or 'user cells'}): {self.accuracy:.0%} in-sample, "
             f"{self.loso_accuracy:.0%} leave-one-group-out, AUC {self.auc:.2f}. A measurement on those runs, not a "
             "guarantee for others."
@@ -171,26 +171,26 @@ def load_calibration(path: str | os.PathLike) -> Calibration:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise CalibrationError(
-            f"Expected a calibration JSON written by `satmon calibrate` at {short_repr(given, 240)}, got a parse "
-            f"error: {e}."
+            "Expected a calibration JSON written by `satmon calibrate` at "
+            f"{short_repr(given, 240)}, got a parse error: {e}."
         ) from None
     except RecursionError:
         raise CalibrationError(
-            f"Expected a calibration JSON written by `satmon calibrate` at {short_repr(given, 240)}, got nesting too "
-            "deep "
+            "Expected a calibration JSON written by `satmon calibrate` at "
+            f"{short_repr(given, 240)}, got nesting too deep "
             "to read: it is not a satmon calibration."
         ) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise CalibrationError(
-            f"Expected format {FORMAT!r} in {short_repr(given, 240)}, got {short_repr(got)}: write it with `satmon "
-            "calibrate`."
+            f"Expected format {FORMAT!r} in {short_repr(given, 240)}, got {short_repr(got)}: write "
+            "it with `satmon calibrate`."
         )
     t = data.get("threshold")
     if isinstance(t, bool) or not (isinstance(t, (int, float)) and 0.0 < t < 1.0):
         raise CalibrationError(
-            f"Expected a threshold in (0, 1) in {short_repr(given, 240)}, got {short_repr(t)}: the fit predicts one "
-            "class for "
+            f"Expected a threshold in (0, 1) in {short_repr(given, 240)}, got {short_repr(t)}: the "
+            "fit predicts one class for "
             "every cell, so it cannot screen; add runs from both regimes and calibrate again."
         )
     return calibration_from_payload(data, path)

@@ -211,8 +211,8 @@ class Rule:
                 Decision.NON_FINITE,
                 (
                     "; ".join(what) + ": the run diverged, and a NaN element counts as unsaturated, so the pooled "
-                    "saturation is not a reading of a healthy run. Lower the learning rate, clip gradients or check "
-                    "the "
+                    "saturation is not a reading of a healthy run. Lower the learning rate, "
+                    "clip gradients or check the "
                     "data, then screen again"
                 ),
                 None,

@@ -79,13 +79,13 @@ class RunScale:
         head = f"{NOTE_PREFIX} {self.params:,} parameters"
         if self.unique_tokens is None:
             return (
-                f"{head}; unique training tokens unknown ({self.missing}): pass SaturationMonitor(unique_tokens=N), "
-                "N the "
+                f"{head}; unique training tokens unknown ({self.missing}): pass "
+                "SaturationMonitor(unique_tokens=N), N the "
                 "unique tokens the run trains on, to place it on the study's phase diagram (`satmon report --plot`)."
             )
         line = (
-            f"{head}, {self.unique_tokens:,} unique training tokens ({self.counted}): {self.tokens_per_param:.3g} "
-            "tokens "
+            f"{head}, {self.unique_tokens:,} unique training tokens ({self.counted}): "
+            f"{self.tokens_per_param:.3g} tokens "
             "per parameter."
         )
         if cells:

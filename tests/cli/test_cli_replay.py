@@ -441,8 +441,8 @@ def test_help_imports_neither_torch_nor_lightning():
 
     script = (
         "import sys\nfrom satmon.cli.main import main\nassert main(['replay', '--help']) == 0\n"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'lightning', 'pytorch_lightning', "
-        "'transformers'}))"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'lightning', "
+        "'pytorch_lightning', 'transformers'}))"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -61,8 +61,8 @@ def test_a_product_satmon_cannot_classify_is_unknown_and_mapping_resolves_it():
     assert report.message == (
         "gated MLP after DyT: unknown: stack.0.post: its output reaches an element-wise product in stack.0 that is not "
         "act(gate) * up (neither factor passed through an activation) (and 1 more layer(s)); pass "
-        "gating_mapping={'stack.0.post': '<gated MLP module>'} if it feeds a gated MLP, or {'stack.0.post': None} if "
-        "not"
+        "gating_mapping={'stack.0.post': '<gated MLP module>'} if it feeds a gated MLP, or "
+        "{'stack.0.post': None} if not"
     )
     assert detect_gating(model, mapping={"stack.0.post": None, "stack.1.post": None}, example_input=IDX).gated is False
     mapped = detect_gating(model, mapping={"stack.0.post": "stack.0", "stack.1.post": None}, example_input=IDX)

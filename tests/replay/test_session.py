@@ -281,8 +281,8 @@ def test_a_replay_stopped_early_leaves_the_json_as_it_was_and_keeps_its_records(
     kept = (tmp_path / "r.json.partial.jsonl").read_text().splitlines()
     assert [json.loads(line)["global_step"] for line in kept] == [10]
     assert run.stopped("interrupted (Ctrl-C)") == (
-        f"satmon replay: interrupted (Ctrl-C) after 1 of 3 checkpoint(s): {target} was left as it was; the 1 new "
-        "record(s) "
+        f"satmon replay: interrupted (Ctrl-C) after 1 of 3 checkpoint(s): {target} was left as it "
+        "was; the 1 new record(s) "
         f"are in {tmp_path / 'r.json.partial.jsonl'}."
     )
     with exclusive(target, "--json", folder=False):  # released: another writer may take it now

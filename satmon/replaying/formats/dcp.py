@@ -390,8 +390,8 @@ def inspect(folder: Path, trust: bool = False, stamps: Sequence[FileStamp] | Non
                 f"{text}; a torch.distributed.checkpoint folder can also be consolidated into one file with "
                 "`python -m torch.distributed.checkpoint.format_utils dcp_to_torch "
                 f"{printable(shlex.quote(str(folder)))} "
-                f"{printable(shlex.quote(str(converted_path(folder, '.pt'))))}` (it unpickles .metadata: only for a "
-                "folder you trust)"
+                f"{printable(shlex.quote(str(converted_path(folder, '.pt'))))}` (it unpickles .metadata: "
+                "only for a folder you trust)"
             )
         )
         return info
