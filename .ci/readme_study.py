@@ -25,16 +25,25 @@ def _item(label: str, text: str) -> str:
     """One markdown list item: ``- **label**: Text.`` wrapped at :data:`WIDTH`, continuation lines indented."""
     sentence = text[0].upper() + text[1:]
     sentence = sentence if sentence.endswith(".") else sentence + "."
-    return textwrap.fill(f"- **{label}**: {sentence}", width=WIDTH, subsequent_indent="  ", break_on_hyphens=False,
-                         break_long_words=False)
+    return textwrap.fill(
+        f"- **{label}**: {sentence}",
+        width=WIDTH,
+        subsequent_indent="  ",
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
 
 
 def render() -> str:
     """The block, markers included, from ``satmon.study`` as it is now."""
     from satmon import study
 
-    items = [_item("GO", study.MEANING["go"]), _item("NO-GO", study.MEANING["no-go"]),
-             _item("What a decision is worth", study.WORTH), _item("The collapse watch", study.COLLAPSE_WORTH)]
+    items = [
+        _item("GO", study.MEANING["go"]),
+        _item("NO-GO", study.MEANING["no-go"]),
+        _item("What a decision is worth", study.WORTH),
+        _item("The collapse watch", study.COLLAPSE_WORTH),
+    ]
     return "\n".join([BEGIN, *items, END])
 
 
@@ -42,9 +51,11 @@ def block(text: str) -> str:
     """README's block as it stands, markers included (``ValueError`` when a marker is missing or out of order)."""
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
-        raise ValueError(f"Expected README.md to hold {BEGIN!r} ... {END!r} once, in that order; got "
-                         f"begin at {start}, end at {end}. Put the two markers back, then run python .ci/readme_study.py")
-    return text[start:end + len(END)]
+        raise ValueError(
+            f"Expected README.md to hold {BEGIN!r} ... {END!r} once, in that order; got "
+            f"begin at {start}, end at {end}. Put the two markers back, then run python .ci/readme_study.py"
+        )
+    return text[start : end + len(END)]
 
 
 def main(argv: list[str]) -> int:
@@ -52,8 +63,10 @@ def main(argv: list[str]) -> int:
     now, want = block(text), render()
     if "--check" in argv:
         if now != want:
-            print("README.md's satmon.study block differs from what satmon.study renders: run python .ci/readme_study.py",
-                  file=sys.stderr)
+            print(
+                "README.md's satmon.study block differs from what satmon.study renders: run python .ci/readme_study.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     if now != want:

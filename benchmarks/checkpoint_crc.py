@@ -1,16 +1,16 @@
 """What checking a checkpoint's CRC-32s costs in a replay: the check against the rest of one checkpoint's turn.
 
 ``satmon replay`` checks every zip record it reads against the CRC-32 the zip directory records (the pickle at
-inspection, each tensor as it is copied: :mod:`satmon.replaying.formats.torch_file`). This program writes one realistic Lightning
-checkpoint (the demo GPT at GPT-2-small width and depth, d_model 768, 12 blocks, 85 M parameters; with the Adam
-state Lightning saves beside the weights, which replay leaves unread), then, in each round, times
+inspection, each tensor as it is copied: :mod:`satmon.replaying.formats.torch_file`). This program writes one realistic
+Lightning checkpoint (the demo GPT at GPT-2-small width and depth, d_model 768, 12 blocks, 85 M parameters; with the
+Adam state Lightning saves beside the weights, which replay leaves unread), then, in each round, times
 
 - ``read``: plain reads of exactly the bytes replay checks (every record but the optimizer's tensors), from the
   page cache, as replay copies them;
 - ``crc``: ``zlib.crc32`` over those bytes;
 - ``inspect``: :func:`~satmon.replaying.checkpoints.inspect_checkpoint` (the pickle read once, its records checked);
-- ``replay``: one checkpoint's whole turn in :func:`~satmon.replaying.loop.checkpoint_records` (the weights copied and checked,
-  the model built, the probe and its random-init twin on the calibration batches);
+- ``replay``: one checkpoint's whole turn in :func:`~satmon.replaying.loop.checkpoint_records` (the weights copied
+  and checked, the model built, the probe and its random-init twin on the calibration batches);
 
 and prints the medians side by side with the CRC's share of the checkpoint's turn.
 
@@ -33,8 +33,16 @@ from pathlib import Path
 
 import torch
 
-CONFIG = {"arch": "gpt", "d_model": 768, "n_layers": 12, "n_heads": 12, "seq_len": 1024, "alpha_init": 2.0, "lr": 3e-4,
-          "warmup": 1}
+CONFIG = {
+    "arch": "gpt",
+    "d_model": 768,
+    "n_layers": 12,
+    "n_heads": 12,
+    "seq_len": 1024,
+    "alpha_init": 2.0,
+    "lr": 3e-4,
+    "warmup": 1,
+}
 
 
 def write_checkpoint(path: Path) -> int:
@@ -44,11 +52,23 @@ def write_checkpoint(path: Path) -> int:
     torch.manual_seed(0)
     lit = LitLM(**CONFIG)
     weights = lit.state_dict()
-    adam = {i: {"step": torch.tensor(100.0), "exp_avg": torch.randn_like(v), "exp_avg_sq": torch.rand_like(v)}
-            for i, v in enumerate(weights.values()) if v.is_floating_point()}
-    torch.save({"state_dict": weights, "global_step": 100, "epoch": 0, "pytorch-lightning_version": "2.6.6",
-                "hyper_parameters": CONFIG, "optimizer_states": [{"state": adam, "param_groups": [{"lr": 3e-4}]}],
-                "lr_schedulers": []}, path)
+    adam = {
+        i: {"step": torch.tensor(100.0), "exp_avg": torch.randn_like(v), "exp_avg_sq": torch.rand_like(v)}
+        for i, v in enumerate(weights.values())
+        if v.is_floating_point()
+    }
+    torch.save(
+        {
+            "state_dict": weights,
+            "global_step": 100,
+            "epoch": 0,
+            "pytorch-lightning_version": "2.6.6",
+            "hyper_parameters": CONFIG,
+            "optimizer_states": [{"state": adam, "param_groups": [{"lr": 3e-4}]}],
+            "lr_schedulers": [],
+        },
+        path,
+    )
     return path.stat().st_size
 
 
@@ -59,7 +79,9 @@ def checked_bytes(path: Path) -> tuple[list[bytes], int]:
     from satmon.replaying.formats.torch_file import meta_tensors
 
     info = inspect_checkpoint(path)
-    offsets = {t.untyped_storage()._checkpoint_offset for t in meta_tensors(info.checkpoint, skip=("optimizer_states",))}
+    offsets = {
+        t.untyped_storage()._checkpoint_offset for t in meta_tensors(info.checkpoint, skip=("optimizer_states",))
+    }
     out = []
     with zipfile.ZipFile(path) as z, open(path, "rb") as f:
         for rec in z.infolist():
@@ -117,17 +139,25 @@ def main() -> None:
         rounds = [one_round(path, blobs, batches) for _ in range(args.rounds)]
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     turn = med["inspect"] + med["replay"]
-    print(f"checkpoint: {size / 1e6:,.0f} MB ({checked / 1e6:,.0f} MB read and CRC-checked by replay; the optimizer's "
-          f"state is not read); {args.batches} calibration batch(es) of {args.batch_size} x {args.seq_len} tokens; "
-          f"{torch.get_num_threads()} thread(s); median of {args.rounds} rounds")
+    print(
+        f"checkpoint: {size / 1e6:,.0f} MB ({checked / 1e6:,.0f} MB read and CRC-checked by replay; the optimizer's "
+        f"state is not read); {args.batches} calibration batch(es) of {args.batch_size} x {args.seq_len} tokens; "
+        f"{torch.get_num_threads()} thread(s); median of {args.rounds} rounds"
+    )
     print(f"{'part':<38}{'seconds':>10}{'share of the turn':>20}")
-    for label, key in (("read the bytes replay reads", "read"), ("CRC-32 of those bytes", "crc"),
-                       ("inspect (pickle read once)", "inspect"), ("replay (read + build + probe + twin)", "replay")):
+    for label, key in (
+        ("read the bytes replay reads", "read"),
+        ("CRC-32 of those bytes", "crc"),
+        ("inspect (pickle read once)", "inspect"),
+        ("replay (read + build + probe + twin)", "replay"),
+    ):
         share = f"{med[key] / turn:>19.1%}" if key != "read" else f"{'(in replay)':>19}"
         print(f"{label:<38}{med[key]:>10.3f}{share}")
-    print(f"CRC / read: {med['crc'] / med['read']:.2f}; CRC throughput {checked / med['crc'] / 1e9:.2f} GB/s, read "
-          f"{checked / med['read'] / 1e9:.2f} GB/s; the checkpoint's turn with the check / without it: "
-          f"{turn / (turn - med['crc']):.3f}")
+    print(
+        f"CRC / read: {med['crc'] / med['read']:.2f}; CRC throughput {checked / med['crc'] / 1e9:.2f} GB/s, read "
+        f"{checked / med['read'] / 1e9:.2f} GB/s; the checkpoint's turn with the check / without it: "
+        f"{turn / (turn - med['crc']):.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -42,8 +42,11 @@ HELP_GOAL_S = 0.3
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-            "PYTHONWARNINGS": "ignore"}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "PYTHONWARNINGS": "ignore",
+    }
 
 
 def satmon_command() -> tuple[list[str], str]:
@@ -80,7 +83,7 @@ def measure(commands: dict[str, list[str]], repeats: int) -> dict[str, list[floa
         time_once(commands[name])
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeats):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             times[name].append(time_once(commands[name]))
     return times
@@ -115,17 +118,24 @@ def main(argv: list[str] | None = None) -> int:
         }
         times = measure(commands, args.repeats)
     torch_key, bare_key = 'python -c "import torch"', "python -c pass"
-    print(f"satmon start-up, {args.repeats} fresh processes per command, interleaved; satmon via {how}; "
-          f"python {sys.version.split()[0]}; {os.cpu_count()} CPUs; run: {run}")
+    print(
+        f"satmon start-up, {args.repeats} fresh processes per command, interleaved; satmon via {how}; "
+        f"python {sys.version.split()[0]}; {os.cpu_count()} CPUs; run: {run}"
+    )
     print()
     print(table(times, torch_key, bare_key))
     print()
     help_med, torch_med = statistics.median(times["satmon --help"]), statistics.median(times[torch_key])
-    print(f"satmon --help: median {help_med:.3f} s; goal under {HELP_GOAL_S} s: {'met' if help_med < HELP_GOAL_S else 'NOT met'}; "
-          f"never slower than import torch ({torch_med:.3f} s): "
-          f"{'met' if max(times['satmon --help']) < min(times[torch_key]) else 'NOT met'} (slowest vs fastest)")
+    print(
+        f"satmon --help: median {help_med:.3f} s; goal under {HELP_GOAL_S} s: "
+        f"{'met' if help_med < HELP_GOAL_S else 'NOT met'}; "
+        f"never slower than import torch ({torch_med:.3f} s): "
+        f"{'met' if max(times['satmon --help']) < min(times[torch_key]) else 'NOT met'} (slowest vs fastest)"
+    )
     if args.json:
-        Path(args.json).write_text(json.dumps({"repeats": args.repeats, "satmon": how, "times_s": times}, indent=1) + "\n")
+        Path(args.json).write_text(
+            json.dumps({"repeats": args.repeats, "satmon": how, "times_s": times}, indent=1) + "\n"
+        )
     return 0
 
 

@@ -52,7 +52,9 @@ def _count(q: CountQueue, xs: list[torch.Tensor], alphas: list[torch.Tensor]) ->
     q.count_kept()
 
 
-def measure(n: int, e: int, dtype: torch.dtype, rounds: int, cold: bool, backend: str, evict: torch.Tensor) -> dict[str, Any]:
+def measure(
+    n: int, e: int, dtype: torch.dtype, rounds: int, cold: bool, backend: str, evict: torch.Tensor
+) -> dict[str, Any]:
     """Median CPU microseconds of one ``count_kept()`` over ``n`` inputs of ``e`` elements, per path."""
     g = torch.Generator().manual_seed(n * 1_000_003 + e)
     xs = [(torch.randn(e // 64, 64, generator=g) * 1.5).to(dtype) for _ in range(n)]
@@ -66,7 +68,7 @@ def measure(n: int, e: int, dtype: torch.dtype, rounds: int, cold: bool, backend
         raise AssertionError(f"n={n}, e={e}: the paths disagree or the fused one was not taken: {counts}")
     times: dict[str, list[float]] = {k: [] for k in queues}
     for r in range(rounds):
-        for k in (list(queues) if r % 2 == 0 else list(queues)[::-1]):
+        for k in list(queues) if r % 2 == 0 else list(queues)[::-1]:
             if cold:
                 evict.add_(1.0)
             t0 = time.process_time()
@@ -75,8 +77,14 @@ def measure(n: int, e: int, dtype: torch.dtype, rounds: int, cold: bool, backend
             if r % 16 == 15:
                 queues[k].flush()
     med = {k: sorted(v)[len(v) // 2] * 1e6 for k, v in times.items()}
-    return {"n": n, "e": e, "total": n * e, "four_ops_us": med["four ops"], "fused_us": med["fused"],
-            "ratio": med["fused"] / med["four ops"]}
+    return {
+        "n": n,
+        "e": e,
+        "total": n * e,
+        "four_ops_us": med["four ops"],
+        "fused_us": med["fused"],
+        "ratio": med["fused"] / med["four ops"],
+    }
 
 
 def crossover(rows: list[dict[str, Any]]) -> int | None:
@@ -95,8 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=41, help="timed calls per path and shape (default 41)")
     p.add_argument("--warm", action="store_true", help="do not evict the caches between timed calls")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
-    p.add_argument("--backend", choices=list(FUSED_BACKENDS), default=None,
-                   help="what compiles the fused count: inductor (default), or graph (uncompiled: the default of --smoke)")
+    p.add_argument(
+        "--backend",
+        choices=list(FUSED_BACKENDS),
+        default=None,
+        help="what compiles the fused count: inductor (default), or graph (uncompiled: the default of --smoke)",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny shapes, few rounds: correctness only")
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = p.parse_args(argv)
@@ -106,19 +118,26 @@ def main(argv: list[str] | None = None) -> int:
     backend = args.backend or ("graph" if args.smoke else "inductor")
     evict = torch.zeros((2 if args.smoke else 64) * 2**20 // 4)  # 64 MiB: twice this machine's L3
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"# fused ({backend}) vs four-op count, {args.dtype}, {'warm' if args.warm else 'cold'} caches, {args.threads} "
-          f"thread(s), torch {torch.__version__}, load average {load:.2f} at start\n")
+    print(
+        f"# fused ({backend}) vs four-op count, {args.dtype}, {'warm' if args.warm else 'cold'} caches, {args.threads} "
+        f"thread(s), torch {torch.__version__}, load average {load:.2f} at start\n"
+    )
     print("| inputs | elements each | elements in all | four ops (us) | fused (us) | fused / four ops |")
     print("|---|---|---|---|---|---|")
     rows = []
     for n, e in grid:
         row = measure(n, e, dtype, rounds, not args.warm, backend, evict)
         rows.append(row)
-        print(f"| {n} | {e:,} | {n * e:,} | {row['four_ops_us']:.0f} | {row['fused_us']:.0f} | {row['ratio']:.2f} |", flush=True)
+        print(
+            f"| {n} | {e:,} | {n * e:,} | {row['four_ops_us']:.0f} | {row['fused_us']:.0f} | {row['ratio']:.2f} |",
+            flush=True,
+        )
     x = crossover(rows)
     end_load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"\nCrossover: {'none measured (the fused call never won)' if x is None else f'{x:,} elements in all'}; "
-          f"satmon's FUSED_MIN_ELEMENTS is {FUSED_MIN_ELEMENTS:,}. Load average {end_load:.2f} at the end.")
+    print(
+        f"\nCrossover: {'none measured (the fused call never won)' if x is None else f'{x:,} elements in all'}; "
+        f"satmon's FUSED_MIN_ELEMENTS is {FUSED_MIN_ELEMENTS:,}. Load average {end_load:.2f} at the end."
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rows": rows, "crossover": x, "load": [load, end_load]}, f, indent=1)

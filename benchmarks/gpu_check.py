@@ -42,7 +42,16 @@ from typing import Any
 
 import torch
 from harness import (
-    ModelSpec, Plan, bench_model, machine, make_trainer, quiet_logs, run_once, sync_audit, token_loader, use_fused_backend,
+    ModelSpec,
+    Plan,
+    bench_model,
+    machine,
+    make_trainer,
+    quiet_logs,
+    run_once,
+    sync_audit,
+    token_loader,
+    use_fused_backend,
 )
 from stats import paired_estimates, summarise
 
@@ -80,11 +89,34 @@ def _budget(d: int) -> int:
     return 10 * 8 * d * d
 
 
-CUDA = Sizes("cuda", "bf16-mixed", ModelSpec("1b-width", 2048, 4, 16, 1024, 8), Plan(4, 11, 2, 5), Plan(10, 30, 5, 50),
-             3, ModelSpec("compile", 1024, 2, 16, 256, 8), 6, ("aot_eager", "inductor"),
-             ModelSpec("probe", 4096, 2, 32, 512, 4), 2, _budget(4096))
-DRY = Sizes("cpu", "bf16-mixed", ModelSpec("tiny", 32, 2, 2, 16, 2), Plan(4, 6, 2, 2), Plan(4, 6, 2, 50),
-            2, ModelSpec("tiny", 32, 2, 2, 16, 2), 4, ("aot_eager",), ModelSpec("probe", 64, 2, 4, 32, 2), 2, _budget(64))
+CUDA = Sizes(
+    "cuda",
+    "bf16-mixed",
+    ModelSpec("1b-width", 2048, 4, 16, 1024, 8),
+    Plan(4, 11, 2, 5),
+    Plan(10, 30, 5, 50),
+    3,
+    ModelSpec("compile", 1024, 2, 16, 256, 8),
+    6,
+    ("aot_eager", "inductor"),
+    ModelSpec("probe", 4096, 2, 32, 512, 4),
+    2,
+    _budget(4096),
+)
+DRY = Sizes(
+    "cpu",
+    "bf16-mixed",
+    ModelSpec("tiny", 32, 2, 2, 16, 2),
+    Plan(4, 6, 2, 2),
+    Plan(4, 6, 2, 50),
+    2,
+    ModelSpec("tiny", 32, 2, 2, 16, 2),
+    4,
+    ("aot_eager",),
+    ModelSpec("probe", 64, 2, 4, 32, 2),
+    2,
+    _budget(64),
+)
 
 
 @dataclass
@@ -106,24 +138,46 @@ def check_audit(sz: Sizes) -> list[Row]:
         w = run_once(sz.model, "window", sz.audit, "cpu", precision=sz.precision)
         k = run_once(sz.model, "watch", sz.audit, "cpu", precision=sz.precision)
         ok = w["verdict"] is not None and k["watch_checks"] >= 1
-        return [Row("(a) host-sync audit, window + watch", setting,
-                    f"n/a on CPU (no CUDA sync debug mode); unaudited: window verdict over {w['verdict']['elements']:,} "
-                    f"elements, {k['watch_checks']} watch checks", "n/a" if ok else "FAIL",
-                    numbers={"elements": w["verdict"]["elements"], "watch_checks": k["watch_checks"]})]
+        return [
+            Row(
+                "(a) host-sync audit, window + watch",
+                setting,
+                f"n/a on CPU (no CUDA sync debug mode); unaudited: window verdict over {w['verdict']['elements']:,} "
+                f"elements, {k['watch_checks']} watch checks",
+                "n/a" if ok else "FAIL",
+                numbers={"elements": w["verdict"]["elements"], "watch_checks": k["watch_checks"]},
+            )
+        ]
     records = sync_audit(sz.model, sz.audit, ["window", "watch"], sz.precision)
     off = records["off"]["warn"]
     rows = []
     for c in ("window", "watch"):
         warn, err = records[c]["warn"], records[c]["error"]
-        name = f"(a) host-sync audit, {c}" + (f" (check steps, 1 in {sz.audit.watch_every}, left out)" if c == "watch" else "")
+        name = f"(a) host-sync audit, {c}" + (
+            f" (check steps, 1 in {sz.audit.watch_every}, left out)" if c == "watch" else ""
+        )
         if err is None:  # the baseline itself syncs: error mode would stop in Lightning's code, not satmon's
             extra = warn["syncs"] / max(1, warn["steps"]) - off["syncs"] / max(1, off["steps"])
-            rows.append(Row(name, setting, f"baseline syncs {off['syncs']} in {off['steps']} steps, so warn mode only: "
-                            f"{warn['syncs']} in {warn['steps']} steps ({extra:+.2f}/step vs no monitor)", "info",
-                            numbers={"syncs": warn["syncs"], "steps": warn["steps"], "extra_per_step": extra}))
+            rows.append(
+                Row(
+                    name,
+                    setting,
+                    f"baseline syncs {off['syncs']} in {off['steps']} steps, so warn mode only: "
+                    f"{warn['syncs']} in {warn['steps']} steps ({extra:+.2f}/step vs no monitor)",
+                    "info",
+                    numbers={"syncs": warn["syncs"], "steps": warn["steps"], "extra_per_step": extra},
+                )
+            )
         elif err["error"] is None:
-            rows.append(Row(name, setting, f"0 host syncs in {err['steps']} steps (error mode)", "pass",
-                            numbers={"syncs": 0, "steps": err["steps"]}))
+            rows.append(
+                Row(
+                    name,
+                    setting,
+                    f"0 host syncs in {err['steps']} steps (error mode)",
+                    "pass",
+                    numbers={"syncs": 0, "steps": err["steps"]},
+                )
+            )
         else:
             rows.append(Row(name, setting, f"a sync raised: {err['error']}", "FAIL", numbers={"steps": err["steps"]}))
     return rows
@@ -145,7 +199,7 @@ def check_overhead(sz: Sizes) -> list[Row]:
     runs: dict[str, list[list[float]]] = {c: [] for c in configs}
     counted: dict[str, dict[str, int]] = {}
     for r in range(sz.repeats):
-        for c in configs[r % len(configs):] + configs[: r % len(configs)]:  # rotated: no configuration always first
+        for c in configs[r % len(configs) :] + configs[: r % len(configs)]:  # rotated: no configuration always first
             out = run_once(sz.model, c, sz.timing, sz.device, precision=sz.precision)
             times[c] += out["times"]
             runs[c].append(out["times"])
@@ -159,18 +213,32 @@ def check_overhead(sz: Sizes) -> list[Row]:
     for c, words in OVERHEAD_PATHS.items():
         pe = estimates[c]
         took = ", ".join(f"{k} {v:,}" for k, v in counted.get(c, {}).items())
-        rows.append(Row(f"(b) overhead in the window, paired, {words}", setting,
-                        f"{_pct(pe['ratio'])} per counted step (90% interval {_pct(pe['ratio_lo'])} to {_pct(pe['ratio_hi'])}; "
-                        f"control {pe['control_even_vs_odd']:.4f}; inputs counted by {took})", "info",
-                        numbers={k: pe[k] for k in ("ratio", "ratio_lo", "ratio_hi", "control_even_vs_odd")}
-                        | {f"inputs_{k.replace(' ', '_')}": v for k, v in counted.get(c, {}).items()}))
+        rows.append(
+            Row(
+                f"(b) overhead in the window, paired, {words}",
+                setting,
+                f"{_pct(pe['ratio'])} per counted step (90% interval {_pct(pe['ratio_lo'])} to {_pct(pe['ratio_hi'])}; "
+                f"control {pe['control_even_vs_odd']:.4f}; inputs counted by {took})",
+                "info",
+                numbers={k: pe[k] for k in ("ratio", "ratio_lo", "ratio_hi", "control_even_vs_odd")}
+                | {f"inputs_{k.replace(' ', '_')}": v for k, v in counted.get(c, {}).items()},
+            )
+        )
     rows += [
-        Row("(b) overhead in the window, between runs", setting,
-            f"median step {_pct(s['window']['ratio_median'])} vs no monitor ({ref:.2f} ms)", "info",
-            numbers={"ratio_median": s["window"]["ratio_median"], "off_ms": ref}),
-        Row("(b) overhead after the window (watch off)", setting,
-            f"median step {_pct(s['after']['ratio_median'])} vs no monitor", "info",
-            numbers={"ratio_median": s["after"]["ratio_median"]}),
+        Row(
+            "(b) overhead in the window, between runs",
+            setting,
+            f"median step {_pct(s['window']['ratio_median'])} vs no monitor ({ref:.2f} ms)",
+            "info",
+            numbers={"ratio_median": s["window"]["ratio_median"], "off_ms": ref},
+        ),
+        Row(
+            "(b) overhead after the window (watch off)",
+            setting,
+            f"median step {_pct(s['after']['ratio_median'])} vs no monitor",
+            "info",
+            numbers={"ratio_median": s["after"]["ratio_median"]},
+        ),
     ]
     return rows
 
@@ -195,9 +263,12 @@ def _counted_run(sz: Sizes, backend: str | None) -> tuple[dict[str, Any], int]:
     counter = _GraphCounter(backend) if backend else None
     if counter is not None:
         model.model = torch.compile(model.model, backend=counter)  # the inner model: Lightning's hooks stay eager
-    monitor = SaturationMonitor(window=sz.compile_steps, watch_every_n_steps=0, log_every_n_steps=sz.compile_steps + 1,
-                                verbose=False)
-    make_trainer(sz.compile_steps, sz.device, [monitor]).fit(model, token_loader(sz.compiled, sz.compile_steps, sz.device))
+    monitor = SaturationMonitor(
+        window=sz.compile_steps, watch_every_n_steps=0, log_every_n_steps=sz.compile_steps + 1, verbose=False
+    )
+    make_trainer(sz.compile_steps, sz.device, [monitor]).fit(
+        model, token_loader(sz.compiled, sz.compile_steps, sz.device)
+    )
     return monitor.verdict.to_dict(), counter.graphs if counter else 0
 
 
@@ -217,20 +288,34 @@ def check_compile(sz: Sizes) -> list[Row]:
         diff = round(abs(got["saturation"] - eager["saturation"]) * n)
         exact = {**got, "offset": None} == {**eager, "offset": None}  # offset statistics are eager-only
         ok = exact or (backend != "aot_eager" and got["decision"] == eager["decision"] and diff <= 1e-4 * n)
-        rows.append(Row(f"(c) torch.compile, {backend}", setting,
-                        f"counts {'equal to eager' if exact else f'differ from eager by {diff} of {n:,} elements'} "
-                        f"(saturation {eager['saturation']:.4f}); {graphs} graph(s) compiled", "pass" if ok else "FAIL",
-                        numbers={"elements": n, "saturated_diff": diff, "saturation": eager["saturation"], "graphs": graphs}))
+        rows.append(
+            Row(
+                f"(c) torch.compile, {backend}",
+                setting,
+                f"counts {'equal to eager' if exact else f'differ from eager by {diff} of {n:,} elements'} "
+                f"(saturation {eager['saturation']:.4f}); {graphs} graph(s) compiled",
+                "pass" if ok else "FAIL",
+                numbers={"elements": n, "saturated_diff": diff, "saturation": eager["saturation"], "graphs": graphs},
+            )
+        )
     if "inductor" not in sz.backends:
-        rows.append(Row("(c) torch.compile, inductor", setting, "skipped in --dry-run (Inductor's CPU code generation "
-                        "takes minutes)", "skip"))
+        rows.append(
+            Row(
+                "(c) torch.compile, inductor",
+                setting,
+                "skipped in --dry-run (Inductor's CPU code generation takes minutes)",
+                "skip",
+            )
+        )
     return rows
 
 
 def _readings(report: Any) -> str:
     """The probe's readings (not its timing or plan) as canonical JSON: NaN equals NaN."""
     d = report.to_dict()
-    return json.dumps({k: d.get(k) for k in ("layers", "sigma_min", "norm_type", "saturation")}, sort_keys=True, default=str)
+    return json.dumps(
+        {k: d.get(k) for k in ("layers", "sigma_min", "norm_type", "saturation")}, sort_keys=True, default=str
+    )
 
 
 def check_probe(sz: Sizes) -> list[Row]:
@@ -239,7 +324,9 @@ def check_probe(sz: Sizes) -> list[Row]:
     cuda = sz.device == "cuda"
     torch.manual_seed(0)
     with torch.device(sz.device):  # built where it runs: a d=4096 model initialises in seconds on the GPU
-        model = GPT(GPTConfig(d_model=p.d_model, n_layers=p.n_layers, n_heads=p.n_heads, seq_len=p.seq_len, norm="rmsnorm"))
+        model = GPT(
+            GPTConfig(d_model=p.d_model, n_layers=p.n_layers, n_heads=p.n_heads, seq_len=p.seq_len, norm="rmsnorm")
+        )
     model.eval()
     n = sz.probe_batches * p.batch_size
     tokens = corpus_tokens(n * (p.seq_len + 1)).view(n, p.seq_len + 1)[:, :-1].to(sz.device)
@@ -255,35 +342,64 @@ def check_probe(sz: Sizes) -> list[Row]:
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else None
     budget = f"memory_budget {sz.probe_budget / 2**20:g} MiB" if kwargs else "no memory_budget parameter yet"
     setting = f"{p.describe()}, RMSNorm, float32; {sz.probe_batches} batches; {budget}"
-    numbers = {"seconds": seconds, "layers": len(report.layers)} | ({"peak_extra_mib": peak} if peak is not None else {})
+    numbers = {"seconds": seconds, "layers": len(report.layers)} | (
+        {"peak_extra_mib": peak} if peak is not None else {}
+    )
     plan = getattr(report, "plan", None)
     if plan is not None:
         numbers |= {"matrices": plan.matrices, "passes": plan.passes, "planned_peak_mib": plan.peak_bytes / 2**20}
         planned = f"plan: {plan.matrices} matrices in {plan.passes} pass(es), peak {plan.peak_bytes / 2**20:.3g} MiB; "
     else:
         planned = ""
-    rows = [Row(f"(d) probe, d={p.d_model}", setting,
-                f"{len(report.layers)} norm layers read, norm type {report.norm_type}; {planned}measured peak extra "
-                + (f"{peak:,.0f} MiB (model activations included)" if peak is not None else "memory n/a on CPU")
-                + f"; {seconds:.1f} s", "pass", seconds, numbers)]
+    rows = [
+        Row(
+            f"(d) probe, d={p.d_model}",
+            setting,
+            f"{len(report.layers)} norm layers read, norm type {report.norm_type}; {planned}measured peak extra "
+            + (f"{peak:,.0f} MiB (model activations included)" if peak is not None else "memory n/a on CPU")
+            + f"; {seconds:.1f} s",
+            "pass",
+            seconds,
+            numbers,
+        )
+    ]
     if kwargs:
         same = _readings(report) == _readings(satmon.probe(model, batches))
-        rows.append(Row(f"(d) probe, d={p.d_model}: budget vs none", setting, "readings identical" if same
-                        else "readings differ with and without the budget", "pass" if same else "FAIL"))
+        rows.append(
+            Row(
+                f"(d) probe, d={p.d_model}: budget vs none",
+                setting,
+                "readings identical" if same else "readings differ with and without the budget",
+                "pass" if same else "FAIL",
+            )
+        )
     else:
-        rows.append(Row(f"(d) probe, d={p.d_model}: budget vs none", setting,
-                        "skipped: satmon.probe has no memory_budget parameter", "skip"))
+        rows.append(
+            Row(
+                f"(d) probe, d={p.d_model}: budget vs none",
+                setting,
+                "skipped: satmon.probe has no memory_budget parameter",
+                "skip",
+            )
+        )
     return rows
 
 
 def check_fsdp(sz: Sizes) -> list[Row]:
     """(e) FSDP2 needs two ranks to shard anything: not run here."""
-    return [Row("(e) FSDP2", "-", "skipped: on one GPU FSDP2 shards nothing; the FSDP2 tests run it on 2 processes "
-                "(torchrun, gloo)", "skip")]
+    return [
+        Row(
+            "(e) FSDP2",
+            "-",
+            "skipped: on one GPU FSDP2 shards nothing; the FSDP2 tests run it on 2 processes (torchrun, gloo)",
+            "skip",
+        )
+    ]
 
 
-def _extra_work(model: torch.nn.Module, x: torch.Tensor, device: str, compiled: bool,
-                fused: bool | None = None) -> tuple[float, int, int]:
+def _extra_work(
+    model: torch.nn.Module, x: torch.Tensor, device: str, compiled: bool, fused: bool | None = None
+) -> tuple[float, int, int]:
     """Per counted DyT input: kernels (CUDA) or ATen ops (CPU) that satmon's hooks add to one forward, the
     layers counted, and Dynamo's graph breaks (compiled); ``fused`` forces an eager count path."""
     from torch._dynamo.utils import counters
@@ -315,8 +431,18 @@ def _extra_work(model: torch.nn.Module, x: torch.Tensor, device: str, compiled: 
                         torch.cuda.synchronize()
                 events = prof.events()
                 # CUDA: kernels; CPU: top-level ATen ops (an op's own inner calls not counted again)
-                seen[on] = sum(1 for e in events if (e.device_type.name == "CUDA") == cuda
-                               and (cuda or (e.name.startswith("aten::") and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))))
+                seen[on] = sum(
+                    1
+                    for e in events
+                    if (e.device_type.name == "CUDA") == cuda
+                    and (
+                        cuda
+                        or (
+                            e.name.startswith("aten::")
+                            and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+                        )
+                    )
+                )
     finally:
         hooks.detach()
     breaks = sum(counters["graph_break"].values())
@@ -330,27 +456,47 @@ def check_kernels(sz: Sizes) -> list[Row]:
     spec = sz.compiled
     torch.manual_seed(0)
     with torch.device(sz.device):
-        model = GPT(GPTConfig(d_model=spec.d_model, n_layers=spec.n_layers, n_heads=spec.n_heads, seq_len=spec.seq_len,
-                              alpha_init=2.0))
+        model = GPT(
+            GPTConfig(
+                d_model=spec.d_model, n_layers=spec.n_layers, n_heads=spec.n_heads, seq_len=spec.seq_len, alpha_init=2.0
+            )
+        )
     x = corpus_tokens(spec.batch_size * spec.seq_len).view(spec.batch_size, spec.seq_len).to(sz.device)
     unit = "kernels" if sz.device == "cuda" else "ATen ops (CPU: the eager CPU path's four ops and a detach, by design)"
     setting = f"{spec.describe()}, float32, one forward"
     rows = []
-    for backend, fused in (("eager", None), ("eager, four ops forced", False), *(("inductor", None) for b in sz.backends
-                                                                                  if b == "inductor")):
+    for backend, fused in (
+        ("eager", None),
+        ("eager, four ops forced", False),
+        *(("inductor", None) for b in sz.backends if b == "inductor"),
+    ):
         dynamo.reset()
         try:
             per, n, breaks = _extra_work(model, x, sz.device, compiled=backend == "inductor", fused=fused)
         finally:
             dynamo.reset()
-        ok = sz.device != "cuda" or backend != "eager" or per <= 2.0  # the fused call: a kernel, and the stack of its counts
+        # the fused call: a kernel, and the stack of its counts
+        ok = sz.device != "cuda" or backend != "eager" or per <= 2.0
         status = ("pass" if ok else "FAIL") if sz.device == "cuda" else "n/a"
-        rows.append(Row(f"(f) work per counted DyT input, {backend}", setting,
-                        f"{per:.2f} {unit} per input ({n} layers)" + (f"; {breaks} graph break(s)" if backend == "inductor" else ""),
-                        status, numbers={"per_input": per, "layers": n, "graph_breaks": breaks}))
+        rows.append(
+            Row(
+                f"(f) work per counted DyT input, {backend}",
+                setting,
+                f"{per:.2f} {unit} per input ({n} layers)"
+                + (f"; {breaks} graph break(s)" if backend == "inductor" else ""),
+                status,
+                numbers={"per_input": per, "layers": n, "graph_breaks": breaks},
+            )
+        )
     if "inductor" not in sz.backends:
-        rows.append(Row("(f) work per counted DyT input, inductor", setting, "skipped in --dry-run (Inductor's CPU code "
-                        "generation takes minutes)", "skip"))
+        rows.append(
+            Row(
+                "(f) work per counted DyT input, inductor",
+                setting,
+                "skipped in --dry-run (Inductor's CPU code generation takes minutes)",
+                "skip",
+            )
+        )
     return rows
 
 
@@ -384,16 +530,25 @@ def main(argv: list[str] | None = None) -> int:
     if bad := [c for c in only if c not in CHECKS]:
         p.error(f"expected --only from {CHECKS}, got {bad}")
     if not args.dry_run and not torch.cuda.is_available():
-        print("benchmarks/gpu_check.py: expected a CUDA GPU (torch.cuda.is_available() is False); "
-              "run with --dry-run to check the code paths on the CPU.", file=sys.stderr)
+        print(
+            "benchmarks/gpu_check.py: expected a CUDA GPU (torch.cuda.is_available() is False); "
+            "run with --dry-run to check the code paths on the CPU.",
+            file=sys.stderr,
+        )
         return 2
     quiet_logs()
     use_fused_backend("graph" if args.dry_run else "inductor")
     sz = DRY if args.dry_run else CUDA
     print(f"# satmon GPU check ({'CPU dry run' if args.dry_run else 'CUDA'})\n\nMachine: {machine()}\n")
     t0 = time.perf_counter()
-    fns = {"audit": check_audit, "overhead": check_overhead, "compile": check_compile, "probe": check_probe, "fsdp": check_fsdp,
-           "kernels": check_kernels}
+    fns = {
+        "audit": check_audit,
+        "overhead": check_overhead,
+        "compile": check_compile,
+        "probe": check_probe,
+        "fsdp": check_fsdp,
+        "kernels": check_kernels,
+    }
     rows = [r for name in only for r in run_check(name, fns[name], sz)]
     print(table(rows))
     failed = [r.check for r in rows if r.status == "FAIL"]

@@ -24,13 +24,24 @@ from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, TensorDataset
 
 from satmon import SaturationMonitor, find_dyt_layers
-from satmon.settings import Settings
 from satmon.demos.corpus import corpus_tokens
 from satmon.demos.lit import LitLM
 from satmon.observe.saturation import CountQueue
+from satmon.settings import Settings
 
-CONFIGS = ("off", "off-again", "window", "sampled", "after", "watch", "trap", "user-item", "paired", "paired-eager",
-           "paired-fused")
+CONFIGS = (
+    "off",
+    "off-again",
+    "window",
+    "sampled",
+    "after",
+    "watch",
+    "trap",
+    "user-item",
+    "paired",
+    "paired-eager",
+    "paired-fused",
+)
 LABELS = {
     "off": "no monitor (reference)",
     "off-again": "no monitor, again (A/A noise floor)",
@@ -63,6 +74,8 @@ FUSED_BACKENDS = {"inductor": "inductor", "graph": _traced_graph}
 def use_fused_backend(name: str) -> None:
     """Every count queue made from now on in this process compiles its fused count with ``FUSED_BACKENDS[name]``."""
     CountQueue.default_backend = FUSED_BACKENDS[name]
+
+
 SAMPLED_EVERY = 4  # the ``sampled`` configuration's ``sample_every`` (stats.SAMPLED_EVERY)
 
 
@@ -101,7 +114,8 @@ MODELS_SMOKE = {
 
 @dataclass
 class Plan:
-    """Steps of one run: ``warmup`` unmeasured (the window of ``after``/``watch`` ends inside them), then ``measured``."""
+    """Steps of one run: ``warmup`` unmeasured (the window of ``after``/``watch`` ends
+    inside them), then ``measured``."""
 
     warmup: int
     measured: int
@@ -123,8 +137,17 @@ class BenchLM(LitLM):
 def bench_model(spec: ModelSpec, lr: float = 1e-3, alpha_init: float = 2.0) -> BenchLM:
     """The seeded DyT model of ``spec`` (seed 0: every configuration trains the same weights on the same data)."""
     pl.seed_everything(0, verbose=False)
-    return BenchLM(arch="gpt", d_model=spec.d_model, n_layers=spec.n_layers, n_heads=spec.n_heads,
-                   seq_len=spec.seq_len, norm="dyt", alpha_init=alpha_init, lr=lr, warmup=10)
+    return BenchLM(
+        arch="gpt",
+        d_model=spec.d_model,
+        n_layers=spec.n_layers,
+        n_heads=spec.n_heads,
+        seq_len=spec.seq_len,
+        norm="dyt",
+        alpha_init=alpha_init,
+        lr=lr,
+        warmup=10,
+    )
 
 
 #: what a step's time is: elapsed wall time, or the CPU time of this process (its threads' work only: the
@@ -137,7 +160,9 @@ class StepTimer(Callback):
 
     def __init__(self, cuda: bool, clock: str = "wall") -> None:
         if cuda and clock != "wall":
-            raise ValueError(f"Expected clock='wall' on CUDA (the CPU time of the host does not time the device), got {clock!r}.")
+            raise ValueError(
+                f"Expected clock='wall' on CUDA (the CPU time of the host does not time the device), got {clock!r}."
+            )
         self.cuda, self.clock = cuda, CLOCKS[clock]
         self.stamps: list[tuple[int, float]] = []
 
@@ -215,12 +240,23 @@ def token_loader(spec: ModelSpec, steps: int, device: str) -> DataLoader:
     return DataLoader(TensorDataset(w[:, :-1], w[:, 1:]), batch_size=spec.batch_size, shuffle=False)
 
 
-def make_trainer(max_steps: int, device: str, callbacks: Sequence[Callback], precision: str | None = None) -> pl.Trainer:
+def make_trainer(
+    max_steps: int, device: str, callbacks: Sequence[Callback], precision: str | None = None
+) -> pl.Trainer:
     """A bare ``Trainer``: no logger, checkpoints, progress bar, summary or validation."""
     return pl.Trainer(
-        max_steps=max_steps, accelerator="cuda" if device == "cuda" else "cpu", devices=1, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        limit_val_batches=0, log_every_n_steps=max_steps + 1, callbacks=list(callbacks), precision=precision,
+        max_steps=max_steps,
+        accelerator="cuda" if device == "cuda" else "cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        log_every_n_steps=max_steps + 1,
+        callbacks=list(callbacks),
+        precision=precision,
     )
 
 
@@ -236,15 +272,24 @@ def make_monitor(config: str, plan: Plan) -> SaturationMonitor | None:
     if config == "after":
         return SaturationMonitor(window=plan.window_small, watch_every_n_steps=0, trap_every_n_steps=0, **quiet)
     if config == "watch":
-        return SaturationMonitor(window=plan.window_small, watch_every_n_steps=plan.watch_every, trap_every_n_steps=0,
-                                 **quiet)
+        return SaturationMonitor(
+            window=plan.window_small, watch_every_n_steps=plan.watch_every, trap_every_n_steps=0, **quiet
+        )
     if config == "trap":  # (c) with the trap watch on: the pair that prices it
         return SaturationMonitor(window=plan.window_small, watch_every_n_steps=0, **quiet)
     return None
 
 
-def run_once(spec: ModelSpec, config: str, plan: Plan, device: str, audit_mode: str | None = None,
-             precision: str | None = None, extra_callbacks: Sequence[Callback] = (), clock: str = "wall") -> dict[str, Any]:
+def run_once(
+    spec: ModelSpec,
+    config: str,
+    plan: Plan,
+    device: str,
+    audit_mode: str | None = None,
+    precision: str | None = None,
+    extra_callbacks: Sequence[Callback] = (),
+    clock: str = "wall",
+) -> dict[str, Any]:
     """Train one configuration; return its measured per-step times, its verdict and (CUDA) its sync audit.
 
     ``extra_callbacks`` run beside the monitor (a reference recorder in the tests); ``audit_mode``
@@ -263,8 +308,11 @@ def run_once(spec: ModelSpec, config: str, plan: Plan, device: str, audit_mode: 
     if audit_mode:
         # the watch's check steps sync by design (that is when its counts are read)
         # (and the trap watch's: its check steps read the gradient norms and offset counts)
-        skip = {g for g in range(first, last) if (config == "watch" and g % plan.watch_every == 0)
-                or (config == "trap" and g % TRAP_EVERY == 0)}
+        skip = {
+            g
+            for g in range(first, last)
+            if (config == "watch" and g % plan.watch_every == 0) or (config == "trap" and g % TRAP_EVERY == 0)
+        }
         audit = SyncAudit(audit_mode, first, last, skip)
         callbacks: list[Callback] = [timer, audit.on, *extra, audit.off]
     else:
@@ -288,12 +336,23 @@ def run_once(spec: ModelSpec, config: str, plan: Plan, device: str, audit_mode: 
     out: dict[str, Any] = {"times": timer.step_times(first, last)}
     fallbacks = [str(w.message) for w in caught if "compiling the fused saturation count failed" in str(w.message)]
     if fallbacks and PAIRED.get(config):
-        raise RuntimeError(f"{config}: the fused count fell back to the four ops, so this run would not measure it: {fallbacks[0]}")
+        raise RuntimeError(
+            f"{config}: the fused count fell back to the four ops, so this run would not measure it: {fallbacks[0]}"
+        )
     if monitor is not None:
         out["count_paths"] = count_paths(monitor)
         v = monitor.verdict
-        out["verdict"] = None if v is None else {"decision": v.decision, "saturation": v.saturation, "step": v.step,
-                                                  "elements": v.elements, "per_layer": dict(v.per_layer)}
+        out["verdict"] = (
+            None
+            if v is None
+            else {
+                "decision": v.decision,
+                "saturation": v.saturation,
+                "step": v.step,
+                "elements": v.elements,
+                "per_layer": dict(v.per_layer),
+            }
+        )
         out["watch_checks"] = len(monitor.watch_log)
     if user is not None:
         out["user_fractions"] = len(user.fractions)
@@ -303,7 +362,9 @@ def run_once(spec: ModelSpec, config: str, plan: Plan, device: str, audit_mode: 
     return out
 
 
-def sync_audit(spec: ModelSpec, plan: Plan, configs: Sequence[str], precision: str | None = None) -> dict[str, dict[str, Any]]:
+def sync_audit(
+    spec: ModelSpec, plan: Plan, configs: Sequence[str], precision: str | None = None
+) -> dict[str, dict[str, Any]]:
     """Host syncs per configuration on CUDA: counted in ``"warn"`` mode for each; then, when the
     no-monitor baseline is sync-free, each satmon configuration again in ``"error"`` mode, where a
     finished run proves zero host syncs in satmon's per-step path.
@@ -311,8 +372,10 @@ def sync_audit(spec: ModelSpec, plan: Plan, configs: Sequence[str], precision: s
     Returns config -> ``{"warn": audit, "error": audit or None}`` (``run_once``'s ``"audit"`` records).
     """
     short = Plan(plan.warmup, min(plan.measured, 2 * plan.watch_every + 1), plan.window_small, plan.watch_every)
-    records = {c: {"warn": run_once(spec, c, short, "cuda", "warn", precision)["audit"], "error": None}
-               for c in dict.fromkeys(["off", *configs])}
+    records = {
+        c: {"warn": run_once(spec, c, short, "cuda", "warn", precision)["audit"], "error": None}
+        for c in dict.fromkeys(["off", *configs])
+    }
     if records["off"]["warn"]["syncs"] == 0:
         for c in (c for c in records if c in MONITORED):
             records[c]["error"] = run_once(spec, c, short, "cuda", "error", precision)["audit"]
@@ -328,8 +391,11 @@ def audit_cells(records: dict[str, dict[str, Any]]) -> dict[str, str]:
         warn, err = r["warn"], r["error"]
         cells[c] = f"{warn['syncs']} in {warn['steps']} steps (warn)"
         if err is not None:
-            cells[c] = (f"0 in {err['steps']} steps (error mode: proved)" if err["error"] is None
-                        else f"sync in error mode: {err['error']}")
+            cells[c] = (
+                f"0 in {err['steps']} steps (error mode: proved)"
+                if err["error"] is None
+                else f"sync in error mode: {err['error']}"
+            )
         elif base:
             cells[c] += f"; {warn['syncs'] / max(1, warn['steps']) - base:+.2f}/step vs no monitor"
     return cells
@@ -355,5 +421,7 @@ def machine() -> str:
     except OSError:
         pass
     gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
-    return (f"{cpu}{gpu}; torch {torch.__version__}, lightning {pl.__version__}, python {platform.python_version()}, "
-            f"torch threads {torch.get_num_threads()}")
+    return (
+        f"{cpu}{gpu}; torch {torch.__version__}, lightning {pl.__version__}, python {platform.python_version()}, "
+        f"torch threads {torch.get_num_threads()}"
+    )

@@ -45,10 +45,12 @@ def arm_config(arm: str) -> dict:
     if arm == "dyt-final":
         return {"norm": "dyt", "final_norm": "dyt"}
     if arm in ("dyt-gelu", "dyt-final-gelu"):
-        return {**arm_config(arm[:-len("-gelu")]), "mlp": "gelu"}
+        return {**arm_config(arm[: -len("-gelu")]), "mlp": "gelu"}
     if arm.startswith("dyt-final-a"):
-        return {"norm": "dyt", "final_norm": "dyt", "alpha_init_final": float(arm[len("dyt-final-a"):])}
-    raise ValueError(f"Expected an arm among {', '.join(ARMS)}, dyt-gelu, dyt-final-gelu or dyt-final-a<alpha>, got {arm!r}.")
+        return {"norm": "dyt", "final_norm": "dyt", "alpha_init_final": float(arm[len("dyt-final-a") :])}
+    raise ValueError(
+        f"Expected an arm among {', '.join(ARMS)}, dyt-gelu, dyt-final-gelu or dyt-final-a<alpha>, got {arm!r}."
+    )
 
 
 def run(arm: str, seed: int, steps: int, eval_every: int, data: CorpusDataModule, val_batches: int) -> dict:
@@ -71,23 +73,40 @@ def run(arm: str, seed: int, steps: int, eval_every: int, data: CorpusDataModule
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if step % eval_every == 0 or step == steps:
-                below = [p.grad for n, p in model.named_parameters() if n.startswith(("tok_emb", "blocks"))
-                         and p.grad is not None]
-                trace.append({"step": step, "train_loss": float(loss.detach()),
-                              "final_tanh_at_pm1": float((torch.tanh(model.norm_f.alpha.detach() * out["x"]).abs() == 1)
-                                                         .float().mean())
-                              if model.config.final_norm == "dyt" else None,
-                              "max_grad_embedding": float(model.tok_emb.weight.grad.abs().max()),
-                              "max_grad_blocks": float(max(g.abs().max() for g in below))})
+                below = [
+                    p.grad
+                    for n, p in model.named_parameters()
+                    if n.startswith(("tok_emb", "blocks")) and p.grad is not None
+                ]
+                trace.append(
+                    {
+                        "step": step,
+                        "train_loss": float(loss.detach()),
+                        "final_tanh_at_pm1": float(
+                            (torch.tanh(model.norm_f.alpha.detach() * out["x"]).abs() == 1).float().mean()
+                        )
+                        if model.config.final_norm == "dyt"
+                        else None,
+                        "max_grad_embedding": float(model.tok_emb.weight.grad.abs().max()),
+                        "max_grad_blocks": float(max(g.abs().max() for g in below)),
+                    }
+                )
             opt.step()
             sched.step()
             if step % eval_every == 0 or step == steps:
                 curve.append([step, heldout_loss(model, data, val_batches)])
             if step == steps:
                 break
-    return {"arm": arm, "config": arm_config(arm), "seed": seed, "val_curve": curve, "trace": trace,
-            "final_val_loss": curve[-1][1], "best_val_loss": min(v for _, v in curve),
-            "seconds": round(time.perf_counter() - t0, 1)}
+    return {
+        "arm": arm,
+        "config": arm_config(arm),
+        "seed": seed,
+        "val_curve": curve,
+        "trace": trace,
+        "final_val_loss": curve[-1][1],
+        "best_val_loss": min(v for _, v in curve),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def main() -> None:
@@ -105,17 +124,29 @@ def main() -> None:
     data = CorpusDataModule(**LLAMA["data"], val_tokens=VAL_TOKENS)
     data.setup("fit")
     val_batches = len(data.val_set) // data.batch_size  # the whole held-out split
-    out = {"what": __doc__.split("\n\n")[0], "script": "benchmarks/llama_final_norm.py",
-           "settings": {**LLAMA, "steps": args.steps, "eval_every": args.eval_every, "val_tokens": VAL_TOKENS,
-                        "val_sequences": val_batches * data.batch_size},
-           "environment": environment(threads, 1),
-           "unigram_loss": unigram_loss(data, val_batches), "runs": []}
+    out = {
+        "what": __doc__.split("\n\n")[0],
+        "script": "benchmarks/llama_final_norm.py",
+        "settings": {
+            **LLAMA,
+            "steps": args.steps,
+            "eval_every": args.eval_every,
+            "val_tokens": VAL_TOKENS,
+            "val_sequences": val_batches * data.batch_size,
+        },
+        "environment": environment(threads, 1),
+        "unigram_loss": unigram_loss(data, val_batches),
+        "runs": [],
+    }
     for seed in (int(s) for s in args.seeds.split(",")):
         for arm in args.arms.split(","):
             r = run(arm, seed, args.steps, args.eval_every, data, val_batches)
             out["runs"].append(r)
-            print(f"{arm:>16} seed {seed}: held-out {r['final_val_loss']:.4f} at step {args.steps} (best "
-                  f"{r['best_val_loss']:.4f}; unigram {out['unigram_loss']:.4f}) {r['seconds']:.0f} s", flush=True)
+            print(
+                f"{arm:>16} seed {seed}: held-out {r['final_val_loss']:.4f} at step {args.steps} (best "
+                f"{r['best_val_loss']:.4f}; unigram {out['unigram_loss']:.4f}) {r['seconds']:.0f} s",
+                flush=True,
+            )
             with open(args.out + ".tmp", "w") as fh:
                 json.dump(out, fh, indent=1)
             os.replace(args.out + ".tmp", args.out)

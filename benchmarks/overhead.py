@@ -40,7 +40,8 @@ Usage::
 
     python benchmarks/overhead.py                        # CPU, demo and wide models, markdown table
     python benchmarks/overhead.py --models wide --repeats 12 --steps 40
-    python benchmarks/overhead.py --models d512b8 --configs paired-eager,paired-fused --threads 1 --clock cpu --until-width 1
+    python benchmarks/overhead.py --models d512b8 --configs paired-eager,paired-fused --threads 1 --clock cpu \\
+        --until-width 1
     python benchmarks/overhead.py --device cuda
     python benchmarks/overhead.py --smoke                # tiny, correctness only (the test suite)
     python benchmarks/profile_hook.py                    # where the hook's time goes (also: --profile-hook)
@@ -59,8 +60,21 @@ from typing import Any
 
 import torch
 from harness import (
-    CONFIGS, FUSED_BACKENDS, LABELS, MODELS_CPU, MODELS_CUDA, MODELS_SMOKE, MONITORED, ModelSpec, Plan, audit_cells, machine,
-    quiet_logs, run_once, sync_audit, use_fused_backend,
+    CONFIGS,
+    FUSED_BACKENDS,
+    LABELS,
+    MODELS_CPU,
+    MODELS_CUDA,
+    MODELS_SMOKE,
+    MONITORED,
+    ModelSpec,
+    Plan,
+    audit_cells,
+    machine,
+    quiet_logs,
+    run_once,
+    sync_audit,
+    use_fused_backend,
 )
 from stats import PAIRED_CONFIGS, paired_estimate, paired_estimates, paired_lines, summarise
 
@@ -82,8 +96,15 @@ def table(results: dict[str, Any], q: float, markdown: bool, cuda: bool) -> str:
     rows = []
     for m, r in results.items():
         for c, s in r["summary"].items():
-            row = [m, LABELS[c], f"{s['q'] * 1e3:.2f}", f"{s['median'] * 1e3:.2f}", f"{s['ratio_q']:.4f}",
-                   f"{s['ratio_median']:.4f}", str(s["n"])]
+            row = [
+                m,
+                LABELS[c],
+                f"{s['q'] * 1e3:.2f}",
+                f"{s['median'] * 1e3:.2f}",
+                f"{s['ratio_q']:.4f}",
+                f"{s['ratio_median']:.4f}",
+                str(s["n"]),
+            ]
             if cuda:
                 row.append(r.get("audit", {}).get(c, "-"))
             rows.append(row)
@@ -106,9 +127,11 @@ def trap_lines(results: dict[str, Any]) -> list[str]:
     for m, r in results.items():
         s = r["summary"]
         if "trap" in s and "after" in s:
-            out.append(f"\nTrap watch, {m}: step time with the trap watch on over off (f)/(c): "
-                       f"{s['trap']['ratio_q'] / s['after']['ratio_q']:.4f} (low quantile), "
-                       f"{s['trap']['ratio_median'] / s['after']['ratio_median']:.4f} (median)")
+            out.append(
+                f"\nTrap watch, {m}: step time with the trap watch on over off (f)/(c): "
+                f"{s['trap']['ratio_q'] / s['after']['ratio_q']:.4f} (low quantile), "
+                f"{s['trap']['ratio_median'] / s['after']['ratio_median']:.4f} (median)"
+            )
     return out
 
 
@@ -120,8 +143,12 @@ def check_run(config: str, out: dict[str, Any], plan: Plan, spec: ModelSpec) -> 
         v = out["verdict"]
         assert v is not None, f"{config}: the monitor produced no verdict"
         per_step = spec.batch_size * spec.seq_len * spec.d_model * (2 * spec.n_layers + 1)  # every DyT input element
-        counted = {"window": plan.total, "after": plan.window_small, "watch": plan.window_small,
-                   "trap": plan.window_small}.get(config)
+        counted = {
+            "window": plan.total,
+            "after": plan.window_small,
+            "watch": plan.window_small,
+            "trap": plan.window_small,
+        }.get(config)
         assert counted is None or v["elements"] == counted * per_step, f"{config}: {v['elements']} elements counted"
     if config == "watch":
         assert out["watch_checks"] >= 1, "watch: expected at least one collapse-watch check in the measured span"
@@ -129,8 +156,19 @@ def check_run(config: str, out: dict[str, Any], plan: Plan, spec: ModelSpec) -> 
         assert out["user_fractions"] > 0, "user-item: the hook never ran"
 
 
-def measure(spec: ModelSpec, configs: list[str], plan: Plan, repeats: int, device: str, q: float, smoke: bool,
-            t_start: float, clock: str = "wall", until_width: float | None = None, max_repeats: int = 0) -> dict[str, Any]:
+def measure(
+    spec: ModelSpec,
+    configs: list[str],
+    plan: Plan,
+    repeats: int,
+    device: str,
+    q: float,
+    smoke: bool,
+    t_start: float,
+    clock: str = "wall",
+    until_width: float | None = None,
+    max_repeats: int = 0,
+) -> dict[str, Any]:
     """All configurations of one model, interleaved, ``repeats`` times (more, up to ``max_repeats``, while a
     paired estimate's 90% interval is wider than ``until_width`` points); the summary and paired estimates."""
     times: dict[str, list[float]] = {c: [] for c in configs}
@@ -139,7 +177,7 @@ def measure(spec: ModelSpec, configs: list[str], plan: Plan, repeats: int, devic
     paths: dict[str, dict[str, int]] = {}
     r = 0
     while True:
-        order = configs[r % len(configs):] + configs[: r % len(configs)]  # rotate: no configuration always first
+        order = configs[r % len(configs) :] + configs[: r % len(configs)]  # rotate: no configuration always first
         for c in order:
             out = run_once(spec, c, plan, device, clock=clock)
             times[c] += out["times"]
@@ -155,41 +193,88 @@ def measure(spec: ModelSpec, configs: list[str], plan: Plan, repeats: int, devic
         widths = {c: pe["width"] for c, pe in paired_estimates(runs, plan.warmup).items()}
         wide = [c for c, w in widths.items() if not 100 * w <= (until_width or math.inf)]
         note = ", ".join(f"{c} interval {100 * w:.2f} points" for c, w in widths.items())
-        print(f"  {spec.name}: repeat {r} done ({time.perf_counter() - t_start:.0f} s){'; ' + note if note else ''}", file=sys.stderr)
+        print(
+            f"  {spec.name}: repeat {r} done ({time.perf_counter() - t_start:.0f} s){'; ' + note if note else ''}",
+            file=sys.stderr,
+        )
         if r >= repeats and (until_width is None or not wide or r >= max_repeats):
             break
-    return {"spec": spec.describe(), "dyt_layers": 2 * spec.n_layers + 1, "warmup": plan.warmup, "summary": summarise(times, q),
-            "paired": paired_estimate(runs, plan.warmup), "paths": paired_estimates(runs, plan.warmup),
-            "count_paths": paths, "repeats": r, "verdicts": verdicts, "runs": runs}
+    return {
+        "spec": spec.describe(),
+        "dyt_layers": 2 * spec.n_layers + 1,
+        "warmup": plan.warmup,
+        "summary": summarise(times, q),
+        "paired": paired_estimate(runs, plan.warmup),
+        "paths": paired_estimates(runs, plan.warmup),
+        "count_paths": paths,
+        "repeats": r,
+        "verdicts": verdicts,
+        "runs": runs,
+    }
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
-    p = argparse.ArgumentParser(prog="benchmarks/overhead.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="benchmarks/overhead.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--models", default="demo,wide", help="comma-separated: demo, wide, d512b8, d1024 (default demo,wide)")
-    p.add_argument("--steps", type=int, default=None, help="measured steps per run (default: demo 60, wide 24, d512b8 and d1024 40)")
+    p.add_argument(
+        "--models", default="demo,wide", help="comma-separated: demo, wide, d512b8, d1024 (default demo,wide)"
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="measured steps per run (default: demo 60, wide 24, d512b8 and d1024 40)",
+    )
     p.add_argument("--warmup", type=int, default=12, help="steps before the measured span (default 12)")
     p.add_argument("--repeats", type=int, default=12, help="interleaved repeats of every configuration (default 12)")
-    p.add_argument("--until-width", type=float, default=None, metavar="POINTS",
-                   help="after --repeats, keep repeating until every paired estimate's 90%% interval is at most this many "
-                        "percentage points wide (or --max-repeats is reached)")
+    p.add_argument(
+        "--until-width",
+        type=float,
+        default=None,
+        metavar="POINTS",
+        help="after --repeats, keep repeating until every paired estimate's 90%% interval is at most this many "
+        "percentage points wide (or --max-repeats is reached)",
+    )
     p.add_argument("--max-repeats", type=int, default=60, help="the most repeats --until-width may run (default 60)")
-    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)} ('off' is always run)")
-    p.add_argument("--quantile", type=float, default=0.2, help="the low quantile reported beside the median (default 0.2)")
+    p.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help=f"comma-separated subset of {','.join(CONFIGS)} ('off' is always run)",
+    )
+    p.add_argument(
+        "--quantile", type=float, default=0.2, help="the low quantile reported beside the median (default 0.2)"
+    )
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: all CPU cores)")
-    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                   help="step time: elapsed wall time (default), or this process's CPU time (CPU only: a shared machine's "
-                        "other tenants preempting the run do not add to it)")
-    p.add_argument("--watch-every", type=int, default=50, help="collapse-watch cadence of the `watch` configuration (default 50)")
-    p.add_argument("--fused-backend", choices=list(FUSED_BACKENDS), default=None,
-                   help="what compiles the fused count: inductor (satmon's default), or graph (the traced ATen graph run "
-                        "uncompiled: code paths only; the default of --smoke)")
+    p.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="step time: elapsed wall time (default), or this process's CPU time (CPU only: a shared machine's "
+        "other tenants preempting the run do not add to it)",
+    )
+    p.add_argument(
+        "--watch-every", type=int, default=50, help="collapse-watch cadence of the `watch` configuration (default 50)"
+    )
+    p.add_argument(
+        "--fused-backend",
+        choices=list(FUSED_BACKENDS),
+        default=None,
+        help="what compiles the fused count: inductor (satmon's default), or graph (the traced ATen graph run "
+        "uncompiled: code paths only; the default of --smoke)",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 repeats, few steps: correctness only")
     p.add_argument("--markdown", action="store_true", help="print the table as markdown")
     p.add_argument("--json", default=None, help="also write every per-step time and summary to this JSON file")
-    p.add_argument("--profile-hook", action="store_true", help="run benchmarks/profile_hook.py (same --device, --threads, --smoke)")
-    p.add_argument("--pool", nargs="+", metavar="JSON", default=None, help="run benchmarks/pool.py on these --json files")
+    p.add_argument(
+        "--profile-hook", action="store_true", help="run benchmarks/profile_hook.py (same --device, --threads, --smoke)"
+    )
+    p.add_argument(
+        "--pool", nargs="+", metavar="JSON", default=None, help="run benchmarks/pool.py on these --json files"
+    )
     return p, p.parse_args(argv)
 
 
@@ -202,12 +287,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile_hook:
         import profile_hook
 
-        return profile_hook.main(["--device", args.device, *(["--threads", str(args.threads)] if args.threads else []),
-                                  *(["--smoke"] if args.smoke else [])])
+        return profile_hook.main(
+            [
+                "--device",
+                args.device,
+                *(["--threads", str(args.threads)] if args.threads else []),
+                *(["--smoke"] if args.smoke else []),
+            ]
+        )
     if args.device == "cuda" and args.clock != "wall":
         p.error("--clock cpu times the host's work only: use it with --device cpu")
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("benchmarks/overhead.py: --device cuda asked for, but torch.cuda.is_available() is False.", file=sys.stderr)
+        print(
+            "benchmarks/overhead.py: --device cuda asked for, but torch.cuda.is_available() is False.", file=sys.stderr
+        )
         return 2
     torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))
     use_fused_backend(args.fused_backend or ("graph" if args.smoke else "inductor"))
@@ -236,8 +329,19 @@ def main(argv: list[str] | None = None) -> int:
         steps = 6 if args.smoke else (args.steps or {"demo": 60, "wide": 24}.get(m, 40))
         warmup = 6 if args.smoke else args.warmup
         plan = Plan(warmup=warmup, measured=steps, window_small=max(1, warmup // 2), watch_every=watch_every)
-        results[m] = measure(specs[m], configs, plan, repeats, args.device, args.quantile, args.smoke, t_start, args.clock,
-                             None if args.smoke else args.until_width, max(repeats, args.max_repeats))
+        results[m] = measure(
+            specs[m],
+            configs,
+            plan,
+            repeats,
+            args.device,
+            args.quantile,
+            args.smoke,
+            t_start,
+            args.clock,
+            None if args.smoke else args.until_width,
+            max(repeats, args.max_repeats),
+        )
         if cuda:
             results[m]["audit"] = audit_cells(sync_audit(specs[m], plan, configs))
         if args.smoke:
@@ -247,8 +351,11 @@ def main(argv: list[str] | None = None) -> int:
                 assert all(math.isfinite(v) for v in results[m]["paths"][c].values()), (m, c)
     print()
     for m, r in results.items():
-        print(f"- {m}: {r['spec']}, {r['dyt_layers']} DyT layers; reference {r['summary']['off']['median'] * 1e3:.1f} ms/step "
-              f"(median); {r['repeats']} repeats")
+        print(
+            f"- {m}: {r['spec']}, {r['dyt_layers']} DyT layers; reference "
+            f"{r['summary']['off']['median'] * 1e3:.1f} ms/step "
+            f"(median); {r['repeats']} repeats"
+        )
         for c, counted in r["count_paths"].items():
             if c in PAIRED_CONFIGS:
                 print(f"  {c}: inputs counted by " + ", ".join(f"{k} {v:,}" for k, v in counted.items()))
@@ -262,8 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nTotal {time.perf_counter() - t_start:.0f} s; load average at the end: {load}.")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": machine(), "args": vars(args), "load_average_end": load, "results": results}, f, indent=1,
-                      default=str)
+            json.dump(
+                {"machine": machine(), "args": vars(args), "load_average_end": load, "results": results},
+                f,
+                indent=1,
+                default=str,
+            )
     if args.smoke:
         print("smoke: OK (every monitored run produced a verdict of the expected element count; all numbers finite)")
     return 0

@@ -35,10 +35,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"# pooled paired estimates over {len(args.files)} file(s): {', '.join(args.files)}")
     for m, r in pooled.items():
-        paired = ", ".join(f"{len(r['runs'][c])} {c} runs" for c in ("paired", "paired-eager", "paired-fused") if r["runs"][c])
+        paired = ", ".join(
+            f"{len(r['runs'][c])} {c} runs" for c in ("paired", "paired-eager", "paired-fused") if r["runs"][c]
+        )
         print(f"- {m}: {r['files']} file(s), {paired or 'no paired runs'}, {len(r['runs']['off'])} reference runs")
-    for line in paired_lines({m: {"paired": paired_estimate(r["runs"], r["warmup"]),
-                                  "paths": paired_estimates(r["runs"], r["warmup"])} for m, r in pooled.items()}):
+    for line in paired_lines(
+        {
+            m: {"paired": paired_estimate(r["runs"], r["warmup"]), "paths": paired_estimates(r["runs"], r["warmup"])}
+            for m, r in pooled.items()
+        }
+    ):
         print(line)
     return 0
 

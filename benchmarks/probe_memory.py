@@ -55,8 +55,9 @@ with torch.no_grad():
 budget = None if budget_matrices is None else budget_matrices * matrix_bytes(d) + READOUT_MATRICES * 8 * d * d
 report, peak, seconds = measure(lambda: satmon.probe(model, [x], memory_budget=budget))
 print(json.dumps({"d": d, "blocks": blocks, "rows": rows, "budget": budget, "plan": report.plan.describe(),
-                  "matrices": report.plan.matrices, "passes": report.plan.passes, "planned_peak": report.plan.peak_bytes,
-                  "peak": peak, "seconds": seconds[0], "cpu_seconds": seconds[1], "forward_peak": fwd, "forward_s": fwd_s[0],
+                  "matrices": report.plan.matrices, "passes": report.plan.passes,
+                  "planned_peak": report.plan.peak_bytes, "peak": peak, "seconds": seconds[0],
+                  "cpu_seconds": seconds[1], "forward_peak": fwd, "forward_s": fwd_s[0],
                   "norm_type": report.norm_type}))
 """
 
@@ -68,18 +69,29 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=1024, help="tokens in the one calibration batch")
     p.add_argument("--budget", nargs="+", default=["none"], help="'none' or matrices per pass (plus one readout)")
     args = p.parse_args()
-    print("| d | blocks | rows | budget (matrices/pass) | matrices | passes | planned peak MiB | measured peak MiB "
-          "| forward alone MiB | wall s | CPU s |")
+    print(
+        "| d | blocks | rows | budget (matrices/pass) | matrices | passes | planned peak MiB | measured peak MiB "
+        "| forward alone MiB | wall s | CPU s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for d in args.d:
         for b in args.budget:
             t0 = time.perf_counter()
-            out = subprocess.run([sys.executable, "-c", _CHILD, str(d), str(args.blocks), str(args.rows), b],
-                                 capture_output=True, text=True, check=True)  # fmt: skip
+            out = subprocess.run(
+                [sys.executable, "-c", _CHILD, str(d), str(args.blocks), str(args.rows), b],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             r = json.loads(out.stdout.strip().splitlines()[-1])
             mib = 2**20
-            print(f"| {d} | {args.blocks} | {args.rows} | {b} | {r['matrices']} | {r['passes']} | {r['planned_peak'] / mib:.0f} "
-                  f"| {r['peak'] / mib:.0f} | {r['forward_peak'] / mib:.0f} | {r['seconds']:.1f} | {r['cpu_seconds']:.1f} |", flush=True)
+            print(
+                f"| {d} | {args.blocks} | {args.rows} | {b} | {r['matrices']} | {r['passes']} | "
+                f"{r['planned_peak'] / mib:.0f} "
+                f"| {r['peak'] / mib:.0f} | {r['forward_peak'] / mib:.0f} | {r['seconds']:.1f} "
+                f"| {r['cpu_seconds']:.1f} |",
+                flush=True,
+            )
             print(f"<!-- {r['plan']} ({time.perf_counter() - t0:.0f} s with start-up) -->", flush=True)
 
 

@@ -34,18 +34,24 @@ from stats import quantile
 from torch import Tensor
 
 from satmon import find_dyt_layers
-from satmon.observe.counters import SaturationCounter
-from satmon.observe.saturation import SaturationHooks
 from satmon.demos.corpus import corpus_tokens
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.functional.saturation import saturation_threshold, saturation_threshold_host
+from satmon.observe.counters import SaturationCounter
+from satmon.observe.saturation import SaturationHooks
 
-
-OP_ROWS = ("threshold (read alpha, compute)", "abs(x) into the work buffer", "sum (non-finite flag)",
-           "in-place > threshold", "sum (saturated count)")
-HOOK_ROWS = {"satmon": "whole satmon hook, counting in the hook (in a step)",
-             "kept": "whole satmon hook, keep_inputs (as the callback runs it)",
-             "idle": "idle satmon hook (uncounted step)"}
+OP_ROWS = (
+    "threshold (read alpha, compute)",
+    "abs(x) into the work buffer",
+    "sum (non-finite flag)",
+    "in-place > threshold",
+    "sum (saturated count)",
+)
+HOOK_ROWS = {
+    "satmon": "whole satmon hook, counting in the hook (in a step)",
+    "kept": "whole satmon hook, keep_inputs (as the callback runs it)",
+    "idle": "idle satmon hook (uncounted step)",
+}
 COUNT_ROW = "count_kept() after the forward, per layer (keep_inputs)"
 MODES = ("satmon", "ops", "idle", "kept")  # what the hooks do in a step, in turn
 
@@ -56,8 +62,9 @@ class HookProfile:
     def __init__(self, spec: ModelSpec, device: str) -> None:
         torch.manual_seed(0)
         self.spec, self.device = spec, device
-        self.model = GPT(GPTConfig(d_model=spec.d_model, n_layers=spec.n_layers, n_heads=spec.n_heads,
-                                   seq_len=spec.seq_len)).to(device)
+        self.model = GPT(
+            GPTConfig(d_model=spec.d_model, n_layers=spec.n_layers, n_heads=spec.n_heads, seq_len=spec.seq_len)
+        ).to(device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
         self.layers = find_dyt_layers(self.model)
         self.hooks = SaturationHooks(self.layers, SaturationCounter(len(self.layers)).to(device))
@@ -80,15 +87,20 @@ class HookProfile:
         """The hook's hot path, one op at a time (what the satmon hook runs), each timed."""
         clock, stamps = time.perf_counter, [time.perf_counter()]
         t = saturation_threshold_host(alpha.item(), 2.0) if self.device == "cpu" else saturation_threshold(alpha, 2.0)
-        self.sync(); stamps.append(clock())
+        self.sync()
+        stamps.append(clock())
         ax = torch.abs(x, out=self.buf)
-        self.sync(); stamps.append(clock())
+        self.sync()
+        stamps.append(clock())
         ax.sum()
-        self.sync(); stamps.append(clock())
+        self.sync()
+        stamps.append(clock())
         ax.gt_(t)
-        self.sync(); stamps.append(clock())
+        self.sync()
+        stamps.append(clock())
         ax.sum()
-        self.sync(); stamps.append(clock())
+        self.sync()
+        stamps.append(clock())
         if record:
             for k, a, b in zip(OP_ROWS, stamps, stamps[1:]):
                 self.spent[k].append(b - a)
@@ -111,7 +123,11 @@ class HookProfile:
     def train(self, reps: int) -> None:
         """``reps`` training steps in each mode, the modes in turn."""
         spec = self.spec
-        w = corpus_tokens(reps * len(MODES) * spec.batch_size * (spec.seq_len + 1)).view(-1, spec.seq_len + 1).to(self.device)
+        w = (
+            corpus_tokens(reps * len(MODES) * spec.batch_size * (spec.seq_len + 1))
+            .view(-1, spec.seq_len + 1)
+            .to(self.device)
+        )
         for i in range(reps * len(MODES)):
             self.mode = MODES[i % len(MODES)]
             self.hooks.enabled = self.mode in ("satmon", "kept")
@@ -140,8 +156,8 @@ class HookProfile:
         for _ in range(reps * 10):
             self.ops(x, alpha, record=True)
         for k in OP_ROWS:  # the warm calls are the last reps * 10 of each op row
-            warm[k] = quantile(self.spent[k][-reps * 10:], 0.5)
-            del self.spent[k][-reps * 10:]
+            warm[k] = quantile(self.spent[k][-reps * 10 :], 0.5)
+            del self.spent[k][-reps * 10 :]
         hook = self.hooks._make_hook(0)  # the hook satmon registers, called directly
         module = self.layers[0].module
         for mode, enabled, keep in (("satmon", True, False), ("idle", False, False), ("kept", True, True)):
@@ -154,18 +170,22 @@ class HookProfile:
 
     def table(self, reps: int, warm: dict[str, float]) -> str:
         n, shape = len(self.layers), (self.spec.batch_size, self.spec.seq_len, self.spec.d_model)
-        lines = [f"Per-call cost of satmon's hook on the {self.spec.name} model's DyT inputs {shape} "
-                 f"({self.buf.numel():,} elements, {self.device}), median over {reps} training steps x {n} DyT layers, "
-                 "against the same op in a warm loop on one input.",
-                 "| op | us per call, in a training step | x layers = us per step | us per call, warm loop |", "|---|---|---|---|"]
+        lines = [
+            f"Per-call cost of satmon's hook on the {self.spec.name} model's DyT inputs {shape} "
+            f"({self.buf.numel():,} elements, {self.device}), median over {reps} training steps x {n} DyT layers, "
+            "against the same op in a warm loop on one input.",
+            "| op | us per call, in a training step | x layers = us per step | us per call, warm loop |",
+            "|---|---|---|---|",
+        ]
         for k, v in self.spent.items():
             med = quantile(v, 0.5)
             lines.append(f"| {k} | {med * 1e6:.1f} | {med * 1e6 * n:.0f} | {warm.get(k, float('nan')) * 1e6:.1f} |")
         return "\n".join(lines)
 
 
-def _timed_pairs(first: Callable[[], None], second: Callable[[], None], sync: Callable[[], None],
-                 n: int) -> tuple[list[float], list[float]]:
+def _timed_pairs(
+    first: Callable[[], None], second: Callable[[], None], sync: Callable[[], None], n: int
+) -> tuple[list[float], list[float]]:
     """``n`` times: run ``first`` then ``second``, each followed by ``sync``; their seconds."""
     a, b = [], []
     for _ in range(n):
@@ -218,10 +238,13 @@ def count_paths(spec: ModelSpec, reps: int, backend: str = "inductor") -> str:
     if hooks.queue.inputs_counted["fused"] != steps // len(paths) * len(layers):
         raise RuntimeError(f"the fused count was not taken on every fused step: {hooks.queue.inputs_counted}")
     n = spec.batch_size * spec.seq_len * spec.d_model
-    lines = [f"count_kept() per counted step on the {spec.name} model ({spec.describe()}; {len(layers)} DyT inputs of {n:,} "
-             f"elements), CPU time inside {reps} training steps per path, the paths alternating; load average "
-             f"{', '.join(f'{v:.2f}' for v in os.getloadavg())} at the end.",
-             "| count path | median us per step | p20 us per step | us per input (median) |", "|---|---|---|---|"]
+    lines = [
+        f"count_kept() per counted step on the {spec.name} model ({spec.describe()}; {len(layers)} DyT inputs of {n:,} "
+        f"elements), CPU time inside {reps} training steps per path, the paths alternating; load average "
+        f"{', '.join(f'{v:.2f}' for v in os.getloadavg())} at the end.",
+        "| count path | median us per step | p20 us per step | us per input (median) |",
+        "|---|---|---|---|",
+    ]
     for k, v in spent.items():
         med = quantile(v, 0.5)
         lines.append(f"| {k} | {med * 1e6:.0f} | {quantile(v, 0.2) * 1e6:.0f} | {med * 1e6 / len(layers):.0f} |")
@@ -234,18 +257,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: all CPU cores)")
     p.add_argument("--reps", type=int, default=20, help="training steps per mode (default 20)")
     p.add_argument("--smoke", action="store_true", help="a tiny model and 2 steps per mode: correctness only")
-    p.add_argument("--count-paths", action="store_true", help="count_kept() per step by count path (four ops, fused), CPU")
+    p.add_argument(
+        "--count-paths", action="store_true", help="count_kept() per step by count path (four ops, fused), CPU"
+    )
     p.add_argument("--model", default="wide", help="with --count-paths: the overhead benchmark's model (default wide)")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("benchmarks/profile_hook.py: --device cuda asked for, but torch.cuda.is_available() is False.", file=sys.stderr)
+        print(
+            "benchmarks/profile_hook.py: --device cuda asked for, but torch.cuda.is_available() is False.",
+            file=sys.stderr,
+        )
         return 2
     torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))
     if args.count_paths:
         specs = MODELS_SMOKE if args.smoke else MODELS_CPU
         if args.device != "cpu" or args.model not in specs:
-            p.error(f"--count-paths runs on the CPU with --model from {sorted(specs)}, got {args.device}, {args.model!r}")
-        print(count_paths(specs[args.model], reps=2 if args.smoke else args.reps, backend="graph" if args.smoke else "inductor"))
+            p.error(
+                f"--count-paths runs on the CPU with --model from {sorted(specs)}, got {args.device}, {args.model!r}"
+            )
+        print(
+            count_paths(
+                specs[args.model], reps=2 if args.smoke else args.reps, backend="graph" if args.smoke else "inductor"
+            )
+        )
         return 0
     spec = (MODELS_SMOKE if args.smoke else MODELS_CUDA if args.device == "cuda" else MODELS_CPU)["wide"]
     print(profile_hook(spec, args.device, reps=2 if args.smoke else args.reps))

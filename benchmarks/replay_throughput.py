@@ -36,7 +36,16 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = {"arch": "gpt", "d_model": 32, "n_layers": 2, "n_heads": 2, "seq_len": 16, "alpha_init": 2.0, "lr": 3e-2, "warmup": 1}
+MODEL = {
+    "arch": "gpt",
+    "d_model": 32,
+    "n_layers": 2,
+    "n_heads": 2,
+    "seq_len": 16,
+    "alpha_init": 2.0,
+    "lr": 3e-2,
+    "warmup": 1,
+}
 DATA = {"seq_len": 16, "batch_size": 4, "train_tokens": 20_000, "val_tokens": 2_000, "seed": 0}
 
 
@@ -52,9 +61,17 @@ def make_checkpoints(folder: Path, n: int, arch: str, norm: str) -> list[Path]:
     ckpt = ModelCheckpoint(dirpath=folder, every_n_train_steps=1, save_top_k=-1)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
-        pl.Trainer(max_steps=n, accelerator="cpu", devices=1, logger=False, callbacks=[ckpt], enable_progress_bar=False,
-                   enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0
-                   ).fit(LitLM(**{**MODEL, "arch": arch, "norm": norm}), CorpusDataModule(**DATA))
+        pl.Trainer(
+            max_steps=n,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            callbacks=[ckpt],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+        ).fit(LitLM(**{**MODEL, "arch": arch, "norm": norm}), CorpusDataModule(**DATA))
     return sorted(folder.glob("*.ckpt"))
 
 
@@ -65,9 +82,20 @@ def satmon_command() -> list[str]:
 def replay_once(src: Path, folder: Path, out: Path, n: int, threads: int | None) -> dict[str, float]:
     """One ``satmon replay`` process with ``src`` on PYTHONPATH: start, per-checkpoint and total seconds."""
     env = {**os.environ, "PYTHONPATH": str(src), "PYTHONWARNINGS": "ignore"}
-    cmd = [*satmon_command(), "replay", str(folder), "--model", "satmon.demos.lit:LitLM",
-           "--datamodule", "satmon.demos.corpus:CorpusDataModule", "--logdir", str(out / "tb"),
-           "--json", str(out / "records.json"), *(["--threads", str(threads)] if threads else [])]
+    cmd = [
+        *satmon_command(),
+        "replay",
+        str(folder),
+        "--model",
+        "satmon.demos.lit:LitLM",
+        "--datamodule",
+        "satmon.demos.corpus:CorpusDataModule",
+        "--logdir",
+        str(out / "tb"),
+        "--json",
+        str(out / "records.json"),
+        *(["--threads", str(threads)] if threads else []),
+    ]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
     arrivals: list[float] = []
@@ -79,26 +107,40 @@ def replay_once(src: Path, folder: Path, out: Path, n: int, threads: int | None)
     rc = proc.wait()
     total = time.perf_counter() - t0
     if rc != 0 or len(arrivals) != n:
-        raise SystemExit(f"satmon replay (PYTHONPATH={src}) exited {rc} with {len(arrivals)} of {n} progress lines:\n{err[-2000:]}")
+        raise SystemExit(
+            f"satmon replay (PYTHONPATH={src}) exited {rc} with {len(arrivals)} of {n} progress lines:\n{err[-2000:]}"
+        )
     per = (arrivals[-1] - arrivals[0]) / max(1, n - 1)
     records = json.loads((out / "records.json").read_text())
-    return {"start_s": arrivals[0] - per, "per_checkpoint_s": per, "total_s": total,
-            "probe_s_median": statistics.median(r["seconds"] for r in records if r.get("seconds") is not None)}
+    return {
+        "start_s": arrivals[0] - per,
+        "per_checkpoint_s": per,
+        "total_s": total,
+        "probe_s_median": statistics.median(r["seconds"] for r in records if r.get("seconds") is not None),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-n", "--checkpoints", type=int, default=100, help="checkpoints to make and replay (default 100)")
     p.add_argument("--repeats", type=int, default=3, help="rounds; medians reported (default 3)")
-    p.add_argument("--arch", choices=["gpt", "llama"], default="gpt", help="the tiny model (llama: a gated MLP, traced)")
-    p.add_argument("--norm", choices=["dyt", "layernorm"], default="dyt",
-                   help="the tiny model's norms (layernorm: the random-init twin is probed too)")
+    p.add_argument(
+        "--arch", choices=["gpt", "llama"], default="gpt", help="the tiny model (llama: a gated MLP, traced)"
+    )
+    p.add_argument(
+        "--norm",
+        choices=["dyt", "layernorm"],
+        default="dyt",
+        help="the tiny model's norms (layernorm: the random-init twin is probed too)",
+    )
     p.add_argument("--before", metavar="SRC", default=None, help="a satmon source tree to compare with, side by side")
     p.add_argument("--threads", type=int, default=None, help="satmon replay --threads")
     p.add_argument("--json", default=None, help="write every round's numbers to this JSON file")
     args = p.parse_args(argv)
     if args.checkpoints < 2:
-        p.error(f"expected --checkpoints >= 2 (the rate is read between the first and the last), got {args.checkpoints}")
+        p.error(
+            f"expected --checkpoints >= 2 (the rate is read between the first and the last), got {args.checkpoints}"
+        )
     sides = {"this checkout": ROOT}
     if args.before:
         before = Path(args.before).resolve()
@@ -109,21 +151,33 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="satmon_replay_bench_") as tmp:
         t = time.perf_counter()
         ckpts = make_checkpoints(Path(tmp) / "ckpts", args.checkpoints, args.arch, args.norm)
-        print(f"{len(ckpts)} checkpoints of LitLM({MODEL | {'arch': args.arch, 'norm': args.norm}}) made in {time.perf_counter() - t:.1f} s")
+        print(
+            f"{len(ckpts)} checkpoints of LitLM({MODEL | {'arch': args.arch, 'norm': args.norm}}) made in "
+            f"{time.perf_counter() - t:.1f} s"
+        )
         for r in range(args.repeats):
             order = list(sides) if r % 2 == 0 else list(reversed(sides))
             for name in order:
                 out = Path(tmp) / f"out_{r}_{name.replace(' ', '_')}"
                 got = replay_once(sides[name], Path(tmp) / "ckpts", out, len(ckpts), args.threads)
                 rounds[name].append(got)
-                print(f"round {r + 1} {name}: start {got['start_s']:.2f} s, {got['per_checkpoint_s']:.3f} s a checkpoint, "
-                      f"total {got['total_s']:.1f} s", flush=True)
+                print(
+                    f"round {r + 1} {name}: start {got['start_s']:.2f} s, "
+                    f"{got['per_checkpoint_s']:.3f} s a checkpoint, "
+                    f"total {got['total_s']:.1f} s",
+                    flush=True,
+                )
     print(f"\nCommand: python benchmarks/replay_throughput.py {' '.join(argv if argv is not None else sys.argv[1:])}")
-    print(f"\n| code | start (s) | per checkpoint (s) | total for {len(ckpts)} (s) | probe() per checkpoint (s, record) |")
+    print(
+        f"\n| code | start (s) | per checkpoint (s) | total for {len(ckpts)} (s) | probe() per checkpoint (s, record) |"
+    )
     print("|---|---|---|---|---|")
     for name, rs in rounds.items():
         med = {k: statistics.median(x[k] for x in rs) for k in rs[0]}
-        print(f"| {name} | {med['start_s']:.2f} | {med['per_checkpoint_s']:.3f} | {med['total_s']:.1f} | {med['probe_s_median']:.3f} |")
+        print(
+            f"| {name} | {med['start_s']:.2f} | {med['per_checkpoint_s']:.3f} | {med['total_s']:.1f} | "
+            f"{med['probe_s_median']:.3f} |"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rounds": rounds}, indent=1))
     return 0

@@ -13,8 +13,16 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
-    "PAIRED_CONFIGS", "SAMPLED_EVERY", "bootstrap_interval", "neighbour_ratios", "paired_estimate", "paired_lines", "pool_runs",
-    "paired_estimates", "quantile", "summarise",
+    "PAIRED_CONFIGS",
+    "SAMPLED_EVERY",
+    "bootstrap_interval",
+    "neighbour_ratios",
+    "paired_estimate",
+    "paired_lines",
+    "pool_runs",
+    "paired_estimates",
+    "quantile",
+    "summarise",
 ]
 
 SAMPLED_EVERY = 4  # the ``sampled`` configuration's ``sample_every``
@@ -50,7 +58,9 @@ def neighbour_ratios(run: list[float], first: int, every: int = 2) -> list[float
     return [run[i] / ((run[i - 1] + run[i + 1]) / 2) for i in range(1, len(run) - 1) if (first + i) % every == 0]
 
 
-def bootstrap_interval(counted: list[float], control: list[float], level: float = 0.9, n: int = 2000) -> tuple[float, float]:
+def bootstrap_interval(
+    counted: list[float], control: list[float], level: float = 0.9, n: int = 2000
+) -> tuple[float, float]:
     """Percentile-bootstrap interval of ``median(counted) / median(control)``, both resampled (seeded).
 
     How far the paired estimate could move by the luck of which steps were measured: a target is
@@ -69,8 +79,9 @@ def bootstrap_interval(counted: list[float], control: list[float], level: float 
     return float(lo), float(hi)
 
 
-def paired_estimate(runs: Mapping[str, list[list[float]]], first: int,
-                    sampled_every: int = SAMPLED_EVERY, config: str = "paired") -> dict[str, float] | None:
+def paired_estimate(
+    runs: Mapping[str, list[list[float]]], first: int, sampled_every: int = SAMPLED_EVERY, config: str = "paired"
+) -> dict[str, float] | None:
     """Median neighbour ratio of the counted steps over that of the same steps of the ``off`` runs (control).
 
     From the ``config`` runs (``sample_every=2``; ``"paired"`` by default, or one of the forced count
@@ -90,8 +101,15 @@ def paired_estimate(runs: Mapping[str, list[list[float]]], first: int,
     counted2, control2 = ratios(config, 2), ratios("off", 2)
     counted, control = quantile(counted2, 0.5), quantile(control2, 0.5)
     lo, hi = bootstrap_interval(counted2, control2)
-    out = {"counted_vs_neighbours": counted, "control_even_vs_odd": control, "ratio": counted / control,
-           "ratio_lo": lo, "ratio_hi": hi, "width": hi - lo, "pairs": len(counted2)}
+    out = {
+        "counted_vs_neighbours": counted,
+        "control_even_vs_odd": control,
+        "ratio": counted / control,
+        "ratio_lo": lo,
+        "ratio_hi": hi,
+        "width": hi - lo,
+        "pairs": len(counted2),
+    }
     if config == "paired" and runs.get("sampled"):
         counted4, control4 = ratios("sampled", sampled_every), ratios("off", sampled_every)
         c4, k4 = quantile(counted4, 0.5), quantile(control4, 0.5)
@@ -100,9 +118,15 @@ def paired_estimate(runs: Mapping[str, list[list[float]]], first: int,
         def per_step(r: float) -> float:
             return 1 + (r - 1) / sampled_every
 
-        out.update({"sampled_counted_vs_neighbours": c4, "sampled_control": k4,
-                    "sampled_step_ratio": per_step(c4 / k4), "sampled_step_lo": per_step(lo4),
-                    "sampled_step_hi": per_step(hi4)})
+        out.update(
+            {
+                "sampled_counted_vs_neighbours": c4,
+                "sampled_control": k4,
+                "sampled_step_ratio": per_step(c4 / k4),
+                "sampled_step_lo": per_step(lo4),
+                "sampled_step_hi": per_step(hi4),
+            }
+        )
     return out
 
 
@@ -128,8 +152,9 @@ def paired_estimates(runs: Mapping[str, list[list[float]]], first: int) -> dict[
     return out
 
 
-def pool_runs(saved: Iterable[tuple[str, Mapping[str, Any]]],
-              configs: tuple[str, ...] = ("off", "sampled", *PAIRED_CONFIGS)) -> dict[str, dict[str, Any]]:
+def pool_runs(
+    saved: Iterable[tuple[str, Mapping[str, Any]]], configs: tuple[str, ...] = ("off", "sampled", *PAIRED_CONFIGS)
+) -> dict[str, dict[str, Any]]:
     """Pool the runs of earlier benchmark results (``(path, loaded --json file)`` pairs), per model.
 
     Returns model -> ``{"runs": {config: runs}, "warmup": int, "files": int}``. Runs of the same
@@ -143,7 +168,9 @@ def pool_runs(saved: Iterable[tuple[str, Mapping[str, Any]]],
             warmup = r.get("warmup", data["args"]["warmup"])  # per model since the split (--smoke overrides --warmup)
             into = results.setdefault(m, {"runs": {}, "warmup": warmup, "files": 0})
             if into["warmup"] != warmup:
-                raise ValueError(f"Expected one --warmup in every pooled file, got {into['warmup']} and {warmup} ({path}).")
+                raise ValueError(
+                    f"Expected one --warmup in every pooled file, got {into['warmup']} and {warmup} ({path})."
+                )
             into["files"] += 1
             for c in configs:
                 into["runs"].setdefault(c, []).extend(r["runs"].get(c, []))
@@ -151,8 +178,11 @@ def pool_runs(saved: Iterable[tuple[str, Mapping[str, Any]]],
 
 
 #: how each paired configuration is named in words
-PATH_WORDS = {"paired": "window hot-path overhead", "paired-eager": "four-op count (forced)",
-              "paired-fused": "fused count (forced)"}
+PATH_WORDS = {
+    "paired": "window hot-path overhead",
+    "paired-eager": "four-op count (forced)",
+    "paired-fused": "fused count (forced)",
+}
 
 
 def paired_lines(results: Mapping[str, Mapping[str, Any]], sampled_every: int = SAMPLED_EVERY) -> list[str]:
@@ -170,14 +200,20 @@ def paired_lines(results: Mapping[str, Mapping[str, Any]], sampled_every: int = 
             label = m if config == "paired" else f"{m}, {config}"
             lines.append(
                 f"\nPaired estimate, {label}: a counted window step takes {pe['counted_vs_neighbours']:.4f} x its two "
-                f"uncounted neighbours (median; control, no monitor, even vs odd steps: {pe['control_even_vs_odd']:.4f}): "
+                "uncounted neighbours (median; control, no monitor, even vs odd steps: "
+                f"{pe['control_even_vs_odd']:.4f}): "
                 f"{PATH_WORDS[config]} {100 * (pe['ratio'] - 1):+.2f}% "
                 f"(90% bootstrap interval {100 * (pe['ratio_lo'] - 1):+.2f}% to {100 * (pe['ratio_hi'] - 1):+.2f}%"
-                + (f", {100 * pe['width']:.2f} points wide, {pe['pairs']} counted steps)." if "width" in pe else ")."))
+                + (f", {100 * pe['width']:.2f} points wide, {pe['pairs']} counted steps)." if "width" in pe else ").")
+            )
             if config == "paired" and "sampled_step_ratio" in pe:
                 lines.append(
                     f"Paired estimate, {m}, sample_every={sampled_every}: a counted step takes "
-                    f"{pe['sampled_counted_vs_neighbours']:.4f} x its neighbours (control {pe['sampled_control']:.4f}); "
-                    f"one step in {sampled_every} counted: overhead {100 * (pe['sampled_step_ratio'] - 1):+.2f}% per step "
-                    f"(90% interval {100 * (pe['sampled_step_lo'] - 1):+.2f}% to {100 * (pe['sampled_step_hi'] - 1):+.2f}%).")
+                    f"{pe['sampled_counted_vs_neighbours']:.4f} x its neighbours (control "
+                    f"{pe['sampled_control']:.4f}); "
+                    f"one step in {sampled_every} counted: overhead "
+                    f"{100 * (pe['sampled_step_ratio'] - 1):+.2f}% per step "
+                    f"(90% interval {100 * (pe['sampled_step_lo'] - 1):+.2f}% to "
+                    f"{100 * (pe['sampled_step_hi'] - 1):+.2f}%)."
+                )
     return lines

@@ -32,7 +32,13 @@ LEARNED, NEVER, LOST_SHARE = 0.9, 0.95, 0.25
 BEHIND = 1.1
 #: The loss rule's level part reads the training loss from this step on (the plan's stated step).
 LOSS_RULE_FROM = 300
-NEVER_LEARNED, LOST, HEALTHY, MARGINAL, EXCLUDED = "never learned", "learned then lost", "healthy", "marginal", "excluded"
+NEVER_LEARNED, LOST, HEALTHY, MARGINAL, EXCLUDED = (
+    "never learned",
+    "learned then lost",
+    "healthy",
+    "marginal",
+    "excluded",
+)
 BEHIND_LABEL = "fell behind"
 FAILURES = (NEVER_LEARNED, LOST)
 
@@ -46,18 +52,22 @@ def _bad(v: Any) -> bool:
     return v is None or not math.isfinite(float(v))
 
 
-def outcome(curve: Sequence[Sequence[Any]], unigram: float, reference_best: float, length: int | None = None,
-            reference_last: float | None = None) -> str:
+def outcome(
+    curve: Sequence[Sequence[Any]],
+    unigram: float,
+    reference_best: float,
+    length: int | None = None,
+    reference_last: float | None = None,
+) -> str:
     """The DyT arm's outcome from its held-out ``curve`` [(step, loss or None)] up to ``length`` (``None``: all).
 
-    ``excluded``: the reference arm's best held-out loss is not below ``LEARNED x unigram`` (a recipe that cannot learn).
-    ``never learned``: the arm's best finite loss is at or above ``NEVER x unigram`` (or no finite loss).
+    ``excluded``: the reference arm's best held-out loss is not below ``LEARNED x unigram`` (a recipe that cannot
+    learn). ``never learned``: the arm's best finite loss is at or above ``NEVER x unigram`` (or no finite loss).
     ``learned then lost``: best below ``LEARNED x unigram``, then a non-finite loss, or a loss at the run length that
     gave back at least ``LOST_SHARE`` of what was learned (``last - best >= LOST_SHARE x (unigram - best)``).
-    ``healthy``: best below ``LEARNED x unigram``, nothing lost, and (given ``reference_last``, the reference arm's
-    loss at the run length) a last loss at most ``BEHIND x reference_last``; above it the arm **fell behind** (learned,
-    not lost, stuck well above the reference: listed and scored in its own rows). ``marginal``: best between the two
-    levels.
+    ``healthy``: best below ``LEARNED x unigram``, nothing lost, and (given ``reference_last``, the reference arm's loss
+    at the run length) a last loss at most ``BEHIND x reference_last``; above it the arm **fell behind** (learned, not
+    lost, stuck well above the reference: listed and scored in its own rows). ``marginal``: best between the two levels.
 
     Example:
         >>> outcome([(50, 3.0), (100, 2.0), (150, 2.6)], 3.0, 1.5)
@@ -94,7 +104,11 @@ def evident_step(curve: Sequence[Sequence[Any]], unigram: float, label: str, len
 def _rule(pts: Sequence[tuple[int, Any]], unigram: float, label: str | None) -> int | None:
     best = math.inf
     for s, v in pts:
-        if label in (None, LOST) and best < LEARNED * unigram and (_bad(v) or float(v) - best >= LOST_SHARE * (unigram - best)):
+        if (
+            label in (None, LOST)
+            and best < LEARNED * unigram
+            and (_bad(v) or float(v) - best >= LOST_SHARE * (unigram - best))
+        ):
             return s
         if label in (None, NEVER_LEARNED) and s >= LOSS_RULE_FROM and (_bad(v) or float(v) >= NEVER * unigram):
             return s
@@ -123,7 +137,7 @@ def _binom_cdf(k: int, n: int, p: float) -> float:
         return 0.0
     if k >= n:
         return 1.0
-    return math.fsum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k + 1))
+    return math.fsum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k + 1))
 
 
 def _bisect(f: Callable[[float], float], lo: float, hi: float) -> float:
@@ -203,9 +217,9 @@ def power(failed: int, healthy: int, hit_rate: float, false_rate: float, alpha: 
     """
     total, a = 0.0, Fraction(str(alpha))
     for h in range(failed + 1):
-        ph = math.comb(failed, h) * hit_rate ** h * (1 - hit_rate) ** (failed - h)
+        ph = math.comb(failed, h) * hit_rate**h * (1 - hit_rate) ** (failed - h)
         for f in range(healthy + 1):
-            pf = math.comb(healthy, f) * false_rate ** f * (1 - false_rate) ** (healthy - f)
+            pf = math.comb(healthy, f) * false_rate**f * (1 - false_rate) ** (healthy - f)
             if ph * pf and fisher_one_sided(h, failed - h, f, healthy - f) < a:
                 total += ph * pf
     return total
@@ -235,9 +249,13 @@ def flags(arm: Mapping[str, Any], window: int) -> dict[str, int | None]:
     """
     w = arm.get("watch") or {}
     trap = w.get("trap") or {}
-    return {"window": window if w.get("window_collapse_risk") else None, "watch": w.get("first_flag_step"),
-            "watch500": watch_after(w, SHIPPED_WINDOW), "shipped": w.get("would_stop_at"),
-            "trap": trap.get("first_trapped_step")}
+    return {
+        "window": window if w.get("window_collapse_risk") else None,
+        "watch": w.get("first_flag_step"),
+        "watch500": watch_after(w, SHIPPED_WINDOW),
+        "shipped": w.get("would_stop_at"),
+        "trap": trap.get("first_trapped_step"),
+    }
 
 
 #: The shipped window: the watch as shipped starts after it.
@@ -267,13 +285,17 @@ def watch_after(watch: Mapping[str, Any], start: int) -> int | None:
 
 #: The other signals scored held out across sizes: name -> (reader of the arm's checks, key, direction).
 SIGNALS: dict[str, tuple[str, str, bool]] = {
-    "gated_saturation": ("watch", "gated_saturation", False), "flat_fraction": ("watch", "flat_fraction", False),
-    "mean_abs_hidden": ("watch", "mean_abs_hidden", True), "loss_z": ("watch", "loss_z", False),
+    "gated_saturation": ("watch", "gated_saturation", False),
+    "flat_fraction": ("watch", "flat_fraction", False),
+    "mean_abs_hidden": ("watch", "mean_abs_hidden", True),
+    "loss_z": ("watch", "loss_z", False),
 }
-LEVELS: dict[str, list[float]] = {"gated_saturation": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
-                                  "flat_fraction": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
-                                  "mean_abs_hidden": [0.01, 0.02, 0.05, 0.1, 0.2, 0.5],
-                                  "loss_z": [2.0, 4.0, 8.0, 16.0]}
+LEVELS: dict[str, list[float]] = {
+    "gated_saturation": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
+    "flat_fraction": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
+    "mean_abs_hidden": [0.01, 0.02, 0.05, 0.1, 0.2, 0.5],
+    "loss_z": [2.0, 4.0, 8.0, 16.0],
+}
 
 
 def signal_step(arm: Mapping[str, Any], name: str, level: float, length: int | None = None) -> int | None:
@@ -294,10 +316,21 @@ def arms_of(cells: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
             if not name.startswith("dyt"):
                 continue
             vary = tuple(sorted((k, str(v)) for k, v in (c.get("vary") or {}).items()))
-            out.append({"config": (c["group"], vary, name), "size": c["group"], "arm": name, "seed": c["seed"],
-                        "val_curve": arm["val_curve"], "train_curve": arm["train_curve"], "record": arm,
-                        "unigram": c["unigram_loss"], "reference_curve": ref["val_curve"],
-                        "window": c["window"], "steps": c["steps"]})
+            out.append(
+                {
+                    "config": (c["group"], vary, name),
+                    "size": c["group"],
+                    "arm": name,
+                    "seed": c["seed"],
+                    "val_curve": arm["val_curve"],
+                    "train_curve": arm["train_curve"],
+                    "record": arm,
+                    "unigram": c["unigram_loss"],
+                    "reference_curve": ref["val_curve"],
+                    "window": c["window"],
+                    "steps": c["steps"],
+                }
+            )
     return out
 
 
@@ -307,13 +340,21 @@ def label_arm(a: Mapping[str, Any], length: int | None = None) -> dict[str, Any]
     ref = [float(v) for _, v in _upto(a["reference_curve"], n) if not _bad(v)]
     lab = outcome(a["val_curve"], a["unigram"], min(ref) if ref else math.inf, n, ref[-1] if ref else None)
     fl = {k: (v if v is not None and v <= n else None) for k, v in flags(a["record"], a["window"]).items()}
-    return {"outcome": lab, "evident": evident_step(a["val_curve"], a["unigram"], lab, n) if lab in FAILURES else None,
-            "loss_rule": loss_rule_step(a["train_curve"], a["unigram"], n), "flags": fl, "length": n}
+    return {
+        "outcome": lab,
+        "evident": evident_step(a["val_curve"], a["unigram"], lab, n) if lab in FAILURES else None,
+        "loss_rule": loss_rule_step(a["train_curve"], a["unigram"], n),
+        "flags": fl,
+        "length": n,
+    }
 
 
-def configurations(arms: Sequence[Mapping[str, Any]], length: int | None = None,
-                   flag_of: Callable[[Mapping[str, Any], Mapping[str, Any]], int | None] | None = None,
-                   flag: str = "shipped") -> list[dict[str, Any]]:
+def configurations(
+    arms: Sequence[Mapping[str, Any]],
+    length: int | None = None,
+    flag_of: Callable[[Mapping[str, Any], Mapping[str, Any]], int | None] | None = None,
+    flag: str = "shipped",
+) -> list[dict[str, Any]]:
     """Per configuration (seeds count once): the outcome its seeds agree on (else ``split``), flagged when more than
     half of its seeds are (``flag_of(arm, label)`` or the named flag), the mean flag step over its flagged seeds, the
     mean loss-rule step, the mean lead time (loss rule minus flag, over seeds where both fired) and the share of the
@@ -330,12 +371,21 @@ def configurations(arms: Sequence[Mapping[str, Any]], length: int | None = None,
         leads = [lab["loss_rule"] - s for lab, s in zip(labs, steps) if s is not None and lab["loss_rule"] is not None]
         n = labs[0]["length"]
         share = [((n - s) / n if s is not None else 0.0) for s in steps]
-        out.append({"config": key, "size": members[0]["size"], "arm": members[0]["arm"], "seeds": len(members),
-                    "outcome": outcomes.pop() if len(outcomes) == 1 else "split",
-                    "seed_outcomes": [lab["outcome"] for lab in labs], "flagged": 2 * len(fired) > len(members),
-                    "flag_step": sum(fired) / len(fired) if fired else None,
-                    "loss_rule": _mean([lab["loss_rule"] for lab in labs]), "lead": _mean(leads),
-                    "unrun_share": sum(share) / len(share)})
+        out.append(
+            {
+                "config": key,
+                "size": members[0]["size"],
+                "arm": members[0]["arm"],
+                "seeds": len(members),
+                "outcome": outcomes.pop() if len(outcomes) == 1 else "split",
+                "seed_outcomes": [lab["outcome"] for lab in labs],
+                "flagged": 2 * len(fired) > len(members),
+                "flag_step": sum(fired) / len(fired) if fired else None,
+                "loss_rule": _mean([lab["loss_rule"] for lab in labs]),
+                "lead": _mean(leads),
+                "unrun_share": sum(share) / len(share),
+            }
+        )
     return out
 
 
@@ -346,32 +396,47 @@ def _mean(xs: Sequence[Any]) -> float | None:
 
 def score(configs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Per failed outcome (and pooled: a configuration counts in a pooled row when every seed's outcome is in it, so
-    one seed lost and one fallen behind is "failed or behind") against the healthy configurations: hits, misses, false stops, the
-    rates with Clopper-Pearson 95% intervals, Fisher's one-sided p, the mean lead over the loss rule, the share of
-    the runs a stop at the flag saves (failed) and wastes (healthy, the run itself lost too)."""
+    one seed lost and one fallen behind is "failed or behind") against the healthy configurations: hits, misses, false
+    stops, the rates with Clopper-Pearson 95% intervals, Fisher's one-sided p, the mean lead over the loss rule, the
+    share of the runs a stop at the flag saves (failed) and wastes (healthy, the run itself lost too)."""
     healthy = [c for c in configs if c["outcome"] == HEALTHY]
     fs = sum(c["flagged"] for c in healthy)
     out: dict[str, Any] = {}
-    for name, kinds in ((NEVER_LEARNED, (NEVER_LEARNED,)), (LOST, (LOST,)), ("failed", FAILURES),
-                        (BEHIND_LABEL, (BEHIND_LABEL,)), ("failed or behind", (*FAILURES, BEHIND_LABEL))):
+    for name, kinds in (
+        (NEVER_LEARNED, (NEVER_LEARNED,)),
+        (LOST, (LOST,)),
+        ("failed", FAILURES),
+        (BEHIND_LABEL, (BEHIND_LABEL,)),
+        ("failed or behind", (*FAILURES, BEHIND_LABEL)),
+    ):
         failed = [c for c in configs if all(o in kinds for o in c["seed_outcomes"])]  # pooled rows: seeds may differ
         hits = sum(c["flagged"] for c in failed)
-        out[name] = {"configurations": len(failed), "healthy": len(healthy), "hits": hits, "misses": len(failed) - hits,
-                     "false_stops": fs, "hit_rate": hits / len(failed) if failed else None,
-                     "hit_ci": clopper_pearson(hits, len(failed)), "false_stop_rate": fs / len(healthy) if healthy else None,
-                     "false_stop_ci": clopper_pearson(fs, len(healthy)),
-                     "fisher_p": float(fisher_one_sided(hits, len(failed) - hits, fs, len(healthy) - fs))
-                     if failed and healthy else None,
-                     "lead": _mean([c["lead"] for c in failed if c["flagged"]]),
-                     "saved": sum(c["unrun_share"] for c in failed), "wasted": sum(1 - c["unrun_share"] for c in healthy
-                                                                                  if c["flagged"])}
-    out["listed"] = {k: [str(c["config"]) for c in configs if c["outcome"] == k]
-                     for k in ("split", MARGINAL, EXCLUDED, BEHIND_LABEL)}
+        out[name] = {
+            "configurations": len(failed),
+            "healthy": len(healthy),
+            "hits": hits,
+            "misses": len(failed) - hits,
+            "false_stops": fs,
+            "hit_rate": hits / len(failed) if failed else None,
+            "hit_ci": clopper_pearson(hits, len(failed)),
+            "false_stop_rate": fs / len(healthy) if healthy else None,
+            "false_stop_ci": clopper_pearson(fs, len(healthy)),
+            "fisher_p": float(fisher_one_sided(hits, len(failed) - hits, fs, len(healthy) - fs))
+            if failed and healthy
+            else None,
+            "lead": _mean([c["lead"] for c in failed if c["flagged"]]),
+            "saved": sum(c["unrun_share"] for c in failed),
+            "wasted": sum(1 - c["unrun_share"] for c in healthy if c["flagged"]),
+        }
+    out["listed"] = {
+        k: [str(c["config"]) for c in configs if c["outcome"] == k] for k in ("split", MARGINAL, EXCLUDED, BEHIND_LABEL)
+    }
     return out
 
 
-def held_out(arms: Sequence[Mapping[str, Any]], name: str, kinds: Sequence[str] = FAILURES,
-             length: int | None = None) -> list[dict[str, Any]]:
+def held_out(
+    arms: Sequence[Mapping[str, Any]], name: str, kinds: Sequence[str] = FAILURES, length: int | None = None
+) -> list[dict[str, Any]]:
     """Signal ``name`` held out across sizes: on each size, the level (of ``LEVELS[name]``) that maximises hit rate
     minus false-stop rate over that size's configurations (ties: the first level, i.e. the most sensitive), scored on
     every other size's configurations. One row per (chosen on, scored on)."""
@@ -380,18 +445,31 @@ def held_out(arms: Sequence[Mapping[str, Any]], name: str, kinds: Sequence[str] 
     for fit in sizes:
         best, best_j = None, -math.inf
         for level in LEVELS[name]:
-            cf = configurations([a for a in arms if a["size"] == fit], length,
-                                flag_of=lambda a, lab, lv=level: _cap(signal_step(a["record"], name, lv), lab["length"]))
+            cf = configurations(
+                [a for a in arms if a["size"] == fit],
+                length,
+                flag_of=lambda a, lab, lv=level: _cap(signal_step(a["record"], name, lv), lab["length"]),
+            )
             s = _youden(cf, kinds)
             if s is not None and s > best_j:
                 best, best_j = level, s
         for other in sizes:
             if other == fit or best is None:
                 continue
-            cf = configurations([a for a in arms if a["size"] == other], length,
-                                flag_of=lambda a, lab, lv=best: _cap(signal_step(a["record"], name, lv), lab["length"]))
-            rows.append({"signal": name, "chosen_on": fit, "level": best, "scored_on": other,
-                         "score": score(cf)["failed" if tuple(kinds) == FAILURES else kinds[0]]})
+            cf = configurations(
+                [a for a in arms if a["size"] == other],
+                length,
+                flag_of=lambda a, lab, lv=best: _cap(signal_step(a["record"], name, lv), lab["length"]),
+            )
+            rows.append(
+                {
+                    "signal": name,
+                    "chosen_on": fit,
+                    "level": best,
+                    "scored_on": other,
+                    "score": score(cf)["failed" if tuple(kinds) == FAILURES else kinds[0]],
+                }
+            )
     return rows
 
 
@@ -412,29 +490,45 @@ def load_cells(path: str | Path) -> list[dict[str, Any]]:
     """The complete cells of a grid: ``OUT/grid.json``'s ``cells``, or every ``OUT/cells/*.json`` of a folder."""
     p = Path(path)
     if p.is_dir():
-        files = sorted(f for f in (p / "cells").glob("*.json") if not f.name.endswith((".attempt.json", ".failed.json")))
+        files = sorted(
+            f for f in (p / "cells").glob("*.json") if not f.name.endswith((".attempt.json", ".failed.json"))
+        )
         return [json.loads(f.read_text()) for f in files]
     data = json.loads(p.read_text())
     if "cells" not in data:
-        raise SystemExit(f"Expected a satmon grid's grid.json (with 'cells') or its folder, got {path} without 'cells'.")
+        raise SystemExit(
+            f"Expected a satmon grid's grid.json (with 'cells') or its folder, got {path} without 'cells'."
+        )
     return list(data["cells"])
 
 
 def report(cells: Sequence[Mapping[str, Any]], lengths: Sequence[int | None] = (None,)) -> dict[str, Any]:
     """The plan's whole scoring: per run length, per flag, per arm kind (gated ``dyt``, control ``dyt-gelu``)."""
     arms = arms_of(cells)
-    out: dict[str, Any] = {"constants": {"learned": LEARNED, "never": NEVER, "lost_share": LOST_SHARE, "behind": BEHIND,
-                                         "loss_rule_from": LOSS_RULE_FROM}, "lengths": {}}
+    out: dict[str, Any] = {
+        "constants": {
+            "learned": LEARNED,
+            "never": NEVER,
+            "lost_share": LOST_SHARE,
+            "behind": BEHIND,
+            "loss_rule_from": LOSS_RULE_FROM,
+        },
+        "lengths": {},
+    }
     for n in lengths:
         by_len: dict[str, Any] = {}
         for kind in sorted({a["arm"] for a in arms}):
             sub = [a for a in arms if a["arm"] == kind]
-            rows = {f: score(configurations(sub, n, flag=f)) for f in ("window", "watch", "watch500", "shipped", "trap")}
+            rows = {
+                f: score(configurations(sub, n, flag=f)) for f in ("window", "watch", "watch500", "shipped", "trap")
+            }
             rows["never flag"] = score(configurations(sub, n, flag_of=lambda a, lab: None))
             rows["loss rule"] = score(configurations(sub, n, flag_of=lambda a, lab: lab["loss_rule"]))
-            by_len[kind] = {"configurations": [{**c, "config": str(c["config"])} for c in configurations(sub, n)],
-                            "flags": rows,
-                            "held_out": [r for s in SIGNALS for r in held_out(sub, s, length=n)]}
+            by_len[kind] = {
+                "configurations": [{**c, "config": str(c["config"])} for c in configurations(sub, n)],
+                "flags": rows,
+                "held_out": [r for s in SIGNALS for r in held_out(sub, s, length=n)],
+            }
         out["lengths"][str(n or "full")] = by_len
     return out
 
@@ -456,38 +550,82 @@ def pilot_rows(pilot: Mapping[str, Any], lengths: Sequence[int] = (300, 600)) ->
         own = [float(v) for _, v in a["val_curve"] if not _bad(v)]
         w = a.get("watch") or {}
         gated = [c["gated_saturation"] for c in w.get("checks", []) if c.get("gated_saturation") is not None]
-        rows.append({"size": a["size"], "lr": a["lr"], "arm": a["arm"], "final_norm": a["final_norm"],
-                     "alpha_init": a["alpha_init"], "reference_best": min(float(v) for _, v in ref["val_curve"] if not _bad(v)),
-                     "best": min(own) if own else None, "last": own[-1] if own else None,
-                     "best_x_unigram": min(own) / u if own else None, "outcomes": labels,
-                     "loss_rule": loss_rule_step(a["train_curve"], u),
-                     "window_collapse_risk": w.get("window_collapse_risk"), "watch": w.get("first_flag_step"),
-                     "trap": (w.get("trap") or {}).get("first_trapped_step"), "gated_last": gated[-1] if gated else None})
+        rows.append(
+            {
+                "size": a["size"],
+                "lr": a["lr"],
+                "arm": a["arm"],
+                "final_norm": a["final_norm"],
+                "alpha_init": a["alpha_init"],
+                "reference_best": min(float(v) for _, v in ref["val_curve"] if not _bad(v)),
+                "best": min(own) if own else None,
+                "last": own[-1] if own else None,
+                "best_x_unigram": min(own) / u if own else None,
+                "outcomes": labels,
+                "loss_rule": loss_rule_step(a["train_curve"], u),
+                "window_collapse_risk": w.get("window_collapse_risk"),
+                "watch": w.get("first_flag_step"),
+                "trap": (w.get("trap") or {}).get("first_trapped_step"),
+                "gated_last": gated[-1] if gated else None,
+            }
+        )
     return rows
 
 
 def pilot_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     """The pilot's rows as the plan's table (docs/plans/collapse_plan.md, Amendment 1; a test holds the two equal)."""
+
     def f(v: Any) -> str:
         return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 
-    lines = [("| size | final norm | alpha_init | peak lr | arm | reference best | best | last | best / U | at 300 | at 600 "
-             "| risk | flag | trapped | loss rule |"), "|" + "---|" * 15]
+    lines = [
+        (
+            "| size | final norm | alpha_init | peak lr | arm | reference best | best | last | "
+            "best / U | at 300 | at 600 "
+            "| risk | flag | trapped | loss rule |"
+        ),
+        "|" + "---|" * 15,
+    ]
     for r in sorted(rows, key=lambda r: (r["final_norm"] != "rmsnorm", r["arm"], r["size"], r["alpha_init"], r["lr"])):
         o = r["outcomes"]
-        lines.append("| " + " | ".join([r["size"], r["final_norm"], r["alpha_init"], f"{r['lr']:g}", r["arm"],
-                                        f(r["reference_best"]), f(r["best"]), f(r["last"]), f(r["best_x_unigram"]),
-                                        *(str(o[k]) for k in sorted(o, key=int)),
-                                        "yes" if r["window_collapse_risk"] else "no", f(r["watch"]), f(r["trap"]),
-                                        f(r["loss_rule"])]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["size"],
+                    r["final_norm"],
+                    r["alpha_init"],
+                    f"{r['lr']:g}",
+                    r["arm"],
+                    f(r["reference_best"]),
+                    f(r["best"]),
+                    f(r["last"]),
+                    f(r["best_x_unigram"]),
+                    *(str(o[k]) for k in sorted(o, key=int)),
+                    "yes" if r["window_collapse_risk"] else "no",
+                    f(r["watch"]),
+                    f(r["trap"]),
+                    f(r["loss_rule"]),
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
 def power_table(failed: int, healthy: int, rates: Sequence[tuple[float, float]]) -> list[dict[str, Any]]:
     """The power table of the plan: per (hit rate, false-stop rate), the p at the expected table and the power."""
-    return [{"failed": failed, "healthy": healthy, "hit_rate": h, "false_stop_rate": f,
-             "p_at_expected": float(expected_p(failed, healthy, h, f)), "power": power(failed, healthy, h, f)}
-            for h, f in rates]
+    return [
+        {
+            "failed": failed,
+            "healthy": healthy,
+            "hit_rate": h,
+            "false_stop_rate": f,
+            "p_at_expected": float(expected_p(failed, healthy, h, f)),
+            "power": power(failed, healthy, h, f),
+        }
+        for h, f in rates
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -499,15 +637,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--pilot", help="read the second pilot's JSON (data/collapse_pilot2.json) instead of a grid")
     args = ap.parse_args(argv)
     if args.power:
-        print(json.dumps({"minimal_designs": minimal_designs(),
-                          "tables": [power_table(f, h, [(1.0, 0.0), (1.0, 0.5), (0.8, 0.2), (0.75, 0.25)])
-                                     for f, h in ((8, 4), (6, 6), (8, 8), (10, 6))]}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "minimal_designs": minimal_designs(),
+                    "tables": [
+                        power_table(f, h, [(1.0, 0.0), (1.0, 0.5), (0.8, 0.2), (0.75, 0.25)])
+                        for f, h in ((8, 4), (6, 6), (8, 8), (10, 6))
+                    ],
+                },
+                indent=1,
+            )
+        )
         return
     if args.pilot:
         print(pilot_markdown(pilot_rows(json.loads(Path(args.pilot).read_text()))))
         return
     if not args.grid:
-        raise SystemExit("Expected a grid (OUT/grid.json or its folder), got none: python examples/collapse_analysis.py OUT")
+        raise SystemExit(
+            "Expected a grid (OUT/grid.json or its folder), got none: python examples/collapse_analysis.py OUT"
+        )
     lengths = [None if x == "full" else int(x) for x in args.lengths.split(",")]
     rep = report([c for g in args.grid for c in load_cells(g)], lengths)
     text = json.dumps(rep, indent=1, default=str)

@@ -35,16 +35,26 @@ from satmon.demos.corpus import corpus_tokens
 from satmon.demos.llama import LlamaLM
 
 
-def run(arm: str, cfg: dict, data: torch.Tensor, val: torch.Tensor, steps: int, seed: int,
-        final_norm: str = "dyt") -> dict:
+def run(
+    arm: str, cfg: dict, data: torch.Tensor, val: torch.Tensor, steps: int, seed: int, final_norm: str = "dyt"
+) -> dict:
     torch.manual_seed(seed)
     norm, mlp = {"dyt": ("dyt", "swiglu"), "rmsnorm": ("rmsnorm", "swiglu"), "dyt-gelu": ("dyt", "gelu")}[arm]
-    model = LlamaLM(d_model=cfg["d"], n_layers=cfg["L"], n_heads=4, seq_len=64, norm=norm, mlp=mlp,
-                    alpha_init=cfg["alpha"], final_norm=final_norm if norm == "dyt" else norm)
+    model = LlamaLM(
+        d_model=cfg["d"],
+        n_layers=cfg["L"],
+        n_heads=4,
+        seq_len=64,
+        norm=norm,
+        mlp=mlp,
+        alpha_init=cfg["alpha"],
+        final_norm=final_norm if norm == "dyt" else norm,
+    )
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                            lr=cfg["lr"], betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}], lr=cfg["lr"], betas=(0.9, 0.95)
+    )
     sat = {"n": 0, "k": 0}
 
     def hook(mod, inp, out):
@@ -64,16 +74,22 @@ def run(arm: str, cfg: dict, data: torch.Tensor, val: torch.Tensor, steps: int, 
         for group in opt.param_groups:
             group["lr"] = lr
         idx = torch.randint(0, data.numel() - 65, (16,), generator=g)
-        xb = torch.stack([data[i:i + 64] for i in idx.tolist()])
-        yb = torch.stack([data[i + 1:i + 65] for i in idx.tolist()])
+        xb = torch.stack([data[i : i + 64] for i in idx.tolist()])
+        yb = torch.stack([data[i + 1 : i + 65] for i in idx.tolist()])
         loss = F.cross_entropy(model(xb).reshape(-1, 256), yb.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if step % 10 == 0:  # the trap's readings, before clipping: [step, max |grad| below the head, final tanh at +-1]
             alpha = getattr(model.norm_f, "alpha", None)
-            trap.append([step, max(float(p.grad.abs().max()) for p in below),
-                         None if alpha is None else float((torch.tanh(alpha.detach() * final_in["x"]).abs() == 1)
-                                                          .float().mean())])
+            trap.append(
+                [
+                    step,
+                    max(float(p.grad.abs().max()) for p in below),
+                    None
+                    if alpha is None
+                    else float((torch.tanh(alpha.detach() * final_in["x"]).abs() == 1).float().mean()),
+                ]
+            )
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if hooks and step % 10 == 0:
@@ -94,10 +110,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--seed", type=int, default=100, help="the models' init seed; the batches' is seed + 1000 (default "
-                    "100: data/collapse_pilot.json's)")
-    ap.add_argument("--final-norm", choices=("dyt", "rmsnorm"), default="dyt",
-                    help="the DyT arm's norm before the head (default dyt: data/collapse_pilot.json's, the trap's layout)")
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=100,
+        help="the models' init seed; the batches' is seed + 1000 (default 100: data/collapse_pilot.json's)",
+    )
+    ap.add_argument(
+        "--final-norm",
+        choices=("dyt", "rmsnorm"),
+        default="dyt",
+        help="the DyT arm's norm before the head (default dyt: data/collapse_pilot.json's, the trap's layout)",
+    )
     ap.add_argument("--alphas", default="0.5,2,8", help="alpha_init values (default 0.5,2,8)")
     ap.add_argument("--lrs", default="3e-3,1e-2,3e-2", help="peak learning rates (default 3e-3,1e-2,3e-2)")
     ap.add_argument("--warmups", default="0,300", help="warm-up steps (default 0,300)")
@@ -107,28 +131,57 @@ def main() -> None:
 
     torch.set_num_threads(1)
     toks = corpus_tokens(2_200_000)
-    data, val = toks[:2_000_000], toks[2_000_000:2_000_000 + 65 * 256].view(256, 65)
+    data, val = toks[:2_000_000], toks[2_000_000 : 2_000_000 + 65 * 256].view(256, 65)
     unigram = torch.bincount(data, minlength=256).double() / data.numel()
     vt = val[:, 1:].reshape(-1)
     unigram_loss = float(-(unigram[vt].clamp_min(1e-12)).log().mean())
-    axes = [[kind(v) for v in text.split(",")] for kind, text in
-            ((int, args.depths), (float, args.alphas), (float, args.lrs), (int, args.warmups))]
+    axes = [
+        [kind(v) for v in text.split(",")]
+        for kind, text in ((int, args.depths), (float, args.alphas), (float, args.lrs), (int, args.warmups))
+    ]
     grid = [{"d": 64, "L": L, "alpha": a, "lr": lr, "warmup": w} for L, a, lr, w in itertools.product(*axes)]
-    out = {"pilot": {"scored": False, "what": __doc__.split("\n\n")[0], "script": "examples/collapse_pilot.py",
-                     "seed": args.seed, "batch_seed": args.seed + 1000, "final_norm": args.final_norm,
-                     "settings": {"batch_size": 16, "seq_len": 64, "n_heads": 4, "optimizer": "AdamW", "betas": [0.9, 0.95],
-                                  "weight_decay": "0.1 on matrices", "grad_clip": 1.0, "warmup": "linear, per config",
-                                  "train_bytes": 2_000_000, "val": "256 x 65 bytes after the training bytes",
-                                  "saturation": "|alpha * x| > 2 at every mlp_norm, every step"},
-                     "environment": environment(1, 1)},
-           "unigram_loss": unigram_loss, "steps": args.steps, "runs": []}
+    out = {
+        "pilot": {
+            "scored": False,
+            "what": __doc__.split("\n\n")[0],
+            "script": "examples/collapse_pilot.py",
+            "seed": args.seed,
+            "batch_seed": args.seed + 1000,
+            "final_norm": args.final_norm,
+            "settings": {
+                "batch_size": 16,
+                "seq_len": 64,
+                "n_heads": 4,
+                "optimizer": "AdamW",
+                "betas": [0.9, 0.95],
+                "weight_decay": "0.1 on matrices",
+                "grad_clip": 1.0,
+                "warmup": "linear, per config",
+                "train_bytes": 2_000_000,
+                "val": "256 x 65 bytes after the training bytes",
+                "saturation": "|alpha * x| > 2 at every mlp_norm, every step",
+            },
+            "environment": environment(1, 1),
+        },
+        "unigram_loss": unigram_loss,
+        "steps": args.steps,
+        "runs": [],
+    }
     for cfg in grid:
         t0 = time.time()
-        arms = [run(a, cfg, data, val, args.steps, seed=args.seed, final_norm=args.final_norm) for a in ("rmsnorm", "dyt")]
+        arms = [
+            run(a, cfg, data, val, args.steps, seed=args.seed, final_norm=args.final_norm) for a in ("rmsnorm", "dyt")
+        ]
         out["runs"].append({"config": cfg, "arms": arms, "seconds": time.time() - t0})
         f = {a["arm"]: a["curve"][-1][1] for a in arms}
-        print(json.dumps(cfg), {k: (round(v, 3) if v is not None else None) for k, v in f.items()},
-              "sat_end", round(arms[1]["saturation"][-1][1], 3), f"{time.time() - t0:.0f}s", flush=True)
+        print(
+            json.dumps(cfg),
+            {k: (round(v, 3) if v is not None else None) for k, v in f.items()},
+            "sat_end",
+            round(arms[1]["saturation"][-1][1], 3),
+            f"{time.time() - t0:.0f}s",
+            flush=True,
+        )
         with open(args.out + ".tmp", "w") as fh:
             json.dump(out, fh)
         os.replace(args.out + ".tmp", args.out)

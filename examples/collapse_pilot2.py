@@ -41,12 +41,24 @@ def default_plan(sizes: list[str], lrs: list[float]) -> list[tuple[str, float, s
     small, big = sizes[0], sizes[-1]
     first = [(small, lrs[0], "dyt", "rmsnorm", "8"), (big, lrs[0], "dyt", "rmsnorm", "8")]
     first += [(size, lr, "dyt", "rmsnorm", "8") for lr in lrs[1:2] for size in sizes]
-    first += [(big, lrs[0], "dyt", "rmsnorm", "2"), (small, lrs[0], "dyt", "dyt", "2"),
-              (big, lrs[0], "dyt-gelu", "rmsnorm", "8")]
+    first += [
+        (big, lrs[0], "dyt", "rmsnorm", "2"),
+        (small, lrs[0], "dyt", "dyt", "2"),
+        (big, lrs[0], "dyt-gelu", "rmsnorm", "8"),
+    ]
     first += [(size, lr, "dyt", "rmsnorm", "8") for lr in lrs[2:] for size in sizes]
-    rest = [(size, lr, arm, fn, a) for lr in lrs for size in sizes for arm, fn, a in
-            (("dyt", "rmsnorm", "4"), ("dyt", "rmsnorm", "2"), ("dyt", "dyt", "2"), ("dyt-gelu", "rmsnorm", "8"),
-             ("dyt", "rmsnorm", "paper"))]
+    rest = [
+        (size, lr, arm, fn, a)
+        for lr in lrs
+        for size in sizes
+        for arm, fn, a in (
+            ("dyt", "rmsnorm", "4"),
+            ("dyt", "rmsnorm", "2"),
+            ("dyt", "dyt", "2"),
+            ("dyt-gelu", "rmsnorm", "8"),
+            ("dyt", "rmsnorm", "paper"),
+        )
+    ]
     return first + [r for r in rest if r not in first]
 
 
@@ -75,7 +87,8 @@ def _finite(v: Any) -> Any:
 
 
 def run_arm(settings: Any, spec: Any, data: Any, arm: str, same_start: Any = None) -> dict[str, Any]:
-    """One arm through the grid's loop; its record (curves, the window's verdict, the watch, the reach below the head)."""
+    """One arm through the grid's loop; its record (curves, the window's verdict, the
+    watch, the reach below the head)."""
     import torch
 
     from satmon.grid.builtin_llama import RECIPE
@@ -85,22 +98,37 @@ def run_arm(settings: Any, spec: Any, data: Any, arm: str, same_start: Any = Non
 
     def on_step(step: int, model: Any) -> None:
         if step % 10 == 0:  # grads of this step (after clipping: a common scale; exactly 0 stays 0)
-            below = [p.grad for n, p in model.named_parameters() if n.startswith(("tok_emb.", "blocks.")) and p.grad is not None]
+            below = [
+                p.grad
+                for n, p in model.named_parameters()
+                if n.startswith(("tok_emb.", "blocks.")) and p.grad is not None
+            ]
             head = model.lm_head.weight.grad
-            reach.append([step, max(float(g.abs().max()) for g in below) if below else None,
-                          None if head is None else float(head.abs().max())])
+            reach.append(
+                [
+                    step,
+                    max(float(g.abs().max()) for g in below) if below else None,
+                    None if head is None else float(head.abs().max()),
+                ]
+            )
 
     t0 = time.time()
     with torch.random.fork_rng():
         r = train_arm(settings, RECIPE, spec, data, arm, on_step=on_step, same_start=same_start, reference="rmsnorm")
-    rec: dict[str, Any] = {"val_curve": [[s, _finite(v)] for s, v in r["val_curve"]],
-                           "train_curve": [[s, _finite(v)] for s, v in r["train_curve"]], "reach": reach,
-                           "seconds": time.time() - t0}
+    rec: dict[str, Any] = {
+        "val_curve": [[s, _finite(v)] for s, v in r["val_curve"]],
+        "train_curve": [[s, _finite(v)] for s, v in r["train_curve"]],
+        "reach": reach,
+        "seconds": time.time() - t0,
+    }
     if "watch" in r:
         v = r["verdict"]
         rec["watch"] = r["watch"]
-        rec["window"] = {"decision": str(getattr(v, "decision", None)), "saturation": _finite(float(v.saturation)),
-                         "collapse_risk": bool(getattr(v, "collapse_risk", False))}
+        rec["window"] = {
+            "decision": str(getattr(v, "decision", None)),
+            "saturation": _finite(float(v.saturation)),
+            "collapse_risk": bool(getattr(v, "collapse_risk", False)),
+        }
         rec["final_alpha"] = {k: _finite(a) for k, a in r["alpha_curve"][-1][1].items()} if r["alpha_curve"] else {}
     return {"record": rec, "start": r["start"]}
 
@@ -135,25 +163,51 @@ def main() -> None:
         plan = [p for p in plan if p[3] in args.final_norms.split(",")]
     out = _load(args.out) or {}
     base_opts = dict(PRESETS["smoke"]["options"]) if args.tiny else {}
-    pilot = {"scored": False, "what": __doc__.split("\n\n")[0], "script": "examples/collapse_pilot2.py",
-             "recipe": f"{RECIPE.name} version {RECIPE.version}", "seed": args.seed, "budget": "1ep",
-             "settings": {"steps": args.steps, "window": args.window, "warmup": args.warmup, "eval_every": args.eval_every,
-                          "lrs": lrs, "options": {**RECIPE.options, **base_opts}},
-             "reference_shared": "the RMSNorm arm is trained once per (size, lr) and shared by the DyT arms",
-             "reach": "[step, max |grad| over tok_emb and blocks, max |grad| of lm_head], after clipping, every 10 steps"}
-    if out.get("pilot", {}).get("settings") not in (None, pilot["settings"]) or out.get("pilot", {}).get("seed") not in (None, args.seed):
+    pilot = {
+        "scored": False,
+        "what": __doc__.split("\n\n")[0],
+        "script": "examples/collapse_pilot2.py",
+        "recipe": f"{RECIPE.name} version {RECIPE.version}",
+        "seed": args.seed,
+        "budget": "1ep",
+        "settings": {
+            "steps": args.steps,
+            "window": args.window,
+            "warmup": args.warmup,
+            "eval_every": args.eval_every,
+            "lrs": lrs,
+            "options": {**RECIPE.options, **base_opts},
+        },
+        "reference_shared": "the RMSNorm arm is trained once per (size, lr) and shared by the DyT arms",
+        "reach": "[step, max |grad| over tok_emb and blocks, max |grad| of lm_head], after clipping, every 10 steps",
+    }
+    if out.get("pilot", {}).get("settings") not in (None, pilot["settings"]) or out.get("pilot", {}).get(
+        "seed"
+    ) not in (None, args.seed):
         raise SystemExit(f"Expected {args.out} to hold this pilot's settings, got other ones: use another --out.")
     out.setdefault("pilot", pilot)
     out["pilot"].setdefault("runs", [])
-    out["pilot"]["runs"].append({"commit": code_version(), "environment": environment(1, 1),
-                                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    out["pilot"]["runs"].append(
+        {
+            "commit": code_version(),
+            "environment": environment(1, 1),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+    )
     out.setdefault("arms", {})
     for size, lr, arm, final_norm, alpha in plan:
         key = arm_key(size, lr, arm, final_norm, alpha)
         if key in out["arms"]:
             continue
-        settings = GridSettings(steps=args.steps, window=args.window, warmup=args.warmup, lr=lr, eval_every=args.eval_every,
-                                series_every=10, offset_every=10)
+        settings = GridSettings(
+            steps=args.steps,
+            window=args.window,
+            warmup=args.warmup,
+            lr=lr,
+            eval_every=args.eval_every,
+            series_every=10,
+            offset_every=10,
+        )
         opts = RECIPE.options_with({**base_opts, "alpha_init": alpha, "final_norm": final_norm})
         if args.tiny:
             opts["n_heads"] = 2
@@ -163,18 +217,42 @@ def main() -> None:
         ref_key = arm_key(size, lr, "rmsnorm", "-", "-")
         if ref_key not in out["arms"]:
             ref = run_arm(settings, spec, data, "rmsnorm")
-            out["arms"][ref_key] = {"size": size, "lr": lr, "arm": "rmsnorm", "final_norm": "-", "alpha_init": "-",
-                                    "run": len(out["pilot"]["runs"]) - 1, **ref["record"]}
+            out["arms"][ref_key] = {
+                "size": size,
+                "lr": lr,
+                "arm": "rmsnorm",
+                "final_norm": "-",
+                "alpha_init": "-",
+                "run": len(out["pilot"]["runs"]) - 1,
+                **ref["record"],
+            }
             _save(args.out, out)
         start = {k: v.detach().clone() for k, v in RECIPE.model(spec, "rmsnorm").state_dict().items()}
         r = run_arm(settings, spec, data, arm, same_start=start)
-        out["arms"][key] = {"size": size, "lr": lr, "arm": arm, "final_norm": final_norm, "alpha_init": alpha,
-                            "run": len(out["pilot"]["runs"]) - 1, **r["record"]}
+        out["arms"][key] = {
+            "size": size,
+            "lr": lr,
+            "arm": arm,
+            "final_norm": final_norm,
+            "alpha_init": alpha,
+            "run": len(out["pilot"]["runs"]) - 1,
+            **r["record"],
+        }
         _save(args.out, out)
         c = [v for _, v in r["record"]["val_curve"] if v is not None]
-        print(key, "best", round(min(c), 3) if c else None, "last", c[-1] if c else None,
-              "x_unigram", round(min(c) / out["unigram_loss"], 3) if c else None,
-              "flag", r["record"].get("watch", {}).get("first_flag_step"), f"{r['record']['seconds']:.0f}s", flush=True)
+        print(
+            key,
+            "best",
+            round(min(c), 3) if c else None,
+            "last",
+            c[-1] if c else None,
+            "x_unigram",
+            round(min(c) / out["unigram_loss"], 3) if c else None,
+            "flag",
+            r["record"].get("watch", {}).get("first_flag_step"),
+            f"{r['record']['seconds']:.0f}s",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -67,8 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     data = token_data(args.steps * args.batch_size * fabric.world_size)
     loader = fabric.setup_dataloaders(DataLoader(data, batch_size=args.batch_size, shuffle=False))
 
-    screen = satmon.Screen(window=args.window, threshold=args.threshold, abort_on=args.abort_on,
-                           logdir=args.logdir if fabric.is_global_zero else None)
+    screen = satmon.Screen(
+        window=args.window,
+        threshold=args.threshold,
+        abort_on=args.abort_on,
+        logdir=args.logdir if fabric.is_global_zero else None,
+    )
     # after fabric.setup (the hooks go on the layers the wrapped model runs); one input for the gated-MLP trace
     screen.attach(model, example_input=fabric.to_device(data[0][0][None]))
     step = 0
@@ -85,9 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     fabric.print(screen.verdict.summary() if screen.verdict else f"no verdict: {screen.status}")
     if args.json:
         Path(args.json).mkdir(parents=True, exist_ok=True)
-        record = {"rank": fabric.global_rank, "world_size": fabric.world_size, "steps": step,
-                  "verdict": screen.verdict.to_dict() if screen.verdict else None,
-                  "stop": screen.stop.to_dict() if screen.stop else None}
+        record = {
+            "rank": fabric.global_rank,
+            "world_size": fabric.world_size,
+            "steps": step,
+            "verdict": screen.verdict.to_dict() if screen.verdict else None,
+            "stop": screen.stop.to_dict() if screen.stop else None,
+        }
         (Path(args.json) / f"rank{fabric.global_rank}.json").write_text(json.dumps(record))
     return 0
 

@@ -27,7 +27,6 @@ import argparse
 import itertools
 import json
 import math
-import random
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -64,7 +63,7 @@ def helps_best(c: dict[str, Any]) -> bool:
 
 def binom_tail(k: int, n: int, p: float) -> float:
     """P(X >= k) for X ~ Binomial(n, p): the one-sided exact test of k successes against the rate p."""
-    return float(sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1)))
+    return float(sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1)))
 
 
 def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -87,10 +86,15 @@ def score_rule(predicted: Sequence[bool], actual: Sequence[bool]) -> dict[str, A
     n = len(actual)
     correct = sum(p == a for p, a in zip(predicted, actual))
     trivial = max(sum(actual), n - sum(actual)) / n if n else math.nan
-    return {"correct": correct, "n": n, "accuracy": correct / n if n else math.nan,
-            "interval95": clopper_pearson(correct, n) if n else None, "trivial": trivial,
-            "p_vs_trivial": binom_tail(correct, n, trivial) if n else None,
-            "beats_trivial": bool(n and binom_tail(correct, n, trivial) < ALPHA)}
+    return {
+        "correct": correct,
+        "n": n,
+        "accuracy": correct / n if n else math.nan,
+        "interval95": clopper_pearson(correct, n) if n else None,
+        "trivial": trivial,
+        "p_vs_trivial": binom_tail(correct, n, trivial) if n else None,
+        "beats_trivial": bool(n and binom_tail(correct, n, trivial) < ALPHA),
+    }
 
 
 def hypotheses(cells: list[dict[str, Any]]) -> dict[str, Any]:
@@ -102,11 +106,20 @@ def hypotheses(cells: list[dict[str, Any]]) -> dict[str, Any]:
         out[outcome] = {
             "H1": score_rule([passes(c) >= H1_PASSES for c in cells], actual),
             "H2": score_rule([c["tokens_per_param"] <= H2_TOKENS_PER_PARAM for c in cells], actual),
-            "H3": {"cells": len(low), "hurt": sum(not f(c) for c in low), "holds": all(not f(c) for c in low) and bool(low),
-                   "exceptions": [c["name"] for c in low if f(c)]},
+            "H3": {
+                "cells": len(low),
+                "hurt": sum(not f(c) for c in low),
+                "holds": all(not f(c) for c in low) and bool(low),
+                "exceptions": [c["name"] for c in low if f(c)],
+            },
         }
     wins = [c["name"] for c in cells if helps_best(c)]
-    out["H4"] = {"cells": len(cells), "dyt_best_not_below": len(cells) - len(wins), "holds": not wins, "exceptions": wins}
+    out["H4"] = {
+        "cells": len(cells),
+        "dyt_best_not_below": len(cells) - len(wins),
+        "holds": not wins,
+        "exceptions": wins,
+    }
     return out
 
 
@@ -130,8 +143,9 @@ class Stratified:
         self.names = list(readings)
         self.groups = groups
         # per size: (R, n_g, n_g) comparison matrices
-        self.cmps = [np.stack([_cmp(np.asarray([readings[r][i] for i in g], dtype=float)) for r in self.names])
-                     for g in groups]
+        self.cmps = [
+            np.stack([_cmp(np.asarray([readings[r][i] for i in g], dtype=float)) for r in self.names]) for g in groups
+        ]
 
     def aucs(self, labels: np.ndarray) -> np.ndarray:
         """``labels`` (S, n) booleans -> (S, R) stratified AUCs (NaN where no size holds both outcomes)."""
@@ -155,8 +169,13 @@ def _shuffles(labels: np.ndarray, groups: list[list[int]], n: int, rng: np.rando
     return out
 
 
-def within_size(cells: list[dict[str, Any]], outcome=helps_final, permutations: int = PERMUTATIONS, seed: int = 0,
-                names: Sequence[str] = WINDOW) -> dict[str, Any]:
+def within_size(
+    cells: list[dict[str, Any]],
+    outcome=helps_final,
+    permutations: int = PERMUTATIONS,
+    seed: int = 0,
+    names: Sequence[str] = WINDOW,
+) -> dict[str, Any]:
     """The plan's within-size test of the window family on one outcome."""
     groups = _groups(cells)
     labels = np.asarray([outcome(c) for c in cells])
@@ -165,8 +184,12 @@ def within_size(cells: list[dict[str, Any]], outcome=helps_final, permutations: 
     st = Stratified(readings, groups)
     observed = st.aucs(labels[None, :])[0]
     mixed = [g for g in groups if 0 < labels[g].sum() < len(g)]
-    out: dict[str, Any] = {"helps": int(labels.sum()), "n": len(cells), "mixed_sizes": len(mixed),
-                           "stratified_auc": dict(zip(names, map(float, observed)))}
+    out: dict[str, Any] = {
+        "helps": int(labels.sum()),
+        "n": len(cells),
+        "mixed_sizes": len(mixed),
+        "stratified_auc": dict(zip(names, map(float, observed))),
+    }
     ex = Stratified(extra, groups).aucs(labels[None, :])[0] if extra else []
     out["stratified_auc_outside_family"] = dict(zip(extra, map(float, ex)))
     if not mixed:
@@ -178,10 +201,17 @@ def within_size(cells: list[dict[str, Any]], outcome=helps_final, permutations: 
     p = (1 + int((null >= stat - 1e-12).sum())) / (1 + permutations)
     best = next(r for r, a in zip(names, observed) if a >= stat - 1e-12)
     predicts = p < ALPHA and stat >= AUC_BAR
-    out["decision"] = {"statistic": stat, "reading": best if predicts else None, "best_reading": best, "p_value": p,
-                       "permutations": permutations, "predicts": bool(predicts),
-                       "adds_to_budget": bool(predicts and stat > out["stratified_auc_outside_family"].get(
-                           "log_params_per_token", -1.0))}
+    out["decision"] = {
+        "statistic": stat,
+        "reading": best if predicts else None,
+        "best_reading": best,
+        "p_value": p,
+        "permutations": permutations,
+        "predicts": bool(predicts),
+        "adds_to_budget": bool(
+            predicts and stat > out["stratified_auc_outside_family"].get("log_params_per_token", -1.0)
+        ),
+    }
     out["leave_one_seed_out_centered"] = _centered_loseedo(cells, labels, names)
     return out
 
@@ -225,8 +255,13 @@ def monotone_labelings(x: Sequence[float], groups: list[list[int]]) -> list[np.n
     return out
 
 
-def power(cells: list[dict[str, Any]], shuffles: int = POWER_SHUFFLES, seed: int = 0, protocol_04: bool = True,
-          names: Sequence[str] = WINDOW) -> dict[str, Any]:
+def power(
+    cells: list[dict[str, Any]],
+    shuffles: int = POWER_SHUFFLES,
+    seed: int = 0,
+    protocol_04: bool = True,
+    names: Sequence[str] = WINDOW,
+) -> dict[str, Any]:
     """For each window reading: the share of its within-size monotone labelings under which each design passes.
 
     Within-size design: the family's best stratified AUC >= 0.75 and its within-size permutation p < 0.05 (the
@@ -264,12 +299,18 @@ def power(cells: list[dict[str, Any]], shuffles: int = POWER_SHUFFLES, seed: int
                 helps = [bool(v) for v in lab]
                 bar = max(sum(helps), len(helps) - sum(helps)) / len(helps)
                 x = readings[r]
-                ok = (rg.held_out(x, helps, sizes)["accuracy"] > bar and rg.held_out(x, helps, seeds)["accuracy"] > bar
-                      and auc(x, helps) >= AUC_BAR)
+                ok = (
+                    rg.held_out(x, helps, sizes)["accuracy"] > bar
+                    and rg.held_out(x, helps, seeds)["accuracy"] > bar
+                    and auc(x, helps) >= AUC_BAR
+                )
                 o4 += ok
-        out[r] = {"labelings": len(labs), "within_size": ws / len(labs) if labs else math.nan,
-                  "within_size_by_helped": {k: v[0] / v[1] for k, v in sorted(by_k.items())},
-                  **({"protocol_04": o4 / len(labs) if labs else math.nan} if protocol_04 else {})}
+        out[r] = {
+            "labelings": len(labs),
+            "within_size": ws / len(labs) if labs else math.nan,
+            "within_size_by_helped": {k: v[0] / v[1] for k, v in sorted(by_k.items())},
+            **({"protocol_04": o4 / len(labs) if labs else math.nan} if protocol_04 else {}),
+        }
     return out
 
 
@@ -278,12 +319,16 @@ def analyze2(cells: list[dict[str, Any]], permutations: int = PERMUTATIONS) -> d
     """Everything the plan registers, from the cells alone."""
     return {
         "hypotheses": hypotheses(cells),
-        "within_size": {"final": within_size(cells, helps_final, permutations),
-                        "best": within_size(cells, helps_best, permutations)},
+        "within_size": {
+            "final": within_size(cells, helps_final, permutations),
+            "best": within_size(cells, helps_best, permutations),
+        },
         "protocol_04": rg.analyze(cells, permutations),
         "power": power(cells),
-        "study_043": {"accuracy": sum((c["window_saturation"] >= rg.STUDY_THRESHOLD) == helps_final(c) for c in cells)
-                      / len(cells)},
+        "study_043": {
+            "accuracy": sum((c["window_saturation"] >= rg.STUDY_THRESHOLD) == helps_final(c) for c in cells)
+            / len(cells)
+        },
     }
 
 
@@ -292,38 +337,52 @@ def _pct(x: float) -> str:
 
 
 def power_markdown(pw: dict[str, Any]) -> str:
-    lines = ["| reading | monotone labelings | passes the within-size test | with 2-4 / 5-8 / 9+ helped cells | "
-             "passes the 0.4 protocol (upper bound) |", "|---|---|---|---|---|"]
+    lines = [
+        "| reading | monotone labelings | passes the within-size test | with 2-4 / 5-8 / 9+ helped cells | "
+        "passes the 0.4 protocol (upper bound) |",
+        "|---|---|---|---|---|",
+    ]
     for r, v in pw.items():
         if not v["labelings"]:
             lines.append(f"| {r} | 0 (constant within every size: orders no outcome) | - | - | - |")
             continue
         bk = v["within_size_by_helped"]
 
-        def band(lo: int, hi: int) -> str:
+        def band(lo: int, hi: int, bk: dict = bk) -> str:  # this row's counts, bound now
             vals = [bk[k] for k in bk if lo <= k <= hi]
             return _pct(sum(vals) / len(vals)) if vals else "-"
 
-        lines.append(f"| {r} | {v['labelings']} | {_pct(v['within_size'])} | {band(2, 4)} / {band(5, 8)} / {band(9, 10**6)} | "
-                     f"{_pct(v.get('protocol_04', math.nan))} |")
+        lines.append(
+            f"| {r} | {v['labelings']} | {_pct(v['within_size'])} | {band(2, 4)} / {band(5, 8)} / {band(9, 10**6)} | "
+            f"{_pct(v.get('protocol_04', math.nan))} |"
+        )
     return "\n".join(lines)
 
 
 def report_markdown2(a: dict[str, Any], cells: list[dict[str, Any]]) -> str:
     h = a["hypotheses"]
-    lines = [rg.report_markdown(a["protocol_04"], cells), "", "### Frozen hypotheses (docs/plans/grid2_plan.md)", "",
-             "| hypothesis | outcome | result | exact 95% interval | trivial rate | one-sided p vs trivial |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        rg.report_markdown(a["protocol_04"], cells),
+        "",
+        "### Frozen hypotheses (docs/plans/grid2_plan.md)",
+        "",
+        "| hypothesis | outcome | result | exact 95% interval | trivial rate | one-sided p vs trivial |",
+        "|---|---|---|---|---|---|",
+    ]
     for outcome in ("final", "best"):
         for k in ("H1", "H2"):
             s = h[outcome][k]
             lo, hi = s["interval95"]
-            lines.append(f"| {k} | {outcome} | {s['correct']}/{s['n']} = {_pct(s['accuracy'])} | {_pct(lo)}-{_pct(hi)} | "
-                         f"{_pct(s['trivial'])} | {s['p_vs_trivial']:.4f} |")
+            lines.append(
+                f"| {k} | {outcome} | {s['correct']}/{s['n']} = {_pct(s['accuracy'])} | {_pct(lo)}-{_pct(hi)} | "
+                f"{_pct(s['trivial'])} | {s['p_vs_trivial']:.4f} |"
+            )
         s = h[outcome]["H3"]
         lines.append(f"| H3 | {outcome} | DyT hurt in {s['hurt']}/{s['cells']} cells at <= {H3_PASSES} passes | | | |")
     s = h["H4"]
-    lines.append(f"| H4 | best | DyT's best not below LayerNorm's best in {s['dyt_best_not_below']}/{s['cells']} | | | |")
+    lines.append(
+        f"| H4 | best | DyT's best not below LayerNorm's best in {s['dyt_best_not_below']}/{s['cells']} | | | |"
+    )
     lines += ["", "### Within-size window test", ""]
     for outcome in ("final", "best"):
         w = a["within_size"][outcome]
@@ -332,17 +391,32 @@ def report_markdown2(a: dict[str, Any], cells: list[dict[str, Any]]) -> str:
         if d.get("predicts") is None:
             lines.append(f"- {outcome}: {d['why']}.")
             continue
-        lines.append(f"- {outcome} checkpoint ({w['helps']}/{w['n']} helped, {w['mixed_sizes']} sizes with both outcomes): "
-                     f"stratified AUC {aucs}; family best {d['statistic']:.2f} ({d['best_reading']}), within-size "
-                     f"permutation p = {d['p_value']:.4f}: " + ("**a window reading predicts within size**"
-                                                                 if d["predicts"] else "**no window reading predicts**")
-                     + f"; the budget's own stratified AUC {w['stratified_auc_outside_family'].get('log_params_per_token', math.nan):.2f}.")
+        lines.append(
+            f"- {outcome} checkpoint ({w['helps']}/{w['n']} helped, {w['mixed_sizes']} sizes with both outcomes): "
+            f"stratified AUC {aucs}; family best {d['statistic']:.2f} ({d['best_reading']}), within-size "
+            f"permutation p = {d['p_value']:.4f}: "
+            + ("**a window reading predicts within size**" if d["predicts"] else "**no window reading predicts**")
+            + "; the budget's own stratified AUC "
+            f"{w['stratified_auc_outside_family'].get('log_params_per_token', math.nan):.2f}."
+        )
     lines += ["", "### Power on these cells (readings only)", "", power_markdown(a["power"])]
     return "\n".join(lines)
 
 
-CSV_HEADER = ("name", "params", "train_tokens", "delta", "group", "source", "passes", "final_dyt", "final_layernorm",
-              "best_dyt", "best_layernorm", "protocol")
+CSV_HEADER = (
+    "name",
+    "params",
+    "train_tokens",
+    "delta",
+    "group",
+    "source",
+    "passes",
+    "final_dyt",
+    "final_layernorm",
+    "best_dyt",
+    "best_layernorm",
+    "protocol",
+)
 
 
 def cells_csv(cells: list[dict[str, Any]], source: str, note: str) -> str:
@@ -351,9 +425,24 @@ def cells_csv(cells: list[dict[str, Any]], source: str, note: str) -> str:
     lines = [f"# {line}".rstrip() for line in note.strip().splitlines()]
     lines.append(",".join(CSV_HEADER))
     for c in cells:
-        lines.append(",".join([c["name"], str(c["params"]), str(c["train_tokens"]), f"{c['delta']:.6f}", c["group"], source,
-                               f"{passes(c):.4f}", f"{c['val_loss_dyt']:.6f}", f"{c['val_loss_layernorm']:.6f}",
-                               f"{c['best_val_loss_dyt']:.6f}", f"{c['best_val_loss_layernorm']:.6f}", "study"]))
+        lines.append(
+            ",".join(
+                [
+                    c["name"],
+                    str(c["params"]),
+                    str(c["train_tokens"]),
+                    f"{c['delta']:.6f}",
+                    c["group"],
+                    source,
+                    f"{passes(c):.4f}",
+                    f"{c['val_loss_dyt']:.6f}",
+                    f"{c['val_loss_layernorm']:.6f}",
+                    f"{c['best_val_loss_dyt']:.6f}",
+                    f"{c['best_val_loss_layernorm']:.6f}",
+                    "study",
+                ]
+            )
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -361,7 +450,7 @@ CSV_NOTE = """satmon 0.5's second CPU grid (docs/plans/grid2_plan.md, committed 
 cell: d48L2 and d64L2 at 3.3 / 16 / 32 / 64 / 100 / 164 passes over the unique data, d96L3 at 32 / 64 / 100, seeds 2
 and 3, each budget drawn as 2,048-byte chunks chosen per seed; the faithful grid's protocol otherwise (5,000 steps,
 window inside a 2,000-step warm-up, GPT-2 init, no cell filtered). Columns as phase_grid_faithful.csv. Written by
-`python examples/grid2_analysis.py --csv data/grid2.json`."""
+`python examples/grid2_analysis.py --csv data/grid2.json`."""  # noqa: E501 (phase_grid_grid2.csv's header, byte for byte)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,15 +42,39 @@ def main(argv: list[str] | None = None) -> int:
 
     pl.seed_everything(0, verbose=False)
     alpha = {} if args.alpha_init == "paper" else {"alpha_init": float(args.alpha_init)}
-    model = LitLM(arch="llama", d_model=64, n_layers=2, n_heads=4, seq_len=64, norm="dyt", mlp="swiglu",
-                  lr=3e-3, warmup=20, **alpha)
+    model = LitLM(
+        arch="llama",
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        seq_len=64,
+        norm="dyt",
+        mlp="swiglu",
+        lr=3e-3,
+        warmup=20,
+        **alpha,
+    )
     data = CorpusDataModule(seq_len=64, batch_size=16, train_tokens=400_000)
-    monitor = SaturationMonitor(window=args.window, abort_on="collapse", dry_run=args.dry_run, verbose=False,
-                                watch_every_n_steps=25, log_every_n_steps=25)
-    trainer = pl.Trainer(max_steps=args.steps, accelerator="cpu", callbacks=[monitor], enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                         num_sanity_val_steps=0, log_every_n_steps=25,
-                         logger=pl.loggers.TensorBoardLogger(args.logdir, name="llama_abort"))
+    monitor = SaturationMonitor(
+        window=args.window,
+        abort_on="collapse",
+        dry_run=args.dry_run,
+        verbose=False,
+        watch_every_n_steps=25,
+        log_every_n_steps=25,
+    )
+    trainer = pl.Trainer(
+        max_steps=args.steps,
+        accelerator="cpu",
+        callbacks=[monitor],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        log_every_n_steps=25,
+        logger=pl.loggers.TensorBoardLogger(args.logdir, name="llama_abort"),
+    )
     trainer.fit(model, data)
 
     if monitor.verdict is not None:

@@ -28,8 +28,15 @@ def lm_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
 
 
-def fit(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], screen: satmon.Screen, steps: int, lr: float,
-        validate=None, every: int = 100) -> int:
+def fit(
+    model: nn.Module,
+    batches: Iterable[tuple[Tensor, Tensor]],
+    screen: satmon.Screen,
+    steps: int,
+    lr: float,
+    validate=None,
+    every: int = 100,
+) -> int:
     """Train ``model`` for up to ``steps`` optimizer steps, screened; returns the steps run.
 
     ``screen`` is attached to ``model`` already; it counts every forward between two ``step`` calls
@@ -66,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     model = GPT(GPTConfig(d_model=64, n_layers=2, n_heads=4, seq_len=64, norm="dyt", alpha_init=2.0))
     tokens = corpus_tokens(440_000)
-    train = torch.utils.data.DataLoader(WindowDataset(tokens[:400_000], 64), batch_size=16, shuffle=True, drop_last=True)
+    train = torch.utils.data.DataLoader(
+        WindowDataset(tokens[:400_000], 64), batch_size=16, shuffle=True, drop_last=True
+    )
     val = torch.utils.data.DataLoader(WindowDataset(tokens[400_000:], 64), batch_size=16)
 
     def validate(m: nn.Module) -> float:
@@ -77,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         return sum(losses) / len(losses)
 
     # verbose=True: the whole card prints when the window closes (by default, one line)
-    screen = satmon.Screen(window=args.window, threshold=args.threshold, abort_on=args.abort_on, logdir=args.logdir,
-                           verbose=True)
+    screen = satmon.Screen(
+        window=args.window, threshold=args.threshold, abort_on=args.abort_on, logdir=args.logdir, verbose=True
+    )
     # forward hooks on every DyT layer; one batch for the gated-MLP trace
     screen.attach(model, example_input=next(iter(val))[0])
     fit(model, itertools.cycle(train), screen, args.steps, lr=3e-3, validate=validate)

@@ -68,12 +68,49 @@ class Setup:
 
 
 MODES = {
-    "smoke": Setup(d_model=32, n_layers=1, n_heads=2, seq_len=32, batch_size=4, steps=6, few_tokens=2_000,
-                   many_tokens=20_000, val_tokens=2_000, val_offset=40_000, seeds=(0,), warmup=2, evals=2, end_batches=2),
-    "quick": Setup(d_model=128, n_layers=4, n_heads=4, seq_len=128, batch_size=16, steps=800, few_tokens=32_768,
-                   many_tokens=2_000_000, val_tokens=65_536, val_offset=VAL_OFFSET, seeds=(0,)),
-    "full": Setup(d_model=128, n_layers=4, n_heads=4, seq_len=128, batch_size=16, steps=2_500, few_tokens=32_768,
-                  many_tokens=4_000_000, val_tokens=131_072, val_offset=VAL_OFFSET, seeds=(0, 1, 2), evals=10),
+    "smoke": Setup(
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        seq_len=32,
+        batch_size=4,
+        steps=6,
+        few_tokens=2_000,
+        many_tokens=20_000,
+        val_tokens=2_000,
+        val_offset=40_000,
+        seeds=(0,),
+        warmup=2,
+        evals=2,
+        end_batches=2,
+    ),
+    "quick": Setup(
+        d_model=128,
+        n_layers=4,
+        n_heads=4,
+        seq_len=128,
+        batch_size=16,
+        steps=800,
+        few_tokens=32_768,
+        many_tokens=2_000_000,
+        val_tokens=65_536,
+        val_offset=VAL_OFFSET,
+        seeds=(0,),
+    ),
+    "full": Setup(
+        d_model=128,
+        n_layers=4,
+        n_heads=4,
+        seq_len=128,
+        batch_size=16,
+        steps=2_500,
+        few_tokens=32_768,
+        many_tokens=4_000_000,
+        val_tokens=131_072,
+        val_offset=VAL_OFFSET,
+        seeds=(0, 1, 2),
+        evals=10,
+    ),
 }
 REGIMES = ("few", "many")
 NORMS = ("layernorm", "dyt")
@@ -89,8 +126,9 @@ def _quiet() -> None:
     warnings.filterwarnings("ignore", ".*smaller than the logging interval.*")
 
 
-def train_one(setup: Setup, regime: str, norm: str, seed: int, out: str, threads: int,
-              on_end: Any = None, name: str | None = None) -> dict[str, Any]:
+def train_one(
+    setup: Setup, regime: str, norm: str, seed: int, out: str, threads: int, on_end: Any = None, name: str | None = None
+) -> dict[str, Any]:
     """Train one cell; return its validation losses and, for DyT, satmon's verdict and saturation.
 
     ``on_end(model, train_set) -> dict`` adds readings taken after training (the grid's); ``name``
@@ -112,15 +150,24 @@ def train_one(setup: Setup, regime: str, norm: str, seed: int, out: str, threads
     n_train = setup.few_tokens if regime == "few" else setup.many_tokens
     tokens = corpus_tokens(setup.val_offset + setup.val_tokens)
     train_set = WindowDataset(tokens[:n_train], setup.seq_len)
-    val_set = WindowDataset(tokens[setup.val_offset:], setup.seq_len)  # the same held-out split for every cell
+    val_set = WindowDataset(tokens[setup.val_offset :], setup.seq_len)  # the same held-out split for every cell
     g = torch.Generator().manual_seed(seed)
     train = DataLoader(train_set, batch_size=setup.batch_size, shuffle=True, drop_last=True, generator=g)
     val = DataLoader(val_set, batch_size=64)
 
-    model = LitLM(arch="gpt", d_model=setup.d_model, n_layers=setup.n_layers, n_heads=setup.n_heads,
-                  seq_len=setup.seq_len, norm=norm, alpha_init=setup.alpha_init, emb_scale=emb_scale(setup), lr=setup.lr,
-                  weight_decay=setup.weight_decay,
-                  warmup=setup.warmup)
+    model = LitLM(
+        arch="gpt",
+        d_model=setup.d_model,
+        n_layers=setup.n_layers,
+        n_heads=setup.n_heads,
+        seq_len=setup.seq_len,
+        norm=norm,
+        alpha_init=setup.alpha_init,
+        emb_scale=emb_scale(setup),
+        lr=setup.lr,
+        weight_decay=setup.weight_decay,
+        warmup=setup.warmup,
+    )
 
     class History(Callback):
         def __init__(self) -> None:
@@ -138,9 +185,17 @@ def train_one(setup: Setup, regime: str, norm: str, seed: int, out: str, threads
         callbacks.append(monitor)
     every = max(1, setup.steps // setup.evals)
     trainer = pl.Trainer(
-        max_steps=setup.steps, accelerator="cpu", devices=1, callbacks=callbacks, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        val_check_interval=every, check_val_every_n_epoch=None, log_every_n_steps=min(50, setup.steps),
+        max_steps=setup.steps,
+        accelerator="cpu",
+        devices=1,
+        callbacks=callbacks,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        val_check_interval=every,
+        check_val_every_n_epoch=None,
+        log_every_n_steps=min(50, setup.steps),
         logger=TensorBoardLogger(str(Path(out) / "tb"), name=name or f"{regime}_{norm}_s{seed}"),
     )
     t0 = time.perf_counter()
@@ -149,15 +204,21 @@ def train_one(setup: Setup, regime: str, norm: str, seed: int, out: str, threads
         trainer.validate(model, val, verbose=False)
         history.val.append((trainer.global_step, float(trainer.callback_metrics["val/loss"])))
     result: dict[str, Any] = {
-        "regime": regime, "norm": norm, "seed": seed, "train_tokens": n_train,
+        "regime": regime,
+        "norm": norm,
+        "seed": seed,
+        "train_tokens": n_train,
         "epochs": setup.steps * setup.batch_size / len(train_set),
-        "val_loss": history.val[-1][1], "val_loss_best": min(v for _, v in history.val), "val_curve": history.val,
+        "val_loss": history.val[-1][1],
+        "val_loss_best": min(v for _, v in history.val),
+        "val_curve": history.val,
         "seconds": time.perf_counter() - t0,
     }
     if monitor is not None and monitor.verdict is not None:
         v = monitor.verdict
-        result.update(saturation=v.saturation, decision=v.decision, margin=v.margin, window=v.window,
-                      per_layer=v.per_layer)
+        result.update(
+            saturation=v.saturation, decision=v.decision, margin=v.margin, window=v.window, per_layer=v.per_layer
+        )
         # End-of-training saturation (study protocol: training split, eval mode) by satmon.probe, the
         # live window's counters; only the inputs of each (input, target) batch are fed.
         loader = DataLoader(train_set, batch_size=setup.batch_size)
@@ -189,8 +250,12 @@ def _run_all(setup: Setup, out: str, jobs: int) -> list[dict[str, Any]]:
 
 def _progress(r: dict[str, Any]) -> None:
     sat = f", saturation {r['saturation']:.3f} ({r['decision'].upper()})" if "saturation" in r else ""
-    print(f"  {r['regime']:>4} {r['norm']:<9} seed {r['seed']}: val loss {r['val_loss']:.4f}{sat}  [{r['seconds']:.0f} s]",
-          file=sys.stderr, flush=True)
+    print(
+        f"  {r['regime']:>4} {r['norm']:<9} seed {r['seed']}: val loss "
+        f"{r['val_loss']:.4f}{sat}  [{r['seconds']:.0f} s]",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def unigram_loss(setup: Setup, n_train: int) -> float:
@@ -202,7 +267,7 @@ def unigram_loss(setup: Setup, n_train: int) -> float:
 
     tokens = corpus_tokens(setup.val_offset + setup.val_tokens)
     p = torch.bincount(tokens[:n_train], minlength=256).double() + 1.0
-    return float(-(p / p.sum()).log()[tokens[setup.val_offset:]].mean())
+    return float(-(p / p.sum()).log()[tokens[setup.val_offset :]].mean())
 
 
 def summarise(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -214,12 +279,23 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         ln, dyt = mean(cell["layernorm"], "val_loss"), mean(cell["dyt"], "val_loss")
         decisions = [r.get("decision", "n/a") for r in cell["dyt"]]
         out[regime] = {
-            "train_tokens": cell["dyt"][0]["train_tokens"], "epochs": cell["dyt"][0]["epochs"], "seeds": len(cell["dyt"]),
-            "ln": ln, "dyt": dyt, "ln_best": mean(cell["layernorm"], "val_loss_best"),
-            "dyt_best": mean(cell["dyt"], "val_loss_best"), "change": (dyt - ln) / ln,
-            "per_seed_change": [(d["val_loss"] - l["val_loss"]) / l["val_loss"] for l, d in zip(cell["layernorm"], cell["dyt"])],
-            "saturation": mean(cell["dyt"], "saturation") if all("saturation" in r for r in cell["dyt"]) else float("nan"),
-            "saturation_end": mean(cell["dyt"], "saturation_end") if all("saturation_end" in r for r in cell["dyt"]) else float("nan"),
+            "train_tokens": cell["dyt"][0]["train_tokens"],
+            "epochs": cell["dyt"][0]["epochs"],
+            "seeds": len(cell["dyt"]),
+            "ln": ln,
+            "dyt": dyt,
+            "ln_best": mean(cell["layernorm"], "val_loss_best"),
+            "dyt_best": mean(cell["dyt"], "val_loss_best"),
+            "change": (dyt - ln) / ln,
+            "per_seed_change": [
+                (d["val_loss"] - l["val_loss"]) / l["val_loss"] for l, d in zip(cell["layernorm"], cell["dyt"])
+            ],
+            "saturation": mean(cell["dyt"], "saturation")
+            if all("saturation" in r for r in cell["dyt"])
+            else float("nan"),
+            "saturation_end": mean(cell["dyt"], "saturation_end")
+            if all("saturation_end" in r for r in cell["dyt"])
+            else float("nan"),
             "decisions": decisions,
             "decision": max(set(decisions), key=decisions.count),
         }
@@ -249,7 +325,8 @@ def markdown(summary: dict[str, dict[str, Any]], setup: Setup, mode: str, comman
     for regime, s in summary.items():
         name = "few tokens (over-parameterised)" if regime == "few" else "many tokens (data-rich)"
         lines.append(
-            f"| {name} | {s['train_tokens']:,} | {s['epochs']:.1f} | {s['ln']:.4f} | {s['dyt']:.4f} | {s['change'] * 100:+.1f}% | "
+            f"| {name} | {s['train_tokens']:,} | {s['epochs']:.1f} | {s['ln']:.4f} | {s['dyt']:.4f} | "
+            f"{s['change'] * 100:+.1f}% | "
             f"{s['ln_best']:.4f} / {s['dyt_best']:.4f} | {s['saturation']:.4f} | {s['decision'].upper()} | "
             f"{s['saturation_end']:.4f} | {'yes' if s['verdict_right'] else 'no'} |"
         )
@@ -258,10 +335,12 @@ def markdown(summary: dict[str, dict[str, Any]], setup: Setup, mode: str, comman
     lines += [
         "",
         f"Reference: a unigram model (byte frequencies of the training split, no context) scores "
-        f"{few.get('unigram', float('nan')):.4f} (few) / {many.get('unigram', float('nan')):.4f} (many) on the same validation split.",
+        f"{few.get('unigram', float('nan')):.4f} (few) / {many.get('unigram', float('nan')):.4f} (many) on "
+        "the same validation split.",
         "",
         f"Sign flip (DyT better with few tokens, worse with many): **{'yes' if flips else 'no'}** "
-        f"(few: {few['change'] * 100:+.1f}%, many: {many['change'] * 100:+.1f}%; study at 64M parameters: -27.3% / +18.8%).",
+        f"(few: {few['change'] * 100:+.1f}%, many: {many['change'] * 100:+.1f}%; study at 64M "
+        "parameters: -27.3% / +18.8%).",
         f"Verdict direction right in {sum(s['verdict_right'] for s in summary.values())} of {len(summary)} regimes "
         f"(GO should mean DyT helped). Saturation ordering few > many: "
         f"**{'yes' if few['saturation'] > many['saturation'] else 'no'}** "
@@ -283,24 +362,46 @@ def plot(summary: dict[str, dict[str, Any]], results: list[dict[str, Any]], path
         s = summary[regime]
         for j, (norm, key) in enumerate((("layernorm", "ln"), ("dyt", "dyt"))):
             x = i + (j - 0.5) * width
-            ax.bar(x, s[key], width, color=colors[norm], label=("LayerNorm" if norm == "layernorm" else "DyT") if i == 0 else None)
+            ax.bar(
+                x,
+                s[key],
+                width,
+                color=colors[norm],
+                label=("LayerNorm" if norm == "layernorm" else "DyT") if i == 0 else None,
+            )
             ax.text(x, s[key], f"{s[key]:.3f}", ha="center", va="bottom", fontsize=8)
-        ax.annotate(f"DyT {s['change'] * 100:+.1f}%\nsat {s['saturation']:.3f} -> {s['decision'].upper()}\n"
-                    f"({'right' if s['verdict_right'] else 'wrong'} direction)",
-                    xy=(i, max(s["ln"], s["dyt"])), xytext=(0, 22), textcoords="offset points", ha="center", fontsize=8)
+        ax.annotate(
+            f"DyT {s['change'] * 100:+.1f}%\nsat {s['saturation']:.3f} -> {s['decision'].upper()}\n"
+            f"({'right' if s['verdict_right'] else 'wrong'} direction)",
+            xy=(i, max(s["ln"], s["dyt"])),
+            xytext=(0, 22),
+            textcoords="offset points",
+            ha="center",
+            fontsize=8,
+        )
     lo = min(min(s["ln"], s["dyt"]) for s in summary.values())
     hi = max(max(s["ln"], s["dyt"]) for s in summary.values())
     ax.set_ylim(max(0.0, lo - 0.35 * (hi - lo + 0.1)), hi + 0.6 * (hi - lo + 0.1))
-    ax.set_xticks(range(len(REGIMES)), [f"few tokens\n{summary['few']['train_tokens']:,}",
-                                        f"many tokens\n{summary['many']['train_tokens']:,}"])
+    ax.set_xticks(
+        range(len(REGIMES)),
+        [f"few tokens\n{summary['few']['train_tokens']:,}", f"many tokens\n{summary['many']['train_tokens']:,}"],
+    )
     ax.set_ylabel("final validation loss (held-out, nats/byte)")
     ax.legend(loc="upper center", ncol=2, fontsize=8)
     ax.set_title("LayerNorm vs DyT per regime", fontsize=10)
     for r in results:
         steps, vals = zip(*r["val_curve"])
         ls = "-" if r["regime"] == "few" else "--"
-        ax2.plot(steps, vals, ls, color=colors[r["norm"]], alpha=0.85,
-                 label=f"{r['regime']} / {'LN' if r['norm'] == 'layernorm' else 'DyT'}" if r["seed"] == results[0]["seed"] else None)
+        ax2.plot(
+            steps,
+            vals,
+            ls,
+            color=colors[r["norm"]],
+            alpha=0.85,
+            label=f"{r['regime']} / {'LN' if r['norm'] == 'layernorm' else 'DyT'}"
+            if r["seed"] == results[0]["seed"]
+            else None,
+        )
     if "unigram" in summary["many"]:
         ax2.axhline(summary["many"]["unigram"], color="gray", ls=":", lw=1, label="unigram model (no context)")
     ax2.set_xlabel("optimizer step")
@@ -314,23 +415,37 @@ def plot(summary: dict[str, dict[str, Any]], results: list[dict[str, Any]], path
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="one seed, 800 steps: under 15 minutes on 2 cores")
     mode.add_argument("--smoke", action="store_true", help="a few steps on tiny sizes: the test suite's check")
-    p.add_argument("--grid", action="store_true",
-                   help="the calibration grid (3 widths x 3 token budgets x 2 seeds, one thread; see regime_flip_grid.py); "
-                        "with --smoke: a tiny one")
+    p.add_argument(
+        "--grid",
+        action="store_true",
+        help="the calibration grid (3 widths x 3 token budgets x 2 seeds, one thread; see regime_flip_grid.py); "
+        "with --smoke: a tiny one",
+    )
     p.add_argument("--out", default="regime_flip_out", help="output directory (default ./regime_flip_out)")
     p.add_argument("--steps", type=int, default=None, help="override the mode's step count")
     p.add_argument("--seeds", default=None, help="override the mode's seeds, e.g. 0,1,2")
     p.add_argument("--few-tokens", type=int, default=None, help="override the few-token training split size")
     p.add_argument("--lr", type=float, default=None, help="override the learning rate (default 3e-3)")
-    p.add_argument("--alpha-init", type=float, default=None, help="override DyT's alpha_init (default 2.0, the study's)")
-    p.add_argument("--emb-scale", type=float, default=None,
-                   help="multiply token + position embeddings by this, both norms (default sqrt(d_model); 1 is GPT-2's)")
-    p.add_argument("--jobs", type=int, default=None, help="parallel training processes (default: 2 when >= 2 cores; smoke: 1)")
+    p.add_argument(
+        "--alpha-init", type=float, default=None, help="override DyT's alpha_init (default 2.0, the study's)"
+    )
+    p.add_argument(
+        "--emb-scale",
+        type=float,
+        default=None,
+        help="multiply token + position embeddings by this, both norms (default sqrt(d_model); 1 is GPT-2's)",
+    )
+    p.add_argument(
+        "--jobs", type=int, default=None, help="parallel training processes (default: 2 when >= 2 cores; smoke: 1)"
+    )
     args = p.parse_args(argv)
     _quiet()
     if args.grid:
@@ -362,7 +477,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     command = "python examples/regime_flip.py " + " ".join(argv if argv is not None else sys.argv[1:])
     runs = len(setup.seeds) * len(REGIMES) * len(NORMS)
-    print(f"regime_flip ({name}): {runs} runs of {setup.steps} steps, {jobs} at a time ...", file=sys.stderr, flush=True)
+    print(
+        f"regime_flip ({name}): {runs} runs of {setup.steps} steps, {jobs} at a time ...", file=sys.stderr, flush=True
+    )
     t0 = time.perf_counter()
     results = _run_all(setup, str(out), jobs)
     summary = summarise(results)
@@ -371,14 +488,31 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown(summary, setup, name, command)
     took = time.perf_counter() - t0
     print(table)
-    print(f"\n{runs} runs in {took / 60:.1f} min. Outputs: {out / 'regime_flip.md'}, {out / 'regime_flip.png'}, "
-          f"{out / 'regime_flip.json'}; TensorBoard: tensorboard --logdir {out / 'tb'}")
+    print(
+        f"\n{runs} runs in {took / 60:.1f} min. Outputs: {out / 'regime_flip.md'}, {out / 'regime_flip.png'}, "
+        f"{out / 'regime_flip.json'}; TensorBoard: tensorboard --logdir {out / 'tb'}"
+    )
     (out / "regime_flip.md").write_text(table + "\n")
-    (out / "regime_flip.json").write_text(json.dumps({"mode": name, "setup": asdict(setup), "command": command,
-                                                      "minutes": took / 60, "summary": summary, "runs": results}, indent=1))
-    plot(summary, results, out / "regime_flip.png",
-         f"regime_flip ({name}): d={setup.d_model}, {setup.n_layers} blocks, {setup.steps} steps, "
-         f"{len(setup.seeds)} seed(s); satmon window {min(500, setup.steps)} steps, threshold 0.43")
+    (out / "regime_flip.json").write_text(
+        json.dumps(
+            {
+                "mode": name,
+                "setup": asdict(setup),
+                "command": command,
+                "minutes": took / 60,
+                "summary": summary,
+                "runs": results,
+            },
+            indent=1,
+        )
+    )
+    plot(
+        summary,
+        results,
+        out / "regime_flip.png",
+        f"regime_flip ({name}): d={setup.d_model}, {setup.n_layers} blocks, {setup.steps} steps, "
+        f"{len(setup.seeds)} seed(s); satmon window {min(500, setup.steps)} steps, threshold 0.43",
+    )
     return 0
 
 

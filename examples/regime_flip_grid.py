@@ -59,8 +59,19 @@ class Grid:
 
 GRIDS = {
     "grid": Grid(widths=(32, 64, 96), budgets=(8_192, 65_536, 524_288), seeds=(0, 1)),
-    "smoke": Grid(widths=(16, 24), budgets=(2_000, 20_000), seeds=(0,), n_layers=1, seq_len=32, batch_size=4,
-                  steps=6, val_tokens=2_000, evals=1, end_batches=2, val_offset=40_000),
+    "smoke": Grid(
+        widths=(16, 24),
+        budgets=(2_000, 20_000),
+        seeds=(0,),
+        n_layers=1,
+        seq_len=32,
+        batch_size=4,
+        steps=6,
+        val_tokens=2_000,
+        evals=1,
+        end_batches=2,
+        val_offset=40_000,
+    ),
 }
 
 
@@ -87,6 +98,7 @@ def end_readings(model: Any, train_set: Any, batch_size: int, batches: int) -> d
             centered = x - x.reshape(-1, x.shape[-1]).mean(0)
             c[1] += int(((alpha * centered).abs() > 2.0).sum())
             c[2] += x.numel()
+
         return fn
 
     handles = [l.module.register_forward_hook(hook(l.name)) for l in layers]
@@ -119,11 +131,22 @@ def first_block(per_layer: dict[str, float]) -> float | None:
 
 def run_cell(rf: Any, grid: Grid, width: int, budget: int, seed: int, out: Path) -> dict[str, Any]:
     """Train one cell's LayerNorm and DyT runs on one thread; return the cell's record."""
-    setup = rf.Setup(d_model=width, n_layers=grid.n_layers, n_heads=grid.n_heads, seq_len=grid.seq_len,
-                     batch_size=grid.batch_size, steps=grid.steps, few_tokens=budget, many_tokens=budget,
-                     val_tokens=grid.val_tokens, val_offset=rf.VAL_OFFSET if grid.val_offset is None else grid.val_offset,
-                     seeds=(seed,), warmup=min(50, max(1, grid.steps // 8)), evals=grid.evals,
-                     end_batches=grid.end_batches)
+    setup = rf.Setup(
+        d_model=width,
+        n_layers=grid.n_layers,
+        n_heads=grid.n_heads,
+        seq_len=grid.seq_len,
+        batch_size=grid.batch_size,
+        steps=grid.steps,
+        few_tokens=budget,
+        many_tokens=budget,
+        val_tokens=grid.val_tokens,
+        val_offset=rf.VAL_OFFSET if grid.val_offset is None else grid.val_offset,
+        seeds=(seed,),
+        warmup=min(50, max(1, grid.steps // 8)),
+        evals=grid.evals,
+        end_batches=grid.end_batches,
+    )
     name = f"d{width}_t{budget}_s{seed}"
     runs = {}
     for norm in rf.NORMS:
@@ -132,14 +155,24 @@ def run_cell(rf: Any, grid: Grid, width: int, budget: int, seed: int, out: Path)
     ln, dyt = runs["layernorm"], runs["dyt"]
     per_layer = dyt.get("per_layer", {})
     cell = {
-        "name": name, "group": f"d{width}", "d_model": width, "train_tokens": budget, "seed": seed,
-        "epochs": dyt["epochs"], "val_loss_layernorm": ln["val_loss"], "val_loss_dyt": dyt["val_loss"],
+        "name": name,
+        "group": f"d{width}",
+        "d_model": width,
+        "train_tokens": budget,
+        "seed": seed,
+        "epochs": dyt["epochs"],
+        "val_loss_layernorm": ln["val_loss"],
+        "val_loss_dyt": dyt["val_loss"],
         "delta": (dyt["val_loss"] - ln["val_loss"]) / ln["val_loss"],
         "decision": dyt.get("decision"),
-        "saturation": dyt.get("saturation"), "saturation_end": dyt.get("saturation_end"),
-        "first_block": first_block(per_layer), "first_block_end": first_block(dyt.get("per_layer_end", {})),
-        "centered_end": dyt.get("centered_end"), "saturation_end_hook": dyt.get("saturation_end_hook"),
-        "per_layer": per_layer, "per_layer_end": dyt.get("per_layer_end"),
+        "saturation": dyt.get("saturation"),
+        "saturation_end": dyt.get("saturation_end"),
+        "first_block": first_block(per_layer),
+        "first_block_end": first_block(dyt.get("per_layer_end", {})),
+        "centered_end": dyt.get("centered_end"),
+        "saturation_end_hook": dyt.get("saturation_end_hook"),
+        "per_layer": per_layer,
+        "per_layer_end": dyt.get("per_layer_end"),
         "centered_per_layer_end": dyt.get("centered_per_layer_end"),
         "seconds": ln["seconds"] + dyt["seconds"],
     }
@@ -161,29 +194,47 @@ def main(rf: Any, smoke: bool, out: Path, command: str) -> int:
     grid = GRIDS["smoke" if smoke else "grid"]
     out.mkdir(parents=True, exist_ok=True)
     keys = [(w, b, s) for w in grid.widths for b in grid.budgets for s in grid.seeds]
-    print(f"regime_flip --grid{' --smoke' if smoke else ''}: {len(keys)} cells x 2 norms, {grid.steps} steps, "
-          "one thread ...", file=sys.stderr, flush=True)
+    print(
+        f"regime_flip --grid{' --smoke' if smoke else ''}: {len(keys)} cells x 2 norms, {grid.steps} steps, "
+        "one thread ...",
+        file=sys.stderr,
+        flush=True,
+    )
     t0 = time.perf_counter()
     cells = []
     for w, b, s in keys:
         cells.append(run_cell(rf, grid, w, b, s, out))
         c = cells[-1]
-        print(f"  {c['name']:<18} LN {c['val_loss_layernorm']:.4f} DyT {c['val_loss_dyt']:.4f} ({c['delta'] * 100:+.1f}%) "
-              f"sat {c['saturation']:.3f} first {c['first_block']:.3f} centered(end) {c['centered_end']:.3f} "
-              f"[{c['seconds']:.0f} s]", file=sys.stderr, flush=True)
+        print(
+            f"  {c['name']:<18} LN {c['val_loss_layernorm']:.4f} DyT {c['val_loss_dyt']:.4f} "
+            f"({c['delta'] * 100:+.1f}%) "
+            f"sat {c['saturation']:.3f} first {c['first_block']:.3f} centered(end) {c['centered_end']:.3f} "
+            f"[{c['seconds']:.0f} s]",
+            file=sys.stderr,
+            flush=True,
+        )
         # written after every cell: a long grid killed half-way keeps what it measured
         _write(out, grid, cells, command, time.perf_counter() - t0)
     write_outcomes(cells, out / "outcomes.csv")
-    print(f"{len(cells)} cells in {(time.perf_counter() - t0) / 60:.1f} min: {out / 'calibration_grid.json'}, "
-          f"{out / 'outcomes.csv'}")
+    print(
+        f"{len(cells)} cells in {(time.perf_counter() - t0) / 60:.1f} min: {out / 'calibration_grid.json'}, "
+        f"{out / 'outcomes.csv'}"
+    )
     return _calibrate_all(out)
 
 
 def _write(out: Path, grid: Grid, cells: list[dict[str, Any]], command: str, seconds: float) -> None:
-    payload = {"format": "satmon-cells", "metrics": list(METRICS), "grid": asdict(grid), "command": command,
-               "minutes": seconds / 60, "outcome": "delta = (DyT - LayerNorm) / LayerNorm final validation loss; "
-               "negative = DyT helps", "offset_statistics": "centered_end: this script's float64 hook at the window's "
-               "end (the definition of satmon.functional.offset)", "cells": cells}
+    payload = {
+        "format": "satmon-cells",
+        "metrics": list(METRICS),
+        "grid": asdict(grid),
+        "command": command,
+        "minutes": seconds / 60,
+        "outcome": "delta = (DyT - LayerNorm) / LayerNorm final validation loss; negative = DyT helps",
+        "offset_statistics": "centered_end: this script's float64 hook at the window's "
+        "end (the definition of satmon.functional.offset)",
+        "cells": cells,
+    }
     (out / "calibration_grid.json").write_text(json.dumps(payload, indent=1) + "\n")
 
 
@@ -206,8 +257,17 @@ def summary_markdown(path: Path) -> str:
     from satmon.io.markdown import table
 
     cells = json.loads(path.read_text())["cells"]
-    rows = [[c["name"], f"{c['val_loss_layernorm']:.3f}", f"{c['val_loss_dyt']:.3f}", f"{c['delta'] * 100:+.1f}%",
-             "helps" if c["helps"] else "hurts", *(f"{c[m]:.3f}" for m in METRICS)] for c in cells]
+    rows = [
+        [
+            c["name"],
+            f"{c['val_loss_layernorm']:.3f}",
+            f"{c['val_loss_dyt']:.3f}",
+            f"{c['delta'] * 100:+.1f}%",
+            "helps" if c["helps"] else "hurts",
+            *(f"{c[m]:.3f}" for m in METRICS),
+        ]
+        for c in cells
+    ]
     out = [table(["cell", "val LN", "val DyT", "DyT vs LN", "DyT", *METRICS], rows), ""]
     fits = []
     for metric in METRICS:
@@ -217,15 +277,56 @@ def summary_markdown(path: Path) -> str:
             fits.append([metric, f"cannot fit: {str(e).split(':')[0]}", "", "", "", "", "", ""])
             continue
         m, b = r.fits["midpoint"], r.fits["balanced"]
-        fits.append([metric, f"{m.threshold:.4f}", f"{m.correct}/{m.n} = {m.accuracy:.2f}",
-                     f"{r.cv['midpoint'].correct}/{m.n} = {r.cv['midpoint'].accuracy:.2f}", f"{b.threshold:.4f}",
-                     f"{b.balanced_accuracy:.2f}", f"{r.cv['balanced'].correct}/{b.n} = {r.cv['balanced'].accuracy:.2f}",
-                     f"{r.auc:.2f}"])
-    fits.append(["study (12 cells, pooled saturation)", "0.4398", "9/12 = 0.75", "6/12 = 0.50", "0.2651", "0.75",
-                 "7/12 = 0.58", "0.75"])
-    out.append(table(["reading", "midpoint t", "in-sample", "leave-one-group-out", "balanced t", "balanced acc.",
-                      "leave-one-group-out (balanced)", "AUC"], fits))
+        fits.append(
+            [
+                metric,
+                f"{m.threshold:.4f}",
+                f"{m.correct}/{m.n} = {m.accuracy:.2f}",
+                f"{r.cv['midpoint'].correct}/{m.n} = {r.cv['midpoint'].accuracy:.2f}",
+                f"{b.threshold:.4f}",
+                f"{b.balanced_accuracy:.2f}",
+                f"{r.cv['balanced'].correct}/{b.n} = {r.cv['balanced'].accuracy:.2f}",
+                f"{r.auc:.2f}",
+            ]
+        )
+    fits.append(
+        [
+            "study (12 cells, pooled saturation)",
+            "0.4398",
+            "9/12 = 0.75",
+            "6/12 = 0.50",
+            "0.2651",
+            "0.75",
+            "7/12 = 0.58",
+            "0.75",
+        ]
+    )
+    out.append(
+        table(
+            [
+                "reading",
+                "midpoint t",
+                "in-sample",
+                "leave-one-group-out",
+                "balanced t",
+                "balanced acc.",
+                "leave-one-group-out (balanced)",
+                "AUC",
+            ],
+            fits,
+        )
+    )
     return "\n".join(out)
 
 
-__all__ = ["GRIDS", "METRICS", "Grid", "end_readings", "first_block", "main", "run_cell", "summary_markdown", "write_outcomes"]
+__all__ = [
+    "GRIDS",
+    "METRICS",
+    "Grid",
+    "end_readings",
+    "first_block",
+    "main",
+    "run_cell",
+    "summary_markdown",
+    "write_outcomes",
+]

@@ -38,15 +38,33 @@ def train(args: argparse.Namespace, workdir: Path) -> tuple[Path, object]:
     from satmon.demos.lit import LitLM
 
     pl.seed_everything(0, verbose=False)
-    model = LitLM(arch="gpt", d_model=64, n_layers=2, n_heads=4, seq_len=64, norm="dyt", alpha_init=2.0,
-                  emb_std=64 ** -0.5, lr=3e-3, warmup=20)  # the demo's model
+    # the demo's model
+    model = LitLM(
+        arch="gpt",
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        seq_len=64,
+        norm="dyt",
+        alpha_init=2.0,
+        emb_std=64**-0.5,
+        lr=3e-3,
+        warmup=20,
+    )
     data = CorpusDataModule(seq_len=64, batch_size=16, train_tokens=400_000)
     ckpt_dir = workdir / "checkpoints"
     ckpt = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.every, save_top_k=-1, filename="{step}")
     monitor = SaturationMonitor(window=min(args.window, args.steps), verbose=False)
-    trainer = pl.Trainer(max_steps=args.steps, accelerator="cpu", logger=False, callbacks=[ckpt, monitor],
-                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                         num_sanity_val_steps=0)
+    trainer = pl.Trainer(
+        max_steps=args.steps,
+        accelerator="cpu",
+        logger=False,
+        callbacks=[ckpt, monitor],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(model, datamodule=data)
     return ckpt_dir, monitor
 
@@ -66,14 +84,30 @@ def main(argv: list[str] | None = None) -> int:
     if (workdir / "checkpoints").exists():
         shutil.rmtree(workdir / "checkpoints")  # a rerun replays this run's checkpoints only
     ckpt_dir, monitor = train(args, workdir)
-    print(f"Trained {args.steps} steps; checkpoints in {ckpt_dir}: {', '.join(sorted(f.name for f in ckpt_dir.glob('*.ckpt')))}")
+    print(
+        f"Trained {args.steps} steps; checkpoints in {ckpt_dir}: "
+        f"{', '.join(sorted(f.name for f in ckpt_dir.glob('*.ckpt')))}"
+    )
 
     satmon = [shutil.which("satmon")] if shutil.which("satmon") else [sys.executable, "-m", "satmon.cli.main"]
-    cmd = satmon + ["replay", str(ckpt_dir), "--model", "satmon.demos.lit:LitLM",
-                    "--datamodule", "satmon.demos.corpus:CorpusDataModule", "--logdir", str(workdir / "satmon_logs"),
-                    "--json", str(workdir / "replay.json"), "--report", str(workdir / "replay.md"),
-                    "--batches", str(args.batches), "--quiet"]
-    print("$ " + " ".join(["satmon"] + cmd[len(satmon):]), flush=True)
+    cmd = satmon + [
+        "replay",
+        str(ckpt_dir),
+        "--model",
+        "satmon.demos.lit:LitLM",
+        "--datamodule",
+        "satmon.demos.corpus:CorpusDataModule",
+        "--logdir",
+        str(workdir / "satmon_logs"),
+        "--json",
+        str(workdir / "replay.json"),
+        "--report",
+        str(workdir / "replay.md"),
+        "--batches",
+        str(args.batches),
+        "--quiet",
+    ]
+    print("$ " + " ".join(["satmon"] + cmd[len(satmon) :]), flush=True)
     rc = subprocess.call(cmd)
     if rc not in (0, 1, 3):  # 1: some checkpoint skipped, 3: non-finite values (both named above); 2: usage error
         print(f"satmon replay failed with exit code {rc}", file=sys.stderr)
@@ -84,8 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in records:
         v = r.get("verdict") or {}
         sat = v.get("saturation")
-        print(f"{r.get('global_step')!s:>4}  {sat if sat is None else format(sat, '.4f'):>19}  "
-              f"{str(v.get('decision', r.get('error', '-'))).upper():<10}  {r.get('nonfinite_weights', '-')} / {v.get('nonfinite', '-')}")
+        print(
+            f"{r.get('global_step')!s:>4}  {sat if sat is None else format(sat, '.4f'):>19}  "
+            f"{str(v.get('decision', r.get('error', '-'))).upper():<10}  {r.get('nonfinite_weights', '-')} / "
+            f"{v.get('nonfinite', '-')}"
+        )
     if monitor.verdict is not None:
         print(f"\nLive monitor over the first {monitor.verdict.window} steps: {monitor.verdict.summary()}")
     print(f"Report: {workdir / 'replay.md'}   TensorBoard: tensorboard --logdir {workdir / 'satmon_logs'}")

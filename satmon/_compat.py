@@ -28,9 +28,18 @@ import types
 import warnings
 from typing import Any
 
-__all__ = ["MODULES", "MODULES_MOVED_IN_0_5", "MOVED_IN_0_4", "MOVED_IN_0_5", "NAMES", "REMOVED_IN",
-           "SatmonDeprecationWarning", "deprecated",
-           "install", "moved_attribute"]
+__all__ = [
+    "MODULES",
+    "MODULES_MOVED_IN_0_5",
+    "MOVED_IN_0_4",
+    "MOVED_IN_0_5",
+    "NAMES",
+    "REMOVED_IN",
+    "SatmonDeprecationWarning",
+    "deprecated",
+    "install",
+    "moved_attribute",
+]
 
 #: The release that drops these paths.
 REMOVED_IN = "0.5"
@@ -94,23 +103,32 @@ _PACKAGES = {"satmon.core", "satmon.writers", "satmon.integrations", "satmon.rep
 #: now: their 0.2 names that the package does not export are read from the modules that hold them.
 NAMES: dict[tuple[str, str], tuple[str, str]] = {
     ("satmon.core.settings", "ScreenSettings"): ("satmon.settings", "Settings"),
-    **{("satmon.probing", n): ("satmon.probing.passes", n) for n in ("probe", "EMBEDDING", "LayerReading", "ProbeReport",
-                                                                     "SigmaMinReading", "feed_first")},
-    **{("satmon.replay", n): ("satmon.replaying.loop", n) for n in ("TWIN_SEED", "nonfinite_parameters", "summary_row")},
+    **{
+        ("satmon.probing", n): ("satmon.probing.passes", n)
+        for n in ("probe", "EMBEDDING", "LayerReading", "ProbeReport", "SigmaMinReading", "feed_first")
+    },
+    **{
+        ("satmon.replay", n): ("satmon.replaying.loop", n) for n in ("TWIN_SEED", "nonfinite_parameters", "summary_row")
+    },
     ("satmon.replay", "ReplayUsageError"): ("satmon.replaying.user_code", "ReplayUsageError"),
-    **{("satmon.calibrate", n): ("satmon.calibrate.fit", n) for n in ("STUDY_THRESHOLD", "FORMAT", "MIN_CELLS", "csv_rows",
-                                                                      "to_float")},
+    **{
+        ("satmon.calibrate", n): ("satmon.calibrate.fit", n)
+        for n in ("STUDY_THRESHOLD", "FORMAT", "MIN_CELLS", "csv_rows", "to_float")
+    },
     ("satmon.core.window_verdict", "verdict_stop_reason"): ("satmon.screen.stop_policy", "verdict_stop_reason"),
-    **{("satmon.discovery", n): ("satmon.model.map", n)
-       for n in ("find_blocks", "find_dyt_layers", "find_norm_layers")},
+    **{
+        ("satmon.discovery", n): ("satmon.model.map", n) for n in ("find_blocks", "find_dyt_layers", "find_norm_layers")
+    },
 }
 
 
 #: (0.3 module, name) -> (its 0.4 home, name): names that moved in satmon 0.4, kept until satmon 0.6. The model
 #: map's finders left ``satmon.model.discovery`` (they read the map, which reads discovery: an import circle).
 MOVED_IN_0_4: dict[tuple[str, str], tuple[str, str]] = {
-    **{("satmon.model.discovery", n): ("satmon.model.map", n)
-       for n in ("find_blocks", "find_dyt_layers", "find_norm_layers")},
+    **{
+        ("satmon.model.discovery", n): ("satmon.model.map", n)
+        for n in ("find_blocks", "find_dyt_layers", "find_norm_layers")
+    },
 }
 
 
@@ -124,8 +142,10 @@ MODULES_MOVED_IN_0_5: dict[str, str] = {
     "satmon.drivers.run_scale": "satmon.drivers.counting",  # one name, one meaning: it counts parameters and tokens
     "satmon.results.run_scale": "satmon.results.scale",
     "satmon.replay": "satmon.replaying",
-    **{f"satmon.replay.{m}": f"satmon.replaying.{m}" for m in ("budget", "checkpoints", "data", "live", "loop", "outputs",
-                                                                "session", "user_code")},
+    **{
+        f"satmon.replay.{m}": f"satmon.replaying.{m}"
+        for m in ("budget", "checkpoints", "data", "live", "loop", "outputs", "session", "user_code")
+    },
     "satmon.replay.dcp": "satmon.replaying.formats.dcp",
     "satmon.replay.reading": "satmon.replaying.formats.torch_file",
 }
@@ -142,19 +162,38 @@ MOVED_IN_0_5: dict[tuple[str, str], tuple[str, str]] = {
     ("satmon", "SaturationHooks"): ("satmon.observe.saturation", "SaturationHooks"),
     ("satmon.io.tensorboard", "TAG"): ("satmon.io.tags", "TAG"),
     ("satmon.io.tensorboard", "VERDICT_VALUES"): ("satmon.io.tags", "VERDICT_VALUES"),
-    **{(m, "replay_checkpoints"): ("satmon.replaying.session", "replay") for m in ("satmon.replay", "satmon.replay.session")},
-    **{(m, "Replay"): ("satmon.replaying.session", "ReplaySession") for m in ("satmon.replay", "satmon.replay.session")},
+    **{
+        (m, "replay_checkpoints"): ("satmon.replaying.session", "replay")
+        for m in ("satmon.replay", "satmon.replay.session")
+    },
+    **{
+        (m, "Replay"): ("satmon.replaying.session", "ReplaySession") for m in ("satmon.replay", "satmon.replay.session")
+    },
     **{(m, "replay"): ("satmon.replaying.loop", "checkpoint_records") for m in ("satmon.replay", "satmon.replay.loop")},
     **{("satmon.replay", n): ("satmon.replaying.loop", n) for n in ("ModelLoader", "ReplayRecord")},
     # the checkpoint formats got a module each; the listing its own
-    **{(m, n): ("satmon.replaying.listing", n) for m in ("satmon.replay.checkpoints", "satmon.checkpoints")
-       for n in ("Listing", "SATMON_FILES", "find_checkpoints", "list_checkpoints", "nothing_to_replay", "satmon_file")},
-    **{(m, n): ("satmon.replaying.formats.hf_folder", n) for m in ("satmon.replay.checkpoints", "satmon.checkpoints")
-       for n in ("HF_WEIGHTS", "TRAINER_STATE_FILES")},
-    **{(m, "DCP_META"): ("satmon.replaying.formats.dcp", "DCP_META") for m in ("satmon.replay.checkpoints", "satmon.checkpoints")},
-    **{(m, "unsupported_format"): ("satmon.replaying.formats.deepspeed", "unsupported_format")
-       for m in ("satmon.replay.checkpoints", "satmon.checkpoints")},
-    **{("satmon.replay.reading", n): ("satmon.replaying.file_info", n) for n in ("CorruptFile", "FileChanged", "FileStamp")},
+    **{
+        (m, n): ("satmon.replaying.listing", n)
+        for m in ("satmon.replay.checkpoints", "satmon.checkpoints")
+        for n in ("Listing", "SATMON_FILES", "find_checkpoints", "list_checkpoints", "nothing_to_replay", "satmon_file")
+    },
+    **{
+        (m, n): ("satmon.replaying.formats.hf_folder", n)
+        for m in ("satmon.replay.checkpoints", "satmon.checkpoints")
+        for n in ("HF_WEIGHTS", "TRAINER_STATE_FILES")
+    },
+    **{
+        (m, "DCP_META"): ("satmon.replaying.formats.dcp", "DCP_META")
+        for m in ("satmon.replay.checkpoints", "satmon.checkpoints")
+    },
+    **{
+        (m, "unsupported_format"): ("satmon.replaying.formats.deepspeed", "unsupported_format")
+        for m in ("satmon.replay.checkpoints", "satmon.checkpoints")
+    },
+    **{
+        ("satmon.replay.reading", n): ("satmon.replaying.file_info", n)
+        for n in ("CorruptFile", "FileChanged", "FileStamp")
+    },
     ("satmon.replay.reading", "SafetensorsIndex"): ("satmon.replaying.formats.safetensors", "SafetensorsIndex"),
 }
 
@@ -170,13 +209,19 @@ def deprecated(old: str, new: str, *, since: str = "0.5", until: str = "0.6", st
         >>> print(caught[0].message)
         Verdict.caveat is deprecated since satmon 0.5: use Verdict.rule.caveat (the old form works until satmon 0.6).
     """
-    warnings.warn(f"{old} is deprecated since satmon {since}: use {new} (the old form works until satmon {until}).",
-                  SatmonDeprecationWarning, stacklevel=stacklevel)
+    warnings.warn(
+        f"{old} is deprecated since satmon {since}: use {new} (the old form works until satmon {until}).",
+        SatmonDeprecationWarning,
+        stacklevel=stacklevel,
+    )
 
 
 def _warn(old: str, new: str, stacklevel: int = 4, since: str = "0.3", until: str = REMOVED_IN) -> None:
-    warnings.warn(f"{old} is deprecated since satmon {since}: use {new} (the old path works until satmon {until}).",
-                  SatmonDeprecationWarning, stacklevel=stacklevel)
+    warnings.warn(
+        f"{old} is deprecated since satmon {since}: use {new} (the old path works until satmon {until}).",
+        SatmonDeprecationWarning,
+        stacklevel=stacklevel,
+    )
 
 
 def moved_attribute(module: str, name: str) -> Any:
@@ -230,7 +275,7 @@ class _CallableAlias(_Alias):
     module, so calling it stays :func:`satmon.replay` (the function) for the rest of the process."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return getattr(importlib.import_module(self.__dict__["_new"] + ".session"), "replay")(*args, **kwargs)
+        return importlib.import_module(self.__dict__["_new"] + ".session").replay(*args, **kwargs)
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

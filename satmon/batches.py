@@ -17,7 +17,15 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor, nn
 
 __all__ = [
-    "ForwardFn", "as_batch_list", "feed", "feed_first", "first_tensor", "peek_batch", "split_batch", "take_batches", "to_device",
+    "ForwardFn",
+    "as_batch_list",
+    "feed",
+    "feed_first",
+    "first_tensor",
+    "peek_batch",
+    "split_batch",
+    "take_batches",
+    "to_device",
 ]
 
 #: ``forward_fn(model, batch)``: how one batch is fed (its return value is ignored by satmon).

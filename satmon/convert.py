@@ -141,9 +141,19 @@ def convert_to_dyt(
         >>> type(model[1]).__name__, model[1].alpha.item()
         ('DyT', 2.0)
     """
-    options = dict(alpha_init_attn=alpha_init_attn, alpha_init_mlp=alpha_init_mlp, alpha_init_final=alpha_init_final,
-                   rmsnorm=rmsnorm, copy_affine=copy_affine, bias=bias, position_fn=position_fn, include=include,
-                   exclude=exclude, example_input=example_input, forward_fn=forward_fn)  # fmt: skip
+    options = dict(
+        alpha_init_attn=alpha_init_attn,
+        alpha_init_mlp=alpha_init_mlp,
+        alpha_init_final=alpha_init_final,
+        rmsnorm=rmsnorm,
+        copy_affine=copy_affine,
+        bias=bias,
+        position_fn=position_fn,
+        include=include,
+        exclude=exclude,
+        example_input=example_input,
+        forward_fn=forward_fn,
+    )
     if not list(module.children()):  # the module is itself a norm layer
         wrapper = nn.Sequential(module)
         convert_to_dyt(wrapper, alpha_init, **options)  # type: ignore[arg-type]
@@ -163,10 +173,16 @@ def convert_to_dyt(
         norm, channels = layer.module, int(layer.channels)  # type: ignore[arg-type]
         position = position_fn(layer.name, norm) if position_fn else positions.get(layer.name, "final")
         alpha = overrides.get(position)
-        has_bias = bias if bias is not None else _has_bias(norm, channels) or (affine is not None and affine.bias is not None)
+        has_bias = (
+            bias if bias is not None else _has_bias(norm, channels) or (affine is not None and affine.bias is not None)
+        )
         if affine is not None and affine.bias is not None and not has_bias:
-            warnings.warn(f"convert_to_dyt: {layer.name} adds a non-zero bias that bias=False drops.", UserWarning, stacklevel=2)
-        new = DyT(channels, alpha_init=alpha_init if alpha is None else alpha, bias=has_bias, channels_last=layer.axis == -1)
+            warnings.warn(
+                f"convert_to_dyt: {layer.name} adds a non-zero bias that bias=False drops.", UserWarning, stacklevel=2
+            )
+        new = DyT(
+            channels, alpha_init=alpha_init if alpha is None else alpha, bias=has_bias, channels_last=layer.axis == -1
+        )
         ref = next(norm.parameters(), None)
         if ref is not None:
             new = new.to(device=ref.device, dtype=ref.dtype)
@@ -188,14 +204,19 @@ def convert_to_dyt(
     left = {n: why for n, why in m.undetermined.items() if not selects(exclude, n, m.module(n))}
     left.update(kept)
     if (found or kept) and left:
-        warnings.warn("convert_to_dyt left as they are: " + "; ".join(f"{n} ({why})" for n, why in left.items())
-                      + ". Convert them by hand if they normalise, or exclude them (exclude=...).", UserWarning, stacklevel=2)
+        warnings.warn(
+            "convert_to_dyt left as they are: "
+            + "; ".join(f"{n} ({why})" for n, why in left.items())
+            + ". Convert them by hand if they normalise, or exclude them (exclude=...).",
+            UserWarning,
+            stacklevel=2,
+        )
     if example_input is not None and replaced:
         check_conversion(module, example_input, forward_fn or feed)
     return module
 
 
-# ------------------------------------------------------------------------------------------ what DyT cannot stand in for
+# ----------------------------------------------------------------------------------------- what DyT cannot stand in for
 def _places(model: nn.Module, wanted: set[int]) -> dict[int, list[tuple[nn.Module, str]]]:
     """Where each wanted module is held: ``(parent, attribute)`` pairs."""
     out: dict[int, list[tuple[nn.Module, str]]] = {}
@@ -209,12 +230,17 @@ def _places(model: nn.Module, wanted: set[int]) -> dict[int, list[tuple[nn.Modul
 def _why_not(layer: NormLayer, m: ModelMap, places: list[tuple[nn.Module, str]]) -> str:
     """Why a DyT cannot replace ``layer`` (``""``: it can)."""
     if layer.gain_shape is not None:
-        return (f"its gain has shape {layer.gain_shape}, not one value per channel: DyT holds one gain per channel, "
-                "so converting it would drop the per-head gains")
+        return (
+            f"its gain has shape {layer.gain_shape}, not one value per channel: DyT holds one gain per channel, "
+            "so converting it would drop the per-head gains"
+        )
     if layer.channels is None:
         shape = getattr(layer.module, "normalized_shape", None)
-        what = f"normalized_shape={tuple(shape)}" if isinstance(shape, (tuple, list, torch.Size)) and len(shape) > 1 \
+        what = (
+            f"normalized_shape={tuple(shape)}"
+            if isinstance(shape, (tuple, list, torch.Size)) and len(shape) > 1
             else "no vector parameter and no normalized_shape (a parameterless norm)"
+        )
         return f"no known width ({what}): DyT needs one channel axis and its width"
     return _more_inputs(layer, m, places)
 
@@ -238,8 +264,10 @@ def _more_inputs(layer: NormLayer, m: ModelMap, places: list[tuple[nn.Module, st
         counts.extend(found)
     args = ", ".join(takes) if takes else "more than x"
     if not counts:
-        return (f"its forward takes more than one input ({args}) and no call of it could be read: pass example_input= "
-                "to convert_to_dyt to trace one")
+        return (
+            f"its forward takes more than one input ({args}) and no call of it could be read: pass example_input= "
+            "to convert_to_dyt to trace one"
+        )
     most = max(counts)
     return "" if most <= 1 else f"its block's source calls it with {most} inputs ({args}): DyT takes one"
 
@@ -300,9 +328,11 @@ def pending_conversion(model: nn.Module) -> bool:
     return any(m in _SWAPS for m in model.modules())
 
 
-def check_conversion(model: nn.Module, batch: Any, forward_fn: ForwardFn = feed, *,
-                     warn: Callable[[str], None] | None = None) -> tuple[str, ...]:  # fmt: skip
-    """Run ``batch`` through a model :func:`convert_to_dyt` just changed, and put back the layers that cannot run as DyT.
+def check_conversion(
+    model: nn.Module, batch: Any, forward_fn: ForwardFn = feed, *, warn: Callable[[str], None] | None = None
+) -> tuple[str, ...]:
+    """Run ``batch`` through a model :func:`convert_to_dyt` just changed, and put back the
+    layers that cannot run as DyT.
 
     One no-grad, eval forward (:func:`satmon.model.frozen_forward.frozen_forward`: modes, RNG and buffers restored). A
     converted layer called with more than one input is put back (its original norm) and the forward runs
@@ -360,8 +390,11 @@ def check_conversion(model: nn.Module, batch: Any, forward_fn: ForwardFn = feed,
         for dyt, sw in live.items():
             _put(sw, dyt, back=False)
         if original is not None:
-            _say(warn, f"satmon: the layers convert_to_dyt made could not be checked on this batch: the model fails on it "
-                       f"with its norms too ({type(original).__name__}: {original}); they are kept as converted.")
+            _say(
+                warn,
+                f"satmon: the layers convert_to_dyt made could not be checked on this batch: the model fails on it "
+                f"with its norms too ({type(original).__name__}: {original}); they are kept as converted.",
+            )
             return tuple(back)
     while error is not None:  # the conversion broke it: find the layers that did, halving the candidates
         group = list(live)
@@ -380,13 +413,23 @@ def check_conversion(model: nn.Module, batch: Any, forward_fn: ForwardFn = feed,
     for dyt in swaps:
         _SWAPS.pop(dyt, None)
     if back:
-        _say(warn, "satmon: convert_to_dyt put back, as they were, the layers that cannot run as DyT on a real batch: "
-                   + "; ".join(f"{n} ({why})" for n, why in back.items()) + ". The other layers stay converted.")
+        _say(
+            warn,
+            "satmon: convert_to_dyt put back, as they were, the layers that cannot run as DyT on a real batch: "
+            + "; ".join(f"{n} ({why})" for n, why in back.items())
+            + ". The other layers stay converted.",
+        )
     return tuple(back)
 
 
-def _run(model: nn.Module, batch: Any, forward_fn: ForwardFn, device: torch.device, live: dict[nn.Module, _Swap],
-         bad: dict[str, str]) -> Exception | None:  # fmt: skip
+def _run(
+    model: nn.Module,
+    batch: Any,
+    forward_fn: ForwardFn,
+    device: torch.device,
+    live: dict[nn.Module, _Swap],
+    bad: dict[str, str],
+) -> Exception | None:
     """One frozen forward with a guard on each converted layer; the exception it raised, or ``None``."""
 
     def guard(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -434,14 +477,23 @@ def _has_bias(norm: nn.Module, channels: int) -> bool:
 
 def _warn_nothing(m: ModelMap, rmsnorm: bool) -> None:
     kinds = [l.kind for l in m.norms]
-    found = ", ".join(f"{kinds.count(k)} {label}" for k, label in (("dyt", "DyT-family"), ("layernorm", "LayerNorm"),
-                                                                      ("rmsnorm", "RMSNorm")) if kinds.count(k))  # fmt: skip
+    found = ", ".join(
+        f"{kinds.count(k)} {label}"
+        for k, label in (("dyt", "DyT-family"), ("layernorm", "LayerNorm"), ("rmsnorm", "RMSNorm"))
+        if kinds.count(k)
+    )
     advice = " Pass rmsnorm=True to convert the RMSNorm layers." if not rmsnorm and "rmsnorm" in kinds else ""
     if m.undetermined:
-        advice += (f" {len(m.undetermined)} layer(s) named like normalisers could not be read "
-                   f"({', '.join(list(m.undetermined)[:3])}): convert them by hand.")
-    warnings.warn(f"convert_to_dyt converted nothing: the model holds {found or 'no normaliser satmon recognises'} "
-                  f"(found by what each layer computes).{advice}", UserWarning, stacklevel=3)
+        advice += (
+            f" {len(m.undetermined)} layer(s) named like normalisers could not be read "
+            f"({', '.join(list(m.undetermined)[:3])}): convert them by hand."
+        )
+    warnings.warn(
+        f"convert_to_dyt converted nothing: the model holds {found or 'no normaliser satmon recognises'} "
+        f"(found by what each layer computes).{advice}",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def _affine(layer: NormLayer, channels: int):
@@ -450,4 +502,5 @@ def _affine(layer: NormLayer, channels: int):
     except ValueError as err:
         raise ValueError(
             f"convert_to_dyt(copy_affine=True) cannot read the gain/bias of {layer.name} "
-            f"({type(layer.module).__name__}): {err} Convert without copy_affine, or exclude this layer.") from err
+            f"({type(layer.module).__name__}): {err} Convert without copy_affine, or exclude this layer."
+        ) from err

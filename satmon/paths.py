@@ -32,9 +32,26 @@ from dataclasses import dataclass
 STATE_FILE = "satmon_state.pt"
 CALIBRATION_FILE = "satmon_calibration.pt"
 
-__all__ = ["CALIBRATION_FILE", "LOCK_SUFFIX", "STATE_FILE", "TEMP_EXTRA", "NotRegular", "PathKind", "PathTooLong", "beside",
-           "check_room", "describe_mode", "event_file", "kind_of", "kind_phrase", "length_problem", "not_a_folder", "open_regular",
-           "require_regular", "shorten"]
+__all__ = [
+    "CALIBRATION_FILE",
+    "LOCK_SUFFIX",
+    "STATE_FILE",
+    "TEMP_EXTRA",
+    "NotRegular",
+    "PathKind",
+    "PathTooLong",
+    "beside",
+    "check_room",
+    "describe_mode",
+    "event_file",
+    "kind_of",
+    "kind_phrase",
+    "length_problem",
+    "not_a_folder",
+    "open_regular",
+    "require_regular",
+    "shorten",
+]
 
 #: What satmon's atomic replace adds to a file's name for its temporary: ``.NAME.`` + 8 random characters + ``.tmp``.
 TEMP_EXTRA = len("..") + 8 + len(".tmp")
@@ -43,18 +60,32 @@ LOCK_SUFFIX = ".satmon-lock"
 
 #: ``kind`` -> the phrase that names it.
 _WORDS = {
-    "file": "a regular file", "folder": "a folder", "fifo": "a FIFO (named pipe)", "socket": "a socket",
-    "char-device": "a character device", "block-device": "a block device", "other": "not a regular file",
-    "missing": "no such file or folder", "broken-link": "a broken symlink", "link-loop": "a symlink loop",
-    "too-long": "a path too long for the system", "unstattable": "a path that cannot be examined",
+    "file": "a regular file",
+    "folder": "a folder",
+    "fifo": "a FIFO (named pipe)",
+    "socket": "a socket",
+    "char-device": "a character device",
+    "block-device": "a block device",
+    "other": "not a regular file",
+    "missing": "no such file or folder",
+    "broken-link": "a broken symlink",
+    "link-loop": "a symlink loop",
+    "too-long": "a path too long for the system",
+    "unstattable": "a path that cannot be examined",
 }
 #: Kinds that are something on disk satmon never opens.
 SPECIAL = ("fifo", "socket", "char-device", "block-device", "other")
 
 
 def _kind_of_mode(mode: int) -> str:
-    for test, kind in ((stat.S_ISREG, "file"), (stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "fifo"),
-                       (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "char-device"), (stat.S_ISBLK, "block-device")):
+    for test, kind in (
+        (stat.S_ISREG, "file"),
+        (stat.S_ISDIR, "folder"),
+        (stat.S_ISFIFO, "fifo"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "char-device"),
+        (stat.S_ISBLK, "block-device"),
+    ):
         if test(mode):
             return kind
     return "other"
@@ -233,7 +264,9 @@ def _absolute_lengths(text: str) -> int:
     return max(lengths)
 
 
-def check_room(option: str, given: str | os.PathLike, writes: Iterable[str | os.PathLike] = (), names: str = "") -> None:
+def check_room(
+    option: str, given: str | os.PathLike, writes: Iterable[str | os.PathLike] = (), names: str = ""
+) -> None:
     """Refuse, before any work, a path the user gave when it, or any path satmon will write beneath or beside it,
     is over the system's limits: each name against ``NAME_MAX``, each whole path (made absolute, and resolved, as the
     writers use it) against ``PATH_MAX``, both read with ``os.pathconf`` where the path is.
@@ -257,10 +290,12 @@ def check_room(option: str, given: str | os.PathLike, writes: Iterable[str | os.
         >>> check_room("--out", "out", ["out/calibration.json", *beside("out/calibration.json")]) is None
         True
         >>> check_room("--logdir", "/tmp/" + "d" * 250, [os.path.join("/tmp/" + "d" * 250, "v" * 10)])
-        >>> check_room("--logdir", "logs", ["logs/" + "n" * 300])
+        >>> check_room("--logdir", "logs", ["logs/" + "n" * 300])  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        satmon.paths.PathTooLong: Expected the names satmon writes in --logdir to fit the file system, got a name of 300 bytes ('nnnnnnnnnnnnnnnnnnnn...', which satmon makes there) over the file system's limit of 255 (NAME_MAX): pass a shorter --logdir or name.
+        satmon.paths.PathTooLong: Expected the names satmon writes in --logdir to fit the file system, got a name of
+        300 bytes ('nnnnnnnnnnnnnnnnnnnn...', which satmon makes there) over the file system's limit of 255 (NAME_MAX):
+        pass a shorter --logdir or name.
     """
     text = os.fspath(given)
     name_max = _limit(text, "PC_NAME_MAX", 255)
@@ -268,14 +303,22 @@ def check_room(option: str, given: str | os.PathLike, writes: Iterable[str | os.
     for part in os.fsencode(text).split(b"/"):
         if len(part) > name_max:
             shown = _shown(os.fsdecode(part), 40)
-            raise PathTooLong(f"Expected {option} to be a path whose names are at most {name_max:,} bytes each (the file "
-                              f"system's limit, NAME_MAX), got {len(part):,} bytes in {shown!r}: pass a shorter path.",
-                              option, len(part), name_max)
+            raise PathTooLong(
+                f"Expected {option} to be a path whose names are at most {name_max:,} bytes each (the file "
+                f"system's limit, NAME_MAX), got {len(part):,} bytes in {shown!r}: pass a shorter path.",
+                option,
+                len(part),
+                name_max,
+            )
     own = _absolute_lengths(text)
     if own >= path_max:
-        raise PathTooLong(f"Expected {option} to be a path shorter than {path_max:,} bytes (the system's limit, PATH_MAX), "
-                          f"got {own:,} bytes once made absolute: pass a shorter path, or one nearer /.", option, own,
-                          path_max)
+        raise PathTooLong(
+            f"Expected {option} to be a path shorter than {path_max:,} bytes (the system's limit, PATH_MAX), "
+            f"got {own:,} bytes once made absolute: pass a shorter path, or one nearer /.",
+            option,
+            own,
+            path_max,
+        )
     base = os.path.abspath(text)
     grown = max(own - len(os.fsencode(base)), 0)  # resolved longer than absolute: the writers that resolve get there
     deepest, deepest_len = "", 0
@@ -286,20 +329,29 @@ def check_room(option: str, given: str | os.PathLike, writes: Iterable[str | os.
         for part in os.fsencode(rel).split(b"/"):
             if len(part) > name_max:
                 shown = _shown(os.fsdecode(part), 40)
-                raise PathTooLong(f"Expected the names satmon writes in {option} to fit the file system, got a name of "
-                                  f"{len(part):,} bytes ({shown!r}, which satmon makes there) over the file system's "
-                                  f"limit of {name_max:,} (NAME_MAX): pass a shorter {names or option + ' or name'}.", option, len(part),
-                                  name_max)
+                raise PathTooLong(
+                    f"Expected the names satmon writes in {option} to fit the file system, got a name of "
+                    f"{len(part):,} bytes ({shown!r}, which satmon makes there) over the file system's "
+                    f"limit of {name_max:,} (NAME_MAX): pass a shorter {names or option + ' or name'}.",
+                    option,
+                    len(part),
+                    name_max,
+                )
         n = len(os.fsencode(full)) + grown
         if n > deepest_len:
             deepest, deepest_len = rel, n
     if deepest_len >= path_max:
         room = path_max - 1 - (deepest_len - own)
         made = " (made absolute)" if own > len(os.fsencode(text)) else ""
-        raise PathTooLong(f"Expected {option} to leave room for the paths satmon writes beneath it, got a path of {own:,} "
-                          f"bytes{made} whose deepest file ({_shown(deepest, 90)}) would be {deepest_len:,} bytes, over the "
-                          f"system's limit of {path_max:,} (PATH_MAX): pass a {option} of at most {max(room, 0):,} bytes{made} "
-                          "(a shorter folder, or one nearer /).", option, deepest_len, path_max)
+        raise PathTooLong(
+            f"Expected {option} to leave room for the paths satmon writes beneath it, got a path of {own:,} "
+            f"bytes{made} whose deepest file ({_shown(deepest, 90)}) would be {deepest_len:,} bytes, over the "
+            f"system's limit of {path_max:,} (PATH_MAX): pass a {option} of at most {max(room, 0):,} bytes{made} "
+            "(a shorter folder, or one nearer /).",
+            option,
+            deepest_len,
+            path_max,
+        )
 
 
 def kind_of(path: str | os.PathLike, entry: os.DirEntry | None = None) -> PathKind:
@@ -346,7 +398,9 @@ def kind_of(path: str | os.PathLike, entry: os.DirEntry | None = None) -> PathKi
 
 def _failed(text: str, e: OSError) -> PathKind:
     if e.errno == errno.ENAMETOOLONG:
-        return PathKind(text, "too-long", detail=length_problem(text) or "a path too long for the system (ENAMETOOLONG)")
+        return PathKind(
+            text, "too-long", detail=length_problem(text) or "a path too long for the system (ENAMETOOLONG)"
+        )
     if e.errno == errno.ELOOP:
         return PathKind(text, "link-loop")
     reason = e.strerror or type(e).__name__
@@ -369,8 +423,8 @@ def not_a_folder(path: str | os.PathLike) -> str | None:
 
 
 def kind_phrase(path: str | os.PathLike) -> str:
-    """What is at ``path`` in a message's words (:func:`satmon.paths.kind_of`): ``"a file"`` for a regular file, else its
-    kind (``"a socket"``, ``"a FIFO (named pipe)"``, ``"a symlink loop ..."``), never "a file" for what is not one.
+    """What is at ``path`` in a message's words (:func:`satmon.paths.kind_of`): ``"a file"`` for a regular file, else
+    its kind (``"a socket"``, ``"a FIFO (named pipe)"``, ``"a symlink loop ..."``), never "a file" for what is not one.
 
     Example:
         >>> kind_phrase("/dev/null")
@@ -397,16 +451,20 @@ def require_regular(path: str | os.PathLike, what: str, todo: str) -> PathKind:
         todo: what to do instead (``"pass the calibration batches' file"``).
 
     Example:
-        >>> require_regular("/dev/null", "--data", "pass a torch.save'd file")
+        >>> require_regular("/dev/null", "--data", "pass a torch.save'd file")  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        satmon.paths.NotRegular: Expected --data to be a regular file, got '/dev/null', which is a character device: pass a torch.save'd file (it was not opened).
+        satmon.paths.NotRegular: Expected --data to be a regular file, got '/dev/null', which is a character device:
+        pass a torch.save'd file (it was not opened).
     """
     kind = kind_of(path)
     if kind.regular:
         return kind
-    raise NotRegular(f"Expected {what} to be a regular file, got {_shown(os.fspath(path), 240)!r}, which is "
-                     f"{kind.describe()}: {todo} (it was not opened).", kind)
+    raise NotRegular(
+        f"Expected {what} to be a regular file, got {_shown(os.fspath(path), 240)!r}, which is "
+        f"{kind.describe()}: {todo} (it was not opened).",
+        kind,
+    )
 
 
 def open_regular(path: str | os.PathLike) -> int:
@@ -417,16 +475,20 @@ def open_regular(path: str | os.PathLike) -> int:
         NotRegular: the opened file is not a regular file.
         OSError: it cannot be opened.
     """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(
+        path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    )
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise NotRegular(f"Expected a regular file at {_shown(os.fspath(path), 240)!r}, got "
-                             f"{_WORDS[_kind_of_mode(st.st_mode)]}: not read.", PathKind(os.fspath(path), _kind_of_mode(st.st_mode), st=st))
+            raise NotRegular(
+                f"Expected a regular file at {_shown(os.fspath(path), 240)!r}, got "
+                f"{_WORDS[_kind_of_mode(st.st_mode)]}: not read.",
+                PathKind(os.fspath(path), _kind_of_mode(st.st_mode), st=st),
+            )
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
     return fd
-

@@ -87,12 +87,16 @@ def check_rule(level: Any, threshold: Any, collapse_threshold: Any) -> tuple[flo
         ValueError: Expected `level` > 0 (the per-element cut-off |alpha * x| > level; the study's is 2), got -1.
     """
     if isinstance(level, bool) or not isinstance(level, (int, float)) or not math.isfinite(level) or level <= 0:
-        raise ValueError(f"Expected `level` > 0 (the per-element cut-off |alpha * x| > level; the study's is "
-                         f"{study.LEVEL:g}), "
-                         f"got {level!r}.")
-    return (float(level),
-            _fraction("threshold", threshold, f"the GO level of pooled saturation; the study's is {study.THRESHOLD:g}"),
-            _fraction("collapse_threshold", collapse_threshold, f"the study's is {study.COLLAPSE_THRESHOLD:g}"))
+        raise ValueError(
+            f"Expected `level` > 0 (the per-element cut-off |alpha * x| > level; the study's is "
+            f"{study.LEVEL:g}), "
+            f"got {level!r}."
+        )
+    return (
+        float(level),
+        _fraction("threshold", threshold, f"the GO level of pooled saturation; the study's is {study.THRESHOLD:g}"),
+        _fraction("collapse_threshold", collapse_threshold, f"the study's is {study.COLLAPSE_THRESHOLD:g}"),
+    )
 
 
 #: The most steps of training loss the watch keeps on the device (``loss_baseline``, ``watch_every_n_steps``): 8 MB.
@@ -102,9 +106,11 @@ MAX_KEPT_STEPS = 1_000_000
 def _check_predicate(name: str, value: Callable[..., Any]) -> None:
     """A predicate is called as ``value(module_name, module)``: one that cannot take two arguments is refused now."""
     if isinstance(value, type):
-        raise ValueError(f"Expected `{name}` to be a predicate (name, module) -> bool, got the class {value.__name__}: "
-                         f"to select modules by type pass {name}=lambda name, module: "
-                         f"isinstance(module, {value.__name__}).")
+        raise ValueError(
+            f"Expected `{name}` to be a predicate (name, module) -> bool, got the class {value.__name__}: "
+            f"to select modules by type pass {name}=lambda name, module: "
+            f"isinstance(module, {value.__name__})."
+        )
     try:
         signature = inspect.signature(value)
     except (TypeError, ValueError):  # a builtin without a signature: called as it is
@@ -112,10 +118,12 @@ def _check_predicate(name: str, value: Callable[..., Any]) -> None:
     try:
         signature.bind("layer", None)
     except TypeError:
-        raise ValueError(f"Expected `{name}` to be a predicate called as {name}(name, module) -> bool, got "
-                         f"{getattr(value, '__qualname__', type(value).__name__)}{signature}, which cannot take those "
-                         "two "
-                         f"arguments: e.g. {name}=lambda name, module: name.endswith('norm').") from None
+        raise ValueError(
+            f"Expected `{name}` to be a predicate called as {name}(name, module) -> bool, got "
+            f"{getattr(value, '__qualname__', type(value).__name__)}{signature}, which cannot take those "
+            "two "
+            f"arguments: e.g. {name}=lambda name, module: name.endswith('norm')."
+        ) from None
 
 
 def check_selector(name: str, value: Any) -> None:
@@ -137,9 +145,11 @@ def check_selector(name: str, value: Any) -> None:
         _check_predicate(name, value)
         return
     if not isinstance(value, str):
-        raise ValueError(f"Expected `{name}` to be None, a regex on module names or a predicate (name, module) -> "
-                         "bool, "
-                         f"got {short_repr(value)} ({type(value).__name__}).")
+        raise ValueError(
+            f"Expected `{name}` to be None, a regex on module names or a predicate (name, module) -> "
+            "bool, "
+            f"got {short_repr(value)} ({type(value).__name__})."
+        )
     try:
         re.compile(value)
     except re.error as e:
@@ -151,19 +161,25 @@ def _gating_mapping(value: Any) -> dict[str, str | None] | None:
     if value is None:
         return None
     if not isinstance(value, Mapping):
-        raise ValueError("Expected `gating_mapping` to be a dict {dyt_layer_name: gated_mlp_module_name or None}, "
-                         f"got {type(value).__name__}: e.g. gating_mapping={{'blocks.0.norm_2': 'blocks.0.mlp'}}.")
+        raise ValueError(
+            "Expected `gating_mapping` to be a dict {dyt_layer_name: gated_mlp_module_name or None}, "
+            f"got {type(value).__name__}: e.g. gating_mapping={{'blocks.0.norm_2': 'blocks.0.mlp'}}."
+        )
     for key, mlp in value.items():
         if not isinstance(key, str):
-            raise ValueError(f"Expected the keys of `gating_mapping` to be DyT layer names (str), got "
-                             f"{short_repr(key)} "
-                             f"({type(key).__name__}): name the layer as model.named_modules() does, e.g. "
-                             "'blocks.0.norm_2'.")
+            raise ValueError(
+                f"Expected the keys of `gating_mapping` to be DyT layer names (str), got "
+                f"{short_repr(key)} "
+                f"({type(key).__name__}): name the layer as model.named_modules() does, e.g. "
+                "'blocks.0.norm_2'."
+            )
         if mlp is not None and not isinstance(mlp, str):
-            raise ValueError(f"Expected `gating_mapping[{key!r}]` to be the name of the gated MLP module it feeds "
-                             "(str) or "
-                             f"None (it feeds none), got {short_repr(mlp)} ({type(mlp).__name__}): e.g. "
-                             f"{{{short_repr(key)}: 'blocks.0.mlp'}}.")
+            raise ValueError(
+                f"Expected `gating_mapping[{key!r}]` to be the name of the gated MLP module it feeds "
+                "(str) or "
+                f"None (it feeds none), got {short_repr(mlp)} ({type(mlp).__name__}): e.g. "
+                f"{{{short_repr(key)}: 'blocks.0.mlp'}}."
+            )
     return dict(value)
 
 
@@ -176,14 +192,18 @@ def _calibration(value: Any) -> Calibration | None:
     elif isinstance(value, (str, os.PathLike)):
         cal = load_calibration(value)
     else:
-        raise CalibrationError(f"Expected a path to a calibration.json or a Calibration, got {short_repr(value)} "
-                               f"({type(value).__name__}) for `calibration`: pass the file `satmon calibrate` wrote "
-                               "(calibration='OUT/calibration.json').")
+        raise CalibrationError(
+            f"Expected a path to a calibration.json or a Calibration, got {short_repr(value)} "
+            f"({type(value).__name__}) for `calibration`: pass the file `satmon calibrate` wrote "
+            "(calibration='OUT/calibration.json')."
+        )
     if cal.metric != "saturation":
-        raise CalibrationError(f"Expected a calibration of the pooled saturation (metric 'saturation'), got metric "
-                               f"{cal.metric!r} from {cal.path or short_repr(value)}: the verdict's rule reads the "
-                               "pooled "
-                               "saturation; calibrate with `--metric saturation`.")
+        raise CalibrationError(
+            f"Expected a calibration of the pooled saturation (metric 'saturation'), got metric "
+            f"{cal.metric!r} from {cal.path or short_repr(value)}: the verdict's rule reads the "
+            "pooled "
+            "saturation; calibrate with `--metric saturation`."
+        )
     return cal
 
 
@@ -262,70 +282,114 @@ class Settings:
         cal = _calibration(self.calibration)
         threshold, caveat = self.threshold, self.caveat
         if caveat is not None and not isinstance(caveat, str):
-            raise ValueError(f"Expected `caveat` to be a str (the card's provenance line) or None, got "
-                             f"{short_repr(caveat)} "
-                             f"({type(caveat).__name__}).")
+            raise ValueError(
+                f"Expected `caveat` to be a str (the card's provenance line) or None, got "
+                f"{short_repr(caveat)} "
+                f"({type(caveat).__name__})."
+            )
         if cal is not None:
             for name, given, own in (("threshold", threshold, cal.threshold), ("caveat", caveat, cal.caveat())):
                 if given not in (None, "") and given != own:  # its own value (a dataclasses.replace) is no clash
-                    raise ValueError(f"Expected either `{name}` or `calibration`, got both ({name}="
-                                     f"{short_repr(given)}, "
-                                     f"calibration={cal.path or 'a Calibration'!r} with threshold "
-                                     f"{cal.threshold:.4g}): the "
-                                     f"calibration holds its own threshold and provenance; drop `{name}` (or the "
-                                     "calibration).")
+                    raise ValueError(
+                        f"Expected either `{name}` or `calibration`, got both ({name}="
+                        f"{short_repr(given)}, "
+                        f"calibration={cal.path or 'a Calibration'!r} with threshold "
+                        f"{cal.threshold:.4g}): the "
+                        f"calibration holds its own threshold and provenance; drop `{name}` (or the "
+                        "calibration)."
+                    )
         in_force = threshold if threshold is not None else cal.threshold if cal is not None else study.THRESHOLD
         level, _, collapse = check_rule(self.level, in_force, self.collapse_threshold)
-        rule = Rule.resolve(threshold=None if threshold is None else float(threshold), caveat=caveat or None,
-                            calibration=cal, collapse_threshold=collapse)
-        for name, value in (("calibration", cal), ("level", level), ("collapse_threshold", collapse), ("rule", rule),
-                            ("gating_mapping", _gating_mapping(self.gating_mapping))):
+        rule = Rule.resolve(
+            threshold=None if threshold is None else float(threshold),
+            caveat=caveat or None,
+            calibration=cal,
+            collapse_threshold=collapse,
+        )
+        for name, value in (
+            ("calibration", cal),
+            ("level", level),
+            ("collapse_threshold", collapse),
+            ("rule", rule),
+            ("gating_mapping", _gating_mapping(self.gating_mapping)),
+        ):
             object.__setattr__(self, name, value)
         check_product(self.product)
         _int("window", self.window, 1, "optimizer steps")
         _int("sample_every", self.sample_every, 1, "count every k-th step of the window", high=self.window)
-        _int("offset_every", self.offset_every, 0,
-             "offset statistics on every k-th counted window step; 0 turns them off")
+        _int(
+            "offset_every",
+            self.offset_every,
+            0,
+            "offset statistics on every k-th counted window step; 0 turns them off",
+        )
         check_selector("include", self.include)
         check_selector("exclude", self.exclude)
         _int("watch_every_n_steps", self.watch_every_n_steps, 0, "0 turns the watch off", high=MAX_KEPT_STEPS)
         _int("patience", self.patience, 1, "consecutive breaching checks")
-        _int("trap_every_n_steps", self.trap_every_n_steps, 0, "read the trap on one optimizer step in this many from "
-             "step 1; 0 turns the trap watch off", high=MAX_KEPT_STEPS)
+        _int(
+            "trap_every_n_steps",
+            self.trap_every_n_steps,
+            0,
+            "read the trap on one optimizer step in this many from step 1; 0 turns the trap watch off",
+            high=MAX_KEPT_STEPS,
+        )
         _int("trap_patience", self.trap_patience, 1, "consecutive checks with the trap's evidence before it is named")
         f = self.trap_floor
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f < 1:
-            raise ValueError(f"Expected `trap_floor` in [0, 1) (the gradient norm below the final norm over the head's at "
-                             f"or under which it is dead; 0: exactly zero), got {short_repr(f)}.")
+            raise ValueError(
+                f"Expected `trap_floor` in [0, 1) (the gradient norm below the final norm over the head's at "
+                f"or under which it is dead; 0: exactly zero), got {short_repr(f)}."
+            )
         object.__setattr__(self, "trap_floor", float(f))
         z = self.loss_spike_z
         if isinstance(z, bool) or not isinstance(z, (int, float)) or not math.isfinite(z) or z <= 0:
             raise ValueError(f"Expected `loss_spike_z` > 0 (robust sigmas), got {z!r}.")
         object.__setattr__(self, "loss_spike_z", float(z))
-        _int("loss_baseline", self.loss_baseline, 2, "steps of training loss kept on the device for the spike baseline",
-             high=MAX_KEPT_STEPS)
+        _int(
+            "loss_baseline",
+            self.loss_baseline,
+            2,
+            "steps of training loss kept on the device for the spike baseline",
+            high=MAX_KEPT_STEPS,
+        )
         if self.abort_on not in ABORT_ON:
             raise ValueError(f"Expected `abort_on` in {ABORT_ON}, got {short_repr(self.abort_on)}.")
         if self.abort_mode not in ABORT_MODES:
             raise ValueError(f"Expected `abort_mode` in {ABORT_MODES}, got {short_repr(self.abort_mode)}.")
         _flag("dry_run", self.dry_run)
         if self.unique_tokens is not None:
-            _int("unique_tokens", self.unique_tokens, 1, "the unique tokens the run trains on; None: counted from the "
-                 "training data when satmon can")
+            _int(
+                "unique_tokens",
+                self.unique_tokens,
+                1,
+                "the unique tokens the run trains on; None: counted from the training data when satmon can",
+            )
         if self.planned_tokens is not None:
-            _int("planned_tokens", self.planned_tokens, 1, "the tokens training will process: optimizer steps x global "
-                 "batch x sequence length; None: counted from the trainer when satmon can")
+            _int(
+                "planned_tokens",
+                self.planned_tokens,
+                1,
+                "the tokens training will process: optimizer steps x global "
+                "batch x sequence length; None: counted from the trainer when satmon can",
+            )
         if self.planned_steps is not None:
-            _int("planned_steps", self.planned_steps, 1, "the run's optimizer steps, for the forecast's domain; "
-                 "None: the "
-                 "trainer's when satmon can read them")
+            _int(
+                "planned_steps",
+                self.planned_steps,
+                1,
+                "the run's optimizer steps, for the forecast's domain; None: the trainer's when satmon can read them",
+            )
         if self.warmup_steps is not None:
-            _int("warmup_steps", self.warmup_steps, 0,
-                 "the run's learning-rate warm-up steps, for the forecast's domain")
+            _int(
+                "warmup_steps", self.warmup_steps, 0, "the run's learning-rate warm-up steps, for the forecast's domain"
+            )
         if self.lr_schedule is not None and (not isinstance(self.lr_schedule, str) or not self.lr_schedule.strip()):
-            raise ValueError(f"Expected `lr_schedule` as the learning rate's shape, a str such as "
-                             "'linear-warmup-constant' "
-                             f"(the study's) or 'linear-warmup-cosine', got {short_repr(self.lr_schedule)}.")
+            raise ValueError(
+                f"Expected `lr_schedule` as the learning rate's shape, a str such as "
+                "'linear-warmup-constant' "
+                f"(the study's) or 'linear-warmup-cosine', got {short_repr(self.lr_schedule)}."
+            )
 
     @staticmethod
     def names() -> tuple[str, ...]:
@@ -369,10 +433,15 @@ def renamed_options(options: Mapping[str, Any], owner: str = "Settings") -> dict
     for old, new in RENAMED.items():
         if old in out:
             if new in out:
-                raise ValueError(f"Expected one of `{old}` and `{new}` in {owner}, got both: `{old}` is the old name of "
-                                 f"`{new}`; pass `{new}` only.")
-            warnings.warn(f"{old}= is deprecated since satmon 0.5: use {new}= (the old name works until satmon 0.6).",
-                          SatmonDeprecationWarning, stacklevel=3)
+                raise ValueError(
+                    f"Expected one of `{old}` and `{new}` in {owner}, got both: `{old}` is the old name of "
+                    f"`{new}`; pass `{new}` only."
+                )
+            warnings.warn(
+                f"{old}= is deprecated since satmon 0.5: use {new}= (the old name works until satmon 0.6).",
+                SatmonDeprecationWarning,
+                stacklevel=3,
+            )
             out[new] = out.pop(old)
     return out
 
@@ -389,8 +458,12 @@ def _train_tokens(self: Settings) -> int | None:
     """Deprecated: :attr:`unique_tokens` (the old name works until satmon 0.6)."""
     from satmon._compat import SatmonDeprecationWarning
 
-    warnings.warn("Settings.train_tokens is deprecated since satmon 0.5: use Settings.unique_tokens (the old name works "
-                  "until satmon 0.6).", SatmonDeprecationWarning, stacklevel=2)
+    warnings.warn(
+        "Settings.train_tokens is deprecated since satmon 0.5: use Settings.unique_tokens (the old name works "
+        "until satmon 0.6).",
+        SatmonDeprecationWarning,
+        stacklevel=2,
+    )
     return self.unique_tokens
 
 
@@ -431,8 +504,9 @@ class ReadsSettings:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
-def settings_from(settings: Any, options: Mapping[str, Any], *, owner: str, own: Iterable[str] = (),
-                  hint: str = "") -> Settings:
+def settings_from(
+    settings: Any, options: Mapping[str, Any], *, owner: str, own: Iterable[str] = (), hint: str = ""
+) -> Settings:
     """The one :class:`Settings` a consumer runs on: ``settings`` as given, or one built from its keyword ``options``.
 
     Args:
@@ -455,18 +529,24 @@ def settings_from(settings: Any, options: Mapping[str, Any], *, owner: str, own:
         TypeError: Expected Screen options among ['abort_mode', 'abort_on', ...], got ['windw']...
     """
     if settings is not None and not isinstance(settings, Settings):
-        raise TypeError(f"Expected `settings` to be a satmon.Settings or None, got {short_repr(settings)} "
-                        f"({type(settings).__name__}): pass the options by keyword ({owner}(window=500, ...)) or build "
-                        "them once with satmon.Settings(...).")
+        raise TypeError(
+            f"Expected `settings` to be a satmon.Settings or None, got {short_repr(settings)} "
+            f"({type(settings).__name__}): pass the options by keyword ({owner}(window=500, ...)) or build "
+            "them once with satmon.Settings(...)."
+        )
     valid = Settings.names()
     options = renamed_options(options, owner)
     unknown = sorted(set(options) - set(valid))
     if unknown:
         extra = f" (plus {', '.join(own)})" if own else ""
-        raise TypeError(f"Expected {owner} options among {sorted(valid)}{extra}, got {unknown}: check the spelling."
-                        + (f" {hint}" if hint else ""))
+        raise TypeError(
+            f"Expected {owner} options among {sorted(valid)}{extra}, got {unknown}: check the spelling."
+            + (f" {hint}" if hint else "")
+        )
     if settings is not None and options:
-        raise ValueError(f"Expected either `settings` or keyword options, got both (options {sorted(options)}): put "
-                         "them "
-                         f"in the Settings, e.g. dataclasses.replace(settings, {min(options)}=...).")
+        raise ValueError(
+            f"Expected either `settings` or keyword options, got both (options {sorted(options)}): put "
+            "them "
+            f"in the Settings, e.g. dataclasses.replace(settings, {min(options)}=...)."
+        )
     return settings if settings is not None else Settings(**options)

@@ -14,9 +14,14 @@ def offline_trackers(tmp_path_factory):
     folder in its own ``tmp_path``; this is the net under it). Subprocesses inherit the same environment."""
     folder = tmp_path_factory.mktemp("trackers")
     mp = pytest.MonkeyPatch()
-    for key, value in (("WANDB_MODE", "offline"), ("WANDB_SILENT", "true"), ("WANDB_DIR", str(folder)),
-                       ("WANDB_DISABLE_GIT", "true"), ("MLFLOW_ALLOW_FILE_STORE", "true"),
-                       ("MLFLOW_TRACKING_URI", f"file:{folder / 'mlruns'}")):
+    for key, value in (
+        ("WANDB_MODE", "offline"),
+        ("WANDB_SILENT", "true"),
+        ("WANDB_DIR", str(folder)),
+        ("WANDB_DISABLE_GIT", "true"),
+        ("MLFLOW_ALLOW_FILE_STORE", "true"),
+        ("MLFLOW_TRACKING_URI", f"file:{folder / 'mlruns'}"),
+    ):
         mp.setenv(key, value)
     yield folder
     mp.undo()

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from satmon.demos.lit import LitLM
 from satmon import find_dyt_layers
+from satmon.demos.lit import LitLM
 from satmon.observe.counters import SaturationCounter
 from satmon.observe.saturation import SaturationHooks
 
@@ -25,7 +25,9 @@ def tiny_lit(**overrides) -> LitLM:
     return LitLM(**cfg)
 
 
-def token_loader(n_batches: int = 8, batch_size: int = 4, seq_len: int = 16, seed: int = 0, vocab: int = 256) -> DataLoader:
+def token_loader(
+    n_batches: int = 8, batch_size: int = 4, seq_len: int = 16, seed: int = 0, vocab: int = 256
+) -> DataLoader:
     """Fixed random token windows (shuffle off, so reruns and resumes see the same data)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, vocab, (n_batches * batch_size, seq_len + 1), generator=g)
@@ -34,8 +36,15 @@ def token_loader(n_batches: int = 8, batch_size: int = 4, seq_len: int = 16, see
 
 def trainer(tmp_path, **kw) -> pl.Trainer:
     args = dict(
-        default_root_dir=str(tmp_path), enable_progress_bar=False, enable_model_summary=False, logger=False,
-        enable_checkpointing=False, accelerator="cpu", devices=1, num_sanity_val_steps=0, limit_val_batches=0,
+        default_root_dir=str(tmp_path),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        devices=1,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
     )
     args.update(kw)
     return pl.Trainer(**args)
@@ -61,18 +70,32 @@ def hooked(model: nn.Module, keep_inputs: bool = False, **counter) -> Saturation
 def clean_env() -> dict[str, str]:
     """The test process's environment without what an earlier in-process distributed run (Lightning,
     accelerate) may have left there, for a subprocess that starts its own process group."""
-    stale = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
-             "GROUP_RANK", "PL_GLOBAL_SEED", "TORCHELASTIC_RUN_ID")
-    return {**{k: v for k, v in os.environ.items() if k not in stale and not k.startswith("ACCELERATE_")},
-            "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    stale = (
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "PL_GLOBAL_SEED",
+        "TORCHELASTIC_RUN_ID",
+    )
+    return {
+        **{k: v for k, v in os.environ.items() if k not in stale and not k.startswith("ACCELERATE_")},
+        "OMP_NUM_THREADS": "1",
+        "PYTHONHASHSEED": "0",
+    }
 
 
 #: what a process prints when it ends by ``std::terminate`` (a C++ thread still running at exit): exit -6 (SIGABRT)
 TERMINATED = "terminate called"
 
 
-def run_ranks(argv: Sequence[str], *, cwd: str | os.PathLike, env: Mapping[str, str] | None = None,
-              timeout: float) -> subprocess.CompletedProcess:
+def run_ranks(
+    argv: Sequence[str], *, cwd: str | os.PathLike, env: Mapping[str, str] | None = None, timeout: float
+) -> subprocess.CompletedProcess:
     """Run a script that starts processes of its own (Lightning's and Fabric's DDP launchers re-run it for every
     further rank) in a session of its own, wait for all of them, and fail unless every rank exited cleanly.
 
@@ -82,20 +105,30 @@ def run_ranks(argv: Sequence[str], *, cwd: str | os.PathLike, env: Mapping[str, 
     (:data:`TERMINATED` in the output, exit -6: a thread or a process group still running at exit), since a user's
     DDP job must exit 0.
     """
-    proc = subprocess.Popen(list(argv), cwd=cwd, env=None if env is None else dict(env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        list(argv),
+        cwd=cwd,
+        env=None if env is None else dict(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_session(proc.pid)
         out, err = proc.communicate()
-        raise AssertionError(f"Expected {argv[0]} and its ranks to finish within {timeout:.0f} s, got a run still "
-                             f"going (killed, with every rank)\n{out[-3000:]}\n{err[-5000:]}") from None
+        raise AssertionError(
+            f"Expected {argv[0]} and its ranks to finish within {timeout:.0f} s, got a run still "
+            f"going (killed, with every rank)\n{out[-3000:]}\n{err[-5000:]}"
+        ) from None
     finally:
         _kill_session(proc.pid)  # a rank that closed its pipes but lingers: never left running past the test
     assert proc.returncode == 0 and TERMINATED not in out + err, (
         f"Expected {argv[0]} to exit 0 on every rank, got exit {proc.returncode}"
-        f"{' and std::terminate on a rank' if TERMINATED in out + err else ''}\n{out[-3000:]}\n{err[-5000:]}")
+        f"{' and std::terminate on a rank' if TERMINATED in out + err else ''}\n{out[-3000:]}\n{err[-5000:]}"
+    )
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
@@ -105,7 +138,6 @@ def _kill_session(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
 
 
 class RecordingSink:

@@ -8,9 +8,8 @@ or at another step, would not match.
 
 from __future__ import annotations
 
-import re
-
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -72,7 +71,8 @@ def plain_run(steps: int = STEPS, **screen_options):
 
 
 def comparable(verdict, strip: str = "") -> dict:
-    """``verdict.to_dict()`` with ``strip`` taken off the layer names (the Lightning module nests the GPT as ``model``)."""
+    """``verdict.to_dict()`` with ``strip`` taken off the layer names (the Lightning module
+    nests the GPT as ``model``)."""
     d = verdict.to_dict()
     for key in ("per_layer", "offset", "risk"):  # keyed by layer (or gated MLP) name
         d[key] = {k.removeprefix(strip): v for k, v in d[key].items()}
@@ -119,9 +119,21 @@ def hf_args(out: Path, **overrides):
     """TrainingArguments that train like the recipe: CPU, constant lr, plain AdamW, no clipping, no shuffling."""
     from transformers import TrainingArguments
 
-    kw = dict(use_cpu=True, report_to="none", max_steps=STEPS, per_device_train_batch_size=BATCH, learning_rate=LR,
-              lr_scheduler_type="constant", optim="adamw_torch", weight_decay=0.0, max_grad_norm=0.0,
-              train_sampling_strategy="sequential", save_strategy="no", logging_steps=1000, disable_tqdm=True,
-              dataloader_num_workers=0)
+    kw = dict(
+        use_cpu=True,
+        report_to="none",
+        max_steps=STEPS,
+        per_device_train_batch_size=BATCH,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        optim="adamw_torch",
+        weight_decay=0.0,
+        max_grad_norm=0.0,
+        train_sampling_strategy="sequential",
+        save_strategy="no",
+        logging_steps=1000,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
     kw.update(overrides)
     return TrainingArguments(str(out), **kw)

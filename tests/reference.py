@@ -24,8 +24,17 @@ from torch import Tensor, nn
 
 from satmon.results.verdict import LayerCounts
 
-__all__ = ["InputRecorder", "count", "counts_of", "exact_count", "gate_stats", "model_counts", "module_count",
-           "pooled", "reference"]
+__all__ = [
+    "InputRecorder",
+    "count",
+    "counts_of",
+    "exact_count",
+    "gate_stats",
+    "model_counts",
+    "module_count",
+    "pooled",
+    "reference",
+]
 
 
 def exact_count(x: Tensor, alpha: Tensor, level: float = 2.0, shift: Tensor | None = None) -> int:
@@ -93,8 +102,9 @@ class InputRecorder:
         when: which forwards to record, from the layer (default: training forwards only, ``mod.training``).
     """
 
-    def __init__(self, model: nn.Module, names: Iterable[str],
-                 when: Callable[[nn.Module], bool] = lambda mod: mod.training) -> None:
+    def __init__(
+        self, model: nn.Module, names: Iterable[str], when: Callable[[nn.Module], bool] = lambda mod: mod.training
+    ) -> None:
         modules = dict(model.named_modules())
         self.when = when
         self.inputs: dict[str, list[tuple[Tensor, Tensor]]] = {n: [] for n in names}
@@ -103,21 +113,26 @@ class InputRecorder:
     def _hook(self, name: str):
         def hook(mod: nn.Module, args: tuple, out: object) -> None:
             if self.when(mod):
-                self.inputs[name].append((args[0].detach().to(torch.float64).clone(),
-                                          mod.alpha.detach().to(torch.float64).clone()))
+                self.inputs[name].append(
+                    (args[0].detach().to(torch.float64).clone(), mod.alpha.detach().to(torch.float64).clone())
+                )
+
         return hook
 
     def counts(self, level: float = 2.0, first: int | None = None) -> dict[str, tuple[int, int]]:
         """``{layer: (saturated, total)}`` over the recorded inputs (the ``first`` forwards of each layer, or all)."""
-        return {name: counts_of(items if first is None else items[:first], level) for name, items in self.inputs.items()}
+        return {
+            name: counts_of(items if first is None else items[:first], level) for name, items in self.inputs.items()
+        }
 
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
 
 
-def model_counts(model: nn.Module, inputs: Iterable[Tensor], level: float = 2.0,
-                 names: Iterable[str] | None = None) -> dict[str, LayerCounts]:
+def model_counts(
+    model: nn.Module, inputs: Iterable[Tensor], level: float = 2.0, names: Iterable[str] | None = None
+) -> dict[str, LayerCounts]:
     """Saturated / total DyT input elements of ``model`` over ``inputs`` (eval mode, no grad), in float64: the layers
     ``names`` (default: every :class:`satmon.DyT`)."""
     from satmon import DyT

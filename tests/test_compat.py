@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 import satmon
-from satmon import _compat
 from satmon._compat import MODULES, MODULES_MOVED_IN_0_5, MOVED_IN_0_5, NAMES, SatmonDeprecationWarning
 
 
@@ -28,8 +27,9 @@ def _fresh(name: str) -> None:
 def test_every_0_2_module_path_imports_with_a_warning_that_names_its_new_home(old):
     _fresh(old)
     new = MODULES[old]
-    with pytest.warns(SatmonDeprecationWarning,
-                      match=rf"{old.replace('.', '[.]')} is deprecated.*use {new}.*until satmon 0\.5"):
+    with pytest.warns(
+        SatmonDeprecationWarning, match=rf"{old.replace('.', '[.]')} is deprecated.*use {new}.*until satmon 0\.5"
+    ):
         alias = importlib.import_module(old)
     target = importlib.import_module(new)
     public = [n for n in getattr(target, "__all__", ()) if not n.startswith("_")]
@@ -75,8 +75,9 @@ def test_0_1_aliases_are_gone(gone):
         getattr(satmon, gone.split(".")[1])
 
 
-@pytest.mark.parametrize("gone", ["satmon.models", "satmon.hooks", "satmon.gating", "satmon.functional.deadir",
-                                  "satmon.data"])
+@pytest.mark.parametrize(
+    "gone", ["satmon.models", "satmon.hooks", "satmon.gating", "satmon.functional.deadir", "satmon.data"]
+)
 def test_0_1_module_paths_are_gone(gone):
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module(gone)
@@ -86,8 +87,11 @@ def test_0_1_module_paths_are_gone(gone):
 def test_every_0_4_replay_path_imports_with_a_warning_that_names_its_new_home(old):
     _fresh(old)
     new = MODULES_MOVED_IN_0_5[old]
-    with pytest.warns(SatmonDeprecationWarning, match=rf"{old.replace('.', '[.]')} is deprecated since satmon 0\.5: "
-                      rf"use {new}.*until satmon 0\.6"):
+    with pytest.warns(
+        SatmonDeprecationWarning,
+        match=rf"{old.replace('.', '[.]')} is deprecated since satmon 0\.5: "
+        rf"use {new}.*until satmon 0\.6",
+    ):
         alias = importlib.import_module(old)
     target = importlib.import_module(new)
     for name in [n for n in getattr(target, "__all__", ()) if not n.startswith("_")]:
@@ -98,30 +102,35 @@ def test_every_0_4_replay_path_imports_with_a_warning_that_names_its_new_home(ol
 def test_the_replays_0_4_names_warn_and_resolve_to_one_meaning_each(old, new):
     module, name = old
     if module in MODULES_MOVED_IN_0_5:  # a moved module warns when imported; a name moved out of a module that stays
-        _fresh(module)                  # (satmon.build_verdict, satmon.io.tensorboard.TAG) warns when read
+        _fresh(module)  # (satmon.build_verdict, satmon.io.tensorboard.TAG) warns when read
         with pytest.warns(SatmonDeprecationWarning):
             mod = importlib.import_module(module)
     else:
         mod = importlib.import_module(module)
-    with pytest.warns(SatmonDeprecationWarning, match=f"{module}.{name} is deprecated since satmon 0.5: use {new[0]}.{new[1]}"):
+    with pytest.warns(
+        SatmonDeprecationWarning, match=f"{module}.{name} is deprecated since satmon 0.5: use {new[0]}.{new[1]}"
+    ):
         value = getattr(mod, name)
     assert value is getattr(importlib.import_module(new[0]), new[1])
 
 
 def test_satmon_replay_stays_the_function_after_the_old_package_path_is_imported():
-    script = ("import inspect, warnings, satmon\n"
-              "from satmon.replaying.session import replay\n"
-              "assert satmon.replay is replay and inspect.isfunction(satmon.replay)\n"
-              "with warnings.catch_warnings(record=True) as caught:\n"
-              "    warnings.simplefilter('always')\n"
-              "    import satmon.replay.checkpoints  # the import system sets satmon.replay to the old package\n"
-              "assert caught and 'satmon.replaying' in str(caught[0].message)\n"
-              "try:\n"
-              "    satmon.replay([])\n"
-              "except Exception as e:\n"
-              "    print(type(e).__name__, e)\n")
+    script = (
+        "import inspect, warnings, satmon\n"
+        "from satmon.replaying.session import replay\n"
+        "assert satmon.replay is replay and inspect.isfunction(satmon.replay)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import satmon.replay.checkpoints  # the import system sets satmon.replay to the old package\n"
+        "assert caught and 'satmon.replaying' in str(caught[0].message)\n"
+        "try:\n"
+        "    satmon.replay([])\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "ReplayUsageError Expected at least one checkpoint file or folder, got none."  # the call
+    # the call
+    assert out.stdout.strip() == "ReplayUsageError Expected at least one checkpoint file or folder, got none."
 
 
 def test_no_alias_names_a_path_that_exists_so_a_real_module_is_never_shadowed():
@@ -134,9 +143,12 @@ def test_no_alias_names_a_path_that_exists_so_a_real_module_is_never_shadowed():
 @pytest.mark.parametrize(("old", "new"), sorted(MODULES_MOVED_IN_0_5.items()))
 def test_modules_renamed_in_0_5_import_with_a_warning_until_0_6(old, new):
     sys.modules.pop(old, None)
-    with pytest.warns(SatmonDeprecationWarning, match=rf"{old.replace('.', '[.]')} is deprecated since satmon 0[.]5: "
-                                                      rf"use "
-                                                      rf"{new.replace('.', '[.]')} .*until satmon 0[.]6"):
+    with pytest.warns(
+        SatmonDeprecationWarning,
+        match=rf"{old.replace('.', '[.]')} is deprecated since satmon 0[.]5: "
+        rf"use "
+        rf"{new.replace('.', '[.]')} .*until satmon 0[.]6",
+    ):
         alias = importlib.import_module(old)
     target = importlib.import_module(new)
     assert all(getattr(alias, n) is getattr(target, n) for n in getattr(target, "__all__", ()))
@@ -145,8 +157,11 @@ def test_modules_renamed_in_0_5_import_with_a_warning_until_0_6(old, new):
 @pytest.mark.parametrize(("old", "new"), sorted(MOVED_IN_0_5.items()))
 def test_names_moved_in_0_5_warn_and_resolve_until_0_6(old, new):
     module, name = old
-    with pytest.warns(SatmonDeprecationWarning, match=rf"{module}[.]{name} is deprecated since satmon 0[.]5: use "
-                                                      rf"{new[0]}[.]{new[1]} .*until satmon 0[.]6"):
+    with pytest.warns(
+        SatmonDeprecationWarning,
+        match=rf"{module}[.]{name} is deprecated since satmon 0[.]5: use "
+        rf"{new[0]}[.]{new[1]} .*until satmon 0[.]6",
+    ):
         value = getattr(importlib.import_module(module), name)
     assert value is getattr(importlib.import_module(new[0]), new[1])
     assert name not in getattr(importlib.import_module(module), "__all__", ())  # no longer listed where it was

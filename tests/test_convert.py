@@ -14,9 +14,17 @@ class HFModel(nn.Module):  # Hugging Face's layout: 3 layers of two RMSNorms, a 
     def __init__(self, d=8, n=3):
         super().__init__()
         self.embed_tokens = nn.Embedding(10, d)
-        self.layers = nn.ModuleList(nn.ModuleDict({"input_layernorm": LlamaRMSNorm(d), "self_attn": nn.Linear(d, d),
-                                                   "post_attention_layernorm": LlamaRMSNorm(d), "mlp": nn.Linear(d, d)})
-                                    for _ in range(n))
+        self.layers = nn.ModuleList(
+            nn.ModuleDict(
+                {
+                    "input_layernorm": LlamaRMSNorm(d),
+                    "self_attn": nn.Linear(d, d),
+                    "post_attention_layernorm": LlamaRMSNorm(d),
+                    "mlp": nn.Linear(d, d),
+                }
+            )
+            for _ in range(n)
+        )
         self.norm = LlamaRMSNorm(d)
 
 
@@ -26,8 +34,16 @@ def test_convert_positions_and_copy_affine():
         model.blocks[0].ln_1.weight.fill_(3.0)
         model.blocks[0].ln_1.bias.fill_(-0.5)
     pos = norm_position(model)
-    assert pos == {"blocks.0.ln_1": "attn", "blocks.0.ln_2": "mlp", "blocks.1.ln_1": "attn", "blocks.1.ln_2": "mlp", "ln_f": "final"}
-    convert_to_dyt(model, alpha_init=2.0, alpha_init_attn=0.8, alpha_init_mlp=0.2, alpha_init_final=0.3, copy_affine=True)
+    assert pos == {
+        "blocks.0.ln_1": "attn",
+        "blocks.0.ln_2": "mlp",
+        "blocks.1.ln_1": "attn",
+        "blocks.1.ln_2": "mlp",
+        "ln_f": "final",
+    }
+    convert_to_dyt(
+        model, alpha_init=2.0, alpha_init_attn=0.8, alpha_init_mlp=0.2, alpha_init_final=0.3, copy_affine=True
+    )
     assert isinstance(model.blocks[0].ln_1, DyT) and not find_norm_layers(model, kinds=("layernorm",))
     assert float(model.blocks[1].ln_1.alpha.detach()) == pytest.approx(0.8)
     assert float(model.blocks[1].ln_2.alpha.detach()) == pytest.approx(0.2)
@@ -65,7 +81,9 @@ def test_copy_affine_takes_gemma_gain_one_plus_weight_not_the_zero_weight():
 
 def test_a_layer_named_like_a_norm_that_computes_no_norm_is_left_with_a_warning():
     model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8), SkewedLayerNorm(8))
-    with pytest.warns(UserWarning, match=r"left as they are: 2 \(SkewedLayerNorm is named like a normaliser but.*computes neither"):
+    with pytest.warns(
+        UserWarning, match=r"left as they are: 2 \(SkewedLayerNorm is named like a normaliser but.*computes neither"
+    ):
         convert_to_dyt(model, rmsnorm=True, copy_affine=True, position_fn=lambda n, m: "final")
     assert isinstance(model[0], DyT) and isinstance(model[2], SkewedLayerNorm)
 
@@ -81,7 +99,9 @@ def test_copy_affine_refuses_a_layer_whose_gain_cannot_be_read_and_leaves_the_mo
 
     assert model_map(model).layer("2").kind == "layernorm"
     model[2].to_empty(device="meta")
-    with pytest.raises(ValueError, match=r"cannot read the gain/bias of 2 \(Meta\).*Convert without copy_affine, or exclude"):
+    with pytest.raises(
+        ValueError, match=r"cannot read the gain/bias of 2 \(Meta\).*Convert without copy_affine, or exclude"
+    ):
         convert_to_dyt(model, rmsnorm=True, copy_affine=True, position_fn=lambda n, m: "final")
     assert isinstance(model[0], nn.LayerNorm)  # nothing converted before the refusal
 
@@ -115,4 +135,7 @@ def test_a_layernorm_over_several_dimensions_is_left_as_it_is_with_a_warning():
 def test_exclude_keeps_a_layer_as_it_is():
     model = GPT(GPTConfig(norm="layernorm", n_layers=1))
     convert_to_dyt(model, exclude=r"^ln_f$")
-    assert isinstance(model.ln_f, nn.LayerNorm) and [l.name for l in find_dyt_layers(model)] == ["blocks.0.ln_1", "blocks.0.ln_2"]
+    assert isinstance(model.ln_f, nn.LayerNorm) and [l.name for l in find_dyt_layers(model)] == [
+        "blocks.0.ln_1",
+        "blocks.0.ln_2",
+    ]

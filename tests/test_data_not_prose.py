@@ -19,36 +19,62 @@ from satmon.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The card's fixed words (its line openings and the phrases its lines are built from).
-CARD_WORDS = ("Phase diagram:", "parameters", "unique training tokens", "Forecast from the planned passes",
-              "satmon verdict", "Caveat", "Checkpoint selection", "Trust:", "held-out accuracy", "tokens per parameter")
+CARD_WORDS = (
+    "Phase diagram:",
+    "parameters",
+    "unique training tokens",
+    "Forecast from the planned passes",
+    "satmon verdict",
+    "Caveat",
+    "Checkpoint selection",
+    "Trust:",
+    "held-out accuracy",
+    "tokens per parameter",
+)
 _REGEX_CALLS = {"compile", "search", "match", "fullmatch", "findall", "finditer", "split", "sub", "subn"}
 
 
 def _regexes_over_card_words(source: str) -> list[tuple[int, str]]:
     found = []
     for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _REGEX_CALLS
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == "re" and node.args):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _REGEX_CALLS
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "re"
+            and node.args
+        ):
             continue
         pattern = node.args[0]
-        text = pattern.value if isinstance(pattern, ast.Constant) and isinstance(pattern.value, str) else ast.unparse(pattern)
+        text = (
+            pattern.value
+            if isinstance(pattern, ast.Constant) and isinstance(pattern.value, str)
+            else ast.unparse(pattern)
+        )
         if any(w.lower() in text.lower() or w.replace(" ", r"\s") in text for w in CARD_WORDS) or "NOTE_PREFIX" in text:
             found.append((node.lineno, text[:80]))
     return found
 
 
-@pytest.mark.parametrize(("code", "caught"), [
-    ('import re\n_NOTE = re.compile(re.escape(NOTE_PREFIX) + r" ([\\d,]+) parameters")', True),
-    ('import re\nm = re.search(r"Forecast from the planned passes \\((\\S+)", card)', True),
-    ('import re\nre.compile(r"^phase_.+\\.csv$")', False),
-])
+@pytest.mark.parametrize(
+    ("code", "caught"),
+    [
+        ('import re\n_NOTE = re.compile(re.escape(NOTE_PREFIX) + r" ([\\d,]+) parameters")', True),
+        ('import re\nm = re.search(r"Forecast from the planned passes \\((\\S+)", card)', True),
+        ('import re\nre.compile(r"^phase_.+\\.csv$")', False),
+    ],
+)
 def test_a_regex_over_the_cards_words_is_caught_and_others_are_not(code, caught):
     assert bool(_regexes_over_card_words(code)) is caught
 
 
 def test_no_module_parses_the_cards_text():
-    found = [f"{p.relative_to(ROOT)}:{line}: {text}" for p in sorted((ROOT / "satmon").rglob("*.py"))
-             for line, text in _regexes_over_card_words(p.read_text(encoding="utf-8"))]
+    found = [
+        f"{p.relative_to(ROOT)}:{line}: {text}"
+        for p in sorted((ROOT / "satmon").rglob("*.py"))
+        for line, text in _regexes_over_card_words(p.read_text(encoding="utf-8"))
+    ]
     assert not found, "a module reads prose back (write the value as data beside it instead):\n" + "\n".join(found)
 
 

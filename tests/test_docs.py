@@ -43,7 +43,8 @@ SMALL_WINDOW = 8  # the largest demo window the docs test runs
 
 
 def blocks(kind: str | None, pages: list[Path] = PAGES) -> list[tuple[str, int, str]]:
-    """``(page, line, code)`` of each block of ``kind`` (``None``: python and bash, as ``(page, line, "python"|"bash", code)``)."""
+    """``(page, line, code)`` of each block of ``kind`` (``None``: python and bash, as ``(page,
+    line, "python"|"bash", code)``)."""
     out = []
     for page in pages:
         text = page.read_text()
@@ -61,7 +62,9 @@ def test_docs_have_blocks():
     assert [k for _, _, k, _ in blocks(None, [README])].count("bash") >= 2
 
 
-@pytest.mark.parametrize(("page", "line", "code"), blocks("python"), ids=lambda v: str(v)[:40] if isinstance(v, str) else str(v))
+@pytest.mark.parametrize(
+    ("page", "line", "code"), blocks("python"), ids=lambda v: str(v)[:40] if isinstance(v, str) else str(v)
+)
 def test_python_block_runs(page, line, code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": f"docs_{page}_{line}"}
@@ -104,8 +107,10 @@ def small(words: list[str], sandbox: Path) -> list[str]:
     """The documented command with small sizes appended and ``/tmp/`` mapped into ``sandbox``."""
     args = [re.sub(r"(^|=)/tmp/", lambda m: f"{m.group(1)}{sandbox}/tmp/", w) for w in words[1:]]
     if not torch.cuda.is_available():
-        args = ["cpu" if a == "cuda" and i and args[i - 1] == "--device" else a.replace("--device=cuda", "--device=cpu")
-                for i, a in enumerate(args)]
+        args = [
+            "cpu" if a == "cuda" and i and args[i - 1] == "--device" else a.replace("--device=cuda", "--device=cpu")
+            for i, a in enumerate(args)
+        ]
     if "-h" in args or "--help" in args:
         return args
     if args[0] == "demo":
@@ -156,20 +161,31 @@ def user_project(tmp_path_factory) -> Path:
     (root / "mypkg").mkdir()
     (root / "mypkg" / "__init__.py").write_text("")
     (root / "mypkg" / "model.py").write_text(USER_MODEL)
-    shutil.copytree(ROOT / "docs", root / "docs")  # commands that read committed docs and data (a copy: outputs stay here)
+    # commands that read committed docs and data (a copy: outputs stay here)
+    shutil.copytree(ROOT / "docs", root / "docs")
     shutil.copytree(ROOT / "data", root / "data")
     (root / "tmp").mkdir()
 
     def fit(model, ckpt_dir: Path, **data) -> None:
         pl.seed_everything(0, verbose=False)
-        trainer = pl.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_progress_bar=False,
-                             enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-                             callbacks=[ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=2, save_top_k=-1)])
+        trainer = pl.Trainer(
+            max_steps=2,
+            accelerator="cpu",
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+            callbacks=[ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=2, save_top_k=-1)],
+        )
         trainer.fit(model, **data)
 
     config = dict(arch="gpt", d_model=32, n_layers=1, n_heads=2, seq_len=16, warmup=1)
-    fit(LitLM(**config), root / "lightning_logs" / "version_0" / "checkpoints",
-        datamodule=CorpusDataModule(seq_len=16, batch_size=4, train_tokens=4_000, val_tokens=400))
+    fit(
+        LitLM(**config),
+        root / "lightning_logs" / "version_0" / "checkpoints",
+        datamodule=CorpusDataModule(seq_len=16, batch_size=4, train_tokens=4_000, val_tokens=400),
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(root))
         from mypkg.model import MyLit, build
@@ -178,7 +194,9 @@ def user_project(tmp_path_factory) -> Path:
         (root / "weights").mkdir()
         torch.save(build().state_dict(), root / "weights" / "model.pt")
         sys.modules.pop("mypkg.model", None), sys.modules.pop("mypkg", None)
-    torch.save({"input_ids": torch.randint(0, 256, (8, 16), generator=torch.Generator().manual_seed(0))}, root / "calib.pt")
+    torch.save(
+        {"input_ids": torch.randint(0, 256, (8, 16), generator=torch.Generator().manual_seed(0))}, root / "calib.pt"
+    )
     return root
 
 
@@ -193,8 +211,10 @@ def run_satmon(page: str, line: int, words: list[str], sandbox: Path, capsys) ->
     except SystemExit as e:  # --help, or argparse rejecting the documented flags
         rc = e.code
     out = capsys.readouterr()
-    assert rc == 0, f"{page}:{line}: `{shlex.join(words)}` (run as satmon {shlex.join(args)}) exited {rc}\n" \
-                    f"{out.out[-3000:]}\n{out.err[-3000:]}"
+    assert rc == 0, (
+        f"{page}:{line}: `{shlex.join(words)}` (run as satmon {shlex.join(args)}) exited {rc}\n"
+        f"{out.out[-3000:]}\n{out.err[-3000:]}"
+    )
     if words[1] == "demo":
         assert "satmon verdict: " in out.out and "Validation loss" in out.out
     return out.out

@@ -12,19 +12,27 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_lit, token_loader, trainer
-from reference import InputRecorder
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from satmon import SaturationMonitor
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder
+from satmon import SaturationMonitor, find_dyt_layers
 from satmon.drivers.lightning import STATE_KEY
-from satmon import find_dyt_layers
 
 #: the cases of this file, by name (docs/reference/reliability.md: "monitor lifetime cases")
-LIFETIME = ("second-fit-finishes-a-partial-window", "second-fit-after-the-verdict-keeps-it", "new-trainer-and-model-start-afresh",
-            "new-trainer-same-model-starts-afresh", "same-trainer-new-model-starts-afresh", "two-monitors-refused",
-            "resume-layer-added", "resume-window-over-and-level-changed", "attached-after-the-window",
-            "second-fit-after-an-exception", "second-fit-under-ddp")
+LIFETIME = (
+    "second-fit-finishes-a-partial-window",
+    "second-fit-after-the-verdict-keeps-it",
+    "new-trainer-and-model-start-afresh",
+    "new-trainer-same-model-starts-afresh",
+    "same-trainer-new-model-starts-afresh",
+    "two-monitors-refused",
+    "resume-layer-added",
+    "resume-window-over-and-level-changed",
+    "attached-after-the-window",
+    "second-fit-after-an-exception",
+    "second-fit-under-ddp",
+)
 
 
 def _fit(t, model, loader, **kw) -> list[str]:
@@ -32,7 +40,9 @@ def _fit(t, model, loader, **kw) -> list[str]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t.fit(model, loader, **kw)
-    return [str(w.message) for w in caught if str(w.message).startswith("satmon") and "has no logger" not in str(w.message)]
+    return [
+        str(w.message) for w in caught if str(w.message).startswith("satmon") and "has no logger" not in str(w.message)
+    ]
 
 
 def _recorded(model) -> InputRecorder:
@@ -98,7 +108,9 @@ def test_a_new_trainer_or_model_starts_afresh_without_the_first_runs_verdict_or_
         t2.fit_loop.epoch_loop.max_steps = 9
     rec = _recorded(model)
     said = _fit(t2, model, token_loader(8))
-    what = {"trainer-and-model": "another Trainer and model", "trainer": "another Trainer", "model": "another model"}[change]
+    what = {"trainer-and-model": "another Trainer and model", "trainer": "another Trainer", "model": "another model"}[
+        change
+    ]
     assert [w for w in said if f"screened {what} before (verdict NO-GO at step 3)" in w and "new screen" in w], said
     v = monitor.verdict
     if change == "trainer":  # the same NO-GO model: its new run is stopped by its own verdict, at its window's end
@@ -106,8 +118,12 @@ def test_a_new_trainer_or_model_starts_afresh_without_the_first_runs_verdict_or_
     else:
         assert monitor.stop is None and t2.global_step == (9 if change == "model" else 6)
     if change == "model":  # the Trainer's step goes on from 3: the new model's screen starts after its window
-        assert v is None and "the window (3 optimizer steps) was over when the screen attached at step 3, and nothing " \
-            "had been counted before" in monitor.card()
+        assert (
+            v is None
+            and "the window (3 optimizer steps) was over when the screen attached at step 3, and nothing "
+            "had been counted before"
+            in monitor.card()
+        )
         return
     sat, total = _pooled(rec.counts(first=3))
     assert (v.elements, v.saturation) == (total, sat / total)  # the second model's window, counted afresh
@@ -117,7 +133,9 @@ def test_a_new_trainer_or_model_starts_afresh_without_the_first_runs_verdict_or_
 def test_two_monitors_in_one_trainer_are_refused_with_satmons_message(tmp_path):
     a, b = SaturationMonitor(window=3, verbose=False), SaturationMonitor(window=5, verbose=False)
     t = trainer(tmp_path, max_steps=2, callbacks=[a, b])  # 0.2: Lightning's "more than one stateful callback"
-    with pytest.raises(ValueError, match=r"Expected one SaturationMonitor per Trainer, got 2: .*Put every setting in one"):
+    with pytest.raises(
+        ValueError, match=r"Expected one SaturationMonitor per Trainer, got 2: .*Put every setting in one"
+    ):
         t.fit(tiny_lit(), token_loader(2))
     one = SaturationMonitor(window=3, verbose=False)
     assert one.state_key != a.state_key  # each its own key before setup, so Lightning lets them reach satmon's check
@@ -160,12 +178,21 @@ def test_a_resume_whose_window_is_over_and_level_changed_says_why_there_is_no_ve
     monitor = SaturationMonitor(window=5, level=3.0, verbose=False, exclude=r"^model\.blocks\.1\.")
     t = trainer(tmp_path, max_steps=10, callbacks=[monitor])
     said = _fit(t, tiny_lit(alpha_init=2.0), token_loader(8), ckpt_path=str(saved_at_8))
-    assert len(said) == 1 and "level 3.0 (saved: 2.0)" in said[0] and "nothing is left to count, so there is no verdict" \
-        in said[0] and "restarts counting" not in said[0], said
+    assert (
+        len(said) == 1
+        and "level 3.0 (saved: 2.0)" in said[0]
+        and "nothing is left to count, so there is no verdict" in said[0]
+        and "restarts counting" not in said[0]
+    ), said
     assert monitor.verdict is None and t.global_step == 10
     card = monitor.card()
-    assert card.startswith("satmon: no verdict") and "the window (5 optimizer steps) was over when the screen attached at " \
-        "step 8, and the counts saved before were dropped (level 3.0 (saved: 2.0)" in card and card.count("no verdict") == 2
+    assert (
+        card.startswith("satmon: no verdict")
+        and "the window (5 optimizer steps) was over when the screen attached at "
+        "step 8, and the counts saved before were dropped (level 3.0 (saved: 2.0)"
+        in card
+        and card.count("no verdict") == 2
+    )
 
 
 def test_a_monitor_attached_after_the_window_says_why_there_is_no_verdict(saved_at_8, tmp_path):
@@ -235,15 +262,16 @@ class Data(pl.LightningDataModule):
     def train_dataloader(self):
         data = token_loader(n_batches=16, batch_size=2).dataset
         t = self.trainer
-        return DataLoader(data, batch_size=2, shuffle=False,
-                          sampler=DistributedSampler(data, num_replicas=t.world_size, rank=t.global_rank, shuffle=False))
+        sampler = DistributedSampler(data, num_replicas=t.world_size, rank=t.global_rank, shuffle=False)
+        return DataLoader(data, batch_size=2, shuffle=False, sampler=sampler)
 
 
 pl.seed_everything(0, verbose=False)
 lit = tiny_lit(alpha_init=50.0)
 rec = InputRecorder(lit, [l.name for l in find_dyt_layers(lit)])
 monitor = SaturationMonitor(window=6, verbose=False)
-t = trainer(out, devices=2, strategy="ddp", num_nodes=1, max_steps=3, callbacks=[monitor], use_distributed_sampler=False)
+t = trainer(out, devices=2, strategy="ddp", num_nodes=1, max_steps=3, callbacks=[monitor],
+            use_distributed_sampler=False)
 t.fit(lit, datamodule=Data())
 first = monitor.verdict.to_dict()
 t.fit_loop.epoch_loop.max_steps = 8
@@ -255,7 +283,9 @@ with open(f"{{out}}/rank-{{t.global_rank}}.json", "w") as f:
 """
 
 
-@pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(), reason="needs gloo")
+@pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(), reason="needs gloo"
+)
 def test_a_second_fit_under_ddp_finishes_the_window_on_every_rank_with_the_summed_counts(tmp_path):
     """Two gloo ranks: the second fit continues from each rank's own counts (no collective when the run goes on);
     the window closes at step 6 on both, with the counts summed over the ranks (each rank's own float64 recount)."""
@@ -268,8 +298,15 @@ def test_a_second_fit_under_ddp_finishes_the_window_on_every_rank_with_the_summe
     script = tmp_path / "run.py"
     script.write_text(DDP_SCRIPT.format(tests=str(Path(__file__).resolve().parent)))
     env = {**clean_env(), "MASTER_ADDR": "127.0.0.1", "TORCH_GLOO_TIMEOUT": "60"}
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=900, start_new_session=True)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        start_new_session=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert all(r["first"]["trust"] == "partial" and r["steps"] == 8 for r in ranks)

@@ -1,8 +1,8 @@
 """The fault matrix: what satmon does under each hostile or unlucky input, one asserted outcome per case
 (docs/reference/reliability.md and docs/reference/input_files.md point here; reliability.md gives the figures,
-checked against these tables by ``test_reliability_figures_are_the_matrix``). Every replay case asserts the exit code, what the user is told,
-that no code from a file ran unless asked for, whether the user's model class was ever built (and on which
-device), and that nothing the user had was lost."""
+checked against these tables by ``test_reliability_figures_are_the_matrix``). Every replay case asserts the exit code,
+what the user is told, that no code from a file ran unless asked for, whether the user's model class was ever built (and
+on which device), and that nothing the user had was lost."""
 
 from __future__ import annotations
 
@@ -25,16 +25,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_lit, token_loader, trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from helpers import tiny_lit, token_loader, trainer
 from satmon.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 # --- security and replay input ---
 MODEL = "satmon.demos.lit:LitLM"
-FACTORY_SRC = ("from satmon.demos.gpt import GPT, GPTConfig\n"
-               "def build():\n    return GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16))\n")
+FACTORY_SRC = (
+    "from satmon.demos.gpt import GPT, GPTConfig\n"
+    "def build():\n    return GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16))\n"
+)
 #: The user's model class, recording every construction (the device of its first parameter) in ./built, and
 #: changing a checkpoint underneath at its N-th real construction when SATMON_TEST_MUTATE says so.
 RECORDER_SRC = textwrap.dedent("""
@@ -76,7 +78,8 @@ RECORDER, WRONG = "./recorder.py:Recorder", "./recorder.py:Wrong"
 
 
 class Payload:
-    """Unpickling this runs ``exec``: one line appended to ``marker`` per load (the evidence that code from a file ran)."""
+    """Unpickling this runs ``exec``: one line appended to ``marker`` per load (the evidence
+    that code from a file ran)."""
 
     def __init__(self, marker: Path) -> None:
         self.marker = str(marker)
@@ -118,7 +121,9 @@ class Folder:
         (tmp / "recorder.py").write_text(RECORDER_SRC)
         (tmp / "afile").write_text("not a folder")
 
-    def ckpt(self, name: str, edit: Callable[[dict], None] | None = None, payload: type | None = None, step: int = 2) -> str:
+    def ckpt(
+        self, name: str, edit: Callable[[dict], None] | None = None, payload: type | None = None, step: int = 2
+    ) -> str:
         ckpt = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.world["ckpt"].items()}
         ckpt["global_step"] = step
         if edit is not None:
@@ -195,7 +200,9 @@ def _lookalike_modules(f: Folder) -> list[str]:
     site = f.tmp / "site"
     (site / "userpkg_fm").mkdir(parents=True)
     (site / "satmon_dep_fm.py").write_text("OK = True\n")
-    (site / "userpkg_fm" / "__init__.py").write_text("import satmon_dep_fm\nfrom satmon.demos.lit import LitLM as Lit\n")
+    (site / "userpkg_fm" / "__init__.py").write_text(
+        "import satmon_dep_fm\nfrom satmon.demos.lit import LitLM as Lit\n"
+    )
     for shadow in ("satmon_dep_fm.py", "tensorboard.py", "matplotlib.py"):
         (f.tmp / shadow).write_text(f"open({str(f.marker)!r}, 'a').write('{shadow}\\n')\n")
     return [f.ckpt("a.ckpt"), "--model", "userpkg_fm:Lit", "--data", "calib.pt", "--report", "r.md"]
@@ -241,7 +248,13 @@ def _read_only(name: str) -> Callable[[Folder], list[str]]:
     def make(f: Folder) -> list[str]:
         (f.tmp / name).write_text("[]\n" if name.endswith(".json") else "# previous report\n")
         os.chmod(f.tmp / name, 0o444)
-        return [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--json" if name.endswith(".json") else "--report", name]
+        return [
+            f.ckpt("p.ckpt", payload=Payload),
+            *DATA_TRUSTED,
+            "--json" if name.endswith(".json") else "--report",
+            name,
+        ]
+
     return make
 
 
@@ -271,20 +284,24 @@ def _only(*names: str) -> Callable[[Folder], list[str]]:
             else:
                 (f.tmp / "d" / n).write_text("x")
         return ["d", "--model", RECORDER, "--data", "d/calib.pt" if "calib.pt" in names else "calib.pt"]
+
     return make
 
 
 def _mutated(how: str) -> Callable[[Folder], list[str]]:
     """A job rewrites the third checkpoint while the folder is replayed (during the first model's construction)."""
+
     def make(f: Folder) -> list[str]:
         folder = f.run_folder(4)
         os.environ["SATMON_TEST_MUTATE"] = f"{f.tmp / folder / 'step-6.ckpt'}|{how}|1"
         return [folder, "--model", RECORDER, "--data", "calib.pt", "--json", "r.json"]
+
     return make
 
 
 def _zero_tensor_bytes(path: Path, n: int = 4096) -> None:
-    """Zero ``n`` bytes in the middle of the largest tensor record, the zip directory left intact (its CRC now wrong)."""
+    """Zero ``n`` bytes in the middle of the largest tensor record, the zip directory left
+    intact (its CRC now wrong)."""
     with zipfile.ZipFile(path) as z:
         info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
     with open(path, "r+b") as fh:
@@ -309,13 +326,17 @@ def _corrupt_pickle(f: Folder) -> list[str]:
     path = f.tmp / f.ckpt("ckpts/bad.ckpt", step=4)
     data = path.read_bytes()
     at = data.index(b"pytorch-lightning_version") + len(b"pytorch-lightning_version") + 6  # inside the version string
-    path.write_bytes(data[:at] + bytes([data[at] ^ 1]) + data[at + 1:])
+    path.write_bytes(data[:at] + bytes([data[at] ^ 1]) + data[at + 1 :])
     return ["ckpts", "--model", RECORDER, "--data", "calib.pt"]
 
 
 def _plain_sd(f: Folder) -> dict:
-    return {k.removeprefix("model."): v.contiguous() for k, v in f.world["ckpt"]["state_dict"].items()
-            if k != "model.lm_head.weight"}  # tied to tok_emb: safetensors stores it once
+    # tied to tok_emb: safetensors stores it once
+    return {
+        k.removeprefix("model."): v.contiguous()
+        for k, v in f.world["ckpt"]["state_dict"].items()
+        if k != "model.lm_head.weight"
+    }
 
 
 def _damaged_safetensors(f: Folder) -> list[str]:
@@ -357,7 +378,9 @@ def _victims_untouched(tmp: Path) -> None:
         assert main(["replay", *_SECOND]) == 0  # the hard-linked name, in a second run
     finally:
         os.chdir(here)
-    assert (tmp / "victim.txt").read_text() == "the user's notes\n" and (tmp / "victim2.txt").read_text() == "more notes\n"
+    assert (tmp / "victim.txt").read_text() == "the user's notes\n" and (
+        tmp / "victim2.txt"
+    ).read_text() == "more notes\n"
     assert len(json.loads((tmp / "r.json").read_text())) == 1 and not (tmp / "r.json.partial.jsonl").exists()
 
 
@@ -366,8 +389,16 @@ _SECOND: list[str] = []
 
 def _data_is_the_json(f: Folder) -> list[str]:
     shutil.copy(f.tmp / "calib.pt", f.tmp / "calib.json")
-    return [f.ckpt("p.ckpt", payload=Payload), "--model", RECORDER, "--data", "calib.json", "--trust-checkpoints",
-            "--json", "calib.json"]
+    return [
+        f.ckpt("p.ckpt", payload=Payload),
+        "--model",
+        RECORDER,
+        "--data",
+        "calib.json",
+        "--trust-checkpoints",
+        "--json",
+        "calib.json",
+    ]
 
 
 def _legacy_file(f: Folder) -> list[str]:
@@ -378,7 +409,7 @@ def _legacy_file(f: Folder) -> list[str]:
 class _Listing(list):
     """What os.scandir returns, as far as its callers use it: iterable, and a context manager (pathlib's glob)."""
 
-    def __enter__(self) -> "_Listing":
+    def __enter__(self) -> _Listing:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -406,6 +437,7 @@ class _Entry:
 def _no_permission(how: str) -> Callable[[Folder], list[str]]:
     """What mode 000 (``folder``, ``file``) or r-- (``search``) does for an ordinary user; root reads everything, so the
     refusal the kernel would give is made here (tests/replay/test_unreadable.py does it for real when not root)."""
+
     def make(f: Folder) -> list[str]:
         f.run_folder(2)
         locked = f.tmp / "ckpts" / ("locked" if how != "file" else "step-4.ckpt")
@@ -429,11 +461,13 @@ def _no_permission(how: str) -> Callable[[Folder], list[str]]:
         f.monkeypatch.setattr(os, "scandir", scandir)
         f.monkeypatch.setattr(os, "open", opened)
         return ["ckpts", "--model", RECORDER, "--data", "calib.pt"]
+
     return make
 
 
 def _special(kind: str) -> Callable[[Folder], list[str]]:
     """Files that are not regular files where checkpoints are looked for: never opened (a FIFO would block forever)."""
+
     def make(f: Folder) -> list[str]:
         folder = f.run_folder(1)
         if kind == "fifo-in-folder":
@@ -455,6 +489,7 @@ def _special(kind: str) -> Callable[[Folder], list[str]]:
             with open(f.tmp / folder / "step-4.ckpt", "wb") as fh:
                 fh.truncate(1 << 40)  # a terabyte of nothing
         return [folder, "--model", RECORDER, "--data", "calib.pt"]
+
     return make
 
 
@@ -500,14 +535,17 @@ def _cwd_module(pythonpath: str) -> Callable[[Folder], list[str]]:
     """``--model mymodel:Net`` where only the working directory holds a mymodel.py, with an empty, '.' or relative
     PYTHONPATH entry (or python -m) putting the working directory on sys.path: neither it nor a tensorboard.py there
     may run."""
+
     def make(f: Folder) -> list[str]:
         for shadow in ("mymodel.py", "tensorboard.py"):
-            (f.tmp / shadow).write_text(f"open({str(f.marker)!r}, 'a').write('{shadow}\\n')\n"
-                                        "from satmon.demos.lit import LitLM as Net\n")
+            (f.tmp / shadow).write_text(
+                f"open({str(f.marker)!r}, 'a').write('{shadow}\\n')\nfrom satmon.demos.lit import LitLM as Net\n"
+            )
         (f.tmp / "rel").mkdir()
         (f.tmp / "rel" / "mymodel.py").write_text((f.tmp / "mymodel.py").read_text())
         f.pythonpath = pythonpath
         return [f.ckpt("a.ckpt"), "--model", "mymodel:Net", "--data", "calib.pt"]
+
     return make
 
 
@@ -531,184 +569,549 @@ IGNORED = "they name the working directory or a folder of it, from an empty, '.'
 #: Trusted, so that a payload would run as soon as a checkpoint is read: the refusals below come before it.
 DATA_TRUSTED = ["--model", RECORDER, "--data", "calib.pt", "--trust-checkpoints"]
 NO_TRUST = ("--trust-checkpoints would", "Pass --trust-checkpoints", "pass --trust-checkpoints")
-RULE_NUMBERS = [("--threshold", "1.5", "in (0, 1)", "1.5"), ("--threshold", "nan", "in (0, 1)", "nan"),
-                ("--threshold", "0", "in (0, 1)", "0.0"), ("--level", "-2", "> 0", "-2.0"), ("--level", "inf", "> 0", "inf"),
-                ("--collapse-threshold", "2", "in (0, 1)", "2.0")]
+RULE_NUMBERS = [
+    ("--threshold", "1.5", "in (0, 1)", "1.5"),
+    ("--threshold", "nan", "in (0, 1)", "nan"),
+    ("--threshold", "0", "in (0, 1)", "0.0"),
+    ("--level", "-2", "> 0", "-2.0"),
+    ("--level", "inf", "> 0", "inf"),
+    ("--collapse-threshold", "2", "in (0, 1)", "2.0"),
+]
 COUNTS = [("--batches", "0"), ("--batch-size", "-1"), ("--threads", "0")]
 CASES = [
     # code stored in checkpoints
-    Case("payload-ckpt-refused", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA], 1,
-         ("skipped p.ckpt", "refused by torch.load(weights_only=True)", "GLOBAL exec", "runs Python code: not safe to allow"),
-         absent=NO_TRUST),
-    Case("payload-os-system-named-unsafe", lambda f: [f.ckpt("p.ckpt", payload=ShellPayload), *DATA], 1,
-         ("its pickle calls posix.system (GLOBAL posix.system), which runs a shell command: not safe to allow",),
-         absent=NO_TRUST),
-    Case("payload-pt-refused", lambda f: [f.plain("p.pt", payload=True), "--factory", "mymodels.py:build", "--data", "calib.pt"],
-         1, ("p.pt", "GLOBAL exec", "not safe to allow"), absent=NO_TRUST),
-    Case("payload-then-usage-error", lambda f: [f.ckpt("p.ckpt", payload=Payload), "--model", MODEL, "--datamodule",
-                                                "satmon.demos.corpus:Nope"], 2, ("has no attribute 'Nope'",), kind="bad-input"),
-    Case("payload-trusted-then-usage-error", lambda f: [f.ckpt("p.ckpt", payload=Payload), "--trust-checkpoints", "--model",
-                                                        "satmon.demos.lit:build_model", "--data", "calib.pt"],
-         2, ("expected a LightningModule class",), kind="bad-input"),
-    Case("payload-trusted-loads-once", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA, "--trust-checkpoints"], 0,
-         ("Replayed 1 of 1", "runs code stored in them"), runs=1),
+    Case(
+        "payload-ckpt-refused",
+        lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA],
+        1,
+        (
+            "skipped p.ckpt",
+            "refused by torch.load(weights_only=True)",
+            "GLOBAL exec",
+            "runs Python code: not safe to allow",
+        ),
+        absent=NO_TRUST,
+    ),
+    Case(
+        "payload-os-system-named-unsafe",
+        lambda f: [f.ckpt("p.ckpt", payload=ShellPayload), *DATA],
+        1,
+        ("its pickle calls posix.system (GLOBAL posix.system), which runs a shell command: not safe to allow",),
+        absent=NO_TRUST,
+    ),
+    Case(
+        "payload-pt-refused",
+        lambda f: [f.plain("p.pt", payload=True), "--factory", "mymodels.py:build", "--data", "calib.pt"],
+        1,
+        ("p.pt", "GLOBAL exec", "not safe to allow"),
+        absent=NO_TRUST,
+    ),
+    Case(
+        "payload-then-usage-error",
+        lambda f: [f.ckpt("p.ckpt", payload=Payload), "--model", MODEL, "--datamodule", "satmon.demos.corpus:Nope"],
+        2,
+        ("has no attribute 'Nope'",),
+        kind="bad-input",
+    ),
+    Case(
+        "payload-trusted-then-usage-error",
+        lambda f: [
+            f.ckpt("p.ckpt", payload=Payload),
+            "--trust-checkpoints",
+            "--model",
+            "satmon.demos.lit:build_model",
+            "--data",
+            "calib.pt",
+        ],
+        2,
+        ("expected a LightningModule class",),
+        kind="bad-input",
+    ),
+    Case(
+        "payload-trusted-loads-once",
+        lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA, "--trust-checkpoints"],
+        0,
+        ("Replayed 1 of 1", "runs code stored in them"),
+        runs=1,
+    ),
     # the rule's numbers and counts: refused before any checkpoint is read, with a trusted payload waiting
-    *[Case(f"rule{flag[1:]}-{value}", lambda f, flag=flag, value=value: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED,
-                                                                         flag, value],
-           2, (f"Expected {flag} {what}", f"got {got}"), built=(), kind="bad-input")
-      for flag, value, what, got in RULE_NUMBERS],
-    *[Case(f"count{flag[1:]}-{value}", lambda f, flag=flag, value=value: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED,
-                                                                          flag, value],
-           2, (f"Expected {flag} >= 1, got {value}",), built=(), kind="bad-input")
-      for flag, value in COUNTS],
+    *[
+        Case(
+            f"rule{flag[1:]}-{value}",
+            lambda f, flag=flag, value=value: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, flag, value],
+            2,
+            (f"Expected {flag} {what}", f"got {got}"),
+            built=(),
+            kind="bad-input",
+        )
+        for flag, value, what, got in RULE_NUMBERS
+    ],
+    *[
+        Case(
+            f"count{flag[1:]}-{value}",
+            lambda f, flag=flag, value=value: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, flag, value],
+            2,
+            (f"Expected {flag} >= 1, got {value}",),
+            built=(),
+            kind="bad-input",
+        )
+        for flag, value in COUNTS
+    ],
     # outputs: every path checked before any work
-    Case("unwritable-json", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--json", "afile/r.json"],
-         2, ("--json 'afile/r.json' under a folder, got a file at", "afile'"), built=(), kind="bad-input"),
-    Case("unwritable-logdir", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--logdir", "afile/tb"],
-         2, ("Expected --logdir 'afile/tb' under a folder, got a file at 'afile'",), built=(), kind="bad-input"),
-    Case("logdir-a-file", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--logdir", "afile"],
-         2, ("Expected --logdir 'afile' to be a folder, got a file",), built=(), kind="bad-input"),
-    Case("unwritable-report", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--report", "afile/r.md"],
-         2, ("--report 'afile/r.md' under a folder, got a file at", "afile'"), built=(), kind="bad-input"),
-    Case("json-is-a-folder", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--json", "."], 2,
-         ("Expected --json to name a file ending in .json or .jsonl, got '.' (a folder)",), built=(), kind="bad-input"),
-    Case("json-wrong-suffix", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--json", "r.txt"], 2,
-         ("Expected --json to end in .json or .jsonl, got 'r.txt'",), built=(), kind="bad-input"),
-    Case("report-wrong-suffix", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--report", "x.txt"], 2,
-         ("Expected --report to end in .md, got 'x.txt'",), built=(), kind="bad-input"),
-    Case("read-only-json", _read_only("r.json"), 2, ("Expected --json 'r.json' to be writable, got a read-only file",),
-         built=(), kind="bad-input"),
-    Case("read-only-report", _read_only("r.md"), 2, ("Expected --report 'r.md' to be writable, got a read-only file",),
-         built=(), kind="bad-input"),
-    Case("plot-path-a-folder", _blocked_plot, 2, ("'out/r_saturation.png' is a folder, where its saturation plot goes",),
-         built=(), kind="bad-input"),
-    Case("partial-path-a-folder", _partial_a_folder, 2, ("'r.json.partial.jsonl' is a folder, where the file of partial",),
-         built=(), kind="bad-input"),
-    Case("run-folder-a-file", _run_name_a_file, 2, ("Expected --logdir/--name 'tb2/replay' to be a folder (the TensorBoard "
-                                                     "run folder goes there), got a file:",),
-         built=(), kind="bad-input"),
-    Case("empty-name", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--name", ""], 2,
-         ("Expected --name to be a run name such as 'replay'", "got ''"), built=(), kind="bad-input"),
-    Case("name-escapes-logdir", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--name", "../up"], 2,
-         ("Expected --name to be a run name", "got '../up'"), built=(), kind="bad-input"),
-    Case("empty-logdir", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--logdir", ""], 2,
-         ("Expected --logdir to name a folder, got an empty name",), built=(), kind="bad-input"),
+    Case(
+        "unwritable-json",
+        lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--json", "afile/r.json"],
+        2,
+        ("--json 'afile/r.json' under a folder, got a file at", "afile'"),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "unwritable-logdir",
+        lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--logdir", "afile/tb"],
+        2,
+        ("Expected --logdir 'afile/tb' under a folder, got a file at 'afile'",),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "logdir-a-file",
+        lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--logdir", "afile"],
+        2,
+        ("Expected --logdir 'afile' to be a folder, got a file",),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "unwritable-report",
+        lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--report", "afile/r.md"],
+        2,
+        ("--report 'afile/r.md' under a folder, got a file at", "afile'"),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "json-is-a-folder",
+        lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--json", "."],
+        2,
+        ("Expected --json to name a file ending in .json or .jsonl, got '.' (a folder)",),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "json-wrong-suffix",
+        lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--json", "r.txt"],
+        2,
+        ("Expected --json to end in .json or .jsonl, got 'r.txt'",),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "report-wrong-suffix",
+        lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--report", "x.txt"],
+        2,
+        ("Expected --report to end in .md, got 'x.txt'",),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "read-only-json",
+        _read_only("r.json"),
+        2,
+        ("Expected --json 'r.json' to be writable, got a read-only file",),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "read-only-report",
+        _read_only("r.md"),
+        2,
+        ("Expected --report 'r.md' to be writable, got a read-only file",),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "plot-path-a-folder",
+        _blocked_plot,
+        2,
+        ("'out/r_saturation.png' is a folder, where its saturation plot goes",),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "partial-path-a-folder",
+        _partial_a_folder,
+        2,
+        ("'r.json.partial.jsonl' is a folder, where the file of partial",),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "run-folder-a-file",
+        _run_name_a_file,
+        2,
+        ("Expected --logdir/--name 'tb2/replay' to be a folder (the TensorBoard run folder goes there), got a file:",),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "empty-name",
+        lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--name", ""],
+        2,
+        ("Expected --name to be a run name such as 'replay'", "got ''"),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "name-escapes-logdir",
+        lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--name", "../up"],
+        2,
+        ("Expected --name to be a run name", "got '../up'"),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "empty-logdir",
+        lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--logdir", ""],
+        2,
+        ("Expected --logdir to name a folder, got an empty name",),
+        built=(),
+        kind="bad-input",
+    ),
     # the model on the first checkpoint, built on the meta device
-    Case("wrong-model", lambda f: [f.run_folder(3), "--model", WRONG, "--data", "calib.pt"], 2,
-         (f"--model {WRONG} does not build the checkpoints' model: step-2.ckpt (nor any of the other 2)",
-          "shape(s) differ (model.tok_emb.weight: checkpoint [256, 32], model [256, 48]", "Is --model/--factory"),
-         built=("meta",), kind="bad-input"),
-    Case("wrong-factory", lambda f: [f.plain("w.pt"), "--factory", "torch.nn:Identity", "--data", "calib.pt"], 2,
-         ("--factory torch.nn:Identity does not build the checkpoints' model: w.pt", "keys not in the model"), kind="bad-input"),
-    Case("huge-model-hparams", lambda f: [f.ckpt("big.ckpt", _big), "--model", RECORDER, "--data", "calib.pt"], 2,
-         ("308 of the model's 342 keys missing from the checkpoint", "model [256, 2048]"), built=("meta",), kind="bad-input"),
-    Case("deep-nested-hparams", _deep_hparams, 2,
-         ("--datamodule CorpusDataModule(**{'seq_len': 16, 'blob': [[...]]}) failed", "unexpected keyword argument 'blob'"),
-         built=("meta",), kind="bad-input"),
+    Case(
+        "wrong-model",
+        lambda f: [f.run_folder(3), "--model", WRONG, "--data", "calib.pt"],
+        2,
+        (
+            f"--model {WRONG} does not build the checkpoints' model: step-2.ckpt (nor any of the other 2)",
+            "shape(s) differ (model.tok_emb.weight: checkpoint [256, 32], model [256, 48]",
+            "Is --model/--factory",
+        ),
+        built=("meta",),
+        kind="bad-input",
+    ),
+    Case(
+        "wrong-factory",
+        lambda f: [f.plain("w.pt"), "--factory", "torch.nn:Identity", "--data", "calib.pt"],
+        2,
+        ("--factory torch.nn:Identity does not build the checkpoints' model: w.pt", "keys not in the model"),
+        kind="bad-input",
+    ),
+    Case(
+        "huge-model-hparams",
+        lambda f: [f.ckpt("big.ckpt", _big), "--model", RECORDER, "--data", "calib.pt"],
+        2,
+        ("308 of the model's 342 keys missing from the checkpoint", "model [256, 2048]"),
+        built=("meta",),
+        kind="bad-input",
+    ),
+    Case(
+        "deep-nested-hparams",
+        _deep_hparams,
+        2,
+        (
+            "--datamodule CorpusDataModule(**{'seq_len': 16, 'blob': [[...]]}) failed",
+            "unexpected keyword argument 'blob'",
+        ),
+        built=("meta",),
+        kind="bad-input",
+    ),
     # nothing to replay: what was found instead
-    Case("only-the-data-file", _only("calib.pt"), 2, ("Nothing to replay under 'd'", "found calib.pt (the --data file)"),
-         built=(), kind="bad-input"),
-    Case("only-trainer-state", _only("optimizer.pt", "rng_state.pth", "notes.txt"), 2,
-         ("Nothing to replay under 'd'", "notes.txt (not .ckpt", "optimizer.pt (Trainer state, not model weights)"),
-         built=(), kind="bad-input", absent=NO_TRUST),
-    Case("empty-folder", _only(), 2, ("Nothing to replay under 'd'", "found nothing (empty folders)"), built=(), kind="bad-input"),
+    Case(
+        "only-the-data-file",
+        _only("calib.pt"),
+        2,
+        ("Nothing to replay under 'd'", "found calib.pt (the --data file)"),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "only-trainer-state",
+        _only("optimizer.pt", "rng_state.pth", "notes.txt"),
+        2,
+        ("Nothing to replay under 'd'", "notes.txt (not .ckpt", "optimizer.pt (Trainer state, not model weights)"),
+        built=(),
+        kind="bad-input",
+        absent=NO_TRUST,
+    ),
+    Case(
+        "empty-folder",
+        _only(),
+        2,
+        ("Nothing to replay under 'd'", "found nothing (empty folders)"),
+        built=(),
+        kind="bad-input",
+    ),
     # inputs that change underneath, symlinks, folders of other tools
-    Case("truncated-mid-replay", _mutated("truncate"), 1,
-         ("step-6.ckpt: changed since it was listed (size", "Replayed 3 of 4"), built=("meta", "cpu", "cpu"),
-         absent=("NON-FINITE", "Bus error")),
-    Case("rewritten-in-place-mid-replay", _mutated("rewrite"), 1,
-         ("step-6.ckpt: changed since it was listed (modified", "Replayed 3 of 4"), built=("meta", "cpu", "cpu"),
-         absent=("NON-FINITE", "non-finite (NaN")),
+    Case(
+        "truncated-mid-replay",
+        _mutated("truncate"),
+        1,
+        ("step-6.ckpt: changed since it was listed (size", "Replayed 3 of 4"),
+        built=("meta", "cpu", "cpu"),
+        absent=("NON-FINITE", "Bus error"),
+    ),
+    Case(
+        "rewritten-in-place-mid-replay",
+        _mutated("rewrite"),
+        1,
+        ("step-6.ckpt: changed since it was listed (modified", "Replayed 3 of 4"),
+        built=("meta", "cpu", "cpu"),
+        absent=("NON-FINITE", "non-finite (NaN"),
+    ),
     # one model per architecture (replay loads each checkpoint's weights into it); a checkpoint that cannot be
     # read drops it, so the next one is read by a model built afresh
     Case("symlinked-checkpoints-folder", _symlinked_checkpoints, 0, ("Replayed 4 of 4",), built=("meta", "cpu")),
     Case("temporary-name-taken", _temporary_name_taken, 0, ("Replayed 1 of 1", "JSON records:")),
     Case("hugging-face-folder", _hf_folder, 0, ("Replayed 2 of 2",), absent=NO_TRUST + ("rng_state", "optimizer.pt")),
     # files that are not what they say, diverged runs, other faults
-    Case("text-file-in-folder", _text_in_folder, 1,
-         ("skipped ckpts/notes.ckpt: not a PyTorch checkpoint: a text file (starts 'trained 2 steps, lr 3e-3')",)),
-    Case("datamodule-seq-len-0", _seq_len_zero, 2,
-         ("--datamodule CorpusDataModule(**{'seq_len': 0", "ZeroDivisionError", "Pass --data FILE"), kind="bad-input"),
-    Case("nan-weights", lambda f: [f.ckpt("nan.ckpt", _nan), *DATA], 3,
-         ("NON-FINITE", "| non-finite", "96 weights", "exit code 3")),
-    Case("inf-embeddings", lambda f: [f.ckpt("inf.ckpt", _inf_embedding), *DATA], 3,
-         ("NON-FINITE", "8,192 weights", "DyT inputs", "exit code 3")),
-    Case("file-path-factory", lambda f: [f.plain("w.pt"), "--factory", "./mymodels.py:build", "--data", "calib.pt"], 0,
-         ("Replayed 1 of 1",)),
+    Case(
+        "text-file-in-folder",
+        _text_in_folder,
+        1,
+        ("skipped ckpts/notes.ckpt: not a PyTorch checkpoint: a text file (starts 'trained 2 steps, lr 3e-3')",),
+    ),
+    Case(
+        "datamodule-seq-len-0",
+        _seq_len_zero,
+        2,
+        ("--datamodule CorpusDataModule(**{'seq_len': 0", "ZeroDivisionError", "Pass --data FILE"),
+        kind="bad-input",
+    ),
+    Case(
+        "nan-weights",
+        lambda f: [f.ckpt("nan.ckpt", _nan), *DATA],
+        3,
+        ("NON-FINITE", "| non-finite", "96 weights", "exit code 3"),
+    ),
+    Case(
+        "inf-embeddings",
+        lambda f: [f.ckpt("inf.ckpt", _inf_embedding), *DATA],
+        3,
+        ("NON-FINITE", "8,192 weights", "DyT inputs", "exit code 3"),
+    ),
+    Case(
+        "file-path-factory",
+        lambda f: [f.plain("w.pt"), "--factory", "./mymodels.py:build", "--data", "calib.pt"],
+        0,
+        ("Replayed 1 of 1",),
+    ),
     Case("lookalike-modules-in-cwd", _lookalike_modules, 0, ("Replayed 1 of 1",), console_script=True),
     # round 4 (issue 30): damaged files, files that are not files, what cannot be read, literal paths, sys.path
-    Case("corrupt-tensor-bytes", _corrupt_tensor, 1,
-         ("skipped ckpts/bad.ckpt: corrupt: the bytes of 1 tensor record(s) (data/", "CRC-32", "Replayed 1 of 2"),
-         built=("meta", "cpu"), last=r"^satmon replay: incomplete: 1 of 2 checkpoint\(s\) replayed; 1 skipped\.$"),
-    Case("corrupt-pickle-bytes", _corrupt_pickle, 1,
-         ("skipped ckpts/bad.ckpt: corrupt: the bytes of its record", "data.pkl", "Replayed 1 of 2"),
-         last=r"^satmon replay: incomplete: 1 of 2"),
-    Case("safetensors-without-checksum", _damaged_safetensors, 0,
-         ("Replayed 1 of 1", "1 checkpoint(s) record no checksum (w.safetensors", "damaged bytes in them cannot be detected")),
-    Case("legacy-file-without-checksum", _legacy_file, 0, ("Replayed 1 of 1", "1 checkpoint(s) record no checksum (old.pt")),
-    Case("unreadable-folder", _no_permission("folder"), 1,
-         ("not replayed: ckpts/locked: cannot read the folder: Permission denied", "Replayed 2 of 2"),
-         last=r"^satmon replay: incomplete: 2 of 2 checkpoint\(s\) replayed; 1 file\(s\) or folder\(s\) that may hold "
-              r"checkpoints could not be read: ckpts/locked \(cannot read the folder: Permission denied\)\.$"),
-    Case("unsearchable-folder", _no_permission("search"), 1,
-         ("not replayed: ckpts/locked/step-6.ckpt: cannot stat it: Permission denied", "Replayed 2 of 2"),
-         last=r"^satmon replay: incomplete: .*could not be read: ckpts/locked/step-6.ckpt \(cannot stat it"),
-    Case("unreadable-file", _no_permission("file"), 1, ("skipped ckpts/step-4.ckpt: cannot read it: PermissionError",),
-         last=r"^satmon replay: incomplete: 1 of 2 checkpoint\(s\) replayed; 1 skipped\.$"),
-    Case("fifo-in-folder", _special("fifo-in-folder"), 0,
-         ("not replayed: ckpts/step-4.ckpt: a FIFO (named pipe): not read.", "Replayed 1 of 1")),
-    Case("socket-in-folder", _special("socket-in-folder"), 0, ("not replayed: ckpts/s.ckpt: a socket: not read.",
-                                                              "Replayed 1 of 1")),
-    Case("link-to-dev-zero-in-folder", _special("dev-zero-link"), 0,
-         ("not replayed: ckpts/step-4.ckpt: a symlink to a character device (/dev/zero): not read.", "Replayed 1 of 1")),
-    Case("huge-sparse-file", _special("huge-sparse"), 1,
-         ("skipped ckpts/step-4.ckpt: not a PyTorch checkpoint: neither a torch.save zip archive nor a pickle",),
-         last=r"^satmon replay: incomplete: 1 of 2"),
-    Case("fifo-given", _special("fifo-given"), 2, ("got 'p.ckpt', which is a FIFO (named pipe): pass the checkpoints' files or folder (it was not opened).",),
-         built=(), kind="bad-input"),
-    Case("dev-zero-given", _special("dev-zero-given"), 2, ("got '/dev/zero', which is a character device",), built=(),
-         kind="bad-input"),
-    Case("escape-sequences-in-names", _escapes_in_names, 1,
-         ("step-2\\x1b[2J\\x1b]0;pwned\\x07.ckpt", "\\x1b]52;c;", "step-6\\x9b2J\\x0dGO \\u202egnp.ckpt",
-          "skipped ckpts/notes\\x1b[32m.ckpt: not a PyTorch checkpoint", "Replayed 3 of 4"),
-         last=r"^satmon replay: incomplete: 3 of 4"),
+    Case(
+        "corrupt-tensor-bytes",
+        _corrupt_tensor,
+        1,
+        ("skipped ckpts/bad.ckpt: corrupt: the bytes of 1 tensor record(s) (data/", "CRC-32", "Replayed 1 of 2"),
+        built=("meta", "cpu"),
+        last=r"^satmon replay: incomplete: 1 of 2 checkpoint\(s\) replayed; 1 skipped\.$",
+    ),
+    Case(
+        "corrupt-pickle-bytes",
+        _corrupt_pickle,
+        1,
+        ("skipped ckpts/bad.ckpt: corrupt: the bytes of its record", "data.pkl", "Replayed 1 of 2"),
+        last=r"^satmon replay: incomplete: 1 of 2",
+    ),
+    Case(
+        "safetensors-without-checksum",
+        _damaged_safetensors,
+        0,
+        (
+            "Replayed 1 of 1",
+            "1 checkpoint(s) record no checksum (w.safetensors",
+            "damaged bytes in them cannot be detected",
+        ),
+    ),
+    Case(
+        "legacy-file-without-checksum",
+        _legacy_file,
+        0,
+        ("Replayed 1 of 1", "1 checkpoint(s) record no checksum (old.pt"),
+    ),
+    Case(
+        "unreadable-folder",
+        _no_permission("folder"),
+        1,
+        ("not replayed: ckpts/locked: cannot read the folder: Permission denied", "Replayed 2 of 2"),
+        last=r"^satmon replay: incomplete: 2 of 2 checkpoint\(s\) replayed; 1 file\(s\) or folder\(s\) that may hold "
+        r"checkpoints could not be read: ckpts/locked \(cannot read the folder: Permission denied\)\.$",
+    ),
+    Case(
+        "unsearchable-folder",
+        _no_permission("search"),
+        1,
+        ("not replayed: ckpts/locked/step-6.ckpt: cannot stat it: Permission denied", "Replayed 2 of 2"),
+        last=r"^satmon replay: incomplete: .*could not be read: ckpts/locked/step-6.ckpt \(cannot stat it",
+    ),
+    Case(
+        "unreadable-file",
+        _no_permission("file"),
+        1,
+        ("skipped ckpts/step-4.ckpt: cannot read it: PermissionError",),
+        last=r"^satmon replay: incomplete: 1 of 2 checkpoint\(s\) replayed; 1 skipped\.$",
+    ),
+    Case(
+        "fifo-in-folder",
+        _special("fifo-in-folder"),
+        0,
+        ("not replayed: ckpts/step-4.ckpt: a FIFO (named pipe): not read.", "Replayed 1 of 1"),
+    ),
+    Case(
+        "socket-in-folder",
+        _special("socket-in-folder"),
+        0,
+        ("not replayed: ckpts/s.ckpt: a socket: not read.", "Replayed 1 of 1"),
+    ),
+    Case(
+        "link-to-dev-zero-in-folder",
+        _special("dev-zero-link"),
+        0,
+        ("not replayed: ckpts/step-4.ckpt: a symlink to a character device (/dev/zero): not read.", "Replayed 1 of 1"),
+    ),
+    Case(
+        "huge-sparse-file",
+        _special("huge-sparse"),
+        1,
+        ("skipped ckpts/step-4.ckpt: not a PyTorch checkpoint: neither a torch.save zip archive nor a pickle",),
+        last=r"^satmon replay: incomplete: 1 of 2",
+    ),
+    Case(
+        "fifo-given",
+        _special("fifo-given"),
+        2,
+        ("got 'p.ckpt', which is a FIFO (named pipe): pass the checkpoints' files or folder (it was not opened).",),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "dev-zero-given",
+        _special("dev-zero-given"),
+        2,
+        ("got '/dev/zero', which is a character device",),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "escape-sequences-in-names",
+        _escapes_in_names,
+        1,
+        (
+            "step-2\\x1b[2J\\x1b]0;pwned\\x07.ckpt",
+            "\\x1b]52;c;",
+            "step-6\\x9b2J\\x0dGO \\u202egnp.ckpt",
+            "skipped ckpts/notes\\x1b[32m.ckpt: not a PyTorch checkpoint",
+            "Replayed 3 of 4",
+        ),
+        last=r"^satmon replay: incomplete: 3 of 4",
+    ),
     Case("paths-used-literally", _literal, 0, ("Replayed 1 of 1",), check=_literal_check),
-    Case("safetensors-with-a-tail", _safetensors_with_a_tail, 1,
-         ("skipped w.safetensors: corrupt safetensors file: 13 byte(s) after its last tensor",),
-         last=r"^satmon replay: incomplete: 0 of 1"),
-    Case("partial-name-links-to-a-user-file", _partial_links_to_a_user_file, 0,
-         ("Replayed 1 of 1", "note: r.json.partial.jsonl (the records of an earlier interrupted replay) is replaced"),
-         check=_victims_untouched),
-    Case("data-file-is-the-json", _data_is_the_json, 2, ("Expected --json to write another file than --data 'calib.json'",),
-         built=(), kind="bad-input"),
-    Case("name-with-control-characters", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--name",
-                                                    "run\x1b]0;x\x07"], 2,
-         ("Expected --name to be a name without control characters", "got 'run\\x1b]0;x\\x07'"), built=(),
-         kind="bad-input"),
-    Case("next-run-folder-a-file", _next_version_a_file, 0, ("Replayed 1 of 1", "version_2"), check=_next_version_check),
-    Case("run-folder-links-out-of-logdir", _run_folder_links_out, 2,
-         ("Expected --name 'replay' to stay under --logdir", "(a symlink out of it)"), built=(), kind="bad-input"),
-    Case("threads-beyond-the-machine", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--threads", "100000"],
-         2, (f"Expected --threads in [1, {os.cpu_count()}] (the CPUs of this machine), got 100000.",), built=(),
-         kind="bad-input"),
-    Case("weights-only-and-trust", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--weights-only"], 2,
-         ("Expected either --weights-only", "or --trust-checkpoints", "got both"), built=(), kind="bad-input"),
-    Case("json-companion-too-long", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--json",
-                                               "r" * 230 + ".json"], 2,
-         ("Expected --json's the file of partial records to name a file of at most 241 bytes", "got 249 bytes"),
-         built=(), kind="bad-input"),
-    Case("report-plot-name-too-long", lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--report",
-                                                 "r" * 230 + ".md"], 2,
-         ("Expected --report's its saturation plot to name a file of at most 241 bytes", "got 245 bytes"), built=(),
-         kind="bad-input"),
-    Case("empty-pythonpath-entry", _cwd_module(":{path}"), 2, ("cannot import module 'mymodel'", IGNORED),
-         console_script=True, kind="bad-input"),
-    Case("dot-pythonpath-entry", _cwd_module(".:{path}"), 2, ("cannot import module 'mymodel'", IGNORED),
-         console_script=True, kind="bad-input"),
-    Case("relative-pythonpath-entry", _cwd_module("rel:{path}"), 2, ("cannot import module 'mymodel'", "/rel'", IGNORED),
-         console_script=True, kind="bad-input"),
-    Case("python-m-working-directory", _cwd_module("-m"), 2, ("cannot import module 'mymodel'",), console_script=True,
-         kind="bad-input"),
+    Case(
+        "safetensors-with-a-tail",
+        _safetensors_with_a_tail,
+        1,
+        ("skipped w.safetensors: corrupt safetensors file: 13 byte(s) after its last tensor",),
+        last=r"^satmon replay: incomplete: 0 of 1",
+    ),
+    Case(
+        "partial-name-links-to-a-user-file",
+        _partial_links_to_a_user_file,
+        0,
+        ("Replayed 1 of 1", "note: r.json.partial.jsonl (the records of an earlier interrupted replay) is replaced"),
+        check=_victims_untouched,
+    ),
+    Case(
+        "data-file-is-the-json",
+        _data_is_the_json,
+        2,
+        ("Expected --json to write another file than --data 'calib.json'",),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "name-with-control-characters",
+        lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--name", "run\x1b]0;x\x07"],
+        2,
+        ("Expected --name to be a name without control characters", "got 'run\\x1b]0;x\\x07'"),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "next-run-folder-a-file", _next_version_a_file, 0, ("Replayed 1 of 1", "version_2"), check=_next_version_check
+    ),
+    Case(
+        "run-folder-links-out-of-logdir",
+        _run_folder_links_out,
+        2,
+        ("Expected --name 'replay' to stay under --logdir", "(a symlink out of it)"),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "threads-beyond-the-machine",
+        lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--threads", "100000"],
+        2,
+        (f"Expected --threads in [1, {os.cpu_count()}] (the CPUs of this machine), got 100000.",),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "weights-only-and-trust",
+        lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--weights-only"],
+        2,
+        ("Expected either --weights-only", "or --trust-checkpoints", "got both"),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "json-companion-too-long",
+        lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--json", "r" * 230 + ".json"],
+        2,
+        ("Expected --json's the file of partial records to name a file of at most 241 bytes", "got 249 bytes"),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "report-plot-name-too-long",
+        lambda f: [f.ckpt("p.ckpt", payload=Payload), *DATA_TRUSTED, "--report", "r" * 230 + ".md"],
+        2,
+        ("Expected --report's its saturation plot to name a file of at most 241 bytes", "got 245 bytes"),
+        built=(),
+        kind="bad-input",
+    ),
+    Case(
+        "empty-pythonpath-entry",
+        _cwd_module(":{path}"),
+        2,
+        ("cannot import module 'mymodel'", IGNORED),
+        console_script=True,
+        kind="bad-input",
+    ),
+    Case(
+        "dot-pythonpath-entry",
+        _cwd_module(".:{path}"),
+        2,
+        ("cannot import module 'mymodel'", IGNORED),
+        console_script=True,
+        kind="bad-input",
+    ),
+    Case(
+        "relative-pythonpath-entry",
+        _cwd_module("rel:{path}"),
+        2,
+        ("cannot import module 'mymodel'", "/rel'", IGNORED),
+        console_script=True,
+        kind="bad-input",
+    ),
+    Case(
+        "python-m-working-directory",
+        _cwd_module("-m"),
+        2,
+        ("cannot import module 'mymodel'",),
+        console_script=True,
+        kind="bad-input",
+    ),
 ]
 
 
@@ -725,8 +1128,14 @@ def _console(argv: list[str], cwd: Path, pythonpath: str | None = None) -> tuple
         command = [sys.executable, "-m", "satmon.cli.main"]
     elif pythonpath is not None:
         env["PYTHONPATH"] = pythonpath.format(path=os.pathsep.join(path))
-    done = subprocess.run([*command, "replay", *argv, "--logdir", "tb", "--quiet"], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [*command, "replay", *argv, "--logdir", "tb", "--quiet"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return done.returncode, done.stdout + done.stderr
 
 
@@ -790,11 +1199,35 @@ def _complete_previous(tmp_path: Path, folder: str) -> bytes:
 
 def _replay_until(tmp_path: Path, folder: str, sig: int, after: int) -> tuple[int, str, str]:
     """``satmon replay`` in a subprocess, sent ``sig`` once ``after`` checkpoints were reported."""
-    cmd = [sys.executable, "-m", "satmon.cli.main", "replay", folder, *DATA, "--logdir", "tb", "--json", "prev.json",
-           "--threads", "1"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *(p for p in sys.path if p)]), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
+    cmd = [
+        sys.executable,
+        "-m",
+        "satmon.cli.main",
+        "replay",
+        folder,
+        *DATA,
+        "--logdir",
+        "tb",
+        "--json",
+        "prev.json",
+        "--threads",
+        "1",
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *(p for p in sys.path if p)]),
+        "OMP_NUM_THREADS": "1",
+    }
+    # as from a terminal
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -805,10 +1238,14 @@ def _replay_until(tmp_path: Path, folder: str, sig: int, after: int) -> tuple[in
     return proc.returncode, "".join(lines) + out, err
 
 
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGKILL, -9)],
-                         ids=["ctrl-c", "sigterm", "sigkill"])
-def test_an_interrupted_replay_leaves_the_previous_json_untouched_and_keeps_its_records(world, tmp_path, monkeypatch,
-                                                                                        capsys, sig, code):
+@pytest.mark.parametrize(
+    ("sig", "code"),
+    [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGKILL, -9)],
+    ids=["ctrl-c", "sigterm", "sigkill"],
+)
+def test_an_interrupted_replay_leaves_the_previous_json_untouched_and_keeps_its_records(
+    world, tmp_path, monkeypatch, capsys, sig, code
+):
     f = Folder(tmp_path, world)
     monkeypatch.chdir(tmp_path)
     folder = f.run_folder(12)
@@ -828,12 +1265,17 @@ def test_an_interrupted_replay_leaves_the_previous_json_untouched_and_keeps_its_
     if sig != signal.SIGKILL:
         last = err.strip().splitlines()[-1]
         how = "interrupted (Ctrl-C)" if sig == signal.SIGINT else "terminated (SIGTERM)"
-        assert re.fullmatch(rf"satmon replay: {re.escape(how)} after \d+ of 12 checkpoint\(s\): prev.json was left as it "
-                            rf"was; the \d+ new record\(s\) are in prev.json.partial.jsonl; TensorBoard run .*version_1 "
-                            r"holds the checkpoints replayed so far\.", last), last
+        assert re.fullmatch(
+            rf"satmon replay: {re.escape(how)} after \d+ of 12 checkpoint\(s\): prev.json was left as it "
+            rf"was; the \d+ new record\(s\) are in prev.json.partial.jsonl; TensorBoard run .*version_1 "
+            r"holds the checkpoints replayed so far\.",
+            last,
+        ), last
 
 
-def test_a_complete_replay_replaces_the_json_once_keeps_its_permissions_and_says_so(world, tmp_path, monkeypatch, capsys):
+def test_a_complete_replay_replaces_the_json_once_keeps_its_permissions_and_says_so(
+    world, tmp_path, monkeypatch, capsys
+):
     from satmon.io import json_records
 
     f = Folder(tmp_path, world)
@@ -850,9 +1292,14 @@ def test_a_complete_replay_replaces_the_json_once_keeps_its_permissions_and_says
     out, err = capsys.readouterr()
     assert code == 0, err
     assert writes == [Path("prev.json")]  # once, at the end (0.2 rewrote it after each checkpoint)
-    assert len(json.loads((tmp_path / "prev.json").read_text())) == 3 and not (tmp_path / "prev.json.partial.jsonl").exists()
+    assert (
+        len(json.loads((tmp_path / "prev.json").read_text())) == 3
+        and not (tmp_path / "prev.json.partial.jsonl").exists()
+    )
     assert stat.S_IMODE(os.stat(tmp_path / "prev.json").st_mode) == 0o640
-    assert stat.S_IMODE(os.stat(tmp_path / "r.md").st_mode) == 0o600 and (tmp_path / "r.md").read_text().startswith("# satmon")
+    assert stat.S_IMODE(os.stat(tmp_path / "r.md").st_mode) == 0o600 and (tmp_path / "r.md").read_text().startswith(
+        "# satmon"
+    )
     assert out.count("replaced the previous file; its permissions kept") == 1
     assert out.count("replaced 1 previous file(s), their permissions kept") == 1
 
@@ -880,8 +1327,10 @@ def test_a_full_disk_mid_replay_stops_in_one_line_and_leaves_the_previous_json(w
     assert code == 1 and (tmp_path / "prev.json").read_bytes() == before
     assert err.strip().splitlines()[-1] == (
         "satmon replay: stopped by OSError: [Errno 28] No space left on device: 'prev.json.partial.jsonl' after 2 of 4 "
-        "checkpoint(s): prev.json was left as it was; the 2 new record(s) are in prev.json.partial.jsonl; TensorBoard run "
-        f"{tmp_path / 'tb' / 'replay' / 'version_1'} holds the checkpoints replayed so far.")
+        "checkpoint(s): prev.json was left as it was; the 2 new record(s) are in "
+        "prev.json.partial.jsonl; TensorBoard run "
+        f"{tmp_path / 'tb' / 'replay' / 'version_1'} holds the checkpoints replayed so far."
+    )
 
 
 def test_a_full_disk_mid_record_leaves_the_partial_file_on_a_complete_record(world, tmp_path, monkeypatch, capsys):
@@ -896,7 +1345,8 @@ def test_a_full_disk_mid_record_leaves_the_partial_file_on_a_complete_record(wor
     real_write, calls = os.write, []
 
     def write(fd, data):
-        if calls or (len(data) > 200 and b'"global_step": 6' in data):  # the third record: half fits, then the disk is full
+        # the third record: half fits, then the disk is full
+        if calls or (len(data) > 200 and b'"global_step": 6' in data):
             calls.append(len(data))
             if len(calls) == 1:
                 return real_write(fd, data[: len(data) // 2])
@@ -911,12 +1361,15 @@ def test_a_full_disk_mid_record_leaves_the_partial_file_on_a_complete_record(wor
     text = (tmp_path / "r.json.partial.jsonl").read_text()
     assert text.endswith("\n"), text
     assert [json.loads(line)["global_step"] for line in text.splitlines()] == [2, 4]  # complete records only
-    assert err.strip().splitlines()[-1].startswith("satmon replay: stopped by OSError: [Errno 28] No space left on device")
+    assert (
+        err.strip().splitlines()[-1].startswith("satmon replay: stopped by OSError: [Errno 28] No space left on device")
+    )
     assert "the 2 new record(s) are in r.json.partial.jsonl" in err and "Traceback" not in err
 
 
 def test_a_writer_thread_that_fails_reaches_the_one_line_message(world, tmp_path, monkeypatch, capsys):
-    """0.2: a full disk under --logdir gave the one-line message, then TensorBoard's writer thread's 48-line traceback."""
+    """0.2: a full disk under --logdir gave the one-line message, then TensorBoard's writer
+    thread's 48-line traceback."""
     import errno
 
     from tensorboard.summary.writer import record_writer
@@ -941,8 +1394,11 @@ def test_a_writer_thread_that_fails_reaches_the_one_line_message(world, tmp_path
 def test_a_refused_replay_leaves_no_empty_tensorboard_run(world, tmp_path, monkeypatch, capsys):
     f = Folder(tmp_path, world)
     monkeypatch.chdir(tmp_path)
-    for argv in ([f.run_folder(2), "--model", WRONG, "--data", "calib.pt"], [f.ckpt("a.ckpt"), *DATA, "--threshold", "2"],
-                 [f.ckpt("b.ckpt"), *DATA, "--name", " "]):
+    for argv in (
+        [f.run_folder(2), "--model", WRONG, "--data", "calib.pt"],
+        [f.ckpt("a.ckpt"), *DATA, "--threshold", "2"],
+        [f.ckpt("b.ckpt"), *DATA, "--name", " "],
+    ):
         assert main(["replay", *argv, "--logdir", "tb"]) == 2
     assert main(["replay", "afile", "recorder.py", *DATA, "--logdir", "tb"]) == 1  # nothing readable: skipped, no run
     assert "no checkpoint could be read" in capsys.readouterr().out
@@ -957,8 +1413,12 @@ def test_reliability_figures_are_the_matrix():
     # test_an_interrupted_replay_...: Ctrl-C, SIGTERM, SIGKILL; test_a_full_disk_mid_replay_..., _mid_record_...;
     # test_a_writer_thread_that_fails_...
     interrupts = 6
-    want = {"bad inputs tried": len(bad), "clear errors": len(bad), "faults survived": len(faults) + interrupts,
-            "data lost": 0}
+    want = {
+        "bad inputs tried": len(bad),
+        "clear errors": len(bad),
+        "faults survived": len(faults) + interrupts,
+        "data lost": 0,
+    }
     for label, value in want.items():
         found = re.search(rf"\*\*{label}\*\*: (\d+)", text)
         assert found and int(found.group(1)) == value, (label, value, found and found.group(0))
@@ -1011,24 +1471,43 @@ def test_nonfinite_inputs_in_the_window_give_a_nonfinite_verdict_not_no_go(tmp_p
         warnings.simplefilter("ignore")
         trainer(tmp_path, max_steps=6, callbacks=[monitor]).fit(_nan_model(_NaNGradientAt), token_loader(6))
     v = monitor.verdict  # the NaN gradient made the weights NaN: every later DyT input is NaN (0.1 said NO-GO)
-    assert v.decision == "non-finite" and v.nonfinite > 0 and "NON-FINITE" in v.card() and "LayerNorm" not in v.headline()
+    assert (
+        v.decision == "non-finite" and v.nonfinite > 0 and "NON-FINITE" in v.card() and "LayerNorm" not in v.headline()
+    )
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"include": 123}, "Expected `include`"), ({"exclude": ["a"]}, "Expected `exclude`"),
-    ({"include": "(unclosed"}, "valid regular expression"), ({"dry_run": "yes"}, "Expected `dry_run` to be True or False"),
-    ({"verbose": "no"}, "Expected `verbose` to be True or False"), ({"window": True}, "Expected `window`"),
-    ({"product": "rounded"}, "Expected `product`"), ({"offset_every": -1}, "Expected `offset_every`"),
-    ({"on_missing": "ignore"}, "Expected `on_missing`"), ({"gating_mapping": ["a"]}, "Expected `gating_mapping`"),
-    # round 4: accepted by 0.2, then a bare TypeError at fit, or 400 GB allocated at the window's end
-    ({"include": lambda module: True}, r"Expected `include` to be a predicate called as include\(name, module\) -> bool, "
-                                       r"got <lambda>\(module\), which cannot take those two arguments"),
-    ({"exclude": torch.nn.LayerNorm}, r"got the class LayerNorm: to select modules by type pass exclude=lambda name, "
-                                      r"module: isinstance\(module, LayerNorm\)"),
-    ({"loss_baseline": 10**11}, r"Expected `loss_baseline` to be an int in \[2, 1000000\] \(steps of training loss kept "
-                                r"on the device for the spike baseline\), got 100000000000"),
-    ({"watch_every_n_steps": 10**12}, r"Expected `watch_every_n_steps` to be an int in \[0, 1000000\]"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"include": 123}, "Expected `include`"),
+        ({"exclude": ["a"]}, "Expected `exclude`"),
+        ({"include": "(unclosed"}, "valid regular expression"),
+        ({"dry_run": "yes"}, "Expected `dry_run` to be True or False"),
+        ({"verbose": "no"}, "Expected `verbose` to be True or False"),
+        ({"window": True}, "Expected `window`"),
+        ({"product": "rounded"}, "Expected `product`"),
+        ({"offset_every": -1}, "Expected `offset_every`"),
+        ({"on_missing": "ignore"}, "Expected `on_missing`"),
+        ({"gating_mapping": ["a"]}, "Expected `gating_mapping`"),
+        # round 4: accepted by 0.2, then a bare TypeError at fit, or 400 GB allocated at the window's end
+        (
+            {"include": lambda module: True},
+            r"Expected `include` to be a predicate called as include\(name, module\) -> bool, "
+            r"got <lambda>\(module\), which cannot take those two arguments",
+        ),
+        (
+            {"exclude": torch.nn.LayerNorm},
+            r"got the class LayerNorm: to select modules by type pass exclude=lambda name, "
+            r"module: isinstance\(module, LayerNorm\)",
+        ),
+        (
+            {"loss_baseline": 10**11},
+            r"Expected `loss_baseline` to be an int in \[2, 1000000\] \(steps of training loss kept "
+            r"on the device for the spike baseline\), got 100000000000",
+        ),
+        ({"watch_every_n_steps": 10**12}, r"Expected `watch_every_n_steps` to be an int in \[0, 1000000\]"),
+    ],
+)
 def test_bad_constructor_arguments_fail_at_construction_with_what_to_do(kwargs, match):
     from satmon import SaturationMonitor
 
@@ -1081,13 +1560,24 @@ def _run_uneven_ddp(tmp_path: Path, with_satmon: bool, timeout: float) -> tuple[
     out.mkdir()
     script = out / "run.py"
     script.write_text(UNEVEN_DDP_SCRIPT.format(tests=str(Path(__file__).resolve().parent)))
-    env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
-           "TORCH_GLOO_TIMEOUT": "30"}
+    env = {
+        **os.environ,
+        "PYTHONHASHSEED": "0",
+        "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "TORCH_GLOO_TIMEOUT": "30",
+    }
     for var in ("MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "PL_GLOBAL_SEED"):
         env.pop(var, None)
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, str(script), "1" if with_satmon else "0", str(out)], cwd=str(out), env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "1" if with_satmon else "0", str(out)],
+        cwd=str(out),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         proc.wait(timeout=timeout)
         return time.monotonic() - start, False
@@ -1097,7 +1587,9 @@ def _run_uneven_ddp(tmp_path: Path, with_satmon: bool, timeout: float) -> tuple[
         return time.monotonic() - start, True
 
 
-@pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(), reason="needs gloo")
+@pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(), reason="needs gloo"
+)
 def test_ddp_uneven_batches_do_not_hang_with_satmon(tmp_path):
     """Two ranks with 5 and 4 batches, training shorter than the window: 0.1 hung in its end-of-training sync."""
     baseline, baseline_hung = _run_uneven_ddp(tmp_path, with_satmon=False, timeout=150)

@@ -33,8 +33,23 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 CELLS = "name,saturation,delta,group\na,0.6,-0.1,small\nb,0.2,0.1,small\nc,0.7,-0.2,big\nd,0.3,0.2,big\n"
 CELLS_6 = CELLS + "e,0.65,-0.05,big\nf,0.25,0.05,small\n"
-GRID = ["grid", "builtin", "--smoke", "--sizes", "d16L1", "--budgets", "2000", "--seeds", "0", "--steps", "8", "--window",
-        "4", "--warmup", "0"]
+GRID = [
+    "grid",
+    "builtin",
+    "--smoke",
+    "--sizes",
+    "d16L1",
+    "--budgets",
+    "2000",
+    "--seeds",
+    "0",
+    "--steps",
+    "8",
+    "--window",
+    "4",
+    "--warmup",
+    "0",
+]
 
 
 @pytest.fixture
@@ -44,8 +59,9 @@ def work(tmp_path, monkeypatch):
 
     (tmp_path / "cells.csv").write_text(CELLS)
     (tmp_path / "cells6.csv").write_text(CELLS_6)
-    (tmp_path / "m.py").write_text("import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 4), "
-                                   "torch.nn.LayerNorm(4))\n")
+    (tmp_path / "m.py").write_text(
+        "import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))\n"
+    )
     torch.save(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)).state_dict(), tmp_path / "w.pt")
     torch.save(torch.randn(8, 4), tmp_path / "calib.pt")
     (tmp_path / "grid_cells.json").write_text(json.dumps({"recipe": {"name": "mine"}, "cells": []}))
@@ -57,7 +73,12 @@ REPLAY = ["replay", "w.pt", "--factory", "./m.py:build", "--data", "calib.pt", "
 
 #: output -> (the command, the path another process holds, whether it is a folder's lock, the exit code of a refusal)
 HELD = {
-    "calibrate --out's calibration.json": (["calibrate", "--cells", "cells.csv", "--out", "o"], "o/calibration.json", False, 2),
+    "calibrate --out's calibration.json": (
+        ["calibrate", "--cells", "cells.csv", "--out", "o"],
+        "o/calibration.json",
+        False,
+        2,
+    ),
     "calibrate --plot": (["calibrate", "--cells", "cells.csv", "--out", "o", "--plot", "p.svg"], "p.svg", False, 2),
     "report --plot-file": (["report", "--cells", "grid_cells.json", "--plot-file", "phase.png"], "phase.png", False, 2),
     "replay --json": ([*REPLAY, "--logdir", "tb", "--json", "r.json"], "r.json", False, 2),
@@ -70,11 +91,14 @@ class Holder:
     """Another process holding an output's one-writer lock until :meth:`release` (it waits on its stdin)."""
 
     def __init__(self, path: Path, folder: bool) -> None:
-        code = ("import sys\nfrom satmon.io.lock import exclusive\n"
-                f"with exclusive({str(path)!r}, 'the test', folder={folder}):\n"
-                "    print('held', flush=True)\n    sys.stdin.read()\n")
-        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env=ENV)
+        code = (
+            "import sys\nfrom satmon.io.lock import exclusive\n"
+            f"with exclusive({str(path)!r}, 'the test', folder={folder}):\n"
+            "    print('held', flush=True)\n    sys.stdin.read()\n"
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV
+        )
         assert self.proc.stdout.readline().strip() == "held"
 
     def release(self) -> None:
@@ -122,9 +146,25 @@ def test_two_calibrates_into_one_out_at_once_leave_both_files_from_one_run(work,
     real_plot, seen = calibrate.plot, {}
 
     def plot_after_a_second_writer(result, path):
-        seen["second"] = subprocess.run([sys.executable, "-m", "satmon.cli.main", "calibrate", "--cells", "cells6.csv",
-                                         "--out", "o", "--plot", "o/calibration.svg"], capture_output=True, text=True,
-                                        timeout=300, env=ENV, check=False)
+        seen["second"] = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "satmon.cli.main",
+                "calibrate",
+                "--cells",
+                "cells6.csv",
+                "--out",
+                "o",
+                "--plot",
+                "o/calibration.svg",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=ENV,
+            check=False,
+        )
         return real_plot(result, path)
 
     monkeypatch.setattr(calibrate, "plot", plot_after_a_second_writer)
@@ -142,9 +182,9 @@ def test_two_calibrates_into_one_out_at_once_leave_both_files_from_one_run(work,
 def test_a_lock_that_cannot_be_made_says_why_first_and_never_cuts_the_reason(tmp_path):
     """A lock whose path is over PATH_MAX (the grid's folder at 4,085 bytes gave 'Expected to take the lock /...ddd'
     cut before the reason): the reason and what to do fit in the line, the path is shortened in its middle."""
+    from satmon.errors import error_line
     from satmon.io.atomic import OutputError
     from satmon.io.lock import exclusive
-    from satmon.errors import error_line
 
     deep = str(tmp_path) + ("/" + "d" * 200) * 21
     with pytest.raises(OutputError) as e, exclusive(deep, "the grid folder --out", folder=True):
@@ -178,14 +218,23 @@ LIMITS = [
 
 #: every output at 4,084 and 4,095 bytes (its lock alone needs 13 more); the folders whose deepest file is a run's event
 #: file, a checkpoint or a grid cell's temporary also at 4,052 and 4,070 (the replay's failing range)
-SIZES = [(*case, n) for case in LIMITS for n in ((4052, 4070, 4084, 4095) if case[0] in ("demo", "replay", "grid")
-                                                 and case[1] in ("--logdir", "--out") else (4084, 4095))]
+SIZES = [
+    (*case, n)
+    for case in LIMITS
+    for n in (
+        (4052, 4070, 4084, 4095)
+        if case[0] in ("demo", "replay", "grid") and case[1] in ("--logdir", "--out")
+        else (4084, 4095)
+    )
+]
 
 
-@pytest.mark.parametrize(("command", "option", "argv", "suffix", "length"), SIZES,
-                         ids=[f"{c}-{o}-{n}" for c, o, _, _, n in SIZES])
-def test_an_output_with_no_room_beneath_is_refused_before_any_work_in_one_line(work, capsys, monkeypatch, command, option,
-                                                                              argv, suffix, length):
+@pytest.mark.parametrize(
+    ("command", "option", "argv", "suffix", "length"), SIZES, ids=[f"{c}-{o}-{n}" for c, o, _, _, n in SIZES]
+)
+def test_an_output_with_no_room_beneath_is_refused_before_any_work_in_one_line(
+    work, capsys, monkeypatch, command, option, argv, suffix, length
+):
     """The path itself fits PATH_MAX (4,096); what satmon writes beneath or beside it would not."""
     from satmon.cli import demo
 
@@ -202,11 +251,23 @@ def test_an_output_with_no_room_beneath_is_refused_before_any_work_in_one_line(w
     assert _tree(work) == before  # nothing created: not the folder, not a lock, not a run
 
 
-@pytest.mark.parametrize(("argv", "todo"), [
-    (["calibrate", "--cells", "cells.csv", "--out", "o", "--plot", "p" * 240 + ".svg"], "--plot"),  # its temporary
-    (["report", "--cells", "grid_cells.json", "--plot-file", "p" * 245 + ".png"], "--plot-file"),  # its lock and temporary
-    ([*GRID, "--vary", "chunk_bytes=2048,1" + "0" * 240, "--out", "g"], "pass a shorter --vary value"),  # a cell's files
-], ids=["calibrate-plot", "report-plot-file", "grid-vary"])
+@pytest.mark.parametrize(
+    ("argv", "todo"),
+    [
+        (["calibrate", "--cells", "cells.csv", "--out", "o", "--plot", "p" * 240 + ".svg"], "--plot"),  # its temporary
+        # its lock and temporary
+        (
+            ["report", "--cells", "grid_cells.json", "--plot-file", "p" * 245 + ".png"],
+            "--plot-file",
+        ),
+        # a cell's files
+        (
+            [*GRID, "--vary", "chunk_bytes=2048,1" + "0" * 240, "--out", "g"],
+            "pass a shorter --vary value",
+        ),
+    ],
+    ids=["calibrate-plot", "report-plot-file", "grid-vary"],
+)
 def test_a_name_satmon_makes_beside_or_beneath_an_output_over_name_max_is_refused(work, capsys, argv, todo):
     before = _tree(work)
     code = main(argv)
@@ -234,7 +295,9 @@ def test_the_room_counted_is_what_the_writers_make(tmp_path):
     fits = _deep(tmp_path, limit - 2 - len(beneath))
     check_room("--logdir", fits, [os.path.join(fits, beneath)])  # the deepest path is PATH_MAX - 1 bytes: it fits
     over = fits + "e"
-    with pytest.raises(ValueError, match=rf"deepest file \(version_9999/events.out.tfevents.* would be {limit:,} bytes"):
+    with pytest.raises(
+        ValueError, match=rf"deepest file \(version_9999/events.out.tfevents.* would be {limit:,} bytes"
+    ):
         check_room("--logdir", over, [os.path.join(over, beneath)])
 
 
@@ -253,10 +316,20 @@ def _member(kind: str, path: Path, keep: list) -> None:
         path.symlink_to(path)
 
 
-PHRASES = {"socket": "a socket", "fifo": "a FIFO (named pipe)", "dev-null-link": "a symlink to a character device",
-           "dangling-link": "a broken symlink", "link-loop": "a symlink loop"}
-LOCK_PHRASES = {"socket": "a socket", "fifo": "a FIFO (named pipe)", "dev-null-link": "a symbolic link",
-                "dangling-link": "a symbolic link", "link-loop": "a symbolic link"}
+PHRASES = {
+    "socket": "a socket",
+    "fifo": "a FIFO (named pipe)",
+    "dev-null-link": "a symlink to a character device",
+    "dangling-link": "a broken symlink",
+    "link-loop": "a symlink loop",
+}
+LOCK_PHRASES = {
+    "socket": "a socket",
+    "fifo": "a FIFO (named pipe)",
+    "dev-null-link": "a symbolic link",
+    "dangling-link": "a symbolic link",
+    "link-loop": "a symbolic link",
+}
 
 #: where the member goes -> the command that writes there (the run folder, an output, a folder above one, a lock)
 PLACES = {
@@ -298,7 +371,9 @@ def test_what_sits_where_an_output_goes_is_named_by_its_kind_never_a_file(work, 
     assert not re.search(r"(is|got) a file\b|\(a file\)", line), line
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root opens a read-only lock file for writing: the fallback is not reached")
+@pytest.mark.skipif(
+    os.geteuid() == 0, reason="root opens a read-only lock file for writing: the fallback is not reached"
+)
 def test_a_lock_file_this_user_cannot_write_still_locks_and_names_its_holder(work, capsys):
     """Another user's lock file (here: read-only to this user) is locked through a read-only descriptor (flock needs no
     write access): a live holder is named, a killed one's stale lock is taken over."""
@@ -332,9 +407,35 @@ def test_a_demo_whose_version_another_demo_took_after_its_listing_writes_the_nex
         return 0 if len(calls) == 1 else real(root)
 
     monkeypatch.setattr(tbr, "next_version", listed_before_the_other_mkdir)
-    assert main(["demo", "--window", "2", "--steps", "2", "--d-model", "8", "--layers", "1", "--batch-size", "2",
-                 "--seq-len", "8", "--train-tokens", "100", "--checkpoint-every", "0", "--threads", "1", "--quiet",
-                 "--logdir", "lg"]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                "--window",
+                "2",
+                "--steps",
+                "2",
+                "--d-model",
+                "8",
+                "--layers",
+                "1",
+                "--batch-size",
+                "2",
+                "--seq-len",
+                "8",
+                "--train-tokens",
+                "100",
+                "--checkpoint-every",
+                "0",
+                "--threads",
+                "1",
+                "--quiet",
+                "--logdir",
+                "lg",
+            ]
+        )
+        == 0
+    )
     assert os.listdir(work / "lg" / "demo" / "version_0") == ["theirs"]  # the other run's folder, untouched
     assert (work / "lg" / "demo" / "version_1" / "checkpoints" / "epoch=0-step=2.ckpt").is_file()
     assert "lg/demo/version_1" in capsys.readouterr().out and len(calls) == 2

@@ -9,8 +9,7 @@ import torch
 
 from helpers import tiny_lit, token_loader, trainer
 from reference import InputRecorder
-from satmon import SaturationMonitor
-from satmon import find_dyt_layers
+from satmon import SaturationMonitor, find_dyt_layers
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -40,7 +39,9 @@ def test_counts_on_gpu_match_a_module_product_recount(tmp_path, strategy):
     lit = tiny_lit(alpha_init=50.0)
     rec = _ModuleProductRecorder(lit, [l.name for l in find_dyt_layers(lit)])
     monitor = SaturationMonitor(window=3, verbose=False, watch_every_n_steps=0)
-    trainer(tmp_path, accelerator="cuda", devices=1, strategy=strategy, max_steps=3, callbacks=[monitor]).fit(lit, token_loader(3))
+    trainer(tmp_path, accelerator="cuda", devices=1, strategy=strategy, max_steps=3, callbacks=[monitor]).fit(
+        lit, token_loader(3)
+    )
     assert monitor.verdict.saturation == pytest.approx(rec.fraction(), abs=0)
 
 
@@ -53,7 +54,9 @@ def test_bf16_autocast_counts_equal_the_rule_they_name(tmp_path, product):
     names = [l.name for l in find_dyt_layers(lit)]
     exact, module = InputRecorder(lit, names), _ModuleProductRecorder(lit, names)
     monitor = SaturationMonitor(window=3, verbose=False, watch_every_n_steps=0, product=product)
-    trainer(tmp_path, accelerator="cuda", devices=1, precision="bf16-mixed", max_steps=3, callbacks=[monitor]).fit(lit, token_loader(3))
+    trainer(tmp_path, accelerator="cuda", devices=1, precision="bf16-mixed", max_steps=3, callbacks=[monitor]).fit(
+        lit, token_loader(3)
+    )
     if product == "exact":
         ref = exact.counts()
         want = sum(s for s, _ in ref.values()) / sum(t for _, t in ref.values())

@@ -45,13 +45,23 @@ def test_relative_links_resolve(page: Path) -> None:
 _PATH = re.compile(r"(?<![\w./-])((?:docs|data)/[\w./-]*\w\.(?:md|json|csv|txt|png))")
 #: What names repository paths for a reader: the package (docstrings, messages, data-file comments), the docs, the
 #: examples and benchmarks. Grid and cell JSON under data/ are records of past runs, kept as written.
-_NAMING = [*sorted((ROOT / "satmon").rglob("*.py")), *sorted((ROOT / "satmon" / "data_files").glob("*.csv")),
-           *PAGES, *sorted((ROOT / "examples").glob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py"))]
+_NAMING = [
+    *sorted((ROOT / "satmon").rglob("*.py")),
+    *sorted((ROOT / "satmon" / "data_files").glob("*.csv")),
+    *PAGES,
+    *sorted((ROOT / "examples").glob("*.py")),
+    *sorted((ROOT / "benchmarks").glob("*.py")),
+]
 
 
 def test_every_repository_path_the_package_and_docs_name_exists() -> None:
     """A file moved (docs/ into folders, data out of docs/) leaves no mention of its old place behind."""
-    missing = sorted({f"{f.relative_to(ROOT)}: {p}" for f in _NAMING
-                      for p in _PATH.findall(f.read_text(encoding="utf-8", errors="replace"))
-                      if not (ROOT / p).exists()})
+    missing = sorted(
+        {
+            f"{f.relative_to(ROOT)}: {p}"
+            for f in _NAMING
+            for p in _PATH.findall(f.read_text(encoding="utf-8", errors="replace"))
+            if not (ROOT / p).exists()
+        }
+    )
     assert not missing, f"paths named that do not exist: {missing}"

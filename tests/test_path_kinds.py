@@ -88,10 +88,14 @@ def test_an_event_file_that_is_not_a_file_is_named_by_kind_in_a_folder(make, mem
     run = tmp_path / "run"
     run.mkdir()
     make(member, "run/events.out.tfevents.2.odd")
-    code = ("from satmon.io.tensorboard_reader import read_run; import sys; "
-            f"print(read_run({str(run)!r}).problems)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    code = f"from satmon.io.tensorboard_reader import read_run; import sys; print(read_run({str(run)!r}).problems)"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stderr
     assert "not a regular file: " + MEMBERS[member].split(" (/dev")[0] in done.stdout, done.stdout
 
@@ -123,8 +127,9 @@ def test_replay_data_is_named_by_kind(make, member):
 def replay_folder(tmp_path, monkeypatch):
     import torch
 
-    (tmp_path / "m.py").write_text("import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 4), "
-                                   "torch.nn.LayerNorm(4))\n")
+    (tmp_path / "m.py").write_text(
+        "import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))\n"
+    )
     torch.save(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)).state_dict(), tmp_path / "w.pt")
     torch.save(torch.randn(8, 4), tmp_path / "calib.pt")
     monkeypatch.chdir(tmp_path)
@@ -144,8 +149,14 @@ def test_every_replay_path_over_the_system_limits_is_one_line_exit_2(replay_fold
     argv = dict.fromkeys(["CHECKPOINT", "--factory", "--data"])
     argv.update({"CHECKPOINT": "w.pt", "--factory": "./m.py:build", "--data": "calib.pt"})
     argv[option] = value
-    cmd = ["replay", argv.pop("CHECKPOINT"), *[x for kv in argv.items() for x in kv], "--quiet", "--no-twin",
-           *([] if option == "--logdir" else ["--logdir", str(replay_folder / "tb")])]
+    cmd = [
+        "replay",
+        argv.pop("CHECKPOINT"),
+        *[x for kv in argv.items() for x in kv],
+        "--quiet",
+        "--no-twin",
+        *([] if option == "--logdir" else ["--logdir", str(replay_folder / "tb")]),
+    ]
     assert main(cmd) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Errno" not in err and "limit" in err, err
@@ -158,7 +169,9 @@ def test_every_replay_path_that_is_not_a_file_is_named_by_kind_exit_2(replay_fol
     """issue 36 class 1 through the CLI: each output and input option, each member, one line naming the kind."""
     from satmon.cli.main import main
 
-    path = make(member, "odd" + {"--json": ".json", "--report": ".md", "--data": ".pt", "--factory": ".py"}.get(option, ""))
+    path = make(
+        member, "odd" + {"--json": ".json", "--report": ".md", "--data": ".pt", "--factory": ".py"}.get(option, "")
+    )
     if option == "--factory":
         path += ":build"
     argv = {"--factory": "./m.py:build", "--data": "calib.pt", "--logdir": str(replay_folder / "tb"), option: path}

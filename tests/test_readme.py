@@ -34,7 +34,8 @@ def readme_study():
 def test_readme_block_is_what_satmon_study_renders(readme_study):
     text = README.read_text(encoding="utf-8")
     assert readme_study.block(text) == readme_study.render(), (
-        "README.md's satmon.study block differs from satmon.study: run python .ci/readme_study.py")
+        "README.md's satmon.study block differs from satmon.study: run python .ci/readme_study.py"
+    )
 
 
 def test_the_block_is_on_the_first_screen_and_names_each_decision(readme_study):
@@ -82,9 +83,12 @@ def _readme_test_command() -> list[str]:
 def test_ci_runs_the_readme_test_command():
     want = _readme_test_command()
     assert want[:3] == ["OMP_NUM_THREADS=1", "python", "-m"] and "-n" in want and "--dist" in want, want
-    runs = [shlex.split(line, comments=True) for line in (ROOT / ".ci" / "run").read_text().splitlines()
-            if "-m pytest" in line and not line.lstrip().startswith("#")]
-    assert len(runs) == 1 and runs[0][:len(want)] == want, f".ci/run runs {runs}, README says {want}"
+    runs = [
+        shlex.split(line, comments=True)
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if "-m pytest" in line and not line.lstrip().startswith("#")
+    ]
+    assert len(runs) == 1 and runs[0][: len(want)] == want, f".ci/run runs {runs}, README says {want}"
 
 
 def test_the_test_extra_has_what_the_command_needs():
@@ -126,8 +130,9 @@ def test_changelog_names_releases():
 
 def test_changelog_lines_are_lines_a_person_reads():
     text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
-    assert not re.search(r"\bissues?\s+\d+|\bround\s+\d+", text, re.IGNORECASE | re.MULTILINE), \
+    assert not re.search(r"\bissues?\s+\d+|\bround\s+\d+", text, re.IGNORECASE | re.MULTILINE), (
         "CHANGELOG.md names an issue or a development round"
+    )
     entries = [" ".join(e.split()) for e in re.findall(r"^- .*(?:\n  .*)*", text, re.MULTILINE)]
     long = [e[:60] for e in entries if len(e) > 400]
     assert entries and not long, f"CHANGELOG entries over 400 characters (split them): {long}"

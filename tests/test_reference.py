@@ -7,8 +7,17 @@ import pytest
 import torch
 from torch import nn
 
-from reference import (InputRecorder, count, counts_of, exact_count, gate_stats, model_counts, module_count, pooled,
-                       reference)
+from reference import (
+    InputRecorder,
+    count,
+    counts_of,
+    exact_count,
+    gate_stats,
+    model_counts,
+    module_count,
+    pooled,
+    reference,
+)
 from satmon import DyT
 
 
@@ -40,7 +49,7 @@ def test_module_count_compares_with_a_level_that_is_no_float32_value():
     """A level just under the float32 value ``f = 2 + 2**-22`` rounds to ``f`` in float32: compared there, ``f`` would
     not be over it; compared exactly, it is."""
     f = torch.nextafter(torch.tensor([2.0]), torch.tensor([3.0]))
-    level = 2.0 + 2.0 ** -22 - 2.0 ** -30
+    level = 2.0 + 2.0**-22 - 2.0**-30
     assert torch.tensor([level]).item() == f.item()  # the level, rounded to float32, is f itself
     assert module_count(f, torch.tensor([1.0]), level) == 1 == exact_count(f, torch.tensor([1.0]), level)
 

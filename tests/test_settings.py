@@ -22,22 +22,44 @@ from satmon.settings import settings_from
 PACKAGE = Path(satmon.__file__).resolve().parent
 
 
-def _calibration_file(tmp_path: Path, threshold: float = 0.45, metric: str = "saturation", name: str = "cal.json") -> Path:
+def _calibration_file(
+    tmp_path: Path, threshold: float = 0.45, metric: str = "saturation", name: str = "cal.json"
+) -> Path:
     """A calibration.json as ``satmon calibrate`` writes it (the fields load_calibration reads)."""
     path = tmp_path / name
-    path.write_text(json.dumps({
-        "format": "satmon-calibration", "version": 1, "threshold": threshold, "rule": "midpoint", "metric": metric,
-        "n": 6, "groups": 2, "accuracy": 1.0, "loso_accuracy": 0.5, "auc": 1.0,
-        "provenance": {"source": "my six runs", "created": "2026-01-01T00:00:00+00:00", "satmon_version": "0.3.0"},
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "format": "satmon-calibration",
+                "version": 1,
+                "threshold": threshold,
+                "rule": "midpoint",
+                "metric": metric,
+                "n": 6,
+                "groups": 2,
+                "accuracy": 1.0,
+                "loso_accuracy": 0.5,
+                "auc": 1.0,
+                "provenance": {
+                    "source": "my six runs",
+                    "created": "2026-01-01T00:00:00+00:00",
+                    "satmon_version": "0.3.0",
+                },
+            }
+        )
+    )
     return path
 
 
 # ------------------------------------------------------------------------------------- defaults and resolution
 def test_defaults_are_the_studys_numbers():
     s = Settings()
-    assert (s.rule.threshold, s.level, s.collapse_threshold, s.rule.caveat) == (study.THRESHOLD, study.LEVEL,
-                                                                                study.COLLAPSE_THRESHOLD, study.CAVEAT)
+    assert (s.rule.threshold, s.level, s.collapse_threshold, s.rule.caveat) == (
+        study.THRESHOLD,
+        study.LEVEL,
+        study.COLLAPSE_THRESHOLD,
+        study.CAVEAT,
+    )
     assert (s.threshold, s.caveat) == (None, None)  # kept as given: the rule holds the values in force
     assert s.calibration is None and s.product == "module" and s.window == 500
 
@@ -51,8 +73,11 @@ def test_the_studys_threshold_is_a_literal_only_in_satmon_study():
         if rel == "study.py" or rel in pending:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, float) and node.value in (study.THRESHOLD,
-                                                                                                   study.FIT_THRESHOLD):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, float)
+                and node.value in (study.THRESHOLD, study.FIT_THRESHOLD)
+            ):
                 found.append(f"{rel}:{node.lineno}")
     assert not found, f"the study's threshold written as a literal (read satmon.study.THRESHOLD): {found}"
 
@@ -80,7 +105,9 @@ def test_calibration_gives_its_threshold_and_its_caveat(tmp_path, as_path):
 
 def test_threshold_and_calibration_together_are_refused(tmp_path):
     path = _calibration_file(tmp_path, threshold=0.45)
-    with pytest.raises(ValueError, match=r"Expected either `threshold` or `calibration`, got both \(threshold=0.5, .*drop"):
+    with pytest.raises(
+        ValueError, match=r"Expected either `threshold` or `calibration`, got both \(threshold=0.5, .*drop"
+    ):
         Settings(threshold=0.5, calibration=path)
     with pytest.raises(ValueError, match=r"Expected either `threshold` or `calibration`.*threshold=0.43"):
         Settings(threshold=study.THRESHOLD, calibration=path)  # 0.2 read 0.43 as "not set" and dropped it silently
@@ -103,12 +130,18 @@ def test_a_calibration_of_another_metric_is_refused(tmp_path):
         Settings(calibration=_calibration_file(tmp_path, metric="first_block"))
 
 
-@pytest.mark.parametrize(("value", "match"), [
-    (123, r"Expected a path to a calibration.json or a Calibration, got 123 \(int\) for `calibration`: pass the file"),
-    (b"cal.json", r"Expected a path to a calibration.json or a Calibration, got b'cal.json' \(bytes\)"),
-    ({"threshold": 0.4}, r"Expected a path to a calibration.json or a Calibration, got <dict> \(dict\)"),
-    (True, r"got True \(bool\)"),
-])
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        (
+            123,
+            r"Expected a path to a calibration.json or a Calibration, got 123 \(int\) for `calibration`: pass the file",
+        ),
+        (b"cal.json", r"Expected a path to a calibration.json or a Calibration, got b'cal.json' \(bytes\)"),
+        ({"threshold": 0.4}, r"Expected a path to a calibration.json or a Calibration, got <dict> \(dict\)"),
+        (True, r"got True \(bool\)"),
+    ],
+)
 def test_calibration_that_is_no_path_is_refused(value, match):
     with pytest.raises(CalibrationError, match=match):
         Settings(calibration=value)
@@ -117,7 +150,9 @@ def test_calibration_that_is_no_path_is_refused(value, match):
 def test_unreadable_calibrations_get_a_clear_message(tmp_path):
     binary = tmp_path / "weights.pt"
     binary.write_bytes(b"PK\x03\x04\x00\xff\xfe\x80 binary")
-    with pytest.raises(CalibrationError, match=r"got a binary file \(byte 0xff at offset 5 is not UTF-8\).*calibration.json itself"):
+    with pytest.raises(
+        CalibrationError, match=r"got a binary file \(byte 0xff at offset 5 is not UTF-8\).*calibration.json itself"
+    ):
         Settings(calibration=binary)
     with pytest.raises(CalibrationError, match="got a folder at"):
         Settings(calibration=tmp_path)
@@ -127,7 +162,9 @@ def test_unreadable_calibrations_get_a_clear_message(tmp_path):
         Settings(calibration="cal\x00.json")
     with pytest.raises(CalibrationError, match=r"got a name of 5,000 bytes, over .*NAME_MAX"):
         Settings(calibration="x" * 5000)
-    with pytest.raises(CalibrationError, match="Expected a path to a calibration.json, got '': pass OUT/calibration.json"):
+    with pytest.raises(
+        CalibrationError, match="Expected a path to a calibration.json, got '': pass OUT/calibration.json"
+    ):
         Settings(calibration="")  # not the working directory
     big = tmp_path / "big.json"
     with open(big, "wb") as f:
@@ -154,31 +191,40 @@ def test_a_calibration_without_read_permission(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- validation
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"threshold": 1.5}, r"Expected `threshold` in \(0, 1\)"),
-    ({"threshold": "0.4"}, r"Expected `threshold` in \(0, 1\)"),
-    ({"level": -1.0}, "Expected `level` > 0"),
-    ({"collapse_threshold": 0.0}, r"Expected `collapse_threshold` in \(0, 1\)"),
-    ({"product": "rounded"}, "Expected `product`"),
-    ({"caveat": 3}, "Expected `caveat` to be a str"),
-    ({"window": 0}, "Expected `window` to be a positive int"),
-    ({"sample_every": 9, "window": 8}, r"Expected `sample_every` to be an int in \[1, 8\]"),
-    ({"offset_every": -1}, "Expected `offset_every`"),
-    ({"include": 123}, "Expected `include` to be None, a regex"),
-    ({"exclude": "(unclosed"}, "valid regular expression"),
-    ({"gating_mapping": ["a"]}, r"Expected `gating_mapping` to be a dict .*got list"),
-    ({"gating_mapping": {"blocks.0.norm": 1}}, r"Expected `gating_mapping\['blocks.0.norm'\]` to be the name of the gated "
-                                               r"MLP module it feeds \(str\) or None .*got 1 \(int\)"),
-    ({"gating_mapping": {"a": ["blocks.0.mlp"]}}, r"got <list> \(list\)"),
-    ({"gating_mapping": {0: "blocks.0.mlp"}}, r"Expected the keys of `gating_mapping` to be DyT layer names \(str\), got 0"),
-    ({"watch_every_n_steps": -1}, "Expected `watch_every_n_steps`"),
-    ({"patience": 0}, "Expected `patience`"),
-    ({"loss_spike_z": float("inf")}, "Expected `loss_spike_z` > 0"),
-    ({"loss_baseline": 1}, "Expected `loss_baseline`"),
-    ({"abort_on": "sometimes"}, "Expected `abort_on` in"),
-    ({"abort_mode": "explode"}, "Expected `abort_mode` in"),
-    ({"dry_run": 1}, "Expected `dry_run` to be True or False"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"threshold": 1.5}, r"Expected `threshold` in \(0, 1\)"),
+        ({"threshold": "0.4"}, r"Expected `threshold` in \(0, 1\)"),
+        ({"level": -1.0}, "Expected `level` > 0"),
+        ({"collapse_threshold": 0.0}, r"Expected `collapse_threshold` in \(0, 1\)"),
+        ({"product": "rounded"}, "Expected `product`"),
+        ({"caveat": 3}, "Expected `caveat` to be a str"),
+        ({"window": 0}, "Expected `window` to be a positive int"),
+        ({"sample_every": 9, "window": 8}, r"Expected `sample_every` to be an int in \[1, 8\]"),
+        ({"offset_every": -1}, "Expected `offset_every`"),
+        ({"include": 123}, "Expected `include` to be None, a regex"),
+        ({"exclude": "(unclosed"}, "valid regular expression"),
+        ({"gating_mapping": ["a"]}, r"Expected `gating_mapping` to be a dict .*got list"),
+        (
+            {"gating_mapping": {"blocks.0.norm": 1}},
+            r"Expected `gating_mapping\['blocks.0.norm'\]` to be the name of the gated "
+            r"MLP module it feeds \(str\) or None .*got 1 \(int\)",
+        ),
+        ({"gating_mapping": {"a": ["blocks.0.mlp"]}}, r"got <list> \(list\)"),
+        (
+            {"gating_mapping": {0: "blocks.0.mlp"}},
+            r"Expected the keys of `gating_mapping` to be DyT layer names \(str\), got 0",
+        ),
+        ({"watch_every_n_steps": -1}, "Expected `watch_every_n_steps`"),
+        ({"patience": 0}, "Expected `patience`"),
+        ({"loss_spike_z": float("inf")}, "Expected `loss_spike_z` > 0"),
+        ({"loss_baseline": 1}, "Expected `loss_baseline`"),
+        ({"abort_on": "sometimes"}, "Expected `abort_on` in"),
+        ({"abort_mode": "explode"}, "Expected `abort_mode` in"),
+        ({"dry_run": 1}, "Expected `dry_run` to be True or False"),
+    ],
+)
 def test_every_field_is_checked_when_made(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Settings(**kwargs)
@@ -205,7 +251,9 @@ def test_settings_from_one_source():
     s = Settings(window=7)
     assert settings_from(s, {}, owner="X") is s
     assert settings_from(None, {"window": 7}, owner="X") == s
-    with pytest.raises(ValueError, match=r"Expected either `settings` or keyword options, got both \(options \['level'\]\)"):
+    with pytest.raises(
+        ValueError, match=r"Expected either `settings` or keyword options, got both \(options \['level'\]\)"
+    ):
         settings_from(s, {"level": 3.0}, owner="X")
     with pytest.raises(TypeError, match=r"Expected X options among \[.*'window'.*\] \(plus a, b\), got \['windw'\]"):
         settings_from(None, {"windw": 7}, owner="X", own=("a", "b"))
@@ -221,23 +269,29 @@ def test_every_consumer_takes_settings_or_options_not_both():
     s = Settings(window=3)
     model = nn.Sequential(nn.Linear(4, 4), satmon.DyT(4))
     x = torch.randn(2, 4)
-    for make in (lambda **kw: SaturationMonitor(**kw), lambda **kw: Screen(**kw),
-                 lambda **kw: LiveProbe(every_n_steps=1, **kw), lambda **kw: probe(model, x, **kw)):
+    for make in (
+        lambda **kw: SaturationMonitor(**kw),
+        lambda **kw: Screen(**kw),
+        lambda **kw: LiveProbe(every_n_steps=1, **kw),
+        lambda **kw: probe(model, x, **kw),
+    ):
         with pytest.raises(ValueError, match="Expected either `settings` or keyword options, got both"):
             make(settings=s, level=3.0)
         with pytest.raises(TypeError, match=r"options among .*got \['levl'\]|arguments among .*got \['levl'\]"):
             make(levl=3.0)
-    with pytest.raises(TypeError, match=r"Expected `settings` to be a satmon.Settings or None, got 500 \(int\): pass the "
-                                        r"options by keyword \(SaturationMonitor\(window=500"):
+    with pytest.raises(
+        TypeError,
+        match=r"Expected `settings` to be a satmon.Settings or None, got 500 \(int\): pass the "
+        r"options by keyword \(SaturationMonitor\(window=500",
+    ):
         SaturationMonitor(500)  # 0.2's first positional argument was the window
 
 
 def test_the_same_settings_object_reaches_screen_live_probe_probe_and_replay(tmp_path, monkeypatch):
     """One Settings, built once: the monitor's Screen and LiveProbe hold it, the live probe hands it to probe(), and
     replay hands it to probe() for every checkpoint; the verdicts read its threshold and caveat."""
-    from helpers import tiny_lit, token_loader, trainer
-
     import satmon.drivers.live_probe as live_module
+    from helpers import tiny_lit, token_loader, trainer
     from satmon import SaturationMonitor, Screen
     from satmon.probing import passes
     from satmon.replaying.checkpoints import inspect_checkpoint
@@ -268,11 +322,20 @@ def test_the_same_settings_object_reaches_screen_live_probe_probe_and_replay(tmp
     for i in range(2):
         files.append(str(tmp_path / f"w{i}.pt"))
         torch.save({"model": net().state_dict(), "iter_num": i}, files[-1])
-    records = list(checkpoint_records([inspect_checkpoint(f) for f in files], ModelLoader(factory=net), [torch.randn(8, 4)],
-                          settings=s, twin=False))
+    records = list(
+        checkpoint_records(
+            [inspect_checkpoint(f) for f in files],
+            ModelLoader(factory=net),
+            [torch.randn(8, 4)],
+            settings=s,
+            twin=False,
+        )
+    )
     assert [r.error for r in records] == [None, None]
     assert len(received) == 2 and all(r is s for r in received)
-    assert all(r.verdict.threshold == 0.45 and r.verdict.rule == s.rule and r.verdict.source == "replay" for r in records)
+    assert all(
+        r.verdict.threshold == 0.45 and r.verdict.rule == s.rule and r.verdict.source == "replay" for r in records
+    )
 
 
 def test_replay_builds_one_settings_from_probe_kwargs_and_refuses_both(tmp_path):
@@ -282,21 +345,34 @@ def test_replay_builds_one_settings_from_probe_kwargs_and_refuses_both(tmp_path)
     net = lambda: nn.Sequential(nn.Linear(4, 4), satmon.DyT(4, alpha_init=20.0))
     f = str(tmp_path / "w.pt")
     torch.save({"model": net().state_dict(), "iter_num": 3}, f)
-    (record,) = checkpoint_records([inspect_checkpoint(f)], ModelLoader(factory=net), [torch.randn(8, 4)],
-                       probe_kwargs={"threshold": 0.3}, twin=False)
+    (record,) = checkpoint_records(
+        [inspect_checkpoint(f)],
+        ModelLoader(factory=net),
+        [torch.randn(8, 4)],
+        probe_kwargs={"threshold": 0.3},
+        twin=False,
+    )
     assert record.error is None and record.verdict.threshold == 0.3
     with pytest.raises(ValueError, match="got both"):  # before any checkpoint is read
-        next(checkpoint_records([inspect_checkpoint(f)], ModelLoader(factory=net), [torch.randn(8, 4)], settings=Settings(),
-                    probe_kwargs={"threshold": 0.3}))
+        next(
+            checkpoint_records(
+                [inspect_checkpoint(f)],
+                ModelLoader(factory=net),
+                [torch.randn(8, 4)],
+                settings=Settings(),
+                probe_kwargs={"threshold": 0.3},
+            )
+        )
 
 
 def test_probe_reads_the_rule_and_selection_from_settings():
     from reference import reference
-
     from satmon import probe
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 4), satmon.DyT(4, alpha_init=3.0), nn.Linear(4, 4), satmon.DyT(4, alpha_init=3.0))
+    model = nn.Sequential(
+        nn.Linear(4, 4), satmon.DyT(4, alpha_init=3.0), nn.Linear(4, 4), satmon.DyT(4, alpha_init=3.0)
+    )
     x = torch.randn(64, 4)
     with torch.no_grad():
         h1 = model[0](x)
@@ -317,11 +393,15 @@ def test_hf_callback_takes_settings_whole():
     s = Settings(window=9, abort_on="no-go")
     cb = SatmonTrainerCallback(settings=s)
     assert cb.settings is s and cb.settings.window == 9
-    with pytest.warns(SatmonDeprecationWarning, match=r"SatmonTrainerCallback.abort_on is deprecated.*settings.abort_on"):
+    with pytest.warns(
+        SatmonDeprecationWarning, match=r"SatmonTrainerCallback.abort_on is deprecated.*settings.abort_on"
+    ):
         assert cb.abort_on == "no-go"  # satmon 0.4's forwarding: one release more
     with pytest.raises(ValueError, match="got both"):
         SatmonTrainerCallback(settings=s, window=3)
-    with pytest.raises(TypeError, match=r"Expected SatmonTrainerCallback options among .*\(plus logdir, .*got \['windo'\]"):
+    with pytest.raises(
+        TypeError, match=r"Expected SatmonTrainerCallback options among .*\(plus logdir, .*got \['windo'\]"
+    ):
         SatmonTrainerCallback(windo=3)
     with pytest.raises(TypeError, match="Expected `settings` to be a satmon.Settings"):
         SatmonTrainerCallback(500)  # 0.2's first positional argument was the window
@@ -339,7 +419,9 @@ def test_an_option_read_on_its_holder_is_deprecated_and_reads_what_0_4_read(tmp_
             self.settings = settings
 
     calibrated = Holder(Settings(calibration=_calibration_file(tmp_path, threshold=0.45)))
-    with pytest.warns(SatmonDeprecationWarning, match=r"Holder.threshold is deprecated.*use Holder.settings.rule.threshold"):
+    with pytest.warns(
+        SatmonDeprecationWarning, match=r"Holder.threshold is deprecated.*use Holder.settings.rule.threshold"
+    ):
         assert calibrated.threshold == 0.45 and calibrated.settings.threshold is None
     with pytest.warns(SatmonDeprecationWarning, match=r"Holder.caveat is deprecated.*use Holder.settings.rule.caveat"):
         assert calibrated.caveat == calibrated.settings.rule.caveat

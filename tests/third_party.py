@@ -113,7 +113,8 @@ class OddGatedBlock(nn.Module):
 
 
 class BilinearBlock(OddGatedBlock):
-    """Like :class:`OddGatedBlock` but ``proj_g(h) * proj_u(h)`` with no activation: a product satmon cannot classify."""
+    """Like :class:`OddGatedBlock` but ``proj_g(h) * proj_u(h)`` with no activation: a
+    product satmon cannot classify."""
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.mix(self.pre(x))
@@ -137,8 +138,15 @@ class SquashBlock(nn.Module):
 class UserLM(nn.Module):
     """A token model of ``block(d, hidden)`` blocks in ``stack``, a final norm ``out_norm`` and a head."""
 
-    def __init__(self, block: type[nn.Module], vocab: int = 64, d: int = 32, hidden: int = 64, n_layers: int = 2,
-                 norm: type[nn.Module] = nn.LayerNorm) -> None:  # fmt: skip
+    def __init__(
+        self,
+        block: type[nn.Module],
+        vocab: int = 64,
+        d: int = 32,
+        hidden: int = 64,
+        n_layers: int = 2,
+        norm: type[nn.Module] = nn.LayerNorm,
+    ) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, d)
         self.stack = nn.ModuleList(block(d, hidden) for _ in range(n_layers))

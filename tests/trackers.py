@@ -26,8 +26,13 @@ def own_trackers(folder: str | os.PathLike) -> Iterator[Path]:
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(folder), "MLFLOW_ALLOW_FILE_STORE": "true",
-           "MLFLOW_TRACKING_URI": f"file:{folder / 'mlruns'}"}
+    env = {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_DIR": str(folder),
+        "MLFLOW_ALLOW_FILE_STORE": "true",
+        "MLFLOW_TRACKING_URI": f"file:{folder / 'mlruns'}",
+    }
     saved = {k: os.environ.get(k) for k in env}
     before = mlflow.get_tracking_uri()
     wandb.teardown()
@@ -62,17 +67,16 @@ def wandb_records(run_file: str) -> Iterator[Any]:
         if left < 7:  # a block's tail too short for a header: padding
             pos += left
             continue
-        _, length, kind = struct.unpack("<IHB", raw[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", raw[pos : pos + 7])
         if kind == 0 and length == 0 or pos + 7 + length > len(raw):  # the end, or a record still being written
             break
-        pieces += raw[pos + 7:pos + 7 + length]
+        pieces += raw[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
             record = pb.Record()
             record.ParseFromString(pieces)
             yield record
             pieces = b""
-
 
 
 def wandb_config_and_history(run_file: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -88,8 +92,9 @@ def wandb_config_and_history(run_file: str) -> tuple[dict[str, Any], list[dict[s
     return config, history
 
 
-def finished_run(run_file: str, keys: tuple[str, ...] = ("satmon/decision", "satmon/trust"),
-                 timeout: float = 60.0) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def finished_run(
+    run_file: str, keys: tuple[str, ...] = ("satmon/decision", "satmon/trust"), timeout: float = 60.0
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """:func:`wandb_config_and_history` once the run's config holds ``keys``: W&B's service writes the run file
     from a process of its own, and on a loaded machine its last records can land after ``wandb.finish()`` has
     returned. Re-read until they are there, for ``timeout`` seconds at most; then fail naming what the file held."""
@@ -100,6 +105,8 @@ def finished_run(run_file: str, keys: tuple[str, ...] = ("satmon/decision", "sat
             break
         time.sleep(0.2)
     kinds = sorted({r.WhichOneof("record_type") for r in wandb_records(run_file)})
-    assert all(k in config for k in keys), (f"Expected {keys} in the config of the offline W&B run {run_file} within "
-                                            f"{timeout:.0f} s, got config keys {sorted(config)} (records: {kinds})")
+    assert all(k in config for k in keys), (
+        f"Expected {keys} in the config of the offline W&B run {run_file} within "
+        f"{timeout:.0f} s, got config keys {sorted(config)} (records: {kinds})"
+    )
     return config, history

@@ -73,15 +73,27 @@ class Chrome:
         # The ends chromium gets go above fd 9, so moving them onto 3 and 4 clobbers neither.
         to_chrome_r, from_chrome_w = (_high(to_chrome_r), _high(from_chrome_w))
 
-        flags = ["--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--remote-debugging-pipe", f"--user-data-dir={profile}", "--window-size=1600,1100",
-                 "about:blank"]
+        flags = [
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--remote-debugging-pipe",
+            f"--user-data-dir={profile}",
+            "--window-size=1600,1100",
+            "about:blank",
+        ]
         # bash (dash takes no fd above 9) moves the pipe ends onto fds 3 and 4 for --remote-debugging-pipe.
         self.proc = subprocess.Popen(
             ["bash", "-c", f'exec "$0" "$@" 3<&{to_chrome_r} 4>&{from_chrome_w}', chromium, *flags],
             pass_fds=(to_chrome_r, from_chrome_w),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         os.close(to_chrome_r)
         os.close(from_chrome_w)
@@ -121,8 +133,7 @@ class Chrome:
         return r["result"].get("value")
 
     def size(self, width: int, height: int) -> None:
-        self.cmd("Emulation.setDeviceMetricsOverride", width=width, height=height,
-                 deviceScaleFactor=1, mobile=False)
+        self.cmd("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
 
     def goto(self, url: str, ready: str, timeout: float = 60.0) -> None:
         """Open url and wait until the JS expression ready is true, then let the charts settle."""
@@ -169,8 +180,9 @@ def main() -> int:
     ap.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
     ap.add_argument("--port", type=int, default=6123)
     ap.add_argument("--keep", metavar="DIR", help="write the runs under DIR/satmon_logs (kept), not a temp folder")
-    ap.add_argument("--reuse", action="store_true",
-                    help="with --keep: screenshot the runs already in DIR/satmon_logs, run nothing")
+    ap.add_argument(
+        "--reuse", action="store_true", help="with --keep: screenshot the runs already in DIR/satmon_logs, run nothing"
+    )
     args = ap.parse_args()
     if args.reuse and not args.keep:
         ap.error("--reuse needs --keep DIR (the folder of a previous run)")
@@ -181,14 +193,35 @@ def main() -> int:
     if not args.reuse:
         satmon("demo", "--logdir", str(logs), "--quiet", cwd=work)
         satmon("demo", "--stalled", "--logdir", str(logs), "--quiet", cwd=work)
-        satmon("replay", str(logs / "demo" / "version_0" / "checkpoints"), "--model", "satmon.demos.lit:LitLM",
-               "--datamodule", "satmon.demos.corpus:CorpusDataModule", "--logdir", str(logs), "--quiet",
-               cwd=work)
+        satmon(
+            "replay",
+            str(logs / "demo" / "version_0" / "checkpoints"),
+            "--model",
+            "satmon.demos.lit:LitLM",
+            "--datamodule",
+            "satmon.demos.corpus:CorpusDataModule",
+            "--logdir",
+            str(logs),
+            "--quiet",
+            cwd=work,
+        )
 
     base = f"http://127.0.0.1:{args.port}"
-    tb = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logs),
-                           "--port", str(args.port), "--host", "127.0.0.1"],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tb = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(logs),
+            "--port",
+            str(args.port),
+            "--host",
+            "127.0.0.1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     chrome = None
     try:
         for _ in range(120):
@@ -216,15 +249,20 @@ def main() -> int:
 
         # 3. HParams, table view: satmon/decision and satmon/trust first, the model's own beside them, every run.
         chrome.size(2250, 400)
-        chrome.goto(url + "hparams", "deepText().includes('satmon/decision') && deepText().includes('replay of demo')"
-                                      " && deepText().includes('alpha_init')")
+        chrome.goto(
+            url + "hparams",
+            "deepText().includes('satmon/decision') && deepText().includes('replay of demo')"
+            " && deepText().includes('alpha_init')",
+        )
         save(chrome.shot(), "tb_hparams.png")
 
         # 4. Custom Scalars as it opens, every run.
         chrome.size(1600, 700)
-        chrome.goto(url + "custom_scalars",
-                    "deepText().includes('decision (1 GO') && deepText().includes('pooled saturation')"
-                    " && deepAll('svg').length > 5")
+        chrome.goto(
+            url + "custom_scalars",
+            "deepText().includes('decision (1 GO') && deepText().includes('pooled saturation')"
+            " && deepAll('svg').length > 5",
+        )
         save(chrome.shot(), "tb_custom_scalars.png")
     finally:
         if chrome is not None:

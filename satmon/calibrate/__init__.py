@@ -10,13 +10,27 @@ Example:
 from typing import Any
 
 from satmon.calibrate.fit import (
-    Calibration, CalibrationError, CalibrationResult, Cell, calibrate, load_calibration, read_cells, study_cells,
+    Calibration,
+    CalibrationError,
+    CalibrationResult,
+    Cell,
+    calibrate,
+    load_calibration,
+    read_cells,
+    study_cells,
     write_calibration,
 )
 
 __all__ = [
-    "Calibration", "CalibrationError", "CalibrationResult", "Cell", "calibrate", "load_calibration", "read_cells",
-    "study_cells", "write_calibration",
+    "Calibration",
+    "CalibrationError",
+    "CalibrationResult",
+    "Cell",
+    "calibrate",
+    "load_calibration",
+    "read_cells",
+    "study_cells",
+    "write_calibration",
 ]
 
 

@@ -24,6 +24,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from satmon.functional.threshold_fit import (
+    RULES,
+    GroupCV,
+    ThresholdFit,
+    accuracy,
+    auc,
+    fit_threshold,
+    leave_one_group_out,
+)
 from satmon.paths import kind_of
 from satmon.results.calibration import (
     FORMAT,
@@ -34,11 +43,21 @@ from satmon.results.calibration import (
     short_repr,
 )
 from satmon.study import THRESHOLD
-from satmon.functional.threshold_fit import RULES, GroupCV, ThresholdFit, accuracy, auc, fit_threshold, leave_one_group_out
 
 __all__ = [
-    "Calibration", "CalibrationError", "CalibrationResult", "Cell", "STUDY_THRESHOLD", "calibrate", "check_reading",
-    "is_fraction", "load_calibration", "read_cells", "read_text", "study_cells", "write_calibration",
+    "Calibration",
+    "CalibrationError",
+    "CalibrationResult",
+    "Cell",
+    "STUDY_THRESHOLD",
+    "calibrate",
+    "check_reading",
+    "is_fraction",
+    "load_calibration",
+    "read_cells",
+    "read_text",
+    "study_cells",
+    "write_calibration",
 ]
 
 STUDY_THRESHOLD = THRESHOLD
@@ -85,14 +104,17 @@ def check_reading(name: str, value: float, where: str) -> float:
     Non-finite readings pass here; :func:`calibrate` refuses them in the metric it fits.
 
     Example:
-        >>> check_reading("saturation", 1.7, "cells.csv row 3")
+        >>> check_reading("saturation", 1.7, "cells.csv row 3")  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        satmon.results.calibration.CalibrationError: Expected 'saturation' in [0, 1] (a fraction of elements), got 1.7 (cells.csv row 3): ...
+        satmon.results.calibration.CalibrationError: Expected 'saturation' in [0, 1] (a fraction of elements),
+        got 1.7 (cells.csv row 3): ...
     """
     if is_fraction(name) and math.isfinite(value) and not 0.0 <= value <= 1.0:
-        raise CalibrationError(f"Expected {name!r} in [0, 1] (a fraction of elements), got {value!r} ({where}): it is "
-                               "not a saturation satmon measured; fix the value or drop the cell.")
+        raise CalibrationError(
+            f"Expected {name!r} in [0, 1] (a fraction of elements), got {value!r} ({where}): it is "
+            "not a saturation satmon measured; fix the value or drop the cell."
+        )
     return value
 
 
@@ -113,8 +135,10 @@ def to_float(value: Any, what: str, where: str) -> float | None:
     if number is None:
         raise CalibrationError(f"Expected a number for {what} ({where}), got {short_repr(value, 40)}: fix the file.")
     if not math.isfinite(number):
-        raise CalibrationError(f"Expected a finite number for {what} ({where}), got {short_repr(value, 40)}: a NaN or inf outcome "
-                               "cannot be compared; fix the value or drop the row.")
+        raise CalibrationError(
+            f"Expected a finite number for {what} ({where}), got {short_repr(value, 40)}: a NaN or inf outcome "
+            "cannot be compared; fix the value or drop the row."
+        )
     return number
 
 
@@ -148,7 +172,9 @@ def _helps_word(key: str, raw: Any, where: str) -> bool | None:
     if word in _NO or (key == "helps" and word in ("0", "0.0")):
         return False
     if key == "helps":
-        raise CalibrationError(f"Expected yes/no in 'helps' ({where}), got {short_repr(raw, 40)}: write yes or no (or 1/0).")
+        raise CalibrationError(
+            f"Expected yes/no in 'helps' ({where}), got {short_repr(raw, 40)}: write yes or no (or 1/0)."
+        )
     return None
 
 
@@ -168,8 +194,10 @@ def _outcome(row: Mapping[str, Any], where: str) -> tuple[bool, float | None]:
             delta, word = (value if delta is None else delta), value < 0
         said["outcome"] = word
     if not said:
-        raise CalibrationError(f"Expected an outcome for every cell ('delta', negative = DyT helps; or 'helps', yes/no), "
-                               f"got none ({where}): fill it in or drop the cell.")
+        raise CalibrationError(
+            f"Expected an outcome for every cell ('delta', negative = DyT helps; or 'helps', yes/no), "
+            f"got none ({where}): fill it in or drop the cell."
+        )
     if len(set(said.values())) > 1:
         told = ", ".join(f"{k} says DyT {'helped' if v else 'hurt'}" for k, v in said.items())
         raise CalibrationError(f"Expected the outcome columns to agree ({where}), got {told}: fix one of them.")
@@ -182,7 +210,9 @@ def _label(row: Mapping[str, Any], key: str, where: str) -> str:
     if value is None:
         return ""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise CalibrationError(f"Expected {key!r} to be a name (text or a number), got {short_repr(value, 40)} ({where}).")
+        raise CalibrationError(
+            f"Expected {key!r} to be a name (text or a number), got {short_repr(value, 40)} ({where})."
+        )
     return str(value).strip()
 
 
@@ -190,7 +220,9 @@ def _cell(row: Mapping[str, Any], where: str) -> Cell:
     """A cell from a row with ``group``, an outcome and numeric readings (every other numeric field)."""
     group = _label(row, "group", where)
     if not group:
-        raise CalibrationError(f"Expected a 'group' for every cell, got none ({where}): add a group key such as model size.")
+        raise CalibrationError(
+            f"Expected a 'group' for every cell, got none ({where}): add a group key such as model size."
+        )
     helps, delta = _outcome(row, where)
     numbers = ((str(k), _number(v)) for k, v in row.items() if k not in _NOT_READINGS)
     readings = {k: check_reading(k, v, where) for k, v in numbers if v is not None}
@@ -204,8 +236,10 @@ def _unique(cells: Sequence[Cell], path: Path) -> list[Cell]:
         seen[c.name] = seen.get(c.name, 0) + 1
     twice = [n for n, k in seen.items() if k > 1]
     if twice:
-        raise CalibrationError(f"Expected each cell once in {path}, got {len(twice)} name(s) listed more than once: "
-                               f"{_names(twice)}: keep one row per run.")
+        raise CalibrationError(
+            f"Expected each cell once in {path}, got {len(twice)} name(s) listed more than once: "
+            f"{_names(twice)}: keep one row per run."
+        )
     return list(cells)
 
 
@@ -234,12 +268,16 @@ def read_text(path: str | Path, what: str) -> str:
     if kind.kind == "missing":
         raise CalibrationError(f"Expected {what}, got no file at {str(path)!r}.")
     if not kind.regular:
-        raise CalibrationError(f"Expected {what} (a regular file), got {str(path)[:240]!r}, which is {kind.describe()}: "
-                               "pass the file itself (it was not opened).")
+        raise CalibrationError(
+            f"Expected {what} (a regular file), got {str(path)[:240]!r}, which is {kind.describe()}: "
+            "pass the file itself (it was not opened)."
+        )
     size = kind.st.st_size if kind.st is not None else 0
     if size > MAX_INPUT:  # read whole: a 1 TB sparse file named runs.json is refused by its size
-        raise CalibrationError(f"Expected {what} of at most {MAX_INPUT >> 20} MiB (a calibration's inputs are a few MiB), "
-                               f"got {size:,} bytes at {str(path)[:240]!r}: pass the file itself.")
+        raise CalibrationError(
+            f"Expected {what} of at most {MAX_INPUT >> 20} MiB (a calibration's inputs are a few MiB), "
+            f"got {size:,} bytes at {str(path)[:240]!r}: pass the file itself."
+        )
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -250,12 +288,16 @@ def read_text(path: str | Path, what: str) -> str:
         else:
             text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise CalibrationError(f"Expected {what} as UTF-8 text, got bytes that are not (byte {e.start} of {str(path)!r}: "
-                               "a binary file, or another encoding): save it as UTF-8 CSV or JSON.") from None
+        raise CalibrationError(
+            f"Expected {what} as UTF-8 text, got bytes that are not (byte {e.start} of {str(path)!r}: "
+            "a binary file, or another encoding): save it as UTF-8 CSV or JSON."
+        ) from None
     control = _CONTROL.search(text)
     if control:
-        raise CalibrationError(f"Expected {what} as text, got the control character {control.group()!r} at character "
-                               f"{control.start()} of {str(path)!r} (a binary file?): pass the CSV or JSON file.")
+        raise CalibrationError(
+            f"Expected {what} as text, got the control character {control.group()!r} at character "
+            f"{control.start()} of {str(path)!r} (a binary file?): pass the CSV or JSON file."
+        )
     return text
 
 
@@ -274,16 +316,22 @@ def csv_rows(text: str, path: str) -> list[dict[str, str]]:
         raise CalibrationError(f"Expected a CSV in {path}, got a parse error: {e}: fix the file.") from None
     rows = [r for r in rows if any(v.strip() for v in r)]
     if len(rows) < 2:
-        raise CalibrationError(f"Expected a CSV header and at least one row in {path}, got {max(0, len(rows) - 1)} rows.")
+        raise CalibrationError(
+            f"Expected a CSV header and at least one row in {path}, got {max(0, len(rows) - 1)} rows."
+        )
     header = [h.strip() for h in rows[0]]
     twice = sorted({h for h in header if header.count(h) > 1})
     if twice:
-        raise CalibrationError(f"Expected each column once in the header of {path}, got {', '.join(map(repr, twice))} "
-                               "more than once: rename or drop the copies.")
+        raise CalibrationError(
+            f"Expected each column once in the header of {path}, got {', '.join(map(repr, twice))} "
+            "more than once: rename or drop the copies."
+        )
     for i, r in enumerate(rows[1:], start=1):
         if len(r) != len(header):
-            raise CalibrationError(f"Expected {len(header)} columns ({','.join(header)}) on every row of {path}, got "
-                                   f"{len(r)} on data row {i}: fix the CSV.")
+            raise CalibrationError(
+                f"Expected {len(header)} columns ({','.join(header)}) on every row of {path}, got "
+                f"{len(r)} on data row {i}: fix the CSV."
+            )
     return [dict(zip(header, (v.strip() for v in r))) for r in rows[1:]]
 
 
@@ -315,7 +363,9 @@ def read_cells(path: str | Path, on_skip: Callable[[str], None] | None = None) -
             raise CalibrationError(f"Expected JSON in {path}, got a parse error: {why}.") from None
         rows = data.get("cells") if isinstance(data, dict) else data
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-            raise CalibrationError(f"Expected a list of cell objects (or {{'cells': [...]}}) in {path}, got {type(rows).__name__}.")
+            raise CalibrationError(
+                f"Expected a list of cell objects (or {{'cells': [...]}}) in {path}, got {type(rows).__name__}."
+            )
         kept = [(i, r) for i, r in enumerate(rows) if not _no_outcome_diverged(r, f"{path.name} cell {i}", on_skip)]
         return _unique([_cell(r, f"{path.name} cell {i}") for i, r in kept], path)
     return _unique([_cell(r, f"{path.name} row {i}") for i, r in enumerate(csv_rows(text, str(path)), start=1)], path)
@@ -328,7 +378,9 @@ def _no_outcome_diverged(row: Mapping[str, Any], where: str, on_skip: Callable[[
         return False
     if on_skip is not None:
         arms = ", ".join(f"{arm} at step {step}" for arm, step in diverged.items())
-        on_skip(f"left out {row.get('name') or where}: its arms diverged ({arms}), so it has no outcome to calibrate on")
+        on_skip(
+            f"left out {row.get('name') or where}: its arms diverged ({arms}), so it has no outcome to calibrate on"
+        )
     return True
 
 
@@ -373,43 +425,68 @@ def calibrate(cells: Sequence[Cell], metric: str = "saturation", source: str = "
     missing = [c.name for c in cells if metric not in c.readings]
     if missing:
         have = sorted({k for c in cells for k in c.readings})
-        raise CalibrationError(f"Expected a finite {metric!r} reading for every cell, got none for {_names(missing)}: pick a "
-                               f"metric every cell has ({', '.join(have) or 'none'}).")
+        raise CalibrationError(
+            f"Expected a finite {metric!r} reading for every cell, got none for {_names(missing)}: pick a "
+            f"metric every cell has ({', '.join(have) or 'none'})."
+        )
     bad = [f"{c.readings[metric]} for {c.name!r}" for c in cells if not math.isfinite(c.readings[metric])]
     if bad:
-        raise CalibrationError(f"Expected a finite {metric!r} reading for every cell, got {_names(bad, quote=False)}: a NaN "
-                               "or inf reading is a run that diverged or a measurement that failed; drop the cell.")
+        raise CalibrationError(
+            f"Expected a finite {metric!r} reading for every cell, got {_names(bad, quote=False)}: a NaN "
+            "or inf reading is a run that diverged or a measurement that failed; drop the cell."
+        )
     for c in cells:
         check_reading(metric, c.readings[metric], f"cell {c.name!r}")
         if c.delta is not None and not math.isfinite(c.delta):
-            raise CalibrationError(f"Expected a finite delta for every cell, got {c.delta} for {c.name!r}: drop the cell.")
+            raise CalibrationError(
+                f"Expected a finite delta for every cell, got {c.delta} for {c.name!r}: drop the cell."
+            )
     if len(cells) < MIN_CELLS:
-        raise CalibrationError(f"Expected at least {MIN_CELLS} cells (runs with an outcome), got {len(cells)}: add runs; "
-                               "a threshold fit on fewer is noise.")
+        raise CalibrationError(
+            f"Expected at least {MIN_CELLS} cells (runs with an outcome), got {len(cells)}: add runs; "
+            "a threshold fit on fewer is noise."
+        )
     groups = sorted({c.group for c in cells})
     if len(groups) < 2:
-        raise CalibrationError(f"Expected at least 2 groups for leave-one-group-out, got 1 ({groups[0]!r}): give the runs "
-                               "a group key that varies (model size, data budget).")
+        raise CalibrationError(
+            f"Expected at least 2 groups for leave-one-group-out, got 1 ({groups[0]!r}): give the runs "
+            "a group key that varies (model size, data budget)."
+        )
     helps = [c.helps for c in cells]
     if all(helps) or not any(helps):
-        raise CalibrationError(f"Expected cells where DyT helped and cells where it hurt, got only "
-                               f"{'helped' if helps[0] else 'hurt'} ({len(cells)} cells): no threshold separates one class; "
-                               "add runs from the other regime.")
+        raise CalibrationError(
+            f"Expected cells where DyT helped and cells where it hurt, got only "
+            f"{'helped' if helps[0] else 'hurt'} ({len(cells)} cells): no threshold separates one class; "
+            "add runs from the other regime."
+        )
     scores, names = [c.readings[metric] for c in cells], [c.group for c in cells]
     fits = {r: fit_threshold(scores, helps, r) for r in RULES}
     cv = {r: leave_one_group_out(scores, helps, names, r) for r in RULES}
-    return CalibrationResult(metric, tuple(cells), fits, cv, auc(scores, helps), accuracy(scores, helps, STUDY_THRESHOLD), source)
+    return CalibrationResult(
+        metric, tuple(cells), fits, cv, auc(scores, helps), accuracy(scores, helps, STUDY_THRESHOLD), source
+    )
 
 
 # ------------------------------------------------------------------------------------ the JSON file
 def _fit_json(fit: ThresholdFit, cv: GroupCV) -> dict[str, Any]:
-    return {"threshold": fit.threshold, "accuracy": fit.accuracy, "balanced_accuracy": fit.balanced_accuracy,
-            "correct": fit.correct, "threshold_outside_scores": fit.threshold_outside,
-            "leave_one_group_out": {"accuracy": cv.accuracy, "balanced_accuracy": cv.balanced_accuracy,
-                                    "correct": cv.correct, "folds": [f._asdict() for f in cv.folds]}}
+    return {
+        "threshold": fit.threshold,
+        "accuracy": fit.accuracy,
+        "balanced_accuracy": fit.balanced_accuracy,
+        "correct": fit.correct,
+        "threshold_outside_scores": fit.threshold_outside,
+        "leave_one_group_out": {
+            "accuracy": cv.accuracy,
+            "balanced_accuracy": cv.balanced_accuracy,
+            "correct": cv.correct,
+            "folds": [f._asdict() for f in cv.folds],
+        },
+    }
 
 
-def write_calibration(result: CalibrationResult, path: str | Path, rule: str = "midpoint", command: str = "") -> Calibration:
+def write_calibration(
+    result: CalibrationResult, path: str | Path, rule: str = "midpoint", command: str = ""
+) -> Calibration:
     """Write ``calibration.json`` (threshold by ``rule``, both rules' fits, the cells, provenance) and return it.
 
     A threshold outside (0, 1) (a fit that predicts one class everywhere) is written, but
@@ -423,15 +500,35 @@ def write_calibration(result: CalibrationResult, path: str | Path, rule: str = "
         raise CalibrationError(f"Expected rule to be one of {sorted(result.fits)}, got {rule!r}.")
     fit, cv = result.fits[rule], result.cv[rule]
     payload = {
-        "format": FORMAT, "version": 1, "threshold": fit.threshold, "rule": rule, "metric": result.metric,
-        "n": len(result.cells), "groups": len({c.group for c in result.cells}),
-        "helps": sum(c.helps for c in result.cells), "accuracy": fit.accuracy, "loso_accuracy": cv.accuracy,
-        "auc": result.auc, "study_threshold": {"threshold": STUDY_THRESHOLD, "accuracy": result.study_accuracy},
+        "format": FORMAT,
+        "version": 1,
+        "threshold": fit.threshold,
+        "rule": rule,
+        "metric": result.metric,
+        "n": len(result.cells),
+        "groups": len({c.group for c in result.cells}),
+        "helps": sum(c.helps for c in result.cells),
+        "accuracy": fit.accuracy,
+        "loso_accuracy": cv.accuracy,
+        "auc": result.auc,
+        "study_threshold": {"threshold": STUDY_THRESHOLD, "accuracy": result.study_accuracy},
         "fits": {r: _fit_json(result.fits[r], result.cv[r]) for r in result.fits},
-        "cells": [{"name": c.name, "group": c.group, result.metric: c.readings[result.metric], "helps": c.helps,
-                   "delta": c.delta} for c in result.cells],
-        "provenance": {"source": result.source, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                       "satmon_version": __version__, "command": command},
+        "cells": [
+            {
+                "name": c.name,
+                "group": c.group,
+                result.metric: c.readings[result.metric],
+                "helps": c.helps,
+                "delta": c.delta,
+            }
+            for c in result.cells
+        ],
+        "provenance": {
+            "source": result.source,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "satmon_version": __version__,
+            "command": command,
+        },
     }
     path = Path(path)
     atomic_write(path, json.dumps(to_json(payload), indent=1) + "\n")  # an interrupt leaves the previous file whole

@@ -81,37 +81,81 @@ beneath it: nothing built or trained),
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="satmon demo", description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="satmon demo", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--window", type=integer(1), default=500, help="screening window in optimizer steps (default 500)")
-    p.add_argument("--steps", type=integer(1), default=None, help="total training steps, at least the window (default: the "
-                   f"window; --arch llama: the window + {LLAMA_WATCH_STEPS}, so that the collapse watch checks the run)")
-    p.add_argument("--threshold", type=fraction, default=None,
-                   help=f"GO threshold on pooled saturation, in (0, 1) (default: the study's, {study.THRESHOLD:g}; a "
-                   "threshold given is yours, even that number)")
+    p.add_argument(
+        "--steps",
+        type=integer(1),
+        default=None,
+        help="total training steps, at least the window (default: the "
+        f"window; --arch llama: the window + {LLAMA_WATCH_STEPS}, so that the collapse watch checks the run)",
+    )
+    p.add_argument(
+        "--threshold",
+        type=fraction,
+        default=None,
+        help=f"GO threshold on pooled saturation, in (0, 1) (default: the study's, {study.THRESHOLD:g}; a "
+        "threshold given is yours, even that number)",
+    )
     p.add_argument("--logdir", default="satmon_logs", help="TensorBoard root (default ./satmon_logs)")
-    p.add_argument("--arch", choices=("gpt", "llama"), default="gpt",
-                   help="gpt (default): GPT-2-style, GELU MLP; llama: RoPE, SwiGLU (DyT feeds gated MLPs), 4 blocks")
-    p.add_argument("--final-norm", choices=("rmsnorm", "dyt"), default=None,
-                   help="--arch llama only: the norm before the head (default rmsnorm: the model learns; dyt: the DyT "
-                        "paper's layout, trapped at the byte-frequency level, docs/guides/faq.md)")
-    p.add_argument("--stalled", action="store_true", help="GPT-2's embedding init (std 0.02, 0.1's demo): the model "
-                   "stalls and saturates on a constant offset; the example of offset-driven saturation")
-    p.add_argument("--d-model", type=integer(N_HEADS), default=64,
-                   help=f"model width, a multiple of {N_HEADS} (the attention heads; of {2 * N_HEADS} with --arch llama) "
-                        "(default 64)")
+    p.add_argument(
+        "--arch",
+        choices=("gpt", "llama"),
+        default="gpt",
+        help="gpt (default): GPT-2-style, GELU MLP; llama: RoPE, SwiGLU (DyT feeds gated MLPs), 4 blocks",
+    )
+    p.add_argument(
+        "--final-norm",
+        choices=("rmsnorm", "dyt"),
+        default=None,
+        help="--arch llama only: the norm before the head (default rmsnorm: the model learns; dyt: the DyT "
+        "paper's layout, trapped at the byte-frequency level, docs/guides/faq.md)",
+    )
+    p.add_argument(
+        "--stalled",
+        action="store_true",
+        help="GPT-2's embedding init (std 0.02, 0.1's demo): the model "
+        "stalls and saturates on a constant offset; the example of offset-driven saturation",
+    )
+    p.add_argument(
+        "--d-model",
+        type=integer(N_HEADS),
+        default=64,
+        help=f"model width, a multiple of {N_HEADS} (the attention heads; of {2 * N_HEADS} with --arch llama) "
+        "(default 64)",
+    )
     p.add_argument("--layers", type=integer(1), default=None, help="transformer blocks (default 2; --arch llama: 4)")
     p.add_argument("--batch-size", type=integer(1), default=16, help="sequences per optimizer step (default 16)")
-    p.add_argument("--seq-len", type=integer(1, VAL_TOKENS - 1), default=64, help="tokens (bytes) per sequence (default 64)")
-    p.add_argument("--train-tokens", type=integer(2), default=400_000,
-                   help="size of the training split of the embedded corpus, in bytes (default 400000)")
-    p.add_argument("--seed", type=integer(0, 2**32 - 1), default=0, help="random seed of the model and the data order (default 0)")
-    p.add_argument("--checkpoint-every", type=integer(0), default=CHECKPOINT_EVERY,
-                   help=f"save a checkpoint every N optimizer steps and at the last step, all kept (default "
-                        f"{CHECKPOINT_EVERY}; 0: the last step only)")
-    p.add_argument("--threads", type=integer(1, os.cpu_count() or 1), default=None,
-                   help="CPU threads, at most the machine's CPUs (default: $OMP_NUM_THREADS, else every core)")
-    p.add_argument("--quiet", action="store_true", help="no progress output (the first line and the results are still printed)")
+    p.add_argument(
+        "--seq-len", type=integer(1, VAL_TOKENS - 1), default=64, help="tokens (bytes) per sequence (default 64)"
+    )
+    p.add_argument(
+        "--train-tokens",
+        type=integer(2),
+        default=400_000,
+        help="size of the training split of the embedded corpus, in bytes (default 400000)",
+    )
+    p.add_argument(
+        "--seed", type=integer(0, 2**32 - 1), default=0, help="random seed of the model and the data order (default 0)"
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=integer(0),
+        default=CHECKPOINT_EVERY,
+        help=f"save a checkpoint every N optimizer steps and at the last step, all kept (default "
+        f"{CHECKPOINT_EVERY}; 0: the last step only)",
+    )
+    p.add_argument(
+        "--threads",
+        type=integer(1, os.cpu_count() or 1),
+        default=None,
+        help="CPU threads, at most the machine's CPUs (default: $OMP_NUM_THREADS, else every core)",
+    )
+    p.add_argument(
+        "--quiet", action="store_true", help="no progress output (the first line and the results are still printed)"
+    )
     return p
 
 
@@ -125,8 +169,10 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """What one flag's range cannot say, checked before anything is built (``p.error``: usage error, exit 2); the
     output paths last (:class:`_PathRefused`: one line, exit 2)."""
     if args.arch == "llama" and args.stalled:
-        p.error("expected --stalled with --arch gpt only (it sets the GPT model's embedding init), got --arch llama: "
-                "for the LLaMA model's stalled run pass --final-norm dyt")
+        p.error(
+            "expected --stalled with --arch gpt only (it sets the GPT model's embedding init), got --arch llama: "
+            "for the LLaMA model's stalled run pass --final-norm dyt"
+        )
     if args.arch == "gpt" and args.final_norm is not None:
         p.error(f"expected --final-norm with --arch llama only, got --final-norm {args.final_norm} with --arch gpt")
     if args.layers is None:
@@ -136,16 +182,22 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.d_model % N_HEADS:
         p.error(f"expected --d-model to be a multiple of {N_HEADS} (the attention heads), got {args.d_model}")
     if args.arch == "llama" and (args.d_model // N_HEADS) % 2:
-        p.error(f"expected --d-model to be a multiple of {2 * N_HEADS} with --arch llama (RoPE rotates pairs in each of "
-                f"the {N_HEADS} heads), got {args.d_model}")
+        p.error(
+            f"expected --d-model to be a multiple of {2 * N_HEADS} with --arch llama (RoPE rotates pairs in each of "
+            f"the {N_HEADS} heads), got {args.d_model}"
+        )
     windows = (args.train_tokens - 1) // args.seq_len
     if windows < args.batch_size:
-        p.error(f"expected --train-tokens of at least {args.batch_size * args.seq_len + 1} (one batch of "
-                f"{args.batch_size} x {args.seq_len}-token sequences), got {args.train_tokens}")
+        p.error(
+            f"expected --train-tokens of at least {args.batch_size * args.seq_len + 1} (one batch of "
+            f"{args.batch_size} x {args.seq_len}-token sequences), got {args.train_tokens}"
+        )
     available = _corpus_bytes() - VAL_TOKENS
     if args.train_tokens > available:
-        p.error(f"expected --train-tokens <= {available} (the embedded corpus less its {VAL_TOKENS}-byte held-out "
-                f"split), got {args.train_tokens}")
+        p.error(
+            f"expected --train-tokens <= {available} (the embedded corpus less its {VAL_TOKENS}-byte held-out "
+            f"split), got {args.train_tokens}"
+        )
     _check_logdir(args)
 
 
@@ -162,8 +214,10 @@ def _writes(args: argparse.Namespace) -> list[str]:
     run = Path(args.logdir) / _run_name(args)
     version = run / f"version_{'9' * max(len(str(_next_version(run))), 4)}"
     steps = args.steps or args.window
-    files = [version / "checkpoints" / f"epoch={steps}-step={steps}.ckpt",
-             *(version / n for n in ("hparams.yaml", "satmon_verdict.md", "satmon_stop.md", CALIBRATION_FILE))]
+    files = [
+        version / "checkpoints" / f"epoch={steps}-step={steps}.ckpt",
+        *(version / n for n in ("hparams.yaml", "satmon_verdict.md", "satmon_stop.md", CALIBRATION_FILE)),
+    ]
     return [event_file(version), *(w for f in files for w in (str(f), *beside(f)))]
 
 
@@ -173,17 +227,21 @@ def _check_logdir(args: argparse.Namespace) -> None:
     from satmon.paths import kind_phrase
 
     if os.path.expandvars(args.logdir) != args.logdir:  # Lightning's TensorBoardLogger would write elsewhere
-        raise _PathRefused(f"expected --logdir without a $VARIABLE (the TensorBoard logger expands it, so the run would go "
-                           f"to {os.path.expandvars(args.logdir)!r}), got {args.logdir!r}: let the shell expand it "
-                           "(unquoted) or rename the folder")
+        raise _PathRefused(
+            f"expected --logdir without a $VARIABLE (the TensorBoard logger expands it, so the run would go "
+            f"to {os.path.expandvars(args.logdir)!r}), got {args.logdir!r}: let the shell expand it "
+            "(unquoted) or rename the folder"
+        )
     try:
         check_output_dir(args.logdir, "--logdir", _writes(args))
         run = Path(args.logdir) / _run_name(args)
         check_output_dir(run, "--logdir's run folder")
         version = run / f"version_{_next_version(run)}"
         if os.path.lexists(version) and not version.is_dir():
-            raise _PathRefused(f"expected {str(version)!r} to be free for the run's TensorBoard folder (the next "
-                               f"version_N), got {kind_phrase(version)} there: move it away or pass another --logdir")
+            raise _PathRefused(
+                f"expected {str(version)!r} to be free for the run's TensorBoard folder (the next "
+                f"version_N), got {kind_phrase(version)} there: move it away or pass another --logdir"
+            )
     except OutputError as e:
         raise _PathRefused(str(e)) from None
 
@@ -191,8 +249,11 @@ def _check_logdir(args: argparse.Namespace) -> None:
 def _next_version(run: Path) -> int:
     """The ``version_N`` folder Lightning's TensorBoardLogger picks next under ``run`` (one past its highest folder)."""
     try:
-        found = [int(e.name[8:]) for e in os.scandir(run) if e.name.startswith("version_") and e.name[8:].isdigit()
-                 and e.is_dir()]
+        found = [
+            int(e.name[8:])
+            for e in os.scandir(run)
+            if e.name.startswith("version_") and e.name[8:].isdigit() and e.is_dir()
+        ]
     except OSError:
         return 0
     return max(found) + 1 if found else 0
@@ -205,7 +266,8 @@ def _run_name(args: argparse.Namespace) -> str:
 
 
 def _steps(args: argparse.Namespace) -> int:
-    """Optimizer steps to train: ``--steps``, else the window (GPT) or the window and :data:`LLAMA_WATCH_STEPS` (LLaMA)."""
+    """Optimizer steps to train: ``--steps``, else the window (GPT) or the window and
+    :data:`LLAMA_WATCH_STEPS` (LLaMA)."""
     return args.steps or args.window + (LLAMA_WATCH_STEPS if args.arch == "llama" else 0)
 
 
@@ -216,8 +278,18 @@ def _model(args: argparse.Namespace):
     if args.arch == "llama":
         config = {**LLAMA["model"], "d_model": args.d_model, "n_layers": args.layers, "seq_len": args.seq_len}
         return LitLM(arch="llama", **config, norm="dyt", final_norm=args.final_norm or "rmsnorm", **LLAMA["optim"])
-    return LitLM(arch="gpt", d_model=args.d_model, n_layers=args.layers, n_heads=N_HEADS, seq_len=args.seq_len,
-                 norm="dyt", alpha_init=2.0, emb_std=_emb_std(args), lr=3e-3, warmup=50)
+    return LitLM(
+        arch="gpt",
+        d_model=args.d_model,
+        n_layers=args.layers,
+        n_heads=N_HEADS,
+        seq_len=args.seq_len,
+        norm="dyt",
+        alpha_init=2.0,
+        emb_std=_emb_std(args),
+        lr=3e-3,
+        warmup=50,
+    )
 
 
 def _emb_std(args: argparse.Namespace) -> float:
@@ -241,7 +313,8 @@ def _step_bar(window: int):
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
             loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-            self.progress.update(trainer.global_step, "" if loss is None else f"training loss {float(loss):.4f}")  # CPU: no sync cost
+            # CPU: no sync cost
+            self.progress.update(trainer.global_step, "" if loss is None else f"training loss {float(loss):.4f}")
 
         def on_train_end(self, trainer, pl_module) -> None:
             if self.progress is not None:
@@ -283,8 +356,10 @@ def heldout_loss(model, data, batches: int = VAL_BATCHES) -> float:
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        losses = [F.cross_entropy(model(xb).flatten(0, 1).float(), yb.flatten())
-                  for xb, yb in zip(x.split(data.batch_size), y.split(data.batch_size))]
+        losses = [
+            F.cross_entropy(model(xb).flatten(0, 1).float(), yb.flatten())
+            for xb, yb in zip(x.split(data.batch_size), y.split(data.batch_size))
+        ]
     model.train(was_training)
     return float(torch.stack(losses).mean())
 
@@ -316,8 +391,10 @@ def gradient_below_head(model, data) -> dict[str, float | None]:
         hook.remove()
     below = [(n, p) for n, p in model.named_parameters() if n.startswith(("tok_emb.", "blocks.")) and p.requires_grad]
     grads = dict(zip((n for n, _ in below), torch.autograd.grad(loss, [p for _, p in below], allow_unused=True)))
-    peak = {k: max((float(g.abs().max()) for n, g in grads.items() if n.startswith(k) and g is not None), default=0.0)
-            for k in ("tok_emb.", "blocks.")}
+    peak = {
+        k: max((float(g.abs().max()) for n, g in grads.items() if n.startswith(k) and g is not None), default=0.0)
+        for k in ("tok_emb.", "blocks.")
+    }
     alpha = getattr(model.norm_f, "alpha", None)
     at_one = None if alpha is None else float((torch.tanh(alpha.detach() * seen["x"]).abs() == 1).float().mean())
     return {"grad_embedding": peak["tok_emb."], "grad_blocks": peak["blocks."], "final_tanh_at_one": at_one}
@@ -338,12 +415,18 @@ def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
         logging.getLogger(name).setLevel(logging.WARNING)
     pl.seed_everything(args.seed, verbose=False)
     omp = os.environ.get("OMP_NUM_THREADS", "")
-    cpus = os.cpu_count() or 1  # a malformed or huge $OMP_NUM_THREADS is not passed on (torch's pool crashes far past it)
+    # a malformed or huge $OMP_NUM_THREADS is not passed on (torch's pool crashes far past it)
+    cpus = os.cpu_count() or 1
     torch.set_num_threads(args.threads or (min(int(omp), cpus) if omp.isdigit() and int(omp) > 0 else cpus))
     steps = _steps(args)
     model = _model(args)
-    data = CorpusDataModule(seq_len=args.seq_len, batch_size=args.batch_size, train_tokens=args.train_tokens,
-                            val_tokens=VAL_TOKENS, seed=args.seed)
+    data = CorpusDataModule(
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        train_tokens=args.train_tokens,
+        val_tokens=VAL_TOKENS,
+        seed=args.seed,
+    )
     data.setup("fit")
     losses = {"start": heldout_loss(model, data), "unigram": unigram_loss(data)}
     monitor = SaturationMonitor(window=args.window, threshold=args.threshold, log_every_n_steps=25, verbose=False)
@@ -352,18 +435,32 @@ def run_demo(args: argparse.Namespace) -> tuple[Any, str, dict[str, float]]:
 
     # one writer per run folder: version_N is claimed by os.mkdir, which exactly one process wins (two demos into one
     # --logdir get two versions, never one folder with both runs' events and checkpoints)
-    version = int(os.path.basename(claim_run_folder(os.path.abspath(args.logdir), _run_name(args)))[len("version_"):])
-    logger = TensorBoardLogger(os.path.abspath(args.logdir), name=_run_name(args), version=version,
-                               default_hp_metric=False)  # the HParams view shows satmon's verdict
+    version = int(os.path.basename(claim_run_folder(os.path.abspath(args.logdir), _run_name(args)))[len("version_") :])
+    # the HParams view shows satmon's verdict
+    logger = TensorBoardLogger(
+        os.path.abspath(args.logdir), name=_run_name(args), version=version, default_hp_metric=False
+    )
     ckpt = _step_checkpoints(Path(logger.log_dir) / "checkpoints", args.checkpoint_every, steps)
     callbacks = [monitor, ckpt] + ([] if args.quiet else [_step_bar(args.window)])
     if not args.quiet:
-        say("demo", f"training {steps} steps; held-out loss at step 0: {losses['start']:.4f} nats/byte (byte-frequency "
-                    f"level {losses['unigram']:.4f})")
+        say(
+            "demo",
+            f"training {steps} steps; held-out loss at step 0: {losses['start']:.4f} nats/byte (byte-frequency "
+            f"level {losses['unigram']:.4f})",
+        )
     trainer = pl.Trainer(
-        max_steps=steps, accelerator="cpu", devices=1, logger=logger, callbacks=callbacks, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=25,
-        val_check_interval=min(250, steps), limit_val_batches=VAL_BATCHES, num_sanity_val_steps=0,
+        max_steps=steps,
+        accelerator="cpu",
+        devices=1,
+        logger=logger,
+        callbacks=callbacks,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=25,
+        val_check_interval=min(250, steps),
+        limit_val_batches=VAL_BATCHES,
+        num_sanity_val_steps=0,
     )
     sigint = signal.getsignal(signal.SIGINT)
     try:
@@ -388,22 +485,35 @@ def _loss_lines(losses: dict[str, Any], steps: int, go: bool) -> list[str]:
         what = "The model learned beyond byte frequencies: the verdict reads a run that trains."
     elif end <= unigram + 0.1:
         what = "The loss is stuck near the byte-frequency level: the model has learnt little beyond byte frequencies"
-        what += (", so the high saturation comes from the stalled-run pattern, which the study's cells were not read "
-                 "for (docs/guides/faq.md: offset-driven saturation)." if go else ".")
+        what += (
+            ", so the high saturation comes from the stalled-run pattern, which the study's cells were not read "
+            "for (docs/guides/faq.md: offset-driven saturation)."
+            if go
+            else "."
+        )
     else:
         what = "The loss has not reached the byte-frequency level yet: too few steps to read the run."
-    lines = [(f"Validation loss ({VAL_BATCHES} held-out batches, nats/byte): {start:.4f} at step 0 -> {end:.4f} at step "
-              f"{steps} (byte-frequency level {unigram:.4f})."), what]
+    lines = [
+        (
+            f"Validation loss ({VAL_BATCHES} held-out batches, nats/byte): {start:.4f} at step 0 -> {end:.4f} at step "
+            f"{steps} (byte-frequency level {unigram:.4f})."
+        ),
+        what,
+    ]
     if "grad_embedding" in losses:
         emb, blocks, at_one = losses["grad_embedding"], losses["grad_blocks"], losses["final_tanh_at_one"]
-        line = (f"Gradient below the head at step {steps} (one held-out batch): largest |grad| {emb:.3g} at the token "
-                f"embedding, {blocks:.3g} in the blocks")
+        line = (
+            f"Gradient below the head at step {steps} (one held-out batch): largest |grad| {emb:.3g} at the token "
+            f"embedding, {blocks:.3g} in the blocks"
+        )
         line += "." if at_one is None else f"; the final DyT's tanh is exactly +-1 on {at_one:.1%} of its elements."
         lines.append(line)
         if emb == 0 and blocks == 0:
-            lines.append("No gradient reaches the embedding or any block: only the head and the final norm's gain can "
-                         "learn, which is the final-norm trap (docs/guides/faq.md). With RMSNorm before the head the "
-                         "same model learns: " + command("satmon", "demo", "--arch", "llama"))
+            lines.append(
+                "No gradient reaches the embedding or any block: only the head and the final norm's gain can "
+                "learn, which is the final-norm trap (docs/guides/faq.md). With RMSNorm before the head the "
+                "same model learns: " + command("satmon", "demo", "--arch", "llama")
+            )
     return lines
 
 
@@ -412,21 +522,34 @@ def _watch_lines(monitor: Any) -> list[str]:
     log = monitor.watch_log
     if not log:
         return []
-    sat = ", ".join(f"step {r['step']}: " + ("n/a" if r.get("gated_saturation") is None else f"{r['gated_saturation']:.4f}")
-                    for r in log)
+    sat = ", ".join(
+        f"step {r['step']}: " + ("n/a" if r.get("gated_saturation") is None else f"{r['gated_saturation']:.4f}")
+        for r in log
+    )
     flagged = [str(r["step"]) for r in log if r.get("collapse-risk")]
-    return [f"Collapse watch after the window (one step in every {monitor.settings.watch_every_n_steps}; saturation of the "
-            f"DyT layers feeding gated MLPs, collapse risk at >= {monitor.settings.collapse_threshold:g}): {sat}; "
-            + (f"collapse risk at step {', '.join(flagged)}." if flagged else "no collapse risk flagged.")]
+    return [
+        f"Collapse watch after the window (one step in every {monitor.settings.watch_every_n_steps}; saturation of the "
+        f"DyT layers feeding gated MLPs, collapse risk at >= {monitor.settings.collapse_threshold:g}): {sat}; "
+        + (f"collapse risk at step {', '.join(flagged)}." if flagged else "no collapse risk flagged.")
+    ]
 
 
 def _model_line(args: argparse.Namespace) -> str:
     if args.arch == "llama":
-        final = ("DyT before the head, alpha_init 0.2 (--final-norm dyt: the trapped layout)" if args.final_norm == "dyt"
-                 else "RMSNorm before the head")
-        return (f"LLaMA-style model (d={args.d_model}, {args.layers} blocks, RoPE, SwiGLU; DyT block norms alpha_init "
-                f"0.8 / 0.2, {final})")
-    emb = "embeddings at GPT-2's std 0.02 (--stalled)" if args.stalled else f"embeddings at std d_model^-0.5 = {_emb_std(args):.3g}"
+        final = (
+            "DyT before the head, alpha_init 0.2 (--final-norm dyt: the trapped layout)"
+            if args.final_norm == "dyt"
+            else "RMSNorm before the head"
+        )
+        return (
+            f"LLaMA-style model (d={args.d_model}, {args.layers} blocks, RoPE, SwiGLU; DyT block norms alpha_init "
+            f"0.8 / 0.2, {final})"
+        )
+    emb = (
+        "embeddings at GPT-2's std 0.02 (--stalled)"
+        if args.stalled
+        else f"embeddings at std d_model^-0.5 = {_emb_std(args):.3g}"
+    )
     return f"GPT-2-style model (d={args.d_model}, {args.layers} blocks, DyT alpha_init 2.0, {emb})"
 
 
@@ -450,8 +573,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*LeafSpec.*")
-    print(f"satmon demo: {_model_line(args)} on the embedded corpus (Python's standard library), {args.window}-step "
-          f"screening window{_watch_span(args)}, CPU.", flush=True)
+    print(
+        f"satmon demo: {_model_line(args)} on the embedded corpus (Python's standard library), {args.window}-step "
+        f"screening window{_watch_span(args)}, CPU.",
+        flush=True,
+    )
     if not args.quiet:
         say("demo", "loading torch and Lightning, reading the corpus")
     t0 = time.perf_counter()
@@ -474,6 +600,16 @@ def main(argv: list[str] | None = None) -> int:
     ckpts = Path(log_dir) / "checkpoints"
     steps_saved = sorted(int(f.stem.rsplit("step=", 1)[1]) for f in ckpts.glob("*-step=*.ckpt"))
     print(f"Checkpoints (steps {', '.join(map(str, steps_saved))}): {ckpts.resolve()}")
-    print("Replay them: " + command("satmon", "replay", ckpts.resolve(), "--model", "satmon.demos.lit:LitLM",
-                                    "--datamodule", "satmon.demos.corpus:CorpusDataModule"))
+    print(
+        "Replay them: "
+        + command(
+            "satmon",
+            "replay",
+            ckpts.resolve(),
+            "--model",
+            "satmon.demos.lit:LitLM",
+            "--datamodule",
+            "satmon.demos.corpus:CorpusDataModule",
+        )
+    )
     return EXIT_OK

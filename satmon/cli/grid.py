@@ -92,9 +92,12 @@ def _option(text: str) -> tuple[str, str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="satmon grid", description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("recipe", metavar="RECIPE", help="'builtin', MODULE:ATTR or path/to/file.py:ATTR (a satmon.grid.Recipe)")
+    p = argparse.ArgumentParser(
+        prog="satmon grid", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "recipe", metavar="RECIPE", help="'builtin', MODULE:ATTR or path/to/file.py:ATTR (a satmon.grid.Recipe)"
+    )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--preset", help="one of the recipe's named grids (the builtin's: full, quick, smoke, grid2)")
     mode.add_argument("--smoke", action="store_true", help="the recipe's 'smoke' preset (the builtin's: 4 tiny cells)")
@@ -103,31 +106,65 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", help="seeds, e.g. 0,1")
     p.add_argument("--steps", type=integer(1), help="optimizer steps per arm (default 5000, the study's)")
     p.add_argument("--window", type=integer(1), help="the screening window in steps (default 500)")
-    p.add_argument("--warmup", type=integer(0), help="linear warm-up steps, then a constant rate (default min(2000, 0.4 x --steps))")
+    p.add_argument(
+        "--warmup",
+        type=integer(0),
+        help="linear warm-up steps, then a constant rate (default min(2000, 0.4 x --steps))",
+    )
     p.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
     p.add_argument("--eval-every", type=integer(1), help="held-out loss every N steps (default 250)")
     p.add_argument("--series-every", type=integer(1), help="window series and training loss every N steps (default 50)")
     p.add_argument("--device", help="where cells train: cpu (default) or cuda")
-    p.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
-                   help="a recipe option over its default (repeatable)")
-    p.add_argument("--arms", help="the arms to run among the recipe's (default all; the builtin's: layernorm,dyt; "
-                   "llama's: rmsnorm,dyt,dyt-gelu,rmsnorm-gelu); the recipe's first arm, the reference, always runs")
-    p.add_argument("--vary", action="append", default=[], metavar="KEY=V1,V2,...",
-                   help="an extra axis over a recipe option or a grid setting (lr, warmup, window, ...), crossed with "
-                        "sizes x budgets x seeds (repeatable)")
+    p.add_argument(
+        "--option",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a recipe option over its default (repeatable)",
+    )
+    p.add_argument(
+        "--arms",
+        help="the arms to run among the recipe's (default all; the builtin's: layernorm,dyt; "
+        "llama's: rmsnorm,dyt,dyt-gelu,rmsnorm-gelu); the recipe's first arm, the reference, always runs",
+    )
+    p.add_argument(
+        "--vary",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help="an extra axis over a recipe option or a grid setting (lr, warmup, window, ...), crossed with "
+        "sizes x budgets x seeds (repeatable)",
+    )
     p.add_argument("--out", default="satmon_grid", help="output folder (default ./satmon_grid)")
     p.add_argument("--executor", choices=("local", "slurm"), default="local", help="local processes (default) or SLURM")
     p.add_argument("--jobs", type=integer(1), default=2, help="local: cells at once, one thread each (default 2)")
     p.add_argument("--slurm-partition", help="slurm: the partition")
     p.add_argument("--gpus-per-cell", type=integer(0), default=0, help="slurm: GPUs per cell's job (default 0)")
-    p.add_argument("--cpus-per-cell", type=integer(1), default=1, help="slurm: CPUs (and torch threads) per cell (default 1)")
-    p.add_argument("--time", type=minutes, default=24 * 60, help="a cell's time limit, minutes or HH:MM:SS (default 24:00:00)")
-    p.add_argument("--max-parallel", type=integer(1), default=16, help="slurm: array tasks running at once (default 16)")
+    p.add_argument(
+        "--cpus-per-cell", type=integer(1), default=1, help="slurm: CPUs (and torch threads) per cell (default 1)"
+    )
+    p.add_argument(
+        "--time", type=minutes, default=24 * 60, help="a cell's time limit, minutes or HH:MM:SS (default 24:00:00)"
+    )
+    p.add_argument(
+        "--max-parallel", type=integer(1), default=16, help="slurm: array tasks running at once (default 16)"
+    )
     p.add_argument("--dry-run", action="store_true", help="slurm: write the sbatch file and tasks, submit nothing")
-    p.add_argument("--progress-every", type=float, default=None, metavar="SECONDS", help="seconds between progress lines "
-                   "(cells done, running, queued, failed, ETA; default 30 on a terminal, 120 otherwise)")
-    p.add_argument("--permutations", type=integer(1), default=10_000, help="shuffles of the plan's permutation test "
-                   "(default 10000)")
+    p.add_argument(
+        "--progress-every",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds between progress lines "
+        "(cells done, running, queued, failed, ETA; default 30 on a terminal, 120 otherwise)",
+    )
+    p.add_argument(
+        "--permutations",
+        type=integer(1),
+        default=10_000,
+        help="shuffles of the plan's permutation test (default 10000)",
+    )
     return p
 
 
@@ -138,41 +175,67 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return usage_exit(e)
     say("grid", f"loading the recipe {args.recipe} and checking its cells")
+    from satmon.errors import UsageError, error_line
     from satmon.grid.engine import GridInterrupted, run
     from satmon.grid.jobs import slurm_parameters
     from satmon.io.atomic import OutputError
     from satmon.io.lock import OutputBusy
     from satmon.io.safe_text import printable
-    from satmon.errors import UsageError, error_line
 
     if args.progress_every is not None and not args.progress_every >= 0:
         print(f"satmon grid: Expected --progress-every >= 0 seconds, got {args.progress_every}.", file=sys.stderr)
         return EXIT_USAGE
     if args.dry_run and args.executor != "slurm":
-        print("satmon grid: Expected --dry-run with --executor slurm (it writes the sbatch file), got --executor local.",
-              file=sys.stderr)
+        print(
+            "satmon grid: Expected --dry-run with --executor slurm (it writes the sbatch file), got --executor local.",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
-    settings = {k: getattr(args, k) for k in ("steps", "window", "warmup", "lr", "eval_every", "series_every", "device")
-                if getattr(args, k) is not None}
+    settings = {
+        k: getattr(args, k)
+        for k in ("steps", "window", "warmup", "lr", "eval_every", "series_every", "device")
+        if getattr(args, k) is not None
+    }
     slurm = slurm_parameters(args.slurm_partition, args.gpus_per_cell, args.time, args.max_parallel, args.cpus_per_cell)
     preset = "smoke" if args.smoke else args.preset
     try:
-        result = run(args.recipe, args.sizes, args.budgets, args.seeds, out=args.out, settings=settings or None,
-                     options=dict(args.option), preset=preset, executor=args.executor, jobs=args.jobs,
-                     time_min=args.time, slurm=slurm, dry_run=args.dry_run, permutations=args.permutations,
-                     every=args.progress_every, arms=args.arms, vary=args.vary or None,
-                     say=lambda line: say("grid", line))
+        result = run(
+            args.recipe,
+            args.sizes,
+            args.budgets,
+            args.seeds,
+            out=args.out,
+            settings=settings or None,
+            options=dict(args.option),
+            preset=preset,
+            executor=args.executor,
+            jobs=args.jobs,
+            time_min=args.time,
+            slurm=slurm,
+            dry_run=args.dry_run,
+            permutations=args.permutations,
+            every=args.progress_every,
+            arms=args.arms,
+            vary=args.vary or None,
+            say=lambda line: say("grid", line),
+        )
     except OutputBusy as e:
         print(f"satmon grid: {printable(str(e))}", file=sys.stderr)
         return EXIT_BUSY
     except (UsageError, OutputError, ValueError) as e:
-        print(f"satmon grid: {printable(str(e) if type(e) in (ValueError, OutputError) else error_line(e))}", file=sys.stderr)
+        print(
+            f"satmon grid: {printable(str(e) if type(e) in (ValueError, OutputError) else error_line(e))}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     except GridInterrupted as e:
         r = e.result
-        print(f"satmon grid: interrupted (Ctrl-C): {len(r.cells)} of {len(r.status)} cells complete and kept in "
-              f"{r.out / 'cells'}; {r.json_path} lists the rest. Rerun the same command to resume: only the cells "
-              "without a complete result run.", file=sys.stderr)
+        print(
+            f"satmon grid: interrupted (Ctrl-C): {len(r.cells)} of {len(r.status)} cells complete and kept in "
+            f"{r.out / 'cells'}; {r.json_path} lists the rest. Rerun the same command to resume: only the cells "
+            "without a complete result run.",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED
     if args.dry_run:
         return 0

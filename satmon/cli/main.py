@@ -23,7 +23,16 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["EXIT_BROKEN_PIPE", "EXIT_INTERRUPTED", "EXIT_USAGE", "SUBCOMMANDS", "fraction", "integer", "main", "usage_exit"]
+__all__ = [
+    "EXIT_BROKEN_PIPE",
+    "EXIT_INTERRUPTED",
+    "EXIT_USAGE",
+    "SUBCOMMANDS",
+    "fraction",
+    "integer",
+    "main",
+    "usage_exit",
+]
 
 #: command -> (module with ``main(argv) -> int``, one line for ``satmon --help``)
 SUBCOMMANDS = {
@@ -40,11 +49,15 @@ EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 2, 130, 141
 
 DESCRIPTION = "Watch DyT saturation from inside transformer training, and replay it over saved checkpoints."
 
-EPILOG = "commands:\n" + "\n".join(f"  {name:<11}{line}" for name, (_, line) in SUBCOMMANDS.items()) + """
+EPILOG = (
+    "commands:\n"
+    + "\n".join(f"  {name:<11}{line}" for name, (_, line) in SUBCOMMANDS.items())
+    + """
 
 Run satmon COMMAND --help for a command's options and exit codes.
 exit codes: 0 success, 2 usage error (nothing done), 130 interrupted (Ctrl-C); each command
 documents its others."""
+)
 
 
 def command(*words: object) -> str:
@@ -117,9 +130,16 @@ def fraction(text: str) -> float:
 def _parser() -> argparse.ArgumentParser:
     from satmon._version import __version__
 
-    p = argparse.ArgumentParser(prog="satmon", usage="satmon [-h] [-V] COMMAND [ARGS ...]", description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-V", "--version", action="version", version=f"satmon {__version__}", help="print the version and exit")
+    p = argparse.ArgumentParser(
+        prog="satmon",
+        usage="satmon [-h] [-V] COMMAND [ARGS ...]",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "-V", "--version", action="version", version=f"satmon {__version__}", help="print the version and exit"
+    )
     p.add_argument("command", choices=list(SUBCOMMANDS), metavar="COMMAND", help="one of " + ", ".join(SUBCOMMANDS))
     return p
 
@@ -141,8 +161,11 @@ def _guarded(name: str) -> Iterator[list[BaseException]]:
 
     def say(args: sys.UnraisableHookArgs) -> None:  # an error in a __del__: Python would print its traceback
         if args.exc_value is not None:
-            print(f"satmon {name}: note: an error was ignored while an object was cleaned up: {error_line(args.exc_value)}",
-                  file=sys.stderr)
+            print(
+                f"satmon {name}: note: an error was ignored while an object was cleaned up: "
+                f"{error_line(args.exc_value)}",
+                file=sys.stderr,
+            )
 
     threading.excepthook, sys.unraisablehook = keep, say
     try:
@@ -177,19 +200,29 @@ def _run(name: str, argv: list[str]) -> int:
             module = importlib.import_module(SUBCOMMANDS[name][0])
             code = int(module.main(argv) or 0)
         except KeyboardInterrupt:
-            print(f"satmon {name}: interrupted (Ctrl-C); every output satmon replaces is either as it was or complete "
-                  "(files are replaced only by finished ones).", file=sys.stderr)
+            print(
+                f"satmon {name}: interrupted (Ctrl-C); every output satmon replaces is either as it was or complete "
+                "(files are replaced only by finished ones).",
+                file=sys.stderr,
+            )
             return EXIT_INTERRUPTED
         except Exception as e:  # nothing else caught it: one line, never a traceback (SATMON_TRACEBACK=1 shows it)
             if os.environ.get("SATMON_TRACEBACK"):
                 traceback.print_exc()
-            print(f"satmon {name}: stopped by an unexpected error: {error_line(e)}. Files satmon replaces were left as "
-                  "they were or replaced by complete ones; please report this with the command line "
-                  "(SATMON_TRACEBACK=1 shows where it happened).", file=sys.stderr)
+            print(
+                f"satmon {name}: stopped by an unexpected error: {error_line(e)}. Files satmon replaces were left as "
+                "they were or replaced by complete ones; please report this with the command line "
+                "(SATMON_TRACEBACK=1 shows where it happened).",
+                file=sys.stderr,
+            )
             return 1
         if errors and code == 0:  # a failure the command did not see (it reports those it sees in its own line)
-            print(f"satmon {name}: a background thread failed: {error_line(errors[0])}; what it was writing (TensorBoard's "
-                  "event files) may be incomplete.", file=sys.stderr)
+            print(
+                f"satmon {name}: a background thread failed: {error_line(errors[0])}; what it "
+                "was writing (TensorBoard's "
+                "event files) may be incomplete.",
+                file=sys.stderr,
+            )
             return 1
         return code
 

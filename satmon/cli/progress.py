@@ -112,8 +112,17 @@ class Progress:
         satmon demo: [2/4] loss 2.9; 20 s elapsed, ETA 20 s
     """
 
-    def __init__(self, total: int, *, label: str, unit: str = "it", stream: TextIO | None = None, every_item: bool = False,
-                 heartbeat: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        total: int,
+        *,
+        label: str,
+        unit: str = "it",
+        stream: TextIO | None = None,
+        every_item: bool = False,
+        heartbeat: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if total < 1:
             raise ValueError(f"Expected a total of at least 1 item, got {total}.")
         self.total, self.label, self.unit, self.every_item, self.heartbeat = total, label, unit, every_item, heartbeat
@@ -131,8 +140,16 @@ class Progress:
         """The bar starts at the first item done, so its rate leaves out the set-up before it."""
         from tqdm.auto import tqdm  # Lightning's own dependency
 
-        self._bar = tqdm(total=self.total, initial=done, desc=self.label.rstrip(":"), unit=self.unit, file=self.stream,
-                         dynamic_ncols=True, mininterval=0.25, leave=True)
+        self._bar = tqdm(
+            total=self.total,
+            initial=done,
+            desc=self.label.rstrip(":"),
+            unit=self.unit,
+            file=self.stream,
+            dynamic_ncols=True,
+            mininterval=0.25,
+            leave=True,
+        )
 
     def update(self, done: int, text: str = "") -> None:
         """``done`` items are complete (a position, not an increment); ``text`` says what the last one gave."""
@@ -151,8 +168,9 @@ class Progress:
         if self._first is None and done:
             self._first = (now, done)
         tenth = done * 10 // self.total
-        due = (self.every_item or tenth > self._last_tenth or now - self._last_line >= self.heartbeat
-               or done == self.total)
+        due = (
+            self.every_item or tenth > self._last_tenth or now - self._last_line >= self.heartbeat or done == self.total
+        )
         self.done = done
         if done and due:
             self._last_line, self._last_tenth = now, tenth
@@ -165,7 +183,11 @@ class Progress:
         elapsed = now - self.start
         t0, d0 = self._first if self._first is not None else (now, self.done)
         left = (now - t0) / (self.done - d0) * (self.total - self.done) if self.done > d0 else math.nan
-        when = f"done in {duration(elapsed)}" if self.done == self.total else f"{duration(elapsed)} elapsed, ETA {duration(left)}"
+        when = (
+            f"done in {duration(elapsed)}"
+            if self.done == self.total
+            else f"{duration(elapsed)} elapsed, ETA {duration(left)}"
+        )
         return f"{self.label} [{self.done}/{self.total}]" + (f" {text}" if text else "") + f"; {when}"
 
     def close(self) -> None:

@@ -1,9 +1,9 @@
 """``satmon replay``: the command line of :func:`satmon.replay` (:mod:`satmon.replaying.session`), which checks
 everything before any work, replays the checkpoints and writes the outputs (a TensorBoard run lined up with the
 live runs, ``--json`` once complete, ``--report``). This module parses the flags into one
-:class:`~satmon.replaying.options.ReplayOptions` and prints what it yields: progress, the summary table, the live verdict beside the replay's, the exit code. Ctrl-C and
-SIGTERM end with one line saying where every output stands (exit 130 / 143); :data:`EPILOG` and docs/guides/replay.md
-give security and the exit codes.
+:class:`~satmon.replaying.options.ReplayOptions` and prints what it yields: progress, the summary table, the live
+verdict beside the replay's, the exit code. Ctrl-C and SIGTERM end with one line saying where every output stands (exit
+130 / 143); :data:`EPILOG` and docs/guides/replay.md give security and the exit codes.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, EXIT_NONFINITE = 0, 1, 2, 3
 #: Interrupted by Ctrl-C (SIGINT) or SIGTERM: the shell's 128 + signal number.
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
 
-DESCRIPTION = ("Replay every satmon diagnostic over saved checkpoints: a TensorBoard run with the live callback's "
-               "tags, stepped by each checkpoint's global step, plus optional JSON records and a markdown report.")
+DESCRIPTION = (
+    "Replay every satmon diagnostic over saved checkpoints: a TensorBoard run with the live callback's "
+    "tags, stepped by each checkpoint's global step, plus optional JSON records and a markdown report."
+)
 
 EPILOG = """\
 examples:
@@ -63,51 +65,131 @@ _USER_CODE = "imports and runs that code; MODULE:ATTR from sys.path (not the wor
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="satmon replay", description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("paths", nargs="+", metavar="CHECKPOINT_OR_DIR",
-                   help="checkpoint files, or directories (searched recursively, symlinks followed, for .ckpt/.pt/.pth/"
-                   ".safetensors files and Hugging Face checkpoint-N folders)")
-    p.add_argument("--model", metavar="MODULE:CLASS", help="the LightningModule class: .ckpt files are rebuilt from "
-                   f"their hyper-parameters and weights, the random-init twin with CLASS(**hyper_parameters) ({_USER_CODE})")
-    p.add_argument("--factory", metavar="MODULE:FUNCTION", help="a function returning the nn.Module, for plain state_dict "
-                   f"files (.pt/.pth/.safetensors) and Hugging Face checkpoint folders ({_USER_CODE})")
+    p = argparse.ArgumentParser(
+        prog="satmon replay",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="CHECKPOINT_OR_DIR",
+        help="checkpoint files, or directories (searched recursively, symlinks followed, for .ckpt/.pt/.pth/"
+        ".safetensors files and Hugging Face checkpoint-N folders)",
+    )
+    p.add_argument(
+        "--model",
+        metavar="MODULE:CLASS",
+        help="the LightningModule class: .ckpt files are rebuilt from "
+        f"their hyper-parameters and weights, the random-init twin with CLASS(**hyper_parameters) ({_USER_CODE})",
+    )
+    p.add_argument(
+        "--factory",
+        metavar="MODULE:FUNCTION",
+        help="a function returning the nn.Module, for plain state_dict "
+        f"files (.pt/.pth/.safetensors) and Hugging Face checkpoint folders ({_USER_CODE})",
+    )
     data = p.add_mutually_exclusive_group()
-    data.add_argument("--data", metavar="FILE", help="calibration batches: a torch.save'd tensor, list of batches or dict "
-                      "of tensors (read with weights_only=True)")
-    data.add_argument("--datamodule", metavar="MODULE:CLASS", help="a LightningDataModule: its train_dataloader, built "
-                      f"with the datamodule hyper-parameters stored in the checkpoint when present ({_USER_CODE})")
-    p.add_argument("--trust-checkpoints", action="store_true", help="load checkpoints with torch.load(weights_only=False): "
-                   "RUNS CODE STORED IN THE FILES; only for checkpoints you trust (default: weights_only=True, and "
-                   "files that need more are skipped with the reason)")
+    data.add_argument(
+        "--data",
+        metavar="FILE",
+        help="calibration batches: a torch.save'd tensor, list of batches or dict "
+        "of tensors (read with weights_only=True)",
+    )
+    data.add_argument(
+        "--datamodule",
+        metavar="MODULE:CLASS",
+        help="a LightningDataModule: its train_dataloader, built "
+        f"with the datamodule hyper-parameters stored in the checkpoint when present ({_USER_CODE})",
+    )
+    p.add_argument(
+        "--trust-checkpoints",
+        action="store_true",
+        help="load checkpoints with torch.load(weights_only=False): "
+        "RUNS CODE STORED IN THE FILES; only for checkpoints you trust (default: weights_only=True, and "
+        "files that need more are skipped with the reason)",
+    )
     p.add_argument("--weights-only", action="store_true", help=argparse.SUPPRESS)  # 0.1's opt-in; now the default
-    p.add_argument("--batches", type=int, default=4, help="calibration batches, the same for every checkpoint (default 4)")
-    p.add_argument("--batch-size", type=int, default=None, help="split a --data tensor/dict into batches of this many rows")
+    p.add_argument(
+        "--batches", type=int, default=4, help="calibration batches, the same for every checkpoint (default 4)"
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=None, help="split a --data tensor/dict into batches of this many rows"
+    )
     p.add_argument("--input-key", default=None, help="feed only batch[KEY] to the model (index or dict key)")
-    p.add_argument("--logdir", default="satmon_logs", help="TensorBoard root; the run goes to LOGDIR/NAME/version_N (default ./satmon_logs)")
-    p.add_argument("--name", default=None, help="TensorBoard run name: the run goes to LOGDIR/NAME/version_N (default: the "
-                   "run goes to 'LOGDIR/replay of RUN', RUN the run the checkpoints are of, e.g. demo/version_0; "
-                   "LOGDIR/replay/version_N when they are of several runs)")
-    p.add_argument("--json", metavar="FILE", help="records, one per checkpoint (FILE.jsonl: one a line; FILE.json: a JSON "
-                   "array); written when the replay is complete, FILE.partial.jsonl holds the records as they come")
-    p.add_argument("--report", metavar="FILE.md", help="a markdown report with PNG plots saved beside it (needs matplotlib)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="where the model runs (auto: CUDA when available)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="forward precision (bfloat16: autocast); statistics stay float64")
-    p.add_argument("--threshold", type=float, default=None,
-                   help=f"GO threshold on pooled saturation, in (0, 1) (default: the study's, {study.THRESHOLD:g})")
-    p.add_argument("--level", type=float, default=study.LEVEL,
-                   help=f"saturation level: |alpha x| > LEVEL, > 0 (default {study.LEVEL:g})")
-    p.add_argument("--collapse-threshold", type=float, default=study.COLLAPSE_THRESHOLD,
-                   help=f"collapse-risk level for gated models, in (0, 1) (default {study.COLLAPSE_THRESHOLD:g})")
-    p.add_argument("--no-twin", action="store_true", help="skip the random-init twin (no init-to-trained readout; faster)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's own choice); "
-                   "1 is often fastest for small models on a busy machine")
-    p.add_argument("--live", metavar="RUN", default=None, help="the live run's TensorBoard folder, to show its verdict "
-                   "beside the replay's (default: found in the checkpoints' SaturationMonitor state, or in TensorBoard "
-                   "events beside the checkpoints)")
-    p.add_argument("--quiet", action="store_true", help="no status lines and no progress (the summary is still printed)")
+    p.add_argument(
+        "--logdir",
+        default="satmon_logs",
+        help="TensorBoard root; the run goes to LOGDIR/NAME/version_N (default ./satmon_logs)",
+    )
+    p.add_argument(
+        "--name",
+        default=None,
+        help="TensorBoard run name: the run goes to LOGDIR/NAME/version_N (default: the "
+        "run goes to 'LOGDIR/replay of RUN', RUN the run the checkpoints are of, e.g. demo/version_0; "
+        "LOGDIR/replay/version_N when they are of several runs)",
+    )
+    p.add_argument(
+        "--json",
+        metavar="FILE",
+        help="records, one per checkpoint (FILE.jsonl: one a line; FILE.json: a JSON "
+        "array); written when the replay is complete, FILE.partial.jsonl holds the records as they come",
+    )
+    p.add_argument(
+        "--report", metavar="FILE.md", help="a markdown report with PNG plots saved beside it (needs matplotlib)"
+    )
+    p.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="where the model runs (auto: CUDA when available)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="forward precision (bfloat16: autocast); statistics stay float64",
+    )
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help=f"GO threshold on pooled saturation, in (0, 1) (default: the study's, {study.THRESHOLD:g})",
+    )
+    p.add_argument(
+        "--level",
+        type=float,
+        default=study.LEVEL,
+        help=f"saturation level: |alpha x| > LEVEL, > 0 (default {study.LEVEL:g})",
+    )
+    p.add_argument(
+        "--collapse-threshold",
+        type=float,
+        default=study.COLLAPSE_THRESHOLD,
+        help=f"collapse-risk level for gated models, in (0, 1) (default {study.COLLAPSE_THRESHOLD:g})",
+    )
+    p.add_argument(
+        "--no-twin", action="store_true", help="skip the random-init twin (no init-to-trained readout; faster)"
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for torch (default: torch's own choice); "
+        "1 is often fastest for small models on a busy machine",
+    )
+    p.add_argument(
+        "--live",
+        metavar="RUN",
+        default=None,
+        help="the live run's TensorBoard folder, to show its verdict "
+        "beside the replay's (default: found in the checkpoints' SaturationMonitor state, or in TensorBoard "
+        "events beside the checkpoints)",
+    )
+    p.add_argument(
+        "--quiet", action="store_true", help="no status lines and no progress (the summary is still printed)"
+    )
     return p
 
 
@@ -127,14 +209,19 @@ def _check_numbers(args: argparse.Namespace) -> Any:
         return Settings(threshold=args.threshold, level=args.level, collapse_threshold=args.collapse_threshold)
     except ValueError as e:
         message = str(e)
-        for name, flag in (("`collapse_threshold`", "--collapse-threshold"), ("`threshold`", "--threshold"), ("`level`", "--level")):
+        for name, flag in (
+            ("`collapse_threshold`", "--collapse-threshold"),
+            ("`threshold`", "--threshold"),
+            ("`level`", "--level"),
+        ):
             message = message.replace(name, flag)
         raise ReplayUsageError(message) from None
 
 
 # ------------------------------------------------------------------------------------ output
 def _progress(total: int, quiet: bool):
-    """``(update(row), close())``: a bar with an ETA on a terminal, one plain line a checkpoint (with the ETA) otherwise."""
+    """``(update(row), close())``: a bar with an ETA on a terminal, one plain line a
+    checkpoint (with the ETA) otherwise."""
     if quiet:
         return (lambda row: None), (lambda: None)
     from satmon.cli.progress import Progress
@@ -145,8 +232,15 @@ def _progress(total: int, quiet: bool):
     def update(row: dict[str, Any]) -> None:
         done[0] += 1
         reason = str(row["error"] or "")
-        what = f"skipped: {reason if len(reason) <= 100 else reason[:97] + '...'}" if row["error"] else (
-            f"saturation {row['saturation']:.4f} {row['decision']}" if row["saturation"] is not None else f"norm type {row['norm_type']}")
+        what = (
+            f"skipped: {reason if len(reason) <= 100 else reason[:97] + '...'}"
+            if row["error"]
+            else (
+                f"saturation {row['saturation']:.4f} {row['decision']}"
+                if row["saturation"] is not None
+                else f"norm type {row['norm_type']}"
+            )
+        )
         what += f" [non-finite: {row['nonfinite']}]" if row["nonfinite"] else ""
         secs = f" ({row['seconds']:.1f} s)" if row["seconds"] is not None else ""
         step = "" if row["step"] is None else f"step {row['step']} "
@@ -167,7 +261,10 @@ def _first_line(args: argparse.Namespace) -> str:
     paths = ", ".join(args.paths[:2]) + (f" (+{len(args.paths) - 2} more)" if len(args.paths) > 2 else "")
     code = args.model or args.factory or "?"
     data = args.data or args.datamodule or "?"
-    return f"replaying the checkpoints in {paths} with {code}, calibration from {data}; loading torch and checking the arguments"
+    return (
+        f"replaying the checkpoints in {paths} with {code}, calibration from {data}; loading torch "
+        "and checking the arguments"
+    )
 
 
 def _summary(rows: list[dict[str, Any]], records: list[Any], live: list[str] | None = None) -> None:
@@ -175,17 +272,45 @@ def _summary(rows: list[dict[str, Any]], records: list[Any], live: list[str] | N
     from satmon.io.markdown import table
 
     print()
-    print(table(["step", "checkpoint", "saturation", "verdict", "non-finite", "norm type", "min sigma ratio",
-                 "min alignment", "s"],
-                [[r["step"], r["name"], r["saturation"], r["decision"], r["nonfinite"], r["norm_type"], r["min_ratio"],
-                  r["min_alignment"], None if r["seconds"] is None else f"{r['seconds']:.2f}"] for r in rows if r["error"] is None]))
+    print(
+        table(
+            [
+                "step",
+                "checkpoint",
+                "saturation",
+                "verdict",
+                "non-finite",
+                "norm type",
+                "min sigma ratio",
+                "min alignment",
+                "s",
+            ],
+            [
+                [
+                    r["step"],
+                    r["name"],
+                    r["saturation"],
+                    r["decision"],
+                    r["nonfinite"],
+                    r["norm_type"],
+                    r["min_ratio"],
+                    r["min_alignment"],
+                    None if r["seconds"] is None else f"{r['seconds']:.2f}",
+                ]
+                for r in rows
+                if r["error"] is None
+            ],
+        )
+    )
     last = next((r for r in reversed(records) if r.verdict is not None), None)
     if last is not None:
         v = last.verdict
         said = v.headline() if v.cautions else v.decision.upper()  # a qualified decision says how far to trust it
-        print(f"\nLast checkpoint (step {last.global_step}): {said}  pooled saturation "
-              f"{v.saturation:.4f} {v.comparison} threshold {v.threshold:g} "
-              f"(margin {v.margin:+.4f})")
+        print(
+            f"\nLast checkpoint (step {last.global_step}): {said}  pooled saturation "
+            f"{v.saturation:.4f} {v.comparison} threshold {v.threshold:g} "
+            f"(margin {v.margin:+.4f})"
+        )
     if live:
         print("\n" + "\n".join(live))
 
@@ -196,14 +321,17 @@ def _replaced(out: Any, path: Any) -> str:
 
 def run(args: argparse.Namespace, state: dict[str, Any] | None = None) -> int:
     """Check everything the user passed, then read the checkpoints, replay them and report; the exit code
-    (``state["run"]``: the :class:`~satmon.replaying.session.ReplaySession` once made, for the line of an interrupted one)."""
+    (``state["run"]``: the :class:`~satmon.replaying.session.ReplaySession` once made, for the
+    line of an interrupted one)."""
     state = {} if state is None else state
     talk = _talk(args)
     talk(_first_line(args))  # before torch is imported: the user sees at once what runs
     settings = _check_numbers(args)
     if args.weights_only and args.trust_checkpoints:
-        raise ReplayUsageError("Expected either --weights-only (read checkpoints with torch.load(weights_only=True): the default) or "
-                     "--trust-checkpoints (weights_only=False: runs code stored in them), got both: drop one.")
+        raise ReplayUsageError(
+            "Expected either --weights-only (read checkpoints with torch.load(weights_only=True): the default) or "
+            "--trust-checkpoints (weights_only=False: runs code stored in them), got both: drop one."
+        )
     from satmon.replaying.outputs import live_lines
     from satmon.replaying.session import ReplayOptions, ReplaySession
 
@@ -212,15 +340,35 @@ def run(args: argparse.Namespace, state: dict[str, Any] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     if args.weights_only:
-        print("satmon replay: note: --weights-only is the default since satmon 0.2 (the flag is ignored).", file=sys.stderr)
-    options = ReplayOptions(model=args.model, factory=args.factory, data=args.data, datamodule=args.datamodule,
-                            settings=settings, batches=args.batches, batch_size=args.batch_size, input_key=args.input_key,
-                            trust_checkpoints=args.trust_checkpoints, device=args.device, dtype=args.dtype,
-                            twin=not args.no_twin, live=args.live, logdir=args.logdir, name=args.name, json=args.json,
-                            report=args.report, on_status=talk)
+        print(
+            "satmon replay: note: --weights-only is the default since satmon 0.2 (the flag is ignored).",
+            file=sys.stderr,
+        )
+    options = ReplayOptions(
+        model=args.model,
+        factory=args.factory,
+        data=args.data,
+        datamodule=args.datamodule,
+        settings=settings,
+        batches=args.batches,
+        batch_size=args.batch_size,
+        input_key=args.input_key,
+        trust_checkpoints=args.trust_checkpoints,
+        device=args.device,
+        dtype=args.dtype,
+        twin=not args.no_twin,
+        live=args.live,
+        logdir=args.logdir,
+        name=args.name,
+        json=args.json,
+        report=args.report,
+        on_status=talk,
+    )
     state["run"] = rp = ReplaySession(args.paths, options)
-    talk(f"replaying {len(rp.todo)} checkpoint(s) on {rp.device.type} (calibration: {rp.data_text}); the first one also "
-         "builds the model and finds its layers")
+    talk(
+        f"replaying {len(rp.todo)} checkpoint(s) on {rp.device.type} (calibration: {rp.data_text}); the first one also "
+        "builds the model and finds its layers"
+    )
     update, close = _progress(len(rp.todo), args.quiet)
     try:
         for record in rp:
@@ -235,8 +383,10 @@ def run(args: argparse.Namespace, state: dict[str, Any] | None = None) -> int:
     rows, records, out = rp.rows, rp.records, rp.outputs
     ok = [r for r in rows if r["error"] is None]
     _summary(rows, records, live_lines(records))
-    print(f"\nReplayed {len(ok)} of {len(rows)} checkpoint(s) in {rp.seconds:.1f} s on {rp.device.type} ({args.dtype}); "
-          f"calibration: {rp.data_text}.")
+    print(
+        f"\nReplayed {len(ok)} of {len(rows)} checkpoint(s) in {rp.seconds:.1f} s on {rp.device.type} ({args.dtype}); "
+        f"calibration: {rp.data_text}."
+    )
     if rp.log_dir is not None:
         from satmon.cli.main import command
 

@@ -32,8 +32,9 @@ event file (events.out.tfevents.*: the run folder that holds it is printed).
 
 --plot draws the study's phase diagram (model parameters x unique training tokens, each cell coloured
 by DyT's measured effect, with satmon's CPU grids) and places every run whose verdict gives its parameters
-and unique training tokens as data (its hparams satmon/params and satmon/unique_tokens: SaturationMonitor writes them; unique_tokens= gives the tokens when the
-training data cannot say them). It needs matplotlib: pip install -e ".[report]" in satmon's clone.
+and unique training tokens as data (its hparams satmon/params and satmon/unique_tokens: SaturationMonitor
+writes them; unique_tokens= gives the tokens when the training data cannot say them). It needs matplotlib:
+pip install -e ".[report]" in satmon's clone.
 --cells FILE adds a grid of your own to the diagram (satmon grid's OUT/grid.json, or a CSV with
 name,params,train_tokens,delta,group,source); with --cells, LOGDIR may be left out.
 
@@ -57,9 +58,13 @@ def _named() -> dict[str, str]:
     """Trajectory rows with a name of their own, in this order."""
     from satmon.io.tags import TAG
 
-    return {TAG.saturation: "saturation (pooled)", TAG.margin: "margin",
-            TAG.verdict: "verdict (1 GO, 0 NO-GO, -1 non-finite)", TAG.collapse_risk: "collapse risk",
-            TAG.forecast: "forecast (1 helps, -1 hurts, 0 uncertain)"}
+    return {
+        TAG.saturation: "saturation (pooled)",
+        TAG.margin: "margin",
+        TAG.verdict: "verdict (1 GO, 0 NO-GO, -1 non-finite)",
+        TAG.collapse_risk: "collapse risk",
+        TAG.forecast: "forecast (1 helps, -1 hurts, 0 uncertain)",
+    }
 
 
 def _at(point: tuple[int, float] | None) -> str:
@@ -71,8 +76,13 @@ def _at(point: tuple[int, float] | None) -> str:
 
 def _points(series: list[tuple[int, float]]) -> list[str]:
     finite = [p for p in series if math.isfinite(p[1])] or series
-    return [_at(series[0]), _at(series[-1]), _at(min(finite, key=lambda p: p[1])), _at(max(finite, key=lambda p: p[1])),
-            str(len(series))]
+    return [
+        _at(series[0]),
+        _at(series[-1]),
+        _at(min(finite, key=lambda p: p[1])),
+        _at(max(finite, key=lambda p: p[1])),
+        str(len(series)),
+    ]
 
 
 def format_run(run: Run) -> str:
@@ -119,25 +129,47 @@ def _body(run: Run) -> str:
 
     layers = run.layers()
     if layers:
-        cols = [c for c in ("saturation", "alpha", "alignment", "null_projection", "null_dim", "init_gap")
-                if any(c in v for v in layers.values())]
+        cols = [
+            c
+            for c in ("saturation", "alpha", "alignment", "null_projection", "null_dim", "init_gap")
+            if any(c in v for v in layers.values())
+        ]
         cols += sorted({c for v in layers.values() for c in v} - set(cols))
-        out += ["Per layer, last value:",
-                table(["layer", *cols], [[name, *[v.get(c) for c in cols]] for name, v in layers.items()]), ""]
+        out += [
+            "Per layer, last value:",
+            table(["layer", *cols], [[name, *[v.get(c) for c in cols]] for name, v in layers.items()]),
+            "",
+        ]
     return printable("\n".join(out).rstrip(), keep="\n") + "\n"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="satmon report", description=DESCRIPTION,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("logdir", metavar="LOGDIR", nargs="?", help="a TensorBoard run folder, a folder above runs, or an event "
-                   "file (optional with --cells)")
+    p = argparse.ArgumentParser(
+        prog="satmon report", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "logdir",
+        metavar="LOGDIR",
+        nargs="?",
+        help="a TensorBoard run folder, a folder above runs, or an event file (optional with --cells)",
+    )
     p.add_argument("--latest", action="store_true", help="print only the most recently written run")
-    p.add_argument("--plot", action="store_true", help="draw the study's phase diagram with the runs placed on it "
-                   f"(needs matplotlib; written to --plot-file, default ./{PLOT_FILE})")
-    p.add_argument("--plot-file", metavar="FILE", default=None, help="where --plot writes (.png, .pdf or .svg); implies --plot")
-    p.add_argument("--cells", metavar="FILE", action="append", default=[], help="a grid's cells to draw too: satmon grid's "
-                   "grid.json or a phase CSV (repeatable; implies --plot)")
+    p.add_argument(
+        "--plot",
+        action="store_true",
+        help="draw the study's phase diagram with the runs placed on it "
+        f"(needs matplotlib; written to --plot-file, default ./{PLOT_FILE})",
+    )
+    p.add_argument(
+        "--plot-file", metavar="FILE", default=None, help="where --plot writes (.png, .pdf or .svg); implies --plot"
+    )
+    p.add_argument(
+        "--cells",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="a grid's cells to draw too: satmon grid's grid.json or a phase CSV (repeatable; implies --plot)",
+    )
     return p
 
 
@@ -155,9 +187,14 @@ def _usage_error(root: str) -> str | None:
     if kind.kind == "missing":
         return f"no such file or directory: {shown}. {hint}"
     if kind.kind == "file" and not Path(root).match(EVENT_GLOB):
-        return f"Expected LOGDIR to be a folder or a TensorBoard event file ({EVENT_GLOB}), got the file {shown}. {hint}"
+        return (
+            f"Expected LOGDIR to be a folder or a TensorBoard event file ({EVENT_GLOB}), got the file {shown}. {hint}"
+        )
     if kind.kind not in ("folder", "file"):
-        return f"Expected LOGDIR to be a folder or a TensorBoard event file, got {shown}, which is {kind.describe()}. {hint}"
+        return (
+            f"Expected LOGDIR to be a folder or a TensorBoard event file, got {shown}, which is "
+            f"{kind.describe()}. {hint}"
+        )
     return None
 
 
@@ -217,13 +254,17 @@ def _report(args: argparse.Namespace, plot_path: Path | None, extra: list) -> in
     try:
         runs, looked = _print_runs(root, args.latest)
     except OSError as e:  # a folder or event file this user cannot read
-        print(f"satmon report: cannot read {str(root)!r}: {e.strerror or e} ({printable(str(e.filename or root))}).",
-              file=sys.stderr)
+        print(
+            f"satmon report: cannot read {str(root)!r}: {e.strerror or e} ({printable(str(e.filename or root))}).",
+            file=sys.stderr,
+        )
         return EXIT_NO_DATA
     if not runs:
-        print(f"satmon report: no satmon data under {str(root)!r} ({looked} TensorBoard run folder(s) looked at). "
-              "Point it at a run written by SaturationMonitor (with a TensorBoardLogger) or by `satmon replay`.",
-              file=sys.stderr)
+        print(
+            f"satmon report: no satmon data under {str(root)!r} ({looked} TensorBoard run folder(s) looked at). "
+            "Point it at a run written by SaturationMonitor (with a TensorBoardLogger) or by `satmon replay`.",
+            file=sys.stderr,
+        )
         return EXIT_NO_DATA
     if plot_path is not None:
         return _plot(runs, plot_path, extra)
@@ -239,7 +280,9 @@ def _print_runs(root: Path, latest: bool) -> tuple[list[Run], int]:
 
     dirs = run_dirs(root)
     if latest:  # newest first; the first with satmon data is the one
-        dirs = sorted(dirs, key=lambda d: max((f.stat().st_mtime for f in d.glob(EVENT_GLOB)), default=0.0), reverse=True)
+        dirs = sorted(
+            dirs, key=lambda d: max((f.stat().st_mtime for f in d.glob(EVENT_GLOB)), default=0.0), reverse=True
+        )
     runs: list[Run] = []
     for d in dirs:
         run = read_run(d)
@@ -263,8 +306,10 @@ def _plot_usage(plot_file: str | None) -> tuple[str | None, Path | None]:
     try:
         require_matplotlib()
     except ImportError:
-        return ("--plot needs matplotlib: pip install matplotlib (or pip install -e '.[report]' in satmon's clone); "
-                "the report without the plot: leave --plot out."), None
+        return (
+            "--plot needs matplotlib: pip install matplotlib (or pip install -e '.[report]' in satmon's clone); "
+            "the report without the plot: leave --plot out."
+        ), None
     try:
         return None, check_output(PLOT_FILE if plot_file is None else plot_file, "--plot-file", PLOT_SUFFIXES)
     except OutputError as e:
@@ -283,8 +328,13 @@ def _plot(runs: list[Run], path: Path, extra: list | None = None) -> int:
         label = _label(run, runs)
         params, tokens = run.hparams.get(TAG.hp_params), run.hparams.get(TAG.hp_unique_tokens)
         if not isinstance(params, (int, float)) or not params > 0:
-            not_placed.append((label, f"its verdict gives no parameter count ({TAG.hp_params}): a replay, a run without a "
-                                      "verdict yet, or one written by satmon before 0.5"))
+            not_placed.append(
+                (
+                    label,
+                    f"its verdict gives no parameter count ({TAG.hp_params}): a replay, a run without a "
+                    "verdict yet, or one written by satmon before 0.5",
+                )
+            )
         elif not isinstance(tokens, (int, float)) or not tokens > 0:
             not_placed.append((label, "unique training tokens unknown: pass SaturationMonitor(unique_tokens=N)"))
         else:
@@ -294,13 +344,20 @@ def _plot(runs: list[Run], path: Path, extra: list | None = None) -> int:
     try:
         plot_phase(cells, placed, path, not_placed=not_placed)
     except OSError as e:
-        print(f"satmon report: could not write the plot {str(path)!r}: {e.strerror or e}; the file that was there is as it "
-              "was.", file=sys.stderr)
+        print(
+            f"satmon report: could not write the plot {str(path)!r}: {e.strerror or e}; the "
+            "file that was there is as it "
+            "was.",
+            file=sys.stderr,
+        )
         return EXIT_NO_DATA
     sources = sorted({c.source for c in cells} - {STUDY_SOURCE})
-    print(f"\nPhase diagram: {path}{' (replaced the file that was there)' if existed else ''}: the study's "
-          f"{sum(c.source == STUDY_SOURCE for c in cells)} cells, {sum(c.source != STUDY_SOURCE for c in cells)} grid cells "
-          f"({'; '.join(sources) or 'none'}), {len(placed)} run(s) placed.")
+    print(
+        f"\nPhase diagram: {path}{' (replaced the file that was there)' if existed else ''}: the study's "
+        f"{sum(c.source == STUDY_SOURCE for c in cells)} cells, "
+        f"{sum(c.source != STUDY_SOURCE for c in cells)} grid cells "
+        f"({'; '.join(sources) or 'none'}), {len(placed)} run(s) placed."
+    )
     for label, why in not_placed:
         print(f"  not placed: {label}: {why}")
     return EXIT_OK
@@ -316,4 +373,3 @@ def _label(run: Run, runs: list[Run]) -> str:
         return str(run.path.relative_to(base)) or run.path.name
     except ValueError:
         return str(run.path)
-

@@ -57,8 +57,12 @@ def torch_source_identity() -> dict[str, Any]:
     blob = _torch_blob()
     if "sha" not in _TORCH:
         _TORCH["sha"] = hashlib.sha256(blob).hexdigest()
-    return {"torch": torch.__version__, "corpus_files": _TORCH["files"], "corpus_bytes": len(blob),
-            "corpus_sha256": _TORCH["sha"]}
+    return {
+        "torch": torch.__version__,
+        "corpus_files": _TORCH["files"],
+        "corpus_bytes": len(blob),
+        "corpus_sha256": _TORCH["sha"],
+    }
 
 
 def corpus_tokens(n_bytes: int = 2_000_000) -> Tensor:
@@ -120,8 +124,14 @@ try:
             seed: shuffling seed.
         """
 
-        def __init__(self, seq_len: int = 64, batch_size: int = 16, train_tokens: int = 400_000,
-                     val_tokens: int = 40_000, seed: int = 0) -> None:
+        def __init__(
+            self,
+            seq_len: int = 64,
+            batch_size: int = 16,
+            train_tokens: int = 400_000,
+            val_tokens: int = 40_000,
+            seed: int = 0,
+        ) -> None:
             super().__init__()
             self.save_hyperparameters()
             self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed

@@ -37,7 +37,9 @@ class LitLM(pl.LightningModule):
         True
     """
 
-    def __init__(self, arch: str = "gpt", lr: float = 3e-3, weight_decay: float = 0.0, warmup: int = 20, **config: Any) -> None:
+    def __init__(
+        self, arch: str = "gpt", lr: float = 3e-3, weight_decay: float = 0.0, warmup: int = 20, **config: Any
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.model = build_model(arch, **config)

@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+# the GPT model's norms: DyT, LayerNorm, satmon's own RMSNorm
 from satmon.demos.gpt import (
-    make_norm,  # the GPT model's norms: DyT, LayerNorm, satmon's own RMSNorm
+    make_norm,
 )
 
 __all__ = ["LlamaConfig", "LlamaLM"]

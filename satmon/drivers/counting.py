@@ -28,8 +28,16 @@ from torch import Tensor, nn
 
 from satmon.results.scale import RunScale
 
-__all__ = ["count_parameters", "count_train_tokens", "planned_tokens", "optimizer_name", "put_scale_note", "run_scale",
-           "sample_tokens", "scale_note"]
+__all__ = [
+    "count_parameters",
+    "count_train_tokens",
+    "planned_tokens",
+    "optimizer_name",
+    "put_scale_note",
+    "run_scale",
+    "sample_tokens",
+    "scale_note",
+]
 
 #: samples read to find a sample's length (first, second, last and evenly between)
 _SAMPLES = 8
@@ -118,8 +126,10 @@ def _dataset_tokens(dataset: Any) -> tuple[int | None, str]:
     for ids, why in found:
         if ids is None:
             return None, why
-    lengths = [int(torch.as_tensor(s["attention_mask"]).sum()) if how == "mask" else ids.numel()
-               for (ids, how), s in zip(found, samples)]
+    lengths = [
+        int(torch.as_tensor(s["attention_mask"]).sum()) if how == "mask" else ids.numel()
+        for (ids, how), s in zip(found, samples)
+    ]
     padded = any(how == "mask" for _, how in found)
     if len(set(lengths)) > 1 or padded:
         mean = sum(lengths) / len(lengths)
@@ -128,8 +138,11 @@ def _dataset_tokens(dataset: Any) -> tuple[int | None, str]:
     length = lengths[0]
     stride = _stride(found[0][0], found[1][0]) if n > 1 and picks[1] == 1 else None
     if stride is not None:
-        return ((n - 1) * stride + length, f"{n:,} overlapping samples of {length} tokens, each {stride} token(s) after the "
-                                           f"last, in {name}: (n - 1) x {stride} + {length}")
+        return (
+            (n - 1) * stride + length,
+            f"{n:,} overlapping samples of {length} tokens, each {stride} token(s) after the "
+            f"last, in {name}: (n - 1) x {stride} + {length}",
+        )
     return n * length, f"{n:,} samples x {length} tokens in {name}"
 
 
@@ -198,19 +211,23 @@ def sample_tokens(data: Any) -> tuple[int | None, str]:
     if ids is None:
         return None, how
     if how == "mask":
-        return int(torch.as_tensor(sample["attention_mask"]).sum()), f"the first sample of {name}: tokens its attention mask keeps"
+        return int(
+            torch.as_tensor(sample["attention_mask"]).sum()
+        ), f"the first sample of {name}: tokens its attention mask keeps"
     return int(ids.numel()), f"a sample of {name} holds {ids.numel()} tokens"
 
 
-def planned_tokens(steps: float | None, batch_size: int | None, data: Any, accumulation: int = 1,
-                   world_size: int = 1) -> tuple[int | None, str]:
+def planned_tokens(
+    steps: float | None, batch_size: int | None, data: Any, accumulation: int = 1, world_size: int = 1
+) -> tuple[int | None, str]:
     """The tokens a run will process: optimizer ``steps`` x global batch (``batch_size`` samples per device and
     micro-batch x ``accumulation`` x ``world_size``) x the tokens of a sample of ``data``; or ``(None, why not)``.
 
     Example:
         >>> loader = torch.utils.data.DataLoader(torch.arange(6400).reshape(100, 64), batch_size=16)
-        >>> planned_tokens(500, 16, loader, accumulation=2, world_size=4)
-        (4096000, '500 optimizer steps x 16 samples x 2 accumulated x 4 ranks x 64 tokens (a sample of Tensor holds 64 tokens)')
+        >>> planned_tokens(500, 16, loader, accumulation=2, world_size=4)  # doctest: +NORMALIZE_WHITESPACE
+        (4096000, '500 optimizer steps x 16 samples x 2 accumulated x 4 ranks x 64 tokens (a
+        sample of Tensor holds 64 tokens)')
     """
     if steps is None or not (isinstance(steps, (int, float)) and 0 < steps < float("inf")):
         return None, "the trainer plans no finite number of optimizer steps (set max_steps, or give planned_tokens=)"
@@ -220,8 +237,10 @@ def planned_tokens(steps: float | None, batch_size: int | None, data: Any, accum
     if length is None:
         return None, how
     tokens = int(steps) * batch_size * int(accumulation) * int(world_size) * length
-    return tokens, (f"{int(steps):,} optimizer steps x {batch_size} samples x {int(accumulation)} accumulated x "
-                    f"{int(world_size)} rank{'s' if world_size != 1 else ''} x {length} tokens ({how})")
+    return tokens, (
+        f"{int(steps):,} optimizer steps x {batch_size} samples x {int(accumulation)} accumulated x "
+        f"{int(world_size)} rank{'s' if world_size != 1 else ''} x {length} tokens ({how})"
+    )
 
 
 def scale_note(model: nn.Module, data: Any, unique_tokens: int | None = None) -> str:
@@ -233,7 +252,8 @@ def scale_note(model: nn.Module, data: Any, unique_tokens: int | None = None) ->
 
 
 def optimizer_name(optimizer: Any) -> str | None:
-    """The optimizer's name as the forecast's domain reads it (``"adamw"``: its class, lower case), ``None`` without one.
+    """The optimizer's name as the forecast's domain reads it (``"adamw"``: its class,
+    lower case), ``None`` without one.
 
     Example:
         >>> optimizer_name(torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())), optimizer_name(None)

@@ -48,25 +48,28 @@ from satmon.drivers.counting import optimizer_name, planned_tokens, put_scale_no
 from satmon.io.sink import Sink
 from satmon.io.tags import TAG
 from satmon.io.tensorboard import verdict_hparams
+from satmon.model.map import model_map
 from satmon.results.card import plain
 from satmon.results.forecast import run_forecast
 from satmon.results.stop import StopRecord
+from satmon.results.verdict import Verdict
 from satmon.screen.agreement import TorchDistributed
 from satmon.screen.screen import Screen
 from satmon.settings import ReadsSettings, Settings, settings_from, short_repr
-from satmon.model.map import model_map
-from satmon.results.verdict import Verdict
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 except ImportError as err:  # pragma: no cover - the message is the point
-    raise ImportError(f"Expected `transformers` to be installed for satmon.drivers.hf, got {err}. "
-                      "Install it with `pip install transformers accelerate` (or `pip install -e '.[hf]'` in satmon's clone).") from err
+    raise ImportError(
+        f"Expected `transformers` to be installed for satmon.drivers.hf, got {err}. "
+        "Install it with `pip install transformers accelerate` (or `pip install -e '.[hf]'` in satmon's clone)."
+    ) from err
 
 __all__ = ["SatmonTrainerCallback", "STATE_FILE", "log_entry"]
 
 #: the file, in each checkpoint folder, that holds the screen's state
 from satmon.paths import STATE_FILE  # noqa: E402
+
 _ON_MISSING = ("warn", "raise")
 _OWN = ("logdir", "resume_from", "on_missing", "verbose", "log_every_n_steps")
 #: report_to names that are no tracker satmon can write to (they measure, they do not log a run)
@@ -94,8 +97,8 @@ def log_entry(verdict: Verdict, epoch: float | None = None) -> dict[str, Any]:
     Example:
         >>> from satmon.results.verdict import build_verdict
         >>> entry = log_entry(build_verdict({"ln_f": (1, 4)}, step=20, window=20), epoch=0.5)
-        >>> entry["satmon/decision"], entry["satmon/trust"], entry["satmon/saturation"], entry["satmon/margin"], entry["step"]
-        ('no-go', 'unproven', 0.25, -0.18, 20)
+        >>> [entry[k] for k in ("satmon/decision", "satmon/trust", "satmon/saturation", "satmon/margin", "step")]
+        ['no-go', 'unproven', 0.25, -0.18, 20]
     """
     entry: dict[str, Any] = dict(verdict_hparams(verdict))
     entry.update({TAG.hp_saturation: float(verdict.saturation), TAG.hp_margin: float(verdict.margin)})
@@ -134,18 +137,31 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         (200, 'no-go', True)
     """
 
-    def __init__(self, settings: Settings | None = None, *, logdir: str | None = None,
-                 resume_from: str | os.PathLike | None = None, on_missing: str = "warn", verbose: bool = False,
-                 log_every_n_steps: int | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        logdir: str | None = None,
+        resume_from: str | os.PathLike | None = None,
+        on_missing: str = "warn",
+        verbose: bool = False,
+        log_every_n_steps: int | None = None,
+        **options: Any,
+    ) -> None:
         self.settings = settings_from(settings, options, owner="SatmonTrainerCallback", own=_OWN)
         if on_missing not in _ON_MISSING:
             raise ValueError(f"Expected `on_missing` in {_ON_MISSING}, got {short_repr(on_missing)}.")
-        if log_every_n_steps is not None and (isinstance(log_every_n_steps, bool) or not isinstance(log_every_n_steps, int)
-                                              or log_every_n_steps <= 0):
-            raise ValueError(f"Expected `log_every_n_steps` to be a positive int or None, got {short_repr(log_every_n_steps)}.")
+        if log_every_n_steps is not None and (
+            isinstance(log_every_n_steps, bool) or not isinstance(log_every_n_steps, int) or log_every_n_steps <= 0
+        ):
+            raise ValueError(
+                f"Expected `log_every_n_steps` to be a positive int or None, got {short_repr(log_every_n_steps)}."
+            )
         for name, value in (("logdir", logdir), ("resume_from", resume_from)):
             if value is not None and not isinstance(value, (str, os.PathLike)):
-                raise ValueError(f"Expected `{name}` to be a folder path or None, got {short_repr(value)} ({type(value).__name__}).")
+                raise ValueError(
+                    f"Expected `{name}` to be a folder path or None, got {short_repr(value)} ({type(value).__name__})."
+                )
         self.logdir, self.resume_from, self.on_missing = logdir, resume_from, on_missing
         self.verbose = Settings.check_flag("verbose", verbose)
         self.log_every_n_steps = log_every_n_steps
@@ -173,7 +189,10 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
             training has not started: the screen is made at the Trainer's on_train_begin.
         """
         if self.screen is None:
-            text = "### satmon: no verdict\n\ntraining has not started: the screen is made at the Trainer's on_train_begin."
+            text = (
+                "### satmon: no verdict\n\ntraining has not started: the screen is made at the "
+                "Trainer's on_train_begin."
+            )
             return text if markdown else plain(text)
         return self.screen.card(markdown)
 
@@ -182,14 +201,26 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         return self.screen.stop if self.screen is not None else None
 
     # ------------------------------------------------------------------------------- begin / end
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                       model: nn.Module | None = None, **kwargs: Any) -> None:
+    def on_train_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: nn.Module | None = None,
+        **kwargs: Any,
+    ) -> None:
         if model is None:
             raise ValueError("Expected the Trainer to pass `model` to on_train_begin, got None.")
         steps = self.log_every_n_steps or (int(args.logging_steps) if args.logging_steps >= 1 else 50)
         logdir, sink = self._destinations(args) if state.is_world_process_zero else (None, None)
-        self.screen = Screen(self.settings, sink=sink, logdir=logdir, agreement=TorchDistributed(), verbose=self.verbose,
-                             log_every_n_steps=steps)
+        self.screen = Screen(
+            self.settings,
+            sink=sink,
+            logdir=logdir,
+            agreement=TorchDistributed(),
+            verbose=self.verbose,
+            log_every_n_steps=steps,
+        )
         self._step = state.global_step
         if not model_map(model).layers(("dyt",), include=self.settings.include, exclude=self.settings.exclude):
             self._no_dyt(model)
@@ -198,17 +229,33 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
             self._load(args, state)
         self._scale_note = scale_note(model, kwargs.get("train_dataloader"), self.settings.unique_tokens)
         loader = kwargs.get("train_dataloader")  # its batch size is the per-device one
-        counted = planned_tokens(state.max_steps, getattr(loader, "batch_size", None) or args.per_device_train_batch_size,
-                                 loader, args.gradient_accumulation_steps, args.world_size)
+        counted = planned_tokens(
+            state.max_steps,
+            getattr(loader, "batch_size", None) or args.per_device_train_batch_size,
+            loader,
+            args.gradient_accumulation_steps,
+            args.world_size,
+        )
         s = self.settings
         scale = run_scale(model, loader, s.unique_tokens)
         planned, how = (s.planned_tokens, "given: planned_tokens=") if s.planned_tokens is not None else counted
-        self._forecast = run_forecast(scale.params, scale.unique_tokens, planned, scale.missing, how,
-                                      s.planned_steps or (state.max_steps if state.max_steps and state.max_steps > 0 else None),
-                                      s.warmup_steps, s.lr_schedule, optimizer=optimizer_name(kwargs.get("optimizer")))
-        # the hooks go on at the first training forward, whose batch the gated-MLP trace reads (as the Lightning callback)
-        self._hooks = [model.register_forward_pre_hook(self._attach, with_kwargs=True, prepend=True),
-                       model.register_forward_hook(self._keep_loss)]
+        self._forecast = run_forecast(
+            scale.params,
+            scale.unique_tokens,
+            planned,
+            scale.missing,
+            how,
+            s.planned_steps or (state.max_steps if state.max_steps and state.max_steps > 0 else None),
+            s.warmup_steps,
+            s.lr_schedule,
+            optimizer=optimizer_name(kwargs.get("optimizer")),
+        )
+        # the hooks go on at the first training forward, whose batch the gated-MLP trace
+        # reads (as the Lightning callback)
+        self._hooks = [
+            model.register_forward_pre_hook(self._attach, with_kwargs=True, prepend=True),
+            model.register_forward_hook(self._keep_loss),
+        ]
 
     def _attach(self, model: nn.Module, args: tuple, kwargs: dict) -> None:
         if not model.training:  # evaluation before training (eval_on_start)
@@ -220,7 +267,9 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         put_scale_note(self.screen.notes, self._scale_note)  # after attach: a resume restores the saved notes there
         self.screen.forecast = self._forecast
 
-    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         for h in self._hooks:
             h.remove()
         self._hooks = []
@@ -233,7 +282,9 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         self.screen.detach()  # also closes the screen's TensorBoard files before train() returns
 
     # ------------------------------------------------------------------------------------ per step
-    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         self._step = state.global_step
         if self.screen is None or not self.screen.active:
             return
@@ -286,9 +337,11 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
             dist.broadcast_object_list(box, src=0)
             saved = box[0]
         if saved is None:
-            self.screen.warn(f"satmon: resumed at step {state.global_step} without a saved screen ({path} not found): the "
-                             "window counts from here, so the verdict covers the steps after the resume only. Pass "
-                             "`resume_from=` the checkpoint folder when it is not under the Trainer's output_dir.")
+            self.screen.warn(
+                f"satmon: resumed at step {state.global_step} without a saved screen ({path} not found): the "
+                "window counts from here, so the verdict covers the steps after the resume only. Pass "
+                "`resume_from=` the checkpoint folder when it is not under the Trainer's output_dir."
+            )
             self.screen.first_step = self.screen.steps_seen = state.global_step
             return
         self.screen.load_state_dict(saved)
@@ -321,9 +374,11 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
                 else:
                     self._say_missing("mlflow", "no MLflow run is active")
             elif not any(isinstance(s, MarkdownFileSink) for s in sinks):
-                sinks.append(MarkdownFileSink(args.output_dir))  # a tracker satmon has no writer for: the card as a file
+                # a tracker satmon has no writer for: the card as a file
+                sinks.append(MarkdownFileSink(args.output_dir))
         if not names and logdir is None:
-            logdir = os.path.join(args.output_dir, "runs", "satmon")  # no integration: a TensorBoard run of satmon's own
+            # no integration: a TensorBoard run of satmon's own
+            logdir = os.path.join(args.output_dir, "runs", "satmon")
         sink = None if not sinks else sinks[0] if len(sinks) == 1 else MultiSink(*sinks)
         return logdir, sink
 
@@ -337,20 +392,29 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         made = []
         for name in os.listdir(runs) if os.path.isdir(runs) else []:
             folder = os.path.join(runs, name)
-            events = [f for f in os.listdir(folder) if f.startswith("events.out.tfevents.")] if os.path.isdir(folder) else []
+            events = (
+                [f for f in os.listdir(folder) if f.startswith("events.out.tfevents.")] if os.path.isdir(folder) else []
+            )
             if events and name != "satmon" and os.path.getmtime(folder) >= self._made - 1:
                 made.append((os.path.getmtime(folder), folder))
-        return max(made)[1] if made else os.path.join(runs, "satmon")  # beside it: tensorboard --logdir <output_dir>/runs
+        # beside it: tensorboard --logdir <output_dir>/runs
+        return max(made)[1] if made else os.path.join(runs, "satmon")
 
     def _say_missing(self, name: str, why: str) -> None:
-        warnings.warn(f"satmon: report_to names {name!r}, but {why}: satmon's verdict does not go there (the console "
-                      "line says where it went). List SatmonTrainerCallback after the Trainer's own callbacks (the "
-                      "default: Trainer(callbacks=[...]) adds them after the integrations).", UserWarning, stacklevel=3)
+        warnings.warn(
+            f"satmon: report_to names {name!r}, but {why}: satmon's verdict does not go there (the console "
+            "line says where it went). List SatmonTrainerCallback after the Trainer's own callbacks (the "
+            "default: Trainer(callbacks=[...]) adds them after the integrations).",
+            UserWarning,
+            stacklevel=3,
+        )
 
     def _no_dyt(self, model: nn.Module) -> None:
-        msg = (f"satmon found no DyT layer in {type(model).__name__}, so the saturation screen is off (no verdict). "
-               "Convert the norms with `satmon.convert_to_dyt(model)` before training, or point satmon at your DyT "
-               "layers with `include=`.")
+        msg = (
+            f"satmon found no DyT layer in {type(model).__name__}, so the saturation screen is off (no verdict). "
+            "Convert the norms with `satmon.convert_to_dyt(model)` before training, or point satmon at your DyT "
+            "layers with `include=`."
+        )
         assert self.screen is not None  # made by on_train_begin, the only caller
         self.screen.status = msg
         if self.on_missing == "raise":

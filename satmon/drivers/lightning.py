@@ -10,8 +10,8 @@ from __future__ import annotations
 import ast
 import itertools
 import weakref
-from contextlib import ExitStack
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import lightning.pytorch as pl
@@ -21,19 +21,19 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
 from satmon.batches import feed_first
-from satmon.results.stop import StopRecord
-from satmon.screen.state import STATE_KEY
-from satmon.screen.screen import Screen
-from satmon.settings import ReadsSettings, Settings, settings_from, short_repr
-from satmon.model.map import model_map
-from satmon.drivers.live_probe import LiveProbe
 from satmon.drivers.counting import optimizer_name, planned_tokens, put_scale_note, run_scale, scale_note
-from satmon.results.forecast import Forecast, run_forecast
-from satmon.results.verdict import Verdict
+from satmon.drivers.live_probe import LiveProbe
 from satmon.io.lightning import LightningSink
 from satmon.io.sink import MultiSink, Sink, check_sink
 from satmon.io.tags import TAG
 from satmon.io.tensorboard import log_text
+from satmon.model.map import model_map
+from satmon.results.forecast import Forecast, run_forecast
+from satmon.results.stop import StopRecord
+from satmon.results.verdict import Verdict
+from satmon.screen.screen import Screen
+from satmon.screen.state import STATE_KEY
+from satmon.settings import ReadsSettings, Settings, settings_from, short_repr
 
 __all__ = ["STATE_KEY", "SaturationMonitor"]
 
@@ -41,12 +41,22 @@ _SERIAL = itertools.count()  # each monitor's own key until a Trainer's setup bi
 
 _ON_MISSING = ("warn", "raise")
 #: the monitor's own keyword arguments (every other option is a satmon.Settings field)
-_OWN = ("sink", "log_every_n_steps", "on_missing", "verbose", "probe_every_n_steps", "probe_on_checkpoint", "calibration_batches",
-        "probe_forward_fn", "gating_forward_fn")
+_OWN = (
+    "sink",
+    "log_every_n_steps",
+    "on_missing",
+    "verbose",
+    "probe_every_n_steps",
+    "probe_on_checkpoint",
+    "calibration_batches",
+    "probe_forward_fn",
+    "gating_forward_fn",
+)
 
 
 def _weak(obj: Any) -> Callable[[], Any]:
-    """A weak reference to ``obj`` (a Trainer, a LightningModule), or one that holds what cannot be weakly referenced."""
+    """A weak reference to ``obj`` (a Trainer, a LightningModule), or one that holds what
+    cannot be weakly referenced."""
     try:
         return weakref.ref(obj)
     except TypeError:
@@ -135,7 +145,8 @@ class SaturationMonitor(ReadsSettings, Callback):
             - ``abort_on``: ``"never"`` (default), ``"no-go"`` (a NO-GO verdict), ``"collapse"`` (collapse risk
               at the verdict or during the watch), ``"any"`` (all of these, plus non-finite values: checked
               every step, the run stops within one step on every rank, and loss spikes).
-            - ``abort_mode``: ``"graceful"`` (``fit`` returns after the step) or ``"raise"`` (:class:`satmon.SatmonAbort`).
+            - ``abort_mode``: ``"graceful"`` (``fit`` returns after the step) or ``"raise"``
+              (:class:`satmon.SatmonAbort`).
             - ``dry_run``: log what would have stopped the run, without stopping it.
             - ``unique_tokens`` (``train_tokens``, its old name, is deprecated): the unique tokens the run trains on,
               for the card's place of the run on the study's
@@ -169,21 +180,35 @@ class SaturationMonitor(ReadsSettings, Callback):
     """
 
     def __init__(
-        self, settings: Settings | None = None, *, sink: Sink | None = None, log_every_n_steps: int | None = None,
-        on_missing: str = "warn", verbose: bool = False, probe_every_n_steps: int | None = None, probe_on_checkpoint: bool = False,
-        calibration_batches: int = 4, probe_forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
-        gating_forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None, **options: Any,
+        self,
+        settings: Settings | None = None,
+        *,
+        sink: Sink | None = None,
+        log_every_n_steps: int | None = None,
+        on_missing: str = "warn",
+        verbose: bool = False,
+        probe_every_n_steps: int | None = None,
+        probe_on_checkpoint: bool = False,
+        calibration_batches: int = 4,
+        probe_forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
+        gating_forward_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
+        **options: Any,
     ) -> None:
         self.settings = settings_from(settings, options, owner="SaturationMonitor", own=_OWN)
-        if log_every_n_steps is not None and (isinstance(log_every_n_steps, bool) or not isinstance(log_every_n_steps, int)
-                                              or log_every_n_steps <= 0):
-            raise ValueError(f"Expected `log_every_n_steps` to be a positive int or None, got {short_repr(log_every_n_steps)}.")
+        if log_every_n_steps is not None and (
+            isinstance(log_every_n_steps, bool) or not isinstance(log_every_n_steps, int) or log_every_n_steps <= 0
+        ):
+            raise ValueError(
+                f"Expected `log_every_n_steps` to be a positive int or None, got {short_repr(log_every_n_steps)}."
+            )
         if on_missing not in _ON_MISSING:
             raise ValueError(f"Expected `on_missing` in {_ON_MISSING}, got {short_repr(on_missing)}.")
         if gating_forward_fn is not None and not callable(gating_forward_fn):
-            raise ValueError(f"Expected `gating_forward_fn` to be a callable (model, batch) -> Any or None, got "
-                             f"{short_repr(gating_forward_fn)} ({type(gating_forward_fn).__name__}): pass a function, e.g. "
-                             "gating_forward_fn=lambda model, batch: model(batch['input_ids']), or None for model(batch[0]).")
+            raise ValueError(
+                f"Expected `gating_forward_fn` to be a callable (model, batch) -> Any or None, got "
+                f"{short_repr(gating_forward_fn)} ({type(gating_forward_fn).__name__}): pass a function, e.g. "
+                "gating_forward_fn=lambda model, batch: model(batch['input_ids']), or None for model(batch[0])."
+            )
         self.log_every_n_steps, self.on_missing = log_every_n_steps, on_missing
         self.user_sink = check_sink(sink) if sink is not None else None
         self._loggers: LightningSink | None = None  # the Trainer's loggers, from on_train_start to the end of fit
@@ -202,7 +227,8 @@ class SaturationMonitor(ReadsSettings, Callback):
         """A screen and live probe with nothing of an earlier run in them."""
         live = LiveProbe(*self._probe_args, settings=self.settings)
         self.live_probe: LiveProbe | None = live if live.active else None
-        # the verdict's line (or card, verbose) goes to stdout on rank zero (the Screen's default), as in every satmon driver
+        # the verdict's line (or card, verbose) goes to stdout on rank zero (the Screen's
+        # default), as in every satmon driver
         self.screen = Screen(self.settings, warn=rank_zero_warn, verbose=self.verbose)
         self._paused = ExitStack()  # validation: no counting between on_validation_start and _end
         self._attached = False
@@ -261,8 +287,10 @@ class SaturationMonitor(ReadsSettings, Callback):
         if not self.screen.discover(pl_module, gating=False):  # gating is traced on the first training batch
             self._no_dyt(pl_module)
         elif not trainer.loggers:
-            rank_zero_warn("satmon: the Trainer has no logger, so the verdict's card is written nowhere; one line is printed "
-                           "at the verdict, `print(monitor.card())` prints the card (or SaturationMonitor(verbose=True)).")
+            rank_zero_warn(
+                "satmon: the Trainer has no logger, so the verdict's card is written nowhere; one line is printed "
+                "at the verdict, `print(monitor.card())` prints the card (or SaturationMonitor(verbose=True))."
+            )
 
     def _bind(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Tie the monitor to this fit's run. The same Trainer and model again (a second ``fit``): the run goes on
@@ -271,9 +299,11 @@ class SaturationMonitor(ReadsSettings, Callback):
         rank decides the same (no collective here)."""
         others = [c for c in getattr(trainer, "callbacks", ()) if isinstance(c, SaturationMonitor) and c is not self]
         if others:
-            raise ValueError(f"Expected one SaturationMonitor per Trainer, got {len(others) + 1}: each would hook the same "
-                             "DyT layers and write the same TensorBoard tags, and a checkpoint keeps one monitor's state. "
-                             "Put every setting in one SaturationMonitor(...) (or pass one satmon.Settings as settings=).")
+            raise ValueError(
+                f"Expected one SaturationMonitor per Trainer, got {len(others) + 1}: each would hook the same "
+                "DyT layers and write the same TensorBoard tags, and a checkpoint keeps one monitor's state. "
+                "Put every setting in one SaturationMonitor(...) (or pass one satmon.Settings as settings=)."
+            )
         bound = self._bound
         same = (bound[0]() is trainer, bound[1]() is pl_module) if bound is not None else (False, False)
         if all(same):
@@ -282,19 +312,25 @@ class SaturationMonitor(ReadsSettings, Callback):
             old = self.screen.verdict
             what = "another Trainer and model" if not any(same) else "another Trainer" if same[1] else "another model"
             was = f"verdict {old.decision.upper()} at step {old.step}" if old is not None else "no verdict yet"
-            self._replaced = (f"satmon: this SaturationMonitor screened {what} before ({was}); this fit is a new run, so it "
-                              "starts a new screen: nothing of the other run (counts, verdict, stop) carries over. Use one "
-                              "SaturationMonitor per run to keep each run's verdict in its own monitor.")
+            self._replaced = (
+                f"satmon: this SaturationMonitor screened {what} before ({was}); this fit is a new run, so it "
+                "starts a new screen: nothing of the other run (counts, verdict, stop) carries over. Use one "
+                "SaturationMonitor per run to keep each run's verdict in its own monitor."
+            )
             self._new_run()
         self._bound = (_weak(trainer), _weak(pl_module))
         self._used = True
 
     def _no_dyt(self, pl_module: pl.LightningModule) -> None:
         others = model_map(pl_module).layers(("layernorm", "rmsnorm"))
-        msg = (f"satmon found no DyT layer in {type(pl_module).__name__}, so the saturation screen is off (no verdict). "
-               f"It found {len(others)} LayerNorm/RMSNorm layer(s): the dead-direction probe reads those "
-               "(`probe_every_n_steps=` or `satmon.probe`). To screen DyT, convert the norms with `satmon.convert_to_dyt(model)`,"
-               " or point satmon at your DyT layers with `include='regex on module names'` or `include=lambda name, m: ...`.")
+        msg = (
+            f"satmon found no DyT layer in {type(pl_module).__name__}, so the saturation screen is off (no verdict). "
+            f"It found {len(others)} LayerNorm/RMSNorm layer(s): the dead-direction probe reads those "
+            "(`probe_every_n_steps=` or `satmon.probe`). To screen DyT, convert the norms with "
+            "`satmon.convert_to_dyt(model)`,"
+            " or point satmon at your DyT layers with `include='regex on module names'` or "
+            "`include=lambda name, m: ...`."
+        )
         self.screen.status = msg
         if self.on_missing == "raise" and self.live_probe is None:
             raise ValueError(msg + " (on_missing='raise')")
@@ -317,10 +353,20 @@ class SaturationMonitor(ReadsSettings, Callback):
             self._scale_note = scale_note(pl_module, trainer.train_dataloader, self.settings.unique_tokens)
             s = self.settings
             scale = run_scale(pl_module, trainer.train_dataloader, s.unique_tokens)
-            planned, how = (s.planned_tokens, "given: planned_tokens=") if s.planned_tokens is not None else _planned(trainer)
-            self._forecast = run_forecast(scale.params, scale.unique_tokens, planned, scale.missing, how,
-                                          s.planned_steps or _stepping(trainer), s.warmup_steps, s.lr_schedule,
-                                          optimizer=optimizer_name(trainer.optimizers[0] if trainer.optimizers else None))
+            planned, how = (
+                (s.planned_tokens, "given: planned_tokens=") if s.planned_tokens is not None else _planned(trainer)
+            )
+            self._forecast = run_forecast(
+                scale.params,
+                scale.unique_tokens,
+                planned,
+                scale.missing,
+                how,
+                s.planned_steps or _stepping(trainer),
+                s.warmup_steps,
+                s.lr_schedule,
+                optimizer=optimizer_name(trainer.optimizers[0] if trainer.optimizers else None),
+            )
         self._attached = False  # the hooks go on at the first training batch, which the gating trace reads
 
     def _note_scale(self) -> None:
@@ -333,8 +379,13 @@ class SaturationMonitor(ReadsSettings, Callback):
         (one eval, no-grad forward of the LightningModule), then attach to the wrapped model."""
         self._attached = True
         # CPU: inputs kept and counted around the backward
-        self.screen.attach(pl_module, step=trainer.global_step, keep_inputs=pl_module.device.type == "cpu",
-                           example_input=batch, forward_fn=self.gating_forward_fn)
+        self.screen.attach(
+            pl_module,
+            step=trainer.global_step,
+            keep_inputs=pl_module.device.type == "cpu",
+            example_input=batch,
+            forward_fn=self.gating_forward_fn,
+        )
         self._note_scale()  # after attach: a resume restores the saved notes there
         resumed_mid_window = self.screen.steps_seen > self.screen.first_step and self.screen.verdict is None
         if resumed_mid_window:
@@ -350,15 +401,19 @@ class SaturationMonitor(ReadsSettings, Callback):
         loaders = loader if isinstance(loader, (list, tuple)) else [loader]
         if all(hasattr(dl, "state_dict") for dl in loaders if dl is not None):
             return
-        message = (f"satmon: resumed mid-window at step {trainer.global_step} of {self.settings.window} with a train "
-                   "dataloader that cannot resume its position (no state_dict): Lightning restarts its epoch, so the rest "
-                   "of the window sees other batches than an uninterrupted run would. The verdict covers the same number "
-                   "of steps, not the same data; use a stateful loader (torchdata's StatefulDataLoader) for that.")
+        message = (
+            f"satmon: resumed mid-window at step {trainer.global_step} of {self.settings.window} with a train "
+            "dataloader that cannot resume its position (no state_dict): Lightning restarts its epoch, so the rest "
+            "of the window sees other batches than an uninterrupted run would. The verdict covers the same number "
+            "of steps, not the same data; use a stateful loader (torchdata's StatefulDataLoader) for that."
+        )
         rank_zero_warn(message)
         self.screen.notes.append(f"resumed mid-window at step {trainer.global_step}; the data order did not resume")
 
     # ------------------------------------------------------------------------------------ per step
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if not self._attached and self.screen.active:
             self._attach(trainer, pl_module, batch, batch_idx)
         self.screen.begin_step(trainer.global_step)
@@ -367,7 +422,9 @@ class SaturationMonitor(ReadsSettings, Callback):
         # the forward is over: count the kept inputs (CPU) before the optimizer step changes alpha
         self.screen.count_kept()
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self.live_probe is not None:  # first: it probes each step once at most
             self._probe(self.live_probe.maybe_run, trainer, pl_module)
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
@@ -396,11 +453,15 @@ class SaturationMonitor(ReadsSettings, Callback):
         self._paused.close()
 
     # ----------------------------------------------------------------------------------- live probe
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         if self.live_probe is not None:
             self._probe(self.live_probe.on_save_checkpoint, trainer, pl_module)
 
-    def _probe(self, run: Callable[[pl.Trainer, pl.LightningModule], Any], trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _probe(
+        self, run: Callable[[pl.Trainer, pl.LightningModule], Any], trainer: pl.Trainer, pl_module: pl.LightningModule
+    ) -> None:
         """Run the live probe with the counting hooks paused: its forwards are not training forwards."""
         with self.screen.paused():
             run(trainer, pl_module)
@@ -416,10 +477,14 @@ class SaturationMonitor(ReadsSettings, Callback):
         self.screen.load_state_dict(state_dict)
         stop = self.screen.stop
         if stop is not None:
-            rank_zero_info(f"satmon: the run this checkpoint came from was stopped by satmon at step {stop.step} "
-                           f"({stop.reason.value}): {stop.message}")
+            rank_zero_info(
+                f"satmon: the run this checkpoint came from was stopped by satmon at step {stop.step} "
+                f"({stop.reason.value}): {stop.message}"
+            )
 
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         """A satmon 0.1 checkpoint keyed its state by its settings: find it and read the settings from the key."""
         states = checkpoint.get("callbacks", {})
         if self.state_key in states:
@@ -427,17 +492,18 @@ class SaturationMonitor(ReadsSettings, Callback):
         for key, state in states.items():
             if isinstance(key, str) and key.startswith("SaturationMonitor{"):
                 try:
-                    saved = ast.literal_eval(key[len("SaturationMonitor"):])
+                    saved = ast.literal_eval(key[len("SaturationMonitor") :])
                 except (ValueError, SyntaxError):
                     saved = {}
                 settings = {k: v for k, v in saved.items() if isinstance(v, (int, float))}
-                self.load_state_dict({**state, "settings": {**settings, "product": "exact"}})  # 0.1 counted the exact product
+                # 0.1 counted the exact product
+                self.load_state_dict({**state, "settings": {**settings, "product": "exact"}})
                 return
 
 
-
 def _stepping(trainer: pl.Trainer) -> float | None:
-    """The trainer's estimated optimizer steps, finite, or ``None`` (the forecast's domain then says they are unknown)."""
+    """The trainer's estimated optimizer steps, finite, or ``None`` (the forecast's domain
+    then says they are unknown)."""
     try:
         steps = float(trainer.estimated_stepping_batches)
     except Exception:  # as _planned: unknown, never a failed run
@@ -454,7 +520,11 @@ def _planned(trainer: pl.Trainer) -> tuple[int | None, str]:
     except Exception as e:  # an iterable dataset without max_steps, a misconfigured limit: unknown, never a failed run
         return None, f"the trainer could not estimate its optimizer steps ({type(e).__name__}): set max_steps"
     loader = trainer.train_dataloader
-    first = next(iter(loader.values())) if isinstance(loader, dict) and loader else (
-        loader[0] if isinstance(loader, (list, tuple)) and loader else loader)
-    return planned_tokens(steps, getattr(first, "batch_size", None), first, trainer.accumulate_grad_batches,
-                          trainer.world_size)
+    first = (
+        next(iter(loader.values()))
+        if isinstance(loader, dict) and loader
+        else (loader[0] if isinstance(loader, (list, tuple)) and loader else loader)
+    )
+    return planned_tokens(
+        steps, getattr(first, "batch_size", None), first, trainer.accumulate_grad_batches, trainer.world_size
+    )

@@ -44,13 +44,13 @@ import torch
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
 from torch.utils.data import DataLoader
 
-from satmon.paths import CALIBRATION_FILE
 from satmon.batches import feed_first
-from satmon.replaying.data import capture_batches
-from satmon.probing.passes import OWN_OPTIONS, check_options, probe
-from satmon.results.probe_report import ProbeReport
 from satmon.io.lightning import LightningSink
 from satmon.io.tensorboard import log_scalars, probe_scalars
+from satmon.paths import CALIBRATION_FILE
+from satmon.probing.passes import OWN_OPTIONS, check_options, probe
+from satmon.replaying.data import capture_batches
+from satmon.results.probe_report import ProbeReport
 from satmon.settings import Settings, settings_from, short_repr
 
 __all__ = ["LiveProbe"]
@@ -93,7 +93,8 @@ class LiveProbe:
         reports: ``[(global_step, ProbeReport), ...]`` of this run, oldest first (small: no matrices).
 
     Example:
-        >>> live = LiveProbe(every_n_steps=100, on_checkpoint=True, calibration_batches=2, settings=Settings(product="exact"))
+        >>> settings = Settings(product="exact")
+        >>> live = LiveProbe(every_n_steps=100, on_checkpoint=True, calibration_batches=2, settings=settings)
         >>> live.active, live.reports, live.settings.product
         (True, [], 'exact')
     """
@@ -111,23 +112,33 @@ class LiveProbe:
         ratio_warn_below: float = RATIO_WARN_BELOW,
         **probe_kwargs: Any,
     ) -> None:
-        if every_n_steps is not None and (isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1):
-            raise ValueError(f"Expected `probe_every_n_steps` to be a positive int (optimizer steps) or None, got {every_n_steps!r}.")
+        if every_n_steps is not None and (
+            isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1
+        ):
+            raise ValueError(
+                f"Expected `probe_every_n_steps` to be a positive int (optimizer steps) or None, got {every_n_steps!r}."
+            )
         Settings.check_flag("probe_on_checkpoint", on_checkpoint)
         if isinstance(calibration_batches, bool) or not isinstance(calibration_batches, int) or calibration_batches < 1:
             raise ValueError(f"Expected `calibration_batches` to be a positive int, got {calibration_batches!r}.")
         if forward_fn is not None and not callable(forward_fn):
-            raise ValueError(f"Expected `probe_forward_fn` to be a callable (model, batch) -> Any or None, got "
-                             f"{short_repr(forward_fn)} ({type(forward_fn).__name__}): pass a function, e.g. "
-                             "probe_forward_fn=lambda model, batch: model(batch['input_ids']), or None for model(batch[0]).")
+            raise ValueError(
+                f"Expected `probe_forward_fn` to be a callable (model, batch) -> Any or None, got "
+                f"{short_repr(forward_fn)} ({type(forward_fn).__name__}): pass a function, e.g. "
+                "probe_forward_fn=lambda model, batch: model(batch['input_ids']), or None for model(batch[0])."
+            )
         set_here = sorted({"step", "source", "forward_fn", "settings"} & set(probe_kwargs))
         if set_here:
-            raise TypeError(f"Expected no {set_here} among the probe arguments, got them: the live probe sets the step and "
-                            "the source itself; pass forward_fn as its fourth argument and settings as `settings=`.")
+            raise TypeError(
+                f"Expected no {set_here} among the probe arguments, got them: the live probe sets the step and "
+                "the source itself; pass forward_fn as its fourth argument and settings as `settings=`."
+            )
         fields = {k: probe_kwargs.pop(k) for k in list(probe_kwargs) if k in Settings.names()}
         unknown = sorted(set(probe_kwargs) - set(OWN_OPTIONS))
         if unknown:
-            raise TypeError(f"Expected probe arguments among {sorted(OWN_OPTIONS)} or satmon.Settings fields, got {unknown}.")
+            raise TypeError(
+                f"Expected probe arguments among {sorted(OWN_OPTIONS)} or satmon.Settings fields, got {unknown}."
+            )
         check_options(**probe_kwargs)
         self.settings = settings_from(settings, fields, owner="LiveProbe", own=OWN_OPTIONS)
         self.every_n_steps, self.on_checkpoint = every_n_steps, on_checkpoint
@@ -160,8 +171,10 @@ class LiveProbe:
         with torch.random.fork_rng(devices=[]):  # a fresh iterator draws seeds from the global RNG
             self.batches = capture_batches(_batches(source), self.calibration_batches)
         if len(self.batches) < self.calibration_batches:
-            rank_zero_warn(f"satmon: the training loader gave {len(self.batches)} of the {self.calibration_batches} "
-                           "calibration batches asked for; the live probe uses those.")  # fmt: skip
+            rank_zero_warn(
+                f"satmon: the training loader gave {len(self.batches)} of the {self.calibration_batches} "
+                "calibration batches asked for; the live probe uses those."
+            )
         self._save_batches(trainer)
 
     def _save_batches(self, trainer: pl.Trainer) -> None:
@@ -196,7 +209,9 @@ class LiveProbe:
         """Probe ``pl_module`` on the calibration batches (its verdict stamped at ``step``), log the scalars at
         ``step`` (rank zero), warn."""
         self._last_step = step
-        report = probe(pl_module, self.batches, settings=self.settings, forward_fn=self.forward_fn, step=step, **self.probe_kwargs)
+        report = probe(
+            pl_module, self.batches, settings=self.settings, forward_fn=self.forward_fn, step=step, **self.probe_kwargs
+        )
         self.reports.append((step, report))
         if trainer.is_global_zero:
             log_scalars(LightningSink(trainer.loggers), probe_scalars(report, saturation=self.log_saturation), step)
@@ -205,7 +220,11 @@ class LiveProbe:
 
     def _warn(self, report: ProbeReport, step: int) -> None:
         if "alignment" not in self._warned:
-            aligned = [(n, l.kernel_alignment()) for n, l in report.layers.items() if l.kind == "layernorm" and l.alignment is not None]
+            aligned = [
+                (n, l.kernel_alignment())
+                for n, l in report.layers.items()
+                if l.kind == "layernorm" and l.alignment is not None
+            ]
             low = [(n, a) for n, a in aligned if a < self.alignment_warn_below]
             if low:
                 self._warned.add("alignment")
@@ -215,7 +234,7 @@ class LiveProbe:
                     + (f" (and {len(low) - 1} more layer(s))" if len(low) > 1 else "")
                     + ": gamma^-1 no longer spans the kernel of its output covariance, which holds exactly for a"
                     " LayerNorm in float32. Check the forward dtype and the layer's outputs (satmon/deadir/...).",
-                )  # fmt: skip
+                )
         s = report.sigma_min
         if not s.valid:
             return
@@ -230,7 +249,8 @@ class LiveProbe:
         rank_zero_warn(
             f"satmon: at step {step} the residual stream's sigma_min ratio drops to {s.min_ratio:.4f} < "
             f"{self.ratio_warn_below:g} ({why}) at block {s.argmin!r} (below at: {', '.join(b for b, _ in below)}): a "
-            "block's update anti-aligns with the stream, the dead-direction paper's anomaly signal (satmon/sigma_min/ratio/...)."
+            "block's update anti-aligns with the stream, the dead-direction paper's anomaly signal "
+            "(satmon/sigma_min/ratio/...)."
         )
 
 

@@ -37,8 +37,9 @@ Host syncs: :class:`CovarianceAccumulator` updates never sync; the readouts (``a
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Sequence
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -378,9 +379,7 @@ class Alignment:
 
 
 @torch.no_grad()
-def alignment(
-    cov: Tensor, weight: Tensor, rtol: float = NULL_RTOL, eps_rel: float = DEGENERATE_EPS_REL
-) -> Alignment:
+def alignment(cov: Tensor, weight: Tensor, rtol: float = NULL_RTOL, eps_rel: float = DEGENERATE_EPS_REL) -> Alignment:
     r"""How well ``v* = gamma^-1/||gamma^-1||`` explains the bottom of the covariance ``C`` of a norm's output.
 
     Negative rounding residues are clamped to 0 (``depth``, ``depth_diag``, ``lambda_min_rel``).
@@ -654,8 +653,8 @@ def sigma_min_profile(
     r"""Residual-stream depth readout: ``sigma_min(X_l) / sigma_min(X_0)`` for every stream ``l``.
 
     ``streams[0]`` is the embedding output ``X_0``, then the stream after each block (matrices or
-    accumulators of the same tokens, or their :func:`gram_spectrum`). The paper's invariance: the ratio stays ``>= 1`` while no
-    block's update anti-aligns with the stream; a ratio below 1 flags one that does.
+    accumulators of the same tokens, or their :func:`gram_spectrum`). The paper's invariance: the ratio stays ``>= 1``
+    while no block's update anti-aligns with the stream; a ratio below 1 flags one that does.
 
     The ratios are only defined with a full-rank ``X_0``. ``valid`` is False, and every ratio
     0.0, when some stream has fewer finite tokens than channels (rank < d, so ``sigma_min = 0``
@@ -678,7 +677,8 @@ def sigma_min_profile(
     reason = ""
     if short:
         reason = (
-            f"streams {short} have fewer finite tokens than channels (d={spectra[short[0]].dim}): sigma_min is 0 by rank;"
+            f"streams {short} have fewer finite tokens than channels "
+            f"(d={spectra[short[0]].dim}): sigma_min is 0 by rank;"
             " feed at least d tokens"
         )
     elif lo0 <= rtol * abs(hi0):

@@ -31,8 +31,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["ACTIVATIONS", "abs_sum", "flat_count", "flat_threshold", "gate_stats", "gate_stats_finalize", "gate_stats_update",
-           "split_gate_up"]
+__all__ = [
+    "ACTIVATIONS",
+    "abs_sum",
+    "flat_count",
+    "flat_threshold",
+    "gate_stats",
+    "gate_stats_finalize",
+    "gate_stats_update",
+    "split_gate_up",
+]
 
 ACTIVATIONS = {
     "silu": F.silu,
@@ -45,12 +53,13 @@ def _activation(name: str):
     if name not in ACTIVATIONS:
         raise ValueError(
             f"Expected `activation` in {sorted(ACTIVATIONS)}, got {name!r}."
-            " Pass the gate's activation as found by `satmon.model.gating.detect_gating` (SwiGLU: 'silu', GeGLU: 'gelu')."
+            " Pass the gate's activation as found by `satmon.model.gating.detect_gating` "
+            "(SwiGLU: 'silu', GeGLU: 'gelu')."
         )
     return ACTIVATIONS[name]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def flat_threshold(activation: str = "silu", tol: float = 0.05) -> float:
     """Left edge ``t`` of the gate activation's flat tail: ``|act'(x)| < tol`` for every ``x < t``.
 

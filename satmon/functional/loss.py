@@ -73,5 +73,10 @@ def loss_trend(segment_means: Sequence[float], stall_improvement: float = STALL_
         return {"first": math.nan, "last": math.nan, "change": math.nan, "late_change": math.nan, "stalled": False}
     first, last, mid = values[0], values[-1], values[len(values) // 2 - 1]
     gained = (mid - last) / abs(first) if first else 0.0
-    return {"first": first, "last": last, "change": last / first - 1 if first else math.nan,
-            "late_change": last / mid - 1 if mid else math.nan, "stalled": gained < stall_improvement}
+    return {
+        "first": first,
+        "last": last,
+        "change": last / first - 1 if first else math.nan,
+        "late_change": last / mid - 1 if mid else math.nan,
+        "stalled": gained < stall_improvement,
+    }

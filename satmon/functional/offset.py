@@ -81,8 +81,10 @@ def _channel_alpha(alpha: Tensor, shape: torch.Size, dim: int) -> Tensor:
     varying = [lead + i for i, n in enumerate(a.shape) if n != 1]
     if lead < 0 or varying != [dim] or a.shape[dim - lead] != shape[dim]:
         raise ValueError(
-            f"Expected alpha to be a scalar or per-channel along dimension {dim - len(shape)} of the input, as `alpha * x` "
-            f"broadcasts; got alpha of shape {tuple(alpha.shape)} for an input of shape {tuple(shape)}. Pass channel_dim "
+            f"Expected alpha to be a scalar or per-channel along dimension {dim - len(shape)} of "
+            "the input, as `alpha * x` "
+            f"broadcasts; got alpha of shape {tuple(alpha.shape)} for an input of shape "
+            f"{tuple(shape)}. Pass channel_dim "
             "for channels-first inputs (e.g. channel_dim=1 with alpha of shape (C, 1, 1))."
         )
     return a.reshape(-1)
@@ -119,7 +121,8 @@ def offset_sums(x: Tensor, alpha: Tensor, level: float = 2.0, channel_dim: int =
         # |alpha * x| > level for the exact (float64) product: |x| > the exact float32 threshold, per channel
         ax = x.movedim(dim, -1).reshape(-1, c).to(torch.float32).abs()  # (N, C) float32
         ones = ax.gt_(_exact_threshold(a, level))
-        saturated_c = (ones.sum(0) if ones.shape[0] < 2**24 else ones.sum(0, dtype=torch.float64)).to(torch.int64)  # (C,)
+        # (C,)
+        saturated_c = (ones.sum(0) if ones.shape[0] < 2**24 else ones.sum(0, dtype=torch.float64)).to(torch.int64)
     else:
         saturated_c = None
     dev = flat - mean  # (N, C), two passes: a large offset does not cancel the spread away

@@ -109,8 +109,10 @@ def check_product(product: object) -> str:
         'exact'
     """
     if product not in _PRODUCTS:
-        raise ValueError(f"Expected `product` in {_PRODUCTS} (the product as the layer's forward computes it, or the "
-                         f"exact one), got {product!r}.")
+        raise ValueError(
+            f"Expected `product` in {_PRODUCTS} (the product as the layer's forward computes it, or the "
+            f"exact one), got {product!r}."
+        )
     return product  # type: ignore[return-value]
 
 
@@ -181,7 +183,8 @@ def saturation_threshold(
         >>> saturation_threshold(a, 2.0, product="exact").item()  # the largest float32 t with 2t <= 2
         1.0
         >>> a = torch.tensor([1.5], dtype=torch.bfloat16)  # a bf16 model: 1.5 * 1.3359375 rounds to 2.0
-        >>> saturation_threshold(a, 2.0, dtype=torch.bfloat16).item(), saturation_threshold(a, 2.0, product="exact").item()
+        >>> bf16 = saturation_threshold(a, 2.0, dtype=torch.bfloat16)
+        >>> bf16.item(), saturation_threshold(a, 2.0, product="exact").item()
         (1.3359375, 1.3333332538604736)
     """
     if product == "exact":
@@ -302,8 +305,13 @@ def saturation_threshold_host(
     return _module_threshold_host(alpha, level, dtype, pdt)
 
 
-def threshold_host_fn(level: float, *, dtype: torch.dtype = torch.float32, product: Product = "module",
-                      product_dtype: torch.dtype | None = None) -> Callable[[float], float]:
+def threshold_host_fn(
+    level: float,
+    *,
+    dtype: torch.dtype = torch.float32,
+    product: Product = "module",
+    product_dtype: torch.dtype | None = None,
+) -> Callable[[float], float]:
     """:func:`saturation_threshold_host` with everything but ``alpha`` fixed: the arguments are checked
     once and a function of ``alpha`` alone is returned (the CPU hot path calls it once per layer and step).
 
@@ -443,7 +451,8 @@ def _step(t: float, direction: int, dtype: torch.dtype) -> float:
 
 
 def _f32_step(t: float, direction: int) -> float:
-    """The float32 neighbour of a non-negative float32 ``t``: ``+1`` up (``inf`` past the top), ``-1`` down (not below 0)."""
+    """The float32 neighbour of a non-negative float32 ``t``: ``+1`` up (``inf`` past the
+    top), ``-1`` down (not below 0)."""
     if math.isinf(t):
         return t if direction > 0 else _f32_from_bits(0x7F7FFFFF)
     bits = _U32.unpack(_F32.pack(t))[0]
@@ -475,14 +484,18 @@ def alpha_broadcast_problem(alpha_shape: torch.Size, x_shape: torch.Size) -> str
 
 
 def _fit_threshold(threshold: Tensor, shape: torch.Size) -> Tensor:
-    """``threshold`` (``alpha``'s shape) for an in-place comparison with ``|x|`` of ``shape``, as ``alpha * x`` broadcasts."""
+    """``threshold`` (``alpha``'s shape) for an in-place comparison with ``|x|`` of ``shape``,
+    as ``alpha * x`` broadcasts."""
     if threshold.numel() == 1 or threshold.shape == shape[len(shape) - threshold.dim() :]:
-        return threshold  # a scalar, or alpha's shape trailing x's (a per-channel alpha, every forward): broadcasts as it is
+        # a scalar, or alpha's shape trailing x's (a per-channel alpha, every forward): broadcasts as it is
+        return threshold
     if alpha_broadcast_problem(threshold.shape, shape) is not None:
         raise AlphaBroadcastError(
             f"Expected a DyT alpha that broadcasts against its input as `alpha * x` does, keeping the input's shape; "
-            f"got alpha of shape {tuple(threshold.shape)} for an input of shape {tuple(shape)}. A forward that reshapes "
-            "alpha (e.g. alpha.view(-1, 1, 1) for channels-first input) is invisible to satmon: store alpha in the shape "
+            f"got alpha of shape {tuple(threshold.shape)} for an input of shape "
+            f"{tuple(shape)}. A forward that reshapes "
+            "alpha (e.g. alpha.view(-1, 1, 1) for channels-first input) is invisible to satmon: "
+            "store alpha in the shape "
             "the forward uses (e.g. (C, 1, 1)), or leave the layer out of the screen (exclude=...)."
         )
     if threshold.dim() <= len(shape):  # broadcasts to x's shape already
@@ -564,7 +577,8 @@ def saturation_sums(x: Tensor, threshold: Tensor | float, scratch: Tensor | None
         (3.0, 1.0)
     """
     x = x.detach()
-    if scratch is not None and scratch.shape == x.shape and scratch.dtype == torch.float32:  # (another device: torch raises)
+    # (another device: torch raises)
+    if scratch is not None and scratch.shape == x.shape and scratch.dtype == torch.float32:
         ax = torch.abs(x, out=scratch) if x.dtype == torch.float32 else scratch.copy_(x).abs_()
     else:
         ax = x.abs() if x.dtype == torch.float32 else x.to(torch.float32).abs_()  # a fresh float32 buffer
@@ -639,8 +653,9 @@ def fused_counts_many(xs: Sequence[Tensor], thresholds: Sequence[Tensor]) -> tup
     return tuple(r[0] for r in results) + tuple(r[1] for r in results)
 
 
-def shifted_saturation_counts(x: Tensor, alpha: Tensor, shift: Tensor, cutoff: float, *,
-                              product: Product = "module") -> tuple[Tensor, Tensor]:
+def shifted_saturation_counts(
+    x: Tensor, alpha: Tensor, shift: Tensor, cutoff: float, *, product: Product = "module"
+) -> tuple[Tensor, Tensor]:
     """Saturated and non-finite counts of a point-wise layer whose pre-activation carries a shift:
     ``|u| > cutoff`` with ``u = alpha * x + shift`` (Derf's ``erf(alpha * x + s)``).
 
@@ -673,8 +688,10 @@ def shifted_saturation_counts(x: Tensor, alpha: Tensor, shift: Tensor, cutoff: f
         else:
             u = (a * x + s).to(torch.float64)
         if u.shape != x.shape:
-            raise AlphaBroadcastError(f"Expected alpha * x + shift to keep the input's shape {tuple(x.shape)}, got "
-                                      f"{tuple(u.shape)} (alpha {tuple(a.shape)}, shift {tuple(s.shape)}).")
+            raise AlphaBroadcastError(
+                f"Expected alpha * x + shift to keep the input's shape {tuple(x.shape)}, got "
+                f"{tuple(u.shape)} (alpha {tuple(a.shape)}, shift {tuple(s.shape)})."
+            )
         return (u.abs() > cutoff).sum(), (~torch.isfinite(x)).any().to(torch.int64)
 
 
@@ -755,8 +772,10 @@ def pointwise_cutoff(function: str, level: float) -> float:
         return math.sqrt(max(2 * log_cosh, 0.0))
     if function == "hardtanh":
         return 1.0 if level > 0 else 0.0
-    raise ValueError(f"Expected a point-wise function in {POINTWISE_FUNCTIONS} (NormLayer.function), got {function!r}. "
-                     "satmon counts tanh (DyT), erf (Derf) and hardtanh; leave other layers out with exclude=.")
+    raise ValueError(
+        f"Expected a point-wise function in {POINTWISE_FUNCTIONS} (NormLayer.function), got {function!r}. "
+        "satmon counts tanh (DyT), erf (Derf) and hardtanh; leave other layers out with exclude=."
+    )
 
 
 def saturation_fraction(saturated: Tensor, total: Tensor) -> Tensor:

@@ -27,8 +27,17 @@ from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 __all__ = [
-    "RULES", "GroupCV", "GroupFold", "ThresholdFit", "accuracy", "auc", "balanced_accuracy",
-    "candidate_thresholds", "fit_threshold", "leave_one_group_out", "predict",
+    "RULES",
+    "GroupCV",
+    "GroupFold",
+    "ThresholdFit",
+    "accuracy",
+    "auc",
+    "balanced_accuracy",
+    "candidate_thresholds",
+    "fit_threshold",
+    "leave_one_group_out",
+    "predict",
 ]
 
 Rule = Literal["midpoint", "balanced"]
@@ -178,8 +187,9 @@ def fit_threshold(scores: Sequence[float], helps: Sequence[bool], rule: Rule = "
     return ThresholdFit(best, rule, (tp + tn) / len(scores), _balanced(tp, fn, fp, tn), tp + tn, len(scores), outside)
 
 
-def leave_one_group_out(scores: Sequence[float], helps: Sequence[bool], groups: Sequence[str],
-                        rule: Rule = "midpoint") -> GroupCV:
+def leave_one_group_out(
+    scores: Sequence[float], helps: Sequence[bool], groups: Sequence[str], rule: Rule = "midpoint"
+) -> GroupCV:
     """Refit on every group but one, predict the held-out group; pool the held-out predictions.
 
     Example:

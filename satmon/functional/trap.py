@@ -52,7 +52,8 @@ def reach_ratio(below_square: Tensor, head_square: Tensor) -> Tensor:
     NaN where the head has no gradient (nothing to compare with).
 
     Example:
-        >>> reach_ratio(torch.tensor([0.0, 4.0, 1.0], dtype=torch.float64), torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64)).tolist()
+        >>> below = torch.tensor([0.0, 4.0, 1.0], dtype=torch.float64)
+        >>> reach_ratio(below, torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64)).tolist()
         [0.0, 2.0, nan]
     """
     below, head = below_square.to(torch.float64), head_square.to(torch.float64)
@@ -74,8 +75,16 @@ def offset_share(saturated: float, centered: float) -> float | None:
     return max(0.0, 1.0 - centered / saturated)
 
 
-def trap_found(final_is_dyt: bool | None, saturated: float, centered: float, reach: float | None, *,
-               saturated_at: float = TRAP_SATURATION, retained_below: float = 0.25, floor: float = REACH_FLOOR) -> bool:
+def trap_found(
+    final_is_dyt: bool | None,
+    saturated: float,
+    centered: float,
+    reach: float | None,
+    *,
+    saturated_at: float = TRAP_SATURATION,
+    retained_below: float = 0.25,
+    floor: float = REACH_FLOOR,
+) -> bool:
     """One check's evidence of the trap: the final norm is a DyT, saturated at or above ``saturated_at`` with less
     than ``retained_below`` of it left once each channel's mean is removed, and the gradient below it dead
     (``reach <= floor``). Unknown readings (``None``, NaN: no head gradient to compare with) are no evidence.

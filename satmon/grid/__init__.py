@@ -18,5 +18,17 @@ from satmon.grid.config import Budget, GridPlan, GridSettings
 from satmon.grid.engine import CellStatus, GridInterrupted, GridResult, run
 from satmon.grid.recipe import CellData, CellSpec, Recipe, lm_loss, load_recipe
 
-__all__ = ["Budget", "CellData", "CellSpec", "CellStatus", "GridInterrupted", "GridPlan", "GridResult", "GridSettings",
-           "Recipe", "lm_loss", "load_recipe", "run"]
+__all__ = [
+    "Budget",
+    "CellData",
+    "CellSpec",
+    "CellStatus",
+    "GridInterrupted",
+    "GridPlan",
+    "GridResult",
+    "GridSettings",
+    "Recipe",
+    "lm_loss",
+    "load_recipe",
+    "run",
+]

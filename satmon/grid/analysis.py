@@ -19,12 +19,33 @@ from typing import Any
 
 from satmon.study import THRESHOLD as STUDY_THRESHOLD  # 0.43
 
-__all__ = ["READINGS", "WINDOW_READINGS", "analyze", "answer_text", "cell_line", "diverged_counts", "effect_table",
-           "forecast_check", "held_out", "json_safe", "outcome", "phase_rows", "plot", "report_markdown", "spearman"]
+__all__ = [
+    "READINGS",
+    "WINDOW_READINGS",
+    "analyze",
+    "answer_text",
+    "cell_line",
+    "diverged_counts",
+    "effect_table",
+    "forecast_check",
+    "held_out",
+    "json_safe",
+    "outcome",
+    "phase_rows",
+    "plot",
+    "report_markdown",
+    "spearman",
+]
 
 #: The window readings the plan tests (docs/plans/grid_plan.md), in its order; each predicts GO when high.
-WINDOW_READINGS = ("window_saturation", "window_first_block", "window_last_block", "window_final_norm",
-                   "window_centered", "window_late")
+WINDOW_READINGS = (
+    "window_saturation",
+    "window_first_block",
+    "window_last_block",
+    "window_final_norm",
+    "window_centered",
+    "window_late",
+)
 #: The final checkpoint's readings by the study's protocol (does the study's own claim hold here?).
 FINAL_READINGS = ("final_saturation", "final_first_block", "final_last_block", "final_final_norm", "final_centered")
 #: Known before training: log10(parameters / unique training tokens), high = over-parameterised (GO expected).
@@ -67,13 +88,20 @@ def pearson(a: Sequence[float], b: Sequence[float]) -> float:
     return cov / math.sqrt(va * vb) if va > 0 and vb > 0 else math.nan
 
 
-def held_out(scores: Sequence[float], helps: Sequence[bool], groups: Sequence[Any], rule: str = "midpoint") -> dict[str, Any]:
+def held_out(
+    scores: Sequence[float], helps: Sequence[bool], groups: Sequence[Any], rule: str = "midpoint"
+) -> dict[str, Any]:
     """Leave-one-group-out accuracy of ``score >= t -> GO``, ``t`` refit on the other groups (the study's rule)."""
     from satmon.functional.threshold_fit import leave_one_group_out
 
     cv = leave_one_group_out(scores, helps, [str(g) for g in groups], rule)
-    return {"accuracy": cv.accuracy, "correct": cv.correct, "n": cv.n, "balanced": cv.balanced_accuracy,
-            "folds": [{"held_out": f.group, "threshold": f.threshold, "correct": f.correct, "n": f.n} for f in cv.folds]}
+    return {
+        "accuracy": cv.accuracy,
+        "correct": cv.correct,
+        "n": cv.n,
+        "balanced": cv.balanced_accuracy,
+        "folds": [{"held_out": f.group, "threshold": f.threshold, "correct": f.correct, "n": f.n} for f in cv.folds],
+    }
 
 
 def outcome(cell: dict[str, Any]) -> bool | None:
@@ -146,21 +174,32 @@ def analyze(cells: list[dict[str, Any]], permutations: int = 10_000, seed: int =
     if excluded:
         extra["excluded"] = excluded
     if not cells:
-        return {"n": 0, **extra, "readings": {},
-                "decision": {"predicts": None, "why": "no cell with an outcome (both arms diverged in every cell)"}}
+        return {
+            "n": 0,
+            **extra,
+            "readings": {},
+            "decision": {"predicts": None, "why": "no cell with an outcome (both arms diverged in every cell)"},
+        }
     helps = [bool(outcome(c)) for c in cells]
     sizes, seeds = [c["group"] for c in cells], [c["seed"] for c in cells]
     n, k = len(cells), sum(helps)
     baselines = {"always_no_go": (n - k) / n, "always_go": k / n}
     bar = max(baselines.values())
     out: dict[str, Any] = {
-        "n": n, "helps": k, "groups": sorted(set(sizes)), "seeds": sorted(set(seeds)), "baselines": baselines,
+        "n": n,
+        "helps": k,
+        "groups": sorted(set(sizes)),
+        "seeds": sorted(set(seeds)),
+        "baselines": baselines,
         # a recipe that cannot say its unigram level records None: counted as not known, never as learnt
-        "learns": {"dyt": sum(c.get("learns_dyt") is True for c in cells),
-                   "layernorm": sum(c.get("learns_layernorm") is True for c in cells),
-                   "both": sum(c.get("learns_dyt") is True and c.get("learns_layernorm") is True for c in cells),
-                   "known": sum(c.get("unigram_loss") is not None for c in cells)},
-        **extra, "readings": {},
+        "learns": {
+            "dyt": sum(c.get("learns_dyt") is True for c in cells),
+            "layernorm": sum(c.get("learns_layernorm") is True for c in cells),
+            "both": sum(c.get("learns_dyt") is True and c.get("learns_layernorm") is True for c in cells),
+            "known": sum(c.get("unigram_loss") is not None for c in cells),
+        },
+        **extra,
+        "readings": {},
     }
     two_protocols = len(set(sizes)) >= 2 and len(set(seeds)) >= 2
     for r in READINGS:
@@ -169,9 +208,13 @@ def analyze(cells: list[dict[str, Any]], permutations: int = 10_000, seed: int =
             out["readings"][r] = {"missing": True}
             continue
         fit = fit_threshold(x, helps, "midpoint")
-        row: dict[str, Any] = {"family": "window" if r in WINDOW_READINGS else "final" if r in FINAL_READINGS else "prior",
-                               "min": min(x), "max": max(x), "auc": auc(x, helps),
-                               "in_sample": {"threshold": fit.threshold, "accuracy": fit.accuracy, "outside": fit.threshold_outside}}
+        row: dict[str, Any] = {
+            "family": "window" if r in WINDOW_READINGS else "final" if r in FINAL_READINGS else "prior",
+            "min": min(x),
+            "max": max(x),
+            "auc": auc(x, helps),
+            "in_sample": {"threshold": fit.threshold, "accuracy": fit.accuracy, "outside": fit.threshold_outside},
+        }
         if two_protocols:
             row["loso"], row["loseedo"] = held_out(x, helps, sizes), held_out(x, helps, seeds)
             row["held_out_min"] = min(row["loso"]["accuracy"], row["loseedo"]["accuracy"])
@@ -188,17 +231,33 @@ def analyze(cells: list[dict[str, Any]], permutations: int = 10_000, seed: int =
         rng.shuffle(shuffled)
         exceed += family_statistic(cells, shuffled, WINDOW_READINGS) >= observed
     p = (1 + exceed) / (1 + permutations)
-    qualifying = [r for r in WINDOW_READINGS
-                  if not out["readings"][r].get("missing")
-                  and out["readings"][r]["loso"]["accuracy"] > bar and out["readings"][r]["loseedo"]["accuracy"] > bar
-                  and out["readings"][r]["auc"] >= AUC_BAR]
+    qualifying = [
+        r
+        for r in WINDOW_READINGS
+        if not out["readings"][r].get("missing")
+        and out["readings"][r]["loso"]["accuracy"] > bar
+        and out["readings"][r]["loseedo"]["accuracy"] > bar
+        and out["readings"][r]["auc"] >= AUC_BAR
+    ]
     predicts = p < P_BAR and bool(qualifying)
-    best = max(qualifying, key=lambda r: (out["readings"][r]["held_out_min"], -WINDOW_READINGS.index(r))) if qualifying else None
+    best = (
+        max(qualifying, key=lambda r: (out["readings"][r]["held_out_min"], -WINDOW_READINGS.index(r)))
+        if qualifying
+        else None
+    )
     prior = out["readings"][PRIOR_READINGS[0]]
     out["decision"] = {
-        "statistic": observed, "permutations": permutations, "candidates": len(WINDOW_READINGS), "p_value": p,
-        "baseline_bar": bar, "qualifying": qualifying, "predicts": predicts, "reading": best if predicts else None,
-        "adds_to_prior": (predicts and out["readings"][best]["held_out_min"] > prior["held_out_min"]) if best else False,
+        "statistic": observed,
+        "permutations": permutations,
+        "candidates": len(WINDOW_READINGS),
+        "p_value": p,
+        "baseline_bar": bar,
+        "qualifying": qualifying,
+        "predicts": predicts,
+        "reading": best if predicts else None,
+        "adds_to_prior": (predicts and out["readings"][best]["held_out_min"] > prior["held_out_min"])
+        if best
+        else False,
     }
     return out
 
@@ -219,58 +278,89 @@ def report_markdown(analysis: dict[str, Any], cells: list[dict[str, Any]]) -> st
     diverged arm is named in its cell's row."""
     a, n = analysis, analysis.get("n", 0)
     if n:
-        head = (f"{n} cells ({', '.join(a['groups'])}; seeds {', '.join(map(str, a['seeds']))}); DyT below the unigram "
-                f"level in {a['learns']['dyt']}/{n}, LayerNorm in {a['learns']['layernorm']}/{n}; DyT helped in "
-                f"{a['helps']}, hurt in {n - a['helps']}; always NO-GO {pct(a['baselines']['always_no_go'])}, "
-                f"always GO "
-                f"{pct(a['baselines']['always_go'])}.")
+        head = (
+            f"{n} cells ({', '.join(a['groups'])}; seeds {', '.join(map(str, a['seeds']))}); DyT below the unigram "
+            f"level in {a['learns']['dyt']}/{n}, LayerNorm in {a['learns']['layernorm']}/{n}; DyT helped in "
+            f"{a['helps']}, hurt in {n - a['helps']}; always NO-GO {pct(a['baselines']['always_no_go'])}, "
+            f"always GO "
+            f"{pct(a['baselines']['always_go'])}."
+        )
     else:
         head = "no cell with an outcome."
     if a.get("diverged"):
         head += " Diverged (a loss not finite): " + ", ".join(f"{arm} in {k}" for arm, k in a["diverged"].items()) + "."
     if a.get("excluded"):
         head += " Without an outcome: " + "; ".join(f"{e['name']} ({e['why']})" for e in a["excluded"]) + "."
-    lines = [head, "",
-             ("| cell | epochs | tokens/param | unigram | val LN | val DyT | DyT vs LN | window sat. | window first block | "
-              "window centered | final sat. | final first block |"), "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        head,
+        "",
+        (
+            "| cell | epochs | tokens/param | unigram | val LN | val DyT | DyT vs LN | window "
+            "sat. | window first block | "
+            "window centered | final sat. | final first block |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in cells:
         mark = lambda ok: " (above unigram)" if ok is False else ""
         div = c.get("diverged") or {}
         effect = _num(c.get("delta"), ".1f", 100, "+") + ("%" if isinstance(c.get("delta"), (int, float)) else "")
         if div:
             effect += " (" + ", ".join(f"{arm} diverged at step {k}" for arm, k in div.items()) + ")"
-        lines.append(f"| {c['name']} | {_num(c.get('epochs'), '.1f')} | {_num(c.get('tokens_per_param'), '.2f')} | "
-                     f"{_num(c.get('unigram_loss'))} | "
-                     f"{_num(c.get('val_loss_layernorm'))}{mark(c.get('learns_layernorm'))} | "
-                     f"{_num(c.get('val_loss_dyt'))}{mark(c.get('learns_dyt'))} | {effect} | "
-                     f"{_num(c.get('window_saturation'))} | {_num(c.get('window_first_block'))} | "
-                     f"{_num(c.get('window_centered'))} | {_num(c.get('final_saturation'))} | "
-                     f"{_num(c.get('final_first_block'))} |")
-    lines += ["", ("| reading | family | range | AUC | in-sample (midpoint t) | leave-one-size-out | leave-one-seed-out | "
-                   "0.43's accuracy |"), "|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {c['name']} | {_num(c.get('epochs'), '.1f')} | {_num(c.get('tokens_per_param'), '.2f')} | "
+            f"{_num(c.get('unigram_loss'))} | "
+            f"{_num(c.get('val_loss_layernorm'))}{mark(c.get('learns_layernorm'))} | "
+            f"{_num(c.get('val_loss_dyt'))}{mark(c.get('learns_dyt'))} | {effect} | "
+            f"{_num(c.get('window_saturation'))} | {_num(c.get('window_first_block'))} | "
+            f"{_num(c.get('window_centered'))} | {_num(c.get('final_saturation'))} | "
+            f"{_num(c.get('final_first_block'))} |"
+        )
+    lines += [
+        "",
+        (
+            "| reading | family | range | AUC | in-sample (midpoint t) | leave-one-size-out | leave-one-seed-out | "
+            "0.43's accuracy |"
+        ),
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r, s in a["readings"].items():
         if s.get("missing"):
             lines.append(f"| {r} | | missing | | | | | |")
             continue
-        ho = lambda key: f"{s[key]['correct']}/{s[key]['n']} = {pct(s[key]['accuracy'])}" if key in s else "-"
+        ho = lambda key, s=s: f"{s[key]['correct']}/{s[key]['n']} = {pct(s[key]['accuracy'])}" if key in s else "-"
         study = pct(s["study_043"]) if "study_043" in s else ""
-        lines.append(f"| {r} | {s['family']} | {s['min']:.3f}-{s['max']:.3f} | {_num(s['auc'], '.2f')} | "
-                     f"{pct(s['in_sample']['accuracy'])} ({_num(s['in_sample']['threshold'], '.4f')}) | {ho('loso')} | "
-                     f"{ho('loseedo')} | {study} |")
+        lines.append(
+            f"| {r} | {s['family']} | {s['min']:.3f}-{s['max']:.3f} | {_num(s['auc'], '.2f')} | "
+            f"{pct(s['in_sample']['accuracy'])} ({_num(s['in_sample']['threshold'], '.4f')}) | {ho('loso')} | "
+            f"{ho('loseedo')} | {study} |"
+        )
     d = a.get("decision", {})
     if d.get("predicts") is not None:
-        lines += ["", (f"Family-wise test (the plan): best over the {d['candidates']} window readings of the worse held-out "
-                       f"accuracy = {pct(d['statistic'])}; permutation p = {d['p_value']:.4f} ({d['permutations']:,} "
-                       f"shuffles of the outcomes); bar to beat in both protocols: {pct(d['baseline_bar'])} (the better "
-                       f"trivial rule); readings over the bar with AUC >= {AUC_BAR}: {', '.join(d['qualifying']) or 'none'}. "
-                       + (f"**The window predicts** ({d['reading']})" if d["predicts"] else
-                          "**No window reading predicts by the plan's standard**") + ".")]
+        lines += [
+            "",
+            (
+                f"Family-wise test (the plan): best over the {d['candidates']} window readings of the worse held-out "
+                f"accuracy = {pct(d['statistic'])}; permutation p = {d['p_value']:.4f} ({d['permutations']:,} "
+                f"shuffles of the outcomes); bar to beat in both protocols: {pct(d['baseline_bar'])} (the better "
+                f"trivial rule); readings over the bar with AUC >= {AUC_BAR}: {', '.join(d['qualifying']) or 'none'}. "
+                + (
+                    f"**The window predicts** ({d['reading']})"
+                    if d["predicts"]
+                    else "**No window reading predicts by the plan's standard**"
+                )
+                + "."
+            ),
+        ]
     return "\n".join(lines)
 
 
-def plot(analysis: dict[str, Any], cells: list[dict[str, Any]], path: Path,
-         title: str = "faithful grid (the study's protocol at CPU scale): does the 500-step window predict DyT's effect?"
-         ) -> None:
+def plot(
+    analysis: dict[str, Any],
+    cells: list[dict[str, Any]],
+    path: Path,
+    title: str = "faithful grid (the study's protocol at CPU scale): does the 500-step window predict DyT's effect?",
+) -> None:
     """Four panels: the window's pooled saturation over its 50-step segments per cell; DyT's effect
     against the window's pooled and first-block readings; against unique tokens per parameter."""
     from matplotlib.figure import Figure
@@ -284,38 +374,63 @@ def plot(analysis: dict[str, Any], cells: list[dict[str, Any]], path: Path,
     ax = axes[0]
     for c in cells:
         s = c["window_series"]
-        ax.plot([e["step"] for e in s], [e["saturation"] for e in s], color=color(c), lw=0.8,
-                marker=markers[c["group"]], ms=3, alpha=0.8)
+        ax.plot(
+            [e["step"] for e in s],
+            [e["saturation"] for e in s],
+            color=color(c),
+            lw=0.8,
+            marker=markers[c["group"]],
+            ms=3,
+            alpha=0.8,
+        )
     ax.axhline(STUDY_THRESHOLD, color="gray", lw=0.8, ls="--")
-    ax.set(xlabel="step (window)", ylabel="pooled saturation of each 50-step segment",
-           title="the window's series (green: DyT helped at the end; red: hurt)")
-    for ax, (r, label) in zip(axes[1:3], (("window_saturation", "window pooled saturation"),
-                                          ("window_first_block", "window first-block saturation"))):
+    ax.set(
+        xlabel="step (window)",
+        ylabel="pooled saturation of each 50-step segment",
+        title="the window's series (green: DyT helped at the end; red: hurt)",
+    )
+    for ax, (r, label) in zip(
+        axes[1:3],
+        (("window_saturation", "window pooled saturation"), ("window_first_block", "window first-block saturation")),
+    ):
         for c in cells:
-            ax.scatter(c[r], 100 * c["delta"], marker=markers[c["group"]], color=color(c), s=40, edgecolor="black", lw=0.5)
+            ax.scatter(
+                c[r], 100 * c["delta"], marker=markers[c["group"]], color=color(c), s=40, edgecolor="black", lw=0.5
+            )
         s = analysis["readings"][r]
         ax.axhline(0, color="gray", lw=0.8)
         if r == "window_saturation":
             ax.axvline(STUDY_THRESHOLD, color="gray", lw=0.8, ls="--", label="study 0.43")
-        held = (f"; held out {pct(s['loso']['accuracy'])} by size, {pct(s['loseedo']['accuracy'])} by seed"
-                if "loso" in s else "")
+        held = (
+            f"; held out {pct(s['loso']['accuracy'])} by size, {pct(s['loseedo']['accuracy'])} by seed"
+            if "loso" in s
+            else ""
+        )
         ax.set(xlabel=label, ylabel="DyT vs LayerNorm, final held-out loss (%)", title=f"AUC {s['auc']:.2f}{held}")
     ax = axes[3]
     for c in cells:
-        ax.scatter(c["tokens_per_param"], 100 * c["delta"], marker=markers[c["group"]], color=color(c), s=40,
-                   edgecolor="black", lw=0.5)
+        ax.scatter(
+            c["tokens_per_param"],
+            100 * c["delta"],
+            marker=markers[c["group"]],
+            color=color(c),
+            s=40,
+            edgecolor="black",
+            lw=0.5,
+        )
     for g in groups:
         ax.scatter([], [], marker=markers[g], color="white", edgecolor="black", label=g)
     ax.set_xscale("log")
     ax.axhline(0, color="gray", lw=0.8)
     ax.legend(fontsize=7)
-    ax.set(xlabel="unique training tokens per parameter (known before training)",
-           ylabel="DyT vs LayerNorm, final held-out loss (%)", title="the budget alone")
+    ax.set(
+        xlabel="unique training tokens per parameter (known before training)",
+        ylabel="DyT vs LayerNorm, final held-out loss (%)",
+        title="the budget alone",
+    )
     fig.suptitle(title, fontsize=9)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
-
-
 
 
 # ------------------------------------------------------------------------------------------- the answer
@@ -342,12 +457,23 @@ def effect_table(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         best = [c["delta_best"] for c in cs if _num(c.get("delta_best")) != "-"]
         finite = [c["delta"] for c in cs if _num(c.get("delta")) != "-"]
         label = size + ("" if not varied else " " + ",".join(f"{k}={v}" for k, v in varied))
-        rows.append({"size": label, "budget": budget, "passes": cs[0]["epochs"], "params": cs[0]["params"],
-                     "seeds": len(cs), "delta": sum(finite) / len(finite) if finite else None,
-                     "helps": sum(outcome(c) is True for c in cs), "judged": sum(outcome(c) is not None for c in cs),
-                     "measured": len(finite), "diverged": diverged_counts(cs),
-                     "delta_best": sum(best) / len(best) if best else None, "helps_best": sum(d < 0 for d in best),
-                     "measured_best": len(best)})
+        rows.append(
+            {
+                "size": label,
+                "budget": budget,
+                "passes": cs[0]["epochs"],
+                "params": cs[0]["params"],
+                "seeds": len(cs),
+                "delta": sum(finite) / len(finite) if finite else None,
+                "helps": sum(outcome(c) is True for c in cs),
+                "judged": sum(outcome(c) is not None for c in cs),
+                "measured": len(finite),
+                "diverged": diverged_counts(cs),
+                "delta_best": sum(best) / len(best) if best else None,
+                "helps_best": sum(d < 0 for d in best),
+                "measured_best": len(best),
+            }
+        )
     return sorted(rows, key=lambda r: (r["params"], r["passes"]))
 
 
@@ -374,14 +500,20 @@ def forecast_check(cells: Sequence[dict[str, Any]], planned_tokens: int) -> dict
         said = getattr(f, "outcome", None)
         helped = outcome(c)
         if helped is None:  # both arms diverged: nothing measured to score the forecast against
-            rows.append({"name": c["name"], "outcome": said, "measured": None, "right": None,
-                         "why": no_outcome_why(c)})
+            rows.append({"name": c["name"], "outcome": said, "measured": None, "right": None, "why": no_outcome_why(c)})
             continue
         measured = "helps" if helped else "hurts"
         verdict = None if said not in ("helps", "hurts") else said == measured
         right, wrong, unsure = right + (verdict is True), wrong + (verdict is False), unsure + (verdict is None)
-        rows.append({"name": c["name"], "outcome": said, "measured": measured, "right": verdict,
-                     "evidence": str(getattr(f, "evidence", ""))[:300]})
+        rows.append(
+            {
+                "name": c["name"],
+                "outcome": said,
+                "measured": measured,
+                "right": verdict,
+                "evidence": str(getattr(f, "evidence", ""))[:300],
+            }
+        )
     return {"available": True, "right": right, "wrong": wrong, "uncertain": unsure, "cells": rows}
 
 
@@ -395,57 +527,94 @@ def cell_line(cell: dict[str, Any]) -> str:
         'c: LN - DyT 5.100 (- final, - best) window 0.400 [3 s CPU]; layernorm diverged at step 5'
     """
     pct_of = lambda v: _num(v, ".1f", 100, "+") + ("%" if _num(v) != "-" else "")
-    line = (f"{cell['name']}: LN {_num(cell.get('val_loss_layernorm'))} DyT {_num(cell.get('val_loss_dyt'))} "
-            f"({pct_of(cell.get('delta'))} final, {pct_of(cell.get('delta_best'))} best) window "
-            f"{_num(cell.get('window_saturation'))} [{_num(cell.get('cpu_seconds'), '.0f')} s CPU]")
+    line = (
+        f"{cell['name']}: LN {_num(cell.get('val_loss_layernorm'))} DyT {_num(cell.get('val_loss_dyt'))} "
+        f"({pct_of(cell.get('delta'))} final, {pct_of(cell.get('delta_best'))} best) window "
+        f"{_num(cell.get('window_saturation'))} [{_num(cell.get('cpu_seconds'), '.0f')} s CPU]"
+    )
     div = cell.get("diverged") or {}
     return line + ("; " + ", ".join(f"{a} diverged at step {n}" for a, n in div.items()) if div else "")
 
 
 def phase_rows(cells: Sequence[dict[str, Any]], source: str) -> list[dict[str, Any]]:
     """The cells as rows of a phase-diagram file (``satmon/io/phase_diagram.py``'s columns), seeds apart."""
-    return [{"name": c["name"], "params": c["params"], "train_tokens": c["train_tokens"], "delta": c["delta"],
-             "group": c["group"], "source": source} for c in cells]
+    return [
+        {
+            "name": c["name"],
+            "params": c["params"],
+            "train_tokens": c["train_tokens"],
+            "delta": c["delta"],
+            "group": c["group"],
+            "source": source,
+        }
+        for c in cells
+    ]
 
 
-def answer_text(recipe: str, cells: Sequence[dict[str, Any]], analysis: dict[str, Any], forecast: dict[str, Any],
-                not_done: Sequence[Any] = ()) -> str:
+def answer_text(
+    recipe: str,
+    cells: Sequence[dict[str, Any]],
+    analysis: dict[str, Any],
+    forecast: dict[str, Any],
+    not_done: Sequence[Any] = (),
+) -> str:
     """What ``satmon grid`` prints at the end: DyT's effect per size and budget (final and best checkpoint), the
     plan's held-out test of the window readings, the forecast's record on these cells, and the cells missing."""
-    lines = [f"DyT vs LayerNorm on {recipe}: {len(cells)} cells" + (f" ({len(not_done)} not complete)" if not_done else "")]
+    lines = [
+        f"DyT vs LayerNorm on {recipe}: {len(cells)} cells" + (f" ({len(not_done)} not complete)" if not_done else "")
+    ]
     if not cells:
         lines.append("no complete cell: nothing measured yet")
     else:
         lines.append("size | budget | passes | seeds | final (DyT helped in) | best checkpoint (DyT helped in)")
         for r in effect_table(cells):
-            best = ("-" if r["delta_best"] is None else
-                    f"{100 * r['delta_best']:+.2f}% ({r['helps_best']}/{r['measured_best']})")
+            best = (
+                "-"
+                if r["delta_best"] is None
+                else f"{100 * r['delta_best']:+.2f}% ({r['helps_best']}/{r['measured_best']})"
+            )
             final = ("-" if r["delta"] is None else f"{100 * r['delta']:+.2f}%") + f" ({r['helps']}/{r['judged']})"
             if r["diverged"]:  # an outcome, counted: the arm's loss stopped being a number
                 final += "; " + ", ".join(f"{arm} diverged in {k}/{r['seeds']}" for arm, k in r["diverged"].items())
             lines.append(f"{r['size']} | {r['budget']} | {r['passes']:.3g} | {r['seeds']} | {final} | {best}")
         div = [c for c in cells if c.get("diverged")]
         if div:
-            lines.append(f"diverged in {len(div)} of {len(cells)} cells (a loss not finite; the arm that kept a finite "
-                         "loss counts as the better one): " + "; ".join(
-                             f"{c['name']}: " + ", ".join(f"{a} at step {n}" for a, n in c["diverged"].items())
-                             for c in div[:8]) + (f"; {len(div) - 8} more in grid.json" if len(div) > 8 else ""))
+            lines.append(
+                f"diverged in {len(div)} of {len(cells)} cells (a loss not finite; the arm that kept a finite "
+                "loss counts as the better one): "
+                + "; ".join(
+                    f"{c['name']}: " + ", ".join(f"{a} at step {n}" for a, n in c["diverged"].items()) for c in div[:8]
+                )
+                + (f"; {len(div) - 8} more in grid.json" if len(div) > 8 else "")
+            )
         d = analysis.get("decision", {})
         if d.get("predicts") is None:
-            lines.append(f"window readings held out: not tested ({d.get('why', 'no analysis')}); the plan's test needs "
-                         "2 sizes and 2 seeds")
+            lines.append(
+                f"window readings held out: not tested ({d.get('why', 'no analysis')}); the plan's test needs "
+                "2 sizes and 2 seeds"
+            )
         else:
-            lines.append(f"window readings held out (docs/plans/grid_plan.md): best worse-of-two held-out accuracy "
-                         f"{pct(d['statistic'])}, permutation p = {d['p_value']:.4f}, bar {pct(d['baseline_bar'])}: "
-                         + (f"{d['reading']} predicted DyT's effect" if d["predicts"] else "no window reading predicted "
-                            "DyT's effect by the plan's standard"))
+            lines.append(
+                f"window readings held out (docs/plans/grid_plan.md): best worse-of-two held-out accuracy "
+                f"{pct(d['statistic'])}, permutation p = {d['p_value']:.4f}, bar {pct(d['baseline_bar'])}: "
+                + (
+                    f"{d['reading']} predicted DyT's effect"
+                    if d["predicts"]
+                    else "no window reading predicted DyT's effect by the plan's standard"
+                )
+            )
     if not forecast.get("available"):
         lines.append(f"satmon.forecast: not compared ({forecast.get('why', 'unavailable')})")
     elif cells:
         wrong = [r["name"] for r in forecast["cells"] if r.get("right") is False]
-        lines.append(f"satmon.forecast on these cells: right {forecast['right']}, wrong {forecast['wrong']}, uncertain "
-                     f"{forecast['uncertain']}" + (f"; wrong on {', '.join(wrong[:8])}" if wrong else ""))
+        lines.append(
+            f"satmon.forecast on these cells: right {forecast['right']}, wrong {forecast['wrong']}, uncertain "
+            f"{forecast['uncertain']}" + (f"; wrong on {', '.join(wrong[:8])}" if wrong else "")
+        )
     for s in list(not_done)[:12]:
-        lines.append(f"not complete: {s.name}: {s.state}" + (f", {s.why}" if s.why else "")
-                     + (f" (log {s.log})" if s.log and s.log not in (s.why or "") else ""))
+        lines.append(
+            f"not complete: {s.name}: {s.state}"
+            + (f", {s.why}" if s.why else "")
+            + (f" (log {s.log})" if s.log and s.log not in (s.why or "") else "")
+        )
     return "\n".join(lines)

@@ -29,13 +29,15 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def grid_key(identity: Mapping[str, Any], settings: GridSettings, options: Mapping[str, Any],
-             arms: tuple[str, ...] | None = None) -> str:
+def grid_key(
+    identity: Mapping[str, Any], settings: GridSettings, options: Mapping[str, Any], arms: tuple[str, ...] | None = None
+) -> str:
     """The key every cell of one configuration shares: the recipe's identity, every shared setting, the options.
 
     Example:
         >>> a = grid_key({"name": "r"}, GridSettings(), {"x": 1})
-        >>> a == grid_key({"name": "r"}, GridSettings(), {"x": 1}), a == grid_key({"name": "r"}, GridSettings(lr=1e-3), {"x": 1})
+        >>> b = grid_key({"name": "r"}, GridSettings(lr=1e-3), {"x": 1})
+        >>> a == grid_key({"name": "r"}, GridSettings(), {"x": 1}), a == b
         (True, False)
     """
     from satmon.grid.recipe import NORMS
@@ -66,17 +68,32 @@ def cell_name(size: str, unique_tokens: int, seed: int) -> str:
     return f"{size}_t{unique_tokens}_s{seed}"
 
 
-def make_spec(recipe: Recipe, settings: GridSettings, options: Mapping[str, Any], size: str, budget: Budget,
-              seed: int) -> CellSpec:
+def make_spec(
+    recipe: Recipe, settings: GridSettings, options: Mapping[str, Any], size: str, budget: Budget, seed: int
+) -> CellSpec:
     """The :class:`CellSpec` the recipe sees for one cell."""
     processed = settings.steps * recipe.step_tokens(options)
-    return CellSpec(size=size, budget=budget.text, unique_tokens=budget.resolve(processed), seed=seed,
-                    steps=settings.steps, processed_tokens=processed, options=dict(options))
+    return CellSpec(
+        size=size,
+        budget=budget.text,
+        unique_tokens=budget.resolve(processed),
+        seed=seed,
+        steps=settings.steps,
+        processed_tokens=processed,
+        options=dict(options),
+    )
 
 
-def measure_cell(recipe: Recipe, settings: GridSettings, spec: CellSpec, threads: int = 1,
-                 progress: Callable[[str, int], None] | None = None, extra: Mapping[str, Any] | None = None,
-                 arms: tuple[str, ...] | None = None, jobs: int = 1) -> dict[str, Any]:
+def measure_cell(
+    recipe: Recipe,
+    settings: GridSettings,
+    spec: CellSpec,
+    threads: int = 1,
+    progress: Callable[[str, int], None] | None = None,
+    extra: Mapping[str, Any] | None = None,
+    arms: tuple[str, ...] | None = None,
+    jobs: int = 1,
+) -> dict[str, Any]:
     """Train every arm of one cell (the reference arm first) and return its record (plain JSON values).
 
     The top-level fields keep the two-arm grid's names: ``*_layernorm`` is the reference arm (``reference_arm``,
@@ -116,29 +133,48 @@ def measure_cell(recipe: Recipe, settings: GridSettings, spec: CellSpec, threads
     cmp_name = "dyt" if "dyt" in names else dyt_names[0]
     trained: dict[str, dict[str, Any]] = {}
     for norm in names:
-        trained[norm] = train_arm(settings, recipe, spec, data, norm,
-                                  progress=(lambda s, n=norm: progress(n, s)) if progress else None,
-                                  same_start=trained[ref_name]["start"] if norm != ref_name else None, reference=ref_name)
+        trained[norm] = train_arm(
+            settings,
+            recipe,
+            spec,
+            data,
+            norm,
+            progress=(lambda s, n=norm: progress(n, s)) if progress else None,
+            same_start=trained[ref_name]["start"] if norm != ref_name else None,
+            reference=ref_name,
+        )
     ln, dyt = trained[ref_name], trained[cmp_name]
     for norm in names[1:]:
         if trained[norm]["batches_crc"] != ln["batches_crc"]:
-            raise ValueError(f"Expected the recipe {recipe.name!r}'s data.train() to yield the same batches to every arm, "
-                             f"got different ones ({norm!r} and {ref_name!r}): return a fresh iterator seeded from spec.seed "
-                             "on each call (a new torch.Generator().manual_seed(spec.seed) inside train()).")
+            raise ValueError(
+                f"Expected the recipe {recipe.name!r}'s data.train() to yield the same batches to every arm, "
+                f"got different ones ({norm!r} and {ref_name!r}): return a fresh iterator seeded from spec.seed "
+                "on each call (a new torch.Generator().manual_seed(spec.seed) inside train())."
+            )
     uni = data.unigram_loss
     params, params_total = recipe.params(dyt["model"])
     nbytes = data.unique_tokens
     processed = spec.processed_tokens
     cell: dict[str, Any] = {
-        "name": cell_name(spec.size, spec.unique_tokens, spec.seed), "group": spec.size, "seed": spec.seed,
+        "name": cell_name(spec.size, spec.unique_tokens, spec.seed),
+        "group": spec.size,
+        "seed": spec.seed,
         **(recipe_fields(recipe, spec)),
-        "params": params, "params_total": params_total,
-        "train_tokens": nbytes, "budget": spec.budget, "epochs": processed / nbytes,
-        "tokens_per_param": nbytes / params, "log_params_per_token": math.log10(params / nbytes),
+        "params": params,
+        "params_total": params_total,
+        "train_tokens": nbytes,
+        "budget": spec.budget,
+        "epochs": processed / nbytes,
+        "tokens_per_param": nbytes / params,
+        "log_params_per_token": math.log10(params / nbytes),
         "processed_tokens_per_param": processed / params,
-        "steps": settings.steps, "window": settings.window, "warmup": settings.warmup,
+        "steps": settings.steps,
+        "window": settings.window,
+        "warmup": settings.warmup,
         "lr": settings.lr,
-        "val_loss_dyt": dyt["val_loss"], "val_loss_layernorm": ln["val_loss"], "unigram_loss": uni,
+        "val_loss_dyt": dyt["val_loss"],
+        "val_loss_layernorm": ln["val_loss"],
+        "unigram_loss": uni,
         "delta": (dyt["val_loss"] - ln["val_loss"]) / ln["val_loss"],
     }
     diverged = {a: trained[a]["diverged_at"] for a in names if trained[a].get("diverged_at") is not None}
@@ -147,25 +183,44 @@ def measure_cell(recipe: Recipe, settings: GridSettings, spec: CellSpec, threads
     cell["learns_dyt"] = None if uni is None or not math.isfinite(dyt["val_loss"]) else dyt["val_loss"] < uni
     cell["learns_layernorm"] = None if uni is None or not math.isfinite(ln["val_loss"]) else ln["val_loss"] < uni
     cell.update(window_readings(settings, dyt["verdict"], dyt["series"]))
-    cell.update(final_readings(settings, dyt["model"], data.probe,
-                               data.probe_heldout if data.probe_heldout is not None else _heldout(data)))
+    cell.update(
+        final_readings(
+            settings, dyt["model"], data.probe, data.probe_heldout if data.probe_heldout is not None else _heldout(data)
+        )
+    )
     best_dyt, best_ln = _best(dyt["val_curve"]), _best(ln["val_curve"])
-    cell.update({
-        "best_val_loss_dyt": best_dyt, "best_val_loss_layernorm": best_ln,
-        "val_curve_dyt": dyt["val_curve"], "val_curve_layernorm": ln["val_curve"],
-        "train_curve_dyt": dyt["train_curve"], "train_curve_layernorm": ln["train_curve"], "alpha_curve": dyt["alpha_curve"],
-        "cpu_seconds": time.process_time() - c0, "wall_seconds": time.perf_counter() - t0, "threads": threads,
-        "config": {**settings.shared(), **recipe.shared_options(spec.options)}, "code": code_version(),
-        "environment": environment(threads, jobs),
-    })
+    cell.update(
+        {
+            "best_val_loss_dyt": best_dyt,
+            "best_val_loss_layernorm": best_ln,
+            "val_curve_dyt": dyt["val_curve"],
+            "val_curve_layernorm": ln["val_curve"],
+            "train_curve_dyt": dyt["train_curve"],
+            "train_curve_layernorm": ln["train_curve"],
+            "alpha_curve": dyt["alpha_curve"],
+            "cpu_seconds": time.process_time() - c0,
+            "wall_seconds": time.perf_counter() - t0,
+            "threads": threads,
+            "config": {**settings.shared(), **recipe.shared_options(spec.options)},
+            "code": code_version(),
+            "environment": environment(threads, jobs),
+        }
+    )
     cell["reference_arm"], cell["compared_arm"] = ref_name, cmp_name
     cell["missing"] = {}
     cell["arms"] = {a: arm_record(recipe, settings, trained[a], is_dyt_arm(a)) for a in names}
     both = best_dyt is not None and best_ln is not None
-    cell.update({"passes": cell["epochs"], "delta_best": (best_dyt - best_ln) / best_ln if both else None,
-                 "helps_best": best_dyt < best_ln if both else None,
-                 "best_step_dyt": _argmin(dyt["val_curve"]), "best_step_layernorm": _argmin(ln["val_curve"]),
-                 "batches_crc": ln["batches_crc"], **dict(extra or {})})
+    cell.update(
+        {
+            "passes": cell["epochs"],
+            "delta_best": (best_dyt - best_ln) / best_ln if both else None,
+            "helps_best": best_dyt < best_ln if both else None,
+            "best_step_dyt": _argmin(dyt["val_curve"]),
+            "best_step_layernorm": _argmin(ln["val_curve"]),
+            "batches_crc": ln["batches_crc"],
+            **dict(extra or {}),
+        }
+    )
     cell["diverged"] = diverged
     return _diverged_reasons(missing_as_null(cell), diverged, ref_name, cmp_name)
 
@@ -219,15 +274,19 @@ def missing_as_null(record: dict[str, Any]) -> dict[str, Any]:
     points) replaced by ``None`` and listed in ``record["missing"]`` by its path, with why.
 
     Example:
-        >>> missing_as_null({"a": 1.0, "t": {"slope": float("nan")}, "missing": {}})
-        {'a': 1.0, 't': {'slope': None}, 'missing': {'t.slope': 'not computable from this run (NaN: too few points or no data)'}}
+        >>> missing_as_null({"a": 1.0, "t": {"slope": float("nan")}, "missing": {}})  # doctest: +NORMALIZE_WHITESPACE
+        {'a': 1.0, 't': {'slope': None}, 'missing': {'t.slope': 'not computable from this run
+        (NaN: too few points or no data)'}}
     """
     missing = record.setdefault("missing", {})
 
     def walk(obj: Any, path: str) -> Any:
         if isinstance(obj, float) and not math.isfinite(obj):
-            missing[path] = ("not computable from this run (NaN: too few points or no data)" if math.isnan(obj)
-                             else f"not finite ({obj})")
+            missing[path] = (
+                "not computable from this run (NaN: too few points or no data)"
+                if math.isnan(obj)
+                else f"not finite ({obj})"
+            )
             return None
         if isinstance(obj, dict):
             return {k: walk(v, f"{path}.{k}" if path else str(k)) for k, v in obj.items()}
@@ -247,15 +306,36 @@ def arm_record(recipe: Recipe, settings: GridSettings, arm: dict[str, Any], scre
     from satmon.grid.train import alphas
 
     params, params_total = recipe.params(arm["model"])
-    out: dict[str, Any] = {"val_loss": arm["val_loss"], "best_val_loss": _best(arm["val_curve"]),
-                           "best_step": _argmin(arm["val_curve"]), "diverged_at": arm.get("diverged_at"),
-                           "val_curve": arm["val_curve"], "train_curve": arm["train_curve"], "params": params,
-                           "params_total": params_total}
+    out: dict[str, Any] = {
+        "val_loss": arm["val_loss"],
+        "best_val_loss": _best(arm["val_curve"]),
+        "best_step": _argmin(arm["val_curve"]),
+        "diverged_at": arm.get("diverged_at"),
+        "val_curve": arm["val_curve"],
+        "train_curve": arm["train_curve"],
+        "params": params,
+        "params_total": params_total,
+    }
     if screened:
         w = window_readings(settings, arm["verdict"], arm["series"])
-        out.update({"alpha_curve": arm["alpha_curve"], "final_alpha": alphas(arm["model"]), "watch": arm["watch"],
-                    **{k: w[k] for k in ("window_saturation", "window_decision", "window_margin", "window_flags",
-                                         "window_late", "window_per_layer")}})
+        out.update(
+            {
+                "alpha_curve": arm["alpha_curve"],
+                "final_alpha": alphas(arm["model"]),
+                "watch": arm["watch"],
+                **{
+                    k: w[k]
+                    for k in (
+                        "window_saturation",
+                        "window_decision",
+                        "window_margin",
+                        "window_flags",
+                        "window_late",
+                        "window_per_layer",
+                    )
+                },
+            }
+        )
     return out
 
 
@@ -283,10 +363,16 @@ def code_version() -> str:
     if not (root / ".git").exists():
         return f"satmon {__version__} (not a git checkout)"
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=20, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "satmon", "examples"],
-                               capture_output=True, text=True, timeout=20, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=20, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--", "satmon", "examples"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return f"satmon {__version__} (git unavailable)"
     return head + ("+dirty" if dirty else "")
@@ -309,7 +395,16 @@ def environment(threads: int, jobs: int) -> dict[str, Any]:
 
     from satmon._version import __version__
 
-    return {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
-            "cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cores": os.cpu_count(),
-            "threads": threads, "jobs": jobs, "satmon": __version__, "satmon_commit": code_version(),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu_name(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cores": os.cpu_count(),
+        "threads": threads,
+        "jobs": jobs,
+        "satmon": __version__,
+        "satmon_commit": code_version(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }

@@ -119,12 +119,11 @@ class GridSettings:
 
     The schedule is the regime study's ``train.py``: a linear warm-up to ``lr`` over ``warmup`` steps
     (``lr * (i + 1) / (warmup + 1)`` at update ``i``), then constant; ``warmup=None`` (the default) is
-    :func:`default_warmup`: ``min(2000, 0.4 * steps)``, the study's 2,000 at its 5,000 steps. AdamW with ``betas``, weight decay on
-    matrices only (nanoGPT's ``configure_optimizers``), gradient clipping at ``grad_clip``. The held-out loss
-    every ``eval_every`` steps (and at the window's end and the last step), the training loss averaged over
-    each ``series_every`` steps, the window's series read every ``series_every`` steps, the screen's sampled
-    offset statistics every ``offset_every`` steps. ``device``: where the model and batches go (``"cpu"``,
-    ``"cuda"``).
+    :func:`default_warmup`: ``min(2000, 0.4 * steps)``, the study's 2,000 at its 5,000 steps. AdamW with ``betas``,
+    weight decay on matrices only (nanoGPT's ``configure_optimizers``), gradient clipping at ``grad_clip``. The held-out
+    loss every ``eval_every`` steps (and at the window's end and the last step), the training loss averaged over each
+    ``series_every`` steps, the window's series read every ``series_every`` steps, the screen's sampled offset
+    statistics every ``offset_every`` steps. ``device``: where the model and batches go (``"cpu"``, ``"cuda"``).
 
     Example:
         >>> GridSettings(steps=8, window=4, warmup=3).check()
@@ -158,12 +157,21 @@ class GridSettings:
         if not 0 <= self.warmup <= self.steps:
             raise ValueError(f"Expected 0 <= --warmup <= --steps, got warmup={self.warmup}, steps={self.steps}.")
         if self.window >= self.steps:
-            raise ValueError(f"Expected --window < --steps (a final checkpoint after the window), got window="
-                             f"{self.window}, steps={self.steps}.")
-        for name, low, value in (("lr", "> 0", self.lr), ("grad_clip", "> 0", self.grad_clip),
-                                 ("weight_decay", ">= 0", self.weight_decay)):
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and (
-                value > 0 if low == "> 0" else value >= 0)
+            raise ValueError(
+                f"Expected --window < --steps (a final checkpoint after the window), got window="
+                f"{self.window}, steps={self.steps}."
+            )
+        for name, low, value in (
+            ("lr", "> 0", self.lr),
+            ("grad_clip", "> 0", self.grad_clip),
+            ("weight_decay", ">= 0", self.weight_decay),
+        ):
+            ok = (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and (value > 0 if low == "> 0" else value >= 0)
+            )
             if not ok:  # nan and inf are refused here, before any work: no cell trains on them
                 raise ValueError(f"Expected --{name.replace('_', '-')} a finite number {low}, got {value!r}.")
         betas = tuple(self.betas) if isinstance(self.betas, (list, tuple)) else ()
@@ -206,7 +214,11 @@ class GridPlan:
         """Distinct, non-empty axes; distinct budgets once resolved at ``processed`` tokens per arm."""
         if not (self.sizes and self.budgets and self.seeds):
             raise ValueError("Expected at least one size, one budget and one seed (--sizes, --budgets, --seeds).")
-        for axis, keys in (("sizes", list(self.sizes)), ("budgets", [b.text for b in self.budgets]), ("seeds", list(self.seeds))):
+        for axis, keys in (
+            ("sizes", list(self.sizes)),
+            ("budgets", [b.text for b in self.budgets]),
+            ("seeds", list(self.seeds)),
+        ):
             if len(set(keys)) != len(keys):
                 raise ValueError(f"Expected distinct --{axis}, got {keys}.")
         tokens = [b.resolve(processed) for b in self.budgets]
@@ -216,10 +228,16 @@ class GridPlan:
             if name not in self.sizes:
                 raise ValueError(f"Expected size_budgets to name sizes of the grid {list(self.sizes)}, got {name!r}.")
             if {b.text for b in budgets} - {b.text for b in self.budgets}:
-                raise ValueError(f"Expected the budgets of {name} among the grid's budgets, got {[b.text for b in budgets]}.")
+                raise ValueError(
+                    f"Expected the budgets of {name} among the grid's budgets, got {[b.text for b in budgets]}."
+                )
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"sizes": list(self.sizes), "budgets": [b.text for b in self.budgets], "seeds": list(self.seeds)}
+        out: dict[str, Any] = {
+            "sizes": list(self.sizes),
+            "budgets": [b.text for b in self.budgets],
+            "seeds": list(self.seeds),
+        }
         if self.size_budgets:
             out["size_budgets"] = {n: [b.text for b in bs] for n, bs in self.size_budgets}
         return out
@@ -230,4 +248,6 @@ def options_json(options: Mapping[str, Any]) -> dict[str, Any]:
     try:
         return json.loads(json.dumps(dict(options), allow_nan=False))
     except (TypeError, ValueError) as e:
-        raise ValueError(f"Expected the recipe's options to be JSON values (numbers, strings, lists), got {e}.") from None
+        raise ValueError(
+            f"Expected the recipe's options to be JSON values (numbers, strings, lists), got {e}."
+        ) from None

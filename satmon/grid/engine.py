@@ -31,6 +31,8 @@ from typing import Any
 from satmon.grid.cell import cell_key, cell_name, grid_key, make_spec
 from satmon.grid.config import Budget, GridPlan, GridSettings, parse_budgets, parse_seeds, parse_sizes
 from satmon.grid.recipe import Recipe, load_recipe, recipe_identity
+from satmon.grid.store import check_file_names, written_beneath
+from satmon.grid.vary import parse_vary, vary_configs, vary_suffix
 
 __all__ = ["CellStatus", "GridInterrupted", "GridResult", "run"]
 
@@ -114,14 +116,28 @@ def _alive(pid: Any, host: Any) -> bool:
     return True
 
 
-def run(recipe: str | Recipe = "builtin", sizes: str | Sequence[str] | None = None,
-        budgets: str | Sequence[str | Budget] | None = None, seeds: str | Sequence[int] | None = None, *,
-        out: str | Path = "satmon_grid", settings: GridSettings | Mapping[str, Any] | None = None,
-        options: Mapping[str, Any] | None = None, preset: str | None = None, executor: str = "local", jobs: int = 2,
-        time_min: int = 24 * 60, slurm: Mapping[str, Any] | None = None, dry_run: bool = False,
-        permutations: int = 10_000, every: float | None = None, say: Callable[[str], None] | None = None,
-        spec: str | None = None, arms: str | Sequence[str] | None = None,
-        vary: Mapping[str, Sequence[Any] | str] | Sequence[str] | None = None) -> GridResult:
+def run(
+    recipe: str | Recipe = "builtin",
+    sizes: str | Sequence[str] | None = None,
+    budgets: str | Sequence[str | Budget] | None = None,
+    seeds: str | Sequence[int] | None = None,
+    *,
+    out: str | Path = "satmon_grid",
+    settings: GridSettings | Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
+    preset: str | None = None,
+    executor: str = "local",
+    jobs: int = 2,
+    time_min: int = 24 * 60,
+    slurm: Mapping[str, Any] | None = None,
+    dry_run: bool = False,
+    permutations: int = 10_000,
+    every: float | None = None,
+    say: Callable[[str], None] | None = None,
+    spec: str | None = None,
+    arms: str | Sequence[str] | None = None,
+    vary: Mapping[str, Sequence[Any] | str] | Sequence[str] | None = None,
+) -> GridResult:
     """Run a LayerNorm-vs-DyT grid on ``recipe``: every cell without a complete result, as jobs; then the answer.
 
     Args:
@@ -159,9 +175,10 @@ def run(recipe: str | Recipe = "builtin", sizes: str | Sequence[str] | None = No
     Example:
         >>> import tempfile
         >>> plan = run("builtin", preset="smoke", out=tempfile.mkdtemp(), executor="slurm", dry_run=True,
-        ...            say=print)  # the sbatch file only: no cluster needed  # doctest: +ELLIPSIS
+        ...            say=print)  # the sbatch file only, no cluster needed  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
         4 cells (0 complete), 4 to run, 8 steps each (window 4), recipe satmon-faithful-gpt -> ...
-        dry run: 4 cells as one SLURM array; sbatch file .../jobs/submission.sh, tasks .../jobs/tasks.json; nothing submitted
+        dry run: 4 cells as one SLURM array; sbatch file .../jobs/submission.sh,
+        tasks .../jobs/tasks.json; nothing submitted
         >>> [s.state for s in plan.status]
         ['missing', 'missing', 'missing', 'missing']
         >>> r = run("builtin", preset="smoke", out=tempfile.mkdtemp(), jobs=2)  # doctest: +SKIP
@@ -172,13 +189,16 @@ def run(recipe: str | Recipe = "builtin", sizes: str | Sequence[str] | None = No
     from satmon.io.lock import exclusive
 
     if say is None:
+
         def say(line: str) -> None:
             print(f"satmon grid: {line}", file=sys.stderr, flush=True)
 
     if isinstance(recipe, Recipe):
         obj, where = recipe, spec or ""
         if not where:
-            raise ValueError("Expected spec='MODULE:ATTR' with a Recipe object (jobs import the recipe by name), got none.")
+            raise ValueError(
+                "Expected spec='MODULE:ATTR' with a Recipe object (jobs import the recipe by name), got none."
+            )
     else:
         obj, where = load_recipe(recipe)
     plan, settings_, opts = _resolve(obj, preset, sizes, budgets, seeds, settings, options)
@@ -203,22 +223,54 @@ def run(recipe: str | Recipe = "builtin", sizes: str | Sequence[str] | None = No
 
     # every option, even those a record leaves out (but a late option at its default), and the arms
     gkey = grid_key(identity, settings_, options_json(obj.keyed_options(opts)), arms_)
-    keyed = [(v, st_c, o_c, grid_key(identity, st_c, options_json(obj.keyed_options(o_c)), arms_),
-              st_c.steps * obj.step_tokens(o_c)) for v, st_c, o_c in configs]
-    _check_file_names(Path(out), _entries(Path(out), plan, keyed))  # a cell file name no file system takes, named
+    keyed = [
+        (
+            v,
+            st_c,
+            o_c,
+            grid_key(identity, st_c, options_json(obj.keyed_options(o_c)), arms_),
+            st_c.steps * obj.step_tokens(o_c),
+        )
+        for v, st_c, o_c in configs
+    ]
+    check_file_names(Path(out), _entries(Path(out), plan, keyed))  # a cell file name no file system takes, named
     # room beneath --out for every cell's files (satmon.paths.check_room), before anything is made
-    out = check_output_dir(Path(out), "--out", _written_beneath(Path(out), plan, keyed),
-                           names="--vary value (a cell's files are named by the values it varies)") or Path(out)
+    out = check_output_dir(
+        Path(out),
+        "--out",
+        written_beneath(Path(out), plan, keyed),
+        names="--vary value (a cell's files are named by the values it varies)",
+    ) or Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with exclusive(out, "the grid folder --out", folder=True) as held:
         if held.stale:
             say(f"the last grid into {out} was stopped without finishing ({held.note()}); resuming its folder")
-        return _run_locked(obj, where, identity, plan, settings_, opts, gkey, out, executor, jobs, time_min, slurm or {},
-                           dry_run, permutations, every, say, processed, arms_, keyed)
+        return _run_locked(
+            obj,
+            where,
+            identity,
+            plan,
+            settings_,
+            opts,
+            gkey,
+            out,
+            executor,
+            jobs,
+            time_min,
+            slurm or {},
+            dry_run,
+            permutations,
+            every,
+            say,
+            processed,
+            arms_,
+            keyed,
+        )
 
 
-def _entries(out: Path, plan: GridPlan, configs: list[tuple[dict[str, Any], GridSettings, dict[str, Any], str, int]]
-             ) -> list[dict[str, Any]]:
+def _entries(
+    out: Path, plan: GridPlan, configs: list[tuple[dict[str, Any], GridSettings, dict[str, Any], str, int]]
+) -> list[dict[str, Any]]:
     """Every cell of the grid: its name, key, axes and the files it is written to (``configs``: the ``--vary``
     configurations, each with its settings, options, key and processed tokens)."""
     cells_dir = out.absolute() / "cells"  # absolute: a job runs in the job folder, not here
@@ -229,169 +281,49 @@ def _entries(out: Path, plan: GridPlan, configs: list[tuple[dict[str, Any], Grid
             key = cell_key(gkey_c, size, tokens, seed)
             name = cell_name(size, tokens, seed) + vary_suffix(vary)
             stem = cells_dir / f"{name}.{key}"
-            e = {"name": name, "key": key, "size": size, "budget": budget.text, "seed": seed,
-                 "cell": str(stem) + ".json", "attempt": str(stem) + ".attempt.json",
-                 "failed": str(stem) + ".failed.json", "progress": str(cells_dir / f".{name}.{key}.progress")}
+            e = {
+                "name": name,
+                "key": key,
+                "size": size,
+                "budget": budget.text,
+                "seed": seed,
+                "cell": str(stem) + ".json",
+                "attempt": str(stem) + ".attempt.json",
+                "failed": str(stem) + ".failed.json",
+                "progress": str(cells_dir / f".{name}.{key}.progress"),
+            }
             if vary:  # the cell's own settings and options (a task's own fields override the grid's)
                 e.update(settings=st_c.shared() | {"device": st_c.device}, options=opts_c, vary=vary, grid_key=gkey_c)
             entries.append(e)
     return entries
 
 
-#: The longest file name a cell adds to its name and key: ``<name>.<key>.attempt.json``, written through
-#: :func:`~satmon.io.atomic.atomic_write`'s temporary companion.
-_CELL_FILE_SUFFIX = ".attempt.json"
-
-
-def _check_file_names(out: Path, entries: Sequence[Mapping[str, Any]]) -> None:
-    """Every file a cell writes has a name the file system takes, and a path under its limit, checked before any work:
-    a ``--vary`` value or a size name that makes one too long is refused naming it (a job would otherwise fail
-    writing its first file, with the cause only in its log)."""
-    from satmon.io.atomic import TEMP_EXTRA  # the whole path's length: check_output_dir's check_room
-
-    if not entries:
-        return
-    existing = next((a for a in (out.absolute(), *out.absolute().parents) if a.exists()), Path("/"))
-    try:
-        name_max = int(os.pathconf(existing, "PC_NAME_MAX"))
-    except (OSError, ValueError):
-        name_max = 255
-    longest = max(entries, key=lambda e: len(os.fsencode(f"{e['name']}.{e['key']}")))
-    file_name = f"{longest['name']}.{longest['key']}{_CELL_FILE_SUFFIX}"
-    need = len(os.fsencode(file_name)) + TEMP_EXTRA
-    if need > name_max:
-        vary = dict(longest.get("vary") or {})
-        culprit = max(vary.items(), key=lambda kv: len(str(kv[1])), default=None)
-        if culprit is not None and len(str(culprit[1])) >= len(str(longest["size"])):
-            given = f"--vary {culprit[0]}={_clip(str(culprit[1]))} ({len(str(culprit[1]))} characters)"
-            fix = f"pass a shorter --vary value for {culprit[0]} (or fewer --vary axes)"
-        else:
-            given = f"the size name {_clip(str(longest['size']))!r} ({len(str(longest['size']))} characters)"
-            fix = "name the size shorter"
-        raise ValueError(f"Expected settings whose cells' file names fit the file system's limit of {name_max} bytes, "
-                         f"got {given}: its cell {_clip(longest['name'])} writes {file_name[:12]}...{_CELL_FILE_SUFFIX} of "
-                         f"{need} bytes (with its temporary companion): {fix}.")
-
-
-def _clip(text: str, n: int = 40) -> str:
-    return text if len(text) <= n else f"{text[:n // 2]}...{text[-8:]}"
-
-
-def _written_beneath(out: Path, plan: GridPlan, keyed: Sequence[tuple[Any, ...]]) -> list[str]:
-    """The deepest files a grid writes under ``out``, each cell's (its record, attempt and failure files with their
-    temporaries and locks, its progress file, its job's log), for the path-limit check before any work."""
-    from satmon.paths import beside
-
-    paths: list[str] = []
-    for vary, _, _, gkey_c, processed_c in keyed:
-        for size, budget, seed in plan.cells():
-            tokens = budget.resolve(processed_c)
-            stem = f"{cell_name(size, tokens, seed) + vary_suffix(vary)}.{cell_key(gkey_c, size, tokens, seed)}"
-            for name in (f"{stem}.attempt.json", f"{stem}.failed.json"):
-                paths += [str(out / "cells" / name), *beside(out / "cells" / name)]
-            paths += [str(out / "cells" / f".{stem}.progress.tmp"), str(out / "jobs" / f"{stem}.log")]
-    return paths
-
-
-#: Grid settings ``--vary`` may not vary: the budgets resolve from ``steps``; ``device`` is where, not what.
-_FIXED_SETTINGS = ("steps", "device")
-
-
-def parse_vary(vary: Mapping[str, Sequence[Any] | str] | Sequence[str] | None) -> dict[str, list[Any]]:
-    """``--vary`` axes as ``{key: [values]}`` (values still as given).
-
-    Example:
-        >>> parse_vary(["alpha_init=0.5,1", "lr=1e-3"])
-        {'alpha_init': ['0.5', '1'], 'lr': ['1e-3']}
-    """
-    if not vary:
-        return {}
-    items = vary.items() if isinstance(vary, Mapping) else []
-    if not isinstance(vary, Mapping):
-        pairs = []
-        for text in vary:
-            key, sep, values = str(text).partition("=")
-            if not sep or not key.strip():
-                raise ValueError(f"Expected --vary KEY=V1,V2,..., got {text!r}.")
-            pairs.append((key.strip(), values))
-        items = pairs
-    out: dict[str, list[Any]] = {}
-    for key, values in items:
-        vals = [v.strip() for v in values.split(",") if v.strip()] if isinstance(values, str) else list(values)
-        if not vals:
-            raise ValueError(f"Expected at least one value in --vary {key}=V1,V2,..., got none.")
-        if key in out:
-            raise ValueError(f"Expected each --vary key once, got {key!r} twice: list its values as {key}=V1,V2.")
-        out[key] = vals
-    return out
-
-
-def vary_configs(recipe: Recipe, settings: GridSettings, opts: dict[str, Any], vary: Mapping[str, list[Any]]
-                 ) -> list[tuple[dict[str, Any], GridSettings, dict[str, Any]]]:
-    """Every combination of the ``vary`` axes as ``(varied values, settings, options)`` (one, unvaried, without axes).
-
-    An unknown key is refused naming the choices; a value is typed as its default's type.
-    """
-    import dataclasses
-    import itertools
-
-    from satmon.grid.recipe import _typed
-
-    fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(GridSettings) if f.name not in _FIXED_SETTINGS}
-    options = recipe.all_options()
-    typed: dict[str, list[Any]] = {}
-    for key, values in vary.items():
-        if key in options:
-            typed[key] = [_typed(key, v, options[key], "--vary") for v in values]
-        elif key in fields:
-            default = fields[key]
-            typed[key] = [_typed(key, v, default, "--vary") for v in values]
-        else:
-            raise ValueError(f"Expected --vary KEY among the recipe {recipe.name!r}'s options ({', '.join(sorted(options))}) "
-                             f"or the grid settings ({', '.join(sorted(fields))}), got {key!r}"
-                             + (" (the budgets resolve from --steps: run one grid per --steps)" if key == "steps" else "")
-                             + ".")
-        if len({json.dumps(v) for v in typed[key]}) != len(typed[key]):
-            raise ValueError(f"Expected distinct --vary {key} values, got {values}.")
-    if not typed:
-        return [({}, settings, opts)]
-    out = []
-    for combo in itertools.product(*typed.values()):
-        v = dict(zip(typed, combo))
-        st = dataclasses.replace(settings, **{k: x for k, x in v.items() if k in fields and k not in options})
-        st.check()
-        o = recipe.options_with({**opts, **{k: x for k, x in v.items() if k in options}})
-        out.append((v, st, o))
-    return out
-
-
-def vary_suffix(vary: Mapping[str, Any]) -> str:
-    """The varied values in a cell's name (file-name safe).
-
-    Example:
-        >>> vary_suffix({"alpha_init": 0.5, "lr": 0.001})
-        '_alpha_init0.5_lr0.001'
-    """
-    import re
-
-    return "".join(f"_{k}{re.sub(r'[^A-Za-z0-9._+-]', '-', str(v))}" for k, v in vary.items())
-
-
-def _resolve(recipe: Recipe, preset: str | None, sizes: Any, budgets: Any, seeds: Any,
-             settings: GridSettings | Mapping[str, Any] | None, options: Mapping[str, Any] | None
-             ) -> tuple[GridPlan, GridSettings, dict[str, Any]]:
+def _resolve(
+    recipe: Recipe,
+    preset: str | None,
+    sizes: Any,
+    budgets: Any,
+    seeds: Any,
+    settings: GridSettings | Mapping[str, Any] | None,
+    options: Mapping[str, Any] | None,
+) -> tuple[GridPlan, GridSettings, dict[str, Any]]:
     base: Mapping[str, Any] = {}
     if preset is not None:
         if preset not in recipe.presets:
-            raise ValueError(f"Expected --preset among the recipe {recipe.name!r}'s presets "
-                             f"({', '.join(recipe.presets) or 'it has none'}), got {preset!r}.")
+            raise ValueError(
+                f"Expected --preset among the recipe {recipe.name!r}'s presets "
+                f"({', '.join(recipe.presets) or 'it has none'}), got {preset!r}."
+            )
         base = recipe.presets[preset]
     sz = parse_sizes(sizes if sizes is not None else base.get("sizes", ()))
     bg = parse_budgets(budgets if budgets is not None else base.get("budgets", ()))
     sd = parse_seeds(seeds if seeds is not None else base.get("seeds", ()))
     # a preset's per-size budgets hold while its budgets do (an explicit --budgets applies to every size)
-    per_size = () if budgets is not None else tuple(
-        (n, parse_budgets(b)) for n, b in dict(base.get("size_budgets", {})).items() if n in sz)
+    per_size = (
+        ()
+        if budgets is not None
+        else tuple((n, parse_budgets(b)) for n, b in dict(base.get("size_budgets", {})).items() if n in sz)
+    )
     plan = GridPlan(sz, bg, sd, per_size)
     if isinstance(settings, GridSettings):
         st = settings
@@ -414,11 +346,27 @@ def _cost(recipe: Recipe, size: str) -> float:
         return 1.0
 
 
-def _run_locked(recipe: Recipe, where: str, identity: dict[str, Any], plan: GridPlan, settings: GridSettings,
-                opts: dict[str, Any], gkey: str, out: Path, executor: str, jobs: int, time_min: int,
-                slurm: Mapping[str, Any], dry_run: bool, permutations: int, every: float | None,
-                say: Callable[[str], None], processed: int, arms: tuple[str, ...] = (),
-                configs: list[tuple[dict[str, Any], GridSettings, dict[str, Any], str, int]] | None = None) -> GridResult:
+def _run_locked(
+    recipe: Recipe,
+    where: str,
+    identity: dict[str, Any],
+    plan: GridPlan,
+    settings: GridSettings,
+    opts: dict[str, Any],
+    gkey: str,
+    out: Path,
+    executor: str,
+    jobs: int,
+    time_min: int,
+    slurm: Mapping[str, Any],
+    dry_run: bool,
+    permutations: int,
+    every: float | None,
+    say: Callable[[str], None],
+    processed: int,
+    arms: tuple[str, ...] = (),
+    configs: list[tuple[dict[str, Any], GridSettings, dict[str, Any], str, int]] | None = None,
+) -> GridResult:
     from satmon.grid.jobs import make_executor
 
     cells_dir, jobs_dir = out / "cells", out / "jobs"
@@ -438,22 +386,29 @@ def _run_locked(recipe: Recipe, where: str, identity: dict[str, Any], plan: Grid
             continue
         attempt, failed = _read_json(Path(e["attempt"])), _read_json(Path(e["failed"]))
         if isinstance(failed, dict):
-            say(f"{e['name']}: its last run failed ({failed.get('error', '?')}; {_log_phrase(failed.get('log'))}); "
-                "running it again")
+            say(
+                f"{e['name']}: its last run failed ({failed.get('error', '?')}; {_log_phrase(failed.get('log'))}); "
+                "running it again"
+            )
         elif isinstance(attempt, dict) and _alive(attempt.get("pid"), attempt.get("host")):
             from satmon.io.lock import OutputBusy
 
-            raise OutputBusy(f"Expected no job still running on cell {e['name']} of {out}, got pid {attempt['pid']} "
-                             f"on {attempt.get('host')} (from an earlier grid whose command was killed; "
-                             f"{_log_phrase(attempt.get('log'))}): wait for it or kill it, then rerun.",
-                             {"pid": attempt["pid"], "host": attempt.get("host"), "cell": e["name"]})
+            raise OutputBusy(
+                f"Expected no job still running on cell {e['name']} of {out}, got pid {attempt['pid']} "
+                f"on {attempt.get('host')} (from an earlier grid whose command was killed; "
+                f"{_log_phrase(attempt.get('log'))}): wait for it or kill it, then rerun.",
+                {"pid": attempt["pid"], "host": attempt.get("host"), "cell": e["name"]},
+            )
         elif isinstance(attempt, dict) and attempt.get("cancelled"):
             say(f"{e['name']}: its last job was cancelled (Ctrl-C); running it again")
         elif isinstance(attempt, dict):
             from satmon.grid.jobs import died_why
 
-            say(f"{e['name']}: its last job died without a result (pid {attempt.get('pid')} on {attempt.get('host')}): "
-                + died_why("", None, "", attempt.get("log"), "the job could not name one") + "; running it again")
+            say(
+                f"{e['name']}: its last job died without a result (pid {attempt.get('pid')} on {attempt.get('host')}): "
+                + died_why("", None, "", attempt.get("log"), "the job could not name one")
+                + "; running it again"
+            )
         todo.append(e)
     order = sorted(todo, key=lambda e: (plan.seeds.index(e["seed"]), -_cost(recipe, e["size"])))
     from satmon.grid.jobs import have_submitit, import_roots
@@ -464,21 +419,41 @@ def _run_locked(recipe: Recipe, where: str, identity: dict[str, Any], plan: Grid
 
     # a file recipe: the jobs import a copy of the file as keyed (made only when a cell is to run)
     job_spec = snapshot_recipe(where, identity, jobs_dir / "recipes") if todo else where
-    shared = {"recipe": job_spec, "imports": import_roots(),
-              "settings": settings.shared() | {"device": settings.device},
-              "options": opts, "arms": list(arms or recipe.arms), "threads": int(slurm.get("cpus_per_task", 1)) if executor == "slurm" else 1,
-              "jobs": jobs, "extra": {"key": None, "grid_key": gkey, "recipe": identity}}
+    shared = {
+        "recipe": job_spec,
+        "imports": import_roots(),
+        "settings": settings.shared() | {"device": settings.device},
+        "options": opts,
+        "arms": list(arms or recipe.arms),
+        "threads": int(slurm.get("cpus_per_task", 1)) if executor == "slurm" else 1,
+        "jobs": jobs,
+        "extra": {"key": None, "grid_key": gkey, "recipe": identity},
+    }
     tasks = []
     for e in order:
-        t = {**shared, **e, "extra": {**shared["extra"], "key": e["key"],
-                                      **({"vary": e["vary"], "grid_key": e["grid_key"]} if "vary" in e else {})}}
+        t = {
+            **shared,
+            **e,
+            "extra": {
+                **shared["extra"],
+                "key": e["key"],
+                **({"vary": e["vary"], "grid_key": e["grid_key"]} if "vary" in e else {}),
+            },
+        }
         tasks.append(t)
     if adopted:
-        say(f"adopted {adopted} cells that examples/regime_grid.py wrote before satmon grid (cells/<name>.json with this "
-            "grid's configuration)")
-    say(f"{len(entries)} cells ({len(done)} complete), {len(tasks)} to run, {settings.steps} steps each "
-        f"(window {settings.window}), recipe {recipe.name} -> {out}")
-    status: dict[str, CellStatus] = {e["name"]: CellStatus(e["name"], e["key"], "done") for e in entries if e["name"] in done}
+        say(
+            f"adopted {adopted} cells that examples/regime_grid.py wrote before satmon grid "
+            "(cells/<name>.json with this "
+            "grid's configuration)"
+        )
+    say(
+        f"{len(entries)} cells ({len(done)} complete), {len(tasks)} to run, {settings.steps} steps each "
+        f"(window {settings.window}), recipe {recipe.name} -> {out}"
+    )
+    status: dict[str, CellStatus] = {
+        e["name"]: CellStatus(e["name"], e["key"], "done") for e in entries if e["name"] in done
+    }
     interrupted = False
     if tasks:
         ex = make_executor(executor, jobs_dir, jobs, time_min, slurm, say, dry_run)
@@ -491,17 +466,43 @@ def _run_locked(recipe: Recipe, where: str, identity: dict[str, Any], plan: Grid
             interrupted = True
     for e in entries:
         if e["name"] not in status:
-            status[e["name"]] = CellStatus(e["name"], e["key"], "missing", "not run: the grid was interrupted" if interrupted
-                                           else "not run")
-    result = _finish(recipe, where, identity, plan, settings, opts, gkey, out, entries, done, status, permutations,
-                     executor, jobs, say, final=not interrupted)
+            status[e["name"]] = CellStatus(
+                e["name"], e["key"], "missing", "not run: the grid was interrupted" if interrupted else "not run"
+            )
+    result = _finish(
+        recipe,
+        where,
+        identity,
+        plan,
+        settings,
+        opts,
+        gkey,
+        out,
+        entries,
+        done,
+        status,
+        permutations,
+        executor,
+        jobs,
+        say,
+        final=not interrupted,
+    )
     if interrupted:
         raise GridInterrupted(result)
     return result
 
 
-def _adopt_legacy(cells_dir: Path, e: dict[str, Any], config: dict[str, Any], recipe: Recipe, settings: GridSettings,
-                  opts: dict[str, Any], processed: int, gkey: str, identity: dict[str, Any]) -> dict[str, Any] | None:
+def _adopt_legacy(
+    cells_dir: Path,
+    e: dict[str, Any],
+    config: dict[str, Any],
+    recipe: Recipe,
+    settings: GridSettings,
+    opts: dict[str, Any],
+    processed: int,
+    gkey: str,
+    identity: dict[str, Any],
+) -> dict[str, Any] | None:
     """A cell of ``examples/regime_grid.py`` before ``satmon grid`` (``cells/<name>.json``, no key), made with exactly
     this grid's configuration and the recipe's fields, as a keyed record (its ``code`` kept; ``adopted_from``
     names the file); else ``None``. The moved code gives such cells to the last digit (tests/grid/test_builtin.py)."""
@@ -509,25 +510,52 @@ def _adopt_legacy(cells_dir: Path, e: dict[str, Any], config: dict[str, Any], re
 
     legacy = cells_dir / f"{e['name']}.json"
     cell = _read_json(legacy)
-    if not (isinstance(cell, dict) and cell.get("name") == e["name"] and cell.get("config") == config and "key" not in cell
-            and "delta" in cell and "val_curve_dyt" in cell and cell.get("seed") == e["seed"]):
+    if not (
+        isinstance(cell, dict)
+        and cell.get("name") == e["name"]
+        and cell.get("config") == config
+        and "key" not in cell
+        and "delta" in cell
+        and "val_curve_dyt" in cell
+        and cell.get("seed") == e["seed"]
+    ):
         return None
     spec = make_spec(recipe, settings, opts, e["size"], Budget.parse(e["budget"]), e["seed"])
-    if any(cell.get(k) != v for k, v in recipe_fields(recipe, spec).items()) or cell.get("train_tokens") != spec.unique_tokens:
+    if (
+        any(cell.get(k) != v for k, v in recipe_fields(recipe, spec).items())
+        or cell.get("train_tokens") != spec.unique_tokens
+    ):
         return None
     best_d, best_l = cell["best_val_loss_dyt"], cell["best_val_loss_layernorm"]
-    cell.update({"passes": cell["epochs"], "delta_best": (best_d - best_l) / best_l, "helps_best": best_d < best_l,
-                 "best_step_dyt": min(cell["val_curve_dyt"], key=lambda sv: sv[1])[0],
-                 "best_step_layernorm": min(cell["val_curve_layernorm"], key=lambda sv: sv[1])[0],
-                 "batches_crc": None, "key": e["key"], "grid_key": gkey, "recipe": identity, "adopted_from": str(legacy)})
+    cell.update(
+        {
+            "passes": cell["epochs"],
+            "delta_best": (best_d - best_l) / best_l,
+            "helps_best": best_d < best_l,
+            "best_step_dyt": min(cell["val_curve_dyt"], key=lambda sv: sv[1])[0],
+            "best_step_layernorm": min(cell["val_curve_layernorm"], key=lambda sv: sv[1])[0],
+            "batches_crc": None,
+            "key": e["key"],
+            "grid_key": gkey,
+            "recipe": identity,
+            "adopted_from": str(legacy),
+        }
+    )
     from satmon.grid.jobs import _write_json
 
     _write_json(Path(e["cell"]), cell)
     return cell
 
 
-def _dry_run(ex: Any, tasks: list[dict[str, Any]], jobs_dir: Path, say: Callable[[str], None], out: Path,
-             entries: list, done: dict) -> GridResult:
+def _dry_run(
+    ex: Any,
+    tasks: list[dict[str, Any]],
+    jobs_dir: Path,
+    say: Callable[[str], None],
+    out: Path,
+    entries: list,
+    done: dict,
+) -> GridResult:
     from satmon.grid.jobs import SubmititSlurm, _write_json
 
     if not isinstance(ex, SubmititSlurm):
@@ -538,15 +566,24 @@ def _dry_run(ex: Any, tasks: list[dict[str, Any]], jobs_dir: Path, say: Callable
 
     atomic_write(jobs_dir / "submission.sh", text)
     _write_json(jobs_dir / "tasks.json", tasks)
-    say(f"dry run: {len(tasks)} cells as one SLURM array; sbatch file {jobs_dir / 'submission.sh'}, tasks "
-        f"{jobs_dir / 'tasks.json'}; nothing submitted")
+    say(
+        f"dry run: {len(tasks)} cells as one SLURM array; sbatch file {jobs_dir / 'submission.sh'}, tasks "
+        f"{jobs_dir / 'tasks.json'}; nothing submitted"
+    )
     status = [CellStatus(e["name"], e["key"], "done" if e["name"] in done else "missing", "dry run") for e in entries]
     return GridResult(out, out / "grid.json", list(done.values()), status)
 
 
-def _schedule(ex: Any, tasks: list[dict[str, Any]], recipe: Recipe, settings: GridSettings,
-              done: dict[str, dict[str, Any]], status: dict[str, CellStatus], every: float | None,
-              say: Callable[[str], None]) -> None:
+def _schedule(
+    ex: Any,
+    tasks: list[dict[str, Any]],
+    recipe: Recipe,
+    settings: GridSettings,
+    done: dict[str, dict[str, Any]],
+    status: dict[str, CellStatus],
+    every: float | None,
+    say: Callable[[str], None],
+) -> None:
     """Submit ``tasks`` (at most ``ex.capacity`` at once), poll until all end; record each one's status."""
     if every is None:
         every = 30.0 if sys.stderr.isatty() else 120.0
@@ -586,19 +623,30 @@ def _schedule(ex: Any, tasks: list[dict[str, Any]], recipe: Recipe, settings: Gr
                     where = f"log {h.log}" if os.path.isfile(h.log) else f"no log: {ex.no_log_why(h)}"
                 else:
                     why, where = f"died without a result: {ex.died_why(h)}", ""
-                status[name] = CellStatus(name, t["key"], "failed" if isinstance(failed, dict) else "died", why,
-                                          h.log if os.path.isfile(h.log) else None)
+                status[name] = CellStatus(
+                    name,
+                    t["key"],
+                    "failed" if isinstance(failed, dict) else "died",
+                    why,
+                    h.log if os.path.isfile(h.log) else None,
+                )
                 say(f"{name} {why}" + (f"; {where}" if where else "") + "; a rerun of the same command runs it again")
             now = time.perf_counter()
             if now - last >= every and (running or queue):
                 last = now
                 partial = {n: _share(Path(by_name[n]["progress"])) for n in running}
                 work = finished_units + sum(units[n] * f for n, f in partial.items())
-                eta = (f"~{(now - t0) / work * (total - work) / 60:.0f} min left" if work > 0 else "ETA after the first "
-                       "progress report")
-                say(f"{len(done)} done, {len(running)} running ("
-                    + ", ".join(f"{n} {100 * f:.0f}%" for n, f in sorted(partial.items())) + f"), {len(queue)} queued, "
-                    f"{n_failed} failed; {(now - t0) / 60:.1f} min; {eta}")
+                eta = (
+                    f"~{(now - t0) / work * (total - work) / 60:.0f} min left"
+                    if work > 0
+                    else "ETA after the first progress report"
+                )
+                say(
+                    f"{len(done)} done, {len(running)} running ("
+                    + ", ".join(f"{n} {100 * f:.0f}%" for n, f in sorted(partial.items()))
+                    + f"), {len(queue)} queued, "
+                    f"{n_failed} failed; {(now - t0) / 60:.1f} min; {eta}"
+                )
     except KeyboardInterrupt:
         ex.cancel(list(running.values()))
         from satmon.grid.jobs import _write_json
@@ -611,8 +659,9 @@ def _schedule(ex: Any, tasks: list[dict[str, Any]], recipe: Recipe, settings: Gr
                 except OSError:
                     pass
         for name, h in running.items():
-            status[name] = CellStatus(name, by_name[name]["key"], "missing", "interrupted (Ctrl-C): its job was cancelled",
-                                      h.log)
+            status[name] = CellStatus(
+                name, by_name[name]["key"], "missing", "interrupted (Ctrl-C): its job was cancelled", h.log
+            )
         raise
 
 
@@ -624,10 +673,24 @@ def _share(path: Path) -> float:
         return 0.0
 
 
-def _finish(recipe: Recipe, where: str, identity: dict[str, Any], plan: GridPlan, settings: GridSettings,
-            opts: dict[str, Any], gkey: str, out: Path, entries: list[dict[str, Any]], done: dict[str, dict[str, Any]],
-            status: dict[str, CellStatus], permutations: int, executor: str, jobs: int, say: Callable[[str], None],
-            final: bool) -> GridResult:
+def _finish(
+    recipe: Recipe,
+    where: str,
+    identity: dict[str, Any],
+    plan: GridPlan,
+    settings: GridSettings,
+    opts: dict[str, Any],
+    gkey: str,
+    out: Path,
+    entries: list[dict[str, Any]],
+    done: dict[str, dict[str, Any]],
+    status: dict[str, CellStatus],
+    permutations: int,
+    executor: str,
+    jobs: int,
+    say: Callable[[str], None],
+    final: bool,
+) -> GridResult:
     from satmon.grid.analysis import (
         analyze,
         answer_text,
@@ -645,9 +708,21 @@ def _finish(recipe: Recipe, where: str, identity: dict[str, Any], plan: GridPlan
     text = answer_text(recipe.name, cells, analysis, forecast, [s for s in status.values() if s.state != "done"])
     st = [status[e["name"]] for e in entries]
     json_path = out / "grid.json"
-    write_grid(json_path, format_=FORMAT, recipe=identity, plan=plan.to_json(), settings=settings.shared(),
-               options=recipe.shared_options(opts), key=gkey, environment=environment(1, jobs), executor=executor,
-               cells=cells, status=st, analysis=analysis, forecast=forecast)
+    write_grid(
+        json_path,
+        format_=FORMAT,
+        recipe=identity,
+        plan=plan.to_json(),
+        settings=settings.shared(),
+        options=recipe.shared_options(opts),
+        key=gkey,
+        environment=environment(1, jobs),
+        executor=executor,
+        cells=cells,
+        status=st,
+        analysis=analysis,
+        forecast=forecast,
+    )
     write_phase_csv(out / "phase_grid.csv", phase_rows(cells, f"satmon grid: {recipe.name} ({out.name})"))
     if cells:
         from satmon.io.atomic import atomic_write
@@ -656,6 +731,9 @@ def _finish(recipe: Recipe, where: str, identity: dict[str, Any], plan: GridPlan
     if final:
         for line in text.splitlines():
             say(line)
-        say(f"wrote {json_path}, {out / 'phase_grid.csv'}" + (f", {out / 'report.md'}" if cells else "")
-            + f"; draw the cells on the study's phase diagram: satmon report --plot --cells {json_path}")
+        say(
+            f"wrote {json_path}, {out / 'phase_grid.csv'}"
+            + (f", {out / 'report.md'}" if cells else "")
+            + f"; draw the cells on the study's phase diagram: satmon report --plot --cells {json_path}"
+        )
     return GridResult(out, json_path, cells, st, analysis, text)

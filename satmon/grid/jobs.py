@@ -29,8 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Executor", "Handle", "LocalProcesses", "SubmititLocal", "SubmititSlurm", "have_submitit", "make_executor",
-           "run_job"]
+__all__ = [
+    "Executor",
+    "Handle",
+    "LocalProcesses",
+    "SubmititLocal",
+    "SubmititSlurm",
+    "have_submitit",
+    "make_executor",
+    "run_job",
+]
 
 
 def have_submitit() -> bool:
@@ -122,10 +130,12 @@ def check_imports(expected: Mapping[str, str | None] | None) -> None:
     got = import_roots()
     for name, want in expected.items():
         if want and got.get(name) and got[name] != want:
-            raise RuntimeError(f"Expected the job to import {name} from {want} (as the grid that submitted it did), "
-                               "got "
-                               f"{got[name]}: run the grid where its jobs see the same installation (on SLURM, the "
-                               "same Python environment on every node).")
+            raise RuntimeError(
+                f"Expected the job to import {name} from {want} (as the grid that submitted it did), "
+                "got "
+                f"{got[name]}: run the grid where its jobs see the same installation (on SLURM, the "
+                "same Python environment on every node)."
+            )
 
 
 def _own_log(task: Mapping[str, Any]) -> str | None:
@@ -157,18 +167,26 @@ def run_job(task: Mapping[str, Any]) -> str:
     """
     os.environ.setdefault("OMP_NUM_THREADS", str(task.get("threads", 1)))
     check_imports(task.get("imports"))  # before anything is written: this job measures with the grid's code
+    from satmon.errors import error_line
     from satmon.grid.cell import make_spec, measure_cell
     from satmon.grid.config import Budget, GridSettings
-    from satmon.errors import error_line
     from satmon.grid.recipe import check_identity, load_recipe
     from satmon.replaying.user_code import no_working_directory
 
     cell, attempt, failed, prog = (Path(task[k]) for k in ("cell", "attempt", "failed", "progress"))
     log = _own_log(task)
     failed.unlink(missing_ok=True)
-    _write_json(attempt, {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-                          "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
-                          "array_task": os.environ.get("SLURM_ARRAY_TASK_ID"), "log": log})
+    _write_json(
+        attempt,
+        {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.time(),
+            "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
+            "array_task": os.environ.get("SLURM_ARRAY_TASK_ID"),
+            "log": log,
+        },
+    )
     try:
         import logging
         import warnings
@@ -182,8 +200,14 @@ def run_job(task: Mapping[str, Any]) -> str:
         s = dict(task["settings"])
         s["betas"] = tuple(s.get("betas", (0.9, 0.95)))
         settings = GridSettings(**s)
-        spec = make_spec(recipe, settings, recipe.options_with(task["options"]), task["size"], Budget.parse(task["budget"]),
-                         int(task["seed"]))
+        spec = make_spec(
+            recipe,
+            settings,
+            recipe.options_with(task["options"]),
+            task["size"],
+            Budget.parse(task["budget"]),
+            int(task["seed"]),
+        )
         steps = settings.steps
         arms = tuple(task.get("arms") or recipe.arms)
 
@@ -196,9 +220,16 @@ def run_job(task: Mapping[str, Any]) -> str:
             except OSError:
                 pass
 
-        record = measure_cell(recipe, settings, spec, threads=int(task.get("threads", 1)), progress=progress,
-                              extra=task.get("extra"), arms=arms,
-                              jobs=int(task.get("jobs", 1)))
+        record = measure_cell(
+            recipe,
+            settings,
+            spec,
+            threads=int(task.get("threads", 1)),
+            progress=progress,
+            extra=task.get("extra"),
+            arms=arms,
+            jobs=int(task.get("jobs", 1)),
+        )
         record["name"] = str(task.get("name") or record["name"])  # a --vary cell's name holds its values
         _write_json(cell, record)
     except KeyboardInterrupt:  # cancelled (Ctrl-C in the grid, scancel): not a failure of the cell
@@ -209,8 +240,17 @@ def run_job(task: Mapping[str, Any]) -> str:
         raise
     except BaseException as e:
         try:
-            _write_json(failed, {"error": error_line(e), "type": type(e).__name__, "log": log,
-                                 "traceback": traceback.format_exc()[-4000:], "host": socket.gethostname(), "pid": os.getpid()})
+            _write_json(
+                failed,
+                {
+                    "error": error_line(e),
+                    "type": type(e).__name__,
+                    "log": log,
+                    "traceback": traceback.format_exc()[-4000:],
+                    "host": socket.gethostname(),
+                    "pid": os.getpid(),
+                },
+            )
         except Exception:
             pass
         raise
@@ -260,18 +300,24 @@ class Executor:
 
     def died_why(self, handle: Handle) -> str:
         """Why a job ended without a result and without an error it caught (:func:`died_why`)."""
-        return died_why(self.exit_note(handle), self.exit_code(handle), self.state(handle), handle.log,
-                        self.no_log_why(handle))
+        return died_why(
+            self.exit_note(handle), self.exit_code(handle), self.state(handle), handle.log, self.no_log_why(handle)
+        )
 
     def cancel(self, handles: Sequence[Handle]) -> None:
         raise NotImplementedError
 
 
 #: What a scheduler's end state says of a job that left no result.
-_STATES = {"OUT_OF_MEMORY": "out of memory (the scheduler killed it)", "TIMEOUT": "over its time limit (--time)",
-           "PREEMPTED": "preempted by the scheduler", "NODE_FAIL": "its node failed",
-           "CANCELLED": "cancelled (scancel, or the scheduler)", "BOOT_FAIL": "its node failed to boot",
-           "DEADLINE": "past its deadline"}
+_STATES = {
+    "OUT_OF_MEMORY": "out of memory (the scheduler killed it)",
+    "TIMEOUT": "over its time limit (--time)",
+    "PREEMPTED": "preempted by the scheduler",
+    "NODE_FAIL": "its node failed",
+    "CANCELLED": "cancelled (scancel, or the scheduler)",
+    "BOOT_FAIL": "its node failed to boot",
+    "DEADLINE": "past its deadline",
+}
 
 
 def last_error_line(log: str | None, limit: int = 65_536) -> str | None:
@@ -299,8 +345,11 @@ def last_error_line(log: str | None, limit: int = 65_536) -> str | None:
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return None
-    pattern = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*|.*\b(Killed|oom[-_ ]kill|"
-                         r"Out Of Memory|CANCELLED|DUE TO TIME LIMIT|PREEMPT\w*)\b.*)$", re.IGNORECASE)
+    pattern = re.compile(
+        r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*|.*\b(Killed|oom[-_ ]kill|"
+        r"Out Of Memory|CANCELLED|DUE TO TIME LIMIT|PREEMPT\w*)\b.*)$",
+        re.IGNORECASE,
+    )
     for line in reversed(text.splitlines()):
         line = line.strip()
         if line and pattern.match(line):
@@ -387,7 +436,9 @@ class SubmititLocal(_Submitit):
 
     def exit_note(self, handle: Handle) -> str:
         code = self._controller_code(handle)
-        return f"job {handle.job.job_id} state {handle.job.state}" + (f", exit code {code}" if code not in (None, 0) else "")
+        return f"job {handle.job.job_id} state {handle.job.state}" + (
+            f", exit code {code}" if code not in (None, 0) else ""
+        )
 
     @staticmethod
     def _controller_code(handle: Handle) -> int | None:
@@ -398,20 +449,33 @@ class SubmititLocal(_Submitit):
         return self._controller_code(handle) or None  # the controller's: 0 says nothing of its job's end
 
     def no_log_why(self, handle: Handle) -> str:
-        return ("submitit's controller ended before it started the job (what it printed went to this grid's stderr, "
-                "above)")
+        return (
+            "submitit's controller ended before it started the job (what it printed went to this grid's stderr, above)"
+        )
 
 
-def slurm_parameters(partition: str | None, gpus_per_cell: int, time_min: int, max_parallel: int,
-                     cpus_per_cell: int, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def slurm_parameters(
+    partition: str | None,
+    gpus_per_cell: int,
+    time_min: int,
+    max_parallel: int,
+    cpus_per_cell: int,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The SLURM job parameters of a grid, as submitit's ``SlurmExecutor.update_parameters`` takes them.
 
     Example:
         >>> slurm_parameters("gpu", 1, 60, 4, 2)["array_parallelism"]
         4
     """
-    p: dict[str, Any] = {"job_name": "satmon-grid", "time": time_min, "nodes": 1, "ntasks_per_node": 1,
-                         "cpus_per_task": cpus_per_cell, "array_parallelism": max_parallel}
+    p: dict[str, Any] = {
+        "job_name": "satmon-grid",
+        "time": time_min,
+        "nodes": 1,
+        "ntasks_per_node": 1,
+        "cpus_per_task": cpus_per_cell,
+        "array_parallelism": max_parallel,
+    }
     if partition:
         p["partition"] = partition
     if gpus_per_cell:
@@ -483,8 +547,13 @@ class LocalProcesses(Executor):
             log = (self.folder / f"{Path(t['cell']).stem}.log").absolute()
             _write_json(task_file, {**dict(t), "log": str(log)})
             with open(log, "ab") as f:  # in the job folder with job_environment(): never the working folder's code
-                proc = subprocess.Popen([sys.executable, "-m", "satmon.grid.jobs", str(task_file)], stdout=f,
-                                        stderr=subprocess.STDOUT, env=env, cwd=str(self.folder.absolute()))
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "satmon.grid.jobs", str(task_file)],
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=str(self.folder.absolute()),
+                )
             out.append(Handle(t["name"], proc, str(log)))
         return out
 
@@ -496,7 +565,9 @@ class LocalProcesses(Executor):
 
     def exit_note(self, handle: Handle) -> str:
         code = handle.job.poll()
-        return f"process {handle.job.pid} exit code {code}" + (f" (signal {-code})" if code is not None and code < 0 else "")
+        return f"process {handle.job.pid} exit code {code}" + (
+            f" (signal {-code})" if code is not None and code < 0 else ""
+        )
 
     def cancel(self, handles: Sequence[Handle]) -> None:
         for h in handles:
@@ -509,26 +580,39 @@ class LocalProcesses(Executor):
                 h.job.kill()
 
 
-def make_executor(kind: str, folder: Path, jobs: int, time_min: int, slurm: Mapping[str, Any] | None = None,
-                  say: Any = None, dry_run: bool = False) -> Executor:
+def make_executor(
+    kind: str,
+    folder: Path,
+    jobs: int,
+    time_min: int,
+    slurm: Mapping[str, Any] | None = None,
+    say: Any = None,
+    dry_run: bool = False,
+) -> Executor:
     """The executor ``kind`` (``"local"`` or ``"slurm"``) over the job folder ``folder``."""
     if kind == "slurm":
         if not have_submitit():
-            raise ValueError("Expected submitit for --executor slurm, got none installed: pip install 'satmon[grid]' "
-                             "(or pip install submitit).")
+            raise ValueError(
+                "Expected submitit for --executor slurm, got none installed: pip install 'satmon[grid]' "
+                "(or pip install submitit)."
+            )
         import shutil
 
         if not dry_run and (shutil.which("sbatch") is None or shutil.which("srun") is None):
-            raise ValueError("Expected sbatch and srun on PATH for --executor slurm (run on a SLURM login node), got "
-                             "none: run there, or add --dry-run to write the sbatch file and see what would be submitted.")
+            raise ValueError(
+                "Expected sbatch and srun on PATH for --executor slurm (run on a SLURM login node), got "
+                "none: run there, or add --dry-run to write the sbatch file and see what would be submitted."
+            )
         return SubmititSlurm(folder, slurm or {})
     if kind != "local":
         raise ValueError(f"Expected --executor local or slurm, got {kind!r}.")
     if have_submitit():
         return SubmititLocal(folder, jobs, time_min)
     if say is not None:
-        say("submitit is not installed: cells run as plain local processes (pip install 'satmon[grid]' adds submitit "
-            "and --executor slurm)")
+        say(
+            "submitit is not installed: cells run as plain local processes (pip install 'satmon[grid]' adds submitit "
+            "and --executor slurm)"
+        )
     return LocalProcesses(folder, jobs)
 
 

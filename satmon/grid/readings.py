@@ -47,9 +47,11 @@ def positional(prefix: str, per_layer: dict[str, float]) -> dict[str, float]:
     """
     blocks = [b for b in (block_of(k) for k in per_layer) if b is not None]
     first, last = (min(blocks), max(blocks)) if blocks else (None, None)
-    return {f"{prefix}_first_block": _mean([v for k, v in per_layer.items() if blocks and block_of(k) == first]),
-            f"{prefix}_last_block": _mean([v for k, v in per_layer.items() if blocks and block_of(k) == last]),
-            f"{prefix}_final_norm": _mean([v for k, v in per_layer.items() if block_of(k) is None])}
+    return {
+        f"{prefix}_first_block": _mean([v for k, v in per_layer.items() if blocks and block_of(k) == first]),
+        f"{prefix}_last_block": _mean([v for k, v in per_layer.items() if blocks and block_of(k) == last]),
+        f"{prefix}_final_norm": _mean([v for k, v in per_layer.items() if block_of(k) is None]),
+    }
 
 
 def window_readings(settings: GridSettings, verdict: Any, series: WindowSeries) -> dict[str, Any]:
@@ -61,10 +63,16 @@ def window_readings(settings: GridSettings, verdict: Any, series: WindowSeries) 
     s1, t1 = series.at(settings.window)
     late = (sum(s1) - sum(s0)) / (sum(t1) - sum(t0))
     return {
-        "window_saturation": verdict.saturation, **positional("window", dict(verdict.per_layer)),
-        "window_centered": sum(centered.values()) / len(centered) if centered else math.nan, "window_late": late,
-        "window_decision": verdict.decision, "window_margin": verdict.margin, "window_flags": list(verdict.flags),
-        "window_trust": verdict.trust, "window_loss_trend": dict(verdict.loss), "window_per_layer": dict(verdict.per_layer),
+        "window_saturation": verdict.saturation,
+        **positional("window", dict(verdict.per_layer)),
+        "window_centered": sum(centered.values()) / len(centered) if centered else math.nan,
+        "window_late": late,
+        "window_decision": verdict.decision,
+        "window_margin": verdict.margin,
+        "window_flags": list(verdict.flags),
+        "window_trust": verdict.trust,
+        "window_loss_trend": dict(verdict.loss),
+        "window_per_layer": dict(verdict.per_layer),
         "window_centered_per_layer": centered,
         "window_offset_ratio_per_layer": {k: v["offset_ratio"] for k, v in verdict.offset.items()},
         "window_series": series.series(settings.series_every),
@@ -87,6 +95,7 @@ def final_offset(model: Any, batches: Sequence[Any], level: float = 2.0, device:
         def fn(module: Any, args: tuple, out: Any) -> None:
             s = offset_sums(args[0], module.alpha, level)
             sums[name] = s if name not in sums else sums[name] + s
+
         return fn
 
     handles = [l.module.register_forward_hook(hook(l.name)) for l in layers]
@@ -120,9 +129,17 @@ def final_readings(settings: GridSettings, model: Any, seen: Sequence[Any], held
 
     seen = [x.to(settings.device) for x in seen]
     v = probe(model, seen, autocast_dtype=torch.bfloat16, step=settings.steps).verdict
-    held = probe(model, [x.to(settings.device) for x in heldout], autocast_dtype=torch.bfloat16, step=settings.steps).verdict
-    return {"final_saturation": v.saturation, **positional("final", dict(v.per_layer)),
-            "final_decision": v.decision, "final_per_layer": dict(v.per_layer),
-            **final_offset(model, seen, device=settings.device),
-            "final_alpha": alphas(model), "probe_tokens": sum(b.numel() for b in seen),
-            "final_saturation_heldout": held.saturation, "final_per_layer_heldout": dict(held.per_layer)}
+    held = probe(
+        model, [x.to(settings.device) for x in heldout], autocast_dtype=torch.bfloat16, step=settings.steps
+    ).verdict
+    return {
+        "final_saturation": v.saturation,
+        **positional("final", dict(v.per_layer)),
+        "final_decision": v.decision,
+        "final_per_layer": dict(v.per_layer),
+        **final_offset(model, seen, device=settings.device),
+        "final_alpha": alphas(model),
+        "probe_tokens": sum(b.numel() for b in seen),
+        "final_saturation_heldout": held.saturation,
+        "final_per_layer_heldout": dict(held.per_layer),
+    }

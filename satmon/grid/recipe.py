@@ -118,7 +118,8 @@ def lm_loss(model: Any, x: Any, y: Any) -> Any:
         >>> emb = torch.nn.Embedding(5, 5)
         >>> torch.nn.init.zeros_(emb.weight)  # doctest: +ELLIPSIS
         Parameter...
-        >>> round(lm_loss(emb, torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long)).item(), 4)  # log 5
+        >>> x, y = torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long)
+        >>> round(lm_loss(emb, x, y).item(), 4)  # log 5
         1.6094
     """
     import torch.nn.functional as F
@@ -208,23 +209,33 @@ class Recipe:
         if arms is None:
             names = list(self.arms)
         else:
-            names = ([a.strip() for a in arms.split(",") if a.strip()] if isinstance(arms, str)
-                     else [str(a) for a in arms])
+            names = (
+                [a.strip() for a in arms.split(",") if a.strip()] if isinstance(arms, str) else [str(a) for a in arms]
+            )
         unknown = [a for a in names if a not in self.arms]
         if unknown or not names:
-            raise ValueError(f"Expected --arms among the recipe {self.name!r}'s arms ({', '.join(self.arms)}), got "
-                             f"{', '.join(unknown) if unknown else 'none'}.")
+            raise ValueError(
+                f"Expected --arms among the recipe {self.name!r}'s arms ({', '.join(self.arms)}), got "
+                f"{', '.join(unknown) if unknown else 'none'}."
+            )
         if self.arms[0] not in names:
-            raise ValueError(f"Expected --arms to include the reference arm {self.arms[0]!r} (every arm is compared with "
-                             f"it), got {', '.join(names)}.")
+            raise ValueError(
+                f"Expected --arms to include the reference arm {self.arms[0]!r} (every arm is compared with "
+                f"it), got {', '.join(names)}."
+            )
         if len(set(names)) != len(names):
             raise ValueError(f"Expected distinct --arms, got {', '.join(names)}.")
         if not any(is_dyt_arm(a) for a in names):  # a cell compares a DyT arm with the reference: none, no cell
             dyt = [a for a in self.arms if is_dyt_arm(a)]
-            raise ValueError(f"Expected at least one DyT arm ('dyt' or 'dyt-...') among --arms (the recipe "
-                             f"{self.name!r}'s arms: {', '.join(self.arms)}), got {', '.join(names)}: "
-                             + (f"add one, e.g. --arms {','.join(names + dyt[:1])}." if dyt else
-                                "the recipe declares none: add a 'dyt' arm to its arms."))
+            raise ValueError(
+                f"Expected at least one DyT arm ('dyt' or 'dyt-...') among --arms (the recipe "
+                f"{self.name!r}'s arms: {', '.join(self.arms)}), got {', '.join(names)}: "
+                + (
+                    f"add one, e.g. --arms {','.join(names + dyt[:1])}."
+                    if dyt
+                    else "the recipe declares none: add a 'dyt' arm to its arms."
+                )
+            )
         return tuple(a for a in self.arms if a in names)
 
     def step_tokens(self, options: Mapping[str, Any] | None = None) -> int:
@@ -241,8 +252,10 @@ class Recipe:
         out = self.all_options()
         for key, value in given.items():
             if key not in out:
-                raise ValueError(f"Expected --option KEY among the recipe {self.name!r}'s options "
-                                 f"({', '.join(sorted(out)) or 'it has none'}), got {key!r}.")
+                raise ValueError(
+                    f"Expected --option KEY among the recipe {self.name!r}'s options "
+                    f"({', '.join(sorted(out)) or 'it has none'}), got {key!r}."
+                )
             out[key] = _typed(key, value, out[key])
         return out
 
@@ -279,11 +292,14 @@ def _typed(key: str, value: Any, default: Any, flag: str = "--option") -> Any:
                 typed = float(value)
         except ValueError:
             kind = type(default).__name__
-            raise ValueError(f"Expected {flag} {key}= {'an' if kind[0] in 'aeiou' else 'a'} {kind} (its default is "
-                             f"{default!r}), got {value!r}.") from None
+            raise ValueError(
+                f"Expected {flag} {key}= {'an' if kind[0] in 'aeiou' else 'a'} {kind} (its default is "
+                f"{default!r}), got {value!r}."
+            ) from None
     if isinstance(typed, float) and not math.isfinite(typed):
-        raise ValueError(f"Expected {flag} {key}= a finite number (its default is {default!r}), got {value!r}: pass a "
-                         "finite value.")
+        raise ValueError(
+            f"Expected {flag} {key}= a finite number (its default is {default!r}), got {value!r}: pass a finite value."
+        )
     return typed
 
 
@@ -308,9 +324,11 @@ def load_recipe(spec: str) -> tuple[Recipe, str]:
         where = f"{Path(source).resolve()}:{attr}"
     obj = import_object(where, "RECIPE", "mypkg.grid:RECIPE")
     if not isinstance(obj, Recipe):
-        raise UsageError(f"Expected RECIPE {spec} to name a satmon.grid.Recipe, got {type(obj).__name__}: wrap your "
-                         "functions as RECIPE = satmon.grid.Recipe(name=..., data=..., model=..., tokens_per_step=...) "
-                         "(docs/guides/grid.md has a complete example).")
+        raise UsageError(
+            f"Expected RECIPE {spec} to name a satmon.grid.Recipe, got {type(obj).__name__}: wrap your "
+            "functions as RECIPE = satmon.grid.Recipe(name=..., data=..., model=..., tokens_per_step=...) "
+            "(docs/guides/grid.md has a complete example)."
+        )
     return obj, where
 
 
@@ -330,8 +348,12 @@ def recipe_identity(recipe: Recipe, where: str) -> dict[str, Any]:
         except (OSError, TypeError):
             text = b""
         digests.append(hashlib.sha256(text).hexdigest())
-    return {"spec": where, "name": recipe.name, "version": recipe.version,
-            "source_sha256": sorted(set(digests))[0] if len(set(digests)) == 1 else ",".join(digests)}
+    return {
+        "spec": where,
+        "name": recipe.name,
+        "version": recipe.version,
+        "source_sha256": sorted(set(digests))[0] if len(set(digests)) == 1 else ",".join(digests),
+    }
 
 
 def recipe_file(where: str) -> Path | None:
@@ -360,8 +382,10 @@ def snapshot_recipe(where: str, identity: Mapping[str, Any], folder: Path) -> st
     data = path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if digest not in str(identity.get("source_sha256", "")).split(","):
-        raise ValueError(f"Expected the recipe file {path} to stay as the grid read it while the grid starts, got it "
-                         "changed (its SHA-256 differs from the one its cells are keyed by): run the command again.")
+        raise ValueError(
+            f"Expected the recipe file {path} to stay as the grid read it while the grid starts, got it "
+            "changed (its SHA-256 differs from the one its cells are keyed by): run the command again."
+        )
     from satmon.io.atomic import atomic_write
 
     copy = folder / digest[:16] / path.name
@@ -383,6 +407,8 @@ def check_identity(recipe: Recipe, expected: Mapping[str, Any]) -> None:
     if differ:
         want = ", ".join(f"{k} {str(expected.get(k))[:20]}" for k in differ)
         have = ", ".join(f"{k} {str(got.get(k))[:20]}" for k in differ)
-        raise ValueError(f"Expected the recipe {expected.get('spec')} as the grid keyed its cells ({want}), got "
-                         f"{have}: its code changed after the grid started; rerun the command (the changed code's "
-                         "cells get new keys).")
+        raise ValueError(
+            f"Expected the recipe {expected.get('spec')} as the grid keyed its cells ({want}), got "
+            f"{have}: its code changed after the grid started; rerun the command (the changed code's "
+            "cells get new keys)."
+        )

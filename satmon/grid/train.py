@@ -1,4 +1,5 @@
-"""One arm of a cell: the grid's training loop (the regime study's ``train.py`` protocol), screened by ``satmon.Screen``.
+"""One arm of a cell: the grid's training loop (the regime study's ``train.py`` protocol),
+screened by ``satmon.Screen``.
 
 Moved from ``examples/regime_grid.py`` (0.4's faithful grid) and made recipe-generic: the model, the batches,
 the held-out split and the loss come from the recipe (:mod:`satmon.grid.recipe`); the optimizer, the schedule,
@@ -41,8 +42,11 @@ def optimizer(settings: GridSettings, model: nn.Module):
 
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                            lr=settings.lr, betas=tuple(settings.betas))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": settings.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+        lr=settings.lr,
+        betas=tuple(settings.betas),
+    )
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda i: lr_factor(settings, i))
 
 
@@ -55,7 +59,7 @@ def val_loss(recipe: Recipe, model: nn.Module, x: Any, y: Any, batch: int = 128)
     total = 0.0
     with torch.no_grad():
         for i in range(0, x.shape[0], batch):
-            total += float(recipe.loss(model, x[i:i + batch], y[i:i + batch])) * x[i:i + batch].shape[0]
+            total += float(recipe.loss(model, x[i : i + batch], y[i : i + batch])) * x[i : i + batch].shape[0]
     model.train(was)
     return total / x.shape[0]
 
@@ -93,9 +97,15 @@ class WindowSeries:
                 continue
             ds = [a - b for a, b in zip(sat, prev[1])]
             dt = [a - b for a, b in zip(tot, prev[2])]
-            out.append({"step": step, "saturation": sum(ds) / sum(dt) if sum(dt) else math.nan,
-                        "per_layer": {n: s / t if t else math.nan for n, s, t in zip(self.names, ds, dt)},
-                        "cumulative": sum(sat) / sum(tot) if sum(tot) else math.nan, "alpha": alpha})
+            out.append(
+                {
+                    "step": step,
+                    "saturation": sum(ds) / sum(dt) if sum(dt) else math.nan,
+                    "per_layer": {n: s / t if t else math.nan for n, s, t in zip(self.names, ds, dt)},
+                    "cumulative": sum(sat) / sum(tot) if sum(tot) else math.nan,
+                    "alpha": alpha,
+                }
+            )
             prev = (step, sat, tot)
         return out
 
@@ -114,8 +124,9 @@ def _start_state(model: Any) -> dict[str, Any]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def check_same_start(ln_start: dict[str, Any], dyt_model: Any, recipe: Recipe, arm: str = "dyt",
-                     reference: str = "layernorm") -> None:
+def check_same_start(
+    ln_start: dict[str, Any], dyt_model: Any, recipe: Recipe, arm: str = "dyt", reference: str = "layernorm"
+) -> None:
     """Every arm must start from the reference arm's weights wherever they share a tensor (same name and shape)."""
     import torch
 
@@ -123,16 +134,26 @@ def check_same_start(ln_start: dict[str, Any], dyt_model: Any, recipe: Recipe, a
     shared = [k for k in ln_start if k in dyt and tuple(dyt[k].shape) == tuple(ln_start[k].shape)]
     differ = [k for k in shared if not torch.equal(ln_start[k].to(dyt[k].device), dyt[k])]
     if differ or not shared:
-        raise ValueError(f"Expected the recipe {recipe.name!r} to build the arm {arm!r} from the reference arm {reference!r}'s "
-                         "initial weights where they share a tensor, got "
-                         + (f"different values in {', '.join(differ[:4])}" if differ else "no tensor in common")
-                         + ": seed every random draw from spec.seed inside model(spec, norm) (torch.manual_seed(spec.seed) "
-                           "before building), and convert LayerNorm to DyT after the weights are drawn.")
+        raise ValueError(
+            f"Expected the recipe {recipe.name!r} to build the arm {arm!r} from the reference arm {reference!r}'s "
+            "initial weights where they share a tensor, got "
+            + (f"different values in {', '.join(differ[:4])}" if differ else "no tensor in common")
+            + ": seed every random draw from spec.seed inside model(spec, norm) (torch.manual_seed(spec.seed) "
+            "before building), and convert LayerNorm to DyT after the weights are drawn."
+        )
 
 
-def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: CellData, norm: str,
-              on_step: Callable[[int, Any], None] | None = None, progress: Callable[[int], None] | None = None,
-              same_start: dict[str, Any] | None = None, reference: str = "layernorm") -> dict[str, Any]:
+def train_arm(
+    settings: GridSettings,
+    recipe: Recipe,
+    spec: CellSpec,
+    data: CellData,
+    norm: str,
+    on_step: Callable[[int, Any], None] | None = None,
+    progress: Callable[[int], None] | None = None,
+    same_start: dict[str, Any] | None = None,
+    reference: str = "layernorm",
+) -> dict[str, Any]:
     """Train one arm of a cell; the DyT arm is screened by ``satmon.Screen`` over its first ``settings.window`` steps.
 
     Args:
@@ -159,14 +180,18 @@ def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: Cell
 
     model = recipe.model(spec, norm)
     if model is None or not hasattr(model, "parameters"):
-        raise ValueError(f"Expected the recipe {recipe.name!r}'s model(spec, {norm!r}) to return a torch.nn.Module, got "
-                         f"{type(model).__name__}.")
+        raise ValueError(
+            f"Expected the recipe {recipe.name!r}'s model(spec, {norm!r}) to return a torch.nn.Module, got "
+            f"{type(model).__name__}."
+        )
     has_dyt, dyt_arm = bool(find_dyt_layers(model)), is_dyt_arm(norm)
     if has_dyt != dyt_arm:
-        raise ValueError(f"Expected the recipe {recipe.name!r}'s {norm!r} arm to hold "
-                         f"{'DyT layers' if dyt_arm else 'no DyT layer'}, got "
-                         f"{'some' if has_dyt else 'none'}: build norm='dyt' with satmon.convert_to_dyt(model) "
-                         "(rmsnorm=True for RMSNorm models) and norm='layernorm' without it.")
+        raise ValueError(
+            f"Expected the recipe {recipe.name!r}'s {norm!r} arm to hold "
+            f"{'DyT layers' if dyt_arm else 'no DyT layer'}, got "
+            f"{'some' if has_dyt else 'none'}: build norm='dyt' with satmon.convert_to_dyt(model) "
+            "(rmsnorm=True for RMSNorm models) and norm='layernorm' without it."
+        )
     model = model.to(settings.device)
     if same_start is not None:
         check_same_start(same_start, model, recipe, norm, reference)
@@ -182,7 +207,9 @@ def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: Cell
         screen.attach(model, example_input=data.example_input.to(settings.device))
         screen.on_watch_check = watch.add
     marks = {s for s in range(settings.series_every, settings.window + 1, settings.series_every)} | {
-        late_start(settings), settings.window}
+        late_start(settings),
+        settings.window,
+    }
     curve: list[tuple[int, float]] = []
     train_curve: list[tuple[int, float]] = []
     alpha_curve: list[tuple[int, dict[str, float]]] = []
@@ -195,8 +222,10 @@ def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: Cell
         try:
             x, y = next(batches)  # (B, T), (B, T)
         except StopIteration:
-            raise ValueError(f"Expected the recipe {recipe.name!r}'s data.train() to yield {settings.steps} batches, got "
-                             f"{step - 1}: make it an endless stream (draw random windows of the budget).") from None
+            raise ValueError(
+                f"Expected the recipe {recipe.name!r}'s data.train() to yield {settings.steps} batches, got "
+                f"{step - 1}: make it an endless stream (draw random windows of the budget)."
+            ) from None
         crc = _digest(x, crc)
         x, y = x.to(settings.device), y.to(settings.device)
         loss = recipe.loss(model, x, y)
@@ -230,14 +259,24 @@ def train_arm(settings: GridSettings, recipe: Recipe, spec: CellSpec, data: Cell
             if progress is not None:
                 progress(step)
     bad = int(first_bad)  # one host read, after the loop
-    out: dict[str, Any] = {"model": model, "start": start, "val_loss": curve[-1][1], "val_curve": curve,
-                           "train_curve": train_curve, "batches_crc": crc,
-                           "diverged_at": bad if bad else val_bad}
+    out: dict[str, Any] = {
+        "model": model,
+        "start": start,
+        "val_loss": curve[-1][1],
+        "val_curve": curve,
+        "train_curve": train_curve,
+        "batches_crc": crc,
+        "diverged_at": bad if bad else val_bad,
+    }
     if screen is not None:
         screen.finish()
         screen.detach()
-        out.update(verdict=screen.verdict, series=series, alpha_curve=alpha_curve,
-                   watch=watch.record(screen.settings, screen.verdict, settings.window, screen.trap))
+        out.update(
+            verdict=screen.verdict,
+            series=series,
+            alpha_curve=alpha_curve,
+            watch=watch.record(screen.settings, screen.verdict, settings.window, screen.trap),
+        )
     return out
 
 
@@ -254,15 +293,20 @@ class WatchLog:
 
         stats = {k: {n: _finite(v) for n, v in st.items()} for k, st in r.gate_stats.items()}  # NaN: no data -> None
         flat = [st["flat_fraction"] for st in stats.values() if st.get("flat_fraction") is not None]
-        self.checks.append({
-            "step": r.step, "gated_saturation": r.gated_saturation,
-            "flat_fraction": sum(flat) / len(flat) if flat else None,
-            "gate_stats": stats, "mean_abs_hidden": _mean_stat(stats, "mean_abs_hidden"),
-            "loss_z": _finite(r.loss_z), "nonfinite": r.nonfinite,
-            "found": {k.value: bool(v) for k, v in r.found.items()},
-            "flagged": any(reason is StopReason.COLLAPSE_RISK for reason, _ in r.due),
-            "patience_count": int(watch.streak.get(StopReason.COLLAPSE_RISK, 0)),
-        })
+        self.checks.append(
+            {
+                "step": r.step,
+                "gated_saturation": r.gated_saturation,
+                "flat_fraction": sum(flat) / len(flat) if flat else None,
+                "gate_stats": stats,
+                "mean_abs_hidden": _mean_stat(stats, "mean_abs_hidden"),
+                "loss_z": _finite(r.loss_z),
+                "nonfinite": r.nonfinite,
+                "found": {k.value: bool(v) for k, v in r.found.items()},
+                "flagged": any(reason is StopReason.COLLAPSE_RISK for reason, _ in r.due),
+                "patience_count": int(watch.streak.get(StopReason.COLLAPSE_RISK, 0)),
+            }
+        )
 
     def record(self, s: Any, verdict: Any, window: int, trap: Any = None) -> dict[str, Any]:
         """The watch's record: its settings, every check, the first flag's step (``None``: never), whether the
@@ -272,13 +316,24 @@ class WatchLog:
         check (:meth:`~satmon.results.trap.TrapReading.to_dict`) and ``first_trapped_step`` (``None``: never named)."""
         first = next((c["step"] for c in self.checks if c["flagged"]), None)
         risk = bool(getattr(verdict, "collapse_risk", False)) if verdict is not None else False
-        out = {"every_n_steps": s.watch_every_n_steps, "collapse_threshold": s.collapse_threshold,
-               "patience": s.patience, "loss_spike_z": s.loss_spike_z, "checks": self.checks,
-               "first_flag_step": first, "window_collapse_risk": risk,
-               "would_stop_at": window if risk else first}
+        out = {
+            "every_n_steps": s.watch_every_n_steps,
+            "collapse_threshold": s.collapse_threshold,
+            "patience": s.patience,
+            "loss_spike_z": s.loss_spike_z,
+            "checks": self.checks,
+            "first_flag_step": first,
+            "window_collapse_risk": risk,
+            "would_stop_at": window if risk else first,
+        }
         if trap is not None:
-            out["trap"] = {"every_n_steps": trap.every, "patience": trap.patience, "floor": trap.floor, "checks": list(trap.log),
-                           "first_trapped_step": next((c["step"] for c in trap.log if c["trapped"]), None)}
+            out["trap"] = {
+                "every_n_steps": trap.every,
+                "patience": trap.patience,
+                "floor": trap.floor,
+                "checks": list(trap.log),
+                "first_trapped_step": next((c["step"] for c in trap.log if c["trapped"]), None),
+            }
         return out
 
 

@@ -32,8 +32,17 @@ from satmon.paths import (
     not_a_folder,
 )
 
-__all__ = ["TEMP_EXTRA", "OutputError", "atomic_open", "atomic_write", "check_name_lengths", "check_output", "check_output_dir",
-           "kind_phrase", "room"]
+__all__ = [
+    "TEMP_EXTRA",
+    "OutputError",
+    "atomic_open",
+    "atomic_write",
+    "check_name_lengths",
+    "check_output",
+    "check_output_dir",
+    "kind_phrase",
+    "room",
+]
 
 
 class OutputError(ValueError):
@@ -69,34 +78,43 @@ def check_name_lengths(path: str | os.PathLike, what: str, extra: int = 0) -> No
     Example:
         >>> check_name_lengths("out/r.json", "--json", TEMP_EXTRA) is None
         True
-        >>> check_name_lengths("x" * 250 + ".json", "--json", TEMP_EXTRA)
+        >>> check_name_lengths("x" * 250 + ".json", "--json", TEMP_EXTRA)  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        satmon.io.atomic.OutputError: Expected --json to name a file of at most 241 bytes (the file system's names are at most 255 bytes, and satmon writes it through a 14-byte longer temporary '.NAME.XXXXXXXX.tmp' beside it), got 255 bytes: pass a shorter name.
+        satmon.io.atomic.OutputError: Expected --json to name a file of at most 241 bytes (the file system's names are
+        at most 255 bytes, and satmon writes it through a 14-byte longer temporary '.NAME.XXXXXXXX.tmp' beside it), got
+        255 bytes: pass a shorter name.
     """
     text = os.fspath(path)
     if not text.isprintable():
         from satmon.io.safe_text import printable
 
-        raise OutputError(f"Expected {what} to be a name without control characters (every message naming it would send "
-                          f"them to the terminal), got '{printable(text)}': pass another name.")
+        raise OutputError(
+            f"Expected {what} to be a name without control characters (every message naming it would send "
+            f"them to the terminal), got '{printable(text)}': pass another name."
+        )
     real = _real(Path(path))
     name_max = _limit(real.parent, "PC_NAME_MAX", 255)
     parts = [part for part in Path(os.fspath(path)).parts if part != os.sep]
     for i, part in enumerate(parts):
         n = len(os.fsencode(part))
         if i == len(parts) - 1 and extra and n + extra > name_max:
-            raise OutputError(f"Expected {what} to name a file of at most {name_max - extra} bytes (the file system's names "
-                              f"are at most {name_max} bytes, and satmon writes it through a {extra}-byte longer temporary "
-                              f"'.NAME.XXXXXXXX.tmp' beside it), got {n} bytes: pass a shorter name.")
+            raise OutputError(
+                f"Expected {what} to name a file of at most {name_max - extra} bytes (the file system's names "
+                f"are at most {name_max} bytes, and satmon writes it through a {extra}-byte longer temporary "
+                f"'.NAME.XXXXXXXX.tmp' beside it), got {n} bytes: pass a shorter name."
+            )
         if n > name_max:
-            raise OutputError(f"Expected {what} to be a path whose names are at most {name_max} bytes each (the file "
-                              f"system's limit), got {n} bytes in {part[:40]!r}...: pass a shorter path.")
+            raise OutputError(
+                f"Expected {what} to be a path whose names are at most {name_max} bytes each (the file "
+                f"system's limit), got {n} bytes in {part[:40]!r}...: pass a shorter path."
+            )
     room(what, path, beside(path) if extra else ())  # the whole path, and its temporary's, within PATH_MAX
 
 
 def check_output(path: str | os.PathLike | None, what: str, suffixes: Sequence[str] = ()) -> Path | None:
-    """Check, before any work, that ``path`` can be written as a file; returns it as a ``Path`` (``None`` stays ``None``).
+    """Check, before any work, that ``path`` can be written as a file; returns it as a
+    ``Path`` (``None`` stays ``None``).
 
     Args:
         path: the output file (``None``: no such output asked for).
@@ -128,28 +146,38 @@ def check_output(path: str | os.PathLike | None, what: str, suffixes: Sequence[s
     want = " or ".join(suffixes)
     kind = kind_of(p)  # by lstat/stat: a FIFO, a socket, a device or a link to one is named, never opened
     if kind.kind == "too-long":
-        raise OutputError(f"Expected {what} to be a path within the system's limits, got {kind.describe()}: pass a "
-                          "shorter path.")
+        raise OutputError(
+            f"Expected {what} to be a path within the system's limits, got {kind.describe()}: pass a shorter path."
+        )
     if kind.kind == "folder" or text.endswith((os.sep, "/")):
-        raise OutputError(f"Expected {what} to name a file{' ending in ' + want if want else ''}, got {text!r} (a folder): "
-                          f"name a file inside it, e.g. {str(p / example)!r}.")
+        raise OutputError(
+            f"Expected {what} to name a file{' ending in ' + want if want else ''}, got {text!r} (a folder): "
+            f"name a file inside it, e.g. {str(p / example)!r}."
+        )
     if kind.special or kind.kind == "link-loop":
-        raise OutputError(f"Expected {what} to name a regular file, got {text!r}, which is {kind.describe()}: choose "
-                          "another path (it was not opened).")
+        raise OutputError(
+            f"Expected {what} to name a regular file, got {text!r}, which is {kind.describe()}: choose "
+            "another path (it was not opened)."
+        )
     if suffixes and p.suffix.lower() not in {s.lower() for s in suffixes}:
-        raise OutputError(f"Expected {what} to end in {want}, got {text!r}: rename it, e.g. {str(p.with_suffix(suffixes[0]))!r}.")
+        raise OutputError(
+            f"Expected {what} to end in {want}, got {text!r}: rename it, e.g. {str(p.with_suffix(suffixes[0]))!r}."
+        )
     check_name_lengths(p, what, TEMP_EXTRA)
     room(what, p, beside(p))  # its temporary and its lock, made absolute and resolved as they are written
     _check_folder(p.parent, what, text)  # as given: a broken link or a loop above it is named, never made through
     _check_folder(_real(p).parent, what, text)
     if p.exists() and (not os.access(p, os.W_OK) or _read_only(p)):
-        raise OutputError(f"Expected {what} {text!r} to be writable, got a read-only file: make it writable "
-                          f"(chmod u+w {text}) or choose another path. It was left as it is.")
+        raise OutputError(
+            f"Expected {what} {text!r} to be writable, got a read-only file: make it writable "
+            f"(chmod u+w {text}) or choose another path. It was left as it is."
+        )
     return p
 
 
-def check_output_dir(path: str | os.PathLike | None, what: str, beneath: Sequence[str | os.PathLike] = (),
-                     names: str = "") -> Path | None:
+def check_output_dir(
+    path: str | os.PathLike | None, what: str, beneath: Sequence[str | os.PathLike] = (), names: str = ""
+) -> Path | None:
     """Check, before any work, that ``path`` is a folder that exists and is writable or can be made, with room
     beneath it for what satmon writes there (:func:`satmon.paths.check_room`).
 
@@ -185,8 +213,9 @@ def check_output_dir(path: str | os.PathLike | None, what: str, beneath: Sequenc
     room(what, p, [p / LOCK_SUFFIX, *beneath], names)
     said = not_a_folder(p)  # by lstat/stat: never opened
     if said is not None:
-        raise OutputError(f"Expected {what} to name a folder, got {text!r} ({said}): choose another path; it was left "
-                          "as it is.")
+        raise OutputError(
+            f"Expected {what} to name a folder, got {text!r} ({said}): choose another path; it was left as it is."
+        )
     _check_folder(p, what, text)  # as given: a broken link or a loop above it is named, never made through
     _check_folder(_real(p) if p.exists() else _real(p).parent, what, text)
     return p
@@ -202,11 +231,15 @@ def _check_folder(folder: Path, what: str, text: str) -> None:
     # the nearest entry, a link that leads nowhere or to itself included (os.path.exists says False for those)
     existing = next((a for a in (folder, *folder.parents) if os.path.lexists(a)), None)  # False past PATH_MAX
     if existing is not None and kind_of(existing).kind != "folder":
-        raise OutputError(f"Expected {what} {text!r} under a folder, got {kind_phrase(existing)} at {str(existing)!r}: "
-                          "choose another path.")
+        raise OutputError(
+            f"Expected {what} {text!r} under a folder, got {kind_phrase(existing)} at {str(existing)!r}: "
+            "choose another path."
+        )
     if existing is not None and (not os.access(existing, os.W_OK | os.X_OK) or _read_only(existing)):
-        raise OutputError(f"Expected a writable folder for {what} {text!r}, got {str(existing)!r}, which this user cannot "
-                          "write to: choose another path or fix its permissions.")
+        raise OutputError(
+            f"Expected a writable folder for {what} {text!r}, got {str(existing)!r}, which this user cannot "
+            "write to: choose another path or fix its permissions."
+        )
 
 
 def _read_only(p: Path) -> bool:

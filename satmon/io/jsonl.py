@@ -48,7 +48,9 @@ class PartialRecords:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.replaced:
             os.unlink(self.path)
-        self.fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+        self.fd: int | None = os.open(
+            self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666
+        )
         if Path(like).exists():
             os.chmod(self.path, stat.S_IMODE(os.stat(like).st_mode))
 
@@ -56,7 +58,9 @@ class PartialRecords:
         """Append one record, on disk before it counts; a write that fails (a full disk) is cut back off, so the
         file always ends on a complete record."""
         if self.fd is None:
-            raise ValueError(f"Expected an open file of partial records, got {self.path} closed: make a new PartialRecords.")
+            raise ValueError(
+                f"Expected an open file of partial records, got {self.path} closed: make a new PartialRecords."
+            )
         data = (json.dumps(record, allow_nan=False) + "\n").encode("utf-8")
         try:
             done = 0

@@ -35,11 +35,13 @@ from satmon.io.trackers import mlflow_text, wandb_text, write_text_file
 __all__ = ["HP_METRIC_HIDES", "LightningSink"]
 
 #: Said when a TensorBoardLogger's own hparams session hides satmon's columns in the HParams tab.
-HP_METRIC_HIDES = ("satmon: TensorBoardLogger(default_hp_metric=True) wrote an hparams session of its own (hp_metric) "
-                   "in {log_dir}, and TensorBoard's HParams tab takes the run's "
-                   "first session: satmon/decision and satmon/trust will not show there. Create the logger with "
-                   "TensorBoardLogger(..., default_hp_metric=False) to compare runs by satmon's verdict; the "
-                   "Scalars and Text tabs show it either way.")
+HP_METRIC_HIDES = (
+    "satmon: TensorBoardLogger(default_hp_metric=True) wrote an hparams session of its own (hp_metric) "
+    "in {log_dir}, and TensorBoard's HParams tab takes the run's "
+    "first session: satmon/decision and satmon/trust will not show there. Create the logger with "
+    "TensorBoardLogger(..., default_hp_metric=False) to compare runs by satmon's verdict; the "
+    "Scalars and Text tabs show it either way."
+)
 
 
 class LightningSink:
@@ -93,8 +95,12 @@ class LightningSink:
             try:
                 place = self._text(lg, tag, markdown, step)
             except Exception as err:  # a third-party logger's failure: the others still get the card
-                warnings.warn(f"satmon: {type(lg).__name__} did not take the text {tag} ({type(err).__name__}: {err}); "
-                              "the other loggers got it.", UserWarning, stacklevel=2)
+                warnings.warn(
+                    f"satmon: {type(lg).__name__} did not take the text {tag} ({type(err).__name__}: {err}); "
+                    "the other loggers got it.",
+                    UserWarning,
+                    stacklevel=2,
+                )
                 continue
             if place:
                 where.append(place)
@@ -138,12 +144,16 @@ class LightningSink:
                 else:
                     lg.log_hyperparams(dict(params))
             except Exception as err:  # e.g. MLflow refuses to change a param a resumed run logged before
-                warnings.warn(f"satmon: {type(lg).__name__} did not take satmon's hyper-parameters "
-                              f"({type(err).__name__}: {err}); the verdict is in its scalars and card.", UserWarning,
-                              stacklevel=2)
+                warnings.warn(
+                    f"satmon: {type(lg).__name__} did not take satmon's hyper-parameters "
+                    f"({type(err).__name__}: {err}); the verdict is in its scalars and card.",
+                    UserWarning,
+                    stacklevel=2,
+                )
 
-    def _session(self, lg: TensorBoardLogger, params: Mapping[str, Any], metrics: Mapping[str, float],
-                 step: int) -> None:
+    def _session(
+        self, lg: TensorBoardLogger, params: Mapping[str, Any], metrics: Mapping[str, float], step: int
+    ) -> None:
         writer = _file_writer(lg)
         if writer is None:
             return

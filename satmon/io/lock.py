@@ -102,9 +102,12 @@ def describe(holder: dict[str, Any]) -> str:
 
 
 def _me() -> dict[str, Any]:
-    return {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(os.path.basename(a) if i == 0 else a
-                                                                                 for i, a in enumerate(sys.argv))[:300],
-            "since": time.time()}
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:300],
+        "since": time.time(),
+    }
 
 
 def _read_holder(fd: int) -> dict[str, Any]:
@@ -122,19 +125,28 @@ def _cannot(path: Path, what: str, e: OSError) -> OutputError:
     import errno
 
     reason = e.strerror or type(e).__name__
-    todo = {errno.ENAMETOOLONG: "pass a shorter output path, or one nearer /",
-            errno.EACCES: "check the folder's permissions, or pass another output",
-            errno.EPERM: "check the folder's permissions, or pass another output",
-            errno.EROFS: "pass an output on a writable file system",
-            errno.ENOSPC: "free some space, or pass an output on another disk"}.get(e.errno or 0,
-                                                                                    "pass another output")
-    return OutputError(f"Expected to take the one-writer lock of {what}, got {reason} ({type(e).__name__}) making "
-                       f"{shorten(path, 120)}: {todo}.")
+    todo = {
+        errno.ENAMETOOLONG: "pass a shorter output path, or one nearer /",
+        errno.EACCES: "check the folder's permissions, or pass another output",
+        errno.EPERM: "check the folder's permissions, or pass another output",
+        errno.EROFS: "pass an output on a writable file system",
+        errno.ENOSPC: "free some space, or pass an output on another disk",
+    }.get(e.errno or 0, "pass another output")
+    return OutputError(
+        f"Expected to take the one-writer lock of {what}, got {reason} ({type(e).__name__}) making "
+        f"{shorten(path, 120)}: {todo}."
+    )
 
 
 def _open_regular(path: Path, what: str) -> int:
     """Open (creating) the companion file without following a link, refusing anything but a regular file."""
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = (
+        os.O_RDWR
+        | os.O_CREAT
+        | getattr(os, "O_NOFOLLOW", 0)
+        | getattr(os, "O_NONBLOCK", 0)
+        | getattr(os, "O_CLOEXEC", 0)
+    )
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -142,11 +154,14 @@ def _open_regular(path: Path, what: str) -> int:
     except OSError as e:
         raise _cannot(path, what, e) from None
     if st is not None and not stat.S_ISREG(st.st_mode):
-        raise OutputError(f"Expected the lock satmon keeps for {what} to be a regular file, got {describe_mode(st.st_mode)} "
-                          f"at {shorten(path, 120)}: remove it, or pass another output.")
+        raise OutputError(
+            f"Expected the lock satmon keeps for {what} to be a regular file, got {describe_mode(st.st_mode)} "
+            f"at {shorten(path, 120)}: remove it, or pass another output."
+        )
     try:
         fd = os.open(path, flags, 0o644)
-    except PermissionError as e:  # another user's lock file (a killed run's, or a live one's): flock needs no write access
+    # another user's lock file (a killed run's, or a live one's): flock needs no write access
+    except PermissionError as e:
         if st is None:
             raise _cannot(path, what, e) from None
         try:
@@ -157,8 +172,10 @@ def _open_regular(path: Path, what: str) -> int:
         raise _cannot(path, what, e) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped between lstat and open
         os.close(fd)
-        raise OutputError(f"Expected the lock satmon keeps for {what} to be a regular file, got something else at "
-                          f"{shorten(path, 120)}: remove it, or pass another output.")
+        raise OutputError(
+            f"Expected the lock satmon keeps for {what} to be a regular file, got something else at "
+            f"{shorten(path, 120)}: remove it, or pass another output."
+        )
     return fd
 
 
@@ -208,12 +225,17 @@ def exclusive(path: str | os.PathLike, what: str, folder: bool | None = None) ->
         except BlockingIOError:
             holder = _read_holder(fd)
             os.close(fd)
-            raise OutputBusy(f"Expected {what} {shorten(path, 120)} to be free, got it in use by {describe(holder)}: wait "
-                             "for that process to finish, or pass another output.", holder) from None
+            raise OutputBusy(
+                f"Expected {what} {shorten(path, 120)} to be free, got it in use by {describe(holder)}: wait "
+                "for that process to finish, or pass another output.",
+                holder,
+            ) from None
         except OSError as e:
             os.close(fd)
-            raise OutputError(f"Expected to lock {what}, got {e.strerror or type(e).__name__} ({type(e).__name__}) on "
-                              f"{shorten(lp, 120)}: pass an output on a local file system.") from None
+            raise OutputError(
+                f"Expected to lock {what}, got {e.strerror or type(e).__name__} ({type(e).__name__}) on "
+                f"{shorten(lp, 120)}: pass an output on a local file system."
+            ) from None
         try:  # the file we locked must still be the one at the path (a holder may have removed it as we opened it)
             same = os.stat(lp, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
         except OSError:
@@ -222,7 +244,11 @@ def exclusive(path: str | os.PathLike, what: str, folder: bool | None = None) ->
             break
         os.close(fd)
     previous = _read_holder(fd)
-    stale = previous if previous.get("pid") not in (None, os.getpid()) or previous.get("host") not in (None, socket.gethostname()) else None
+    stale = (
+        previous
+        if previous.get("pid") not in (None, os.getpid()) or previous.get("host") not in (None, socket.gethostname())
+        else None
+    )
     try:  # who holds it, for messages (the kernel's flock is the lock): not said in another user's read-only lock file
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
@@ -295,8 +321,11 @@ def _exclusive_pidfile(lp: Path, what: str) -> Iterator[Lock]:  # pragma: no cov
             except (OSError, ValueError):
                 holder = {}
             if _alive(holder.get("pid")):
-                raise OutputBusy(f"Expected {what} to be free, got it in use by {describe(holder)}: wait for that process "
-                                 f"to finish, or pass another output.", holder) from None
+                raise OutputBusy(
+                    f"Expected {what} to be free, got it in use by {describe(holder)}: wait for that process "
+                    f"to finish, or pass another output.",
+                    holder,
+                ) from None
             stale = holder
             lp.unlink(missing_ok=True)
     else:

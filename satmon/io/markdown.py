@@ -24,7 +24,10 @@ from satmon.io.atomic import atomic_open, atomic_write, check_output
 
 __all__ = ["PLOTS", "check_report", "fmt", "report_paths", "require_matplotlib", "table", "write_report"]
 
-MATPLOTLIB_MISSING = "the markdown report's plots need matplotlib: pip install matplotlib (or pip install -e '.[report]' in satmon's clone)"
+MATPLOTLIB_MISSING = (
+    "the markdown report's plots need matplotlib: pip install matplotlib (or pip install -e "
+    "'.[report]' in satmon's clone)"
+)
 #: The plots a report may hold, by the suffix of their file name (``<stem>_<plot>.png``).
 PLOTS = ("saturation", "sigma_min", "alignment")
 
@@ -52,10 +55,11 @@ def check_report(path: str | Path | None, what: str = "--report") -> list[Path]:
         >>> import tempfile, pathlib
         >>> d = pathlib.Path(tempfile.mkdtemp())
         >>> (d / "r_saturation.png").mkdir()
-        >>> check_report(d / "r.md")
+        >>> check_report(d / "r.md")  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        satmon.io.atomic.OutputError: Expected --report's saturation plot to name a file ending in .png, got ... (a folder): ...
+        satmon.io.atomic.OutputError: Expected --report's saturation plot to name a file ending
+        in .png, got ... (a folder): ...
     """
     if path is None:
         return []
@@ -106,7 +110,6 @@ def require_matplotlib() -> None:
 
 def _figure(width: float = 8.5, height: float = 4.2):
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
-
     from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
@@ -135,8 +138,12 @@ def _plot_saturation(records: Sequence[Mapping[str, Any]], threshold: float, out
     ax.axhspan(threshold, 1.0, color="tab:green", alpha=0.07)
     ax.axhspan(0.0, threshold, color="tab:red", alpha=0.05)
     ax.axhline(threshold, ls="--", color="tab:red", lw=1.5, label=f"GO threshold {threshold:g}")
-    ax.set(xlabel="global step", ylabel="saturation  (fraction |alpha x| > level)", ylim=(-0.02, 1.02),
-           title="DyT saturation per checkpoint (GO above the line)")
+    ax.set(
+        xlabel="global step",
+        ylabel="saturation  (fraction |alpha x| > level)",
+        ylim=(-0.02, 1.02),
+        title="DyT saturation per checkpoint (GO above the line)",
+    )
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     _save(fig, out)
     return out
@@ -148,7 +155,9 @@ def _plot_sigma_min(records: Sequence[Mapping[str, Any]], out: Path) -> Path | N
         sm = r.get("sigma_min") or {}
         ratios = sm.get("ratios")
         if ratios:
-            series.append((r["global_step"], [math.nan if v is None else v for v in ratios], list(sm.get("blocks") or [])))
+            series.append(
+                (r["global_step"], [math.nan if v is None else v for v in ratios], list(sm.get("blocks") or []))
+            )
     if not series:
         return None
     from matplotlib import cm, colormaps, colors
@@ -178,8 +187,14 @@ def _plot_sigma_min(records: Sequence[Mapping[str, Any]], out: Path) -> Path | N
 
 def _plot_alignment(records: Sequence[Mapping[str, Any]], out: Path) -> Path | None:
     rows = [(r["global_step"], r.get("layers") or {}) for r in records]
-    names = list(dict.fromkeys(n for _, layers in rows for n, v in layers.items()
-                               if isinstance(v, Mapping) and v.get("alignment") is not None))
+    names = list(
+        dict.fromkeys(
+            n
+            for _, layers in rows
+            for n, v in layers.items()
+            if isinstance(v, Mapping) and v.get("alignment") is not None
+        )
+    )
     if not names:
         return None
     fig, ax = _figure()
@@ -188,11 +203,17 @@ def _plot_alignment(records: Sequence[Mapping[str, Any]], out: Path) -> Path | N
         color = f"C{i % 10}"
         cos = [(layers.get(name) or {}).get("alignment") for _, layers in rows]
         proj = [(layers.get(name) or {}).get("null_projection") for _, layers in rows]
-        ax.plot(steps, [math.nan if v is None else v for v in cos], "o-", color=color, lw=1.4, ms=3, label=f"{name} |cos|")
+        ax.plot(
+            steps, [math.nan if v is None else v for v in cos], "o-", color=color, lw=1.4, ms=3, label=f"{name} |cos|"
+        )
         if any(v is not None for v in proj):
             ax.plot(steps, [math.nan if v is None else v for v in proj], ":", color=color, lw=1.2)
-    ax.set(xlabel="global step", ylabel="|cos(v*, u_min)|  (dotted: null-space projection)", ylim=(-0.02, 1.05),
-           title="gamma^-1 alignment per norm layer")
+    ax.set(
+        xlabel="global step",
+        ylabel="|cos(v*, u_min)|  (dotted: null-space projection)",
+        ylim=(-0.02, 1.05),
+        title="gamma^-1 alignment per norm layer",
+    )
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     _save(fig, out)
     return out
@@ -224,15 +245,33 @@ def write_report(
     path, saturation_png, sigma_png, alignment_png = report_paths(path)
     good = [dict(r, _pooled=row["saturation"]) for r, row in zip(records, rows) if "error" not in r]
     plots = [  # the plots first, the markdown that links them last
-        ("Saturation vs step", _plot_saturation(good, threshold, saturation_png), "no DyT layer: saturation does not apply"),
+        (
+            "Saturation vs step",
+            _plot_saturation(good, threshold, saturation_png),
+            "no DyT layer: saturation does not apply",
+        ),
         ("sigma_min ratio by depth", _plot_sigma_min(good, sigma_png), "no residual-stream profile (no blocks found)"),
-        ("Alignment vs step", _plot_alignment(good, alignment_png),
-         "no LayerNorm/RMSNorm layer: the gamma^-1 alignment does not apply (DyT has no mean subtraction)"),
+        (
+            "Alignment vs step",
+            _plot_alignment(good, alignment_png),
+            "no LayerNorm/RMSNorm layer: the gamma^-1 alignment does not apply (DyT has no mean subtraction)",
+        ),
     ]
     headers = ["step", "checkpoint", "saturation", "verdict", "margin", "norm type", "min sigma ratio", "min alignment"]
-    body = [[r["step"], r["name"], r["saturation"], r["decision"], None if r["margin"] is None else f"{r['margin']:+.4f}",
-             r["norm_type"], r["min_ratio"],
-             r["min_alignment"]] for r in rows if r["error"] is None]
+    body = [
+        [
+            r["step"],
+            r["name"],
+            r["saturation"],
+            r["decision"],
+            None if r["margin"] is None else f"{r['margin']:+.4f}",
+            r["norm_type"],
+            r["min_ratio"],
+            r["min_alignment"],
+        ]
+        for r in rows
+        if r["error"] is None
+    ]
     lines = ["# satmon replay report", "", *intro, ""]
     if body:
         lines += [table(headers, body), ""]

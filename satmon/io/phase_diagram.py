@@ -29,8 +29,20 @@ from typing import Any
 from satmon.io.atomic import atomic_open
 from satmon.results.forecast.cells import GRID_FILES, parse_count
 
-__all__ = ["COLUMNS", "GRID_GLOB", "STUDY_SOURCE", "PhaseCell", "grid_cells", "parse_count", "phase_cells", "plot_phase",
-           "read_cells_file", "read_phase_cells", "study_cells", "study_points"]
+__all__ = [
+    "COLUMNS",
+    "GRID_GLOB",
+    "STUDY_SOURCE",
+    "PhaseCell",
+    "grid_cells",
+    "parse_count",
+    "phase_cells",
+    "plot_phase",
+    "read_cells_file",
+    "read_phase_cells",
+    "study_cells",
+    "study_points",
+]
 
 #: The columns of a grid file (others are ignored).
 COLUMNS = ("name", "params", "train_tokens", "delta", "group", "source")
@@ -72,8 +84,9 @@ def _rows(text: str, name: str, columns: Sequence[str]) -> list[dict[str, str]]:
     reader = csv.DictReader(io.StringIO(body))
     missing = [c for c in columns if c not in (reader.fieldnames or [])]
     if missing:
-        raise ValueError(f"Expected the columns {','.join(columns)} in {name}, got {reader.fieldnames}: add "
-                         f"{', '.join(missing)}.")
+        raise ValueError(
+            f"Expected the columns {','.join(columns)} in {name}, got {reader.fieldnames}: add {', '.join(missing)}."
+        )
     return list(reader)
 
 
@@ -87,8 +100,17 @@ def study_cells() -> list[PhaseCell]:
     """
     text = resources.files("satmon").joinpath("data_files/study_cells.csv").read_text(encoding="utf-8")
     rows = _rows(text, "study_cells.csv", ("name", "group", "train_tokens", "delta"))
-    return [PhaseCell(name=r["name"], params=parse_count(r["group"]), train_tokens=parse_count(r["train_tokens"]),
-                      delta=float(r["delta"]), group=r["group"], source=STUDY_SOURCE) for r in rows]
+    return [
+        PhaseCell(
+            name=r["name"],
+            params=parse_count(r["group"]),
+            train_tokens=parse_count(r["train_tokens"]),
+            delta=float(r["delta"]),
+            group=r["group"],
+            source=STUDY_SOURCE,
+        )
+        for r in rows
+    ]
 
 
 def study_points() -> list[tuple[float, float]]:
@@ -105,8 +127,10 @@ def _number(row: dict[str, str], key: str, where: str, blank_ok: bool = False) -
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or (key != "delta" and value <= 0):
-        raise ValueError(f"Expected {'a finite number' if key == 'delta' else 'a positive number'} for {key} in {where}, "
-                         f"got {text!r}.")
+        raise ValueError(
+            f"Expected {'a finite number' if key == 'delta' else 'a positive number'} for {key} in {where}, "
+            f"got {text!r}."
+        )
     return value
 
 
@@ -129,13 +153,22 @@ def read_phase_cells(source: str | Path, text: str | None = None) -> list[PhaseC
         where = f"{name} row {i}"
         cell_name, label = (row.get("name") or "").strip(), (row.get("source") or "").strip()
         if not cell_name or not label:
-            raise ValueError(f"Expected a name and a source on every row of {name}, got {cell_name!r} and {label!r} on row {i}.")
+            raise ValueError(
+                f"Expected a name and a source on every row of {name}, got {cell_name!r} and {label!r} on row {i}."
+            )
         if cell_name in seen:
             raise ValueError(f"Expected each cell once in {name}, got {cell_name!r} twice (row {i}).")
         seen.add(cell_name)
-        cells.append(PhaseCell(name=cell_name, params=_number(row, "params", where), train_tokens=_number(row, "train_tokens", where),
-                               delta=_number(row, "delta", where, blank_ok=True), group=(row.get("group") or "").strip(),
-                               source=label))
+        cells.append(
+            PhaseCell(
+                name=cell_name,
+                params=_number(row, "params", where),
+                train_tokens=_number(row, "train_tokens", where),
+                delta=_number(row, "delta", where, blank_ok=True),
+                group=(row.get("group") or "").strip(),
+                source=label,
+            )
+        )
     return cells
 
 
@@ -162,7 +195,9 @@ def read_cells_file(path: str | Path) -> list[PhaseCell]:
     try:
         data = json.loads(text)
     except ValueError as e:
-        raise ValueError(f"Expected {path.name} to be a grid JSON (satmon grid's grid.json), got invalid JSON: {e}.") from None
+        raise ValueError(
+            f"Expected {path.name} to be a grid JSON (satmon grid's grid.json), got invalid JSON: {e}."
+        ) from None
     cells = data.get("cells") if isinstance(data, dict) else None
     if not isinstance(cells, list):
         raise ValueError(f"Expected {path.name} to hold a 'cells' list (satmon grid's grid.json), got none.")
@@ -172,16 +207,27 @@ def read_cells_file(path: str | Path) -> list[PhaseCell]:
     for i, c in enumerate(cells, start=1):
         try:
             delta = c["delta"]
-            out.append(PhaseCell(name=str(c["name"]), params=float(c["params"]), train_tokens=float(c["train_tokens"]),
-                                 delta=None if delta is None else float(delta), group=str(c["group"]), source=source))
+            out.append(
+                PhaseCell(
+                    name=str(c["name"]),
+                    params=float(c["params"]),
+                    train_tokens=float(c["train_tokens"]),
+                    delta=None if delta is None else float(delta),
+                    group=str(c["group"]),
+                    source=source,
+                )
+            )
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"Expected name, params, train_tokens, delta and group in every cell of {path.name}, got "
-                             f"cell {i} without a usable {e}.") from None
+            raise ValueError(
+                f"Expected name, params, train_tokens, delta and group in every cell of {path.name}, got "
+                f"cell {i} without a usable {e}."
+            ) from None
     return out
 
 
 def grid_cells() -> list[PhaseCell]:
-    """The cells of every grid file shipped with satmon (``satmon/data_files/phase_*.csv``), file by file in name order."""
+    """The cells of every grid file shipped with satmon (``satmon/data_files/phase_*.csv``),
+    file by file in name order."""
     folder = resources.files("satmon").joinpath("data_files")
     cells: list[PhaseCell] = []
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
@@ -204,13 +250,28 @@ def _mean_by_point(cells: Sequence[PhaseCell]) -> list[tuple[PhaseCell, int]]:
     for same in groups.values():
         deltas = [c.delta for c in same if c.delta is not None]
         first = same[0]
-        out.append((PhaseCell(first.name, first.params, first.train_tokens, sum(deltas) / len(deltas) if deltas else None,
-                              first.group, first.source), len(same)))
+        out.append(
+            (
+                PhaseCell(
+                    first.name,
+                    first.params,
+                    first.train_tokens,
+                    sum(deltas) / len(deltas) if deltas else None,
+                    first.group,
+                    first.source,
+                ),
+                len(same),
+            )
+        )
     return out
 
 
-def plot_phase(cells: Sequence[PhaseCell], runs: Sequence[tuple[str, Any]], path: str | Path,
-               not_placed: Sequence[tuple[str, str]] = ()) -> Path:
+def plot_phase(
+    cells: Sequence[PhaseCell],
+    runs: Sequence[tuple[str, Any]],
+    path: str | Path,
+    not_placed: Sequence[tuple[str, str]] = (),
+) -> Path:
     """Draw the cells (x: parameters, y: unique training tokens, both log; colour: DyT's effect) and place each run.
 
     Args:
@@ -237,10 +298,18 @@ def plot_phase(cells: Sequence[PhaseCell], runs: Sequence[tuple[str, Any]], path
         study = source == STUDY_SOURCE
         seeds = max(n for _, n in mine)
         label = source + (f" (mean of {seeds} seeds a cell)" if seeds > 1 else "")
-        ax.scatter([c.params for c, _ in mine], [c.train_tokens for c, _ in mine],
-                   c=[cmap(norm(c.delta)) if c.delta is not None else "white" for c, _ in mine], marker=markers[source],
-                   s=110 if study else 55, edgecolors="black", linewidths=0.7, zorder=3)
-        ax.scatter([], [], marker=markers[source], s=80, color="lightgray", edgecolors="black", label=label)  # the legend's
+        ax.scatter(
+            [c.params for c, _ in mine],
+            [c.train_tokens for c, _ in mine],
+            c=[cmap(norm(c.delta)) if c.delta is not None else "white" for c, _ in mine],
+            marker=markers[source],
+            s=110 if study else 55,
+            edgecolors="black",
+            linewidths=0.7,
+            zorder=3,
+        )
+        # the legend's
+        ax.scatter([], [], marker=markers[source], s=80, color="lightgray", edgecolors="black", label=label)
     placed = [(label, s) for label, s in runs if getattr(s, "unique_tokens", None)]
     xs = [c.params for c, _ in points] + [s.params for _, s in placed]
     ys = [c.train_tokens for c, _ in points] + [s.unique_tokens for _, s in placed]
@@ -249,22 +318,50 @@ def plot_phase(cells: Sequence[PhaseCell], runs: Sequence[tuple[str, Any]], path
         if lo_y <= ratio * hi_x and ratio * lo_x <= hi_y:
             ax.plot([lo_x, hi_x], [ratio * lo_x, ratio * hi_x], ls=":", lw=0.8, color="gray", zorder=1)
             x = min(hi_x, hi_y / ratio) / 1.25  # the label sits where the line leaves the plot (right or top)
-            ax.text(x, ratio * x, f"{ratio:g} tokens/param", fontsize=7, color="gray", ha="right", va="bottom", zorder=2)
+            ax.text(
+                x, ratio * x, f"{ratio:g} tokens/param", fontsize=7, color="gray", ha="right", va="bottom", zorder=2
+            )
     for label, s in placed:
-        ax.scatter([s.params], [s.unique_tokens], marker="*", s=320, color="gold", edgecolors="black", linewidths=1.0, zorder=5,
-                   label=f"this run: {label}" if len(placed) == 1 else None)
-        ax.annotate(f"{label}\n{s.tokens_per_param:.3g} tok/param", (s.params, s.unique_tokens), xytext=(8, 6),
-                    textcoords="offset points", fontsize=8, zorder=6)
+        ax.scatter(
+            [s.params],
+            [s.unique_tokens],
+            marker="*",
+            s=320,
+            color="gold",
+            edgecolors="black",
+            linewidths=1.0,
+            zorder=5,
+            label=f"this run: {label}" if len(placed) == 1 else None,
+        )
+        ax.annotate(
+            f"{label}\n{s.tokens_per_param:.3g} tok/param",
+            (s.params, s.unique_tokens),
+            xytext=(8, 6),
+            textcoords="offset points",
+            fontsize=8,
+            zorder=6,
+        )
     if len(placed) > 1:
         ax.scatter([], [], marker="*", s=200, color="gold", edgecolors="black", label="the runs of this report")
-    ax.set(xlim=(lo_x, hi_x), ylim=(lo_y, hi_y), xlabel="model parameters", ylabel="unique training tokens",
-           title="Where the run sits on the study's phase diagram (colour: DyT's measured effect)")
-    fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="DyT vs LayerNorm final val loss (delta; < 0: DyT helped)")
+    ax.set(
+        xlim=(lo_x, hi_x),
+        ylim=(lo_y, hi_y),
+        xlabel="model parameters",
+        ylabel="unique training tokens",
+        title="Where the run sits on the study's phase diagram (colour: DyT's measured effect)",
+    )
+    fig.colorbar(
+        cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="DyT vs LayerNorm final val loss (delta; < 0: DyT helped)"
+    )
     fig.legend(*ax.get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncols=2)
     if not_placed:  # under the axes, above the legend
-        ax.set_xlabel(ax.get_xlabel() + "\nnot placed: " + "; ".join(f"{label} ({why})" for label, why in not_placed[:4])
-                      + ("; ..." if len(not_placed) > 4 else ""), fontsize=8)
+        ax.set_xlabel(
+            ax.get_xlabel()
+            + "\nnot placed: "
+            + "; ".join(f"{label} ({why})" for label, why in not_placed[:4])
+            + ("; ..." if len(not_placed) > 4 else ""),
+            fontsize=8,
+        )
     with atomic_open(path, "wb") as f:
         fig.savefig(f, format=Path(path).suffix.lstrip(".").lower() or "png")
     return Path(path)
-

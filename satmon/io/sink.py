@@ -91,9 +91,11 @@ def check_sink(sink: Any) -> Sink:
     """
     if isinstance(sink, Sink):
         return sink
-    raise TypeError(f"Expected a satmon.io.sink.Sink (scalars, text, hparams, close), got {type(sink).__name__}. Write "
-                    "to TensorBoard files with satmon.io.tensorboard.SummaryWriterSink(logdir), or wrap Lightning "
-                    "loggers in satmon.io.lightning.LightningSink(trainer.loggers).")
+    raise TypeError(
+        f"Expected a satmon.io.sink.Sink (scalars, text, hparams, close), got {type(sink).__name__}. Write "
+        "to TensorBoard files with satmon.io.tensorboard.SummaryWriterSink(logdir), or wrap Lightning "
+        "loggers in satmon.io.lightning.LightningSink(trainer.loggers)."
+    )
 
 
 class NullSink:

@@ -94,8 +94,16 @@ class TAG:
     # dead directions and the residual stream (satmon.probe, the live probe, replay)
     sigma_min_min_ratio = "satmon_sigma_min/min_ratio"
     #: the per-layer (and per-block, per-MLP) families: each is a Scalars group of its own
-    families = ("satmon_saturation", "satmon_alpha", "satmon_offset", "satmon_collapse", "satmon_deadir",
-                "satmon_sigma_min", "satmon_init_gap", "satmon_trap")
+    families = (
+        "satmon_saturation",
+        "satmon_alpha",
+        "satmon_offset",
+        "satmon_collapse",
+        "satmon_deadir",
+        "satmon_sigma_min",
+        "satmon_init_gap",
+        "satmon_trap",
+    )
 
     @staticmethod
     def trap_reach_group(group: str) -> str:
@@ -181,7 +189,7 @@ class TAG:
         for family in TAG.families:
             old = "satmon/" + family.removeprefix("satmon_") + "/"
             if tag.startswith(old) and len(tag) > len(old):
-                return f"{family}/{tag[len(old):]}"
+                return f"{family}/{tag[len(old) :]}"
         return None
 
     @staticmethod
@@ -207,15 +215,25 @@ class TAG:
 
 
 #: satmon 0.2's scalars of the summary group, by their 0.3 names
-_V02_SUMMARY = {"satmon/saturation": TAG.saturation, "satmon/nonfinite": TAG.nonfinite, "satmon/verdict": TAG.verdict,
-                "satmon/margin": TAG.margin, "satmon/collapse/risk": TAG.collapse_risk, "satmon/stop": TAG.stop}
+_V02_SUMMARY = {
+    "satmon/saturation": TAG.saturation,
+    "satmon/nonfinite": TAG.nonfinite,
+    "satmon/verdict": TAG.verdict,
+    "satmon/margin": TAG.margin,
+    "satmon/collapse/risk": TAG.collapse_risk,
+    "satmon/stop": TAG.stop,
+}
 #: torch's ``SummaryWriter.add_text(tag, ...)`` writes under ``tag + "/text_summary"`` (satmon 0.2 did)
 V02_TEXT_SUFFIX = "/text_summary"
 _TEXTS = (TAG.verdict_text, TAG.stop_text, TAG.replay_checkpoint, TAG.replay_error, TAG.trap_text)
 #: satmon 0.3's names of the tags 0.4 renamed (the decision first in its group, the collapse risk with the watch,
 #: a replay's texts after the card); 0.2's ``satmon/replay/...`` texts map through :meth:`TAG.from_v02` to these
-_V03 = {"Satmon/verdict": TAG.verdict, "Satmon/collapse_risk": TAG.collapse_risk,
-        "satmon/replay/checkpoint": TAG.replay_checkpoint, "satmon/replay/error": TAG.replay_error}
+_V03 = {
+    "Satmon/verdict": TAG.verdict,
+    "Satmon/collapse_risk": TAG.collapse_risk,
+    "satmon/replay/checkpoint": TAG.replay_checkpoint,
+    "satmon/replay/error": TAG.replay_error,
+}
 
 
 #: The ``Satmon/decision`` scalar of each decision. A non-finite verdict is -1, not NaN: NaN reads as

@@ -28,9 +28,23 @@ from satmon.io.sink import LayoutSink, Sink, check_sink, describe, places
 from satmon.results.rule import Decision
 
 __all__ = [
-    "SHOWN_HPARAMS", "SummaryWriterSink", "add_layout", "custom_scalars_layout",
-    "hparams_summaries", "log_scalars", "log_stop", "log_text", "log_verdict", "offset_scalars", "probe_scalars",
-    "scalar_summary", "text_summary", "verdict_description", "verdict_hparams", "verdict_scalars", "watch_scalars",
+    "SHOWN_HPARAMS",
+    "SummaryWriterSink",
+    "add_layout",
+    "custom_scalars_layout",
+    "hparams_summaries",
+    "log_scalars",
+    "log_stop",
+    "log_text",
+    "log_verdict",
+    "offset_scalars",
+    "probe_scalars",
+    "scalar_summary",
+    "text_summary",
+    "verdict_description",
+    "verdict_hparams",
+    "verdict_scalars",
+    "watch_scalars",
     "window_scalars",
 ]
 
@@ -39,8 +53,9 @@ _SOURCES = ("window", "probe", "replay")
 
 
 # ------------------------------------------------------------------------ readings -> tags
-def window_scalars(pooled: float, per_layer: Mapping[str, float], alphas: Mapping[str, float],
-                   nonfinite: int) -> dict[str, float]:
+def window_scalars(
+    pooled: float, per_layer: Mapping[str, float], alphas: Mapping[str, float], nonfinite: int
+) -> dict[str, float]:
     """The screening window's readings under their tags (the running values and the verdict step's).
 
     Example:
@@ -146,10 +161,15 @@ def verdict_scalars(verdict: Any) -> dict[str, float]:
         {'Satmon/decision': -1.0, 'Satmon/margin': -0.18, 'Satmon/saturation': 0.25}
     """
     if verdict.decision not in tags.VERDICT_VALUES:
-        raise ValueError(f"Expected a verdict decision in {tuple(tags.VERDICT_VALUES)}, got {verdict.decision!r}. "
-                         "Build verdicts with satmon.build_verdict.")
-    out = {tags.TAG.verdict: tags.VERDICT_VALUES[verdict.decision], tags.TAG.margin: float(verdict.margin),
-           tags.TAG.saturation: float(verdict.saturation)}
+        raise ValueError(
+            f"Expected a verdict decision in {tuple(tags.VERDICT_VALUES)}, got {verdict.decision!r}. "
+            "Build verdicts with satmon.build_verdict."
+        )
+    out = {
+        tags.TAG.verdict: tags.VERDICT_VALUES[verdict.decision],
+        tags.TAG.margin: float(verdict.margin),
+        tags.TAG.saturation: float(verdict.saturation),
+    }
     if verdict.collapse_risk is not None:
         out[tags.TAG.collapse_risk] = 1.0 if verdict.collapse_risk else 0.0
     planned = getattr(verdict, "planned_forecast", None)
@@ -181,8 +201,10 @@ def verdict_description(verdict: Any) -> dict[str, str]:
 
     what = "a forecast" if verdict.forecast else "a measurement, not a forecast"
     word = "GO" if verdict.go else "NO-GO"
-    return {tags.TAG.verdict: f"{word} {whose_rule(verdict)} at step {verdict.step}, trust: {verdict.trust} ({what}; "
-                         f"{evidence(verdict)}). {scale}"}
+    return {
+        tags.TAG.verdict: f"{word} {whose_rule(verdict)} at step {verdict.step}, trust: {verdict.trust} ({what}; "
+        f"{evidence(verdict)}). {scale}"
+    }
 
 
 def verdict_hparams(verdict: Any) -> dict[str, Any]:
@@ -197,14 +219,23 @@ def verdict_hparams(verdict: Any) -> dict[str, Any]:
          'satmon/partial': 1, 'satmon/threshold': 0.43, 'satmon/level': 2.0}
     """
     out = {tags.TAG.hp_decision: str(verdict.decision), tags.TAG.hp_trust: verdict.trust}
-    out.update({tags.TAG.hp_source: verdict.source, tags.TAG.hp_window: verdict.window,
-                tags.TAG.hp_partial: int(verdict.partial), tags.TAG.hp_threshold: verdict.threshold,
-                tags.TAG.hp_level: verdict.level})
+    out.update(
+        {
+            tags.TAG.hp_source: verdict.source,
+            tags.TAG.hp_window: verdict.window,
+            tags.TAG.hp_partial: int(verdict.partial),
+            tags.TAG.hp_threshold: verdict.threshold,
+            tags.TAG.hp_level: verdict.level,
+        }
+    )
     planned = getattr(verdict, "planned_forecast", None)
     if planned:
         out[tags.TAG.hp_forecast] = str(planned.get("outcome"))
-        for tag, key in ((tags.TAG.hp_params, "params"), (tags.TAG.hp_unique_tokens, "unique_tokens"),
-                         (tags.TAG.hp_planned_tokens, "planned_tokens")):
+        for tag, key in (
+            (tags.TAG.hp_params, "params"),
+            (tags.TAG.hp_unique_tokens, "unique_tokens"),
+            (tags.TAG.hp_planned_tokens, "planned_tokens"),
+        ):
             if isinstance(planned.get(key), (int, float)):
                 out[tag] = float(planned[key])
     return out
@@ -220,9 +251,12 @@ def _hparams_domains() -> dict[str, list[str]]:
     from satmon.results.forecast import OUTCOMES
     from satmon.results.verdict import TRUST
 
-    return {tags.TAG.hp_decision: [str(d) for d in tags.VERDICT_VALUES], tags.TAG.hp_source: list(_SOURCES),
-            tags.TAG.hp_trust: list(TRUST),
-            tags.TAG.hp_forecast: list(OUTCOMES)}
+    return {
+        tags.TAG.hp_decision: [str(d) for d in tags.VERDICT_VALUES],
+        tags.TAG.hp_source: list(_SOURCES),
+        tags.TAG.hp_trust: list(TRUST),
+        tags.TAG.hp_forecast: list(OUTCOMES),
+    }
 
 
 def text_summary(tag: str, markdown: str) -> Any:
@@ -354,9 +388,16 @@ def custom_scalars_layout() -> dict[str, Any]:
                      'pooled saturation']),
          ('satmon per layer', ['saturation per layer', 'alpha per layer'])]
     """
-    sat, layer, alpha, verdict, margin = (re.escape(t) for t in (tags.TAG.saturation, tags.TAG.layer_saturation(""),
-                                                                 tags.TAG.alpha(""),
-                                                                 tags.TAG.verdict, tags.TAG.margin))
+    sat, layer, alpha, verdict, margin = (
+        re.escape(t)
+        for t in (
+            tags.TAG.saturation,
+            tags.TAG.layer_saturation(""),
+            tags.TAG.alpha(""),
+            tags.TAG.verdict,
+            tags.TAG.margin,
+        )
+    )
     return {
         tags.TAG.summary: {
             "decision (1 GO, 0 NO-GO, -1 non-finite)": ["Multiline", [rf"^{verdict}$"]],
@@ -415,8 +456,9 @@ class SummaryWriterSink:
         >>> sink.close()
     """
 
-    def __init__(self, log_dir: str | os.PathLike, *, rank_zero_only: bool = True,
-                 hparams_experiment: bool = True) -> None:
+    def __init__(
+        self, log_dir: str | os.PathLike, *, rank_zero_only: bool = True, hparams_experiment: bool = True
+    ) -> None:
         self.log_dir = os.fspath(log_dir)
         self.rank_zero_only = rank_zero_only
         self.hparams_experiment = hparams_experiment

@@ -27,17 +27,28 @@ from pathlib import Path
 from typing import Any
 
 from satmon.io.safe_text import printable
-from satmon.paths import NotRegular, kind_of, open_regular
 from satmon.io.tags import TAG, V02_TEXT_SUFFIX, VERDICT_VALUES
+from satmon.paths import NotRegular, kind_of, open_regular
 
-__all__ = ["EVENT_GLOB", "MAX_RECORD", "DamagedEvents", "Run", "event_records", "load_runs", "read_run", "run_dirs",
-           "trajectory", "TEXT_SUFFIX"]
+__all__ = [
+    "EVENT_GLOB",
+    "MAX_RECORD",
+    "DamagedEvents",
+    "Run",
+    "event_records",
+    "load_runs",
+    "read_run",
+    "run_dirs",
+    "trajectory",
+    "TEXT_SUFFIX",
+]
 
 #: TensorBoard's event files, by name.
 EVENT_GLOB = "events.out.tfevents.*"
 #: The longest event record read (satmon's records are a few KB; TensorBoard's own images rarely pass a few MB).
 MAX_RECORD = 64 << 20
-#: ``SummaryWriter.add_text(tag, ...)`` stores the text under ``tag + TEXT_SUFFIX`` (satmon 0.2's texts; 0.3 writes under ``tag``).
+#: ``SummaryWriter.add_text(tag, ...)`` stores the text under ``tag + TEXT_SUFFIX`` (satmon 0.2's
+#: texts; 0.3 writes under ``tag``).
 TEXT_SUFFIX = V02_TEXT_SUFFIX  # the one definition is the tag table's (TAG.from_v02)
 #: Per-layer scalar families: tag prefix -> the reading's name in :meth:`Run.layers`.
 _LAYER_FAMILIES = {TAG.layer_saturation(""): "saturation", TAG.alpha(""): "alpha", TAG.init_gap(""): "init_gap"}
@@ -95,18 +106,19 @@ class Run:
         """layer -> {reading: last value}: saturation, alpha, init_gap and the dead-direction readings.
 
         Example:
-            >>> run = Run(Path("."), scalars={TAG.alpha("ln_f"): [(2, 1.5), (4, 1.25)], TAG.deadir_null_dim("h.0.ln_1"): [(4, 0.0)]})
+            >>> scalars = {TAG.alpha("ln_f"): [(2, 1.5), (4, 1.25)], TAG.deadir_null_dim("h.0.ln_1"): [(4, 0.0)]}
+            >>> run = Run(Path("."), scalars=scalars)
             >>> run.layers()
             {'ln_f': {'alpha': 1.25}, 'h.0.ln_1': {'null_dim': 0.0}}
         """
         layers: dict[str, dict[str, float]] = defaultdict(dict)
         for tag, series in self.scalars.items():
             for prefix, reading in _LAYER_FAMILIES.items():
-                rest = tag[len(prefix):]
+                rest = tag[len(prefix) :]
                 if tag.startswith(prefix) and rest and "/" not in rest:
                     layers[rest][reading] = series[-1][1]
             if tag.startswith(_DEADIR) and tag.count("/") > _DEADIR.count("/"):
-                layer, reading = tag[len(_DEADIR):].rsplit("/", 1)
+                layer, reading = tag[len(_DEADIR) :].rsplit("/", 1)
                 layers[layer][reading] = series[-1][1]
         return dict(layers)
 
@@ -189,9 +201,11 @@ def event_records(path: str | Path, max_record: int = MAX_RECORD) -> Iterator[by
             if masked_crc32c(head[:8]) != crc:
                 raise DamagedEvents(f"damaged at byte {at:,} (a record length that fails its CRC)")
             if length > min(max_record, size - at - 16):
-                raise DamagedEvents(f"damaged at byte {at:,} (a record of {length:,} bytes, where at most "
-                                    f"{min(max_record, max(size - at - 16, 0)):,} can be: larger than the file or "
-                                    f"{max_record:,} bytes)")
+                raise DamagedEvents(
+                    f"damaged at byte {at:,} (a record of {length:,} bytes, where at most "
+                    f"{min(max_record, max(size - at - 16, 0)):,} can be: larger than the file or "
+                    f"{max_record:,} bytes)"
+                )
             data, tail = f.read(length), f.read(4)
             if len(data) < length or len(tail) < 4:
                 raise DamagedEvents(f"cut short at byte {at:,} (a record of {length:,} bytes)")
@@ -274,7 +288,11 @@ def read_run(path: str | Path) -> Run:
                         if name is not None:
                             run.texts.setdefault(name, []).append((event.step, _text(v.tensor)))
         except (DamagedEvents, DecodeError) as e:
-            why = printable(str(e)) if isinstance(e, DamagedEvents) else f"a record that is not an event ({type(e).__name__})"
+            why = (
+                printable(str(e))
+                if isinstance(e, DamagedEvents)
+                else f"a record that is not an event ({type(e).__name__})"
+            )
             kept = "" if why.startswith("not a regular file") else "; the records before it were read"
             run.problems.append(f"{printable(file.name)}: {why}{kept}")
         except OSError as e:  # this user cannot read it: the other files are still read

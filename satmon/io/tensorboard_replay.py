@@ -81,17 +81,22 @@ def claim_run_folder(logdir: str | os.PathLike, name: str = "replay", source: st
         except FileExistsError:  # another process took it between the listing and the mkdir: the next one
             continue
         return run
-    raise FileExistsError(f"Expected a free run folder under {logdir!r}, got 10000 taken: pass another --name or --logdir.")
+    raise FileExistsError(
+        f"Expected a free run folder under {logdir!r}, got 10000 taken: pass another --name or --logdir."
+    )
 
 
 class TensorBoardReplay:
-    """A TensorBoard run of replayed checkpoints; pass it as ``satmon.replaying.loop.checkpoint_records(on_record=...)``.
+    """A TensorBoard run of replayed checkpoints; pass it as
+    ``satmon.replaying.loop.checkpoint_records(on_record=...)``.
 
     Args:
         logdir: the TensorBoard root.
-        name: the run name, when ``source`` is not given: the run goes to ``logdir/name/version_N`` (:func:`next_version`).
-        source: the run the checkpoints are of (:func:`satmon.replaying.live.run_name`): the run goes to ``logdir/replay of SOURCE``
-            (``replay of SOURCE (2)``, ... when that exists), so TensorBoard lists it as the replay of that run.
+        name: the run name, when ``source`` is not given: the run goes to
+            ``logdir/name/version_N`` (:func:`next_version`).
+        source: the run the checkpoints are of (:func:`satmon.replaying.live.run_name`): the run goes to
+            ``logdir/replay of SOURCE`` (``replay of SOURCE (2)``, ... when that exists), so TensorBoard
+            lists it as the replay of that run.
 
     Example:
         >>> import tempfile
@@ -116,8 +121,8 @@ class TensorBoardReplay:
         return self.sink.log_dir
 
     def __call__(self, record: Any) -> None:
-        """Write one :class:`satmon.replaying.loop.ReplayRecord`: its readings and verdict (its card names the source run
-        and, when found, shows its live verdict beside this one), or why it was skipped."""
+        """Write one :class:`satmon.replaying.loop.ReplayRecord`: its readings and verdict (its card names the source
+        run and, when found, shows its live verdict beside this one), or why it was skipped."""
         step = int(record.global_step or 0)
         report = record.report
         if report is None:
@@ -132,7 +137,8 @@ class TensorBoardReplay:
             scalars.pop(TAG.saturation, None)  # log_verdict writes the pooled saturation itself: once per step
         log_scalars(self.sink, scalars, step)
         if report.verdict is not None:
-            card = getattr(record, "card", None)  # a ReplayRecord's: the source run and its live verdict beside this one
+            # a ReplayRecord's: the source run and its live verdict beside this one
+            card = getattr(record, "card", None)
             log_verdict(self.sink, report.verdict, hparams=False, card=card() if callable(card) else None)
             if self._last is None or report.verdict.step >= self._last.step:
                 self._last = report.verdict
@@ -159,7 +165,9 @@ class LazyTensorBoardReplay:
         >>> tb.close()
     """
 
-    def __init__(self, logdir: str | os.PathLike, name: str = "replay", enabled: bool = True, source: str | None = None) -> None:
+    def __init__(
+        self, logdir: str | os.PathLike, name: str = "replay", enabled: bool = True, source: str | None = None
+    ) -> None:
         self.logdir, self.name, self.enabled, self.source = logdir, name, enabled, source
         self.writer: TensorBoardReplay | None = None
 

@@ -18,8 +18,15 @@ from typing import Any
 
 from satmon.io.sink import NullSink
 
-__all__ = ["MarkdownFileSink", "MlflowSink", "WandbSink", "mlflow_text", "text_file_name", "wandb_text",
-           "write_text_file"]
+__all__ = [
+    "MarkdownFileSink",
+    "MlflowSink",
+    "WandbSink",
+    "mlflow_text",
+    "text_file_name",
+    "wandb_text",
+    "write_text_file",
+]
 
 
 def text_file_name(tag: str) -> str:

@@ -16,8 +16,21 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Layout", "OnMeta", "clone", "fit_per_channel", "from_rows", "layouts", "on_host", "on_meta", "run", "spread",
-           "to_rows", "tolerance", "whole"]
+__all__ = [
+    "Layout",
+    "OnMeta",
+    "clone",
+    "fit_per_channel",
+    "from_rows",
+    "layouts",
+    "on_host",
+    "on_meta",
+    "run",
+    "spread",
+    "to_rows",
+    "tolerance",
+    "whole",
+]
 
 #: (shape, channel axis) of one evaluation input
 Layout = tuple[tuple[int, ...], int]
@@ -33,8 +46,13 @@ def _as(dtype: torch.dtype, target: torch.dtype) -> torch.dtype:
     return target if dtype.is_floating_point else dtype
 
 
-def clone(module: nn.Module, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float64,
-          fill: Mapping[str, float] | None = None, randomize: tuple[str, ...] = ()) -> nn.Module:  # fmt: skip
+def clone(
+    module: nn.Module,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float64,
+    fill: Mapping[str, float] | None = None,
+    randomize: tuple[str, ...] = (),
+) -> nn.Module:
     """A copy of ``module`` on ``device`` in ``dtype`` that shares nothing with it and runs no hooks.
 
     ``fill`` sets own parameters to a constant, ``randomize`` draws them around 1 (seeded): what a
@@ -61,11 +79,19 @@ def clone(module: nn.Module, device: torch.device | str = "cpu", dtype: torch.dt
         params[k] = nn.Parameter(v.to(device, _as(v.dtype, dtype)), requires_grad=False)
     out.__dict__["_parameters"] = params
     out.__dict__["_buffers"] = {
-        k: None if b is None else _host(b, k).to(device, _as(b.dtype, dtype)).clone() for k, b in module._buffers.items()
+        k: None if b is None else _host(b, k).to(device, _as(b.dtype, dtype)).clone()
+        for k, b in module._buffers.items()
     }
     out.__dict__["_modules"] = {k: None if m is None else clone(m, device, dtype) for k, m in module._modules.items()}
-    for hooks in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-                  "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called"):
+    for hooks in (
+        "_forward_hooks",
+        "_forward_pre_hooks",
+        "_backward_hooks",
+        "_backward_pre_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_pre_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+    ):
         if hooks in out.__dict__:
             out.__dict__[hooks] = type(out.__dict__[hooks])()
     return out

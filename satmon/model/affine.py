@@ -78,7 +78,9 @@ def _widened(p: Tensor) -> Tensor:
     return p if p.dtype in (torch.float32, torch.float64) else p.float()
 
 
-def _exact(module: nn.Module, channels: int, t: Tensor, y: Tensor, tol: float) -> tuple[str, Tensor, Tensor | None, float] | None:
+def _exact(
+    module: nn.Module, channels: int, t: Tensor, y: Tensor, tol: float
+) -> tuple[str, Tensor, Tensor | None, float] | None:
     """The layer's own parameters that reproduce ``y = gain * t + bias`` (rows), if any."""
     vectors = _own_vectors(module, channels)
     gains = [(f"gain = {n}", p.to(torch.float64)) for n, p in vectors.items()]
@@ -145,16 +147,22 @@ def _on_meta(module: nn.Module, dim: int | None, axis: int | None) -> EffectiveA
         twin = ev.clone(module, randomize=params)
     except ev.OnMeta as err:
         raise ValueError(
-            f"Expected {type(module).__name__} on the meta device to need only its parameters' shapes to read its affine "
-            f"map, got {err}. Build the model on the CPU to copy its affine map, or convert without copy_affine.") from err
+            f"Expected {type(module).__name__} on the meta device to need only its parameters' "
+            "shapes to read its affine "
+            f"map, got {err}. Build the model on the CPU to copy its affine map, or convert without copy_affine."
+        ) from err
     found = _effective_affine(twin, dim, axis)
 
     def meta(t: Tensor | None) -> Tensor | None:
         return None if t is None else torch.empty(t.shape, dtype=t.dtype, device="meta")
 
-    return replace(found, gain=meta(found.gain), bias=meta(found.bias),
-                   note=f"{found.note} (read on a CPU twin of a layer on the meta device, its parameters drawn: the form "
-                        "is the layer's, the values are meta tensors until the model's are loaded)")
+    return replace(
+        found,
+        gain=meta(found.gain),
+        bias=meta(found.bias),
+        note=f"{found.note} (read on a CPU twin of a layer on the meta device, its parameters drawn: the form "
+        "is the layer's, the values are meta tensors until the model's are loaded)",
+    )
 
 
 def _effective_affine(module: nn.Module, dim: int | None, axis: int | None) -> EffectiveAffine:
@@ -166,9 +174,12 @@ def _effective_affine(module: nn.Module, dim: int | None, axis: int | None) -> E
         if isinstance(shape, (tuple, list, torch.Size)) and len(shape) > 1:
             raise ValueError(
                 f"Expected {name} to normalise over one channel dimension, got normalized_shape={tuple(shape)}. "
-                "Only single-axis norms have a per-channel affine map.")
-        raise ValueError(f"Expected {name} to have a vector parameter or `normalized_shape`, got neither. "
-                         "Pass `dim=` (the channel count) to effective_affine.")
+                "Only single-axis norms have a per-channel affine map."
+            )
+        raise ValueError(
+            f"Expected {name} to have a vector parameter or `normalized_shape`, got neither. "
+            "Pass `dim=` (the channel count) to effective_affine."
+        )
     if axis is None:
         axis = reading.axis if reading is not None and reading.kind != "unknown" else -1
     layout = _layout(int(channels), axis)
@@ -179,21 +190,31 @@ def _effective_affine(module: nn.Module, dim: int | None, axis: int | None) -> E
     except Exception as err:
         raise ValueError(
             f"Expected {name} to run on a float64 CPU copy of itself to read its affine map, got "
-            f"{type(err).__name__}: {err}. Exclude this layer (exclude=...) or convert it by hand.") from err
+            f"{type(err).__name__}: {err}. Exclude this layer (exclude=...) or convert it by hand."
+        ) from err
     if fit is None:
         where = "the last dimension" if axis == -1 else f"dimension {axis} (channels first)"
         raise ValueError(
             f"Expected {name} to compute gain * normalize(x) + bias (LayerNorm or RMSNorm over {where}), got no fit "
-            f"within {_TOL:.0e}. satmon cannot determine this layer's affine map: exclude it (exclude=...), or copy its "
-            "parameters yourself.")
+            f"within {_TOL:.0e}. satmon cannot determine this layer's affine map: exclude it "
+            "(exclude=...), or copy its "
+            "parameters yourself."
+        )
     exact = _exact(module, int(channels), fit.x_hat, fit.y, max(_TOL, 10 * fit.residual))
     if exact is not None:
         note, g, b, res = exact
         return EffectiveAffine(fit.kind, g, b, res, True, note, axis)
     scale = float(fit.y.abs().max())
     has_bias = bool((fit.bias.abs() > _TOL * max(scale, 1e-300)).any())
-    return EffectiveAffine(fit.kind, fit.gain, fit.bias if has_bias else None, fit.residual, False,
-                           "fitted: the layer's parameters do not reproduce its outputs", axis)
+    return EffectiveAffine(
+        fit.kind,
+        fit.gain,
+        fit.bias if has_bias else None,
+        fit.residual,
+        False,
+        "fitted: the layer's parameters do not reproduce its outputs",
+        axis,
+    )
 
 
 def _pointwise_affine(module: nn.Module, reading, channels: int, layout: ev.Layout) -> EffectiveAffine:
@@ -213,5 +234,12 @@ def _pointwise_affine(module: nn.Module, reading, channels: int, layout: ev.Layo
         note, g_attr, b_attr, res_attr = exact
         return EffectiveAffine("dyt", g_attr, b_attr, res_attr, True, note, layout[1])
     has_bias = bool((b.abs() > _TOL * max(float(y.abs().max()), 1e-300)).any())
-    return EffectiveAffine("dyt", g, b if has_bias else None, res, False, "fitted: the layer's parameters do not reproduce its outputs",
-                           layout[1])
+    return EffectiveAffine(
+        "dyt",
+        g,
+        b if has_bias else None,
+        res,
+        False,
+        "fitted: the layer's parameters do not reproduce its outputs",
+        layout[1],
+    )

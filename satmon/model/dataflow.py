@@ -52,31 +52,90 @@ from satmon.model.frozen_forward import reshard_fsdp
 __all__ = ["FlowTrace", "GatedProduct", "Interaction", "LiveTrace", "own_forward", "trace_flow", "tracing"]
 
 _PROJECTIONS = {
-    "linear", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "mv",
-    "addmv", "tensordot", "bilinear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-    "scaled_dot_product_attention", "_grouped_mm", "grouped_mm",
-}  # fmt: skip
+    "linear",
+    "matmul",
+    "__matmul__",
+    "__rmatmul__",
+    "mm",
+    "bmm",
+    "addmm",
+    "baddbmm",
+    "addbmm",
+    "einsum",
+    "mv",
+    "addmv",
+    "tensordot",
+    "bilinear",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "scaled_dot_product_attention",
+    "_grouped_mm",
+    "grouped_mm",
+}
 #: kernels named for a matrix product (transformers' ``grouped_mm_fallback``, ``_scaled_mm``, a custom ``gemm``)
 _PROJECTION_NAME = re.compile(r"(^|_)(grouped_mm|scaled_mm|bmm|mm|gemm|matmul|linear)(_|$)")
 _ACTIVATIONS = {
-    "silu", "gelu", "sigmoid", "relu", "relu6", "tanh", "softplus", "mish", "elu", "selu", "celu", "leaky_relu",
-    "hardswish", "hardsigmoid", "hardtanh", "logsigmoid", "softsign", "tanhshrink",
-}  # fmt: skip
+    "silu",
+    "gelu",
+    "sigmoid",
+    "relu",
+    "relu6",
+    "tanh",
+    "softplus",
+    "mish",
+    "elu",
+    "selu",
+    "celu",
+    "leaky_relu",
+    "hardswish",
+    "hardsigmoid",
+    "hardtanh",
+    "logsigmoid",
+    "softsign",
+    "tanhshrink",
+}
 _PRODUCTS = {"mul", "__mul__", "__rmul__", "mul_", "__imul__", "multiply"}
 _SPLITS = {"chunk", "split", "tensor_split", "unbind", "split_with_sizes"}
 _ADDS = {"add", "__add__", "__radd__", "add_", "__iadd__", "sub", "__sub__", "__rsub__", "sub_", "__isub__", "subtract"}
 _ATTENTION = {"scaled_dot_product_attention", "flash_attention", "_scaled_dot_product_flash_attention"}
 _PAIRWISE = {"matmul", "__matmul__", "__rmatmul__", "bmm", "einsum", "baddbmm"}  # q @ k^T when both come from the norm
-#: calls whose output takes only the shape, dtype or device of these tensor arguments (by position; -1: all), not their values
+#: calls whose output takes only the shape, dtype or device of these tensor arguments (by
+#: position; -1: all), not their values
 _METADATA = {
-    "type_as": (1,), "to": (1,), "expand_as": (1,), "view_as": (1,), "reshape_as": (1,), "new_zeros": (0,),
-    "new_ones": (0,), "new_empty": (0,), "new_full": (0,), "new_tensor": (0,), "new_empty_strided": (0,),
-    "zeros_like": (0,), "ones_like": (0,), "empty_like": (0,), "full_like": (0,), "rand_like": (0,),
-    "randn_like": (0,), "randint_like": (0,), "size": (-1,), "dim": (-1,),
-}  # fmt: skip
+    "type_as": (1,),
+    "to": (1,),
+    "expand_as": (1,),
+    "view_as": (1,),
+    "reshape_as": (1,),
+    "new_zeros": (0,),
+    "new_ones": (0,),
+    "new_empty": (0,),
+    "new_full": (0,),
+    "new_tensor": (0,),
+    "new_empty_strided": (0,),
+    "zeros_like": (0,),
+    "ones_like": (0,),
+    "empty_like": (0,),
+    "full_like": (0,),
+    "rand_like": (0,),
+    "randn_like": (0,),
+    "randint_like": (0,),
+    "size": (-1,),
+    "dim": (-1,),
+}
 #: gathers: (position of the table, position of the index); F.embedding takes (index, table)
-_GATHERS = {"__getitem__": (0, 1), "index_select": (0, 2), "gather": (0, 2), "take": (0, 1), "take_along_dim": (0, 1),
-            "embedding": (1, 0), "embedding_bag": (1, 0)}  # fmt: skip
+_GATHERS = {
+    "__getitem__": (0, 1),
+    "index_select": (0, 2),
+    "gather": (0, 2),
+    "take": (0, 1),
+    "take_along_dim": (0, 1),
+    "embedding": (1, 0),
+    "embedding_bag": (1, 0),
+}
 _MAX_HOPS = 2  # a branch is followed through two projections (the MLP's down projection), then dropped
 #: what a tensor's values derive from, besides parameters, buffers and constants (the default: input-independent)
 _STATIC, _DATA, _ROUTED = "static", "data", "routed"  # see _Mode.kind
@@ -123,7 +182,8 @@ class FlowTrace:
     feeds: dict[str, set[str]] = field(default_factory=dict)
     #: norm -> the modules whose projections read its output directly (the first projection of each branch)
     reached: dict[str, set[str]] = field(default_factory=dict)
-    #: module -> the most arguments (positional and keyword) one of its calls passed (a gated norm's ``norm(y, gate)``: 2)
+    #: module -> the most arguments (positional and keyword) one of its calls passed (a
+    #: gated norm's ``norm(y, gate)``: 2)
     inputs: dict[str, int] = field(default_factory=dict)
 
 
@@ -203,8 +263,12 @@ class _Mode(TorchFunctionMode):
     def _kind_of(self, name: str, args: tuple, values: list[Tensor], out: Tensor) -> str:
         """What ``out`` derives from (see :meth:`kind`)."""
         gather = _GATHERS.get(name)
-        if gather is not None and len(args) > max(gather) and isinstance(args[gather[0]], Tensor) \
-                and self.kind(args[gather[0]]) == _STATIC:
+        if (
+            gather is not None
+            and len(args) > max(gather)
+            and isinstance(args[gather[0]], Tensor)
+            and self.kind(args[gather[0]]) == _STATIC
+        ):
             index = [self.kind(t) for t in _tensors((args[gather[1]],), {})]
             if _ROUTED in index:
                 return _STATIC  # weights or biases picked by a router (W[e]): parameters still, as in any Linear
@@ -270,7 +334,11 @@ class _Mode(TorchFunctionMode):
             self._attention(name, values)
             flows = self._project(inputs)
         elif name in _ACTIVATIONS:
-            act = "gelu_tanh" if name == "gelu" and kwargs.get("approximate", args[1] if len(args) > 1 else "none") == "tanh" else name
+            act = (
+                "gelu_tanh"
+                if name == "gelu" and kwargs.get("approximate", args[1] if len(args) > 1 else "none") == "tanh"
+                else name
+            )
             flows = {n: replace(f, act=f.act or act) for n, f in _merge(inputs, self.events).items()}
         elif name == "glu":
             flows = self._glu(inputs)
@@ -281,10 +349,20 @@ class _Mode(TorchFunctionMode):
         if name in _SPLITS or name == "__getitem__":
             channels = name in _SPLITS or _touches_last(args[1:], args[0].dim() if isinstance(args[0], Tensor) else 0)
             for i, t in enumerate(outs):
-                key = (name, i, len(outs)) if name in _SPLITS else (name, repr(args[1:]), _starts_at_zero(args[1:]), channels)
+                key = (
+                    (name, i, len(outs))
+                    if name in _SPLITS
+                    else (name, repr(args[1:]), _starts_at_zero(args[1:]), channels)
+                )
                 split = (i, len(outs)) if name in _SPLITS else (0 if key[2] else 1, 2)
                 # rows or time steps picked (x[:, t], x[token_idx]): the same branch, no half of a fused projection
-                self.put(t, {n: replace(f, source=f.source + (key,), split=split if channels else f.split) for n, f in flows.items()})
+                self.put(
+                    t,
+                    {
+                        n: replace(f, source=f.source + (key,), split=split if channels else f.split)
+                        for n, f in flows.items()
+                    },
+                )
             return out
         for t in outs:
             self.put(t, flows)
@@ -292,7 +370,8 @@ class _Mode(TorchFunctionMode):
 
     def _add(self, values: list[Tensor], inputs: list[dict[str, _Flow]], outs: list[Tensor]) -> dict[str, _Flow]:
         """An addition: a norm's branch that meets another stream ends there (the residual stream). A parameter,
-        a buffer or anything computed from them alone (a bias, even one gathered by a router, a constant) is no stream."""
+        a buffer or anything computed from them alone (a bias, even one gathered by a
+        router, a constant) is no stream."""
         size = outs[0].numel()
         operands = [t for t in values if t.numel() == size and (self.get(t) or self.kind(t) != _STATIC)]
         flows = _merge(inputs, self.events)
@@ -309,7 +388,8 @@ class _Mode(TorchFunctionMode):
 
     def _attention(self, name: str, values: list[Tensor]) -> None:
         tensors = [f for t in values if (f := self.get(t))]
-        if name in _ATTENTION or name in _PAIRWISE and len(tensors) >= 2:  # q, k, v: projections of the norm's output, or a q/k norm's output itself
+        # q, k, v: projections of the norm's output, or a q/k norm's output itself
+        if name in _ATTENTION or name in _PAIRWISE and len(tensors) >= 2:
             for flows in tensors:
                 for n in flows:
                     self.went(n, "attention")
@@ -348,7 +428,8 @@ class _Mode(TorchFunctionMode):
             if per_token:  # the output scaled per token (a router's score before the experts, Llama4): still the output
                 flows[n] = per_token[0]
                 continue
-            if _same_branch(fa, fb):  # one branch times itself: an activation written out (x * sigmoid(x)), a scan's steps
+            # one branch times itself: an activation written out (x * sigmoid(x)), a scan's steps
+            if _same_branch(fa, fb):
                 acts = {fa.act, fb.act}
                 written = "silu" if acts == {None, "sigmoid"} else fa.act or fb.act or "product"  # swish, GPT-OSS's too
                 flows[n] = replace(fa, act=written)
@@ -359,7 +440,9 @@ class _Mode(TorchFunctionMode):
             if gate is not None and gate.hops == up.hops == 1 and gate.proj is not None and up.proj is not None:
                 fused = gate.source[:2] == up.source[:2]
                 gate_first = gate.split is None or gate.split[0] == 0
-                self.pending.append(_Pending(n, (gate.proj, gate.source[:2]), (up.proj, up.source[:2]), fused, gate_first, gate.act))
+                self.pending.append(
+                    _Pending(n, (gate.proj, gate.source[:2]), (up.proj, up.source[:2]), fused, gate_first, gate.act)
+                )
                 self.went(n, "gated-mlp")
                 flows[n] = _Flow(1, ("product", next(self.events)), product=len(self.pending) - 1)
                 continue
@@ -457,7 +540,10 @@ def _starts_at_zero(index: tuple) -> bool:
 
 
 def trace_flow(
-    model: nn.Module, norm_names: list[str], example_input: Any, forward_fn: Callable[[nn.Module, Any], Any] = feed,
+    model: nn.Module,
+    norm_names: list[str],
+    example_input: Any,
+    forward_fn: Callable[[nn.Module, Any], Any] = feed,
     opaque: set[str] | None = None,
 ) -> FlowTrace:
     """Follow the outputs of ``norm_names`` through one eval, no-grad forward of ``example_input``.
@@ -479,7 +565,8 @@ def trace_flow(
         >>> class SwiGLU(nn.Module):
         ...     def __init__(self):
         ...         super().__init__()
-        ...         self.pre, self.proj_g, self.proj_u, self.proj_d = nn.LayerNorm(4), nn.Linear(4, 8), nn.Linear(4, 8), nn.Linear(8, 4)
+        ...         self.pre, self.proj_d = nn.LayerNorm(4), nn.Linear(8, 4)
+        ...         self.proj_g, self.proj_u = nn.Linear(4, 8), nn.Linear(4, 8)
         ...     def forward(self, x):
         ...         h = self.pre(x)
         ...         return self.proj_d(nn.functional.silu(self.proj_g(h)) * self.proj_u(h))
@@ -508,7 +595,9 @@ def _mode_for(model: nn.Module, norm_names: list[str], opaque: set[str] | None) 
     for raw, m in model.named_modules():
         names.setdefault(id(m), strip_wrappers(raw))
     if opaque is None:  # every module discovery reads as a normaliser (the model map's norms and undetermined)
-        opaque = {strip_wrappers(raw) for raw, m in model.named_modules() if m is not model and read_module(m) is not None}
+        opaque = {
+            strip_wrappers(raw) for raw, m in model.named_modules() if m is not model and read_module(m) is not None
+        }
     norms = {n for n in names.values() if n in norm_names or n in opaque}
     return _Mode(names, set(norm_names), norms, {id(b) for b in model.buffers()})
 
@@ -557,8 +646,14 @@ class LiveTrace:
 
     TRIES = 3
 
-    def __init__(self, model: nn.Module, norm_names: list[str], opaque: set[str] | None = None, *,
-                 done: Callable[[FlowTrace | None, str], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        norm_names: list[str],
+        opaque: set[str] | None = None,
+        *,
+        done: Callable[[FlowTrace | None, str], None],
+    ) -> None:
         self._model = weakref.ref(model)
         self._names, self._opaque, self._done = list(norm_names), opaque, done
         self._mode: _Mode | None = None  # what the traced calls showed so far
@@ -617,7 +712,9 @@ class LiveTrace:
             self._failures.append(f"{type(raised).__name__}: {raised}")
             if len(self._failures) >= self.TRIES:
                 self.cancel()
-                self._done(None, f"the first {self.TRIES} training forwards raised ({self._failures[-1]}); none was read")
+                self._done(
+                    None, f"the first {self.TRIES} training forwards raised ({self._failures[-1]}); none was read"
+                )
             return
         self._read = True
         if module is self._model():

@@ -39,7 +39,7 @@ import re
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal
 
 import torch
 from torch import nn
@@ -59,9 +59,9 @@ __all__ = [
     "read_module",
     "selects",
     "strip_wrappers",
-]  # fmt: skip
+]
 
-Selector = Union[str, Callable[[str, nn.Module], bool], None]
+Selector = str | Callable[[str, nn.Module], bool] | None
 Basis = Literal["type", "behaviour", "names"]
 
 _WRAPPER_PARTS = {"_orig_mod", "_forward_module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
@@ -208,7 +208,8 @@ def _is_candidate(module: nn.Module) -> bool:
         return False
     own = list(module.parameters(recurse=False))
     named = any(hasattr(module, a) for a in _NORM_ATTRS) or bool(_NORM_NAME.search(type(module).__name__))
-    if own:  # a gain of several dimensions (per head) only on a module that says it normalises: others are run by include=
+    # a gain of several dimensions (per head) only on a module that says it normalises: others are run by include=
+    if own:
         return all(_vector_like(p) for p in own) or named
     return named
 
@@ -265,7 +266,8 @@ def _read(module: nn.Module, selected: bool) -> Reading | None:
         dims = len(module.normalized_shape)
         return Reading(kind, channels=c, basis="type", note="" if dims == 1 else f"normalises over {dims} dimensions")
     if cls.__module__.startswith("torch.nn.modules") or not (selected or _is_candidate(module)):
-        return None  # torch's own other layers (BatchNorm, GroupNorm, activations, ...) are not normalisers satmon reads
+        # torch's own other layers (BatchNorm, GroupNorm, activations, ...) are not normalisers satmon reads
+        return None
     own = dict(module.named_parameters(recurse=False))
     shape = _gain_shape(own)
     if shape is not None:  # a gain over several dimensions: (heads, head_dim), or a norm over all of them
@@ -274,10 +276,19 @@ def _read(module: nn.Module, selected: bool) -> Reading | None:
             return found
         if found == _CANNOT_RUN:
             return _by_names(module, own, c)
-        return Reading("unknown", channels=c, note=(
-            f"{cls.__name__} has a gain of shape {shape} and, run on (batch, tokens, {', '.join(map(str, shape))}) test "
-            "inputs, computes gain * normalize(x) + bias over neither the last dimension nor all of them")) \
-            if _NORM_NAME.search(cls.__name__) or any(hasattr(module, a) for a in _NORM_ATTRS) else None
+        return (
+            Reading(
+                "unknown",
+                channels=c,
+                note=(
+                    f"{cls.__name__} has a gain of shape {shape} and, run on (batch, tokens, "
+                    f"{', '.join(map(str, shape))}) test "
+                    "inputs, computes gain * normalize(x) + bias over neither the last dimension nor all of them"
+                ),
+            )
+            if _NORM_NAME.search(cls.__name__) or any(hasattr(module, a) for a in _NORM_ATTRS)
+            else None
+        )
     failures = []
     if "alpha" in own:
         found = _pointwise(module, c or 8, own)
@@ -292,9 +303,15 @@ def _read(module: nn.Module, selected: bool) -> Reading | None:
         failures.append("normaliser")
     if not failures or (len(failures) == 1 and "alpha" in own and failures[0] == "normaliser"):
         if _NORM_NAME.search(cls.__name__):  # names may say "unknown", never "no"
-            return Reading("unknown", channels=c, note=(
-                f"{cls.__name__} is named like a normaliser but, run on test inputs, computes neither weight * f(alpha * x + s) "
-                "+ bias nor gain * normalize(x) + bias along any axis"))
+            return Reading(
+                "unknown",
+                channels=c,
+                note=(
+                    f"{cls.__name__} is named like a normaliser but, run on test inputs, computes neither "
+                    "weight * f(alpha * x + s) "
+                    "+ bias nor gain * normalize(x) + bias along any axis"
+                ),
+            )
         return None  # it ran and computes something else
     return _by_names(module, own, c)
 
@@ -305,8 +322,10 @@ def _by_names(module: nn.Module, own: dict, c: int | None) -> Reading | None:
     note = f"{cls.__name__} could not be run on a copy of itself (float64 CPU, nor its own device and dtype)"
     lacking = _meta_lack(module)
     if lacking:
-        note = (f"{cls.__name__} is on the meta device and reading it needs a value meta does not hold ({lacking}): "
-                "build the model on the CPU to read it")
+        note = (
+            f"{cls.__name__} is on the meta device and reading it needs a value meta does not hold ({lacking}): "
+            "build the model on the CPU to read it"
+        )
     if "alpha" in own:
         source = _forward_source(cls)
         function = next((f for f in ("erf", "hardtanh", "tanh") if f in source), None)
@@ -318,7 +337,8 @@ def _by_names(module: nn.Module, own: dict, c: int | None) -> Reading | None:
 
 
 def _meta_lack(module: nn.Module) -> str:
-    """What a copy of a module on the meta device would need that meta does not hold (``""``: nothing, or not on meta)."""
+    """What a copy of a module on the meta device would need that meta does not hold
+    (``""``: nothing, or not on meta)."""
     if not any(t.is_meta for t in (*module.parameters(), *module.buffers())):
         return ""
     floats = tuple(n for n, p in module.named_parameters(recurse=False) if p.is_floating_point())
@@ -342,7 +362,12 @@ def _devices(module: nn.Module) -> list[tuple[torch.device, torch.dtype]]:
     p = next(iter(module.parameters(recurse=False)), None)
     if p is None:
         p = next(iter(module.buffers(recurse=False)), None)
-    if p is not None and p.device.type != "meta" and (p.device.type != "cpu" or p.dtype != torch.float64) and p.is_floating_point():
+    if (
+        p is not None
+        and p.device.type != "meta"
+        and (p.device.type != "cpu" or p.dtype != torch.float64)
+        and p.is_floating_point()
+    ):
         out.append((p.device, p.dtype if p.dtype != torch.float64 else torch.float32))
     return out
 
@@ -360,7 +385,9 @@ def _pointwise(module: nn.Module, c: int, own: dict[str, torch.Tensor]) -> Readi
             for shift in [*shifts, None]:
                 fill = {"alpha": _ALPHA, **({shift: _SHIFT} if shift else {})}
                 try:
-                    y = ev.run(ev.clone(module, device, dtype, fill=fill, randomize=tuple(o for o in others if o != shift)), x)
+                    y = ev.run(
+                        ev.clone(module, device, dtype, fill=fill, randomize=tuple(o for o in others if o != shift)), x
+                    )
                 except Exception:
                     break  # this layout does not suit the layer
                 ran = True
@@ -374,8 +401,9 @@ def _pointwise(module: nn.Module, c: int, own: dict[str, torch.Tensor]) -> Readi
     return _CANNOT_RUN
 
 
-def _first_fit(module: nn.Module, attempts: Callable[[torch.device, torch.dtype], Iterator[Callable[[], Reading | None]]]
-               ) -> Reading | str | None:  # fmt: skip
+def _first_fit(
+    module: nn.Module, attempts: Callable[[torch.device, torch.dtype], Iterator[Callable[[], Reading | None]]]
+) -> Reading | str | None:
     """The first reading the attempts find on a copy (float64 CPU, then the module's own device and dtype);
     ``None`` when some attempt ran on a device and none fitted, :data:`_CANNOT_RUN` when none could run."""
     for device, dtype in _devices(module):
@@ -399,9 +427,11 @@ def _normaliser(module: nn.Module, c: int | None) -> Reading | str | None:
 
     def attempts(device: torch.device, dtype: torch.dtype) -> Iterator[Callable[[], Reading | None]]:
         for layout in ev.layouts(c or 16):
+
             def attempt(layout: ev.Layout = layout) -> Reading | None:
                 fit = fit_normalisation(ev.clone(module, device, dtype, randomize=own), layout, dtype, device)
                 return None if fit is None else Reading(fit.kind, channels=c, axis=layout[1], basis="behaviour")
+
             yield attempt
 
     return _first_fit(module, attempts)
@@ -433,10 +463,16 @@ def _grouped(module: nn.Module, shape: tuple[int, ...]) -> Reading | str | None:
             if found is None:
                 return None
             kind, dims = found
-            note = (f"gain of shape {shape}: per {'head' if len(shape) == 2 else 'group'}, statistics over the last dimension"
-                    if dims == 1 else f"normalises over {dims} dimensions {shape}")
-            return Reading(kind, channels=shape[-1] if dims == 1 else None, axis=-1, basis="behaviour", note=note,
-                           gain_shape=shape)
+            note = (
+                f"gain of shape {shape}: per {'head' if len(shape) == 2 else 'group'}, "
+                "statistics over the last dimension"
+                if dims == 1
+                else f"normalises over {dims} dimensions {shape}"
+            )
+            return Reading(
+                kind, channels=shape[-1] if dims == 1 else None, axis=-1, basis="behaviour", note=note, gain_shape=shape
+            )
+
         yield attempt
 
     return _first_fit(module, attempts)
@@ -474,7 +510,9 @@ def selects(selector: Selector, name: str, module: nn.Module) -> bool:
 def check_selector(value: Selector, what: str) -> None:
     """``include=``/``exclude=`` must be a regex or a predicate."""
     if value is not None and not (isinstance(value, str) or callable(value)):
-        raise TypeError(f"Expected `{what}` to be a regex string or a predicate (name, module) -> bool, got {type(value).__name__}.")
+        raise TypeError(
+            f"Expected `{what}` to be a regex string or a predicate (name, module) -> bool, got {type(value).__name__}."
+        )
 
 
 def __getattr__(name: str):

@@ -91,11 +91,16 @@ def dyt_parameter_problems(layers: Iterable[tuple[str, nn.Module]]) -> list[str]
         w = _local(weight).detach().float().reshape(-1) if isinstance(weight, torch.Tensor) else alpha.new_ones(1)
         b = getattr(m, "bias", None)
         bf = _local(b).detach().float().reshape(-1) if isinstance(b, torch.Tensor) else alpha.new_zeros(1)
-        tiny = torch.finfo(weight.dtype if isinstance(weight, torch.Tensor) and weight.is_floating_point() else torch.float32).tiny
+        tiny = torch.finfo(
+            weight.dtype if isinstance(weight, torch.Tensor) and weight.is_floating_point() else torch.float32
+        ).tiny
         subnormal = ((w != 0) & (w.abs() < tiny)).any() if w.numel() else w.new_zeros((), dtype=torch.bool)
         nonfinite = (~torch.isfinite(w)).sum() + (~torch.isfinite(bf)).sum() if w.numel() else alpha.new_zeros(())
-        rows.append(torch.stack([alpha.reshape(()) if alpha.numel() else alpha.new_tensor(1.0),
-                                 nonfinite.float(), subnormal.float()]).to("cpu"))
+        rows.append(
+            torch.stack(
+                [alpha.reshape(()) if alpha.numel() else alpha.new_tensor(1.0), nonfinite.float(), subnormal.float()]
+            ).to("cpu")
+        )
     table = torch.stack(rows).tolist()  # the one host sync
     out = []
     for (name, _), (alpha, nonfinite, subnormal) in zip(named, table):
@@ -110,8 +115,10 @@ def dyt_parameter_problems(layers: Iterable[tuple[str, nn.Module]]) -> list[str]
         if subnormal:
             why.append("weight holds subnormal values (uninitialised memory's mark)")
         if why:
-            out.append(f"{name}: {'; '.join(why)}. Its parameters look uninitialised: a model made on the meta device "
-                       "and materialised with to_empty() keeps whatever was in memory. Call reset_parameters() on every "
-                       "module that has one (satmon.DyT does) or the model's init_weights(), or load a checkpoint, "
-                       "before training.")
+            out.append(
+                f"{name}: {'; '.join(why)}. Its parameters look uninitialised: a model made on the meta device "
+                "and materialised with to_empty() keeps whatever was in memory. Call reset_parameters() on every "
+                "module that has one (satmon.DyT does) or the model's init_weights(), or load a checkpoint, "
+                "before training."
+            )
     return out

@@ -73,8 +73,9 @@ class NormalisationFit:
     y: Tensor
 
 
-def fit_normalisation(module: nn.Module, layout: ev.Layout, dtype: torch.dtype = torch.float64,
-                      device: torch.device | str = "cpu") -> NormalisationFit | None:  # fmt: skip
+def fit_normalisation(
+    module: nn.Module, layout: ev.Layout, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu"
+) -> NormalisationFit | None:
     """Run ``module`` (already a copy) on known rows laid out as ``layout``; the fit, or ``None`` if neither fits.
 
     Raises whatever the module raises when it cannot take the layout.
@@ -82,7 +83,8 @@ def fit_normalisation(module: nn.Module, layout: ev.Layout, dtype: torch.dtype =
     c = layout[0][layout[1]]
     rows = _probe_rows(ev.rows_of(layout), c)
     y = ev.to_rows(ev.run(module, ev.from_rows(rows, layout).to(device, dtype)), layout[1]).to("cpu", torch.float64)
-    rows = ev.to_rows(ev.from_rows(rows, layout).to(dtype), layout[1]).to(torch.float64)  # the input as the layer saw it
+    # the input as the layer saw it
+    rows = ev.to_rows(ev.from_rows(rows, layout).to(dtype), layout[1]).to(torch.float64)
     eps = eps_of(module)
     best = None
     for kind in ("layernorm", "rmsnorm"):
@@ -94,8 +96,9 @@ def fit_normalisation(module: nn.Module, layout: ev.Layout, dtype: torch.dtype =
     return best if best.residual <= ev.tolerance(dtype) else None
 
 
-def fit_grouped(module: nn.Module, shape: tuple[int, ...], dtype: torch.dtype = torch.float64,
-                device: torch.device | str = "cpu") -> tuple[Literal["layernorm", "rmsnorm"], int] | None:  # fmt: skip
+def fit_grouped(
+    module: nn.Module, shape: tuple[int, ...], dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu"
+) -> tuple[Literal["layernorm", "rmsnorm"], int] | None:
     """Run ``module`` (already a copy) on ``(2, T, *shape)`` inputs whose groups (all but the last dimension) differ in
     mean and scale, and fit ``gain * normalize(x) + bias`` per position of ``shape``, the statistics taken over the
     last dimension, then over all of ``shape``: ``(kind, dims normalised)``, or ``None`` when neither fits.
@@ -106,8 +109,10 @@ def fit_grouped(module: nn.Module, shape: tuple[int, ...], dtype: torch.dtype = 
     gen = torch.Generator().manual_seed(0)
     groups = (2, t, *shape[:-1], 1)
     x = torch.randn((2, t, *shape), generator=gen, dtype=torch.float64)
-    x = SCALE * (x * (0.5 + 1.5 * torch.rand(groups, generator=gen, dtype=torch.float64))
-                  + 3.0 * torch.randn(groups, generator=gen, dtype=torch.float64))
+    x = SCALE * (
+        x * (0.5 + 1.5 * torch.rand(groups, generator=gen, dtype=torch.float64))
+        + 3.0 * torch.randn(groups, generator=gen, dtype=torch.float64)
+    )
     y = ev.run(module, x.to(device, dtype)).to("cpu", torch.float64)
     x = x.to(dtype).to(torch.float64)  # the input as the layer saw it
     eps, width = eps_of(module), int(torch.tensor(shape).prod())

@@ -71,7 +71,9 @@ def frozen_forward(
             for b, saved in saved_buffers:
                 b.copy_(saved)
 
-    autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
+    autocast = (
+        torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
+    )
     try:
         model.train(train_mode)
         with torch.no_grad(), autocast:

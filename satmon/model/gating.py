@@ -122,11 +122,21 @@ def _traced_parts(mlp: str, parts: dict[str, Any], trace: FlowTrace | None) -> d
         return parts
     inside = [p for p in trace.products if _inside(mlp, p.gate)]
     if not inside:
-        return {**parts, "note": parts["note"] + (" (example_input showed no gated product in this MLP)" if parts["note"] else "")}
+        return {
+            **parts,
+            "note": parts["note"] + (" (example_input showed no gated product in this MLP)" if parts["note"] else ""),
+        }
     p = inside[0]
-    rel = (lambda n: n[len(mlp) + 1 :] if mlp else n)
-    return {**parts, "gate": rel(p.gate), "up": None if p.fused else rel(p.up), "fused": p.fused,
-            "activation": _traced_activation(p), "note": "", "gate_first": p.gate_first}  # fmt: skip
+    rel = lambda n: n[len(mlp) + 1 :] if mlp else n
+    return {
+        **parts,
+        "gate": rel(p.gate),
+        "up": None if p.fused else rel(p.up),
+        "fused": p.fused,
+        "activation": _traced_activation(p),
+        "note": "",
+        "gate_first": p.gate_first,
+    }
 
 
 class _Pairs:
@@ -150,13 +160,20 @@ class _Pairs:
         act = parts.get("activation") or activation_of(self.modules[mlp])
         act = product.activation if act == "unknown" and product is not None else act
         self.pairs[norm] = GatedPairing(
-            norm=norm, mlp=mlp, gate=_join(mlp, parts["gate"]), up=_join(mlp, parts["up"]) if parts["up"] else None,
-            down=_join(mlp, parts["down"]) if parts["down"] is not None else "", fused=parts["fused"], activation=act,
-            source=source, gate_first=parts.get("gate_first", True), gate_stats=product.hookable if product else True,
+            norm=norm,
+            mlp=mlp,
+            gate=_join(mlp, parts["gate"]),
+            up=_join(mlp, parts["up"]) if parts["up"] else None,
+            down=_join(mlp, parts["down"]) if parts["down"] is not None else "",
+            fused=parts["fused"],
+            activation=act,
+            source=source,
+            gate_first=parts.get("gate_first", True),
+            gate_stats=product.hookable if product else True,
         )
 
 
-# ------------------------------------------------------------------------------------------ where an MLP's input comes from
+# -------------------------------------------------------------------------------------- where an MLP's input comes from
 def _norm_named(m: ModelMap, name: str) -> bool:
     return any(l.name == name for l in m.norms) or name in m.undetermined
 
@@ -218,14 +235,22 @@ def _maybe_gated(m: ModelMap, names_found: dict[str, dict[str, Any]]) -> dict[st
         if name in names_found or any(_inside(n, name) and n != name for n in names_found) or _norm_named(m, name):
             continue
         if not any(getattr(getattr(c, "weight", None), "dim", lambda: 0)() == 2 for c in mod.children()) and not any(
-                p.dim() >= 2 for p in mod.parameters(recurse=False)):
+            p.dim() >= 2 for p in mod.parameters(recurse=False)
+        ):
             continue  # neither a projection child nor a weight of its own (experts stored as 3-D parameters)
         parts = gated_parts(mod, structural=True)
         source = multiplies_projections(mod)  # the source decides where it can be read; shapes where it cannot
         if source:
-            out[name] = f"{name} may be a gated MLP (its forward multiplies two projections of its input), but its names do not say"
+            out[name] = (
+                f"{name} may be a gated MLP (its forward multiplies two projections of its "
+                "input), but its names do not say"
+            )
         elif source is None and parts is not None:
-            shape = "a projection twice as wide as its down projection" if parts["fused"] else "two same-shape projections into a third"
+            shape = (
+                "a projection twice as wide as its down projection"
+                if parts["fused"]
+                else "two same-shape projections into a third"
+            )
             out[name] = f"{name} may be a gated MLP ({shape}; no forward source to read), but its names do not say"
     return out
 
@@ -251,8 +276,14 @@ def _candidates(m: ModelMap, mlp: str, monitored: set[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ the rules
-def _pair_mapping(pairs: _Pairs, m: ModelMap, mapping: dict[str, str | None], found: dict[str, dict[str, Any]],
-                  trace: FlowTrace | None, all_norms: list[str]) -> None:  # fmt: skip
+def _pair_mapping(
+    pairs: _Pairs,
+    m: ModelMap,
+    mapping: dict[str, str | None],
+    found: dict[str, dict[str, Any]],
+    trace: FlowTrace | None,
+    all_norms: list[str],
+) -> None:
     """The user's ``{norm: mlp}`` entries, validated; opaque MLPs read by shape, then checked against the trace."""
     modules = m.modules
     known = sorted({*found, *(_mlp_of(p) for p in trace.products)} if trace is not None else set(found))
@@ -266,59 +297,92 @@ def _pair_mapping(pairs: _Pairs, m: ModelMap, mapping: dict[str, str | None], fo
 
     for norm, mlp in mapping.items():
         if norm not in modules or not _norm_named(m, norm):
-            raise ValueError(f"Expected mapping keys to name norm modules, got {norm!r}. {_available(all_norms, 'norm-like modules')}")
+            raise ValueError(
+                f"Expected mapping keys to name norm modules, got {norm!r}. "
+                f"{_available(all_norms, 'norm-like modules')}"
+            )
         if mlp is None:
             continue
         if not isinstance(mlp, str) or mlp not in modules:
-            raise ValueError(f"Expected mapping values to name MLP modules, got {mlp!r}. "
-                             f"{candidates()} (None: the layer feeds no gated MLP.)")
+            raise ValueError(
+                f"Expected mapping values to name MLP modules, got {mlp!r}. "
+                f"{candidates()} (None: the layer feeds no gated MLP.)"
+            )
         traced_here = [p for p in trace.products if _inside(mlp, p.gate)] if trace is not None else []
         parts = found.get(mlp) or gated_parts(modules[mlp], structural=True)
         if parts is None and traced_here:
             p = traced_here[0]
-            rel = (lambda n, mlp=mlp: n[len(mlp) + 1 :] if mlp else n)
-            parts = {"gate": rel(p.gate), "up": None if p.fused else rel(p.up), "down": rel(p.down) if p.down else None,
-                     "fused": p.fused, "note": ""}
+            rel = lambda n, mlp=mlp: n[len(mlp) + 1 :] if mlp else n
+            parts = {
+                "gate": rel(p.gate),
+                "up": None if p.fused else rel(p.up),
+                "down": rel(p.down) if p.down else None,
+                "fused": p.fused,
+                "note": "",
+            }
         if parts is None:
             raise ValueError(
                 f"Expected mapping value {mlp!r} to be a gated MLP down(act(gate(h)) * up(h)), got a"
                 f" {type(modules[mlp]).__name__} with children {list(dict(modules[mlp].named_children()))}."
-                f" Map the norm to the module that owns the gate, up and down projections, or to None. {candidates()}")
-        if trace is not None and _join(mlp, parts["gate"]) in trace.executed and not any(
-                _inside(mlp, r) for r in trace.reached.get(norm, ())):
+                f" Map the norm to the module that owns the gate, up and down projections, or to None. {candidates()}"
+            )
+        if (
+            trace is not None
+            and _join(mlp, parts["gate"]) in trace.executed
+            and not any(_inside(mlp, r) for r in trace.reached.get(norm, ()))
+        ):
             others = sorted({p.norm for p in traced_here} - {norm})
-            shown = f"the output of {', '.join(others)}" if others else "no normaliser's output directly (an addition of streams, or another module's output)"
+            shown = (
+                f"the output of {', '.join(others)}"
+                if others
+                else "no normaliser's output directly (an addition of streams, or another module's output)"
+            )
             fix = f"Map {others[0]!r} to {mlp!r}, or {norm!r} to None." if others else f"Map {norm!r} to None."
             raise ValueError(
-                f"Expected gating_mapping[{norm!r}] = {mlp!r} to agree with the traced forward, got a forward in which no "
-                f"projection of {mlp} reads {norm}'s output directly: its gate and value projections read {shown}. {fix}")
+                f"Expected gating_mapping[{norm!r}] = {mlp!r} to agree with the traced forward, "
+                "got a forward in which no "
+                f"projection of {mlp} reads {norm}'s output directly: its gate and value "
+                f"projections read {shown}. {fix}"
+            )
         found[mlp] = _traced_parts(mlp, parts, trace) if parts["note"] or trace is not None else parts
         pairs.add(norm, mlp, found[mlp], "mapping")
 
 
-def _pair_trace(pairs: _Pairs, trace: FlowTrace, monitored: set[str], found: dict[str, dict[str, Any]]) -> tuple[set[str], dict[str, str]]:
+def _pair_trace(
+    pairs: _Pairs, trace: FlowTrace, monitored: set[str], found: dict[str, dict[str, Any]]
+) -> tuple[set[str], dict[str, str]]:
     """Pairings from the traced products; returns the gated MLPs the trace settled and the unclassified norms."""
     settled: set[str] = set()  # names do not override what the trace showed
     for p in sorted(trace.products, key=lambda p: not p.hookable):  # a norm's pairing: one whose gate statistics read
         mlp = _mlp_of(p)
         settled.add(mlp)
         if p.norm in monitored:
-            rel = (lambda n, mlp=mlp: n[len(mlp) + 1 :] if mlp and n else n)
-            parts = {"gate": rel(p.gate), "up": None if p.fused else rel(p.up), "down": rel(p.down), "fused": p.fused,
-                     "activation": _traced_activation(p), "gate_first": p.gate_first}  # fmt: skip
+            rel = lambda n, mlp=mlp: n[len(mlp) + 1 :] if mlp and n else n
+            parts = {
+                "gate": rel(p.gate),
+                "up": None if p.fused else rel(p.up),
+                "down": rel(p.down),
+                "fused": p.fused,
+                "activation": _traced_activation(p),
+                "gate_first": p.gate_first,
+            }
             pairs.add(p.norm, mlp, parts, "trace", p)
     # a names-found MLP that ran shows in the trace what feeds it: nothing directly, if no product was seen
     settled.update(name for name, parts in found.items() if _join(name, parts["gate"]) in trace.executed)
     unknown: dict[str, str] = {}
     for i in trace.unclassified:
         if i.norm in monitored and i.norm not in pairs.pairs:
-            unknown.setdefault(i.norm, f"its output reaches an element-wise product in {i.module or 'the model'} "
-                                       f"that is not act(gate) * up ({i.detail})")  # fmt: skip
+            unknown.setdefault(
+                i.norm,
+                f"its output reaches an element-wise product in {i.module or 'the model'} "
+                f"that is not act(gate) * up ({i.detail})",
+            )
     return settled, unknown
 
 
-def _pair_names(pairs: _Pairs, m: ModelMap, mlps: dict[str, dict[str, Any]], monitored: set[str],
-                unknown: dict[str, str]) -> list[str]:  # fmt: skip
+def _pair_names(
+    pairs: _Pairs, m: ModelMap, mlps: dict[str, dict[str, Any]], monitored: set[str], unknown: dict[str, str]
+) -> list[str]:
     """Gated MLPs by names, paired with the layer whose output their call receives (source, else names).
     Returns the MLPs left unpaired; each adds an unknown naming the normaliser that runs before it."""
     left = []
@@ -400,7 +464,10 @@ def detect_gating(
     all_norms = [l.name for l in m.norms] + list(m.undetermined)
     for name in norm_names:
         if name not in modules:
-            raise ValueError(f"Expected `norm_names` to name modules of the model, got {name!r}. {_available(all_norms, 'norm-like modules')}")
+            raise ValueError(
+                f"Expected `norm_names` to name modules of the model, got {name!r}. "
+                f"{_available(all_norms, 'norm-like modules')}"
+            )
     kinds = {l.name: l.kind for l in m.norms}
     label = "DyT" if norm_names and all(kinds.get(n) == "dyt" for n in norm_names) else "norm"
     mapping = dict(mapping or {})
@@ -419,8 +486,14 @@ def detect_gating(
     for name in norm_names:  # a layer the forward did not run: what it feeds is not known from this forward
         if name in monitored and name not in trace.executed:
             unknown.setdefault(name, "it did not run in the traced forward, so its data flow was not seen")
-    _unrun(m, trace, {n: p for n, p in found.items() if n not in built.paired and n not in settled}, settled, monitored,
-           unknown)
+    _unrun(
+        m,
+        trace,
+        {n: p for n, p in found.items() if n not in built.paired and n not in settled},
+        settled,
+        monitored,
+        unknown,
+    )
     unknown = {n: d for n, d in unknown.items() if n not in built.pairs and n not in mapping}
     pairs = built.pairs
     gated_elsewhere = sorted(settled - built.paired)
@@ -432,8 +505,14 @@ def detect_gating(
     return GatingInfo(gated, tuple(pairs), message, pairs, tuple(gated_elsewhere), unknown)
 
 
-def _unrun(m: ModelMap, trace: FlowTrace, left: dict[str, dict[str, Any]], settled: set[str], monitored: set[str],
-           unknown: dict[str, str]) -> None:  # fmt: skip
+def _unrun(
+    m: ModelMap,
+    trace: FlowTrace,
+    left: dict[str, dict[str, Any]],
+    settled: set[str],
+    monitored: set[str],
+    unknown: dict[str, str],
+) -> None:
     """Gated MLPs by their names that the traced forward did not run (an MoE expert no token reached, the other
     side of an ``if``): unknown, naming the layer that would feed them; an expert whose siblings the trace read
     is read as they were."""
@@ -448,13 +527,19 @@ def _unrun(m: ModelMap, trace: FlowTrace, left: dict[str, dict[str, Any]], settl
         key = norm or before or (candidates[0] if candidates else mlp)
         if key not in monitored:
             continue
-        where = f"its input is the output of {norm}" if norm else f"the normaliser that runs just before it is {before}" \
-            if before else f"watched layers near it: {_listing(candidates)}"
+        where = (
+            f"its input is the output of {norm}"
+            if norm
+            else f"the normaliser that runs just before it is {before}"
+            if before
+            else f"watched layers near it: {_listing(candidates)}"
+        )
         unknown.setdefault(key, f"{mlp} is a gated MLP by its names that did not run in the traced forward; {where}")
 
 
-def _untraced(m: ModelMap, found: dict[str, dict[str, Any]], monitored: set[str], norm_names: list[str],
-              failure: str) -> dict[str, str]:  # fmt: skip
+def _untraced(
+    m: ModelMap, found: dict[str, dict[str, Any]], monitored: set[str], norm_names: list[str], failure: str
+) -> dict[str, str]:
     """Without a traced forward every watched layer is unknown; the names and the forward sources say what they
     suggest, as a hint that is never taken for the answer."""
     hints = _Pairs(m.modules)
@@ -467,8 +552,13 @@ def _untraced(m: ModelMap, found: dict[str, dict[str, Any]], monitored: set[str]
             continue
         candidates = _candidates(m, name, monitored)
         key = norm or before or (candidates[0] if candidates else name)
-        where = f"; its input is the output of {norm}" if norm else f"; the normaliser that runs just before it is {before}" \
-            if before else f"; watched layers near it: {_listing(candidates)}"
+        where = (
+            f"; its input is the output of {norm}"
+            if norm
+            else f"; the normaliser that runs just before it is {before}"
+            if before
+            else f"; watched layers near it: {_listing(candidates)}"
+        )
         suggested.setdefault(key, why + where)
     why = failure or "no forward was traced"
     out = {}
@@ -485,8 +575,14 @@ def _untraced(m: ModelMap, found: dict[str, dict[str, Any]], monitored: set[str]
     return out
 
 
-def _untraced_message(pairs: dict[str, GatedPairing], unknown: dict[str, str], label: str, mapping: dict[str, str | None],
-                      norm_names: list[str], failure: str) -> str:  # fmt: skip
+def _untraced_message(
+    pairs: dict[str, GatedPairing],
+    unknown: dict[str, str],
+    label: str,
+    mapping: dict[str, str | None],
+    norm_names: list[str],
+    failure: str,
+) -> str:
     if not unknown or pairs:  # the user's mapping says yes (or every layer is mapped): the others stay unknown
         return _message(pairs, [], bool(pairs), label, unknown, False, mapping, norm_names)
     hinted = [n for n, d in unknown.items() if "suggest it feeds" in d]
@@ -497,14 +593,24 @@ def _untraced_message(pairs: dict[str, GatedPairing], unknown: dict[str, str], l
         hint = f"names suggest: {maybe[0]}: {unknown[maybe[0]].split('names suggest: ', 1)[1]}"
     else:
         hint = "names suggest no gated MLP"
-    why = failure or ("no forward was traced: satmon reads gating from the first training forward it observes, a "
-                      "probe's or a replay's calibration batch, or detect_gating(example_input=...)")
+    why = failure or (
+        "no forward was traced: satmon reads gating from the first training forward it observes, a "
+        "probe's or a replay's calibration batch, or detect_gating(example_input=...)"
+    )
     first = (hinted or maybe or list(unknown))[0]  # the option names the layer the hint is about
     return f"gated MLP after {label}: unknown ({why}; {hint}); {_hint(first)}"
 
 
-def _message(pairs: dict[str, GatedPairing], elsewhere: list[str], gated: bool | None, label: str, unknown: dict[str, str],
-             traced: bool, mapping: dict[str, str | None], norm_names: list[str]) -> str:  # fmt: skip
+def _message(
+    pairs: dict[str, GatedPairing],
+    elsewhere: list[str],
+    gated: bool | None,
+    label: str,
+    unknown: dict[str, str],
+    traced: bool,
+    mapping: dict[str, str | None],
+    norm_names: list[str],
+) -> str:
     if gated is None:
         first = next(iter(unknown))
         more = f" (and {len(unknown) - 1} more layer(s))" if len(unknown) > 1 else ""
@@ -513,18 +619,30 @@ def _message(pairs: dict[str, GatedPairing], elsewhere: list[str], gated: bool |
         if norm_names and all(mapping.get(n, "") is None for n in norm_names):
             basis = "gating_mapping maps every layer to None"
         elif traced:
-            basis = "a traced forward shows no gated MLP" if not elsewhere else (
-                f"a traced forward shows no {label} feeding a gated MLP directly; gated MLPs fed otherwise: {_listing(elsewhere)}")
+            basis = (
+                "a traced forward shows no gated MLP"
+                if not elsewhere
+                else (
+                    f"a traced forward shows no {label} feeding a gated MLP directly; gated MLPs fed "
+                    f"otherwise: {_listing(elsewhere)}"
+                )
+            )
         elif elsewhere:
-            basis = (f"the forward sources show no {label} feeding a gated MLP directly; gated MLPs fed otherwise: "
-                     f"{_listing(elsewhere)}; no example_input traced")
+            basis = (
+                f"the forward sources show no {label} feeding a gated MLP directly; gated MLPs fed otherwise: "
+                f"{_listing(elsewhere)}; no example_input traced"
+            )
         else:
             basis = "no gated MLP found by module names; no example_input traced"
         return f"gated MLP after {label}: no ({basis})"
     msg = f"gated MLP after {label}: yes ({_listing([f'{p.norm} -> {p.mlp or _ROOT}' for p in pairs.values()])})"
     odd = sorted({p.activation for p in pairs.values()} - set(_KNOWN))
     msg += f"; activation not recognised: {', '.join(odd)}" if odd else ""
-    msg += f"; {len(elsewhere)} gated MLP(s) fed by no watched {label} directly ({_listing(elsewhere)})" if elsewhere else ""
+    msg += (
+        f"; {len(elsewhere)} gated MLP(s) fed by no watched {label} directly ({_listing(elsewhere)})"
+        if elsewhere
+        else ""
+    )
     if unknown:
         msg += "; unknown for " + "; ".join(f"{n}: {d}" for n, d in list(unknown.items())[:_SHOWN])
     return msg
@@ -546,8 +664,13 @@ def gate_linear_modules(model: nn.Module, report: GatingInfo) -> dict[str, GateM
     """
     modules = modules_by_name(model)
     return {
-        norm: GateModules(gate=modules[p.gate], up=modules[p.up] if p.up else None, fused=p.fused,
-                          activation=p.activation, gate_first=p.gate_first)
+        norm: GateModules(
+            gate=modules[p.gate],
+            up=modules[p.up] if p.up else None,
+            fused=p.fused,
+            activation=p.activation,
+            gate_first=p.gate_first,
+        )
         for norm, p in report.pairings.items()
         if p.gate_stats
     }

@@ -31,10 +31,10 @@ _NOT_FUSED = re.compile(r"kv|qk|attn")  # fused key-value projections also doubl
 _PRE_MLP_NAME = re.compile(r"(^|_)(mlp|ffn|ff|feed_?forward)(_|$)")  # mlp_norm, ffn_norm, pre_feedforward_layernorm
 _SECOND_NORM_NAME = re.compile(r"^(post_attention_layernorm|ln_?2|norm_?2|layer_?norm_?2)$")
 
+
 def _features(m: nn.Module) -> tuple[int, int] | None:
     i, o = getattr(m, "in_features", None), getattr(m, "out_features", None)
     return (i, o) if isinstance(i, int) and isinstance(o, int) else None
-
 
 
 def _is_norm(m: nn.Module) -> bool:
@@ -115,8 +115,11 @@ def pair_by_names(mlp: str, modules: dict[str, nn.Module], norm_names: set[str])
     for depth in range(len(parts) - 1, -1, -1):
         parent = ".".join(parts[:depth])
         prefix = f"{parent}." if parent else ""
-        siblings = [n for n, m in modules.items() if n.startswith(prefix) and "." not in n[len(prefix) :] and n != parent
-                    and (_is_norm(m) or n in norm_names)]  # fmt: skip
+        siblings = [
+            n
+            for n, m in modules.items()
+            if n.startswith(prefix) and "." not in n[len(prefix) :] and n != parent and (_is_norm(m) or n in norm_names)
+        ]
         if not siblings:
             continue  # keep climbing: MoE experts sit below the block that holds the norm
         leaves = {s: s.rsplit(".", 1)[-1].lower() for s in siblings}

@@ -144,7 +144,8 @@ class ModelMap:
                 undetermined[strip_wrappers(n)] = r.note
                 continue
             entries.append((strip_wrappers(n), m, r))
-        self._complete = not could_not_run  # a module that could not run is read again at the next lookup (materialised?)
+        # a module that could not run is read again at the next lookup (materialised?)
+        self._complete = not could_not_run
         norm_ids = {id(m) for _, m, _ in entries}
         self.blocks: tuple[tuple[str, nn.Module], ...] = tuple(_blocks_of(self.modules, norm_ids))
         block_names = [b for b, _ in self.blocks]
@@ -159,8 +160,19 @@ class ModelMap:
     @staticmethod
     def _layer(name: str, module: nn.Module, r: Reading, blocks: list[str]) -> NormLayer:
         block = next((b for b in blocks if name.startswith(b + ".")), None)
-        return NormLayer(name, module, r.kind, r.function, r.shift, r.channels, r.axis, block, None, r.basis,  # type: ignore[arg-type]
-                         r.gain_shape)
+        return NormLayer(
+            name,
+            module,
+            r.kind,
+            r.function,
+            r.shift,
+            r.channels,
+            r.axis,
+            block,
+            None,
+            r.basis,  # type: ignore[arg-type]
+            r.gain_shape,
+        )
 
     # ------------------------------------------------------------------------------------ state
     @property
@@ -187,7 +199,8 @@ class ModelMap:
         where = self._names.get(id(parent), "?")
         path = f"{where}.{name}" if where else name
         self._changed.append(path)
-        self._listeners = [ref for ref in self._listeners if ref() is not None]  # a listener whose owner went is dropped
+        # a listener whose owner went is dropped
+        self._listeners = [ref for ref in self._listeners if ref() is not None]
         for ref in list(self._listeners):
             listener = ref()
             if listener is not None:
@@ -229,8 +242,12 @@ class ModelMap:
         return model is not None and not self._changed and self._complete and _tree(model) == self._tree
 
     # ------------------------------------------------------------------------------------ reading
-    def layers(self, kinds: Iterable[NormKind] = ("dyt", "layernorm", "rmsnorm"), include: Selector = None,
-               exclude: Selector = None) -> list[NormLayer]:  # fmt: skip
+    def layers(
+        self,
+        kinds: Iterable[NormKind] = ("dyt", "layernorm", "rmsnorm"),
+        include: Selector = None,
+        exclude: Selector = None,
+    ) -> list[NormLayer]:
         """The normalisers of ``kinds``, in registration order; ``include=``/``exclude=`` as in
         :func:`find_norm_layers`."""
         check_selector(include, "include")
@@ -257,13 +274,26 @@ class ModelMap:
         r = read_module(module, selected=True)
         if r is None or r.kind == "unknown":
             owns_alpha = "alpha" in dict(module.named_parameters(recurse=False))
-            what = ("owns `alpha` but, run on a test input, does not compute weight * f(alpha * x + s) + bias with f "
-                    "tanh, erf or hardtanh (alpha rescaled, divided, offset, or no bounded function): its saturation is "
-                    "not |alpha * x| > level, so satmon leaves it out rather than report a wrong number. Select the "
-                    "module that applies f(alpha * x) itself") if owns_alpha else (
+            what = (
+                (
+                    "owns `alpha` but, run on a test input, does not compute weight * f(alpha * x + s) + bias with f "
+                    "tanh, erf or hardtanh (alpha rescaled, divided, offset, or no bounded "
+                    "function): its saturation "
+                    "is not |alpha * x| > level, so satmon leaves it out rather than report a "
+                    "wrong number. Select the "
+                    "module that applies f(alpha * x) itself"
+                )
+                if owns_alpha
+                else (
                     "computes neither a point-wise weight * f(alpha * x + s) + bias nor gain * normalize(x) + bias "
-                    "(LayerNorm/RMSNorm) on a test input" + (f" ({r.note})" if r is not None else "") + "; satmon leaves it out")  # fmt: skip
-            warnings.warn(f"satmon: include= selects {name!r} ({type(module).__name__}), which {what}.", UserWarning, stacklevel=4)
+                    "(LayerNorm/RMSNorm) on a test input"
+                    + (f" ({r.note})" if r is not None else "")
+                    + "; satmon leaves it out"
+                )
+            )
+            warnings.warn(
+                f"satmon: include= selects {name!r} ({type(module).__name__}), which {what}.", UserWarning, stacklevel=4
+            )
             return None
         return self._layer(name, module, r, [b for b, _ in self.blocks])
 
@@ -276,8 +306,10 @@ class ModelMap:
         for l in self.norms:
             if l.name == name:
                 return l
-        raise KeyError(f"Expected the name of a normaliser of the model, got {name!r}. Normalisers: "
-                       f"{', '.join(l.name for l in self.norms[:20])}{' ...' if len(self.norms) > 20 else ''}.")
+        raise KeyError(
+            f"Expected the name of a normaliser of the model, got {name!r}. Normalisers: "
+            f"{', '.join(l.name for l in self.norms[:20])}{' ...' if len(self.norms) > 20 else ''}."
+        )
 
     def name_of(self, module: nn.Module) -> str | None:
         """The stripped name of ``module`` in the model, ``None`` when it is not there."""
@@ -288,7 +320,9 @@ class ModelMap:
         return self._raw.get(id(module))
 
     # ------------------------------------------------------------------------------------ the traced forward
-    def trace_forward(self, example_input: Any, forward_fn: Callable[[nn.Module, Any], Any] | None = None) -> FlowTrace | None:
+    def trace_forward(
+        self, example_input: Any, forward_fn: Callable[[nn.Module, Any], Any] | None = None
+    ) -> FlowTrace | None:
         """Trace one eval, no-grad forward of ``example_input`` (once per map): each normaliser's
         ``feeds`` is then filled. A forward that fails is reported in :attr:`trace_failure`, never raised."""
         if self.trace is not None:
@@ -298,10 +332,14 @@ class ModelMap:
 
         watched = [l.name for l in self.norms]
         try:
-            trace = trace_flow(self.model, watched, example_input, forward_fn or feed, opaque={*watched, *self.undetermined})
+            trace = trace_flow(
+                self.model, watched, example_input, forward_fn or feed, opaque={*watched, *self.undetermined}
+            )
         except Exception as err:  # a monitor must not stop training: report and fall back to names
-            self.trace_failure = (f"the traced forward failed ({type(err).__name__}: {err}); give it a forward that works "
-                                  "(SaturationMonitor(gating_forward_fn=...), detect_gating(forward_fn=...))")
+            self.trace_failure = (
+                f"the traced forward failed ({type(err).__name__}: {err}); give it a forward that works "
+                "(SaturationMonitor(gating_forward_fn=...), detect_gating(forward_fn=...))"
+            )
             return None
         self.adopt(trace)
         return self.trace
@@ -348,7 +386,9 @@ class ModelMap:
         )
 
 
-def model_map(model: nn.Module, example_input: Any = None, forward_fn: Callable[[nn.Module, Any], Any] | None = None) -> ModelMap:
+def model_map(
+    model: nn.Module, example_input: Any = None, forward_fn: Callable[[nn.Module, Any], Any] | None = None
+) -> ModelMap:
     """The :class:`ModelMap` of ``model``: cached, rebuilt only when its modules changed.
 
     Args:
@@ -446,7 +486,9 @@ def find_blocks(model: nn.Module, names: list[str] | None = None) -> list[tuple[
     modules = m.modules
     missing = [n for n in names if n not in modules]
     if missing:
-        raise ValueError(f"Expected block names that exist in the model, got unknown {missing}. Available: {sorted(modules)[:20]}...")
+        raise ValueError(
+            f"Expected block names that exist in the model, got unknown {missing}. Available: {sorted(modules)[:20]}..."
+        )
     return [(n, modules[n]) for n in names]
 
 

@@ -25,15 +25,57 @@ from functools import lru_cache
 
 from torch import nn
 
-__all__ = ["Origin", "argument_origin", "call_inputs", "called_children", "multiplied_projections", "multiplies_projections"]
+__all__ = [
+    "Origin",
+    "argument_origin",
+    "call_inputs",
+    "called_children",
+    "multiplied_projections",
+    "multiplies_projections",
+]
 
 _KEEP_METHODS = {
-    "view", "reshape", "to", "float", "half", "bfloat16", "double", "type", "type_as", "contiguous", "transpose", "permute",
-    "flatten", "unflatten", "squeeze", "unsqueeze", "clone", "detach", "expand", "expand_as", "view_as", "movedim",
-}  # fmt: skip
+    "view",
+    "reshape",
+    "to",
+    "float",
+    "half",
+    "bfloat16",
+    "double",
+    "type",
+    "type_as",
+    "contiguous",
+    "transpose",
+    "permute",
+    "flatten",
+    "unflatten",
+    "squeeze",
+    "unsqueeze",
+    "clone",
+    "detach",
+    "expand",
+    "expand_as",
+    "view_as",
+    "movedim",
+}
 _SPLIT_METHODS = {"chunk", "split", "tensor_split", "unbind"}
-_ACTIVATIONS = {"silu", "gelu", "relu", "sigmoid", "tanh", "softplus", "mish", "elu", "selu", "leaky_relu", "hardswish",
-                "gelu_new", "swish", "relu6", "hardsigmoid"}  # fmt: skip
+_ACTIVATIONS = {
+    "silu",
+    "gelu",
+    "relu",
+    "sigmoid",
+    "tanh",
+    "softplus",
+    "mish",
+    "elu",
+    "selu",
+    "leaky_relu",
+    "hardswish",
+    "gelu_new",
+    "swish",
+    "relu6",
+    "hardsigmoid",
+}
 _PASS_FUNCTIONS = {"dropout", "contiguous", "to", *_ACTIVATIONS}
 #: functional projections: ``F.linear(x, self.w)``, ``x @ self.w[e]`` (experts stored as 3-D parameters)
 _PROJECT_FUNCTIONS = {"linear", "matmul", "mm", "bmm", "grouped_mm", "_grouped_mm"}
@@ -68,13 +110,18 @@ class _Reading:
 
 
 def _path(node: ast.AST, me: str = "self") -> str | None:
-    """``self.a.b`` -> ``"a.b"``; ``self.layers[0]`` -> ``"layers.0"``; anything else None (``me``: forward's first argument)."""
+    """``self.a.b`` -> ``"a.b"``; ``self.layers[0]`` -> ``"layers.0"``; anything else None
+    (``me``: forward's first argument)."""
     parts: list[str] = []
     while True:
         if isinstance(node, ast.Attribute):
             parts.append(node.attr)
             node = node.value
-        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, int):
+        elif (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.slice, ast.Constant)
+            and isinstance(node.slice.value, int)
+        ):
             parts.append(str(node.slice.value))
             node = node.value
         elif isinstance(node, ast.Subscript):
@@ -133,11 +180,19 @@ class _Walker:
         if isinstance(node, ast.Subscript):
             base = self.value(node.value)
             if isinstance(base, tuple):
-                if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, int) and node.slice.value < len(base):
+                if (
+                    isinstance(node.slice, ast.Constant)
+                    and isinstance(node.slice.value, int)
+                    and node.slice.value < len(base)
+                ):
                     return base[node.slice.value]
                 return _UNKNOWN
             o = _single(base)
-            return None if o is None else Origin(o.kind, o.name, o.part + "[" + ast.dump(node.slice) + "]", o.acted, o.sources)
+            return (
+                None
+                if o is None
+                else Origin(o.kind, o.name, o.part + "[" + ast.dump(node.slice) + "]", o.acted, o.sources)
+            )
         if isinstance(node, ast.Tuple):
             return tuple(_single(self.value(e)) for e in node.elts)
         if isinstance(node, ast.Constant):
@@ -149,8 +204,16 @@ class _Walker:
 
     def call(self, node: ast.Call) -> Origin | None | tuple:
         func = node.func
-        first = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg in ("hidden_states", "x", "input")), None)
-        path = _path(func, self.me) if not (isinstance(func, ast.Attribute) and func.attr == "forward") else _path(func.value, self.me)
+        first = (
+            node.args[0]
+            if node.args
+            else next((k.value for k in node.keywords if k.arg in ("hidden_states", "x", "input")), None)
+        )
+        path = (
+            _path(func, self.me)
+            if not (isinstance(func, ast.Attribute) and func.attr == "forward")
+            else _path(func.value, self.me)
+        )
         if path is None and isinstance(func, ast.Name) and func.id in self.aliases:
             path = self.aliases[func.id]
         if path is not None:
@@ -180,8 +243,13 @@ class _Walker:
                     return _UNKNOWN
                 n = _split_count(node, 1 if functional else 0)
                 if n is None:  # a count satmon cannot read (a size from an attribute, unbind): parts still differ
-                    return Origin(base.kind, base.name, f"{base.part}<{func.attr}{_ANY_PART}>", base.acted, base.sources)
-                return tuple(Origin(base.kind, base.name, f"{base.part}<{func.attr}{i}>", base.acted, base.sources) for i in range(n))
+                    return Origin(
+                        base.kind, base.name, f"{base.part}<{func.attr}{_ANY_PART}>", base.acted, base.sources
+                    )
+                return tuple(
+                    Origin(base.kind, base.name, f"{base.part}<{func.attr}{i}>", base.acted, base.sources)
+                    for i in range(n)
+                )
             if func.attr in _KEEP_METHODS:
                 return self.value(func.value)
             name = func.attr
@@ -278,7 +346,12 @@ def _split_count(node: ast.Call, first: int = 0) -> int | None:
     """How many parts a split call makes (``first``: the index of its count argument), None when unreadable."""
     args = node.args[first:]
     chunks = next((k.value for k in node.keywords if k.arg == "chunks"), args[0] if args else None)
-    if isinstance(node.func, ast.Attribute) and node.func.attr == "chunk" and isinstance(chunks, ast.Constant) and isinstance(chunks.value, int):
+    if (
+        isinstance(node.func, ast.Attribute)
+        and node.func.attr == "chunk"
+        and isinstance(chunks, ast.Constant)
+        and isinstance(chunks.value, int)
+    ):
         return chunks.value
     if args and isinstance(args[0], (ast.List, ast.Tuple)):
         return len(args[0].elts)
@@ -309,7 +382,8 @@ def _read(module: nn.Module) -> _Reading | None:
     except RecursionError:
         return None
     w.out.attention_like = any(t in ast.dump(fn).lower() for t in _ATTENTION_WORDS) or any(
-        isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult) for n in ast.walk(fn))
+        isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult) for n in ast.walk(fn)
+    )
     return w.out
 
 
@@ -388,7 +462,9 @@ def _class_calls(cls: type) -> dict[str, tuple[int, ...]] | None:
         for node in ast.walk(fn):
             if not isinstance(node, ast.Call):
                 continue
-            func = node.func.value if isinstance(node.func, ast.Attribute) and node.func.attr == "forward" else node.func
+            func = (
+                node.func.value if isinstance(node.func, ast.Attribute) and node.func.attr == "forward" else node.func
+            )
             path = _path(func, me)
             if path is None:
                 continue
@@ -401,7 +477,9 @@ def call_inputs(module: nn.Module, child: str) -> tuple[int, ...] | None:
     """How many arguments each ``self.<child>(...)`` call in ``module``'s class source passes (any method of the class
     and its bases, not only ``forward``: a ``torch_forward`` helper too); ``None`` when no source can be read, ``()``
     when no call names it."""
-    classes = [c for c in type(module).__mro__ if c not in (nn.Module, object) and not c.__module__.startswith("torch.nn")]
+    classes = [
+        c for c in type(module).__mro__ if c not in (nn.Module, object) and not c.__module__.startswith("torch.nn")
+    ]
     found = [f for c in classes if (f := _class_calls(c)) is not None]
     if not found:
         return None

@@ -44,11 +44,15 @@ class SaturationCounter(SumStates):
 
     def __init__(self, num_layers: int, level: float = 2.0, product: Product = "module", **kwargs) -> None:
         if "keep_inputs" in kwargs:
-            raise TypeError("SaturationCounter(keep_inputs=...) moved to SaturationHooks(keep_inputs=...) in satmon 0.2: "
-                            "the counter holds states only.")
+            raise TypeError(
+                "SaturationCounter(keep_inputs=...) moved to SaturationHooks(keep_inputs=...) in satmon 0.2: "
+                "the counter holds states only."
+            )
         if kwargs:
-            raise TypeError(f"Expected SaturationCounter(num_layers, level=, product=), got unknown options {sorted(kwargs)} "
-                            "(satmon 0.3's counters are sum states, not torchmetrics metrics: no torchmetrics options).")
+            raise TypeError(
+                f"Expected SaturationCounter(num_layers, level=, product=), got unknown options {sorted(kwargs)} "
+                "(satmon 0.3's counters are sum states, not torchmetrics metrics: no torchmetrics options)."
+            )
         super().__init__()
         if not isinstance(num_layers, int) or num_layers < 1:
             raise ValueError(f"Expected num_layers to be an int >= 1, got {num_layers!r}.")
@@ -62,7 +66,9 @@ class SaturationCounter(SumStates):
     def num_layers(self) -> int:
         return self.total.numel()
 
-    def update(self, index: Tensor | int, saturated: Tensor | int, total: Tensor | int, nonfinite: Tensor | int = 0) -> None:
+    def update(
+        self, index: Tensor | int, saturated: Tensor | int, total: Tensor | int, nonfinite: Tensor | int = 0
+    ) -> None:
         """Add counts to layers ``index`` (an int, or a 1-d tensor of layer indices with matching counts;
         an int count applies to every index). Tensor ops only: no host sync."""
         if isinstance(index, int):

@@ -14,8 +14,8 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from satmon.batches import first_tensor
-from satmon.observe.hookset import HookSet
 from satmon.functional.dead_directions import CovarianceAccumulator
+from satmon.observe.hookset import HookSet
 
 __all__ = ["CovarianceTap", "CovarianceTaps", "TapTarget"]
 

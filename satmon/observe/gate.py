@@ -19,9 +19,9 @@ from torch.utils.hooks import RemovableHandle
 
 from satmon.functional.gate import ACTIVATIONS, abs_sum, flat_count, flat_threshold, gate_stats_finalize, split_gate_up
 from satmon.model.discovery import modules_by_name
-from satmon.results.gating import GatingInfo
 from satmon.observe.hookset import HookSet, recomputing
 from satmon.observe.states import SumStates
+from satmon.results.gating import GatingInfo
 
 __all__ = ["GateCounter", "GateHooks"]
 
@@ -49,7 +49,12 @@ class GateCounter(SumStates):
 
     def __init__(self, num_blocks: int) -> None:
         super().__init__()
-        for name, dtype in (("n_flat", torch.int64), ("n_gate", torch.int64), ("sum_hidden", torch.float64), ("n_hidden", torch.int64)):
+        for name, dtype in (
+            ("n_flat", torch.int64),
+            ("n_gate", torch.int64),
+            ("sum_hidden", torch.float64),
+            ("n_hidden", torch.int64),
+        ):
             self.add_state(name, torch.zeros(num_blocks, dtype=dtype))
 
     def update_gate(self, index: int, gate: Tensor, threshold: float) -> None:
@@ -68,9 +73,13 @@ class GateCounter(SumStates):
         s = self.synced(sync)
         packed = torch.stack([s[k].to(torch.float64) for k in ("n_flat", "n_gate", "sum_hidden", "n_hidden")])
         rows = packed.cpu().tolist()  # one transfer (counts exact below 2**53)
-        return [{"flat_fraction": gate_stats_finalize(int(f), int(g), 0.0)["flat_fraction"],
-                 "mean_abs_hidden": gate_stats_finalize(0, int(h), sh)["mean_abs_hidden"]}
-                for f, g, sh, h in zip(*rows)]
+        return [
+            {
+                "flat_fraction": gate_stats_finalize(int(f), int(g), 0.0)["flat_fraction"],
+                "mean_abs_hidden": gate_stats_finalize(0, int(h), sh)["mean_abs_hidden"],
+            }
+            for f, g, sh, h in zip(*rows)
+        ]
 
 
 class GateHooks(HookSet):

@@ -65,8 +65,12 @@ class OffsetCounter(SumStates):
         the mean per-batch ``offset_ratio``, and the number of ``batches`` (int64); ``sync`` sums over ranks first."""
         s = self.synced(sync)
         n = s["total"].to(torch.float64).clamp_min(1)
-        return {"saturated": s["saturated"] / n, "centered": s["centered"] / n,
-                "offset_ratio": s["ratio_median"] / s["batches"].clamp_min(1), "batches": s["batches"]}
+        return {
+            "saturated": s["saturated"] / n,
+            "centered": s["centered"] / n,
+            "offset_ratio": s["ratio_median"] / s["batches"].clamp_min(1),
+            "batches": s["batches"],
+        }
 
 
 def _channel_dim(module: nn.Module, x: Tensor, alpha: Tensor) -> int:
@@ -89,8 +93,9 @@ class OffsetHooks(HookSet):
     ``alpha * x + s``) has no offset readings (its pre-activation carries a learned offset of its own).
     """
 
-    def __init__(self, layers: Sequence[NormLayer], counter: OffsetCounter, level: float,
-                 refused: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, layers: Sequence[NormLayer], counter: OffsetCounter, level: float, refused: dict[str, str] | None = None
+    ) -> None:
         super().__init__()
         self.layers, self.counter, self.level = list(layers), counter, float(level)
         self.cutoffs = [pointwise_cutoff(l.function or "tanh", self.level) for l in self.layers]
@@ -102,22 +107,33 @@ class OffsetHooks(HookSet):
 
         def hook(mod: nn.Module, args: tuple, output: Tensor) -> None:
             # eager only: under torch.compile the statistics are left out (no offset readings on the card)
-            if self.enabled and args and not torch.compiler.is_compiling() and name not in self.refused and not recomputing():
+            if (
+                self.enabled
+                and args
+                and not torch.compiler.is_compiling()
+                and name not in self.refused
+                and not recomputing()
+            ):
                 x, alpha = args[0], mod.alpha
                 self.counter.update(index, x, alpha, cutoff, _channel_dim(mod, x, alpha))
 
         return hook
 
     def _register(self) -> list[RemovableHandle]:
-        return [l.module.register_forward_hook(self._make_hook(i)) for i, l in enumerate(self.layers) if l.shift is None]
+        return [
+            l.module.register_forward_hook(self._make_hook(i)) for i, l in enumerate(self.layers) if l.shift is None
+        ]
 
     def read(self, names: Sequence[str], sync: bool = True) -> dict[str, dict[str, float]]:
         """Per layer that saw a sampled batch: ``saturated``, ``centered`` (fractions of the sampled batches) and
         ``offset_ratio``, in one transfer; ``sync`` sums over ranks first (every rank at the same point)."""
         r = self.counter.compute(sync)
-        rows = torch.stack([r["saturated"], r["centered"], r["offset_ratio"], r["batches"].to(torch.float64)]).cpu().tolist()
-        return {n: {"saturated": s, "centered": c, "offset_ratio": o}
-                for n, s, c, o, b in zip(names, *rows) if b}
+        rows = (
+            torch.stack([r["saturated"], r["centered"], r["offset_ratio"], r["batches"].to(torch.float64)])
+            .cpu()
+            .tolist()
+        )
+        return {n: {"saturated": s, "centered": c, "offset_ratio": o} for n, s, c, o, b in zip(names, *rows) if b}
 
 
 def offset_driven(readings: dict[str, dict[str, float]], retained_below: float = OFFSET_RETAINED_BELOW) -> bool:

@@ -24,19 +24,20 @@ import torch
 from torch import nn
 
 from satmon.model.discovery import NormLayer, strip_wrappers
-from satmon.results.gating import GatingInfo
 from satmon.observe.counters import SaturationCounter
 from satmon.observe.gate import GateCounter, GateHooks
 from satmon.observe.hookset import HookSet, paused
 from satmon.observe.offset import OffsetCounter, OffsetHooks, offset_driven
 from satmon.observe.saturation import HookReadings, SaturationHooks
+from satmon.results.gating import GatingInfo
 from satmon.results.reading import Reading
 
 __all__ = ["ReadingHooks", "nonfinite_parameters"]
 
 
 class ReadingHooks:
-    """Saturation, offset and gate hooks on a model's DyT layers, read into one :class:`~satmon.results.reading.Reading`.
+    """Saturation, offset and gate hooks on a model's DyT layers, read into one
+    :class:`~satmon.results.reading.Reading`.
 
     Args:
         model: the model (the gate hooks find the gated MLPs' modules in it).
@@ -65,19 +66,32 @@ class ReadingHooks:
         >>> hooks.detach()
     """
 
-    def __init__(self, model: nn.Module, layers: Sequence[NormLayer], gating: GatingInfo | None, *, level: float,
-                 product: str = "module", offset: bool = True, keep_inputs: bool = False, distributed: bool = True,
-                 root: nn.Module | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: Sequence[NormLayer],
+        gating: GatingInfo | None,
+        *,
+        level: float,
+        product: str = "module",
+        offset: bool = True,
+        keep_inputs: bool = False,
+        distributed: bool = True,
+        root: nn.Module | None = None,
+    ) -> None:
         if not layers:
             raise ValueError("Expected at least one DyT layer to read, got none.")
         self.layers = list(layers)
         self.gating = gating
         device = self.layers[0].module.alpha.device
         n = len(self.layers)
-        self.saturation = SaturationHooks(self.layers, SaturationCounter(n, level=level, product=product).to(device),
-                                          keep_inputs, root=root)
+        self.saturation = SaturationHooks(
+            self.layers, SaturationCounter(n, level=level, product=product).to(device), keep_inputs, root=root
+        )
         # the hook sets share one record of refused layers: each warns once per run
-        self.offset = OffsetHooks(self.layers, OffsetCounter(n).to(device), level, self.saturation.refused) if offset else None
+        self.offset = (
+            OffsetHooks(self.layers, OffsetCounter(n).to(device), level, self.saturation.refused) if offset else None
+        )
         pairings = gating.pairings if gating is not None else {}
         self.gate = GateHooks(model, gating, GateCounter(len(pairings)).to(device)) if pairings else None
         self.level, self.product, self.distributed = float(level), product, bool(distributed)
@@ -118,10 +132,21 @@ class ReadingHooks:
         with paused(*self.hooksets):
             yield
 
-    def read(self, *, step: int, source: str, sync: bool = True, counts: HookReadings | None = None,
-             layers: Sequence[NormLayer] | None = None, window: int = 0,
-             planned_window: int = 0, offset_every: int = 0, loss: Mapping[str, Any] | None = None,
-             nonfinite_weights: Mapping[str, int] | None = None, notes: Sequence[str] = ()) -> Reading:
+    def read(
+        self,
+        *,
+        step: int,
+        source: str,
+        sync: bool = True,
+        counts: HookReadings | None = None,
+        layers: Sequence[NormLayer] | None = None,
+        window: int = 0,
+        planned_window: int = 0,
+        offset_every: int = 0,
+        loss: Mapping[str, Any] | None = None,
+        nonfinite_weights: Mapping[str, int] | None = None,
+        notes: Sequence[str] = (),
+    ) -> Reading:
         """Every hook set's counts as one reading (with ``sync``, summed over ranks: every rank must call it).
 
         Args:
@@ -138,18 +163,33 @@ class ReadingHooks:
         offset = self.offset.read(names, sync=sync) if self.offset is not None else {}
         if layers is not None:
             if counts is None or len(layers) != len(counts.total):
-                raise ValueError(f"Expected the layers of the counts passed ({0 if counts is None else len(counts.total)}), "
-                                 f"got {len(layers)} layers.")
+                raise ValueError(
+                    f"Expected the layers of the counts passed ({0 if counts is None else len(counts.total)}), "
+                    f"got {len(layers)} layers."
+                )
             names = [l.name for l in layers]
         else:
             layers = self.layers
         gate = self.gate.readings(sync=sync) if self.gate is not None else {}
         return Reading(
-            source=source, step=int(step), counts=r.layer_counts(names), level=self.level, product=self.product,
-            alphas=dict(zip(names, r.alphas)), functions={l.name: l.function or "tanh" for l in layers},
-            window=int(window), planned_window=int(planned_window), offset=offset, offset_every=int(offset_every),
-            offset_driven=bool(offset) and offset_driven(offset), gate=gate, gating=GatingInfo.of(self.gating),
-            loss=loss or {}, nonfinite_weights=nonfinite_weights or {}, refused=dict(self.saturation.refused), notes=tuple(notes),
+            source=source,
+            step=int(step),
+            counts=r.layer_counts(names),
+            level=self.level,
+            product=self.product,
+            alphas=dict(zip(names, r.alphas)),
+            functions={l.name: l.function or "tanh" for l in layers},
+            window=int(window),
+            planned_window=int(planned_window),
+            offset=offset,
+            offset_every=int(offset_every),
+            offset_driven=bool(offset) and offset_driven(offset),
+            gate=gate,
+            gating=GatingInfo.of(self.gating),
+            loss=loss or {},
+            nonfinite_weights=nonfinite_weights or {},
+            refused=dict(self.saturation.refused),
+            notes=tuple(notes),
         )
 
 

@@ -44,8 +44,9 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from satmon.functional.saturation import (
-    alpha_broadcast_problem,
     _THRESHOLD_DTYPES,
+    _fit_threshold,
+    alpha_broadcast_problem,
     fused_counts,
     fused_counts_many,
     module_product_dtype,
@@ -55,7 +56,6 @@ from satmon.functional.saturation import (
     saturation_threshold,
     shifted_saturation_counts,
     threshold_host_fn,
-    _fit_threshold,
 )
 from satmon.model.discovery import NormLayer
 from satmon.observe.counters import SaturationCounter
@@ -69,7 +69,8 @@ _MAX_PENDING = 16384
 #: call patterns whose device index and totals are kept (a training loop repeats one or two)
 _MAX_FOLDS = 32
 #: on the CPU, the fused count is used for a call that counts at least this many elements in all (the inputs of
-#: one forward counted together): the crossover measured by ``benchmarks/count_crossover.py`` (docs/reference/performance.md)
+#: one forward counted together): the crossover measured by ``benchmarks/count_crossover.py``
+#: (docs/reference/performance.md)
 FUSED_MIN_ELEMENTS = 2**17
 #: compiled counts kept per process (one per input layout: shapes, strides, dtypes, device)
 _MAX_COMPILED = 32
@@ -110,7 +111,8 @@ def compile_counts(args: Sequence[Tensor], compiler: Compiler | None = None) -> 
 
     Example:
         >>> args = [torch.tensor([0.5, -3.0, float("nan")]), torch.tensor([1.0])]
-        >>> [int(v) for v in compile_counts(args, compiler=lambda gm, example: gm)(*args)]  # the traced graph, uncompiled
+        >>> traced = compile_counts(args, compiler=lambda gm, example: gm)  # the traced graph, uncompiled
+        >>> [int(v) for v in traced(*args)]
         [1, 1]
     """
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -120,9 +122,14 @@ def compile_counts(args: Sequence[Tensor], compiler: Compiler | None = None) -> 
         gm = make_fx(_flat_counts)(*example)
         fn = (compiler or _inductor)(gm, example)
         got, want = fn(*example), _flat_counts(*example)
-        same = (isinstance(got, (tuple, list)) and len(got) == len(want)
-                and all(isinstance(g, Tensor) and g.dtype == w.dtype and g.shape == w.shape for g, w in zip(got, want))
-                and torch.equal(torch.stack([g.to(torch.int64) for g in got]), torch.stack([w.to(torch.int64) for w in want])))
+        same = (
+            isinstance(got, (tuple, list))
+            and len(got) == len(want)
+            and all(isinstance(g, Tensor) and g.dtype == w.dtype and g.shape == w.shape for g, w in zip(got, want))
+            and torch.equal(
+                torch.stack([g.to(torch.int64) for g in got]), torch.stack([w.to(torch.int64) for w in want])
+            )
+        )
     if not same:
         raise RuntimeError(f"the compiled count returned {got!r} where the eager count gives {want!r}")
     return fn
@@ -148,8 +155,10 @@ class HookReadings(NamedTuple):
     def layer_counts(self, names: Sequence[str]) -> dict[str, LayerCounts]:
         """Counts by layer name for :func:`satmon.results.verdict.build_verdict`; a non-finite ``alpha`` counts as
         a non-finite input of its layer (its threshold is NaN: nothing would read as saturated)."""
-        return {n: LayerCounts(s, t, b + (not math.isfinite(a)))
-                for n, s, t, b, a in zip(names, self.saturated, self.total, self.nonfinite, self.alphas)}
+        return {
+            n: LayerCounts(s, t, b + (not math.isfinite(a)))
+            for n, s, t, b, a in zip(names, self.saturated, self.total, self.nonfinite, self.alphas)
+        }
 
     def fractions(self, names: Sequence[str]) -> dict[str, float]:
         """Saturation by layer name (layers that counted nothing left out)."""
@@ -183,8 +192,14 @@ class CountQueue:
     default_fused: bool | None = None
     default_backend: str | Compiler = "inductor"
 
-    def __init__(self, counter: SaturationCounter, level: float, keep_inputs: bool = False, product: str = "module",
-                 cutoffs: Sequence[float] | None = None) -> None:
+    def __init__(
+        self,
+        counter: SaturationCounter,
+        level: float,
+        keep_inputs: bool = False,
+        product: str = "module",
+        cutoffs: Sequence[float] | None = None,
+    ) -> None:
         self.counter, self.level, self.keep_inputs, self.product = counter, float(level), keep_inputs, product
         self.cutoffs = [float(c) for c in cutoffs] if cutoffs is not None else [self.level] * counter.num_layers
         if len(self.cutoffs) != counter.num_layers:
@@ -203,7 +218,8 @@ class CountQueue:
         self.host_thresholds = True
         self._sums: list[tuple[int, Tensor, Tensor, int]] = []  # four-op results: (layer, abs sum, saturated, numel)
         self._counts: list[tuple[int, Tensor, Tensor, int]] = []  # int64 results: (layer, saturated, non-finite, numel)
-        self._fused: list[tuple[tuple[int, ...], tuple[int, ...], tuple[Tensor, ...]]] = []  # (layers, numels, fused_counts_many's)
+        # (layers, numels, fused_counts_many's)
+        self._fused: list[tuple[tuple[int, ...], tuple[int, ...], tuple[Tensor, ...]]] = []
         self._held: dict[int, tuple[float, Tensor]] = {}  # CPU: a layer's host threshold as the fused count's tensor
         self._layouts: set[tuple] = set()  # input layouts this queue counted fused
         #: inputs counted so far by each path (``"fused"``, ``"four ops"``): which one a run took
@@ -287,8 +303,12 @@ class CountQueue:
                 fn = compile_counts(args, None if self.fused_backend == "inductor" else self.fused_backend)  # type: ignore[arg-type]
             except Exception as exc:  # no C++ compiler or GPU back end, an unsupported torch or Python, ...
                 _FAILED[device] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                warnings.warn(f"satmon: compiling the fused saturation count failed ({_FAILED[device]}); counting with "
-                              "four tensor ops per input instead (exact either way).", RuntimeWarning, stacklevel=4)
+                warnings.warn(
+                    f"satmon: compiling the fused saturation count failed ({_FAILED[device]}); counting with "
+                    "four tensor ops per input instead (exact either way).",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
                 return False
             if len(_COMPILED) >= _MAX_COMPILED:
                 _COMPILED.pop(next(iter(_COMPILED)))
@@ -296,7 +316,9 @@ class CountQueue:
         self._layouts.add(key)
         with torch.no_grad():
             counts = fn(*args)
-        self._fused.append((tuple(i for i, _, _ in group), tuple(args[k].numel() for k in range(0, len(args), 2)), counts))
+        self._fused.append(
+            (tuple(i for i, _, _ in group), tuple(args[k].numel() for k in range(0, len(args), 2)), counts)
+        )
         self.inputs_counted["fused"] += len(group)
         if len(self._fused) >= _MAX_PENDING:
             self.flush()
@@ -337,9 +359,14 @@ class CountQueue:
                 f"satmon: {stale} kept DyT input(s) or their alpha changed in place between the forward and the count "
                 "(kept inputs are counted when the model's forward returns or at count_kept(), which must run before "
                 "the optimizer step; a model run through .forward() skips the first); they were skipped, and from now "
-                "on every input is counted in its hook.", RuntimeWarning, stacklevel=2)
+                "on every input is counted in its hook.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
-    def threshold(self, index: int, alpha: Tensor, dtype: torch.dtype = torch.float32, tensor: bool = False) -> Tensor | float:
+    def threshold(
+        self, index: int, alpha: Tensor, dtype: torch.dtype = torch.float32, tensor: bool = False
+    ) -> Tensor | float:
         """Layer ``index``'s threshold on ``|x|`` of ``dtype``, recomputed only when ``alpha`` or ``dtype`` changed.
 
         ``alpha`` changes only in place (optimizer steps, loads), which bumps its version counter, so
@@ -359,8 +386,9 @@ class CountQueue:
             rule = (index, dtype, alpha.dtype, alpha.dim())  # what the product dtype depends on
             fn = self._host_rules.get(rule)
             if fn is None:  # the arguments checked once, not per step
-                fn = self._host_rules[rule] = threshold_host_fn(level, dtype=dtype, product=self.product,
-                                                                product_dtype=module_product_dtype(alpha, dtype))
+                fn = self._host_rules[rule] = threshold_host_fn(
+                    level, dtype=dtype, product=self.product, product_dtype=module_product_dtype(alpha, dtype)
+                )
             t: Tensor | float = fn(alpha.item())
         else:
             t = saturation_threshold(alpha, level, dtype=dtype, product=self.product)
@@ -372,7 +400,11 @@ class CountQueue:
         counted step, before its forward; no host read). A scalar CPU ``alpha`` is left to the count, which
         reads it on the host (measured: computing it here costs the same, only in another step)."""
         # FSDP2-sharded alphas (DTensors here) are left to their hooks, which read them whole
-        scalar = [i for i, a in enumerate(alphas) if a.numel() == 1 and a.device.type != "cpu" and not hasattr(a, "full_tensor")]
+        scalar = [
+            i
+            for i, a in enumerate(alphas)
+            if a.numel() == 1 and a.device.type != "cpu" and not hasattr(a, "full_tensor")
+        ]
         if not scalar or len({alphas[i].device for i in scalar}) != 1:
             return
         # the threshold depends on the inputs' dtype: the one each layer's cached threshold was made for
@@ -386,7 +418,11 @@ class CountQueue:
                 t = saturation_threshold(stacked, level, dtype=dtype, product=self.product, product_dtype=pdt)
             for j, i in enumerate(group):
                 a = alphas[i]
-                self._thresholds[i] = ((a.data_ptr(), a._version, dtype, False), t[j : j + 1])  # a tensor, not a host float
+                # a tensor, not a host float
+                self._thresholds[i] = (
+                    (a.data_ptr(), a._version, dtype, False),
+                    t[j : j + 1],
+                )
 
     def _scratch(self, x: Tensor) -> Tensor | None:
         """A float32 work buffer per input shape, on CPU only (GPU allocations are cached already)."""
@@ -496,17 +532,27 @@ class SaturationHooks(HookSet):
         >>> hooks.detach()
     """
 
-    def __init__(self, layers: Sequence[NormLayer], counter: SaturationCounter, keep_inputs: bool = False,
-                 refused: dict[str, str] | None = None, root: nn.Module | None = None) -> None:
+    def __init__(
+        self,
+        layers: Sequence[NormLayer],
+        counter: SaturationCounter,
+        keep_inputs: bool = False,
+        refused: dict[str, str] | None = None,
+        root: nn.Module | None = None,
+    ) -> None:
         if len(layers) != counter.num_layers:
             raise ValueError(f"Expected a counter with {len(layers)} layers, got {counter.num_layers}.")
         for l in layers:
             if l.function is None:
-                raise ValueError(f"Expected point-wise layers (NormLayer.function set), got {l.name!r} of kind {l.kind!r} "
-                                 "with no function: satmon counts saturation of the DyT family only.")
+                raise ValueError(
+                    f"Expected point-wise layers (NormLayer.function set), got {l.name!r} of kind {l.kind!r} "
+                    "with no function: satmon counts saturation of the DyT family only."
+                )
             if l.shift is not None and not isinstance(getattr(l.module, l.shift, None), Tensor):
-                raise ValueError(f"Expected layer {l.name!r} to hold its shift as a tensor attribute {l.shift!r} "
-                                 f"(NormLayer.shift), got {type(getattr(l.module, l.shift, None)).__name__}.")
+                raise ValueError(
+                    f"Expected layer {l.name!r} to hold its shift as a tensor attribute {l.shift!r} "
+                    f"(NormLayer.shift), got {type(getattr(l.module, l.shift, None)).__name__}."
+                )
         super().__init__()
         self.layers = list(layers)
         self.counter = counter
@@ -528,7 +574,7 @@ class SaturationHooks(HookSet):
                 return
             x, alpha = args[0], mod.alpha
             # a per-channel alpha matching x's trailing dims broadcasts; anything else is checked in full
-            if alpha.numel() != 1 and alpha.shape != x.shape[-alpha.dim():]:
+            if alpha.numel() != 1 and alpha.shape != x.shape[-alpha.dim() :]:
                 reason = alpha_broadcast_problem(alpha.shape, x.shape)
                 if reason is not None:
                     self._refuse(name, reason)
@@ -575,7 +621,10 @@ class SaturationHooks(HookSet):
             "as `alpha * x` (a forward that reshapes alpha, e.g. alpha.view(-1, 1, 1) for channels-first input, is "
             f'invisible to satmon). Leave the layer out with exclude=r"^{re.escape(name)}$" (and, if another module '
             "applies an alpha that broadcasts, select that one with include=), or store alpha in the shape the "
-            "forward uses (e.g. (C, 1, 1)).", RuntimeWarning, stacklevel=2)
+            "forward uses (e.g. (C, 1, 1)).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     def refresh_thresholds(self) -> None:
         """The thresholds of these layers for the coming step, before its forward (once per counted step)."""
@@ -622,12 +671,14 @@ class SaturationHooks(HookSet):
         """Per layer, ``sum |alpha|`` over this process's elements (its shard under FSDP2; 0 for an empty
         one), in float64: finite exactly when they all are. No collective: the per-step non-finite check
         (one op per layer)."""
-        local = ((a.to_local() if hasattr(a, "to_local") else a).detach() for a in (l.module.alpha for l in self.layers))
+        local = (
+            (a.to_local() if hasattr(a, "to_local") else a).detach() for a in (l.module.alpha for l in self.layers)
+        )
         return torch.stack([torch.linalg.vector_norm(a, 1, dtype=torch.float64) for a in local])
 
 
 def whole(t: Tensor) -> Tensor:
-    """``t`` itself, or the whole tensor of a sharded ``DTensor`` (FSDP2 parameters outside the forward; a collective)."""
+    """``t`` itself, or the whole tensor of a sharded ``DTensor`` (FSDP2 parameters outside
+    the forward; a collective)."""
     full = getattr(t, "full_tensor", None)
     return full() if callable(full) else t
-

@@ -28,7 +28,11 @@ _LOW = 0xFFFFFFFF
 
 
 def _distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+    return (
+        torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size() > 1
+    )
 
 
 def _pack(tensors: list[Tensor]) -> Tensor:
@@ -159,6 +163,8 @@ class SumStates:
                 continue
             v = torch.as_tensor(v, dtype=t.dtype)
             if v.numel() != t.numel():
-                raise ValueError(f"Expected {t.numel()} values for state {k!r}, got {v.numel()}: the saved states come "
-                                 "from another set of layers. Resume with the same model.")
+                raise ValueError(
+                    f"Expected {t.numel()} values for state {k!r}, got {v.numel()}: the saved states come "
+                    "from another set of layers. Resume with the same model."
+                )
             t.copy_(v.reshape(t.shape))

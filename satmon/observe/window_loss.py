@@ -54,7 +54,9 @@ class WindowLoss(SumStates):
             return
         views = self._views
         if views is None or views[0][0].data_ptr() != self.sums.data_ptr():  # first push, or the states moved
-            views = self._views = [(self.sums.narrow(0, k, 1), self.counts.narrow(0, k, 1)) for k in range(self.segments)]
+            views = self._views = [
+                (self.sums.narrow(0, k, 1), self.counts.narrow(0, k, 1)) for k in range(self.segments)
+            ]
         v = loss.detach().reshape(1)
         sums, counts = views[i]
         sums.add_(v.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0))  # added in float64: the value as loss.double()

@@ -15,13 +15,30 @@ from collections.abc import Sequence
 
 from satmon.results.plan import UPDATE_BYTES_PER_VALUE, MemoryPlan, format_bytes, matrix_bytes
 
-__all__ = ["READOUT_MATRICES", "UPDATE_BYTES_PER_VALUE", "MemoryPlan", "format_bytes", "matrix_bytes", "parse_bytes", "plan_memory"]
+__all__ = [
+    "READOUT_MATRICES",
+    "UPDATE_BYTES_PER_VALUE",
+    "MemoryPlan",
+    "format_bytes",
+    "matrix_bytes",
+    "parse_bytes",
+    "plan_memory",
+]
 
 #: ``8 d^2``-byte matrices one readout holds beside its accumulator, at its peak (5.7 measured, CPU).
 READOUT_MATRICES = 6
 
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
@@ -67,12 +84,16 @@ def plan_memory(dims: Sequence[tuple[str, int | None]], budget: int | str | None
     limit = None if budget is None else parse_bytes(budget)
     unknown = [name for name, d in dims if d is None]
     if limit is not None and unknown:
-        raise ValueError(f"Expected every width to be known to plan `memory_budget`, got none for {unknown}. Pass memory_budget=None.")
+        raise ValueError(
+            "Expected every width to be known to plan `memory_budget`, got none for "
+            f"{unknown}. Pass memory_budget=None."
+        )
     need = {name: matrix_bytes(d) + _readout_bytes(d) for name, d in dims}
     if limit is not None and need and max(need.values()) > limit:
         name, d = max(dims, key=lambda nd: need[nd[0]])
         raise ValueError(
-            f"Expected `memory_budget` to hold at least one covariance matrix and its readout, got {format_bytes(limit)}:"
+            "Expected `memory_budget` to hold at least one covariance matrix and its readout, "
+            f"got {format_bytes(limit)}:"
             f" {name!r} (d={d}) needs {format_bytes(need[name])} ({format_bytes(matrix_bytes(d))} for the matrix,"
             f" {format_bytes(_readout_bytes(d))} for its eigendecomposition). Raise `memory_budget` to at least that,"
             " or leave wide layers out with `max_dim=`, `layers=` or `blocks=`."

@@ -36,26 +36,40 @@ from torch import nn
 
 from satmon.batches import ForwardFn, feed, feed_first, peek_batch, take_batches, to_device
 from satmon.convert import check_conversion
+from satmon.functional.dead_directions import GramSpectrum, alignment, classify_norm_type, gram_spectrum
+from satmon.model.affine import effective_affine
+from satmon.model.discovery import NormLayer, Selector
+from satmon.model.frozen_forward import frozen_forward
+from satmon.model.gating import detect_gating
 from satmon.observe.covariance import CovarianceTap, CovarianceTaps
 from satmon.observe.reading_hooks import ReadingHooks, nonfinite_parameters
-from satmon.model.gating import detect_gating
-from satmon.settings import Settings, settings_from
 from satmon.probing.memory_plan import MemoryPlan, plan_memory
-from satmon.model.frozen_forward import frozen_forward
-from satmon.model.discovery import NormLayer, Selector
-from satmon.model.affine import effective_affine
-from satmon.functional.dead_directions import GramSpectrum, alignment, classify_norm_type, gram_spectrum
 from satmon.probing.targets import ProbeTargets, find_probe_targets
 from satmon.results.gating import GatingInfo
-from satmon.results.probe_report import EMBEDDING, LayerReading, ProbeReport, SigmaMinReading, init_gaps, model_norm_type
+from satmon.results.probe_report import (
+    EMBEDDING,
+    LayerReading,
+    ProbeReport,
+    SigmaMinReading,
+    init_gaps,
+    model_norm_type,
+)
 from satmon.results.reading import Reading, verdict_of
 from satmon.results.verdict import Source, Verdict
+from satmon.settings import Settings, settings_from
 
-__all__ = ["EMBEDDING", "OWN_OPTIONS", "LayerReading", "ProbeReport", "SigmaMinReading", "check_options", "feed_first", "probe"]
+__all__ = [
+    "EMBEDDING",
+    "OWN_OPTIONS",
+    "LayerReading",
+    "ProbeReport",
+    "SigmaMinReading",
+    "check_options",
+    "feed_first",
+    "probe",
+]
 
 log = logging.getLogger(__name__)
-
-
 
 
 # ------------------------------------------------------------------------------------------ probe
@@ -157,13 +171,21 @@ def probe(
     """
     t0 = time.perf_counter()
     s = settings_from(settings, options, owner="probe", own=OWN_OPTIONS)
-    check_options(max_dim=max_dim, max_batches=max_batches, autocast_dtype=autocast_dtype, forward_fn=forward_fn, step=step,
-                  source=source)
+    check_options(
+        max_dim=max_dim,
+        max_batches=max_batches,
+        autocast_dtype=autocast_dtype,
+        forward_fn=forward_fn,
+        step=step,
+        source=source,
+    )
     device = torch.device(device) if device is not None else _model_device(model)
     first, batch_list = peek_batch(take_batches(batches, max_batches, keep=twin is not None))
     if first is not None:  # layers convert_to_dyt just made run the first batch; those that cannot are put back
         check_conversion(model, to_device(first, device), forward_fn or feed)
-    targets = find_probe_targets(model, layers, s.include, s.exclude, blocks, max_dim, budgeted=memory_budget is not None)
+    targets = find_probe_targets(
+        model, layers, s.include, s.exclude, blocks, max_dim, budgeted=memory_budget is not None
+    )
     plan = plan_memory([(name, t.width) for name, t in targets.taps.items()], memory_budget)
     log.info("%s", plan.describe())
     if verbose:
@@ -180,10 +202,17 @@ def probe(
     if twin is not None:
         twin_report = probe(
             # only the LayerNorm/RMSNorm readings are compared: the twin needs no DyT hooks or gating trace
-            twin, batch_list, settings=s, forward_fn=forward_fn, layers=list(targets.norms),
-            blocks=targets.block_names or None, autocast_dtype=autocast_dtype, max_dim=max_dim, train_mode=train_mode,
+            twin,
+            batch_list,
+            settings=s,
+            forward_fn=forward_fn,
+            layers=list(targets.norms),
+            blocks=targets.block_names or None,
+            autocast_dtype=autocast_dtype,
+            max_dim=max_dim,
+            train_mode=train_mode,
             memory_budget=memory_budget,
-        )  # fmt: skip
+        )
     return _assemble(targets, results, dyt, gating, run.batches, plan, twin_report, t0)
 
 
@@ -206,7 +235,9 @@ class _Run:
         try:
             for h in hooksets:
                 h.attach()
-            with frozen_forward(self.model, self.device, train_mode=self.train_mode, autocast_dtype=self.autocast_dtype):
+            with frozen_forward(
+                self.model, self.device, train_mode=self.train_mode, autocast_dtype=self.autocast_dtype
+            ):
                 for batch in self.batch_iter:
                     self.feed(self.model, to_device(batch, self.device))
                     n += 1
@@ -214,7 +245,9 @@ class _Run:
             for h in hooksets:
                 h.detach()
         if n == 0:
-            raise ValueError("Expected at least one batch, got none. Pass a tensor, a dict, or a non-empty iterable of batches.")
+            raise ValueError(
+                "Expected at least one batch, got none. Pass a tensor, a dict, or a non-empty iterable of batches."
+            )
         self.batches = n  # the same every pass: several passes run over a list
 
 
@@ -260,19 +293,34 @@ def _read_tap(name: str, tap: CovarianceTap, targets: ProbeTargets, results: _Re
     del acc  # with the tap's reference: the d x d sums are freed before eigh needs its workspace
     tap.release()
     if count <= dim:  # the centred covariance has rank <= count - 1 < dim: some direction is a kernel whatever the norm
-        note = (f"{count} token(s) for {dim} channels: the output covariance has rank at most {count - 1} < {dim}, so a kernel "
-                f"is there whatever the norm and no alignment is a reading; it needs more than {dim} tokens (at least "
-                f"{dim + 1 - count} more; positions x batch for a channels-first layer)")
-        results.readings[name] = LayerReading(name, layer.kind, dim, tokens=count, norm_type="undetermined",
-                                              nonfinite=nonfinite, note=note)
+        note = (
+            f"{count} token(s) for {dim} channels: the output covariance has rank at most "
+            f"{count - 1} < {dim}, so a kernel "
+            f"is there whatever the norm and no alignment is a reading; it needs more than {dim} tokens (at least "
+            f"{dim + 1 - count} more; positions x batch for a channels-first layer)"
+        )
+        results.readings[name] = LayerReading(
+            name, layer.kind, dim, tokens=count, norm_type="undetermined", nonfinite=nonfinite, note=note
+        )
         return
     r = alignment(cov, gain)
     norm_type, note = classify_norm_type(r), ""
     results.readings[name] = LayerReading(
-        name, layer.kind, dim, tokens=count, alignment=r.cosine, null_projection=r.null_projection,
-        null_dim=r.null_dim, depth=r.depth, depth_diag=r.depth_diag, lambda_min_rel=r.lambda_min_rel,
-        n_degenerate=r.n_degenerate, norm_type=norm_type, nonfinite=nonfinite, note=note,
-    )  # fmt: skip
+        name,
+        layer.kind,
+        dim,
+        tokens=count,
+        alignment=r.cosine,
+        null_projection=r.null_projection,
+        null_dim=r.null_dim,
+        depth=r.depth,
+        depth_diag=r.depth_diag,
+        lambda_min_rel=r.lambda_min_rel,
+        n_degenerate=r.n_degenerate,
+        norm_type=norm_type,
+        nonfinite=nonfinite,
+        note=note,
+    )
 
 
 # ------------------------------------------------------------------------------------ DyT and gates
@@ -292,14 +340,20 @@ def _batch_signature(batch: Any) -> Any:
     return (type(batch).__name__,)
 
 
-def _gating(model: nn.Module, names: list[str], mapping: dict[str, str] | None, example: Any,
-            forward_fn: ForwardFn | None) -> Any:
+def _gating(
+    model: nn.Module, names: list[str], mapping: dict[str, str] | None, example: Any, forward_fn: ForwardFn | None
+) -> Any:
     """:func:`satmon.model.gating.detect_gating`, once per model and question: the same module tree (names and
     types), norm names, mapping, forward function and batch shapes give the same report (the trace reads
     which module's output feeds which, not values)."""
     try:
-        key = (tuple((n, type(m)) for n, m in model.named_modules()), tuple(names),
-               tuple(sorted((mapping or {}).items())), forward_fn, _batch_signature(example))
+        key = (
+            tuple((n, type(m)) for n, m in model.named_modules()),
+            tuple(names),
+            tuple(sorted((mapping or {}).items())),
+            forward_fn,
+            _batch_signature(example),
+        )
         hash(key)
     except TypeError:  # an unhashable mapping value or batch part: no cache
         key = None
@@ -312,8 +366,9 @@ def _gating(model: nn.Module, names: list[str], mapping: dict[str, str] | None, 
     return found
 
 
-def _dyt_hooks(model: nn.Module, dyt: list[NormLayer], s: Settings, example: Any,
-               forward_fn: ForwardFn) -> tuple[GatingInfo | None, ReadingHooks | None]:
+def _dyt_hooks(
+    model: nn.Module, dyt: list[NormLayer], s: Settings, example: Any, forward_fn: ForwardFn
+) -> tuple[GatingInfo | None, ReadingHooks | None]:
     """The gating of the DyT layers and the window's hook sets on them (offset statistics on every batch)."""
     if not dyt:
         return None, None
@@ -324,8 +379,9 @@ def _dyt_hooks(model: nn.Module, dyt: list[NormLayer], s: Settings, example: Any
     return GatingInfo.of(found), hooks
 
 
-def _read_dyt(model: nn.Module, dyt: list[NormLayer], hooks: ReadingHooks | None, s: Settings, *, step: int,
-              source: str) -> _DytReadings:
+def _read_dyt(
+    model: nn.Module, dyt: list[NormLayer], hooks: ReadingHooks | None, s: Settings, *, step: int, source: str
+) -> _DytReadings:
     """The DyT layers' readings, the reading and the verdict (this process only: no collective)."""
     if hooks is None:
         return _DytReadings({}, None, None, None)
@@ -334,9 +390,16 @@ def _read_dyt(model: nn.Module, dyt: list[NormLayer], hooks: ReadingHooks | None
     for layer in dyt:
         c, a = reading.counts[layer.name], reading.alphas[layer.name]
         dim = layer.channels or 0
-        layers[layer.name] = LayerReading(layer.name, layer.kind, dim, tokens=c.total // dim if dim else 0,
-                                          saturation=c.saturated / c.total if c.total else None, alpha=a,
-                                          nonfinite=c.nonfinite - (not math.isfinite(a)))  # inputs only
+        # inputs only
+        layers[layer.name] = LayerReading(
+            layer.name,
+            layer.kind,
+            dim,
+            tokens=c.total // dim if dim else 0,
+            saturation=c.saturated / c.total if c.total else None,
+            alpha=a,
+            nonfinite=c.nonfinite - (not math.isfinite(a)),
+        )
     return _DytReadings(layers, reading.pooled, verdict_of(reading, s.rule), reading)
 
 
@@ -353,15 +416,24 @@ class _DytReadings(NamedTuple):
 def _warn_skipped(skipped: dict[str, str]) -> None:
     if skipped:
         warnings.warn(
-            "satmon probe: no reading for " + "; ".join(f"{n} ({why})" for n, why in skipped.items())
+            "satmon probe: no reading for "
+            + "; ".join(f"{n} ({why})" for n, why in skipped.items())
             + (". Raise `max_dim` or choose" if any("max_dim" in why for why in skipped.values()) else ". Choose")
             + " layers with `layers=` / blocks with `blocks=`.",
             stacklevel=3,
         )
 
 
-def _assemble(targets: ProbeTargets, results: _Results, dyt: _DytReadings, gating: GatingInfo | None, n_batches: int,
-              plan: MemoryPlan, twin: ProbeReport | None, t0: float) -> ProbeReport:  # fmt: skip
+def _assemble(
+    targets: ProbeTargets,
+    results: _Results,
+    dyt: _DytReadings,
+    gating: GatingInfo | None,
+    n_batches: int,
+    plan: MemoryPlan,
+    twin: ProbeReport | None,
+    t0: float,
+) -> ProbeReport:
     """The report, built once: every chosen layer's reading in registration order (a layer the passes did not
     read keeps an empty one), its init-gap against the ``twin``'s readings, the wall time since ``t0``."""
     readings = {}
@@ -378,9 +450,20 @@ def _assemble(targets: ProbeTargets, results: _Results, dyt: _DytReadings, gatin
     else:
         tokens = max((l.tokens for l in readings.values()), default=0)
     return ProbeReport(
-        layers=readings, sigma_min=sigma, norm_type=norm_type, norm_type_note=note, saturation=dyt.pooled,
-        verdict=dyt.verdict, gating=gating, init_gap=gaps, tokens=tokens, batches=n_batches,
-        skipped=targets.skipped, plan=plan, elapsed_s=time.perf_counter() - t0, reading=dyt.reading,
+        layers=readings,
+        sigma_min=sigma,
+        norm_type=norm_type,
+        norm_type_note=note,
+        saturation=dyt.pooled,
+        verdict=dyt.verdict,
+        gating=gating,
+        init_gap=gaps,
+        tokens=tokens,
+        batches=n_batches,
+        skipped=targets.skipped,
+        plan=plan,
+        elapsed_s=time.perf_counter() - t0,
+        reading=dyt.reading,
     )
 
 
@@ -401,22 +484,32 @@ def check_options(**options: Any) -> None:
     step, source = options.get("step", 0), options.get("source", Source.PROBE)
     if isinstance(max_dim, bool) or not isinstance(max_dim, int) or max_dim < 1:
         raise ValueError(f"Expected `max_dim` to be a positive int (widest layer to read), got {max_dim!r}.")
-    if max_batches is not None and (isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1):
+    if max_batches is not None and (
+        isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1
+    ):
         raise ValueError(f"Expected `max_batches` to be a positive int or None, got {max_batches!r}.")
     if autocast_dtype is not None and not isinstance(autocast_dtype, torch.dtype):
-        raise TypeError(f"Expected `autocast_dtype` to be a torch.dtype (e.g. torch.bfloat16) or None, got {autocast_dtype!r}.")
+        raise TypeError(
+            f"Expected `autocast_dtype` to be a torch.dtype (e.g. torch.bfloat16) or None, got {autocast_dtype!r}."
+        )
     if forward_fn is not None and not callable(forward_fn):
-        raise TypeError(f"Expected `forward_fn` to be a callable (model, batch) -> Any, got {type(forward_fn).__name__}: "
-                        "e.g. forward_fn=lambda model, batch: model(batch[0]).")
+        raise TypeError(
+            f"Expected `forward_fn` to be a callable (model, batch) -> Any, got {type(forward_fn).__name__}: "
+            "e.g. forward_fn=lambda model, batch: model(batch[0])."
+        )
     if isinstance(step, bool) or not isinstance(step, int):
         raise TypeError(f"Expected `step` to be an int (the step the verdict is taken at), got {step!r}.")
     if source not in {s.value for s in Source}:  # a Source is a str: its value compares equal
-        raise ValueError(f"Expected `source` to be a satmon.results.verdict.Source ({', '.join(s.value for s in Source)}), got {source!r}.")
+        raise ValueError(
+            "Expected `source` to be a satmon.results.verdict.Source "
+            f"({', '.join(s.value for s in Source)}), got {source!r}."
+        )
 
 
 #: :func:`probe`'s own keyword arguments (everything else it takes is a :class:`satmon.Settings` field).
-OWN_OPTIONS: tuple[str, ...] = tuple(n for n, p in inspect.signature(probe).parameters.items()
-                                     if p.kind is p.KEYWORD_ONLY and n != "settings")
+OWN_OPTIONS: tuple[str, ...] = tuple(
+    n for n, p in inspect.signature(probe).parameters.items() if p.kind is p.KEYWORD_ONLY and n != "settings"
+)
 
 
 def _model_device(model: nn.Module) -> torch.device:

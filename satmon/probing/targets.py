@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from satmon.observe.covariance import TapTarget
 from satmon.model.discovery import NormLayer, Selector, norm_channels
-from satmon.model.map import find_blocks
-from satmon.model.map import model_map
+from satmon.model.map import find_blocks, model_map
+from satmon.observe.covariance import TapTarget
 from satmon.results.probe_report import EMBEDDING
 
 __all__ = ["ProbeTargets", "find_probe_targets", "layer_dim"]
@@ -79,10 +78,16 @@ def find_probe_targets(
     chosen = _select_layers(model, layers, include, exclude, block_names)
     if not chosen and not block_list:
         undetermined = model_map(model).undetermined
-        unread = f" ({len(undetermined)} module(s) look like normalisers but could not be read: " + "; ".join(
-            f"{n}: {why}" for n, why in list(undetermined.items())[:3]) + ")" if undetermined else ""
+        unread = (
+            f" ({len(undetermined)} module(s) look like normalisers but could not be read: "
+            + "; ".join(f"{n}: {why}" for n, why in list(undetermined.items())[:3])
+            + ")"
+            if undetermined
+            else ""
+        )
         raise ValueError(
-            f"Expected a model with DyT, LayerNorm or RMSNorm layers or residual blocks, found none in {type(model).__name__}"
+            "Expected a model with DyT, LayerNorm or RMSNorm layers or residual blocks, found none "
+            f"in {type(model).__name__}"
             f"{unread}. Point satmon at them with `include='regex on module names'` and `blocks=[...]`."
         )
     widths = {l.name: l.channels for l in model_map(model).norms if l.channels is not None}
@@ -92,8 +97,10 @@ def find_probe_targets(
         if l.kind == "dyt":
             continue
         if l.gain_shape is not None:  # the gamma^-1 kernel is per head: one covariance over the channels would mix them
-            t.skipped[l.name] = (f"gain of shape {l.gain_shape} ({l.kind}, not one gain per channel): the probe reads "
-                                 "one gain per channel, so it has no reading of a per-head gamma^-1 kernel")
+            t.skipped[l.name] = (
+                f"gain of shape {l.gain_shape} ({l.kind}, not one gain per channel): the probe reads "
+                "one gain per channel, so it has no reading of a per-head gamma^-1 kernel"
+            )
             continue
         d = l.channels
         if d is not None and d > max_dim:
@@ -109,7 +116,8 @@ def find_probe_targets(
 
 
 def layer_dim(module: nn.Module) -> int | None:
-    """A norm layer's channel count (:func:`satmon.model.discovery.norm_channels`, the one rule); ``None`` when it does not say.
+    """A norm layer's channel count (:func:`satmon.model.discovery.norm_channels`, the one rule);
+    ``None`` when it does not say.
 
     Example:
         >>> layer_dim(nn.LayerNorm(8, elementwise_affine=False)), layer_dim(nn.Identity())
@@ -118,8 +126,16 @@ def layer_dim(module: nn.Module) -> int | None:
     return norm_channels(module)
 
 
-def _tap(name: str, module: nn.Module, site: str, dim: int | None, planned: int | None, max_dim: int, budgeted: bool,
-         axis: int = -1) -> TapTarget:
+def _tap(
+    name: str,
+    module: nn.Module,
+    site: str,
+    dim: int | None,
+    planned: int | None,
+    max_dim: int,
+    budgeted: bool,
+    axis: int = -1,
+) -> TapTarget:
     """A tap; under a budget it never grows past its planned width, so the plan bounds what it holds."""
     width = None if planned is None else min(planned, max_dim)
     if budgeted and width is None:
@@ -152,14 +168,19 @@ def _select_layers(
     if isinstance(layers, (list, tuple)):
         unknown = [n for n in layers if n not in by_name]
         if unknown:
-            raise ValueError(f"Expected `layers` to name discovered norm layers, got unknown {unknown}. Available: {list(by_name)}.")
+            raise ValueError(
+                f"Expected `layers` to name discovered norm layers, got unknown {unknown}. Available: {list(by_name)}."
+            )
         chosen = set(layers)
     elif isinstance(layers, str):
         chosen = {n for n in by_name if re.search(layers, n)}
     elif callable(layers):
         chosen = {l.name for l in found if layers(l.name, l.module)}
     else:
-        raise TypeError(f"Expected `layers` to be a list of names, a regex or a predicate (name, module) -> bool, got {type(layers).__name__}.")
+        raise TypeError(
+            "Expected `layers` to be a list of names, a regex or a predicate (name, module) -> bool, "
+            f"got {type(layers).__name__}."
+        )
     # the final norm (the last one outside every block) is always read
     outside = [l for l in found if not any(l.name == b or l.name.startswith(b + ".") for b in block_names)]
     if outside:

@@ -28,8 +28,17 @@ import zipfile
 from collections.abc import Iterable
 from typing import IO, Any
 
-__all__ = ["BUDGET_ENV", "DEFAULT_PICKLE_MB", "OverBudget", "check_archive", "check_storages", "legacy_storage_claims", "mib",
-           "pickle_budget", "pickle_extent"]
+__all__ = [
+    "BUDGET_ENV",
+    "DEFAULT_PICKLE_MB",
+    "OverBudget",
+    "check_archive",
+    "check_storages",
+    "legacy_storage_claims",
+    "mib",
+    "pickle_budget",
+    "pickle_extent",
+]
 
 #: The environment variable that raises (or lowers) the pickle budget, in MiB.
 BUDGET_ENV = "SATMON_MAX_PICKLE_MB"
@@ -38,7 +47,8 @@ DEFAULT_PICKLE_MB = 64
 
 
 class OverBudget(ValueError):
-    """A file that declares more than satmon reads before it can check it; the message says the budget and how to raise it."""
+    """A file that declares more than satmon reads before it can check it; the message says the
+    budget and how to raise it."""
 
 
 def pickle_budget() -> int:
@@ -62,7 +72,9 @@ def pickle_budget() -> int:
     except ValueError:
         mb = float("nan")
     if not mb > 0 or mb == float("inf"):
-        raise ValueError(f"Expected {BUDGET_ENV} to be a positive number of MiB (e.g. 256), got {raw[:40]!r}: fix or unset it.")
+        raise ValueError(
+            f"Expected {BUDGET_ENV} to be a positive number of MiB (e.g. 256), got {raw[:40]!r}: fix or unset it."
+        )
     return int(mb * 2**20)
 
 
@@ -72,9 +84,11 @@ def mib(n: int) -> str:
 
 
 def _over(what: str, declared: int, budget: int) -> OverBudget:
-    return OverBudget(f"over satmon's read budget: {what} declares {declared:,} bytes, over the {mib(budget)} "
-                      "satmon reads of a checkpoint's pickle (a checkpoint's pickle holds no tensor data); refused "
-                      f"unread. For a file you trust that needs more, set {BUDGET_ENV}=N (MiB)")
+    return OverBudget(
+        f"over satmon's read budget: {what} declares {declared:,} bytes, over the {mib(budget)} "
+        "satmon reads of a checkpoint's pickle (a checkpoint's pickle holds no tensor data); refused "
+        f"unread. For a file you trust that needs more, set {BUDGET_ENV}=N (MiB)"
+    )
 
 
 def check_archive(z: zipfile.ZipFile, size: int, budget: int | None = None) -> None:
@@ -94,10 +108,11 @@ def check_archive(z: zipfile.ZipFile, size: int, budget: int | None = None) -> N
         >>> buf = io.BytesIO()
         >>> with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as w:
         ...     w.writestr("archive/data.pkl", b"\\x00" * 5000)
-        >>> check_archive(zipfile.ZipFile(buf), len(buf.getvalue()), budget=4096)
+        >>> check_archive(zipfile.ZipFile(buf), len(buf.getvalue()), budget=4096)  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        satmon.replaying.budget.OverBudget: over satmon's read budget: its record 'archive/data.pkl' (... bytes compressed) declares 5,000 bytes...
+        satmon.replaying.budget.OverBudget: over satmon's read budget: its record 'archive/data.pkl' (... bytes
+        compressed) declares 5,000 bytes...
     """
     budget = pickle_budget() if budget is None else budget
     data = 0
@@ -106,15 +121,21 @@ def check_archive(z: zipfile.ZipFile, size: int, budget: int | None = None) -> N
         if len(parts) >= 2 and parts[-2] == "data":
             data += info.file_size
             if info.compress_type == zipfile.ZIP_STORED and info.header_offset + info.file_size > size:
-                raise OverBudget(f"over satmon's read budget: its tensor record {info.filename[-80:]!r} declares "
-                                 f"{info.file_size:,} bytes at byte {info.header_offset:,}, past the end of the "
-                                 f"{size:,}-byte file: a crafted or cut-short archive; refused unread")
+                raise OverBudget(
+                    f"over satmon's read budget: its tensor record {info.filename[-80:]!r} declares "
+                    f"{info.file_size:,} bytes at byte {info.header_offset:,}, past the end of the "
+                    f"{size:,}-byte file: a crafted or cut-short archive; refused unread"
+                )
             continue
         if info.file_size > budget:
-            raise _over(f"its record {info.filename[-80:]!r} ({info.compress_size:,} bytes compressed)", info.file_size, budget)
+            raise _over(
+                f"its record {info.filename[-80:]!r} ({info.compress_size:,} bytes compressed)", info.file_size, budget
+            )
     if data > size + budget:  # torch.save stores tensors uncompressed: they cannot hold more than the file
-        raise OverBudget(f"over satmon's read budget: its tensor records declare {data:,} bytes in a {size:,}-byte file "
-                         "(torch.save stores tensors uncompressed): a crafted archive; refused unread")
+        raise OverBudget(
+            f"over satmon's read budget: its tensor records declare {data:,} bytes in a {size:,}-byte file "
+            "(torch.save stores tensors uncompressed): a crafted archive; refused unread"
+        )
 
 
 def check_storages(storages: Iterable[Any], size: int, legacy: bool = False) -> None:
@@ -134,9 +155,11 @@ def check_storages(storages: Iterable[Any], size: int, legacy: bool = False) -> 
         seen.setdefault(key if key is not None else ("cdata", storage._cdata), storage.nbytes())
     total, allowed = sum(seen.values()), size * (2 if legacy else 1)
     if total > allowed:
-        raise OverBudget(f"over satmon's read budget: its pickle declares tensor storages of {total:,} bytes in a "
-                         f"{size:,}-byte file (their bytes would have to be in it): a crafted or cut-short file; refused "
-                         "before anything was allocated")
+        raise OverBudget(
+            f"over satmon's read budget: its pickle declares tensor storages of {total:,} bytes in a "
+            f"{size:,}-byte file (their bytes would have to be in it): a crafted or cut-short file; refused "
+            "before anything was allocated"
+        )
 
 
 def legacy_storage_claims(f: IO[bytes]) -> int | None:
@@ -159,8 +182,9 @@ def legacy_storage_claims(f: IO[bytes]) -> int | None:
         dtype = storage_type.dtype
         nbytes = int(numel) * torch._utils._element_size(dtype)
         claims[root_key] = max(claims.get(root_key, 0), nbytes)
-        return torch.storage.TypedStorage(wrap_storage=torch.UntypedStorage(nbytes, device="meta"), dtype=dtype,
-                                          _internal=True)
+        return torch.storage.TypedStorage(
+            wrap_storage=torch.UntypedStorage(nbytes, device="meta"), dtype=dtype, _internal=True
+        )
 
     unpickler = _weights_only_unpickler.Unpickler(f, encoding="utf-8")
     unpickler.persistent_load = persistent_load
@@ -176,8 +200,12 @@ def pickle_error(what: str) -> ValueError:
 
 
 _OPCODES = {op.code.encode("latin-1"): op for op in pickletools.opcodes}
-_LENGTH = {pickletools.TAKEN_FROM_ARGUMENT1: (1, False), pickletools.TAKEN_FROM_ARGUMENT4: (4, True),
-           pickletools.TAKEN_FROM_ARGUMENT4U: (4, False), pickletools.TAKEN_FROM_ARGUMENT8U: (8, False)}
+_LENGTH = {
+    pickletools.TAKEN_FROM_ARGUMENT1: (1, False),
+    pickletools.TAKEN_FROM_ARGUMENT4: (4, True),
+    pickletools.TAKEN_FROM_ARGUMENT4U: (4, False),
+    pickletools.TAKEN_FROM_ARGUMENT8U: (8, False),
+}
 
 
 def pickle_extent(f: IO[bytes], end: int, budget: int | None = None) -> int:
@@ -216,8 +244,14 @@ def pickle_extent(f: IO[bytes], end: int, budget: int | None = None) -> int:
                 if op.name == "FRAME":
                     n = int.from_bytes(raw, "little")
                     if f.tell() + n > limit:
-                        raise _over(f"a pickle FRAME at byte {at:,}", n, budget) if f.tell() + n <= end else \
-                            ValueError(f"not a checkpoint: a pickle FRAME at byte {at:,} declares {n:,} bytes past the end of the file")
+                        raise (
+                            _over(f"a pickle FRAME at byte {at:,}", n, budget)
+                            if f.tell() + n <= end
+                            else ValueError(
+                                f"not a checkpoint: a pickle FRAME at byte {at:,} declares {n:,} "
+                                "bytes past the end of the file"
+                            )
+                        )
             elif arg.n == pickletools.UP_TO_NEWLINE:
                 for _ in range(2 if arg.name == "stringnl_noescape_pair" else 1):
                     line = f.readline(min(1 << 16, max(limit - f.tell(), 0)) + 1)
@@ -231,8 +265,10 @@ def pickle_extent(f: IO[bytes], end: int, budget: int | None = None) -> int:
                     raise ValueError(f"not a checkpoint: a pickle length at byte {at:,} cut short or negative")
                 if f.tell() + n > limit:
                     if f.tell() + n > end:
-                        raise ValueError(f"not a checkpoint: pickle opcode {op.name} at byte {at:,} declares {n:,} "
-                                         "bytes past the end of the file")
+                        raise ValueError(
+                            f"not a checkpoint: pickle opcode {op.name} at byte {at:,} declares {n:,} "
+                            "bytes past the end of the file"
+                        )
                     raise _over(f"pickle opcode {op.name} at byte {at:,}", n, budget)
                 f.seek(n, os.SEEK_CUR)
         if f.tell() > limit:

@@ -36,8 +36,17 @@ from satmon.replaying.formats.common import (
 from satmon.replaying.formats.torch_file import extract_state_dict
 
 __all__ = [
-    "CHECKPOINT_SUFFIXES", "FORMATS", "TRUST_FLAG", "CheckpointInfo", "extract_state_dict", "inspect_checkpoint",
-    "load_checkpoint", "meta_state_dict", "order_checkpoints", "recognise", "state_dict_of",
+    "CHECKPOINT_SUFFIXES",
+    "FORMATS",
+    "TRUST_FLAG",
+    "CheckpointInfo",
+    "extract_state_dict",
+    "inspect_checkpoint",
+    "load_checkpoint",
+    "meta_state_dict",
+    "order_checkpoints",
+    "recognise",
+    "state_dict_of",
 ]
 
 #: The formats satmon reads (and the one it names without reading), in the order they are tried: folder formats
@@ -71,8 +80,9 @@ def recognise(path: Path, entries: Entries | None) -> tuple[CheckpointFormat, Ma
     return None
 
 
-def inspect_checkpoint(path: str | Path, trust: bool = False,
-                       stamps: Sequence[FileStamp] | None = None) -> CheckpointInfo:
+def inspect_checkpoint(
+    path: str | Path, trust: bool = False, stamps: Sequence[FileStamp] | None = None
+) -> CheckpointInfo:
     """Read a checkpoint's index once, by its format: its kind, global step and hyper-parameters; no tensor data is
     kept.
 
@@ -96,8 +106,11 @@ def inspect_checkpoint(path: str | Path, trust: bool = False,
         found = recognise(path, Entries.of(path))
         if found is None:
             folders = " / ".join(f.name for f in FORMATS if not f.suffixes)
-            return CheckpointInfo(path=path, error=f"not a checkpoint: a folder in none of the formats satmon reads "
-                                                   f"({folders}) and no .ckpt/.pt file; pass the files inside it")
+            return CheckpointInfo(
+                path=path,
+                error=f"not a checkpoint: a folder in none of the formats satmon reads "
+                f"({folders}) and no .ckpt/.pt file; pass the files inside it",
+            )
         return found[0].inspect(path, trust, stamps)
     found = recognise(path, None)
     return (found[0] if found is not None else BY_NAME).inspect(path, trust, stamps)
@@ -107,10 +120,13 @@ def order_checkpoints(infos: Sequence[CheckpointInfo]) -> list[CheckpointInfo]:
     """Readable checkpoints by global step (files without one after them, by name); a ``last*.ckpt``
     whose step another file already has is dropped (Lightning's ``save_last`` copy)."""
     good = [i for i in infos if i.error is None]
-    good.sort(key=lambda i: (i.global_step is None, i.global_step or 0, i.path.name.startswith("last"), natural_key(i.path)))
+    good.sort(
+        key=lambda i: (i.global_step is None, i.global_step or 0, i.path.name.startswith("last"), natural_key(i.path))
+    )
     steps = {i.global_step for i in good if not i.path.name.startswith("last")}
-    return [i for i in good if not (i.path.name.startswith("last") and i.global_step is not None and i.global_step in steps)]
-
+    return [
+        i for i in good if not (i.path.name.startswith("last") and i.global_step is not None and i.global_step in steps)
+    ]
 
 
 # ------------------------------------------------------------------------------------------ weights
@@ -131,8 +147,10 @@ def _require(info: CheckpointInfo) -> None:
     if info.error is not None:
         raise ValueError(f"Expected a readable checkpoint, got {info.path}: {info.error}")
     if not info.weights or any(w.index is None for w in info.weights):
-        raise ValueError(f"Expected the index inspect_checkpoint read from {info.path}, got None (already used); "
-                         "inspect the file again.")
+        raise ValueError(
+            f"Expected the index inspect_checkpoint read from {info.path}, got None (already used); "
+            "inspect the file again."
+        )
 
 
 def state_dict_of(info: CheckpointInfo) -> dict[str, Tensor]:
@@ -163,4 +181,3 @@ def load_checkpoint(info: CheckpointInfo) -> dict[str, Any]:
         raise ValueError(f"Expected a Lightning checkpoint, got a {info.kind} file: {info.path}")
     (w,) = info.weights  # a Lightning checkpoint is one torch file
     return w.checkpoint()
-

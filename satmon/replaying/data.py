@@ -56,24 +56,29 @@ def _damaged_record(path: Path) -> str | None:
 
 
 def check_data_file(path: str | Path) -> Path:
-    """``path`` as a ``Path`` when it is a regular file (symlinks followed), checked by its kind only: nothing is opened.
+    """``path`` as a ``Path`` when it is a regular file (symlinks followed), checked by
+    its kind only: nothing is opened.
 
     Raises:
         ReplayUsageError: no such file, or not a regular file (a folder, a FIFO, a socket, a device, a link to one, a
             broken link, a path over the system's limits), in one line naming what it is.
 
     Example:
-        >>> check_data_file("/dev/zero")
+        >>> check_data_file("/dev/zero")  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        satmon.replaying.user_code.ReplayUsageError: --data '/dev/zero': a character device, not a regular file (it was not opened). Pass --data FILE (a torch.save'd tensor, list of batches or dict of tensors) or --datamodule MODULE:CLASS.
+        satmon.replaying.user_code.ReplayUsageError: --data '/dev/zero': a character device, not a regular
+        file (it was not opened). Pass --data FILE (a torch.save'd tensor, list of batches or dict of
+        tensors) or --datamodule MODULE:CLASS.
     """
     kind = kind_of(path)
     if kind.regular:
         return Path(path)
     what = "no such file" if kind.kind == "missing" else f"{kind.describe()}, not a regular file (it was not opened)"
-    raise ReplayUsageError(f"--data {printable(str(path)[:240])!r}: {what}. Pass --data FILE (a torch.save'd tensor, list "
-                           "of batches or dict of tensors) or --datamodule MODULE:CLASS.")
+    raise ReplayUsageError(
+        f"--data {printable(str(path)[:240])!r}: {what}. Pass --data FILE (a torch.save'd tensor, list "
+        "of batches or dict of tensors) or --datamodule MODULE:CLASS."
+    )
 
 
 def load_data_file(path: str | Path, n_batches: int, batch_size: int | None = None) -> list[Any]:
@@ -96,9 +101,12 @@ def load_data_file(path: str | Path, n_batches: int, batch_size: int | None = No
     p = check_data_file(path)
     damaged = _damaged_record(p)
     if damaged is not None:  # torch.load checks no checksum: damaged batches would be read as good ones
-        raise ReplayUsageError(f"--data {str(p)!r}: corrupt: the bytes of its record {damaged!r} do not match the CRC-32 "
-                               "its zip directory records (the file was damaged after it was written); save it again.")
-    try:  # its declared sizes first (satmon.replaying.budget): a bomb is refused before anything is inflated or allocated
+        raise ReplayUsageError(
+            f"--data {str(p)!r}: corrupt: the bytes of its record {damaged!r} do not match the CRC-32 "
+            "its zip directory records (the file was damaged after it was written); save it again."
+        )
+    # its declared sizes first (satmon.replaying.budget): a bomb is refused before anything is inflated or allocated
+    try:
         load_index(FileStamp.of(p), trust=False)
     except OverBudget as e:
         raise ReplayUsageError(f"--data {str(p)!r}: {e}.") from None
@@ -107,20 +115,25 @@ def load_data_file(path: str | Path, n_batches: int, batch_size: int | None = No
     try:
         obj = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise ReplayUsageError(f"--data {str(p)!r}: cannot read it with torch.load(weights_only=True): {error_line(e)}. "
-                               "Save it with torch.save(tensor | [batch, ...] | {name: tensor}).") from e
+        raise ReplayUsageError(
+            f"--data {str(p)!r}: cannot read it with torch.load(weights_only=True): {error_line(e)}. "
+            "Save it with torch.save(tensor | [batch, ...] | {name: tensor})."
+        ) from e
     if isinstance(obj, Tensor) or isinstance(obj, Mapping) and obj and all(isinstance(v, Tensor) for v in obj.values()):
         batches = split_batch(obj, batch_size)
     elif isinstance(obj, (list, tuple)) and obj:
         batches = list(obj)
     else:
-        raise ReplayUsageError(f"--data {str(p)!r}: expected a tensor, a non-empty list of batches or a dict of tensors, "
-                               f"got {type(obj).__name__}.")
+        raise ReplayUsageError(
+            f"--data {str(p)!r}: expected a tensor, a non-empty list of batches or a dict of tensors, "
+            f"got {type(obj).__name__}."
+        )
     return batches[:n_batches]
 
 
 def datamodule_batches(dm_cls: type, hparams: Mapping[str, Any], n_batches: int) -> list[Any]:
-    """The first ``n_batches`` of ``dm_cls(**hparams).train_dataloader()`` (after ``prepare_data`` and ``setup("fit")``).
+    """The first ``n_batches`` of ``dm_cls(**hparams).train_dataloader()`` (after
+    ``prepare_data`` and ``setup("fit")``).
 
     Raises:
         ReplayUsageError: one line naming the class, the hyper-parameters and what to do, whatever
@@ -129,14 +142,18 @@ def datamodule_batches(dm_cls: type, hparams: Mapping[str, Any], n_batches: int)
     hp = dict(hparams)
     where = f"--datamodule {dm_cls.__name__}(**{short(hp)})" if hp else f"--datamodule {dm_cls.__name__}()"
     origin = "the datamodule hyper-parameters stored in the checkpoint" if hp else "its default arguments"
-    todo = ("Pass --data FILE with saved calibration batches (a run with the live probe saves satmon_calibration.pt "
-            "beside its logs), or a --datamodule that works with " + origin + ".")
+    todo = (
+        "Pass --data FILE with saved calibration batches (a run with the live probe saves satmon_calibration.pt "
+        "beside its logs), or a --datamodule that works with " + origin + "."
+    )
     try:
         dm = dm_cls(**hp)
     except Exception as e:
         raise ReplayUsageError(f"{where} failed ({origin}): {error_line(e)}. {todo}") from e
     if not callable(getattr(dm, "train_dataloader", None)):
-        raise ReplayUsageError(f"--datamodule: expected a LightningDataModule class with train_dataloader(), got {dm_cls!r}.")
+        raise ReplayUsageError(
+            f"--datamodule: expected a LightningDataModule class with train_dataloader(), got {dm_cls!r}."
+        )
     try:
         if hasattr(dm, "prepare_data"):
             dm.prepare_data()
@@ -144,7 +161,9 @@ def datamodule_batches(dm_cls: type, hparams: Mapping[str, Any], n_batches: int)
             dm.setup("fit")
         batches = capture_batches(dm.train_dataloader(), n_batches)
     except Exception as e:  # the user's datamodule code: any failure is a usage problem, in one line
-        raise ReplayUsageError(f"{where}: reading its train_dataloader() failed with {origin}: {error_line(e)}. {todo}") from e
+        raise ReplayUsageError(
+            f"{where}: reading its train_dataloader() failed with {origin}: {error_line(e)}. {todo}"
+        ) from e
     if not batches:
         raise ReplayUsageError(f"{where}: its train_dataloader() yielded no batch. {todo}")
     return batches
@@ -172,11 +191,19 @@ def input_forward_fn(batches: Sequence[Any], input_key: str | None = None) -> Fo
         try:
             first[key]
         except (KeyError, IndexError, TypeError) as e:
-            raise ReplayUsageError(f"--input-key {input_key!r} does not select anything in a batch of type "
-                                   f"{type(first).__name__}: {error_line(e)}.") from e
+            raise ReplayUsageError(
+                f"--input-key {input_key!r} does not select anything in a batch of type "
+                f"{type(first).__name__}: {error_line(e)}."
+            ) from e
         return lambda model, batch: model(batch[key])
-    if (isinstance(first, (tuple, list)) and len(first) == 2 and all(isinstance(t, Tensor) for t in first)
-            and not first[1].is_floating_point() and not first[1].is_complex() and first[1].shape == first[0].shape):
+    if (
+        isinstance(first, (tuple, list))
+        and len(first) == 2
+        and all(isinstance(t, Tensor) for t in first)
+        and not first[1].is_floating_point()
+        and not first[1].is_complex()
+        and first[1].shape == first[0].shape
+    ):
         return feed_first
     return None
 
@@ -205,8 +232,13 @@ def fed_token_ids(batches: Sequence[Any], input_key: str | None = None) -> int |
             inputs = batch.get("input_ids")
         else:
             inputs = batch
-        if isinstance(inputs, Tensor) and inputs.numel() and not inputs.is_floating_point() and not inputs.is_complex() \
-                and inputs.dtype != torch.bool:
+        if (
+            isinstance(inputs, Tensor)
+            and inputs.numel()
+            and not inputs.is_floating_point()
+            and not inputs.is_complex()
+            and inputs.dtype != torch.bool
+        ):
             top = int(inputs.max())
             found = top if found is None else max(found, top)
     return found

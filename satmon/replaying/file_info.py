@@ -25,13 +25,16 @@ class FileChanged(Exception):
 
 
 class CorruptFile(ValueError):
-    """A zip archive whose bytes do not match the CRC-32 its directory records (damaged after it was written): skipped."""
+    """A zip archive whose bytes do not match the CRC-32 its directory records (damaged
+    after it was written): skipped."""
 
 
 def corrupt_file(what: str) -> CorruptFile:
     """The error for ``what`` (``"the bytes of its record 'data.pkl'"``) not matching its recorded CRC-32."""
-    return CorruptFile(f"corrupt: {what} do not match the CRC-32 its zip directory records, so the file was damaged "
-                       "after it was written (a cut-short or bad copy, a failing disk); skipped: copy or save it again")
+    return CorruptFile(
+        f"corrupt: {what} do not match the CRC-32 its zip directory records, so the file was damaged "
+        "after it was written (a cut-short or bad copy, a failing disk); skipped: copy or save it again"
+    )
 
 
 def _clock(ns: int) -> str:
@@ -87,8 +90,9 @@ class FileStamp:
         """Raise :class:`FileChanged` naming what changed."""
         diff = self.difference(st)
         if diff is not None:
-            raise FileChanged(f"changed {when} ({diff}): a job may be writing it; skipped (replay it again once it is "
-                              "complete)")
+            raise FileChanged(
+                f"changed {when} ({diff}): a job may be writing it; skipped (replay it again once it is complete)"
+            )
 
 
 def read_exactly(f: Any, offset: int, nbytes: int, stamp: FileStamp) -> bytearray:
@@ -100,9 +104,10 @@ def read_exactly(f: Any, offset: int, nbytes: int, stamp: FileStamp) -> bytearra
     while done < nbytes:
         n = f.readinto(view[done:])
         if not n:  # the file ends before its index says: it shrank since it was checked
-            raise FileChanged(f"changed while it was being read (it ends at byte {offset + done:,}, its index needs "
-                              f"{offset + nbytes:,}; {stamp.difference() or 'rewritten'}): a job may be writing it; "
-                              "skipped (replay it again once it is complete)")
+            raise FileChanged(
+                f"changed while it was being read (it ends at byte {offset + done:,}, its index needs "
+                f"{offset + nbytes:,}; {stamp.difference() or 'rewritten'}): a job may be writing it; "
+                "skipped (replay it again once it is complete)"
+            )
         done += n
     return buf
-

@@ -26,10 +26,19 @@ __all__ = ["SATMON_FILES", "Listing", "find_checkpoints", "list_checkpoints", "n
 #: ``drivers/live_probe.py``, ``drivers/hf.py``'s ``STATE_FILE``, ``io/trackers.py``, ``io/lock.py``, the replay's
 #: partial records, ``io/atomic.py``'s temporaries; ``tests/replay/test_listing_kinds.py`` checks them against these).
 SATMON_FILES = (
-    (re.compile(re.escape(CALIBRATION_FILE)), "satmon's calibration batches (the live probe saved them; usable as --data)"),
-    (re.compile(re.escape(STATE_FILE)), "satmon's screening state (the Hugging Face callback's; it holds the live verdict)"),
+    (
+        re.compile(re.escape(CALIBRATION_FILE)),
+        "satmon's calibration batches (the live probe saved them; usable as --data)",
+    ),
+    (
+        re.compile(re.escape(STATE_FILE)),
+        "satmon's screening state (the Hugging Face callback's; it holds the live verdict)",
+    ),
     (re.compile(r"satmon_\w+\.md"), "satmon's verdict card"),
-    (re.compile(r".+\.partial\.jsonl"), "satmon's partial records of a replay still running or interrupted (--json FILE.partial.jsonl)"),
+    (
+        re.compile(r".+\.partial\.jsonl"),
+        "satmon's partial records of a replay still running or interrupted (--json FILE.partial.jsonl)",
+    ),
     (re.compile(r"\.(.+\.)?satmon-lock"), "satmon's lock file (one writer per output)"),
     (re.compile(r"\..+\.[a-z0-9_]{8}\.tmp"), "satmon's temporary file of a write that was cut short"),
 )
@@ -39,8 +48,10 @@ def satmon_file(name: str) -> str | None:
     """What satmon's own file ``name`` is (``None``: not one of satmon's).
 
     Example:
-        >>> satmon_file("satmon_calibration.pt"), satmon_file(".replay.json.satmon-lock"), satmon_file("last.ckpt")
-        ("satmon's calibration batches (the live probe saved them; usable as --data)", "satmon's lock file (one writer per output)", None)
+        >>> satmon_file("satmon_calibration.pt")
+        "satmon's calibration batches (the live probe saved them; usable as --data)"
+        >>> satmon_file(".replay.json.satmon-lock"), satmon_file("last.ckpt")
+        ("satmon's lock file (one writer per output)", None)
     """
     return next((what for pattern, what in SATMON_FILES if pattern.fullmatch(name)), None)
 
@@ -102,7 +113,6 @@ class Listing:
         shown = [f"{printable(p.name)} ({why})" for p, why in found[:limit]]
         more = len(found) - limit
         return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
-
 
 
 def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] = ()) -> Listing:
@@ -203,8 +213,12 @@ def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] 
                 continue
             seen_dirs.add((st.st_dev, st.st_ino))
             kinds = [(Path(e.path), kind_of(e.path, entry=e)) for e in entries]
-            found = recognise(folder, Entries(frozenset(p.name for p, k in kinds if k.regular),
-                                              tuple(p for p, k in kinds if k.kind == "folder")))
+            found = recognise(
+                folder,
+                Entries(
+                    frozenset(p.name for p, k in kinds if k.regular), tuple(p for p, k in kinds if k.kind == "folder")
+                ),
+            )
             match = None if found is None else found[1]
             used: frozenset[str] = frozenset()
             if match is not None and match.unsupported is not None:  # a format satmon does not read: named once
@@ -250,10 +264,15 @@ def list_checkpoints(paths: Sequence[str | Path], exclude: Sequence[str | Path] 
         elif kind.kind == "missing":
             raise ReplayUsageError(f"No such checkpoint file or directory: {printable(str(p)[:240])!r}.")
         else:  # never opened: a FIFO would block, a device would be read forever
-            todo = ("pass a shorter path (cd to a folder nearer the checkpoints, or link them there)"
-                    if kind.kind == "too-long" else "pass the checkpoints' files or folder")
-            raise ReplayUsageError(f"Expected checkpoint files or directories, got {printable(str(p)[:240])!r}, which is "
-                                   f"{kind.describe()}: {todo} (it was not opened).")
+            todo = (
+                "pass a shorter path (cd to a folder nearer the checkpoints, or link them there)"
+                if kind.kind == "too-long"
+                else "pass the checkpoints' files or folder"
+            )
+            raise ReplayUsageError(
+                f"Expected checkpoint files or directories, got {printable(str(p)[:240])!r}, which is "
+                f"{kind.describe()}: {todo} (it was not opened)."
+            )
     return out
 
 
@@ -283,6 +302,7 @@ def nothing_to_replay(paths: Sequence[str | Path], listing: Listing) -> str:
         path, why = listing.unsupported[0]
         more = f" (and {len(listing.unsupported) - 1} more such folder(s))" if len(listing.unsupported) > 1 else ""
         return f"Nothing satmon can replay under {where}: {printable(str(path))} is {why}{more}."
-    return (f"Nothing to replay under {where}: no {', '.join(CHECKPOINT_SUFFIXES)} file and no Hugging Face checkpoint "
-            f"folder; found {listing.found_instead()}. Pass the checkpoints' folder or files.")
-
+    return (
+        f"Nothing to replay under {where}: no {', '.join(CHECKPOINT_SUFFIXES)} file and no Hugging Face checkpoint "
+        f"folder; found {listing.found_instead()}. Pass the checkpoints' folder or files."
+    )

@@ -64,7 +64,8 @@ def run_name(folder: Path | None) -> str | None:
     TensorBoard run is ``replay of`` this name.
 
     Example:
-        >>> run_name(source_run([Path("satmon_logs/demo/version_0/checkpoints")])), run_name(source_run([Path("ckpts/a.ckpt")]))
+        >>> lightning, plain = Path("satmon_logs/demo/version_0/checkpoints"), Path("ckpts/a.ckpt")
+        >>> run_name(source_run([lightning])), run_name(source_run([plain]))
         ('demo/version_0', None)
         >>> run_name(source_run([Path("a/version_1/checkpoints/x.ckpt"), Path("b/version_2/checkpoints")])) is None
         True
@@ -75,8 +76,9 @@ def run_name(folder: Path | None) -> str | None:
     if _VERSION.fullmatch(folder.name) and folder.parent.name:
         return f"{folder.parent.name}/{folder.name}"
     try:
-        if folder.is_dir() and any(f.name.startswith("events.out.tfevents.") or f.name == "hparams.yaml"
-                                   for f in folder.iterdir()):
+        if folder.is_dir() and any(
+            f.name.startswith("events.out.tfevents.") or f.name == "hparams.yaml" for f in folder.iterdir()
+        ):
             return folder.name
     except OSError:  # a folder this user cannot list: no name, the replay goes to LOGDIR/replay
         return None
@@ -157,8 +159,11 @@ def live_from_checkpoints(infos: Sequence[Any]) -> LiveReading | None:
     if not found:
         return None
     _, info, verdict, hf = max(found, key=lambda t: t[0])
-    where = (f"satmon's state saved in `{printable(info.path.name)}/{STATE_FILE}`" if hf
-             else f"the SaturationMonitor state saved in `{printable(info.path.name)}`")
+    where = (
+        f"satmon's state saved in `{printable(info.path.name)}/{STATE_FILE}`"
+        if hf
+        else f"the SaturationMonitor state saved in `{printable(info.path.name)}`"
+    )
     return LiveReading.from_verdict(verdict, found=where)
 
 
@@ -178,11 +183,15 @@ def _reading_of(run: Any) -> LiveReading | None:
     if saturation is None:
         return None
     threshold, window, trust = hp.get(TAG.hp_threshold), hp.get(TAG.hp_window), hp.get(TAG.hp_trust)
-    return LiveReading(decision=hp[TAG.hp_decision], saturation=float(saturation),
-                       threshold=float(threshold) if isinstance(threshold, (int, float)) else float("nan"), step=int(step),
-                       window=int(window) if isinstance(window, (int, float)) and window > 0 else None,
-                       trust=trust if isinstance(trust, str) and trust else None,
-                       found=f"the TensorBoard events in `{printable(str(run.path))}`")
+    return LiveReading(
+        decision=hp[TAG.hp_decision],
+        saturation=float(saturation),
+        threshold=float(threshold) if isinstance(threshold, (int, float)) else float("nan"),
+        step=int(step),
+        window=int(window) if isinstance(window, (int, float)) and window > 0 else None,
+        trust=trust if isinstance(trust, str) and trust else None,
+        found=f"the TensorBoard events in `{printable(str(run.path))}`",
+    )
 
 
 def live_from_tensorboard(path: str | Path, explicit: bool = True) -> LiveReading | None:
@@ -197,8 +206,10 @@ def live_from_tensorboard(path: str | Path, explicit: bool = True) -> LiveReadin
 
     path = Path(path)
     if explicit and not path.exists():
-        raise ReplayUsageError(f"--live {str(path)!r}: no such file or folder. Pass the live run's TensorBoard folder "
-                               "(e.g. satmon_logs/demo/version_0).")
+        raise ReplayUsageError(
+            f"--live {str(path)!r}: no such file or folder. Pass the live run's TensorBoard folder "
+            "(e.g. satmon_logs/demo/version_0)."
+        )
     if not explicit:  # the folder above the checkpoints: its own event files only, not every run below it
         if not path.is_dir() or not any(path.glob(EVENT_GLOB)):
             return None
@@ -212,13 +223,17 @@ def live_from_tensorboard(path: str | Path, explicit: bool = True) -> LiveReadin
     if not explicit:
         return readings[0][1] if readings else None
     if not readings:
-        raise ReplayUsageError(f"--live {str(path)!r}: no live satmon verdict there (no Satmon/verdict of a screening "
-                               "window in its TensorBoard events). Pass the folder a TensorBoardLogger wrote for the run "
-                               "SaturationMonitor screened, or leave --live out.")
+        raise ReplayUsageError(
+            f"--live {str(path)!r}: no live satmon verdict there (no Satmon/verdict of a screening "
+            "window in its TensorBoard events). Pass the folder a TensorBoardLogger wrote for the run "
+            "SaturationMonitor screened, or leave --live out."
+        )
     if len(readings) > 1:
         names = ", ".join(printable(str(run.path)) for run, _ in readings[:5])
-        raise ReplayUsageError(f"--live {str(path)!r}: {len(readings)} live runs there ({names}{', ...' if len(readings) > 5 else ''}); "
-                               "pass the one these checkpoints come from.")
+        raise ReplayUsageError(
+            f"--live {str(path)!r}: {len(readings)} live runs there ({names}{', ...' if len(readings) > 5 else ''}); "
+            "pass the one these checkpoints come from."
+        )
     return readings[0][1]
 
 
@@ -260,6 +275,9 @@ def find_source(run: Path | None, infos: Sequence[Any], live: str | os.PathLike 
             reading = None
     if reading is not None:
         return ReplaySource(run=name, live=reading)
-    return ReplaySource(run=name, missing="no satmon state with a verdict saved with the checkpoints and no satmon "
-                                          "verdict in TensorBoard events beside them; pass --live RUN (the live run's "
-                                          "TensorBoard folder) to compare")
+    return ReplaySource(
+        run=name,
+        missing="no satmon state with a verdict saved with the checkpoints and no satmon "
+        "verdict in TensorBoard events beside them; pass --live RUN (the live run's "
+        "TensorBoard folder) to compare",
+    )

@@ -24,8 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+# the probe's and the window's count
 from satmon.observe.reading_hooks import (
-    nonfinite_parameters,  # the probe's and the window's count
+    nonfinite_parameters,
 )
 from satmon.replaying.checkpoints import (
     CheckpointInfo,
@@ -40,8 +41,17 @@ from satmon.results.replay_record import ReplayRecord
 from satmon.results.verdict import Source
 from satmon.settings import Settings, settings_from
 
-__all__ = ["TWIN_SEED", "ModelLoader", "ReplayRecord", "ReplayUsageError", "checkpoint_records", "input_vocabulary",
-           "is_lightning_module", "nonfinite_parameters", "summary_row"]
+__all__ = [
+    "TWIN_SEED",
+    "ModelLoader",
+    "ReplayRecord",
+    "ReplayUsageError",
+    "checkpoint_records",
+    "input_vocabulary",
+    "is_lightning_module",
+    "nonfinite_parameters",
+    "summary_row",
+]
 
 #: Seed of the random-init twin: the same twin (and so the same init readings) for every checkpoint.
 TWIN_SEED = 0
@@ -53,7 +63,9 @@ def _lightning_base(cls: Any) -> type | None:
     """The ``LightningModule`` class among ``cls``'s bases, found without importing Lightning."""
     if not isinstance(cls, type):
         return None
-    return next((c for c in cls.__mro__ if c.__name__ == "LightningModule" and c.__module__ in _LIGHTNING_MODULES), None)
+    return next(
+        (c for c in cls.__mro__ if c.__name__ == "LightningModule" and c.__module__ in _LIGHTNING_MODULES), None
+    )
 
 
 def is_lightning_module(cls: Any) -> bool:
@@ -122,8 +134,14 @@ def _unfit(model: nn.Module, state: Mapping[str, Tensor], strict: bool = True) -
         tied.setdefault(id(v), []).append(k)
     missing = [k for k, v in own.items() if k not in state and not any(o in state for o in tied[id(v)])]
     unexpected = [k for k in state if k not in own]
-    shapes = [(k, tuple(state[k].shape), tuple(v.shape)) for k, v in own.items()
-              if k in state and isinstance(v, Tensor) and isinstance(state[k], Tensor) and tuple(state[k].shape) != tuple(v.shape)]
+    shapes = [
+        (k, tuple(state[k].shape), tuple(v.shape))
+        for k, v in own.items()
+        if k in state
+        and isinstance(v, Tensor)
+        and isinstance(state[k], Tensor)
+        and tuple(state[k].shape) != tuple(v.shape)
+    ]
     if not strict:
         missing, unexpected = [], []
     if not (missing or unexpected or shapes):
@@ -144,8 +162,10 @@ def _load_weights(model: nn.Module, state: Mapping[str, Tensor]) -> None:
     stores a shared tensor once): a missing key is fine when its tensor is shared with a loaded one."""
     problem = _unfit(model, state)
     if problem:
-        raise RuntimeError(f"the model does not fit this checkpoint: {problem}. Is --model/--factory building the "
-                           "architecture that saved it?")
+        raise RuntimeError(
+            f"the model does not fit this checkpoint: {problem}. Is --model/--factory building the "
+            "architecture that saved it?"
+        )
     model.load_state_dict(state, strict=False)
 
 
@@ -170,11 +190,17 @@ class ModelLoader:
         True
     """
 
-    def __init__(self, model_cls: type | None = None, factory: Callable[[], nn.Module] | None = None,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        model_cls: type | None = None,
+        factory: Callable[[], nn.Module] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
         if model_cls is None and factory is None:
-            raise ReplayUsageError("Pass --model MODULE:CLASS (a LightningModule, for .ckpt files) or --factory "
-                                   "MODULE:FUNCTION (returns the nn.Module, for plain state_dict files).")
+            raise ReplayUsageError(
+                "Pass --model MODULE:CLASS (a LightningModule, for .ckpt files) or --factory "
+                "MODULE:FUNCTION (returns the nn.Module, for plain state_dict files)."
+            )
         self.model_cls, self.factory, self.device = model_cls, factory, torch.device(device)
         self._shapes: list[tuple[Any, nn.Module | None]] = []  # (hyper-parameters, meta model) of recent checks
         # one model (and one twin) per architecture, the next checkpoint's weights loaded into it: building a model
@@ -221,10 +247,15 @@ class ModelLoader:
         problem = _unfit(model, state, strict=bool(getattr(model, "strict_loading", True)) if lightning else True)
         if problem is None:
             return None
-        how = (f"{getattr(self.model_cls, '__name__', 'the model')}(**hyper_parameters)" if lightning
-               else "the --factory model")
-        return (f"the model built by {how} does not fit this checkpoint: {problem}. Is --model/--factory "
-                "building the architecture that saved it?")
+        how = (
+            f"{getattr(self.model_cls, '__name__', 'the model')}(**hyper_parameters)"
+            if lightning
+            else "the --factory model"
+        )
+        return (
+            f"the model built by {how} does not fit this checkpoint: {problem}. Is --model/--factory "
+            "building the architecture that saved it?"
+        )
 
     def vocabulary(self, info: CheckpointInfo) -> tuple[int, str] | None:
         """The size of the vocabulary the model built for ``info`` reads its token ids from, and the layer that holds
@@ -245,8 +276,11 @@ class ModelLoader:
                     return model
         try:
             with torch.device("meta"), torch.random.fork_rng(devices=[]):
-                model = (_new_lightning_module(self.model_cls, info.hparams, info.hparams_name) if lightning
-                         else self._fresh())
+                model = (
+                    _new_lightning_module(self.model_cls, info.hparams, info.hparams_name)
+                    if lightning
+                    else self._fresh()
+                )
         except Exception:  # a constructor that needs real tensors: the real build decides
             model = None
         if not hook:
@@ -296,7 +330,9 @@ class ModelLoader:
             return kept
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(TWIN_SEED)
-            model = _new_lightning_module(self.model_cls, info.hparams, info.hparams_name) if lightning else self._fresh()
+            model = (
+                _new_lightning_module(self.model_cls, info.hparams, info.hparams_name) if lightning else self._fresh()
+            )
         model = model.to(self.device).eval()
         self._keep("twin", key, model)
         return model
@@ -377,14 +413,19 @@ def _outside_state(model: nn.Module) -> list[tuple[nn.Module, dict[str, Tensor],
     non-persistent buffers (copied) and its plain attributes (the objects, and a container's items)."""
     snapshot = []
     for module in model.modules():
-        buffers = {k: b.detach().clone() for k, b in module._buffers.items()
-                   if b is not None and k in module._non_persistent_buffers_set}
+        buffers = {
+            k: b.detach().clone()
+            for k, b in module._buffers.items()
+            if b is not None and k in module._non_persistent_buffers_set
+        }
         attrs = {k: (v, _items(v)) for k, v in vars(module).items() if k not in _MODULE_INTERNALS}
         snapshot.append((module, buffers, attrs))
     return snapshot
 
 
-def _unchanged(model: nn.Module, snapshot: list[tuple[nn.Module, dict[str, Tensor], dict[str, tuple[Any, Any]]]]) -> bool:
+def _unchanged(
+    model: nn.Module, snapshot: list[tuple[nn.Module, dict[str, Tensor], dict[str, tuple[Any, Any]]]]
+) -> bool:
     """Whether ``model`` still holds, outside its state_dict, what it held when built: then loading the next
     checkpoint's weights into it gives the model a fresh build would give (a cache filled by a forward, a
     buffer a forward updates, a submodule added later: it is not reused)."""
@@ -394,11 +435,13 @@ def _unchanged(model: nn.Module, snapshot: list[tuple[nn.Module, dict[str, Tenso
     for module, buffers, attrs in snapshot:
         now = {k: b for k, b in module._buffers.items() if b is not None and k in module._non_persistent_buffers_set}
         if now.keys() != buffers.keys() or any(
-                now[k].shape != b.shape or now[k].dtype != b.dtype or not torch.equal(now[k], b) for k, b in buffers.items()):
+            now[k].shape != b.shape or now[k].dtype != b.dtype or not torch.equal(now[k], b) for k, b in buffers.items()
+        ):
             return False
         plain = {k: v for k, v in vars(module).items() if k not in _MODULE_INTERNALS}
-        if plain.keys() != attrs.keys() or any(not _same_value(plain[k], v) or _items(plain[k]) != items
-                                               for k, (v, items) in attrs.items()):
+        if plain.keys() != attrs.keys() or any(
+            not _same_value(plain[k], v) or _items(plain[k]) != items for k, (v, items) in attrs.items()
+        ):
             return False
     return True
 
@@ -426,9 +469,17 @@ def _release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _replay_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any], step: int | None,
-                settings: Settings, kwargs: Mapping[str, Any], twin: bool) -> ReplayRecord:
-    """Build, check and probe one checkpoint; its record, built here once (an error record when it cannot be replayed)."""
+def _replay_one(
+    info: CheckpointInfo,
+    loader: ModelLoader,
+    batches: Sequence[Any],
+    step: int | None,
+    settings: Settings,
+    kwargs: Mapping[str, Any],
+    twin: bool,
+) -> ReplayRecord:
+    """Build, check and probe one checkpoint; its record, built here once (an error record
+    when it cannot be replayed)."""
     from satmon.model.map import model_map
     from satmon.probing.passes import probe
 
@@ -443,13 +494,17 @@ def _replay_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any
             bad = nonfinite_parameters(model)
             if bad:
                 nonfinite = sum(bad.values())
-                notes.append(f"{nonfinite:,} non-finite (NaN/inf) parameter element(s) in "
-                             + ", ".join(f"{n} ({c:,})" for n, c in list(bad.items())[:6]) + ("..." if len(bad) > 6 else ""))
+                notes.append(
+                    f"{nonfinite:,} non-finite (NaN/inf) parameter element(s) in "
+                    + ", ".join(f"{n} ({c:,})" for n, c in list(bad.items())[:6])
+                    + ("..." if len(bad) > 6 else "")
+                )
             # the twin only feeds the LayerNorm/RMSNorm init-gap: a DyT-only model skips it (half the cost); the model
             # map is read once here, and the probe reads the same (cached) map
             twin_model = loader.twin(info) if twin and model_map(model).layers(("layernorm", "rmsnorm")) else None
-            report = probe(model, batches, settings=settings, twin=twin_model, step=int(step or 0), source=Source.REPLAY,
-                           **kwargs)
+            report = probe(
+                model, batches, settings=settings, twin=twin_model, step=int(step or 0), source=Source.REPLAY, **kwargs
+            )
             seconds = round(time.perf_counter() - t0, 3)
         except (FileChanged, CorruptFile) as e:
             error, report = str(e), None
@@ -459,9 +514,16 @@ def _replay_one(info: CheckpointInfo, loader: ModelLoader, batches: Sequence[Any
             if report is None:  # whatever failed, the next checkpoint gets models built afresh
                 loader.forget()
             del model, twin_model  # the loader keeps one model per architecture for the next checkpoint
-    return ReplayRecord(checkpoint=printable(str(info.path)), global_step=step, report=report, seconds=seconds,
-                        weights_only=info.weights_only, nonfinite_weights=nonfinite, notes=tuple(map(printable, notes)),
-                        error=None if error is None else printable(error))
+    return ReplayRecord(
+        checkpoint=printable(str(info.path)),
+        global_step=step,
+        report=report,
+        seconds=seconds,
+        weights_only=info.weights_only,
+        nonfinite_weights=nonfinite,
+        notes=tuple(map(printable, notes)),
+        error=None if error is None else printable(error),
+    )
 
 
 def checkpoint_records(
@@ -502,7 +564,8 @@ def checkpoint_records(
         >>> net = lambda: torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
         >>> f = os.path.join(tempfile.mkdtemp(), "w.pt")
         >>> torch.save({"model": net().state_dict(), "iter_num": 5}, f)
-        >>> (record,) = checkpoint_records([inspect_checkpoint(f)], ModelLoader(factory=net), [torch.randn(8, 4)], twin=False)
+        >>> batches = [torch.randn(8, 4)]
+        >>> (record,) = checkpoint_records([inspect_checkpoint(f)], ModelLoader(factory=net), batches, twin=False)
         >>> record.global_step, record.error, record.report.layers["1"].kind
         (5, None, 'layernorm')
     """
@@ -543,8 +606,11 @@ def summary_row(record: ReplayRecord | Mapping[str, Any]) -> dict[str, Any]:
             decision += f" ({verdict['trust']})"
     sigma = rec.get("sigma_min") or {}
     ratios = [r for r in (sigma.get("ratios") or []) if isinstance(r, (int, float)) and r == r]
-    aligns = [v["alignment"] for v in (rec.get("layers") or {}).values()
-              if isinstance(v, Mapping) and isinstance(v.get("alignment"), (int, float))]
+    aligns = [
+        v["alignment"]
+        for v in (rec.get("layers") or {}).values()
+        if isinstance(v, Mapping) and isinstance(v.get("alignment"), (int, float))
+    ]
     norm_type = rec.get("norm_type")
     if isinstance(norm_type, Mapping):
         norm_type = norm_type.get("type") or norm_type.get("norm_type")
@@ -553,12 +619,19 @@ def summary_row(record: ReplayRecord | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(sat, Mapping):
         sat = sat.get("pooled")
     weights, inputs = int(rec.get("nonfinite_weights") or 0), int(verdict.get("nonfinite") or 0)
-    nonfinite = ", ".join(t for t in (f"{weights:,} weights" if weights else "", f"{inputs:,} DyT inputs" if inputs else "") if t)
+    nonfinite = ", ".join(
+        t for t in (f"{weights:,} weights" if weights else "", f"{inputs:,} DyT inputs" if inputs else "") if t
+    )
     return {
-        "step": rec.get("global_step"), "name": Path(str(rec["checkpoint"])).name,
-        "saturation": float(sat) if isinstance(sat, (int, float)) else None, "decision": decision,
-        "margin": verdict.get("margin"), "norm_type": norm_type, "min_ratio": sigma.get("min_ratio", min(ratios) if ratios else None),
-        "min_alignment": min(aligns) if aligns else None, "nonfinite": nonfinite or None,
-        "seconds": rec.get("seconds"), "error": rec.get("error"),
+        "step": rec.get("global_step"),
+        "name": Path(str(rec["checkpoint"])).name,
+        "saturation": float(sat) if isinstance(sat, (int, float)) else None,
+        "decision": decision,
+        "margin": verdict.get("margin"),
+        "norm_type": norm_type,
+        "min_ratio": sigma.get("min_ratio", min(ratios) if ratios else None),
+        "min_alignment": min(aligns) if aligns else None,
+        "nonfinite": nonfinite or None,
+        "seconds": rec.get("seconds"),
+        "error": rec.get("error"),
     }
-

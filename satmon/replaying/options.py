@@ -102,9 +102,13 @@ def options_of(options: ReplayOptions | None, changes: Mapping[str, Any]) -> Rep
         satmon.replaying.user_code.ReplayUsageError: Expected options of ReplayOptions (model, data...), got 'batchs'.
     """
     if options is not None and not isinstance(options, ReplayOptions):
-        raise ReplayUsageError(f"Expected options to be a ReplayOptions, got {type(options).__name__}: build one with "
-                               "satmon.replaying.options.ReplayOptions(...) or pass the options by name.")
+        raise ReplayUsageError(
+            f"Expected options to be a ReplayOptions, got {type(options).__name__}: build one with "
+            "satmon.replaying.options.ReplayOptions(...) or pass the options by name."
+        )
     unknown = [k for k in changes if k not in ReplayOptions.names()]
     if unknown:
-        raise ReplayUsageError(f"Expected options of ReplayOptions (model, data...), got {', '.join(map(repr, unknown))}.")
+        raise ReplayUsageError(
+            f"Expected options of ReplayOptions (model, data...), got {', '.join(map(repr, unknown))}."
+        )
     return dataclasses.replace(options or ReplayOptions(), **changes)

@@ -18,8 +18,17 @@ from typing import Any
 
 from satmon.replaying.user_code import ReplayUsageError, printable
 
-__all__ = ["Outputs", "check_folder", "check_outputs", "check_utf8", "live_lines", "nonfinite_lines", "run_writes",
-           "unverified", "write_report"]
+__all__ = [
+    "Outputs",
+    "check_folder",
+    "check_outputs",
+    "check_utf8",
+    "live_lines",
+    "nonfinite_lines",
+    "run_writes",
+    "unverified",
+    "write_report",
+]
 
 
 @dataclass
@@ -61,11 +70,15 @@ def check_utf8(option: str, value: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise ReplayUsageError(f"Expected {option} to be a UTF-8 name (TensorBoard, JSON and markdown write only those), "
-                               f"got '{printable(value)}': pass another name.") from None
+        raise ReplayUsageError(
+            f"Expected {option} to be a UTF-8 name (TensorBoard, JSON and markdown write only those), "
+            f"got '{printable(value)}': pass another name."
+        ) from None
     if not value.isprintable():
-        raise ReplayUsageError(f"Expected {option} to be a name without control characters (every line naming it would "
-                               f"send them to the terminal), got '{printable(value)}': pass another name.")
+        raise ReplayUsageError(
+            f"Expected {option} to be a name without control characters (every line naming it would "
+            f"send them to the terminal), got '{printable(value)}': pass another name."
+        )
 
 
 def check_folder(option: str, value: str, beneath: Sequence[str | os.PathLike] = ()) -> Path:
@@ -73,16 +86,19 @@ def check_folder(option: str, value: str, beneath: Sequence[str | os.PathLike] =
     under a file or a read-only folder, or with no room beneath it for ``beneath`` (the paths satmon writes there).
 
     Example:
-        >>> check_folder("--logdir", "")
+        >>> check_folder("--logdir", "")  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        satmon.replaying.user_code.ReplayUsageError: Expected --logdir to name a folder, got an empty name: pass a path such as satmon_logs.
+        satmon.replaying.user_code.ReplayUsageError: Expected --logdir to name a folder, got an empty name:
+        pass a path such as satmon_logs.
     """
     from satmon.io.atomic import OutputError, check_name_lengths, room
     from satmon.paths import kind_of, kind_phrase, not_a_folder
 
     if not value.strip():
-        raise ReplayUsageError(f"Expected {option} to name a folder, got an empty name: pass a path such as satmon_logs.")
+        raise ReplayUsageError(
+            f"Expected {option} to name a folder, got an empty name: pass a path such as satmon_logs."
+        )
     check_utf8(option, value)
     path = Path(value)  # literally: no ~ or $VAR expansion (what is checked is what is written)
     try:
@@ -91,15 +107,20 @@ def check_folder(option: str, value: str, beneath: Sequence[str | os.PathLike] =
     except OutputError as e:
         raise ReplayUsageError(str(e)) from None
     if (said := not_a_folder(path)) is not None:  # a file, a FIFO, a device, a link to one, a symlink loop
-        raise ReplayUsageError(f"Expected {option} {value!r} to be a folder, got {said}: pass a folder path (it is created "
-                               "if missing).")
+        raise ReplayUsageError(
+            f"Expected {option} {value!r} to be a folder, got {said}: pass a folder path (it is created if missing)."
+        )
     existing = next((a for a in (path, *path.parents) if os.path.lexists(a)), Path("."))  # a broken link or loop too
     if kind_of(existing).kind != "folder":
-        raise ReplayUsageError(f"Expected {option} {value!r} under a folder, got {kind_phrase(existing)} at "
-                               f"{str(existing)!r}: pass a path in a writable folder.")
+        raise ReplayUsageError(
+            f"Expected {option} {value!r} under a folder, got {kind_phrase(existing)} at "
+            f"{str(existing)!r}: pass a path in a writable folder."
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ReplayUsageError(f"{option} {value!r}: cannot write there: no write permission on {str(existing)!r}. "
-                               "Pass a path in a writable folder.")
+        raise ReplayUsageError(
+            f"{option} {value!r}: cannot write there: no write permission on {str(existing)!r}. "
+            "Pass a path in a writable folder."
+        )
     return path
 
 
@@ -127,41 +148,60 @@ def _check_tensorboard(logdir: str | os.PathLike | None, name: str | None, sourc
     check_utf8("--name", run_name)
     parts = Path(run_name).parts
     if not run_name.strip() or Path(run_name).is_absolute() or any(p in ("..", ".") for p in parts):
-        raise ReplayUsageError(f"Expected --name to be a run name such as 'replay' (a relative path without '.' or '..'), "
-                               f"got {run_name!r}.")
+        raise ReplayUsageError(
+            f"Expected --name to be a run name such as 'replay' (a relative path without '.' or '..'), "
+            f"got {run_name!r}."
+        )
     run = root / run_name
     named = name is None and bool(source)
     if os.path.lexists(run) and not os.path.isdir(run):  # a file, a socket, a FIFO, a broken link...: named by kind
         from satmon.paths import kind_phrase
 
-        raise ReplayUsageError(f"Expected --logdir/--name {str(run)!r} to be a folder (the TensorBoard run folder goes "
-                               f"there), got {kind_phrase(run)}: pass another --name or --logdir.")
+        raise ReplayUsageError(
+            f"Expected --logdir/--name {str(run)!r} to be a folder (the TensorBoard run folder goes "
+            f"there), got {kind_phrase(run)}: pass another --name or --logdir."
+        )
     from satmon.io.atomic import room
 
     try:  # room beneath for what the run writes (version_N, TensorBoard's event file), said of the longer part
         try:
-            room("--logdir/--name" if len(run_name) > len(os.fspath(logdir)) else "--logdir", root,
-                 run_writes(root, run_name, named), "--name (without one the run is named 'replay of RUN')")
+            room(
+                "--logdir/--name" if len(run_name) > len(os.fspath(logdir)) else "--logdir",
+                root,
+                run_writes(root, run_name, named),
+                "--name (without one the run is named 'replay of RUN')",
+            )
         except OutputError:
             from satmon.paths import length_problem
 
             for part in Path(run_name).parts:  # a name of the run's over NAME_MAX: said of that name
                 if (problem := length_problem(part)) is not None:
-                    raise OutputError(f"Expected --name to be a run name whose names fit the file system, got {problem}: "
-                                      "pass a shorter --name.") from None
+                    raise OutputError(
+                        f"Expected --name to be a run name whose names fit the file system, got {problem}: "
+                        "pass a shorter --name."
+                    ) from None
             raise
     except OutputError as e:
         raise ReplayUsageError(str(e)) from None
     check_folder("--logdir/--name", str(run))  # a folder or nothing there; writable where it exists
     real_logdir, real_run = os.path.realpath(root), os.path.realpath(run)
     if os.path.commonpath([real_logdir, real_run]) != real_logdir:  # checked where it resolves, as it is written
-        raise ReplayUsageError(f"Expected --name {run_name!r} to stay under --logdir, got {str(run)!r}, which resolves to "
-                               f"{real_run!r} (a symlink out of it): pass another --name.")
+        raise ReplayUsageError(
+            f"Expected --name {run_name!r} to stay under --logdir, got {str(run)!r}, which resolves to "
+            f"{real_run!r} (a symlink out of it): pass another --name."
+        )
     return Outputs(logdir=root, name="replay" if named else run_name, source=source if named else None)
 
 
-def check_outputs(*, logdir: str | os.PathLike | None, name: str | None, source: str | None, json: str | os.PathLike | None,
-                  report: str | os.PathLike | None, data: str | os.PathLike | None) -> Outputs:
+def check_outputs(
+    *,
+    logdir: str | os.PathLike | None,
+    name: str | None,
+    source: str | None,
+    json: str | os.PathLike | None,
+    report: str | os.PathLike | None,
+    data: str | os.PathLike | None,
+) -> Outputs:
     """Check every output path before any work: the TensorBoard folder and run name (``replay of SOURCE`` when
     ``name`` is ``None`` and the source run has a name), ``json`` and its partial file, ``report`` and its plots;
     none may be the ``data`` file.
@@ -173,12 +213,17 @@ def check_outputs(*, logdir: str | os.PathLike | None, name: str | None, source:
     from satmon.io.markdown import PLOTS, report_paths
 
     out = _check_tensorboard(logdir, name, source)
-    given = {"--json": None if json is None else os.fspath(json), "--report": None if report is None else os.fspath(report)}
+    given = {
+        "--json": None if json is None else os.fspath(json),
+        "--report": None if report is None else os.fspath(report),
+    }
 
     def beside(path: Path, what: str, option: str, resolve: bool = True) -> Path:
         if path.is_dir():
-            raise ReplayUsageError(f"{option} {given[option]!r}: {str(path)!r} is a folder, where {what} goes: move it "
-                                   f"away or pass another {option}.")
+            raise ReplayUsageError(
+                f"{option} {given[option]!r}: {str(path)!r} is a folder, where {what} goes: move it "
+                f"away or pass another {option}."
+            )
         checked = check_output(path, f"{option}'s {what}")
         return _resolved(checked) if resolve else checked
 
@@ -189,8 +234,12 @@ def check_outputs(*, logdir: str | os.PathLike | None, name: str | None, source:
         if given["--json"] is not None:
             out.json = _resolved(check_output(given["--json"], "--json", (".json", ".jsonl")))
             # satmon's own file: its name is replaced, never resolved (a symlink there points at a file of the user's)
-            out.partial = beside(out.json.with_name(out.json.name + ".partial.jsonl"), "the file of partial records",
-                                 "--json", resolve=False)
+            out.partial = beside(
+                out.json.with_name(out.json.name + ".partial.jsonl"),
+                "the file of partial records",
+                "--json",
+                resolve=False,
+            )
         if given["--report"] is not None:
             out.report = _resolved(check_output(given["--report"], "--report", (".md",)))
             out.plots = [beside(p, f"its {n} plot", "--report") for p, n in zip(report_paths(out.report)[1:], PLOTS)]
@@ -200,11 +249,17 @@ def check_outputs(*, logdir: str | os.PathLike | None, name: str | None, source:
         if target is not None and target.exists():
             out.existed.add(target)
     real_data = os.path.realpath(data) if data is not None else None
-    for option, target in (("--json", out.json), ("--json", out.partial), ("--report", out.report),
-                           *(("--report", plot) for plot in out.plots)):
+    for option, target in (
+        ("--json", out.json),
+        ("--json", out.partial),
+        ("--report", out.report),
+        *(("--report", plot) for plot in out.plots),
+    ):
         if target is not None and real_data is not None and os.path.realpath(target) == real_data:
-            raise ReplayUsageError(f"Expected {option} to write another file than --data {os.fspath(data)!r}, got the same "
-                                   "file: it would be replaced by the replay's outputs. Pass another name.")
+            raise ReplayUsageError(
+                f"Expected {option} to write another file than --data {os.fspath(data)!r}, got the same "
+                "file: it would be replaced by the replay's outputs. Pass another name."
+            )
     if out.report is not None:
         from satmon.io.markdown import require_matplotlib
 
@@ -267,9 +322,11 @@ def nonfinite_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     bad = [r for r in rows if r["nonfinite"]]
     if not bad:
         return []
-    return [f"Non-finite values (NaN/inf) in {len(bad)} replayed checkpoint(s): "
-            + "; ".join(f"step {r['step']} {r['name']}: {r['nonfinite']}" for r in bad)
-            + ". The run diverged there: the saturation rule does not apply (exit code 3)."]
+    return [
+        f"Non-finite values (NaN/inf) in {len(bad)} replayed checkpoint(s): "
+        + "; ".join(f"step {r['step']} {r['name']}: {r['nonfinite']}" for r in bad)
+        + ". The run diverged there: the saturation rule does not apply (exit code 3)."
+    ]
 
 
 def unverified(ordered: Sequence[Any]) -> str:
@@ -278,13 +335,26 @@ def unverified(ordered: Sequence[Any]) -> str:
     if not names:
         return ""
     shown = ", ".join(printable(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    return (f"{len(names)} checkpoint(s) record no checksum ({shown}: .safetensors, or torch files older than its zip "
-            "format): damaged bytes in them cannot be detected, only a damaged structure.")
+    return (
+        f"{len(names)} checkpoint(s) record no checksum ({shown}: .safetensors, or torch files older than its zip "
+        "format): damaged bytes in them cannot be detected, only a damaged structure."
+    )
 
 
-def write_report(out: Outputs, records: Sequence[Any], dicts: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], *,
-                 settings: Any, code: str, device: str, dtype: str, data_text: str, log_dir: Path | None,
-                 notes: Sequence[str]) -> list[Path]:
+def write_report(
+    out: Outputs,
+    records: Sequence[Any],
+    dicts: Sequence[dict[str, Any]],
+    rows: Sequence[dict[str, Any]],
+    *,
+    settings: Any,
+    code: str,
+    device: str,
+    dtype: str,
+    data_text: str,
+    log_dir: Path | None,
+    notes: Sequence[str],
+) -> list[Path]:
     """The markdown report (and its plots) at ``out.report``, each replaced only by a complete file; the paths written.
 
     The threshold and the level are the replay's :class:`satmon.Settings`' (the rule every checkpoint was read with).
@@ -294,7 +364,8 @@ def write_report(out: Outputs, records: Sequence[Any], dicts: Sequence[dict[str,
 
     ok = [r for r in rows if r["error"] is None]
     last = next((r for r in reversed(records) if r.verdict is not None), None)
-    counted = cut_off(last.verdict) if last is not None else f"|alpha x| > {settings.level:g}"  # erf/hardtanh: their own
+    # erf/hardtanh: their own
+    counted = cut_off(last.verdict) if last is not None else f"|alpha x| > {settings.level:g}"
     intro = [
         f"Model `{code}`; {len(ok)} of {len(rows)} checkpoint(s) replayed on {device} "
         f"({dtype} forward, float64 statistics); calibration: {data_text}.",
@@ -304,5 +375,11 @@ def write_report(out: Outputs, records: Sequence[Any], dicts: Sequence[dict[str,
     if live:
         intro += ["", *live]
     assert out.report is not None
-    return write_markdown(out.report, list(dicts), list(rows), threshold=settings.rule.threshold, intro=intro,
-                          last_card=None if last is None else last.card())
+    return write_markdown(
+        out.report,
+        list(dicts),
+        list(rows),
+        threshold=settings.rule.threshold,
+        intro=intro,
+        last_card=None if last is None else last.card(),
+    )

@@ -48,7 +48,9 @@ def _read_from_files(entry: str) -> bool:
                 break
             except ImportError:
                 continue
-    return finder is None or isinstance(finder, importlib.machinery.FileFinder) or type(finder).__name__ == "zipimporter"
+    return (
+        finder is None or isinstance(finder, importlib.machinery.FileFinder) or type(finder).__name__ == "zipimporter"
+    )
 
 
 def _from_pythonpath(cwd: str) -> set[str]:
@@ -97,7 +99,9 @@ def no_working_directory() -> Iterator[list[str]]:
     saved = list(sys.path)
     cwd = os.path.realpath(os.getcwd()) if os.path.isdir(".") else ""
     implicit = _from_pythonpath(cwd) if cwd else set()
-    ignored = [e for i, e in enumerate(saved) if isinstance(e, str) and _names_the_working_directory(e, i, cwd, implicit)]
+    ignored = [
+        e for i, e in enumerate(saved) if isinstance(e, str) and _names_the_working_directory(e, i, cwd, implicit)
+    ]
     sys.path[:] = [e for e in saved if not (isinstance(e, str) and e in ignored)]
     _IGNORED[:] = ignored
     try:
@@ -181,8 +185,9 @@ def import_object(spec: str, option: str = "--model", example: str = "mypkg.mode
     for part in attr.split("."):
         if not hasattr(obj, part):
             public = sorted(n for n in dir(module) if not n.startswith("_"))[:15]
-            raise ReplayUsageError(f"{option} {spec}: {source!r} has no attribute {attr!r} "
-                                   f"(it has {', '.join(public)}...). {hint}.")
+            raise ReplayUsageError(
+                f"{option} {spec}: {source!r} has no attribute {attr!r} (it has {', '.join(public)}...). {hint}."
+            )
         obj = getattr(obj, part)
     return obj
 
@@ -196,13 +201,18 @@ def _import_module(name: str, option: str, spec: str, hint: str) -> Any:
         if e.name is None or not (name == e.name or name.startswith(e.name + ".")):  # it imports something missing
             raise ReplayUsageError(f"{option} {spec}: importing {name!r} failed: {error_line(e)}") from e
         local = Path(*name.split(".")).with_suffix(".py")
-        tip = (f" There is a {local} in the working directory, which satmon does not search: pass {option} "
-               f"{local}:{spec.rpartition(':')[2]}, or put its folder on PYTHONPATH (as an absolute path)." if local.is_file()
-               else " The working directory is not searched: install the package, set PYTHONPATH, or pass the file path.")
+        tip = (
+            f" There is a {local} in the working directory, which satmon does not search: pass {option} "
+            f"{local}:{spec.rpartition(':')[2]}, or put its folder on PYTHONPATH (as an absolute path)."
+            if local.is_file()
+            else " The working directory is not searched: install the package, set PYTHONPATH, or pass the file path."
+        )
         if _IGNORED:
-            tip += (f" (satmon ignored the sys.path entries {', '.join(repr(e) for e in _IGNORED[:4])}: they name the "
-                    "working directory or a folder of it, from an empty, '.' or relative PYTHONPATH entry or python -m; "
-                    "give PYTHONPATH absolute paths.)")
+            tip += (
+                f" (satmon ignored the sys.path entries {', '.join(repr(e) for e in _IGNORED[:4])}: they name the "
+                "working directory or a folder of it, from an empty, '.' or relative PYTHONPATH entry or python -m; "
+                "give PYTHONPATH absolute paths.)"
+            )
         raise ReplayUsageError(f"{option} {spec}: cannot import module {name!r} ({e}).{tip} {hint}.") from e
     except Exception as e:  # the user's module raised while importing
         raise ReplayUsageError(f"{option} {spec}: importing {name!r} failed: {error_line(e)}") from e
@@ -216,8 +226,9 @@ def _load_file(source: str, option: str, spec: str, hint: str) -> Any:
     if kind.kind == "missing":
         raise ReplayUsageError(f"{option} {spec}: no such file {source!r}. {hint}.")
     if not kind.regular:
-        raise ReplayUsageError(f"{option} {spec[:240]}: expected a regular .py file, got {kind.describe()} (it was not "
-                               f"opened). {hint}.")
+        raise ReplayUsageError(
+            f"{option} {spec[:240]}: expected a regular .py file, got {kind.describe()} (it was not opened). {hint}."
+        )
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]  # two model.py files stay two modules
     name = f"satmon_user_code_{path.stem}_{digest}"
     loaded = importlib.util.spec_from_file_location(name, path)

@@ -72,17 +72,21 @@ class Calibration:
 
     @property
     def no_skill(self) -> float | None:
-        """Guessing the commoner outcome on the calibration's cells (``None`` when the file does not say how many helped)."""
+        """Guessing the commoner outcome on the calibration's cells (``None`` when the file
+        does not say how many helped)."""
         if self.helps < 0 or self.n <= 0 or self.helps > self.n:
             return None
         return max(self.helps, self.n - self.helps) / self.n
 
     def caveat(self) -> str:
         """The provenance line for the verdict card."""
-        return (f"Caveat: threshold {self.threshold:.4g} was fit by `satmon calibrate` ({self.rule} rule, {self.metric}) on "
-                f"{self.n} cells in {self.groups} groups ({self.source or 'user cells'}): {self.accuracy:.0%} in-sample, "
-                f"{self.loso_accuracy:.0%} leave-one-group-out, AUC {self.auc:.2f}. A measurement on those runs, not a "
-                "guarantee for others.")
+        return (
+            f"Caveat: threshold {self.threshold:.4g} was fit by `satmon calibrate` "
+            f"({self.rule} rule, {self.metric}) on "
+            f"{self.n} cells in {self.groups} groups ({self.source or 'user cells'}): {self.accuracy:.0%} in-sample, "
+            f"{self.loso_accuracy:.0%} leave-one-group-out, AUC {self.auc:.2f}. A measurement on those runs, not a "
+            "guarantee for others."
+        )
 
 
 def short_repr(value: Any, limit: int = 80) -> str:
@@ -115,54 +119,80 @@ def load_calibration(path: str | os.PathLike) -> Calibration:
         (0.45, 'saturation', 0.75)
     """
     if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
-        raise CalibrationError(f"Expected a path to a calibration.json or a Calibration, got {short_repr(path)} "
-                               f"({type(path).__name__}): pass the file `satmon calibrate` wrote (OUT/calibration.json).")
+        raise CalibrationError(
+            f"Expected a path to a calibration.json or a Calibration, got {short_repr(path)} "
+            f"({type(path).__name__}): pass the file `satmon calibrate` wrote (OUT/calibration.json)."
+        )
     try:
         given = os.fspath(path)
     except TypeError as e:  # an os.PathLike whose __fspath__ returns no str
         raise CalibrationError(f"Expected a path to a calibration.json, got {short_repr(path)}: {e}.") from None
     if not isinstance(given, str) or not given.strip():
-        raise CalibrationError(f"Expected a path to a calibration.json, got {short_repr(given, 240)}: pass OUT/calibration.json of "
-                               "`satmon calibrate ... --out OUT`.")
+        raise CalibrationError(
+            f"Expected a path to a calibration.json, got {short_repr(given, 240)}: pass OUT/calibration.json of "
+            "`satmon calibrate ... --out OUT`."
+        )
     path = Path(given)
     kind = kind_of(path)  # by lstat/stat: a FIFO, a socket, a device or a link to one is named, never opened
     found, size = kind.regular, kind.st.st_size if kind.regular and kind.st is not None else 0
     what = {"folder": "a folder", "missing": "no file"}.get(kind.kind, kind.describe())
     if not found:
-        raise CalibrationError(f"Expected a calibration JSON written by `satmon calibrate`, got {what} at {short_repr(given, 240)}: "
-                               "pass OUT/calibration.json of `satmon calibrate ... --out OUT`.")
+        raise CalibrationError(
+            f"Expected a calibration JSON written by `satmon calibrate`, got {what} at {short_repr(given, 240)}: "
+            "pass OUT/calibration.json of `satmon calibrate ... --out OUT`."
+        )
     if size > MAX_BYTES:
-        raise CalibrationError(f"Expected a calibration JSON written by `satmon calibrate` at {short_repr(given, 240)}, got a file of "
-                               f"{size / 2**20:,.0f} MiB (a calibration is a few KiB): pass the calibration.json itself.")
+        raise CalibrationError(
+            f"Expected a calibration JSON written by `satmon calibrate` at {short_repr(given, 240)}, got a file of "
+            f"{size / 2**20:,.0f} MiB (a calibration is a few KiB): pass the calibration.json itself."
+        )
     try:
         with os.fdopen(open_regular(path), "rb") as f:  # without blocking: a FIFO put there since is not read
             raw = f.read(MAX_BYTES + 1)
     except NotRegular as e:
-        raise CalibrationError(f"Expected a calibration JSON at {short_repr(given, 240)}, got {e.kind.describe()}: pass "
-                               "OUT/calibration.json of `satmon calibrate ... --out OUT`.") from None
+        raise CalibrationError(
+            f"Expected a calibration JSON at {short_repr(given, 240)}, got {e.kind.describe()}: pass "
+            "OUT/calibration.json of `satmon calibrate ... --out OUT`."
+        ) from None
     except OSError as e:
-        raise CalibrationError(f"Expected a readable calibration JSON at {short_repr(given, 240)}, got {type(e).__name__}: "
-                               f"{e.strerror or e}: check that the file can be read (its permissions).") from None
+        raise CalibrationError(
+            f"Expected a readable calibration JSON at {short_repr(given, 240)}, got {type(e).__name__}: "
+            f"{e.strerror or e}: check that the file can be read (its permissions)."
+        ) from None
     try:
         text = raw.decode("utf-8-sig")  # a byte-order mark is read, not refused
     except UnicodeDecodeError as e:
-        raise CalibrationError(f"Expected a calibration JSON (UTF-8 text) written by `satmon calibrate` at {short_repr(given, 240)}, got "
-                               f"a binary file (byte {raw[e.start]:#04x} at offset {e.start} is not UTF-8): pass the "
-                               "calibration.json itself, not another file.") from None
+        raise CalibrationError(
+            f"Expected a calibration JSON (UTF-8 text) written by `satmon calibrate` at {short_repr(given, 240)}, got "
+            f"a binary file (byte {raw[e.start]:#04x} at offset {e.start} is not UTF-8): pass the "
+            "calibration.json itself, not another file."
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise CalibrationError(f"Expected a calibration JSON written by `satmon calibrate` at {short_repr(given, 240)}, got a parse error: {e}.") from None
+        raise CalibrationError(
+            "Expected a calibration JSON written by `satmon calibrate` at "
+            f"{short_repr(given, 240)}, got a parse error: {e}."
+        ) from None
     except RecursionError:
-        raise CalibrationError(f"Expected a calibration JSON written by `satmon calibrate` at {short_repr(given, 240)}, got nesting too deep "
-                               "to read: it is not a satmon calibration.") from None
+        raise CalibrationError(
+            "Expected a calibration JSON written by `satmon calibrate` at "
+            f"{short_repr(given, 240)}, got nesting too deep "
+            "to read: it is not a satmon calibration."
+        ) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise CalibrationError(f"Expected format {FORMAT!r} in {short_repr(given, 240)}, got {short_repr(got)}: write it with `satmon calibrate`.")
+        raise CalibrationError(
+            f"Expected format {FORMAT!r} in {short_repr(given, 240)}, got {short_repr(got)}: write "
+            "it with `satmon calibrate`."
+        )
     t = data.get("threshold")
     if isinstance(t, bool) or not (isinstance(t, (int, float)) and 0.0 < t < 1.0):
-        raise CalibrationError(f"Expected a threshold in (0, 1) in {short_repr(given, 240)}, got {short_repr(t)}: the fit predicts one class for "
-                               "every cell, so it cannot screen; add runs from both regimes and calibrate again.")
+        raise CalibrationError(
+            f"Expected a threshold in (0, 1) in {short_repr(given, 240)}, got {short_repr(t)}: the "
+            "fit predicts one class for "
+            "every cell, so it cannot screen; add runs from both regimes and calibrate again."
+        )
     return calibration_from_payload(data, path)
 
 
@@ -178,11 +208,25 @@ def calibration_from_payload(data: Mapping[str, Any], path: str | os.PathLike) -
     try:
         auc_value, t = data.get("auc"), data["threshold"]
         return Calibration(
-            float(t), str(data.get("rule", "")), str(data.get("metric", "saturation")), int(data.get("n", 0)),
-            int(data.get("groups", 0)), float(data.get("accuracy") or 0.0), float(data.get("loso_accuracy") or 0.0),
-            math.nan if auc_value is None else float(auc_value), str(prov.get("source", "")),
-            str(prov.get("created", "")), str(prov.get("satmon_version", "")), str(path),
-            int(data["helps"]) if isinstance(data.get("helps"), int) and not isinstance(data.get("helps"), bool) else -1)
+            float(t),
+            str(data.get("rule", "")),
+            str(data.get("metric", "saturation")),
+            int(data.get("n", 0)),
+            int(data.get("groups", 0)),
+            float(data.get("accuracy") or 0.0),
+            float(data.get("loso_accuracy") or 0.0),
+            math.nan if auc_value is None else float(auc_value),
+            str(prov.get("source", "")),
+            str(prov.get("created", "")),
+            str(prov.get("satmon_version", "")),
+            str(path),
+            int(data["helps"])
+            if isinstance(data.get("helps"), int) and not isinstance(data.get("helps"), bool)
+            else -1,
+        )
     except (TypeError, ValueError, KeyError, OverflowError) as e:
-        raise CalibrationError(f"Expected numbers for threshold, n, groups, accuracy, loso_accuracy and auc in {short_repr(str(path), 240)}, "
-                               f"got {type(e).__name__}: {str(e)[:120]}: write the file with `satmon calibrate`.") from None
+        raise CalibrationError(
+            "Expected numbers for threshold, n, groups, accuracy, loso_accuracy and auc in "
+            f"{short_repr(str(path), 240)}, "
+            f"got {type(e).__name__}: {str(e)[:120]}: write the file with `satmon calibrate`."
+        ) from None

@@ -32,32 +32,32 @@ __all__ = ["FLAG_TEXT", "TRUST_TEXT", "card", "cut_off", "evidence", "headline",
 #: What each flag means, in the card. Flags sit beside the study's rule; they never change the decision.
 FLAG_TEXT = {
     "stalled-loss": "saturation at or above the threshold while the training loss stopped improving over the "
-                    "window's second half: the stalled-run pattern (docs/guides/faq.md), which the study's cells were "
-                    "not "
-                    "read for; the offset reading and the loss say whether the model learns.",
+    "window's second half: the stalled-run pattern (docs/guides/faq.md), which the study's cells were "
+    "not "
+    "read for; the offset reading and the loss say whether the model learns.",
     "offset-driven": "most of the saturation comes from per-channel constants in the DyT inputs (each channel sits on "
-                     "an offset far above its token-to-token spread), not from informative activations: the "
-                     "stalled-run "
-                     "pattern (docs/guides/faq.md), which the study's cells were not read for.",
+    "an offset far above its token-to-token spread), not from informative activations: the "
+    "stalled-run "
+    "pattern (docs/guides/faq.md), which the study's cells were not read for.",
 }
 #: What each trust value means, in the card (docs/science/science.md, "How far to trust a verdict").
 TRUST_TEXT = {
     "ok": "the rule forecasts on held-out cells ({evidence}) and nothing satmon measured undercuts the decision; the "
-          "caveat below still applies.",
+    "caveat below still applies.",
     "uncalibrated": "the screened layers apply {functions}, for which no threshold was calibrated: the study's "
-                    "{threshold:g} "
-                    "and its collapse rule were fit on DyT (tanh) only. Read the saturation as a measurement; "
-                    "calibrate "
-                    "a threshold on your own runs with `satmon calibrate`, or pass `threshold=`.",
+    "{threshold:g} "
+    "and its collapse rule were fit on DyT (tanh) only. Read the saturation as a measurement; "
+    "calibrate "
+    "a threshold on your own runs with `satmon calibrate`, or pass `threshold=`.",
     "flagged": "the flags below say the saturation comes from a pattern the study's cells were not read for.",
     "partial": "training ended after {window} of the {planned} window steps: the verdict is provisional. Resuming "
-               "from a checkpoint continues the window; or lower `window`.",
+    "from a checkpoint continues the window; or lower `window`.",
     "inconclusive": "the margin {margin:+.4f} is within {band:g} of the threshold, where the study's cells disagree "
-                    "(0.4135 hurt, 0.4662 helped).",
+    "(0.4135 hurt, 0.4662 helped).",
     "unproven": "{unproven} So the decision says where the saturation sits against the threshold: a measurement, not a "
-                "forecast of DyT's effect. A threshold fitted on your own runs with `satmon calibrate` whose "
-                "leave-one-group-out record beats guessing the commoner outcome by a one-sided exact binomial test "
-                "(p < 0.05) reads as a forecast.",
+    "forecast of DyT's effect. A threshold fitted on your own runs with `satmon calibrate` whose "
+    "leave-one-group-out record beats guessing the commoner outcome by a one-sided exact binomial test "
+    "(p < 0.05) reads as a forecast.",
 }
 
 
@@ -93,8 +93,11 @@ def evidence(v: Verdict) -> str:
     """
     held, guess, _ = v.rule.evidence()
     if held is None:
-        return "no held-out accuracy: a threshold given without calibration" if v.rule.threshold_source == "user" else (
-            "no held-out accuracy recorded for this threshold")
+        return (
+            "no held-out accuracy: a threshold given without calibration"
+            if v.rule.threshold_source == "user"
+            else ("no held-out accuracy recorded for this threshold")
+        )
     if guess is None:
         return f"held-out accuracy {held:.0%}, no baseline recorded to compare it with"
     return f"held-out accuracy {held:.0%} vs {guess:.0%} for guessing the commoner outcome"
@@ -105,8 +108,10 @@ def _unproven_text(v: Verdict) -> str:
     if v.rule.threshold_source == "study":
         return study.WORTH.split(". So ")[0] + "; no window reading fit on those grids beat that held out."
     if v.rule.threshold_source == "user":
-        return (f"the threshold {v.threshold:g} was given without a calibration, so nothing shows how well it predicts "
-                "(`calibration=` a file of `satmon calibrate` carries its held-out accuracy).")
+        return (
+            f"the threshold {v.threshold:g} was given without a calibration, so nothing shows how well it predicts "
+            "(`calibration=` a file of `satmon calibrate` carries its held-out accuracy)."
+        )
     return f"your calibration's threshold {v.threshold:g} has {evidence(v)}{_significance(v)}."
 
 
@@ -117,12 +122,16 @@ def _significance(v: Verdict) -> str:
     if held is None or guess is None:
         return ""
     if n is None:
-        return (": the number of held-out cells is not recorded, so no significance test can be made (calibrate again "
-                "with this satmon)")
+        return (
+            ": the number of held-out cells is not recorded, so no significance test can be made (calibrate again "
+            "with this satmon)"
+        )
     k = correct_of(held, n)
-    return (f": {k} of {n} cells right, p = {binomial_tail(k, n, guess):.2g} by a one-sided exact binomial test "
-            "against "
-            f"the {guess:.0%} of guessing, not below {ALPHA:g}")
+    return (
+        f": {k} of {n} cells right, p = {binomial_tail(k, n, guess):.2g} by a one-sided exact binomial test "
+        "against "
+        f"the {guess:.0%} of guessing, not below {ALPHA:g}"
+    )
 
 
 def _nonfinite_what(v: Verdict) -> str:
@@ -186,14 +195,17 @@ def summary(v: Verdict, where: Sequence[str] | None = None) -> str:
         qualified = v.trust + (f": {', '.join(v.flags)}" if v.trust == "flagged" else "")
         head = f"{v.decision.word} {whose_rule(v)}" + (" (collapse risk)" if v.collapse_risk else "")
         head += f" (trust: {qualified})"
-    line = (f"satmon verdict: {head}, saturation {v.saturation:.4f} {op} threshold {v.threshold:g} "
-            f"(margin {v.margin:+.4f}, " + _where(v))
+    line = (
+        f"satmon verdict: {head}, saturation {v.saturation:.4f} {op} threshold {v.threshold:g} "
+        f"(margin {v.margin:+.4f}, " + _where(v)
+    )
     if v.planned_forecast:  # the forecast from the planned passes, beside the decision (the card says what it rests on)
         from satmon.results.forecast import passes_text
 
         passes = v.planned_forecast.get("passes")
-        line += (f"; forecast from the planned passes: {v.planned_forecast.get('outcome')}"
-                 + (f" ({passes_text(passes)})" if isinstance(passes, (int, float)) else " (passes unknown)"))
+        line += f"; forecast from the planned passes: {v.planned_forecast.get('outcome')}" + (
+            f" ({passes_text(passes)})" if isinstance(passes, (int, float)) else " (passes unknown)"
+        )
     if where is None:
         return line
     return line + "; card: " + (", ".join(where) if where else "not written anywhere (no logger, no logdir)")
@@ -208,9 +220,11 @@ def card(v: Verdict) -> str:
     else:
         where = f"from a {v.source} on calibration batches (step {v.step}, no training window); "
     lines = [
-        f"### satmon verdict: {headline(v, markdown=True)}", "",
+        f"### satmon verdict: {headline(v, markdown=True)}",
+        "",
         f"Pooled saturation **{v.saturation:.4f}** {op} threshold **{v.threshold:g}** "
-        f"(margin {v.margin:+.4f}{', inconclusive' if v.inconclusive else ''}) " + where
+        f"(margin {v.margin:+.4f}{', inconclusive' if v.inconclusive else ''}) "
+        + where
         + f"saturated means {cut_off(v)}; {v.elements:,} elements counted.",
     ]
     lines += _forecast_lines(v)
@@ -231,8 +245,9 @@ def card(v: Verdict) -> str:
     if v.risk:
         keys = sorted({k for r in v.risk.values() for k in r})
         lines += ["", "| gated block | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
-        lines += [f"| {b} | " + " | ".join(f"{r.get(k, float('nan')):.4f}" for k in keys) + " |"
-                  for b, r in v.risk.items()]
+        lines += [
+            f"| {b} | " + " | ".join(f"{r.get(k, float('nan')):.4f}" for k in keys) + " |" for b, r in v.risk.items()
+        ]
     return "\n".join(lines)
 
 
@@ -246,8 +261,10 @@ def cut_off(v: Verdict) -> str:
     """
     if all(f == "tanh" for f in v.functions):
         return f"|alpha x| > {v.level:g}"
-    cuts = [f"|alpha x| > {v.level:g} for tanh" if f == "tanh" else f"|u| > {pointwise_cutoff(f, v.level):.4g} for {f}"
-            for f in v.functions]
+    cuts = [
+        f"|alpha x| > {v.level:g} for tanh" if f == "tanh" else f"|u| > {pointwise_cutoff(f, v.level):.4g} for {f}"
+        for f in v.functions
+    ]
     return ", ".join(cuts) + f" (u = alpha x plus any shift; the gain tanh has at {v.level:g}, docs/science/science.md)"
 
 
@@ -257,8 +274,14 @@ def _trust_line(v: Verdict) -> str:
         if v.decision == Decision.NON_FINITE:
             return "Trust: **ok**: NaN/inf is a fact of the run, not a call of the rule."
         return f"Trust: **ok**: {TRUST_TEXT['ok'].format(evidence=evidence(v))}"
-    values = {"functions": ", ".join(v.uncalibrated_functions), "threshold": v.threshold, "window": v.window,
-              "planned": v.planned_window, "margin": v.margin, "band": INCONCLUSIVE_BAND}
+    values = {
+        "functions": ", ".join(v.uncalibrated_functions),
+        "threshold": v.threshold,
+        "window": v.window,
+        "planned": v.planned_window,
+        "margin": v.margin,
+        "band": INCONCLUSIVE_BAND,
+    }
     if "unproven" in v.cautions:
         values["unproven"] = _unproven_text(v)[0].upper() + _unproven_text(v)[1:]
     first, *more = v.cautions
@@ -283,9 +306,12 @@ def _forecast_lines(v: Verdict) -> list[str]:
 
 def _loss_lines(v: Verdict) -> list[str]:
     if v.loss and v.loss.get("first") == v.loss.get("first"):  # not NaN
-        return ["", f"Training loss over the window: {v.loss['first']:.4f} -> {v.loss['last']:.4f} "
-                    f"({100 * v.loss['change']:+.1f}%; second half {100 * v.loss['late_change']:+.1f}%)"
-                    + (": stopped improving" if v.loss.get("stalled") else "")]
+        return [
+            "",
+            f"Training loss over the window: {v.loss['first']:.4f} -> {v.loss['last']:.4f} "
+            f"({100 * v.loss['change']:+.1f}%; second half {100 * v.loss['late_change']:+.1f}%)"
+            + (": stopped improving" if v.loss.get("stalled") else ""),
+        ]
     return []
 
 
@@ -297,25 +323,36 @@ def _layer_table(v: Verdict) -> list[str]:
         return out + [f"| {name} | {frac:.4f} |" for name, frac in v.per_layer.items()]
     if v.source == "window":
         counted, label = "window", "sampled"
-        scope = (f"sampled on every {v.offset_every}th counted window step" if v.offset_every > 1
-                 else "sampled on every counted window step")
+        scope = (
+            f"sampled on every {v.offset_every}th counted window step"
+            if v.offset_every > 1
+            else "sampled on every counted window step"
+        )
     else:
         counted = label = "all batches"
         scope = "read on every calibration batch"
-    out = ["", f"| layer | saturation ({counted}) | after removing channel means ({label}) | median abs(mean)/spread "
-               f"({label}) |",
-           "|---|---|---|---|"]
+    out = [
+        "",
+        f"| layer | saturation ({counted}) | after removing channel means ({label}) | median abs(mean)/spread "
+        f"({label}) |",
+        "|---|---|---|---|",
+    ]
     for name, frac in v.per_layer.items():
         r = v.offset.get(name)
         cells = f"{r['centered']:.4f} | {r['offset_ratio']:.3g}" if r is not None else "- | -"
         out.append(f"| {name} | {frac:.4f} | {cells} |")
-    out += ["", (f"Offset columns: {scope}, with the exact product alpha x. After removing channel means: the "
-                 "saturation "
-                 "left once each channel's mean over a batch's tokens is subtracted. Median abs(mean)/spread: over "
-                 "channels, "
-                 "a channel's abs(mean) over its token-to-token standard deviation; far above 1, each channel sits on "
-                 "a "
-                 "constant and its saturation carries little token information (the offset-driven flag).")]
+    out += [
+        "",
+        (
+            f"Offset columns: {scope}, with the exact product alpha x. After removing channel means: the "
+            "saturation "
+            "left once each channel's mean over a batch's tokens is subtracted. Median abs(mean)/spread: over "
+            "channels, "
+            "a channel's abs(mean) over its token-to-token standard deviation; far above 1, each channel sits on "
+            "a "
+            "constant and its saturation carries little token information (the offset-driven flag)."
+        ),
+    ]
     return out
 
 
@@ -325,8 +362,10 @@ def _gating_lines(v: Verdict) -> list[str]:
     line = f"Gated MLP after DyT: {'yes' if v.gated else 'no'}"
     line += f" ({', '.join(v.gated_layers)})" if v.gated_layers else ""
     if v.gated:
-        line += (f"; collapse risk: {'YES' if v.collapse_risk else 'no'} "
-                 f"(pooled saturation vs {v.rule.collapse_threshold:g})")
+        line += (
+            f"; collapse risk: {'YES' if v.collapse_risk else 'no'} "
+            f"(pooled saturation vs {v.rule.collapse_threshold:g})"
+        )
     return ["", line]
 
 

@@ -27,17 +27,20 @@ class FrozenMap(dict[K, V]):
         >>> m = FrozenMap({"ln_f": 0.5})
         >>> m["ln_f"], m == {"ln_f": 0.5}, json.dumps(m)
         (0.5, True, '{"ln_f": 0.5}')
-        >>> m["ln_f"] = 1.0
+        >>> m["ln_f"] = 1.0  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        TypeError: 'FrozenMap' object does not support item assignment (satmon results are frozen: use dataclasses.replace)
+        TypeError: 'FrozenMap' object does not support item assignment (satmon results are
+        frozen: use dataclasses.replace)
     """
 
     __slots__ = ()
 
     def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise TypeError(f"{type(self).__name__!r} object does not support item assignment "
-                        "(satmon results are frozen: use dataclasses.replace)")
+        raise TypeError(
+            f"{type(self).__name__!r} object does not support item assignment "
+            "(satmon results are frozen: use dataclasses.replace)"
+        )
 
     __setitem__ = __delitem__ = __ior__ = _refuse
     clear = pop = popitem = setdefault = update = _refuse

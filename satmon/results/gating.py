@@ -91,8 +91,10 @@ class GatingInfo:
             raise ValueError(f"Expected `gated` to be True, False or None (unknown), got {self.gated!r}.")
         bad = [k for k, p in dict(self.pairings).items() if not isinstance(p, GatedPairing)]
         if bad:
-            raise TypeError(f"Expected GatingInfo.pairings to hold GatedPairing values, got {type(self.pairings[bad[0]]).__name__} "
-                            f"for {bad[0]!r}. Read a dict back with GatingInfo.from_dict.")
+            raise TypeError(
+                f"Expected GatingInfo.pairings to hold GatedPairing values, got {type(self.pairings[bad[0]]).__name__} "
+                f"for {bad[0]!r}. Read a dict back with GatingInfo.from_dict."
+            )
         object.__setattr__(self, "gated_layers", tuple(self.gated_layers or tuple(self.pairings)))
         object.__setattr__(self, "pairings", FrozenMap(self.pairings))
         object.__setattr__(self, "unpaired_gated_mlps", tuple(self.unpaired_gated_mlps))
@@ -125,6 +127,15 @@ class GatingInfo:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> GatingInfo:
         """Read back :meth:`to_dict` (or :meth:`record`)."""
-        pairings = {k: GatedPairing(**{**p, "also_feeds": tuple(p.get("also_feeds", ()))}) for k, p in d.get("pairings", {}).items()}
-        return cls(d.get("gated"), tuple(d.get("gated_layers", pairings)), d.get("message", ""), pairings,
-                   tuple(d.get("unpaired_gated_mlps", ())), d.get("unclassified", {}))
+        pairings = {
+            k: GatedPairing(**{**p, "also_feeds": tuple(p.get("also_feeds", ()))})
+            for k, p in d.get("pairings", {}).items()
+        }
+        return cls(
+            d.get("gated"),
+            tuple(d.get("gated_layers", pairings)),
+            d.get("message", ""),
+            pairings,
+            tuple(d.get("unpaired_gated_mlps", ())),
+            d.get("unclassified", {}),
+        )

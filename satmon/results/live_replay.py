@@ -24,13 +24,23 @@ from satmon.study import THRESHOLD
 if TYPE_CHECKING:
     from satmon.results.verdict import Verdict
 
-__all__ = ["WHY", "LiveReading", "ReplaySource", "agreement", "comparison_markdown", "comparison_rows", "decision_text",
-           "with_section"]
+__all__ = [
+    "WHY",
+    "LiveReading",
+    "ReplaySource",
+    "agreement",
+    "comparison_markdown",
+    "comparison_rows",
+    "decision_text",
+    "with_section",
+]
 
 #: Why a live window and a replay can disagree, in one line (the card's, the console's, the report's).
-WHY = ("the live window averages every training step of the window, in train mode, while the weights move; a replay "
-       "reads one checkpoint, in eval mode, on calibration batches. The study's {threshold:g} was fit on the second "
-       "kind of reading (end-of-training checkpoints, eval mode).").format(threshold=THRESHOLD)
+WHY = (
+    "the live window averages every training step of the window, in train mode, while the weights move; a replay "
+    f"reads one checkpoint, in eval mode, on calibration batches. The study's {THRESHOLD:g} was fit on the second "
+    "kind of reading (end-of-training checkpoints, eval mode)."
+)
 
 
 def decision_text(decision: str, trust: str | None = None) -> str:
@@ -74,8 +84,15 @@ class LiveReading:
     @classmethod
     def from_verdict(cls, verdict: Verdict, found: str = "") -> LiveReading:
         """The reading of a live window's :class:`~satmon.results.verdict.Verdict`."""
-        return cls(decision=verdict.decision, saturation=float(verdict.saturation), threshold=float(verdict.threshold),
-                   step=int(verdict.step), window=int(verdict.window), trust=verdict.trust, found=found)
+        return cls(
+            decision=verdict.decision,
+            saturation=float(verdict.saturation),
+            threshold=float(verdict.threshold),
+            step=int(verdict.step),
+            window=int(verdict.window),
+            trust=verdict.trust,
+            found=found,
+        )
 
     def steps_read(self) -> str:
         """Which steps the live window read, in words."""
@@ -102,8 +119,9 @@ class ReplaySource:
         missing: why no live verdict was found, and how to give one (empty when ``live`` is set).
 
     Example:
-        >>> ReplaySource("logs/demo/version_0", missing="no SaturationMonitor state in the checkpoints").headline()
-        'Replay of `logs/demo/version_0`; its live verdict was not found: no SaturationMonitor state in the checkpoints.'
+        >>> source = ReplaySource("logs/demo/version_0", missing="no SaturationMonitor state in the checkpoints")
+        >>> print(source.headline())
+        Replay of `logs/demo/version_0`; its live verdict was not found: no SaturationMonitor state in the checkpoints.
     """
 
     run: str
@@ -124,8 +142,11 @@ class ReplaySource:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ReplaySource:
-        return cls(run=str(d["run"]), live=LiveReading.from_dict(d["live"]) if d.get("live") else None,
-                   missing=str(d.get("missing") or ""))
+        return cls(
+            run=str(d["run"]),
+            live=LiveReading.from_dict(d["live"]) if d.get("live") else None,
+            missing=str(d.get("missing") or ""),
+        )
 
 
 def comparison_rows(live: LiveReading, replays: list[tuple[Verdict, str, int | None]]) -> list[list[str]]:
@@ -141,8 +162,14 @@ def comparison_rows(live: LiveReading, replays: list[tuple[Verdict, str, int | N
     """
     rows = [["live window", decision_text(live.decision, live.trust), f"{live.saturation:.4f}", live.steps_read()]]
     for verdict, name, step in replays:
-        rows.append(["replay", decision_text(verdict.decision, verdict.trust), f"{verdict.saturation:.4f}",
-                     f"checkpoint {name} at step {step}, eval mode, calibration batches"])
+        rows.append(
+            [
+                "replay",
+                decision_text(verdict.decision, verdict.trust),
+                f"{verdict.saturation:.4f}",
+                f"checkpoint {name} at step {step}, eval mode, calibration batches",
+            ]
+        )
     return rows
 
 
@@ -151,7 +178,8 @@ def agreement(live: LiveReading, verdicts: list[Verdict]) -> str:
 
     Example:
         >>> from satmon.results.verdict import build_verdict
-        >>> agreement(LiveReading("no-go", 0.25, 0.43, 500), [build_verdict({"ln_f": (3, 4)}, step=500, source="replay")])
+        >>> replayed = build_verdict({"ln_f": (3, 4)}, step=500, source="replay")
+        >>> agreement(LiveReading("no-go", 0.25, 0.43, 500), [replayed])
         'They disagree.'
     """
     if all(v.decision == live.decision for v in verdicts):

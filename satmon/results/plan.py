@@ -86,6 +86,8 @@ class MemoryPlan:
         budget = "no budget" if self.budget is None else f"budget {format_bytes(self.budget)}"
         most = max((len(g) for g in self.groups), default=0)
         return (
-            f"satmon probe plan: {self.matrices} covariance matrices ({'; '.join(sizes) or 'none'}) in {self.passes} pass(es) of <= {most},"
-            f" peak {format_bytes(self.peak_bytes)} ({budget}); plus {UPDATE_BYTES_PER_VALUE} B x rows x d while a batch is added"
+            f"satmon probe plan: {self.matrices} covariance matrices ({'; '.join(sizes) or 'none'}) in "
+            f"{self.passes} pass(es) of <= {most},"
+            f" peak {format_bytes(self.peak_bytes)} ({budget}); plus {UPDATE_BYTES_PER_VALUE} B x rows "
+            "x d while a batch is added"
         )

@@ -24,8 +24,8 @@ from satmon.functional.dead_directions import (
     sigma_min_profile,
 )
 from satmon.results.frozen import FrozenMap, freeze, thaw
-from satmon.results.plan import MemoryPlan
 from satmon.results.gating import GatingInfo
+from satmon.results.plan import MemoryPlan
 from satmon.results.reading import Reading
 from satmon.results.verdict import Verdict
 
@@ -82,11 +82,20 @@ class LayerReading:
     note: str = ""
 
     def reading(self) -> Alignment | None:
-        """The :class:`~satmon.functional.dead_directions.Alignment` behind a LayerNorm/RMSNorm reading (``None`` otherwise)."""
+        """The :class:`~satmon.functional.dead_directions.Alignment` behind a LayerNorm/RMSNorm
+        reading (``None`` otherwise)."""
         if self.alignment is None:
             return None
-        return Alignment(self.alignment, self.null_projection, self.null_dim, self.depth, self.depth_diag,
-                         self.lambda_min_rel, self.dim, self.n_degenerate)  # fmt: skip
+        return Alignment(
+            self.alignment,
+            self.null_projection,
+            self.null_dim,
+            self.depth,
+            self.depth_diag,
+            self.lambda_min_rel,
+            self.dim,
+            self.n_degenerate,
+        )
 
     def kernel_alignment(self) -> float | None:
         """``max(alignment, null_projection)``: how well ``v*`` sits in the output's kernel, whatever
@@ -98,8 +107,20 @@ class LayerReading:
 
     def to_dict(self) -> dict[str, Any]:
         """The readings of this layer's kind, plain values (NaN kept)."""
-        keys = ("saturation", "alpha") if self.kind == "dyt" else (
-            "alignment", "null_projection", "null_dim", "depth", "depth_diag", "lambda_min_rel", "n_degenerate", "norm_type")
+        keys = (
+            ("saturation", "alpha")
+            if self.kind == "dyt"
+            else (
+                "alignment",
+                "null_projection",
+                "null_dim",
+                "depth",
+                "depth_diag",
+                "lambda_min_rel",
+                "n_degenerate",
+                "norm_type",
+            )
+        )
         out = {"kind": self.kind, "dim": self.dim, "tokens": self.tokens, **{k: getattr(self, k) for k in keys}}
         out["nonfinite"] = self.nonfinite
         if self.note:
@@ -141,14 +162,16 @@ class SigmaMinReading:
 
     @classmethod
     def from_spectra(cls, streams: list[str], spectra: Mapping[str, GramSpectrum]) -> SigmaMinReading:
-        """The profile over ``streams`` (``X_0`` first) from each one's :class:`~satmon.functional.dead_directions.GramSpectrum`
+        """The profile over ``streams`` (``X_0`` first) from each one's
+        :class:`~satmon.functional.dead_directions.GramSpectrum`
         (:func:`~satmon.functional.dead_directions.sigma_min_profile`); a stream without one makes it invalid.
 
         Example:
             >>> import torch
             >>> from satmon.functional.dead_directions import gram_spectrum
             >>> x0 = torch.tensor([[3.0, 0.0], [0.0, 2.0]])
-            >>> s = SigmaMinReading.from_spectra(["embedding", "b0"], {"embedding": gram_spectrum(x0), "b0": gram_spectrum(x0 / 4)})
+            >>> spectra = {"embedding": gram_spectrum(x0), "b0": gram_spectrum(x0 / 4)}
+            >>> s = SigmaMinReading.from_spectra(["embedding", "b0"], spectra)
             >>> s.ratios, s.min_ratio, s.argmin
             ((1.0, 0.25), 0.25, 'b0')
         """
@@ -166,8 +189,15 @@ class SigmaMinReading:
 
     def to_dict(self) -> dict[str, Any]:
         """The profile as plain values (lists)."""
-        return {"blocks": list(self.blocks), "values": list(self.values), "ratios": list(self.ratios), "valid": self.valid,
-                "reason": self.reason, "min_ratio": self.min_ratio, "argmin": self.argmin}  # fmt: skip
+        return {
+            "blocks": list(self.blocks),
+            "values": list(self.values),
+            "ratios": list(self.ratios),
+            "valid": self.valid,
+            "reason": self.reason,
+            "min_ratio": self.min_ratio,
+            "argmin": self.argmin,
+        }
 
 
 @dataclass(frozen=True)
@@ -226,8 +256,10 @@ class ProbeReport:
         if self.init_gap is not None:
             object.__setattr__(self, "init_gap", FrozenMap(self.init_gap))
         if isinstance(self.gating, Mapping):
-            raise TypeError(f"Expected `gating` to be a satmon.results.verdict.GatingInfo or None, got a "
-                            f"{type(self.gating).__name__}. Build it with GatingInfo.of(detect_gating(...)).")
+            raise TypeError(
+                f"Expected `gating` to be a satmon.results.verdict.GatingInfo or None, got a "
+                f"{type(self.gating).__name__}. Build it with GatingInfo.of(detect_gating(...))."
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values under the keys ``satmon replay`` writes; NaN and inf are kept, so write JSON
@@ -265,7 +297,11 @@ class ProbeReport:
     def summary(self) -> str:
         """One line: norm type, the weakest LayerNorm alignment, the sigma_min minimum, the saturation."""
         parts = [f"satmon probe: norm type {self.norm_type}"]
-        aligns = [(l.kernel_alignment(), n) for n, l in self.layers.items() if l.kind == "layernorm" and l.alignment is not None]
+        aligns = [
+            (l.kernel_alignment(), n)
+            for n, l in self.layers.items()
+            if l.kind == "layernorm" and l.alignment is not None
+        ]
         if aligns:
             a, n = min(aligns)
             parts.append(f"min LayerNorm alignment {a:.6f} ({n})")
@@ -298,7 +334,8 @@ def init_gaps(trained: Mapping[str, LayerReading], twin: Mapping[str, LayerReadi
         other = twin.get(name)
         if other is None or other.reading() is None:
             raise ValueError(
-                f"Expected the twin to have a reading for {name!r}, got {'none' if other is None else 'a skipped layer'}."
+                f"Expected the twin to have a reading for {name!r}, got "
+                f"{'none' if other is None else 'a skipped layer'}."
                 " Pass a random-init instance of the same architecture."
             )
         gaps[name] = init_gap(mine, other.reading())[0]
@@ -315,8 +352,13 @@ def model_norm_type(readings: Mapping[str, LayerReading]) -> tuple[str, str]:
     measured = [r.reading() for r in readings.values() if r.kind != "dyt" and r.alignment is not None]
     if measured:
         label = classify_model_norm_type(measured)
-        counts = {t: sum(r.norm_type == t for r in readings.values()) for t in ("layernorm-like", "rmsnorm-like", "undetermined")}
-        return label, f"{len(measured)} LayerNorm/RMSNorm layer(s) read: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+        counts = {
+            t: sum(r.norm_type == t for r in readings.values())
+            for t in ("layernorm-like", "rmsnorm-like", "undetermined")
+        }
+        return label, f"{len(measured)} LayerNorm/RMSNorm layer(s) read: " + ", ".join(
+            f"{v} {k}" for k, v in counts.items() if v
+        )
     if any(r.kind == "dyt" for r in readings.values()):
         return "dyt", "only DyT layers: no normalisation, so no gamma^-1 kernel to test"
     return "undetermined", "no LayerNorm/RMSNorm layer was read"
@@ -324,4 +366,3 @@ def model_norm_type(readings: Mapping[str, LayerReading]) -> tuple[str, str]:
 
 def _gap_dict(gap: InitGap) -> dict[str, float]:
     return {"depth_deepening": gap.depth_deepening, "lambda_min_deepening": gap.lambda_min_deepening}
-

@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from satmon.results.frozen import FrozenMap, freeze, thaw
+from satmon.results.rule import Rule  # re-exported: its home is satmon.results.rule
 from satmon.results.verdict import (
     GatingInfo,
     LayerCounts,
@@ -31,7 +32,6 @@ from satmon.results.verdict import (
     Verdict,
     build_verdict,
 )
-from satmon.results.rule import Rule  # re-exported: its home is satmon.results.rule
 
 __all__ = ["Reading", "Rule", "verdict_of"]
 
@@ -119,8 +119,10 @@ class Reading:
         if self.gating is None:
             return {}
         per_layer = self.per_layer
-        return {p.mlp: {"dyt_saturation": per_layer.get(norm, math.nan), **self.gate.get(norm, {})}
-                for norm, p in self.gating.pairings.items()}
+        return {
+            p.mlp: {"dyt_saturation": per_layer.get(norm, math.nan), **self.gate.get(norm, {})}
+            for norm, p in self.gating.pairings.items()
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain values."""
@@ -151,8 +153,20 @@ def verdict_of(reading: Reading, rule: Rule | None = None) -> Verdict | None:
     r = reading
     refused = [f"layer {n} not counted: {why}" for n, why in r.refused.items()]
     return build_verdict(
-        r.counts, step=r.step, window=r.window, source=r.source, planned_window=r.planned_window, level=r.level,
-        gating=r.gating, risk=r.risk(), notes=[*r.notes, *refused], loss=r.loss, offset=r.offset,
-        offset_flag=bool(r.offset) and r.offset_driven, nonfinite_weights=r.nonfinite_weights, offset_every=r.offset_every,
-        functions=[r.functions.get(n, "tanh") for n in r.counts], rule=rule,
+        r.counts,
+        step=r.step,
+        window=r.window,
+        source=r.source,
+        planned_window=r.planned_window,
+        level=r.level,
+        gating=r.gating,
+        risk=r.risk(),
+        notes=[*r.notes, *refused],
+        loss=r.loss,
+        offset=r.offset,
+        offset_flag=bool(r.offset) and r.offset_driven,
+        nonfinite_weights=r.nonfinite_weights,
+        offset_every=r.offset_every,
+        functions=[r.functions.get(n, "tanh") for n in r.counts],
+        rule=rule,
     )

@@ -120,13 +120,21 @@ class Rule:
         if self.threshold_source not in THRESHOLD_SOURCES:
             raise ValueError(f"Expected `threshold_source` in {THRESHOLD_SOURCES}, got {self.threshold_source!r}.")
         if self.threshold_source == "study" and self.threshold != study.THRESHOLD:  # the study read its cells at 0.43
-            raise ValueError(f"Expected the study's threshold {study.THRESHOLD:g} with threshold_source='study', got "
-                             f"{self.threshold!r}: a threshold of your own is threshold_source='user' (or "
-                             "'calibration').")
+            raise ValueError(
+                f"Expected the study's threshold {study.THRESHOLD:g} with threshold_source='study', got "
+                f"{self.threshold!r}: a threshold of your own is threshold_source='user' (or "
+                "'calibration')."
+            )
 
     @classmethod
-    def resolve(cls, *, threshold: float | None = None, caveat: str | None = None,
-                calibration: Calibration | None = None, collapse_threshold: float = study.COLLAPSE_THRESHOLD) -> Rule:
+    def resolve(
+        cls,
+        *,
+        threshold: float | None = None,
+        caveat: str | None = None,
+        calibration: Calibration | None = None,
+        collapse_threshold: float = study.COLLAPSE_THRESHOLD,
+    ) -> Rule:
         """The rule made from what was given; whose threshold it is comes from what was given, never from its value.
 
         ``calibration`` -> ``"calibration"`` (its threshold, caveat and held-out record); no ``threshold`` and no
@@ -148,9 +156,15 @@ class Rule:
         """
         if calibration is not None:
             cells = calibration.n if calibration.n > 0 else None
-            return cls(calibration.threshold if threshold is None else threshold, collapse_threshold,
-                       caveat or calibration.caveat(), "calibration", calibration.loso_accuracy, calibration.no_skill,
-                       cells)
+            return cls(
+                calibration.threshold if threshold is None else threshold,
+                collapse_threshold,
+                caveat or calibration.caveat(),
+                "calibration",
+                calibration.loso_accuracy,
+                calibration.no_skill,
+                cells,
+            )
         text = caveat or study.CAVEAT
         source = "study" if threshold is None and text == study.CAVEAT else "user"
         return cls(study.THRESHOLD if threshold is None else threshold, collapse_threshold, text, source)
@@ -173,8 +187,9 @@ class Rule:
         """``">="`` when ``saturation`` is at or above the threshold, else ``"<"``: the one comparison."""
         return ">=" if saturation >= self.threshold else "<"
 
-    def decide(self, saturation: float, gated: bool | None = None, nonfinite: int = 0,
-               weights: Mapping[str, int] | None = None) -> Decided:
+    def decide(
+        self, saturation: float, gated: bool | None = None, nonfinite: int = 0, weights: Mapping[str, int] | None = None
+    ) -> Decided:
         """The study's decision; non-finite inputs and weights come first, then the collapse risk of a gated model.
 
         Example:
@@ -192,16 +207,29 @@ class Rule:
                 names = ", ".join(f"{n} ({c:,})" for n, c in list(weights.items())[:6])
                 names += ", ..." if len(weights) > 6 else ""
                 what.append(f"{bad_weights:,} weight element(s) are NaN/inf ({names})")
-            return Decided(Decision.NON_FINITE, (
-                "; ".join(what) + ": the run diverged, and a NaN element counts as unsaturated, so the pooled "
-                "saturation is not a reading of a healthy run. Lower the learning rate, clip gradients or check the "
-                "data, then screen again"), None, op)
+            return Decided(
+                Decision.NON_FINITE,
+                (
+                    "; ".join(what) + ": the run diverged, and a NaN element counts as unsaturated, so the pooled "
+                    "saturation is not a reading of a healthy run. Lower the learning rate, "
+                    "clip gradients or check the "
+                    "data, then screen again"
+                ),
+                None,
+                op,
+            )
         collapse = None if gated is None else bool(gated) and saturation >= self.collapse_threshold
         if collapse:
-            return Decided(Decision.NO_GO, (
-                f"collapse risk: DyT feeds a gated MLP and pooled saturation {saturation:.4f} >= "
-                f"{self.collapse_threshold:g} "
-                "(the study flagged 4/4 collapses at this level, 0/5 false alarms)"), True, op)
+            return Decided(
+                Decision.NO_GO,
+                (
+                    f"collapse risk: DyT feeds a gated MLP and pooled saturation {saturation:.4f} >= "
+                    f"{self.collapse_threshold:g} "
+                    "(the study flagged 4/4 collapses at this level, 0/5 false alarms)"
+                ),
+                True,
+                op,
+            )
         decision = Decision.GO if op == ">=" else Decision.NO_GO
         said = f"measured pooled saturation {saturation:.4f} {op} {self.threshold:g}"
         if self.threshold_source == "study":  # the study's cells on that side of its threshold (satmon.study.MEANING)
@@ -215,16 +243,25 @@ class Rule:
         held_out, no_skill, cells = self.held_out_accuracy, self.no_skill_accuracy, self.held_out_cells
         if self.threshold_source == "study" and held_out is None and no_skill is None:
             return study.HELD_OUT_ACCURACY, study.NO_SKILL_ACCURACY, study.HELD_OUT_CELLS
-        return ((None if held_out is None else float(held_out)), (None if no_skill is None else float(no_skill)),
-                None if cells is None or int(cells) <= 0 else int(cells))
+        return (
+            (None if held_out is None else float(held_out)),
+            (None if no_skill is None else float(no_skill)),
+            None if cells is None or int(cells) <= 0 else int(cells),
+        )
 
     def forecasts(self) -> bool:
         """The rule forecasts when its held-out record beats guessing the commoner outcome by a one-sided exact
         binomial test at p < :data:`~satmon.functional.significance.ALPHA`."""
         return forecasts(*self.evidence())
 
-    def cautions(self, decision: Decision | str, functions: tuple[str, ...], flags: tuple[str, ...], partial: bool,
-                 inconclusive: bool) -> tuple[str, ...]:
+    def cautions(
+        self,
+        decision: Decision | str,
+        functions: tuple[str, ...],
+        flags: tuple[str, ...],
+        partial: bool,
+        inconclusive: bool,
+    ) -> tuple[str, ...]:
         """What undercuts a decision, most serious first (:data:`TRUST`); nothing for a non-finite one (a fact)."""
         if decision == Decision.NON_FINITE:
             return ()

@@ -70,17 +70,24 @@ class RunScale:
         the run lies against ``cells`` (the study's ``(params, unique_tokens)``); or how to give the tokens.
 
         Example:
-            >>> print(RunScale(120_000, missing="an IterableDataset has no length").note())  # doctest: +NORMALIZE_WHITESPACE
+            >>> scale = RunScale(120_000, missing="an IterableDataset has no length")
+            >>> print(scale.note())  # doctest: +NORMALIZE_WHITESPACE
             Phase diagram: 120,000 parameters; unique training tokens unknown (an IterableDataset has no length): pass
             SaturationMonitor(unique_tokens=N), N the unique tokens the run trains on, to place it on the study's phase
             diagram (`satmon report --plot`).
         """
         head = f"{NOTE_PREFIX} {self.params:,} parameters"
         if self.unique_tokens is None:
-            return (f"{head}; unique training tokens unknown ({self.missing}): pass SaturationMonitor(unique_tokens=N), N the "
-                    "unique tokens the run trains on, to place it on the study's phase diagram (`satmon report --plot`).")
-        line = (f"{head}, {self.unique_tokens:,} unique training tokens ({self.counted}): {self.tokens_per_param:.3g} tokens "
-                "per parameter.")
+            return (
+                f"{head}; unique training tokens unknown ({self.missing}): pass "
+                "SaturationMonitor(unique_tokens=N), N the "
+                "unique tokens the run trains on, to place it on the study's phase diagram (`satmon report --plot`)."
+            )
+        line = (
+            f"{head}, {self.unique_tokens:,} unique training tokens ({self.counted}): "
+            f"{self.tokens_per_param:.3g} tokens "
+            "per parameter."
+        )
         if cells:
             line += " " + self.against(cells)
         return line + " `satmon report --plot` draws it among the study's cells."
@@ -96,8 +103,11 @@ class RunScale:
         """
         params = [p for p, _ in cells]
         ratios = [t / p for p, t in cells]
-        span = (f"The study's cells span {si(min(params))}-{si(max(params))} parameters and {min(ratios):.2g}-{max(ratios):.2g} "
-                "tokens per parameter: ")
+        span = (
+            f"The study's cells span {si(min(params))}-{si(max(params))} parameters and "
+            f"{min(ratios):.2g}-{max(ratios):.2g} "
+            "tokens per parameter: "
+        )
         where = []
         if self.params < min(params):
             where.append(f"this run has {_times(min(params) / self.params)} fewer parameters than the smallest")
@@ -106,8 +116,13 @@ class RunScale:
         else:
             where.append("this run's size lies within them")
         tpp = self.tokens_per_param or 0.0
-        where.append("fewer tokens per parameter than any" if tpp < min(ratios) else
-                     "more tokens per parameter than any" if tpp > max(ratios) else "tokens per parameter within their range")
+        where.append(
+            "fewer tokens per parameter than any"
+            if tpp < min(ratios)
+            else "more tokens per parameter than any"
+            if tpp > max(ratios)
+            else "tokens per parameter within their range"
+        )
         return span + ", and ".join(where) + "."
 
     @property
@@ -117,8 +132,12 @@ class RunScale:
 
         from satmon._compat import SatmonDeprecationWarning
 
-        warnings.warn("RunScale.train_tokens is deprecated since satmon 0.5: use RunScale.unique_tokens (the old name "
-                      "works until satmon 0.6).", SatmonDeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "RunScale.train_tokens is deprecated since satmon 0.5: use RunScale.unique_tokens (the old name "
+            "works until satmon 0.6).",
+            SatmonDeprecationWarning,
+            stacklevel=2,
+        )
         return self.unique_tokens
 
     @staticmethod

@@ -10,8 +10,18 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
 
-__all__ = ["StopReason", "StopRecord", "StopAction", "StopDecision", "SatmonAbort", "AbortOn", "AbortMode", "ABORT_ON",
-           "ABORT_MODES", "breaches"]
+__all__ = [
+    "StopReason",
+    "StopRecord",
+    "StopAction",
+    "StopDecision",
+    "SatmonAbort",
+    "AbortOn",
+    "AbortMode",
+    "ABORT_ON",
+    "ABORT_MODES",
+    "breaches",
+]
 
 AbortOn = Literal["never", "no-go", "collapse", "any"]
 AbortMode = Literal["graceful", "raise"]
@@ -76,16 +86,24 @@ class StopRecord:
     dry_run: bool = False
 
     def text(self) -> str:
-        """The stop in one markdown line (the ``satmon/stop`` text in TensorBoard; the console warning without ``**``)."""
-        return (f"**satmon {'would stop' if self.dry_run else 'stopped'} training at step {self.step}** "
-                f"({self.reason.value}{', dry run' if self.dry_run else ''}): {self.message}")
+        """The stop in one markdown line (the ``satmon/stop`` text in TensorBoard; the
+        console warning without ``**``)."""
+        return (
+            f"**satmon {'would stop' if self.dry_run else 'stopped'} training at step {self.step}** "
+            f"({self.reason.value}{', dry run' if self.dry_run else ''}): {self.message}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {"reason": self.reason.value, "message": self.message, "step": self.step, "dry_run": self.dry_run}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> StopRecord:
-        return cls(reason=StopReason(d["reason"]), message=d["message"], step=int(d["step"]), dry_run=bool(d.get("dry_run", False)))
+        return cls(
+            reason=StopReason(d["reason"]),
+            message=d["message"],
+            step=int(d["step"]),
+            dry_run=bool(d.get("dry_run", False)),
+        )
 
 
 #: What a stop decision asks of the training loop: log it and go on, stop after this step, or raise.

@@ -21,13 +21,15 @@ from satmon.results.frozen import freeze
 __all__ = ["REMEDY", "TrapReading", "reading_of"]
 
 #: What the evidence says changes it: a measurement, with the option that gives it.
-REMEDY = ("Measured (docs/science/science.md, \"the trap\"; data/llama_final_norm.json): in satmon's LLaMA demo "
-          "(500 steps, seeds 11 and 6) DyT blocks with an RMSNorm final norm learned (1.96 and 1.97 nats/byte) where a "
-          "DyT final norm stayed at the unigram level (3.07 and 3.06 against 3.06), at final alpha 0.2, 1 and 2 alike. "
-          "The option that gives it: a LayerNorm or "
-          "RMSNorm final norm (`final_norm=` in satmon.demos.llama and `satmon grid llama`; in your model, the "
-          "last norm before the head). In satmon's GPT demo (`satmon demo --stalled`) the embedding drawn at std "
-          "d_model ** -0.5 instead of 0.02 is what lets the same model train (its default).")
+REMEDY = (
+    'Measured (docs/science/science.md, "the trap"; data/llama_final_norm.json): in satmon\'s LLaMA demo '
+    "(500 steps, seeds 11 and 6) DyT blocks with an RMSNorm final norm learned (1.96 and 1.97 nats/byte) where a "
+    "DyT final norm stayed at the unigram level (3.07 and 3.06 against 3.06), at final alpha 0.2, 1 and 2 alike. "
+    "The option that gives it: a LayerNorm or "
+    "RMSNorm final norm (`final_norm=` in satmon.demos.llama and `satmon grid llama`; in your model, the "
+    "last norm before the head). In satmon's GPT demo (`satmon demo --stalled`) the embedding drawn at std "
+    "d_model ** -0.5 instead of 0.02 is what lets the same model train (its default)."
+)
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,9 @@ class TrapReading:
     Example:
         >>> r = TrapReading(60, "norm_f", "dyt", {"norm_f": {"saturated": 1.0, "centered": 0.0, "offset_ratio": 90.0,
         ...                 "offset": 94.0, "spread": 1.04}}, 0.0, {"tok_emb": 0.0}, True, 3, True, 40)
-        >>> print(r.line())  # doctest: +ELLIPSIS
-        satmon: trapped at step 60: the final norm norm_f (DyT) is 100% saturated, 100% of it by a per-channel offset ...
+        >>> print(r.line())  # doctest: +ELLIPSIS, +NORMALIZE_WHITESPACE
+        satmon: trapped at step 60: the final norm norm_f (DyT) is 100% saturated, 100% of
+        it by a per-channel offset ...
     """
 
     step: int
@@ -81,20 +84,30 @@ class TrapReading:
         if self.trapped:
             return "trapped"
         if self.final is None:
-            return (f"unknown: {self.note or 'no normaliser ran before the head'}, so satmon cannot tell which layers are "
-                    "below the final norm")
+            return (
+                f"unknown: {self.note or 'no normaliser ran before the head'}, so satmon cannot tell which layers are "
+                "below the final norm"
+            )
         if self.final_kind != "dyt":
-            return (f"not trapped: the final norm {self.final} is {self.final_kind or 'of an unknown kind'}, not a DyT "
-                    "(the trap closes at a DyT final norm)")
+            return (
+                f"not trapped: the final norm {self.final} is {self.final_kind or 'of an unknown kind'}, not a DyT "
+                "(the trap closes at a DyT final norm)"
+            )
         if self.reach is None or math.isnan(self.reach):
             return f"unknown: no gradient reached the head side of {self.final} in the checked step"
         if self.final_reading is None:
-            return (f"unknown: {self.final} has no offset reading (a learned shift of its own, or an input its alpha "
-                    f"does not broadcast against); gradient below it {self.reach:.3g} of the head's")
+            return (
+                f"unknown: {self.final} has no offset reading (a learned shift of its own, or an input its alpha "
+                f"does not broadcast against); gradient below it {self.reach:.3g} of the head's"
+            )
         if self.found:
             return f"the trap's evidence in {self.streak} consecutive check(s), not yet the watch's patience"
         if self.reach > REACH_FLOOR:
-            tiny = " (tiny, but not zero: runs like this have escaped late; `trap_floor` names them)" if self.reach < 1e-4 else ""
+            tiny = (
+                " (tiny, but not zero: runs like this have escaped late; `trap_floor` names them)"
+                if self.reach < 1e-4
+                else ""
+            )
             return f"not trapped: gradient reaches below {self.final} ({self.reach:.3g} of the head's{tiny})"
         return f"not trapped: no gradient reaches below {self.final}, but {self.final} is not saturated by an offset"
 
@@ -107,31 +120,64 @@ class TrapReading:
         sat, cen = f.get("saturated", 0.0), f.get("centered", 0.0)
         share = offset_share(sat, cen) or 0.0
         below = ", ".join(self.reach_by_group) or "the layers below it"
-        return (f"satmon: trapped at step {self.step}: the final norm {self.final} (DyT) is {sat:.0%} saturated, "
-                f"{share:.0%} of it by a per-channel offset (median |offset| {f.get('offset', math.nan):.3g} against a "
-                f"token spread of {f.get('spread', math.nan):.3g}), and the gradient below it is exactly 0 ({below}; "
-                f"only the head side learns) in every check since step {self.closed_step}. The run cannot learn as it "
-                f"stands. {REMEDY}")
+        return (
+            f"satmon: trapped at step {self.step}: the final norm {self.final} (DyT) is {sat:.0%} saturated, "
+            f"{share:.0%} of it by a per-channel offset (median |offset| {f.get('offset', math.nan):.3g} against a "
+            f"token spread of {f.get('spread', math.nan):.3g}), and the gradient below it is exactly 0 ({below}; "
+            f"only the head side learns) in every check since step {self.closed_step}. The run cannot learn as it "
+            f"stands. {REMEDY}"
+        )
 
     def markdown(self) -> str:
         """The text logged under ``satmon/trap``: the line, then each DyT layer's reading and each group's reach."""
-        rows = [f"| {n} | {r['saturated']:.3f} | {r['centered']:.3f} | {r['offset']:.3g} | {r['spread']:.3g} |"
-                for n, r in self.layers.items()]
-        reach = [f"| {g} | {'no gradient computed' if v is None else f'{v:.3g}'} |" for g, v in self.reach_by_group.items()]
+        rows = [
+            f"| {n} | {r['saturated']:.3f} | {r['centered']:.3f} | {r['offset']:.3g} | {r['spread']:.3g} |"
+            for n, r in self.layers.items()
+        ]
+        reach = [
+            f"| {g} | {'no gradient computed' if v is None else f'{v:.3g}'} |" for g, v in self.reach_by_group.items()
+        ]
         title = "trapped" if self.trapped else "trap reading"
-        return "\n".join([f"### satmon: {title} (step {self.step})", "", self.line().removeprefix("satmon: "), "",
-                          "| DyT layer | saturated | centered | median abs offset | median token spread |",
-                          "|---|---|---|---|---|", *rows, "", "| below the final norm | gradient norm / head's |",
-                          "|---|---|", *reach])
+        return "\n".join(
+            [
+                f"### satmon: {title} (step {self.step})",
+                "",
+                self.line().removeprefix("satmon: "),
+                "",
+                "| DyT layer | saturated | centered | median abs offset | median token spread |",
+                "|---|---|---|---|---|",
+                *rows,
+                "",
+                "| below the final norm | gradient norm / head's |",
+                "|---|---|",
+                *reach,
+            ]
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "final": self.final, "final_kind": self.final_kind, "reach": self.reach,
-                "found": self.found, "streak": self.streak, "trapped": self.trapped, "closed_step": self.closed_step}
+        return {
+            "step": self.step,
+            "final": self.final,
+            "final_kind": self.final_kind,
+            "reach": self.reach,
+            "found": self.found,
+            "streak": self.streak,
+            "trapped": self.trapped,
+            "closed_step": self.closed_step,
+        }
 
 
-def reading_of(step: int, layout: Any, layers: Mapping[str, Mapping[str, float]], square: Sequence[float],
-               seen: Sequence[float], *, saturated_at: float = TRAP_SATURATION, retained_below: float = 0.25,
-               floor: float = REACH_FLOOR) -> TrapReading:
+def reading_of(
+    step: int,
+    layout: Any,
+    layers: Mapping[str, Mapping[str, float]],
+    square: Sequence[float],
+    seen: Sequence[float],
+    *,
+    saturated_at: float = TRAP_SATURATION,
+    retained_below: float = 0.25,
+    floor: float = REACH_FLOOR,
+) -> TrapReading:
     """A :class:`TrapReading` from a check's numbers: the layout (:class:`satmon.observe.trap.Layout`), the DyT
     layers' offset readings, and per group the squared gradient norm and the parameters that got a gradient (the
     head's side first).
@@ -154,7 +200,23 @@ def reading_of(step: int, layout: Any, layers: Mapping[str, Mapping[str, float]]
     if below_seen and head_seen:
         reach = math.sqrt(below_sq / head_sq) if head_sq > 0 else math.nan
     f = layers.get(layout.final) if layout.final is not None else None
-    found = f is not None and trap_found(layout.final_kind == "dyt", f["saturated"], f["centered"], reach,
-                                         saturated_at=saturated_at, retained_below=retained_below, floor=floor)
-    return TrapReading(step, layout.final, layout.final_kind, layers, reach, by_group, found, unknown=layout.unknown,
-                       note=getattr(layout, "note", ""))
+    found = f is not None and trap_found(
+        layout.final_kind == "dyt",
+        f["saturated"],
+        f["centered"],
+        reach,
+        saturated_at=saturated_at,
+        retained_below=retained_below,
+        floor=floor,
+    )
+    return TrapReading(
+        step,
+        layout.final,
+        layout.final_kind,
+        layers,
+        reach,
+        by_group,
+        found,
+        unknown=layout.unknown,
+        note=getattr(layout, "note", ""),
+    )

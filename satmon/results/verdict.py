@@ -32,8 +32,19 @@ from satmon.results.rule import CALIBRATED_FUNCTION, THRESHOLD_SOURCES, TRUST, D
 from satmon.study import CAVEAT, COLLAPSE_THRESHOLD, INCONCLUSIVE_BAND, LEVEL, THRESHOLD
 
 __all__ = [
-    "CAVEAT", "FLAG_TEXT", "INCONCLUSIVE_BAND", "THRESHOLD_SOURCES", "TRUST", "Decision", "GatingInfo", "LayerCounts",
-    "Rule", "Source", "Trust", "Verdict", "build_verdict",
+    "CAVEAT",
+    "FLAG_TEXT",
+    "INCONCLUSIVE_BAND",
+    "THRESHOLD_SOURCES",
+    "TRUST",
+    "Decision",
+    "GatingInfo",
+    "LayerCounts",
+    "Rule",
+    "Source",
+    "Trust",
+    "Verdict",
+    "build_verdict",
 ]
 
 
@@ -65,8 +76,18 @@ class LayerCounts(NamedTuple):
 
 
 #: the Verdict fields that hold containers (frozen at construction, thawed by to_dict)
-_CONTAINERS = ("per_layer", "gated_layers", "risk", "notes", "loss", "flags", "offset", "cautions", "functions",
-               "planned_forecast")
+_CONTAINERS = (
+    "per_layer",
+    "gated_layers",
+    "risk",
+    "notes",
+    "loss",
+    "flags",
+    "offset",
+    "cautions",
+    "functions",
+    "planned_forecast",
+)
 
 
 @dataclass(frozen=True)
@@ -172,13 +193,17 @@ class Verdict:
 
     def __post_init__(self) -> None:
         if self.decision not in tuple(Decision):
-            raise ValueError(f"Expected a decision in {tuple(d.value for d in Decision)}, got {self.decision!r}: "
-                             "verdicts "
-                             "are made by build_verdict, whose Rule decides.")
+            raise ValueError(
+                f"Expected a decision in {tuple(d.value for d in Decision)}, got {self.decision!r}: "
+                "verdicts "
+                "are made by build_verdict, whose Rule decides."
+            )
         object.__setattr__(self, "decision", Decision(self.decision))
         if not isinstance(self.rule, Rule):
-            raise TypeError(f"Expected `rule` to be a satmon.results.rule.Rule, got {type(self.rule).__name__}: build "
-                            "verdicts with build_verdict(counts, rule, ...).")
+            raise TypeError(
+                f"Expected `rule` to be a satmon.results.rule.Rule, got {type(self.rule).__name__}: build "
+                "verdicts with build_verdict(counts, rule, ...)."
+            )
         for name in _CONTAINERS:
             object.__setattr__(self, name, freeze(getattr(self, name)))
 
@@ -279,9 +304,12 @@ class Verdict:
         known["rule"] = rule = _flat_rule(d)  # satmon 0.1 to 0.4: the rule's fields at the top
         if any(k not in d for k in ("held_out_accuracy", "held_out_cells", "trust")):  # before 0.5: trust from fields
             known["cautions"] = rule.cautions(
-                known["decision"], tuple(known.get("functions", ())), tuple(known.get("flags", ())),
+                known["decision"],
+                tuple(known.get("functions", ())),
+                tuple(known.get("flags", ())),
                 _partial(known["source"], known.get("window", 0), known["planned_window"]),
-                bool(known.get("inconclusive")))
+                bool(known.get("inconclusive")),
+            )
             known["trust"] = known["cautions"][0] if known["cautions"] else "ok"
         if "comparison" not in known and "saturation" in known:  # before 0.5: as the rule compares
             known["comparison"] = rule.compare(known["saturation"])
@@ -337,9 +365,15 @@ class Verdict:
 
 
 #: the rule's own arguments ``build_verdict`` took until satmon 0.4 (deprecated: pass a :class:`Rule`)
-_RULE_ARGUMENTS = ("threshold", "collapse_threshold", "caveat", "threshold_source", "held_out_accuracy",
-                   "no_skill_accuracy",
-                   "held_out_cells")
+_RULE_ARGUMENTS = (
+    "threshold",
+    "collapse_threshold",
+    "caveat",
+    "threshold_source",
+    "held_out_accuracy",
+    "no_skill_accuracy",
+    "held_out_cells",
+)
 
 
 def build_verdict(
@@ -428,8 +462,10 @@ def build_verdict(
     elif rule is None:
         rule = Rule()
     elif not isinstance(rule, Rule):
-        raise TypeError(f"Expected `rule` to be a satmon.results.rule.Rule or None (the study's), got "
-                        f"{type(rule).__name__}: pass settings.rule, or Rule(threshold=..., threshold_source='user').")
+        raise TypeError(
+            f"Expected `rule` to be a satmon.results.rule.Rule or None (the study's), got "
+            f"{type(rule).__name__}: pass settings.rule, or Rule(threshold=..., threshold_source='user')."
+        )
     rows = {name: LayerCounts(*c) for name, c in counts.items()}
     n = sum(c.total for c in rows.values())
     if n == 0:
@@ -457,15 +493,35 @@ def build_verdict(
     inconclusive = abs(margin) < INCONCLUSIVE_BAND
     cautions = rule.cautions(decision, functions, tuple(flags), _partial(source, window, planned), inconclusive)
     return Verdict(
-        decision=decision, saturation=float(saturation), rule=rule, margin=float(margin),
-        per_layer={k: c.saturated / c.total for k, c in rows.items() if c.total}, step=int(step), window=int(window),
-        level=float(level), reason=reason, elements=int(n), nonfinite=int(nonfinite),
-        inconclusive=inconclusive, gated=gated,
-        gated_layers=gating.gated_layers if gating is not None else (), collapse_risk=collapse, risk=risk or {},
-        gating_message=gating.message if gating is not None else "", source=source, planned_window=planned,
-        notes=tuple(notes), loss=loss or {}, flags=tuple(flags), offset=offset or {},
-        nonfinite_weights=sum(weights.values()), offset_every=int(offset_every), functions=functions,
-        trust=cautions[0] if cautions else "ok", cautions=cautions, comparison=comparison,
+        decision=decision,
+        saturation=float(saturation),
+        rule=rule,
+        margin=float(margin),
+        per_layer={k: c.saturated / c.total for k, c in rows.items() if c.total},
+        step=int(step),
+        window=int(window),
+        level=float(level),
+        reason=reason,
+        elements=int(n),
+        nonfinite=int(nonfinite),
+        inconclusive=inconclusive,
+        gated=gated,
+        gated_layers=gating.gated_layers if gating is not None else (),
+        collapse_risk=collapse,
+        risk=risk or {},
+        gating_message=gating.message if gating is not None else "",
+        source=source,
+        planned_window=planned,
+        notes=tuple(notes),
+        loss=loss or {},
+        flags=tuple(flags),
+        offset=offset or {},
+        nonfinite_weights=sum(weights.values()),
+        offset_every=int(offset_every),
+        functions=functions,
+        trust=cautions[0] if cautions else "ok",
+        cautions=cautions,
+        comparison=comparison,
     )
 
 
@@ -473,20 +529,31 @@ def _loose_rule(rule: Rule | None, given: Mapping[str, Any]) -> Rule:
     """The :class:`Rule` of ``build_verdict``'s deprecated loose rule arguments (satmon 0.4's), with a warning."""
     unknown = sorted(set(given) - set(_RULE_ARGUMENTS))
     if unknown:
-        raise TypeError(f"build_verdict() got unexpected keyword argument(s) {unknown}: expected the counts, a Rule "
-                        "and "
-                        f"the reading's own arguments (step, window, source, ...).")
+        raise TypeError(
+            f"build_verdict() got unexpected keyword argument(s) {unknown}: expected the counts, a Rule "
+            "and "
+            f"the reading's own arguments (step, window, source, ...)."
+        )
     if rule is not None:
-        raise ValueError(f"Expected either `rule` or the rule's own arguments, got both ({sorted(given)}): put them in "
-                         "the Rule.")
-    deprecated(f"build_verdict({', '.join(f'{k}=' for k in given)})", "a Rule: build_verdict(counts, "
-               "Rule(threshold=..., "
-               "threshold_source='user'), ...), or settings.rule", stacklevel=4)
+        raise ValueError(
+            f"Expected either `rule` or the rule's own arguments, got both ({sorted(given)}): put them in the Rule."
+        )
+    deprecated(
+        f"build_verdict({', '.join(f'{k}=' for k in given)})",
+        "a Rule: build_verdict(counts, Rule(threshold=..., threshold_source='user'), ...), or settings.rule",
+        stacklevel=4,
+    )
     threshold = given.get("threshold")
     whose = given.get("threshold_source") or ("study" if threshold is None else "user")  # never inferred from its value
-    return Rule(THRESHOLD if threshold is None else threshold, given.get("collapse_threshold", COLLAPSE_THRESHOLD),
-                given.get("caveat") or CAVEAT, whose, given.get("held_out_accuracy"), given.get("no_skill_accuracy"),
-                given.get("held_out_cells"))
+    return Rule(
+        THRESHOLD if threshold is None else threshold,
+        given.get("collapse_threshold", COLLAPSE_THRESHOLD),
+        given.get("caveat") or CAVEAT,
+        whose,
+        given.get("held_out_accuracy"),
+        given.get("no_skill_accuracy"),
+        given.get("held_out_cells"),
+    )
 
 
 def _flat_rule(d: Mapping[str, Any]) -> Rule:

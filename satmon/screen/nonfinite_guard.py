@@ -38,8 +38,9 @@ class NonFiniteGuard:
         self._inflight: list[tuple[Tensor, Any]] = []
         self.seen = 0  # non-finite findings so far (inputs counted plus bad alphas and losses, all ranks)
 
-    def push(self, input_count: Tensor | None, alphas: Tensor | None, loss: Any,
-             reduce_max: Callable[[Tensor], Tensor]) -> None:
+    def push(
+        self, input_count: Tensor | None, alphas: Tensor | None, loss: Any, reduce_max: Callable[[Tensor], Tensor]
+    ) -> None:
         """This step's findings (device tensors), reduced over ranks, copied to the host asynchronously."""
         parts = [torch.zeros((), dtype=torch.float64, device=self.device)]
         if input_count is not None:

@@ -33,8 +33,19 @@ from satmon.results.stop import StopRecord
 from satmon.results.verdict import Verdict
 from satmon.settings import Settings
 
-__all__ = ["COUNTS", "EXTRA_STATES", "STATE_FILE", "STATE_KEY", "STATE_VERSION", "RestorePlan", "ScreenState", "WindowState",
-           "load_window_state", "read_window_state", "restore_plan"]
+__all__ = [
+    "COUNTS",
+    "EXTRA_STATES",
+    "STATE_FILE",
+    "STATE_KEY",
+    "STATE_VERSION",
+    "RestorePlan",
+    "ScreenState",
+    "WindowState",
+    "load_window_state",
+    "read_window_state",
+    "restore_plan",
+]
 
 #: The key a Lightning checkpoint keeps the SaturationMonitor's state under (``checkpoint["callbacks"][STATE_KEY]``);
 #: satmon 0.1 wrote ``SaturationMonitor{...}``, so readers match the prefix.
@@ -142,9 +153,14 @@ class ScreenState:
     def to_dict(self) -> dict[str, Any]:
         """The checkpoint's dict of plain values (see the module docstring)."""
         out: dict[str, Any] = {
-            "version": STATE_VERSION, "settings": thaw(self.settings), "layers": list(self.layers),
-            "steps_seen": self.steps_seen, "first_step": self.first_step, "notes": list(self.notes),
-            "verdict": self.verdict.to_dict() if self.verdict else None, "stop": self.stop.to_dict() if self.stop else None,
+            "version": STATE_VERSION,
+            "settings": thaw(self.settings),
+            "layers": list(self.layers),
+            "steps_seen": self.steps_seen,
+            "first_step": self.first_step,
+            "notes": list(self.notes),
+            "verdict": self.verdict.to_dict() if self.verdict else None,
+            "stop": self.stop.to_dict() if self.stop else None,
         }
         if self.counts is not None:
             out.update(zip(COUNTS, thaw(self.counts)))
@@ -157,8 +173,11 @@ class ScreenState:
     def from_dict(cls, d: Mapping[str, Any]) -> ScreenState:
         """Read a saved state (satmon 0.1's and 0.2's; missing keys take their defaults)."""
         return cls(
-            settings=d.get("settings") or {}, layers=tuple(d.get("layers") or ()), steps_seen=int(d.get("steps_seen", 0)),
-            first_step=int(d.get("first_step", 0)), notes=tuple(d.get("notes") or ()),
+            settings=d.get("settings") or {},
+            layers=tuple(d.get("layers") or ()),
+            steps_seen=int(d.get("steps_seen", 0)),
+            first_step=int(d.get("first_step", 0)),
+            notes=tuple(d.get("notes") or ()),
             verdict=Verdict.from_dict(d["verdict"]) if d.get("verdict") else None,
             stop=StopRecord.from_dict(d["stop"]) if d.get("stop") else None,
             counts=tuple(tuple(d[k]) for k in COUNTS) if COUNTS[0] in d else None,  # type: ignore[arg-type]
@@ -194,7 +213,9 @@ def _layer_change(saved: Sequence[str], now: Sequence[str]) -> str:
     return "another set of DyT layers (" + ("; ".join(parts) or "the same ones in another order") + ")"
 
 
-def restore_plan(saved: ScreenState | Mapping[str, Any], settings: Settings, layers: Sequence[str], steps: int) -> RestorePlan:
+def restore_plan(
+    saved: ScreenState | Mapping[str, Any], settings: Settings, layers: Sequence[str], steps: int
+) -> RestorePlan:
     """Compare the saved settings and layers with the current ones and decide what the saved counts still mean.
 
     Counts made by another rule (``level``) or on another set of DyT layers (``include=``/``exclude=`` or the
@@ -220,7 +241,9 @@ def restore_plan(saved: ScreenState | Mapping[str, Any], settings: Settings, lay
     notes, found = list(saved.notes), []
     where = f"resumed at step {steps}"
     moved = _layer_change(saved.layers, layers) if saved.layers else ""
-    changed = {k: (v, _in_force(settings, k)) for k, v in saved.settings.items() if k in _SAVED and v != _in_force(settings, k)}
+    changed = {
+        k: (v, _in_force(settings, k)) for k, v in saved.settings.items() if k in _SAVED and v != _in_force(settings, k)
+    }
     if saved.counts is None or not saved.window_open:
         if moved and saved.verdict is not None:  # the verdict stands; its counts are not put into the other layers
             notes.append(f"{where} with {moved}: the verdict was made on the saved layers")
@@ -235,30 +258,42 @@ def restore_plan(saved: ScreenState | Mapping[str, Any], settings: Settings, lay
         made = " and ".join((["by another rule"] if rule else []) + (["on other layers"] if moved else []))
         window = settings.window
         if window > steps:
-            found.append(f"satmon: {where} with {why}: the saved counts were made {made}, so they were dropped and the "
-                         f"window restarts counting at step {steps} ({window - steps} of its {window} steps remain). "
-                         f"Resume with {keep} to keep them.")
+            found.append(
+                f"satmon: {where} with {why}: the saved counts were made {made}, so they were dropped and the "
+                f"window restarts counting at step {steps} ({window - steps} of its {window} steps remain). "
+                f"Resume with {keep} to keep them."
+            )
             notes.append(f"window restarted at step {steps} ({why}): the verdict covers the steps after it only")
         else:
-            found.append(f"satmon: {where} with {why}: the saved counts were made {made}, so they were dropped, and the "
-                         f"{window}-step window is over at step {steps}: nothing is left to count, so there is no verdict. "
-                         f"Resume with {keep} to keep the counts, or with a window longer than {steps} steps.")
+            found.append(
+                f"satmon: {where} with {why}: the saved counts were made {made}, so they were dropped, and the "
+                f"{window}-step window is over at step {steps}: nothing is left to count, so there is no verdict. "
+                f"Resume with {keep} to keep the counts, or with a window longer than {steps} steps."
+            )
             notes.append(f"{where} with {why}: the saved counts were dropped and the window was over: no verdict")
         return RestorePlan(None, True, tuple(notes), tuple(found), dropped=why)
     counts = saved.counts
     if any(k in changed for k in _ROUNDING):
-        found.append(f"satmon: {where} with {text}: the counts of the first {steps} steps were kept; they used the other "
-                     "product rule, which differs only for elements within one rounding step of the level.")
+        found.append(
+            f"satmon: {where} with {text}: the counts of the first {steps} steps were kept; they used the other "
+            "product rule, which differs only for elements within one rounding step of the level."
+        )
         notes.append(f"{where} with {text}; the counts of the first {steps} steps were kept")
     elif "window" in changed and settings.window <= steps:
-        found.append(f"satmon: {where} with {text}: {steps} window steps were counted before the resume, as many as the "
-                     f"window now asks for or more, so the window closes at once, on those {steps} steps. Resume with the "
-                     "saved window to screen the steps it asked for.")
-        notes.append(f"{where} with {text} after {steps} window steps were counted: the window closed at the resume, "
-                     f"on those {steps} steps")
+        found.append(
+            f"satmon: {where} with {text}: {steps} window steps were counted before the resume, as many as the "
+            f"window now asks for or more, so the window closes at once, on those {steps} steps. Resume with the "
+            "saved window to screen the steps it asked for."
+        )
+        notes.append(
+            f"{where} with {text} after {steps} window steps were counted: the window closed at the resume, "
+            f"on those {steps} steps"
+        )
     elif any(k in changed for k in _SPAN):
-        found.append(f"satmon: {where} with {text}: the counts of the first {steps} steps were kept; the window's span "
-                     "changed, so the verdict rests on a window made of two settings.")
+        found.append(
+            f"satmon: {where} with {text}: the counts of the first {steps} steps were kept; the window's span "
+            "changed, so the verdict rests on a window made of two settings."
+        )
         notes.append(f"{where} with {text}; the counts of the first {steps} steps were kept")
     else:
         notes.append(f"{where} with {text}; the counts were kept")

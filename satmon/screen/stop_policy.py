@@ -7,8 +7,8 @@ the record and raises or stops. The policy writes to no logger.
 
 from __future__ import annotations
 
-from satmon.results.stop import StopDecision, StopReason, StopRecord, breaches
 from satmon.results.rule import Decision
+from satmon.results.stop import StopDecision, StopReason, StopRecord, breaches
 from satmon.results.verdict import Verdict
 from satmon.screen.agreement import Agreement
 from satmon.settings import Settings

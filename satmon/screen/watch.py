@@ -88,8 +88,13 @@ class WatchReading:
             object.__setattr__(self, name, freeze(getattr(self, name)))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "gated_saturation": self.gated_saturation, "nonfinite": self.nonfinite,
-                "loss_z": self.loss_z, **{k.value: v for k, v in self.found.items()}}
+        return {
+            "step": self.step,
+            "gated_saturation": self.gated_saturation,
+            "nonfinite": self.nonfinite,
+            "loss_z": self.loss_z,
+            **{k.value: v for k, v in self.found.items()},
+        }
 
 
 class CollapseWatch:
@@ -104,9 +109,18 @@ class CollapseWatch:
         losses: the loss ring buffer the driver pushes into.
     """
 
-    def __init__(self, hooks: SaturationHooks, gated: list[int], gate_hooks: Any, gate_names: dict[str, str],
-                 every_n_steps: int, collapse_threshold: float, loss_spike_z: float, patience: int,
-                 losses: LossHistory) -> None:
+    def __init__(
+        self,
+        hooks: SaturationHooks,
+        gated: list[int],
+        gate_hooks: Any,
+        gate_names: dict[str, str],
+        every_n_steps: int,
+        collapse_threshold: float,
+        loss_spike_z: float,
+        patience: int,
+        losses: LossHistory,
+    ) -> None:
         self.hooks, self.gated, self.gate_hooks, self.gate_names = hooks, gated, gate_hooks, gate_names
         self.every, self.collapse_threshold = every_n_steps, collapse_threshold
         self.loss_spike_z, self.patience, self.losses = loss_spike_z, patience, losses
@@ -171,7 +185,9 @@ class CollapseWatch:
         }
         for k, v in found.items():
             self.streak[k] = self.streak.get(k, 0) + 1 if v else 0
-        due = tuple((r, self._message(r, gated_sat, bad, loss_bad, z)) for r in _ORDER if self.streak.get(r, 0) >= self.patience)
+        due = tuple(
+            (r, self._message(r, gated_sat, bad, loss_bad, z)) for r in _ORDER if self.streak.get(r, 0) >= self.patience
+        )
         reading = WatchReading(step, gated_sat, bad, loss_bad, z, found, due, gate_stats)
         self.log.append(reading.to_dict())
         return reading
@@ -186,13 +202,22 @@ class CollapseWatch:
         flag, z = reduce_max(local).tolist()
         return bool(flag), (float(z) if recent else None)
 
-    def _message(self, reason: StopReason, gated_saturation: float | None, nonfinite: int, loss_nonfinite: bool,
-                 loss_z: float | None) -> str:
+    def _message(
+        self,
+        reason: StopReason,
+        gated_saturation: float | None,
+        nonfinite: int,
+        loss_nonfinite: bool,
+        loss_z: float | None,
+    ) -> str:
         if reason is StopReason.COLLAPSE_RISK:
             text = f"saturation of DyT feeding gated MLPs {gated_saturation or 0:.4f} >= {self.collapse_threshold:g}"
         elif reason is StopReason.NONFINITE:
-            text = (f"{nonfinite} DyT layer input(s) or alpha(s) with non-finite values"
-                    + (" and a non-finite training loss" if loss_nonfinite else "") + " in the watched step")
+            text = (
+                f"{nonfinite} DyT layer input(s) or alpha(s) with non-finite values"
+                + (" and a non-finite training loss" if loss_nonfinite else "")
+                + " in the watched step"
+            )
         else:
             text = f"training loss {loss_z:.1f} robust sigmas above its running baseline (limit {self.loss_spike_z:g})"
         return text + (f" for {self.patience} consecutive checks" if self.patience > 1 else "")

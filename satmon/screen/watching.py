@@ -57,8 +57,17 @@ class Watching:
         s, pairings = self.settings, (self.gating.pairings if self.gating is not None else {})
         assert self.losses is not None
         gated = [i for i, layer in enumerate(self.layers) if layer.name in pairings]
-        return CollapseWatch(hooks, gated, self.gate_hooks, {k: p.mlp for k, p in pairings.items()}, s.watch_every_n_steps,
-                             s.collapse_threshold, s.loss_spike_z, s.patience, self.losses)
+        return CollapseWatch(
+            hooks,
+            gated,
+            self.gate_hooks,
+            {k: p.mlp for k, p in pairings.items()},
+            s.watch_every_n_steps,
+            s.collapse_threshold,
+            s.loss_spike_z,
+            s.patience,
+            self.losses,
+        )
 
     def _verdict_policy(self, step: int) -> None:
         assert self.verdict is not None
@@ -80,8 +89,13 @@ class Watching:
         reading = self.watch.check(step, self.agreement.max)
         if self.on_watch_check is not None:
             self.on_watch_check(reading, self.watch)
-        tb.log_scalars(self.sink, tb.watch_scalars(reading.nonfinite, reading.gated_saturation, reading.gate_stats,
-                                                   reading.loss_z, reading.found), step)
+        tb.log_scalars(
+            self.sink,
+            tb.watch_scalars(
+                reading.nonfinite, reading.gated_saturation, reading.gate_stats, reading.loss_z, reading.found
+            ),
+            step,
+        )
         for reason, message in reading.due:
             if (self.stop is None or self.stop.dry_run) and self.request_stop(reason, message, step):
                 return
@@ -94,8 +108,11 @@ class Watching:
         tb.log_scalars(self.sink, trap_scalars(reading), step)
         if event is None:
             return
-        line = reading.line() if event == "trapped" else (f"satmon: the run left the trap at step {step}: "
-                                                          f"{reading.status()}.")
+        line = (
+            reading.line()
+            if event == "trapped"
+            else (f"satmon: the run left the trap at step {step}: {reading.status()}.")
+        )
         tb.log_text(self.sink, TAG.trap_text, reading.markdown() if event == "trapped" else line, step)
         self.info(line)
         note = line.removeprefix("satmon: ")
@@ -118,8 +135,11 @@ class Watching:
             self.guard.push(None, None, loss, self.agreement.max)
         seen = self.guard.poll()
         if seen:
-            self.request_stop(StopReason.NONFINITE, f"non-finite DyT input(s), alpha(s) or training loss on some rank "
-                              f"({seen} so far, all ranks)", step)
+            self.request_stop(
+                StopReason.NONFINITE,
+                f"non-finite DyT input(s), alpha(s) or training loss on some rank ({seen} so far, all ranks)",
+                step,
+            )
 
     # ------------------------------------------------------------------------------- stopping
     def request_stop(self, reason: StopReason, message: str, step: int) -> bool:

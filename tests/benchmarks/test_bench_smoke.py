@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import torch
-from reference import InputRecorder
 from lightning.pytorch.callbacks import Callback
 
+from reference import InputRecorder
 from satmon import find_dyt_layers
 from satmon.results.verdict import build_verdict
 
@@ -25,8 +25,19 @@ sys.path.insert(0, str(BENCH))
 
 from harness import MODELS_SMOKE, Plan, run_once  # noqa: E402
 
-CONFIGS = ("off", "off-again", "window", "sampled", "after", "watch", "trap", "user-item", "paired", "paired-eager",
-           "paired-fused")
+CONFIGS = (
+    "off",
+    "off-again",
+    "window",
+    "sampled",
+    "after",
+    "watch",
+    "trap",
+    "user-item",
+    "paired",
+    "paired-eager",
+    "paired-fused",
+)
 # --smoke: 6 warm-up + 6 measured steps + 1 closing step, the small window half the warm-up
 TOTAL, WINDOW_SMALL = 13, 3
 
@@ -51,8 +62,16 @@ def test_overhead_smoke_counts_and_pools(tmp_path):
     assert "Trap watch, demo: step time with the trap watch on over off (f)/(c): " in proc.stdout
     data = json.loads(out.read_text())
     # optimizer steps each configuration counts: all (window), the first few (after, watch), every 2nd / 4th from 0
-    counted_steps = {"window": TOTAL, "after": WINDOW_SMALL, "watch": WINDOW_SMALL, "trap": WINDOW_SMALL, "paired": (TOTAL + 1) // 2,
-                     "paired-eager": (TOTAL + 1) // 2, "paired-fused": (TOTAL + 1) // 2, "sampled": (TOTAL + 3) // 4}
+    counted_steps = {
+        "window": TOTAL,
+        "after": WINDOW_SMALL,
+        "watch": WINDOW_SMALL,
+        "trap": WINDOW_SMALL,
+        "paired": (TOTAL + 1) // 2,
+        "paired-eager": (TOTAL + 1) // 2,
+        "paired-fused": (TOTAL + 1) // 2,
+        "sampled": (TOTAL + 3) // 4,
+    }
     for model in ("demo", "wide"):
         r = data["results"][model]
         assert set(r["summary"]) == set(CONFIGS) and r["warmup"] == 6
@@ -71,7 +90,9 @@ def test_overhead_smoke_counts_and_pools(tmp_path):
         assert set(r["paths"]) == {"paired", "paired-eager", "paired-fused"}
     assert "Load average at the start: " in proc.stdout and "load average at the end: " in proc.stdout
     pooled = _run(str(BENCH / "overhead.py"), "--pool", str(out), str(out), cwd=tmp_path)
-    assert "- wide: 2 file(s), 4 paired runs, 4 paired-eager runs, 4 paired-fused runs, 4 reference runs" in pooled.stdout
+    assert (
+        "- wide: 2 file(s), 4 paired runs, 4 paired-eager runs, 4 paired-fused runs, 4 reference runs" in pooled.stdout
+    )
     for model in ("demo", "wide"):  # a run pooled with itself: every ratio twice, the medians unchanged
         pe = data["results"][model]["paired"]
         part = pooled.stdout.split(f"Paired estimate, {model}")
@@ -111,8 +132,19 @@ def test_window_verdict_equals_a_float64_recount():
 def test_the_realistic_widths_run_and_count_every_input(tmp_path):
     """The d512b8 and d1024 models (tiny in --smoke): the paired configurations, each forced path, exact counts."""
     out = tmp_path / "wide.json"
-    _run(str(BENCH / "overhead.py"), "--smoke", "--models", "d512b8,d1024", "--configs", "paired-eager,paired-fused",
-         "--threads", "1", "--json", str(out), cwd=tmp_path)
+    _run(
+        str(BENCH / "overhead.py"),
+        "--smoke",
+        "--models",
+        "d512b8,d1024",
+        "--configs",
+        "paired-eager,paired-fused",
+        "--threads",
+        "1",
+        "--json",
+        str(out),
+        cwd=tmp_path,
+    )
     data = json.loads(out.read_text())
     for model in ("d512b8", "d1024"):
         r = data["results"][model]
@@ -122,7 +154,8 @@ def test_the_realistic_widths_run_and_count_every_input(tmp_path):
 
 
 def test_until_width_repeats_until_every_paired_interval_is_narrow(monkeypatch, capsys):
-    """``measure`` with ``until_width``: repeats past ``repeats`` while an interval is wider, and stops at ``max_repeats``."""
+    """``measure`` with ``until_width``: repeats past ``repeats`` while an interval is wider,
+    and stops at ``max_repeats``."""
     import overhead
 
     calls = {"n": 0}
@@ -130,8 +163,10 @@ def test_until_width_repeats_until_every_paired_interval_is_narrow(monkeypatch, 
     def fake_run_once(spec, config, plan, device, clock="wall"):
         calls["n"] += 1
         noisy = config == "paired-eager" and calls["n"] <= 12  # noisy for the first repeats, then steady
-        times = [1.0 + (0.3 * ((i * 7) % 5) if noisy else 0.0) + (0.05 if i % 2 == 0 and config != "off" else 0.0)
-                 for i in range(plan.measured)]
+        times = [
+            1.0 + (0.3 * ((i * 7) % 5) if noisy else 0.0) + (0.05 if i % 2 == 0 and config != "off" else 0.0)
+            for i in range(plan.measured)
+        ]
         return {"times": times, "verdict": None, "count_paths": {"fused": 1, "four ops": 0}}
 
     monkeypatch.setattr(overhead, "run_once", fake_run_once)
@@ -164,15 +199,21 @@ def test_profile_hook_smoke(tmp_path):
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
     names = [r.split(" | ")[0].lstrip("| ") for r in rows]
     assert names[0] == "whole satmon hook, counting in the hook (in a step)" and "in-place > threshold" in names
-    assert set(names) >= {"idle satmon hook (uncounted step)", "whole satmon hook, keep_inputs (as the callback runs it)",
-                          "count_kept() after the forward, per layer (keep_inputs)", "abs(x) into the work buffer"}
+    assert set(names) >= {
+        "idle satmon hook (uncounted step)",
+        "whole satmon hook, keep_inputs (as the callback runs it)",
+        "count_kept() after the forward, per layer (keep_inputs)",
+        "abs(x) into the work buffer",
+    }
     for r in rows:  # every cell a finite, positive time
         cells = [float(c) for c in r.strip(" |").split(" | ")[1:]]
         assert len(cells) == 3 and all(0 < c < 1e7 for c in cells)
 
 
 def test_profile_hook_count_paths_smoke(tmp_path):
-    proc = _run(str(BENCH / "profile_hook.py"), "--smoke", "--count-paths", "--model", "d512b8", "--threads", "1", cwd=tmp_path)
+    proc = _run(
+        str(BENCH / "profile_hook.py"), "--smoke", "--count-paths", "--model", "d512b8", "--threads", "1", cwd=tmp_path
+    )
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert [r.split(" | ")[0].lstrip("| ") for r in rows] == ["four ops", "fused"]
     for r in rows:

@@ -41,7 +41,8 @@ def test_neighbour_ratios_pick_the_counted_steps():
     assert neighbour_ratios(run, first=0) == pytest.approx([1.0 / 2.5])  # step 2: 1 / mean(3, 2)
     assert neighbour_ratios(run, first=1) == pytest.approx([3.0 / 1.0, 2.0 / 1.5])  # steps 2, 4 at i = 1, 3
     long = [1.0, 1.0, 1.0, 1.0, 1.4, 1.0, 1.0, 1.0, 1.2, 1.0]
-    assert neighbour_ratios(long, first=0, every=4) == pytest.approx([1.4, 1.2])  # i = 4, 8; i = 0 has no left neighbour
+    # i = 4, 8; i = 0 has no left neighbour
+    assert neighbour_ratios(long, first=0, every=4) == pytest.approx([1.4, 1.2])
 
 
 def test_paired_estimate_hand_computed():
@@ -102,8 +103,13 @@ def test_pool_runs_concatenates_and_checks_the_first_step():
     b = _saved(12, None, off=[[4.0]], paired=[[5.0], [6.0]])
     pooled = pool_runs([("a.json", a), ("b.json", b)])
     assert pooled["wide"]["files"] == 2 and pooled["wide"]["warmup"] == 12
-    assert pooled["wide"]["runs"] == {"off": [[1.0, 2.0], [4.0]], "paired": [[3.0], [5.0], [6.0]], "sampled": [],
-                                      "paired-eager": [], "paired-fused": []}
+    assert pooled["wide"]["runs"] == {
+        "off": [[1.0, 2.0], [4.0]],
+        "paired": [[3.0], [5.0], [6.0]],
+        "sampled": [],
+        "paired-eager": [],
+        "paired-fused": [],
+    }
     smoke = _saved(12, 6, off=[[1.0]], paired=[[1.0]])  # a --smoke file: its model's warmup wins over --warmup
     assert pool_runs([("s.json", smoke)])["wide"]["warmup"] == 6
     with pytest.raises(ValueError, match=r"Expected one --warmup in every pooled file, got 12 and 6 \(s.json\)"):
@@ -119,9 +125,18 @@ def test_pooling_a_run_with_itself_keeps_the_point_estimate():
 
 
 def test_paired_lines_read_as_percentages():
-    pe = {"counted_vs_neighbours": 1.0069, "control_even_vs_odd": 1.0, "ratio": 1.0069, "ratio_lo": 1.0046,
-          "ratio_hi": 1.0092, "sampled_counted_vs_neighbours": 1.0048, "sampled_control": 1.0,
-          "sampled_step_ratio": 1.0012, "sampled_step_lo": 1.0006, "sampled_step_hi": 1.0020}
+    pe = {
+        "counted_vs_neighbours": 1.0069,
+        "control_even_vs_odd": 1.0,
+        "ratio": 1.0069,
+        "ratio_lo": 1.0046,
+        "ratio_hi": 1.0092,
+        "sampled_counted_vs_neighbours": 1.0048,
+        "sampled_control": 1.0,
+        "sampled_step_ratio": 1.0012,
+        "sampled_step_lo": 1.0006,
+        "sampled_step_hi": 1.0020,
+    }
     lines = paired_lines({"wide": {"paired": pe}, "demo": {"paired": None}})
     assert len(lines) == 2 and lines[0].startswith("\nPaired estimate, wide:")
     assert "window hot-path overhead +0.69% (90% bootstrap interval +0.46% to +0.92%)" in lines[0]
@@ -131,15 +146,23 @@ def test_paired_lines_read_as_percentages():
 def test_paired_estimates_of_each_count_path_share_one_control():
     """Forced count paths are estimated like ``paired``, against the same ``off`` runs; width and pairs come along."""
     off = [[2.0, 1.0] * 4]
-    runs = {"off": off, "paired-eager": [[1.0, 1.0, 1.2, 1.0, 1.1, 1.0, 1.3, 1.0]],
-            "paired-fused": [[1.0, 1.0, 1.05, 1.0, 1.0, 1.0, 1.1, 1.0]]}
+    runs = {
+        "off": off,
+        "paired-eager": [[1.0, 1.0, 1.2, 1.0, 1.1, 1.0, 1.3, 1.0]],
+        "paired-fused": [[1.0, 1.0, 1.05, 1.0, 1.0, 1.0, 1.1, 1.0]],
+    }
     est = paired_estimates(runs, first=0)
     assert set(est) == {"paired-eager", "paired-fused"}  # no "paired" runs: no estimate for it
-    assert est["paired-eager"]["ratio"] == pytest.approx(1.2 / 2) and est["paired-fused"]["ratio"] == pytest.approx(1.05 / 2)
+    assert est["paired-eager"]["ratio"] == pytest.approx(1.2 / 2) and est["paired-fused"]["ratio"] == pytest.approx(
+        1.05 / 2
+    )
     for pe in est.values():
         assert pe["control_even_vs_odd"] == pytest.approx(2.0) and pe["pairs"] == 3
         assert pe["width"] == pytest.approx(pe["ratio_hi"] - pe["ratio_lo"]) and pe["width"] >= 0
     assert est["paired-eager"] == paired_estimate(runs, 0, config="paired-eager")
     lines = paired_lines({"d512b8": {"paired": None, "paths": est}})
-    assert [line.split(":")[0] for line in lines] == ["\nPaired estimate, d512b8, paired-eager", "\nPaired estimate, d512b8, paired-fused"]
+    assert [line.split(":")[0] for line in lines] == [
+        "\nPaired estimate, d512b8, paired-eager",
+        "\nPaired estimate, d512b8, paired-fused",
+    ]
     assert "four-op count (forced) -40.00%" in lines[0] and "3 counted steps" in lines[0]

@@ -28,19 +28,32 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 ROWS = (
-    "(a) host-sync audit, window + watch", "(b) overhead in the window, paired, satmon's choice",
-    "(b) overhead in the window, paired, fused count forced", "(b) overhead in the window, paired, four ops forced",
-    "(b) overhead in the window, between runs", "(b) overhead after the window (watch off)", "(c) torch.compile, aot_eager",
-    "(c) torch.compile, inductor", "(d) probe, d=64", "(d) probe, d=64: budget vs none", "(e) FSDP2",
-    "(f) work per counted DyT input, eager", "(f) work per counted DyT input, eager, four ops forced",
+    "(a) host-sync audit, window + watch",
+    "(b) overhead in the window, paired, satmon's choice",
+    "(b) overhead in the window, paired, fused count forced",
+    "(b) overhead in the window, paired, four ops forced",
+    "(b) overhead in the window, between runs",
+    "(b) overhead after the window (watch off)",
+    "(c) torch.compile, aot_eager",
+    "(c) torch.compile, inductor",
+    "(d) probe, d=64",
+    "(d) probe, d=64: budget vs none",
+    "(e) FSDP2",
+    "(f) work per counted DyT input, eager",
+    "(f) work per counted DyT input, eager, four ops forced",
     "(f) work per counted DyT input, inductor",
 )
 
 
 def test_gpu_check_dry_run(tmp_path):
     out = tmp_path / "gpu_check.json"
-    proc = subprocess.run([sys.executable, "-c", _NO_CUDA, str(ROOT / "benchmarks"), "--dry-run", "--json", str(out)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", _NO_CUDA, str(ROOT / "benchmarks"), "--dry-run", "--json", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "called in --dry-run" not in proc.stderr
     printed = [line.split(" | ")[0].lstrip("| ") for line in proc.stdout.splitlines() if line.startswith("| (")]

@@ -22,30 +22,56 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 def test_outcomes_csv(tmp_path):
     p = write(tmp_path, "o.csv", "run,dyt_val_loss,layernorm_val_loss,group\nr1,2.0,2.5,small\nr2,3.0,2.5,big\n")
     assert read_outcomes(p) == {"r1": (2.0, 2.5, "small"), "r2": (3.0, 2.5, "big")}
-    with pytest.raises(CalibrationError, match="Expected columns run,dyt_val_loss,layernorm_val_loss,group .* add group"):
+    with pytest.raises(
+        CalibrationError, match="Expected columns run,dyt_val_loss,layernorm_val_loss,group .* add group"
+    ):
         read_outcomes(write(tmp_path, "o2.csv", "run,dyt_val_loss,layernorm_val_loss\nr1,2.0,2.5\n"))
     with pytest.raises(CalibrationError, match="got a blank .*run 'r1'"):
         read_outcomes(write(tmp_path, "o3.csv", "run,dyt_val_loss,layernorm_val_loss,group\nr1,,2.5,a\n"))
 
 
 def replay_file(tmp_path: Path, name: str, saturations: list[float | None]) -> Path:
-    records = [{"checkpoint": f"step={i}.ckpt", "global_step": 10 * i, **({"verdict": {"saturation": s}} if s is not None else {})}
-               for i, s in enumerate(saturations)]
+    records = [
+        {
+            "checkpoint": f"step={i}.ckpt",
+            "global_step": 10 * i,
+            **({"verdict": {"saturation": s}} if s is not None else {}),
+        }
+        for i, s in enumerate(saturations)
+    ]
     return write(tmp_path, name, json.dumps(records))
 
 
 def test_replay_json_runs_take_the_latest_verdict(tmp_path):
     a = replay_file(tmp_path, "a.json", [0.2, 0.6])
     b = replay_file(tmp_path, "b.json", [None])
-    jl = write(tmp_path, "c.jsonl", "".join(json.dumps(r) + "\n" for r in [{"global_step": 5, "verdict": {"saturation": 0.7}},
-                                                                        {"global_step": 2, "verdict": {"saturation": 0.1}}]))
+    jl = write(
+        tmp_path,
+        "c.jsonl",
+        "".join(
+            json.dumps(r) + "\n"
+            for r in [
+                {"global_step": 5, "verdict": {"saturation": 0.7}},
+                {"global_step": 2, "verdict": {"saturation": 0.1}},
+            ]
+        ),
+    )
     assert run_readings([a, b, jl]) == {"a": 0.6, "b": None, "c": 0.7}
 
 
 def test_join_outcomes_matches_names_and_says_what_is_wrong():
-    readings = {"d32_dyt/version_0": 0.5, "d64_dyt/version_0": 0.3, "ln/version_0": None, "x/version_0": 0.1, "x/version_1": 0.2}
+    readings = {
+        "d32_dyt/version_0": 0.5,
+        "d64_dyt/version_0": 0.3,
+        "ln/version_0": None,
+        "x/version_0": 0.1,
+        "x/version_1": 0.2,
+    }
     cells = join_outcomes(readings, {"d32_dyt": (2.0, 2.5, "a"), "d64_dyt/version_0": (3.0, 2.0, "b")})
-    assert [(c.name, c.readings["saturation"], c.helps, c.delta) for c in cells] == [("d32_dyt", 0.5, True, -0.2), ("d64_dyt/version_0", 0.3, False, 0.5)]
+    assert [(c.name, c.readings["saturation"], c.helps, c.delta) for c in cells] == [
+        ("d32_dyt", 0.5, True, -0.2),
+        ("d64_dyt/version_0", 0.3, False, 0.5),
+    ]
     with pytest.raises(CalibrationError, match="got no run for 'nope'; runs found: d32_dyt/version_0"):
         join_outcomes(readings, {"nope": (2.0, 2.5, "a")})
     with pytest.raises(CalibrationError, match="Expected run name 'x' to name one run, got 2"):
@@ -55,9 +81,9 @@ def test_join_outcomes_matches_names_and_says_what_is_wrong():
 
 
 def test_tensorboard_runs_read_the_verdicts_saturation(tmp_path):
-    from satmon.results.verdict import build_verdict
     from satmon.io.tags import TAG
     from satmon.io.tensorboard import SummaryWriterSink, log_scalars, log_verdict
+    from satmon.results.verdict import build_verdict
 
     expected = {}
     for name, (sat, tot) in {"small_dyt": (3, 8), "big_dyt": (1, 8)}.items():
@@ -80,9 +106,14 @@ def test_outcomes_refuse_duplicates_and_losses_that_are_not_positive_and_finite(
     head = "run,dyt_val_loss,layernorm_val_loss,group\n"
     with pytest.raises(CalibrationError, match=r"got 'r1' on rows 1 and 3"):
         read_outcomes(write(tmp_path, "dup.csv", head + "r1,2.0,2.5,a\nr2,2.0,2.5,a\nr1,3.0,2.5,b\n"))
-    for dyt, ln, match in (("2.0", "0", "layernorm_val_loss > 0"), ("0", "2.0", "dyt_val_loss > 0"),
-                           ("-1", "2", "dyt_val_loss > 0"), ("nan", "2", "finite"), ("2", "inf", "finite"),
-                           ("2", "1e999", "finite")):
+    for dyt, ln, match in (
+        ("2.0", "0", "layernorm_val_loss > 0"),
+        ("0", "2.0", "dyt_val_loss > 0"),
+        ("-1", "2", "dyt_val_loss > 0"),
+        ("nan", "2", "finite"),
+        ("2", "inf", "finite"),
+        ("2", "1e999", "finite"),
+    ):
         with pytest.raises(CalibrationError, match=match):
             read_outcomes(write(tmp_path, "bad.csv", head + f"r1,{dyt},{ln},a\n"))
     (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbf" + (head + "r1,2.0,2.5,a\n").encode())
@@ -103,8 +134,16 @@ def test_join_refuses_a_run_named_twice_and_readings_no_verdict_could_give():
 
 def test_the_latest_verdict_is_read_even_when_it_is_non_finite(tmp_path):
     """A run that diverged at its last checkpoint is not read as its earlier checkpoint's saturation."""
-    p = write(tmp_path, "r.json", json.dumps([{"global_step": 500, "verdict": {"saturation": None, "decision": "non-finite"}},
-                                              {"global_step": 250, "verdict": {"saturation": 0.6}}]))
+    p = write(
+        tmp_path,
+        "r.json",
+        json.dumps(
+            [
+                {"global_step": 500, "verdict": {"saturation": None, "decision": "non-finite"}},
+                {"global_step": 250, "verdict": {"saturation": 0.6}},
+            ]
+        ),
+    )
     assert math.isnan(run_readings([p])["r"])
 
 

@@ -42,13 +42,20 @@ def test_balanced_rule_goes_into_the_json_when_asked(tmp_path, capsys):
 
 
 def replay(tmp_path: Path, name: str, sat: float) -> Path:
-    return write(tmp_path, f"{name}.json", json.dumps([{"checkpoint": "last.ckpt", "global_step": 500, "verdict": {"saturation": sat}}]))
+    return write(
+        tmp_path,
+        f"{name}.json",
+        json.dumps([{"checkpoint": "last.ckpt", "global_step": 500, "verdict": {"saturation": sat}}]),
+    )
 
 
 def test_replay_runs_with_outcomes(tmp_path, capsys):
     runs = [replay(tmp_path, n, s) for n, s in (("a", 0.6), ("b", 0.5), ("c", 0.3), ("d", 0.2))]
-    outcomes = write(tmp_path, "o.csv", "run,dyt_val_loss,layernorm_val_loss,group\n"
-                     "a,2.0,2.4,small\nb,2.0,2.1,big\nc,3.0,2.5,small\nd,2.6,2.5,big\n")
+    outcomes = write(
+        tmp_path,
+        "o.csv",
+        "run,dyt_val_loss,layernorm_val_loss,group\na,2.0,2.4,small\nb,2.0,2.1,big\nc,3.0,2.5,small\nd,2.6,2.5,big\n",
+    )
     assert cli.main([*map(str, runs), "--outcomes", str(outcomes), "--no-plot", "--out", str(tmp_path / "o")]) == 0
     cal = load_calibration(tmp_path / "o" / "calibration.json")
     assert cal.threshold == pytest.approx(0.4) and cal.accuracy == 1.0 and cal.loso_accuracy == 1.0 and cal.auc == 1.0
@@ -58,8 +65,11 @@ def test_replay_runs_with_outcomes(tmp_path, capsys):
 
 
 def test_cells_file_with_another_metric(tmp_path, capsys):
-    cells = write(tmp_path, "c.csv", "saturation,first_block,delta,group\n"
-                  "0.8,0.4,-0.1,a\n0.8,0.1,0.1,a\n0.7,0.5,-0.2,b\n0.9,0.2,0.3,b\n")
+    cells = write(
+        tmp_path,
+        "c.csv",
+        "saturation,first_block,delta,group\n0.8,0.4,-0.1,a\n0.8,0.1,0.1,a\n0.7,0.5,-0.2,b\n0.9,0.2,0.3,b\n",
+    )
     assert cli.main(["--cells", str(cells), "--metric", "first_block", "--no-plot", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "metric 'first_block'" in out and "AUC of first_block: 1.000" in out
@@ -67,22 +77,46 @@ def test_cells_file_with_another_metric(tmp_path, capsys):
     assert load_calibration(tmp_path / "calibration.json").metric == "first_block"
 
 
-@pytest.mark.parametrize("args, files, match", [
-    ([], {}, "Expected one input: RUNS with --outcomes, --cells FILE, or --study; got 0"),
-    (["--study", "--cells", "{c}"], {"c": "saturation,delta,group\n0.1,0.1,a\n"}, "Expected one input.*got 2"),
-    (["--cells", "{c}"], {"c": "saturation,delta,group\n0.5,-0.1,a\n0.2,0.1,b\n0.4,-0.1,b\n"}, "Expected at least 4 cells"),
-    (["--cells", "{c}"], {"c": "saturation,delta,group\n0.5,0.1,a\n0.2,0.1,b\n0.4,0.1,b\n0.3,0.2,a\n"},
-     "got only hurt .* add runs from the other regime"),
-    (["--cells", "{c}"], {"c": "saturation,delta,group\n0.5,0.1,a\n0.2,0.1,a\n0.4,-0.1,a\n0.3,0.2,a\n"}, "at least 2 groups"),
-    (["--cells", "{c}"], {"c": "saturation,delta,group\n0.5,0.1\n"}, "Expected 3 columns"),
-    (["--cells", "{c}"], {"c": "saturation,delta,group\n0.5,,a\n"}, "Expected an outcome for every cell"),
-    (["{r}", "--outcomes", "{o}"], {"r.json": "[]", "o": "run,dyt_val_loss,layernorm_val_loss,group\nzz,1,2,a\n"},
-     "got no run for 'zz'"),
-    (["{r}", "--outcomes", "{o}"], {"r.json": "[]", "o": "run,dyt_val_loss,layernorm_val_loss,group\nr,,2,a\n"},
-     "Expected run, both validation losses and a group on every row, got a blank"),
-    (["{r}"], {"r.json": "[]"}, "Expected run folders or replay JSON files together with --outcomes CSV, got runs only"),
-    (["--cells", "{missing}"], {}, "Expected a cells file .* got no file"),
-])
+@pytest.mark.parametrize(
+    "args, files, match",
+    [
+        ([], {}, "Expected one input: RUNS with --outcomes, --cells FILE, or --study; got 0"),
+        (["--study", "--cells", "{c}"], {"c": "saturation,delta,group\n0.1,0.1,a\n"}, "Expected one input.*got 2"),
+        (
+            ["--cells", "{c}"],
+            {"c": "saturation,delta,group\n0.5,-0.1,a\n0.2,0.1,b\n0.4,-0.1,b\n"},
+            "Expected at least 4 cells",
+        ),
+        (
+            ["--cells", "{c}"],
+            {"c": "saturation,delta,group\n0.5,0.1,a\n0.2,0.1,b\n0.4,0.1,b\n0.3,0.2,a\n"},
+            "got only hurt .* add runs from the other regime",
+        ),
+        (
+            ["--cells", "{c}"],
+            {"c": "saturation,delta,group\n0.5,0.1,a\n0.2,0.1,a\n0.4,-0.1,a\n0.3,0.2,a\n"},
+            "at least 2 groups",
+        ),
+        (["--cells", "{c}"], {"c": "saturation,delta,group\n0.5,0.1\n"}, "Expected 3 columns"),
+        (["--cells", "{c}"], {"c": "saturation,delta,group\n0.5,,a\n"}, "Expected an outcome for every cell"),
+        (
+            ["{r}", "--outcomes", "{o}"],
+            {"r.json": "[]", "o": "run,dyt_val_loss,layernorm_val_loss,group\nzz,1,2,a\n"},
+            "got no run for 'zz'",
+        ),
+        (
+            ["{r}", "--outcomes", "{o}"],
+            {"r.json": "[]", "o": "run,dyt_val_loss,layernorm_val_loss,group\nr,,2,a\n"},
+            "Expected run, both validation losses and a group on every row, got a blank",
+        ),
+        (
+            ["{r}"],
+            {"r.json": "[]"},
+            "Expected run folders or replay JSON files together with --outcomes CSV, got runs only",
+        ),
+        (["--cells", "{missing}"], {}, "Expected a cells file .* got no file"),
+    ],
+)
 def test_errors_exit_2_with_what_to_do(tmp_path, capsys, args, files, match):
     paths = {}
     for key, text in files.items():
@@ -124,8 +158,13 @@ def test_docs_quote_what_the_command_computes_on_the_committed_grid():
         r = calibrate(read_cells(grid), metric)
         m, b, n = r.fits["midpoint"], r.fits["balanced"], len(r.cells)
         row = next(l for l in page.splitlines() if l.startswith(f"| {metric} ") and "/" in l)
-        expected = [f"{m.threshold:.4f}", f"{m.correct}/{n} = {m.accuracy:.2f}",
-                    f"{r.cv['midpoint'].correct}/{n} = {r.cv['midpoint'].accuracy:.2f}", f"{b.threshold:.4f}",
-                    f"{b.balanced_accuracy:.2f}", f"{r.cv['balanced'].correct}/{n} = {r.cv['balanced'].accuracy:.2f}",
-                    f"{r.auc:.2f}"]
+        expected = [
+            f"{m.threshold:.4f}",
+            f"{m.correct}/{n} = {m.accuracy:.2f}",
+            f"{r.cv['midpoint'].correct}/{n} = {r.cv['midpoint'].accuracy:.2f}",
+            f"{b.threshold:.4f}",
+            f"{b.balanced_accuracy:.2f}",
+            f"{r.cv['balanced'].correct}/{n} = {r.cv['balanced'].accuracy:.2f}",
+            f"{r.auc:.2f}",
+        ]
         assert [c.strip() for c in row.strip("|").split("|")][1:] == expected, metric

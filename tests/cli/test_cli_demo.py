@@ -66,11 +66,17 @@ def test_demo_prints_verdict_and_losses_with_a_step_progress_bar(tmp_path, capsy
     assert main(args) == 0
     out, err = capsys.readouterr()
     assert "satmon verdict: " in out and "window 4 steps" in out
-    start, end, level = map(float, re.search(r"Validation loss .*?: (\S+) at step 0 -> (\S+) at step 4 "
-                                             r"\(byte-frequency level (\S+)\)", out).groups())
+    start, end, level = map(
+        float,
+        re.search(
+            r"Validation loss .*?: (\S+) at step 0 -> (\S+) at step 4 "
+            r"\(byte-frequency level (\S+)\)",
+            out,
+        ).groups(),
+    )
     assert start > level and end < start  # four steps from random init: above byte frequencies, going down
     assert "steps (window 4)" in out + err and "4/4" in out + err and "Epoch" not in out + err  # one bar over the steps
-    assert _ckpt_hparams(tmp_path, "demo")["emb_std"] == 64 ** -0.5
+    assert _ckpt_hparams(tmp_path, "demo")["emb_std"] == 64**-0.5
 
     assert main(args + ["--stalled", "--quiet"]) == 0
     out, err = capsys.readouterr()
@@ -81,8 +87,10 @@ def test_demo_prints_verdict_and_losses_with_a_step_progress_bar(tmp_path, capsy
 def _saved(root, name="demo"):
     """step -> the global step stored in each checkpoint the run kept, by file name."""
     files = sorted((root / name).glob("version_0/checkpoints/*.ckpt"))
-    return {int(f.stem.rsplit("step=", 1)[1]): torch.load(f, map_location="cpu", weights_only=False)["global_step"]
-            for f in files}
+    return {
+        int(f.stem.rsplit("step=", 1)[1]): torch.load(f, map_location="cpu", weights_only=False)["global_step"]
+        for f in files
+    }
 
 
 def test_demo_keeps_a_checkpoint_every_n_steps_and_the_last(tmp_path, capsys):
@@ -92,12 +100,17 @@ def test_demo_keeps_a_checkpoint_every_n_steps_and_the_last(tmp_path, capsys):
     base = ["--window", "4", "--steps", "7", "--train-tokens", "20000", "--threads", "1", "--quiet"]
     assert main(base + ["--checkpoint-every", "3", "--logdir", str(tmp_path / "every3")]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("satmon demo: GPT-2-style model (d=64, 2 blocks, DyT alpha_init 2.0, embeddings at std "
-                          "d_model^-0.5 = 0.125) on the embedded corpus (Python's standard library), 4-step screening "
-                          "window, CPU.\n")  # the GPT demo's first line as before --arch, and no watch lines past the window
+    # the GPT demo's first line as before --arch, and no watch lines past the window
+    assert out.startswith(
+        "satmon demo: GPT-2-style model (d=64, 2 blocks, DyT alpha_init 2.0, embeddings at std "
+        "d_model^-0.5 = 0.125) on the embedded corpus (Python's standard library), 4-step screening "
+        "window, CPU.\n"
+    )
     assert "ollapse watch" not in out and "Gradient below the head" not in out
     assert _saved(tmp_path / "every3") == {3: 3, 6: 6, 7: 7}  # each file holds the step its name says
-    assert f"Checkpoints (steps 3, 6, 7): {(tmp_path / 'every3' / 'demo' / 'version_0' / 'checkpoints').resolve()}" in out
+    assert (
+        f"Checkpoints (steps 3, 6, 7): {(tmp_path / 'every3' / 'demo' / 'version_0' / 'checkpoints').resolve()}" in out
+    )
     assert main(base + ["--checkpoint-every", "0", "--logdir", str(tmp_path / "last")]) == 0
     assert _saved(tmp_path / "last") == {7: 7}
 
@@ -123,14 +136,34 @@ def test_ctrl_c_during_training_ends_with_one_line_and_exit_130(tmp_path, capsys
 
     monkeypatch.setattr(demo, "_step_bar", lambda window: CtrlC())
     handler = signal.getsignal(signal.SIGINT)
-    assert satmon_main(["demo", "--window", "4", "--train-tokens", "20000", "--logdir", str(tmp_path), "--threads", "1"]) == 130
+    assert (
+        satmon_main(["demo", "--window", "4", "--train-tokens", "20000", "--logdir", str(tmp_path), "--threads", "1"])
+        == 130
+    )
     err = capsys.readouterr().err
     assert "satmon demo: interrupted (Ctrl-C)" in err and "Traceback" not in err
     assert signal.getsignal(signal.SIGINT) is handler
 
 
-LLAMA_TINY = ["--arch", "llama", "--window", "4", "--d-model", "16", "--layers", "1", "--seq-len", "16", "--batch-size", "4",
-              "--train-tokens", "20000", "--threads", "1", "--quiet"]
+LLAMA_TINY = [
+    "--arch",
+    "llama",
+    "--window",
+    "4",
+    "--d-model",
+    "16",
+    "--layers",
+    "1",
+    "--seq-len",
+    "16",
+    "--batch-size",
+    "4",
+    "--train-tokens",
+    "20000",
+    "--threads",
+    "1",
+    "--quiet",
+]
 
 
 def test_demo_arch_llama_trains_past_the_window_and_prints_the_gated_path_and_the_watch(tmp_path, capsys):
@@ -139,13 +172,18 @@ def test_demo_arch_llama_trains_past_the_window_and_prints_the_gated_path_and_th
     the trapped layout, in its own run folder."""
     assert main(LLAMA_TINY + ["--steps", "51", "--logdir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("satmon demo: LLaMA-style model (d=16, 1 blocks, RoPE, SwiGLU; DyT block norms alpha_init 0.8 / "
-                          "0.2, RMSNorm before the head)")
+    assert out.startswith(
+        "satmon demo: LLaMA-style model (d=16, 1 blocks, RoPE, SwiGLU; DyT block norms alpha_init 0.8 / "
+        "0.2, RMSNorm before the head)"
+    )
     assert "Gated MLP after DyT: yes (model.blocks.0.mlp_norm)" in out
     watch = re.search(r"Collapse watch after the window .*?: step (\d+): (\S+); no collapse risk flagged\.", out)
     assert watch and watch[1] == "51" and 0 <= float(watch[2]) < 0.5, out
-    assert re.search(r"Gradient below the head at step 51 .*: largest \|grad\| \S+ at the token embedding, \S+ in the "
-                     r"blocks\.\n", out)
+    assert re.search(
+        r"Gradient below the head at step 51 .*: largest \|grad\| \S+ at the token embedding, \S+ in the "
+        r"blocks\.\n",
+        out,
+    )
     hp = _ckpt_hparams(tmp_path, "demo_llama")
     assert hp["arch"] == "llama" and hp["final_norm"] == "rmsnorm" and hp["n_layers"] == 1 and hp["warmup"] == 100
     assert main(LLAMA_TINY + ["--final-norm", "dyt", "--checkpoint-every", "0", "--logdir", str(tmp_path)]) == 0
@@ -177,12 +215,15 @@ def test_demo_gradient_below_head_reads_a_trapped_model_as_zero_and_a_learning_o
             assert all(p.grad is None for p in model.parameters())  # read without touching .grad
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--arch", "llama", "--stalled"], "expected --stalled with --arch gpt only"),
-    (["--final-norm", "dyt"], "expected --final-norm with --arch llama only, got --final-norm dyt with --arch gpt"),
-    (["--arch", "llama", "--final-norm", "layernorm"], "invalid choice: 'layernorm'"),
-    (["--arch", "llama", "--d-model", "12"], "expected --d-model to be a multiple of 8 with --arch llama"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--arch", "llama", "--stalled"], "expected --stalled with --arch gpt only"),
+        (["--final-norm", "dyt"], "expected --final-norm with --arch llama only, got --final-norm dyt with --arch gpt"),
+        (["--arch", "llama", "--final-norm", "layernorm"], "invalid choice: 'layernorm'"),
+        (["--arch", "llama", "--d-model", "12"], "expected --d-model to be a multiple of 8 with --arch llama"),
+    ],
+)
 def test_demo_arch_flags_refused_before_work(flags, message, tmp_path, capsys):
     assert main(flags + ["--logdir", str(tmp_path)]) == 2
     err = capsys.readouterr().err

@@ -38,7 +38,7 @@ OUTCOMES_HEADER = "run,dyt_val_loss,layernorm_val_loss,group"
 
 def _cells(*rows: str, header: str = CELLS_HEADER) -> str:
     """A cells CSV: the good rows with ``rows`` replacing the first ones."""
-    body = list(rows) + GOOD_ROWS[len(rows):]
+    body = list(rows) + GOOD_ROWS[len(rows) :]
     return "\n".join([header, *body]) + "\n"
 
 
@@ -74,13 +74,13 @@ FILES: dict[str, str | bytes | None] = {
     "cells_word_delta.csv": _cells("a,0.6,lower,small"),
     "cells_helps_word.csv": _cells("a,0.6,maybe,small", header="name,saturation,helps,group"),
     "cells_disagree.csv": "name,saturation,delta,helps,group\na,0.6,-0.1,no,small\nb,0.2,0.1,no,small\n"
-                          "c,0.7,-0.2,yes,big\nd,0.3,0.2,no,big\n",
+    "c,0.7,-0.2,yes,big\nd,0.3,0.2,no,big\n",
     "cells_sat_high.csv": _cells("a,1.7,-0.1,small"),
     "cells_sat_low.csv": _cells("a,-0.3,-0.1,small"),
     "cells_sat_nan.csv": _cells("a,nan,-0.1,small"),
     "cells_sat_inf.csv": _cells("a,inf,-0.1,small"),
     "cells_sat_end_high.csv": "name,saturation,saturation_end,delta,group\na,0.6,1.2,-0.1,small\nb,0.2,0.2,0.1,small\n"
-                              "c,0.7,0.7,-0.2,big\nd,0.3,0.3,0.2,big\n",
+    "c,0.7,0.7,-0.2,big\nd,0.3,0.3,0.2,big\n",
     "cells_no_group.csv": _cells("a,0.6,-0.1,"),
     "cells_no_outcome.csv": _cells("a,0.6,,small"),
     "cells_dup_name.csv": _cells("a,0.6,-0.1,small", "a,0.2,0.1,small"),
@@ -107,12 +107,17 @@ FILES: dict[str, str | bytes | None] = {
     "run_d.json": _replay(0.3),
     "sub/run_a.json": _replay(0.5),
     "run_high.json": _replay(1.7),
-    "run_nonfinite.json": json.dumps([{"global_step": 400, "verdict": {"saturation": 0.6}},
-                                      {"global_step": 500, "verdict": {"saturation": None, "decision": "non-finite"}}]),
+    "run_nonfinite.json": json.dumps(
+        [
+            {"global_step": 400, "verdict": {"saturation": 0.6}},
+            {"global_step": 500, "verdict": {"saturation": None, "decision": "non-finite"}},
+        ]
+    ),
     "run_binary.json": _noise(1, 256),
     "run_bad.json": '[{"global_step": 500, "verdict": {"saturation": 0.6}',
-    "run_str_step.json": json.dumps([{"global_step": "500", "verdict": {"saturation": 0.6}},
-                                     {"global_step": 400, "verdict": {"saturation": 0.6}}]),
+    "run_str_step.json": json.dumps(
+        [{"global_step": "500", "verdict": {"saturation": 0.6}}, {"global_step": 400, "verdict": {"saturation": 0.6}}]
+    ),
     "outcomes.csv": _outcomes("run_a,2.0,2.4,small", "run_b,2.6,2.5,small", "run_c,2.0,2.2,big", "run_d,3.0,2.5,big"),
     "out_zero.csv": _outcomes("run_a,2.0,0,small", "run_b,2.6,2.5,small"),
     "out_negative.csv": _outcomes("run_a,-2.0,2.4,small", "run_b,2.6,2.5,small"),
@@ -169,7 +174,9 @@ CASES: list[Case] = [
     _demo("threshold-1", "--threshold", "1", match=r"argument --threshold: expected a number in \(0, 1\)"),
     _demo("threshold-1.5", "--threshold", "1.5", match=r"argument --threshold: expected a number in \(0, 1\)"),
     _demo("threshold-negative", "--threshold=-0.1", match=r"argument --threshold: expected a number in \(0, 1\)"),
-    _demo("threshold-nan", "--threshold", "nan", match=r"argument --threshold: expected a number in \(0, 1\), got 'nan'"),
+    _demo(
+        "threshold-nan", "--threshold", "nan", match=r"argument --threshold: expected a number in \(0, 1\), got 'nan'"
+    ),
     _demo("threshold-word", "--threshold", "high", match=r"argument --threshold: expected a number in \(0, 1\)"),
     _demo("d-model-0", "--d-model", "0", match=r"argument --d-model: expected an integer >= 4"),
     _demo("d-model-not-heads", "--d-model", "30", match=r"expected --d-model to be a multiple of 4"),
@@ -182,49 +189,134 @@ CASES: list[Case] = [
     _demo("train-tokens-beyond-corpus", "--train-tokens", "1000000000", match=r"expected --train-tokens <= \d+"),
     _demo("seed-negative", "--seed=-1", match=r"argument --seed: expected an integer in \[0, 4294967295\]"),
     _demo("seed-too-big", "--seed", str(2**32), match=r"argument --seed: expected an integer in \[0, 4294967295\]"),
-    _demo("checkpoint-every-negative", "--checkpoint-every=-1", match=r"argument --checkpoint-every: expected an integer >= 0"),
-    _demo("threads-0", "--threads", "0", match=rf"argument --threads: expected an integer in \[1, {os.cpu_count()}\], got '0'"),
+    _demo(
+        "checkpoint-every-negative",
+        "--checkpoint-every=-1",
+        match=r"argument --checkpoint-every: expected an integer >= 0",
+    ),
+    _demo(
+        "threads-0",
+        "--threads",
+        "0",
+        match=rf"argument --threads: expected an integer in \[1, {os.cpu_count()}\], got '0'",
+    ),
     _demo("logdir-empty", "--logdir", "", match=r"Expected --logdir to name a folder, got an empty name"),
     _demo("logdir-a-file", "--logdir", "afile", match=r"Expected --logdir to name a folder, got 'afile' \(a file\)"),
-    _demo("logdir-under-a-file", "--logdir", "afile/logs", match=r"Expected --logdir 'afile/logs' under a folder, got a file"),
-    _demo("run-folder-a-file", "--logdir", "demo_root", match=r"Expected --logdir's run folder to name a folder, got "
-          r"'demo_root/demo' \(a file\)"),
-    _demo("threads-beyond-the-machine", "--threads", "100000",
-          match=rf"argument --threads: expected an integer in \[1, {os.cpu_count()}\], got '100000'"),
-    _demo("logdir-with-a-variable", "--logdir", "$HOME/logs", match=r"expected --logdir without a \$VARIABLE \(the "
-          r"TensorBoard logger expands it, so the run would go to '/.*/logs'\), got '\$HOME/logs'"),
-    _demo("next-version-a-file", "--logdir", "demo_next", match=r"expected 'demo_next/demo/version_1' to be free for the "
-          r"run's TensorBoard folder \(the next version_N\), got a file there"),
-    _demo("logdir-name-too-long", "--logdir", "x" * 300, match=r"Expected --logdir to be a path whose names are at most "
-          r"255 bytes each \(the file system's limit\), got 300 bytes"),
+    _demo(
+        "logdir-under-a-file",
+        "--logdir",
+        "afile/logs",
+        match=r"Expected --logdir 'afile/logs' under a folder, got a file",
+    ),
+    _demo(
+        "run-folder-a-file",
+        "--logdir",
+        "demo_root",
+        match=r"Expected --logdir's run folder to name a folder, got "
+        r"'demo_root/demo' \(a file\)",
+    ),
+    _demo(
+        "threads-beyond-the-machine",
+        "--threads",
+        "100000",
+        match=rf"argument --threads: expected an integer in \[1, {os.cpu_count()}\], got '100000'",
+    ),
+    _demo(
+        "logdir-with-a-variable",
+        "--logdir",
+        "$HOME/logs",
+        match=r"expected --logdir without a \$VARIABLE \(the "
+        r"TensorBoard logger expands it, so the run would go to '/.*/logs'\), got '\$HOME/logs'",
+    ),
+    _demo(
+        "next-version-a-file",
+        "--logdir",
+        "demo_next",
+        match=r"expected 'demo_next/demo/version_1' to be free for the "
+        r"run's TensorBoard folder \(the next version_N\), got a file there",
+    ),
+    _demo(
+        "logdir-name-too-long",
+        "--logdir",
+        "x" * 300,
+        match=r"Expected --logdir to be a path whose names are at most "
+        r"255 bytes each \(the file system's limit\), got 300 bytes",
+    ),
     _demo("unknown-flag", "--frobnicate", match=r"unrecognized arguments: --frobnicate"),
     _demo("positional", "extra", match=r"unrecognized arguments: extra"),
     # satmon report
     Case("report-no-path", ("report",), 2, r"^satmon report: error: the following arguments are required: LOGDIR"),
     Case("report-missing", ("report", "nowhere"), 2, r"^satmon report: no such file or directory: 'nowhere'"),
-    Case("report-empty-path", ("report", ""), 2, r"^satmon report: Expected LOGDIR to name a folder or an event file, got an empty path"),
-    Case("report-not-an-event-file", ("report", "notes.txt"), 2, r"^satmon report: Expected LOGDIR to be a folder or a "
-         r"TensorBoard event file \(events\.out\.tfevents\.\*\), got the file 'notes.txt'"),
-    Case("report-empty-folder", ("report", "empty_dir"), 1, r"^satmon report: no satmon data under 'empty_dir' \(0 TensorBoard"),
-    Case("report-corrupt-events", ("report", "tb_corrupt"), 1, r"^satmon report: no satmon data under 'tb_corrupt' \(1 TensorBoard"),
+    Case(
+        "report-empty-path",
+        ("report", ""),
+        2,
+        r"^satmon report: Expected LOGDIR to name a folder or an event file, got an empty path",
+    ),
+    Case(
+        "report-not-an-event-file",
+        ("report", "notes.txt"),
+        2,
+        r"^satmon report: Expected LOGDIR to be a folder or a "
+        r"TensorBoard event file \(events\.out\.tfevents\.\*\), got the file 'notes.txt'",
+    ),
+    Case(
+        "report-empty-folder",
+        ("report", "empty_dir"),
+        1,
+        r"^satmon report: no satmon data under 'empty_dir' \(0 TensorBoard",
+    ),
+    Case(
+        "report-corrupt-events",
+        ("report", "tb_corrupt"),
+        1,
+        r"^satmon report: no satmon data under 'tb_corrupt' \(1 TensorBoard",
+    ),
     Case("report-unknown-flag", ("report", "empty_dir", "--frobnicate"), 2, r"unrecognized arguments: --frobnicate"),
-    Case("report-a-fifo", ("report", FIFOS[0]), 2, r"^satmon report: Expected LOGDIR to be a folder or a TensorBoard "
-         r"event file, got 'events.out.tfevents.1.fifo', which is a FIFO \(named pipe\)"),
+    Case(
+        "report-a-fifo",
+        ("report", FIFOS[0]),
+        2,
+        r"^satmon report: Expected LOGDIR to be a folder or a TensorBoard "
+        r"event file, got 'events.out.tfevents.1.fifo', which is a FIFO \(named pipe\)",
+    ),
     # satmon calibrate: what to read
     _cal("no-input", match=r"Expected one input: RUNS with --outcomes, --cells FILE, or --study; got 0"),
     _cal("two-inputs", "--study", "--cells", "cells.csv", match=r"Expected one input.*got 2"),
     _cal("runs-without-outcomes", "run_a.json", match=r"together with --outcomes CSV, got runs only"),
-    _cal("outcomes-without-runs", "--outcomes", "outcomes.csv", match=r"together with --outcomes CSV, got --outcomes only"),
-    _cal("runs-other-metric", "run_a.json", "--outcomes", "outcomes.csv", "--metric", "first_block",
-         match=r"Expected --metric saturation with runs"),
+    _cal(
+        "outcomes-without-runs",
+        "--outcomes",
+        "outcomes.csv",
+        match=r"together with --outcomes CSV, got --outcomes only",
+    ),
+    _cal(
+        "runs-other-metric",
+        "run_a.json",
+        "--outcomes",
+        "outcomes.csv",
+        "--metric",
+        "first_block",
+        match=r"Expected --metric saturation with runs",
+    ),
     _cal("rule-unknown", "--study", "--rule", "best", match=r"argument --rule: invalid choice: 'best'"),
     # cells: outcomes
-    _cal("nan-delta", "--cells", "cells_nan_delta.csv", match=r"Expected a finite number for 'delta' \(cells_nan_delta.csv row 1\), got 'nan'"),
+    _cal(
+        "nan-delta",
+        "--cells",
+        "cells_nan_delta.csv",
+        match=r"Expected a finite number for 'delta' \(cells_nan_delta.csv row 1\), got 'nan'",
+    ),
     _cal("inf-delta", "--cells", "cells_inf_delta.csv", match=r"Expected a finite number for 'delta' .* got '-inf'"),
     _cal("word-delta", "--cells", "cells_word_delta.csv", match=r"Expected a number for 'delta' .* got 'lower'"),
     _cal("helps-word", "--cells", "cells_helps_word.csv", match=r"Expected yes/no in 'helps' .* got 'maybe'"),
-    _cal("outcomes-disagree", "--cells", "cells_disagree.csv", match=r"Expected the outcome columns to agree .*delta says "
-         r"DyT helped, helps says DyT hurt"),
+    _cal(
+        "outcomes-disagree",
+        "--cells",
+        "cells_disagree.csv",
+        match=r"Expected the outcome columns to agree .*delta says "
+        r"DyT helped, helps says DyT hurt",
+    ),
     _cal("no-outcome", "--cells", "cells_no_outcome.csv", match=r"Expected an outcome for every cell"),
     _cal("no-group", "--cells", "cells_no_group.csv", match=r"Expected a 'group' for every cell"),
     _cal("json-nan-delta", "--cells", "cells_nan.json", match=r"Expected a finite number for 'delta' .* got nan"),
@@ -233,84 +325,326 @@ CASES: list[Case] = [
     # cells: readings
     _cal("saturation-1.7", "--cells", "cells_sat_high.csv", match=r"Expected 'saturation' in \[0, 1\] .* got 1.7"),
     _cal("saturation-negative", "--cells", "cells_sat_low.csv", match=r"Expected 'saturation' in \[0, 1\] .* got -0.3"),
-    _cal("saturation-end-1.2", "--cells", "cells_sat_end_high.csv", match=r"Expected 'saturation_end' in \[0, 1\] .* got 1.2"),
-    _cal("saturation-nan", "--cells", "cells_sat_nan.csv", match=r"Expected a finite 'saturation' reading for every cell, got nan for 'a'"),
-    _cal("saturation-inf", "--cells", "cells_sat_inf.csv", match=r"Expected a finite 'saturation' reading .* got inf for 'a'"),
-    _cal("json-saturation-overflow", "--cells", "cells_huge.json", match=r"Expected a finite 'saturation' reading .* got inf"),
-    _cal("metric-missing", "--cells", "cells.csv", "--metric", "first_block",
-         match=r"Expected a finite 'first_block' reading for every cell, got none for 'a'.*pick a metric every cell has \(saturation\)"),
+    _cal(
+        "saturation-end-1.2",
+        "--cells",
+        "cells_sat_end_high.csv",
+        match=r"Expected 'saturation_end' in \[0, 1\] .* got 1.2",
+    ),
+    _cal(
+        "saturation-nan",
+        "--cells",
+        "cells_sat_nan.csv",
+        match=r"Expected a finite 'saturation' reading for every cell, got nan for 'a'",
+    ),
+    _cal(
+        "saturation-inf",
+        "--cells",
+        "cells_sat_inf.csv",
+        match=r"Expected a finite 'saturation' reading .* got inf for 'a'",
+    ),
+    _cal(
+        "json-saturation-overflow",
+        "--cells",
+        "cells_huge.json",
+        match=r"Expected a finite 'saturation' reading .* got inf",
+    ),
+    _cal(
+        "metric-missing",
+        "--cells",
+        "cells.csv",
+        "--metric",
+        "first_block",
+        match=r"Expected a finite 'first_block' reading for every cell, got none for 'a'.*pick a metric every cell "
+        r"has \(saturation\)",
+    ),
     # cells: the file
-    _cal("duplicate-cell", "--cells", "cells_dup_name.csv", match=r"Expected each cell once in cells_dup_name.csv, got 1 "
-         r"name\(s\) listed more than once: 'a'"),
-    _cal("duplicate-column", "--cells", "cells_dup_column.csv", match=r"Expected each column once .* 'saturation' more than once"),
+    _cal(
+        "duplicate-cell",
+        "--cells",
+        "cells_dup_name.csv",
+        match=r"Expected each cell once in cells_dup_name.csv, got 1 "
+        r"name\(s\) listed more than once: 'a'",
+    ),
+    _cal(
+        "duplicate-column",
+        "--cells",
+        "cells_dup_column.csv",
+        match=r"Expected each column once .* 'saturation' more than once",
+    ),
     _cal("ragged-row", "--cells", "cells_ragged.csv", match=r"Expected 4 columns .* got 3 on data row 1"),
-    _cal("header-only", "--cells", "cells_header_only.csv", match=r"Expected a CSV header and at least one row .* got 0 rows"),
+    _cal(
+        "header-only",
+        "--cells",
+        "cells_header_only.csv",
+        match=r"Expected a CSV header and at least one row .* got 0 rows",
+    ),
     _cal("empty-file", "--cells", "cells_empty.csv", match=r"Expected a CSV header and at least one row"),
-    _cal("binary-file", "--cells", "cells_binary.csv", match=r"Expected a cells file \(CSV or JSON\) as UTF-8 text, got bytes that are not"),
-    _cal("nul-bytes", "--cells", "cells_nul.csv", match=r"Expected a cells file \(CSV or JSON\) as text, got the control character '\\x00'"),
+    _cal(
+        "binary-file",
+        "--cells",
+        "cells_binary.csv",
+        match=r"Expected a cells file \(CSV or JSON\) as UTF-8 text, got bytes that are not",
+    ),
+    _cal(
+        "nul-bytes",
+        "--cells",
+        "cells_nul.csv",
+        match=r"Expected a cells file \(CSV or JSON\) as text, got the control character '\\x00'",
+    ),
     _cal("latin-1", "--cells", "cells_latin1.csv", match=r"as UTF-8 text, got bytes that are not .*save it as UTF-8"),
-    _cal("cells-folder", "--cells", "empty_dir", match=r"Expected a cells file \(CSV or JSON\), got a folder at 'empty_dir'"),
-    _cal("cells-missing", "--cells", "nope.csv", match=r"Expected a cells file \(CSV or JSON\), got no file at 'nope.csv'"),
+    _cal(
+        "cells-folder",
+        "--cells",
+        "empty_dir",
+        match=r"Expected a cells file \(CSV or JSON\), got a folder at 'empty_dir'",
+    ),
+    _cal(
+        "cells-missing",
+        "--cells",
+        "nope.csv",
+        match=r"Expected a cells file \(CSV or JSON\), got no file at 'nope.csv'",
+    ),
     _cal("json-parse-error", "--cells", "cells_bad.json", match=r"Expected JSON in cells_bad.json, got a parse error"),
-    _cal("json-deep", "--cells", "cells_deep.json", match=r"Expected JSON in cells_deep.json, got a parse error: nested too deep"),
+    _cal(
+        "json-deep",
+        "--cells",
+        "cells_deep.json",
+        match=r"Expected JSON in cells_deep.json, got a parse error: nested too deep",
+    ),
     _cal("json-number", "--cells", "cells_number.json", match=r"Expected a list of cell objects .* got int"),
     # cells: what can be fitted
     _cal("fewer-than-4", "--cells", "cells_few.csv", match=r"Expected at least 4 cells"),
     _cal("one-group", "--cells", "cells_one_group.csv", match=r"Expected at least 2 groups"),
     _cal("one-class", "--cells", "cells_one_class.csv", match=r"got only hurt"),
     # runs + outcomes
-    _cal("zero-loss", "run_a.json", "run_b.json", "--outcomes", "out_zero.csv",
-         match=r"Expected layernorm_val_loss > 0 .* got 0.0"),
-    _cal("negative-loss", "run_a.json", "run_b.json", "--outcomes", "out_negative.csv", match=r"Expected dyt_val_loss > 0 .* got -2.0"),
-    _cal("nan-loss", "run_a.json", "run_b.json", "--outcomes", "out_nan.csv", match=r"Expected a finite number for dyt_val_loss .* got 'nan'"),
-    _cal("inf-loss", "run_a.json", "run_b.json", "--outcomes", "out_inf.csv",
-         match=r"Expected a finite number for layernorm_val_loss .* got 'inf'"),
-    _cal("duplicate-run-row", "run_a.json", "--outcomes", "out_dup.csv", match=r"Expected each run once in out_dup.csv, got "
-         r"'run_a' on rows 1 and 2"),
+    _cal(
+        "zero-loss",
+        "run_a.json",
+        "run_b.json",
+        "--outcomes",
+        "out_zero.csv",
+        match=r"Expected layernorm_val_loss > 0 .* got 0.0",
+    ),
+    _cal(
+        "negative-loss",
+        "run_a.json",
+        "run_b.json",
+        "--outcomes",
+        "out_negative.csv",
+        match=r"Expected dyt_val_loss > 0 .* got -2.0",
+    ),
+    _cal(
+        "nan-loss",
+        "run_a.json",
+        "run_b.json",
+        "--outcomes",
+        "out_nan.csv",
+        match=r"Expected a finite number for dyt_val_loss .* got 'nan'",
+    ),
+    _cal(
+        "inf-loss",
+        "run_a.json",
+        "run_b.json",
+        "--outcomes",
+        "out_inf.csv",
+        match=r"Expected a finite number for layernorm_val_loss .* got 'inf'",
+    ),
+    _cal(
+        "duplicate-run-row",
+        "run_a.json",
+        "--outcomes",
+        "out_dup.csv",
+        match=r"Expected each run once in out_dup.csv, got "
+        r"'run_a' on rows 1 and 2",
+    ),
     _cal("blank-loss", "run_a.json", "--outcomes", "out_blank.csv", match=r"got a blank"),
     _cal("outcomes-missing-column", "run_a.json", "--outcomes", "out_no_group.csv", match=r"add group"),
     _cal("outcomes-unknown-run", "run_a.json", "--outcomes", "out_unknown.csv", match=r"got no run for 'run_zz'"),
-    _cal("outcomes-binary", "run_a.json", "--outcomes", "out_binary.csv", match=r"Expected an outcomes CSV .* as UTF-8 text"),
-    _cal("outcomes-missing", "run_a.json", "--outcomes", "nope.csv", match=r"Expected an outcomes CSV .* got no file at 'nope.csv'"),
-    _cal("same-run-twice", "run_a.json", "run_a.json", "--outcomes", "outcomes.csv",
-         match=r"Expected each run once, got 'run_a.json' twice"),
-    _cal("same-stem-twice", "run_a.json", "sub/run_a.json", "--outcomes", "outcomes.csv",
-         match=r"Expected distinct run names, got 'run_a' for both 'run_a.json' and 'sub/run_a.json'"),
-    _cal("run-saturation-1.7", "run_high.json", "--outcomes", "out_high.csv", match=r"Expected 'saturation' in \[0, 1\] .* got 1.7"),
-    _cal("run-verdict-non-finite", "run_nonfinite.json", "--outcomes", "out_nonfinite.csv",
-         match=r"Expected a finite verdict saturation in run 'run_nonfinite', got nan"),
-    _cal("run-string-step", "run_str_step.json", "--outcomes", "out_str_step.csv", match=r"Expected integer global_step values"),
-    _cal("run-parse-error", "run_bad.json", "--outcomes", "out_bad.csv", match=r"Expected replay records \(JSON or JSONL\) in "
-         r"run_bad.json, got a parse error"),
-    _cal("run-binary", "run_binary.json", "--outcomes", "out_binary_run.csv", match=r"Expected replay records .* as UTF-8 text"),
+    _cal(
+        "outcomes-binary",
+        "run_a.json",
+        "--outcomes",
+        "out_binary.csv",
+        match=r"Expected an outcomes CSV .* as UTF-8 text",
+    ),
+    _cal(
+        "outcomes-missing",
+        "run_a.json",
+        "--outcomes",
+        "nope.csv",
+        match=r"Expected an outcomes CSV .* got no file at 'nope.csv'",
+    ),
+    _cal(
+        "same-run-twice",
+        "run_a.json",
+        "run_a.json",
+        "--outcomes",
+        "outcomes.csv",
+        match=r"Expected each run once, got 'run_a.json' twice",
+    ),
+    _cal(
+        "same-stem-twice",
+        "run_a.json",
+        "sub/run_a.json",
+        "--outcomes",
+        "outcomes.csv",
+        match=r"Expected distinct run names, got 'run_a' for both 'run_a.json' and 'sub/run_a.json'",
+    ),
+    _cal(
+        "run-saturation-1.7",
+        "run_high.json",
+        "--outcomes",
+        "out_high.csv",
+        match=r"Expected 'saturation' in \[0, 1\] .* got 1.7",
+    ),
+    _cal(
+        "run-verdict-non-finite",
+        "run_nonfinite.json",
+        "--outcomes",
+        "out_nonfinite.csv",
+        match=r"Expected a finite verdict saturation in run 'run_nonfinite', got nan",
+    ),
+    _cal(
+        "run-string-step",
+        "run_str_step.json",
+        "--outcomes",
+        "out_str_step.csv",
+        match=r"Expected integer global_step values",
+    ),
+    _cal(
+        "run-parse-error",
+        "run_bad.json",
+        "--outcomes",
+        "out_bad.csv",
+        match=r"Expected replay records \(JSON or JSONL\) in "
+        r"run_bad.json, got a parse error",
+    ),
+    _cal(
+        "run-binary",
+        "run_binary.json",
+        "--outcomes",
+        "out_binary_run.csv",
+        match=r"Expected replay records .* as UTF-8 text",
+    ),
     _cal("run-missing", "nowhere", "--outcomes", "outcomes.csv", match=r"got no such path: 'nowhere'"),
     # calibrate: blocked outputs, found before any input is read
-    _cal("out-a-file", "--study", "--out", "afile", match=r"Expected --out to name a folder, got 'afile' \(a file\)", out=False),
-    _cal("out-under-a-file", "--study", "--out", "afile/sub", match=r"Expected --out 'afile/sub' under a folder, got a file",
-         out=False),
+    _cal(
+        "out-a-file",
+        "--study",
+        "--out",
+        "afile",
+        match=r"Expected --out to name a folder, got 'afile' \(a file\)",
+        out=False,
+    ),
+    _cal(
+        "out-under-a-file",
+        "--study",
+        "--out",
+        "afile/sub",
+        match=r"Expected --out 'afile/sub' under a folder, got a file",
+        out=False,
+    ),
     _cal("out-empty", "--study", "--out", "", match=r"Expected --out to name a folder, got an empty name", out=False),
-    _cal("out-device", "--study", "--out", os.devnull, match=r"Expected --out to name a folder, got '/dev/null'", out=False),
-    _cal("json-read-only", "--study", "--out", "ro", match=r"Expected --out's calibration.json 'ro/calibration.json' to be "
-         r"writable, got a read-only file", out=False),
-    _cal("json-a-folder", "--study", "--out", "dirjson", match=r"calibration.json to name a file ending in .json, got "
-         r"'dirjson/calibration.json' \(a folder\)", out=False),
-    _cal("plot-default-a-folder", "--study", "--out", "dirpng", match=r"Expected --plot to name a file .* got "
-         r"'dirpng/calibration.png' \(a folder\)", out=False),
-    _cal("plot-a-folder", "--study", "--plot", "plotdir", match=r"Expected --plot to name a file ending in .png or .pdf or "
-         r"\.svg, got 'plotdir' \(a folder\)"),
-    _cal("plot-wrong-suffix", "--study", "--plot", "plot.txt", match=r"Expected --plot to end in .png or .pdf or .svg, got 'plot.txt'"),
-    _cal("plot-no-suffix", "--study", "--plot", "plot", match=r"Expected --plot to end in .png or .pdf or .svg, got 'plot'"),
+    _cal(
+        "out-device",
+        "--study",
+        "--out",
+        os.devnull,
+        match=r"Expected --out to name a folder, got '/dev/null'",
+        out=False,
+    ),
+    _cal(
+        "json-read-only",
+        "--study",
+        "--out",
+        "ro",
+        match=r"Expected --out's calibration.json 'ro/calibration.json' to be "
+        r"writable, got a read-only file",
+        out=False,
+    ),
+    _cal(
+        "json-a-folder",
+        "--study",
+        "--out",
+        "dirjson",
+        match=r"calibration.json to name a file ending in .json, got "
+        r"'dirjson/calibration.json' \(a folder\)",
+        out=False,
+    ),
+    _cal(
+        "plot-default-a-folder",
+        "--study",
+        "--out",
+        "dirpng",
+        match=r"Expected --plot to name a file .* got "
+        r"'dirpng/calibration.png' \(a folder\)",
+        out=False,
+    ),
+    _cal(
+        "plot-a-folder",
+        "--study",
+        "--plot",
+        "plotdir",
+        match=r"Expected --plot to name a file ending in .png or .pdf or "
+        r"\.svg, got 'plotdir' \(a folder\)",
+    ),
+    _cal(
+        "plot-wrong-suffix",
+        "--study",
+        "--plot",
+        "plot.txt",
+        match=r"Expected --plot to end in .png or .pdf or .svg, got 'plot.txt'",
+    ),
+    _cal(
+        "plot-no-suffix",
+        "--study",
+        "--plot",
+        "plot",
+        match=r"Expected --plot to end in .png or .pdf or .svg, got 'plot'",
+    ),
     _cal("plot-empty", "--study", "--plot", "", match=r"Expected --plot to name a file, got an empty name"),
-    _cal("plot-under-a-file", "--study", "--plot", "afile/p.png", match=r"Expected --plot 'afile/p.png' under a folder"),
-    _cal("plot-device", "--study", "--plot", os.devnull, match=r"Expected --plot to name a regular file, got '/dev/null'"),
-    _cal("plot-and-no-plot", "--study", "--plot", "p.png", "--no-plot", match=r"argument --no-plot: not allowed with argument --plot"),
-    _cal("out-name-too-long", "--study", "--out", "o" * 256, match=r"Expected --out to be a path whose names are at most "
-         r"255 bytes each", out=False),
-    _cal("plot-name-too-long", "--study", "--plot", "p" * 240 + ".png", match=r"Expected --plot to name a file of at most "
-         r"241 bytes \(the file system's names are at most 255 bytes, and satmon writes it through a 14-byte longer "
-         r"temporary '.NAME.XXXXXXXX.tmp' beside it\), got 244 bytes"),
-    _cal("blocked-output-before-bad-input", "--cells", "cells_binary.csv", "--out", "afile",
-         match=r"Expected --out to name a folder, got 'afile'", out=False),
+    _cal(
+        "plot-under-a-file", "--study", "--plot", "afile/p.png", match=r"Expected --plot 'afile/p.png' under a folder"
+    ),
+    _cal(
+        "plot-device", "--study", "--plot", os.devnull, match=r"Expected --plot to name a regular file, got '/dev/null'"
+    ),
+    _cal(
+        "plot-and-no-plot",
+        "--study",
+        "--plot",
+        "p.png",
+        "--no-plot",
+        match=r"argument --no-plot: not allowed with argument --plot",
+    ),
+    _cal(
+        "out-name-too-long",
+        "--study",
+        "--out",
+        "o" * 256,
+        match=r"Expected --out to be a path whose names are at most "
+        r"255 bytes each",
+        out=False,
+    ),
+    _cal(
+        "plot-name-too-long",
+        "--study",
+        "--plot",
+        "p" * 240 + ".png",
+        match=r"Expected --plot to name a file of at most "
+        r"241 bytes \(the file system's names are at most 255 bytes, and satmon writes it through a 14-byte longer "
+        r"temporary '.NAME.XXXXXXXX.tmp' beside it\), got 244 bytes",
+    ),
+    _cal(
+        "blocked-output-before-bad-input",
+        "--cells",
+        "cells_binary.csv",
+        "--out",
+        "afile",
+        match=r"Expected --out to name a folder, got 'afile'",
+        out=False,
+    ),
 ]
 
 
@@ -391,8 +725,11 @@ def test_cli_figures_are_the_cases():
     """docs/reference/reliability.md's CLI figures are counted from :data:`CASES`, so they stay true."""
     text = (ROOT / "docs" / "reference" / "reliability.md").read_text()
     by_command = {cmd: sum(1 for c in CASES if c.argv and c.argv[0] == cmd) for cmd in ("calibrate", "demo", "report")}
-    for label, value in {"CLI bad inputs tried": len(CASES), "CLI clear errors": len(CASES),
-                         "CLI runs that changed a file": 0}.items():
+    for label, value in {
+        "CLI bad inputs tried": len(CASES),
+        "CLI clear errors": len(CASES),
+        "CLI runs that changed a file": 0,
+    }.items():
         found = re.search(rf"\*\*{label}\*\*: (\d+)", text)
         assert found and int(found.group(1)) == value, (label, value, found and found.group(0))
     assert f"{len(CASES)} of the {len(CASES)}" in text
@@ -406,16 +743,31 @@ def test_the_matrix_covers_each_command():
     assert len({c.id for c in CASES}) == len(CASES)
 
 
-@pytest.mark.parametrize("argv", [[], ["demo", "--window", "0"], ["calibrate", "--cells", "cells_binary.csv", "--out", "prev"],
-                                  ["calibrate", "--cells", "cells_deep.json", "--out", "prev"], ["report", "notes.txt"]],
-                         ids=["bare", "demo-window-0", "calibrate-binary", "calibrate-deep-json", "report-text-file"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["demo", "--window", "0"],
+        ["calibrate", "--cells", "cells_binary.csv", "--out", "prev"],
+        ["calibrate", "--cells", "cells_deep.json", "--out", "prev"],
+        ["report", "notes.txt"],
+    ],
+    ids=["bare", "demo-window-0", "calibrate-binary", "calibrate-deep-json", "report-text-file"],
+)
 def test_the_console_command_prints_one_line_and_no_traceback(argv, tmp_path):
     """In a fresh process, as a user runs it: the exit code and the stderr lines (no traceback, no warning)."""
     work = make_folder(tmp_path / "work")
     before = snapshot(work)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "satmon.cli.main", *argv], cwd=work, capture_output=True, text=True,
-                          timeout=120, env=env, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "satmon.cli.main", *argv],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
     check_message(proc.stderr, r"Expected|error|expected")
     assert proc.stdout == ""
@@ -436,7 +788,11 @@ def test_a_good_run_over_the_previous_outputs_says_it_replaced_them(folder, caps
     assert json.loads((folder / "prev" / "calibration.json").read_text())["format"] == "satmon-calibration"
     assert stat.S_IMODE(os.stat(folder / "prev" / "calibration.json").st_mode) == 0o640
     assert (folder / "prev" / "calibration.png").read_bytes().startswith(b"\x89PNG\r\n")
-    assert sorted(p.name for p in (folder / "prev").iterdir()) == ["calibration.json", "calibration.png"]  # no temporary left
+    # no temporary left
+    assert sorted(p.name for p in (folder / "prev").iterdir()) == [
+        "calibration.json",
+        "calibration.png",
+    ]
 
 
 def test_a_byte_order_mark_and_utf16_are_read(folder, capsys):
@@ -463,27 +819,50 @@ def test_ctrl_c_while_writing_keeps_the_previous_calibration_and_exits_130(folde
     assert main(["calibrate", "--study", "--out", "prev"]) == 130
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("satmon calibrate: interrupted (Ctrl-C)") and "Traceback" not in err
-    assert snapshot(folder, folder_times=False) == before  # the previous calibration.json is whole, no temporary is left
+    # the previous calibration.json is whole, no temporary is left
+    assert snapshot(folder, folder_times=False) == before
 
 
 def test_sigkill_while_writing_keeps_the_previous_calibration(folder):
-    script = ("import os, signal, sys\n"
-              "import satmon.io.atomic as atomic\n"
-              "def killed(fd):\n    os.kill(os.getpid(), signal.SIGKILL)\n"
-              "atomic.os.fsync = killed\n"
-              "from satmon.cli.main import main\n"
-              "sys.exit(main(['calibrate', '--study', '--out', 'prev']))\n")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=folder, capture_output=True, text=True, check=False, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    script = (
+        "import os, signal, sys\n"
+        "import satmon.io.atomic as atomic\n"
+        "def killed(fd):\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "atomic.os.fsync = killed\n"
+        "from satmon.cli.main import main\n"
+        "sys.exit(main(['calibrate', '--study', '--out', 'prev']))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == -9, proc.stderr
     assert (folder / "prev" / "calibration.json").read_text() == FILES["prev/calibration.json"]
     left = {p.name for p in (folder / "prev").iterdir()} - {"calibration.json", "calibration.png"}
-    locks = {".calibration.json.satmon-lock", ".calibration.png.satmon-lock"}  # the killed writer's: flocks dropped, files stay
+    # the killed writer's: flocks dropped, files stay
+    locks = {
+        ".calibration.json.satmon-lock",
+        ".calibration.png.satmon-lock",
+    }
     assert locks <= left and all(n.startswith(".calibration.json.") and n.endswith(".tmp") for n in left - locks), left
-    rerun = subprocess.run([sys.executable, "-m", "satmon.cli.main", "calibrate", "--study", "--out", "prev"], check=False,
-                           cwd=folder, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    rerun = subprocess.run(
+        [sys.executable, "-m", "satmon.cli.main", "calibrate", "--study", "--out", "prev"],
+        check=False,
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert rerun.returncode == 0, rerun.stderr
-    assert "note: took over a stale lock on prev" in rerun.stderr and "which no longer runs" in rerun.stderr, rerun.stderr
+    assert "note: took over a stale lock on prev" in rerun.stderr and "which no longer runs" in rerun.stderr, (
+        rerun.stderr
+    )
     assert not locks & {p.name for p in (folder / "prev").iterdir()}
 
 
@@ -499,6 +878,8 @@ def test_a_full_disk_while_writing_is_exit_1_and_the_previous_files_stay(folder,
     before = snapshot(folder, folder_times=False)
     assert main(["calibrate", "--study", "--out", "prev"]) == 1
     err = capsys.readouterr().err
-    assert err == ("satmon calibrate: could not write 'prev/calibration.json': No space left on device; the file that "
-                   "was there is as it was.\n")
+    assert err == (
+        "satmon calibrate: could not write 'prev/calibration.json': No space left on device; the file that "
+        "was there is as it was.\n"
+    )
     assert snapshot(folder, folder_times=False) == before

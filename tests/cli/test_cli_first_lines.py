@@ -52,19 +52,31 @@ def _run(tmp: Path, name: str, *argv: str, timeout: float = 600) -> dict:
     marker = tmp / f"{name}.first.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": ""}
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(marker), *argv], cwd=tmp, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, str(marker), *argv],
+        cwd=tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     first = proc.stdout.readline()
     first_s = time.perf_counter() - start
     rest, err = proc.communicate(timeout=timeout)
     out = (first + rest).decode()
-    return {"first_s": first_s, "first": json.loads(marker.read_text()) if marker.exists() else None, "out": out,
-            "err": err.decode(), "code": proc.returncode}
+    return {
+        "first_s": first_s,
+        "first": json.loads(marker.read_text()) if marker.exists() else None,
+        "out": out,
+        "err": err.decode(),
+        "code": proc.returncode,
+    }
 
 
 def _first_line_is_prompt(r: dict, command: str) -> None:
     assert r["first"] is not None, r["err"]
-    assert not r["first"]["torch"] and not r["first"]["lightning"], f"satmon {command} imported torch before its first line"
+    assert not r["first"]["torch"] and not r["first"]["lightning"], (
+        f"satmon {command} imported torch before its first line"
+    )
     assert r["first_s"] < FIRST_LINE_S, f"satmon {command}: first line after {r['first_s']:.1f} s"
 
 
@@ -72,12 +84,39 @@ def _first_line_is_prompt(r: dict, command: str) -> None:
 def session(tmp_path_factory):
     """The README's flow, tiny: the demo (checkpoints every 2 steps), a replay of its checkpoints, a report."""
     tmp = tmp_path_factory.mktemp("flow")
-    demo = _run(tmp, "demo", "demo", "--window", "4", "--train-tokens", "20000", "--checkpoint-every", "2", "--threads", "1",
-                "--logdir", "logs")
+    demo = _run(
+        tmp,
+        "demo",
+        "demo",
+        "--window",
+        "4",
+        "--train-tokens",
+        "20000",
+        "--checkpoint-every",
+        "2",
+        "--threads",
+        "1",
+        "--logdir",
+        "logs",
+    )
     assert demo["code"] == 0, demo["err"]
     ckpts = tmp / "logs" / "demo" / "version_0" / "checkpoints"
-    replay = _run(tmp, "replay", "replay", str(ckpts), "--model", "satmon.demos.lit:LitLM", "--datamodule",
-                  "satmon.demos.corpus:CorpusDataModule", "--batches", "2", "--logdir", "logs", "--threads", "1")
+    replay = _run(
+        tmp,
+        "replay",
+        "replay",
+        str(ckpts),
+        "--model",
+        "satmon.demos.lit:LitLM",
+        "--datamodule",
+        "satmon.demos.corpus:CorpusDataModule",
+        "--batches",
+        "2",
+        "--logdir",
+        "logs",
+        "--threads",
+        "1",
+    )
     assert replay["code"] == 0, replay["err"]
     return tmp, demo, replay
 
@@ -107,7 +146,9 @@ def test_replay_first_line_progress_and_the_live_verdict_beside_the_replay(sessi
 
     saved = torch.load(tmp / "logs" / "demo" / "version_0" / "checkpoints" / "epoch=0-step=4.ckpt", weights_only=True)
     live_sat = saved["callbacks"]["SaturationMonitor"]["verdict"]["saturation"]  # what the live window said
-    assert "Replay of logs/demo/version_0; its live verdict read from the SaturationMonitor state saved in epoch=" in out
+    assert (
+        "Replay of logs/demo/version_0; its live verdict read from the SaturationMonitor state saved in epoch=" in out
+    )
     row = next(line for line in out.splitlines() if line.startswith("| live window"))
     assert f"{live_sat:.4f}" in row and "the 4 training steps up to step 4, train mode" in row
     assert "| replay " in out and "checkpoint epoch=0-step=4.ckpt at step 4, eval mode" in out
@@ -123,10 +164,16 @@ def test_report_prints_both_runs_and_places_the_demo_on_the_phase_diagram(sessio
     _first_line_is_prompt(report, "report")
     assert report["first"]["line"].startswith("== satmon run ")
     out = report["out"]
-    assert out.count("== satmon run ") == 2 and "demo/version_0" in out and "== satmon run logs/replay of demo/version_0" in out
+    assert (
+        out.count("== satmon run ") == 2
+        and "demo/version_0" in out
+        and "== satmon run logs/replay of demo/version_0" in out
+    )
     assert "Replay of " in out and "| live window |" in out  # the replay's card carries the comparison
     assert "Note: Phase diagram: " in out and "unique training tokens (312 samples x 64 tokens in WindowDataset)" in out
-    assert "1 run(s) placed" in out and "not placed: replay of demo/version_0: its verdict gives no parameter count" in out
+    assert (
+        "1 run(s) placed" in out and "not placed: replay of demo/version_0: its verdict gives no parameter count" in out
+    )
     assert (tmp / "phase.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -23,14 +23,24 @@ from satmon.io.tags import TAG
 ROOT = Path(__file__).resolve().parents[2]
 
 #: the cases of this file (docs/reference/reliability.md: "hostile files and environments")
-HOSTILE = ("report-escape-sequences", "report-fifo-device-folder-named-like-event-files", "report-record-claims-1-tb",
-           "report-record-longer-than-the-file", "report-damaged-record-mid-file", "report-tensorboard-py-in-cwd",
-           "calibrate-escape-sequences", "unexpected-error-one-line", "background-thread-error-one-line")
+HOSTILE = (
+    "report-escape-sequences",
+    "report-fifo-device-folder-named-like-event-files",
+    "report-record-claims-1-tb",
+    "report-record-longer-than-the-file",
+    "report-damaged-record-mid-file",
+    "report-tensorboard-py-in-cwd",
+    "calibrate-escape-sequences",
+    "unexpected-error-one-line",
+    "background-thread-error-one-line",
+)
 
 #: what a hostile file would send to the terminal: CSI clear screen, OSC 0 title, OSC 8 link, OSC 52 clipboard write,
 #: a C1 CSI (0x9b), a carriage return over a forged green GO, a right-to-left override, BEL, NUL, DEL
-NASTY = ("\x1b[2J\x1b]0;pwned\x07\x1b]8;;http://evil\x1b\\link\x1b]8;;\x1b\\\x1b]52;c;cm0gLXJmIH4=\x07"
-         "\x9b31m\r\x1b[32mGO: keep it\x1b[0m \u202egnp\x00\x7f")
+NASTY = (
+    "\x1b[2J\x1b]0;pwned\x07\x1b]8;;http://evil\x1b\\link\x1b]8;;\x1b\\\x1b]52;c;cm0gLXJmIH4=\x07"
+    "\x9b31m\r\x1b[32mGO: keep it\x1b[0m \u202egnp\x00\x7f"
+)
 
 
 def _printable(text: str) -> bool:
@@ -66,22 +76,31 @@ def test_report_prints_no_control_character_from_an_event_file(tmp_path, capsys)
 
 
 def test_report_never_opens_a_fifo_nor_reads_a_device_or_folder_named_like_an_event_file(tmp_path):
-    """0.2 blocked forever in open() on a FIFO named like an event file. Run in a process of its own, under a timeout."""
+    """0.2 blocked forever in open() on a FIFO named like an event file. Run in a process
+    of its own, under a timeout."""
     good = _run(tmp_path / "run")
     os.mkfifo(tmp_path / "run" / "events.out.tfevents.2.fifo")
     (tmp_path / "run" / "events.out.tfevents.3.zero").symlink_to("/dev/zero")
     (tmp_path / "run" / "events.out.tfevents.4.dir").mkdir()
-    done = subprocess.run([sys.executable, "-m", "satmon.cli.main", "report", str(tmp_path)], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "satmon.cli.main", "report", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=tmp_path,
+    )
     assert done.returncode == 0 and "satmon verdict: NO-GO" in done.stdout, done.stderr
     notes = [line for line in done.stderr.splitlines() if "not a regular file" in line]
     assert len(notes) == 3 and all(line.startswith("satmon report: note: ") for line in notes), done.stderr
     assert good.name not in done.stderr and "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize(("length", "said"), [(10**12, "a record of 1,000,000,000,000 bytes"),
-                                              (100_000_000, "a record of 100,000,000 bytes")],
-                         ids=["claims-1-tb", "longer-than-the-file"])
+@pytest.mark.parametrize(
+    ("length", "said"),
+    [(10**12, "a record of 1,000,000,000,000 bytes"), (100_000_000, "a record of 100,000,000 bytes")],
+    ids=["claims-1-tb", "longer-than-the-file"],
+)
 def test_report_bounds_a_record_length_before_allocating_it(tmp_path, capsys, length, said):
     """0.2: a MemoryError traceback for a first record that claims 1 TB (its length's CRC is right)."""
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
@@ -117,8 +136,14 @@ def test_report_runs_no_tensorboard_py_from_the_working_directory(tmp_path):
     marker = tmp_path / "ran"
     (tmp_path / "tensorboard.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep + str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "satmon.cli.main", "report", "run"], capture_output=True, text=True,
-                          timeout=120, env=env, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "satmon.cli.main", "report", "run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0 and "satmon verdict: NO-GO" in done.stdout, done.stderr
     assert not marker.exists()
 
@@ -129,8 +154,10 @@ def test_calibrate_prints_no_control_character_from_its_input(tmp_path, capsys, 
 
     monkeypatch.chdir(tmp_path)
     groups = (f"small{NASTY[:8]}", f"big{NASTY[8:30]}")
-    cells = [dict(name=n, saturation=s, delta=d, group=groups[i // 2])
-             for i, (n, s, d) in enumerate([("a", 0.6, -0.1), ("b", 0.2, 0.1), ("c", 0.7, -0.2), ("d", 0.3, 0.2)])]
+    cells = [
+        dict(name=n, saturation=s, delta=d, group=groups[i // 2])
+        for i, (n, s, d) in enumerate([("a", 0.6, -0.1), ("b", 0.2, 0.1), ("c", 0.7, -0.2), ("d", 0.3, 0.2)])
+    ]
     (tmp_path / "cells.json").write_text(json.dumps(cells))
     assert main(["calibrate", "--cells", "cells.json", "--out", "out", "--no-plot"]) == 0
     out, err = capsys.readouterr()
@@ -147,8 +174,10 @@ def test_an_unexpected_error_ends_in_one_line_without_a_traceback(monkeypatch, c
     assert main(["report", "."]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err and _printable(err)
-    assert err.startswith("satmon report: stopped by an unexpected error: RuntimeError: a bug\\x1b[2J") and \
-        "SATMON_TRACEBACK=1" in err
+    assert (
+        err.startswith("satmon report: stopped by an unexpected error: RuntimeError: a bug\\x1b[2J")
+        and "SATMON_TRACEBACK=1" in err
+    )
 
 
 def test_a_background_thread_error_the_command_did_not_see_ends_in_one_line(monkeypatch, capsys):
@@ -176,8 +205,10 @@ def test_a_background_thread_error_the_command_did_not_see_ends_in_one_line(monk
     err = capsys.readouterr().err
     assert "Traceback" not in err and "Exception in thread" not in err and len(err.strip().splitlines()) == 2, err
     assert "satmon report: note: an error was ignored while an object was cleaned up: OSError: [Errno 28]" in err
-    assert err.strip().splitlines()[-1] == ("satmon report: a background thread failed: OSError: [Errno 28] No space left "
-                                            "on device; what it was writing (TensorBoard's event files) may be incomplete.")
+    assert err.strip().splitlines()[-1] == (
+        "satmon report: a background thread failed: OSError: [Errno 28] No space left "
+        "on device; what it was writing (TensorBoard's event files) may be incomplete."
+    )
 
 
 def test_reliability_counts_these_cases():

@@ -18,9 +18,23 @@ from satmon.cli.main import SUBCOMMANDS, _parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 #: what a help or version line must never load: the frameworks (seconds each) and the readers' stacks
-HEAVY = ("torch", "lightning", "lightning_fabric", "pytorch_lightning", "transformers", "tensorboard", "matplotlib", "numpy")
-PARSERS = {"satmon": _parser, "demo": demo._parser, "report": report._parser, "calibrate": calibrate._parser,
-           "grid": grid._parser}
+HEAVY = (
+    "torch",
+    "lightning",
+    "lightning_fabric",
+    "pytorch_lightning",
+    "transformers",
+    "tensorboard",
+    "matplotlib",
+    "numpy",
+)
+PARSERS = {
+    "satmon": _parser,
+    "demo": demo._parser,
+    "report": report._parser,
+    "calibrate": calibrate._parser,
+    "grid": grid._parser,
+}
 
 LOADED = """
 import contextlib, io, json, sys
@@ -33,14 +47,21 @@ print(json.dumps({"code": code, "out": out.getvalue(), "modules": sorted(sys.mod
 
 def loaded(*argv: str) -> dict:
     """Run ``satmon ARGV`` in a fresh interpreter; its exit code, stdout and every module it loaded."""
-    proc = subprocess.run([sys.executable, "-c", LOADED, *argv], capture_output=True, text=True, check=False, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-c", LOADED, *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["-h"], ["--version"], *([c, "--help"] for c in SUBCOMMANDS)],
-                         ids=lambda a: " ".join(a))
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["-h"], ["--version"], *([c, "--help"] for c in SUBCOMMANDS)], ids=lambda a: " ".join(a)
+)
 def test_help_and_version_load_no_framework(argv):
     got = loaded(*argv)
     assert got["code"] == 0 and got["out"].strip()
@@ -79,7 +100,9 @@ def test_version(capsys):
 def test_every_flag_has_a_help_line(name):
     parser = PARSERS[name]()
     for action in parser._actions:
-        assert action.help and action.help != argparse.SUPPRESS, f"{name}: {action.option_strings or action.dest} has no help"
+        assert action.help and action.help != argparse.SUPPRESS, (
+            f"{name}: {action.option_strings or action.dest} has no help"
+        )
 
 
 @pytest.mark.parametrize("name", PARSERS)
@@ -98,8 +121,16 @@ def test_subcommand_help_goes_to_stdout_and_exits_0(capsys):
 
 
 def test_every_usage_error_exits_2(capsys):
-    for argv in (["demo", "--window"], ["report"], ["calibrate", "--rule"], ["demo", "--bogus"], ["calibrate", "--bogus"],
-                 ["grid"], ["grid", "builtin", "--jobs", "0"], ["grid", "builtin", "--time", "soon"]):
+    for argv in (
+        ["demo", "--window"],
+        ["report"],
+        ["calibrate", "--rule"],
+        ["demo", "--bogus"],
+        ["calibrate", "--bogus"],
+        ["grid"],
+        ["grid", "builtin", "--jobs", "0"],
+        ["grid", "builtin", "--time", "soon"],
+    ):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith("usage: satmon") and "error:" in err.splitlines()[-1]
@@ -117,6 +148,7 @@ def test_ctrl_c_in_a_command_is_one_line_and_exit_130(monkeypatch, capsys):
 
 def test_the_demo_refuses_before_it_builds_anything(monkeypatch, capsys, tmp_path):
     """Each check runs on the parsed flags alone: run_demo (the only place that imports torch) is never reached."""
+
     def never(*_):
         raise AssertionError("built")
 
@@ -135,7 +167,9 @@ def test_no_study_number_is_restated_in_the_cli():
     default = demo._parser().parse_args([]).threshold
     assert default is None and Settings(threshold=default).rule == Settings().rule
     assert Settings().rule.threshold == study.THRESHOLD and Settings().rule.threshold_source == "study"
-    for path in [*(ROOT / "satmon" / "cli" / f"{n}.py" for n in ("main", "demo", "report", "calibrate")),
-                 *(ROOT / "satmon" / "calibrate").glob("*.py"),
-                 *(ROOT / "satmon" / "io" / n for n in ("atomic.py", "json_records.py", "markdown.py", "tensorboard_reader.py"))]:
+    for path in [
+        *(ROOT / "satmon" / "cli" / f"{n}.py" for n in ("main", "demo", "report", "calibrate")),
+        *(ROOT / "satmon" / "calibrate").glob("*.py"),
+        *(ROOT / "satmon" / "io" / n for n in ("atomic.py", "json_records.py", "markdown.py", "tensorboard_reader.py")),
+    ]:
         assert not re.search(r"(?<![\d.])0\.43(?!\d)", path.read_text()), path

@@ -94,7 +94,9 @@ def test_a_terminal_only_status_line_goes_where_a_person_watches(monkeypatch):
     monkeypatch.setattr(sys, "stderr", err)
     from satmon.cli.progress import say_to_terminal
 
-    assert say_to_terminal("report", "reading") and err.getvalue() == "satmon report: reading\n" and out.getvalue() == ""
+    assert (
+        say_to_terminal("report", "reading") and err.getvalue() == "satmon report: reading\n" and out.getvalue() == ""
+    )
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     assert not say_to_terminal("report", "reading") and out.getvalue() == ""  # pipes and files: nothing
 

@@ -12,10 +12,10 @@ import warnings
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import tiny_lit
 from lightning.pytorch.callbacks import ModelCheckpoint
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from helpers import tiny_lit
 from satmon import SaturationMonitor, find_dyt_layers
 from satmon.cli.main import main
 from satmon.demos.corpus import CorpusDataModule
@@ -23,8 +23,10 @@ from satmon.demos.corpus import CorpusDataModule
 LEVEL = 0.5  # at the tiny model's scale |alpha x| > 2 is never reached; 0.5 spreads layers over 0 .. 0.9
 MODEL = "satmon.demos.lit:LitLM"
 DM_ARGS = dict(seq_len=16, batch_size=4, train_tokens=20_000, val_tokens=2_000, seed=0)
-FACTORY_SRC = ("from satmon.demos.gpt import GPT, GPTConfig\n"
-               "def build():\n    return GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16))\n")
+FACTORY_SRC = (
+    "from satmon.demos.gpt import GPT, GPTConfig\n"
+    "def build():\n    return GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16))\n"
+)
 
 
 def _calibration() -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -37,8 +39,15 @@ def _train(root, norm="dyt", steps=9, every=3, callbacks=()):
     pl.seed_everything(0, verbose=False)
     ckpt = ModelCheckpoint(dirpath=root / "ckpts", every_n_train_steps=every, save_top_k=-1)
     trainer = pl.Trainer(
-        max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=[ckpt, *callbacks],
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+        max_steps=steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        callbacks=[ckpt, *callbacks],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
     )
     trainer.fit(tiny_lit(norm=norm, lr=1e-2), CorpusDataModule(**DM_ARGS))
     return root / "ckpts"
@@ -72,6 +81,7 @@ def _reference(ckpt_path, batches) -> dict[str, tuple[int, int]]:
             pre = mod.alpha.detach().double() * args[0].detach().double()
             counts[name][0] += int((pre.abs() > LEVEL).sum())
             counts[name][1] += pre.numel()
+
         return fn
 
     handles = [modules[n].register_forward_hook(hook(n)) for n in names]
@@ -91,8 +101,20 @@ def _replay(capsys, *args):
 
 def test_replay_matches_float64_reference_and_tensorboard(run, tmp_path, capsys):
     root, ckpts, _ = run
-    code, out, err = _replay(capsys, ckpts, "--model", MODEL, "--data", root / "calib.pt", "--level", LEVEL,
-                             "--logdir", tmp_path / "tb", "--json", tmp_path / "r.json")
+    code, out, err = _replay(
+        capsys,
+        ckpts,
+        "--model",
+        MODEL,
+        "--data",
+        root / "calib.pt",
+        "--level",
+        LEVEL,
+        "--logdir",
+        tmp_path / "tb",
+        "--json",
+        tmp_path / "r.json",
+    )
     assert code == 0, err
     records = json.loads((tmp_path / "r.json").read_text())
     assert [r["global_step"] for r in records] == [3, 6, 9]  # by the step inside the file, not the name
@@ -122,14 +144,28 @@ def test_replay_matches_float64_reference_and_tensorboard(run, tmp_path, capsys)
 
 def test_live_probe_and_replay_agree(run, tmp_path, capsys):
     root, ckpts, live = run
-    code, _, err = _replay(capsys, ckpts / "epoch=0-step=6.ckpt", "--model", MODEL, "--data", root / "calib.pt",
-                           "--level", LEVEL, "--logdir", tmp_path, "--json", tmp_path / "r.json")
+    code, _, err = _replay(
+        capsys,
+        ckpts / "epoch=0-step=6.ckpt",
+        "--model",
+        MODEL,
+        "--data",
+        root / "calib.pt",
+        "--level",
+        LEVEL,
+        "--logdir",
+        tmp_path,
+        "--json",
+        tmp_path / "r.json",
+    )
     assert code == 0, err
     (rec,) = json.loads((tmp_path / "r.json").read_text())
     want = live[6].to_dict()  # SaturationMonitor(probe_on_checkpoint=True): the probe at the step-6 save
     assert rec["global_step"] == 6
     assert rec["saturation"] == want["saturation"]  # exact integer counts on the same weights and batches
-    assert {n: v["saturation"] for n, v in rec["layers"].items()} == {n: v["saturation"] for n, v in want["layers"].items()}
+    assert {n: v["saturation"] for n, v in rec["layers"].items()} == {
+        n: v["saturation"] for n, v in want["layers"].items()
+    }
     assert rec["sigma_min"]["blocks"] == want["sigma_min"]["blocks"]
     assert rec["sigma_min"]["values"] == pytest.approx(want["sigma_min"]["values"], rel=1e-9)
     assert rec["norm_type"] == want["norm_type"]
@@ -142,8 +178,20 @@ def test_corrupt_and_truncated_files_are_named_and_skipped(run, tmp_path, capsys
     (folder / "random.ckpt").write_bytes(torch.randint(0, 256, (4096,), dtype=torch.uint8).numpy().tobytes())
     good = (folder / "epoch=0-step=6.ckpt").read_bytes()
     (folder / "truncated.ckpt").write_bytes(good[: len(good) // 2])
-    code, out, err = _replay(capsys, folder, "--model", MODEL, "--datamodule", "satmon.demos.corpus:CorpusDataModule",
-                             "--batches", 2, "--logdir", tmp_path / "tb", "--json", tmp_path / "r.json")
+    code, out, err = _replay(
+        capsys,
+        folder,
+        "--model",
+        MODEL,
+        "--datamodule",
+        "satmon.demos.corpus:CorpusDataModule",
+        "--batches",
+        2,
+        "--logdir",
+        tmp_path / "tb",
+        "--json",
+        tmp_path / "r.json",
+    )
     assert code == 1
     assert "random.ckpt" in err and "truncated.ckpt" in err and "truncated or corrupt" in err
     records = json.loads((tmp_path / "r.json").read_text())
@@ -158,8 +206,19 @@ def test_incompatible_checkpoint_is_skipped(run, tmp_path, capsys):
     ckpt["state_dict"]["model.ln_f.alpha"] = torch.ones(3)  # wrong shape: load_state_dict refuses it
     torch.save(ckpt, tmp_path / "bad-shape.ckpt")
     shutil.copy(ckpts / "epoch=0-step=9.ckpt", tmp_path / "good.ckpt")
-    code, _, err = _replay(capsys, tmp_path / "bad-shape.ckpt", tmp_path / "good.ckpt", "--model", MODEL,
-                           "--data", run[0] / "calib.pt", "--logdir", tmp_path / "tb", "--json", tmp_path / "r.json")
+    code, _, err = _replay(
+        capsys,
+        tmp_path / "bad-shape.ckpt",
+        tmp_path / "good.ckpt",
+        "--model",
+        MODEL,
+        "--data",
+        run[0] / "calib.pt",
+        "--logdir",
+        tmp_path / "tb",
+        "--json",
+        tmp_path / "r.json",
+    )
     assert code == 1 and "bad-shape.ckpt" in err, err
     assert "1 shape(s) differ (model.ln_f.alpha: checkpoint [3], model [1])" in err, err
     records = json.loads((tmp_path / "r.json").read_text())
@@ -170,15 +229,29 @@ def test_json_and_markdown_report_with_plots(tmp_path, capsys):
     # a LayerNorm model: alignment, null space and the init-gap twin, beside the DyT run's saturation plot
     ckpts = _train(tmp_path, norm="layernorm", steps=4, every=2)
     torch.save(_calibration(), tmp_path / "calib.pt")
-    code, out, err = _replay(capsys, ckpts, "--model", MODEL, "--data", tmp_path / "calib.pt", "--logdir", tmp_path / "tb",
-                             "--json", tmp_path / "out" / "r.jsonl", "--report", tmp_path / "out" / "report.md")
+    code, out, err = _replay(
+        capsys,
+        ckpts,
+        "--model",
+        MODEL,
+        "--data",
+        tmp_path / "calib.pt",
+        "--logdir",
+        tmp_path / "tb",
+        "--json",
+        tmp_path / "out" / "r.jsonl",
+        "--report",
+        tmp_path / "out" / "report.md",
+    )
     assert code == 0, err
     records = [json.loads(line) for line in (tmp_path / "out" / "r.jsonl").read_text().splitlines()]
     assert [r["global_step"] for r in records] == [2, 4]
     for r in records:
         assert {"checkpoint", "global_step", "verdict", "layers", "sigma_min", "norm_type", "init_gap"} <= set(r)
         assert r["verdict"] is None and r["norm_type"] == "layernorm-like"
-        assert all(v["kind"] == "layernorm" and v["alignment"] > 0.999 and v["null_dim"] == 1 for v in r["layers"].values())
+        assert all(
+            v["kind"] == "layernorm" and v["alignment"] > 0.999 and v["null_dim"] == 1 for v in r["layers"].values()
+        )
         assert set(r["init_gap"]) == set(r["layers"])
         assert r["sigma_min"]["blocks"][0] == "embedding" and len(r["sigma_min"]["ratios"]) == 3
     md = (tmp_path / "out" / "report.md").read_text()
@@ -195,11 +268,26 @@ def test_dyt_report_has_saturation_plot_verdict_card_and_nonfinite_line(run, tmp
     folder = tmp_path / "ckpts"
     shutil.copytree(ckpts, folder)
     ckpt = torch.load(ckpts / "epoch=0-step=9.ckpt", weights_only=True)
-    ckpt["state_dict"]["model.blocks.1.mlp.c_fc.weight"] = torch.full_like(ckpt["state_dict"]["model.blocks.1.mlp.c_fc.weight"], float("nan"))
+    ckpt["state_dict"]["model.blocks.1.mlp.c_fc.weight"] = torch.full_like(
+        ckpt["state_dict"]["model.blocks.1.mlp.c_fc.weight"], float("nan")
+    )
     ckpt["global_step"] = 12
     torch.save(ckpt, folder / "diverged.ckpt")
-    code, out, err = _replay(capsys, folder, "--model", MODEL, "--data", root / "calib.pt", "--level", LEVEL,
-                             "--logdir", tmp_path, "--report", tmp_path / "r.md", "--quiet")
+    code, out, err = _replay(
+        capsys,
+        folder,
+        "--model",
+        MODEL,
+        "--data",
+        root / "calib.pt",
+        "--level",
+        LEVEL,
+        "--logdir",
+        tmp_path,
+        "--report",
+        tmp_path / "r.md",
+        "--quiet",
+    )
     assert code == 3, err
     md = (tmp_path / "r.md").read_text()
     data = (tmp_path / "r_saturation.png").read_bytes()
@@ -214,8 +302,17 @@ def test_custom_type_refused_by_default_and_loaded_with_trust(run, tmp_path, cap
     ckpt = torch.load(ckpts / "epoch=0-step=6.ckpt", weights_only=True)
     ckpt["user_extra"] = fractions.Fraction(1, 3)  # not on torch's weights_only allow-list
     torch.save(ckpt, tmp_path / "pickled.ckpt")
-    args = [tmp_path / "pickled.ckpt", "--model", MODEL, "--data", root / "calib.pt", "--logdir", tmp_path / "tb",
-            "--json", tmp_path / "r.json"]
+    args = [
+        tmp_path / "pickled.ckpt",
+        "--model",
+        MODEL,
+        "--data",
+        root / "calib.pt",
+        "--logdir",
+        tmp_path / "tb",
+        "--json",
+        tmp_path / "r.json",
+    ]
     code, _, err = _replay(capsys, *args)
     assert code == 1 and "pickled.ckpt" in err and "GLOBAL fractions.Fraction" in err and "--trust-checkpoints" in err
     (rec,) = json.loads((tmp_path / "r.json").read_text())
@@ -231,31 +328,55 @@ def test_custom_type_refused_by_default_and_loaded_with_trust(run, tmp_path, cap
 def test_plain_state_dict_with_factory_file(run, tmp_path, capsys, monkeypatch):
     root, ckpts, _ = run
     ckpt = torch.load(ckpts / "epoch=0-step=9.ckpt", weights_only=True)
-    torch.save({"model": {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()}, "iter_num": 9},
-               tmp_path / "weights.pt")
+    torch.save(
+        {"model": {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()}, "iter_num": 9},
+        tmp_path / "weights.pt",
+    )
     (tmp_path / "mymodels.py").write_text(FACTORY_SRC)
     monkeypatch.chdir(tmp_path)
     code, _, err = _replay(capsys, "weights.pt", "--factory", "mymodels:build", "--data", root / "calib.pt")
     assert code == 2 and "--factory mymodels.py:build" in err  # the working directory is not searched: the way out
-    code, _, err = _replay(capsys, "weights.pt", "--factory", "mymodels.py:build", "--data", root / "calib.pt",
-                           "--level", LEVEL, "--logdir", "tb", "--json", "r.json")
+    code, _, err = _replay(
+        capsys,
+        "weights.pt",
+        "--factory",
+        "mymodels.py:build",
+        "--data",
+        root / "calib.pt",
+        "--level",
+        LEVEL,
+        "--logdir",
+        "tb",
+        "--json",
+        "r.json",
+    )
     assert code == 0, err
     (rec,) = json.loads((tmp_path / "r.json").read_text())
     want = _reference(ckpts / "epoch=0-step=9.ckpt", torch.load(root / "calib.pt"))
     assert rec["global_step"] == 9
-    assert rec["layers"]["ln_f"]["saturation"] == pytest.approx(want["model.ln_f"][0] / want["model.ln_f"][1], abs=1e-12)
+    assert rec["layers"]["ln_f"]["saturation"] == pytest.approx(
+        want["model.ln_f"][0] / want["model.ln_f"][1], abs=1e-12
+    )
 
 
 def test_safetensors_with_factory_and_data_file_beside_it(run, tmp_path, capsys, monkeypatch):
     safetensors = pytest.importorskip("safetensors.torch")
     root, ckpts, _ = run
     ckpt = torch.load(ckpts / "epoch=0-step=6.ckpt", weights_only=True)
-    safetensors.save_file({k.removeprefix("model."): v.contiguous() for k, v in ckpt["state_dict"].items()
-                           if k != "model.lm_head.weight"}, str(tmp_path / "w.safetensors"))
+    safetensors.save_file(
+        {
+            k.removeprefix("model."): v.contiguous()
+            for k, v in ckpt["state_dict"].items()
+            if k != "model.lm_head.weight"
+        },
+        str(tmp_path / "w.safetensors"),
+    )
     shutil.copy(root / "calib.pt", tmp_path / "calib.pt")  # in the replayed folder: must not be taken for a checkpoint
     (tmp_path / "mymodels2.py").write_text(FACTORY_SRC)
     monkeypatch.chdir(tmp_path)
-    code, _, err = _replay(capsys, ".", "--factory", "mymodels2.py:build", "--data", "calib.pt", "--logdir", "tb", "--json", "r.json")
+    code, _, err = _replay(
+        capsys, ".", "--factory", "mymodels2.py:build", "--data", "calib.pt", "--logdir", "tb", "--json", "r.json"
+    )
     assert code == 0, err
     (rec,) = json.loads((tmp_path / "r.json").read_text())
     assert rec["checkpoint"].endswith("w.safetensors") and rec["global_step"] == 0  # no step in the file: its position
@@ -273,7 +394,10 @@ def test_safetensors_with_factory_and_data_file_beside_it(run, tmp_path, capsys,
         (["--model", MODEL, "--no-data"], "No calibration data: pass --data FILE"),
         (["--data-only"], "Pass --model MODULE:CLASS"),
         (["--model", MODEL, "--datamodule", "satmon.demos.corpus:Nope"], "has no attribute 'Nope'"),
-        (["--model", MODEL, "--datamodule", "satmon.demos.corpus:corpus_tokens"], "expected a LightningDataModule class"),
+        (
+            ["--model", MODEL, "--datamodule", "satmon.demos.corpus:corpus_tokens"],
+            "expected a LightningDataModule class",
+        ),
         (["--model", MODEL, "--batches", "0"], "Expected --batches >= 1, got 0"),
         (["--model", MODEL, "--batch-size", "0"], "Expected --batch-size >= 1, got 0"),
     ],
@@ -305,7 +429,9 @@ def test_help_says_what_runs_code_and_the_exit_codes(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "--model, --factory and --datamodule IMPORT AND RUN the code they name" in out
     assert "the working directory is not searched" in out
-    assert "--trust-checkpoints load checkpoints with torch.load(weights_only=False): RUNS CODE STORED IN THE FILES" in out
+    assert (
+        "--trust-checkpoints load checkpoints with torch.load(weights_only=False): RUNS CODE STORED IN THE FILES" in out
+    )
     assert "3 non-finite values (NaN/inf weights or DyT inputs) in a replayed checkpoint" in out
 
 
@@ -313,8 +439,11 @@ def test_help_imports_neither_torch_nor_lightning():
     import subprocess
     import sys
 
-    script = ("import sys\nfrom satmon.cli.main import main\nassert main(['replay', '--help']) == 0\n"
-              "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'lightning', 'pytorch_lightning', 'transformers'}))")
+    script = (
+        "import sys\nfrom satmon.cli.main import main\nassert main(['replay', '--help']) == 0\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'lightning', "
+        "'pytorch_lightning', 'transformers'}))"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
@@ -331,12 +460,26 @@ def test_partial_records_are_written_as_they_come_and_removed_when_complete(run,
 
     def spy(*a, **k):
         partial = tmp_path / "r.jsonl.partial.jsonl"
-        seen.append((len(partial.read_text().splitlines()) if partial.exists() else None, (tmp_path / "r.jsonl").exists()))
+        seen.append(
+            (len(partial.read_text().splitlines()) if partial.exists() else None, (tmp_path / "r.jsonl").exists())
+        )
         return real(*a, **k)
 
     monkeypatch.setattr(loop, "_replay_one", spy)
-    code, out, err = _replay(capsys, ckpts, "--model", MODEL, "--data", root / "calib.pt", "--level", LEVEL,
-                             "--logdir", tmp_path / "tb", "--json", tmp_path / "r.jsonl")
+    code, out, err = _replay(
+        capsys,
+        ckpts,
+        "--model",
+        MODEL,
+        "--data",
+        root / "calib.pt",
+        "--level",
+        LEVEL,
+        "--logdir",
+        tmp_path / "tb",
+        "--json",
+        tmp_path / "r.jsonl",
+    )
     assert code == 0, err
     assert seen == [(0, False), (1, False), (2, False)]
     assert not (tmp_path / "r.jsonl.partial.jsonl").exists()
@@ -351,13 +494,17 @@ def test_a_factory_replay_never_imports_lightning(run, tmp_path):
 
     root, ckpts, _ = run
     ckpt = torch.load(ckpts / "epoch=0-step=9.ckpt", weights_only=True)
-    torch.save({"model": {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()}, "iter_num": 9},
-               tmp_path / "weights.pt")
+    torch.save(
+        {"model": {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()}, "iter_num": 9},
+        tmp_path / "weights.pt",
+    )
     (tmp_path / "mymodels.py").write_text(FACTORY_SRC)
-    script = ("import sys\nfrom satmon.cli.main import main\n"
-              f"code = main(['replay', 'weights.pt', '--factory', 'mymodels.py:build', '--data', {str(root / 'calib.pt')!r}, "
-              "'--logdir', 'tb', '--json', 'r.json', '--quiet'])\n"
-              "print(code, sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))")
+    script = (
+        "import sys\nfrom satmon.cli.main import main\n"
+        f"code = main(['replay', 'weights.pt', '--factory', 'mymodels.py:build', '--data', {str(root / 'calib.pt')!r}, "
+        "'--logdir', 'tb', '--json', 'r.json', '--quiet'])\n"
+        "print(code, sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "0 []"

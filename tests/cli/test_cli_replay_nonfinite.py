@@ -14,8 +14,10 @@ import torch
 
 from satmon.cli.main import main
 
-FACTORY_SRC = ("from satmon.demos.gpt import GPT, GPTConfig\n"
-               "def build():\n    return GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16, alpha_init=8.0))\n")
+FACTORY_SRC = (
+    "from satmon.demos.gpt import GPT, GPTConfig\n"
+    "def build():\n    return GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16, alpha_init=8.0))\n"
+)
 
 
 @pytest.fixture
@@ -39,8 +41,24 @@ def project(tmp_path, monkeypatch):
 
 def test_a_nan_weight_after_the_dyt_layers_reads_nonfinite_everywhere(project, capsys):
     root, head = project
-    rc = main(["replay", "w", "--factory", "./factory.py:build", "--data", "calib.pt", "--json", "r.json",
-               "--report", "r.md", "--no-twin", "--logdir", "tb", "--quiet"])
+    rc = main(
+        [
+            "replay",
+            "w",
+            "--factory",
+            "./factory.py:build",
+            "--data",
+            "calib.pt",
+            "--json",
+            "r.json",
+            "--report",
+            "r.md",
+            "--no-twin",
+            "--logdir",
+            "tb",
+            "--quiet",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 3
     records = {r["global_step"]: r for r in json.loads((root / "r.json").read_text())}

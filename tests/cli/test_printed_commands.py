@@ -10,7 +10,16 @@ import pytest
 
 from satmon.cli.main import command
 
-AWKWARD = ["satmon_logs/replay of demo/version_0", "it's", 'a "b"', "$HOME;rm -rf x", "tab\there", "-dash", "*.ckpt", ""]
+AWKWARD = [
+    "satmon_logs/replay of demo/version_0",
+    "it's",
+    'a "b"',
+    "$HOME;rm -rf x",
+    "tab\there",
+    "-dash",
+    "*.ckpt",
+    "",
+]
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash to paste into")
@@ -22,7 +31,8 @@ def test_a_printed_command_pasted_into_bash_gives_each_word_back(word):
 
 
 def test_every_printed_command_goes_through_command():
-    """The CLI's printed commands (replay's report line, the demo's three, calibrate's record) are built by command()."""
+    """The CLI's printed commands (replay's report line, the demo's three, calibrate's
+    record) are built by command()."""
     import inspect
 
     from satmon.cli import calibrate, demo, replay
@@ -34,7 +44,9 @@ def test_every_printed_command_goes_through_command():
 
 
 @pytest.mark.parametrize("command_name", ["replay", "calibrate", "report", "demo"])
-def test_a_bad_setting_in_the_environment_is_one_line_and_exit_2_before_any_work(command_name, monkeypatch, capsys, tmp_path):
+def test_a_bad_setting_in_the_environment_is_one_line_and_exit_2_before_any_work(
+    command_name, monkeypatch, capsys, tmp_path
+):
     """issue 44.4: SATMON_MAX_PICKLE_MB=abc was found at every checkpoint ("skipped ... ValueError", exit 1)."""
     from satmon.cli.main import main
 

@@ -37,10 +37,14 @@ def test_llama_norm_options_and_alpha_inits():
     assert isinstance(m.norm_f, DyT) and m.norm_f.bias is None
     alphas = [m.blocks[0].attn_norm.alpha.item(), m.blocks[0].mlp_norm.alpha.item(), m.norm_f.alpha.item()]
     assert alphas == pytest.approx([0.8, 0.2, 0.2])
-    m = LlamaLM(LlamaConfig(vocab_size=32, d_model=D, n_layers=1, n_heads=2, seq_len=8, alpha_init=2.0, final_norm="dyt"))
+    m = LlamaLM(
+        LlamaConfig(vocab_size=32, d_model=D, n_layers=1, n_heads=2, seq_len=8, alpha_init=2.0, final_norm="dyt")
+    )
     assert {n: p.item() for n, p in m.named_parameters() if n.endswith("alpha")} == {
-        "blocks.0.attn_norm.alpha": 2.0, "blocks.0.mlp_norm.alpha": 2.0, "norm_f.alpha": 2.0,
-    }  # fmt: skip
+        "blocks.0.attn_norm.alpha": 2.0,
+        "blocks.0.mlp_norm.alpha": 2.0,
+        "norm_f.alpha": 2.0,
+    }
     m = LlamaLM(vocab_size=32, d_model=D, n_layers=1, n_heads=2, seq_len=8, norm="rmsnorm")
     assert type(m.norm_f) is RMSNorm and m.norm_f.eps == 1e-6
     x = torch.randn(2, 3, D)

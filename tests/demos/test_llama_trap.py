@@ -35,10 +35,15 @@ def runs() -> dict:
                 opt["optimizer"].zero_grad(set_to_none=True)
                 loss.backward()
                 if step >= FROM:
-                    below[step] = max(float(p.grad.abs().max()) for n, p in model.named_parameters()
-                                      if n.startswith(("tok_emb.", "blocks.")))
+                    below[step] = max(
+                        float(p.grad.abs().max())
+                        for n, p in model.named_parameters()
+                        if n.startswith(("tok_emb.", "blocks."))
+                    )
                     if final == "dyt":
-                        at_one[step] = float((torch.tanh(model.norm_f.alpha.detach() * seen["x"]).abs() == 1).float().mean())
+                        at_one[step] = float(
+                            (torch.tanh(model.norm_f.alpha.detach() * seen["x"]).abs() == 1).float().mean()
+                        )
                 opt["optimizer"].step()
                 opt["lr_scheduler"]["scheduler"].step()
                 if step == STEPS:

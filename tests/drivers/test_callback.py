@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import tiny_lit, token_loader, trainer
-from reference import InputRecorder, counts_of
 from lightning.pytorch.callbacks import Callback
 
-from satmon import SaturationMonitor
-from satmon import find_dyt_layers
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder, counts_of
+from satmon import SaturationMonitor, find_dyt_layers
 from satmon.observe.saturation import SaturationHooks
 
 ALPHA = 50.0
@@ -67,7 +66,9 @@ class _EvalForwards(Callback):
 
     def on_fit_start(self, trainer, pl_module):
         layer = find_dyt_layers(pl_module)[0].module
-        layer.register_forward_hook(lambda m, a, o: setattr(self, "eval_forwards", self.eval_forwards + (not m.training)))
+        layer.register_forward_hook(
+            lambda m, a, o: setattr(self, "eval_forwards", self.eval_forwards + (not m.training))
+        )
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         self.sanity_batches += trainer.sanity_checking
@@ -78,8 +79,17 @@ def test_counts_equal_float64_reference_and_skip_validation(tmp_path):
     monitor = SaturationMonitor(window=window, verbose=False)
     probe = _EvalForwards()
     # Sanity check (2 batches) before training, validation after steps 3 and 6 (inside the window) and 9.
-    _, rec, tr = _fit(tmp_path, monitor, n_batches=12, val=True, callbacks=[probe], max_steps=10,
-                      num_sanity_val_steps=2, limit_val_batches=2, val_check_interval=3)
+    _, rec, tr = _fit(
+        tmp_path,
+        monitor,
+        n_batches=12,
+        val=True,
+        callbacks=[probe],
+        max_steps=10,
+        num_sanity_val_steps=2,
+        limit_val_batches=2,
+        val_check_interval=3,
+    )
     assert probe.sanity_batches == 2
     # validation really ran, inside the window too; plus satmon's one gating trace (eval, no grad) of the first batch
     assert probe.eval_forwards == 2 + 3 * 2 + 1
@@ -107,7 +117,11 @@ def satmon_hooks(module: torch.nn.Module) -> list[tuple[object, SaturationHooks]
     """The satmon hooks on ``module``: ``(hook, the SaturationHooks object that registered it)``."""
     found = []
     for fn in [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]:
-        owners = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if isinstance(c.cell_contents, SaturationHooks)]
+        owners = [
+            c.cell_contents
+            for c in (getattr(fn, "__closure__", None) or ())
+            if isinstance(c.cell_contents, SaturationHooks)
+        ]
         found += [(fn, o) for o in owners]
     return found
 
@@ -133,13 +147,24 @@ def _assert_window_over(lit, monitor: SaturationMonitor) -> None:
         owners = [o for _, o in satmon_hooks(layer.module)]
         assert monitor.screen.hooks not in owners, layer.name
         assert all(o.enabled is False for o in owners), layer.name
-    before = [t.clone() for t in (monitor.screen.hooks.counter.saturated, monitor.screen.hooks.counter.total, monitor.screen.hooks.counter.nonfinite)]
+    before = [
+        t.clone()
+        for t in (
+            monitor.screen.hooks.counter.saturated,
+            monitor.screen.hooks.counter.total,
+            monitor.screen.hooks.counter.nonfinite,
+        )
+    ]
     x = torch.randint(0, 256, (2, 16))
     for mode in (True, False):
         lit.train(mode)
         with torch.no_grad():
             lit(x)
-    after = (monitor.screen.hooks.counter.saturated, monitor.screen.hooks.counter.total, monitor.screen.hooks.counter.nonfinite)
+    after = (
+        monitor.screen.hooks.counter.saturated,
+        monitor.screen.hooks.counter.total,
+        monitor.screen.hooks.counter.nonfinite,
+    )
     assert all(torch.equal(b, a) for b, a in zip(before, after))
 
 
@@ -171,21 +196,39 @@ def test_sample_every_counts_only_sampled_steps(tmp_path, accumulate):
 
 
 # ------------------------------------------------------------------------------- refused at construction
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"calibration": 123}, r"Expected a path to a calibration.json or a Calibration, got 123 \(int\) for `calibration`: "
-                           r"pass the file `satmon calibrate` wrote"),
-    ({"calibration": ["cal.json"]}, r"Expected a path to a calibration.json or a Calibration, got <list> \(list\)"),
-    ({"gating_mapping": {"a": 1}}, r"Expected `gating_mapping\['a'\]` to be the name of the gated MLP module it feeds "
-                                   r"\(str\) or None \(it feeds none\), got 1 \(int\): e.g."),
-    ({"gating_mapping": {("a",): "mlp"}}, r"Expected the keys of `gating_mapping` to be DyT layer names \(str\), got "
-                                          r"<tuple> \(tuple\): name the layer as model.named_modules\(\) does"),
-    ({"gating_forward_fn": "x"}, r"Expected `gating_forward_fn` to be a callable \(model, batch\) -> Any or None, got "
-                                 r"'x' \(str\): pass a function, e.g. gating_forward_fn=lambda model, batch:"),
-    ({"probe_every_n_steps": 5, "probe_forward_fn": 3}, r"Expected `probe_forward_fn` to be a callable \(model, batch\) "
-                                                        r"-> Any or None, got 3 \(int\): pass a function"),
-    ({"probe_forward_fn": 3}, r"Expected `probe_forward_fn` to be a callable"),  # checked with the probe off too
-    ({"log_every_n_steps": 0}, "Expected `log_every_n_steps` to be a positive int or None"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            {"calibration": 123},
+            r"Expected a path to a calibration.json or a Calibration, got 123 \(int\) for `calibration`: "
+            r"pass the file `satmon calibrate` wrote",
+        ),
+        ({"calibration": ["cal.json"]}, r"Expected a path to a calibration.json or a Calibration, got <list> \(list\)"),
+        (
+            {"gating_mapping": {"a": 1}},
+            r"Expected `gating_mapping\['a'\]` to be the name of the gated MLP module it feeds "
+            r"\(str\) or None \(it feeds none\), got 1 \(int\): e.g.",
+        ),
+        (
+            {"gating_mapping": {("a",): "mlp"}},
+            r"Expected the keys of `gating_mapping` to be DyT layer names \(str\), got "
+            r"<tuple> \(tuple\): name the layer as model.named_modules\(\) does",
+        ),
+        (
+            {"gating_forward_fn": "x"},
+            r"Expected `gating_forward_fn` to be a callable \(model, batch\) -> Any or None, got "
+            r"'x' \(str\): pass a function, e.g. gating_forward_fn=lambda model, batch:",
+        ),
+        (
+            {"probe_every_n_steps": 5, "probe_forward_fn": 3},
+            r"Expected `probe_forward_fn` to be a callable \(model, batch\) "
+            r"-> Any or None, got 3 \(int\): pass a function",
+        ),
+        ({"probe_forward_fn": 3}, r"Expected `probe_forward_fn` to be a callable"),  # checked with the probe off too
+        ({"log_every_n_steps": 0}, "Expected `log_every_n_steps` to be a positive int or None"),
+    ],
+)
 def test_bad_arguments_are_refused_at_construction_saying_what_to_do(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SaturationMonitor(**kwargs)
@@ -194,8 +237,11 @@ def test_bad_arguments_are_refused_at_construction_saying_what_to_do(kwargs, mat
 def test_an_unreadable_calibration_is_refused_at_construction(tmp_path):
     binary = tmp_path / "calibration.json"
     binary.write_bytes(bytes(range(256)))  # 0.2: UnicodeDecodeError from deep inside json
-    with pytest.raises(ValueError, match=r"Expected a calibration JSON \(UTF-8 text\) written by `satmon calibrate` at "
-                                         r".*calibration.json', got a binary file \(byte 0x80 at offset 128"):
+    with pytest.raises(
+        ValueError,
+        match=r"Expected a calibration JSON \(UTF-8 text\) written by `satmon calibrate` at "
+        r".*calibration.json', got a binary file \(byte 0x80 at offset 128",
+    ):
         SaturationMonitor(calibration=binary)
     with pytest.raises(ValueError, match="got a folder at"):
         SaturationMonitor(calibration=tmp_path)
@@ -204,14 +250,23 @@ def test_an_unreadable_calibration_is_refused_at_construction(tmp_path):
 def test_unknown_options_and_settings_together_are_refused():
     from satmon import Settings
 
-    with pytest.raises(TypeError, match=r"Expected SaturationMonitor options among \[.*'watch_every_n_steps', 'window'\] "
-                                        r"\(plus sink, log_every_n_steps, on_missing, verbose, .*gating_forward_fn\), got "
-                                        r"\['windw'\]: check the spelling"):
+    with pytest.raises(
+        TypeError,
+        match=r"Expected SaturationMonitor options among \[.*'watch_every_n_steps', 'window'\] "
+        r"\(plus sink, log_every_n_steps, on_missing, verbose, .*gating_forward_fn\), got "
+        r"\['windw'\]: check the spelling",
+    ):
         SaturationMonitor(windw=3)
-    with pytest.raises(ValueError, match=r"Expected either `settings` or keyword options, got both \(options \['window'\]\)"):
+    with pytest.raises(
+        ValueError, match=r"Expected either `settings` or keyword options, got both \(options \['window'\]\)"
+    ):
         SaturationMonitor(settings=Settings(), window=3)
     shared = Settings(window=3, sample_every=3)
     monitor = SaturationMonitor(settings=shared, verbose=False)
-    assert monitor.settings is shared and monitor.screen.settings is shared and (monitor.settings.window, monitor.settings.sample_every) == (3, 3)
+    assert (
+        monitor.settings is shared
+        and monitor.screen.settings is shared
+        and (monitor.settings.window, monitor.settings.sample_every) == (3, 3)
+    )
     with pytest.raises(AttributeError, match="has no attribute 'windw'"):
-        monitor.windw
+        _ = monitor.windw

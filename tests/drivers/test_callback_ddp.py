@@ -32,9 +32,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+
 from helpers import clean_env, run_ranks
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
+pytestmark = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo"
+)
 
 TESTS = Path(__file__).resolve().parents[1]  # tests/, where helpers.py lives
 WINDOW = 4
@@ -51,7 +54,8 @@ SCRIPT = textwrap.dedent(
     from satmon import SaturationMonitor
     from satmon import find_dyt_layers
 
-    devices, batch_size, lrs, out = int(sys.argv[1]), int(sys.argv[2]), [float(v) for v in sys.argv[3].split(",")], sys.argv[4]
+    devices, batch_size, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[4]
+    lrs = [float(v) for v in sys.argv[3].split(",")]
     torch.set_num_threads(1)
 
 
@@ -73,7 +77,9 @@ SCRIPT = textwrap.dedent(
         def train_dataloader(self):
             data = token_loader(n_batches=({window} + 2) * 8 // self.batch_size, batch_size=self.batch_size).dataset
             t = self.trainer
-            sampler = DistributedSampler(data, num_replicas=t.world_size, rank=t.global_rank, shuffle=False) if t.world_size > 1 else None
+            sampler = None
+            if t.world_size > 1:
+                sampler = DistributedSampler(data, num_replicas=t.world_size, rank=t.global_rank, shuffle=False)
             return DataLoader(data, batch_size=self.batch_size, sampler=sampler, shuffle=False)
 
 
@@ -91,7 +97,8 @@ SCRIPT = textwrap.dedent(
         tr.fit(lit, datamodule=Data(batch_size))
         result = dict(
             world_size=tr.world_size, rank=tr.global_rank, layers=monitor.layer_names,
-            saturated=monitor.screen.hooks.counter.saturated.tolist(), total=monitor.screen.hooks.counter.total.tolist(),
+            saturated=monitor.screen.hooks.counter.saturated.tolist(),
+            total=monitor.screen.hooks.counter.total.tolist(),
             reference=rec.counts(first={window}), forwards=len(rec.inputs[names[0]]),
             state=probe.state, verdict=monitor.verdict.to_dict(),
             per_step=[counts_of(rec.inputs[n][i] for n in names)[0] for i in range({window})],

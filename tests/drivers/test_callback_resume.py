@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from test_callback import satmon_hooks
+
 from helpers import tiny_lit, token_loader, trainer
 from reference import InputRecorder, counts_of
-from lightning.pytorch.callbacks import ModelCheckpoint
-
-from satmon import SaturationMonitor
+from satmon import SaturationMonitor, find_dyt_layers
 from satmon.drivers.lightning import STATE_KEY
-from satmon import find_dyt_layers
-from test_callback import satmon_hooks
 
 WINDOW, PER_EPOCH, EPOCHS = 12, 4, 4
 
@@ -165,7 +164,12 @@ def test_resume_from_a_satmon_0_1_checkpoint_finds_its_state(original, tmp_path)
     torch.save(ckpt, old)
     resumed, _, said = _resume(tmp_path, old)
     got, want = resumed.verdict, monitor.verdict
-    assert (got.saturation, got.per_layer, got.elements, got.step) == (want.saturation, want.per_layer, want.elements, want.step)
+    assert (got.saturation, got.per_layer, got.elements, got.step) == (
+        want.saturation,
+        want.per_layer,
+        want.elements,
+        want.step,
+    )
     assert not [w for w in said if "dropped" in w]
     # 0.1 counted the exact product; 0.2 counts the module's: the counts are kept and the change is said
     assert any("product 'module' (saved: 'exact')" in w for w in said)
@@ -176,7 +180,8 @@ def test_mid_epoch_resume_warns_that_the_data_order_restarts(tmp_path):
     torch.manual_seed(0)
     save = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=2, save_top_k=-1)
     trainer(tmp_path, max_steps=2, callbacks=[_monitor(), save], enable_checkpointing=True).fit(
-        tiny_lit(alpha_init=50.0), token_loader(PER_EPOCH))
+        tiny_lit(alpha_init=50.0), token_loader(PER_EPOCH)
+    )
     resumed, _, said = _resume(tmp_path, tmp_path / "ckpt" / "step=2.ckpt")
     assert any("resumed mid-window at step 2" in w and "cannot resume its position" in w for w in said)
     assert any("data order did not resume" in n for n in resumed.verdict.notes)
@@ -191,7 +196,9 @@ def test_gated_model_resumed_mid_window_keeps_gate_statistics_and_offsets(tmp_pa
         callbacks = [monitor]
         if save:
             callbacks.append(ModelCheckpoint(dirpath=path / "ckpt", filename="{step}", every_n_epochs=1, save_top_k=-1))
-        trainer(path, max_epochs=4, callbacks=callbacks, enable_checkpointing=save).fit(lit, token_loader(PER_EPOCH), ckpt_path=ckpt)
+        trainer(path, max_epochs=4, callbacks=callbacks, enable_checkpointing=save).fit(
+            lit, token_loader(PER_EPOCH), ckpt_path=ckpt
+        )
         return monitor
 
     original = fit(tmp_path / "a", save=True)

@@ -16,25 +16,34 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_lit, token_loader, trainer
-from reference import InputRecorder
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from satmon import SaturationMonitor
-from satmon import find_dyt_layers
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder
+from satmon import SaturationMonitor, find_dyt_layers
 
 WINDOW, PER_EPOCH, EPOCHS = 16, 4, 4
 
 
-def _fit(path: Path, seed: int, epochs: int, ckpt: str | None = None, window: int = WINDOW, save_every: int | None = None,
-         verbose: bool = False, record: bool = False):
+def _fit(
+    path: Path,
+    seed: int,
+    epochs: int,
+    ckpt: str | None = None,
+    window: int = WINDOW,
+    save_every: int | None = None,
+    verbose: bool = False,
+    record: bool = False,
+):
     torch.manual_seed(seed)
     lit = tiny_lit(alpha_init=50.0)
     rec = InputRecorder(lit, [l.name for l in find_dyt_layers(lit)]) if record else None
     monitor = SaturationMonitor(window=window, verbose=verbose)
     callbacks = [monitor]
     if save_every:
-        callbacks.append(ModelCheckpoint(dirpath=path / "ckpt", filename="{step}", every_n_train_steps=save_every, save_top_k=-1))
+        callbacks.append(
+            ModelCheckpoint(dirpath=path / "ckpt", filename="{step}", every_n_train_steps=save_every, save_top_k=-1)
+        )
     tr = trainer(path, max_epochs=epochs, callbacks=callbacks, enable_checkpointing=bool(save_every))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import tiny_lit, token_loader, trainer
-from reference import InputRecorder
 from lightning.pytorch.callbacks import Callback
 
-from satmon import SaturationMonitor
-from satmon import find_dyt_layers
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder
+from satmon import SaturationMonitor, find_dyt_layers
 
 WINDOW, STEPS, RECOMPILE_LIMIT = 6, 10, 4
 

@@ -11,9 +11,9 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_lit, trainer
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from helpers import tiny_lit, trainer
 from satmon import SaturationMonitor
 from satmon.drivers.counting import count_parameters, count_train_tokens, run_scale
 from satmon.results.scale import RunScale
@@ -34,7 +34,7 @@ class Windows(Dataset):
 
     def __getitem__(self, i: int):
         s = i * self.stride
-        chunk = STREAM[s: s + self.seq_len + 1]
+        chunk = STREAM[s : s + self.seq_len + 1]
         return chunk[:-1], chunk[1:]
 
     def positions(self) -> set[int]:
@@ -49,7 +49,7 @@ class Padded(Dataset):
         return 50
 
     def __getitem__(self, i: int):
-        ids = STREAM[i * 32: i * 32 + 32].clone()
+        ids = STREAM[i * 32 : i * 32 + 32].clone()
         mask = torch.zeros(32, dtype=torch.long)
         mask[:20] = 1
         ids[20:] = 0
@@ -59,7 +59,7 @@ class Padded(Dataset):
 class Stream(IterableDataset):
     def __iter__(self):
         for i in range(100):
-            chunk = STREAM[i * 17: i * 17 + 17]
+            chunk = STREAM[i * 17 : i * 17 + 17]
             yield chunk[:-1], chunk[1:]
 
 
@@ -81,7 +81,9 @@ def test_padding_the_attention_mask_drops_is_not_counted():
 
 def test_data_that_cannot_say_its_tokens_is_unknown_and_says_why():
     assert count_train_tokens(DataLoader(Stream(), batch_size=4)) == (
-        None, "the training data is an IterableDataset (Stream), which has no length")
+        None,
+        "the training data is an IterableDataset (Stream), which has no length",
+    )
     floats = torch.utils.data.TensorDataset(torch.randn(10, 3, 8, 8))
     tokens, why = count_train_tokens(DataLoader(floats))
     assert tokens is None and "torch.float32 values, not integer token ids" in why
@@ -123,8 +125,10 @@ def test_the_card_places_the_run_or_says_how_to_give_its_tokens(tmp_path):
     params = sum(p.numel() for p in tiny_lit().parameters())
     placed = _fit(tmp_path, DataLoader(data, batch_size=4))
     card = placed.card()
-    assert (f"Phase diagram: {params:,} parameters, {len(data.positions()):,} unique training tokens (64 samples x 16 "
-            f"tokens in Windows): {len(data.positions()) / params:.3g} tokens per parameter.") in card
+    assert (
+        f"Phase diagram: {params:,} parameters, {len(data.positions()):,} unique training tokens (64 samples x 16 "
+        f"tokens in Windows): {len(data.positions()) / params:.3g} tokens per parameter."
+    ) in card
     assert "The study's cells span 64M-1.3B parameters" in card and "fewer parameters than the smallest" in card
     # the scale travels as data with the verdict (never read back from the card's text)
     f = placed.verdict.planned_forecast
@@ -135,8 +139,10 @@ def test_the_card_places_the_run_or_says_how_to_give_its_tokens(tmp_path):
 
     blind = _fit(tmp_path, DataLoader(Stream(), batch_size=4))
     unknown = blind.card()
-    assert "unique training tokens unknown (the training data is an IterableDataset (Stream), which has no length): pass " \
-           "SaturationMonitor(unique_tokens=N)" in unknown
+    assert (
+        "unique training tokens unknown (the training data is an IterableDataset (Stream), which has no length): pass "
+        "SaturationMonitor(unique_tokens=N)" in unknown
+    )
     assert (blind.verdict.planned_forecast["params"], blind.verdict.planned_forecast["unique_tokens"]) == (params, None)
 
 
@@ -152,7 +158,8 @@ def test_a_resumed_run_keeps_one_phase_diagram_line(tmp_path):
         second = SaturationMonitor(window=6, verbose=False)
         trainer(tmp_path, max_steps=6, callbacks=[second]).fit(tiny_lit(), data, ckpt_path=tmp_path / "mid.ckpt")
     saved = torch.load(tmp_path / "mid.ckpt", weights_only=True)["callbacks"]["SaturationMonitor"]["notes"]
-    assert sum(RunScale.is_note(n) for n in saved) == 1  # the resume brings the saved line back: it is replaced, not added
+    # the resume brings the saved line back: it is replaced, not added
+    assert sum(RunScale.is_note(n) for n in saved) == 1
     assert second.card().count("Phase diagram:") == 1
 
 
@@ -162,7 +169,9 @@ def test_the_unique_tokens_have_one_name_and_the_old_one_warns():
     from satmon._compat import SatmonDeprecationWarning
     from satmon.settings import Settings
 
-    with pytest.warns(SatmonDeprecationWarning, match="train_tokens= is deprecated since satmon 0.5: use unique_tokens="):
+    with pytest.warns(
+        SatmonDeprecationWarning, match="train_tokens= is deprecated since satmon 0.5: use unique_tokens="
+    ):
         old = SaturationMonitor(train_tokens=1234)
     assert old.settings.unique_tokens == 1234 and Settings(unique_tokens=1234) == old.settings
     with pytest.warns(SatmonDeprecationWarning, match="Settings.train_tokens is deprecated"):

@@ -13,10 +13,10 @@ from torch.utils.data import Dataset
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from integration_recipe import STEPS, WINDOW, hf_args  # noqa: E402
 from test_hf_trainer import Tokens, llama  # noqa: E402
 from transformers import Trainer  # noqa: E402
 
+from integration_recipe import STEPS, WINDOW, hf_args  # noqa: E402
 from satmon.drivers.hf import SatmonTrainerCallback  # noqa: E402
 
 
@@ -33,22 +33,37 @@ def _satmon(history: list[dict]) -> list[dict]:
 
 def _expected(verdict) -> dict:
     """The entry, written from the verdict's fields (not from the function that builds it)."""
-    out = {"satmon/decision": verdict.decision, "satmon/trust": verdict.trust, "satmon/source": "window",
-           "satmon/window": verdict.window, "satmon/partial": int(verdict.partial), "satmon/threshold": verdict.threshold,
-           "satmon/level": verdict.level, "satmon/saturation": verdict.saturation, "satmon/margin": verdict.margin,
-           "step": verdict.step}
+    out = {
+        "satmon/decision": verdict.decision,
+        "satmon/trust": verdict.trust,
+        "satmon/source": "window",
+        "satmon/window": verdict.window,
+        "satmon/partial": int(verdict.partial),
+        "satmon/threshold": verdict.threshold,
+        "satmon/level": verdict.level,
+        "satmon/saturation": verdict.saturation,
+        "satmon/margin": verdict.margin,
+        "step": verdict.step,
+    }
     if verdict.planned_forecast:  # the forecast from the planned passes rides beside the decision (issue 34)
         out["satmon/forecast"] = verdict.planned_forecast["outcome"]
-        out.update({f"satmon/{k}": float(verdict.planned_forecast[k]) for k in ("params", "unique_tokens", "planned_tokens")
-                    if verdict.planned_forecast.get(k) is not None})  # the run's scale, as data
+        # the run's scale, as data
+        out.update(
+            {
+                f"satmon/{k}": float(verdict.planned_forecast[k])
+                for k in ("params", "unique_tokens", "planned_tokens")
+                if verdict.planned_forecast.get(k) is not None
+            }
+        )
     return out
 
 
 def test_the_verdict_is_one_entry_of_log_history_and_of_later_checkpoints_and_tensorboard_is_the_trainers(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    cb, trainer = _train(tmp_path, Tokens(), save_strategy="steps", save_steps=4, report_to=["tensorboard"],
-                         logging_steps=2)
+    cb, trainer = _train(
+        tmp_path, Tokens(), save_strategy="steps", save_steps=4, report_to=["tensorboard"], logging_steps=2
+    )
     verdict = cb.verdict
     assert verdict is not None and verdict.step == WINDOW
     (entry,) = _satmon(trainer.state.log_history)

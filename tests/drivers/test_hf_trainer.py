@@ -14,10 +14,23 @@ from torch.utils.data import DataLoader, Dataset
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-import satmon  # noqa: E402
-from integration_recipe import BATCH, LR, STEPS, WINDOW, LossLM, TokenDicts, comparable, gpt, hf_args, lightning_run, phase_line  # noqa: E402
-from satmon.drivers.hf import STATE_FILE, SatmonTrainerCallback  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer  # noqa: E402
+
+import satmon  # noqa: E402
+from integration_recipe import (
+    BATCH,
+    LR,
+    STEPS,
+    WINDOW,
+    LossLM,
+    TokenDicts,
+    comparable,
+    gpt,
+    hf_args,
+    lightning_run,
+    phase_line,
+)  # noqa: E402
+from satmon.drivers.hf import STATE_FILE, SatmonTrainerCallback  # noqa: E402
 
 VOCAB, SEQ = 64, 16
 
@@ -25,8 +38,15 @@ VOCAB, SEQ = 64, 16
 def llama() -> torch.nn.Module:
     """A 2-block LLaMA built from a config (SwiGLU: gated), its RMSNorms converted to DyT."""
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=2, max_position_embeddings=SEQ)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ,
+    )
     return satmon.convert_to_dyt(LlamaForCausalLM(cfg), alpha_init=20.0, rmsnorm=True)
 
 
@@ -43,8 +63,14 @@ class Tokens(Dataset):
 
 def hf_run(out: Path, model: torch.nn.Module, data: Dataset, resume: str | None = None, **options):
     """Train with the callback; returns ``(callback, trainer)``."""
-    args = hf_args(out, **{k: options.pop(k) for k in list(options) if k in ("save_strategy", "save_steps", "eval_strategy",
-                                                                              "eval_steps", "max_steps")})
+    args = hf_args(
+        out,
+        **{
+            k: options.pop(k)
+            for k in list(options)
+            if k in ("save_strategy", "save_steps", "eval_strategy", "eval_steps", "max_steps")
+        },
+    )
     cb = SatmonTrainerCallback(window=WINDOW, verbose=False, **options)
     trainer = Trainer(model, args, train_dataset=data, eval_dataset=data, callbacks=[cb])
     trainer.train(resume_from_checkpoint=resume)
@@ -71,8 +97,15 @@ def plain_llama_screen(steps: int = STEPS) -> satmon.Screen:
 
 def counted(verdict: satmon.Verdict) -> tuple:
     """What the window's counts decide: the decision, pooled and per-layer saturation, elements, window, step."""
-    return (verdict.decision, verdict.saturation, verdict.per_layer, verdict.elements, verdict.nonfinite, verdict.window,
-            verdict.step)
+    return (
+        verdict.decision,
+        verdict.saturation,
+        verdict.per_layer,
+        verdict.elements,
+        verdict.nonfinite,
+        verdict.window,
+        verdict.step,
+    )
 
 
 def screened(verdict: satmon.Verdict) -> dict:
@@ -151,7 +184,8 @@ def test_resume_from_checkpoint_restores_the_counts(tmp_path, reference):
 
     resumed, trainer = hf_run(tmp_path, llama(), Tokens(), resume=str(tmp_path / "checkpoint-3"), **saved)
     assert trainer.state.global_step == STEPS
-    # the counts of steps 1-3 restored, those of 4-6 added (the saved state holds the counts, not gate or offset statistics)
+    # the counts of steps 1-3 restored, those of 4-6 added (the saved state holds the counts,
+    # not gate or offset statistics)
     assert counted(resumed.verdict) == counted(reference.verdict)
 
     os.remove(tmp_path / "checkpoint-3" / STATE_FILE)
@@ -174,8 +208,17 @@ def test_card_and_scalars_go_to_tensorboard(tmp_path, reference):
 
 def test_a_model_without_dyt_trains_unscreened_or_is_refused(tmp_path):
     torch.manual_seed(0)
-    plain = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=SEQ))
+    plain = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=SEQ,
+        )
+    )
     with pytest.warns(UserWarning, match="no DyT layer in LlamaForCausalLM"):
         cb, trainer = hf_run(tmp_path, plain, Tokens())
     assert trainer.state.global_step == STEPS and cb.verdict is None

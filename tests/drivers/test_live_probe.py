@@ -11,19 +11,18 @@ from types import SimpleNamespace
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import tiny_lit, token_loader, trainer
-from reference import InputRecorder
 from lightning.pytorch.callbacks import LambdaCallback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from satmon import DyT, SaturationMonitor, Settings
-from satmon import find_dyt_layers
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder
+from satmon import DyT, SaturationMonitor, Settings, find_dyt_layers
 from satmon.drivers.live_probe import LiveProbe
-from satmon.results.probe_report import EMBEDDING, ProbeReport, SigmaMinReading
 from satmon.io.tags import TAG
+from satmon.results.probe_report import EMBEDDING, ProbeReport, SigmaMinReading
 
 
 def _scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:
@@ -59,7 +58,9 @@ def test_callback_logs_dead_direction_trajectories_at_expected_steps(tmp_path):
     for block in ("model.blocks.0", "model.blocks.1"):
         assert [s for s, _ in tb[TAG.sigma_min_ratio(block)]] == [0, 2, 4, 6]
     assert [s for s, _ in tb[TAG.sigma_min_min_ratio]] == [0, 2, 4, 6]
-    assert [v for _, v in tb[TAG.sigma_min_min_ratio]] == pytest.approx([r.sigma_min.min_ratio for _, r in live.reports], rel=1e-6)
+    assert [v for _, v in tb[TAG.sigma_min_min_ratio]] == pytest.approx(
+        [r.sigma_min.min_ratio for _, r in live.reports], rel=1e-6
+    )
     assert TAG.saturation not in tb  # no DyT, and the probe leaves saturation tags to the window
     # the calibration set is saved beside the logs, so a replay can use the very same batches
     saved = torch.load(live.saved_to, weights_only=True)
@@ -107,7 +108,9 @@ def test_calibration_capture_leaves_the_training_data_order_alone(tmp_path):
         x = torch.randint(0, 256, (32, 17), generator=torch.Generator().manual_seed(0))
         loader = DataLoader(TensorDataset(x[:, :-1], x[:, 1:]), batch_size=4, shuffle=True)
         kw = dict(probe_every_n_steps=2, calibration_batches=3) if probe_on else {}
-        trainer(tmp_path, callbacks=[SaturationMonitor(on_missing="warn", **kw), recorder], max_steps=5).fit(lit, loader)
+        trainer(tmp_path, callbacks=[SaturationMonitor(on_missing="warn", **kw), recorder], max_steps=5).fit(
+            lit, loader
+        )
         return seen
 
     with warnings.catch_warnings():
@@ -174,7 +177,12 @@ def test_anti_aligned_block_warns_once_from_step_one(tmp_path):
     ratios = [r.sigma_min.min_ratio for _, r in monitor.live_probe.reports]
     assert len(ratios) == 4 and all(r == pytest.approx(0.01, rel=1e-5) for r in ratios)
     assert len(found) == 1, found
-    assert "at step 1" in found[0] and "more than 2x" in found[0] and "'blocks.1'" in found[0] and "blocks.0, blocks.1" in found[0]
+    assert (
+        "at step 1" in found[0]
+        and "more than 2x" in found[0]
+        and "'blocks.1'" in found[0]
+        and "blocks.0, blocks.1" in found[0]
+    )
 
 
 def test_lost_layernorm_kernel_warns_once_naming_the_layer(tmp_path):
@@ -189,7 +197,9 @@ def test_no_warning_on_a_healthy_trained_layernorm_gpt(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _fit_layernorm(tmp_path, SaturationMonitor(probe_every_n_steps=3, calibration_batches=2))
-    assert not [w for w in caught if "dead-direction alignment" in str(w.message) or "sigma_min ratio" in str(w.message)]
+    assert not [
+        w for w in caught if "dead-direction alignment" in str(w.message) or "sigma_min ratio" in str(w.message)
+    ]
 
 
 def test_sigma_min_warning_when_the_invariance_held_then_broke(monkeypatch):
@@ -290,8 +300,9 @@ def test_live_probe_counts_with_the_monitors_product(tmp_path, product):
     x = _edge_data()
     exact, module = _edge_counts(x)
     assert (exact, module) == (36, 12)  # the data does separate the two rules
-    monitor = SaturationMonitor(window=2, product=product, probe_every_n_steps=1, calibration_batches=2,
-                                watch_every_n_steps=0, verbose=False)
+    monitor = SaturationMonitor(
+        window=2, product=product, probe_every_n_steps=1, calibration_batches=2, watch_every_n_steps=0, verbose=False
+    )
     trainer(tmp_path, max_steps=2, callbacks=[monitor]).fit(Edge(), DataLoader(TensorDataset(x), batch_size=3))
     assert monitor.live_probe.settings is monitor.settings
     want = (exact if product == "exact" else module) / x.numel()
@@ -303,12 +314,24 @@ def test_live_probe_counts_with_the_monitors_product(tmp_path, product):
 def test_live_probe_verdict_shows_the_calibrations_caveat(tmp_path):
     from satmon.calibrate.fit import Cell, calibrate, write_calibration
 
-    rows = [(0.30, False, "a"), (0.44, False, "a"), (0.46, True, "a"), (0.60, True, "b"), (0.35, False, "b"), (0.70, True, "b")]
-    cal = write_calibration(calibrate([Cell(f"c{i}", g, h, {"saturation": s}) for i, (s, h, g) in enumerate(rows)],
-                                      source="six runs"), tmp_path / "calibration.json")
-    monitor = SaturationMonitor(calibration=str(tmp_path / "calibration.json"), probe_every_n_steps=1,
-                                calibration_batches=1, verbose=False)
-    trainer(tmp_path, max_steps=1, callbacks=[monitor]).fit(Edge(), DataLoader(TensorDataset(_edge_data()), batch_size=3))
+    rows = [
+        (0.30, False, "a"),
+        (0.44, False, "a"),
+        (0.46, True, "a"),
+        (0.60, True, "b"),
+        (0.35, False, "b"),
+        (0.70, True, "b"),
+    ]
+    cal = write_calibration(
+        calibrate([Cell(f"c{i}", g, h, {"saturation": s}) for i, (s, h, g) in enumerate(rows)], source="six runs"),
+        tmp_path / "calibration.json",
+    )
+    monitor = SaturationMonitor(
+        calibration=str(tmp_path / "calibration.json"), probe_every_n_steps=1, calibration_batches=1, verbose=False
+    )
+    trainer(tmp_path, max_steps=1, callbacks=[monitor]).fit(
+        Edge(), DataLoader(TensorDataset(_edge_data()), batch_size=3)
+    )
     for _, report in monitor.live_probe.reports:  # 0.2's live probe showed the study's caveat and compared with 0.43
         v = report.verdict
         assert v.threshold == cal.threshold and v.rule.caveat == cal.caveat()

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_mentions, tiny_lit, token_loader, trainer
 
 import satmon
+from helpers import assert_mentions, tiny_lit, token_loader, trainer
 from satmon import SaturationMonitor
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -64,8 +64,15 @@ def _hf_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=2, max_position_embeddings=16)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=16,
+    )
     model = satmon.convert_to_dyt(LlamaForCausalLM(cfg), alpha_init=20.0, rmsnorm=True)
     x = torch.randint(0, 64, (8, 16), generator=torch.Generator().manual_seed(1))
     return model, [{"input_ids": r, "labels": r} for r in x]
@@ -74,9 +81,9 @@ def _hf_llama():
 def _hf_train(tmp_path: Path, **args):
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from integration_recipe import hf_args
     from transformers import Trainer
 
+    from integration_recipe import hf_args
     from satmon.drivers.hf import SatmonTrainerCallback
 
     model, data = _hf_llama()
@@ -99,7 +106,8 @@ def test_the_hf_callback_reports_into_hugging_faces_tensorboard_run(tmp_path, ca
     assert run.name != "satmon"
     ea = EventAccumulator(str(run), size_guidance={"tensors": 0}).Reload()
     cards = [e.tensor_proto.string_val[0].decode() for e in ea.Tensors("satmon/verdict")]
-    assert cards == [cb.verdict.card()] and "args/text_summary" in ea.Tags()["tensors"]  # Hugging Face's own text beside
+    # Hugging Face's own text beside
+    assert cards == [cb.verdict.card()] and "args/text_summary" in ea.Tags()["tensors"]
     _one_line(*capsys.readouterr(), cb.verdict, [f"TensorBoard {run}"])
 
 
@@ -109,7 +117,10 @@ def test_the_hf_callback_reports_into_hugging_faces_mlflow_run(tmp_path, tracker
 
     client = MlflowClient(f"file:{tmp_path / 'mlruns'}")
     [run] = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
-    assert (run.data.params["satmon/decision"], run.data.params["satmon/trust"]) == (cb.verdict.decision, cb.verdict.trust)
+    assert (run.data.params["satmon/decision"], run.data.params["satmon/trust"]) == (
+        cb.verdict.decision,
+        cb.verdict.trust,
+    )
     card = Path(client.download_artifacts(run.info.run_id, "satmon_verdict.md", str(tmp_path))).read_text()
     assert card.strip() == cb.verdict.card()
     assert not (tmp_path / "runs" / "satmon").exists()  # no TensorBoard folder of satmon's when report_to names one
@@ -142,7 +153,9 @@ def test_a_plain_loop_without_dyt_gets_a_card_too():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
     with pytest.warns(UserWarning, match="no DyT layer"):
         screen = satmon.Screen(window=2, verbose=False).attach(model)
-    assert screen.verdict is None and screen.card().startswith("satmon: no screen") and "convert_to_dyt" in screen.card()
+    assert (
+        screen.verdict is None and screen.card().startswith("satmon: no screen") and "convert_to_dyt" in screen.card()
+    )
 
 
 def _usage_block() -> str:
@@ -192,4 +205,8 @@ def test_the_hf_callback_reports_into_hugging_faces_wandb_run(tmp_path, trackers
     [table] = glob.glob(str(Path(run_file).parent / "files" / "media" / "table" / "satmon" / "verdict_*.table.json"))
     assert json.loads(Path(table).read_text())["data"] == [[cb.verdict.card()]]
     line = [l for l in capsys.readouterr().out.splitlines() if l.startswith("satmon verdict:")][-1]
-    assert_mentions(line.split("card: ", 1)[1], f"W&B run {run_id or Path(run_file).stem.removeprefix('run-')}", "table satmon/verdict")
+    assert_mentions(
+        line.split("card: ", 1)[1],
+        f"W&B run {run_id or Path(run_file).stem.removeprefix('run-')}",
+        "table satmon/verdict",
+    )

@@ -22,7 +22,9 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def run_script(script: str, *args: str, cwd: Path) -> str:
     """Run ``examples/<script> args`` in ``cwd``; its stdout (the test fails on a non-zero exit)."""
-    proc = subprocess.run([sys.executable, str(EXAMPLES / script), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 

@@ -11,6 +11,7 @@ import math
 from fractions import Fraction
 
 import pytest
+
 from conftest import load_example
 
 U = 3.0  # the unigram level of the synthetic cells
@@ -25,17 +26,47 @@ def _curve(values, every=100):
     return [[every * (i + 1), v] for i, v in enumerate(values)]
 
 
-def _cell(size, seed, vary, curve, *, train=None, ref_best=1.6, checks=(), window_risk=False, first_flag=None,
-          trap_first=None, arm="dyt", steps=1000, window=500):
+def _cell(
+    size,
+    seed,
+    vary,
+    curve,
+    *,
+    train=None,
+    ref_best=1.6,
+    checks=(),
+    window_risk=False,
+    first_flag=None,
+    trap_first=None,
+    arm="dyt",
+    steps=1000,
+    window=500,
+):
     checks = list(checks)
-    watch = {"checks": checks, "window_collapse_risk": window_risk, "first_flag_step": first_flag,
-             "would_stop_at": window if window_risk else first_flag,
-             "trap": {"checks": [], "first_trapped_step": trap_first}}
-    return {"group": size, "seed": seed, "vary": vary, "unigram_loss": U, "window": window, "steps": steps,
-            "reference_arm": "rmsnorm",
-            "arms": {"rmsnorm": {"best_val_loss": ref_best, "val_curve": _curve([2.5, 2.0, ref_best + 0.1] + [ref_best] * 7),
-                                 "train_curve": []},
-                     arm: {"val_curve": curve, "train_curve": train if train is not None else curve, "watch": watch}}}
+    watch = {
+        "checks": checks,
+        "window_collapse_risk": window_risk,
+        "first_flag_step": first_flag,
+        "would_stop_at": window if window_risk else first_flag,
+        "trap": {"checks": [], "first_trapped_step": trap_first},
+    }
+    return {
+        "group": size,
+        "seed": seed,
+        "vary": vary,
+        "unigram_loss": U,
+        "window": window,
+        "steps": steps,
+        "reference_arm": "rmsnorm",
+        "arms": {
+            "rmsnorm": {
+                "best_val_loss": ref_best,
+                "val_curve": _curve([2.5, 2.0, ref_best + 0.1] + [ref_best] * 7),
+                "train_curve": [],
+            },
+            arm: {"val_curve": curve, "train_curve": train if train is not None else curve, "watch": watch},
+        },
+    }
 
 
 NEVER = _curve([3.2, 3.05, 3.0, 2.98, 2.97, 2.96, 2.95, 2.95, 2.95, 2.95])  # best 2.95 >= 0.95 x 3 = 2.85
@@ -84,8 +115,10 @@ def _brute_fisher(hits, misses, false_stops, quiet):
     return Fraction(sum(sum(items[i] for i in s) >= hits for s in subsets), len(subsets))
 
 
-@pytest.mark.parametrize("table", [(8, 0, 2, 2), (4, 0, 0, 5), (3, 1, 1, 3), (0, 3, 2, 2), (2, 2, 2, 2), (5, 0, 0, 2),
-                                   (1, 0, 0, 9), (3, 2, 0, 4)])
+@pytest.mark.parametrize(
+    "table",
+    [(8, 0, 2, 2), (4, 0, 0, 5), (3, 1, 1, 3), (0, 3, 2, 2), (2, 2, 2, 2), (5, 0, 0, 2), (1, 0, 0, 9), (3, 2, 0, 4)],
+)
 def test_fisher_exact_against_a_brute_force_count(ca, table):
     assert ca.fisher_one_sided(*table) == _brute_fisher(*table)
 
@@ -102,8 +135,12 @@ def test_clopper_pearson(ca):
     assert ca.clopper_pearson(3, 10) == pytest.approx((0.0667, 0.6525), abs=1e-4)  # published tables
     assert ca.clopper_pearson(5, 10) == pytest.approx((0.1871, 0.8129), abs=1e-4)
     lo, hi = ca.clopper_pearson(7, 20)  # the defining tails, re-summed in float64
-    assert math.fsum(math.comb(20, i) * lo ** i * (1 - lo) ** (20 - i) for i in range(7, 21)) == pytest.approx(0.025, abs=1e-9)
-    assert math.fsum(math.comb(20, i) * hi ** i * (1 - hi) ** (20 - i) for i in range(8)) == pytest.approx(0.025, abs=1e-9)
+    assert math.fsum(math.comb(20, i) * lo**i * (1 - lo) ** (20 - i) for i in range(7, 21)) == pytest.approx(
+        0.025, abs=1e-9
+    )
+    assert math.fsum(math.comb(20, i) * hi**i * (1 - hi) ** (20 - i) for i in range(8)) == pytest.approx(
+        0.025, abs=1e-9
+    )
     assert ca.clopper_pearson(0, 0) == (0.0, 1.0)
 
 
@@ -116,7 +153,7 @@ def test_minimal_designs_and_power(ca):
         assert ca.fisher_one_sided(f, 0, 0, h - 1) >= Fraction(1, 20) if h > 1 else True
     assert ca.power(5, 5, 1.0, 0.0) == 1.0 and ca.power(2, 2, 1.0, 0.0) == 0.0
     # power by hand for 3 failed, 4 healthy, every failure caught, false stops at 1/2: p < 0.05 only with 0 false stops
-    assert ca.power(3, 4, 1.0, 0.5) == pytest.approx(0.5 ** 4)
+    assert ca.power(3, 4, 1.0, 0.5) == pytest.approx(0.5**4)
 
 
 def _grid():
@@ -127,17 +164,40 @@ def _grid():
     for size in ("d64L2", "d64L4"):
         for seed in (21, 22):
             cells += [
-                _cell(size, seed, {"lr": 0.01, "alpha_init": "2", "final_norm": "dyt"}, NEVER, trap_first=100,
-                      checks=sat(0.3)),
-                _cell(size, seed, {"lr": 0.01, "alpha_init": "8", "final_norm": "rmsnorm"}, LOST, first_flag=550,
-                      checks=sat(0.9)),
-                _cell(size, seed, {"lr": 0.003, "alpha_init": "8", "final_norm": "rmsnorm"}, HEALTHY,
-                      checks=sat(0.1)),
-                _cell(size, seed, {"lr": 0.003, "alpha_init": "2", "final_norm": "rmsnorm"},
-                      HEALTHY if seed == 21 else LOST, window_risk=seed == 22, first_flag=550 if seed == 22 else None,
-                      checks=sat(0.1 if seed == 21 else 0.9)),
-                _cell(size, seed, {"lr": 0.03, "alpha_init": "8", "final_norm": "rmsnorm"}, BEHIND, first_flag=550,
-                      checks=sat(0.8)),
+                _cell(
+                    size,
+                    seed,
+                    {"lr": 0.01, "alpha_init": "2", "final_norm": "dyt"},
+                    NEVER,
+                    trap_first=100,
+                    checks=sat(0.3),
+                ),
+                _cell(
+                    size,
+                    seed,
+                    {"lr": 0.01, "alpha_init": "8", "final_norm": "rmsnorm"},
+                    LOST,
+                    first_flag=550,
+                    checks=sat(0.9),
+                ),
+                _cell(size, seed, {"lr": 0.003, "alpha_init": "8", "final_norm": "rmsnorm"}, HEALTHY, checks=sat(0.1)),
+                _cell(
+                    size,
+                    seed,
+                    {"lr": 0.003, "alpha_init": "2", "final_norm": "rmsnorm"},
+                    HEALTHY if seed == 21 else LOST,
+                    window_risk=seed == 22,
+                    first_flag=550 if seed == 22 else None,
+                    checks=sat(0.1 if seed == 21 else 0.9),
+                ),
+                _cell(
+                    size,
+                    seed,
+                    {"lr": 0.03, "alpha_init": "8", "final_norm": "rmsnorm"},
+                    BEHIND,
+                    first_flag=550,
+                    checks=sat(0.8),
+                ),
             ]
     return cells
 
@@ -147,23 +207,31 @@ def test_configurations_count_seeds_once(ca):
     assert len(arms) == 20
     cf = ca.configurations(arms)
     assert len(cf) == 10 and all(c["seeds"] == 2 for c in cf)
-    assert sorted(c["outcome"] for c in cf) == sorted(["never learned", "learned then lost", "healthy", "split",
-                                                       "fell behind"] * 2)
+    assert sorted(c["outcome"] for c in cf) == sorted(
+        ["never learned", "learned then lost", "healthy", "split", "fell behind"] * 2
+    )
     split = [c for c in cf if c["outcome"] == "split"]
     assert all(not c["flagged"] for c in split)  # one of two seeds flagged: not more than half
     lost = [c for c in cf if c["outcome"] == "learned then lost"]
     assert all(c["flagged"] and c["flag_step"] == 550 for c in lost)  # no window risk: the shipped stop is the watch's
     assert all(c["lead"] == 500 - 550 for c in lost)  # negative: the loss said it first
 
+
 def test_score_hits_misses_false_stops_and_lead(ca):
     arms = ca.arms_of(_grid())
     s = ca.score(ca.configurations(arms, flag="watch"))
     lost, never = s["learned then lost"], s["never learned"]
-    assert (lost["configurations"], lost["hits"], lost["misses"], lost["false_stops"], lost["healthy"]) == (2, 2, 0, 0, 2)
+    assert (lost["configurations"], lost["hits"], lost["misses"], lost["false_stops"], lost["healthy"]) == (
+        2,
+        2,
+        0,
+        0,
+        2,
+    )
     assert (never["hits"], never["misses"]) == (0, 2)  # the watch never fires on the trapped runs (gated sat 0.3)
     assert lost["lead"] == 500 - 550  # the loss rule fires at 500 (0.4 given back), the watch at 550
     assert lost["fisher_p"] == pytest.approx(1 / 6)  # 2 of 2 caught, 0 of 2 healthy: 1 / C(4, 2)
-    assert lost["hit_ci"] == pytest.approx((0.025 ** 0.5, 1.0))
+    assert lost["hit_ci"] == pytest.approx((0.025**0.5, 1.0))
     assert lost["saved"] == pytest.approx(2 * (1000 - 550) / 1000)
     assert s["listed"]["split"] and not s["listed"]["marginal"] and len(s["listed"]["fell behind"]) == 2
     behind = s["fell behind"]  # scored in its own rows, never as a false stop
@@ -177,7 +245,11 @@ def test_score_hits_misses_false_stops_and_lead(ca):
     trap = ca.score(ca.configurations(arms, flag="trap"))["never learned"]
     assert (trap["hits"], trap["misses"], trap["false_stops"], trap["lead"]) == (2, 0, 0, 300 - 100)
     w500 = ca.score(ca.configurations(arms, flag="watch500"))  # the recorded checks after step 500, gated sat >= 0.5
-    assert (w500["learned then lost"]["hits"], w500["never learned"]["hits"], w500["failed"]["false_stops"]) == (2, 0, 0)
+    assert (w500["learned then lost"]["hits"], w500["never learned"]["hits"], w500["failed"]["false_stops"]) == (
+        2,
+        0,
+        0,
+    )
     never_flag = ca.score(ca.configurations(arms, flag_of=lambda a, lab: None))["failed"]
     assert (never_flag["hits"], never_flag["false_stops"], never_flag["fisher_p"]) == (0, 0, 1.0)
 
@@ -187,7 +259,12 @@ def test_signals_held_out_across_sizes(ca):
     assert [(r["chosen_on"], r["scored_on"]) for r in rows] == [("d64L2", "d64L4"), ("d64L4", "d64L2")]
     for r in rows:  # healthy at 0.1, lost at 0.9: every level from 0.2 to 0.9 separates them; ties take the first
         assert r["level"] == 0.2
-        assert (r["score"]["configurations"], r["score"]["hits"], r["score"]["false_stops"], r["score"]["healthy"]) == (1, 1, 0, 1)
+        assert (r["score"]["configurations"], r["score"]["hits"], r["score"]["false_stops"], r["score"]["healthy"]) == (
+            1,
+            1,
+            0,
+            1,
+        )
 
 
 def test_report_and_files(ca, tmp_path):
@@ -207,17 +284,42 @@ def test_report_and_files(ca, tmp_path):
 
 
 def test_pilot_rows_read_the_second_pilots_file(ca):
-    ref = {"arm": "rmsnorm", "size": "d64L4", "lr": 0.01, "val_curve": _curve([2.5, 2.0, 1.8, 1.7, 1.6, 1.6]),
-           "train_curve": []}
-    lost = {"arm": "dyt", "size": "d64L4", "lr": 0.01, "final_norm": "rmsnorm", "alpha_init": "8",
-            "val_curve": _curve([2.5, 2.0, 2.1, 2.3, 2.5, 2.6]), "train_curve": _curve([2.5, 2.0, 2.1, 2.3, 2.5, 2.6]),
-            "watch": {"checks": [{"step": 150, "gated_saturation": 0.9}], "window_collapse_risk": True,
-                      "first_flag_step": 150, "trap": {"first_trapped_step": None}}}
-    pilot = {"unigram_loss": U, "arms": {"d64L4|lr0.01|rmsnorm|final_-|alpha_-": ref, "d64L4|lr0.01|dyt|final_rmsnorm|alpha_8": lost}}
+    ref = {
+        "arm": "rmsnorm",
+        "size": "d64L4",
+        "lr": 0.01,
+        "val_curve": _curve([2.5, 2.0, 1.8, 1.7, 1.6, 1.6]),
+        "train_curve": [],
+    }
+    lost = {
+        "arm": "dyt",
+        "size": "d64L4",
+        "lr": 0.01,
+        "final_norm": "rmsnorm",
+        "alpha_init": "8",
+        "val_curve": _curve([2.5, 2.0, 2.1, 2.3, 2.5, 2.6]),
+        "train_curve": _curve([2.5, 2.0, 2.1, 2.3, 2.5, 2.6]),
+        "watch": {
+            "checks": [{"step": 150, "gated_saturation": 0.9}],
+            "window_collapse_risk": True,
+            "first_flag_step": 150,
+            "trap": {"first_trapped_step": None},
+        },
+    }
+    pilot = {
+        "unigram_loss": U,
+        "arms": {"d64L4|lr0.01|rmsnorm|final_-|alpha_-": ref, "d64L4|lr0.01|dyt|final_rmsnorm|alpha_8": lost},
+    }
     (row,) = ca.pilot_rows(pilot, lengths=(300, 600))
     # at 300 the best (2.0) is kept, last 2.1; at 600: 2.6 - 2.0 = 0.6 >= 0.25 x 1.0; the loss rule: 2.3 - 2.0 at 400
     assert row["outcomes"] == {300: "fell behind", 600: "learned then lost"}  # 2.1 > 1.1 x 1.8 at 300
-    assert (row["reference_best"], row["best"], row["last"], row["watch"], row["loss_rule"]) == (1.6, 2.0, 2.6, 150, 400)
+    assert (row["reference_best"], row["best"], row["last"], row["watch"], row["loss_rule"]) == (
+        1.6,
+        2.0,
+        2.6,
+        150,
+        400,
+    )
 
 
 def test_the_plans_pilot_table_is_the_pilots_data(ca):

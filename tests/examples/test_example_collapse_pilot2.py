@@ -7,8 +7,25 @@ import json
 
 from conftest import run_script
 
-ARGS = ("--sizes", "d16L1", "--lrs", "1e-2", "--alphas", "8", "--final-norms", "rmsnorm", "--steps", "12", "--window",
-        "4", "--warmup", "3", "--eval-every", "4", "--tiny")
+ARGS = (
+    "--sizes",
+    "d16L1",
+    "--lrs",
+    "1e-2",
+    "--alphas",
+    "8",
+    "--final-norms",
+    "rmsnorm",
+    "--steps",
+    "12",
+    "--window",
+    "4",
+    "--warmup",
+    "3",
+    "--eval-every",
+    "4",
+    "--tiny",
+)
 
 
 def test_pilot_file_labelled_and_resumable(tmp_path):
@@ -18,8 +35,11 @@ def test_pilot_file_labelled_and_resumable(tmp_path):
     p = first["pilot"]
     assert p["scored"] is False and p["seed"] == 31 and p["settings"]["steps"] == 12
     assert len(p["runs"]) == 1 and p["runs"][0]["commit"] and p["runs"][0]["environment"]["torch"]
-    keys = ["d16L1|lr0.01|rmsnorm|final_-|alpha_-", "d16L1|lr0.01|dyt|final_rmsnorm|alpha_8",
-            "d16L1|lr0.01|dyt-gelu|final_rmsnorm|alpha_8"]
+    keys = [
+        "d16L1|lr0.01|rmsnorm|final_-|alpha_-",
+        "d16L1|lr0.01|dyt|final_rmsnorm|alpha_8",
+        "d16L1|lr0.01|dyt-gelu|final_rmsnorm|alpha_8",
+    ]
     assert list(first["arms"]) == keys
     for k in keys:
         a = first["arms"][k]

@@ -4,12 +4,12 @@ labelings of the power analysis, and the frozen hypotheses' scoring."""
 
 from __future__ import annotations
 
-import math
 from itertools import combinations
 
 import numpy as np
 import pytest
 import torch
+
 from conftest import load_example
 
 
@@ -44,8 +44,11 @@ def test_the_grid_is_the_plans_30_cells():
     by_size = {}
     for size, budget, seed in keys:
         by_size.setdefault(size, set()).add((budget.text, seed))
-    assert {b for b, _ in by_size["d48L2"]} == {b for b, _ in by_size["d64L2"]} == {
-        "3.3ep", "16ep", "32ep", "64ep", "100ep", "164ep"}
+    assert (
+        {b for b, _ in by_size["d48L2"]}
+        == {b for b, _ in by_size["d64L2"]}
+        == {"3.3ep", "16ep", "32ep", "64ep", "100ep", "164ep"}
+    )
     assert {b for b, _ in by_size["d96L3"]} == {"32ep", "64ep", "100ep"}
     assert {s for _, _, s in keys} == {2, 3}
     assert tuple(b.resolve(processed) for b in plan.budgets) == (1_551_515, 320_000, 160_000, 80_000, 51_200, 31_220)
@@ -75,10 +78,27 @@ def test_chunks_are_chosen_per_seed_nested_and_never_held_out():
 
 
 def _cell(group, seed, reading, helps, passes=10.0, tpp=1.0, best=None):
-    return {"group": group, "seed": seed, "name": f"{group}_{seed}_{reading}", "delta": -0.1 if helps else 0.1,
-            "best_val_loss_dyt": 1.0, "best_val_loss_layernorm": 0.9 if best is None else (1.1 if best else 0.9),
-            "epochs": passes, "tokens_per_param": tpp, **{r: reading for r in ("window_saturation", "window_first_block",
-            "window_last_block", "window_final_norm", "window_centered", "window_late")}}
+    return {
+        "group": group,
+        "seed": seed,
+        "name": f"{group}_{seed}_{reading}",
+        "delta": -0.1 if helps else 0.1,
+        "best_val_loss_dyt": 1.0,
+        "best_val_loss_layernorm": 0.9 if best is None else (1.1 if best else 0.9),
+        "epochs": passes,
+        "tokens_per_param": tpp,
+        **{
+            r: reading
+            for r in (
+                "window_saturation",
+                "window_first_block",
+                "window_last_block",
+                "window_final_norm",
+                "window_centered",
+                "window_late",
+            )
+        },
+    }
 
 
 def _stratified_auc_by_hand(x, y, g):
@@ -138,7 +158,7 @@ def test_hypotheses_are_scored_as_frozen(g2):
     # the exact one-sided test: 5/5 against a trivial rate of 3/5 is p = 0.6^5
     s = g2.score_rule([True] * 5, [True, True, True, False, False][:0] + [True] * 5)
     assert s["p_vs_trivial"] == pytest.approx(1.0)
-    assert g2.binom_tail(5, 5, 0.6) == pytest.approx(0.6 ** 5)
+    assert g2.binom_tail(5, 5, 0.6) == pytest.approx(0.6**5)
     lo, hi = g2.clopper_pearson(13, 13)
     assert hi == 1.0 and lo == pytest.approx(0.025 ** (1 / 13), abs=1e-6)
 

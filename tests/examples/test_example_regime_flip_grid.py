@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference import model_counts
 from conftest import load_example
+from reference import model_counts
 from satmon.calibrate.fit import read_cells
 from satmon.calibrate.runs import join_outcomes, read_outcomes, run_readings
 
@@ -23,8 +23,13 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("grid")
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "regime_flip.py"), "--grid", "--smoke", "--out", "g"],
-                          cwd=out, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "regime_flip.py"), "--grid", "--smoke", "--out", "g"],
+        cwd=out,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return out / "g", proc.stdout
 
@@ -48,7 +53,9 @@ def test_grid_cells_hold_every_reading(grid):
     for metric in data["metrics"]:
         assert f"== {metric}" in stdout  # satmon calibrate ran (or said why it could not) for every reading
     summary = (out / "calibration_grid.md").read_text()
-    assert all(f"| {c['name']} " in summary for c in cells) and "| study (12 cells, pooled saturation) | 0.4398" in summary
+    assert (
+        all(f"| {c['name']} " in summary for c in cells) and "| study (12 cells, pooled saturation) | 0.4398" in summary
+    )
 
 
 def test_grid_tensorboard_runs_and_outcomes_join(grid):
@@ -69,7 +76,7 @@ def test_end_readings_equal_satmons_counts_and_offset_statistics():
     from torch.utils.data import TensorDataset
 
     from satmon.demos.gpt import GPT, GPTConfig
-    from satmon.functional.offset import offset_sums, offset_summary
+    from satmon.functional.offset import offset_summary, offset_sums
 
     grid = load_example("regime_flip_grid")
     torch.manual_seed(0)
@@ -86,9 +93,14 @@ def test_end_readings_equal_satmons_counts_and_offset_statistics():
     # centered saturation, per layer, from satmon's offset statistics fed the same DyT inputs
     sums: dict[str, object] = {}
     modules = dict(model.named_modules())
-    hooks = [modules[n].register_forward_hook(
-        lambda m, a, o, n=n: sums.__setitem__(n, offset_sums(a[0], m.alpha) + sums[n] if n in sums else offset_sums(a[0], m.alpha)))
-        for n in ref]
+    hooks = [
+        modules[n].register_forward_hook(
+            lambda m, a, o, n=n: sums.__setitem__(
+                n, offset_sums(a[0], m.alpha) + sums[n] if n in sums else offset_sums(a[0], m.alpha)
+            )
+        )
+        for n in ref
+    ]
     model.eval()
     with torch.no_grad():
         for xb in x.split(4):
@@ -96,5 +108,7 @@ def test_end_readings_equal_satmons_counts_and_offset_statistics():
     for h in hooks:
         h.remove()
     for name in ref:
-        assert got["centered_per_layer_end"][name] == pytest.approx(float(offset_summary(sums[name]).centered_fraction), abs=1e-12)
+        assert got["centered_per_layer_end"][name] == pytest.approx(
+            float(offset_summary(sums[name]).centered_fraction), abs=1e-12
+        )
     assert 0.0 < got["centered_end"] < got["saturation_end_hook"]

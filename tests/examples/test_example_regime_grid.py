@@ -6,8 +6,6 @@ readings against independent references and the moved code's bit-identity: tests
 from __future__ import annotations
 
 import json
-import math
-import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from conftest import load_example
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,17 +31,40 @@ def rg():
 def grid(tmp_path_factory) -> tuple[Path, str]:
     """The smoke grid as a user runs it: the script, two cells at a time (the process pool), piped."""
     cwd = tmp_path_factory.mktemp("grid")
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "regime_grid.py"), "--smoke", "--out", "g", "--jobs", "2",
-                           "--no-calibrate", "--permutations", "50"], cwd=cwd, capture_output=True, text=True, timeout=600,
-                          check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "regime_grid.py"),
+            "--smoke",
+            "--out",
+            "g",
+            "--jobs",
+            "2",
+            "--no-calibrate",
+            "--permutations",
+            "50",
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return cwd / "g", proc.stderr
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--budgets", "12x"], "'12x'"), (["--sizes", "64"], "'64'"), (["--seeds", "a"], "seeds"),
-    (["--window", "0"], "--window"), (["--warmup", "9000"], "--warmup"), (["--jobs", "0"], "--jobs"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--budgets", "12x"], "'12x'"),
+        (["--sizes", "64"], "'64'"),
+        (["--seeds", "a"], "seeds"),
+        (["--window", "0"], "--window"),
+        (["--warmup", "9000"], "--warmup"),
+        (["--jobs", "0"], "--jobs"),
+    ],
+)
 def test_bad_arguments_are_refused_in_one_line(rg, argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         rg.main(["--smoke", "--out", str(tmp_path / "o"), *argv])
@@ -61,8 +83,11 @@ def test_grid_json_records_environment_configuration_and_series(grid, rg, tmp_pa
     assert (c["steps"], c["window"], c["warmup"], c["emb_scale"]) == (8, 4, 3, 40.0)
     assert c["budgets"] == ["2000", "20000"] and c["sizes"] == ["d16L1", "d24L1"]
     cells = data["cells"]
-    assert len(cells) == 4 and len(list((out / "cells").glob("*_s0.*.json"))) == 4 and data["counts"] == {"cells": 4, "done": 4, "missing": 0,
-                                                                                        "failed": 0, "diverged": 0}
+    assert (
+        len(cells) == 4
+        and len(list((out / "cells").glob("*_s0.*.json"))) == 4
+        and data["counts"] == {"cells": 4, "done": 4, "missing": 0, "failed": 0, "diverged": 0}
+    )
     for cell in cells:
         assert cell["epochs"] == pytest.approx(8 * 4 * 16 / cell["train_tokens"])
         series = cell["window_series"]
@@ -77,7 +102,9 @@ def test_grid_json_records_environment_configuration_and_series(grid, rg, tmp_pa
     read = {c.name: c for c in read_cells(out / "grid.json")}
     for cell in cells:
         assert read[cell["name"]].group == cell["group"] and read[cell["name"]].delta == cell["delta"]
-        assert {r: read[cell["name"]].readings[r] for r in rg.WINDOW_READINGS} == {r: cell[r] for r in rg.WINDOW_READINGS}
+        assert {r: read[cell["name"]].readings[r] for r in rg.WINDOW_READINGS} == {
+            r: cell[r] for r in rg.WINDOW_READINGS
+        }
     # `satmon calibrate --cells` on every window reading, with both classes present
     for cell in cells:
         cell["delta"] = (-1 if cell["name"].endswith("_t2000_s0") else 1) * (abs(cell["delta"]) + 0.01)
@@ -85,7 +112,9 @@ def test_grid_json_records_environment_configuration_and_series(grid, rg, tmp_pa
     path = tmp_path / "cells.json"
     path.write_text(json.dumps(data))
     codes = rg.calibrate_all(path, tmp_path / "cal")
-    assert codes == {r: 0 for r in rg.WINDOW_READINGS}, {r: (tmp_path / "cal" / r / "stdout.txt").read_text() for r in codes}
+    assert codes == {r: 0 for r in rg.WINDOW_READINGS}, {
+        r: (tmp_path / "cal" / r / "stdout.txt").read_text() for r in codes
+    }
     a = rg.analyze(cells, permutations=10)
     for r in rg.WINDOW_READINGS:
         cal = json.loads((tmp_path / "cal" / r / "calibration.json").read_text())
@@ -105,11 +134,17 @@ def test_resume_reuses_cached_cells_and_gives_the_same_bytes(grid, rg, tmp_path,
     after = json.loads((copy / "grid.json").read_text())
     strip = lambda c: {k: v for k, v in c.items() if k not in TIMINGS}
     assert [strip(c) for c in after["cells"]] == [strip(c) for c in before["cells"]]  # bit-identical on one machine
-    assert [c["cpu_seconds"] for c in after["cells"] if c["name"] != gone] == \
-           [c["cpu_seconds"] for c in before["cells"] if c["name"] != gone]  # the cached ones were not re-run
+    # the cached ones were not re-run
+    assert [c["cpu_seconds"] for c in after["cells"] if c["name"] != gone] == [
+        c["cpu_seconds"] for c in before["cells"] if c["name"] != gone
+    ]
     # a changed configuration does not reuse the cache
-    assert rg.main(["--smoke", "--out", str(copy), "--jobs", "1", "--no-calibrate", "--lr", "0.001",
-                    "--permutations", "50"]) == 0
+    assert (
+        rg.main(
+            ["--smoke", "--out", str(copy), "--jobs", "1", "--no-calibrate", "--lr", "0.001", "--permutations", "50"]
+        )
+        == 0
+    )
     assert "4 cells (0 complete), 4 to run" in capsys.readouterr().err
     torch.set_num_threads(1)
 
@@ -118,11 +153,28 @@ def _cells(scores, helps, sizes, seeds, prior=None):
     """Hand-made cells: every window reading equals ``scores`` (so the family's best is that reading)."""
     out = []
     for i, (s, h, g, sd) in enumerate(zip(scores, helps, sizes, seeds)):
-        c = {"name": f"c{i}", "group": g, "seed": sd, "delta": -0.1 if h else 0.1, "learns_dyt": True,
-             "learns_layernorm": True, "log_params_per_token": prior[i] if prior else 0.0}
-        for r in ("window_saturation", "window_first_block", "window_last_block", "window_final_norm", "window_centered",
-                  "window_late", "final_saturation", "final_first_block", "final_last_block", "final_final_norm",
-                  "final_centered"):
+        c = {
+            "name": f"c{i}",
+            "group": g,
+            "seed": sd,
+            "delta": -0.1 if h else 0.1,
+            "learns_dyt": True,
+            "learns_layernorm": True,
+            "log_params_per_token": prior[i] if prior else 0.0,
+        }
+        for r in (
+            "window_saturation",
+            "window_first_block",
+            "window_last_block",
+            "window_final_norm",
+            "window_centered",
+            "window_late",
+            "final_saturation",
+            "final_first_block",
+            "final_last_block",
+            "final_final_norm",
+            "final_centered",
+        ):
             c[r] = s
         out.append(c)
     return out
@@ -155,8 +207,7 @@ def test_analysis_against_hand_computed_values(rg):
 
 def test_report_prints_the_plan_decision_and_plots(rg, grid, tmp_path, capsys):
     out, _ = grid
-    assert rg.main(["--report", str(out / "grid.json"), "--plot", str(tmp_path / "p.png"),
-                    "--permutations", "20"]) == 0
+    assert rg.main(["--report", str(out / "grid.json"), "--plot", str(tmp_path / "p.png"), "--permutations", "20"]) == 0
     text = capsys.readouterr().out
     assert "| window_saturation | window |" in text and "| log_params_per_token | prior |" in text
     assert (tmp_path / "p.png").stat().st_size > 10_000
@@ -196,4 +247,5 @@ def test_docs_quote_the_committed_faithful_grid_and_satmon_states_its_result(rg)
     assert "no 500-step reading beat guessing the commoner outcome held out" in study.CAVEAT
     shipped = {c.name: c for c in grid_cells() if c.source == "satmon 0.4 faithful CPU grid"}
     assert {n: (c.params, c.train_tokens, round(c.delta, 6)) for n, c in shipped.items()} == {
-        c["name"]: (float(c["params"]), float(c["train_tokens"]), round(c["delta"], 6)) for c in cells}
+        c["name"]: (float(c["params"]), float(c["train_tokens"]), round(c["delta"], 6)) for c in cells
+    }

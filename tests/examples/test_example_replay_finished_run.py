@@ -9,17 +9,29 @@ import json
 import pytest
 import torch
 
-from reference import model_counts
 from conftest import run_script
-from satmon.results.verdict import build_verdict
+from reference import model_counts
 from satmon.demos.corpus import CorpusDataModule
 from satmon.demos.lit import LitLM
+from satmon.results.verdict import build_verdict
 
 
 def test_replay_finished_run_matches_float64_recount(tmp_path):
     pytest.importorskip("matplotlib")
-    out = run_script("replay_finished_run.py", "--steps", "4", "--every", "2", "--window", "2", "--batches", "1",
-                     "--workdir", "w", cwd=tmp_path)
+    out = run_script(
+        "replay_finished_run.py",
+        "--steps",
+        "4",
+        "--every",
+        "2",
+        "--window",
+        "2",
+        "--batches",
+        "1",
+        "--workdir",
+        "w",
+        cwd=tmp_path,
+    )
     assert "satmon replay " in out and "Live monitor over the first 2 steps" in out
     assert (tmp_path / "w" / "replay.md").exists()
     records = json.loads((tmp_path / "w" / "replay.json").read_text())
@@ -33,4 +45,9 @@ def test_replay_finished_run_matches_float64_recount(tmp_path):
         inputs = [x for _, (x, _) in zip(range(1), data.train_dataloader())]
         ref = build_verdict(model_counts(model, inputs), step=r["global_step"], source="replay")
         v = r["verdict"]
-        assert (v["decision"], v["saturation"], v["per_layer"], v["source"]) == (ref.decision, ref.saturation, ref.per_layer, "replay")
+        assert (v["decision"], v["saturation"], v["per_layer"], v["source"]) == (
+            ref.decision,
+            ref.saturation,
+            ref.per_layer,
+            "replay",
+        )

@@ -25,4 +25,3 @@ def test_screen_gpt_verdict_equals_float64_recount(tmp_path, monkeypatch, record
     assert verdict.text() in out and verdict.summary() in out
     assert "tensorboard --logdir logs" in out
     assert list((tmp_path / "logs" / "screen_gpt").glob("version_0/events.out.tfevents.*"))
-

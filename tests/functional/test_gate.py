@@ -30,7 +30,9 @@ def test_flat_threshold_is_the_tail_edge(activation):
 
 def _reference(g, u, activation, t):
     g64, u64 = g.double(), u.double()
-    act = {"silu": lambda x: x * torch.sigmoid(x), "gelu": lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))}[activation]
+    act = {"silu": lambda x: x * torch.sigmoid(x), "gelu": lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))}[
+        activation
+    ]
     return int((g64 < t).sum()), g64.numel(), float((act(g64) * u64).abs().sum())
 
 
@@ -46,7 +48,9 @@ def test_gate_stats_against_float64(dtype, shape, activation):
     assert (int(n_flat), int(n)) == (ref_flat, ref_n) and n_flat.dtype == torch.int64
     assert float(s) == pytest.approx(ref_s, rel=1e-5)
     stats = gate_stats(g, u, activation=activation)
-    assert stats["flat_fraction"] == ref_flat / ref_n and stats["mean_abs_hidden"] == pytest.approx(ref_s / ref_n, rel=1e-5)
+    assert stats["flat_fraction"] == ref_flat / ref_n and stats["mean_abs_hidden"] == pytest.approx(
+        ref_s / ref_n, rel=1e-5
+    )
 
 
 def test_gate_stats_batched_equals_one_shot_and_fused_split():

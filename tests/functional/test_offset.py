@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from satmon.functional.offset import OffsetSums, offset_sums, offset_summary
+from satmon.functional.offset import OffsetSums, offset_summary, offset_sums
 
 
 def reference(x: torch.Tensor, alpha: torch.Tensor, level: float, channel_dim: int = -1) -> dict:
@@ -69,7 +69,9 @@ def test_batches_add_and_the_summary_equals_the_pooled_reference():
     n, sat = sum(r["total"] for r in refs), sum(r["saturated"] for r in refs)
     assert out.saturated_fraction.item() == pytest.approx(sat / n, rel=1e-15)
     assert out.centered_fraction.item() == pytest.approx(sum(r["centered_saturated"] for r in refs) / n, rel=1e-15)
-    assert out.offset_channel_share.item() == pytest.approx(sum(r["offset_channel_saturated"] for r in refs) / sat, rel=1e-15)
+    assert out.offset_channel_share.item() == pytest.approx(
+        sum(r["offset_channel_saturated"] for r in refs) / sat, rel=1e-15
+    )
     ratio = sum(r["abs_mean"] for r in refs) / sum(r["spread"] for r in refs)
     assert out.offset_ratio_median.item() == pytest.approx(float(np.median(ratio)), rel=1e-12)
 
@@ -107,7 +109,9 @@ def test_degenerate_channels():
     assert out.offset_channel_share.item() == 1.0 and out.centered_fraction.item() == 0.0
     nothing = offset_summary(offset_sums(torch.zeros(4, 2), torch.tensor([1.0])))
     assert nothing.offset_channel_share.item() == 0.0 and nothing.saturated_fraction.item() == 0.0
-    assert offset_summary(offset_sums(torch.full((4, 1), 3.0), torch.tensor([1.0]))).offset_ratio_median.item() == float("inf")
+    assert offset_summary(
+        offset_sums(torch.full((4, 1), 3.0), torch.tensor([1.0]))
+    ).offset_ratio_median.item() == float("inf")
 
 
 def test_alpha_must_be_per_channel_along_the_channel_dimension():

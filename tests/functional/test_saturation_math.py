@@ -99,12 +99,12 @@ def test_bf16_products_just_above_two_round_to_two():
     (Products in the upper half of that step round up to 2 + one step and count under both rules.)"""
     from satmon import DyT
 
-    half = 2.0 ** -7  # half a bf16 step above 2.0
+    half = 2.0**-7  # half a bf16 step above 2.0
     rounded_to_two = 0
     for alpha_init in (1.5, 0.75, 1.75, 3.0, 0.3, 1.1, 2.0, 0.55):
         layer = DyT(8, alpha_init=alpha_init).to(torch.bfloat16)
         seen = []
-        layer.register_forward_hook(lambda m, args, out: seen.append((m.alpha * args[0]).detach()))
+        layer.register_forward_hook(lambda m, args, out, seen=seen: seen.append((m.alpha * args[0]).detach()))
         alpha = layer.alpha.detach()
         grid = around(2.0 / alpha.double(), torch.bfloat16, steps=16).reshape(-1)  # bf16 inputs near 2 / alpha
         exact = (alpha.double() * grid.double()).abs()
@@ -113,7 +113,9 @@ def test_bf16_products_just_above_two_round_to_two():
         layer(low.reshape(-1, 1).expand(-1, 8))  # (tokens, C)
         assert bool((seen[0].abs() == 2.0).all())  # what the layer's tanh received (nothing when low is empty)
         assert saturation_counts(low, alpha, 2.0)[0].item() == module_count(low, alpha, 2.0) == 0
-        assert saturation_counts(low, alpha, 2.0, product="exact")[0].item() == exact_count(low, alpha, 2.0) == low.numel()
+        assert (
+            saturation_counts(low, alpha, 2.0, product="exact")[0].item() == exact_count(low, alpha, 2.0) == low.numel()
+        )
         for product in ("module", "exact"):
             got = saturation_counts(high, alpha, 2.0, product=product)[0].item()
             assert got == count(high, alpha, 2.0, product=product) == high.numel()
@@ -157,8 +159,12 @@ def test_float64_inputs_compare_the_float64_product(product):
 def test_module_threshold_equals_bit_bisection_and_host():
     """Against an independent search over every bit pattern, for both paths, dtypes and alpha dtypes."""
     g = torch.Generator().manual_seed(9)
-    values = torch.cat([torch.tensor([1.0, 2.0, 0.5, 1.5, 3.0, 0.7, 1e-30, 1e-20, 1e20, 6e-5, 3e4, 65504.0]),
-                        10 ** (torch.rand(40, generator=g) * 8 - 4)])
+    values = torch.cat(
+        [
+            torch.tensor([1.0, 2.0, 0.5, 1.5, 3.0, 0.7, 1e-30, 1e-20, 1e20, 6e-5, 3e4, 65504.0]),
+            10 ** (torch.rand(40, generator=g) * 8 - 4),
+        ]
+    )
     for dtype in LOW:
         for alpha_dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
             for v in values.tolist():
@@ -274,7 +280,8 @@ def test_alpha_that_does_not_broadcast_to_the_input_is_refused(x_shape, alpha_sh
 def test_nonfinite_counted_separately_never_raises(product):
     x = torch.tensor([1.0, float("inf"), -float("inf"), float("nan"), 0.1])
     sat, bad = saturation_counts(x, torch.tensor([1.0]), 2.0, product=product)
-    assert sat.item() == count(x, torch.tensor([1.0]), 2.0, product=product) == 2 and bad.item() == 1  # a flag per input
+    # a flag per input
+    assert sat.item() == count(x, torch.tensor([1.0]), 2.0, product=product) == 2 and bad.item() == 1
     assert saturation_counts(torch.tensor([1.0, 3.0]), torch.tensor([1.0]), 2.0, product=product)[1].item() == 0
 
 
@@ -339,7 +346,9 @@ def test_the_named_cutoffs_at_the_studys_level():
     assert round(pointwise_cutoff("erf", 2.0), 4) == 1.6279  # (1.6276 when 1 - tanh(2)^2 is rounded to 0.0707 first)
     assert pointwise_cutoff("hardtanh", 2.0) == 1.0 and pointwise_cutoff("hardtanh", 0.0) == 0.0
     assert math.isfinite(pointwise_cutoff("erf", 40.0))  # 1 - tanh(40)^2 is 0 in float64; ln cosh is not
-    with pytest.raises(ValueError, match=r"Expected a point-wise function in \('tanh', 'erf', 'hardtanh'\).*got 'gelu'"):
+    with pytest.raises(
+        ValueError, match=r"Expected a point-wise function in \('tanh', 'erf', 'hardtanh'\).*got 'gelu'"
+    ):
         pointwise_cutoff("gelu", 2.0)
     with pytest.raises(ValueError, match="Expected a finite saturation level >= 0, got -1"):
         pointwise_cutoff("erf", -1.0)
@@ -352,8 +361,13 @@ def test_erf_threshold_counts_exactly_at_its_cutoff(dtype, alpha_dtype):
     c = pointwise_cutoff("erf", 2.0)
     a = torch.tensor([0.9173], dtype=torch.float32 if alpha_dtype == "float32" else dtype)
     t = saturation_threshold(a, c, dtype=dtype).double()
-    x = torch.cat([around(c / a.double(), dtype, 3).reshape(-1), around(t, dtype, 3).reshape(-1),
-                   (torch.randn(2000, generator=torch.Generator().manual_seed(3)) * 3).to(dtype)])
+    x = torch.cat(
+        [
+            around(c / a.double(), dtype, 3).reshape(-1),
+            around(t, dtype, 3).reshape(-1),
+            (torch.randn(2000, generator=torch.Generator().manual_seed(3)) * 3).to(dtype),
+        ]
+    )
     for product in ("module", "exact"):
         assert saturation_counts(x, a, c, product=product)[0].item() == count(x, a, c, product=product)
 
@@ -377,8 +391,11 @@ def test_fused_counts_many_equals_each_inputs_four_op_count():
     """Several inputs of different dtypes, shapes and threshold shapes in one call: the counts, then the flags."""
     g = torch.Generator().manual_seed(14)
     xs, ts, want = [], [], []
-    for dtype, shape, alpha in [(torch.float32, (3, 5, 16), torch.tensor([1.3])), (torch.bfloat16, (7, 16), torch.rand(16, generator=g) + 0.2),
-                                (torch.float16, (2, 4, 3, 3), torch.rand(4, 1, 1, generator=g) * 2 + 0.1)]:
+    for dtype, shape, alpha in [
+        (torch.float32, (3, 5, 16), torch.tensor([1.3])),
+        (torch.bfloat16, (7, 16), torch.rand(16, generator=g) + 0.2),
+        (torch.float16, (2, 4, 3, 3), torch.rand(4, 1, 1, generator=g) * 2 + 0.1),
+    ]:
         x = (torch.randn(shape, generator=g) * 3).to(dtype)
         if dtype == torch.bfloat16:
             x[0, 0] = float("-inf")
@@ -392,11 +409,16 @@ def test_fused_counts_many_equals_each_inputs_four_op_count():
 
 @pytest.mark.parametrize("numel, acc", [(2**31 - 1, torch.int32), (2**31, torch.int64)])
 def test_fused_counts_accumulate_in_int32_only_where_it_is_exact(numel, acc):
-    """Traced on the meta device (no data): the saturated count sums in int32 below 2**31 elements, in int64 from there."""
+    """Traced on the meta device (no data): the saturated count sums in int32 below 2**31
+    elements, in int64 from there."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     gm = make_fx(fused_counts)(torch.empty(numel, device="meta"), torch.empty(1, device="meta"))
-    sums = [n.kwargs.get("dtype") for n in gm.graph.nodes if n.op == "call_function" and n.target.overloadpacket.__name__ == "sum"]
+    sums = [
+        n.kwargs.get("dtype")
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.target.overloadpacket.__name__ == "sum"
+    ]
     assert sums == [acc]
 
 
@@ -431,17 +453,31 @@ def test_shifted_counts_equal_the_modules_own_preactivation(dtype, shift_shape):
 
 
 @pytest.mark.parametrize("product", ["module", "exact"])
-@pytest.mark.parametrize("dtype, product_dtype", [(torch.float32, torch.float32), (torch.float32, torch.float64),
-                                                   (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize(
+    "dtype, product_dtype",
+    [
+        (torch.float32, torch.float32),
+        (torch.float32, torch.float64),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.bfloat16, torch.float32),
+    ],
+)
 def test_threshold_host_fn_equals_the_tensor_threshold(product, dtype, product_dtype):
     """The pre-checked host threshold (one per layer and step on the CPU) against the tensor version, bit for bit."""
     from satmon.functional.saturation import threshold_host_fn
 
     g = torch.Generator().manual_seed(21)
-    alphas = torch.cat([torch.tensor([0.0, 1e-45, 1e-30, 0.8, 2.0, 3.4e38]), 10 ** (torch.rand(2000, generator=g) * 60 - 30)])
+    alphas = torch.cat(
+        [torch.tensor([0.0, 1e-45, 1e-30, 0.8, 2.0, 3.4e38]), 10 ** (torch.rand(2000, generator=g) * 60 - 30)]
+    )
     alphas = alphas.to(product_dtype if product_dtype != torch.float32 or dtype == torch.float32 else torch.float32)
     for level in (2.0, pointwise_cutoff("erf", 2.0), 1.0):
         fn = threshold_host_fn(level, dtype=dtype, product=product, product_dtype=product_dtype)
-        want = saturation_threshold(alphas.reshape(-1, 1), level, dtype=dtype, product=product,
-                                    product_dtype=product_dtype).reshape(-1).tolist()
+        want = (
+            saturation_threshold(
+                alphas.reshape(-1, 1), level, dtype=dtype, product=product, product_dtype=product_dtype
+            )
+            .reshape(-1)
+            .tolist()
+        )
         assert [fn(a) for a in alphas.tolist()] == want, level

@@ -27,8 +27,9 @@ def test_tail_matches_enumeration(k, n, rate):
 
 def test_hand_counted_cases():
     # 9/12 against the 8/12 of guessing: p = P(X >= 9 | 12, 2/3) = 0.393, one cell above is no forecast
-    assert binomial_tail(9, 12, 2 / 3) == pytest.approx(sum(math.comb(12, i) * (2 / 3) ** i * (1 / 3) ** (12 - i)
-                                                           for i in range(9, 13)))
+    assert binomial_tail(9, 12, 2 / 3) == pytest.approx(
+        sum(math.comb(12, i) * (2 / 3) ** i * (1 / 3) ** (12 - i) for i in range(9, 13))
+    )
     assert not beats(9, 12, 8 / 12)
     # 12/12 against 6/12: p = 2^-12
     assert binomial_tail(12, 12, 0.5) == 2.0**-12 and beats(12, 12, 0.5)

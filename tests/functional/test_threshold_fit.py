@@ -9,15 +9,29 @@ import random
 import pytest
 
 from satmon.functional.threshold_fit import (
-    accuracy, auc, balanced_accuracy, candidate_thresholds, fit_threshold, leave_one_group_out, predict,
+    accuracy,
+    auc,
+    balanced_accuracy,
+    candidate_thresholds,
+    fit_threshold,
+    leave_one_group_out,
+    predict,
 )
 
 # The 12 calibration cells as SCIENCE.md lists them: (scale, saturation, delta %); negative delta = DyT helps.
 STUDY = [
-    ("64M", 0.4931, -27.3), ("64M", 0.4135, 5.9), ("64M", 0.2368, 19.7), ("64M", 0.2343, 18.8),
-    ("124M", 0.4662, -9.6), ("124M", 0.2925, -12.3), ("124M", 0.1931, 12.8),
-    ("354M", 0.4902, 4.3), ("354M", 0.3688, -24.1), ("354M", 0.3271, 13.4),
-    ("1.3B", 0.3934, 2.1), ("1.3B", 0.2376, 10.4),
+    ("64M", 0.4931, -27.3),
+    ("64M", 0.4135, 5.9),
+    ("64M", 0.2368, 19.7),
+    ("64M", 0.2343, 18.8),
+    ("124M", 0.4662, -9.6),
+    ("124M", 0.2925, -12.3),
+    ("124M", 0.1931, 12.8),
+    ("354M", 0.4902, 4.3),
+    ("354M", 0.3688, -24.1),
+    ("354M", 0.3271, 13.4),
+    ("1.3B", 0.3934, 2.1),
+    ("1.3B", 0.2376, 10.4),
 ]
 GROUPS = [c[0] for c in STUDY]
 SCORES = [c[1] for c in STUDY]

@@ -27,7 +27,9 @@ def test_reach_is_the_float64_ratio_of_norms():
     want = math.sqrt(sum(v * v for v in below.double().tolist()) / sum(v * v for v in head.double().tolist()))
     got = reach_ratio(grad_square(below), grad_square(head)).item()
     assert got == pytest.approx(want, rel=1e-13)
-    assert math.isnan(reach_ratio(torch.tensor(1.0, dtype=torch.float64), torch.tensor(0.0, dtype=torch.float64)).item())
+    assert math.isnan(
+        reach_ratio(torch.tensor(1.0, dtype=torch.float64), torch.tensor(0.0, dtype=torch.float64)).item()
+    )
 
 
 def test_the_decision_needs_a_dyt_final_norm_saturated_by_an_offset_and_a_dead_gradient():

@@ -39,8 +39,14 @@ def data(spec):
             yield c[:, :-1], c[:, 1:]
 
     x = toks[: 4 * T].view(4, T)
-    return CellData(train=train, val_inputs=x, val_targets=(x + 1) % V, probe=[x], example_input=x[:2],
-                    unique_tokens=spec.unique_tokens)
+    return CellData(
+        train=train,
+        val_inputs=x,
+        val_targets=(x + 1) % V,
+        probe=[x],
+        example_input=x[:2],
+        unique_tokens=spec.unique_tokens,
+    )
 
 
 def model(spec, norm):
@@ -60,8 +66,20 @@ def loss(m, x, y):
     return out
 
 
-RECIPE = Recipe("held", data=data, model=model, tokens_per_step=2 * T, loss=loss, options={"nan_at": 0},
-                describe=lambda spec: {"mark": MARK},
-                presets={"smoke": {"sizes": ("a",), "budgets": ("100",), "seeds": (0,),
-                                   "settings": {"steps": 6, "window": 3, "warmup": 1, "eval_every": 3,
-                                                "series_every": 1, "offset_every": 1}}})
+RECIPE = Recipe(
+    "held",
+    data=data,
+    model=model,
+    tokens_per_step=2 * T,
+    loss=loss,
+    options={"nan_at": 0},
+    describe=lambda spec: {"mark": MARK},
+    presets={
+        "smoke": {
+            "sizes": ("a",),
+            "budgets": ("100",),
+            "seeds": (0,),
+            "settings": {"steps": 6, "window": 3, "warmup": 1, "eval_every": 3, "series_every": 1, "offset_every": 1},
+        }
+    },
+)

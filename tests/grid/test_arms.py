@@ -11,18 +11,21 @@ import torch
 from satmon.grid.builtin_llama import RECIPE as LLAMA
 from satmon.grid.cell import cell_key, grid_key, make_spec, measure_cell
 from satmon.grid.config import Budget, GridSettings
-from satmon.grid.engine import parse_vary, vary_configs
+from satmon.grid.vary import parse_vary, vary_configs
 
 SMOKE = LLAMA.presets["smoke"]
 
 
 def _settings(**kw) -> GridSettings:
-    return GridSettings(**{**SMOKE["settings"], "steps": 110, "window": 20, "warmup": 10, "eval_every": 50,
-                           "series_every": 10, **kw})
+    return GridSettings(
+        **{**SMOKE["settings"], "steps": 110, "window": 20, "warmup": 10, "eval_every": 50, "series_every": 10, **kw}
+    )
 
 
 def _spec(settings: GridSettings, **opts):
-    return make_spec(LLAMA, settings, LLAMA.options_with({**SMOKE["options"], **opts}), "d16L1", Budget.parse("2000"), 0)
+    return make_spec(
+        LLAMA, settings, LLAMA.options_with({**SMOKE["options"], **opts}), "d16L1", Budget.parse("2000"), 0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +60,8 @@ def test_watch_checks_every_50_steps_after_the_window_and_flags(flagged_cell):
     assert w["window_collapse_risk"] is (cell["arms"]["dyt"]["window_saturation"] >= 0.5) is False
     assert w["would_stop_at"] == steps[0]
     gelu = cell["arms"]["dyt-gelu"]["watch"]["checks"]
-    assert gelu and all(c["gated_saturation"] is None and not c["flagged"] for c in gelu)  # no gated MLP: nothing to flag
+    # no gated MLP: nothing to flag
+    assert gelu and all(c["gated_saturation"] is None and not c["flagged"] for c in gelu)
 
 
 def test_arms_start_from_the_reference_weights_where_they_share_a_tensor():
@@ -80,7 +84,11 @@ def test_vary_typed_keyed_and_refused_before_work():
     opts = LLAMA.options_with(SMOKE["options"])
     configs = vary_configs(LLAMA, st, opts, parse_vary(["alpha_init=0.5,2", "lr=1e-3,3e-3", "warmup=5"]))
     assert [(v["alpha_init"], v["lr"], v["warmup"]) for v, _, _ in configs] == [
-        ("0.5", 1e-3, 5), ("0.5", 3e-3, 5), ("2", 1e-3, 5), ("2", 3e-3, 5)]
+        ("0.5", 1e-3, 5),
+        ("0.5", 3e-3, 5),
+        ("2", 1e-3, 5),
+        ("2", 3e-3, 5),
+    ]
     assert all(s.lr == v["lr"] and s.warmup == 5 and o["alpha_init"] == v["alpha_init"] for v, s, o in configs)
     keys = {grid_key({"name": "x"}, s, o) for _, s, o in configs}
     assert len(keys) == 4
@@ -99,11 +107,21 @@ def test_default_arms_and_late_options_keep_the_old_keys():
 
     opts = GPT.options_with({})
     assert "corpus" in opts and "corpus" not in GPT.keyed_options(opts)
-    old = hashlib.sha256(json.dumps({"recipe": {"name": "r"}, "settings": GridSettings().shared(),
-                                     "options": options_json({k: v for k, v in opts.items() if k != "corpus"})},
-                                    sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    old = hashlib.sha256(
+        json.dumps(
+            {
+                "recipe": {"name": "r"},
+                "settings": GridSettings().shared(),
+                "options": options_json({k: v for k, v in opts.items() if k != "corpus"}),
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        ).encode()
+    ).hexdigest()
     assert grid_key({"name": "r"}, GridSettings(), options_json(GPT.keyed_options(opts)), ("layernorm", "dyt")) == old
-    assert grid_key({"name": "r"}, GridSettings(), options_json(GPT.keyed_options(opts)), ("layernorm", "dyt", "x")) != old
+    assert (
+        grid_key({"name": "r"}, GridSettings(), options_json(GPT.keyed_options(opts)), ("layernorm", "dyt", "x")) != old
+    )
     torch_opts = GPT.options_with({"corpus": "torch"})
     assert GPT.keyed_options(torch_opts)["corpus"] == "torch"
     assert cell_key(old, "d64L2", 1, 0) == cell_key(old, "d64L2", 1, 0)
@@ -142,7 +160,9 @@ def test_torch_corpus_is_the_sorted_torch_sources():
     from satmon.grid.builtin import RECIPE as GPT
 
     st = GridSettings()
-    spec = make_spec(GPT, st, GPT.options_with({"corpus": "torch", "data": "chunks"}), "d64L2", Budget.parse("0.25ep"), 4)
+    spec = make_spec(
+        GPT, st, GPT.options_with({"corpus": "torch", "data": "chunks"}), "d64L2", Budget.parse("0.25ep"), 4
+    )
     GPT.check(spec)  # 20.5 MB of unique bytes fit the torch corpus
     assert GPT.describe(spec)["corpus_sha256"] == ident["corpus_sha256"]
     with pytest.raises(ValueError, match="stdlib or corpus=torch"):
@@ -158,8 +178,21 @@ def test_default_warmup_scales_and_the_size_is_reported_first(tmp_path):
     assert GridSettings(steps=600, warmup=0).warmup == 0
     GridSettings(steps=600, window=60).check()  # issue 44.2's documented command: valid now
     assert default_warmup(5_000) == 2_000
-    proc = satmon_cli("grid", "builtin", "--sizes", "bogus", "--budgets", "16ep", "--seeds", "0", "--steps", "8",
-                      "--out", "g", cwd=tmp_path)
+    proc = satmon_cli(
+        "grid",
+        "builtin",
+        "--sizes",
+        "bogus",
+        "--budgets",
+        "16ep",
+        "--seeds",
+        "0",
+        "--steps",
+        "8",
+        "--out",
+        "g",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2 and "'bogus'" in proc.stderr and "warmup" not in proc.stderr
 
 

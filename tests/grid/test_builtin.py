@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from reference import InputRecorder
 
+from reference import InputRecorder
 from satmon.dyt import DyT
 from satmon.grid import builtin
 from satmon.grid.cell import make_spec, measure_cell
@@ -43,8 +43,13 @@ def smoke() -> tuple[GridSettings, dict]:
 
 def _premove(tmp_path: Path):
     try:
-        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{PREMOVE}:examples/regime_grid.py"], capture_output=True,
-                              text=True, timeout=60, check=True).stdout
+        text = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{PREMOVE}:examples/regime_grid.py"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         pytest.skip(f"the pre-move script needs git and commit {PREMOVE} (a full clone)")
     path = tmp_path / "regime_grid_premove.py"
@@ -69,12 +74,24 @@ def test_moved_code_gives_the_premove_scripts_cells_to_the_last_digit(tmp_path, 
         new = got[old["name"]]
         differ = [k for k in old if k not in NOT_COMPARED and old[k] != new.get(k)]
         assert not differ, {k: (old[k], new.get(k)) for k in differ[:3]}
-        assert set(new) - set(old) == {"passes", "delta_best", "helps_best", "best_step_dyt", "best_step_layernorm",
-                                       "batches_crc", "key", "grid_key", "recipe",
-                                       "arms", "reference_arm", "compared_arm",  # 0.6: N arms
-                                       "missing",  # 0.6: readings that could not be computed
-                                       "diverged",  # 0.7: the arms whose loss stopped being finite
-                                       "environment"}  # where the cell ran (torch, CPU, threads, jobs, commit)
+        # where the cell ran (torch, CPU, threads, jobs, commit)
+        assert set(new) - set(old) == {
+            "passes",
+            "delta_best",
+            "helps_best",
+            "best_step_dyt",
+            "best_step_layernorm",
+            "batches_crc",
+            "key",
+            "grid_key",
+            "recipe",
+            "arms",
+            "reference_arm",
+            "compared_arm",  # 0.6: N arms
+            "missing",  # 0.6: readings that could not be computed
+            "diverged",  # 0.7: the arms whose loss stopped being finite
+            "environment",
+        }
         (legacy / f"{old['name']}.json").write_text(json.dumps(old))  # as the script cached it
     torch.set_num_threads(1)
     # the script's cached cells are adopted by `satmon grid` (same configuration), with the fields it adds
@@ -85,16 +102,26 @@ def test_moved_code_gives_the_premove_scripts_cells_to_the_last_digit(tmp_path, 
     assert lines[0].startswith("adopted 2 cells") and lines[1].startswith("4 cells (2 complete), 2 to run")
     for c in r.cells:
         assert {k: c[k] for k in ("delta_best", "helps_best", "best_step_dyt", "key")} == {
-            k: got[c["name"]][k] for k in ("delta_best", "helps_best", "best_step_dyt", "key")}
+            k: got[c["name"]][k] for k in ("delta_best", "helps_best", "best_step_dyt", "key")
+        }
         assert c["adopted_from"].endswith(f"{c['name']}.json")
     # another configuration does not adopt them
     lines.clear()
-    satmon.grid.run("builtin", preset="smoke", out=legacy.parent, settings={"lr": 1e-3}, executor="slurm", dry_run=True,
-                    say=lines.append)
+    satmon.grid.run(
+        "builtin",
+        preset="smoke",
+        out=legacy.parent,
+        settings={"lr": 1e-3},
+        executor="slurm",
+        dry_run=True,
+        say=lines.append,
+    )
     assert lines[0].startswith("4 cells (0 complete)")
 
 
-@pytest.mark.skipif(not os.environ.get("SATMON_QUICK_CELLS"), reason="~15 CPU-minutes per cell: set SATMON_QUICK_CELLS=1")
+@pytest.mark.skipif(
+    not os.environ.get("SATMON_QUICK_CELLS"), reason="~15 CPU-minutes per cell: set SATMON_QUICK_CELLS=1"
+)
 def test_quick_cells_match_the_committed_faithful_grid(tmp_path):
     """`--quick`'s cells against data/faithful_grid.json, every field but timings and the commit. Holds only on the
     machine type and satmon wording that made the file (an AMD EPYC, AVX2); on another CPU the kernels round
@@ -106,7 +133,9 @@ def test_quick_cells_match_the_committed_faithful_grid(tmp_path):
     assert r.complete
     for c in r.cells:
         old = committed[c["name"]]
-        assert {k: v for k, v in old.items() if k not in NOT_COMPARED} == {k: c[k] for k in old if k not in NOT_COMPARED}
+        assert {k: v for k, v in old.items() if k not in NOT_COMPARED} == {
+            k: c[k] for k in old if k not in NOT_COMPARED
+        }
 
 
 def test_smoke_cell_readings_match_independent_references(smoke):
@@ -143,8 +172,13 @@ def test_smoke_cell_readings_match_independent_references(smoke):
     assert cell["window_saturation"] == s / t
     counts = rec.counts(first=cfg.window)
     assert cell["window_per_layer"] == {n: a / b for n, (a, b) in counts.items()}
-    assert cell["window_first_block"] == pytest.approx((counts["blocks.0.ln_1"][0] / counts["blocks.0.ln_1"][1]
-                                                        + counts["blocks.0.ln_2"][0] / counts["blocks.0.ln_2"][1]) / 2)
+    assert cell["window_first_block"] == pytest.approx(
+        (
+            counts["blocks.0.ln_1"][0] / counts["blocks.0.ln_1"][1]
+            + counts["blocks.0.ln_2"][0] / counts["blocks.0.ln_2"][1]
+        )
+        / 2
+    )
     assert cell["window_last_block"] == cell["window_first_block"]  # one block: the first is the last
     assert cell["window_final_norm"] == counts["ln_f"][0] / counts["ln_f"][1]
     s_late, t_late = pooled(late_start(cfg), cfg.window)
@@ -157,7 +191,7 @@ def test_smoke_cell_readings_match_independent_references(smoke):
         assert e["saturation"] == a / b
         assert e["cumulative"] == pytest.approx(pooled(0, e["step"])[0] / pooled(0, e["step"])[1])
         for name, items in rec.inputs.items():
-            seg = items[e["step"] - cfg.series_every:e["step"]]
+            seg = items[e["step"] - cfg.series_every : e["step"]]
             ref = sum(int(((al * x).abs() > 2.0).sum()) for x, al in seg) / sum(x.numel() for x, _ in seg)
             assert e["per_layer"][name] == ref
         assert set(e["alpha"]) == set(dyt_names(model))
@@ -205,7 +239,9 @@ def test_smoke_cell_readings_match_independent_references(smoke):
     assert cell["final_centered"] == pytest.approx(cen / tot, abs=1e-12)
 
     # the record: both arms on the same held-out bytes, the unigram level of those bytes, the budget
-    assert cell["delta"] == pytest.approx((cell["val_loss_dyt"] - cell["val_loss_layernorm"]) / cell["val_loss_layernorm"])
+    assert cell["delta"] == pytest.approx(
+        (cell["val_loss_dyt"] - cell["val_loss_layernorm"]) / cell["val_loss_layernorm"]
+    )
     assert cell["helps"] == (cell["delta"] < 0) and cell["group"] == size
     assert cell["learns_dyt"] == (cell["val_loss_dyt"] < cell["unigram_loss"])
     p = torch.bincount(train_all[:nbytes], minlength=256).double() + 1
@@ -233,7 +269,7 @@ def test_the_study_schedule_and_no_bias():
     assert lrs[0] == pytest.approx(cfg.lr / (cfg.warmup + 1))
     assert lrs[499] == pytest.approx(cfg.lr * 500 / 2001)  # the window's last step: a quarter of the peak
     assert lrs[cfg.warmup - 1] == pytest.approx(cfg.lr * cfg.warmup / (cfg.warmup + 1))
-    assert lrs[cfg.warmup:] == [pytest.approx(cfg.lr)] * 5
+    assert lrs[cfg.warmup :] == [pytest.approx(cfg.lr)] * 5
     assert opt.param_groups[0]["weight_decay"] == 0.1 and opt.param_groups[1]["weight_decay"] == 0.0
     gpt = builtin.model(make_spec(builtin.RECIPE, cfg, builtin.OPTIONS, "d64L2", Budget.parse("164ep"), 0), "dyt")
     assert not [n for n, _ in gpt.named_parameters() if n.endswith(".bias")]
@@ -254,10 +290,13 @@ def test_budgets_and_sizes_parse_and_refuse():
             builtin.parse_size(bad)
     # epochs pick bytes from the steps: the study's passes at the study's step count
     plan, st, o = _resolve(builtin.RECIPE, "full", None, None, None, None, None)
-    assert tuple(b.resolve(st.steps * builtin.RECIPE.step_tokens(o)) for b in plan.budgets) == (31220, 320000, 1551515, 3657143)
+    assert tuple(b.resolve(st.steps * builtin.RECIPE.step_tokens(o)) for b in plan.budgets) == (
+        31220,
+        320000,
+        1551515,
+        3657143,
+    )
     with pytest.raises(ValueError, match="--window < --steps"):
         GridSettings(window=5000).check()
     with pytest.raises(ValueError, match="held-out split"):
         builtin.check(make_spec(builtin.RECIPE, st, o, "d64L2", B("5M"), 0))
-
-

@@ -123,8 +123,14 @@ def test_a_held_job_killed_a_busy_folder_ctrl_c_and_an_orphan_then_rerun_resumes
     assert not list((out / "cells").glob("*.attempt.json")) and not list((out / "cells").glob("*.failed.json"))
 
 
-_HOSTILE = {"satmon/__init__.py", "submitit/__init__.py", "torch/__init__.py", "numpy/__init__.py", "pickle.py",
-            "lib/submitit/__init__.py"}
+_HOSTILE = {
+    "satmon/__init__.py",
+    "submitit/__init__.py",
+    "torch/__init__.py",
+    "numpy/__init__.py",
+    "pickle.py",
+    "lib/submitit/__init__.py",
+}
 
 
 @pytest.mark.parametrize("executor", ["submitit", "plain"])
@@ -225,11 +231,27 @@ def test_a_diverged_arm_is_an_outcome_and_the_grid_completes(tmp_path):
 def _cell(name: str, delta, diverged=None, helps=None, group="s", seed=0, reading=0.5) -> dict:
     from satmon.grid.analysis import READINGS
 
-    c = {"name": name, "group": group, "seed": seed, "budget": "100", "epochs": 1.0, "params": 10, "train_tokens": 100,
-         "tokens_per_param": 10.0, "delta": delta, "delta_best": delta, "helps": helps if diverged else delta < 0,
-         "diverged": diverged or {}, "val_loss_layernorm": None if "layernorm" in (diverged or {}) else 2.0,
-         "val_loss_dyt": None if "dyt" in (diverged or {}) else 2.1, "cpu_seconds": 1.0, "window_saturation": reading,
-         "learns_dyt": None, "learns_layernorm": None, "unigram_loss": None}
+    c = {
+        "name": name,
+        "group": group,
+        "seed": seed,
+        "budget": "100",
+        "epochs": 1.0,
+        "params": 10,
+        "train_tokens": 100,
+        "tokens_per_param": 10.0,
+        "delta": delta,
+        "delta_best": delta,
+        "helps": helps if diverged else delta < 0,
+        "diverged": diverged or {},
+        "val_loss_layernorm": None if "layernorm" in (diverged or {}) else 2.0,
+        "val_loss_dyt": None if "dyt" in (diverged or {}) else 2.1,
+        "cpu_seconds": 1.0,
+        "window_saturation": reading,
+        "learns_dyt": None,
+        "learns_layernorm": None,
+        "unigram_loss": None,
+    }
     c.update({r: reading for r in READINGS if r not in c})
     return c
 
@@ -247,10 +269,13 @@ def test_every_reader_of_cells_takes_null_fields_and_counts_divergence():
         report_markdown,
     )
 
-    cells = [_cell("a0", -0.1, seed=0, reading=0.7), _cell("a1", 0.1, seed=1, reading=0.2),
-             _cell("b0", None, {"layernorm": 4}, helps=True, group="t", reading=0.8),
-             _cell("b1", None, {"dyt": 3, "layernorm": 5}, helps=None, group="t", seed=1),
-             {**_cell("b2", 0.2, group="t", seed=1, reading=0.1), "window_first_block": None}]
+    cells = [
+        _cell("a0", -0.1, seed=0, reading=0.7),
+        _cell("a1", 0.1, seed=1, reading=0.2),
+        _cell("b0", None, {"layernorm": 4}, helps=True, group="t", reading=0.8),
+        _cell("b1", None, {"dyt": 3, "layernorm": 5}, helps=None, group="t", seed=1),
+        {**_cell("b2", 0.2, group="t", seed=1, reading=0.1), "window_first_block": None},
+    ]
     a = analyze(cells, permutations=20)
     assert a["n"] == 4 and a["helps"] == 2 and a["diverged"] == {"dyt": 1, "layernorm": 2}
     why = "the dyt arm diverged at step 3; the layernorm arm diverged at step 5"
@@ -271,15 +296,17 @@ def test_settings_that_cannot_work_are_refused_before_any_work(tmp_path, capsys)
     from satmon.cli.main import main
 
     long = "1" + "0" * 240
-    cases = [(["--vary", "alpha_init=nan"], "--vary alpha_init", "'nan'"),
-             (["--vary", "lr=1e-3,inf"], "--vary lr", "'inf'"),
-             (["--vary", "grad_clip=1e400"], "--vary grad_clip", "'1e400'"),
-             (["--vary", "weight_decay=-nan"], "--vary weight_decay", "'-nan'"),
-             (["--option", "emb_scale=-inf"], "--option emb_scale", "'-inf'"),
-             (["--lr", "nan"], "--lr", "nan"),
-             (["--arms", "layernorm"], "Expected at least one DyT arm", "layernorm, dyt), got layernorm"),
-             (["--vary", f"chunk_bytes=2048,{long}"], "--vary chunk_bytes=", "241 characters"),
-             (["--vary", f"eval_every=4,{long}"], "--vary eval_every=", "file names fit")]
+    cases = [
+        (["--vary", "alpha_init=nan"], "--vary alpha_init", "'nan'"),
+        (["--vary", "lr=1e-3,inf"], "--vary lr", "'inf'"),
+        (["--vary", "grad_clip=1e400"], "--vary grad_clip", "'1e400'"),
+        (["--vary", "weight_decay=-nan"], "--vary weight_decay", "'-nan'"),
+        (["--option", "emb_scale=-inf"], "--option emb_scale", "'-inf'"),
+        (["--lr", "nan"], "--lr", "nan"),
+        (["--arms", "layernorm"], "Expected at least one DyT arm", "layernorm, dyt), got layernorm"),
+        (["--vary", f"chunk_bytes=2048,{long}"], "--vary chunk_bytes=", "241 characters"),
+        (["--vary", f"eval_every=4,{long}"], "--vary eval_every=", "file names fit"),
+    ]
     for i, (extra, *said) in enumerate(cases):
         out = tmp_path / f"g{i}"
         code = main(["grid", "builtin", "--smoke", "--out", str(out), *extra])
@@ -298,8 +325,10 @@ def test_a_job_that_died_says_why_and_names_its_log_or_why_none(tmp_path):
 
     ex = LocalProcesses(tmp_path / "jobs", 2)
     base = {"recipe": "builtin", "settings": {}, "options": {}, "size": "d16L1", "budget": "2000", "seed": 0}
-    tasks = [{**base, "name": n, **{k: str(tmp_path / f"{n}.{k}") for k in ("cell", "attempt", "failed", "progress")}}
-             for n in ("other", "killed")]
+    tasks = [
+        {**base, "name": n, **{k: str(tmp_path / f"{n}.{k}") for k in ("cell", "attempt", "failed", "progress")}}
+        for n in ("other", "killed")
+    ]
     tasks[0]["imports"] = {"satmon": str(tmp_path / "another_satmon")}
     tasks[1]["recipe"] = "no_such_module_for_this_test:RECIPE"
     other, killed = ex.submit(tasks)
@@ -312,8 +341,9 @@ def test_a_job_that_died_says_why_and_names_its_log_or_why_none(tmp_path):
     why = ex.died_why(killed)
     assert why.startswith("killed by SIGKILL (out of memory, or killed from outside)") and f"log {killed.log}" in why
     slurm = died_why("SLURM job 7 state OUT_OF_MEMORY", None, "OUT_OF_MEMORY", None, "SLURM wrote none")
-    assert slurm == ("out of memory (the scheduler killed it) (SLURM job 7 state OUT_OF_MEMORY); "
-                     "no log: SLURM wrote none")
+    assert slurm == (
+        "out of memory (the scheduler killed it) (SLURM job 7 state OUT_OF_MEMORY); no log: SLURM wrote none"
+    )
     assert "log None" not in died_why("", None, "", None, "the job could not name one")
     # submitit's controller failing before its job (it once imported a submitit/ from the working folder)
     from types import SimpleNamespace
@@ -322,5 +352,7 @@ def test_a_job_that_died_says_why_and_names_its_log_or_why_none(tmp_path):
 
     job = SimpleNamespace(_process=SimpleNamespace(poll=lambda: 1), job_id="5", state="FINISHED")
     why = SubmititLocal.__new__(SubmititLocal).died_why(Handle("c", job, str(tmp_path / "5_0_log.err")))
-    assert why == ("exited with code 1 (job 5 state FINISHED, exit code 1); no log: submitit's controller ended "
-                   "before it started the job (what it printed went to this grid's stderr, above)"), why
+    assert why == (
+        "exited with code 1 (job 5 state FINISHED, exit code 1); no log: submitit's controller ended "
+        "before it started the job (what it printed went to this grid's stderr, above)"
+    ), why

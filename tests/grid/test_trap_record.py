@@ -12,9 +12,12 @@ SMOKE = LLAMA.presets["smoke"]
 
 
 def _cell(final_norm: str) -> dict:
-    st = GridSettings(**{**SMOKE["settings"], "steps": 40, "window": 20, "warmup": 5, "eval_every": 20, "series_every": 10})
-    spec = make_spec(LLAMA, st, LLAMA.options_with({**SMOKE["options"], "final_norm": final_norm}), "d16L1",
-                     Budget.parse("2000"), 0)
+    st = GridSettings(
+        **{**SMOKE["settings"], "steps": 40, "window": 20, "warmup": 5, "eval_every": 20, "series_every": 10}
+    )
+    spec = make_spec(
+        LLAMA, st, LLAMA.options_with({**SMOKE["options"], "final_norm": final_norm}), "d16L1", Budget.parse("2000"), 0
+    )
     return measure_cell(LLAMA, st, spec, arms=("rmsnorm", "dyt"))
 
 

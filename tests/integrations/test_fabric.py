@@ -24,7 +24,9 @@ TESTS = Path(__file__).resolve().parents[1]
 
 def test_one_process_verdict_equals_the_lightning_callbacks(tmp_path):
     monitor = lightning_run(tmp_path / "lightning")
-    load_example("fabric_loop").main(["--window", str(WINDOW), "--steps", str(STEPS), "--json", str(tmp_path / "fabric")])
+    load_example("fabric_loop").main(
+        ["--window", str(WINDOW), "--steps", str(STEPS), "--json", str(tmp_path / "fabric")]
+    )
     record = json.loads((tmp_path / "fabric" / "rank0.json").read_text())
     assert record["steps"] == STEPS and record["stop"] is None
     fabric = dict(record["verdict"])
@@ -64,10 +66,26 @@ RECORDING = textwrap.dedent(
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
 def test_two_processes_agree_on_the_verdict_and_the_stop(tmp_path):
     script = tmp_path / "recorded_fabric_loop.py"
-    script.write_text(RECORDING.format(tests=str(TESTS), example=str(ROOT / "examples" / "fabric_loop.py"), window=WINDOW))
+    script.write_text(
+        RECORDING.format(tests=str(TESTS), example=str(ROOT / "examples" / "fabric_loop.py"), window=WINDOW)
+    )
     out = tmp_path / "out"
-    cmd = [sys.executable, str(script), "--devices", "2", "--window", str(WINDOW), "--steps", str(STEPS),
-           "--abort-on", "no-go", "--threshold", "0.9", "--json", str(out)]
+    cmd = [
+        sys.executable,
+        str(script),
+        "--devices",
+        "2",
+        "--window",
+        str(WINDOW),
+        "--steps",
+        str(STEPS),
+        "--abort-on",
+        "no-go",
+        "--threshold",
+        "0.9",
+        "--json",
+        str(out),
+    ]
     run_ranks(cmd, cwd=tmp_path, env=clean_env(), timeout=240)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["world_size"] == 2 for r in ranks)

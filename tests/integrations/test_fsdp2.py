@@ -1,4 +1,5 @@
-"""``satmon.Screen`` and ``satmon.probe`` under FSDP2 (``torch.distributed.fsdp.fully_shard``), two CPU processes (gloo).
+"""``satmon.Screen`` and ``satmon.probe`` under FSDP2
+(``torch.distributed.fsdp.fully_shard``), two CPU processes (gloo).
 
 Outside the forward an FSDP2 module's parameters are sharded ``DTensor``s (a 1-element ``alpha`` sits whole
 on rank 0, empty on rank 1); inside it they are whole, in storage FSDP2 re-gathers every forward. Each
@@ -14,7 +15,6 @@ collective fails the test instead of hanging it; the unsharded reference runs in
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -22,11 +22,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import clean_env
 import torch
 import torch.distributed as dist
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
+from helpers import clean_env
+
+pytestmark = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo"
+)
 
 import satmon  # noqa: E402
 from satmon.model.affine import effective_affine  # noqa: E402
@@ -148,8 +151,14 @@ def ranks(tmp_path_factory) -> list[dict]:
     tmp = tmp_path_factory.mktemp("fsdp2")
     script = tmp / "fsdp2_run.py"
     script.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n" + SHARDED.format(window=WINDOW, steps=STEPS))
-    proc = subprocess.run([sys.executable, str(script), str(_free_port()), str(tmp)], cwd=tmp, capture_output=True,
-                          text=True, timeout=240, env=clean_env())
+    proc = subprocess.run(
+        [sys.executable, str(script), str(_free_port()), str(tmp)],
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=clean_env(),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in (0, 1)]
 
@@ -163,12 +172,20 @@ def reference() -> dict:
     screen = satmon.Screen(**ns["SETTINGS"]).attach(model, example_input=ns["batches"]()[0][:, :-1])
     steps, probed = ns["train"](model, screen)
     ln = ns["layernorm_model"]()
-    return {"steps": steps, "probed": probed, "verdict": screen.verdict, "stop": screen.stop, "ln": ln,
-            "probe": ns["probe_readings"](satmon.probe(ln, [b[:, :-1] for b in ns["batches"]()[:2]]))}
+    return {
+        "steps": steps,
+        "probed": probed,
+        "verdict": screen.verdict,
+        "stop": screen.stop,
+        "ln": ln,
+        "probe": ns["probe_readings"](satmon.probe(ln, [b[:, :-1] for b in ns["batches"]()[:2]])),
+    }
 
 
 def test_the_parameters_are_sharded_outside_the_forward(ranks):
-    assert [r["alpha_type"] for r in ranks] == ["DTensor", "DTensor"] and [r["weight_type"] for r in ranks] == ["DTensor"] * 2
+    assert [r["alpha_type"] for r in ranks] == ["DTensor", "DTensor"] and [r["weight_type"] for r in ranks] == [
+        "DTensor"
+    ] * 2
     assert [r["alpha_local"] for r in ranks] == [1, 0]  # the 1-element alpha: whole on rank 0, an empty shard on rank 1
 
 
@@ -194,8 +211,11 @@ def test_both_ranks_agree_on_the_verdict_and_the_stop(ranks, reference):
 
 
 def test_the_probe_reads_whole_gammas(ranks, reference):
-    expected = {n: effective_affine(m).gain.tolist() for n, m in reference["ln"].named_modules()
-                if isinstance(m, torch.nn.LayerNorm)}
+    expected = {
+        n: effective_affine(m).gain.tolist()
+        for n, m in reference["ln"].named_modules()
+        if isinstance(m, torch.nn.LayerNorm)
+    }
     assert all(len(g) == 32 for g in expected.values())
     for r in ranks:
         assert r["gains"] == expected

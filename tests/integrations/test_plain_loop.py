@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import satmon
-from reference import InputRecorder
 from integration_recipe import WINDOW, comparable, gpt, lightning_run, load_example, loader, plain_run
+from reference import InputRecorder
 
 
 @pytest.fixture(scope="module")

@@ -55,13 +55,19 @@ def hparams_view(log_root: str | Path) -> dict:
     mux = plugin_event_multiplexer.EventMultiplexer(size_guidance=GUIDANCE).AddRunsFromDirectory(str(log_root))
     mux.Reload()
     provider = data_provider.MultiplexerDataProvider(mux, str(log_root))
-    plugin = backend_context.Context(base_plugin.TBContext(logdir=str(log_root), data_provider=provider, multiplexer=mux))
+    plugin = backend_context.Context(
+        base_plugin.TBContext(logdir=str(log_root), data_provider=provider, multiplexer=mux)
+    )
     ctx = context.RequestContext()
-    exp = plugin.experiment_from_metadata(ctx, "", True, plugin.hparams_metadata(ctx, ""),
-                                          plugin.hparams_from_data_provider(ctx, "", limit=None))
+    exp = plugin.experiment_from_metadata(
+        ctx, "", True, plugin.hparams_metadata(ctx, ""), plugin.hparams_from_data_provider(ctx, "", limit=None)
+    )
     infos = sorted(exp.hparam_infos, key=lambda h: not h.differs)  # the frontend's stable sort
-    return {"shown": [h.name for h in infos[:5]], "hparams": [h.name for h in infos],
-            "metrics": [m.name.tag for m in exp.metric_infos]}
+    return {
+        "shown": [h.name for h in infos[:5]],
+        "hparams": [h.name for h in infos],
+        "metrics": [m.name.tag for m in exp.metric_infos],
+    }
 
 
 def hparams_sessions(log_root: str | Path) -> list[dict]:
@@ -76,10 +82,20 @@ def hparams_sessions(log_root: str | Path) -> list[dict]:
         has_exp = "_hparams_/experiment" in tags  # a replay's session comes without the column list
         exp = plugin_data_pb2.HParamsPluginData.FromString(tags.get("_hparams_/experiment", b"")).experiment
         hp = {k: (v.WhichOneof("kind"), getattr(v, v.WhichOneof("kind"))) for k, v in start.hparams.items()}
-        domains = {h.name: [getattr(v, v.WhichOneof("kind")) for v in h.domain_discrete.values]
-                   for h in exp.hparam_infos if h.HasField("domain_discrete")}
-        out.append({"run": run, "hparams": hp, "metrics": [m.name.tag for m in exp.metric_infos], "domains": domains,
-                    "experiment": has_exp})
+        domains = {
+            h.name: [getattr(v, v.WhichOneof("kind")) for v in h.domain_discrete.values]
+            for h in exp.hparam_infos
+            if h.HasField("domain_discrete")
+        }
+        out.append(
+            {
+                "run": run,
+                "hparams": hp,
+                "metrics": [m.name.tag for m in exp.metric_infos],
+                "domains": domains,
+                "experiment": has_exp,
+            }
+        )
     return out
 
 
@@ -87,5 +103,11 @@ def hparams_sessions(log_root: str | Path) -> list[dict]:
 def tb() -> SimpleNamespace:
     """The reference reader's functions (``tb.accumulate``, ``tb.scalars``, ``tb.text``, ``tb.hparams_sessions``,
     ``tb.hparams_view``)."""
-    return SimpleNamespace(accumulate=accumulate, scalars=scalars, scalar_tags=scalar_tags, text=text,
-                           hparams_sessions=hparams_sessions, hparams_view=hparams_view)
+    return SimpleNamespace(
+        accumulate=accumulate,
+        scalars=scalars,
+        scalar_tags=scalar_tags,
+        text=text,
+        hparams_sessions=hparams_sessions,
+        hparams_view=hparams_view,
+    )

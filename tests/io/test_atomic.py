@@ -124,9 +124,18 @@ def test_an_output_that_is_not_a_regular_file_is_refused_by_kind_never_opened(tm
         path.symlink_to(tmp_path / "real")
     else:
         path.symlink_to(path)
-    phrase = {"fifo": "a FIFO", "socket": "a socket", "dev-null-link": "a symlink to a character device",
-              "fifo-link": "a symlink to a FIFO", "link-loop": "a symlink loop"}[member]
-    check = (lambda: check_output(path, "--json", (".json",))) if output == "file" else (lambda: check_output_dir(path, "--out"))
+    phrase = {
+        "fifo": "a FIFO",
+        "socket": "a socket",
+        "dev-null-link": "a symlink to a character device",
+        "fifo-link": "a symlink to a FIFO",
+        "link-loop": "a symlink loop",
+    }[member]
+    check = (
+        (lambda: check_output(path, "--json", (".json",)))
+        if output == "file"
+        else (lambda: check_output_dir(path, "--out"))
+    )
     with pytest.raises(OutputError, match=phrase):
         check()
     for s in keep:
@@ -217,7 +226,9 @@ def test_records_survive_a_sigkill_during_the_rewrite(tmp_path):
         atomic.os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)
         write_records({str(target)!r}, [{{"global_step": 1}}] * 3)
     """)
-    assert subprocess.run([sys.executable, "-c", script], capture_output=True, check=False).returncode == -signal.SIGKILL
+    assert (
+        subprocess.run([sys.executable, "-c", script], capture_output=True, check=False).returncode == -signal.SIGKILL
+    )
     assert target.read_bytes() == before
 
 
@@ -229,9 +240,20 @@ def test_a_report_and_its_plots_survive_an_interrupt(tmp_path, monkeypatch):
     for i, f in enumerate(files):
         f.write_bytes(f"previous {i}".encode())
     records = [{"global_step": s, "layers": {"ln": {"saturation": v}}} for s, v in ((2, 0.3), (4, 0.6))]
-    rows = [{"saturation": v, "step": r["global_step"], "name": f"s{r['global_step']}", "decision": "go", "margin": 0.1,
-             "norm_type": "dyt", "min_ratio": None, "min_alignment": None, "error": None}
-            for r, v in zip(records, (0.3, 0.6))]
+    rows = [
+        {
+            "saturation": v,
+            "step": r["global_step"],
+            "name": f"s{r['global_step']}",
+            "decision": "go",
+            "margin": 0.1,
+            "norm_type": "dyt",
+            "min_ratio": None,
+            "min_alignment": None,
+            "error": None,
+        }
+        for r, v in zip(records, (0.3, 0.6))
+    ]
     _interrupt_at_fsync(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         write_report(files[0], records, rows, threshold=0.5)
@@ -240,15 +262,19 @@ def test_a_report_and_its_plots_survive_an_interrupt(tmp_path, monkeypatch):
     monkeypatch.undo()
     written = write_report(files[0], records, rows, threshold=0.5)
     assert written == files[:2]  # the saturation plot; no blocks, no norm layers: two plots left out
-    assert files[1].read_bytes().startswith(b"\x89PNG\r\n") and "![Saturation vs step](replay_saturation.png)" in files[0].read_text()
+    assert (
+        files[1].read_bytes().startswith(b"\x89PNG\r\n")
+        and "![Saturation vs step](replay_saturation.png)" in files[0].read_text()
+    )
     assert files[2].read_bytes() == b"previous 2"  # a plot not drawn this time is left as it was
 
 
 def test_check_report_names_the_blocked_plot_before_any_work(tmp_path):
     from satmon.io.markdown import check_report
 
-    assert check_report(tmp_path / "r.md") == [tmp_path / n for n in ("r.md", "r_saturation.png", "r_sigma_min.png",
-                                                                       "r_alignment.png")]
+    assert check_report(tmp_path / "r.md") == [
+        tmp_path / n for n in ("r.md", "r_saturation.png", "r_sigma_min.png", "r_alignment.png")
+    ]
     with pytest.raises(OutputError, match=r"Expected --report to end in \.md, got '.*x\.txt'"):
         check_report(tmp_path / "x.txt")
     (tmp_path / "r_sigma_min.png").mkdir()

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 import wandb
-from helpers import assert_mentions, tiny_lit, token_loader, trainer
-from trackers import finished_run, own_trackers
+import yaml
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
 
+from helpers import assert_mentions, tiny_lit, token_loader, trainer
 from satmon import SaturationMonitor
 from satmon.io.sink import NullSink
+from trackers import finished_run, own_trackers
 
 WINDOW = 4
 
@@ -46,20 +46,24 @@ class Keep(NullSink):
 
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
-    """One fit, window 4, with the four loggers (W&B offline, MLflow on a file store, both in this folder) and a sink of the user's."""
+    """One fit, window 4, with the four loggers (W&B offline, MLflow on a file store, both in this
+    folder) and a sink of the user's."""
     root = tmp_path_factory.mktemp("loggers")
     with own_trackers(root):
-        loggers = {"tb": TensorBoardLogger(str(root), name="tb", version=0, default_hp_metric=False),
-                   "csv": CSVLogger(str(root), name="csv", version=0),
-                   "mlflow": MLFlowLogger(experiment_name="satmon", tracking_uri=f"file:{root / 'mlruns'}"),
-                   "wandb": WandbLogger(project="satmon", save_dir=str(root / "wandb"), offline=True)}
+        loggers = {
+            "tb": TensorBoardLogger(str(root), name="tb", version=0, default_hp_metric=False),
+            "csv": CSVLogger(str(root), name="csv", version=0),
+            "mlflow": MLFlowLogger(experiment_name="satmon", tracking_uri=f"file:{root / 'mlruns'}"),
+            "wandb": WandbLogger(project="satmon", save_dir=str(root / "wandb"), offline=True),
+        }
         torch.manual_seed(0)
         mine = Keep()
         monitor = SaturationMonitor(window=WINDOW, sink=mine)  # verbose=False: the default
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             trainer(root, max_steps=WINDOW + 1, callbacks=[monitor], logger=list(loggers.values())).fit(
-                tiny_lit(), token_loader(WINDOW + 1))
+                tiny_lit(), token_loader(WINDOW + 1)
+            )
         wandb.finish()
     return monitor, loggers, mine, out.getvalue(), root
 
@@ -77,9 +81,14 @@ def test_the_console_gets_one_line_naming_every_place(fitted):
     [line] = [l for l in out.splitlines() if l.startswith("satmon verdict:")]
     assert out.count("satmon verdict") == 1 and "| layer |" not in out  # one line, not the card
     assert line.startswith(f"satmon verdict: {v.decision.upper()}")  # the decision first
-    assert_mentions(line.split("; card: ")[0], f"trust: {v.trust}", f"{v.saturation:.4f} {'>=' if v.go else '<'} threshold 0.43")
+    assert_mentions(
+        line.split("; card: ")[0], f"trust: {v.trust}", f"{v.saturation:.4f} {'>=' if v.go else '<'} threshold 0.43"
+    )
     places = line.split("; card: ")[1].split(", ")
-    assert f"TensorBoard {loggers['tb'].log_dir}" in places and str(Path(loggers["csv"].log_dir) / "satmon_verdict.md") in places
+    assert (
+        f"TensorBoard {loggers['tb'].log_dir}" in places
+        and str(Path(loggers["csv"].log_dir) / "satmon_verdict.md") in places
+    )
     assert "my sink" in places
     assert f"MLflow run {loggers['mlflow'].run_id} (artifact satmon_verdict.md)" in places
     assert f"W&B run {loggers['wandb'].version} (table satmon/verdict)" in places
@@ -87,7 +96,9 @@ def test_the_console_gets_one_line_naming_every_place(fitted):
 
 def test_a_users_sink_is_written_beside_the_loggers_and_left_open(fitted):
     monitor, _, mine, _, _ = fitted
-    assert [(t, s) for t, _, s in mine.texts] == [("satmon/verdict", WINDOW)] and mine.texts[0][1] == monitor.verdict.card()
+    assert [(t, s) for t, _, s in mine.texts] == [("satmon/verdict", WINDOW)] and mine.texts[0][
+        1
+    ] == monitor.verdict.card()
     assert not mine.closed  # the user's to close
 
 
@@ -125,7 +136,9 @@ def test_mlflow_logger_gets_the_decision_trust_and_card(fitted, tmp_path):
     client = MlflowClient(f"file:{root / 'mlruns'}")
     data = client.get_run(run_id).data
     assert (data.params["satmon/decision"], data.params["satmon/trust"]) == (v.decision, v.trust)
-    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "Satmon/decision")] == [(WINDOW, 1.0 if v.go else 0.0)]
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "Satmon/decision")] == [
+        (WINDOW, 1.0 if v.go else 0.0)
+    ]
     _card_checks(Path(client.download_artifacts(run_id, "satmon_verdict.md", str(tmp_path))).read_text(), monitor)
 
 
@@ -136,7 +149,8 @@ def test_wandb_logger_gets_the_decision_trust_and_card(fitted):
     config, history = finished_run(run_file)
     assert (config["satmon/decision"], config["satmon/trust"]) == (v.decision, v.trust)
     assert [(h["trainer/global_step"], h["Satmon/decision"]) for h in history if "Satmon/decision" in h] == [
-        (WINDOW, 1.0 if v.go else 0.0)]
+        (WINDOW, 1.0 if v.go else 0.0)
+    ]
     [table] = glob.glob(str(Path(run_file).parent / "files" / "media" / "table" / "satmon" / "verdict_*.table.json"))
     data = json.loads(Path(table).read_text())
     assert data["columns"] == ["markdown"]

@@ -54,7 +54,7 @@ def test_second_writer_refused_with_the_holder_named_then_free(tmp_path: Path) -
 def test_killed_holder_is_stale(tmp_path: Path) -> None:
     out = tmp_path / "grid"
     out.mkdir()
-    code = HOLD.replace('folder=False', 'folder=True')
+    code = HOLD.replace("folder=False", "folder=True")
     p = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"
     os.kill(p.pid, signal.SIGKILL)

@@ -15,12 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_lit, token_loader, trainer
-from reference import InputRecorder
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from satmon import SaturationMonitor
-from satmon import find_dyt_layers
+from helpers import tiny_lit, token_loader, trainer
+from reference import InputRecorder
+from satmon import SaturationMonitor, find_dyt_layers
 
 WINDOW, STEPS, EVERY = 7, 9, 2
 LOG_STEPS = [2, 4, 6, WINDOW]
@@ -81,8 +80,10 @@ def test_running_and_verdict_scalars(run, tb):
     # its chart's description says the decision and its trust (TensorBoard shows it with the chart)
     described = ea.SummaryMetadata("Satmon/decision").summary_description
     by = "by the study's rule" if decision == "no-go" else f"by your threshold {v.threshold:g}"  # CASES' thresholds
-    assert described.startswith(f"{'GO' if decision == 'go' else 'NO-GO'} {by} at step {WINDOW}, "
-                                f"trust: {v.trust} (a measurement, not a forecast")
+    assert described.startswith(
+        f"{'GO' if decision == 'go' else 'NO-GO'} {by} at step {WINDOW}, "
+        f"trust: {v.trust} (a measurement, not a forecast"
+    )
     assert tb.scalars(ea, "Satmon/margin") == [(WINDOW, _f32(v.margin))]
     assert tb.scalars(ea, "Satmon/nonfinite") == [(s, 0.0) for s in LOG_STEPS]
 
@@ -100,8 +101,9 @@ def test_verdict_text_card(run, tb):
     assert f"threshold **{v.threshold:g}**" in card and f"**{v.saturation:.4f}**" in card
     assert f"window of {WINDOW} optimizer steps" in card
     lines = card.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("| layer | saturation (window) |")) + 2  # one table
-    rows = lines[start:start + len(monitor.layer_names)]
+    # one table
+    start = next(i for i, line in enumerate(lines) if line.startswith("| layer | saturation (window) |")) + 2
+    rows = lines[start : start + len(monitor.layer_names)]
     assert [r.split(" | ")[:2] for r in rows] == [[f"| {n}", f"{v.per_layer[n]:.4f}"] for n in monitor.layer_names]
     caveat = [line for line in card.splitlines() if "12 cells" in line and line.lstrip("_").startswith("Caveat")]
     # one line, with room for one more sentence of evidence (satmon.study.FAITHFUL_GRID_FINDING)
@@ -112,7 +114,9 @@ def test_verdict_text_card(run, tb):
 def test_hparams_plugin_data_exist_in_the_run_itself(run, tb):
     _, (_, _, _, root) = run
     run_dir = root / "tb" / "version_0"
-    assert {"_hparams_/experiment", "_hparams_/session_start_info"} <= set(tb.accumulate(run_dir).PluginTagToContent("hparams"))
+    assert {"_hparams_/experiment", "_hparams_/session_start_info"} <= set(
+        tb.accumulate(run_dir).PluginTagToContent("hparams")
+    )
     assert sorted(p.name for p in run_dir.iterdir() if p.is_dir()) == []  # one run per run: no satmon_hparams sub-run
 
 
@@ -125,13 +129,20 @@ def _check_verdict_in_hparams_view(tb, case: str, tmp_path: Path) -> None:
     hp = mine[0]["hparams"]
     # each key with its exact protobuf kind: a decision stored as a number (or a number as a string) fails
     assert {k: hp[k] for k in hp if k.startswith("satmon/")} == {
-        "satmon/decision": ("string_value", v.decision), "satmon/trust": ("string_value", v.trust), "satmon/source": ("string_value", "window"),
-        "satmon/window": ("number_value", float(WINDOW)), "satmon/threshold": ("number_value", v.threshold),
-        "satmon/level": ("number_value", 2.0), "satmon/partial": ("number_value", 0.0),
+        "satmon/decision": ("string_value", v.decision),
+        "satmon/trust": ("string_value", v.trust),
+        "satmon/source": ("string_value", "window"),
+        "satmon/window": ("number_value", float(WINDOW)),
+        "satmon/threshold": ("number_value", v.threshold),
+        "satmon/level": ("number_value", 2.0),
+        "satmon/partial": ("number_value", 0.0),
         "satmon/forecast": ("string_value", v.planned_forecast["outcome"]),
         "satmon/trap": ("string_value", monitor.screen.trap.state),  # the trap watch's state rides with the verdict
         # the run's scale, as data (satmon report --plot places the run from these)
-        **{f"satmon/{k}": ("number_value", float(v.planned_forecast[k])) for k in ("params", "unique_tokens", "planned_tokens")},
+        **{
+            f"satmon/{k}": ("number_value", float(v.planned_forecast[k]))
+            for k in ("params", "unique_tokens", "planned_tokens")
+        },
     }
     assert {"Satmon/decision", "Satmon/margin", "Satmon/saturation"} <= set(mine[0]["metrics"])
 

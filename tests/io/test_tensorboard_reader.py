@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from satmon.results.verdict import build_verdict
 from satmon.io.tags import TAG
 from satmon.io.tensorboard import SummaryWriterSink, log_scalars, log_text, log_verdict, window_scalars
 from satmon.io.tensorboard_reader import Run, load_runs, read_run, run_dirs, trajectory
+from satmon.results.verdict import build_verdict
 
 NOTE = "window restarted at step 3 after a resume"
 
@@ -29,8 +29,17 @@ def written(tmp_path_factory) -> tuple[Path, Path, object]:
     verdict = build_verdict({"h.0.dyt": (3, 4), "ln_f": (0, 4, 1)}, step=6, window=6, notes=(NOTE,))
     log_verdict(sink, verdict)
     log_text(sink, TAG.stop_text, "**satmon stopped training at step 6** (nonfinite): NaN in the watched step", 6)
-    log_scalars(sink, {TAG.stop: 1.0, TAG.deadir_alignment("h.1.ln"): 0.5, TAG.deadir_null_dim("h.1.ln"): 2.0,
-                           TAG.sigma_min_ratio("h.1"): 0.5, TAG.sigma_min_ratio("h.2"): 0.25}, 6)
+    log_scalars(
+        sink,
+        {
+            TAG.stop: 1.0,
+            TAG.deadir_alignment("h.1.ln"): 0.5,
+            TAG.deadir_null_dim("h.1.ln"): 2.0,
+            TAG.sigma_min_ratio("h.1"): 0.5,
+            TAG.sigma_min_ratio("h.2"): 0.25,
+        },
+        6,
+    )
     sink.writer.add_scalar("loss", 3.0, 6)  # not satmon's: left out
     sink.close()
     return root, Path(sink.log_dir), verdict
@@ -52,7 +61,12 @@ def test_reader_equals_tensorboards_event_accumulator(written, tb):
 def test_reader_values_steps_and_views(written):
     _, log_dir, verdict = written
     run = read_run(log_dir)
-    assert run.scalars["Satmon/saturation"] == [(2, 0.25), (4, 0.375), (6, 0.375)]  # the verdict writes the pooled value too
+    # the verdict writes the pooled value too
+    assert run.scalars["Satmon/saturation"] == [
+        (2, 0.25),
+        (4, 0.375),
+        (6, 0.375),
+    ]
     assert run.scalars["satmon_alpha/ln_f"] == [(2, 1.5), (4, 1.25)]
     assert run.scalars["Satmon/nonfinite"] == [(2, 0.0), (4, 1.0)]
     assert run.scalars["Satmon/decision"] == [(6, -1.0)] and run.decision() == "non-finite"
@@ -61,7 +75,8 @@ def test_reader_values_steps_and_views(written):
     assert run.last_text(TAG.replay_checkpoint) is None
     assert run.steps() == [2, 4, 6]
     assert run.layers() == {
-        "h.0.dyt": {"saturation": 0.75, "alpha": 2.5}, "ln_f": {"saturation": 0.0, "alpha": 1.25},
+        "h.0.dyt": {"saturation": 0.75, "alpha": 2.5},
+        "ln_f": {"saturation": 0.0, "alpha": 1.25},
         "h.1.ln": {"alignment": 0.5, "null_dim": 2.0},
     }
     assert run.sigma_min_min_ratio() == [(6, 0.25)]  # no summary tag written: the minimum over the blocks
@@ -69,7 +84,11 @@ def test_reader_values_steps_and_views(written):
 
 def test_decision_of_each_verdict_value():
     assert [Run(Path("."), scalars={TAG.verdict: [(1, v)]}).decision() for v in (1.0, 0.0, -1.0, 0.5)] == [
-        "go", "no-go", "non-finite", None]
+        "go",
+        "no-go",
+        "non-finite",
+        None,
+    ]
     assert Run(Path(".")).decision() is None and Run(Path(".")).verdict_saturation() is None
 
 

@@ -22,7 +22,14 @@ from satmon.io.lightning import LightningSink
 from satmon.io.sink import LayoutSink, MultiSink, NullSink, Sink
 from satmon.io.tags import TAG
 from satmon.io.tensorboard import (
-    SummaryWriterSink, add_layout, log_scalars, log_stop, log_text, log_verdict, watch_scalars, window_scalars,
+    SummaryWriterSink,
+    add_layout,
+    log_scalars,
+    log_stop,
+    log_text,
+    log_verdict,
+    watch_scalars,
+    window_scalars,
 )
 from satmon.io.tensorboard_replay import TensorBoardReplay, next_version
 from satmon.results.stop import StopReason, StopRecord
@@ -40,10 +47,14 @@ def snapshot(root: Path, tb) -> dict[str, dict]:
         tags = ea.Tags()
         text_tags = [t for t in tags["tensors"] if ea.SummaryMetadata(t).plugin_data.plugin_name == "text"]
         texts = {t: tb.text(ea, t) for t in text_tags}
-        layouts = [str(layout_pb2.Layout.FromString(e.tensor_proto.string_val[0]))
-                   for e in (ea.Tensors("custom_scalars__config__") if "custom_scalars__config__" in tags["tensors"] else [])]
+        layouts = [
+            str(layout_pb2.Layout.FromString(e.tensor_proto.string_val[0]))
+            for e in (ea.Tensors("custom_scalars__config__") if "custom_scalars__config__" in tags["tensors"] else [])
+        ]
         runs[run.relative_to(root).as_posix()] = {
-            "scalars": {t: tb.scalars(ea, t) for t in sorted(tb.scalar_tags(ea))}, "texts": texts, "layout": layouts,
+            "scalars": {t: tb.scalars(ea, t) for t in sorted(tb.scalar_tags(ea))},
+            "texts": texts,
+            "layout": layouts,
             "other tensors": sorted(t for t in tags["tensors"] if t not in text_tags and t not in tb.scalar_tags(ea)),
         }
     sessions = tb.hparams_sessions(root)
@@ -55,18 +66,30 @@ def snapshot(root: Path, tb) -> dict[str, dict]:
 def _verdict(step: int, gated: bool = False, source: str = "window"):
     gating = GatingInfo(True, ("ln_f",), "ln_f feeds a SwiGLU MLP") if gated else GatingInfo(False, (), "no gated MLP")
     window = step if source == "window" else 0
-    return build_verdict({"blocks.0.ln_1": (1, 8), "ln_f": (6, 8)}, step=step, window=window, source=source,
-                         gating=gating, notes=("a note",))
+    return build_verdict(
+        {"blocks.0.ln_1": (1, 8), "ln_f": (6, 8)},
+        step=step,
+        window=window,
+        source=source,
+        gating=gating,
+        notes=("a note",),
+    )
 
 
 def _write(sink: Sink) -> None:
     """What a screen and a replay write, in their order: layout, running readings, verdicts, a stop, watch checks."""
     add_layout(sink)
     for step, sat in ((2, 0.25), (4, 0.375)):
-        log_scalars(sink, window_scalars(sat, {"blocks.0.ln_1": sat / 2, "ln_f": sat * 2}, {"blocks.0.ln_1": 1.5, "ln_f": 2.5}, 0), step)
+        log_scalars(
+            sink,
+            window_scalars(sat, {"blocks.0.ln_1": sat / 2, "ln_f": sat * 2}, {"blocks.0.ln_1": 1.5, "ln_f": 2.5}, 0),
+            step,
+        )
     log_verdict(sink, _verdict(6, gated=True))
     log_stop(sink, StopRecord(StopReason.COLLAPSE_RISK, "saturation 0.44 >= 0.5", 6, dry_run=True))
-    log_scalars(sink, watch_scalars(0, 0.625, {"blocks.0.mlp": {"flat_fraction": 0.25}}, 1.5, {StopReason.LOSS_SPIKE: False}), 8)
+    log_scalars(
+        sink, watch_scalars(0, 0.625, {"blocks.0.mlp": {"flat_fraction": 0.25}}, 1.5, {StopReason.LOSS_SPIKE: False}), 8
+    )
     log_verdict(sink, _verdict(10, source="replay"))  # a second session (replay writes one per checkpoint)
     log_text(sink, TAG.replay_checkpoint, "`epoch=0-step=10.ckpt`", 10)
 
@@ -84,7 +107,10 @@ def test_summary_writer_sink_writes_the_layout_lightnings_logger_wrote(tmp_path,
     assert got == expected
     run = got["runs"]["run"]
     assert run["scalars"]["Satmon/saturation"] == [(2, 0.25), (4, 0.375), (6, 0.4375), (10, 0.4375)]
-    assert run["scalars"]["Satmon/stop"] == [(6, 1.0)] and run["scalars"]["satmon_collapse/risk"] == [(6, 0.0), (10, 0.0)]
+    assert run["scalars"]["Satmon/stop"] == [(6, 1.0)] and run["scalars"]["satmon_collapse/risk"] == [
+        (6, 0.0),
+        (10, 0.0),
+    ]
     assert [s for s, _ in run["texts"]["satmon/verdict"]] == [6, 10] and run["texts"]["satmon/stop"][0][0] == 6
     assert len(run["layout"]) == 1 and "alpha per layer" in run["layout"][0]
     assert list(got["runs"]) == ["run"]  # one run per run: no hparams sub-run
@@ -98,8 +124,15 @@ def _screen_run(sink_or_logdir: dict) -> Screen:
     model = GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16, alpha_init=8.0))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
     batches = torch.randint(0, 256, (10, 4, 17), generator=torch.Generator().manual_seed(0))
-    screen = Screen(window=6, log_every_n_steps=2, watch_every_n_steps=2, abort_on="no-go", dry_run=True, verbose=False,
-                    **sink_or_logdir).attach(model, example_input=batches[0, :, :-1])
+    screen = Screen(
+        window=6,
+        log_every_n_steps=2,
+        watch_every_n_steps=2,
+        abort_on="no-go",
+        dry_run=True,
+        verbose=False,
+        **sink_or_logdir,
+    ).attach(model, example_input=batches[0, :, :-1])
     for batch in batches:
         loss = F.cross_entropy(model(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten())
         opt.zero_grad()
@@ -111,7 +144,8 @@ def _screen_run(sink_or_logdir: dict) -> Screen:
 
 
 def test_screen_logdir_equals_satmon_0_2s_tensorboard_logger(tmp_path, tb):
-    """``Screen(logdir=...)`` against 0.2's ``TensorBoardLogger(logdir, name="", version="", default_hp_metric=False)``."""
+    """``Screen(logdir=...)`` against 0.2's ``TensorBoardLogger(logdir, name="", version="",
+    default_hp_metric=False)``."""
     ours = _screen_run({"logdir": tmp_path / "ours"})
     logger = TensorBoardLogger(str(tmp_path / "lightning"), name="", version="", default_hp_metric=False)
     theirs = _screen_run({"sink": LightningSink([logger])})
@@ -123,7 +157,9 @@ def test_screen_logdir_equals_satmon_0_2s_tensorboard_logger(tmp_path, tb):
     assert run["scalars"]["Satmon/decision"] == [(6, 1.0 if ours.verdict.go else 0.0)]
     assert [s for s, _ in run["scalars"]["Satmon/saturation"]] == [2, 4, 6, 6]  # running, running, verdict (twice)
     assert [s for s, _ in run["scalars"]["satmon_collapse/nonfinite"]] == [r["step"] for r in ours.watch.log]
-    assert run["texts"]["satmon/verdict"] == [(6, ours.verdict.card())] and run["texts"]["satmon/stop"] == [(6, ours.stop.text())]
+    assert run["texts"]["satmon/verdict"] == [(6, ours.verdict.card())] and run["texts"]["satmon/stop"] == [
+        (6, ours.stop.text())
+    ]
 
 
 def test_files_open_at_the_first_write_and_close(tmp_path, tb):
@@ -157,16 +193,22 @@ def test_a_replay_session_leaves_the_columns_to_the_live_runs(tmp_path, tb):
     one, so the HParams columns stay the live run's (its model's hyper-parameters beside satmon's)."""
     live = SummaryWriterSink(tmp_path / "live")
     live.scalars({TAG.saturation: 0.5}, 6)
-    live.hparams({"lr": 0.01, "arch": "gpt", **{TAG.hp_decision: "go", TAG.hp_trust: "unproven"}}, {TAG.verdict: 1.0}, 6)
+    live.hparams(
+        {"lr": 0.01, "arch": "gpt", **{TAG.hp_decision: "go", TAG.hp_trust: "unproven"}}, {TAG.verdict: 1.0}, 6
+    )
     live.close()
     replay = SummaryWriterSink(tmp_path / "replay of live", hparams_experiment=False)
     log_verdict(replay, _verdict(10, source="replay"))
     replay.close()
     view = tb.hparams_view(tmp_path)
     assert {"lr", "arch", TAG.hp_decision, TAG.hp_trust} <= set(view["hparams"]) and view["shown"][:2] == [
-        TAG.hp_decision, TAG.hp_trust]
+        TAG.hp_decision,
+        TAG.hp_trust,
+    ]
     sessions = {s["run"]: s for s in tb.hparams_sessions(tmp_path)}
-    assert sorted(sessions) == ["live", "replay of live"] and [r for r, s in sessions.items() if s["experiment"]] == ["live"]
+    assert sorted(sessions) == ["live", "replay of live"] and [r for r, s in sessions.items() if s["experiment"]] == [
+        "live"
+    ]
     assert sessions["replay of live"]["hparams"][TAG.hp_source] == ("string_value", "replay")
 
 
@@ -211,8 +253,12 @@ def test_multi_and_null_sinks():
 
 
 def test_replay_runs_are_numbered_and_written_by_the_sink(tmp_path, tb):
-    report = NS(layers={"ln_f": NS(kind="dyt", saturation=0.75, alpha=2.0, init_gap=None)}, saturation=0.75,
-                sigma_min=NS(valid=False), verdict=build_verdict({"ln_f": (3, 4)}, step=10, source="replay"))
+    report = NS(
+        layers={"ln_f": NS(kind="dyt", saturation=0.75, alpha=2.0, init_gap=None)},
+        saturation=0.75,
+        sigma_min=NS(valid=False),
+        verdict=build_verdict({"ln_f": (3, 4)}, step=10, source="replay"),
+    )
     first = TensorBoardReplay(tmp_path, name="replay")
     first(NS(global_step=10, report=report, checkpoint="a.ckpt", error=None))
     first(NS(global_step=20, report=None, checkpoint="b.ckpt", error="not a checkpoint"))

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_lit, token_loader, trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.tensorboard import SummaryWriter
 
+from helpers import tiny_lit, token_loader, trainer
 from satmon import SaturationMonitor
 from satmon.io.lightning import LightningSink
 from satmon.io.tags import TAG
@@ -76,15 +76,58 @@ def groups(tags: list[str], tab: str) -> list[tuple[str, list[str]]]:
     return list(out.items())
 
 
-PROBE_TAGS = ["epoch", "train/loss", "val/loss", "lr-AdamW", "satmon/saturation", "satmon/verdict", "satmon/margin",
-              "satmon_alpha/ln_f", "satmon-layer/ln_f", "satmon.layers/ln_f", "Satmon/cap", "_satmon/under",
-              "0satmon/digit", "dyt/x", "satmon saturation/sp", "hp_metric"]
+PROBE_TAGS = [
+    "epoch",
+    "train/loss",
+    "val/loss",
+    "lr-AdamW",
+    "satmon/saturation",
+    "satmon/verdict",
+    "satmon/margin",
+    "satmon_alpha/ln_f",
+    "satmon-layer/ln_f",
+    "satmon.layers/ln_f",
+    "Satmon/cap",
+    "_satmon/under",
+    "0satmon/digit",
+    "dyt/x",
+    "satmon saturation/sp",
+    "hp_metric",
+]
 #: The group order TensorBoard 2.21 showed for PROBE_TAGS (one scalar each), read off Chromium screenshots.
 OBSERVED = {
-    "scalars": ["0satmon", "_satmon", "Satmon", "dyt", "epoch", "hp_metric", "lr-AdamW", "satmon_alpha", "satmon",
-                "satmon saturation", "satmon-layer", "satmon.layers", "train", "val"],
-    "time series": ["0satmon", "Satmon", "_satmon", "dyt", "epoch", "hp_metric", "lr-AdamW", "satmon",
-                    "satmon saturation", "satmon-layer", "satmon.layers", "satmon_alpha", "train", "val"],
+    "scalars": [
+        "0satmon",
+        "_satmon",
+        "Satmon",
+        "dyt",
+        "epoch",
+        "hp_metric",
+        "lr-AdamW",
+        "satmon_alpha",
+        "satmon",
+        "satmon saturation",
+        "satmon-layer",
+        "satmon.layers",
+        "train",
+        "val",
+    ],
+    "time series": [
+        "0satmon",
+        "Satmon",
+        "_satmon",
+        "dyt",
+        "epoch",
+        "hp_metric",
+        "lr-AdamW",
+        "satmon",
+        "satmon saturation",
+        "satmon-layer",
+        "satmon.layers",
+        "satmon_alpha",
+        "train",
+        "val",
+    ],
 }
 
 
@@ -95,7 +138,8 @@ def test_the_ports_order_groups_as_tensorboard_showed_them(tab):
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    """A Lightning run with satmon, a TensorBoardLogger and the model's own ``self.log`` (so Lightning writes ``epoch``)."""
+    """A Lightning run with satmon, a TensorBoardLogger and the model's own ``self.log`` (so
+    Lightning writes ``epoch``)."""
     root = tmp_path_factory.mktemp("live")
     torch.manual_seed(0)
     monitor = SaturationMonitor(window=4, log_every_n_steps=2, verbose=False)
@@ -112,8 +156,11 @@ def test_the_first_scalars_group_holds_the_verdict(live, tab, tb):
     shown = groups(tags, tab)
     first, members = shown[0]
     assert first == TAG.summary
-    assert {TAG.saturation, TAG.verdict, TAG.margin, TAG.nonfinite} <= set(members) <= {
-        TAG.saturation, TAG.verdict, TAG.margin, TAG.nonfinite, TAG.stop, TAG.forecast}
+    assert (
+        {TAG.saturation, TAG.verdict, TAG.margin, TAG.nonfinite}
+        <= set(members)
+        <= {TAG.saturation, TAG.verdict, TAG.margin, TAG.nonfinite, TAG.stop, TAG.forecast}
+    )
     assert members[0] == TAG.verdict == "Satmon/decision"  # the first chart of the first group is the decision
     # each per-layer family in a group of its own, holding every layer and nothing else
     by_name = dict(shown)
@@ -168,7 +215,9 @@ def test_the_hparams_tab_opens_with_the_decision_beside_the_models_hyperparamete
 
 def test_lightnings_default_hp_metric_session_is_said(tmp_path, tb):
     """TensorBoard takes the columns from the run's own (Lightning's) session: satmon says so and what to pass."""
-    with pytest.warns(UserWarning, match=r"default_hp_metric=True.*TensorBoardLogger\(\.\.\., default_hp_metric=False\)"):
+    with pytest.warns(
+        UserWarning, match=r"default_hp_metric=True.*TensorBoardLogger\(\.\.\., default_hp_metric=False\)"
+    ):
         _hparams_run(tmp_path, default_hp_metric=True)
     view = tb.hparams_view(tmp_path)
     assert TAG.hp_decision not in view["hparams"] and view["metrics"] == ["hp_metric"]  # what the warning says
@@ -196,15 +245,19 @@ def test_a_0_2_run_reads_like_a_0_4_run(tmp_path):
     _write_v02(tmp_path / "old", verdict.card())
     new = SummaryWriterSink(tmp_path / "new")
     for step, pooled in ((2, 0.25), (4, 0.5)):
-        new.scalars({TAG.saturation: pooled, TAG.layer_saturation("ln_f"): pooled, TAG.alpha("ln_f"): 2.0,
-                     TAG.nonfinite: 0.0}, step)
+        new.scalars(
+            {TAG.saturation: pooled, TAG.layer_saturation("ln_f"): pooled, TAG.alpha("ln_f"): 2.0, TAG.nonfinite: 0.0},
+            step,
+        )
     log_verdict(new, verdict)
     new.scalars({TAG.collapse_loss_z: 1.5}, 6)
     new.scalars({TAG.deadir_alignment("h.0.ln"): 0.5}, 4)
     new.close()
     old, ours = read_run(tmp_path / "old"), read_run(tmp_path / "new")
     assert old.scalars[TAG.verdict] == [(4, 1.0)] and old.decision() == ours.decision() == "go"
-    assert old.scalars[TAG.layer_saturation("ln_f")] == ours.scalars[TAG.layer_saturation("ln_f")] == [(2, 0.25), (4, 0.5)]
+    assert (
+        old.scalars[TAG.layer_saturation("ln_f")] == ours.scalars[TAG.layer_saturation("ln_f")] == [(2, 0.25), (4, 0.5)]
+    )
     assert old.scalars[TAG.collapse_risk] == [(4, 0.0)] and old.scalars[TAG.collapse_loss_z] == [(6, 1.5)]
     assert old.layers() == ours.layers() == {"ln_f": {"saturation": 0.5, "alpha": 2.0}, "h.0.ln": {"alignment": 0.5}}
     assert old.last_text(TAG.verdict_text) == ours.last_text(TAG.verdict_text) == verdict.card()

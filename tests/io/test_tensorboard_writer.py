@@ -23,7 +23,13 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from satmon.io.lightning import LightningSink
 from satmon.io.tags import TAG
 from satmon.io.tensorboard import (
-    SummaryWriterSink, add_layout, log_scalars, log_verdict, probe_scalars, watch_scalars, window_scalars,
+    SummaryWriterSink,
+    add_layout,
+    log_scalars,
+    log_verdict,
+    probe_scalars,
+    watch_scalars,
+    window_scalars,
 )
 from satmon.results.stop import StopReason
 from satmon.results.verdict import GatingInfo, build_verdict
@@ -71,33 +77,49 @@ def test_every_tag_literal_is_in_the_tag_table():
 @pytest.mark.parametrize("kind", SINKS)
 def test_window_scalars_round_trip(kind, tmp_path, tb):
     run = _run(kind, tmp_path)
-    readings = {2: (0.25, {"blocks.0.ln_1": 0.0, "ln_f": 0.5}, {"blocks.0.ln_1": 1.5, "ln_f": 2.25}, 0),
-                4: (0.375, {"blocks.0.ln_1": 0.125, "ln_f": 0.625}, {"blocks.0.ln_1": 1.25, "ln_f": 2.5}, 3)}
+    readings = {
+        2: (0.25, {"blocks.0.ln_1": 0.0, "ln_f": 0.5}, {"blocks.0.ln_1": 1.5, "ln_f": 2.25}, 0),
+        4: (0.375, {"blocks.0.ln_1": 0.125, "ln_f": 0.625}, {"blocks.0.ln_1": 1.25, "ln_f": 2.5}, 3),
+    }
     for step, r in readings.items():
         log_scalars(run.sink, window_scalars(*r), step)
     run.finish()
     ea = tb.accumulate(run.log_dir)
     expected = {
-        "Satmon/saturation": [(2, 0.25), (4, 0.375)], "Satmon/nonfinite": [(2, 0.0), (4, 3.0)],
-        "satmon_saturation/blocks.0.ln_1": [(2, 0.0), (4, 0.125)], "satmon_saturation/ln_f": [(2, 0.5), (4, 0.625)],
-        "satmon_alpha/blocks.0.ln_1": [(2, 1.5), (4, 1.25)], "satmon_alpha/ln_f": [(2, 2.25), (4, 2.5)],
+        "Satmon/saturation": [(2, 0.25), (4, 0.375)],
+        "Satmon/nonfinite": [(2, 0.0), (4, 3.0)],
+        "satmon_saturation/blocks.0.ln_1": [(2, 0.0), (4, 0.125)],
+        "satmon_saturation/ln_f": [(2, 0.5), (4, 0.625)],
+        "satmon_alpha/blocks.0.ln_1": [(2, 1.5), (4, 1.25)],
+        "satmon_alpha/ln_f": [(2, 2.25), (4, 2.5)],
     }
     assert {t: tb.scalars(ea, t) for t in tb.scalar_tags(ea)} == expected  # values chosen exact in float32
 
 
 def test_watch_scalars_tags_and_values():
-    got = watch_scalars(2, 0.625, {"blocks.0.mlp": {"flat_fraction": 0.25, "mean_abs_hidden": 1.5}}, 7.5,
-                        {StopReason.COLLAPSE_RISK: True, StopReason.NONFINITE: True, StopReason.LOSS_SPIKE: False})
+    got = watch_scalars(
+        2,
+        0.625,
+        {"blocks.0.mlp": {"flat_fraction": 0.25, "mean_abs_hidden": 1.5}},
+        7.5,
+        {StopReason.COLLAPSE_RISK: True, StopReason.NONFINITE: True, StopReason.LOSS_SPIKE: False},
+    )
     assert got == {
-        "satmon_collapse/nonfinite": 2.0, "satmon_collapse/saturation": 0.625,
-        "satmon_collapse/flat_fraction/blocks.0.mlp": 0.25, "satmon_collapse/mean_abs_hidden/blocks.0.mlp": 1.5,
-        "satmon_collapse/loss_z": 7.5, "satmon_collapse/breach/collapse-risk": 1.0,
-        "satmon_collapse/breach/nonfinite": 1.0, "satmon_collapse/breach/loss-spike": 0.0,
+        "satmon_collapse/nonfinite": 2.0,
+        "satmon_collapse/saturation": 0.625,
+        "satmon_collapse/flat_fraction/blocks.0.mlp": 0.25,
+        "satmon_collapse/mean_abs_hidden/blocks.0.mlp": 1.5,
+        "satmon_collapse/loss_z": 7.5,
+        "satmon_collapse/breach/collapse-risk": 1.0,
+        "satmon_collapse/breach/nonfinite": 1.0,
+        "satmon_collapse/breach/loss-spike": 0.0,
     }
     assert all(type(v) is float for v in got.values())
     # no gated MLP and no loss reading yet: those tags are left out, not written as 0
     assert watch_scalars(0, None, None, None, {"nonfinite": False}) == {
-        "satmon_collapse/nonfinite": 0.0, "satmon_collapse/breach/nonfinite": 0.0}
+        "satmon_collapse/nonfinite": 0.0,
+        "satmon_collapse/breach/nonfinite": 0.0,
+    }
 
 
 def _report(saturation=0.5, min_ratio=0.25, valid=True):
@@ -115,14 +137,24 @@ def _report(saturation=0.5, min_ratio=0.25, valid=True):
 
 
 def test_probe_scalars_maps_each_reading_and_drops_missing_and_nonfinite():
+    # the NaN null_projection is left out: TensorBoard would draw a gap
     assert probe_scalars(_report()) == {
-        "Satmon/saturation": 0.5, "satmon_deadir/h.0.ln/alignment": 0.875, "satmon_deadir/h.0.ln/null_dim": 1.0,
-        "satmon_init_gap/h.0.ln": 0.125, "satmon_saturation/h.1.dyt": 0.5, "satmon_alpha/h.1.dyt": 2.0,
-        "satmon_sigma_min/ratio/h.1": 0.5, "satmon_sigma_min/ratio/h.2": 0.25, "satmon_sigma_min/min_ratio": 0.25,
-    }  # the NaN null_projection is left out: TensorBoard would draw a gap
+        "Satmon/saturation": 0.5,
+        "satmon_deadir/h.0.ln/alignment": 0.875,
+        "satmon_deadir/h.0.ln/null_dim": 1.0,
+        "satmon_init_gap/h.0.ln": 0.125,
+        "satmon_saturation/h.1.dyt": 0.5,
+        "satmon_alpha/h.1.dyt": 2.0,
+        "satmon_sigma_min/ratio/h.1": 0.5,
+        "satmon_sigma_min/ratio/h.2": 0.25,
+        "satmon_sigma_min/min_ratio": 0.25,
+    }
     no_dyt = probe_scalars(_report(valid=False), saturation=False)  # the live window writes saturation itself
-    assert no_dyt == {"satmon_deadir/h.0.ln/alignment": 0.875, "satmon_deadir/h.0.ln/null_dim": 1.0,
-                      "satmon_init_gap/h.0.ln": 0.125}
+    assert no_dyt == {
+        "satmon_deadir/h.0.ln/alignment": 0.875,
+        "satmon_deadir/h.0.ln/null_dim": 1.0,
+        "satmon_init_gap/h.0.ln": 0.125,
+    }
 
 
 VERDICTS = {  # decision -> (counts, the satmon/verdict scalar): 3 of 4 saturated >= 0.43; 1 of 4 < 0.43; a NaN input
@@ -143,12 +175,21 @@ def test_log_verdict_scalars_card_and_hparams(decision, kind, tmp_path, tb):
     run.finish()
     pooled = sum(c[0] for c in counts.values()) / 4
     ea = tb.accumulate(run.log_dir)
-    assert set(tb.scalar_tags(ea)) == {"Satmon/decision", "Satmon/margin", "Satmon/saturation"}  # not gated: no risk tag
+    # not gated: no risk tag
+    assert set(tb.scalar_tags(ea)) == {
+        "Satmon/decision",
+        "Satmon/margin",
+        "Satmon/saturation",
+    }
     assert tb.scalars(ea, "Satmon/decision") == [(9, value)]
     described = ea.SummaryMetadata("Satmon/decision").summary_description  # the chart's description: decision and trust
-    assert described.startswith({"go": "GO by the study's rule at step 9, trust: unproven (a measurement, not a forecast;",
-                                 "no-go": "NO-GO by the study's rule at step 9, trust: unproven (a measurement, not a forecast;",
-                                 "non-finite": "NON-FINITE at step 9: the run diverged."}[decision])
+    assert described.startswith(
+        {
+            "go": "GO by the study's rule at step 9, trust: unproven (a measurement, not a forecast;",
+            "no-go": "NO-GO by the study's rule at step 9, trust: unproven (a measurement, not a forecast;",
+            "non-finite": "NON-FINITE at step 9: the run diverged.",
+        }[decision]
+    )
     assert tb.scalars(ea, "Satmon/margin") == [(9, _f32(pooled - 0.43))]
     assert tb.scalars(ea, "Satmon/saturation") == [(9, _f32(pooled))]
     [(step, card)] = tb.text(ea, "satmon/verdict")
@@ -159,19 +200,26 @@ def test_log_verdict_scalars_card_and_hparams(decision, kind, tmp_path, tb):
     [session] = tb.hparams_sessions(tmp_path)
     assert session["run"] == "tb/version_0"  # in the run itself: one run per run
     assert session["hparams"] == {
-        "satmon/decision": ("string_value", decision), "satmon/trust": ("string_value", verdict.trust),
-        "satmon/source": ("string_value", "window"), "satmon/window": ("number_value", 9.0), "satmon/threshold": ("number_value", 0.43),
-        "satmon/level": ("number_value", 2.0), "satmon/partial": ("number_value", 0.0),
+        "satmon/decision": ("string_value", decision),
+        "satmon/trust": ("string_value", verdict.trust),
+        "satmon/source": ("string_value", "window"),
+        "satmon/window": ("number_value", 9.0),
+        "satmon/threshold": ("number_value", 0.43),
+        "satmon/level": ("number_value", 2.0),
+        "satmon/partial": ("number_value", 0.0),
     }
-    assert session["domains"] == {"satmon/decision": ["go", "no-go", "non-finite"],
-                                  "satmon/source": ["window", "probe", "replay"],
-                                  "satmon/trust": ["ok", "uncalibrated", "flagged", "partial", "inconclusive", "unproven"]}
+    assert session["domains"] == {
+        "satmon/decision": ["go", "no-go", "non-finite"],
+        "satmon/source": ["window", "probe", "replay"],
+        "satmon/trust": ["ok", "uncalibrated", "flagged", "partial", "inconclusive", "unproven"],
+    }
     assert sorted(session["metrics"]) == ["Satmon/decision", "Satmon/margin", "Satmon/saturation"]
 
 
 @pytest.mark.parametrize("kind", SINKS)
 def test_log_verdict_partial_gated_probe(kind, tmp_path, tb):
-    """A gated model saturating past 0.5 is a collapse risk (scalar 1); a probe's source and a cut window reach the hparams."""
+    """A gated model saturating past 0.5 is a collapse risk (scalar 1); a probe's source and a
+    cut window reach the hparams."""
     gating = GatingInfo(True, ("ln_f",), "ln_f feeds a SwiGLU MLP")
     probe = build_verdict({"ln_f": (3, 4)}, step=5, source="probe", gating=gating)
     cut = build_verdict({"ln_f": (1, 4)}, step=12, window=3, planned_window=9, gating=gating)

@@ -47,7 +47,8 @@ class GammaBetaLN(nn.Module):
 
 
 class Squash(nn.Module):
-    """A parameterless RMS normalisation with no norm-like name or attribute: found only when ``include=`` selects it."""
+    """A parameterless RMS normalisation with no norm-like name or attribute: found only
+    when ``include=`` selects it."""
 
     def forward(self, x: Tensor) -> Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
@@ -177,7 +178,8 @@ class ChunkedGLU(nn.Module):
 
 
 class PostNormBlock(nn.Module):
-    """``h = x + norm_a(attn(x)); out = h + norm_f(mlp(h))``: no norm feeds the gated MLP directly (truth: not gated)."""
+    """``h = x + norm_a(attn(x)); out = h + norm_f(mlp(h))``: no norm feeds the gated MLP
+    directly (truth: not gated)."""
 
     def __init__(self, norm: type[nn.Module]) -> None:
         super().__init__()

@@ -94,15 +94,19 @@ class SwiGLU(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.w1, self.w2, self.w3 = nn.Linear(D, H, bias=False), nn.Linear(H, D, bias=False), nn.Linear(D, H, bias=False)
+        self.w1, self.w2, self.w3 = (
+            nn.Linear(D, H, bias=False),
+            nn.Linear(H, D, bias=False),
+            nn.Linear(D, H, bias=False),
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class RawGLU(nn.Module):
-    """x-transformers' ``ff_glu`` on raw ``(in, out)`` parameters: ``x, gate = (x @ W).chunk(2); (x * gelu(gate)) @ W_out``.
-    Truth: gated, the second half gates."""
+    """x-transformers' ``ff_glu`` on raw ``(in, out)`` parameters: ``x, gate = (x @ W).chunk(2);
+    (x * gelu(gate)) @ W_out``. Truth: gated, the second half gates."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -224,7 +228,8 @@ class LM(nn.Module):
 
 # ----------------------------------------------------------------------------- norms of other shapes and signatures
 class PerHeadLayerNorm(nn.Module):
-    """Cohere's QK-norm: statistics over ``head_dim``, a gain of shape ``(heads, head_dim)``. Truth: layernorm, per head."""
+    """Cohere's QK-norm: statistics over ``head_dim``, a gain of shape ``(heads, head_dim)``.
+    Truth: layernorm, per head."""
 
     def __init__(self, shape: tuple[int, int] = (HEADS, HD), eps: float = 1e-5) -> None:
         super().__init__()
@@ -239,8 +244,8 @@ class PerHeadLayerNorm(nn.Module):
 
 
 class ChameleonLayerNorm(nn.LayerNorm):
-    """Chameleon's QK-norm: an ``nn.LayerNorm`` subclass whose gain and bias are ``(heads, head_dim)`` and whose statistics
-    are over ``head_dim`` only. Truth: layernorm, per head, with a bias."""
+    """Chameleon's QK-norm: an ``nn.LayerNorm`` subclass whose gain and bias are ``(heads, head_dim)`` and whose
+    statistics are over ``head_dim`` only. Truth: layernorm, per head, with a bias."""
 
     def __init__(self, shape: tuple[int, int] = (HEADS, HD)) -> None:
         super().__init__(shape)
@@ -262,7 +267,8 @@ class PerHeadRMSNorm(nn.Module):
 
 
 class JointNorm(nn.Module):
-    """A LayerNorm over both trailing dimensions with a ``(heads, head_dim)`` gain. Truth: layernorm over 2 dimensions."""
+    """A LayerNorm over both trailing dimensions with a ``(heads, head_dim)`` gain. Truth:
+    layernorm over 2 dimensions."""
 
     def __init__(self, shape: tuple[int, int] = (HEADS, HD)) -> None:
         super().__init__()

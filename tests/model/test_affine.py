@@ -20,7 +20,9 @@ def _randomised(norm: nn.Module, seed: int = 0) -> nn.Module:
     return norm
 
 
-def _reference_output(kind: str, gain: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor, eps: float) -> torch.Tensor:
+def _reference_output(
+    kind: str, gain: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor, eps: float
+) -> torch.Tensor:
     """The textbook formula in float64, written independently of satmon."""
     x = x.double()
     if kind == "layernorm":
@@ -35,13 +37,33 @@ def _reference_output(kind: str, gain: torch.Tensor, bias: torch.Tensor | None, 
     [
         (lambda: nn.LayerNorm(D), "layernorm", lambda m: m.weight, lambda m: m.bias, "gain = weight, bias"),
         (lambda: nn.LayerNorm(D, bias=False), "layernorm", lambda m: m.weight, lambda m: None, "gain = weight"),
-        (lambda: nn.LayerNorm(D, elementwise_affine=False), "layernorm", lambda m: torch.ones(D), lambda m: None, "gain = 1 (no weight)"),
+        (
+            lambda: nn.LayerNorm(D, elementwise_affine=False),
+            "layernorm",
+            lambda m: torch.ones(D),
+            lambda m: None,
+            "gain = 1 (no weight)",
+        ),
         (lambda: nn.RMSNorm(D), "rmsnorm", lambda m: m.weight, lambda m: None, "gain = weight"),
-        (lambda: nn.RMSNorm(D, elementwise_affine=False), "rmsnorm", lambda m: torch.ones(D), lambda m: None, "gain = 1 (no weight)"),
+        (
+            lambda: nn.RMSNorm(D, elementwise_affine=False),
+            "rmsnorm",
+            lambda m: torch.ones(D),
+            lambda m: None,
+            "gain = 1 (no weight)",
+        ),
         (lambda: LlamaRMSNorm(D), "rmsnorm", lambda m: m.weight, lambda m: None, "gain = weight"),
         (lambda: GemmaStyleRMSNorm(D), "rmsnorm", lambda m: 1 + m.weight, lambda m: None, "gain = 1 + weight"),
     ],
-    ids=["layernorm", "layernorm-no-bias", "layernorm-no-affine", "torch-rmsnorm", "torch-rmsnorm-no-affine", "hf-llama", "gemma"],
+    ids=[
+        "layernorm",
+        "layernorm-no-bias",
+        "layernorm-no-affine",
+        "torch-rmsnorm",
+        "torch-rmsnorm-no-affine",
+        "hf-llama",
+        "gemma",
+    ],
 )
 @pytest.mark.parametrize("trained", [False, True])
 def test_known_layers_give_their_exact_affine_map(make, kind, gain, bias, note, trained):
@@ -94,9 +116,13 @@ def test_an_attribute_that_does_not_reproduce_the_output_is_not_trusted():
 
 
 def test_undetermined_layers_are_refused_with_the_class_and_what_to_do():
-    with pytest.raises(ValueError, match=r"Expected SkewedLayerNorm to compute gain \* normalize\(x\) \+ bias.*exclude it"):
+    with pytest.raises(
+        ValueError, match=r"Expected SkewedLayerNorm to compute gain \* normalize\(x\) \+ bias.*exclude it"
+    ):
         effective_affine(SkewedLayerNorm(D))
-    with pytest.raises(ValueError, match=r"Expected Identity to have a vector parameter or `normalized_shape`.*Pass `dim=`"):
+    with pytest.raises(
+        ValueError, match=r"Expected Identity to have a vector parameter or `normalized_shape`.*Pass `dim=`"
+    ):
         effective_affine(nn.Identity())
     with pytest.raises(ValueError, match=r"Expected Identity to compute gain"):
         effective_affine(nn.Identity(), dim=D)  # runs, but does not normalise

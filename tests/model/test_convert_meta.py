@@ -15,9 +15,17 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from lookalikes import ConvNet, GammaBetaLN, MeanOverChannels, PermuteLayerNorm, PreNormBlock, RMSNormG, ScaleNorm, Stack
+from lookalikes import (
+    ConvNet,
+    GammaBetaLN,
+    MeanOverChannels,
+    PermuteLayerNorm,
+    PreNormBlock,
+    RMSNormG,
+    ScaleNorm,
+    Stack,
+)
 from modern import LM, GatedRMSNorm, PerHeadRMSNorm, PreNorm, SSMBlock, SwiGLU
-from third_party import GemmaStyleRMSNorm, LlamaRMSNorm, OddGatedBlock, SkewedLayerNorm, UserLM
 from torch import nn
 
 from satmon import DyT, convert_to_dyt, find_norm_layers
@@ -25,6 +33,7 @@ from satmon.demos.gpt import GPT, GPTConfig
 from satmon.demos.llama import LlamaConfig as DemoLlamaConfig
 from satmon.demos.llama import LlamaLM
 from satmon.model.affine import effective_affine
+from third_party import GemmaStyleRMSNorm, LlamaRMSNorm, OddGatedBlock, SkewedLayerNorm, UserLM
 
 transformers = pytest.importorskip("transformers")
 
@@ -76,8 +85,11 @@ def _converted(name: str, device: str, copy_affine: bool) -> tuple[list[tuple], 
     with warnings.catch_warnings(record=True) as caught, torch.device(device):
         warnings.simplefilter("always")
         convert_to_dyt(model, alpha_init=1.5, rmsnorm=True, copy_affine=copy_affine)
-    converted = {n: (m.normalized_shape, m.channels_last, m.bias is not None, m.weight.dtype)
-                 for n, m in model.named_modules() if isinstance(m, DyT) and id(m) not in before}
+    converted = {
+        n: (m.normalized_shape, m.channels_last, m.bias is not None, m.weight.dtype)
+        for n, m in model.named_modules()
+        if isinstance(m, DyT) and id(m) not in before
+    }
     state = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
     assert {v.device.type for v in model.state_dict().values()} <= {device}
     return read, converted, state, sorted(str(w.message) for w in caught)
@@ -95,8 +107,24 @@ def test_conversion_on_meta_equals_conversion_on_cpu(name):
         assert converted, name  # a family with norms DyT can stand in for converts some
 
 
-COPY_AFFINE = [n for n in BUILDS if n.startswith(("hf-llama", "hf-gemma", "hf-gpt2", "hf-qwen3", "hf-olmo2", "demo-",
-                                                   "gemma-style", "skewed", "channels-first", "gains-named"))]
+COPY_AFFINE = [
+    n
+    for n in BUILDS
+    if n.startswith(
+        (
+            "hf-llama",
+            "hf-gemma",
+            "hf-gpt2",
+            "hf-qwen3",
+            "hf-olmo2",
+            "demo-",
+            "gemma-style",
+            "skewed",
+            "channels-first",
+            "gains-named",
+        )
+    )
+]
 
 
 @pytest.mark.parametrize("name", COPY_AFFINE)
@@ -106,8 +134,14 @@ def test_conversion_with_copy_affine_on_meta_equals_conversion_on_cpu(name):
 
 
 def test_hf_llama_from_the_issue_converts_five_norms_on_meta():
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=2)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
     with torch.device("meta"):
         model = convert_to_dyt(transformers.LlamaForCausalLM(config), rmsnorm=True)
     dyts = [n for n, m in model.named_modules() if isinstance(m, DyT)]

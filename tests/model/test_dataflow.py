@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from test_gating import D, GPT2Block, H, HFModel, T5Block, X, names_of
 from torch import nn
 
 from satmon import DyT
@@ -13,7 +14,6 @@ from satmon.batches import feed_first
 from satmon.convert import convert_to_dyt
 from satmon.model.gating import detect_gating, gate_linear_modules
 from satmon.results.verdict import GatingInfo, LayerCounts, build_verdict
-from test_gating import D, H, X, GPT2Block, HFModel, T5Block, names_of
 from third_party import BilinearBlock, OddGatedBlock, UserLM
 
 IDX = torch.arange(16).reshape(2, 8) % 64
@@ -34,28 +34,43 @@ def test_unusual_names_are_found_from_the_data_flow():
     # without a batch to trace, the names say nothing: the answer is "unknown", never "no"
     blind = detect_gating(_dyt_user_lm(OddGatedBlock))
     assert blind.gated is None and blind.pairings == {}
-    assert "names suggest: stack.0.post: stack.0 may be a gated MLP (its forward multiplies two projections" in blind.message
-    assert "its input is the output of stack.0.post" in blind.message and "gating_mapping={'stack.0.post'" in blind.message
+    assert (
+        "names suggest: stack.0.post: stack.0 may be a gated MLP (its forward multiplies two projections"
+        in blind.message
+    )
+    assert (
+        "its input is the output of stack.0.post" in blind.message and "gating_mapping={'stack.0.post'" in blind.message
+    )
     # and the study's rule then flags the model (before: GO at 0.85 saturation)
     counts = {"stack.0.post": LayerCounts(85, 100)}
     for r, decision, risk in ((report, "no-go", True), (blind, "go", None)):
         v = build_verdict(counts, step=1, gating=GatingInfo(r.gated, tuple(r.pairings), r.message))
         assert (v.decision, v.collapse_risk) == (decision, risk)
-    assert "Gated MLP after DyT: unknown (gated MLP after DyT: unknown (no forward was traced" in build_verdict(
-        counts, step=1, gating=GatingInfo(blind.gated, (), blind.message)).card()
+    assert (
+        "Gated MLP after DyT: unknown (gated MLP after DyT: unknown (no forward was traced"
+        in build_verdict(counts, step=1, gating=GatingInfo(blind.gated, (), blind.message)).card()
+    )
 
 
 def test_a_product_satmon_cannot_classify_is_unknown_and_mapping_resolves_it():
     model = _dyt_user_lm(BilinearBlock)  # proj_g(h) * proj_u(h), no activation
     report = detect_gating(model, example_input=IDX)
-    assert report.gated is None and report.pairings == {} and set(report.unclassified) == {"stack.0.post", "stack.1.post"}
+    assert (
+        report.gated is None and report.pairings == {} and set(report.unclassified) == {"stack.0.post", "stack.1.post"}
+    )
     assert report.message == (
         "gated MLP after DyT: unknown: stack.0.post: its output reaches an element-wise product in stack.0 that is not "
         "act(gate) * up (neither factor passed through an activation) (and 1 more layer(s)); pass "
-        "gating_mapping={'stack.0.post': '<gated MLP module>'} if it feeds a gated MLP, or {'stack.0.post': None} if not")
+        "gating_mapping={'stack.0.post': '<gated MLP module>'} if it feeds a gated MLP, or "
+        "{'stack.0.post': None} if not"
+    )
     assert detect_gating(model, mapping={"stack.0.post": None, "stack.1.post": None}, example_input=IDX).gated is False
     mapped = detect_gating(model, mapping={"stack.0.post": "stack.0", "stack.1.post": None}, example_input=IDX)
-    assert mapped.gated is True and mapped.pairings["stack.0.post"].source == "mapping" and "stack.1.post" not in mapped.unclassified
+    assert (
+        mapped.gated is True
+        and mapped.pairings["stack.0.post"].source == "mapping"
+        and "stack.1.post" not in mapped.unclassified
+    )
 
 
 class _Fused(nn.Module):
@@ -73,13 +88,22 @@ class _Fused(nn.Module):
         return self.fc_out(F.gelu(g) * u)
 
 
-@pytest.mark.parametrize(("kw", "gate_first", "activation"), [
-    ({}, True, "gelu"), ({"gate_first": False}, False, "gelu"), ({"glu": True}, False, "sigmoid")])
+@pytest.mark.parametrize(
+    ("kw", "gate_first", "activation"),
+    [({}, True, "gelu"), ({"gate_first": False}, False, "gelu"), ({"glu": True}, False, "sigmoid")],
+)
 def test_fused_gate_up_in_either_order_and_glu(kw, gate_first, activation):
     model = _Fused(**kw)
     report = detect_gating(model, ["norm"], example_input=X)
     p = report.pairings["norm"]
-    assert (p.gate, p.up, p.down, p.fused, p.gate_first, p.activation) == ("fc_in", None, "fc_out", True, gate_first, activation)
+    assert (p.gate, p.up, p.down, p.fused, p.gate_first, p.activation) == (
+        "fc_in",
+        None,
+        "fc_out",
+        True,
+        gate_first,
+        activation,
+    )
     assert gate_linear_modules(model, report)["norm"].gate_first is gate_first
 
 
@@ -109,7 +133,8 @@ def test_feed_first_batches_and_a_failing_trace_never_crash():
     model = _dyt_user_lm(OddGatedBlock)
     report = detect_gating(model, example_input=(IDX, IDX), forward_fn=feed_first)
     assert report.gated is True and report.pairings["stack.0.post"].source == "trace"
-    broken = detect_gating(_dyt_user_lm(OddGatedBlock), example_input=(IDX, IDX))  # model(x, y): TypeError inside the trace
+    # model(x, y): TypeError inside the trace
+    broken = detect_gating(_dyt_user_lm(OddGatedBlock), example_input=(IDX, IDX))
     assert broken.gated is None and "the traced forward failed (TypeError" in broken.message
     named = HFModel(n=1)
     fallback = detect_gating(named, names_of(named), example_input="not a tensor")  # names only hint, never answer

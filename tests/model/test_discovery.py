@@ -153,11 +153,15 @@ def test_channels_first_dyt_with_every_parameter_shaped_c11_is_found():
 
 def test_the_finders_0_3_path_in_discovery_warns_and_gives_the_maps_finders():
     from satmon._compat import SatmonDeprecationWarning
-    from satmon.model import discovery, map as model_map_module
+    from satmon.model import discovery
+    from satmon.model import map as model_map_module
 
     for name in ("find_norm_layers", "find_dyt_layers", "find_blocks"):
-        with pytest.warns(SatmonDeprecationWarning, match=rf"discovery\.{name} is deprecated since satmon 0\.4: use "
-                                                          rf"satmon\.model\.map\.{name} .*until satmon 0\.6"):
+        with pytest.warns(
+            SatmonDeprecationWarning,
+            match=rf"discovery\.{name} is deprecated since satmon 0\.4: use "
+            rf"satmon\.model\.map\.{name} .*until satmon 0\.6",
+        ):
             assert getattr(discovery, name) is getattr(model_map_module, name)
     with pytest.raises(AttributeError, match="has no attribute 'find_everything'"):
         discovery.find_everything  # noqa: B018

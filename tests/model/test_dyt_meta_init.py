@@ -47,8 +47,14 @@ def test_meta_then_to_empty_then_reset_parameters_gives_the_init():
 
 def _hf_llama_on_meta(alpha: float = 0.7):
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=2)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
     with torch.device("meta"):
         model = convert_to_dyt(transformers.LlamaForCausalLM(config), rmsnorm=True, alpha_init=alpha)
     model.to_empty(device="cpu")
@@ -84,7 +90,9 @@ def test_an_uninitialised_dyt_is_named_when_the_screen_attaches():
     model = nn.Sequential(nn.Linear(4, 4), DyT(4), nn.Linear(4, 4), DyT(4))
     with torch.no_grad():
         model[3].alpha.fill_(1.2e8)
-    with pytest.warns(UserWarning, match=r"satmon: DyT layer 3: alpha = 1\.2e\+08.*look uninitialised.*reset_parameters"):
+    with pytest.warns(
+        UserWarning, match=r"satmon: DyT layer 3: alpha = 1\.2e\+08.*look uninitialised.*reset_parameters"
+    ):
         satmon.Screen(window=2, verbose=False).attach(model)
 
 

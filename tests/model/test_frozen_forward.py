@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch import nn
 
-
 from satmon.model.frozen_forward import frozen_forward
 
 

@@ -1,4 +1,5 @@
-"""Gated-MLP detection (satmon.model.gating): the traced data flow, mappings, unknowns, and what names hint without a forward."""
+"""Gated-MLP detection (satmon.model.gating): the traced data flow, mappings, unknowns, and what
+names hint without a forward."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from satmon import DyT
-from satmon.model.gating import detect_gating, gate_linear_modules
-from satmon.functional.gate import gate_stats
 from satmon.demos.llama import LlamaLM
+from satmon.functional.gate import gate_stats
+from satmon.model.gating import detect_gating, gate_linear_modules
 
 D, H = 16, 24
 
@@ -51,7 +52,11 @@ class HFModel(nn.Module):
 class MetaFeedForward(nn.Module):  # Meta LLaMA / torchtitan: activation only in forward's source
     def __init__(self):
         super().__init__()
-        self.w1, self.w2, self.w3 = nn.Linear(D, H, bias=False), nn.Linear(H, D, bias=False), nn.Linear(D, H, bias=False)
+        self.w1, self.w2, self.w3 = (
+            nn.Linear(D, H, bias=False),
+            nn.Linear(H, D, bias=False),
+            nn.Linear(D, H, bias=False),
+        )
 
     def forward(self, x):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -71,7 +76,11 @@ class MetaBlock(nn.Module):
 class T5GatedFF(nn.Module):  # T5 v1.1 GeGLU
     def __init__(self):
         super().__init__()
-        self.wi_0, self.wi_1, self.wo = nn.Linear(D, H, bias=False), nn.Linear(D, H, bias=False), nn.Linear(H, D, bias=False)
+        self.wi_0, self.wi_1, self.wo = (
+            nn.Linear(D, H, bias=False),
+            nn.Linear(D, H, bias=False),
+            nn.Linear(H, D, bias=False),
+        )
         self.act = nn.GELU(approximate="tanh")
 
     def forward(self, x):
@@ -173,7 +182,11 @@ def _hint(report, norm):
 def test_hf_gate_up_down_with_post_attention_layernorm():
     model = HFModel()
     blind = detect_gating(model, names_of(model))  # no forward yet: unknown, the names only hint
-    assert blind.gated is None and blind.pairings == {} and blind.message.startswith("gated MLP after DyT: unknown (no forward")
+    assert (
+        blind.gated is None
+        and blind.pairings == {}
+        and blind.message.startswith("gated MLP after DyT: unknown (no forward")
+    )
     assert "names suggest yes (layers.0.post_attention_layernorm, layers.1.post_attention_layernorm)" in blind.message
     assert _hint(blind, "layers.1.post_attention_layernorm") == "names suggest it feeds the gated MLP layers.1.mlp"
     assert _hint(blind, "layers.1.input_layernorm") == "names suggest no gated MLP reads it"
@@ -181,7 +194,12 @@ def test_hf_gate_up_down_with_post_attention_layernorm():
     assert report.gated and report.unpaired_gated_mlps == ()
     assert set(report.pairings) == {"layers.0.post_attention_layernorm", "layers.1.post_attention_layernorm"}
     p = report.pairings["layers.1.post_attention_layernorm"]
-    assert (p.mlp, p.gate, p.up, p.down) == ("layers.1.mlp", "layers.1.mlp.gate_proj", "layers.1.mlp.up_proj", "layers.1.mlp.down_proj")
+    assert (p.mlp, p.gate, p.up, p.down) == (
+        "layers.1.mlp",
+        "layers.1.mlp.gate_proj",
+        "layers.1.mlp.up_proj",
+        "layers.1.mlp.down_proj",
+    )
     assert (p.fused, p.activation, p.source) == (False, "silu", "trace")
     assert report.message.startswith("gated MLP after DyT: yes (layers.0.post_attention_layernorm -> layers.0.mlp")
     assert report.to_dict()["pairings"]["layers.0.post_attention_layernorm"]["gate"] == "layers.0.mlp.gate_proj"
@@ -190,7 +208,9 @@ def test_hf_gate_up_down_with_post_attention_layernorm():
 
 def test_meta_w1_w2_w3_with_ffn_norm():
     model = MetaBlock()
-    assert _hint(detect_gating(model, names_of(model)), "ffn_norm") == "names suggest it feeds the gated MLP feed_forward"
+    assert (
+        _hint(detect_gating(model, names_of(model)), "ffn_norm") == "names suggest it feeds the gated MLP feed_forward"
+    )
     p = detect_gating(model, names_of(model), example_input=X).pairings["ffn_norm"]
     assert (p.gate, p.up, p.down, p.activation) == ("feed_forward.w1", "feed_forward.w3", "feed_forward.w2", "silu")
 
@@ -199,13 +219,20 @@ def test_t5_geglu_wi0_wi1_wo_single_norm_in_ff_layer():
     model = T5Block()
     report = detect_gating(model, names_of(model), example_input=X)
     p = report.pairings["layer.1.layer_norm"]
-    assert (p.mlp, p.gate, p.up, p.down) == ("layer.1.DenseReluDense", "layer.1.DenseReluDense.wi_0", "layer.1.DenseReluDense.wi_1", "layer.1.DenseReluDense.wo")
+    assert (p.mlp, p.gate, p.up, p.down) == (
+        "layer.1.DenseReluDense",
+        "layer.1.DenseReluDense.wi_0",
+        "layer.1.DenseReluDense.wi_1",
+        "layer.1.DenseReluDense.wo",
+    )
     assert p.activation == "gelu_tanh" and "layer.0.0" not in report.pairings
 
 
 def test_fused_gate_up_proj():
     model = nn.ModuleDict({"layer": Phi3Layer()})
-    p = detect_gating(model, names_of(model), example_input=X, forward_fn=lambda m, x: m["layer"](x)).pairings["layer.post_attention_layernorm"]
+    p = detect_gating(model, names_of(model), example_input=X, forward_fn=lambda m, x: m["layer"](x)).pairings[
+        "layer.post_attention_layernorm"
+    ]
     assert (p.gate, p.up, p.down, p.fused) == ("layer.mlp.gate_up_proj", None, "layer.mlp.down_proj", True)
 
 
@@ -247,7 +274,9 @@ def test_a_flag_that_reorders_the_norms_is_read_from_the_forward_never_from_the_
     blind = detect_gating(model, names_of(model))
     assert blind.gated is None and "suggest it feeds" not in _hint(blind, "post_attention_layernorm")
     report = detect_gating(model, names_of(model), example_input=X)
-    assert report.gated is (not post_norm) and list(report.pairings) == ([] if post_norm else ["post_attention_layernorm"])
+    assert report.gated is (not post_norm) and list(report.pairings) == (
+        [] if post_norm else ["post_attention_layernorm"]
+    )
     if post_norm:  # the norm's output reaches the MLP only through the residual addition
         assert report.unpaired_gated_mlps == ("mlp",) and "gated MLPs fed otherwise: mlp" in report.message
 
@@ -255,9 +284,13 @@ def test_a_flag_that_reorders_the_norms_is_read_from_the_forward_never_from_the_
 def test_wrapped_model_uses_discovery_names():
     wrapper = nn.Module()
     wrapper._orig_mod = HFModel(n=1)  # what torch.compile registers
-    report = detect_gating(wrapper, example_input=X, forward_fn=lambda m, x: m._orig_mod(x))  # discovery's DyT layers, stripped
+    # discovery's DyT layers, stripped
+    report = detect_gating(wrapper, example_input=X, forward_fn=lambda m, x: m._orig_mod(x))
     assert list(report.pairings) == ["layers.0.post_attention_layernorm"]
-    assert gate_linear_modules(wrapper, report)["layers.0.post_attention_layernorm"].gate is wrapper._orig_mod.layers[0].mlp.gate_proj
+    assert (
+        gate_linear_modules(wrapper, report)["layers.0.post_attention_layernorm"].gate
+        is wrapper._orig_mod.layers[0].mlp.gate_proj
+    )
 
 
 def test_the_forward_source_hints_what_norm_names_cannot():
@@ -267,8 +300,14 @@ def test_the_forward_source_hints_what_norm_names_cannot():
 
 
 _NO_SOURCE = {}
-exec(compile(  # a block whose forward has no source satmon can read (defined from a string)
-    "def forward(self, x):\n    x = x + self.mix(self.n_b(x))\n    return x + self.ff(self.n_a(x))\n", "<generated>", "exec"), _NO_SOURCE)
+exec(
+    compile(  # a block whose forward has no source satmon can read (defined from a string)
+        "def forward(self, x):\n    x = x + self.mix(self.n_b(x))\n    return x + self.ff(self.n_a(x))\n",
+        "<generated>",
+        "exec",
+    ),
+    _NO_SOURCE,
+)
 
 
 class SourcelessBlock(OpaqueBlock):
@@ -279,8 +318,10 @@ def test_unpairable_gated_mlp_is_unknown_not_guessed():
     model = SourcelessBlock(HFMLP())
     report = detect_gating(model, names_of(model))
     assert report.gated is None and report.pairings == {}
-    assert _hint(report, "n_a") == ("names suggest: ff is a gated MLP that receives an input satmon cannot follow (no forward "
-                                    "source, no telling norm names); watched layers near it: n_a, n_b (names and source only: no traced forward)")
+    assert _hint(report, "n_a") == (
+        "names suggest: ff is a gated MLP that receives an input satmon cannot follow (no forward "
+        "source, no telling norm names); watched layers near it: n_a, n_b (names and source only: no traced forward)"
+    )
     assert "gating_mapping={'n_a': '<gated MLP module>'}" in report.message
     assert detect_gating(model, names_of(model), example_input=X).pairings["n_a"].source == "trace"
 
@@ -317,7 +358,10 @@ def test_mapping_overrides_names():
     ("mapping", "match"),
     [
         ({"nope": "ff"}, "Expected mapping keys to name norm modules, got 'nope'. Available norm-like modules: n_a"),
-        ({"n_a": "nope"}, r"Expected mapping values to name MLP modules, got 'nope'. Available gated MLPs: ff. \(None: the"),
+        (
+            {"n_a": "nope"},
+            r"Expected mapping values to name MLP modules, got 'nope'. Available gated MLPs: ff. \(None: the",
+        ),
         ({"n_a": "mix"}, r"Expected mapping value 'mix' to be a gated MLP.*Available gated MLPs: ff\."),
     ],
 )
@@ -328,7 +372,10 @@ def test_mapping_errors(mapping, match):
 
 
 def test_unknown_norm_name_errors():
-    with pytest.raises(ValueError, match="Expected `norm_names` to name modules of the model, got 'ln_3'. Available norm-like modules: ln_1, ln_2"):
+    with pytest.raises(
+        ValueError,
+        match="Expected `norm_names` to name modules of the model, got 'ln_3'. Available norm-like modules: ln_1, ln_2",
+    ):
         detect_gating(GPT2Block(), ["ln_3"])
 
 
@@ -337,14 +384,19 @@ def test_non_gated_gelu_mlp():
     plain = detect_gating(model, names_of(model))  # no forward: "no" is never said on names alone
     assert plain.gated is None and "names suggest no gated MLP)" in plain.message
     report = detect_gating(model, names_of(model), example_input=X)
-    assert report.gated is False and report.pairings == {} and report.message == "gated MLP after DyT: no (a traced forward shows no gated MLP)"
+    assert (
+        report.gated is False
+        and report.pairings == {}
+        and report.message == "gated MLP after DyT: no (a traced forward shows no gated MLP)"
+    )
 
 
 def test_moe_experts_pair_with_the_block_norm():
     model = MixtralLayer()  # no forward to run: the names hint only
     report = detect_gating(model, names_of(model))
     assert report.gated is None and _hint(report, "post_attention_layernorm") == (
-        "names suggest it feeds the gated MLP block_sparse_moe.experts.0")
+        "names suggest it feeds the gated MLP block_sparse_moe.experts.0"
+    )
 
 
 def test_mlp_fed_by_an_unmonitored_norm_is_not_paired():
@@ -362,7 +414,8 @@ def test_a_watched_layer_the_forward_did_not_run_is_unknown():
     model = Skips(n=1)
     report = detect_gating(model, names_of(model), example_input=X)
     assert report.gated is None and report.unclassified["layers.0.post_attention_layernorm"] == (
-        "it did not run in the traced forward, so its data flow was not seen")
+        "it did not run in the traced forward, so its data flow was not seen"
+    )
 
 
 @pytest.mark.parametrize("mlp", ["swiglu", "gelu"])
@@ -377,7 +430,12 @@ def test_llama_lm(mlp):
     assert set(report.pairings) == {"blocks.0.mlp_norm", "blocks.1.mlp_norm"}
     p = report.pairings["blocks.0.mlp_norm"]
     assert (p.gate, p.up, p.down, p.activation, p.source) == (
-        "blocks.0.mlp.gate_proj", "blocks.0.mlp.up_proj", "blocks.0.mlp.down_proj", "silu", "trace")
+        "blocks.0.mlp.gate_proj",
+        "blocks.0.mlp.up_proj",
+        "blocks.0.mlp.down_proj",
+        "silu",
+        "trace",
+    )
 
 
 def test_gate_linear_modules_feed_gate_stats():
@@ -386,13 +444,21 @@ def test_gate_linear_modules_feed_gate_stats():
     idx = torch.randint(0, 32, (2, 8))
     mods = gate_linear_modules(model, detect_gating(model, example_input=idx))
     captured = {}
-    handles = [m.gate.register_forward_hook(lambda _m, _i, o, n=n: captured.setdefault((n, "g"), o)) for n, m in mods.items()]
-    handles += [m.up.register_forward_hook(lambda _m, _i, o, n=n: captured.setdefault((n, "u"), o)) for n, m in mods.items()]
+    handles = [
+        m.gate.register_forward_hook(lambda _m, _i, o, n=n: captured.setdefault((n, "g"), o)) for n, m in mods.items()
+    ]
+    handles += [
+        m.up.register_forward_hook(lambda _m, _i, o, n=n: captured.setdefault((n, "u"), o)) for n, m in mods.items()
+    ]
     with torch.no_grad():
         model(idx)
     for h in handles:
         h.remove()
-    h_in = model.blocks[0].mlp_norm(model.tok_emb(idx) + model.blocks[0].attn(model.blocks[0].attn_norm(model.tok_emb(idx))))
+    h_in = model.blocks[0].mlp_norm(
+        model.tok_emb(idx) + model.blocks[0].attn(model.blocks[0].attn_norm(model.tok_emb(idx)))
+    )
     torch.testing.assert_close(captured[("blocks.0.mlp_norm", "g")], model.blocks[0].mlp.gate_proj(h_in))
-    stats = gate_stats(captured[("blocks.0.mlp_norm", "g")], captured[("blocks.0.mlp_norm", "u")], mods["blocks.0.mlp_norm"].activation)
+    stats = gate_stats(
+        captured[("blocks.0.mlp_norm", "g")], captured[("blocks.0.mlp_norm", "u")], mods["blocks.0.mlp_norm"].activation
+    )
     assert 0 <= stats["flat_fraction"] <= 1 and stats["mean_abs_hidden"] > 0

@@ -41,7 +41,13 @@ def test_the_map_is_built_once_and_reused(monkeypatch):
     model = _model()
     m = model_map(model)
     assert model_map(model) is m and builds.per_model == {id(model): 1}
-    assert [l.name for l in m.norms] == ["blocks.0.norm_1", "blocks.0.norm_2", "blocks.1.norm_1", "blocks.1.norm_2", "norm"]
+    assert [l.name for l in m.norms] == [
+        "blocks.0.norm_1",
+        "blocks.0.norm_2",
+        "blocks.1.norm_1",
+        "blocks.1.norm_2",
+        "norm",
+    ]
     assert [b for b, _ in m.blocks] == ["blocks.0", "blocks.1"]
     assert [l.block for l in m.norms] == ["blocks.0", "blocks.0", "blocks.1", "blocks.1", None]
     probe(model, torch.randn(2, 8, D))  # targets, blocks, widths and gating all read the same map
@@ -61,7 +67,10 @@ def test_a_registration_flags_the_map_at_once_and_the_next_lookup_rebuilds_it():
     change = new.compare(m)
     assert change.added == ("blocks.1.norm_2", "blocks.2.norm_1", "blocks.2.norm_2") and change.removed == ()
     assert [(l.name, l.function) for l in new.layers(("dyt",))] == [
-        ("blocks.1.norm_2", "tanh"), ("blocks.2.norm_1", "erf"), ("blocks.2.norm_2", "erf")]
+        ("blocks.1.norm_2", "tanh"),
+        ("blocks.2.norm_1", "erf"),
+        ("blocks.2.norm_2", "erf"),
+    ]
     assert old not in [l.module for l in new.norms]
 
 
@@ -72,7 +81,11 @@ def test_a_deletion_the_hook_cannot_see_is_caught_at_the_next_lookup():
     assert not m.changed()  # nothing a training step would pay for
     new = model_map(model)  # the lookup compares the module tree
     assert new is not m and new.compare(m).removed == ("blocks.2.norm_1", "blocks.2.norm_2")
-    assert new.compare(m).replaced == ("blocks.1.norm_1", "blocks.1.norm_2")  # renumbered: other modules under those names
+    # renumbered: other modules under those names
+    assert new.compare(m).replaced == (
+        "blocks.1.norm_1",
+        "blocks.1.norm_2",
+    )
 
 
 class _BufferedDerf(Derf):
@@ -108,7 +121,9 @@ def test_replay_builds_one_map_per_model(monkeypatch, tmp_path):
         f = tmp_path / f"w{step}.pt"
         torch.save({"model": _model().state_dict(), "iter_num": step}, f)
         paths.append(f)
-    records = list(checkpoint_records([inspect_checkpoint(p) for p in paths], ModelLoader(factory=_model), [torch.randn(2, 8, D)]))
+    records = list(
+        checkpoint_records([inspect_checkpoint(p) for p in paths], ModelLoader(factory=_model), [torch.randn(2, 8, D)])
+    )
     assert all(r.error is None and r.report is not None for r in records)
     # one model and one twin for both checkpoints (one architecture: replay loads each checkpoint's weights
     # into the same model), one map each: loading weights changes no structure

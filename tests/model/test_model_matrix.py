@@ -22,12 +22,11 @@ from dataclasses import dataclass
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import trainer
-from reference import InputRecorder
-from third_party import OddGatedBlock, SquashBlock, SquashNorm, UserLM
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from helpers import trainer
+from reference import InputRecorder
 from satmon import (
     SaturationMonitor,
     convert_to_dyt,
@@ -38,12 +37,22 @@ from satmon import (
 from satmon.model.affine import effective_affine
 from satmon.model.gating import detect_gating
 from satmon.model.map import model_map
+from third_party import OddGatedBlock, SquashBlock, SquashNorm, UserLM
 
 transformers = pytest.importorskip("transformers")
 
 VOCAB, D, LAYERS = 64, 32, 2
-HF = dict(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB,
-          max_position_embeddings=32, bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+HF = dict(
+    hidden_size=D,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=4,
+    intermediate_size=64,
+    vocab_size=VOCAB,
+    max_position_embeddings=32,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 DECODER = dict(HF, num_key_value_heads=2)
 
 
@@ -68,38 +77,153 @@ def _per_layer(pattern: str) -> tuple[str, ...]:
 
 
 FAMILIES = {
-    "gpt2": Family(_tx("GPT2Config", "GPT2LMHeadModel", n_embd=D, n_layer=LAYERS, n_head=4, vocab_size=VOCAB, n_positions=32,
-                       bos_token_id=1, eos_token_id=2), "layernorm", ()),
+    "gpt2": Family(
+        _tx(
+            "GPT2Config",
+            "GPT2LMHeadModel",
+            n_embd=D,
+            n_layer=LAYERS,
+            n_head=4,
+            vocab_size=VOCAB,
+            n_positions=32,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        "layernorm",
+        (),
+    ),
     "bert": Family(_tx("BertConfig", "BertModel", **HF), "layernorm", ()),  # post-norm
-    "llama": Family(_tx("LlamaConfig", "LlamaForCausalLM", **DECODER), "rmsnorm", _per_layer("model.layers.{}.post_attention_layernorm")),
-    "qwen2": Family(_tx("Qwen2Config", "Qwen2ForCausalLM", **DECODER), "rmsnorm", _per_layer("model.layers.{}.post_attention_layernorm")),
-    "mistral": Family(_tx("MistralConfig", "MistralForCausalLM", **DECODER), "rmsnorm", _per_layer("model.layers.{}.post_attention_layernorm")),
-    "gemma": Family(_tx("GemmaConfig", "GemmaForCausalLM", head_dim=8, **DECODER), "rmsnorm", _per_layer("model.layers.{}.post_attention_layernorm")),
-    "phi3": Family(_tx("Phi3Config", "Phi3ForCausalLM", **DECODER), "rmsnorm", _per_layer("model.layers.{}.post_attention_layernorm")),
-    "vit": Family(_tx("ViTConfig", "ViTModel", hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=4, intermediate_size=64,
-                      image_size=16, patch_size=8), "layernorm", (), images=True),
-    "olmo2": Family(_tx("Olmo2Config", "Olmo2ForCausalLM", **DECODER), "rmsnorm", (), norms=4 * LAYERS + 1,
-                    gated_mlps=True),  # reordered post-norm: norm(attn(x)) and norm(mlp(h)) are added
-    "gemma2": Family(_tx("Gemma2Config", "Gemma2ForCausalLM", head_dim=8, **DECODER), "rmsnorm",
-                     _per_layer("model.layers.{}.pre_feedforward_layernorm"), norms=4 * LAYERS + 1),
-    "qwen3": Family(_tx("Qwen3Config", "Qwen3ForCausalLM", head_dim=8, **DECODER), "rmsnorm",
-                    _per_layer("model.layers.{}.post_attention_layernorm"), norms=4 * LAYERS + 1),  # q_norm, k_norm per head
-    "mixtral": Family(_tx("MixtralConfig", "MixtralForCausalLM", num_local_experts=2, num_experts_per_tok=2, **DECODER),
-                      "rmsnorm", _per_layer("model.layers.{}.post_attention_layernorm"), gate_stats=False),
-    "t5": Family(_tx("T5Config", "T5EncoderModel", d_model=D, d_kv=8, d_ff=64, num_layers=LAYERS, num_heads=4, vocab_size=VOCAB,
-                     feed_forward_proj="gated-gelu"), "rmsnorm", _per_layer("encoder.block.{}.layer.1.layer_norm")),
+    "llama": Family(
+        _tx("LlamaConfig", "LlamaForCausalLM", **DECODER),
+        "rmsnorm",
+        _per_layer("model.layers.{}.post_attention_layernorm"),
+    ),
+    "qwen2": Family(
+        _tx("Qwen2Config", "Qwen2ForCausalLM", **DECODER),
+        "rmsnorm",
+        _per_layer("model.layers.{}.post_attention_layernorm"),
+    ),
+    "mistral": Family(
+        _tx("MistralConfig", "MistralForCausalLM", **DECODER),
+        "rmsnorm",
+        _per_layer("model.layers.{}.post_attention_layernorm"),
+    ),
+    "gemma": Family(
+        _tx("GemmaConfig", "GemmaForCausalLM", head_dim=8, **DECODER),
+        "rmsnorm",
+        _per_layer("model.layers.{}.post_attention_layernorm"),
+    ),
+    "phi3": Family(
+        _tx("Phi3Config", "Phi3ForCausalLM", **DECODER),
+        "rmsnorm",
+        _per_layer("model.layers.{}.post_attention_layernorm"),
+    ),
+    "vit": Family(
+        _tx(
+            "ViTConfig",
+            "ViTModel",
+            hidden_size=D,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=4,
+            intermediate_size=64,
+            image_size=16,
+            patch_size=8,
+        ),
+        "layernorm",
+        (),
+        images=True,
+    ),
+    # reordered post-norm: norm(attn(x)) and norm(mlp(h)) are added
+    "olmo2": Family(
+        _tx("Olmo2Config", "Olmo2ForCausalLM", **DECODER), "rmsnorm", (), norms=4 * LAYERS + 1, gated_mlps=True
+    ),
+    "gemma2": Family(
+        _tx("Gemma2Config", "Gemma2ForCausalLM", head_dim=8, **DECODER),
+        "rmsnorm",
+        _per_layer("model.layers.{}.pre_feedforward_layernorm"),
+        norms=4 * LAYERS + 1,
+    ),
+    # q_norm, k_norm per head
+    "qwen3": Family(
+        _tx("Qwen3Config", "Qwen3ForCausalLM", head_dim=8, **DECODER),
+        "rmsnorm",
+        _per_layer("model.layers.{}.post_attention_layernorm"),
+        norms=4 * LAYERS + 1,
+    ),
+    "mixtral": Family(
+        _tx("MixtralConfig", "MixtralForCausalLM", num_local_experts=2, num_experts_per_tok=2, **DECODER),
+        "rmsnorm",
+        _per_layer("model.layers.{}.post_attention_layernorm"),
+        gate_stats=False,
+    ),
+    "t5": Family(
+        _tx(
+            "T5Config",
+            "T5EncoderModel",
+            d_model=D,
+            d_kv=8,
+            d_ff=64,
+            num_layers=LAYERS,
+            num_heads=4,
+            vocab_size=VOCAB,
+            feed_forward_proj="gated-gelu",
+        ),
+        "rmsnorm",
+        _per_layer("encoder.block.{}.layer.1.layer_norm"),
+    ),
     "gpt-neox": Family(_tx("GPTNeoXConfig", "GPTNeoXForCausalLM", use_parallel_residual=True, **HF), "layernorm", ()),
-    "gpt-j": Family(_tx("GPTJConfig", "GPTJForCausalLM", n_embd=D, n_layer=LAYERS, n_head=4, vocab_size=VOCAB, n_positions=32,
-                        rotary_dim=4, bos_token_id=1, eos_token_id=2), "layernorm", (), norms=LAYERS + 1),
-    "falcon": Family(_tx("FalconConfig", "FalconForCausalLM", hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=4,
-                         vocab_size=VOCAB, parallel_attn=True, new_decoder_architecture=False, bos_token_id=1, eos_token_id=2),
-                     "layernorm", (), norms=LAYERS + 1),  # parallel attention, one norm a block
-    "cohere": Family(_tx("CohereConfig", "CohereForCausalLM", logit_scale=1.0, **DECODER), "layernorm",
-                     _per_layer("model.layers.{}.input_layernorm"), norms=LAYERS + 1),  # parallel: one norm feeds both
-    "convnext": Family(_tx("ConvNextConfig", "ConvNextModel", num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2),
-                       "layernorm", (), images=True,
-                       channels_first=("embeddings.layernorm", "encoder.stages.1.downsampling_layer.0")),
-    "user-gated": Family(lambda: UserLM(OddGatedBlock, VOCAB, D, n_layers=LAYERS), "layernorm", _per_layer("stack.{}.post")),
+    "gpt-j": Family(
+        _tx(
+            "GPTJConfig",
+            "GPTJForCausalLM",
+            n_embd=D,
+            n_layer=LAYERS,
+            n_head=4,
+            vocab_size=VOCAB,
+            n_positions=32,
+            rotary_dim=4,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        "layernorm",
+        (),
+        norms=LAYERS + 1,
+    ),
+    # parallel attention, one norm a block
+    "falcon": Family(
+        _tx(
+            "FalconConfig",
+            "FalconForCausalLM",
+            hidden_size=D,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=4,
+            vocab_size=VOCAB,
+            parallel_attn=True,
+            new_decoder_architecture=False,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        "layernorm",
+        (),
+        norms=LAYERS + 1,
+    ),
+    # parallel: one norm feeds both
+    "cohere": Family(
+        _tx("CohereConfig", "CohereForCausalLM", logit_scale=1.0, **DECODER),
+        "layernorm",
+        _per_layer("model.layers.{}.input_layernorm"),
+        norms=LAYERS + 1,
+    ),
+    "convnext": Family(
+        _tx("ConvNextConfig", "ConvNextModel", num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2),
+        "layernorm",
+        (),
+        images=True,
+        channels_first=("embeddings.layernorm", "encoder.stages.1.downsampling_layer.0"),
+    ),
+    "user-gated": Family(
+        lambda: UserLM(OddGatedBlock, VOCAB, D, n_layers=LAYERS), "layernorm", _per_layer("stack.{}.post")
+    ),
     "user-dyt": Family(lambda: UserLM(SquashBlock, VOCAB, D, n_layers=LAYERS, norm=SquashNorm), "dyt", ()),
 }
 NORMS = 2 * LAYERS + 1  # most families: two norms per block and one more (final, or BERT's embedding norm)

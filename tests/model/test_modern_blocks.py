@@ -8,21 +8,12 @@ import warnings
 
 import pytest
 import torch
-from torch import Tensor, nn
-
-from reference import InputRecorder, pooled
-
-import satmon
-from satmon import DyT, convert_to_dyt, find_norm_layers, probe
-from satmon.convert import check_conversion, pending_conversion
-from satmon.model.gating import detect_gating
-from satmon.model.map import model_map
 from modern import (
-    D,
     HD,
     HEADS,
     LM,
     ChameleonLayerNorm,
+    D,
     GatedRMSNorm,
     GatheredExperts,
     GeluMLP,
@@ -36,10 +27,17 @@ from modern import (
     PreNorm,
     RawGLU,
     ReorderedPostNorm,
-    RopeAttention,
     SSMBlock,
     SwiGLU,
 )
+from torch import Tensor, nn
+
+import satmon
+from reference import InputRecorder, pooled
+from satmon import DyT, convert_to_dyt, find_norm_layers, probe
+from satmon.convert import check_conversion, pending_conversion
+from satmon.model.gating import detect_gating
+from satmon.model.map import model_map
 
 IDX = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
 
@@ -57,8 +55,10 @@ def reads_directly(model: nn.Module, norm: nn.Module, consumer: nn.Module, batch
     """The independent truth: every row ``consumer`` receives is a row of ``norm``'s output (views, casts and row
     gathers allowed; an addition with another stream is not). ``consumer`` reads its input as its first argument."""
     seen: dict[str, list[Tensor]] = {"norm": [], "in": []}
-    hooks = [norm.register_forward_hook(lambda m, a, o: seen["norm"].append(o.detach().reshape(-1, o.shape[-1]))),
-             consumer.register_forward_pre_hook(lambda m, a: seen["in"].append(a[0].detach().reshape(-1, a[0].shape[-1])))]
+    hooks = [
+        norm.register_forward_hook(lambda m, a, o: seen["norm"].append(o.detach().reshape(-1, o.shape[-1]))),
+        consumer.register_forward_pre_hook(lambda m, a: seen["in"].append(a[0].detach().reshape(-1, a[0].shape[-1]))),
+    ]
     with torch.no_grad():
         model(batch)
     for h in hooks:
@@ -90,7 +90,9 @@ def test_experts_gathered_by_the_router_are_gated_by_trace(experts):
     assert report.gated is True and report.gated_layers == ("blocks.0.n2", "blocks.1.n2"), report.message
     assert all(p.source == "trace" for p in report.pairings.values())
     assert {l.name: l.feeds for l in model_map(model).norms if l.block == "blocks.0"} == {
-        "blocks.0.n1": ("attention",), "blocks.0.n2": ("gated-mlp",)}
+        "blocks.0.n1": ("attention",),
+        "blocks.0.n2": ("gated-mlp",),
+    }
 
 
 def test_the_issues_case_reads_collapse_risk_not_go():
@@ -107,7 +109,12 @@ def test_a_fused_glu_on_raw_parameters_is_gated_and_the_second_half_gates():
     model = _dyt(lambda: PreNorm(DyT, RawGLU(), qk=None))
     report = detect_gating(model, example_input=IDX)
     p = report.pairings["blocks.0.n2"]
-    assert report.gated is True and (p.mlp, p.fused, p.gate_first, p.activation) == ("blocks.0.mlp", True, False, "gelu")
+    assert report.gated is True and (p.mlp, p.fused, p.gate_first, p.activation) == (
+        "blocks.0.mlp",
+        True,
+        False,
+        "gelu",
+    )
     blind = detect_gating(_dyt(lambda: PreNorm(DyT, RawGLU(), qk=None)))  # no forward: never "no"
     assert blind.gated is None
 
@@ -133,7 +140,12 @@ def test_a_reordered_post_norm_block_with_qk_norm_is_not_gated(rope):
     assert report.gated is False and report.pairings == {} and report.unclassified == {}, report.message
     assert report.unpaired_gated_mlps == ("blocks.0.mlp", "blocks.1.mlp")
     feeds = {l.name.rpartition(".")[2]: l.feeds for l in model_map(model).norms if l.block == "blocks.0"}
-    assert feeds == {"q_norm": ("attention",), "k_norm": ("attention",), "post_attn": ("residual",), "post_ff": ("residual",)}
+    assert feeds == {
+        "q_norm": ("attention",),
+        "k_norm": ("attention",),
+        "post_attn": ("residual",),
+        "post_ff": ("residual",),
+    }
 
 
 def test_a_non_gated_mlp_reads_no_with_a_trace_and_unknown_without():
@@ -154,8 +166,11 @@ def test_the_screen_reads_gating_from_the_first_training_forward(experts):
     screen = satmon.Screen(window=3, verbose=False, watch_every_n_steps=0).attach(model)
     assert screen.gating.gated is None and "no forward was traced" in screen.gating.message
     # the float64 reference of every forward but satmon's own traced ones
-    rec = InputRecorder(model, [n for n, m in model.named_modules() if isinstance(m, DyT)],
-                        when=lambda mod: not satmon.model.dataflow.tracing())
+    rec = InputRecorder(
+        model,
+        [n for n, m in model.named_modules() if isinstance(m, DyT)],
+        when=lambda mod: not satmon.model.dataflow.tracing(),
+    )
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     for step in range(3):
         loss = model(torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(step))).pow(2).mean()
@@ -201,12 +216,15 @@ def test_a_first_forward_that_raises_is_not_read_the_next_one_is():
 
 
 # ----------------------------------------------------------------------------- norms of any gain shape
-@pytest.mark.parametrize(("make", "kind", "channels", "shape"), [
-    (PerHeadLayerNorm, "layernorm", HD, (HEADS, HD)),
-    (ChameleonLayerNorm, "layernorm", HD, (HEADS, HD)),
-    (PerHeadRMSNorm, "rmsnorm", HD, (HEADS, HD)),
-    (JointNorm, "layernorm", None, (HEADS, HD)),
-])
+@pytest.mark.parametrize(
+    ("make", "kind", "channels", "shape"),
+    [
+        (PerHeadLayerNorm, "layernorm", HD, (HEADS, HD)),
+        (ChameleonLayerNorm, "layernorm", HD, (HEADS, HD)),
+        (PerHeadRMSNorm, "rmsnorm", HD, (HEADS, HD)),
+        (JointNorm, "layernorm", None, (HEADS, HD)),
+    ],
+)
 def test_a_norm_with_a_gain_per_head_is_found_and_typed(make, kind, channels, shape):
     model = nn.Sequential(nn.Linear(D, D), nn.Unflatten(-1, (HEADS, HD)), make())
     (layer,) = find_norm_layers(model)
@@ -259,10 +277,12 @@ def test_a_norm_that_may_take_two_inputs_is_converted_when_a_traced_forward_show
             self.norm, self.proj = GatedRMSNorm(D), nn.Linear(D, D)
 
         def forward(self, x):
-            f = getattr(self, "norm")
+            f = getattr(self, "norm")  # noqa: B009 (a name the source reader cannot follow: the point of the test)
             return self.proj(f(x))
 
-    with pytest.warns(UserWarning, match=r"takes more than one input \(hidden_states, gate\) and no call of it could be read"):
+    with pytest.warns(
+        UserWarning, match=r"takes more than one input \(hidden_states, gate\) and no call of it could be read"
+    ):
         convert_to_dyt(Hidden(), rmsnorm=True)
     traced = convert_to_dyt(Hidden(), rmsnorm=True, example_input=torch.randn(2, D))
     assert isinstance(traced.norm, DyT) and not pending_conversion(traced)  # run once: checked
@@ -286,7 +306,11 @@ def test_a_converted_layer_that_fails_on_a_batch_is_put_back_by_the_probe():
     assert pending_conversion(model)
     with pytest.warns(UserWarning, match=r"put back, as they were.*norm \(the converted forward raised AttributeError"):
         report = probe(model, [IDX])
-    assert type(model.norm) is nn.LayerNorm and isinstance(model.blocks[0][0], DyT) and report.layers["norm"].kind == "layernorm"
+    assert (
+        type(model.norm) is nn.LayerNorm
+        and isinstance(model.blocks[0][0], DyT)
+        and report.layers["norm"].kind == "layernorm"
+    )
     assert not pending_conversion(model) and check_conversion(model, IDX) == ()
 
 
@@ -307,8 +331,9 @@ def test_a_lightning_module_without_forward_gets_gating_from_its_first_training_
     """The callback's traced batch fails (no ``forward``): gating comes from the first training step as it runs,
     and the saturated gated model reads collapse risk (before: the names said yes or no)."""
     import lightning.pytorch as pl
-    from helpers import trainer
     from torch.utils.data import DataLoader
+
+    from helpers import trainer
 
     class NoForward(pl.LightningModule):
         def __init__(self):

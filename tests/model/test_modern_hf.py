@@ -11,19 +11,29 @@ import warnings
 
 import pytest
 import torch
+from test_modern_blocks import reads_directly
 from torch import nn
 
 import satmon
+from reference import InputRecorder, pooled
 from satmon import DyT, convert_to_dyt, find_norm_layers
 from satmon.model.gating import detect_gating
-from reference import InputRecorder, pooled
-from test_modern_blocks import reads_directly
 
 transformers = pytest.importorskip("transformers")
 
 VOCAB, D = 64, 32
-HF = dict(hidden_size=D, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB,
-          max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0, num_key_value_heads=2)  # fmt: skip
+HF = dict(
+    hidden_size=D,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    vocab_size=VOCAB,
+    max_position_embeddings=64,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+    num_key_value_heads=2,
+)
 IDX = torch.randint(3, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
 
 
@@ -40,9 +50,20 @@ def _build(name: str, **extra) -> nn.Module:
         config = transformers.StableLmConfig(**HF, use_parallel_residual=name.endswith("parallel"))
         return transformers.StableLmForCausalLM(config)
     if name == "mamba2":
-        config = transformers.Mamba2Config(hidden_size=D, num_hidden_layers=2, vocab_size=VOCAB, num_heads=4, head_dim=16,
-                                           state_size=8, n_groups=1, expand=2, chunk_size=8, bos_token_id=1, eos_token_id=2,
-                                           pad_token_id=0)  # fmt: skip
+        config = transformers.Mamba2Config(
+            hidden_size=D,
+            num_hidden_layers=2,
+            vocab_size=VOCAB,
+            num_heads=4,
+            head_dim=16,
+            state_size=8,
+            n_groups=1,
+            expand=2,
+            chunk_size=8,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
         return transformers.Mamba2ForCausalLM(config)
     raise KeyError(name)
 
@@ -53,7 +74,9 @@ def _build_or_skip(name: str, **extra) -> nn.Module:
             warnings.simplefilter("ignore")
             return _build(name, **extra)
     except Exception as err:  # a transformers version without this family or config field
-        pytest.skip(f"transformers {transformers.__version__} cannot build {name} on the CPU: {type(err).__name__}: {err}")
+        pytest.skip(
+            f"transformers {transformers.__version__} cannot build {name} on the CPU: {type(err).__name__}: {err}"
+        )
 
 
 def _layers(model: nn.Module) -> list:
@@ -123,8 +146,11 @@ def test_converted_models_run_and_the_screen_counts_equal_a_float64_recount(name
     model.train()
     screen = satmon.Screen(window=2, verbose=False, watch_every_n_steps=0, warn=lambda m: None).attach(model)
     # the float64 reference of every forward but satmon's own traced ones
-    rec = InputRecorder(model, [n for n, m in model.named_modules() if isinstance(m, satmon.DyT)],
-                        when=lambda mod: not satmon.model.dataflow.tracing())
+    rec = InputRecorder(
+        model,
+        [n for n, m in model.named_modules() if isinstance(m, satmon.DyT)],
+        when=lambda mod: not satmon.model.dataflow.tracing(),
+    )
     for step in range(2):
         batch = torch.randint(3, VOCAB, (2, 16), generator=torch.Generator().manual_seed(step))
         out = model(batch).logits

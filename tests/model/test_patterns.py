@@ -49,8 +49,10 @@ def _randomise(module: nn.Module, seed: int = 1) -> nn.Module:
 
 
 # ----------------------------------------------------------------------------- gains under any name
-@pytest.mark.parametrize(("make", "kind", "gain"), [
-    (RMSNormG, "rmsnorm", "g"), (ScaleNorm, "rmsnorm", "scale"), (GammaBetaLN, "layernorm", "gamma")])
+@pytest.mark.parametrize(
+    ("make", "kind", "gain"),
+    [(RMSNormG, "rmsnorm", "g"), (ScaleNorm, "rmsnorm", "scale"), (GammaBetaLN, "layernorm", "gamma")],
+)
 def test_a_gain_under_any_name_is_found_read_and_converted(make, kind, gain):
     model = nn.Sequential(nn.Linear(D, D), _randomise(make()))
     (layer,) = find_norm_layers(model)
@@ -92,13 +94,16 @@ def test_include_labels_the_kind_by_what_the_module_computes():
 
 
 # ----------------------------------------------------------------------------- the point-wise family
-@pytest.mark.parametrize(("make", "function", "shift"), [
-    (lambda: DyT(D), "tanh", None),
-    (lambda: Derf(D), "erf", "s"),
-    (lambda: Derf(D, per_channel_shift=True), "erf", "s"),
-    (lambda: HardTanhNorm(D), "hardtanh", None),
-    (lambda: ShiftedTanh(D), "tanh", "bias_in"),
-])
+@pytest.mark.parametrize(
+    ("make", "function", "shift"),
+    [
+        (lambda: DyT(D), "tanh", None),
+        (lambda: Derf(D), "erf", "s"),
+        (lambda: Derf(D, per_channel_shift=True), "erf", "s"),
+        (lambda: HardTanhNorm(D), "hardtanh", None),
+        (lambda: ShiftedTanh(D), "tanh", "bias_in"),
+    ],
+)
 def test_point_wise_layers_are_found_by_their_function_and_shift(make, function, shift):
     for trained in (False, True):
         layer = make()
@@ -106,7 +111,12 @@ def test_point_wise_layers_are_found_by_their_function_and_shift(make, function,
             _randomise(layer)  # trained values (a shift away from 0, gains not ones) read the same
         (found,) = find_dyt_layers(nn.Sequential(nn.Linear(D, D), layer))
         assert (found.kind, found.function, found.shift, found.channels, found.basis in ("behaviour", "type")) == (
-            "dyt", function, shift, D, True)
+            "dyt",
+            function,
+            shift,
+            D,
+            True,
+        )
     # its gain and bias are read against f(alpha * x + s) with the layer's own alpha and shift
     a = effective_affine(layer)
     assert a.kind == "dyt" and a.exact and a.residual < 1e-12
@@ -123,7 +133,10 @@ def test_channels_first_layernorm_is_converted_per_channel(norm, width):
     torch.manual_seed(0)
     model = _randomise(ConvNet(8, norm))
     layers = find_norm_layers(model)
-    assert [(l.name, l.kind, l.channels, l.axis) for l in layers] == [("n1", "layernorm", 8, 1), ("n2", "layernorm", 8, 1)]
+    assert [(l.name, l.kind, l.channels, l.axis) for l in layers] == [
+        ("n1", "layernorm", 8, 1),
+        ("n2", "layernorm", 8, 1),
+    ]
     gains = {l.name: l.module.weight.detach().clone() for l in layers}
     biases = {l.name: l.module.bias.detach().clone() for l in layers}
     assert torch.equal(effective_affine(model.n1).gain, gains["n1"].double())
@@ -168,16 +181,22 @@ def test_post_norm_is_not_gated_and_the_override_is_effective():
     assert traced.gated is False and traced.pairings == {}
     assert traced.unpaired_gated_mlps == ("blocks.0.mlp", "blocks.1.mlp")  # gated MLPs, fed by an addition
     assert {l.name: l.feeds for l in model_map(model).norms if l.block} == {
-        f"blocks.{i}.{n}": ("residual",) for i in range(2) for n in ("norm_a", "norm_f")}
+        f"blocks.{i}.{n}": ("residual",) for i in range(2) for n in ("norm_a", "norm_f")
+    }
     # without a forward: unknown, never yes, the hint naming the norm that runs just before the MLP and the option
     blind = detect_gating(_dyt(PostNormBlock))
     assert blind.gated is None and blind.message.startswith("gated MLP after DyT: unknown (no forward was traced")
-    assert ("names suggest: blocks.0.norm_a: blocks.0.mlp is a gated MLP that receives an addition of streams"
-            in blind.message)
+    assert (
+        "names suggest: blocks.0.norm_a: blocks.0.mlp is a gated MLP that receives an addition of streams"
+        in blind.message
+    )
     assert "gating_mapping={'blocks.0.norm_a': '<gated MLP module>'}" in blind.message
     none = {l.name: None for l in find_dyt_layers(model)}
     cleared = detect_gating(model, mapping=none)
-    assert cleared.gated is False and cleared.message == "gated MLP after DyT: no (gating_mapping maps every layer to None)"
+    assert (
+        cleared.gated is False
+        and cleared.message == "gated MLP after DyT: no (gating_mapping maps every layer to None)"
+    )
     v = build_verdict({n: LayerCounts(60, 100) for n in none}, step=1, gating=cleared)
     assert v.decision == "go" and v.collapse_risk is False  # 0.6 >= 0.43: GO, no collapse semantics
 
@@ -194,9 +213,16 @@ def test_a_saturated_post_norm_model_screens_go_not_collapse():
 
 def test_a_mapping_is_checked_against_the_model_and_the_trace():
     model = _dyt(PostNormBlock)
-    with pytest.raises(ValueError, match=r"Expected mapping values to name MLP modules, got 'blocks.9.mlp'. Available gated MLPs: blocks.0.mlp, blocks.1.mlp"):
+    with pytest.raises(
+        ValueError,
+        match=r"Expected mapping values to name MLP modules, got 'blocks.9.mlp'. Available gated MLPs: blocks.0.mlp, "
+        r"blocks.1.mlp",
+    ):
         detect_gating(model, mapping={"blocks.0.norm_a": "blocks.9.mlp"})
-    with pytest.raises(ValueError, match=r"Expected mapping value 'blocks.0.attn' to be a gated MLP.*Available gated MLPs: blocks.0.mlp"):
+    with pytest.raises(
+        ValueError,
+        match=r"Expected mapping value 'blocks.0.attn' to be a gated MLP.*Available gated MLPs: blocks.0.mlp",
+    ):
         detect_gating(model, mapping={"blocks.0.norm_a": "blocks.0.attn"})
     with pytest.raises(ValueError, match=r"Expected mapping keys to name norm modules, got 'blocks.0.mlp'"):
         detect_gating(model, mapping={"blocks.0.mlp": None})
@@ -205,15 +231,23 @@ def test_a_mapping_is_checked_against_the_model_and_the_trace():
         detect_gating(model, mapping={"blocks.0.norm_a": "blocks.1.mlp"}, example_input=X)
 
 
-@pytest.mark.parametrize(("block", "gated", "feeds"), [
-    (ParallelBlock, ("blocks.0.ln_m", "blocks.1.ln_m"), {"ln_a": ("attention",), "ln_m": ("gated-mlp",)}),
-    (SharedNormBlock, ("blocks.0.ln", "blocks.1.ln"), {"ln": ("attention", "gated-mlp")}),
-    (lambda n: PreNormBlock(n), ("blocks.0.norm_2", "blocks.1.norm_2"), {"norm_1": ("attention",), "norm_2": ("gated-mlp",)}),
-])
+@pytest.mark.parametrize(
+    ("block", "gated", "feeds"),
+    [
+        (ParallelBlock, ("blocks.0.ln_m", "blocks.1.ln_m"), {"ln_a": ("attention",), "ln_m": ("gated-mlp",)}),
+        (SharedNormBlock, ("blocks.0.ln", "blocks.1.ln"), {"ln": ("attention", "gated-mlp")}),
+        (
+            lambda n: PreNormBlock(n),
+            ("blocks.0.norm_2", "blocks.1.norm_2"),
+            {"norm_1": ("attention",), "norm_2": ("gated-mlp",)},
+        ),
+    ],
+)
 def test_parallel_shared_and_pre_norm_blocks_pair_the_norm_whose_output_the_mlp_reads(block, gated, feeds):
     blind = detect_gating(_dyt(block))  # no forward: the names and sources hint the same pairing, as a hint
-    assert blind.gated is None and all(blind.unclassified[n].endswith(f"feeds the gated MLP {n.rpartition('.')[0]}.mlp")
-                                       for n in gated), blind.message
+    assert blind.gated is None and all(
+        blind.unclassified[n].endswith(f"feeds the gated MLP {n.rpartition('.')[0]}.mlp") for n in gated
+    ), blind.message
     model = _dyt(block)
     report = detect_gating(model, example_input=X)
     assert report.gated is True and report.gated_layers == gated, report.message
@@ -229,7 +263,8 @@ def test_a_chunked_gated_mlp_is_never_not_gated_and_the_feeding_norm_is_named():
     assert traced.gated is True and traced.gated_layers == ("blocks.0.norm_2", "blocks.1.norm_2")
     p = traced.pairings["blocks.0.norm_2"]
     assert (p.gate, p.fused, p.gate_first, p.activation) == ("blocks.0.mlp.w_in", True, True, "gelu")
-    blind = detect_gating(_dyt(lambda n: PreNormBlock(n, mlp=ChunkedGLU)))  # no batch: the source shows a chunked product
+    # no batch: the source shows a chunked product
+    blind = detect_gating(_dyt(lambda n: PreNormBlock(n, mlp=ChunkedGLU)))
     assert blind.gated is None and "names suggest: blocks.0.norm_2: blocks.0.mlp may be a gated MLP" in blind.message
     assert "its input is the output of blocks.0.norm_2" in blind.unclassified["blocks.0.norm_2"]  # norm_2, not norm_1
     resolved = detect_gating(model, mapping={"blocks.0.norm_2": "blocks.0.mlp", "blocks.1.norm_2": "blocks.1.mlp"})
@@ -238,12 +273,16 @@ def test_a_chunked_gated_mlp_is_never_not_gated_and_the_feeding_norm_is_named():
 
 def test_a_sourceless_chunked_mlp_is_unknown_by_its_shapes():
     ns: dict = {}
-    exec("def forward(self, x):\n    a, b = self.w_in(x).chunk(2, dim=-1)\n    return self.w_out(a * b)\n", ns)  # no source to read
+    # no source to read
+    exec("def forward(self, x):\n    a, b = self.w_in(x).chunk(2, dim=-1)\n    return self.w_out(a * b)\n", ns)
     opaque = type("OpaqueGLU", (ChunkedGLU,), {"forward": ns["forward"]})
     model = _dyt(lambda n: PreNormBlock(n, mlp=opaque))
     blind = detect_gating(model)
     assert blind.gated is None
-    assert "blocks.0.mlp may be a gated MLP (a projection twice as wide as its down projection; no forward source" in blind.message
+    assert (
+        "blocks.0.mlp may be a gated MLP (a projection twice as wide as its down projection; no forward source"
+        in blind.message
+    )
 
 
 def test_a_model_that_multiplies_two_projections_anywhere_is_unknown_without_a_trace():
@@ -257,7 +296,10 @@ def test_a_model_that_multiplies_two_projections_anywhere_is_unknown_without_a_t
 
     model = _dyt(lambda n: PreNormBlock(n, mlp=Bilinear))
     blind = detect_gating(model)
-    assert blind.gated is None and "blocks.0.mlp may be a gated MLP (its forward multiplies two projections" in blind.message
+    assert (
+        blind.gated is None
+        and "blocks.0.mlp may be a gated MLP (its forward multiplies two projections" in blind.message
+    )
     traced = detect_gating(model, example_input=X)  # the trace: a product of two branches that is not act(gate) * up
     assert traced.gated is None and "neither factor passed through an activation" in traced.message
 
@@ -294,7 +336,9 @@ def test_a_module_named_like_a_norm_that_cannot_run_is_unknown_not_dropped():
 
     m = model_map(Net(False))
     assert m.norms == () and "FusedLayerNorm could not be run on a copy of itself" in m.undetermined["fused"]
-    with pytest.raises(ValueError, match=r"found none in Net \(1 module\(s\) look like normalisers but could not be read: fused"):
+    with pytest.raises(
+        ValueError, match=r"found none in Net \(1 module\(s\) look like normalisers but could not be read: fused"
+    ):
         probe(Net(False), torch.randn(4, D))
     with pytest.warns(UserWarning, match=r"no reading for fused \(FusedLayerNorm could not be run"):
         report = probe(Net(True), torch.randn(32, D))

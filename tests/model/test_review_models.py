@@ -109,7 +109,9 @@ def test_a_refused_mapping_without_a_trace_lists_the_modules_that_may_be_gated()
     with pytest.raises(ValueError) as err:
         screen.discover(model)
     assert "has no gated MLPs" not in str(err.value) and "blocks.0.ff" in str(err.value)
-    ok = satmon.Screen(window=1, verbose=False, gating_mapping={"blocks.0.n2": "blocks.0.ff", "blocks.1.n2": "blocks.1.ff"})
+    ok = satmon.Screen(
+        window=1, verbose=False, gating_mapping={"blocks.0.n2": "blocks.0.ff", "blocks.1.n2": "blocks.1.ff"}
+    )
     ok.discover(model)  # the candidate it names is accepted
     assert ok.gating.gated is True and set(ok.gating.gated_layers) == {"blocks.0.n2", "blocks.1.n2"}
 

@@ -59,7 +59,7 @@ def test_which_projections_a_forward_multiplies():
 
         def forward(self, x):
             h = self.fc(x)
-            return self.proj(0.5 * h * (1.0 + torch.tanh(0.79788456 * (h + 0.044715 * h ** 3))))
+            return self.proj(0.5 * h * (1.0 + torch.tanh(0.79788456 * (h + 0.044715 * h**3))))
 
     class Helper(nn.Module):  # the product happens in a function satmon cannot see into: it may be a gate
         def __init__(self):

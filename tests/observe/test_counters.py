@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from reference import reference
-from satmon.observe.counters import SaturationCounter
 from satmon.functional.saturation import saturation_counts
+from satmon.observe.counters import SaturationCounter
 
 
 def test_counts_are_int64_per_layer_and_other_layers_stay_zero():
@@ -21,8 +21,12 @@ def test_counts_are_int64_per_layer_and_other_layers_stay_zero():
 def test_index_tensor_adds_repeated_layers_and_scalar_counts():
     """The queue folds many calls at once: one index per call, repeated layers add up."""
     c = SaturationCounter(3)
-    c.update(torch.tensor([0, 2, 0]), saturated=torch.tensor([1.0, 2.0, 3.0]), total=torch.tensor([4, 5, 6]),
-             nonfinite=torch.tensor([0, 1, 1]))
+    c.update(
+        torch.tensor([0, 2, 0]),
+        saturated=torch.tensor([1.0, 2.0, 3.0]),
+        total=torch.tensor([4, 5, 6]),
+        nonfinite=torch.tensor([0, 1, 1]),
+    )
     c.update(torch.tensor([1, 1]), saturated=torch.tensor([2, 0]), total=7)  # an int count applies to every index
     assert c.saturated.tolist() == [4, 2, 2]
     assert c.total.tolist() == [10, 14, 5]
@@ -83,7 +87,8 @@ def test_reset_zeroes_states_in_place():
 
 
 def test_ranks_add_raw_counts_not_fractions(monkeypatch):
-    """Counts are summed over ranks, then divided: the fractions over ranks are those of all their data in one process."""
+    """Counts are summed over ranks, then divided: the fractions over ranks are those of
+    all their data in one process."""
     import satmon.observe.states as states
 
     g = torch.Generator().manual_seed(7)
@@ -119,4 +124,3 @@ def test_arguments_are_checked_with_what_to_do():
         SaturationCounter(0)
     with pytest.raises(ValueError, match=r"Expected `product` in \('module', 'exact'\).*got 'float64'"):
         SaturationCounter(1, product="float64")
-

@@ -17,7 +17,9 @@ class Block(nn.Module):
 
 def test_output_and_keyword_input_taps_accumulate_the_exact_gram_matrix():
     block = Block()
-    taps = CovarianceTaps([TapTarget("in", block, "input", None, 16), TapTarget("out", block, "output", None, 16)]).attach()
+    taps = CovarianceTaps(
+        [TapTarget("in", block, "input", None, 16), TapTarget("out", block, "output", None, 16)]
+    ).attach()
     xs = [torch.randn(3, 5, 4) for _ in range(2)]
     for x in xs:
         block(hidden_states=x)

@@ -38,8 +38,9 @@ def _fresh_compiled():
     sat._FAILED.update(saved[1])
 
 
-def _queue(n: int, fused: bool | None, backend=GRAPH, level: float = 2.0, product: str = "module",
-           cutoffs=None) -> CountQueue:
+def _queue(
+    n: int, fused: bool | None, backend=GRAPH, level: float = 2.0, product: str = "module", cutoffs=None
+) -> CountQueue:
     q = CountQueue(SaturationCounter(n, product=product), level, keep_inputs=True, product=product, cutoffs=cutoffs)
     q.fused, q.fused_backend = fused, backend
     return q
@@ -200,6 +201,7 @@ def test_a_compiled_count_that_disagrees_with_eager_is_refused():
         def run(*args):
             out = gm(*args)
             return (out[0] + 1, *out[1:])
+
         return run
 
     items = _inputs()

@@ -10,20 +10,31 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers import token_loader, trainer
+from reference import gate_stats
 from satmon import DyT, SaturationMonitor
-from satmon.observe.gate import GateCounter, GateHooks
-from satmon.model.gating import GatedPairing, GatingInfo, detect_gating
 from satmon.demos.lit import LitLM
 from satmon.demos.llama import LlamaLM
-from reference import gate_stats
 from satmon.functional.gate import flat_threshold
+from satmon.model.gating import GatedPairing, GatingInfo, detect_gating
+from satmon.observe.gate import GateCounter, GateHooks
 
 D, H = 16, 24
 
 
 def _report(**pairing) -> GatingInfo:
-    p = GatedPairing(**{"norm": "norm", "mlp": "", "gate": "fc_in", "up": None, "down": "fc_out", "fused": True,
-                        "activation": "silu", "source": "mapping", **pairing})  # fmt: skip
+    p = GatedPairing(
+        **{
+            "norm": "norm",
+            "mlp": "",
+            "gate": "fc_in",
+            "up": None,
+            "down": "fc_out",
+            "fused": True,
+            "activation": "silu",
+            "source": "mapping",
+            **pairing,
+        }
+    )
     return GatingInfo(True, ("norm",), "", {"norm": p})
 
 
@@ -82,11 +93,26 @@ def test_unknown_activation_or_unhookable_gate_reads_nan_not_zero():
 
 
 def test_split_gate_statistics_through_the_callback_equal_a_float64_recount(tmp_path):
-    model = LitLM(arch="llama", d_model=32, n_layers=2, n_heads=2, seq_len=16, norm="dyt", mlp="swiglu", alpha_init=200.0, lr=0.0, warmup=1)
+    model = LitLM(
+        arch="llama",
+        d_model=32,
+        n_layers=2,
+        n_heads=2,
+        seq_len=16,
+        norm="dyt",
+        mlp="swiglu",
+        alpha_init=200.0,
+        lr=0.0,
+        warmup=1,
+    )
     captured: dict[str, list[torch.Tensor]] = {"g": [], "h": []}
     mlp = model.model.blocks[0].mlp
-    h1 = mlp.gate_proj.register_forward_hook(lambda m, a, out: captured["g"].append(out.detach().double()) if m.training else None)
-    h2 = mlp.down_proj.register_forward_pre_hook(lambda m, a: captured["h"].append(a[0].detach().double()) if m.training else None)
+    h1 = mlp.gate_proj.register_forward_hook(
+        lambda m, a, out: captured["g"].append(out.detach().double()) if m.training else None
+    )
+    h2 = mlp.down_proj.register_forward_pre_hook(
+        lambda m, a: captured["h"].append(a[0].detach().double()) if m.training else None
+    )
     monitor = SaturationMonitor(window=2, verbose=False, watch_every_n_steps=0)
     trainer(tmp_path, max_steps=2, callbacks=[monitor]).fit(model, token_loader(2))
     h1.remove(), h2.remove()

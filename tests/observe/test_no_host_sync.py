@@ -21,14 +21,31 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import satmon
 from satmon import Screen
-from satmon.functional.gate import flat_threshold
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.demos.llama import LlamaLM
+from satmon.functional.gate import flat_threshold
 
 #: aten operations that read a device value on the host (``.item()``, ``bool(t)``, data-dependent shapes)
-SYNCING = {"_local_scalar_dense", "is_nonzero", "nonzero", "masked_select", "unique", "_unique", "_unique2",
-           "unique_dim", "unique_consecutive", "unique_dim_consecutive", "item", "equal", "allclose",
-           "repeat_interleave", "bincount", "masked_scatter", "histc", "histogram"}
+SYNCING = {
+    "_local_scalar_dense",
+    "is_nonzero",
+    "nonzero",
+    "masked_select",
+    "unique",
+    "_unique",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "unique_dim_consecutive",
+    "item",
+    "equal",
+    "allclose",
+    "repeat_interleave",
+    "bincount",
+    "masked_scatter",
+    "histc",
+    "histogram",
+}
 #: Python-level reads that bypass the dispatcher on a CPU tensor (on an accelerator each is a transfer)
 HOST_READS = ("tolist", "numpy", "item", "__bool__", "__int__", "__float__", "__index__")
 
@@ -70,7 +87,8 @@ class SyncRecorder(TorchDispatchMode):
         if self.active:
             name = func.overloadpacket.__name__
             bool_index = name in ("index", "index_put", "index_put_") and any(
-                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or []))
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or [])
+            )
             if name in SYNCING or bool_index:
                 self.found.append((f"aten.{name}", _satmon_frame()))
         return func(*args, **kwargs)
@@ -93,7 +111,9 @@ def recorder(monkeypatch):
             def recorded(*args, **kw):
                 with rec.on():
                     return hook(*args, **kw)
+
             return register(module, recorded, *a, **k)
+
         return reg
 
     # every hook registered during the test is satmon's (the test registers none): run each one recorded
@@ -106,6 +126,7 @@ def recorder(monkeypatch):
             if rec.active:
                 rec.found.append((f"Tensor.{_name}", _satmon_frame()))
             return _original(t, *a, **k)
+
         monkeypatch.setattr(torch.Tensor, name, read)
     for name in ("tensor", "as_tensor", "from_numpy"):  # tensors made on the host: a host-to-device copy on a GPU
         original = getattr(torch, name)
@@ -114,13 +135,21 @@ def recorder(monkeypatch):
             if rec.active:
                 rec.found.append((f"torch.{_name}", _satmon_frame()))
             return _original(*a, **k)
+
         monkeypatch.setattr(torch, name, made)
     with rec:
         yield rec
 
 
-def _train(model: nn.Module, screen: Screen, rec: SyncRecorder, steps: int, keep_inputs: bool, window: int,
-           host_thresholds: bool = True) -> list[list[tuple[str, str]]]:
+def _train(
+    model: nn.Module,
+    screen: Screen,
+    rec: SyncRecorder,
+    steps: int,
+    keep_inputs: bool,
+    window: int,
+    host_thresholds: bool = True,
+) -> list[list[tuple[str, str]]]:
     """A plain loop; returns what was recorded in each optimizer step (the step calls and the hooks)."""
     torch.manual_seed(0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -130,7 +159,7 @@ def _train(model: nn.Module, screen: Screen, rec: SyncRecorder, steps: int, keep
         if h is not None:
             h.queue.host_thresholds = host_thresholds
     per_step = []
-    for step in range(steps):
+    for _ in range(steps):
         rec.found = []
         x = torch.randint(0, 64, (4, 16))
         logits = model(x[:, :-1])
@@ -152,9 +181,12 @@ WINDOW = 9
 
 
 def _models():
-    return {"gpt": lambda: GPT(GPTConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, seq_len=16)),
-            "llama (gated MLPs: gate statistics too)": lambda: LlamaLM(vocab_size=64, d_model=32, n_layers=2, n_heads=2,
-                                                                        seq_len=16)}
+    return {
+        "gpt": lambda: GPT(GPTConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, seq_len=16)),
+        "llama (gated MLPs: gate statistics too)": lambda: LlamaLM(
+            vocab_size=64, d_model=32, n_layers=2, n_heads=2, seq_len=16
+        ),
+    }
 
 
 @pytest.mark.parametrize("keep_inputs", [False, True], ids=["counted in the hooks", "kept, counted after the forward"])
@@ -162,8 +194,9 @@ def _models():
 def test_the_accelerator_path_reads_nothing_on_the_host_over_counted_window_steps(recorder, arch, keep_inputs):
     model = _models()[arch]()
     # the trap watch off: its check steps read by design (test_the_trap_watch_reads_only_on_its_check_steps)
-    screen = Screen(window=WINDOW, sample_every=2, offset_every=1, log_every_n_steps=10**6, verbose=False,
-                    trap_every_n_steps=0)
+    screen = Screen(
+        window=WINDOW, sample_every=2, offset_every=1, log_every_n_steps=10**6, verbose=False, trap_every_n_steps=0
+    )
     # The gate hooks are made at the first forward (gating is read from it) and place each gate activation's flat
     # tail once per process (``flat_threshold``, cached): host arithmetic on float64 CPU tensors of its own, never a
     # read of the device. Cleared so that the first step sees it whatever ran before in this process.
@@ -184,19 +217,26 @@ def test_the_cpu_path_reads_only_its_scalar_alphas(recorder):
     per_step = _train(model, screen, recorder, WINDOW + 1, True, WINDOW)
     found = {entry for step in per_step[: WINDOW - 1] for entry in step}
     # the named exception: a CPU scalar alpha read with .item() for its threshold (on a GPU: the tensor path above)
-    assert found == {("aten._local_scalar_dense", "observe/saturation.py:threshold"),
-                     ("Tensor.item", "observe/saturation.py:threshold")}
+    assert found == {
+        ("aten._local_scalar_dense", "observe/saturation.py:threshold"),
+        ("Tensor.item", "observe/saturation.py:threshold"),
+    }
     reads = [len(s) for s in per_step[: WINDOW - 1]]
     n_layers = len(screen.layers)
-    assert reads == [2 * n_layers if step % 2 == 0 else 0 for step in range(WINDOW - 1)]  # once per layer per counted step
+    # once per layer per counted step
+    assert reads == [2 * n_layers if step % 2 == 0 else 0 for step in range(WINDOW - 1)]
 
 
 def test_a_step_with_the_nonfinite_guard_reads_only_its_named_cpu_flag(recorder):
     model = _models()["gpt"]()
-    screen = Screen(window=WINDOW, sample_every=2, abort_on="any", log_every_n_steps=10**6, verbose=False,
-                    trap_every_n_steps=0)
+    screen = Screen(
+        window=WINDOW, sample_every=2, abort_on="any", log_every_n_steps=10**6, verbose=False, trap_every_n_steps=0
+    )
     per_step = _train(model, screen, recorder, WINDOW + 1, False, WINDOW, host_thresholds=False)
-    guard = {("aten._local_scalar_dense", "screen/nonfinite_guard.py:poll"), ("Tensor.item", "screen/nonfinite_guard.py:poll")}
+    guard = {
+        ("aten._local_scalar_dense", "screen/nonfinite_guard.py:poll"),
+        ("Tensor.item", "screen/nonfinite_guard.py:poll"),
+    }
     # the guard folds the counts every step: the fold's device index and totals are made at the first counted
     # step (its call pattern) and reused after; on the CPU only, the guard reads its flag at once (on CUDA: a
     # pinned asynchronous copy, read a step later)
@@ -243,10 +283,15 @@ def test_the_fused_path_reads_only_its_scalar_alphas(recorder, monkeypatch):
     n_layers = len(screen.layers)
     assert screen.hooks.queue.inputs_counted == {"fused": n_layers * (WINDOW + 1) // 2, "four ops": 0}
     assert len(graphs) == 1
-    alpha_reads = {("aten._local_scalar_dense", "observe/saturation.py:threshold"), ("Tensor.item", "observe/saturation.py:threshold")}
+    alpha_reads = {
+        ("aten._local_scalar_dense", "observe/saturation.py:threshold"),
+        ("Tensor.item", "observe/saturation.py:threshold"),
+    }
     assert set(per_step[0]) == alpha_reads | {("aten.equal", "observe/saturation.py:compile_counts")}
     assert {entry for step in per_step[1 : WINDOW - 1] for entry in step} == alpha_reads
-    assert [len(s) for s in per_step[1 : WINDOW - 1]] == [2 * n_layers if step % 2 == 0 else 0 for step in range(1, WINDOW - 1)]
+    assert [len(s) for s in per_step[1 : WINDOW - 1]] == [
+        2 * n_layers if step % 2 == 0 else 0 for step in range(1, WINDOW - 1)
+    ]
     ops = {node.target.overloadpacket.__name__ for node in graphs[0].graph.nodes if node.op == "call_function"}
     assert {"abs", "gt", "sum", "any"} <= ops and not ops & SYNCING, ops
 
@@ -272,12 +317,14 @@ def test_the_trap_watch_reads_only_on_its_check_steps(recorder, monkeypatch):
         def recorded(*a, **k):
             with recorder.on():
                 return hook(*a, **k)
+
         return register(t, recorded)
 
     monkeypatch.setattr(torch.Tensor, "register_post_accumulate_grad_hook", recorded_register)
     model = _models()["llama (gated MLPs: gate statistics too)"]()
-    screen = Screen(window=WINDOW, sample_every=2, offset_every=0, log_every_n_steps=10**6, verbose=False,
-                    trap_every_n_steps=4)
+    screen = Screen(
+        window=WINDOW, sample_every=2, offset_every=0, log_every_n_steps=10**6, verbose=False, trap_every_n_steps=4
+    )
     flat_threshold.cache_clear()
     per_step = _train(model, screen, recorder, WINDOW + 1, False, WINDOW, host_thresholds=False)
     per_step[0] = [e for e in per_step[0] if e[1] != "functional/gate.py:flat_threshold"]  # placed once (see above)

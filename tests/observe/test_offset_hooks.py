@@ -6,16 +6,16 @@ import statistics
 
 import pytest
 import torch
+
 from helpers import tiny_lit, token_loader, trainer
 from reference import InputRecorder, exact_count
-
-from satmon import SaturationMonitor
+from satmon import SaturationMonitor, find_dyt_layers
 from satmon.observe.offset import offset_driven
-from satmon import find_dyt_layers
 
 
 def _reference(items: list[tuple[torch.Tensor, torch.Tensor]], level: float = 2.0) -> dict[str, float]:
-    """Per layer from recorded float64 inputs: sampled saturation, centered saturation, mean of per-batch median ratios."""
+    """Per layer from recorded float64 inputs: sampled saturation, centered saturation, mean
+    of per-batch median ratios."""
     sat = cen = total = 0
     medians = []
     for x, a in items:

@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 from torch import nn
-from reference import exact_count, module_count
 
+from reference import exact_count, module_count
 from satmon import DyT
 from satmon.model.discovery import NormLayer
 from satmon.observe.counters import SaturationCounter
@@ -51,7 +51,12 @@ class Mixed(nn.Module):
 
     def __init__(self, c: int = 32) -> None:
         super().__init__()
-        self.dyt, self.derf, self.derf0, self.hard = DyT(c, alpha_init=1.1), Derf(c), Derf(c, 1.4, shift=False), HardTanhNorm(c)
+        self.dyt, self.derf, self.derf0, self.hard = (
+            DyT(c, alpha_init=1.1),
+            Derf(c),
+            Derf(c, 1.4, shift=False),
+            HardTanhNorm(c),
+        )
         self.mix = nn.Linear(c, c)
 
     def forward(self, x):
@@ -62,8 +67,12 @@ class Mixed(nn.Module):
         return self.mix(self.derf(self.mix(self.dyt(x)) * 3)) * 3
 
     def layers(self) -> list[NormLayer]:
-        return [NormLayer("dyt", self.dyt, "dyt"), NormLayer("derf", self.derf, "dyt", function="erf", shift="s"),
-                NormLayer("derf0", self.derf0, "dyt", function="erf"), NormLayer("hard", self.hard, "dyt", function="hardtanh")]
+        return [
+            NormLayer("dyt", self.dyt, "dyt"),
+            NormLayer("derf", self.derf, "dyt", function="erf", shift="s"),
+            NormLayer("derf0", self.derf0, "dyt", function="erf"),
+            NormLayer("hard", self.hard, "dyt", function="hardtanh"),
+        ]
 
 
 CUTOFF = {"dyt": 2.0, "derf": ERF_CUTOFF, "derf0": ERF_CUTOFF, "hard": 1.0}
@@ -73,13 +82,21 @@ def _recorded(model: Mixed) -> dict[str, list[tuple[torch.Tensor, torch.Tensor, 
     seen: dict[str, list] = {n: [] for n in CUTOFF}
     for name in CUTOFF:
         mod = getattr(model, name)
-        mod.register_forward_hook(lambda m, a, o, n=name: seen[n].append(
-            (a[0].detach().clone(), m.alpha.detach().clone(), None if getattr(m, "s", None) is None else m.s.detach().clone())))
+        mod.register_forward_hook(
+            lambda m, a, o, n=name: seen[n].append(
+                (
+                    a[0].detach().clone(),
+                    m.alpha.detach().clone(),
+                    None if getattr(m, "s", None) is None else m.s.detach().clone(),
+                )
+            )
+        )
     return seen
 
 
 def _float64_counts(seen, module_rounding: bool) -> dict[str, tuple[int, int]]:
-    """``|u| > c`` per layer: ``u`` in float64 from float64 operands, or (``module_rounding``) as the layer computes it."""
+    """``|u| > c`` per layer: ``u`` in float64 from float64 operands, or
+    (``module_rounding``) as the layer computes it."""
     out = {}
     for name, calls in seen.items():
         sat = total = 0

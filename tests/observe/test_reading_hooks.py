@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from reference import exact_count
 
-from satmon import DyT
+from reference import exact_count
+from satmon import DyT, find_dyt_layers
 from satmon.model.discovery import NormLayer
-from satmon import find_dyt_layers
 from satmon.observe.reading_hooks import ReadingHooks, nonfinite_parameters
 from satmon.results.reading import verdict_of
 

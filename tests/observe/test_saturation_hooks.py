@@ -16,10 +16,9 @@ from torch import nn
 
 from helpers import hooked
 from reference import exact_count, module_count, reference
-from satmon import DyT
+from satmon import DyT, find_dyt_layers
 from satmon.observe.counters import SaturationCounter
 from satmon.observe.saturation import HookReadings, SaturationHooks
-from satmon import find_dyt_layers
 
 X4 = [[0.5, 1.5, -3.0, 0.1]]  # with alpha 2: |1.0|, |3.0|, |-6.0|, |0.2| -> 2 of 4 above 2
 
@@ -165,7 +164,9 @@ def test_deferred_fold_equals_the_reference_with_odd_call_patterns(keep_inputs):
     want = {n: [0, 0, 0] for n in names}
     seen: dict[str, list] = {n: [] for n in names}
     for n, layer in zip(names, hooks.layers):
-        layer.module.register_forward_hook(lambda m, args, out, n=n: seen[n].append((args[0].detach().clone(), m.alpha.detach().clone())))
+        layer.module.register_forward_hook(
+            lambda m, args, out, n=n: seen[n].append((args[0].detach().clone(), m.alpha.detach().clone()))
+        )
     for step in range(3):
         x = torch.randn(4, 6, 16, generator=g) * 3
         if step == 1:
@@ -332,7 +333,9 @@ def test_the_fused_count_through_the_hooks_equals_the_reference_and_falls_back_w
     g = torch.Generator().manual_seed(6)
     seen = {l.name: [] for l in hooks.layers}
     for l in hooks.layers:
-        l.module.register_forward_hook(lambda m, a, o, n=l.name: seen[n].append((a[0].detach().clone(), m.alpha.detach().clone())))
+        l.module.register_forward_hook(
+            lambda m, a, o, n=l.name: seen[n].append((a[0].detach().clone(), m.alpha.detach().clone()))
+        )
     failed = dict(sat._FAILED)
     sat._FAILED.clear()
     try:

@@ -12,10 +12,9 @@ from torch import nn
 
 from helpers import hooked, tiny_lit, token_loader, trainer
 from reference import InputRecorder, reference
-from satmon import DyT, SaturationMonitor
+from satmon import DyT, SaturationMonitor, find_dyt_layers
 from satmon.observe.counters import SaturationCounter
 from satmon.observe.saturation import SaturationHooks
-from satmon import find_dyt_layers
 
 
 class ReshapingDyT(nn.Module):
@@ -63,7 +62,9 @@ def test_a_layer_whose_alpha_cannot_broadcast_is_refused_once_and_the_others_sti
         assert part in message
     advice = re.search(r'exclude=r"([^"]+)"', message)  # the advice works: that regex drops this layer only
     assert advice and [l.name for l in find_dyt_layers(model, exclude=advice.group(1))] == ["norm"]
-    assert hooks.refused == {"conv_norm": "alpha of shape (4,) does not broadcast against its input of shape (2, 4, 5, 6)"}
+    assert hooks.refused == {
+        "conv_norm": "alpha of shape (4,) does not broadcast against its input of shape (2, 4, 5, 6)"
+    }
     r = hooks.read(sync=False)
     assert r.total == [0, 3 * 2 * 4 * 5 * 6] and r.saturated == [0, want]
 

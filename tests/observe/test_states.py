@@ -74,7 +74,8 @@ SCRIPT = textwrap.dedent(
     rank = int(sys.argv[1]); out = sys.argv[2]
     dist.init_process_group("gloo", init_method="file://" + os.path.join(out, "store"), rank=rank, world_size=2)
     c = SaturationCounter(3)
-    c.update(torch.tensor([0, 2]), saturated=torch.tensor([2**52 + rank, 7 * rank]), total=torch.tensor([2**53 + 1, 100]))
+    c.update(torch.tensor([0, 2]), saturated=torch.tensor([2**52 + rank, 7 * rank]),
+             total=torch.tensor([2**53 + 1, 100]))
     calls = []
     real = dist.all_reduce
     dist.all_reduce = lambda t, *a, **k: (calls.append(t.numel()), real(t, *a, **k))[1]

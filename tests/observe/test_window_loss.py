@@ -21,7 +21,9 @@ def test_segment_means_equal_plain_means_of_their_steps(window, segments):
     assert n == min(segments, window)
     want = []
     for i in range(n):
-        part = [torch.tensor(v, dtype=torch.float32).double().item() for s, v in enumerate(losses) if s * n // window == i]
+        part = [
+            torch.tensor(v, dtype=torch.float32).double().item() for s, v in enumerate(losses) if s * n // window == i
+        ]
         want.append(sum(part) / len(part))
     assert w.means(sync=False) == pytest.approx(want, rel=1e-12)
     assert w.compute().tolist() == pytest.approx(want, rel=1e-12)

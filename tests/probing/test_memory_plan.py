@@ -9,9 +9,17 @@ from satmon.probing.memory_plan import READOUT_MATRICES, format_bytes, matrix_by
 MIB = 2**20
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("2GiB", 2 * 2**30), ("2 gib", 2 * 2**30), ("512MB", 512 * 10**6), ("1.5KiB", 1536), ("100", 100), (4096, 4096),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("2GiB", 2 * 2**30),
+        ("2 gib", 2 * 2**30),
+        ("512MB", 512 * 10**6),
+        ("1.5KiB", 1536),
+        ("100", 100),
+        (4096, 4096),
+    ],
+)
 def test_parse_bytes(text, expected):
     assert parse_bytes(text) == expected
 
@@ -46,7 +54,10 @@ def test_mixed_widths_reserve_the_widest_readout_of_each_group():
 
 
 def test_a_budget_below_one_matrix_and_its_readout_is_refused_naming_the_layer():
-    with pytest.raises(ValueError, match=r"'ln_f' \(d=8192\) needs 3.50 GiB \(512 MiB for the matrix, 3.00 GiB for its eigendecomposition\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"'ln_f' \(d=8192\) needs 3.50 GiB \(512 MiB for the matrix, 3.00 GiB for its eigendecomposition\)",
+    ):
         plan_memory([("a", 64), ("ln_f", 8192)], budget="3GiB")
     with pytest.raises(ValueError, match="got none for \\['s'\\]"):
         plan_memory([("s", None)], budget="1GiB")
@@ -61,4 +72,9 @@ def test_no_taps_is_one_pass_and_unknown_widths_are_named_in_the_line():
 
 def test_format_bytes():
     assert [format_bytes(n) for n in (512, 1536, 20 * MIB, 512 * MIB, 3.5 * 2**30)] == [
-        "512 B", "1.50 KiB", "20.0 MiB", "512 MiB", "3.50 GiB"]  # fmt: skip
+        "512 B",
+        "1.50 KiB",
+        "20.0 MiB",
+        "512 MiB",
+        "3.50 GiB",
+    ]

@@ -19,7 +19,8 @@ from satmon import DyT
 from satmon.demos.llama import LlamaLM
 
 C = 16
-RETAINED_BELOW = 0.25  # docs/science/science.md: offset-driven when less than a quarter of the saturation survives centering
+# docs/science/science.md: offset-driven when less than a quarter of the saturation survives centering
+RETAINED_BELOW = 0.25
 
 
 class Offset(nn.Module):
@@ -51,6 +52,7 @@ class Recorder:
         def hook(mod, args, out):
             x = args[0].detach().to(torch.float64).reshape(-1, args[0].shape[-1]).numpy().copy()
             self.inputs[name].append((x, float(mod.alpha.detach().to(torch.float64).abs().item())))
+
         return hook
 
     def remove(self) -> None:
@@ -66,7 +68,7 @@ class Recorder:
             for x, a in items:  # one batch: its tokens are the rows
                 m = x.mean(axis=0)
                 dev = x - m
-                spread = np.sqrt((dev ** 2).mean(axis=0))
+                spread = np.sqrt((dev**2).mean(axis=0))
                 sat += int((np.abs(a * x) > level).sum())
                 cen += int((np.abs(a * dev) > level).sum())
                 total += x.size
@@ -114,7 +116,7 @@ def test_screen_and_probe_give_one_reading_equal_to_float64(offset, flagged):
     # the probe's forwards (after its own gating trace) saw exactly the window's inputs (no dropout, no step)
     for n in names:
         assert len(rec.inputs[n]) == len(batches)
-        assert all(np.array_equal(x, y) for (x, _), (y, _) in zip(rec.inputs[n], seen.inputs[n][-len(batches):]))
+        assert all(np.array_equal(x, y) for (x, _), (y, _) in zip(rec.inputs[n], seen.inputs[n][-len(batches) :]))
     counts, offset_ref, flag_ref = rec.reference()
     live, ckpt = screen.reading, report.reading
     for r in (live, ckpt):
@@ -129,7 +131,9 @@ def test_screen_and_probe_give_one_reading_equal_to_float64(offset, flagged):
     v_live, v_ckpt = screen.verdict, report.verdict
     assert v_live.flags == v_ckpt.flags == (("offset-driven",) if flagged else ())
     assert v_live.per_layer == v_ckpt.per_layer and v_live.offset == v_ckpt.offset
-    assert v_live.decision == v_ckpt.decision and v_live.trust == v_ckpt.trust == ("flagged" if flagged else v_live.trust)
+    assert v_live.decision == v_ckpt.decision and v_live.trust == v_ckpt.trust == (
+        "flagged" if flagged else v_live.trust
+    )
 
 
 def test_the_offset_driven_probe_is_flagged_through_replay_too(tmp_path):
@@ -139,7 +143,9 @@ def test_the_offset_driven_probe_is_flagged_through_replay_too(tmp_path):
     torch.manual_seed(0)
     model = Offset()
     torch.save(model.state_dict(), tmp_path / "w.pt")
-    (record,) = checkpoint_records([inspect_checkpoint(tmp_path / "w.pt")], ModelLoader(factory=Offset), _batches(), twin=False)
+    (record,) = checkpoint_records(
+        [inspect_checkpoint(tmp_path / "w.pt")], ModelLoader(factory=Offset), _batches(), twin=False
+    )
     v = record.verdict
     assert v.source == "replay" and v.decision == "go" and v.flags == ("offset-driven",) and v.trust == "flagged"
     assert "flagged (offset-driven): a measurement, not a forecast" in v.headline() and set(v.offset) == {"a", "b"}

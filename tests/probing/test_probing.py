@@ -15,17 +15,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
-from reference import InputRecorder, pooled
 
+from reference import InputRecorder, pooled
+from satmon import find_dyt_layers
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.demos.llama import LlamaLM
-from satmon.model.dataflow import tracing
-from satmon import find_dyt_layers
-from satmon.probing.passes import EMBEDDING, feed_first, probe
-from satmon.results.verdict import Source
 from satmon.io.json_records import to_json
 from satmon.io.tags import TAG
 from satmon.io.tensorboard import probe_scalars
+from satmon.model.dataflow import tracing
+from satmon.probing.passes import EMBEDDING, feed_first, probe
+from satmon.results.verdict import Source
 from third_party import GemmaStyleRMSNorm, LlamaRMSNorm, SkewedLayerNorm
 
 VOCAB = 256
@@ -50,7 +50,10 @@ class LlamaAttention(nn.Module):
 
     def forward(self, hidden_states: Tensor) -> Tensor:
         B, T, C = hidden_states.shape
-        q, k, v = (p(hidden_states).view(B, T, self.n_heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (
+            p(hidden_states).view(B, T, self.n_heads, -1).transpose(1, 2)
+            for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, C))
 
@@ -128,17 +131,24 @@ class NanoBlock(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         B, T, C = x.shape
         q, k, v = (t.view(B, T, 4, C // 4).transpose(1, 2) for t in self.attn["c_attn"](self.ln_1(x)).split(C, dim=2))
-        x = x + self.attn["c_proj"](F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C))
+        x = x + self.attn["c_proj"](
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+        )
         return x + self.mlp(self.ln_2(x))
 
 
 class NanoGPT(nn.Module):
     def __init__(self, vocab: int = VOCAB, d: int = 64, n_layers: int = 2, block_size: int = 64) -> None:
         super().__init__()
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(vocab, d), wpe=nn.Embedding(block_size, d), drop=nn.Dropout(0.1),
-            h=nn.ModuleList([NanoBlock(d) for _ in range(n_layers)]), ln_f=LayerNorm(d, bias=False),
-        ))  # fmt: skip
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(vocab, d),
+                wpe=nn.Embedding(block_size, d),
+                drop=nn.Dropout(0.1),
+                h=nn.ModuleList([NanoBlock(d) for _ in range(n_layers)]),
+                ln_f=LayerNorm(d, bias=False),
+            )
+        )
         self.lm_head = nn.Linear(d, vocab, bias=False)
 
     def forward(self, idx: Tensor, targets: Tensor | None = None):
@@ -181,8 +191,13 @@ def test_hf_style_rmsnorm_has_no_null_space(seed):
     _random_gamma(model, seed)
     batches = [{"input_ids": t} for t in _tokens(seed, n_batches=2, batch=8, seq=128)]  # 2048 tokens, dict batches
     report = probe(model, batches)
-    names = ["model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm",
-             "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm", "model.norm"]
+    names = [
+        "model.layers.0.input_layernorm",
+        "model.layers.0.post_attention_layernorm",
+        "model.layers.1.input_layernorm",
+        "model.layers.1.post_attention_layernorm",
+        "model.norm",
+    ]
     assert list(report.layers) == names
     for name, l in report.layers.items():
         assert l.kind == "rmsnorm" and l.null_dim == 0 and l.null_projection == 0.0, name
@@ -198,8 +213,13 @@ def test_nanogpt_style_layernorm_and_tuple_batches():
     _random_gamma(model, 0)
     x = _tokens(1, n_batches=2)
     report = probe(model, [(t, t) for t in x])  # nanoGPT's forward(idx, targets): the default rule feeds both
-    assert list(report.layers) == ["transformer.h.0.ln_1", "transformer.h.0.ln_2", "transformer.h.1.ln_1",
-                                   "transformer.h.1.ln_2", "transformer.ln_f"]  # fmt: skip
+    assert list(report.layers) == [
+        "transformer.h.0.ln_1",
+        "transformer.h.0.ln_2",
+        "transformer.h.1.ln_1",
+        "transformer.h.1.ln_2",
+        "transformer.ln_f",
+    ]
     for name, l in report.layers.items():
         assert l.kind == "layernorm" and l.alignment >= 0.9999 and l.null_dim == 1, name
     assert report.sigma_min.blocks == (EMBEDDING, "transformer.h.0", "transformer.h.1")
@@ -243,7 +263,11 @@ def test_probe_restores_mixed_modes_parameters_buffers_and_rng():
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert torch.equal(torch.get_rng_state(), rng)
-    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.blocks.modules() if m is not model.blocks[1].mlp)
+    assert all(
+        not m._forward_hooks and not m._forward_pre_hooks
+        for m in model.blocks.modules()
+        if m is not model.blocks[1].mlp
+    )
 
 
 def test_train_mode_restores_batchnorm_buffers_and_no_blocks_is_reported():
@@ -280,7 +304,9 @@ def test_dyt_saturation_equals_float64_recount():
         assert report.layers[n].alpha == pytest.approx(50.0)
     assert report.saturation == pooled(counts)
     assert 0.05 < report.saturation < 0.95
-    assert report.verdict.saturation == report.saturation and report.verdict.elements == sum(t for _, t in counts.values())
+    assert report.verdict.saturation == report.saturation and report.verdict.elements == sum(
+        t for _, t in counts.values()
+    )
     assert report.norm_type == "dyt"
     assert probe_scalars(report)[TAG.saturation] == report.saturation
 
@@ -415,7 +441,11 @@ def test_layer_selection_keeps_the_final_norm_and_max_dim_skips():
     model = _gpt("layernorm")
     report = probe(model, _tokens(0, n_batches=1), layers=["blocks.0.ln_1"])
     assert list(report.layers) == ["blocks.0.ln_1", "ln_f"]
-    assert list(probe(model, _tokens(0, n_batches=1), layers=r"ln_2").layers) == ["blocks.0.ln_2", "blocks.1.ln_2", "ln_f"]
+    assert list(probe(model, _tokens(0, n_batches=1), layers=r"ln_2").layers) == [
+        "blocks.0.ln_2",
+        "blocks.1.ln_2",
+        "ln_f",
+    ]
     with pytest.raises(ValueError, match="Expected `layers` to name discovered norm layers"):
         probe(model, _tokens(0, n_batches=1), layers=["nope"])
     with pytest.warns(UserWarning, match="max_dim=32"):
@@ -486,7 +516,7 @@ class OnePlusLayerNorm(nn.Module):
 
 
 def _with_norms(model: nn.Module, make: type) -> nn.Module:
-    for name, m in list(model.named_modules()):
+    for _, m in list(model.named_modules()):
         for child, sub in list(m.named_children()):
             if isinstance(sub, LlamaRMSNorm):
                 setattr(m, child, make(sub.weight.numel()))
@@ -506,7 +536,9 @@ def test_gemma_style_rmsnorm_reads_rmsnorm_like_through_its_effective_gain():
 def test_unit_weight_and_one_plus_weight_layernorms_read_layernorm_like():
     torch.manual_seed(0)
     d = 32
-    model = nn.Sequential(nn.Embedding(VOCAB, d), nn.Linear(d, d), nn.LayerNorm(d), nn.Linear(d, d), OnePlusLayerNorm(d))
+    model = nn.Sequential(
+        nn.Embedding(VOCAB, d), nn.Linear(d, d), nn.LayerNorm(d), nn.Linear(d, d), OnePlusLayerNorm(d)
+    )
     report = probe(model, _tokens(0, n_batches=2, batch=8, seq=64))
     assert [(n, l.kind) for n, l in report.layers.items()] == [("2", "layernorm"), ("4", "layernorm")]
     for name, l in report.layers.items():
@@ -518,7 +550,11 @@ def test_unit_weight_and_one_plus_weight_layernorms_read_layernorm_like():
 def test_a_norm_whose_affine_map_cannot_be_read_is_skipped_with_the_reason():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Embedding(VOCAB, 16), nn.LayerNorm(16), SkewedLayerNorm(16))
-    with pytest.warns(UserWarning, match=r"no reading for 2 \(SkewedLayerNorm is named like a normaliser but, run on test inputs, computes neither"):
+    with pytest.warns(
+        UserWarning,
+        match=r"no reading for 2 \(SkewedLayerNorm is named like a normaliser but, run on test inputs, computes "
+        r"neither",
+    ):
         report = probe(model, _tokens(0, n_batches=1))
     assert "2" not in report.layers and "gain * normalize(x) + bias" in report.skipped["2"]
     assert report.layers["1"].norm_type == "layernorm-like"  # the other layers are still read

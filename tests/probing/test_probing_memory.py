@@ -10,11 +10,11 @@ import torch
 from torch import Tensor
 
 import satmon.observe.covariance as covariance_taps
-from satmon.probing.memory_plan import READOUT_MATRICES, matrix_bytes
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.demos.llama import LlamaLM
-from satmon.probing.passes import probe
 from satmon.io.json_records import to_json
+from satmon.probing.memory_plan import READOUT_MATRICES, matrix_bytes
+from satmon.probing.passes import probe
 
 D = 64
 ONE_MATRIX = matrix_bytes(D) + READOUT_MATRICES * 8 * D * D  # the smallest budget: one matrix per pass
@@ -31,17 +31,22 @@ def _readings(report) -> dict:
     return d
 
 
-@pytest.mark.parametrize("make", [
-    lambda: GPT(GPTConfig(norm="layernorm", n_layers=2, dropout=0.1)),
-    lambda: LlamaLM(vocab_size=256, d_model=D, n_layers=2, n_heads=2, seq_len=64, alpha_init=20.0),
-], ids=["layernorm-gpt-dropout", "gated-dyt-llama"])  # fmt: skip
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: GPT(GPTConfig(norm="layernorm", n_layers=2, dropout=0.1)),
+        lambda: LlamaLM(vocab_size=256, d_model=D, n_layers=2, n_heads=2, seq_len=64, alpha_init=20.0),
+    ],
+    ids=["layernorm-gpt-dropout", "gated-dyt-llama"],
+)
 def test_one_matrix_per_pass_gives_the_one_pass_readings_bit_for_bit(make):
     torch.manual_seed(0)
     model = make()
     x = _tokens(0)
     # train mode: dropout draws from the RNG, so every pass must start from the same RNG state
     whole = probe(model, x, train_mode=True)
-    grouped = probe(model, iter(x), train_mode=True, memory_budget=ONE_MATRIX)  # a one-shot iterator: kept for the passes
+    # a one-shot iterator: kept for the passes
+    grouped = probe(model, iter(x), train_mode=True, memory_budget=ONE_MATRIX)
     assert whole.plan.passes == 1 and grouped.plan.passes == grouped.plan.matrices == whole.plan.matrices > 1
     assert _readings(grouped) == _readings(whole)  # floats compared exactly
     assert grouped.verdict == whole.verdict and grouped.batches == 2  # DyT counted once, not once per pass
@@ -63,7 +68,9 @@ def test_no_more_matrices_alive_than_the_plan_holds(monkeypatch):
     torch.manual_seed(0)
     model = GPT(GPTConfig(norm="layernorm", n_layers=2))  # 5 LayerNorms + 3 streams, d = 64
     report = probe(model, _tokens(0), memory_budget=2 * matrix_bytes(D) + READOUT_MATRICES * 8 * D * D)
-    assert report.plan.matrices == 8 and report.plan.passes == 4 and [len(g) for g in report.plan.groups] == [2, 2, 2, 2]
+    assert (
+        report.plan.matrices == 8 and report.plan.passes == 4 and [len(g) for g in report.plan.groups] == [2, 2, 2, 2]
+    )
     assert most[0] == 2
     most[0] = 0
     probe(model, _tokens(0))

@@ -29,8 +29,10 @@ GIB = 1 << 30
 def _deflate_bomb_fast(path: Path, inflated: int) -> None:
     """The same bomb, its record compressed once (zeros deflate ~1000:1): a file of about ``inflated / 1000`` bytes."""
     torch.save({"model": {"w": torch.zeros(4)}}, path.with_suffix(".src"))
-    with zipfile.ZipFile(path.with_suffix(".src")) as src, zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED,
-                                                                           compresslevel=1) as out:
+    with (
+        zipfile.ZipFile(path.with_suffix(".src")) as src,
+        zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as out,
+    ):
         for info in src.infolist():
             if info.filename.endswith("data.pkl"):
                 entry = zipfile.ZipInfo(info.filename)
@@ -63,8 +65,11 @@ def _pickler(f, legacy: bool):
     class P(pickle.Pickler):
         def persistent_id(self, obj):
             if isinstance(obj, _Storage):
-                return (("storage", torch.FloatStorage, obj.key, "cpu", obj.numel, None) if legacy else
-                        ("storage", torch.FloatStorage, obj.key, "cpu", obj.numel))
+                return (
+                    ("storage", torch.FloatStorage, obj.key, "cpu", obj.numel, None)
+                    if legacy
+                    else ("storage", torch.FloatStorage, obj.key, "cpu", obj.numel)
+                )
             return None
 
     return P(f, protocol=2)
@@ -87,8 +92,15 @@ def _legacy_storage_claim(path: Path, numel: int) -> None:
     from torch.serialization import MAGIC_NUMBER, PROTOCOL_VERSION
 
     with open(path, "wb") as f:
-        for obj in (MAGIC_NUMBER, PROTOCOL_VERSION, {"protocol_version": PROTOCOL_VERSION, "little_endian": True,
-                                                     "type_sizes": {"short": 2, "int": 4, "long": 8}}):
+        for obj in (
+            MAGIC_NUMBER,
+            PROTOCOL_VERSION,
+            {
+                "protocol_version": PROTOCOL_VERSION,
+                "little_endian": True,
+                "type_sizes": {"short": 2, "int": 4, "long": 8},
+            },
+        ):
             pickle.dump(obj, f, protocol=2)
         _pickler(f, legacy=True).dump({"model": {"w": _Tensor(numel)}})
         pickle.dump(["0"], f, protocol=2)
@@ -115,13 +127,18 @@ def _safetensors_header_claim(path: Path, n: int) -> None:
 
 BOMBS = {
     "zip-deflate-1GiB": (lambda p: _deflate_bomb_fast(p, GIB), "over satmon's read budget: its record 'bomb/data.pkl'"),
-    "zip-storage-claims-1TiB": (lambda p: _zip_storage_claim(p, 1 << 38), "declares tensor storages of 1,099,511,627,776"),
+    "zip-storage-claims-1TiB": (
+        lambda p: _zip_storage_claim(p, 1 << 38),
+        "declares tensor storages of 1,099,511,627,776",
+    ),
     "legacy-storage-claims-64GiB": (lambda p: _legacy_storage_claim(p, 1 << 34), "declares tensor storages of"),
     "legacy-binbytes8-1TiB": (lambda p: _legacy_opcode_claim(p, b"\x8e"), "pickle opcode BINBYTES8"),
     "legacy-binunicode8-1TiB": (lambda p: _legacy_opcode_claim(p, b"\x8d"), "pickle opcode BINUNICODE8"),
     "legacy-frame-1TiB": (lambda p: _legacy_opcode_claim(p, b"\x95"), "a pickle FRAME"),
-    "safetensors-header-80MiB": (lambda p: _safetensors_header_claim(p.with_suffix(".safetensors"), 80 << 20),
-                                 "over satmon's read budget: its JSON header declares 83,886,080 bytes"),
+    "safetensors-header-80MiB": (
+        lambda p: _safetensors_header_claim(p.with_suffix(".safetensors"), 80 << 20),
+        "over satmon's read budget: its JSON header declares 83,886,080 bytes",
+    ),
 }
 
 _PROBE = """
@@ -145,8 +162,13 @@ def test_a_bomb_is_refused_from_its_declared_sizes_with_a_small_peak(tmp_path, m
     if not bomb.exists():
         bomb = bomb.with_suffix(".safetensors")
     assert bomb.stat().st_blocks * 512 < 4 << 20  # a small (or sparse) file declaring a huge one
-    done = subprocess.run([sys.executable, "-c", _PROBE, str(bomb), str(tmp_path / "small.pt")], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(bomb), str(tmp_path / "small.pt")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     grew_kb, error = done.stdout.strip().split("\n", 1)
     assert said in error, error
@@ -158,7 +180,9 @@ def test_a_bomb_is_refused_from_its_declared_sizes_with_a_small_peak(tmp_path, m
 def test_the_budget_is_said_and_raising_it_reads_the_file(tmp_path, monkeypatch):
     """A legitimate file over a lowered budget is refused naming the variable; raised again, it is read."""
     path = tmp_path / "w.ckpt"
-    torch.save({"state_dict": {"w": torch.zeros(2)}, "global_step": 3, "hyper_parameters": {"vocab": ["t"] * 20_000}}, path)
+    torch.save(
+        {"state_dict": {"w": torch.zeros(2)}, "global_step": 3, "hyper_parameters": {"vocab": ["t"] * 20_000}}, path
+    )
     monkeypatch.setenv(BUDGET_ENV, "0.01")
     info = ck.inspect_checkpoint(path)
     assert info.error.startswith("over satmon's read budget: its record 'w/data.pkl'") and "0.01 MiB" in info.error
@@ -179,7 +203,7 @@ def test_a_budget_that_is_not_a_positive_number_is_said(tmp_path, monkeypatch, v
 
 @pytest.mark.parametrize("protocol", [2, 4, 5])
 def test_pickle_extent_finds_the_end_of_real_pickles_without_reading_payloads(protocol):
-    obj = {"a": [1, 2.5, "x" * 300, b"y" * 70_000, (None, True)], "b": {"c": 10 ** 30}, "d": bytearray(b"z" * 10)}
+    obj = {"a": [1, 2.5, "x" * 300, b"y" * 70_000, (None, True)], "b": {"c": 10**30}, "d": bytearray(b"z" * 10)}
     raw = pickle.dumps(obj, protocol=protocol)
     assert pickle_extent(io.BytesIO(raw + b"after"), len(raw) + 5, budget=1 << 20) == len(raw)
     with pytest.raises(OverBudget):

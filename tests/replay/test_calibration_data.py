@@ -34,7 +34,9 @@ def test_data_file_errors(tmp_path):
     (tmp_path / "text.pt").write_text("hello")
     with pytest.raises(ReplayUsageError, match="--data .*missing.pt': no such file"):
         load_data_file(tmp_path / "missing.pt", 1)
-    with pytest.raises(ReplayUsageError, match="expected a tensor, a non-empty list of batches or a dict of tensors, got str"):
+    with pytest.raises(
+        ReplayUsageError, match="expected a tensor, a non-empty list of batches or a dict of tensors, got str"
+    ):
         load_data_file(tmp_path / "s.pt", 1)
     with pytest.raises(ReplayUsageError, match=r"cannot read it with torch.load\(weights_only=True\)"):
         load_data_file(tmp_path / "text.pt", 1)

@@ -12,9 +12,9 @@ import zipfile
 
 import pytest
 import torch
-from helpers import tiny_lit, token_loader, trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from helpers import tiny_lit, token_loader, trainer
 from satmon import SaturationMonitor
 from satmon.replaying.checkpoints import (
     TRUST_FLAG,
@@ -32,7 +32,8 @@ from satmon.replaying.user_code import ReplayUsageError, short
 
 
 class Payload:
-    """Unpickling this runs ``exec``: one line appended to ``marker`` per load (the evidence that code from a file ran)."""
+    """Unpickling this runs ``exec``: one line appended to ``marker`` per load (the evidence
+    that code from a file ran)."""
 
     def __init__(self, marker) -> None:
         self.marker = str(marker)
@@ -53,7 +54,9 @@ def lightning_ckpt(tmp_path_factory):
     monitor = SaturationMonitor(window=2, verbose=False)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*no logger.*|.*does not have many workers.*")
-        trainer(root, max_steps=2, enable_checkpointing=True, callbacks=[ckpt, monitor]).fit(tiny_lit(), token_loader(2))
+        trainer(root, max_steps=2, enable_checkpointing=True, callbacks=[ckpt, monitor]).fit(
+            tiny_lit(), token_loader(2)
+        )
     (path,) = root.glob("*.ckpt")
     return path
 
@@ -105,7 +108,11 @@ def test_payload_never_runs_without_trust_and_runs_once_with_it(lightning_ckpt, 
 
     trusted = inspect_checkpoint(path, trust=True)
     assert runs(marker) == 1  # the index is read once, so the payload ran once
-    assert trusted.error is None and not trusted.weights_only and trusted.kind == ("lightning" if suffix == ".ckpt" else "state_dict")
+    assert (
+        trusted.error is None
+        and not trusted.weights_only
+        and trusted.kind == ("lightning" if suffix == ".ckpt" else "state_dict")
+    )
     state_dict_of(trusted)
     # a zip archive's tensors are copied from the file without unpickling it again; a legacy file keeps its
     # tensors inside the pickle stream, so it is read again at its turn (and its code runs again)
@@ -148,7 +155,10 @@ def test_non_checkpoints_are_named_for_what_they_are_not(lightning_ckpt, tmp_pat
     assert errors["data.ckpt"] == "not a PyTorch checkpoint: a zip archive without the data.pkl of torch.save"
     assert errors["half.ckpt"].startswith("truncated or corrupt")
     assert errors["bad.safetensors"] == "not a safetensors file: no JSON header"
-    assert errors["batches.pt"].startswith("not a checkpoint: expected a state_dict") and "got list" in errors["batches.pt"]
+    assert (
+        errors["batches.pt"].startswith("not a checkpoint: expected a state_dict")
+        and "got list" in errors["batches.pt"]
+    )
     assert [f for f, _ in count_loads] == [str(tmp_path / "batches.pt")]  # the others never reached the unpickler
 
 
@@ -178,8 +188,10 @@ def test_find_expands_folders_in_natural_order_and_excludes(tmp_path):
 
 
 def test_order_by_step_and_last_ckpt_dropped(tmp_path):
-    infos = [CheckpointInfo(tmp_path / n, "lightning", s) for n, s in
-             [("last.ckpt", 20), ("b.ckpt", 20), ("a.ckpt", 10), ("nostep.pt", None), ("last-v1.ckpt", 30)]]
+    infos = [
+        CheckpointInfo(tmp_path / n, "lightning", s)
+        for n, s in [("last.ckpt", 20), ("b.ckpt", 20), ("a.ckpt", 10), ("nostep.pt", None), ("last-v1.ckpt", 30)]
+    ]
     infos.append(CheckpointInfo(tmp_path / "broken.ckpt", error="x"))
     assert [i.path.name for i in order_checkpoints(infos)] == ["a.ckpt", "b.ckpt", "last-v1.ckpt", "nostep.pt"]
 
@@ -225,7 +237,10 @@ def test_hugging_face_folders_are_one_checkpoint_and_trainer_state_is_not_listed
     assert [p.name for p in listing.paths] == ["checkpoint-2", "checkpoint-4"]
     assert [p.name for p, _ in listing.left_out] == ["notes.txt"]  # the Trainer's files belong to their folder
     infos = [inspect_checkpoint(p, stamps=listing.stamps[p]) for p in listing.paths]
-    assert [(i.error, i.global_step, i.hf, i.kind) for i in infos] == [(None, 2, True, "state_dict"), (None, 4, True, "state_dict")]
+    assert [(i.error, i.global_step, i.hf, i.kind) for i in infos] == [
+        (None, 2, True, "state_dict"),
+        (None, 4, True, "state_dict"),
+    ]
     assert state_dict_of(infos[1])["w"].tolist() == [4.0, 4.0]
     only = list_checkpoints([tmp_path / "out" / "checkpoint-2" / "rng_state.pth"])
     assert only.paths == [] and "not model weights" in only.explicit[0][1]
@@ -235,17 +250,23 @@ def test_hugging_face_folders_are_one_checkpoint_and_trainer_state_is_not_listed
 def test_nothing_to_replay_says_what_was_found_instead(tmp_path):
     (tmp_path / "calib.pt").write_bytes(b"x")
     (tmp_path / "log.txt").write_text("x")
-    with pytest.raises(ReplayUsageError, match=r"Nothing to replay under .*found calib.pt \(the --data file\), "
-                                               r"log.txt \(not .ckpt/.pt/.pth/.safetensors\)"):
+    with pytest.raises(
+        ReplayUsageError,
+        match=r"Nothing to replay under .*found calib.pt \(the --data file\), "
+        r"log.txt \(not .ckpt/.pt/.pth/.safetensors\)",
+    ):
         find_checkpoints([tmp_path], exclude=[tmp_path / "calib.pt"])
 
 
-@pytest.mark.parametrize(("payload", "global_name", "does"), [
-    (lambda: (os.system, ("true",)), "posix.system", "runs a shell command"),
-    (lambda: (subprocess.Popen, (["true"],)), "Popen", "runs a shell command"),
-    (lambda: (eval, ("1",)), "eval", "runs Python code"),
-    (lambda: (builtins.__import__, ("os",)), "__import__", "imports and runs modules"),
-])
+@pytest.mark.parametrize(
+    ("payload", "global_name", "does"),
+    [
+        (lambda: (os.system, ("true",)), "posix.system", "runs a shell command"),
+        (lambda: (subprocess.Popen, (["true"],)), "Popen", "runs a shell command"),
+        (lambda: (eval, ("1",)), "eval", "runs Python code"),
+        (lambda: (builtins.__import__, ("os",)), "__import__", "imports and runs modules"),
+    ],
+)
 def test_a_global_that_runs_code_is_named_unsafe_and_never_advised(tmp_path, payload, global_name, does):
     class Crafted:
         def __reduce__(self):

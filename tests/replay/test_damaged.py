@@ -64,8 +64,11 @@ def test_one_flipped_bit_in_a_tensor_is_caught_naming_its_record(weights, which)
     assert torch.load(weights, weights_only=True)["model"]  # torch reads it without a word
     info = inspect_checkpoint(weights)  # the index (the pickle) is intact
     assert info.error is None
-    with pytest.raises(CorruptFile, match=rf"corrupt: the bytes of 1 tensor record\(s\) \({which}\) do not match the "
-                                          r"CRC-32 its zip directory records"):
+    with pytest.raises(
+        CorruptFile,
+        match=rf"corrupt: the bytes of 1 tensor record\(s\) \({which}\) do not match the "
+        r"CRC-32 its zip directory records",
+    ):
         state_dict_of(info)
 
 
@@ -136,9 +139,17 @@ def test_a_fifo_named_like_a_checkpoint_is_never_opened(tmp_path):
     os.mkfifo(tmp_path / "b.pt")
     listing = list_checkpoints([tmp_path])
     assert [p.name for p in listing.paths] == ["a.pt"] and ("b.pt", "a FIFO (named pipe): not read") in [
-        (p.name, w) for p, w in listing.left_out]
-    code = ("import sys; from satmon.replaying.checkpoints import inspect_checkpoint; "
-            f"print(inspect_checkpoint({str(tmp_path / 'b.pt')!r}).error)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+        (p.name, w) for p, w in listing.left_out
+    ]
+    code = (
+        "import sys; from satmon.replaying.checkpoints import inspect_checkpoint; "
+        f"print(inspect_checkpoint({str(tmp_path / 'b.pt')!r}).error)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.stdout.strip() == "a FIFO (named pipe): not read", done.stderr

@@ -25,9 +25,17 @@ def _checkpoint() -> dict:
     g = torch.Generator().manual_seed(0)
     w = torch.randn(6, 5, generator=g)
     return {
-        "state_dict": {"w": w, "tied": w, "view": torch.arange(12.0)[3:9].view(2, 3), "t": w.t(), "half": torch.randn(4, generator=g).half(),
-                       "bf": torch.randn(3, generator=g).bfloat16(), "flags": torch.tensor([True, False]), "empty": torch.zeros(0, 3),
-                       "ids": torch.arange(5)},
+        "state_dict": {
+            "w": w,
+            "tied": w,
+            "view": torch.arange(12.0)[3:9].view(2, 3),
+            "t": w.t(),
+            "half": torch.randn(4, generator=g).half(),
+            "bf": torch.randn(3, generator=g).bfloat16(),
+            "flags": torch.tensor([True, False]),
+            "empty": torch.zeros(0, 3),
+            "ids": torch.arange(5),
+        },
         "global_step": torch.tensor(7),
         "nested": [1, (torch.ones(2), "x"), {"deep": torch.full((2,), 3.0)}],
         "optimizer_states": [{"exp_avg": torch.ones(1000)}],
@@ -99,8 +107,12 @@ def test_a_file_changed_after_its_listing_is_named_not_read(tmp_path, change):
         path.unlink()
     with pytest.raises(FileChanged, match="changed since it was listed") as e:
         copy_tensors(index, stamp)
-    said = {"truncated": "bytes", "rewritten-same-size": "modified", "replaced": "replaced by another file",
-            "deleted": "deleted"}[change]
+    said = {
+        "truncated": "bytes",
+        "rewritten-same-size": "modified",
+        "replaced": "replaced by another file",
+        "deleted": "deleted",
+    }[change]
     assert said in str(e.value) and "skipped" in str(e.value)
 
 
@@ -128,8 +140,13 @@ def test_a_file_that_shrinks_between_the_check_and_the_read_fails_cleanly_withou
             sys.exit(0)
         sys.exit(5)
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert "changed while it was being read (it ends at byte" in done.stdout
 
@@ -153,21 +170,31 @@ def test_containers_deeper_than_the_limit_are_not_searched_and_do_not_recurse():
 
 def test_safetensors_index_and_tensors_equal_the_library(tmp_path):
     st = pytest.importorskip("safetensors.torch")
-    weights = {"w": torch.randn(4, 3), "h": torch.randn(5).half(), "b": torch.randn(2).bfloat16(), "i": torch.arange(3),
-               "e": torch.zeros(0, 2)}
+    weights = {
+        "w": torch.randn(4, 3),
+        "h": torch.randn(5).half(),
+        "b": torch.randn(2).bfloat16(),
+        "i": torch.arange(3),
+        "e": torch.zeros(0, 2),
+    }
     st.save_file(weights, str(tmp_path / "w.safetensors"), metadata={"format": "pt"})
     stamp = FileStamp.of(tmp_path / "w.safetensors")
     index = SafetensorsIndex.read(stamp)
     assert index.metadata == {"format": "pt"}
-    assert {k: (v.dtype, v.shape) for k, v in index.meta().items()} == {k: (v.dtype, v.shape) for k, v in weights.items()}
+    assert {k: (v.dtype, v.shape) for k, v in index.meta().items()} == {
+        k: (v.dtype, v.shape) for k, v in weights.items()
+    }
     got, want = index.tensors(stamp), st.load_file(str(tmp_path / "w.safetensors"))
     assert got.keys() == want.keys() and all(_same(got[k], want[k]) for k in want)
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    (lambda b: b[:8] + b"[1, 2]" + b[14:], "not a safetensors file"),
-    (lambda b: b[: len(b) - 4], "truncated or corrupt safetensors file"),
-])
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda b: b[:8] + b"[1, 2]" + b[14:], "not a safetensors file"),
+        (lambda b: b[: len(b) - 4], "truncated or corrupt safetensors file"),
+    ],
+)
 def test_safetensors_header_that_lies_is_refused(tmp_path, edit, message):
     st = pytest.importorskip("safetensors.torch")
     st.save_file({"w": torch.randn(4, 3)}, str(tmp_path / "w.safetensors"))
@@ -208,7 +235,12 @@ def test_an_archive_of_the_other_byte_order_is_refused_before_torch_reads_it(tmp
             sys.exit(0)
         sys.exit(5)
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert f"written on a {other}-endian machine" in done.stdout and "re-save it with torch.save" in done.stdout

@@ -77,8 +77,13 @@ def _dispatches_on_a_format_name(tree: ast.AST) -> list[int]:
 
 
 def test_every_format_has_the_shape_and_only_the_list_chooses_one():
-    assert [f.name for f in checkpoints.FORMATS] == ["torch.distributed.checkpoint folder", "DeepSpeed folder",
-                                                     "Hugging Face folder", "torch", "safetensors"]
+    assert [f.name for f in checkpoints.FORMATS] == [
+        "torch.distributed.checkpoint folder",
+        "DeepSpeed folder",
+        "Hugging Face folder",
+        "torch",
+        "safetensors",
+    ]
     assert all(isinstance(f, CheckpointFormat) for f in checkpoints.FORMATS)
     for path in (PACKAGE / "replaying").rglob("*.py"):
         outside = path.parent.name != "formats" or path.name in ("common.py", "__init__.py")
@@ -110,8 +115,9 @@ def test_weights_of_every_format_give_meta_and_real_tensors_alike(tmp_path):
         assert info.error is None and all(isinstance(x, Weights) for x in info.weights), path
         meta, real = checkpoints.meta_state_dict(info), checkpoints.state_dict_of(info)
         assert meta["w"].is_meta and meta["w"].shape == w.shape and torch.equal(real["w"], w), path
-    assert [checkpoints.inspect_checkpoint(p).format for p in (tmp_path / "a.ckpt", tmp_path / "b.safetensors", hf)] \
-        == ["torch", "safetensors", "Hugging Face folder"]
+    assert [
+        checkpoints.inspect_checkpoint(p).format for p in (tmp_path / "a.ckpt", tmp_path / "b.safetensors", hf)
+    ] == ["torch", "safetensors", "Hugging Face folder"]
 
 
 def test_a_new_format_is_one_module_and_one_line_and_the_replay_uses_it(tmp_path):
@@ -135,24 +141,45 @@ def test_a_new_format_is_one_module_and_one_line_and_the_replay_uses_it(tmp_path
         (runs / f"s{step}.jsonw").write_text(json.dumps({"step": step, "weights": state}))
     torch.save([torch.randn(8, 4)], tmp_path / "calib.pt")
     build = tmp_path / "build.py"
-    build.write_text("import torch\n\n\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 4), "
-                     "torch.nn.LayerNorm(4))\n")
+    build.write_text(
+        "import torch\n\n\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))\n"
+    )
     script = textwrap.dedent(f"""
         import satmon, torch
         from satmon.replaying.checkpoints import CHECKPOINT_SUFFIXES
         assert satmon.__file__.startswith({str(copy)!r}) and ".jsonw" in CHECKPOINT_SUFFIXES
         build = lambda: torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-        run = satmon.replay({str(runs)!r}, factory=build, data={str(tmp_path / 'calib.pt')!r}, twin=False, device="cpu",
+        run = satmon.replay({str(runs)!r}, factory=build, data={str(tmp_path / "calib.pt")!r}, twin=False, device="cpu",
                             on_note=None)
         print([(r.global_step, r.error, r.report.layers["1"].kind) for r in run], [i.format for i in run.infos])
     """)
     env = {**os.environ, "PYTHONPATH": str(copy)}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[(10, None, 'layernorm'), (20, None, 'layernorm')] ['json weights', 'json weights']"
-    cli = subprocess.run([sys.executable, "-m", "satmon.cli.main", "replay", str(runs), "--factory", f"{build}:build",
-                          "--data", str(tmp_path / "calib.pt"), "--no-twin", "--device", "cpu", "--quiet"],
-                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "satmon.cli.main",
+            "replay",
+            str(runs),
+            "--factory",
+            f"{build}:build",
+            "--data",
+            str(tmp_path / "calib.pt"),
+            "--no-twin",
+            "--device",
+            "cpu",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert cli.returncode == 0, cli.stderr[-2000:]
     assert "Replayed 2 of 2 checkpoint(s)" in cli.stdout

@@ -44,17 +44,23 @@ NOT_FILES = {
     "socket": (lambda p, keep: keep.append(_socket(p)), "a socket"),
     "dev-zero-link": (lambda p, keep: p.symlink_to("/dev/zero"), "a symlink to a character device (/dev/zero)"),
     "dev-null-link": (lambda p, keep: p.symlink_to("/dev/null"), "a symlink to a character device (/dev/null)"),
-    "fifo-link": (lambda p, keep: (os.mkfifo(p.with_name("real.fifo")), p.symlink_to(p.with_name("real.fifo"))),
-                  "a symlink to a FIFO (named pipe)"),
-    "socket-link": (lambda p, keep: (keep.append(_socket(p.with_name("real.sock"))), p.symlink_to(p.with_name("real.sock"))),
-                    "a symlink to a socket"),
+    "fifo-link": (
+        lambda p, keep: (os.mkfifo(p.with_name("real.fifo")), p.symlink_to(p.with_name("real.fifo"))),
+        "a symlink to a FIFO (named pipe)",
+    ),
+    "socket-link": (
+        lambda p, keep: (keep.append(_socket(p.with_name("real.sock"))), p.symlink_to(p.with_name("real.sock"))),
+        "a symlink to a socket",
+    ),
 }
 #: members that hold nothing: named, and the replay is complete without them
 NOTHING_THERE = {
     "broken-link": (lambda p, keep: p.symlink_to(p.with_name("gone.ckpt")), "a broken symlink (to "),
     "link-loop": (lambda p, keep: p.symlink_to(p), "a symlink loop"),
-    "two-link-loop": (lambda p, keep: (p.with_name("other.pt").symlink_to(p), p.symlink_to(p.with_name("other.pt"))),
-                      "a symlink loop"),
+    "two-link-loop": (
+        lambda p, keep: (p.with_name("other.pt").symlink_to(p), p.symlink_to(p.with_name("other.pt"))),
+        "a symlink loop",
+    ),
 }
 
 
@@ -110,7 +116,8 @@ def test_require_regular_names_the_kind_and_open_regular_never_blocks(tmp_path, 
 
 
 def test_a_folder_reached_twice_and_a_second_name_are_not_an_incomplete_replay(tmp_path):
-    """Decision (docs/reference/input_files.md): a second name of a listed file, or of a searched folder, holds nothing new."""
+    """Decision (docs/reference/input_files.md): a second name of a listed file, or of a
+    searched folder, holds nothing new."""
     _ckpt(tmp_path / "run" / "a.pt")
     (tmp_path / "run" / "again.pt").symlink_to(tmp_path / "run" / "a.pt")
     os.link(tmp_path / "run" / "a.pt", tmp_path / "run" / "hard.pt")
@@ -125,13 +132,27 @@ def test_the_cli_names_each_on_stderr_and_exits_0(tmp_path, keep, member, capsys
 
     make, phrase = NOT_FILES[member]
     factory = tmp_path / "m.py"
-    factory.write_text("import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))\n")
+    factory.write_text(
+        "import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))\n"
+    )
     torch.save(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)).state_dict(), tmp_path / "w.pt")
     torch.save(torch.randn(8, 4), tmp_path / "calib.bin")
     make(tmp_path / "odd.ckpt", keep)
     monkeypatch.chdir(tmp_path)
-    code = main(["replay", str(tmp_path), "--factory", f"{factory}:build", "--data", "calib.bin", "--quiet", "--no-twin",
-                 "--logdir", str(tmp_path / "tb")])
+    code = main(
+        [
+            "replay",
+            str(tmp_path),
+            "--factory",
+            f"{factory}:build",
+            "--data",
+            "calib.bin",
+            "--quiet",
+            "--no-twin",
+            "--logdir",
+            str(tmp_path / "tb"),
+        ]
+    )
     err = capsys.readouterr().err
     assert f"odd.ckpt: {phrase}: not read." in err and code == 0, err
 
@@ -210,17 +231,21 @@ def test_satmon_file_names_are_the_ones_satmon_writes():
     assert lst.satmon_file(hf.STATE_FILE) and lst.STATE_FILE == hf.STATE_FILE
     assert lst.satmon_file(os.path.basename(lock.lock_path("out/r.json", folder=False)))
     assert lst.satmon_file(os.path.basename(lock.lock_path("grid", folder=True)))
-    assert lst.satmon_file(trackers.text_file_name("satmon/verdict")) and lst.satmon_file(trackers.text_file_name("satmon/stop"))
+    assert lst.satmon_file(trackers.text_file_name("satmon/verdict")) and lst.satmon_file(
+        trackers.text_file_name("satmon/stop")
+    )
     package = {p: p.read_text() for p in Path(ck.__file__).parents[1].rglob("*.py") if p.name != "listing.py"}
     from satmon import paths
 
     assert lst.CALIBRATION_FILE == paths.CALIBRATION_FILE and lst.STATE_FILE == paths.STATE_FILE  # named once
-    assert "os.path.join(log_dir, CALIBRATION_FILE)" in package[Path(hf.__file__).with_name("live_probe.py")]  # the live probe's
+    # the live probe's
+    assert "os.path.join(log_dir, CALIBRATION_FILE)" in package[Path(hf.__file__).with_name("live_probe.py")]
     assert any('".partial.jsonl"' in text for text in package.values()) and lst.satmon_file("r.json.partial.jsonl")
 
 
 def test_a_hugging_face_output_dir_lists_only_its_model_checkpoints(tmp_path):
-    """issue 38 item 2: ``checkpoint-N/satmon_state.pt``, the Trainer's ``runs/`` and satmon's card are not checkpoints."""
+    """issue 38 item 2: ``checkpoint-N/satmon_state.pt``, the Trainer's ``runs/`` and
+    satmon's card are not checkpoints."""
     st = pytest.importorskip("safetensors.torch")
     out = tmp_path / "out"
     for step in (10, 20, 30):
@@ -267,8 +292,12 @@ def _deepspeed_raw(folder: Path) -> None:
 
 
 FORMATS = {
-    "deepspeed-lightning": (_deepspeed_lightning, "epoch=0-step=10.ckpt", "a DeepSpeed checkpoint folder",
-                            "convert_zero_checkpoint_to_fp32_state_dict"),
+    "deepspeed-lightning": (
+        _deepspeed_lightning,
+        "epoch=0-step=10.ckpt",
+        "a DeepSpeed checkpoint folder",
+        "convert_zero_checkpoint_to_fp32_state_dict",
+    ),
     "deepspeed": (_deepspeed_raw, "ds", "a DeepSpeed checkpoint folder", "zero_to_fp32.py"),
 }
 
@@ -299,7 +328,7 @@ def test_a_format_satmon_does_not_read_is_named_once_with_its_conversion(tmp_pat
 def test_a_deepspeed_folder_with_quotes_in_its_name_gets_commands_that_parse(tmp_path):
     import shlex
 
-    folder = tmp_path / "it's \"odd\" $x"
+    folder = tmp_path / 'it\'s "odd" $x'
     _deepspeed_lightning(folder)
     (why,) = [w for _, w in lst.list_checkpoints([tmp_path]).unread()]
     lightning, script = (shlex.split(c) for c in why.split("`")[1::2][:2])
@@ -312,8 +341,11 @@ def test_a_dcp_folder_is_read_without_a_process_group_as_torch_consolidates_it(t
     import torch.distributed as dist
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    state = {"model": {"w": torch.randn(3, 5), "b": torch.arange(4, dtype=torch.bfloat16)}, "step": 12,
-             "optimizer": {"lr": 0.1, "m": torch.ones(2)}}
+    state = {
+        "model": {"w": torch.randn(3, 5), "b": torch.arange(4, dtype=torch.bfloat16)},
+        "step": 12,
+        "optimizer": {"lr": 0.1, "m": torch.ones(2)},
+    }
     import torch.distributed.checkpoint as dcp
 
     dcp.save(state, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
@@ -322,7 +354,9 @@ def test_a_dcp_folder_is_read_without_a_process_group_as_torch_consolidates_it(t
     info = ck.inspect_checkpoint(listing.paths[0], stamps=listing.stamps[listing.paths[0]])
     assert info.error is None and info.global_step == 12 and info.kind == "state_dict"
     assert {k: (v.shape, v.dtype) for k, v in ck.meta_state_dict(info).items()} == {
-        "w": (torch.Size([3, 5]), torch.float32), "b": (torch.Size([4]), torch.bfloat16)}
+        "w": (torch.Size([3, 5]), torch.float32),
+        "b": (torch.Size([4]), torch.bfloat16),
+    }
     got = ck.state_dict_of(info)
     dcp_to_torch_save(str(tmp_path / "dcp"), str(tmp_path / "torch.pt"))
     want = torch.load(tmp_path / "torch.pt", weights_only=True)["model"]
@@ -367,8 +401,13 @@ def test_the_dcp_conversion_command_in_a_refusal_makes_a_file_satmon_replays(tmp
     error = ck.inspect_checkpoint(tmp_path / "dcp").error
     assert error.startswith("over satmon's read budget: its .metadata") and "dcp_to_torch" in error
     command = error.split("`")[1]
-    done = subprocess.run(shlex.split(command.replace("python", sys.executable, 1)), capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path)
+    done = subprocess.run(
+        shlex.split(command.replace("python", sys.executable, 1)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     monkeypatch.delenv(BUDGET_ENV)
     info = ck.inspect_checkpoint(tmp_path / "dcp-consolidated.pt")
@@ -380,14 +419,27 @@ def test_replaying_a_dcp_folder_through_the_cli_exits_0(tmp_path, capsys, monkey
 
     from satmon.cli.main import main
 
-    (tmp_path / "m.py").write_text("import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 4), "
-                                   "torch.nn.LayerNorm(4))\n")
+    (tmp_path / "m.py").write_text(
+        "import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))\n"
+    )
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
     dcp.save({"model": model.state_dict(), "step": 40}, checkpoint_id=str(tmp_path / "run" / "step40"), no_dist=True)
     torch.save(torch.randn(8, 4), tmp_path / "calib.pt")
     monkeypatch.chdir(tmp_path)
-    code = main(["replay", "run", "--factory", "./m.py:build", "--data", "calib.pt", "--quiet", "--no-twin",
-                 "--logdir", str(tmp_path / "tb")])
+    code = main(
+        [
+            "replay",
+            "run",
+            "--factory",
+            "./m.py:build",
+            "--data",
+            "calib.pt",
+            "--quiet",
+            "--no-twin",
+            "--logdir",
+            str(tmp_path / "tb"),
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0 and "Replayed 1 of 1" in captured.out and "record no checksum" not in captured.err, captured.err
 
@@ -397,8 +449,9 @@ def test_replaying_a_hugging_face_output_dir_with_satmons_files_exits_0(tmp_path
     st = pytest.importorskip("safetensors.torch")
     from satmon.cli.main import main
 
-    (tmp_path / "m.py").write_text("import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 4), "
-                                   "torch.nn.LayerNorm(4))\n")
+    (tmp_path / "m.py").write_text(
+        "import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))\n"
+    )
     out = tmp_path / "out"
     for step in (10, 20, 30):
         folder = out / f"checkpoint-{step}"
@@ -412,8 +465,20 @@ def test_replaying_a_hugging_face_output_dir_with_satmons_files_exits_0(tmp_path
     (out / "satmon_verdict.md").write_text("### NO-GO\n")
     torch.save(torch.randn(8, 4), tmp_path / "calib.pt")
     monkeypatch.chdir(tmp_path)
-    code = main(["replay", "out", "--factory", "./m.py:build", "--data", "calib.pt", "--quiet", "--no-twin",
-                 "--logdir", str(tmp_path / "tb")])
+    code = main(
+        [
+            "replay",
+            "out",
+            "--factory",
+            "./m.py:build",
+            "--data",
+            "calib.pt",
+            "--quiet",
+            "--no-twin",
+            "--logdir",
+            str(tmp_path / "tb"),
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "Replayed 3 of 3" in captured.out and "satmon_state.pt" not in captured.err, captured.err
@@ -422,18 +487,34 @@ def test_replaying_a_hugging_face_output_dir_with_satmons_files_exits_0(tmp_path
 
 @pytest.mark.parametrize("alone", [False, True])
 def test_a_deepspeed_folder_through_the_cli_is_named_once(tmp_path, capsys, monkeypatch, alone):
-    """Beside a checkpoint: replayed, the folder named once, exit 1 incomplete; alone: exit 2, nothing satmon can replay."""
+    """Beside a checkpoint: replayed, the folder named once, exit 1 incomplete; alone: exit
+    2, nothing satmon can replay."""
     from satmon.cli.main import main
 
-    (tmp_path / "m.py").write_text("import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 4), "
-                                   "torch.nn.LayerNorm(4))\n")
+    (tmp_path / "m.py").write_text(
+        "import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))\n"
+    )
     _deepspeed_lightning(tmp_path / "run" / "epoch=0-step=10.ckpt")
     if not alone:
-        torch.save(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)).state_dict(), tmp_path / "run" / "w.pt")
+        torch.save(
+            torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)).state_dict(), tmp_path / "run" / "w.pt"
+        )
     torch.save(torch.randn(8, 4), tmp_path / "calib.pt")
     monkeypatch.chdir(tmp_path)
-    code = main(["replay", "run", "--factory", "./m.py:build", "--data", "calib.pt", "--quiet", "--no-twin",
-                 "--logdir", str(tmp_path / "tb")])
+    code = main(
+        [
+            "replay",
+            "run",
+            "--factory",
+            "./m.py:build",
+            "--data",
+            "calib.pt",
+            "--quiet",
+            "--no-twin",
+            "--logdir",
+            str(tmp_path / "tb"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == (2 if alone else 1), err
     assert "not a checkpoint" not in err and "mp_rank_00_model_states.pt:" not in err

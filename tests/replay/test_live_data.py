@@ -26,12 +26,18 @@ def _written(folder, verdict, card):
 
 
 def test_the_tensorboard_live_reading_comes_from_the_hparams_not_the_card(tmp_path):
-    verdict = build_verdict({"ln_f": (3, 10), "h.0": (7, 10)}, Rule(0.3, threshold_source="user"), step=8, window=8,
-                            planned_window=8)
+    verdict = build_verdict(
+        {"ln_f": (3, 10), "h.0": (7, 10)}, Rule(0.3, threshold_source="user"), step=8, window=8, planned_window=8
+    )
     folder = _written(tmp_path / "run", verdict, card="### a card in other words, with no window and no trust")
     live = live_from_tensorboard(folder)
     assert (live.decision, live.step, live.window, live.trust, live.threshold) == (
-        verdict.decision, verdict.step, verdict.window, verdict.trust, verdict.threshold)
+        verdict.decision,
+        verdict.step,
+        verdict.window,
+        verdict.trust,
+        verdict.threshold,
+    )
     assert live.saturation == pytest.approx(verdict.saturation, rel=1e-6)  # a float32 scalar in the event file
 
 
@@ -68,9 +74,19 @@ def hf_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("hf_live")
     torch.manual_seed(0)
-    args = TrainingArguments(str(root / "out"), use_cpu=True, report_to=["tensorboard"], max_steps=4,
-                             per_device_train_batch_size=4, save_strategy="steps", save_steps=2, logging_steps=1000,
-                             disable_tqdm=True, dataloader_num_workers=0, learning_rate=1e-2)
+    args = TrainingArguments(
+        str(root / "out"),
+        use_cpu=True,
+        report_to=["tensorboard"],
+        max_steps=4,
+        per_device_train_batch_size=4,
+        save_strategy="steps",
+        save_steps=2,
+        logging_steps=1000,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        learning_rate=1e-2,
+    )
     callback = SatmonTrainerCallback(window=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -87,7 +103,13 @@ def test_a_trainer_output_dir_gives_its_live_verdict_from_satmons_state_then_its
     live = run.source.live
     assert live is not None, run.source.missing
     assert (live.decision, live.saturation, live.threshold, live.step, live.window, live.trust) == (
-        verdict.decision, verdict.saturation, verdict.threshold, verdict.step, verdict.window, verdict.trust)
+        verdict.decision,
+        verdict.saturation,
+        verdict.threshold,
+        verdict.step,
+        verdict.window,
+        verdict.trust,
+    )
     assert live.found == "satmon's state saved in `checkpoint-4/satmon_state.pt`"
     run.close()
     bare = tmp_path / "out"  # the same output_dir without satmon's state: the Trainer's TensorBoard run says it
@@ -96,6 +118,11 @@ def test_a_trainer_output_dir_gives_its_live_verdict_from_satmons_state_then_its
     live = run.source.live
     assert live is not None, run.source.missing
     assert (live.decision, live.threshold, live.step, live.window, live.trust) == (
-        verdict.decision, verdict.threshold, verdict.step, verdict.window, verdict.trust)
+        verdict.decision,
+        verdict.threshold,
+        verdict.step,
+        verdict.window,
+        verdict.trust,
+    )
     assert live.saturation == pytest.approx(verdict.saturation, rel=1e-6) and "/runs/" in live.found
     run.close()

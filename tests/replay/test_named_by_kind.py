@@ -84,8 +84,11 @@ def test_a_packed_checkpoint_is_named_and_its_unpack_command_runs_as_written(tmp
         with tarfile.open(packed, "w:gz" if pack == "tar.gz" else "w") as t:
             t.add(raw, arcname="raw.pt")
     error = inspect_checkpoint(packed).error
-    what = {"gzip": "a gzip-compressed file", "tar": "a tar archive",
-            "tar.gz": "a gzip-compressed tar archive (.tar.gz)"}
+    what = {
+        "gzip": "a gzip-compressed file",
+        "tar": "a tar archive",
+        "tar.gz": "a gzip-compressed tar archive (.tar.gz)",
+    }
     assert error.startswith(f"not a PyTorch checkpoint: {what[pack]}; unpack it and replay what it holds: `")
     tool = "gunzip" if pack == "gzip" else "tar"
     if shutil.which(tool) is None:
@@ -96,8 +99,9 @@ def test_a_packed_checkpoint_is_named_and_its_unpack_command_runs_as_written(tmp
     assert info.error is None and info.global_step == 3
 
 
-@pytest.mark.parametrize(("compress", "what"), [(bz2.compress, "a bzip2-compressed file"),
-                                                (lzma.compress, "an xz-compressed file")])
+@pytest.mark.parametrize(
+    ("compress", "what"), [(bz2.compress, "a bzip2-compressed file"), (lzma.compress, "an xz-compressed file")]
+)
 def test_other_compressions_are_named_too(tmp_path, compress, what):
     raw = _raw(tmp_path)
     for name in ("w.ckpt", "w.safetensors"):
@@ -153,10 +157,19 @@ def test_a_calibration_file_from_another_model_is_named_before_the_first_checkpo
 
 def test_data_given_is_checked_against_the_table_the_model_names(tmp_path):
     folder = _run_folder(tmp_path, torch.tensor([[3, 40]]), name="calib.pt")  # 40: past the token table only
-    with pytest.raises(ReplayUsageError, match=r"--data .*calib.pt: its batches feed token ids up to 40, past the "
-                                               r"model's vocabulary of 16 \(nn.Embedding tok"):
-        satmon.replay(folder, factory=lambda: _Tiny(input_embeddings=True), data=folder / "calib.pt", twin=False,
-                      device="cpu", on_note=None)
+    with pytest.raises(
+        ReplayUsageError,
+        match=r"--data .*calib.pt: its batches feed token ids up to 40, past the "
+        r"model's vocabulary of 16 \(nn.Embedding tok",
+    ):
+        satmon.replay(
+            folder,
+            factory=lambda: _Tiny(input_embeddings=True),
+            data=folder / "calib.pt",
+            twin=False,
+            device="cpu",
+            on_note=None,
+        )
 
 
 def test_ids_inside_the_vocabulary_replay(tmp_path):
@@ -176,6 +189,9 @@ def test_a_calibration_name_that_is_not_a_file_is_named_by_kind(tmp_path, kind):
     else:
         odd.symlink_to(tmp_path / "gone.pt")
     said = {"fifo": "a FIFO (named pipe)", "folder": "a folder", "broken-link": "a broken symlink"}[kind]
-    with pytest.raises(ReplayUsageError, match=f"No calibration data: '{re.escape(str(odd))}' has the name of satmon's "
-                                               f"calibration batches but is {re.escape(said)}"):
+    with pytest.raises(
+        ReplayUsageError,
+        match=f"No calibration data: '{re.escape(str(odd))}' has the name of satmon's "
+        f"calibration batches but is {re.escape(said)}",
+    ):
         satmon.replay(tmp_path, factory=_Tiny, twin=False, device="cpu", on_note=None)

@@ -9,9 +9,9 @@ import warnings
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import tiny_lit
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from helpers import tiny_lit
 from satmon import probe
 from satmon.batches import feed_first
 from satmon.demos.corpus import CorpusDataModule
@@ -40,9 +40,17 @@ def run(tmp_path_factory):
     ckpt = ModelCheckpoint(dirpath=root, every_n_train_steps=2, save_top_k=-1)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
-        pl.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=False, callbacks=[ckpt], enable_progress_bar=False,
-                   enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0
-                   ).fit(tiny_lit(lr=1e-2), CorpusDataModule(**DM_ARGS))
+        pl.Trainer(
+            max_steps=4,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            callbacks=[ckpt],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+        ).fit(tiny_lit(lr=1e-2), CorpusDataModule(**DM_ARGS))
     dm = CorpusDataModule(**DM_ARGS)
     dm.setup("fit")
     return sorted(root.glob("*.ckpt")), [b for _, b in zip(range(3), dm.train_dataloader())]
@@ -59,7 +67,10 @@ def test_model_built_from_the_read_equals_load_from_checkpoint(run):
     model = ModelLoader(LitLM).load(info)
     want = LitLM.load_from_checkpoint(path, map_location="cpu").eval()
     assert _same_weights(model, want) and dict(model.hparams) == dict(want.hparams) and not model.training
-    got, ref = probe(model, batches, forward_fn=feed_first, level=0.5), probe(want, batches, forward_fn=feed_first, level=0.5)
+    got, ref = (
+        probe(model, batches, forward_fn=feed_first, level=0.5),
+        probe(want, batches, forward_fn=feed_first, level=0.5),
+    )
     assert got.to_dict()["layers"] == ref.to_dict()["layers"]
 
 
@@ -79,8 +90,16 @@ def test_lightning_hooks_and_hparams_forms_as_lightning_does(run, tmp_path):
     info = inspect_checkpoint(run[0][0])
     assert ModelLoader(Hooked).load(info).loaded_step == 2  # on_load_checkpoint is called, as Lightning calls it
     module = ConfigModule({"d": 3})
-    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams), "hparams_name": "config",
-                "pytorch-lightning_version": pl.__version__, "global_step": 5}, tmp_path / "cfg.ckpt")
+    torch.save(
+        {
+            "state_dict": module.state_dict(),
+            "hyper_parameters": dict(module.hparams),
+            "hparams_name": "config",
+            "pytorch-lightning_version": pl.__version__,
+            "global_step": 5,
+        },
+        tmp_path / "cfg.ckpt",
+    )
     info = inspect_checkpoint(tmp_path / "cfg.ckpt")
     built = ModelLoader(ConfigModule).load(info)
     assert _same_weights(built, ConfigModule.load_from_checkpoint(tmp_path / "cfg.ckpt"))
@@ -93,7 +112,9 @@ def test_replay_reads_each_file_once_and_steps_each_verdict(run, monkeypatch):
     real = torch.load
     monkeypatch.setattr(torch, "load", lambda f, *a, **kw: calls.append(str(f)) or real(f, *a, **kw))
     infos = order_checkpoints([inspect_checkpoint(p) for p in find_checkpoints([paths[0].parent])])
-    records = list(checkpoint_records(infos, ModelLoader(LitLM), batches, probe_kwargs=dict(forward_fn=feed_first, level=0.5)))
+    records = list(
+        checkpoint_records(infos, ModelLoader(LitLM), batches, probe_kwargs=dict(forward_fn=feed_first, level=0.5))
+    )
     assert sorted(calls) == sorted(map(str, paths))  # one torch.load per file, inspection included
     assert all(i.checkpoint is None for i in infos)  # the loop released what it read
     assert [r.global_step for r in records] == [2, 4] and all(isinstance(r, ReplayRecord) for r in records)
@@ -105,10 +126,23 @@ def test_replay_reads_each_file_once_and_steps_each_verdict(run, monkeypatch):
 
 def test_record_dict_keys_are_the_json_of_satmon_0_1(run):
     paths, batches = run
-    good, bad = list(checkpoint_records([inspect_checkpoint(paths[0]), inspect_checkpoint(paths[0].parent / "nope.pt")],
-                            ModelLoader(LitLM), batches, probe_kwargs=dict(forward_fn=feed_first)))
+    good, bad = list(
+        checkpoint_records(
+            [inspect_checkpoint(paths[0]), inspect_checkpoint(paths[0].parent / "nope.pt")],
+            ModelLoader(LitLM),
+            batches,
+            probe_kwargs=dict(forward_fn=feed_first),
+        )
+    )
     report_keys = list(good.report.to_dict())
-    assert list(good.to_dict()) == ["checkpoint", "global_step", *report_keys, "seconds", "weights_only", "nonfinite_weights"]
+    assert list(good.to_dict()) == [
+        "checkpoint",
+        "global_step",
+        *report_keys,
+        "seconds",
+        "weights_only",
+        "nonfinite_weights",
+    ]
     assert list(bad.to_dict()) == ["checkpoint", "global_step", "error"] and bad.report is None
     assert good.to_dict()["global_step"] == 2
 
@@ -121,8 +155,12 @@ def test_nonfinite_weights_are_counted_and_make_the_record_nonfinite(run, tmp_pa
     w[1, 0] = float("inf")
     ckpt["state_dict"]["model.blocks.1.mlp.c_fc.weight"] = w
     torch.save(ckpt, tmp_path / "nan.ckpt")
-    (record,) = checkpoint_records([inspect_checkpoint(tmp_path / "nan.ckpt")], ModelLoader(LitLM), batches,
-                       probe_kwargs=dict(forward_fn=feed_first))
+    (record,) = checkpoint_records(
+        [inspect_checkpoint(tmp_path / "nan.ckpt")],
+        ModelLoader(LitLM),
+        batches,
+        probe_kwargs=dict(forward_fn=feed_first),
+    )
     assert record.nonfinite_weights == 6 and record.nonfinite
     assert any("model.blocks.1.mlp.c_fc.weight (6)" in n for n in record.notes)
     assert record.verdict.decision == "non-finite" and record.verdict.nonfinite > 0  # the NaN reaches the next DyT
@@ -174,7 +212,9 @@ def test_hyper_parameters_asking_for_a_huge_model_cost_nothing_before_the_mismat
 def test_a_fitting_checkpoint_is_checked_on_meta_then_built_once(run):
     Recording.built = []
     infos = order_checkpoints([inspect_checkpoint(p) for p in run[0]])
-    records = list(checkpoint_records(infos, ModelLoader(Recording), run[1], probe_kwargs=dict(forward_fn=feed_first), twin=False))
+    records = list(
+        checkpoint_records(infos, ModelLoader(Recording), run[1], probe_kwargs=dict(forward_fn=feed_first), twin=False)
+    )
     assert [r.error for r in records] == [None, None]
     assert Recording.built == ["meta", "cpu"]  # one meta check and one real build for both (same hyper-parameters)
 
@@ -184,9 +224,11 @@ def test_plain_weights_that_do_not_fit_the_factory_are_named_in_one_line(tmp_pat
     info = inspect_checkpoint(tmp_path / "w.pt")
     loader = ModelLoader(factory=lambda: torch.nn.Sequential(torch.nn.Linear(3, 4)))
     problem = loader.mismatch(info)
-    assert problem == ("the model built by the --factory model does not fit this checkpoint: 2 of the model's 2 keys "
-                       "missing from the checkpoint (0.weight, 0.bias); 2 of the checkpoint's 2 keys not in the model "
-                       "(weight, bias). Is --model/--factory building the architecture that saved it?")
+    assert problem == (
+        "the model built by the --factory model does not fit this checkpoint: 2 of the model's 2 keys "
+        "missing from the checkpoint (0.weight, 0.bias); 2 of the checkpoint's 2 keys not in the model "
+        "(weight, bias). Is --model/--factory building the architecture that saved it?"
+    )
 
 
 def test_records_are_frozen_and_built_once_per_checkpoint(run, monkeypatch):
@@ -226,7 +268,10 @@ def test_the_replay_loop_imports_no_lightning(run, tmp_path):
     import sys
 
     ckpt = torch.load(run[0][1], weights_only=True)
-    torch.save({"model": {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()}, "iter_num": 4}, tmp_path / "w.pt")
+    torch.save(
+        {"model": {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()}, "iter_num": 4},
+        tmp_path / "w.pt",
+    )
     torch.save(run[1], tmp_path / "calib.pt")
     script = (
         "import sys, torch\n"
@@ -236,7 +281,8 @@ def test_the_replay_loop_imports_no_lightning(run, tmp_path):
         "from satmon.demos.gpt import GPT, GPTConfig\n"
         "build = lambda: GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16))\n"
         f"batches = load_data_file({str(tmp_path / 'calib.pt')!r}, 3)\n"
-        f"(r,) = checkpoint_records([inspect_checkpoint({str(tmp_path / 'w.pt')!r})], ModelLoader(factory=build), batches,\n"
+        f"(r,) = checkpoint_records([inspect_checkpoint({str(tmp_path / 'w.pt')!r})], "
+        "ModelLoader(factory=build), batches,\n"
         "              probe_kwargs=dict(forward_fn=input_forward_fn(batches)))\n"
         "assert r.error is None and r.verdict is not None, r.error\n"
         "assert not is_lightning_module(GPT)\n"
@@ -251,4 +297,5 @@ def test_a_lightning_module_is_recognised_by_its_bases():
     from satmon.replaying.loop import is_lightning_module
 
     assert is_lightning_module(LitLM) and is_lightning_module(Recording) and not is_lightning_module(torch.nn.Linear)
-    assert not is_lightning_module(LitLM(arch="gpt", d_model=8, n_layers=1, n_heads=1, seq_len=4))  # an instance is no class
+    # an instance is no class
+    assert not is_lightning_module(LitLM(arch="gpt", d_model=8, n_layers=1, n_heads=1, seq_len=4))

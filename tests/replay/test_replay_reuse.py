@@ -10,9 +10,9 @@ import warnings
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import tiny_lit
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from helpers import tiny_lit
 from satmon import probe
 from satmon.batches import feed_first
 from satmon.demos.corpus import CorpusDataModule
@@ -28,28 +28,43 @@ def _run(root, **lit):
     ckpt = ModelCheckpoint(dirpath=root, every_n_train_steps=1, save_top_k=-1)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
-        pl.Trainer(max_steps=3, accelerator="cpu", devices=1, logger=False, callbacks=[ckpt], enable_progress_bar=False,
-                   enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0
-                   ).fit(tiny_lit(lr=3e-2, **lit), CorpusDataModule(**DM_ARGS))
+        pl.Trainer(
+            max_steps=3,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            callbacks=[ckpt],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+        ).fit(tiny_lit(lr=3e-2, **lit), CorpusDataModule(**DM_ARGS))
     return order_checkpoints([inspect_checkpoint(p) for p in sorted(root.glob("*.ckpt"))])
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Three checkpoints of a DyT GPT, three of a LayerNorm GPT (twin readings), three of a DyT LLaMA (gated), and batches."""
+    """Three checkpoints of a DyT GPT, three of a LayerNorm GPT (twin readings), three of a DyT
+    LLaMA (gated), and batches."""
     dm = CorpusDataModule(**DM_ARGS)
     dm.setup("fit")
     batches = [b for _, b in zip(range(2), dm.train_dataloader())]
-    return {"dyt": tmp_path_factory.mktemp("dyt"), "layernorm": tmp_path_factory.mktemp("ln"),
-            "llama": tmp_path_factory.mktemp("llama")}, batches
+    return {
+        "dyt": tmp_path_factory.mktemp("dyt"),
+        "layernorm": tmp_path_factory.mktemp("ln"),
+        "llama": tmp_path_factory.mktemp("llama"),
+    }, batches
 
 
 def _infos(runs, name):
     roots, _ = runs
     # the LLaMA with DyT before the head too (LlamaLM's default final norm is RMSNorm, which would need a twin)
     kw = {"dyt": {}, "layernorm": {"norm": "layernorm"}, "llama": {"arch": "llama", "final_norm": "dyt"}}[name]
-    return _run(roots[name], **kw) if not list(roots[name].glob("*.ckpt")) else \
-        order_checkpoints([inspect_checkpoint(p) for p in sorted(roots[name].glob("*.ckpt"))])
+    return (
+        _run(roots[name], **kw)
+        if not list(roots[name].glob("*.ckpt"))
+        else order_checkpoints([inspect_checkpoint(p) for p in sorted(roots[name].glob("*.ckpt"))])
+    )
 
 
 class Counting(LitLM):
@@ -77,7 +92,8 @@ def test_one_model_per_architecture_reads_what_fresh_models_read(runs, name, mon
     got = list(checkpoint_records(infos, ModelLoader(Counting), batches, probe_kwargs={"forward_fn": feed_first}))
     assert [r.error for r in got] == [None] * 3
     twins = 1 if name == "layernorm" else 0
-    assert Counting.built == 1 + 1 + twins  # the meta check, one real model, and (LayerNorm) one twin, for 3 checkpoints
+    # the meta check, one real model, and (LayerNorm) one twin, for 3 checkpoints
+    assert Counting.built == 1 + 1 + twins
     assert collected == []  # no garbage collection per checkpoint
     infos = _infos(runs, name)
     for info, record in zip(infos, got):  # each checkpoint in a model of its own, as load_from_checkpoint builds it
@@ -99,7 +115,9 @@ def test_the_gating_trace_runs_once_per_architecture(runs, monkeypatch):
     calls = []
     real = passes.detect_gating
     monkeypatch.setattr(passes, "detect_gating", lambda *a, **k: calls.append(1) or real(*a, **k))
-    got = list(checkpoint_records(_infos(runs, "llama"), ModelLoader(LitLM), runs[1], probe_kwargs={"forward_fn": feed_first}))
+    got = list(
+        checkpoint_records(_infos(runs, "llama"), ModelLoader(LitLM), runs[1], probe_kwargs={"forward_fn": feed_first})
+    )
     assert [r.error for r in got] == [None] * 3 and len(calls) == 1
     assert all(r.report.gating == got[0].report.gating for r in got) and got[0].report.gating.gated is True
 
@@ -123,7 +141,9 @@ class Loose(Counting):
 @pytest.mark.parametrize("cls, builds", [(Hooked, 3 + 3), (Loose, 1 + 3)])
 def test_a_module_that_may_change_per_checkpoint_is_built_for_each(runs, cls, builds):
     cls.built = 0
-    got = list(checkpoint_records(_infos(runs, "dyt"), ModelLoader(cls), runs[1], probe_kwargs={"forward_fn": feed_first}))
+    got = list(
+        checkpoint_records(_infos(runs, "dyt"), ModelLoader(cls), runs[1], probe_kwargs={"forward_fn": feed_first})
+    )
     assert [r.error for r in got] == [None] * 3 and cls.built == builds
 
 
@@ -171,11 +191,16 @@ def test_a_reused_replay_equals_each_checkpoint_replayed_alone_across_a_shape_ch
     dyt, llama = _infos(runs, "dyt"), _infos(runs, "llama")
     order = [dyt[0], dyt[1], wide[0], llama[0], dyt[2], wide[1]]
     Counting.built = 0
-    got = [_record(r) for r in checkpoint_records(order, ModelLoader(Counting), runs[1], probe_kwargs={"forward_fn": feed_first})]
+    got = [
+        _record(r)
+        for r in checkpoint_records(order, ModelLoader(Counting), runs[1], probe_kwargs={"forward_fn": feed_first})
+    ]
     reused_builds = Counting.built
     again = [inspect_checkpoint(r["checkpoint"]) for r in got]
-    want = [_record(r) for r in _alone(again, lambda: ModelLoader(Counting), runs[1],
-                                        probe_kwargs={"forward_fn": feed_first})]
+    want = [
+        _record(r)
+        for r in _alone(again, lambda: ModelLoader(Counting), runs[1], probe_kwargs={"forward_fn": feed_first})
+    ]
     assert [r.get("error") for r in got] == [None] * 6
     assert got == want
     # the wide checkpoint was read with a d=48 model: its readings are not the d=32 ones
@@ -210,8 +235,12 @@ def test_plain_weights_reused_equal_alone_and_a_misfit_in_the_middle_is_not_read
     infos = order_checkpoints([inspect_checkpoint(p) for p in paths])
     got = [_record(r) for r in checkpoint_records(infos, ModelLoader(factory=factory), batches)]
     n_reused = len(built)
-    want = [_record(r) for r in _alone(order_checkpoints([inspect_checkpoint(p) for p in paths]),
-                                        lambda: ModelLoader(factory=factory), batches)]
+    want = [
+        _record(r)
+        for r in _alone(
+            order_checkpoints([inspect_checkpoint(p) for p in paths]), lambda: ModelLoader(factory=factory), batches
+        )
+    ]
     assert [r.get("error") is None for r in got] == [True, True, False, True, True]
     assert "shape" in got[2]["error"] and got == want
     assert n_reused == 3  # the meta check, one model and one twin for four checkpoints
@@ -231,6 +260,8 @@ def test_a_probe_that_fails_drops_the_kept_model(runs, monkeypatch):
 
     monkeypatch.setattr(passes, "probe", flaky)
     Counting.built = 0
-    got = list(checkpoint_records(_infos(runs, "dyt"), ModelLoader(Counting), runs[1], probe_kwargs={"forward_fn": feed_first}))
+    got = list(
+        checkpoint_records(_infos(runs, "dyt"), ModelLoader(Counting), runs[1], probe_kwargs={"forward_fn": feed_first})
+    )
     assert [r.error is None for r in got] == [True, False, True]
     assert Counting.built == 1 + 2  # the meta check; the model after the failure is built afresh

@@ -64,11 +64,17 @@ def test_state_a_forward_leaves_outside_the_state_dict_never_reaches_the_next_ch
         d.pop("elapsed_s", None)
         return d
 
-    together = [readings(r) for r in checkpoint_records(order_checkpoints([inspect_checkpoint(p) for p in paths]),
-                                            ModelLoader(factory=factory), batches)]
+    together = [
+        readings(r)
+        for r in checkpoint_records(
+            order_checkpoints([inspect_checkpoint(p) for p in paths]), ModelLoader(factory=factory), batches
+        )
+    ]
     n_together = len(built)
-    alone = [readings(next(iter(checkpoint_records([inspect_checkpoint(p)], ModelLoader(factory=factory), batches))))
-             for p in paths]
+    alone = [
+        readings(next(iter(checkpoint_records([inspect_checkpoint(p)], ModelLoader(factory=factory), batches))))
+        for p in paths
+    ]
     assert together == alone
     assert len({d["verdict"]["saturation"] for d in together}) == 3
     if how == "none":  # nothing left behind: still one model and one twin for the three (and the meta check)
@@ -76,13 +82,13 @@ def test_state_a_forward_leaves_outside_the_state_dict_never_reaches_the_next_ch
 
 
 # ------------------------------------------------------------------ file names that are not UTF-8
-_FACTORY = '''import torch
+_FACTORY = """import torch
 from satmon.dyt import DyT
 
 
 def net():
     return torch.nn.Sequential(torch.nn.Linear(6, 8), DyT(8), torch.nn.Linear(8, 6), torch.nn.LayerNorm(6))
-'''
+"""
 
 
 def _plain_run(tmp_path, names):
@@ -94,8 +100,17 @@ def _plain_run(tmp_path, names):
         net = torch.nn.Sequential(torch.nn.Linear(6, 8), DyT(8), torch.nn.Linear(8, 6), torch.nn.LayerNorm(6))
         torch.save({"model": net.state_dict(), "iter_num": i + 1}, os.fsdecode(os.path.join(os.fsencode(ckpts), name)))
     torch.save(torch.randn(32, 6, generator=torch.Generator().manual_seed(0)), tmp_path / "data.pt")
-    return ["--factory", f"{tmp_path / 'nets.py'}:net", "--data", str(tmp_path / "data.pt"), "--batches", "2",
-            "--quiet", "--logdir", str(tmp_path / "logs")]
+    return [
+        "--factory",
+        f"{tmp_path / 'nets.py'}:net",
+        "--data",
+        str(tmp_path / "data.pt"),
+        "--batches",
+        "2",
+        "--quiet",
+        "--logdir",
+        str(tmp_path / "logs"),
+    ]
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="APFS refuses file names that are not UTF-8")
@@ -115,10 +130,13 @@ def test_checkpoints_named_in_bytes_that_are_not_utf8_are_replayed_into_every_ou
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="APFS refuses file names that are not UTF-8")
-@pytest.mark.parametrize("option, value", [("--logdir", b"lg\xff"), ("--name", b"n\xff"), ("--json", b"o\xff.json"),
-                                           ("--report", b"r\xff.md")])
-def test_an_output_named_in_bytes_that_are_not_utf8_is_refused_before_any_work(tmp_path, capsys, monkeypatch, option,
-                                                                                value):
+@pytest.mark.parametrize(
+    "option, value",
+    [("--logdir", b"lg\xff"), ("--name", b"n\xff"), ("--json", b"o\xff.json"), ("--report", b"r\xff.md")],
+)
+def test_an_output_named_in_bytes_that_are_not_utf8_is_refused_before_any_work(
+    tmp_path, capsys, monkeypatch, option, value
+):
     """0.3 before this fix: a traceback after every checkpoint was read (TensorBoard's path, the report's links)."""
     from satmon.cli.replay import main
     from satmon.replaying import loop

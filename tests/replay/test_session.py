@@ -23,7 +23,7 @@ from satmon.io.lock import exclusive, lock_path
 from satmon.replaying.user_code import ReplayUsageError
 
 ALPHAS = {10: 0.5, 20: 2.0, 30: 4.0}  # a step -> the DyT's alpha saved at that step
-FACTORY = '''
+FACTORY = """
 import os, time, torch
 from satmon.dyt import DyT
 
@@ -34,7 +34,7 @@ def build():
         while not os.path.exists(wait) and time.time() - start < 60:
             time.sleep(0.05)
     return torch.nn.Sequential(torch.nn.Linear(8, 8), DyT(8))
-'''
+"""
 
 
 def _net() -> torch.nn.Module:
@@ -70,8 +70,16 @@ def _recount(net: torch.nn.Module, batch: torch.Tensor, alpha: float) -> float:
 def test_the_python_entry_yields_one_record_per_checkpoint_matching_a_recount(folder, tmp_path):
     root, ckpts, net, batch = folder
     notes = []
-    run = satmon.replay(ckpts, factory=_net, data=root / "calib.pt", device="cpu", twin=False, logdir=tmp_path / "tb",
-                        json=tmp_path / "r.json", on_note=notes.append)
+    run = satmon.replay(
+        ckpts,
+        factory=_net,
+        data=root / "calib.pt",
+        device="cpu",
+        twin=False,
+        logdir=tmp_path / "tb",
+        json=tmp_path / "r.json",
+        on_note=notes.append,
+    )
     records = list(run)
     assert [r.global_step for r in records] == [10, 20, 30] and all(r.error is None for r in records)
     for record in records:
@@ -87,8 +95,15 @@ def test_the_python_entry_yields_one_record_per_checkpoint_matching_a_recount(fo
 def test_the_settings_rule_reaches_every_record_and_the_report(folder, tmp_path):
     pytest.importorskip("matplotlib")
     root, ckpts, _, batch = folder
-    run = satmon.replay(ckpts, factory=_net, data=[batch], settings=Settings(threshold=0.3), device="cpu", twin=False,
-                        report=tmp_path / "r.md")
+    run = satmon.replay(
+        ckpts,
+        factory=_net,
+        data=[batch],
+        settings=Settings(threshold=0.3),
+        device="cpu",
+        twin=False,
+        report=tmp_path / "r.md",
+    )
     records = list(run)
     assert {(r.verdict.threshold, r.verdict.rule.threshold_source) for r in records} == {(0.3, "user")}
     text = (tmp_path / "r.md").read_text()
@@ -118,8 +133,13 @@ def test_a_usage_error_is_raised_before_anything_is_written(folder, tmp_path):
     with pytest.raises(ReplayUsageError, match="Pass --model MODULE:CLASS"):
         satmon.replay(ckpts, data=root / "calib.pt", logdir=tmp_path / "tb", json=tmp_path / "out" / "r.json")
     with pytest.raises(ReplayUsageError, match=r"does not build the checkpoints' model"):
-        satmon.replay(ckpts, factory=lambda: torch.nn.Linear(3, 3), data=root / "calib.pt", logdir=tmp_path / "tb",
-                      json=tmp_path / "out" / "r.json")
+        satmon.replay(
+            ckpts,
+            factory=lambda: torch.nn.Linear(3, 3),
+            data=root / "calib.pt",
+            logdir=tmp_path / "tb",
+            json=tmp_path / "out" / "r.json",
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -135,20 +155,27 @@ def test_an_output_another_writer_holds_is_refused_naming_it_and_left_alone(fold
 
 
 def _python(code: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw
+    )
 
 
 def test_a_killed_holders_stale_lock_is_taken_over_and_said(folder, tmp_path):
     root, ckpts, _, _ = folder
     target = tmp_path / "r.json"
-    killed = _python("import os, signal, sys\nfrom satmon.io.lock import exclusive\n"
-                     f"held = exclusive({str(target)!r}, '--json', folder=False)\nheld.__enter__()\n"
-                     "os.kill(os.getpid(), signal.SIGKILL)")
+    killed = _python(
+        "import os, signal, sys\nfrom satmon.io.lock import exclusive\n"
+        f"held = exclusive({str(target)!r}, '--json', folder=False)\nheld.__enter__()\n"
+        "os.kill(os.getpid(), signal.SIGKILL)"
+    )
     killed.communicate(timeout=60)
     assert killed.returncode == -signal.SIGKILL and lock_path(target, folder=False).exists()
     notes = []
-    list(satmon.replay(ckpts, factory=_net, data=root / "calib.pt", device="cpu", twin=False, json=target,
-                       on_note=notes.append))
+    list(
+        satmon.replay(
+            ckpts, factory=_net, data=root / "calib.pt", device="cpu", twin=False, json=target, on_note=notes.append
+        )
+    )
     assert len(json.loads(target.read_text())) == 3
     assert any("took over a stale lock" in n and f"pid {killed.pid}" in n for n in notes), notes
 
@@ -158,11 +185,33 @@ def test_two_replays_racing_on_the_same_outputs_never_share_them(folder, tmp_pat
     its partial records alone; one told to write the same --logdir/--name gets a TensorBoard run of its own."""
     root, ckpts, _, _ = folder
     go = tmp_path / "go"
-    cli = [sys.executable, "-m", "satmon.cli.main", "replay", str(ckpts), "--factory", f"{root / 'build.py'}:build",
-           "--data", str(root / "calib.pt"), "--logdir", str(tmp_path / "tb"), "--name", "race", "--device", "cpu",
-           "--no-twin", "--quiet"]
-    first = subprocess.Popen([*cli, "--json", str(tmp_path / "r.json")], cwd=tmp_path, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env={**os.environ, "REPLAY_WAIT": str(go)})
+    cli = [
+        sys.executable,
+        "-m",
+        "satmon.cli.main",
+        "replay",
+        str(ckpts),
+        "--factory",
+        f"{root / 'build.py'}:build",
+        "--data",
+        str(root / "calib.pt"),
+        "--logdir",
+        str(tmp_path / "tb"),
+        "--name",
+        "race",
+        "--device",
+        "cpu",
+        "--no-twin",
+        "--quiet",
+    ]
+    first = subprocess.Popen(
+        [*cli, "--json", str(tmp_path / "r.json")],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "REPLAY_WAIT": str(go)},
+    )
     try:
         partial = tmp_path / "r.json.partial.jsonl"
         start = time.time()
@@ -170,8 +219,16 @@ def test_two_replays_racing_on_the_same_outputs_never_share_them(folder, tmp_pat
             time.sleep(0.05)
         assert partial.exists(), first.communicate()
         inode = os.stat(partial).st_ino
-        second, third = (subprocess.Popen([*cli, "--json", str(tmp_path / name)], cwd=tmp_path, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True) for name in ("r.json", "other.json"))
+        second, third = (
+            subprocess.Popen(
+                [*cli, "--json", str(tmp_path / name)],
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for name in ("r.json", "other.json")
+        )
         (_, second_err), (third_out, third_err) = second.communicate(timeout=120), third.communicate(timeout=120)
         assert second.returncode == 2, second_err
         assert f"in use by pid {first.pid}" in second_err and "earlier interrupted replay" not in second_err
@@ -183,10 +240,16 @@ def test_two_replays_racing_on_the_same_outputs_never_share_them(folder, tmp_pat
     assert first.returncode == 0, err
     runs = sorted(p.name for p in (tmp_path / "tb" / "race").iterdir() if p.is_dir())
     assert runs == ["version_0", "version_1"]  # one run each, never one run with both replays' events
-    mine = {line.split("TensorBoard run: ")[1].split()[0] for line in (out + third_out).splitlines()
-            if line.startswith("TensorBoard run: ")}
+    mine = {
+        line.split("TensorBoard run: ")[1].split()[0]
+        for line in (out + third_out).splitlines()
+        if line.startswith("TensorBoard run: ")
+    }
     assert len(mine) == 2
-    assert len(json.loads((tmp_path / "r.json").read_text())) == 3 and len(json.loads((tmp_path / "other.json").read_text())) == 3
+    assert (
+        len(json.loads((tmp_path / "r.json").read_text())) == 3
+        and len(json.loads((tmp_path / "other.json").read_text())) == 3
+    )
 
 
 def test_a_run_folder_taken_between_the_listing_and_the_mkdir_goes_to_the_next_version(tmp_path, monkeypatch):
@@ -218,8 +281,10 @@ def test_a_replay_stopped_early_leaves_the_json_as_it_was_and_keeps_its_records(
     kept = (tmp_path / "r.json.partial.jsonl").read_text().splitlines()
     assert [json.loads(line)["global_step"] for line in kept] == [10]
     assert run.stopped("interrupted (Ctrl-C)") == (
-        f"satmon replay: interrupted (Ctrl-C) after 1 of 3 checkpoint(s): {target} was left as it was; the 1 new record(s) "
-        f"are in {tmp_path / 'r.json.partial.jsonl'}.")
+        f"satmon replay: interrupted (Ctrl-C) after 1 of 3 checkpoint(s): {target} was left as it "
+        "was; the 1 new record(s) "
+        f"are in {tmp_path / 'r.json.partial.jsonl'}."
+    )
     with exclusive(target, "--json", folder=False):  # released: another writer may take it now
         pass
 
@@ -254,6 +319,9 @@ def test_a_full_disk_mid_replay_raises_and_leaves_the_json_and_the_complete_reco
     with pytest.raises(OSError, match="No space left on device"):
         list(run)
     assert target.read_text() == "[]" and run.done == 2
-    assert [json.loads(x)["global_step"] for x in (tmp_path / "r.json.partial.jsonl").read_text().splitlines()] == [10, 20]
+    assert [json.loads(x)["global_step"] for x in (tmp_path / "r.json.partial.jsonl").read_text().splitlines()] == [
+        10,
+        20,
+    ]
     with exclusive(target, "--json", folder=False):  # the lock went with the failure
         pass

@@ -21,7 +21,9 @@ def isolated(tmp_path, monkeypatch):
     # in the working directory: a module with the name of the user's dependency, which must never run
     (cwd / "satmon_dep_a1.py").write_text(f"open({str(marker)!r}, 'a').write('dep\\n')\nVALUE = 'shadow'\n")
     (site / "satmon_dep_a1.py").write_text("VALUE = 'real'\n")
-    (site / "userpkg_a1" / "__init__.py").write_text("import satmon_dep_a1\nclass Net:\n    dep = satmon_dep_a1.VALUE\n")
+    (site / "userpkg_a1" / "__init__.py").write_text(
+        "import satmon_dep_a1\nclass Net:\n    dep = satmon_dep_a1.VALUE\n"
+    )
     monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, "path", [str(site)] + [p for p in sys.path if p not in ("", ".")])
     for name in ("satmon_dep_a1", "userpkg_a1"):
@@ -85,11 +87,16 @@ def test_errors_raised_by_the_user_module_are_one_line(tmp_path, monkeypatch):
     with pytest.raises(ReplayUsageError, match=r"running .*boom.py' failed: RuntimeError: bad config$"):
         import_object(f"{tmp_path}/boom.py:x", "--factory")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ReplayUsageError, match="importing 'needs_dep_a1' failed: ModuleNotFoundError: No module named 'no_such_dependency_a1'"):
+    with pytest.raises(
+        ReplayUsageError,
+        match="importing 'needs_dep_a1' failed: ModuleNotFoundError: No module named 'no_such_dependency_a1'",
+    ):
         import_object("needs_dep_a1:x", "--factory")
 
 
 def test_error_line():
     assert error_line(KeyError("k")) == "KeyError: 'k'"
-    assert error_line(RuntimeError("Error(s) in loading:\n\tsize mismatch for w\nmore")) == \
-        "RuntimeError: Error(s) in loading: size mismatch for w"
+    assert (
+        error_line(RuntimeError("Error(s) in loading:\n\tsize mismatch for w\nmore"))
+        == "RuntimeError: Error(s) in loading: size mismatch for w"
+    )

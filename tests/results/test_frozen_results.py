@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from satmon.results.frozen import FrozenMap, freeze, thaw
+from satmon.results.gating import GatedPairing
 from satmon.results.plan import MemoryPlan
 from satmon.results.probe_report import LayerReading, ProbeReport, SigmaMinReading
 from satmon.results.stop import StopReason, StopRecord
-from satmon.results.gating import GatedPairing
 from satmon.results.verdict import GatingInfo, Verdict, build_verdict
 
 
@@ -30,17 +30,39 @@ def _plain(value) -> bool:
 
 
 def _pairing(**kw) -> GatedPairing:
-    return GatedPairing(**{"norm": "ln_2", "mlp": "mlp", "gate": "mlp.w1", "up": "mlp.w3", "down": "mlp.w2", "fused": False,
-                           "activation": "silu", "source": "trace", **kw})
+    return GatedPairing(
+        **{
+            "norm": "ln_2",
+            "mlp": "mlp",
+            "gate": "mlp.w1",
+            "up": "mlp.w3",
+            "down": "mlp.w2",
+            "fused": False,
+            "activation": "silu",
+            "source": "trace",
+            **kw,
+        }
+    )
 
 
 def _verdict() -> Verdict:
-    gating = GatingInfo(True, ("ln_2",), "ln_2 feeds a SwiGLU MLP",
-                        pairings={"ln_2": _pairing(also_feeds=("mlp2",))}, unpaired_gated_mlps=("mlp3",))
-    return build_verdict({"ln_1": (1, 10), "ln_2": (6, 10)}, step=8, window=8, gating=gating,
-                         risk={"mlp": {"dyt_saturation": 0.6, "flat_fraction": math.nan}}, notes=["a note"],
-                         loss={"first": 3.0, "last": 2.0, "change": -1 / 3, "late_change": -0.1, "stalled": False},
-                         offset={"ln_2": {"saturated": 0.6, "centered": 0.1, "offset_ratio": 5.0}})
+    gating = GatingInfo(
+        True,
+        ("ln_2",),
+        "ln_2 feeds a SwiGLU MLP",
+        pairings={"ln_2": _pairing(also_feeds=("mlp2",))},
+        unpaired_gated_mlps=("mlp3",),
+    )
+    return build_verdict(
+        {"ln_1": (1, 10), "ln_2": (6, 10)},
+        step=8,
+        window=8,
+        gating=gating,
+        risk={"mlp": {"dyt_saturation": 0.6, "flat_fraction": math.nan}},
+        notes=["a note"],
+        loss={"first": 3.0, "last": 2.0, "change": -1 / 3, "late_change": -0.1, "stalled": False},
+        offset={"ln_2": {"saturated": 0.6, "centered": 0.1, "offset_ratio": 5.0}},
+    )
 
 
 def test_frozen_map_reads_like_a_dict_and_cannot_change():
@@ -49,8 +71,15 @@ def test_frozen_map_reads_like_a_dict_and_cannot_change():
     assert m != {"a": 1} and hash(m) == hash(FrozenMap({"a": 1, "b": 2}))
     with pytest.raises(TypeError):
         m["a"] = 3  # type: ignore[index]
-    for change in (lambda: m.update({"c": 3}), lambda: m.pop("a"), lambda: m.setdefault("c", 3), m.clear, m.popitem,
-                   lambda: operator.delitem(m, "a"), lambda: operator.ior(m, {"c": 3})):
+    for change in (
+        lambda: m.update({"c": 3}),
+        lambda: m.pop("a"),
+        lambda: m.setdefault("c", 3),
+        m.clear,
+        m.popitem,
+        lambda: operator.delitem(m, "a"),
+        lambda: operator.ior(m, {"c": 3}),
+    ):
         with pytest.raises(TypeError, match="satmon results are frozen: use dataclasses.replace"):
             change()
     with pytest.raises(AttributeError):
@@ -63,8 +92,17 @@ def test_frozen_map_reads_like_a_dict_and_cannot_change():
 
 def test_a_verdict_holds_tuples_and_read_only_mappings():
     v = _verdict()
-    assert isinstance(v.per_layer, FrozenMap) and isinstance(v.risk["mlp"], FrozenMap) and isinstance(v.gated_layers, tuple)
-    for mapping, key in ((v.per_layer, "ln_1"), (v.risk["mlp"], "x"), (v.loss, "stalled"), (v.offset["ln_2"], "centered")):
+    assert (
+        isinstance(v.per_layer, FrozenMap)
+        and isinstance(v.risk["mlp"], FrozenMap)
+        and isinstance(v.gated_layers, tuple)
+    )
+    for mapping, key in (
+        (v.per_layer, "ln_1"),
+        (v.risk["mlp"], "x"),
+        (v.loss, "stalled"),
+        (v.offset["ln_2"], "centered"),
+    ):
         with pytest.raises(TypeError):
             operator.setitem(mapping, key, 1.0)
     with pytest.raises(AttributeError):
@@ -85,7 +123,11 @@ def test_verdict_round_trips_through_dict_json_pickle_and_a_weights_only_checkpo
     assert _plain(d) and d["gated_layers"] == ["ln_2"] and d["notes"] == ["a note"] and type(d["risk"]["mlp"]) is dict
     assert Verdict.from_dict(d).to_dict() == d
     same = Verdict.from_dict(json.loads(json.dumps(d)))  # NaN survives Python's JSON
-    assert same.per_layer == v.per_layer and same.gated_layers == v.gated_layers and math.isnan(same.risk["mlp"]["flat_fraction"])
+    assert (
+        same.per_layer == v.per_layer
+        and same.gated_layers == v.gated_layers
+        and math.isnan(same.risk["mlp"]["flat_fraction"])
+    )
     back = pickle.loads(pickle.dumps(v))
     assert back.per_layer == v.per_layer and back.to_dict().keys() == d.keys()
     torch.save({"verdict": d}, tmp_path / "ckpt.pt")
@@ -100,9 +142,14 @@ def test_gating_info_is_one_frozen_value():
         info.pairings["ln_2"].mlp = "other"  # type: ignore[misc]
     with pytest.raises(TypeError):
         info.pairings["ln_2"] = _pairing()  # type: ignore[index]
-    assert info.to_dict() == {"gated": True, "gated_layers": ["ln_2"], "message": "m",
-                              "pairings": {"ln_2": {**dataclasses.asdict(_pairing()), "also_feeds": ["a"]}},
-                              "unpaired_gated_mlps": [], "unclassified": {}}
+    assert info.to_dict() == {
+        "gated": True,
+        "gated_layers": ["ln_2"],
+        "message": "m",
+        "pairings": {"ln_2": {**dataclasses.asdict(_pairing()), "also_feeds": ["a"]}},
+        "unpaired_gated_mlps": [],
+        "unclassified": {},
+    }
     assert GatingInfo.from_dict(info.to_dict()) == info and hash(info) == hash(GatingInfo.from_dict(info.to_dict()))
     assert g.gated and g.gated_layers == ("ln_2",)
 
@@ -110,8 +157,14 @@ def test_gating_info_is_one_frozen_value():
 def test_probe_report_and_its_readings_are_frozen():
     reading = LayerReading("ln_f", "dyt", 8, tokens=4, saturation=0.5, alpha=2.0)
     plan = MemoryPlan((("a",),), {"a": 8}, None, 0)
-    report = ProbeReport({"ln_f": reading}, SigmaMinReading(["embedding"], [1.0], [None]), "dyt", saturation=0.5,
-                         skipped={"b": "too wide"}, plan=plan)
+    report = ProbeReport(
+        {"ln_f": reading},
+        SigmaMinReading(["embedding"], [1.0], [None]),
+        "dyt",
+        saturation=0.5,
+        skipped={"b": "too wide"},
+        plan=plan,
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         reading.saturation = 0.1  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -125,7 +178,9 @@ def test_probe_report_and_its_readings_are_frozen():
     later = dataclasses.replace(report, elapsed_s=2.5)
     assert later.elapsed_s == 2.5 and report.elapsed_s == 0.0 and isinstance(later.layers, FrozenMap)
     assert pickle.loads(pickle.dumps(report)).to_dict() == report.to_dict()
-    with pytest.raises(TypeError, match="Expected `gating` to be a satmon.results.verdict.GatingInfo or None, got a dict"):
+    with pytest.raises(
+        TypeError, match="Expected `gating` to be a satmon.results.verdict.GatingInfo or None, got a dict"
+    ):
         ProbeReport({}, SigmaMinReading(), "dyt", gating={"gated": False})
 
 

@@ -16,20 +16,30 @@ class Report:  # what ReplayRecord reads of a probe report
         return {"verdict": self.verdict.to_dict()}
 
 
-LIVE = LiveReading("no-go", 0.2480, 0.43, 500, window=500, trust="ok", found="the SaturationMonitor state saved in `s500.ckpt`")
+LIVE = LiveReading(
+    "no-go", 0.2480, 0.43, 500, window=500, trust="ok", found="the SaturationMonitor state saved in `s500.ckpt`"
+)
 
 
 def test_the_card_carries_both_readings_right_under_its_title():
     replayed = build_verdict({"ln_f": (5965, 10000)}, step=500, source="replay")
-    record = ReplayRecord("logs/demo/version_0/checkpoints/epoch=0-step=500.ckpt", 500, report=Report(replayed),
-                          source=ReplaySource("logs/demo/version_0", live=LIVE))
+    record = ReplayRecord(
+        "logs/demo/version_0/checkpoints/epoch=0-step=500.ckpt",
+        500,
+        report=Report(replayed),
+        source=ReplaySource("logs/demo/version_0", live=LIVE),
+    )
     card = record.card()
     lines = card.splitlines()
     assert lines[0] == replayed.card().splitlines()[0] and lines[1] == ""
-    assert lines[2] == ("Replay of `logs/demo/version_0`; its live verdict read from the SaturationMonitor state saved in "
-                        "`s500.ckpt`.")
+    assert lines[2] == (
+        "Replay of `logs/demo/version_0`; its live verdict read from the SaturationMonitor state saved in `s500.ckpt`."
+    )
     assert "| live window | NO-GO | 0.2480 | the 500 training steps up to step 500, train mode |" in lines
-    assert "| replay | GO (unproven) | 0.5965 | checkpoint `epoch=0-step=500.ckpt` at step 500, eval mode, calibration batches |" in lines
+    assert (
+        "| replay | GO (unproven) | 0.5965 | checkpoint `epoch=0-step=500.ckpt` at step 500, eval mode, calibration "
+        "batches |" in lines
+    )
     assert f"They disagree. Why they can differ: {WHY}" in lines
     assert card.endswith(replayed.card().split("\n", 1)[1].lstrip("\n"))  # the rest of the card follows, whole
     back = ReplaySource.from_dict(record.to_dict()["replay_of"])
@@ -52,4 +62,7 @@ def test_agreeing_readings_say_so_and_a_title_alone_takes_the_section():
     assert "They agree (NO-GO). Why they can differ:" in card
     assert with_section("### title", "body") == "### title\n\nbody"
     assert LiveReading.from_dict(LIVE.to_dict()) == LIVE
-    assert LiveReading("go", 0.5, 0.43, 7).steps_read() == "the training steps of the window, verdict at step 7, train mode"
+    assert (
+        LiveReading("go", 0.5, 0.43, 7).steps_read()
+        == "the training steps of the window, verdict at step 7, train mode"
+    )

@@ -30,18 +30,39 @@ OFFSET = {"a": {"saturated": 0.6, "centered": 0.01, "offset_ratio": 40.0}}
 
 
 def _reading(sat: int = 60, total: int = 100, **kw) -> Reading:
-    fields = {"source": "window", "step": 10, "counts": {"a": LayerCounts(sat, total)}, "level": 2.0, "window": 10,
-              "planned_window": 10}
+    fields = {
+        "source": "window",
+        "step": 10,
+        "counts": {"a": LayerCounts(sat, total)},
+        "level": 2.0,
+        "window": 10,
+        "planned_window": 10,
+    }
     fields.update(kw)
     return Reading(**fields)
 
 
 def test_a_reading_carries_everything_the_verdict_shows():
-    gating = GatingInfo(True, ("a",), "a feeds a SwiGLU MLP", pairings={"a": GatedPairing(
-        "a", "blocks.0.mlp", "blocks.0.mlp.w1", "blocks.0.mlp.w3", "blocks.0.mlp.w2", False, "silu", "trace")})
-    r = _reading(offset=OFFSET, offset_driven=True, offset_every=5, loss=STALLED, gating=gating,
-                 gate={"a": {"flat_fraction": 0.25, "mean_abs_hidden": 0.5}}, refused={"b": "alpha reshaped"},
-                 notes=("resumed at step 4",))
+    gating = GatingInfo(
+        True,
+        ("a",),
+        "a feeds a SwiGLU MLP",
+        pairings={
+            "a": GatedPairing(
+                "a", "blocks.0.mlp", "blocks.0.mlp.w1", "blocks.0.mlp.w3", "blocks.0.mlp.w2", False, "silu", "trace"
+            )
+        },
+    )
+    r = _reading(
+        offset=OFFSET,
+        offset_driven=True,
+        offset_every=5,
+        loss=STALLED,
+        gating=gating,
+        gate={"a": {"flat_fraction": 0.25, "mean_abs_hidden": 0.5}},
+        refused={"b": "alpha reshaped"},
+        notes=("resumed at step 4",),
+    )
     v = verdict_of(r)
     assert (v.decision, v.saturation, v.elements, v.step, v.window) == ("no-go", 0.6, 100, 10, 10)
     assert v.collapse_risk and v.gated_layers == ("a",)  # 0.6 >= 0.5 in a gated model
@@ -79,7 +100,9 @@ def test_the_settings_rule_says_whose_threshold_it_is_from_what_was_given():
     # dataclasses.replace carries the rule when it leaves the rule alone, and remakes it when it does not
     assert dataclasses.replace(Settings(), window=7).rule.threshold_source == "study"
     assert dataclasses.replace(mine, window=7).rule == mine.rule
-    assert dataclasses.replace(Settings(), threshold=0.3).rule == Rule(0.3, study.COLLAPSE_THRESHOLD, study.CAVEAT, "user")
+    assert dataclasses.replace(Settings(), threshold=0.3).rule == Rule(
+        0.3, study.COLLAPSE_THRESHOLD, study.CAVEAT, "user"
+    )
     assert dataclasses.replace(mine, collapse_threshold=0.6).rule.collapse_threshold == 0.6
     assert dataclasses.replace(mine, threshold=None).rule.threshold_source == "study"  # back to the study's
     with pytest.raises(TypeError, match="unexpected keyword argument 'rule'"):  # computed, not an option
@@ -92,9 +115,18 @@ def test_the_settings_rule_says_whose_threshold_it_is_from_what_was_given():
 def test_rule_of_a_calibration_is_the_calibration(tmp_path):
     from satmon.calibrate.fit import Cell, calibrate, write_calibration
 
-    rows = [(0.30, False, "a"), (0.44, False, "a"), (0.46, True, "a"), (0.60, True, "b"), (0.35, False, "b"), (0.70, True, "b")]
-    cal = write_calibration(calibrate([Cell(f"c{i}", g, h, {"saturation": s}) for i, (s, h, g) in enumerate(rows)],
-                                      source="mine"), tmp_path / "calibration.json")
+    rows = [
+        (0.30, False, "a"),
+        (0.44, False, "a"),
+        (0.46, True, "a"),
+        (0.60, True, "b"),
+        (0.35, False, "b"),
+        (0.70, True, "b"),
+    ]
+    cal = write_calibration(
+        calibrate([Cell(f"c{i}", g, h, {"saturation": s}) for i, (s, h, g) in enumerate(rows)], source="mine"),
+        tmp_path / "calibration.json",
+    )
     rule = Settings(calibration=cal).rule
     assert rule.threshold_source == "calibration" and rule.threshold == pytest.approx(cal.threshold)
     v = verdict_of(_reading(counts={"a": LayerCounts(60, 100)}, functions={"a": "erf"}), rule)
@@ -117,8 +149,10 @@ def test_a_function_the_study_did_not_calibrate_says_so_unless_the_user_gave_a_t
     mine = verdict_of(r, Settings(threshold=0.55).rule)
     # a bare threshold of the user's is no calibration either: no evidence, a measurement
     assert mine.trust == "unproven" and mine.cautions == ("unproven",) and mine.rule.evidence() == (None, None, None)
-    assert mine.headline() == ("GO by your threshold 0.55: a measurement, not a forecast (no held-out accuracy: a threshold "
-                               "given without calibration)")
+    assert mine.headline() == (
+        "GO by your threshold 0.55: a measurement, not a forecast (no held-out accuracy: a threshold "
+        "given without calibration)"
+    )
 
 
 def test_dyt_with_the_study_threshold_is_calibrated_but_unproven():
@@ -127,35 +161,51 @@ def test_dyt_with_the_study_threshold_is_calibrated_but_unproven():
     assert v.trust == "unproven" and v.cautions == ("unproven",) and not v.forecast
     assert v.rule.evidence()[:2] == (study.HELD_OUT_ACCURACY, study.NO_SKILL_ACCURACY) == (0.5, 8 / 12)
     assert v.headline() == f"GO by the study's rule: {MEASURED}"
-    assert "Trust: **unproven**: The 0.43 rule was right on 9 of the study's 12 cells in-sample and on 50% of them" in v.card()
+    assert (
+        "Trust: **unproven**: The 0.43 rule was right on 9 of the study's 12 cells in-sample and on 50% of them"
+        in v.card()
+    )
     assert v.rule.evidence()[2] == study.HELD_OUT_CELLS == 12
 
 
-@pytest.mark.parametrize(("sat", "word", "meaning"), [(60, "GO", "DyT's final loss expected below LayerNorm's"),
-                                                      (10, "NO-GO", "DyT's final loss expected above LayerNorm's")])
+@pytest.mark.parametrize(
+    ("sat", "word", "meaning"),
+    [
+        (60, "GO", "DyT's final loss expected below LayerNorm's"),
+        (10, "NO-GO", "DyT's final loss expected above LayerNorm's"),
+    ],
+)
 def test_a_calibration_that_beats_guessing_reads_as_a_forecast_with_trust_ok(sat, word, meaning):
     v = verdict_of(_reading(sat=sat), FORECAST)
     assert v.forecast and v.trust == "ok" and v.cautions == ()
-    assert v.headline() == (f"{word} by your calibration's threshold 0.43: a forecast, {meaning} "
-                            "(held-out accuracy 80% vs 60% for guessing the commoner outcome)")
+    assert v.headline() == (
+        f"{word} by your calibration's threshold 0.43: a forecast, {meaning} "
+        "(held-out accuracy 80% vs 60% for guessing the commoner outcome)"
+    )
     assert "Trust: **ok**: the rule forecasts on held-out cells (held-out accuracy 80%" in v.card()
     # qualified, it is still no reliable forecast; at or below the baseline, no forecast at all
     assert verdict_of(_reading(sat=sat, window=3, planned_window=10), FORECAST).headline().split(": ")[1] == (
-        "not a reliable forecast (held-out accuracy 80% vs 60% for guessing the commoner outcome)")
+        "not a reliable forecast (held-out accuracy 80% vs 60% for guessing the commoner outcome)"
+    )
     level = Rule(0.43, study.COLLAPSE_THRESHOLD, "Caveat: mine.", "calibration", 0.6, 0.6, 50)
     assert verdict_of(_reading(sat=sat), level).trust == "unproven"
     # the same 80% against 60% on 10 cells is 8/10: p = 0.17, no forecast; without a cell count, no test, no forecast
     few = Rule(0.43, study.COLLAPSE_THRESHOLD, "Caveat: mine.", "calibration", 0.8, 0.6, 10)
-    assert verdict_of(_reading(sat=sat), few).trust == "unproven" and "8 of 10 cells right, p = 0.17" in verdict_of(
-        _reading(sat=sat), few).card()
+    assert (
+        verdict_of(_reading(sat=sat), few).trust == "unproven"
+        and "8 of 10 cells right, p = 0.17" in verdict_of(_reading(sat=sat), few).card()
+    )
     uncounted = Rule(0.43, study.COLLAPSE_THRESHOLD, "Caveat: mine.", "calibration", 0.8, 0.6)
     assert verdict_of(_reading(sat=sat), uncounted).trust == "unproven"
 
 
 def test_no_headline_advises_in_the_imperative():
     gating = GatingInfo(True, ("a",), "a feeds a SwiGLU MLP")
-    readings = [_reading(sat=s, **kw) for s in (10, 44, 60) for kw in ({}, {"window": 3}, {"loss": STALLED}, {"gating": gating},
-                                                                        {"functions": {"a": "erf"}})]
+    readings = [
+        _reading(sat=s, **kw)
+        for s in (10, 44, 60)
+        for kw in ({}, {"window": 3}, {"loss": STALLED}, {"gating": gating}, {"functions": {"a": "erf"}})
+    ]
     readings.append(_reading(nonfinite_weights={"w": 1}))
     for r in readings:
         for rule in (Rule(), FORECAST, Settings(threshold=0.3).rule):
@@ -166,23 +216,38 @@ def test_no_headline_advises_in_the_imperative():
 
 def test_cautions_combine_most_serious_first_and_trust_names_the_first():
     # 44.5% over 3 of 10 steps, stalled loss and offsets, erf under the study's threshold: everything at once
-    v = verdict_of(_reading(sat=445, total=1000, window=3, planned_window=10, loss=STALLED, offset=OFFSET,
-                            offset_driven=True, functions={"a": "erf"}))
+    v = verdict_of(
+        _reading(
+            sat=445,
+            total=1000,
+            window=3,
+            planned_window=10,
+            loss=STALLED,
+            offset=OFFSET,
+            offset_driven=True,
+            functions={"a": "erf"},
+        )
+    )
     assert v.trust == "uncalibrated"
     assert list(v.cautions) == [t for t in TRUST if t in v.cautions]
     assert v.cautions == ("uncalibrated", "flagged", "partial", "inconclusive", "unproven")
-    assert v.headline() == ("GO by the study's rule, no calibrated threshold for erf, flagged (stalled-loss, offset-driven), "
-                            f"partial window (3 of 10 steps), inconclusive (margin +0.0150): {MEASURED}")
+    assert v.headline() == (
+        "GO by the study's rule, no calibrated threshold for erf, flagged (stalled-loss, offset-driven), "
+        f"partial window (3 of 10 steps), inconclusive (margin +0.0150): {MEASURED}"
+    )
     card = v.card()
     assert "Trust: **uncalibrated** (also flagged, partial, inconclusive, unproven)" in card
     assert "Partial: training ended after 3 of the 10 window steps" in card
 
 
-@pytest.mark.parametrize(("kw", "trust", "words"), [
-    ({"window": 3, "planned_window": 10}, "partial", "partial window (3 of 10 steps)"),
-    ({"loss": STALLED}, "flagged", "flagged (stalled-loss)"),
-    ({"offset": OFFSET, "offset_driven": True}, "flagged", "flagged (offset-driven)"),
-])
+@pytest.mark.parametrize(
+    ("kw", "trust", "words"),
+    [
+        ({"window": 3, "planned_window": 10}, "partial", "partial window (3 of 10 steps)"),
+        ({"loss": STALLED}, "flagged", "flagged (stalled-loss)"),
+        ({"offset": OFFSET, "offset_driven": True}, "flagged", "flagged (offset-driven)"),
+    ],
+)
 def test_a_go_undercut_by_a_flag_or_a_short_window_says_so_first(kw, trust, words):
     v = verdict_of(_reading(**kw))
     assert v.decision == "go" and v.trust == trust  # the decision keeps the study's rule: scripts keep their contract
@@ -194,7 +259,12 @@ def test_a_go_undercut_by_a_flag_or_a_short_window_says_so_first(kw, trust, word
 
 def test_a_partial_no_go_is_not_a_confident_switch_back_either():
     v = verdict_of(_reading(sat=10, window=3, planned_window=10))
-    assert v.decision == "no-go" and v.trust == "partial" and "switch back" not in v.headline() and "forecast" in v.headline()
+    assert (
+        v.decision == "no-go"
+        and v.trust == "partial"
+        and "switch back" not in v.headline()
+        and "forecast" in v.headline()
+    )
 
 
 def test_the_console_gets_plain_text_and_the_card_markdown():
@@ -204,14 +274,18 @@ def test_the_console_gets_plain_text_and_the_card_markdown():
     assert text.startswith("satmon verdict: GO by the study's rule, flagged (offset-driven)")
     assert "###" not in text and "**" not in text and "`" not in text and "\n_" not in text
     assert len(card.splitlines()) == len(text.splitlines())  # the same lines, rendered twice
-    assert v.summary() == ("satmon verdict: GO by the study's rule (trust: flagged: offset-driven), saturation 0.6000 >= "
-                           "threshold 0.43 (margin +0.1700, window 10 steps)")
+    assert v.summary() == (
+        "satmon verdict: GO by the study's rule (trust: flagged: offset-driven), saturation 0.6000 >= "
+        "threshold 0.43 (margin +0.1700, window 10 steps)"
+    )
     assert v.summary(["tb/version_0", "csv/satmon_verdict.md"]).endswith("; card: tb/version_0, csv/satmon_verdict.md")
     assert v.summary([]).endswith("; card: not written anywhere (no logger, no logdir)")
 
 
 def test_the_card_puts_headline_numbers_trust_flags_and_caveat_before_one_table():
-    v = verdict_of(_reading(offset=OFFSET, offset_driven=True, offset_every=10, counts={"a": (60, 100), "b": (30, 100)}))
+    v = verdict_of(
+        _reading(offset=OFFSET, offset_driven=True, offset_every=10, counts={"a": (60, 100), "b": (30, 100)})
+    )
     lines = v.card().splitlines()
     table = [i for i, l in enumerate(lines) if l.startswith("| layer |")]
     assert len(table) == 1  # one per-layer table (0.2 had two, with different numbers for one layer)
@@ -235,24 +309,44 @@ def _flat(v: Verdict) -> dict:
     """The verdict as satmon 0.4 wrote it: the rule's seven fields at the top, with the evidence in force."""
     held_out, no_skill, cells = v.rule.evidence()
     flat = {k: x for k, x in v.to_dict().items() if k != "rule"}
-    return {**flat, "threshold": v.rule.threshold, "collapse_threshold": v.rule.collapse_threshold, "caveat": v.rule.caveat,
-            "threshold_source": v.rule.threshold_source, "held_out_accuracy": held_out, "no_skill_accuracy": no_skill,
-            "held_out_cells": cells}
+    return {
+        **flat,
+        "threshold": v.rule.threshold,
+        "collapse_threshold": v.rule.collapse_threshold,
+        "caveat": v.rule.caveat,
+        "threshold_source": v.rule.threshold_source,
+        "held_out_accuracy": held_out,
+        "no_skill_accuracy": no_skill,
+        "held_out_cells": cells,
+    }
 
 
 def test_a_verdict_of_satmon_0_2_reads_back_with_its_trust():
     old = _flat(build_verdict({"a": (45, 100)}, step=3, window=3, planned_window=10))
-    for key in ("trust", "cautions", "functions", "threshold_source", "nonfinite_weights", "offset_every", "held_out_accuracy",
-                "no_skill_accuracy"):
+    for key in (
+        "trust",
+        "cautions",
+        "functions",
+        "threshold_source",
+        "nonfinite_weights",
+        "offset_every",
+        "held_out_accuracy",
+        "no_skill_accuracy",
+    ):
         old.pop(key)
     again = Verdict.from_dict(old)
     assert again.trust == "partial" and again.cautions == ("partial", "unproven")
 
 
-@pytest.mark.parametrize(("source", "trust"), [("study", "unproven"), ("user", "unproven"), ("calibration", "unproven")])
+@pytest.mark.parametrize(
+    ("source", "trust"), [("study", "unproven"), ("user", "unproven"), ("calibration", "unproven")]
+)
 def test_a_verdict_of_satmon_0_3_with_trust_ok_loads_and_reads_by_todays_evidence(source, trust):
-    old = _flat(build_verdict({"a": (45, 100)}, Rule(0.3 if source != "study" else 0.43, threshold_source=source), step=500,
-                              window=500))
+    old = _flat(
+        build_verdict(
+            {"a": (45, 100)}, Rule(0.3 if source != "study" else 0.43, threshold_source=source), step=500, window=500
+        )
+    )
     for key in ("held_out_accuracy", "no_skill_accuracy"):
         old.pop(key)
     old.update(trust="ok", cautions=[])  # what 0.3 saved: "ok" under a rule at chance
@@ -263,5 +357,7 @@ def test_a_verdict_of_satmon_0_3_with_trust_ok_loads_and_reads_by_todays_evidenc
 
 
 def test_a_bad_threshold_source_is_refused():
-    with pytest.raises(ValueError, match=r"Expected `threshold_source` in \('study', 'user', 'calibration'\), got 'mine'"):
+    with pytest.raises(
+        ValueError, match=r"Expected `threshold_source` in \('study', 'user', 'calibration'\), got 'mine'"
+    ):
         build_verdict({"a": (1, 2)}, Rule(0.5, threshold_source="mine"), step=1)

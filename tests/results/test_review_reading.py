@@ -24,7 +24,9 @@ _OFFSET = {"ln_f": {"saturated": 0.6, "centered": 0.01, "offset_ratio": 40.0}}
 def _qualified():
     """Replay verdicts the study's rule calls GO / NO-GO but whose trust is not ok, and one that is."""
     return {
-        "flagged": build_verdict({"ln_f": LayerCounts(60, 100)}, step=9, source="replay", offset=_OFFSET, offset_flag=True),
+        "flagged": build_verdict(
+            {"ln_f": LayerCounts(60, 100)}, step=9, source="replay", offset=_OFFSET, offset_flag=True
+        ),
         "uncalibrated": build_verdict({"ln_f": LayerCounts(10, 100)}, step=9, source="replay", functions=("erf",)),
         "inconclusive": build_verdict({"ln_f": LayerCounts(44, 100)}, step=9, source="replay"),
     }
@@ -53,7 +55,8 @@ def test_a_trusted_replay_verdict_reads_as_a_bare_decision():
     assert row["decision"] == "NO-GO"
     unproven = build_verdict({"ln_f": LayerCounts(10, 100)}, step=9, source="replay")  # the study's 0.43: at chance
     assert summary_row({"checkpoint": "step=9.ckpt", "global_step": 9, "verdict": unproven.to_dict()})["decision"] == (
-        "NO-GO (unproven)")
+        "NO-GO (unproven)"
+    )
 
 
 class _Derf(torch.nn.Module):
@@ -69,8 +72,8 @@ class _Derf(torch.nn.Module):
 
 
 def test_the_card_states_the_cut_off_an_erf_layer_was_counted_with():
-    """A Derf layer is counted at |u| > 1.6279 (erf's gain at tanh's level 2, docs/science/science.md), not at 2: the card
-    says the cut-off the counts used, checked against a float64 count of the same inputs."""
+    """A Derf layer is counted at |u| > 1.6279 (erf's gain at tanh's level 2, docs/science/science.md), not at 2: the
+    card says the cut-off the counts used, checked against a float64 count of the same inputs."""
     torch.manual_seed(0)
     xs = [torch.randn(64, 8) for _ in range(3)]
     v = probe(torch.nn.Sequential(_Derf(8)), xs).verdict

@@ -57,7 +57,14 @@ def test_calibration_file_sets_the_threshold_and_the_caveat(tmp_path):
     from satmon.calibrate.fit import Cell, calibrate, write_calibration
 
     # cells whose midpoint rule lands at 0.45 (0.44 hurt, 0.46 helped): the tuned model's 0.44 reads NO-GO there
-    rows = [(0.30, False, "a"), (0.44, False, "a"), (0.46, True, "a"), (0.60, True, "b"), (0.35, False, "b"), (0.70, True, "b")]
+    rows = [
+        (0.30, False, "a"),
+        (0.44, False, "a"),
+        (0.46, True, "a"),
+        (0.60, True, "b"),
+        (0.35, False, "b"),
+        (0.70, True, "b"),
+    ]
     cells = [Cell(f"c{i}", g, helps, {"saturation": s}) for i, (s, helps, g) in enumerate(rows)]
     path = tmp_path / "calibration.json"
     cal = write_calibration(calibrate(cells, source="mine"), path)
@@ -104,7 +111,9 @@ def test_bad_arguments_fail_in_init(kwargs, match):
 def test_model_without_dyt_errors_at_setup_when_asked(tmp_path):
     model = tiny_lit(norm="layernorm")
     with pytest.raises(ValueError, match=r"no DyT layer.*found 5 LayerNorm/RMSNorm.*convert_to_dyt.*include="):
-        trainer(tmp_path, max_steps=1, callbacks=[SaturationMonitor(window=1, on_missing="raise")]).fit(model, token_loader(2))
+        trainer(tmp_path, max_steps=1, callbacks=[SaturationMonitor(window=1, on_missing="raise")]).fit(
+            model, token_loader(2)
+        )
 
 
 def test_model_without_dyt_trains_by_default_and_says_why(tmp_path):
@@ -173,9 +182,11 @@ def test_build_verdict_takes_one_rule_and_the_loose_rule_arguments_are_deprecate
     Rule."""
     rule = Rule(0.3, 0.6, "Caveat: mine.", "user")
     counts = {"a": (45, 100)}
-    with pytest.warns(SatmonDeprecationWarning,
-                      match=r"build_verdict\(threshold=, collapse_threshold=, caveat=\) is deprecated.*"
-                      r"build_verdict\(counts, Rule\(threshold=\.\.\., threshold_source='user'\)"):
+    with pytest.warns(
+        SatmonDeprecationWarning,
+        match=r"build_verdict\(threshold=, collapse_threshold=, caveat=\) is deprecated.*"
+        r"build_verdict\(counts, Rule\(threshold=\.\.\., threshold_source='user'\)",
+    ):
         old = build_verdict(counts, step=9, window=9, threshold=0.3, collapse_threshold=0.6, caveat="Caveat: mine.")
     assert old == build_verdict(counts, rule, step=9, window=9) and old.rule == rule
     with pytest.raises(TypeError, match="unexpected keyword argument"):
@@ -186,15 +197,28 @@ def test_build_verdict_takes_one_rule_and_the_loose_rule_arguments_are_deprecate
 
 def test_the_verdict_holds_the_rule_whole_and_its_old_flat_fields_are_deprecated():
     v = build_verdict({"a": (45, 100)}, Rule(0.5, threshold_source="user"), step=9, window=9)
-    assert v.to_dict()["rule"] == {"threshold": 0.5, "collapse_threshold": 0.5, "caveat": v.rule.caveat,
-                                   "threshold_source": "user", "held_out_accuracy": None, "no_skill_accuracy": None,
-                                   "held_out_cells": None}
+    assert v.to_dict()["rule"] == {
+        "threshold": 0.5,
+        "collapse_threshold": 0.5,
+        "caveat": v.rule.caveat,
+        "threshold_source": "user",
+        "held_out_accuracy": None,
+        "no_skill_accuracy": None,
+        "held_out_cells": None,
+    }
     assert not {"threshold", "caveat", "threshold_source", "held_out_accuracy"} & set(v.to_dict())  # said once, nested
     assert v.threshold == 0.5 and v.margin == pytest.approx(-0.05)
-    for old, new in [("caveat", v.rule.caveat), ("threshold_source", "user"), ("collapse_threshold", 0.5),
-                     ("held_out_accuracy", None), ("no_skill_accuracy", None), ("held_out_cells", None)]:
-        with pytest.warns(SatmonDeprecationWarning,
-                          match=rf"Verdict.{old} is deprecated since satmon 0.5: use Verdict.rule"):
+    for old, new in [
+        ("caveat", v.rule.caveat),
+        ("threshold_source", "user"),
+        ("collapse_threshold", 0.5),
+        ("held_out_accuracy", None),
+        ("no_skill_accuracy", None),
+        ("held_out_cells", None),
+    ]:
+        with pytest.warns(
+            SatmonDeprecationWarning, match=rf"Verdict.{old} is deprecated since satmon 0.5: use Verdict.rule"
+        ):
             assert getattr(v, old) == new
 
 
@@ -221,15 +245,22 @@ def test_a_flat_verdict_written_by_satmon_0_4_loads_with_its_rule_nested(name):
     rules = {
         "study_window": Rule(),
         "user_probe": Rule(0.3, caveat="Caveat: my own threshold.", threshold_source="user"),
-        "calibration_replay": Rule(0.45, caveat="Caveat: threshold 0.45 fit by satmon calibrate.",
-                                   threshold_source="calibration", held_out_accuracy=11 / 12, no_skill_accuracy=7 / 12,
-                                   held_out_cells=12),
+        "calibration_replay": Rule(
+            0.45,
+            caveat="Caveat: threshold 0.45 fit by satmon calibrate.",
+            threshold_source="calibration",
+            held_out_accuracy=11 / 12,
+            no_skill_accuracy=7 / 12,
+            held_out_cells=12,
+        ),
         "nonfinite_partial": Rule(collapse_threshold=0.6),
     }
-    counts = {"study_window": ({"blocks.0.ln_1": (60, 100), "ln_f": (20, 100)}, dict(step=500, window=500)),
-              "user_probe": ({"ln_f": (45, 100)}, dict(step=9, source="probe")),
-              "calibration_replay": ({"ln_f": (5, 10)}, dict(step=9, source="replay")),
-              "nonfinite_partial": ({"ln_f": (5, 10, 2)}, dict(step=3, window=3, planned_window=10))}[name]
+    counts = {
+        "study_window": ({"blocks.0.ln_1": (60, 100), "ln_f": (20, 100)}, dict(step=500, window=500)),
+        "user_probe": ({"ln_f": (45, 100)}, dict(step=9, source="probe")),
+        "calibration_replay": ({"ln_f": (5, 10)}, dict(step=9, source="replay")),
+        "nonfinite_partial": ({"ln_f": (5, 10, 2)}, dict(step=3, window=3, planned_window=10)),
+    }[name]
     loaded = Verdict.from_dict(flat)
     # the study's caveat is words of the release that wrote it (they name where the evidence is): a 0.4 verdict keeps
     # its own; every other field of the rule is today's

@@ -11,8 +11,8 @@ import textwrap
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import clean_env
 
+from helpers import clean_env
 from satmon.screen.agreement import Agreement, TorchDistributed
 
 
@@ -57,8 +57,9 @@ SCRIPT = textwrap.dedent(
 def test_two_ranks_get_the_same_answer(tmp_path):
     script = tmp_path / "agree.py"
     script.write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=clean_env(), capture_output=True, text=True,
-                          timeout=180)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], env=clean_env(), capture_output=True, text=True, timeout=180
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for r, got in enumerate(ranks):

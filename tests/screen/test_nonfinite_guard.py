@@ -17,13 +17,16 @@ def _same(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-@pytest.mark.parametrize(("inputs", "alphas", "loss", "expected"), [
-    (0, [2.0, 0.5], 1.5, 0),
-    (3, [2.0, 0.5], 1.5, 3),  # three DyT inputs held NaN/inf (the hooks' count so far)
-    (0, [NAN, INF], 1.5, 2),  # two alphas
-    (0, [2.0], NAN, 1),  # the loss
-    (2, [INF], -INF, 4),  # all of them add up
-])
+@pytest.mark.parametrize(
+    ("inputs", "alphas", "loss", "expected"),
+    [
+        (0, [2.0, 0.5], 1.5, 0),
+        (3, [2.0, 0.5], 1.5, 3),  # three DyT inputs held NaN/inf (the hooks' count so far)
+        (0, [NAN, INF], 1.5, 2),  # two alphas
+        (0, [2.0], NAN, 1),  # the loss
+        (2, [INF], -INF, 4),  # all of them add up
+    ],
+)
 def test_each_finding_counts(inputs, alphas, loss, expected):
     g = NonFiniteGuard("cpu")
     g.push(torch.tensor(inputs), torch.tensor(alphas), torch.tensor(loss), _same)

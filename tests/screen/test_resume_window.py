@@ -17,13 +17,15 @@ import warnings
 
 import pytest
 import torch
-from reference import InputRecorder
+
+# the plain loop: forward, backward, step, end_step, begin_step
 from test_state import (
-    _train,  # the plain loop: forward, backward, step, end_step, begin_step
+    _train,
 )
 
-from satmon.demos.llama import LlamaLM
+from reference import InputRecorder
 from satmon import find_dyt_layers
+from satmon.demos.llama import LlamaLM
 from satmon.screen.screen import Screen
 
 WINDOW, STEPS = 10, 12
@@ -72,7 +74,9 @@ def _first(stop: int, finish: bool, window: int = WINDOW, record: bool = False):
     rec = InputRecorder(model, [l.name for l in find_dyt_layers(model)]) if record else None  # training forwards only
     _train(model, opt, screen, batches, 0, stop)
     if finish:
-        with pytest.warns(UserWarning, match=r"training ended after \d+ of the \d+ window steps; the verdict is provisional"):
+        with pytest.warns(
+            UserWarning, match=r"training ended after \d+ of the \d+ window steps; the verdict is provisional"
+        ):
             screen.finish(stop)
     return (screen, _save(model, opt, screen)) + ((rec,) if record else ())
 

@@ -29,7 +29,11 @@ def test_screen_says_so_when_the_model_has_no_dyt():
 
 def test_include_does_not_turn_a_look_alike_into_a_screened_layer():
     model = nn.Sequential(nn.Linear(4, 4), ScaledTanh(4))
-    with pytest.warns(UserWarning, match=r"include= selects '1' \(ScaledTanh\).*does not compute weight \* f\(alpha \* x \+ s\) \+ bias with f tanh"):
+    with pytest.warns(
+        UserWarning,
+        match=r"include= selects '1' \(ScaledTanh\).*does not compute weight \* f\(alpha \* x \+ s\) \+ bias with f "
+        r"tanh",
+    ):
         layers = satmon.find_dyt_layers(model, include=r"^1$")
     assert layers == []  # 0.2 before this review counted it: a confident verdict on a saturation its tanh does not have
 

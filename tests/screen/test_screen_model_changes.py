@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from reference import exact_count
 
+from reference import exact_count
 from satmon import DyT, Screen
 
 D, T, B = 16, 8, 4  # every forward: B * T * D = 512 elements a DyT layer
@@ -61,7 +61,9 @@ def test_a_dyt_replaced_mid_window_is_counted_from_its_first_forward_and_named()
     assert v.elements == 6 * 2 * B * T * D == 6144  # 0.2 counted 4,608 and said nothing
     for name, (sat, total) in rec.counts.items():
         assert v.per_layer[name] == sat / total
-    assert v.notes == ("layer 3 was replaced at step 3: counted from its first forward (the replaced module's counts are kept)",)
+    assert v.notes == (
+        "layer 3 was replaced at step 3: counted from its first forward (the replaced module's counts are kept)",
+    )
     assert "layer 3 was replaced at step 3" in v.card()
 
 
@@ -98,8 +100,12 @@ def test_a_removed_dyt_keeps_its_counts_with_a_note(how):
     assert v.elements == (6 + 3) * B * T * D  # layer 3 ran 3 times, and those counts stay
     assert list(v.per_layer) == ["1", "3"]
     if how == "setattr":
-        assert v.notes == (("layer 3 was replaced by Identity (not a DyT) at step 3: its DyT counts up to then are "
-                            "kept, and it is not counted after"),)
+        assert v.notes == (
+            (
+                "layer 3 was replaced by Identity (not a DyT) at step 3: its DyT counts up to then are "
+                "kept, and it is not counted after"
+            ),
+        )
     else:
         assert v.notes == ("layer 3 was removed before step 6: its counts up to then are kept",)
 
@@ -120,8 +126,12 @@ def test_a_dyt_swapped_for_a_layernorm_keeps_its_counts_and_says_so():
     assert v.saturation == sum(s for s, _ in rec.counts.values()) / v.elements
     for name, (sat, total) in rec.counts.items():
         assert v.per_layer[name] == sat / total
-    assert v.notes == (("layer 3 was replaced by LayerNorm (not a DyT) at step 3: its DyT counts up to then are kept, "
-                        "and it is not counted after"),)
+    assert v.notes == (
+        (
+            "layer 3 was replaced by LayerNorm (not a DyT) at step 3: its DyT counts up to then are kept, "
+            "and it is not counted after"
+        ),
+    )
     assert "replaced by LayerNorm (not a DyT) at step 3" in v.card()
 
 
@@ -158,7 +168,9 @@ def test_no_walk_over_the_modules_on_steps_where_nothing_changed(monkeypatch):
     walks = []
     for method in ("modules", "named_modules", "children", "named_children"):
         original = getattr(nn.Module, method)
-        monkeypatch.setattr(nn.Module, method, lambda self, *a, _o=original, _m=method, **k: walks.append(_m) or _o(self, *a, **k))
+        monkeypatch.setattr(
+            nn.Module, method, lambda self, *a, _o=original, _m=method, **k: walks.append(_m) or _o(self, *a, **k)
+        )
     for _ in range(3):  # the window's other steps before its end
         model(torch.randn(B, T, 8))
         screen.step()

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+
 from helpers import RecordingSink
 from reference import InputRecorder
-
+from satmon import find_dyt_layers
 from satmon.demos.gpt import GPT, GPTConfig
 from satmon.io.sink import LayoutSink, MultiSink, Sink
 from satmon.io.tags import TAG
 from satmon.io.tensorboard import custom_scalars_layout, verdict_hparams, verdict_scalars
-from satmon import find_dyt_layers
 from satmon.screen.screen import Screen
 
 WINDOW, STEPS, EVERY = 4, 9, 2
@@ -53,8 +53,9 @@ def _loop(screen: Screen) -> InputRecorder:
 def run() -> tuple[Screen, RecordingSink, InputRecorder]:
     sink = RecordingSink()
     assert isinstance(sink, LayoutSink)
-    screen = Screen(window=WINDOW, log_every_n_steps=EVERY, watch_every_n_steps=EVERY, offset_every=2, verbose=False,
-                    sink=sink)
+    screen = Screen(
+        window=WINDOW, log_every_n_steps=EVERY, watch_every_n_steps=EVERY, offset_every=2, verbose=False, sink=sink
+    )
     return screen, sink, _loop(screen)
 
 
@@ -87,7 +88,8 @@ def test_the_verdict_goes_as_scalars_card_and_one_hparams_session(run):
     kinds = [c[0] if c[0] != "text" else f"text:{c[1]}" for c in at_verdict]
     assert kinds == ["scalars", "scalars", "text:satmon/verdict", "hparams"]
     readings, scalars, card, hparams = at_verdict
-    assert any(k.startswith("satmon_offset/") for k in readings[1])  # the offset readings ride with the last running ones
+    # the offset readings ride with the last running ones
+    assert any(k.startswith("satmon_offset/") for k in readings[1])
     assert scalars[1] == verdict_scalars(v) and card[2] == v.card()
     # the trap watch's state rides with the verdict's hparams (the session TensorBoard keeps)
     assert hparams[1:] == ({**verdict_hparams(v), TAG.hp_trap: screen.trap.state}, verdict_scalars(v), WINDOW)
@@ -155,8 +157,14 @@ def fresh_modules(tmp_path_factory) -> set[str]:
     """The top-level packages a fresh process loads for the public core names, a screen that writes TensorBoard
     files, and a probe."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.run([sys.executable, "-c", FRESH], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path_factory.mktemp("fresh"), env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path_factory.mktemp("fresh"),
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return set(json.loads(proc.stdout.strip().splitlines()[-1]))
 

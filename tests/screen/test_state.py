@@ -29,9 +29,15 @@ def _plain(value) -> bool:
 
 
 def _state(**kw) -> ScreenState:
-    fields = dict(settings=ScreenState.saved_settings(Settings(threshold=0.5)), layers=("a", "b"), steps_seen=4,
-                  first_step=0, notes=("an earlier note",), counts=COUNTS,
-                  extras={"loss_segments": {"sums": [1.5, 0.0], "counts": [2, 0]}})
+    fields = dict(
+        settings=ScreenState.saved_settings(Settings(threshold=0.5)),
+        layers=("a", "b"),
+        steps_seen=4,
+        first_step=0,
+        notes=("an earlier note",),
+        counts=COUNTS,
+        extras={"loss_segments": {"sums": [1.5, 0.0], "counts": [2, 0]}},
+    )
     fields.update(kw)
     return ScreenState(**fields)
 
@@ -40,8 +46,21 @@ def test_the_saved_form_is_plain_values_and_reads_back(tmp_path):
     verdict = build_verdict({"a": (3, 10), "b": (0, 10)}, step=4, window=4)
     state = _state(verdict=verdict, stop=StopRecord(StopReason.NO_GO, verdict.reason, 4))
     d = state.to_dict()
-    assert list(d) == ["version", "settings", "layers", "steps_seen", "first_step", "notes", "verdict", "stop",
-                       "saturated", "total", "nonfinite", "loss_segments"]  # satmon 0.2's keys, in its order
+    # satmon 0.2's keys, in its order
+    assert list(d) == [
+        "version",
+        "settings",
+        "layers",
+        "steps_seen",
+        "first_step",
+        "notes",
+        "verdict",
+        "stop",
+        "saturated",
+        "total",
+        "nonfinite",
+        "loss_segments",
+    ]
     assert d["version"] == STATE_VERSION and d["saturated"] == [3, 0] and d["settings"]["threshold"] == 0.5
     assert _plain(d)
     torch.save(d, tmp_path / "s.pt")
@@ -51,21 +70,43 @@ def test_the_saved_form_is_plain_values_and_reads_back(tmp_path):
 
 def test_an_older_state_reads_with_defaults():
     """A satmon 0.1 state: counts and a few settings, no version, layers, notes or extras."""
-    old = ScreenState.from_dict({"saturated": [1], "total": [4], "nonfinite": [0], "steps_seen": 2,
-                                 "settings": {"window": 500, "level": 2.0, "product": "exact"}})
+    old = ScreenState.from_dict(
+        {
+            "saturated": [1],
+            "total": [4],
+            "nonfinite": [0],
+            "steps_seen": 2,
+            "settings": {"window": 500, "level": 2.0, "product": "exact"},
+        }
+    )
     assert old.counts == ((1,), (4,), (0,)) and old.layers == () and old.notes == () and old.verdict is None
     assert ScreenState.from_dict({}).counts is None
 
 
-@pytest.mark.parametrize(("change", "kept", "restart", "warns", "note"), [
-    ({}, True, False, False, None),
-    ({"threshold": 0.43}, True, False, False, "threshold 0.43 (saved: 0.5); the counts were kept"),
-    ({"collapse_threshold": 0.6}, True, False, False, "collapse_threshold 0.6 (saved: 0.5); the counts were kept"),
-    ({"product": "exact"}, True, False, True, "product 'exact' (saved: 'module'); the counts of the first 4 steps were kept"),
-    ({"window": 800}, True, False, True, "window 800 (saved: 500); the counts of the first 4 steps were kept"),
-    ({"sample_every": 2}, True, False, True, "sample_every 2 (saved: 1); the counts of the first 4 steps were kept"),
-    ({"level": 3.0}, False, True, True, "window restarted at step 4 (level 3.0 (saved: 2.0))"),
-])
+@pytest.mark.parametrize(
+    ("change", "kept", "restart", "warns", "note"),
+    [
+        ({}, True, False, False, None),
+        ({"threshold": 0.43}, True, False, False, "threshold 0.43 (saved: 0.5); the counts were kept"),
+        ({"collapse_threshold": 0.6}, True, False, False, "collapse_threshold 0.6 (saved: 0.5); the counts were kept"),
+        (
+            {"product": "exact"},
+            True,
+            False,
+            True,
+            "product 'exact' (saved: 'module'); the counts of the first 4 steps were kept",
+        ),
+        ({"window": 800}, True, False, True, "window 800 (saved: 500); the counts of the first 4 steps were kept"),
+        (
+            {"sample_every": 2},
+            True,
+            False,
+            True,
+            "sample_every 2 (saved: 1); the counts of the first 4 steps were kept",
+        ),
+        ({"level": 3.0}, False, True, True, "window restarted at step 4 (level 3.0 (saved: 2.0))"),
+    ],
+)
 def test_what_each_change_of_settings_does_to_the_saved_counts(change, kept, restart, warns, note):
     now = Settings(**{"threshold": 0.5, **change})
     plan = restore_plan(_state(), now, ["a", "b"], 4)
@@ -79,12 +120,16 @@ def test_what_each_change_of_settings_does_to_the_saved_counts(change, kept, res
 
 def test_a_made_verdict_or_no_counts_leave_nothing_to_plan():
     verdict = build_verdict({"a": (3, 10)}, step=4, window=4)
-    assert restore_plan(_state(verdict=verdict), Settings(level=3.0), ["a", "b"], 4) == RestorePlan(COUNTS, notes=("an earlier note",))
+    assert restore_plan(_state(verdict=verdict), Settings(level=3.0), ["a", "b"], 4) == RestorePlan(
+        COUNTS, notes=("an earlier note",)
+    )
     assert restore_plan(_state(counts=None), Settings(level=3.0), ["a", "b"], 4).counts is None
 
 
-@pytest.mark.parametrize(("layers", "said"), [(["a"], "removed b"), (["a", "b", "c"], "added c"),
-                                             (["b", "a"], "the same ones in another order")])
+@pytest.mark.parametrize(
+    ("layers", "said"),
+    [(["a"], "removed b"), (["a", "b", "c"], "added c"), (["b", "a"], "the same ones in another order")],
+)
 def test_another_set_of_layers_drops_the_counts_with_one_warning_naming_the_change(layers, said):
     """0.2 raised a RuntimeError out of trainer.fit: a resume with exclude= adding a layer stopped training."""
     plan = restore_plan(_state(), Settings(threshold=0.5), layers, 4)
@@ -97,11 +142,15 @@ def test_a_dropped_count_with_the_window_over_says_there_is_no_verdict():
     plan = restore_plan(_state(), Settings(threshold=0.5, level=3.0, window=4), ["a"], 4)
     assert plan.counts is None and plan.restart and len(plan.warnings) == 1
     assert "the 4-step window is over at step 4: nothing is left to count, so there is no verdict" in plan.warnings[0]
-    assert "level 3.0 (saved: 2.0)" in plan.dropped and "removed b" in plan.dropped and "restarts" not in plan.warnings[0]
+    assert (
+        "level 3.0 (saved: 2.0)" in plan.dropped and "removed b" in plan.dropped and "restarts" not in plan.warnings[0]
+    )
 
 
 def test_another_set_of_layers_after_the_verdict_keeps_it_and_restores_no_counts():
-    plan = restore_plan(_state(verdict=build_verdict({"a": (3, 10)}, step=4, window=4)), Settings(threshold=0.5), ["c"], 4)
+    plan = restore_plan(
+        _state(verdict=build_verdict({"a": (3, 10)}, step=4, window=4)), Settings(threshold=0.5), ["c"], 4
+    )
     assert plan.counts is None and not plan.restart and not plan.warnings
     assert "the verdict was made on the saved layers" in plan.notes[-1]
 

@@ -11,8 +11,8 @@ import warnings
 
 import pytest
 import torch
-from helpers import RecordingSink
 
+from helpers import RecordingSink
 from satmon import DyT
 from satmon.results.stop import SatmonAbort, StopDecision, StopReason, StopRecord
 from satmon.results.verdict import GatingInfo, build_verdict
@@ -103,14 +103,17 @@ def test_a_resumed_stop_is_kept_and_a_dry_run_does_not_repeat_it():
     assert policy.request(StopReason.LOSS_SPIKE, "again", 60, Ranks()) is None
 
 
-@pytest.mark.parametrize(("counts", "gated", "abort_on", "patience", "expected"), [
-    ({"a": (1, 10)}, None, "never", 1, StopReason.NO_GO),  # 0.1 < 0.43
-    ({"a": (5, 10)}, None, "never", 1, None),  # GO
-    ({"a": (5, 10, 1)}, None, "never", 1, StopReason.NONFINITE),
-    ({"a": (6, 10)}, True, "collapse", 1, StopReason.COLLAPSE_RISK),  # gated, 0.6 >= 0.5
-    ({"a": (6, 10)}, True, "collapse", 3, None),  # the watch must confirm it
-    ({"a": (6, 10)}, True, "no-go", 3, StopReason.COLLAPSE_RISK),  # a collapse risk is a NO-GO
-])
+@pytest.mark.parametrize(
+    ("counts", "gated", "abort_on", "patience", "expected"),
+    [
+        ({"a": (1, 10)}, None, "never", 1, StopReason.NO_GO),  # 0.1 < 0.43
+        ({"a": (5, 10)}, None, "never", 1, None),  # GO
+        ({"a": (5, 10, 1)}, None, "never", 1, StopReason.NONFINITE),
+        ({"a": (6, 10)}, True, "collapse", 1, StopReason.COLLAPSE_RISK),  # gated, 0.6 >= 0.5
+        ({"a": (6, 10)}, True, "collapse", 3, None),  # the watch must confirm it
+        ({"a": (6, 10)}, True, "no-go", 3, StopReason.COLLAPSE_RISK),  # a collapse risk is a NO-GO
+    ],
+)
 def test_the_reason_a_verdict_asks_for(counts, gated, abort_on, patience, expected):
     gating = GatingInfo(gated, ("a",) if gated else (), "") if gated is not None else None
     v = build_verdict(counts, step=10, window=10, gating=gating)
@@ -120,8 +123,9 @@ def test_the_reason_a_verdict_asks_for(counts, gated, abort_on, patience, expect
 def _no_go_screen(sink, **options) -> tuple[Screen, torch.nn.Module]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), DyT(4, alpha_init=0.1))  # |0.1 x| > 2: almost never: NO-GO
-    screen = Screen(window=2, abort_on="no-go", watch_every_n_steps=0, offset_every=0, verbose=False, sink=sink,
-                    **options).attach(model)
+    screen = Screen(
+        window=2, abort_on="no-go", watch_every_n_steps=0, offset_every=0, verbose=False, sink=sink, **options
+    ).attach(model)
     return screen, model
 
 

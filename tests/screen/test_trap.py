@@ -78,7 +78,9 @@ def test_offset_saturated_final_dyt_with_no_gradient_below_is_named_trapped() ->
     torch.manual_seed(0)
     model = Toy("dyt")
     lines: list[str] = []
-    screen = Screen(window=100, trap_every_n_steps=2, trap_patience=3, info=lines.append, warn=lambda s: None).attach(model)
+    screen = Screen(window=100, trap_every_n_steps=2, trap_patience=3, info=lines.append, warn=lambda s: None).attach(
+        model
+    )
     _train(model, screen, 7)  # checks at steps 1, 3, 5, 7: named at the third
     assert screen.trap is not None
     log = screen.trap.log
@@ -98,7 +100,9 @@ def test_offset_saturated_final_dyt_with_no_gradient_below_is_named_trapped() ->
 def test_the_same_model_with_an_rmsnorm_final_norm_is_not_trapped() -> None:
     torch.manual_seed(0)
     model = Toy("rmsnorm")
-    screen = Screen(window=100, trap_every_n_steps=2, trap_patience=3, info=lambda s: None, warn=lambda s: None).attach(model)
+    screen = Screen(window=100, trap_every_n_steps=2, trap_patience=3, info=lambda s: None, warn=lambda s: None).attach(
+        model
+    )
     _train(model, screen, 9)
     r = screen.trap.last
     assert r.final == "norm" and r.final_kind == "rmsnorm" and not r.found and not r.trapped
@@ -134,7 +138,9 @@ def test_gated_layers_saturated_token_by_token_are_not_called_trapped() -> None:
     model = LlamaLM(vocab_size=V, d_model=16, n_layers=2, n_heads=2, seq_len=12, final_norm="dyt")
     with torch.no_grad():
         model.tok_emb.weight.normal_(0.0, 30.0)  # tokens far apart, no shared offset: saturation by token
-    screen = Screen(window=100, trap_every_n_steps=1, trap_patience=1, info=lambda s: None, warn=lambda s: None).attach(model)
+    screen = Screen(window=100, trap_every_n_steps=1, trap_patience=1, info=lambda s: None, warn=lambda s: None).attach(
+        model
+    )
     _train(model, screen, 3, lr=1e-4)
     r = screen.trap.last
     gated = r.layers["blocks.1.mlp_norm"]
@@ -147,9 +153,16 @@ def test_hf_llama_converted_to_dyt_reads_under_bf16_as_the_float64_reference() -
     from satmon import convert_to_dyt
 
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                   num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
-                                   tie_word_embeddings=True)
+    cfg = transformers.LlamaConfig(
+        vocab_size=V,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=True,
+    )
     model = convert_to_dyt(transformers.LlamaForCausalLM(cfg), rmsnorm=True)
     with torch.no_grad():  # every token on one large offset: the final norm saturates by it
         model.model.embed_tokens.weight.normal_(0.0, 0.5).add_(60.0)
@@ -184,6 +197,7 @@ class _NoHostRead:
     def _fail(name):
         def fail(*_a, **_k):
             raise AssertionError(f"host read Tensor.{name} on a step the trap watch does not check")
+
         return fail
 
     def __exit__(self, *exc):
@@ -196,8 +210,9 @@ def test_steps_it_does_not_check_read_nothing_on_the_host() -> None:
     model = Toy("dyt")
     every = 4
     # window 1 and no collapse watch: after step 1 the trap watch is the only satmon code that runs
-    screen = Screen(window=1, trap_every_n_steps=every, watch_every_n_steps=0, info=lambda s: None,
-                    warn=lambda s: None).attach(model, keep_inputs=False)
+    screen = Screen(
+        window=1, trap_every_n_steps=every, watch_every_n_steps=0, info=lambda s: None, warn=lambda s: None
+    ).attach(model, keep_inputs=False)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     checked = 0
     for step in range(1, 14):
@@ -257,8 +272,9 @@ def test_satmon_llama_demo_trapped_is_named_by_step_100_and_its_rmsnorm_twin_is_
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
     # the window's own counts off the hot path (sampled, no offset statistics): the trap watch is what is tested
-    screen = Screen(window=1000, sample_every=100, offset_every=0, watch_every_n_steps=0, info=lambda s: None,
-                    warn=lambda s: None).attach(model, keep_inputs=False)
+    screen = Screen(
+        window=1000, sample_every=100, offset_every=0, watch_every_n_steps=0, info=lambda s: None, warn=lambda s: None
+    ).attach(model, keep_inputs=False)
     g = torch.Generator().manual_seed(0)
     for _ in range(101):
         ix = torch.randint(0, len(toks) - T - 1, (B,), generator=g)
@@ -280,7 +296,6 @@ def test_satmon_llama_demo_trapped_is_named_by_step_100_and_its_rmsnorm_twin_is_
 def test_the_lightning_callback_reads_the_trap_through_the_same_screen(tmp_path) -> None:
     pl = pytest.importorskip("lightning.pytorch")
     from helpers import trainer
-
     from satmon import SaturationMonitor
     from satmon.io.tags import TAG
 

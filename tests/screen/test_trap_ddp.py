@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+
 from helpers import clean_env, run_ranks
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
+pytestmark = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo"
+)
 
 TESTS = Path(__file__).resolve().parents[1]
 SCRIPT = textwrap.dedent(

@@ -10,7 +10,19 @@ from satmon.demos.lit import LitLM
 
 
 def llama(mlp="swiglu", alpha=200.0, lr=0.0, **kw):
-    return LitLM(arch="llama", d_model=32, n_layers=2, n_heads=2, seq_len=16, norm="dyt", mlp=mlp, alpha_init=alpha, lr=lr, warmup=1, **kw)
+    return LitLM(
+        arch="llama",
+        d_model=32,
+        n_layers=2,
+        n_heads=2,
+        seq_len=16,
+        norm="dyt",
+        mlp=mlp,
+        alpha_init=alpha,
+        lr=lr,
+        warmup=1,
+        **kw,
+    )
 
 
 def test_gated_model_above_collapse_threshold_is_no_go_with_collapse_risk(tmp_path):
@@ -19,7 +31,11 @@ def test_gated_model_above_collapse_threshold_is_no_go_with_collapse_risk(tmp_pa
     v = monitor.verdict
     assert v.saturation >= 0.5 and v.gated is True and v.collapse_risk is True
     assert v.decision == "no-go" and v.reason.startswith("collapse risk")
-    assert v.gated_layers == ("model.blocks.0.mlp_norm", "model.blocks.1.mlp_norm")  # names as discovered on the LightningModule
+    # names as discovered on the LightningModule
+    assert v.gated_layers == (
+        "model.blocks.0.mlp_norm",
+        "model.blocks.1.mlp_norm",
+    )
     # a risk reading per gated block: the feeding DyT's saturation and the gate statistics
     assert len(v.risk) == 2
     for block, r in v.risk.items():
@@ -82,7 +98,9 @@ class LossBomb(LitLM):
 
 @pytest.mark.parametrize("abort_on", ["any", "collapse"])
 def test_nonfinite_loss_triggers_the_any_breach_policy_only(tmp_path, abort_on):
-    model = LossBomb(at=7, arch="gpt", d_model=32, n_layers=2, n_heads=2, seq_len=16, alpha_init=200.0, lr=1e-3, warmup=1)
+    model = LossBomb(
+        at=7, arch="gpt", d_model=32, n_layers=2, n_heads=2, seq_len=16, alpha_init=200.0, lr=1e-3, warmup=1
+    )
     monitor = SaturationMonitor(window=2, abort_on=abort_on, watch_every_n_steps=3, verbose=False)
     t = trainer(tmp_path, max_steps=14, callbacks=[monitor])
     t.fit(model, token_loader(14))
@@ -97,12 +115,16 @@ class ActivationBomb(LitLM):
     def training_step(self, batch, batch_idx):
         x, y = batch
         if self.global_step == 6:
-            self.model.blocks[1].ln_1.register_forward_pre_hook(lambda m, a: (a[0].masked_fill(a[0] > 0, float("inf")),))
+            self.model.blocks[1].ln_1.register_forward_pre_hook(
+                lambda m, a: (a[0].masked_fill(a[0] > 0, float("inf")),)
+            )
         return super().training_step(batch, batch_idx)
 
 
 def test_nonfinite_activation_mid_run_triggers_any(tmp_path):
-    model = ActivationBomb(arch="gpt", d_model=32, n_layers=2, n_heads=2, seq_len=16, alpha_init=200.0, lr=1e-3, warmup=1)
+    model = ActivationBomb(
+        arch="gpt", d_model=32, n_layers=2, n_heads=2, seq_len=16, alpha_init=200.0, lr=1e-3, warmup=1
+    )
     monitor = SaturationMonitor(window=2, abort_on="any", watch_every_n_steps=2, verbose=False)
     t = trainer(tmp_path, max_steps=20, callbacks=[monitor])
     t.fit(model, token_loader(20))
@@ -111,14 +133,29 @@ def test_nonfinite_activation_mid_run_triggers_any(tmp_path):
 
 
 def test_loss_spike_with_patience(tmp_path):
-    model = LossBomb(at=30, kind="spike", arch="gpt", d_model=32, n_layers=2, n_heads=2, seq_len=16, alpha_init=200.0, lr=1e-4, warmup=1)
-    monitor = SaturationMonitor(window=2, abort_on="any", watch_every_n_steps=4, patience=2, loss_baseline=20, verbose=False)
+    model = LossBomb(
+        at=30,
+        kind="spike",
+        arch="gpt",
+        d_model=32,
+        n_layers=2,
+        n_heads=2,
+        seq_len=16,
+        alpha_init=200.0,
+        lr=1e-4,
+        warmup=1,
+    )
+    monitor = SaturationMonitor(
+        window=2, abort_on="any", watch_every_n_steps=4, patience=2, loss_baseline=20, verbose=False
+    )
     t = trainer(tmp_path, max_steps=60, callbacks=[monitor])
     t.fit(model, token_loader(60))
     # spike from step 30: checks at the ends of steps 32 and 36 breach; patience 2 stops at the second
     assert monitor.stop.reason is StopReason.LOSS_SPIKE and monitor.stop.step == 37
     spikes = [r for r in monitor.watch_log if r["loss-spike"]]
-    assert [r["step"] for r in spikes] == [33, 37] and all(not r["loss-spike"] for r in monitor.watch_log if r["step"] < 33)
+    assert [r["step"] for r in spikes] == [33, 37] and all(
+        not r["loss-spike"] for r in monitor.watch_log if r["step"] < 33
+    )
 
 
 def test_state_round_trip_keeps_the_stop_reason(tmp_path):
@@ -128,7 +165,11 @@ def test_state_round_trip_keeps_the_stop_reason(tmp_path):
     state = monitor.state_dict()
     fresh = SaturationMonitor(window=2, abort_on="collapse")
     fresh.load_state_dict(state)
-    assert fresh.stop.reason is StopReason.COLLAPSE_RISK and fresh.stop.step == 2 and fresh.stop.message == monitor.stop.message
+    assert (
+        fresh.stop.reason is StopReason.COLLAPSE_RISK
+        and fresh.stop.step == 2
+        and fresh.stop.message == monitor.stop.message
+    )
     assert fresh.verdict.collapse_risk and fresh.verdict.to_dict() == monitor.verdict.to_dict()
 
 
@@ -142,8 +183,12 @@ def test_watch_keeps_hooks_disabled_between_checks(tmp_path):
 
 
 def test_bad_policy_arguments():
-    for kwargs, match in [({"patience": 0}, "patience"), ({"collapse_threshold": 1.5}, "collapse_threshold"),
-                          ({"watch_every_n_steps": -1}, "watch_every_n_steps"), ({"loss_spike_z": 0}, "loss_spike_z")]:
+    for kwargs, match in [
+        ({"patience": 0}, "patience"),
+        ({"collapse_threshold": 1.5}, "collapse_threshold"),
+        ({"watch_every_n_steps": -1}, "watch_every_n_steps"),
+        ({"loss_spike_z": 0}, "loss_spike_z"),
+    ]:
         with pytest.raises(ValueError, match=f"Expected `{match}`"):
             SaturationMonitor(**kwargs)
 

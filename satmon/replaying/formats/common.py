@@ -31,8 +31,19 @@ from satmon.paths import NotRegular, open_regular
 from satmon.replaying.file_info import FileStamp
 from satmon.replaying.user_code import error_line, printable
 
-__all__ = ["CheckpointFormat", "CheckpointInfo", "Entries", "Match", "Weights", "converted_path", "error_text",
-           "file_head", "is_text", "natural_key", "packed_as"]
+__all__ = [
+    "CheckpointFormat",
+    "CheckpointInfo",
+    "Entries",
+    "Match",
+    "Weights",
+    "converted_path",
+    "error_text",
+    "file_head",
+    "is_text",
+    "natural_key",
+    "packed_as",
+]
 
 #: The command-line opt-in named in the refusals that may be trusted.
 TRUST_FLAG = "--trust-checkpoints"
@@ -169,7 +180,6 @@ class CheckpointInfo:
         self.weights = tuple(dataclasses.replace(w, index=None) for w in self.weights)
 
 
-
 #: Compressed and archive formats a checkpoint is shipped in, by their first bytes: (magic, what, unpack command).
 _PACKED = (
     (b"\x1f\x8b", "gzip-compressed", "gunzip -c {src} > {out}"),
@@ -201,8 +211,9 @@ def packed_as(path: Path, head: bytes) -> str | None:
     """
     src = shlex.quote(str(path))
     stem = path.name[: -len(path.suffix)] if path.suffix else path.name
-    out, folder = (shlex.quote(str(path.with_name(f"{stem or 'checkpoint'}-unpacked{s}")))
-                   for s in (path.suffix or ".pt", ""))
+    out, folder = (
+        shlex.quote(str(path.with_name(f"{stem or 'checkpoint'}-unpacked{s}"))) for s in (path.suffix or ".pt", "")
+    )
     if _is_tar(head):
         what, command = "a tar archive", _TAR_COMMAND.format(folder=folder, z="", src=src)
     else:
@@ -216,8 +227,10 @@ def packed_as(path: Path, head: bytes) -> str | None:
             except zlib.error:
                 inner = b""
             if _is_tar(inner):
-                what, command = "a gzip-compressed tar archive (.tar.gz)", _TAR_COMMAND.format(folder=folder, z="z",
-                                                                                               src=src)
+                what, command = (
+                    "a gzip-compressed tar archive (.tar.gz)",
+                    _TAR_COMMAND.format(folder=folder, z="z", src=src),
+                )
             else:
                 what = "a gzip-compressed file"
         elif not what.startswith("a "):
@@ -234,9 +247,9 @@ def is_text(head: bytes) -> bool:
     return all(b >= 32 or b in b"\t\n\r\f" for b in head)
 
 
-
-def converted_path(folder: Path, suffix: str,
-                   suffixes: Sequence[str] = (".ckpt", ".pt", ".pth", ".safetensors")) -> Path:
+def converted_path(
+    folder: Path, suffix: str, suffixes: Sequence[str] = (".ckpt", ".pt", ".pth", ".safetensors")
+) -> Path:
     """Where a consolidated copy of ``folder`` goes: beside it, ``NAME-consolidated.SUFFIX``."""
     stem = folder.name[: -len(folder.suffix)] if folder.suffix in suffixes else folder.name
     return folder.with_name(f"{stem or 'checkpoint'}-consolidated{suffix}")

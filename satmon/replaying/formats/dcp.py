@@ -1,13 +1,14 @@
-"""The torch.distributed.checkpoint (DCP) folder format, read without a process group and without running code stored in them.
+"""The torch.distributed.checkpoint (DCP) folder format, read without a process group and
+without running code stored in them.
 
 A DCP folder (``torch.distributed.checkpoint.save``, Lightning's FSDP ``state_dict_type="sharded"``) holds a
 ``.metadata`` file and ``__R_I.distcp`` shards. torch reads ``.metadata`` with a plain ``pickle.load``: a crafted one
-runs any code. satmon reads it with a restricted unpickler whose only globals are DCP's own metadata types, ``torch.Size``,
-the dtypes, layouts and memory formats, and ``pathlib`` paths (:data:`ALLOWED`): anything else is refused, named. The
-shards hold each tensor chunk as a ``torch.save`` archive at an offset the metadata records: each is read with plain
-reads (the stamps checked), checked against its CRC-32s and the budget (:mod:`satmon.replaying.budget`), loaded with
-``torch.load(weights_only=True)`` and copied into its place in the whole tensor. Every rank's chunks are assembled:
-the result is the consolidated state, as ``dcp_to_torch_save`` would write it.
+runs any code. satmon reads it with a restricted unpickler whose only globals are DCP's own metadata types,
+``torch.Size``, the dtypes, layouts and memory formats, and ``pathlib`` paths (:data:`ALLOWED`): anything else is
+refused, named. The shards hold each tensor chunk as a ``torch.save`` archive at an offset the metadata records: each is
+read with plain reads (the stamps checked), checked against its CRC-32s and the budget (:mod:`satmon.replaying.budget`),
+loaded with ``torch.load(weights_only=True)`` and copied into its place in the whole tensor. Every rank's chunks are
+assembled: the result is the consolidated state, as ``dcp_to_torch_save`` would write it.
 
 Which tensors are the model's: those under a top-level ``state_dict``, ``model_state_dict`` or ``model`` key (the key
 dropped, as for a plain checkpoint), else every tensor. The step: ``global_step``/``step``/``iter_num`` stored beside
@@ -61,12 +62,25 @@ DCP_META = "meta.pt"
 _META = "torch.distributed.checkpoint.metadata"
 #: The globals a DCP ``.metadata`` pickle may name: its own data types, nothing that runs code.
 ALLOWED = {
-    **{(_META, n): None for n in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-                                  "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")},
+    **{
+        (_META, n): None
+        for n in (
+            "Metadata",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "MetadataIndex",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+        )
+    },
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): None,
     ("torch", "Size"): None,
     ("torch.serialization", "_get_layout"): None,
-    ("pathlib", "PosixPath"): None, ("pathlib", "PurePosixPath"): None, ("pathlib", "WindowsPath"): None,
+    ("pathlib", "PosixPath"): None,
+    ("pathlib", "PurePosixPath"): None,
+    ("pathlib", "WindowsPath"): None,
     ("pathlib", "PureWindowsPath"): None,
     ("collections", "OrderedDict"): None,
 }
@@ -99,11 +113,15 @@ class _Restricted(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in ALLOWED:
             return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
+        if module == "torch" and isinstance(
+            getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)
+        ):
             return getattr(torch, name)
-        raise pickle.UnpicklingError(f"its .metadata names GLOBAL {module[:80]}.{name[:80]}, which is not a DCP metadata "
-                                     "type: satmon does not unpickle it (this folder was crafted, or written by a newer "
-                                     "torch: consolidate it with torch's dcp_to_torch if you trust it)")
+        raise pickle.UnpicklingError(
+            f"its .metadata names GLOBAL {module[:80]}.{name[:80]}, which is not a DCP metadata "
+            "type: satmon does not unpickle it (this folder was crafted, or written by a newer "
+            "torch: consolidate it with torch's dcp_to_torch if you trust it)"
+        )
 
     def persistent_load(self, pid: Any) -> Any:
         raise pickle.UnpicklingError("its .metadata holds a persistent id: not DCP metadata")
@@ -153,8 +171,10 @@ class DcpIndex:
         stamp.check()
         budget = pickle_budget()
         if stamp.size > budget:
-            raise OverBudget(f"over satmon's read budget: its .metadata is {stamp.size:,} bytes, over the {mib(budget)} "
-                             "satmon reads of a checkpoint's pickle; set SATMON_MAX_PICKLE_MB=N (MiB) to read it")
+            raise OverBudget(
+                f"over satmon's read budget: its .metadata is {stamp.size:,} bytes, over the {mib(budget)} "
+                "satmon reads of a checkpoint's pickle; set SATMON_MAX_PICKLE_MB=N (MiB) to read it"
+            )
         with os.fdopen(open_regular(stamp.path), "rb") as f:
             raw = f.read(stamp.size + 1)
         stamp.check("while it was being read")
@@ -174,7 +194,11 @@ class DcpIndex:
             TensorStorageMetadata,
         )
 
-        if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict) or not isinstance(md.storage_data, dict):
+        if (
+            not isinstance(md, Metadata)
+            or not isinstance(md.state_dict_metadata, dict)
+            or not isinstance(md.storage_data, dict)
+        ):
             raise ValueError("not a checkpoint: its .metadata is not DCP metadata")
         where: dict[tuple[str, tuple[int, ...] | None], _Chunk] = {}
         named = sorted({str(getattr(info, "relative_path", "")) for info in md.storage_data.values()})
@@ -183,18 +207,26 @@ class DcpIndex:
             raise ValueError(f"not a checkpoint: its .metadata names a shard {outside[0][:80]!r} outside the folder")
         missing = [n for n in named if n not in stamps]
         if missing:
-            shown = ", ".join(repr(n[:80]) for n in missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
-            raise ValueError(f"incomplete DCP folder: its .metadata names {len(named)} shard(s), {len(missing)} missing "
-                             f"from the folder ({shown}); copy the whole folder, every rank's shards")
+            shown = ", ".join(repr(n[:80]) for n in missing[:4]) + (
+                f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+            )
+            raise ValueError(
+                f"incomplete DCP folder: its .metadata names {len(named)} shard(s), {len(missing)} missing "
+                f"from the folder ({shown}); copy the whole folder, every rank's shards"
+            )
         for key, info in md.storage_data.items():
             name = str(getattr(info, "relative_path", ""))
             if getattr(info, "transform_descriptors", None):
-                raise ValueError(f"not read: its chunks are transformed ({info.transform_descriptors!r:.60}: compressed or "
-                                 "encoded); consolidate it with torch's dcp_to_torch")
+                raise ValueError(
+                    f"not read: its chunks are transformed ({info.transform_descriptors!r:.60}: compressed or "
+                    "encoded); consolidate it with torch's dcp_to_torch"
+                )
             offset, length = int(info.offset), int(info.length)
             if offset < 0 or length < 0 or offset + length > stamps[name].size:
-                raise ValueError(f"truncated or corrupt DCP folder: a chunk at bytes {offset:,}..{offset + length:,} of "
-                                 f"{name} ({stamps[name].size:,} bytes)")
+                raise ValueError(
+                    f"truncated or corrupt DCP folder: a chunk at bytes {offset:,}..{offset + length:,} of "
+                    f"{name} ({stamps[name].size:,} bytes)"
+                )
             index_offset = None if key.offset is None else tuple(int(x) for x in key.offset)
             where[(str(key.fqn), index_offset)] = _Chunk((), (), name, offset, length)
         planner = md.planner_data if isinstance(md.planner_data, dict) else {}
@@ -216,14 +248,16 @@ class DcpIndex:
         under = [k for k in _STATE_KEYS if any(n.startswith(k + ".") for n in tensors)]
         if under:
             prefix = under[0] + "."
-            tensors = {n[len(prefix):]: v for n, v in tensors.items() if n.startswith(prefix)}
+            tensors = {n[len(prefix) :]: v for n, v in tensors.items() if n.startswith(prefix)}
         if not tensors:
             raise ValueError("not a checkpoint: a DCP folder without tensors")
         need = sum(_nbytes(dtype, size) for dtype, size, _ in tensors.values())
         have = sum(s.size for n, s in stamps.items() if n.endswith(".distcp"))
         if need > have:
-            raise OverBudget(f"over satmon's read budget: its .metadata declares tensors of {need:,} bytes in shards of "
-                             f"{have:,} bytes: a crafted or cut-short folder; refused before anything was allocated")
+            raise OverBudget(
+                f"over satmon's read budget: its .metadata declares tensors of {need:,} bytes in shards of "
+                f"{have:,} bytes: a crafted or cut-short folder; refused before anything was allocated"
+            )
         return cls(folder, tensors, objects)
 
     def meta(self) -> dict[str, Tensor]:
@@ -237,10 +271,14 @@ class DcpIndex:
                 check_archive(z, len(raw))
                 bad = z.testzip()  # every record against its CRC-32
         except zipfile.BadZipFile:
-            raise ValueError(f"corrupt DCP chunk in {chunk.file} at byte {chunk.offset:,}: not a torch.save archive") from None
+            raise ValueError(
+                f"corrupt DCP chunk in {chunk.file} at byte {chunk.offset:,}: not a torch.save archive"
+            ) from None
         if bad is not None:
-            raise ValueError(f"corrupt: the bytes of {bad[-60:]!r} in {chunk.file} do not match the CRC-32 recorded for "
-                             "them, so the shard was damaged after it was written; skipped: copy or save it again")
+            raise ValueError(
+                f"corrupt: the bytes of {bad[-60:]!r} in {chunk.file} do not match the CRC-32 recorded for "
+                "them, so the shard was damaged after it was written; skipped: copy or save it again"
+            )
         return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
 
     def tensors(self, stamps: Mapping[str, FileStamp]) -> dict[str, Tensor]:
@@ -264,8 +302,10 @@ class DcpIndex:
                     part = self._load(c, stamp, f)
                     target = out[name][tuple(slice(o, o + s) for o, s in zip(c.offsets, c.sizes))]
                     if not isinstance(part, Tensor) or tuple(part.shape) != c.sizes or part.dtype != target.dtype:
-                        raise ValueError(f"corrupt DCP folder: chunk {list(c.offsets)} of {name[:80]!r} is not the "
-                                         f"{target.dtype} {list(c.sizes)} its .metadata says")
+                        raise ValueError(
+                            f"corrupt DCP folder: chunk {list(c.offsets)} of {name[:80]!r} is not the "
+                            f"{target.dtype} {list(c.sizes)} its .metadata says"
+                        )
                     target.copy_(part)
                 stamp.check("while it was being read", os.fstat(f.fileno()))
             stamp.check("while it was being read")
@@ -318,15 +358,18 @@ def recognise(path: Path, entries: Entries | None) -> Match | None:
 
 
 def inspect(folder: Path, trust: bool = False, stamps: Sequence[FileStamp] | None = None) -> CheckpointInfo:
-    """A torch.distributed.checkpoint folder (never trusted: ``trust`` is not used): its ``.metadata`` read with a restricted
-    unpickler (no code runs, trusted or not), its tensors assembled from every shard at their turn; its step stored
-    beside them or in Lightning's ``meta.pt``."""
+    """A torch.distributed.checkpoint folder (never trusted: ``trust`` is not used): its ``.metadata`` read with a
+    restricted unpickler (no code runs, trusted or not), its tensors assembled from every shard at their turn; its step
+    stored beside them or in Lightning's ``meta.pt``."""
     info = CheckpointInfo(path=folder, kind="state_dict", format=FORMAT.name)
     try:
         given = {s.path.name: s for s in stamps or ()}
         if not given:
-            given = {p.name: FileStamp.of(p) for p in folder.iterdir()
-                     if p.name == METADATA or p.name.endswith(".distcp") or p.name == DCP_META}
+            given = {
+                p.name: FileStamp.of(p)
+                for p in folder.iterdir()
+                if p.name == METADATA or p.name.endswith(".distcp") or p.name == DCP_META
+            }
         index = DcpIndex.read(folder, given)
         info.weights = (DcpWeights(given[METADATA], index, "dcp", checksummed=True, stamps=given),)
         info.global_step = index.step(given)
@@ -340,10 +383,17 @@ def inspect(folder: Path, trust: bool = False, stamps: Sequence[FileStamp] | Non
     except Exception as e:
         info.weights = ()
         text = error_text(e)
-        info.error = text if text.startswith("incomplete") else (
-                      f"{text}; a torch.distributed.checkpoint folder can also be consolidated into one file with "
-                      f"`python -m torch.distributed.checkpoint.format_utils dcp_to_torch {printable(shlex.quote(str(folder)))} "
-                      f"{printable(shlex.quote(str(converted_path(folder, '.pt'))))}` (it unpickles .metadata: only for a folder you trust)")
+        info.error = (
+            text
+            if text.startswith("incomplete")
+            else (
+                f"{text}; a torch.distributed.checkpoint folder can also be consolidated into one file with "
+                "`python -m torch.distributed.checkpoint.format_utils dcp_to_torch "
+                f"{printable(shlex.quote(str(folder)))} "
+                f"{printable(shlex.quote(str(converted_path(folder, '.pt'))))}` (it unpickles .metadata: "
+                "only for a folder you trust)"
+            )
+        )
         return info
     if info.global_step is None:
         info.notes.append("no global step in the folder: ordered and logged by its position instead")

@@ -48,7 +48,9 @@ def unsupported_format(folder: Path, names: set[str], subfolders: Sequence[Path]
     elif "latest" in names or "zero_to_fp32.py" in names:
         for sub in subfolders:
             try:
-                if any(_DEEPSPEED_MODEL.fullmatch(e.name) or _DEEPSPEED_OPTIM.fullmatch(e.name) for e in os.scandir(sub)):
+                if any(
+                    _DEEPSPEED_MODEL.fullmatch(e.name) or _DEEPSPEED_OPTIM.fullmatch(e.name) for e in os.scandir(sub)
+                ):
                     tag = sub
                     break
             except OSError:
@@ -57,16 +59,19 @@ def unsupported_format(folder: Path, names: set[str], subfolders: Sequence[Path]
         return None
     root = folder if tag is not folder else tag.parent
     where = f"{printable(tag.name)}/mp_rank_*_model_states.pt" if tag is not folder else "mp_rank_*_model_states.pt"
-    code = ("from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict as c; "
-            f"c({str(root)!r}, {str(converted_path(root, '.ckpt'))!r})")
+    code = (
+        "from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict as c; "
+        f"c({str(root)!r}, {str(converted_path(root, '.ckpt'))!r})"
+    )
     lightning = f"python -c {shlex.quote(code)}"
     script = " ".join(shlex.quote(str(p)) for p in (root / "zero_to_fp32.py", root, converted_path(root, ".pt")))
-    return printable(f"a DeepSpeed checkpoint folder ({where}, ZeRO-partitioned zero_*_optim_states.pt beside it): "
-                     "satmon reads single-file checkpoints; consolidate it first (both ways need the deepspeed package): "
-                     f"for a Lightning run `{lightning}` makes a .ckpt for --model, else `python {script}` (DeepSpeed's "
-                     "script saved with the checkpoint: it is code, run it only for a folder you trust) makes a "
-                     "state_dict for --factory; then replay that file")
-
+    return printable(
+        f"a DeepSpeed checkpoint folder ({where}, ZeRO-partitioned zero_*_optim_states.pt beside it): "
+        "satmon reads single-file checkpoints; consolidate it first (both ways need the deepspeed package): "
+        f"for a Lightning run `{lightning}` makes a .ckpt for --model, else `python {script}` (DeepSpeed's "
+        "script saved with the checkpoint: it is code, run it only for a folder you trust) makes a "
+        "state_dict for --factory; then replay that file"
+    )
 
 
 def recognise(path: Path, entries: Entries | None) -> Match | None:

@@ -41,7 +41,9 @@ __all__ = ["FORMAT", "HF_WEIGHTS", "TRAINER_STATE_FILES", "inspect", "recognise"
 
 #: Files of a Hugging Face Trainer checkpoint that hold no model weights (optimizer, scheduler, grad
 #: scaler and RNG state, the training arguments): never replayed, never an error.
-TRAINER_STATE_FILES = re.compile(r"(optimizer\.(pt|bin)|scheduler\.pt|scaler\.pt|rng_state(_\d+)?\.pth|training_args\.bin)")
+TRAINER_STATE_FILES = re.compile(
+    r"(optimizer\.(pt|bin)|scheduler\.pt|scaler\.pt|rng_state(_\d+)?\.pth|training_args\.bin)"
+)
 
 
 #: A Hugging Face model folder's weights, in the order ``transformers`` prefers them.
@@ -49,7 +51,6 @@ HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_mode
 
 
 _HF_SHARD = re.compile(r"(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)")
-
 
 
 def _hf_files(names: set[str]) -> tuple[str, set[str]] | None:
@@ -81,8 +82,10 @@ def inspect(folder: Path, trust: bool = False, stamps: Sequence[FileStamp] | Non
     names = {p.name for p in folder.iterdir() if p.is_file()}
     found = _hf_files(names)
     if found is None:
-        info.error = (f"not a checkpoint: a folder without {' / '.join(HF_WEIGHTS)} (a Hugging Face checkpoint) "
-                      "or .ckpt/.pt files; pass the files inside it")
+        info.error = (
+            f"not a checkpoint: a folder without {' / '.join(HF_WEIGHTS)} (a Hugging Face checkpoint) "
+            "or .ckpt/.pt files; pass the files inside it"
+        )
         return info
     main = found[0]
     try:
@@ -97,8 +100,10 @@ def inspect(folder: Path, trust: bool = False, stamps: Sequence[FileStamp] | Non
                 raise ValueError(f"not a checkpoint: {main} names shards outside its folder")
             missing = [f for f in files if not (folder / f).is_file()]
             if missing:
-                raise ValueError(f"incomplete sharded checkpoint: {main} names {len(files)} shard(s), "
-                                 f"{len(missing)} missing ({', '.join(missing[:3])})")
+                raise ValueError(
+                    f"incomplete sharded checkpoint: {main} names {len(files)} shard(s), "
+                    f"{len(missing)} missing ({', '.join(missing[:3])})"
+                )
         given = {s.path.name: s for s in stamps or ()}
         weights = []
         for name in files:
@@ -115,8 +120,10 @@ def inspect(folder: Path, trust: bool = False, stamps: Sequence[FileStamp] | Non
             have = {k for w in weights for k in w.meta()}
             absent = [k for k in weight_map if k not in have]
             if absent:
-                raise ValueError(f"incomplete sharded checkpoint: {len(absent)} tensor(s) of {main} in no shard "
-                                 f"({', '.join(short(k, 60) for k in absent[:3])})")
+                raise ValueError(
+                    f"incomplete sharded checkpoint: {len(absent)} tensor(s) of {main} in no shard "
+                    f"({', '.join(short(k, 60) for k in absent[:3])})"
+                )
     except FileChanged as e:
         info.error, info.weights = str(e), ()
         return info
@@ -124,8 +131,10 @@ def inspect(folder: Path, trust: bool = False, stamps: Sequence[FileStamp] | Non
         info.weights = ()
         if "weights only load failed" in str(e)[:2000].lower():
             info.refused = info.unsafe = True  # never trusted: a Trainer writes tensors only
-            info.error = (refusal(e)[0].split(". If you")[0] + ": a Hugging Face weights file holds tensors only, so "
-                          "this one is not what transformers or the Trainer writes; do not load it")
+            info.error = (
+                refusal(e)[0].split(". If you")[0] + ": a Hugging Face weights file holds tensors only, so "
+                "this one is not what transformers or the Trainer writes; do not load it"
+            )
         else:
             info.error = error_text(e)
         return info
@@ -162,8 +171,10 @@ def _bounded_text(path: Path) -> str:
     with os.fdopen(fd, "rb") as f:
         size, budget = os.fstat(fd).st_size, pickle_budget()
         if size > budget:
-            raise OverBudget(f"over satmon's read budget: {path.name} is {size:,} bytes, over the {mib(budget)} "
-                             f"satmon reads of a checkpoint's metadata; set {BUDGET_ENV}=N (MiB) to read it")
+            raise OverBudget(
+                f"over satmon's read budget: {path.name} is {size:,} bytes, over the {mib(budget)} "
+                f"satmon reads of a checkpoint's metadata; set {BUDGET_ENV}=N (MiB) to read it"
+            )
         return f.read(budget + 1).decode("utf-8", errors="replace")
 
 

@@ -39,11 +39,28 @@ MAX_HEADER = 100_000_000
 
 
 _SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "C64": torch.complex64,
-    **{k: getattr(torch, v) for k, v in (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64"),
-                                         ("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2")) if hasattr(torch, v)},
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "C64": torch.complex64,
+    **{
+        k: getattr(torch, v)
+        for k, v in (
+            ("U16", "uint16"),
+            ("U32", "uint32"),
+            ("U64", "uint64"),
+            ("F8_E4M3", "float8_e4m3fn"),
+            ("F8_E5M2", "float8_e5m2"),
+        )
+        if hasattr(torch, v)
+    },
 }
 
 
@@ -61,7 +78,8 @@ class SafetensorsIndex:
         (torch.Size([2, 3]), [3.0, 4.0, 5.0])
     """
 
-    entries: Mapping[str, tuple[torch.dtype, tuple[int, ...], int, int]]  # name -> dtype, shape, begin, end (in the file)
+    # name -> dtype, shape, begin, end (in the file)
+    entries: Mapping[str, tuple[torch.dtype, tuple[int, ...], int, int]]
     metadata: Mapping[str, str]
 
     @classmethod
@@ -79,9 +97,11 @@ class SafetensorsIndex:
             if not 0 < n <= min(MAX_HEADER, stamp.size - 8):
                 raise ValueError("not a safetensors file: no JSON header of a plausible size")
             if n > pickle_budget():  # its JSON is parsed whole: the same budget as a pickle
-                raise OverBudget(f"over satmon's read budget: its JSON header declares {n:,} bytes, over the "
-                                 f"{mib(pickle_budget())} satmon reads of a checkpoint's index; refused unread. For a "
-                                 "file you trust that needs more, set SATMON_MAX_PICKLE_MB=N (MiB)")
+                raise OverBudget(
+                    f"over satmon's read budget: its JSON header declares {n:,} bytes, over the "
+                    f"{mib(pickle_budget())} satmon reads of a checkpoint's index; refused unread. For a "
+                    "file you trust that needs more, set SATMON_MAX_PICKLE_MB=N (MiB)"
+                )
             raw = f.read(n)
         try:
             header = json.loads(raw)
@@ -97,26 +117,38 @@ class SafetensorsIndex:
                 shape = tuple(int(s) for s in e["shape"])
                 begin, end = (int(x) for x in e["data_offsets"])
             except (KeyError, TypeError, ValueError):
-                raise ValueError(f"not a safetensors file: entry {name[:80]!r} has no valid dtype/shape/data_offsets") from None
+                raise ValueError(
+                    f"not a safetensors file: entry {name[:80]!r} has no valid dtype/shape/data_offsets"
+                ) from None
             numel = 1
             for s in shape:
                 numel *= s
-            if min(shape, default=1) < 0 or end - begin != numel * dtype.itemsize or begin < 0 or data_start + end > stamp.size:
-                raise ValueError(f"truncated or corrupt safetensors file: tensor {name[:80]!r} ({e['dtype']} {list(shape)}) "
-                                 f"does not fit bytes {begin:,}..{end:,} of a {stamp.size - data_start:,}-byte data section")
+            if (
+                min(shape, default=1) < 0
+                or end - begin != numel * dtype.itemsize
+                or begin < 0
+                or data_start + end > stamp.size
+            ):
+                raise ValueError(
+                    f"truncated or corrupt safetensors file: tensor {name[:80]!r} ({e['dtype']} {list(shape)}) "
+                    f"does not fit bytes {begin:,}..{end:,} of a {stamp.size - data_start:,}-byte data section"
+                )
             entries[str(name)] = (dtype, shape, data_start + begin, data_start + end)
         if not entries:
             raise ValueError("not a checkpoint: a safetensors file without tensors")
         at = data_start  # the format indexes its whole data section, without gaps or overlaps (no polyglot files)
         for name, (_, _, begin, end) in sorted(entries.items(), key=lambda e: (e[1][2], e[1][3])):
             if begin != at:
-                raise ValueError(f"corrupt safetensors file: tensor {name[:80]!r} starts at byte {begin - data_start:,} of "
-                                 f"the data section, where {at - data_start:,} was expected (a gap or an overlap: the "
-                                 "format has none)")
+                raise ValueError(
+                    f"corrupt safetensors file: tensor {name[:80]!r} starts at byte {begin - data_start:,} of "
+                    f"the data section, where {at - data_start:,} was expected (a gap or an overlap: the "
+                    "format has none)"
+                )
             at = end
         if at != stamp.size:
-            raise ValueError(f"corrupt safetensors file: {stamp.size - at:,} byte(s) after its last tensor (the format "
-                             "ends with it)")
+            raise ValueError(
+                f"corrupt safetensors file: {stamp.size - at:,} byte(s) after its last tensor (the format ends with it)"
+            )
         stamp.check("while it was being read")
         return cls(entries, {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {})
 
@@ -170,8 +202,11 @@ def _not_safetensors(path: Path) -> str | None:
     if size == 0:
         return "not a PyTorch checkpoint: an empty file"
     n = int.from_bytes(head[:8], "little") if len(head) >= 8 else 0
-    return None if 0 < n <= size - 8 and head[8:9] == b"{" else packed_as(path, head) or (
-        "not a safetensors file: no JSON header")
+    return (
+        None
+        if 0 < n <= size - 8 and head[8:9] == b"{"
+        else packed_as(path, head) or ("not a safetensors file: no JSON header")
+    )
 
 
 def recognise(path: Path, entries: Entries | None) -> Match | None:

@@ -69,8 +69,20 @@ from satmon.replaying.formats.common import (
 )
 from satmon.replaying.user_code import error_line, short
 
-__all__ = ["FORMAT", "SUFFIXES", "TorchWeights", "copy_tensors", "extract_state_dict", "inspect", "load_index",
-           "load_whole", "meta_tensors", "recognise", "refusal", "step_of"]
+__all__ = [
+    "FORMAT",
+    "SUFFIXES",
+    "TorchWeights",
+    "copy_tensors",
+    "extract_state_dict",
+    "inspect",
+    "load_index",
+    "load_whole",
+    "meta_tensors",
+    "recognise",
+    "refusal",
+    "step_of",
+]
 
 #: The suffixes of torch files a folder's files are listed by (a file given by name is read as one whatever its suffix).
 SUFFIXES = (".ckpt", ".pt", ".pth")
@@ -84,7 +96,6 @@ _STEP_KEYS = ("global_step", "step", "iter_num")
 
 #: Parts of a Lightning checkpoint that building the model does not read: left unread (on the meta device).
 _UNREAD = ("optimizer_states", "lr_schedulers")
-
 
 
 #: Containers deeper than this are not searched for tensors (a crafted file cannot exhaust the stack).
@@ -124,8 +135,8 @@ _LEGACY_PICKLES = 5
 
 
 def _check_legacy_pickles(stamp: FileStamp) -> None:
-    """A legacy file's pickles, scanned opcode by opcode (:func:`satmon.replaying.budget.pickle_extent`): each length they
-    declare fits the file and the budget, before torch unpickles anything."""
+    """A legacy file's pickles, scanned opcode by opcode (:func:`satmon.replaying.budget.pickle_extent`): each length
+    they declare fits the file and the budget, before torch unpickles anything."""
     with open(stamp.path, "rb") as f:
         budget, used = pickle_budget(), 0
         for _ in range(_LEGACY_PICKLES):
@@ -135,9 +146,11 @@ def _check_legacy_pickles(stamp: FileStamp) -> None:
             pickle_extent(f, stamp.size, budget)
         claimed = legacy_storage_claims(f)
     if claimed is not None and claimed > stamp.size:
-        raise OverBudget(f"over satmon's read budget: its pickle declares tensor storages of {claimed:,} bytes in a "
-                         f"{stamp.size:,}-byte file (their bytes would have to be in it): a crafted or cut-short file; "
-                         "refused before anything was allocated")
+        raise OverBudget(
+            f"over satmon's read budget: its pickle declares tensor storages of {claimed:,} bytes in a "
+            f"{stamp.size:,}-byte file (their bytes would have to be in it): a crafted or cut-short file; "
+            "refused before anything was allocated"
+        )
 
 
 def _check_small_records(z: zipfile.ZipFile) -> None:
@@ -228,8 +241,10 @@ def _byteorder(z: zipfile.ZipFile) -> str:
 
 def _check_byteorder(order: str) -> None:
     if order != sys.byteorder:
-        raise ValueError(f"written on a {order}-endian machine: satmon replay reads only "
-                         f"{sys.byteorder}-endian archives; load and re-save it with torch.save on this machine")
+        raise ValueError(
+            f"written on a {order}-endian machine: satmon replay reads only "
+            f"{sys.byteorder}-endian archives; load and re-save it with torch.save on this machine"
+        )
 
 
 def _offsets(obj: Any, records: list[tuple[str, int, int, int]]) -> dict[int, int]:
@@ -246,7 +261,9 @@ def _offsets(obj: Any, records: list[tuple[str, int, int, int]]) -> dict[int, in
         storage = t.untyped_storage()
         offset = getattr(storage, "_checkpoint_offset", None)
         if offset is None:
-            raise ValueError("a tensor without its offset in the archive: not read with torch.load(map_location='meta')")
+            raise ValueError(
+                "a tensor without its offset in the archive: not read with torch.load(map_location='meta')"
+            )
         storages.setdefault(offset, storage.nbytes())
     sizes = {off: size for _, off, size, _ in records}
     if all(sizes.get(off) == n for off, n in storages.items()):
@@ -255,8 +272,10 @@ def _offsets(obj: Any, records: list[tuple[str, int, int, int]]) -> dict[int, in
     mine = sorted(storages.items())
     if len(by_key) == len(mine) and all(size == n for (_, _, size, _), (_, n) in zip(by_key, mine)):
         return {off: real for (off, _), (_, real, _, _) in zip(mine, by_key)}
-    raise ValueError(f"its {len(mine)} tensor storage(s) do not match the {len(records)} record(s) of its zip "
-                     "directory: the archive is corrupt or was not written by torch.save")
+    raise ValueError(
+        f"its {len(mine)} tensor storage(s) do not match the {len(records)} record(s) of its zip "
+        "directory: the archive is corrupt or was not written by torch.save"
+    )
 
 
 def copy_tensors(obj: Any, stamp: FileStamp, skip: Iterable[str] = (), index: Any = None) -> Any:
@@ -295,8 +314,11 @@ def copy_tensors(obj: Any, stamp: FileStamp, skip: Iterable[str] = (), index: An
         stamp.check("while it was being read", os.fstat(f.fileno()))
     stamp.check("while it was being read")  # the path still names the file that was read: a change is said as one
     if damaged:
-        raise corrupt_file(f"the bytes of {len(damaged)} tensor record(s) (data/{', data/'.join(damaged[:3])}"
-                       + (", ..." if len(damaged) > 3 else "") + ")")
+        raise corrupt_file(
+            f"the bytes of {len(damaged)} tensor record(s) (data/{', data/'.join(damaged[:3])}"
+            + (", ..." if len(damaged) > 3 else "")
+            + ")"
+        )
 
     def real(t: Tensor) -> Tensor:
         storage = t.untyped_storage()
@@ -313,7 +335,6 @@ def copy_tensors(obj: Any, stamp: FileStamp, skip: Iterable[str] = (), index: An
     return _walk(obj, real, set(skip), 0)
 
 
-
 # ------------------------------------------------------------------------------ what a file is
 def _not_a_checkpoint(path: Path) -> str | None:
     """What the file is not, read from its first bytes (``None`` when it may be a checkpoint).
@@ -328,8 +349,10 @@ def _not_a_checkpoint(path: Path) -> str | None:
         return "not a PyTorch checkpoint: an empty file"
     if head[:4] == b"PK\x03\x04":
         if not zipfile.is_zipfile(path):
-            return (f"truncated or corrupt: a torch.save zip archive without its directory, {size:,} bytes; "
-                    "was the copy or save cut short?")
+            return (
+                f"truncated or corrupt: a torch.save zip archive without its directory, {size:,} bytes; "
+                "was the copy or save cut short?"
+            )
         with zipfile.ZipFile(path) as z:
             if not any(n.endswith("data.pkl") for n in z.namelist()):
                 return "not a PyTorch checkpoint: a zip archive without the data.pkl of torch.save"
@@ -347,17 +370,73 @@ def _not_a_checkpoint(path: Path) -> str | None:
     return f"not a PyTorch checkpoint: neither a torch.save zip archive nor a pickle (starts {head[:8]!r})"
 
 
-
 #: Modules whose globals run commands or code, or reach anything: a checkpoint never needs them.
-_UNSAFE_MODULES = {"os", "posix", "nt", "subprocess", "commands", "sys", "shutil", "socket", "importlib", "runpy",
-                   "pickle", "cPickle", "_pickle", "marshal", "ctypes", "code", "codeop", "pty", "multiprocessing",
-                   "webbrowser", "asyncio", "signal", "threading", "_thread", "pdb", "timeit", "types", "operator",
-                   "functools", "inspect", "io", "_io", "builtins", "__builtin__", "site", "torch.hub"}
+_UNSAFE_MODULES = {
+    "os",
+    "posix",
+    "nt",
+    "subprocess",
+    "commands",
+    "sys",
+    "shutil",
+    "socket",
+    "importlib",
+    "runpy",
+    "pickle",
+    "cPickle",
+    "_pickle",
+    "marshal",
+    "ctypes",
+    "code",
+    "codeop",
+    "pty",
+    "multiprocessing",
+    "webbrowser",
+    "asyncio",
+    "signal",
+    "threading",
+    "_thread",
+    "pdb",
+    "timeit",
+    "types",
+    "operator",
+    "functools",
+    "inspect",
+    "io",
+    "_io",
+    "builtins",
+    "__builtin__",
+    "site",
+    "torch.hub",
+}
 
 
-_UNSAFE_NAMES = {"exec", "eval", "compile", "open", "getattr", "setattr", "delattr", "__import__", "globals", "locals",
-                 "vars", "breakpoint", "input", "execfile", "apply", "system", "popen", "spawn", "Popen", "call",
-                 "check_call", "check_output", "run", "exec_module"}
+_UNSAFE_NAMES = {
+    "exec",
+    "eval",
+    "compile",
+    "open",
+    "getattr",
+    "setattr",
+    "delattr",
+    "__import__",
+    "globals",
+    "locals",
+    "vars",
+    "breakpoint",
+    "input",
+    "execfile",
+    "apply",
+    "system",
+    "popen",
+    "spawn",
+    "Popen",
+    "call",
+    "check_call",
+    "check_output",
+    "run",
+    "exec_module",
+}
 
 
 def _what_it_does(name: str, blocked: bool) -> str | None:
@@ -365,7 +444,12 @@ def _what_it_does(name: str, blocked: bool) -> str | None:
     module, _, attr = name.rpartition(".")
     top = module.split(".")[0]
     if attr in ("system", "popen", "Popen", "spawn", "call", "check_call", "check_output", "run") and top in (
-            "os", "posix", "nt", "subprocess", "commands"):
+        "os",
+        "posix",
+        "nt",
+        "subprocess",
+        "commands",
+    ):
         return "runs a shell command"
     if attr in ("exec", "eval", "compile", "execfile", "exec_module"):
         return "runs Python code"
@@ -388,17 +472,23 @@ def refusal(e: Exception) -> tuple[str, bool]:
     blocked = bool(re.search(r"whose module \S+ is blocked", text))
     does = _what_it_does(name, blocked) if name else None
     if does is not None:
-        return (f"refused by torch.load(weights_only=True): its pickle calls {name} (GLOBAL {name}), which {does}: "
-                "not safe to allow. A checkpoint needs no such call: this file was crafted or is not a checkpoint; "
-                "do not load it"), False
+        return (
+            f"refused by torch.load(weights_only=True): its pickle calls {name} (GLOBAL {name}), which {does}: "
+            "not safe to allow. A checkpoint needs no such call: this file was crafted or is not a checkpoint; "
+            "do not load it"
+        ), False
     if name is None:
         reason = re.search(r"WeightsUnpickler error:\s*(.+)", text)
         what = reason.group(1).split(". ")[0] if reason else error_line(e)
-        return (f"refused by torch.load(weights_only=True): {what[:300]}. If you made or trust this file, pass "
-                f"{TRUST_FLAG} (API: trust=True) to load it: that runs code stored in the file"), True
-    return (f"refused by torch.load(weights_only=True): it holds GLOBAL {name}, a type not on torch's allow-list. If you "
-            f"made or trust this file, pass {TRUST_FLAG} (API: trust=True), which runs code stored in it, or allow "
-            f"the type from Python with torch.serialization.add_safe_globals([{name}])"), True
+        return (
+            f"refused by torch.load(weights_only=True): {what[:300]}. If you made or trust this file, pass "
+            f"{TRUST_FLAG} (API: trust=True) to load it: that runs code stored in the file"
+        ), True
+    return (
+        f"refused by torch.load(weights_only=True): it holds GLOBAL {name}, a type not on torch's allow-list. If you "
+        f"made or trust this file, pass {TRUST_FLAG} (API: trust=True), which runs code stored in it, or allow "
+        f"the type from Python with torch.serialization.add_safe_globals([{name}])"
+    ), True
 
 
 def step_of(obj: Mapping[str, Any], weights: TorchWeights) -> tuple[int | None, str | None]:
@@ -412,7 +502,10 @@ def step_of(obj: Mapping[str, Any], weights: TorchWeights) -> tuple[int | None, 
                 continue
             if v.is_meta:
                 if weights.layout != "zip":
-                    return None, f"its step ({k!r}) is a tensor inside a legacy file: ordered and logged by its position"
+                    return (
+                        None,
+                        f"its step ({k!r}) is a tensor inside a legacy file: ordered and logged by its position",
+                    )
                 v = copy_tensors({k: v}, weights.stamp, index=obj)[k]
         return int(v), None
     return None, None
@@ -423,7 +516,8 @@ def _is_state_dict(obj: Any) -> bool:
 
 
 def extract_state_dict(obj: Any) -> dict[str, Tensor]:
-    """The weights inside a loaded checkpoint: the object itself, or under ``state_dict``/``model_state_dict``/``model``.
+    """The weights inside a loaded checkpoint: the object itself, or under
+    ``state_dict``/``model_state_dict``/``model``.
 
     Example:
         >>> import torch
@@ -440,8 +534,10 @@ def extract_state_dict(obj: Any) -> dict[str, Tensor]:
     if isinstance(obj, Mapping):
         keys = [short(k, 40) for k in list(obj)[:8]]
         what = f" with keys [{', '.join(sorted(keys))}{', ...' if len(obj) > 8 else ''}]"
-    raise ValueError("not a checkpoint: expected a state_dict (a mapping of names to tensors, or one under "
-                     f"'state_dict'/'model_state_dict'/'model'), got {type(obj).__name__}{what}")
+    raise ValueError(
+        "not a checkpoint: expected a state_dict (a mapping of names to tensors, or one under "
+        f"'state_dict'/'model_state_dict'/'model'), got {type(obj).__name__}{what}"
+    )
 
 
 def _copy_small(obj: Any, weights: TorchWeights) -> Any:
@@ -508,7 +604,11 @@ def inspect(path: Path, trust: bool = False, stamps: Sequence[FileStamp] | None 
         obj = load_index(stamp, trust)
         weights = TorchWeights(stamp, obj, layout, checksummed=layout == "zip", trust=trust)
         info.weights = (weights,)
-        if isinstance(obj, Mapping) and "state_dict" in obj and ("pytorch-lightning_version" in obj or "global_step" in obj):
+        if (
+            isinstance(obj, Mapping)
+            and "state_dict" in obj
+            and ("pytorch-lightning_version" in obj or "global_step" in obj)
+        ):
             info.kind = "lightning"
             info.weights = (weights := dataclasses.replace(weights, lightning=True),)
             info.hparams = dict(_copy_small(obj.get("hyper_parameters") or {}, weights))

@@ -14,8 +14,15 @@ from typing import Any
 
 from satmon.functional.significance import binomial_tail
 
-__all__ = ["HULL_TOLERANCE", "NEAREST_LIMIT", "UNKNOWN_SCHEDULE", "WARMUP_TOLERANCE", "clopper_pearson", "hull",
-           "hull_distance"]
+__all__ = [
+    "HULL_TOLERANCE",
+    "NEAREST_LIMIT",
+    "UNKNOWN_SCHEDULE",
+    "WARMUP_TOLERANCE",
+    "clopper_pearson",
+    "hull",
+    "hull_distance",
+]
 
 #: A run may lie at most this far (decades, Euclidean in log10 parameters and log10 unique tokens per parameter) from
 #: the nearest configuration that bears on it: half a decade, about the widest step between neighbouring measured
@@ -80,7 +87,8 @@ def hull_distance(q: tuple[float, float], points: Sequence[tuple[float, float]])
 
 
 def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
-    """The exact (Clopper-Pearson) ``level`` interval of a rate seen as ``k`` of ``n``, by bisection on the binomial tail.
+    """The exact (Clopper-Pearson) ``level`` interval of a rate seen as ``k`` of ``n``, by
+    bisection on the binomial tail.
 
     Example:
         >>> [round(x, 3) for x in clopper_pearson(14, 15)]
