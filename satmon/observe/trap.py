@@ -73,8 +73,14 @@ class TrapCounter(OffsetCounter):
         s = self.synced(sync)
         n = s["total"].to(torch.float64).clamp_min(1)
         b = s["batches"].clamp_min(1).to(torch.float64)
-        return {"saturated": s["saturated"] / n, "centered": s["centered"] / n, "offset_ratio": s["ratio_median"] / b,
-                "batches": s["batches"], "offset": s["offset_median"] / b, "spread": s["spread_median"] / b}
+        return {
+            "saturated": s["saturated"] / n,
+            "centered": s["centered"] / n,
+            "offset_ratio": s["ratio_median"] / b,
+            "batches": s["batches"],
+            "offset": s["offset_median"] / b,
+            "spread": s["spread_median"] / b,
+        }
 
     def read(self, names: Sequence[str], sync: bool = True) -> dict[str, dict[str, float]]:
         """Per layer that saw a batch: ``saturated``, ``centered``, ``offset_ratio``, ``offset``, ``spread`` (one
@@ -170,7 +176,9 @@ class ForwardOrder(HookSet):
         if self.enabled and not self.done and not recomputing():
             if not self.start:
                 self._first = module
-            elif module is self._first and module in self.end:  # the first module again: a second forward (accumulation)
+            elif (
+                module is self._first and module in self.end
+            ):  # the first module again: a second forward (accumulation)
                 self.done = True
                 return
             self.start.setdefault(module, self._tick)
@@ -200,8 +208,13 @@ class ForwardOrder(HookSet):
         norms = [l for l in model_map(self.model).layers(_NORM_KINDS) if l.module in self.start]
         if not norms:
             compiled = any(type(m).__name__ == "OptimizedModule" for m in self.model.modules())
-            return Layout(None, None, note="the model runs compiled (torch.compile): the trap watch reads eager forwards "
-                          "only" if compiled else "no normaliser ran in the checked forward")
+            return Layout(
+                None,
+                None,
+                note="the model runs compiled (torch.compile): the trap watch reads eager forwards only"
+                if compiled
+                else "no normaliser ran in the checked forward",
+            )
         final: NormLayer = max(norms, key=lambda l: self.start[l.module])
         f0, f1 = self.start[final.module], self.end.get(final.module, self.start[final.module])
         head_ids: set[int] = set()
@@ -289,8 +302,13 @@ class GradReach(HookSet):
         return values[:g], values[g:]
 
 
-def read_trap(model: nn.Module, batch: Any, loss_fn: Callable[[Any, Any], Tensor] | None = None,
-              forward_fn: ForwardFn | None = None, level: float = 2.0) -> TrapReading:
+def read_trap(
+    model: nn.Module,
+    batch: Any,
+    loss_fn: Callable[[Any, Any], Tensor] | None = None,
+    forward_fn: ForwardFn | None = None,
+    level: float = 2.0,
+) -> TrapReading:
     """The trap reading of one forward and backward pass of ``model`` on ``batch`` (a checkpoint's replay):
     every DyT layer's saturation and offset, and the gradient reach below the final norm.
 
@@ -357,6 +375,8 @@ def _loss(out: Any, batch: Any, loss_fn: Callable[[Any, Any], Tensor] | None) ->
     if loss is None and isinstance(out, Tensor) and out.numel() == 1:
         loss = out
     if not isinstance(loss, Tensor):
-        raise TypeError(f"Expected the model's output to carry a loss (`output.loss`, or a scalar tensor), got "
-                         f"{type(out).__name__}: pass loss_fn=lambda output, batch: ... to read the trap.")
+        raise TypeError(
+            f"Expected the model's output to carry a loss (`output.loss`, or a scalar tensor), got "
+            f"{type(out).__name__}: pass loss_fn=lambda output, batch: ... to read the trap."
+        )
     return loss

@@ -63,7 +63,10 @@ _OWN = ("sink", "logdir", "agreement", "info", "warn", "verbose", "log_every_n_s
 
 
 def _print_rank_zero(text: str) -> None:
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()) or torch.distributed.get_rank() == 0:
+    if (
+        not (torch.distributed.is_available() and torch.distributed.is_initialized())
+        or torch.distributed.get_rank() == 0
+    ):
         print(text)
 
 
@@ -85,8 +88,9 @@ def running_scalars(r: HookReadings, names: Sequence[str]) -> dict[str, float]:
         0.5
     """
     n = sum(r.total)
-    return tb.window_scalars(sum(r.saturated) / n if n else 0.0, r.fractions(names), dict(zip(names, r.alphas)),
-                             sum(r.nonfinite))
+    return tb.window_scalars(
+        sum(r.saturated) / n if n else 0.0, r.fractions(names), dict(zip(names, r.alphas)), sum(r.nonfinite)
+    )
 
 
 class Screen(Watching):
@@ -125,12 +129,26 @@ class Screen(Watching):
         satmon verdict: NO-GO
     """
 
-    def __init__(self, settings: Settings | None = None, *, sink: Sink | None = None, logdir: str | PathLike | None = None,
-                 agreement: Agreement | None = None, info: Callable[[str], None] | None = None,
-                 warn: Callable[[str], None] | None = None, verbose: bool = False, log_every_n_steps: int = 50,
-                 **options: Any) -> None:
-        self.settings = settings_from(settings, options, owner="Screen", own=_OWN, hint="A model without DyT gets no "
-                                      "screen and a warning; there is no on_missing option here.")
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        sink: Sink | None = None,
+        logdir: str | PathLike | None = None,
+        agreement: Agreement | None = None,
+        info: Callable[[str], None] | None = None,
+        warn: Callable[[str], None] | None = None,
+        verbose: bool = False,
+        log_every_n_steps: int = 50,
+        **options: Any,
+    ) -> None:
+        self.settings = settings_from(
+            settings,
+            options,
+            owner="Screen",
+            own=_OWN,
+            hint="A model without DyT gets no screen and a warning; there is no on_missing option here.",
+        )
         self._own_sink = tb.SummaryWriterSink(logdir) if logdir is not None else None
         given = [check_sink(sink)] if sink is not None else []
         sinks = [*given, *([self._own_sink] if self._own_sink is not None else [])]
@@ -149,7 +167,9 @@ class Screen(Watching):
         self.layers: list[NormLayer] = []
         self.gating: GatingInfo | None = None
         # made at attach (:meth:`_build`): the window's hooks and states, the watch, the guard (None: off)
-        self.reader: ReadingHooks | None = None  # the window's hook sets (saturation, offset, gate), read as one Reading
+        self.reader: ReadingHooks | None = (
+            None  # the window's hook sets (saturation, offset, gate), read as one Reading
+        )
         self.hooks: SaturationHooks | None = None
         self.window_loss: WindowLoss | None = None
         self.losses: LossHistory | None = None  # the watch's loss history
@@ -172,7 +192,9 @@ class Screen(Watching):
         self._last_step = -1
         self._steps_done = 0  # optimizer steps, for plain loops that call step()
         self._loaded: ScreenState | None = None  # a checkpoint's state, restored at attach
-        self._loaded_local = False  # its counts are this process's own (a new session of the run), not summed over ranks
+        self._loaded_local = (
+            False  # its counts are this process's own (a new session of the run), not summed over ranks
+        )
         self._model: nn.Module | None = None  # the model attached to (its weights are checked at the verdict)
         # modules that change during the window: the model map flags a registration (O(1) a step); layers that
         # appear (added, or another module under a counted name) are counted by hook sets of their own
@@ -180,7 +202,9 @@ class Screen(Watching):
         self._counted: dict[str, nn.Module] = {}  # layer name -> the module now counted under it
         self._late: list[SaturationHooks] = []  # the hook sets of layers that appeared, oldest first
         self._keep_inputs = False
-        self._first_forward_hooks: list[Any] = []  # on modules just registered: follow the change at their first forward
+        self._first_forward_hooks: list[
+            Any
+        ] = []  # on modules just registered: follow the change at their first forward
         self._live: LiveTrace | None = None  # the gating trace of the first training forward, while it waits
         self._check_hook: Any = None  # checks a fresh conversion on the first forward's batch
         self._saved_gate: Any = None  # a checkpoint's gate statistics, kept until the trace makes the gate hooks
@@ -195,8 +219,9 @@ class Screen(Watching):
         """Whether the model has DyT layers to screen."""
         return bool(self.layers)
 
-    def discover(self, model: nn.Module, example_input: Any = None, forward_fn: ForwardFn | None = None,
-                 gating: bool = True) -> list[NormLayer]:
+    def discover(
+        self, model: nn.Module, example_input: Any = None, forward_fn: ForwardFn | None = None, gating: bool = True
+    ) -> list[NormLayer]:
         """Find the DyT layers and (with ``gating``) what they feed; no hooks yet. An empty list: nothing to screen.
 
         With ``example_input`` (a batch; ``forward_fn(model, batch)`` feeds it) gating is read from
@@ -209,15 +234,28 @@ class Screen(Watching):
             return []
         if not gating:
             return self.layers
-        self.gating = detect_gating(model, norm_names=self.layer_names, mapping=dict(s.gating_mapping or {}),
-                                    example_input=example_input, forward_fn=forward_fn)
-        if self.gating.gated is None and model_map(model).trace is not None:  # untraced: the first training forward says
+        self.gating = detect_gating(
+            model,
+            norm_names=self.layer_names,
+            mapping=dict(s.gating_mapping or {}),
+            example_input=example_input,
+            forward_fn=forward_fn,
+        )
+        if (
+            self.gating.gated is None and model_map(model).trace is not None
+        ):  # untraced: the first training forward says
             self.warn(f"satmon: {self.gating.message}")
         self.status = "discovered"
         return self.layers
 
-    def attach(self, model: nn.Module, step: int = 0, keep_inputs: bool | None = None, example_input: Any = None,
-               forward_fn: ForwardFn | None = None) -> Screen:
+    def attach(
+        self,
+        model: nn.Module,
+        step: int = 0,
+        keep_inputs: bool | None = None,
+        example_input: Any = None,
+        forward_fn: ForwardFn | None = None,
+    ) -> Screen:
         """Attach the hooks to ``model`` (after any wrapping: DDP, FSDP, compile) at optimizer step ``step``.
 
         Args:
@@ -247,15 +285,21 @@ class Screen(Watching):
         if example_input is not None:  # a model just converted to DyT runs this batch before anything is counted
             check_conversion(model, example_input, forward_fn or feed, warn=self.warn)
         if not self.discover(model, example_input, forward_fn) and not names:
-            self.status = (f"no DyT layer in {type(model).__name__}, so there is no screen and no verdict. Convert the norms "
-                           "with satmon.convert_to_dyt(model), or select your DyT layers with include=.")
+            self.status = (
+                f"no DyT layer in {type(model).__name__}, so there is no screen and no verdict. Convert the norms "
+                "with satmon.convert_to_dyt(model), or select your DyT layers with include=."
+            )
             self.warn(f"satmon: {self.status}")
             return self
         if names and self.layer_names != names:
             raise RuntimeError(f"Expected the same DyT layers as at discovery ({names}), got {self.layer_names}.")
-        for problem in dyt_parameter_problems((l.name, l.module) for l in self.layers):  # before the window, not in its verdict
+        for problem in dyt_parameter_problems(
+            (l.name, l.module) for l in self.layers
+        ):  # before the window, not in its verdict
             self.warn(f"satmon: DyT layer {problem}")
-        alphas = [float(l.module.alpha.detach().float().mean()) for l in self.layers] if step == 0 else []  # once, at attach
+        alphas = (
+            [float(l.module.alpha.detach().float().mean()) for l in self.layers] if step == 0 else []
+        )  # once, at attach
         self._alpha_init = (min(alphas), max(alphas)) if alphas else self._loaded.alpha_init if self._loaded else None
         self._build(model, keep_inputs)
         assert self.hooks is not None and self.reader is not None
@@ -263,7 +307,9 @@ class Screen(Watching):
         if self._map.trace is None:  # gating from the first training forward, as it runs: no extra forward
             self._live = self._map.trace_live(self._traced)
             if example_input is None and pending_conversion(model):
-                self._check_hook = model.register_forward_pre_hook(self._check_first_batch, with_kwargs=True, prepend=True)
+                self._check_hook = model.register_forward_pre_hook(
+                    self._check_first_batch, with_kwargs=True, prepend=True
+                )
         self._map.listen(self._registered)
         self._counted, self._late = {l.name: l.module for l in self.layers}, []
         dropped = None
@@ -297,9 +343,11 @@ class Screen(Watching):
         (no collective: every rank does the same with its own). A checkpoint loaded since (:meth:`load_state_dict`)
         takes their place. Another model is refused: its counts and verdict would be mixed with this one's."""
         if self._model is not model:
-            raise RuntimeError(f"Expected the model this screen was attached to ({type(self._model).__name__}), got another "
-                               f"one ({type(model).__name__}): a Screen screens one run of one model, and this one holds "
-                               "the first model's counts and verdict. Make a new Screen for the other model.")
+            raise RuntimeError(
+                f"Expected the model this screen was attached to ({type(self._model).__name__}), got another "
+                f"one ({type(model).__name__}): a Screen screens one run of one model, and this one holds "
+                "the first model's counts and verdict. Make a new Screen for the other model."
+            )
         loaded, local = self._loaded, False
         if loaded is None:
             loaded, local = ScreenState.from_dict(self.state_dict(sync=False)), True
@@ -311,11 +359,15 @@ class Screen(Watching):
         """Attached at or after the window's end with nothing counted in it: no verdict, and the card says why."""
         self._window_over = True
         why = f"the counts saved before were dropped ({dropped})" if dropped else "nothing had been counted before"
-        self.status = (f"the window ({self.settings.window} optimizer steps) was over when the screen attached at step "
-                       f"{step}, and {why}: nothing is left to count, so there is no verdict.")
+        self.status = (
+            f"the window ({self.settings.window} optimizer steps) was over when the screen attached at step "
+            f"{step}, and {why}: nothing is left to count, so there is no verdict."
+        )
         if not dropped:  # a dropped count was warned about by the resume already: one warning
-            self.warn(f"satmon: {self.status} satmon screens the first `window` optimizer steps of a run: attach it from "
-                      f"the start (or resume from a checkpoint that holds its state), or set `window` above {step}.")
+            self.warn(
+                f"satmon: {self.status} satmon screens the first `window` optimizer steps of a run: attach it from "
+                f"the start (or resume from a checkpoint that holds its state), or set `window` above {step}."
+            )
 
     def _close_at_resume(self, step: int) -> None:
         """Resumed with a window no longer than the steps already counted: the window is over, so the verdict
@@ -331,20 +383,36 @@ class Screen(Watching):
         keep = device.type == "cpu" if keep_inputs is None else keep_inputs
         self._model, self._keep_inputs = model, keep
         # the window's hook sets: the same as a probe's (satmon.observe.reading_hooks)
-        self.reader = ReadingHooks(model, layers, self.gating, level=s.level, product=s.product, offset=bool(s.offset_every),
-                                   keep_inputs=keep, root=model)
+        self.reader = ReadingHooks(
+            model,
+            layers,
+            self.gating,
+            level=s.level,
+            product=s.product,
+            offset=bool(s.offset_every),
+            keep_inputs=keep,
+            root=model,
+        )
         self.hooks, self.offset_hooks, self.gate_hooks = self.reader.saturation, self.reader.offset, self.reader.gate
         hooks = self.hooks
         self.window_loss = WindowLoss(s.window).to(device)
         self.losses = self.watch = None
         if s.watch_every_n_steps:
             self.losses = LossHistory(s.loss_baseline + s.watch_every_n_steps, device=device)
-            watch_hooks = SaturationHooks(layers, SaturationCounter(n, level=s.level, product=s.product).to(device),
-                                          keep, refused=hooks.refused, root=model)
+            watch_hooks = SaturationHooks(
+                layers,
+                SaturationCounter(n, level=s.level, product=s.product).to(device),
+                keep,
+                refused=hooks.refused,
+                root=model,
+            )
             self.watch = self._make_watch(watch_hooks)
         self.guard = NonFiniteGuard(device) if breaches(s.abort_on, StopReason.NONFINITE) else None
-        self.trap = (TrapWatch(model, layers, s.trap_every_n_steps, s.trap_patience, s.trap_floor, s.level, hooks.refused)
-                     if s.trap_every_n_steps else None)
+        self.trap = (
+            TrapWatch(model, layers, s.trap_every_n_steps, s.trap_patience, s.trap_floor, s.level, hooks.refused)
+            if s.trap_every_n_steps
+            else None
+        )
 
     # ------------------------------------------------------------------------------- the first training forward
     def _traced(self, m: ModelMap) -> None:
@@ -405,8 +473,14 @@ class Screen(Watching):
     @contextmanager
     def paused(self) -> Iterator[None]:
         """No counting inside the block (validation, a probe's forwards)."""
-        with paused(self.hooks, self.gate_hooks, self.offset_hooks, self.watch.hooks if self.watch else None,
-                    *self._late, *(self.trap.paused_sets() if self.trap else ())):
+        with paused(
+            self.hooks,
+            self.gate_hooks,
+            self.offset_hooks,
+            self.watch.hooks if self.watch else None,
+            *self._late,
+            *(self.trap.paused_sets() if self.trap else ()),
+        ):
             yield
 
     # ------------------------------------------------------------------------------- per step
@@ -475,8 +549,10 @@ class Screen(Watching):
     def step(self, loss: Any = None) -> bool:
         """One optimizer step done (plain loops): end it, prepare the next; returns :attr:`should_stop`."""
         if self.status == "not attached" and self._steps_done == 0:  # once: a loop that forgot attach() counts nothing
-            self.warn("satmon: Screen.step() was called before Screen.attach(model): nothing is counted and no verdict "
-                      "will come. Call screen.attach(model) before the training loop.")
+            self.warn(
+                "satmon: Screen.step() was called before Screen.attach(model): nothing is counted and no verdict "
+                "will come. Call screen.attach(model) before the training loop."
+            )
         self._steps_done += 1
         self.end_step(self._steps_done, loss)
         self.begin_step(self._steps_done)
@@ -487,17 +563,23 @@ class Screen(Watching):
         collective here, since another rank may have stopped elsewhere (uneven data) and would never join."""
         step = self._steps_done if step is None else step
         if self.hooks is not None and self.verdict is None and self.steps_seen > 0 and not self._window_over:
-            self.warn(f"satmon: training ended after {self.steps_seen} of the {self.settings.window} window steps; the "
-                      "verdict is provisional (trust 'partial'): resuming from a checkpoint saved from here on continues "
-                      "the window. Lower `window` or train longer.")
+            self.warn(
+                f"satmon: training ended after {self.steps_seen} of the {self.settings.window} window steps; the "
+                "verdict is provisional (trust 'partial'): resuming from a checkpoint saved from here on continues "
+                "the window. Lower `window` or train longer."
+            )
             notes = []
             if self.agreement.world_size > 1:
-                notes.append(f"training ended before the window closed: counts of rank {self.agreement.rank} only "
-                             "(no cross-rank sum at the end of training, where ranks may not all be present)")
+                notes.append(
+                    f"training ended before the window closed: counts of rank {self.agreement.rank} only "
+                    "(no cross-rank sum at the end of training, where ranks may not all be present)"
+                )
             self.conclude(step, partial=True, sync=False, extra_notes=notes)
 
     # ------------------------------------------------------------------------------- verdict
-    def conclude(self, step: int, partial: bool = False, sync: bool = True, extra_notes: Sequence[str] = ()) -> Verdict | None:
+    def conclude(
+        self, step: int, partial: bool = False, sync: bool = True, extra_notes: Sequence[str] = ()
+    ) -> Verdict | None:
         """Make the verdict from the window's counts (summed over ranks with ``sync``), log it, detach the
         window hooks, apply the policy (a full window only; a ``partial`` verdict is provisional)."""
         self.verdict = self._window_verdict(step, partial, sync, extra_notes)
@@ -511,19 +593,31 @@ class Screen(Watching):
         assert self.reader is not None
         return self._read(step, sync, extra_notes)[1]
 
-    def _read(self, step: int, sync: bool, extra_notes: Sequence[str], final: bool = False) -> tuple[HookReadings, Reading]:
+    def _read(
+        self, step: int, sync: bool, extra_notes: Sequence[str], final: bool = False
+    ) -> tuple[HookReadings, Reading]:
         assert self.reader is not None and self.hooks is not None
         s = self.settings
         # collectives, in the same order on every rank: counts, states, weights
         counts, names = self._window_readings(sync, final=final)
         loss = loss_trend(self.window_loss.means(sync=sync)) if self.window_loss is not None else None
-        weights = nonfinite_parameters(self._model, self.agreement.max if sync else None) if self._model is not None else {}
+        weights = (
+            nonfinite_parameters(self._model, self.agreement.max if sync else None) if self._model is not None else {}
+        )
         layers = {l.name: l for h in self._count_sets() for l in h.layers}  # a replaced layer: its latest module
-        reading = self.reader.read(step=step, source=Source.WINDOW.value, sync=sync, counts=counts,
-                                   layers=[layers[n] for n in names],
-                                   window=self.steps_seen - self.first_step, planned_window=s.window,
-                                   offset_every=s.offset_every, loss=loss, nonfinite_weights=weights,
-                                   notes=[*self.notes, *extra_notes])
+        reading = self.reader.read(
+            step=step,
+            source=Source.WINDOW.value,
+            sync=sync,
+            counts=counts,
+            layers=[layers[n] for n in names],
+            window=self.steps_seen - self.first_step,
+            planned_window=s.window,
+            offset_every=s.offset_every,
+            loss=loss,
+            nonfinite_weights=weights,
+            notes=[*self.notes, *extra_notes],
+        )
         return counts, reading
 
     def _window_verdict(self, step: int, partial: bool, sync: bool, extra_notes: Sequence[str]) -> Verdict | None:
@@ -543,23 +637,39 @@ class Screen(Watching):
             self.warn(f"satmon: no DyT input was counted in the window ({self.steps_seen} steps): no verdict.")
             return None
         verdict = replace(verdict, planned_forecast=self._planned_forecast().to_dict())
-        tb.log_scalars(self.sink, {**running_scalars(counts, list(reading.counts)), **tb.offset_scalars(reading.offset)}, step)
+        tb.log_scalars(
+            self.sink, {**running_scalars(counts, list(reading.counts)), **tb.offset_scalars(reading.offset)}, step
+        )
         where = tb.log_verdict(with_trap_hparam(self.sink, self.trap), verdict)
         # one line by default (decision, trust, saturation vs threshold, where the card went); the card with verbose
         self.info("\n" + verdict.text() + "\n" if self.verbose else verdict.summary(where))
-        self.status = "verdict made" if not partial else "provisional verdict made (training ended before the window closed)"
+        self.status = (
+            "verdict made" if not partial else "provisional verdict made (training ended before the window closed)"
+        )
         return verdict
 
     def _planned_forecast(self) -> Forecast:
         """The forecast the card shows beside the decision: the driver's, else one from the settings' token counts."""
         s = self.settings
         params = sum(p.numel() for p in self._model.parameters()) if self._model is not None else 0
-        f = self.forecast if self.forecast is not None else run_forecast(
-            params, s.unique_tokens, s.planned_tokens, "a Screen does not see the training data",
-            "a Screen does not see the trainer's steps and batch", s.planned_steps, s.warmup_steps, s.lr_schedule)
+        f = (
+            self.forecast
+            if self.forecast is not None
+            else run_forecast(
+                params,
+                s.unique_tokens,
+                s.planned_tokens,
+                "a Screen does not see the training data",
+                "a Screen does not see the trainer's steps and batch",
+                s.planned_steps,
+                s.warmup_steps,
+                s.lr_schedule,
+            )
+        )
         # the family by what the model computes (its traced gating) and DyT's alpha at attach: known only now
-        return with_model(f, family_of(self.gating.gated if self.gating is not None else None),
-                          getattr(self, "_alpha_init", None))
+        return with_model(
+            f, family_of(self.gating.gated if self.gating is not None else None), getattr(self, "_alpha_init", None)
+        )
 
     def card(self, markdown: bool = False) -> str:
         """The verdict's card in plain text (``markdown``: as TensorBoard shows it), or, without a verdict,
@@ -570,10 +680,14 @@ class Screen(Watching):
         if self.verdict is not None:
             return self.verdict.card() if markdown else self.verdict.text()
         if self.status == "screening":
-            why = (f"the window is open: {self.steps_seen} of its {self.settings.window} optimizer steps counted; the "
-                   f"verdict comes at step {self.settings.window}.")
+            why = (
+                f"the window is open: {self.steps_seen} of its {self.settings.window} optimizer steps counted; the "
+                f"verdict comes at step {self.settings.window}."
+            )
         elif self.status == "not attached":
-            why = "the screen is not attached to a model yet (Screen.attach(model), or the callback at the first batch)."
+            why = (
+                "the screen is not attached to a model yet (Screen.attach(model), or the callback at the first batch)."
+            )
         else:
             why = self.status
         title = "no verdict" if self.active or self.status == "not attached" else "no screen"
@@ -640,8 +754,10 @@ class Screen(Watching):
             if there is None or self._map.name_of(there) is not None:  # nothing there, or a module renamed (del)
                 self.notes.append(f"layer {name} was removed {when}: its counts up to then are kept")
             else:  # another module under the name, no DyT (a LayerNorm put back, an Identity)
-                self.notes.append(f"layer {name} was replaced by {type(there).__name__} (not a DyT) {when}: its DyT "
-                                  "counts up to then are kept, and it is not counted after")
+                self.notes.append(
+                    f"layer {name} was replaced by {type(there).__name__} (not a DyT) {when}: its DyT "
+                    "counts up to then are kept, and it is not counted after"
+                )
             self._stop_counting(name)
             del self._counted[name]
         fresh = [l for n, l in current.items() if self._counted.get(n) is not l.module]
@@ -650,16 +766,23 @@ class Screen(Watching):
             if at_end:  # seen only now (ModuleList.insert and the like register nothing): it was not counted
                 self.notes.append(f"layer {l.name} was {how} {when} without a module registration: not counted")
                 continue
-            self.notes.append(f"layer {l.name} was {how} {when}: counted from its first forward"
-                              + (" (the replaced module's counts are kept)" if how == "replaced" else ""))
+            self.notes.append(
+                f"layer {l.name} was {how} {when}: counted from its first forward"
+                + (" (the replaced module's counts are kept)" if how == "replaced" else "")
+            )
             if how == "replaced":
                 self._stop_counting(l.name)
         self._map = new
         new.listen(self._registered)
         if fresh and not at_end:
             device = fresh[0].module.alpha.device
-            late = SaturationHooks(fresh, SaturationCounter(len(fresh), level=s.level, product=s.product).to(device),
-                                   self._keep_inputs, refused=self.hooks.refused, root=self._model)
+            late = SaturationHooks(
+                fresh,
+                SaturationCounter(len(fresh), level=s.level, product=s.product).to(device),
+                self._keep_inputs,
+                refused=self.hooks.refused,
+                root=self._model,
+            )
             self._follow_sampling(late)  # this step's (begin_step ran before)
             late.attach()
             self._late.append(late)
@@ -689,28 +812,47 @@ class Screen(Watching):
     # ------------------------------------------------------------------------------- state
     def _window_states(self) -> tuple[tuple[str, WindowState | None], ...]:
         """The window's states kept in checkpoints beside the counts (``None``: off), in :data:`~satmon.screen.state.EXTRA_STATES` order."""
-        return (("loss_segments", self.window_loss), ("offset", self.offset_hooks.counter if self.offset_hooks else None),
-                ("gate", self.gate_hooks.counter if self.gate_hooks else None))
+        return (
+            ("loss_segments", self.window_loss),
+            ("offset", self.offset_hooks.counter if self.offset_hooks else None),
+            ("gate", self.gate_hooks.counter if self.gate_hooks else None),
+        )
 
     def state_dict(self, sync: bool = True) -> dict[str, Any]:
         """What a checkpoint keeps (:class:`~satmon.screen.state.ScreenState`): the window's counts (summed
         over ranks with ``sync``: every rank must call it), settings, verdict, stop. Before :meth:`attach`,
         a loaded state passes through."""
-        common = dict(steps_seen=self.steps_seen, first_step=self.first_step, verdict=self.verdict, stop=self.stop,
-                      alpha_init=getattr(self, "_alpha_init", None) or (self._loaded.alpha_init if self._loaded else None))
+        common = dict(
+            steps_seen=self.steps_seen,
+            first_step=self.first_step,
+            verdict=self.verdict,
+            stop=self.stop,
+            alpha_init=getattr(self, "_alpha_init", None) or (self._loaded.alpha_init if self._loaded else None),
+        )
         if self.hooks is None:  # not attached (yet): a loaded state passes through, with the settings of its counts
             loaded = self._loaded or ScreenState(ScreenState.saved_settings(self.settings), ())
-            state = ScreenState(loaded.settings, tuple(self.layer_names) or loaded.layers, notes=(*loaded.notes, *self.notes),
-                                counts=loaded.counts, extras=loaded.extras, **common)
+            state = ScreenState(
+                loaded.settings,
+                tuple(self.layer_names) or loaded.layers,
+                notes=(*loaded.notes, *self.notes),
+                counts=loaded.counts,
+                extras=loaded.extras,
+                **common,
+            )
             return state.to_dict()
         # collectives, in the same order on every rank: counts (with those of layers that appeared), then each state
         r, names = self._window_readings(sync, final=False)
         extras = {key: read_window_state(m, sync) for key, m in self._window_states() if m is not None}
         if self.trap is not None:  # decided from reduced readings: the same on every rank, no collective
             extras["trap"] = self.trap.state_dict()
-        return ScreenState(ScreenState.saved_settings(self.settings), tuple(names), notes=tuple(self.notes),
-                           counts=(tuple(r.saturated), tuple(r.total), tuple(r.nonfinite)), extras=extras,
-                           **common).to_dict()
+        return ScreenState(
+            ScreenState.saved_settings(self.settings),
+            tuple(names),
+            notes=tuple(self.notes),
+            counts=(tuple(r.saturated), tuple(r.total), tuple(r.nonfinite)),
+            extras=extras,
+            **common,
+        ).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take a saved state back (a dict from :meth:`state_dict`); the counts are restored at :meth:`attach`."""

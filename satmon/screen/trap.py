@@ -51,8 +51,13 @@ def trap_scalars(r: TrapReading) -> dict[str, float]:
             out[TAG.trap_reach_group(g)] = float(v)
     f = r.final_reading
     if f is not None and r.final_kind == "dyt":
-        out.update({TAG.trap_final_saturation: float(f["saturated"]), TAG.trap_final_centered: float(f["centered"]),
-                    TAG.trap_final_offset_ratio: float(f["offset_ratio"])})
+        out.update(
+            {
+                TAG.trap_final_saturation: float(f["saturated"]),
+                TAG.trap_final_centered: float(f["centered"]),
+                TAG.trap_final_offset_ratio: float(f["offset_ratio"]),
+            }
+        )
     return out
 
 
@@ -97,8 +102,16 @@ class TrapWatch:
         refused: layers the saturation hooks refused (shared with them).
     """
 
-    def __init__(self, model: nn.Module, layers: Sequence[NormLayer], every: int, patience: int, floor: float = REACH_FLOOR,
-                 level: float = 2.0, refused: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: Sequence[NormLayer],
+        every: int,
+        patience: int,
+        floor: float = REACH_FLOOR,
+        level: float = 2.0,
+        refused: dict[str, str] | None = None,
+    ) -> None:
         self.model, self.every, self.patience, self.floor = model, every, patience, floor
         device = layers[0].module.alpha.device if layers else torch.device("cpu")
         self.names = [l.name for l in layers]
@@ -184,8 +197,10 @@ class TrapWatch:
         if self._groups_cache is None or self._groups_cache[0] is not layout:
             g = len(layout.groups)
             group = {id(p): k for p, k in layout.params}
-            self._groups_cache = (layout, torch.tensor([group.get(id(p), g) for p, _ in reach.layout.params],
-                                                       dtype=torch.int64))
+            self._groups_cache = (
+                layout,
+                torch.tensor([group.get(id(p), g) for p, _ in reach.layout.params], dtype=torch.int64),
+            )
         return self._groups_cache[1]
 
     def check(self, step: int, reduce_max: Callable[[Tensor], Tensor]) -> tuple[TrapReading, str | None]:
@@ -207,8 +222,16 @@ class TrapWatch:
         values = reduce_max(torch.cat([sq, seen])).cpu().tolist()
         sq_p.zero_()
         seen_p.zero_()
-        reading = reading_of(step, layout, layers, values[:g], values[g:], saturated_at=TRAP_SATURATION,
-                             retained_below=OFFSET_RETAINED_BELOW, floor=self.floor)
+        reading = reading_of(
+            step,
+            layout,
+            layers,
+            values[:g],
+            values[g:],
+            saturated_at=TRAP_SATURATION,
+            retained_below=OFFSET_RETAINED_BELOW,
+            floor=self.floor,
+        )
         self.streak = self.streak + 1 if reading.found else 0
         if self.streak == 1:
             self.closed_step = step
@@ -220,15 +243,20 @@ class TrapWatch:
             self.named_step, event = step, "trapped"
         elif not trapped and self.named_step is not None and not reading.found:
             self.named_step, event = None, "released"
-        reading = replace(reading, streak=self.streak, trapped=self.named_step is not None, closed_step=self.closed_step)
+        reading = replace(
+            reading, streak=self.streak, trapped=self.named_step is not None, closed_step=self.closed_step
+        )
         self.last = reading
         self.log.append(reading.to_dict())
         return reading, event
 
     def state_dict(self) -> dict[str, Any]:
         """The streak and what was named (the same on every rank: decided from reduced readings)."""
-        return {"streak": [self.streak], "closed_step": [-1 if self.closed_step is None else self.closed_step],
-                "named_step": [-1 if self.named_step is None else self.named_step]}
+        return {
+            "streak": [self.streak],
+            "closed_step": [-1 if self.closed_step is None else self.closed_step],
+            "named_step": [-1 if self.named_step is None else self.named_step],
+        }
 
     def load_state_dict(self, state: Mapping[str, Sequence[Any]]) -> None:
         self.streak = int(state.get("streak", [0])[0])

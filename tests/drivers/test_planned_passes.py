@@ -32,7 +32,9 @@ def test_planned_tokens_count_steps_batch_accumulation_ranks_and_sample_length()
     tokens, how = planned_tokens(100, 4, loader, accumulation=3, world_size=2)
     assert tokens == 100 * 4 * 3 * 2 * 16 and "3 accumulated x 2 ranks x 16 tokens" in how
     # a trainer-like object: what Lightning's trainer exposes (estimated optimizer steps already divide by accumulation)
-    like = SimpleNamespace(estimated_stepping_batches=50, train_dataloader=loader, accumulate_grad_batches=2, world_size=4)
+    like = SimpleNamespace(
+        estimated_stepping_batches=50, train_dataloader=loader, accumulate_grad_batches=2, world_size=4
+    )
     assert _planned(like)[0] == 50 * 4 * 2 * 4 * 16
     like.train_dataloader = [loader]
     assert _planned(like)[0] == 50 * 4 * 2 * 4 * 16
@@ -49,7 +51,9 @@ def test_a_lightning_run_with_accumulation_counts_its_passes_and_logs_the_foreca
     plain = SaturationMonitor(window=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer(tmp_path, max_steps=4, accumulate_grad_batches=2, callbacks=[plain]).fit(tiny_lit(), token_loader(8, 4, 16))
+        trainer(tmp_path, max_steps=4, accumulate_grad_batches=2, callbacks=[plain]).fit(
+            tiny_lit(), token_loader(8, 4, 16)
+        )
         trainer(tmp_path, max_steps=4, callbacks=[monitor]).fit(tiny_lit(d_model=48), token_loader(8, 4, 16))
     f = plain.screen.forecast
     assert f.planned_tokens == 4 * 4 * 2 * 16 and f.unique_tokens == 8 * 4 * 16 and f.passes == 1.0
@@ -59,17 +63,33 @@ def test_a_lightning_run_with_accumulation_counts_its_passes_and_logs_the_foreca
     v = monitor.verdict
     params = sum(p.numel() for p in monitor.screen._model.parameters())
     # the run's steps and optimizer read from the trainer, its family (no gated MLP) and DyT's alpha at attach from the model
-    expected = satmon.forecast(params=params, unique_tokens=1_000_000, planned_tokens=2_500_000, steps=4, family="gpt",
-                               alpha_init=2.0, optimizer="adamw")
+    expected = satmon.forecast(
+        params=params,
+        unique_tokens=1_000_000,
+        planned_tokens=2_500_000,
+        steps=4,
+        family="gpt",
+        alpha_init=2.0,
+        optimizer="adamw",
+    )
     assert v.planned_forecast == expected.to_dict() and expected.outcome == "uncertain"
-    assert "**uncertain**: 2.5 passes lies between the measured 1.4 and" in v.card() and "too few configurations" in v.card()
+    assert (
+        "**uncertain**: 2.5 passes lies between the measured 1.4 and" in v.card()
+        and "too few configurations" in v.card()
+    )
     assert v.decision in ("go", "no-go")  # the 0.43 decision stays beside it
     assert "; forecast from the planned passes: uncertain (2.5 passes)" in v.summary()
     assert "; forecast from the planned passes: uncertain (1 pass)" in plain.verdict.summary()
     scalars = {k: val for c in sink.calls if c[0] == "scalars" for k, val in c[1].items()}
     assert scalars[TAG.forecast] == 0.0
-    assert any(c[1].get(TAG.hp_forecast) == "uncertain" and c[2].get(TAG.forecast) == 0.0 for c in sink.calls if c[0] == "hparams")
-    assert any("Forecast from the planned passes" in c[2] for c in sink.calls if c[0] == "text" and c[1] == TAG.verdict_text)
+    assert any(
+        c[1].get(TAG.hp_forecast) == "uncertain" and c[2].get(TAG.forecast) == 0.0
+        for c in sink.calls
+        if c[0] == "hparams"
+    )
+    assert any(
+        "Forecast from the planned passes" in c[2] for c in sink.calls if c[0] == "text" and c[1] == TAG.verdict_text
+    )
 
 
 def test_a_screen_without_token_counts_says_which_are_missing_and_how_to_give_them():
@@ -101,8 +121,16 @@ def test_a_screen_passes_the_runs_steps_warmup_and_schedule_to_the_forecast():
             screen.step(model(torch.randn(4, 339)).float().mean())
         lines[name] = screen.verdict.planned_forecast
     # the family by what the model computes (no gated MLP: "gpt") and DyT's alpha at attach, read by the screen
-    expected = satmon.forecast(params=params, unique_tokens=3_657_143, planned_tokens=5_120_000, steps=5000,
-                               warmup_steps=2000, lr_schedule="linear-warmup-constant", family="gpt", alpha_init=2.0)
+    expected = satmon.forecast(
+        params=params,
+        unique_tokens=3_657_143,
+        planned_tokens=5_120_000,
+        steps=5000,
+        warmup_steps=2000,
+        lr_schedule="linear-warmup-constant",
+        family="gpt",
+        alpha_init=2.0,
+    )
     assert expected.outcome == "hurts" and lines["described"] == expected.to_dict()
     assert lines["not"]["outcome"] == "uncertain"
     assert "planned_steps=" in lines["not"]["evidence"] and "lr_schedule=" in lines["not"]["evidence"]
@@ -115,8 +143,13 @@ def test_a_screen_passes_the_runs_steps_warmup_and_schedule_to_the_forecast():
 def test_the_family_is_read_from_what_the_model_computes_and_a_llama_run_is_never_confident_on_gpt_cells():
     """The same scale and schedule at 1.4 passes: a GPT block (plain MLP) reads "gpt" and gets the cells' answer; a
     LLaMA block (DyT feeding a SwiGLU gate) reads "llama" and, with no LLaMA cell shipped, "uncertain"."""
-    run = dict(unique_tokens=3_657_143, planned_tokens=5_120_000, planned_steps=5000, warmup_steps=2000,
-               lr_schedule="linear-warmup-constant")
+    run = dict(
+        unique_tokens=3_657_143,
+        planned_tokens=5_120_000,
+        planned_steps=5000,
+        warmup_steps=2000,
+        lr_schedule="linear-warmup-constant",
+    )
     got = {}
     for arch in ("gpt", "llama"):
         model = tiny_lit(arch=arch).model

@@ -72,7 +72,9 @@ def test_the_counts_of_the_issue_are_recounted_from_the_cells():
     many2 = [c for c in g2 if c["epochs"] >= 16]
     every = known_cells()
     assert (sum(c.delta > 0 for c in every if c.passes <= 3.4), sum(c.passes <= 3.4 for c in every)) == (
-        13 + sum(c["delta"] > 0 for c in few2), 13 + len(few2))
+        13 + sum(c["delta"] > 0 for c in few2),
+        13 + len(few2),
+    )
     assert sum(c.delta < 0 for c in every if c.passes >= 16) == 8 + sum(c["delta"] < 0 for c in many2)
     # the study's GO / NO-GO sides (satmon.study.GO_HELPED, NO_GO_HELPED), from its saturation column
     text = resources.files("satmon").joinpath("data_files/study_cells.csv").read_text()
@@ -87,16 +89,30 @@ def test_a_new_grid_file_with_a_contradicting_cell_turns_hurts_uncertain(tmp_pat
     for entry in data.iterdir():
         if entry.name.endswith(".csv"):
             (tmp_path / entry.name).write_text(entry.read_text(encoding="utf-8"), encoding="utf-8")
-    run = dict(params=115_013, unique_tokens=3_657_143, planned_tokens=5_120_000, steps=5000, warmup_steps=2000,
-               lr_schedule="linear-warmup-constant", family="gpt", alpha_init=2.0)  # d64L2 at 1.4 passes
+    run = dict(
+        params=115_013,
+        unique_tokens=3_657_143,
+        planned_tokens=5_120_000,
+        steps=5000,
+        warmup_steps=2000,
+        lr_schedule="linear-warmup-constant",
+        family="gpt",
+        alpha_init=2.0,
+    )  # d64L2 at 1.4 passes
     assert satmon.forecast(**run, cells=known_cells(tmp_path)).outcome == "hurts"
-    columns = "name,params,train_tokens,delta,group,source,passes,final_dyt,final_layernorm,best_dyt,best_layernorm,protocol"
+    columns = (
+        "name,params,train_tokens,delta,group,source,passes,final_dyt,final_layernorm,best_dyt,best_layernorm,protocol"
+    )
     row = "d48L2_t3.6M_s2,67829,3657143,,d48L2,a second grid,1.4,1.80,1.85,1.79,1.84,study"  # DyT's final loss lower
-    (tmp_path / "phase_grid_grid2.csv").write_text(f"# a new grid, no schedule columns\n{columns}\n{row}\n", encoding="utf-8")
+    (tmp_path / "phase_grid_grid2.csv").write_text(
+        f"# a new grid, no schedule columns\n{columns}\n{row}\n", encoding="utf-8"
+    )
     new = known_cells(tmp_path)
     assert [(c.steps, c.lr_schedule, c.family) for c in new if c.source == "a second grid"] == [(None, None, None)]
     f = satmon.forecast(**run, cells=new)  # a cell of unknown family may be the run's: it bears
-    assert f.outcome == "uncertain" and "worse than LayerNorm's in 6 of the 7 configurations at 1.39 passes" in f.evidence
+    assert (
+        f.outcome == "uncertain" and "worse than LayerNorm's in 6 of the 7 configurations at 1.39 passes" in f.evidence
+    )
     # a grid file without the protocol column is drawn on the phase diagram, never forecast from
     shutil.copy(tmp_path / "phase_grid_v03.csv", tmp_path / "phase_grid_other.csv")
     assert len(known_cells(tmp_path)) == 29
@@ -108,6 +124,7 @@ def test_a_study_protocol_row_missing_what_the_forecast_needs_is_refused():
     with pytest.raises(ValueError, match="Expected a finite delta"):
         read_known_cells("g.csv", "name,params,passes,delta,group,source,protocol\na,100,2,,g,s,study\n")
     # final losses stand in for delta
-    (cell,) = read_known_cells("g.csv", "name,params,passes,final_dyt,final_layernorm,group,source,protocol\n"
-                                        "a,100,2,2.2,2.0,g,s,study\n")
+    (cell,) = read_known_cells(
+        "g.csv", "name,params,passes,final_dyt,final_layernorm,group,source,protocol\na,100,2,2.2,2.0,g,s,study\n"
+    )
     assert cell.delta == pytest.approx(0.1) and cell.outcome == "hurts"

@@ -27,8 +27,19 @@ def _grid(passes: float, delta: float, source: str = "hand") -> list[KnownCell]:
     cells = []
     for i, (a, b) in enumerate(product((5, 6, 7), (0, 1, 2))):
         for seed in range(2):
-            cells.append(KnownCell(f"{source}{passes}_{i}_s{seed}", 10.0**a, passes, delta, f"g{i}", source,
-                                   unique_tokens=10.0 ** (a + b), best_delta=delta, **CELL))
+            cells.append(
+                KnownCell(
+                    f"{source}{passes}_{i}_s{seed}",
+                    10.0**a,
+                    passes,
+                    delta,
+                    f"g{i}",
+                    source,
+                    unique_tokens=10.0 ** (a + b),
+                    best_delta=delta,
+                    **CELL,
+                )
+            )
     return cells
 
 
@@ -74,21 +85,27 @@ def test_outside_the_hull_is_uncertain_and_names_the_nearest_cells():
     # jointly, not one at a time: a diagonal band where each coordinate alone is in range
     band = [c for c in LOW if round(math.log10(c.params)) + round(math.log10(c.tokens_per_param)) == 7]
     assert _f(band + [dataclasses.replace(c, group=c.group + "x") for c in band], 2.0, params=1e5, tpp=1.0).outcome == (
-        "uncertain")
+        "uncertain"
+    )
 
 
 def test_hull_distance_against_a_hand_computed_square():
     sq = [(0.0, 0.0), (2.0, 0.0), (2.0, 2.0), (0.0, 2.0), (1.0, 1.0)]
     assert hull_distance((1.0, 0.5), sq) == 0.0 and hull_distance((3.0, 1.0), sq) == 1.0
-    assert hull_distance((3.0, 3.0), sq) == pytest.approx(math.sqrt(2)) and hull_distance((5.0, 5.0), [(1.0, 1.0)]) == math.hypot(4, 4)
+    assert hull_distance((3.0, 3.0), sq) == pytest.approx(math.sqrt(2)) and hull_distance(
+        (5.0, 5.0), [(1.0, 1.0)]
+    ) == math.hypot(4, 4)
     assert hull_distance((1.0, 1.0), [(0.0, 0.0), (2.0, 2.0)]) == 0.0  # on a degenerate (collinear) hull
 
 
 def test_steps_and_schedule_outside_the_cells_or_unknown_are_uncertain():
-    for kw, said in ((dict(steps=500, warmup_steps=200), "500 optimizer steps"),
-                     (dict(warmup_steps=100), "warm-up is 2%"),
-                     (dict(lr_schedule="linear-warmup-cosine"), "learning rate is linear-warmup-cosine"),
-                     (dict(lr_schedule="unknown"), "schedule is unknown"), (dict(steps=None), "steps are not given")):
+    for kw, said in (
+        (dict(steps=500, warmup_steps=200), "500 optimizer steps"),
+        (dict(warmup_steps=100), "warm-up is 2%"),
+        (dict(lr_schedule="linear-warmup-cosine"), "learning rate is linear-warmup-cosine"),
+        (dict(lr_schedule="unknown"), "schedule is unknown"),
+        (dict(steps=None), "steps are not given"),
+    ):
         f = _f(LOW, 2.0, **kw)
         assert f.outcome == "uncertain" and said in f.evidence, kw
     unrecorded = [dataclasses.replace(c, steps=None, lr_schedule=None) for c in LOW]
@@ -99,8 +116,17 @@ def test_the_issues_examples_are_not_confident_on_the_shipped_cells():
     assert forecast(params=25_000, unique_tokens=1_000, planned_tokens=3_000).outcome == "uncertain"
     assert forecast(params=25_000, unique_tokens=1_000, planned_tokens=3_000, **STUDY).outcome == "uncertain"
     assert forecast(params=4e9, unique_tokens=4e11, planned_tokens=1.2e12, **STUDY).outcome == "uncertain"
-    assert forecast(params=115_013, unique_tokens=1_000_000, planned_tokens=1_280_000, steps=500, warmup_steps=0,
-                    lr_schedule="constant").outcome == "uncertain"  # a 500-step run: no cell trained 500 steps
+    assert (
+        forecast(
+            params=115_013,
+            unique_tokens=1_000_000,
+            planned_tokens=1_280_000,
+            steps=500,
+            warmup_steps=0,
+            lr_schedule="constant",
+        ).outcome
+        == "uncertain"
+    )  # a 500-step run: no cell trained 500 steps
     at3 = forecast(params=115_013, unique_tokens=1_551_515, planned_tokens=5_120_000, **STUDY)
     # the configuration: recipe x size x passes (the faithful grid's and grid 2's d64L2 at 3.3 passes are one)
     configs = {(c.recipe, c.group) for c in known_cells() if abs(math.log(c.passes / 3.3)) < math.log(1.1)}
@@ -111,8 +137,9 @@ def test_every_real_number_type_is_a_count_and_bad_counts_are_blamed_on_the_coun
     ref = _f(LOW, 2.0)
     unique = 1e7
     for kind in (np.int64, np.float32, lambda x: torch.tensor(x), Decimal, Fraction, int):
-        f = forecast_from(LOW, params=kind(1_000_000), unique_tokens=kind(10_000_000), planned_tokens=kind(20_000_000),
-                          **RUN)
+        f = forecast_from(
+            LOW, params=kind(1_000_000), unique_tokens=kind(10_000_000), planned_tokens=kind(20_000_000), **RUN
+        )
         assert f.outcome == ref.outcome and f.passes == 2.0, kind
     with pytest.raises(ValueError, match="too large") as e:
         forecast_from(LOW, params=10**400, unique_tokens=unique, planned_tokens=unique)
@@ -121,6 +148,7 @@ def test_every_real_number_type_is_a_count_and_bad_counts_are_blamed_on_the_coun
         with pytest.raises(ValueError, match="Expected params as a positive number"):
             forecast_from(LOW, params=bad, unique_tokens=unique, planned_tokens=unique)
     from satmon.results.forecast import run_forecast
+
     card = run_forecast(10**400, 1e6, 2e6)
     assert "count is not usable" in card.evidence and "could not be read" not in card.evidence
 
@@ -136,26 +164,48 @@ def test_unknown_run_and_the_frozen_result():
 
 def test_the_nearest_measured_cells_are_of_two_configurations_not_two_seeds_of_one():
     """An uncertain answer outside the domain names the two nearest configurations (their nearest seed each)."""
-    cells = [KnownCell(f"c{size}_s{seed}", params=size, passes=2.0, delta=0.1, group=f"g{size}", source="m",
-                       unique_tokens=size * tpp, **CELL)
-             for size, tpp in ((1e5, 10), (3e5, 3), (1e6, 1), (3e6, 0.3), (1e7, 0.1)) for seed in (0, 1)]
-    f = forecast_from(cells, params=1e4, unique_tokens=1e6, planned_tokens=2e6, **RUN)  # 100 tokens per parameter: far outside
+    cells = [
+        KnownCell(
+            f"c{size}_s{seed}",
+            params=size,
+            passes=2.0,
+            delta=0.1,
+            group=f"g{size}",
+            source="m",
+            unique_tokens=size * tpp,
+            **CELL,
+        )
+        for size, tpp in ((1e5, 10), (3e5, 3), (1e6, 1), (3e6, 0.3), (1e7, 0.1))
+        for seed in (0, 1)
+    ]
+    f = forecast_from(
+        cells, params=1e4, unique_tokens=1e6, planned_tokens=2e6, **RUN
+    )  # 100 tokens per parameter: far outside
     named = re.findall(r"(c[\d.e+]+_s\d) \(", f.evidence.split("nearest measured:")[1])
     assert f.outcome == "uncertain" and named == ["c100000.0_s0", "c300000.0_s0"]
 
 
-@pytest.mark.parametrize(("kw", "message"), [
-    (dict(params=float("inf")), "params as a positive number, got inf: pass a finite count"),
-    (dict(params=Decimal("Infinity")), "params as a positive number, got Decimal('Infinity')"),
-    (dict(params=Decimal("sNaN")), "params as a positive number, got Decimal('sNaN')"),
-    (dict(params=Decimal("1e400")), "params as a positive number a float can hold"),
-    (dict(lr_schedule=5), "lr_schedule as the learning rate's shape, a str"),
-    (dict(lr_schedule=" "), "lr_schedule as the learning rate's shape, a str"),
-    (dict(warmup_steps=True), "warmup_steps as a positive number, got True"),
-])
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (dict(params=float("inf")), "params as a positive number, got inf: pass a finite count"),
+        (dict(params=Decimal("Infinity")), "params as a positive number, got Decimal('Infinity')"),
+        (dict(params=Decimal("sNaN")), "params as a positive number, got Decimal('sNaN')"),
+        (dict(params=Decimal("1e400")), "params as a positive number a float can hold"),
+        (dict(lr_schedule=5), "lr_schedule as the learning rate's shape, a str"),
+        (dict(lr_schedule=" "), "lr_schedule as the learning rate's shape, a str"),
+        (dict(warmup_steps=True), "warmup_steps as a positive number, got True"),
+    ],
+)
 def test_a_bad_count_or_schedule_is_one_line_naming_it(kw, message):
-    run = dict(params=115013, unique_tokens=1551515, planned_tokens=5.12e6, steps=5000, warmup_steps=2000,
-               lr_schedule="linear-warmup-constant")
+    run = dict(
+        params=115013,
+        unique_tokens=1551515,
+        planned_tokens=5.12e6,
+        steps=5000,
+        warmup_steps=2000,
+        lr_schedule="linear-warmup-constant",
+    )
     with pytest.raises(ValueError, match=re.escape(message)):
         forecast(**{**run, **kw})
 
@@ -189,7 +239,9 @@ def test_the_configuration_is_recipe_size_passes_with_seeds_averaged():
 def test_the_family_alpha_init_and_optimizer_are_the_domain():
     llama = [dataclasses.replace(c, family="llama", name="L" + c.name, recipe="llama") for c in LOW]
     assert _f(LOW, 2.0, family="llama").evidence.startswith("no known cell of the llama family")
-    assert _f(LOW, 2.0, family=None).outcome == "uncertain" and "family is not given" in _f(LOW, 2.0, family=None).evidence
+    assert (
+        _f(LOW, 2.0, family=None).outcome == "uncertain" and "family is not given" in _f(LOW, 2.0, family=None).evidence
+    )
     both = _f(LOW + [dataclasses.replace(c, delta=-0.1) for c in llama], 2.0, family="llama")
     assert (both.outcome, both.configurations) == ("helps", 9)  # the GPT cells do not bear on a LLaMA-family run
     assert "alpha_init is 0.5, theirs 2-2" in _f(LOW, 2.0, alpha_init=0.5).evidence
@@ -204,9 +256,14 @@ def test_the_family_alpha_init_and_optimizer_are_the_domain():
 
 def test_an_empty_region_inside_the_hull_is_uncertain():
     """Four corners two decades apart: the centre is inside their hull, one decade and more from every cell."""
-    corners = [KnownCell(f"k{a}{b}_s{s}", 10.0**a, 2.0, 0.1, f"g{a}{b}", "hand", unique_tokens=10.0 ** (a + b), **CELL)
-               for a, b in product((5, 7), (0, 2)) for s in (0, 1)]
-    corners += [dataclasses.replace(c, group=c.group + "x", name=c.name + "x") for c in corners[:2]]  # a 5th configuration
+    corners = [
+        KnownCell(f"k{a}{b}_s{s}", 10.0**a, 2.0, 0.1, f"g{a}{b}", "hand", unique_tokens=10.0 ** (a + b), **CELL)
+        for a, b in product((5, 7), (0, 2))
+        for s in (0, 1)
+    ]
+    corners += [
+        dataclasses.replace(c, group=c.group + "x", name=c.name + "x") for c in corners[:2]
+    ]  # a 5th configuration
     centre = _f(corners, 2.0, params=1e6, tpp=10.0)
     assert centre.outcome == "uncertain" and "where no cell was measured" in centre.evidence
     assert _f(corners, 2.0, params=1.5e5, tpp=1.0).outcome == "hurts"  # 0.18 decades from a measured corner
@@ -220,6 +277,10 @@ def test_the_shipped_cells_are_counted_by_the_plans_unit_and_a_llama_run_is_neve
     # a scan between the grids' sizes and the study's (400k-60M parameters, where no cell is): never confident
     for params in np.geomspace(4e5, 6e7, 9):
         for passes in (1.4, 3.3, 16, 100):
-            f = forecast(params=float(params), unique_tokens=5.12e6 / passes * params / 115_013,
-                         planned_tokens=5.12e6 * params / 115_013, **RUN)
+            f = forecast(
+                params=float(params),
+                unique_tokens=5.12e6 / passes * params / 115_013,
+                planned_tokens=5.12e6 * params / 115_013,
+                **RUN,
+            )
             assert f.outcome == "uncertain", (params, passes, f.evidence)

@@ -15,16 +15,72 @@ Example:
 
 from __future__ import annotations
 
-from satmon.results.forecast.cells import (BUDGET_TOLERANCE, FAMILIES, PROTOCOL, STUDY_FILE, STUDY_LABEL,
-                                           Configuration, KnownCell, configurations, family_of, known_cells,
-                                           parse_count, read_known_cells)
-from satmon.results.forecast.domain import (HULL_TOLERANCE, NEAREST_LIMIT, UNKNOWN_SCHEDULE, WARMUP_TOLERANCE,
-                                            clopper_pearson, hull, hull_distance)
-from satmon.results.forecast.outcome import (CODE, OUTCOMES, Forecast, Outcome, checkpoint_sentence, forecast,
-                                             forecast_from, passes_text, run_forecast, unknown_forecast, with_model)
+from satmon.results.forecast.cells import (
+    BUDGET_TOLERANCE,
+    FAMILIES,
+    PROTOCOL,
+    STUDY_FILE,
+    STUDY_LABEL,
+    Configuration,
+    KnownCell,
+    configurations,
+    family_of,
+    known_cells,
+    parse_count,
+    read_known_cells,
+)
+from satmon.results.forecast.domain import (
+    HULL_TOLERANCE,
+    NEAREST_LIMIT,
+    UNKNOWN_SCHEDULE,
+    WARMUP_TOLERANCE,
+    clopper_pearson,
+    hull,
+    hull_distance,
+)
+from satmon.results.forecast.outcome import (
+    CODE,
+    OUTCOMES,
+    Forecast,
+    Outcome,
+    checkpoint_sentence,
+    forecast,
+    forecast_from,
+    passes_text,
+    run_forecast,
+    unknown_forecast,
+    with_model,
+)
 
-__all__ = ["BUDGET_TOLERANCE", "CODE", "FAMILIES", "HULL_TOLERANCE", "NEAREST_LIMIT", "OUTCOMES", "PROTOCOL",
-           "STUDY_FILE", "STUDY_LABEL", "UNKNOWN_SCHEDULE", "WARMUP_TOLERANCE", "Configuration", "Forecast",
-           "KnownCell", "Outcome", "checkpoint_sentence", "clopper_pearson", "configurations", "family_of",
-           "forecast", "forecast_from", "hull", "hull_distance", "known_cells", "parse_count", "passes_text",
-           "read_known_cells", "run_forecast", "unknown_forecast", "with_model"]
+__all__ = [
+    "BUDGET_TOLERANCE",
+    "CODE",
+    "FAMILIES",
+    "HULL_TOLERANCE",
+    "NEAREST_LIMIT",
+    "OUTCOMES",
+    "PROTOCOL",
+    "STUDY_FILE",
+    "STUDY_LABEL",
+    "UNKNOWN_SCHEDULE",
+    "WARMUP_TOLERANCE",
+    "Configuration",
+    "Forecast",
+    "KnownCell",
+    "Outcome",
+    "checkpoint_sentence",
+    "clopper_pearson",
+    "configurations",
+    "family_of",
+    "forecast",
+    "forecast_from",
+    "hull",
+    "hull_distance",
+    "known_cells",
+    "parse_count",
+    "passes_text",
+    "read_known_cells",
+    "run_forecast",
+    "unknown_forecast",
+    "with_model",
+]

@@ -33,8 +33,21 @@ from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
 
-__all__ = ["BUDGET_TOLERANCE", "FAMILIES", "GRID_FILES", "PROTOCOL", "STUDY_FILE", "STUDY_LABEL", "Configuration",
-           "KnownCell", "configurations", "family_of", "known_cells", "parse_count", "read_known_cells"]
+__all__ = [
+    "BUDGET_TOLERANCE",
+    "FAMILIES",
+    "GRID_FILES",
+    "PROTOCOL",
+    "STUDY_FILE",
+    "STUDY_LABEL",
+    "Configuration",
+    "KnownCell",
+    "configurations",
+    "family_of",
+    "known_cells",
+    "parse_count",
+    "read_known_cells",
+]
 
 #: Two budgets within this factor are one (the study's 3.28 passes and the grid's 3.30).
 BUDGET_TOLERANCE = 1.1
@@ -147,8 +160,12 @@ class KnownCell:
 
         from satmon._compat import SatmonDeprecationWarning
 
-        warnings.warn("KnownCell.train_tokens is deprecated since satmon 0.5: use KnownCell.unique_tokens (the old name "
-                      "works until satmon 0.6).", SatmonDeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "KnownCell.train_tokens is deprecated since satmon 0.5: use KnownCell.unique_tokens (the old name "
+            "works until satmon 0.6).",
+            SatmonDeprecationWarning,
+            stacklevel=2,
+        )
         return self.unique_tokens
 
 
@@ -209,8 +226,10 @@ class Configuration:
         if any(c.tokens_per_param is None for c in self.cells):
             return None
         n = len(self.cells)
-        return (sum(math.log10(c.params) for c in self.cells) / n,
-                sum(math.log10(c.tokens_per_param) for c in self.cells) / n)  # type: ignore[arg-type]
+        return (
+            sum(math.log10(c.params) for c in self.cells) / n,
+            sum(math.log10(c.tokens_per_param) for c in self.cells) / n,
+        )  # type: ignore[arg-type]
 
     @property
     def name(self) -> str:
@@ -290,15 +309,21 @@ def read_known_cells(name: str, text: str) -> list[KnownCell]:
             delta = None if dyt is None or ln is None or not ln > 0 else (dyt - ln) / ln
         for key, value in (("params", size), ("passes", passes)):
             if value is None or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"Expected a positive number for {key} in {where} (cell {cell_name!r}), got "
-                                 f"{row.get(key)!r}: a cell the forecast reads needs its size and its passes.")
+                raise ValueError(
+                    f"Expected a positive number for {key} in {where} (cell {cell_name!r}), got "
+                    f"{row.get(key)!r}: a cell the forecast reads needs its size and its passes."
+                )
         if delta is None or not math.isfinite(delta):
-            raise ValueError(f"Expected a finite delta (or final_dyt and final_layernorm) in {where} (cell {cell_name!r}), "
-                             f"got {row.get('delta')!r}: a cell the forecast reads needs DyT's measured effect.")
+            raise ValueError(
+                f"Expected a finite delta (or final_dyt and final_layernorm) in {where} (cell {cell_name!r}), "
+                f"got {row.get('delta')!r}: a cell the forecast reads needs DyT's measured effect."
+            )
         family = (row.get("family") or "").strip().lower() or None
         if family is not None and family not in FAMILIES:
-            raise ValueError(f"Expected family as one of {', '.join(FAMILIES)} in {where} (cell {cell_name!r}), got "
-                             f"{row.get('family')!r}: leave it blank where the family is not known.")
+            raise ValueError(
+                f"Expected family as one of {', '.join(FAMILIES)} in {where} (cell {cell_name!r}), got "
+                f"{row.get('family')!r}: leave it blank where the family is not known."
+            )
         best_dyt, best_ln = _float(row, "best_dyt"), _float(row, "best_layernorm")
         best = (best_dyt - best_ln) / best_ln if best_dyt is not None and best_ln is not None and best_ln > 0 else None
         tokens_text = (row.get("train_tokens") or "").strip()
@@ -314,18 +339,34 @@ def read_known_cells(name: str, text: str) -> list[KnownCell]:
             warmup = None
         if alpha is not None and not (math.isfinite(alpha) and alpha > 0):
             alpha = None
-        cells.append(KnownCell(cell_name, float(size), float(passes), float(delta), (row.get("group") or "").strip(),  # type: ignore[arg-type]
-                               source, tokens, best, steps, warmup, (row.get("lr_schedule") or "").strip() or None,
-                               (row.get("recipe") or "").strip(), family, alpha,
-                               (row.get("optimizer") or "").strip().lower() or None))
+        cells.append(
+            KnownCell(
+                cell_name,
+                float(size),
+                float(passes),
+                float(delta),
+                (row.get("group") or "").strip(),  # type: ignore[arg-type]
+                source,
+                tokens,
+                best,
+                steps,
+                warmup,
+                (row.get("lr_schedule") or "").strip() or None,
+                (row.get("recipe") or "").strip(),
+                family,
+                alpha,
+                (row.get("optimizer") or "").strip().lower() or None,
+            )
+        )
     return cells
 
 
 def _files(folder: Path | Traversable | None) -> list[tuple[str, str]]:
     where = resources.files("satmon").joinpath("data_files") if folder is None else folder
     entries = sorted(where.iterdir(), key=lambda e: (e.name != STUDY_FILE, e.name))  # the study's first
-    return [(e.name, e.read_text(encoding="utf-8")) for e in entries
-            if e.name == STUDY_FILE or GRID_FILES.match(e.name)]
+    return [
+        (e.name, e.read_text(encoding="utf-8")) for e in entries if e.name == STUDY_FILE or GRID_FILES.match(e.name)
+    ]
 
 
 def known_cells(folder: str | Path | None = None) -> list[KnownCell]:

@@ -14,8 +14,15 @@ from typing import Any
 
 from satmon.functional.significance import binomial_tail
 
-__all__ = ["HULL_TOLERANCE", "NEAREST_LIMIT", "UNKNOWN_SCHEDULE", "WARMUP_TOLERANCE", "clopper_pearson", "hull",
-           "hull_distance"]
+__all__ = [
+    "HULL_TOLERANCE",
+    "NEAREST_LIMIT",
+    "UNKNOWN_SCHEDULE",
+    "WARMUP_TOLERANCE",
+    "clopper_pearson",
+    "hull",
+    "hull_distance",
+]
 
 #: A run may lie at most this far (decades, Euclidean in log10 parameters and log10 unique tokens per parameter) from
 #: the nearest configuration that bears on it: half a decade, about the widest step between neighbouring measured

@@ -45,8 +45,19 @@ from satmon.results.forecast.domain import (
 )
 from satmon.results.scale import si
 
-__all__ = ["CODE", "OUTCOMES", "Forecast", "Outcome", "checkpoint_sentence", "forecast", "forecast_from",
-           "passes_text", "run_forecast", "unknown_forecast", "with_model"]
+__all__ = [
+    "CODE",
+    "OUTCOMES",
+    "Forecast",
+    "Outcome",
+    "checkpoint_sentence",
+    "forecast",
+    "forecast_from",
+    "passes_text",
+    "run_forecast",
+    "unknown_forecast",
+    "with_model",
+]
 
 Outcome = Literal["hurts", "helps", "uncertain"]
 #: What :attr:`Forecast.outcome` can say.
@@ -108,11 +119,17 @@ class Forecast:
         """
         if self.passes is None:
             return f"Forecast from the planned passes: uncertain: {self.evidence}"
-        word = {"hurts": "DyT's final loss expected above LayerNorm's", "helps": "DyT's final loss expected below LayerNorm's",
-                "uncertain": "uncertain"}[self.outcome]
-        return (f"Forecast from the planned passes ({passes_text(self.passes)} over the unique data, "
-                f"{self.tokens_per_param:.3g} tokens per parameter): **{self.outcome}**"
-                + (f", {word}" if self.outcome != "uncertain" else "") + f": {self.evidence} {self.checkpoint_selection}")
+        word = {
+            "hurts": "DyT's final loss expected above LayerNorm's",
+            "helps": "DyT's final loss expected below LayerNorm's",
+            "uncertain": "uncertain",
+        }[self.outcome]
+        return (
+            f"Forecast from the planned passes ({passes_text(self.passes)} over the unique data, "
+            f"{self.tokens_per_param:.3g} tokens per parameter): **{self.outcome}**"
+            + (f", {word}" if self.outcome != "uncertain" else "")
+            + f": {self.evidence} {self.checkpoint_selection}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,7 +155,9 @@ def _positive(name: str, value: Any) -> float:
     if not isinstance(value, bool) and hasattr(value, "item") and getattr(value, "ndim", None) == 0:
         value = value.item()  # numpy scalar, torch 0-d tensor
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, Decimal)):
-        raise ValueError(f"Expected {name} as a positive number, got {value!r}: pass the count (e.g. {name}=1_000_000).")
+        raise ValueError(
+            f"Expected {name} as a positive number, got {value!r}: pass the count (e.g. {name}=1_000_000)."
+        )
     infinite = (isinstance(value, float) and math.isinf(value)) or (isinstance(value, Decimal) and value.is_infinite())
     try:
         x = float(value)
@@ -147,11 +166,14 @@ def _positive(name: str, value: Any) -> float:
     except ValueError:  # Decimal's signalling NaN
         x = math.nan
     if math.isinf(x) and not infinite:  # finite, but no float holds it (Decimal('1e400') gives inf silently)
-        raise ValueError(f"Expected {name} as a positive number a float can hold (below 1.8e308), got one too large "
-                         f"({str(value)[:12]}... with {len(str(value))} digits).")
+        raise ValueError(
+            f"Expected {name} as a positive number a float can hold (below 1.8e308), got one too large "
+            f"({str(value)[:12]}... with {len(str(value))} digits)."
+        )
     if not math.isfinite(x) or x <= 0:
-        raise ValueError(f"Expected {name} as a positive number, got {value!r}: pass a finite count "
-                         f"(e.g. {name}=1_000_000).")
+        raise ValueError(
+            f"Expected {name} as a positive number, got {value!r}: pass a finite count (e.g. {name}=1_000_000)."
+        )
     return x
 
 
@@ -169,11 +191,13 @@ def checkpoint_sentence(cells: Sequence[KnownCell]) -> str:
         return "Checkpoint selection: no known cell recorded each arm's best held-out loss."
     won_best = sum(c.best_delta < 0 for c in best)  # type: ignore[operator]
     won_final_only = [c for c in best if c.delta < 0 and c.best_delta >= 0]  # type: ignore[operator]
-    text = (f"Checkpoint selection: in the {len(best)} known cells that recorded each arm's best held-out loss "
-            f"({_sources(best)}), DyT's best checkpoint beat LayerNorm's best in {won_best}")
+    text = (
+        f"Checkpoint selection: in the {len(best)} known cells that recorded each arm's best held-out loss "
+        f"({_sources(best)}), DyT's best checkpoint beat LayerNorm's best in {won_best}"
+    )
     if won_final_only:
         # delta < 0 <= best_delta: LN best <= DyT best <= DyT final < LN final, so LayerNorm's final is above its best
-        text += (f"; where DyT's final loss won ({len(won_final_only)}), LayerNorm's final loss was above its own best")
+        text += f"; where DyT's final loss won ({len(won_final_only)}), LayerNorm's final loss was above its own best"
     return text + "."
 
 
@@ -196,17 +220,29 @@ def _sources(cells: Sequence[KnownCell]) -> str:
 
 def unknown_forecast(params: float | None, why: str) -> Forecast:
     """The forecast of a run whose planned passes are not known: ``"uncertain"``, saying why and how to give them."""
-    return Forecast("uncertain", None, None, why + (": give them as planned_tokens= (the tokens training will process: "
-                                                    "optimizer steps x global batch x sequence length) and unique_tokens= "
-                                                    "(the unique tokens of the training data), options of "
-                                                    "SaturationMonitor, the Hugging Face callback, Screen and Settings."),
-                    "", params=params)
+    return Forecast(
+        "uncertain",
+        None,
+        None,
+        why
+        + (
+            ": give them as planned_tokens= (the tokens training will process: "
+            "optimizer steps x global batch x sequence length) and unique_tokens= "
+            "(the unique tokens of the training data), options of "
+            "SaturationMonitor, the Hugging Face callback, Screen and Settings."
+        ),
+        "",
+        params=params,
+    )
 
 
 def _describe(c: KnownCell) -> str:
     tpp = "?" if c.tokens_per_param is None else f"{c.tokens_per_param:.3g}"
-    steps = "unknown schedule" if c.steps is None or c.lr_schedule is None else (
-        f"{c.steps:,.0f} steps, {c.warmup_steps or 0:,.0f} warm-up, {c.lr_schedule}")
+    steps = (
+        "unknown schedule"
+        if c.steps is None or c.lr_schedule is None
+        else (f"{c.steps:,.0f} steps, {c.warmup_steps or 0:,.0f} warm-up, {c.lr_schedule}")
+    )
     return f"{c.name} ({si(c.params)} parameters, {tpp} tokens/parameter, {passes_text(c.passes)}, {steps})"
 
 
@@ -244,9 +280,11 @@ class _Side:
     def text(self) -> str:
         worse = "worse" if self.direction == "hurts" else "better"
         cells = [c for cfg in self.configs for c in cfg.cells]
-        return (f"DyT's final loss was {worse} than LayerNorm's in {self.agreeing} of the {self.n} configurations at "
-                f"{self.budget:.3g} passes ({len(cells)} cells: {_sources(cells)}; configuration = recipe x size x "
-                f"passes, seeds averaged)")
+        return (
+            f"DyT's final loss was {worse} than LayerNorm's in {self.agreeing} of the {self.n} configurations at "
+            f"{self.budget:.3g} passes ({len(cells)} cells: {_sources(cells)}; configuration = recipe x size x "
+            f"passes, seeds averaged)"
+        )
 
 
 def _sides(configs: Sequence[Configuration], p: float) -> list[_Side]:
@@ -275,10 +313,19 @@ def _alpha_range(value: Any) -> tuple[float, float] | None:
     return a, a
 
 
-def forecast_from(cells: Sequence[KnownCell], *, params: float, unique_tokens: float, planned_tokens: float,
-                  steps: float | None = None, warmup_steps: float | None = None, lr_schedule: str | None = None,
-                  family: str | None = None, alpha_init: float | tuple[float, float] | None = None,
-                  optimizer: str | None = None) -> Forecast:
+def forecast_from(
+    cells: Sequence[KnownCell],
+    *,
+    params: float,
+    unique_tokens: float,
+    planned_tokens: float,
+    steps: float | None = None,
+    warmup_steps: float | None = None,
+    lr_schedule: str | None = None,
+    family: str | None = None,
+    alpha_init: float | tuple[float, float] | None = None,
+    optimizer: str | None = None,
+) -> Forecast:
     """DyT's effect on the final held-out loss of a run, read from known ``cells``: the rule below.
 
     * **Counted per configuration** (recipe x size x passes, seeds averaged: a configuration's outcome is the sign of
@@ -316,49 +363,91 @@ def forecast_from(cells: Sequence[KnownCell], *, params: float, unique_tokens: f
         >>> forecast_from(cells, **run, family="llama").evidence
         'no known cell of the llama family (a gated MLP): nothing was measured there.'
     """
-    params, unique, planned = (_positive("params", params), _positive("unique_tokens", unique_tokens),
-                               _positive("planned_tokens", planned_tokens))
+    params, unique, planned = (
+        _positive("params", params),
+        _positive("unique_tokens", unique_tokens),
+        _positive("planned_tokens", planned_tokens),
+    )
     run_steps = _positive_or_none("steps", steps)
-    run_warmup = None if warmup_steps is None else (
-        0.0 if not isinstance(warmup_steps, bool) and warmup_steps == 0 else _positive("warmup_steps", warmup_steps))
+    run_warmup = (
+        None
+        if warmup_steps is None
+        else (
+            0.0 if not isinstance(warmup_steps, bool) and warmup_steps == 0 else _positive("warmup_steps", warmup_steps)
+        )
+    )
     run_alpha = _alpha_range(alpha_init)
     if lr_schedule is not None and (not isinstance(lr_schedule, str) or not lr_schedule.strip()):
-        raise ValueError(f"Expected lr_schedule as the learning rate's shape, a str such as 'linear-warmup-constant' "
-                         f"(the study's), got {lr_schedule!r}.")
+        raise ValueError(
+            f"Expected lr_schedule as the learning rate's shape, a str such as 'linear-warmup-constant' "
+            f"(the study's), got {lr_schedule!r}."
+        )
     if family is not None and family not in FAMILIES:
-        raise ValueError(f"Expected family as one of {', '.join(FAMILIES)} (gpt: a plain MLP after the norm; llama: a "
-                         f"gated, SwiGLU-style MLP), got {family!r}: pass None where it is not known.")
+        raise ValueError(
+            f"Expected family as one of {', '.join(FAMILIES)} (gpt: a plain MLP after the norm; llama: a "
+            f"gated, SwiGLU-style MLP), got {family!r}: pass None where it is not known."
+        )
     if optimizer is not None and (not isinstance(optimizer, str) or not optimizer.strip()):
         raise ValueError(f"Expected optimizer as its name, a str such as 'adamw', got {optimizer!r}.")
     schedule = None if lr_schedule in (None, UNKNOWN_SCHEDULE) else lr_schedule.strip()
     opt = None if optimizer is None else optimizer.strip().lower()
     p, tpp = planned / unique, unique / params
     known = [c for c in cells if math.isfinite(c.passes) and c.passes > 0 and math.isfinite(c.delta) and c.params > 0]
-    inputs = dict(steps=run_steps, warmup_steps=run_warmup, lr_schedule=schedule, family=family,
-                  alpha_init=None if run_alpha is None else run_alpha[0] if run_alpha[0] == run_alpha[1] else run_alpha,
-                  optimizer=opt)
+    inputs = dict(
+        steps=run_steps,
+        warmup_steps=run_warmup,
+        lr_schedule=schedule,
+        family=family,
+        alpha_init=None if run_alpha is None else run_alpha[0] if run_alpha[0] == run_alpha[1] else run_alpha,
+        optimizer=opt,
+    )
 
-    def out(outcome: str, evidence: str, region: Sequence[Configuration] = (), agreeing: int = 0,
-            p_value: float | None = None) -> Forecast:
-        return Forecast(outcome, p, tpp, evidence, checkpoint_sentence(known), params, unique, planned,
-                        sum(c.seeds for c in region), agreeing, len(region), p_value, **inputs,  # type: ignore[arg-type]
-                        rests_on=tuple(c.name for c in region))
+    def out(
+        outcome: str,
+        evidence: str,
+        region: Sequence[Configuration] = (),
+        agreeing: int = 0,
+        p_value: float | None = None,
+    ) -> Forecast:
+        return Forecast(
+            outcome,
+            p,
+            tpp,
+            evidence,
+            checkpoint_sentence(known),
+            params,
+            unique,
+            planned,
+            sum(c.seeds for c in region),
+            agreeing,
+            len(region),
+            p_value,
+            **inputs,  # type: ignore[arg-type]
+            rests_on=tuple(c.name for c in region),
+        )
 
     if family is not None:  # a cell of unknown family may be of this one: it bears, and bars a confident answer
         known = [c for c in known if c.family in (family, None)]
         if not any(c.family == family for c in known):
-            return out("uncertain", f"no known cell of the {family} family ({'a gated' if family == 'llama' else 'a plain'}"
-                                    " MLP): nothing was measured there.")
+            return out(
+                "uncertain",
+                f"no known cell of the {family} family ({'a gated' if family == 'llama' else 'a plain'}"
+                " MLP): nothing was measured there.",
+            )
     if not known:
         return out("uncertain", "no known cell to forecast from.")
     configs = configurations(known)
     lo, hi = min(c.passes for c in configs), max(c.passes for c in configs)
     if p < lo / BUDGET_TOLERANCE:
-        return out("uncertain", f"{passes_text(p)} is fewer than any known cell measured (the fewest: {lo:.3g}): "
-                                "nothing is known there.")
+        return out(
+            "uncertain",
+            f"{passes_text(p)} is fewer than any known cell measured (the fewest: {lo:.3g}): nothing is known there.",
+        )
     if p > hi * BUDGET_TOLERANCE:
-        return out("uncertain", f"{passes_text(p)} is more than any known cell measured (the most: {hi:.3g}): nothing is "
-                                "known there.")
+        return out(
+            "uncertain",
+            f"{passes_text(p)} is more than any known cell measured (the most: {hi:.3g}): nothing is known there.",
+        )
     sides = _sides(configs, p)
     region = [c for s in sides for c in s.configs]
     if len(sides) == 1:
@@ -367,63 +456,116 @@ def forecast_from(cells: Sequence[KnownCell], *, params: float, unique_tokens: f
         k, n = side.agreeing, side.n
         if k < n:
             low, high = clopper_pearson(k, n)
-            return out("uncertain", f"{counted}, 95% interval {low:.0%}-{high:.0%}: the configurations disagree, so no "
-                                    "confident outcome.", region, k)
+            return out(
+                "uncertain",
+                f"{counted}, 95% interval {low:.0%}-{high:.0%}: the configurations disagree, so no confident outcome.",
+                region,
+                k,
+            )
         p_value = side.p_value
         if p_value is None or p_value >= ALPHA:
-            return out("uncertain", f"{counted}, p = {p_value:.2g} against a coin: too few configurations for the "
-                                    f"binomial test (p >= {ALPHA:g}), so no confident outcome.", region, k, p_value)
+            return out(
+                "uncertain",
+                f"{counted}, p = {p_value:.2g} against a coin: too few configurations for the "
+                f"binomial test (p >= {ALPHA:g}), so no confident outcome.",
+                region,
+                k,
+                p_value,
+            )
         outcome = side.direction
         counted += f", p = {p_value:.2g} against a coin (one-sided exact binomial)"
     else:
         a, b = sides
-        counted = (f"{passes_text(p)} lies between the measured {a.budget:.3g} and {b.budget:.3g} passes, each read on "
-                   f"its own and the answer never surer than the weaker: {a.text()}; {b.text()}")
+        counted = (
+            f"{passes_text(p)} lies between the measured {a.budget:.3g} and {b.budget:.3g} passes, each read on "
+            f"its own and the answer never surer than the weaker: {a.text()}; {b.text()}"
+        )
         ps = [s.p_value for s in sides]
         k = min(s.agreeing for s in sides)
         if a.p_value is not None and b.p_value is not None and a.direction != b.direction:
-            return out("uncertain", f"{counted}: DyT {a.direction} at {a.budget:.3g} and {b.direction} at {b.budget:.3g} "
-                                    "passes, so the sign changes between them: no confident outcome.", region, k)
+            return out(
+                "uncertain",
+                f"{counted}: DyT {a.direction} at {a.budget:.3g} and {b.direction} at {b.budget:.3g} "
+                "passes, so the sign changes between them: no confident outcome.",
+                region,
+                k,
+            )
         weak = [s for s in sides if s.p_value is None or s.p_value >= ALPHA]
         if weak:
-            why = "; ".join(f"at {s.budget:.3g} passes " + (f"the configurations disagree ({s.agreeing} of {s.n})"
-                                                            if s.p_value is None else
-                                                            f"too few configurations (p = {s.p_value:.2g})")
-                            for s in weak)
+            why = "; ".join(
+                f"at {s.budget:.3g} passes "
+                + (
+                    f"the configurations disagree ({s.agreeing} of {s.n})"
+                    if s.p_value is None
+                    else f"too few configurations (p = {s.p_value:.2g})"
+                )
+                for s in weak
+            )
             return out("uncertain", f"{counted}: {why}, so no confident outcome.", region, k)
         p_value = max(ps)  # type: ignore[type-var]
         outcome = a.direction
-        counted += f"; both {outcome}, p = {p_value:.2g} (the larger of the two; one-sided exact binomial against a coin)"
-    return _domain(out, outcome, counted, region, k, p_value, params, tpp, run_steps, run_warmup, schedule, family,
-                   run_alpha, opt)
+        counted += (
+            f"; both {outcome}, p = {p_value:.2g} (the larger of the two; one-sided exact binomial against a coin)"
+        )
+    return _domain(
+        out, outcome, counted, region, k, p_value, params, tpp, run_steps, run_warmup, schedule, family, run_alpha, opt
+    )
 
 
-def _domain(out: Any, outcome: str, counted: str, region: Sequence[Configuration], k: int, p_value: float | None,
-            params: float, tpp: float, run_steps: float | None, run_warmup: float | None, schedule: str | None,
-            family: str | None, run_alpha: tuple[float, float] | None, opt: str | None) -> Forecast:
+def _domain(
+    out: Any,
+    outcome: str,
+    counted: str,
+    region: Sequence[Configuration],
+    k: int,
+    p_value: float | None,
+    params: float,
+    tpp: float,
+    run_steps: float | None,
+    run_warmup: float | None,
+    schedule: str | None,
+    family: str | None,
+    run_alpha: tuple[float, float] | None,
+    opt: str | None,
+) -> Forecast:
     """The confident ``outcome`` where the run lies in the bearing configurations' domain, else "uncertain"."""
     here = (math.log10(params), math.log10(tpp))
     placed = [c for c in region if c.point is not None]
     cells = [cell for c in region for cell in c.cells]
     by_distance = sorted(placed, key=lambda c: math.dist(here, c.point))  # type: ignore[arg-type]
-    nearest = [min(c.cells, key=lambda x: math.dist(here, (math.log10(x.params), math.log10(x.tokens_per_param or tpp))))
-               for c in by_distance[:2]] or list(cells[:2])
+    nearest = [
+        min(c.cells, key=lambda x: math.dist(here, (math.log10(x.params), math.log10(x.tokens_per_param or tpp))))
+        for c in by_distance[:2]
+    ] or list(cells[:2])
     near = "; nearest measured: " + ", ".join(_describe(c) for c in nearest)
     gap = hull_distance(here, [c.point for c in placed])  # type: ignore[misc]
     if gap > HULL_TOLERANCE:
-        return out("uncertain", f"{counted}, but this run ({si(params)} parameters, {tpp:.3g} unique tokens per "
-                                f"parameter) lies {gap:.2g} decades outside what those configurations surround in size "
-                                f"and tokens per parameter together{near}.", region, k, p_value)
+        return out(
+            "uncertain",
+            f"{counted}, but this run ({si(params)} parameters, {tpp:.3g} unique tokens per "
+            f"parameter) lies {gap:.2g} decades outside what those configurations surround in size "
+            f"and tokens per parameter together{near}.",
+            region,
+            k,
+            p_value,
+        )
     closest = math.dist(here, by_distance[0].point)  # type: ignore[arg-type]
     if closest > NEAREST_LIMIT:
-        return out("uncertain", f"{counted}, but this run ({si(params)} parameters, {tpp:.3g} unique tokens per "
-                                f"parameter) lies {closest:.2g} decades from the nearest of them (more than "
-                                f"{NEAREST_LIMIT:g}): inside what they surround, but where no cell was measured{near}.",
-                   region, k, p_value)
+        return out(
+            "uncertain",
+            f"{counted}, but this run ({si(params)} parameters, {tpp:.3g} unique tokens per "
+            f"parameter) lies {closest:.2g} decades from the nearest of them (more than "
+            f"{NEAREST_LIMIT:g}): inside what they surround, but where no cell was measured{near}.",
+            region,
+            k,
+            p_value,
+        )
     differs = []
     if family is None:
-        differs.append("its model family is not given (family='gpt' for a plain MLP, 'llama' for a gated one; the "
-                       "monitors read it from the model)")
+        differs.append(
+            "its model family is not given (family='gpt' for a plain MLP, 'llama' for a gated one; the "
+            "monitors read it from the model)"
+        )
     if any(c.family is None for c in cells):
         differs.append(f"{sum(c.family is None for c in cells)} of the cells did not record their model family")
     alphas = [c.alpha_init for c in cells]
@@ -439,7 +581,9 @@ def _domain(out: Any, outcome: str, counted: str, region: Sequence[Configuration
         differs.append(f"its optimizer is {opt}, theirs {', '.join(optimizers)}")
     timed = [c for c in cells if c.steps is not None and c.lr_schedule is not None]
     if run_steps is None:
-        differs.append("its optimizer steps are not given (steps= in satmon.forecast, planned_steps= in a monitor or Screen)")
+        differs.append(
+            "its optimizer steps are not given (steps= in satmon.forecast, planned_steps= in a monitor or Screen)"
+        )
     if schedule is None:
         differs.append("its learning-rate schedule is unknown (lr_schedule=, e.g. 'linear-warmup-constant')")
     if len(timed) < len(cells):
@@ -459,14 +603,25 @@ def _domain(out: Any, outcome: str, counted: str, region: Sequence[Configuration
             differs.append(f"its learning rate is {schedule}, theirs {', '.join(shapes)}")  # type: ignore[arg-type]
     if differs:
         return out("uncertain", f"{counted}, but " + "; ".join(differs) + f"{near}.", region, k, p_value)
-    unchecked = "" if opt is not None or not optimizers else f" (its optimizer not given: theirs {', '.join(optimizers)})"
+    unchecked = (
+        "" if opt is not None or not optimizers else f" (its optimizer not given: theirs {', '.join(optimizers)})"
+    )
     return out(outcome, counted + unchecked + ".", region, k, p_value)
 
 
-def forecast(*, params: float, unique_tokens: float, planned_tokens: float, steps: float | None = None,
-             warmup_steps: float | None = None, lr_schedule: str | None = None, family: str | None = None,
-             alpha_init: float | tuple[float, float] | None = None, optimizer: str | None = None,
-             cells: Sequence[KnownCell] | None = None) -> Forecast:
+def forecast(
+    *,
+    params: float,
+    unique_tokens: float,
+    planned_tokens: float,
+    steps: float | None = None,
+    warmup_steps: float | None = None,
+    lr_schedule: str | None = None,
+    family: str | None = None,
+    alpha_init: float | tuple[float, float] | None = None,
+    optimizer: str | None = None,
+    cells: Sequence[KnownCell] | None = None,
+) -> Forecast:
     """Forecast DyT's effect on a run's final held-out loss against LayerNorm from its planned passes over the data.
 
     The outcome is read from the known cells (:func:`~satmon.results.forecast.cells.known_cells`: the study's and
@@ -509,15 +664,33 @@ def forecast(*, params: float, unique_tokens: float, planned_tokens: float, step
         >>> satmon.forecast(params=25_000, unique_tokens=1_000, planned_tokens=3_000).outcome  # far outside the cells
         'uncertain'
     """
-    return forecast_from(known_cells() if cells is None else cells, params=params, unique_tokens=unique_tokens,
-                         planned_tokens=planned_tokens, steps=steps, warmup_steps=warmup_steps, lr_schedule=lr_schedule,
-                         family=family, alpha_init=alpha_init, optimizer=optimizer)
+    return forecast_from(
+        known_cells() if cells is None else cells,
+        params=params,
+        unique_tokens=unique_tokens,
+        planned_tokens=planned_tokens,
+        steps=steps,
+        warmup_steps=warmup_steps,
+        lr_schedule=lr_schedule,
+        family=family,
+        alpha_init=alpha_init,
+        optimizer=optimizer,
+    )
 
 
-def run_forecast(params: float, unique_tokens: float | None, planned_tokens: float | None, unique_how: str = "",
-                 planned_how: str = "", steps: float | None = None, warmup_steps: float | None = None,
-                 lr_schedule: str | None = None, family: str | None = None,
-                 alpha_init: float | tuple[float, float] | None = None, optimizer: str | None = None) -> Forecast:
+def run_forecast(
+    params: float,
+    unique_tokens: float | None,
+    planned_tokens: float | None,
+    unique_how: str = "",
+    planned_how: str = "",
+    steps: float | None = None,
+    warmup_steps: float | None = None,
+    lr_schedule: str | None = None,
+    family: str | None = None,
+    alpha_init: float | tuple[float, float] | None = None,
+    optimizer: str | None = None,
+) -> Forecast:
     """The forecast a monitor's card shows (every driver and the Screen call this one): :func:`forecast` when both
     token counts are known, else ``"uncertain"`` saying which count is missing, why (``unique_how``,
     ``planned_how``) and how to give it. Never raises.
@@ -538,9 +711,18 @@ def run_forecast(params: float, unique_tokens: float | None, planned_tokens: flo
     except Exception as e:  # a shipped file that cannot be read: say so, never stop training
         return unknown_forecast(params, f"the known cells could not be read ({type(e).__name__}: {str(e)[:120]})")
     try:
-        return forecast(params=params, unique_tokens=unique_tokens, planned_tokens=planned_tokens, steps=steps,  # type: ignore[arg-type]
-                        warmup_steps=warmup_steps, lr_schedule=lr_schedule, family=family, alpha_init=alpha_init,
-                        optimizer=optimizer, cells=cells)
+        return forecast(
+            params=params,
+            unique_tokens=unique_tokens,
+            planned_tokens=planned_tokens,
+            steps=steps,  # type: ignore[arg-type]
+            warmup_steps=warmup_steps,
+            lr_schedule=lr_schedule,
+            family=family,
+            alpha_init=alpha_init,
+            optimizer=optimizer,
+            cells=cells,
+        )
     except ValueError as e:  # a bad count: blamed on the count, never stop training
         return unknown_forecast(params, f"a count is not usable ({str(e)[:160]})")
     except Exception as e:  # a shipped file that cannot be read: say so, never stop training
@@ -558,7 +740,14 @@ def with_model(f: Forecast, family: str | None, alpha_init: float | tuple[float,
     """
     if f.passes is None or f.unique_tokens is None or (family == f.family and alpha_init == f.alpha_init):
         return f
-    return run_forecast(f.params, f.unique_tokens, f.planned_tokens, steps=f.steps,  # type: ignore[arg-type]
-                        warmup_steps=f.warmup_steps, lr_schedule=f.lr_schedule,
-                        family=family if family is not None else f.family,
-                        alpha_init=alpha_init if alpha_init is not None else f.alpha_init, optimizer=f.optimizer)
+    return run_forecast(
+        f.params,
+        f.unique_tokens,
+        f.planned_tokens,
+        steps=f.steps,  # type: ignore[arg-type]
+        warmup_steps=f.warmup_steps,
+        lr_schedule=f.lr_schedule,
+        family=family if family is not None else f.family,
+        alpha_init=alpha_init if alpha_init is not None else f.alpha_init,
+        optimizer=f.optimizer,
+    )
