@@ -30,12 +30,10 @@ from satmon.convert import check_conversion, pending_conversion
 from satmon.functional.loss import loss_trend
 from satmon.io import tensorboard as tb
 from satmon.io.sink import MultiSink, NullSink, Sink, check_sink
-from satmon.results.card import plain
-from satmon.results.forecast import Forecast, family_of, run_forecast, with_model
+from satmon.model.dataflow import LiveTrace
 from satmon.model.discovery import NormLayer
 from satmon.model.dyt_init import dyt_parameter_problems
 from satmon.model.gating import detect_gating
-from satmon.model.dataflow import LiveTrace
 from satmon.model.map import ModelMap, model_map
 from satmon.observe.counters import SaturationCounter
 from satmon.observe.gate import GateCounter, GateHooks
@@ -44,17 +42,19 @@ from satmon.observe.offset import OffsetHooks
 from satmon.observe.reading_hooks import ReadingHooks, nonfinite_parameters
 from satmon.observe.saturation import HookReadings, SaturationHooks
 from satmon.observe.window_loss import WindowLoss
+from satmon.results.card import plain
+from satmon.results.forecast import Forecast, family_of, run_forecast, with_model
+from satmon.results.gating import GatingInfo
 from satmon.results.reading import Reading, verdict_of
 from satmon.results.stop import StopReason, breaches
-from satmon.results.gating import GatingInfo
 from satmon.results.verdict import Source, Verdict
 from satmon.screen.agreement import Agreement, TorchDistributed
 from satmon.screen.nonfinite_guard import NonFiniteGuard
 from satmon.screen.state import COUNTS, ScreenState, WindowState, load_window_state, read_window_state, restore_plan
 from satmon.screen.stop_policy import StopPolicy
 from satmon.screen.trap import TrapWatch, with_trap_hparam
-from satmon.screen.watching import Watching
 from satmon.screen.watch import CollapseWatch, LossHistory
+from satmon.screen.watching import Watching
 from satmon.settings import Settings, settings_from
 
 __all__ = ["Screen", "running_scalars"]
@@ -712,7 +712,8 @@ class Screen(Watching):
         self._first_forward_hooks = []
 
     def _count_sets(self) -> list[SaturationHooks]:
-        """The window's saturation hook sets: the layers found at attach, then those of the layers that appeared since."""
+        """The window's saturation hook sets: the layers found at attach, then those of the
+        layers that appeared since."""
         assert self.hooks is not None
         return [self.hooks, *self._late]
 
@@ -811,7 +812,8 @@ class Screen(Watching):
 
     # ------------------------------------------------------------------------------- state
     def _window_states(self) -> tuple[tuple[str, WindowState | None], ...]:
-        """The window's states kept in checkpoints beside the counts (``None``: off), in :data:`~satmon.screen.state.EXTRA_STATES` order."""
+        """The window's states kept in checkpoints beside the counts (``None``: off), in
+        :data:`~satmon.screen.state.EXTRA_STATES` order."""
         return (
             ("loss_segments", self.window_loss),
             ("offset", self.offset_hooks.counter if self.offset_hooks else None),

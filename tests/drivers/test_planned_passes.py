@@ -8,13 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import RecordingSink, tiny_lit, token_loader, trainer
 from torch.utils.data import DataLoader, IterableDataset
 
 import satmon
+from helpers import RecordingSink, tiny_lit, token_loader, trainer
 from satmon import SaturationMonitor
-from satmon.drivers.lightning import _planned
 from satmon.drivers.counting import planned_tokens, sample_tokens
+from satmon.drivers.lightning import _planned
 from satmon.io.tags import TAG
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*validation_step.*", "ignore:.*window steps.*", "ignore:.*no logger.*")
@@ -62,7 +62,8 @@ def test_a_lightning_run_with_accumulation_counts_its_passes_and_logs_the_foreca
     # given counts win: 2.5 passes at ~67k parameters and 15 tokens per parameter: outside the hull of the cells
     v = monitor.verdict
     params = sum(p.numel() for p in monitor.screen._model.parameters())
-    # the run's steps and optimizer read from the trainer, its family (no gated MLP) and DyT's alpha at attach from the model
+    # the run's steps and optimizer read from the trainer, its family (no gated MLP) and DyT's
+    # alpha at attach from the model
     expected = satmon.forecast(
         params=params,
         unique_tokens=1_000_000,
@@ -105,8 +106,8 @@ def test_a_screen_without_token_counts_says_which_are_missing_and_how_to_give_th
 
 
 def test_a_screen_passes_the_runs_steps_warmup_and_schedule_to_the_forecast():
-    """The forecast's domain reads the run's optimizer steps, warm-up and LR shape: given to the Screen as settings, they
-    reach satmon.forecast; left out, the card says which is unknown and the option that gives it."""
+    """The forecast's domain reads the run's optimizer steps, warm-up and LR shape: given to the Screen as settings,
+    they reach satmon.forecast; left out, the card says which is unknown and the option that gives it."""
     from satmon.dyt import DyT
 
     model = torch.nn.Sequential(DyT(339, alpha_init=2.0), torch.nn.Linear(339, 339))  # 115,600 parameters: d64L2's size

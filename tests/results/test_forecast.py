@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import re
 import dataclasses
 import math
+import re
 from decimal import Decimal
 from fractions import Fraction
 from itertools import product
@@ -14,8 +14,16 @@ import numpy as np
 import pytest
 import torch
 
-from satmon.results.forecast import forecast, known_cells
-from satmon.results.forecast import Forecast, KnownCell, clopper_pearson, forecast_from, hull_distance, unknown_forecast
+from satmon.results.forecast import (
+    Forecast,
+    KnownCell,
+    clopper_pearson,
+    forecast,
+    forecast_from,
+    hull_distance,
+    known_cells,
+    unknown_forecast,
+)
 
 STUDY = dict(steps=5000, warmup_steps=2000, lr_schedule="linear-warmup-constant")
 RUN = dict(**STUDY, family="gpt", alpha_init=2.0)

@@ -178,7 +178,8 @@ class Configuration:
     """One configuration (recipe, size, passes) and its seeds: the unit every count of the forecast is in.
 
     Example:
-        >>> seeds = [KnownCell(f"s{i}", 1e5, 3.3, d, "d64L2", "g", unique_tokens=1.5e6) for i, d in enumerate((0.1, -0.02))]
+        >>> deltas = (0.1, -0.02)
+        >>> seeds = [KnownCell(f"s{i}", 1e5, 3.3, d, "d64L2", "g", unique_tokens=1.5e6) for i, d in enumerate(deltas)]
         >>> (c,) = configurations(seeds)
         >>> c.outcome, round(c.delta, 3), c.seeds, c.seeds_agree
         ('hurts', 0.04, 2, False)

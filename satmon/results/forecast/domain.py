@@ -87,7 +87,8 @@ def hull_distance(q: tuple[float, float], points: Sequence[tuple[float, float]])
 
 
 def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
-    """The exact (Clopper-Pearson) ``level`` interval of a rate seen as ``k`` of ``n``, by bisection on the binomial tail.
+    """The exact (Clopper-Pearson) ``level`` interval of a rate seen as ``k`` of ``n``, by
+    bisection on the binomial tail.
 
     Example:
         >>> [round(x, 3) for x in clopper_pearson(14, 15)]

@@ -181,10 +181,12 @@ def checkpoint_sentence(cells: Sequence[KnownCell]) -> str:
     """What the known cells that recorded each arm's best held-out loss show about checkpoint selection.
 
     Example:
-        >>> cells = [KnownCell("a", 1e5, 164, -0.2, "s", "g", best_delta=0.01), KnownCell("b", 1e5, 3, 0.1, "s", "g", best_delta=0.1)]
+        >>> a = KnownCell("a", 1e5, 164, -0.2, "s", "g", best_delta=0.01)
+        >>> cells = [a, KnownCell("b", 1e5, 3, 0.1, "s", "g", best_delta=0.1)]
         >>> print(checkpoint_sentence(cells))  # doctest: +NORMALIZE_WHITESPACE
         Checkpoint selection: in the 2 known cells that recorded each arm's best held-out loss (2 from g), DyT's best
-        checkpoint beat LayerNorm's best in 0; where DyT's final loss won (1), LayerNorm's final loss was above its own best.
+        checkpoint beat LayerNorm's best in 0; where DyT's final loss won (1), LayerNorm's final loss was above its
+        own best.
     """
     best = [c for c in cells if c.best_delta is not None]
     if not best:
@@ -655,7 +657,8 @@ def forecast(
 
     Example:
         >>> import satmon
-        >>> study = dict(steps=5000, warmup_steps=2000, lr_schedule="linear-warmup-constant", family="gpt", alpha_init=2.0)
+        >>> schedule = dict(steps=5000, warmup_steps=2000, lr_schedule="linear-warmup-constant")
+        >>> study = dict(**schedule, family="gpt", alpha_init=2.0)
         >>> f = satmon.forecast(params=115_013, unique_tokens=1_551_515, planned_tokens=5000 * 16 * 64, **study)
         >>> f.outcome, round(f.passes, 2), f.agreeing == f.configurations  # the grids' d64L2 at 3.3 passes
         ('uncertain', 3.3, True)
