@@ -203,10 +203,16 @@ class ForwardOrder(HookSet):
     def seen(self) -> bool:
         return self.done or bool(self.end)
 
+    def final(self) -> NormLayer | None:
+        """The final norm the recorded forward shows: the last normaliser (DyT, LayerNorm or RMSNorm) to start in it;
+        ``None`` when none ran (or nothing was recorded: a compiled model)."""
+        norms = [l for l in model_map(self.model).layers(_NORM_KINDS) if l.module in self.start]
+        return max(norms, key=lambda l: self.start[l.module]) if norms else None
+
     def layout(self) -> Layout:
         """The layout the recorded forward shows (parameters with ``requires_grad`` only)."""
-        norms = [l for l in model_map(self.model).layers(_NORM_KINDS) if l.module in self.start]
-        if not norms:
+        final = self.final()
+        if final is None:
             compiled = any(type(m).__name__ == "OptimizedModule" for m in self.model.modules())
             return Layout(
                 None,
@@ -215,7 +221,6 @@ class ForwardOrder(HookSet):
                 if compiled
                 else "no normaliser ran in the checked forward",
             )
-        final: NormLayer = max(norms, key=lambda l: self.start[l.module])
         f0, f1 = self.start[final.module], self.end.get(final.module, self.start[final.module])
         head_ids: set[int] = set()
         below: dict[int, tuple[nn.Parameter, str]] = {}

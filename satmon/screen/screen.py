@@ -52,7 +52,7 @@ from satmon.screen.agreement import Agreement, TorchDistributed
 from satmon.screen.nonfinite_guard import NonFiniteGuard
 from satmon.screen.state import COUNTS, ScreenState, WindowState, load_window_state, read_window_state, restore_plan
 from satmon.screen.stop_policy import StopPolicy
-from satmon.screen.trap import TrapWatch, with_trap_hparam
+from satmon.screen.trap import FinalNorm, TrapWatch, with_trap_hparam
 from satmon.screen.watch import CollapseWatch, LossHistory
 from satmon.screen.watching import Watching
 from satmon.settings import Settings, settings_from
@@ -177,6 +177,7 @@ class Screen(Watching):
         self.gate_hooks: GateHooks | None = None
         self.watch: CollapseWatch | None = None
         self.trap: TrapWatch | None = None  # the trap watch, from step 1 (settings.trap_every_n_steps; None: off)
+        self._final: FinalNorm | None = None  # the final norm's kind for the forecast, by a forward's module order
         self.guard: NonFiniteGuard | None = None
         self.verdict: Verdict | None = None
         self.reading: Reading | None = None  # what the verdict was made from
@@ -334,6 +335,7 @@ class Screen(Watching):
             self._start_watch()
         if self.trap is not None:  # from the first step, window or not; after the window's hooks (they refuse first)
             self.trap.attach()
+        self._final = FinalNorm(model, self.trap).attach()
         self.begin_step(step)
         return self
 
@@ -463,7 +465,7 @@ class Screen(Watching):
     def detach(self) -> None:
         """Remove every hook and close the TensorBoard files the screen opened (``logdir=``); the counts
         and the verdict stay (a later write opens the files again)."""
-        for h in (self.hooks, self.gate_hooks, self.watch, self.offset_hooks, self.trap, *self._late):
+        for h in (self.hooks, self.gate_hooks, self.watch, self.offset_hooks, self.trap, self._final, *self._late):
             if h is not None:
                 h.detach()
         self._stop_tracing()
@@ -480,6 +482,7 @@ class Screen(Watching):
             self.watch.hooks if self.watch else None,
             *self._late,
             *(self.trap.paused_sets() if self.trap else ()),
+            *(self._final.paused_sets() if self._final else ()),
         ):
             yield
 
@@ -490,6 +493,8 @@ class Screen(Watching):
             return
         if self.trap is not None:
             self.trap.select(step)
+        if self._final is not None:
+            self._final.settle()
         if self.hooks.attached:
             if self._map is not None and self._map.changed():  # O(1): a module was registered under the model
                 self._follow_changes(step)
@@ -666,10 +671,11 @@ class Screen(Watching):
                 s.lr_schedule,
             )
         )
-        # the family by what the model computes (its traced gating) and DyT's alpha at attach: known only now
-        return with_model(
-            f, family_of(self.gating.gated if self.gating is not None else None), getattr(self, "_alpha_init", None)
-        )
+        # the family by what the model computes (its traced gating), DyT's alpha at attach and the final norm's kind
+        # (the last normaliser to start in a forward): known only now
+        family = family_of(self.gating.gated if self.gating is not None else None)
+        final = self._final.kind if self._final is not None else None
+        return with_model(f, family, getattr(self, "_alpha_init", None), final)
 
     def card(self, markdown: bool = False) -> str:
         """The verdict's card in plain text (``markdown``: as TensorBoard shows it), or, without a verdict,

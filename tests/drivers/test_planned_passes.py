@@ -72,6 +72,7 @@ def test_a_lightning_run_with_accumulation_counts_its_passes_and_logs_the_foreca
         family="gpt",
         alpha_init=2.0,
         optimizer="adamw",
+        final_norm="dyt",  # the demo GPT's ln_f, read from the forward
     )
     assert v.planned_forecast == expected.to_dict() and expected.outcome == "uncertain"
     assert (
@@ -121,7 +122,8 @@ def test_a_screen_passes_the_runs_steps_warmup_and_schedule_to_the_forecast():
         for _ in range(2):
             screen.step(model(torch.randn(4, 339)).float().mean())
         lines[name] = screen.verdict.planned_forecast
-    # the family by what the model computes (no gated MLP: "gpt") and DyT's alpha at attach, read by the screen
+    # the family by what the model computes (no gated MLP: "gpt"), DyT's alpha at attach and the final norm (the DyT,
+    # the last normaliser to run), read by the screen
     expected = satmon.forecast(
         params=params,
         unique_tokens=3_657_143,
@@ -131,6 +133,7 @@ def test_a_screen_passes_the_runs_steps_warmup_and_schedule_to_the_forecast():
         lr_schedule="linear-warmup-constant",
         family="gpt",
         alpha_init=2.0,
+        final_norm="dyt",
     )
     assert expected.outcome == "hurts" and lines["described"] == expected.to_dict()
     assert lines["not"]["outcome"] == "uncertain"
