@@ -166,3 +166,47 @@ def test_the_family_is_read_from_what_the_model_computes_and_a_llama_run_is_neve
     assert (got["gpt"]["family"], got["llama"]["family"]) == ("gpt", "llama")
     assert got["llama"]["outcome"] == "uncertain" and "no known cell of the llama family" in got["llama"]["evidence"]
     assert got["gpt"]["alpha_init"] == 2.0 and "llama" not in got["gpt"]["evidence"]
+
+
+@pytest.mark.parametrize("trap_every_n_steps", [10, 0])
+def test_the_final_norm_is_read_from_the_forward_and_a_layernorm_head_is_not_confident_on_dyt_cells(
+    trap_every_n_steps,
+):
+    """The demo GPT at d64L2's size, 1.4 passes, the grids' schedule: with DyT before the head (as the builtin grid's
+    DyT arm) the screen reads "dyt" and gets the cells' answer; the same blocks with LayerNorm before the head read
+    "norm" and "uncertain", naming final_norm. The kind comes from the forward's module order: the trap watch's when
+    it runs, else the screen's own order of the first forward (detached once read)."""
+    from satmon.demos.gpt import GPT, GPTConfig
+
+    run = dict(unique_tokens=3_657_143, planned_tokens=5_120_000)
+    schedule = dict(steps=5000, warmup_steps=2000, lr_schedule="linear-warmup-constant")
+    got, screens = {}, {}
+    for head in ("dyt", "layernorm"):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(seq_len=16))  # DyT in every block and before the head
+        if head == "layernorm":
+            model.ln_f = torch.nn.LayerNorm(64)  # named as before: only the forward says what it is
+        screen = satmon.Screen(
+            window=2,
+            trap_every_n_steps=trap_every_n_steps,
+            planned_steps=schedule["steps"],
+            **run,
+            **{k: v for k, v in schedule.items() if k != "steps"},
+        )
+        x = torch.randint(0, 256, (2, 16))
+        screen.attach(model, example_input=x)
+        for _ in range(2):
+            screen.step(model(x).float().mean())
+        got[head], screens[head] = screen.verdict.planned_forecast, screen
+        params = sum(p.numel() for p in model.parameters())
+        expected = satmon.forecast(
+            params=params, **run, **schedule, family="gpt", alpha_init=2.0, final_norm=head
+        ).to_dict()
+        assert got[head] == expected, head
+    assert (got["dyt"]["final_norm"], got["layernorm"]["final_norm"]) == ("dyt", "norm")
+    assert got["dyt"]["outcome"] == "hurts"
+    assert (
+        got["layernorm"]["outcome"] == "uncertain" and "final_norm='norm'), theirs DyT" in got["layernorm"]["evidence"]
+    )
+    if not trap_every_n_steps:  # the screen's own order: off once the first forward was read
+        assert all(s._final.order is None for s in screens.values())
