@@ -34,19 +34,22 @@ LAYERS: list[tuple[str, ...]] = [
 SIDEWAYS = {("satmon.observe", "satmon.io"): False}
 #: Third-party frameworks and who may import them.
 FRAMEWORKS = {
-    "lightning": ("satmon.drivers.lightning", "satmon.drivers.live_probe", "satmon.io.lightning", "satmon.demos",
-                  "satmon.cli.demo"),
+    "lightning": (
+        "satmon.drivers.lightning",
+        "satmon.drivers.live_probe",
+        "satmon.io.lightning",
+        "satmon.demos",
+        "satmon.cli.demo",
+    ),
     "transformers": ("satmon.drivers.hf",),
 }
 ROOT_MODULES_ALLOWED = 7  # besides __init__, _version and _compat (errors.py: the user errors replay, grid, CLI share)
 #: Imports that break the rules today, each with the change that removes it. Empty when the house is in order.
-KNOWN = {
-}
+KNOWN = {}
 #: The most lines a non-test module may hold (torchmetrics' and Lightning's largest modules sit near it).
 MAX_LINES = 800
 #: Modules over MAX_LINES today, each with who is bringing it under. Empty when the house is in order.
-TOO_LONG = {
-}
+TOO_LONG = {}
 
 
 def _unit(module: str) -> str:
@@ -84,8 +87,11 @@ def _imports(path: Path, module: str) -> list[tuple[int, str]]:
                 target = node.module or ""
             found.append((node.lineno, target))
             if target == "satmon":  # from satmon import x: x is a module or a public name
-                found += [(node.lineno, f"satmon.{a.name}") for a in node.names if (PACKAGE / a.name).exists()
-                          or (PACKAGE / f"{a.name}.py").exists()]
+                found += [
+                    (node.lineno, f"satmon.{a.name}")
+                    for a in node.names
+                    if (PACKAGE / a.name).exists() or (PACKAGE / f"{a.name}.py").exists()
+                ]
     return found
 
 
@@ -114,7 +120,8 @@ def test_frameworks_are_imported_only_by_their_drivers(module, path):
         if top in FRAMEWORKS and (module, target) not in KNOWN:
             allowed = FRAMEWORKS[top]
             assert any(module == a or module.startswith(a + ".") for a in allowed), (
-                f"{module} line {line} imports {target}; only {allowed} may")
+                f"{module} line {line} imports {target}; only {allowed} may"
+            )
 
 
 @pytest.mark.parametrize(("module", "path"), _modules(), ids=[m for m, _ in _modules()])
@@ -135,16 +142,21 @@ def test_the_package_root_holds_few_modules():
 def test_functional_imports_nothing_of_satmon_outside_itself():
     for module, path in _modules():
         if module.startswith("satmon.functional"):
-            outside = [t for _, t in _imports(path, module)
-                       if t.startswith("satmon") and not t.startswith("satmon.functional")]
+            outside = [
+                t for _, t in _imports(path, module) if t.startswith("satmon") and not t.startswith("satmon.functional")
+            ]
             assert not outside, (module, outside)
 
 
 # ------------------------------------------------------------------------------------------ no import circle
 def _type_checking(node: ast.AST) -> bool:
     test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
-                                         or isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return isinstance(node, ast.If) and (
+        isinstance(test, ast.Name)
+        and test.id == "TYPE_CHECKING"
+        or isinstance(test, ast.Attribute)
+        and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _running_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
@@ -263,8 +275,10 @@ def _say(graph: dict[str, dict[str, int]], circle: list[str]) -> str:
 def test_no_import_circle_among_satmons_modules():
     graph = import_graph(PACKAGE)
     circles = import_cycles(graph)
-    assert not circles, ("import circles (function-level imports included): move the shared piece down to the module "
-                         "it belongs to, or the caller up:\n" + "\n".join(_say(graph, c) for c in circles))
+    assert not circles, (
+        "import circles (function-level imports included): move the shared piece down to the module "
+        "it belongs to, or the caller up:\n" + "\n".join(_say(graph, c) for c in circles)
+    )
 
 
 def test_the_circle_check_finds_a_circle_hidden_in_a_function(tmp_path):
@@ -273,10 +287,12 @@ def test_the_circle_check_finds_a_circle_hidden_in_a_function(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "sub" / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from plant import b\n\nX = 1\n")  # a imports b at its top ...
-    (pkg / "b.py").write_text("import os\n\n\ndef f():\n    from plant.a import X  # ... b imports a lazily\n"
-                              "    return X\n")
-    (pkg / "sub" / "c.py").write_text("from typing import TYPE_CHECKING\n\nfrom ..a import X\n\n"
-                                      "if TYPE_CHECKING:\n    from plant.sub.d import Y\n")
+    (pkg / "b.py").write_text(
+        "import os\n\n\ndef f():\n    from plant.a import X  # ... b imports a lazily\n    return X\n"
+    )
+    (pkg / "sub" / "c.py").write_text(
+        "from typing import TYPE_CHECKING\n\nfrom ..a import X\n\nif TYPE_CHECKING:\n    from plant.sub.d import Y\n"
+    )
     (pkg / "sub" / "d.py").write_text("from plant.sub import c\n")  # c -> d only under TYPE_CHECKING: no circle
     graph = import_graph(pkg)
     assert graph["plant.a"] == {"plant.b": 1} and graph["plant.b"] == {"plant.a": 5}
