@@ -49,7 +49,11 @@ KNOWN = {}
 #: The most lines a non-test module may hold (torchmetrics' and Lightning's largest modules sit near it).
 MAX_LINES = 800
 #: Modules over MAX_LINES today, each with who is bringing it under. Empty when the house is in order.
-TOO_LONG = {}
+TOO_LONG = {
+    # 747 lines before `ruff format` (889 after, 897 with the final norm's reading); the ruff branch's split of the
+    # layers that change mid-window into screen/changes.py brings it under: take this entry off when that merges
+    "satmon/screen/screen.py": "the ruff branch (screen/changes.py)",
+}
 
 
 def _unit(module: str) -> str:
