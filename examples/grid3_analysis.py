@@ -76,6 +76,7 @@ def known(part: str, cells: Sequence[dict[str, Any]]) -> list[KnownCell]:
             family="gpt",
             alpha_init=float(c["config"]["alpha_init"]),
             optimizer="adamw",
+            final_norm="dyt",  # satmon's builtin GPT: its DyT arm replaces ln_f too
         )
         for c in cells
     ]
@@ -146,6 +147,7 @@ def held_out_forecast(scored: dict[str, list[dict[str, Any]]]) -> list[dict[str,
                 family=c.family,
                 alpha_init=c.alpha_init,
                 optimizer=c.optimizer,
+                final_norm=c.final_norm,
             )
             rows.append(
                 {
