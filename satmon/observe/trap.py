@@ -209,6 +209,26 @@ class ForwardOrder(HookSet):
         norms = [l for l in model_map(self.model).layers(_NORM_KINDS) if l.module in self.start]
         return max(norms, key=lambda l: self.start[l.module]) if norms else None
 
+    def final_kind(self) -> str | None:
+        """The final norm's kind (``"dyt"``, ``"layernorm"``, ``"rmsnorm"``); ``None`` when no normaliser ran, or
+        when a module that looks like a normaliser but could not be read (:attr:`ModelMap.undetermined
+        <satmon.model.map.ModelMap.undetermined>`) started after the last one read: that one may be the final norm.
+
+        Example:
+            >>> from satmon.dyt import DyT
+            >>> model = torch.nn.Sequential(torch.nn.LayerNorm(4), DyT(4), torch.nn.Linear(4, 3))
+            >>> order = ForwardOrder(model).attach()
+            >>> _ = model(torch.randn(1, 4)); order.detach()
+            >>> order.final_kind()
+            'dyt'
+        """
+        final = self.final()
+        if final is None:
+            return None
+        m, start = model_map(self.model), self.start[final.module]
+        unread = (m.module(name) for name in m.undetermined)
+        return None if any(u is not None and self.start.get(u, -1) > start for u in unread) else final.kind
+
     def layout(self) -> Layout:
         """The layout the recorded forward shows (parameters with ``requires_grad`` only)."""
         final = self.final()

@@ -49,10 +49,11 @@ from satmon.results.reading import Reading, verdict_of
 from satmon.results.stop import StopReason, breaches
 from satmon.results.verdict import Source, Verdict
 from satmon.screen.agreement import Agreement, TorchDistributed
+from satmon.screen.final_norm import FinalNorm
 from satmon.screen.nonfinite_guard import NonFiniteGuard
 from satmon.screen.state import COUNTS, ScreenState, WindowState, load_window_state, read_window_state, restore_plan
 from satmon.screen.stop_policy import StopPolicy
-from satmon.screen.trap import FinalNorm, TrapWatch, with_trap_hparam
+from satmon.screen.trap import TrapWatch, with_trap_hparam
 from satmon.screen.watch import CollapseWatch, LossHistory
 from satmon.screen.watching import Watching
 from satmon.settings import Settings, settings_from
@@ -335,7 +336,7 @@ class Screen(Watching):
             self._start_watch()
         if self.trap is not None:  # from the first step, window or not; after the window's hooks (they refuse first)
             self.trap.attach()
-        self._final = FinalNorm(model, self.trap).attach()
+        self._final = FinalNorm(model).attach()
         self.begin_step(step)
         return self
 

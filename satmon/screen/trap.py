@@ -27,7 +27,7 @@ from satmon.observe.offset import OFFSET_RETAINED_BELOW
 from satmon.observe.trap import ForwardOrder, GradReach, Layout, TrapCounter, TrapHooks
 from satmon.results.trap import TrapReading, reading_of
 
-__all__ = ["FinalNorm", "TrapWatch", "trap_scalars", "with_trap_hparam"]
+__all__ = ["TrapWatch", "trap_scalars", "with_trap_hparam"]
 
 
 def trap_scalars(r: TrapReading) -> dict[str, float]:
@@ -185,13 +185,6 @@ class TrapWatch:
         """The hook sets a paused block switches off (validation, a probe's forwards)."""
         return [h for h in (self.hooks, self.order) if h is not None]
 
-    @property
-    def final_kind(self) -> str | None:
-        """The final norm's kind by the checked forward's module order (``"dyt"``, ``"layernorm"``, ``"rmsnorm"``;
-        ``None`` before a checked forward ran, or when no normaliser ran in it)."""
-        layout = self._groups()
-        return None if layout is None else layout.final_kind
-
     def _groups(self) -> Layout | None:
         if self.layout is None and self.order is not None and self.order.seen:
             self.order.detach()
@@ -270,52 +263,3 @@ class TrapWatch:
         closed, named = int(state.get("closed_step", [-1])[0]), int(state.get("named_step", [-1])[0])
         self.closed_step = None if closed < 0 else closed
         self.named_step = None if named < 0 else named
-
-
-class FinalNorm:
-    """The final norm's kind for the forecast (``"dyt"``, ``"layernorm"``, ``"rmsnorm"``; ``None``: not known), by
-    what the model computes: the last normaliser to start in a forward (:meth:`ForwardOrder.final`). With a trap
-    watch it is the watch's checked forward; without one, a :class:`ForwardOrder` of its own records the first
-    forward after :meth:`attach` (host-side counters only: no tensor is read) and is detached at the next
-    :meth:`settle`. A compiled model's forward is not recorded: the kind stays unknown.
-
-    Example:
-        >>> from satmon.dyt import DyT
-        >>> model = torch.nn.Sequential(torch.nn.LayerNorm(4), torch.nn.Linear(4, 4), DyT(4), torch.nn.Linear(4, 2))
-        >>> final = FinalNorm(model, None).attach()
-        >>> _ = model(torch.randn(1, 4)); final.settle()
-        >>> final.kind, final.order
-        ('dyt', None)
-    """
-
-    def __init__(self, model: nn.Module, trap: TrapWatch | None) -> None:
-        self.trap = trap
-        self.order: ForwardOrder | None = ForwardOrder(model) if trap is None else None
-        self._kind: str | None = None
-
-    def attach(self) -> FinalNorm:
-        if self.order is not None:
-            self.order.attach()
-        return self
-
-    def detach(self) -> None:
-        if self.order is not None:
-            self.order.detach()
-
-    def paused_sets(self) -> list[Any]:
-        """The hook set a paused block switches off (validation, a probe's forwards): none with a trap watch."""
-        return [] if self.order is None else [self.order]
-
-    def settle(self) -> None:
-        """Between steps: once a forward was recorded, read the final norm and detach (O(1) until then)."""
-        if self.order is not None and self.order.seen:
-            self.order.detach()
-            final = self.order.final()
-            self._kind, self.order = None if final is None else final.kind, None
-
-    @property
-    def kind(self) -> str | None:
-        if self.trap is not None:
-            return self.trap.final_kind
-        self.settle()
-        return self._kind

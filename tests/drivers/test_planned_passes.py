@@ -174,8 +174,8 @@ def test_the_final_norm_is_read_from_the_forward_and_a_layernorm_head_is_not_con
 ):
     """The demo GPT at d64L2's size, 1.4 passes, the grids' schedule: with DyT before the head (as the builtin grid's
     DyT arm) the screen reads "dyt" and gets the cells' answer; the same blocks with LayerNorm before the head read
-    "norm" and "uncertain", naming final_norm. The kind comes from the forward's module order: the trap watch's when
-    it runs, else the screen's own order of the first forward (detached once read)."""
+    "norm" and "uncertain", naming final_norm. The kind comes from the first forward's module order (detached once
+    read), with the trap watch on or off."""
     from satmon.demos.gpt import GPT, GPTConfig
 
     run = dict(unique_tokens=3_657_143, planned_tokens=5_120_000)
@@ -208,5 +208,4 @@ def test_the_final_norm_is_read_from_the_forward_and_a_layernorm_head_is_not_con
     assert (
         got["layernorm"]["outcome"] == "uncertain" and "final_norm='norm'), theirs DyT" in got["layernorm"]["evidence"]
     )
-    if not trap_every_n_steps:  # the screen's own order: off once the first forward was read
-        assert all(s._final.order is None for s in screens.values())
+    assert all(s._final.order is None for s in screens.values())  # its order: off once the first forward was read
