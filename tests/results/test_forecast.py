@@ -319,7 +319,8 @@ def test_a_final_norm_the_cells_record_must_be_the_runs():
     assert "final_norm='dyt'" in unknown.evidence
     # some cells record it, the others do not: the recorded ones decide, the silent ones do not bar
     half = dyt[:8] + LOW[8:]
-    assert _f(half, 2.0, final_norm="dyt").outcome == "hurts"
+    confident = _f(half, 2.0, final_norm="dyt")
+    assert confident.outcome == "hurts" and "its final norm checked against 8 of the 18 cells" in confident.evidence
     assert "theirs DyT in 8 of the 18 cells" in _f(half, 2.0, final_norm="rmsnorm").evidence
     # cells that record both kinds: no run is like all of them
     mixed = dyt[:8] + _recorded(LOW[8:], final_norm="norm")

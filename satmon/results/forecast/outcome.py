@@ -613,6 +613,10 @@ def _domain(
     unchecked = (
         "" if opt is not None or not optimizers else f" (its optimizer not given: theirs {', '.join(optimizers)})"
     )
+    silent = sum(c.final_norm is None for c in cells)  # some record the run's final norm, these do not say
+    if 0 < silent < len(cells):
+        unchecked += f" (its final norm checked against {len(cells) - silent} of the {len(cells)} cells; the rest did "
+        unchecked += "not record theirs)"
     return out(outcome, counted + unchecked + ".", region, k, p_value)
 
 
