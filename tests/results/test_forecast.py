@@ -331,7 +331,7 @@ def test_a_final_norm_the_cells_record_must_be_the_runs():
         )
     # only the bearing cells count: a final norm recorded at another budget does not bar
     assert _f(LOW + _recorded(HIGH, final_norm="norm"), 2.0, final_norm="dyt").outcome == "hurts"
-    for bad in ("batchnorm", 3, "  x "):
+    for bad in ("batchnorm", 3, "  x ", ""):
         with pytest.raises(ValueError, match="Expected final_norm as 'dyt' .* or 'norm'"):
             _f(LOW, 2.0, final_norm=bad)
 

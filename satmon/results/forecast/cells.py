@@ -91,8 +91,8 @@ def family_of(gated: bool | None) -> str | None:
 
 def final_norm_of(kind: str | None) -> str | None:
     """The final norm's kind as the forecast records it (:data:`FINAL_NORMS`): ``"dyt"``, or ``"norm"`` for
-    ``"norm"``, ``"layernorm"`` and ``"rmsnorm"`` (the kinds satmon reads from a model), any case; ``None`` (or a
-    blank) stays ``None``: not known.
+    ``"norm"``, ``"layernorm"`` and ``"rmsnorm"`` (the kinds satmon reads from a model), any case; ``None`` stays
+    ``None``: not known.
 
     Raises:
         ValueError: any other value.
@@ -105,7 +105,7 @@ def final_norm_of(kind: str | None) -> str | None:
         ...
         ValueError: Expected final_norm as 'dyt' (DyT before the head) or 'norm' (...), got 'batchnorm'...
     """
-    if kind is None or (isinstance(kind, str) and not kind.strip()):
+    if kind is None:
         return None
     got = _FINAL_KINDS.get(kind.strip().lower()) if isinstance(kind, str) else None
     if got is None:
