@@ -176,8 +176,9 @@ class ForwardOrder(HookSet):
         if self.enabled and not self.done and not recomputing():
             if not self.start:
                 self._first = module
-            # the first module again: a second forward (accumulation)
-            elif module is self._first and module in self.end:
+            elif (
+                module is self._first and module in self.end
+            ):  # the first module again: a second forward (accumulation)
                 self.done = True
                 return
             self.start.setdefault(module, self._tick)
@@ -202,10 +203,36 @@ class ForwardOrder(HookSet):
     def seen(self) -> bool:
         return self.done or bool(self.end)
 
+    def final(self) -> NormLayer | None:
+        """The final norm the recorded forward shows: the last normaliser (DyT, LayerNorm or RMSNorm) to start in it;
+        ``None`` when none ran (or nothing was recorded: a compiled model)."""
+        norms = [l for l in model_map(self.model).layers(_NORM_KINDS) if l.module in self.start]
+        return max(norms, key=lambda l: self.start[l.module]) if norms else None
+
+    def final_kind(self) -> str | None:
+        """The final norm's kind (``"dyt"``, ``"layernorm"``, ``"rmsnorm"``); ``None`` when no normaliser ran, or
+        when a module that looks like a normaliser but could not be read (:attr:`ModelMap.undetermined
+        <satmon.model.map.ModelMap.undetermined>`) started after the last one read: that one may be the final norm.
+
+        Example:
+            >>> from satmon.dyt import DyT
+            >>> model = torch.nn.Sequential(torch.nn.LayerNorm(4), DyT(4), torch.nn.Linear(4, 3))
+            >>> order = ForwardOrder(model).attach()
+            >>> _ = model(torch.randn(1, 4)); order.detach()
+            >>> order.final_kind()
+            'dyt'
+        """
+        final = self.final()
+        if final is None:
+            return None
+        m, start = model_map(self.model), self.start[final.module]
+        unread = (m.module(name) for name in m.undetermined)
+        return None if any(u is not None and self.start.get(u, -1) > start for u in unread) else final.kind
+
     def layout(self) -> Layout:
         """The layout the recorded forward shows (parameters with ``requires_grad`` only)."""
-        norms = [l for l in model_map(self.model).layers(_NORM_KINDS) if l.module in self.start]
-        if not norms:
+        final = self.final()
+        if final is None:
             compiled = any(type(m).__name__ == "OptimizedModule" for m in self.model.modules())
             return Layout(
                 None,
@@ -214,7 +241,6 @@ class ForwardOrder(HookSet):
                 if compiled
                 else "no normaliser ran in the checked forward",
             )
-        final: NormLayer = max(norms, key=lambda l: self.start[l.module])
         f0, f1 = self.start[final.module], self.end.get(final.module, self.start[final.module])
         head_ids: set[int] = set()
         below: dict[int, tuple[nn.Parameter, str]] = {}

@@ -50,6 +50,7 @@ from satmon.results.stop import StopReason, breaches
 from satmon.results.verdict import Source, Verdict
 from satmon.screen.agreement import Agreement, TorchDistributed
 from satmon.screen.changes import FollowingChanges
+from satmon.screen.final_norm import FinalNorm
 from satmon.screen.nonfinite_guard import NonFiniteGuard
 from satmon.screen.state import COUNTS, ScreenState, WindowState, load_window_state, read_window_state, restore_plan
 from satmon.screen.stop_policy import StopPolicy
@@ -177,6 +178,7 @@ class Screen(Watching, FollowingChanges):
         self.gate_hooks: GateHooks | None = None
         self.watch: CollapseWatch | None = None
         self.trap: TrapWatch | None = None  # the trap watch, from step 1 (settings.trap_every_n_steps; None: off)
+        self._final: FinalNorm | None = None  # the final norm's kind for the forecast, by a forward's module order
         self.guard: NonFiniteGuard | None = None
         self.verdict: Verdict | None = None
         self.reading: Reading | None = None  # what the verdict was made from
@@ -329,6 +331,7 @@ class Screen(Watching, FollowingChanges):
             self._start_watch()
         if self.trap is not None:  # from the first step, window or not; after the window's hooks (they refuse first)
             self.trap.attach()
+        self._final = FinalNorm(model).attach()
         self.begin_step(step)
         return self
 
@@ -458,7 +461,7 @@ class Screen(Watching, FollowingChanges):
     def detach(self) -> None:
         """Remove every hook and close the TensorBoard files the screen opened (``logdir=``); the counts
         and the verdict stay (a later write opens the files again)."""
-        for h in (self.hooks, self.gate_hooks, self.watch, self.offset_hooks, self.trap, *self._late):
+        for h in (self.hooks, self.gate_hooks, self.watch, self.offset_hooks, self.trap, self._final, *self._late):
             if h is not None:
                 h.detach()
         self._stop_tracing()
@@ -475,6 +478,7 @@ class Screen(Watching, FollowingChanges):
             self.watch.hooks if self.watch else None,
             *self._late,
             *(self.trap.paused_sets() if self.trap else ()),
+            *(self._final.paused_sets() if self._final else ()),
         ):
             yield
 
@@ -485,6 +489,8 @@ class Screen(Watching, FollowingChanges):
             return
         if self.trap is not None:
             self.trap.select(step)
+        if self._final is not None:
+            self._final.settle()
         if self.hooks.attached:
             if self._map is not None and self._map.changed():  # O(1): a module was registered under the model
                 self._follow_changes(step)
@@ -661,10 +667,11 @@ class Screen(Watching, FollowingChanges):
                 s.lr_schedule,
             )
         )
-        # the family by what the model computes (its traced gating) and DyT's alpha at attach: known only now
-        return with_model(
-            f, family_of(self.gating.gated if self.gating is not None else None), getattr(self, "_alpha_init", None)
-        )
+        # the family by what the model computes (its traced gating), DyT's alpha at attach and the final norm's kind
+        # (the last normaliser to start in a forward): known only now
+        family = family_of(self.gating.gated if self.gating is not None else None)
+        final = self._final.kind if self._final is not None else None
+        return with_model(f, family, getattr(self, "_alpha_init", None), final)
 
     def card(self, markdown: bool = False) -> str:
         """The verdict's card in plain text (``markdown``: as TensorBoard shows it), or, without a verdict,

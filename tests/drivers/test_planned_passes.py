@@ -72,6 +72,7 @@ def test_a_lightning_run_with_accumulation_counts_its_passes_and_logs_the_foreca
         family="gpt",
         alpha_init=2.0,
         optimizer="adamw",
+        final_norm="dyt",  # the demo GPT's ln_f, read from the forward
     )
     assert v.planned_forecast == expected.to_dict() and expected.outcome == "uncertain"
     assert (
@@ -121,7 +122,8 @@ def test_a_screen_passes_the_runs_steps_warmup_and_schedule_to_the_forecast():
         for _ in range(2):
             screen.step(model(torch.randn(4, 339)).float().mean())
         lines[name] = screen.verdict.planned_forecast
-    # the family by what the model computes (no gated MLP: "gpt") and DyT's alpha at attach, read by the screen
+    # the family by what the model computes (no gated MLP: "gpt"), DyT's alpha at attach and the final norm (the DyT,
+    # the last normaliser to run), read by the screen
     expected = satmon.forecast(
         params=params,
         unique_tokens=3_657_143,
@@ -131,6 +133,7 @@ def test_a_screen_passes_the_runs_steps_warmup_and_schedule_to_the_forecast():
         lr_schedule="linear-warmup-constant",
         family="gpt",
         alpha_init=2.0,
+        final_norm="dyt",
     )
     assert expected.outcome == "hurts" and lines["described"] == expected.to_dict()
     assert lines["not"]["outcome"] == "uncertain"
@@ -163,3 +166,46 @@ def test_the_family_is_read_from_what_the_model_computes_and_a_llama_run_is_neve
     assert (got["gpt"]["family"], got["llama"]["family"]) == ("gpt", "llama")
     assert got["llama"]["outcome"] == "uncertain" and "no known cell of the llama family" in got["llama"]["evidence"]
     assert got["gpt"]["alpha_init"] == 2.0 and "llama" not in got["gpt"]["evidence"]
+
+
+@pytest.mark.parametrize("trap_every_n_steps", [10, 0])
+def test_the_final_norm_is_read_from_the_forward_and_a_layernorm_head_is_not_confident_on_dyt_cells(
+    trap_every_n_steps,
+):
+    """The demo GPT at d64L2's size, 1.4 passes, the grids' schedule: with DyT before the head (as the builtin grid's
+    DyT arm) the screen reads "dyt" and gets the cells' answer; the same blocks with LayerNorm before the head read
+    "norm" and "uncertain", naming final_norm. The kind comes from the first forward's module order (detached once
+    read), with the trap watch on or off."""
+    from satmon.demos.gpt import GPT, GPTConfig
+
+    run = dict(unique_tokens=3_657_143, planned_tokens=5_120_000)
+    schedule = dict(steps=5000, warmup_steps=2000, lr_schedule="linear-warmup-constant")
+    got, screens = {}, {}
+    for head in ("dyt", "layernorm"):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(seq_len=16))  # DyT in every block and before the head
+        if head == "layernorm":
+            model.ln_f = torch.nn.LayerNorm(64)  # named as before: only the forward says what it is
+        screen = satmon.Screen(
+            window=2,
+            trap_every_n_steps=trap_every_n_steps,
+            planned_steps=schedule["steps"],
+            **run,
+            **{k: v for k, v in schedule.items() if k != "steps"},
+        )
+        x = torch.randint(0, 256, (2, 16))
+        screen.attach(model, example_input=x)
+        for _ in range(2):
+            screen.step(model(x).float().mean())
+        got[head], screens[head] = screen.verdict.planned_forecast, screen
+        params = sum(p.numel() for p in model.parameters())
+        expected = satmon.forecast(
+            params=params, **run, **schedule, family="gpt", alpha_init=2.0, final_norm=head
+        ).to_dict()
+        assert got[head] == expected, head
+    assert (got["dyt"]["final_norm"], got["layernorm"]["final_norm"]) == ("dyt", "norm")
+    assert got["dyt"]["outcome"] == "hurts"
+    assert (
+        got["layernorm"]["outcome"] == "uncertain" and "final_norm='norm'), theirs DyT" in got["layernorm"]["evidence"]
+    )
+    assert all(s._final.order is None for s in screens.values())  # its order: off once the first forward was read

@@ -89,7 +89,6 @@ def test_a_new_grid_file_with_a_contradicting_cell_turns_hurts_uncertain(tmp_pat
     for entry in data.iterdir():
         if entry.name.endswith(".csv"):
             (tmp_path / entry.name).write_text(entry.read_text(encoding="utf-8"), encoding="utf-8")
-    # d64L2 at 1.4 passes
     run = dict(
         params=115_013,
         unique_tokens=3_657_143,
@@ -99,7 +98,8 @@ def test_a_new_grid_file_with_a_contradicting_cell_turns_hurts_uncertain(tmp_pat
         lr_schedule="linear-warmup-constant",
         family="gpt",
         alpha_init=2.0,
-    )
+        final_norm="dyt",
+    )  # d64L2 at 1.4 passes
     assert satmon.forecast(**run, cells=known_cells(tmp_path)).outcome == "hurts"
     columns = (
         "name,params,train_tokens,delta,group,source,passes,final_dyt,final_layernorm,best_dyt,best_layernorm,protocol"
@@ -129,3 +129,47 @@ def test_a_study_protocol_row_missing_what_the_forecast_needs_is_refused():
         "g.csv", "name,params,passes,final_dyt,final_layernorm,group,source,protocol\na,100,2,2.2,2.0,g,s,study\n"
     )
     assert cell.delta == pytest.approx(0.1) and cell.outcome == "hurts"
+
+
+def test_the_builtin_grids_record_dyt_before_the_head_and_the_study_does_not():
+    """satmon's builtin GPT builds its DyT arm with norm="dyt" everywhere, ln_f included (checked on the model the grid
+    builds); the study's cells do not say what its final norm was, so they record none."""
+    import torch
+
+    from satmon.grid.builtin import OPTIONS, model
+    from satmon.grid.recipe import CellSpec
+    from satmon.model.map import find_norm_layers
+    from satmon.observe.trap import ForwardOrder
+
+    spec = CellSpec("d48L2", "1000", 1000, 0, 5000, 5000 * 16 * 64, dict(OPTIONS))
+    kinds = {}
+    for arm in ("dyt", "layernorm"):
+        m = model(spec, arm)
+        order = ForwardOrder(m).attach()
+        m(torch.zeros(1, 8, dtype=torch.long))
+        order.detach()
+        kinds[arm] = order.final().kind
+        assert {layer.kind for layer in find_norm_layers(m)} == {arm}
+    assert kinds == {"dyt": "dyt", "layernorm": "layernorm"}
+    by_source = {}
+    for c in known_cells():
+        by_source.setdefault(c.source, set()).add(c.final_norm)
+    assert by_source == {STUDY_LABEL: {None}, FAITHFUL: {"dyt"}, GRID2: {"dyt"}}
+
+
+def test_final_norm_and_alpha_init_max_columns_are_read_and_bad_values_refused():
+    columns = "name,params,passes,delta,group,source,protocol,alpha_init,alpha_init_max,final_norm"
+    cells = read_known_cells(
+        "g.csv",
+        f"{columns}\na,100,2,0.1,g,s,study,0.2,0.8,DyT\nb,100,2,0.1,g,s,study,2.0,,RMSNorm\nc,100,2,0.1,g,s,study,,,\n",
+    )
+    assert [(c.alpha_range, c.final_norm) for c in cells] == [((0.2, 0.8), "dyt"), ((2.0, 2.0), "norm"), (None, None)]
+    with pytest.raises(
+        ValueError, match=r"Expected final_norm as dyt or norm .* in g.csv row 1 \(cell 'a'\), got 'batch'"
+    ):
+        read_known_cells("g.csv", f"{columns}\na,100,2,0.1,g,s,study,2.0,,batch\n")
+    for lo, hi in (("0.8", "0.2"), ("", "0.8"), ("0.2", "lots"), ("0.2", "inf")):
+        with pytest.raises(
+            ValueError, match=r"Expected alpha_init_max as a number at least alpha_init \(.*\) in g.csv row 1"
+        ):
+            read_known_cells("g.csv", f"{columns}\na,100,2,0.1,g,s,study,{lo},{hi},dyt\n")

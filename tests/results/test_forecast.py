@@ -124,7 +124,6 @@ def test_the_issues_examples_are_not_confident_on_the_shipped_cells():
     assert forecast(params=25_000, unique_tokens=1_000, planned_tokens=3_000).outcome == "uncertain"
     assert forecast(params=25_000, unique_tokens=1_000, planned_tokens=3_000, **STUDY).outcome == "uncertain"
     assert forecast(params=4e9, unique_tokens=4e11, planned_tokens=1.2e12, **STUDY).outcome == "uncertain"
-    # a 500-step run: no cell trained 500 steps
     assert (
         forecast(
             params=115_013,
@@ -135,7 +134,7 @@ def test_the_issues_examples_are_not_confident_on_the_shipped_cells():
             lr_schedule="constant",
         ).outcome
         == "uncertain"
-    )
+    )  # a 500-step run: no cell trained 500 steps
     at3 = forecast(params=115_013, unique_tokens=1_551_515, planned_tokens=5_120_000, **STUDY)
     # the configuration: recipe x size x passes (the faithful grid's and grid 2's d64L2 at 3.3 passes are one)
     configs = {(c.recipe, c.group) for c in known_cells() if abs(math.log(c.passes / 3.3)) < math.log(1.1)}
@@ -187,8 +186,9 @@ def test_the_nearest_measured_cells_are_of_two_configurations_not_two_seeds_of_o
         for size, tpp in ((1e5, 10), (3e5, 3), (1e6, 1), (3e6, 0.3), (1e7, 0.1))
         for seed in (0, 1)
     ]
-    # 100 tokens per parameter: far outside
-    f = forecast_from(cells, params=1e4, unique_tokens=1e6, planned_tokens=2e6, **RUN)
+    f = forecast_from(
+        cells, params=1e4, unique_tokens=1e6, planned_tokens=2e6, **RUN
+    )  # 100 tokens per parameter: far outside
     named = re.findall(r"(c[\d.e+]+_s\d) \(", f.evidence.split("nearest measured:")[1])
     assert f.outcome == "uncertain" and named == ["c100000.0_s0", "c300000.0_s0"]
 
@@ -252,7 +252,7 @@ def test_the_family_alpha_init_and_optimizer_are_the_domain():
     )
     both = _f(LOW + [dataclasses.replace(c, delta=-0.1) for c in llama], 2.0, family="llama")
     assert (both.outcome, both.configurations) == ("helps", 9)  # the GPT cells do not bear on a LLaMA-family run
-    assert "alpha_init is 0.5, theirs 2-2" in _f(LOW, 2.0, alpha_init=0.5).evidence
+    assert "alpha_init is 0.5, theirs 2 (each within a factor 1.1: 1.82-2.2)" in _f(LOW, 2.0, alpha_init=0.5).evidence
     assert "alpha_init is 0.2-0.8" in _f(LOW, 2.0, alpha_init=(0.8, 0.2)).evidence
     assert _f(LOW, 2.0, alpha_init=None).outcome == "uncertain"
     sgd = [dataclasses.replace(c, optimizer="adamw") for c in LOW]
@@ -269,8 +269,9 @@ def test_an_empty_region_inside_the_hull_is_uncertain():
         for a, b in product((5, 7), (0, 2))
         for s in (0, 1)
     ]
-    # a 5th configuration
-    corners += [dataclasses.replace(c, group=c.group + "x", name=c.name + "x") for c in corners[:2]]
+    corners += [
+        dataclasses.replace(c, group=c.group + "x", name=c.name + "x") for c in corners[:2]
+    ]  # a 5th configuration
     centre = _f(corners, 2.0, params=1e6, tpp=10.0)
     assert centre.outcome == "uncertain" and "where no cell was measured" in centre.evidence
     assert _f(corners, 2.0, params=1.5e5, tpp=1.0).outcome == "hurts"  # 0.18 decades from a measured corner
@@ -291,3 +292,94 @@ def test_the_shipped_cells_are_counted_by_the_plans_unit_and_a_llama_run_is_neve
                 **RUN,
             )
             assert f.outcome == "uncertain", (params, passes, f.evidence)
+
+
+# ------------------------------------------------------------------ the final norm and alpha_init ranges in the domain
+def _recorded(cells, **kw):
+    return [dataclasses.replace(c, **kw) for c in cells]
+
+
+def test_a_final_norm_the_cells_record_must_be_the_runs():
+    dyt = _recorded(LOW, final_norm="dyt")
+    before = _f(LOW, 2.0)  # the cells record none: the answer of before, whatever the run's final norm
+    assert before.outcome == "hurts" and before.final_norm is None
+    for kind in ("dyt", "norm", None):
+        f = _f(LOW, 2.0, final_norm=kind)
+        assert dataclasses.replace(f, final_norm=None) == before, kind
+    same = _f(dyt, 2.0, final_norm="dyt")
+    assert (same.outcome, same.p_value, same.final_norm) == ("hurts", before.p_value, "dyt")
+    assert same.evidence == before.evidence
+    other = _f(dyt, 2.0, final_norm="LayerNorm")  # read as "norm"
+    assert other.outcome == "uncertain" and other.final_norm == "norm"
+    assert "its final norm is LayerNorm or RMSNorm (final_norm='norm'), theirs DyT in 18 of the 18 cells" in (
+        other.evidence
+    )
+    unknown = _f(dyt, 2.0)
+    assert unknown.outcome == "uncertain" and "final norm (the norm before the head) is not known" in unknown.evidence
+    assert "final_norm='dyt'" in unknown.evidence
+    # some cells record it, the others do not: the recorded ones decide, the silent ones do not bar
+    half = dyt[:8] + LOW[8:]
+    confident = _f(half, 2.0, final_norm="dyt")
+    assert confident.outcome == "hurts" and "its final norm checked against 8 of the 18 cells" in confident.evidence
+    assert "theirs DyT in 8 of the 18 cells" in _f(half, 2.0, final_norm="rmsnorm").evidence
+    # cells that record both kinds: no run is like all of them
+    mixed = dyt[:8] + _recorded(LOW[8:], final_norm="norm")
+    for kind in ("dyt", "norm"):
+        f = _f(mixed, 2.0, final_norm=kind)
+        assert (
+            f.outcome == "uncertain" and "theirs DyT in 8 and LayerNorm or RMSNorm in 10 of the 18 cells" in f.evidence
+        )
+    # only the bearing cells count: a final norm recorded at another budget does not bar
+    assert _f(LOW + _recorded(HIGH, final_norm="norm"), 2.0, final_norm="dyt").outcome == "hurts"
+    for bad in ("batchnorm", 3, "  x ", ""):
+        with pytest.raises(ValueError, match="Expected final_norm as 'dyt' .* or 'norm'"):
+            _f(LOW, 2.0, final_norm=bad)
+
+
+def test_the_final_norm_travels_with_the_forecast_and_old_records_load():
+    from satmon.results.forecast import with_model
+
+    f = _f(_recorded(LOW, final_norm="dyt"), 2.0, final_norm="dyt")
+    d = f.to_dict()
+    assert d["final_norm"] == "dyt" and Forecast.from_dict(d) == f
+    old = {k: v for k, v in d.items() if k != "final_norm"}  # a record written before the field
+    assert Forecast.from_dict(old).final_norm is None and Forecast.from_dict(old).outcome == "hurts"
+    # with_model on the shipped cells: the model's final norm reaches the forecast (layernorm read as norm)
+    base = forecast(params=115_013, unique_tokens=3_657_143, planned_tokens=5_120_000, **RUN)
+    assert base.final_norm is None and with_model(base, "gpt", 2.0, "layernorm").final_norm == "norm"
+    again = with_model(base, "gpt", 2.0, "dyt")
+    assert again == forecast(params=115_013, unique_tokens=3_657_143, planned_tokens=5_120_000, **RUN, final_norm="dyt")
+    assert with_model(again, "gpt", 2.0) is again  # nothing new
+
+
+def test_the_shipped_grids_record_dyt_before_the_head():
+    """d64L2 at 1.4 passes: the configurations there agree (hurts); the grids' cells record DyT before the head, so a
+    run with LayerNorm there, or one that does not say, is uncertain, naming final_norm."""
+    run = dict(params=115_013, unique_tokens=3_657_143, planned_tokens=5_120_000, **RUN)
+    assert forecast(**run, final_norm="dyt").outcome == "hurts"
+    for kind in ("norm", None):
+        f = forecast(**run, final_norm=kind)
+        assert f.outcome == "uncertain" and "final_norm=" in f.evidence, kind
+
+
+def test_alpha_init_ranges_in_cells_and_runs():
+    llama_like = _recorded(LOW, alpha_init=0.2, alpha_init_max=0.8)  # 0.8 before attention, 0.2 before the MLP
+    assert _f(llama_like, 2.0, alpha_init=(0.8, 0.2)).outcome == "hurts"
+    assert _f(llama_like, 2.0, alpha_init=0.5).outcome == "hurts"  # one init inside the cells' range
+    assert _f(llama_like, 2.0, alpha_init=(0.19, 0.87)).outcome == "hurts"  # within a factor 1.1 either way
+    wide = _f(llama_like, 2.0, alpha_init=(0.2, 2.0))
+    assert wide.outcome == "uncertain"
+    assert "its DyT alpha_init is 0.2-2, theirs 0.2-0.8 (each within a factor 1.1: 0.182-0.88)" in wide.evidence
+    assert "theirs 0.2-0.8)" in _f(llama_like, 2.0, alpha_init=None).evidence
+    # the union of two cells' inits, not the span between them: nothing was measured at 1.0
+    two = _recorded(LOW[:10], alpha_init=0.5) + LOW[10:]
+    assert _f(two, 2.0, alpha_init=0.5).outcome == _f(two, 2.0, alpha_init=2.0).outcome == "hurts"
+    between = _f(two, 2.0, alpha_init=1.0)
+    assert between.outcome == "uncertain" and "theirs 0.5 and 2 (each within a factor 1.1: 0.455-0.55, 1.82-2.2)" in (
+        between.evidence
+    )
+    # overlapping widened ranges join: 0.2-0.8 and 0.9 are one interval (0.88 > 0.9 / 1.1)
+    joined = _recorded(LOW[:10], alpha_init=0.2, alpha_init_max=0.8) + _recorded(LOW[10:], alpha_init=0.9)
+    assert _f(joined, 2.0, alpha_init=(0.2, 0.9)).outcome == "hurts"
+    with pytest.raises(ValueError, match="Expected alpha_init_max .* at least alpha_init 0.8, got 0.2"):
+        KnownCell("x", 1e5, 2.0, 0.1, "g", "m", alpha_init=0.8, alpha_init_max=0.2)

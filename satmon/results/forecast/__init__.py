@@ -18,6 +18,7 @@ from __future__ import annotations
 from satmon.results.forecast.cells import (
     BUDGET_TOLERANCE,
     FAMILIES,
+    FINAL_NORMS,
     PROTOCOL,
     STUDY_FILE,
     STUDY_LABEL,
@@ -25,16 +26,21 @@ from satmon.results.forecast.cells import (
     KnownCell,
     configurations,
     family_of,
+    final_norm_of,
     known_cells,
     parse_count,
     read_known_cells,
 )
 from satmon.results.forecast.domain import (
+    ALPHA_TOLERANCE,
     HULL_TOLERANCE,
     NEAREST_LIMIT,
     UNKNOWN_SCHEDULE,
     WARMUP_TOLERANCE,
+    alpha_differs,
+    alpha_reach,
     clopper_pearson,
+    final_norm_differs,
     hull,
     hull_distance,
 )
@@ -53,9 +59,11 @@ from satmon.results.forecast.outcome import (
 )
 
 __all__ = [
+    "ALPHA_TOLERANCE",
     "BUDGET_TOLERANCE",
     "CODE",
     "FAMILIES",
+    "FINAL_NORMS",
     "HULL_TOLERANCE",
     "NEAREST_LIMIT",
     "OUTCOMES",
@@ -68,10 +76,14 @@ __all__ = [
     "Forecast",
     "KnownCell",
     "Outcome",
+    "alpha_differs",
+    "alpha_reach",
     "checkpoint_sentence",
     "clopper_pearson",
     "configurations",
     "family_of",
+    "final_norm_differs",
+    "final_norm_of",
     "forecast",
     "forecast_from",
     "hull",

@@ -18,7 +18,13 @@ The columns (a file's others are ignored): ``name``, ``params`` (or the study's 
 ``passes`` (planned tokens over unique training tokens), ``delta`` ((DyT - reference) / reference final held-out loss)
 or ``final_dyt`` and ``final_layernorm``, ``group``, ``source``, ``protocol``; optional ``train_tokens`` (the unique
 training tokens), ``best_dyt`` with ``best_layernorm``, ``steps``, ``warmup_steps``, ``lr_schedule``, and the domain's
-``recipe``, ``family`` (``gpt``: a plain MLP; ``llama``: a gated MLP), ``alpha_init`` and ``optimizer``.
+``recipe``, ``family`` (``gpt``: a plain MLP; ``llama``: a gated MLP), ``alpha_init`` (DyT's initial alpha; with
+``alpha_init_max``, the lowest and the highest over the layers: LLaMA-style models init the norm before attention and
+the one before the MLP differently), ``optimizer`` and ``final_norm`` (:data:`FINAL_NORMS`: the DyT arm's norm before
+the head, ``dyt`` or ``norm`` for LayerNorm or RMSNorm). A blank is "not recorded": an unrecorded family or alpha_init
+bars a confident forecast, an unrecorded final norm does not (the study's cells do not say whether the study's final
+norm was DyT); what a recorded final norm requires of a run is :func:`~satmon.results.forecast.outcome.forecast_from`'s
+rule.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from pathlib import Path
 __all__ = [
     "BUDGET_TOLERANCE",
     "FAMILIES",
+    "FINAL_NORMS",
     "GRID_FILES",
     "PROTOCOL",
     "STUDY_FILE",
@@ -44,6 +51,7 @@ __all__ = [
     "KnownCell",
     "configurations",
     "family_of",
+    "final_norm_of",
     "known_cells",
     "parse_count",
     "read_known_cells",
@@ -62,6 +70,10 @@ GRID_FILES = re.compile(r"^phase_.+\.csv$")
 #: The model families a cell or a run can be, by what its blocks compute: ``gpt`` (a plain MLP after the norm),
 #: ``llama`` (a gated MLP: SwiGLU-style).
 FAMILIES = ("gpt", "llama")
+#: The kinds of the DyT arm's final norm (before the head) a cell or a run can record: ``dyt`` (DyT, or another
+#: point-wise norm satmon counts) or ``norm`` (LayerNorm or RMSNorm).
+FINAL_NORMS = ("dyt", "norm")
+_FINAL_KINDS = {"dyt": "dyt", "norm": "norm", "layernorm": "norm", "rmsnorm": "norm"}
 _SUFFIX = {"k": 1e3, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9}
 
 
@@ -75,6 +87,33 @@ def family_of(gated: bool | None) -> str | None:
         ('llama', 'gpt', None)
     """
     return None if gated is None else "llama" if gated else "gpt"
+
+
+def final_norm_of(kind: str | None) -> str | None:
+    """The final norm's kind as the forecast records it (:data:`FINAL_NORMS`): ``"dyt"``, or ``"norm"`` for
+    ``"norm"``, ``"layernorm"`` and ``"rmsnorm"`` (the kinds satmon reads from a model), any case; ``None`` stays
+    ``None``: not known.
+
+    Raises:
+        ValueError: any other value.
+
+    Example:
+        >>> final_norm_of("DyT"), final_norm_of("rmsnorm"), final_norm_of(None)
+        ('dyt', 'norm', None)
+        >>> final_norm_of("batchnorm")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: Expected final_norm as 'dyt' (DyT before the head) or 'norm' (...), got 'batchnorm'...
+    """
+    if kind is None:
+        return None
+    got = _FINAL_KINDS.get(kind.strip().lower()) if isinstance(kind, str) else None
+    if got is None:
+        raise ValueError(
+            "Expected final_norm as 'dyt' (DyT before the head) or 'norm' (LayerNorm or RMSNorm; 'layernorm' and "
+            f"'rmsnorm' read as 'norm'), got {kind!r}: pass None where it is not known."
+        )
+    return got
 
 
 def parse_count(text: str) -> float:
@@ -112,12 +151,18 @@ class KnownCell:
         steps, warmup_steps, lr_schedule: its optimizer steps, linear warm-up and learning rate's shape.
         recipe: the model family with its corpus and protocol (default: its source).
         family: ``"gpt"`` or ``"llama"`` (:data:`FAMILIES`), ``None`` when not recorded.
-        alpha_init: DyT's initial alpha, optimizer: its optimizer (``"adamw"``), when recorded.
+        alpha_init: DyT's initial alpha (the lowest over the layers when ``alpha_init_max`` is set), optimizer: its
+            optimizer (``"adamw"``), when recorded.
+        final_norm: the DyT arm's norm before the head, ``"dyt"`` or ``"norm"`` (:data:`FINAL_NORMS`), ``None`` when
+            not recorded.
+        alpha_init_max: the highest initial alpha over the layers, ``None``: one value (``alpha_init``).
 
     Example:
         >>> c = KnownCell("a", params=1e5, passes=3.3, delta=0.1, group="d64L2", source="mine", unique_tokens=1.5e6)
-        >>> c.outcome, c.tokens_per_param, c.recipe
-        ('hurts', 15.0, 'mine')
+        >>> c.outcome, c.tokens_per_param, c.recipe, c.alpha_range
+        ('hurts', 15.0, 'mine', None)
+        >>> KnownCell("b", 1e5, 3.3, 0.1, "d64L2", "mine", alpha_init=0.2, alpha_init_max=0.8).alpha_range
+        (0.2, 0.8)
     """
 
     name: str
@@ -135,10 +180,27 @@ class KnownCell:
     family: str | None = None
     alpha_init: float | None = None
     optimizer: str | None = None
+    final_norm: str | None = None
+    alpha_init_max: float | None = None
 
     def __post_init__(self) -> None:
         if not self.recipe:
             object.__setattr__(self, "recipe", self.source)
+        object.__setattr__(self, "final_norm", final_norm_of(self.final_norm))
+        if self.alpha_init_max is not None and not (
+            self.alpha_init is not None and self.alpha_init <= self.alpha_init_max < math.inf
+        ):
+            raise ValueError(
+                f"Expected alpha_init_max (the highest initial alpha) at least alpha_init {self.alpha_init!r}, got "
+                f"{self.alpha_init_max!r} (cell {self.name!r}): give the lowest as alpha_init, or leave both blank."
+            )
+
+    @property
+    def alpha_range(self) -> tuple[float, float] | None:
+        """DyT's initial alpha as ``(lowest, highest)`` over the layers; ``None`` when not recorded."""
+        if self.alpha_init is None:
+            return None
+        return self.alpha_init, self.alpha_init if self.alpha_init_max is None else self.alpha_init_max
 
     @property
     def warmup_share(self) -> float | None:
@@ -277,8 +339,9 @@ def read_known_cells(name: str, text: str) -> list[KnownCell]:
 
     Raises:
         ValueError: a study-protocol row without its passes, size or DyT effect, or with a value that is not a
-            positive (for ``delta``: finite) number, or a family not in :data:`FAMILIES`; the message names the
-            file, the row and the column.
+            positive (for ``delta``: finite) number, a family not in :data:`FAMILIES`, a final norm not ``dyt``,
+            ``norm``, ``layernorm`` or ``rmsnorm``, or an ``alpha_init_max`` that is not a number at least the row's
+            ``alpha_init``; the message names the file, the row and the column.
 
     Example:
         >>> rows = "name,params,passes,delta,group,source,protocol,family\\na,1000,2.5,0.1,small,my grid,study,gpt\\n"
@@ -340,6 +403,19 @@ def read_known_cells(name: str, text: str) -> list[KnownCell]:
             warmup = None
         if alpha is not None and not (math.isfinite(alpha) and alpha > 0):
             alpha = None
+        final_text = (row.get("final_norm") or "").strip()
+        if final_text and final_text.lower() not in _FINAL_KINDS:
+            raise ValueError(
+                f"Expected final_norm as dyt or norm (LayerNorm or RMSNorm) in {where} (cell {cell_name!r}), got "
+                f"{row.get('final_norm')!r}: leave it blank where the final norm is not known."
+            )
+        alpha_max = _float(row, "alpha_init_max")
+        if alpha_max is not None and not (alpha is not None and alpha <= alpha_max < math.inf):
+            raise ValueError(
+                f"Expected alpha_init_max as a number at least alpha_init ({row.get('alpha_init')!r}) in {where} (cell "
+                f"{cell_name!r}), got {row.get('alpha_init_max')!r}: alpha_init is the lowest initial alpha over the "
+                "layers, alpha_init_max the highest; leave alpha_init_max blank for one value."
+            )
         cells.append(
             KnownCell(
                 cell_name,
@@ -357,6 +433,8 @@ def read_known_cells(name: str, text: str) -> list[KnownCell]:
                 family,
                 alpha,
                 (row.get("optimizer") or "").strip().lower() or None,
+                final_text or None,
+                alpha_max,
             )
         )
     return cells

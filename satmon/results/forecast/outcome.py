@@ -6,9 +6,9 @@ x size x passes, seeds averaged). **At a measured budget** only the configuratio
 measured budgets** the configurations at each bear, each budget on its own: a confident answer needs both to be
 confident and to agree, and is never surer than the weaker of the two (nothing was measured between them: the
 answer there can only be what holds at both ends). The run must lie in their domain: its model family (read from
-what its blocks compute), DyT's alpha_init and its optimizer as the cells recorded them, inside the convex hull of
-the bearing configurations and near one of them, with their steps, warm-up and learning-rate shape. Else
-"uncertain", saying why.
+what its blocks compute), DyT's alpha_init, its optimizer and its final norm (the norm before the head, read from
+the forward's module order) as the cells recorded them, inside the convex hull of the bearing configurations and
+near one of them, with their steps, warm-up and learning-rate shape. Else "uncertain", saying why.
 
 Example:
     >>> cells = [KnownCell(f"c{i}", params=1e5, passes=2.0, delta=0.1, group=f"g{i}", source="mine") for i in range(5)]
@@ -33,6 +33,7 @@ from satmon.results.forecast.cells import (
     Configuration,
     KnownCell,
     configurations,
+    final_norm_of,
     known_cells,
 )
 from satmon.results.forecast.domain import (
@@ -40,7 +41,9 @@ from satmon.results.forecast.domain import (
     NEAREST_LIMIT,
     UNKNOWN_SCHEDULE,
     WARMUP_TOLERANCE,
+    alpha_differs,
     clopper_pearson,
+    final_norm_differs,
     hull_distance,
 )
 from satmon.results.scale import si
@@ -83,6 +86,8 @@ class Forecast:
             budgets'); ``None`` when no test was made.
         steps, warmup_steps, lr_schedule, family, alpha_init, optimizer: what the run gave or the monitor read.
         rests_on: the bearing configurations by name (``d64L2 at 3.3 passes (recipe)``).
+        final_norm: the run's norm before the head, ``"dyt"`` or ``"norm"`` (LayerNorm or RMSNorm), as given or read
+            from the model's forward (``None``: not known; a record older than the field).
     """
 
     outcome: str
@@ -104,6 +109,7 @@ class Forecast:
     alpha_init: float | tuple[float, float] | None = None
     optimizer: str | None = None
     rests_on: tuple[str, ...] = ()
+    final_norm: str | None = None
 
     @property
     def code(self) -> float:
@@ -327,6 +333,7 @@ def forecast_from(
     family: str | None = None,
     alpha_init: float | tuple[float, float] | None = None,
     optimizer: str | None = None,
+    final_norm: str | None = None,
 ) -> Forecast:
     """DyT's effect on the final held-out loss of a run, read from known ``cells``: the rule below.
 
@@ -340,16 +347,21 @@ def forecast_from(
       when both are confident in the same direction, with the larger of the two p (never surer than the weaker end:
       nothing was measured between them).
     * **Domain**: the run's ``family`` (``"gpt"`` or ``"llama"``, by what its blocks compute) must be given and only
-      cells of that family bear; its DyT ``alpha_init`` within the cells' (a factor 1.1) and its ``optimizer``
-      one of theirs where they record them; inside the convex hull of the bearing configurations in (log10 parameters,
-      log10 unique tokens per parameter), up to :data:`~satmon.results.forecast.domain.HULL_TOLERANCE`, and within
+      cells of that family bear; its DyT ``alpha_init`` (lowest, highest) inside one interval of the union of the
+      cells' ranges, each widened by a factor 1.1 (:func:`~satmon.results.forecast.domain.alpha_differs`), and its
+      ``optimizer`` one of theirs where they record them; its ``final_norm`` known and equal to every one the bearing
+      cells record (cells that record none do not bar a confident answer on their own:
+      :func:`~satmon.results.forecast.domain.final_norm_differs`); inside the convex hull of the bearing
+      configurations in (log10 parameters, log10 unique tokens per parameter), up to
+      :data:`~satmon.results.forecast.domain.HULL_TOLERANCE`, and within
       :data:`~satmon.results.forecast.domain.NEAREST_LIMIT` decades of the nearest; its optimizer ``steps``
       within the budget tolerance of theirs, its warm-up share within
       :data:`~satmon.results.forecast.domain.WARMUP_TOLERANCE` and its ``lr_schedule`` one of theirs.
     * Else **"uncertain"**, with the rate and its Clopper-Pearson 95% interval, or what differs and the nearest cells.
 
     Raises:
-        ValueError: a count that is not a positive number a float can hold, or a family not in ``("gpt", "llama")``.
+        ValueError: a count that is not a positive number a float can hold, a family not in ``("gpt", "llama")``, or
+            a final norm not in ``("dyt", "norm", "layernorm", "rmsnorm")``.
 
     Example:
         >>> cells = [KnownCell(f"c{i}", params=10 ** (5 + i % 2), passes=2.0, delta=0.1, group=f"g{i}", source="m",
@@ -364,6 +376,9 @@ def forecast_from(
         ('hurts', 6, 0.015625)
         >>> forecast_from(cells, **run, family="llama").evidence
         'no known cell of the llama family (a gated MLP): nothing was measured there.'
+        >>> dyt = [KnownCell(**{**vars(c), "final_norm": "dyt"}) for c in cells]  # DyT before the head, recorded
+        >>> [forecast_from(dyt, **run, family="gpt", final_norm=k).outcome for k in ("dyt", "layernorm", None)]
+        ['hurts', 'uncertain', 'uncertain']
     """
     params, unique, planned = (
         _positive("params", params),
@@ -378,7 +393,7 @@ def forecast_from(
             0.0 if not isinstance(warmup_steps, bool) and warmup_steps == 0 else _positive("warmup_steps", warmup_steps)
         )
     )
-    run_alpha = _alpha_range(alpha_init)
+    run_alpha, final = _alpha_range(alpha_init), final_norm_of(final_norm)
     if lr_schedule is not None and (not isinstance(lr_schedule, str) or not lr_schedule.strip()):
         raise ValueError(
             f"Expected lr_schedule as the learning rate's shape, a str such as 'linear-warmup-constant' "
@@ -402,6 +417,7 @@ def forecast_from(
         family=family,
         alpha_init=None if run_alpha is None else run_alpha[0] if run_alpha[0] == run_alpha[1] else run_alpha,
         optimizer=opt,
+        final_norm=final,
     )
 
     def out(
@@ -509,9 +525,8 @@ def forecast_from(
         counted += (
             f"; both {outcome}, p = {p_value:.2g} (the larger of the two; one-sided exact binomial against a coin)"
         )
-    return _domain(
-        out, outcome, counted, region, k, p_value, params, tpp, run_steps, run_warmup, schedule, family, run_alpha, opt
-    )
+    run = (run_steps, run_warmup, schedule, family, run_alpha, opt, final)
+    return _domain(out, outcome, counted, region, k, p_value, params, tpp, run)
 
 
 def _domain(
@@ -523,14 +538,11 @@ def _domain(
     p_value: float | None,
     params: float,
     tpp: float,
-    run_steps: float | None,
-    run_warmup: float | None,
-    schedule: str | None,
-    family: str | None,
-    run_alpha: tuple[float, float] | None,
-    opt: str | None,
+    run: tuple[Any, ...],
 ) -> Forecast:
-    """The confident ``outcome`` where the run lies in the bearing configurations' domain, else "uncertain"."""
+    """The confident ``outcome`` where the run lies in the bearing configurations' domain, else "uncertain". ``run``:
+    its steps, warm-up steps, LR shape, family, alpha_init range, optimizer and final norm."""
+    run_steps, run_warmup, schedule, family, run_alpha, opt, final = run
     here = (math.log10(params), math.log10(tpp))
     placed = [c for c in region if c.point is not None]
     cells = [cell for c in region for cell in c.cells]
@@ -570,14 +582,7 @@ def _domain(
         )
     if any(c.family is None for c in cells):
         differs.append(f"{sum(c.family is None for c in cells)} of the cells did not record their model family")
-    alphas = [c.alpha_init for c in cells]
-    if any(a is None for a in alphas):
-        differs.append(f"{sum(a is None for a in alphas)} of the cells did not record DyT's alpha_init")
-    elif run_alpha is None:
-        differs.append(f"its DyT alpha_init is not given (alpha_init=; the cells' {min(alphas):g}-{max(alphas):g})")  # type: ignore[type-var]
-    elif not min(alphas) / BUDGET_TOLERANCE <= run_alpha[0] <= run_alpha[1] <= max(alphas) * BUDGET_TOLERANCE:  # type: ignore[type-var,operator]
-        said = f"{run_alpha[0]:g}" if run_alpha[0] == run_alpha[1] else f"{run_alpha[0]:g}-{run_alpha[1]:g}"
-        differs.append(f"its DyT alpha_init is {said}, theirs {min(alphas):g}-{max(alphas):g}")  # type: ignore[type-var]
+    differs += [d for d in (alpha_differs(cells, run_alpha), final_norm_differs(cells, final)) if d is not None]
     optimizers = sorted({c.optimizer for c in cells if c.optimizer is not None})
     if opt is not None and optimizers and opt not in optimizers:
         differs.append(f"its optimizer is {opt}, theirs {', '.join(optimizers)}")
@@ -608,6 +613,10 @@ def _domain(
     unchecked = (
         "" if opt is not None or not optimizers else f" (its optimizer not given: theirs {', '.join(optimizers)})"
     )
+    silent = sum(c.final_norm is None for c in cells)  # some record the run's final norm, these do not say
+    if 0 < silent < len(cells):
+        unchecked += f" (its final norm checked against {len(cells) - silent} of the {len(cells)} cells; the rest did "
+        unchecked += "not record theirs)"
     return out(outcome, counted + unchecked + ".", region, k, p_value)
 
 
@@ -623,6 +632,7 @@ def forecast(
     alpha_init: float | tuple[float, float] | None = None,
     optimizer: str | None = None,
     cells: Sequence[KnownCell] | None = None,
+    final_norm: str | None = None,
 ) -> Forecast:
     """Forecast DyT's effect on a run's final held-out loss against LayerNorm from its planned passes over the data.
 
@@ -647,13 +657,17 @@ def forecast(
             outcome where the cells record theirs).
         optimizer: the optimizer's name (``"adamw"``); checked against the cells' where given.
         cells: the known cells to read (default: every shipped one).
+        final_norm: the norm before the head: ``"dyt"`` or ``"norm"`` (LayerNorm or RMSNorm; ``"layernorm"`` and
+            ``"rmsnorm"`` are read as ``"norm"``); ``None``: unknown, no confident outcome where the bearing cells
+            record theirs (satmon's grids: ``"dyt"``). A Screen reads it from the model's forward.
 
     Returns:
         A frozen :class:`Forecast`: ``outcome``, ``passes``, ``tokens_per_param``, ``evidence`` (the configurations
         it rests on, counted, named in ``rests_on``) and ``checkpoint_selection``.
 
     Raises:
-        ValueError: a count that is not a positive number, or a family that is not ``"gpt"`` or ``"llama"``.
+        ValueError: a count that is not a positive number, a family that is not ``"gpt"`` or ``"llama"``, or a final
+            norm that is not one of ``"dyt"``, ``"norm"``, ``"layernorm"``, ``"rmsnorm"``.
 
     Example:
         >>> import satmon
@@ -678,6 +692,7 @@ def forecast(
         family=family,
         alpha_init=alpha_init,
         optimizer=optimizer,
+        final_norm=final_norm,
     )
 
 
@@ -693,6 +708,7 @@ def run_forecast(
     family: str | None = None,
     alpha_init: float | tuple[float, float] | None = None,
     optimizer: str | None = None,
+    final_norm: str | None = None,
 ) -> Forecast:
     """The forecast a monitor's card shows (every driver and the Screen call this one): :func:`forecast` when both
     token counts are known, else ``"uncertain"`` saying which count is missing, why (``unique_how``,
@@ -725,6 +741,7 @@ def run_forecast(
             alpha_init=alpha_init,
             optimizer=optimizer,
             cells=cells,
+            final_norm=final_norm,
         )
     except ValueError as e:  # a bad count: blamed on the count, never stop training
         return unknown_forecast(params, f"a count is not usable ({str(e)[:160]})")
@@ -732,16 +749,25 @@ def run_forecast(
         return unknown_forecast(params, f"the known cells could not be read ({type(e).__name__}: {str(e)[:120]})")
 
 
-def with_model(f: Forecast, family: str | None, alpha_init: float | tuple[float, float] | None) -> Forecast:
-    """``f`` asked again with the model's family and DyT's initial alpha, read once the model is traced (the Screen
-    does at its verdict); ``f`` itself when its passes are unknown or nothing new is given.
+def with_model(
+    f: Forecast,
+    family: str | None,
+    alpha_init: float | tuple[float, float] | None,
+    final_norm: str | None = None,
+) -> Forecast:
+    """``f`` asked again with the model's family, DyT's initial alpha and its final norm's kind (``"dyt"``,
+    ``"norm"``, ``"layernorm"``, ``"rmsnorm"``), read once the model has run (the Screen does at its verdict); ``f``
+    itself when its passes are unknown or nothing new is given.
 
     Example:
         >>> u = unknown_forecast(10, "no data")
-        >>> with_model(u, "gpt", 2.0) is u
+        >>> with_model(u, "gpt", 2.0, "dyt") is u
         True
     """
-    if f.passes is None or f.unique_tokens is None or (family == f.family and alpha_init == f.alpha_init):
+    if f.passes is None or f.unique_tokens is None:
+        return f
+    final_norm = f.final_norm if final_norm is None else final_norm_of(final_norm)
+    if family == f.family and alpha_init == f.alpha_init and final_norm == f.final_norm:
         return f
     return run_forecast(
         f.params,
@@ -753,4 +779,5 @@ def with_model(f: Forecast, family: str | None, alpha_init: float | tuple[float,
         family=family if family is not None else f.family,
         alpha_init=alpha_init if alpha_init is not None else f.alpha_init,
         optimizer=f.optimizer,
+        final_norm=final_norm,
     )
