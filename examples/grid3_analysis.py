@@ -59,12 +59,26 @@ def read_cells(root: Path, commit: str) -> tuple[dict[str, list[dict[str, Any]]]
 def known(part: str, cells: Sequence[dict[str, Any]]) -> list[KnownCell]:
     """A part's cells as the forecast's :class:`KnownCell` (its recipe, the configuration's first axis)."""
     recipe = PARTS[part][0]
-    return [KnownCell(c["name"], float(c["params"]), float(c["epochs"]), float(c["delta"]), c["group"], f"grid 3 {part}",
-                      unique_tokens=float(c["train_tokens"]),
-                      best_delta=float(c["delta_best"]) if c.get("delta_best") is not None else None,
-                      steps=float(c["steps"]), warmup_steps=float(c["warmup"]), lr_schedule="linear-warmup-constant",
-                      recipe=recipe, family="gpt", alpha_init=float(c["config"]["alpha_init"]), optimizer="adamw")
-            for c in cells]
+    return [
+        KnownCell(
+            c["name"],
+            float(c["params"]),
+            float(c["epochs"]),
+            float(c["delta"]),
+            c["group"],
+            f"grid 3 {part}",
+            unique_tokens=float(c["train_tokens"]),
+            best_delta=float(c["delta_best"]) if c.get("delta_best") is not None else None,
+            steps=float(c["steps"]),
+            warmup_steps=float(c["warmup"]),
+            lr_schedule="linear-warmup-constant",
+            recipe=recipe,
+            family="gpt",
+            alpha_init=float(c["config"]["alpha_init"]),
+            optimizer="adamw",
+        )
+        for c in cells
+    ]
 
 
 def outcome(cfg: Configuration, which: str) -> str:
@@ -75,8 +89,14 @@ def outcome(cfg: Configuration, which: str) -> str:
 def missing(scored: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The planned cells of (a) and (c) not yet in."""
     have = {(p, c["group"], round(float(c["epochs"]), 2), int(c["seed"])) for p, cs in scored.items() for c in cs}
-    return [f"{p} {size} {passes:g} passes seed {s}" for p, (_, sizes, budgets) in PARTS.items() for size in sizes
-            for passes in budgets for s in SEEDS if (p, size, round(passes, 2), s) not in have]
+    return [
+        f"{p} {size} {passes:g} passes seed {s}"
+        for p, (_, sizes, budgets) in PARTS.items()
+        for size in sizes
+        for passes in budgets
+        for s in SEEDS
+        if (p, size, round(passes, 2), s) not in have
+    ]
 
 
 def score(scored: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -86,10 +106,26 @@ def score(scored: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         cfgs = configurations([k for p in parts for k in known(p, scored[p])])
         k, n = sum(outcome(c, which) == predicted for c in cfgs), len(cfgs)
         p = binomial_tail(k, n, 0.5) if n else None
-        out.append({"hypothesis": name, "k": k, "n": n, "p": p, "interval": clopper_pearson(k, n) if n else None,
-                    "passes": p is not None and p < ALPHA,
-                    "configurations": [{"name": c.name, "delta": c.delta, "best_delta": c.best_delta, "seeds": c.seeds,
-                                        "seeds_agree": c.seeds_agree} for c in cfgs]})
+        out.append(
+            {
+                "hypothesis": name,
+                "k": k,
+                "n": n,
+                "p": p,
+                "interval": clopper_pearson(k, n) if n else None,
+                "passes": p is not None and p < ALPHA,
+                "configurations": [
+                    {
+                        "name": c.name,
+                        "delta": c.delta,
+                        "best_delta": c.best_delta,
+                        "seeds": c.seeds,
+                        "seeds_agree": c.seeds_agree,
+                    }
+                    for c in cfgs
+                ],
+            }
+        )
     return out
 
 
@@ -100,11 +136,25 @@ def held_out_forecast(scored: dict[str, list[dict[str, Any]]]) -> list[dict[str,
     for part, cells in scored.items():
         for cfg in configurations(known(part, cells)):
             c = cfg.cells[0]
-            f = forecast(params=c.params, unique_tokens=c.unique_tokens, planned_tokens=c.unique_tokens * c.passes,  # type: ignore[operator]
-                         steps=c.steps, warmup_steps=c.warmup_steps, lr_schedule=c.lr_schedule, family=c.family,
-                         alpha_init=c.alpha_init, optimizer=c.optimizer)
-            rows.append({"configuration": cfg.name, "forecast": f.outcome, "measured": cfg.outcome,
-                         "confident_wrong": f.outcome in ("hurts", "helps") and f.outcome != cfg.outcome})
+            f = forecast(
+                params=c.params,
+                unique_tokens=c.unique_tokens,
+                planned_tokens=c.unique_tokens * c.passes,  # type: ignore[operator]
+                steps=c.steps,
+                warmup_steps=c.warmup_steps,
+                lr_schedule=c.lr_schedule,
+                family=c.family,
+                alpha_init=c.alpha_init,
+                optimizer=c.optimizer,
+            )
+            rows.append(
+                {
+                    "configuration": cfg.name,
+                    "forecast": f.outcome,
+                    "measured": cfg.outcome,
+                    "confident_wrong": f.outcome in ("hurts", "helps") and f.outcome != cfg.outcome,
+                }
+            )
     return rows
 
 
@@ -121,16 +171,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{sum(map(len, scored.values()))} cells scored-eligible; {len(left)} of (a) and (c) not in yet")
     if args.forecast:
         for r in held_out_forecast(scored):
-            print(f"{r['configuration']}: forecast {r['forecast']}, measured {r['measured']}"
-                  + ("  CONFIDENT AND WRONG" if r["confident_wrong"] else ""))
+            print(
+                f"{r['configuration']}: forecast {r['forecast']}, measured {r['measured']}"
+                + ("  CONFIDENT AND WRONG" if r["confident_wrong"] else "")
+            )
     if left:
-        print("nothing is scored until every cell of (a) and (c) is in (the plan): " + "; ".join(left[:6])
-              + (" ..." if len(left) > 6 else ""))
+        print(
+            "nothing is scored until every cell of (a) and (c) is in (the plan): "
+            + "; ".join(left[:6])
+            + (" ..." if len(left) > 6 else "")
+        )
         return 0
     for h in score(scored):
         lo, hi = h["interval"]
-        print(f"{h['hypothesis']}: {h['k']} of {h['n']} configurations, p = {h['p']:.3g} against p0 = 0.5, 95% "
-              f"interval {lo:.0%}-{hi:.0%}: {'passes' if h['passes'] else 'does not pass'}")
+        print(
+            f"{h['hypothesis']}: {h['k']} of {h['n']} configurations, p = {h['p']:.3g} against p0 = 0.5, 95% "
+            f"interval {lo:.0%}-{hi:.0%}: {'passes' if h['passes'] else 'does not pass'}"
+        )
     return 0
 
 

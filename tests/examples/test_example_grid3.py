@@ -16,9 +16,20 @@ def g3():
 
 def _cell(size: str, passes: float, seed: int, delta: float, best: float, commit: str = "e6ab0de0") -> dict:
     unique = round(5_120_000 / passes)
-    return {"name": f"{size}_t{unique}_s{seed}", "group": size, "seed": seed, "params": 67829 if size == "d48L2" else 115013,
-            "epochs": 5_120_000 / unique, "train_tokens": unique, "delta": delta, "delta_best": best, "steps": 5000,
-            "warmup": 2000, "config": {"alpha_init": 2.0}, "environment": {"satmon_commit": commit, "torch": "2.13"}}
+    return {
+        "name": f"{size}_t{unique}_s{seed}",
+        "group": size,
+        "seed": seed,
+        "params": 67829 if size == "d48L2" else 115013,
+        "epochs": 5_120_000 / unique,
+        "train_tokens": unique,
+        "delta": delta,
+        "delta_best": best,
+        "steps": 5000,
+        "warmup": 2000,
+        "config": {"alpha_init": 2.0},
+        "environment": {"satmon_commit": commit, "torch": "2.13"},
+    }
 
 
 def _write(root, part, cells):
@@ -28,8 +39,12 @@ def _write(root, part, cells):
 
 
 def test_the_plans_tests_are_counted_per_configuration_against_a_coin(g3, tmp_path):
-    gap = [_cell(s, p, seed, 0.05 if (s, p) != ("d48L2", 12.0) else (0.02 if seed == 4 else -0.03), 0.01)
-           for s in ("d48L2", "d64L2") for p in (4.5, 6.5, 9.0, 12.0) for seed in (4, 5)]
+    gap = [
+        _cell(s, p, seed, 0.05 if (s, p) != ("d48L2", 12.0) else (0.02 if seed == 4 else -0.03), 0.01)
+        for s in ("d48L2", "d64L2")
+        for p in (4.5, 6.5, 9.0, 12.0)
+        for seed in (4, 5)
+    ]
     sub = [_cell(s, p, seed, 0.1, 0.1) for s in ("d48L2", "d64L2") for p in (0.25, 0.5, 1.0) for seed in (4, 5)]
     _write(tmp_path, "gap", gap)
     _write(tmp_path, "subpass", sub)
