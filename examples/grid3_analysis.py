@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from satmon.functional.significance import binomial_tail
-from satmon.results.forecast import Configuration, KnownCell, clopper_pearson, configurations, forecast
+from satmon.results.forecast import (
+    Configuration,
+    KnownCell,
+    clopper_pearson,
+    configurations,
+    forecast,
+    known_cells,
+)
 
 #: The parts: folder under data/grid3 -> (recipe, sizes, passes, model family).
 PARTS = {
@@ -53,6 +60,10 @@ HYPOTHESES: tuple[tuple[str, tuple[tuple[str, tuple[float, ...] | None], ...], s
     ),
 )
 ALPHA = 0.05
+#: The cells' ``source`` in the data file (how the forecast's evidence names them).
+SOURCE = "satmon's third CPU grid"
+#: The report's block in docs/science/grids.md, between these markers (``--markdown`` writes it; a test compares).
+MARKERS = ("<!-- grid3-report -->", "<!-- /grid3-report -->")
 
 
 def read_cells(
@@ -201,6 +212,7 @@ def score(scored: Mapping[str, Sequence[dict[str, Any]]]) -> list[dict[str, Any]
 def held_out_forecast(scored: Mapping[str, Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
     """What satmon.forecast (the shipped cells only: grid 3 left out) says of each new configuration, and whether a
     confident answer was wrong (the worst outcome)."""
+    shipped = [c for c in known_cells() if c.source != SOURCE]  # grid 3 left out, once its file ships too
     rows = []
     for part, cells in scored.items():
         for cfg in configurations(known(part, cells)):
@@ -216,10 +228,12 @@ def held_out_forecast(scored: Mapping[str, Sequence[dict[str, Any]]]) -> list[di
                 family=c.family,
                 alpha_init=alpha_range(raw),
                 optimizer=c.optimizer,
+                cells=shipped,
             )
             rows.append(
                 {
                     "configuration": cfg.name,
+                    "part": part,
                     "forecast": f.outcome,
                     "evidence": f.evidence,
                     "measured": cfg.outcome,
@@ -279,14 +293,99 @@ def cells_csv(scored: Mapping[str, Sequence[dict[str, Any]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None or x != x else f"{100 * x:+.1f}%"
+
+
+def interim(root: Path, scored: Mapping[str, Sequence[dict[str, Any]]]) -> list[tuple[str, float, float | None]]:
+    """The 5 cells run before amendment 1 (``interim_e6ee690/gap``) beside their reruns: (name, old delta, new)."""
+    new = {c["name"]: c["delta"] for c in scored.get("gap", ())}
+    old = [json.loads(p.read_text()) for p in sorted((root / "interim_e6ee690" / "gap").glob("*.json"))]
+    return [(c["name"], c["delta"], new.get(c["name"])) for c in old]
+
+
+def markdown(root: Path, scored: Mapping[str, Sequence[dict[str, Any]]], refused: Sequence[str]) -> str:
+    """The report's numbers as markdown, every one computed here from the cells (docs/science/grids.md's block)."""
+    cells = [c for cs in scored.values() for c in cs]
+    envs = sorted(
+        {(c["environment"]["satmon_commit"][:7], c["environment"]["torch"], c["environment"]["cpu"]) for c in cells}
+    )
+    out = [
+        f"{len(cells)} cells scored of the plan's {sum(len(v[1]) * len(v[2]) * len(SEEDS) for v in PARTS.values())}"
+        f" ({len(refused)} not scored); code and environment: "
+        + "; ".join(f"{c} (torch {t}, {cpu})" for c, t, cpu in envs)
+        + ".",
+        "",
+    ]
+    left = missing(scored)
+    if left:
+        out += [f"Not in yet: {len(left)} cells ({'; '.join(left)}).", ""]
+    out += [
+        "| part | configuration | seeds' final deltas | mean | best (mean) | DyT learned | window (mean) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for part, cs in scored.items():
+        for cfg in configurations(known(part, cs)):
+            raw = [next(r for r in cs if r["name"] == k.name) for k in cfg.cells]
+            seeds = ", ".join(f"{_pct(r['delta'])} (s{r['seed']})" for r in sorted(raw, key=lambda r: r["seed"]))
+            learned = f"{sum(r.get('learns_dyt') is True for r in raw)}/{len(raw)}"
+            window = sum(r["window_saturation"] for r in raw) / len(raw)
+            out.append(
+                f"| {part} | {cfg.name} | {seeds} | {_pct(cfg.delta)} | {_pct(cfg.best_delta)} | {learned} | "
+                f"{window:.3f} |"
+            )
+    out += [
+        "",
+        "| hypothesis | reads | k of n | null | p | 95% interval | by the plan |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for h in score(scored):
+        lo, hi = h["interval"]
+        verdict = "passes" if h["passes"] else "does not pass"
+        if h["unlearned"]:
+            w = h["without_unlearned"]
+            verdict += (
+                (f"; without {', '.join(h['unlearned'])} (DyT did not learn): {w['k']} of {w['n']}, p = {w['p']:.3g}")
+                if w["n"]
+                else "; DyT learned in none"
+            )
+        out.append(
+            f"| {h['hypothesis']} | {h['outcome']} | {h['k']} of {h['n']} | {h['null']:.2g} | {h['p']:.3g} | "
+            f"{lo:.0%}-{hi:.0%} | {verdict} |"
+        )
+    rows = held_out_forecast(scored)
+    wrong = [r for r in rows if r["confident_wrong"]]
+    out += [
+        "",
+        f"The forecast held out (the shipped cells without grid 3): {len(rows)} configurations, "
+        + ", ".join(f"{sum(r['forecast'] == o for r in rows)} {o}" for o in ("hurts", "helps", "uncertain"))
+        + f"; confident and wrong in {len(wrong)}"
+        + (": " + "; ".join(r["configuration"] for r in wrong) if wrong else "")
+        + ".",
+    ]
+    old = interim(root, scored)
+    if old:
+        out += [
+            "",
+            "The 5 cells run before amendment 1 (from e6ee690, not scored) beside their reruns: "
+            + "; ".join(f"{n} {_pct(a)} then {_pct(b)}" for n, a, b in old)
+            + ".",
+        ]
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("root", type=Path, help="data/grid3 (its gap/, subpass/ and llama/ folders)")
     ap.add_argument("--forecast", action="store_true", help="the forecast held out, per configuration")
     ap.add_argument("--csv", action="store_true", help="write satmon/data_files/phase_grid_grid3.csv (every part in)")
     ap.add_argument("--json", type=Path, help="also write the scores as JSON here")
+    ap.add_argument("--markdown", action="store_true", help="print the report's block for docs/science/grids.md")
     args = ap.parse_args(argv)
     scored, refused = read_cells(args.root)
+    if args.markdown:
+        print("\n".join((MARKERS[0], markdown(args.root, scored, refused), MARKERS[1])))
+        return 0
     for why in refused:
         print(f"not scored: {why}")
     left = missing(scored)
