@@ -384,10 +384,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--csv", action="store_true", help="write satmon/data_files/phase_grid_grid3.csv (every part in)")
     ap.add_argument("--json", type=Path, help="also write the scores as JSON here")
     ap.add_argument("--markdown", action="store_true", help="print the report's block for docs/science/grids.md")
+    ap.add_argument("--update-docs", action="store_true", help="write that block into docs/science/grids.md")
     args = ap.parse_args(argv)
     scored, refused = read_cells(args.root)
-    if args.markdown:
-        print("\n".join((MARKERS[0], markdown(args.root, scored, refused), MARKERS[1])))
+    if args.markdown or args.update_docs:
+        block = "\n".join((MARKERS[0], markdown(args.root, scored, refused), MARKERS[1]))
+        if args.markdown:
+            print(block)
+        if args.update_docs:
+            docs = Path(__file__).resolve().parents[1] / "docs" / "science" / "grids.md"
+            text = docs.read_text(encoding="utf-8")
+            start, end = text.index(MARKERS[0]), text.index(MARKERS[1]) + len(MARKERS[1])
+            tmp = docs.with_suffix(".md.tmp")
+            tmp.write_text(text[:start] + block + text[end:], encoding="utf-8")
+            tmp.replace(docs)
+            print(f"wrote the block into {docs}")
         return 0
     for why in refused:
         print(f"not scored: {why}")

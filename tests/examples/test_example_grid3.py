@@ -160,3 +160,13 @@ def test_the_data_file_is_read_by_the_forecast_as_configurations_of_each_family(
     sub = [c for c in cells if c.recipe.endswith("corpus=torch")]
     assert len(sub) == 12 and all(c.delta == pytest.approx(0.1) for c in sub)
     assert sorted({round(c.passes, 3) for c in sub}) == [0.25, 0.5, 1.0]
+
+
+def test_the_reports_numbers_are_the_cells(g3):
+    """docs/science/grids.md's grid-3 block is what the script computes from data/grid3 (regenerate it with
+    `python examples/grid3_analysis.py --update-docs data/grid3`)."""
+    root = g3.Path(g3.__file__).resolve().parents[1]
+    scored, refused = g3.read_cells(root / "data" / "grid3")
+    text = (root / "docs" / "science" / "grids.md").read_text(encoding="utf-8")
+    start, end = text.index(g3.MARKERS[0]) + len(g3.MARKERS[0]), text.index(g3.MARKERS[1])
+    assert text[start:end].strip() == g3.markdown(root / "data" / "grid3", scored, refused).strip()
