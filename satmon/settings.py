@@ -18,7 +18,9 @@ consumer restates or re-checks an option, so none can drop one. Its parts:
   tokens training will process (optimizer steps x global batch x sequence length), when satmon cannot count
   them from the trainer: the card's forecast from the planned passes (:func:`satmon.forecast`) divides the
   second by the first; ``planned_steps`` (default: the trainer's), ``warmup_steps`` and ``lr_schedule``, the
-  run's schedule, which the forecast's domain compares with what its cells trained.
+  run's schedule, which the forecast's domain compares with what its cells trained; ``final_norm``, the kind of the
+  norm before the head (``"dyt"`` or ``"norm"``), where satmon cannot read it from the model's forward (a compiled
+  model): what the model computes, when read, wins.
 
 Defaults are the study's (:mod:`satmon.study`). ``threshold=None`` and ``caveat=None`` mean "the study's,
 or the calibration's"; both are kept as given. The rule in force, made from them once, is ``settings.rule``
@@ -47,6 +49,7 @@ from satmon.results.calibration import (  # short_repr: re-exported
     load_calibration,
     short_repr,
 )
+from satmon.results.forecast.cells import final_norm_of
 from satmon.results.rule import Rule
 from satmon.results.stop import ABORT_MODES, ABORT_ON
 
@@ -277,6 +280,7 @@ class Settings:
     planned_steps: int | None = None
     warmup_steps: int | None = None
     lr_schedule: str | None = None
+    final_norm: str | None = None
 
     def __post_init__(self) -> None:
         cal = _calibration(self.calibration)
@@ -390,6 +394,7 @@ class Settings:
                 "'linear-warmup-constant' "
                 f"(the study's) or 'linear-warmup-cosine', got {short_repr(self.lr_schedule)}."
             )
+        final_norm_of(self.final_norm)  # "Expected final_norm as 'dyt' ... or 'norm' ..., got X" otherwise
 
     @staticmethod
     def names() -> tuple[str, ...]:

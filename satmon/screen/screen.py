@@ -670,7 +670,8 @@ class Screen(Watching, FollowingChanges):
         # the family by what the model computes (its traced gating), DyT's alpha at attach and the final norm's kind
         # (the last normaliser to start in a forward): known only now
         family = family_of(self.gating.gated if self.gating is not None else None)
-        final = self._final.kind if self._final is not None else None
+        # (a compiled model's forward records nothing: the setting, where given, stands in)
+        final = (self._final.kind if self._final is not None else None) or s.final_norm
         return with_model(f, family, getattr(self, "_alpha_init", None), final)
 
     def card(self, markdown: bool = False) -> str:

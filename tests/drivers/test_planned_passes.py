@@ -209,3 +209,29 @@ def test_the_final_norm_is_read_from_the_forward_and_a_layernorm_head_is_not_con
         got["layernorm"]["outcome"] == "uncertain" and "final_norm='norm'), theirs DyT" in got["layernorm"]["evidence"]
     )
     assert all(s._final.order is None for s in screens.values())  # its order: off once the first forward was read
+
+
+def test_where_no_forward_records_the_final_norm_the_setting_stands_in_and_else_it_is_unknown(monkeypatch):
+    """A compiled forward records no module order (as ``torch.compiler.is_compiling()`` says inside a graph): the
+    final norm stays unknown, and the forecast on the grids' DyT cells says so, naming ``Settings(final_norm=)``;
+    given as a setting, it stands in, and the answer is the cells'."""
+    from satmon.demos.gpt import GPT, GPTConfig
+
+    run = dict(unique_tokens=3_657_143, planned_tokens=5_120_000)
+    schedule = dict(warmup_steps=2000, lr_schedule="linear-warmup-constant")
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # every hook sees a graph being traced
+    got = {}
+    for given in (None, "dyt"):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(seq_len=16))
+        screen = satmon.Screen(window=2, trap_every_n_steps=0, planned_steps=5000, final_norm=given, **run, **schedule)
+        x = torch.randint(0, 256, (2, 16))
+        screen.attach(model, example_input=x)
+        for _ in range(2):
+            screen.step(model(x).float().mean())
+        got[given] = screen.verdict.planned_forecast
+    assert got[None]["final_norm"] is None and got[None]["outcome"] == "uncertain"
+    assert "Settings(final_norm=)" in got[None]["evidence"]
+    assert (got["dyt"]["final_norm"], got["dyt"]["outcome"]) == ("dyt", "hurts")
+    with pytest.raises(ValueError, match="Expected final_norm as 'dyt'.*got 'batchnorm'"):
+        satmon.Settings(final_norm="batchnorm")

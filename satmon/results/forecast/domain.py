@@ -122,7 +122,8 @@ def final_norm_differs(cells: Sequence[KnownCell], run: str | None) -> str | Non
     if run is None:
         return (
             "its final norm (the norm before the head) is not known (final_norm='dyt' for DyT, 'norm' for LayerNorm "
-            f"or RMSNorm; a Screen reads it from the model's forward), theirs {theirs}"
+            "or RMSNorm; a Screen reads it from the model's forward, Settings(final_norm=) where it cannot: a "
+            f"compiled model), theirs {theirs}"
         )
     return f"its final norm is {_FINAL_WORDS[run]} (final_norm={run!r}), theirs {theirs}"
 
