@@ -28,6 +28,7 @@ __all__ = [
     "FAITHFUL_GRID_HELD_OUT_ACCURACY",
     "FAITHFUL_GRID_NO_SKILL_ACCURACY",
     "CPU_GRIDS",
+    "CPU_GRID_PARTS",
     "CPU_GRID_CELLS",
     "CPU_GRID_NO_GO",
     "CPU_GRID_RIGHT",
@@ -93,16 +94,19 @@ FAITHFUL_GRID_FINDING = (
     "commoner outcome held out (docs/science/grids.md)."
 )
 #: satmon's CPU grids of the study's protocol whose cells record the window's reading (the data files the counts below
-#: are recomputed from by ``tests/test_claims.py``): the faithful grid and the second grid.
-CPU_GRIDS = ("data/faithful_grid.json", "data/grid2.json")
+#: are recomputed from by ``tests/test_claims.py``): the faithful grid, the second grid and the third (a folder of
+#: parts, a JSON per cell: the GPT gap, the GPT below one pass, the LLaMA family; its unscored interim cells left out).
+CPU_GRIDS = ("data/faithful_grid.json", "data/grid2.json", "data/grid3")
+#: The third grid's parts, its folders under ``data/grid3``.
+CPU_GRID_PARTS = ("gap", "subpass", "llama")
 #: Their cells (each a reading of one run: the decision is scored per cell) ...
-CPU_GRID_CELLS = 46
+CPU_GRID_CELLS = 84
 #: ... those where the window's pooled reading under the study's 0.43 said NO-GO ...
-CPU_GRID_NO_GO = 46
+CPU_GRID_NO_GO = 84
 #: ... the cells where the 0.43 rule was right (NO-GO where DyT's final loss was above LayerNorm's, GO where below) ...
-CPU_GRID_RIGHT = 24
+CPU_GRID_RIGHT = 58
 #: ... and those where DyT helped (its final held-out loss below LayerNorm's).
-CPU_GRID_HELPED = 22
+CPU_GRID_HELPED = 26
 #: Where the threshold comes from, in one line.
 PROVENANCE = (
     "Verma (2026), 12 calibration cells (64M-1.3B GPT-2-style, 1M-118M tokens): 75% in-sample, "
@@ -145,7 +149,7 @@ MEANING = {
 WORTH = (
     f"the {THRESHOLD:g} rule was right on 9 of the study's 12 cells in-sample and on {HELD_OUT_ACCURACY:.0%} of them "
     f"when each model scale was held out ({HELD_OUT_PROTOCOL}), below the {NO_SKILL_ACCURACY:.0%} of guessing the "
-    f"commoner outcome (DyT hurts); on satmon's two CPU grids of the study's protocol ({CPU_GRID_CELLS} cells) the "
+    f"commoner outcome (DyT hurts); on satmon's three CPU grids of the study's protocol ({CPU_GRID_CELLS} cells) the "
     f"window's reading under it said NO-GO {CPU_GRID_NO_GO} times, right in {CPU_GRID_RIGHT}, exactly as always "
     f"saying NO-GO, and the {CPU_GRID_HELPED} cells where DyT helped all read NO-GO. So a decision is a measurement "
     "of saturation, not a forecast of DyT's effect"

@@ -232,7 +232,15 @@ def test_what_a_decision_is_worth_is_recomputed_from_the_grids_cells():
 
     from satmon import study
 
-    cells = [c for rel in study.CPU_GRIDS for c in json.loads((ROOT / rel).read_text())["cells"]]
+    def grid_cells(rel: str) -> list[dict]:  # a grid's JSON, or a folder of parts holding a JSON per cell
+        path = ROOT / rel
+        if path.is_dir():
+            return [
+                json.loads(f.read_text()) for part in study.CPU_GRID_PARTS for f in sorted((path / part).glob("*.json"))
+            ]
+        return json.loads(path.read_text())["cells"]
+
+    cells = [c for rel in study.CPU_GRIDS for c in grid_cells(rel)]
     no_go = [c for c in cells if c["window_saturation"] < study.THRESHOLD]
     right = sum((c["window_saturation"] >= study.THRESHOLD) == (c["delta"] < 0) for c in cells)
     assert (study.CPU_GRID_CELLS, study.CPU_GRID_NO_GO, study.CPU_GRID_RIGHT, study.CPU_GRID_HELPED) == (
@@ -255,7 +263,8 @@ def test_the_docs_configuration_counts_are_recomputed_from_the_known_cells():
 
     every = known_cells()
     grid2 = [c for c in every if c.source == "satmon 0.5 second CPU grid"]
-    first = [c for c in every if c not in grid2]
+    grid3 = [c for c in every if c.source == "satmon's third CPU grid"]
+    first = [c for c in every if c not in grid2 and c not in grid3]
     science = _flat("docs/science/science.md")
 
     def counts(cells):
@@ -278,6 +287,14 @@ def test_the_docs_configuration_counts_are_recomputed_from_the_known_cells():
         f"30 cells in {n2} configurations) hurt in {few2[0]} of {few2[1]} at 3.3 passes and helped in {many2[0]} of "
         f"{many2[1]} at 16 passes and more"
     ) in science
+    n, few, many = counts(first + grid2)
+    assert (
+        f"the {len(first) + len(grid2)} cells are {n} configurations: {few[0]} of {few[1]} hurt at up to 3.3 passes, "
+        f"{many[0]} of {many[1]} helped at 16 and more"
+    ) in science
+    n3, few3, many3 = counts(grid3)
+    assert f"{len(grid3)} cells in {n3} configurations" in science
+    assert f"hurt in {few3[0]} of {few3[1]} at up to 3.3 passes and helped in {many3[0]} of {many3[1]} at 16" in science
     n, few, many = counts(every)
     assert (
         f"the {len(every)} cells are {n} configurations: {few[0]} of {few[1]} hurt at up to 3.3 passes, {many[0]} of "

@@ -57,7 +57,9 @@ def test_a_lightning_run_with_accumulation_counts_its_passes_and_logs_the_foreca
         trainer(tmp_path, max_steps=4, callbacks=[monitor]).fit(tiny_lit(d_model=48), token_loader(8, 4, 16))
     f = plain.screen.forecast
     assert f.planned_tokens == 4 * 4 * 2 * 16 and f.unique_tokens == 8 * 4 * 16 and f.passes == 1.0
-    assert f.outcome == "uncertain" and "fewer than any known cell" in f.evidence
+    # 1 pass: the third grid's 2 configurations there (GPT below one pass) agree, too few for a confident answer
+    assert f.outcome == "uncertain" and "2 of the 2 configurations at 1 pass" in f.evidence
+    assert "too few configurations" in f.evidence
     assert "Forecast from the planned passes (1 pass over the unique data" in plain.card()
     # given counts win: 2.5 passes at ~67k parameters and 15 tokens per parameter: outside the hull of the cells
     v = monitor.verdict
@@ -164,7 +166,9 @@ def test_the_family_is_read_from_what_the_model_computes_and_a_llama_run_is_neve
             screen.step(model(x).float().mean())
         got[arch] = screen.verdict.planned_forecast
     assert (got["gpt"]["family"], got["llama"]["family"]) == ("gpt", "llama")
-    assert got["llama"]["outcome"] == "uncertain" and "no known cell of the llama family" in got["llama"]["evidence"]
+    # the llama family's cells (the third grid's, one configuration a budget) bear on the llama run only
+    assert got["llama"]["outcome"] == "uncertain" and "(satmon-llama)" in " ".join(got["llama"]["rests_on"])
+    assert "too few configurations" in got["llama"]["evidence"]
     assert got["gpt"]["alpha_init"] == 2.0 and "llama" not in got["gpt"]["evidence"]
 
 

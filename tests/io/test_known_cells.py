@@ -16,6 +16,7 @@ from satmon.results.forecast import STUDY_LABEL, known_cells, read_known_cells
 ROOT = Path(__file__).resolve().parents[2]
 FAITHFUL = "satmon 0.4 faithful CPU grid"
 GRID2 = "satmon 0.5 second CPU grid"
+GRID3 = "satmon's third CPU grid"
 
 
 def _grid2() -> list[dict]:
@@ -23,12 +24,21 @@ def _grid2() -> list[dict]:
     return json.loads((ROOT / "data" / "grid2.json").read_text())["cells"]
 
 
+def _grid3() -> list[dict]:
+    """The third grid's scored cells (data/grid3: a JSON per cell in each part's folder; the interim ones left out)."""
+    return [
+        json.loads(f.read_text())
+        for part in study.CPU_GRID_PARTS
+        for f in (ROOT / "data" / "grid3" / part).glob("*.json")
+    ]
+
+
 def test_the_study_and_the_faithful_grid_are_read_and_the_v03_grid_is_not():
     cells = known_cells()
     sources = [c.source for c in cells]
-    n2 = len(_grid2())
+    n2, n3 = len(_grid2()), len(_grid3())
     assert sources.count(STUDY_LABEL) == 12 and sources.count(FAITHFUL) == 16 and sources.count(GRID2) == n2
-    assert len(cells) == 28 + n2
+    assert sources.count(GRID3) == n3 == 38 and len(cells) == 28 + n2 + n3
     assert not any("0.3" in s for s in sources)  # phase_grid_v03.csv: not the study's protocol
     # the study's passes: 5,000 steps x 64 x 512 tokens over each budget's unique tokens (docs/science/science.md)
     by_name = {c.name: c for c in cells}
@@ -58,8 +68,24 @@ def test_the_second_grid_columns_are_its_json_cells():
         assert (k.best_delta < 0) == c["helps_best"]
 
 
+def test_the_third_grid_columns_are_its_json_cells():
+    """phase_grid_grid3.csv is its cells, field for field (examples/grid3_analysis.py --csv wrote it)."""
+    shipped = {c.name: c for c in known_cells() if c.source == GRID3}
+    committed = _grid3()
+    assert set(shipped) == {c["name"] for c in committed}
+    for c in committed:
+        k = shipped[c["name"]]
+        assert k.passes == pytest.approx(c["epochs"], rel=1e-4) and k.delta == pytest.approx(c["delta"], abs=1e-6)
+        assert k.best_delta == pytest.approx(c["delta_best"], abs=1e-5) and k.params == c["params"]
+        llama = c["recipe"]["name"] == "satmon-llama"
+        assert k.family == ("llama" if llama else "gpt") and k.final_norm == ("norm" if llama else "dyt")
+        assert (k.alpha_init, k.alpha_init_max) == ((0.2, 0.8) if llama else (2.0, 2.0))
+        assert (k.steps, k.warmup_steps) == (c["steps"], c["warmup"])
+
+
 def test_the_counts_of_the_issue_are_recounted_from_the_cells():
-    cells = [c for c in known_cells() if c.source != GRID2]  # the issue's counts: the study's and the first grid's
+    # the issue's counts: the study's and the first grid's
+    cells = [c for c in known_cells() if c.source not in (GRID2, GRID3)]
     few = [c for c in cells if c.passes <= 3.4]
     many = [c for c in cells if c.passes >= 16]
     assert (sum(c.delta > 0 for c in few), len(few)) == (13, 13)
@@ -70,7 +96,7 @@ def test_the_counts_of_the_issue_are_recounted_from_the_cells():
     g2 = _grid2()
     few2 = [c for c in g2 if c["epochs"] <= 3.4]
     many2 = [c for c in g2 if c["epochs"] >= 16]
-    every = known_cells()
+    every = [c for c in known_cells() if c.source != GRID3]  # the third grid: its own test above
     assert (sum(c.delta > 0 for c in every if c.passes <= 3.4), sum(c.passes <= 3.4 for c in every)) == (
         13 + sum(c["delta"] > 0 for c in few2),
         13 + len(few2),
@@ -116,7 +142,7 @@ def test_a_new_grid_file_with_a_contradicting_cell_turns_hurts_uncertain(tmp_pat
     )
     # a grid file without the protocol column is drawn on the phase diagram, never forecast from
     shutil.copy(tmp_path / "phase_grid_v03.csv", tmp_path / "phase_grid_other.csv")
-    assert len(known_cells(tmp_path)) == 29
+    assert len(known_cells(tmp_path)) == 29 + len(_grid3())
 
 
 def test_a_study_protocol_row_missing_what_the_forecast_needs_is_refused():
@@ -154,7 +180,8 @@ def test_the_builtin_grids_record_dyt_before_the_head_and_the_study_does_not():
     by_source = {}
     for c in known_cells():
         by_source.setdefault(c.source, set()).add(c.final_norm)
-    assert by_source == {STUDY_LABEL: {None}, FAITHFUL: {"dyt"}, GRID2: {"dyt"}}
+    # the third grid: its GPT parts DyT before the head, its LLaMA part RMSNorm (final_norm=rmsnorm, the recipe's)
+    assert by_source == {STUDY_LABEL: {None}, FAITHFUL: {"dyt"}, GRID2: {"dyt"}, GRID3: {"dyt", "norm"}}
 
 
 def test_final_norm_and_alpha_init_max_columns_are_read_and_bad_values_refused():

@@ -296,7 +296,8 @@ class Configuration:
 
     @property
     def name(self) -> str:
-        return f"{self.group} at {self.passes:.3g} passes ({self.recipe})"
+        p = f"{self.passes:.3g}"
+        return f"{self.group} at {p} pass{'' if p == '1' else 'es'} ({self.recipe})"
 
 
 def configurations(cells: Sequence[KnownCell]) -> list[Configuration]:

@@ -290,7 +290,7 @@ class _Side:
         cells = [c for cfg in self.configs for c in cfg.cells]
         return (
             f"DyT's final loss was {worse} than LayerNorm's in {self.agreeing} of the {self.n} configurations at "
-            f"{self.budget:.3g} passes ({len(cells)} cells: {_sources(cells)}; configuration = recipe x size x "
+            f"{passes_text(self.budget)} ({len(cells)} cells: {_sources(cells)}; configuration = recipe x size x "
             f"passes, seeds averaged)"
         )
 
