@@ -16,6 +16,18 @@ from __future__ import annotations
 __all__ = [
     "CAVEAT",
     "COLLAPSE_WORTH",
+    "COLLAPSE_RECORD",
+    "COLLAPSE_REMEDY",
+    "TRAP_RECORD",
+    "COLLAPSE_GRID_CONFIGURATIONS",
+    "COLLAPSE_GRID_WATCH",
+    "COLLAPSE_GRID_WATCH_LATE",
+    "COLLAPSE_GRID_LOSS_RULE",
+    "COLLAPSE_GRID_TRAP",
+    "COLLAPSE_GRID_TRAP_LOSS_RULE",
+    "COLLAPSE_GRID_REMEDY",
+    "COLLAPSE_GRID_TRAP_REMEDY",
+    "COLLAPSE_GRID_GELU",
     "GO_HELPED",
     "HELD_OUT_CELLS",
     "MEANING",
@@ -54,14 +66,83 @@ LEVEL = 2.0
 #: In a model whose DyT feeds a gated MLP, pooled saturation at or above this is a collapse risk
 #: (4/4 collapses flagged, 0/5 false alarms over the study's 9 LLaMA-style ablation runs).
 COLLAPSE_THRESHOLD = 0.5
-#: What the collapse rule is worth, stated once (README's block, the docs): the study's record, read on final
-#: checkpoints, and what satmon has not measured.
+#: satmon's own collapse grid (docs/plans/collapse_plan.md, Amendments 1-2; docs/science/abort_policy.md; the cells in
+#: data/collapse, scored by examples/collapse_analysis.py): LLaMA-style byte models of width 64 with 2 and 4 blocks,
+#: 1,200 steps, warm-up 100, peak lr 3e-3 to 3e-2, alpha_init 2 to 8, the final norm RMSNorm or DyT, seeds 21 and 22.
+#: The configurations of its gated arm (DyT feeding SwiGLU), seeds counted once ...
+COLLAPSE_GRID_CONFIGURATIONS = 23
+#: ... and per flag ``(hits, failing configurations, false stops, healthy configurations, mean steps before the loss
+#: rule)``: the collapse watch at 0.5 (patience 1, every 50 steps) started at the warm-up's end, over the configurations
+#: that never learned, learned then lost, or fell behind ...
+COLLAPSE_GRID_WATCH = (12, 13, 0, 8, 405)
+#: ... the same watch started after a 500-step window (satmon's default before it knew the warm-up) ...
+COLLAPSE_GRID_WATCH_LATE = (12, 13, 0, 8, -4)
+#: ... the loss rule (what watching the training loss says: at or above 0.95 x the unigram level from step 300, or a
+#: quarter of what was learned given back; lead 0 by definition) ...
+COLLAPSE_GRID_LOSS_RULE = (10, 13, 0, 8, 0)
+#: ... the trap reading over the configurations that never learned (it cannot fire with an RMSNorm final norm, where
+#: every healthy configuration was, so its false stops are not measured) ...
+COLLAPSE_GRID_TRAP = (5, 5, 0, 8, 173)
+#: ... the loss rule on those ...
+COLLAPSE_GRID_TRAP_LOSS_RULE = (5, 5, 0, 8, 0)
+#: ... the remedy: for the failing configurations the watch flagged, ``(change, healthy, of)``: in how many of those
+#: with a grid neighbour differing in that one setting the neighbour was healthy (warm-up was not varied) ...
+COLLAPSE_GRID_REMEDY = (
+    ("a lower peak learning rate", 7, 11),
+    ("an RMSNorm final norm", 3, 4),
+    ("a lower alpha_init", 2, 7),
+)
+#: ... the same for the configurations the trap reading named ...
+COLLAPSE_GRID_TRAP_REMEDY = (
+    ("a lower peak learning rate", 0, 4),
+    ("an RMSNorm final norm", 4, 5),
+    ("a lower alpha_init", 0, 2),
+)
+#: ... and the GELU control (the same DyT blocks, a GELU MLP): its configurations, and how many any flag fired on.
+COLLAPSE_GRID_GELU = (15, 0)
+
+
+def _of(t: tuple[int, ...]) -> str:
+    return f"{t[0]} of {t[1]} configurations that failed or fell behind and {t[2]} of {t[3]} healthy ones"
+
+
+def _when(lead: int) -> str:
+    return f"{abs(lead)} steps {'before' if lead > 0 else 'after'}"
+
+
+def _cures(rows: tuple[tuple[str, int, int], ...]) -> str:
+    return ", ".join(f"{w} in {h} of {n}" for w, h, n in rows)
+
+
+#: The collapse watch's measured record, one sentence (the card's collapse-risk line, README's block, the docs).
+COLLAPSE_RECORD = (
+    f"the study's rule flagged 4 of its 4 collapses and 0 of its 5 other LLaMA-style runs (in-sample, final "
+    f"checkpoints); on satmon's collapse grid (LLaMA-style, width 64, {COLLAPSE_GRID_CONFIGURATIONS} configurations) "
+    f"the watch from the warm-up's end flagged {_of(COLLAPSE_GRID_WATCH)}, on average {_when(COLLAPSE_GRID_WATCH[4])} "
+    f"watching the training loss would have (which caught {COLLAPSE_GRID_LOSS_RULE[0]} of "
+    f"{COLLAPSE_GRID_LOSS_RULE[1]}); started after a 500-step window it flagged {COLLAPSE_GRID_WATCH_LATE[0]} of "
+    f"{COLLAPSE_GRID_WATCH_LATE[1]}, on average {_when(COLLAPSE_GRID_WATCH_LATE[4])} the loss"
+)
+#: What changed a flagged configuration's outcome in that grid (the card says it beside the flag).
+COLLAPSE_REMEDY = (
+    f"in satmon's collapse grid, of the flagged configurations that failed, a neighbour with one change was healthy: "
+    f"{_cures(COLLAPSE_GRID_REMEDY)} (warm-up not varied)"
+)
+#: The trap reading's measured record and what changed its configurations' outcome (the trap line says it).
+TRAP_RECORD = (
+    f"on satmon's collapse grid the trap reading named {COLLAPSE_GRID_TRAP[0]} of the {COLLAPSE_GRID_TRAP[1]} "
+    f"configurations that never learned, on average {_when(COLLAPSE_GRID_TRAP[4])} watching the training loss "
+    f"would have (which caught {COLLAPSE_GRID_TRAP_LOSS_RULE[0]} of {COLLAPSE_GRID_TRAP_LOSS_RULE[1]}): "
+    f"{'earlier' if COLLAPSE_GRID_TRAP[4] > 0 else 'not earlier'}, "
+    f"{'surer' if COLLAPSE_GRID_TRAP[0] > COLLAPSE_GRID_TRAP_LOSS_RULE[0] else 'not surer'}; "
+    "its false stops are unmeasured (every healthy configuration had an RMSNorm final norm, where it cannot fire); "
+    "of the configurations it named, a neighbour with one change was healthy: "
+    f"{_cures(COLLAPSE_GRID_TRAP_REMEDY)}"
+)
+#: What the collapse rule is worth, stated once (README's block, the docs).
 COLLAPSE_WORTH = (
-    f"in a model whose DyT feeds a SwiGLU gate, pooled saturation at or above {COLLAPSE_THRESHOLD:g} flagged "
-    "4 of the study's 4 collapses with no false alarm in its 5 other LLaMA-style runs, read on final "
-    "checkpoints; satmon has measured no collapse of its own (its pilot's "
-    "runs that never learned had its LLaMA demo's trapped layout, a DyT final norm), and the watch after "
-    "the window is unmeasured"
+    f"in a model whose DyT feeds a SwiGLU gate, {COLLAPSE_RECORD}. That record holds inside the grid's region only; "
+    '`abort_on` stays "never" by default (docs/science/abort_policy.md says why)'
 )
 #: ``|margin|`` below this is reported as inconclusive (the decision is still given): the study's
 #: boundary sits between cells 0.4135 (DyT hurt, +5.9%) and 0.4662 (DyT helped, -9.6%), where seeds

@@ -361,12 +361,15 @@ def _gating_lines(v: Verdict) -> list[str]:
         return ["", f"Gated MLP after DyT: unknown ({v.gating_message})"] if v.gating_message else []
     line = f"Gated MLP after DyT: {'yes' if v.gated else 'no'}"
     line += f" ({', '.join(v.gated_layers)})" if v.gated_layers else ""
-    if v.gated:
-        line += (
-            f"; collapse risk: {'YES' if v.collapse_risk else 'no'} "
-            f"(pooled saturation vs {v.rule.collapse_threshold:g})"
-        )
-    return ["", line]
+    if not v.gated:
+        return ["", line]
+    line += (
+        f"; collapse risk: {'YES' if v.collapse_risk else 'no'} (pooled saturation vs {v.rule.collapse_threshold:g})"
+    )
+    out = ["", line, "", f"Collapse record: {study.COLLAPSE_RECORD} (docs/science/abort_policy.md)."]
+    if v.collapse_risk:
+        out += ["", f"What changed it: {study.COLLAPSE_REMEDY}."]
+    return out
 
 
 _BOLD = re.compile(r"\*\*(.+?)\*\*")

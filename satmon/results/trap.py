@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from satmon import study
 from satmon.functional.trap import (
     REACH_FLOOR,
     TRAP_SATURATION,
@@ -22,13 +23,12 @@ __all__ = ["REMEDY", "TrapReading", "reading_of"]
 
 #: What the evidence says changes it: a measurement, with the option that gives it.
 REMEDY = (
-    'Measured (docs/science/science.md, "the trap"; data/llama_final_norm.json): in satmon\'s LLaMA demo '
-    "(500 steps, seeds 11 and 6) DyT blocks with an RMSNorm final norm learned (1.96 and 1.97 nats/byte) where a "
-    "DyT final norm stayed at the unigram level (3.07 and 3.06 against 3.06), at final alpha 0.2, 1 and 2 alike. "
-    "The option that gives it: a LayerNorm or "
-    "RMSNorm final norm (`final_norm=` in satmon.demos.llama and `satmon grid llama`; in your model, the "
-    "last norm before the head). In satmon's GPT demo (`satmon demo --stalled`) the embedding drawn at std "
-    "d_model ** -0.5 instead of 0.02 is what lets the same model train (its default)."
+    f"Measured (docs/science/abort_policy.md): {study.TRAP_RECORD}. In satmon's LLaMA demo (500 steps, seeds 11 and "
+    "6; data/llama_final_norm.json) DyT blocks with an RMSNorm final norm learned (1.96 and 1.97 nats/byte) where a "
+    "DyT final norm stayed at the unigram level (3.07 and 3.06 against 3.06). The option that gives it: a LayerNorm "
+    "or RMSNorm final norm (`final_norm=` in satmon.demos.llama and `satmon grid llama`; in your model, the last norm "
+    "before the head). In satmon's GPT demo (`satmon demo --stalled`) the embedding drawn at std d_model ** -0.5 "
+    "instead of 0.02 is what lets the same model train (its default)."
 )
 
 
