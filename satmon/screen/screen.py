@@ -434,13 +434,8 @@ class Screen(Watching, FollowingChanges):
             if self.reader.attached:  # the window is open
                 gate.attach()
         self._saved_gate = None
-        if self.watch is not None:
-            watching = self.watch.hooks.attached
-            if watching:
-                self.watch.detach()
-            self.watch = self._make_watch(self.watch.hooks)
-            if watching:
-                self.watch.start()
+        if self.watch is not None:  # its streaks, log and saturation hooks stay (it may run in the window)
+            self._gate_watch(self.watch)
 
     def _check_first_batch(self, model: nn.Module, args: tuple, kwargs: dict) -> None:
         """The first forward of a model just converted to DyT: its batch checks the conversion (layers that cannot
@@ -475,7 +470,7 @@ class Screen(Watching, FollowingChanges):
             self.hooks,
             self.gate_hooks,
             self.offset_hooks,
-            self.watch.hooks if self.watch else None,
+            *(self.watch.hook_sets() if self.watch else ()),
             *self._late,
             *(self.trap.paused_sets() if self.trap else ()),
             *(self._final.paused_sets() if self._final else ()),
@@ -501,6 +496,7 @@ class Screen(Watching, FollowingChanges):
                 self._follow_sampling(h)
             if self.offset_hooks is not None:  # sampled: a float64 pass over the inputs
                 self.offset_hooks.enabled = self.hooks.enabled and (step // k) % self.settings.offset_every == 0
+            self._select_in_window(step)  # the collapse watch from settings.watch_start, beside the window
         elif self.watch is not None and self.watch.hooks.attached:
             self.watch.select(step)
 
@@ -537,9 +533,9 @@ class Screen(Watching, FollowingChanges):
             self._trap_check(step)
         if self.should_stop:
             return
-        if self.verdict is not None or self._window_over:
-            if self.watch is not None and self.watch.measuring:
-                self._watch_check(step)
+        if self.watch is not None and self.watch.measuring:  # after the window, or in it from settings.watch_start
+            self._watch_check(step)
+        if self.verdict is not None or self._window_over or self.should_stop:
             return
         self.steps_seen = min(step, self.settings.window)
         if step >= self.settings.window:
