@@ -525,6 +525,8 @@ class Screen(Watching, FollowingChanges):
         if self.hooks is None or step == self._last_step:
             return
         self._last_step = step
+        if self.verdict is None and not self._window_over:  # counted, whatever stops the run at this step's end
+            self.steps_seen = min(step, self.settings.window)
         if self._live is not None:
             self._live.finish()  # a training step that called submodules, not the model: what ran is read
         if self.guard is not None:
@@ -537,7 +539,6 @@ class Screen(Watching, FollowingChanges):
             self._watch_check(step)
         if self.verdict is not None or self._window_over or self.should_stop:
             return
-        self.steps_seen = min(step, self.settings.window)
         if step >= self.settings.window:
             self.conclude(step)
         elif step % self.log_every_n_steps == 0:

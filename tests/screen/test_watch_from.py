@@ -15,11 +15,12 @@ import io
 import pytest
 import torch
 import torch.nn.functional as F
+from test_watch import llama
 from torch import nn
 
-from helpers import RecordingSink
+from helpers import RecordingSink, token_loader, trainer
 from reference import InputRecorder, counts_of, gate_stats
-from satmon import DyT, Settings, StopReason
+from satmon import DyT, SaturationMonitor, Settings, StopReason
 from satmon.functional.gate import flat_threshold
 from satmon.screen.screen import Screen
 
@@ -133,11 +134,15 @@ def test_the_window_verdict_is_bit_identical_with_an_early_watch():
 
 
 def test_abort_on_collapse_stops_in_the_window_at_the_first_due_check_with_patience():
-    screen, *_, done, _ = _run(watch_from=2, abort_on="collapse", patience=2)
+    screen, _, recorder, done, _ = _run(watch_from=2, abort_on="collapse", patience=2)
     # checks at 4 and 7 breach (saturation near 1 >= 0.5); patience 2: due at the second, inside the window
     assert screen.stop.reason is StopReason.COLLAPSE_RISK and screen.stop.step == 7 and not screen.stop.dry_run
     assert done[-1] == 7 and screen.verdict is None and [r["step"] for r in screen.watch.log] == [4, 7]
     assert "for 2 consecutive checks" in screen.stop.message
+    screen.finish()  # training ended: the provisional verdict counts every step trained, the stopped one too
+    counted = {name: counts_of(items) for name, items in recorder.inputs.items()}
+    assert screen.verdict.partial and screen.verdict.window == 7
+    assert screen.verdict.elements == sum(total for _, total in counted.values())
 
 
 def test_dry_run_records_the_would_be_stop_in_the_window_and_trains_on():
@@ -227,3 +232,14 @@ def test_bad_watch_from_is_refused_with_the_expected_message(bad):
         Settings(watch_from=bad)
     with pytest.raises(ValueError, match="Expected `watch_from`"):
         Screen(watch_from=bad)
+
+
+def test_the_lightning_callback_stops_in_the_window_at_the_first_check(tmp_path):
+    monitor = SaturationMonitor(window=8, watch_every_n_steps=2, watch_from=2, abort_on="collapse", verbose=False)
+    with pytest.warns(UserWarning, match="stopped training at step 3"):
+        t = trainer(tmp_path, max_steps=20, callbacks=[monitor])
+        t.fit(llama("swiglu"), token_loader(20))
+    # step 2 (global_step 2 in its training_step) is watched, read when it ends: the trainer stops after step 3
+    assert t.global_step == 3 and monitor.stop.step == 3 and monitor.stop.reason is StopReason.COLLAPSE_RISK
+    assert [r["step"] for r in monitor.watch_log] == [3] and monitor.watch_log[0]["gated_saturation"] >= 0.5
+    assert monitor.verdict.partial and monitor.verdict.window == 3  # the three steps counted, the stopped one too
