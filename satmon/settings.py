@@ -413,9 +413,9 @@ class Settings:
 
         ``watch_from`` when given, else ``warmup_steps`` when the run's warm-up is given (at least step 1), else the
         window's end; never later than the window's end (``watch_from >= window``: the watch starts after the window,
-        as it did before ``watch_from`` existed). Why the warm-up's end: started there, the watch led the loss rule in
-        satmon's collapse grid (it flagged failing runs about 400 steps before a rule on the training loss; started
-        after a 500-step window it flagged them no earlier than the loss); a start inside the warm-up is unmeasured.
+        as it did before ``watch_from`` existed). Why the warm-up's end: started at the warm-up's end, the watch led the
+        loss rule in satmon's collapse grid (started after the window, it flagged failing runs no earlier than the
+        loss); a start inside the warm-up is unmeasured.
 
         Example:
             >>> Settings().watch_start, Settings(warmup_steps=100).watch_start, Settings(watch_from=60).watch_start

@@ -164,7 +164,8 @@ class SaturationMonitor(ReadsSettings, Callback):
             - ``planned_steps``, ``warmup_steps``, ``lr_schedule``: the run's optimizer steps (default: the trainer's
               estimate), its linear warm-up steps and its learning rate's shape (``"linear-warmup-constant"``, the
               study's; ``"linear-warmup-cosine"``...): the forecast is confident only for a run whose steps, warm-up
-              share and shape lie within what its cells trained; without warm-up and shape it says "uncertain".
+              share and shape lie within what its cells trained; without warm-up and shape it says "uncertain". The
+              warm-up's end is also where the collapse watch starts when ``watch_from`` is not given.
 
     Raises:
         TypeError: an unknown option (the message lists the valid ones), or ``settings`` that is not a Settings.

@@ -533,13 +533,13 @@ class Screen(Watching, FollowingChanges):
             self._guard_step(step, loss)
         if self.trap is not None and self.trap.measuring:
             self._trap_check(step)
-        if self.should_stop:
-            return
-        if self.watch is not None and self.watch.measuring:  # after the window, or in it from settings.watch_start
+        if self.should_stop and self.stop is not None and self.stop.step != step:
+            return  # stopped at an earlier step: nothing more is read
+        if self.watch is not None and self.watch.measuring and not self.should_stop:  # from settings.watch_start
             self._watch_check(step)
-        if self.verdict is not None or self._window_over or self.should_stop:
+        if self.verdict is not None or self._window_over:
             return
-        if step >= self.settings.window:
+        if step >= self.settings.window:  # the window's end: its verdict, on a step that stopped the run too
             self.conclude(step)
         elif step % self.log_every_n_steps == 0:
             tb.log_scalars(self.sink, running_scalars(self.hooks.read(sync=True), self.layer_names), step)

@@ -145,6 +145,14 @@ def test_abort_on_collapse_stops_in_the_window_at_the_first_due_check_with_patie
     assert screen.verdict.elements == sum(total for _, total in counted.values())
 
 
+def test_a_stop_at_the_windows_last_step_still_makes_the_full_verdict():
+    default, *_ = _run(steps=WINDOW)
+    # watch_from 9: the one in-window check reads step 10, the window's last; it stops the run there
+    screen, *_, done, _ = _run(watch_from=9, abort_on="collapse")
+    assert screen.stop.step == 10 and done[-1] == 10 and [r["step"] for r in screen.watch.log] == [10]
+    assert not screen.verdict.partial and screen.verdict.to_dict() == default.verdict.to_dict()
+
+
 def test_dry_run_records_the_would_be_stop_in_the_window_and_trains_on():
     screen, *_, done, _ = _run(watch_from=2, abort_on="collapse", dry_run=True)
     assert screen.stop.dry_run and screen.stop.reason is StopReason.COLLAPSE_RISK and screen.stop.step == 4
@@ -243,3 +251,17 @@ def test_the_lightning_callback_stops_in_the_window_at_the_first_check(tmp_path)
     assert t.global_step == 3 and monitor.stop.step == 3 and monitor.stop.reason is StopReason.COLLAPSE_RISK
     assert [r["step"] for r in monitor.watch_log] == [3] and monitor.watch_log[0]["gated_saturation"] >= 0.5
     assert monitor.verdict.partial and monitor.verdict.window == 3  # the three steps counted, the stopped one too
+
+
+def test_the_grids_watch_record_keeps_the_start_and_the_earliest_stop():
+    from types import SimpleNamespace
+
+    from satmon.grid.train import WatchLog
+
+    log = WatchLog(checks=[{"step": 4, "flagged": True}, {"step": 13, "flagged": True}])
+    risky, calm = SimpleNamespace(collapse_risk=True), SimpleNamespace(collapse_risk=False)
+    early = log.record(Settings(window=WINDOW, watch_from=2), risky, WINDOW)
+    assert (early["watch_from"], early["start"], early["first_flag_step"], early["would_stop_at"]) == (2, 2, 4, 4)
+    late = WatchLog(checks=[{"step": 13, "flagged": True}]).record(Settings(window=WINDOW), risky, WINDOW)
+    assert (late["watch_from"], late["start"], late["would_stop_at"]) == (None, WINDOW, WINDOW)  # as before
+    assert WatchLog(checks=[]).record(Settings(window=WINDOW), calm, WINDOW)["would_stop_at"] is None
