@@ -105,14 +105,17 @@ class Watching:
                 self.status = "watching"
 
     def _select_in_window(self, step: int) -> None:
-        """Before step ``step``'s forwards while the window counts: from ``settings.watch_start`` on, the collapse
-        watch runs beside the window (started here, at the first step at or after it, a resumed run's too) and chooses
-        its steps as after the window (``step % watch_every_n_steps == 0``; flags only, no host sync). Its hook sets
-        are its own, so the window's counts, offset and gate readings are what they would be without it."""
-        if self.watch is None or step < self.settings.watch_start:
+        """Before step ``step``'s forwards while the window counts: a collapse watch that starts in the window
+        (``settings.watch_start``) runs beside it, attached from its first step (disabled: under ``torch.compile`` the
+        hooks' layout then never changes in the window, and a disabled hook returns at once) and choosing its steps
+        from ``watch_start`` on as after the window (``step % watch_every_n_steps == 0``; flags only, no host sync). Its
+        hook sets are its own, so the window's counts, offset and gate readings are what they would be without it."""
+        s = self.settings
+        if self.watch is None or s.watch_start >= s.window:
             return
         self._start_watch()
-        self.watch.select(step)
+        if step >= s.watch_start:
+            self.watch.select(step)
 
     def _watch_check(self, step: int) -> None:
         assert self.watch is not None

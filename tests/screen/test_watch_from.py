@@ -189,19 +189,23 @@ def test_default_start_is_the_warmups_end_when_given_else_the_windows_end():
     assert Settings(watch_from=700).watch_start_text == Settings().watch_start_text == "after the window"
 
 
-def test_no_watch_hooks_before_the_start_and_none_at_all_when_off():
+def test_the_watch_measures_nothing_before_its_start_and_is_off_at_zero():
     screen = Screen(window=WINDOW, watch_every_n_steps=EVERY, watch_from=6, info=lambda line: None)
     model = Gated()
     screen.attach(model, example_input=torch.randn(2, 4))
+    # attached from the window's first step (one hook layout under torch.compile), disabled until its start
+    assert screen.watch.hooks.attached and not screen.watch.measuring
     batches = _batches()
-    for i in range(5):
+    for i in range(6):  # steps 0 and 3 are multiples of 3 before the start: not measured
         screen.step(model(batches[i]).square().mean())
-        assert not screen.watch.hooks.attached  # before step 6 the watch costs nothing
-    screen.step(model(batches[5]).square().mean())  # steps done: 6, the first watched step's forwards come next
-    assert screen.watch.hooks.attached and screen.watch.measuring and screen.hooks.attached
+        assert screen.watch.log == [] and int(screen.watch.hooks.counter.total.sum()) == 0
+    assert screen.watch.measuring  # steps done: 6, the first watched step's forwards come next
     off = Screen(window=WINDOW, watch_every_n_steps=0, watch_from=2, info=lambda line: None)
     off.attach(Gated(), example_input=torch.randn(2, 4))
     assert off.watch is None
+    late = Screen(window=WINDOW, watch_every_n_steps=EVERY, info=lambda line: None)
+    late.attach(Gated(), example_input=torch.randn(2, 4))
+    assert not late.watch.hooks.attached  # the default without a warm-up: after the window, as before
 
 
 def _saved(screen: Screen, model: nn.Module) -> dict:
@@ -265,3 +269,55 @@ def test_the_grids_watch_record_keeps_the_start_and_the_earliest_stop():
     late = WatchLog(checks=[{"step": 13, "flagged": True}]).record(Settings(window=WINDOW), risky, WINDOW)
     assert (late["watch_from"], late["start"], late["would_stop_at"]) == (None, WINDOW, WINDOW)  # as before
     assert WatchLog(checks=[]).record(Settings(window=WINDOW), calm, WINDOW)["would_stop_at"] is None
+
+
+class _CountingBackend:
+    """A Dynamo back end that counts compiled graphs and hands them to ``aot_eager`` (eager's kernels: same counts)."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        from torch._dynamo.backends.registry import lookup_backend
+
+        self.graphs += 1
+        return lookup_backend("aot_eager")(gm, example_inputs)
+
+
+def _compiled_run(**options) -> tuple[Screen, list[int]]:
+    """The plain loop on a compiled model; returns the screen and the graphs compiled after each step."""
+    torch.manual_seed(0)
+    model, backend = Gated(), _CountingBackend()
+    compiled = torch.compile(model, backend=backend)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    screen = Screen(window=WINDOW, watch_every_n_steps=EVERY, product="exact", info=lambda line: None, **options)
+    screen.attach(compiled, example_input=torch.randn(2, 4))
+    graphs = []
+    for x in _batches():
+        loss = compiled(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        screen.step(loss)
+        graphs.append(backend.graphs)
+    return screen, graphs
+
+
+def test_under_torch_compile_an_early_watch_reads_as_eager_and_adds_one_graph_in_the_window():
+    dynamo = pytest.importorskip("torch._dynamo")
+    try:  # the platform's support, probed on its own: a failure of satmon's below fails the test
+        torch.compile(lambda x: x * 2, backend="aot_eager")(torch.ones(2))
+    except Exception as exc:
+        pytest.skip(f"torch.compile is unsupported here: {type(exc).__name__}: {exc}")
+    dynamo.reset()
+    try:
+        early, early_graphs = _compiled_run(watch_from=2)
+        dynamo.reset()
+        default, default_graphs = _compiled_run()
+    finally:
+        dynamo.reset()
+    eager, *_ = _run(watch_from=2)
+    assert early.watch.log == eager.watch.log and early.verdict.saturation == eager.verdict.saturation
+    # the watch's hooks flip between two states in the window: one graph more than the window alone, none per step
+    assert early_graphs[WINDOW - 1] == default_graphs[WINDOW - 1] + 1
+    assert early_graphs[-1] == early_graphs[WINDOW + 2] <= default_graphs[-1] + 1
