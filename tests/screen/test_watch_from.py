@@ -75,14 +75,15 @@ def _train(screen: Screen, model: nn.Module, opt: torch.optim.Optimizer, steps: 
 
 
 def _run(
-    steps: int = STEPS, final_alpha: float = 0.5, **options
+    steps: int = STEPS, final_alpha: float = 0.5, traced: bool = True, **options
 ) -> tuple[Screen, Gated, InputRecorder, list[int], dict]:
     torch.manual_seed(0)
     model = Gated(final_alpha)
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     options = {"window": WINDOW, "watch_every_n_steps": EVERY, "product": "exact", **options}
     screen = Screen(info=lambda line: None, warn=lambda line: None, sink=RecordingSink(), **options)
-    screen.attach(model, example_input=torch.randn(2, 4))  # gating traced before the first step
+    # gating traced before the first step, or (traced=False) read from the first training forward
+    screen.attach(model, example_input=torch.randn(2, 4) if traced else None)
     gates: dict[str, list[torch.Tensor]] = {"gate": [], "hidden": []}
     model.block.gate.register_forward_hook(lambda m, a, out: gates["gate"].append(out.detach().double()))
     model.block.down.register_forward_pre_hook(lambda m, a: gates["hidden"].append(a[0].detach().double()))
@@ -97,8 +98,9 @@ def _expected_checks(start: int, steps: int) -> list[int]:
     return [s + 1 for s in range(steps) if s >= start and s % EVERY == 0]
 
 
-def test_in_window_checks_happen_at_the_expected_steps_and_read_the_gated_layers_of_that_step():
-    screen, _, recorder, _, gates = _run(watch_from=2)
+@pytest.mark.parametrize("traced", [True, False], ids=["gating traced at attach", "gating from the first forward"])
+def test_in_window_checks_happen_at_the_expected_steps_and_read_the_gated_layers_of_that_step(traced):
+    screen, _, recorder, _, gates = _run(watch_from=2, traced=traced)
     assert screen.settings.watch_start == 2
     log = screen.watch.log
     assert [r["step"] for r in log] == _expected_checks(2, STEPS) == [4, 7, 10, 13]  # 4, 7, 10 inside the window
