@@ -9,7 +9,8 @@ consumer restates or re-checks an option, so none can drop one. Its parts:
   from: ``caveat`` (the card's provenance line) or ``calibration`` (a ``calibration.json`` of ``satmon
   calibrate``, whose threshold and provenance both apply);
 - **the window**: ``window``, ``sample_every``, ``offset_every``, ``include`` / ``exclude``, ``gating_mapping``;
-- **the watch**: ``watch_every_n_steps``, ``patience``, ``loss_spike_z``, ``loss_baseline``; the trap watch:
+- **the watch**: ``watch_every_n_steps``, ``watch_from`` (default: the warm-up's end, else the window's end:
+  :attr:`Settings.watch_start`), ``patience``, ``loss_spike_z``, ``loss_baseline``; the trap watch:
   ``trap_every_n_steps``, ``trap_patience``, ``trap_floor``;
 - **the abort policy**: ``abort_on``, ``abort_mode``, ``dry_run``;
 - **the run**: ``unique_tokens``, the unique tokens the run trains on (``train_tokens``, its old name, is
@@ -263,6 +264,7 @@ class Settings:
     gating_mapping: Mapping[str, str | None] | None = field(default=None, hash=False)
     # the watch
     watch_every_n_steps: int = 50
+    watch_from: int | None = None  # the collapse watch's first step; None: Settings.watch_start says
     patience: int = 1
     loss_spike_z: float = 8.0
     loss_baseline: int = 200
@@ -330,6 +332,14 @@ class Settings:
         check_selector("include", self.include)
         check_selector("exclude", self.exclude)
         _int("watch_every_n_steps", self.watch_every_n_steps, 0, "0 turns the watch off", high=MAX_KEPT_STEPS)
+        if self.watch_from is not None:
+            _int(
+                "watch_from",
+                self.watch_from,
+                1,
+                "the optimizer step the collapse watch starts at, during the window too; None: the warm-up's end "
+                "(warmup_steps) when given, else the window's end",
+            )
         _int("patience", self.patience, 1, "consecutive breaching checks")
         _int(
             "trap_every_n_steps",
@@ -395,6 +405,46 @@ class Settings:
                 f"(the study's) or 'linear-warmup-cosine', got {short_repr(self.lr_schedule)}."
             )
         final_norm_of(self.final_norm)  # "Expected final_norm as 'dyt' ... or 'norm' ..., got X" otherwise
+
+    @property
+    def watch_start(self) -> int:
+        """The optimizer step the collapse watch starts at: its checks measure the steps from here on that are
+        multiples of ``watch_every_n_steps`` (during the window too, beside its counting, which they leave as is).
+
+        ``watch_from`` when given, else ``warmup_steps`` when the run's warm-up is given (at least step 1), else the
+        window's end; never later than the window's end (``watch_from >= window``: the watch starts after the window,
+        as it did before ``watch_from`` existed). Why the warm-up's end: started at the warm-up's end, the watch led the
+        loss rule in satmon's collapse grid (started after the window, it flagged failing runs no earlier than the
+        loss); a start inside the warm-up is unmeasured.
+
+        Example:
+            >>> Settings().watch_start, Settings(warmup_steps=100).watch_start, Settings(watch_from=60).watch_start
+            (500, 100, 60)
+            >>> Settings(window=50, watch_from=60).watch_start, Settings(warmup_steps=0).watch_start
+            (50, 1)
+            >>> Settings(watch_from=0)
+            Traceback (most recent call last):
+            ...
+            ValueError: Expected `watch_from` to be a positive int (the optimizer step the collapse watch starts at, \
+during the window too; None: the warm-up's end (warmup_steps) when given, else the window's end), got 0.
+        """
+        start = self.watch_from if self.watch_from is not None else self.warmup_steps
+        return self.window if start is None else min(max(start, 1), self.window)
+
+    @property
+    def watch_start_text(self) -> str:
+        """Where the collapse watch starts, in words: "from step N (the warm-up's end)", "from step N" or "after the
+        window".
+
+        Example:
+            >>> Settings(warmup_steps=100).watch_start_text, Settings().watch_start_text
+            ("from step 100 (the warm-up's end)", 'after the window')
+        """
+        start = self.watch_start
+        if start >= self.window:
+            return "after the window"
+        warmup = self.watch_from is None and self.warmup_steps is not None
+        return f"from step {start}" + (" (the warm-up's end)" if warmup else "")
 
     @staticmethod
     def names() -> tuple[str, ...]:

@@ -518,7 +518,8 @@ def _loss_lines(losses: dict[str, Any], steps: int, go: bool) -> list[str]:
 
 
 def _watch_lines(monitor: Any) -> list[str]:
-    """The collapse watch's checks after the window (the LLaMA demo trains past it): step and gated saturation."""
+    """The collapse watch's checks (from ``settings.watch_start``; the LLaMA demo trains past the window): step and
+    gated saturation."""
     log = monitor.watch_log
     if not log:
         return []
@@ -528,7 +529,8 @@ def _watch_lines(monitor: Any) -> list[str]:
     )
     flagged = [str(r["step"]) for r in log if r.get("collapse-risk")]
     return [
-        f"Collapse watch after the window (one step in every {monitor.settings.watch_every_n_steps}; saturation of the "
+        f"Collapse watch {monitor.settings.watch_start_text} (one step in every "
+        f"{monitor.settings.watch_every_n_steps}; saturation of the "
         f"DyT layers feeding gated MLPs, collapse risk at >= {monitor.settings.collapse_threshold:g}): {sat}; "
         + (f"collapse risk at step {', '.join(flagged)}." if flagged else "no collapse risk flagged.")
     ]

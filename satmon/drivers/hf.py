@@ -129,7 +129,8 @@ class SatmonTrainerCallback(ReadsSettings, TrainerCallback):
         log_every_n_steps: running saturation is logged every this many steps (default: ``args.logging_steps``).
         **options: the :class:`satmon.Settings` fields, as documented in :class:`satmon.SaturationMonitor`
             (``window``, ``threshold``, ``calibration``, ``level``, ``product``, ``abort_on``, ``abort_mode``,
-            ``dry_run``, ``include``, ``exclude``, ``watch_every_n_steps``, ...); not together with ``settings``.
+            ``dry_run``, ``include``, ``exclude``, ``watch_every_n_steps``, ``watch_from``, ...); not together with
+            ``settings``.
 
     Example:
         >>> cb = SatmonTrainerCallback(window=200, abort_on="no-go")

@@ -134,7 +134,12 @@ class SaturationMonitor(ReadsSettings, Callback):
             - ``exclude``: layers to skip, same form.
             - ``gating_mapping``: ``{dyt_layer_name: gated_mlp_module_name}`` (``None`` as a value: the layer
               feeds no gated MLP) when detection cannot tell.
-            - ``watch_every_n_steps``: after the window, measure one optimizer step in every this many; ``0``: off.
+            - ``watch_every_n_steps``: the collapse watch measures one optimizer step in every this many (from
+              ``watch_from``); ``0``: off.
+            - ``watch_from``: the optimizer step the collapse watch starts at, during the window too (beside its
+              counting, which it leaves as is); ``None`` (default): ``warmup_steps`` when given, else the window's end
+              (:attr:`satmon.Settings.watch_start`: started at the warm-up's end, the watch led the loss rule in
+              satmon's collapse grid).
             - ``patience``: consecutive breaching checks before a watch breach stops the run.
             - ``loss_spike_z``: robust sigmas (1.4826 MAD) above the loss baseline that make a spike.
             - ``loss_baseline``: steps in the loss baseline.
@@ -159,7 +164,8 @@ class SaturationMonitor(ReadsSettings, Callback):
             - ``planned_steps``, ``warmup_steps``, ``lr_schedule``: the run's optimizer steps (default: the trainer's
               estimate), its linear warm-up steps and its learning rate's shape (``"linear-warmup-constant"``, the
               study's; ``"linear-warmup-cosine"``...): the forecast is confident only for a run whose steps, warm-up
-              share and shape lie within what its cells trained; without warm-up and shape it says "uncertain".
+              share and shape lie within what its cells trained; without warm-up and shape it says "uncertain". The
+              warm-up's end is also where the collapse watch starts when ``watch_from`` is not given.
 
     Raises:
         TypeError: an unknown option (the message lists the valid ones), or ``settings`` that is not a Settings.

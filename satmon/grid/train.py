@@ -309,22 +309,26 @@ class WatchLog:
         )
 
     def record(self, s: Any, verdict: Any, window: int, trap: Any = None) -> dict[str, Any]:
-        """The watch's record: its settings, every check, the first flag's step (``None``: never), whether the
-        window's verdict said collapse risk, and ``would_stop_at``: the step ``abort_on="collapse"`` would have
-        stopped the run (the window's end on a collapse-risk verdict, else the first flag; ``None``: never). With the
+        """The watch's record: its settings (``start``: the step its checks start from, ``Settings.watch_start``), every
+        check, the first flag's step (``None``: never), whether the window's verdict said collapse risk, and
+        ``would_stop_at``: the step ``abort_on="collapse"`` would have stopped the run (the first flag or, on a
+        collapse-risk verdict, the window's end, whichever comes first; ``None``: never). With the
         screen's trap watch (``trap``, a :class:`~satmon.screen.trap.TrapWatch`), ``trap`` holds its settings, every
         check (:meth:`~satmon.results.trap.TrapReading.to_dict`) and ``first_trapped_step`` (``None``: never named)."""
         first = next((c["step"] for c in self.checks if c["flagged"]), None)
         risk = bool(getattr(verdict, "collapse_risk", False)) if verdict is not None else False
         out = {
             "every_n_steps": s.watch_every_n_steps,
+            "watch_from": s.watch_from,
+            "start": s.watch_start,  # where the checks start (watch_from, else the warm-up's end, else the window's)
             "collapse_threshold": s.collapse_threshold,
             "patience": s.patience,
             "loss_spike_z": s.loss_spike_z,
             "checks": self.checks,
             "first_flag_step": first,
             "window_collapse_risk": risk,
-            "would_stop_at": window if risk else first,
+            # a watch that starts in the window (watch_from) may flag before its end
+            "would_stop_at": min((x for x in (first, window if risk else None) if x is not None), default=None),
         }
         if trap is not None:
             out["trap"] = {

@@ -434,13 +434,8 @@ class Screen(Watching, FollowingChanges):
             if self.reader.attached:  # the window is open
                 gate.attach()
         self._saved_gate = None
-        if self.watch is not None:
-            watching = self.watch.hooks.attached
-            if watching:
-                self.watch.detach()
-            self.watch = self._make_watch(self.watch.hooks)
-            if watching:
-                self.watch.start()
+        if self.watch is not None:  # its streaks, log and saturation hooks stay (it may run in the window)
+            self._gate_watch(self.watch)
 
     def _check_first_batch(self, model: nn.Module, args: tuple, kwargs: dict) -> None:
         """The first forward of a model just converted to DyT: its batch checks the conversion (layers that cannot
@@ -475,7 +470,7 @@ class Screen(Watching, FollowingChanges):
             self.hooks,
             self.gate_hooks,
             self.offset_hooks,
-            self.watch.hooks if self.watch else None,
+            *(self.watch.hook_sets() if self.watch else ()),
             *self._late,
             *(self.trap.paused_sets() if self.trap else ()),
             *(self._final.paused_sets() if self._final else ()),
@@ -501,6 +496,7 @@ class Screen(Watching, FollowingChanges):
                 self._follow_sampling(h)
             if self.offset_hooks is not None:  # sampled: a float64 pass over the inputs
                 self.offset_hooks.enabled = self.hooks.enabled and (step // k) % self.settings.offset_every == 0
+            self._select_in_window(step)  # the collapse watch from settings.watch_start, beside the window
         elif self.watch is not None and self.watch.hooks.attached:
             self.watch.select(step)
 
@@ -529,20 +525,21 @@ class Screen(Watching, FollowingChanges):
         if self.hooks is None or step == self._last_step:
             return
         self._last_step = step
+        if self.verdict is None and not self._window_over:  # counted, whatever stops the run at this step's end
+            self.steps_seen = min(step, self.settings.window)
         if self._live is not None:
             self._live.finish()  # a training step that called submodules, not the model: what ran is read
         if self.guard is not None:
             self._guard_step(step, loss)
         if self.trap is not None and self.trap.measuring:
             self._trap_check(step)
-        if self.should_stop:
-            return
+        if self.should_stop and self.stop is not None and self.stop.step != step:
+            return  # stopped at an earlier step: nothing more is read
+        if self.watch is not None and self.watch.measuring and not self.should_stop:  # from settings.watch_start
+            self._watch_check(step)
         if self.verdict is not None or self._window_over:
-            if self.watch is not None and self.watch.measuring:
-                self._watch_check(step)
             return
-        self.steps_seen = min(step, self.settings.window)
-        if step >= self.settings.window:
+        if step >= self.settings.window:  # the window's end: its verdict, on a step that stopped the run too
             self.conclude(step)
         elif step % self.log_every_n_steps == 0:
             tb.log_scalars(self.sink, running_scalars(self.hooks.read(sync=True), self.layer_names), step)

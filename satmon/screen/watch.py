@@ -1,4 +1,5 @@
-"""The collapse watch: after the screening window, one optimizer step in ``every`` is measured
+"""The collapse watch: from ``Settings.watch_start`` (the warm-up's end when given, else the screening window's
+end; in the window it runs beside the window's counting), one optimizer step in ``every`` is measured
 (saturation of DyT layers that feed gated MLPs, non-finite DyT inputs, the training loss) and
 breaches are counted in streaks. Like Lightning's spike detection, the watch only says what it
 found; the driver (callback or plain loop) decides, with every rank, whether to stop.
@@ -98,12 +99,13 @@ class WatchReading:
 
 
 class CollapseWatch:
-    """Measure one step in ``every_n_steps`` after the window and keep breach streaks.
+    """Measure one step in ``every_n_steps`` (from the screen's ``settings.watch_start``) and keep breach streaks.
 
     Args:
         hooks: saturation hooks on every DyT layer (attached, disabled between checks).
         gated: indices (into ``hooks.layers``) of the DyT layers that feed gated MLPs.
-        gate_hooks: gate-statistics hooks (``None`` without gated MLPs); ``readings()`` -> ``{dyt: {stat: value}}``.
+        gate_hooks: the watch's own gate-statistics hooks, not the window's (``None`` without gated MLPs);
+            ``readings()`` -> ``{dyt: {stat: value}}``.
         gate_names: DyT layer name -> gated MLP name, for the readings.
         every_n_steps, collapse_threshold, loss_spike_z, patience: see :class:`satmon.SaturationMonitor`.
         losses: the loss ring buffer the driver pushes into.
@@ -129,26 +131,27 @@ class CollapseWatch:
         self.nonfinite_total = 0  # non-finite DyT inputs seen at checks, summed: the count, not a flag
 
     def count_breach(self, reason: StopReason) -> None:
-        """Count a breach found outside the checks (the verdict's collapse risk is the streak's first breach)."""
+        """Count a breach found outside the checks: the verdict's collapse risk starts a streak (as its first breach)
+        but never lengthens one that checks in the window began, so ``patience`` counts each check once."""
         self.streak[reason] = max(self.streak.get(reason, 0), 1)
 
-    def _sets(self) -> list[Any]:
+    def hook_sets(self) -> list[Any]:
         return [h for h in (self.hooks, self.gate_hooks) if h is not None]
 
     def start(self) -> None:
         """Attach the hooks, disabled until the first watched step."""
-        for h in self._sets():
+        for h in self.hook_sets():
             h.attach()
             h.enabled = False
 
     def detach(self) -> None:
-        for h in self._sets():
+        for h in self.hook_sets():
             h.detach()
 
     def select(self, step: int) -> bool:
         """Enable the hooks for a watched step (flips once per check: two compiled variants at most)."""
         on = step % self.every == 0
-        for h in self._sets():
+        for h in self.hook_sets():
             if h.attached and h.enabled != on:
                 h.enabled = on
         if on and self.hooks.attached:
@@ -165,7 +168,7 @@ class CollapseWatch:
         ``reduce_max`` takes the maximum of a float64 tensor over ranks (every rank calls ``check``
         at the same step, so the decision is taken from the same numbers everywhere).
         """
-        for h in self._sets():
+        for h in self.hook_sets():
             h.enabled = False
         counts = self.hooks.read(sync=True)
         self.hooks.reset()

@@ -1,8 +1,13 @@
 """What runs after each optimizer step once the screen is attached, beside the window: the collapse watch
-after the verdict, the trap watch from step 1 (:mod:`satmon.screen.trap`), the non-finite guard, and the stop
-policy that turns their breaches into a stop (or a dry run's would-be stop). :class:`Watching` is the part of
-:class:`~satmon.screen.screen.Screen` that drives them; it holds no state of its own (the screen's
-collaborators do), so every watch reaches the sinks the way the verdict does.
+from ``settings.watch_start`` (the warm-up's end when given, else the window's end), the trap watch from step 1
+(:mod:`satmon.screen.trap`), the non-finite guard, and the stop policy that turns their breaches into a stop (or a
+dry run's would-be stop). :class:`Watching` is the part of :class:`~satmon.screen.screen.Screen` that drives them; it
+holds no state of its own (the screen's collaborators do), so every watch reaches the sinks the way the verdict does.
+
+A watch that starts in the window reads only hook sets of its own (saturation and gate statistics), enabled on its
+checked steps, so what the window counts (its saturation, offset and gate readings, the verdict) is what it would be
+without the watch; a check in the window goes through the same stop policy as one after it, every rank at the same
+step.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import torch
 from satmon.io import tensorboard as tb
 from satmon.io.sink import Sink
 from satmon.io.tags import TAG
+from satmon.observe.gate import GateCounter, GateHooks
 from satmon.observe.saturation import SaturationHooks
 from satmon.results.stop import StopReason, StopRecord
 from satmon.results.verdict import Verdict
@@ -54,20 +60,33 @@ class Watching:
     on_watch_check: Callable[[Any, CollapseWatch], None] | None
 
     def _make_watch(self, hooks: SaturationHooks) -> CollapseWatch:
-        s, pairings = self.settings, (self.gating.pairings if self.gating is not None else {})
+        s = self.settings
         assert self.losses is not None
-        gated = [i for i, layer in enumerate(self.layers) if layer.name in pairings]
-        return CollapseWatch(
-            hooks,
-            gated,
-            self.gate_hooks,
-            {k: p.mlp for k, p in pairings.items()},
-            s.watch_every_n_steps,
-            s.collapse_threshold,
-            s.loss_spike_z,
-            s.patience,
-            self.losses,
+        watch = CollapseWatch(
+            hooks, [], None, {}, s.watch_every_n_steps, s.collapse_threshold, s.loss_spike_z, s.patience, self.losses
         )
+        self._gate_watch(watch)
+        return watch
+
+    def _gate_watch(self, watch: CollapseWatch) -> None:
+        """Point ``watch`` at the DyT layers that feed gated MLPs (as the gating now says), with gate-statistics hooks
+        of its own: the window's (``self.gate_hooks``, the verdict's risk table) are never read or reset by a check, so
+        a watch that starts before the window's end (``settings.watch_start``) leaves the verdict as it would be
+        without it. Called again when the first training forward's trace finds the gating: the saturation hooks,
+        streaks and log stay, and new gate hooks take the attached / enabled state of the watch's."""
+        pairings = self.gating.pairings if self.gating is not None else {}
+        watch.gated = [i for i, layer in enumerate(self.layers) if layer.name in pairings]
+        watch.gate_names = {k: p.mlp for k, p in pairings.items()}
+        if watch.gate_hooks is not None:
+            watch.gate_hooks.detach()
+        watch.gate_hooks = None
+        model = getattr(self, "_model", None)
+        if pairings and model is not None and self.gating is not None:
+            counter = GateCounter(len(pairings)).to(self.layers[0].module.alpha.device)
+            watch.gate_hooks = GateHooks(model, self.gating, counter)
+            if watch.hooks.attached:
+                watch.gate_hooks.attach()
+                watch.gate_hooks.enabled = watch.hooks.enabled
 
     def _verdict_policy(self, step: int) -> None:
         assert self.verdict is not None
@@ -80,9 +99,23 @@ class Watching:
 
     def _start_watch(self) -> None:
         if self.watch is not None:
-            self.watch.start()
+            if not self.watch.hooks.attached:  # started in the window already (settings.watch_start): it goes on
+                self.watch.start()
             if self.verdict is not None:  # without one, the status says why there is none
                 self.status = "watching"
+
+    def _select_in_window(self, step: int) -> None:
+        """Before step ``step``'s forwards while the window counts: a collapse watch that starts in the window
+        (``settings.watch_start``) runs beside it, attached from its first step (disabled: under ``torch.compile`` the
+        hooks' layout then never changes in the window, and a disabled hook returns at once) and choosing its steps
+        from ``watch_start`` on as after the window (``step % watch_every_n_steps == 0``; flags only, no host sync). Its
+        hook sets are its own, so the window's counts, offset and gate readings are what they would be without it."""
+        s = self.settings
+        if self.watch is None or s.watch_start >= s.window:
+            return
+        self._start_watch()
+        if step >= s.watch_start:
+            self.watch.select(step)
 
     def _watch_check(self, step: int) -> None:
         assert self.watch is not None

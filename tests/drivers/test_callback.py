@@ -252,7 +252,7 @@ def test_unknown_options_and_settings_together_are_refused():
 
     with pytest.raises(
         TypeError,
-        match=r"Expected SaturationMonitor options among \[.*'watch_every_n_steps', 'window'\] "
+        match=r"Expected SaturationMonitor options among \[.*'watch_every_n_steps', 'watch_from', 'window'\] "
         r"\(plus sink, log_every_n_steps, on_missing, verbose, .*gating_forward_fn\), got "
         r"\['windw'\]: check the spelling",
     ):

@@ -336,3 +336,26 @@ def test_the_trap_watch_reads_only_on_its_check_steps(recorder, monkeypatch):
     assert sorted(per_step[0]) == sorted([*reads, ("torch.tensor", "screen/trap.py:_group_of")])
     assert all(sorted(per_step[i]) == reads for i in checked[1:])
     assert [r["step"] for r in screen.trap.log][:2] == [1, 5]
+
+
+def test_a_collapse_watch_in_the_window_reads_only_on_its_check_steps(recorder):
+    """``watch_from=2``, one step in 3: the watch runs beside the window (the accelerator's path, which reads nothing);
+    the window's steps it does not check read nothing, its selection included; a checked step reads."""
+    model = _models()["llama (gated MLPs: gate statistics too)"]()
+    screen = Screen(
+        window=WINDOW,
+        sample_every=2,
+        offset_every=0,
+        log_every_n_steps=10**6,
+        verbose=False,
+        trap_every_n_steps=0,
+        watch_every_n_steps=3,
+        watch_from=2,
+    )
+    flat_threshold.cache_clear()
+    per_step = _train(model, screen, recorder, WINDOW + 1, False, WINDOW, host_thresholds=False)
+    per_step[0] = [e for e in per_step[0] if e[1] != "functional/gate.py:flat_threshold"]  # placed once (see above)
+    checked = [3, 6]  # loop steps 3, 6: optimizer steps 3 and 6 watched, read when they end (steps 4 and 7)
+    assert [r["step"] for r in screen.watch.log][:2] == [4, 7]
+    assert [per_step[i] for i in range(WINDOW - 1) if i not in checked] == [[]] * (WINDOW - 1 - len(checked))
+    assert all(per_step[i] for i in checked)
