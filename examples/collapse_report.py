@@ -206,9 +206,10 @@ def record(scored: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
     equal): the gated arm's configurations at 1,200 steps; per flag ``(hits, failing configurations, false stops,
     healthy configurations, mean lead over the loss rule in whole steps)``, for the watch from the warm-up's end, the
     watch after a 500-step window and the loss rule over the configurations that failed or fell behind, and for the
-    trap reading over those that never learned; the remedy of the watch's and of the trap's flagged configurations
-    (:data:`REMEDY_WORDS`' changes: ``(words, healthy, of)``); the GELU control's configurations and how many any flag
-    fired on."""
+    trap reading over those that never learned, and how many healthy configurations had a DyT final norm (the only
+    place the trap reading can fire, so the only healthy runs that measure its false stops); the remedy of the watch's
+    and of the trap's flagged configurations (:data:`REMEDY_WORDS`' changes: ``(words, healthy, of)``); the GELU
+    control's configurations and how many any flag fired on."""
     cells = [c for part in PLANNED for c in scored[part]]
     rep = scored_report(scored)
     rows = _flag_rows(rep, None, "dyt")
@@ -238,6 +239,9 @@ def record(scored: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
         "loss_rule": five("loss rule", "failed or behind"),
         "trap": five("trap", ca.NEVER_LEARNED),
         "trap_loss_rule": five("loss rule", ca.NEVER_LEARNED),
+        "trap_healthy": sum(
+            c["outcome"] == ca.HEALTHY and _config_parts(c["config"])["final_norm"] == "dyt" for c in full
+        ),
         "remedy_watch": cure("watch"),
         "remedy_trap": cure("trap"),
         "gelu": (len(gelu), len(fired)),
@@ -425,7 +429,73 @@ def markdown(scored: Mapping[str, Sequence[Mapping[str, Any]]], refused: Sequenc
     ]
     for r in rem:
         out.append(f"| {r['change']} | {r['healthy']} of {r['of']} |")
+    out += [
+        "",
+        "#### The watch's settings, read again from the same checks (not pre-registered)",
+        "",
+        "The collapse watch at 0.5 recomputed from each arm's recorded checks (every 50 steps from step 101) with "
+        "another `patience`, another cadence (every 2nd or 4th recorded check) or another start, over the `dyt` "
+        "configurations that failed or fell behind and the healthy ones at 1,200 steps; the first row is the watch "
+        "as the grid ran it. Exploratory: chosen after the cells were in, so it can say where a setting made no "
+        "difference, not which setting is best.",
+        "",
+        "| start | cadence (steps) | patience | hits | false stops | lead (steps) | wasted |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in watch_settings(cells):
+        out.append(
+            f"| {r['start']} | {r['every']} | {r['patience']} | {r['hits']} of {r['configurations']} | "
+            f"{r['false_stops']} of {r['healthy']} | {_f(r['lead'], 0)} | {_f(r['wasted'], 2)} |"
+        )
     return "\n".join(out)
+
+
+#: The watch settings :func:`watch_settings` reads again: (first checked step, cadence, patience).
+WATCH_SETTINGS = (
+    (101, 50, 1),
+    (101, 50, 2),
+    (101, 50, 3),
+    (101, 100, 1),
+    (101, 200, 1),
+    (501, 50, 1),
+    (501, 50, 2),
+)
+
+
+def watch_step(watch: Mapping[str, Any], start: int, every: int, patience: int, level: float = 0.5) -> int | None:
+    """The collapse watch recomputed from its recorded checks: the checks at ``start``, ``start + every``, ... (the
+    recorded ones are every 50 steps), the gated saturation >= ``level`` for ``patience`` of them in a row.
+
+    Example:
+        >>> w = {"checks": [{"step": s, "gated_saturation": v} for s, v in [(101, 0.6), (151, 0.4), (201, 0.7),
+        ...      (251, 0.8), (301, 0.9)]]}
+        >>> watch_step(w, 101, 50, 1), watch_step(w, 101, 50, 2), watch_step(w, 101, 100, 2), watch_step(w, 151, 50, 1)
+        (101, 251, 201, 201)
+    """
+    streak = 0
+    for c in watch.get("checks", []):
+        if c["step"] < start or (c["step"] - start) % every:
+            continue
+        v = c.get("gated_saturation")
+        streak = streak + 1 if v is not None and v >= level else 0
+        if streak >= patience:
+            return int(c["step"])
+    return None
+
+
+def watch_settings(cells: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per :data:`WATCH_SETTINGS` row, the ``dyt`` arm's "failed or behind" row at 1,200 steps as
+    ``collapse_analysis.score`` counts it, with the watch recomputed by :func:`watch_step`."""
+    sub = [a for a in ca.arms_of(cells) if a["arm"] == "dyt"]
+    rows = []
+    for start, every, patience in WATCH_SETTINGS:
+
+        def flag_of(a: Mapping[str, Any], lab: Mapping[str, Any], s=start, e=every, p=patience) -> int | None:
+            return watch_step(a["record"].get("watch") or {}, s, e, p)
+
+        row = ca.score(ca.configurations(sub, None, flag_of=flag_of))["failed or behind"]
+        rows.append({"start": start, "every": every, "patience": patience, **row})
+    return rows
 
 
 def _kinds(row: str) -> tuple[str, ...]:

@@ -25,6 +25,7 @@ __all__ = [
     "COLLAPSE_GRID_LOSS_RULE",
     "COLLAPSE_GRID_TRAP",
     "COLLAPSE_GRID_TRAP_LOSS_RULE",
+    "COLLAPSE_GRID_TRAP_HEALTHY",
     "COLLAPSE_GRID_REMEDY",
     "COLLAPSE_GRID_TRAP_REMEDY",
     "COLLAPSE_GRID_GELU",
@@ -80,9 +81,12 @@ COLLAPSE_GRID_WATCH_LATE = (12, 13, 0, 8, -4)
 #: ... the loss rule (what watching the training loss says: at or above 0.95 x the unigram level from step 300, or a
 #: quarter of what was learned given back; lead 0 by definition) ...
 COLLAPSE_GRID_LOSS_RULE = (10, 13, 0, 8, 0)
-#: ... the trap reading over the configurations that never learned (it cannot fire with an RMSNorm final norm, where
-#: every healthy configuration was, so its false stops are not measured) ...
+#: ... the trap reading over the configurations that never learned (its false stops: over every healthy configuration,
+#: though it cannot fire with an RMSNorm final norm) ...
 COLLAPSE_GRID_TRAP = (5, 5, 0, 8, 173)
+#: ... the healthy configurations with a DyT final norm: the only ones where the trap reading could have stopped a
+#: healthy run (0: its false stops are not measured) ...
+COLLAPSE_GRID_TRAP_HEALTHY = 0
 #: ... the loss rule on those ...
 COLLAPSE_GRID_TRAP_LOSS_RULE = (5, 5, 0, 8, 0)
 #: ... the remedy: for the failing configurations the watch flagged, ``(change, healthy, of)``: in how many of those
@@ -114,6 +118,15 @@ def _cures(rows: tuple[tuple[str, int, int], ...]) -> str:
     return ", ".join(f"{w} in {h} of {n}" for w, h, n in rows)
 
 
+def _trap_false_stops() -> str:
+    if COLLAPSE_GRID_TRAP_HEALTHY == 0:
+        return (
+            "its false stops are unmeasured (every healthy configuration had an RMSNorm final norm, where it cannot "
+            "fire)"
+        )
+    return f"it stopped {COLLAPSE_GRID_TRAP[2]} of the {COLLAPSE_GRID_TRAP_HEALTHY} healthy ones with a DyT final norm"
+
+
 #: The collapse watch's measured record, one sentence (the card's collapse-risk line, README's block, the docs).
 COLLAPSE_RECORD = (
     f"the study's rule flagged 4 of its 4 collapses and 0 of its 5 other LLaMA-style runs (in-sample, final "
@@ -125,7 +138,8 @@ COLLAPSE_RECORD = (
 )
 #: What changed a flagged configuration's outcome in that grid (the card says it beside the flag).
 COLLAPSE_REMEDY = (
-    f"in satmon's collapse grid, of the flagged configurations that failed, a neighbour with one change was healthy: "
+    "in satmon's collapse grid, of the flagged configurations that failed or fell behind, a neighbour with one change "
+    "was healthy: "
     f"{_cures(COLLAPSE_GRID_REMEDY)} (warm-up not varied)"
 )
 #: The trap reading's measured record and what changed its configurations' outcome (the trap line says it).
@@ -135,7 +149,7 @@ TRAP_RECORD = (
     f"would have (which caught {COLLAPSE_GRID_TRAP_LOSS_RULE[0]} of {COLLAPSE_GRID_TRAP_LOSS_RULE[1]}): "
     f"{'earlier' if COLLAPSE_GRID_TRAP[4] > 0 else 'not earlier'}, "
     f"{'surer' if COLLAPSE_GRID_TRAP[0] > COLLAPSE_GRID_TRAP_LOSS_RULE[0] else 'not surer'}; "
-    "its false stops are unmeasured (every healthy configuration had an RMSNorm final norm, where it cannot fire); "
+    f"{_trap_false_stops()}; "
     "of the configurations it named, a neighbour with one change was healthy: "
     f"{_cures(COLLAPSE_GRID_TRAP_REMEDY)}"
 )
