@@ -204,7 +204,8 @@ REMEDY_WORDS = {
 def record(scored: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
     """The counts ``satmon.study`` states of the grid (``tests/examples/test_example_collapse_report.py`` holds them
     equal): the gated arm's configurations at 1,200 steps; per flag ``(hits, failing configurations, false stops,
-    healthy configurations, mean lead over the loss rule in whole steps)``, for the watch from the warm-up's end, the
+    healthy configurations, mean lead over the loss rule in whole steps)``, for the window's verdict (its window 100
+    steps), the watch from the warm-up's end, the
     watch after a 500-step window and the loss rule over the configurations that failed or fell behind, and for the
     trap reading over those that never learned, and how many healthy configurations had a DyT final norm (the only
     place the trap reading can fire, so the only healthy runs that measure its false stops); the remedy of the watch's
@@ -234,6 +235,7 @@ def record(scored: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
     }
     return {
         "configurations": len(full),
+        "window": five("window", "failed or behind"),
         "watch": five("watch", "failed or behind"),
         "watch_late": five("watch500", "failed or behind"),
         "loss_rule": five("loss rule", "failed or behind"),
@@ -535,8 +537,9 @@ def _sort_key(key: str) -> tuple:
 # --------------------------------------------------------------------------------------------------------- figures
 def figures(scored: Mapping[str, Sequence[Mapping[str, Any]]], folder: str | Path) -> list[Path]:
     """One figure per outcome (never learned, learned then lost, fell behind, healthy): the first configuration of
-    that outcome at 1,200 steps (in the report's order), its seed-21 cell: the held-out loss of every arm with the
-    unigram level, and the gated DyT saturation at the watch's checks, with each flag's step."""
+    that outcome at 1,200 steps (in the report's order), its first seed of that outcome, else (no configuration's
+    seeds agree on it) the first seed of that outcome in a split configuration, said in the title: the held-out loss
+    of every arm with the unigram level, and the gated DyT saturation at the watch's checks, with each flag's step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -546,12 +549,10 @@ def figures(scored: Mapping[str, Sequence[Mapping[str, Any]]], folder: str | Pat
     rep = scored_report(scored)
     full = sorted(_configs(rep, None, "dyt"), key=lambda c: _sort_key(c["config"]))
     written = []
-    for outcome in FIGURE_OUTCOMES:
-        pick = next((c for c in full if c["outcome"] == outcome), None)
-        if pick is None:
-            continue
-        p = _config_parts(pick["config"])
-        cell = min(
+
+    def cells_of(conf: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        p = _config_parts(conf["config"])
+        return sorted(
             (
                 c
                 for c in cells
@@ -561,6 +562,26 @@ def figures(scored: Mapping[str, Sequence[Mapping[str, Any]]], folder: str | Pat
             ),
             key=lambda c: c["seed"],
         )
+
+    def pick(outcome: str) -> tuple[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]] | None:
+        # a configuration whose seeds agree first; else the first seed of that outcome in a split configuration
+        for agree in (True, False):
+            for conf in full:
+                if agree and conf["outcome"] != outcome:
+                    continue
+                for cell in cells_of(conf):
+                    lab = ca.label_arm(next(a for a in ca.arms_of([cell]) if a["arm"] == "dyt"))
+                    if lab["outcome"] == outcome:
+                        return conf, cell, lab
+        return None
+
+    for outcome in FIGURE_OUTCOMES:
+        got = pick(outcome)
+        if got is None:
+            continue
+        pick_conf, cell, lab = got
+        p = _config_parts(pick_conf["config"])
+        others = "" if pick_conf["outcome"] == outcome else f" (its configuration: {_short(pick_conf['outcome'])})"
         arm = cell["arms"]["dyt"]
         u = cell["unigram_loss"]
         fig, (ax, bx) = plt.subplots(2, 1, figsize=(7, 5.4), sharex=True, height_ratios=(3, 2))
@@ -570,7 +591,6 @@ def figures(scored: Mapping[str, Sequence[Mapping[str, Any]]], folder: str | Pat
                 ax.plot(xs, ys, style, label=f"{name} (held-out)")
         ax.axhline(u, color="grey", lw=0.8, ls=":", label="unigram level U")
         ax.axhline(ca.LEARNED * u, color="grey", lw=0.6, ls="-.", label="0.9 x U")
-        lab = ca.label_arm(next(a for a in ca.arms_of([cell]) if a["arm"] == "dyt"))
         marks = {
             "watch": (lab["flags"]["watch"], "tab:red"),
             "window risk": (lab["flags"]["window"], "tab:purple"),
@@ -584,7 +604,7 @@ def figures(scored: Mapping[str, Sequence[Mapping[str, Any]]], folder: str | Pat
         ax.set_ylabel("loss (nats/byte)")
         ax.set_title(
             f"{outcome}: {p['size']}, final norm {p['final_norm']}, alpha_init {p['alpha_init']}, lr {p['lr']}, "
-            f"seed {cell['seed']}",
+            f"seed {cell['seed']}{others}",
             fontsize=9,
         )
         ax.legend(fontsize=7, ncol=2)

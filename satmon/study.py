@@ -20,6 +20,7 @@ __all__ = [
     "COLLAPSE_REMEDY",
     "TRAP_RECORD",
     "COLLAPSE_GRID_CONFIGURATIONS",
+    "COLLAPSE_GRID_WINDOW",
     "COLLAPSE_GRID_WATCH",
     "COLLAPSE_GRID_WATCH_LATE",
     "COLLAPSE_GRID_LOSS_RULE",
@@ -71,46 +72,52 @@ COLLAPSE_THRESHOLD = 0.5
 #: data/collapse, scored by examples/collapse_analysis.py): LLaMA-style byte models of width 64 with 2 and 4 blocks,
 #: 1,200 steps, warm-up 100, peak lr 3e-3 to 3e-2, alpha_init 2 to 8, the final norm RMSNorm or DyT, seeds 21 and 22.
 #: The configurations of its gated arm (DyT feeding SwiGLU), seeds counted once ...
-COLLAPSE_GRID_CONFIGURATIONS = 23
+COLLAPSE_GRID_CONFIGURATIONS = 26
 #: ... and per flag ``(hits, failing configurations, false stops, healthy configurations, mean steps before the loss
-#: rule)``: the collapse watch at 0.5 (patience 1, every 50 steps) started at the warm-up's end, over the configurations
+#: rule)``: the window's verdict (collapse risk: every DyT layer's pooled saturation >= 0.5 over a 100-step window;
+#: the default 500-step window is not measured), over the configurations that never learned, learned then lost, or
+#: fell behind ...
+COLLAPSE_GRID_WINDOW = (6, 10, 0, 9, 308)
+#: ... the collapse watch at 0.5 (patience 1, every 50 steps) started at the warm-up's end, over the configurations
 #: that never learned, learned then lost, or fell behind ...
-COLLAPSE_GRID_WATCH = (12, 13, 0, 8, 405)
+COLLAPSE_GRID_WATCH = (9, 10, 1, 9, 292)
 #: ... the same watch started after a 500-step window (satmon's default before it knew the warm-up) ...
-COLLAPSE_GRID_WATCH_LATE = (12, 13, 0, 8, -4)
+COLLAPSE_GRID_WATCH_LATE = (9, 10, 1, 9, -119)
 #: ... the loss rule (what watching the training loss says: at or above 0.95 x the unigram level from step 300, or a
 #: quarter of what was learned given back; lead 0 by definition) ...
-COLLAPSE_GRID_LOSS_RULE = (10, 13, 0, 8, 0)
+COLLAPSE_GRID_LOSS_RULE = (6, 10, 0, 9, 0)
 #: ... the trap reading over the configurations that never learned (its false stops: over every healthy configuration,
 #: though it cannot fire with an RMSNorm final norm) ...
-COLLAPSE_GRID_TRAP = (5, 5, 0, 8, 173)
+COLLAPSE_GRID_TRAP = (5, 5, 0, 9, 173)
 #: ... the healthy configurations with a DyT final norm: the only ones where the trap reading could have stopped a
 #: healthy run (0: its false stops are not measured) ...
 COLLAPSE_GRID_TRAP_HEALTHY = 0
 #: ... the loss rule on those ...
-COLLAPSE_GRID_TRAP_LOSS_RULE = (5, 5, 0, 8, 0)
+COLLAPSE_GRID_TRAP_LOSS_RULE = (5, 5, 0, 9, 0)
 #: ... the remedy: for the failing configurations the watch flagged, ``(change, healthy, of)``: in how many of those
 #: with a grid neighbour differing in that one setting the neighbour was healthy (warm-up was not varied) ...
 COLLAPSE_GRID_REMEDY = (
-    ("a lower peak learning rate", 7, 11),
-    ("an RMSNorm final norm", 3, 4),
-    ("a lower alpha_init", 2, 7),
+    ("a lower peak learning rate", 3, 8),
+    ("an RMSNorm final norm", 4, 5),
+    ("a lower alpha_init", 2, 5),
 )
 #: ... the same for the configurations the trap reading named ...
 COLLAPSE_GRID_TRAP_REMEDY = (
     ("a lower peak learning rate", 0, 4),
-    ("an RMSNorm final norm", 4, 5),
+    ("an RMSNorm final norm", 5, 6),
     ("a lower alpha_init", 0, 2),
 )
 #: ... and the GELU control (the same DyT blocks, a GELU MLP): its configurations, and how many any flag fired on.
-COLLAPSE_GRID_GELU = (15, 0)
+COLLAPSE_GRID_GELU = (18, 0)
 
 
 def _of(t: tuple[int, ...]) -> str:
     return f"{t[0]} of {t[1]} configurations that failed or fell behind and {t[2]} of {t[3]} healthy ones"
 
 
-def _when(lead: int) -> str:
+def _when(lead: int | None) -> str:
+    if lead is None:
+        return "(no lead measured: no flagged run where the loss rule fired)"
     return f"{abs(lead)} steps {'before' if lead > 0 else 'after'}"
 
 
@@ -134,7 +141,9 @@ COLLAPSE_RECORD = (
     f"the watch from the warm-up's end flagged {_of(COLLAPSE_GRID_WATCH)}, on average {_when(COLLAPSE_GRID_WATCH[4])} "
     f"watching the training loss would have (which caught {COLLAPSE_GRID_LOSS_RULE[0]} of "
     f"{COLLAPSE_GRID_LOSS_RULE[1]}); started after a 500-step window it flagged {COLLAPSE_GRID_WATCH_LATE[0]} of "
-    f"{COLLAPSE_GRID_WATCH_LATE[1]}, on average {_when(COLLAPSE_GRID_WATCH_LATE[4])} the loss"
+    f"{COLLAPSE_GRID_WATCH_LATE[1]}, on average {_when(COLLAPSE_GRID_WATCH_LATE[4])} the loss; the window's verdict "
+    f"over a 100-step window flagged {_of(COLLAPSE_GRID_WINDOW)}, on average {_when(COLLAPSE_GRID_WINDOW[4])} the loss "
+    "(the default 500-step window is unmeasured)"
 )
 #: What changed a flagged configuration's outcome in that grid (the card says it beside the flag).
 COLLAPSE_REMEDY = (
@@ -155,8 +164,12 @@ TRAP_RECORD = (
 )
 #: What the collapse rule is worth, stated once (README's block, the docs).
 COLLAPSE_WORTH = (
-    f"in a model whose DyT feeds a SwiGLU gate, {COLLAPSE_RECORD}. That record holds inside the grid's region only; "
-    '`abort_on` stays "never" by default (docs/science/abort_policy.md says why)'
+    "in a model whose DyT feeds a SwiGLU gate, the study's rule flagged 4 of its 4 collapses and 0 of its 5 other "
+    "runs (in-sample); on satmon's collapse grid (LLaMA-style, width 64, "
+    f"{COLLAPSE_GRID_CONFIGURATIONS} configurations) the watch from the warm-up's end flagged "
+    f"{_of(COLLAPSE_GRID_WATCH)}, on average {_when(COLLAPSE_GRID_WATCH[4])} watching the training loss would have "
+    f"(which caught {COLLAPSE_GRID_LOSS_RULE[0]} of {COLLAPSE_GRID_LOSS_RULE[1]}). That record holds inside the "
+    'grid\'s region only; `abort_on` stays "never" by default (docs/science/abort_policy.md says why)'
 )
 #: ``|margin|`` below this is reported as inconclusive (the decision is still given): the study's
 #: boundary sits between cells 0.4135 (DyT hurt, +5.9%) and 0.4662 (DyT helped, -9.6%), where seeds

@@ -1,0 +1,136 @@
+"""The collapse grid's report (examples/collapse_report.py): the block in docs/science/abort_policy.md and the counts
+satmon.study states are what the frozen scoring computes from the committed cells (data/collapse); the remedy's count
+on hand-made configurations with a known answer; a cell from another commit is listed, not scored."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import load_example
+from satmon import study
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "data" / "collapse"
+
+
+@pytest.fixture(scope="module")
+def cr():
+    return load_example("collapse_report")
+
+
+@pytest.fixture(scope="module")
+def cells(cr):
+    return cr.read_cells(DATA)
+
+
+def _key(size, alpha, final, lr):
+    return str((size, (("alpha_init", alpha), ("final_norm", final), ("lr", lr)), "dyt"))
+
+
+def _conf(size, alpha, final, lr, outcomes):
+    kinds = set(outcomes)
+    return {
+        "config": _key(size, alpha, final, lr),
+        "seed_outcomes": list(outcomes),
+        "outcome": kinds.pop() if len(kinds) == 1 else "split",
+    }
+
+
+def test_remedy_counts_the_one_setting_neighbours_of_flagged_failures(cr):
+    f1 = _conf("d64L2", "8", "rmsnorm", "0.03", ["fell behind"])
+    f2 = _conf("d64L2", "8", "dyt", "0.03", ["never learned", "never learned"])
+    configs = [
+        f1,
+        f2,
+        _conf("d64L2", "8", "rmsnorm", "0.01", ["healthy"]),  # f1's lower lr: healthy
+        _conf("d64L2", "8", "rmsnorm", "0.003", ["fell behind"]),  # f1's lower lr too, not healthy (any one counts)
+        _conf("d64L2", "2", "rmsnorm", "0.03", ["learned then lost"]),  # f1's lower alpha_init: not healthy
+        _conf("d64L4", "8", "rmsnorm", "0.01", ["healthy"]),  # another size: never a neighbour
+        _conf("d64L2", "8", "dyt", "0.01", ["never learned"]),  # f2's lower lr: not healthy
+        _conf("d64L2", "4", "rmsnorm", "0.01", ["healthy"]),  # two settings from f1: not a neighbour
+    ]
+    flagged = {c["config"]: c in (f1, f2) for c in configs}
+    got = {r["change"]: (r["healthy"], r["of"]) for r in cr.remedy(configs, flagged)}
+    assert got == {
+        "lr lower": (1, 2),
+        "alpha_init lower": (0, 1),
+        "final norm rmsnorm -> dyt": (0, 1),
+        "final norm dyt -> rmsnorm": (0, 1),
+    }
+    # a failure nobody flagged gives no remedy row; a healthy flagged configuration neither
+    assert cr.remedy(configs, {}) == []
+
+
+def test_a_cell_from_another_commit_is_listed_not_scored(cr, tmp_path, cells):
+    scored, _ = cells
+    src = DATA / "b"
+    one = sorted(p for p in src.glob("*.json"))[0]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    cell = json.loads(one.read_text())
+    cell["code"] = "0" * 40
+    (tmp_path / "b" / one.name).write_text(json.dumps(cell))
+    shutil.copy(sorted(src.glob("*.json"))[1], tmp_path / "b")
+    got, refused = cr.read_cells(tmp_path)
+    assert len(got["b"]) == 1 and len(refused) == 1 and "0000000" in refused[0] and one.name in refused[0]
+    assert len(cr.missing(got)) == len(cr.planned_names("a")) + len(cr.planned_names("b")) - 1
+
+
+def test_every_planned_cell_is_in_and_scored(cr, cells):
+    scored, refused = cells
+    assert refused == []
+    assert cr.missing(scored) == []
+    assert len(scored["a"]) == 36 and len(scored["b"]) == 16
+
+
+def test_the_docs_block_is_what_the_cells_give(cr, cells):
+    """docs/science/abort_policy.md's block (regenerate: `python examples/collapse_report.py data/collapse
+    --update-docs --figures docs/img`)."""
+    text = (ROOT / "docs" / "science" / "abort_policy.md").read_text(encoding="utf-8")
+    start, end = text.index(cr.MARKERS[0]) + len(cr.MARKERS[0]), text.index(cr.MARKERS[1])
+    assert text[start:end].strip() == cr.markdown(*cells).strip()
+    for outcome in cr.FIGURE_OUTCOMES:
+        assert (ROOT / "docs" / "img" / f"collapse_{outcome.replace(' ', '_')}.png").is_file()
+
+
+def test_satmon_study_states_the_grids_counts(cr, cells):
+    rec = cr.record(cells[0])
+    assert study.COLLAPSE_GRID_CONFIGURATIONS == rec["configurations"]
+    assert study.COLLAPSE_GRID_WINDOW == tuple(rec["window"])
+    assert study.COLLAPSE_GRID_WATCH == tuple(rec["watch"])
+    assert study.COLLAPSE_GRID_WATCH_LATE == tuple(rec["watch_late"])
+    assert study.COLLAPSE_GRID_LOSS_RULE == tuple(rec["loss_rule"])
+    assert study.COLLAPSE_GRID_TRAP == tuple(rec["trap"])
+    assert study.COLLAPSE_GRID_TRAP_LOSS_RULE == tuple(rec["trap_loss_rule"])
+    assert study.COLLAPSE_GRID_TRAP_HEALTHY == rec["trap_healthy"]
+    assert study.COLLAPSE_GRID_REMEDY == tuple(tuple(r) for r in rec["remedy_watch"])
+    assert study.COLLAPSE_GRID_TRAP_REMEDY == tuple(tuple(r) for r in rec["remedy_trap"])
+    assert study.COLLAPSE_GRID_GELU == tuple(rec["gelu"])
+
+
+def test_watch_step_recomputes_patience_cadence_and_start_from_the_checks(cr):
+    sat = [(101, 0.6), (151, 0.4), (201, 0.7), (251, 0.8), (301, 0.9), (351, 0.2), (401, 0.55)]
+    w = {"checks": [{"step": s, "gated_saturation": v} for s, v in sat]}
+    assert cr.watch_step(w, 101, 50, 1) == 101
+    assert cr.watch_step(w, 101, 50, 2) == 251  # 151 breaks the first streak
+    assert cr.watch_step(w, 101, 50, 3) == 301
+    assert cr.watch_step(w, 101, 100, 2) == 201  # reads 101, 201, 301, 401 only
+    assert cr.watch_step(w, 151, 100, 1) == 251  # reads 151, 251, 351
+    assert cr.watch_step(w, 351, 50, 1) == 401
+    assert cr.watch_step(w, 101, 50, 1, level=0.95) is None
+    assert cr.watch_step({"checks": [{"step": 101, "gated_saturation": None}]}, 101, 50, 1) is None
+
+
+def test_the_watch_settings_first_row_is_the_watch_the_grid_ran(cr, cells):
+    """The recomputed watch at the grid's own settings (start 101, every 50, patience 1) is the recorded flag."""
+    scored, _ = cells
+    all_cells = [c for part in cr.PLANNED for c in scored[part]]
+    first = cr.watch_settings(all_cells)[0]
+    assert (first["start"], first["every"], first["patience"]) == (101, 50, 1)
+    recorded = cr._flag_rows(cr.scored_report(scored), None, "dyt")["watch"]["failed or behind"]
+    for k in ("hits", "configurations", "false_stops", "healthy", "lead", "wasted"):
+        assert first[k] == recorded[k], k
