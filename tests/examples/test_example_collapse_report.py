@@ -134,3 +134,10 @@ def test_the_watch_settings_first_row_is_the_watch_the_grid_ran(cr, cells):
     recorded = cr._flag_rows(cr.scored_report(scored), None, "dyt")["watch"]["failed or behind"]
     for k in ("hits", "configurations", "false_stops", "healthy", "lead", "wasted"):
         assert first[k] == recorded[k], k
+
+
+def test_the_plans_own_command_gave_the_committed_report(cr, cells):
+    """data/collapse/collapse_report.json is what the plan's scoring command wrote (docs/science/abort_policy.md gives
+    the command); the report block reads the same numbers from the same cells."""
+    got = json.loads((DATA / "collapse_report.json").read_text())
+    assert json.loads(json.dumps(cr.scored_report(cells[0])))["lengths"] == got["lengths"]
