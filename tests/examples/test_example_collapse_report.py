@@ -141,3 +141,49 @@ def test_the_plans_own_command_gave_the_committed_report(cr, cells):
     the command); the report block reads the same numbers from the same cells."""
     got = json.loads((DATA / "collapse_report.json").read_text())
     assert json.loads(json.dumps(cr.scored_report(cells[0])))["lengths"] == got["lengths"]
+
+
+def _words(text: str) -> str:
+    return " ".join(text.replace("\n> ", "\n").split())
+
+
+def test_the_docs_quote_satmon_study_and_the_cells_bear_out_the_prose(cr, cells):
+    """docs/science/abort_policy.md quotes the record, the remedy and the trap's record as satmon.study words them, and
+    the counts its prose adds are what the cells give."""
+    doc = _words((ROOT / "docs" / "science" / "abort_policy.md").read_text(encoding="utf-8"))
+    for sentence in (study.COLLAPSE_RECORD, study.COLLAPSE_REMEDY, study.TRAP_RECORD):
+        assert sentence[0].upper() + sentence[1:] + "." in doc
+    scored, _ = cells
+    all_cells = [c for part in cr.PLANNED for c in scored[part]]
+    ca = cr.ca
+    full = cr._configs(cr.scored_report(scored), None, "dyt")
+    kinds = {}
+    for c in full:
+        kinds.setdefault(c["outcome"], []).append(cr._config_parts(c["config"]))
+    # never learned: 5, every one with DyT before the head
+    assert len(kinds[ca.NEVER_LEARNED]) == 5 and {p["final_norm"] for p in kinds[ca.NEVER_LEARNED]} == {"dyt"}
+    assert "**Never learned** (5 configurations, every one with DyT before the head" in doc
+    # learned then lost: no configuration; three seeds of the gated arm, best 0.81-0.89 x U, flagged at 101,
+    # 599 to 1,049 steps before the loss rule; one GELU seed
+    assert ca.LOST not in kinds
+    lost = [(a, ca.label_arm(a)) for a in ca.arms_of(all_cells)]
+    lost = [(a, lab) for a, lab in lost if lab["outcome"] == ca.LOST]
+    gated = [(a, lab) for a, lab in lost if a["arm"] == "dyt"]
+    assert len(gated) == 3 and sum(a["arm"] == "dyt-gelu" for a, _ in lost) == 1
+    best = [min(v for _, v in a["val_curve"] if v is not None) / a["unigram"] for a, _ in gated]
+    assert f"{min(best):.2f}-{max(best):.2f}" == "0.81-0.89"
+    assert {lab["flags"]["watch"] for _, lab in gated} == {101}
+    leads = sorted(lab["loss_rule"] - 101 for _, lab in gated)
+    assert (leads[0], leads[-1]) == (599, 1049) and "599 to 1,049 steps before the loss rule" in doc
+    # fell behind: 3 configurations, all d64L4 with an RMSNorm final norm, the watch on all 3, the loss rule on none
+    behind = kinds[ca.BEHIND_LABEL]
+    assert len(behind) == 3 and {(p["size"], p["final_norm"]) for p in behind} == {("d64L4", "rmsnorm")}
+    rows = cr._flag_rows(cr.scored_report(scored), None, "dyt")
+    assert rows["watch"][ca.BEHIND_LABEL]["hits"] == 3 and rows["loss rule"][ca.BEHIND_LABEL]["hits"] == 0
+    # the GELU control: 7 behind, 4 split
+    gelu = cr._tally(cr._configs(cr.scored_report(scored), None, "dyt-gelu"))
+    assert (gelu["behind"], gelu["split"]) == (7, 4) and "(7 configurations, 4 more split)" in doc
+    # healthy: 9, the watch stopped 1; split: 9
+    assert len(kinds[ca.HEALTHY]) == 9 and len(kinds["split"]) == 9
+    assert rows["watch"]["failed or behind"]["false_stops"] == 1
+    assert "9 of the 26 gated configurations are split" in doc and study.COLLAPSE_GRID_CONFIGURATIONS == 26

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from helpers import token_loader, trainer
-from satmon import SatmonAbort, SaturationMonitor, StopReason
+from satmon import SatmonAbort, SaturationMonitor, StopReason, study
 from satmon.demos.lit import LitLM
 
 
@@ -43,6 +43,9 @@ def test_gated_model_above_collapse_threshold_is_no_go_with_collapse_risk(tmp_pa
         assert r["dyt_saturation"] == pytest.approx(v.per_layer[norm])
         assert 0.0 <= r["flat_fraction"] <= 1.0 and r["mean_abs_hidden"] > 0
     assert "Gated MLP after DyT: yes" in v.card() and "collapse risk: YES" in v.card()
+    # the measured record and the grid's remedy stand beside the flag (satmon.study; docs/science/abort_policy.md)
+    card = " ".join(v.card().split())
+    assert f"Collapse record: {study.COLLAPSE_RECORD}" in card and f"What changed it: {study.COLLAPSE_REMEDY}" in card
 
 
 def test_same_model_without_gate_follows_the_043_rule(tmp_path):
@@ -51,6 +54,7 @@ def test_same_model_without_gate_follows_the_043_rule(tmp_path):
     v = monitor.verdict
     assert v.saturation >= 0.5 and v.gated is False and v.collapse_risk is False
     assert v.decision == "go" and "Gated MLP after DyT: no" in v.card()
+    assert "Collapse record" not in v.card()  # no gate, no collapse record
 
 
 def test_graceful_abort_stops_at_the_verdict_step_with_reason(tmp_path):
