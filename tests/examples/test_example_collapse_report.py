@@ -187,3 +187,16 @@ def test_the_docs_quote_satmon_study_and_the_cells_bear_out_the_prose(cr, cells)
     assert len(kinds[ca.HEALTHY]) == 9 and len(kinds["split"]) == 9
     assert rows["watch"]["failed or behind"]["false_stops"] == 1
     assert "9 of the 26 gated configurations are split" in doc and study.COLLAPSE_GRID_CONFIGURATIONS == 26
+
+
+def test_science_md_s_count_of_split_trap_configurations(cr, cells):
+    """docs/science/science.md: with DyT before the head at 3e-3, 3 of the grid's 4 configurations split by seed."""
+    full = cr._configs(cr.scored_report(cells[0]), None, "dyt")
+    low = [
+        c
+        for c in full
+        if cr._config_parts(c["config"])["final_norm"] == "dyt" and cr._config_parts(c["config"])["lr"] == "0.003"
+    ]
+    assert (sum(c["outcome"] == "split" for c in low), len(low)) == (3, 4)
+    text = " ".join((ROOT / "docs" / "science" / "science.md").read_text(encoding="utf-8").split())
+    assert "with DyT before the head at the lower rate 3e-3, 3 of its 4 configurations split" in text
