@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from satmon.io.atomic import atomic_write
+
 _HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("collapse_analysis", _HERE / "collapse_analysis.py")
 ca = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
@@ -651,9 +653,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             docs = _HERE.parent / "docs" / "science" / "abort_policy.md"
             text = docs.read_text(encoding="utf-8")
             start, end = text.index(MARKERS[0]), text.index(MARKERS[1]) + len(MARKERS[1])
-            tmp = docs.with_suffix(".md.tmp")
-            tmp.write_text(text[:start] + block + text[end:], encoding="utf-8")
-            tmp.replace(docs)
+            atomic_write(docs, text[:start] + block + text[end:])  # the docs are replaced only by a complete file
             print(f"wrote the block into {docs}")
     if args.record:
         print(json.dumps(record(scored)))

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from satmon.functional.significance import binomial_tail
+from satmon.io.atomic import atomic_write
 from satmon.results.forecast import (
     Configuration,
     KnownCell,
@@ -395,9 +396,7 @@ def main(argv: list[str] | None = None) -> int:
             docs = Path(__file__).resolve().parents[1] / "docs" / "science" / "grids.md"
             text = docs.read_text(encoding="utf-8")
             start, end = text.index(MARKERS[0]), text.index(MARKERS[1]) + len(MARKERS[1])
-            tmp = docs.with_suffix(".md.tmp")
-            tmp.write_text(text[:start] + block + text[end:], encoding="utf-8")
-            tmp.replace(docs)
+            atomic_write(docs, text[:start] + block + text[end:])  # the docs are replaced only by a complete file
             print(f"wrote the block into {docs}")
         return 0
     for why in refused:
