@@ -468,7 +468,9 @@ WATCH_SETTINGS = (
 
 def watch_step(watch: Mapping[str, Any], start: int, every: int, patience: int, level: float = 0.5) -> int | None:
     """The collapse watch recomputed from its recorded checks: the checks at ``start``, ``start + every``, ... (the
-    recorded ones are every 50 steps), the gated saturation >= ``level`` for ``patience`` of them in a row.
+    recorded ones are every 50 steps), the gated saturation >= ``level`` for ``patience`` of them in a row. It widens
+    the frozen ``collapse_analysis.watch_after`` (every recorded check after a start) by a cadence; that one stays as
+    the plan froze it, so the two are not merged.
 
     Example:
         >>> w = {"checks": [{"step": s, "gated_saturation": v} for s, v in [(101, 0.6), (151, 0.4), (201, 0.7),
