@@ -411,25 +411,26 @@ class Settings:
         """The optimizer step the collapse watch starts at: its checks measure the steps from here on that are
         multiples of ``watch_every_n_steps`` (during the window too, beside its counting, which they leave as is).
 
-        ``watch_from`` when given, else ``warmup_steps`` when the run's warm-up is given (at least step 1), else the
-        window's end; never later than the window's end (``watch_from >= window``: the watch starts after the window,
-        as it did before ``watch_from`` existed). Why the warm-up's end: started at the warm-up's end, the watch led the
-        loss rule in satmon's collapse grid (started after the window, it flagged failing runs no earlier than the
-        loss); a start inside the warm-up is unmeasured.
+        ``watch_from`` when given, else ``warmup_steps`` when the run's warm-up is given and at least one step, else
+        the window's end; never later than the window's end (``watch_from >= window``: the watch starts after the
+        window, as it did before ``watch_from`` existed). Why the warm-up's end: started at the warm-up's end, the watch
+        led the loss rule in satmon's collapse grid (started after the window, it flagged failing runs no earlier than
+        the loss). A start inside the warm-up, or at step 1 of a run without one (``warmup_steps=0``), is unmeasured,
+        so a run without a warm-up is watched after the window unless ``watch_from`` says otherwise.
 
         Example:
             >>> Settings().watch_start, Settings(warmup_steps=100).watch_start, Settings(watch_from=60).watch_start
             (500, 100, 60)
             >>> Settings(window=50, watch_from=60).watch_start, Settings(warmup_steps=0).watch_start
-            (50, 1)
+            (50, 500)
             >>> Settings(watch_from=0)
             Traceback (most recent call last):
             ...
             ValueError: Expected `watch_from` to be a positive int (the optimizer step the collapse watch starts at, \
 during the window too; None: the warm-up's end (warmup_steps) when given, else the window's end), got 0.
         """
-        start = self.watch_from if self.watch_from is not None else self.warmup_steps
-        return self.window if start is None else min(max(start, 1), self.window)
+        start = self.watch_from if self.watch_from is not None else (self.warmup_steps or None)
+        return self.window if start is None else min(start, self.window)
 
     @property
     def watch_start_text(self) -> str:

@@ -137,9 +137,9 @@ class SaturationMonitor(ReadsSettings, Callback):
             - ``watch_every_n_steps``: the collapse watch measures one optimizer step in every this many (from
               ``watch_from``); ``0``: off.
             - ``watch_from``: the optimizer step the collapse watch starts at, during the window too (beside its
-              counting, which it leaves as is); ``None`` (default): ``warmup_steps`` when given, else the window's end
-              (:attr:`satmon.Settings.watch_start`: started at the warm-up's end, the watch led the loss rule in
-              satmon's collapse grid).
+              counting, which it leaves as is); ``None`` (default): ``warmup_steps`` when given and not 0, else the
+              window's end (:attr:`satmon.Settings.watch_start`: started at the warm-up's end, the watch led the loss
+              rule in satmon's collapse grid).
             - ``patience``: consecutive breaching checks before a watch breach stops the run.
             - ``loss_spike_z``: robust sigmas (1.4826 MAD) above the loss baseline that make a spike.
             - ``loss_baseline``: steps in the loss baseline.

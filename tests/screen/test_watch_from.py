@@ -182,6 +182,10 @@ def test_default_start_is_the_warmups_end_when_given_else_the_windows_end():
     assert Settings(window=WINDOW).watch_start == WINDOW
     assert Settings(window=WINDOW, warmup_steps=50).watch_start == WINDOW  # a warm-up past the window: after it
     assert Settings(window=WINDOW, warmup_steps=5, watch_from=8).watch_start == 8  # given wins
+    # no warm-up (0): a start at step 1 is unmeasured, so the watch stays after the window unless watch_from says
+    assert Settings(window=WINDOW, warmup_steps=0).watch_start == WINDOW
+    assert Settings(window=WINDOW, warmup_steps=0).watch_start_text == "after the window"
+    assert Settings(window=WINDOW, warmup_steps=0, watch_from=1).watch_start == 1
     warm, *_ = _run(warmup_steps=5)
     assert [r["step"] for r in warm.watch.log] == _expected_checks(5, STEPS) == [7, 10, 13]
     late, *_ = _run(watch_from=40)  # at or after the window: today's behaviour
