@@ -72,6 +72,8 @@ class TAG:
     trap_final_centered = "satmon_trap/final_centered"
     trap_final_offset_ratio = "satmon_trap/final_offset_ratio"
     trap_text = "satmon/trap"
+    #: the collapse watch's first flag of a run, with satmon's measured record of what changed a flagged run's outcome
+    collapse_text = "satmon/collapse"
     hp_trap = "satmon/trap"
     # the hparams view: hyper-parameter keys (and satmon 0.3's sub-run of the session: read, never written)
     hp_window = "satmon/window"

@@ -129,6 +129,7 @@ class CollapseWatch:
         self.streak: dict[StopReason, int] = {}
         self.log: list[dict[str, Any]] = []
         self.nonfinite_total = 0  # non-finite DyT inputs seen at checks, summed: the count, not a flag
+        self.flag_said = False  # the first collapse-risk flag was said (console, text, card note): once a run
 
     def count_breach(self, reason: StopReason) -> None:
         """Count a breach found outside the checks: the verdict's collapse risk starts a streak (as its first breach)

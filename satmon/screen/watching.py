@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from satmon import study
 from satmon.io import tensorboard as tb
 from satmon.io.sink import Sink
 from satmon.io.tags import TAG
@@ -130,8 +131,26 @@ class Watching:
             step,
         )
         for reason, message in reading.due:
+            if reason is StopReason.COLLAPSE_RISK and not self.watch.flag_said:
+                self._say_collapse_flag(step, message)
             if (self.stop is None or self.stop.dry_run) and self.request_stop(reason, message, step):
                 return
+
+    def _say_collapse_flag(self, step: int, message: str) -> None:
+        """Say the collapse watch's first flag of the run where the verdict goes (console, the text
+        ``satmon/collapse``, a note on the card), whatever ``abort_on`` is, with what changed a flagged run's outcome
+        in satmon's collapse grid (``satmon.study.COLLAPSE_REMEDY``) unless the verdict's collapse risk said it."""
+        assert self.watch is not None
+        self.watch.flag_said = True
+        note = f"the collapse watch flagged step {step}: {message}"
+        if self.verdict is None or not self.verdict.collapse_risk:
+            note += f"; what changed it: {study.COLLAPSE_REMEDY} (docs/science/abort_policy.md)"
+        tb.log_text(self.sink, TAG.collapse_text, note + ".", step)
+        self.info(f"satmon: {note}.")
+        if self.verdict is None:
+            self.notes.append(note)
+        else:  # flagged after the verdict: the card says it from now on
+            self.verdict = replace(self.verdict, notes=(*self.verdict.notes, note))
 
     def _trap_check(self, step: int) -> None:
         """Read the trap (every rank at the same step), log it from step 1, and say it where the verdict goes when

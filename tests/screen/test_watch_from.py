@@ -92,6 +92,11 @@ def _run(
     return screen, model, recorder, done, gates
 
 
+def _measured(verdict) -> dict:
+    """The verdict without its notes (what the watches said of the run): what the window measured and decided."""
+    return {k: v for k, v in verdict.to_dict().items() if k != "notes"}
+
+
 def _expected_checks(start: int, steps: int) -> list[int]:
     """The steps a check reads (steps done when it ends): the optimizer step after each watched step ``s``
     (``s`` steps done before it; ``s >= start`` and a multiple of EVERY)."""
@@ -123,7 +128,10 @@ def test_the_window_verdict_is_bit_identical_with_an_early_watch():
     assert [r["step"] for r in default.watch.log] == _expected_checks(WINDOW, STEPS) == [13]
     assert [r["step"] for r in early.watch.log][:3] == [4, 7, 10]
     a, b = default.verdict, early.verdict
-    assert a.to_dict() == b.to_dict()
+    # every measured field is the same; the notes say each run's first collapse-watch flag (step 13, step 4)
+    assert _measured(a) == _measured(b)
+    assert [n.split(":")[0] for n in a.notes] == ["the collapse watch flagged step 13"]
+    assert [n.split(":")[0] for n in b.notes] == ["the collapse watch flagged step 4"]
     assert a.saturation == b.saturation and dict(a.per_layer) == dict(b.per_layer)
     assert a.risk == b.risk and a.risk["block"]["flat_fraction"] == b.risk["block"]["flat_fraction"]
     assert a.offset == b.offset
@@ -152,7 +160,8 @@ def test_a_stop_at_the_windows_last_step_still_makes_the_full_verdict():
     # watch_from 9: the one in-window check reads step 10, the window's last; it stops the run there
     screen, *_, done, _ = _run(watch_from=9, abort_on="collapse")
     assert screen.stop.step == 10 and done[-1] == 10 and [r["step"] for r in screen.watch.log] == [10]
-    assert not screen.verdict.partial and screen.verdict.to_dict() == default.verdict.to_dict()
+    assert not screen.verdict.partial and _measured(screen.verdict) == _measured(default.verdict)
+    assert [n.split(":")[0] for n in screen.verdict.notes] == ["the collapse watch flagged step 10"]
 
 
 def test_dry_run_records_the_would_be_stop_in_the_window_and_trains_on():
@@ -327,3 +336,38 @@ def test_under_torch_compile_an_early_watch_reads_as_eager_and_adds_one_graph_in
     # the watch's hooks flip between two states in the window: one graph more than the window alone, none per step
     assert early_graphs[WINDOW - 1] == default_graphs[WINDOW - 1] + 1
     assert early_graphs[-1] == early_graphs[WINDOW + 2] <= default_graphs[-1] + 1
+
+
+def test_the_first_flag_is_said_once_where_the_verdict_goes_with_the_grids_remedy():
+    """Whatever ``abort_on`` is (here "never"), the collapse watch's first flag of a run is said once: on the console,
+    as the text ``satmon/collapse`` at its step, and as a note on the card, with what changed a flagged run's outcome in
+    satmon's collapse grid (satmon.study.COLLAPSE_REMEDY)."""
+    from satmon import study
+    from satmon.io.tags import TAG
+
+    torch.manual_seed(0)
+    model, lines, sink = Gated(), [], RecordingSink()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    screen = Screen(
+        info=lines.append,
+        warn=lambda line: None,
+        sink=sink,
+        window=WINDOW,
+        watch_every_n_steps=EVERY,
+        product="exact",
+        watch_from=2,
+    )
+    screen.attach(model, example_input=torch.randn(2, 4))
+    _train(screen, model, opt, range(STEPS))
+    flagged = [r["step"] for r in screen.watch.log if r.get(StopReason.COLLAPSE_RISK.value)]
+    assert len(flagged) >= 2 and flagged[0] == 4  # the gated DyT saturates at every check: flagged at the first
+    said = [line for line in lines if "collapse watch flagged" in line]
+    assert said == [
+        f"satmon: the collapse watch flagged step 4: saturation of DyT feeding gated MLPs "
+        f"{screen.watch.log[0]['gated_saturation']:.4f} >= 0.5; what changed it: {study.COLLAPSE_REMEDY} "
+        "(docs/science/abort_policy.md)."
+    ]
+    texts = [(c[1], c[3]) for c in sink.calls if c[0] == "text" and c[1] == TAG.collapse_text]
+    assert texts == [(TAG.collapse_text, 4)]
+    card = " ".join(screen.verdict.card().split())
+    assert "Note: the collapse watch flagged step 4" in card and study.COLLAPSE_REMEDY in card
