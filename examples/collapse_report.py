@@ -468,9 +468,8 @@ WATCH_SETTINGS = (
 
 def watch_step(watch: Mapping[str, Any], start: int, every: int, patience: int, level: float = 0.5) -> int | None:
     """The collapse watch recomputed from its recorded checks: the checks at ``start``, ``start + every``, ... (the
-    recorded ones are every 50 steps), the gated saturation >= ``level`` for ``patience`` of them in a row. It widens
-    the frozen ``collapse_analysis.watch_after`` (every recorded check after a start) by a cadence; that one stays as
-    the plan froze it, so the two are not merged.
+    recorded ones are every 50 steps), the gated saturation >= ``level`` for ``patience`` of them in a row: the frozen
+    ``collapse_analysis.watch_after`` over those checks.
 
     Example:
         >>> w = {"checks": [{"step": s, "gated_saturation": v} for s, v in [(101, 0.6), (151, 0.4), (201, 0.7),
@@ -478,15 +477,8 @@ def watch_step(watch: Mapping[str, Any], start: int, every: int, patience: int, 
         >>> watch_step(w, 101, 50, 1), watch_step(w, 101, 50, 2), watch_step(w, 101, 100, 2), watch_step(w, 151, 50, 1)
         (101, 251, 201, 201)
     """
-    streak = 0
-    for c in watch.get("checks", []):
-        if c["step"] < start or (c["step"] - start) % every:
-            continue
-        v = c.get("gated_saturation")
-        streak = streak + 1 if v is not None and v >= level else 0
-        if streak >= patience:
-            return int(c["step"])
-    return None
+    checks = [c for c in watch.get("checks", []) if c["step"] >= start and (c["step"] - start) % every == 0]
+    return ca.watch_after({"collapse_threshold": level, "patience": patience, "checks": checks}, start - 1)
 
 
 def watch_settings(cells: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
