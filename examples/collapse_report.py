@@ -66,7 +66,14 @@ def read_cells(root: str | Path) -> tuple[dict[str, list[dict[str, Any]]], list[
         for f in sorted((Path(root) / part).glob("*.json")):
             if not _CELL_NAME.match(f.name) or f.name.endswith(".attempt.json"):
                 continue
-            cell = json.loads(f.read_text(encoding="utf-8"))
+            try:
+                cell = json.loads(f.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+                refused.append(f"{part}/{f.name}: not a readable cell ({type(err).__name__}: {err})")
+                continue
+            if not isinstance(cell, dict) or not isinstance(cell.get("arms"), dict):
+                refused.append(f"{part}/{f.name}: not a grid cell (expected a JSON object with 'arms')")
+                continue
             if cell.get("code") != SCORED_CODE:
                 refused.append(f"{part}/{f.name}: ran from {cell.get('code')}, not the plan's {SCORED_CODE[:7]}")
                 continue
@@ -639,6 +646,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.root.is_dir():
         raise SystemExit(f"Expected the collapse grid's folder (with a/ and b/), got {args.root}: not a folder.")
     scored, refused = read_cells(args.root)
+    if (args.markdown or args.update_docs or args.record or args.figures) and not any(scored.values()):
+        raise SystemExit(
+            f"Expected scored cells in {args.root}/a and {args.root}/b, got none"
+            + (f" ({len(refused)} not scored: {'; '.join(refused[:3])})" if refused else "")
+            + ": run the plan's commands (docs/plans/collapse_plan.md) and copy their cells/*.json there."
+        )
     if args.markdown or args.update_docs:
         block = "\n".join((MARKERS[0], markdown(scored, refused), MARKERS[1]))
         if args.markdown:

@@ -337,8 +337,8 @@ class Settings:
                 "watch_from",
                 self.watch_from,
                 1,
-                "the optimizer step the collapse watch starts at, during the window too; None: the warm-up's end "
-                "(warmup_steps) when given, else the window's end",
+                "the optimizer step the collapse watch starts at, during the window too; or None: the warm-up's "
+                "end (warmup_steps) when given and not 0, else the window's end",
             )
         _int("patience", self.patience, 1, "consecutive breaching checks")
         _int(
@@ -427,7 +427,7 @@ class Settings:
             Traceback (most recent call last):
             ...
             ValueError: Expected `watch_from` to be a positive int (the optimizer step the collapse watch starts at, \
-during the window too; None: the warm-up's end (warmup_steps) when given, else the window's end), got 0.
+during the window too; or None: the warm-up's end (warmup_steps) when given and not 0, else the window's end), got 0.
         """
         start = self.watch_from if self.watch_from is not None else (self.warmup_steps or None)
         return self.window if start is None else min(start, self.window)

@@ -200,3 +200,18 @@ def test_science_md_s_count_of_split_trap_configurations(cr, cells):
     assert (sum(c["outcome"] == "split" for c in low), len(low)) == (3, 4)
     text = " ".join((ROOT / "docs" / "science" / "science.md").read_text(encoding="utf-8").split())
     assert "with DyT before the head at the lower rate 3e-3, 3 of its 4 configurations split" in text
+
+
+def test_a_broken_or_foreign_file_is_listed_and_no_cells_is_a_clear_error(cr, tmp_path, capsys):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "d64L2_x.0123456789ab.json").write_text("{not json")
+    (tmp_path / "b" / "d64L2_y.0123456789ab.json").write_text('{"code": "x"}')
+    scored, refused = cr.read_cells(tmp_path)
+    assert scored == {"a": [], "b": []} and len(refused) == 2
+    assert "not a readable cell (JSONDecodeError" in refused[0] and "not a grid cell" in refused[1]
+    with pytest.raises(SystemExit, match="Expected scored cells in .*got none .*2 not scored"):
+        cr.main([str(tmp_path), "--markdown"])
+    assert cr.main([str(tmp_path)]) in (0, None)  # the listing says what is wrong and what is missing
+    out = capsys.readouterr().out
+    assert out.count("not scored: ") == 2 and "0 cells scored" in out
