@@ -187,6 +187,31 @@ def test_the_docs_quote_satmon_study_and_the_cells_bear_out_the_prose(cr, cells)
     assert len(kinds[ca.HEALTHY]) == 9 and len(kinds["split"]) == 9
     assert rows["watch"]["failed or behind"]["false_stops"] == 1
     assert "9 of the 26 gated configurations are split" in doc and study.COLLAPSE_GRID_CONFIGURATIONS == 26
+    assert rows["watch"][ca.NEVER_LEARNED]["hits"] == 5 and rows["window"][ca.NEVER_LEARNED]["hits"] == 4
+    assert "The watch flagged all 5 as well and the window's verdict 4" in doc
+    # the healthy configuration the watch stopped: its checks at or above 0.5, and seed 21's distance to the reference
+    stopped = [
+        a
+        for a in ca.arms_of(all_cells)
+        if a["arm"] == "dyt"
+        and a["size"] == "d64L2"
+        and dict(a["config"][1]) == {"alpha_init": "8", "final_norm": "rmsnorm", "lr": "0.01"}
+    ]
+    high = {
+        a["seed"]: [c["step"] for c in a["record"]["watch"]["checks"] if c["gated_saturation"] >= 0.5] for a in stopped
+    }
+    assert (high[21][0], high[21][-1], high[22][0], high[22][-1]) == (101, 1051, 351, 651)
+    assert high[21] == list(range(101, 1052, 50)) and high[22] == list(range(351, 652, 50))
+    ratio = {a["seed"]: a["val_curve"][-1][1] / a["reference_curve"][-1][1] for a in stopped}
+    assert f"{100 * (ratio[21] - 1):.1f}%" == "8.7%" and ratio[22] < 1
+    assert (
+        "from step 101 to 1,051 on seed 21, which ended 8.7% above" in doc and "from step 351 to 651 on seed 22" in doc
+    )
+    # the cadence row: 31 of the watch's 33 single-seed flags at its first check
+    seeds = [ca.label_arm(a)["flags"]["watch"] for a in ca.arms_of(all_cells) if a["arm"] == "dyt"]
+    fired = [f for f in seeds if f is not None]
+    assert (sum(f == 101 for f in fired), len(fired)) == (31, 33)
+    assert "31 of the watch's 33 flags on single seeds came at its first check (step 101)" in doc
 
 
 def test_science_md_s_count_of_split_trap_configurations(cr, cells):
