@@ -61,7 +61,17 @@ def _held_job(hold: Path, out: Path, not_pid: int | None = None) -> dict | None:
 
 
 def _popen(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(CLI + args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """The grid as from a terminal: SIGINT at its default, whatever this process inherited (a shell that starts a
+    command in the background, ``cmd &``, makes it ignore SIGINT, and so every process it starts, this test's too)."""
+    return subprocess.Popen(
+        CLI + args,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
