@@ -145,12 +145,7 @@ class Watching:
         note = f"the collapse watch flagged step {step}: {message}"
         if self.verdict is None or not self.verdict.collapse_risk:
             note += f"; what changed it: {study.COLLAPSE_REMEDY} (docs/science/abort_policy.md)"
-        tb.log_text(self.sink, TAG.collapse_text, note + ".", step)
-        self.info(f"satmon: {note}.")
-        if self.verdict is None:
-            self.notes.append(note)
-        else:  # flagged after the verdict: the card says it from now on
-            self.verdict = replace(self.verdict, notes=(*self.verdict.notes, note))
+        self._say(TAG.collapse_text, f"{note}.", f"satmon: {note}.", step)
 
     def _trap_check(self, step: int) -> None:
         """Read the trap (every rank at the same step), log it from step 1, and say it where the verdict goes when
@@ -165,12 +160,18 @@ class Watching:
             if event == "trapped"
             else (f"satmon: the run left the trap at step {step}: {reading.status()}.")
         )
-        tb.log_text(self.sink, TAG.trap_text, reading.markdown() if event == "trapped" else line, step)
+        self._say(TAG.trap_text, reading.markdown() if event == "trapped" else line, line, step)
+
+    def _say(self, tag: str, text: str, line: str, step: int) -> None:
+        """Say ``line`` where the verdict goes: ``text`` as the text ``tag`` at ``step``, ``line`` on the console,
+        and ``line`` (without its ``satmon: ``) as a note on the card, which says it from now on when the verdict came
+        before."""
+        tb.log_text(self.sink, tag, text, step)
         self.info(line)
         note = line.removeprefix("satmon: ")
         if self.verdict is None:
             self.notes.append(note)
-        else:  # named after the verdict: the card says it from now on
+        else:
             self.verdict = replace(self.verdict, notes=(*self.verdict.notes, note))
 
     def _guard_step(self, step: int, loss: Any) -> None:
