@@ -732,6 +732,8 @@ class Screen(Watching, FollowingChanges):
         extras = {key: read_window_state(m, sync) for key, m in self._window_states() if m is not None}
         if self.trap is not None:  # decided from reduced readings: the same on every rank, no collective
             extras["trap"] = self.trap.state_dict()
+        if self.watch is not None:  # likewise
+            extras["collapse"] = self.watch.state_dict()
         return ScreenState(
             ScreenState.saved_settings(self.settings),
             tuple(names),
@@ -764,6 +766,8 @@ class Screen(Watching, FollowingChanges):
             self.first_step = self.steps_seen
         if self.trap is not None and "trap" in saved.extras:  # every rank: the streak is the same everywhere
             self.trap.load_state_dict(saved.extras["trap"])
+        if self.watch is not None and "collapse" in saved.extras:  # likewise
+            self.watch.load_state_dict(saved.extras["collapse"])
         if plan.counts is None or (self.agreement.rank != 0 and not self._loaded_local):
             return plan.dropped
         for k, v in zip(COUNTS, plan.counts):

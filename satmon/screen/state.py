@@ -58,8 +58,9 @@ from satmon.paths import STATE_FILE  # noqa: E402  (named once, with satmon's ot
 STATE_VERSION = 2
 #: the saved counts, per layer (summed over ranks)
 COUNTS = ("saturated", "total", "nonfinite")
-#: the window's other states kept in checkpoints: loss segments, offset sums, gate statistics
-EXTRA_STATES = ("loss_segments", "offset", "gate", "trap")
+#: the window's other states kept in checkpoints: loss segments, offset sums, gate statistics, the trap's streak and
+#: what it named, the collapse watch's first flag said
+EXTRA_STATES = ("loss_segments", "offset", "gate", "trap", "collapse")
 #: settings that change what is counted (the counts restart) / how it is rounded / how long / only how counts are judged
 _COUNTED = ("level",)
 _ROUNDING = ("product",)

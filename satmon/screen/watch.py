@@ -8,7 +8,7 @@ found; the driver (callback or plain loop) decides, with every rank, whether to 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,7 +129,16 @@ class CollapseWatch:
         self.streak: dict[StopReason, int] = {}
         self.log: list[dict[str, Any]] = []
         self.nonfinite_total = 0  # non-finite DyT inputs seen at checks, summed: the count, not a flag
-        self.flag_said = False  # the first collapse-risk flag was said (console, text, card note): once a run
+        self.flag_step: int | None = None  # the step of the first collapse-risk flag said (once a run; kept on resume)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the step of the first collapse-risk flag said (-1: none), so that a resumed run
+        does not say it again. The streaks are not kept: a resumed run watches again from its first check."""
+        return {"flag_step": [-1 if self.flag_step is None else self.flag_step]}
+
+    def load_state_dict(self, state: Mapping[str, Sequence[Any]]) -> None:
+        step = int(state.get("flag_step", [-1])[0])
+        self.flag_step = None if step < 0 else step
 
     def count_breach(self, reason: StopReason) -> None:
         """Count a breach found outside the checks: the verdict's collapse risk starts a streak (as its first breach)

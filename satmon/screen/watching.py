@@ -131,7 +131,7 @@ class Watching:
             step,
         )
         for reason, message in reading.due:
-            if reason is StopReason.COLLAPSE_RISK and not self.watch.flag_said:
+            if reason is StopReason.COLLAPSE_RISK and self.watch.flag_step is None:
                 self._say_collapse_flag(step, message)
             if (self.stop is None or self.stop.dry_run) and self.request_stop(reason, message, step):
                 return
@@ -141,7 +141,7 @@ class Watching:
         ``satmon/collapse``, a note on the card), whatever ``abort_on`` is, with what changed a flagged run's outcome
         in satmon's collapse grid (``satmon.study.COLLAPSE_REMEDY``) unless the verdict's collapse risk said it."""
         assert self.watch is not None
-        self.watch.flag_said = True
+        self.watch.flag_step = step
         note = f"the collapse watch flagged step {step}: {message}"
         if self.verdict is None or not self.verdict.collapse_risk:
             note += f"; what changed it: {study.COLLAPSE_REMEDY} (docs/science/abort_policy.md)"

@@ -371,3 +371,26 @@ def test_the_first_flag_is_said_once_where_the_verdict_goes_with_the_grids_remed
     assert texts == [(TAG.collapse_text, 4)]
     card = " ".join(screen.verdict.card().split())
     assert "Note: the collapse watch flagged step 4" in card and study.COLLAPSE_REMEDY in card
+
+
+def test_a_resumed_run_does_not_say_its_first_flag_again():
+    """The first flag is said once a run: a run resumed from a checkpoint written after it (the card's notes keep it)
+    says no other, though the watch flags again at every check after the resume."""
+    torch.manual_seed(0)
+    model, lines = Gated(), []
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    options = {"window": WINDOW, "watch_every_n_steps": EVERY, "product": "exact", "watch_from": 2}
+    first = Screen(info=lines.append, warn=lambda line: None, sink=RecordingSink(), **options)
+    first.attach(model, example_input=torch.randn(2, 4))
+    assert _train(first, model, opt, range(6)) == [1, 2, 3, 4, 5, 6]
+    state = first.state_dict()
+    assert state["collapse"] == {"flag_step": [4]}
+    second = Screen(info=lines.append, warn=lambda line: None, sink=RecordingSink(), **options)
+    second.load_state_dict(state)
+    second.attach(model, example_input=torch.randn(2, 4), step=6)
+    _train(second, model, opt, range(6, STEPS))
+    assert [r["step"] for r in second.watch.log if r.get(StopReason.COLLAPSE_RISK.value)] == [7, 10, 13]
+    said = [line.split(":")[1] for line in lines if "collapse watch flagged" in line]
+    assert said == [" the collapse watch flagged step 4"]
+    notes = [n for n in second.verdict.notes if n.startswith("the collapse watch flagged")]
+    assert [n.split(":")[0] for n in notes] == ["the collapse watch flagged step 4"]
