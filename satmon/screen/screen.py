@@ -764,10 +764,16 @@ class Screen(Watching, FollowingChanges):
         self.notes.extend(plan.notes)
         if plan.restart:
             self.first_step = self.steps_seen
-        if self.trap is not None and "trap" in saved.extras:  # every rank: the streak is the same everywhere
-            self.trap.load_state_dict(saved.extras["trap"])
-        if self.watch is not None and "collapse" in saved.extras:  # likewise
-            self.watch.load_state_dict(saved.extras["collapse"])
+        for key, part in (("trap", self.trap), ("collapse", self.watch)):  # every rank: the same everywhere
+            if part is not None and key in saved.extras:
+                try:
+                    part.load_state_dict(saved.extras[key])
+                except (TypeError, ValueError, IndexError, AttributeError) as e:
+                    self.warn(
+                        f"satmon: the checkpoint's saved {key!r} state is not readable ({type(e).__name__}: {e}; "
+                        f"expected what satmon saved, got {saved.extras[key]!r:.80}): it is ignored and that watch "
+                        "starts afresh (a resumed run may say its first flag again)."
+                    )
         if plan.counts is None or (self.agreement.rank != 0 and not self._loaded_local):
             return plan.dropped
         for k, v in zip(COUNTS, plan.counts):

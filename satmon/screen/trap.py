@@ -259,7 +259,9 @@ class TrapWatch:
         }
 
     def load_state_dict(self, state: Mapping[str, Sequence[Any]]) -> None:
-        self.streak = int(state.get("streak", [0])[0])
-        closed, named = int(state.get("closed_step", [-1])[0]), int(state.get("named_step", [-1])[0])
+        streak, closed, named = (
+            int(state.get(k, [d])[0]) for k, d in (("streak", 0), ("closed_step", -1), ("named_step", -1))
+        )
+        self.streak = streak
         self.closed_step = None if closed < 0 else closed
         self.named_step = None if named < 0 else named

@@ -394,3 +394,36 @@ def test_a_resumed_run_does_not_say_its_first_flag_again():
     assert said == [" the collapse watch flagged step 4"]
     notes = [n for n in second.verdict.notes if n.startswith("the collapse watch flagged")]
     assert [n.split(":")[0] for n in notes] == ["the collapse watch flagged step 4"]
+
+
+@pytest.mark.parametrize(
+    ("key", "bad"),
+    [
+        ("collapse", {"flag_step": []}),
+        ("collapse", {"flag_step": ["x"]}),
+        ("collapse", {"flag_step": [None]}),
+        ("trap", {"streak": [2], "closed_step": [[1]], "named_step": [-1]}),
+        ("trap", {"streak": []}),
+    ],
+)
+def test_a_checkpoint_whose_watch_state_is_unreadable_is_resumed_with_a_warning(key, bad):
+    """A saved watch state that is not what satmon saved (a hand-edited or damaged checkpoint) is named in a warning
+    and ignored whole: the resumed run goes on, and the collapse watch says its first flag afresh."""
+    torch.manual_seed(0)
+    model = Gated()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    options = {"window": WINDOW, "watch_every_n_steps": EVERY, "product": "exact", "watch_from": 2}
+    first = Screen(info=lambda line: None, warn=lambda line: None, sink=RecordingSink(), **options)
+    first.attach(model, example_input=torch.randn(2, 4))
+    _train(first, model, opt, range(6))
+    lines, warnings = [], []
+    second = Screen(info=lines.append, warn=warnings.append, sink=RecordingSink(), **options)
+    second.load_state_dict({**first.state_dict(), key: bad})
+    second.attach(model, example_input=torch.randn(2, 4), step=6)
+    assert _train(second, model, opt, range(6, STEPS)) == list(range(7, STEPS + 1))
+    named = [w for w in warnings if f"saved {key!r} state is not readable" in w]
+    assert len(named) == 1 and "it is ignored" in named[0], warnings
+    if key == "collapse":
+        assert second.watch.flag_step == 7 and sum("collapse watch flagged step 7" in line for line in lines) == 1
+    else:  # nothing of it was taken: the trap starts afresh
+        assert second.trap.closed_step is None or second.trap.closed_step > 6
