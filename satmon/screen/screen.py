@@ -772,7 +772,7 @@ class Screen(Watching, FollowingChanges):
                     self.warn(
                         f"satmon: the checkpoint's saved {key!r} state is not readable ({type(e).__name__}: {e}; "
                         f"expected what satmon saved, got {saved.extras[key]!r:.80}): it is ignored and that watch "
-                        "starts afresh (a resumed run may say its first flag again)."
+                        "starts afresh (what it said before the checkpoint may be said again)."
                     )
         if plan.counts is None or (self.agreement.rank != 0 and not self._loaded_local):
             return plan.dropped
