@@ -89,6 +89,15 @@ def clean_env() -> dict[str, str]:
     }
 
 
+def popen_as_from_a_terminal(argv: Sequence[str], **kwargs) -> subprocess.Popen:
+    """``subprocess.Popen(argv, text=True, **kwargs)`` with SIGINT at its default in the child, as a terminal starts a
+    command: a shell that starts a command in the background (``cmd &``) makes it ignore SIGINT, and every process it
+    starts inherits that (this test's subject too), so a Ctrl-C the test sends would reach a child that ignores it."""
+    return subprocess.Popen(
+        list(argv), text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kwargs
+    )
+
+
 #: what a process prints when it ends by ``std::terminate`` (a C++ thread still running at exit): exit -6 (SIGABRT)
 TERMINATED = "terminate called"
 

@@ -27,7 +27,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from helpers import tiny_lit, token_loader, trainer
+from helpers import popen_as_from_a_terminal, tiny_lit, token_loader, trainer
 from satmon.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -1218,16 +1218,7 @@ def _replay_until(tmp_path: Path, folder: str, sig: int, after: int) -> tuple[in
         "PYTHONPATH": os.pathsep.join([str(ROOT), *(p for p in sys.path if p)]),
         "OMP_NUM_THREADS": "1",
     }
-    # as from a terminal
-    proc = subprocess.Popen(
-        cmd,
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    proc = popen_as_from_a_terminal(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     lines = []
     for line in proc.stdout:
         lines.append(line)

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from grid_helpers import satmon_cli
 
+from helpers import popen_as_from_a_terminal
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 #: The parent as the installed console script runs it: the working directory is not on its sys.path.
@@ -61,17 +63,7 @@ def _held_job(hold: Path, out: Path, not_pid: int | None = None) -> dict | None:
 
 
 def _popen(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
-    """The grid as from a terminal: SIGINT at its default, whatever this process inherited (a shell that starts a
-    command in the background, ``cmd &``, makes it ignore SIGINT, and so every process it starts, this test's too)."""
-    return subprocess.Popen(
-        CLI + args,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    return popen_as_from_a_terminal(CLI + args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
