@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import re
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -559,7 +560,14 @@ class SaturationHooks(HookSet):
         self.cutoffs = [pointwise_cutoff(l.function, counter.level) for l in self.layers]
         self.queue = CountQueue(counter, counter.level, keep_inputs, product=counter.product, cutoffs=self.cutoffs)
         self.refused: dict[str, str] = {} if refused is None else refused
-        self.root = root
+        # held weakly: these hooks live on the model (and the model map's cache holds the layers), so a strong
+        # reference back would keep the model, and its process group, alive after the user let go of it
+        self._root = None if root is None else weakref.ref(root)
+
+    @property
+    def root(self) -> nn.Module | None:
+        """The model whose forward calls the layers (``None``: none given, or it was freed)."""
+        return None if self._root is None else self._root()
 
     def _make_hook(self, index: int):
         layer = self.layers[index]
@@ -604,8 +612,9 @@ class SaturationHooks(HookSet):
 
     def _register(self) -> list[RemovableHandle]:
         handles = [l.module.register_forward_hook(self._make_hook(i)) for i, l in enumerate(self.layers)]
-        if self.root is not None and self.queue.keep_inputs:
-            handles.append(self.root.register_forward_hook(self._after_forward))
+        root = self.root
+        if root is not None and self.queue.keep_inputs:
+            handles.append(root.register_forward_hook(self._after_forward))
         return handles
 
     def _after_forward(self, mod: nn.Module, args: tuple, output: object) -> None:

@@ -131,6 +131,7 @@ SHARDED = COMMON + textwrap.dedent(
         record["probe"] = probe_readings(satmon.probe(ln, [b[:, :-1] for b in batches()[:2]]))
         with open(os.path.join(out, f"rank{{rank}}.json"), "w") as f:
             json.dump(record, f)
+        dist.barrier()  # every rank done with the group before any ends it (docs/reference/distributed.md)
         dist.destroy_process_group()
 
 

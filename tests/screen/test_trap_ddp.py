@@ -48,6 +48,7 @@ SCRIPT = textwrap.dedent(
             screen.step(loss)
         with open(f"{{out}}/rank{{rank}}.json", "w") as f:
             json.dump({{"log": screen.trap.log, "state": screen.trap.state}}, f)
+        dist.barrier()  # every rank done with the group before any ends it (docs/reference/distributed.md)
         dist.destroy_process_group()
 
 

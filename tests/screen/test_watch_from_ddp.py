@@ -55,6 +55,7 @@ SCRIPT = textwrap.dedent(
         own = [counts_of([item]) for item in recorder.inputs["block.norm"]]
         with open(f"{{out}}/rank{{rank}}.json", "w") as f:
             json.dump({{"log": screen.watch.log, "stop": screen.stop.step, "trained": trained, "own": own}}, f)
+        dist.barrier()  # every rank done with the group before any ends it (docs/reference/distributed.md)
         dist.destroy_process_group()
 
 

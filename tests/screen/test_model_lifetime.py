@@ -1,0 +1,75 @@
+"""A model satmon watched is freed once its user lets go of it (the model and the screen), with every hook set on:
+satmon's hooks live on the model, and the model map's cache holds its layers, so nothing reached from them may hold
+the model itself. Kept alive, a plain loop's model would stay in memory for the rest of the process (a sweep or a
+notebook piles them up), and under DDP its process group would outlive ``destroy_process_group`` until the
+interpreter's exit, where gloo's threads end the process by ``std::terminate`` (test_trap_ddp.py saw it)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+from test_watch_from import Gated
+
+from satmon import Screen, convert_to_dyt
+
+
+def _watched(make, example, batch, loss_of, keep_inputs=None, **options) -> weakref.ref:
+    """Train a model under a screen in a plain loop, leave no reference behind but a weak one."""
+    model = make()
+    screen = Screen(info=lambda line: None, warn=lambda line: None, **options)
+    screen.attach(model, example_input=example, keep_inputs=keep_inputs)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    for _ in range(12):
+        loss = loss_of(model, batch())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        screen.step(loss)
+    assert screen.steps_seen > 0 and screen.watch is not None and screen.trap is not None
+    return weakref.ref(model)
+
+
+@pytest.mark.parametrize("product", ["exact", "module"])
+@pytest.mark.parametrize("keep_inputs", [True, False])
+def test_a_gated_model_is_freed_after_a_screen_with_every_watch(product, keep_inputs):
+    ref = _watched(
+        Gated,
+        torch.randn(2, 4),
+        lambda: torch.randn(5, 4),
+        lambda m, x: m(x).square().mean(),
+        window=6,
+        watch_every_n_steps=3,
+        watch_from=2,
+        trap_every_n_steps=2,
+        product=product,
+        keep_inputs=keep_inputs,
+    )
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_hugging_face_llama_is_freed_after_a_screen():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    )
+    ref = _watched(
+        lambda: convert_to_dyt(transformers.LlamaForCausalLM(cfg), alpha_init=4.0, rmsnorm=True),
+        torch.randint(0, 64, (2, 8)),
+        lambda: torch.randint(0, 64, (2, 8)),
+        lambda m, x: m(x, labels=x).loss,
+        window=6,
+        watch_every_n_steps=3,
+        watch_from=2,
+        trap_every_n_steps=2,
+    )
+    gc.collect()
+    assert ref() is None
