@@ -15,6 +15,7 @@ with the head: its gradient reaches it through the head). A module whose forward
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,21 +164,30 @@ class ForwardOrder(HookSet):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        self.model = model
-        self.start: dict[nn.Module, int] = {}
-        self.end: dict[nn.Module, int] = {}
+        # every module weakly (the hooks live on them): a kept screen's order does not keep the model alive
+        self._model = weakref.ref(model)
+        self.start: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
+        self.end: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
         self._tick = 0
-        self._first: nn.Module | None = None  # the first module that ran: when it starts again, a new forward has begun
+        # the first module that ran: when it starts again, a new forward has begun
+        self._first: weakref.ref[nn.Module] | None = None
         self.done = False
+
+    @property
+    def model(self) -> nn.Module:
+        model = self._model()
+        if model is None:
+            raise RuntimeError("Expected the model of this forward order to be alive, got one that was deleted.")
+        return model
 
     def _pre(self, module: nn.Module, _args: Any) -> None:
         if torch.compiler.is_compiling():  # eager only, as the offset statistics: nothing is recorded in a graph
             return
         if self.enabled and not self.done and not recomputing():
             if not self.start:
-                self._first = module
+                self._first = weakref.ref(module)
             elif (
-                module is self._first and module in self.end
+                self._first is not None and module is self._first() and module in self.end
             ):  # the first module again: a second forward (accumulation)
                 self.done = True
                 return

@@ -16,6 +16,7 @@ and its verdict comes from the same :class:`~satmon.results.reading.Reading` -> 
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -164,6 +165,20 @@ class Screen(Watching, FollowingChanges):
         self.on_watch_check: Callable[[Any, CollapseWatch], None] | None = None
         self._reset_run()
 
+    @property
+    def _model(self) -> nn.Module | None:
+        """The model attached to (its weights are checked at the verdict), ``None`` before attach or once it is gone.
+
+        Held weakly, as the hooks on it hold it: a screen its user keeps (for its card, in a list of runs) does not
+        keep the model, and under DDP its process group, alive; a DDP model that outlives ``destroy_process_group``
+        can hang its process at exit (docs/reference/distributed.md)."""
+        ref = self.__dict__.get("_model_ref")
+        return None if ref is None else ref()
+
+    @_model.setter
+    def _model(self, model: nn.Module | None) -> None:
+        self.__dict__["_model_ref"] = None if model is None else weakref.ref(model)
+
     def _reset_run(self) -> None:
         """Everything one run of the screen holds (hooks, counts, verdict, stop, notes): as a new screen has it."""
         self.layers: list[NormLayer] = []
@@ -196,7 +211,8 @@ class Screen(Watching, FollowingChanges):
         self._loaded: ScreenState | None = None  # a checkpoint's state, restored at attach
         # its counts are this process's own (a new session of the run), not summed over ranks
         self._loaded_local = False
-        self._model: nn.Module | None = None  # the model attached to (its weights are checked at the verdict)
+        self._model = None  # the model attached to, held weakly (see the property)
+        self._n_params = 0  # its parameter count at attach, for a forecast made once it is gone
         # modules that change during the window: the model map flags a registration (O(1) a step); layers that
         # appear (added, or another module under a counted name) are counted by hook sets of their own
         self._map: ModelMap | None = None
@@ -380,6 +396,7 @@ class Screen(Watching, FollowingChanges):
         n = len(layers)
         keep = device.type == "cpu" if keep_inputs is None else keep_inputs
         self._model, self._keep_inputs = model, keep
+        self._n_params = sum(p.numel() for p in model.parameters())
         # the window's hook sets: the same as a probe's (satmon.observe.reading_hooks)
         self.reader = ReadingHooks(
             model,
@@ -649,7 +666,8 @@ class Screen(Watching, FollowingChanges):
     def _planned_forecast(self) -> Forecast:
         """The forecast the card shows beside the decision: the driver's, else one from the settings' token counts."""
         s = self.settings
-        params = sum(p.numel() for p in self._model.parameters()) if self._model is not None else 0
+        model = self._model
+        params = sum(p.numel() for p in model.parameters()) if model is not None else self._n_params
         f = (
             self.forecast
             if self.forecast is not None

@@ -12,6 +12,7 @@ collectives under DDP, reached by every rank at the same step: the counts summed
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -112,7 +113,8 @@ class TrapWatch:
         level: float = 2.0,
         refused: dict[str, str] | None = None,
     ) -> None:
-        self.model, self.every, self.patience, self.floor = model, every, patience, floor
+        self._model = weakref.ref(model)  # weakly: a kept screen does not keep its model alive
+        self.every, self.patience, self.floor = every, patience, floor
         device = layers[0].module.alpha.device if layers else torch.device("cpu")
         self.names = [l.name for l in layers]
         self.hooks = TrapHooks(layers, TrapCounter(len(layers)).to(device), level, refused)
@@ -126,6 +128,13 @@ class TrapWatch:
         self.named_step: int | None = None  # the check that named the run trapped (None: not trapped now)
         self.last: TrapReading | None = None
         self.log: list[dict[str, Any]] = []
+
+    @property
+    def model(self) -> nn.Module:
+        model = self._model()
+        if model is None:
+            raise RuntimeError("Expected the model this trap watch reads to be alive, got one that was deleted.")
+        return model
 
     @property
     def state(self) -> str:

@@ -1,8 +1,8 @@
-"""A model satmon watched is freed once its user lets go of it (the model and the screen), with every hook set on:
-satmon's hooks live on the model, and the model map's cache holds its layers, so nothing reached from them may hold
-the model itself. Kept alive, a plain loop's model would stay in memory for the rest of the process (a sweep or a
-notebook piles them up), and under DDP its process group would outlive ``destroy_process_group`` until the
-interpreter's exit, where gloo's threads end the process by ``std::terminate`` (test_trap_ddp.py saw it)."""
+"""A model satmon watched is freed once its user lets go of it, with every hook set on, even while the user keeps
+the screen (for its card, in a list of runs): satmon's hooks live on the model, the model map's cache holds its
+layers, and the screen holds its hook sets, so nothing reached from them may hold the model itself. Kept alive, a
+plain loop's model would stay in memory for the rest of the process (a sweep or a notebook piles them up), and a DDP
+model would outlive ``destroy_process_group``, where freeing it can deadlock (docs/reference/distributed.md)."""
 
 from __future__ import annotations
 
@@ -73,3 +73,31 @@ def test_a_hugging_face_llama_is_freed_after_a_screen():
     )
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.parametrize("steps", [0, 4, 12], ids=["attached", "in the window", "after the verdict"])
+def test_a_model_is_freed_while_its_screen_is_kept_and_the_card_stays(steps):
+    model = Gated()
+    screen = Screen(
+        info=lambda line: None,
+        warn=lambda line: None,
+        window=6,
+        watch_every_n_steps=3,
+        watch_from=2,
+        trap_every_n_steps=2,
+    )
+    screen.attach(model, example_input=torch.randn(2, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        loss = model(torch.randn(5, 4)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        screen.step(loss)
+    assert (screen.verdict is not None) == (steps > 6)
+    card, state = screen.card(), screen.state_dict()
+    ref = weakref.ref(model)
+    del model, opt
+    gc.collect()
+    assert ref() is None
+    assert screen.card() == card and screen.state_dict() == state  # what the screen read is kept
