@@ -4,6 +4,7 @@ reference lives in ``reference.py``)."""
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -112,22 +113,29 @@ def run_ranks(
     of the session is then killed, and on a timeout the whole session is (no rank outlives the test). Fails, with
     what the ranks printed, on a timeout, on rank 0's non-zero exit, and on a rank that ended by ``std::terminate``
     (:data:`TERMINATED` in the output, exit -6: a thread or a process group still running at exit), since a user's
-    DDP job must exit 0.
+    DDP job must exit 0. On a timeout every process of the session is first sent SIGABRT, on which Python's
+    faulthandler (``PYTHONFAULTHANDLER``, set for the run) prints where each of its threads is: the failure says
+    where a rank hung, not only that it did.
     """
     proc = subprocess.Popen(
         list(argv),
         cwd=cwd,
-        env=None if env is None else dict(env),
+        env={**(os.environ if env is None else env), "PYTHONFAULTHANDLER": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_no_core_files,
     )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_session(proc.pid)
-        out, err = proc.communicate()
+        _signal_session(proc.pid, signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            _kill_session(proc.pid)
+            out, err = proc.communicate()
         raise AssertionError(
             f"Expected {argv[0]} and its ranks to finish within {timeout:.0f} s, got a run still "
             f"going (killed, with every rank)\n{out[-3000:]}\n{err[-5000:]}"
@@ -141,12 +149,22 @@ def run_ranks(
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def _kill_session(pid: int) -> None:
-    """Kill every process left in the session (process group) that ``pid`` leads."""
+def _no_core_files() -> None:
+    """In a rank, before it starts: no core file from the SIGABRT a timeout sends."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _signal_session(pid: int, sig: int) -> None:
+    """Send ``sig`` to every process left in the session (process group) that ``pid`` leads."""
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _kill_session(pid: int) -> None:
+    """Kill every process left in the session (process group) that ``pid`` leads."""
+    _signal_session(pid, signal.SIGKILL)
 
 
 class RecordingSink:

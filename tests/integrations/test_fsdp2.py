@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -25,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import clean_env
+from helpers import clean_env, run_ranks
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo"
@@ -152,15 +151,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     tmp = tmp_path_factory.mktemp("fsdp2")
     script = tmp / "fsdp2_run.py"
     script.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n" + SHARDED.format(window=WINDOW, steps=STEPS))
-    proc = subprocess.run(
-        [sys.executable, str(script), str(_free_port()), str(tmp)],
-        cwd=tmp,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=clean_env(),
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_ranks([sys.executable, str(script), str(_free_port()), str(tmp)], cwd=tmp, env=clean_env(), timeout=240)
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 

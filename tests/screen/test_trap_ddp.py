@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(
 TESTS = Path(__file__).resolve().parents[1]
 SCRIPT = textwrap.dedent(
     """
-    import json, sys
+    import gc, json, sys, weakref
     sys.path.insert(0, {tests!r})
     import torch
     import torch.distributed as dist
@@ -48,7 +48,13 @@ SCRIPT = textwrap.dedent(
             screen.step(loss)
         with open(f"{{out}}/rank{{rank}}.json", "w") as f:
             json.dump({{"log": screen.trap.log, "state": screen.trap.state}}, f)
-        dist.barrier()  # every rank done with the group before any ends it (docs/reference/distributed.md)
+        ddp = weakref.ref(model)
+        del model
+        gc.collect()
+        # the screen, still held, does not keep the DDP model alive: it is freed before its group ends, so freeing it
+        # after destroy_process_group (a deadlock in PyTorch, docs/reference/distributed.md) cannot happen
+        assert ddp() is None, "the screen kept the DDP model alive"
+        dist.barrier()
         dist.destroy_process_group()
 
 
