@@ -180,6 +180,11 @@ class ForwardOrder(HookSet):
             raise RuntimeError("Expected the model of this forward order to be alive, got one that was deleted.")
         return model
 
+    @property
+    def alive(self) -> bool:
+        """Whether the model is still alive (a screen kept after its model was freed reads nothing more)."""
+        return self._model() is not None
+
     def _pre(self, module: nn.Module, _args: Any) -> None:
         if torch.compiler.is_compiling():  # eager only, as the offset statistics: nothing is recorded in a graph
             return

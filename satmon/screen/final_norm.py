@@ -52,6 +52,8 @@ class FinalNorm:
 
     def settle(self) -> None:
         """Between steps: once a forward was recorded, read the final norm's kind and detach (O(1) until then)."""
+        if self.order is not None and not self.order.alive:  # the model was freed: its kind stays unknown
+            self.order = None
         if self.order is not None and self.order.seen:
             self.order.detach()
             self._kind, self.order = self.order.final_kind(), None

@@ -568,6 +568,12 @@ class Screen(Watching, FollowingChanges):
                 "satmon: Screen.step() was called before Screen.attach(model): nothing is counted and no verdict "
                 "will come. Call screen.attach(model) before the training loop."
             )
+        if self.__dict__.get("_model_ref") is not None and self._model is None:
+            raise RuntimeError(
+                "Expected the model this screen is attached to to be alive at Screen.step(), got one that was freed "
+                "(the screen holds it weakly): call step() after each optimizer step while the model trains; once "
+                "it is freed, call screen.finish() and read the card (the screen keeps what it counted)."
+            )
         self._steps_done += 1
         self.end_step(self._steps_done, loss)
         self.begin_step(self._steps_done)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from test_watch_from import Gated
 
+from helpers import assert_mentions
 from satmon import Screen, convert_to_dyt
 
 
@@ -101,3 +102,25 @@ def test_a_model_is_freed_while_its_screen_is_kept_and_the_card_stays(steps):
     gc.collect()
     assert ref() is None
     assert screen.card() == card and screen.state_dict() == state  # what the screen read is kept
+
+
+def test_a_step_after_the_model_was_freed_is_refused_and_finish_still_gives_the_verdict():
+    torch.manual_seed(0)
+    model = Gated()
+    screen = Screen(info=lambda line: None, warn=lambda line: None, window=6, trap_every_n_steps=2)
+    screen.attach(model, example_input=torch.randn(2, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    for _ in range(3):
+        loss = model(torch.randn(5, 4)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        screen.step(loss)
+    del model, opt
+    gc.collect()
+    with pytest.raises(RuntimeError) as refused:
+        screen.step(loss)
+    assert_mentions(str(refused.value), "Screen.step()", "freed", "screen.finish()")
+    assert screen.steps_seen == 3  # the refused step counted nothing
+    screen.finish()
+    assert screen.verdict is not None and screen.verdict.window == 3
