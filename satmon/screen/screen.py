@@ -357,8 +357,9 @@ class Screen(Watching, FollowingChanges):
         (no collective: every rank does the same with its own). A checkpoint loaded since (:meth:`load_state_dict`)
         takes their place. Another model is refused: its counts and verdict would be mixed with this one's."""
         if self._model is not model:
+            first = type(self._model).__name__ if self._model is not None else "since freed"
             raise RuntimeError(
-                f"Expected the model this screen was attached to ({type(self._model).__name__}), got another "
+                f"Expected the model this screen was attached to ({first}), got another "
                 f"one ({type(model).__name__}): a Screen screens one run of one model, and this one holds "
                 "the first model's counts and verdict. Make a new Screen for the other model."
             )

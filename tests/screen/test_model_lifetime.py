@@ -124,3 +124,16 @@ def test_a_step_after_the_model_was_freed_is_refused_and_finish_still_gives_the_
     assert screen.steps_seen == 3  # the refused step counted nothing
     screen.finish()
     assert screen.verdict is not None and screen.verdict.window == 3
+
+
+@pytest.mark.parametrize("freed", [False, True])
+def test_a_screen_attached_to_a_second_model_is_refused_whether_the_first_is_alive_or_freed(freed):
+    first = Gated()
+    screen = Screen(info=lambda line: None, warn=lambda line: None, window=6)
+    screen.attach(first, example_input=torch.randn(2, 4))
+    if freed:
+        del first
+        gc.collect()
+    with pytest.raises(RuntimeError) as refused:
+        screen.attach(Gated(), example_input=torch.randn(2, 4))
+    assert_mentions(str(refused.value), "since freed" if freed else "(Gated)", "Make a new Screen")
