@@ -36,6 +36,7 @@ from satmon.model.discovery import (
     selects,
     strip_wrappers,
 )
+from satmon.model.weak import WeakModel
 
 if TYPE_CHECKING:
     from satmon.model.dataflow import FlowTrace, LiveTrace
@@ -110,11 +111,13 @@ class ModelMap:
         (True, False)
     """
 
+    model = WeakModel(required=True)  # weakly: the hooks and the cache live on the model
+
     def __init__(self, model: nn.Module) -> None:
         global _builds
         _builds += 1
         _install_hook()
-        self._model = weakref.ref(model)
+        self.model = model
         self._changed: list[str] = []
         self._listeners: list[weakref.WeakMethod] = []
         raw = list(model.named_modules())
@@ -188,13 +191,6 @@ class ModelMap:
         m = self._modules[name]
         return self.model if m is None else m
 
-    @property
-    def model(self) -> nn.Module:
-        model = self._model()
-        if model is None:
-            raise RuntimeError("Expected the model of this map to be alive, got a map whose model was deleted.")
-        return model
-
     def _flag(self, parent: nn.Module, name: str, submodule: nn.Module | None = None) -> None:
         where = self._names.get(id(parent), "?")
         path = f"{where}.{name}" if where else name
@@ -238,7 +234,7 @@ class ModelMap:
 
     def current(self) -> bool:
         """Still the model's structure: no registration flagged, and the module tree is the same (one walk)."""
-        model = self._model()
+        model = ModelMap.model.held(self)
         return model is not None and not self._changed and self._complete and _tree(model) == self._tree
 
     # ------------------------------------------------------------------------------------ reading

@@ -28,6 +28,7 @@ from satmon.functional.offset import offset_summary, offset_sums
 from satmon.functional.trap import grad_square
 from satmon.model.discovery import NormLayer
 from satmon.model.map import model_map
+from satmon.model.weak import WeakModel
 from satmon.observe.hookset import HookSet, recomputing
 from satmon.observe.offset import OffsetCounter, OffsetHooks
 from satmon.results.trap import TrapReading, reading_of
@@ -162,10 +163,12 @@ class ForwardOrder(HookSet):
         ('1', 'layernorm', ['head', '0'])
     """
 
+    model = WeakModel(required=True)
+
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         # every module weakly (the hooks live on them): a kept screen's order does not keep the model alive
-        self._model = weakref.ref(model)
+        self.model = model
         self.start: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
         self.end: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
         self._tick = 0
@@ -174,16 +177,9 @@ class ForwardOrder(HookSet):
         self.done = False
 
     @property
-    def model(self) -> nn.Module:
-        model = self._model()
-        if model is None:
-            raise RuntimeError("Expected the model of this forward order to be alive, got one that was deleted.")
-        return model
-
-    @property
     def alive(self) -> bool:
         """Whether the model is still alive (a screen kept after its model was freed reads nothing more)."""
-        return self._model() is not None
+        return ForwardOrder.model.held(self) is not None
 
     def _pre(self, module: nn.Module, _args: Any) -> None:
         if torch.compiler.is_compiling():  # eager only, as the offset statistics: nothing is recorded in a graph

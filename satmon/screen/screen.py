@@ -16,7 +16,6 @@ and its verdict comes from the same :class:`~satmon.results.reading.Reading` -> 
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -36,6 +35,7 @@ from satmon.model.discovery import NormLayer
 from satmon.model.dyt_init import dyt_parameter_problems
 from satmon.model.gating import detect_gating
 from satmon.model.map import ModelMap, model_map
+from satmon.model.weak import WeakModel
 from satmon.observe.counters import SaturationCounter
 from satmon.observe.gate import GateCounter, GateHooks
 from satmon.observe.hookset import paused
@@ -132,6 +132,9 @@ class Screen(Watching, FollowingChanges):
         satmon verdict: NO-GO
     """
 
+    #: held weakly (:mod:`satmon.model.weak`): a screen its user keeps does not keep the model alive
+    _model = WeakModel()
+
     def __init__(
         self,
         settings: Settings | None = None,
@@ -165,20 +168,6 @@ class Screen(Watching, FollowingChanges):
         self.on_watch_check: Callable[[Any, CollapseWatch], None] | None = None
         self._reset_run()
 
-    @property
-    def _model(self) -> nn.Module | None:
-        """The model attached to (its weights are checked at the verdict), ``None`` before attach or once it is gone.
-
-        Held weakly, as the hooks on it hold it: a screen its user keeps (for its card, in a list of runs) does not
-        keep the model, and under DDP its process group, alive; a DDP model that outlives ``destroy_process_group``
-        can hang its process at exit (docs/reference/distributed.md)."""
-        ref = self.__dict__.get("_model_ref")
-        return None if ref is None else ref()
-
-    @_model.setter
-    def _model(self, model: nn.Module | None) -> None:
-        self.__dict__["_model_ref"] = None if model is None else weakref.ref(model)
-
     def _reset_run(self) -> None:
         """Everything one run of the screen holds (hooks, counts, verdict, stop, notes): as a new screen has it."""
         self.layers: list[NormLayer] = []
@@ -211,7 +200,7 @@ class Screen(Watching, FollowingChanges):
         self._loaded: ScreenState | None = None  # a checkpoint's state, restored at attach
         # its counts are this process's own (a new session of the run), not summed over ranks
         self._loaded_local = False
-        self._model = None  # the model attached to, held weakly (see the property)
+        self._model = None  # the model attached to (its weights are checked at the verdict)
         self._n_params = 0  # its parameter count at attach, for a forecast made once it is gone
         # modules that change during the window: the model map flags a registration (O(1) a step); layers that
         # appear (added, or another module under a counted name) are counted by hook sets of their own
@@ -569,7 +558,7 @@ class Screen(Watching, FollowingChanges):
                 "satmon: Screen.step() was called before Screen.attach(model): nothing is counted and no verdict "
                 "will come. Call screen.attach(model) before the training loop."
             )
-        if self.__dict__.get("_model_ref") is not None and self._model is None:
+        if self.hooks is not None and self._model is None:  # attached, and the model was freed since
             raise RuntimeError(
                 "Expected the model this screen is attached to to be alive at Screen.step(), got one that was freed "
                 "(the screen holds it weakly): call step() after each optimizer step while the model trains; once "

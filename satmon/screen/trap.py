@@ -12,7 +12,6 @@ collectives under DDP, reached by every rank at the same step: the counts summed
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -24,6 +23,7 @@ from satmon.functional.trap import REACH_FLOOR, TRAP_SATURATION
 from satmon.io.sink import Sink
 from satmon.io.tags import TAG
 from satmon.model.discovery import NormLayer
+from satmon.model.weak import WeakModel
 from satmon.observe.offset import OFFSET_RETAINED_BELOW
 from satmon.observe.trap import ForwardOrder, GradReach, Layout, TrapCounter, TrapHooks
 from satmon.results.trap import TrapReading, reading_of
@@ -103,6 +103,8 @@ class TrapWatch:
         refused: layers the saturation hooks refused (shared with them).
     """
 
+    model = WeakModel(required=True)  # weakly (satmon.model.weak)
+
     def __init__(
         self,
         model: nn.Module,
@@ -113,7 +115,7 @@ class TrapWatch:
         level: float = 2.0,
         refused: dict[str, str] | None = None,
     ) -> None:
-        self._model = weakref.ref(model)  # weakly: a kept screen does not keep its model alive
+        self.model = model
         self.every, self.patience, self.floor = every, patience, floor
         device = layers[0].module.alpha.device if layers else torch.device("cpu")
         self.names = [l.name for l in layers]
@@ -128,13 +130,6 @@ class TrapWatch:
         self.named_step: int | None = None  # the check that named the run trapped (None: not trapped now)
         self.last: TrapReading | None = None
         self.log: list[dict[str, Any]] = []
-
-    @property
-    def model(self) -> nn.Module:
-        model = self._model()
-        if model is None:
-            raise RuntimeError("Expected the model this trap watch reads to be alive, got one that was deleted.")
-        return model
 
     @property
     def state(self) -> str:
