@@ -48,6 +48,7 @@ from torch.overrides import TorchFunctionMode
 from satmon.batches import feed
 from satmon.model.discovery import read_module, strip_wrappers
 from satmon.model.frozen_forward import reshard_fsdp
+from satmon.model.weak import WeakModel
 
 __all__ = ["FlowTrace", "GatedProduct", "Interaction", "LiveTrace", "own_forward", "trace_flow", "tracing"]
 
@@ -645,6 +646,7 @@ class LiveTrace:
     """
 
     TRIES = 3
+    _model = WeakModel()  # the hooks live on the model (satmon.model.weak)
 
     def __init__(
         self,
@@ -654,7 +656,7 @@ class LiveTrace:
         *,
         done: Callable[[FlowTrace | None, str], None],
     ) -> None:
-        self._model = weakref.ref(model)
+        self._model = model
         self._names, self._opaque, self._done = list(norm_names), opaque, done
         self._mode: _Mode | None = None  # what the traced calls showed so far
         self._owner: nn.Module | None = None  # the outermost module being traced now
@@ -687,7 +689,7 @@ class LiveTrace:
         if _compiling():  # inside a compiled region (Module.compile() on the root): no trace, never a graph of its own
             return
         if self._owner is None:
-            model = self._model()
+            model = self._model
             if model is None or not module.training or _TRACING:  # a training forward, never satmon's own eval trace
                 return
             if self._mode is None:
@@ -717,7 +719,7 @@ class LiveTrace:
                 )
             return
         self._read = True
-        if module is self._model():
+        if module is self._model:
             self.finish()
 
     def _leave(self) -> None:

@@ -39,7 +39,7 @@ class WeakModel:
 
     def __init__(self, required: bool = False) -> None:
         self.required = required
-        self._slot = "_weak_model"
+        self._slot = ""  # set by __set_name__, from the attribute's name
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._slot = f"_{name}_weakref"

@@ -36,7 +36,6 @@ from __future__ import annotations
 import math
 import re
 import warnings
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -59,6 +58,7 @@ from satmon.functional.saturation import (
     threshold_host_fn,
 )
 from satmon.model.discovery import NormLayer
+from satmon.model.weak import WeakModel
 from satmon.observe.counters import SaturationCounter
 from satmon.observe.hookset import HookSet, recomputing
 from satmon.results.verdict import LayerCounts
@@ -533,6 +533,10 @@ class SaturationHooks(HookSet):
         >>> hooks.detach()
     """
 
+    #: the model whose forward calls the layers (``None``: none given, or it was freed); held weakly, as these
+    #: hooks live on it (:mod:`satmon.model.weak`)
+    root = WeakModel()
+
     def __init__(
         self,
         layers: Sequence[NormLayer],
@@ -560,14 +564,7 @@ class SaturationHooks(HookSet):
         self.cutoffs = [pointwise_cutoff(l.function, counter.level) for l in self.layers]
         self.queue = CountQueue(counter, counter.level, keep_inputs, product=counter.product, cutoffs=self.cutoffs)
         self.refused: dict[str, str] = {} if refused is None else refused
-        # held weakly: these hooks live on the model (and the model map's cache holds the layers), so a strong
-        # reference back would keep the model, and its process group, alive after the user let go of it
-        self._root = None if root is None else weakref.ref(root)
-
-    @property
-    def root(self) -> nn.Module | None:
-        """The model whose forward calls the layers (``None``: none given, or it was freed)."""
-        return None if self._root is None else self._root()
+        self.root = root
 
     def _make_hook(self, index: int):
         layer = self.layers[index]
