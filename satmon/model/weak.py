@@ -1,9 +1,10 @@
 """A model held weakly: what satmon keeps of a model it watches.
 
-satmon's hooks live on the model, so anything they reach must not hold the model itself, and a screen its user
-keeps (for its card, in a list of runs) must not keep the model alive: a plain loop's model would stay in memory for
-the rest of the process, and a DDP model would outlive ``destroy_process_group``, where freeing it can deadlock
-PyTorch (docs/reference/distributed.md). :class:`WeakModel` is the one way satmon's objects hold their model.
+satmon's hooks live on the model, so anything they reach must not hold the model object itself, and a screen its
+user keeps (for its card, in a list of runs) must not keep the model object alive: a DDP model would outlive
+``destroy_process_group``, where freeing it can deadlock PyTorch (docs/reference/distributed.md). (The modules and
+parameters a screen reads stay with the screen until it is dropped.) :class:`WeakModel` is the one way satmon's
+objects hold their model.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""A model satmon watched is freed once its user lets go of it, with every hook set on, even while the user keeps
-the screen (for its card, in a list of runs): satmon's hooks live on the model, the model map's cache holds its
-layers, and the screen holds its hook sets, so nothing reached from them may hold the model itself. Kept alive, a
-plain loop's model would stay in memory for the rest of the process (a sweep or a notebook piles them up), and a DDP
-model would outlive ``destroy_process_group``, where freeing it can deadlock (docs/reference/distributed.md)."""
+"""A model satmon watched is freed once its user lets go of it, with every hook set on; the model object is freed even
+while the user keeps the screen (for its card, in a list of runs), and every module of it once the screen goes too:
+satmon's hooks live on the model, the model map's cache holds its layers, and the screen holds its hook sets, so
+nothing reached from them may hold the model itself. (The modules and parameters the screen reads stay while the
+screen does.) Kept alive, a plain loop's model would stay in memory for the rest of the process (a sweep or a notebook
+piles them up), and a DDP model would outlive ``destroy_process_group``, where freeing it can deadlock
+(docs/reference/distributed.md)."""
 
 from __future__ import annotations
 
@@ -98,10 +100,14 @@ def test_a_model_is_freed_while_its_screen_is_kept_and_the_card_stays(steps):
     assert (screen.verdict is not None) == (steps > 6)
     card, state = screen.card(), screen.state_dict()
     ref = weakref.ref(model)
+    modules = [weakref.ref(m) for m in model.modules()]
     del model, opt
     gc.collect()
     assert ref() is None
     assert screen.card() == card and screen.state_dict() == state  # what the screen read is kept
+    del screen
+    gc.collect()
+    assert not [m() for m in modules if m() is not None]  # nothing of the model outlives its screen
 
 
 def test_a_step_after_the_model_was_freed_is_refused_and_finish_still_gives_the_verdict():
